@@ -1,0 +1,67 @@
+/* bench.h — shared pieces of the benchmark binary build/bench_mha.
+ * Legend: B batch, T query tokens, S key tokens, h heads, h_kv kv heads,
+ * d_k, d_v per-head widths, d_model model width.
+ *
+ * Every measurement is printed as one machine-readable line
+ *   RESULT kind=<kind> impl=<impl> key=value ...
+ * that bench/report.py collects (together with bench/peer_torch.py's lines)
+ * into the tables of bench/RESULTS.md. */
+#ifndef MHA_BENCH_H
+#define MHA_BENCH_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* ------------------------------------------------------------ timing */
+
+double bench_now(void);                 /* monotonic seconds */
+double bench_median(double *v, int n);  /* sorts v in place */
+double bench_min(const double *v, int n);
+
+/* Repeats fn(arg) and fills times[] (at most max_runs): one untimed warm-up
+ * unless the warm-up alone took longer than budget_s / 4 (then it counts as
+ * a measurement: a slow path is not made slower to measure), then timed
+ * runs until max_runs or the budget (seconds) is spent, at least one.
+ * Returns the number of timed runs, or -1 when fn failed (nonzero). */
+int bench_repeat(int (*fn)(void *), void *arg, double *times, int max_runs, double budget_s);
+
+/* Deterministic uniform [lo, hi) fill (splitmix64). */
+void bench_fill(float *p, size_t n, uint64_t *seed, float lo, float hi);
+/* 64-byte aligned allocation of n floats (aborts the program on failure:
+ * the bench binary is a tool, not the library). */
+float *bench_alloc(size_t n);
+
+/* ------------------------------------ machine ceilings (machine_*.c) */
+
+/* AVX2 FMA throughput (GFLOP/s) of `threads` threads, each running
+ * independent FMA chains for `iters` iterations; best of `reps`. */
+double bench_fma_peak_avx2(int threads, long iters, int reps, double *median_out);
+/* Same with AVX-512 (informational: libmha's kernels are AVX2); returns 0
+ * when the CPU lacks AVX-512F. */
+double bench_fma_peak_avx512(int threads, long iters, int reps, double *median_out);
+/* Streaming read bandwidth (GB/s, 1e9 bytes) of `threads` threads reading
+ * a buffer of `bytes`; median of `reps` passes (best in *best_out). */
+double bench_stream_read(int threads, size_t bytes, int reps, double *best_out);
+
+/* ------------------------------------------------- sections (bench_*.c) */
+
+typedef struct {
+    const char *name;
+    int B, T, S, d_model, h, causal, cross;
+    int reps;       /* most timed runs per measurement */
+    double budget;  /* seconds per measurement */
+    int threads;
+} bench_prefill_cfg;
+
+int bench_prefill(const bench_prefill_cfg *c);
+
+typedef struct {
+    int d_model, h, h_kv, d_head, L, B;
+    int fp16;       /* cache storage: 0 fp32, 1 fp16 */
+    int steps;      /* timed decode steps */
+    int threads;
+} bench_decode_cfg;
+
+int bench_decode(const bench_decode_cfg *c);
+
+#endif /* MHA_BENCH_H */

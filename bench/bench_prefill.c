@@ -1,0 +1,183 @@
+/* bench_prefill.c — one prefill/encoder configuration: the whole mha_forward
+ * (default path), the library's GEMM on the projection shapes
+ * (mha_project_out, public API) and OpenBLAS sgemm on the same shapes.
+ *
+ * Attention-only time is derived in bench/report.py as
+ *   t(mha_forward) - t(project_out, Q/K/V shape) - t(project_out, O shape)
+ * i.e. everything that is not a projection GEMM (softmax, masks, the Q K^T
+ * and P V products, bias and layout work) counts as attention. The QKV
+ * shape is timed as the fused GEMM (N = 3*d_model) for self-attention and
+ * as Q (N = d_model over B*T rows) plus fused KV (N = 2*d_model over B*S
+ * rows) for cross-attention, because that is what a fused forward does.
+ */
+#include <cblas.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench.h"
+#include "mha.h"
+
+/* ------------------------------------------------------- mha_forward */
+
+typedef struct {
+    const mha_layer *layer;
+    float *y;        /* (B,T,d_model) */
+    const float *x;  /* (B,T,d_model) */
+    const float *kv; /* (B,S,d_model) or NULL for self-attention */
+    int B, T, S;
+    const mha_options *opt;
+    mha_status st;
+} forward_job;
+
+static int run_forward(void *arg) {
+    forward_job *j = arg;
+    j->st = mha_forward(j->layer, j->y, NULL, j->x, j->kv, j->B, j->T, j->S, j->opt);
+    return j->st != MHA_OK;
+}
+
+/* -------------------------------------------------------------- GEMMs */
+
+typedef struct {
+    float *c;       /* (M,N) */
+    const float *a; /* (M,K) */
+    const float *w; /* (K,N) */
+    const float *b; /* (N) */
+    int M, K, N;
+    mha_status st;
+} gemm_job;
+
+static int run_project_out(void *arg) {
+    gemm_job *j = arg;
+    j->st = mha_project_out(j->c, j->a, j->w, j->b, j->M, j->K, j->N);
+    return j->st != MHA_OK;
+}
+
+/* Bias is not added (beta = 0): OpenBLAS has no fused bias, and adding it
+ * in a second pass would charge OpenBLAS for our choice of API. */
+static int run_sgemm(void *arg) {
+    gemm_job *j = arg;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, j->M, j->N, j->K, 1.0f, j->a, j->K,
+                j->w, j->N, 0.0f, j->c, j->N);
+    return 0;
+}
+
+static void print_times(const double *t, int n) {
+    double tmp[256];
+    for (int i = 0; i < n; i++) tmp[i] = t[i];
+    printf(" median_s=%.6g min_s=%.6g runs=%d", bench_median(tmp, n), bench_min(t, n), n);
+}
+
+/* Prints an error as a quoted value without the characters that would end it. */
+static void print_error(const char *msg) {
+    printf(" error=\"");
+    for (const char *p = msg; *p; p++) putchar(*p == '"' || *p == '\n' ? '\'' : *p);
+    printf("\"");
+}
+
+static void bench_gemm(const bench_prefill_cfg *c, const char *gemm, int M, int K, int N,
+                       uint64_t *seed) {
+    float *a = bench_alloc((size_t)M * K), *w = bench_alloc((size_t)K * N);
+    float *b = bench_alloc((size_t)N), *out = bench_alloc((size_t)M * N);
+    bench_fill(a, (size_t)M * K, seed, -1.0f, 1.0f);
+    bench_fill(w, (size_t)K * N, seed, -0.05f, 0.05f);
+    bench_fill(b, (size_t)N, seed, -0.1f, 0.1f);
+    gemm_job j = {out, a, w, b, M, K, N, MHA_OK};
+    double t[256];
+    int n;
+
+    n = bench_repeat(run_sgemm, &j, t, c->reps, c->budget);
+    printf("RESULT kind=gemm impl=openblas name=%s gemm=%s M=%d K=%d N=%d", c->name, gemm, M, K, N);
+    print_times(t, n);
+    printf(" bias=0\n");
+    fflush(stdout);
+
+    n = bench_repeat(run_project_out, &j, t, c->reps, c->budget);
+    printf("RESULT kind=gemm impl=mha_project_out name=%s gemm=%s M=%d K=%d N=%d", c->name, gemm,
+           M, K, N);
+    if (n < 0) {
+        print_error(mha_last_error());
+        printf(" status=%d\n", (int)j.st);
+    } else {
+        print_times(t, n);
+        printf(" bias=1\n");
+    }
+    fflush(stdout);
+    free(a);
+    free(w);
+    free(b);
+    free(out);
+}
+
+/* --------------------------------------------------------------- main */
+
+int bench_prefill(const bench_prefill_cfg *c) {
+    int d = c->d_model;
+    uint64_t seed = 1234;
+    mha_config cfg = mha_config_default(d, c->h);
+    cfg.bias = 1; /* as nn.MultiheadAttention's default */
+    size_t dd = (size_t)d * d;
+    float *w_q = bench_alloc(dd), *w_k = bench_alloc(dd), *w_v = bench_alloc(dd), *w_o = bench_alloc(dd);
+    float *b_q = bench_alloc(d), *b_k = bench_alloc(d), *b_v = bench_alloc(d), *b_o = bench_alloc(d);
+    float lim = 1.0f / sqrtf((float)d);
+    bench_fill(w_q, dd, &seed, -lim, lim);
+    bench_fill(w_k, dd, &seed, -lim, lim);
+    bench_fill(w_v, dd, &seed, -lim, lim);
+    bench_fill(w_o, dd, &seed, -lim, lim);
+    bench_fill(b_q, d, &seed, -0.1f, 0.1f);
+    bench_fill(b_k, d, &seed, -0.1f, 0.1f);
+    bench_fill(b_v, d, &seed, -0.1f, 0.1f);
+    bench_fill(b_o, d, &seed, -0.1f, 0.1f);
+    mha_weights w = {w_q, w_k, w_v, w_o, b_q, b_k, b_v, b_o, NULL, NULL};
+
+    int S = c->cross ? c->S : c->T;
+    float *x = bench_alloc((size_t)c->B * c->T * d);           /* (B,T,d_model) */
+    float *kv = c->cross ? bench_alloc((size_t)c->B * S * d) : NULL; /* (B,S,d_model) */
+    float *y = bench_alloc((size_t)c->B * c->T * d);           /* (B,T,d_model) */
+    bench_fill(x, (size_t)c->B * c->T * d, &seed, -1.0f, 1.0f);
+    if (kv) bench_fill(kv, (size_t)c->B * S * d, &seed, -1.0f, 1.0f);
+
+    mha_set_num_threads(c->threads);
+    mha_layer *layer = NULL;
+    mha_status st = mha_layer_create(&layer, &cfg, &w);
+    printf("RESULT kind=prefill impl=mha name=%s B=%d T=%d S=%d d_model=%d h=%d causal=%d cross=%d",
+           c->name, c->B, c->T, S, d, c->h, c->causal, c->cross);
+    if (st != MHA_OK) {
+        print_error(mha_last_error());
+        printf(" status=%d\n", (int)st);
+    } else {
+        mha_options opt = mha_options_default();
+        opt.causal = c->causal;
+        forward_job j = {layer, y, x, kv, c->B, c->T, S, &opt, MHA_OK};
+        double t[256];
+        int n = bench_repeat(run_forward, &j, t, c->reps, c->budget);
+        if (n < 0) {
+            print_error(mha_last_error());
+            printf(" status=%d\n", (int)j.st);
+        } else {
+            /* A benchmark of a wrong answer is worthless: check it is finite. */
+            size_t bad = 0, ny = (size_t)c->B * c->T * d;
+            for (size_t i = 0; i < ny; i++) bad += !isfinite(y[i]);
+            print_times(t, n);
+            printf(" nonfinite=%zu kernels=%s\n", bad,
+                   getenv("MHA_KERNELS") ? getenv("MHA_KERNELS") : "default");
+        }
+    }
+    fflush(stdout);
+    mha_layer_free(layer);
+
+    /* The projection GEMMs, fused as a fused forward would run them. */
+    if (c->cross) {
+        bench_gemm(c, "q", c->B * c->T, d, d, &seed);
+        bench_gemm(c, "kv", c->B * S, d, 2 * d, &seed);
+    } else {
+        bench_gemm(c, "qkv", c->B * c->T, d, 3 * d, &seed);
+    }
+    bench_gemm(c, "o", c->B * c->T, d, d, &seed);
+
+    free(w_q); free(w_k); free(w_v); free(w_o);
+    free(b_q); free(b_k); free(b_v); free(b_o);
+    free(x); free(kv); free(y);
+    return 0;
+}

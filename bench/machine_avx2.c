@@ -1,0 +1,120 @@
+/* machine_avx2.c — the machine's own ceilings, measured in the same run as
+ * the benchmarks: AVX2 FMA throughput and streaming read bandwidth.
+ * Built with -mavx2 -mfma (bench/ only; the library scopes its ISA flags to
+ * src/kernels/avx2*.c). */
+#include <immintrin.h>
+#include <omp.h>
+#include <stdlib.h>
+
+#include "bench.h"
+
+/* 12 independent accumulators: FMA latency (4 cycles) x 2 FMA ports needs
+ * at least 8 chains in flight; 12 leaves slack and still fits the 16 ymm
+ * registers with the two operands. */
+static float fma_chains_avx2(long iters) {
+    __m256 a = _mm256_set1_ps(0.999999f), b = _mm256_set1_ps(1e-7f);
+    __m256 c0 = _mm256_set1_ps(1.0f), c1 = _mm256_set1_ps(1.1f), c2 = _mm256_set1_ps(1.2f);
+    __m256 c3 = _mm256_set1_ps(1.3f), c4 = _mm256_set1_ps(1.4f), c5 = _mm256_set1_ps(1.5f);
+    __m256 c6 = _mm256_set1_ps(1.6f), c7 = _mm256_set1_ps(1.7f), c8 = _mm256_set1_ps(1.8f);
+    __m256 c9 = _mm256_set1_ps(1.9f), c10 = _mm256_set1_ps(2.0f), c11 = _mm256_set1_ps(2.1f);
+    for (long i = 0; i < iters; i++) {
+        c0 = _mm256_fmadd_ps(c0, a, b);
+        c1 = _mm256_fmadd_ps(c1, a, b);
+        c2 = _mm256_fmadd_ps(c2, a, b);
+        c3 = _mm256_fmadd_ps(c3, a, b);
+        c4 = _mm256_fmadd_ps(c4, a, b);
+        c5 = _mm256_fmadd_ps(c5, a, b);
+        c6 = _mm256_fmadd_ps(c6, a, b);
+        c7 = _mm256_fmadd_ps(c7, a, b);
+        c8 = _mm256_fmadd_ps(c8, a, b);
+        c9 = _mm256_fmadd_ps(c9, a, b);
+        c10 = _mm256_fmadd_ps(c10, a, b);
+        c11 = _mm256_fmadd_ps(c11, a, b);
+    }
+    __m256 s = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(c0, c1), _mm256_add_ps(c2, c3)),
+                             _mm256_add_ps(_mm256_add_ps(c4, c5), _mm256_add_ps(c6, c7)));
+    s = _mm256_add_ps(s, _mm256_add_ps(_mm256_add_ps(c8, c9), _mm256_add_ps(c10, c11)));
+    float out[8];
+    _mm256_storeu_ps(out, s);
+    return out[0] + out[7];
+}
+
+static volatile float bench_sink;
+
+double bench_fma_peak_avx2(int threads, long iters, int reps, double *median_out) {
+    double rates[64];
+    if (reps > 64) reps = 64;
+    for (int r = 0; r < reps; r++) {
+        float acc = 0.0f;
+        double t0 = bench_now();
+#pragma omp parallel num_threads(threads) reduction(+ : acc)
+        acc += fma_chains_avx2(iters);
+        double dt = bench_now() - t0;
+        bench_sink = acc;
+        /* 12 chains x 8 lanes x 2 flops per iteration per thread */
+        rates[r] = 12.0 * 8.0 * 2.0 * (double)iters * threads / dt * 1e-9;
+    }
+    double best = rates[0];
+    for (int r = 1; r < reps; r++)
+        if (rates[r] > best) best = rates[r];
+    if (median_out) *median_out = bench_median(rates, reps);
+    return best;
+}
+
+/* Sums the buffer with 8 accumulators so the adds are never the limit. */
+static float read_sum_avx2(const float *p, size_t n) {
+    __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0, s4 = s0, s5 = s0, s6 = s0, s7 = s0;
+    size_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+        s0 = _mm256_add_ps(s0, _mm256_load_ps(p + i));
+        s1 = _mm256_add_ps(s1, _mm256_load_ps(p + i + 8));
+        s2 = _mm256_add_ps(s2, _mm256_load_ps(p + i + 16));
+        s3 = _mm256_add_ps(s3, _mm256_load_ps(p + i + 24));
+        s4 = _mm256_add_ps(s4, _mm256_load_ps(p + i + 32));
+        s5 = _mm256_add_ps(s5, _mm256_load_ps(p + i + 40));
+        s6 = _mm256_add_ps(s6, _mm256_load_ps(p + i + 48));
+        s7 = _mm256_add_ps(s7, _mm256_load_ps(p + i + 56));
+    }
+    __m256 s = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)),
+                             _mm256_add_ps(_mm256_add_ps(s4, s5), _mm256_add_ps(s6, s7)));
+    float out[8];
+    _mm256_storeu_ps(out, s);
+    float r = out[0] + out[1] + out[2] + out[3] + out[4] + out[5] + out[6] + out[7];
+    for (; i < n; i++) r += p[i];
+    return r;
+}
+
+double bench_stream_read(int threads, size_t bytes, int reps, double *best_out) {
+    size_t n = bytes / sizeof(float) / 64 * 64;
+    float *buf = bench_alloc(n);
+    double rates[64];
+    if (reps > 64) reps = 64;
+    /* Each thread reads the same half it wrote, so a NUMA machine would
+     * place the pages near their reader. */
+#pragma omp parallel num_threads(threads)
+    {
+        int t = omp_get_thread_num(), nt = omp_get_num_threads();
+        size_t lo = n / 64 * (size_t)t / (size_t)nt * 64, hi = n / 64 * (size_t)(t + 1) / (size_t)nt * 64;
+        for (size_t i = lo; i < hi; i++) buf[i] = (float)(i & 7) * 0.125f;
+    }
+    for (int r = 0; r < reps; r++) {
+        float acc = 0.0f;
+        double t0 = bench_now();
+#pragma omp parallel num_threads(threads) reduction(+ : acc)
+        {
+            int t = omp_get_thread_num(), nt = omp_get_num_threads();
+            size_t lo = n / 64 * (size_t)t / (size_t)nt * 64, hi = n / 64 * (size_t)(t + 1) / (size_t)nt * 64;
+            acc += read_sum_avx2(buf + lo, hi - lo);
+        }
+        double dt = bench_now() - t0;
+        bench_sink = acc;
+        rates[r] = (double)n * sizeof(float) / dt * 1e-9;
+    }
+    double best = rates[0];
+    for (int r = 1; r < reps; r++)
+        if (rates[r] > best) best = rates[r];
+    if (best_out) *best_out = best;
+    double med = bench_median(rates, reps);
+    free(buf);
+    return med;
+}

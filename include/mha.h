@@ -1,0 +1,426 @@
+/* mha.h — the whole public API of libmha, a multi-head attention layer.
+ *
+ * Legend (used in every shape comment):
+ *   B batch, T query tokens, S key/value tokens, h query heads,
+ *   h_kv key/value heads (h for MHA, 1 for MQA, a divisor of h for GQA),
+ *   d_k query/key width per head, d_v value width per head,
+ *   d_model model width, d_kv_in width of the key/value source.
+ *
+ * Row-vector convention; every weight is stored row-major as (in, out):
+ *   Q = X   W_Q + b_Q     W_Q (d_model, h*d_k)     column block r -> query head r
+ *   K = Xkv W_K + b_K     W_K (d_kv_in, h_kv*d_k)  column block g -> kv head g
+ *   V = Xkv W_V + b_V     W_V (d_kv_in, h_kv*d_v)
+ *   Z^(r) = softmax(scale * Q^(r) K^(g)^T + mask) V^(g),   g = r / (h / h_kv)
+ *   Z = Concat(Z^(0..h-1))   (B,T,h*d_v), head r at columns [r*d_v, (r+1)*d_v)
+ *   Y = Z W_O + b_O       W_O (h*d_v, d_model)     row block r <- head r
+ *
+ * The head-order contract: column block r of W_Q and row block r of W_O
+ * belong to the same head. Each block carries a label (its head id in the
+ * original checkpoint); labels travel with permutations and
+ * mha_layer_check_contract() verifies them.
+ *
+ * Errors: every function returning mha_status returns MHA_OK (0) or a
+ * negative code; mha_last_error() then holds a message (per thread) naming
+ * what was wrong and what was expected. The library never prints or exits.
+ */
+#ifndef MHA_H
+#define MHA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------- status */
+
+typedef enum {
+    MHA_OK = 0,
+    MHA_E_ARG = -1,       /* NULL pointer or out-of-range argument */
+    MHA_E_SHAPE = -2,     /* a dimension disagrees with the layer or another tensor */
+    MHA_E_NOMEM = -3,     /* allocation failed */
+    MHA_E_CONTRACT = -4,  /* head-order contract violated (labels or residual) */
+    MHA_E_NONFINITE = -5, /* NaN or Inf where a finite number is required */
+    MHA_E_IO = -6,        /* a file could not be opened, read or written */
+    MHA_E_FORMAT = -7,    /* a file's contents are malformed */
+    MHA_E_UNSUPPORTED = -8 /* valid request this build/path cannot serve */
+} mha_status;
+
+/* Short constant description of a status code ("shape mismatch", ...). */
+const char *mha_status_str(mha_status s);
+/* Message of the last failing call on this thread ("" when none). */
+const char *mha_last_error(void);
+
+/* ---------------------------------------------------------- configuration */
+
+typedef struct {
+    int d_model;       /* model width (input X and output Y)                 */
+    int n_heads;       /* h                                                  */
+    int n_kv_heads;    /* h_kv; 0 means h (MHA); must divide h               */
+    int d_k;           /* per-head query/key width; 0 means d_model / h      */
+    int d_v;           /* per-head value width; 0 means d_k                  */
+    int d_kv_in;       /* key/value source width; 0 means d_model            */
+    int bias;          /* 1: b_Q, b_K, b_V, b_O exist; 0: all are zero       */
+    int add_bias_kv;   /* 1: a learned key/value row (bias_k, bias_v) is
+                          appended after the S keys (PyTorch add_bias_kv)    */
+    int add_zero_attn; /* 1: a zero key/value row is appended last
+                          (PyTorch add_zero_attn)                            */
+} mha_config;
+
+/* A config for d_model and h with every other field at its default. */
+mha_config mha_config_default(int d_model, int n_heads);
+/* Fills the defaults (0 fields) into *out and validates; out may equal in. */
+mha_status mha_config_resolve(mha_config *out, const mha_config *in);
+
+/* --------------------------------------------------------------- weights */
+
+/* Borrowed pointers, row-major (in, out). Biases may be NULL when
+ * config.bias == 0; bias_k/bias_v may be NULL unless add_bias_kv. */
+typedef struct {
+    const float *w_q;    /* (d_model, h*d_k)       */
+    const float *w_k;    /* (d_kv_in, h_kv*d_k)    */
+    const float *w_v;    /* (d_kv_in, h_kv*d_v)    */
+    const float *w_o;    /* (h*d_v, d_model)       */
+    const float *b_q;    /* (h*d_k)                */
+    const float *b_k;    /* (h_kv*d_k)             */
+    const float *b_v;    /* (h_kv*d_v)             */
+    const float *b_o;    /* (d_model)              */
+    const float *bias_k; /* (h_kv*d_k) extra key row, add_bias_kv only   */
+    const float *bias_v; /* (h_kv*d_v) extra value row, add_bias_kv only */
+} mha_weights;
+
+typedef struct mha_layer mha_layer;
+
+/* Creates a layer and copies the weights; w == NULL gives all-zero weights.
+ * Head labels start as 0..h-1 (Q, O) and 0..h_kv-1 (K, V).
+ * Weights must be finite (MHA_E_NONFINITE names the tensor and index). */
+mha_status mha_layer_create(mha_layer **out, const mha_config *cfg, const mha_weights *w);
+void mha_layer_free(mha_layer *layer);
+/* Replaces all weights (copied); same rules as create. */
+mha_status mha_layer_set_weights(mha_layer *layer, const mha_weights *w);
+/* Read-only view of the layer's weights; valid until the layer changes. */
+void mha_layer_get_weights(const mha_layer *layer, mha_weights *view);
+/* The resolved configuration. */
+const mha_config *mha_layer_config(const mha_layer *layer);
+
+/* ------------------------------------------------ head labels, permutation */
+
+typedef enum {
+    MHA_BLOCK_Q = 0, /* column blocks of W_Q and b_Q: h labels            */
+    MHA_BLOCK_K = 1, /* column blocks of W_K, b_K, bias_k: h_kv labels    */
+    MHA_BLOCK_V = 2, /* column blocks of W_V, b_V, bias_v: h_kv labels    */
+    MHA_BLOCK_O = 3  /* row blocks of W_O: h labels                       */
+} mha_block;
+
+/* Copies the labels of one block kind into labels (h or h_kv ints). */
+mha_status mha_layer_labels(const mha_layer *layer, mha_block block, int *labels);
+/* Sets the labels of one block kind (e.g. from checkpoint metadata). */
+mha_status mha_layer_set_labels(mha_layer *layer, mha_block block, const int *labels);
+
+/* Consistent permutation: new head i is old head perm[i] (perm has h
+ * entries, a permutation of 0..h-1). Moves W_Q/W_K/W_V column blocks, their
+ * biases, W_O row blocks and all labels together, so Y is unchanged.
+ * Under GQA, the heads of each new kv group must come from one old kv group;
+ * the kv heads then move by the induced permutation. Others: MHA_E_ARG. */
+mha_status mha_layer_permute_heads(mha_layer *layer, const int *perm);
+/* One-sided permutation of a single block kind (h or h_kv entries): the
+ * mistake a broken checkpoint conversion makes. Y changes and the contract
+ * check reports the disagreeing labels. */
+mha_status mha_layer_permute_block(mha_layer *layer, mha_block block, const int *perm);
+
+/* --------------------------------------------------------- forward options */
+
+typedef enum {
+    MHA_ALIGN_TOP_LEFT = 0,    /* query i sits at key position i           */
+    MHA_ALIGN_BOTTOM_RIGHT = 1 /* query i sits at key position i + S - T   */
+} mha_align;
+
+typedef enum {
+    MHA_MASKED_ROW_ZERO = 0, /* a query that may attend to no key gets Z = 0 */
+    MHA_MASKED_ROW_NAN = 1   /* ... gets NaN, as PyTorch's softmax does      */
+} mha_masked_row;
+
+typedef enum {
+    MHA_HEAD_KEEP = 0,   /* Z^(r) unchanged                                  */
+    MHA_HEAD_ZERO = 1,   /* Z^(r) = 0: Y loses exactly head r's contribution */
+    MHA_HEAD_SCALE = 2,  /* Z^(r) *= scale                                   */
+    MHA_HEAD_MEAN = 3,   /* Z^(r) = its mean over batch and positions        */
+    MHA_HEAD_REPLACE = 4 /* Z^(r) = value, (B,T,d_v)                         */
+} mha_head_op;
+
+typedef struct {
+    mha_head_op op;
+    float scale;        /* MHA_HEAD_SCALE */
+    const float *value; /* MHA_HEAD_REPLACE: (B,T,d_v) */
+} mha_intervention;
+
+/* A (batch, heads, T, S) mask, contiguous, broadcast over batch when
+ * batch == 1 and over heads when heads == 1. data == NULL: no mask. */
+typedef struct {
+    const void *data; /* uint8_t (keep mask) or float (additive mask) */
+    int batch;        /* 1 or B */
+    int heads;        /* 1 or h */
+} mha_mask;
+
+typedef enum {
+    MHA_PATH_AUTO = 0,      /* fast path where available; MHA_KERNELS=reference
+                               in the environment forces the reference      */
+    MHA_PATH_REFERENCE = 1, /* the double-accumulating oracle                */
+    MHA_PATH_FAST = 2       /* the optimized path                            */
+} mha_path;
+
+/* Options of one forward pass. Start from mha_options_default(). The
+ * masks combine: a key is attended when every mask allows it. The extra
+ * add_bias_kv / add_zero_attn keys are never masked (as in PyTorch). */
+typedef struct {
+    float scale;            /* 0: 1/sqrt(d_k)                                */
+    int causal;             /* 1: key j allowed only when j <= aligned i     */
+    mha_align align;        /* alignment of causal and window when S != T    */
+    int window_left;        /* <0: unbounded; else keys j >= aligned i - left */
+    int window_right;       /* <0: unbounded; else keys j <= aligned i + right */
+    mha_mask keep_mask;     /* uint8 (B|1,h|1,T,S): nonzero = may attend      */
+    mha_mask additive_mask; /* float (B|1,h|1,T,S): added to scaled scores;
+                               -INFINITY forbids; NaN is rejected            */
+    const uint8_t *key_keep;  /* (B,S) nonzero = real key (padding mask)     */
+    const float *key_additive;/* (B,S) added to the scores of key j          */
+    mha_masked_row masked_row;
+    const mha_intervention *interventions; /* h entries, by head position r;
+                                              NULL: keep every head         */
+    mha_path path;
+} mha_options;
+
+mha_options mha_options_default(void);
+
+/* Optional outputs; NULL members are not computed. */
+typedef struct {
+    float *z;             /* (B,T,h*d_v): Z after interventions, before W_O  */
+    float *contributions; /* (h,B,T,d_model): Z^(r) W_O[r]; sum over r
+                             plus b_O equals Y                               */
+    float *probs;         /* (B,h,T,S_total): attention probabilities, where
+                             S_total = S + add_bias_kv + add_zero_attn       */
+} mha_capture;
+
+/* ----------------------------------------------------------------- forward */
+
+/* y (B,T,d_model) = layer(x (B,T,d_model), kv (B,S,d_kv_in)).
+ * kv == NULL means self-attention (kv = x; then S must equal T and
+ * d_kv_in must equal d_model). cap and opt may be NULL. Inputs must be
+ * finite. */
+mha_status mha_forward(const mha_layer *layer, float *y, const mha_capture *cap,
+                       const float *x, const float *kv, int B, int T, int S,
+                       const mha_options *opt);
+
+/* Number of threads for the fast path (0: OpenMP's default). */
+void mha_set_num_threads(int n);
+int mha_get_num_threads(void);
+
+/* -------------------------------------------------- the head contract */
+
+typedef struct {
+    int labels_ok;        /* 1 when every block's labels agree              */
+    mha_block bad_block;  /* first block whose label disagrees with Q's     */
+    int bad_position;     /* head (or kv head) position of that block       */
+    int expected_label;   /* label the contract requires there              */
+    int found_label;      /* label found there                              */
+    int residual_checked; /* 1 when x was given and the sum was verified    */
+    double max_residual;  /* max |sum_r contributions + b_O - Y|            */
+} mha_contract_report;
+
+/* Verifies that the labels of W_Q/W_K/W_V column blocks and W_O row blocks
+ * agree (Q and O labels equal at each position, K and V labels equal, and
+ * query head label q belongs to kv head label q / (h/h_kv)), and, when x is
+ * not NULL, that the head contributions plus b_O reproduce Y within
+ * 1e-4 * (1 + max|Y|). Returns MHA_E_CONTRACT with a message when either
+ * fails; the report (may be NULL) is filled either way. */
+mha_status mha_layer_check_contract(const mha_layer *layer, const float *x, const float *kv,
+                                    int B, int T, int S, const mha_options *opt,
+                                    mha_contract_report *report);
+
+/* ------------------------------------------- the seed steps, standalone */
+
+/* z (rows, n*d) = Concat(heads[order[0]], ..., heads[order[n-1]]),
+ * each heads[i] (rows, d). order == NULL means 0..n-1. */
+mha_status mha_concat_heads(float *z, const float *const *heads, const int *order,
+                            int n, int rows, int d);
+/* heads[i] (rows, d) = block i of z (rows, n*d). */
+mha_status mha_split_heads(float *const *heads, const float *z, int n, int rows, int d);
+/* y (rows, d_out) = z (rows, d_in) w (d_in, d_out) + b (d_out, may be NULL). */
+mha_status mha_project_out(float *y, const float *z, const float *w, const float *b,
+                           int rows, int d_in, int d_out);
+/* contributions (n, rows, d_out): block r = z[:, r*d:(r+1)*d] w[r*d:(r+1)*d, :]. */
+mha_status mha_head_contributions(float *contributions, const float *z, const float *w,
+                                  int n, int rows, int d, int d_out);
+/* Applies one intervention to head r's block of z (rows, n*d) in place;
+ * rows = B*T (MEAN averages over all rows; REPLACE reads (rows, d)). */
+mha_status mha_head_intervene(float *z, const mha_intervention *iv, int r, int n, int rows, int d);
+
+/* ---- files (src/io) ---- */
+/* Readers and writers for .npy arrays and safetensors checkpoints, and the
+ * checkpoint layouts converted at the boundary into the layer's (in, out),
+ * head-ordered weights. Every size, offset and shape in a file is checked
+ * before its data is touched; a bad file gives MHA_E_FORMAT (or MHA_E_IO,
+ * MHA_E_NONFINITE, MHA_E_UNSUPPORTED) and a message naming the file, the
+ * tensor and what was expected. */
+
+#define MHA_ARRAY_MAX_RANK 4
+
+typedef enum {
+    MHA_DTYPE_F32 = 0,  /* npy '<f4', safetensors F32                       */
+    MHA_DTYPE_F16 = 1,  /* npy '<f2', safetensors F16: widened to float      */
+    MHA_DTYPE_BF16 = 2, /* safetensors BF16 only: widened to float           */
+    MHA_DTYPE_BOOL = 3, /* npy '|b1', safetensors BOOL: bytes 0 or 1         */
+    MHA_DTYPE_U8 = 4    /* npy '|u1', safetensors U8                         */
+} mha_dtype;
+
+/* An owned, C-order array. Floating dtypes are held as float (f != NULL,
+ * u8 == NULL); BOOL and U8 as bytes (u8 != NULL, f == NULL). */
+typedef struct {
+    mha_dtype dtype;                /* dtype in the file                   */
+    int rank;                       /* 0..MHA_ARRAY_MAX_RANK               */
+    int shape[MHA_ARRAY_MAX_RANK];  /* entries past rank are 1             */
+    size_t count;                   /* product of shape (1 for rank 0)     */
+    float *f;
+    uint8_t *u8;
+} mha_array;
+
+/* Reader flags. By default NaN and +-Inf in floating data are refused
+ * (MHA_E_NONFINITE naming the file, tensor and index). */
+enum {
+    MHA_IO_ALLOW_NEG_INF = 1,  /* accept -Inf (additive masks); NaN, +Inf refused */
+    MHA_IO_ALLOW_NONFINITE = 2 /* accept anything                               */
+};
+
+/* Frees a->f / a->u8 and zeroes *a (a may be NULL). */
+void mha_array_free(mha_array *a);
+const char *mha_dtype_name(mha_dtype dt); /* "float32", "float16", ... */
+
+/* Reads a .npy file: versions 1-3, little-endian float32/float16, bool or
+ * uint8, C order, rank <= 4. Anything else is refused with MHA_E_FORMAT or
+ * MHA_E_UNSUPPORTED. */
+mha_status mha_npy_read(mha_array *out, const char *path, unsigned flags);
+/* The same from memory; name is used in messages. */
+mha_status mha_npy_parse(mha_array *out, const void *buf, size_t len, const char *name,
+                         unsigned flags);
+/* Writes a.npy in a->dtype (F32, F16, BOOL or U8; BF16 has no .npy form). */
+mha_status mha_npy_write(const char *path, const mha_array *a);
+/* Writes float data (rank <= 4, shape[rank]) as float32. */
+mha_status mha_npy_write_f32(const char *path, const float *data, int rank, const int *shape);
+
+/* A set of named arrays plus string metadata: the contents of one
+ * safetensors file. Names are unique; order is insertion order. */
+typedef struct mha_tensors mha_tensors;
+
+mha_status mha_tensors_create(mha_tensors **out);
+void mha_tensors_free(mha_tensors *t);
+int mha_tensors_count(const mha_tensors *t);
+const char *mha_tensors_name(const mha_tensors *t, int i);
+/* The array named name, or NULL. */
+const mha_array *mha_tensors_get(const mha_tensors *t, const char *name);
+/* Adds a copy of float data under a new name (MHA_E_ARG if taken). */
+mha_status mha_tensors_add_f32(mha_tensors *t, const char *name, const float *data, int rank,
+                               const int *shape);
+/* Adds a copy of any array (e.g. one read from another file). */
+mha_status mha_tensors_add(mha_tensors *t, const char *name, const mha_array *a);
+/* String metadata (safetensors "__metadata__"); set replaces. get: NULL if absent. */
+mha_status mha_tensors_set_meta(mha_tensors *t, const char *key, const char *value);
+const char *mha_tensors_meta(const mha_tensors *t, const char *key);
+int mha_tensors_meta_count(const mha_tensors *t);
+const char *mha_tensors_meta_key(const mha_tensors *t, int i);
+
+/* Reads a safetensors file (F32, F16, BF16 widened to float; BOOL, U8).
+ * The JSON header is parsed with jansson; header length, offsets (in range,
+ * no overlap, no holes), dtypes, shapes and duplicate names are validated
+ * before any data is read. */
+mha_status mha_safetensors_read(mha_tensors **out, const char *path, unsigned flags);
+mha_status mha_safetensors_parse(mha_tensors **out, const void *buf, size_t len,
+                                 const char *name, unsigned flags);
+/* Writes every tensor (floating ones as F32) with the metadata. */
+mha_status mha_safetensors_write(const char *path, const mha_tensors *t);
+
+/* Checkpoint layouts (tensor names matched on their suffix, so a prefix such
+ * as "model.layers.0.self_attn." is allowed when it is unique):
+ *   native   w_q (d_model,h*d_k) w_k w_v w_o (h*d_v,d_model), b_q b_k b_v b_o,
+ *            bias_k bias_v; metadata n_heads n_kv_heads d_k d_v add_zero_attn
+ *            and labels_q/labels_k/labels_v/labels_o ("3,1,2,0").
+ *   torch    nn.MultiheadAttention state dict (converted by convert_torch.c).
+ *   hf       q_proj/k_proj/v_proj/o_proj.weight (out,in) [+ .bias], GQA.
+ *   gpt2     c_attn.weight (d_model,3E) Conv1D (in,out) + c_attn.bias,
+ *            c_proj.weight (E,d_model) + c_proj.bias.
+ *   megatron query_key_value.weight ((h+2*h_kv)*d_k, d_model) (out,in), rows
+ *            per kv group g: [q heads of g, k_g, v_g]; dense.weight (out,in). */
+typedef enum {
+    MHA_LAYOUT_AUTO = 0, /* detect from the tensor names                 */
+    MHA_LAYOUT_NATIVE = 1,
+    MHA_LAYOUT_TORCH = 2,
+    MHA_LAYOUT_HF = 3,
+    MHA_LAYOUT_GPT2 = 4,
+    MHA_LAYOUT_MEGATRON = 5
+} mha_layout;
+
+const char *mha_layout_name(mha_layout l); /* "native", ... */
+/* Parses "auto", "native", "torch", "hf", "gpt2", "megatron". */
+mha_status mha_layout_parse(mha_layout *out, const char *name);
+/* Detects the layout from the tensor names; when several or none fit, fails
+ * with MHA_E_FORMAT and a message listing the candidates. */
+mha_status mha_layout_detect(mha_layout *out, const mha_tensors *t);
+
+/* What the file does not say. n_heads / n_kv_heads: 0 = from the metadata
+ * (or, for n_kv_heads, from the shapes); prefix: NULL or "" = any unique one. */
+typedef struct {
+    mha_layout layout;
+    int n_heads;
+    int n_kv_heads;
+    const char *prefix;
+} mha_load_options;
+
+/* Builds a layer from tensors in the given layout (AUTO detects). Shapes are
+ * checked against the layout; labels come from native metadata. */
+mha_status mha_layer_from_tensors(mha_layer **out, const mha_tensors *t,
+                                  const mha_load_options *opt);
+/* The layer as native tensors with its labels and dims in the metadata. */
+mha_status mha_layer_to_tensors(mha_tensors **out, const mha_layer *layer);
+/* File wrappers of the two above. */
+mha_status mha_layer_load(mha_layer **out, const char *path, const mha_load_options *opt);
+mha_status mha_layer_save(const mha_layer *layer, const char *path);
+
+/* ---- PyTorch layout (src/convert_torch.c) ---- */
+
+/* Borrowed pointers to the tensors of a torch.nn.MultiheadAttention, in
+ * PyTorch's own layout: weights are (out, in), as nn.Linear stores them.
+ * E = embed_dim; d_k = d_v = E / num_heads; head r owns rows
+ * [r*d_k, (r+1)*d_k) of each q/k/v weight and columns [r*d_v, (r+1)*d_v) of
+ * out_proj.weight. Give either in_proj_weight (when kdim == vdim == E) or
+ * all three q/k/v_proj_weight. A NULL in_proj_bias and out_proj_bias mean
+ * bias=False (one NULL alone reads as zeros). bias_k and bias_v, given
+ * together, mean add_bias_kv=True. kdim != vdim is MHA_E_UNSUPPORTED:
+ * PyTorch then projects K from `key` and V from `value`, and mha_forward has
+ * one key/value source. */
+typedef struct {
+    int embed_dim;     /* E = d_model                                       */
+    int num_heads;     /* h; must divide E                                  */
+    int kdim;          /* width of the key source; 0 means E (= d_kv_in)    */
+    int vdim;          /* width of the value source; 0 means E; must = kdim */
+    int add_zero_attn; /* 0 or 1, the module flag                           */
+    const float *in_proj_weight;  /* (3E, E): W_q; W_k; W_v along dim 0     */
+    const float *in_proj_bias;    /* (3E): b_q; b_k; b_v (also with separate
+                                     weights), or NULL                      */
+    const float *q_proj_weight;   /* (E, E)     when in_proj_weight is NULL  */
+    const float *k_proj_weight;   /* (E, kdim)                              */
+    const float *v_proj_weight;   /* (E, vdim)                              */
+    const float *out_proj_weight; /* (E, E) out_proj.weight                  */
+    const float *out_proj_bias;   /* (E) out_proj.bias, or NULL              */
+    const float *bias_k;          /* (1, 1, E), or NULL                      */
+    const float *bias_v;          /* (1, 1, E), or NULL                      */
+} mha_torch_weights;
+
+/* Creates a layer equal to the PyTorch module (d_model = E, n_heads = h,
+ * d_kv_in = kdim, bias, add_bias_kv, add_zero_attn), transposing every
+ * weight to (in, out). The inputs are only read. Errors name PyTorch's
+ * tensor (e.g. "out_proj.weight[12] = nan"). */
+mha_status mha_layer_from_torch(mha_layer **out, const mha_torch_weights *tw);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MHA_H */

@@ -1,0 +1,123 @@
+"""ctypes declarations of include/mha.h and the loaded build/libmha.so.
+
+The structures mirror the C header field for field; ctypes lays them out
+with the platform's C rules, so a field added to the header must be added
+here in the same place. Enums are C ints.
+"""
+import ctypes
+import os
+from ctypes import POINTER, Structure, c_char_p, c_double, c_float, c_int, c_uint8, c_void_p
+
+_here = os.path.dirname(os.path.abspath(__file__))
+_repo = os.path.dirname(os.path.dirname(_here))
+
+
+def _find_library():
+    """MHA_LIBRARY wins; otherwise build/libmha.so of this checkout."""
+    path = os.environ.get("MHA_LIBRARY") or os.path.join(_repo, "build", "libmha.so")
+    if not os.path.exists(path):
+        raise ImportError(
+            f"mha: shared library not found at {path}; run `make lib` in {_repo} "
+            "or set MHA_LIBRARY to the path of libmha.so")
+    return path
+
+
+lib = ctypes.CDLL(_find_library())
+F32P = POINTER(c_float)
+INTP = POINTER(c_int)
+
+# --------------------------------------------------------------- status
+OK, E_ARG, E_SHAPE, E_NOMEM, E_CONTRACT, E_NONFINITE, E_IO, E_FORMAT, E_UNSUPPORTED = (
+    0, -1, -2, -3, -4, -5, -6, -7, -8)
+
+BLOCKS = {"q": 0, "k": 1, "v": 2, "o": 3}
+ALIGN = {"top_left": 0, "bottom_right": 1}
+MASKED_ROW = {"zero": 0, "nan": 1}
+HEAD_OP = {"keep": 0, "zero": 1, "scale": 2, "mean": 3, "replace": 4}
+PATHS = {"auto": 0, "reference": 1, "fast": 2}
+
+
+class Config(Structure):
+    _fields_ = [("d_model", c_int), ("n_heads", c_int), ("n_kv_heads", c_int),
+                ("d_k", c_int), ("d_v", c_int), ("d_kv_in", c_int), ("bias", c_int),
+                ("add_bias_kv", c_int), ("add_zero_attn", c_int)]
+
+
+WEIGHT_NAMES = ("w_q", "w_k", "w_v", "w_o", "b_q", "b_k", "b_v", "b_o", "bias_k", "bias_v")
+
+
+class Weights(Structure):
+    _fields_ = [(n, F32P) for n in WEIGHT_NAMES]
+
+
+class Intervention(Structure):
+    _fields_ = [("op", c_int), ("scale", c_float), ("value", F32P)]
+
+
+class Mask(Structure):
+    _fields_ = [("data", c_void_p), ("batch", c_int), ("heads", c_int)]
+
+
+class Options(Structure):
+    _fields_ = [("scale", c_float), ("causal", c_int), ("align", c_int),
+                ("window_left", c_int), ("window_right", c_int),
+                ("keep_mask", Mask), ("additive_mask", Mask),
+                ("key_keep", POINTER(c_uint8)), ("key_additive", F32P),
+                ("masked_row", c_int), ("interventions", POINTER(Intervention)),
+                ("path", c_int)]
+
+
+class Capture(Structure):
+    _fields_ = [("z", F32P), ("contributions", F32P), ("probs", F32P)]
+
+
+class ContractReport(Structure):
+    _fields_ = [("labels_ok", c_int), ("bad_block", c_int), ("bad_position", c_int),
+                ("expected_label", c_int), ("found_label", c_int),
+                ("residual_checked", c_int), ("max_residual", c_double)]
+
+
+TORCH_FIELDS = ("in_proj_weight", "in_proj_bias", "q_proj_weight", "k_proj_weight",
+                "v_proj_weight", "out_proj_weight", "out_proj_bias", "bias_k", "bias_v")
+
+
+class TorchWeights(Structure):
+    _fields_ = ([("embed_dim", c_int), ("num_heads", c_int), ("kdim", c_int),
+                 ("vdim", c_int), ("add_zero_attn", c_int)]
+                + [(n, F32P) for n in TORCH_FIELDS])
+
+
+def _sig(name, restype, *argtypes):
+    fn = getattr(lib, name)
+    fn.restype = restype
+    fn.argtypes = list(argtypes)
+    return fn
+
+
+LayerP = c_void_p
+_sig("mha_status_str", c_char_p, c_int)
+_sig("mha_last_error", c_char_p)
+_sig("mha_config_default", Config, c_int, c_int)
+_sig("mha_config_resolve", c_int, POINTER(Config), POINTER(Config))
+_sig("mha_layer_create", c_int, POINTER(LayerP), POINTER(Config), POINTER(Weights))
+_sig("mha_layer_free", None, LayerP)
+_sig("mha_layer_set_weights", c_int, LayerP, POINTER(Weights))
+_sig("mha_layer_get_weights", None, LayerP, POINTER(Weights))
+_sig("mha_layer_config", POINTER(Config), LayerP)
+_sig("mha_layer_labels", c_int, LayerP, c_int, INTP)
+_sig("mha_layer_set_labels", c_int, LayerP, c_int, INTP)
+_sig("mha_layer_permute_heads", c_int, LayerP, INTP)
+_sig("mha_layer_permute_block", c_int, LayerP, c_int, INTP)
+_sig("mha_options_default", Options)
+_sig("mha_forward", c_int, LayerP, F32P, POINTER(Capture), F32P, F32P, c_int, c_int, c_int,
+     POINTER(Options))
+_sig("mha_set_num_threads", None, c_int)
+_sig("mha_get_num_threads", c_int)
+_sig("mha_layer_check_contract", c_int, LayerP, F32P, F32P, c_int, c_int, c_int,
+     POINTER(Options), POINTER(ContractReport))
+_sig("mha_concat_heads", c_int, F32P, POINTER(F32P), INTP, c_int, c_int, c_int)
+_sig("mha_split_heads", c_int, POINTER(F32P), F32P, c_int, c_int, c_int)
+_sig("mha_project_out", c_int, F32P, F32P, F32P, F32P, c_int, c_int, c_int)
+_sig("mha_head_contributions", c_int, F32P, F32P, F32P, c_int, c_int, c_int, c_int)
+_sig("mha_head_intervene", c_int, F32P, POINTER(Intervention), c_int, c_int, c_int, c_int)
+_sig("mha_layer_from_torch", c_int, POINTER(LayerP), POINTER(TorchWeights))

@@ -1,0 +1,121 @@
+/* forward.c — one forward pass: validate the request once, then run the
+ * reference or the fast path (project -> attend -> intervene -> concat ->
+ * project out). Legend: B, T, S, h, d_model, d_kv_in (see mha.h). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+/* Bound on every tensor's element count, far above real use, so that size
+ * arithmetic cannot overflow. */
+#define MHA_MAX_ELEMENTS ((size_t)1 << 40)
+
+mha_options mha_options_default(void) {
+    mha_options o;
+    memset(&o, 0, sizeof o);
+    o.window_left = -1;
+    o.window_right = -1;
+    return o;
+}
+
+/* NaN and +Inf are refused; -Inf is a legal "forbid" in additive masks. */
+static mha_status check_additive(const float *p, size_t n, const char *name) {
+    for (size_t i = 0; i < n; i++)
+        if (isnan(p[i]) || p[i] == INFINITY)
+            return mha_fail(MHA_E_NONFINITE, "%s[%zu] = %g; expected a finite number or -inf", name, i,
+                            (double)p[i]);
+    return MHA_OK;
+}
+
+static mha_status check_mask(const mha_mask *m, const char *name, int B, int h) {
+    if (!m->data) return MHA_OK;
+    if (m->batch != 1 && m->batch != B)
+        return mha_fail(MHA_E_SHAPE, "%s.batch=%d; expected 1 (broadcast) or B=%d", name, m->batch, B);
+    if (m->heads != 1 && m->heads != h)
+        return mha_fail(MHA_E_SHAPE, "%s.heads=%d; expected 1 (broadcast) or n_heads=%d", name, m->heads, h);
+    return MHA_OK;
+}
+
+static mha_status check_options(const mha_config *c, const mha_options *o, int B, int T, int S) {
+    mha_status s;
+    if (!isfinite(o->scale)) return mha_fail(MHA_E_NONFINITE, "options.scale=%g; expected finite (0 = 1/sqrt(d_k))", (double)o->scale);
+    if (o->causal != 0 && o->causal != 1) return mha_fail(MHA_E_ARG, "options.causal=%d; expected 0 or 1", o->causal);
+    if (o->align != MHA_ALIGN_TOP_LEFT && o->align != MHA_ALIGN_BOTTOM_RIGHT)
+        return mha_fail(MHA_E_ARG, "options.align=%d; expected MHA_ALIGN_TOP_LEFT or MHA_ALIGN_BOTTOM_RIGHT", (int)o->align);
+    if (o->masked_row != MHA_MASKED_ROW_ZERO && o->masked_row != MHA_MASKED_ROW_NAN)
+        return mha_fail(MHA_E_ARG, "options.masked_row=%d; expected MHA_MASKED_ROW_ZERO or MHA_MASKED_ROW_NAN", (int)o->masked_row);
+    if (o->path < MHA_PATH_AUTO || o->path > MHA_PATH_FAST)
+        return mha_fail(MHA_E_ARG, "options.path=%d; expected MHA_PATH_AUTO, _REFERENCE or _FAST", (int)o->path);
+    if ((s = check_mask(&o->keep_mask, "keep_mask", B, c->n_heads)) ||
+        (s = check_mask(&o->additive_mask, "additive_mask", B, c->n_heads)))
+        return s;
+    if (o->additive_mask.data &&
+        (s = check_additive(o->additive_mask.data,
+                            (size_t)o->additive_mask.batch * o->additive_mask.heads * T * S, "additive_mask")))
+        return s;
+    if (o->key_additive && (s = check_additive(o->key_additive, (size_t)B * S, "key_additive"))) return s;
+    for (int r = 0; o->interventions && r < c->n_heads; r++) {
+        const mha_intervention *iv = &o->interventions[r];
+        if (iv->op < MHA_HEAD_KEEP || iv->op > MHA_HEAD_REPLACE)
+            return mha_fail(MHA_E_ARG, "interventions[%d].op=%d; expected MHA_HEAD_KEEP..MHA_HEAD_REPLACE", r, (int)iv->op);
+        if (iv->op == MHA_HEAD_SCALE && !isfinite(iv->scale))
+            return mha_fail(MHA_E_NONFINITE, "interventions[%d].scale=%g; expected finite", r, (double)iv->scale);
+        if (iv->op == MHA_HEAD_REPLACE) {
+            if (!iv->value) return mha_fail(MHA_E_ARG, "interventions[%d]: REPLACE needs value (B,T,d_v); got NULL", r);
+            char name[48];
+            snprintf(name, sizeof name, "interventions[%d].value", r);
+            if ((s = mha_check_finite(iv->value, (size_t)B * T * c->d_v, name))) return s;
+        }
+    }
+    return MHA_OK;
+}
+
+mha_status mha_forward_validate(const mha_layer *L, const float *y, const float *x, const float *kv,
+                                int B, int T, int S, const mha_options *o) {
+    if (!L) return mha_fail(MHA_E_ARG, "mha_forward: layer is NULL");
+    if (!y) return mha_fail(MHA_E_ARG, "mha_forward: y is NULL; expected (B,T,d_model) floats");
+    if (!x) return mha_fail(MHA_E_ARG, "mha_forward: x is NULL; expected (B,T,d_model) floats");
+    const mha_config *c = &L->cfg;
+    if (B < 1 || T < 1 || S < 1)
+        return mha_fail(MHA_E_SHAPE, "mha_forward: B=%d T=%d S=%d; expected all >= 1", B, T, S);
+    if (!kv && S != T)
+        return mha_fail(MHA_E_SHAPE, "mha_forward: self-attention (kv NULL) with S=%d != T=%d; pass kv (B,S,d_kv_in) or S=T", S, T);
+    if (!kv && c->d_kv_in != c->d_model)
+        return mha_fail(MHA_E_SHAPE, "mha_forward: kv is NULL but d_kv_in=%d != d_model=%d; pass kv (B,S,%d)",
+                        c->d_kv_in, c->d_model, c->d_kv_in);
+    size_t big = (size_t)B * T > (size_t)B * S ? (size_t)B * T : (size_t)B * S;
+    size_t widest = (size_t)c->n_heads * (c->d_k > c->d_v ? c->d_k : c->d_v);
+    if (widest < (size_t)c->d_model) widest = (size_t)c->d_model;
+    if (widest < (size_t)c->d_kv_in) widest = (size_t)c->d_kv_in;
+    if (big > MHA_MAX_ELEMENTS / widest || (size_t)T * S > MHA_MAX_ELEMENTS / (size_t)B / (size_t)c->n_heads)
+        return mha_fail(MHA_E_SHAPE, "mha_forward: B=%d T=%d S=%d is too large for this layer", B, T, S);
+    mha_status s = mha_check_finite(x, (size_t)B * T * c->d_model, "x");
+    if (s) return s;
+    if (kv && (s = mha_check_finite(kv, (size_t)B * S * c->d_kv_in, "kv"))) return s;
+    return check_options(c, o, B, T, S);
+}
+
+/* MHA_KERNELS=reference in the environment forces the oracle under AUTO. */
+static int env_forces_reference(void) {
+    const char *e = getenv("MHA_KERNELS");
+    return e && strcmp(e, "reference") == 0;
+}
+
+mha_status mha_forward(const mha_layer *L, float *y, const mha_capture *cap, const float *x,
+                       const float *kv, int B, int T, int S, const mha_options *opt) {
+    mha_options defaults = mha_options_default();
+    if (!opt) opt = &defaults;
+    mha_status s = mha_forward_validate(L, y, x, kv, B, T, S, opt);
+    if (s) return s;
+    mha_clear_error();
+    if (opt->path == MHA_PATH_REFERENCE || (opt->path == MHA_PATH_AUTO && env_forces_reference()))
+        return mha_forward_reference(L, y, cap, x, kv, B, T, S, opt);
+    s = mha_forward_fast(L, y, cap, x, kv, B, T, S, opt);
+    if (s == MHA_E_UNSUPPORTED && opt->path == MHA_PATH_AUTO) {
+        mha_clear_error();
+        return mha_forward_reference(L, y, cap, x, kv, B, T, S, opt);
+    }
+    return s;
+}

@@ -1,0 +1,211 @@
+/* array.c — owned arrays, element codecs (float32/float16/bfloat16/bool/
+ * uint8, little-endian) and whole-file reads, shared by npy.c and
+ * safetensors.c. */
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "io/io_internal.h"
+
+size_t mha_dtype_size(mha_dtype dt) {
+    switch (dt) {
+    case MHA_DTYPE_F32: return 4;
+    case MHA_DTYPE_F16:
+    case MHA_DTYPE_BF16: return 2;
+    case MHA_DTYPE_BOOL:
+    case MHA_DTYPE_U8: return 1;
+    }
+    return 0;
+}
+
+const char *mha_dtype_name(mha_dtype dt) {
+    switch (dt) {
+    case MHA_DTYPE_F32: return "float32";
+    case MHA_DTYPE_F16: return "float16";
+    case MHA_DTYPE_BF16: return "bfloat16";
+    case MHA_DTYPE_BOOL: return "bool";
+    case MHA_DTYPE_U8: return "uint8";
+    }
+    return "unknown";
+}
+
+static float bits_to_float(uint32_t u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static uint32_t float_to_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+float mha_half_to_float(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16;
+    uint32_t exp = (h >> 10) & 0x1f, mant = h & 0x3ff;
+    if (exp == 0) { /* zero or subnormal: mant * 2^-24 */
+        float v = ldexpf((float)mant, -24);
+        return sign ? -v : v;
+    }
+    if (exp == 31) return bits_to_float(sign | 0x7f800000u | (mant << 13));
+    return bits_to_float(sign | ((exp - 15 + 127) << 23) | (mant << 13));
+}
+
+uint16_t mha_float_to_half(float f) {
+    uint32_t x = float_to_bits(f);
+    uint16_t sign = (uint16_t)((x >> 16) & 0x8000);
+    x &= 0x7fffffffu;
+    if (x >= 0x7f800000u) return sign | 0x7c00 | (x > 0x7f800000u ? 0x200 : 0);
+    if (x < 0x38800000u) /* below 2^-14: a subnormal half, units of 2^-24 */
+        return sign | (uint16_t)rintf(fabsf(f) * 16777216.0f);
+    uint32_t h = ((((x >> 23) - 127 + 15)) << 10) | ((x & 0x7fffff) >> 13);
+    uint32_t rem = x & 0x1fff; /* the 13 dropped bits: round to nearest even */
+    if (rem > 0x1000 || (rem == 0x1000 && (h & 1))) h++; /* may carry to Inf */
+    if (h > 0x7c00) h = 0x7c00;
+    return sign | (uint16_t)h;
+}
+
+float mha_bf16_to_float(uint16_t b) { return bits_to_float((uint32_t)b << 16); }
+
+void mha_array_free(mha_array *a) {
+    if (!a) return;
+    free(a->f);
+    free(a->u8);
+    memset(a, 0, sizeof *a);
+}
+
+mha_status mha_array_alloc(mha_array *out) {
+    size_t n = out->count ? out->count : 1; /* malloc(0) may return NULL */
+    if (out->dtype == MHA_DTYPE_BOOL || out->dtype == MHA_DTYPE_U8) {
+        out->f = NULL;
+        out->u8 = malloc(n);
+        if (!out->u8) return mha_fail(MHA_E_NOMEM, "cannot allocate %zu bytes", n);
+    } else {
+        out->u8 = NULL;
+        if (n > SIZE_MAX / sizeof(float))
+            return mha_fail(MHA_E_NOMEM, "array of %zu floats is too large", n);
+        out->f = malloc(n * sizeof(float));
+        if (!out->f) return mha_fail(MHA_E_NOMEM, "cannot allocate %zu floats", n);
+    }
+    return MHA_OK;
+}
+
+mha_status mha_shape_count(size_t *count, const int *shape, int rank, size_t elem_size,
+                           const char *what) {
+    size_t n = 1;
+    for (int i = 0; i < rank; i++) {
+        if (shape[i] < 0)
+            return mha_fail(MHA_E_FORMAT, "%s: dimension %d is %d; expected >= 0", what, i,
+                            shape[i]);
+        if (shape[i] != 0 && n > SIZE_MAX / 4 / elem_size / (size_t)shape[i])
+            return mha_fail(MHA_E_FORMAT, "%s: shape overflows the address space", what);
+        n *= (size_t)shape[i];
+    }
+    *count = n;
+    return MHA_OK;
+}
+
+mha_status mha_array_decode(mha_array *a, const unsigned char *src, unsigned flags,
+                            const char *what, const char *tensor) {
+    size_t n = a->count;
+    switch (a->dtype) {
+    case MHA_DTYPE_F32:
+        for (size_t i = 0; i < n; i++) a->f[i] = bits_to_float(mha_le32(src + 4 * i));
+        break;
+    case MHA_DTYPE_F16:
+        for (size_t i = 0; i < n; i++) a->f[i] = mha_half_to_float(mha_le16(src + 2 * i));
+        break;
+    case MHA_DTYPE_BF16:
+        for (size_t i = 0; i < n; i++) a->f[i] = mha_bf16_to_float(mha_le16(src + 2 * i));
+        break;
+    case MHA_DTYPE_BOOL:
+        for (size_t i = 0; i < n; i++) {
+            if (src[i] > 1)
+                return mha_fail(MHA_E_FORMAT, "%s: %s[%zu] is byte %u; a bool must be 0 or 1",
+                                what, tensor, i, src[i]);
+            a->u8[i] = src[i];
+        }
+        return MHA_OK;
+    case MHA_DTYPE_U8:
+        memcpy(a->u8, src, n);
+        return MHA_OK;
+    }
+    if (flags & MHA_IO_ALLOW_NONFINITE) return MHA_OK;
+    for (size_t i = 0; i < n; i++) {
+        float v = a->f[i];
+        if (isfinite(v)) continue;
+        if ((flags & MHA_IO_ALLOW_NEG_INF) && isinf(v) && v < 0) continue;
+        return mha_fail(MHA_E_NONFINITE,
+                        "%s: %s[%zu] = %g; expected a finite number%s", what, tensor, i,
+                        (double)v,
+                        (flags & MHA_IO_ALLOW_NEG_INF) ? " or -inf" : "");
+    }
+    return MHA_OK;
+}
+
+void mha_array_encode(unsigned char *dst, const mha_array *a, mha_dtype dt) {
+    for (size_t i = 0; i < a->count; i++) {
+        switch (dt) {
+        case MHA_DTYPE_F32: {
+            uint32_t u = float_to_bits(a->f[i]);
+            for (int k = 0; k < 4; k++) dst[4 * i + k] = (unsigned char)(u >> (8 * k));
+            break;
+        }
+        case MHA_DTYPE_F16: {
+            uint16_t u = mha_float_to_half(a->f[i]);
+            dst[2 * i] = (unsigned char)u;
+            dst[2 * i + 1] = (unsigned char)(u >> 8);
+            break;
+        }
+        case MHA_DTYPE_BF16: /* never written; kept for completeness */
+        {
+            uint16_t u = (uint16_t)(float_to_bits(a->f[i]) >> 16);
+            dst[2 * i] = (unsigned char)u;
+            dst[2 * i + 1] = (unsigned char)(u >> 8);
+            break;
+        }
+        case MHA_DTYPE_BOOL: dst[i] = a->u8[i] ? 1 : 0; break;
+        case MHA_DTYPE_U8: dst[i] = a->u8[i]; break;
+        }
+    }
+}
+
+mha_status mha_read_file(unsigned char **buf, size_t *len, const char *path) {
+    *buf = NULL;
+    *len = 0;
+    FILE *f = fopen(path, "rb");
+    if (!f) return mha_fail(MHA_E_IO, "cannot open '%s': %s", path, strerror(errno));
+    if (fseek(f, 0, SEEK_END) != 0) {
+        fclose(f);
+        return mha_fail(MHA_E_IO, "cannot seek in '%s' (expected a regular file)", path);
+    }
+    long end = ftell(f);
+    if (end < 0 || fseek(f, 0, SEEK_SET) != 0) {
+        fclose(f);
+        return mha_fail(MHA_E_IO, "cannot size '%s' (expected a regular file)", path);
+    }
+    size_t n = (size_t)end;
+    unsigned char *p = malloc(n ? n : 1);
+    if (!p) {
+        fclose(f);
+        return mha_fail(MHA_E_NOMEM, "cannot allocate %zu bytes for '%s'", n, path);
+    }
+    if (fread(p, 1, n, f) != n) {
+        free(p);
+        fclose(f);
+        return mha_fail(MHA_E_IO, "short read of '%s' (expected %zu bytes)", path, n);
+    }
+    fclose(f);
+    *buf = p;
+    *len = n;
+    return MHA_OK;
+}
+
+mha_status mha_write_all(FILE *f, const void *p, size_t n, const char *path) {
+    if (n && fwrite(p, 1, n, f) != n)
+        return mha_fail(MHA_E_IO, "cannot write %zu bytes to '%s': %s", n, path,
+                        strerror(errno));
+    return MHA_OK;
+}

@@ -1,0 +1,50 @@
+/* io_internal.h — helpers shared by the file readers and writers (src/io).
+ * Files are little-endian; values are assembled byte by byte so the readers
+ * do not depend on the host's byte order or on alignment. */
+#ifndef MHA_IO_INTERNAL_H
+#define MHA_IO_INTERNAL_H
+
+#include <stdio.h>
+
+#include "internal.h"
+
+/* Bytes of one element of dt in a file. */
+size_t mha_dtype_size(mha_dtype dt);
+
+/* IEEE half / bfloat16 bits <-> float. Narrowing rounds to nearest even. */
+float mha_half_to_float(uint16_t h);
+uint16_t mha_float_to_half(float f);
+float mha_bf16_to_float(uint16_t b);
+
+static inline uint16_t mha_le16(const unsigned char *p) {
+    return (uint16_t)(p[0] | (p[1] << 8));
+}
+static inline uint32_t mha_le32(const unsigned char *p) {
+    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) |
+           ((uint32_t)p[3] << 24);
+}
+static inline uint64_t mha_le64(const unsigned char *p) {
+    return (uint64_t)mha_le32(p) | ((uint64_t)mha_le32(p + 4) << 32);
+}
+
+/* Allocates out->f or out->u8 for out->count elements of out->dtype. */
+mha_status mha_array_alloc(mha_array *out);
+/* count = product of shape[0..rank), checked against overflow of both the
+ * element count and count * elem_size; the message names `what`. */
+mha_status mha_shape_count(size_t *count, const int *shape, int rank, size_t elem_size,
+                           const char *what);
+/* Decodes count little-endian elements of a->dtype from src into a. For
+ * floating dtypes checks finiteness according to flags (MHA_IO_*); BOOL
+ * bytes must be 0 or 1. what/tensor name the place in messages. */
+mha_status mha_array_decode(mha_array *a, const unsigned char *src, unsigned flags,
+                            const char *what, const char *tensor);
+/* Encodes a's elements little-endian in file dtype dt (F32/F16 from
+ * float, BOOL/U8 from bytes) into dst. */
+void mha_array_encode(unsigned char *dst, const mha_array *a, mha_dtype dt);
+
+/* Reads a whole file into a new buffer (*len bytes). */
+mha_status mha_read_file(unsigned char **buf, size_t *len, const char *path);
+/* Writes bytes to a file, replacing it; reports short writes. */
+mha_status mha_write_all(FILE *f, const void *p, size_t n, const char *path);
+
+#endif /* MHA_IO_INTERNAL_H */

@@ -1,0 +1,356 @@
+/* layer.c — configuration, create/free, weights, head labels, permutation.
+ * Legend: h heads, h_kv kv heads, d_k, d_v, d_model, d_kv_in (see mha.h). */
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+/* Largest single dimension accepted; keeps every product well inside size_t
+ * and every h*d product inside int. */
+#define MHA_MAX_DIM (1 << 20)
+/* Head counts are small in practice; the cap lets permutation scratch live
+ * on the stack. */
+#define MHA_MAX_HEADS 4096
+
+/* ------------------------------------------------------------ config */
+
+mha_config mha_config_default(int d_model, int n_heads) {
+    mha_config c;
+    memset(&c, 0, sizeof c);
+    c.d_model = d_model;
+    c.n_heads = n_heads;
+    c.bias = 1;
+    return c;
+}
+
+static mha_status check_dim(const char *name, int value, int allow_zero) {
+    if (value < (allow_zero ? 0 : 1) || value > MHA_MAX_DIM)
+        return mha_fail(MHA_E_ARG, "%s=%d is out of range; expected %s1..%d", name, value,
+                        allow_zero ? "0 (default) or " : "", MHA_MAX_DIM);
+    return MHA_OK;
+}
+
+static mha_status check_flag(const char *name, int value) {
+    if (value != 0 && value != 1)
+        return mha_fail(MHA_E_ARG, "%s=%d; expected 0 or 1", name, value);
+    return MHA_OK;
+}
+
+mha_status mha_config_resolve(mha_config *out, const mha_config *in) {
+    if (!out || !in) return mha_fail(MHA_E_ARG, "mha_config_resolve: NULL config pointer");
+    mha_config c = *in;
+    mha_status s;
+    if ((s = check_dim("d_model", c.d_model, 0)) || (s = check_dim("n_heads", c.n_heads, 0)) ||
+        (s = check_dim("n_kv_heads", c.n_kv_heads, 1)) || (s = check_dim("d_k", c.d_k, 1)) ||
+        (s = check_dim("d_v", c.d_v, 1)) || (s = check_dim("d_kv_in", c.d_kv_in, 1)) ||
+        (s = check_flag("bias", c.bias)) || (s = check_flag("add_bias_kv", c.add_bias_kv)) ||
+        (s = check_flag("add_zero_attn", c.add_zero_attn)))
+        return s;
+    if (c.d_model == 0) return mha_fail(MHA_E_ARG, "d_model=0; expected a positive width");
+    if (c.n_heads == 0) return mha_fail(MHA_E_ARG, "n_heads=0; expected at least one head");
+    if (c.n_heads > MHA_MAX_HEADS)
+        return mha_fail(MHA_E_ARG, "n_heads=%d is out of range; expected 1..%d", c.n_heads, MHA_MAX_HEADS);
+    if (c.n_kv_heads == 0) c.n_kv_heads = c.n_heads;
+    if (c.n_kv_heads > c.n_heads || c.n_heads % c.n_kv_heads != 0)
+        return mha_fail(MHA_E_ARG,
+                        "n_kv_heads=%d does not divide n_heads=%d; expected a divisor "
+                        "(%d for MHA, 1 for MQA, between for GQA)",
+                        c.n_kv_heads, c.n_heads, c.n_heads);
+    if (c.d_k == 0) {
+        if (c.d_model % c.n_heads != 0)
+            return mha_fail(MHA_E_ARG,
+                            "n_heads=%d does not divide d_model=%d for equal-width heads; "
+                            "pass d_k explicitly",
+                            c.n_heads, c.d_model);
+        c.d_k = c.d_model / c.n_heads;
+    }
+    if (c.d_v == 0) c.d_v = c.d_k;
+    if (c.d_kv_in == 0) c.d_kv_in = c.d_model;
+    if ((long long)c.n_heads * c.d_k > MHA_MAX_DIM * 16LL ||
+        (long long)c.n_heads * c.d_v > MHA_MAX_DIM * 16LL)
+        return mha_fail(MHA_E_ARG, "n_heads*d_k=%lld or n_heads*d_v=%lld is too large; expected <= %d",
+                        (long long)c.n_heads * c.d_k, (long long)c.n_heads * c.d_v,
+                        MHA_MAX_DIM * 16);
+    *out = c;
+    return MHA_OK;
+}
+
+/* ------------------------------------------------------------ weights */
+
+/* Element counts of each weight tensor, by the mha_weights member order. */
+typedef struct {
+    const char *name;
+    size_t count;
+    int is_bias;     /* 1: b_*, 2: bias_k/bias_v */
+} weight_shape;
+
+static void weight_shapes(const mha_config *c, weight_shape ws[10]) {
+    size_t hk = (size_t)c->n_heads * c->d_k, hv = (size_t)c->n_heads * c->d_v;
+    size_t gk = (size_t)c->n_kv_heads * c->d_k, gv = (size_t)c->n_kv_heads * c->d_v;
+    weight_shape t[10] = {
+        {"w_q", (size_t)c->d_model * hk, 0}, {"w_k", (size_t)c->d_kv_in * gk, 0},
+        {"w_v", (size_t)c->d_kv_in * gv, 0}, {"w_o", hv * (size_t)c->d_model, 0},
+        {"b_q", hk, 1}, {"b_k", gk, 1}, {"b_v", gv, 1}, {"b_o", (size_t)c->d_model, 1},
+        {"bias_k", gk, 2}, {"bias_v", gv, 2},
+    };
+    memcpy(ws, t, sizeof t);
+}
+
+static float **layer_tensor(mha_layer *L, int i) {
+    float **t[10] = {&L->w_q, &L->w_k, &L->w_v, &L->w_o, &L->b_q,
+                     &L->b_k, &L->b_v, &L->b_o, &L->bias_k, &L->bias_v};
+    return t[i];
+}
+
+static const float *weights_member(const mha_weights *w, int i) {
+    const float *m[10] = {w->w_q, w->w_k, w->w_v, w->w_o, w->b_q,
+                          w->b_k, w->b_v, w->b_o, w->bias_k, w->bias_v};
+    return m[i];
+}
+
+/* Validates every source pointer and value before anything is copied, so
+ * a failed call leaves the layer as it was. */
+static mha_status validate_weights(const mha_config *c, const mha_weights *w) {
+    weight_shape ws[10];
+    weight_shapes(c, ws);
+    for (int i = 0; i < 10; i++) {
+        const float *src = weights_member(w, i);
+        int wanted = ws[i].is_bias == 0 || (ws[i].is_bias == 1 && c->bias) ||
+                     (ws[i].is_bias == 2 && c->add_bias_kv);
+        if (wanted && !src)
+            return mha_fail(MHA_E_ARG, "weights.%s is NULL; expected %zu floats%s", ws[i].name,
+                            ws[i].count,
+                            ws[i].is_bias == 1 ? " (config.bias=1)"
+                            : ws[i].is_bias == 2 ? " (config.add_bias_kv=1)" : "");
+        if (!wanted && src)
+            return mha_fail(MHA_E_ARG, "weights.%s is given but config.%s=0; expected NULL",
+                            ws[i].name, ws[i].is_bias == 1 ? "bias" : "add_bias_kv");
+        if (src) {
+            mha_status s = mha_check_finite(src, ws[i].count, ws[i].name);
+            if (s) return s;
+        }
+    }
+    return MHA_OK;
+}
+
+static void copy_weights(mha_layer *L, const mha_weights *w) {
+    weight_shape ws[10];
+    weight_shapes(&L->cfg, ws);
+    for (int i = 0; i < 10; i++) {
+        const float *src = w ? weights_member(w, i) : NULL;
+        float *dst = *layer_tensor(L, i);
+        if (src) memcpy(dst, src, ws[i].count * sizeof(float));
+        else memset(dst, 0, ws[i].count * sizeof(float));
+    }
+}
+
+mha_status mha_layer_create(mha_layer **out, const mha_config *cfg, const mha_weights *w) {
+    if (!out) return mha_fail(MHA_E_ARG, "mha_layer_create: out is NULL");
+    *out = NULL;
+    mha_config c;
+    mha_status s = mha_config_resolve(&c, cfg);
+    if (s) return s;
+    if (w && (s = validate_weights(&c, w))) return s;
+
+    mha_layer *L = calloc(1, sizeof *L);
+    if (!L) return mha_fail(MHA_E_NOMEM, "mha_layer_create: no memory for the layer");
+    L->cfg = c;
+    weight_shape ws[10];
+    weight_shapes(&c, ws);
+    int ok = 1;
+    for (int i = 0; i < 10; i++) {
+        *layer_tensor(L, i) = malloc(ws[i].count * sizeof(float));
+        ok = ok && *layer_tensor(L, i);
+    }
+    int counts[4] = {c.n_heads, c.n_kv_heads, c.n_kv_heads, c.n_heads};
+    for (int b = 0; b < 4; b++) {
+        L->labels[b] = malloc((size_t)counts[b] * sizeof(int));
+        ok = ok && L->labels[b];
+        for (int i = 0; ok && i < counts[b]; i++) L->labels[b][i] = i;
+    }
+    if (!ok) {
+        mha_layer_free(L);
+        return mha_fail(MHA_E_NOMEM, "mha_layer_create: no memory for the weights");
+    }
+    copy_weights(L, w);
+    if ((s = mha_fast_prepare(L))) {
+        mha_layer_free(L);
+        return s;
+    }
+    *out = L;
+    return MHA_OK;
+}
+
+void mha_layer_free(mha_layer *L) {
+    if (!L) return;
+    mha_fast_release(L);
+    for (int i = 0; i < 10; i++) free(*layer_tensor(L, i));
+    for (int b = 0; b < 4; b++) free(L->labels[b]);
+    free(L);
+}
+
+mha_status mha_layer_set_weights(mha_layer *L, const mha_weights *w) {
+    if (!L || !w) return mha_fail(MHA_E_ARG, "mha_layer_set_weights: NULL %s", L ? "weights" : "layer");
+    mha_status s = validate_weights(&L->cfg, w);
+    if (s) return s;
+    copy_weights(L, w);
+    return mha_fast_prepare(L);
+}
+
+void mha_layer_get_weights(const mha_layer *L, mha_weights *v) {
+    if (!L || !v) return;
+    const mha_config *c = &L->cfg;
+    v->w_q = L->w_q;
+    v->w_k = L->w_k;
+    v->w_v = L->w_v;
+    v->w_o = L->w_o;
+    v->b_q = c->bias ? L->b_q : NULL;
+    v->b_k = c->bias ? L->b_k : NULL;
+    v->b_v = c->bias ? L->b_v : NULL;
+    v->b_o = c->bias ? L->b_o : NULL;
+    v->bias_k = c->add_bias_kv ? L->bias_k : NULL;
+    v->bias_v = c->add_bias_kv ? L->bias_v : NULL;
+}
+
+const mha_config *mha_layer_config(const mha_layer *L) { return L ? &L->cfg : NULL; }
+
+/* -------------------------------------------------------------- labels */
+
+static const char *block_name(mha_block b) {
+    static const char *names[4] = {"Q", "K", "V", "O"};
+    return names[b];
+}
+
+static int block_count(const mha_layer *L, mha_block b) {
+    return (b == MHA_BLOCK_Q || b == MHA_BLOCK_O) ? L->cfg.n_heads : L->cfg.n_kv_heads;
+}
+
+static mha_status check_block(const mha_layer *L, mha_block b, const void *p, const char *fn) {
+    if (!L || !p) return mha_fail(MHA_E_ARG, "%s: NULL %s", fn, L ? "array" : "layer");
+    if ((int)b < 0 || (int)b > 3)
+        return mha_fail(MHA_E_ARG, "%s: block=%d; expected MHA_BLOCK_Q, _K, _V or _O", fn, (int)b);
+    return MHA_OK;
+}
+
+/* Checks that p[0..n) is a permutation of 0..n-1. */
+static mha_status check_permutation(const int *p, int n, const char *what) {
+    unsigned char *seen = calloc((size_t)n, 1);
+    if (!seen) return mha_fail(MHA_E_NOMEM, "no memory to check %s", what);
+    mha_status s = MHA_OK;
+    for (int i = 0; i < n && !s; i++) {
+        if (p[i] < 0 || p[i] >= n)
+            s = mha_fail(MHA_E_ARG, "%s[%d]=%d is out of range; expected 0..%d", what, i, p[i], n - 1);
+        else if (seen[p[i]]++)
+            s = mha_fail(MHA_E_ARG, "%s[%d]=%d repeats an earlier entry; expected a permutation of 0..%d",
+                         what, i, p[i], n - 1);
+    }
+    free(seen);
+    return s;
+}
+
+mha_status mha_layer_labels(const mha_layer *L, mha_block b, int *labels) {
+    mha_status s = check_block(L, b, labels, "mha_layer_labels");
+    if (s) return s;
+    memcpy(labels, L->labels[b], (size_t)block_count(L, b) * sizeof(int));
+    return MHA_OK;
+}
+
+mha_status mha_layer_set_labels(mha_layer *L, mha_block b, const int *labels) {
+    mha_status s = check_block(L, b, labels, "mha_layer_set_labels");
+    if (s) return s;
+    char what[32];
+    snprintf(what, sizeof what, "%s labels", block_name(b));
+    if ((s = check_permutation(labels, block_count(L, b), what))) return s;
+    memcpy(L->labels[b], labels, (size_t)block_count(L, b) * sizeof(int));
+    return MHA_OK;
+}
+
+/* --------------------------------------------------------- permutation */
+
+/* Column blocks: w (rows, n*width); new block i = old block perm[i]. */
+static mha_status permute_column_blocks(float *w, int rows, int n, int width, const int *perm) {
+    size_t row_len = (size_t)n * width;
+    float *tmp = malloc(row_len * sizeof(float));
+    if (!tmp) return mha_fail(MHA_E_NOMEM, "no memory to permute head blocks");
+    for (int r = 0; r < rows; r++) {
+        float *row = w + (size_t)r * row_len;
+        for (int i = 0; i < n; i++)
+            memcpy(tmp + (size_t)i * width, row + (size_t)perm[i] * width, (size_t)width * sizeof(float));
+        memcpy(row, tmp, row_len * sizeof(float));
+    }
+    free(tmp);
+    return MHA_OK;
+}
+
+static void permute_labels(int *labels, int n, const int *perm) {
+    int tmp[n];
+    for (int i = 0; i < n; i++) tmp[i] = labels[perm[i]];
+    memcpy(labels, tmp, (size_t)n * sizeof(int));
+}
+
+/* Moves one block kind without touching the others. W_O's row blocks are
+ * column blocks of a single row of length h*d_v*d_model. */
+static mha_status permute_one(mha_layer *L, mha_block b, const int *perm) {
+    const mha_config *c = &L->cfg;
+    int n = block_count(L, b);
+    mha_status s = MHA_OK;
+    switch (b) {
+    case MHA_BLOCK_Q:
+        if (!(s = permute_column_blocks(L->w_q, c->d_model, n, c->d_k, perm)))
+            s = permute_column_blocks(L->b_q, 1, n, c->d_k, perm);
+        break;
+    case MHA_BLOCK_K:
+        if (!(s = permute_column_blocks(L->w_k, c->d_kv_in, n, c->d_k, perm)) &&
+            !(s = permute_column_blocks(L->b_k, 1, n, c->d_k, perm)))
+            s = permute_column_blocks(L->bias_k, 1, n, c->d_k, perm);
+        break;
+    case MHA_BLOCK_V:
+        if (!(s = permute_column_blocks(L->w_v, c->d_kv_in, n, c->d_v, perm)) &&
+            !(s = permute_column_blocks(L->b_v, 1, n, c->d_v, perm)))
+            s = permute_column_blocks(L->bias_v, 1, n, c->d_v, perm);
+        break;
+    case MHA_BLOCK_O:
+        s = permute_column_blocks(L->w_o, 1, n, c->d_v * c->d_model, perm);
+        break;
+    }
+    if (!s) permute_labels(L->labels[b], n, perm);
+    return s;
+}
+
+mha_status mha_layer_permute_block(mha_layer *L, mha_block b, const int *perm) {
+    mha_status s = check_block(L, b, perm, "mha_layer_permute_block");
+    if (s) return s;
+    char what[32];
+    snprintf(what, sizeof what, "%s perm", block_name(b));
+    if ((s = check_permutation(perm, block_count(L, b), what))) return s;
+    if ((s = permute_one(L, b, perm))) return s;
+    return mha_fast_prepare(L);
+}
+
+mha_status mha_layer_permute_heads(mha_layer *L, const int *perm) {
+    if (!L || !perm) return mha_fail(MHA_E_ARG, "mha_layer_permute_heads: NULL %s", L ? "perm" : "layer");
+    const mha_config *c = &L->cfg;
+    int h = c->n_heads, group = c->n_heads / c->n_kv_heads;
+    mha_status s = check_permutation(perm, h, "perm");
+    if (s) return s;
+    /* The heads of new kv group g must all come from one old group; that
+     * old group is the kv head that moves to position g. */
+    int kv_perm[c->n_kv_heads];
+    for (int g = 0; g < c->n_kv_heads; g++) {
+        kv_perm[g] = perm[g * group] / group;
+        for (int k = 1; k < group; k++)
+            if (perm[g * group + k] / group != kv_perm[g])
+                return mha_fail(MHA_E_ARG,
+                                "perm[%d]=%d is in kv group %d but perm[%d]=%d is in kv group %d; "
+                                "under GQA (%d query heads per kv head) each new group of %d "
+                                "consecutive heads must come from one old group",
+                                g * group, perm[g * group], kv_perm[g], g * group + k,
+                                perm[g * group + k], perm[g * group + k] / group, group, group);
+    }
+    if ((s = permute_one(L, MHA_BLOCK_Q, perm)) || (s = permute_one(L, MHA_BLOCK_O, perm)) ||
+        (s = permute_one(L, MHA_BLOCK_K, kv_perm)) || (s = permute_one(L, MHA_BLOCK_V, kv_perm)))
+        return s;
+    return mha_fast_prepare(L);
+}

@@ -1,0 +1,34 @@
+/* mask.c — which keys a query may attend: the one statement of the mask
+ * semantics, shared by the reference and the fast path's general tiles. */
+#include <math.h>
+
+#include "internal.h"
+
+int mha_mask_key(const mha_options *o, int h, int b, int r, int i, int j, int T, int S,
+                 double *additive) {
+    *additive = 0.0;
+    /* Aligned position of query i on the key axis. */
+    long p = (long)i + (o->align == MHA_ALIGN_BOTTOM_RIGHT ? (long)S - T : 0);
+    if (o->causal && j > p) return 0;
+    if (o->window_left >= 0 && j < p - o->window_left) return 0;
+    if (o->window_right >= 0 && j > p + o->window_right) return 0;
+    size_t ts = (size_t)T * S, ij = (size_t)i * S + j;
+    if (o->keep_mask.data) {
+        const uint8_t *m = o->keep_mask.data;
+        size_t bh = (size_t)(o->keep_mask.batch == 1 ? 0 : b) * o->keep_mask.heads +
+                    (o->keep_mask.heads == 1 ? 0 : r);
+        if (!m[bh * ts + ij]) return 0;
+    }
+    if (o->key_keep && !o->key_keep[(size_t)b * S + j]) return 0;
+    if (o->additive_mask.data) {
+        const float *m = o->additive_mask.data;
+        size_t bh = (size_t)(o->additive_mask.batch == 1 ? 0 : b) * o->additive_mask.heads +
+                    (o->additive_mask.heads == 1 ? 0 : r);
+        *additive += m[bh * ts + ij];
+    }
+    if (o->key_additive) *additive += o->key_additive[(size_t)b * S + j];
+    (void)h;
+    /* -inf forbids exactly like a false keep bit, so fully masked rows are
+     * detected the same way for both kinds of mask. */
+    return isinf(*additive) ? 0 : 1;
+}

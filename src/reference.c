@@ -1,0 +1,142 @@
+/* reference.c — the oracle: plain loops that mirror the math in mha.h,
+ * accumulating in double. Every option exists here first; the fast path is
+ * tested against it. Readability over speed.
+ * Legend: B batch, T queries, S keys, Sx = S + extra keys, h heads,
+ * h_kv kv heads, d_k, d_v, d_model, d_kv_in. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+/* out (rows, n) = in (rows, k) w (k, n) + b (n), in double. */
+static void linear_double(double *out, const float *in, const float *w, const float *b, size_t rows,
+                          int k, int n) {
+    for (size_t t = 0; t < rows; t++)
+        for (int o = 0; o < n; o++) {
+            double acc = b[o];
+            for (int i = 0; i < k; i++) acc += (double)in[t * k + i] * w[(size_t)i * n + o];
+            out[t * n + o] = acc;
+        }
+}
+
+/* The interventions of mha.h applied to head r's block of z (rows, h*d). */
+static void intervene_double(double *z, const mha_intervention *iv, int r, int h, size_t rows, int d) {
+    double *blk = z + (size_t)r * d;
+    size_t zw = (size_t)h * d;
+    for (int i = 0; i < d; i++) {
+        double mean = 0.0;
+        if (iv->op == MHA_HEAD_MEAN) {
+            for (size_t t = 0; t < rows; t++) mean += blk[t * zw + i];
+            mean /= (double)rows;
+        }
+        for (size_t t = 0; t < rows; t++) {
+            double *e = &blk[t * zw + i];
+            switch (iv->op) {
+            case MHA_HEAD_KEEP: break;
+            case MHA_HEAD_ZERO: *e = 0.0; break;
+            case MHA_HEAD_SCALE: *e *= iv->scale; break;
+            case MHA_HEAD_MEAN: *e = mean; break;
+            case MHA_HEAD_REPLACE: *e = iv->value[t * d + i]; break;
+            }
+        }
+    }
+}
+
+mha_status mha_forward_reference(const mha_layer *L, float *y, const mha_capture *cap, const float *x,
+                                 const float *kv, int B, int T, int S, const mha_options *opt) {
+    const mha_config *c = &L->cfg;
+    const int h = c->n_heads, h_kv = c->n_kv_heads, d_k = c->d_k, d_v = c->d_v, D = c->d_model;
+    const int Sx = mha_total_keys(c, S);
+    const size_t qw = (size_t)h * d_k, kw = (size_t)h_kv * d_k, vw = (size_t)h_kv * d_v, zw = (size_t)h * d_v;
+    const double scale = opt->scale != 0.0f ? opt->scale : 1.0 / sqrt((double)d_k);
+    if (!kv) kv = x;
+
+    double *q = malloc((size_t)B * T * qw * sizeof(double));   // (B,T,h*d_k)
+    double *k = calloc((size_t)B * Sx * kw, sizeof(double));   // (B,Sx,h_kv*d_k)
+    double *v = calloc((size_t)B * Sx * vw, sizeof(double));   // (B,Sx,h_kv*d_v)
+    double *z = malloc((size_t)B * T * zw * sizeof(double));   // (B,T,h*d_v)
+    double *score = malloc((size_t)Sx * sizeof(double));       // (Sx) one query row
+    int *allowed = malloc((size_t)Sx * sizeof(int));           // (Sx)
+    if (!q || !k || !v || !z || !score || !allowed) {
+        free(q), free(k), free(v), free(z), free(score), free(allowed);
+        return mha_fail(MHA_E_NOMEM, "reference forward: no memory for Q, K, V, Z (B=%d T=%d S=%d)", B, T, S);
+    }
+
+    // --- projections: Q = X W_Q + b_Q; K, V = Xkv W + b, then the extra rows
+    linear_double(q, x, L->w_q, L->b_q, (size_t)B * T, D, (int)qw);
+    for (int b = 0; b < B; b++) {
+        const float *src = kv + (size_t)b * S * c->d_kv_in;
+        linear_double(k + (size_t)b * Sx * kw, src, L->w_k, L->b_k, (size_t)S, c->d_kv_in, (int)kw);
+        linear_double(v + (size_t)b * Sx * vw, src, L->w_v, L->b_v, (size_t)S, c->d_kv_in, (int)vw);
+        if (c->add_bias_kv) { /* key S is the learned bias row; a zero row (if any) follows */
+            for (size_t i = 0; i < kw; i++) k[((size_t)b * Sx + S) * kw + i] = L->bias_k[i];
+            for (size_t i = 0; i < vw; i++) v[((size_t)b * Sx + S) * vw + i] = L->bias_v[i];
+        }
+    }
+
+    // --- attention: Z^(r) = softmax(scale * Q^(r) K^(g)^T + mask) V^(g)
+    for (int b = 0; b < B; b++)
+        for (int r = 0; r < h; r++) {
+            const int g = mha_kv_head(c, r);
+            for (int i = 0; i < T; i++) {
+                const double *qi = q + ((size_t)b * T + i) * qw + (size_t)r * d_k;
+                double *zi = z + ((size_t)b * T + i) * zw + (size_t)r * d_v;
+                double max = -INFINITY;
+                for (int j = 0; j < Sx; j++) {
+                    double add = 0.0;
+                    allowed[j] = j >= S || mha_mask_key(opt, h, b, r, i, j, T, S, &add);
+                    if (!allowed[j]) continue;
+                    const double *kj = k + ((size_t)b * Sx + j) * kw + (size_t)g * d_k;
+                    double dot = 0.0;
+                    for (int e = 0; e < d_k; e++) dot += qi[e] * kj[e];
+                    score[j] = scale * dot + add;
+                    if (score[j] > max) max = score[j];
+                }
+                float *prow = cap && cap->probs ? cap->probs + (((size_t)b * h + r) * T + i) * Sx : NULL;
+                if (max == -INFINITY) { /* no key allowed: zero or NaN row */
+                    double fill = opt->masked_row == MHA_MASKED_ROW_NAN ? NAN : 0.0;
+                    for (int e = 0; e < d_v; e++) zi[e] = fill;
+                    for (int j = 0; prow && j < Sx; j++) prow[j] = (float)fill;
+                    continue;
+                }
+                double sum = 0.0;
+                for (int j = 0; j < Sx; j++) {
+                    score[j] = allowed[j] ? exp(score[j] - max) : 0.0;
+                    sum += score[j];
+                }
+                for (int e = 0; e < d_v; e++) zi[e] = 0.0;
+                for (int j = 0; j < Sx; j++) {
+                    double p = score[j] / sum;
+                    if (prow) prow[j] = (float)p;
+                    if (p == 0.0) continue;
+                    const double *vj = v + ((size_t)b * Sx + j) * vw + (size_t)g * d_v;
+                    for (int e = 0; e < d_v; e++) zi[e] += p * vj[e];
+                }
+            }
+        }
+
+    // --- interventions on Z^(r), before concatenation is read by W_O
+    const size_t rows = (size_t)B * T;
+    for (int r = 0; opt->interventions && r < h; r++)
+        intervene_double(z, &opt->interventions[r], r, h, rows, d_v);
+    if (cap && cap->z)
+        for (size_t i = 0; i < rows * zw; i++) cap->z[i] = (float)z[i];
+
+    // --- output projection: Y = Z W_O + b_O = sum_r Z^(r) W_O[r] + b_O
+    for (size_t t = 0; t < rows; t++)
+        for (int o = 0; o < D; o++) {
+            double acc = L->b_o[o];
+            for (int r = 0; r < h; r++) {
+                double part = 0.0;
+                for (int e = 0; e < d_v; e++)
+                    part += z[t * zw + (size_t)r * d_v + e] * L->w_o[((size_t)r * d_v + e) * D + o];
+                if (cap && cap->contributions) cap->contributions[((size_t)r * rows + t) * D + o] = (float)part;
+                acc += part;
+            }
+            y[t * D + o] = (float)acc;
+        }
+
+    free(q), free(k), free(v), free(z), free(score), free(allowed);
+    return MHA_OK;
+}

@@ -1,0 +1,302 @@
+/* naive.c — the tests' independent oracle (see naive.h). Each step is the
+ * formula from mha.h written as plain loops over doubles.
+ * Legend: B batch, T queries, S keys, h heads, h_kv kv heads, d_k, d_v,
+ * d_model, d_kv_in. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "naive.h"
+#include "test_util.h"
+
+mha_config naive_resolve(mha_config c) {
+    if (c.n_kv_heads == 0) c.n_kv_heads = c.n_heads;
+    if (c.d_k == 0 && c.n_heads > 0) c.d_k = c.d_model / c.n_heads;
+    if (c.d_v == 0) c.d_v = c.d_k;
+    if (c.d_kv_in == 0) c.d_kv_in = c.d_model;
+    return c;
+}
+
+float *naive_alloc_floats(size_t n) {
+    float *p = calloc(n ? n : 1, sizeof *p);
+    if (!p) abort();
+    return p;
+}
+
+double *naive_alloc_doubles(size_t n) {
+    double *p = calloc(n ? n : 1, sizeof *p);
+    if (!p) abort();
+    return p;
+}
+
+float *naive_random_floats(size_t n, uint64_t *seed, float lo, float hi) {
+    float *p = naive_alloc_floats(n);
+    test_fill_uniform(p, n, seed, lo, hi);
+    return p;
+}
+
+double naive_max_diff(const float *a, const double *b, size_t n) {
+    double m = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - b[i]);
+        if (d != d) return INFINITY;
+        if (d > m) m = d;
+    }
+    return m;
+}
+
+/* Sizes of the ten tensors, in naive_weights order. */
+static void weight_sizes(const mha_config *c, size_t n[10]) {
+    size_t h = (size_t)c->n_heads, hk = (size_t)c->n_kv_heads;
+    n[0] = (size_t)c->d_model * h * c->d_k;
+    n[1] = (size_t)c->d_kv_in * hk * c->d_k;
+    n[2] = (size_t)c->d_kv_in * hk * c->d_v;
+    n[3] = h * c->d_v * c->d_model;
+    n[4] = c->bias ? h * c->d_k : 0;
+    n[5] = c->bias ? hk * c->d_k : 0;
+    n[6] = c->bias ? hk * c->d_v : 0;
+    n[7] = c->bias ? (size_t)c->d_model : 0;
+    n[8] = c->add_bias_kv ? hk * c->d_k : 0;
+    n[9] = c->add_bias_kv ? hk * c->d_v : 0;
+}
+
+static float **weight_slot(naive_weights *w, int i) {
+    float **slots[10] = {&w->w_q, &w->w_k, &w->w_v, &w->w_o, &w->b_q,
+                         &w->b_k, &w->b_v, &w->b_o, &w->bias_k, &w->bias_v};
+    return slots[i];
+}
+
+void naive_weights_zero(naive_weights *w, const mha_config *resolved) {
+    size_t n[10];
+    memset(w, 0, sizeof *w);
+    w->cfg = *resolved;
+    weight_sizes(resolved, n);
+    for (int i = 0; i < 10; i++) *weight_slot(w, i) = n[i] ? naive_alloc_floats(n[i]) : NULL;
+}
+
+void naive_weights_random(naive_weights *w, const mha_config *resolved, uint64_t *seed,
+                          float amp) {
+    size_t n[10];
+    naive_weights_zero(w, resolved);
+    weight_sizes(resolved, n);
+    for (int i = 0; i < 10; i++)
+        if (n[i]) test_fill_uniform(*weight_slot(w, i), n[i], seed, -amp, amp);
+}
+
+void naive_weights_free(naive_weights *w) {
+    for (int i = 0; i < 10; i++) {
+        free(*weight_slot(w, i));
+        *weight_slot(w, i) = NULL;
+    }
+}
+
+mha_weights naive_weights_view(const naive_weights *w) {
+    mha_weights v = {w->w_q, w->w_k, w->w_v, w->w_o, w->b_q,
+                     w->b_k, w->b_v, w->b_o, w->bias_k, w->bias_v};
+    return v;
+}
+
+mha_layer *naive_make_layer(const naive_weights *w) {
+    mha_layer *L = NULL;
+    mha_weights v = naive_weights_view(w);
+    CHECK_OK(mha_layer_create(&L, &w->cfg, &v));
+    return L;
+}
+
+/* ------------------------------------------------------------------ masks */
+
+/* Whether query i may see original key j (0 <= j < S) of batch b, head r;
+ * *add receives the additive terms. Straight from the mha_options comments. */
+static int naive_allowed(const mha_options *o, int h, int b, int r, int i, int j, int T,
+                         int S, double *add) {
+    long ai = o->align == MHA_ALIGN_BOTTOM_RIGHT ? (long)i + S - T : (long)i;
+    *add = 0.0;
+    if (o->causal && j > ai) return 0;
+    if (o->window_left >= 0 && j < ai - o->window_left) return 0;
+    if (o->window_right >= 0 && j > ai + o->window_right) return 0;
+    if (o->keep_mask.data) {
+        const uint8_t *m = o->keep_mask.data;
+        int bb = o->keep_mask.batch == 1 ? 0 : b, rr = o->keep_mask.heads == 1 ? 0 : r;
+        if (!m[(((size_t)bb * o->keep_mask.heads + rr) * T + i) * S + j]) return 0;
+    }
+    if (o->key_keep && !o->key_keep[(size_t)b * S + j]) return 0;
+    if (o->additive_mask.data) {
+        const float *m = o->additive_mask.data;
+        int bb = o->additive_mask.batch == 1 ? 0 : b;
+        int rr = o->additive_mask.heads == 1 ? 0 : r;
+        *add += m[(((size_t)bb * o->additive_mask.heads + rr) * T + i) * S + j];
+    }
+    if (o->key_additive) *add += o->key_additive[(size_t)b * S + j];
+    (void)h;
+    return !(isinf(*add) && *add < 0);
+}
+
+/* ---------------------------------------------------------------- forward */
+
+/* out (rows, n) = in (rows, k) w (k, n) + b (n, may be NULL), in double. */
+static void naive_linear(double *out, const float *in, const float *w, const float *b,
+                         int rows, int k, int n) {
+    for (int t = 0; t < rows; t++)
+        for (int c = 0; c < n; c++) {
+            double s = b ? (double)b[c] : 0.0;
+            for (int i = 0; i < k; i++)
+                s += (double)in[(size_t)t * k + i] * (double)w[(size_t)i * n + c];
+            out[(size_t)t * n + c] = s;
+        }
+}
+
+void naive_forward(double *y, double *z_out, double *probs, const naive_weights *w,
+                   const float *x, const float *kv, int B, int T, int S,
+                   const mha_options *opt) {
+    const mha_config *c = &w->cfg;
+    int h = c->n_heads, hk = c->n_kv_heads, dk = c->d_k, dv = c->d_v, dm = c->d_model;
+    int extra = c->add_bias_kv + c->add_zero_attn, St = S + extra;
+    mha_options o;
+    if (opt) {
+        o = *opt;
+    } else {
+        memset(&o, 0, sizeof o);
+        o.window_left = o.window_right = -1;
+    }
+    double scale = o.scale != 0.0f ? (double)o.scale : 1.0 / sqrt((double)dk);
+    const float *src = kv ? kv : x;
+    int din = kv ? c->d_kv_in : dm;
+
+    double *q = naive_alloc_doubles((size_t)B * T * h * dk);    /* (B,T,h*d_k) */
+    double *k = naive_alloc_doubles((size_t)B * St * hk * dk);  /* (B,S_total,h_kv*d_k) */
+    double *v = naive_alloc_doubles((size_t)B * St * hk * dv);  /* (B,S_total,h_kv*d_v) */
+    double *z = naive_alloc_doubles((size_t)B * T * h * dv);    /* (B,T,h*d_v) */
+    double *kp = naive_alloc_doubles((size_t)S * hk * dk);
+    double *vp = naive_alloc_doubles((size_t)S * hk * dv);
+    double *p = naive_alloc_doubles((size_t)St);
+
+    /* --- projections; extra rows: bias_k/bias_v as given, then zeros */
+    for (int b = 0; b < B; b++) {
+        naive_linear(q + (size_t)b * T * h * dk, x + (size_t)b * T * dm, w->w_q, w->b_q, T,
+                     dm, h * dk);
+        naive_linear(kp, src + (size_t)b * S * din, w->w_k, w->b_k, S, din, hk * dk);
+        naive_linear(vp, src + (size_t)b * S * din, w->w_v, w->b_v, S, din, hk * dv);
+        for (int j = 0; j < St; j++) {
+            double *kr = k + ((size_t)b * St + j) * hk * dk;
+            double *vr = v + ((size_t)b * St + j) * hk * dv;
+            for (int e = 0; e < hk * dk; e++)
+                kr[e] = j < S ? kp[(size_t)j * hk * dk + e]
+                        : (c->add_bias_kv && j == S) ? (double)w->bias_k[e] : 0.0;
+            for (int e = 0; e < hk * dv; e++)
+                vr[e] = j < S ? vp[(size_t)j * hk * dv + e]
+                        : (c->add_bias_kv && j == S) ? (double)w->bias_v[e] : 0.0;
+        }
+    }
+
+    /* --- attention per head; g = r / (h / h_kv) */
+    for (int b = 0; b < B; b++)
+        for (int r = 0; r < h; r++) {
+            int g = r / (h / hk);
+            for (int i = 0; i < T; i++) {
+                const double *qi = q + ((size_t)b * T + i) * h * dk + (size_t)r * dk;
+                double mx = -INFINITY;
+                int any = 0;
+                for (int j = 0; j < St; j++) {
+                    double add = 0.0;
+                    int ok = j >= S ? 1 : naive_allowed(&o, h, b, r, i, j, T, S, &add);
+                    if (!ok) {
+                        p[j] = -INFINITY;
+                        continue;
+                    }
+                    const double *kj = k + ((size_t)b * St + j) * hk * dk + (size_t)g * dk;
+                    double s = 0.0;
+                    for (int e = 0; e < dk; e++) s += qi[e] * kj[e];
+                    p[j] = scale * s + add;
+                    if (p[j] > mx) mx = p[j];
+                    any = 1;
+                }
+                double sum = 0.0;
+                for (int j = 0; j < St; j++) {
+                    p[j] = any && p[j] != -INFINITY ? exp(p[j] - mx) : 0.0;
+                    sum += p[j];
+                }
+                double fill = o.masked_row == MHA_MASKED_ROW_NAN ? NAN : 0.0;
+                for (int j = 0; j < St; j++) p[j] = any ? p[j] / sum : fill;
+                if (probs)
+                    memcpy(probs + (((size_t)b * h + r) * T + i) * St, p, (size_t)St * sizeof *p);
+                double *zi = z + ((size_t)b * T + i) * h * dv + (size_t)r * dv;
+                for (int e = 0; e < dv; e++) {
+                    double s = any ? 0.0 : fill;
+                    for (int j = 0; any && j < St; j++)
+                        s += p[j] * v[((size_t)b * St + j) * hk * dv + (size_t)g * dv + e];
+                    zi[e] = s;
+                }
+            }
+        }
+
+    /* --- interventions on Z^(r) before concatenation */
+    for (int r = 0; o.interventions && r < h; r++) {
+        const mha_intervention *iv = &o.interventions[r];
+        for (int e = 0; e < dv; e++) {
+            double mean = 0.0;
+            for (int t = 0; t < B * T; t++) mean += z[(size_t)t * h * dv + (size_t)r * dv + e];
+            mean /= (double)(B * T);
+            for (int t = 0; t < B * T; t++) {
+                double *ze = z + (size_t)t * h * dv + (size_t)r * dv + e;
+                if (iv->op == MHA_HEAD_ZERO) *ze = 0.0;
+                if (iv->op == MHA_HEAD_SCALE) *ze *= (double)iv->scale;
+                if (iv->op == MHA_HEAD_MEAN) *ze = mean;
+                if (iv->op == MHA_HEAD_REPLACE) *ze = iv->value[(size_t)t * dv + e];
+            }
+        }
+    }
+
+    /* --- Y = Z W_O + b_O */
+    for (int t = 0; t < B * T; t++)
+        for (int o2 = 0; o2 < dm; o2++) {
+            double s = w->b_o ? (double)w->b_o[o2] : 0.0;
+            for (int e = 0; e < h * dv; e++)
+                s += z[(size_t)t * h * dv + e] * (double)w->w_o[(size_t)e * dm + o2];
+            y[(size_t)t * dm + o2] = s;
+        }
+    if (z_out) memcpy(z_out, z, (size_t)B * T * h * dv * sizeof *z);
+    free(q), free(k), free(v), free(z), free(kp), free(vp), free(p);
+}
+
+/* ---------------------------------------------------------- comparison */
+
+static double diff_nan_equal(const float *a, const double *b, size_t n) {
+    double m = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        int an = isnan(a[i]), bn = isnan(b[i]);
+        if (an && bn) continue;
+        if (an || bn) return INFINITY;
+        double d = fabs((double)a[i] - b[i]);
+        if (d > m) m = d;
+    }
+    return m;
+}
+
+double naive_compare(const mha_layer *L, const naive_weights *w, const float *x,
+                     const float *kv, int B, int T, int S, const mha_options *opt) {
+    const mha_config *c = &w->cfg;
+    size_t ny = (size_t)B * T * c->d_model, nz = (size_t)B * T * c->n_heads * c->d_v;
+    size_t np = (size_t)B * c->n_heads * T * (S + c->add_bias_kv + c->add_zero_attn);
+    float *y = naive_alloc_floats(ny), *z = naive_alloc_floats(nz), *p = naive_alloc_floats(np);
+    double *yd = naive_alloc_doubles(ny), *zd = naive_alloc_doubles(nz);
+    double *pd = naive_alloc_doubles(np);
+    mha_capture cap = {z, NULL, p};
+    double m = INFINITY;
+    mha_status st = mha_forward(L, y, &cap, x, kv, B, T, S, opt);
+    CHECK_OK(st);
+    if (st == MHA_OK) {
+        naive_forward(yd, zd, pd, w, x, kv, B, T, S, opt);
+        double dy = diff_nan_equal(y, yd, ny), dz = diff_nan_equal(z, zd, nz);
+        double dp = diff_nan_equal(p, pd, np);
+        m = dy > dz ? dy : dz;
+        if (dp > m) m = dp;
+    }
+    free(y), free(z), free(p), free(yd), free(zd), free(pd);
+    return m;
+}
+
+mha_options naive_ref_options(void) {
+    mha_options o = mha_options_default();
+    o.path = MHA_PATH_REFERENCE;
+    return o;
+}

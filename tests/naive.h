@@ -1,0 +1,70 @@
+/* naive.h — a second oracle for the tests: the attention layer written
+ * straight from the math in mha.h, in double, with no code shared with
+ * src/. Slow and obvious on purpose. Also the random-layer fixtures the
+ * test areas share.
+ *
+ * Legend: B batch, T queries, S keys, h heads, h_kv kv heads, d_k, d_v,
+ * d_model, d_kv_in.
+ */
+#ifndef MHA_TEST_NAIVE_H
+#define MHA_TEST_NAIVE_H
+
+#include <stdint.h>
+
+#include "mha.h"
+
+/* Owned weights plus the fully resolved config they belong to. Bias
+ * pointers are NULL when cfg.bias == 0 (bias_k/bias_v when !add_bias_kv). */
+typedef struct {
+    mha_config cfg;
+    float *w_q;    /* (d_model, h*d_k)    */
+    float *w_k;    /* (d_kv_in, h_kv*d_k) */
+    float *w_v;    /* (d_kv_in, h_kv*d_v) */
+    float *w_o;    /* (h*d_v, d_model)    */
+    float *b_q;    /* (h*d_k)             */
+    float *b_k;    /* (h_kv*d_k)          */
+    float *b_v;    /* (h_kv*d_v)          */
+    float *b_o;    /* (d_model)           */
+    float *bias_k; /* (h_kv*d_k)          */
+    float *bias_v; /* (h_kv*d_v)          */
+} naive_weights;
+
+/* Fills the 0 defaults of a config by the rules written in mha.h, without
+ * asking the library (so the tests do not trust mha_config_resolve). */
+mha_config naive_resolve(mha_config c);
+
+/* Allocates weights for a resolved config, uniform in [-amp, amp). */
+void naive_weights_random(naive_weights *w, const mha_config *resolved, uint64_t *seed,
+                          float amp);
+/* Allocates all-zero weights (biases present iff the config asks). */
+void naive_weights_zero(naive_weights *w, const mha_config *resolved);
+void naive_weights_free(naive_weights *w);
+/* Borrowed view for mha_layer_create. */
+mha_weights naive_weights_view(const naive_weights *w);
+/* mha_layer_create on the view; NULL (and a test failure) on error. */
+mha_layer *naive_make_layer(const naive_weights *w);
+
+/* mha_options_default() with path = MHA_PATH_REFERENCE. */
+mha_options naive_ref_options(void);
+
+/* The oracle. y (B,T,d_model); z (B,T,h*d_v) after interventions, may be
+ * NULL; probs (B,h,T,S_total), may be NULL. kv NULL means kv = x. opt NULL
+ * means the header's defaults (no mask, scale 1/sqrt(d_k), zero rows). */
+void naive_forward(double *y, double *z, double *probs, const naive_weights *w,
+                   const float *x, const float *kv, int B, int T, int S,
+                   const mha_options *opt);
+
+/* Runs mha_forward on L (with opt as given; the caller sets the path) and
+ * the oracle on w, capturing y, z and probs from both. Returns the largest
+ * |difference| over the three (NaN equal to NaN, NaN vs number = INFINITY);
+ * a non-OK status is a test failure and returns INFINITY. */
+double naive_compare(const mha_layer *L, const naive_weights *w, const float *x,
+                     const float *kv, int B, int T, int S, const mha_options *opt);
+
+/* Helpers for comparing float results with double oracles. */
+double naive_max_diff(const float *a, const double *b, size_t n); /* NaN -> INF */
+float *naive_alloc_floats(size_t n);   /* zeroed, aborts on failure */
+double *naive_alloc_doubles(size_t n); /* zeroed, aborts on failure */
+float *naive_random_floats(size_t n, uint64_t *seed, float lo, float hi);
+
+#endif

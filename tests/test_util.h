@@ -1,0 +1,82 @@
+/* test_util.h — the tiny test framework: checks print both operands and the
+ * failing test's name; the runner (test_main.c) counts and exits non-zero. */
+#ifndef MHA_TEST_UTIL_H
+#define MHA_TEST_UTIL_H
+
+#include <math.h>
+#include <stdio.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "mha.h"
+
+typedef void (*test_fn)(void);
+typedef struct {
+    const char *name;
+    test_fn fn;
+} test_case;
+
+/* One area = one file; it returns its table and count. */
+typedef const test_case *(*test_area_fn)(size_t *count);
+
+extern const char *test_current;  /* name of the running test */
+extern int test_failures_current; /* failed checks in the running test */
+
+void test_report(const char *file, int line, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+#define CHECK(cond)                                                            \
+    do {                                                                       \
+        if (!(cond)) test_report(__FILE__, __LINE__, "CHECK(%s)", #cond);      \
+    } while (0)
+
+/* Status equality; prints the library's message on mismatch. */
+#define CHECK_STATUS(expr, want)                                               \
+    do {                                                                       \
+        mha_status got_ = (expr);                                              \
+        if (got_ != (want))                                                    \
+            test_report(__FILE__, __LINE__, "%s = %d (%s), want %d; error: %s", \
+                        #expr, (int)got_, mha_status_str(got_), (int)(want),   \
+                        mha_last_error());                                     \
+    } while (0)
+
+#define CHECK_OK(expr) CHECK_STATUS(expr, MHA_OK)
+
+#define CHECK_INT(a, b)                                                        \
+    do {                                                                       \
+        long long a_ = (long long)(a), b_ = (long long)(b);                    \
+        if (a_ != b_)                                                          \
+            test_report(__FILE__, __LINE__, "%s = %lld, want %s = %lld", #a,   \
+                        a_, #b, b_);                                           \
+    } while (0)
+
+#define CHECK_NEAR(a, b, tol)                                                  \
+    do {                                                                       \
+        double a_ = (double)(a), b_ = (double)(b), t_ = (double)(tol);         \
+        if (!(fabs(a_ - b_) <= t_))                                            \
+            test_report(__FILE__, __LINE__, "%s = %.9g, want %s = %.9g (tol %g)", \
+                        #a, a_, #b, b_, t_);                                   \
+    } while (0)
+
+/* Checks that the error message contains a substring. */
+#define CHECK_ERROR_MENTIONS(substr)                                           \
+    do {                                                                       \
+        if (!strstr(mha_last_error(), (substr)))                               \
+            test_report(__FILE__, __LINE__, "error \"%s\" does not mention \"%s\"", \
+                        mha_last_error(), (substr));                           \
+    } while (0)
+
+/* Max |a - b| over n entries; NaN in either gives INFINITY. */
+double test_max_abs_diff(const float *a, const float *b, size_t n);
+/* Deterministic uniform floats in [lo, hi) from a 64-bit seed. */
+void test_fill_uniform(float *p, size_t n, uint64_t *seed, float lo, float hi);
+/* Checks max|a-b| <= tol over n entries, naming the arrays. */
+#define CHECK_ARRAY_NEAR(a, b, n, tol)                                         \
+    do {                                                                       \
+        double d_ = test_max_abs_diff((a), (b), (n));                          \
+        if (!(d_ <= (double)(tol)))                                            \
+            test_report(__FILE__, __LINE__, "max|%s - %s| = %.3g > tol %g", #a,  \
+                        #b, d_, (double)(tol));                                \
+    } while (0)
+
+#endif
