@@ -72,8 +72,19 @@ test: $(SETUP_TEST)
 	$(MAKE) test-asan
 	$(MAKE) test-python
 
-bench: $(SETUP_TEST) lib
-	@if [ -f bench/run.sh ]; then sh bench/run.sh; else echo "no benchmarks yet"; fi
+# Benchmark binary (bench/ is not the library): machine_avx2.c measures the
+# AVX2 FMA peak and the read bandwidth, machine_avx512.c the AVX-512 peak
+# (context only; run after a CPUID check). `make bench BENCH_ARGS=--quick`
+# runs tiny configurations for development.
+BENCH_OBJ = $(BENCH_SRC:%.c=$(BUILD)/%.o)
+$(BUILD)/bench/machine_avx2.o: CFLAGS += -mavx2 -mfma
+$(BUILD)/bench/machine_avx512.o: CFLAGS += -mavx512f
+$(BENCH_OBJ): $(wildcard bench/*.h) | $(SETUP_TEST)
+$(BUILD)/bench_mha: $(BENCH_OBJ) $(BUILD)/libmha.a
+	$(CC) $(CFLAGS) -o $@ $(BENCH_OBJ) $(BUILD)/libmha.a $(LDLIBS) -lopenblas
+
+bench: $(SETUP_TEST) lib $(BUILD)/bench_mha
+	sh bench/run.sh $(BENCH_ARGS)
 
 clean:
 	rm -rf build build-asan

@@ -37,8 +37,11 @@ int bench_repeat(int (*fn)(void *), void *arg, double *times, int max_runs, doub
     double warm = bench_now() - t0;
     /* A run that is long compared with the budget needs no warm-up (caches
      * and page faults are amortized) and cannot afford one. */
-    if (warm > budget_s / 4) times[n++] = warm;
     double start = bench_now();
+    if (warm > budget_s / 4) {
+        times[n++] = warm;
+        start = t0; /* the warm-up spent part of the budget */
+    }
     while (n < max_runs && (n == 0 || bench_now() - start < budget_s)) {
         double a = bench_now();
         if (fn(arg)) return -1;

@@ -44,6 +44,7 @@ static volatile float bench_sink;
 double bench_fma_peak_avx2(int threads, long iters, int reps, double *median_out) {
     double rates[64];
     if (reps > 64) reps = 64;
+    if (reps < 1) reps = 1;
     for (int r = 0; r < reps; r++) {
         float acc = 0.0f;
         double t0 = bench_now();
@@ -89,6 +90,7 @@ double bench_stream_read(int threads, size_t bytes, int reps, double *best_out) 
     float *buf = bench_alloc(n);
     double rates[64];
     if (reps > 64) reps = 64;
+    if (reps < 1) reps = 1;
     /* Each thread reads the same half it wrote, so a NUMA machine would
      * place the pages near their reader. */
 #pragma omp parallel num_threads(threads)

@@ -42,6 +42,7 @@ double bench_fma_peak_avx512(int threads, long iters, int reps, double *median_o
     if (!__builtin_cpu_supports("avx512f")) return 0.0;
     double rates[64];
     if (reps > 64) reps = 64;
+    if (reps < 1) reps = 1;
     for (int r = 0; r < reps; r++) {
         float acc = 0.0f;
         double t0 = bench_now();

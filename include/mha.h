@@ -420,6 +420,108 @@ typedef struct {
  * tensor (e.g. "out_proj.weight[12] = nan"). */
 mha_status mha_layer_from_torch(mha_layer **out, const mha_torch_weights *tw);
 
+/* ---- KV cache (src/cache.c) ---- */
+/* A KV cache keeps the keys and values of the tokens a causal
+ * self-attention layer has seen, for B sequences, so new tokens (a prompt:
+ * prefill; one or a few: decode) are processed without recomputing the
+ * past. Only the h_kv kv heads are stored: GQA and MQA shrink it by h/h_kv.
+ *
+ * Layout (per sequence b and kv head g, contiguous): K in panels of 8 keys,
+ * (slots/8, d_k, 8), so the decode kernel's 8-wide loads read one dim of 8
+ * keys; V as (slots, d_v). slots = capacity rounded up to a multiple of 8.
+ * Storage fp32 or fp16 (IEEE binary16, round to nearest even, |K|,|V| must
+ * stay below 65504); arithmetic is always fp32.
+ *
+ * Positions: sequence b's tokens are numbered 0, 1, ... in the order they
+ * were appended; mha_cache_length(cache, b) is the next position. Without a
+ * window, position p lives in slot p and at most `capacity` tokens fit.
+ * With a window W, the cache is a ring of `capacity` slots (p in slot
+ * p % capacity) and every query attends only the keys of the last W
+ * positions including its own (as window_left = W - 1).
+ *
+ * Attention is always causal, bottom-right aligned: the new token at
+ * position p attends cached positions <= p. The cache is not bound to one
+ * layer object: any layer of the same shape may be passed, but the cache
+ * remembers the K/V head labels it was filled with and refuses a layer
+ * whose labels differ (MHA_E_CONTRACT) - after mha_layer_permute_heads on
+ * a layer with a live cache, apply the same perm with
+ * mha_cache_permute_heads and decoding continues with identical outputs. */
+
+typedef enum {
+    MHA_CACHE_F32 = 0, /* 4 bytes per element */
+    MHA_CACHE_F16 = 1  /* 2 bytes per element, widened on load */
+} mha_cache_dtype;
+
+typedef struct mha_cache mha_cache;
+
+/* Creates an empty cache for `batch` sequences of up to `capacity` tokens
+ * (window == 0) or a ring of `capacity` slots keeping the last `window`
+ * tokens (1 <= window <= capacity). The layer must be self-attention
+ * (d_kv_in == d_model). */
+mha_status mha_cache_create(mha_cache **out, const mha_layer *layer, int batch, int capacity,
+                            mha_cache_dtype dtype, int window);
+void mha_cache_free(mha_cache *cache);
+
+/* Bytes of K/V storage: B * h_kv * slots * (d_k + d_v) * (4 or 2), i.e.
+ * 2 * B * capacity * h_kv * d_head * bytes when d_k = d_v = d_head and
+ * capacity is a multiple of 8; the constant bookkeeping (a few hundred
+ * bytes) is not counted. */
+size_t mha_cache_bytes(const mha_cache *cache);
+/* The same number for a config without creating a cache (0 when the
+ * config, batch or capacity is invalid): for `mha shapes` and planning. */
+size_t mha_cache_bytes_for(const mha_config *cfg, int batch, int capacity, mha_cache_dtype dtype);
+
+/* Next position of sequence b (tokens appended since the last reset,
+ * minus truncations); -1 when cache is NULL or b is out of range. */
+int mha_cache_length(const mha_cache *cache, int b);
+/* Empties sequence b, or every sequence when b == -1. */
+mha_status mha_cache_reset(mha_cache *cache, int b);
+/* Rolls sequence b back to new_len tokens (0 <= new_len <= length), e.g.
+ * to drop rejected speculative tokens. A windowed cache refuses to go back
+ * so far that the window of the next token would need overwritten slots. */
+mha_status mha_cache_truncate(mha_cache *cache, int b, int new_len);
+/* Moves the cache's kv heads as mha_layer_permute_heads(layer, perm) moves
+ * the layer's (perm: h entries, new head i = old head perm[i], groups kept
+ * whole under GQA). O(h_kv): the storage is addressed through an index. */
+mha_status mha_cache_permute_heads(mha_cache *cache, const int *perm);
+
+/* Prefill and decode in one entry. x (B, T, d_model) holds up to T new
+ * tokens per sequence: sequence b uses rows 0 .. n_new[b]-1 (n_new may be
+ * NULL: all T; 0 <= n_new[b] <= T, so sequences may differ in length).
+ * Appends their K/V and computes y (B, T, d_model) for those rows, each
+ * new token attending every cached position <= its own (and the layer's
+ * bias_k / zero rows when add_bias_kv / add_zero_attn). Rows past n_new[b]
+ * of y and of the captures are set to 0. A windowed cache processes long
+ * prompts in pieces internally.
+ * opt (may be NULL): scale, window_left (combined with the cache window),
+ * masked_row and interventions apply as in mha_forward (MEAN averages over
+ * the new rows of this call); causal and align are implied; keep_mask,
+ * additive_mask, key_keep, key_additive and window_right >= 0 give
+ * MHA_E_UNSUPPORTED; path is ignored (one implementation, fp32).
+ * cap (may be NULL): z (B,T,h*d_v) and contributions (h,B,T,d_model) as in
+ * mha_forward; probs (B,h,T,capacity+extra): column s is cache slot s
+ * (= position s without a window), the add_bias_kv / add_zero_attn keys
+ * at columns capacity, capacity+1.
+ * Errors: MHA_E_SHAPE for a cache made for another layer shape, MHA_E_ARG
+ * for n_new out of range or more tokens than the capacity (without a
+ * window), MHA_E_CONTRACT when the layer's K/V labels differ from the
+ * cache's, MHA_E_NONFINITE for non-finite x. On error nothing is appended. */
+mha_status mha_forward_cached(const mha_layer *layer, mha_cache *cache, float *y,
+                              const mha_capture *cap, const float *x, int T, const int *n_new,
+                              const mha_options *opt);
+
+/* The two halves of a step, for callers that project themselves (and for
+ * the benchmark of attention alone). append: k (B,T,h_kv*d_k) and
+ * v (B,T,h_kv*d_v), rows 0 .. n_new[b]-1 of each sequence (n_new NULL:
+ * all T); a windowed cache accepts at most capacity - window + 1 rows per
+ * call. attend: z (B,T,h*d_v) for queries q (B,T,h*d_k) of the last
+ * n_new[b] appended positions of each sequence (rows past n_new[b] of z
+ * untouched), scale 0 meaning 1/sqrt(d_k); no extra keys, no options. */
+mha_status mha_cache_append(mha_cache *cache, const float *k, const float *v, int T,
+                            const int *n_new);
+mha_status mha_cache_attend(const mha_cache *cache, float *z, const float *q, int T,
+                            const int *n_new, float scale);
+
 #ifdef __cplusplus
 }
 #endif

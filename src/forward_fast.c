@@ -1,16 +1,145 @@
-/* forward_fast.c — placeholder until the fast path lands: reports
- * MHA_E_UNSUPPORTED so that MHA_PATH_AUTO falls back to the reference. */
+/* forward_fast.c — the fast forward pass: packed projections (gemm.c),
+ * fused flash attention (attention.c), interventions (heads.c), captures
+ * and the output projection, on the kernels dispatch.c picks. forward.c
+ * has validated the arguments; this file only computes.
+ * Legend: B, T, S, S_tot = S + extra keys, S_pad = S_tot rounded up to 16,
+ * h, h_kv, d_k, d_v, ldv = d_v rounded up to 16, d_model, d_kv_in. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attention.h"
+#include "gemm.h"
 #include "internal.h"
 
-mha_status mha_forward_fast(const mha_layer *L, float *y, const mha_capture *cap, const float *x,
-                            const float *kv, int B, int T, int S, const mha_options *opt) {
-    (void)L, (void)y, (void)cap, (void)x, (void)kv, (void)B, (void)T, (void)S, (void)opt;
-    return mha_fail(MHA_E_UNSUPPORTED, "the fast path is not built; use MHA_PATH_REFERENCE");
+/* Packed weights, rebuilt whenever the layer's weights change. With
+ * d_kv_in == d_model, W_Q | W_K | W_V are one matrix of three sections so
+ * that self-attention projects Q, K and V in one pass over X. */
+struct mha_fast_state {
+    int fused;       /* 1: qkv holds Q, K, V; 0: q holds Q, kv holds K, V */
+    mha_packed qkv;  /* (d_model, h*d_k | h_kv*d_k | h_kv*d_v)           */
+    mha_packed q;    /* (d_model, h*d_k)                                  */
+    mha_packed kv;   /* (d_kv_in, h_kv*d_k | h_kv*d_v)                    */
+    mha_packed o;    /* (h*d_v, d_model)                                  */
+};
+
+void mha_fast_release(mha_layer *L) {
+    if (!L || !L->fast) return;
+    mha_packed_free(&L->fast->qkv);
+    mha_packed_free(&L->fast->q);
+    mha_packed_free(&L->fast->kv);
+    mha_packed_free(&L->fast->o);
+    free(L->fast);
+    L->fast = NULL;
 }
 
 mha_status mha_fast_prepare(mha_layer *L) {
-    (void)L;
-    return MHA_OK;
+    mha_fast_release(L);
+    const mha_config *c = &L->cfg;
+    struct mha_fast_state *f = calloc(1, sizeof *f);
+    if (!f) return mha_fail(MHA_E_NOMEM, "fast path: cannot allocate its state");
+    const int nq = c->n_heads * c->d_k, nk = c->n_kv_heads * c->d_k, nv = c->n_kv_heads * c->d_v;
+    mha_status s;
+    f->fused = c->d_kv_in == c->d_model;
+    if (f->fused) {
+        const float *const w[3] = {L->w_q, L->w_k, L->w_v}, *const b[3] = {L->b_q, L->b_k, L->b_v};
+        const int cols[3] = {nq, nk, nv};
+        s = mha_pack(&f->qkv, c->d_model, 3, w, b, cols);
+    } else {
+        const float *const w[2] = {L->w_k, L->w_v}, *const b[2] = {L->b_k, L->b_v};
+        const float *const wq[1] = {L->w_q}, *const bq[1] = {L->b_q};
+        const int cols[2] = {nk, nv};
+        s = mha_pack(&f->q, c->d_model, 1, wq, bq, &nq);
+        if (!s) s = mha_pack(&f->kv, c->d_kv_in, 2, w, b, cols);
+    }
+    const float *const wo[1] = {L->w_o}, *const bo[1] = {L->b_o};
+    if (!s) s = mha_pack(&f->o, c->n_heads * c->d_v, 1, wo, bo, &c->d_model);
+    L->fast = f;
+    if (s) mha_fast_release(L);
+    return s;
 }
 
-void mha_fast_release(mha_layer *L) { (void)L; }
+static size_t round_up(size_t n, size_t m) { return (n + m - 1) / m * m; }
+
+mha_status mha_forward_fast(const mha_layer *L, float *y, const mha_capture *cap, const float *x,
+                            const float *kv, int B, int T, int S, const mha_options *opt) {
+    const mha_config *c = &L->cfg;
+    const struct mha_fast_state *f = L->fast;
+    if (!f) return mha_fail(MHA_E_UNSUPPORTED, "fast path: the layer's packed weights are missing");
+    const mha_kernels *kern = mha_kernels_get();
+    const int nt = mha_get_num_threads();
+    const int h = c->n_heads, h_kv = c->n_kv_heads, d_k = c->d_k, d_v = c->d_v, D = c->d_model;
+    const int S_tot = mha_total_keys(c, S), S_pad = (int)round_up((size_t)S_tot, 16);
+    const int ldv = (int)round_up((size_t)d_v, 16);
+    const size_t rows = (size_t)B * T;
+    const int self = kv == NULL || kv == x;
+    if (!kv) kv = x;
+
+    float *q = malloc(sizeof(float) * rows * h * d_k);                      // (B,T,h*d_k)
+    float *kt = calloc((size_t)B * h_kv * S_pad * d_k, sizeof(float));      // (B,h_kv,S_pad/16,d_k,16)
+    float *v = calloc((size_t)B * h_kv * S_pad * ldv, sizeof(float));       // (B,h_kv,S_pad,ldv)
+    float *z = cap && cap->z ? cap->z : malloc(sizeof(float) * rows * h * d_v); // (B,T,h*d_v)
+    mha_status s = MHA_OK;
+    if (!q || !kt || !v || !z) {
+        s = mha_fail(MHA_E_NOMEM, "fast path: no memory for Q, K, V, Z (B=%d T=%d S=%d)", B, T, S);
+        goto done;
+    }
+
+    // --- projections: Q = X W_Q + b_Q, K/V = Xkv W + b in attention's layouts
+    const mha_dst dst[3] = {
+        {MHA_DST_ROWS, q, (size_t)h * d_k, 0, 0, 0, 0},
+        {MHA_DST_HEADS_T, kt, 0, d_k, h_kv, S, (size_t)S_pad * d_k},
+        {MHA_DST_HEADS, v, (size_t)ldv, d_v, h_kv, S, (size_t)S_pad * ldv},
+    };
+    if (f->fused && self) {
+        s = mha_gemm(dst, x, D, (int)rows, &f->qkv, 0, 3, 0, D, 1, kern, nt);
+    } else if (f->fused) {
+        s = mha_gemm(dst, x, D, (int)rows, &f->qkv, 0, 1, 0, D, 1, kern, nt);
+        if (!s) s = mha_gemm(dst + 1, kv, D, B * S, &f->qkv, 1, 3, 0, D, 1, kern, nt);
+    } else {
+        s = mha_gemm(dst, x, D, (int)rows, &f->q, 0, 1, 0, D, 1, kern, nt);
+        if (!s) s = mha_gemm(dst + 1, kv, c->d_kv_in, B * S, &f->kv, 0, 2, 0, c->d_kv_in, 1, kern, nt);
+    }
+    if (s) goto done;
+    /* extra keys: key S is the learned (bias_k, bias_v) row; zero_attn's
+     * row after it is already zero (calloc) */
+    for (int b = 0; c->add_bias_kv && b < B; b++)
+        for (int g = 0; g < h_kv; g++) {
+            float *kb = kt + ((size_t)b * h_kv + g) * S_pad * d_k + (size_t)(S / 16) * d_k * 16 + S % 16;
+            float *vb = v + (((size_t)b * h_kv + g) * S_pad + S) * ldv;
+            for (int e = 0; e < d_k; e++) kb[(size_t)e * 16] = L->bias_k[(size_t)g * d_k + e];
+            for (int e = 0; e < d_v; e++) vb[e] = L->bias_v[(size_t)g * d_v + e];
+        }
+
+    // --- attention: Z^(r) = softmax(scale Q^(r) K^(g)^T + mask) V^(g), into Z
+    const mha_attn_args att = {
+        c, opt, q, kt, v, z, cap ? cap->probs : NULL, B, T, S, S_tot, S_pad, ldv,
+        opt->scale != 0.0f ? opt->scale : (float)(1.0 / sqrt((double)d_k)),
+    };
+    s = mha_attention(&att, kern, nt);
+    if (s) goto done;
+    free(q), free(kt), free(v); /* the output projection needs only Z */
+    q = kt = v = NULL;
+
+    // --- interventions on Z^(r), before W_O reads them
+    for (int r = 0; opt->interventions && r < h; r++)
+        if ((s = mha_head_intervene(z, &opt->interventions[r], r, h, (int)rows, d_v))) goto done;
+
+    // --- captures: Z (already in place when cap->z) and Z^(r) W_O[r]
+    mha_dst out = {MHA_DST_ROWS, NULL, (size_t)D, 0, 0, 0, 0};
+    for (int r = 0; cap && cap->contributions && r < h; r++) {
+        out.base = cap->contributions + (size_t)r * rows * D;
+        s = mha_gemm(&out, z + (size_t)r * d_v, (size_t)h * d_v, (int)rows, &f->o, 0, 1, r * d_v,
+                     d_v, 0, kern, nt);
+        if (s) goto done;
+    }
+
+    // --- output projection: Y = Z W_O + b_O
+    out.base = y;
+    s = mha_gemm(&out, z, (size_t)h * d_v, (int)rows, &f->o, 0, 1, 0, h * d_v, 1, kern, nt);
+
+done:
+    free(q), free(kt), free(v);
+    if (!(cap && cap->z)) free(z);
+    return s;
+}

@@ -10,6 +10,13 @@
 
 static const test_area_fn areas[] = {
     tests_seed,
+    tests_config,
+    tests_permute,
+    tests_heads,
+    tests_masks,
+    tests_variants,
+    tests_errors,
+    tests_torch_layout,
 };
 
 const char *test_current = "";

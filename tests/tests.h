@@ -4,5 +4,12 @@
 #include "test_util.h"
 
 const test_case *tests_seed(size_t *count);
+const test_case *tests_config(size_t *count);
+const test_case *tests_permute(size_t *count);
+const test_case *tests_heads(size_t *count);
+const test_case *tests_masks(size_t *count);
+const test_case *tests_variants(size_t *count);
+const test_case *tests_errors(size_t *count);
+const test_case *tests_torch_layout(size_t *count);
 
 #endif

@@ -199,7 +199,7 @@ void mha_args_print_help(const mha_command_spec *spec) {
         if (spec->max_positional > 1) printf("...");
     }
     printf("\n\n%s\n", spec->summary);
-    if (spec->n_args > 0) printf("\nflags (--flag VALUE or --flag=VALUE):\n");
+    printf("\nflags%s:\n", spec->n_args > 0 ? " (--flag VALUE or --flag=VALUE)" : "");
     for (int i = 0; i < spec->n_args; i++) {
         const mha_arg *a = &spec->args[i];
         char left[64], want[96];

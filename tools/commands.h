@@ -11,5 +11,8 @@
 
 int cmd_demo(int argc, char **argv);   /* the seeds' worked examples, step by step */
 int cmd_shapes(int argc, char **argv); /* tensor shapes, parameters, FLOPs, KV cache */
+int cmd_run(int argc, char **argv);     /* a checkpoint on a .npy input (files, src/io) */
+int cmd_convert(int argc, char **argv); /* any checkpoint layout -> native */
+int cmd_permute(int argc, char **argv); /* permute heads (or one block kind) of a checkpoint */
 
 #endif /* MHA_TOOLS_COMMANDS_H */

@@ -28,6 +28,8 @@ double mha_demo_max_diff(const float *a, const float *b, int n);
 /* Prints "check: what: max |diff| = ... ok|FAILED" and counts it. want_equal
  * 1: diff must be <= tol; 0: diff must be > tol (the result must change). */
 void mha_demo_check(mha_demo *d, const char *what, double diff, double tol, int want_equal);
+/* Prints "check: what: ok|FAILED" for a yes/no claim and counts it. */
+void mha_demo_check_that(mha_demo *d, const char *what, int holds);
 /* Prints "mha demo: <call> failed: <status>: <message>" on stderr; returns 1. */
 int mha_demo_lib_error(const char *call, mha_status s);
 

@@ -16,6 +16,9 @@ typedef struct {
 static const mha_command commands[] = {
     {"demo", cmd_demo, "walk through the seeds' worked examples, computed by the library"},
     {"shapes", cmd_shapes, "tensor shapes, parameter count, FLOPs and KV-cache size of a layer"},
+    {"run", cmd_run, "run a checkpoint on a .npy input; masks, ablations, captures"},
+    {"convert", cmd_convert, "convert a torch/hf/gpt2/megatron checkpoint to the native layout"},
+    {"permute", cmd_permute, "permute the heads (or one block kind) of a checkpoint"},
 };
 static const int n_commands = (int)(sizeof commands / sizeof commands[0]);
 

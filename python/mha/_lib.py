@@ -87,8 +87,20 @@ class TorchWeights(Structure):
                 + [(n, F32P) for n in TORCH_FIELDS])
 
 
+missing = []  # C functions this libmha.so lacks (an older or partial build)
+
+
 def _sig(name, restype, *argtypes):
-    fn = getattr(lib, name)
+    try:
+        fn = getattr(lib, name)
+    except AttributeError:
+        # Bind what exists; calling a missing function explains itself.
+        missing.append(name)
+
+        def fn(*args, _name=name):
+            raise NotImplementedError(f"{_name} is not in {lib._name}; rebuild it with `make lib`")
+        setattr(lib, name, fn)
+        return fn
     fn.restype = restype
     fn.argtypes = list(argtypes)
     return fn

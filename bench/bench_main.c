@@ -1,0 +1,131 @@
+/* bench_main.c — build/bench_mha: one subcommand per section, RESULT lines
+ * on stdout (see bench.h). bench/run.sh calls it once per configuration and
+ * bench/report.py turns the lines into bench/RESULTS.md.
+ *
+ *   bench_mha machine [--threads N] [--fma-iters N] [--stream-mib A,B,..]
+ *   bench_mha prefill --name P1 --B 4 --T 512 [--S 2048 (cross-attention)]
+ *                     --d 768 --h 12 [--causal] [--reps 7] [--budget 20]
+ *   bench_mha decode  --d 2048 --h 32 --h-kv 8 --d-head 64 --L 4096
+ *                     [--fp16] [--steps 20]
+ */
+#include <cblas.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench.h"
+
+static void usage(void) {
+    fprintf(stderr,
+            "usage: bench_mha machine|prefill|decode [options]\n"
+            "  common:  --threads N (default 2)\n"
+            "  machine: --fma-iters N --stream-mib 64,256,1024\n"
+            "  prefill: --name NAME --B --T [--S] --d --h [--causal] [--reps] [--budget]\n"
+            "  decode:  --d --h --h-kv --d-head --L [--B] [--fp16] [--steps]\n");
+    exit(2);
+}
+
+/* Value of option argv[*i] (advancing *i), or usage() when missing. */
+static const char *opt_value(int argc, char **argv, int *i) {
+    if (*i + 1 >= argc) usage();
+    return argv[++*i];
+}
+
+static int opt_int(int argc, char **argv, int *i) {
+    const char *s = opt_value(argc, argv, i);
+    char *end;
+    long v = strtol(s, &end, 10);
+    if (*end || v < 0 || v > 1000000000L) {
+        fprintf(stderr, "bench_mha: %s expects a non-negative integer, got '%s'\n", argv[*i - 1], s);
+        exit(2);
+    }
+    return (int)v;
+}
+
+static int cmd_machine(int argc, char **argv, int threads) {
+    long iters = 20000000;
+    const char *mibs = "64,256,1024";
+    for (int i = 2; i < argc; i++) {
+        if (!strcmp(argv[i], "--threads")) threads = opt_int(argc, argv, &i);
+        else if (!strcmp(argv[i], "--fma-iters")) iters = opt_int(argc, argv, &i);
+        else if (!strcmp(argv[i], "--stream-mib")) mibs = opt_value(argc, argv, &i);
+        else usage();
+    }
+    double med;
+    double best = bench_fma_peak_avx2(threads, iters, 7, &med);
+    printf("RESULT kind=machine key=fma_avx2 threads=%d best_gflops=%.2f median_gflops=%.2f\n",
+           threads, best, med);
+    fflush(stdout);
+    best = bench_fma_peak_avx512(threads, iters, 7, &med);
+    if (best > 0)
+        printf("RESULT kind=machine key=fma_avx512 threads=%d best_gflops=%.2f median_gflops=%.2f\n",
+               threads, best, med);
+    fflush(stdout);
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", mibs);
+    for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
+        long mib = strtol(tok, NULL, 10);
+        if (mib <= 0) continue;
+        double bw_best;
+        double bw = bench_stream_read(threads, (size_t)mib << 20, 7, &bw_best);
+        printf("RESULT kind=machine key=stream_read threads=%d mib=%ld median_gbs=%.2f best_gbs=%.2f\n",
+               threads, mib, bw, bw_best);
+        fflush(stdout);
+    }
+    openblas_set_num_threads(threads);
+    printf("RESULT kind=machine key=openblas corename=%s threads=%d config=\"%s\"\n",
+           openblas_get_corename(), openblas_get_num_threads(), openblas_get_config());
+    return 0;
+}
+
+static int cmd_prefill(int argc, char **argv, int threads) {
+    bench_prefill_cfg c = {"custom", 1, 0, 0, 0, 0, 0, 0, 7, 20.0, threads};
+    for (int i = 2; i < argc; i++) {
+        if (!strcmp(argv[i], "--threads")) c.threads = opt_int(argc, argv, &i);
+        else if (!strcmp(argv[i], "--name")) c.name = opt_value(argc, argv, &i);
+        else if (!strcmp(argv[i], "--B")) c.B = opt_int(argc, argv, &i);
+        else if (!strcmp(argv[i], "--T")) c.T = opt_int(argc, argv, &i);
+        else if (!strcmp(argv[i], "--S")) c.S = opt_int(argc, argv, &i), c.cross = 1;
+        else if (!strcmp(argv[i], "--d")) c.d_model = opt_int(argc, argv, &i);
+        else if (!strcmp(argv[i], "--h")) c.h = opt_int(argc, argv, &i);
+        else if (!strcmp(argv[i], "--causal")) c.causal = 1;
+        else if (!strcmp(argv[i], "--reps")) c.reps = opt_int(argc, argv, &i);
+        else if (!strcmp(argv[i], "--budget")) c.budget = opt_int(argc, argv, &i);
+        else usage();
+    }
+    if (c.B < 1 || c.T < 1 || c.d_model < 1 || c.h < 1 || (c.cross && c.S < 1)) usage();
+    if (c.reps < 1) c.reps = 1;
+    if (c.reps > 256) c.reps = 256;
+    openblas_set_num_threads(c.threads);
+    return bench_prefill(&c);
+}
+
+static int cmd_decode(int argc, char **argv, int threads) {
+    bench_decode_cfg c = {2048, 32, 32, 64, 1024, 1, 0, 20, threads};
+    for (int i = 2; i < argc; i++) {
+        if (!strcmp(argv[i], "--threads")) c.threads = opt_int(argc, argv, &i);
+        else if (!strcmp(argv[i], "--d")) c.d_model = opt_int(argc, argv, &i);
+        else if (!strcmp(argv[i], "--h")) c.h = opt_int(argc, argv, &i);
+        else if (!strcmp(argv[i], "--h-kv")) c.h_kv = opt_int(argc, argv, &i);
+        else if (!strcmp(argv[i], "--d-head")) c.d_head = opt_int(argc, argv, &i);
+        else if (!strcmp(argv[i], "--L")) c.L = opt_int(argc, argv, &i);
+        else if (!strcmp(argv[i], "--B")) c.B = opt_int(argc, argv, &i);
+        else if (!strcmp(argv[i], "--fp16")) c.fp16 = 1;
+        else if (!strcmp(argv[i], "--steps")) c.steps = opt_int(argc, argv, &i);
+        else usage();
+    }
+    if (c.h < 1 || c.h_kv < 1 || c.h % c.h_kv || c.L < 1 || c.B < 1) usage();
+    return bench_decode(&c);
+}
+
+int main(int argc, char **argv) {
+    int threads = 2;
+    const char *env = getenv("OMP_NUM_THREADS");
+    if (env && atoi(env) > 0) threads = atoi(env);
+    if (argc < 2) usage();
+    if (!strcmp(argv[1], "machine")) return cmd_machine(argc, argv, threads);
+    if (!strcmp(argv[1], "prefill")) return cmd_prefill(argc, argv, threads);
+    if (!strcmp(argv[1], "decode")) return cmd_decode(argc, argv, threads);
+    usage();
+    return 2;
+}

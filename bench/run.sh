@@ -1,0 +1,112 @@
+#!/bin/sh
+# bench/run.sh — what `make bench` runs: every configuration, libmha and its
+# peers (PyTorch, OpenBLAS) in the same run on the same number of threads,
+# then bench/report.py prints the tables and writes bench/RESULTS.md.
+#
+#   sh bench/run.sh            full run (issue 3 prefill, issue 5 decode)
+#   sh bench/run.sh --quick    tiny shapes for development; writes
+#                              build/bench/RESULTS-quick.md instead
+#   BENCH_THREADS=1 sh bench/run.sh   another thread count (default 2)
+#
+# The configurations are listed once, here; bench_mha and peer_torch.py
+# take the same flags.
+set -u
+cd "$(dirname "$0")/.."
+
+mode=full
+for a in "$@"; do
+  case "$a" in
+    --quick) mode=quick ;;
+    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    *) echo "bench/run.sh: unknown argument '$a' (expected --quick)" >&2; exit 2 ;;
+  esac
+done
+
+threads=${BENCH_THREADS:-2}
+export OMP_NUM_THREADS=$threads OPENBLAS_NUM_THREADS=$threads MKL_NUM_THREADS=$threads
+build=${BUILD:-build}
+py=${PYTHON:-/usr/bin/python3}
+bin=$build/bench_mha
+out=$build/bench
+mkdir -p "$out"
+raw=$out/raw-$mode.txt
+: > "$raw"
+
+if [ -n "${MAKELEVEL:-}" ]; then
+  command="make bench${BENCH_ARGS:+ BENCH_ARGS=$BENCH_ARGS}"
+else
+  command="sh bench/run.sh $*"
+fi
+command="OMP_NUM_THREADS=$threads $command"
+
+${MAKE:-make} -s --no-print-directory "$bin" || exit 1
+
+# ------------------------------------------------------------ configurations
+if [ "$mode" = quick ]; then
+  results=$out/RESULTS-quick.md
+  reps=3; budget=5
+  fma_iters=2000000; stream_mib=16,64
+  P1="--B 1 --T 128 --d 128 --h 4"
+  P2="--B 1 --T 256 --d 128 --h 4 --causal"
+  P3="--B 1 --T 64 --S 256 --d 128 --h 4"
+  dec_d=256; dec_h=4; dec_hkv="4,2,1"; dec_L="256,1024"; dec_steps=5
+else
+  results=bench/RESULTS.md
+  reps=7; budget=20
+  fma_iters=20000000; stream_mib=64,256,1024
+  P1="--B 4 --T 512 --d 768 --h 12"
+  P2="--B 1 --T 4096 --d 768 --h 12 --causal"
+  P3="--B 2 --T 256 --S 2048 --d 1024 --h 16"
+  dec_d=2048; dec_h=32; dec_hkv="32,8,1"; dec_L="1024,4096,16384"; dec_steps=20
+fi
+dec_dhead=64; dec_cache="fp32,fp16"
+
+# Runs one command, appends its RESULT lines to the raw file; a failure is
+# recorded and the run goes on, so one broken section does not hide the rest.
+failed=0
+run() {
+  echo "+ $*" >&2
+  tmp=$out/.last
+  "$@" > "$tmp"
+  rc=$?
+  cat "$tmp"
+  cat "$tmp" >> "$raw"
+  if [ $rc -ne 0 ]; then
+    echo "RESULT kind=error rc=$rc cmd=\"$*\"" | tee -a "$raw"
+    failed=1
+  fi
+}
+
+start=$(date +%s)
+run "$bin" machine --fma-iters $fma_iters --stream-mib $stream_mib
+run "$py" bench/peer_torch.py --threads $threads info
+
+# --------------------------------------------------- prefill (issue 3)
+for name in P1 P2 P3; do
+  eval "flags=\$$name"
+  # shellcheck disable=SC2086
+  run "$bin" prefill --name $name $flags --reps $reps --budget $budget --threads $threads
+  # shellcheck disable=SC2086
+  run "$py" bench/peer_torch.py --threads $threads prefill --name $name $flags --reps $reps --budget $budget
+done
+
+# ---------------------------------------------------- decode (issue 5)
+run "$py" bench/peer_torch.py --threads $threads decode --d $dec_d --h $dec_h --d-head $dec_dhead \
+    --h-kv $dec_hkv --L $dec_L --cache $dec_cache --steps $dec_steps
+for cache in $(echo $dec_cache | tr , ' '); do
+  f16=""; [ "$cache" = fp16 ] && f16=--fp16
+  for hkv in $(echo $dec_hkv | tr , ' '); do
+    for L in $(echo $dec_L | tr , ' '); do
+      run "$bin" decode --d $dec_d --h $dec_h --h-kv $hkv --d-head $dec_dhead --L $L $f16 \
+          --steps $dec_steps --threads $threads
+    done
+  done
+done
+
+# The FMA peak again at the end: the spread shows how noisy the machine was.
+run "$bin" machine --fma-iters $fma_iters --stream-mib 0
+end=$(date +%s)
+
+"$py" bench/report.py --raw "$raw" --out "$results" --command "$command" \
+    --threads $threads --mode $mode --seconds $((end - start)) || failed=1
+exit $failed

@@ -1,0 +1,359 @@
+"""Layer: one mha_layer with numpy in and out.
+
+Shapes follow mha.h (legend: B batch, T queries, S keys, h heads, h_kv kv
+heads, d_k, d_v, d_model, d_kv_in). Weights are (in, out), row-major.
+"""
+import ctypes
+
+import numpy as np
+
+from . import _lib
+from ._arrays import bools, check_shape, floats, fptr, ints, u8ptr
+from .errors import ArgumentError, ShapeError, check
+
+_L = _lib.lib
+
+
+def _enum(name, value, table):
+    if isinstance(value, str) and value in table:
+        return table[value]
+    if isinstance(value, int) and value in table.values():
+        return value
+    raise ArgumentError(f"{name}={value!r}; expected one of {', '.join(table)}")
+
+
+def _block(block):
+    return _enum("block", block.lower() if isinstance(block, str) else block, _lib.BLOCKS)
+
+
+class ContractReport:
+    """mha_contract_report plus the library's message (\"\" when ok)."""
+
+    def __init__(self, rep, message):
+        names = {v: k.upper() for k, v in _lib.BLOCKS.items()}
+        self.labels_ok = bool(rep.labels_ok)
+        self.bad_block = names.get(rep.bad_block, rep.bad_block)
+        self.bad_position = rep.bad_position
+        self.expected_label = rep.expected_label
+        self.found_label = rep.found_label
+        self.residual_checked = bool(rep.residual_checked)
+        self.max_residual = rep.max_residual
+        self.message = message
+        self.ok = not message
+
+    def __repr__(self):
+        return (f"ContractReport(ok={self.ok}, labels_ok={self.labels_ok}, "
+                f"residual_checked={self.residual_checked}, max_residual={self.max_residual:.3g}, "
+                f"message={self.message!r})")
+
+
+class Layer:
+    """A multi-head attention layer (a copy of the weights lives in C).
+
+    Layer(d_model, n_heads, n_kv_heads=0, d_k=0, d_v=0, d_kv_in=0, bias=True,
+          add_bias_kv=False, add_zero_attn=False, weights=None)
+    weights: dict with w_q (d_model,h*d_k), w_k (d_kv_in,h_kv*d_k),
+    w_v (d_kv_in,h_kv*d_v), w_o (h*d_v,d_model), b_q, b_k, b_v, b_o (when
+    bias), bias_k, bias_v (when add_bias_kv); None gives zero weights.
+    """
+
+    batch_first = True  # used by torch_forward when not told otherwise
+
+    def __init__(self, d_model, n_heads, n_kv_heads=0, d_k=0, d_v=0, d_kv_in=0, bias=True,
+                 add_bias_kv=False, add_zero_attn=False, weights=None):
+        cfg = _lib.Config(int(d_model), int(n_heads), int(n_kv_heads), int(d_k), int(d_v),
+                          int(d_kv_in), int(bool(bias)), int(bool(add_bias_kv)),
+                          int(bool(add_zero_attn)))
+        self._h = None
+        resolved = _lib.Config()
+        check(_L.mha_config_resolve(ctypes.byref(resolved), ctypes.byref(cfg)), "mha_config_resolve")
+        handle = _lib.LayerP()
+        if weights is None:
+            check(_L.mha_layer_create(ctypes.byref(handle), ctypes.byref(cfg), None), "mha_layer_create")
+        else:
+            w, keep = self._weights_struct(resolved, weights)
+            check(_L.mha_layer_create(ctypes.byref(handle), ctypes.byref(cfg), ctypes.byref(w)),
+                  "mha_layer_create")
+            del keep
+        self._h = handle
+
+    @classmethod
+    def _adopt(cls, handle):
+        obj = cls.__new__(cls)
+        obj._h = handle
+        return obj
+
+    def close(self):
+        """Frees the C layer now (also done when the object is collected)."""
+        if self._h:
+            _L.mha_layer_free(self._h)
+            self._h = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _handle(self):
+        if not self._h:
+            raise ArgumentError("the layer was closed")
+        return self._h
+
+    # ------------------------------------------------------------ config
+    @property
+    def config(self):
+        """The resolved mha_config as a dict (no zero defaults left)."""
+        c = _L.mha_layer_config(self._handle()).contents
+        return {n: int(getattr(c, n)) for n, _ in _lib.Config._fields_}
+
+    def __getattr__(self, name):
+        if name in {n for n, _ in _lib.Config._fields_}:
+            return self.config[name]
+        raise AttributeError(name)
+
+    def __repr__(self):
+        if not self._h:
+            return "Layer(closed)"
+        c = self.config
+        return "Layer(" + ", ".join(f"{k}={v}" for k, v in c.items()) + ")"
+
+    # ----------------------------------------------------------- weights
+    @staticmethod
+    def _weight_shapes(c):
+        h, g = c.n_heads, c.n_kv_heads
+        return {
+            "w_q": (c.d_model, h * c.d_k), "w_k": (c.d_kv_in, g * c.d_k),
+            "w_v": (c.d_kv_in, g * c.d_v), "w_o": (h * c.d_v, c.d_model),
+            "b_q": (h * c.d_k,), "b_k": (g * c.d_k,), "b_v": (g * c.d_v,), "b_o": (c.d_model,),
+            "bias_k": (g * c.d_k,), "bias_v": (g * c.d_v,),
+        }
+
+    @classmethod
+    def _weights_struct(cls, c, weights):
+        unknown = set(weights) - set(_lib.WEIGHT_NAMES)
+        if unknown:
+            raise ArgumentError(f"unknown weight names {sorted(unknown)}; expected {list(_lib.WEIGHT_NAMES)}")
+        shapes = cls._weight_shapes(c)
+        w, keep = _lib.Weights(), []
+        for name in _lib.WEIGHT_NAMES:
+            if weights.get(name) is None:
+                continue  # the library says which missing tensor it needs
+            a = floats(name, weights[name])
+            if a.size != int(np.prod(shapes[name])) or a.ndim not in (1, len(shapes[name])):
+                raise ShapeError(f"weights[{name!r}] has shape {a.shape}; expected {shapes[name]}")
+            if a.ndim == 2:
+                check_shape(f"weights[{name!r}]", a.shape, shapes[name])
+            keep.append(a)
+            setattr(w, name, fptr(a))
+        return w, keep
+
+    def weights(self):
+        """Copies of the weights as a dict of numpy arrays ((in, out) layout);
+        absent biases (bias=0, add_bias_kv=0) are left out."""
+        v = _lib.Weights()
+        _L.mha_layer_get_weights(self._handle(), ctypes.byref(v))
+        c = _L.mha_layer_config(self._h).contents
+        out = {}
+        for name, shape in self._weight_shapes(c).items():
+            p = getattr(v, name)
+            if p:
+                out[name] = np.ctypeslib.as_array(p, shape=shape).copy()
+        return out
+
+    def set_weights(self, weights):
+        """Replaces all weights (the same dict as the constructor's)."""
+        c = _L.mha_layer_config(self._handle()).contents
+        w, keep = self._weights_struct(c, weights)
+        check(_L.mha_layer_set_weights(self._h, ctypes.byref(w)), "mha_layer_set_weights")
+        del keep
+
+    # ------------------------------------------------ labels, permutation
+    def _block_count(self, b):
+        c = self.config
+        return c["n_heads"] if b in (0, 3) else c["n_kv_heads"]
+
+    def labels(self, block):
+        """Head labels of one block kind: 'q', 'k', 'v' or 'o'."""
+        b = _block(block)
+        n = self._block_count(b)
+        arr = (ctypes.c_int * n)()
+        check(_L.mha_layer_labels(self._handle(), b, arr), "mha_layer_labels")
+        return list(arr)
+
+    def set_labels(self, block, labels):
+        b = _block(block)
+        arr = ints("labels", labels, self._block_count(b))
+        check(_L.mha_layer_set_labels(self._handle(), b, arr), "mha_layer_set_labels")
+
+    def permute_heads(self, perm):
+        """New head i is old head perm[i]; Q/K/V columns, W_O rows, labels move together."""
+        arr = ints("perm", perm, self.config["n_heads"])
+        check(_L.mha_layer_permute_heads(self._handle(), arr), "mha_layer_permute_heads")
+
+    def permute_block(self, block, perm):
+        """One-sided permutation of one block kind (the broken-conversion mistake)."""
+        b = _block(block)
+        arr = ints("perm", perm, self._block_count(b))
+        check(_L.mha_layer_permute_block(self._handle(), b, arr), "mha_layer_permute_block")
+
+    # ----------------------------------------------------------- forward
+    def _inputs(self, x, kv):
+        c = self.config
+        x = floats("x", x)
+        if x.ndim != 3 or x.shape[2] != c["d_model"]:
+            raise ShapeError(f"x has shape {x.shape}; expected (B,T,d_model={c['d_model']})")
+        B, T = x.shape[0], x.shape[1]
+        if kv is None:
+            return c, x, None, B, T, T
+        kv = floats("kv", kv)
+        if kv.ndim != 3 or kv.shape[0] != B or kv.shape[2] != c["d_kv_in"]:
+            raise ShapeError(f"kv has shape {kv.shape}; expected (B={B},S,d_kv_in={c['d_kv_in']})")
+        return c, x, kv, B, T, kv.shape[1]
+
+    def _options(self, c, B, T, S, keep, scale=0.0, causal=False, align="top_left",
+                 window_left=None, window_right=None, keep_mask=None, additive_mask=None,
+                 key_keep=None, key_additive=None, masked_row="zero", interventions=None,
+                 path="auto"):
+        """mha_options from keyword arguments; arrays are appended to keep."""
+        o = _L.mha_options_default()
+        o.scale = float(scale)
+        o.causal = int(bool(causal))
+        o.align = _enum("align", align, _lib.ALIGN)
+        o.window_left = -1 if window_left is None else int(window_left)
+        o.window_right = -1 if window_right is None else int(window_right)
+        h = c["n_heads"]
+        for field, arr, conv in (("keep_mask", keep_mask, bools), ("additive_mask", additive_mask, floats)):
+            if arr is None:
+                continue
+            a = conv(field, arr)
+            if a.ndim == 2:
+                a = a.reshape(1, 1, *a.shape)
+            if (a.ndim != 4 or a.shape[0] not in (1, B) or a.shape[1] not in (1, h)
+                    or a.shape[2:] != (T, S)):
+                raise ShapeError(f"{field} has shape {np.shape(arr)}; expected (T={T},S={S}) or "
+                                 f"(B={B} or 1, h={h} or 1, T={T}, S={S})")
+            keep.append(a)
+            setattr(o, field, _lib.Mask(a.ctypes.data_as(ctypes.c_void_p), a.shape[0], a.shape[1]))
+        if key_keep is not None:
+            a = bools("key_keep", key_keep, (B, S))
+            keep.append(a)
+            o.key_keep = u8ptr(a)
+        if key_additive is not None:
+            a = floats("key_additive", key_additive, (B, S))
+            keep.append(a)
+            o.key_additive = fptr(a)
+        o.masked_row = _enum("masked_row", masked_row, _lib.MASKED_ROW)
+        if interventions is not None:
+            ivs = self._interventions(interventions, h, B, T, c["d_v"], keep)
+            keep.append(ivs)
+            o.interventions = ivs
+        o.path = _enum("path", path, _lib.PATHS)
+        return o
+
+    @staticmethod
+    def _interventions(spec, h, B, T, d_v, keep):
+        """h mha_intervention entries from a list (one per head) or a dict
+        {head: op}; op is None/'keep', 'zero', 'mean', ('scale', s) or
+        ('replace', array (B,T,d_v))."""
+        if isinstance(spec, dict):
+            bad = [r for r in spec if not (isinstance(r, (int, np.integer)) and 0 <= r < h)]
+            if bad:
+                raise ArgumentError(f"interventions keys {bad}; expected head positions 0..{h - 1}")
+            items = [spec.get(r) for r in range(h)]
+        else:
+            items = list(spec)
+            if len(items) != h:
+                raise ShapeError(f"interventions has {len(items)} entries; expected h={h}")
+        arr = (_lib.Intervention * h)()
+        for r, it in enumerate(items):
+            op, arg = (it, None) if it is None or isinstance(it, str) else (it[0], it[1])
+            op = "keep" if op is None else op
+            arr[r].op = _enum(f"interventions[{r}]", op, _lib.HEAD_OP)
+            arr[r].scale = 1.0
+            if op == "scale":
+                arr[r].scale = float(arg)
+            elif op == "replace":
+                v = floats(f"interventions[{r}] value", arg, (B, T, d_v))
+                keep.append(v)
+                arr[r].value = fptr(v)
+            elif arg is not None:
+                raise ArgumentError(f"interventions[{r}]=({op!r}, ...) takes no argument; "
+                                    "expected ('scale', s) or ('replace', array)")
+        return arr
+
+    def forward(self, x, kv=None, *, capture=(), **options):
+        """y (B,T,d_model) = layer(x (B,T,d_model), kv (B,S,d_kv_in) or None).
+
+        options: scale, causal, align ('top_left'|'bottom_right'),
+        window_left, window_right, keep_mask (bool/uint8, (T,S) or
+        (B|1,h|1,T,S), True = may attend), additive_mask (float, same shapes),
+        key_keep (B,S) (True = real key), key_additive (B,S), masked_row
+        ('zero'|'nan'), interventions, path ('auto'|'reference'|'fast').
+        capture: names among 'z' (B,T,h*d_v), 'contributions' (h,B,T,d_model),
+        'probs' (B,h,T,S_total), or True for all; with it, returns (y, dict).
+        """
+        c, x, kv, B, T, S = self._inputs(x, kv)
+        keep = [x, kv]
+        opt = self._options(c, B, T, S, keep, **options)
+        names = ("z", "contributions", "probs") if capture is True else tuple(capture or ())
+        h = c["n_heads"]
+        shapes = {"z": (B, T, h * c["d_v"]), "contributions": (h, B, T, c["d_model"]),
+                  "probs": (B, h, T, S + c["add_bias_kv"] + c["add_zero_attn"])}
+        bad = [n for n in names if n not in shapes]
+        if bad:
+            raise ArgumentError(f"capture {bad}; expected names among {list(shapes)}")
+        caps = {n: np.empty(shapes[n], dtype=np.float32) for n in names}
+        cap = _lib.Capture(*(fptr(caps.get(n)) for n in ("z", "contributions", "probs")))
+        y = np.empty((B, T, c["d_model"]), dtype=np.float32)
+        check(_L.mha_forward(self._handle(), fptr(y), ctypes.byref(cap), fptr(x), fptr(kv),
+                             B, T, S, ctypes.byref(opt)), "mha_forward")
+        return (y, caps) if names else y
+
+    __call__ = forward
+
+    def check_contract(self, x=None, kv=None, **options):
+        """mha_layer_check_contract: labels always; with x, also that the head
+        contributions plus b_O reproduce Y. Returns a ContractReport (its
+        .message holds mha_last_error() when the contract is violated);
+        other errors raise."""
+        if x is None:
+            if kv is not None or options:
+                raise ArgumentError("check_contract: kv and forward options need x; "
+                                    "expected x (B,T,d_model) or labels only")
+            B = T = S = 0
+            opt = None
+        else:
+            c, x, kv, B, T, S = self._inputs(x, kv)
+            keep = [x, kv]
+            opt = self._options(c, B, T, S, keep, **options)
+        rep = _lib.ContractReport()
+        st = _L.mha_layer_check_contract(self._handle(), fptr(x), fptr(kv), B, T, S,
+                                         ctypes.byref(opt) if opt is not None else None,
+                                         ctypes.byref(rep))
+        if st == _lib.E_CONTRACT:
+            return ContractReport(rep, _L.mha_last_error().decode())
+        check(st, "mha_layer_check_contract")
+        return ContractReport(rep, "")
+
+    # ------------------------------------------------------ PyTorch side
+    @classmethod
+    def from_torch_state_dict(cls, state_dict, num_heads, **kw):
+        """See mha.from_torch_state_dict."""
+        from .torch_compat import from_torch_state_dict
+        return from_torch_state_dict(state_dict, num_heads, cls=cls, **kw)
+
+    def torch_forward(self, query, key=None, value=None, key_padding_mask=None, need_weights=True,
+                      attn_mask=None, average_attn_weights=True, is_causal=False, **kw):
+        """torch.nn.MultiheadAttention.forward's arguments and results; see
+        mha.torch_compat.torch_forward."""
+        from .torch_compat import torch_forward
+        return torch_forward(self, query, key, value, key_padding_mask=key_padding_mask,
+                             need_weights=need_weights, attn_mask=attn_mask,
+                             average_attn_weights=average_attn_weights, is_causal=is_causal, **kw)

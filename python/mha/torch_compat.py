@@ -1,0 +1,203 @@
+"""PyTorch conventions at the boundary: state dicts and forward arguments of
+torch.nn.MultiheadAttention, converted to the library's layout and masks.
+torch itself is never imported.
+
+Mask conventions (the one thing most likely to go wrong):
+  PyTorch attn_mask / key_padding_mask, bool: True  = NOT allowed to attend
+  mha keep_mask / key_keep,             bool: True  = may attend
+  float masks are added to the scaled scores in both (-inf forbids).
+torch_forward takes PyTorch's arrays unchanged and inverts bool masks here.
+"""
+import ctypes
+
+import numpy as np
+
+from . import _lib
+from ._arrays import floats
+from .errors import ArgumentError, DTypeError, ShapeError, UnsupportedError, check
+
+# state-dict name -> mha_torch_weights field
+_TORCH_KEYS = {
+    "in_proj_weight": "in_proj_weight", "in_proj_bias": "in_proj_bias",
+    "q_proj_weight": "q_proj_weight", "k_proj_weight": "k_proj_weight",
+    "v_proj_weight": "v_proj_weight", "out_proj.weight": "out_proj_weight",
+    "out_proj.bias": "out_proj_bias", "bias_k": "bias_k", "bias_v": "bias_v",
+}
+
+
+def _numpy(v):
+    """A numpy array from a numpy array or anything with .detach() (a torch
+    tensor), without importing torch."""
+    if hasattr(v, "detach"):
+        v = v.detach().cpu().numpy()
+    return np.asarray(v)
+
+
+def _find_prefix(keys):
+    """The unique prefix before 'out_proj.weight' ('' for a bare module)."""
+    hits = [k[: -len("out_proj.weight")] for k in keys if k.endswith("out_proj.weight")]
+    hits = [p for p in hits if p == "" or p.endswith(".")]
+    if len(hits) != 1:
+        raise ArgumentError(
+            f"state dict has {len(hits)} '*out_proj.weight' entries {hits}; expected one "
+            "(pass prefix= to choose a layer, e.g. prefix='layers.0.self_attn.')")
+    return hits[0]
+
+
+def from_torch_state_dict(state_dict, num_heads, *, kdim=None, vdim=None, add_zero_attn=False,
+                          batch_first=False, prefix=None, cls=None):
+    """A Layer from nn.MultiheadAttention.state_dict() given as numpy arrays
+    (torch tensors work too). The conversion is the C library's
+    mha_layer_from_torch, the same one the checkpoint loader uses.
+
+    num_heads, add_zero_attn and batch_first are module settings a state
+    dict does not record; kdim/vdim are read from the weights and, if given,
+    checked. bias and add_bias_kv follow from which tensors are present.
+    prefix selects one layer of a larger state dict (found when unique).
+    """
+    from .layer import Layer
+    cls = cls or Layer
+    sd = {k: v for k, v in state_dict.items()}
+    prefix = _find_prefix(sd) if prefix is None else prefix
+    own = {k[len(prefix):]: _numpy(v) for k, v in sd.items() if k.startswith(prefix)}
+    unknown = sorted(set(own) - set(_TORCH_KEYS))
+    if unknown:
+        raise ArgumentError(f"state dict entries {[prefix + u for u in unknown]} are not "
+                            f"nn.MultiheadAttention tensors; expected {list(_TORCH_KEYS)}")
+    if "out_proj.weight" not in own:
+        raise ArgumentError(f"state dict has no '{prefix}out_proj.weight'")
+    ow = own["out_proj.weight"]
+    if ow.ndim != 2 or ow.shape[0] != ow.shape[1]:
+        raise ShapeError(f"out_proj.weight has shape {ow.shape}; expected (E,E)")
+    E = ow.shape[0]
+    k_w, v_w = own.get("k_proj_weight"), own.get("v_proj_weight")
+    got_kdim = k_w.shape[1] if k_w is not None and k_w.ndim == 2 else E
+    got_vdim = v_w.shape[1] if v_w is not None and v_w.ndim == 2 else E
+    for name, given, got in (("kdim", kdim, got_kdim), ("vdim", vdim, got_vdim)):
+        if given is not None and int(given) != got:
+            raise ShapeError(f"{name}={given} but the weights give {name}={got}")
+    shapes = {
+        "in_proj_weight": (3 * E, E), "in_proj_bias": (3 * E,), "q_proj_weight": (E, E),
+        "k_proj_weight": (E, got_kdim), "v_proj_weight": (E, got_vdim),
+        "out_proj.weight": (E, E), "out_proj.bias": (E,), "bias_k": (1, 1, E), "bias_v": (1, 1, E),
+    }
+    tw, keep = _lib.TorchWeights(), []
+    tw.embed_dim, tw.num_heads = E, int(num_heads)
+    tw.kdim, tw.vdim, tw.add_zero_attn = got_kdim, got_vdim, int(bool(add_zero_attn))
+    for key, field in _TORCH_KEYS.items():
+        if own.get(key) is None:
+            continue
+        a = own[key]
+        if key in ("bias_k", "bias_v") and a.shape == (E,):
+            a = a.reshape(1, 1, E)
+        a = floats(prefix + key, a, shapes[key])
+        keep.append(a)
+        setattr(tw, field, a.ctypes.data_as(_lib.F32P))
+    handle = _lib.LayerP()
+    check(_lib.lib.mha_layer_from_torch(ctypes.byref(handle), ctypes.byref(tw)), "mha_layer_from_torch")
+    layer = cls._adopt(handle)
+    layer.batch_first = bool(batch_first)
+    return layer
+
+
+def _mask_kind(name, m):
+    """'bool' (PyTorch: True = not allowed) or 'float' (added)."""
+    if m.dtype == np.bool_ or m.dtype == np.uint8:  # uint8: torch's deprecated byte mask
+        return "bool"
+    if np.issubdtype(m.dtype, np.floating):
+        return "float"
+    raise DTypeError(f"{name} has dtype {m.dtype}; expected bool (True = not allowed) or float (added)")
+
+
+def torch_forward(layer, query, key=None, value=None, key_padding_mask=None, need_weights=True,
+                  attn_mask=None, average_attn_weights=True, is_causal=False, *, batch_first=None,
+                  masked_row="zero", path="auto"):
+    """nn.MultiheadAttention.forward on a Layer: same arguments, shapes and
+    results, (attn_output, attn_weights or None).
+
+    query (L,N,E), or (N,L,E) with batch_first, or unbatched (L,E); key and
+    value likewise with S; None means self-attention. attn_mask: (L,S) or
+    (N*h,L,S) ((h,L,S) unbatched), bool True = not allowed, or float added.
+    key_padding_mask: (N,S) ((S,) unbatched), bool True = padding, or float
+    added. is_causal: key j is hidden from query i when j > i (the mask
+    torch.triu(ones(L,S), 1) gives); attn_mask may be given as well (PyTorch
+    2 treats is_causal as a hint that it is causal). attn_weights: (N,L,S')
+    averaged over heads, or (N,h,L,S') per head, S' = S + add_bias_kv +
+    add_zero_attn. masked_row: 'zero' (the library's default) or 'nan'
+    (PyTorch's result for a query that may attend to no key).
+
+    PyTorch projects K from key and V from value; the library has one
+    key/value source, so value must equal key (always true for
+    self-attention and for the usual encoder-decoder memory).
+    """
+    bf = layer.batch_first if batch_first is None else bool(batch_first)
+    q = floats("query", query)
+    batched = q.ndim == 3
+    if q.ndim not in (2, 3):
+        raise ShapeError(f"query has shape {q.shape}; expected (L,N,E), (N,L,E) with batch_first, or (L,E)")
+    self_attn = key is None or key is query
+    k = q if self_attn else floats("key", key)
+    if value is not None and value is not key and value is not query:
+        if not (np.shape(value) == k.shape and np.array_equal(np.asarray(value), k)):
+            raise UnsupportedError(
+                "value differs from key; expected value equal to key: mha projects K and V "
+                "from one key/value source (B,S,d_kv_in), PyTorch from two")
+    if k.ndim != q.ndim:
+        raise ShapeError(f"key has shape {k.shape} but query {q.shape}; expected both batched or both unbatched")
+
+    def to_bte(a):  # -> (B, T, features)
+        if not batched:
+            return a[None]
+        return a if bf else a.transpose(1, 0, 2)
+
+    x = to_bte(q)
+    kv = None if self_attn else to_bte(k)
+    B, T = x.shape[0], x.shape[1]
+    S = T if kv is None else kv.shape[1]
+    h = layer.config["n_heads"]
+    opts = dict(masked_row=masked_row, path=path, causal=bool(is_causal), align="top_left")
+
+    if attn_mask is not None:
+        m = np.asarray(attn_mask)
+        kind = _mask_kind("attn_mask", m)
+        nb = B * h if batched else h
+        if m.ndim == 2:
+            if m.shape != (T, S):
+                raise ShapeError(f"attn_mask has shape {m.shape}; expected (L,S) = ({T},{S})")
+        elif m.ndim == 3:
+            if m.shape != (nb, T, S):
+                raise ShapeError(f"attn_mask has shape {m.shape}; expected "
+                                 f"({'N*num_heads' if batched else 'num_heads'},L,S) = ({nb},{T},{S})")
+            m = m.reshape(B, h, T, S)  # PyTorch's index n*h + r = (batch n, head r)
+        else:
+            raise ShapeError(f"attn_mask has {m.ndim} dimensions; expected 2 (L,S) or 3")
+        if kind == "bool":
+            opts["keep_mask"] = m == 0
+        else:
+            opts["additive_mask"] = m
+    if key_padding_mask is not None:
+        p = np.asarray(key_padding_mask)
+        kind = _mask_kind("key_padding_mask", p)
+        want = (B, S) if batched else (S,)
+        if p.shape != want:
+            raise ShapeError(f"key_padding_mask has shape {p.shape}; expected {want}")
+        p = p.reshape(B, S)
+        if kind == "bool":
+            opts["key_keep"] = p == 0
+        else:
+            opts["key_additive"] = p
+
+    if need_weights:
+        y, caps = layer.forward(x, kv, capture=("probs",), **opts)
+        w = caps["probs"]  # (B,h,T,S')
+        if average_attn_weights:
+            w = w.mean(axis=1, dtype=np.float64).astype(np.float32)
+        if not batched:
+            w = w[0]
+    else:
+        y, w = layer.forward(x, kv, **opts), None
+    if not batched:
+        y = y[0]
+    elif not bf:
+        y = np.ascontiguousarray(y.transpose(1, 0, 2))
+    return y, w

@@ -1,0 +1,180 @@
+/* attention.c — drives the flash-attention tiles: one task = (batch b,
+ * head r, BR query rows); it walks key tiles of BC keys through the
+ * kernels' scores -> online softmax -> o += p v steps and writes Z^(r)
+ * straight into position-major Z. One thread owns a task and reduces its
+ * keys in a fixed order, so results do not depend on the thread count.
+ * Legend: see attention.h; BR query rows and BC keys per tile. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attention.h"
+
+#define MHA_ATT_BR 48 /* query rows per task, a multiple of MHA_MR */
+#define MHA_ATT_BC 64 /* keys per tile, a multiple of 16 */
+
+typedef struct {
+    float *q;     /* (BR/6, d_k, 6) packed scaled queries */
+    float *s;     /* (BR, BC) scores, then probabilities  */
+    float *o;     /* (BR, ldv) unnormalized output        */
+    float *m, *l, *alpha; /* (BR) running max, sum, rescale */
+    int *lo, *hi;         /* (BR) allowed original keys [lo, hi] */
+    int *tlo, *thi;       /* (BR) the same, relative to the tile */
+} scratch;
+
+static void *alloc64(size_t bytes) { return aligned_alloc(64, (bytes + 64) / 64 * 64); }
+
+static int scratch_init(scratch *w, int d_k, int ldv) {
+    const int br = MHA_ATT_BR;
+    memset(w, 0, sizeof *w);
+    w->q = alloc64(sizeof(float) * br * d_k);
+    w->s = alloc64(sizeof(float) * br * MHA_ATT_BC);
+    w->o = alloc64(sizeof(float) * br * ldv);
+    w->m = alloc64(sizeof(float) * br * 3);
+    w->lo = alloc64(sizeof(int) * br * 4);
+    if (!w->q || !w->s || !w->o || !w->m || !w->lo) return 0;
+    w->l = w->m + br, w->alpha = w->m + 2 * br;
+    w->hi = w->lo + br, w->tlo = w->lo + 2 * br, w->thi = w->lo + 3 * br;
+    return 1;
+}
+
+static void scratch_free(scratch *w) {
+    free(w->q), free(w->s), free(w->o), free(w->m), free(w->lo);
+}
+
+static int has_general_mask(const mha_options *o) {
+    return o->keep_mask.data || o->additive_mask.data || o->key_keep || o->key_additive;
+}
+
+/* The keys [lo, hi] of 0..S-1 that causal and window allow for query i
+ * (mask.c's rule, as an interval); lo > hi when none. */
+static void key_interval(int *lo, int *hi, const mha_options *o, int i, int T, int S) {
+    long p = (long)i + (o->align == MHA_ALIGN_BOTTOM_RIGHT ? (long)S - T : 0);
+    long a = 0, z = (long)S - 1;
+    if (o->causal && p < z) z = p;
+    if (o->window_left >= 0 && p - o->window_left > a) a = p - o->window_left;
+    if (o->window_right >= 0 && p + o->window_right < z) z = p + o->window_right;
+    if (a > S) a = S;
+    if (z < -1) z = -1;
+    *lo = (int)a, *hi = (int)z;
+}
+
+static int clampi(int x, int a, int b) { return x < a ? a : x > b ? b : x; }
+
+static void attend_task(const mha_attn_args *a, const mha_kernels *k, scratch *w, int b, int r,
+                        int i0) {
+    const mha_config *c = a->cfg;
+    const mha_options *o = a->opt;
+    const int T = a->T, S = a->S, S_tot = a->S_tot, h = c->n_heads, d_k = c->d_k, d_v = c->d_v;
+    const int ldv = a->ldv, g = mha_kv_head(c, r);
+    const int rows = T - i0 < MHA_ATT_BR ? T - i0 : MHA_ATT_BR;
+    const int rows6 = (rows + MHA_MR - 1) / MHA_MR * MHA_MR;
+    const int general = has_general_mask(o) || a->probs;
+    const float *kt = a->kt + ((size_t)b * c->n_kv_heads + g) * a->S_pad * d_k; /* (S_pad/16, d_k, 16) */
+    const float *v = a->v + ((size_t)b * c->n_kv_heads + g) * a->S_pad * ldv;   /* (S_pad, ldv) */
+
+    // --- pack the scaled query rows into (rows6/6, d_k, 6) micro-panels
+    for (int i = 0; i < rows6; i++) {
+        float *dst = w->q + (size_t)(i / MHA_MR) * d_k * MHA_MR + i % MHA_MR;
+        if (i < rows) {
+            const float *src = a->q + ((size_t)b * T + i0 + i) * h * d_k + (size_t)r * d_k;
+            for (int e = 0; e < d_k; e++) dst[(size_t)e * MHA_MR] = a->scale * src[e];
+        } else {
+            for (int e = 0; e < d_k; e++) dst[(size_t)e * MHA_MR] = 0.0f;
+        }
+    }
+
+    // --- which keys the tile needs: the union of the rows' intervals
+    int jb = S, je = 0;
+    for (int i = 0; i < rows6; i++) {
+        key_interval(&w->lo[i], &w->hi[i], o, i0 + (i < rows ? i : rows - 1), T, S);
+        if (i < rows && w->lo[i] <= w->hi[i]) {
+            if (w->lo[i] < jb) jb = w->lo[i];
+            if (w->hi[i] + 1 > je) je = w->hi[i] + 1;
+        }
+        w->m[i] = -INFINITY, w->l[i] = 0.0f;
+    }
+    if (jb >= je) jb = je = S; /* no original key: only the extra keys, if any */
+    const int end = S_tot > S ? S_tot : je;
+    memset(w->o, 0, sizeof(float) * rows6 * ldv);
+    float *prow0 = a->probs ? a->probs + (((size_t)b * h + r) * T + i0) * S_tot : NULL;
+    for (int i = 0; prow0 && i < rows; i++)
+        for (int j = 0; j < S_tot; j++) prow0[(size_t)i * S_tot + j] = -INFINITY;
+
+    // --- key tiles: scores, mask, online softmax, o = alpha o + p v
+    for (int j0 = jb / 16 * 16; j0 < end; j0 += MHA_ATT_BC) {
+        const int j1 = j0 + MHA_ATT_BC < end ? j0 + MHA_ATT_BC : end, nc = j1 - j0;
+        if (j0 >= je && j1 <= S) continue; /* between the causal/window keys and the extra keys */
+        k->attn_scores(w->s, MHA_ATT_BC, w->q, kt + (size_t)(j0 / 16) * d_k * 16, d_k, rows6,
+                       (nc + 15) / 16);
+        const int extra = clampi(S - j0, 0, nc); /* tile columns >= extra are extra keys */
+        int bounded = 0;
+        for (int i = 0; i < rows6; i++) {
+            w->tlo[i] = clampi(w->lo[i] - j0, -1, nc);
+            w->thi[i] = clampi(w->hi[i] - j0, -1, nc);
+            if (extra > 0 && (w->tlo[i] > 0 || w->thi[i] < extra - 1)) bounded = 1;
+        }
+        if (general) {
+            /* keep/additive/padding masks: mask.c's rule, element by element */
+            for (int i = 0; i < rows; i++) {
+                float *srow = w->s + (size_t)i * MHA_ATT_BC;
+                for (int j = 0; j < extra; j++) {
+                    double add;
+                    if (mha_mask_key(o, h, b, r, i0 + i, j0 + j, T, S, &add))
+                        srow[j] += (float)add;
+                    else
+                        srow[j] = -INFINITY;
+                }
+                if (prow0) memcpy(prow0 + (size_t)i * S_tot + j0, srow, sizeof(float) * nc);
+            }
+        }
+        k->attn_softmax(w->s, MHA_ATT_BC, w->m, w->l, w->alpha, bounded ? w->tlo : NULL, w->thi,
+                        extra, rows6, nc);
+        k->attn_pv(w->o, ldv, w->s, MHA_ATT_BC, v + (size_t)j0 * ldv, ldv, w->alpha, rows6, nc, ldv);
+    }
+
+    // --- Z^(r) = o / l into position-major Z; a row with no key: 0 or NaN
+    const float fill = o->masked_row == MHA_MASKED_ROW_NAN ? NAN : 0.0f;
+    for (int i = 0; i < rows; i++) {
+        float *zrow = a->z + ((size_t)b * T + i0 + i) * h * d_v + (size_t)r * d_v;
+        const float *orow = w->o + (size_t)i * ldv;
+        float *prow = prow0 ? prow0 + (size_t)i * S_tot : NULL;
+        if (w->l[i] == 0.0f) {
+            for (int e = 0; e < d_v; e++) zrow[e] = fill;
+            for (int j = 0; prow && j < S_tot; j++) prow[j] = fill;
+            continue;
+        }
+        const float inv = 1.0f / w->l[i];
+        for (int e = 0; e < d_v; e++) zrow[e] = orow[e] * inv;
+        for (int j = 0; prow && j < S_tot; j++) prow[j] = expf(prow[j] - w->m[i]) * inv;
+    }
+}
+
+mha_status mha_attention(const mha_attn_args *a, const mha_kernels *k, int n_threads) {
+    const int nqt = (a->T + MHA_ATT_BR - 1) / MHA_ATT_BR, h = a->cfg->n_heads;
+    const long ntasks = (long)a->B * h * nqt;
+    int failed = 0;
+#pragma omp parallel num_threads(n_threads)
+    {
+        scratch w;
+        int ok = scratch_init(&w, a->cfg->d_k, a->ldv);
+        if (!ok) {
+#pragma omp atomic write
+            failed = 1;
+        }
+        /* Later query tiles see more keys under causal masks: hand them out
+         * first, so the dynamic schedule ends with the small ones. */
+#pragma omp for schedule(dynamic, 1)
+        for (long t = 0; t < ntasks; t++) {
+            if (!ok) continue;
+            const int qt = nqt - 1 - (int)(t % nqt);
+            const int r = (int)(t / nqt % h), b = (int)(t / nqt / h);
+            attend_task(a, k, &w, b, r, qt * MHA_ATT_BR);
+        }
+        scratch_free(&w);
+    }
+    if (failed)
+        return mha_fail(MHA_E_NOMEM, "fast attention: cannot allocate per-thread tiles (d_k=%d, d_v=%d)",
+                        a->cfg->d_k, a->cfg->d_v);
+    return MHA_OK;
+}

@@ -1,0 +1,73 @@
+/* cache_internal.h — the KV cache object and the decode steps shared by
+ * cache.c (object, driver), decode.c (flash-decoding attention) and
+ * decode_gemm.c (projections of few rows).
+ * Legend: B sequences, T new tokens per sequence (rows of the arrays),
+ * R ring/capacity slots, h heads, h_kv kv heads, d_k, d_v, d_model. */
+#ifndef MHA_CACHE_INTERNAL_H
+#define MHA_CACHE_INTERNAL_H
+
+#include "internal.h"
+#include "kernels/decode_kernels.h"
+
+/* Slots of K/V are allocated in multiples of this many keys: the flash-
+ * decoding chunk. The split of a sequence into chunks depends on it alone
+ * (never on the thread count), so results are bit-identical for any
+ * number of threads. */
+#define MHA_DECODE_CHUNK 64
+
+struct mha_cache {
+    int B, cap, slots;   /* slots = cap rounded up to MHA_KPANEL            */
+    int window;          /* 0: none; else attend the last `window` tokens   */
+    int h, h_kv, d_k, d_v, d_model;
+    mha_cache_dtype dtype;
+    size_t elt;          /* 4 or 2 bytes                                     */
+    void *k;             /* (B, h_kv, slots/8, d_k, 8) panels of 8 keys      */
+    void *v;             /* (B, h_kv, slots, d_v)                            */
+    int *len;            /* (B) tokens appended so far (next position)       */
+    int *lo;             /* (B) oldest position still stored (ring, truncate) */
+    int *phys;           /* (h_kv) storage index of kv head g (permutation)  */
+    int *labels_k;       /* (h_kv) labels of the layer's K blocks it holds   */
+    int *labels_v;       /* (h_kv)                                           */
+};
+
+/* Position p lives in slot p % cap (for a cache without window p < cap). */
+static inline size_t mha_cache_kv_index(const mha_cache *c, int b, int g) {
+    return (size_t)b * c->h_kv + (size_t)c->phys[g];
+}
+
+/* Options of one attention call over the cache. */
+typedef struct {
+    float scale;          /* multiplies q . k                                 */
+    int left;             /* <0: unbounded; else keys p >= position - left    */
+    const float *extra_k; /* (h_kv, d_k) appended key (add_bias_kv) or NULL  */
+    const float *extra_v; /* (h_kv, d_v)                                      */
+    int zero_attn;        /* 1: a zero key/value row after everything         */
+    int nan_rows;         /* 1: a row with no allowed key gets NaN, else 0    */
+} mha_decode_opts;
+
+/* The kernels of this CPU (AVX2 when present, else scalar); tests may force
+ * the scalar ones (force = 1) or restore automatic choice (force = 0). */
+const mha_decode_kernels *mha_decode_kernels_get(void);
+void mha_decode_force_scalar(int force);
+/* Threads for the decode path: mha_get_num_threads() or OpenMP's default. */
+int mha_decode_threads(void);
+
+/* Stores rows [t0, t0 + n[b]) of k (B, T, h_kv*d_k) and v (B, T, h_kv*d_v)
+ * of each sequence at its next positions; len[b] += n[b]. Arguments are
+ * already validated (capacity, window). */
+void mha_cache_store(mha_cache *c, const float *k, const float *v, int T, int t0, const int *n);
+
+/* z rows [t0, t0 + n[b]) of z (B, T, h*d_v) = attention of the queries
+ * q (B, T, h*d_k) in the same rows, which sit at the last n[b] positions
+ * of sequence b, over the cached keys (causal, bottom-right). stats, when
+ * not NULL, receives (B, T, h, 2): each row's max score and softmax sum
+ * (for probabilities). Returns MHA_E_NOMEM or MHA_OK. */
+mha_status mha_decode_attend(float *z, float *stats, const mha_cache *c, const float *q, int T,
+                             int t0, const int *n, const mha_decode_opts *o);
+
+/* y (m, n) = x (m, k) w (k, n) + b (n, may be NULL), threaded, the same
+ * bits for any thread count. */
+mha_status mha_decode_gemm(float *y, const float *x, const float *w, const float *b, int m, int k,
+                           int n);
+
+#endif /* MHA_CACHE_INTERNAL_H */

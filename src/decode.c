@@ -1,0 +1,358 @@
+/* decode.c — flash-decoding attention of new queries over a KV cache.
+ *
+ * Legend: B sequences, T rows per sequence in q/z, h heads, h_kv kv heads,
+ * n_rep = h / h_kv query heads per kv head, d_k, d_v.
+ *
+ * Work is cut into units (sequence b, kv head g, tile of up to QTILE query
+ * rows of that group: rows are (token, rep) so the keys of one chunk are
+ * read once for all n_rep heads sharing them - the point of GQA/MQA). The
+ * keys of a unit are cut into chunks of MHA_DECODE_CHUNK cache slots. For
+ * each (unit, chunk) a kernel computes the partial softmax state of every
+ * row (max, sum, acc = sum_j exp(s_j - max) v_j); the partials are then
+ * merged in chunk order with online-softmax rescaling:
+ *     M = max(M1, M2),  L = L1 e^(M1-M) + L2 e^(M2-M),  A likewise,
+ * and z = A / L. When there are few units (decode: B * h_kv small) the
+ * (unit, chunk) tasks run in parallel and the merge follows; otherwise each
+ * unit runs its chunks in order. Both perform the same operations in the
+ * same order, so the bits depend on the chunk size alone, never on the
+ * thread count or on which mode ran.
+ */
+#include <limits.h>
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cache_internal.h"
+
+#define QTILE 32             /* query rows per unit                        */
+#define SPLIT_BELOW_UNITS 64 /* split keys across tasks when units < this  */
+#define SPLIT_MAX_FLOATS ((size_t)1 << 26) /* cap on partial storage       */
+
+/* ---------------------------------------------------------- dispatch */
+
+static int force_scalar_flag;
+
+void mha_decode_force_scalar(int force) { force_scalar_flag = force; }
+
+const mha_decode_kernels *mha_decode_kernels_get(void) {
+    if (!force_scalar_flag && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+        __builtin_cpu_supports("f16c"))
+        return &mha_decode_kernels_avx2;
+    return &mha_decode_kernels_scalar;
+}
+
+int mha_decode_threads(void) {
+    int n = mha_get_num_threads();
+    return n > 0 ? n : omp_get_max_threads();
+}
+
+/* ------------------------------------------------------------- plan */
+
+typedef struct {
+    int b, g, i0, i1;   /* rows [i0, i1) of the group's n[b]*n_rep rows     */
+    int ulo, uhi;       /* positions any row of the unit may attend          */
+    int first, count;   /* its chunks: chunk_of[first .. first+count)        */
+} unit;
+
+typedef struct {
+    const mha_cache *c;
+    const mha_decode_kernels *kr;
+    const mha_decode_opts *o;
+    const float *q;
+    float *z, *stats;
+    const int *n;
+    int T, t0, n_rep;
+} ctx;
+
+/* Position stored in slot s of sequence b, or INT_MIN (a padding slot or
+ * one not written since the last reset). */
+static int slot_position(const mha_cache *c, int b, int s) {
+    if (s >= c->cap) return INT_MIN;
+    int last = c->len[b] - 1;
+    int k = last - s;
+    int p = s + c->cap * (k >= 0 ? k / c->cap : -((-k + c->cap - 1) / c->cap));
+    return p >= c->lo[b] && p >= 0 ? p : INT_MIN;
+}
+
+static int row_position(const ctx *x, int b, int i) {
+    return x->c->len[b] - x->n[b] + i / x->n_rep;
+}
+
+static int row_first_key(const ctx *x, int b, int p) {
+    int lo = x->c->lo[b];
+    if (x->o->left >= 0 && p - x->o->left > lo) lo = p - x->o->left;
+    return lo;
+}
+
+/* Whether chunk ch overlaps the slots of positions [ulo, uhi]. */
+static int chunk_needed(const mha_cache *c, int ulo, int uhi, int ch) {
+    int cs = ch * MHA_DECODE_CHUNK, ce = cs + MHA_DECODE_CHUNK;
+    int count = uhi - ulo + 1, a = ulo % c->cap;
+    if (count <= 0) return 0;
+    if (a + count <= c->cap) return cs < a + count && ce > a;
+    return (cs < c->cap && ce > a) || (cs < a + count - c->cap);
+}
+
+/* ------------------------------------------------------ one partial */
+
+typedef struct {
+    float *qt;  /* (QTILE, d_k) the unit's queries          */
+    float *s;   /* (QTILE, CHUNK) scores, then weights       */
+    int *pos;   /* (CHUNK) positions of the chunk's slots    */
+    float *kf;  /* (CHUNK, d_k) fp32 keys (fp16 cache)       */
+    float *vf;  /* (CHUNK, d_v) fp32 values (fp16 cache)     */
+    float *acc; /* (QTILE, d_v) acc of one chunk             */
+    float *mx, *sum; /* (QTILE) max and sum of one chunk     */
+    float *part;/* (QTILE, 2 + d_v) one partial              */
+    float *run; /* (QTILE, 2 + d_v) running merge            */
+} scratch;
+
+static int scratch_alloc(scratch *w, const mha_cache *c) {
+    size_t pw = 2 + (size_t)c->d_v;
+    w->qt = malloc(sizeof(float) * QTILE * c->d_k);
+    w->s = malloc(sizeof(float) * QTILE * MHA_DECODE_CHUNK);
+    w->pos = malloc(sizeof(int) * MHA_DECODE_CHUNK);
+    w->kf = malloc(sizeof(float) * MHA_DECODE_CHUNK * c->d_k);
+    w->vf = malloc(sizeof(float) * MHA_DECODE_CHUNK * c->d_v);
+    w->acc = malloc(sizeof(float) * QTILE * c->d_v);
+    w->mx = malloc(sizeof(float) * QTILE);
+    w->sum = malloc(sizeof(float) * QTILE);
+    w->part = malloc(sizeof(float) * QTILE * pw);
+    w->run = malloc(sizeof(float) * QTILE * pw);
+    return w->qt && w->s && w->pos && w->kf && w->vf && w->acc && w->mx && w->sum && w->part &&
+           w->run;
+}
+
+static void scratch_free(scratch *w) {
+    free(w->qt), free(w->s), free(w->pos), free(w->kf), free(w->vf), free(w->acc);
+    free(w->mx), free(w->sum), free(w->part), free(w->run);
+}
+
+static void gather_queries(float *qt, const ctx *x, const unit *u) {
+    const mha_cache *c = x->c;
+    for (int i = u->i0; i < u->i1; i++) {
+        int t = x->t0 + i / x->n_rep, r = u->g * x->n_rep + i % x->n_rep;
+        memcpy(qt + (size_t)(i - u->i0) * c->d_k,
+               x->q + ((size_t)u->b * x->T + t) * c->h * c->d_k + (size_t)r * c->d_k,
+               sizeof(float) * c->d_k);
+    }
+}
+
+/* part (rows, 2 + d_v) = the softmax state of the unit's rows over chunk
+ * ch: [max, sum, acc...] per row; rows with no allowed key get -inf, 0. */
+static void chunk_partial(float *part, scratch *w, const ctx *x, const unit *u, int ch) {
+    const mha_cache *c = x->c;
+    int m = u->i1 - u->i0, pw = 2 + c->d_v;
+    int cs = ch * MHA_DECODE_CHUNK, ce = cs + MHA_DECODE_CHUNK < c->slots ? cs + MHA_DECODE_CHUNK : c->slots;
+    int jlo = ce, jhi = cs;
+    for (int s = cs; s < ce; s++) {
+        int p = slot_position(c, u->b, s);
+        w->pos[s - cs] = p;
+        if (p != INT_MIN && p >= u->ulo && p <= u->uhi) {
+            if (s < jlo) jlo = s;
+            jhi = s + 1;
+        }
+    }
+    if (jlo >= jhi) {
+        for (int i = 0; i < m; i++) {
+            part[(size_t)i * pw] = -INFINITY;
+            part[(size_t)i * pw + 1] = 0.0f;
+            memset(part + (size_t)i * pw + 2, 0, sizeof(float) * c->d_v);
+        }
+        return;
+    }
+    jlo -= jlo % MHA_KPANEL; /* whole panels; slots is a multiple of 8 */
+    jhi += (MHA_KPANEL - jhi % MHA_KPANEL) % MHA_KPANEL;
+    int nk = jhi - jlo;
+
+    size_t kv = mha_cache_kv_index(c, u->b, u->g);
+    size_t koff = (kv * c->slots + jlo) * c->d_k, voff = (kv * c->slots + jlo) * c->d_v;
+    const float *kp, *vp;
+    if (c->dtype == MHA_CACHE_F16) {
+        x->kr->from_f16(w->kf, (const uint16_t *)c->k + koff, (size_t)nk * c->d_k);
+        x->kr->from_f16(w->vf, (const uint16_t *)c->v + voff, (size_t)nk * c->d_v);
+        kp = w->kf, vp = w->vf;
+    } else {
+        kp = (const float *)c->k + koff, vp = (const float *)c->v + voff;
+    }
+
+    x->kr->scores(w->s, MHA_DECODE_CHUNK, w->qt, c->d_k, kp, m, nk, c->d_k);
+    /* causal (bottom-right) and window: row i attends positions
+     * [first key, its own position] */
+    for (int i = 0; i < m; i++) {
+        int p = row_position(x, u->b, u->i0 + i), lo = row_first_key(x, u->b, p);
+        float *row = w->s + (size_t)i * MHA_DECODE_CHUNK;
+        for (int j = 0; j < nk; j++) {
+            int pj = w->pos[jlo - cs + j];
+            row[j] = pj != INT_MIN && pj >= lo && pj <= p ? row[j] * x->o->scale : -INFINITY;
+        }
+    }
+    x->kr->softmax(w->s, MHA_DECODE_CHUNK, w->mx, w->sum, m, nk);
+    x->kr->accumulate(w->acc, w->s, MHA_DECODE_CHUNK, vp, m, nk, c->d_v);
+    for (int i = 0; i < m; i++) {
+        part[(size_t)i * pw] = w->mx[i];
+        part[(size_t)i * pw + 1] = w->sum[i];
+        memcpy(part + (size_t)i * pw + 2, w->acc + (size_t)i * c->d_v, sizeof(float) * c->d_v);
+    }
+}
+
+/* run = merge(run, part) for m rows of width 2 + d_v. */
+static void merge(float *run, const float *part, int m, int d_v) {
+    size_t pw = 2 + (size_t)d_v;
+    for (int i = 0; i < m; i++) {
+        float *R = run + i * pw;
+        const float *P = part + i * pw;
+        if (P[1] == 0.0f) continue;
+        if (R[1] == 0.0f) {
+            memcpy(R, P, sizeof(float) * pw);
+            continue;
+        }
+        float M = R[0] > P[0] ? R[0] : P[0];
+        float a = expf(R[0] - M), b = expf(P[0] - M);
+        R[0] = M;
+        R[1] = R[1] * a + P[1] * b;
+        for (int j = 0; j < d_v; j++) R[2 + j] = R[2 + j] * a + P[2 + j] * b;
+    }
+}
+
+static void run_init(float *run, int m, int d_v) {
+    size_t pw = 2 + (size_t)d_v;
+    for (int i = 0; i < m; i++) {
+        run[i * pw] = -INFINITY;
+        run[i * pw + 1] = 0.0f;
+        memset(run + i * pw + 2, 0, sizeof(float) * d_v);
+    }
+}
+
+/* Merges the extra keys (add_bias_kv, add_zero_attn) and writes z. */
+static void finish_unit(const ctx *x, const unit *u, float *run, float *qt) {
+    const mha_cache *c = x->c;
+    const mha_decode_opts *o = x->o;
+    int m = u->i1 - u->i0;
+    size_t pw = 2 + (size_t)c->d_v;
+    for (int i = 0; i < m; i++) {
+        float *R = run + i * pw;
+        if (o->extra_k) {
+            const float *ek = o->extra_k + (size_t)u->g * c->d_k, *ev = o->extra_v + (size_t)u->g * c->d_v;
+            float sc = 0.0f;
+            for (int d = 0; d < c->d_k; d++) sc = fmaf(qt[(size_t)i * c->d_k + d], ek[d], sc);
+            sc *= o->scale;
+            float M = R[1] == 0.0f || sc > R[0] ? sc : R[0];
+            float a = R[1] == 0.0f ? 0.0f : expf(R[0] - M), bb = expf(sc - M);
+            R[0] = M;
+            R[1] = R[1] * a + bb;
+            for (int j = 0; j < c->d_v; j++) R[2 + j] = R[2 + j] * a + ev[j] * bb;
+        }
+        if (o->zero_attn) {
+            float M = R[1] == 0.0f || 0.0f > R[0] ? 0.0f : R[0];
+            float a = R[1] == 0.0f ? 0.0f : expf(R[0] - M), bb = expf(-M);
+            R[0] = M;
+            R[1] = R[1] * a + bb;
+            for (int j = 0; j < c->d_v; j++) R[2 + j] = R[2 + j] * a;
+        }
+        int t = x->t0 + (u->i0 + i) / x->n_rep, r = u->g * x->n_rep + (u->i0 + i) % x->n_rep;
+        size_t row = ((size_t)u->b * x->T + t) * c->h + r;
+        float *zr = x->z + row * c->d_v;
+        float inv = R[1] > 0.0f ? 1.0f / R[1] : 0.0f;
+        for (int j = 0; j < c->d_v; j++)
+            zr[j] = R[1] > 0.0f ? R[2 + j] * inv : (o->nan_rows ? NAN : 0.0f);
+        if (x->stats) {
+            x->stats[row * 2] = R[0];
+            x->stats[row * 2 + 1] = R[1];
+        }
+    }
+}
+
+/* --------------------------------------------------------- the driver */
+
+mha_status mha_decode_attend(float *z, float *stats, const mha_cache *c, const float *q, int T,
+                             int t0, const int *n, const mha_decode_opts *o) {
+    ctx x = {c, mha_decode_kernels_get(), o, q, z, stats, n, T, t0, c->h / c->h_kv};
+    int nch = (c->slots + MHA_DECODE_CHUNK - 1) / MHA_DECODE_CHUNK;
+
+    /* plan: units and their chunks, in a fixed order */
+    size_t n_units = 0;
+    for (int b = 0; b < c->B; b++) n_units += (size_t)c->h_kv * ((n[b] * x.n_rep + QTILE - 1) / QTILE);
+    if (n_units == 0) return MHA_OK;
+    unit *units = malloc(sizeof(unit) * n_units);
+    int *chunk_of = malloc(sizeof(int) * n_units * nch);
+    int *unit_of = malloc(sizeof(int) * n_units * nch);
+    if (!units || !chunk_of || !unit_of) {
+        free(units), free(chunk_of), free(unit_of);
+        return mha_fail(MHA_E_NOMEM, "mha_forward_cached: no memory for the decode plan (%zu units)", n_units);
+    }
+    size_t nu = 0, n_tasks = 0;
+    for (int b = 0; b < c->B; b++) {
+        int rows = n[b] * x.n_rep;
+        for (int g = 0; g < c->h_kv; g++)
+            for (int i0 = 0; i0 < rows; i0 += QTILE) {
+                unit *u = &units[nu++];
+                u->b = b, u->g = g, u->i0 = i0, u->i1 = i0 + QTILE < rows ? i0 + QTILE : rows;
+                int pfirst = row_position(&x, b, u->i0), plast = row_position(&x, b, u->i1 - 1);
+                u->ulo = row_first_key(&x, b, pfirst);
+                u->uhi = plast;
+                u->first = (int)n_tasks, u->count = 0;
+                for (int ch = 0; ch < nch; ch++)
+                    if (chunk_needed(c, u->ulo, u->uhi, ch)) {
+                        unit_of[n_tasks] = (int)(nu - 1), chunk_of[n_tasks++] = ch;
+                        u->count++;
+                    }
+            }
+    }
+
+    size_t pw = 2 + (size_t)c->d_v;
+    float *parts = NULL;
+    if (n_units < SPLIT_BELOW_UNITS && n_tasks * QTILE * pw <= SPLIT_MAX_FLOATS)
+        parts = malloc(sizeof(float) * n_tasks * QTILE * pw);
+    int failed = 0;
+    int nth = mha_decode_threads();
+
+#pragma omp parallel num_threads(nth)
+    {
+        scratch w;
+        int ok = scratch_alloc(&w, c);
+        if (!ok) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp barrier
+        if (!failed && parts) {
+            /* flash-decoding: every (unit, chunk) in parallel, then merge */
+#pragma omp for schedule(dynamic, 4)
+            for (long t = 0; t < (long)n_tasks; t++) {
+                const unit *u = &units[unit_of[t]];
+                gather_queries(w.qt, &x, u);
+                chunk_partial(parts + (size_t)t * QTILE * pw, &w, &x, u, chunk_of[t]);
+            }
+#pragma omp for schedule(static)
+            for (long ui = 0; ui < (long)n_units; ui++) {
+                const unit *u = &units[ui];
+                int m = u->i1 - u->i0;
+                run_init(w.run, m, c->d_v);
+                for (int k = 0; k < u->count; k++)
+                    merge(w.run, parts + (size_t)(u->first + k) * QTILE * pw, m, c->d_v);
+                gather_queries(w.qt, &x, u);
+                finish_unit(&x, u, w.run, w.qt);
+            }
+        } else if (!failed) {
+            /* many units: each runs its chunks in order (same merges) */
+#pragma omp for schedule(dynamic, 1)
+            for (long ui = 0; ui < (long)n_units; ui++) {
+                const unit *u = &units[ui];
+                int m = u->i1 - u->i0;
+                gather_queries(w.qt, &x, u);
+                run_init(w.run, m, c->d_v);
+                for (int k = 0; k < u->count; k++) {
+                    chunk_partial(w.part, &w, &x, u, chunk_of[u->first + k]);
+                    merge(w.run, w.part, m, c->d_v);
+                }
+                finish_unit(&x, u, w.run, w.qt);
+            }
+        }
+        if (ok) scratch_free(&w);
+    }
+    free(parts), free(units), free(chunk_of), free(unit_of);
+    if (failed) return mha_fail(MHA_E_NOMEM, "mha_forward_cached: no memory for decode scratch");
+    return MHA_OK;
+}

@@ -1,0 +1,149 @@
+/* gemm.c — packed projections: out (M, N) = a (M, K) W (K, N) + bias, with
+ * W packed once (mha_pack) and the input packed per block of MC rows into
+ * 6-row micro-panels, (K, 6) each, so the 6x16 micro-kernel reads both
+ * operands linearly. Threads split (row block, panel chunk) tasks; every
+ * output element is one task's fp32 sum in k order (thread-count free).
+ * Legend: M input rows, K input width, N output columns, MC rows per block. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "gemm.h"
+#include "internal.h"
+
+#define MHA_GEMM_MC 72 /* rows per block: (MC, K) packed input stays in L2 */
+
+static size_t round_up(size_t n, size_t m) { return (n + m - 1) / m * m; }
+
+static float *alloc_floats(size_t n) {
+    return aligned_alloc(64, round_up(n * sizeof(float) + 1, 64));
+}
+
+mha_status mha_pack(mha_packed *p, int K, int n_sections, const float *const *w,
+                    const float *const *b, const int *cols) {
+    memset(p, 0, sizeof *p);
+    p->K = K;
+    p->n_sections = n_sections;
+    for (int s = 0; s < n_sections; s++) {
+        p->cols[s] = cols[s];
+        p->first_panel[s + 1] = p->first_panel[s] + (cols[s] + MHA_NR - 1) / MHA_NR;
+    }
+    size_t np = (size_t)p->first_panel[n_sections];
+    p->panels = alloc_floats(np * (size_t)K * MHA_NR);
+    p->bias = alloc_floats(np * MHA_NR);
+    if (!p->panels || !p->bias) {
+        mha_packed_free(p);
+        return mha_fail(MHA_E_NOMEM, "fast path: cannot allocate %zu floats of packed weights",
+                        np * (size_t)K * MHA_NR);
+    }
+    for (int s = 0; s < n_sections; s++)
+        for (int gp = p->first_panel[s]; gp < p->first_panel[s + 1]; gp++) {
+            int col0 = (gp - p->first_panel[s]) * MHA_NR;
+            float *panel = p->panels + (size_t)gp * K * MHA_NR; /* (K, 16) */
+            for (int k = 0; k < K; k++)
+                for (int j = 0; j < MHA_NR; j++) {
+                    int c = col0 + j;
+                    panel[(size_t)k * MHA_NR + j] = c < cols[s] ? w[s][(size_t)k * cols[s] + c] : 0.0f;
+                }
+            for (int j = 0; j < MHA_NR; j++) {
+                int c = col0 + j;
+                p->bias[(size_t)gp * MHA_NR + j] = (c < cols[s] && b[s]) ? b[s][c] : 0.0f;
+            }
+        }
+    return MHA_OK;
+}
+
+void mha_packed_free(mha_packed *p) {
+    free(p->panels);
+    free(p->bias);
+    p->panels = p->bias = NULL;
+}
+
+/* Writes the (m, n) corner of a 6x16 tile (row stride 16) whose first
+ * element is output (row, col) into a head-split destination. */
+static void scatter_heads(const mha_dst *d, const float *tile, int row, int m, int col, int n) {
+    size_t coff[MHA_NR]; /* offset of column j inside a (b, head) slab */
+    for (int j = 0; j < n; j++) {
+        int head = (col + j) / d->dh, c = (col + j) % d->dh;
+        coff[j] = (size_t)head * d->head_stride + (d->kind == MHA_DST_HEADS ? (size_t)c : (size_t)c * 16);
+    }
+    for (int i = 0; i < m; i++) {
+        int b = (row + i) / d->rows, s = (row + i) % d->rows;
+        size_t roff = (size_t)b * d->n_heads * d->head_stride +
+                      (d->kind == MHA_DST_HEADS ? (size_t)s * d->ld
+                                                : (size_t)(s / 16) * d->dh * 16 + (size_t)(s % 16));
+        float *dst = d->base + roff;
+        for (int j = 0; j < n; j++) dst[coff[j]] = tile[i * MHA_NR + j];
+    }
+}
+
+/* a (M, kn) rows [m0, m0+mc) -> buf: ceil(mc/6) micro-panels (kn, 6), zero padded. */
+static void pack_rows(float *buf, const float *a, size_t lda, int m0, int mc, int kn) {
+    for (int r = 0; r < mc; r += MHA_MR)
+        for (int i = 0; i < MHA_MR; i++) {
+            float *out = buf + (size_t)r * kn + i;
+            if (r + i < mc) {
+                const float *src = a + (size_t)(m0 + r + i) * lda;
+                for (int k = 0; k < kn; k++) out[(size_t)k * MHA_MR] = src[k];
+            } else {
+                for (int k = 0; k < kn; k++) out[(size_t)k * MHA_MR] = 0.0f;
+            }
+        }
+}
+
+mha_status mha_gemm(const mha_dst *dst, const float *a, size_t lda, int M, const mha_packed *p,
+                    int s0, int s1, int k0, int kn, int use_bias, const mha_kernels *kern,
+                    int n_threads) {
+    const int pb = p->first_panel[s0], np = p->first_panel[s1] - pb;
+    const int nmb = (M + MHA_GEMM_MC - 1) / MHA_GEMM_MC;
+    /* few row blocks (small M): split the panels too, so every thread works */
+    int want = 4 * n_threads, nchunk = 1;
+    if (nmb < want) nchunk = (want + nmb - 1) / nmb;
+    if (nchunk > np) nchunk = np;
+    const int per = (np + nchunk - 1) / nchunk;
+    nchunk = (np + per - 1) / per;
+    const int ntasks = nmb * nchunk;
+    int failed = 0;
+#pragma omp parallel num_threads(n_threads)
+    {
+        float *buf = alloc_floats((size_t)MHA_GEMM_MC * kn); /* packed input block */
+        float tile[MHA_MR * MHA_NR];
+        if (!buf) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for schedule(dynamic, 1)
+        for (int t = 0; t < ntasks; t++) {
+            if (!buf) continue;
+            const int m0 = (t / nchunk) * MHA_GEMM_MC, c0 = pb + (t % nchunk) * per;
+            const int mc = M - m0 < MHA_GEMM_MC ? M - m0 : MHA_GEMM_MC;
+            const int c1 = c0 + per < pb + np ? c0 + per : pb + np;
+            pack_rows(buf, a, lda, m0, mc, kn);
+            int s = s0;
+            for (int gp = c0; gp < c1; gp++) {
+                while (gp >= p->first_panel[s + 1]) s++;
+                const mha_dst *d = &dst[s - s0];
+                const int col = (gp - p->first_panel[s]) * MHA_NR;
+                const int n = p->cols[s] - col < MHA_NR ? p->cols[s] - col : MHA_NR;
+                const float *bp = p->panels + ((size_t)gp * p->K + k0) * MHA_NR;
+                const float *bias = use_bias ? p->bias + (size_t)gp * MHA_NR : NULL;
+                for (int r = 0; r < mc; r += MHA_MR) {
+                    const int m = mc - r < MHA_MR ? mc - r : MHA_MR;
+                    const float *ap = buf + (size_t)r * kn;
+                    if (d->kind == MHA_DST_ROWS) {
+                        kern->sgemm_6x16(d->base + (size_t)(m0 + r) * d->ld + col, d->ld, ap, 1,
+                                         MHA_MR, bp, MHA_NR, bias, NULL, kn, m, n);
+                    } else {
+                        kern->sgemm_6x16(tile, MHA_NR, ap, 1, MHA_MR, bp, MHA_NR, bias, NULL, kn,
+                                         MHA_MR, MHA_NR);
+                        scatter_heads(d, tile, m0 + r, m, col, n);
+                    }
+                }
+            }
+        }
+        free(buf);
+    }
+    if (failed)
+        return mha_fail(MHA_E_NOMEM, "fast path: cannot allocate the %d x %d input block of a projection",
+                        MHA_GEMM_MC, kn);
+    return MHA_OK;
+}

@@ -1,0 +1,56 @@
+/* gemm.h — packed projections of the fast path.
+ * Legend: M rows of the input (B*T or B*S), K input width, N output width.
+ * A weight (K, N) row-major is packed once into panels of 16 columns,
+ * panel p = (K, 16) contiguous, so the micro-kernel streams it linearly.
+ * Several weights that read the same input (W_Q | W_K | W_V) are packed
+ * as sections of one matrix; each section starts on a panel boundary, so
+ * one pass over the input computes all of them. */
+#ifndef MHA_GEMM_H
+#define MHA_GEMM_H
+
+#include "mha.h"
+#include "kernels/kernels.h"
+
+#define MHA_PACK_MAX_SECTIONS 3
+
+typedef struct {
+    int K;                                   /* rows of every section       */
+    int n_sections;
+    int cols[MHA_PACK_MAX_SECTIONS];         /* N of each section           */
+    int first_panel[MHA_PACK_MAX_SECTIONS + 1]; /* section s: panels [first[s], first[s+1]) */
+    float *panels;                           /* (n_panels, K, 16), zero padded */
+    float *bias;                             /* (n_panels, 16), zero padded    */
+} mha_packed;
+
+/* Packs sections w[s] (K, cols[s]) with biases b[s] (cols[s], NULL: 0). */
+mha_status mha_pack(mha_packed *p, int K, int n_sections, const float *const *w,
+                    const float *const *b, const int *cols);
+void mha_packed_free(mha_packed *p);
+
+/* Where a section's output column n of input row m goes. */
+typedef enum {
+    MHA_DST_ROWS = 0,   /* base[m*ld + n]                                      */
+    MHA_DST_HEADS = 1,  /* per (b, head) block (rows_pad, ld): row s, column c */
+    MHA_DST_HEADS_T = 2 /* per (b, head) block of 16-row panels (rows_pad/16, dh, 16):
+                           element (s, c) at [s/16][c][s%16] (K^T for attention) */
+} mha_dst_kind;
+
+typedef struct {
+    mha_dst_kind kind;
+    float *base;
+    size_t ld;          /* ROWS: row stride; HEADS: row stride in a head block */
+    int dh;             /* HEADS*: columns per head (n = head*dh + c)          */
+    int n_heads;        /* HEADS*: heads in the section                        */
+    int rows;           /* HEADS*: input rows per batch: m = b*rows + s        */
+    size_t head_stride; /* HEADS*: floats per (b, head) block                  */
+} mha_dst;
+
+/* For sections [s0, s1) of p: out_s (M, cols[s]) = a (M, kn) p_s[k0:k0+kn, :]
+ * (+ bias when use_bias), written through dst[s - s0]. a has row stride
+ * lda. Each output element is reduced by one thread in k order, so the
+ * result does not depend on the thread count. */
+mha_status mha_gemm(const mha_dst *dst, const float *a, size_t lda, int M, const mha_packed *p,
+                    int s0, int s1, int k0, int kn, int use_bias, const mha_kernels *kern,
+                    int n_threads);
+
+#endif /* MHA_GEMM_H */

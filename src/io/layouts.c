@@ -1,0 +1,698 @@
+/* layouts.c — checkpoint layouts, converted at the boundary into the
+ * layer's (in, out), head-ordered weights (legend: h, h_kv, d_k, d_v,
+ * d_model, d_kv_in; see mha.h). Each reader checks every tensor's shape
+ * against the layout before copying, and names the tensor and the expected
+ * shape when it does not fit. */
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "io/io_internal.h"
+#include "io/tensors_internal.h"
+
+static const char *const layout_names[] = {"auto", "native", "torch", "hf", "gpt2", "megatron"};
+#define N_LAYOUTS 6
+
+const char *mha_layout_name(mha_layout l) {
+    return (l >= 0 && (int)l < N_LAYOUTS) ? layout_names[l] : "unknown";
+}
+
+mha_status mha_layout_parse(mha_layout *out, const char *name) {
+    for (int i = 0; name && i < N_LAYOUTS; i++)
+        if (strcmp(name, layout_names[i]) == 0) {
+            *out = (mha_layout)i;
+            return MHA_OK;
+        }
+    return mha_fail(MHA_E_ARG, "unknown layout '%.40s'; expected auto, native, torch, hf, gpt2 "
+                    "or megatron", name ? name : "(null)");
+}
+
+/* ------------------------------------------------------------ name lookup */
+
+/* Whether name is prefix+suffix (prefix given), or suffix itself or ends in
+ * "." suffix (no prefix). */
+static int name_fits(const char *name, const char *prefix, const char *suffix) {
+    size_t n = strlen(name), s = strlen(suffix);
+    if (prefix && *prefix) {
+        size_t p = strlen(prefix);
+        return n == p + s && memcmp(name, prefix, p) == 0 && strcmp(name + p, suffix) == 0;
+    }
+    if (n < s || strcmp(name + n - s, suffix) != 0) return 0;
+    return n == s || name[n - s - 1] == '.';
+}
+
+static int count_fits(const mha_tensors *t, const char *prefix, const char *suffix) {
+    int c = 0;
+    for (int i = 0; i < t->n; i++) c += name_fits(t->items[i].name, prefix, suffix);
+    return c;
+}
+
+/* The one tensor fitting suffix; NULL when absent (an error if required);
+ * several fits are an error that lists them and asks for a prefix. */
+static mha_status find(const mha_array **out, const mha_tensors *t, const char *prefix,
+                       const char *suffix, int required, const char *layout) {
+    *out = NULL;
+    int hits = 0;
+    char list[256] = "";
+    size_t used = 0;
+    for (int i = 0; i < t->n; i++) {
+        if (!name_fits(t->items[i].name, prefix, suffix)) continue;
+        if (!hits) *out = &t->items[i].a;
+        if (used < sizeof list)
+            used += (size_t)snprintf(list + used, sizeof list - used, "%s'%.60s'", hits ? ", " : "",
+                                     t->items[i].name);
+        hits++;
+    }
+    if (hits > 1) {
+        *out = NULL;
+        return mha_fail(MHA_E_FORMAT, "%s layout: %d tensors end in '%s' (%s); pass a prefix "
+                        "(--prefix) to choose one layer", layout, hits, suffix, list);
+    }
+    if (!hits && required)
+        return mha_fail(MHA_E_FORMAT, "%s layout: no tensor named '%s%s'", layout,
+                        (prefix && *prefix) ? prefix : "[prefix.]", suffix);
+    return MHA_OK;
+}
+
+/* ---------------------------------------------------------------- detect */
+
+/* Tensors whose presence identifies each layout (any one alternative). */
+typedef struct {
+    mha_layout layout;
+    const char *sig[2][4]; /* alternatives, each a NULL-terminated list */
+    const char *describe;
+} signature;
+
+static const signature signatures[] = {
+    {MHA_LAYOUT_NATIVE, {{"w_q", "w_k", "w_v", "w_o"}, {NULL}}, "w_q, w_k, w_v, w_o"},
+    {MHA_LAYOUT_TORCH,
+     {{"in_proj_weight", "out_proj.weight", NULL}, {"q_proj_weight", "k_proj_weight", "v_proj_weight", "out_proj.weight"}},
+     "in_proj_weight or q/k/v_proj_weight, out_proj.weight"},
+    {MHA_LAYOUT_HF,
+     {{"q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight"}, {NULL}},
+     "q_proj/k_proj/v_proj/o_proj.weight"},
+    {MHA_LAYOUT_GPT2, {{"c_attn.weight", "c_proj.weight", NULL}, {NULL}}, "c_attn.weight, c_proj.weight"},
+    {MHA_LAYOUT_MEGATRON, {{"query_key_value.weight", "dense.weight", NULL}, {NULL}},
+     "query_key_value.weight, dense.weight"},
+};
+#define N_SIGNATURES ((int)(sizeof signatures / sizeof signatures[0]))
+
+static int fits_signature(const mha_tensors *t, const char *prefix, const signature *s) {
+    for (int alt = 0; alt < 2; alt++) {
+        if (!s->sig[alt][0]) continue;
+        int ok = 1;
+        for (int k = 0; k < 4 && s->sig[alt][k]; k++) ok &= count_fits(t, prefix, s->sig[alt][k]) > 0;
+        if (ok) return 1;
+    }
+    return 0;
+}
+
+static mha_status detect(mha_layout *out, const mha_tensors *t, const char *prefix) {
+    int n = 0;
+    mha_layout found = MHA_LAYOUT_AUTO;
+    char list[256] = "";
+    size_t used = 0;
+    for (int i = 0; i < N_SIGNATURES; i++) {
+        if (!fits_signature(t, prefix, &signatures[i])) continue;
+        found = signatures[i].layout;
+        used += (size_t)snprintf(list + used, sizeof list - used, "%s%s", n ? ", " : "",
+                                 mha_layout_name(found));
+        n++;
+    }
+    if (n == 1) {
+        *out = found;
+        return MHA_OK;
+    }
+    if (n > 1)
+        return mha_fail(MHA_E_FORMAT, "the tensor names fit several layouts (candidates: %s); "
+                        "pass --layout to choose", list);
+    char names[200] = "";
+    used = 0;
+    for (int i = 0; i < t->n && used < sizeof names; i++)
+        used += (size_t)snprintf(names + used, sizeof names - used, "%s%.40s", i ? ", " : "",
+                                 t->items[i].name);
+    return mha_fail(MHA_E_FORMAT, "no layout fits the tensor names (%s); expected native (w_q, "
+                    "w_k, w_v, w_o), torch (in_proj_weight, out_proj.weight), hf "
+                    "(q_proj.weight, ...), gpt2 (c_attn.weight, c_proj.weight) or megatron "
+                    "(query_key_value.weight, dense.weight)", names);
+}
+
+mha_status mha_layout_detect(mha_layout *out, const mha_tensors *t) {
+    if (!out || !t) return mha_fail(MHA_E_ARG, "mha_layout_detect: NULL argument");
+    return detect(out, t, NULL);
+}
+
+/* --------------------------------------------------------- shape checks */
+
+static mha_status want_shape(const mha_array *a, const char *name, int rank, int d0, int d1,
+                             const char *what) {
+    int ok = a->rank == rank && a->shape[0] == d0 && (rank < 2 || a->shape[1] == d1);
+    if (ok && a->f) return MHA_OK;
+    if (ok) return mha_fail(MHA_E_FORMAT, "tensor '%s' is %s; expected a floating dtype", name,
+                            mha_dtype_name(a->dtype));
+    char got[64] = "(";
+    size_t u = 1;
+    for (int i = 0; i < a->rank; i++)
+        u += (size_t)snprintf(got + u, sizeof got - u, "%s%d", i ? ", " : "", a->shape[i]);
+    snprintf(got + u, sizeof got - u, "%s)", a->rank == 1 ? "," : "");
+    if (rank == 1)
+        return mha_fail(MHA_E_SHAPE, "tensor '%s' has shape %s; expected %s = (%d,)", name, got,
+                        what, d0);
+    return mha_fail(MHA_E_SHAPE, "tensor '%s' has shape %s; expected %s = (%d, %d)", name, got,
+                    what, d0, d1);
+}
+
+static mha_status want_matrix(const mha_array *a, const char *name) {
+    if (a->rank != 2 || !a->f || a->shape[0] < 1 || a->shape[1] < 1)
+        return mha_fail(MHA_E_SHAPE, "tensor '%s' has rank %d; expected a non-empty floating "
+                        "matrix", name, a->rank);
+    return MHA_OK;
+}
+
+/* An integer metadata value; 0 and MHA_OK when absent. */
+static mha_status meta_int(int *out, const mha_tensors *t, const char *key) {
+    *out = 0;
+    const char *v = mha_tensors_meta(t, key);
+    if (!v) return MHA_OK;
+    char *end;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (errno || end == v || *end || x < 0 || x > INT_MAX)
+        return mha_fail(MHA_E_FORMAT, "metadata %s = '%.40s'; expected a non-negative integer",
+                        key, v);
+    *out = (int)x;
+    return MHA_OK;
+}
+
+/* Picks n from the option, else metadata, else 0; both given must agree. */
+static mha_status pick(int *out, int opt, const mha_tensors *t, const char *key) {
+    int m;
+    mha_status s = meta_int(&m, t, key);
+    if (s) return s;
+    if (opt && m && opt != m)
+        return mha_fail(MHA_E_ARG, "%s = %d was requested but the checkpoint metadata says %d",
+                        key, opt, m);
+    *out = opt ? opt : m;
+    return MHA_OK;
+}
+
+static mha_status divide(int *q, int total, int by, const char *what, const char *tensor) {
+    if (by <= 0 || total % by)
+        return mha_fail(MHA_E_SHAPE, "tensor '%s': %d columns do not split into %s of %d", tensor,
+                        total, what, by);
+    *q = total / by;
+    return MHA_OK;
+}
+
+/* ---------------------------------------------------- staging and copies */
+
+/* Weights being assembled in (in, out) layout before the layer is made. */
+typedef struct {
+    mha_config cfg;
+    float *w[10]; /* w_q w_k w_v w_o b_q b_k b_v b_o bias_k bias_v */
+} staged;
+enum { S_WQ, S_WK, S_WV, S_WO, S_BQ, S_BK, S_BV, S_BO, S_BIASK, S_BIASV };
+
+static void staged_free(staged *s) {
+    for (int i = 0; i < 10; i++) free(s->w[i]);
+}
+
+static mha_status staged_alloc(staged *s) {
+    const mha_config *c = &s->cfg;
+    size_t qk = (size_t)c->n_heads * c->d_k, kk = (size_t)c->n_kv_heads * c->d_k,
+           vv = (size_t)c->n_kv_heads * c->d_v, ov = (size_t)c->n_heads * c->d_v;
+    size_t n[10] = {(size_t)c->d_model * qk, (size_t)c->d_kv_in * kk, (size_t)c->d_kv_in * vv,
+                    ov * c->d_model, qk, kk, vv, (size_t)c->d_model, kk, vv};
+    for (int i = 0; i < 10; i++) {
+        s->w[i] = calloc(n[i] ? n[i] : 1, sizeof(float));
+        if (!s->w[i]) return mha_fail(MHA_E_NOMEM, "cannot allocate checkpoint weights");
+    }
+    return MHA_OK;
+}
+
+/* dst (cols_src, dst_cols) at column c0 <- rows [r0, r0+n) of src
+ * (rows, cols_src) transposed: nn.Linear (out, in) -> (in, out). */
+static void put_rows_t(float *dst, int dst_cols, int c0, const float *src, int cols_src, int r0,
+                       int n) {
+    for (int i = 0; i < n; i++)
+        for (int c = 0; c < cols_src; c++)
+            dst[(size_t)c * dst_cols + c0 + i] = src[(size_t)(r0 + i) * cols_src + c];
+}
+
+/* dst (rows, dst_cols) at column c0 <- columns [s0, s0+n) of src (rows, src_cols). */
+static void put_cols(float *dst, int dst_cols, int c0, const float *src, int src_cols, int s0,
+                     int n, int rows) {
+    for (int r = 0; r < rows; r++)
+        memcpy(dst + (size_t)r * dst_cols + c0, src + (size_t)r * src_cols + s0,
+               (size_t)n * sizeof(float));
+}
+
+static mha_status labels_from_meta(mha_layer *L, const mha_tensors *t) {
+    static const char *const keys[4] = {"labels_q", "labels_k", "labels_v", "labels_o"};
+    const mha_config *c = mha_layer_config(L);
+    for (int b = 0; b < 4; b++) {
+        const char *v = mha_tensors_meta(t, keys[b]);
+        if (!v) continue;
+        int n = (b == MHA_BLOCK_K || b == MHA_BLOCK_V) ? c->n_kv_heads : c->n_heads;
+        int *lab = malloc((size_t)n * sizeof *lab);
+        if (!lab) return mha_fail(MHA_E_NOMEM, "cannot allocate labels");
+        const char *p = v;
+        int k = 0;
+        mha_status s = MHA_OK;
+        for (; k < n && !s; k++) {
+            char *end;
+            errno = 0;
+            long x = strtol(p, &end, 10);
+            if (end == p || errno || x < 0 || x > INT_MAX || (*end != ',' && *end != '\0') ||
+                (*end == '\0' && k + 1 < n) || (*end == ',' && k + 1 == n))
+                s = mha_fail(MHA_E_FORMAT, "metadata %s = '%.60s'; expected %d comma-separated "
+                             "head labels", keys[b], v, n);
+            lab[k] = (int)x;
+            p = end + (*end == ',');
+        }
+        if (!s) s = mha_layer_set_labels(L, (mha_block)b, lab);
+        free(lab);
+        if (s) return s;
+    }
+    return MHA_OK;
+}
+
+static mha_status staged_create(mha_layer **out, staged *st, const mha_tensors *t) {
+    mha_config c;
+    mha_status s = mha_config_resolve(&c, &st->cfg);
+    if (s) return s;
+    mha_weights w = {st->w[S_WQ], st->w[S_WK], st->w[S_WV], st->w[S_WO], st->w[S_BQ],
+                     st->w[S_BK], st->w[S_BV], st->w[S_BO], st->w[S_BIASK], st->w[S_BIASV]};
+    if (!c.bias) w.b_q = w.b_k = w.b_v = w.b_o = NULL;
+    if (!c.add_bias_kv) w.bias_k = w.bias_v = NULL;
+    if ((s = mha_layer_create(out, &c, &w))) return s;
+    if ((s = labels_from_meta(*out, t))) {
+        mha_layer_free(*out);
+        *out = NULL;
+    }
+    return s;
+}
+
+/* An optional bias: copies it (shape (n,)) or leaves zeros; sets *any. */
+static mha_status opt_bias(float *dst, int *any, const mha_tensors *t, const char *prefix,
+                           const char *suffix, int n, const char *layout, const char *what) {
+    const mha_array *a;
+    mha_status s = find(&a, t, prefix, suffix, 0, layout);
+    if (s || !a) return s;
+    if ((s = want_shape(a, suffix, 1, n, 0, what))) return s;
+    memcpy(dst, a->f, (size_t)n * sizeof(float));
+    *any = 1;
+    return MHA_OK;
+}
+
+/* --------------------------------------------------------------- native */
+
+static mha_status load_native(staged *st, const mha_tensors *t, const mha_load_options *o) {
+    const char *P = o->prefix, *L = "native";
+    const mha_array *wq, *wk, *wv, *wo;
+    mha_status s;
+    if ((s = find(&wq, t, P, "w_q", 1, L)) || (s = find(&wk, t, P, "w_k", 1, L)) ||
+        (s = find(&wv, t, P, "w_v", 1, L)) || (s = find(&wo, t, P, "w_o", 1, L)))
+        return s;
+    if ((s = want_matrix(wq, "w_q")) || (s = want_matrix(wk, "w_k")) ||
+        (s = want_matrix(wv, "w_v")) || (s = want_matrix(wo, "w_o")))
+        return s;
+    mha_config *c = &st->cfg;
+    int h, hkv, dk, dv;
+    if ((s = pick(&h, o->n_heads, t, "n_heads")) || (s = pick(&hkv, o->n_kv_heads, t, "n_kv_heads")) ||
+        (s = meta_int(&dk, t, "d_k")) || (s = meta_int(&dv, t, "d_v")))
+        return s;
+    if (!h) return mha_fail(MHA_E_FORMAT, "native layout: metadata n_heads is missing; pass --heads");
+    c->d_model = wq->shape[0];
+    c->n_heads = h;
+    c->d_kv_in = wk->shape[0];
+    int dk_cols;
+    if ((s = divide(&dk_cols, wq->shape[1], h, "heads", "w_q"))) return s;
+    if (dk && dk != dk_cols)
+        return mha_fail(MHA_E_SHAPE, "metadata d_k = %d but w_q has %d columns per head", dk, dk_cols);
+    c->d_k = dk_cols;
+    if (!hkv && (s = divide(&hkv, wk->shape[1], c->d_k, "d_k-wide kv heads", "w_k"))) return s;
+    c->n_kv_heads = hkv;
+    if ((s = divide(&c->d_v, wo->shape[0], h, "heads", "w_o rows"))) return s;
+    if (dv && dv != c->d_v)
+        return mha_fail(MHA_E_SHAPE, "metadata d_v = %d but w_o has %d rows per head", dv, c->d_v);
+    int zero_attn;
+    if ((s = meta_int(&zero_attn, t, "add_zero_attn"))) return s;
+    c->add_zero_attn = zero_attn;
+    if ((s = want_shape(wk, "w_k", 2, c->d_kv_in, hkv * c->d_k, "(d_kv_in, h_kv*d_k)")) ||
+        (s = want_shape(wv, "w_v", 2, c->d_kv_in, hkv * c->d_v, "(d_kv_in, h_kv*d_v)")) ||
+        (s = want_shape(wo, "w_o", 2, h * c->d_v, c->d_model, "(h*d_v, d_model)")))
+        return s;
+    const mha_array *bk, *bv;
+    if ((s = find(&bk, t, P, "bias_k", 0, L)) || (s = find(&bv, t, P, "bias_v", 0, L))) return s;
+    if (!bk != !bv)
+        return mha_fail(MHA_E_FORMAT, "native layout: bias_k and bias_v must come together");
+    c->add_bias_kv = bk != NULL;
+    if ((s = staged_alloc(st))) return s;
+    memcpy(st->w[S_WQ], wq->f, wq->count * sizeof(float));
+    memcpy(st->w[S_WK], wk->f, wk->count * sizeof(float));
+    memcpy(st->w[S_WV], wv->f, wv->count * sizeof(float));
+    memcpy(st->w[S_WO], wo->f, wo->count * sizeof(float));
+    int any = 0;
+    if ((s = opt_bias(st->w[S_BQ], &any, t, P, "b_q", h * c->d_k, L, "(h*d_k)")) ||
+        (s = opt_bias(st->w[S_BK], &any, t, P, "b_k", hkv * c->d_k, L, "(h_kv*d_k)")) ||
+        (s = opt_bias(st->w[S_BV], &any, t, P, "b_v", hkv * c->d_v, L, "(h_kv*d_v)")) ||
+        (s = opt_bias(st->w[S_BO], &any, t, P, "b_o", c->d_model, L, "(d_model)")))
+        return s;
+    if (bk && ((s = opt_bias(st->w[S_BIASK], &any, t, P, "bias_k", hkv * c->d_k, L, "(h_kv*d_k)")) ||
+               (s = opt_bias(st->w[S_BIASV], &any, t, P, "bias_v", hkv * c->d_v, L, "(h_kv*d_v)"))))
+        return s;
+    c->bias = any;
+    return MHA_OK;
+}
+
+/* ------------------------------------------------------------------- hf */
+
+static mha_status load_hf(staged *st, const mha_tensors *t, const mha_load_options *o) {
+    const char *P = o->prefix, *L = "hf";
+    const mha_array *q, *k, *v, *out;
+    mha_status s;
+    if ((s = find(&q, t, P, "q_proj.weight", 1, L)) || (s = find(&k, t, P, "k_proj.weight", 1, L)) ||
+        (s = find(&v, t, P, "v_proj.weight", 1, L)) || (s = find(&out, t, P, "o_proj.weight", 1, L)))
+        return s;
+    if ((s = want_matrix(q, "q_proj.weight")) || (s = want_matrix(k, "k_proj.weight")) ||
+        (s = want_matrix(v, "v_proj.weight")) || (s = want_matrix(out, "o_proj.weight")))
+        return s;
+    mha_config *c = &st->cfg;
+    int h, hkv;
+    if ((s = pick(&h, o->n_heads, t, "n_heads")) || (s = pick(&hkv, o->n_kv_heads, t, "n_kv_heads")))
+        return s;
+    if (!h) return mha_fail(MHA_E_ARG, "hf layout: the number of heads is not in the file; pass --heads");
+    c->n_heads = h;
+    c->d_model = q->shape[1];
+    c->d_kv_in = k->shape[1];
+    if ((s = divide(&c->d_k, q->shape[0], h, "heads", "q_proj.weight rows"))) return s;
+    if (!hkv && (s = divide(&hkv, k->shape[0], c->d_k, "d_k-wide kv heads", "k_proj.weight rows")))
+        return s;
+    c->n_kv_heads = hkv;
+    if ((s = divide(&c->d_v, v->shape[0], hkv, "kv heads", "v_proj.weight rows"))) return s;
+    if ((s = want_shape(k, "k_proj.weight", 2, hkv * c->d_k, c->d_kv_in, "(h_kv*d_k, d_kv_in)")) ||
+        (s = want_shape(v, "v_proj.weight", 2, hkv * c->d_v, c->d_kv_in, "(h_kv*d_v, d_kv_in)")) ||
+        (s = want_shape(out, "o_proj.weight", 2, c->d_model, h * c->d_v, "(d_model, h*d_v)")))
+        return s;
+    if ((s = staged_alloc(st))) return s;
+    put_rows_t(st->w[S_WQ], h * c->d_k, 0, q->f, c->d_model, 0, h * c->d_k);
+    put_rows_t(st->w[S_WK], hkv * c->d_k, 0, k->f, c->d_kv_in, 0, hkv * c->d_k);
+    put_rows_t(st->w[S_WV], hkv * c->d_v, 0, v->f, c->d_kv_in, 0, hkv * c->d_v);
+    put_rows_t(st->w[S_WO], c->d_model, 0, out->f, h * c->d_v, 0, c->d_model);
+    int any = 0;
+    if ((s = opt_bias(st->w[S_BQ], &any, t, P, "q_proj.bias", h * c->d_k, L, "(h*d_k)")) ||
+        (s = opt_bias(st->w[S_BK], &any, t, P, "k_proj.bias", hkv * c->d_k, L, "(h_kv*d_k)")) ||
+        (s = opt_bias(st->w[S_BV], &any, t, P, "v_proj.bias", hkv * c->d_v, L, "(h_kv*d_v)")) ||
+        (s = opt_bias(st->w[S_BO], &any, t, P, "o_proj.bias", c->d_model, L, "(d_model)")))
+        return s;
+    c->bias = any;
+    return MHA_OK;
+}
+
+/* ----------------------------------------------------------------- gpt2 */
+
+static mha_status load_gpt2(staged *st, const mha_tensors *t, const mha_load_options *o) {
+    const char *P = o->prefix, *L = "gpt2";
+    const mha_array *ca, *cp, *ba, *bp;
+    mha_status s;
+    if ((s = find(&ca, t, P, "c_attn.weight", 1, L)) || (s = find(&cp, t, P, "c_proj.weight", 1, L)) ||
+        (s = find(&ba, t, P, "c_attn.bias", 0, L)) || (s = find(&bp, t, P, "c_proj.bias", 0, L)))
+        return s;
+    if ((s = want_matrix(ca, "c_attn.weight")) || (s = want_matrix(cp, "c_proj.weight"))) return s;
+    mha_config *c = &st->cfg;
+    int h, hkv;
+    if ((s = pick(&h, o->n_heads, t, "n_heads")) || (s = pick(&hkv, o->n_kv_heads, t, "n_kv_heads")))
+        return s;
+    if (!h) return mha_fail(MHA_E_ARG, "gpt2 layout: the number of heads is not in the file; pass --heads");
+    if (hkv && hkv != h)
+        return mha_fail(MHA_E_ARG, "gpt2 layout has one kv head per head; got n_kv_heads = %d", hkv);
+    int E = 0;
+    if ((s = divide(&E, ca->shape[1], 3, "q, k, v parts", "c_attn.weight"))) return s;
+    c->d_model = ca->shape[0];
+    c->n_heads = c->n_kv_heads = h;
+    c->d_kv_in = c->d_model;
+    if ((s = divide(&c->d_k, E, h, "heads", "c_attn.weight (one third)"))) return s;
+    c->d_v = c->d_k;
+    if ((s = want_shape(cp, "c_proj.weight", 2, E, c->d_model, "(E, d_model), Conv1D (in, out)")))
+        return s;
+    if ((s = staged_alloc(st))) return s;
+    /* Conv1D is already (in, out): Q, K, V are column thirds */
+    for (int part = 0; part < 3; part++)
+        put_cols(st->w[part], E, 0, ca->f, 3 * E, part * E, E, c->d_model);
+    memcpy(st->w[S_WO], cp->f, cp->count * sizeof(float));
+    if (ba) {
+        if ((s = want_shape(ba, "c_attn.bias", 1, 3 * E, 0, "(3E)"))) return s;
+        for (int part = 0; part < 3; part++)
+            memcpy(st->w[S_BQ + part], ba->f + (size_t)part * E, (size_t)E * sizeof(float));
+    }
+    if (bp) {
+        if ((s = want_shape(bp, "c_proj.bias", 1, c->d_model, 0, "(d_model)"))) return s;
+        memcpy(st->w[S_BO], bp->f, (size_t)c->d_model * sizeof(float));
+    }
+    c->bias = ba || bp;
+    return MHA_OK;
+}
+
+/* ------------------------------------------------------------- megatron */
+
+/* Row block of kv group g inside the fused ((h + 2 h_kv) d, d_model)
+ * weight: [q heads g*n_rep .. (g+1)*n_rep-1, k_g, v_g], each d rows. */
+static mha_status load_megatron(staged *st, const mha_tensors *t, const mha_load_options *o) {
+    const char *P = o->prefix, *L = "megatron";
+    const mha_array *qkv, *dense, *bqkv;
+    mha_status s;
+    if ((s = find(&qkv, t, P, "query_key_value.weight", 1, L)) ||
+        (s = find(&dense, t, P, "dense.weight", 1, L)) ||
+        (s = find(&bqkv, t, P, "query_key_value.bias", 0, L)))
+        return s;
+    if ((s = want_matrix(qkv, "query_key_value.weight")) || (s = want_matrix(dense, "dense.weight")))
+        return s;
+    mha_config *c = &st->cfg;
+    int h, hkv, d = 0;
+    if ((s = pick(&h, o->n_heads, t, "n_heads")) || (s = pick(&hkv, o->n_kv_heads, t, "n_kv_heads")))
+        return s;
+    if (!h) return mha_fail(MHA_E_ARG, "megatron layout: the number of heads is not in the file; pass --heads");
+    c->d_model = qkv->shape[1];
+    c->d_kv_in = c->d_model;
+    if ((s = divide(&d, dense->shape[1], h, "heads", "dense.weight columns"))) return s;
+    int rows = qkv->shape[0];
+    if (!hkv) {
+        if (rows % d || (rows / d - h) <= 0 || (rows / d - h) % 2)
+            return mha_fail(MHA_E_SHAPE, "tensor 'query_key_value.weight' has %d rows; expected "
+                            "(h + 2*h_kv)*d with h = %d, d = %d", rows, h, d);
+        hkv = (rows / d - h) / 2;
+    }
+    if (hkv <= 0 || h % hkv)
+        return mha_fail(MHA_E_SHAPE, "megatron layout: %d kv heads do not divide %d heads", hkv, h);
+    c->n_heads = h;
+    c->n_kv_heads = hkv;
+    c->d_k = c->d_v = d;
+    if ((s = want_shape(qkv, "query_key_value.weight", 2, (h + 2 * hkv) * d, c->d_model,
+                        "((h + 2*h_kv)*d, d_model)")) ||
+        (s = want_shape(dense, "dense.weight", 2, c->d_model, h * d, "(d_model, h*d)")))
+        return s;
+    if (bqkv && (s = want_shape(bqkv, "query_key_value.bias", 1, (h + 2 * hkv) * d, 0,
+                                "((h + 2*h_kv)*d)")))
+        return s;
+    if ((s = staged_alloc(st))) return s;
+    int rep = h / hkv, group_rows = (rep + 2) * d;
+    for (int g = 0; g < hkv; g++) {
+        int r0 = g * group_rows;
+        put_rows_t(st->w[S_WQ], h * d, g * rep * d, qkv->f, c->d_model, r0, rep * d);
+        put_rows_t(st->w[S_WK], hkv * d, g * d, qkv->f, c->d_model, r0 + rep * d, d);
+        put_rows_t(st->w[S_WV], hkv * d, g * d, qkv->f, c->d_model, r0 + (rep + 1) * d, d);
+        if (bqkv) {
+            memcpy(st->w[S_BQ] + (size_t)g * rep * d, bqkv->f + r0, (size_t)rep * d * sizeof(float));
+            memcpy(st->w[S_BK] + (size_t)g * d, bqkv->f + r0 + rep * d, (size_t)d * sizeof(float));
+            memcpy(st->w[S_BV] + (size_t)g * d, bqkv->f + r0 + (rep + 1) * d, (size_t)d * sizeof(float));
+        }
+    }
+    put_rows_t(st->w[S_WO], c->d_model, 0, dense->f, h * d, 0, c->d_model);
+    int any = bqkv != NULL;
+    s = opt_bias(st->w[S_BO], &any, t, P, "dense.bias", c->d_model, L, "(d_model)");
+    c->bias = any;
+    return s;
+}
+
+/* ---------------------------------------------------------------- torch */
+
+/* Shapes are checked here; the conversion itself is convert_torch.c's. */
+static mha_status load_torch(mha_layer **out, const mha_tensors *t, const mha_load_options *o) {
+    const char *P = o->prefix, *L = "torch";
+    const mha_array *in_w, *in_b, *qw, *kw, *vw, *ow, *ob, *bk, *bv;
+    mha_status s;
+    if ((s = find(&in_w, t, P, "in_proj_weight", 0, L)) || (s = find(&in_b, t, P, "in_proj_bias", 0, L)) ||
+        (s = find(&qw, t, P, "q_proj_weight", 0, L)) || (s = find(&kw, t, P, "k_proj_weight", 0, L)) ||
+        (s = find(&vw, t, P, "v_proj_weight", 0, L)) || (s = find(&ow, t, P, "out_proj.weight", 1, L)) ||
+        (s = find(&ob, t, P, "out_proj.bias", 0, L)) || (s = find(&bk, t, P, "bias_k", 0, L)) ||
+        (s = find(&bv, t, P, "bias_v", 0, L)))
+        return s;
+    if ((s = want_matrix(ow, "out_proj.weight"))) return s;
+    int E = ow->shape[0], h, hkv, zero_attn;
+    if ((s = want_shape(ow, "out_proj.weight", 2, E, E, "(E, E)"))) return s;
+    if ((s = pick(&h, o->n_heads, t, "n_heads")) || (s = pick(&hkv, o->n_kv_heads, t, "n_kv_heads")) ||
+        (s = meta_int(&zero_attn, t, "add_zero_attn")))
+        return s;
+    if (!h) return mha_fail(MHA_E_ARG, "torch layout: the number of heads is not in the file; pass --heads");
+    if (hkv && hkv != h)
+        return mha_fail(MHA_E_ARG, "torch layout (nn.MultiheadAttention) has no GQA; got n_kv_heads = %d", hkv);
+    mha_torch_weights tw = {.embed_dim = E, .num_heads = h, .add_zero_attn = zero_attn};
+    if (in_w) {
+        if ((s = want_shape(in_w, "in_proj_weight", 2, 3 * E, E, "(3E, E)"))) return s;
+        tw.in_proj_weight = in_w->f;
+    } else {
+        if (!qw || !kw || !vw)
+            return mha_fail(MHA_E_FORMAT, "torch layout: need in_proj_weight or all of "
+                            "q_proj_weight, k_proj_weight, v_proj_weight");
+        if ((s = want_matrix(kw, "k_proj_weight")) || (s = want_matrix(vw, "v_proj_weight")))
+            return s;
+        tw.kdim = kw->shape[1];
+        tw.vdim = vw->shape[1];
+        if ((s = want_shape(qw, "q_proj_weight", 2, E, E, "(E, E)")) ||
+            (s = want_shape(kw, "k_proj_weight", 2, E, tw.kdim, "(E, kdim)")) ||
+            (s = want_shape(vw, "v_proj_weight", 2, E, tw.vdim, "(E, vdim)")))
+            return s;
+        tw.q_proj_weight = qw->f;
+        tw.k_proj_weight = kw->f;
+        tw.v_proj_weight = vw->f;
+    }
+    if (in_b) {
+        if ((s = want_shape(in_b, "in_proj_bias", 1, 3 * E, 0, "(3E)"))) return s;
+        tw.in_proj_bias = in_b->f;
+    }
+    if (ob) {
+        if ((s = want_shape(ob, "out_proj.bias", 1, E, 0, "(E)"))) return s;
+        tw.out_proj_bias = ob->f;
+    }
+    if (!bk != !bv) return mha_fail(MHA_E_FORMAT, "torch layout: bias_k and bias_v must come together");
+    if (bk) {
+        if (bk->count != (size_t)E || !bk->f || bv->count != (size_t)E || !bv->f)
+            return mha_fail(MHA_E_SHAPE, "torch layout: bias_k and bias_v must hold E = %d floats "
+                            "(shape (1, 1, E))", E);
+        tw.bias_k = bk->f;
+        tw.bias_v = bv->f;
+    }
+    if ((s = mha_layer_from_torch(out, &tw))) return s;
+    if ((s = labels_from_meta(*out, t))) {
+        mha_layer_free(*out);
+        *out = NULL;
+    }
+    return s;
+}
+
+/* ------------------------------------------------------------ front door */
+
+mha_status mha_layer_from_tensors(mha_layer **out, const mha_tensors *t,
+                                  const mha_load_options *opt) {
+    if (!out || !t) return mha_fail(MHA_E_ARG, "mha_layer_from_tensors: NULL argument");
+    *out = NULL;
+    mha_load_options o = {0};
+    if (opt) o = *opt;
+    if (o.n_heads < 0 || o.n_kv_heads < 0)
+        return mha_fail(MHA_E_ARG, "n_heads = %d, n_kv_heads = %d; expected >= 0 (0: from the file)",
+                        o.n_heads, o.n_kv_heads);
+    mha_status s;
+    if (o.layout == MHA_LAYOUT_AUTO && (s = detect(&o.layout, t, o.prefix))) return s;
+    if (o.layout == MHA_LAYOUT_TORCH) return load_torch(out, t, &o);
+    staged st;
+    memset(&st, 0, sizeof st);
+    switch (o.layout) {
+    case MHA_LAYOUT_NATIVE: s = load_native(&st, t, &o); break;
+    case MHA_LAYOUT_HF: s = load_hf(&st, t, &o); break;
+    case MHA_LAYOUT_GPT2: s = load_gpt2(&st, t, &o); break;
+    case MHA_LAYOUT_MEGATRON: s = load_megatron(&st, t, &o); break;
+    default: s = mha_fail(MHA_E_ARG, "layout %d is not one of mha_layout", (int)o.layout);
+    }
+    if (!s) s = staged_create(out, &st, t);
+    staged_free(&st);
+    return s;
+}
+
+static mha_status put_int(mha_tensors *t, const char *key, int v) {
+    char buf[16];
+    snprintf(buf, sizeof buf, "%d", v);
+    return mha_tensors_set_meta(t, key, buf);
+}
+
+mha_status mha_layer_to_tensors(mha_tensors **out, const mha_layer *L) {
+    if (!out || !L) return mha_fail(MHA_E_ARG, "mha_layer_to_tensors: NULL argument");
+    *out = NULL;
+    const mha_config *c = mha_layer_config(L);
+    mha_weights w;
+    mha_layer_get_weights(L, &w);
+    int h = c->n_heads, hkv = c->n_kv_heads;
+    mha_tensors *t;
+    mha_status s = mha_tensors_create(&t);
+    if (s) return s;
+    int sq[2] = {c->d_model, h * c->d_k}, sk[2] = {c->d_kv_in, hkv * c->d_k},
+        sv[2] = {c->d_kv_in, hkv * c->d_v}, so[2] = {h * c->d_v, c->d_model};
+    if (!s) s = mha_tensors_add_f32(t, "w_q", w.w_q, 2, sq);
+    if (!s) s = mha_tensors_add_f32(t, "w_k", w.w_k, 2, sk);
+    if (!s) s = mha_tensors_add_f32(t, "w_v", w.w_v, 2, sv);
+    if (!s) s = mha_tensors_add_f32(t, "w_o", w.w_o, 2, so);
+    if (c->bias) {
+        if (!s) s = mha_tensors_add_f32(t, "b_q", w.b_q, 1, sq + 1);
+        if (!s) s = mha_tensors_add_f32(t, "b_k", w.b_k, 1, sk + 1);
+        if (!s) s = mha_tensors_add_f32(t, "b_v", w.b_v, 1, sv + 1);
+        if (!s) s = mha_tensors_add_f32(t, "b_o", w.b_o, 1, so + 1);
+    }
+    if (c->add_bias_kv) {
+        if (!s) s = mha_tensors_add_f32(t, "bias_k", w.bias_k, 1, sk + 1);
+        if (!s) s = mha_tensors_add_f32(t, "bias_v", w.bias_v, 1, sv + 1);
+    }
+    if (!s) s = mha_tensors_set_meta(t, "format", "mha-native");
+    if (!s) s = put_int(t, "n_heads", h);
+    if (!s) s = put_int(t, "n_kv_heads", hkv);
+    if (!s) s = put_int(t, "d_k", c->d_k);
+    if (!s) s = put_int(t, "d_v", c->d_v);
+    if (!s) s = put_int(t, "add_zero_attn", c->add_zero_attn);
+    static const char *const keys[4] = {"labels_q", "labels_k", "labels_v", "labels_o"};
+    int *lab = malloc((size_t)h * sizeof *lab);
+    char *txt = malloc((size_t)h * 12 + 1);
+    if (!lab || !txt) s = s ? s : mha_fail(MHA_E_NOMEM, "cannot allocate labels");
+    for (int b = 0; b < 4 && !s; b++) {
+        int n = (b == MHA_BLOCK_K || b == MHA_BLOCK_V) ? hkv : h;
+        if ((s = mha_layer_labels(L, (mha_block)b, lab))) break;
+        size_t u = 0;
+        txt[0] = '\0';
+        for (int i = 0; i < n; i++) u += (size_t)sprintf(txt + u, "%s%d", i ? "," : "", lab[i]);
+        s = mha_tensors_set_meta(t, keys[b], txt);
+    }
+    free(lab);
+    free(txt);
+    if (s) {
+        mha_tensors_free(t);
+        return s;
+    }
+    *out = t;
+    return MHA_OK;
+}
+
+mha_status mha_layer_load(mha_layer **out, const char *path, const mha_load_options *opt) {
+    if (!out || !path) return mha_fail(MHA_E_ARG, "mha_layer_load: NULL argument");
+    *out = NULL;
+    mha_tensors *t;
+    mha_status s = mha_safetensors_read(&t, path, 0);
+    if (s) return s;
+    s = mha_layer_from_tensors(out, t, opt);
+    mha_tensors_free(t);
+    if (s) {
+        /* prefix the file name once, keeping the reader's detail */
+        char msg[400];
+        snprintf(msg, sizeof msg, "%s", mha_last_error());
+        return mha_fail(s, "%s: %s", path, msg);
+    }
+    return MHA_OK;
+}
+
+mha_status mha_layer_save(const mha_layer *L, const char *path) {
+    mha_tensors *t;
+    mha_status s = mha_layer_to_tensors(&t, L);
+    if (s) return s;
+    s = mha_safetensors_write(path, t);
+    mha_tensors_free(t);
+    return s;
+}

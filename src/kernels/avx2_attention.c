@@ -1,0 +1,88 @@
+/* avx2_attention.c — the three steps of one flash-attention tile (AVX2+FMA):
+ * scores s = q k^T, the online-softmax update, and o = alpha o + p v.
+ * attention.c drives the tiles; the contracts are in kernels.h. */
+#include <math.h>
+
+#include "kernels/kernels.h"
+#include "kernels/avx2_micro.h"
+
+/* s (rows, 16*npanels) = q k^T; q packed (rows/6, d_k, 6), kt (npanels, d_k, 16). */
+void mha_attn_scores_avx2(float *s, size_t lds, const float *q, const float *kt, int d_k,
+                          int rows, int npanels) {
+    for (int p = 0; p < npanels; p++)
+        for (int r = 0; r < rows; r += 6)
+            mha_sgemm_avx2_6x16_body(s + (size_t)r * lds + (size_t)p * 16, lds,
+                                     q + (size_t)r * d_k, 1, 6, kt + (size_t)p * d_k * 16, 16,
+                                     NULL, NULL, d_k, 6, 16);
+}
+
+static inline float hmax8(__m256 v) {
+    __m128 x = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    x = _mm_max_ps(x, _mm_movehl_ps(x, x));
+    x = _mm_max_ss(x, _mm_shuffle_ps(x, x, 1));
+    return _mm_cvtss_f32(x);
+}
+
+static inline float hsum8(__m256 v) {
+    __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+    x = _mm_add_ss(x, _mm_shuffle_ps(x, x, 1));
+    return _mm_cvtss_f32(x);
+}
+
+void mha_attn_softmax_avx2(float *s, size_t lds, float *m, float *l, float *alpha,
+                           const int *lo, const int *hi, int extra, int rows, int cols) {
+    const __m256 ninf = _mm256_set1_ps(-INFINITY);
+    const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256i vcols = _mm256_set1_epi32(cols);
+    const int nv = (cols + 7) / 8, nfull = cols / 8;
+    for (int i = 0; i < rows; i++) {
+        float *r = s + (size_t)i * lds;
+        __m256 mx = ninf;
+        /* pass 1: mask and row max */
+        if (lo) {
+            const __m256i vlo = _mm256_set1_epi32(lo[i] - 1), vhi = _mm256_set1_epi32(hi[i] + 1);
+            const __m256i vex = _mm256_set1_epi32(extra - 1);
+            for (int v = 0; v < nv; v++) {
+                __m256i j = _mm256_add_epi32(iota, _mm256_set1_epi32(8 * v));
+                __m256i in = _mm256_and_si256(_mm256_cmpgt_epi32(j, vlo), _mm256_cmpgt_epi32(vhi, j));
+                in = _mm256_or_si256(in, _mm256_cmpgt_epi32(j, vex));
+                in = _mm256_and_si256(in, _mm256_cmpgt_epi32(vcols, j));
+                __m256 x = _mm256_blendv_ps(ninf, _mm256_loadu_ps(r + 8 * v), _mm256_castsi256_ps(in));
+                _mm256_storeu_ps(r + 8 * v, x);
+                mx = _mm256_max_ps(mx, x);
+            }
+        } else {
+            for (int v = 0; v < nfull; v++) mx = _mm256_max_ps(mx, _mm256_loadu_ps(r + 8 * v));
+            if (nfull < nv) {
+                __m256i j = _mm256_add_epi32(iota, _mm256_set1_epi32(8 * nfull));
+                __m256 in = _mm256_castsi256_ps(_mm256_cmpgt_epi32(vcols, j));
+                __m256 x = _mm256_blendv_ps(ninf, _mm256_loadu_ps(r + 8 * nfull), in);
+                _mm256_storeu_ps(r + 8 * nfull, x);
+                mx = _mm256_max_ps(mx, x);
+            }
+        }
+        float m_new = fmaxf(m[i], hmax8(mx));
+        float mu = (m_new == -INFINITY) ? 0.0f : m_new; /* all masked so far: exp(-inf) = 0 */
+        alpha[i] = expf(m[i] - mu);
+        /* pass 2: exp and row sum */
+        const __m256 vmu = _mm256_set1_ps(mu);
+        __m256 sum = _mm256_setzero_ps();
+        for (int v = 0; v < nv; v++) {
+            __m256 p = mha_exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(r + 8 * v), vmu));
+            _mm256_storeu_ps(r + 8 * v, p);
+            sum = _mm256_add_ps(sum, p);
+        }
+        l[i] = alpha[i] * l[i] + hsum8(sum);
+        m[i] = m_new;
+    }
+}
+
+/* o (rows, dv16) = alpha o + p (rows, nk) v (nk, dv16). */
+void mha_attn_pv_avx2(float *o, size_t ldo, const float *p, size_t ldp, const float *v,
+                      size_t ldv, const float *alpha, int rows, int nk, int dv16) {
+    for (int r = 0; r < rows; r += 6)
+        for (int c = 0; c < dv16; c += 16)
+            mha_sgemm_avx2_6x16_body(o + (size_t)r * ldo + c, ldo, p + (size_t)r * ldp, ldp, 1,
+                                     v + c, ldv, NULL, alpha + r, nk, 6, 16);
+}

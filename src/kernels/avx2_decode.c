@@ -1,0 +1,283 @@
+/* avx2_decode.c — AVX2 + FMA + F16C decode kernels (see decode_kernels.h).
+ * Built with -mavx2 -mfma -mf16c; called only after decode.c checked the
+ * CPU. Tile shapes are chosen so that 8 independent FMA chains hide the
+ * FMA latency: scores 4 rows x 2 panels or 1 row x 4 panels, accumulate 4
+ * rows x 16 columns or 1 row x 64 columns.
+ * Legend: m query rows, n keys (or output columns), d = d_k, dv = d_v. */
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+
+#include "kernels/decode_kernels.h"
+
+#define INLINE static inline __attribute__((always_inline))
+
+/* ------------------------------------------------------------- scores */
+
+/* R rows x P panels of scores; R and P are constants at each call site. */
+INLINE void scores_tile(float *s, int lds, const float *q, int ldq, const float *kp, int d, int R,
+                        int P) {
+    __m256 acc[4][4];
+    for (int r = 0; r < R; r++)
+        for (int p = 0; p < P; p++) acc[r][p] = _mm256_setzero_ps();
+    for (int c = 0; c < d; c++) {
+        __m256 k[4];
+        for (int p = 0; p < P; p++) k[p] = _mm256_loadu_ps(kp + (size_t)p * d * MHA_KPANEL + (size_t)c * MHA_KPANEL);
+        for (int r = 0; r < R; r++) {
+            __m256 qb = _mm256_broadcast_ss(q + (size_t)r * ldq + c);
+            for (int p = 0; p < P; p++) acc[r][p] = _mm256_fmadd_ps(qb, k[p], acc[r][p]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int p = 0; p < P; p++) _mm256_storeu_ps(s + (size_t)r * lds + p * MHA_KPANEL, acc[r][p]);
+}
+
+static void scores_avx2(float *s, int lds, const float *q, int ldq, const float *kp, int m, int n,
+                        int d) {
+    int np = n / MHA_KPANEL;
+    size_t pstride = (size_t)d * MHA_KPANEL;
+    int i = 0;
+    for (; i + 4 <= m; i += 4) {
+        int p = 0;
+        for (; p + 2 <= np; p += 2)
+            scores_tile(s + (size_t)i * lds + p * MHA_KPANEL, lds, q + (size_t)i * ldq, ldq, kp + p * pstride, d, 4, 2);
+        for (; p < np; p++)
+            scores_tile(s + (size_t)i * lds + p * MHA_KPANEL, lds, q + (size_t)i * ldq, ldq, kp + p * pstride, d, 4, 1);
+    }
+    for (; i < m; i++) {
+        int p = 0;
+        for (; p + 4 <= np; p += 4)
+            scores_tile(s + (size_t)i * lds + p * MHA_KPANEL, lds, q + (size_t)i * ldq, ldq, kp + p * pstride, d, 1, 4);
+        for (; p < np; p++)
+            scores_tile(s + (size_t)i * lds + p * MHA_KPANEL, lds, q + (size_t)i * ldq, ldq, kp + p * pstride, d, 1, 1);
+    }
+}
+
+/* ------------------------------------------------------------ softmax */
+
+/* exp(x) for x <= 0 (scores minus their max): x = n ln2 + r, |r| <= ln2/2,
+ * e^r by its Taylor polynomial of degree 7 (truncation < 6e-9 relative),
+ * 2^n through the exponent bits. x below -87 (including -inf) gives 0. */
+INLINE __m256 exp_avx2(__m256 x) {
+    const __m256 lo = _mm256_set1_ps(-87.0f);
+    __m256 keep = _mm256_cmp_ps(x, lo, _CMP_GE_OQ);
+    x = _mm256_max_ps(x, lo);
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.0f / 5040.0f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(e)), keep);
+}
+
+INLINE float hmax8(__m256 v) {
+    __m128 a = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    a = _mm_max_ps(a, _mm_movehl_ps(a, a));
+    a = _mm_max_ss(a, _mm_shuffle_ps(a, a, 1));
+    return _mm_cvtss_f32(a);
+}
+
+INLINE float hsum8(__m256 v) {
+    __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    a = _mm_add_ps(a, _mm_movehl_ps(a, a));
+    a = _mm_add_ss(a, _mm_shuffle_ps(a, a, 1));
+    return _mm_cvtss_f32(a);
+}
+
+static void softmax_avx2(float *s, int lds, float *mx, float *sum, int m, int n) {
+    for (int i = 0; i < m; i++) {
+        float *row = s + (size_t)i * lds;
+        __m256 vm = _mm256_set1_ps(-INFINITY);
+        for (int j = 0; j < n; j += 8) vm = _mm256_max_ps(vm, _mm256_loadu_ps(row + j));
+        float M = hmax8(vm);
+        if (M == -INFINITY) {
+            memset(row, 0, (size_t)n * sizeof(float));
+            mx[i] = M;
+            sum[i] = 0.0f;
+            continue;
+        }
+        __m256 vM = _mm256_set1_ps(M), vs = _mm256_setzero_ps();
+        for (int j = 0; j < n; j += 8) {
+            __m256 e = exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(row + j), vM));
+            _mm256_storeu_ps(row + j, e);
+            vs = _mm256_add_ps(vs, e);
+        }
+        mx[i] = M;
+        sum[i] = hsum8(vs);
+    }
+}
+
+/* --------------------------------------------------------- accumulate */
+
+/* R rows x C vectors of acc = p v over n keys. */
+INLINE void acc_tile(float *acc, int ldacc, const float *p, int ldp, const float *v, int dv, int n,
+                     int R, int C) {
+    __m256 a[4][8];
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++) a[r][c] = _mm256_setzero_ps();
+    for (int j = 0; j < n; j++) {
+        __m256 vv[8];
+        for (int c = 0; c < C; c++) vv[c] = _mm256_loadu_ps(v + (size_t)j * dv + c * 8);
+        for (int r = 0; r < R; r++) {
+            __m256 pb = _mm256_broadcast_ss(p + (size_t)r * ldp + j);
+            for (int c = 0; c < C; c++) a[r][c] = _mm256_fmadd_ps(pb, vv[c], a[r][c]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++) _mm256_storeu_ps(acc + (size_t)r * ldacc + c * 8, a[r][c]);
+}
+
+/* Columns [c0, dv) of rows [i, i+R) one by one, fmaf in key order (the
+ * same additions as a vector lane). */
+static void acc_tail(float *acc, const float *p, int ldp, const float *v, int dv, int n, int R,
+                     int c0) {
+    for (int r = 0; r < R; r++)
+        for (int c = c0; c < dv; c++) {
+            float a = 0.0f;
+            for (int j = 0; j < n; j++) a = fmaf(p[(size_t)r * ldp + j], v[(size_t)j * dv + c], a);
+            acc[(size_t)r * dv + c] = a;
+        }
+}
+
+static void accumulate_avx2(float *acc, const float *p, int ldp, const float *v, int m, int n,
+                            int dv) {
+    int i = 0;
+    for (; i + 4 <= m; i += 4) {
+        float *a = acc + (size_t)i * dv;
+        const float *pi = p + (size_t)i * ldp;
+        int c = 0;
+        for (; c + 16 <= dv; c += 16) acc_tile(a + c, dv, pi, ldp, v + c, dv, n, 4, 2);
+        for (; c + 8 <= dv; c += 8) acc_tile(a + c, dv, pi, ldp, v + c, dv, n, 4, 1);
+        acc_tail(a, pi, ldp, v, dv, n, 4, c);
+    }
+    for (; i < m; i++) {
+        float *a = acc + (size_t)i * dv;
+        const float *pi = p + (size_t)i * ldp;
+        int c = 0;
+        for (; c + 64 <= dv; c += 64) acc_tile(a + c, dv, pi, ldp, v + c, dv, n, 1, 8);
+        for (; c + 8 <= dv; c += 8) acc_tile(a + c, dv, pi, ldp, v + c, dv, n, 1, 1);
+        acc_tail(a, pi, ldp, v, dv, n, 1, c);
+    }
+}
+
+/* --------------------------------------------------------------- gemm */
+
+/* y (m, n) += x (m, k) w (k, n), m <= 4. Four rows of w per pass so each
+ * y element is loaded and stored once per four FMAs; additions stay in
+ * the order of k. */
+static void gemm_stream_avx2(float *y, int ldy, const float *x, int ldx, const float *w, int ldw,
+                             int m, int k, int n) {
+    int kk = 0;
+    for (; kk + 4 <= k; kk += 4) {
+        const float *w0 = w + (size_t)kk * ldw, *w1 = w0 + ldw, *w2 = w1 + ldw, *w3 = w2 + ldw;
+        for (int r = 0; r < m; r++) {
+            const float *xr = x + (size_t)r * ldx + kk;
+            float *yr = y + (size_t)r * ldy;
+            __m256 x0 = _mm256_set1_ps(xr[0]), x1 = _mm256_set1_ps(xr[1]);
+            __m256 x2 = _mm256_set1_ps(xr[2]), x3 = _mm256_set1_ps(xr[3]);
+            int j = 0;
+            for (; j + 8 <= n; j += 8) {
+                __m256 a = _mm256_loadu_ps(yr + j);
+                a = _mm256_fmadd_ps(x0, _mm256_loadu_ps(w0 + j), a);
+                a = _mm256_fmadd_ps(x1, _mm256_loadu_ps(w1 + j), a);
+                a = _mm256_fmadd_ps(x2, _mm256_loadu_ps(w2 + j), a);
+                a = _mm256_fmadd_ps(x3, _mm256_loadu_ps(w3 + j), a);
+                _mm256_storeu_ps(yr + j, a);
+            }
+            for (; j < n; j++) {
+                float a = yr[j];
+                a = fmaf(xr[0], w0[j], a);
+                a = fmaf(xr[1], w1[j], a);
+                a = fmaf(xr[2], w2[j], a);
+                a = fmaf(xr[3], w3[j], a);
+                yr[j] = a;
+            }
+        }
+    }
+    for (; kk < k; kk++) {
+        const float *w0 = w + (size_t)kk * ldw;
+        for (int r = 0; r < m; r++) {
+            float xs = x[(size_t)r * ldx + kk];
+            float *yr = y + (size_t)r * ldy;
+            __m256 x0 = _mm256_set1_ps(xs);
+            int j = 0;
+            for (; j + 8 <= n; j += 8)
+                _mm256_storeu_ps(yr + j, _mm256_fmadd_ps(x0, _mm256_loadu_ps(w0 + j), _mm256_loadu_ps(yr + j)));
+            for (; j < n; j++) yr[j] = fmaf(xs, w0[j], yr[j]);
+        }
+    }
+}
+
+/* R rows x C vectors of y = x w over all of k. */
+INLINE void gemm_tile_rc(float *y, int ldy, const float *x, int ldx, const float *w, int ldw, int k,
+                         int R, int C) {
+    __m256 a[4][2];
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++) a[r][c] = _mm256_setzero_ps();
+    for (int kk = 0; kk < k; kk++) {
+        __m256 wv[2];
+        for (int c = 0; c < C; c++) wv[c] = _mm256_loadu_ps(w + (size_t)kk * ldw + c * 8);
+        for (int r = 0; r < R; r++) {
+            __m256 xb = _mm256_broadcast_ss(x + (size_t)r * ldx + kk);
+            for (int c = 0; c < C; c++) a[r][c] = _mm256_fmadd_ps(xb, wv[c], a[r][c]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++) _mm256_storeu_ps(y + (size_t)r * ldy + c * 8, a[r][c]);
+}
+
+static void gemm_tile_avx2(float *y, int ldy, const float *x, int ldx, const float *w, int ldw,
+                           int m, int k, int n) {
+    for (int i = 0; i < m; i += 4) {
+        int R = m - i < 4 ? m - i : 4;
+        const float *xi = x + (size_t)i * ldx;
+        float *yi = y + (size_t)i * ldy;
+        int j = 0;
+        for (; j + 16 <= n; j += 16) {
+            if (R == 4) gemm_tile_rc(yi + j, ldy, xi, ldx, w + j, ldw, k, 4, 2);
+            else
+                for (int r = 0; r < R; r++) gemm_tile_rc(yi + (size_t)r * ldy + j, ldy, xi + (size_t)r * ldx, ldx, w + j, ldw, k, 1, 2);
+        }
+        for (; j + 8 <= n; j += 8)
+            for (int r = 0; r < R; r++) gemm_tile_rc(yi + (size_t)r * ldy + j, ldy, xi + (size_t)r * ldx, ldx, w + j, ldw, k, 1, 1);
+        for (; j < n; j++)
+            for (int r = 0; r < R; r++) {
+                float a = 0.0f;
+                for (int kk = 0; kk < k; kk++) a = fmaf(xi[(size_t)r * ldx + kk], w[(size_t)kk * ldw + j], a);
+                yi[(size_t)r * ldy + j] = a;
+            }
+    }
+}
+
+/* --------------------------------------------------------------- fp16 */
+
+static void to_f16_avx2(uint16_t *dst, const float *src, size_t n) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(dst + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+    for (; i < n; i++) {
+        __m128i h = _mm_cvtps_ph(_mm_set_ss(src[i]), _MM_FROUND_TO_NEAREST_INT);
+        dst[i] = (uint16_t)_mm_extract_epi16(h, 0);
+    }
+}
+
+static void from_f16_avx2(float *dst, const uint16_t *src, size_t n) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
+    for (; i < n; i++) dst[i] = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(src[i])));
+}
+
+const mha_decode_kernels mha_decode_kernels_avx2 = {
+    "avx2",         scores_avx2,  softmax_avx2,   accumulate_avx2, gemm_stream_avx2,
+    gemm_tile_avx2, to_f16_avx2,  from_f16_avx2,
+};

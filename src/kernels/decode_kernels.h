@@ -1,0 +1,55 @@
+/* decode_kernels.h — microkernels of the KV-cache decode path (issue 5).
+ *
+ * Legend: m query rows of one kv group (n_rep heads x new tokens), n keys
+ * of one chunk, d = d_k, dv = d_v, k/n of a projection (in, out).
+ * Kernels know nothing about caches or layers: plain fp32 arrays, row
+ * strides in elements. Two implementations with one table type:
+ * scalar_decode.c (portable C, the fallback) and avx2_decode.c (AVX2 + FMA
+ * + F16C, the only one built with those flags). decode.c picks one at run
+ * time after checking the CPU.
+ *
+ * Determinism: every output element is produced by one call in a fixed
+ * order of additions, so results never depend on how callers split work
+ * across threads (column tails use fmaf in the same order as the vector
+ * lanes).
+ */
+#ifndef MHA_DECODE_KERNELS_H
+#define MHA_DECODE_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* K is stored in panels of 8 keys: panel p holds (d, 8), element (key
+ * 8p+i, dim c) at [p*d*8 + c*8 + i], so one 8-wide load reads dim c of 8
+ * keys and a score needs no horizontal sum. */
+#define MHA_KPANEL 8
+
+typedef struct {
+    const char *name;
+    /* s (m, n), row stride lds: s[i][j] = q_i . key j.
+     * q (m, d) with row stride ldq; kp: n/8 panels of (d, 8); n % 8 == 0. */
+    void (*scores)(float *s, int lds, const float *q, int ldq, const float *kp, int m, int n,
+                   int d);
+    /* In place on s (m, n): s[i][j] <- exp(s[i][j] - mx[i]) with mx[i] the
+     * row max; sum[i] = sum_j of the result. A row of only -inf gets
+     * mx = -inf, sum = 0 and zeros. n % 8 == 0. */
+    void (*softmax)(float *s, int lds, float *mx, float *sum, int m, int n);
+    /* acc (m, dv) = p (m, n) v (n, dv); p row stride ldp. Overwrites acc. */
+    void (*accumulate)(float *acc, const float *p, int ldp, const float *v, int m, int n, int dv);
+    /* y (m, n) += x (m, k) w (k, n) for few rows (m <= 4): streams w once,
+     * rows of w in order; y row stride ldy, x ldx, w ldw. */
+    void (*gemm_stream)(float *y, int ldy, const float *x, int ldx, const float *w, int ldw,
+                        int m, int k, int n);
+    /* y (m, n) = x (m, k) w (k, n) for many rows: register tiles. */
+    void (*gemm_tile)(float *y, int ldy, const float *x, int ldx, const float *w, int ldw, int m,
+                      int k, int n);
+    /* IEEE binary16 conversions, round to nearest even (identical bits in
+     * both implementations). */
+    void (*to_f16)(uint16_t *dst, const float *src, size_t n);
+    void (*from_f16)(float *dst, const uint16_t *src, size_t n);
+} mha_decode_kernels;
+
+extern const mha_decode_kernels mha_decode_kernels_scalar;
+extern const mha_decode_kernels mha_decode_kernels_avx2;
+
+#endif /* MHA_DECODE_KERNELS_H */

@@ -1,0 +1,72 @@
+/* scalar.c — the portable kernels: the same contracts as the avx2 table
+ * (kernels.h) in plain C, for CPUs without AVX2/FMA. */
+#include <math.h>
+
+#include "kernels/kernels.h"
+
+static void sgemm_scalar_6x16(float *c, size_t ldc, const float *a, size_t a_rs, size_t a_cs,
+                              const float *b, size_t ldb, const float *bias,
+                              const float *row_scale, int K, int m, int n) {
+    float acc[6][16] = {{0}};
+    for (int k = 0; k < K; k++) {
+        const float *bk = b + (size_t)k * ldb;
+        for (int i = 0; i < 6; i++) {
+            float x = a[i * a_rs + (size_t)k * a_cs];
+            for (int j = 0; j < 16; j++) acc[i][j] += x * bk[j];
+        }
+    }
+    for (int i = 0; i < m; i++)
+        for (int j = 0; j < n; j++) {
+            float v = acc[i][j] + (bias ? bias[j] : 0.0f);
+            if (row_scale) v += row_scale[i] * c[i * ldc + j];
+            c[i * ldc + j] = v;
+        }
+}
+
+static void scores_scalar(float *s, size_t lds, const float *q, const float *kt, int d_k,
+                          int rows, int npanels) {
+    for (int p = 0; p < npanels; p++)
+        for (int r = 0; r < rows; r += 6)
+            sgemm_scalar_6x16(s + (size_t)r * lds + (size_t)p * 16, lds, q + (size_t)r * d_k, 1, 6,
+                              kt + (size_t)p * d_k * 16, 16, NULL, NULL, d_k, 6, 16);
+}
+
+static void softmax_scalar(float *s, size_t lds, float *m, float *l, float *alpha,
+                           const int *lo, const int *hi, int extra, int rows, int cols) {
+    int padded = (cols + 15) / 16 * 16;
+    for (int i = 0; i < rows; i++) {
+        float *r = s + (size_t)i * lds;
+        float mx = -INFINITY;
+        for (int j = 0; j < padded; j++) {
+            int keep = j < cols && (!lo || (j >= lo[i] && j <= hi[i]) || j >= extra);
+            if (!keep) r[j] = -INFINITY;
+            mx = fmaxf(mx, r[j]);
+        }
+        float m_new = fmaxf(m[i], mx);
+        float mu = (m_new == -INFINITY) ? 0.0f : m_new;
+        alpha[i] = expf(m[i] - mu);
+        float sum = 0.0f;
+        for (int j = 0; j < padded; j++) {
+            r[j] = expf(r[j] - mu);
+            sum += r[j];
+        }
+        l[i] = alpha[i] * l[i] + sum;
+        m[i] = m_new;
+    }
+}
+
+static void pv_scalar(float *o, size_t ldo, const float *p, size_t ldp, const float *v,
+                      size_t ldv, const float *alpha, int rows, int nk, int dv16) {
+    for (int r = 0; r < rows; r += 6)
+        for (int c = 0; c < dv16; c += 16)
+            sgemm_scalar_6x16(o + (size_t)r * ldo + c, ldo, p + (size_t)r * ldp, ldp, 1, v + c, ldv,
+                              NULL, alpha + r, nk, 6, 16);
+}
+
+static void vexp_scalar(float *y, const float *x, size_t n) {
+    for (size_t i = 0; i < n; i++) y[i] = expf(x[i]);
+}
+
+const mha_kernels mha_kernels_scalar = {
+    "scalar", sgemm_scalar_6x16, scores_scalar, softmax_scalar, pv_scalar, vexp_scalar,
+};

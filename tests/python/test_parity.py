@@ -1,0 +1,531 @@
+"""Conformance of mha with torch.nn.MultiheadAttention (eval mode), option
+for option, through the Python binding.
+
+Every case builds a PyTorch module with random weights (fixed seeds), loads
+its state dict with mha.from_torch_state_dict (the C conversion), and runs
+the same inputs through torch and through mha on the reference path, the
+AUTO path and the fast path. Tolerance: max |mha - torch| <= 1e-5 x the
+output's scale (max |torch output|). NaN positions must agree exactly.
+
+torch 1.13's forward has no is_causal argument: causal parity is checked
+against the boolean mask torch.triu(ones(L,S), 1) it expects instead.
+"""
+import math
+
+import numpy as np
+import pytest
+
+from conftest import FAST_DECLINED, TORCH_SKIP_REASON, torch
+
+if torch is None:
+    pytest.skip(TORCH_SKIP_REASON, allow_module_level=True)
+
+import mha  # noqa: E402  (after the skip: the binding itself needs no torch)
+
+PATHS = ("reference", "auto", "fast")
+RTOL = 1e-5
+
+
+# ------------------------------------------------------------------ helpers
+
+def torch_module(E, h, *, bias=True, add_bias_kv=False, add_zero_attn=False, kdim=None, vdim=None,
+                 batch_first=False, seed=0):
+    """An eval-mode nn.MultiheadAttention with every parameter random
+    (PyTorch initializes biases to zero, which would hide bias bugs)."""
+    torch.manual_seed(seed)
+    m = torch.nn.MultiheadAttention(E, h, bias=bias, add_bias_kv=add_bias_kv,
+                                    add_zero_attn=add_zero_attn, kdim=kdim, vdim=vdim,
+                                    batch_first=batch_first)
+    gen = torch.Generator().manual_seed(1000 + seed)
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            # weights ~ U(+-2/sqrt(fan_in)) make attention peaked enough that a
+            # wrong mask or head order shows; biases ~ U(+-1)
+            bound = 1.0 if "bias" in name else 2.0 / math.sqrt(p.shape[-1])
+            p.copy_((torch.rand(p.shape, generator=gen) * 2 - 1) * bound)
+    return m.eval()
+
+
+def state_dict(m):
+    return {k: v.detach().numpy().copy() for k, v in m.state_dict().items()}
+
+
+def mha_from(m, **kw):
+    return mha.from_torch_state_dict(state_dict(m), m.num_heads, add_zero_attn=m.add_zero_attn,
+                                     batch_first=m.batch_first, **kw)
+
+
+def run_torch(m, q, k=None, v=None, **kw):
+    """torch's outputs as numpy. Gradients stay enabled, so torch takes its
+    documented Python path (F.multi_head_attention_forward), not the native
+    fused kernel."""
+    tq = torch.from_numpy(q)
+    tk = tq if k is None or k is q else torch.from_numpy(k)
+    tv = tk if v is None or v is k else torch.from_numpy(v)
+    kw = {n: torch.from_numpy(np.asarray(a)) if isinstance(a, np.ndarray) else a for n, a in kw.items()}
+    out, w = m(tq, tk, tv, **kw)
+    return out.detach().numpy(), None if w is None else w.detach().numpy()
+
+
+def assert_close(got, want, what):
+    got, want = np.asarray(got), np.asarray(want)
+    assert got.shape == want.shape, f"{what}: shape {got.shape}, torch {want.shape}"
+    gn, wn = np.isnan(got), np.isnan(want)
+    if not np.array_equal(gn, wn):
+        bad = np.argwhere(gn != wn)
+        raise AssertionError(f"{what}: NaN pattern differs at {len(bad)} places, first {bad[:3].tolist()} "
+                             f"(mha NaN: {gn.sum()}, torch NaN: {wn.sum()})")
+    fin = ~wn
+    if not fin.any():
+        return
+    scale = float(np.abs(want[fin]).max())
+    err = float(np.abs(got[fin].astype(np.float64) - want[fin]).max())
+    assert err <= RTOL * scale, (f"{what}: max abs error {err:.3g} > {RTOL:g} x output scale "
+                                 f"{scale:.3g}")
+
+
+def each_path(request, run):
+    """run(path) -> tuple of arrays, for every path. A fast-path decline
+    (MHA_E_UNSUPPORTED) is recorded for the summary and the request is
+    answered through AUTO, whose fallback must then still match."""
+    out = {}
+    for path in PATHS:
+        try:
+            out[path] = run(path)
+        except mha.UnsupportedError as e:
+            if path != "fast":
+                raise
+            FAST_DECLINED.append((request.node.nodeid, e.message))
+            out[path] = run("auto")
+    return out
+
+
+def check_paths(request, run, want, names=("output", "weights")):
+    for path, got in each_path(request, run).items():
+        for g, w, n in zip(got, want, names):
+            if w is None:
+                assert g is None, f"{n} on path {path}: torch gives None"
+            else:
+                assert_close(g, w, f"{n} on path {path}")
+
+
+def inputs(rng, B, L, E, batch_first):
+    shape = (B, L, E) if batch_first else (L, B, E)
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+def random_keep(rng, shape, p_masked=0.4):
+    """Bool 'masked' array (PyTorch convention: True = not allowed) with at
+    least one allowed key in every row."""
+    masked = rng.random(shape) < p_masked
+    rows = masked.reshape(-1, shape[-1])
+    rows[np.arange(rows.shape[0]), rng.integers(0, shape[-1], rows.shape[0])] = False
+    return rows.reshape(shape)
+
+
+def random_additive(rng, shape):
+    """Float mask: finite values and some -inf, every row with a finite entry."""
+    m = (rng.standard_normal(shape) * 1.5).astype(np.float32)
+    m[random_keep(rng, shape, 0.3)] = -np.inf
+    return m
+
+
+# ------------------------------------------------------------ self-attention
+
+SIZES = [  # E, h, B, T
+    (8, 1, 2, 5),
+    (8, 2, 1, 1),
+    (16, 4, 3, 7),
+    (12, 3, 2, 6),
+    (32, 8, 2, 4),
+    (64, 4, 1, 9),
+]
+
+
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
+@pytest.mark.parametrize("batch_first", [True, False], ids=["bf", "seqfirst"])
+@pytest.mark.parametrize("E,h,B,T", SIZES, ids=[f"E{e}h{h}B{b}T{t}" for e, h, b, t in SIZES])
+def test_self_attention(request, E, h, B, T, batch_first, bias):
+    m = torch_module(E, h, bias=bias, batch_first=batch_first, seed=E * 31 + h)
+    x = inputs(np.random.default_rng(E + T), B, T, E, batch_first)
+    want = run_torch(m, x, x, x)
+    layer = mha_from(m)
+    assert layer.config["bias"] == int(bias)
+    check_paths(request, lambda p: layer.torch_forward(x, x, x, path=p), want)
+
+
+def test_unbatched_input(request):
+    m = torch_module(16, 2, seed=3)
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((5, 16)).astype(np.float32)
+    kpm = np.array([False, True, False, False, True])
+    am = random_keep(rng, (2, 5, 5))  # (h, L, S) when unbatched
+    want = run_torch(m, x, x, x, key_padding_mask=kpm, attn_mask=am, average_attn_weights=False)
+    layer = mha_from(m)
+    check_paths(request, lambda p: layer.torch_forward(x, key_padding_mask=kpm, attn_mask=am,
+                                                       average_attn_weights=False, path=p), want)
+
+
+def test_batch_first_from_layer_or_argument(request):
+    m = torch_module(8, 2, batch_first=True, seed=4)
+    x = inputs(np.random.default_rng(4), 2, 3, 8, True)
+    want = run_torch(m, x)
+    layer = mha_from(m)
+    assert layer.batch_first
+    y_default, _ = layer.torch_forward(x)
+    layer.batch_first = False
+    y_arg, _ = layer.torch_forward(x, batch_first=True)
+    y_seq, _ = layer.torch_forward(np.ascontiguousarray(x.transpose(1, 0, 2)))
+    assert_close(y_default, want[0], "batch_first from the layer")
+    assert_close(y_arg, want[0], "batch_first argument")
+    assert_close(y_seq.transpose(1, 0, 2), want[0], "sequence-first input")
+
+
+# ------------------------------------------------------------ cross-attention
+
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
+@pytest.mark.parametrize("batch_first", [True, False], ids=["bf", "seqfirst"])
+@pytest.mark.parametrize("kdim", [16, 10, 24], ids=["kdimE", "kdim10", "kdim24"])
+def test_cross_attention(request, kdim, batch_first, bias):
+    """key/value source of width kdim = vdim (!= E for 10, 24) and S != T;
+    kdim == E is cross-attention with the packed in_proj_weight."""
+    E, h, B, T, S = 16, 4, 2, 5, 7
+    m = torch_module(E, h, bias=bias, kdim=kdim, vdim=kdim, batch_first=batch_first, seed=kdim)
+    rng = np.random.default_rng(kdim)
+    q = inputs(rng, B, T, E, batch_first)
+    mem = inputs(rng, B, S, kdim, batch_first)
+    am = random_keep(rng, (T, S))
+    kpm = random_keep(rng, (B, S), 0.3)
+    want = run_torch(m, q, mem, mem, attn_mask=am, key_padding_mask=kpm, average_attn_weights=False)
+    layer = mha_from(m)
+    assert layer.config["d_kv_in"] == kdim
+    check_paths(request, lambda p: layer.torch_forward(q, mem, mem, attn_mask=am, key_padding_mask=kpm,
+                                                       average_attn_weights=False, path=p), want)
+
+
+def test_kdim_ne_vdim_is_reported():
+    """PyTorch projects K from `key` (kdim) and V from `value` (vdim); mha's
+    forward has one key/value source, so the conversion must refuse with a
+    message rather than compute something else."""
+    m = torch_module(16, 4, kdim=6, vdim=10, seed=5)
+    with pytest.raises(mha.UnsupportedError) as e:
+        mha_from(m)
+    assert "kdim=6" in str(e.value) and "vdim=10" in str(e.value)
+    assert e.value.message.startswith("mha_layer_from_torch: ")
+
+
+def test_value_differing_from_key_is_reported():
+    m = torch_module(8, 2, seed=6)
+    rng = np.random.default_rng(6)
+    q, k, v = (inputs(rng, 1, 3, 8, False) for _ in range(3))
+    with pytest.raises(mha.UnsupportedError, match="value differs from key"):
+        mha_from(m).torch_forward(q, k, v)
+
+
+# --------------------------------------------------- add_bias_kv, add_zero_attn
+
+EXTRA = [(True, False), (False, True), (True, True)]
+
+
+@pytest.mark.parametrize("batch_first", [True, False], ids=["bf", "seqfirst"])
+@pytest.mark.parametrize("add_bias_kv,add_zero_attn", EXTRA, ids=["bias_kv", "zero_attn", "both"])
+def test_extra_keys(request, add_bias_kv, add_zero_attn, batch_first):
+    """The appended bias row then zero row, visible in the per-head weights
+    (S + 1 or S + 2 columns); they are never masked, so a query whose S keys
+    are all masked still attends to them."""
+    E, h, B, T = 16, 4, 2, 5
+    m = torch_module(E, h, add_bias_kv=add_bias_kv, add_zero_attn=add_zero_attn,
+                     batch_first=batch_first, seed=7 + add_bias_kv + 2 * add_zero_attn)
+    rng = np.random.default_rng(7)
+    x = inputs(rng, B, T, E, batch_first)
+    am = random_keep(rng, (T, T))
+    am[2, :] = True  # every original key hidden from query 2
+    kpm = random_keep(rng, (B, T), 0.2)
+    want = run_torch(m, x, x, x, attn_mask=am, key_padding_mask=kpm, average_attn_weights=False)
+    assert want[1].shape[-1] == T + add_bias_kv + add_zero_attn
+    assert not np.isnan(want[0]).any()
+    layer = mha_from(m)
+    cfg = layer.config
+    assert (cfg["add_bias_kv"], cfg["add_zero_attn"]) == (int(add_bias_kv), int(add_zero_attn))
+    check_paths(request, lambda p: layer.torch_forward(x, attn_mask=am, key_padding_mask=kpm,
+                                                       average_attn_weights=False, path=p), want)
+
+
+# ------------------------------------------------------------------- masks
+
+@pytest.mark.parametrize("batch_first", [True, False], ids=["bf", "seqfirst"])
+@pytest.mark.parametrize("dims", [2, 3], ids=["2d", "3d"])
+@pytest.mark.parametrize("kind", ["bool", "float"])
+def test_attn_mask(request, kind, dims, batch_first):
+    E, h, B, T = 16, 4, 3, 6
+    m = torch_module(E, h, batch_first=batch_first, seed=8)
+    rng = np.random.default_rng(8 + dims)
+    x = inputs(rng, B, T, E, batch_first)
+    shape = (T, T) if dims == 2 else (B * h, T, T)
+    am = random_keep(rng, shape) if kind == "bool" else random_additive(rng, shape)
+    want = run_torch(m, x, attn_mask=am, average_attn_weights=False)
+    layer = mha_from(m)
+    check_paths(request, lambda p: layer.torch_forward(x, attn_mask=am, average_attn_weights=False,
+                                                       path=p), want)
+
+
+def test_attn_mask_3d_index_is_batch_times_heads_plus_head(request):
+    """PyTorch's 3D mask entry n*h + r belongs to batch n, head r: hide a
+    different single key in each (n, r) and compare per-head weights."""
+    E, h, B, T = 8, 2, 2, 4
+    m = torch_module(E, h, batch_first=True, seed=9)
+    x = inputs(np.random.default_rng(9), B, T, E, True)
+    am = np.zeros((B * h, T, T), dtype=bool)
+    for i in range(B * h):
+        am[i, :, i] = True
+    want = run_torch(m, x, attn_mask=am, average_attn_weights=False)
+    y, w = mha_from(m).torch_forward(x, attn_mask=am, average_attn_weights=False, path="reference")
+    for n in range(B):
+        for r in range(h):
+            assert np.all(w[n, r, :, n * h + r] == 0.0)
+    assert_close(y, want[0], "output")
+    assert_close(w, want[1], "weights")
+
+
+KPM_CASES = [  # key_padding_mask kind, attn_mask kind (None: absent); the combos torch 1.13 supports
+    ("bool", None), ("float", None), ("bool", "bool"), ("bool", "float"),
+]
+
+
+@pytest.mark.parametrize("batch_first", [True, False], ids=["bf", "seqfirst"])
+@pytest.mark.parametrize("kpm_kind,am_kind", KPM_CASES, ids=[f"kpm_{a}-am_{b}" for a, b in KPM_CASES])
+def test_key_padding_mask(request, kpm_kind, am_kind, batch_first):
+    E, h, B, T, S = 16, 2, 3, 5, 6
+    m = torch_module(E, h, batch_first=batch_first, seed=10)
+    rng = np.random.default_rng(10)
+    q = inputs(rng, B, T, E, batch_first)
+    kv = inputs(rng, B, S, E, batch_first)
+    if kpm_kind == "bool":
+        kpm = np.zeros((B, S), dtype=bool)
+        for n in range(B):
+            kpm[n, S - 1 - n:] = True  # trailing padding, as a real batch has
+    else:
+        kpm = random_additive(rng, (B, S))
+    am = None if am_kind is None else (random_keep(rng, (T, S), 0.2) if am_kind == "bool"
+                                       else random_additive(rng, (B * h, T, S)))
+    if am is not None:
+        # key 0 is never padding; allow it in attn_mask too, so no row is empty
+        am[..., 0] = False if am.dtype == bool else 0.5
+    kw = dict(key_padding_mask=kpm, average_attn_weights=False)
+    if am is not None:
+        kw["attn_mask"] = am
+    want = run_torch(m, q, kv, kv, **kw)
+    assert not np.isnan(want[0]).any()
+    layer = mha_from(m)
+    check_paths(request, lambda p: layer.torch_forward(q, kv, kv, path=p, **kw), want)
+
+
+# ------------------------------------------------------------------ causal
+
+@pytest.mark.parametrize("batch_first", [True, False], ids=["bf", "seqfirst"])
+def test_causal_self_attention(request, batch_first):
+    """is_causal (the library's causal option) equals torch with the causal
+    mask triu(ones(L,L), 1); also with that mask passed too, as PyTorch 2's
+    is_causal hint expects, and through Layer.forward(causal=True)."""
+    E, h, B, T = 16, 4, 2, 7
+    m = torch_module(E, h, batch_first=batch_first, seed=11)
+    x = inputs(np.random.default_rng(11), B, T, E, batch_first)
+    causal = np.triu(np.ones((T, T), dtype=bool), 1)
+    want = run_torch(m, x, attn_mask=causal, average_attn_weights=False)
+    layer = mha_from(m)
+    check_paths(request, lambda p: layer.torch_forward(x, is_causal=True, average_attn_weights=False,
+                                                       path=p), want)
+    check_paths(request, lambda p: layer.torch_forward(x, attn_mask=causal, is_causal=True,
+                                                       average_attn_weights=False, path=p), want)
+    xb = x if batch_first else np.ascontiguousarray(x.transpose(1, 0, 2))
+    yb = want[0] if batch_first else want[0].transpose(1, 0, 2)
+    check_paths(request, lambda p: (layer.forward(xb, causal=True, path=p),), (yb,))
+
+
+@pytest.mark.parametrize("align,diagonal", [("top_left", 1), ("bottom_right", 1 + 9 - 4)],
+                         ids=["top_left", "bottom_right"])
+def test_causal_alignment_cross(request, align, diagonal):
+    """S != T: top-left hides key j > i, bottom-right hides j > i + S - T;
+    torch gets the equivalent boolean mask."""
+    E, h, B, T, S = 8, 2, 2, 4, 9
+    m = torch_module(E, h, batch_first=True, seed=12)
+    rng = np.random.default_rng(12)
+    q, kv = inputs(rng, B, T, E, True), inputs(rng, B, S, E, True)
+    mask = np.triu(np.ones((T, S), dtype=bool), diagonal)
+    want = run_torch(m, q, kv, kv, attn_mask=mask, average_attn_weights=False)
+    layer = mha_from(m)
+
+    def run(p):
+        y, cap = layer.forward(q, kv, causal=True, align=align, path=p, capture=("probs",))
+        return y, cap["probs"]
+    check_paths(request, run, want)
+
+
+# ------------------------------------------------------------ need_weights
+
+@pytest.mark.parametrize("batch_first", [True, False], ids=["bf", "seqfirst"])
+@pytest.mark.parametrize("average", [True, False], ids=["avg", "perhead"])
+def test_need_weights(request, average, batch_first):
+    E, h, B, T = 24, 3, 2, 5
+    m = torch_module(E, h, batch_first=batch_first, seed=13)
+    x = inputs(np.random.default_rng(13), B, T, E, batch_first)
+    want = run_torch(m, x, need_weights=True, average_attn_weights=average)
+    assert want[1].shape == ((B, T, T) if average else (B, h, T, T))
+    layer = mha_from(m)
+    check_paths(request, lambda p: layer.torch_forward(x, need_weights=True,
+                                                       average_attn_weights=average, path=p), want)
+    # the same numbers straight from the captured probabilities (B,h,T,S)
+    xb = x if batch_first else np.ascontiguousarray(x.transpose(1, 0, 2))
+    _, cap = layer.forward(xb, capture=("probs",), path="reference")
+    probs = cap["probs"].mean(axis=1) if average else cap["probs"]
+    assert_close(probs, want[1], "captured probs")
+    y, w = layer.torch_forward(x, need_weights=False)
+    assert w is None and run_torch(m, x, need_weights=False)[1] is None
+    assert_close(y, want[0], "output with need_weights=False")
+
+
+# ------------------------------------------------------- fully masked rows
+
+def _masked_case(source, rng, B, h, T):
+    """attn_mask / key_padding_mask kwargs that hide every key from some
+    rows, and a (B,h,T) array of which (batch, head, query) rows are empty."""
+    empty = np.zeros((B, h, T), dtype=bool)
+    if source == "attn_mask_2d":
+        am = random_keep(rng, (T, T))
+        am[1, :] = True
+        empty[:, :, 1] = True
+        return dict(attn_mask=am), empty
+    if source == "attn_mask_3d_one_head":
+        am = random_keep(rng, (B * h, T, T))
+        am[1 * h + 2, 3, :] = True  # batch 1, head 2, query 3
+        empty[1, 2, 3] = True
+        return dict(attn_mask=am), empty
+    kpm = np.zeros((B, T), dtype=bool)
+    kpm[0, :] = True  # batch 0 is all padding
+    empty[0] = True
+    return dict(key_padding_mask=kpm), empty
+
+
+SOURCES = ["attn_mask_2d", "attn_mask_3d_one_head", "key_padding_all"]
+
+
+@pytest.mark.parametrize("source", SOURCES)
+def test_fully_masked_rows_nan_mode_matches_torch(request, source):
+    E, h, B, T = 16, 4, 2, 5
+    m = torch_module(E, h, batch_first=True, seed=14)
+    rng = np.random.default_rng(14)
+    x = inputs(rng, B, T, E, True)
+    kw, empty = _masked_case(source, rng, B, h, T)
+    want = run_torch(m, x, average_attn_weights=False, **kw)
+    assert np.isnan(want[0]).any(), "torch 1.13 gives NaN for a query with no allowed key"
+    layer = mha_from(m)
+    check_paths(request, lambda p: layer.torch_forward(x, average_attn_weights=False, masked_row="nan",
+                                                       path=p, **kw), want)
+
+
+@pytest.mark.parametrize("source", SOURCES)
+def test_fully_masked_rows_zero_mode(request, source):
+    """Default zero mode: an empty (batch, head, query) row gets Z^(r) = 0
+    and zero weights. Expected values come from torch itself: the same
+    module with that head's out_proj columns zeroed (Z^(r) W_O[r] = 0) and
+    the empty row's mask lifted (so torch has no NaN to propagate)."""
+    E, h, B, T = 16, 4, 2, 5
+    d = E // h
+    m = torch_module(E, h, batch_first=True, seed=15)
+    rng = np.random.default_rng(15)
+    x = inputs(rng, B, T, E, True)
+    kw, empty = _masked_case(source, rng, B, h, T)
+    want_y, want_w = run_torch(m, x, average_attn_weights=False, **kw)
+    rows = empty.any(axis=1)  # (B,T) output rows touched by an empty head
+    # expected rows: for each touched (n, i), torch without the empty heads
+    for n, i in zip(*np.nonzero(rows)):
+        heads = np.nonzero(empty[n, :, i])[0]
+        m2 = torch_module(E, h, batch_first=True, seed=15)
+        with torch.no_grad():
+            for r in heads:
+                m2.out_proj.weight[:, r * d:(r + 1) * d] = 0.0
+        lifted = {}
+        if "attn_mask" in kw:
+            am = kw["attn_mask"].copy()
+            if am.ndim == 2:
+                am[i, :] = False
+            else:
+                for r in heads:
+                    am[n * h + r, i, :] = False
+            lifted["attn_mask"] = am
+        # an all-padding batch: run that batch element alone without padding
+        y2, _ = run_torch(m2, x, **lifted)
+        want_y[n, i] = y2[n, i]
+        want_w[n, heads, i, :] = 0.0
+    if source == "attn_mask_2d" or source == "key_padding_all":
+        # every head empty: the row is exactly b_O (hand-derived)
+        b_o = m.out_proj.bias.detach().numpy()
+        for n, i in zip(*np.nonzero(rows)):
+            assert np.allclose(want_y[n, i], b_o, rtol=0, atol=1e-6)
+    assert not np.isnan(want_y).any() and not np.isnan(want_w).any()
+    layer = mha_from(m)
+    check_paths(request, lambda p: layer.torch_forward(x, average_attn_weights=False, path=p, **kw),
+                (want_y, want_w))
+
+
+# --------------------------------------------------------- head permutation
+
+@pytest.mark.parametrize("batch_first", [True, False], ids=["bf", "seqfirst"])
+def test_permute_heads_round_trip(request, batch_first):
+    """Permuting heads (Q/K/V columns, W_O rows, labels together) leaves the
+    output equal to PyTorch's; moving W_O's rows alone breaks it and the
+    contract check names the disagreeing label; moving them back restores it."""
+    E, h, B, T = 16, 4, 2, 6
+    m = torch_module(E, h, batch_first=batch_first, seed=16)
+    x = inputs(np.random.default_rng(16), B, T, E, batch_first)
+    want = run_torch(m, x, average_attn_weights=True)
+    layer = mha_from(m)
+    perm = [2, 0, 3, 1]
+    layer.permute_heads(perm)
+    assert layer.labels("q") == perm and layer.labels("o") == perm
+    check_paths(request, lambda p: layer.torch_forward(x, path=p), want)
+    xb = x if batch_first else np.ascontiguousarray(x.transpose(1, 0, 2))
+    assert layer.check_contract(xb).ok
+
+    swap = [1, 0, 2, 3]
+    layer.permute_block("o", swap)
+    y_bad, _ = layer.torch_forward(x, path="reference")
+    scale = np.abs(want[0]).max()
+    assert np.abs(y_bad - want[0]).max() > 1e-3 * scale
+    rep = layer.check_contract(xb)
+    assert not rep.ok and not rep.labels_ok and rep.bad_block == "O" and rep.message
+    layer.permute_block("o", swap)  # a swap is its own inverse
+    assert layer.check_contract(xb).ok
+    check_paths(request, lambda p: layer.torch_forward(x, path=p), want)
+
+
+# ----------------------------------------------------------- state dicts
+
+def test_state_dict_with_prefix_and_torch_tensors(request):
+    """A larger module's state dict (tensors, not numpy): the attention's
+    entries are found by their unique prefix."""
+    torch.manual_seed(17)
+    enc = torch.nn.TransformerEncoderLayer(16, 4, dim_feedforward=8, batch_first=True).eval()
+    with torch.no_grad():
+        enc.self_attn.in_proj_bias.uniform_(-1, 1)
+        enc.self_attn.out_proj.bias.uniform_(-1, 1)
+    x = inputs(np.random.default_rng(17), 2, 5, 16, True)
+    want = run_torch(enc.self_attn, x)
+    layer = mha.from_torch_state_dict(enc.state_dict(), 4, batch_first=True)
+    with pytest.raises(mha.ArgumentError, match="linear1"):
+        mha.from_torch_state_dict(enc.state_dict(), 4, prefix="")
+    check_paths(request, lambda p: layer.torch_forward(x, path=p), want)
+
+
+def test_state_dict_errors_name_the_tensor():
+    m = torch_module(8, 2, seed=18)
+    sd = state_dict(m)
+    sd["out_proj.weight"][3, 1] = np.nan
+    with pytest.raises(mha.NonFiniteError, match=r"out_proj\.weight\["):
+        mha.from_torch_state_dict(sd, 2)
+    sd = state_dict(m)
+    sd["in_proj_weight"] = sd["in_proj_weight"][:-1]
+    with pytest.raises(mha.ShapeError, match="in_proj_weight"):
+        mha.from_torch_state_dict(sd, 2)
+    with pytest.raises(mha.ArgumentError, match="num_heads=3"):
+        mha.from_torch_state_dict(state_dict(m), 3)

@@ -1,0 +1,191 @@
+/* test_torch_layout.c — mha_layer_from_torch: PyTorch's (out, in) tensors
+ * become the layer's (in, out) weights element for element, the optional
+ * tensors map to config flags, and bad inputs are refused with messages
+ * naming PyTorch's tensor. (Numerical parity with torch itself is in
+ * tests/python/test_parity.py.)
+ * Legend: E embed_dim, h heads, kdim key/value source width. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tests.h"
+
+enum { E = 6, H = 2, KD = 4 };
+
+/* Distinct values per tensor so a mixed-up tensor or index shows. */
+static void fill_index(float *p, size_t n, float base) {
+    for (size_t i = 0; i < n; i++) p[i] = base + 0.001f * (float)i;
+}
+
+static void torch_packed_elements(void) {
+    float ipw[3 * E * E], ipb[3 * E], ow[E * E], ob[E], bk[E], bv[E];
+    fill_index(ipw, 3 * E * E, 1.0f);
+    fill_index(ipb, 3 * E, 2.0f);
+    fill_index(ow, E * E, 3.0f);
+    fill_index(ob, E, 4.0f);
+    fill_index(bk, E, 5.0f);
+    fill_index(bv, E, 6.0f);
+    mha_torch_weights tw = {.embed_dim = E, .num_heads = H, .add_zero_attn = 1,
+                            .in_proj_weight = ipw, .in_proj_bias = ipb, .out_proj_weight = ow,
+                            .out_proj_bias = ob, .bias_k = bk, .bias_v = bv};
+    mha_layer *L = NULL;
+    CHECK_OK(mha_layer_from_torch(&L, &tw));
+    if (!L) return;
+    const mha_config *c = mha_layer_config(L);
+    CHECK_INT(c->d_model, E);
+    CHECK_INT(c->n_heads, H);
+    CHECK_INT(c->d_k, E / H);
+    CHECK_INT(c->d_kv_in, E);
+    CHECK_INT(c->bias, 1);
+    CHECK_INT(c->add_bias_kv, 1);
+    CHECK_INT(c->add_zero_attn, 1);
+    mha_weights w;
+    mha_layer_get_weights(L, &w);
+    int bad = 0;
+    /* W_q[i][o] = in_proj_weight[o][i]; W_k rows E..2E; W_v rows 2E..3E */
+    for (int i = 0; i < E; i++)
+        for (int o = 0; o < E; o++) {
+            bad += w.w_q[i * E + o] != ipw[o * E + i];
+            bad += w.w_k[i * E + o] != ipw[(E + o) * E + i];
+            bad += w.w_v[i * E + o] != ipw[(2 * E + o) * E + i];
+            bad += w.w_o[i * E + o] != ow[o * E + i];
+        }
+    for (int o = 0; o < E; o++) {
+        bad += w.b_q[o] != ipb[o];
+        bad += w.b_k[o] != ipb[E + o];
+        bad += w.b_v[o] != ipb[2 * E + o];
+        bad += w.b_o[o] != ob[o];
+        bad += w.bias_k[o] != bk[o];
+        bad += w.bias_v[o] != bv[o];
+    }
+    CHECK_INT(bad, 0);
+    mha_layer_free(L);
+}
+
+static void torch_separate_weights_kdim(void) {
+    float qw[E * E], kw[E * KD], vw[E * KD], ow[E * E];
+    fill_index(qw, E * E, 1.0f);
+    fill_index(kw, E * KD, 2.0f);
+    fill_index(vw, E * KD, 3.0f);
+    fill_index(ow, E * E, 4.0f);
+    mha_torch_weights tw = {.embed_dim = E, .num_heads = H, .kdim = KD, .vdim = KD,
+                            .q_proj_weight = qw, .k_proj_weight = kw, .v_proj_weight = vw,
+                            .out_proj_weight = ow};
+    mha_layer *L = NULL;
+    CHECK_OK(mha_layer_from_torch(&L, &tw));
+    if (!L) return;
+    const mha_config *c = mha_layer_config(L);
+    CHECK_INT(c->d_kv_in, KD);
+    CHECK_INT(c->bias, 0);
+    CHECK_INT(c->add_bias_kv, 0);
+    CHECK_INT(c->add_zero_attn, 0);
+    mha_weights w;
+    mha_layer_get_weights(L, &w);
+    CHECK(w.b_q == NULL && w.bias_k == NULL);
+    int bad = 0;
+    for (int o = 0; o < E; o++) {
+        for (int i = 0; i < E; i++) bad += w.w_q[i * E + o] != qw[o * E + i];
+        for (int i = 0; i < KD; i++) {
+            bad += w.w_k[i * E + o] != kw[o * KD + i];
+            bad += w.w_v[i * E + o] != vw[o * KD + i];
+        }
+    }
+    CHECK_INT(bad, 0);
+    mha_layer_free(L);
+}
+
+/* The converted layer computes what a layer built from hand-transposed
+ * weights computes (same floats in, same path): identical outputs. */
+static void torch_forward_matches_hand_transposed(void) {
+    uint64_t seed = 41;
+    float ipw[3 * E * E], ipb[3 * E], ow[E * E], ob[E];
+    test_fill_uniform(ipw, 3 * E * E, &seed, -1, 1);
+    test_fill_uniform(ipb, 3 * E, &seed, -1, 1);
+    test_fill_uniform(ow, E * E, &seed, -1, 1);
+    test_fill_uniform(ob, E, &seed, -1, 1);
+    float wq[E * E], wk[E * E], wv[E * E], wo[E * E];
+    for (int i = 0; i < E; i++)
+        for (int o = 0; o < E; o++) {
+            wq[i * E + o] = ipw[o * E + i];
+            wk[i * E + o] = ipw[(E + o) * E + i];
+            wv[i * E + o] = ipw[(2 * E + o) * E + i];
+            wo[i * E + o] = ow[o * E + i];
+        }
+    mha_config cfg = mha_config_default(E, H);
+    mha_weights w = {wq, wk, wv, wo, ipb, ipb + E, ipb + 2 * E, ob, NULL, NULL};
+    mha_torch_weights tw = {.embed_dim = E, .num_heads = H, .in_proj_weight = ipw,
+                            .in_proj_bias = ipb, .out_proj_weight = ow, .out_proj_bias = ob};
+    mha_layer *a = NULL, *b = NULL;
+    CHECK_OK(mha_layer_create(&a, &cfg, &w));
+    CHECK_OK(mha_layer_from_torch(&b, &tw));
+    if (a && b) {
+        enum { B = 2, T = 3 };
+        float x[B * T * E], ya[B * T * E], yb[B * T * E];
+        test_fill_uniform(x, B * T * E, &seed, -1, 1);
+        mha_options opt = mha_options_default();
+        opt.path = MHA_PATH_REFERENCE;
+        CHECK_OK(mha_forward(a, ya, NULL, x, NULL, B, T, T, &opt));
+        CHECK_OK(mha_forward(b, yb, NULL, x, NULL, B, T, T, &opt));
+        CHECK_ARRAY_NEAR(ya, yb, B * T * E, 0.0);
+    }
+    mha_layer_free(a);
+    mha_layer_free(b);
+}
+
+static void torch_refusals_name_the_problem(void) {
+    float ipw[3 * E * E] = {0}, ow[E * E] = {0}, kw[E * KD] = {0}, vw[E * (KD + 1)] = {0}, qw[E * E] = {0};
+    float bk[E] = {0};
+    mha_layer *L = (mha_layer *)&L; /* must be reset to NULL on failure */
+    mha_torch_weights tw = {.embed_dim = E, .num_heads = H, .kdim = KD, .vdim = KD + 1,
+                            .q_proj_weight = qw, .k_proj_weight = kw, .v_proj_weight = vw,
+                            .out_proj_weight = ow};
+    CHECK_STATUS(mha_layer_from_torch(&L, &tw), MHA_E_UNSUPPORTED);
+    CHECK_ERROR_MENTIONS("kdim=4 != vdim=5");
+    CHECK(L == NULL);
+
+    tw = (mha_torch_weights){.embed_dim = E, .num_heads = 4, .in_proj_weight = ipw, .out_proj_weight = ow};
+    CHECK_STATUS(mha_layer_from_torch(&L, &tw), MHA_E_ARG);
+    CHECK_ERROR_MENTIONS("num_heads=4");
+
+    tw = (mha_torch_weights){.embed_dim = E, .num_heads = H, .in_proj_weight = ipw};
+    CHECK_STATUS(mha_layer_from_torch(&L, &tw), MHA_E_ARG);
+    CHECK_ERROR_MENTIONS("out_proj_weight");
+
+    tw = (mha_torch_weights){.embed_dim = E, .num_heads = H, .out_proj_weight = ow, .q_proj_weight = qw};
+    CHECK_STATUS(mha_layer_from_torch(&L, &tw), MHA_E_ARG);
+    CHECK_ERROR_MENTIONS("k_proj_weight");
+
+    tw = (mha_torch_weights){.embed_dim = E, .num_heads = H, .kdim = KD, .vdim = KD,
+                             .in_proj_weight = ipw, .out_proj_weight = ow};
+    CHECK_STATUS(mha_layer_from_torch(&L, &tw), MHA_E_ARG);
+    CHECK_ERROR_MENTIONS("in_proj_weight");
+
+    tw = (mha_torch_weights){.embed_dim = E, .num_heads = H, .in_proj_weight = ipw,
+                             .out_proj_weight = ow, .bias_k = bk};
+    CHECK_STATUS(mha_layer_from_torch(&L, &tw), MHA_E_ARG);
+    CHECK_ERROR_MENTIONS("bias_v");
+
+    tw = (mha_torch_weights){.embed_dim = E, .num_heads = H, .in_proj_weight = ipw,
+                             .out_proj_weight = ow, .add_zero_attn = 2};
+    CHECK_STATUS(mha_layer_from_torch(&L, &tw), MHA_E_ARG);
+    CHECK_ERROR_MENTIONS("add_zero_attn");
+
+    ow[7] = NAN;
+    tw = (mha_torch_weights){.embed_dim = E, .num_heads = H, .in_proj_weight = ipw, .out_proj_weight = ow};
+    CHECK_STATUS(mha_layer_from_torch(&L, &tw), MHA_E_NONFINITE);
+    CHECK_ERROR_MENTIONS("out_proj.weight[7]");
+    CHECK_STATUS(mha_layer_from_torch(NULL, &tw), MHA_E_ARG);
+    CHECK_STATUS(mha_layer_from_torch(&L, NULL), MHA_E_ARG);
+}
+
+static const test_case cases[] = {
+    {"torch_packed_elements", torch_packed_elements},
+    {"torch_separate_weights_kdim", torch_separate_weights_kdim},
+    {"torch_forward_matches_hand_transposed", torch_forward_matches_hand_transposed},
+    {"torch_refusals_name_the_problem", torch_refusals_name_the_problem},
+};
+
+const test_case *tests_torch_layout(size_t *count) {
+    *count = sizeof cases / sizeof cases[0];
+    return cases;
+}

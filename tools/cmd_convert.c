@@ -1,0 +1,46 @@
+/* cmd_convert.c — `mha convert --from L --to native IN OUT`: reads a
+ * checkpoint in any supported layout and writes the library's native
+ * layout, (in, out) weights with n_heads, n_kv_heads, d_k, d_v and the head
+ * labels in the metadata, so later commands need no flags. */
+#include <stdio.h>
+
+#include "commands.h"
+#include "io_cli.h"
+
+int cmd_convert(int argc, char **argv) {
+    cli_ckpt ck = {0};
+    const char *to = NULL;
+    mha_arg args[] = {
+        CLI_LAYOUT_ARGS(ck, "--from"),
+        {.name = "--to", .kind = MHA_ARG_STRING, .dest = &to, .metavar = "L",
+         .help = "layout written (native)", .required = 1, .choices = "native"},
+    };
+    mha_command_spec spec = {
+        .name = "convert",
+        .summary = "Convert a checkpoint (torch, hf, gpt2, megatron or native) into the native\n"
+                   "layout: (in, out) weights, head dimensions and labels in the metadata.",
+        .details = "Running the converted file gives the same Y as running the source.\n\n"
+                   "example: mha convert --from hf --heads 8 --kv-heads 2 llama_attn.safetensors "
+                   "attn.safetensors\n",
+        .args = args,
+        .n_args = (int)(sizeof args / sizeof args[0]),
+        .positional = "IN OUT",
+        .min_positional = 2,
+        .max_positional = 2,
+    };
+    const char *pos[2];
+    int npos = 0;
+    int rc = mha_args_parse(&spec, argc, argv, pos, &npos);
+    if (rc != MHA_ARGS_CONTINUE) return rc;
+    mha_layer *L = NULL;
+    if ((rc = cli_load_layer("convert", &L, &ck, pos[0]))) return rc;
+    mha_status s = mha_layer_save(L, pos[1]);
+    if (s) rc = cli_fail("convert", s);
+    else {
+        const mha_config *c = mha_layer_config(L);
+        printf("wrote %s (native): d_model=%d h=%d h_kv=%d d_k=%d d_v=%d d_kv_in=%d bias=%d\n",
+               pos[1], c->d_model, c->n_heads, c->n_kv_heads, c->d_k, c->d_v, c->d_kv_in, c->bias);
+    }
+    mha_layer_free(L);
+    return rc;
+}

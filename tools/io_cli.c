@@ -1,0 +1,179 @@
+/* io_cli.c — checkpoint loading, input arrays and PyTorch-style masks for
+ * the file commands. Masks follow nn.MultiheadAttention: a bool mask says
+ * where attention is NOT allowed, so it is inverted here, at the boundary,
+ * into the library's keep masks; a float mask is added to the scores. */
+#include "io_cli.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int cli_fail(const char *cmd, mha_status s) {
+    const char *msg = mha_last_error();
+    return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "%s", msg[0] ? msg : mha_status_str(s));
+}
+
+float *cli_alloc(const char *cmd, size_t n) {
+    float *p = calloc(n ? n : 1, sizeof(float));
+    if (!p) mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "cannot allocate %zu floats", n);
+    return p;
+}
+
+int cli_load_layer(const char *cmd, mha_layer **L, const cli_ckpt *ck, const char *path) {
+    mha_load_options o = {.n_heads = (int)ck->heads, .n_kv_heads = (int)ck->kv_heads,
+                          .prefix = ck->prefix};
+    mha_status s = mha_layout_parse(&o.layout, ck->layout ? ck->layout : "auto");
+    if (!s) s = mha_layer_load(L, path ? path : ck->weights, &o);
+    return s ? cli_fail(cmd, s) : MHA_EXIT_OK;
+}
+
+char **cli_expand_causal(int *argc, char **argv) {
+    static char *out[512];
+    static char buf[64];
+    int n = 0;
+    for (int i = 0; i < *argc && n < 511; i++) {
+        if (strcmp(argv[i], "--causal") == 0) {
+            const char *v = "top-left";
+            if (i + 1 < *argc &&
+                (strcmp(argv[i + 1], "top-left") == 0 || strcmp(argv[i + 1], "bottom-right") == 0))
+                v = argv[++i];
+            snprintf(buf, sizeof buf, "--causal=%s", v);
+            out[n++] = buf;
+        } else {
+            out[n++] = argv[i];
+        }
+    }
+    out[n] = NULL;
+    *argc = n;
+    return out;
+}
+
+int cli_save(const char *cmd, const char *path, const float *data, int rank, const int *shape) {
+    mha_status s = mha_npy_write_f32(path, data, rank, shape);
+    return s ? cli_fail(cmd, s) : MHA_EXIT_OK;
+}
+
+/* Reads a (rows, width) or (B, rows, width) float array. */
+static int read_tokens(const char *cmd, mha_array *a, const char *path, const char *what,
+                       int width, const char *width_name, int *B, int *rows, int *batched) {
+    mha_status s = mha_npy_read(a, path, 0);
+    if (s) return cli_fail(cmd, s);
+    if (!a->f || (a->rank != 2 && a->rank != 3))
+        return mha_cmd_error(cmd, MHA_EXIT_RUNTIME,
+                             "%s: %s is %s of rank %d; expected float (T, %s) or (B, T, %s)", path,
+                             what, mha_dtype_name(a->dtype), a->rank, width_name, width_name);
+    *batched = a->rank == 3;
+    *B = *batched ? a->shape[0] : 1;
+    *rows = a->shape[a->rank - 2];
+    int w = a->shape[a->rank - 1];
+    if (w != width)
+        return mha_cmd_error(cmd, MHA_EXIT_RUNTIME,
+                             "%s: %s has width %d; the layer expects %s = %d", path, what, w,
+                             width_name, width);
+    if (*rows < 1 || *B < 1)
+        return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "%s: %s is empty", path, what);
+    return MHA_EXIT_OK;
+}
+
+/* nn.MultiheadAttention attn_mask: (T,S) or (B*h,T,S) [(h,T,S) unbatched]. */
+static int attn_mask(const char *cmd, cli_fwd *f, const mha_config *c, const char *path) {
+    mha_status s = mha_npy_read(&f->am, path, MHA_IO_ALLOW_NEG_INF);
+    if (s) return cli_fail(cmd, s);
+    mha_array *m = &f->am;
+    int T = f->T, S = f->S, batch = 1, heads = 1;
+    if (m->rank == 2 && m->shape[0] == T && m->shape[1] == S) {
+        /* broadcast over batch and heads */
+    } else if (m->rank == 3 && m->shape[0] == f->B * c->n_heads && m->shape[1] == T &&
+               m->shape[2] == S) {
+        batch = f->B;
+        heads = c->n_heads;
+    } else {
+        return mha_cmd_error(cmd, MHA_EXIT_RUNTIME,
+                             "%s: attn_mask has rank %d shape (%d, %d, %d); expected (T, S) = "
+                             "(%d, %d) or (B*h, T, S) = (%d, %d, %d)",
+                             path, m->rank, m->shape[0], m->shape[1], m->shape[2], T, S,
+                             f->B * c->n_heads, T, S);
+    }
+    if (m->f) {
+        f->opt.additive_mask = (mha_mask){m->f, batch, heads};
+    } else { /* bool (or deprecated uint8): nonzero = NOT allowed */
+        f->keep = malloc(m->count);
+        if (!f->keep) return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "out of memory");
+        for (size_t i = 0; i < m->count; i++) f->keep[i] = m->u8[i] == 0;
+        f->opt.keep_mask = (mha_mask){f->keep, batch, heads};
+    }
+    return MHA_EXIT_OK;
+}
+
+/* nn.MultiheadAttention key_padding_mask: (B,S), or (S,) for unbatched X. */
+static int key_padding(const char *cmd, cli_fwd *f, const char *path) {
+    mha_status s = mha_npy_read(&f->kp, path, MHA_IO_ALLOW_NEG_INF);
+    if (s) return cli_fail(cmd, s);
+    mha_array *m = &f->kp;
+    int ok = (m->rank == 2 && m->shape[0] == f->B && m->shape[1] == f->S) ||
+             (m->rank == 1 && f->B == 1 && m->shape[0] == f->S);
+    if (!ok)
+        return mha_cmd_error(cmd, MHA_EXIT_RUNTIME,
+                             "%s: key_padding_mask has rank %d shape (%d, %d); expected (B, S) = "
+                             "(%d, %d)%s",
+                             path, m->rank, m->shape[0], m->shape[1], f->B, f->S,
+                             f->B == 1 ? " or (S,)" : "");
+    if (m->f) {
+        f->opt.key_additive = m->f;
+    } else {
+        f->key_keep = malloc(m->count);
+        if (!f->key_keep) return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "out of memory");
+        for (size_t i = 0; i < m->count; i++) f->key_keep[i] = m->u8[i] == 0;
+        f->opt.key_keep = f->key_keep;
+    }
+    return MHA_EXIT_OK;
+}
+
+int cli_fwd_prepare(const char *cmd, cli_fwd *f, const mha_layer *L, const cli_fwd_flags *ff) {
+    memset(f, 0, sizeof *f);
+    f->opt = mha_options_default();
+    const mha_config *c = mha_layer_config(L);
+    int rc = read_tokens(cmd, &f->x, ff->input, "the input X", c->d_model, "d_model", &f->B,
+                         &f->T, &f->batched);
+    if (rc) return rc;
+    f->S = f->T;
+    if (ff->kv_input) {
+        int B2, batched2;
+        rc = read_tokens(cmd, &f->kv, ff->kv_input, "the key/value input", c->d_kv_in, "d_kv_in",
+                         &B2, &f->S, &batched2);
+        if (rc) return rc;
+        if (B2 != f->B || batched2 != f->batched)
+            return mha_cmd_error(cmd, MHA_EXIT_RUNTIME,
+                                 "%s: key/value input has batch %d%s; expected the input's batch %d%s",
+                                 ff->kv_input, B2, batched2 ? "" : " (unbatched)", f->B,
+                                 f->batched ? "" : " (unbatched)");
+    } else if (c->d_kv_in != c->d_model) {
+        return mha_cmd_error(cmd, MHA_EXIT_USAGE,
+                             "the layer's d_kv_in = %d differs from d_model = %d; pass --kv-input",
+                             c->d_kv_in, c->d_model);
+    }
+    if (ff->causal) {
+        f->opt.causal = 1;
+        f->opt.align = strcmp(ff->causal, "bottom-right") == 0 ? MHA_ALIGN_BOTTOM_RIGHT
+                                                                : MHA_ALIGN_TOP_LEFT;
+    }
+    if (ff->attn_mask && (rc = attn_mask(cmd, f, c, ff->attn_mask))) return rc;
+    if (ff->key_padding_mask && (rc = key_padding(cmd, f, ff->key_padding_mask))) return rc;
+    return MHA_EXIT_OK;
+}
+
+void cli_fwd_free(cli_fwd *f) {
+    mha_array_free(&f->x);
+    mha_array_free(&f->kv);
+    mha_array_free(&f->am);
+    mha_array_free(&f->kp);
+    free(f->keep);
+    free(f->key_keep);
+    memset(f, 0, sizeof *f);
+}
+
+int cli_fwd_run(const char *cmd, const cli_fwd *f, const mha_layer *L, float *y,
+                const mha_capture *cap) {
+    mha_status s = mha_forward(L, y, cap, f->x.f, f->kv.f, f->B, f->T, f->S, &f->opt);
+    return s ? cli_fail(cmd, s) : MHA_EXIT_OK;
+}

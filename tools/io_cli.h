@@ -1,0 +1,93 @@
+/* io_cli.h — pieces shared by the file commands (run, convert, permute,
+ * audit, plot): checkpoint flags, input arrays, PyTorch-style masks, and
+ * one forward pass with its captures. Legend: B batch, T query tokens,
+ * S key tokens, h heads, d_v, d_model (see mha.h). Every function returns
+ * an exit code (args.h) after printing "mha <cmd>: ..." on failure. */
+#ifndef MHA_TOOLS_IO_CLI_H
+#define MHA_TOOLS_IO_CLI_H
+
+#include "args.h"
+#include "mha.h"
+
+/* --- checkpoint flags: --weights --layout --heads --kv-heads --prefix --- */
+typedef struct {
+    const char *weights;
+    const char *layout;
+    const char *prefix;
+    long long heads, kv_heads;
+} cli_ckpt;
+
+#define CLI_LAYOUT_CHOICES "auto|native|torch|hf|gpt2|megatron"
+#define CLI_CKPT_ARGS(ck, weights_required)                                                   \
+    {.name = "--weights", .kind = MHA_ARG_STRING, .dest = &(ck).weights, .metavar = "W",        \
+     .help = "checkpoint (.safetensors)", .required = (weights_required)},                      \
+    CLI_LAYOUT_ARGS(ck, "--layout")
+#define CLI_LAYOUT_ARGS(ck, layout_flag)                                                      \
+    {.name = layout_flag, .kind = MHA_ARG_STRING, .dest = &(ck).layout, .metavar = "L",          \
+     .help = "checkpoint layout; default auto (detected from the tensor names)",               \
+     .choices = CLI_LAYOUT_CHOICES},                                                           \
+    {.name = "--heads", .kind = MHA_ARG_INT, .dest = &(ck).heads, .metavar = "H",               \
+     .help = "query heads h (needed unless the file's metadata has n_heads)", .min = 1,         \
+     .max = 4096},                                                                             \
+    {.name = "--kv-heads", .kind = MHA_ARG_INT, .dest = &(ck).kv_heads, .metavar = "G",         \
+     .help = "key/value heads h_kv; default from the metadata or the shapes", .min = 1,         \
+     .max = 4096},                                                                             \
+    {.name = "--prefix", .kind = MHA_ARG_STRING, .dest = &(ck).prefix, .metavar = "P",          \
+     .help = "tensor-name prefix of the layer, e.g. model.layers.0.self_attn."}
+
+/* Loads path (ck->weights unless path is given) as a layer. */
+int cli_load_layer(const char *cmd, mha_layer **L, const cli_ckpt *ck, const char *path);
+
+/* --- forward-pass flags shared by run, audit and plot --- */
+typedef struct {
+    const char *input, *kv_input;
+    const char *causal;   /* NULL, "top-left" or "bottom-right" */
+    const char *attn_mask, *key_padding_mask;
+} cli_fwd_flags;
+
+#define CLI_FWD_ARGS(ff)                                                                       \
+    {.name = "--input", .kind = MHA_ARG_STRING, .dest = &(ff).input, .metavar = "X.npy",       \
+     .help = "queries X, (T, d_model) or (B, T, d_model), float32/float16", .required = 1},      \
+    {.name = "--kv-input", .kind = MHA_ARG_STRING, .dest = &(ff).kv_input, .metavar = "KV.npy", \
+     .help = "key/value source, (S, d_kv_in) or (B, S, d_kv_in); default X"},                   \
+    {.name = "--causal", .kind = MHA_ARG_STRING, .dest = &(ff).causal, .metavar = "ALIGN",      \
+     .help = "causal mask; bare --causal means top-left", .choices = "top-left|bottom-right"},    \
+    {.name = "--attn-mask", .kind = MHA_ARG_STRING, .dest = &(ff).attn_mask, .metavar = "M.npy", \
+     .help = "PyTorch attn_mask (T,S) or (B*h,T,S): bool True = may NOT attend; float = added"}, \
+    {.name = "--key-padding-mask", .kind = MHA_ARG_STRING, .dest = &(ff).key_padding_mask,      \
+     .metavar = "P.npy",                                                                       \
+     .help = "PyTorch key_padding_mask (B,S) or (S,): bool True = padding (ignored); float = added"}
+
+/* Rewrites a bare "--causal" (optionally followed by its value as the next
+ * word) to "--causal=VALUE" so the strict parser sees one form. Returns a
+ * new argv (static storage, argc updated). */
+char **cli_expand_causal(int *argc, char **argv);
+
+/* Inputs, masks and options of one forward pass, ready for mha_forward. */
+typedef struct {
+    int B, T, S;     /* S = T for self-attention                        */
+    int batched;     /* X was (B,T,d_model) rather than (T,d_model)      */
+    mha_array x, kv; /* kv.f == NULL: self-attention                    */
+    mha_array am, kp; /* masks as read                                  */
+    uint8_t *keep, *key_keep;   /* converted PyTorch bool masks          */
+    mha_options opt;
+} cli_fwd;
+
+/* Reads X (and KV, masks) and fills f->opt for layer L. */
+int cli_fwd_prepare(const char *cmd, cli_fwd *f, const mha_layer *L, const cli_fwd_flags *ff);
+void cli_fwd_free(cli_fwd *f);
+
+/* Runs the forward; y (B,T,d_model) must be allocated; cap may be NULL. */
+int cli_fwd_run(const char *cmd, const cli_fwd *f, const mha_layer *L, float *y,
+                const mha_capture *cap);
+
+/* Writes float data as .npy; shape has rank entries. */
+int cli_save(const char *cmd, const char *path, const float *data, int rank, const int *shape);
+
+/* A library failure as "mha <cmd>: <message>", exit code 1. */
+int cli_fail(const char *cmd, mha_status s);
+
+/* Allocates n floats (zeroed) or prints an error and returns NULL. */
+float *cli_alloc(const char *cmd, size_t n);
+
+#endif /* MHA_TOOLS_IO_CLI_H */
