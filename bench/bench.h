@@ -12,11 +12,18 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "mha.h"
+
 /* ------------------------------------------------------------ timing */
 
 double bench_now(void);                 /* monotonic seconds */
 double bench_median(double *v, int n);  /* sorts v in place */
 double bench_min(const double *v, int n);
+/* Prints " median_s=.. min_s=.. runs=N times_s=t1,t2,.." (all runs, so
+ * report.py can merge the rounds of one configuration). */
+void bench_print_times(const double *t, int n);
+/* The same with every key prefixed ("step_median_s=..."). */
+void bench_print_times_as(const char *prefix, const double *t, int n);
 
 /* Repeats fn(arg) and fills times[] (at most max_runs): one untimed warm-up
  * unless the warm-up alone took longer than budget_s / 4 (then it counts as
@@ -54,6 +61,12 @@ typedef struct {
 } bench_prefill_cfg;
 
 int bench_prefill(const bench_prefill_cfg *c);
+
+/* bench_internal.c: the fast path's projection GEMMs and attention kernel
+ * timed apart through src/gemm.h and src/attention.h. w holds the layer's
+ * weights, x (B,T,d_model), kv (B,S,d_model) or NULL. */
+int bench_fast_parts(const bench_prefill_cfg *c, const mha_weights *w, const float *x,
+                     const float *kv);
 
 typedef struct {
     int d_model, h, h_kv, d_head, L, B;

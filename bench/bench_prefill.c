@@ -1,14 +1,12 @@
-/* bench_prefill.c — one prefill/encoder configuration: the whole mha_forward
- * (default path), the library's GEMM on the projection shapes
- * (mha_project_out, public API) and OpenBLAS sgemm on the same shapes.
+/* bench_prefill.c — one prefill/encoder configuration: the whole
+ * mha_forward (default options, MHA_PATH_AUTO), OpenBLAS sgemm on the
+ * projection shapes, and the fast path's parts timed apart
+ * (bench_internal.c: its GEMMs on the same shapes, its attention kernel).
  *
- * Attention-only time is derived in bench/report.py as
- *   t(mha_forward) - t(project_out, Q/K/V shape) - t(project_out, O shape)
- * i.e. everything that is not a projection GEMM (softmax, masks, the Q K^T
- * and P V products, bias and layout work) counts as attention. The QKV
- * shape is timed as the fused GEMM (N = 3*d_model) for self-attention and
- * as Q (N = d_model over B*T rows) plus fused KV (N = 2*d_model over B*S
- * rows) for cross-attention, because that is what a fused forward does.
+ * Projection shapes: self-attention fuses Q, K, V into one GEMM
+ * (M = B*T, K = d_model, N = 3*d_model); cross-attention runs Q
+ * (M = B*T, N = d_model) and fused K, V (M = B*S, N = 2*d_model); then O
+ * (M = B*T, K = d_model, N = d_model). That is what mha_forward_fast runs.
  */
 #include <cblas.h>
 #include <math.h>
@@ -37,36 +35,41 @@ static int run_forward(void *arg) {
     return j->st != MHA_OK;
 }
 
-/* -------------------------------------------------------------- GEMMs */
+/* ------------------------------------------------------- OpenBLAS */
 
 typedef struct {
     float *c;       /* (M,N) */
     const float *a; /* (M,K) */
     const float *w; /* (K,N) */
-    const float *b; /* (N) */
     int M, K, N;
-    mha_status st;
-} gemm_job;
+} sgemm_job;
 
-static int run_project_out(void *arg) {
-    gemm_job *j = arg;
-    j->st = mha_project_out(j->c, j->a, j->w, j->b, j->M, j->K, j->N);
-    return j->st != MHA_OK;
-}
-
-/* Bias is not added (beta = 0): OpenBLAS has no fused bias, and adding it
- * in a second pass would charge OpenBLAS for our choice of API. */
+/* No bias (beta = 0): OpenBLAS has no fused bias, and adding it in a
+ * second pass would charge OpenBLAS for an API choice. mha_gemm's bias is
+ * fused, so this favours OpenBLAS slightly. */
 static int run_sgemm(void *arg) {
-    gemm_job *j = arg;
+    sgemm_job *j = arg;
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, j->M, j->N, j->K, 1.0f, j->a, j->K,
                 j->w, j->N, 0.0f, j->c, j->N);
     return 0;
 }
 
-static void print_times(const double *t, int n) {
-    double tmp[256];
-    for (int i = 0; i < n; i++) tmp[i] = t[i];
-    printf(" median_s=%.6g min_s=%.6g runs=%d", bench_median(tmp, n), bench_min(t, n), n);
+static void bench_sgemm(const bench_prefill_cfg *c, const char *gemm, int M, int K, int N,
+                        uint64_t *seed) {
+    float *a = bench_alloc((size_t)M * K), *w = bench_alloc((size_t)K * N);
+    float *out = bench_alloc((size_t)M * N);
+    bench_fill(a, (size_t)M * K, seed, -1.0f, 1.0f);
+    bench_fill(w, (size_t)K * N, seed, -0.05f, 0.05f);
+    sgemm_job j = {out, a, w, M, K, N};
+    double t[256];
+    int n = bench_repeat(run_sgemm, &j, t, c->reps, c->budget);
+    printf("RESULT kind=gemm impl=openblas name=%s gemm=%s M=%d K=%d N=%d bias=0", c->name, gemm, M, K, N);
+    bench_print_times(t, n);
+    printf("\n");
+    fflush(stdout);
+    free(a);
+    free(w);
+    free(out);
 }
 
 /* Prints an error as a quoted value without the characters that would end it. */
@@ -76,38 +79,16 @@ static void print_error(const char *msg) {
     printf("\"");
 }
 
-static void bench_gemm(const bench_prefill_cfg *c, const char *gemm, int M, int K, int N,
-                       uint64_t *seed) {
-    float *a = bench_alloc((size_t)M * K), *w = bench_alloc((size_t)K * N);
-    float *b = bench_alloc((size_t)N), *out = bench_alloc((size_t)M * N);
-    bench_fill(a, (size_t)M * K, seed, -1.0f, 1.0f);
-    bench_fill(w, (size_t)K * N, seed, -0.05f, 0.05f);
-    bench_fill(b, (size_t)N, seed, -0.1f, 0.1f);
-    gemm_job j = {out, a, w, b, M, K, N, MHA_OK};
-    double t[256];
-    int n;
-
-    n = bench_repeat(run_sgemm, &j, t, c->reps, c->budget);
-    printf("RESULT kind=gemm impl=openblas name=%s gemm=%s M=%d K=%d N=%d", c->name, gemm, M, K, N);
-    print_times(t, n);
-    printf(" bias=0\n");
-    fflush(stdout);
-
-    n = bench_repeat(run_project_out, &j, t, c->reps, c->budget);
-    printf("RESULT kind=gemm impl=mha_project_out name=%s gemm=%s M=%d K=%d N=%d", c->name, gemm,
-           M, K, N);
-    if (n < 0) {
-        print_error(mha_last_error());
-        printf(" status=%d\n", (int)j.st);
-    } else {
-        print_times(t, n);
-        printf(" bias=1\n");
-    }
-    fflush(stdout);
-    free(a);
-    free(w);
-    free(b);
-    free(out);
+/* Which path MHA_PATH_AUTO takes: the reference when MHA_KERNELS=reference,
+ * else the fast path unless it answers MHA_E_UNSUPPORTED for this request
+ * (then AUTO falls back to the reference). One probing run decides. */
+static const char *auto_path(forward_job *j) {
+    const char *e = getenv("MHA_KERNELS");
+    if (e && !strcmp(e, "reference")) return "reference";
+    mha_options o = *j->opt;
+    o.path = MHA_PATH_FAST;
+    mha_status st = mha_forward(j->layer, j->y, NULL, j->x, j->kv, j->B, j->T, j->S, &o);
+    return st == MHA_OK ? "fast" : st == MHA_E_UNSUPPORTED ? "reference(fallback)" : "error";
 }
 
 /* --------------------------------------------------------------- main */
@@ -132,9 +113,9 @@ int bench_prefill(const bench_prefill_cfg *c) {
     mha_weights w = {w_q, w_k, w_v, w_o, b_q, b_k, b_v, b_o, NULL, NULL};
 
     int S = c->cross ? c->S : c->T;
-    float *x = bench_alloc((size_t)c->B * c->T * d);           /* (B,T,d_model) */
+    float *x = bench_alloc((size_t)c->B * c->T * d);                 /* (B,T,d_model) */
     float *kv = c->cross ? bench_alloc((size_t)c->B * S * d) : NULL; /* (B,S,d_model) */
-    float *y = bench_alloc((size_t)c->B * c->T * d);           /* (B,T,d_model) */
+    float *y = bench_alloc((size_t)c->B * c->T * d);                 /* (B,T,d_model) */
     bench_fill(x, (size_t)c->B * c->T * d, &seed, -1.0f, 1.0f);
     if (kv) bench_fill(kv, (size_t)c->B * S * d, &seed, -1.0f, 1.0f);
 
@@ -150,6 +131,7 @@ int bench_prefill(const bench_prefill_cfg *c) {
         mha_options opt = mha_options_default();
         opt.causal = c->causal;
         forward_job j = {layer, y, x, kv, c->B, c->T, S, &opt, MHA_OK};
+        const char *path = auto_path(&j);
         double t[256];
         int n = bench_repeat(run_forward, &j, t, c->reps, c->budget);
         if (n < 0) {
@@ -159,22 +141,23 @@ int bench_prefill(const bench_prefill_cfg *c) {
             /* A benchmark of a wrong answer is worthless: check it is finite. */
             size_t bad = 0, ny = (size_t)c->B * c->T * d;
             for (size_t i = 0; i < ny; i++) bad += !isfinite(y[i]);
-            print_times(t, n);
-            printf(" nonfinite=%zu kernels=%s\n", bad,
-                   getenv("MHA_KERNELS") ? getenv("MHA_KERNELS") : "default");
+            bench_print_times(t, n);
+            printf(" nonfinite=%zu path=%s\n", bad, path);
         }
     }
     fflush(stdout);
     mha_layer_free(layer);
 
-    /* The projection GEMMs, fused as a fused forward would run them. */
     if (c->cross) {
-        bench_gemm(c, "q", c->B * c->T, d, d, &seed);
-        bench_gemm(c, "kv", c->B * S, d, 2 * d, &seed);
+        bench_sgemm(c, "q", c->B * c->T, d, d, &seed);
+        bench_sgemm(c, "kv", c->B * S, d, 2 * d, &seed);
     } else {
-        bench_gemm(c, "qkv", c->B * c->T, d, 3 * d, &seed);
+        bench_sgemm(c, "qkv", c->B * c->T, d, 3 * d, &seed);
     }
-    bench_gemm(c, "o", c->B * c->T, d, d, &seed);
+    bench_sgemm(c, "o", c->B * c->T, d, d, &seed);
+
+    if (bench_fast_parts(c, &w, x, kv))
+        printf("RESULT kind=attn_only impl=mha name=%s error=\"%s\"\n", c->name, mha_last_error());
 
     free(w_q); free(w_k); free(w_v); free(w_o);
     free(b_q); free(b_k); free(b_v); free(b_o);

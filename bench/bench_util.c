@@ -30,6 +30,17 @@ double bench_min(const double *v, int n) {
     return m;
 }
 
+void bench_print_times_as(const char *prefix, const double *t, int n) {
+    double tmp[256];
+    if (n > 256) n = 256;
+    for (int i = 0; i < n; i++) tmp[i] = t[i];
+    printf(" %smedian_s=%.6g %smin_s=%.6g %sruns=%d %stimes_s=", prefix, bench_median(tmp, n), prefix,
+           bench_min(t, n), prefix, n, prefix);
+    for (int i = 0; i < n; i++) printf("%s%.6g", i ? "," : "", t[i]);
+}
+
+void bench_print_times(const double *t, int n) { bench_print_times_as("", t, n); }
+
 int bench_repeat(int (*fn)(void *), void *arg, double *times, int max_runs, double budget_s) {
     int n = 0;
     double t0 = bench_now();

@@ -3,17 +3,29 @@
 printed on stdout and written (with the machine, date, command and method
 notes) to bench/RESULTS.md, or build/bench/RESULTS-quick.md for --quick.
 
-Definitions (all times are medians of the runs in the same run.sh call):
+Definitions (times are medians over all runs of a configuration in the
+same run.sh call; the rounds of a configuration alternate mha and torch):
 - useful FLOPs, projections: self-attention 8*B*T*d_model^2; cross-attention
   2*B*T*d^2 (Q) + 2*B*S*d^2 (K) + 2*B*S*d^2 (V) + 2*B*T*d^2 (O).
 - useful FLOPs, attention: 4*B*h*T*S*d_k, halved when causal.
-- "x torch" = torch time / mha time (above 1: mha is faster).
-- attention-only time: an internal entry point's time when bench_mha prints
-  one (kind=attn_only), else t(mha_forward) minus the library's own GEMM time
-  on the projection shapes (mha_project_out, the fused QKV or Q + fused KV
-  GEMM plus the O GEMM).
-- FMA peak: best of the AVX2 FMA loop over the run (2 measurements, each the
-  best of 7), all threads; AVX-512 shown for context only.
+- "x torch" = torch time / mha time (above 1: mha is faster); "x torch
+  (min)" is the same ratio of the fastest runs, less sensitive to other
+  processes on a shared machine.
+- attention-only: the fast path's attention kernel (mha_attention,
+  src/attention.h) timed alone, on Q, K, V that the fast path's own GEMM
+  projected into the layouts mha_forward_fast uses (bench/bench_internal.c):
+  Q K^T, masks, online softmax and P V, nothing else. "other ms" = forward -
+  projection GEMMs - attention - O GEMM (allocation, validation, finiteness
+  checks); medians are subtracted, so noise can make it slightly negative.
+- GEMMs: mha_gemm (the fast path's packed GEMM; weights packed untimed, as
+  at layer creation; bias fused; output in attention's layouts) against
+  OpenBLAS cblas_sgemm (row-major, no bias) on the same M x K x N. Self-
+  attention: fused QKV (N = 3*d_model); cross-attention: Q (N = d_model over
+  B*T rows) and fused KV (N = 2*d_model over B*S rows); then O (N = d_model).
+- FMA peak: best of the AVX2 FMA loop (12 independent chains per thread, all
+  threads) over the run (measured at its start and end, each the best of 7);
+  AVX-512 shown for context only (libmha's kernels are AVX2; OpenBLAS and
+  PyTorch may use AVX-512).
 - decode bandwidth: bytes read per step / time; attention reads the K and V
   cache of L tokens, the whole step also the fp32 weights. It is compared with
   the streaming read bandwidth measured at the smallest buffer size that is
@@ -58,12 +70,32 @@ def one(rows, **kw):
     return m[-1] if m else None
 
 
+def times_of(rows, **kw):
+    """All run times of the matching rows (rounds of one configuration are
+    merged before taking the median)."""
+    out = []
+    for r in find(rows, **kw):
+        if r.get("times_s"):
+            out += [float(t) for t in r["times_s"].split(",") if t]
+        elif num(r, "median_s") is not None:
+            out.append(num(r, "median_s"))
+    return out
+
+
+def med(v):
+    if not v:
+        return None
+    s = sorted(v)
+    n = len(s)
+    return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
+
+
 def fmt_ms(s):
     return "n/a" if s is None else f"{s * 1e3:.3f}" if s < 0.1 else f"{s * 1e3:.1f}"
 
 
-def fmt(v, spec=".1f", none="n/a"):
-    return none if v is None else format(v, spec)
+def fmt(v, spec=".1f", none="n/a", suffix=""):
+    return none if v is None else format(v, spec) + suffix
 
 
 def table(header, body):
@@ -154,12 +186,28 @@ def main():
               f"({ob.get('config', '?')})")
     md.append(f"- PyTorch: {tp.get('version', '?')}, {tp.get('threads', '?')} threads, "
               f"interop {tp.get('interop_threads', '?')}")
-    md.append(f"- AVX2 FMA peak (measured, {a.threads} threads): "
+    md.append(f"- AVX2 FMA (measured, {a.threads} threads, start and end of the run): "
               + (", ".join(f"{v:.1f}" for v in fma) + f" GFLOP/s -> peak {peak:.1f}" if fma else "n/a")
               + (f"; AVX-512 FMA (context only): {max(f512):.1f} GFLOP/s" if f512 else ""))
     md.append("- Streaming read bandwidth (median of 7 passes): "
               + (", ".join(f"{mib} MiB: {med:.1f} GB/s" for mib, med, _ in streams) if streams else "n/a"))
+    lds = {r["phase"]: r for r in find(rows, kind="load")}
+    ls, le = lds.get("start", {}), lds.get("end", {})
+    md.append(f"- Other load: CPUs {ls.get('busy_pct', '?')}% busy before the run (after waiting "
+              f"{ls.get('waited_s', '?')} s for quiet), {le.get('busy_pct', '?')}% after it; load average "
+              f"{ls.get('loadavg', '?')} -> {le.get('loadavg', '?')}")
     md.append("")
+    quality = []
+    if num(ls, "busy_pct") is not None and num(ls, "busy_pct") > 15:
+        quality.append(f"other processes kept the CPUs {ls['busy_pct']}% busy when the run started")
+    if num(le, "busy_pct") is not None and num(le, "busy_pct") > 15:
+        quality.append(f"other processes kept the CPUs {le['busy_pct']}% busy when the run ended")
+    if len(fma) >= 2 and min(fma) < 0.85 * max(fma):
+        quality.append(f"the FMA peak changed from {fma[0]:.0f} to {fma[-1]:.0f} GFLOP/s between start and end")
+    if quality:
+        md.append("**Warning: this run is not reliable** — " + "; ".join(quality) + ". With 2 cores, "
+                  "one competing process stalls every 2-thread parallel region; rerun on a quiet machine.")
+        md.append("")
 
     # ------------------------------------------------------------ prefill
     body, gbody, targets = [], [], []
@@ -173,65 +221,64 @@ def main():
         proj_f, attn_f = flops_prefill(ref)
         shape = (f"B={ref['B']} T={ref['T']} S={ref['S']} d={ref['d_model']} h={ref['h']}"
                  + (" causal" if ref["causal"] == "1" else "") + (" cross" if ref["cross"] == "1" else ""))
-        tm = num(m, "median_s") if m else None
-        tt = num(t, "median_s") if t else None
-        if m and "error" in m:
-            notes.append(f"{name}: mha_forward failed: {m['error']}")
-        if m and m.get("nonfinite", "0") != "0":
-            notes.append(f"{name}: mha output has {m['nonfinite']} non-finite values")
-        gemms = find(rows, kind="gemm", name=name)
-        mp = [g for g in gemms if g["impl"] == "mha_project_out"]
-        direct = one(rows, kind="attn_only", impl="mha", name=name)
-        attn, method = None, ""
-        if direct and num(direct, "median_s"):
-            attn, method = num(direct, "median_s"), direct.get("method", "internal entry")
-        elif tm and mp and all(num(g, "median_s") for g in mp):
-            est = tm - sum(num(g, "median_s") for g in mp)
-            if est > 0.05 * tm:
-                attn, method = est, "total - project_out"
-            else:
-                method = "n/a: project_out >= 95% of total"
+        tms, tts = times_of(rows, kind="prefill", impl="mha", name=name), times_of(rows, kind="prefill", impl="torch", name=name)
+        tm, tt = med(tms), med(tts)
+        for r in find(rows, kind="prefill", impl="mha", name=name):
+            if "error" in r:
+                notes.append(f"{name}: mha_forward failed: {r['error']}")
+            if r.get("nonfinite", "0") != "0":
+                notes.append(f"{name}: mha output has {r['nonfinite']} non-finite values")
+            if r.get("path") and r["path"] != "fast":
+                notes.append(f"{name}: mha_forward ran the {r['path']} path")
+        for r in find(rows, kind="attn_only", impl="mha", name=name):
+            if "error" in r:
+                notes.append(f"{name}: attention-only timing failed: {r['error']}")
+        attn = med(times_of(rows, kind="attn_only", impl="mha", name=name))
+        parts = [med(times_of(rows, kind="gemm", impl="mha_gemm", name=name, gemm=g))
+                 for g in ("qkv", "q", "kv", "o")
+                 if find(rows, kind="gemm", impl="mha_gemm", name=name, gemm=g)]
+        other = tm - attn - sum(parts) if tm and attn and parts and all(parts) else None
         gf = (proj_f + attn_f) / tm * 1e-9 if tm else None
         agf = attn_f / attn * 1e-9 if attn else None
         speed = tt / tm if tm and tt else None
-        body.append([name, shape, fmt_ms(tm), m.get("runs", "-") if m else "-", fmt(gf),
-                     fmt(gf / peak * 100 if gf and peak else None, ".0f") + "%",
-                     fmt_ms(tt), (t or {}).get("torch_path", "-"), fmt(speed, ".2f"),
-                     fmt_ms(attn), fmt(agf), fmt(agf / peak * 100 if agf and peak else None, ".0f") + "%",
-                     method or "-"])
+        speed_min = min(tts) / min(tms) if tms and tts else None
+        body.append([name, shape, (m or {}).get("path", "-"), fmt_ms(tm), len(tms), fmt(gf),
+                     fmt(gf / peak * 100 if gf and peak else None, ".0f", suffix="%"),
+                     fmt_ms(tt), (t or {}).get("torch_path", "-"), fmt(speed, ".2f"), fmt(speed_min, ".2f"),
+                     fmt_ms(attn), fmt(agf), fmt(agf / peak * 100 if agf and peak else None, ".0f", suffix="%"),
+                     fmt_ms(other)])
         for gname in ["qkv", "q", "kv", "o"]:
-            o = one(rows, kind="gemm", impl="openblas", name=name, gemm=gname)
-            p = one(rows, kind="gemm", impl="mha_project_out", name=name, gemm=gname)
-            if not o and not p:
+            ot = med(times_of(rows, kind="gemm", impl="openblas", name=name, gemm=gname))
+            pt = med(times_of(rows, kind="gemm", impl="mha_gemm", name=name, gemm=gname))
+            g = one(rows, kind="gemm", name=name, gemm=gname)
+            if not g:
                 continue
-            g = o or p
             M, K, N = int(g["M"]), int(g["K"]), int(g["N"])
             fl = 2.0 * M * K * N
-            to, tp_ = num(o, "median_s") if o else None, num(p, "median_s") if p else None
-            gbody.append([name, gname, f"{M}x{K}x{N}", fmt_ms(to), fmt(fl / to * 1e-9 if to else None),
-                          fmt_ms(tp_), fmt(fl / tp_ * 1e-9 if tp_ else None),
-                          fmt(to / tp_ if to and tp_ else None, ".2f")])
-            if p and "error" in p:
-                notes.append(f"{name} {gname}: mha_project_out failed: {p['error']}")
+            gbody.append([name, gname, f"{M}x{K}x{N}", fmt_ms(ot), fmt(fl / ot * 1e-9 if ot else None),
+                          fmt_ms(pt), fmt(fl / pt * 1e-9 if pt else None),
+                          fmt(fl / pt * 1e-9 / peak * 100 if pt and peak else None, ".0f", suffix="%"),
+                          fmt(ot / pt if ot and pt else None, ".2f")])
         if name == "P1":
-            targets.append(["P1 >= 4x PyTorch", fmt(speed, ".2f") + "x", verdict(speed, 4)])
-            og = one(rows, kind="gemm", impl="openblas", name=name, gemm="qkv")
-            pg = one(rows, kind="gemm", impl="mha_project_out", name=name, gemm="qkv")
-            r = num(og, "median_s") / num(pg, "median_s") if og and pg and num(pg, "median_s") else None
-            targets.append(["P1 projection GEMM (fused QKV) >= OpenBLAS", fmt(r, ".2f") + "x", verdict(r, 1)])
+            targets.append(["P1 >= 4x PyTorch", fmt(speed, ".2f", suffix="x"), verdict(speed, 4)])
+            ot = med(times_of(rows, kind="gemm", impl="openblas", name=name, gemm="qkv"))
+            pt = med(times_of(rows, kind="gemm", impl="mha_gemm", name=name, gemm="qkv"))
+            r = ot / pt if ot and pt else None
+            targets.append(["P1 projection GEMM (fused QKV) >= OpenBLAS", fmt(r, ".2f", suffix="x"), verdict(r, 1)])
         if name == "P2":
-            targets.append(["P2 >= 8x PyTorch", fmt(speed, ".2f") + "x", verdict(speed, 8)])
+            targets.append(["P2 >= 8x PyTorch", fmt(speed, ".2f", suffix="x"), verdict(speed, 8)])
             fr = agf / peak if agf and peak else None
             targets.append(["P2 attention-only >= 60% of FMA peak",
-                            fmt(fr * 100 if fr else None, ".0f") + "%", verdict(fr, 0.6)])
+                            fmt(fr * 100 if fr else None, ".0f", suffix="%"), verdict(fr, 0.6)])
 
-    pre_tab = table(["config", "shape", "mha ms", "runs", "GFLOP/s", "% peak", "torch ms", "torch path",
-                     "x torch", "attn-only ms", "attn GFLOP/s", "attn % peak", "attn method"], body)
-    gemm_tab = table(["config", "GEMM", "MxKxN", "OpenBLAS ms", "GFLOP/s", "mha_project_out ms",
-                      "GFLOP/s", "mha speed / OpenBLAS"], gbody)
+    pre_tab = table(["config", "shape", "mha path", "mha ms", "runs", "GFLOP/s", "% peak", "torch ms",
+                     "torch path", "x torch", "x torch (min)", "attn-only ms", "attn GFLOP/s",
+                     "attn % peak", "other ms"], body)
+    gemm_tab = table(["config", "GEMM", "MxKxN", "OpenBLAS ms", "GFLOP/s", "mha_gemm ms",
+                      "GFLOP/s", "mha % peak", "mha speed / OpenBLAS"], gbody)
 
     # ------------------------------------------------------------- decode
-    dbody = []
+    dbody, dec_points = [], []
     dec = find(rows, kind="decode")
     keys = sorted({(r["cache"], int(r["h_kv"]), int(r["L"])) for r in dec},
                   key=lambda k: (k[0], -k[1], k[2]))
@@ -250,17 +297,25 @@ def main():
             return nb / s * 1e-9 if nb and s else None
 
         pending = m is not None and m.get("status") == "pending"
+        if m and m.get("status") == "error":
+            notes.append(f"decode {cache} h_kv={hkv} L={L}: {m.get('error')}")
+        if m and m.get("nonfinite", "0") != "0":
+            notes.append(f"decode {cache} h_kv={hkv} L={L}: mha output has {m['nonfinite']} non-finite values")
+        mcb = num(m, "cache_bytes") if m else None
+        p_ = (lambda v: "pending" if pending else v)
         dbody.append([cache, hkv, L, fmt(cb / 2**20 if cb else None),
                       fmt_ms(ts), fmt_ms(ta), fmt(gbs(cb, ta)),
-                      fmt(gbs(cb, ta) / bw_attn * 100 if gbs(cb, ta) and bw_attn else None, ".0f") + "%",
-                      "pending" if pending else fmt_ms(ms_), "pending" if pending else fmt_ms(ma),
-                      "pending" if pending else fmt(gbs(cb, ma)),
-                      "pending" if pending else fmt(gbs(cb, ma) / bw_attn * 100 if gbs(cb, ma) and bw_attn else None, ".0f") + "%",
-                      "pending" if pending else fmt(ts / ms_ if ts and ms_ else None, ".2f"),
+                      fmt(gbs(cb, ta) / bw_attn * 100 if gbs(cb, ta) and bw_attn else None, ".0f", suffix="%"),
+                      p_(fmt_ms(ms_)), p_(fmt_ms(ma)), p_(fmt(gbs(mcb, ma))),
+                      p_(fmt(gbs(mcb, ma) / bw_attn * 100 if gbs(mcb, ma) and bw_attn else None, ".0f", suffix="%")),
+                      p_(fmt(ts / ms_ if ts and ms_ else None, ".2f")),
+                      p_(fmt(ta / ma if ta and ma else None, ".2f")),
                       f"{mib_a} MiB" if mib_a else "n/a"])
+        if m and ma and mcb and bw_attn:
+            dec_points.append((cache, hkv, L, gbs(mcb, ma) / bw_attn, ts / ms_ if ts and ms_ else None))
     dec_tab = table(["cache", "h_kv", "L", "cache MiB", "torch step ms", "torch attn ms", "torch attn GB/s",
                      "torch attn % BW", "mha step ms", "mha attn ms", "mha attn GB/s", "mha attn % BW",
-                     "x torch (step)", "BW ref. buffer"], dbody)
+                     "x torch (step)", "x torch (attn)", "BW ref. buffer"], dbody)
 
     # GQA / MQA speed-ups against MHA at the longest context, per implementation.
     sbody = []
@@ -282,6 +337,24 @@ def main():
     if dec and all(r.get("status") == "pending" for r in find(rows, kind="decode", impl="mha")):
         targets.append(["decode targets (80% BW, GQA 3.5x, MQA 10x, 3x PyTorch)", "-",
                         "pending (KV cache API)"])
+    elif dec_points:
+        Lmax = max(p[2] for p in dec_points)
+        top = [p for p in dec_points if p[2] == Lmax]
+        worst = min(top, key=lambda p: p[3])
+        targets.append([f"decode attention at L={Lmax} >= 80% of read bandwidth (worst point)",
+                        f"{worst[3] * 100:.0f}% ({worst[0]}, h_kv={worst[1]})", verdict(worst[3], 0.8)])
+        for cache in sorted({p[0] for p in top}):
+            base = one(rows, kind="decode", impl="mha", cache=cache, h_kv=h, L=Lmax)
+            for hkv, need, label in ((h // 4, 3.5, f"GQA h_kv={h // 4}"), (1, 10, "MQA h_kv=1")):
+                r = one(rows, kind="decode", impl="mha", cache=cache, h_kv=hkv, L=Lmax)
+                sp = (num(base, "attn_median_s") / num(r, "attn_median_s")
+                      if base and r and num(base, "attn_median_s") and num(r, "attn_median_s") else None)
+                targets.append([f"{label} attention >= {need}x MHA at L={Lmax} ({cache})",
+                                fmt(sp, ".2f", suffix="x"), verdict(sp, need)])
+        xs = [p[4] for p in dec_points if p[4]]
+        worst_x = min(xs) if xs else None
+        targets.append(["decode step >= 3x PyTorch at every point (worst point)",
+                        fmt(worst_x, ".2f", suffix="x"), verdict(worst_x, 3)])
     tgt_tab = table(["target", "measured", "status"], targets)
 
     errors = find(rows, kind="error")
@@ -294,14 +367,16 @@ def main():
            "## Targets\n", tgt_tab, ""]
     if notes:
         md += ["## Problems in this run\n"] + [f"- {n}" for n in notes] + [""]
-    md += ["## Method\n", __doc__.split("Definitions", 1)[1].strip().replace("\n- ", "\n\n- "), "",
+    md += ["## Method\n", "Definitions" + __doc__.split("Definitions", 1)[1].rstrip(), "",
            "Peers: PyTorch nn.MultiheadAttention (eval, torch.no_grad(), need_weights=False, "
            "batch_first=True, causal as a float attn_mask); `torch path` says whether torch 1.13 ran "
            "its fused native kernel (read from the profiler). OpenBLAS cblas_sgemm without bias "
-           "(beta=0); mha_project_out adds the bias. The decode peer is a hand-written PyTorch step "
+           "(beta=0); mha_gemm adds the bias. The decode peer is a hand-written PyTorch step "
            "(addmm projections, a preallocated (B,h_kv,L,d_head) cache written in place at slot L-1, "
-           "matmul-softmax-matmul per kv-head group; fp16 caches widened with .float() because "
-           "torch 1.13 has no CPU fp16 matmul). Raw lines: " + a.raw + ".", ""]
+           "matmul-softmax-matmul per kv-head group; fp16 caches widened by copy_() into preallocated "
+           "fp32 buffers because torch 1.13 has no CPU fp16 matmul). mha decode: mha_forward_cached "
+           "(whole step, then mha_cache_truncate back to L-1, O(1)) and mha_cache_attend (attention "
+           "alone) over a cache filled with mha_cache_append. Raw lines: " + a.raw + ".", ""]
     text = "\n".join(md)
     os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
     with open(a.out, "w") as f:

@@ -75,8 +75,9 @@ mha_status mha_config_resolve(mha_config *out, const mha_config *in);
 
 /* --------------------------------------------------------------- weights */
 
-/* Borrowed pointers, row-major (in, out). Biases may be NULL when
- * config.bias == 0; bias_k/bias_v may be NULL unless add_bias_kv. */
+/* Borrowed pointers, row-major (in, out). Biases must be NULL when
+ * config.bias == 0 and given when it is 1; likewise bias_k/bias_v with
+ * add_bias_kv (a mismatch is MHA_E_ARG, so a forgotten flag is caught). */
 typedef struct {
     const float *w_q;    /* (d_model, h*d_k)       */
     const float *w_k;    /* (d_kv_in, h_kv*d_k)    */
@@ -115,7 +116,8 @@ typedef enum {
 
 /* Copies the labels of one block kind into labels (h or h_kv ints). */
 mha_status mha_layer_labels(const mha_layer *layer, mha_block block, int *labels);
-/* Sets the labels of one block kind (e.g. from checkpoint metadata). */
+/* Sets the labels of one block kind (e.g. from checkpoint metadata); the
+ * labels must be a permutation of 0..n-1 (n = h or h_kv). */
 mha_status mha_layer_set_labels(mha_layer *layer, mha_block block, const int *labels);
 
 /* Consistent permutation: new head i is old head perm[i] (perm has h

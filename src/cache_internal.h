@@ -6,6 +6,8 @@
 #ifndef MHA_CACHE_INTERNAL_H
 #define MHA_CACHE_INTERNAL_H
 
+#include <limits.h>
+
 #include "internal.h"
 #include "kernels/decode_kernels.h"
 
@@ -30,15 +32,27 @@ struct mha_cache {
     int *labels_v;       /* (h_kv)                                           */
 };
 
-/* Position p lives in slot p % cap (for a cache without window p < cap). */
+/* Storage block (b, kv head g) of K and V, through the permutation index. */
 static inline size_t mha_cache_kv_index(const mha_cache *c, int b, int g) {
     return (size_t)b * c->h_kv + (size_t)c->phys[g];
+}
+
+/* Position p lives in slot p % cap (without a window p < cap, so slot p).
+ * The position now stored in slot s of sequence b, or INT_MIN for a
+ * padding slot or one not holding a live position (never written since
+ * the reset, overwritten, or rolled back by truncate). */
+static inline int mha_cache_slot_position(const mha_cache *c, int b, int s) {
+    if (s >= c->cap) return INT_MIN;
+    int k = c->len[b] - 1 - s; /* floor division: k may be negative */
+    int p = s + c->cap * (k >= 0 ? k / c->cap : -((-k + c->cap - 1) / c->cap));
+    return p >= c->lo[b] && p >= 0 ? p : INT_MIN;
 }
 
 /* Options of one attention call over the cache. */
 typedef struct {
     float scale;          /* multiplies q . k                                 */
-    int left;             /* <0: unbounded; else keys p >= position - left    */
+    int left;             /* <0: unbounded; else keys p >= position - left
+                             (the cache's own window applies as well)         */
     const float *extra_k; /* (h_kv, d_k) appended key (add_bias_kv) or NULL  */
     const float *extra_v; /* (h_kv, d_v)                                      */
     int zero_attn;        /* 1: a zero key/value row after everything         */
@@ -52,18 +66,26 @@ void mha_decode_force_scalar(int force);
 /* Threads for the decode path: mha_get_num_threads() or OpenMP's default. */
 int mha_decode_threads(void);
 
-/* Stores rows [t0, t0 + n[b]) of k (B, T, h_kv*d_k) and v (B, T, h_kv*d_v)
- * of each sequence at its next positions; len[b] += n[b]. Arguments are
- * already validated (capacity, window). */
-void mha_cache_store(mha_cache *c, const float *k, const float *v, int T, int t0, const int *n);
+/* Row arrays: sequence b's tokens are rows row0[b], row0[b]+1, ... of
+ * k (rows, h_kv*d_k), v (rows, h_kv*d_v), q (rows, h*d_k), z (rows, h*d_v)
+ * (row0[b] = b*T for a (B,T,...) array; prefix sums for packed rows).
+ *
+ * Stores rows row0[b] + t0 .. + n[b]-1 at sequence b's next positions;
+ * len[b] += n[b]. Arguments are already validated (capacity, window). */
+void mha_cache_store(mha_cache *c, const float *k, const float *v, const int *row0, int t0,
+                     const int *n);
 
-/* z rows [t0, t0 + n[b]) of z (B, T, h*d_v) = attention of the queries
- * q (B, T, h*d_k) in the same rows, which sit at the last n[b] positions
- * of sequence b, over the cached keys (causal, bottom-right). stats, when
- * not NULL, receives (B, T, h, 2): each row's max score and softmax sum
- * (for probabilities). Returns MHA_E_NOMEM or MHA_OK. */
-mha_status mha_decode_attend(float *z, float *stats, const mha_cache *c, const float *q, int T,
-                             int t0, const int *n, const mha_decode_opts *o);
+/* MHA_E_ARG unless n[b] more tokens fit every sequence (the capacity
+ * without a window; at most capacity - window + 1 per call with one). */
+mha_status mha_cache_check_room(const mha_cache *c, const int *n, const char *fn);
+
+/* z rows row0[b] + t0 .. + n[b]-1 = attention of the queries q in the same
+ * rows, which sit at the last n[b] positions of sequence b, over the
+ * cached keys (causal, bottom-right). stats, when not NULL, receives
+ * (rows, h, 2): each row's max score and softmax sum (for probabilities).
+ * Returns MHA_E_NOMEM or MHA_OK. */
+mha_status mha_decode_attend(float *z, float *stats, const mha_cache *c, const float *q,
+                             const int *row0, int t0, const int *n, const mha_decode_opts *o);
 
 /* y (m, n) = x (m, k) w (k, n) + b (n, may be NULL), threaded, the same
  * bits for any thread count. */

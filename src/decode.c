@@ -1,6 +1,6 @@
 /* decode.c — flash-decoding attention of new queries over a KV cache.
  *
- * Legend: B sequences, T rows per sequence in q/z, h heads, h_kv kv heads,
+ * Legend: B sequences, rows of q/z (see cache_internal.h), h heads, h_kv kv heads,
  * n_rep = h / h_kv query heads per kv head, d_k, d_v.
  *
  * Work is cut into units (sequence b, kv head g, tile of up to QTILE query
@@ -61,27 +61,20 @@ typedef struct {
     const mha_decode_opts *o;
     const float *q;
     float *z, *stats;
-    const int *n;
-    int T, t0, n_rep;
+    const int *n, *row0;
+    int t0, n_rep;
 } ctx;
-
-/* Position stored in slot s of sequence b, or INT_MIN (a padding slot or
- * one not written since the last reset). */
-static int slot_position(const mha_cache *c, int b, int s) {
-    if (s >= c->cap) return INT_MIN;
-    int last = c->len[b] - 1;
-    int k = last - s;
-    int p = s + c->cap * (k >= 0 ? k / c->cap : -((-k + c->cap - 1) / c->cap));
-    return p >= c->lo[b] && p >= 0 ? p : INT_MIN;
-}
 
 static int row_position(const ctx *x, int b, int i) {
     return x->c->len[b] - x->n[b] + i / x->n_rep;
 }
 
+/* First position row p may attend: the stored ones, within the window
+ * (the tighter of the cache's window and the caller's window_left). */
 static int row_first_key(const ctx *x, int b, int p) {
-    int lo = x->c->lo[b];
-    if (x->o->left >= 0 && p - x->o->left > lo) lo = p - x->o->left;
+    int lo = x->c->lo[b], left = x->o->left;
+    if (x->c->window && (left < 0 || left > x->c->window - 1)) left = x->c->window - 1;
+    if (left >= 0 && p - left > lo) lo = p - left;
     return lo;
 }
 
@@ -134,7 +127,7 @@ static void gather_queries(float *qt, const ctx *x, const unit *u) {
     for (int i = u->i0; i < u->i1; i++) {
         int t = x->t0 + i / x->n_rep, r = u->g * x->n_rep + i % x->n_rep;
         memcpy(qt + (size_t)(i - u->i0) * c->d_k,
-               x->q + ((size_t)u->b * x->T + t) * c->h * c->d_k + (size_t)r * c->d_k,
+               x->q + ((size_t)x->row0[u->b] + t) * c->h * c->d_k + (size_t)r * c->d_k,
                sizeof(float) * c->d_k);
     }
 }
@@ -147,7 +140,7 @@ static void chunk_partial(float *part, scratch *w, const ctx *x, const unit *u, 
     int cs = ch * MHA_DECODE_CHUNK, ce = cs + MHA_DECODE_CHUNK < c->slots ? cs + MHA_DECODE_CHUNK : c->slots;
     int jlo = ce, jhi = cs;
     for (int s = cs; s < ce; s++) {
-        int p = slot_position(c, u->b, s);
+        int p = mha_cache_slot_position(c, u->b, s);
         w->pos[s - cs] = p;
         if (p != INT_MIN && p >= u->ulo && p <= u->uhi) {
             if (s < jlo) jlo = s;
@@ -252,7 +245,7 @@ static void finish_unit(const ctx *x, const unit *u, float *run, float *qt) {
             for (int j = 0; j < c->d_v; j++) R[2 + j] = R[2 + j] * a;
         }
         int t = x->t0 + (u->i0 + i) / x->n_rep, r = u->g * x->n_rep + (u->i0 + i) % x->n_rep;
-        size_t row = ((size_t)u->b * x->T + t) * c->h + r;
+        size_t row = ((size_t)x->row0[u->b] + t) * c->h + r;
         float *zr = x->z + row * c->d_v;
         float inv = R[1] > 0.0f ? 1.0f / R[1] : 0.0f;
         for (int j = 0; j < c->d_v; j++)
@@ -266,9 +259,9 @@ static void finish_unit(const ctx *x, const unit *u, float *run, float *qt) {
 
 /* --------------------------------------------------------- the driver */
 
-mha_status mha_decode_attend(float *z, float *stats, const mha_cache *c, const float *q, int T,
-                             int t0, const int *n, const mha_decode_opts *o) {
-    ctx x = {c, mha_decode_kernels_get(), o, q, z, stats, n, T, t0, c->h / c->h_kv};
+mha_status mha_decode_attend(float *z, float *stats, const mha_cache *c, const float *q,
+                             const int *row0, int t0, const int *n, const mha_decode_opts *o) {
+    ctx x = {c, mha_decode_kernels_get(), o, q, z, stats, n, row0, t0, c->h / c->h_kv};
     int nch = (c->slots + MHA_DECODE_CHUNK - 1) / MHA_DECODE_CHUNK;
 
     /* plan: units and their chunks, in a fixed order */

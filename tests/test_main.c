@@ -16,7 +16,10 @@ static const test_area_fn areas[] = {
     tests_masks,
     tests_variants,
     tests_errors,
+    tests_fast,
+    tests_kernels,
     tests_torch_layout,
+    tests_cache,
 };
 
 const char *test_current = "";

@@ -10,6 +10,9 @@ const test_case *tests_heads(size_t *count);
 const test_case *tests_masks(size_t *count);
 const test_case *tests_variants(size_t *count);
 const test_case *tests_errors(size_t *count);
+const test_case *tests_fast(size_t *count);
+const test_case *tests_kernels(size_t *count);
 const test_case *tests_torch_layout(size_t *count);
+const test_case *tests_cache(size_t *count);
 
 #endif

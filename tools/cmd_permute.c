@@ -28,9 +28,39 @@ static int parse_order(const char *s, int *perm, int n) {
     return MHA_EXIT_OK;
 }
 
+/* After a one-sided move, gives the moved kind the labels of the blocks it
+ * now pairs with (taken from the kinds that did not move), so a repaired
+ * checkpoint passes the label check. */
+static mha_status relabel(mha_layer *L, const char *block) {
+    const mha_config *c = mha_layer_config(L);
+    int h = c->n_heads, rep = c->n_heads / c->n_kv_heads;
+    int *lab = malloc((size_t)h * sizeof *lab), *kv = malloc((size_t)h * sizeof *kv);
+    mha_status s = (lab && kv) ? MHA_OK : MHA_E_NOMEM;
+    if (!s && strcmp(block, "o") == 0) {
+        if (!(s = mha_layer_labels(L, MHA_BLOCK_Q, lab))) s = mha_layer_set_labels(L, MHA_BLOCK_O, lab);
+    } else if (!s && strcmp(block, "q") == 0) {
+        if (!(s = mha_layer_labels(L, MHA_BLOCK_O, lab))) s = mha_layer_set_labels(L, MHA_BLOCK_Q, lab);
+    } else if (!s && strcmp(block, "k") == 0) {
+        if (!(s = mha_layer_labels(L, MHA_BLOCK_V, lab))) s = mha_layer_set_labels(L, MHA_BLOCK_K, lab);
+    } else if (!s && strcmp(block, "v") == 0) {
+        if (!(s = mha_layer_labels(L, MHA_BLOCK_K, lab))) s = mha_layer_set_labels(L, MHA_BLOCK_V, lab);
+    } else if (!s && strcmp(block, "kv") == 0) {
+        /* kv head g pairs with query heads g*rep..: label = their label / rep */
+        if (!(s = mha_layer_labels(L, MHA_BLOCK_Q, lab))) {
+            for (int g = 0; g < c->n_kv_heads; g++) kv[g] = lab[g * rep] / rep;
+            s = mha_layer_set_labels(L, MHA_BLOCK_K, kv);
+            if (!s) s = mha_layer_set_labels(L, MHA_BLOCK_V, kv);
+        }
+    }
+    free(lab);
+    free(kv);
+    return s;
+}
+
 int cmd_permute(int argc, char **argv) {
     cli_ckpt ck = {0};
     const char *order = NULL, *block = NULL;
+    int do_relabel = 0;
     mha_arg args[] = {
         CLI_LAYOUT_ARGS(ck, "--layout"),
         {.name = "--order", .kind = MHA_ARG_STRING, .dest = &order, .metavar = "P",
@@ -38,6 +68,8 @@ int cmd_permute(int argc, char **argv) {
         {.name = "--block", .kind = MHA_ARG_STRING, .dest = &block, .metavar = "B",
          .help = "all (default, Y unchanged) or one side only: q, k, v, kv, o",
          .choices = "all|q|k|v|kv|o"},
+        {.name = "--relabel", .kind = MHA_ARG_SWITCH, .dest = &do_relabel,
+         .help = "after a one-sided move, give the moved blocks the labels of the blocks they now pair with"},
     };
     mha_command_spec spec = {
         .name = "permute",
@@ -79,6 +111,7 @@ int cmd_permute(int argc, char **argv) {
             if (strcmp(block, "v") != 0) s = mha_layer_permute_block(L, MHA_BLOCK_K, perm);
             if (!s && strcmp(block, "k") != 0) s = mha_layer_permute_block(L, MHA_BLOCK_V, perm);
         }
+        if (!s && do_relabel) s = relabel(L, block);
         if (!s) s = mha_layer_save(L, pos[1]);
         if (s) {
             /* a bad permutation is the user's argument: exit 2 */

@@ -14,5 +14,7 @@ int cmd_shapes(int argc, char **argv); /* tensor shapes, parameters, FLOPs, KV c
 int cmd_run(int argc, char **argv);     /* a checkpoint on a .npy input (files, src/io) */
 int cmd_convert(int argc, char **argv); /* any checkpoint layout -> native */
 int cmd_permute(int argc, char **argv); /* permute heads (or one block kind) of a checkpoint */
+int cmd_audit(int argc, char **argv);   /* does a checkpoint reproduce Y_ref; find head-order fixes */
+int cmd_plot(int argc, char **argv);    /* attention heatmaps and contribution norms as PNG */
 
 #endif /* MHA_TOOLS_COMMANDS_H */

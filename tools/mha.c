@@ -19,6 +19,8 @@ static const mha_command commands[] = {
     {"run", cmd_run, "run a checkpoint on a .npy input; masks, ablations, captures"},
     {"convert", cmd_convert, "convert a torch/hf/gpt2/megatron checkpoint to the native layout"},
     {"permute", cmd_permute, "permute the heads (or one block kind) of a checkpoint"},
+    {"audit", cmd_audit, "check a checkpoint against a reference output; find head-order fixes"},
+    {"plot", cmd_plot, "PNG heatmaps of attention per head and head contribution norms"},
 };
 static const int n_commands = (int)(sizeof commands / sizeof commands[0]);
 

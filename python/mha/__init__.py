@@ -120,7 +120,8 @@ def head_intervene(z, op, r, n):
     spec[r] = op
     # replace values are (B,T,d) in a forward; here rows = B*T with B=1.
     if isinstance(op, tuple) and op and op[0] == "replace":
-        spec[r] = ("replace", np.asarray(op[1]).reshape(1, rows, d) if np.size(op[1]) == rows * d else op[1])
+        v = floats("value", op[1], (rows, d))
+        spec[r] = ("replace", v.reshape(1, rows, d))
     ivs = Layer._interventions(spec, n, 1, rows, d, keep)
     check(_L.mha_head_intervene(fptr(z), ctypes.byref(ivs[r]), r, n, rows, d), "mha_head_intervene")
     return z

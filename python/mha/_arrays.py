@@ -20,7 +20,10 @@ def floats(name, a, shape=None):
 
     Any real floating dtype is accepted (float64 is rounded to float32, the
     library's storage type); integers, booleans and complex are refused so a
-    mask or an index array is not read as data by mistake."""
+    mask or an index array is not read as data by mistake. Python lists and
+    numbers are converted."""
+    if isinstance(a, (list, tuple, int, float)):
+        a = np.asarray(a, dtype=np.float32)  # plain Python numbers carry no dtype to check
     arr = np.asarray(a)
     if not np.issubdtype(arr.dtype, np.floating):
         raise DTypeError(f"{name} has dtype {arr.dtype}; expected a floating dtype (float32)")

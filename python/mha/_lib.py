@@ -90,6 +90,13 @@ class TorchWeights(Structure):
 missing = []  # C functions this libmha.so lacks (an older or partial build)
 
 
+LAYOUTS = {"auto": 0, "native": 1, "torch": 2, "hf": 3, "gpt2": 4, "megatron": 5}
+
+
+class LoadOptions(Structure):
+    _fields_ = [("layout", c_int), ("n_heads", c_int), ("n_kv_heads", c_int), ("prefix", c_char_p)]
+
+
 def _sig(name, restype, *argtypes):
     try:
         fn = getattr(lib, name)
@@ -133,3 +140,5 @@ _sig("mha_project_out", c_int, F32P, F32P, F32P, F32P, c_int, c_int, c_int)
 _sig("mha_head_contributions", c_int, F32P, F32P, F32P, c_int, c_int, c_int, c_int)
 _sig("mha_head_intervene", c_int, F32P, POINTER(Intervention), c_int, c_int, c_int, c_int)
 _sig("mha_layer_from_torch", c_int, POINTER(LayerP), POINTER(TorchWeights))
+_sig("mha_layer_load", c_int, POINTER(LayerP), c_char_p, POINTER(LoadOptions))
+_sig("mha_layer_save", c_int, LayerP, c_char_p)

@@ -4,6 +4,7 @@ Shapes follow mha.h (legend: B batch, T queries, S keys, h heads, h_kv kv
 heads, d_k, d_v, d_model, d_kv_in). Weights are (in, out), row-major.
 """
 import ctypes
+import os
 
 import numpy as np
 
@@ -57,7 +58,9 @@ class Layer:
     bias), bias_k, bias_v (when add_bias_kv); None gives zero weights.
     """
 
-    batch_first = True  # used by torch_forward when not told otherwise
+    # torch_forward's layout when not told otherwise: False, PyTorch's
+    # default, (T,B,E); forward() is always (B,T,d_model).
+    batch_first = False
 
     def __init__(self, d_model, n_heads, n_kv_heads=0, d_k=0, d_v=0, d_kv_in=0, bias=True,
                  add_bias_kv=False, add_zero_attn=False, weights=None):
@@ -341,6 +344,23 @@ class Layer:
             return ContractReport(rep, _L.mha_last_error().decode())
         check(st, "mha_layer_check_contract")
         return ContractReport(rep, "")
+
+    # ------------------------------------------------------------- files
+    @classmethod
+    def load(cls, path, layout="auto", n_heads=0, n_kv_heads=0, prefix=None):
+        """mha_layer_load: a safetensors checkpoint in the native, torch, hf,
+        gpt2 or megatron layout ('auto' detects it from the tensor names);
+        n_heads/n_kv_heads 0 = from the file; prefix selects one layer."""
+        opt = _lib.LoadOptions(_enum("layout", layout, _lib.LAYOUTS), int(n_heads), int(n_kv_heads),
+                               None if prefix is None else str(prefix).encode())
+        handle = _lib.LayerP()
+        check(_L.mha_layer_load(ctypes.byref(handle), os.fsencode(path), ctypes.byref(opt)),
+              "mha_layer_load")
+        return cls._adopt(handle)
+
+    def save(self, path):
+        """mha_layer_save: native safetensors with labels and dims in the metadata."""
+        check(_L.mha_layer_save(self._handle(), os.fsencode(path)), "mha_layer_save")
 
     # ------------------------------------------------------ PyTorch side
     @classmethod

@@ -539,7 +539,8 @@ static mha_status load_torch(mha_layer **out, const mha_tensors *t, const mha_lo
     if (!h) return mha_fail(MHA_E_ARG, "torch layout: the number of heads is not in the file; pass --heads");
     if (hkv && hkv != h)
         return mha_fail(MHA_E_ARG, "torch layout (nn.MultiheadAttention) has no GQA; got n_kv_heads = %d", hkv);
-    mha_torch_weights tw = {.embed_dim = E, .num_heads = h, .add_zero_attn = zero_attn};
+    mha_torch_weights tw = {.embed_dim = E, .num_heads = h, .add_zero_attn = zero_attn,
+                            .out_proj_weight = ow->f};
     if (in_w) {
         if ((s = want_shape(in_w, "in_proj_weight", 2, 3 * E, E, "(3E, E)"))) return s;
         tw.in_proj_weight = in_w->f;

@@ -67,7 +67,7 @@ INLINE __m256 exp_avx2(__m256 x) {
     __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
     r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
     __m256 p = _mm256_set1_ps(1.0f / 5040.0f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 700.0f));
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));

@@ -139,6 +139,7 @@ SIZES = [  # E, h, B, T
     (12, 3, 2, 6),
     (32, 8, 2, 4),
     (64, 4, 1, 9),
+    (128, 8, 2, 70),
 ]
 
 
@@ -220,6 +221,24 @@ def test_value_differing_from_key_is_reported():
     q, k, v = (inputs(rng, 1, 3, 8, False) for _ in range(3))
     with pytest.raises(mha.UnsupportedError, match="value differs from key"):
         mha_from(m).torch_forward(q, k, v)
+
+
+@pytest.mark.parametrize("batch_first", [True, False], ids=["bf", "seqfirst"])
+def test_long_sequences_all_options(request, batch_first):
+    """Lengths that cross any tile size of the fast path (T=37, S=75), with
+    a 3D bool mask, padding, both extra keys and per-head weights."""
+    E, h, B, T, S, kdim = 64, 4, 2, 37, 75, 48
+    m = torch_module(E, h, add_bias_kv=True, add_zero_attn=True, kdim=kdim, vdim=kdim,
+                     batch_first=batch_first, seed=19)
+    rng = np.random.default_rng(19)
+    q, mem = inputs(rng, B, T, E, batch_first), inputs(rng, B, S, kdim, batch_first)
+    am = random_keep(rng, (B * h, T, S), 0.5)
+    kpm = np.zeros((B, S), dtype=bool)
+    kpm[1, 60:] = True
+    want = run_torch(m, q, mem, mem, attn_mask=am, key_padding_mask=kpm, average_attn_weights=False)
+    layer = mha_from(m)
+    check_paths(request, lambda p: layer.torch_forward(q, mem, mem, attn_mask=am, key_padding_mask=kpm,
+                                                       average_attn_weights=False, path=p), want)
 
 
 # --------------------------------------------------- add_bias_kv, add_zero_attn
@@ -529,3 +548,68 @@ def test_state_dict_errors_name_the_tensor():
         mha.from_torch_state_dict(sd, 2)
     with pytest.raises(mha.ArgumentError, match="num_heads=3"):
         mha.from_torch_state_dict(state_dict(m), 3)
+
+
+# ------------------------------------------------------------------ docs
+
+def test_docs_python_examples_run_and_match_torch(monkeypatch):
+    """docs/PYTHON.md's code blocks, run in order: the five-line example
+    must give what the PyTorch module gives."""
+    import os
+    import re
+    from conftest import ROOT
+    text = open(os.path.join(ROOT, "docs", "PYTHON.md")).read()
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    assert len(blocks) >= 3
+    monkeypatch.chdir(ROOT)
+    ns = {}
+    exec(compile(blocks[0], "docs/PYTHON.md", "exec"), ns)
+    assert len(blocks[0].strip().splitlines()) == 5
+    yt, wt = run_torch(ns["m"], ns["x"])
+    assert_close(ns["y"], yt, "docs example output")
+    assert_close(ns["w"], wt, "docs example weights")
+    for code in blocks[1:]:
+        exec(compile(code, "docs/PYTHON.md", "exec"), ns)
+
+
+# --------------------------------------------------------- checkpoint files
+
+def _write_safetensors(path, tensors, metadata):
+    """A minimal safetensors writer from the format's description: u64
+    little-endian header length, JSON header, then the raw F32 data."""
+    import json
+    import struct
+    header, blobs, pos = {"__metadata__": {k: str(v) for k, v in metadata.items()}}, [], 0
+    for name, a in tensors.items():
+        b = np.ascontiguousarray(a, dtype="<f4").tobytes()
+        header[name] = {"dtype": "F32", "shape": list(a.shape), "data_offsets": [pos, pos + len(b)]}
+        blobs.append(b)
+        pos += len(b)
+    h = json.dumps(header).encode()
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+
+
+CKPT = [  # add_bias_kv, add_zero_attn, kdim
+    (False, False, None), (True, True, None), (False, False, 12),
+]
+
+
+@pytest.mark.parametrize("add_bias_kv,add_zero_attn,kdim", CKPT, ids=["plain", "extra_keys", "kdim12"])
+def test_torch_checkpoint_file_through_the_loader(request, tmp_path, add_bias_kv, add_zero_attn, kdim):
+    """A PyTorch state dict saved as safetensors and read by mha_layer_load
+    (the CLI's loader, torch layout, which calls mha_layer_from_torch)."""
+    E, h, B, T, S = 16, 4, 2, 5, 6
+    m = torch_module(E, h, add_bias_kv=add_bias_kv, add_zero_attn=add_zero_attn, kdim=kdim, vdim=kdim,
+                     batch_first=True, seed=20)
+    rng = np.random.default_rng(20)
+    q, mem = inputs(rng, B, T, E, True), inputs(rng, B, S, kdim or E, True)
+    want = run_torch(m, q, mem, mem, average_attn_weights=False)
+    path = tmp_path / "attn.safetensors"
+    _write_safetensors(path, {"encoder.attn." + k: v for k, v in state_dict(m).items()},
+                       {"n_heads": h, "add_zero_attn": int(add_zero_attn)})
+    for layout in ("torch", "auto"):
+        layer = mha.Layer.load(path, layout=layout)
+        layer.batch_first = True
+        check_paths(request, lambda p: layer.torch_forward(q, mem, mem, average_attn_weights=False, path=p),
+                    want)

@@ -1,0 +1,270 @@
+/* cache.c — the KV cache object: create, size, reset, truncate, permute,
+ * store, and the low-level append/attend entries. The cached forward
+ * (projections, interventions, captures) is in forward_cached.c, the
+ * attention over the cache in decode.c.
+ * Legend: B sequences, T rows per sequence, h heads, h_kv kv heads,
+ * d_k, d_v, d_model; slots = capacity rounded up to 8 (a K panel). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cache_internal.h"
+
+static size_t cache_elt(mha_cache_dtype dt) { return dt == MHA_CACHE_F16 ? 2 : 4; }
+
+static int round_slots(int capacity) { return (capacity + MHA_KPANEL - 1) / MHA_KPANEL * MHA_KPANEL; }
+
+size_t mha_cache_bytes_for(const mha_config *cfg, int batch, int capacity, mha_cache_dtype dtype) {
+    mha_config c;
+    if (!cfg || batch < 1 || capacity < 1 || (dtype != MHA_CACHE_F32 && dtype != MHA_CACHE_F16))
+        return 0;
+    if (mha_config_resolve(&c, cfg) != MHA_OK) return 0;
+    return (size_t)batch * c.n_kv_heads * (size_t)round_slots(capacity) * (size_t)(c.d_k + c.d_v) *
+           cache_elt(dtype);
+}
+
+size_t mha_cache_bytes(const mha_cache *c) {
+    if (!c) return 0;
+    return (size_t)c->B * c->h_kv * (size_t)c->slots * (size_t)(c->d_k + c->d_v) * c->elt;
+}
+
+void mha_cache_free(mha_cache *c) {
+    if (!c) return;
+    free(c->k), free(c->v), free(c->len), free(c->lo), free(c->phys), free(c->labels_k),
+        free(c->labels_v);
+    free(c);
+}
+
+mha_status mha_cache_create(mha_cache **out, const mha_layer *L, int batch, int capacity,
+                            mha_cache_dtype dtype, int window) {
+    if (!out) return mha_fail(MHA_E_ARG, "mha_cache_create: out is NULL");
+    *out = NULL;
+    if (!L) return mha_fail(MHA_E_ARG, "mha_cache_create: layer is NULL");
+    const mha_config *cf = &L->cfg;
+    if (batch < 1) return mha_fail(MHA_E_ARG, "mha_cache_create: batch=%d; expected >= 1", batch);
+    if (capacity < 1)
+        return mha_fail(MHA_E_ARG, "mha_cache_create: capacity=%d; expected >= 1 token", capacity);
+    if (dtype != MHA_CACHE_F32 && dtype != MHA_CACHE_F16)
+        return mha_fail(MHA_E_ARG, "mha_cache_create: dtype=%d; expected MHA_CACHE_F32 or MHA_CACHE_F16",
+                        (int)dtype);
+    if (window < 0 || window > capacity)
+        return mha_fail(MHA_E_ARG, "mha_cache_create: window=%d; expected 0 (none) or 1..capacity=%d",
+                        window, capacity);
+    if (cf->d_kv_in != cf->d_model)
+        return mha_fail(MHA_E_SHAPE,
+                        "mha_cache_create: d_kv_in=%d != d_model=%d; a KV cache serves causal "
+                        "self-attention (keys from the same tokens)", cf->d_kv_in, cf->d_model);
+    int slots = round_slots(capacity);
+    size_t blocks = (size_t)batch * cf->n_kv_heads, elt = cache_elt(dtype);
+    if ((size_t)slots > ((size_t)1 << 40) / blocks / (size_t)(cf->d_k + cf->d_v) / elt)
+        return mha_fail(MHA_E_NOMEM, "mha_cache_create: batch=%d capacity=%d is too large", batch, capacity);
+
+    mha_cache *c = calloc(1, sizeof *c);
+    if (!c) return mha_fail(MHA_E_NOMEM, "mha_cache_create: no memory");
+    c->B = batch, c->cap = capacity, c->slots = slots, c->window = window;
+    c->h = cf->n_heads, c->h_kv = cf->n_kv_heads, c->d_k = cf->d_k, c->d_v = cf->d_v;
+    c->d_model = cf->d_model, c->dtype = dtype, c->elt = elt;
+    /* zeroed: slots never written hold finite numbers, so a weight of
+     * exactly 0 on them (masked keys) contributes exactly 0 */
+    c->k = calloc(blocks * slots * cf->d_k, elt);
+    c->v = calloc(blocks * slots * cf->d_v, elt);
+    c->len = calloc((size_t)batch, sizeof(int));
+    c->lo = calloc((size_t)batch, sizeof(int));
+    c->phys = malloc(sizeof(int) * cf->n_kv_heads);
+    c->labels_k = malloc(sizeof(int) * cf->n_kv_heads);
+    c->labels_v = malloc(sizeof(int) * cf->n_kv_heads);
+    if (!c->k || !c->v || !c->len || !c->lo || !c->phys || !c->labels_k || !c->labels_v) {
+        mha_cache_free(c);
+        return mha_fail(MHA_E_NOMEM, "mha_cache_create: no memory for %zu bytes of K/V",
+                        blocks * slots * (size_t)(cf->d_k + cf->d_v) * elt);
+    }
+    for (int g = 0; g < c->h_kv; g++) c->phys[g] = g;
+    memcpy(c->labels_k, L->labels[MHA_BLOCK_K], sizeof(int) * c->h_kv);
+    memcpy(c->labels_v, L->labels[MHA_BLOCK_V], sizeof(int) * c->h_kv);
+    *out = c;
+    return MHA_OK;
+}
+
+int mha_cache_length(const mha_cache *c, int b) {
+    if (!c) {
+        mha_fail(MHA_E_ARG, "mha_cache_length: cache is NULL");
+        return -1;
+    }
+    if (b < 0 || b >= c->B) {
+        mha_fail(MHA_E_ARG, "mha_cache_length: sequence %d; expected 0..%d", b, c->B - 1);
+        return -1;
+    }
+    return c->len[b];
+}
+
+mha_status mha_cache_reset(mha_cache *c, int b) {
+    if (!c) return mha_fail(MHA_E_ARG, "mha_cache_reset: cache is NULL");
+    if (b < -1 || b >= c->B)
+        return mha_fail(MHA_E_ARG, "mha_cache_reset: sequence %d; expected 0..%d or -1 (all)", b, c->B - 1);
+    for (int i = 0; i < c->B; i++)
+        if (b == -1 || i == b) c->len[i] = c->lo[i] = 0;
+    return MHA_OK;
+}
+
+mha_status mha_cache_truncate(mha_cache *c, int b, int new_len) {
+    if (!c) return mha_fail(MHA_E_ARG, "mha_cache_truncate: cache is NULL");
+    if (b < 0 || b >= c->B)
+        return mha_fail(MHA_E_ARG, "mha_cache_truncate: sequence %d; expected 0..%d", b, c->B - 1);
+    if (new_len < 0 || new_len > c->len[b])
+        return mha_fail(MHA_E_ARG, "mha_cache_truncate: new_len=%d for sequence %d; expected 0..%d (its length)",
+                        new_len, b, c->len[b]);
+    if (new_len == 0) {
+        c->len[b] = c->lo[b] = 0;
+        return MHA_OK;
+    }
+    /* the next token (position new_len) needs keys from new_len - (W-1) */
+    int need = c->window ? new_len - (c->window - 1) : 0;
+    if (need < 0) need = 0;
+    if (need < c->lo[b])
+        return mha_fail(MHA_E_ARG,
+                        "mha_cache_truncate: sequence %d to %d tokens needs position %d for its "
+                        "window of %d, but the ring (capacity %d) kept only positions >= %d; "
+                        "expected new_len >= %d or 0",
+                        b, new_len, need, c->window, c->cap, c->lo[b], c->lo[b] + c->window - 1);
+    c->len[b] = new_len;
+    return MHA_OK;
+}
+
+mha_status mha_cache_permute_heads(mha_cache *c, const int *perm) {
+    if (!c || !perm) return mha_fail(MHA_E_ARG, "mha_cache_permute_heads: NULL %s", c ? "perm" : "cache");
+    int n_rep = c->h / c->h_kv;
+    int *seen = calloc((size_t)c->h, sizeof(int));
+    int *kvp = malloc(sizeof(int) * c->h_kv);
+    if (!seen || !kvp) {
+        free(seen), free(kvp);
+        return mha_fail(MHA_E_NOMEM, "mha_cache_permute_heads: no memory");
+    }
+    mha_status s = MHA_OK;
+    for (int i = 0; i < c->h && !s; i++) {
+        if (perm[i] < 0 || perm[i] >= c->h || seen[perm[i]]++)
+            s = mha_fail(MHA_E_ARG, "mha_cache_permute_heads: perm[%d]=%d; expected a permutation of 0..%d",
+                         i, perm[i], c->h - 1);
+        else if (perm[i] / n_rep != perm[i - i % n_rep] / n_rep)
+            s = mha_fail(MHA_E_ARG,
+                         "mha_cache_permute_heads: new heads %d and %d share kv head %d but come from "
+                         "old kv heads %d and %d; expected whole groups of %d", i - i % n_rep, i,
+                         i / n_rep, perm[i - i % n_rep] / n_rep, perm[i] / n_rep, n_rep);
+    }
+    if (!s) {
+        for (int g = 0; g < c->h_kv; g++) kvp[g] = perm[g * n_rep] / n_rep;
+        int *tmp = seen; /* h >= h_kv entries: reuse as scratch */
+        for (int pass = 0; pass < 3; pass++) {
+            int *a = pass == 0 ? c->phys : pass == 1 ? c->labels_k : c->labels_v;
+            for (int g = 0; g < c->h_kv; g++) tmp[g] = a[kvp[g]];
+            memcpy(a, tmp, sizeof(int) * c->h_kv);
+        }
+    }
+    free(seen), free(kvp);
+    return s;
+}
+
+/* ---------------------------------------------------------- storing */
+
+void mha_cache_store(mha_cache *c, const float *k, const float *v, const int *row0, int t0,
+                     const int *n) {
+    const mha_decode_kernels *kr = mha_decode_kernels_get();
+    uint16_t hk[256];
+    for (int b = 0; b < c->B; b++) {
+        for (int i = 0; i < n[b]; i++) {
+            int slot = (c->len[b] + i) % c->cap;
+            const float *kr_row = k + ((size_t)row0[b] + t0 + i) * c->h_kv * c->d_k;
+            const float *vr_row = v + ((size_t)row0[b] + t0 + i) * c->h_kv * c->d_v;
+            for (int g = 0; g < c->h_kv; g++) {
+                size_t kv = mha_cache_kv_index(c, b, g);
+                /* K: dim d of this key at panel slot/8, lane slot%8 */
+                size_t kbase = (kv * c->slots + (size_t)(slot - slot % MHA_KPANEL)) * c->d_k + slot % MHA_KPANEL;
+                size_t vbase = (kv * c->slots + (size_t)slot) * c->d_v;
+                const float *src = kr_row + (size_t)g * c->d_k;
+                if (c->dtype == MHA_CACHE_F32) {
+                    float *dst = (float *)c->k + kbase;
+                    for (int d = 0; d < c->d_k; d++) dst[(size_t)d * MHA_KPANEL] = src[d];
+                    memcpy((float *)c->v + vbase, vr_row + (size_t)g * c->d_v, sizeof(float) * c->d_v);
+                } else {
+                    uint16_t *dst = (uint16_t *)c->k + kbase;
+                    for (int d0 = 0; d0 < c->d_k; d0 += 256) {
+                        int nd = c->d_k - d0 < 256 ? c->d_k - d0 : 256;
+                        kr->to_f16(hk, src + d0, (size_t)nd);
+                        for (int d = 0; d < nd; d++) dst[(size_t)(d0 + d) * MHA_KPANEL] = hk[d];
+                    }
+                    kr->to_f16((uint16_t *)c->v + vbase, vr_row + (size_t)g * c->d_v, (size_t)c->d_v);
+                }
+            }
+        }
+        c->len[b] += n[b];
+        if (c->len[b] - c->cap > c->lo[b]) c->lo[b] = c->len[b] - c->cap;
+    }
+}
+
+/* ------------------------------------------------- low-level entries */
+
+/* n_new (B entries or NULL) -> n, with range checks; row0[b] = b*T. */
+static mha_status counts(int *n, int *row0, const mha_cache *c, int T, const int *n_new,
+                         const char *fn) {
+    if (T < 1) return mha_fail(MHA_E_ARG, "%s: T=%d; expected >= 1", fn, T);
+    for (int b = 0; b < c->B; b++) {
+        n[b] = n_new ? n_new[b] : T;
+        row0[b] = b * T;
+        if (n[b] < 0 || n[b] > T)
+            return mha_fail(MHA_E_ARG, "%s: n_new[%d]=%d; expected 0..T=%d", fn, b, n[b], T);
+    }
+    return MHA_OK;
+}
+
+/* Whether n[b] more tokens fit (capacity, or the ring's window rule). */
+mha_status mha_cache_check_room(const mha_cache *c, const int *n, const char *fn) {
+    for (int b = 0; b < c->B; b++) {
+        if (!c->window && c->len[b] + n[b] > c->cap)
+            return mha_fail(MHA_E_ARG,
+                            "%s: sequence %d holds %d tokens, %d more exceed the capacity %d; "
+                            "create a larger cache, truncate, or use a window", fn, b, c->len[b], n[b], c->cap);
+        if (c->window && n[b] > c->cap - c->window + 1)
+            return mha_fail(MHA_E_ARG,
+                            "%s: %d tokens for sequence %d in one call; a ring of %d slots with "
+                            "window %d takes at most %d per call", fn, n[b], b, c->cap, c->window,
+                            c->cap - c->window + 1);
+    }
+    return MHA_OK;
+}
+
+mha_status mha_cache_append(mha_cache *c, const float *k, const float *v, int T, const int *n_new) {
+    if (!c || !k || !v)
+        return mha_fail(MHA_E_ARG, "mha_cache_append: NULL %s", !c ? "cache" : !k ? "k" : "v");
+    int *n = malloc(sizeof(int) * 2 * c->B);
+    if (!n) return mha_fail(MHA_E_NOMEM, "mha_cache_append: no memory");
+    mha_status s = counts(n, n + c->B, c, T, n_new, "mha_cache_append");
+    if (!s) s = mha_cache_check_room(c, n, "mha_cache_append");
+    if (!s) mha_cache_store(c, k, v, n + c->B, 0, n);
+    free(n);
+    return s;
+}
+
+mha_status mha_cache_attend(const mha_cache *c, float *z, const float *q, int T, const int *n_new,
+                            float scale) {
+    if (!c || !z || !q)
+        return mha_fail(MHA_E_ARG, "mha_cache_attend: NULL %s", !c ? "cache" : !z ? "z" : "q");
+    if (!isfinite(scale)) return mha_fail(MHA_E_NONFINITE, "mha_cache_attend: scale=%g; expected finite", (double)scale);
+    int *n = malloc(sizeof(int) * 2 * c->B);
+    if (!n) return mha_fail(MHA_E_NOMEM, "mha_cache_attend: no memory");
+    mha_status s = counts(n, n + c->B, c, T, n_new, "mha_cache_attend");
+    for (int b = 0; b < c->B && !s; b++) {
+        int first = c->len[b] - n[b];
+        int need = c->window ? first - (c->window - 1) : 0;
+        if (first < 0)
+            s = mha_fail(MHA_E_ARG, "mha_cache_attend: n_new[%d]=%d but sequence %d holds %d tokens; "
+                         "append the queries' keys first", b, n[b], b, c->len[b]);
+        else if ((need > 0 ? need : 0) < c->lo[b])
+            s = mha_fail(MHA_E_ARG, "mha_cache_attend: the first of %d queries of sequence %d needs "
+                         "position %d, already overwritten in the ring", n[b], b, need);
+    }
+    if (!s) {
+        mha_decode_opts o = {scale != 0.0f ? scale : 1.0f / sqrtf((float)c->d_k), -1, NULL, NULL, 0, 0};
+        s = mha_decode_attend(z, NULL, c, q, n + c->B, 0, n, &o);
+    }
+    free(n);
+    return s;
+}

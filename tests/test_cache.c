@@ -1,0 +1,831 @@
+/* test_cache.c — the KV cache and incremental decoding (issue 5) against
+ * one causal forward over the whole sequence on the reference path.
+ *
+ * Tolerances (stated once, used by every comparison of y):
+ *  fp32 cache: max|cached - ref| <= 2 * max|naive32 - ref| + 1e-6, where
+ *    naive32 is the plain fp32 causal layer below (the fast-path rule).
+ *  fp16 cache: the fp32 bound plus the first-order effect of rounding K
+ *    and V to binary16 (relative error u = 2^-11 each):
+ *      |d score| <= u * scale * max_{q,k} sum_c |q_c k_c|          = E_s
+ *      |d z|     <= max|v| * (u + 2 E_s)       (weights move by p*2E_s)
+ *      |d y|     <= |d z| * max_o sum_c |W_O[c,o]|
+ *    times 1.5 for second-order terms, all computed from the test's data.
+ * Legend: B sequences, T tokens, h, h_kv heads, d_k, d_v, d_model. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cache_internal.h"
+#include "naive.h"
+#include "test_util.h"
+#include "tests.h"
+
+/* ------------------------------------------------------------ fixture */
+
+typedef struct {
+    naive_weights w;
+    mha_layer *L;
+    int B, T, D, h, h_kv, d_k, d_v;
+} fixture;
+
+static void fixture_make(fixture *f, int B, int T, int D, int h, int h_kv, int d_k, int d_v,
+                         int extras, uint64_t seed) {
+    mha_config c = mha_config_default(D, h);
+    c.n_kv_heads = h_kv, c.d_k = d_k, c.d_v = d_v, c.bias = 1;
+    c.add_bias_kv = extras, c.add_zero_attn = extras;
+    mha_config r = naive_resolve(c);
+    naive_weights_random(&f->w, &r, &seed, 0.5f);
+    f->L = naive_make_layer(&f->w);
+    f->B = B, f->T = T, f->D = D, f->h = h, f->h_kv = h_kv, f->d_k = r.d_k, f->d_v = r.d_v;
+}
+
+static void fixture_free(fixture *f) {
+    mha_layer_free(f->L);
+    naive_weights_free(&f->w);
+}
+
+static mha_options causal_ref(int window_left) {
+    mha_options o = naive_ref_options();
+    o.causal = 1;
+    o.window_left = window_left;
+    return o;
+}
+
+/* ------------------------------------------- naive fp32 causal layer */
+
+/* out (rows, n) = in (rows, k) w (k, n) + b in fp32, k order. */
+static void lin32(float *out, const float *in, const float *w, const float *b, int rows, int k, int n) {
+    for (int t = 0; t < rows; t++)
+        for (int o = 0; o < n; o++) {
+            float acc = b ? b[o] : 0.0f;
+            for (int i = 0; i < k; i++) acc += in[(size_t)t * k + i] * w[(size_t)i * n + o];
+            out[(size_t)t * n + o] = acc;
+        }
+}
+
+/* y (B,T,D) of the causal self-attention layer in plain fp32, keys
+ * j in [i - left, i] (left < 0: all j <= i), plus the extra keys. Also
+ * reports the fp16 error bound terms of the header comment. */
+static void naive32_causal(float *y, double *fp16_bound, const fixture *f, const float *x, int left) {
+    const mha_config *c = &f->w.cfg;
+    int B = f->B, T = f->T, D = f->D, h = f->h, hk = f->h_kv, dk = f->d_k, dv = f->d_v;
+    int n_rep = h / hk;
+    float scale = 1.0f / sqrtf((float)dk);
+    float *q = naive_alloc_floats((size_t)B * T * h * dk), *k = naive_alloc_floats((size_t)B * T * hk * dk);
+    float *v = naive_alloc_floats((size_t)B * T * hk * dv), *z = naive_alloc_floats((size_t)B * T * h * dv);
+    float *sc = naive_alloc_floats((size_t)T + 2);
+    lin32(q, x, f->w.w_q, f->w.b_q, B * T, D, h * dk);
+    lin32(k, x, f->w.w_k, f->w.b_k, B * T, D, hk * dk);
+    lin32(v, x, f->w.w_v, f->w.b_v, B * T, D, hk * dv);
+    double es = 0.0, vmax = 0.0;
+    for (int b = 0; b < B; b++)
+        for (int r = 0; r < h; r++)
+            for (int i = 0; i < T; i++) {
+                int g = r / n_rep, j0 = left >= 0 && i - left > 0 ? i - left : 0, n = 0;
+                const float *qi = q + ((size_t)b * T + i) * h * dk + (size_t)r * dk;
+                float mx = -INFINITY, sum = 0.0f;
+                for (int j = j0; j <= i; j++, n++) {
+                    const float *kj = k + ((size_t)b * T + j) * hk * dk + (size_t)g * dk;
+                    float dot = 0.0f;
+                    double mag = 0.0;
+                    for (int e = 0; e < dk; e++) dot += qi[e] * kj[e], mag += fabs((double)qi[e] * kj[e]);
+                    if (mag * scale > es) es = mag * scale;
+                    sc[n] = scale * dot;
+                }
+                if (c->add_bias_kv) {
+                    float dot = 0.0f;
+                    for (int e = 0; e < dk; e++) dot += qi[e] * f->w.bias_k[(size_t)g * dk + e];
+                    sc[n++] = scale * dot;
+                }
+                if (c->add_zero_attn) sc[n++] = 0.0f;
+                for (int j = 0; j < n; j++) mx = fmaxf(mx, sc[j]);
+                for (int j = 0; j < n; j++) sum += sc[j] = expf(sc[j] - mx);
+                float *zi = z + ((size_t)b * T + i) * h * dv + (size_t)r * dv;
+                for (int e = 0; e < dv; e++) {
+                    float acc = 0.0f;
+                    int m = 0;
+                    for (int j = j0; j <= i; j++, m++) {
+                        float vv = v[((size_t)b * T + j) * hk * dv + (size_t)g * dv + e];
+                        acc += sc[m] * vv;
+                        if (fabs(vv) > vmax) vmax = fabs(vv);
+                    }
+                    if (c->add_bias_kv) acc += sc[m] * f->w.bias_v[(size_t)g * dv + e];
+                    zi[e] = acc / sum;
+                }
+            }
+    lin32(y, z, f->w.w_o, f->w.b_o, B * T, h * dv, D);
+    if (fp16_bound) {
+        double u = ldexp(1.0, -11), wo = 0.0;
+        for (int o = 0; o < D; o++) {
+            double s = 0.0;
+            for (int cc = 0; cc < h * dv; cc++) s += fabs(f->w.w_o[(size_t)cc * D + o]);
+            if (s > wo) wo = s;
+        }
+        *fp16_bound = 1.5 * vmax * (u + 2.0 * u * es) * wo;
+    }
+    free(q), free(k), free(v), free(z), free(sc);
+}
+
+/* ref y (and z) of the whole sequence; returns the fp32 tolerance and,
+ * in *tol16, the fp16 one. */
+static double reference(float *y, float *z, double *tol16, const fixture *f, const float *x, int left) {
+    size_t ny = (size_t)f->B * f->T * f->D;
+    mha_options o = causal_ref(left);
+    mha_capture cap = {z, NULL, NULL};
+    CHECK_OK(mha_forward(f->L, y, &cap, x, NULL, f->B, f->T, f->T, &o));
+    float *y32 = naive_alloc_floats(ny);
+    double b16 = 0.0;
+    naive32_causal(y32, &b16, f, x, left);
+    double tol = 2.0 * test_max_abs_diff(y32, y, ny) + 1e-6;
+    if (tol16) *tol16 = tol + b16;
+    free(y32);
+    return tol;
+}
+
+/* Runs x (B,T,D) through the cache in pieces of sizes steps[0..], copying
+ * y (and z) of each piece into the whole-sequence arrays. */
+static void run_cached(float *y, float *z, const fixture *f, mha_cache *c, const float *x,
+                       const int *steps, int nsteps, const mha_options *opt) {
+    int t = 0, D = f->D, zw = f->h * f->d_v;
+    for (int s = 0; s < nsteps && t < f->T; s++) {
+        int n = steps[s] < f->T - t ? steps[s] : f->T - t;
+        float *xs = naive_alloc_floats((size_t)f->B * n * D), *ys = naive_alloc_floats((size_t)f->B * n * D);
+        float *zs = naive_alloc_floats((size_t)f->B * n * zw);
+        for (int b = 0; b < f->B; b++)
+            memcpy(xs + (size_t)b * n * D, x + ((size_t)b * f->T + t) * D, sizeof(float) * n * D);
+        mha_capture cap = {zs, NULL, NULL};
+        CHECK_OK(mha_forward_cached(f->L, c, ys, &cap, xs, n, NULL, opt));
+        for (int b = 0; b < f->B; b++) {
+            memcpy(y + ((size_t)b * f->T + t) * D, ys + (size_t)b * n * D, sizeof(float) * n * D);
+            if (z) memcpy(z + ((size_t)b * f->T + t) * zw, zs + (size_t)b * n * zw, sizeof(float) * n * zw);
+        }
+        free(xs), free(ys), free(zs);
+        t += n;
+    }
+    CHECK_INT(t, f->T);
+}
+
+/* Prefill `prefill` tokens, then decode one at a time, vs the reference. */
+static void prefill_then_decode(int h, int h_kv, mha_cache_dtype dt, int extras) {
+    fixture f;
+    fixture_make(&f, 2, 83, 24, h, h_kv, 6, 0, extras, 42 + h_kv);
+    uint64_t seed = 7;
+    float *x = naive_random_floats((size_t)f.B * f.T * f.D, &seed, -1.0f, 1.0f);
+    size_t ny = (size_t)f.B * f.T * f.D, nz = (size_t)f.B * f.T * f.h * f.d_v;
+    float *yr = naive_alloc_floats(ny), *zr = naive_alloc_floats(nz);
+    float *yc = naive_alloc_floats(ny), *zc = naive_alloc_floats(nz);
+    double tol16, tol = reference(yr, zr, &tol16, &f, x, -1);
+    mha_cache *c = NULL;
+    CHECK_OK(mha_cache_create(&c, f.L, f.B, f.T, dt, 0));
+    int steps[64];
+    steps[0] = 50; /* crosses the 64-slot chunk boundary while decoding */
+    for (int i = 1; i < 64; i++) steps[i] = 1;
+    if (c) run_cached(yc, zc, &f, c, x, steps, 64, NULL);
+    double t = dt == MHA_CACHE_F16 ? tol16 : tol;
+    CHECK_ARRAY_NEAR(yc, yr, ny, t);
+    CHECK(tol < 1e-4);
+    if (dt == MHA_CACHE_F32) CHECK_ARRAY_NEAR(zc, zr, nz, tol);
+    CHECK_INT(mha_cache_length(c, 1), f.T);
+    mha_cache_free(c);
+    free(x), free(yr), free(zr), free(yc), free(zc);
+    fixture_free(&f);
+}
+
+static void test_decode_mha_f32(void) { prefill_then_decode(8, 8, MHA_CACHE_F32, 0); }
+static void test_decode_gqa_f32(void) { prefill_then_decode(8, 2, MHA_CACHE_F32, 0); }
+static void test_decode_mqa_f32(void) { prefill_then_decode(8, 1, MHA_CACHE_F32, 0); }
+static void test_decode_mha_f16(void) { prefill_then_decode(8, 8, MHA_CACHE_F16, 0); }
+static void test_decode_gqa_f16(void) { prefill_then_decode(8, 2, MHA_CACHE_F16, 0); }
+static void test_decode_mqa_f16(void) { prefill_then_decode(8, 1, MHA_CACHE_F16, 0); }
+static void test_decode_bias_kv_zero_attn(void) { prefill_then_decode(4, 2, MHA_CACHE_F32, 1); }
+
+/* The scalar kernels (the non-AVX2 fallback) pass the same check. */
+static void test_decode_scalar_kernels(void) {
+    mha_decode_force_scalar(1);
+    prefill_then_decode(8, 2, MHA_CACHE_F32, 0);
+    prefill_then_decode(8, 1, MHA_CACHE_F16, 0);
+    mha_decode_force_scalar(0);
+}
+
+/* Pieces of several sizes (a long prefill, then 3, then 1s) and d_v != d_k. */
+static void test_decode_uneven_pieces(void) {
+    fixture f;
+    fixture_make(&f, 1, 150, 16, 4, 1, 8, 5, 0, 3);
+    uint64_t seed = 11;
+    float *x = naive_random_floats((size_t)f.T * f.D, &seed, -1.0f, 1.0f);
+    float *yr = naive_alloc_floats((size_t)f.T * f.D), *yc = naive_alloc_floats((size_t)f.T * f.D);
+    double tol = reference(yr, NULL, NULL, &f, x, -1);
+    mha_cache *c = NULL;
+    CHECK_OK(mha_cache_create(&c, f.L, 1, 160, MHA_CACHE_F32, 0));
+    int steps[] = {130, 3, 1, 5, 1, 1, 2, 7};
+    if (c) run_cached(yc, NULL, &f, c, x, steps, 8, NULL);
+    CHECK_ARRAY_NEAR(yc, yr, (size_t)f.T * f.D, tol);
+    mha_cache_free(c);
+    free(x), free(yr), free(yc);
+    fixture_free(&f);
+}
+
+/* ------------------------------------------------------ ragged batches */
+
+/* Three sequences of different lengths fed in steps of different sizes
+ * (n_new per sequence), each equal to its own reference forward. */
+static void test_ragged_batch(void) {
+    fixture f;
+    fixture_make(&f, 3, 40, 16, 4, 2, 4, 0, 0, 5);
+    int len[3] = {40, 23, 31};
+    uint64_t seed = 13;
+    float *x = naive_random_floats((size_t)f.B * f.T * f.D, &seed, -1.0f, 1.0f);
+    float *y = naive_alloc_floats((size_t)f.B * f.T * f.D);
+    mha_cache *c = NULL;
+    CHECK_OK(mha_cache_create(&c, f.L, 3, 40, MHA_CACHE_F16, 0));
+    int done[3] = {0, 0, 0}, round = 0;
+    while (c && (done[0] < len[0] || done[1] < len[1] || done[2] < len[2])) {
+        int Tn = 1 + round % 4, n[3];
+        for (int b = 0; b < 3; b++) {
+            int want = round == 0 ? 5 * (b + 1) : (b + round) % 3; /* some 0s */
+            if (want > Tn && round) want = Tn;
+            n[b] = len[b] - done[b] < want ? len[b] - done[b] : want;
+        }
+        int T = round == 0 ? 15 : Tn;
+        float *xs = naive_alloc_floats((size_t)3 * T * f.D), *ys = naive_alloc_floats((size_t)3 * T * f.D);
+        for (int i = 0; i < 3 * T * f.D; i++) ys[i] = 99.0f; /* padding rows must become 0 */
+        for (int b = 0; b < 3; b++)
+            memcpy(xs + (size_t)b * T * f.D, x + ((size_t)b * f.T + done[b]) * f.D, sizeof(float) * n[b] * f.D);
+        CHECK_OK(mha_forward_cached(f.L, c, ys, NULL, xs, T, n, NULL));
+        for (int b = 0; b < 3; b++) {
+            memcpy(y + ((size_t)b * f.T + done[b]) * f.D, ys + (size_t)b * T * f.D, sizeof(float) * n[b] * f.D);
+            for (int i = n[b] * f.D; i < T * f.D; i++) CHECK(ys[(size_t)b * T * f.D + i] == 0.0f);
+            done[b] += n[b];
+            CHECK_INT(mha_cache_length(c, b), done[b]);
+        }
+        free(xs), free(ys);
+        round++;
+    }
+    /* each sequence alone through the reference */
+    for (int b = 0; b < 3; b++) {
+        fixture one = f;
+        one.B = 1, one.T = len[b];
+        float *yr = naive_alloc_floats((size_t)len[b] * f.D);
+        double tol16;
+        reference(yr, NULL, &tol16, &one, x + (size_t)b * f.T * f.D, -1);
+        CHECK_ARRAY_NEAR(y + (size_t)b * f.T * f.D, yr, (size_t)len[b] * f.D, tol16);
+        free(yr);
+    }
+    mha_cache_free(c);
+    free(x), free(y);
+    fixture_free(&f);
+}
+
+/* ------------------------------------------------------------ truncate */
+
+/* Decode 6 speculative tokens, roll back 4 of them, continue with other
+ * tokens: equals the reference over the accepted sequence. */
+static void test_truncate_then_continue(void) {
+    fixture f;
+    fixture_make(&f, 1, 40, 16, 4, 4, 4, 0, 0, 21);
+    uint64_t seed = 17;
+    float *x = naive_random_floats((size_t)f.T * f.D, &seed, -1.0f, 1.0f);
+    float *junk = naive_random_floats((size_t)6 * f.D, &seed, -3.0f, 3.0f);
+    float *yr = naive_alloc_floats((size_t)f.T * f.D), *yc = naive_alloc_floats((size_t)f.T * f.D);
+    float *ys = naive_alloc_floats((size_t)6 * f.D);
+    double tol = reference(yr, NULL, NULL, &f, x, -1);
+    mha_cache *c = NULL;
+    CHECK_OK(mha_cache_create(&c, f.L, 1, 40, MHA_CACHE_F32, 0));
+    if (c) {
+        CHECK_OK(mha_forward_cached(f.L, c, yc, NULL, x, 22, NULL, NULL));
+        /* accept 2 of 6 speculative tokens: they equal x[22], x[23] */
+        memcpy(junk, x + (size_t)22 * f.D, sizeof(float) * 2 * f.D);
+        CHECK_OK(mha_forward_cached(f.L, c, ys, NULL, junk, 6, NULL, NULL));
+        CHECK_INT(mha_cache_length(c, 0), 28);
+        CHECK_OK(mha_cache_truncate(c, 0, 24));
+        CHECK_INT(mha_cache_length(c, 0), 24);
+        memcpy(yc + (size_t)22 * f.D, ys, sizeof(float) * 2 * f.D);
+        for (int t = 24; t < f.T; t++)
+            CHECK_OK(mha_forward_cached(f.L, c, yc + (size_t)t * f.D, NULL, x + (size_t)t * f.D, 1, NULL, NULL));
+        CHECK_ARRAY_NEAR(yc, yr, (size_t)f.T * f.D, tol);
+        /* reset starts over */
+        CHECK_OK(mha_cache_reset(c, -1));
+        CHECK_INT(mha_cache_length(c, 0), 0);
+        CHECK_OK(mha_forward_cached(f.L, c, yc, NULL, x, 10, NULL, NULL));
+        CHECK_ARRAY_NEAR(yc, yr, (size_t)10 * f.D, tol);
+    }
+    mha_cache_free(c);
+    free(x), free(junk), free(yr), free(yc), free(ys);
+    fixture_free(&f);
+}
+
+/* -------------------------------------------------------------- window */
+
+/* A ring of 21 slots keeping the last 16 tokens vs the reference with
+ * window_left = 15: a long prefill (split into pieces inside), decode
+ * steps that wrap the ring many times, and a truncate inside the ring. */
+static void window_case(mha_cache_dtype dt, int h_kv) {
+    fixture f;
+    fixture_make(&f, 2, 130, 16, 4, h_kv, 8, 0, 0, 31);
+    uint64_t seed = 19;
+    float *x = naive_random_floats((size_t)f.B * f.T * f.D, &seed, -1.0f, 1.0f);
+    size_t ny = (size_t)f.B * f.T * f.D;
+    float *yr = naive_alloc_floats(ny), *yc = naive_alloc_floats(ny);
+    double tol16, tol = reference(yr, NULL, &tol16, &f, x, 15);
+    mha_cache *c = NULL;
+    CHECK_OK(mha_cache_create(&c, f.L, f.B, 21, dt, 16));
+    int steps[90];
+    steps[0] = 47;
+    for (int i = 1; i < 90; i++) steps[i] = i % 5 == 0 ? 3 : 1;
+    if (c) run_cached(yc, NULL, &f, c, x, steps, 90, NULL);
+    CHECK_ARRAY_NEAR(yc, yr, ny, dt == MHA_CACHE_F16 ? tol16 : tol);
+    CHECK_INT(mha_cache_length(c, 0), f.T);
+    CHECK_INT(mha_cache_bytes(c), (size_t)f.B * 24 * h_kv * 16 * (dt == MHA_CACHE_F16 ? 2 : 4));
+    if (c) {
+        /* roll back 5 tokens (ring keeps 21 >= 16 + 5), redo them */
+        CHECK_OK(mha_cache_truncate(c, 0, f.T - 5));
+        CHECK_OK(mha_cache_truncate(c, 1, f.T - 5));
+        float *xs = naive_alloc_floats((size_t)f.B * 5 * f.D), *ys = naive_alloc_floats((size_t)f.B * 5 * f.D);
+        for (int b = 0; b < f.B; b++)
+            memcpy(xs + (size_t)b * 5 * f.D, x + ((size_t)b * f.T + f.T - 5) * f.D, sizeof(float) * 5 * f.D);
+        CHECK_OK(mha_forward_cached(f.L, c, ys, NULL, xs, 5, NULL, NULL));
+        for (int b = 0; b < f.B; b++)
+            CHECK_ARRAY_NEAR(ys + (size_t)b * 5 * f.D, yr + ((size_t)b * f.T + f.T - 5) * f.D, (size_t)5 * f.D,
+                             dt == MHA_CACHE_F16 ? tol16 : tol);
+        free(xs), free(ys);
+        /* too far back: the window of the next token was overwritten */
+        CHECK_STATUS(mha_cache_truncate(c, 0, f.T - 10), MHA_E_ARG);
+        CHECK_ERROR_MENTIONS("window");
+    }
+    mha_cache_free(c);
+    free(x), free(yr), free(yc);
+    fixture_free(&f);
+}
+
+static void test_window_f32(void) { window_case(MHA_CACHE_F32, 2); }
+static void test_window_f16(void) { window_case(MHA_CACHE_F16, 1); }
+
+/* window_left in the options on a cache without window. */
+static void test_window_option(void) {
+    fixture f;
+    fixture_make(&f, 1, 90, 16, 4, 4, 4, 0, 0, 37);
+    uint64_t seed = 23;
+    float *x = naive_random_floats((size_t)f.T * f.D, &seed, -1.0f, 1.0f);
+    float *yr = naive_alloc_floats((size_t)f.T * f.D), *yc = naive_alloc_floats((size_t)f.T * f.D);
+    double tol = reference(yr, NULL, NULL, &f, x, 9);
+    mha_cache *c = NULL;
+    CHECK_OK(mha_cache_create(&c, f.L, 1, 90, MHA_CACHE_F32, 0));
+    mha_options o = mha_options_default();
+    o.window_left = 9;
+    int steps[] = {70, 1, 1, 1, 17};
+    if (c) run_cached(yc, NULL, &f, c, x, steps, 5, &o);
+    CHECK_ARRAY_NEAR(yc, yr, (size_t)f.T * f.D, tol);
+    mha_cache_free(c);
+    free(x), free(yr), free(yc);
+    fixture_free(&f);
+}
+
+/* ------------------------------------------------------- interventions */
+
+/* Interventions applied at every decode step equal the reference forward
+ * with the same interventions (REPLACE values sliced per position); the
+ * contributions captured during decode sum (with b_O) to y. */
+static void test_interventions_during_decode(void) {
+    fixture f;
+    fixture_make(&f, 2, 30, 16, 4, 2, 4, 0, 0, 41);
+    uint64_t seed = 29;
+    size_t ny = (size_t)f.B * f.T * f.D;
+    float *x = naive_random_floats(ny, &seed, -1.0f, 1.0f);
+    float *val = naive_random_floats((size_t)f.B * f.T * f.d_v, &seed, -1.0f, 1.0f);
+    mha_intervention iv[4] = {{MHA_HEAD_KEEP, 0, NULL}, {MHA_HEAD_ZERO, 0, NULL},
+                              {MHA_HEAD_SCALE, -2.5f, NULL}, {MHA_HEAD_REPLACE, 0, val}};
+    mha_options ro = causal_ref(-1);
+    ro.interventions = iv;
+    float *yr = naive_alloc_floats(ny), *yc = naive_alloc_floats(ny);
+    CHECK_OK(mha_forward(f.L, yr, NULL, x, NULL, f.B, f.T, f.T, &ro));
+    double tol = reference(yc, NULL, NULL, &f, x, -1); /* fp32 rule of this layer */
+    mha_cache *c = NULL;
+    CHECK_OK(mha_cache_create(&c, f.L, f.B, f.T, MHA_CACHE_F32, 0));
+    float *xs = naive_alloc_floats((size_t)f.B * f.D), *ys = naive_alloc_floats((size_t)f.B * f.D);
+    float *vs = naive_alloc_floats((size_t)f.B * f.d_v);
+    float *contrib = naive_alloc_floats((size_t)f.h * f.B * f.D);
+    for (int t = 0; c && t < f.T; t++) {
+        for (int b = 0; b < f.B; b++) {
+            memcpy(xs + (size_t)b * f.D, x + ((size_t)b * f.T + t) * f.D, sizeof(float) * f.D);
+            memcpy(vs + (size_t)b * f.d_v, val + ((size_t)b * f.T + t) * f.d_v, sizeof(float) * f.d_v);
+        }
+        mha_intervention ivs[4];
+        memcpy(ivs, iv, sizeof ivs);
+        ivs[3].value = vs;
+        mha_options o = mha_options_default();
+        o.interventions = ivs;
+        mha_capture cap = {NULL, contrib, NULL};
+        CHECK_OK(mha_forward_cached(f.L, c, ys, &cap, xs, 1, NULL, &o));
+        for (int b = 0; b < f.B; b++) {
+            memcpy(yc + ((size_t)b * f.T + t) * f.D, ys + (size_t)b * f.D, sizeof(float) * f.D);
+            for (int e = 0; e < f.D; e++) {
+                double s = f.w.b_o[e];
+                for (int r = 0; r < f.h; r++) s += contrib[((size_t)r * f.B + b) * f.D + e];
+                CHECK_NEAR(s, ys[(size_t)b * f.D + e], 1e-5);
+            }
+        }
+        /* head 1 is zeroed: its contribution is exactly 0 */
+        for (int i = 0; i < f.B * f.D; i++) CHECK(contrib[(size_t)1 * f.B * f.D + i] == 0.0f);
+    }
+    CHECK_ARRAY_NEAR(yc, yr, ny, tol);
+
+    /* MEAN averages over the rows of the call: a prefill of the whole
+     * sequence equals the reference's mean over all positions */
+    mha_intervention mean[4] = {{MHA_HEAD_MEAN, 0, NULL}, {MHA_HEAD_KEEP, 0, NULL},
+                                {MHA_HEAD_KEEP, 0, NULL}, {MHA_HEAD_MEAN, 0, NULL}};
+    ro.interventions = mean;
+    CHECK_OK(mha_forward(f.L, yr, NULL, x, NULL, f.B, f.T, f.T, &ro));
+    mha_options o = mha_options_default();
+    o.interventions = mean;
+    CHECK_OK(mha_cache_reset(c, -1));
+    CHECK_OK(mha_forward_cached(f.L, c, yc, NULL, x, f.T, NULL, &o));
+    CHECK_ARRAY_NEAR(yc, yr, ny, tol);
+    mha_cache_free(c);
+    free(x), free(val), free(yr), free(yc), free(xs), free(ys), free(vs), free(contrib);
+    fixture_free(&f);
+}
+
+/* Probabilities captured during decode (column = position) equal the
+ * reference's row of the whole-sequence forward. */
+static void test_probs_during_decode(void) {
+    fixture f;
+    fixture_make(&f, 1, 20, 16, 4, 2, 4, 0, 1, 43);
+    uint64_t seed = 31;
+    float *x = naive_random_floats((size_t)f.T * f.D, &seed, -1.0f, 1.0f);
+    int Sx = f.T + 2;
+    float *pr = naive_alloc_floats((size_t)f.h * f.T * Sx), *y = naive_alloc_floats((size_t)f.T * f.D);
+    mha_options ro = causal_ref(-1);
+    mha_capture rc = {NULL, NULL, pr};
+    CHECK_OK(mha_forward(f.L, y, &rc, x, NULL, 1, f.T, f.T, &ro));
+    mha_cache *c = NULL;
+    int cap = 24; /* probs columns: 24 slots + 2 extra keys */
+    CHECK_OK(mha_cache_create(&c, f.L, 1, cap, MHA_CACHE_F32, 0));
+    float *pc = naive_alloc_floats((size_t)f.h * 12 * (cap + 2));
+    mha_capture cc = {NULL, NULL, pc};
+    if (c) {
+        CHECK_OK(mha_forward_cached(f.L, c, y, NULL, x, 8, NULL, NULL));
+        CHECK_OK(mha_forward_cached(f.L, c, y, &cc, x + (size_t)8 * f.D, 12, NULL, NULL));
+    }
+    double worst = 0.0;
+    for (int r = 0; r < f.h; r++)
+        for (int t = 0; t < 12; t++)
+            for (int j = 0; j < cap + 2; j++) {
+                float got = pc[((size_t)r * 12 + t) * (cap + 2) + j];
+                int rj = j < f.T ? j : j < cap ? -1 : f.T + (j - cap);
+                float want = rj < 0 ? 0.0f : pr[((size_t)r * f.T + 8 + t) * Sx + rj];
+                double d = fabs((double)got - want);
+                if (d > worst) worst = d;
+            }
+    CHECK(worst < 1e-5);
+    mha_cache_free(c);
+    free(x), free(pr), free(y), free(pc);
+    fixture_free(&f);
+}
+
+/* ----------------------------------------------------- permutation */
+
+/* Prefill, permute the layer's heads (groups kept whole), decode: the
+ * stale cache is refused; after mha_cache_permute_heads decoding goes on
+ * with the outputs of the unpermuted layer. */
+static void permute_case(int h_kv) {
+    fixture f;
+    fixture_make(&f, 1, 40, 16, 4, h_kv, 4, 0, 0, 47);
+    uint64_t seed = 37;
+    float *x = naive_random_floats((size_t)f.T * f.D, &seed, -1.0f, 1.0f);
+    float *yr = naive_alloc_floats((size_t)f.T * f.D), *yc = naive_alloc_floats((size_t)f.T * f.D);
+    double tol16;
+    reference(yr, NULL, &tol16, &f, x, -1);
+    mha_cache *c = NULL;
+    CHECK_OK(mha_cache_create(&c, f.L, 1, f.T, MHA_CACHE_F16, 0));
+    int perm_mha[4] = {2, 0, 3, 1}, perm_gqa[4] = {3, 2, 0, 1}; /* gqa: groups {2,3},{0,1} swap */
+    const int *perm = h_kv == 4 ? perm_mha : perm_gqa;
+    if (c) {
+        CHECK_OK(mha_forward_cached(f.L, c, yc, NULL, x, 25, NULL, NULL));
+        CHECK_OK(mha_layer_permute_heads(f.L, perm));
+        CHECK_STATUS(mha_forward_cached(f.L, c, yc + (size_t)25 * f.D, NULL, x + (size_t)25 * f.D, 1, NULL, NULL),
+                     MHA_E_CONTRACT);
+        CHECK_ERROR_MENTIONS("mha_cache_permute_heads");
+        CHECK_INT(mha_cache_length(c, 0), 25); /* refused: nothing appended */
+        CHECK_OK(mha_cache_permute_heads(c, perm));
+        for (int t = 25; t < f.T; t++)
+            CHECK_OK(mha_forward_cached(f.L, c, yc + (size_t)t * f.D, NULL, x + (size_t)t * f.D, 1, NULL, NULL));
+        CHECK_ARRAY_NEAR(yc, yr, (size_t)f.T * f.D, tol16);
+        /* a perm that splits a kv group is refused */
+        if (h_kv == 2) {
+            int bad[4] = {0, 2, 1, 3};
+            CHECK_STATUS(mha_cache_permute_heads(c, bad), MHA_E_ARG);
+            CHECK_ERROR_MENTIONS("groups");
+        }
+    }
+    mha_cache_free(c);
+    free(x), free(yr), free(yc);
+    fixture_free(&f);
+}
+
+static void test_permute_live_cache_mha(void) { permute_case(4); }
+static void test_permute_live_cache_gqa(void) { permute_case(2); }
+
+/* -------------------------------------------------------- threads */
+
+/* 1 and 2 threads give the same bits: prefill and decode, MHA and MQA,
+ * fp32 and fp16 (the chunk split does not depend on the thread count). */
+static void test_threads_bit_identical(void) {
+    for (int v = 0; v < 3; v++) {
+        int h_kv = v == 0 ? 8 : v == 1 ? 2 : 1;
+        mha_cache_dtype dt = v == 1 ? MHA_CACHE_F16 : MHA_CACHE_F32;
+        fixture f;
+        fixture_make(&f, 2, 150, 64, 8, h_kv, 8, 0, 0, 53 + v);
+        uint64_t seed = 41;
+        size_t ny = (size_t)f.B * f.T * f.D;
+        float *x = naive_random_floats(ny, &seed, -1.0f, 1.0f);
+        float *y[2] = {naive_alloc_floats(ny), naive_alloc_floats(ny)};
+        int steps[] = {140, 1, 1, 1, 4, 1, 1, 1};
+        for (int th = 0; th < 2; th++) {
+            mha_set_num_threads(th + 1);
+            mha_cache *c = NULL;
+            CHECK_OK(mha_cache_create(&c, f.L, f.B, f.T, dt, 0));
+            if (c) run_cached(y[th], NULL, &f, c, x, steps, 8, NULL);
+            mha_cache_free(c);
+        }
+        mha_set_num_threads(0);
+        CHECK(memcmp(y[0], y[1], ny * sizeof(float)) == 0);
+        free(x), free(y[0]), free(y[1]);
+        fixture_free(&f);
+    }
+}
+
+/* ------------------------------------------------------------ kernels */
+
+/* binary16 conversion: AVX2 (F16C) and scalar give identical bits on
+ * ties, subnormals, overflow and random values; round trip is exact. */
+static void test_f16_conversion(void) {
+    const mha_decode_kernels *a = &mha_decode_kernels_avx2, *s = &mha_decode_kernels_scalar;
+    enum { N = 4096 };
+    float *x = naive_alloc_floats(N);
+    uint64_t seed = 43;
+    test_fill_uniform(x, N, &seed, -2.0f, 2.0f);
+    float special[] = {0.0f, -0.0f, 1.0f, 65504.0f, 65519.0f, 65520.0f, 1e6f, -1e6f,
+                       0x1p-14f, 0x1p-24f, 0x1p-25f, 0x1.8p-25f, 0x1p-26f, 1e-30f,
+                       1.0f + 0x1p-11f, 1.0f + 0x1.8p-11f, 1.0f + 0x3p-11f, 0x1.ffcp-15f,
+                       INFINITY, -INFINITY, 3.14159f, -2.71828f, 0x1.0p-20f, 0x1.7p-20f};
+    size_t ns = sizeof special / sizeof special[0];
+    memcpy(x, special, sizeof special);
+    for (int i = (int)ns; i < 2 * (int)ns; i++) x[i] = x[i - ns] * 1.0e-3f; /* more subnormals */
+    uint16_t *hs = malloc(2 * N), *ha = malloc(2 * N);
+    float *back = naive_alloc_floats(N), *back_a = naive_alloc_floats(N);
+    s->to_f16(hs, x, N);
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c")) {
+        a->to_f16(ha, x, N);
+        CHECK(memcmp(hs, ha, 2 * N) == 0);
+        a->from_f16(back_a, hs, N);
+    }
+    s->from_f16(back, hs, N);
+    for (int i = 0; i < N; i++) {
+        double ax = fabs((double)x[i]);
+        if (ax <= 65504.0) /* rounding error: half an ulp (2^-11 relative, 2^-25 absolute) */
+            CHECK(fabs((double)back[i] - x[i]) <= fmax(ax * ldexp(1.0, -11), ldexp(1.0, -25)));
+        else
+            CHECK(isinf(back[i]) || ax < 65520.0);
+    }
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c"))
+        CHECK(memcmp(back, back_a, sizeof(float) * N) == 0);
+    CHECK(back[2] == 1.0f && back[8] == 0x1p-14f && back[9] == 0x1p-24f);
+    CHECK(back[10] == 0.0f);                  /* 2^-25: tie to even (0) */
+    CHECK(back[11] == 0x1p-24f);              /* 1.5 * 2^-25 rounds up */
+    CHECK(back[14] == 1.0f);                  /* 1 + 2^-11: tie to even */
+    CHECK(back[15] == 1.0f + 0x1p-10f);       /* above the tie */
+    free(x), free(hs), free(ha), free(back), free(back_a);
+}
+
+/* AVX2 and scalar attention kernels agree on odd shapes. */
+static void test_kernels_agree(void) {
+    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) return;
+    const mha_decode_kernels *a = &mha_decode_kernels_avx2, *s = &mha_decode_kernels_scalar;
+    int m = 7, n = 24, d = 13, dv = 19;
+    uint64_t seed = 47;
+    float *q = naive_random_floats((size_t)m * d, &seed, -1, 1), *k = naive_random_floats((size_t)n * d, &seed, -1, 1);
+    float *v = naive_random_floats((size_t)n * dv, &seed, -1, 1);
+    float *s1 = naive_alloc_floats((size_t)m * 32), *s2 = naive_alloc_floats((size_t)m * 32);
+    a->scores(s1, 32, q, d, k, m, n, d);
+    s->scores(s2, 32, q, d, k, m, n, d);
+    CHECK_ARRAY_NEAR(s1, s2, (size_t)m * 32, 1e-5);
+    s1[5] = s2[5] = -INFINITY;
+    float mx1[8], mx2[8], l1[8], l2[8];
+    a->softmax(s1, 32, mx1, l1, m, n);
+    s->softmax(s2, 32, mx2, l2, m, n);
+    CHECK_ARRAY_NEAR(s1, s2, (size_t)m * 32, 1e-6);
+    CHECK_ARRAY_NEAR(l1, l2, (size_t)m, 1e-5);
+    CHECK(s1[5] == 0.0f);
+    float *a1 = naive_alloc_floats((size_t)m * dv), *a2 = naive_alloc_floats((size_t)m * dv);
+    a->accumulate(a1, s1, 32, v, m, n, dv);
+    s->accumulate(a2, s1, 32, v, m, n, dv);
+    CHECK_ARRAY_NEAR(a1, a2, (size_t)m * dv, 1e-5);
+    float *y1 = naive_alloc_floats((size_t)m * dv), *y2 = naive_alloc_floats((size_t)m * dv);
+    a->gemm_tile(y1, dv, v, dv, v, dv, m, dv, dv); /* (m, dv) x (dv, dv): v's first rows */
+    s->gemm_tile(y2, dv, v, dv, v, dv, m, dv, dv);
+    CHECK_ARRAY_NEAR(y1, y2, (size_t)m * dv, 1e-5);
+    memset(y1, 0, sizeof(float) * m * dv), memset(y2, 0, sizeof(float) * m * dv);
+    a->gemm_stream(y1, dv, v, dv, v, dv, 3, dv, dv);
+    s->gemm_stream(y2, dv, v, dv, v, dv, 3, dv, dv);
+    CHECK_ARRAY_NEAR(y1, y2, (size_t)3 * dv, 1e-5);
+    free(q), free(k), free(v), free(s1), free(s2), free(a1), free(a2), free(y1), free(y2);
+}
+
+/* -------------------------------------------- low-level, sizes, errors */
+
+/* append + attend with the caller's own projections equal the cached
+ * forward's z. */
+static void test_append_attend(void) {
+    fixture f;
+    fixture_make(&f, 2, 12, 16, 4, 2, 4, 0, 0, 59);
+    uint64_t seed = 53;
+    size_t rows = (size_t)f.B * f.T;
+    float *x = naive_random_floats(rows * f.D, &seed, -1.0f, 1.0f);
+    float *q = naive_alloc_floats(rows * f.h * f.d_k), *k = naive_alloc_floats(rows * f.h_kv * f.d_k);
+    float *v = naive_alloc_floats(rows * f.h_kv * f.d_v), *z1 = naive_alloc_floats(rows * f.h * f.d_v);
+    float *z2 = naive_alloc_floats(rows * f.h * f.d_v), *y = naive_alloc_floats(rows * f.D);
+    lin32(q, x, f.w.w_q, f.w.b_q, (int)rows, f.D, f.h * f.d_k);
+    lin32(k, x, f.w.w_k, f.w.b_k, (int)rows, f.D, f.h_kv * f.d_k);
+    lin32(v, x, f.w.w_v, f.w.b_v, (int)rows, f.D, f.h_kv * f.d_v);
+    mha_cache *c1 = NULL, *c2 = NULL;
+    CHECK_OK(mha_cache_create(&c1, f.L, f.B, f.T, MHA_CACHE_F32, 0));
+    CHECK_OK(mha_cache_create(&c2, f.L, f.B, f.T, MHA_CACHE_F32, 0));
+    if (c1 && c2) {
+        CHECK_OK(mha_cache_append(c1, k, v, f.T, NULL));
+        CHECK_OK(mha_cache_attend(c1, z1, q, f.T, NULL, 0.0f));
+        mha_capture cap = {z2, NULL, NULL};
+        CHECK_OK(mha_forward_cached(f.L, c2, y, &cap, x, f.T, NULL, NULL));
+        CHECK_ARRAY_NEAR(z1, z2, rows * f.h * f.d_v, 1e-5);
+        int n[2] = {2, 0};
+        CHECK_STATUS(mha_cache_append(c1, k, v, f.T, n), MHA_E_ARG); /* full: no room */
+        CHECK_ERROR_MENTIONS("capacity");
+    }
+    mha_cache_free(c1), mha_cache_free(c2);
+    free(x), free(q), free(k), free(v), free(z1), free(z2), free(y);
+    fixture_free(&f);
+}
+
+/* Cache bytes: 2 * B * capacity * h_kv * d_head * bytes; MHA vs GQA vs MQA. */
+static void test_cache_bytes(void) {
+    int hkv[3] = {32, 8, 1};
+    for (int i = 0; i < 3; i++) {
+        mha_config cfg = mha_config_default(2048, 32);
+        cfg.n_kv_heads = hkv[i];
+        size_t want = (size_t)2 * 1 * 4096 * hkv[i] * 64 * 2;
+        CHECK_INT(mha_cache_bytes_for(&cfg, 1, 4096, MHA_CACHE_F16), want);
+        CHECK_INT(mha_cache_bytes_for(&cfg, 1, 4096, MHA_CACHE_F32), 2 * want);
+    }
+    fixture f;
+    fixture_make(&f, 3, 8, 16, 4, 2, 6, 5, 0, 61);
+    mha_cache *c = NULL;
+    CHECK_OK(mha_cache_create(&c, f.L, 3, 16, MHA_CACHE_F32, 0));
+    CHECK_INT(mha_cache_bytes(c), (size_t)3 * 16 * 2 * (6 + 5) * 4);
+    CHECK_INT(mha_cache_bytes(c), mha_cache_bytes_for(&f.w.cfg, 3, 16, MHA_CACHE_F32));
+    mha_cache_free(c);
+    mha_config bad = mha_config_default(10, 3);
+    CHECK_INT(mha_cache_bytes_for(&bad, 1, 16, MHA_CACHE_F32), 0);
+    fixture_free(&f);
+}
+
+static void test_errors(void) {
+    fixture f, g;
+    fixture_make(&f, 2, 8, 16, 4, 2, 4, 0, 0, 67);
+    fixture_make(&g, 2, 8, 16, 4, 4, 4, 0, 0, 71); /* another shape (h_kv) */
+    uint64_t seed = 59;
+    float *x = naive_random_floats((size_t)2 * 8 * 16, &seed, -1.0f, 1.0f);
+    float *y = naive_alloc_floats((size_t)2 * 8 * 16);
+    mha_cache *c = NULL;
+    CHECK_STATUS(mha_cache_create(NULL, f.L, 2, 8, MHA_CACHE_F32, 0), MHA_E_ARG);
+    CHECK_STATUS(mha_cache_create(&c, NULL, 2, 8, MHA_CACHE_F32, 0), MHA_E_ARG);
+    CHECK_STATUS(mha_cache_create(&c, f.L, 0, 8, MHA_CACHE_F32, 0), MHA_E_ARG);
+    CHECK_ERROR_MENTIONS("batch");
+    CHECK_STATUS(mha_cache_create(&c, f.L, 2, 0, MHA_CACHE_F32, 0), MHA_E_ARG);
+    CHECK_ERROR_MENTIONS("capacity");
+    CHECK_STATUS(mha_cache_create(&c, f.L, 2, 8, (mha_cache_dtype)7, 0), MHA_E_ARG);
+    CHECK_ERROR_MENTIONS("dtype");
+    CHECK_STATUS(mha_cache_create(&c, f.L, 2, 8, MHA_CACHE_F32, 9), MHA_E_ARG);
+    CHECK_ERROR_MENTIONS("window");
+    CHECK(c == NULL);
+    { /* cross-attention layers have no self-attention cache */
+        mha_config cc = mha_config_default(16, 4);
+        cc.d_kv_in = 8;
+        mha_layer *X = NULL;
+        CHECK_OK(mha_layer_create(&X, &cc, NULL));
+        CHECK_STATUS(mha_cache_create(&c, X, 1, 8, MHA_CACHE_F32, 0), MHA_E_SHAPE);
+        CHECK_ERROR_MENTIONS("d_kv_in");
+        mha_layer_free(X);
+    }
+    CHECK_OK(mha_cache_create(&c, f.L, 2, 8, MHA_CACHE_F32, 0));
+    if (!c) goto out;
+    /* a cache made for another layer shape */
+    CHECK_STATUS(mha_forward_cached(g.L, c, y, NULL, x, 1, NULL, NULL), MHA_E_SHAPE);
+    CHECK_ERROR_MENTIONS("h_kv=2");
+    /* sequence index out of range */
+    CHECK_INT(mha_cache_length(c, 2), -1);
+    CHECK_ERROR_MENTIONS("sequence 2");
+    CHECK_INT(mha_cache_length(c, -1), -1);
+    CHECK_INT(mha_cache_length(NULL, 0), -1);
+    CHECK_STATUS(mha_cache_reset(c, 2), MHA_E_ARG);
+    CHECK_STATUS(mha_cache_reset(c, -2), MHA_E_ARG);
+    CHECK_STATUS(mha_cache_truncate(c, 5, 0), MHA_E_ARG);
+    CHECK_ERROR_MENTIONS("sequence 5");
+    CHECK_STATUS(mha_cache_truncate(c, 0, 1), MHA_E_ARG); /* longer than it is */
+    CHECK_ERROR_MENTIONS("new_len=1");
+    CHECK_STATUS(mha_cache_truncate(c, 0, -1), MHA_E_ARG);
+    /* n_new out of range, NULLs, T */
+    int n_bad[2] = {2, 1};
+    CHECK_STATUS(mha_forward_cached(f.L, c, y, NULL, x, 1, n_bad, NULL), MHA_E_ARG);
+    CHECK_ERROR_MENTIONS("n_new[0]=2");
+    n_bad[0] = -1;
+    CHECK_STATUS(mha_forward_cached(f.L, c, y, NULL, x, 1, n_bad, NULL), MHA_E_ARG);
+    CHECK_STATUS(mha_forward_cached(f.L, c, y, NULL, x, 0, NULL, NULL), MHA_E_ARG);
+    CHECK_STATUS(mha_forward_cached(NULL, c, y, NULL, x, 1, NULL, NULL), MHA_E_ARG);
+    CHECK_STATUS(mha_forward_cached(f.L, NULL, y, NULL, x, 1, NULL, NULL), MHA_E_ARG);
+    CHECK_STATUS(mha_forward_cached(f.L, c, NULL, NULL, x, 1, NULL, NULL), MHA_E_ARG);
+    CHECK_STATUS(mha_forward_cached(f.L, c, y, NULL, NULL, 1, NULL, NULL), MHA_E_ARG);
+    /* appending past capacity: nothing is appended */
+    CHECK_OK(mha_forward_cached(f.L, c, y, NULL, x, 6, NULL, NULL));
+    CHECK_STATUS(mha_forward_cached(f.L, c, y, NULL, x, 3, NULL, NULL), MHA_E_ARG);
+    CHECK_ERROR_MENTIONS("capacity 8");
+    CHECK_INT(mha_cache_length(c, 0), 6);
+    int n_ok[2] = {2, 0};
+    CHECK_OK(mha_forward_cached(f.L, c, y, NULL, x, 2, n_ok, NULL)); /* exactly full */
+    CHECK_STATUS(mha_forward_cached(f.L, c, y, NULL, x, 1, (int[]){1, 0}, NULL), MHA_E_ARG);
+    CHECK_ERROR_MENTIONS("sequence 0 holds 8");
+    /* non-finite input, unsupported masks, bad options */
+    x[16 + 3] = NAN; /* row 0 of sequence 1 (T = 1) */
+    CHECK_STATUS(mha_forward_cached(f.L, c, y, NULL, x, 1, (int[]){0, 1}, NULL), MHA_E_NONFINITE);
+    x[16 + 3] = 0.5f;
+    mha_options o = mha_options_default();
+    uint8_t keep[16] = {1};
+    o.key_keep = keep;
+    CHECK_STATUS(mha_forward_cached(f.L, c, y, NULL, x, 1, (int[]){0, 1}, &o), MHA_E_UNSUPPORTED);
+    CHECK_ERROR_MENTIONS("key_keep");
+    o = mha_options_default();
+    o.scale = INFINITY;
+    CHECK_STATUS(mha_forward_cached(f.L, c, y, NULL, x, 1, (int[]){0, 1}, &o), MHA_E_NONFINITE);
+    o = mha_options_default();
+    mha_intervention iv[4] = {{MHA_HEAD_REPLACE, 0, NULL}};
+    o.interventions = iv;
+    CHECK_STATUS(mha_forward_cached(f.L, c, y, NULL, x, 1, (int[]){0, 1}, &o), MHA_E_ARG);
+    CHECK_ERROR_MENTIONS("REPLACE");
+    /* permutations */
+    CHECK_STATUS(mha_cache_permute_heads(c, (int[]){0, 0, 1, 2}), MHA_E_ARG);
+    CHECK_ERROR_MENTIONS("permutation");
+    CHECK_STATUS(mha_cache_permute_heads(NULL, (int[]){0, 1, 2, 3}), MHA_E_ARG);
+    /* low level */
+    CHECK_STATUS(mha_cache_attend(c, y, x, 7, (int[]){0, 7}, 0.0f), MHA_E_ARG); /* seq 1 holds 6 */
+    CHECK_ERROR_MENTIONS("append");
+    CHECK_STATUS(mha_cache_attend(NULL, y, x, 1, NULL, 0.0f), MHA_E_ARG);
+    CHECK_STATUS(mha_cache_append(c, NULL, x, 1, NULL), MHA_E_ARG);
+    mha_cache_free(c);
+    /* a windowed ring takes at most capacity - window + 1 per append */
+    CHECK_OK(mha_cache_create(&c, f.L, 2, 8, MHA_CACHE_F16, 6));
+    if (c) {
+        float *kv = naive_alloc_floats((size_t)2 * 4 * 8);
+        CHECK_STATUS(mha_cache_append(c, kv, kv, 4, NULL), MHA_E_ARG);
+        CHECK_ERROR_MENTIONS("at most 3");
+        CHECK_OK(mha_cache_append(c, kv, kv, 3, NULL));
+        free(kv);
+        /* but the cached forward takes any length (pieces inside) */
+        CHECK_OK(mha_forward_cached(f.L, c, y, NULL, x, 8, NULL, NULL));
+        CHECK_INT(mha_cache_length(c, 1), 11);
+    }
+    mha_cache_free(c);
+    mha_cache_free(NULL);
+out:
+    free(x), free(y);
+    fixture_free(&f), fixture_free(&g);
+}
+
+static const test_case cases[] = {
+    {"cache_decode_mha_f32", test_decode_mha_f32},
+    {"cache_decode_gqa_f32", test_decode_gqa_f32},
+    {"cache_decode_mqa_f32", test_decode_mqa_f32},
+    {"cache_decode_mha_f16", test_decode_mha_f16},
+    {"cache_decode_gqa_f16", test_decode_gqa_f16},
+    {"cache_decode_mqa_f16", test_decode_mqa_f16},
+    {"cache_decode_bias_kv_zero_attn", test_decode_bias_kv_zero_attn},
+    {"cache_decode_scalar_kernels", test_decode_scalar_kernels},
+    {"cache_decode_uneven_pieces", test_decode_uneven_pieces},
+    {"cache_ragged_batch", test_ragged_batch},
+    {"cache_truncate_then_continue", test_truncate_then_continue},
+    {"cache_window_f32", test_window_f32},
+    {"cache_window_f16", test_window_f16},
+    {"cache_window_option", test_window_option},
+    {"cache_interventions_during_decode", test_interventions_during_decode},
+    {"cache_probs_during_decode", test_probs_during_decode},
+    {"cache_permute_live_cache_mha", test_permute_live_cache_mha},
+    {"cache_permute_live_cache_gqa", test_permute_live_cache_gqa},
+    {"cache_threads_bit_identical", test_threads_bit_identical},
+    {"cache_f16_conversion", test_f16_conversion},
+    {"cache_kernels_agree", test_kernels_agree},
+    {"cache_append_attend", test_append_attend},
+    {"cache_bytes", test_cache_bytes},
+    {"cache_errors", test_errors},
+};
+
+const test_case *tests_cache(size_t *count) {
+    *count = sizeof cases / sizeof cases[0];
+    return cases;
+}

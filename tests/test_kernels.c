@@ -1,0 +1,188 @@
+/* test_kernels.c — the micro-kernels against plain loops: the 6x16 GEMM
+ * tile at every edge size and stride, the packed-projection driver with
+ * each output layout, and the vector exp's ulp error against exp() in
+ * double over the range the softmax uses. Both kernel tables are tested
+ * (avx2 only where the CPU has it).
+ * Legend: m x n tile (<= 6 x 16), K inner size, M rows, N columns. */
+#include <float.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gemm.h"
+#include "kernels/kernels.h"
+#include "naive.h"
+#include "test_util.h"
+#include "tests.h"
+
+static const mha_kernels *tables[2];
+static int n_tables(void) {
+    int n = 0;
+    tables[n++] = &mha_kernels_scalar;
+    if (mha_cpu_has_avx2()) tables[n++] = &mha_kernels_avx2;
+    return n;
+}
+
+/* c (m,n) = [rs*c +] a b [+ bias] in double, a element (i,k) at a[i*ars + k*acs]. */
+static void gemm_ref(double *c, const float *c0, size_t ldc, const float *a, size_t ars, size_t acs,
+                     const float *b, size_t ldb, const float *bias, const float *rs, int K, int m, int n) {
+    for (int i = 0; i < m; i++)
+        for (int j = 0; j < n; j++) {
+            double acc = bias ? bias[j] : 0.0;
+            for (int k = 0; k < K; k++) acc += (double)a[i * ars + k * acs] * b[(size_t)k * ldb + j];
+            if (rs) acc += (double)rs[i] * c0[i * ldc + j];
+            c[i * n + j] = acc;
+        }
+}
+
+static void test_kernels_sgemm_edges(void) {
+    uint64_t seed = 21;
+    const int Ks[] = {1, 2, 7, 16, 64, 129};
+    const int nt = n_tables();
+    for (int t = 0; t < nt; t++)
+        for (int ki = 0; ki < 6; ki++)
+            for (int m = 1; m <= 6; m++)
+                for (int n = 1; n <= 16; n++)
+                    for (int mode = 0; mode < 3; mode++) { /* 0 packed a, 1 strided a + bias, 2 row scale */
+                        const int K = Ks[ki];
+                        const size_t ldc = 21, ldb = 16 + (mode == 1 ? 3 : 0);
+                        const size_t ars = mode == 0 ? 1 : (size_t)K + 2, acs = mode == 0 ? 6 : 1;
+                        float *a = naive_random_floats(6 * ((size_t)K + 2), &seed, -1.0f, 1.0f);
+                        float *b = naive_random_floats((size_t)K * ldb, &seed, -1.0f, 1.0f);
+                        float bias[16], rs[6], c[8 * 21], c0[8 * 21];
+                        double want[6 * 16];
+                        test_fill_uniform(bias, 16, &seed, -1.0f, 1.0f);
+                        test_fill_uniform(rs, 6, &seed, -1.0f, 1.0f);
+                        test_fill_uniform(c0, 8 * 21, &seed, -1.0f, 1.0f);
+                        memcpy(c, c0, sizeof c);
+                        const float *bp = mode == 1 ? bias : NULL, *rp = mode == 2 ? rs : NULL;
+                        /* c starts one row in: row 0 and row m+1 are guards */
+                        tables[t]->sgemm_6x16(c + ldc, ldc, a, ars, acs, b, ldb, bp, rp, K, m, n);
+                        gemm_ref(want, c0 + ldc, ldc, a, ars, acs, b, ldb, bp, rp, K, m, n);
+                        double err = 0.0;
+                        int guards_ok = 1;
+                        for (int i = 0; i < 8; i++)
+                            for (int j = 0; j < 21; j++) {
+                                int inside = i >= 1 && i <= m && j < n;
+                                if (inside) {
+                                    double d = fabs(c[i * ldc + j] - want[(i - 1) * n + j]);
+                                    if (d > err) err = d;
+                                } else if (c[i * ldc + j] != c0[i * ldc + j]) {
+                                    guards_ok = 0;
+                                }
+                            }
+                        if (err > 1e-6 * (K + 2) || !guards_ok)
+                            test_report(__FILE__, __LINE__, "%s 6x16 m=%d n=%d K=%d mode=%d: err %.3g, guards %s",
+                                        tables[t]->name, m, n, K, mode, err, guards_ok ? "ok" : "overwritten");
+                        free(a), free(b);
+                    }
+}
+
+/* The driver: three sections (odd widths), each layout, vs plain loops;
+ * and 1 vs 2 threads bit-identical. */
+static void test_kernels_gemm_driver(void) {
+    uint64_t seed = 22;
+    const int Ms[] = {1, 5, 73, 150}, Ks[] = {3, 17};
+    const int nt = n_tables();
+    for (int t = 0; t < nt; t++)
+        for (int mi = 0; mi < 4; mi++)
+            for (int ki = 0; ki < 2; ki++) {
+                const int M = Ms[mi], K = Ks[ki], cols[3] = {21, 10, 35}; /* Q | K (2 heads of 5) | V (5 heads of 7) */
+                const int rows = M % 2 == 0 ? M / 2 : M, nb = M / rows; /* 1 or 2 "batches" */
+                float *w[3], *b[3];
+                for (int s = 0; s < 3; s++) {
+                    w[s] = naive_random_floats((size_t)K * cols[s], &seed, -1.0f, 1.0f);
+                    b[s] = naive_random_floats((size_t)cols[s], &seed, -1.0f, 1.0f);
+                }
+                float *a = naive_random_floats((size_t)M * (K + 1), &seed, -1.0f, 1.0f);
+                mha_packed p;
+                const float *const wc[3] = {w[0], w[1], w[2]}, *const bc[3] = {b[0], b[1], b[2]};
+                CHECK_OK(mha_pack(&p, K, 3, wc, bc, cols));
+                const int rp = (rows + 15) / 16 * 16;
+                float *outs[2][3];
+                for (int rep = 0; rep < 2; rep++) {
+                    outs[rep][0] = naive_alloc_floats((size_t)M * 21);
+                    outs[rep][1] = naive_alloc_floats((size_t)nb * 2 * rp * 5);
+                    outs[rep][2] = naive_alloc_floats((size_t)nb * 5 * rp * 8);
+                    mha_dst dst[3] = {
+                        {MHA_DST_ROWS, outs[rep][0], 21, 0, 0, 0, 0},
+                        {MHA_DST_HEADS_T, outs[rep][1], 0, 5, 2, rows, (size_t)rp * 5},
+                        {MHA_DST_HEADS, outs[rep][2], 8, 7, 5, rows, (size_t)rp * 8},
+                    };
+                    CHECK_OK(mha_gemm(dst, a, K + 1, M, &p, 0, 3, 0, K, 1, tables[t], 1 + rep));
+                }
+                double err = 0.0;
+                for (int m = 0; m < M; m++)
+                    for (int s = 0; s < 3; s++)
+                        for (int c = 0; c < cols[s]; c++) {
+                            double acc = b[s][c];
+                            for (int k = 0; k < K; k++) acc += (double)a[(size_t)m * (K + 1) + k] * w[s][(size_t)k * cols[s] + c];
+                            int bb = m / rows, r = m % rows;
+                            float got;
+                            if (s == 0) got = outs[0][0][(size_t)m * 21 + c];
+                            else if (s == 1) got = outs[0][1][((size_t)bb * 2 + c / 5) * rp * 5 + (r / 16) * 80 + (c % 5) * 16 + r % 16];
+                            else got = outs[0][2][(((size_t)bb * 5 + c / 7) * rp + r) * 8 + c % 7];
+                            if (fabs(got - acc) > err) err = fabs(got - acc);
+                        }
+                if (err > 1e-5 * K)
+                    test_report(__FILE__, __LINE__, "%s driver M=%d K=%d: max err %.3g", tables[t]->name, M, K, err);
+                CHECK(memcmp(outs[0][0], outs[1][0], sizeof(float) * M * 21) == 0);
+                CHECK(memcmp(outs[0][1], outs[1][1], sizeof(float) * nb * 2 * rp * 5) == 0);
+                CHECK(memcmp(outs[0][2], outs[1][2], sizeof(float) * nb * 5 * rp * 8) == 0);
+                for (int rep = 0; rep < 2; rep++)
+                    for (int s = 0; s < 3; s++) free(outs[rep][s]);
+                for (int s = 0; s < 3; s++) free(w[s]), free(b[s]);
+                free(a);
+                mha_packed_free(&p);
+            }
+}
+
+/* ulp distance of float f from the double truth e */
+static double ulp_err(float f, double e) {
+    double ulp = e >= FLT_MIN ? ldexp(1.0, ilogb(e) - 23) : ldexp(1.0, -149);
+    return fabs((double)f - e) / ulp;
+}
+
+/* The softmax evaluates exp on s - max <= 0, down to where e^x leaves the
+ * normal floats; positive arguments up to 88.3 are checked too. */
+static void test_kernels_vexp_ulp(void) {
+    const int nt = n_tables();
+    const size_t n = 1 << 20;
+    float *x = malloc(n * sizeof(float)), *y = malloc(n * sizeof(float));
+    for (int t = 0; t < nt; t++) {
+        double worst = 0.0;
+        float worst_x = 0.0f;
+        for (int part = 0; part < 3; part++) {
+            /* dense near 0 (most probabilities), then the whole range */
+            const double lo = part == 0 ? -1.0 : part == 1 ? -87.3 : 0.0, hi = part == 0 ? 1.0 : part == 1 ? 0.0 : 88.3;
+            for (size_t i = 0; i < n; i++) x[i] = (float)(lo + (hi - lo) * (double)i / (double)(n - 1));
+            tables[t]->vexp(y, x, n);
+            for (size_t i = 0; i < n; i++) {
+                double e = ulp_err(y[i], exp((double)x[i]));
+                if (e > worst) worst = e, worst_x = x[i];
+            }
+        }
+        if (worst > 2.0)
+            test_report(__FILE__, __LINE__, "%s exp: max error %.2f ulp at x=%.9g (want <= 2)", tables[t]->name, worst, (double)worst_x);
+        /* the edges the softmax relies on */
+        float e[5] = {0.0f, -INFINITY, -100.0f, -87.4f, 1e-8f};
+        tables[t]->vexp(e, e, 5);
+        CHECK(e[0] == 1.0f);
+        CHECK(e[1] == 0.0f);
+        CHECK(e[2] >= 0.0f && e[2] < FLT_MIN);
+        CHECK(e[3] >= 0.0f && e[3] < 1.2e-38f);
+        CHECK(e[4] == 1.0f);
+    }
+    free(x), free(y);
+}
+
+static const test_case cases[] = {
+    {"kernels_sgemm_edges", test_kernels_sgemm_edges},
+    {"kernels_gemm_driver", test_kernels_gemm_driver},
+    {"kernels_vexp_ulp", test_kernels_vexp_ulp},
+};
+
+const test_case *tests_kernels(size_t *count) {
+    *count = sizeof cases / sizeof cases[0];
+    return cases;
+}

@@ -1,0 +1,366 @@
+/* cmd_audit.c — `mha audit`: does this checkpoint reproduce a reference
+ * output, and if not, is a head-order mistake the reason?
+ *
+ * Y = sum_r Z^(r) W_O[r] + b_O. If one kind of block (W_O row blocks, W_Q
+ * column blocks, or the K/V column blocks) was written out of order, the
+ * reference is a sum of the same pieces paired differently. For each kind
+ * X with n blocks we build the n*n terms
+ *     T[p][b] = what position p contributes when its X block is old block b
+ * (for X = O: Z^(p) W_O[b]), fit Y_ref - b_O = sum c[p][b] T[p][b] by least
+ * squares, and read a permutation off c (c[p][b] = 1 where position p
+ * needs block b). The permutation is verified by applying it and running
+ * again; the command printed is the `mha permute` that repairs the file.
+ * Legend: B, T, S, h, h_kv, d_model (see mha.h). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "commands.h"
+#include "io_cli.h"
+
+#define CMD "audit"
+/* Stored fit terms are capped (n*n terms x rows x d_model floats). */
+#define MAX_TERM_FLOATS ((size_t)1 << 22)
+
+typedef struct {
+    const char *flag;   /* --block value of `mha permute` */
+    const char *what;   /* words for the report */
+    mha_block kinds[2]; /* block kinds moved together */
+    int n_kinds;
+    int per_kv;         /* positions are kv heads */
+} hypothesis;
+
+static const hypothesis hyps[] = {
+    {"o", "W_O row blocks", {MHA_BLOCK_O}, 1, 0},
+    {"q", "W_Q column blocks (and b_Q)", {MHA_BLOCK_Q}, 1, 0},
+    {"kv", "W_K and W_V column blocks (kv heads)", {MHA_BLOCK_K, MHA_BLOCK_V}, 2, 1},
+    {"k", "W_K column blocks", {MHA_BLOCK_K}, 1, 1},
+    {"v", "W_V column blocks", {MHA_BLOCK_V}, 1, 1},
+};
+#define N_HYPS ((int)(sizeof hyps / sizeof hyps[0]))
+
+static mha_status clone_layer(mha_layer **out, const mha_layer *L) {
+    mha_weights w;
+    mha_layer_get_weights(L, &w);
+    mha_status s = mha_layer_create(out, mha_layer_config(L), &w);
+    int lab[4096];
+    for (int b = 0; b < 4 && !s; b++)
+        if (!(s = mha_layer_labels(L, (mha_block)b, lab))) s = mha_layer_set_labels(*out, (mha_block)b, lab);
+    return s;
+}
+
+/* A copy of L with the hypothesis' blocks permuted by perm (n entries). */
+static mha_status permuted(mha_layer **out, const mha_layer *L, const hypothesis *H, const int *perm) {
+    mha_status s = clone_layer(out, L);
+    for (int k = 0; k < H->n_kinds && !s; k++) s = mha_layer_permute_block(*out, H->kinds[k], perm);
+    return s;
+}
+
+static double max_abs_diff(const float *a, const float *b, size_t n) {
+    double m = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - (double)b[i]);
+        if (!(d <= m)) m = d; /* NaN propagates */
+    }
+    return m;
+}
+
+/* Solves A x = b (m x m, row-major, overwritten) with partial pivoting;
+ * a tiny ridge keeps duplicated terms solvable. */
+static void solve(double *A, double *b, double *x, int m) {
+    double tr = 0;
+    for (int i = 0; i < m; i++) tr += A[(size_t)i * m + i];
+    for (int i = 0; i < m; i++) A[(size_t)i * m + i] += 1e-12 * (tr / m + 1e-300);
+    for (int col = 0; col < m; col++) {
+        int piv = col;
+        for (int r = col + 1; r < m; r++)
+            if (fabs(A[(size_t)r * m + col]) > fabs(A[(size_t)piv * m + col])) piv = r;
+        if (piv != col) {
+            for (int k = 0; k < m; k++) {
+                double t = A[(size_t)col * m + k];
+                A[(size_t)col * m + k] = A[(size_t)piv * m + k];
+                A[(size_t)piv * m + k] = t;
+            }
+            double t = b[col];
+            b[col] = b[piv];
+            b[piv] = t;
+        }
+        double d = A[(size_t)col * m + col];
+        if (d == 0) continue;
+        for (int r = col + 1; r < m; r++) {
+            double f = A[(size_t)r * m + col] / d;
+            if (f == 0) continue;
+            for (int k = col; k < m; k++) A[(size_t)r * m + k] -= f * A[(size_t)col * m + k];
+            b[r] -= f * b[col];
+        }
+    }
+    for (int r = m - 1; r >= 0; r--) {
+        double acc = b[r];
+        for (int k = r + 1; k < m; k++) acc -= A[(size_t)r * m + k] * x[k];
+        double d = A[(size_t)r * m + r];
+        x[r] = d != 0 ? acc / d : 0;
+    }
+}
+
+typedef struct {
+    double *coef;     /* (n, n): c[p][b] */
+    double residual;  /* ||target - fit|| / ||target|| */
+    int *perm;        /* read off coef, or NULL when not a permutation */
+} fit_result;
+
+/* Builds T[p][b] from n forward passes (a cyclic shift k pairs every
+ * position p with block (p+k) % n at once) and fits the target. */
+static int fit_hypothesis(const hypothesis *H, const mha_layer *L, const cli_fwd *f,
+                          const float *target, size_t rows, fit_result *out) {
+    const mha_config *c = mha_layer_config(L);
+    int h = c->n_heads, n = H->per_kv ? c->n_kv_heads : h, dm = c->d_model, m = n * n;
+    size_t all_rows = (size_t)f->B * f->T, len = rows * dm;
+    float *terms = cli_alloc(CMD, (size_t)m * len);
+    float *contrib = cli_alloc(CMD, (size_t)h * all_rows * dm);
+    float *y = cli_alloc(CMD, all_rows * dm);
+    int *shift = malloc((size_t)n * sizeof *shift);
+    double *A = calloc((size_t)m * m, sizeof *A), *rhs = calloc((size_t)m, sizeof *rhs);
+    out->coef = calloc((size_t)m, sizeof *out->coef);
+    out->perm = NULL;
+    int rc = MHA_EXIT_RUNTIME;
+    if (!terms || !contrib || !y || !shift || !A || !rhs || !out->coef) goto done;
+    for (int k = 0; k < n; k++) {
+        for (int p = 0; p < n; p++) shift[p] = (p + k) % n;
+        mha_layer *Lk = NULL;
+        mha_status s = permuted(&Lk, L, H, shift);
+        mha_capture cap = {.contributions = contrib};
+        if (!s) s = mha_forward(Lk, y, &cap, f->x.f, f->kv.f, f->B, f->T, f->S, &f->opt);
+        mha_layer_free(Lk);
+        if (s) {
+            rc = cli_fail(CMD, s);
+            goto done;
+        }
+        for (int r = 0; r < h; r++) { /* head r sits at position p */
+            int p = H->per_kv ? r / (h / c->n_kv_heads) : r;
+            float *t = terms + ((size_t)p * n + (size_t)shift[p]) * len;
+            const float *src = contrib + (size_t)r * all_rows * dm;
+            for (size_t i = 0; i < len; i++) t[i] += src[i];
+        }
+    }
+    /* normal equations in double */
+    for (int i = 0; i < m; i++) {
+        const float *ti = terms + (size_t)i * len;
+        double acc = 0;
+        for (size_t e = 0; e < len; e++) acc += (double)ti[e] * target[e];
+        rhs[i] = acc;
+        for (int j = 0; j <= i; j++) {
+            const float *tj = terms + (size_t)j * len;
+            double g = 0;
+            for (size_t e = 0; e < len; e++) g += (double)ti[e] * tj[e];
+            A[(size_t)i * m + j] = A[(size_t)j * m + i] = g;
+        }
+    }
+    solve(A, rhs, out->coef, m);
+    double rr = 0, tt = 0;
+    for (size_t e = 0; e < len; e++) {
+        double fit = 0;
+        for (int i = 0; i < m; i++) fit += out->coef[i] * terms[(size_t)i * len + e];
+        rr += (fit - target[e]) * (fit - target[e]);
+        tt += (double)target[e] * target[e];
+    }
+    out->residual = sqrt(rr / (tt > 0 ? tt : 1));
+    /* a permutation: one coefficient near 1 per row and column, rest near 0 */
+    int *perm = malloc((size_t)n * sizeof *perm), *used = calloc((size_t)n, sizeof *used);
+    int ok = perm && used;
+    for (int p = 0; p < n && ok; p++) {
+        int best = 0;
+        for (int b = 1; b < n; b++)
+            if (out->coef[p * n + b] > out->coef[p * n + best]) best = b;
+        for (int b = 0; b < n; b++)
+            ok &= fabs(out->coef[p * n + b] - (b == best)) < 0.25;
+        ok &= !used[best];
+        if (ok) used[best] = 1, perm[p] = best;
+    }
+    free(used);
+    if (ok) out->perm = perm;
+    else free(perm);
+    rc = MHA_EXIT_OK;
+done:
+    free(terms);
+    free(contrib);
+    free(y);
+    free(shift);
+    free(A);
+    free(rhs);
+    return rc;
+}
+
+/* "w.safetensors" -> "w_fixed.safetensors" */
+static void fixed_name(char *out, size_t cap, const char *path) {
+    const char *slash = strrchr(path, '/'), *dot = strrchr(path, '.');
+    if (!dot || (slash && dot < slash)) dot = path + strlen(path);
+    snprintf(out, cap, "%.*s_fixed%s", (int)(dot - path), path, dot);
+}
+
+static void print_labels_check(const mha_layer *L) {
+    mha_contract_report rep;
+    mha_status s = mha_layer_check_contract(L, NULL, NULL, 0, 0, 0, NULL, &rep);
+    static const char *const kind[4] = {"W_Q", "W_K", "W_V", "W_O"};
+    if (s == MHA_OK) printf("labels: consistent (the file's head labels agree block by block)\n");
+    else if (s == MHA_E_CONTRACT)
+        printf("labels: disagree: %s block at position %d has label %d, expected %d\n",
+               kind[rep.bad_block], rep.bad_position, rep.found_label, rep.expected_label);
+    else printf("labels: not checked (%s)\n", mha_last_error());
+}
+
+int cmd_audit(int argc, char **argv) {
+    cli_ckpt ck = {0};
+    cli_fwd_flags ff = {0};
+    const char *ref = NULL;
+    double tol = 0;
+    mha_arg args[] = {
+        CLI_CKPT_ARGS(ck, 1),
+        CLI_FWD_ARGS(ff),
+        {.name = "--reference", .kind = MHA_ARG_STRING, .dest = &ref, .metavar = "Y_ref.npy",
+         .help = "the output the checkpoint should give for X (same shape as Y)", .required = 1},
+        {.name = "--tol", .kind = MHA_ARG_DOUBLE, .dest = &tol, .metavar = "E",
+         .help = "max |Y - Y_ref| accepted; default 1e-4 * (1 + max|Y_ref|)", .dmin = 0, .dmax = 1e30},
+    };
+    mha_command_spec spec = {
+        .name = "audit",
+        .summary = "Check that a checkpoint reproduces a reference output; when it does not,\n"
+                   "find whether blocks written out of order explain it, and print the\n"
+                   "`mha permute` command that repairs the file.",
+        .details = "The fit: Y_ref - b_O as a least-squares combination of the h*h terms\n"
+                   "Z^(r) W_O[s] (and likewise with W_Q column blocks or kv blocks paired\n"
+                   "differently); a permutation is read off the coefficients and verified\n"
+                   "by running the repaired layer. Exit status 0: the checkpoint matches;\n"
+                   "1: it does not (repair printed when one was found).\n\n"
+                   "example: mha audit --weights attn.safetensors --input x.npy --reference y_ref.npy\n",
+        .args = args,
+        .n_args = (int)(sizeof args / sizeof args[0]),
+    };
+    argv = cli_expand_causal(&argc, argv);
+    int rc = mha_args_parse(&spec, argc, argv, NULL, NULL);
+    if (rc != MHA_ARGS_CONTINUE) return rc;
+
+    mha_layer *L = NULL;
+    cli_fwd f;
+    memset(&f, 0, sizeof f);
+    mha_array yref = {0};
+    float *y = NULL, *target = NULL;
+    if ((rc = cli_load_layer(CMD, &L, &ck, NULL))) return rc;
+    const mha_config *c = mha_layer_config(L);
+    int dm = c->d_model;
+    if ((rc = cli_fwd_prepare(CMD, &f, L, &ff))) goto done;
+    size_t all_rows = (size_t)f.B * f.T, ny = all_rows * dm;
+    mha_status s = mha_npy_read(&yref, ref, 0);
+    if (s) {
+        rc = cli_fail(CMD, s);
+        goto done;
+    }
+    if (!yref.f || yref.count != ny || yref.shape[yref.rank ? yref.rank - 1 : 0] != dm) {
+        rc = mha_cmd_error(CMD, MHA_EXIT_RUNTIME, "%s: reference has %zu values; expected Y's "
+                           "shape (%s%d, %d, %d)", ref, yref.count, f.batched ? "" : "1 x ",
+                           f.B, f.T, dm);
+        goto done;
+    }
+    rc = MHA_EXIT_RUNTIME;
+    if (!(y = cli_alloc(CMD, ny))) goto done;
+    if ((rc = cli_fwd_run(CMD, &f, L, y, NULL))) goto done;
+    double ymax = 0;
+    for (size_t i = 0; i < ny; i++) ymax = fmax(ymax, fabs(yref.f[i]));
+    if (tol == 0) tol = 1e-4 * (1 + ymax);
+    double err = max_abs_diff(y, yref.f, ny);
+    print_labels_check(L);
+    if (err <= tol) {
+        printf("ok: max |Y - Y_ref| = %.3g <= %.3g: the checkpoint reproduces the reference\n", err, tol);
+        rc = MHA_EXIT_OK;
+        goto done;
+    }
+    printf("mismatch: max |Y - Y_ref| = %.3g > %.3g\n", err, tol);
+
+    /* target = Y_ref - b_O over the rows used by the fit */
+    mha_weights w;
+    mha_layer_get_weights(L, &w);
+    int h = c->n_heads;
+    size_t rows = all_rows, cap_rows = MAX_TERM_FLOATS / ((size_t)h * h * dm);
+    if (cap_rows < 1) cap_rows = 1;
+    if (rows > cap_rows) rows = cap_rows;
+    if (rows * dm < (size_t)h * h)
+        printf("note: %zu values for %d unknowns; the fit may be underdetermined (use more tokens)\n",
+               rows * dm, h * h);
+    if (!(target = cli_alloc(CMD, rows * dm))) goto done;
+    for (size_t i = 0; i < rows * dm; i++) target[i] = yref.f[i] - (w.b_o ? w.b_o[i % dm] : 0.0f);
+
+    int found = 0;
+    for (int k = 0; k < N_HYPS && !found; k++) {
+        const hypothesis *H = &hyps[k];
+        int n = H->per_kv ? c->n_kv_heads : h;
+        if (n < 2) continue;
+        fit_result fr = {0};
+        if ((rc = fit_hypothesis(H, L, &f, target, rows, &fr))) {
+            free(fr.coef);
+            goto done;
+        }
+        printf("fit %-36s relative residual %.2e: ", H->what, fr.residual);
+        int identity = 1;
+        for (int p = 0; fr.perm && p < n; p++) identity &= fr.perm[p] == p;
+        if (!fr.perm || identity || fr.residual > 1e-3) {
+            printf("%s\n", !fr.perm ? "not a permutation" : identity ? "identity (no help)" : "poor fit");
+        } else {
+            char order[4096] = "";
+            size_t u = 0;
+            for (int p = 0; p < n && u < sizeof order - 16; p++)
+                u += (size_t)snprintf(order + u, sizeof order - u, "%s%d", p ? "," : "", fr.perm[p]);
+            printf("permutation %s\n", order);
+            mha_layer *F = NULL;
+            s = permuted(&F, L, H, fr.perm);
+            if (!s) s = mha_forward(F, y, NULL, f.x.f, f.kv.f, f.B, f.T, f.S, &f.opt);
+            mha_layer_free(F);
+            if (s) {
+                rc = cli_fail(CMD, s);
+                free(fr.coef);
+                free(fr.perm);
+                goto done;
+            }
+            double err2 = max_abs_diff(y, yref.f, ny);
+            if (err2 <= tol) {
+                found = 1;
+                printf("verified: with the %s reordered, max |Y - Y_ref| = %.3g\n", H->what, err2);
+                printf("out of order:");
+                for (int p = 0; p < n; p++)
+                    if (fr.perm[p] != p) printf(" position %d should hold block %d;", p, fr.perm[p]);
+                printf("\n");
+                if (n <= 8) {
+                    printf("coefficients c[position][block]:\n");
+                    for (int p = 0; p < n; p++) {
+                        printf("  ");
+                        for (int b = 0; b < n; b++) printf(" %6.3f", fr.coef[p * n + b]);
+                        printf("\n");
+                    }
+                }
+                char out[1024], extra[256] = "";
+                fixed_name(out, sizeof out, ck.weights);
+                size_t e = 0;
+                if (ck.layout) e += (size_t)snprintf(extra + e, sizeof extra - e, " --layout %s", ck.layout);
+                if (ck.heads) e += (size_t)snprintf(extra + e, sizeof extra - e, " --heads %lld", ck.heads);
+                if (ck.kv_heads) e += (size_t)snprintf(extra + e, sizeof extra - e, " --kv-heads %lld", ck.kv_heads);
+                if (ck.prefix) snprintf(extra + e, sizeof extra - e, " --prefix %s", ck.prefix);
+                printf("fix: mha permute%s --block %s --order %s --relabel %s %s\n", extra, H->flag,
+                       order, ck.weights, out);
+            } else {
+                printf("  rejected: with that order max |Y - Y_ref| = %.3g\n", err2);
+            }
+        }
+        free(fr.coef);
+        free(fr.perm);
+    }
+    if (!found)
+        printf("not a permutation: no reordering of W_O, W_Q or K/V blocks explains the "
+               "mismatch (check the input, masks, scale and the weights themselves)\n");
+    rc = MHA_EXIT_RUNTIME;
+done:
+    free(y);
+    free(target);
+    mha_array_free(&yref);
+    cli_fwd_free(&f);
+    mha_layer_free(L);
+    return rc;
+}

@@ -1,0 +1,200 @@
+/* cmd_plot.c — `mha plot`: two PNG figures of one forward pass, for one
+ * batch element:
+ *   1. a grid of attention heatmaps P^(r) (T, S_total), one per head,
+ *      titled with the head's position and its label (head id in the
+ *      original checkpoint);
+ *   2. each head's direct contribution norm ||Z^(r) W_O[r]|| per query
+ *      position, (h, T), rows labelled the same way.
+ * Legend: B, T, S, h, d_model (see mha.h). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "canvas.h"
+#include "commands.h"
+#include "io_cli.h"
+
+#define CMD "plot"
+static const uint8_t BLACK[3] = {0, 0, 0}, GREY[3] = {150, 150, 150}, DARK[3] = {70, 70, 70};
+
+static int clampi(int v, int lo, int hi) { return v < lo ? lo : v > hi ? hi : v; }
+
+/* A horizontal colour bar with its end values written under it. */
+static void colorbar(canvas *cv, int x, int y, int w, const char *lo, const char *hi) {
+    uint8_t rgb[3];
+    for (int i = 0; i < w; i++) {
+        canvas_colormap((double)i / (w - 1), rgb);
+        canvas_rect(cv, x + i, y, 1, 10, rgb);
+    }
+    canvas_text(cv, x, y + 14, 1, lo, DARK);
+    canvas_text(cv, x + w - canvas_text_width(hi, 1), y + 14, 1, hi, DARK);
+}
+
+static int save(canvas *cv, const char *path) {
+    const char *err = "";
+    if (canvas_write_png(cv, path, &err)) return mha_cmd_error(CMD, MHA_EXIT_RUNTIME, "%s: %s", path, err);
+    return MHA_EXIT_OK;
+}
+
+/* probs (h, T, St) of one batch element. */
+static int plot_probs(const char *path, const float *probs, const int *labels, int h, int T, int St,
+                      int b) {
+    int px = clampi(160 / (T > St ? T : St), 1, 24), hw = St * px, hh = T * px;
+    int cols = (int)ceil(sqrt((double)h)), rows = (h + cols - 1) / cols;
+    char title[128];
+    snprintf(title, sizeof title, "attention probabilities, batch %d", b);
+    int cell_w = hw, lab_w = canvas_text_width("head 0000 label 0000", 1);
+    if (lab_w > cell_w) cell_w = lab_w;
+    cell_w += 16;
+    int cell_h = hh + 12 + 14, top = 12 + 14 + 6 + 7 + 12, pad = 12;
+    int W = pad * 2 + cols * cell_w, min_w = canvas_text_width(title, 2) + 3 * pad;
+    if (W < min_w) W = min_w;
+    if (W < 260) W = 260;
+    int H = top + rows * cell_h + 40;
+    canvas cv;
+    if (canvas_init(&cv, W, H)) return mha_cmd_error(CMD, MHA_EXIT_RUNTIME, "out of memory");
+    canvas_text(&cv, pad, 12, 2, title, BLACK);
+    canvas_text(&cv, pad, 12 + 14 + 6, 1, "rows: query positions, columns: key positions", DARK);
+    uint8_t rgb[3];
+    for (int r = 0; r < h; r++) {
+        int x0 = pad + (r % cols) * cell_w, y0 = top + (r / cols) * cell_h;
+        char lab[48];
+        snprintf(lab, sizeof lab, "head %d label %d", r, labels[r]);
+        canvas_text(&cv, x0, y0, 1, lab, BLACK);
+        int hy = y0 + 12;
+        canvas_rect(&cv, x0 - 1, hy - 1, hw + 2, hh + 2, GREY);
+        for (int i = 0; i < T; i++)
+            for (int j = 0; j < St; j++) {
+                canvas_colormap(probs[((size_t)r * T + i) * St + j], rgb);
+                canvas_rect(&cv, x0 + j * px, hy + i * px, px, px, rgb);
+            }
+    }
+    colorbar(&cv, pad, H - 32, 200, "p = 0", "1");
+    int rc = save(&cv, path);
+    canvas_free(&cv);
+    return rc;
+}
+
+/* norms (h, T) of one batch element. */
+static int plot_norms(const char *path, const float *norms, const int *labels, int h, int T, int b) {
+    float mx = 0;
+    for (size_t i = 0; i < (size_t)h * T; i++) mx = fmaxf(mx, norms[i]);
+    int pw = clampi(480 / T, 2, 32), ph = 16, pad = 12;
+    int left = pad + canvas_text_width("head 0000 label 0000", 1) + 8;
+    char title[128];
+    snprintf(title, sizeof title, "head contribution norm |z_r w_o[r]| per position, batch %d", b);
+    int W = left + T * pw + pad, min_w = canvas_text_width(title, 1) + 3 * pad;
+    if (W < min_w) W = min_w;
+    if (W < 260) W = 260;
+    int top = 12 + 7 + 6 + 7 + 10, H = top + h * ph + 12 + 7 + 48;
+    canvas cv;
+    if (canvas_init(&cv, W, H)) return mha_cmd_error(CMD, MHA_EXIT_RUNTIME, "out of memory");
+    canvas_text(&cv, pad, 12, 1, title, BLACK);
+    canvas_text(&cv, pad, 12 + 7 + 6, 1, "rows: heads, columns: query positions", DARK);
+    uint8_t rgb[3];
+    canvas_rect(&cv, left - 1, top - 1, T * pw + 2, h * ph + 2, GREY);
+    for (int r = 0; r < h; r++) {
+        char lab[48];
+        snprintf(lab, sizeof lab, "head %d label %d", r, labels[r]);
+        canvas_text(&cv, pad, top + r * ph + (ph - 7) / 2, 1, lab, BLACK);
+        for (int t = 0; t < T; t++) {
+            canvas_colormap(mx > 0 ? norms[(size_t)r * T + t] / mx : 0, rgb);
+            canvas_rect(&cv, left + t * pw, top + r * ph, pw, ph, rgb);
+        }
+    }
+    /* position ticks: first and last */
+    int ty = top + h * ph + 4;
+    canvas_text(&cv, left, ty, 1, "0", DARK);
+    char last[16];
+    snprintf(last, sizeof last, "%d", T - 1);
+    canvas_text(&cv, left + (T - 1) * pw, ty, 1, last, DARK);
+    char hi[32];
+    snprintf(hi, sizeof hi, "%.3g", (double)mx);
+    colorbar(&cv, pad, H - 32, 200, "norm = 0", hi);
+    int rc = save(&cv, path);
+    canvas_free(&cv);
+    return rc;
+}
+
+int cmd_plot(int argc, char **argv) {
+    cli_ckpt ck = {0};
+    cli_fwd_flags ff = {0};
+    const char *out = NULL, *contrib_out = NULL;
+    long long batch = 0;
+    mha_arg args[] = {
+        CLI_CKPT_ARGS(ck, 1),
+        CLI_FWD_ARGS(ff),
+        {.name = "--out", .kind = MHA_ARG_STRING, .dest = &out, .metavar = "attn.png",
+         .help = "attention heatmaps, one per head", .required = 1},
+        {.name = "--contrib-out", .kind = MHA_ARG_STRING, .dest = &contrib_out, .metavar = "C.png",
+         .help = "contribution norms per head and position; default <out>_contrib.png"},
+        {.name = "--batch", .kind = MHA_ARG_INT, .dest = &batch, .metavar = "b",
+         .help = "batch element to draw; default 0", .min = 0, .max = 1 << 24},
+    };
+    mha_command_spec spec = {
+        .name = "plot",
+        .summary = "Draw a checkpoint's attention on an input: a PNG grid of attention\n"
+                   "heatmaps (one per head, titled with its label) and a PNG of each head's\n"
+                   "contribution norm ||Z^(r) W_O[r]|| per query position.",
+        .details = "example: mha plot --weights attn.safetensors --input x.npy --causal --out attn.png\n",
+        .args = args,
+        .n_args = (int)(sizeof args / sizeof args[0]),
+    };
+    argv = cli_expand_causal(&argc, argv);
+    int rc = mha_args_parse(&spec, argc, argv, NULL, NULL);
+    if (rc != MHA_ARGS_CONTINUE) return rc;
+
+    mha_layer *L = NULL;
+    cli_fwd f;
+    memset(&f, 0, sizeof f);
+    float *y = NULL, *norms = NULL;
+    mha_capture cap = {0};
+    int *labels = NULL;
+    char auto_out[1024];
+    if ((rc = cli_load_layer(CMD, &L, &ck, NULL))) return rc;
+    const mha_config *c = mha_layer_config(L);
+    int h = c->n_heads, dm = c->d_model;
+    if ((rc = cli_fwd_prepare(CMD, &f, L, &ff))) goto done;
+    if (batch >= f.B) {
+        rc = mha_cmd_error(CMD, MHA_EXIT_USAGE, "--batch %lld is out of range; the input has B = %d",
+                           batch, f.B);
+        goto done;
+    }
+    int B = f.B, T = f.T, St = f.S + c->add_bias_kv + c->add_zero_attn, b = (int)batch;
+    size_t rows = (size_t)B * T;
+    rc = MHA_EXIT_RUNTIME;
+    if (!(y = cli_alloc(CMD, rows * dm)) || !(cap.probs = cli_alloc(CMD, (size_t)h * rows * St)) ||
+        !(cap.contributions = cli_alloc(CMD, (size_t)h * rows * dm)) ||
+        !(norms = cli_alloc(CMD, (size_t)h * T)) || !(labels = malloc((size_t)h * sizeof *labels)))
+        goto done;
+    if ((rc = cli_fwd_run(CMD, &f, L, y, &cap))) goto done;
+    mha_layer_labels(L, MHA_BLOCK_Q, labels);
+    /* probs (B,h,T,St): batch b is contiguous (h,T,St) */
+    if ((rc = plot_probs(out, cap.probs + (size_t)b * h * T * St, labels, h, T, St, b))) goto done;
+    /* contributions (h,B,T,d_model) -> norms (h,T) */
+    for (int r = 0; r < h; r++)
+        for (int t = 0; t < T; t++) {
+            const float *v = cap.contributions + (((size_t)r * B + b) * T + t) * dm;
+            double acc = 0;
+            for (int k = 0; k < dm; k++) acc += (double)v[k] * v[k];
+            norms[(size_t)r * T + t] = (float)sqrt(acc);
+        }
+    if (!contrib_out) {
+        const char *dot = strrchr(out, '.'), *slash = strrchr(out, '/');
+        if (!dot || (slash && dot < slash)) dot = out + strlen(out);
+        snprintf(auto_out, sizeof auto_out, "%.*s_contrib.png", (int)(dot - out), out);
+        contrib_out = auto_out;
+    }
+    if ((rc = plot_norms(contrib_out, norms, labels, h, T, b))) goto done;
+    printf("wrote %s (%d heads, %d x %d) and %s\n", out, h, T, St, contrib_out);
+done:
+    free(y);
+    free(norms);
+    free(labels);
+    free(cap.probs);
+    free(cap.contributions);
+    cli_fwd_free(&f);
+    mha_layer_free(L);
+    return rc;
+}
