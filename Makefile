@@ -19,7 +19,7 @@ TEST_OBJ  = $(TEST_SRC:%.c=$(BUILD)/%.o)
 SETUP_CORE = $(BUILD)/.setup-core
 SETUP_TEST = $(BUILD)/.setup-test
 
-.PHONY: all lib demo test test-c test-asan test-python bench setup clean
+.PHONY: all lib demo test test-c test-asan test-python bench setup clean fuzz
 all: lib $(BUILD)/mha $(BUILD)/test_mha
 
 $(SETUP_CORE): scripts/setup.sh
@@ -56,13 +56,14 @@ demo: $(BUILD)/mha
 test-c: $(BUILD)/test_mha $(BUILD)/mha
 	./$(BUILD)/test_mha
 	sh tests/cli_test.sh ./$(BUILD)/mha
+	sh tests/io_cli_test.sh ./$(BUILD)/mha
 
 # Same C tests under AddressSanitizer + UndefinedBehaviorSanitizer.
 test-asan: $(SETUP_CORE)
 	$(MAKE) BUILD=build-asan OPT="-O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all" build-asan/test_mha
 	ASAN_OPTIONS=detect_leaks=1 ./build-asan/test_mha
 
-test-python: $(SETUP_TEST) lib
+test-python: $(SETUP_TEST) lib $(BUILD)/mha
 	@if [ -n "$$(ls tests/python/test_*.py 2>/dev/null)" ]; then \
 	  $(PYTHON) -m pytest -q tests/python; fi
 
@@ -71,6 +72,11 @@ test: $(SETUP_TEST)
 	$(MAKE) test-c
 	$(MAKE) test-asan
 	$(MAKE) test-python
+	$(MAKE) fuzz
+
+# Coverage-guided fuzzing of the .npy and safetensors readers (bounded time).
+fuzz: $(SETUP_TEST)
+	sh fuzz/run.sh 60
 
 # Benchmark binary (bench/ is not the library): machine_avx2.c measures the
 # AVX2 FMA peak and the read bandwidth, machine_avx512.c the AVX-512 peak

@@ -1,21 +1,27 @@
 /* bench_decode.c — one decode configuration (issue 5): per-token time of a
- * decode step at context L, for the whole layer (mha_forward_cached) and
- * for attention alone (mha_cache_attend), through the public cache API.
+ * decode step at context L, the whole layer and attention alone.
  *
- * The cache holds L-1 random tokens (filled with mha_cache_append, not by
- * a prefill: a 16K-token prefill per configuration would dominate the
- * run). A timed step appends token L-1 and attends over L keys; the cache
- * is then truncated back to L-1 (O(1)), so every step sees context L —
- * the PyTorch peer does the same by overwriting slot L-1.
+ * The peer (PyTorch, bench/peer_torch.py decode) and the memory read
+ * bandwidth (bench_mha machine) run separately; bench/report.py joins them.
  *
- * Shapes: x (B,1,d_model) per step; the cache's own layout (see mha.h).
+ * Shapes: x (B,1,d_model) per step; cache K, V of capacity L, h_kv heads of
+ * d_head, fp32 or fp16 (layout: the cache's own, include/mha.h). The cache
+ * is filled with L-1 random tokens by mha_cache_append (untimed).
+ *   step: mha_forward_cached on one token (projections, append at position
+ *         L-1, attention over L keys, W_O), then mha_cache_truncate back to
+ *         L-1 (O(1)) so every step sees the same context, as the peer
+ *         overwrites slot L-1.
+ *   attn: mha_cache_attend of one query per head over the L cached keys
+ *         (token L-1 appended once beforehand) — the decode attention
+ *         kernel itself, nothing subtracted (attn_method=mha_cache_attend).
  * Bytes read per step, which report.py divides by the time: the cache
- * (mha_cache_bytes, 2*B*L*h_kv*d_head*elt) for attention alone, plus the
- * fp32 weights W_Q, W_K, W_V, W_O for the whole layer.
+ * (mha_cache_bytes) for attention alone, plus the fp32 weights W_Q, W_K,
+ * W_V, W_O (weight_bytes) for the whole layer.
  */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "bench.h"
 #include "mha.h"
@@ -23,117 +29,123 @@
 typedef struct {
     const mha_layer *layer;
     mha_cache *cache;
-    float *y;        /* (B,1,d_model) */
-    const float *x;  /* (B,1,d_model) */
-    float *z;        /* (B,1,h*d_v)   */
-    const float *q;  /* (B,1,h*d_k)   */
+    float *y;       /* (B,1,d_model) */
+    const float *x; /* (B,1,d_model) */
+    float *z;       /* (B,1,h*d_head) */
+    const float *q; /* (B,1,h*d_head) */
     int B, L;
+    mha_status st;
 } decode_job;
 
-/* One decode step at context L, then the roll-back to L-1 tokens. */
 static int run_step(void *arg) {
     decode_job *j = arg;
-    if (mha_forward_cached(j->layer, j->cache, j->y, NULL, j->x, 1, NULL, NULL)) return 1;
-    for (int b = 0; b < j->B; b++)
-        if (mha_cache_truncate(j->cache, b, j->L - 1)) return 1;
-    return 0;
+    j->st = mha_forward_cached(j->layer, j->cache, j->y, NULL, j->x, 1, NULL, NULL);
+    for (int b = 0; j->st == MHA_OK && b < j->B; b++) j->st = mha_cache_truncate(j->cache, b, j->L - 1);
+    return j->st != MHA_OK;
 }
 
-/* Attention alone for the query of position L-1 over the L cached keys. */
 static int run_attend(void *arg) {
     decode_job *j = arg;
-    return mha_cache_attend(j->cache, j->z, j->q, 1, NULL, 0.0f) != MHA_OK;
+    j->st = mha_cache_attend(j->cache, j->z, j->q, 1, NULL, 0.0f);
+    return j->st != MHA_OK;
 }
 
-static void print_error(const char *what) {
-    printf(" status=error error=\"%s: ", what);
-    for (const char *p = mha_last_error(); *p; p++) putchar(*p == '"' || *p == '\n' ? '\'' : *p);
-    printf("\"\n");
+static size_t count_nonfinite(const float *p, size_t n) {
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) k += !isfinite(p[i]);
+    return k;
+}
+
+static void print_error(const char *what, mha_status s) {
+    printf(" status=error error=\"%s: %s: %s\"\n", what, mha_status_str(s), mha_last_error());
     fflush(stdout);
 }
 
 int bench_decode(const bench_decode_cfg *c) {
     printf("RESULT kind=decode impl=mha d_model=%d h=%d h_kv=%d d_head=%d L=%d B=%d cache=%s",
            c->d_model, c->h, c->h_kv, c->d_head, c->L, c->B, c->fp16 ? "fp16" : "fp32");
-    const int D = c->d_model, nq = c->h * c->d_head, nkv = c->h_kv * c->d_head, B = c->B, L = c->L;
-    uint64_t seed = 99;
-    float lim = 1.0f / sqrtf((float)D);
-    float *w_q = bench_alloc((size_t)D * nq), *w_k = bench_alloc((size_t)D * nkv);
-    float *w_v = bench_alloc((size_t)D * nkv), *w_o = bench_alloc((size_t)nq * D);
-    float *b_q = bench_alloc(nq), *b_k = bench_alloc(nkv), *b_v = bench_alloc(nkv), *b_o = bench_alloc(D);
-    bench_fill(w_q, (size_t)D * nq, &seed, -lim, lim);
-    bench_fill(w_k, (size_t)D * nkv, &seed, -lim, lim);
-    bench_fill(w_v, (size_t)D * nkv, &seed, -lim, lim);
-    bench_fill(w_o, (size_t)nq * D, &seed, -lim, lim);
-    bench_fill(b_q, nq, &seed, -0.1f, 0.1f);
-    bench_fill(b_k, nkv, &seed, -0.1f, 0.1f);
-    bench_fill(b_v, nkv, &seed, -0.1f, 0.1f);
-    bench_fill(b_o, D, &seed, -0.1f, 0.1f);
-    mha_weights w = {w_q, w_k, w_v, w_o, b_q, b_k, b_v, b_o, NULL, NULL};
-    mha_config cfg = mha_config_default(D, c->h);
-    cfg.n_kv_heads = c->h_kv;
-    cfg.d_k = c->d_head;
-    cfg.bias = 1;
-
+    fflush(stdout);
     mha_set_num_threads(c->threads);
+    int D = c->d_model, h = c->h, hk = c->h_kv, dh = c->d_head, B = c->B, L = c->L;
+    uint64_t seed = 5;
+
+    /* weights uniform in +-1/sqrt(d_model), biases too (as the peer) */
+    mha_config cfg = mha_config_default(D, h);
+    cfg.n_kv_heads = hk, cfg.d_k = dh, cfg.d_v = dh, cfg.bias = 1;
+    float lim = 1.0f / sqrtf((float)D);
+    float *wq = bench_alloc((size_t)D * h * dh), *wk = bench_alloc((size_t)D * hk * dh);
+    float *wv = bench_alloc((size_t)D * hk * dh), *wo = bench_alloc((size_t)h * dh * D);
+    float *bq = bench_alloc((size_t)h * dh), *bk = bench_alloc((size_t)hk * dh);
+    float *bv = bench_alloc((size_t)hk * dh), *bo = bench_alloc((size_t)D);
+    float *all[8] = {wq, wk, wv, wo, bq, bk, bv, bo};
+    size_t sizes[8] = {(size_t)D * h * dh, (size_t)D * hk * dh, (size_t)D * hk * dh, (size_t)h * dh * D,
+                       (size_t)h * dh, (size_t)hk * dh, (size_t)hk * dh, (size_t)D};
+    for (int i = 0; i < 8; i++) bench_fill(all[i], sizes[i], &seed, -lim, lim);
+    mha_weights w = {wq, wk, wv, wo, bq, bk, bv, bo, NULL, NULL};
+    size_t weight_bytes = 4 * (sizes[0] + sizes[1] + sizes[2] + sizes[3]);
+
     mha_layer *layer = NULL;
     mha_cache *cache = NULL;
-    float *kfill = NULL, *vfill = NULL, *x = NULL, *y = NULL, *z = NULL, *q = NULL;
-    if (mha_layer_create(&layer, &cfg, &w)) {
-        print_error("mha_layer_create");
-        goto done;
+    mha_status s = mha_layer_create(&layer, &cfg, &w);
+    if (s) {
+        print_error("mha_layer_create", s);
+        return 1;
     }
-    if (mha_cache_create(&cache, layer, B, L, c->fp16 ? MHA_CACHE_F16 : MHA_CACHE_F32, 0)) {
-        print_error("mha_cache_create");
-        goto done;
+    s = mha_cache_create(&cache, layer, B, L, c->fp16 ? MHA_CACHE_F16 : MHA_CACHE_F32, 0);
+    if (s) {
+        print_error("mha_cache_create", s);
+        mha_layer_free(layer);
+        return 1;
     }
-    /* L-1 cached tokens of random K (B,L-1,h_kv*d_k) and V (B,L-1,h_kv*d_v) */
-    kfill = bench_alloc((size_t)B * (L - 1) * nkv + 1);
-    vfill = bench_alloc((size_t)B * (L - 1) * nkv + 1);
-    bench_fill(kfill, (size_t)B * (L - 1) * nkv, &seed, -1.0f, 1.0f);
-    bench_fill(vfill, (size_t)B * (L - 1) * nkv, &seed, -1.0f, 1.0f);
-    if (L > 1 && mha_cache_append(cache, kfill, vfill, L - 1, NULL)) {
-        print_error("mha_cache_append");
-        goto done;
-    }
-    x = bench_alloc((size_t)B * D);
-    y = bench_alloc((size_t)B * D);
-    z = bench_alloc((size_t)B * nq);
-    q = bench_alloc((size_t)B * nq);
-    bench_fill(x, (size_t)B * D, &seed, -1.0f, 1.0f);
-    bench_fill(q, (size_t)B * nq, &seed, -1.0f, 1.0f);
-    decode_job j = {layer, cache, y, x, z, q, B, L};
-    double ts[256], ta[256];
-    int ns = bench_repeat(run_step, &j, ts, c->steps, 10.0);
-    if (ns < 0) {
-        print_error("mha_forward_cached");
-        goto done;
-    }
-    size_t bad = 0;
-    for (size_t i = 0; i < (size_t)B * D; i++) bad += !isfinite(y[i]);
-    /* position L-1 present for attention alone: append one token (its K/V
-     * are the step's own, already computed; random ones serve as well) */
-    if (mha_cache_append(cache, kfill, vfill, 1, NULL)) {
-        print_error("mha_cache_append");
-        goto done;
-    }
-    int na = bench_repeat(run_attend, &j, ta, c->steps, 10.0);
-    if (na < 0) {
-        print_error("mha_cache_attend");
-        goto done;
-    }
-    bench_print_times_as("step_", ts, ns);
-    bench_print_times_as("attn_", ta, na);
-    printf(" cache_bytes=%zu weight_bytes=%zu nonfinite=%zu attn_method=mha_cache_attend threads=%d\n",
-           mha_cache_bytes(cache), sizeof(float) * ((size_t)D * nq * 2 + (size_t)D * nkv * 2), bad,
-           c->threads);
-    fflush(stdout);
 
-done:
+    /* L-1 cached tokens of random K, V in [-1, 1), appended in blocks */
+    int blk = 1024;
+    float *k = bench_alloc((size_t)B * blk * hk * dh), *v = bench_alloc((size_t)B * blk * hk * dh);
+    for (int t = 0; t < L - 1 && !s; t += blk) {
+        int n = L - 1 - t < blk ? L - 1 - t : blk;
+        bench_fill(k, (size_t)B * n * hk * dh, &seed, -1.0f, 1.0f);
+        bench_fill(v, (size_t)B * n * hk * dh, &seed, -1.0f, 1.0f);
+        s = mha_cache_append(cache, k, v, n, NULL);
+    }
+    if (s) print_error("mha_cache_append", s);
+
+    float *x = bench_alloc((size_t)B * D), *y = bench_alloc((size_t)B * D);
+    float *q = bench_alloc((size_t)B * h * dh), *z = bench_alloc((size_t)B * h * dh);
+    bench_fill(x, (size_t)B * D, &seed, -1.0f, 1.0f);
+    bench_fill(q, (size_t)B * h * dh, &seed, -1.0f, 1.0f);
+    decode_job job = {layer, cache, y, x, z, q, B, L, MHA_OK};
+    int steps = c->steps > 0 ? c->steps : 1;
+    double *ts = malloc(sizeof(double) * (size_t)(steps + 1)), *ta = malloc(sizeof(double) * (size_t)(steps + 1));
+    int ns = -1, na = -1;
+    if (!s) {
+        ns = bench_repeat(run_step, &job, ts, steps, 10.0);
+        if (ns < 0) print_error("mha_forward_cached", job.st), s = job.st;
+    }
+    size_t nonfinite = s ? 0 : count_nonfinite(y, (size_t)B * D);
+    if (!s) { /* token L-1 once, then attention alone over L keys */
+        bench_fill(k, (size_t)B * hk * dh, &seed, -1.0f, 1.0f);
+        bench_fill(v, (size_t)B * hk * dh, &seed, -1.0f, 1.0f);
+        s = mha_cache_append(cache, k, v, 1, NULL);
+        if (s) print_error("mha_cache_append", s);
+    }
+    if (!s) {
+        na = bench_repeat(run_attend, &job, ta, steps, 10.0);
+        if (na < 0) print_error("mha_cache_attend", job.st), s = job.st;
+        else nonfinite += count_nonfinite(z, (size_t)B * h * dh);
+    }
+    if (!s) {
+        double smin = bench_min(ts, ns), amin = bench_min(ta, na);
+        double smed = bench_median(ts, ns), amed = bench_median(ta, na);
+        printf(" step_median_s=%.6g step_min_s=%.6g attn_median_s=%.6g attn_min_s=%.6g steps=%d"
+               " attn_runs=%d cache_bytes=%zu weight_bytes=%zu nonfinite=%zu threads=%d"
+               " attn_method=mha_cache_attend status=ok\n",
+               smed, smin, amed, amin, ns, na, mha_cache_bytes(cache), weight_bytes, nonfinite, c->threads);
+        fflush(stdout);
+    }
+    free(ts), free(ta);
+    free(k), free(v), free(x), free(y), free(q), free(z);
+    for (int i = 0; i < 8; i++) free(all[i]);
     mha_cache_free(cache);
     mha_layer_free(layer);
-    free(kfill); free(vfill); free(x); free(y); free(z); free(q);
-    free(w_q); free(w_k); free(w_v); free(w_o);
-    free(b_q); free(b_k); free(b_v); free(b_o);
-    return 0;
+    return s != MHA_OK;
 }

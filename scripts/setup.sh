@@ -4,7 +4,7 @@
 #   setup.sh test   also run every test and benchmark
 set -e
 core="gcc make libc6-dev libjansson-dev libpng-dev zlib1g-dev pkg-config"
-test="$core python3 python3-numpy python3-pytest python3-torch libopenblas-dev"
+test="$core python3 python3-numpy python3-pytest python3-torch libopenblas-dev clang libclang-rt-14-dev"
 case "${1:-core}" in
   core) want="$core" ;;
   test) want="$test" ;;

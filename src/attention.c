@@ -11,7 +11,7 @@
 #include "attention.h"
 
 #define MHA_ATT_BR 48 /* query rows per task, a multiple of MHA_MR */
-#define MHA_ATT_BC 64 /* keys per tile, a multiple of 16 */
+#define MHA_ATT_BC 128 /* keys per tile, a multiple of 16 */
 
 typedef struct {
     float *q;     /* (BR/6, d_k, 6) packed scaled queries */
@@ -20,6 +20,7 @@ typedef struct {
     float *m, *l, *alpha; /* (BR) running max, sum, rescale */
     int *lo, *hi;         /* (BR) allowed original keys [lo, hi] */
     int *tlo, *thi;       /* (BR) the same, relative to the tile */
+    float *keyadd;        /* (BC) per-key additive term of a tile (-inf: masked) */
 } scratch;
 
 static void *alloc64(size_t bytes) { return aligned_alloc(64, (bytes + 64) / 64 * 64); }
@@ -32,14 +33,15 @@ static int scratch_init(scratch *w, int d_k, int ldv) {
     w->o = alloc64(sizeof(float) * br * ldv);
     w->m = alloc64(sizeof(float) * br * 3);
     w->lo = alloc64(sizeof(int) * br * 4);
-    if (!w->q || !w->s || !w->o || !w->m || !w->lo) return 0;
+    w->keyadd = alloc64(sizeof(float) * MHA_ATT_BC);
+    if (!w->q || !w->s || !w->o || !w->m || !w->lo || !w->keyadd) return 0;
     w->l = w->m + br, w->alpha = w->m + 2 * br;
     w->hi = w->lo + br, w->tlo = w->lo + 2 * br, w->thi = w->lo + 3 * br;
     return 1;
 }
 
 static void scratch_free(scratch *w) {
-    free(w->q), free(w->s), free(w->o), free(w->m), free(w->lo);
+    free(w->q), free(w->s), free(w->o), free(w->m), free(w->lo), free(w->keyadd);
 }
 
 static int has_general_mask(const mha_options *o) {
@@ -60,6 +62,45 @@ static void key_interval(int *lo, int *hi, const mha_options *o, int i, int T, i
 }
 
 static int clampi(int x, int a, int b) { return x < a ? a : x > b ? b : x; }
+
+/* Applies the masks beyond causal/window to the tile s (rows, nk) of
+ * original keys j0..j0+nk-1, and causal/window too (so that a captured
+ * probability row sees every mask): masked scores become -inf, additive
+ * terms are added. (T,S) masks go through mask.c's mha_mask_key element by
+ * element; the per-key padding masks (B,S), the common case, are turned
+ * into one vector per tile. */
+static void mask_tile(scratch *w, const mha_attn_args *a, int b, int r, int i0, int rows, int j0,
+                      int nk) {
+    const mha_options *o = a->opt;
+    const int S = a->S;
+    if (o->keep_mask.data || o->additive_mask.data) {
+        for (int i = 0; i < rows; i++) {
+            float *srow = w->s + (size_t)i * MHA_ATT_BC;
+            for (int j = 0; j < nk; j++) {
+                double add;
+                if (mha_mask_key(o, a->cfg->n_heads, b, r, i0 + i, j0 + j, a->T, S, &add))
+                    srow[j] += (float)add;
+                else
+                    srow[j] = -INFINITY;
+            }
+        }
+        return;
+    }
+    const int keymask = o->key_keep || o->key_additive;
+    for (int j = 0; keymask && j < nk; j++) {
+        /* mask.c: a false key_keep or an infinite additive term forbids */
+        const size_t bj = (size_t)b * S + j0 + j;
+        float add = o->key_additive ? o->key_additive[bj] : 0.0f;
+        w->keyadd[j] = (o->key_keep && !o->key_keep[bj]) || isinf(add) ? -INFINITY : add;
+    }
+    for (int i = 0; i < rows; i++) {
+        float *srow = w->s + (size_t)i * MHA_ATT_BC;
+        const int lo = w->tlo[i] < 0 ? 0 : w->tlo[i], hi = w->thi[i] + 1 < nk ? w->thi[i] + 1 : nk;
+        for (int j = 0; j < nk; j++)
+            if (j < lo || j >= hi) srow[j] = -INFINITY;
+            else if (keymask) srow[j] += w->keyadd[j];
+    }
+}
 
 static void attend_task(const mha_attn_args *a, const mha_kernels *k, scratch *w, int b, int r,
                         int i0) {
@@ -115,18 +156,9 @@ static void attend_task(const mha_attn_args *a, const mha_kernels *k, scratch *w
             if (extra > 0 && (w->tlo[i] > 0 || w->thi[i] < extra - 1)) bounded = 1;
         }
         if (general) {
-            /* keep/additive/padding masks: mask.c's rule, element by element */
-            for (int i = 0; i < rows; i++) {
-                float *srow = w->s + (size_t)i * MHA_ATT_BC;
-                for (int j = 0; j < extra; j++) {
-                    double add;
-                    if (mha_mask_key(o, h, b, r, i0 + i, j0 + j, T, S, &add))
-                        srow[j] += (float)add;
-                    else
-                        srow[j] = -INFINITY;
-                }
-                if (prow0) memcpy(prow0 + (size_t)i * S_tot + j0, srow, sizeof(float) * nc);
-            }
+            mask_tile(w, a, b, r, i0, rows, j0, extra);
+            for (int i = 0; prow0 && i < rows; i++)
+                memcpy(prow0 + (size_t)i * S_tot + j0, w->s + (size_t)i * MHA_ATT_BC, sizeof(float) * nc);
         }
         k->attn_softmax(w->s, MHA_ATT_BC, w->m, w->l, w->alpha, bounded ? w->tlo : NULL, w->thi,
                         extra, rows6, nc);

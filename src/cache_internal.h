@@ -15,7 +15,7 @@
  * decoding chunk. The split of a sequence into chunks depends on it alone
  * (never on the thread count), so results are bit-identical for any
  * number of threads. */
-#define MHA_DECODE_CHUNK 64
+#define MHA_DECODE_CHUNK 128
 
 struct mha_cache {
     int B, cap, slots;   /* slots = cap rounded up to MHA_KPANEL            */
@@ -63,8 +63,13 @@ typedef struct {
  * the scalar ones (force = 1) or restore automatic choice (force = 0). */
 const mha_decode_kernels *mha_decode_kernels_get(void);
 void mha_decode_force_scalar(int force);
-/* Threads for the decode path: mha_get_num_threads() or OpenMP's default. */
+/* Threads for the decode path: mha_get_num_threads() or OpenMP's default.
+ * _for(work): 1 when the work (multiply-adds) is below a threshold, where
+ * a barrier costs more than it saves (much more on shared cores); tests set
+ * the threshold to 0 to run tiny shapes on every thread. */
 int mha_decode_threads(void);
+int mha_decode_threads_for(double madds);
+void mha_decode_set_min_parallel_work(double madds);
 
 /* Row arrays: sequence b's tokens are rows row0[b], row0[b]+1, ... of
  * k (rows, h_kv*d_k), v (rows, h_kv*d_v), q (rows, h*d_k), z (rows, h*d_v)
@@ -88,7 +93,17 @@ mha_status mha_decode_attend(float *z, float *stats, const mha_cache *c, const f
                              const int *row0, int t0, const int *n, const mha_decode_opts *o);
 
 /* y (m, n) = x (m, k) w (k, n) + b (n, may be NULL), threaded, the same
- * bits for any thread count. */
+ * bits for any thread count. _many runs up to MHA_DECODE_MAX_JOBS weights
+ * that share x in one parallel region (Q, K and V of a decode step). */
+typedef struct {
+    float *y;       /* (m, n) */
+    const float *w; /* (k, n) */
+    const float *b; /* (n) or NULL */
+    int n;
+} mha_decode_gemm_job;
+#define MHA_DECODE_MAX_JOBS 3
+mha_status mha_decode_gemm_many(const mha_decode_gemm_job *jobs, int njobs, const float *x, int m,
+                                int k);
 mha_status mha_decode_gemm(float *y, const float *x, const float *w, const float *b, int m, int k,
                            int n);
 

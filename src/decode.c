@@ -32,8 +32,15 @@
 /* ---------------------------------------------------------- dispatch */
 
 static int force_scalar_flag;
+static double min_parallel_work = 262144.0; /* multiply-adds (~30 us) */
 
 void mha_decode_force_scalar(int force) { force_scalar_flag = force; }
+
+void mha_decode_set_min_parallel_work(double madds) { min_parallel_work = madds; }
+
+int mha_decode_threads_for(double madds) {
+    return madds < min_parallel_work ? 1 : mha_decode_threads();
+}
 
 const mha_decode_kernels *mha_decode_kernels_get(void) {
     if (!force_scalar_flag && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
@@ -95,7 +102,6 @@ typedef struct {
     int *pos;   /* (CHUNK) positions of the chunk's slots    */
     float *kf;  /* (CHUNK, d_k) fp32 keys (fp16 cache)       */
     float *vf;  /* (CHUNK, d_v) fp32 values (fp16 cache)     */
-    float *acc; /* (QTILE, d_v) acc of one chunk             */
     float *mx, *sum; /* (QTILE) max and sum of one chunk     */
     float *part;/* (QTILE, 2 + d_v) one partial              */
     float *run; /* (QTILE, 2 + d_v) running merge            */
@@ -108,27 +114,28 @@ static int scratch_alloc(scratch *w, const mha_cache *c) {
     w->pos = malloc(sizeof(int) * MHA_DECODE_CHUNK);
     w->kf = malloc(sizeof(float) * MHA_DECODE_CHUNK * c->d_k);
     w->vf = malloc(sizeof(float) * MHA_DECODE_CHUNK * c->d_v);
-    w->acc = malloc(sizeof(float) * QTILE * c->d_v);
     w->mx = malloc(sizeof(float) * QTILE);
     w->sum = malloc(sizeof(float) * QTILE);
     w->part = malloc(sizeof(float) * QTILE * pw);
     w->run = malloc(sizeof(float) * QTILE * pw);
-    return w->qt && w->s && w->pos && w->kf && w->vf && w->acc && w->mx && w->sum && w->part &&
+    return w->qt && w->s && w->pos && w->kf && w->vf && w->mx && w->sum && w->part &&
            w->run;
 }
 
 static void scratch_free(scratch *w) {
-    free(w->qt), free(w->s), free(w->pos), free(w->kf), free(w->vf), free(w->acc);
+    free(w->qt), free(w->s), free(w->pos), free(w->kf), free(w->vf);
     free(w->mx), free(w->sum), free(w->part), free(w->run);
 }
 
+/* qt (rows, d_k) = scale * the unit's queries: scores need no second pass
+ * (and only chunks that cut a row's range need a mask pass). */
 static void gather_queries(float *qt, const ctx *x, const unit *u) {
     const mha_cache *c = x->c;
     for (int i = u->i0; i < u->i1; i++) {
         int t = x->t0 + i / x->n_rep, r = u->g * x->n_rep + i % x->n_rep;
-        memcpy(qt + (size_t)(i - u->i0) * c->d_k,
-               x->q + ((size_t)x->row0[u->b] + t) * c->h * c->d_k + (size_t)r * c->d_k,
-               sizeof(float) * c->d_k);
+        const float *src = x->q + ((size_t)x->row0[u->b] + t) * c->h * c->d_k + (size_t)r * c->d_k;
+        float *dst = qt + (size_t)(i - u->i0) * c->d_k;
+        for (int d = 0; d < c->d_k; d++) dst[d] = src[d] * x->o->scale;
     }
 }
 
@@ -172,21 +179,28 @@ static void chunk_partial(float *part, scratch *w, const ctx *x, const unit *u, 
 
     x->kr->scores(w->s, MHA_DECODE_CHUNK, w->qt, c->d_k, kp, m, nk, c->d_k);
     /* causal (bottom-right) and window: row i attends positions
-     * [first key, its own position] */
+     * [first key, its own position]; a chunk wholly inside needs no mask */
+    int pmin = INT_MAX, pmax = INT_MIN, holes = 0;
+    for (int j = 0; j < nk; j++) {
+        int pj = w->pos[jlo - cs + j];
+        holes |= pj == INT_MIN;
+        if (pj != INT_MIN && pj < pmin) pmin = pj;
+        if (pj > pmax) pmax = pj;
+    }
     for (int i = 0; i < m; i++) {
         int p = row_position(x, u->b, u->i0 + i), lo = row_first_key(x, u->b, p);
+        if (!holes && pmin >= lo && pmax <= p) continue;
         float *row = w->s + (size_t)i * MHA_DECODE_CHUNK;
         for (int j = 0; j < nk; j++) {
             int pj = w->pos[jlo - cs + j];
-            row[j] = pj != INT_MIN && pj >= lo && pj <= p ? row[j] * x->o->scale : -INFINITY;
+            if (pj == INT_MIN || pj < lo || pj > p) row[j] = -INFINITY;
         }
     }
     x->kr->softmax(w->s, MHA_DECODE_CHUNK, w->mx, w->sum, m, nk);
-    x->kr->accumulate(w->acc, w->s, MHA_DECODE_CHUNK, vp, m, nk, c->d_v);
+    x->kr->accumulate(part + 2, (int)pw, w->s, MHA_DECODE_CHUNK, vp, m, nk, c->d_v);
     for (int i = 0; i < m; i++) {
         part[(size_t)i * pw] = w->mx[i];
         part[(size_t)i * pw + 1] = w->sum[i];
-        memcpy(part + (size_t)i * pw + 2, w->acc + (size_t)i * c->d_v, sizeof(float) * c->d_v);
     }
 }
 
@@ -229,8 +243,7 @@ static void finish_unit(const ctx *x, const unit *u, float *run, float *qt) {
         if (o->extra_k) {
             const float *ek = o->extra_k + (size_t)u->g * c->d_k, *ev = o->extra_v + (size_t)u->g * c->d_v;
             float sc = 0.0f;
-            for (int d = 0; d < c->d_k; d++) sc = fmaf(qt[(size_t)i * c->d_k + d], ek[d], sc);
-            sc *= o->scale;
+            for (int d = 0; d < c->d_k; d++) sc = fmaf(qt[(size_t)i * c->d_k + d], ek[d], sc); /* scaled q */
             float M = R[1] == 0.0f || sc > R[0] ? sc : R[0];
             float a = R[1] == 0.0f ? 0.0f : expf(R[0] - M), bb = expf(sc - M);
             R[0] = M;
@@ -294,12 +307,25 @@ mha_status mha_decode_attend(float *z, float *stats, const mha_cache *c, const f
             }
     }
 
-    size_t pw = 2 + (size_t)c->d_v;
+    /* partial of task t at part_at[t]: its unit's rows x (2 + d_v) */
+    size_t pw = 2 + (size_t)c->d_v, total = 0;
     float *parts = NULL;
-    if (n_units < SPLIT_BELOW_UNITS && n_tasks * QTILE * pw <= SPLIT_MAX_FLOATS)
-        parts = malloc(sizeof(float) * n_tasks * QTILE * pw);
+    size_t *part_at = NULL;
+    if (n_units < SPLIT_BELOW_UNITS && (part_at = malloc(sizeof(size_t) * (n_tasks + 1)))) {
+        for (size_t t = 0; t < n_tasks; t++) {
+            part_at[t] = total;
+            total += (size_t)(units[unit_of[t]].i1 - units[unit_of[t]].i0) * pw;
+        }
+        if (total <= SPLIT_MAX_FLOATS) parts = malloc(sizeof(float) * total);
+    }
     int failed = 0;
-    int nth = mha_decode_threads();
+    /* small work (tests, tiny layers) on one thread: a barrier costs more
+     * than it saves, a lot more when the cores are shared. The bits do not
+     * depend on the thread count either way. */
+    double work = 0.0;
+    for (size_t i = 0; i < n_units; i++)
+        work += (double)(units[i].i1 - units[i].i0) * units[i].count * MHA_DECODE_CHUNK * (c->d_k + c->d_v);
+    int nth = mha_decode_threads_for(work);
 
 #pragma omp parallel num_threads(nth)
     {
@@ -312,11 +338,11 @@ mha_status mha_decode_attend(float *z, float *stats, const mha_cache *c, const f
 #pragma omp barrier
         if (!failed && parts) {
             /* flash-decoding: every (unit, chunk) in parallel, then merge */
-#pragma omp for schedule(dynamic, 4)
+#pragma omp for schedule(static)
             for (long t = 0; t < (long)n_tasks; t++) {
                 const unit *u = &units[unit_of[t]];
                 gather_queries(w.qt, &x, u);
-                chunk_partial(parts + (size_t)t * QTILE * pw, &w, &x, u, chunk_of[t]);
+                chunk_partial(parts + part_at[t], &w, &x, u, chunk_of[t]);
             }
 #pragma omp for schedule(static)
             for (long ui = 0; ui < (long)n_units; ui++) {
@@ -324,7 +350,7 @@ mha_status mha_decode_attend(float *z, float *stats, const mha_cache *c, const f
                 int m = u->i1 - u->i0;
                 run_init(w.run, m, c->d_v);
                 for (int k = 0; k < u->count; k++)
-                    merge(w.run, parts + (size_t)(u->first + k) * QTILE * pw, m, c->d_v);
+                    merge(w.run, parts + part_at[u->first + k], m, c->d_v);
                 gather_queries(w.qt, &x, u);
                 finish_unit(&x, u, w.run, w.qt);
             }
@@ -345,7 +371,7 @@ mha_status mha_decode_attend(float *z, float *stats, const mha_cache *c, const f
         }
         if (ok) scratch_free(&w);
     }
-    free(parts), free(units), free(chunk_of), free(unit_of);
+    free(parts), free(part_at), free(units), free(chunk_of), free(unit_of);
     if (failed) return mha_fail(MHA_E_NOMEM, "mha_forward_cached: no memory for decode scratch");
     return MHA_OK;
 }

@@ -1,5 +1,6 @@
 /* decode_gemm.c — the projections of the cached forward: y = x w + b with
- * w (k, n) row-major (in, out), threaded.
+ * w (k, n) row-major (in, out), threaded; several weights sharing one x
+ * (Q, K, V) run in one parallel region.
  *
  * Decode multiplies one row (or a few) by each weight matrix, so it is a
  * stream over the weights and memory-bound: rows of w are read
@@ -14,55 +15,89 @@
 
 #include "cache_internal.h"
 
-#define KBLK 256 /* input rows per partial sum (stream mode)       */
-#define NBLK 2048 /* output columns per task (stream mode)         */
-#define MBLK 32  /* rows per task (tile mode)                      */
-#define TBLK 64  /* output columns per task (tile mode)            */
+#define KBLK 256  /* input rows per partial sum (stream mode)        */
+#define NBLK 2048 /* output columns per task (stream mode)           */
+#define MBLK 32   /* rows per task (tile mode)                       */
+#define TBLK 64   /* output columns per task (tile mode)             */
 #define STREAM_MAX_ROWS 4
 
-mha_status mha_decode_gemm(float *y, const float *x, const float *w, const float *b, int m, int k,
-                           int n) {
+static int blocks(int n, int b) { return (n + b - 1) / b; }
+
+mha_status mha_decode_gemm_many(const mha_decode_gemm_job *jobs, int njobs, const float *x, int m,
+                                int k) {
     const mha_decode_kernels *kr = mha_decode_kernels_get();
-    int nth = mha_decode_threads();
-    if (m <= 0 || n <= 0) return MHA_OK;
+    if (m <= 0) return MHA_OK;
+    double work = 0.0; /* multiply-adds; small ones run on one thread */
+    for (int i = 0; i < njobs; i++) work += (double)m * k * jobs[i].n;
+    int nth = mha_decode_threads_for(work);
     if (m <= STREAM_MAX_ROWS) {
-        int nkb = (k + KBLK - 1) / KBLK, ncb = (n + NBLK - 1) / NBLK;
-        size_t plane = (size_t)m * n;
-        float *part = calloc((size_t)(nkb > 0 ? nkb : 1) * plane, sizeof(float)); /* (nkb, m, n) */
+        /* partial sums (nkb, m, n) of every job, one buffer */
+        int nkb = blocks(k, KBLK), first[MHA_DECODE_MAX_JOBS + 1];
+        size_t at[MHA_DECODE_MAX_JOBS + 1];
+        first[0] = 0, at[0] = 0;
+        for (int i = 0; i < njobs; i++) {
+            first[i + 1] = first[i] + nkb * blocks(jobs[i].n, NBLK);
+            at[i + 1] = at[i] + (size_t)nkb * m * jobs[i].n;
+        }
+        float *part = malloc(sizeof(float) * (at[njobs] ? at[njobs] : 1));
         if (!part) return mha_fail(MHA_E_NOMEM, "mha_forward_cached: no memory for projection partials");
+        int ntask = first[njobs], nred = 0;
+        for (int i = 0; i < njobs; i++) nred += blocks(jobs[i].n, NBLK);
 #pragma omp parallel num_threads(nth)
         {
 #pragma omp for schedule(static)
-            for (int t = 0; t < nkb * ncb; t++) {
-                int kb = t / ncb, cb = t % ncb;
+            for (int t = 0; t < ntask; t++) {
+                int i = 0;
+                while (t >= first[i + 1]) i++;
+                const mha_decode_gemm_job *J = &jobs[i];
+                int ncb = blocks(J->n, NBLK), kb = (t - first[i]) / ncb, cb = (t - first[i]) % ncb;
                 int k0 = kb * KBLK, kn = k - k0 < KBLK ? k - k0 : KBLK;
-                int j0 = cb * NBLK, jn = n - j0 < NBLK ? n - j0 : NBLK;
-                kr->gemm_stream(part + kb * plane + j0, n, x + k0, k, w + (size_t)k0 * n + j0, n, m, kn, jn);
+                int j0 = cb * NBLK, jn = J->n - j0 < NBLK ? J->n - j0 : NBLK;
+                float *p = part + at[i] + (size_t)kb * m * J->n + j0;
+                for (int r = 0; r < m; r++) memset(p + (size_t)r * J->n, 0, sizeof(float) * jn);
+                kr->gemm_stream(p, J->n, x + k0, k, J->w + (size_t)k0 * J->n + j0, J->n, m, kn, jn);
             }
+            /* y = b + partials in block order */
 #pragma omp for schedule(static)
-            for (int cb = 0; cb < ncb; cb++) {
-                int j0 = cb * NBLK, jn = n - j0 < NBLK ? n - j0 : NBLK;
+            for (int t = 0; t < nred; t++) {
+                int i = 0, base = 0;
+                while (t >= base + blocks(jobs[i].n, NBLK)) base += blocks(jobs[i].n, NBLK), i++;
+                const mha_decode_gemm_job *J = &jobs[i];
+                int j0 = (t - base) * NBLK, jn = J->n - j0 < NBLK ? J->n - j0 : NBLK;
+                size_t plane = (size_t)m * J->n;
                 for (int r = 0; r < m; r++)
                     for (int j = j0; j < j0 + jn; j++) {
-                        float acc = b ? b[j] : 0.0f;
-                        for (int kb = 0; kb < nkb; kb++) acc += part[kb * plane + (size_t)r * n + j];
-                        y[(size_t)r * n + j] = acc;
+                        float acc = J->b ? J->b[j] : 0.0f;
+                        for (int kb = 0; kb < nkb; kb++) acc += part[at[i] + kb * plane + (size_t)r * J->n + j];
+                        J->y[(size_t)r * J->n + j] = acc;
                     }
             }
         }
         free(part);
         return MHA_OK;
     }
-    int nrb = (m + MBLK - 1) / MBLK, ncb = (n + TBLK - 1) / TBLK;
+    int nrb = blocks(m, MBLK), first[MHA_DECODE_MAX_JOBS + 1];
+    first[0] = 0;
+    for (int i = 0; i < njobs; i++) first[i + 1] = first[i] + nrb * blocks(jobs[i].n, TBLK);
 #pragma omp parallel for schedule(static) num_threads(nth)
-    for (int t = 0; t < nrb * ncb; t++) {
-        int i0 = (t / ncb) * MBLK, in = m - i0 < MBLK ? m - i0 : MBLK;
-        int j0 = (t % ncb) * TBLK, jn = n - j0 < TBLK ? n - j0 : TBLK;
-        float *yb = y + (size_t)i0 * n + j0;
-        kr->gemm_tile(yb, n, x + (size_t)i0 * k, k, w + j0, n, in, k, jn);
-        if (b)
-            for (int i = 0; i < in; i++)
-                for (int j = 0; j < jn; j++) yb[(size_t)i * n + j] += b[j0 + j];
+    for (int t = 0; t < first[njobs]; t++) {
+        int i = 0;
+        while (t >= first[i + 1]) i++;
+        const mha_decode_gemm_job *J = &jobs[i];
+        int ncb = blocks(J->n, TBLK), u = t - first[i];
+        int i0 = (u / ncb) * MBLK, in = m - i0 < MBLK ? m - i0 : MBLK;
+        int j0 = (u % ncb) * TBLK, jn = J->n - j0 < TBLK ? J->n - j0 : TBLK;
+        float *yb = J->y + (size_t)i0 * J->n + j0;
+        kr->gemm_tile(yb, J->n, x + (size_t)i0 * k, k, J->w + j0, J->n, in, k, jn);
+        if (J->b)
+            for (int r = 0; r < in; r++)
+                for (int j = 0; j < jn; j++) yb[(size_t)r * J->n + j] += J->b[j0 + j];
     }
     return MHA_OK;
+}
+
+mha_status mha_decode_gemm(float *y, const float *x, const float *w, const float *b, int m, int k,
+                           int n) {
+    mha_decode_gemm_job j = {y, w, b, n};
+    return mha_decode_gemm_many(&j, 1, x, m, k);
 }

@@ -218,9 +218,9 @@ mha_status mha_forward_cached(const mha_layer *L, mha_cache *c, float *y, const 
     const float *xs = packed ? xc : x;
 
     // --- project: Q (N, h*d_k), K (N, h_kv*d_k), V (N, h_kv*d_v)
-    if ((s = mha_decode_gemm(q, xs, L->w_q, L->b_q, N, c->d_model, (int)wq))) goto done;
-    if ((s = mha_decode_gemm(k, xs, L->w_k, L->b_k, N, c->d_model, (int)wk))) goto done;
-    if ((s = mha_decode_gemm(v, xs, L->w_v, L->b_v, N, c->d_model, (int)wv))) goto done;
+    mha_decode_gemm_job qkv[3] = {{q, L->w_q, L->b_q, (int)wq}, {k, L->w_k, L->b_k, (int)wk},
+                                  {v, L->w_v, L->b_v, (int)wv}};
+    if ((s = mha_decode_gemm_many(qkv, 3, xs, N, c->d_model))) goto done;
 
     // --- append and attend, in pieces a ring can hold
     mha_decode_opts o;

@@ -4,6 +4,7 @@
  * has validated the arguments; this file only computes.
  * Legend: B, T, S, S_tot = S + extra keys, S_pad = S_tot rounded up to 16,
  * h, h_kv, d_k, d_v, ldv = d_v rounded up to 16, d_model, d_kv_in. */
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -73,16 +74,29 @@ mha_status mha_forward_fast(const mha_layer *L, float *y, const mha_capture *cap
     const int ldv = (int)round_up((size_t)d_v, 16);
     const size_t rows = (size_t)B * T;
     const int self = kv == NULL || kv == x;
+    if (rows > (size_t)INT_MAX / 2 || (size_t)B * S_pad > (size_t)INT_MAX / 2)
+        return mha_fail(MHA_E_UNSUPPORTED, "fast path: B*T=%zu or B*S=%zu rows exceed its int indexing",
+                        rows, (size_t)B * S);
     if (!kv) kv = x;
 
     float *q = malloc(sizeof(float) * rows * h * d_k);                      // (B,T,h*d_k)
-    float *kt = calloc((size_t)B * h_kv * S_pad * d_k, sizeof(float));      // (B,h_kv,S_pad/16,d_k,16)
-    float *v = calloc((size_t)B * h_kv * S_pad * ldv, sizeof(float));       // (B,h_kv,S_pad,ldv)
+    float *kt = malloc(sizeof(float) * B * h_kv * S_pad * d_k);             // (B,h_kv,S_pad/16,d_k,16)
+    float *v = malloc(sizeof(float) * B * h_kv * S_pad * ldv);              // (B,h_kv,S_pad,ldv)
     float *z = cap && cap->z ? cap->z : malloc(sizeof(float) * rows * h * d_v); // (B,T,h*d_v)
     mha_status s = MHA_OK;
     if (!q || !kt || !v || !z) {
         s = mha_fail(MHA_E_NOMEM, "fast path: no memory for Q, K, V, Z (B=%d T=%d S=%d)", B, T, S);
         goto done;
+    }
+
+    /* the projections write keys 0..S-1 and columns 0..d_v-1; the rest
+     * (padding, extra keys) must be zero: the kernels read it */
+    for (size_t bg = 0; bg < (size_t)B * h_kv; bg++) {
+        float *kb = kt + bg * S_pad * d_k, *vb = v + bg * S_pad * ldv;
+        for (int e = 0; e < d_k; e++)
+            for (int j = S; j < S_pad; j++) kb[(size_t)(j / 16) * d_k * 16 + (size_t)e * 16 + j % 16] = 0.0f;
+        for (int j = 0; j < S_pad; j++)
+            for (int e = j < S ? d_v : 0; e < ldv; e++) vb[(size_t)j * ldv + e] = 0.0f;
     }
 
     // --- projections: Q = X W_Q + b_Q, K/V = Xkv W + b in attention's layouts
@@ -102,7 +116,7 @@ mha_status mha_forward_fast(const mha_layer *L, float *y, const mha_capture *cap
     }
     if (s) goto done;
     /* extra keys: key S is the learned (bias_k, bias_v) row; zero_attn's
-     * row after it is already zero (calloc) */
+     * row after it stays zero */
     for (int b = 0; c->add_bias_kv && b < B; b++)
         for (int g = 0; g < h_kv; g++) {
             float *kb = kt + ((size_t)b * h_kv + g) * S_pad * d_k + (size_t)(S / 16) * d_k * 16 + S % 16;

@@ -95,8 +95,9 @@ mha_status mha_gemm(const mha_dst *dst, const float *a, size_t lda, int M, const
                     int n_threads) {
     const int pb = p->first_panel[s0], np = p->first_panel[s1] - pb;
     const int nmb = (M + MHA_GEMM_MC - 1) / MHA_GEMM_MC;
-    /* few row blocks (small M): split the panels too, so every thread works */
-    int want = 4 * n_threads, nchunk = 1;
+    /* Enough tasks that the dynamic schedule balances the threads to within
+     * a few percent; few row blocks (small M) split the panels instead. */
+    int want = 16 * n_threads, nchunk = 1;
     if (nmb < want) nchunk = (want + nmb - 1) / nmb;
     if (nchunk > np) nchunk = np;
     const int per = (np + nchunk - 1) / nchunk;

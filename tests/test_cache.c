@@ -168,7 +168,7 @@ static void run_cached(float *y, float *z, const fixture *f, mha_cache *c, const
 /* Prefill `prefill` tokens, then decode one at a time, vs the reference. */
 static void prefill_then_decode(int h, int h_kv, mha_cache_dtype dt, int extras) {
     fixture f;
-    fixture_make(&f, 2, 83, 24, h, h_kv, 6, 0, extras, 42 + h_kv);
+    fixture_make(&f, 2, 150, 24, h, h_kv, 6, 0, extras, 42 + h_kv);
     uint64_t seed = 7;
     float *x = naive_random_floats((size_t)f.B * f.T * f.D, &seed, -1.0f, 1.0f);
     size_t ny = (size_t)f.B * f.T * f.D, nz = (size_t)f.B * f.T * f.h * f.d_v;
@@ -177,10 +177,11 @@ static void prefill_then_decode(int h, int h_kv, mha_cache_dtype dt, int extras)
     double tol16, tol = reference(yr, zr, &tol16, &f, x, -1);
     mha_cache *c = NULL;
     CHECK_OK(mha_cache_create(&c, f.L, f.B, f.T, dt, 0));
-    int steps[64];
-    steps[0] = 50; /* crosses the 64-slot chunk boundary while decoding */
-    for (int i = 1; i < 64; i++) steps[i] = 1;
-    if (c) run_cached(yc, zc, &f, c, x, steps, 64, NULL);
+    int steps[32];
+    steps[0] = 122; /* decoding crosses the chunk boundary (MHA_DECODE_CHUNK) */
+    CHECK(steps[0] < MHA_DECODE_CHUNK * 2 && f.T > MHA_DECODE_CHUNK);
+    for (int i = 1; i < 32; i++) steps[i] = i < 4 ? 1 : i == 4 ? 3 : 1;
+    if (c) run_cached(yc, zc, &f, c, x, steps, 32, NULL);
     double t = dt == MHA_CACHE_F16 ? tol16 : tol;
     CHECK_ARRAY_NEAR(yc, yr, ny, t);
     CHECK(tol < 1e-4);
@@ -316,40 +317,41 @@ static void test_truncate_then_continue(void) {
 
 /* -------------------------------------------------------------- window */
 
-/* A ring of 21 slots keeping the last 16 tokens vs the reference with
- * window_left = 15: a long prefill (split into pieces inside), decode
- * steps that wrap the ring many times, and a truncate inside the ring. */
-static void window_case(mha_cache_dtype dt, int h_kv) {
+/* A ring of `cap` slots keeping the last W tokens vs the reference with
+ * window_left = W - 1: a long prefill (split into pieces inside), decode
+ * steps that wrap the ring, and a truncate inside the ring. */
+static void window_case(mha_cache_dtype dt, int h_kv, int cap, int W, int T, int prefill) {
     fixture f;
-    fixture_make(&f, 2, 130, 16, 4, h_kv, 8, 0, 0, 31);
+    fixture_make(&f, 2, T, 16, 4, h_kv, 8, 0, 0, 31);
     uint64_t seed = 19;
     float *x = naive_random_floats((size_t)f.B * f.T * f.D, &seed, -1.0f, 1.0f);
     size_t ny = (size_t)f.B * f.T * f.D;
     float *yr = naive_alloc_floats(ny), *yc = naive_alloc_floats(ny);
-    double tol16, tol = reference(yr, NULL, &tol16, &f, x, 15);
+    double tol16, tol = reference(yr, NULL, &tol16, &f, x, W - 1);
+    double t = dt == MHA_CACHE_F16 ? tol16 : tol;
     mha_cache *c = NULL;
-    CHECK_OK(mha_cache_create(&c, f.L, f.B, 21, dt, 16));
-    int steps[90];
-    steps[0] = 47;
-    for (int i = 1; i < 90; i++) steps[i] = i % 5 == 0 ? 3 : 1;
-    if (c) run_cached(yc, NULL, &f, c, x, steps, 90, NULL);
-    CHECK_ARRAY_NEAR(yc, yr, ny, dt == MHA_CACHE_F16 ? tol16 : tol);
+    CHECK_OK(mha_cache_create(&c, f.L, f.B, cap, dt, W));
+    int steps[400];
+    steps[0] = prefill;
+    for (int i = 1; i < 400; i++) steps[i] = i % 5 == 0 ? 3 : 1;
+    if (c) run_cached(yc, NULL, &f, c, x, steps, 400, NULL);
+    CHECK_ARRAY_NEAR(yc, yr, ny, t);
     CHECK_INT(mha_cache_length(c, 0), f.T);
-    CHECK_INT(mha_cache_bytes(c), (size_t)f.B * 24 * h_kv * 16 * (dt == MHA_CACHE_F16 ? 2 : 4));
+    CHECK_INT(mha_cache_bytes(c), (size_t)f.B * ((cap + 7) / 8 * 8) * h_kv * 16 * (dt == MHA_CACHE_F16 ? 2 : 4));
+    int back = cap - W + 1; /* the most a ring can roll back */
     if (c) {
-        /* roll back 5 tokens (ring keeps 21 >= 16 + 5), redo them */
-        CHECK_OK(mha_cache_truncate(c, 0, f.T - 5));
-        CHECK_OK(mha_cache_truncate(c, 1, f.T - 5));
-        float *xs = naive_alloc_floats((size_t)f.B * 5 * f.D), *ys = naive_alloc_floats((size_t)f.B * 5 * f.D);
+        CHECK_OK(mha_cache_truncate(c, 0, f.T - back));
+        CHECK_OK(mha_cache_truncate(c, 1, f.T - back));
+        float *xs = naive_alloc_floats((size_t)f.B * back * f.D), *ys = naive_alloc_floats((size_t)f.B * back * f.D);
         for (int b = 0; b < f.B; b++)
-            memcpy(xs + (size_t)b * 5 * f.D, x + ((size_t)b * f.T + f.T - 5) * f.D, sizeof(float) * 5 * f.D);
-        CHECK_OK(mha_forward_cached(f.L, c, ys, NULL, xs, 5, NULL, NULL));
+            memcpy(xs + (size_t)b * back * f.D, x + ((size_t)b * f.T + f.T - back) * f.D, sizeof(float) * back * f.D);
+        CHECK_OK(mha_forward_cached(f.L, c, ys, NULL, xs, back, NULL, NULL));
         for (int b = 0; b < f.B; b++)
-            CHECK_ARRAY_NEAR(ys + (size_t)b * 5 * f.D, yr + ((size_t)b * f.T + f.T - 5) * f.D, (size_t)5 * f.D,
-                             dt == MHA_CACHE_F16 ? tol16 : tol);
+            CHECK_ARRAY_NEAR(ys + (size_t)b * back * f.D, yr + ((size_t)b * f.T + f.T - back) * f.D,
+                             (size_t)back * f.D, t);
         free(xs), free(ys);
         /* too far back: the window of the next token was overwritten */
-        CHECK_STATUS(mha_cache_truncate(c, 0, f.T - 10), MHA_E_ARG);
+        CHECK_STATUS(mha_cache_truncate(c, 0, f.T - back - 1), MHA_E_ARG);
         CHECK_ERROR_MENTIONS("window");
     }
     mha_cache_free(c);
@@ -357,8 +359,13 @@ static void window_case(mha_cache_dtype dt, int h_kv) {
     fixture_free(&f);
 }
 
-static void test_window_f32(void) { window_case(MHA_CACHE_F32, 2); }
-static void test_window_f16(void) { window_case(MHA_CACHE_F16, 1); }
+/* a ring inside one chunk; a ring of several chunks (MHA_DECODE_CHUNK) */
+static void test_window_f32(void) {
+    window_case(MHA_CACHE_F32, 2, 21, 16, 130, 47);
+    CHECK(300 > 2 * MHA_DECODE_CHUNK);
+    window_case(MHA_CACHE_F32, 4, 300, 200, 700, 450);
+}
+static void test_window_f16(void) { window_case(MHA_CACHE_F16, 1, 21, 16, 130, 47); }
 
 /* window_left in the options on a cache without window. */
 static void test_window_option(void) {
@@ -540,6 +547,7 @@ static void test_threads_bit_identical(void) {
         float *x = naive_random_floats(ny, &seed, -1.0f, 1.0f);
         float *y[2] = {naive_alloc_floats(ny), naive_alloc_floats(ny)};
         int steps[] = {140, 1, 1, 1, 4, 1, 1, 1};
+        mha_decode_set_min_parallel_work(0.0); /* tiny shapes: threads anyway */
         for (int th = 0; th < 2; th++) {
             mha_set_num_threads(th + 1);
             mha_cache *c = NULL;
@@ -548,6 +556,7 @@ static void test_threads_bit_identical(void) {
             mha_cache_free(c);
         }
         mha_set_num_threads(0);
+        mha_decode_set_min_parallel_work(262144.0);
         CHECK(memcmp(y[0], y[1], ny * sizeof(float)) == 0);
         free(x), free(y[0]), free(y[1]);
         fixture_free(&f);
@@ -617,8 +626,8 @@ static void test_kernels_agree(void) {
     CHECK_ARRAY_NEAR(l1, l2, (size_t)m, 1e-5);
     CHECK(s1[5] == 0.0f);
     float *a1 = naive_alloc_floats((size_t)m * dv), *a2 = naive_alloc_floats((size_t)m * dv);
-    a->accumulate(a1, s1, 32, v, m, n, dv);
-    s->accumulate(a2, s1, 32, v, m, n, dv);
+    a->accumulate(a1, dv, s1, 32, v, m, n, dv);
+    s->accumulate(a2, dv, s1, 32, v, m, n, dv);
     CHECK_ARRAY_NEAR(a1, a2, (size_t)m * dv, 1e-5);
     float *y1 = naive_alloc_floats((size_t)m * dv), *y2 = naive_alloc_floats((size_t)m * dv);
     a->gemm_tile(y1, dv, v, dv, v, dv, m, dv, dv); /* (m, dv) x (dv, dv): v's first rows */

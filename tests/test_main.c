@@ -19,6 +19,7 @@ static const test_area_fn areas[] = {
     tests_fast,
     tests_kernels,
     tests_torch_layout,
+    tests_io,
     tests_cache,
 };
 

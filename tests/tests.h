@@ -13,6 +13,7 @@ const test_case *tests_errors(size_t *count);
 const test_case *tests_fast(size_t *count);
 const test_case *tests_kernels(size_t *count);
 const test_case *tests_torch_layout(size_t *count);
+const test_case *tests_io(size_t *count);
 const test_case *tests_cache(size_t *count);
 
 #endif

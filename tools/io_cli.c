@@ -30,6 +30,7 @@ int cli_load_layer(const char *cmd, mha_layer **L, const cli_ckpt *ck, const cha
 char **cli_expand_causal(int *argc, char **argv) {
     static char *out[512];
     static char buf[64];
+    if (*argc >= 511) return argv; /* too long to rewrite: the parser reports it */
     int n = 0;
     for (int i = 0; i < *argc && n < 511; i++) {
         if (strcmp(argv[i], "--causal") == 0) {

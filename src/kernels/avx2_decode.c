@@ -11,6 +11,9 @@
 #include "kernels/decode_kernels.h"
 
 #define INLINE static inline __attribute__((always_inline))
+/* the tiles' loops over rows and vectors have constant trip counts; fully
+ * unrolled, their accumulators live in registers */
+#define UNROLL _Pragma("GCC unroll 8")
 
 /* ------------------------------------------------------------- scores */
 
@@ -18,17 +21,24 @@
 INLINE void scores_tile(float *s, int lds, const float *q, int ldq, const float *kp, int d, int R,
                         int P) {
     __m256 acc[4][4];
+    UNROLL
     for (int r = 0; r < R; r++)
+        UNROLL
         for (int p = 0; p < P; p++) acc[r][p] = _mm256_setzero_ps();
     for (int c = 0; c < d; c++) {
         __m256 k[4];
+        UNROLL
         for (int p = 0; p < P; p++) k[p] = _mm256_loadu_ps(kp + (size_t)p * d * MHA_KPANEL + (size_t)c * MHA_KPANEL);
+        UNROLL
         for (int r = 0; r < R; r++) {
             __m256 qb = _mm256_broadcast_ss(q + (size_t)r * ldq + c);
+            UNROLL
             for (int p = 0; p < P; p++) acc[r][p] = _mm256_fmadd_ps(qb, k[p], acc[r][p]);
         }
     }
+    UNROLL
     for (int r = 0; r < R; r++)
+        UNROLL
         for (int p = 0; p < P; p++) _mm256_storeu_ps(s + (size_t)r * lds + p * MHA_KPANEL, acc[r][p]);
 }
 
@@ -67,7 +77,7 @@ INLINE __m256 exp_avx2(__m256 x) {
     __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
     r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
     __m256 p = _mm256_set1_ps(1.0f / 5040.0f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 700.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720.0f));
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
@@ -121,50 +131,57 @@ static void softmax_avx2(float *s, int lds, float *mx, float *sum, int m, int n)
 INLINE void acc_tile(float *acc, int ldacc, const float *p, int ldp, const float *v, int dv, int n,
                      int R, int C) {
     __m256 a[4][8];
+    UNROLL
     for (int r = 0; r < R; r++)
+        UNROLL
         for (int c = 0; c < C; c++) a[r][c] = _mm256_setzero_ps();
     for (int j = 0; j < n; j++) {
         __m256 vv[8];
+        UNROLL
         for (int c = 0; c < C; c++) vv[c] = _mm256_loadu_ps(v + (size_t)j * dv + c * 8);
+        UNROLL
         for (int r = 0; r < R; r++) {
             __m256 pb = _mm256_broadcast_ss(p + (size_t)r * ldp + j);
+            UNROLL
             for (int c = 0; c < C; c++) a[r][c] = _mm256_fmadd_ps(pb, vv[c], a[r][c]);
         }
     }
+    UNROLL
     for (int r = 0; r < R; r++)
+        UNROLL
         for (int c = 0; c < C; c++) _mm256_storeu_ps(acc + (size_t)r * ldacc + c * 8, a[r][c]);
 }
 
 /* Columns [c0, dv) of rows [i, i+R) one by one, fmaf in key order (the
  * same additions as a vector lane). */
-static void acc_tail(float *acc, const float *p, int ldp, const float *v, int dv, int n, int R,
-                     int c0) {
+static void acc_tail(float *acc, int ldacc, const float *p, int ldp, const float *v, int dv, int n,
+                     int R, int c0) {
     for (int r = 0; r < R; r++)
         for (int c = c0; c < dv; c++) {
             float a = 0.0f;
             for (int j = 0; j < n; j++) a = fmaf(p[(size_t)r * ldp + j], v[(size_t)j * dv + c], a);
-            acc[(size_t)r * dv + c] = a;
+            acc[(size_t)r * ldacc + c] = a;
         }
 }
 
-static void accumulate_avx2(float *acc, const float *p, int ldp, const float *v, int m, int n,
-                            int dv) {
+static void accumulate_avx2(float *acc, int ldacc, const float *p, int ldp, const float *v, int m,
+                            int n, int dv) {
     int i = 0;
     for (; i + 4 <= m; i += 4) {
-        float *a = acc + (size_t)i * dv;
+        float *a = acc + (size_t)i * ldacc;
         const float *pi = p + (size_t)i * ldp;
         int c = 0;
-        for (; c + 16 <= dv; c += 16) acc_tile(a + c, dv, pi, ldp, v + c, dv, n, 4, 2);
-        for (; c + 8 <= dv; c += 8) acc_tile(a + c, dv, pi, ldp, v + c, dv, n, 4, 1);
-        acc_tail(a, pi, ldp, v, dv, n, 4, c);
+        for (; c + 16 <= dv; c += 16) acc_tile(a + c, ldacc, pi, ldp, v + c, dv, n, 4, 2);
+        for (; c + 8 <= dv; c += 8) acc_tile(a + c, ldacc, pi, ldp, v + c, dv, n, 4, 1);
+        acc_tail(a, ldacc, pi, ldp, v, dv, n, 4, c);
     }
     for (; i < m; i++) {
-        float *a = acc + (size_t)i * dv;
+        float *a = acc + (size_t)i * ldacc;
         const float *pi = p + (size_t)i * ldp;
         int c = 0;
-        for (; c + 64 <= dv; c += 64) acc_tile(a + c, dv, pi, ldp, v + c, dv, n, 1, 8);
-        for (; c + 8 <= dv; c += 8) acc_tile(a + c, dv, pi, ldp, v + c, dv, n, 1, 1);
-        acc_tail(a, pi, ldp, v, dv, n, 1, c);
+        for (; c + 64 <= dv; c += 64) acc_tile(a + c, ldacc, pi, ldp, v + c, dv, n, 1, 8);
+        for (; c + 8 <= dv; c += 8) acc_tile(a + c, ldacc, pi, ldp, v + c, dv, n, 1, 1);
+        acc_tail(a, ldacc, pi, ldp, v, dv, n, 1, c);
     }
 }
 
@@ -220,17 +237,24 @@ static void gemm_stream_avx2(float *y, int ldy, const float *x, int ldx, const f
 INLINE void gemm_tile_rc(float *y, int ldy, const float *x, int ldx, const float *w, int ldw, int k,
                          int R, int C) {
     __m256 a[4][2];
+    UNROLL
     for (int r = 0; r < R; r++)
+        UNROLL
         for (int c = 0; c < C; c++) a[r][c] = _mm256_setzero_ps();
     for (int kk = 0; kk < k; kk++) {
         __m256 wv[2];
+        UNROLL
         for (int c = 0; c < C; c++) wv[c] = _mm256_loadu_ps(w + (size_t)kk * ldw + c * 8);
+        UNROLL
         for (int r = 0; r < R; r++) {
             __m256 xb = _mm256_broadcast_ss(x + (size_t)r * ldx + kk);
+            UNROLL
             for (int c = 0; c < C; c++) a[r][c] = _mm256_fmadd_ps(xb, wv[c], a[r][c]);
         }
     }
+    UNROLL
     for (int r = 0; r < R; r++)
+        UNROLL
         for (int c = 0; c < C; c++) _mm256_storeu_ps(y + (size_t)r * ldy + c * 8, a[r][c]);
 }
 

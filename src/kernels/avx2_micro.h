@@ -36,7 +36,7 @@ static inline __m256 mha_exp_avx2(__m256 x) {
 
 /* c (m,n) = [row_scale * c +] a (6,K) b (K,16) [+ bias]; see kernels.h.
  * Inlined so that constant strides (packed a: a_rs = 1, a_cs = 6) fold. */
-static inline void mha_sgemm_avx2_6x16_body(float *c, size_t ldc, const float *a, size_t a_rs,
+static inline __attribute__((always_inline)) void mha_sgemm_avx2_6x16_body(float *c, size_t ldc, const float *a, size_t a_rs,
                                             size_t a_cs, const float *b, size_t ldb,
                                             const float *bias, const float *row_scale, int K,
                                             int m, int n) {

@@ -34,8 +34,10 @@ typedef struct {
      * row max; sum[i] = sum_j of the result. A row of only -inf gets
      * mx = -inf, sum = 0 and zeros. n % 8 == 0. */
     void (*softmax)(float *s, int lds, float *mx, float *sum, int m, int n);
-    /* acc (m, dv) = p (m, n) v (n, dv); p row stride ldp. Overwrites acc. */
-    void (*accumulate)(float *acc, const float *p, int ldp, const float *v, int m, int n, int dv);
+    /* acc (m, dv) = p (m, n) v (n, dv); acc row stride ldacc, p ldp.
+     * Overwrites acc. */
+    void (*accumulate)(float *acc, int ldacc, const float *p, int ldp, const float *v, int m, int n,
+                       int dv);
     /* y (m, n) += x (m, k) w (k, n) for few rows (m <= 4): streams w once,
      * rows of w in order; y row stride ldy, x ldx, w ldw. */
     void (*gemm_stream)(float *y, int ldy, const float *x, int ldx, const float *w, int ldw,

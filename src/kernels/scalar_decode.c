@@ -35,10 +35,10 @@ static void softmax_scalar(float *s, int lds, float *mx, float *sum, int m, int 
 }
 
 /* acc (m, dv) = p (m, n) v (n, dv) */
-static void accumulate_scalar(float *acc, const float *p, int ldp, const float *v, int m, int n,
-                              int dv) {
+static void accumulate_scalar(float *acc, int ldacc, const float *p, int ldp, const float *v, int m,
+                              int n, int dv) {
     for (int i = 0; i < m; i++) {
-        float *a = acc + (size_t)i * dv;
+        float *a = acc + (size_t)i * ldacc;
         for (int c = 0; c < dv; c++) a[c] = 0.0f;
         for (int j = 0; j < n; j++) {
             float pj = p[(size_t)i * ldp + j];

@@ -1,0 +1,253 @@
+#!/bin/sh
+# io_cli_test.sh — the file commands end to end: `mha run` on the same
+# weights written in every layout (native, hf, gpt2, megatron) gives the
+# same Y; convert and permute round trips; masks; `mha audit` recovers the
+# exact repair of corrupted checkpoints (W_O row blocks swapped, W_Q column
+# blocks swapped, K/V blocks swapped, GQA groups scrambled by a wrong fused
+# layout) and says so when a mismatch is not a permutation; `mha plot`
+# writes PNGs; every bad file gets its error (exit 1, one line naming the
+# problem), never a crash. Fixtures come from tests/python/io_fixtures.py
+# (numpy, with a safetensors writer independent of the library's).
+#   usage: sh tests/io_cli_test.sh ./build/mha
+MHA=${1:?usage: sh tests/io_cli_test.sh PATH_TO_MHA}
+PY=${PYTHON:-/usr/bin/python3}
+here=$(cd "$(dirname "$0")" && pwd)
+[ -x "$MHA" ] || { echo "io_cli_test: '$MHA' is not an executable" >&2; exit 1; }
+if ! "$PY" -c "import numpy" 2>/dev/null; then
+    echo "io_cli_test: skipped ($PY with numpy is needed for the fixtures; run 'make setup')"
+    exit 0
+fi
+tmp=$(mktemp -d) || exit 1
+trap 'rm -rf "$tmp"' EXIT INT TERM
+fx() { "$PY" "$here/python/io_fixtures.py" "$@"; }
+fx make "$tmp" || { echo "io_cli_test: fixtures failed" >&2; exit 1; }
+checks=0
+fails=0
+fail() { echo "FAIL: $*" >&2; fails=$((fails + 1)); }
+
+run() {
+    "$MHA" "$@" >"$tmp/out" 2>"$tmp/err"
+    rc=$?
+    last="mha $*"
+}
+expect_ok() {
+    checks=$((checks + 1))
+    [ "$rc" -eq 0 ] || fail "$last: exit $rc; stderr: $(head -c 400 "$tmp/err")"
+}
+# expect_error CODE PATTERN: exit CODE, one stderr line "mha <cmd>: ..." containing PATTERN
+expect_error() {
+    checks=$((checks + 1))
+    [ "$rc" -eq "$1" ] || fail "$last: exit $rc, want $1; stderr: $(head -c 300 "$tmp/err")"
+    [ "$rc" -ge 128 ] && fail "$last: crashed (signal $((rc - 128)))"
+    [ "$(wc -l <"$tmp/err")" -eq 1 ] || fail "$last: want one stderr line, got: $(head -c 400 "$tmp/err")"
+    grep -q "^mha [a-z]*: " "$tmp/err" || fail "$last: stderr does not start 'mha <cmd>: '"
+    grep -qF -- "$2" "$tmp/err" || fail "$last: stderr does not mention '$2': $(cat "$tmp/err")"
+}
+expect_out() { # PATTERN in stdout
+    checks=$((checks + 1))
+    grep -qF -- "$1" "$tmp/out" || fail "$last: stdout does not contain '$1': $(head -c 600 "$tmp/out")"
+}
+close() { # A B [TOL]
+    checks=$((checks + 1))
+    fx close "$@" >"$tmp/close" || fail "$last: $1 vs $2 $(cat "$tmp/close")"
+}
+T=$tmp
+
+# --- every layout of the same weights gives the same Y ---------------------
+run run --weights $T/native.safetensors --input $T/x.npy --output $T/y_native.npy
+expect_ok
+expect_out "h=4, h_kv=2"
+run run --weights $T/hf.safetensors --heads 4 --input $T/x.npy --output $T/y_hf.npy
+expect_ok
+close $T/y_hf.npy $T/y_native.npy
+run run --weights $T/megatron.safetensors --layout megatron --heads 4 --input $T/x.npy --output $T/y_mg.npy
+expect_ok
+close $T/y_mg.npy $T/y_native.npy
+run run --weights $T/mha_native.safetensors --input $T/x.npy --output $T/y_mha.npy
+expect_ok
+run run --weights $T/gpt2.safetensors --heads 4 --input $T/x.npy --output $T/y_gpt2.npy
+expect_ok
+close $T/y_gpt2.npy $T/y_mha.npy
+
+# --- convert then run equals running the source -------------------------------
+for l in hf megatron; do
+    run convert --from $l --heads 4 --to native $T/$l.safetensors $T/conv_$l.safetensors
+    expect_ok
+    run run --weights $T/conv_$l.safetensors --input $T/x.npy --output $T/y_conv_$l.npy
+    expect_ok
+    close $T/y_conv_$l.npy $T/y_native.npy
+done
+run convert --from gpt2 --heads 4 --to native $T/gpt2.safetensors $T/conv_gpt2.safetensors
+expect_ok
+run run --weights $T/conv_gpt2.safetensors --input $T/x.npy --output $T/y_conv_gpt2.npy
+expect_ok
+close $T/y_conv_gpt2.npy $T/y_mha.npy
+
+# --- consistent permutation: same Y, labels moved -----------------------------
+run permute --order 2,3,0,1 $T/native.safetensors $T/perm.safetensors
+expect_ok
+run run --weights $T/perm.safetensors --input $T/x.npy --output $T/y_perm.npy
+expect_ok
+close $T/y_perm.npy $T/y_native.npy
+checks=$((checks + 1))
+[ "$(fx meta $T/perm.safetensors labels_o)" = "2,3,0,1" ] || fail "permute: labels_o is '$(fx meta $T/perm.safetensors labels_o)'"
+[ "$(fx meta $T/perm.safetensors labels_k)" = "1,0" ] || fail "permute: labels_k is '$(fx meta $T/perm.safetensors labels_k)'"
+run permute --order 1,2,0,3 $T/native.safetensors $T/x.safetensors
+expect_error 2 "kv group"
+run permute --order 0,0,1,2 $T/native.safetensors $T/x.safetensors
+expect_error 2 "perm"
+run permute --order 0,1,2 $T/native.safetensors $T/x.safetensors
+expect_error 2 "4 comma-separated"
+
+# --- inputs: unbatched, float16, cross-attention, masks -----------------------
+run run --weights $T/native.safetensors --input $T/x2d.npy --output $T/y2d.npy --save-probs $T/p2d.npy
+expect_ok
+expect_out "unbatched"
+"$PY" -c "
+import numpy as np, sys
+y=np.load('$T/y2d.npy'); Y=np.load('$T/y_native.npy'); p=np.load('$T/p2d.npy')
+ok = y.shape==(6,16) and np.allclose(y, Y[0], atol=1e-5) and p.shape==(4,6,6) and np.allclose(p.sum(-1),1,atol=1e-5)
+sys.exit(0 if ok else 1)" || fail "unbatched input: outputs do not match the batched run"
+checks=$((checks + 1))
+run run --weights $T/native.safetensors --input $T/x_f16.npy --output $T/y_f16.npy
+expect_ok
+close $T/y_f16.npy $T/y_native.npy 0.05
+run run --weights $T/native.safetensors --input $T/x.npy --kv-input $T/kv.npy --output $T/y_kv.npy --save-probs $T/p_kv.npy
+expect_ok
+"$PY" -c "
+import numpy as np, sys
+p=np.load('$T/p_kv.npy'); sys.exit(0 if p.shape==(2,4,6,8) else 1)" || fail "cross-attention probs shape"
+checks=$((checks + 1))
+# causal three ways: --causal, bool attn_mask (True = not allowed), float -inf mask
+run run --weights $T/native.safetensors --input $T/x.npy --output $T/y_c1.npy --causal
+expect_ok
+run run --weights $T/native.safetensors --input $T/x.npy --output $T/y_c2.npy --attn-mask $T/causal_bool.npy
+expect_ok
+close $T/y_c2.npy $T/y_c1.npy
+run run --weights $T/native.safetensors --input $T/x.npy --output $T/y_c3.npy --attn-mask $T/causal_float.npy
+expect_ok
+close $T/y_c3.npy $T/y_c1.npy
+run run --weights $T/native.safetensors --input $T/x.npy --output $T/y_c4.npy --causal=bottom-right
+expect_ok
+close $T/y_c4.npy $T/y_c1.npy
+run run --weights $T/native.safetensors --input $T/x.npy --output $T/y_kp.npy --key-padding-mask $T/kpm.npy
+expect_ok
+"$PY" -c "
+import numpy as np, sys
+a=np.load('$T/y_kp.npy'); b=np.load('$T/y_native.npy')
+sys.exit(0 if np.allclose(a[0],b[0],atol=1e-6) and not np.allclose(a[1],b[1],atol=1e-3) else 1)" ||
+    fail "key padding: batch 0 should be unchanged and batch 1 changed"
+checks=$((checks + 1))
+
+# --- ablation: zeroing head 1 removes exactly its contribution ---------------
+run run --weights $T/native.safetensors --input $T/x.npy --output $T/y_full.npy --save-contributions $T/c.npy --save-z $T/z.npy
+expect_ok
+run run --weights $T/native.safetensors --input $T/x.npy --output $T/y_abl.npy --ablate 1=zero,2=scale:0.5
+expect_ok
+"$PY" -c "
+import numpy as np, sys
+y=np.load('$T/y_full.npy'); c=np.load('$T/c.npy'); a=np.load('$T/y_abl.npy'); z=np.load('$T/z.npy')
+ok = c.shape==(4,2,6,16) and z.shape==(2,6,16) and np.allclose(a, y - c[1] - 0.5*c[2], atol=1e-5)
+sys.exit(0 if ok else 1)" || fail "ablation: Y_ablated != Y - C[1] - 0.5 C[2]"
+checks=$((checks + 1))
+run run --weights $T/native.safetensors --input $T/x.npy --output $T/y.npy --ablate 9=zero
+expect_error 2 "out of range"
+run run --weights $T/native.safetensors --input $T/x.npy --output $T/y.npy --ablate 1=explode
+expect_error 2 "unknown operation"
+
+# --- audit: recover the exact repair of corrupted checkpoints -----------------
+run audit --weights $T/native.safetensors --input $T/x.npy --reference $T/y_native.npy
+expect_ok
+expect_out "reproduces the reference"
+audit_case() { # NAME CORRUPT_ARGS... ; corrupts native with `mha permute`, audits, applies the fix
+    name=$1; shift
+    run permute "$@" $T/native.safetensors $T/$name.safetensors
+    expect_ok
+    run audit --weights $T/$name.safetensors --input $T/x.npy --reference $T/y_native.npy
+    checks=$((checks + 1))
+    [ "$rc" -eq 1 ] || fail "audit $name: exit $rc, want 1"
+    fix=$(grep '^fix: ' "$tmp/out" | sed 's/^fix: mha //')
+    [ -n "$fix" ] || { fail "audit $name: no fix printed: $(cat "$tmp/out")"; return; }
+    echo "$fix" | grep -qF -- "$want_fix" || fail "audit $name: fix '$fix' does not contain '$want_fix'"
+    # shellcheck disable=SC2086
+    run $fix
+    expect_ok
+    run audit --weights $T/${name}_fixed.safetensors --input $T/x.npy --reference $T/y_native.npy
+    expect_ok
+    expect_out "labels: consistent"
+}
+want_fix="--block o --order 1,0,2,3"
+audit_case bad_o --block o --order 1,0,2,3
+want_fix="--block q --order 3,0,1,2"
+audit_case bad_q --block q --order 1,2,3,0
+want_fix="--block kv --order 1,0"
+audit_case bad_kv --block kv --order 1,0
+# GQA groups scrambled by a wrong fused-layout reader (labels look fine)
+run audit --weights $T/wrong_fused.safetensors --input $T/x.npy --reference $T/y_native.npy
+checks=$((checks + 1))
+[ "$rc" -eq 1 ] || fail "audit wrong_fused: exit $rc"
+expect_out "labels: consistent"
+expect_out "fix: mha permute --block q --order 0,2,1,3 --relabel"
+fix=$(grep '^fix: ' "$tmp/out" | sed 's/^fix: mha //')
+# shellcheck disable=SC2086
+run $fix
+expect_ok
+run run --weights $T/wrong_fused_fixed.safetensors --input $T/x.npy --output $T/y_wf.npy
+expect_ok
+close $T/y_wf.npy $T/y_native.npy
+# not a permutation
+run audit --weights $T/scaled.safetensors --input $T/x.npy --reference $T/y_native.npy
+checks=$((checks + 1))
+[ "$rc" -eq 1 ] || fail "audit scaled: exit $rc"
+expect_out "not a permutation"
+grep -q '^fix:' "$tmp/out" && fail "audit scaled: printed a fix"
+
+# --- plot -------------------------------------------------------------------
+run plot --weights $T/native.safetensors --input $T/x.npy --causal --out $T/attn.png
+expect_ok
+checks=$((checks + 1))
+fx is_png $T/attn.png || fail "plot: attn.png is not a PNG"
+fx is_png $T/attn_contrib.png || fail "plot: attn_contrib.png is not a PNG"
+run plot --weights $T/native.safetensors --input $T/x.npy --out $T/a.png --batch 2
+expect_error 2 "--batch 2"
+
+# --- bad files: an error naming the problem, never a crash -------------------
+run run --weights $T/truncated.safetensors --input $T/x.npy --output $T/y.npy
+expect_error 1 "truncated"
+run run --weights $T/hugeheader.safetensors --input $T/x.npy --output $T/y.npy
+expect_error 1 "larger than the file"
+run run --weights $T/overlap.safetensors --input $T/x.npy --output $T/y.npy
+expect_error 1 "overlap"
+run run --weights $T/dup.safetensors --input $T/x.npy --output $T/y.npy
+expect_error 1 "duplicate"
+run run --weights $T/i32.safetensors --input $T/x.npy --output $T/y.npy
+expect_error 1 "I32"
+run run --weights $T/badshape.safetensors --input $T/x.npy --output $T/y.npy
+expect_error 1 "w_o"
+run run --weights $T/ambiguous.safetensors --input $T/x.npy --output $T/y.npy
+expect_error 1 "candidates: native, hf"
+run run --weights $T/hf.safetensors --input $T/x.npy --output $T/y.npy
+expect_error 1 "--heads"
+run run --weights $T/inf_weight.safetensors --input $T/x.npy --output $T/y.npy
+expect_error 1 "w_v[1]"
+run run --weights $T/native.safetensors --input $T/x_nan.npy --output $T/y.npy
+expect_error 1 "finite"
+run run --weights $T/native.safetensors --input $T/x_f64.npy --output $T/y.npy
+expect_error 1 "'<f8'"
+run run --weights $T/native.safetensors --input $T/x_fortran.npy --output $T/y.npy
+expect_error 1 "Fortran"
+run run --weights $T/native.safetensors --input $T/x_wide.npy --output $T/y.npy
+expect_error 1 "d_model = 16"
+run run --weights $T/native.safetensors --input $T/x.npy --output $T/y.npy --attn-mask $T/mask_badshape.npy
+expect_error 1 "attn_mask"
+run run --weights $T/native.safetensors --input $T/missing.npy --output $T/y.npy
+expect_error 1 "missing.npy"
+run run --weights $T/native.safetensors --input $T/x.npy --output $T/y.npy --layout llama
+expect_error 2 "--layout"
+run convert --from hf --heads 4 --to torch $T/hf.safetensors $T/o.safetensors
+expect_error 2 "--to"
+run audit --weights $T/native.safetensors --input $T/x.npy --reference $T/x2d.npy
+expect_error 1 "reference"
+
+echo "io_cli_test: $checks checks, $fails failures"
+[ "$fails" -eq 0 ]

@@ -1,0 +1,183 @@
+"""Fixtures for tests/io_cli_test.sh: random checkpoints in every layout,
+built from one set of (in, out) weights with numpy and written with the
+independent safetensors writer in io_helpers.py; corrupted checkpoints;
+bad files; and an allclose check.
+
+    python3 io_fixtures.py make DIR        write every fixture into DIR
+    python3 io_fixtures.py close A.npy B.npy [TOL]   exit 1 unless allclose
+    python3 io_fixtures.py is_png FILE
+"""
+import json
+import struct
+import sys
+
+import numpy as np
+
+from io_helpers import write_safetensors
+
+RNG = np.random.RandomState(1234)
+
+
+def rand(*shape, amp=0.5):
+    return (RNG.uniform(-amp, amp, size=shape)).astype(np.float32)
+
+
+def weights(d_model, h, h_kv, d):
+    """Native (in, out) weights; d_k = d_v = d."""
+    return {
+        "w_q": rand(d_model, h * d), "w_k": rand(d_model, h_kv * d),
+        "w_v": rand(d_model, h_kv * d), "w_o": rand(h * d, d_model),
+        "b_q": rand(h * d), "b_k": rand(h_kv * d), "b_v": rand(h_kv * d), "b_o": rand(d_model),
+    }
+
+
+def native_meta(h, h_kv, d):
+    lab = lambda n: ",".join(str(i) for i in range(n))
+    return {"n_heads": h, "n_kv_heads": h_kv, "d_k": d, "d_v": d,
+            "labels_q": lab(h), "labels_k": lab(h_kv), "labels_v": lab(h_kv), "labels_o": lab(h)}
+
+
+def hf(w):
+    return {"model.layers.0.self_attn.q_proj.weight": w["w_q"].T,
+            "model.layers.0.self_attn.k_proj.weight": w["w_k"].T,
+            "model.layers.0.self_attn.v_proj.weight": w["w_v"].T,
+            "model.layers.0.self_attn.o_proj.weight": w["w_o"].T,
+            "model.layers.0.self_attn.q_proj.bias": w["b_q"],
+            "model.layers.0.self_attn.k_proj.bias": w["b_k"],
+            "model.layers.0.self_attn.v_proj.bias": w["b_v"],
+            "model.layers.0.self_attn.o_proj.bias": w["b_o"]}
+
+
+def gpt2(w):
+    return {"h.0.attn.c_attn.weight": np.concatenate([w["w_q"], w["w_k"], w["w_v"]], axis=1),
+            "h.0.attn.c_attn.bias": np.concatenate([w["b_q"], w["b_k"], w["b_v"]]),
+            "h.0.attn.c_proj.weight": w["w_o"], "h.0.attn.c_proj.bias": w["b_o"]}
+
+
+def megatron(w, h, h_kv, d):
+    """Fused (out, in) rows per kv group g: q heads of g, k_g, v_g."""
+    rep = h // h_kv
+    q, k, v = w["w_q"].T, w["w_k"].T, w["w_v"].T
+    rows, bias = [], []
+    for g in range(h_kv):
+        rows += [q[g * rep * d:(g + 1) * rep * d], k[g * d:(g + 1) * d], v[g * d:(g + 1) * d]]
+        bias += [w["b_q"][g * rep * d:(g + 1) * rep * d], w["b_k"][g * d:(g + 1) * d],
+                 w["b_v"][g * d:(g + 1) * d]]
+    return {"layers.0.self_attention.query_key_value.weight": np.concatenate(rows),
+            "layers.0.self_attention.query_key_value.bias": np.concatenate(bias),
+            "layers.0.self_attention.dense.weight": w["w_o"].T,
+            "layers.0.self_attention.dense.bias": w["b_o"]}
+
+
+def wrong_megatron_reader(fused, fused_b, h, h_kv, d):
+    """A broken converter: it splits the fused rows correctly per group but
+    assumes query head r belongs to kv group r % h_kv (the repeat-vs-
+    repeat_interleave mistake), so it writes the q heads of group g at
+    positions g, g + h_kv, ... Returns native (in, out) w_q, b_q."""
+    rep = h // h_kv
+    wq = np.zeros((fused.shape[1], h * d), np.float32)
+    bq = np.zeros(h * d, np.float32)
+    for g in range(h_kv):
+        base = g * (rep + 2) * d
+        for j in range(rep):
+            src = slice(base + j * d, base + (j + 1) * d)
+            pos = g + j * h_kv
+            wq[:, pos * d:(pos + 1) * d] = fused[src].T
+            bq[pos * d:(pos + 1) * d] = fused_b[src]
+    return wq, bq
+
+
+def raw_safetensors(path, header_json, data):
+    h = header_json.encode()
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + data)
+
+
+def make(d):
+    D, h, h_kv, dh, B, T = 16, 4, 2, 4, 2, 6
+    w = weights(D, h, h_kv, dh)
+    write_safetensors(d + "/native.safetensors", w, native_meta(h, h_kv, dh))
+    write_safetensors(d + "/hf.safetensors", hf(w))
+    mg = megatron(w, h, h_kv, dh)
+    write_safetensors(d + "/megatron.safetensors", mg)
+    wm = weights(D, h, h, dh)  # GPT-2 has no GQA
+    write_safetensors(d + "/mha_native.safetensors", wm, native_meta(h, h, dh))
+    write_safetensors(d + "/gpt2.safetensors", gpt2(wm))
+    x = RNG.randn(B, T, D).astype(np.float32)
+    np.save(d + "/x.npy", x)
+    np.save(d + "/x2d.npy", x[0])
+    np.save(d + "/x_f16.npy", x.astype(np.float16))
+    np.save(d + "/kv.npy", RNG.randn(B, T + 2, D).astype(np.float32))
+    # PyTorch-meaning masks
+    causal = np.triu(np.ones((T, T), bool), 1)  # True above the diagonal: not allowed
+    np.save(d + "/causal_bool.npy", causal)
+    np.save(d + "/causal_float.npy", np.where(causal, -np.inf, 0).astype(np.float32))
+    kpm = np.zeros((B, T), bool)
+    kpm[1, -2:] = True
+    np.save(d + "/kpm.npy", kpm)
+    # the wrong fused-layout conversion (GQA groups scrambled)
+    fused = mg["layers.0.self_attention.query_key_value.weight"]
+    fused_b = mg["layers.0.self_attention.query_key_value.bias"]
+    wq, bq = wrong_megatron_reader(fused, fused_b, h, h_kv, dh)
+    bad = dict(w)
+    bad["w_q"], bad["b_q"] = wq, bq
+    write_safetensors(d + "/wrong_fused.safetensors", bad, native_meta(h, h_kv, dh))
+    # not a permutation: W_O slightly rescaled
+    scaled = dict(w)
+    scaled["w_o"] = (w["w_o"] * 1.1).astype(np.float32)
+    write_safetensors(d + "/scaled.safetensors", scaled, native_meta(h, h_kv, dh))
+    # bad files
+    good = open(d + "/native.safetensors", "rb").read()
+    open(d + "/truncated.safetensors", "wb").write(good[:len(good) - 10])
+    open(d + "/hugeheader.safetensors", "wb").write(struct.pack("<Q", 1 << 40) + good[8:])
+    raw_safetensors(d + "/overlap.safetensors",
+                    '{"w_q":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},'
+                    '"w_k":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}}', bytes(12))
+    raw_safetensors(d + "/dup.safetensors",
+                    '{"w_q":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},'
+                    '"w_q":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}}', bytes(8))
+    raw_safetensors(d + "/i32.safetensors",
+                    '{"w_q":{"dtype":"I32","shape":[1],"data_offsets":[0,4]}}', bytes(4))
+    bad_shape = dict(w)
+    bad_shape["w_o"] = rand(h * dh, D - 1)
+    write_safetensors(d + "/badshape.safetensors", bad_shape, native_meta(h, h_kv, dh))
+    both = dict(w)
+    both.update(hf(w))
+    write_safetensors(d + "/ambiguous.safetensors", both, native_meta(h, h_kv, dh))
+    nan_x = x.copy()
+    nan_x[1, 2, 3] = np.nan
+    np.save(d + "/x_nan.npy", nan_x)
+    np.save(d + "/x_f64.npy", x.astype(np.float64))
+    np.save(d + "/x_wide.npy", RNG.randn(T, D + 1).astype(np.float32))
+    np.save(d + "/x_fortran.npy", np.asfortranarray(x[0]))
+    np.save(d + "/mask_badshape.npy", np.zeros((T, T + 1), bool))
+    nan_w = dict(w)
+    nan_w["w_v"] = w["w_v"].copy()
+    nan_w["w_v"][0, 1] = np.inf
+    write_safetensors(d + "/inf_weight.safetensors", nan_w, native_meta(h, h_kv, dh))
+
+
+def main():
+    cmd = sys.argv[1]
+    if cmd == "make":
+        make(sys.argv[2])
+    elif cmd == "close":
+        a, b = np.load(sys.argv[2]), np.load(sys.argv[3])
+        tol = float(sys.argv[4]) if len(sys.argv) > 4 else 1e-5
+        if a.shape != b.shape or not np.allclose(a, b, atol=tol, rtol=0):
+            diff = np.abs(a - b).max() if a.shape == b.shape else "shape %s vs %s" % (a.shape, b.shape)
+            print("not close: %s" % diff)
+            sys.exit(1)
+    elif cmd == "is_png":
+        with open(sys.argv[2], "rb") as f:
+            sys.exit(0 if f.read(8) == b"\x89PNG\r\n\x1a\n" else 1)
+    elif cmd == "meta":
+        with open(sys.argv[2], "rb") as f:
+            n = struct.unpack("<Q", f.read(8))[0]
+            print(json.loads(f.read(n)).get("__metadata__", {}).get(sys.argv[3], ""))
+    else:
+        sys.exit("unknown command " + cmd)
+
+
+if __name__ == "__main__":
+    main()
