@@ -9,6 +9,7 @@
  * binary depends on these internal headers.
  * Legend: B, T, S, S_pad = S rounded up to 16, h, h_kv, d_k, d_v,
  * ldv = d_v rounded up to 16, D = d_model. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -76,13 +77,13 @@ int bench_fast_parts(const bench_prefill_cfg *c, const mha_weights *w, const flo
     const float *const wo[1] = {w->w_o}, *const bo[1] = {w->b_o};
     if (mha_pack(&qkv, D, 3, wq, bq, cols) || mha_pack(&o, h * d_v, 1, wo, bo, &D)) return -1;
 
-    float *q = bench_alloc(rows * h * d_k);                 /* (B,T,h*d_k)               */
+    float *q = bench_alloc(rows * h * d_k);                 /* (B,h,T,d_k), head-major   */
     float *kt = bench_alloc((size_t)B * h_kv * S_pad * d_k); /* (B,h_kv,S_pad/16,d_k,16) */
     float *v = bench_alloc((size_t)B * h_kv * S_pad * ldv);  /* (B,h_kv,S_pad,ldv)        */
     float *z = bench_alloc(rows * h * d_v);                 /* (B,T,h*d_v)               */
     float *y = bench_alloc(rows * D);                       /* (B,T,D)                   */
     const mha_dst dst[3] = {
-        {MHA_DST_ROWS, q, (size_t)h * d_k, 0, 0, 0, 0},
+        {MHA_DST_HEADS, q, (size_t)d_k, d_k, h, T, (size_t)T * d_k},
         {MHA_DST_HEADS_T, kt, 0, d_k, h_kv, S, (size_t)S_pad * d_k},
         {MHA_DST_HEADS, v, (size_t)ldv, d_v, h_kv, S, (size_t)S_pad * ldv},
     };
@@ -106,8 +107,11 @@ int bench_fast_parts(const bench_prefill_cfg *c, const mha_weights *w, const flo
     // --- attention alone on the projected Q, K, V
     mha_options opt = mha_options_default();
     opt.causal = c->causal;
-    const mha_attn_args att = {&rc, &opt, q, kt, v, z, NULL, B, T, S, S, S_pad, ldv,
-                               (float)(1.0 / __builtin_sqrt((double)d_k))};
+    const mha_attn_args att = {
+        .cfg = &rc, .opt = &opt, .q = q, .kt = kt, .v = v, .z = z, .probs = NULL,
+        .B = B, .T = T, .S = S, .S_tot = S, .S_pad = S_pad, .ldv = ldv,
+        .scale = (float)(1.0 / sqrt((double)d_k)), .q_head_major = 1,
+    };
     attn_call ac = {&att, kern, nt};
     n = bench_repeat(run_attn, &ac, t, c->reps, c->budget);
     printf("RESULT kind=attn_only impl=mha name=%s method=\"mha_attention (internal)\"", c->name);

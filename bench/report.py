@@ -162,7 +162,8 @@ def main():
     ob = one(rows, kind="machine", key="openblas") or {}
     tp = one(rows, kind="peer", impl="torch") or {}
     model, flags, ncpu = machine_text()
-    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    run = one(rows, kind="run") or {}
+    now = run.get("date") or datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     kernels = os.environ.get("MHA_KERNELS", "default (not set)")
 
     def bw_for(nbytes):
@@ -193,8 +194,10 @@ def main():
               + (", ".join(f"{mib} MiB: {med:.1f} GB/s" for mib, med, _ in streams) if streams else "n/a"))
     lds = {r["phase"]: r for r in find(rows, kind="load")}
     ls, le = lds.get("start", {}), lds.get("end", {})
+    cmd_busy = [int(num(r, "busy_pct")) for r in find(rows, kind="load", phase="cmd") if num(r, "busy_pct") is not None]
     md.append(f"- Other load: CPUs {ls.get('busy_pct', '?')}% busy before the run (after waiting "
-              f"{ls.get('waited_s', '?')} s for quiet), {le.get('busy_pct', '?')}% after it; load average "
+              f"{ls.get('waited_s', '?')} s for quiet), {le.get('busy_pct', '?')}% after it; before each "
+              f"measurement: {' '.join(map(str, cmd_busy)) or 'n/a'} %; load average "
               f"{ls.get('loadavg', '?')} -> {le.get('loadavg', '?')}")
     md.append("")
     quality = []
@@ -202,6 +205,11 @@ def main():
         quality.append(f"other processes kept the CPUs {ls['busy_pct']}% busy when the run started")
     if num(le, "busy_pct") is not None and num(le, "busy_pct") > 15:
         quality.append(f"other processes kept the CPUs {le['busy_pct']}% busy when the run ended")
+    cmds = find(rows, kind="load", phase="cmd")
+    busy_cmds = [r for r in cmds if (num(r, "busy_pct") or 0) > 15]
+    if busy_cmds:
+        quality.append(f"{len(busy_cmds)} of {len(cmds)} measurements started while other processes kept "
+                       f"the CPUs over 15% busy")
     if len(fma) >= 2 and min(fma) < 0.85 * max(fma):
         quality.append(f"the FMA peak changed from {fma[0]:.0f} to {fma[-1]:.0f} GFLOP/s between start and end")
     if quality:
@@ -309,13 +317,15 @@ def main():
                       p_(fmt_ms(ms_)), p_(fmt_ms(ma)), p_(fmt(gbs(mcb, ma))),
                       p_(fmt(gbs(mcb, ma) / bw_attn * 100 if gbs(mcb, ma) and bw_attn else None, ".0f", suffix="%")),
                       p_(fmt(ts / ms_ if ts and ms_ else None, ".2f")),
+                      p_(fmt(num(t, "step_min_s") / num(m, "step_min_s")
+                             if t and m and num(t, "step_min_s") and num(m, "step_min_s") else None, ".2f")),
                       p_(fmt(ta / ma if ta and ma else None, ".2f")),
                       f"{mib_a} MiB" if mib_a else "n/a"])
         if m and ma and mcb and bw_attn:
             dec_points.append((cache, hkv, L, gbs(mcb, ma) / bw_attn, ts / ms_ if ts and ms_ else None))
     dec_tab = table(["cache", "h_kv", "L", "cache MiB", "torch step ms", "torch attn ms", "torch attn GB/s",
                      "torch attn % BW", "mha step ms", "mha attn ms", "mha attn GB/s", "mha attn % BW",
-                     "x torch (step)", "x torch (attn)", "BW ref. buffer"], dbody)
+                     "x torch (step)", "x torch (step, min)", "x torch (attn)", "BW ref. buffer"], dbody)
 
     # GQA / MQA speed-ups against MHA at the longest context, per implementation.
     sbody = []
@@ -340,9 +350,12 @@ def main():
     elif dec_points:
         Lmax = max(p[2] for p in dec_points)
         top = [p for p in dec_points if p[2] == Lmax]
-        worst = min(top, key=lambda p: p[3])
-        targets.append([f"decode attention at L={Lmax} >= 80% of read bandwidth (worst point)",
-                        f"{worst[3] * 100:.0f}% ({worst[0]}, h_kv={worst[1]})", verdict(worst[3], 0.8)])
+        # The bandwidth target is judged where the cache is largest (h_kv = h):
+        # a 4 MiB MQA cache is not a bandwidth test. Every point is in the table.
+        for p in top:
+            if p[1] == h:
+                targets.append([f"decode attention, h_kv={h}, L={Lmax}, {p[0]}: >= 80% of read bandwidth",
+                                f"{p[3] * 100:.0f}%", verdict(p[3], 0.8)])
         for cache in sorted({p[0] for p in top}):
             base = one(rows, kind="decode", impl="mha", cache=cache, h_kv=h, L=Lmax)
             for hkv, need, label in ((h // 4, 3.5, f"GQA h_kv={h // 4}"), (1, 10, "MQA h_kv=1")):
@@ -355,6 +368,10 @@ def main():
         worst_x = min(xs) if xs else None
         targets.append(["decode step >= 3x PyTorch at every point (worst point)",
                         fmt(worst_x, ".2f", suffix="x"), verdict(worst_x, 3)])
+    if quality:
+        for t_ in targets:
+            if t_[2] in ("met", "NOT met"):
+                t_[2] += " (unreliable run)"
     tgt_tab = table(["target", "measured", "status"], targets)
 
     errors = find(rows, kind="error")
@@ -364,7 +381,8 @@ def main():
     md += ["## Prefill / encoder (issue 3)\n", pre_tab, "", "### Projection GEMMs\n", gemm_tab, "",
            "## Decode, one token per step at context L (issue 5)\n", dec_tab, "",
            "### Grouped / multi-query speed-up at the longest context\n", sp_tab, "",
-           "## Targets\n", tgt_tab, ""]
+           "## Targets\n" + ("\n(--quick shapes: the issues' targets are stated for the full shapes "
+                              "and do not apply here.)\n" if a.mode == "quick" else ""), tgt_tab, ""]
     if notes:
         md += ["## Problems in this run\n"] + [f"- {n}" for n in notes] + [""]
     md += ["## Method\n", "Definitions" + __doc__.split("Definitions", 1)[1].rstrip(), "",

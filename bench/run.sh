@@ -7,7 +7,9 @@
 #   sh bench/run.sh --quick    tiny shapes for development; writes
 #                              build/bench/RESULTS-quick.md instead
 #   BENCH_THREADS=1 sh bench/run.sh   another thread count (default 2)
-#   BENCH_QUIET_WAIT=0 ...     do not wait for idle CPUs (full run: up to 180 s)
+#   BENCH_QUIET_WAIT=0 BENCH_QUIET_WAIT_EACH=0 ...   do not wait for idle
+#                              CPUs (full run: up to 90 s at the start and
+#                              15 s before each measurement, 120 s in all)
 #
 # The configurations are listed once, here; bench_mha and peer_torch.py
 # take the same flags.
@@ -18,7 +20,7 @@ mode=full
 for a in "$@"; do
   case "$a" in
     --quick) mode=quick ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
     *) echo "bench/run.sh: unknown argument '$a' (expected --quick)" >&2; exit 2 ;;
   esac
 done
@@ -66,6 +68,14 @@ dec_dhead=64; dec_cache="fp32,fp16"
 # recorded and the run goes on, so one broken section does not hide the rest.
 failed=0
 run() {
+  # before each measurement, wait a little (BENCH_QUIET_WAIT_EACH s) for
+  # other processes to go quiet, and record how busy the CPUs were
+  w=0
+  b=$(cpu_busy)
+  while [ "$b" -gt 15 ] && [ $w -lt "$quiet_each" ] && [ $waited_all -lt "$quiet_all" ]; do
+    sleep 2; w=$((w + 3)); waited_all=$((waited_all + 3)); b=$(cpu_busy)
+  done
+  load cmd "$b" $w
   echo "+ $*" >&2
   tmp=$out/.last
   "$@" > "$tmp"
@@ -98,7 +108,11 @@ load() {
 
 # Wait (up to BENCH_QUIET_WAIT seconds) for the other processes to finish:
 # with 2 cores, one busy neighbour stalls every OpenMP barrier of 2 threads.
-quiet_wait=${BENCH_QUIET_WAIT:-$([ "$mode" = quick ] && echo 0 || echo 180)}
+# The waits are capped so that a full run stays under ~8 minutes.
+quiet_wait=${BENCH_QUIET_WAIT:-$([ "$mode" = quick ] && echo 0 || echo 90)}
+quiet_each=${BENCH_QUIET_WAIT_EACH:-$([ "$mode" = quick ] && echo 0 || echo 15)}
+quiet_all=120  # seconds of waiting before measurements, all together
+waited_all=0
 waited=0
 busy=$(cpu_busy)
 while [ "$busy" -gt 15 ] && [ $waited -lt "$quiet_wait" ]; do
@@ -109,6 +123,7 @@ while [ "$busy" -gt 15 ] && [ $waited -lt "$quiet_wait" ]; do
 done
 
 start=$(date +%s)
+echo "RESULT kind=run date=\"$(date -u '+%Y-%m-%d %H:%M UTC')\" command=\"$command\"" >> "$raw"
 load start "$busy" $waited
 run "$bin" machine --fma-iters $fma_iters --stream-mib $stream_mib
 run "$py" bench/peer_torch.py --threads $threads info

@@ -4,12 +4,13 @@
  *   B batch, T query tokens, S key/value tokens, h query heads,
  *   h_kv key/value heads (h for MHA, 1 for MQA, a divisor of h for GQA),
  *   d_k query/key width per head, d_v value width per head,
- *   d_model model width, d_kv_in width of the key/value source.
+ *   d_model model width, d_kv_in width of the key/value source, d_v_in
+ *   width of the value source when it differs from the key source.
  *
  * Row-vector convention; every weight is stored row-major as (in, out):
  *   Q = X   W_Q + b_Q     W_Q (d_model, h*d_k)     column block r -> query head r
  *   K = Xkv W_K + b_K     W_K (d_kv_in, h_kv*d_k)  column block g -> kv head g
- *   V = Xkv W_V + b_V     W_V (d_kv_in, h_kv*d_v)
+ *   V = Xv  W_V + b_V     W_V (d_v_in, h_kv*d_v)   (Xv = Xkv unless given apart)
  *   Z^(r) = softmax(scale * Q^(r) K^(g)^T + mask) V^(g),   g = r / (h / h_kv)
  *   Z = Concat(Z^(0..h-1))   (B,T,h*d_v), head r at columns [r*d_v, (r+1)*d_v)
  *   Y = Z W_O + b_O       W_O (h*d_v, d_model)     row block r <- head r
@@ -66,6 +67,7 @@ typedef struct {
                           appended after the S keys (PyTorch add_bias_kv)    */
     int add_zero_attn; /* 1: a zero key/value row is appended last
                           (PyTorch add_zero_attn)                            */
+    int d_v_in;        /* value source width; 0 means d_kv_in (PyTorch vdim) */
 } mha_config;
 
 /* A config for d_model and h with every other field at its default. */
@@ -81,7 +83,7 @@ mha_status mha_config_resolve(mha_config *out, const mha_config *in);
 typedef struct {
     const float *w_q;    /* (d_model, h*d_k)       */
     const float *w_k;    /* (d_kv_in, h_kv*d_k)    */
-    const float *w_v;    /* (d_kv_in, h_kv*d_v)    */
+    const float *w_v;    /* (d_v_in, h_kv*d_v)     */
     const float *w_o;    /* (h*d_v, d_model)       */
     const float *b_q;    /* (h*d_k)                */
     const float *b_k;    /* (h_kv*d_k)             */
@@ -212,6 +214,13 @@ typedef struct {
 mha_status mha_forward(const mha_layer *layer, float *y, const mha_capture *cap,
                        const float *x, const float *kv, int B, int T, int S,
                        const mha_options *opt);
+
+/* The same with separate key and value sources, as PyTorch's key and value:
+ * k_src (B,S,d_kv_in) feeds W_K, v_src (B,S,d_v_in) feeds W_V. k_src NULL
+ * means x (then S == T); v_src NULL means k_src. */
+mha_status mha_forward_kv(const mha_layer *layer, float *y, const mha_capture *cap,
+                          const float *x, const float *k_src, const float *v_src,
+                          int B, int T, int S, const mha_options *opt);
 
 /* Number of threads for the fast path (0: OpenMP's default). */
 void mha_set_num_threads(int n);
@@ -428,9 +437,10 @@ mha_status mha_layer_from_torch(mha_layer **out, const mha_torch_weights *tw);
  * prefill; one or a few: decode) are processed without recomputing the
  * past. Only the h_kv kv heads are stored: GQA and MQA shrink it by h/h_kv.
  *
- * Layout (per sequence b and kv head g, contiguous): K in panels of 8 keys,
- * (slots/8, d_k, 8), so the decode kernel's 8-wide loads read one dim of 8
- * keys; V as (slots, d_v). slots = capacity rounded up to a multiple of 8.
+ * Layout (per sequence b and kv head g, contiguous): chunks of 128 slots,
+ * each holding K in panels of 8 keys, (16, d_k, 8), so the decode kernel's
+ * 8-wide loads read one dim of 8 keys, then V as (128, d_v); a kv head is
+ * one sequential stream. slots = capacity rounded up to a multiple of 128.
  * Storage fp32 or fp16 (IEEE binary16, round to nearest even, |K|,|V| must
  * stay below 65504); arithmetic is always fp32.
  *
@@ -466,7 +476,7 @@ void mha_cache_free(mha_cache *cache);
 
 /* Bytes of K/V storage: B * h_kv * slots * (d_k + d_v) * (4 or 2), i.e.
  * 2 * B * capacity * h_kv * d_head * bytes when d_k = d_v = d_head and
- * capacity is a multiple of 8; the constant bookkeeping (a few hundred
+ * capacity is a multiple of 128; the constant bookkeeping (a few hundred
  * bytes) is not counted. */
 size_t mha_cache_bytes(const mha_cache *cache);
 /* The same number for a config without creating a cache (0 when the
@@ -497,8 +507,8 @@ mha_status mha_cache_permute_heads(mha_cache *cache, const int *perm);
  * prompts in pieces internally.
  * opt (may be NULL): scale, window_left (combined with the cache window),
  * masked_row and interventions apply as in mha_forward (MEAN averages over
- * the new rows of this call); causal and align are implied; keep_mask,
- * additive_mask, key_keep, key_additive and window_right >= 0 give
+ * the new rows of this call); causal, align and window_right are implied
+ * (ignored); keep_mask, additive_mask, key_keep and key_additive give
  * MHA_E_UNSUPPORTED; path is ignored (one implementation, fp32).
  * cap (may be NULL): z (B,T,h*d_v) and contributions (h,B,T,d_model) as in
  * mha_forward; probs (B,h,T,capacity+extra): column s is cache slot s
@@ -507,7 +517,8 @@ mha_status mha_cache_permute_heads(mha_cache *cache, const int *perm);
  * Errors: MHA_E_SHAPE for a cache made for another layer shape, MHA_E_ARG
  * for n_new out of range or more tokens than the capacity (without a
  * window), MHA_E_CONTRACT when the layer's K/V labels differ from the
- * cache's, MHA_E_NONFINITE for non-finite x. On error nothing is appended. */
+ * cache's, MHA_E_NONFINITE for non-finite x; after any of these nothing
+ * has been appended. */
 mha_status mha_forward_cached(const mha_layer *layer, mha_cache *cache, float *y,
                               const mha_capture *cap, const float *x, int T, const int *n_new,
                               const mha_options *opt);

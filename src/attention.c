@@ -118,7 +118,9 @@ static void attend_task(const mha_attn_args *a, const mha_kernels *k, scratch *w
     for (int i = 0; i < rows6; i++) {
         float *dst = w->q + (size_t)(i / MHA_MR) * d_k * MHA_MR + i % MHA_MR;
         if (i < rows) {
-            const float *src = a->q + ((size_t)b * T + i0 + i) * h * d_k + (size_t)r * d_k;
+            const float *src = a->q_head_major
+                                   ? a->q + (((size_t)b * h + r) * T + i0 + i) * d_k
+                                   : a->q + ((size_t)b * T + i0 + i) * h * d_k + (size_t)r * d_k;
             for (int e = 0; e < d_k; e++) dst[(size_t)e * MHA_MR] = a->scale * src[e];
         } else {
             for (int e = 0; e < d_k; e++) dst[(size_t)e * MHA_MR] = 0.0f;

@@ -12,7 +12,10 @@
 
 static size_t cache_elt(mha_cache_dtype dt) { return dt == MHA_CACHE_F16 ? 2 : 4; }
 
-static int round_slots(int capacity) { return (capacity + MHA_KPANEL - 1) / MHA_KPANEL * MHA_KPANEL; }
+/* whole chunks: a kv head's chunks then form one contiguous stream */
+static int round_slots(int capacity) {
+    return (capacity + MHA_DECODE_CHUNK - 1) / MHA_DECODE_CHUNK * MHA_DECODE_CHUNK;
+}
 
 size_t mha_cache_bytes_for(const mha_config *cfg, int batch, int capacity, mha_cache_dtype dtype) {
     mha_config c;
@@ -30,8 +33,7 @@ size_t mha_cache_bytes(const mha_cache *c) {
 
 void mha_cache_free(mha_cache *c) {
     if (!c) return;
-    free(c->k), free(c->v), free(c->len), free(c->lo), free(c->phys), free(c->labels_k),
-        free(c->labels_v);
+    free(c->data), free(c->len), free(c->lo), free(c->phys), free(c->labels_k), free(c->labels_v);
     free(c);
 }
 
@@ -66,14 +68,13 @@ mha_status mha_cache_create(mha_cache **out, const mha_layer *L, int batch, int 
     c->d_model = cf->d_model, c->dtype = dtype, c->elt = elt;
     /* zeroed: slots never written hold finite numbers, so a weight of
      * exactly 0 on them (masked keys) contributes exactly 0 */
-    c->k = calloc(blocks * slots * cf->d_k, elt);
-    c->v = calloc(blocks * slots * cf->d_v, elt);
+    c->data = calloc(blocks * slots * (size_t)(cf->d_k + cf->d_v), elt);
     c->len = calloc((size_t)batch, sizeof(int));
     c->lo = calloc((size_t)batch, sizeof(int));
     c->phys = malloc(sizeof(int) * cf->n_kv_heads);
     c->labels_k = malloc(sizeof(int) * cf->n_kv_heads);
     c->labels_v = malloc(sizeof(int) * cf->n_kv_heads);
-    if (!c->k || !c->v || !c->len || !c->lo || !c->phys || !c->labels_k || !c->labels_v) {
+    if (!c->data || !c->len || !c->lo || !c->phys || !c->labels_k || !c->labels_v) {
         mha_cache_free(c);
         return mha_fail(MHA_E_NOMEM, "mha_cache_create: no memory for %zu bytes of K/V",
                         blocks * slots * (size_t)(cf->d_k + cf->d_v) * elt);
@@ -176,22 +177,21 @@ void mha_cache_store(mha_cache *c, const float *k, const float *v, const int *ro
             const float *vr_row = v + ((size_t)row0[b] + t0 + i) * c->h_kv * c->d_v;
             for (int g = 0; g < c->h_kv; g++) {
                 size_t kv = mha_cache_kv_index(c, b, g);
-                /* K: dim d of this key at panel slot/8, lane slot%8 */
-                size_t kbase = (kv * c->slots + (size_t)(slot - slot % MHA_KPANEL)) * c->d_k + slot % MHA_KPANEL;
-                size_t vbase = (kv * c->slots + (size_t)slot) * c->d_v;
+                /* K: dim d of this key at its panel lane, stride 8 */
+                size_t kbase = mha_cache_k_off(c, kv, slot), vbase = mha_cache_v_off(c, kv, slot);
                 const float *src = kr_row + (size_t)g * c->d_k;
                 if (c->dtype == MHA_CACHE_F32) {
-                    float *dst = (float *)c->k + kbase;
+                    float *dst = (float *)c->data + kbase;
                     for (int d = 0; d < c->d_k; d++) dst[(size_t)d * MHA_KPANEL] = src[d];
-                    memcpy((float *)c->v + vbase, vr_row + (size_t)g * c->d_v, sizeof(float) * c->d_v);
+                    memcpy((float *)c->data + vbase, vr_row + (size_t)g * c->d_v, sizeof(float) * c->d_v);
                 } else {
-                    uint16_t *dst = (uint16_t *)c->k + kbase;
+                    uint16_t *dst = (uint16_t *)c->data + kbase;
                     for (int d0 = 0; d0 < c->d_k; d0 += 256) {
                         int nd = c->d_k - d0 < 256 ? c->d_k - d0 : 256;
                         kr->to_f16(hk, src + d0, (size_t)nd);
                         for (int d = 0; d < nd; d++) dst[(size_t)(d0 + d) * MHA_KPANEL] = hk[d];
                     }
-                    kr->to_f16((uint16_t *)c->v + vbase, vr_row + (size_t)g * c->d_v, (size_t)c->d_v);
+                    kr->to_f16((uint16_t *)c->data + vbase, vr_row + (size_t)g * c->d_v, (size_t)c->d_v);
                 }
             }
         }

@@ -18,13 +18,14 @@
 #define MHA_DECODE_CHUNK 128
 
 struct mha_cache {
-    int B, cap, slots;   /* slots = cap rounded up to MHA_KPANEL            */
+    int B, cap, slots;   /* slots = cap rounded up to MHA_DECODE_CHUNK      */
     int window;          /* 0: none; else attend the last `window` tokens   */
     int h, h_kv, d_k, d_v, d_model;
     mha_cache_dtype dtype;
     size_t elt;          /* 4 or 2 bytes                                     */
-    void *k;             /* (B, h_kv, slots/8, d_k, 8) panels of 8 keys      */
-    void *v;             /* (B, h_kv, slots, d_v)                            */
+    void *data;          /* (B, h_kv, slots/CHUNK) chunks, each one
+                            [K (CHUNK/8, d_k, 8) panels of 8 keys |
+                             V (CHUNK, d_v) rows]: one stream per kv head   */
     int *len;            /* (B) tokens appended so far (next position)       */
     int *lo;             /* (B) oldest position still stored (ring, truncate) */
     int *phys;           /* (h_kv) storage index of kv head g (permutation)  */
@@ -37,15 +38,40 @@ static inline size_t mha_cache_kv_index(const mha_cache *c, int b, int g) {
     return (size_t)b * c->h_kv + (size_t)c->phys[g];
 }
 
+/* Element offsets in data of block kv: the chunk holding slot s; K of slot
+ * s, dim 0 (dim d at + d*MHA_KPANEL; a panel start when s % 8 == 0, and
+ * the panels of one chunk are consecutive); V row of slot s (rows of one
+ * chunk consecutive). */
+static inline size_t mha_cache_chunk_off(const mha_cache *c, size_t kv, int s) {
+    return (kv * (size_t)c->slots + (size_t)(s - s % MHA_DECODE_CHUNK)) * (size_t)(c->d_k + c->d_v);
+}
+static inline size_t mha_cache_k_off(const mha_cache *c, size_t kv, int s) {
+    int j = s % MHA_DECODE_CHUNK;
+    return mha_cache_chunk_off(c, kv, s) + (size_t)(j - j % MHA_KPANEL) * c->d_k + (size_t)(j % MHA_KPANEL);
+}
+static inline size_t mha_cache_v_off(const mha_cache *c, size_t kv, int s) {
+    return mha_cache_chunk_off(c, kv, s) + (size_t)MHA_DECODE_CHUNK * c->d_k +
+           (size_t)(s % MHA_DECODE_CHUNK) * c->d_v;
+}
+
 /* Position p lives in slot p % cap (without a window p < cap, so slot p).
- * The position now stored in slot s of sequence b, or INT_MIN for a
- * padding slot or one not holding a live position (never written since
- * the reset, overwritten, or rolled back by truncate). */
-static inline int mha_cache_slot_position(const mha_cache *c, int b, int s) {
-    if (s >= c->cap) return INT_MIN;
-    int k = c->len[b] - 1 - s; /* floor division: k may be negative */
-    int p = s + c->cap * (k >= 0 ? k / c->cap : -((-k + c->cap - 1) / c->cap));
-    return p >= c->lo[b] && p >= 0 ? p : INT_MIN;
+ * pos[i] = the position now stored in slot s0 + i of sequence b, for
+ * i < n, or INT_MIN for a padding slot or one not holding a live position
+ * (never written since the reset, overwritten, or rolled back by
+ * truncate). One division per call: the slots of a ring hold consecutive
+ * positions with a single wrap. */
+static inline void mha_cache_slot_positions(int *pos, const mha_cache *c, int b, int s0, int n) {
+    int last = c->len[b] - 1, lo = c->lo[b] > 0 ? c->lo[b] : 0;
+    if (last < 0) {
+        for (int i = 0; i < n; i++) pos[i] = INT_MIN;
+        return;
+    }
+    int base = last / c->cap * c->cap, wrap = last % c->cap; /* slot of `last` */
+    for (int i = 0; i < n; i++) {
+        int s = s0 + i;
+        int p = s >= c->cap ? INT_MIN : s <= wrap ? base + s : base - c->cap + s;
+        pos[i] = p != INT_MIN && p >= lo ? p : INT_MIN;
+    }
 }
 
 /* Options of one attention call over the cache. */

@@ -16,7 +16,7 @@
 #include "cache_internal.h"
 
 #define KBLK 256  /* input rows per partial sum (stream mode)        */
-#define NBLK 2048 /* output columns per task (stream mode)           */
+#define NBLK 512  /* output columns per task (stream mode)           */
 #define MBLK 32   /* rows per task (tile mode)                       */
 #define TBLK 64   /* output columns per task (tile mode)             */
 #define STREAM_MAX_ROWS 4
@@ -40,39 +40,40 @@ mha_status mha_decode_gemm_many(const mha_decode_gemm_job *jobs, int njobs, cons
             at[i + 1] = at[i] + (size_t)nkb * m * jobs[i].n;
         }
         float *part = malloc(sizeof(float) * (at[njobs] ? at[njobs] : 1));
-        if (!part) return mha_fail(MHA_E_NOMEM, "mha_forward_cached: no memory for projection partials");
-        int ntask = first[njobs], nred = 0;
-        for (int i = 0; i < njobs; i++) nred += blocks(jobs[i].n, NBLK);
-#pragma omp parallel num_threads(nth)
-        {
-#pragma omp for schedule(static)
-            for (int t = 0; t < ntask; t++) {
-                int i = 0;
-                while (t >= first[i + 1]) i++;
-                const mha_decode_gemm_job *J = &jobs[i];
-                int ncb = blocks(J->n, NBLK), kb = (t - first[i]) / ncb, cb = (t - first[i]) % ncb;
-                int k0 = kb * KBLK, kn = k - k0 < KBLK ? k - k0 : KBLK;
-                int j0 = cb * NBLK, jn = J->n - j0 < NBLK ? J->n - j0 : NBLK;
-                float *p = part + at[i] + (size_t)kb * m * J->n + j0;
-                for (int r = 0; r < m; r++) memset(p + (size_t)r * J->n, 0, sizeof(float) * jn);
-                kr->gemm_stream(p, J->n, x + k0, k, J->w + (size_t)k0 * J->n + j0, J->n, m, kn, jn);
-            }
-            /* y = b + partials in block order */
-#pragma omp for schedule(static)
-            for (int t = 0; t < nred; t++) {
-                int i = 0, base = 0;
-                while (t >= base + blocks(jobs[i].n, NBLK)) base += blocks(jobs[i].n, NBLK), i++;
-                const mha_decode_gemm_job *J = &jobs[i];
-                int j0 = (t - base) * NBLK, jn = J->n - j0 < NBLK ? J->n - j0 : NBLK;
-                size_t plane = (size_t)m * J->n;
+        int ntask = first[njobs], nred = 0, cb_first[MHA_DECODE_MAX_JOBS + 1];
+        for (int i = 0; i < njobs; i++) cb_first[i] = nred, nred += blocks(jobs[i].n, NBLK);
+        cb_first[njobs] = nred;
+        int *done = calloc((size_t)(nred > 0 ? nred : 1), sizeof(int)); /* k-blocks done per column block */
+        if (!part || !done) {
+            free(part), free(done);
+            return mha_fail(MHA_E_NOMEM, "mha_forward_cached: no memory for projection partials");
+        }
+        /* the thread that completes a column block's last k-block adds its
+         * partials in block order: no barrier between the two phases */
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nth) /* jobs differ in width */
+        for (int t = 0; t < ntask; t++) {
+            int i = 0;
+            while (t >= first[i + 1]) i++;
+            const mha_decode_gemm_job *J = &jobs[i];
+            int ncb = blocks(J->n, NBLK), kb = (t - first[i]) / ncb, cb = (t - first[i]) % ncb;
+            int k0 = kb * KBLK, kn = k - k0 < KBLK ? k - k0 : KBLK;
+            int j0 = cb * NBLK, jn = J->n - j0 < NBLK ? J->n - j0 : NBLK;
+            size_t plane = (size_t)m * J->n;
+            float *p = part + at[i] + kb * plane + j0;
+            for (int r = 0; r < m; r++) memset(p + (size_t)r * J->n, 0, sizeof(float) * jn);
+            kr->gemm_stream(p, J->n, x + k0, k, J->w + (size_t)k0 * J->n + j0, J->n, m, kn, jn);
+            int finished;
+#pragma omp atomic capture seq_cst
+            finished = ++done[cb_first[i] + cb];
+            if (finished == nkb)
                 for (int r = 0; r < m; r++)
                     for (int j = j0; j < j0 + jn; j++) {
                         float acc = J->b ? J->b[j] : 0.0f;
-                        for (int kb = 0; kb < nkb; kb++) acc += part[at[i] + kb * plane + (size_t)r * J->n + j];
+                        for (int b = 0; b < nkb; b++) acc += part[at[i] + b * plane + (size_t)r * J->n + j];
                         J->y[(size_t)r * J->n + j] = acc;
                     }
-            }
         }
+        free(done);
         free(part);
         return MHA_OK;
     }

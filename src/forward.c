@@ -72,28 +72,38 @@ static mha_status check_options(const mha_config *c, const mha_options *o, int B
     return MHA_OK;
 }
 
-mha_status mha_forward_validate(const mha_layer *L, const float *y, const float *x, const float *kv,
-                                int B, int T, int S, const mha_options *o) {
+mha_status mha_forward_validate(const mha_layer *L, const float *y, const float *x, const float *k_src,
+                                const float *v_src, int B, int T, int S, const mha_options *o) {
     if (!L) return mha_fail(MHA_E_ARG, "mha_forward: layer is NULL");
     if (!y) return mha_fail(MHA_E_ARG, "mha_forward: y is NULL; expected (B,T,d_model) floats");
     if (!x) return mha_fail(MHA_E_ARG, "mha_forward: x is NULL; expected (B,T,d_model) floats");
     const mha_config *c = &L->cfg;
     if (B < 1 || T < 1 || S < 1)
         return mha_fail(MHA_E_SHAPE, "mha_forward: B=%d T=%d S=%d; expected all >= 1", B, T, S);
-    if (!kv && S != T)
+    /* A source that is x must have x's length and width. */
+    if ((k_src == x || v_src == x) && S != T)
         return mha_fail(MHA_E_SHAPE, "mha_forward: self-attention (kv NULL) with S=%d != T=%d; pass kv (B,S,d_kv_in) or S=T", S, T);
-    if (!kv && c->d_kv_in != c->d_model)
+    if (k_src == x && c->d_kv_in != c->d_model)
         return mha_fail(MHA_E_SHAPE, "mha_forward: kv is NULL but d_kv_in=%d != d_model=%d; pass kv (B,S,%d)",
                         c->d_kv_in, c->d_model, c->d_kv_in);
+    if (v_src == x && c->d_v_in != c->d_model)
+        return mha_fail(MHA_E_SHAPE, "mha_forward: the value source is x but d_v_in=%d != d_model=%d; pass v_src (B,S,%d)",
+                        c->d_v_in, c->d_model, c->d_v_in);
+    if (v_src == k_src && c->d_v_in != c->d_kv_in)
+        return mha_fail(MHA_E_SHAPE, "mha_forward: one key/value source but d_v_in=%d != d_kv_in=%d; pass v_src (B,S,%d) to mha_forward_kv",
+                        c->d_v_in, c->d_kv_in, c->d_v_in);
     size_t big = (size_t)B * T > (size_t)B * S ? (size_t)B * T : (size_t)B * S;
     size_t widest = (size_t)c->n_heads * (c->d_k > c->d_v ? c->d_k : c->d_v);
     if (widest < (size_t)c->d_model) widest = (size_t)c->d_model;
     if (widest < (size_t)c->d_kv_in) widest = (size_t)c->d_kv_in;
+    if (widest < (size_t)c->d_v_in) widest = (size_t)c->d_v_in;
     if (big > MHA_MAX_ELEMENTS / widest || (size_t)T * S > MHA_MAX_ELEMENTS / (size_t)B / (size_t)c->n_heads)
         return mha_fail(MHA_E_SHAPE, "mha_forward: B=%d T=%d S=%d is too large for this layer", B, T, S);
     mha_status s = mha_check_finite(x, (size_t)B * T * c->d_model, "x");
     if (s) return s;
-    if (kv && (s = mha_check_finite(kv, (size_t)B * S * c->d_kv_in, "kv"))) return s;
+    if (k_src != x && (s = mha_check_finite(k_src, (size_t)B * S * c->d_kv_in, "kv"))) return s;
+    if (v_src != x && v_src != k_src && (s = mha_check_finite(v_src, (size_t)B * S * c->d_v_in, "v_src")))
+        return s;
     return check_options(c, o, B, T, S);
 }
 
@@ -103,19 +113,27 @@ static int env_forces_reference(void) {
     return e && strcmp(e, "reference") == 0;
 }
 
-mha_status mha_forward(const mha_layer *L, float *y, const mha_capture *cap, const float *x,
-                       const float *kv, int B, int T, int S, const mha_options *opt) {
+mha_status mha_forward_kv(const mha_layer *L, float *y, const mha_capture *cap, const float *x,
+                          const float *k_src, const float *v_src, int B, int T, int S,
+                          const mha_options *opt) {
     mha_options defaults = mha_options_default();
     if (!opt) opt = &defaults;
-    mha_status s = mha_forward_validate(L, y, x, kv, B, T, S, opt);
+    if (!k_src) k_src = x;
+    if (!v_src) v_src = k_src;
+    mha_status s = mha_forward_validate(L, y, x, k_src, v_src, B, T, S, opt);
     if (s) return s;
     mha_clear_error();
     if (opt->path == MHA_PATH_REFERENCE || (opt->path == MHA_PATH_AUTO && env_forces_reference()))
-        return mha_forward_reference(L, y, cap, x, kv, B, T, S, opt);
-    s = mha_forward_fast(L, y, cap, x, kv, B, T, S, opt);
+        return mha_forward_reference(L, y, cap, x, k_src, v_src, B, T, S, opt);
+    s = mha_forward_fast(L, y, cap, x, k_src, v_src, B, T, S, opt);
     if (s == MHA_E_UNSUPPORTED && opt->path == MHA_PATH_AUTO) {
         mha_clear_error();
-        return mha_forward_reference(L, y, cap, x, kv, B, T, S, opt);
+        return mha_forward_reference(L, y, cap, x, k_src, v_src, B, T, S, opt);
     }
     return s;
+}
+
+mha_status mha_forward(const mha_layer *L, float *y, const mha_capture *cap, const float *x,
+                       const float *kv, int B, int T, int S, const mha_options *opt) {
+    return mha_forward_kv(L, y, cap, x, kv, kv, B, T, S, opt);
 }

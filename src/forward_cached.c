@@ -80,14 +80,17 @@ static mha_status check_options(const mha_options *o, int h) {
 
 /* Probabilities of the rows just attended (piece rows t0 .. t0+np[b]-1),
  * from the final max and sum of each row: column s = cache slot s. */
-static void capture_probs(float *probs, const mha_cache *c, const mha_layer *L, const float *q,
-                          const float *stats, const int *row0, int t0, const int *np, int T,
-                          const mha_decode_opts *o) {
+static mha_status capture_probs(float *probs, const mha_cache *c, const mha_layer *L, const float *q,
+                                const float *stats, const int *row0, int t0, const int *np, int T,
+                                const mha_decode_opts *o) {
     const mha_decode_kernels *kr = mha_decode_kernels_get();
+    int *spos = malloc(sizeof(int) * c->cap); /* (cap) position of each slot */
+    if (!spos) return mha_fail(MHA_E_NOMEM, "mha_forward_cached: no memory for probabilities");
     int n_rep = c->h / c->h_kv, width = c->cap + L->cfg.add_bias_kv + L->cfg.add_zero_attn;
     int left = o->left;
     if (c->window && (left < 0 || left > c->window - 1)) left = c->window - 1;
-    for (int b = 0; b < c->B; b++)
+    for (int b = 0; b < c->B; b++) {
+        mha_cache_slot_positions(spos, c, b, 0, c->cap);
         for (int i = 0; i < np[b]; i++) {
             int t = t0 + i, p = c->len[b] - np[b] + i;
             int first = left >= 0 && p - left > c->lo[b] ? p - left : c->lo[b];
@@ -99,16 +102,16 @@ static void capture_probs(float *probs, const mha_cache *c, const mha_layer *L, 
                 float *pr = probs + (((size_t)b * c->h + r) * T + t) * width;
                 size_t kv = mha_cache_kv_index(c, b, g);
                 for (int s = 0; s < c->cap; s++) {
-                    int ps = mha_cache_slot_position(c, b, s);
+                    int ps = spos[s];
                     pr[s] = 0.0f;
                     if (ps == INT_MIN || ps < first || ps > p) continue;
-                    size_t k0 = (kv * c->slots + (size_t)(s - s % MHA_KPANEL)) * c->d_k + s % MHA_KPANEL;
+                    size_t k0 = mha_cache_k_off(c, kv, s);
                     float dot = 0.0f;
                     for (int d = 0; d < c->d_k; d++) {
                         float kd;
                         size_t at = k0 + (size_t)d * MHA_KPANEL;
-                        if (c->dtype == MHA_CACHE_F16) kr->from_f16(&kd, (const uint16_t *)c->k + at, 1);
-                        else kd = ((const float *)c->k)[at];
+                        if (c->dtype == MHA_CACHE_F16) kr->from_f16(&kd, (const uint16_t *)c->data + at, 1);
+                        else kd = ((const float *)c->data)[at];
                         dot = fmaf(qr[d], kd, dot);
                     }
                     pr[s] = expf(dot * o->scale - M) / Ls;
@@ -122,6 +125,9 @@ static void capture_probs(float *probs, const mha_cache *c, const mha_layer *L, 
                 if (o->zero_attn) pr[col] = expf(-M) / Ls;
             }
         }
+    }
+    free(spos);
+    return MHA_OK;
 }
 
 /* Applies opt's interventions to z (N, h*d_v); REPLACE values (B,T,d_v)
@@ -240,7 +246,7 @@ mha_status mha_forward_cached(const mha_layer *L, mha_cache *c, float *y, const 
         if (!any) break;
         mha_cache_store(c, k, v, row0, t0, np);
         s = mha_decode_attend(z, stats, c, q, row0, t0, np, &o);
-        if (!s && stats) capture_probs(cap->probs, c, L, q, stats, row0, t0, np, T, &o);
+        if (!s && stats) s = capture_probs(cap->probs, c, L, q, stats, row0, t0, np, T, &o);
     }
     if (s) goto done;
 

@@ -6,6 +6,7 @@
  * h, h_kv, d_k, d_v, ldv = d_v rounded up to 16, d_model, d_kv_in. */
 #include <limits.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -14,13 +15,16 @@
 #include "internal.h"
 
 /* Packed weights, rebuilt whenever the layer's weights change. With
- * d_kv_in == d_model, W_Q | W_K | W_V are one matrix of three sections so
- * that self-attention projects Q, K and V in one pass over X. */
+ * d_kv_in == d_v_in == d_model, W_Q | W_K | W_V are one matrix of three
+ * sections so that self-attention projects Q, K and V in one pass over X;
+ * with d_kv_in == d_v_in, W_K | W_V are one matrix of two sections. */
 struct mha_fast_state {
     int fused;       /* 1: qkv holds Q, K, V; 0: q holds Q, kv holds K, V */
+    int split_v;     /* 1 (d_v_in != d_kv_in): kv holds K only, v holds V */
     mha_packed qkv;  /* (d_model, h*d_k | h_kv*d_k | h_kv*d_v)           */
     mha_packed q;    /* (d_model, h*d_k)                                  */
-    mha_packed kv;   /* (d_kv_in, h_kv*d_k | h_kv*d_v)                    */
+    mha_packed kv;   /* (d_kv_in, h_kv*d_k | h_kv*d_v), or K alone        */
+    mha_packed v;    /* (d_v_in, h_kv*d_v) when split_v                   */
     mha_packed o;    /* (h*d_v, d_model)                                  */
 };
 
@@ -29,6 +33,7 @@ void mha_fast_release(mha_layer *L) {
     mha_packed_free(&L->fast->qkv);
     mha_packed_free(&L->fast->q);
     mha_packed_free(&L->fast->kv);
+    mha_packed_free(&L->fast->v);
     mha_packed_free(&L->fast->o);
     free(L->fast);
     L->fast = NULL;
@@ -41,7 +46,8 @@ mha_status mha_fast_prepare(mha_layer *L) {
     if (!f) return mha_fail(MHA_E_NOMEM, "fast path: cannot allocate its state");
     const int nq = c->n_heads * c->d_k, nk = c->n_kv_heads * c->d_k, nv = c->n_kv_heads * c->d_v;
     mha_status s;
-    f->fused = c->d_kv_in == c->d_model;
+    f->fused = c->d_kv_in == c->d_model && c->d_v_in == c->d_model;
+    f->split_v = c->d_v_in != c->d_kv_in;
     if (f->fused) {
         const float *const w[3] = {L->w_q, L->w_k, L->w_v}, *const b[3] = {L->b_q, L->b_k, L->b_v};
         const int cols[3] = {nq, nk, nv};
@@ -51,7 +57,8 @@ mha_status mha_fast_prepare(mha_layer *L) {
         const float *const wq[1] = {L->w_q}, *const bq[1] = {L->b_q};
         const int cols[2] = {nk, nv};
         s = mha_pack(&f->q, c->d_model, 1, wq, bq, &nq);
-        if (!s) s = mha_pack(&f->kv, c->d_kv_in, 2, w, b, cols);
+        if (!s) s = mha_pack(&f->kv, c->d_kv_in, f->split_v ? 1 : 2, w, b, cols);
+        if (!s && f->split_v) s = mha_pack(&f->v, c->d_v_in, 1, w + 1, b + 1, cols + 1);
     }
     const float *const wo[1] = {L->w_o}, *const bo[1] = {L->b_o};
     if (!s) s = mha_pack(&f->o, c->n_heads * c->d_v, 1, wo, bo, &c->d_model);
@@ -62,8 +69,43 @@ mha_status mha_fast_prepare(mha_layer *L) {
 
 static size_t round_up(size_t n, size_t m) { return (n + m - 1) / m * m; }
 
+/* ------------------------------------------------------------ workspace */
+
+/* Z, Q, K^T and V live in one block that is kept for the next call (one
+ * block per process, any layer): freeing and re-allocating tens of MiB per
+ * call costs a page fault per 4 KiB, 5% of a prefill on this machine.
+ * Blocks above MHA_WS_KEEP_MAX are returned to the system instead. */
+#define MHA_WS_KEEP_MAX ((size_t)256 << 20)
+
+typedef struct {
+    size_t floats; /* capacity after the 64-byte header */
+} ws_header;
+
+static _Atomic(ws_header *) ws_kept;
+
+static float *ws_data(ws_header *w) { return (float *)((char *)w + 64); }
+
+static ws_header *ws_take(size_t floats) {
+    ws_header *w = atomic_exchange(&ws_kept, NULL);
+    if (w && w->floats >= floats) return w;
+    free(w);
+    w = aligned_alloc(64, 64 + round_up(floats * sizeof(float), 64));
+    if (w) w->floats = floats;
+    return w;
+}
+
+static void ws_give(ws_header *w) {
+    if (!w) return;
+    if (w->floats * sizeof(float) > MHA_WS_KEEP_MAX) {
+        free(w);
+        return;
+    }
+    free(atomic_exchange(&ws_kept, w)); /* another thread's block, if any */
+}
+
 mha_status mha_forward_fast(const mha_layer *L, float *y, const mha_capture *cap, const float *x,
-                            const float *kv, int B, int T, int S, const mha_options *opt) {
+                            const float *k_src, const float *v_src, int B, int T, int S,
+                            const mha_options *opt) {
     const mha_config *c = &L->cfg;
     const struct mha_fast_state *f = L->fast;
     if (!f) return mha_fail(MHA_E_UNSUPPORTED, "fast path: the layer's packed weights are missing");
@@ -73,21 +115,21 @@ mha_status mha_forward_fast(const mha_layer *L, float *y, const mha_capture *cap
     const int S_tot = mha_total_keys(c, S), S_pad = (int)round_up((size_t)S_tot, 16);
     const int ldv = (int)round_up((size_t)d_v, 16);
     const size_t rows = (size_t)B * T;
-    const int self = kv == NULL || kv == x;
+    const int self = k_src == x && v_src == x, shared_kv = k_src == v_src;
     if (rows > (size_t)INT_MAX / 2 || (size_t)B * S_pad > (size_t)INT_MAX / 2)
         return mha_fail(MHA_E_UNSUPPORTED, "fast path: B*T=%zu or B*S=%zu rows exceed its int indexing",
                         rows, (size_t)B * S);
-    if (!kv) kv = x;
 
-    float *q = malloc(sizeof(float) * rows * h * d_k);                      // (B,T,h*d_k)
-    float *kt = malloc(sizeof(float) * B * h_kv * S_pad * d_k);             // (B,h_kv,S_pad/16,d_k,16)
-    float *v = malloc(sizeof(float) * B * h_kv * S_pad * ldv);              // (B,h_kv,S_pad,ldv)
-    float *z = cap && cap->z ? cap->z : malloc(sizeof(float) * rows * h * d_v); // (B,T,h*d_v)
+    const size_t nz = cap && cap->z ? 0 : round_up(rows * h * d_v, 16);
+    const size_t nq = round_up(rows * h * d_k, 16), nk = round_up((size_t)B * h_kv * S_pad * d_k, 16);
+    const size_t nv = (size_t)B * h_kv * S_pad * ldv;
+    ws_header *work = ws_take(nz + nq + nk + nv);
     mha_status s = MHA_OK;
-    if (!q || !kt || !v || !z) {
-        s = mha_fail(MHA_E_NOMEM, "fast path: no memory for Q, K, V, Z (B=%d T=%d S=%d)", B, T, S);
-        goto done;
-    }
+    if (!work) return mha_fail(MHA_E_NOMEM, "fast path: no memory for Q, K, V, Z (B=%d T=%d S=%d)", B, T, S);
+    float *z = nz ? ws_data(work) : cap->z;  // (B,T,h*d_v)
+    float *q = ws_data(work) + nz;           // (B,h,T,d_k)
+    float *kt = q + nq;                      // (B,h_kv,S_pad/16,d_k,16)
+    float *v = kt + nk;                      // (B,h_kv,S_pad,ldv)
 
     /* the projections write keys 0..S-1 and columns 0..d_v-1; the rest
      * (padding, extra keys) must be zero: the kernels read it */
@@ -101,18 +143,23 @@ mha_status mha_forward_fast(const mha_layer *L, float *y, const mha_capture *cap
 
     // --- projections: Q = X W_Q + b_Q, K/V = Xkv W + b in attention's layouts
     const mha_dst dst[3] = {
-        {MHA_DST_ROWS, q, (size_t)h * d_k, 0, 0, 0, 0},
+        {MHA_DST_HEADS, q, (size_t)d_k, d_k, h, T, (size_t)T * d_k}, /* (B,h,T,d_k) */
         {MHA_DST_HEADS_T, kt, 0, d_k, h_kv, S, (size_t)S_pad * d_k},
         {MHA_DST_HEADS, v, (size_t)ldv, d_v, h_kv, S, (size_t)S_pad * ldv},
     };
+    const int din = c->d_kv_in, dvin = c->d_v_in;
     if (f->fused && self) {
         s = mha_gemm(dst, x, D, (int)rows, &f->qkv, 0, 3, 0, D, 1, kern, nt);
     } else if (f->fused) {
         s = mha_gemm(dst, x, D, (int)rows, &f->qkv, 0, 1, 0, D, 1, kern, nt);
-        if (!s) s = mha_gemm(dst + 1, kv, D, B * S, &f->qkv, 1, 3, 0, D, 1, kern, nt);
+        if (!s) s = mha_gemm(dst + 1, k_src, D, B * S, &f->qkv, 1, shared_kv ? 3 : 2, 0, D, 1, kern, nt);
+        if (!s && !shared_kv) s = mha_gemm(dst + 2, v_src, D, B * S, &f->qkv, 2, 3, 0, D, 1, kern, nt);
     } else {
         s = mha_gemm(dst, x, D, (int)rows, &f->q, 0, 1, 0, D, 1, kern, nt);
-        if (!s) s = mha_gemm(dst + 1, kv, c->d_kv_in, B * S, &f->kv, 0, 2, 0, c->d_kv_in, 1, kern, nt);
+        if (!s) s = mha_gemm(dst + 1, k_src, din, B * S, &f->kv, 0, shared_kv ? 2 : 1, 0, din, 1, kern, nt);
+        if (!s && !shared_kv)
+            s = f->split_v ? mha_gemm(dst + 2, v_src, dvin, B * S, &f->v, 0, 1, 0, dvin, 1, kern, nt)
+                           : mha_gemm(dst + 2, v_src, din, B * S, &f->kv, 1, 2, 0, din, 1, kern, nt);
     }
     if (s) goto done;
     /* extra keys: key S is the learned (bias_k, bias_v) row; zero_attn's
@@ -128,12 +175,10 @@ mha_status mha_forward_fast(const mha_layer *L, float *y, const mha_capture *cap
     // --- attention: Z^(r) = softmax(scale Q^(r) K^(g)^T + mask) V^(g), into Z
     const mha_attn_args att = {
         c, opt, q, kt, v, z, cap ? cap->probs : NULL, B, T, S, S_tot, S_pad, ldv,
-        opt->scale != 0.0f ? opt->scale : (float)(1.0 / sqrt((double)d_k)),
+        opt->scale != 0.0f ? opt->scale : (float)(1.0 / sqrt((double)d_k)), 1,
     };
     s = mha_attention(&att, kern, nt);
     if (s) goto done;
-    free(q), free(kt), free(v); /* the output projection needs only Z */
-    q = kt = v = NULL;
 
     // --- interventions on Z^(r), before W_O reads them
     for (int r = 0; opt->interventions && r < h; r++)
@@ -153,7 +198,6 @@ mha_status mha_forward_fast(const mha_layer *L, float *y, const mha_capture *cap
     s = mha_gemm(&out, z, (size_t)h * d_v, (int)rows, &f->o, 0, 1, 0, h * d_v, 1, kern, nt);
 
 done:
-    free(q), free(kt), free(v);
-    if (!(cap && cap->z)) free(z);
+    ws_give(work);
     return s;
 }

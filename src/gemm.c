@@ -58,36 +58,47 @@ void mha_packed_free(mha_packed *p) {
     p->panels = p->bias = NULL;
 }
 
-/* Writes the (m, n) corner of a 6x16 tile (row stride 16) whose first
- * element is output (row, col) into a head-split destination. */
-static void scatter_heads(const mha_dst *d, const float *tile, int row, int m, int col, int n) {
-    size_t coff[MHA_NR]; /* offset of column j inside a (b, head) slab */
+/* Offsets inside a head-split destination: column c of a section lands at
+ * coff[c] + roff[row], with roff covering the rows of one task. Computed
+ * once per (task, panel) and (task, section): divisions stay out of the
+ * tile loop. */
+static void head_col_offsets(size_t *coff, const mha_dst *d, int col, int n) {
     for (int j = 0; j < n; j++) {
         int head = (col + j) / d->dh, c = (col + j) % d->dh;
         coff[j] = (size_t)head * d->head_stride + (d->kind == MHA_DST_HEADS ? (size_t)c : (size_t)c * 16);
     }
-    for (int i = 0; i < m; i++) {
-        int b = (row + i) / d->rows, s = (row + i) % d->rows;
-        size_t roff = (size_t)b * d->n_heads * d->head_stride +
-                      (d->kind == MHA_DST_HEADS ? (size_t)s * d->ld
-                                                : (size_t)(s / 16) * d->dh * 16 + (size_t)(s % 16));
-        float *dst = d->base + roff;
-        for (int j = 0; j < n; j++) dst[coff[j]] = tile[i * MHA_NR + j];
+}
+
+static void head_row_offsets(size_t *roff, const mha_dst *d, int m0, int mc) {
+    for (int i = 0; i < mc; i++) {
+        int b = (m0 + i) / d->rows, s = (m0 + i) % d->rows;
+        roff[i] = (size_t)b * d->n_heads * d->head_stride +
+                  (d->kind == MHA_DST_HEADS ? (size_t)s * d->ld
+                                            : (size_t)(s / 16) * d->dh * 16 + (size_t)(s % 16));
     }
 }
 
-/* a (M, kn) rows [m0, m0+mc) -> buf: ceil(mc/6) micro-panels (kn, 6), zero padded. */
+/* a (M, kn) rows [m0, m0+mc) -> buf: ceil(mc/6) micro-panels (kn, 6), zero
+ * padded. k outer, so the writes are sequential and six rows stream in. */
 static void pack_rows(float *buf, const float *a, size_t lda, int m0, int mc, int kn) {
-    for (int r = 0; r < mc; r += MHA_MR)
+    for (int r = 0; r < mc; r += MHA_MR) {
+        const float *src[MHA_MR];
+        static const float zero_row[1] = {0.0f};
+        int step[MHA_MR];
         for (int i = 0; i < MHA_MR; i++) {
-            float *out = buf + (size_t)r * kn + i;
-            if (r + i < mc) {
-                const float *src = a + (size_t)(m0 + r + i) * lda;
-                for (int k = 0; k < kn; k++) out[(size_t)k * MHA_MR] = src[k];
-            } else {
-                for (int k = 0; k < kn; k++) out[(size_t)k * MHA_MR] = 0.0f;
-            }
+            int live = r + i < mc;
+            src[i] = live ? a + (size_t)(m0 + r + i) * lda : zero_row;
+            step[i] = live;
         }
+        float *out = buf + (size_t)r * kn;
+        if (r + MHA_MR <= mc) {
+            for (int k = 0; k < kn; k++, out += MHA_MR)
+                for (int i = 0; i < MHA_MR; i++) out[i] = src[i][k];
+        } else {
+            for (int k = 0; k < kn; k++, out += MHA_MR)
+                for (int i = 0; i < MHA_MR; i++) out[i] = src[i][step[i] * k];
+        }
+    }
 }
 
 mha_status mha_gemm(const mha_dst *dst, const float *a, size_t lda, int M, const mha_packed *p,
@@ -108,6 +119,7 @@ mha_status mha_gemm(const mha_dst *dst, const float *a, size_t lda, int M, const
     {
         float *buf = alloc_floats((size_t)MHA_GEMM_MC * kn); /* packed input block */
         float tile[MHA_MR * MHA_NR];
+        size_t roff[MHA_GEMM_MC], coff[MHA_NR];
         if (!buf) {
 #pragma omp atomic write
             failed = 1;
@@ -119,7 +131,7 @@ mha_status mha_gemm(const mha_dst *dst, const float *a, size_t lda, int M, const
             const int mc = M - m0 < MHA_GEMM_MC ? M - m0 : MHA_GEMM_MC;
             const int c1 = c0 + per < pb + np ? c0 + per : pb + np;
             pack_rows(buf, a, lda, m0, mc, kn);
-            int s = s0;
+            int s = s0, roff_of = -1; /* roff holds section roff_of's rows */
             for (int gp = c0; gp < c1; gp++) {
                 while (gp >= p->first_panel[s + 1]) s++;
                 const mha_dst *d = &dst[s - s0];
@@ -127,6 +139,10 @@ mha_status mha_gemm(const mha_dst *dst, const float *a, size_t lda, int M, const
                 const int n = p->cols[s] - col < MHA_NR ? p->cols[s] - col : MHA_NR;
                 const float *bp = p->panels + ((size_t)gp * p->K + k0) * MHA_NR;
                 const float *bias = use_bias ? p->bias + (size_t)gp * MHA_NR : NULL;
+                if (d->kind != MHA_DST_ROWS) {
+                    if (roff_of != s) head_row_offsets(roff, d, m0, mc), roff_of = s;
+                    head_col_offsets(coff, d, col, n);
+                }
                 for (int r = 0; r < mc; r += MHA_MR) {
                     const int m = mc - r < MHA_MR ? mc - r : MHA_MR;
                     const float *ap = buf + (size_t)r * kn;
@@ -136,7 +152,10 @@ mha_status mha_gemm(const mha_dst *dst, const float *a, size_t lda, int M, const
                     } else {
                         kern->sgemm_6x16(tile, MHA_NR, ap, 1, MHA_MR, bp, MHA_NR, bias, NULL, kn,
                                          MHA_MR, MHA_NR);
-                        scatter_heads(d, tile, m0 + r, m, col, n);
+                        for (int i = 0; i < m; i++) {
+                            float *row = d->base + roff[r + i];
+                            for (int j = 0; j < n; j++) row[coff[j]] = tile[i * MHA_NR + j];
+                        }
                     }
                 }
             }

@@ -12,7 +12,7 @@ struct mha_layer {
     mha_config cfg;   /* resolved: no zero defaults left */
     float *w_q;       /* (d_model, h*d_k)    */
     float *w_k;       /* (d_kv_in, h_kv*d_k) */
-    float *w_v;       /* (d_kv_in, h_kv*d_v) */
+    float *w_v;       /* (d_v_in, h_kv*d_v)  */
     float *w_o;       /* (h*d_v, d_model)    */
     float *b_q;       /* (h*d_k), zeros when !bias     */
     float *b_k;       /* (h_kv*d_k)                    */
@@ -47,7 +47,7 @@ mha_status mha_check_finite(const float *p, size_t n, const char *name);
 
 /* Validates the arguments of one forward pass against the layer. */
 mha_status mha_forward_validate(const mha_layer *L, const float *y, const float *x,
-                                const float *kv, int B, int T, int S,
+                                const float *k_src, const float *v_src, int B, int T, int S,
                                 const mha_options *opt);
 
 /* Whether query i may attend original key j (0 <= j < S) of batch b, head r,
@@ -57,17 +57,18 @@ mha_status mha_forward_validate(const mha_layer *L, const float *y, const float 
 int mha_mask_key(const mha_options *opt, int h, int b, int r, int i, int j,
                  int T, int S, double *additive);
 
-/* The reference forward (reference.c); arguments already validated. */
+/* The reference forward (reference.c); arguments already validated and
+ * k_src, v_src resolved (never NULL: x for self-attention). */
 mha_status mha_forward_reference(const mha_layer *L, float *y, const mha_capture *cap,
-                                 const float *x, const float *kv, int B, int T, int S,
-                                 const mha_options *opt);
+                                 const float *x, const float *k_src, const float *v_src,
+                                 int B, int T, int S, const mha_options *opt);
 
 /* The fast forward (forward_fast.c). Returns MHA_E_UNSUPPORTED when this
  * machine or build has no fast path for the request; the caller then falls
  * back to the reference under MHA_PATH_AUTO. */
 mha_status mha_forward_fast(const mha_layer *L, float *y, const mha_capture *cap,
-                            const float *x, const float *kv, int B, int T, int S,
-                            const mha_options *opt);
+                            const float *x, const float *k_src, const float *v_src,
+                            int B, int T, int S, const mha_options *opt);
 /* Called after the layer's weights change (create, set, permute) and on
  * free (with the intent to release). */
 mha_status mha_fast_prepare(mha_layer *L);

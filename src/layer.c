@@ -44,7 +44,7 @@ mha_status mha_config_resolve(mha_config *out, const mha_config *in) {
     mha_status s;
     if ((s = check_dim("d_model", c.d_model, 0)) || (s = check_dim("n_heads", c.n_heads, 0)) ||
         (s = check_dim("n_kv_heads", c.n_kv_heads, 1)) || (s = check_dim("d_k", c.d_k, 1)) ||
-        (s = check_dim("d_v", c.d_v, 1)) || (s = check_dim("d_kv_in", c.d_kv_in, 1)) ||
+        (s = check_dim("d_v", c.d_v, 1)) || (s = check_dim("d_kv_in", c.d_kv_in, 1)) || (s = check_dim("d_v_in", c.d_v_in, 1)) ||
         (s = check_flag("bias", c.bias)) || (s = check_flag("add_bias_kv", c.add_bias_kv)) ||
         (s = check_flag("add_zero_attn", c.add_zero_attn)))
         return s;
@@ -68,6 +68,7 @@ mha_status mha_config_resolve(mha_config *out, const mha_config *in) {
     }
     if (c.d_v == 0) c.d_v = c.d_k;
     if (c.d_kv_in == 0) c.d_kv_in = c.d_model;
+    if (c.d_v_in == 0) c.d_v_in = c.d_kv_in;
     if ((long long)c.n_heads * c.d_k > MHA_MAX_DIM * 16LL ||
         (long long)c.n_heads * c.d_v > MHA_MAX_DIM * 16LL)
         return mha_fail(MHA_E_ARG, "n_heads*d_k=%lld or n_heads*d_v=%lld is too large; expected <= %d",
@@ -91,7 +92,7 @@ static void weight_shapes(const mha_config *c, weight_shape ws[10]) {
     size_t gk = (size_t)c->n_kv_heads * c->d_k, gv = (size_t)c->n_kv_heads * c->d_v;
     weight_shape t[10] = {
         {"w_q", (size_t)c->d_model * hk, 0}, {"w_k", (size_t)c->d_kv_in * gk, 0},
-        {"w_v", (size_t)c->d_kv_in * gv, 0}, {"w_o", hv * (size_t)c->d_model, 0},
+        {"w_v", (size_t)c->d_v_in * gv, 0}, {"w_o", hv * (size_t)c->d_model, 0},
         {"b_q", hk, 1}, {"b_k", gk, 1}, {"b_v", gv, 1}, {"b_o", (size_t)c->d_model, 1},
         {"bias_k", gk, 2}, {"bias_v", gv, 2},
     };

@@ -44,13 +44,13 @@ static void intervene_double(double *z, const mha_intervention *iv, int r, int h
 }
 
 mha_status mha_forward_reference(const mha_layer *L, float *y, const mha_capture *cap, const float *x,
-                                 const float *kv, int B, int T, int S, const mha_options *opt) {
+                                 const float *k_src, const float *v_src, int B, int T, int S,
+                                 const mha_options *opt) {
     const mha_config *c = &L->cfg;
     const int h = c->n_heads, h_kv = c->n_kv_heads, d_k = c->d_k, d_v = c->d_v, D = c->d_model;
     const int Sx = mha_total_keys(c, S);
     const size_t qw = (size_t)h * d_k, kw = (size_t)h_kv * d_k, vw = (size_t)h_kv * d_v, zw = (size_t)h * d_v;
     const double scale = opt->scale != 0.0f ? opt->scale : 1.0 / sqrt((double)d_k);
-    if (!kv) kv = x;
 
     double *q = malloc((size_t)B * T * qw * sizeof(double));   // (B,T,h*d_k)
     double *k = calloc((size_t)B * Sx * kw, sizeof(double));   // (B,Sx,h_kv*d_k)
@@ -63,12 +63,13 @@ mha_status mha_forward_reference(const mha_layer *L, float *y, const mha_capture
         return mha_fail(MHA_E_NOMEM, "reference forward: no memory for Q, K, V, Z (B=%d T=%d S=%d)", B, T, S);
     }
 
-    // --- projections: Q = X W_Q + b_Q; K, V = Xkv W + b, then the extra rows
+    // --- projections: Q = X W_Q + b_Q; K = Xk W_K + b_K; V = Xv W_V + b_V; extra rows
     linear_double(q, x, L->w_q, L->b_q, (size_t)B * T, D, (int)qw);
     for (int b = 0; b < B; b++) {
-        const float *src = kv + (size_t)b * S * c->d_kv_in;
-        linear_double(k + (size_t)b * Sx * kw, src, L->w_k, L->b_k, (size_t)S, c->d_kv_in, (int)kw);
-        linear_double(v + (size_t)b * Sx * vw, src, L->w_v, L->b_v, (size_t)S, c->d_kv_in, (int)vw);
+        linear_double(k + (size_t)b * Sx * kw, k_src + (size_t)b * S * c->d_kv_in, L->w_k, L->b_k,
+                      (size_t)S, c->d_kv_in, (int)kw);
+        linear_double(v + (size_t)b * Sx * vw, v_src + (size_t)b * S * c->d_v_in, L->w_v, L->b_v,
+                      (size_t)S, c->d_v_in, (int)vw);
         if (c->add_bias_kv) { /* key S is the learned bias row; a zero row (if any) follows */
             for (size_t i = 0; i < kw; i++) k[((size_t)b * Sx + S) * kw + i] = L->bias_k[i];
             for (size_t i = 0; i < vw; i++) v[((size_t)b * Sx + S) * vw + i] = L->bias_v[i];

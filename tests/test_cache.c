@@ -204,7 +204,8 @@ static void test_decode_bias_kv_zero_attn(void) { prefill_then_decode(4, 2, MHA_
 static void test_decode_scalar_kernels(void) {
     mha_decode_force_scalar(1);
     prefill_then_decode(8, 2, MHA_CACHE_F32, 0);
-    prefill_then_decode(8, 1, MHA_CACHE_F16, 0);
+    prefill_then_decode(8, 1, MHA_CACHE_F16, 0); /* fp16 widened per chunk */
+    prefill_then_decode(8, 8, MHA_CACHE_F16, 0); /* fp16 widened per element */
     mha_decode_force_scalar(0);
 }
 
@@ -337,7 +338,9 @@ static void window_case(mha_cache_dtype dt, int h_kv, int cap, int W, int T, int
     if (c) run_cached(yc, NULL, &f, c, x, steps, 400, NULL);
     CHECK_ARRAY_NEAR(yc, yr, ny, t);
     CHECK_INT(mha_cache_length(c, 0), f.T);
-    CHECK_INT(mha_cache_bytes(c), (size_t)f.B * ((cap + 7) / 8 * 8) * h_kv * 16 * (dt == MHA_CACHE_F16 ? 2 : 4));
+    /* slots: the capacity in whole chunks of MHA_DECODE_CHUNK */
+    size_t slots = (size_t)(cap + MHA_DECODE_CHUNK - 1) / MHA_DECODE_CHUNK * MHA_DECODE_CHUNK;
+    CHECK_INT(mha_cache_bytes(c), (size_t)f.B * slots * h_kv * 16 * (dt == MHA_CACHE_F16 ? 2 : 4));
     int back = cap - W + 1; /* the most a ring can roll back */
     if (c) {
         CHECK_OK(mha_cache_truncate(c, 0, f.T - back));
@@ -629,6 +632,22 @@ static void test_kernels_agree(void) {
     a->accumulate(a1, dv, s1, 32, v, m, n, dv);
     s->accumulate(a2, dv, s1, 32, v, m, n, dv);
     CHECK_ARRAY_NEAR(a1, a2, (size_t)m * dv, 1e-5);
+    /* fp16 kernels = fp32 kernels on the widened data, bit for bit */
+    uint16_t *kh = malloc(2 * (size_t)n * d), *vh = malloc(2 * (size_t)n * dv);
+    float *kw = naive_alloc_floats((size_t)n * d), *vw = naive_alloc_floats((size_t)n * dv);
+    float *h1 = naive_alloc_floats((size_t)m * 32), *h2 = naive_alloc_floats((size_t)m * 32);
+    s->to_f16(kh, k, (size_t)n * d), s->from_f16(kw, kh, (size_t)n * d);
+    s->to_f16(vh, v, (size_t)n * dv), s->from_f16(vw, vh, (size_t)n * dv);
+    for (int ker = 0; ker < 2; ker++) {
+        const mha_decode_kernels *K = ker ? s : a;
+        K->scores(h1, 32, q, d, kw, m, n, d);
+        K->scores_h(h2, 32, q, d, kh, m, n, d);
+        CHECK(memcmp(h1, h2, sizeof(float) * m * 32) == 0);
+        K->accumulate(h1, dv, s1, 32, vw, m, n, dv);
+        K->accumulate_h(h2, dv, s1, 32, vh, m, n, dv);
+        CHECK(memcmp(h1, h2, sizeof(float) * m * dv) == 0);
+    }
+    free(kh), free(vh), free(kw), free(vw), free(h1), free(h2);
     float *y1 = naive_alloc_floats((size_t)m * dv), *y2 = naive_alloc_floats((size_t)m * dv);
     a->gemm_tile(y1, dv, v, dv, v, dv, m, dv, dv); /* (m, dv) x (dv, dv): v's first rows */
     s->gemm_tile(y2, dv, v, dv, v, dv, m, dv, dv);
@@ -687,8 +706,13 @@ static void test_cache_bytes(void) {
     fixture f;
     fixture_make(&f, 3, 8, 16, 4, 2, 6, 5, 0, 61);
     mha_cache *c = NULL;
+    CHECK_OK(mha_cache_create(&c, f.L, 3, 2 * MHA_DECODE_CHUNK, MHA_CACHE_F32, 0));
+    CHECK_INT(mha_cache_bytes(c), (size_t)3 * 2 * MHA_DECODE_CHUNK * 2 * (6 + 5) * 4);
+    CHECK_INT(mha_cache_bytes(c), mha_cache_bytes_for(&f.w.cfg, 3, 2 * MHA_DECODE_CHUNK, MHA_CACHE_F32));
+    mha_cache_free(c);
+    /* a capacity that is not a whole number of chunks is rounded up */
     CHECK_OK(mha_cache_create(&c, f.L, 3, 16, MHA_CACHE_F32, 0));
-    CHECK_INT(mha_cache_bytes(c), (size_t)3 * 16 * 2 * (6 + 5) * 4);
+    CHECK_INT(mha_cache_bytes(c), (size_t)3 * MHA_DECODE_CHUNK * 2 * (6 + 5) * 4);
     CHECK_INT(mha_cache_bytes(c), mha_cache_bytes_for(&f.w.cfg, 3, 16, MHA_CACHE_F32));
     mha_cache_free(c);
     mha_config bad = mha_config_default(10, 3);

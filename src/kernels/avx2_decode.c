@@ -17,9 +17,21 @@
 
 /* ------------------------------------------------------------- scores */
 
-/* R rows x P panels of scores; R and P are constants at each call site. */
-INLINE void scores_tile(float *s, int lds, const float *q, int ldq, const float *kp, int d, int R,
-                        int P) {
+/* 8 consecutive elements at index i of an fp32 (H = 0) or fp16 (H = 1)
+ * array, as fp32: the fp16 cache is widened in registers, never copied. */
+INLINE __m256 load8(const void *base, size_t i, int H) {
+    if (H) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)base + i)));
+    return _mm256_loadu_ps((const float *)base + i);
+}
+
+INLINE float load1(const void *base, size_t i, int H) {
+    return H ? _cvtsh_ss(((const uint16_t *)base)[i]) : ((const float *)base)[i];
+}
+
+/* R rows x P panels of scores (panels from element k0 on); R, P and H are
+ * constants at each call site. */
+INLINE void scores_tile(float *s, int lds, const float *q, int ldq, const void *kp, size_t k0, int d,
+                        int R, int P, int H) {
     __m256 acc[4][4];
     UNROLL
     for (int r = 0; r < R; r++)
@@ -28,7 +40,7 @@ INLINE void scores_tile(float *s, int lds, const float *q, int ldq, const float 
     for (int c = 0; c < d; c++) {
         __m256 k[4];
         UNROLL
-        for (int p = 0; p < P; p++) k[p] = _mm256_loadu_ps(kp + (size_t)p * d * MHA_KPANEL + (size_t)c * MHA_KPANEL);
+        for (int p = 0; p < P; p++) k[p] = load8(kp, k0 + (size_t)p * d * MHA_KPANEL + (size_t)c * MHA_KPANEL, H);
         UNROLL
         for (int r = 0; r < R; r++) {
             __m256 qb = _mm256_broadcast_ss(q + (size_t)r * ldq + c);
@@ -42,25 +54,36 @@ INLINE void scores_tile(float *s, int lds, const float *q, int ldq, const float 
         for (int p = 0; p < P; p++) _mm256_storeu_ps(s + (size_t)r * lds + p * MHA_KPANEL, acc[r][p]);
 }
 
+/* Panels outermost: a pair of K panels (2 x d x 8) stays in L1 while every
+ * row group of the tile uses it (GQA/MQA share keys). */
+INLINE void scores_impl(float *s, int lds, const float *q, int ldq, const void *kp, int m, int n,
+                        int d, int H) {
+    int np = n / MHA_KPANEL, m4 = m - m % 4;
+    size_t pstride = (size_t)d * MHA_KPANEL;
+    int p = 0;
+    for (; p + 2 <= np; p += 2)
+        for (int i = 0; i < m4; i += 4)
+            scores_tile(s + (size_t)i * lds + p * MHA_KPANEL, lds, q + (size_t)i * ldq, ldq, kp, p * pstride, d, 4, 2, H);
+    for (; p < np; p++)
+        for (int i = 0; i < m4; i += 4)
+            scores_tile(s + (size_t)i * lds + p * MHA_KPANEL, lds, q + (size_t)i * ldq, ldq, kp, p * pstride, d, 4, 1, H);
+    for (int i = m4; i < m; i++) {
+        p = 0;
+        for (; p + 4 <= np; p += 4)
+            scores_tile(s + (size_t)i * lds + p * MHA_KPANEL, lds, q + (size_t)i * ldq, ldq, kp, p * pstride, d, 1, 4, H);
+        for (; p < np; p++)
+            scores_tile(s + (size_t)i * lds + p * MHA_KPANEL, lds, q + (size_t)i * ldq, ldq, kp, p * pstride, d, 1, 1, H);
+    }
+}
+
 static void scores_avx2(float *s, int lds, const float *q, int ldq, const float *kp, int m, int n,
                         int d) {
-    int np = n / MHA_KPANEL;
-    size_t pstride = (size_t)d * MHA_KPANEL;
-    int i = 0;
-    for (; i + 4 <= m; i += 4) {
-        int p = 0;
-        for (; p + 2 <= np; p += 2)
-            scores_tile(s + (size_t)i * lds + p * MHA_KPANEL, lds, q + (size_t)i * ldq, ldq, kp + p * pstride, d, 4, 2);
-        for (; p < np; p++)
-            scores_tile(s + (size_t)i * lds + p * MHA_KPANEL, lds, q + (size_t)i * ldq, ldq, kp + p * pstride, d, 4, 1);
-    }
-    for (; i < m; i++) {
-        int p = 0;
-        for (; p + 4 <= np; p += 4)
-            scores_tile(s + (size_t)i * lds + p * MHA_KPANEL, lds, q + (size_t)i * ldq, ldq, kp + p * pstride, d, 1, 4);
-        for (; p < np; p++)
-            scores_tile(s + (size_t)i * lds + p * MHA_KPANEL, lds, q + (size_t)i * ldq, ldq, kp + p * pstride, d, 1, 1);
-    }
+    scores_impl(s, lds, q, ldq, kp, m, n, d, 0);
+}
+
+static void scores_h_avx2(float *s, int lds, const float *q, int ldq, const uint16_t *kp, int m,
+                          int n, int d) {
+    scores_impl(s, lds, q, ldq, kp, m, n, d, 1);
 }
 
 /* ------------------------------------------------------------ softmax */
@@ -127,9 +150,10 @@ static void softmax_avx2(float *s, int lds, float *mx, float *sum, int m, int n)
 
 /* --------------------------------------------------------- accumulate */
 
-/* R rows x C vectors of acc = p v over n keys. */
-INLINE void acc_tile(float *acc, int ldacc, const float *p, int ldp, const float *v, int dv, int n,
-                     int R, int C) {
+/* R rows x C vectors of acc = p v over n keys (v from element v0 on, row
+ * stride dv). */
+INLINE void acc_tile(float *acc, int ldacc, const float *p, int ldp, const void *v, size_t v0, int dv,
+                     int n, int R, int C, int H) {
     __m256 a[4][8];
     UNROLL
     for (int r = 0; r < R; r++)
@@ -138,7 +162,7 @@ INLINE void acc_tile(float *acc, int ldacc, const float *p, int ldp, const float
     for (int j = 0; j < n; j++) {
         __m256 vv[8];
         UNROLL
-        for (int c = 0; c < C; c++) vv[c] = _mm256_loadu_ps(v + (size_t)j * dv + c * 8);
+        for (int c = 0; c < C; c++) vv[c] = load8(v, v0 + (size_t)j * dv + c * 8, H);
         UNROLL
         for (int r = 0; r < R; r++) {
             __m256 pb = _mm256_broadcast_ss(p + (size_t)r * ldp + j);
@@ -152,37 +176,49 @@ INLINE void acc_tile(float *acc, int ldacc, const float *p, int ldp, const float
         for (int c = 0; c < C; c++) _mm256_storeu_ps(acc + (size_t)r * ldacc + c * 8, a[r][c]);
 }
 
-/* Columns [c0, dv) of rows [i, i+R) one by one, fmaf in key order (the
- * same additions as a vector lane). */
-static void acc_tail(float *acc, int ldacc, const float *p, int ldp, const float *v, int dv, int n,
-                     int R, int c0) {
+/* Columns [c0, dv) of R rows one by one, fmaf in key order (the same
+ * additions as a vector lane). */
+INLINE void acc_tail(float *acc, int ldacc, const float *p, int ldp, const void *v, int dv, int n,
+                     int R, int c0, int H) {
     for (int r = 0; r < R; r++)
         for (int c = c0; c < dv; c++) {
             float a = 0.0f;
-            for (int j = 0; j < n; j++) a = fmaf(p[(size_t)r * ldp + j], v[(size_t)j * dv + c], a);
+            for (int j = 0; j < n; j++) a = fmaf(p[(size_t)r * ldp + j], load1(v, (size_t)j * dv + c, H), a);
             acc[(size_t)r * ldacc + c] = a;
         }
 }
 
+/* Column blocks outermost: a (n, 16) slab of V stays in L1 while every row
+ * group uses it. */
+INLINE void acc_impl(float *acc, int ldacc, const float *p, int ldp, const void *v, int m, int n,
+                     int dv, int H) {
+    int m4 = m - m % 4, c = 0;
+    for (; c + 16 <= dv; c += 16)
+        for (int i = 0; i < m4; i += 4)
+            acc_tile(acc + (size_t)i * ldacc + c, ldacc, p + (size_t)i * ldp, ldp, v, c, dv, n, 4, 2, H);
+    for (; c + 8 <= dv; c += 8)
+        for (int i = 0; i < m4; i += 4)
+            acc_tile(acc + (size_t)i * ldacc + c, ldacc, p + (size_t)i * ldp, ldp, v, c, dv, n, 4, 1, H);
+    for (int i = 0; i < m4; i += 4)
+        acc_tail(acc + (size_t)i * ldacc, ldacc, p + (size_t)i * ldp, ldp, v, dv, n, 4, c, H);
+    for (int i = m4; i < m; i++) {
+        float *a = acc + (size_t)i * ldacc;
+        const float *pi = p + (size_t)i * ldp;
+        c = 0;
+        for (; c + 64 <= dv; c += 64) acc_tile(a + c, ldacc, pi, ldp, v, c, dv, n, 1, 8, H);
+        for (; c + 8 <= dv; c += 8) acc_tile(a + c, ldacc, pi, ldp, v, c, dv, n, 1, 1, H);
+        acc_tail(a, ldacc, pi, ldp, v, dv, n, 1, c, H);
+    }
+}
+
 static void accumulate_avx2(float *acc, int ldacc, const float *p, int ldp, const float *v, int m,
                             int n, int dv) {
-    int i = 0;
-    for (; i + 4 <= m; i += 4) {
-        float *a = acc + (size_t)i * ldacc;
-        const float *pi = p + (size_t)i * ldp;
-        int c = 0;
-        for (; c + 16 <= dv; c += 16) acc_tile(a + c, ldacc, pi, ldp, v + c, dv, n, 4, 2);
-        for (; c + 8 <= dv; c += 8) acc_tile(a + c, ldacc, pi, ldp, v + c, dv, n, 4, 1);
-        acc_tail(a, ldacc, pi, ldp, v, dv, n, 4, c);
-    }
-    for (; i < m; i++) {
-        float *a = acc + (size_t)i * ldacc;
-        const float *pi = p + (size_t)i * ldp;
-        int c = 0;
-        for (; c + 64 <= dv; c += 64) acc_tile(a + c, ldacc, pi, ldp, v + c, dv, n, 1, 8);
-        for (; c + 8 <= dv; c += 8) acc_tile(a + c, ldacc, pi, ldp, v + c, dv, n, 1, 1);
-        acc_tail(a, ldacc, pi, ldp, v, dv, n, 1, c);
-    }
+    acc_impl(acc, ldacc, p, ldp, v, m, n, dv, 0);
+}
+
+static void accumulate_h_avx2(float *acc, int ldacc, const float *p, int ldp, const uint16_t *v,
+                              int m, int n, int dv) {
+    acc_impl(acc, ldacc, p, ldp, v, m, n, dv, 1);
 }
 
 /* --------------------------------------------------------------- gemm */
@@ -281,6 +317,20 @@ static void gemm_tile_avx2(float *y, int ldy, const float *x, int ldx, const flo
     }
 }
 
+/* y = a y + b x with the rounding of the scalar expression y*a + x*b
+ * (a product, a product, a sum: no FMA), lane by lane. */
+static void axpby_avx2(float *y, const float *x, float a, float b, int n) {
+    __m256 va = _mm256_set1_ps(a), vb = _mm256_set1_ps(b);
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(y + i), va),
+                                              _mm256_mul_ps(_mm256_loadu_ps(x + i), vb)));
+    for (; i < n; i++) {
+        float p = y[i] * a, q = x[i] * b;
+        y[i] = p + q;
+    }
+}
+
 /* --------------------------------------------------------------- fp16 */
 
 static void to_f16_avx2(uint16_t *dst, const float *src, size_t n) {
@@ -302,6 +352,6 @@ static void from_f16_avx2(float *dst, const uint16_t *src, size_t n) {
 }
 
 const mha_decode_kernels mha_decode_kernels_avx2 = {
-    "avx2",         scores_avx2,  softmax_avx2,   accumulate_avx2, gemm_stream_avx2,
-    gemm_tile_avx2, to_f16_avx2,  from_f16_avx2,
+    "avx2",         scores_avx2, scores_h_avx2, softmax_avx2, accumulate_avx2, accumulate_h_avx2,
+    gemm_stream_avx2, gemm_tile_avx2, axpby_avx2, to_f16_avx2, from_f16_avx2,
 };

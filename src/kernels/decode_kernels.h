@@ -30,6 +30,10 @@ typedef struct {
      * q (m, d) with row stride ldq; kp: n/8 panels of (d, 8); n % 8 == 0. */
     void (*scores)(float *s, int lds, const float *q, int ldq, const float *kp, int m, int n,
                    int d);
+    /* The same over fp16 panels, widened in registers (few rows: each key
+     * is converted once per 4 rows). */
+    void (*scores_h)(float *s, int lds, const float *q, int ldq, const uint16_t *kp, int m, int n,
+                     int d);
     /* In place on s (m, n): s[i][j] <- exp(s[i][j] - mx[i]) with mx[i] the
      * row max; sum[i] = sum_j of the result. A row of only -inf gets
      * mx = -inf, sum = 0 and zeros. n % 8 == 0. */
@@ -38,6 +42,8 @@ typedef struct {
      * Overwrites acc. */
     void (*accumulate)(float *acc, int ldacc, const float *p, int ldp, const float *v, int m, int n,
                        int dv);
+    void (*accumulate_h)(float *acc, int ldacc, const float *p, int ldp, const uint16_t *v, int m,
+                         int n, int dv);
     /* y (m, n) += x (m, k) w (k, n) for few rows (m <= 4): streams w once,
      * rows of w in order; y row stride ldy, x ldx, w ldw. */
     void (*gemm_stream)(float *y, int ldy, const float *x, int ldx, const float *w, int ldw,
@@ -45,6 +51,8 @@ typedef struct {
     /* y (m, n) = x (m, k) w (k, n) for many rows: register tiles. */
     void (*gemm_tile)(float *y, int ldy, const float *x, int ldx, const float *w, int ldw, int m,
                       int k, int n);
+    /* y (n) = a * y + b * x: merging two partial softmax states. */
+    void (*axpby)(float *y, const float *x, float a, float b, int n);
     /* IEEE binary16 conversions, round to nearest even (identical bits in
      * both implementations). */
     void (*to_f16)(uint16_t *dst, const float *src, size_t n);

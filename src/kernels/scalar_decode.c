@@ -7,66 +7,6 @@
 
 #include "kernels/decode_kernels.h"
 
-/* s (m, n) = q (m, d) . K^T, K in panels of 8 keys (n/8, d, 8). */
-static void scores_scalar(float *s, int lds, const float *q, int ldq, const float *kp, int m,
-                          int n, int d) {
-    for (int i = 0; i < m; i++)
-        for (int j = 0; j < n; j++) {
-            const float *k = kp + (size_t)(j / MHA_KPANEL) * d * MHA_KPANEL + j % MHA_KPANEL;
-            float acc = 0.0f;
-            for (int c = 0; c < d; c++) acc = fmaf(q[(size_t)i * ldq + c], k[(size_t)c * MHA_KPANEL], acc);
-            s[(size_t)i * lds + j] = acc;
-        }
-}
-
-static void softmax_scalar(float *s, int lds, float *mx, float *sum, int m, int n) {
-    for (int i = 0; i < m; i++) {
-        float *row = s + (size_t)i * lds;
-        float M = -INFINITY, l = 0.0f;
-        for (int j = 0; j < n; j++) M = row[j] > M ? row[j] : M;
-        for (int j = 0; j < n; j++) {
-            /* exp(-inf - -inf) would be NaN: a row with no allowed key is 0 */
-            row[j] = M == -INFINITY ? 0.0f : expf(row[j] - M);
-            l += row[j];
-        }
-        mx[i] = M;
-        sum[i] = l;
-    }
-}
-
-/* acc (m, dv) = p (m, n) v (n, dv) */
-static void accumulate_scalar(float *acc, int ldacc, const float *p, int ldp, const float *v, int m,
-                              int n, int dv) {
-    for (int i = 0; i < m; i++) {
-        float *a = acc + (size_t)i * ldacc;
-        for (int c = 0; c < dv; c++) a[c] = 0.0f;
-        for (int j = 0; j < n; j++) {
-            float pj = p[(size_t)i * ldp + j];
-            const float *vr = v + (size_t)j * dv;
-            for (int c = 0; c < dv; c++) a[c] = fmaf(pj, vr[c], a[c]);
-        }
-    }
-}
-
-/* y (m, n) += x (m, k) w (k, n), additions in the order of k. */
-static void gemm_stream_scalar(float *y, int ldy, const float *x, int ldx, const float *w,
-                               int ldw, int m, int k, int n) {
-    for (int kk = 0; kk < k; kk++) {
-        const float *wr = w + (size_t)kk * ldw;
-        for (int r = 0; r < m; r++) {
-            float xr = x[(size_t)r * ldx + kk];
-            float *yr = y + (size_t)r * ldy;
-            for (int j = 0; j < n; j++) yr[j] = fmaf(xr, wr[j], yr[j]);
-        }
-    }
-}
-
-static void gemm_tile_scalar(float *y, int ldy, const float *x, int ldx, const float *w, int ldw,
-                             int m, int k, int n) {
-    for (int r = 0; r < m; r++) memset(y + (size_t)r * ldy, 0, (size_t)n * sizeof(float));
-    gemm_stream_scalar(y, ldy, x, ldx, w, ldw, m, k, n);
-}
-
 /* binary16 from binary32, round to nearest even, as F16C's vcvtps2ph. */
 static uint16_t f32_to_f16(float f) {
     uint32_t x;
@@ -100,6 +40,94 @@ static float f16_to_f32(uint16_t h) {
     return f;
 }
 
+/* s (m, n) = q (m, d) . K^T, K in panels of 8 keys (n/8, d, 8). */
+static void scores_scalar(float *s, int lds, const float *q, int ldq, const float *kp, int m,
+                          int n, int d) {
+    for (int i = 0; i < m; i++)
+        for (int j = 0; j < n; j++) {
+            const float *k = kp + (size_t)(j / MHA_KPANEL) * d * MHA_KPANEL + j % MHA_KPANEL;
+            float acc = 0.0f;
+            for (int c = 0; c < d; c++) acc = fmaf(q[(size_t)i * ldq + c], k[(size_t)c * MHA_KPANEL], acc);
+            s[(size_t)i * lds + j] = acc;
+        }
+}
+
+static void scores_h_scalar(float *s, int lds, const float *q, int ldq, const uint16_t *kp, int m,
+                            int n, int d) {
+    for (int i = 0; i < m; i++)
+        for (int j = 0; j < n; j++) {
+            const uint16_t *k = kp + (size_t)(j / MHA_KPANEL) * d * MHA_KPANEL + j % MHA_KPANEL;
+            float acc = 0.0f;
+            for (int c = 0; c < d; c++)
+                acc = fmaf(q[(size_t)i * ldq + c], f16_to_f32(k[(size_t)c * MHA_KPANEL]), acc);
+            s[(size_t)i * lds + j] = acc;
+        }
+}
+
+static void softmax_scalar(float *s, int lds, float *mx, float *sum, int m, int n) {
+    for (int i = 0; i < m; i++) {
+        float *row = s + (size_t)i * lds;
+        float M = -INFINITY, l = 0.0f;
+        for (int j = 0; j < n; j++) M = row[j] > M ? row[j] : M;
+        for (int j = 0; j < n; j++) {
+            /* exp(-inf - -inf) would be NaN: a row with no allowed key is 0 */
+            row[j] = M == -INFINITY ? 0.0f : expf(row[j] - M);
+            l += row[j];
+        }
+        mx[i] = M;
+        sum[i] = l;
+    }
+}
+
+/* acc (m, dv) = p (m, n) v (n, dv) */
+static void accumulate_scalar(float *acc, int ldacc, const float *p, int ldp, const float *v, int m,
+                              int n, int dv) {
+    for (int i = 0; i < m; i++) {
+        float *a = acc + (size_t)i * ldacc;
+        for (int c = 0; c < dv; c++) a[c] = 0.0f;
+        for (int j = 0; j < n; j++) {
+            float pj = p[(size_t)i * ldp + j];
+            const float *vr = v + (size_t)j * dv;
+            for (int c = 0; c < dv; c++) a[c] = fmaf(pj, vr[c], a[c]);
+        }
+    }
+}
+
+static void accumulate_h_scalar(float *acc, int ldacc, const float *p, int ldp, const uint16_t *v,
+                                int m, int n, int dv) {
+    for (int i = 0; i < m; i++) {
+        float *a = acc + (size_t)i * ldacc;
+        for (int c = 0; c < dv; c++) a[c] = 0.0f;
+        for (int j = 0; j < n; j++) {
+            float pj = p[(size_t)i * ldp + j];
+            for (int c = 0; c < dv; c++) a[c] = fmaf(pj, f16_to_f32(v[(size_t)j * dv + c]), a[c]);
+        }
+    }
+}
+
+/* y (m, n) += x (m, k) w (k, n), additions in the order of k. */
+static void gemm_stream_scalar(float *y, int ldy, const float *x, int ldx, const float *w,
+                               int ldw, int m, int k, int n) {
+    for (int kk = 0; kk < k; kk++) {
+        const float *wr = w + (size_t)kk * ldw;
+        for (int r = 0; r < m; r++) {
+            float xr = x[(size_t)r * ldx + kk];
+            float *yr = y + (size_t)r * ldy;
+            for (int j = 0; j < n; j++) yr[j] = fmaf(xr, wr[j], yr[j]);
+        }
+    }
+}
+
+static void gemm_tile_scalar(float *y, int ldy, const float *x, int ldx, const float *w, int ldw,
+                             int m, int k, int n) {
+    for (int r = 0; r < m; r++) memset(y + (size_t)r * ldy, 0, (size_t)n * sizeof(float));
+    gemm_stream_scalar(y, ldy, x, ldx, w, ldw, m, k, n);
+}
+
+static void axpby_scalar(float *y, const float *x, float a, float b, int n) {
+    for (int i = 0; i < n; i++) y[i] = y[i] * a + x[i] * b;
+}
+
 static void to_f16_scalar(uint16_t *dst, const float *src, size_t n) {
     for (size_t i = 0; i < n; i++) dst[i] = f32_to_f16(src[i]);
 }
@@ -109,6 +137,7 @@ static void from_f16_scalar(float *dst, const uint16_t *src, size_t n) {
 }
 
 const mha_decode_kernels mha_decode_kernels_scalar = {
-    "scalar",         scores_scalar,      softmax_scalar, accumulate_scalar, gemm_stream_scalar,
-    gemm_tile_scalar, to_f16_scalar,      from_f16_scalar,
+    "scalar",           scores_scalar,    scores_h_scalar, softmax_scalar, accumulate_scalar,
+    accumulate_h_scalar, gemm_stream_scalar, gemm_tile_scalar, axpby_scalar, to_f16_scalar,
+    from_f16_scalar,
 };
