@@ -404,14 +404,14 @@ mha_status mha_layer_save(const mha_layer *layer, const char *path);
  * out_proj.weight. Give either in_proj_weight (when kdim == vdim == E) or
  * all three q/k/v_proj_weight. A NULL in_proj_bias and out_proj_bias mean
  * bias=False (one NULL alone reads as zeros). bias_k and bias_v, given
- * together, mean add_bias_kv=True. kdim != vdim is MHA_E_UNSUPPORTED:
- * PyTorch then projects K from `key` and V from `value`, and mha_forward has
- * one key/value source. */
+ * together, mean add_bias_kv=True. kdim becomes d_kv_in and vdim d_v_in:
+ * PyTorch projects K from `key` and V from `value`, as mha_forward_kv does
+ * from k_src and v_src (mha_forward, one source, needs kdim == vdim). */
 typedef struct {
     int embed_dim;     /* E = d_model                                       */
     int num_heads;     /* h; must divide E                                  */
     int kdim;          /* width of the key source; 0 means E (= d_kv_in)    */
-    int vdim;          /* width of the value source; 0 means E; must = kdim */
+    int vdim;          /* width of the value source; 0 means E (= d_v_in)   */
     int add_zero_attn; /* 0 or 1, the module flag                           */
     const float *in_proj_weight;  /* (3E, E): W_q; W_k; W_v along dim 0     */
     const float *in_proj_bias;    /* (3E): b_q; b_k; b_v (also with separate
@@ -426,9 +426,9 @@ typedef struct {
 } mha_torch_weights;
 
 /* Creates a layer equal to the PyTorch module (d_model = E, n_heads = h,
- * d_kv_in = kdim, bias, add_bias_kv, add_zero_attn), transposing every
- * weight to (in, out). The inputs are only read. Errors name PyTorch's
- * tensor (e.g. "out_proj.weight[12] = nan"). */
+ * d_kv_in = kdim, d_v_in = vdim, bias, add_bias_kv, add_zero_attn),
+ * transposing every weight to (in, out). The inputs are only read. Errors
+ * name PyTorch's tensor (e.g. "out_proj.weight[12] = nan"). */
 mha_status mha_layer_from_torch(mha_layer **out, const mha_torch_weights *tw);
 
 /* ---- KV cache (src/cache.c) ---- */
@@ -469,7 +469,7 @@ typedef struct mha_cache mha_cache;
 /* Creates an empty cache for `batch` sequences of up to `capacity` tokens
  * (window == 0) or a ring of `capacity` slots keeping the last `window`
  * tokens (1 <= window <= capacity). The layer must be self-attention
- * (d_kv_in == d_model). */
+ * (d_kv_in == d_v_in == d_model). */
 mha_status mha_cache_create(mha_cache **out, const mha_layer *layer, int batch, int capacity,
                             mha_cache_dtype dtype, int window);
 void mha_cache_free(mha_cache *cache);

@@ -56,6 +56,10 @@ mha_status mha_cache_create(mha_cache **out, const mha_layer *L, int batch, int 
         return mha_fail(MHA_E_SHAPE,
                         "mha_cache_create: d_kv_in=%d != d_model=%d; a KV cache serves causal "
                         "self-attention (keys from the same tokens)", cf->d_kv_in, cf->d_model);
+    if (cf->d_v_in != cf->d_model)
+        return mha_fail(MHA_E_SHAPE,
+                        "mha_cache_create: d_v_in=%d != d_model=%d; a KV cache serves causal "
+                        "self-attention (values from the same tokens)", cf->d_v_in, cf->d_model);
     int slots = round_slots(capacity);
     size_t blocks = (size_t)batch * cf->n_kv_heads, elt = cache_elt(dtype);
     if ((size_t)slots > ((size_t)1 << 40) / blocks / (size_t)(cf->d_k + cf->d_v) / elt)

@@ -1,6 +1,8 @@
 /* convert_torch.c — a layer from torch.nn.MultiheadAttention's tensors.
  * Legend: E embed_dim = d_model = h*d_k = h*d_v, h heads, kdim/vdim widths of
- * PyTorch's key and value sources (see mha.h).
+ * PyTorch's key and value sources, which become the layer's d_kv_in and
+ * d_v_in (see mha.h): PyTorch projects K from `key` and V from `value`, as
+ * mha_forward_kv does from k_src and v_src.
  *
  * PyTorch stores nn.Linear weights as (out, in) and computes x W^T + b; the
  * library stores (in, out) and computes x W + b. So every weight is
@@ -34,12 +36,6 @@ static mha_status check_torch(const mha_torch_weights *tw, int *kdim, int *vdim)
                         tw->kdim, tw->vdim);
     *kdim = tw->kdim ? tw->kdim : E;
     *vdim = tw->vdim ? tw->vdim : E;
-    if (*kdim != *vdim)
-        return mha_fail(MHA_E_UNSUPPORTED,
-                        "torch layout: kdim=%d != vdim=%d; PyTorch then projects K from `key` and "
-                        "V from `value`, two sources of different widths, but mha_forward takes "
-                        "one key/value source (B,S,d_kv_in); expected kdim == vdim",
-                        *kdim, *vdim);
     if (tw->add_zero_attn != 0 && tw->add_zero_attn != 1)
         return mha_fail(MHA_E_ARG, "torch layout: add_zero_attn=%d; expected 0 or 1", tw->add_zero_attn);
     int separate = tw->q_proj_weight || tw->k_proj_weight || tw->v_proj_weight;
@@ -47,11 +43,12 @@ static mha_status check_torch(const mha_torch_weights *tw, int *kdim, int *vdim)
         return mha_fail(MHA_E_ARG,
                         "torch layout: both in_proj_weight and q/k/v_proj_weight are given; "
                         "expected one form (packed when kdim == vdim == embed_dim)");
-    if (tw->in_proj_weight && *kdim != E)
+    /* PyTorch packs in_proj_weight only when kdim == vdim == embed_dim */
+    if (tw->in_proj_weight && (*kdim != E || *vdim != E))
         return mha_fail(MHA_E_ARG,
-                        "torch layout: in_proj_weight (3E,E) is given but kdim=%d != embed_dim=%d; "
-                        "expected q_proj_weight, k_proj_weight, v_proj_weight",
-                        *kdim, E);
+                        "torch layout: in_proj_weight (3E,E) is given but kdim=%d, vdim=%d != "
+                        "embed_dim=%d; expected q_proj_weight, k_proj_weight, v_proj_weight",
+                        *kdim, *vdim, E);
     if (!tw->in_proj_weight &&
         (!tw->q_proj_weight || !tw->k_proj_weight || !tw->v_proj_weight))
         return mha_fail(MHA_E_ARG,
@@ -98,6 +95,7 @@ mha_status mha_layer_from_torch(mha_layer **out, const mha_torch_weights *tw) {
 
     mha_config cfg = mha_config_default(E, tw->num_heads);
     cfg.d_kv_in = kdim;
+    cfg.d_v_in = vdim;
     /* PyTorch's bias flag covers in_proj_bias and out_proj.bias together;
      * if only one is present, the other is zero. */
     cfg.bias = tw->in_proj_bias || tw->out_proj_bias;

@@ -22,12 +22,13 @@
 static mha_status check_cache_layer(const mha_cache *c, const mha_layer *L) {
     const mha_config *f = &L->cfg;
     if (c->d_model != f->d_model || c->h != f->n_heads || c->h_kv != f->n_kv_heads ||
-        c->d_k != f->d_k || c->d_v != f->d_v || f->d_kv_in != f->d_model)
+        c->d_k != f->d_k || c->d_v != f->d_v || f->d_kv_in != f->d_model || f->d_v_in != f->d_model)
         return mha_fail(MHA_E_SHAPE,
                         "mha_forward_cached: cache made for d_model=%d h=%d h_kv=%d d_k=%d d_v=%d, "
-                        "layer has d_model=%d h=%d h_kv=%d d_k=%d d_v=%d d_kv_in=%d; expected the same "
-                        "shape (and d_kv_in = d_model)", c->d_model, c->h, c->h_kv, c->d_k, c->d_v,
-                        f->d_model, f->n_heads, f->n_kv_heads, f->d_k, f->d_v, f->d_kv_in);
+                        "layer has d_model=%d h=%d h_kv=%d d_k=%d d_v=%d d_kv_in=%d d_v_in=%d; expected "
+                        "the same shape (and d_kv_in = d_v_in = d_model)", c->d_model, c->h, c->h_kv,
+                        c->d_k, c->d_v, f->d_model, f->n_heads, f->n_kv_heads, f->d_k, f->d_v,
+                        f->d_kv_in, f->d_v_in);
     return MHA_OK;
 }
 

@@ -308,7 +308,7 @@ static mha_status permute_one(mha_layer *L, mha_block b, const int *perm) {
             s = permute_column_blocks(L->bias_k, 1, n, c->d_k, perm);
         break;
     case MHA_BLOCK_V:
-        if (!(s = permute_column_blocks(L->w_v, c->d_kv_in, n, c->d_v, perm)) &&
+        if (!(s = permute_column_blocks(L->w_v, c->d_v_in, n, c->d_v, perm)) &&
             !(s = permute_column_blocks(L->b_v, 1, n, c->d_v, perm)))
             s = permute_column_blocks(L->bias_v, 1, n, c->d_v, perm);
         break;

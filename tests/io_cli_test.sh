@@ -1,13 +1,14 @@
 #!/bin/sh
 # io_cli_test.sh — the file commands end to end: `mha run` on the same
 # weights written in every layout (native, hf, gpt2, megatron) gives the
-# same Y; convert and permute round trips; masks; `mha audit` recovers the
-# exact repair of corrupted checkpoints (W_O row blocks swapped, W_Q column
-# blocks swapped, K/V blocks swapped, GQA groups scrambled by a wrong fused
-# layout) and says so when a mismatch is not a permutation; `mha plot`
-# writes PNGs; every bad file gets its error (exit 1, one line naming the
-# problem), never a crash. Fixtures come from tests/python/io_fixtures.py
-# (numpy, with a safetensors writer independent of the library's).
+# same Y; convert and permute round trips; masks; a value source apart from
+# the keys (--v-input); `mha audit` recovers the exact repair of corrupted
+# checkpoints (W_O row blocks swapped, W_Q column blocks swapped, K/V blocks
+# swapped, GQA groups scrambled by a wrong fused layout) and says so when a
+# mismatch is not a permutation; `mha plot` writes PNGs; every bad file gets
+# its error (exit 1, one line naming the problem), never a crash. Fixtures
+# come from tests/python/io_fixtures.py (numpy, with a safetensors writer
+# independent of the library's).
 #   usage: sh tests/io_cli_test.sh ./build/mha
 MHA=${1:?usage: sh tests/io_cli_test.sh PATH_TO_MHA}
 PY=${PYTHON:-/usr/bin/python3}
@@ -138,6 +139,36 @@ a=np.load('$T/y_kp.npy'); b=np.load('$T/y_native.npy')
 sys.exit(0 if np.allclose(a[0],b[0],atol=1e-6) and not np.allclose(a[1],b[1],atol=1e-3) else 1)" ||
     fail "key padding: batch 0 should be unchanged and batch 1 changed"
 checks=$((checks + 1))
+
+# --- a value source apart from the keys (PyTorch's value, d_v_in != d_kv_in) --
+# expected Y from numpy, written here from the formulas in mha.h
+"$PY" - "$T" "$here" <<'EOF' || fail "value-source fixture"
+import sys; import numpy as np
+sys.path.insert(0, sys.argv[2] + "/python"); from io_helpers import write_safetensors
+d, r = sys.argv[1], np.random.RandomState(7)
+f = lambda *s: r.uniform(-0.5, 0.5, s).astype(np.float32)
+w = {"w_q": f(16, 16), "w_k": f(12, 16), "w_v": f(10, 16), "w_o": f(16, 16), "b_q": f(16), "b_k": f(16),
+     "b_v": f(16), "b_o": f(16)}
+write_safetensors(d + "/kv_apart.safetensors", w, {"n_heads": 4})
+x, k, v = f(2, 6, 16) * 4, f(2, 5, 12) * 4, f(2, 5, 10) * 4
+for n, a in (("xa", x), ("ka", k), ("va", v), ("va_bad", f(2, 5, 12))): np.save(d + "/" + n + ".npy", a)
+q, kk, vv = x @ w["w_q"] + w["b_q"], k @ w["w_k"] + w["b_k"], v @ w["w_v"] + w["b_v"]
+z = np.zeros((2, 6, 16))
+for h in range(4):
+    s = q[..., 4*h:4*h+4] @ kk[..., 4*h:4*h+4].transpose(0, 2, 1) / 2.0
+    p = np.exp(s - s.max(-1, keepdims=True)); p /= p.sum(-1, keepdims=True)
+    z[..., 4*h:4*h+4] = p @ vv[..., 4*h:4*h+4]
+np.save(d + "/ya_want.npy", (z @ w["w_o"] + w["b_o"]).astype(np.float32))
+EOF
+for p in reference fast; do
+    run run --weights $T/kv_apart.safetensors --input $T/xa.npy --kv-input $T/ka.npy --v-input $T/va.npy --output $T/ya_$p.npy --path $p
+    expect_ok
+    close $T/ya_$p.npy $T/ya_want.npy
+done
+run run --weights $T/kv_apart.safetensors --input $T/xa.npy --kv-input $T/ka.npy --output $T/y.npy
+expect_error 2 "--v-input"
+run run --weights $T/kv_apart.safetensors --input $T/xa.npy --kv-input $T/ka.npy --v-input $T/va_bad.npy --output $T/y.npy
+expect_error 1 "d_v_in"
 
 # --- ablation: zeroing head 1 removes exactly its contribution ---------------
 run run --weights $T/native.safetensors --input $T/x.npy --output $T/y_full.npy --save-contributions $T/c.npy --save-z $T/z.npy

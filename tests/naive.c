@@ -1,7 +1,7 @@
 /* naive.c — the tests' independent oracle (see naive.h). Each step is the
  * formula from mha.h written as plain loops over doubles.
  * Legend: B batch, T queries, S keys, h heads, h_kv kv heads, d_k, d_v,
- * d_model, d_kv_in. */
+ * d_model, d_kv_in (key source width), d_v_in (value source width). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +14,7 @@ mha_config naive_resolve(mha_config c) {
     if (c.d_k == 0 && c.n_heads > 0) c.d_k = c.d_model / c.n_heads;
     if (c.d_v == 0) c.d_v = c.d_k;
     if (c.d_kv_in == 0) c.d_kv_in = c.d_model;
+    if (c.d_v_in == 0) c.d_v_in = c.d_kv_in;
     return c;
 }
 
@@ -50,7 +51,7 @@ static void weight_sizes(const mha_config *c, size_t n[10]) {
     size_t h = (size_t)c->n_heads, hk = (size_t)c->n_kv_heads;
     n[0] = (size_t)c->d_model * h * c->d_k;
     n[1] = (size_t)c->d_kv_in * hk * c->d_k;
-    n[2] = (size_t)c->d_kv_in * hk * c->d_v;
+    n[2] = (size_t)c->d_v_in * hk * c->d_v;
     n[3] = h * c->d_v * c->d_model;
     n[4] = c->bias ? h * c->d_k : 0;
     n[5] = c->bias ? hk * c->d_k : 0;
@@ -148,6 +149,12 @@ static void naive_linear(double *out, const float *in, const float *w, const flo
 void naive_forward(double *y, double *z_out, double *probs, const naive_weights *w,
                    const float *x, const float *kv, int B, int T, int S,
                    const mha_options *opt) {
+    naive_forward_kv(y, z_out, probs, w, x, kv, kv, B, T, S, opt);
+}
+
+void naive_forward_kv(double *y, double *z_out, double *probs, const naive_weights *w,
+                      const float *x, const float *k_src, const float *v_src, int B, int T,
+                      int S, const mha_options *opt) {
     const mha_config *c = &w->cfg;
     int h = c->n_heads, hk = c->n_kv_heads, dk = c->d_k, dv = c->d_v, dm = c->d_model;
     int extra = c->add_bias_kv + c->add_zero_attn, St = S + extra;
@@ -159,8 +166,9 @@ void naive_forward(double *y, double *z_out, double *probs, const naive_weights 
         o.window_left = o.window_right = -1;
     }
     double scale = o.scale != 0.0f ? (double)o.scale : 1.0 / sqrt((double)dk);
-    const float *src = kv ? kv : x;
-    int din = kv ? c->d_kv_in : dm;
+    /* K reads (B,S,kin) and V reads (B,S,vin); a missing source is the one before it */
+    const float *ksrc = k_src ? k_src : x, *vsrc = v_src ? v_src : ksrc;
+    int kin = k_src ? c->d_kv_in : dm, vin = v_src ? c->d_v_in : kin;
 
     double *q = naive_alloc_doubles((size_t)B * T * h * dk);    /* (B,T,h*d_k) */
     double *k = naive_alloc_doubles((size_t)B * St * hk * dk);  /* (B,S_total,h_kv*d_k) */
@@ -174,8 +182,8 @@ void naive_forward(double *y, double *z_out, double *probs, const naive_weights 
     for (int b = 0; b < B; b++) {
         naive_linear(q + (size_t)b * T * h * dk, x + (size_t)b * T * dm, w->w_q, w->b_q, T,
                      dm, h * dk);
-        naive_linear(kp, src + (size_t)b * S * din, w->w_k, w->b_k, S, din, hk * dk);
-        naive_linear(vp, src + (size_t)b * S * din, w->w_v, w->b_v, S, din, hk * dv);
+        naive_linear(kp, ksrc + (size_t)b * S * kin, w->w_k, w->b_k, S, kin, hk * dk);
+        naive_linear(vp, vsrc + (size_t)b * S * vin, w->w_v, w->b_v, S, vin, hk * dv);
         for (int j = 0; j < St; j++) {
             double *kr = k + ((size_t)b * St + j) * hk * dk;
             double *vr = v + ((size_t)b * St + j) * hk * dv;
@@ -274,6 +282,12 @@ static double diff_nan_equal(const float *a, const double *b, size_t n) {
 
 double naive_compare(const mha_layer *L, const naive_weights *w, const float *x,
                      const float *kv, int B, int T, int S, const mha_options *opt) {
+    return naive_compare_kv(L, w, x, kv, kv, B, T, S, opt);
+}
+
+double naive_compare_kv(const mha_layer *L, const naive_weights *w, const float *x,
+                        const float *k_src, const float *v_src, int B, int T, int S,
+                        const mha_options *opt) {
     const mha_config *c = &w->cfg;
     size_t ny = (size_t)B * T * c->d_model, nz = (size_t)B * T * c->n_heads * c->d_v;
     size_t np = (size_t)B * c->n_heads * T * (S + c->add_bias_kv + c->add_zero_attn);
@@ -282,10 +296,10 @@ double naive_compare(const mha_layer *L, const naive_weights *w, const float *x,
     double *pd = naive_alloc_doubles(np);
     mha_capture cap = {z, NULL, p};
     double m = INFINITY;
-    mha_status st = mha_forward(L, y, &cap, x, kv, B, T, S, opt);
+    mha_status st = mha_forward_kv(L, y, &cap, x, k_src, v_src, B, T, S, opt);
     CHECK_OK(st);
     if (st == MHA_OK) {
-        naive_forward(yd, zd, pd, w, x, kv, B, T, S, opt);
+        naive_forward_kv(yd, zd, pd, w, x, k_src, v_src, B, T, S, opt);
         double dy = diff_nan_equal(y, yd, ny), dz = diff_nan_equal(z, zd, nz);
         double dp = diff_nan_equal(p, pd, np);
         m = dy > dz ? dy : dz;

@@ -4,7 +4,7 @@
  * test areas share.
  *
  * Legend: B batch, T queries, S keys, h heads, h_kv kv heads, d_k, d_v,
- * d_model, d_kv_in.
+ * d_model, d_kv_in (key source width), d_v_in (value source width).
  */
 #ifndef MHA_TEST_NAIVE_H
 #define MHA_TEST_NAIVE_H
@@ -19,7 +19,7 @@ typedef struct {
     mha_config cfg;
     float *w_q;    /* (d_model, h*d_k)    */
     float *w_k;    /* (d_kv_in, h_kv*d_k) */
-    float *w_v;    /* (d_kv_in, h_kv*d_v) */
+    float *w_v;    /* (d_v_in, h_kv*d_v)  */
     float *w_o;    /* (h*d_v, d_model)    */
     float *b_q;    /* (h*d_k)             */
     float *b_k;    /* (h_kv*d_k)          */
@@ -53,6 +53,12 @@ mha_options naive_ref_options(void);
 void naive_forward(double *y, double *z, double *probs, const naive_weights *w,
                    const float *x, const float *kv, int B, int T, int S,
                    const mha_options *opt);
+/* The same with separate sources, as mha_forward_kv: k_src (B,S,d_kv_in)
+ * feeds W_K, v_src (B,S,d_v_in) feeds W_V; k_src NULL means x, v_src NULL
+ * means k_src. naive_forward is this with v_src = kv. */
+void naive_forward_kv(double *y, double *z, double *probs, const naive_weights *w,
+                      const float *x, const float *k_src, const float *v_src, int B, int T,
+                      int S, const mha_options *opt);
 
 /* Runs mha_forward on L (with opt as given; the caller sets the path) and
  * the oracle on w, capturing y, z and probs from both. Returns the largest
@@ -60,6 +66,10 @@ void naive_forward(double *y, double *z, double *probs, const naive_weights *w,
  * a non-OK status is a test failure and returns INFINITY. */
 double naive_compare(const mha_layer *L, const naive_weights *w, const float *x,
                      const float *kv, int B, int T, int S, const mha_options *opt);
+/* The same through mha_forward_kv and naive_forward_kv. */
+double naive_compare_kv(const mha_layer *L, const naive_weights *w, const float *x,
+                        const float *k_src, const float *v_src, int B, int T, int S,
+                        const mha_options *opt);
 
 /* Helpers for comparing float results with double oracles. */
 double naive_max_diff(const float *a, const double *b, size_t n); /* NaN -> INF */

@@ -747,6 +747,11 @@ static void test_errors(void) {
         CHECK_STATUS(mha_cache_create(&c, X, 1, 8, MHA_CACHE_F32, 0), MHA_E_SHAPE);
         CHECK_ERROR_MENTIONS("d_kv_in");
         mha_layer_free(X);
+        cc.d_kv_in = 0, cc.d_v_in = 8; /* keys from the tokens, values from elsewhere */
+        CHECK_OK(mha_layer_create(&X, &cc, NULL));
+        CHECK_STATUS(mha_cache_create(&c, X, 1, 8, MHA_CACHE_F32, 0), MHA_E_SHAPE);
+        CHECK_ERROR_MENTIONS("d_v_in=8");
+        mha_layer_free(X);
     }
     CHECK_OK(mha_cache_create(&c, f.L, 2, 8, MHA_CACHE_F32, 0));
     if (!c) goto out;

@@ -3,9 +3,10 @@
  * Tolerance, per output tensor (FlashAttention's rule): max|fast - ref| <=
  * 2 * max|naive32 - ref| + 1e-6, where naive32 is the plain fp32 layer
  * written below. NaN must match NaN. Also extreme inputs, thread-count
- * independence (bit-identical) and the peak-memory check.
+ * independence (bit-identical), separate key and value sources (each
+ * packing of forward_fast.c) and the peak-memory check.
  * Legend: B batch, T queries, S keys, Sx = S + extra keys, h, h_kv heads,
- * d_k, d_v, d_model, d_kv_in. */
+ * d_k, d_v, d_model, d_kv_in, d_v_in. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,16 +31,19 @@ static void lin32(float *out, const float *in, const float *w, const float *b, s
 }
 
 /* y (B,T,d_model), z (B,T,h*d_v), contrib (h,B,T,d_model), probs (B,h,T,Sx);
- * the last three may be NULL. Everything in float, one step per formula. */
+ * the last three may be NULL. Keys from kv (B,S,d_kv_in), values from
+ * vs (B,S,d_v_in); kv NULL means x, vs NULL means kv. Everything in float,
+ * one step per formula. */
 static void naive32_forward(float *y, float *z_out, float *contrib, float *probs,
-                            const naive_weights *w, const float *x, const float *kv, int B, int T,
-                            int S, const mha_options *o) {
+                            const naive_weights *w, const float *x, const float *kv,
+                            const float *vs, int B, int T, int S, const mha_options *o) {
     const mha_config *c = &w->cfg;
     const int h = c->n_heads, hk = c->n_kv_heads, dk = c->d_k, dv = c->d_v, D = c->d_model;
     const int Sx = S + c->add_bias_kv + c->add_zero_attn;
     const size_t qw = (size_t)h * dk, kw = (size_t)hk * dk, vw = (size_t)hk * dv, zw = (size_t)h * dv;
     const float scale = o->scale != 0.0f ? o->scale : 1.0f / sqrtf((float)dk);
     if (!kv) kv = x;
+    if (!vs) vs = kv;
     float *q = naive_alloc_floats((size_t)B * T * qw), *k = naive_alloc_floats((size_t)B * Sx * kw);
     float *v = naive_alloc_floats((size_t)B * Sx * vw), *z = naive_alloc_floats((size_t)B * T * zw);
     float *sc = naive_alloc_floats((size_t)Sx);
@@ -47,7 +51,7 @@ static void naive32_forward(float *y, float *z_out, float *contrib, float *probs
     lin32(q, x, w->w_q, w->b_q, (size_t)B * T, D, (int)qw);
     for (int b = 0; b < B; b++) {
         lin32(k + (size_t)b * Sx * kw, kv + (size_t)b * S * c->d_kv_in, w->w_k, w->b_k, S, c->d_kv_in, (int)kw);
-        lin32(v + (size_t)b * Sx * vw, kv + (size_t)b * S * c->d_kv_in, w->w_v, w->b_v, S, c->d_kv_in, (int)vw);
+        lin32(v + (size_t)b * Sx * vw, vs + (size_t)b * S * c->d_v_in, w->w_v, w->b_v, S, c->d_v_in, (int)vw);
         if (c->add_bias_kv) {
             memcpy(k + ((size_t)b * Sx + S) * kw, w->bias_k, kw * sizeof(float));
             memcpy(v + ((size_t)b * Sx + S) * vw, w->bias_v, vw * sizeof(float));
@@ -133,17 +137,24 @@ static void outputs_alloc(outputs *o, const mha_config *c, int B, int T, int Sx)
 static void outputs_free(outputs *o) { free(o->y), free(o->z), free(o->contrib), free(o->probs); }
 
 /* Which captures a case requests (bit 0 z, 1 contributions, 2 probs). */
-static mha_status run_path(const mha_layer *L, outputs *out, int want, const float *x,
-                           const float *kv, int B, int T, int S, mha_options o, mha_path path) {
+static mha_status run_path_kv(const mha_layer *L, outputs *out, int want, const float *x,
+                              const float *kv, const float *vs, int B, int T, int S, mha_options o,
+                              mha_path path) {
     mha_capture cap = {want & 1 ? out->z : NULL, want & 2 ? out->contrib : NULL,
                        want & 4 ? out->probs : NULL};
     o.path = path;
-    return mha_forward(L, out->y, &cap, x, kv, B, T, S, &o);
+    return mha_forward_kv(L, out->y, &cap, x, kv, vs, B, T, S, &o);
 }
 
-/* One case: fast vs reference within the rule; returns 1 when it held. */
-static int check_case(const char *what, const naive_weights *w, const float *x, const float *kv,
-                      int B, int T, int S, const mha_options *o, int want) {
+static mha_status run_path(const mha_layer *L, outputs *out, int want, const float *x,
+                           const float *kv, int B, int T, int S, mha_options o, mha_path path) {
+    return run_path_kv(L, out, want, x, kv, kv, B, T, S, o, path);
+}
+
+/* One case: fast vs reference within the rule; returns 1 when it held.
+ * Keys from kv, values from vs (mha_forward_kv's NULL rules). */
+static int check_case_kv(const char *what, const naive_weights *w, const float *x, const float *kv,
+                         const float *vs, int B, int T, int S, const mha_options *o, int want) {
     const mha_config *c = &w->cfg;
     const int Sx = S + c->add_bias_kv + c->add_zero_attn;
     mha_layer *L = naive_make_layer(w);
@@ -151,12 +162,12 @@ static int check_case(const char *what, const naive_weights *w, const float *x, 
     outputs ref, fast, n32;
     outputs_alloc(&ref, c, B, T, Sx), outputs_alloc(&fast, c, B, T, Sx), outputs_alloc(&n32, c, B, T, Sx);
     int held = 1;
-    mha_status s1 = run_path(L, &ref, want | 7, x, kv, B, T, S, *o, MHA_PATH_REFERENCE);
-    mha_status s2 = run_path(L, &fast, want, x, kv, B, T, S, *o, MHA_PATH_FAST);
+    mha_status s1 = run_path_kv(L, &ref, want | 7, x, kv, vs, B, T, S, *o, MHA_PATH_REFERENCE);
+    mha_status s2 = run_path_kv(L, &fast, want, x, kv, vs, B, T, S, *o, MHA_PATH_FAST);
     CHECK_OK(s1);
     CHECK_OK(s2);
     if (s1 || s2) held = 0;
-    naive32_forward(n32.y, n32.z, n32.contrib, n32.probs, w, x, kv, B, T, S, o);
+    naive32_forward(n32.y, n32.z, n32.contrib, n32.probs, w, x, kv, vs, B, T, S, o);
     const size_t rows = (size_t)B * T;
     const struct {
         const char *name;
@@ -184,6 +195,11 @@ static int check_case(const char *what, const naive_weights *w, const float *x, 
     outputs_free(&ref), outputs_free(&fast), outputs_free(&n32);
     mha_layer_free(L);
     return held;
+}
+
+static int check_case(const char *what, const naive_weights *w, const float *x, const float *kv,
+                      int B, int T, int S, const mha_options *o, int want) {
+    return check_case_kv(what, w, x, kv, kv, B, T, S, o, want);
 }
 
 /* ------------------------------------------------------ random cases */
@@ -484,6 +500,62 @@ static void test_fast_after_permute(void) {
     naive_weights_free(&w);
 }
 
+/* ------------------------------------------------ separate value source */
+
+/* k_src != v_src through each packing of forward_fast.c: fused (d_kv_in =
+ * d_v_in = d_model; keys from x or from their own source), shared width
+ * (d_kv_in = d_v_in != d_model: one K|V matrix, two gemms) and split_v
+ * (d_v_in != d_kv_in: V packed alone). Lengths cross the 48-query and
+ * 128-key tiles; GQA, biases, extra keys, masks and every capture. */
+static void run_value_source_cases(void) {
+    static const struct {
+        const char *what;
+        int d_model, h, h_kv, d_k, d_v, d_kv_in, d_v_in, bias, bias_kv, zero_attn, self_keys;
+    } cases[] = {
+        {"fused, k_src != v_src", 24, 4, 0, 6, 0, 0, 0, 1, 0, 0, 0},
+        {"fused, keys from x", 24, 4, 2, 6, 5, 0, 0, 1, 1, 0, 1},
+        {"shared width", 16, 4, 2, 5, 7, 9, 9, 0, 0, 1, 0},
+        {"split_v, d_v_in > d_kv_in", 16, 6, 3, 4, 0, 7, 13, 1, 1, 1, 0},
+        {"split_v, d_v_in < d_kv_in, MQA", 20, 4, 1, 5, 3, 20, 6, 1, 0, 0, 0},
+        {"split_v, keys from x", 12, 3, 0, 4, 0, 0, 5, 0, 1, 0, 1},
+    };
+    uint64_t seed = 18;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        mha_config c = mha_config_default(cases[i].d_model, cases[i].h);
+        c.n_kv_heads = cases[i].h_kv, c.d_k = cases[i].d_k, c.d_v = cases[i].d_v;
+        c.d_kv_in = cases[i].d_kv_in, c.d_v_in = cases[i].d_v_in, c.bias = cases[i].bias;
+        c.add_bias_kv = cases[i].bias_kv, c.add_zero_attn = cases[i].zero_attn;
+        c = naive_resolve(c);
+        naive_weights w;
+        naive_weights_random(&w, &c, &seed, 0.5f);
+        const int B = 2, T = 49, S = cases[i].self_keys ? T : 130;
+        float *x = naive_random_floats((size_t)B * T * c.d_model, &seed, -1.0f, 1.0f);
+        float *k = cases[i].self_keys ? NULL : naive_random_floats((size_t)B * S * c.d_kv_in, &seed, -1.0f, 1.0f);
+        float *v = naive_random_floats((size_t)B * S * c.d_v_in, &seed, -1.0f, 1.0f);
+        uint8_t *kk = malloc((size_t)B * S);
+        for (int j = 0; j < B * S; j++) kk[j] = j % 7 != 3;
+        mha_options o = mha_options_default();
+        check_case_kv(cases[i].what, &w, x, k, v, B, T, S, &o, 7);
+        o.causal = 1, o.align = MHA_ALIGN_BOTTOM_RIGHT, o.key_keep = kk;
+        check_case_kv(cases[i].what, &w, x, k, v, B, T, S, &o, 5);
+        free(x), free(k), free(v), free(kk);
+        naive_weights_free(&w);
+    }
+}
+
+static void test_fast_value_source_avx2(void) {
+    if (!mha_cpu_has_avx2()) return;
+    mha_kernels_force(&mha_kernels_avx2);
+    run_value_source_cases();
+    mha_kernels_force(NULL);
+}
+
+static void test_fast_value_source_scalar(void) {
+    mha_kernels_force(&mha_kernels_scalar);
+    run_value_source_cases();
+    mha_kernels_force(NULL);
+}
+
 /* ------------------------------------------------------------- memory */
 
 /* Peak resident set of this process in bytes: VmHWM, which writing "5" to
@@ -551,6 +623,8 @@ static const test_case cases[] = {
     {"fast_long_tiny", test_fast_long_tiny},
     {"fast_threads_bit_identical", test_fast_threads_bit_identical},
     {"fast_after_permute", test_fast_after_permute},
+    {"fast_value_source_avx2", test_fast_value_source_avx2},
+    {"fast_value_source_scalar", test_fast_value_source_scalar},
     {"fast_memory_peak", test_fast_memory_peak},
 };
 

@@ -3,14 +3,16 @@
  * tensors map to config flags, and bad inputs are refused with messages
  * naming PyTorch's tensor. (Numerical parity with torch itself is in
  * tests/python/test_parity.py.)
- * Legend: E embed_dim, h heads, kdim key/value source width. */
+ * Legend: E embed_dim, h heads, kdim key source width (KD), vdim value
+ * source width (VD). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "tests.h"
 
-enum { E = 6, H = 2, KD = 4 };
+enum { E = 6, H = 2, KD = 4, VD = 5 };
 
 /* Distinct values per tensor so a mixed-up tensor or index shows. */
 static void fill_index(float *p, size_t n, float base) {
@@ -132,16 +134,134 @@ static void torch_forward_matches_hand_transposed(void) {
     mha_layer_free(b);
 }
 
+/* kdim != vdim: K from `key` (kdim = d_kv_in), V from `value` (vdim =
+ * d_v_in), element for element; the forward with separate sources equals
+ * a layer built from the hand-transposed weights. */
+static void torch_kdim_ne_vdim(void) {
+    uint64_t seed = 42;
+    float qw[E * E], kw[E * KD], vw[E * VD], ow[E * E], ipb[3 * E], ob[E];
+    fill_index(qw, E * E, 1.0f);
+    fill_index(kw, E * KD, 2.0f);
+    fill_index(vw, E * VD, 3.0f);
+    fill_index(ow, E * E, 4.0f);
+    test_fill_uniform(ipb, 3 * E, &seed, -1, 1);
+    test_fill_uniform(ob, E, &seed, -1, 1);
+    mha_torch_weights tw = {.embed_dim = E, .num_heads = H, .kdim = KD, .vdim = VD,
+                            .q_proj_weight = qw, .k_proj_weight = kw, .v_proj_weight = vw,
+                            .out_proj_weight = ow, .in_proj_bias = ipb, .out_proj_bias = ob};
+    mha_layer *L = NULL;
+    CHECK_OK(mha_layer_from_torch(&L, &tw));
+    if (!L) return;
+    const mha_config *c = mha_layer_config(L);
+    CHECK_INT(c->d_kv_in, KD);
+    CHECK_INT(c->d_v_in, VD);
+    mha_weights w;
+    mha_layer_get_weights(L, &w);
+    int bad = 0;
+    float wq[E * E], wk[KD * E], wv[VD * E], wo[E * E];
+    for (int o = 0; o < E; o++) {
+        for (int i = 0; i < E; i++) bad += w.w_q[i * E + o] != qw[o * E + i];
+        for (int i = 0; i < KD; i++) bad += w.w_k[i * E + o] != kw[o * KD + i];
+        for (int i = 0; i < VD; i++) bad += w.w_v[i * E + o] != vw[o * VD + i];
+        for (int i = 0; i < E; i++) wq[i * E + o] = qw[o * E + i], wo[i * E + o] = ow[o * E + i];
+        for (int i = 0; i < KD; i++) wk[i * E + o] = kw[o * KD + i];
+        for (int i = 0; i < VD; i++) wv[i * E + o] = vw[o * VD + i];
+    }
+    CHECK_INT(bad, 0);
+    mha_config hc = mha_config_default(E, H);
+    hc.d_kv_in = KD, hc.d_v_in = VD;
+    mha_weights hw = {wq, wk, wv, wo, ipb, ipb + E, ipb + 2 * E, ob, NULL, NULL};
+    mha_layer *M = NULL;
+    CHECK_OK(mha_layer_create(&M, &hc, &hw));
+    if (M) {
+        enum { B = 2, T = 3, S = 4 };
+        float x[B * T * E], k[B * S * KD], v[B * S * VD], ya[B * T * E], yb[B * T * E];
+        test_fill_uniform(x, B * T * E, &seed, -1, 1);
+        test_fill_uniform(k, B * S * KD, &seed, -1, 1);
+        test_fill_uniform(v, B * S * VD, &seed, -1, 1);
+        mha_options opt = mha_options_default();
+        opt.path = MHA_PATH_REFERENCE;
+        CHECK_OK(mha_forward_kv(L, ya, NULL, x, k, v, B, T, S, &opt));
+        CHECK_OK(mha_forward_kv(M, yb, NULL, x, k, v, B, T, S, &opt));
+        CHECK_ARRAY_NEAR(ya, yb, B * T * E, 0.0);
+        /* one source cannot serve both widths */
+        CHECK_STATUS(mha_forward(L, ya, NULL, x, k, B, T, S, &opt), MHA_E_SHAPE);
+        CHECK_ERROR_MENTIONS("d_v_in");
+        mha_layer_free(M);
+    }
+    mha_layer_free(L);
+}
+
+/* The checkpoint path keeps vdim: a torch state dict with kdim != vdim
+ * loads (layout detected) with d_v_in = vdim, and the native safetensors
+ * written from it reads back with W_V (d_v_in, E) and the same outputs. */
+static void torch_vdim_through_files(void) {
+    uint64_t seed = 43;
+    float qw[E * E], kw[E * KD], vw[E * VD], ow[E * E];
+    test_fill_uniform(qw, E * E, &seed, -1, 1);
+    test_fill_uniform(kw, E * KD, &seed, -1, 1);
+    test_fill_uniform(vw, E * VD, &seed, -1, 1);
+    test_fill_uniform(ow, E * E, &seed, -1, 1);
+    mha_tensors *t = NULL, *nat = NULL;
+    mha_layer *a = NULL, *b = NULL, *c = NULL;
+    CHECK_OK(mha_tensors_create(&t));
+    if (!t) return;
+    const int sq[2] = {E, E}, sk[2] = {E, KD}, sv[2] = {E, VD};
+    CHECK_OK(mha_tensors_add_f32(t, "attn.q_proj_weight", qw, 2, sq));
+    CHECK_OK(mha_tensors_add_f32(t, "attn.k_proj_weight", kw, 2, sk));
+    CHECK_OK(mha_tensors_add_f32(t, "attn.v_proj_weight", vw, 2, sv));
+    CHECK_OK(mha_tensors_add_f32(t, "attn.out_proj.weight", ow, 2, sq));
+    CHECK_OK(mha_tensors_set_meta(t, "n_heads", "2"));
+    CHECK_OK(mha_layer_from_tensors(&a, t, NULL));
+    if (a) {
+        CHECK_INT(mha_layer_config(a)->d_kv_in, KD);
+        CHECK_INT(mha_layer_config(a)->d_v_in, VD);
+        CHECK_OK(mha_layer_to_tensors(&nat, a));
+    }
+    if (nat) {
+        const mha_array *wv = mha_tensors_get(nat, "w_v");
+        CHECK(wv && wv->rank == 2 && wv->shape[0] == VD && wv->shape[1] == E);
+        CHECK_OK(mha_layer_from_tensors(&b, nat, NULL));
+    }
+    char path[] = "/tmp/mha_test_vdim_XXXXXX";
+    int fd = mkstemp(path);
+    CHECK(fd >= 0);
+    if (fd >= 0) close(fd);
+    if (a && fd >= 0) {
+        CHECK_OK(mha_layer_save(a, path));
+        CHECK_OK(mha_layer_load(&c, path, NULL));
+    }
+    if (fd >= 0) remove(path);
+    for (mha_layer *m = b; m; m = m == b ? c : NULL) {
+        CHECK_INT(mha_layer_config(m)->d_v_in, VD);
+        enum { B = 2, T = 3, S = 5 };
+        float x[B * T * E], k[B * S * KD], v[B * S * VD], ya[B * T * E], yb[B * T * E];
+        test_fill_uniform(x, B * T * E, &seed, -1, 1);
+        test_fill_uniform(k, B * S * KD, &seed, -1, 1);
+        test_fill_uniform(v, B * S * VD, &seed, -1, 1);
+        CHECK_OK(mha_forward_kv(a, ya, NULL, x, k, v, B, T, S, NULL));
+        CHECK_OK(mha_forward_kv(m, yb, NULL, x, k, v, B, T, S, NULL));
+        CHECK_ARRAY_NEAR(ya, yb, B * T * E, 0.0);
+    }
+    mha_layer_free(a), mha_layer_free(b), mha_layer_free(c);
+    mha_tensors_free(t), mha_tensors_free(nat);
+}
+
 static void torch_refusals_name_the_problem(void) {
-    float ipw[3 * E * E] = {0}, ow[E * E] = {0}, kw[E * KD] = {0}, vw[E * (KD + 1)] = {0}, qw[E * E] = {0};
+    float ipw[3 * E * E] = {0}, ow[E * E] = {0}, qw[E * E] = {0};
     float bk[E] = {0};
     mha_layer *L = (mha_layer *)&L; /* must be reset to NULL on failure */
-    mha_torch_weights tw = {.embed_dim = E, .num_heads = H, .kdim = KD, .vdim = KD + 1,
-                            .q_proj_weight = qw, .k_proj_weight = kw, .v_proj_weight = vw,
+    /* in_proj_weight exists only when kdim == vdim == E */
+    mha_torch_weights tw = {.embed_dim = E, .num_heads = H, .vdim = VD, .in_proj_weight = ipw,
                             .out_proj_weight = ow};
-    CHECK_STATUS(mha_layer_from_torch(&L, &tw), MHA_E_UNSUPPORTED);
-    CHECK_ERROR_MENTIONS("kdim=4 != vdim=5");
+    CHECK_STATUS(mha_layer_from_torch(&L, &tw), MHA_E_ARG);
+    CHECK_ERROR_MENTIONS("vdim=5");
     CHECK(L == NULL);
+
+    tw = (mha_torch_weights){.embed_dim = E, .num_heads = H, .kdim = KD, .vdim = -1,
+                             .in_proj_weight = ipw, .out_proj_weight = ow};
+    CHECK_STATUS(mha_layer_from_torch(&L, &tw), MHA_E_ARG);
+    CHECK_ERROR_MENTIONS("vdim=-1");
 
     tw = (mha_torch_weights){.embed_dim = E, .num_heads = 4, .in_proj_weight = ipw, .out_proj_weight = ow};
     CHECK_STATUS(mha_layer_from_torch(&L, &tw), MHA_E_ARG);
@@ -182,6 +302,8 @@ static const test_case cases[] = {
     {"torch_packed_elements", torch_packed_elements},
     {"torch_separate_weights_kdim", torch_separate_weights_kdim},
     {"torch_forward_matches_hand_transposed", torch_forward_matches_hand_transposed},
+    {"torch_kdim_ne_vdim", torch_kdim_ne_vdim},
+    {"torch_vdim_through_files", torch_vdim_through_files},
     {"torch_refusals_name_the_problem", torch_refusals_name_the_problem},
 };
 

@@ -1,6 +1,7 @@
 /* test_variants.c — GQA, MQA, cross-attention (S != T, d_kv_in != d_model),
- * d_v != d_k, add_bias_kv / add_zero_attn, scale override; against the
- * naive oracle, hand-derived numbers and equivalent MHA layers. */
+ * a separate value source (v_src, d_v_in), d_v != d_k, add_bias_kv /
+ * add_zero_attn, scale override; against the naive oracle, hand-derived
+ * numbers and equivalent MHA layers. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -259,6 +260,166 @@ static void variants_kv_null_is_self(void) {
     fixture_free(&f);
 }
 
+/* ------------------------------------------------ separate value source */
+
+/* A layer with its own value width d_v_in and inputs x (B,T,d_model),
+ * k (B,S,d_kv_in) or NULL (keys from x), v (B,S,d_v_in). */
+typedef struct {
+    naive_weights w;
+    mha_layer *L;
+    float *x, *k, *v;
+    int B, T, S;
+} kv_fixture;
+
+static int kv_fixture_make(kv_fixture *f, mha_config c, int B, int T, int S, int keys_from_x,
+                           uint64_t seed) {
+    c = naive_resolve(c);
+    naive_weights_random(&f->w, &c, &seed, 0.7f);
+    f->B = B, f->T = T, f->S = S;
+    f->x = naive_random_floats((size_t)B * T * c.d_model, &seed, -1.5f, 1.5f);
+    f->k = keys_from_x ? NULL : naive_random_floats((size_t)B * S * c.d_kv_in, &seed, -1.5f, 1.5f);
+    f->v = naive_random_floats((size_t)B * S * c.d_v_in, &seed, -1.5f, 1.5f);
+    f->L = naive_make_layer(&f->w);
+    return f->L != NULL;
+}
+
+static void kv_fixture_free(kv_fixture *f) {
+    mha_layer_free(f->L);
+    naive_weights_free(&f->w);
+    free(f->x), free(f->k), free(f->v);
+}
+
+static double kv_vs_naive(const kv_fixture *f, const mha_options *o) {
+    return naive_compare_kv(f->L, &f->w, f->x, f->k, f->v, f->B, f->T, f->S, o);
+}
+
+/* Reference vs the naive oracle with v_src != k_src: widths d_v_in !=
+ * d_kv_in (and == d_kv_in), with and without biases, MHA and GQA, the
+ * extra keys, masks and a causal bottom-right alignment. */
+static void variants_separate_value_source(void) {
+    static const struct {
+        int d_model, h, h_kv, d_k, d_v, d_kv_in, d_v_in, bias, bias_kv, zero_attn;
+    } cases[] = {
+        {8, 2, 0, 3, 5, 6, 9, 1, 0, 0},  /* d_v_in > d_kv_in */
+        {8, 2, 0, 3, 5, 6, 4, 0, 0, 0},  /* d_v_in < d_kv_in, no bias */
+        {12, 6, 2, 2, 3, 7, 11, 1, 1, 0}, /* GQA, add_bias_kv */
+        {12, 4, 1, 3, 0, 5, 5, 0, 1, 1}, /* MQA, shared width, both extra keys */
+        {8, 2, 0, 0, 0, 8, 8, 1, 0, 1},  /* every width = d_model, k_src != v_src */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        mha_config c = cfg(cases[i].d_model, cases[i].h, cases[i].h_kv, cases[i].d_k, cases[i].d_v,
+                           cases[i].d_kv_in, cases[i].bias);
+        c.d_v_in = cases[i].d_v_in;
+        c.add_bias_kv = cases[i].bias_kv, c.add_zero_attn = cases[i].zero_attn;
+        kv_fixture f;
+        if (!kv_fixture_make(&f, c, 2, 3, 7, 0, 430 + (uint64_t)i)) continue;
+        mha_options o = naive_ref_options();
+        double d0 = kv_vs_naive(&f, &o);
+        o.causal = 1, o.align = MHA_ALIGN_BOTTOM_RIGHT;
+        double d1 = kv_vs_naive(&f, &o);
+        uint8_t kk[2 * 7] = {1, 1, 0, 1, 1, 1, 0, 0, 1, 1, 1, 0, 1, 1};
+        o.key_keep = kk;
+        o.causal = 0;
+        double d2 = kv_vs_naive(&f, &o);
+        if (!(d0 <= 1e-5) || !(d1 <= 1e-5) || !(d2 <= 1e-5))
+            test_report(__FILE__, __LINE__, "case %zu: vs naive %.3g, causal %.3g, key_keep %.3g", i,
+                        d0, d1, d2);
+        kv_fixture_free(&f);
+    }
+}
+
+/* Keys from x (k_src NULL) with values from a source of another width. */
+static void variants_value_source_with_self_keys(void) {
+    kv_fixture f;
+    mha_config c = cfg(8, 2, 0, 4, 3, 0, 1);
+    c.d_v_in = 5;
+    if (!kv_fixture_make(&f, c, 2, 4, 4, 1, 440)) return;
+    mha_options o = naive_ref_options();
+    CHECK(kv_vs_naive(&f, &o) <= 1e-5);
+    o.causal = 1;
+    CHECK(kv_vs_naive(&f, &o) <= 1e-5);
+    kv_fixture_free(&f);
+}
+
+/* The value source changes V only: the probabilities are those of keys
+ * alone, Y differs from the one-source forward, and mha_forward(kv) equals
+ * mha_forward_kv(kv, kv) exactly. */
+static void variants_value_source_changes_values_only(void) {
+    kv_fixture f;
+    mha_config c = cfg(8, 2, 0, 3, 4, 6, 1);
+    c.d_v_in = 6; /* same width, so the one-source forward is defined too */
+    if (!kv_fixture_make(&f, c, 2, 3, 5, 0, 441)) return;
+    enum { NY = 2 * 3 * 8, NP = 2 * 2 * 3 * 5 };
+    float y1[NY], y2[NY], y3[NY], p1[NP], p2[NP];
+    mha_capture c1 = {NULL, NULL, p1}, c2 = {NULL, NULL, p2};
+    for (int path = MHA_PATH_REFERENCE; path <= MHA_PATH_FAST; path++) {
+        mha_options o = mha_options_default();
+        o.path = (mha_path)path;
+        CHECK_OK(mha_forward_kv(f.L, y1, &c1, f.x, f.k, f.v, 2, 3, 5, &o));
+        CHECK_OK(mha_forward(f.L, y2, &c2, f.x, f.k, 2, 3, 5, &o));
+        CHECK_ARRAY_NEAR(p1, p2, NP, 0);
+        CHECK(test_max_abs_diff(y1, y2, NY) > 1e-3);
+        CHECK_OK(mha_forward_kv(f.L, y3, NULL, f.x, f.k, f.k, 2, 3, 5, &o));
+        CHECK_ARRAY_NEAR(y2, y3, NY, 0);
+        CHECK_OK(mha_forward_kv(f.L, y3, NULL, f.x, f.k, NULL, 2, 3, 5, &o));
+        CHECK_ARRAY_NEAR(y2, y3, NY, 0);
+    }
+    kv_fixture_free(&f);
+}
+
+/* A consistent head permutation leaves Y unchanged with d_v_in != d_kv_in
+ * (W_V has d_v_in rows, not d_kv_in). */
+static void variants_value_source_permute(void) {
+    kv_fixture f;
+    mha_config c = cfg(8, 4, 2, 2, 3, 5, 1);
+    c.d_v_in = 7;
+    if (!kv_fixture_make(&f, c, 2, 3, 4, 0, 442)) return;
+    enum { NY = 2 * 3 * 8 };
+    float y0[NY], y1[NY];
+    mha_options o = naive_ref_options();
+    CHECK_OK(mha_forward_kv(f.L, y0, NULL, f.x, f.k, f.v, 2, 3, 4, &o));
+    const int perm[4] = {2, 3, 0, 1};
+    CHECK_OK(mha_layer_permute_heads(f.L, perm));
+    CHECK_OK(mha_forward_kv(f.L, y1, NULL, f.x, f.k, f.v, 2, 3, 4, &o));
+    CHECK_ARRAY_NEAR(y0, y1, NY, 1e-5);
+    kv_fixture_free(&f);
+}
+
+/* Errors name what is wrong: a missing value source when d_v_in differs,
+ * and a non-finite value in v_src; on both paths. */
+static void variants_value_source_errors(void) {
+    kv_fixture f;
+    mha_config c = cfg(8, 2, 0, 4, 0, 6, 1);
+    c.d_v_in = 5;
+    if (!kv_fixture_make(&f, c, 2, 3, 4, 0, 443)) return;
+    float y[2 * 3 * 8];
+    for (int path = MHA_PATH_REFERENCE; path <= MHA_PATH_FAST; path++) {
+        mha_options o = mha_options_default();
+        o.path = (mha_path)path;
+        CHECK_STATUS(mha_forward_kv(f.L, y, NULL, f.x, f.k, NULL, 2, 3, 4, &o), MHA_E_SHAPE);
+        CHECK_ERROR_MENTIONS("d_v_in=5");
+        CHECK_STATUS(mha_forward(f.L, y, NULL, f.x, f.k, 2, 3, 4, &o), MHA_E_SHAPE);
+        CHECK_ERROR_MENTIONS("d_v_in");
+        f.v[13] = NAN;
+        CHECK_STATUS(mha_forward_kv(f.L, y, NULL, f.x, f.k, f.v, 2, 3, 4, &o), MHA_E_NONFINITE);
+        CHECK_ERROR_MENTIONS("v_src[13]");
+        f.v[13] = 0.25f;
+        CHECK_OK(mha_forward_kv(f.L, y, NULL, f.x, f.k, f.v, 2, 3, 4, &o));
+    }
+    /* keys from x (d_kv_in = d_model) but d_v_in != d_model: v_src is needed */
+    mha_config s = cfg(8, 2, 0, 4, 0, 0, 1);
+    s.d_v_in = 5;
+    kv_fixture g;
+    if (kv_fixture_make(&g, s, 1, 3, 3, 1, 444)) {
+        mha_options o = naive_ref_options();
+        CHECK_STATUS(mha_forward_kv(g.L, y, NULL, g.x, NULL, NULL, 1, 3, 3, &o), MHA_E_SHAPE);
+        CHECK_ERROR_MENTIONS("d_v_in");
+        CHECK_OK(mha_forward_kv(g.L, y, NULL, g.x, NULL, g.v, 1, 3, 3, &o));
+        kv_fixture_free(&g);
+    }
+    kv_fixture_free(&f);
+}
+
 static const test_case cases[] = {
     {"variants_cross_attention", variants_cross_attention},
     {"variants_dv_ne_dk_self", variants_dv_ne_dk_self},
@@ -270,6 +431,11 @@ static const test_case cases[] = {
     {"variants_scale_override", variants_scale_override},
     {"variants_kv_null_is_self", variants_kv_null_is_self},
     {"variants_large_scores_stable", variants_large_scores_stable},
+    {"variants_separate_value_source", variants_separate_value_source},
+    {"variants_value_source_with_self_keys", variants_value_source_with_self_keys},
+    {"variants_value_source_changes_values_only", variants_value_source_changes_values_only},
+    {"variants_value_source_permute", variants_value_source_permute},
+    {"variants_value_source_errors", variants_value_source_errors},
 };
 
 const test_case *tests_variants(size_t *count) {

@@ -1,8 +1,9 @@
 /* cmd_run.c — `mha run`: one forward pass of a checkpoint on a .npy input,
  * with PyTorch-style masks, head ablations and optional captures (Z, each
- * head's contribution, attention probabilities). Legend: B, T, S, h, d_v,
- * d_model (see mha.h); an unbatched X (T, d_model) gives outputs without
- * the B axis. */
+ * head's contribution, attention probabilities), and optionally a value
+ * source apart from the key source (PyTorch's `value`). Legend: B, T, S, h,
+ * d_v, d_model, d_kv_in, d_v_in (see mha.h); an unbatched X (T, d_model)
+ * gives outputs without the B axis. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -56,14 +57,38 @@ static int parse_ablate(const char *spec, mha_intervention *iv, int h) {
     return MHA_EXIT_OK;
 }
 
+/* --v-input: (S, d_v_in) or (B, S, d_v_in), batched like X, S rows as the
+ * key source. */
+static int read_values(mha_array *v, const char *path, const cli_fwd *f, const mha_config *c) {
+    mha_status s = mha_npy_read(v, path, 0);
+    if (s) return cli_fail("run", s);
+    int rank = f->batched ? 3 : 2;
+    if (!v->f || v->rank != rank)
+        return mha_cmd_error("run", MHA_EXIT_RUNTIME,
+                             "%s: the value input is %s of rank %d; expected float %s", path,
+                             mha_dtype_name(v->dtype), v->rank,
+                             f->batched ? "(B, S, d_v_in), batched like the input"
+                                        : "(S, d_v_in), unbatched like the input");
+    int B = f->batched ? v->shape[0] : 1, S = v->shape[rank - 2], w = v->shape[rank - 1];
+    if (B != f->B || S != f->S || w != c->d_v_in)
+        return mha_cmd_error("run", MHA_EXIT_RUNTIME,
+                             "%s: the value input is (%d, %d, %d) as (B, S, d_v_in); expected "
+                             "(%d, %d, %d): the input's batch, the key source's S and the layer's "
+                             "d_v_in", path, B, S, w, f->B, f->S, c->d_v_in);
+    return MHA_EXIT_OK;
+}
+
 int cmd_run(int argc, char **argv) {
     cli_ckpt ck = {0};
     cli_fwd_flags ff = {0};
     const char *output = NULL, *ablate = NULL, *save_z = NULL, *save_c = NULL, *save_p = NULL,
-               *path = NULL, *masked = NULL;
+               *path = NULL, *masked = NULL, *v_input = NULL;
     mha_arg args[] = {
         CLI_CKPT_ARGS(ck, 1),
         CLI_FWD_ARGS(ff),
+        {.name = "--v-input", .kind = MHA_ARG_STRING, .dest = &v_input, .metavar = "V.npy",
+         .help = "value source apart from the keys (PyTorch's value), (S, d_v_in) or "
+                 "(B, S, d_v_in); default the key/value input"},
         {.name = "--output", .kind = MHA_ARG_STRING, .dest = &output, .metavar = "Y.npy",
          .help = "output Y, same rank as X", .required = 1},
         {.name = "--ablate", .kind = MHA_ARG_STRING, .dest = &ablate, .metavar = "SPEC",
@@ -86,7 +111,9 @@ int cmd_run(int argc, char **argv) {
                    "(and optionally Z, per-head contributions and attention probabilities).",
         .details = "Masks follow torch.nn.MultiheadAttention: a bool mask is True where\n"
                    "attention is NOT allowed; a float mask is added to the scaled scores.\n"
-                   "Heads in --ablate are positions 0..h-1 of the loaded layer.\n\n"
+                   "Heads in --ablate are positions 0..h-1 of the loaded layer.\n"
+                   "--v-input feeds W_V while --kv-input (or X) feeds W_K, as PyTorch's\n"
+                   "key and value; a layer whose d_v_in differs from d_kv_in needs it.\n\n"
                    "example: mha run --weights attn.safetensors --input x.npy --output y.npy \\\n"
                    "           --causal --ablate 1=zero --save-contributions c.npy\n",
         .args = args,
@@ -102,10 +129,18 @@ int cmd_run(int argc, char **argv) {
     float *y = NULL;
     mha_capture cap = {0};
     mha_intervention *iv = NULL;
+    mha_array v = {0};
     if ((rc = cli_load_layer("run", &L, &ck, NULL))) return rc;
     const mha_config *c = mha_layer_config(L);
     int h = c->n_heads;
     if ((rc = cli_fwd_prepare("run", &f, L, &ff))) goto done;
+    if (v_input && (rc = read_values(&v, v_input, &f, c))) goto done;
+    if (!v_input && c->d_v_in != (ff.kv_input ? c->d_kv_in : c->d_model)) {
+        rc = mha_cmd_error("run", MHA_EXIT_USAGE,
+                           "the layer's d_v_in = %d differs from the key source's width %d; pass "
+                           "--v-input", c->d_v_in, ff.kv_input ? c->d_kv_in : c->d_model);
+        goto done;
+    }
     if (path) f.opt.path = strcmp(path, "reference") == 0 ? MHA_PATH_REFERENCE
                            : strcmp(path, "fast") == 0    ? MHA_PATH_FAST
                                                           : MHA_PATH_AUTO;
@@ -123,7 +158,15 @@ int cmd_run(int argc, char **argv) {
     if (save_z && !(cap.z = cli_alloc("run", rows * h * c->d_v))) goto done;
     if (save_c && !(cap.contributions = cli_alloc("run", (size_t)h * rows * dm))) goto done;
     if (save_p && !(cap.probs = cli_alloc("run", (size_t)h * rows * St))) goto done;
-    if ((rc = cli_fwd_run("run", &f, L, y, &cap))) goto done;
+    if (v.f) { /* keys from KV (or X), values from V */
+        mha_status s = mha_forward_kv(L, y, &cap, f.x.f, f.kv.f, v.f, B, T, f.S, &f.opt);
+        if (s) {
+            rc = cli_fail("run", s);
+            goto done;
+        }
+    } else if ((rc = cli_fwd_run("run", &f, L, y, &cap))) {
+        goto done;
+    }
 
     /* unbatched input: drop the B axis from every output */
     int k = f.batched ? 0 : 1;
@@ -144,6 +187,7 @@ done:
     free(cap.contributions);
     free(cap.probs);
     free(iv);
+    mha_array_free(&v);
     cli_fwd_free(&f);
     mha_layer_free(L);
     return rc;

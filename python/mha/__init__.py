@@ -9,7 +9,8 @@ Set MHA_LIBRARY to use a libmha.so elsewhere.
     y, cap = layer.forward(x, causal=True, capture=True)   # the library's own
 
 Legend: B batch, T queries, S keys, h heads, h_kv kv heads, d_k, d_v,
-d_model, d_kv_in. Weights are (in, out). See docs/PYTHON.md.
+d_model, d_kv_in (key source), d_v_in (value source). Weights are (in, out).
+See docs/PYTHON.md.
 """
 import ctypes
 

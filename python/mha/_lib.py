@@ -40,7 +40,7 @@ PATHS = {"auto": 0, "reference": 1, "fast": 2}
 class Config(Structure):
     _fields_ = [("d_model", c_int), ("n_heads", c_int), ("n_kv_heads", c_int),
                 ("d_k", c_int), ("d_v", c_int), ("d_kv_in", c_int), ("bias", c_int),
-                ("add_bias_kv", c_int), ("add_zero_attn", c_int)]
+                ("add_bias_kv", c_int), ("add_zero_attn", c_int), ("d_v_in", c_int)]
 
 
 WEIGHT_NAMES = ("w_q", "w_k", "w_v", "w_o", "b_q", "b_k", "b_v", "b_o", "bias_k", "bias_v")
@@ -129,6 +129,8 @@ _sig("mha_layer_permute_heads", c_int, LayerP, INTP)
 _sig("mha_layer_permute_block", c_int, LayerP, c_int, INTP)
 _sig("mha_options_default", Options)
 _sig("mha_forward", c_int, LayerP, F32P, POINTER(Capture), F32P, F32P, c_int, c_int, c_int,
+     POINTER(Options))
+_sig("mha_forward_kv", c_int, LayerP, F32P, POINTER(Capture), F32P, F32P, F32P, c_int, c_int, c_int,
      POINTER(Options))
 _sig("mha_set_num_threads", None, c_int)
 _sig("mha_get_num_threads", c_int)

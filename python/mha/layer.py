@@ -1,7 +1,8 @@
 """Layer: one mha_layer with numpy in and out.
 
 Shapes follow mha.h (legend: B batch, T queries, S keys, h heads, h_kv kv
-heads, d_k, d_v, d_model, d_kv_in). Weights are (in, out), row-major.
+heads, d_k, d_v, d_model, d_kv_in key source width, d_v_in value source
+width). Weights are (in, out), row-major.
 """
 import ctypes
 import os
@@ -52,10 +53,12 @@ class Layer:
     """A multi-head attention layer (a copy of the weights lives in C).
 
     Layer(d_model, n_heads, n_kv_heads=0, d_k=0, d_v=0, d_kv_in=0, bias=True,
-          add_bias_kv=False, add_zero_attn=False, weights=None)
+          add_bias_kv=False, add_zero_attn=False, weights=None, d_v_in=0)
     weights: dict with w_q (d_model,h*d_k), w_k (d_kv_in,h_kv*d_k),
-    w_v (d_kv_in,h_kv*d_v), w_o (h*d_v,d_model), b_q, b_k, b_v, b_o (when
+    w_v (d_v_in,h_kv*d_v), w_o (h*d_v,d_model), b_q, b_k, b_v, b_o (when
     bias), bias_k, bias_v (when add_bias_kv); None gives zero weights.
+    d_v_in: width of a value source apart from the keys (PyTorch's vdim);
+    0 means d_kv_in.
     """
 
     # torch_forward's layout when not told otherwise: False, PyTorch's
@@ -63,10 +66,10 @@ class Layer:
     batch_first = False
 
     def __init__(self, d_model, n_heads, n_kv_heads=0, d_k=0, d_v=0, d_kv_in=0, bias=True,
-                 add_bias_kv=False, add_zero_attn=False, weights=None):
+                 add_bias_kv=False, add_zero_attn=False, weights=None, d_v_in=0):
         cfg = _lib.Config(int(d_model), int(n_heads), int(n_kv_heads), int(d_k), int(d_v),
                           int(d_kv_in), int(bool(bias)), int(bool(add_bias_kv)),
-                          int(bool(add_zero_attn)))
+                          int(bool(add_zero_attn)), int(d_v_in))
         self._h = None
         resolved = _lib.Config()
         check(_L.mha_config_resolve(ctypes.byref(resolved), ctypes.byref(cfg)), "mha_config_resolve")
@@ -133,7 +136,7 @@ class Layer:
         h, g = c.n_heads, c.n_kv_heads
         return {
             "w_q": (c.d_model, h * c.d_k), "w_k": (c.d_kv_in, g * c.d_k),
-            "w_v": (c.d_kv_in, g * c.d_v), "w_o": (h * c.d_v, c.d_model),
+            "w_v": (c.d_v_in, g * c.d_v), "w_o": (h * c.d_v, c.d_model),
             "b_q": (h * c.d_k,), "b_k": (g * c.d_k,), "b_v": (g * c.d_v,), "b_o": (c.d_model,),
             "bias_k": (g * c.d_k,), "bias_v": (g * c.d_v,),
         }
@@ -207,18 +210,26 @@ class Layer:
         check(_L.mha_layer_permute_block(self._handle(), b, arr), "mha_layer_permute_block")
 
     # ----------------------------------------------------------- forward
-    def _inputs(self, x, kv):
+    def _inputs(self, x, kv, value=None):
+        """c, x, kv, value, B, T, S with shapes checked; kv None: keys from
+        x (S = T); value None: values from the key source."""
         c = self.config
         x = floats("x", x)
         if x.ndim != 3 or x.shape[2] != c["d_model"]:
             raise ShapeError(f"x has shape {x.shape}; expected (B,T,d_model={c['d_model']})")
         B, T = x.shape[0], x.shape[1]
-        if kv is None:
-            return c, x, None, B, T, T
-        kv = floats("kv", kv)
-        if kv.ndim != 3 or kv.shape[0] != B or kv.shape[2] != c["d_kv_in"]:
-            raise ShapeError(f"kv has shape {kv.shape}; expected (B={B},S,d_kv_in={c['d_kv_in']})")
-        return c, x, kv, B, T, kv.shape[1]
+        S = T
+        if kv is not None:
+            kv = floats("kv", kv)
+            if kv.ndim != 3 or kv.shape[0] != B or kv.shape[2] != c["d_kv_in"]:
+                raise ShapeError(f"kv has shape {kv.shape}; expected (B={B},S,d_kv_in={c['d_kv_in']})")
+            S = kv.shape[1]
+        if value is not None:
+            value = floats("value", value)
+            if value.shape != (B, S, c["d_v_in"]):
+                raise ShapeError(f"value has shape {value.shape}; expected (B={B},S={S},"
+                                 f"d_v_in={c['d_v_in']}) (S as the {'kv' if kv is not None else 'x'} rows)")
+        return c, x, kv, value, B, T, S
 
     def _options(self, c, B, T, S, keep, scale=0.0, causal=False, align="top_left",
                  window_left=None, window_right=None, keep_mask=None, additive_mask=None,
@@ -291,8 +302,13 @@ class Layer:
                                     "expected ('scale', s) or ('replace', array)")
         return arr
 
-    def forward(self, x, kv=None, *, capture=(), **options):
-        """y (B,T,d_model) = layer(x (B,T,d_model), kv (B,S,d_kv_in) or None).
+    def forward(self, x, kv=None, value=None, *, capture=(), **options):
+        """y (B,T,d_model) = layer(x (B,T,d_model), kv (B,S,d_kv_in) or None,
+        value (B,S,d_v_in) or None).
+
+        kv feeds W_K (and W_V unless value is given); None means x. value
+        feeds W_V, as PyTorch's value apart from its key (mha_forward_kv);
+        None means kv. A layer whose d_v_in differs from d_kv_in needs it.
 
         options: scale, causal, align ('top_left'|'bottom_right'),
         window_left, window_right, keep_mask (bool/uint8, (T,S) or
@@ -302,8 +318,8 @@ class Layer:
         capture: names among 'z' (B,T,h*d_v), 'contributions' (h,B,T,d_model),
         'probs' (B,h,T,S_total), or True for all; with it, returns (y, dict).
         """
-        c, x, kv, B, T, S = self._inputs(x, kv)
-        keep = [x, kv]
+        c, x, kv, value, B, T, S = self._inputs(x, kv, value)
+        keep = [x, kv, value]
         opt = self._options(c, B, T, S, keep, **options)
         names = ("z", "contributions", "probs") if capture is True else tuple(capture or ())
         h = c["n_heads"]
@@ -315,8 +331,9 @@ class Layer:
         caps = {n: np.empty(shapes[n], dtype=np.float32) for n in names}
         cap = _lib.Capture(*(fptr(caps.get(n)) for n in ("z", "contributions", "probs")))
         y = np.empty((B, T, c["d_model"]), dtype=np.float32)
-        check(_L.mha_forward(self._handle(), fptr(y), ctypes.byref(cap), fptr(x), fptr(kv),
-                             B, T, S, ctypes.byref(opt)), "mha_forward")
+        check(_L.mha_forward_kv(self._handle(), fptr(y), ctypes.byref(cap), fptr(x), fptr(kv),
+                                fptr(value), B, T, S, ctypes.byref(opt)),
+              "mha_forward" if value is None else "mha_forward_kv")
         return (y, caps) if names else y
 
     __call__ = forward
@@ -333,7 +350,7 @@ class Layer:
             B = T = S = 0
             opt = None
         else:
-            c, x, kv, B, T, S = self._inputs(x, kv)
+            c, x, kv, _, B, T, S = self._inputs(x, kv)
             keep = [x, kv]
             opt = self._options(c, B, T, S, keep, **options)
         rep = _lib.ContractReport()

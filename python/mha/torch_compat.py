@@ -14,7 +14,7 @@ import numpy as np
 
 from . import _lib
 from ._arrays import floats
-from .errors import ArgumentError, DTypeError, ShapeError, UnsupportedError, check
+from .errors import ArgumentError, DTypeError, ShapeError, check
 
 # state-dict name -> mha_torch_weights field
 _TORCH_KEYS = {
@@ -126,9 +126,10 @@ def torch_forward(layer, query, key=None, value=None, key_padding_mask=None, nee
     add_zero_attn. masked_row: 'zero' (the library's default) or 'nan'
     (PyTorch's result for a query that may attend to no key).
 
-    PyTorch projects K from key and V from value; the library has one
-    key/value source, so value must equal key (always true for
-    self-attention and for the usual encoder-decoder memory).
+    PyTorch projects K from key and V from value; so does the library
+    (mha_forward_kv): a value that is not key is passed as the layer's value
+    source (B,S,vdim), and value None means key, as it is for
+    self-attention and the usual encoder-decoder memory.
     """
     bf = layer.batch_first if batch_first is None else bool(batch_first)
     q = floats("query", query)
@@ -137,13 +138,15 @@ def torch_forward(layer, query, key=None, value=None, key_padding_mask=None, nee
         raise ShapeError(f"query has shape {q.shape}; expected (L,N,E), (N,L,E) with batch_first, or (L,E)")
     self_attn = key is None or key is query
     k = q if self_attn else floats("key", key)
-    if value is not None and value is not key and value is not query:
-        if not (np.shape(value) == k.shape and np.array_equal(np.asarray(value), k)):
-            raise UnsupportedError(
-                "value differs from key; expected value equal to key: mha projects K and V "
-                "from one key/value source (B,S,d_kv_in), PyTorch from two")
+    # a value that is the key source (or None) is not a second source
+    own_value = value is not None and value is not (query if self_attn else key)
+    v = floats("value", value) if own_value else None
     if k.ndim != q.ndim:
         raise ShapeError(f"key has shape {k.shape} but query {q.shape}; expected both batched or both unbatched")
+    if v is not None and (v.ndim != k.ndim or v.shape[:-1] != k.shape[:-1]):
+        raise ShapeError(f"value has shape {v.shape} but key {k.shape}; expected the same "
+                         f"{'(S,N)' if batched and not bf else '(N,S)' if batched else '(S,)'} "
+                         "leading dimensions, vdim last")
 
     def to_bte(a):  # -> (B, T, features)
         if not batched:
@@ -152,6 +155,7 @@ def torch_forward(layer, query, key=None, value=None, key_padding_mask=None, nee
 
     x = to_bte(q)
     kv = None if self_attn else to_bte(k)
+    vs = None if v is None else to_bte(v)
     B, T = x.shape[0], x.shape[1]
     S = T if kv is None else kv.shape[1]
     h = layer.config["n_heads"]
@@ -188,14 +192,14 @@ def torch_forward(layer, query, key=None, value=None, key_padding_mask=None, nee
             opts["key_additive"] = p
 
     if need_weights:
-        y, caps = layer.forward(x, kv, capture=("probs",), **opts)
+        y, caps = layer.forward(x, kv, vs, capture=("probs",), **opts)
         w = caps["probs"]  # (B,h,T,S')
         if average_attn_weights:
             w = w.mean(axis=1, dtype=np.float64).astype(np.float32)
         if not batched:
             w = w[0]
     else:
-        y, w = layer.forward(x, kv, **opts), None
+        y, w = layer.forward(x, kv, vs, **opts), None
     if not batched:
         y = y[0]
     elif not bf:

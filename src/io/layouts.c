@@ -1,8 +1,8 @@
 /* layouts.c — checkpoint layouts, converted at the boundary into the
  * layer's (in, out), head-ordered weights (legend: h, h_kv, d_k, d_v,
- * d_model, d_kv_in; see mha.h). Each reader checks every tensor's shape
- * against the layout before copying, and names the tensor and the expected
- * shape when it does not fit. */
+ * d_model, d_kv_in, d_v_in; see mha.h). Each reader checks every tensor's
+ * shape against the layout before copying, and names the tensor and the
+ * expected shape when it does not fit. */
 #include <errno.h>
 #include <limits.h>
 #include <stdio.h>
@@ -223,7 +223,9 @@ static mha_status staged_alloc(staged *s) {
     const mha_config *c = &s->cfg;
     size_t qk = (size_t)c->n_heads * c->d_k, kk = (size_t)c->n_kv_heads * c->d_k,
            vv = (size_t)c->n_kv_heads * c->d_v, ov = (size_t)c->n_heads * c->d_v;
-    size_t n[10] = {(size_t)c->d_model * qk, (size_t)c->d_kv_in * kk, (size_t)c->d_kv_in * vv,
+    /* d_v_in is 0 (= d_kv_in) in every layout but native */
+    size_t vin = (size_t)(c->d_v_in ? c->d_v_in : c->d_kv_in);
+    size_t n[10] = {(size_t)c->d_model * qk, (size_t)c->d_kv_in * kk, vin * vv,
                     ov * c->d_model, qk, kk, vv, (size_t)c->d_model, kk, vv};
     for (int i = 0; i < 10; i++) {
         s->w[i] = calloc(n[i] ? n[i] : 1, sizeof(float));
@@ -328,6 +330,7 @@ static mha_status load_native(staged *st, const mha_tensors *t, const mha_load_o
     c->d_model = wq->shape[0];
     c->n_heads = h;
     c->d_kv_in = wk->shape[0];
+    c->d_v_in = wv->shape[0]; /* the value source's width (PyTorch's vdim) */
     int dk_cols;
     if ((s = divide(&dk_cols, wq->shape[1], h, "heads", "w_q"))) return s;
     if (dk && dk != dk_cols)
@@ -342,7 +345,7 @@ static mha_status load_native(staged *st, const mha_tensors *t, const mha_load_o
     if ((s = meta_int(&zero_attn, t, "add_zero_attn"))) return s;
     c->add_zero_attn = zero_attn;
     if ((s = want_shape(wk, "w_k", 2, c->d_kv_in, hkv * c->d_k, "(d_kv_in, h_kv*d_k)")) ||
-        (s = want_shape(wv, "w_v", 2, c->d_kv_in, hkv * c->d_v, "(d_kv_in, h_kv*d_v)")) ||
+        (s = want_shape(wv, "w_v", 2, c->d_v_in, hkv * c->d_v, "(d_v_in, h_kv*d_v)")) ||
         (s = want_shape(wo, "w_o", 2, h * c->d_v, c->d_model, "(h*d_v, d_model)")))
         return s;
     const mha_array *bk, *bv;
@@ -629,7 +632,7 @@ mha_status mha_layer_to_tensors(mha_tensors **out, const mha_layer *L) {
     mha_status s = mha_tensors_create(&t);
     if (s) return s;
     int sq[2] = {c->d_model, h * c->d_k}, sk[2] = {c->d_kv_in, hkv * c->d_k},
-        sv[2] = {c->d_kv_in, hkv * c->d_v}, so[2] = {h * c->d_v, c->d_model};
+        sv[2] = {c->d_v_in, hkv * c->d_v}, so[2] = {h * c->d_v, c->d_model};
     if (!s) s = mha_tensors_add_f32(t, "w_q", w.w_q, 2, sq);
     if (!s) s = mha_tensors_add_f32(t, "w_k", w.w_k, 2, sk);
     if (!s) s = mha_tensors_add_f32(t, "w_v", w.w_v, 2, sv);

@@ -32,13 +32,13 @@ INLINE float load1(const void *base, size_t i, int H) {
  * constants at each call site. */
 INLINE void scores_tile(float *s, int lds, const float *q, int ldq, const void *kp, size_t k0, int d,
                         int R, int P, int H) {
-    __m256 acc[4][4];
+    __m256 acc[4][8];
     UNROLL
     for (int r = 0; r < R; r++)
         UNROLL
         for (int p = 0; p < P; p++) acc[r][p] = _mm256_setzero_ps();
     for (int c = 0; c < d; c++) {
-        __m256 k[4];
+        __m256 k[8];
         UNROLL
         for (int p = 0; p < P; p++) k[p] = load8(kp, k0 + (size_t)p * d * MHA_KPANEL + (size_t)c * MHA_KPANEL, H);
         UNROLL
@@ -61,6 +61,9 @@ INLINE void scores_impl(float *s, int lds, const float *q, int ldq, const void *
     int np = n / MHA_KPANEL, m4 = m - m % 4;
     size_t pstride = (size_t)d * MHA_KPANEL;
     int p = 0;
+    for (; p + 3 <= np; p += 3) /* 12 accumulators: slack over the 8 FMAs in flight */
+        for (int i = 0; i < m4; i += 4)
+            scores_tile(s + (size_t)i * lds + p * MHA_KPANEL, lds, q + (size_t)i * ldq, ldq, kp, p * pstride, d, 4, 3, H);
     for (; p + 2 <= np; p += 2)
         for (int i = 0; i < m4; i += 4)
             scores_tile(s + (size_t)i * lds + p * MHA_KPANEL, lds, q + (size_t)i * ldq, ldq, kp, p * pstride, d, 4, 2, H);
@@ -69,8 +72,8 @@ INLINE void scores_impl(float *s, int lds, const float *q, int ldq, const void *
             scores_tile(s + (size_t)i * lds + p * MHA_KPANEL, lds, q + (size_t)i * ldq, ldq, kp, p * pstride, d, 4, 1, H);
     for (int i = m4; i < m; i++) {
         p = 0;
-        for (; p + 4 <= np; p += 4)
-            scores_tile(s + (size_t)i * lds + p * MHA_KPANEL, lds, q + (size_t)i * ldq, ldq, kp, p * pstride, d, 1, 4, H);
+        for (; p + 8 <= np; p += 8)
+            scores_tile(s + (size_t)i * lds + p * MHA_KPANEL, lds, q + (size_t)i * ldq, ldq, kp, p * pstride, d, 1, 8, H);
         for (; p < np; p++)
             scores_tile(s + (size_t)i * lds + p * MHA_KPANEL, lds, q + (size_t)i * ldq, ldq, kp, p * pstride, d, 1, 1, H);
     }
@@ -193,6 +196,9 @@ INLINE void acc_tail(float *acc, int ldacc, const float *p, int ldp, const void 
 INLINE void acc_impl(float *acc, int ldacc, const float *p, int ldp, const void *v, int m, int n,
                      int dv, int H) {
     int m4 = m - m % 4, c = 0;
+    for (; c + 24 <= dv; c += 24)
+        for (int i = 0; i < m4; i += 4)
+            acc_tile(acc + (size_t)i * ldacc + c, ldacc, p + (size_t)i * ldp, ldp, v, c, dv, n, 4, 3, H);
     for (; c + 16 <= dv; c += 16)
         for (int i = 0; i < m4; i += 4)
             acc_tile(acc + (size_t)i * ldacc + c, ldacc, p + (size_t)i * ldp, ldp, v, c, dv, n, 4, 2, H);

@@ -11,19 +11,21 @@ TOL = 1e-5
 
 # ------------------------------------------------------------ numpy oracle
 
-def oracle(w, cfg, x, kv=None, *, scale=0.0, causal=False, align="top_left", window_left=None,
+def oracle(w, cfg, x, kv=None, value=None, *, scale=0.0, causal=False, align="top_left", window_left=None,
            window_right=None, keep_mask=None, additive_mask=None, key_keep=None, key_additive=None,
            masked_row="zero", interventions=None):
-    """y, z, contributions, probs in float64, straight from mha.h's formulas."""
+    """y, z, contributions, probs in float64, straight from mha.h's formulas;
+    K from kv (None: x), V from value (None: kv)."""
     h, g, dk, dv = cfg["n_heads"], cfg["n_kv_heads"], cfg["d_k"], cfg["d_v"]
     x = x.astype(np.float64)
     kv = x if kv is None else kv.astype(np.float64)
+    value = kv if value is None else value.astype(np.float64)
     B, T, _ = x.shape
     S = kv.shape[1]
     get = lambda n, size: w[n].astype(np.float64) if n in w else np.zeros(size)  # noqa: E731
     q = x @ w["w_q"] + get("b_q", h * dk)
     k = kv @ w["w_k"] + get("b_k", g * dk)
-    v = kv @ w["w_v"] + get("b_v", g * dv)
+    v = value @ w["w_v"] + get("b_v", g * dv)
     if cfg["add_bias_kv"]:
         k = np.concatenate([k, np.broadcast_to(w["bias_k"], (B, 1, g * dk))], axis=1)
         v = np.concatenate([v, np.broadcast_to(w["bias_v"], (B, 1, g * dv))], axis=1)
@@ -173,6 +175,68 @@ def test_self_attention_kv_none_equals_kv_x():
     layer, _, _ = random_layer(rng, d_model=8, n_heads=2)
     x = rng.standard_normal((2, 5, 8)).astype(np.float32)
     assert np.array_equal(layer(x), layer.forward(x, x))
+
+
+# ------------------------------------------- a value source apart from the key
+
+VALUE_CONFIGS = [
+    dict(d_model=12, n_heads=4, n_kv_heads=2, d_k=5, d_v=3, d_kv_in=7, d_v_in=9),
+    dict(d_model=8, n_heads=2, d_kv_in=6, d_v_in=6, bias=False, add_bias_kv=True, add_zero_attn=True),
+    dict(d_model=8, n_heads=2, d_v_in=5),  # keys from x, values from elsewhere
+]
+
+
+@pytest.mark.parametrize("cfg", VALUE_CONFIGS, ids=["gqa_dvin9", "same_width_extra_keys", "self_keys"])
+def test_value_source_matches_oracle(cfg):
+    """forward(x, kv, value): K from kv (or x), V from value of width d_v_in."""
+    rng = np.random.default_rng(8)
+    layer, w, c = random_layer(rng, **cfg)
+    assert c["d_v_in"] == cfg["d_v_in"] and w["w_v"].shape[0] == cfg["d_v_in"]
+    B, T = 2, 4
+    self_keys = c["d_kv_in"] == c["d_model"] and "d_kv_in" not in cfg
+    S = T if self_keys else 6
+    x = rng.standard_normal((B, T, c["d_model"])).astype(np.float32)
+    kv = None if self_keys else rng.standard_normal((B, S, c["d_kv_in"])).astype(np.float32)
+    value = rng.standard_normal((B, S, c["d_v_in"])).astype(np.float32)
+    key_keep = np.ones((B, S), dtype=bool)
+    key_keep[1, :2] = False
+    for o in (dict(), dict(causal=True, align="bottom_right", key_keep=key_keep)):
+        wy, wz, wc, wp = oracle(w, c, x, kv, value, **o)
+        for path in ("reference", "auto", "fast"):
+            y, cap = layer.forward(x, kv, value, capture=True, path=path, **o)
+            what = f"{sorted(o)} on {path}"
+            assert_close(y, wy, f"y {what}")
+            assert_close(cap["z"], wz, f"z {what}")
+            assert_close(cap["probs"], wp, f"probs {what}")
+            assert_close(cap["contributions"], wc, f"contributions {what}")
+            assert_close(layer(x, kv, value=value, path=path, **o), wy, f"value= keyword {what}")
+
+
+def test_value_source_errors_and_files(tmp_path):
+    rng = np.random.default_rng(9)
+    layer, w, c = random_layer(rng, d_model=8, n_heads=2, d_kv_in=6, d_v_in=5)
+    x = rng.standard_normal((2, 3, 8)).astype(np.float32)
+    kv = rng.standard_normal((2, 4, 6)).astype(np.float32)
+    value = rng.standard_normal((2, 4, 5)).astype(np.float32)
+    with pytest.raises(mha.ShapeError, match="d_v_in=5"):
+        layer(x, kv)  # one source cannot feed both widths
+    with pytest.raises(mha.ShapeError, match=r"value has shape \(2, 3, 5\)"):
+        layer(x, kv, value[:, :3])
+    with pytest.raises(mha.ShapeError, match="d_v_in=5"):
+        layer(x, kv, kv)
+    value[1, 2, 3] = np.inf
+    with pytest.raises(mha.NonFiniteError, match=r"v_src\[") as e:
+        layer(x, kv, value)
+    assert e.value.message.startswith("mha_forward_kv: ")
+    value[1, 2, 3] = 0.5
+    with pytest.raises(mha.ShapeError, match="w_v"):
+        layer.set_weights(dict(w, w_v=np.zeros((6, 8), np.float32)))
+    # the native checkpoint keeps d_v_in (W_V's rows)
+    path = tmp_path / "value_source.safetensors"
+    layer.save(path)
+    back = mha.Layer.load(path)
+    assert back.config == layer.config and back.config["d_v_in"] == 5
+    assert np.array_equal(back(x, kv, value), layer(x, kv, value))
 
 
 # ------------------------------------------------------ labels, contract

@@ -204,23 +204,87 @@ def test_cross_attention(request, kdim, batch_first, bias):
                                                        average_attn_weights=False, path=p), want)
 
 
-def test_kdim_ne_vdim_is_reported():
-    """PyTorch projects K from `key` (kdim) and V from `value` (vdim); mha's
-    forward has one key/value source, so the conversion must refuse with a
-    message rather than compute something else."""
-    m = torch_module(16, 4, kdim=6, vdim=10, seed=5)
-    with pytest.raises(mha.UnsupportedError) as e:
-        mha_from(m)
-    assert "kdim=6" in str(e.value) and "vdim=10" in str(e.value)
-    assert e.value.message.startswith("mha_layer_from_torch: ")
+# ------------------------------------------- a value source apart from the key
+
+KV_DIMS = [(6, 10), (10, 6), (16, 24), (24, 16)]  # kdim, vdim (E = 16: one of them may equal E)
 
 
-def test_value_differing_from_key_is_reported():
-    m = torch_module(8, 2, seed=6)
+@pytest.mark.parametrize("extra", ["plain", "nobias", "bias_kv_zero_attn"])
+@pytest.mark.parametrize("batch_first", [True, False], ids=["bf", "seqfirst"])
+@pytest.mark.parametrize("kdim,vdim", KV_DIMS, ids=[f"k{k}v{v}" for k, v in KV_DIMS])
+def test_kdim_ne_vdim(request, kdim, vdim, batch_first, extra):
+    """kdim != vdim: PyTorch projects K from `key` (kdim) and V from `value`
+    (vdim); the converted layer has d_kv_in = kdim, d_v_in = vdim and
+    torch_forward passes value as its own source (mha_forward_kv)."""
+    E, h, B, T, S = 16, 4, 2, 5, 7
+    m = torch_module(E, h, bias=extra != "nobias", add_bias_kv=extra == "bias_kv_zero_attn",
+                     add_zero_attn=extra == "bias_kv_zero_attn", kdim=kdim, vdim=vdim,
+                     batch_first=batch_first, seed=kdim * 7 + vdim)
+    rng = np.random.default_rng(kdim + vdim)
+    q = inputs(rng, B, T, E, batch_first)
+    key, value = inputs(rng, B, S, kdim, batch_first), inputs(rng, B, S, vdim, batch_first)
+    am = random_keep(rng, (T, S))
+    kpm = random_keep(rng, (B, S), 0.3)
+    kw = dict(attn_mask=am, key_padding_mask=kpm, average_attn_weights=False)
+    want = run_torch(m, q, key, value, **kw)
+    layer = mha_from(m)
+    assert (layer.config["d_kv_in"], layer.config["d_v_in"]) == (kdim, vdim)
+    check_paths(request, lambda p: layer.torch_forward(q, key, value, path=p, **kw), want)
+
+
+@pytest.mark.parametrize("batch_first", [True, False], ids=["bf", "seqfirst"])
+@pytest.mark.parametrize("kdim", [None, 12], ids=["kdimE", "kdim12"])
+def test_value_differing_from_key(request, kdim, batch_first):
+    """kdim == vdim (the packed in_proj_weight when both are E): a value
+    array that is not the key is still PyTorch's value, so the output
+    follows it; also long enough to cross the fast path's tiles."""
+    E, h, B, T, S = 32, 4, 2, 37, 75
+    m = torch_module(E, h, kdim=kdim, vdim=kdim, batch_first=batch_first, seed=6)
     rng = np.random.default_rng(6)
-    q, k, v = (inputs(rng, 1, 3, 8, False) for _ in range(3))
-    with pytest.raises(mha.UnsupportedError, match="value differs from key"):
-        mha_from(m).torch_forward(q, k, v)
+    q = inputs(rng, B, T, E, batch_first)
+    key, value = (inputs(rng, B, S, kdim or E, batch_first) for _ in range(2))
+    want = run_torch(m, q, key, value, average_attn_weights=False)
+    layer = mha_from(m)
+    check_paths(request, lambda p: layer.torch_forward(q, key, value, average_attn_weights=False,
+                                                       path=p), want)
+    # the value matters: with value = key the output changes, the weights do not
+    same_y, same_w = layer.torch_forward(q, key, key, average_attn_weights=False)
+    assert np.abs(same_y - want[0]).max() > 1e-2 * np.abs(want[0]).max()
+    assert_close(same_w, want[1], "weights with value = key")
+
+
+def test_value_differing_from_self_attention_key(request):
+    """key is query (self-attention keys) but value is another array of the
+    same length, batched and unbatched."""
+    E, h, B, T = 16, 2, 2, 6
+    m = torch_module(E, h, seed=21)
+    rng = np.random.default_rng(21)
+    x, value = inputs(rng, B, T, E, False), inputs(rng, B, T, E, False)
+    causal = np.triu(np.ones((T, T), dtype=bool), 1)
+    want = run_torch(m, x, x, value, attn_mask=causal)
+    layer = mha_from(m)
+    check_paths(request, lambda p: layer.torch_forward(x, x, value, attn_mask=causal, path=p), want)
+    want1 = run_torch(m, x[:, 0], x[:, 0], value[:, 0])
+    check_paths(request, lambda p: layer.torch_forward(x[:, 0], x[:, 0], value[:, 0], path=p), want1)
+
+
+def test_value_source_errors_name_the_problem():
+    """A missing value for a layer whose vdim differs from kdim, and a value
+    whose length differs from the key's, are errors naming what is wrong."""
+    m = torch_module(16, 4, kdim=6, vdim=10, seed=5)
+    layer = mha_from(m)
+    rng = np.random.default_rng(5)
+    q, key, value = inputs(rng, 2, 3, 16, False), inputs(rng, 2, 4, 6, False), inputs(rng, 2, 4, 10, False)
+    with pytest.raises(mha.ShapeError, match="d_v_in=10"):
+        layer.torch_forward(q, key, None)
+    with pytest.raises(mha.ShapeError, match="value has shape"):
+        layer.torch_forward(q, key, value[:3])
+    with pytest.raises(mha.ShapeError, match="d_v_in=10"):
+        layer.torch_forward(q, key, inputs(rng, 2, 4, 6, False))
+    bad = value.copy()
+    bad[1, 0, 2] = np.nan
+    with pytest.raises(mha.NonFiniteError, match="v_src"):
+        layer.torch_forward(q, key, bad)
 
 
 @pytest.mark.parametrize("batch_first", [True, False], ids=["bf", "seqfirst"])
@@ -590,26 +654,31 @@ def _write_safetensors(path, tensors, metadata):
         f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
 
 
-CKPT = [  # add_bias_kv, add_zero_attn, kdim
-    (False, False, None), (True, True, None), (False, False, 12),
+CKPT = [  # add_bias_kv, add_zero_attn, kdim, vdim
+    (False, False, None, None), (True, True, None, None), (False, False, 12, 12), (True, False, 12, 9),
 ]
 
 
-@pytest.mark.parametrize("add_bias_kv,add_zero_attn,kdim", CKPT, ids=["plain", "extra_keys", "kdim12"])
-def test_torch_checkpoint_file_through_the_loader(request, tmp_path, add_bias_kv, add_zero_attn, kdim):
+@pytest.mark.parametrize("add_bias_kv,add_zero_attn,kdim,vdim", CKPT,
+                         ids=["plain", "extra_keys", "kdim12", "kdim12_vdim9"])
+def test_torch_checkpoint_file_through_the_loader(request, tmp_path, add_bias_kv, add_zero_attn, kdim,
+                                                  vdim):
     """A PyTorch state dict saved as safetensors and read by mha_layer_load
-    (the CLI's loader, torch layout, which calls mha_layer_from_torch)."""
+    (the CLI's loader, torch layout, which calls mha_layer_from_torch);
+    with vdim != kdim the value source keeps its own width."""
     E, h, B, T, S = 16, 4, 2, 5, 6
-    m = torch_module(E, h, add_bias_kv=add_bias_kv, add_zero_attn=add_zero_attn, kdim=kdim, vdim=kdim,
+    m = torch_module(E, h, add_bias_kv=add_bias_kv, add_zero_attn=add_zero_attn, kdim=kdim, vdim=vdim,
                      batch_first=True, seed=20)
     rng = np.random.default_rng(20)
     q, mem = inputs(rng, B, T, E, True), inputs(rng, B, S, kdim or E, True)
-    want = run_torch(m, q, mem, mem, average_attn_weights=False)
+    val = mem if vdim == kdim else inputs(rng, B, S, vdim, True)
+    want = run_torch(m, q, mem, val, average_attn_weights=False)
     path = tmp_path / "attn.safetensors"
     _write_safetensors(path, {"encoder.attn." + k: v for k, v in state_dict(m).items()},
                        {"n_heads": h, "add_zero_attn": int(add_zero_attn)})
     for layout in ("torch", "auto"):
         layer = mha.Layer.load(path, layout=layout)
         layer.batch_first = True
-        check_paths(request, lambda p: layer.torch_forward(q, mem, mem, average_attn_weights=False, path=p),
+        assert layer.config["d_v_in"] == (vdim or E)
+        check_paths(request, lambda p: layer.torch_forward(q, mem, val, average_attn_weights=False, path=p),
                     want)
