@@ -194,10 +194,11 @@ def main():
               + (", ".join(f"{mib} MiB: {med:.1f} GB/s" for mib, med, _ in streams) if streams else "n/a"))
     lds = {r["phase"]: r for r in find(rows, kind="load")}
     ls, le = lds.get("start", {}), lds.get("end", {})
-    cmd_busy = [int(num(r, "busy_pct")) for r in find(rows, kind="load", phase="cmd") if num(r, "busy_pct") is not None]
+    cmd_busy = [int(num(r, "others_pct")) for r in find(rows, kind="load", phase="cmd")
+                if num(r, "others_pct") is not None]
     md.append(f"- Other load: CPUs {ls.get('busy_pct', '?')}% busy before the run (after waiting "
-              f"{ls.get('waited_s', '?')} s for quiet), {le.get('busy_pct', '?')}% after it; before each "
-              f"measurement: {' '.join(map(str, cmd_busy)) or 'n/a'} %; load average "
+              f"{ls.get('waited_s', '?')} s for quiet), {le.get('busy_pct', '?')}% after it; share of the CPUs other "
+              f"processes used during each measurement command: {' '.join(map(str, cmd_busy)) or 'n/a'} %; load average "
               f"{ls.get('loadavg', '?')} -> {le.get('loadavg', '?')}")
     md.append("")
     quality = []
@@ -206,10 +207,12 @@ def main():
     if num(le, "busy_pct") is not None and num(le, "busy_pct") > 15:
         quality.append(f"other processes kept the CPUs {le['busy_pct']}% busy when the run ended")
     cmds = find(rows, kind="load", phase="cmd")
-    busy_cmds = [r for r in cmds if (num(r, "busy_pct") or 0) > 15]
-    if busy_cmds:
-        quality.append(f"{len(busy_cmds)} of {len(cmds)} measurements started while other processes kept "
-                       f"the CPUs over 15% busy")
+    disturbed = [r for r in cmds if (num(r, "others_pct") if "others_pct" in r else num(r, "busy_pct") or 0) > 10]
+    if disturbed:
+        quality.append(f"other processes used over 10% of the CPUs during {len(disturbed)} of {len(cmds)} "
+                       "measurement commands (" + ", ".join(
+                           f"{r.get('cmd', '?')} {r.get('others_pct', r.get('busy_pct'))}%" for r in disturbed[:8])
+                       + (", ..." if len(disturbed) > 8 else "") + ")")
     if len(fma) >= 2 and min(fma) < 0.85 * max(fma):
         quality.append(f"the FMA peak changed from {fma[0]:.0f} to {fma[-1]:.0f} GFLOP/s between start and end")
     if quality:

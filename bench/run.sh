@@ -32,7 +32,10 @@ py=${PYTHON:-/usr/bin/python3}
 bin=$build/bench_mha
 out=$build/bench
 mkdir -p "$out"
-raw=$out/raw-$mode.txt
+# Per-process file names: other engineers may run the benchmark in the same
+# checkout at the same time, and their lines must not mix with ours.
+raw=$out/raw-$mode.$$.txt
+tmp=$out/.last.$$
 : > "$raw"
 
 if [ -n "${MAKELEVEL:-}" ]; then
@@ -75,11 +78,12 @@ run() {
   while [ "$b" -gt 15 ] && [ $w -lt "$quiet_each" ] && [ $waited_all -lt "$quiet_all" ]; do
     sleep 2; w=$((w + 3)); waited_all=$((waited_all + 3)); b=$(cpu_busy)
   done
-  load cmd "$b" $w
   echo "+ $*" >&2
-  tmp=$out/.last
+  stat0=$(cpu_jiffies); times > "$tmp.t0"
   "$@" > "$tmp"
   rc=$?
+  stat1=$(cpu_jiffies); times > "$tmp.t1"
+  load cmd "$b" $w "others_pct=$(others_pct "$stat0" "$stat1" "$tmp.t0" "$tmp.t1") cmd=\"$(basename "$1") $2\" "
   cat "$tmp"
   cat "$tmp" >> "$raw"
   if [ $rc -ne 0 ]; then
@@ -103,7 +107,36 @@ cpu_busy() {
   echo $(( 100 * (d - (b_idle - a_idle)) / d ))
 }
 load() {
-  echo "RESULT kind=load phase=$1 busy_pct=$2 waited_s=${3:-0} loadavg=\"$(cut -d' ' -f1-3 /proc/loadavg)\"" >> "$raw"
+  echo "RESULT kind=load phase=$1 busy_pct=$2 waited_s=${3:-0} ${4:-}loadavg=\"$(cut -d' ' -f1-3 /proc/loadavg)\"" >> "$raw"
+}
+# "busy total" jiffies of all CPUs since boot.
+cpu_jiffies() {
+  awk '/^cpu /{print $2+$3+$4+$7+$8+$9, $2+$3+$4+$5+$6+$7+$8+$9}' /proc/stat
+}
+# Percent of the machine's CPU time that other processes used while one
+# command ran: all busy jiffies minus the command's own CPU time (the
+# shell's `times`, children's line), over all jiffies. High values mean the
+# command's numbers were disturbed even if the CPUs were idle when it began.
+others_pct() {
+  awk -v s0="$1" -v s1="$2" -v f0="$3" -v f1="$4" 'BEGIN {
+    split(s0, a, " "); split(s1, b, " ")
+    own = cpu(f1) - cpu(f0)
+    tot = b[2] - a[2]; if (tot <= 0) tot = 1
+    o = (b[1] - a[1]) - own * 100
+    if (o < 0) o = 0
+    printf "%d", 100 * o / tot
+  }
+  function cpu(f,   line, n, t, i, p, m, sec) {
+    n = 0; t = 0
+    while ((getline line < f) > 0) {
+      n++
+      if (n != 2) continue
+      split(line, p, " ")
+      for (i = 1; i <= 2; i++) { split(p[i], m, "m"); sec = m[2]; sub(/s$/, "", sec); t += m[1] * 60 + sec }
+    }
+    close(f)
+    return t
+  }'
 }
 
 # Wait (up to BENCH_QUIET_WAIT seconds) for the other processes to finish:
@@ -162,6 +195,9 @@ run "$bin" machine --fma-iters $fma_iters --stream-mib 0
 end=$(date +%s)
 load end "$(cpu_busy)"
 
+rm -f "$tmp" "$tmp.t0" "$tmp.t1"
+mv "$raw" "$out/raw-$mode.txt"
+raw=$out/raw-$mode.txt
 "$py" bench/report.py --raw "$raw" --out "$results" --command "$command" \
     --threads $threads --mode $mode --seconds $((end - start)) || failed=1
 exit $failed

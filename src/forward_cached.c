@@ -201,6 +201,9 @@ mha_status mha_forward_cached(const mha_layer *L, mha_cache *c, float *y, const 
             if (cap && cap->z) memset(cap->z, 0, sizeof(float) * (size_t)B * T * c->h * c->d_v);
             if (cap && cap->contributions)
                 memset(cap->contributions, 0, sizeof(float) * (size_t)c->h * B * T * c->d_model);
+            if (cap && cap->probs)
+                memset(cap->probs, 0, sizeof(float) * (size_t)B * c->h * T *
+                                          (size_t)(c->cap + L->cfg.add_bias_kv + L->cfg.add_zero_attn));
         }
         return s;
     }

@@ -4,6 +4,7 @@
  * Legend: B batch, T query tokens, S key/value tokens, h heads, h_kv kv
  * heads, d_k, d_v, d_model, d_kv_in (see mha.h). Validation is the
  * library's: mha_config_resolve decides what is a valid layer. */
+#include <limits.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -201,15 +202,25 @@ int cmd_shapes(int argc, char **argv) {
 
     printf("\nKV cache for S=%llu tokens: B*S*h_kv*(d_k+d_v)*bytes", (unsigned long long)S);
     if (dk == dv) printf(" = 2*B*S*h_kv*d_head*bytes");
-    printf("\n  %-22s %6s %20s %12s %10s %16s\n", "variant", "h_kv", "bytes", "", "saving", "K/V params");
+    printf("\n  %-22s %6s %20s %12s %10s %16s %20s\n", "variant", "h_kv", "bytes", "", "saving", "K/V params",
+           "mha_cache bytes");
     char name[40];
     const char *names[3] = {"MHA (h_kv = h)", name, "MQA (h_kv = 1)"};
     snprintf(name, sizeof name, "this setting (%s)", kind);
     for (int i = 0; i < 3; i++) {
         double saving = (double)kvb[0] / (double)kvb[i];
-        printf("  %-22s %6llu %20llu %12s %9.2fx %16llu\n", names[i], (unsigned long long)kv_h[i],
-               (unsigned long long)kvb[i], human(kvb[i], 1, "B", hb), saving, (unsigned long long)kvp[i]);
+        /* what mha_cache_create would allocate (capacity rounded to its chunk) */
+        mha_config ci = c;
+        ci.n_kv_heads = (int)kv_h[i];
+        size_t alloc = B <= INT_MAX && S <= INT_MAX
+                           ? mha_cache_bytes_for(&ci, (int)B, (int)S, nb == 2 ? MHA_CACHE_F16 : MHA_CACHE_F32)
+                           : 0;
+        printf("  %-22s %6llu %20llu %12s %9.2fx %16llu %20llu\n", names[i], (unsigned long long)kv_h[i],
+               (unsigned long long)kvb[i], human(kvb[i], 1, "B", hb), saving, (unsigned long long)kvp[i],
+               (unsigned long long)alloc);
     }
+    printf("  (mha_cache bytes: what mha_cache_create allocates; it rounds the capacity up to a\n"
+           "   whole number of its 128-token chunks; 0 = not representable)\n");
     if (dk != dv)
         printf("  (K and V differ in width: K %llu + V %llu bytes per token per kv head)\n",
                (unsigned long long)(dk * nb), (unsigned long long)(dv * nb));
