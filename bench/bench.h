@@ -58,6 +58,8 @@ typedef struct {
     int reps;       /* most timed runs per measurement */
     double budget;  /* seconds per measurement */
     int threads;
+    int blas;       /* 1: time OpenBLAS sgemm on the projection shapes       */
+    int mha;        /* 1: time mha_forward and the fast path's parts         */
 } bench_prefill_cfg;
 
 int bench_prefill(const bench_prefill_cfg *c);

@@ -5,6 +5,13 @@
  *   bench_mha machine [--threads N] [--fma-iters N] [--stream-mib A,B,..]
  *   bench_mha prefill --name P1 --B 4 --T 512 [--S 2048 (cross-attention)]
  *                     --d 768 --h 12 [--causal] [--reps 7] [--budget 20]
+ *                     [--mha-only | --gemm-only (OpenBLAS sgemm alone)]
+ *
+ * OpenBLAS's thread pool starts when the binary loads and its idle threads
+ * compete with libmha's OpenMP threads on 2 cores (a 5-step decode ran
+ * 100x slower), so run.sh runs the mha parts with OPENBLAS_NUM_THREADS=1
+ * and the OpenBLAS GEMMs in processes of their own (--gemm-only, also under
+ * OPENBLAS_CORETYPE=Haswell for OpenBLAS's AVX2 kernels).
  *   bench_mha decode  --d 2048 --h 32 --h-kv 8 --d-head 64 --L 4096
  *                     [--fp16] [--steps 20]
  */
@@ -21,6 +28,7 @@ static void usage(void) {
             "  common:  --threads N (default 2)\n"
             "  machine: --fma-iters N --stream-mib 64,256,1024\n"
             "  prefill: --name NAME --B --T [--S] --d --h [--causal] [--reps] [--budget]\n"
+            "           [--mha-only | --gemm-only]\n"
             "  decode:  --d --h --h-kv --d-head --L [--B] [--fp16] [--steps]\n");
     exit(2);
 }
@@ -72,14 +80,11 @@ static int cmd_machine(int argc, char **argv, int threads) {
                threads, mib, bw, bw_best);
         fflush(stdout);
     }
-    openblas_set_num_threads(threads);
-    printf("RESULT kind=machine key=openblas corename=%s threads=%d config=\"%s\"\n",
-           openblas_get_corename(), openblas_get_num_threads(), openblas_get_config());
     return 0;
 }
 
 static int cmd_prefill(int argc, char **argv, int threads) {
-    bench_prefill_cfg c = {"custom", 1, 0, 0, 0, 0, 0, 0, 7, 20.0, threads};
+    bench_prefill_cfg c = {"custom", 1, 0, 0, 0, 0, 0, 0, 7, 20.0, threads, 1, 1};
     for (int i = 2; i < argc; i++) {
         if (!strcmp(argv[i], "--threads")) c.threads = opt_int(argc, argv, &i);
         else if (!strcmp(argv[i], "--name")) c.name = opt_value(argc, argv, &i);
@@ -91,12 +96,19 @@ static int cmd_prefill(int argc, char **argv, int threads) {
         else if (!strcmp(argv[i], "--causal")) c.causal = 1;
         else if (!strcmp(argv[i], "--reps")) c.reps = opt_int(argc, argv, &i);
         else if (!strcmp(argv[i], "--budget")) c.budget = opt_int(argc, argv, &i);
+        else if (!strcmp(argv[i], "--gemm-only")) c.mha = 0;
+        else if (!strcmp(argv[i], "--mha-only")) c.blas = 0;
         else usage();
     }
     if (c.B < 1 || c.T < 1 || c.d_model < 1 || c.h < 1 || (c.cross && c.S < 1)) usage();
     if (c.reps < 1) c.reps = 1;
     if (c.reps > 256) c.reps = 256;
-    openblas_set_num_threads(c.threads);
+    if (c.blas) {
+        openblas_set_num_threads(c.threads);
+        if (!getenv("OPENBLAS_CORETYPE"))
+            printf("RESULT kind=machine key=openblas corename=%s threads=%d config=\"%s\"\n",
+                   openblas_get_corename(), openblas_get_num_threads(), openblas_get_config());
+    }
     return bench_prefill(&c);
 }
 

@@ -63,7 +63,11 @@ static void bench_sgemm(const bench_prefill_cfg *c, const char *gemm, int M, int
     sgemm_job j = {out, a, w, M, K, N};
     double t[256];
     int n = bench_repeat(run_sgemm, &j, t, c->reps, c->budget);
-    printf("RESULT kind=gemm impl=openblas name=%s gemm=%s M=%d K=%d N=%d bias=0", c->name, gemm, M, K, N);
+    /* OPENBLAS_CORETYPE (read when OpenBLAS loads) picks other kernels,
+     * e.g. Haswell's AVX2 ones on an AVX-512 machine: named in impl. */
+    const char *core = getenv("OPENBLAS_CORETYPE");
+    printf("RESULT kind=gemm impl=openblas%s%s name=%s gemm=%s M=%d K=%d N=%d bias=0 corename=%s",
+           core ? "_" : "", core ? core : "", c->name, gemm, M, K, N, openblas_get_corename());
     bench_print_times(t, n);
     printf("\n");
     fflush(stdout);
@@ -91,37 +95,15 @@ static const char *auto_path(forward_job *j) {
     return st == MHA_OK ? "fast" : st == MHA_E_UNSUPPORTED ? "reference(fallback)" : "error";
 }
 
-/* --------------------------------------------------------------- main */
-
-int bench_prefill(const bench_prefill_cfg *c) {
-    int d = c->d_model;
-    uint64_t seed = 1234;
+/* Times mha_forward on the layer made from w and prints its RESULT line. */
+static void bench_forward(const bench_prefill_cfg *c, const mha_weights *w, const float *x,
+                          const float *kv, float *y) {
+    const int d = c->d_model, S = c->cross ? c->S : c->T;
     mha_config cfg = mha_config_default(d, c->h);
     cfg.bias = 1; /* as nn.MultiheadAttention's default */
-    size_t dd = (size_t)d * d;
-    float *w_q = bench_alloc(dd), *w_k = bench_alloc(dd), *w_v = bench_alloc(dd), *w_o = bench_alloc(dd);
-    float *b_q = bench_alloc(d), *b_k = bench_alloc(d), *b_v = bench_alloc(d), *b_o = bench_alloc(d);
-    float lim = 1.0f / sqrtf((float)d);
-    bench_fill(w_q, dd, &seed, -lim, lim);
-    bench_fill(w_k, dd, &seed, -lim, lim);
-    bench_fill(w_v, dd, &seed, -lim, lim);
-    bench_fill(w_o, dd, &seed, -lim, lim);
-    bench_fill(b_q, d, &seed, -0.1f, 0.1f);
-    bench_fill(b_k, d, &seed, -0.1f, 0.1f);
-    bench_fill(b_v, d, &seed, -0.1f, 0.1f);
-    bench_fill(b_o, d, &seed, -0.1f, 0.1f);
-    mha_weights w = {w_q, w_k, w_v, w_o, b_q, b_k, b_v, b_o, NULL, NULL};
-
-    int S = c->cross ? c->S : c->T;
-    float *x = bench_alloc((size_t)c->B * c->T * d);                 /* (B,T,d_model) */
-    float *kv = c->cross ? bench_alloc((size_t)c->B * S * d) : NULL; /* (B,S,d_model) */
-    float *y = bench_alloc((size_t)c->B * c->T * d);                 /* (B,T,d_model) */
-    bench_fill(x, (size_t)c->B * c->T * d, &seed, -1.0f, 1.0f);
-    if (kv) bench_fill(kv, (size_t)c->B * S * d, &seed, -1.0f, 1.0f);
-
     mha_set_num_threads(c->threads);
     mha_layer *layer = NULL;
-    mha_status st = mha_layer_create(&layer, &cfg, &w);
+    mha_status st = mha_layer_create(&layer, &cfg, w);
     printf("RESULT kind=prefill impl=mha name=%s B=%d T=%d S=%d d_model=%d h=%d causal=%d cross=%d",
            c->name, c->B, c->T, S, d, c->h, c->causal, c->cross);
     if (st != MHA_OK) {
@@ -148,15 +130,45 @@ int bench_prefill(const bench_prefill_cfg *c) {
     fflush(stdout);
     mha_layer_free(layer);
 
-    if (c->cross) {
+}
+
+/* --------------------------------------------------------------- main */
+
+int bench_prefill(const bench_prefill_cfg *c) {
+    int d = c->d_model;
+    uint64_t seed = 1234;
+    size_t dd = (size_t)d * d;
+    float *w_q = bench_alloc(dd), *w_k = bench_alloc(dd), *w_v = bench_alloc(dd), *w_o = bench_alloc(dd);
+    float *b_q = bench_alloc(d), *b_k = bench_alloc(d), *b_v = bench_alloc(d), *b_o = bench_alloc(d);
+    float lim = 1.0f / sqrtf((float)d);
+    bench_fill(w_q, dd, &seed, -lim, lim);
+    bench_fill(w_k, dd, &seed, -lim, lim);
+    bench_fill(w_v, dd, &seed, -lim, lim);
+    bench_fill(w_o, dd, &seed, -lim, lim);
+    bench_fill(b_q, d, &seed, -0.1f, 0.1f);
+    bench_fill(b_k, d, &seed, -0.1f, 0.1f);
+    bench_fill(b_v, d, &seed, -0.1f, 0.1f);
+    bench_fill(b_o, d, &seed, -0.1f, 0.1f);
+    mha_weights w = {w_q, w_k, w_v, w_o, b_q, b_k, b_v, b_o, NULL, NULL};
+
+    int S = c->cross ? c->S : c->T;
+    float *x = bench_alloc((size_t)c->B * c->T * d);                 /* (B,T,d_model) */
+    float *kv = c->cross ? bench_alloc((size_t)c->B * S * d) : NULL; /* (B,S,d_model) */
+    float *y = bench_alloc((size_t)c->B * c->T * d);                 /* (B,T,d_model) */
+    bench_fill(x, (size_t)c->B * c->T * d, &seed, -1.0f, 1.0f);
+    if (kv) bench_fill(kv, (size_t)c->B * S * d, &seed, -1.0f, 1.0f);
+
+    if (c->mha) bench_forward(c, &w, x, kv, y);
+
+    if (c->blas && c->cross) {
         bench_sgemm(c, "q", c->B * c->T, d, d, &seed);
         bench_sgemm(c, "kv", c->B * S, d, 2 * d, &seed);
-    } else {
+    } else if (c->blas) {
         bench_sgemm(c, "qkv", c->B * c->T, d, 3 * d, &seed);
     }
-    bench_sgemm(c, "o", c->B * c->T, d, d, &seed);
+    if (c->blas) bench_sgemm(c, "o", c->B * c->T, d, d, &seed);
 
-    if (bench_fast_parts(c, &w, x, kv))
+    if (c->mha && bench_fast_parts(c, &w, x, kv))
         printf("RESULT kind=attn_only impl=mha name=%s error=\"%s\"\n", c->name, mha_last_error());
 
     free(w_q); free(w_k); free(w_v); free(w_o);

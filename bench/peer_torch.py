@@ -98,8 +98,17 @@ def cmd_prefill(args):
     print(f"RESULT kind=prefill impl=torch name={args.name} B={B} T={T} S={S} d_model={d} h={h} "
           f"causal={int(args.causal)} cross={int(cross)} {times_fields('', times)} "
           f"nonfinite={nonfinite} torch_path={'native_mha' if native else 'composite'} "
-          f"threads={torch.get_num_threads()}")
+          f"threads={torch.get_num_threads()} omp_wait={omp_wait()}")
     sys.stdout.flush()
+
+
+def omp_wait():
+    """OMP_WAIT_POLICY of this process: run.sh measures torch both ways
+    (its OpenMP pool and OpenBLAS's threads spin against each other on 2
+    cores by default) and report.py keeps the faster, so the peer is not
+    handicapped by a setting."""
+    import os
+    return os.environ.get("OMP_WAIT_POLICY", "default") or "default"
 
 
 class DecodeLayer:
@@ -181,7 +190,7 @@ def cmd_decode(args):
                       f"d_head={args.d_head} L={L} B={args.B} cache={cache} "
                       f"{times_fields('step_', st)} {times_fields('attn_', at)} "
                       f"cache_bytes={cache_bytes} weight_bytes={layer.weight_bytes()} "
-                      f"nonfinite={nonfinite} threads={torch.get_num_threads()}")
+                      f"nonfinite={nonfinite} threads={torch.get_num_threads()} omp_wait={omp_wait()}")
                 sys.stdout.flush()
                 del layer
 

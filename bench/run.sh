@@ -83,7 +83,7 @@ run() {
   "$@" > "$tmp"
   rc=$?
   stat1=$(cpu_jiffies); times > "$tmp.t1"
-  load cmd "$b" $w "others_pct=$(others_pct "$stat0" "$stat1" "$tmp.t0" "$tmp.t1") cmd=\"$(basename "$1") $2\" "
+  load cmd "$b" $w "others_pct=$(others_pct "$stat0" "$stat1" "$tmp.t0" "$tmp.t1") cmd=\"$(label "$@")\" "
   cat "$tmp"
   cat "$tmp" >> "$raw"
   if [ $rc -ne 0 ]; then
@@ -109,6 +109,16 @@ cpu_busy() {
 load() {
   echo "RESULT kind=load phase=$1 busy_pct=$2 waited_s=${3:-0} ${4:-}loadavg=\"$(cut -d' ' -f1-3 /proc/loadavg)\"" >> "$raw"
 }
+# "program subcommand" of a command line, past env and its settings.
+label() {
+  while [ $# -gt 0 ]; do
+    case "$1" in
+      env|*=*) shift ;;
+      -u) shift 2 ;;
+      *) echo "$(basename "$1") ${2:-}"; return ;;
+    esac
+  done
+}
 # "busy total" jiffies of all CPUs since boot.
 cpu_jiffies() {
   awk '/^cpu /{print $2+$3+$4+$7+$8+$9, $2+$3+$4+$5+$6+$7+$8+$9}' /proc/stat
@@ -117,11 +127,13 @@ cpu_jiffies() {
 # command ran: all busy jiffies minus the command's own CPU time (the
 # shell's `times`, children's line), over all jiffies. High values mean the
 # command's numbers were disturbed even if the CPUs were idle when it began.
+# -1: the command was too short for 10 ms ticks to tell.
 others_pct() {
   awk -v s0="$1" -v s1="$2" -v f0="$3" -v f1="$4" 'BEGIN {
     split(s0, a, " "); split(s1, b, " ")
     own = cpu(f1) - cpu(f0)
-    tot = b[2] - a[2]; if (tot <= 0) tot = 1
+    tot = b[2] - a[2]
+    if (tot < 100) { printf "-1"; exit }  # under 0.5 s of 2 CPUs: ticks too coarse
     o = (b[1] - a[1]) - own * 100
     if (o < 0) o = 0
     printf "%d", 100 * o / tot
@@ -158,7 +170,11 @@ done
 start=$(date +%s)
 echo "RESULT kind=run date=\"$(date -u '+%Y-%m-%d %H:%M UTC')\" command=\"$command\"" >> "$raw"
 load start "$busy" $waited
-run "$bin" machine --fma-iters $fma_iters --stream-mib $stream_mib
+# libmha's side runs with OPENBLAS_NUM_THREADS=1 (OpenBLAS's idle pool would
+# compete with its OpenMP threads); OpenBLAS is timed in its own processes.
+solo="env OPENBLAS_NUM_THREADS=1"
+# shellcheck disable=SC2086
+run $solo "$bin" machine --fma-iters $fma_iters --stream-mib $stream_mib
 run "$py" bench/peer_torch.py --threads $threads info
 
 # --------------------------------------------------- prefill (issue 3)
@@ -169,29 +185,49 @@ for name in P1 P2 P3; do
   round=1
   while [ $round -le $rounds ]; do
     # shellcheck disable=SC2086
-    run "$bin" prefill --name $name $flags --reps $reps --budget $budget --threads $threads
+    run $solo "$bin" prefill --name $name $flags --reps $reps --budget $budget --threads $threads --mha-only
     # shellcheck disable=SC2086
-    run "$py" bench/peer_torch.py --threads $threads prefill --name $name $flags --reps $reps --budget $budget
+    run env -u OMP_WAIT_POLICY "$py" bench/peer_torch.py --threads $threads prefill --name $name $flags \
+        --reps $reps --budget $budget
+    # shellcheck disable=SC2086
+    run env OMP_WAIT_POLICY=passive "$py" bench/peer_torch.py --threads $threads prefill --name $name $flags \
+        --reps $reps --budget $budget
     round=$((round + 1))
   done
+  # OpenBLAS on the projection shapes, with the kernels it picks for this
+  # CPU and with its AVX2 (Haswell) ones: libmha's kernels are AVX2.
+  # shellcheck disable=SC2086
+  run "$bin" prefill --name $name $flags --reps $reps --budget $budget --threads $threads --gemm-only
+  # shellcheck disable=SC2086
+  run env OPENBLAS_CORETYPE=Haswell "$bin" prefill --name $name $flags --reps $reps --budget $budget \
+      --threads $threads --gemm-only
 done
 
 # ---------------------------------------------------- decode (issue 5)
-# torch and mha alternate per (cache dtype, h_kv) group of contexts.
+# torch and mha alternate per (cache dtype, h_kv) group of contexts. torch
+# runs with the default OMP_WAIT_POLICY and with "passive" (its OpenMP pool
+# and OpenBLAS's threads otherwise spin against each other on 2 cores);
+# report.py keeps the faster of the two, for prefill as well.
 for cache in $(echo $dec_cache | tr , ' '); do
   f16=""; [ "$cache" = fp16 ] && f16=--fp16
   for hkv in $(echo $dec_hkv | tr , ' '); do
-    run "$py" bench/peer_torch.py --threads $threads decode --d $dec_d --h $dec_h --d-head $dec_dhead \
-        --h-kv $hkv --L $dec_L --cache $cache --steps $dec_steps
+    for pol in "-u OMP_WAIT_POLICY" "OMP_WAIT_POLICY=passive"; do
+      # shellcheck disable=SC2086
+      run env $pol "$py" bench/peer_torch.py \
+          --threads $threads decode --d $dec_d --h $dec_h --d-head $dec_dhead \
+          --h-kv $hkv --L $dec_L --cache $cache --steps $dec_steps
+    done
     for L in $(echo $dec_L | tr , ' '); do
-      run "$bin" decode --d $dec_d --h $dec_h --h-kv $hkv --d-head $dec_dhead --L $L $f16 \
+      # shellcheck disable=SC2086
+      run $solo "$bin" decode --d $dec_d --h $dec_h --h-kv $hkv --d-head $dec_dhead --L $L $f16 \
           --steps $dec_steps --threads $threads
     done
   done
 done
 
 # The FMA peak again at the end: the spread shows how noisy the machine was.
-run "$bin" machine --fma-iters $fma_iters --stream-mib 0
+# shellcheck disable=SC2086
+run $solo "$bin" machine --fma-iters $fma_iters --stream-mib 0
 end=$(date +%s)
 load end "$(cpu_busy)"
 
