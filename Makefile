@@ -19,7 +19,7 @@ TEST_OBJ  = $(TEST_SRC:%.c=$(BUILD)/%.o)
 SETUP_CORE = $(BUILD)/.setup-core
 SETUP_TEST = $(BUILD)/.setup-test
 
-.PHONY: all lib demo test test-c test-asan test-python bench setup clean fuzz
+.PHONY: all lib demo test test-c test-asan test-python test-memory bench setup clean fuzz
 all: lib $(BUILD)/mha $(BUILD)/test_mha
 
 $(SETUP_CORE): scripts/setup.sh
@@ -73,6 +73,11 @@ test: $(SETUP_TEST)
 	$(MAKE) test-asan
 	$(MAKE) test-python
 	$(MAKE) fuzz
+
+# The full-size memory check: causal forward with B=1, T=32768, d_model=768,
+# h=12; peak RSS must stay below 2x the tensors it must hold (~10 s).
+test-memory: $(BUILD)/test_mha
+	MHA_TEST_MEMORY_T=32768 ./$(BUILD)/test_mha fast_memory_peak
 
 # Coverage-guided fuzzing of the .npy and safetensors readers (bounded time).
 fuzz: $(SETUP_TEST)

@@ -46,6 +46,12 @@ double bench_fma_peak_avx2(int threads, long iters, int reps, double *median_out
 /* Same with AVX-512 (informational: libmha's kernels are AVX2); returns 0
  * when the CPU lacks AVX-512F. */
 double bench_fma_peak_avx512(int threads, long iters, int reps, double *median_out);
+/* The timing loop both share (bench_util.c, built without ISA flags, so the
+ * chains come as a pointer from the file built with them): GFLOP/s of
+ * `threads` threads each running chains(iters), flops_per_iter flops per
+ * iteration per thread; best of `reps` (at most 64), median in *median_out. */
+double bench_fma_rate(float (*chains)(long iters), double flops_per_iter, int threads, long iters,
+                      int reps, double *median_out);
 /* Streaming read bandwidth (GB/s, 1e9 bytes) of `threads` threads reading
  * a buffer of `bytes`; median of `reps` passes (best in *best_out). */
 double bench_stream_read(int threads, size_t bytes, int reps, double *best_out);

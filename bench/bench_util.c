@@ -81,3 +81,26 @@ float *bench_alloc(size_t n) {
     memset(p, 0, bytes ? bytes : 64);
     return p;
 }
+
+static volatile float bench_sink; /* keeps the chains' results alive */
+
+double bench_fma_rate(float (*chains)(long iters), double flops_per_iter, int threads, long iters,
+                      int reps, double *median_out) {
+    double rates[64];
+    if (reps > 64) reps = 64;
+    if (reps < 1) reps = 1;
+    for (int r = 0; r < reps; r++) {
+        float acc = 0.0f;
+        double t0 = bench_now();
+#pragma omp parallel num_threads(threads) reduction(+ : acc)
+        acc += chains(iters);
+        double dt = bench_now() - t0;
+        bench_sink = acc;
+        rates[r] = flops_per_iter * (double)iters * threads / dt * 1e-9;
+    }
+    double best = rates[0];
+    for (int r = 1; r < reps; r++)
+        if (rates[r] > best) best = rates[r];
+    if (median_out) *median_out = bench_median(rates, reps);
+    return best;
+}

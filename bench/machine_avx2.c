@@ -39,27 +39,9 @@ static float fma_chains_avx2(long iters) {
     return out[0] + out[7];
 }
 
-static volatile float bench_sink;
-
 double bench_fma_peak_avx2(int threads, long iters, int reps, double *median_out) {
-    double rates[64];
-    if (reps > 64) reps = 64;
-    if (reps < 1) reps = 1;
-    for (int r = 0; r < reps; r++) {
-        float acc = 0.0f;
-        double t0 = bench_now();
-#pragma omp parallel num_threads(threads) reduction(+ : acc)
-        acc += fma_chains_avx2(iters);
-        double dt = bench_now() - t0;
-        bench_sink = acc;
-        /* 12 chains x 8 lanes x 2 flops per iteration per thread */
-        rates[r] = 12.0 * 8.0 * 2.0 * (double)iters * threads / dt * 1e-9;
-    }
-    double best = rates[0];
-    for (int r = 1; r < reps; r++)
-        if (rates[r] > best) best = rates[r];
-    if (median_out) *median_out = bench_median(rates, reps);
-    return best;
+    /* 12 chains x 8 lanes x 2 flops per iteration per thread */
+    return bench_fma_rate(fma_chains_avx2, 12.0 * 8.0 * 2.0, threads, iters, reps, median_out);
 }
 
 /* Sums the buffer with 8 accumulators so the adds are never the limit. */
@@ -84,6 +66,8 @@ static float read_sum_avx2(const float *p, size_t n) {
     for (; i < n; i++) r += p[i];
     return r;
 }
+
+static volatile float bench_sink; /* keeps the sums alive */
 
 double bench_stream_read(int threads, size_t bytes, int reps, double *best_out) {
     size_t n = bytes / sizeof(float) / 64 * 64;

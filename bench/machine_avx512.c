@@ -35,26 +35,9 @@ static float fma_chains_avx512(long iters) {
     return _mm512_reduce_add_ps(s);
 }
 
-static volatile float bench_sink512;
-
 double bench_fma_peak_avx512(int threads, long iters, int reps, double *median_out) {
     if (median_out) *median_out = 0.0;
     if (!__builtin_cpu_supports("avx512f")) return 0.0;
-    double rates[64];
-    if (reps > 64) reps = 64;
-    if (reps < 1) reps = 1;
-    for (int r = 0; r < reps; r++) {
-        float acc = 0.0f;
-        double t0 = bench_now();
-#pragma omp parallel num_threads(threads) reduction(+ : acc)
-        acc += fma_chains_avx512(iters);
-        double dt = bench_now() - t0;
-        bench_sink512 = acc;
-        rates[r] = 16.0 * 16.0 * 2.0 * (double)iters * threads / dt * 1e-9;
-    }
-    double best = rates[0];
-    for (int r = 1; r < reps; r++)
-        if (rates[r] > best) best = rates[r];
-    if (median_out) *median_out = bench_median(rates, reps);
-    return best;
+    /* 16 chains x 16 lanes x 2 flops per iteration per thread */
+    return bench_fma_rate(fma_chains_avx512, 16.0 * 16.0 * 2.0, threads, iters, reps, median_out);
 }

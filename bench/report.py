@@ -440,6 +440,12 @@ def main():
            "fp32 buffers because torch 1.13 has no CPU fp16 matmul). mha decode: mha_forward_cached "
            "(whole step, then mha_cache_truncate back to L-1, O(1)) and mha_cache_attend (attention "
            "alone) over a cache filled with mha_cache_append. Raw lines: " + a.raw + ".", ""]
+    # The measured analysis of the targets this hardware rules out is kept by
+    # hand in bench/LIMITS.md (it quotes perf and the FLOP arithmetic).
+    limits = os.path.join(os.path.dirname(os.path.abspath(__file__)), "LIMITS.md")
+    if os.path.exists(limits):
+        with open(limits) as f:
+            md += ["", f.read().rstrip(), ""]
     text = "\n".join(md)
     os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
     with open(a.out, "w") as f:

@@ -251,6 +251,17 @@ static mha_status check_permutation(const int *p, int n, const char *what) {
     return s;
 }
 
+/* check_block, then that p holds a permutation of the block's entries;
+ * errors name p "<block> <noun>" ("Q labels", "K perm"). */
+static mha_status check_block_permutation(const mha_layer *L, mha_block b, const int *p,
+                                          const char *fn, const char *noun) {
+    mha_status s = check_block(L, b, p, fn);
+    if (s) return s;
+    char what[32];
+    snprintf(what, sizeof what, "%s %s", block_name(b), noun);
+    return check_permutation(p, block_count(L, b), what);
+}
+
 mha_status mha_layer_labels(const mha_layer *L, mha_block b, int *labels) {
     mha_status s = check_block(L, b, labels, "mha_layer_labels");
     if (s) return s;
@@ -259,11 +270,8 @@ mha_status mha_layer_labels(const mha_layer *L, mha_block b, int *labels) {
 }
 
 mha_status mha_layer_set_labels(mha_layer *L, mha_block b, const int *labels) {
-    mha_status s = check_block(L, b, labels, "mha_layer_set_labels");
+    mha_status s = check_block_permutation(L, b, labels, "mha_layer_set_labels", "labels");
     if (s) return s;
-    char what[32];
-    snprintf(what, sizeof what, "%s labels", block_name(b));
-    if ((s = check_permutation(labels, block_count(L, b), what))) return s;
     memcpy(L->labels[b], labels, (size_t)block_count(L, b) * sizeof(int));
     return MHA_OK;
 }
@@ -321,11 +329,8 @@ static mha_status permute_one(mha_layer *L, mha_block b, const int *perm) {
 }
 
 mha_status mha_layer_permute_block(mha_layer *L, mha_block b, const int *perm) {
-    mha_status s = check_block(L, b, perm, "mha_layer_permute_block");
+    mha_status s = check_block_permutation(L, b, perm, "mha_layer_permute_block", "perm");
     if (s) return s;
-    char what[32];
-    snprintf(what, sizeof what, "%s perm", block_name(b));
-    if ((s = check_permutation(perm, block_count(L, b), what))) return s;
     if ((s = permute_one(L, b, perm))) return s;
     return mha_fast_prepare(L);
 }

@@ -236,19 +236,15 @@ int cmd_audit(int argc, char **argv) {
         .args = args,
         .n_args = (int)(sizeof args / sizeof args[0]),
     };
-    argv = cli_expand_causal(&argc, argv);
-    int rc = mha_args_parse(&spec, argc, argv, NULL, NULL);
+    mha_layer *L;
+    cli_fwd f;
+    int rc = cli_fwd_open(&L, &f, &spec, &ck, &ff, argc, argv);
     if (rc != MHA_ARGS_CONTINUE) return rc;
 
-    mha_layer *L = NULL;
-    cli_fwd f;
-    memset(&f, 0, sizeof f);
     mha_array yref = {0};
     float *y = NULL, *target = NULL;
-    if ((rc = cli_load_layer(CMD, &L, &ck, NULL))) return rc;
     const mha_config *c = mha_layer_config(L);
     int dm = c->d_model;
-    if ((rc = cli_fwd_prepare(CMD, &f, L, &ff))) goto done;
     /* the oracle path: double accumulation for the fit, and no OpenMP
      * workers left spinning between the many small passes */
     f.opt.path = MHA_PATH_REFERENCE;

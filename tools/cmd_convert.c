@@ -29,12 +29,11 @@ int cmd_convert(int argc, char **argv) {
         .max_positional = 2,
     };
     const char *pos[2];
-    int npos = 0;
-    int rc = mha_args_parse(&spec, argc, argv, pos, &npos);
+    mha_layer *L;
+    int rc = cli_parse_load(&L, pos, &spec, &ck, argc, argv);
     if (rc != MHA_ARGS_CONTINUE) return rc;
-    mha_layer *L = NULL;
-    if ((rc = cli_load_layer("convert", &L, &ck, pos[0]))) return rc;
     mha_status s = mha_layer_save(L, pos[1]);
+    rc = MHA_EXIT_OK;
     if (s) rc = cli_fail("convert", s);
     else {
         const mha_config *c = mha_layer_config(L);

@@ -87,11 +87,9 @@ int cmd_permute(int argc, char **argv) {
         .max_positional = 2,
     };
     const char *pos[2];
-    int npos = 0;
-    int rc = mha_args_parse(&spec, argc, argv, pos, &npos);
+    mha_layer *L;
+    int rc = cli_parse_load(&L, pos, &spec, &ck, argc, argv);
     if (rc != MHA_ARGS_CONTINUE) return rc;
-    mha_layer *L = NULL;
-    if ((rc = cli_load_layer("permute", &L, &ck, pos[0]))) return rc;
     const mha_config *c = mha_layer_config(L);
     if (!block) block = "all";
     int kv = strcmp(block, "k") == 0 || strcmp(block, "v") == 0 || strcmp(block, "kv") == 0;

@@ -141,21 +141,17 @@ int cmd_plot(int argc, char **argv) {
         .args = args,
         .n_args = (int)(sizeof args / sizeof args[0]),
     };
-    argv = cli_expand_causal(&argc, argv);
-    int rc = mha_args_parse(&spec, argc, argv, NULL, NULL);
+    mha_layer *L;
+    cli_fwd f;
+    int rc = cli_fwd_open(&L, &f, &spec, &ck, &ff, argc, argv);
     if (rc != MHA_ARGS_CONTINUE) return rc;
 
-    mha_layer *L = NULL;
-    cli_fwd f;
-    memset(&f, 0, sizeof f);
     float *y = NULL, *norms = NULL;
     mha_capture cap = {0};
     int *labels = NULL;
     char auto_out[1024];
-    if ((rc = cli_load_layer(CMD, &L, &ck, NULL))) return rc;
     const mha_config *c = mha_layer_config(L);
     int h = c->n_heads, dm = c->d_model;
-    if ((rc = cli_fwd_prepare(CMD, &f, L, &ff))) goto done;
     if (batch >= f.B) {
         rc = mha_cmd_error(CMD, MHA_EXIT_USAGE, "--batch %lld is out of range; the input has B = %d",
                            batch, f.B);

@@ -119,21 +119,17 @@ int cmd_run(int argc, char **argv) {
         .args = args,
         .n_args = (int)(sizeof args / sizeof args[0]),
     };
-    argv = cli_expand_causal(&argc, argv);
-    int rc = mha_args_parse(&spec, argc, argv, NULL, NULL);
+    mha_layer *L;
+    cli_fwd f;
+    int rc = cli_fwd_open(&L, &f, &spec, &ck, &ff, argc, argv);
     if (rc != MHA_ARGS_CONTINUE) return rc;
 
-    mha_layer *L = NULL;
-    cli_fwd f;
-    memset(&f, 0, sizeof f);
     float *y = NULL;
     mha_capture cap = {0};
     mha_intervention *iv = NULL;
     mha_array v = {0};
-    if ((rc = cli_load_layer("run", &L, &ck, NULL))) return rc;
     const mha_config *c = mha_layer_config(L);
     int h = c->n_heads;
-    if ((rc = cli_fwd_prepare("run", &f, L, &ff))) goto done;
     if (v_input && (rc = read_values(&v, v_input, &f, c))) goto done;
     if (!v_input && c->d_v_in != (ff.kv_input ? c->d_kv_in : c->d_model)) {
         rc = mha_cmd_error("run", MHA_EXIT_USAGE,

@@ -27,6 +27,16 @@ int cli_load_layer(const char *cmd, mha_layer **L, const cli_ckpt *ck, const cha
     return s ? cli_fail(cmd, s) : MHA_EXIT_OK;
 }
 
+int cli_parse_load(mha_layer **L, const char **pos, mha_command_spec *spec, const cli_ckpt *ck,
+                   int argc, char **argv) {
+    int npos = 0;
+    *L = NULL;
+    int rc = mha_args_parse(spec, argc, argv, pos, &npos);
+    if (rc != MHA_ARGS_CONTINUE) return rc;
+    rc = cli_load_layer(spec->name, L, ck, pos && npos > 0 ? pos[0] : NULL);
+    return rc ? rc : MHA_ARGS_CONTINUE;
+}
+
 char **cli_expand_causal(int *argc, char **argv) {
     static char *out[512];
     static char buf[64];
@@ -177,4 +187,19 @@ int cli_fwd_run(const char *cmd, const cli_fwd *f, const mha_layer *L, float *y,
                 const mha_capture *cap) {
     mha_status s = mha_forward(L, y, cap, f->x.f, f->kv.f, f->B, f->T, f->S, &f->opt);
     return s ? cli_fail(cmd, s) : MHA_EXIT_OK;
+}
+
+int cli_fwd_open(mha_layer **L, cli_fwd *f, mha_command_spec *spec, const cli_ckpt *ck,
+                 const cli_fwd_flags *ff, int argc, char **argv) {
+    memset(f, 0, sizeof *f);
+    argv = cli_expand_causal(&argc, argv);
+    int rc = cli_parse_load(L, NULL, spec, ck, argc, argv);
+    if (rc != MHA_ARGS_CONTINUE) return rc;
+    if ((rc = cli_fwd_prepare(spec->name, f, *L, ff))) {
+        cli_fwd_free(f);
+        mha_layer_free(*L);
+        *L = NULL;
+        return rc;
+    }
+    return MHA_ARGS_CONTINUE;
 }

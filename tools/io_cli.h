@@ -38,6 +38,14 @@ typedef struct {
 /* Loads path (ck->weights unless path is given) as a layer. */
 int cli_load_layer(const char *cmd, mha_layer **L, const cli_ckpt *ck, const char *path);
 
+/* The opening of every checkpoint command: parses argv against spec
+ * (positional arguments into pos, which may be NULL when the spec takes
+ * none), then loads the layer from pos[0] when one was given, else from
+ * ck->weights. Returns MHA_ARGS_CONTINUE with *L
+ * loaded, or the exit code (0 after --help) with *L left NULL. */
+int cli_parse_load(mha_layer **L, const char **pos, mha_command_spec *spec, const cli_ckpt *ck,
+                   int argc, char **argv);
+
 /* --- forward-pass flags shared by run, audit and plot --- */
 typedef struct {
     const char *input, *kv_input;
@@ -76,6 +84,14 @@ typedef struct {
 /* Reads X (and KV, masks) and fills f->opt for layer L. */
 int cli_fwd_prepare(const char *cmd, cli_fwd *f, const mha_layer *L, const cli_fwd_flags *ff);
 void cli_fwd_free(cli_fwd *f);
+
+/* The opening of run, audit and plot: rewrites a bare --causal, parses,
+ * loads the layer (cli_parse_load) and reads the inputs (cli_fwd_prepare).
+ * Returns MHA_ARGS_CONTINUE with *L and *f ready (the caller frees them
+ * with mha_layer_free and cli_fwd_free), or the exit code with *L NULL and
+ * *f zeroed: nothing left to free. */
+int cli_fwd_open(mha_layer **L, cli_fwd *f, mha_command_spec *spec, const cli_ckpt *ck,
+                 const cli_fwd_flags *ff, int argc, char **argv);
 
 /* Runs the forward; y (B,T,d_model) must be allocated; cap may be NULL. */
 int cli_fwd_run(const char *cmd, const cli_fwd *f, const mha_layer *L, float *y,

@@ -16,20 +16,6 @@ void mha_attn_scores_avx2(float *s, size_t lds, const float *q, const float *kt,
                                      NULL, NULL, d_k, 6, 16);
 }
 
-static inline float hmax8(__m256 v) {
-    __m128 x = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    x = _mm_max_ps(x, _mm_movehl_ps(x, x));
-    x = _mm_max_ss(x, _mm_shuffle_ps(x, x, 1));
-    return _mm_cvtss_f32(x);
-}
-
-static inline float hsum8(__m256 v) {
-    __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
-    x = _mm_add_ss(x, _mm_shuffle_ps(x, x, 1));
-    return _mm_cvtss_f32(x);
-}
-
 void mha_attn_softmax_avx2(float *s, size_t lds, float *m, float *l, float *alpha,
                            const int *lo, const int *hi, int extra, int rows, int cols) {
     const __m256 ninf = _mm256_set1_ps(-INFINITY);
@@ -62,7 +48,7 @@ void mha_attn_softmax_avx2(float *s, size_t lds, float *m, float *l, float *alph
                 mx = _mm256_max_ps(mx, x);
             }
         }
-        float m_new = fmaxf(m[i], hmax8(mx));
+        float m_new = fmaxf(m[i], mha_hmax8_avx2(mx));
         float mu = (m_new == -INFINITY) ? 0.0f : m_new; /* all masked so far: exp(-inf) = 0 */
         alpha[i] = expf(m[i] - mu);
         /* pass 2: exp and row sum */
@@ -73,7 +59,7 @@ void mha_attn_softmax_avx2(float *s, size_t lds, float *m, float *l, float *alph
             _mm256_storeu_ps(r + 8 * v, p);
             sum = _mm256_add_ps(sum, p);
         }
-        l[i] = alpha[i] * l[i] + hsum8(sum);
+        l[i] = alpha[i] * l[i] + mha_hsum8_avx2(sum);
         m[i] = m_new;
     }
 }

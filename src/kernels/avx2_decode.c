@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "kernels/decode_kernels.h"
+#include "kernels/avx2_micro.h"
 
 #define INLINE static inline __attribute__((always_inline))
 /* the tiles' loops over rows and vectors have constant trip counts; fully
@@ -91,41 +92,12 @@ static void scores_h_avx2(float *s, int lds, const float *q, int ldq, const uint
 
 /* ------------------------------------------------------------ softmax */
 
-/* exp(x) for x <= 0 (scores minus their max): x = n ln2 + r, |r| <= ln2/2,
- * e^r by its Taylor polynomial of degree 7 (truncation < 6e-9 relative),
- * 2^n through the exponent bits. x below -87 (including -inf) gives 0. */
+/* exp(x) for x <= 0 (scores minus their max): mha_exp_avx2 with this
+ * kernel's own cut-off, exactly 0 below -87 (including -inf), where
+ * mha_exp_avx2 alone still gives values down to FLT_MIN. */
 INLINE __m256 exp_avx2(__m256 x) {
-    const __m256 lo = _mm256_set1_ps(-87.0f);
-    __m256 keep = _mm256_cmp_ps(x, lo, _CMP_GE_OQ);
-    x = _mm256_max_ps(x, lo);
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.0f / 5040.0f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(e)), keep);
-}
-
-INLINE float hmax8(__m256 v) {
-    __m128 a = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    a = _mm_max_ps(a, _mm_movehl_ps(a, a));
-    a = _mm_max_ss(a, _mm_shuffle_ps(a, a, 1));
-    return _mm_cvtss_f32(a);
-}
-
-INLINE float hsum8(__m256 v) {
-    __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    a = _mm_add_ps(a, _mm_movehl_ps(a, a));
-    a = _mm_add_ss(a, _mm_shuffle_ps(a, a, 1));
-    return _mm_cvtss_f32(a);
+    __m256 keep = _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_GE_OQ);
+    return _mm256_and_ps(mha_exp_avx2(x), keep);
 }
 
 static void softmax_avx2(float *s, int lds, float *mx, float *sum, int m, int n) {
@@ -133,7 +105,7 @@ static void softmax_avx2(float *s, int lds, float *mx, float *sum, int m, int n)
         float *row = s + (size_t)i * lds;
         __m256 vm = _mm256_set1_ps(-INFINITY);
         for (int j = 0; j < n; j += 8) vm = _mm256_max_ps(vm, _mm256_loadu_ps(row + j));
-        float M = hmax8(vm);
+        float M = mha_hmax8_avx2(vm);
         if (M == -INFINITY) {
             memset(row, 0, (size_t)n * sizeof(float));
             mx[i] = M;
@@ -147,7 +119,7 @@ static void softmax_avx2(float *s, int lds, float *mx, float *sum, int m, int n)
             vs = _mm256_add_ps(vs, e);
         }
         mx[i] = M;
-        sum[i] = hsum8(vs);
+        sum[i] = mha_hsum8_avx2(vs);
     }
 }
 

@@ -1,6 +1,7 @@
-/* avx2_micro.h — the 6x16 FMA register tile and the vector exp, inlined
- * into the avx2*.c kernel files (the only ones built with -mavx2 -mfma).
- * Included by avx2_gemm.c, avx2_attention.c and avx2_exp.c only. */
+/* avx2_micro.h — the 6x16 FMA register tile, the vector exp and the
+ * horizontal max/sum, inlined into the avx2*.c kernel files (the only ones
+ * built with -mavx2 -mfma). Included by avx2_gemm.c, avx2_attention.c,
+ * avx2_decode.c and avx2_exp.c only. */
 #ifndef MHA_AVX2_MICRO_H
 #define MHA_AVX2_MICRO_H
 
@@ -32,6 +33,21 @@ static inline __m256 mha_exp_avx2(__m256 x) {
     __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     __m256 y = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
     return _mm256_andnot_ps(under, y);
+}
+
+/* max and sum of the 8 lanes of v: halves, then pairs, then the last two. */
+static inline float mha_hmax8_avx2(__m256 v) {
+    __m128 x = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    x = _mm_max_ps(x, _mm_movehl_ps(x, x));
+    x = _mm_max_ss(x, _mm_shuffle_ps(x, x, 1));
+    return _mm_cvtss_f32(x);
+}
+
+static inline float mha_hsum8_avx2(__m256 v) {
+    __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+    x = _mm_add_ss(x, _mm_shuffle_ps(x, x, 1));
+    return _mm_cvtss_f32(x);
 }
 
 /* c (m,n) = [row_scale * c +] a (6,K) b (K,16) [+ bias]; see kernels.h.
