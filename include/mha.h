@@ -247,6 +247,11 @@ typedef struct {
 mha_status mha_layer_check_contract(const mha_layer *layer, const float *x, const float *kv,
                                     int B, int T, int S, const mha_options *opt,
                                     mha_contract_report *report);
+/* The same for a layer with separate key and value sources (as
+ * mha_forward_kv takes them). */
+mha_status mha_layer_check_contract_kv(const mha_layer *layer, const float *x, const float *k_src,
+                                       const float *v_src, int B, int T, int S,
+                                       const mha_options *opt, mha_contract_report *report);
 
 /* ------------------------------------------- the seed steps, standalone */
 

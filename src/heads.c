@@ -152,6 +152,12 @@ static int labels_agree(const mha_layer *L, mha_contract_report *rep) {
 
 mha_status mha_layer_check_contract(const mha_layer *L, const float *x, const float *kv, int B, int T,
                                     int S, const mha_options *opt, mha_contract_report *report) {
+    return mha_layer_check_contract_kv(L, x, kv, kv, B, T, S, opt, report);
+}
+
+mha_status mha_layer_check_contract_kv(const mha_layer *L, const float *x, const float *k_src,
+                                       const float *v_src, int B, int T, int S, const mha_options *opt,
+                                       mha_contract_report *report) {
     mha_contract_report rep = {1, MHA_BLOCK_Q, -1, -1, -1, 0, 0.0};
     if (!L) return mha_fail(MHA_E_ARG, "mha_layer_check_contract: NULL layer");
     if (!labels_agree(L, &rep)) {
@@ -179,7 +185,7 @@ mha_status mha_layer_check_contract(const mha_layer *L, const float *x, const fl
         goto done;
     }
     mha_capture cap = {NULL, contrib, NULL};
-    if ((s = mha_forward(L, y, &cap, x, kv, B, T, S, opt))) goto done;
+    if ((s = mha_forward_kv(L, y, &cap, x, k_src, v_src, B, T, S, opt))) goto done;
     double max_y = 0.0, max_res = 0.0;
     for (size_t t = 0; t < rows; t++)
         for (int o = 0; o < c->d_model; o++) {

@@ -190,6 +190,14 @@ row "weighted" $((2 * 4 * 10 * 7 * 32))
 row "K projection" $((2 * 7 * 48 * 4 * 8))
 has "K 32 + V 128 bytes"
 
+# a separate value source of its own width (PyTorch vdim != kdim)
+run shapes --d-model 64 --heads 4 --d-k 8 --d-v 32 --d-kv-in 48 --d-v-in 40 --tokens 10 --kv-tokens 7 --no-bias
+expect_ok
+row "V source" "(1," "7," "40)"
+row "W_V" "(40," "128)" $((40 * 128))
+has "total parameters $((64 * 32 + 48 * 32 + 40 * 128 + 128 * 64)) "
+row "V projection" $((2 * 7 * 40 * 4 * 32))
+
 # usage errors: flag parsing
 run shapes
 expect_error 2 "mha shapes: " "missing required flag --d-model"

@@ -385,6 +385,29 @@ static void variants_value_source_permute(void) {
     kv_fixture_free(&f);
 }
 
+/* The contract check with separate sources: labels and the residual are
+ * verified through mha_layer_check_contract_kv; the one-source form cannot
+ * feed this layer and says so; a one-sided W_O permutation is caught. */
+static void variants_value_source_contract(void) {
+    kv_fixture f;
+    mha_config c = cfg(8, 4, 2, 2, 3, 5, 1);
+    c.d_v_in = 7;
+    if (!kv_fixture_make(&f, c, 2, 3, 4, 0, 443)) return;
+    mha_options o = naive_ref_options();
+    mha_contract_report rep;
+    CHECK_OK(mha_layer_check_contract_kv(f.L, f.x, f.k, f.v, 2, 3, 4, &o, &rep));
+    CHECK_INT(rep.residual_checked, 1);
+    CHECK(rep.max_residual <= 1e-5);
+    CHECK_STATUS(mha_layer_check_contract(f.L, f.x, f.k, 2, 3, 4, &o, &rep), MHA_E_SHAPE);
+    CHECK_ERROR_MENTIONS("d_v_in=7");
+    const int swap[4] = {1, 0, 2, 3};
+    CHECK_OK(mha_layer_permute_block(f.L, MHA_BLOCK_O, swap));
+    CHECK_STATUS(mha_layer_check_contract_kv(f.L, f.x, f.k, f.v, 2, 3, 4, &o, &rep), MHA_E_CONTRACT);
+    CHECK_INT(rep.labels_ok, 0);
+    CHECK_INT(rep.bad_block, MHA_BLOCK_O);
+    kv_fixture_free(&f);
+}
+
 /* Errors name what is wrong: a missing value source when d_v_in differs,
  * and a non-finite value in v_src; on both paths. */
 static void variants_value_source_errors(void) {
@@ -436,6 +459,7 @@ static const test_case cases[] = {
     {"variants_value_source_changes_values_only", variants_value_source_changes_values_only},
     {"variants_value_source_permute", variants_value_source_permute},
     {"variants_value_source_errors", variants_value_source_errors},
+    {"variants_value_source_contract", variants_value_source_contract},
 };
 
 const test_case *tests_variants(size_t *count) {

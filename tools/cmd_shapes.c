@@ -59,7 +59,7 @@ static uint64_t kv_bytes(uint64_t B, uint64_t S, uint64_t hkv, uint64_t dk, uint
 }
 
 int cmd_shapes(int argc, char **argv) {
-    long long d_model = 0, heads = 0, kv_heads = 0, d_k = 0, d_v = 0, d_kv_in = 0;
+    long long d_model = 0, heads = 0, kv_heads = 0, d_k = 0, d_v = 0, d_kv_in = 0, d_v_in = 0;
     long long batch = 1, tokens = 128, kv_tokens = 0, bytes = 4;
     int no_bias = 0;
     mha_arg args[] = {
@@ -75,6 +75,8 @@ int cmd_shapes(int argc, char **argv) {
          .help = "value width per head; default d_k", .min = 1, .max = 1 << 20},
         {.name = "--d-kv-in", .kind = MHA_ARG_INT, .dest = &d_kv_in, .metavar = "N",
          .help = "width of the key/value source; default d_model", .min = 1, .max = 1 << 20},
+        {.name = "--d-v-in", .kind = MHA_ARG_INT, .dest = &d_v_in, .metavar = "N",
+         .help = "width of a separate value source (PyTorch vdim); default d_kv_in", .min = 1, .max = 1 << 20},
         {.name = "--batch", .kind = MHA_ARG_INT, .dest = &batch, .metavar = "B", .help = "batch size; default 1",
          .min = 1, .max = 1 << 24},
         {.name = "--tokens", .kind = MHA_ARG_INT, .dest = &tokens, .metavar = "T",
@@ -107,6 +109,7 @@ int cmd_shapes(int argc, char **argv) {
     c.d_k = (int)d_k;
     c.d_v = (int)d_v;
     c.d_kv_in = (int)d_kv_in;
+    c.d_v_in = (int)d_v_in;
     c.bias = !no_bias;
     mha_status s = mha_config_resolve(&c, &c);
     if (s != MHA_OK) {
@@ -117,14 +120,15 @@ int cmd_shapes(int argc, char **argv) {
 
     const uint64_t B = (uint64_t)batch, T = (uint64_t)tokens, S = (uint64_t)kv_tokens;
     const uint64_t h = (uint64_t)c.n_heads, hkv = (uint64_t)c.n_kv_heads, dk = (uint64_t)c.d_k,
-                   dv = (uint64_t)c.d_v, dm = (uint64_t)c.d_model, din = (uint64_t)c.d_kv_in;
+                   dv = (uint64_t)c.d_v, dm = (uint64_t)c.d_model, din = (uint64_t)c.d_kv_in,
+                   dvin = (uint64_t)c.d_v_in;
     const uint64_t nb = (uint64_t)bytes;
-    const int self = din == dm && S == T;
+    const int self = din == dm && dvin == dm && S == T;
     const char *kind = hkv == h ? "MHA" : hkv == 1 ? "MQA" : "GQA";
     overflow = 0;
 
     /* --- parameters */
-    const uint64_t p_wq = mul(dm, mul(h, dk)), p_wk = mul(din, mul(hkv, dk)), p_wv = mul(din, mul(hkv, dv)),
+    const uint64_t p_wq = mul(dm, mul(h, dk)), p_wk = mul(din, mul(hkv, dk)), p_wv = mul(dvin, mul(hkv, dv)),
                    p_wo = mul(mul(h, dv), dm);
     const uint64_t p_b = c.bias ? add(add(mul(h, dk), mul(hkv, dk)), add(mul(hkv, dv), dm)) : 0;
     const uint64_t p_total = add(add(add(p_wq, p_wk), add(p_wv, p_wo)), p_b);
@@ -132,7 +136,7 @@ int cmd_shapes(int argc, char **argv) {
     /* --- FLOPs of one forward pass, 2 per multiply-add */
     const uint64_t f_q = mul(2, mul(mul(B, T), mul(dm, mul(h, dk))));
     const uint64_t f_k = mul(2, mul(mul(B, S), mul(din, mul(hkv, dk))));
-    const uint64_t f_v = mul(2, mul(mul(B, S), mul(din, mul(hkv, dv))));
+    const uint64_t f_v = mul(2, mul(mul(B, S), mul(dvin, mul(hkv, dv))));
     const uint64_t f_s = mul(2, mul(mul(B, h), mul(mul(T, S), dk)));
     const uint64_t f_pv = mul(2, mul(mul(B, h), mul(mul(T, S), dv)));
     const uint64_t f_o = mul(2, mul(mul(B, T), mul(mul(h, dv), dm)));
@@ -143,7 +147,8 @@ int cmd_shapes(int argc, char **argv) {
     uint64_t kvb[3], kvp[3];
     for (int i = 0; i < 3; i++) {
         kvb[i] = kv_bytes(B, S, kv_h[i], dk, dv, nb);
-        kvp[i] = add(mul(din, mul(kv_h[i], add(dk, dv))), c.bias ? mul(kv_h[i], add(dk, dv)) : 0);
+        kvp[i] = add(add(mul(din, mul(kv_h[i], dk)), mul(dvin, mul(kv_h[i], dv))),
+                     c.bias ? mul(kv_h[i], add(dk, dv)) : 0);
     }
     (void)prod(4, (uint64_t[]){B, h, T, S}); /* the scores tensor must be countable too */
     if (overflow)
@@ -151,9 +156,9 @@ int cmd_shapes(int argc, char **argv) {
                              "a count exceeds 64 bits (reduce --batch, --tokens or --kv-tokens)");
 
     char hb[32];
-    printf("layer: d_model=%llu h=%llu h_kv=%llu (%s) d_k=%llu d_v=%llu d_kv_in=%llu bias=%s\n",
+    printf("layer: d_model=%llu h=%llu h_kv=%llu (%s) d_k=%llu d_v=%llu d_kv_in=%llu d_v_in=%llu bias=%s\n",
            (unsigned long long)dm, (unsigned long long)h, (unsigned long long)hkv, kind, (unsigned long long)dk,
-           (unsigned long long)dv, (unsigned long long)din, c.bias ? "on" : "off");
+           (unsigned long long)dv, (unsigned long long)din, (unsigned long long)dvin, c.bias ? "on" : "off");
     printf("input: B=%llu T=%llu S=%llu (%s), cache element %llu bytes\n", (unsigned long long)B,
            (unsigned long long)T, (unsigned long long)S, self ? "self-attention" : "cross-attention / cached keys",
            (unsigned long long)nb);
@@ -164,9 +169,10 @@ int cmd_shapes(int argc, char **argv) {
     row("X", "(B,T,d_model)", 3, (uint64_t[]){B, T, dm}, NULL);
     if (self) printf("  %-11s %-19s %s\n", "KV source", "(B,S,d_kv_in)", "= X (self-attention)");
     else row("KV source", "(B,S,d_kv_in)", 3, (uint64_t[]){B, S, din}, NULL);
+    if (dvin != din) row("V source", "(B,S,d_v_in)", 3, (uint64_t[]){B, S, dvin}, "separate value input");
     row("W_Q", "(d_model,h*d_k)", 2, (uint64_t[]){dm, h * dk}, "column block r -> head r");
     row("W_K", "(d_kv_in,h_kv*d_k)", 2, (uint64_t[]){din, hkv * dk}, "column block g -> kv head g");
-    row("W_V", "(d_kv_in,h_kv*d_v)", 2, (uint64_t[]){din, hkv * dv}, NULL);
+    row("W_V", "(d_v_in,h_kv*d_v)", 2, (uint64_t[]){dvin, hkv * dv}, NULL);
     row("W_O", "(h*d_v,d_model)", 2, (uint64_t[]){h * dv, dm}, "row block r <- head r");
     if (c.bias) {
         row("b_Q", "(h*d_k)", 1, (uint64_t[]){h * dk}, NULL);
@@ -194,7 +200,7 @@ int cmd_shapes(int argc, char **argv) {
     printf("\nFLOPs of one forward pass (2 per multiply-add)\n");
     printf("  %-18s %-24s %20llu\n", "Q projection", "2*B*T*d_model*h*d_k", (unsigned long long)f_q);
     printf("  %-18s %-24s %20llu\n", "K projection", "2*B*S*d_kv_in*h_kv*d_k", (unsigned long long)f_k);
-    printf("  %-18s %-24s %20llu\n", "V projection", "2*B*S*d_kv_in*h_kv*d_v", (unsigned long long)f_v);
+    printf("  %-18s %-24s %20llu\n", "V projection", "2*B*S*d_v_in*h_kv*d_v", (unsigned long long)f_v);
     printf("  %-18s %-24s %20llu\n", "scores Q K^T", "2*B*h*T*S*d_k", (unsigned long long)f_s);
     printf("  %-18s %-24s %20llu\n", "weighted sum P V", "2*B*h*T*S*d_v", (unsigned long long)f_pv);
     printf("  %-18s %-24s %20llu\n", "output projection", "2*B*T*h*d_v*d_model", (unsigned long long)f_o);
