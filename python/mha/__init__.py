@@ -7,6 +7,8 @@ Set MHA_LIBRARY to use a libmha.so elsewhere.
     layer = mha.from_torch_state_dict(sd, num_heads=4, batch_first=True)
     y, w = layer.torch_forward(x, need_weights=True)       # PyTorch's conventions
     y, cap = layer.forward(x, causal=True, capture=True)   # the library's own
+    with mha.Cache(layer, batch=1, capacity=256) as cache:  # KV cache: prefill, decode
+        y = cache.forward(layer, prompt); y1 = cache.forward(layer, next_token)
 
 Legend: B batch, T queries, S keys, h heads, h_kv kv heads, d_k, d_v,
 d_model, d_kv_in (key source), d_v_in (value source). Weights are (in, out).
@@ -21,11 +23,12 @@ from ._arrays import floats, fptr, ints
 from .errors import (ArgumentError, ContractError, DTypeError, FileError, FormatError, MhaError,
                      NonFiniteError, OutOfMemoryError, ShapeError, UnsupportedError, check,
                      last_error, status_str)
+from .cache import Cache, cache_bytes_for
 from .layer import ContractReport, Layer
 from .torch_compat import from_torch_state_dict, torch_forward
 
 __all__ = [
-    "Layer", "ContractReport", "from_torch_state_dict", "torch_forward",
+    "Layer", "ContractReport", "Cache", "cache_bytes_for", "from_torch_state_dict", "torch_forward",
     "concat_heads", "split_heads", "project_out", "head_contributions", "head_intervene",
     "set_num_threads", "get_num_threads", "status_str", "last_error",
     "MhaError", "ArgumentError", "ShapeError", "DTypeError", "OutOfMemoryError", "ContractError",

@@ -6,7 +6,8 @@ here in the same place. Enums are C ints.
 """
 import ctypes
 import os
-from ctypes import POINTER, Structure, c_char_p, c_double, c_float, c_int, c_uint8, c_void_p
+from ctypes import (POINTER, Structure, c_char_p, c_double, c_float, c_int, c_size_t, c_uint8,
+                    c_void_p)
 
 _here = os.path.dirname(os.path.abspath(__file__))
 _repo = os.path.dirname(os.path.dirname(_here))
@@ -144,3 +145,19 @@ _sig("mha_head_intervene", c_int, F32P, POINTER(Intervention), c_int, c_int, c_i
 _sig("mha_layer_from_torch", c_int, POINTER(LayerP), POINTER(TorchWeights))
 _sig("mha_layer_load", c_int, POINTER(LayerP), c_char_p, POINTER(LoadOptions))
 _sig("mha_layer_save", c_int, LayerP, c_char_p)
+
+# ---------------------------------------------- KV cache (src/cache.c)
+CACHE_F32, CACHE_F16 = 0, 1  # mha_cache_dtype
+CacheP = c_void_p
+_sig("mha_cache_create", c_int, POINTER(CacheP), LayerP, c_int, c_int, c_int, c_int)
+_sig("mha_cache_free", None, CacheP)
+_sig("mha_cache_bytes", c_size_t, CacheP)
+_sig("mha_cache_bytes_for", c_size_t, POINTER(Config), c_int, c_int, c_int)
+_sig("mha_cache_length", c_int, CacheP, c_int)
+_sig("mha_cache_reset", c_int, CacheP, c_int)
+_sig("mha_cache_truncate", c_int, CacheP, c_int, c_int)
+_sig("mha_cache_permute_heads", c_int, CacheP, INTP)
+_sig("mha_forward_cached", c_int, LayerP, CacheP, F32P, POINTER(Capture), F32P, c_int, INTP,
+     POINTER(Options))
+_sig("mha_cache_append", c_int, CacheP, F32P, F32P, c_int, INTP)
+_sig("mha_cache_attend", c_int, CacheP, F32P, F32P, c_int, INTP, c_float)

@@ -1,0 +1,290 @@
+"""Cache: an mha_cache (KV cache, src/cache.c) with numpy in and out.
+
+Legend: B sequences, T new rows per sequence and call, h heads, h_kv kv
+heads, d_k, d_v, d_model. The cache stores only the h_kv kv heads' K and V
+of the tokens a causal self-attention layer has seen; forward() runs the
+layer over new tokens (a prompt: prefill; one or a few: decode) against it.
+See docs/CACHE.md for the semantics and docs/PYTHON.md for examples.
+"""
+import ctypes
+
+import numpy as np
+
+from . import _lib
+from ._arrays import _shape_str, floats, fptr, ints
+from .errors import ArgumentError, MhaError, ShapeError, check as _check_status
+from .layer import Layer, _enum
+
+_L = _lib.lib
+
+
+def check(status, call):
+    """errors.check without a doubled prefix: the cache's C messages
+    already start with the function's name."""
+    try:
+        _check_status(status, call)
+    except MhaError as e:
+        prefix = f"{call}: {call}: "
+        if e.message.startswith(prefix):
+            e.message = e.message[len(call) + 2:]
+            e.args = (e.message,)
+        raise
+
+DTYPES = {"float32": _lib.CACHE_F32, "float16": _lib.CACHE_F16}
+_ELT = {_lib.CACHE_F32: 4, _lib.CACHE_F16: 2}
+
+
+def _dtype(dtype):
+    """'float32' | 'float16' (or the numpy dtypes) -> mha_cache_dtype."""
+    try:
+        name = np.dtype(dtype).name
+    except TypeError:
+        name = None
+    if name not in DTYPES:
+        raise ArgumentError(f"dtype={dtype!r}; expected 'float32' or 'float16'")
+    return DTYPES[name]
+
+
+def _config_of(layer_or_config):
+    """An mha_config from a Layer or a dict of mha_config fields (missing
+    fields 0: the library's defaults)."""
+    if isinstance(layer_or_config, Layer):
+        return _L.mha_layer_config(layer_or_config._handle()).contents
+    if isinstance(layer_or_config, dict):
+        names = [n for n, _ in _lib.Config._fields_]
+        unknown = set(layer_or_config) - set(names)
+        if unknown:
+            raise ArgumentError(f"unknown config fields {sorted(unknown)}; expected among {names}")
+        cfg = _lib.Config(*[int(layer_or_config.get(n, 0)) for n in names])
+        if "bias" not in layer_or_config:
+            cfg.bias = 1  # as Layer's default
+        return cfg
+    raise ArgumentError(f"{type(layer_or_config).__name__}; expected a mha.Layer or a config dict")
+
+
+def cache_bytes_for(layer_or_config, batch, capacity, dtype="float32"):
+    """mha_cache_bytes_for: K/V bytes a Cache(layer, batch, capacity, dtype)
+    would allocate, without creating it (2 * B * capacity * h_kv * d_head *
+    bytes when d_k = d_v = d_head and capacity is a multiple of 128)."""
+    cfg = _config_of(layer_or_config)
+    n = _L.mha_cache_bytes_for(ctypes.byref(cfg), int(batch), int(capacity), _dtype(dtype))
+    if n == 0:
+        raise ArgumentError(f"mha_cache_bytes_for: batch={batch}, capacity={capacity} or the config is "
+                            "invalid; expected batch >= 1, capacity >= 1 and a valid config")
+    return n
+
+
+def _batch_replace(spec):
+    """interventions with every ('replace', (T,d_v)) value given a batch axis."""
+    def one(it):
+        if isinstance(it, tuple) and len(it) == 2 and it[0] == "replace" and np.ndim(it[1]) == 2:
+            return ("replace", np.asarray(it[1])[None])
+        return it
+    if isinstance(spec, dict):
+        return {r: one(it) for r, it in spec.items()}
+    return [one(it) for it in spec]
+
+
+class Cache:
+    """A KV cache for `batch` sequences of a causal self-attention layer.
+
+    Cache(layer, batch=1, capacity=..., dtype="float32"|"float16", window=0)
+    window 0: at most `capacity` tokens per sequence; window W >= 1: a ring
+    of `capacity` slots keeping the last W tokens (each query attends the
+    last W positions including its own). The cache keeps a reference to
+    `layer` (forward's default); any layer of the same shape and K/V head
+    labels may be passed to forward instead.
+    """
+
+    def __init__(self, layer, batch=1, capacity=1024, dtype="float32", window=0):
+        self._c = None
+        if not isinstance(layer, Layer):
+            raise ArgumentError(f"layer is a {type(layer).__name__}; expected a mha.Layer")
+        dt = _dtype(dtype)
+        handle = ctypes.c_void_p()
+        check(_L.mha_cache_create(ctypes.byref(handle), layer._handle(), int(batch), int(capacity), dt,
+                                  int(window)), "mha_cache_create")
+        self._c = handle
+        self.layer = layer
+        self.batch, self.capacity, self.window = int(batch), int(capacity), int(window)
+        self.dtype = "float16" if dt == _lib.CACHE_F16 else "float32"
+        c = layer.config
+        self._shape = {k: c[k] for k in ("d_model", "n_heads", "n_kv_heads", "d_k", "d_v",
+                                         "add_bias_kv", "add_zero_attn")}
+
+    bytes_for = staticmethod(cache_bytes_for)
+
+    # ---------------------------------------------------------- lifetime
+    def close(self):
+        """Frees the C cache now (also done when the object is collected)."""
+        if self._c:
+            _L.mha_cache_free(self._c)
+            self._c = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _handle(self):
+        if not self._c:
+            raise ArgumentError("the cache was closed")
+        return self._c
+
+    def __repr__(self):
+        if not self._c:
+            return "Cache(closed)"
+        return (f"Cache(batch={self.batch}, capacity={self.capacity}, dtype={self.dtype!r}, "
+                f"window={self.window}, lengths={self.lengths()}, bytes={self.bytes})")
+
+    # ------------------------------------------------------------- state
+    @property
+    def bytes(self):
+        """mha_cache_bytes: K/V storage in bytes (bookkeeping not counted)."""
+        return _L.mha_cache_bytes(self._handle())
+
+    def length(self, b):
+        """Next position of sequence b (tokens held, counting those a window dropped)."""
+        n = _L.mha_cache_length(self._handle(), int(b))
+        if n < 0:
+            check(_lib.E_ARG, "mha_cache_length")
+        return n
+
+    def lengths(self):
+        return [self.length(b) for b in range(self.batch)]
+
+    def reset(self, b=-1):
+        """Empties sequence b, or every sequence when b == -1."""
+        check(_L.mha_cache_reset(self._handle(), int(b)), "mha_cache_reset")
+
+    def truncate(self, b, n):
+        """Rolls sequence b back to n tokens (0 <= n <= length(b))."""
+        check(_L.mha_cache_truncate(self._handle(), int(b), int(n)), "mha_cache_truncate")
+
+    def permute_heads(self, perm):
+        """The same perm as Layer.permute_heads (h entries, new head i = old
+        head perm[i]); call it after permuting a layer with a live cache."""
+        arr = ints("perm", perm, self._shape["n_heads"])
+        check(_L.mha_cache_permute_heads(self._handle(), arr), "mha_cache_permute_heads")
+
+    # ------------------------------------------------------------ inputs
+    def _rows(self, name, a, width, width_name):
+        """a (B,T,width), or (T,width) when batch is 1 -> (array (B,T,width), T, squeezed)."""
+        a = floats(name, a)
+        B, shape = self.batch, a.shape
+        squeezed = a.ndim == 2 and B == 1
+        if squeezed:
+            a = a.reshape(1, *shape)
+        if a.ndim != 3 or a.shape[0] != B or a.shape[2] != width or a.shape[1] < 1:
+            alt = f" or (T,{width_name}={width})" if B == 1 else ""
+            raise ShapeError(f"{name} has shape {_shape_str(shape)}; "
+                             f"expected (B={B},T>=1,{width_name}={width}){alt}")
+        return a, a.shape[1], squeezed
+
+    def _n_new(self, n_new, T):
+        """None -> NULL (all T rows); an int -> the same count for every sequence."""
+        if n_new is None:
+            return None
+        arr = np.asarray(n_new)
+        if arr.ndim == 0:
+            arr = np.full(self.batch, int(arr))
+        if arr.ndim != 1 or arr.shape[0] != self.batch or not np.issubdtype(arr.dtype, np.integer):
+            raise ShapeError(f"n_new is {np.asarray(n_new).tolist()!r}; expected an int or "
+                             f"B={self.batch} integers in 0..T={T}")
+        return (ctypes.c_int * self.batch)(*[int(v) for v in arr])
+
+    # ---------------------------------------------------------- forward
+    def forward(self, layer=None, x=None, n_new=None, *, capture=(), interventions=None,
+                window_left=None, scale=0.0, masked_row="zero"):
+        """y (B,T,d_model) for x (B,T,d_model) of up to T new tokens per
+        sequence (mha_forward_cached); (T,d_model) in and out when batch is 1.
+
+        layer: a Layer of the cache's shape (None: the cache's own).
+        n_new: None (all T rows), an int, or B ints; sequence b uses rows
+        0..n_new[b]-1 and its other rows of y and the captures are 0.
+        Each new token attends every cached position <= its own (causal,
+        bottom-right aligned); window_left further limits it (combined with
+        the cache's window). scale (0: 1/sqrt(d_k)), masked_row and
+        interventions as in Layer.forward ('mean' averages over this
+        call's new rows; ('replace', value) takes value (B,T,d_v)).
+        capture: names among 'z' (B,T,h*d_v), 'contributions'
+        (h,B,T,d_model), 'probs' (B,h,T,capacity+extra: column s is cache
+        slot s, then the add_bias_kv / add_zero_attn keys), or True for
+        all; with it, returns (y, dict). The batch axis is dropped from
+        every result when x is (T,d_model).
+        """
+        if x is None:
+            if layer is None or isinstance(layer, Layer):
+                raise ArgumentError("forward: x is missing; expected forward(layer, x) or forward(x=x)")
+            layer, x = None, layer  # forward(x): the cache's own layer
+        layer = self.layer if layer is None else layer
+        if not isinstance(layer, Layer):
+            raise ArgumentError(f"layer is a {type(layer).__name__}; expected a mha.Layer")
+        s = layer.config  # the C side checks it against the cache's shape before writing
+        x, T, squeezed = self._rows("x", x, s["d_model"], "d_model")
+        B, h = self.batch, s["n_heads"]
+        keep = [x]
+        o = _L.mha_options_default()
+        o.scale = float(scale)
+        o.causal = 1
+        o.align = _lib.ALIGN["bottom_right"]
+        o.window_left = -1 if window_left is None else int(window_left)
+        o.masked_row = _enum("masked_row", masked_row, _lib.MASKED_ROW)
+        if interventions is not None:
+            if squeezed:  # ('replace', (T,d_v)) rows like x's
+                interventions = _batch_replace(interventions)
+            ivs = Layer._interventions(interventions, h, B, T, s["d_v"], keep)
+            keep.append(ivs)
+            o.interventions = ivs
+        n = self._n_new(n_new, T)
+        names = ("z", "contributions", "probs") if capture is True else tuple(capture or ())
+        extra = s["add_bias_kv"] + s["add_zero_attn"]
+        shapes = {"z": (B, T, h * s["d_v"]), "contributions": (h, B, T, s["d_model"]),
+                  "probs": (B, h, T, self.capacity + extra)}
+        bad = [nm for nm in names if nm not in shapes]
+        if bad:
+            raise ArgumentError(f"capture {bad}; expected names among {list(shapes)}")
+        caps = {nm: np.empty(shapes[nm], dtype=np.float32) for nm in names}
+        cap = _lib.Capture(*(fptr(caps.get(nm)) for nm in ("z", "contributions", "probs")))
+        y = np.empty((B, T, s["d_model"]), dtype=np.float32)
+        check(_L.mha_forward_cached(layer._handle(), self._handle(), fptr(y), ctypes.byref(cap), fptr(x),
+                                    T, n, ctypes.byref(o)), "mha_forward_cached")
+        del keep
+        if squeezed:
+            y = y[0]
+            caps = {nm: (a[:, 0] if nm == "contributions" else a[0]) for nm, a in caps.items()}
+        return (y, caps) if names else y
+
+    __call__ = forward
+
+    # ------------------------------------------------- the two halves
+    def append(self, k, v, n_new=None):
+        """Stores k (B,T,h_kv*d_k) and v (B,T,h_kv*d_v) (rows 0..n_new[b]-1
+        of sequence b) as the next positions (mha_cache_append); for callers
+        that project Q, K, V themselves."""
+        s = self._shape
+        k, T, _ = self._rows("k", k, s["n_kv_heads"] * s["d_k"], "h_kv*d_k")
+        v, Tv, _ = self._rows("v", v, s["n_kv_heads"] * s["d_v"], "h_kv*d_v")
+        if Tv != T:
+            raise ShapeError(f"v has {Tv} rows per sequence; expected T={T} like k")
+        check(_L.mha_cache_append(self._handle(), fptr(k), fptr(v), T, self._n_new(n_new, T)),
+              "mha_cache_append")
+
+    def attend(self, q, n_new=None, scale=0.0):
+        """z (B,T,h*d_v) of queries q (B,T,h*d_k) at the last n_new[b]
+        appended positions of each sequence (mha_cache_attend; causal, the
+        cache's window, no extra keys); scale 0 means 1/sqrt(d_k). Rows
+        past n_new[b] of z are 0. (T,..) in and out when batch is 1."""
+        s = self._shape
+        q, T, squeezed = self._rows("q", q, s["n_heads"] * s["d_k"], "h*d_k")
+        z = np.zeros((self.batch, T, s["n_heads"] * s["d_v"]), dtype=np.float32)
+        check(_L.mha_cache_attend(self._handle(), fptr(z), fptr(q), T, self._n_new(n_new, T),
+                                  float(scale)), "mha_cache_attend")
+        return z[0] if squeezed else z
