@@ -118,6 +118,19 @@ mha_status mha_cache_check_room(const mha_cache *c, const int *n, const char *fn
 mha_status mha_decode_attend(float *z, float *stats, const mha_cache *c, const float *q,
                              const int *row0, int t0, const int *n, const mha_decode_opts *o);
 
+/* New rows of one mha_forward_cached call (N = sum of n_new) from which
+ * the projections run on the fast path's packed GEMM (mha_gemm, gemm.h,
+ * with the weights mha_fast_prepare packed once per layer) instead of
+ * mha_decode_gemm below. Measured (d_model 2048, h 32, h_kv 8, 2 threads,
+ * weights hot in the 480 MiB L3, medians of 21; Q|K|V, W_O alike):
+ *   N        1     2     4     5     8    16    32  (ms)
+ *   decode  0.49  0.68  1.01  3.00  3.30  6.13  13.4
+ *   mha_gemm 0.68 0.61  0.69  1.12  1.78  2.38  3.64
+ * One row is a pure stream over the weights, where decode_gemm's k-split
+ * wins; from two rows mha_gemm's 6x16 register tiles win. The choice
+ * depends on N alone, never on the thread count: bits stay thread-free. */
+#define MHA_PREFILL_MIN_ROWS 2
+
 /* y (m, n) = x (m, k) w (k, n) + b (n, may be NULL), threaded, the same
  * bits for any thread count. _many runs up to MHA_DECODE_MAX_JOBS weights
  * that share x in one parallel region (Q, K and V of a decode step). */

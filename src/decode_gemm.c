@@ -6,8 +6,11 @@
  * stream over the weights and memory-bound: rows of w are read
  * contiguously, split across threads by fixed blocks of KBLK input rows
  * whose partial sums are added in block order (a fixed order: the same
- * bits for any thread count). Many rows (prefill) use register tiles over
- * column blocks instead, one thread per output element.
+ * bits for any thread count). Many rows use register tiles over column
+ * blocks instead, one thread per output element; mha_forward_cached sends
+ * those (N >= MHA_PREFILL_MIN_ROWS) to the fast path's packed mha_gemm,
+ * 3-5x faster, so the tile mode is only the fallback for a layer without
+ * packed weights.
  * Legend: m rows, k inputs, n outputs.
  */
 #include <stdlib.h>

@@ -3,6 +3,8 @@
  *
  *   pack the new rows of x        xc (N, d_model), N = sum_b n[b]
  *   project                       Q = xc W_Q + b_Q, K = .. W_K, V = .. W_V
+ *                                 (decode_gemm.c for one row, the fast
+ *                                 path's packed mha_gemm for more)
  *   append K, V; attend           Z (N, h*d_v)   (decode.c, by pieces when
  *                                 a ring must not overwrite needed keys)
  *   intervene                     Z^(r) per opt->interventions
@@ -78,6 +80,46 @@ static mha_status check_options(const mha_options *o, int h) {
 }
 
 /* ------------------------------------------------------- the steps */
+
+/* q (N, h*d_k), k (N, h_kv*d_k), v (N, h_kv*d_v) = x (N, d_model) W + b.
+ * Many new rows (N >= MHA_PREFILL_MIN_ROWS, cache_internal.h) run on the
+ * fast path's GEMM with the layer's packed weights, one row on
+ * decode_gemm.c; the same split for W_O below. */
+static mha_status project_qkv(float *q, float *k, float *v, const mha_layer *L, const mha_cache *c,
+                              const float *x, int N) {
+    const int wq = c->h * c->d_k, wk = c->h_kv * c->d_k, wv = c->h_kv * c->d_v;
+    const mha_packed *p = N >= MHA_PREFILL_MIN_ROWS ? mha_fast_packed_qkv(L) : NULL;
+    if (p) {
+        const mha_dst dst[3] = {{MHA_DST_ROWS, q, (size_t)wq, 0, 0, 0, 0},
+                                {MHA_DST_ROWS, k, (size_t)wk, 0, 0, 0, 0},
+                                {MHA_DST_ROWS, v, (size_t)wv, 0, 0, 0, 0}};
+        int nt = mha_decode_threads_for((double)N * c->d_model * (wq + wk + wv));
+        return mha_gemm(dst, x, (size_t)c->d_model, N, p, 0, 3, 0, c->d_model, 1, mha_kernels_get(), nt);
+    }
+    mha_decode_gemm_job qkv[3] = {{q, L->w_q, L->b_q, wq}, {k, L->w_k, L->b_k, wk}, {v, L->w_v, L->b_v, wv}};
+    return mha_decode_gemm_many(qkv, 3, x, N, c->d_model);
+}
+
+/* y (N, d_model) = z (N, h*d_v) W_O + b_O; cc (h, N, d_model), when not
+ * NULL, = Z^(r) W_O[r] (no bias), the per-head contributions. */
+static mha_status project_out(float *y, float *cc, const mha_layer *L, const mha_cache *c,
+                              const float *z, int N) {
+    const int wz = c->h * c->d_v, D = c->d_model;
+    const mha_packed *p = N >= MHA_PREFILL_MIN_ROWS ? mha_fast_packed_o(L) : NULL;
+    if (!p) {
+        mha_status s = mha_decode_gemm(y, z, L->w_o, L->b_o, N, wz, D);
+        return !s && cc ? mha_head_contributions(cc, z, L->w_o, c->h, N, c->d_v, D) : s;
+    }
+    const mha_kernels *kern = mha_kernels_get();
+    int nt = mha_decode_threads_for((double)N * wz * D);
+    mha_dst out = {MHA_DST_ROWS, y, (size_t)D, 0, 0, 0, 0};
+    mha_status s = mha_gemm(&out, z, (size_t)wz, N, p, 0, 1, 0, wz, 1, kern, nt);
+    for (int r = 0; cc && r < c->h && !s; r++) { /* rows r*d_v .. of W_O, no bias */
+        out.base = cc + (size_t)r * N * D;
+        s = mha_gemm(&out, z + (size_t)r * c->d_v, (size_t)wz, N, p, 0, 1, r * c->d_v, c->d_v, 0, kern, nt);
+    }
+    return s;
+}
 
 /* Probabilities of the rows just attended (piece rows t0 .. t0+np[b]-1),
  * from the final max and sum of each row: column s = cache slot s. */
@@ -228,9 +270,7 @@ mha_status mha_forward_cached(const mha_layer *L, mha_cache *c, float *y, const 
     const float *xs = packed ? xc : x;
 
     // --- project: Q (N, h*d_k), K (N, h_kv*d_k), V (N, h_kv*d_v)
-    mha_decode_gemm_job qkv[3] = {{q, L->w_q, L->b_q, (int)wq}, {k, L->w_k, L->b_k, (int)wk},
-                                  {v, L->w_v, L->b_v, (int)wv}};
-    if ((s = mha_decode_gemm_many(qkv, 3, xs, N, c->d_model))) goto done;
+    if ((s = project_qkv(q, k, v, L, c, xs, N))) goto done;
 
     // --- append and attend, in pieces a ring can hold
     mha_decode_opts o;
@@ -256,21 +296,19 @@ mha_status mha_forward_cached(const mha_layer *L, mha_cache *c, float *y, const 
 
     // --- interventions on Z, then Y = Z W_O + b_O
     if (opt->interventions && (s = intervene(z, opt, c, n, T, N))) goto done;
-    if ((s = mha_decode_gemm(yc, z, L->w_o, L->b_o, N, (int)wz, c->d_model))) goto done;
+    float *cc = NULL; /* (h, N, d_model) contributions, packed rows */
+    if (cap && cap->contributions && !(cc = malloc(sizeof(float) * (size_t)c->h * N * c->d_model))) {
+        s = mha_fail(MHA_E_NOMEM, "mha_forward_cached: no memory for contributions");
+        goto done;
+    }
+    s = project_out(yc, cc, L, c, z, N);
+    for (int r = 0; cc && r < c->h && !s; r++)
+        unpack(cap->contributions + (size_t)r * B * T * c->d_model, cc + (size_t)r * N * c->d_model,
+               n, B, T, (size_t)c->d_model);
+    free(cc);
+    if (s) goto done;
     if (packed) unpack(y, yc, n, B, T, (size_t)c->d_model);
     if (cap && cap->z) unpack(cap->z, z, n, B, T, wz);
-    if (cap && cap->contributions) {
-        float *cc = malloc(sizeof(float) * (size_t)c->h * N * c->d_model);
-        if (!cc) {
-            s = mha_fail(MHA_E_NOMEM, "mha_forward_cached: no memory for contributions");
-            goto done;
-        }
-        s = mha_head_contributions(cc, z, L->w_o, c->h, N, c->d_v, c->d_model);
-        for (int r = 0; r < c->h && !s; r++)
-            unpack(cap->contributions + (size_t)r * B * T * c->d_model, cc + (size_t)r * N * c->d_model,
-                   n, B, T, (size_t)c->d_model);
-        free(cc);
-    }
     if (cap && cap->probs) { /* rows past n[b]: zero */
         size_t width = (size_t)c->cap + f->add_bias_kv + f->add_zero_attn;
         for (int b = 0; b < B; b++)

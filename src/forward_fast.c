@@ -201,3 +201,14 @@ done:
     ws_give(work);
     return s;
 }
+
+/* ---- accessors for the KV-cache prefill (issue 5, forward_cached.c) ----
+ * Read-only views of the packings above, so the cache projects many new
+ * rows with the same packed weights instead of a second copy. */
+const mha_packed *mha_fast_packed_qkv(const mha_layer *L) {
+    return L->fast && L->fast->fused ? &L->fast->qkv : NULL;
+}
+
+const mha_packed *mha_fast_packed_o(const mha_layer *L) {
+    return L->fast ? &L->fast->o : NULL;
+}

@@ -74,4 +74,14 @@ mha_status mha_forward_fast(const mha_layer *L, float *y, const mha_capture *cap
 mha_status mha_fast_prepare(mha_layer *L);
 void mha_fast_release(mha_layer *L);
 
+/* ---- KV-cache prefill (issue 5; forward_cached.c) ----------------------
+ * Many new rows of a cached forward are projected with the fast path's
+ * packed weights (mha_gemm, gemm.h) instead of packing them again. The
+ * fused W_Q | W_K | W_V matrix (sections 0, 1, 2) exists when
+ * d_kv_in == d_v_in == d_model, which every cache layer has; NULL when the
+ * layer has no fast state or no fused packing. W_O: NULL without state. */
+#include "gemm.h"
+const mha_packed *mha_fast_packed_qkv(const mha_layer *L);
+const mha_packed *mha_fast_packed_o(const mha_layer *L);
+
 #endif /* MHA_INTERNAL_H */

@@ -566,6 +566,136 @@ static void test_threads_bit_identical(void) {
     }
 }
 
+/* ---------------------------------------------- prefill on mha_gemm */
+
+/* K of sequence b, kv head g, positions 0..n-1 as stored in an fp32 cache:
+ * out (n, d_k). */
+static void read_k(float *out, const mha_cache *c, int b, int g, int n) {
+    size_t kv = mha_cache_kv_index(c, b, g);
+    for (int p = 0; p < n; p++)
+        for (int d = 0; d < c->d_k; d++)
+            out[(size_t)p * c->d_k + d] =
+                ((const float *)c->data)[mha_cache_k_off(c, kv, p) + (size_t)d * MHA_KPANEL];
+}
+
+/* Which projection ran is visible in the bits of the cached keys when
+ * d_model > 256: decode_gemm's one-row stream adds partial sums of 256
+ * inputs, mha_gemm sums all inputs in order. A prompt (N >= the
+ * threshold) must give mha_gemm's bits, a one-row decode step
+ * decode_gemm's (each computed here with that routine on the same x, and
+ * each differing from the other somewhere, or the check proves nothing).
+ * The one-row step is bit-identical for 1 and 2 threads too. */
+static void test_prefill_branch_bits(void) {
+    enum { P = 16, D = 320 };
+    CHECK(P >= MHA_PREFILL_MIN_ROWS && 1 < MHA_PREFILL_MIN_ROWS);
+    fixture f;
+    fixture_make(&f, 1, P + 1, D, 4, 2, 8, 0, 0, 83);
+    uint64_t seed = 79;
+    size_t ny = (size_t)f.T * D;
+    int wq = f.h * f.d_k, wk = f.h_kv * f.d_k, wv = f.h_kv * f.d_v;
+    float *x = naive_random_floats(ny, &seed, -1.0f, 1.0f);
+    float *y[2] = {naive_alloc_floats(ny), naive_alloc_floats(ny)};
+    float *q = naive_alloc_floats((size_t)f.T * wq), *kg = naive_alloc_floats((size_t)f.T * wk);
+    float *v = naive_alloc_floats((size_t)f.T * wv), *ks = naive_alloc_floats((size_t)f.T * wk);
+    float *kc = naive_alloc_floats((size_t)f.T * f.d_k);
+    const mha_packed *pk = mha_fast_packed_qkv(f.L);
+    CHECK(pk != NULL && mha_fast_packed_o(f.L) != NULL);
+    if (pk) { /* every row both ways */
+        const mha_dst dst[3] = {{MHA_DST_ROWS, q, (size_t)wq, 0, 0, 0, 0},
+                                {MHA_DST_ROWS, kg, (size_t)wk, 0, 0, 0, 0},
+                                {MHA_DST_ROWS, v, (size_t)wv, 0, 0, 0, 0}};
+        CHECK_OK(mha_gemm(dst, x, (size_t)D, f.T, pk, 0, 3, 0, D, 1, mha_kernels_get(), 1));
+    }
+    for (int t = 0; t < f.T; t++)
+        CHECK_OK(mha_decode_gemm(ks + (size_t)t * wk, x + (size_t)t * D, f.w.w_k, f.w.b_k, 1, D, wk));
+    int steps[] = {P, 1};
+    mha_decode_set_min_parallel_work(0.0); /* tiny shapes: threads anyway */
+    for (int th = 0; th < 2; th++) {
+        mha_set_num_threads(th + 1);
+        mha_cache *c = NULL;
+        CHECK_OK(mha_cache_create(&c, f.L, 1, f.T, MHA_CACHE_F32, 0));
+        if (c) run_cached(y[th], NULL, &f, c, x, steps, 2, NULL);
+        for (int g = 0; c && pk && g < f.h_kv; g++) {
+            read_k(kc, c, 0, g, f.T);
+            int as_gemm = 1, as_stream = 1, differ = 0;
+            for (int p = 0; p < f.T; p++)
+                for (int d = 0; d < f.d_k; d++) {
+                    float got = kc[(size_t)p * f.d_k + d];
+                    size_t at = (size_t)p * wk + (size_t)g * f.d_k + d;
+                    float eg = kg[at], es = ks[at];
+                    differ |= eg != es;
+                    if (p < P) as_gemm &= got == eg;
+                    else as_stream &= got == es;
+                }
+            CHECK(differ && as_gemm && as_stream);
+        }
+        mha_cache_free(c);
+    }
+    mha_set_num_threads(0);
+    mha_decode_set_min_parallel_work(262144.0);
+    CHECK(memcmp(y[0], y[1], ny * sizeof(float)) == 0);
+    free(x), free(y[0]), free(y[1]), free(q), free(kg), free(v), free(ks), free(kc);
+    fixture_free(&f);
+}
+
+/* A prompt long enough for the packed projections, then decode rows and a
+ * few rows, against the reference for MHA, GQA, MQA in fp32 and fp16; 1
+ * and 2 threads give identical bits; the contributions captured in the
+ * prompt (W_O's packed rows per head) equal the reference's. */
+static void test_prefill_fast_gemm(void) {
+    enum { P = 64 }; /* prompt rows per sequence */
+    CHECK(P >= MHA_PREFILL_MIN_ROWS);
+    for (int v = 0; v < 6; v++) {
+        int h_kv = v % 3 == 0 ? 8 : v % 3 == 1 ? 2 : 1;
+        mha_cache_dtype dt = v < 3 ? MHA_CACHE_F32 : MHA_CACHE_F16;
+        fixture f;
+        fixture_make(&f, 2, P + 6, 32, 8, h_kv, 8, 0, 0, 71 + v);
+        uint64_t seed = 61 + v;
+        size_t ny = (size_t)f.B * f.T * f.D, nc = (size_t)f.h * f.B * P * f.D;
+        float *x = naive_random_floats(ny, &seed, -1.0f, 1.0f);
+        float *yr = naive_alloc_floats(ny), *y[2] = {naive_alloc_floats(ny), naive_alloc_floats(ny)};
+        double tol16, tol = reference(yr, NULL, &tol16, &f, x, -1);
+        int steps[] = {P, 1, 5}; /* prompt, one token per sequence, a few */
+        mha_decode_set_min_parallel_work(0.0); /* tiny shapes: threads anyway */
+        for (int th = 0; th < 2; th++) {
+            mha_set_num_threads(th + 1);
+            mha_cache *c = NULL;
+            CHECK_OK(mha_cache_create(&c, f.L, f.B, f.T, dt, 0));
+            if (c) run_cached(y[th], NULL, &f, c, x, steps, 3, NULL);
+            mha_cache_free(c);
+        }
+        mha_set_num_threads(0);
+        mha_decode_set_min_parallel_work(262144.0);
+        CHECK(memcmp(y[0], y[1], ny * sizeof(float)) == 0);
+        CHECK_ARRAY_NEAR(y[0], yr, ny, dt == MHA_CACHE_F16 ? tol16 : tol);
+        CHECK(tol < 1e-4);
+
+        if (dt == MHA_CACHE_F32) { /* contributions of the prompt */
+            size_t np = (size_t)f.B * P * f.D;
+            float *xp = naive_alloc_floats(np), *yp = naive_alloc_floats(np), *ypr = naive_alloc_floats(np);
+            float *cr = naive_alloc_floats(nc), *cc = naive_alloc_floats(nc);
+            for (int b = 0; b < f.B; b++)
+                memcpy(xp + (size_t)b * P * f.D, x + (size_t)b * f.T * f.D, sizeof(float) * P * f.D);
+            mha_options ro = causal_ref(-1);
+            mha_capture rcap = {NULL, cr, NULL}, ccap = {NULL, cc, NULL};
+            CHECK_OK(mha_forward(f.L, ypr, &rcap, xp, NULL, f.B, P, P, &ro));
+            mha_cache *c = NULL;
+            CHECK_OK(mha_cache_create(&c, f.L, f.B, P, dt, 0));
+            if (c) CHECK_OK(mha_forward_cached(f.L, c, yp, &ccap, xp, P, NULL, NULL));
+            CHECK_ARRAY_NEAR(cc, cr, nc, tol);
+            for (size_t i = 0; i < np; i++) {
+                double sum = f.w.b_o[i % f.D];
+                for (int r = 0; r < f.h; r++) sum += cc[(size_t)r * np + i];
+                CHECK_NEAR(sum, yp[i], 1e-5);
+            }
+            mha_cache_free(c);
+            free(xp), free(yp), free(ypr), free(cr), free(cc);
+        }
+        free(x), free(yr), free(y[0]), free(y[1]);
+        fixture_free(&f);
+    }
+}
+
 /* ------------------------------------------------------------ kernels */
 
 /* binary16 conversion: AVX2 (F16C) and scalar give identical bits on
@@ -856,6 +986,8 @@ static const test_case cases[] = {
     {"cache_permute_live_cache_mha", test_permute_live_cache_mha},
     {"cache_permute_live_cache_gqa", test_permute_live_cache_gqa},
     {"cache_threads_bit_identical", test_threads_bit_identical},
+    {"cache_prefill_fast_gemm", test_prefill_fast_gemm},
+    {"cache_prefill_branch_bits", test_prefill_branch_bits},
     {"cache_f16_conversion", test_f16_conversion},
     {"cache_kernels_agree", test_kernels_agree},
     {"cache_append_attend", test_append_attend},
