@@ -58,10 +58,12 @@ test-c: $(BUILD)/test_mha $(BUILD)/mha
 	sh tests/cli_test.sh ./$(BUILD)/mha
 	sh tests/io_cli_test.sh ./$(BUILD)/mha
 
-# Same C tests under AddressSanitizer + UndefinedBehaviorSanitizer.
+# The C tests and the CLI suites under AddressSanitizer + UndefinedBehaviorSanitizer.
 test-asan: $(SETUP_CORE)
-	$(MAKE) BUILD=build-asan OPT="-O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all" build-asan/test_mha
+	$(MAKE) BUILD=build-asan OPT="-O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all" build-asan/test_mha build-asan/mha
 	ASAN_OPTIONS=detect_leaks=1 ./build-asan/test_mha
+	ASAN_OPTIONS=detect_leaks=1 sh tests/cli_test.sh ./build-asan/mha
+	ASAN_OPTIONS=detect_leaks=1 sh tests/io_cli_test.sh ./build-asan/mha
 
 test-python: $(SETUP_TEST) lib $(BUILD)/mha
 	@if [ -n "$$(ls tests/python/test_*.py 2>/dev/null)" ]; then \

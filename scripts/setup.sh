@@ -1,22 +1,35 @@
 #!/bin/sh
 # Installs the Debian packages mha needs that are not installed yet.
 #   setup.sh core   build the library and the CLI
-#   setup.sh test   also run every test and benchmark
+#   setup.sh test   also run every test, the fuzzers and the benchmarks
 set -e
 core="gcc make libc6-dev libjansson-dev libpng-dev zlib1g-dev pkg-config"
-test="$core python3 python3-numpy python3-pytest python3-torch libopenblas-dev clang libclang-rt-14-dev"
+test="$core python3 python3-numpy python3-pytest python3-torch libopenblas-dev clang"
 case "${1:-core}" in
   core) want="$core" ;;
   test) want="$test" ;;
   *) echo "setup.sh: unknown set '$1' (expected core or test)" >&2; exit 2 ;;
 esac
-missing=""
-for p in $want; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
-done
-[ -z "$missing" ] && exit 0
-echo "setup.sh: installing$missing"
 if [ "$(id -u)" -eq 0 ]; then sudo=""; else sudo="sudo"; fi
 export DEBIAN_FRONTEND=noninteractive
-$sudo apt-get update -qq
-$sudo apt-get install -y -qq --no-install-recommends $missing
+updated=""
+
+# install PACKAGE... : apt-get install of those not installed yet
+install() {
+  missing=""
+  for p in "$@"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
+  done
+  [ -z "$missing" ] && return 0
+  echo "setup.sh: installing$missing"
+  [ -n "$updated" ] || { $sudo apt-get update -qq; updated=1; }
+  $sudo apt-get install -y -qq --no-install-recommends $missing
+}
+
+install $want
+# The fuzzers need clang's sanitizer runtime, packaged per clang version
+# (libclang-rt-14-dev on bookworm): ask the installed clang which.
+if [ "${1:-core}" = test ]; then
+  major=$(clang -dumpversion | cut -d. -f1)
+  install "libclang-rt-$major-dev"
+fi

@@ -270,7 +270,7 @@ expect_error 1 "Fortran"
 run run --weights $T/native.safetensors --input $T/x_wide.npy --output $T/y.npy
 expect_error 1 "d_model = 16"
 run run --weights $T/native.safetensors --input $T/x.npy --output $T/y.npy --attn-mask $T/mask_badshape.npy
-expect_error 1 "attn_mask"
+expect_error 1 "attn_mask has shape (6, 7); expected (T, S) = (6, 6)"
 run run --weights $T/native.safetensors --input $T/missing.npy --output $T/y.npy
 expect_error 1 "missing.npy"
 run run --weights $T/native.safetensors --input $T/x.npy --output $T/y.npy --layout llama

@@ -99,11 +99,14 @@ static int attn_mask(const char *cmd, cli_fwd *f, const mha_config *c, const cha
         batch = f->B;
         heads = c->n_heads;
     } else {
+        char got[64] = "(";
+        for (int i = 0; i < m->rank; i++)
+            snprintf(got + strlen(got), sizeof got - strlen(got), "%s%d", i ? ", " : "", m->shape[i]);
+        strncat(got, ")", sizeof got - strlen(got) - 1);
         return mha_cmd_error(cmd, MHA_EXIT_RUNTIME,
-                             "%s: attn_mask has rank %d shape (%d, %d, %d); expected (T, S) = "
-                             "(%d, %d) or (B*h, T, S) = (%d, %d, %d)",
-                             path, m->rank, m->shape[0], m->shape[1], m->shape[2], T, S,
-                             f->B * c->n_heads, T, S);
+                             "%s: attn_mask has shape %s; expected (T, S) = (%d, %d) or "
+                             "(B*h, T, S) = (%d, %d, %d)",
+                             path, got, T, S, f->B * c->n_heads, T, S);
     }
     if (m->f) {
         f->opt.additive_mask = (mha_mask){m->f, batch, heads};
