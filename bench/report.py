@@ -38,7 +38,10 @@ same run.sh call; the rounds of a configuration alternate mha and torch):
 - decode bandwidth: bytes read per step / time; attention reads the K and V
   cache of L tokens, the whole step also the fp32 weights. It is compared with
   the streaming read bandwidth measured at the smallest buffer size that is
-  at least as large as those bytes (the largest size when none is).
+  at least as large as those bytes (the largest size when none is). The
+  whole-step column counts K, V and the fp32 weights; it can exceed 100%
+  because the weights stay in this CPU's large last-level cache between
+  steps, while the reference loop streams from DRAM.
 """
 import argparse
 import datetime
@@ -168,6 +171,16 @@ def flops_prefill(r):
     proj = (4 * B * T * d * d + 4 * B * S * d * d) if cross else 8 * B * T * d * d
     attn = 4 * B * h * T * S * (d // h) / (2 if causal else 1)
     return proj, attn
+
+
+def memory_line(rows):
+    """Issue 3's peak-RSS check (tests/test_fast.c fast_memory_peak)."""
+    m = one(rows, kind="memory")
+    if not m:
+        return "(not measured in this run: --quick skips it)"
+    return (f"Causal forward, B=1, T={m['T']}, d_model=768, h=12 (fast path): peak RSS "
+            f"{m['peak_mib']} MiB against {m['need_mib']} MiB of tensors it must hold "
+            f"(X, Q, K, V, Z, Y and the weights): ratio {m['ratio']} (limit 2).")
 
 
 def main():
@@ -361,6 +374,9 @@ def main():
                       fmt(gbs(cb, ta) / bw_attn * 100 if gbs(cb, ta) and bw_attn else None, ".0f", suffix="%"),
                       p_(fmt_ms(ms_)), p_(fmt_ms(ma)), p_(fmt(gbs(mcb, ma))),
                       p_(fmt(gbs(mcb, ma) / bw_attn * 100 if gbs(mcb, ma) and bw_attn else None, ".0f", suffix="%")),
+                      p_(fmt(gbs((mcb or 0) + (wb or 0), ms_))),
+                      p_(fmt(gbs((mcb or 0) + (wb or 0), ms_) / bw_step * 100
+                             if gbs((mcb or 0) + (wb or 0), ms_) and bw_step else None, ".0f", suffix="%")),
                       p_(fmt(ts / ms_ if ts and ms_ else None, ".2f")),
                       p_(fmt(num(t, "step_min_s") / num(m, "step_min_s")
                              if t and m and num(t, "step_min_s") and num(m, "step_min_s") else None, ".2f")),
@@ -370,6 +386,7 @@ def main():
             dec_points.append((cache, hkv, L, gbs(mcb, ma) / bw_attn, ts / ms_ if ts and ms_ else None))
     dec_tab = table(["cache", "h_kv", "L", "cache MiB", "torch step ms", "torch attn ms", "torch attn GB/s",
                      "torch attn % BW", "mha step ms", "mha attn ms", "mha attn GB/s", "mha attn % BW",
+                     "mha step GB/s (K,V+W)", "mha step % BW",
                      "x torch (step)", "x torch (step, min)", "x torch (attn)", "BW ref. buffer", "torch OMP wait"], dbody)
 
     # GQA / MQA speed-ups against MHA at the longest context, per implementation.
@@ -426,6 +443,7 @@ def main():
     md += ["## Prefill / encoder (issue 3)\n", pre_tab, "", "### Projection GEMMs\n", gemm_tab, "",
            "## Decode, one token per step at context L (issue 5)\n", dec_tab, "",
            "### Grouped / multi-query speed-up at the longest context\n", sp_tab, "",
+           "## Memory (issue 3)\n", memory_line(rows), "",
            "## Targets\n" + ("\n(--quick shapes: the issues' targets are stated for the full shapes "
                               "and do not apply here.)\n" if a.mode == "quick" else ""), tgt_tab, ""]
     if notes:

@@ -225,6 +225,13 @@ for cache in $(echo $dec_cache | tr , ' '); do
   done
 done
 
+# Issue 3's memory figure: peak RSS of a causal forward, B=1, T=32768,
+# d_model=768, h=12, against the tensors it must hold.
+if [ "$mode" = full ]; then
+  ${MAKE:-make} -s --no-print-directory build/test_mha || exit 1
+  run env MHA_TEST_MEMORY_T=32768 build/test_mha fast_memory_peak
+fi
+
 # The FMA peak again at the end: the spread shows how noisy the machine was.
 # shellcheck disable=SC2086
 run $solo "$bin" machine --fma-iters $fma_iters --stream-mib 0
