@@ -107,10 +107,16 @@ mha_status mha_forward_validate(const mha_layer *L, const float *y, const float 
     return check_options(c, o, B, T, S);
 }
 
-/* MHA_KERNELS=reference in the environment forces the oracle under AUTO. */
-static int env_forces_reference(void) {
+/* MHA_KERNELS in the environment: "reference" forces the oracle under
+ * AUTO; "scalar" and "avx2" choose the fast path's kernels (dispatch.c).
+ * Any other value is refused, so a typo does not silently run another path.
+ * Sets *reference; returns MHA_E_ARG for an unknown value. */
+static mha_status env_kernels(int *reference) {
     const char *e = getenv("MHA_KERNELS");
-    return e && strcmp(e, "reference") == 0;
+    *reference = e && strcmp(e, "reference") == 0;
+    if (e && *e && !*reference && strcmp(e, "scalar") != 0 && strcmp(e, "avx2") != 0)
+        return mha_fail(MHA_E_ARG, "MHA_KERNELS=%s in the environment; expected reference, scalar or avx2 (or unset)", e);
+    return MHA_OK;
 }
 
 mha_status mha_forward_kv(const mha_layer *L, float *y, const mha_capture *cap, const float *x,
@@ -120,10 +126,11 @@ mha_status mha_forward_kv(const mha_layer *L, float *y, const mha_capture *cap, 
     if (!opt) opt = &defaults;
     if (!k_src) k_src = x;
     if (!v_src) v_src = k_src;
+    int env_reference = 0;
     mha_status s = mha_forward_validate(L, y, x, k_src, v_src, B, T, S, opt);
-    if (s) return s;
+    if (s || (s = env_kernels(&env_reference))) return s;
     mha_clear_error();
-    if (opt->path == MHA_PATH_REFERENCE || (opt->path == MHA_PATH_AUTO && env_forces_reference()))
+    if (opt->path == MHA_PATH_REFERENCE || (opt->path == MHA_PATH_AUTO && env_reference))
         return mha_forward_reference(L, y, cap, x, k_src, v_src, B, T, S, opt);
     s = mha_forward_fast(L, y, cap, x, k_src, v_src, B, T, S, opt);
     if (s == MHA_E_UNSUPPORTED && opt->path == MHA_PATH_AUTO) {

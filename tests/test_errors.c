@@ -401,6 +401,30 @@ static void errors_standalone_steps(void) {
     CHECK_STATUS2(mha_head_contributions(c, z, w, 2, 1, 1, 0), MHA_E_ARG, MHA_E_SHAPE);
 }
 
+/* An unknown MHA_KERNELS value is refused by name, not silently ignored;
+ * the known values run (reference equals the forced reference path). */
+static void errors_env_kernels(void) {
+    fixture f;
+    if (!fixture_make(&f, 4)) return;
+    const char *old = getenv("MHA_KERNELS");
+    char *saved = old ? strdup(old) : NULL;
+    float y_ref[sizeof f.y / sizeof f.y[0]];
+    mha_options o = mha_options_default();
+    o.path = MHA_PATH_REFERENCE;
+    CHECK_OK(mha_forward(f.L, y_ref, NULL, f.x, NULL, 2, 3, 3, &o));
+    setenv("MHA_KERNELS", "refrence", 1);
+    CHECK_STATUS(mha_forward(f.L, f.y, NULL, f.x, NULL, 2, 3, 3, NULL), MHA_E_ARG);
+    CHECK_MSG("MHA_KERNELS=refrence");
+    CHECK_MSG("expected reference, scalar or avx2");
+    setenv("MHA_KERNELS", "reference", 1);
+    CHECK_OK(mha_forward(f.L, f.y, NULL, f.x, NULL, 2, 3, 3, NULL));
+    CHECK_ARRAY_NEAR(f.y, y_ref, sizeof f.y / sizeof f.y[0], 0);
+    if (saved) setenv("MHA_KERNELS", saved, 1);
+    else unsetenv("MHA_KERNELS");
+    free(saved);
+    fixture_free(&f);
+}
+
 static const test_case cases[] = {
     {"errors_config_values", errors_config_values},
     {"errors_create", errors_create},
@@ -412,6 +436,7 @@ static const test_case cases[] = {
     {"errors_permutations", errors_permutations},
     {"errors_labels", errors_labels},
     {"errors_standalone_steps", errors_standalone_steps},
+    {"errors_env_kernels", errors_env_kernels},
 };
 
 const test_case *tests_errors(size_t *count) {
