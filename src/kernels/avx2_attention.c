@@ -16,16 +16,18 @@ void mha_attn_scores_avx2(float *s, size_t lds, const float *q, const float *kt,
                                      NULL, NULL, d_k, 6, 16);
 }
 
+/* Row max of each row (masking as kernels.h says), then alpha for 8 rows
+ * per vector exp, then exp and row sum per row. */
 void mha_attn_softmax_avx2(float *s, size_t lds, float *m, float *l, float *alpha,
                            const int *lo, const int *hi, int extra, int rows, int cols) {
     const __m256 ninf = _mm256_set1_ps(-INFINITY);
     const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     const __m256i vcols = _mm256_set1_epi32(cols);
     const int nv = (cols + 7) / 8, nfull = cols / 8;
+    /* pass 1: mask and row max, parked in alpha */
     for (int i = 0; i < rows; i++) {
         float *r = s + (size_t)i * lds;
         __m256 mx = ninf;
-        /* pass 1: mask and row max */
         if (lo) {
             const __m256i vlo = _mm256_set1_epi32(lo[i] - 1), vhi = _mm256_set1_epi32(hi[i] + 1);
             const __m256i vex = _mm256_set1_epi32(extra - 1);
@@ -48,19 +50,41 @@ void mha_attn_softmax_avx2(float *s, size_t lds, float *m, float *l, float *alph
                 mx = _mm256_max_ps(mx, x);
             }
         }
-        float m_new = fmaxf(m[i], mha_hmax8_avx2(mx));
-        float mu = (m_new == -INFINITY) ? 0.0f : m_new; /* all masked so far: exp(-inf) = 0 */
-        alpha[i] = expf(m[i] - mu);
-        /* pass 2: exp and row sum */
-        const __m256 vmu = _mm256_set1_ps(mu);
-        __m256 sum = _mm256_setzero_ps();
-        for (int v = 0; v < nv; v++) {
-            __m256 p = mha_exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(r + 8 * v), vmu));
-            _mm256_storeu_ps(r + 8 * v, p);
-            sum = _mm256_add_ps(sum, p);
+        alpha[i] = mha_hmax8_avx2(mx);
+    }
+    /* m_new = max(m, row max); alpha = exp(m - mu) with mu = m_new, or 0
+     * while every key so far is masked (exp(-inf - 0) = 0): 8 rows at once */
+    for (int i = 0; i < rows; i += 8) {
+        float mo[8] = {0}, mx[8] = {0}, mn[8], t[8];
+        const int n8 = rows - i < 8 ? rows - i : 8;
+        for (int q = 0; q < n8; q++) mo[q] = m[i + q], mx[q] = alpha[i + q];
+        const __m256 vmo = _mm256_loadu_ps(mo);
+        const __m256 vmn = _mm256_max_ps(vmo, _mm256_loadu_ps(mx));
+        const __m256 mu = _mm256_andnot_ps(_mm256_cmp_ps(vmn, ninf, _CMP_EQ_OQ), vmn);
+        _mm256_storeu_ps(mn, vmn);
+        _mm256_storeu_ps(t, mha_exp_avx2(_mm256_sub_ps(vmo, mu)));
+        for (int q = 0; q < n8; q++) alpha[i + q] = t[q], m[i + q] = mn[q];
+    }
+    /* pass 2: exp and row sum (two partial sums, then their sum) */
+    for (int i = 0; i < rows; i++) {
+        float *r = s + (size_t)i * lds;
+        const __m256 vmu = _mm256_set1_ps(m[i] == -INFINITY ? 0.0f : m[i]);
+        __m256 sum0 = _mm256_setzero_ps(), sum1 = _mm256_setzero_ps();
+        int v = 0;
+        for (; v + 1 < nv; v += 2) {
+            __m256 p0 = mha_exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(r + 8 * v), vmu));
+            __m256 p1 = mha_exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(r + 8 * v + 8), vmu));
+            _mm256_storeu_ps(r + 8 * v, p0);
+            _mm256_storeu_ps(r + 8 * v + 8, p1);
+            sum0 = _mm256_add_ps(sum0, p0);
+            sum1 = _mm256_add_ps(sum1, p1);
         }
-        l[i] = alpha[i] * l[i] + mha_hsum8_avx2(sum);
-        m[i] = m_new;
+        if (v < nv) {
+            __m256 p0 = mha_exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(r + 8 * v), vmu));
+            _mm256_storeu_ps(r + 8 * v, p0);
+            sum0 = _mm256_add_ps(sum0, p0);
+        }
+        l[i] = alpha[i] * l[i] + mha_hsum8_avx2(_mm256_add_ps(sum0, sum1));
     }
 }
 

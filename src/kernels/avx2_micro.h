@@ -8,31 +8,33 @@
 #include <immintrin.h>
 #include <stddef.h>
 
-/* exp(x) for 8 floats, within ~2 ulp on [-87.33, 88.37]: x = n ln2 + r with
- * |r| <= ln2/2 (Cody-Waite split of ln2, so r is nearly exact), e^r by its
- * degree-7 Taylor polynomial (truncation 5e-9, below half an ulp), then
- * scaled by 2^n through the exponent bits. Below ln(FLT_MIN) it returns 0
- * (softmax only needs e^x for x <= 0; exp(-inf) = 0). */
+/* exp(x) for 8 floats, within 2 ulp on [ln(FLT_MIN), 88.3]: x = n ln2 + r
+ * with |r| <= ln2/2 (Cody-Waite split of ln2, so r is nearly exact), e^r by
+ * a degree-6 polynomial fitted for least relative error on that interval
+ * (2e-9, a sixtieth of an ulp), then scaled by 2^n through the exponent
+ * bits. n comes from one FMA: adding 1.5*2^23 + 127 rounds x log2e to an
+ * integer and leaves n + 127 in the low mantissa bits, which a shift moves
+ * into the exponent field (no round/convert). x is clamped to [-88, 88.38]:
+ * at -88, n = -127 makes the scale +0, so e^x = 0 for x < -87.68 and
+ * exp(-inf) = 0 (softmax needs e^x for x <= 0 only); between -87.68 and
+ * ln(FLT_MIN) the result is subnormal. */
 static inline __m256 mha_exp_avx2(__m256 x) {
-    const __m256 lo = _mm256_set1_ps(-87.33654475f);
-    const __m256 hi = _mm256_set1_ps(88.37626266f);
-    __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
-    x = _mm256_min_ps(_mm256_max_ps(x, lo), hi);
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m256 shift = _mm256_set1_ps(12583039.0f); /* 0x1.8p23 + 127 */
+    x = _mm256_max_ps(x, _mm256_set1_ps(-88.0f));
+    x = _mm256_min_ps(x, _mm256_set1_ps(88.37626266f));
+    __m256 t = _mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), shift);
+    __m256 n = _mm256_sub_ps(t, shift);
     __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
     r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.0f / 5040.0f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    __m256 p = _mm256_set1_ps(0x1.6ae6e0p-10f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0x1.1267d8p-7f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0x1.555824p-5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0x1.555418p-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0x1.fffffcp-2f));
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    __m256 y = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-    return _mm256_andnot_ps(under, y);
+    __m256i e = _mm256_slli_epi32(_mm256_castps_si256(t), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }
 
 /* max and sum of the 8 lanes of v: halves, then pairs, then the last two. */
