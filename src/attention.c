@@ -78,7 +78,7 @@ static void mask_tile(scratch *w, const mha_attn_args *a, int b, int r, int i0, 
             float *srow = w->s + (size_t)i * MHA_ATT_BC;
             for (int j = 0; j < nk; j++) {
                 double add;
-                if (mha_mask_key(o, a->cfg->n_heads, b, r, i0 + i, j0 + j, a->T, S, &add))
+                if (mha_mask_key(o, b, r, i0 + i, j0 + j, a->T, S, &add))
                     srow[j] += (float)add;
                 else
                     srow[j] = -INFINITY;

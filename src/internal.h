@@ -54,8 +54,8 @@ mha_status mha_forward_validate(const mha_layer *L, const float *y, const float 
  * counting causal, window, keep masks and key padding, and the additive
  * terms (mask + key_additive) to add to its scaled score. Extra keys
  * (j >= S) are always allowed with no additive term. */
-int mha_mask_key(const mha_options *opt, int h, int b, int r, int i, int j,
-                 int T, int S, double *additive);
+int mha_mask_key(const mha_options *opt, int b, int r, int i, int j, int T, int S,
+                 double *additive);
 
 /* The reference forward (reference.c); arguments already validated and
  * k_src, v_src resolved (never NULL: x for self-attention). */

@@ -4,8 +4,7 @@
 
 #include "internal.h"
 
-int mha_mask_key(const mha_options *o, int h, int b, int r, int i, int j, int T, int S,
-                 double *additive) {
+int mha_mask_key(const mha_options *o, int b, int r, int i, int j, int T, int S, double *additive) {
     *additive = 0.0;
     /* Aligned position of query i on the key axis. */
     long p = (long)i + (o->align == MHA_ALIGN_BOTTOM_RIGHT ? (long)S - T : 0);
@@ -27,7 +26,6 @@ int mha_mask_key(const mha_options *o, int h, int b, int r, int i, int j, int T,
         *additive += m[bh * ts + ij];
     }
     if (o->key_additive) *additive += o->key_additive[(size_t)b * S + j];
-    (void)h;
     /* -inf forbids exactly like a false keep bit, so fully masked rows are
      * detected the same way for both kinds of mask. */
     return isinf(*additive) ? 0 : 1;

@@ -86,7 +86,7 @@ mha_status mha_forward_reference(const mha_layer *L, float *y, const mha_capture
                 double max = -INFINITY;
                 for (int j = 0; j < Sx; j++) {
                     double add = 0.0;
-                    allowed[j] = j >= S || mha_mask_key(opt, h, b, r, i, j, T, S, &add);
+                    allowed[j] = j >= S || mha_mask_key(opt, b, r, i, j, T, S, &add);
                     if (!allowed[j]) continue;
                     const double *kj = k + ((size_t)b * Sx + j) * kw + (size_t)g * d_k;
                     double dot = 0.0;

@@ -67,7 +67,7 @@ static void naive32_forward(float *y, float *z_out, float *contrib, float *probs
                 float mx = -INFINITY, sum = 0.0f;
                 for (int j = 0; j < Sx; j++) {
                     double add = 0.0;
-                    ok[j] = j >= S || mha_mask_key(o, h, b, r, i, j, T, S, &add);
+                    ok[j] = j >= S || mha_mask_key(o, b, r, i, j, T, S, &add);
                     if (!ok[j]) continue;
                     float dot = 0.0f;
                     for (int e = 0; e < dk; e++) dot += qi[e] * k[((size_t)b * Sx + j) * kw + (size_t)g * dk + e];
