@@ -11,6 +11,7 @@ import ctypes
 import numpy as np
 
 from . import _lib
+from ._owner import COwner
 from ._arrays import _shape_str, floats, fptr, ints
 from .errors import ArgumentError, MhaError, ShapeError, check as _check_status
 from .layer import Layer, _enum
@@ -85,7 +86,7 @@ def _batch_replace(spec):
     return [one(it) for it in spec]
 
 
-class Cache:
+class Cache(COwner):
     """A KV cache for `batch` sequences of a causal self-attention layer.
 
     Cache(layer, batch=1, capacity=..., dtype="float32"|"float16", window=0)
@@ -96,15 +97,18 @@ class Cache:
     labels may be passed to forward instead.
     """
 
+    _free_name = "mha_cache_free"
+    _kind = "cache"
+
     def __init__(self, layer, batch=1, capacity=1024, dtype="float32", window=0):
-        self._c = None
+        self._ptr = None
         if not isinstance(layer, Layer):
             raise ArgumentError(f"layer is a {type(layer).__name__}; expected a mha.Layer")
         dt = _dtype(dtype)
         handle = ctypes.c_void_p()
         check(_L.mha_cache_create(ctypes.byref(handle), layer._handle(), int(batch), int(capacity), dt,
                                   int(window)), "mha_cache_create")
-        self._c = handle
+        self._ptr = handle
         self.layer = layer
         self.batch, self.capacity, self.window = int(batch), int(capacity), int(window)
         self.dtype = "float16" if dt == _lib.CACHE_F16 else "float32"
@@ -115,31 +119,9 @@ class Cache:
     bytes_for = staticmethod(cache_bytes_for)
 
     # ---------------------------------------------------------- lifetime
-    def close(self):
-        """Frees the C cache now (also done when the object is collected)."""
-        if self._c:
-            _L.mha_cache_free(self._c)
-            self._c = None
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def _handle(self):
-        if not self._c:
-            raise ArgumentError("the cache was closed")
-        return self._c
 
     def __repr__(self):
-        if not self._c:
+        if not self._ptr:
             return "Cache(closed)"
         return (f"Cache(batch={self.batch}, capacity={self.capacity}, dtype={self.dtype!r}, "
                 f"window={self.window}, lengths={self.lengths()}, bytes={self.bytes})")

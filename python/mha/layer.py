@@ -11,6 +11,7 @@ import numpy as np
 
 from . import _lib
 from ._arrays import bools, check_shape, floats, fptr, ints, u8ptr
+from ._owner import COwner
 from .errors import ArgumentError, ShapeError, check
 
 _L = _lib.lib
@@ -49,7 +50,7 @@ class ContractReport:
                 f"message={self.message!r})")
 
 
-class Layer:
+class Layer(COwner):
     """A multi-head attention layer (a copy of the weights lives in C).
 
     Layer(d_model, n_heads, n_kv_heads=0, d_k=0, d_v=0, d_kv_in=0, bias=True,
@@ -61,6 +62,9 @@ class Layer:
     0 means d_kv_in.
     """
 
+    _free_name = "mha_layer_free"
+    _kind = "layer"
+
     # torch_forward's layout when not told otherwise: False, PyTorch's
     # default, (T,B,E); forward() is always (B,T,d_model).
     batch_first = False
@@ -70,7 +74,7 @@ class Layer:
         cfg = _lib.Config(int(d_model), int(n_heads), int(n_kv_heads), int(d_k), int(d_v),
                           int(d_kv_in), int(bool(bias)), int(bool(add_bias_kv)),
                           int(bool(add_zero_attn)), int(d_v_in))
-        self._h = None
+        self._ptr = None
         resolved = _lib.Config()
         check(_L.mha_config_resolve(ctypes.byref(resolved), ctypes.byref(cfg)), "mha_config_resolve")
         handle = _lib.LayerP()
@@ -81,36 +85,14 @@ class Layer:
             check(_L.mha_layer_create(ctypes.byref(handle), ctypes.byref(cfg), ctypes.byref(w)),
                   "mha_layer_create")
             del keep
-        self._h = handle
+        self._ptr = handle
 
     @classmethod
     def _adopt(cls, handle):
         obj = cls.__new__(cls)
-        obj._h = handle
+        obj._ptr = handle
         return obj
 
-    def close(self):
-        """Frees the C layer now (also done when the object is collected)."""
-        if self._h:
-            _L.mha_layer_free(self._h)
-            self._h = None
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def _handle(self):
-        if not self._h:
-            raise ArgumentError("the layer was closed")
-        return self._h
 
     # ------------------------------------------------------------ config
     @property
@@ -125,7 +107,7 @@ class Layer:
         raise AttributeError(name)
 
     def __repr__(self):
-        if not self._h:
+        if not self._ptr:
             return "Layer(closed)"
         c = self.config
         return "Layer(" + ", ".join(f"{k}={v}" for k, v in c.items()) + ")"
@@ -165,7 +147,7 @@ class Layer:
         absent biases (bias=0, add_bias_kv=0) are left out."""
         v = _lib.Weights()
         _L.mha_layer_get_weights(self._handle(), ctypes.byref(v))
-        c = _L.mha_layer_config(self._h).contents
+        c = _L.mha_layer_config(self._ptr).contents
         out = {}
         for name, shape in self._weight_shapes(c).items():
             p = getattr(v, name)
@@ -177,7 +159,7 @@ class Layer:
         """Replaces all weights (the same dict as the constructor's)."""
         c = _L.mha_layer_config(self._handle()).contents
         w, keep = self._weights_struct(c, weights)
-        check(_L.mha_layer_set_weights(self._h, ctypes.byref(w)), "mha_layer_set_weights")
+        check(_L.mha_layer_set_weights(self._ptr, ctypes.byref(w)), "mha_layer_set_weights")
         del keep
 
     # ------------------------------------------------ labels, permutation
