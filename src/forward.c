@@ -56,9 +56,13 @@ static mha_status check_options(const mha_config *c, const mha_options *o, int B
                             (size_t)o->additive_mask.batch * o->additive_mask.heads * T * S, "additive_mask")))
         return s;
     if (o->key_additive && (s = check_additive(o->key_additive, (size_t)B * S, "key_additive"))) return s;
-    for (int r = 0; o->interventions && r < c->n_heads; r++) {
-        const mha_intervention *iv = &o->interventions[r];
-        if (iv->op < MHA_HEAD_KEEP || iv->op > MHA_HEAD_REPLACE)
+    return mha_check_interventions(o->interventions, c->n_heads, (size_t)B * T, c->d_v);
+}
+
+mha_status mha_check_interventions(const mha_intervention *ivs, int h, size_t rows, int d_v) {
+    for (int r = 0; ivs && r < h; r++) {
+        const mha_intervention *iv = &ivs[r];
+        if ((int)iv->op < MHA_HEAD_KEEP || (int)iv->op > MHA_HEAD_REPLACE)
             return mha_fail(MHA_E_ARG, "interventions[%d].op=%d; expected MHA_HEAD_KEEP..MHA_HEAD_REPLACE", r, (int)iv->op);
         if (iv->op == MHA_HEAD_SCALE && !isfinite(iv->scale))
             return mha_fail(MHA_E_NONFINITE, "interventions[%d].scale=%g; expected finite", r, (double)iv->scale);
@@ -66,7 +70,8 @@ static mha_status check_options(const mha_config *c, const mha_options *o, int B
             if (!iv->value) return mha_fail(MHA_E_ARG, "interventions[%d]: REPLACE needs value (B,T,d_v); got NULL", r);
             char name[48];
             snprintf(name, sizeof name, "interventions[%d].value", r);
-            if ((s = mha_check_finite(iv->value, (size_t)B * T * c->d_v, name))) return s;
+            mha_status s = mha_check_finite(iv->value, rows * (size_t)d_v, name);
+            if (s) return s;
         }
     }
     return MHA_OK;

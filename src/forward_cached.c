@@ -55,7 +55,7 @@ static mha_status check_labels(mha_cache *c, const mha_layer *L) {
     return MHA_OK;
 }
 
-static mha_status check_options(const mha_options *o, int h) {
+static mha_status check_options(const mha_options *o, const mha_cache *c, int T) {
     if (!isfinite(o->scale))
         return mha_fail(MHA_E_NONFINITE, "options.scale=%g; expected finite (0 = 1/sqrt(d_k))", (double)o->scale);
     if (o->masked_row != MHA_MASKED_ROW_ZERO && o->masked_row != MHA_MASKED_ROW_NAN)
@@ -66,17 +66,8 @@ static mha_status check_options(const mha_options *o, int h) {
                         "over the cached tokens; use mha_forward for arbitrary masks)",
                         o->keep_mask.data ? "keep_mask" : o->additive_mask.data ? "additive_mask"
                         : o->key_keep ? "key_keep" : "key_additive");
-    if (o->interventions)
-        for (int r = 0; r < h; r++) {
-            const mha_intervention *iv = &o->interventions[r];
-            if ((int)iv->op < MHA_HEAD_KEEP || (int)iv->op > MHA_HEAD_REPLACE)
-                return mha_fail(MHA_E_ARG, "interventions[%d].op=%d; expected MHA_HEAD_KEEP..MHA_HEAD_REPLACE", r, (int)iv->op);
-            if (iv->op == MHA_HEAD_SCALE && !isfinite(iv->scale))
-                return mha_fail(MHA_E_NONFINITE, "interventions[%d].scale=%g; expected finite", r, (double)iv->scale);
-            if (iv->op == MHA_HEAD_REPLACE && !iv->value)
-                return mha_fail(MHA_E_ARG, "interventions[%d]: REPLACE needs value (B,T,d_v); got NULL", r);
-        }
-    return MHA_OK;
+    /* REPLACE values are (B,T,d_v), as in mha_forward */
+    return mha_check_interventions(o->interventions, c->h, (size_t)c->B * T, c->d_v);
 }
 
 /* ------------------------------------------------------- the steps */
@@ -217,7 +208,7 @@ mha_status mha_forward_cached(const mha_layer *L, mha_cache *c, float *y, const 
     mha_options defaults = mha_options_default();
     if (!opt) opt = &defaults;
     mha_status s = check_cache_layer(c, L);
-    if (!s) s = check_options(opt, c->h);
+    if (!s) s = check_options(opt, c, T);
     if (s) return s;
 
     int B = c->B, N = 0;

@@ -45,6 +45,11 @@ void mha_clear_error(void);
 /* Checks that n floats are finite; names the tensor and first bad index. */
 mha_status mha_check_finite(const float *p, size_t n, const char *name);
 
+/* Validates h interventions (NULL: none) for rows = B*T positions of
+ * width d_v: known op, finite scale, a finite REPLACE value (rows, d_v).
+ * Shared by mha_forward and mha_forward_cached. */
+mha_status mha_check_interventions(const mha_intervention *ivs, int h, size_t rows, int d_v);
+
 /* Validates the arguments of one forward pass against the layer. */
 mha_status mha_forward_validate(const mha_layer *L, const float *y, const float *x,
                                 const float *k_src, const float *v_src, int B, int T, int S,

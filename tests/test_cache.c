@@ -937,6 +937,10 @@ static void test_errors(void) {
     o.interventions = iv;
     CHECK_STATUS(mha_forward_cached(f.L, c, y, NULL, x, 1, (int[]){0, 1}, &o), MHA_E_ARG);
     CHECK_ERROR_MENTIONS("REPLACE");
+    float nan_value[256] = {NAN}; /* (B=2, T=1, d_v): a NaN replacement is refused, as in mha_forward */
+    iv[0].value = nan_value;
+    CHECK_STATUS(mha_forward_cached(f.L, c, y, NULL, x, 1, (int[]){0, 1}, &o), MHA_E_NONFINITE);
+    CHECK_ERROR_MENTIONS("interventions[0].value[0]");
     /* permutations */
     CHECK_STATUS(mha_cache_permute_heads(c, (int[]){0, 0, 1, 2}), MHA_E_ARG);
     CHECK_ERROR_MENTIONS("permutation");
