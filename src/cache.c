@@ -137,34 +137,15 @@ mha_status mha_cache_truncate(mha_cache *c, int b, int new_len) {
 
 mha_status mha_cache_permute_heads(mha_cache *c, const int *perm) {
     if (!c || !perm) return mha_fail(MHA_E_ARG, "mha_cache_permute_heads: NULL %s", c ? "perm" : "cache");
-    int n_rep = c->h / c->h_kv;
-    int *seen = calloc((size_t)c->h, sizeof(int));
-    int *kvp = malloc(sizeof(int) * c->h_kv);
-    if (!seen || !kvp) {
-        free(seen), free(kvp);
-        return mha_fail(MHA_E_NOMEM, "mha_cache_permute_heads: no memory");
+    int *kvp = malloc(sizeof(int) * 2 * c->h_kv), *tmp = kvp + c->h_kv;
+    if (!kvp) return mha_fail(MHA_E_NOMEM, "mha_cache_permute_heads: no memory");
+    mha_status s = mha_kv_perm_from_heads(kvp, perm, c->h, c->h_kv);
+    for (int pass = 0; !s && pass < 3; pass++) { /* storage index and both label rows */
+        int *a = pass == 0 ? c->phys : pass == 1 ? c->labels_k : c->labels_v;
+        for (int g = 0; g < c->h_kv; g++) tmp[g] = a[kvp[g]];
+        memcpy(a, tmp, sizeof(int) * c->h_kv);
     }
-    mha_status s = MHA_OK;
-    for (int i = 0; i < c->h && !s; i++) {
-        if (perm[i] < 0 || perm[i] >= c->h || seen[perm[i]]++)
-            s = mha_fail(MHA_E_ARG, "mha_cache_permute_heads: perm[%d]=%d; expected a permutation of 0..%d",
-                         i, perm[i], c->h - 1);
-        else if (perm[i] / n_rep != perm[i - i % n_rep] / n_rep)
-            s = mha_fail(MHA_E_ARG,
-                         "mha_cache_permute_heads: new heads %d and %d share kv head %d but come from "
-                         "old kv heads %d and %d; expected whole groups of %d", i - i % n_rep, i,
-                         i / n_rep, perm[i - i % n_rep] / n_rep, perm[i] / n_rep, n_rep);
-    }
-    if (!s) {
-        for (int g = 0; g < c->h_kv; g++) kvp[g] = perm[g * n_rep] / n_rep;
-        int *tmp = seen; /* h >= h_kv entries: reuse as scratch */
-        for (int pass = 0; pass < 3; pass++) {
-            int *a = pass == 0 ? c->phys : pass == 1 ? c->labels_k : c->labels_v;
-            for (int g = 0; g < c->h_kv; g++) tmp[g] = a[kvp[g]];
-            memcpy(a, tmp, sizeof(int) * c->h_kv);
-        }
-    }
-    free(seen), free(kvp);
+    free(kvp);
     return s;
 }
 

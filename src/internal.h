@@ -34,6 +34,12 @@ static inline int mha_total_keys(const mha_config *c, int S) {
     return S + c->add_bias_kv + c->add_zero_attn;
 }
 
+/* Checks that perm (h entries, new head i = old head perm[i]) is a
+ * permutation that moves whole kv groups (h / h_kv consecutive heads) and
+ * writes the induced kv-head permutation into kv_perm (h_kv entries).
+ * Shared by mha_layer_permute_heads and mha_cache_permute_heads. */
+mha_status mha_kv_perm_from_heads(int *kv_perm, const int *perm, int h, int h_kv);
+
 /* Records a printf-style message for mha_last_error() and returns s. */
 mha_status mha_fail(mha_status s, const char *fmt, ...)
 #if defined(__GNUC__)

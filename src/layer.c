@@ -335,26 +335,32 @@ mha_status mha_layer_permute_block(mha_layer *L, mha_block b, const int *perm) {
     return mha_fast_prepare(L);
 }
 
-mha_status mha_layer_permute_heads(mha_layer *L, const int *perm) {
-    if (!L || !perm) return mha_fail(MHA_E_ARG, "mha_layer_permute_heads: NULL %s", L ? "perm" : "layer");
-    const mha_config *c = &L->cfg;
-    int h = c->n_heads, group = c->n_heads / c->n_kv_heads;
+mha_status mha_kv_perm_from_heads(int *kv_perm, const int *perm, int h, int h_kv) {
+    const int group = h / h_kv;
     mha_status s = check_permutation(perm, h, "perm");
     if (s) return s;
     /* The heads of new kv group g must all come from one old group; that
      * old group is the kv head that moves to position g. */
-    int kv_perm[c->n_kv_heads];
-    for (int g = 0; g < c->n_kv_heads; g++) {
+    for (int g = 0; g < h_kv; g++) {
         kv_perm[g] = perm[g * group] / group;
         for (int k = 1; k < group; k++)
             if (perm[g * group + k] / group != kv_perm[g])
                 return mha_fail(MHA_E_ARG,
                                 "perm[%d]=%d is in kv group %d but perm[%d]=%d is in kv group %d; "
-                                "under GQA (%d query heads per kv head) each new group of %d "
-                                "consecutive heads must come from one old group",
+                                "under GQA (%d query heads per kv head) a permutation must move "
+                                "whole kv groups: each new group of %d consecutive heads must "
+                                "come from one old group",
                                 g * group, perm[g * group], kv_perm[g], g * group + k,
                                 perm[g * group + k], perm[g * group + k] / group, group, group);
     }
+    return MHA_OK;
+}
+
+mha_status mha_layer_permute_heads(mha_layer *L, const int *perm) {
+    if (!L || !perm) return mha_fail(MHA_E_ARG, "mha_layer_permute_heads: NULL %s", L ? "perm" : "layer");
+    int kv_perm[MHA_MAX_HEADS];
+    mha_status s = mha_kv_perm_from_heads(kv_perm, perm, L->cfg.n_heads, L->cfg.n_kv_heads);
+    if (s) return s;
     if ((s = permute_one(L, MHA_BLOCK_Q, perm)) || (s = permute_one(L, MHA_BLOCK_O, perm)) ||
         (s = permute_one(L, MHA_BLOCK_K, kv_perm)) || (s = permute_one(L, MHA_BLOCK_V, kv_perm)))
         return s;
