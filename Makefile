@@ -9,7 +9,7 @@ CFLAGS  ?= $(OPT)
 LDLIBS  = -fopenmp -ljansson -lpng -lm
 BUILD   ?= build
 
-LIB_SRC   = $(sort $(wildcard src/*.c src/io/*.c src/kernels/*.c))
+LIB_SRC   = $(sort $(wildcard src/*.c src/*/*.c))
 TOOL_SRC  = $(sort $(wildcard tools/*.c))
 TEST_SRC  = $(sort $(wildcard tests/*.c))
 BENCH_SRC = $(sort $(wildcard bench/*.c))
@@ -30,7 +30,7 @@ setup: $(SETUP_TEST)
 
 lib: $(BUILD)/libmha.a $(BUILD)/libmha.so
 
-$(BUILD)/%.o: %.c $(wildcard include/*.h src/*.h src/io/*.h src/kernels/*.h tools/*.h tests/*.h) | $(SETUP_CORE)
+$(BUILD)/%.o: %.c $(wildcard include/*.h src/*/*.h tools/*.h tests/*.h) | $(SETUP_CORE)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_BASE) $(CFLAGS) -c $< -o $@
 

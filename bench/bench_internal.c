@@ -13,10 +13,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "attention.h"
+#include "forward/attention.h"
 #include "bench.h"
-#include "gemm.h"
-#include "internal.h"
+#include "compute/gemm.h"
+#include "forward/forward.h"
 
 typedef struct {
     const mha_dst *dst;

@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cache_internal.h"
+#include "cache/cache_internal.h"
 #include "naive.h"
 #include "test_util.h"
 #include "tests.h"

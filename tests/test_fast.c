@@ -12,7 +12,7 @@
 #include <string.h>
 #include <sys/resource.h>
 
-#include "internal.h"
+#include "forward/forward.h"
 #include "kernels/kernels.h"
 #include "naive.h"
 #include "test_util.h"

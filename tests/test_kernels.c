@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gemm.h"
+#include "compute/gemm.h"
 #include "kernels/kernels.h"
 #include "naive.h"
 #include "test_util.h"

@@ -6,7 +6,7 @@
 
 #include <stdio.h>
 
-#include "internal.h"
+#include "base/internal.h"
 
 /* Bytes of one element of dt in a file. */
 size_t mha_dtype_size(mha_dtype dt);

@@ -23,38 +23,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cache_internal.h"
+#include "cache/cache_internal.h"
 
 #define QTILE 32             /* query rows per unit                        */
 #define PREFETCH_CHUNKS 1    /* chunks of K/V requested ahead of use        */
 #define FUSED_F16_ROWS 4     /* fp16 widened in registers up to this many rows */
 #define SPLIT_BELOW_UNITS 64 /* split keys across tasks when units < this  */
 #define SPLIT_MAX_FLOATS ((size_t)1 << 26) /* cap on partial storage       */
-
-/* ---------------------------------------------------------- dispatch */
-
-static int force_scalar_flag;
-static double min_parallel_work = 262144.0; /* multiply-adds (~30 us) */
-
-void mha_decode_force_scalar(int force) { force_scalar_flag = force; }
-
-void mha_decode_set_min_parallel_work(double madds) { min_parallel_work = madds; }
-
-int mha_decode_threads_for(double madds) {
-    return madds < min_parallel_work ? 1 : mha_decode_threads();
-}
-
-const mha_decode_kernels *mha_decode_kernels_get(void) {
-    if (!force_scalar_flag && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-        __builtin_cpu_supports("f16c"))
-        return &mha_decode_kernels_avx2;
-    return &mha_decode_kernels_scalar;
-}
-
-int mha_decode_threads(void) {
-    int n = mha_get_num_threads();
-    return n > 0 ? n : omp_get_max_threads();
-}
 
 /* ------------------------------------------------------------- plan */
 

@@ -7,8 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gemm.h"
-#include "internal.h"
+#include "compute/gemm.h"
+#include "base/internal.h"
 
 #define MHA_GEMM_MC 72 /* rows per block: (MC, K) packed input stays in L2 */
 

@@ -17,7 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cache_internal.h"
+#include "cache/cache_internal.h"
 
 /* ------------------------------------------------------- validation */
 

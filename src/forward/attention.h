@@ -5,7 +5,7 @@
 #ifndef MHA_ATTENTION_H
 #define MHA_ATTENTION_H
 
-#include "internal.h"
+#include "core/core.h"
 #include "kernels/kernels.h"
 
 typedef struct {

@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "base/internal.h"
 
 /* dst (in, out) = src (out, in) transposed. */
 static void transpose_out_in(float *dst, const float *src, int n_out, int n_in) {

@@ -8,8 +8,8 @@
 
 #include <limits.h>
 
-#include "internal.h"
-#include "kernels/decode_kernels.h"
+#include "compute/decode_gemm.h"
+#include "core/core.h"
 
 /* Slots of K/V are allocated in multiples of this many keys: the flash-
  * decoding chunk. The split of a sequence into chunks depends on it alone
@@ -85,18 +85,6 @@ typedef struct {
     int nan_rows;         /* 1: a row with no allowed key gets NaN, else 0    */
 } mha_decode_opts;
 
-/* The kernels of this CPU (AVX2 when present, else scalar); tests may force
- * the scalar ones (force = 1) or restore automatic choice (force = 0). */
-const mha_decode_kernels *mha_decode_kernels_get(void);
-void mha_decode_force_scalar(int force);
-/* Threads for the decode path: mha_get_num_threads() or OpenMP's default.
- * _for(work): 1 when the work (multiply-adds) is below a threshold, where
- * a barrier costs more than it saves (much more on shared cores); tests set
- * the threshold to 0 to run tiny shapes on every thread. */
-int mha_decode_threads(void);
-int mha_decode_threads_for(double madds);
-void mha_decode_set_min_parallel_work(double madds);
-
 /* Row arrays: sequence b's tokens are rows row0[b], row0[b]+1, ... of
  * k (rows, h_kv*d_k), v (rows, h_kv*d_v), q (rows, h*d_k), z (rows, h*d_v)
  * (row0[b] = b*T for a (B,T,...) array; prefix sums for packed rows).
@@ -130,20 +118,5 @@ mha_status mha_decode_attend(float *z, float *stats, const mha_cache *c, const f
  * wins; from two rows mha_gemm's 6x16 register tiles win. The choice
  * depends on N alone, never on the thread count: bits stay thread-free. */
 #define MHA_PREFILL_MIN_ROWS 2
-
-/* y (m, n) = x (m, k) w (k, n) + b (n, may be NULL), threaded, the same
- * bits for any thread count. _many runs up to MHA_DECODE_MAX_JOBS weights
- * that share x in one parallel region (Q, K and V of a decode step). */
-typedef struct {
-    float *y;       /* (m, n) */
-    const float *w; /* (k, n) */
-    const float *b; /* (n) or NULL */
-    int n;
-} mha_decode_gemm_job;
-#define MHA_DECODE_MAX_JOBS 3
-mha_status mha_decode_gemm_many(const mha_decode_gemm_job *jobs, int njobs, const float *x, int m,
-                                int k);
-mha_status mha_decode_gemm(float *y, const float *x, const float *w, const float *b, int m, int k,
-                           int n);
 
 #endif /* MHA_CACHE_INTERNAL_H */

@@ -2,7 +2,7 @@
  * semantics, shared by the reference and the fast path's general tiles. */
 #include <math.h>
 
-#include "internal.h"
+#include "core/core.h"
 
 int mha_mask_key(const mha_options *o, int b, int r, int i, int j, int T, int S, double *additive) {
     *additive = 0.0;

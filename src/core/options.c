@@ -1,12 +1,13 @@
-/* forward.c — one forward pass: validate the request once, then run the
- * reference or the fast path (project -> attend -> intervene -> concat ->
- * project out). Legend: B, T, S, h, d_model, d_kv_in (see mha.h). */
+/* options.c — the defaults of mha_options and the validation of one forward
+ * request against the layer (shapes, masks, finiteness, interventions),
+ * shared by the plain and the cached forward.
+ * Legend: B, T, S, h, d_model, d_kv_in, d_v_in (see mha.h). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "core/core.h"
 
 /* Bound on every tensor's element count, far above real use, so that size
  * arithmetic cannot overflow. */
@@ -112,40 +113,3 @@ mha_status mha_forward_validate(const mha_layer *L, const float *y, const float 
     return check_options(c, o, B, T, S);
 }
 
-/* MHA_KERNELS in the environment: "reference" forces the oracle under
- * AUTO; "scalar" and "avx2" choose the fast path's kernels (dispatch.c).
- * Any other value is refused, so a typo does not silently run another path.
- * Sets *reference; returns MHA_E_ARG for an unknown value. */
-static mha_status env_kernels(int *reference) {
-    const char *e = getenv("MHA_KERNELS");
-    *reference = e && strcmp(e, "reference") == 0;
-    if (e && *e && !*reference && strcmp(e, "scalar") != 0 && strcmp(e, "avx2") != 0)
-        return mha_fail(MHA_E_ARG, "MHA_KERNELS=%s in the environment; expected reference, scalar or avx2 (or unset)", e);
-    return MHA_OK;
-}
-
-mha_status mha_forward_kv(const mha_layer *L, float *y, const mha_capture *cap, const float *x,
-                          const float *k_src, const float *v_src, int B, int T, int S,
-                          const mha_options *opt) {
-    mha_options defaults = mha_options_default();
-    if (!opt) opt = &defaults;
-    if (!k_src) k_src = x;
-    if (!v_src) v_src = k_src;
-    int env_reference = 0;
-    mha_status s = mha_forward_validate(L, y, x, k_src, v_src, B, T, S, opt);
-    if (s || (s = env_kernels(&env_reference))) return s;
-    mha_clear_error();
-    if (opt->path == MHA_PATH_REFERENCE || (opt->path == MHA_PATH_AUTO && env_reference))
-        return mha_forward_reference(L, y, cap, x, k_src, v_src, B, T, S, opt);
-    s = mha_forward_fast(L, y, cap, x, k_src, v_src, B, T, S, opt);
-    if (s == MHA_E_UNSUPPORTED && opt->path == MHA_PATH_AUTO) {
-        mha_clear_error();
-        return mha_forward_reference(L, y, cap, x, k_src, v_src, B, T, S, opt);
-    }
-    return s;
-}
-
-mha_status mha_forward(const mha_layer *L, float *y, const mha_capture *cap, const float *x,
-                       const float *kv, int B, int T, int S, const mha_options *opt) {
-    return mha_forward_kv(L, y, cap, x, kv, kv, B, T, S, opt);
-}

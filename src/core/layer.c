@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "core/core.h"
 
 /* Largest single dimension accepted; keeps every product well inside size_t
  * and every h*d product inside int. */

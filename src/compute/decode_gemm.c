@@ -16,7 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cache_internal.h"
+#include "compute/decode_gemm.h"
 
 #define KBLK 256  /* input rows per partial sum (stream mode)        */
 #define NBLK 512  /* output columns per task (stream mode)           */

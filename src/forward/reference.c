@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "forward/forward.h"
 
 /* out (rows, n) = in (rows, k) w (k, n) + b (n), in double. */
 static void linear_double(double *out, const float *in, const float *w, const float *b, size_t rows,

@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "attention.h"
+#include "forward/attention.h"
 
 #define MHA_ATT_BR 48 /* query rows per task, a multiple of MHA_MR */
 #define MHA_ATT_BC 128 /* keys per tile, a multiple of 16 */

@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cache_internal.h"
+#include "cache/cache_internal.h"
 
 static size_t cache_elt(mha_cache_dtype dt) { return dt == MHA_CACHE_F16 ? 2 : 4; }
 

@@ -3,7 +3,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 
-#include "internal.h"
+#include "base/internal.h"
 
 static _Thread_local char last_error[512];
 

@@ -1,0 +1,48 @@
+/* internal.h — the layer object and helpers shared inside libmha.
+ * Legend: B batch, T queries, S keys, h heads, h_kv kv heads, d_k, d_v,
+ * d_model, d_kv_in (see mha.h). */
+#ifndef MHA_INTERNAL_H
+#define MHA_INTERNAL_H
+
+#include "mha.h"
+
+struct mha_fast_state; /* packed weights of the fast path (forward_fast.c) */
+
+struct mha_layer {
+    mha_config cfg;   /* resolved: no zero defaults left */
+    float *w_q;       /* (d_model, h*d_k)    */
+    float *w_k;       /* (d_kv_in, h_kv*d_k) */
+    float *w_v;       /* (d_v_in, h_kv*d_v)  */
+    float *w_o;       /* (h*d_v, d_model)    */
+    float *b_q;       /* (h*d_k), zeros when !bias     */
+    float *b_k;       /* (h_kv*d_k)                    */
+    float *b_v;       /* (h_kv*d_v)                    */
+    float *b_o;       /* (d_model)                     */
+    float *bias_k;    /* (h_kv*d_k), zeros when !add_bias_kv */
+    float *bias_v;    /* (h_kv*d_v)                    */
+    int *labels[4];   /* by mha_block: h, h_kv, h_kv, h entries */
+    struct mha_fast_state *fast; /* NULL until the fast path prepares it */
+};
+
+/* GQA: query head r reads kv head r / (h / h_kv). Stated once, used everywhere. */
+static inline int mha_kv_head(const mha_config *c, int r) {
+    return r / (c->n_heads / c->n_kv_heads);
+}
+
+/* Number of keys attended: S plus the appended bias and zero rows. */
+static inline int mha_total_keys(const mha_config *c, int S) {
+    return S + c->add_bias_kv + c->add_zero_attn;
+}
+
+/* Records a printf-style message for mha_last_error() and returns s. */
+mha_status mha_fail(mha_status s, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+void mha_clear_error(void);
+
+/* Checks that n floats are finite; names the tensor and first bad index. */
+mha_status mha_check_finite(const float *p, size_t n, const char *name);
+
+#endif /* MHA_INTERNAL_H */

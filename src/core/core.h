@@ -1,0 +1,33 @@
+/* core.h — what core/ offers the engines above it: request validation
+ * (options.c), mask semantics (mask.c), the GQA permutation rule (layer.c)
+ * and the packed weights (packing.h). */
+#ifndef MHA_CORE_H
+#define MHA_CORE_H
+
+#include "base/internal.h"
+#include "core/packing.h"
+
+/* Checks that perm (h entries, new head i = old head perm[i]) is a
+ * permutation that moves whole kv groups (h / h_kv consecutive heads) and
+ * writes the induced kv-head permutation into kv_perm (h_kv entries).
+ * Shared by mha_layer_permute_heads and mha_cache_permute_heads. */
+mha_status mha_kv_perm_from_heads(int *kv_perm, const int *perm, int h, int h_kv);
+
+/* Validates h interventions (NULL: none) for rows = B*T positions of
+ * width d_v: known op, finite scale, a finite REPLACE value (rows, d_v).
+ * Shared by mha_forward and mha_forward_cached. */
+mha_status mha_check_interventions(const mha_intervention *ivs, int h, size_t rows, int d_v);
+
+/* Validates the arguments of one forward pass against the layer. */
+mha_status mha_forward_validate(const mha_layer *L, const float *y, const float *x,
+                                const float *k_src, const float *v_src, int B, int T, int S,
+                                const mha_options *opt);
+
+/* Whether query i may attend original key j (0 <= j < S) of batch b, head r,
+ * counting causal, window, keep masks and key padding, and the additive
+ * terms (mask + key_additive) to add to its scaled score. Extra keys
+ * (j >= S) are always allowed with no additive term. */
+int mha_mask_key(const mha_options *opt, int b, int r, int i, int j, int T, int S,
+                 double *additive);
+
+#endif /* MHA_CORE_H */
