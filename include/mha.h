@@ -34,6 +34,14 @@
 extern "C" {
 #endif
 
+/* The library is built with hidden visibility: only the functions declared
+ * here with MHA_API are exported from libmha.so. */
+#if defined(__GNUC__)
+#define MHA_API __attribute__((visibility("default")))
+#else
+#define MHA_API
+#endif
+
 /* ---------------------------------------------------------------- status */
 
 typedef enum {
@@ -49,9 +57,9 @@ typedef enum {
 } mha_status;
 
 /* Short constant description of a status code ("shape mismatch", ...). */
-const char *mha_status_str(mha_status s);
+MHA_API const char *mha_status_str(mha_status s);
 /* Message of the last failing call on this thread ("" when none). */
-const char *mha_last_error(void);
+MHA_API const char *mha_last_error(void);
 
 /* ---------------------------------------------------------- configuration */
 
@@ -71,9 +79,9 @@ typedef struct {
 } mha_config;
 
 /* A config for d_model and h with every other field at its default. */
-mha_config mha_config_default(int d_model, int n_heads);
+MHA_API mha_config mha_config_default(int d_model, int n_heads);
 /* Fills the defaults (0 fields) into *out and validates; out may equal in. */
-mha_status mha_config_resolve(mha_config *out, const mha_config *in);
+MHA_API mha_status mha_config_resolve(mha_config *out, const mha_config *in);
 
 /* --------------------------------------------------------------- weights */
 
@@ -98,14 +106,14 @@ typedef struct mha_layer mha_layer;
 /* Creates a layer and copies the weights; w == NULL gives all-zero weights.
  * Head labels start as 0..h-1 (Q, O) and 0..h_kv-1 (K, V).
  * Weights must be finite (MHA_E_NONFINITE names the tensor and index). */
-mha_status mha_layer_create(mha_layer **out, const mha_config *cfg, const mha_weights *w);
-void mha_layer_free(mha_layer *layer);
+MHA_API mha_status mha_layer_create(mha_layer **out, const mha_config *cfg, const mha_weights *w);
+MHA_API void mha_layer_free(mha_layer *layer);
 /* Replaces all weights (copied); same rules as create. */
-mha_status mha_layer_set_weights(mha_layer *layer, const mha_weights *w);
+MHA_API mha_status mha_layer_set_weights(mha_layer *layer, const mha_weights *w);
 /* Read-only view of the layer's weights; valid until the layer changes. */
-void mha_layer_get_weights(const mha_layer *layer, mha_weights *view);
+MHA_API void mha_layer_get_weights(const mha_layer *layer, mha_weights *view);
 /* The resolved configuration. */
-const mha_config *mha_layer_config(const mha_layer *layer);
+MHA_API const mha_config *mha_layer_config(const mha_layer *layer);
 
 /* ------------------------------------------------ head labels, permutation */
 
@@ -117,21 +125,21 @@ typedef enum {
 } mha_block;
 
 /* Copies the labels of one block kind into labels (h or h_kv ints). */
-mha_status mha_layer_labels(const mha_layer *layer, mha_block block, int *labels);
+MHA_API mha_status mha_layer_labels(const mha_layer *layer, mha_block block, int *labels);
 /* Sets the labels of one block kind (e.g. from checkpoint metadata); the
  * labels must be a permutation of 0..n-1 (n = h or h_kv). */
-mha_status mha_layer_set_labels(mha_layer *layer, mha_block block, const int *labels);
+MHA_API mha_status mha_layer_set_labels(mha_layer *layer, mha_block block, const int *labels);
 
 /* Consistent permutation: new head i is old head perm[i] (perm has h
  * entries, a permutation of 0..h-1). Moves W_Q/W_K/W_V column blocks, their
  * biases, W_O row blocks and all labels together, so Y is unchanged.
  * Under GQA, the heads of each new kv group must come from one old kv group;
  * the kv heads then move by the induced permutation. Others: MHA_E_ARG. */
-mha_status mha_layer_permute_heads(mha_layer *layer, const int *perm);
+MHA_API mha_status mha_layer_permute_heads(mha_layer *layer, const int *perm);
 /* One-sided permutation of a single block kind (h or h_kv entries): the
  * mistake a broken checkpoint conversion makes. Y changes and the contract
  * check reports the disagreeing labels. */
-mha_status mha_layer_permute_block(mha_layer *layer, mha_block block, const int *perm);
+MHA_API mha_status mha_layer_permute_block(mha_layer *layer, mha_block block, const int *perm);
 
 /* --------------------------------------------------------- forward options */
 
@@ -194,7 +202,7 @@ typedef struct {
     mha_path path;
 } mha_options;
 
-mha_options mha_options_default(void);
+MHA_API mha_options mha_options_default(void);
 
 /* Optional outputs; NULL members are not computed. */
 typedef struct {
@@ -211,20 +219,20 @@ typedef struct {
  * kv == NULL means self-attention (kv = x; then S must equal T and
  * d_kv_in must equal d_model). cap and opt may be NULL. Inputs must be
  * finite. */
-mha_status mha_forward(const mha_layer *layer, float *y, const mha_capture *cap,
+MHA_API mha_status mha_forward(const mha_layer *layer, float *y, const mha_capture *cap,
                        const float *x, const float *kv, int B, int T, int S,
                        const mha_options *opt);
 
 /* The same with separate key and value sources, as PyTorch's key and value:
  * k_src (B,S,d_kv_in) feeds W_K, v_src (B,S,d_v_in) feeds W_V. k_src NULL
  * means x (then S == T); v_src NULL means k_src. */
-mha_status mha_forward_kv(const mha_layer *layer, float *y, const mha_capture *cap,
+MHA_API mha_status mha_forward_kv(const mha_layer *layer, float *y, const mha_capture *cap,
                           const float *x, const float *k_src, const float *v_src,
                           int B, int T, int S, const mha_options *opt);
 
 /* Number of threads for the fast path (0: OpenMP's default). */
-void mha_set_num_threads(int n);
-int mha_get_num_threads(void);
+MHA_API void mha_set_num_threads(int n);
+MHA_API int mha_get_num_threads(void);
 
 /* -------------------------------------------------- the head contract */
 
@@ -244,12 +252,12 @@ typedef struct {
  * not NULL, that the head contributions plus b_O reproduce Y within
  * 1e-4 * (1 + max|Y|). Returns MHA_E_CONTRACT with a message when either
  * fails; the report (may be NULL) is filled either way. */
-mha_status mha_layer_check_contract(const mha_layer *layer, const float *x, const float *kv,
+MHA_API mha_status mha_layer_check_contract(const mha_layer *layer, const float *x, const float *kv,
                                     int B, int T, int S, const mha_options *opt,
                                     mha_contract_report *report);
 /* The same for a layer with separate key and value sources (as
  * mha_forward_kv takes them). */
-mha_status mha_layer_check_contract_kv(const mha_layer *layer, const float *x, const float *k_src,
+MHA_API mha_status mha_layer_check_contract_kv(const mha_layer *layer, const float *x, const float *k_src,
                                        const float *v_src, int B, int T, int S,
                                        const mha_options *opt, mha_contract_report *report);
 
@@ -257,19 +265,19 @@ mha_status mha_layer_check_contract_kv(const mha_layer *layer, const float *x, c
 
 /* z (rows, n*d) = Concat(heads[order[0]], ..., heads[order[n-1]]),
  * each heads[i] (rows, d). order == NULL means 0..n-1. */
-mha_status mha_concat_heads(float *z, const float *const *heads, const int *order,
+MHA_API mha_status mha_concat_heads(float *z, const float *const *heads, const int *order,
                             int n, int rows, int d);
 /* heads[i] (rows, d) = block i of z (rows, n*d). */
-mha_status mha_split_heads(float *const *heads, const float *z, int n, int rows, int d);
+MHA_API mha_status mha_split_heads(float *const *heads, const float *z, int n, int rows, int d);
 /* y (rows, d_out) = z (rows, d_in) w (d_in, d_out) + b (d_out, may be NULL). */
-mha_status mha_project_out(float *y, const float *z, const float *w, const float *b,
+MHA_API mha_status mha_project_out(float *y, const float *z, const float *w, const float *b,
                            int rows, int d_in, int d_out);
 /* contributions (n, rows, d_out): block r = z[:, r*d:(r+1)*d] w[r*d:(r+1)*d, :]. */
-mha_status mha_head_contributions(float *contributions, const float *z, const float *w,
+MHA_API mha_status mha_head_contributions(float *contributions, const float *z, const float *w,
                                   int n, int rows, int d, int d_out);
 /* Applies one intervention to head r's block of z (rows, n*d) in place;
  * rows = B*T (MEAN averages over all rows; REPLACE reads (rows, d)). */
-mha_status mha_head_intervene(float *z, const mha_intervention *iv, int r, int n, int rows, int d);
+MHA_API mha_status mha_head_intervene(float *z, const mha_intervention *iv, int r, int n, int rows, int d);
 
 /* ---- files (src/io) ---- */
 /* Readers and writers for .npy arrays and safetensors checkpoints, and the
@@ -308,51 +316,51 @@ enum {
 };
 
 /* Frees a->f / a->u8 and zeroes *a (a may be NULL). */
-void mha_array_free(mha_array *a);
-const char *mha_dtype_name(mha_dtype dt); /* "float32", "float16", ... */
+MHA_API void mha_array_free(mha_array *a);
+MHA_API const char *mha_dtype_name(mha_dtype dt); /* "float32", "float16", ... */
 
 /* Reads a .npy file: versions 1-3, little-endian float32/float16, bool or
  * uint8, C order, rank <= 4. Anything else is refused with MHA_E_FORMAT or
  * MHA_E_UNSUPPORTED. */
-mha_status mha_npy_read(mha_array *out, const char *path, unsigned flags);
+MHA_API mha_status mha_npy_read(mha_array *out, const char *path, unsigned flags);
 /* The same from memory; name is used in messages. */
-mha_status mha_npy_parse(mha_array *out, const void *buf, size_t len, const char *name,
+MHA_API mha_status mha_npy_parse(mha_array *out, const void *buf, size_t len, const char *name,
                          unsigned flags);
 /* Writes a.npy in a->dtype (F32, F16, BOOL or U8; BF16 has no .npy form). */
-mha_status mha_npy_write(const char *path, const mha_array *a);
+MHA_API mha_status mha_npy_write(const char *path, const mha_array *a);
 /* Writes float data (rank <= 4, shape[rank]) as float32. */
-mha_status mha_npy_write_f32(const char *path, const float *data, int rank, const int *shape);
+MHA_API mha_status mha_npy_write_f32(const char *path, const float *data, int rank, const int *shape);
 
 /* A set of named arrays plus string metadata: the contents of one
  * safetensors file. Names are unique; order is insertion order. */
 typedef struct mha_tensors mha_tensors;
 
-mha_status mha_tensors_create(mha_tensors **out);
-void mha_tensors_free(mha_tensors *t);
-int mha_tensors_count(const mha_tensors *t);
-const char *mha_tensors_name(const mha_tensors *t, int i);
+MHA_API mha_status mha_tensors_create(mha_tensors **out);
+MHA_API void mha_tensors_free(mha_tensors *t);
+MHA_API int mha_tensors_count(const mha_tensors *t);
+MHA_API const char *mha_tensors_name(const mha_tensors *t, int i);
 /* The array named name, or NULL. */
-const mha_array *mha_tensors_get(const mha_tensors *t, const char *name);
+MHA_API const mha_array *mha_tensors_get(const mha_tensors *t, const char *name);
 /* Adds a copy of float data under a new name (MHA_E_ARG if taken). */
-mha_status mha_tensors_add_f32(mha_tensors *t, const char *name, const float *data, int rank,
+MHA_API mha_status mha_tensors_add_f32(mha_tensors *t, const char *name, const float *data, int rank,
                                const int *shape);
 /* Adds a copy of any array (e.g. one read from another file). */
-mha_status mha_tensors_add(mha_tensors *t, const char *name, const mha_array *a);
+MHA_API mha_status mha_tensors_add(mha_tensors *t, const char *name, const mha_array *a);
 /* String metadata (safetensors "__metadata__"); set replaces. get: NULL if absent. */
-mha_status mha_tensors_set_meta(mha_tensors *t, const char *key, const char *value);
-const char *mha_tensors_meta(const mha_tensors *t, const char *key);
-int mha_tensors_meta_count(const mha_tensors *t);
-const char *mha_tensors_meta_key(const mha_tensors *t, int i);
+MHA_API mha_status mha_tensors_set_meta(mha_tensors *t, const char *key, const char *value);
+MHA_API const char *mha_tensors_meta(const mha_tensors *t, const char *key);
+MHA_API int mha_tensors_meta_count(const mha_tensors *t);
+MHA_API const char *mha_tensors_meta_key(const mha_tensors *t, int i);
 
 /* Reads a safetensors file (F32, F16, BF16 widened to float; BOOL, U8).
  * The JSON header is parsed with jansson; header length, offsets (in range,
  * no overlap, no holes), dtypes, shapes and duplicate names are validated
  * before any data is read. */
-mha_status mha_safetensors_read(mha_tensors **out, const char *path, unsigned flags);
-mha_status mha_safetensors_parse(mha_tensors **out, const void *buf, size_t len,
+MHA_API mha_status mha_safetensors_read(mha_tensors **out, const char *path, unsigned flags);
+MHA_API mha_status mha_safetensors_parse(mha_tensors **out, const void *buf, size_t len,
                                  const char *name, unsigned flags);
 /* Writes every tensor (floating ones as F32) with the metadata. */
-mha_status mha_safetensors_write(const char *path, const mha_tensors *t);
+MHA_API mha_status mha_safetensors_write(const char *path, const mha_tensors *t);
 
 /* Checkpoint layouts (tensor names matched on their suffix, so a prefix such
  * as "model.layers.0.self_attn." is allowed when it is unique):
@@ -374,12 +382,12 @@ typedef enum {
     MHA_LAYOUT_MEGATRON = 5
 } mha_layout;
 
-const char *mha_layout_name(mha_layout l); /* "native", ... */
+MHA_API const char *mha_layout_name(mha_layout l); /* "native", ... */
 /* Parses "auto", "native", "torch", "hf", "gpt2", "megatron". */
-mha_status mha_layout_parse(mha_layout *out, const char *name);
+MHA_API mha_status mha_layout_parse(mha_layout *out, const char *name);
 /* Detects the layout from the tensor names; when several or none fit, fails
  * with MHA_E_FORMAT and a message listing the candidates. */
-mha_status mha_layout_detect(mha_layout *out, const mha_tensors *t);
+MHA_API mha_status mha_layout_detect(mha_layout *out, const mha_tensors *t);
 
 /* What the file does not say. n_heads / n_kv_heads: 0 = from the metadata
  * (or, for n_kv_heads, from the shapes); prefix: NULL or "" = any unique one. */
@@ -392,13 +400,13 @@ typedef struct {
 
 /* Builds a layer from tensors in the given layout (AUTO detects). Shapes are
  * checked against the layout; labels come from native metadata. */
-mha_status mha_layer_from_tensors(mha_layer **out, const mha_tensors *t,
+MHA_API mha_status mha_layer_from_tensors(mha_layer **out, const mha_tensors *t,
                                   const mha_load_options *opt);
 /* The layer as native tensors with its labels and dims in the metadata. */
-mha_status mha_layer_to_tensors(mha_tensors **out, const mha_layer *layer);
+MHA_API mha_status mha_layer_to_tensors(mha_tensors **out, const mha_layer *layer);
 /* File wrappers of the two above. */
-mha_status mha_layer_load(mha_layer **out, const char *path, const mha_load_options *opt);
-mha_status mha_layer_save(const mha_layer *layer, const char *path);
+MHA_API mha_status mha_layer_load(mha_layer **out, const char *path, const mha_load_options *opt);
+MHA_API mha_status mha_layer_save(const mha_layer *layer, const char *path);
 
 /* ---- PyTorch layout (src/convert_torch.c) ---- */
 
@@ -434,7 +442,7 @@ typedef struct {
  * d_kv_in = kdim, d_v_in = vdim, bias, add_bias_kv, add_zero_attn),
  * transposing every weight to (in, out). The inputs are only read. Errors
  * name PyTorch's tensor (e.g. "out_proj.weight[12] = nan"). */
-mha_status mha_layer_from_torch(mha_layer **out, const mha_torch_weights *tw);
+MHA_API mha_status mha_layer_from_torch(mha_layer **out, const mha_torch_weights *tw);
 
 /* ---- KV cache (src/cache.c) ---- */
 /* A KV cache keeps the keys and values of the tokens a causal
@@ -475,32 +483,32 @@ typedef struct mha_cache mha_cache;
  * (window == 0) or a ring of `capacity` slots keeping the last `window`
  * tokens (1 <= window <= capacity). The layer must be self-attention
  * (d_kv_in == d_v_in == d_model). */
-mha_status mha_cache_create(mha_cache **out, const mha_layer *layer, int batch, int capacity,
+MHA_API mha_status mha_cache_create(mha_cache **out, const mha_layer *layer, int batch, int capacity,
                             mha_cache_dtype dtype, int window);
-void mha_cache_free(mha_cache *cache);
+MHA_API void mha_cache_free(mha_cache *cache);
 
 /* Bytes of K/V storage: B * h_kv * slots * (d_k + d_v) * (4 or 2), i.e.
  * 2 * B * capacity * h_kv * d_head * bytes when d_k = d_v = d_head and
  * capacity is a multiple of 128; the constant bookkeeping (a few hundred
  * bytes) is not counted. */
-size_t mha_cache_bytes(const mha_cache *cache);
+MHA_API size_t mha_cache_bytes(const mha_cache *cache);
 /* The same number for a config without creating a cache (0 when the
  * config, batch or capacity is invalid): for `mha shapes` and planning. */
-size_t mha_cache_bytes_for(const mha_config *cfg, int batch, int capacity, mha_cache_dtype dtype);
+MHA_API size_t mha_cache_bytes_for(const mha_config *cfg, int batch, int capacity, mha_cache_dtype dtype);
 
 /* Next position of sequence b (tokens appended since the last reset,
  * minus truncations); -1 when cache is NULL or b is out of range. */
-int mha_cache_length(const mha_cache *cache, int b);
+MHA_API int mha_cache_length(const mha_cache *cache, int b);
 /* Empties sequence b, or every sequence when b == -1. */
-mha_status mha_cache_reset(mha_cache *cache, int b);
+MHA_API mha_status mha_cache_reset(mha_cache *cache, int b);
 /* Rolls sequence b back to new_len tokens (0 <= new_len <= length), e.g.
  * to drop rejected speculative tokens. A windowed cache refuses to go back
  * so far that the window of the next token would need overwritten slots. */
-mha_status mha_cache_truncate(mha_cache *cache, int b, int new_len);
+MHA_API mha_status mha_cache_truncate(mha_cache *cache, int b, int new_len);
 /* Moves the cache's kv heads as mha_layer_permute_heads(layer, perm) moves
  * the layer's (perm: h entries, new head i = old head perm[i], groups kept
  * whole under GQA). O(h_kv): the storage is addressed through an index. */
-mha_status mha_cache_permute_heads(mha_cache *cache, const int *perm);
+MHA_API mha_status mha_cache_permute_heads(mha_cache *cache, const int *perm);
 
 /* Prefill and decode in one entry. x (B, T, d_model) holds up to T new
  * tokens per sequence: sequence b uses rows 0 .. n_new[b]-1 (n_new may be
@@ -524,7 +532,7 @@ mha_status mha_cache_permute_heads(mha_cache *cache, const int *perm);
  * window), MHA_E_CONTRACT when the layer's K/V labels differ from the
  * cache's, MHA_E_NONFINITE for non-finite x; after any of these nothing
  * has been appended. */
-mha_status mha_forward_cached(const mha_layer *layer, mha_cache *cache, float *y,
+MHA_API mha_status mha_forward_cached(const mha_layer *layer, mha_cache *cache, float *y,
                               const mha_capture *cap, const float *x, int T, const int *n_new,
                               const mha_options *opt);
 
@@ -535,9 +543,9 @@ mha_status mha_forward_cached(const mha_layer *layer, mha_cache *cache, float *y
  * call. attend: z (B,T,h*d_v) for queries q (B,T,h*d_k) of the last
  * n_new[b] appended positions of each sequence (rows past n_new[b] of z
  * untouched), scale 0 meaning 1/sqrt(d_k); no extra keys, no options. */
-mha_status mha_cache_append(mha_cache *cache, const float *k, const float *v, int T,
+MHA_API mha_status mha_cache_append(mha_cache *cache, const float *k, const float *v, int T,
                             const int *n_new);
-mha_status mha_cache_attend(const mha_cache *cache, float *z, const float *q, int T,
+MHA_API mha_status mha_cache_attend(const mha_cache *cache, float *z, const float *q, int T,
                             const int *n_new, float scale);
 
 #ifdef __cplusplus
