@@ -13,9 +13,25 @@ _here = os.path.dirname(os.path.abspath(__file__))
 _repo = os.path.dirname(os.path.dirname(_here))
 
 
+def _installed_library():
+    """<prefix>/lib/libmha.so of `make install` when this package was
+    installed under the same prefix (<prefix>/lib/python3.X/site-packages,
+    or Debian's <prefix>/local/lib/python3.X/dist-packages), else None."""
+    site = os.path.dirname(_here)
+    if os.path.basename(site) not in ("site-packages", "dist-packages"):
+        return None
+    d = site
+    for _ in range(4):
+        d = os.path.dirname(d)
+        if os.path.exists(os.path.join(d, "lib", "libmha.so")):
+            return os.path.join(d, "lib", "libmha.so")
+    return None
+
+
 def _find_library():
-    """MHA_LIBRARY wins; otherwise build/libmha.so of this checkout."""
-    path = os.environ.get("MHA_LIBRARY") or os.path.join(_repo, "build", "libmha.so")
+    """MHA_LIBRARY wins; then the installed prefix's; then build/libmha.so of this checkout."""
+    path = (os.environ.get("MHA_LIBRARY") or _installed_library()
+            or os.path.join(_repo, "build", "libmha.so"))
     if not os.path.exists(path):
         raise ImportError(
             f"mha: shared library not found at {path}; run `make lib` in {_repo} "
