@@ -11,12 +11,8 @@ set -u
 PY=${1:-/usr/bin/python3}
 CC=${CC:-cc}
 repo=$(pwd)
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+. tests/suite.sh
 prefix=$tmp/prefix
-fails=0
-ok() { echo "ok   $1"; }
-bad() { echo "FAIL $1"; fails=$((fails + 1)); }
 # files DIR : every non-directory under DIR, relative, sorted
 files() { (cd "$1" && find . ! -type d | sed 's|^\./||' | sort); }
 
@@ -160,4 +156,4 @@ if make -s install PREFIX=relative/prefix >"$tmp/log" 2>&1; then bad "a relative
 elif [ -e relative ]; then bad "a refused install created relative/"; rm -rf relative
 else ok "a relative PREFIX is refused: $(grep -o 'PREFIX=.*' "$tmp/log" | head -1)"; fi
 
-[ "$fails" -eq 0 ] && echo "install_test: all passed" || { echo "install_test: $fails failed"; exit 1; }
+finish install_test
