@@ -97,9 +97,10 @@ check-layers: lib
 	sh tests/layers_test.sh $(PYTHON)
 
 # libmha.so exports exactly the functions of include/mha.h, and the Python
-# binding binds only those.
-check-exports: lib
-	$(PYTHON) scripts/check_exports.py $(BUILD)/libmha.so include/mha.h python/mha/_lib.py
+# binding and the CLI (which links libmha.a) use only those.
+check-exports: lib $(BUILD)/mha
+	$(PYTHON) scripts/check_exports.py $(BUILD)/libmha.so include/mha.h \
+	  --binding python/mha/_lib.py --archive $(BUILD)/libmha.a --clients $(BUILD)/tools
 	sh tests/exports_test.sh $(PYTHON)
 
 # make install PREFIX=/usr/local [DESTDIR=staging]: the library (static and
