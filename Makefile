@@ -19,7 +19,7 @@ TEST_OBJ  = $(TEST_SRC:%.c=$(BUILD)/%.o)
 SETUP_CORE = $(BUILD)/.setup-core
 SETUP_TEST = $(BUILD)/.setup-test
 
-.PHONY: all lib demo test test-c test-asan test-python test-memory bench setup clean fuzz
+.PHONY: all lib demo test test-c test-asan test-python test-examples test-memory bench setup clean fuzz
 all: lib $(BUILD)/mha $(BUILD)/test_mha
 
 $(SETUP_CORE): scripts/setup.sh
@@ -69,11 +69,16 @@ test-python: $(SETUP_TEST) lib $(BUILD)/mha
 	@if [ -n "$$(ls tests/python/test_*.py 2>/dev/null)" ]; then \
 	  $(PYTHON) -m pytest -q tests/python; fi
 
+# examples/train_reverse.py: mha.nn trains and follows torch's loss curve (~10 s).
+test-examples: $(SETUP_TEST) lib
+	$(PYTHON) examples/train_reverse.py
+
 test: $(SETUP_TEST)
 	$(MAKE) all
 	$(MAKE) test-c
 	$(MAKE) test-asan
 	$(MAKE) test-python
+	$(MAKE) test-examples
 	$(MAKE) fuzz
 
 # The full-size memory check: causal forward with B=1, T=32768, d_model=768,
