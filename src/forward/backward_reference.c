@@ -9,17 +9,7 @@
 #include <string.h>
 
 #include "forward/backward.h"
-
-/* out (rows, n) = in (rows, k) w (k, n) + b (n), in double. */
-static void linear_forward(double *out, const float *in, const float *w, const float *b, size_t rows,
-                           int k, int n) {
-    for (size_t t = 0; t < rows; t++)
-        for (int o = 0; o < n; o++) {
-            double acc = b[o];
-            for (int i = 0; i < k; i++) acc += (double)in[t * k + i] * w[(size_t)i * n + o];
-            out[t * n + o] = acc;
-        }
-}
+#include "forward/forward.h"
 
 /* Backward of out = in w + b for dout (rows, n): dw (k, n) += in^T dout,
  * db (n) += sum_t dout, din (rows, k) += dout w^T. */
@@ -134,10 +124,10 @@ mha_status mha_backward_reference(const mha_layer *L, const mha_gradients *g, co
     }
 
     // --- recompute: Q = X W_Q + b_Q; K = Xk W_K + b_K; V = Xv W_V + b_V; extra rows
-    linear_forward(q, x, L->w_q, L->b_q, rows, D, (int)qw);
+    mha_linear_double(q, x, L->w_q, L->b_q, rows, D, (int)qw);
     for (int b = 0; b < B; b++) {
-        linear_forward(k + (size_t)b * Sx * kw, k_src + (size_t)b * S * Dk, L->w_k, L->b_k, (size_t)S, Dk, (int)kw);
-        linear_forward(v + (size_t)b * Sx * vw, v_src + (size_t)b * S * Dv, L->w_v, L->b_v, (size_t)S, Dv, (int)vw);
+        mha_linear_double(k + (size_t)b * Sx * kw, k_src + (size_t)b * S * Dk, L->w_k, L->b_k, (size_t)S, Dk, (int)kw);
+        mha_linear_double(v + (size_t)b * Sx * vw, v_src + (size_t)b * S * Dv, L->w_v, L->b_v, (size_t)S, Dv, (int)vw);
         if (c->add_bias_kv) { /* key S is the learned bias row; the zero row (if any) stays 0 */
             for (size_t e = 0; e < kw; e++) k[((size_t)b * Sx + S) * kw + e] = L->bias_k[e];
             for (size_t e = 0; e < vw; e++) v[((size_t)b * Sx + S) * vw + e] = L->bias_v[e];
