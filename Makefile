@@ -26,7 +26,7 @@ TEST_OBJ  = $(TEST_SRC:%.c=$(BUILD)/%.o)
 SETUP_CORE = $(BUILD)/.setup-core
 SETUP_TEST = $(BUILD)/.setup-test
 
-.PHONY: all lib demo test test-c test-asan test-python test-memory bench setup clean fuzz \
+.PHONY: all lib demo test test-c test-asan test-python test-examples test-memory bench setup clean fuzz \
         check-layers check-exports test-install install uninstall
 all: lib $(BUILD)/mha $(BUILD)/test_mha
 
@@ -81,12 +81,17 @@ test-python: $(SETUP_TEST) lib $(BUILD)/mha
 	@if [ -n "$$(ls tests/python/test_*.py 2>/dev/null)" ]; then \
 	  $(PYTHON) -m pytest -q tests/python; fi
 
+# examples/train_reverse.py: mha.nn trains and follows torch's loss curve (~10 s).
+test-examples: $(SETUP_TEST) lib
+	$(PYTHON) examples/train_reverse.py
+
 test: $(SETUP_TEST)
 	$(MAKE) all
 	$(MAKE) check-layers check-exports
 	$(MAKE) test-c
 	$(MAKE) test-asan
 	$(MAKE) test-python
+	$(MAKE) test-examples
 	$(MAKE) fuzz
 	$(MAKE) test-install
 

@@ -177,3 +177,17 @@ _sig("mha_forward_cached", c_int, LayerP, CacheP, F32P, POINTER(Capture), F32P, 
      POINTER(Options))
 _sig("mha_cache_append", c_int, CacheP, F32P, F32P, c_int, INTP)
 _sig("mha_cache_attend", c_int, CacheP, F32P, F32P, c_int, INTP, c_float)
+
+# ------------------------------- backward and attribution (mha.h; mha.nn)
+GRAD_NAMES = ("dx", "dk_src", "dv_src", "dw_q", "dw_k", "dw_v", "dw_o", "db_q", "db_k", "db_v",
+              "db_o", "dbias_k", "dbias_v")
+
+
+class Gradients(Structure):
+    _fields_ = [(n, F32P) for n in GRAD_NAMES]
+
+
+_sig("mha_backward_kv", c_int, LayerP, POINTER(Gradients), F32P, F32P, F32P, F32P, c_int, c_int,
+     c_int, POINTER(Options))
+_sig("mha_head_attribution", c_int, LayerP, F32P, F32P, F32P, F32P, F32P, F32P, c_int, c_int, c_int,
+     POINTER(Options))
