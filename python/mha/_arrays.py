@@ -41,7 +41,8 @@ def floats(name, a, shape=None):
         raise DTypeError(f"{name} has dtype {arr.dtype}; expected a floating dtype (float32)")
     if shape is not None:
         check_shape(name, arr.shape, shape)
-    out = np.ascontiguousarray(arr, dtype=np.float32)
+    with np.errstate(over="ignore"):  # overflow is found and named below
+        out = np.ascontiguousarray(arr, dtype=np.float32)
     if arr.dtype.itemsize > 4:
         _check_no_overflow(name, arr, out)
     return out

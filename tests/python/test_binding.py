@@ -1,10 +1,12 @@
 """The Python binding without torch: every option of the C API through
 numpy, checked against a float64 numpy oracle written here from the math
 in mha.h, and the error path (exceptions carrying mha_last_error())."""
-import numpy as np
 import pytest
 
-import mha
+from conftest import require
+
+np = require("numpy")
+import mha  # noqa: E402
 
 TOL = 1e-5
 

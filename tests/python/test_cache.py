@@ -21,12 +21,12 @@ Tolerances:
 """
 import gc
 
-import numpy as np
 import pytest
 
-from conftest import TORCH_SKIP_REASON, torch
+from conftest import require
 
-import mha
+np = require("numpy")
+import mha  # noqa: E402
 
 TOL32 = 1e-5
 U16 = 2.0 ** -11
@@ -183,8 +183,7 @@ def test_batch_of_one_takes_and_returns_2d_rows():
 # -------------------------------------------------------------- vs PyTorch
 
 def test_decode_equals_torch_multihead_attention_with_causal_mask():
-    if torch is None:
-        pytest.skip(TORCH_SKIP_REASON)
+    torch = require("torch")
     E, h, B, S, P = 32, 4, 2, 20, 6
     torch.manual_seed(3)
     m = torch.nn.MultiheadAttention(E, h, batch_first=True)

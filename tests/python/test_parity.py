@@ -12,14 +12,12 @@ against the boolean mask torch.triu(ones(L,S), 1) it expects instead.
 """
 import math
 
-import numpy as np
 import pytest
 
-from conftest import FAST_DECLINED, TORCH_SKIP_REASON, torch
+from conftest import FAST_DECLINED, require
 
-if torch is None:
-    pytest.skip(TORCH_SKIP_REASON, allow_module_level=True)
-
+np = require("numpy")
+torch = require("torch")
 import mha  # noqa: E402  (after the skip: the binding itself needs no torch)
 
 PATHS = ("reference", "auto", "fast")
