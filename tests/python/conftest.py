@@ -56,7 +56,8 @@ FAST_DECLINED = []
 
 def _skip_reason(report):
     lr = report.longrepr
-    return lr[2] if isinstance(lr, tuple) and len(lr) == 3 else str(lr)
+    reason = lr[2] if isinstance(lr, tuple) and len(lr) == 3 else str(lr)
+    return reason.removeprefix("Skipped: ")
 
 
 def _fail_missing_dependency_in_ci(report):
@@ -67,7 +68,7 @@ def _fail_missing_dependency_in_ci(report):
     if MISSING not in reason:
         return
     report.outcome = "failed"
-    report.longrepr = f"CI=true: a missing dependency fails the run. {reason.removeprefix('Skipped: ')}"
+    report.longrepr = f"CI=true: a missing dependency fails the run. {reason}"
 
 
 @pytest.hookimpl(hookwrapper=True)
