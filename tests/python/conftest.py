@@ -10,6 +10,7 @@ failed, naming the module), so a CI machine without torch cannot pass by
 skipping the ~120 PyTorch parity tests.
 """
 import importlib
+import importlib.util
 import os
 import sys
 
@@ -21,12 +22,20 @@ os.environ.setdefault("MHA_LIBRARY", os.path.join(ROOT, "build", "libmha.so"))
 
 MISSING = "missing dependency"
 CI = os.environ.get("CI", "").lower() == "true"
-_HOW = {"torch": "python3-torch", "numpy": "python3-numpy"}
+_HOW = {"torch": "python3-torch", "numpy": "python3-numpy", "pip": "python3-pip",
+        "setuptools": "python3-setuptools"}
 
 
-def _import(name):
-    """(module, None) or (None, "ImportError: ...")."""
+def _import(name, find_only=False):
+    """(module, None) or (None, "ImportError: ..."); find_only: the module's
+    spec instead, for tools a subprocess imports (setuptools must not be
+    imported into a process that already imported pip)."""
     try:
+        if find_only:
+            spec = importlib.util.find_spec(name)
+            if spec is None:
+                raise ImportError(f"no module named {name!r}")
+            return spec, None
         return importlib.import_module(name), None
     except Exception as e:  # ImportError, or a broken install
         return None, f"{type(e).__name__}: {e}"
@@ -37,10 +46,10 @@ def missing_reason(name, error):
             "(Debian; scripts/setup.sh test installs it)")
 
 
-def require(name):
+def require(name, find_only=False):
     """The imported module, or a skip of the calling test (or module, when
     called at import time) whose reason names it; fails under CI=true."""
-    mod, error = _import(name)
+    mod, error = _import(name, find_only)
     if mod is None:
         pytest.skip(missing_reason(name, error), allow_module_level=True)
     return mod
