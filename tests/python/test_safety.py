@@ -55,11 +55,11 @@ def finish(threads, errors, kind):
 
 @pytest.mark.parametrize("path", ["reference", "fast"])
 def test_close_from_another_thread_during_long_forwards(path):
-    """Three threads run ~0.1 s forwards in a loop while the main thread
+    """Three threads run ~30 ms forwards in a loop while the main thread
     closes the layer, ten times: close() waits for the forwards in C, the
     calls after it raise 'the layer was closed', every result is right."""
     rng = np.random.default_rng(1)
-    x = rng.standard_normal((2, 256, 128)).astype(np.float32)
+    x = rng.standard_normal((1, 192, 128)).astype(np.float32)
     for _ in range(10):
         layer = random_layer(rng)
         want = layer.forward(x, path=path)
