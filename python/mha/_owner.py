@@ -112,6 +112,10 @@ class COwner:
         except Exception:
             pass
 
+    def __reduce__(self):
+        # a copy would share the pointer and free it twice
+        raise TypeError(f"a {self._kind} owns C memory and cannot be copied or pickled")
+
     def __enter__(self):
         return self
 

@@ -125,6 +125,17 @@ def test_closing_inside_a_call_on_the_same_thread_is_an_error_not_a_deadlock():
         layer.forward(np.zeros((1, 2, 16), np.float32))
 
 
+def test_a_copy_would_free_the_c_object_twice_so_it_is_refused():
+    import copy
+    import pickle
+    layer = random_layer(np.random.default_rng(11), 16, 2)
+    for make in (copy.copy, copy.deepcopy, pickle.dumps):
+        with pytest.raises(TypeError, match="owns C memory"):
+            make(layer)
+    with pytest.raises(TypeError, match="cache owns C memory"):
+        copy.copy(mha.Cache(layer, capacity=8))
+
+
 # ------------------------------------------------- integers ctypes would wrap
 
 @pytest.mark.parametrize("kwargs,name", [
