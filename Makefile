@@ -81,7 +81,8 @@ test: $(SETUP_TEST)
 test-memory: $(BUILD)/test_mha
 	MHA_TEST_MEMORY_T=32768 ./$(BUILD)/test_mha fast_memory_peak
 
-# Coverage-guided fuzzing of the .npy and safetensors readers (bounded time).
+# Coverage-guided fuzzing of the .npy and safetensors readers, the layout
+# loaders and the CLI flag parser (bounded time).
 fuzz: $(SETUP_TEST)
 	sh fuzz/run.sh 60
 
