@@ -19,7 +19,7 @@ TEST_OBJ  = $(TEST_SRC:%.c=$(BUILD)/%.o)
 SETUP_CORE = $(BUILD)/.setup-core
 SETUP_TEST = $(BUILD)/.setup-test
 
-.PHONY: all lib demo test test-c test-asan test-python test-memory bench setup clean fuzz
+.PHONY: all lib demo test test-c test-asan test-python test-docs test-memory bench setup clean fuzz
 all: lib $(BUILD)/mha $(BUILD)/test_mha
 
 $(SETUP_CORE): scripts/setup.sh
@@ -61,7 +61,7 @@ test-c: $(BUILD)/test_mha $(BUILD)/mha
 # The C tests and the CLI suites under AddressSanitizer + UndefinedBehaviorSanitizer.
 test-asan: $(SETUP_CORE)
 	$(MAKE) BUILD=build-asan OPT="-O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all" build-asan/test_mha build-asan/mha
-	ASAN_OPTIONS=detect_leaks=1 ./build-asan/test_mha
+	ASAN_OPTIONS=detect_leaks=1 MHA_TEST_PARSE_LIMIT_S=5 ./build-asan/test_mha
 	ASAN_OPTIONS=detect_leaks=1 sh tests/cli_test.sh ./build-asan/mha
 	ASAN_OPTIONS=detect_leaks=1 sh tests/io_cli_test.sh ./build-asan/mha
 
@@ -69,11 +69,17 @@ test-python: $(SETUP_TEST) lib $(BUILD)/mha
 	@if [ -n "$$(ls tests/python/test_*.py 2>/dev/null)" ]; then \
 	  $(PYTHON) -m pytest -q tests/python; fi
 
+# Every shell command of README.md and docs/*.md, run as written in a
+# temporary directory against build/ (tests/docs_test.py).
+test-docs: $(SETUP_TEST) $(BUILD)/mha
+	$(PYTHON) tests/docs_test.py
+
 test: $(SETUP_TEST)
 	$(MAKE) all
 	$(MAKE) test-c
 	$(MAKE) test-asan
 	$(MAKE) test-python
+	$(MAKE) test-docs
 	$(MAKE) fuzz
 
 # The full-size memory check: causal forward with B=1, T=32768, d_model=768,
