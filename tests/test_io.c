@@ -743,6 +743,13 @@ static void test_io_errors_say_why(void) {
     CHECK_ERROR_MENTIONS("expected a regular file");
     CHECK_STATUS(mha_npy_read(&a, missing, 0), MHA_E_IO);
     CHECK_ERROR_MENTIONS("No such file or directory");
+    /* a pipe (or a device) is not replaced by a regular file */
+    const char *fifo = tmp_path("pipe");
+    CHECK(mkfifo(fifo, 0600) == 0);
+    CHECK_STATUS(mha_npy_write_f32(fifo, v, 1, s1), MHA_E_IO);
+    CHECK_ERROR_MENTIONS("not a regular file");
+    struct stat st;
+    CHECK(stat(fifo, &st) == 0 && S_ISFIFO(st.st_mode));
 }
 
 /* The streaming writer: sizes that are not a multiple of its chunk round

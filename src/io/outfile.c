@@ -27,6 +27,12 @@ mha_status mha_out_open(mha_out_file *o, const char *path) {
     if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
         return mha_fail(MHA_E_IO, "cannot write '%s': it is a directory; expected a file path",
                         path);
+    /* the rename would replace a device or a pipe with a regular file */
+    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode))
+        return mha_fail(MHA_E_IO,
+                        "cannot write '%s': it exists and is not a regular file (a device or a "
+                        "pipe); expected a file path",
+                        path);
     size_t n = strlen(path);
     o->tmp = malloc(n + 64);
     if (!o->tmp) return mha_fail(MHA_E_NOMEM, "cannot allocate a file name for '%s'", path);
