@@ -1,6 +1,7 @@
 """Runs every shell command of README.md and docs/*.md, in order, in one
-temporary directory (with build/, tests/, python/ and include/ linked
-from the repository), and fails on any error: the documented examples must
+temporary directory (with build/, tests/ and include/ linked from the
+repository and python/ copied; PATH starts with /usr/bin, and pip installs
+under the temporary directory), and fails on any error: the documented examples must
 work as written from a fresh clone after `make`.
 
     python3 tests/docs_test.py [REPO_ROOT]
@@ -18,6 +19,7 @@ An HTML comment on the line before a fence changes what is expected:
 """
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -66,8 +68,15 @@ def main():
     docs = [os.path.join(root, "README.md")] + sorted(
         os.path.join(root, "docs", f) for f in os.listdir(os.path.join(root, "docs")) if f.endswith(".md"))
     work = tempfile.mkdtemp(prefix="mha_docs_")
-    for d in ("build", "tests", "python", "include"):
+    for d in ("build", "tests", "include"):
         os.symlink(os.path.join(root, d), os.path.join(work, d))
+    # a copy, not a link: `pip install ./python` writes build files into it
+    shutil.copytree(os.path.join(root, "python"), os.path.join(work, "python"),
+                    ignore=shutil.ignore_patterns("__pycache__", "build", "*.egg-info"))
+    # Debian's tools first (the docs name /usr/bin/python3 and Debian's pip),
+    # and whatever pip installs goes under the temporary directory
+    env = dict(os.environ, PATH="/usr/bin:/bin:" + os.environ.get("PATH", ""),
+               PIP_PREFIX=os.path.join(work, "prefix"), PIP_NO_INDEX="1")
     ran = skipped = 0
     failures = []
     for doc in docs:
@@ -87,7 +96,7 @@ def main():
             for k, cmd in enumerate(cmds):
                 want = want_last if k == len(cmds) - 1 else 0
                 args = ["sh", "-c", cmd] if label == "console" else ["sh", "-e", "-c", cmd]
-                p = subprocess.run(args, cwd=work, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                p = subprocess.run(args, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                    universal_newlines=True, timeout=600)
                 ran += 1
                 if p.returncode != want:

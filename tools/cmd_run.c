@@ -12,6 +12,7 @@
 
 #include "commands.h"
 #include "io_cli.h"
+#include "run_attribution.h"
 
 /* "2=zero,5=scale:0.5,7=mean" -> iv[h] (head positions, 0-based). */
 static int parse_ablate(const char *spec, mha_intervention *iv, int h) {
@@ -85,7 +86,7 @@ int cmd_run(int argc, char **argv) {
     cli_ckpt ck = {0};
     cli_fwd_flags ff = {0};
     const char *output = NULL, *ablate = NULL, *save_z = NULL, *save_c = NULL, *save_p = NULL,
-               *path = NULL, *masked = NULL, *v_input = NULL;
+               *path = NULL, *masked = NULL, *v_input = NULL, *grad_output = NULL, *save_a = NULL;
     double max_gib = 0;
     mha_arg args[] = {
         CLI_CKPT_ARGS(ck, 1),
@@ -106,6 +107,10 @@ int cmd_run(int argc, char **argv) {
         {.name = "--masked-rows", .kind = MHA_ARG_STRING, .dest = &masked, .metavar = "M",
          .help = "a query row with no allowed key gives zero (default) or nan (PyTorch)",
          .choices = "zero|nan"},
+        {.name = "--grad-output", .kind = MHA_ARG_STRING, .dest = &grad_output, .metavar = "dY.npy",
+         .help = "dY, shaped like Y: the metric <dY, Y> for --save-attribution"},
+        {.name = "--save-attribution", .kind = MHA_ARG_STRING, .dest = &save_a, .metavar = "A.npy",
+         .help = "save each head's attribution Z^(r).dZ^(r) of <dY, Y>, (h,B,T) (docs/BACKWARD.md)"},
         {.name = "--path", .kind = MHA_ARG_STRING, .dest = &path, .metavar = "P",
          .help = "auto (default), reference or fast", .choices = "auto|reference|fast"},
         CLI_MAX_OUTPUT_ARG(max_gib),
@@ -136,12 +141,14 @@ int cmd_run(int argc, char **argv) {
     cli_outputs_output(&outs, "--save-z", &save_z);
     cli_outputs_output(&outs, "--save-contributions", &save_c);
     cli_outputs_output(&outs, "--save-probs", &save_p);
+    cli_outputs_input(&outs, "--grad-output", &grad_output);
+    cli_outputs_output(&outs, "--save-attribution", &save_a);
     mha_layer *L;
     cli_fwd f;
     int rc = cli_fwd_open(&L, &f, &spec, &ck, &ff, &outs, argc, argv);
     if (rc != MHA_ARGS_CONTINUE) return rc;
 
-    float *y = NULL;
+    float *y = NULL, *attr = NULL; /* (B,T,d_model), (h,B,T) */
     mha_capture cap = {0};
     mha_intervention *iv = NULL;
     mha_array v = {0};
@@ -169,12 +176,13 @@ int cmd_run(int argc, char **argv) {
     /* every output is held in memory at once: each, and their sum, must fit */
     double limit = max_gib > 0 ? max_gib : cli_default_output_limit_gib();
     double ny = (double)rows * dm, nz = save_z ? (double)rows * h * c->d_v : 0,
-           nc = save_c ? (double)h * rows * dm : 0, np = save_p ? (double)h * rows * St : 0;
+           nc = save_c ? (double)h * rows * dm : 0, np = save_p ? (double)h * rows * St : 0,
+           na = save_a ? (double)h * rows : 0;
     if ((rc = cli_check_output_size("run", "--output", ny, limit)) ||
         (rc = cli_check_output_size("run", "--save-z", nz, limit)) ||
         (rc = cli_check_output_size("run", "--save-contributions", nc, limit)) ||
         (rc = cli_check_output_size("run", "--save-probs", np, limit)) ||
-        (rc = cli_check_output_size("run", "the outputs together", ny + nz + nc + np, limit)))
+        (rc = cli_check_output_size("run", "the outputs together", ny + nz + nc + np + na, limit)))
         goto done;
     rc = MHA_EXIT_RUNTIME;
     if (!(y = cli_alloc("run", rows * dm))) goto done;
@@ -191,6 +199,8 @@ int cmd_run(int argc, char **argv) {
         goto done;
     }
 
+    if ((rc = run_attribution(&attr, grad_output, save_a, L, &f, v.f))) goto done;
+
     /* unbatched input: drop the B axis from every output */
     int k = f.batched ? 0 : 1;
     int sy[3] = {B, T, dm}, sz[3] = {B, T, h * c->d_v};
@@ -202,11 +212,15 @@ int cmd_run(int argc, char **argv) {
         if ((rc = cli_save(&outs, "--save-contributions", cap.contributions, 4 - k, sc))) goto done;
     }
     if (save_p && (rc = cli_save(&outs, "--save-probs", cap.probs, 4 - k, sp + k))) goto done;
+    int sa[3] = {h, B, T};
+    if (k) sa[1] = T;
+    if (attr && (rc = cli_save(&outs, "--save-attribution", attr, 3 - k, sa))) goto done;
     if ((rc = cli_outputs_finish(&outs, MHA_EXIT_OK))) goto done;
     printf("wrote %s: %s%d x %d x %d (h=%d, h_kv=%d, d_k=%d, d_v=%d)\n", output,
            f.batched ? "" : "unbatched ", B, T, dm, h, c->n_kv_heads, c->d_k, c->d_v);
 done:
     free(y);
+    free(attr);
     free(cap.z);
     free(cap.contributions);
     free(cap.probs);
