@@ -230,9 +230,38 @@ MHA_API mha_status mha_forward_kv(const mha_layer *layer, float *y, const mha_ca
                           const float *x, const float *k_src, const float *v_src,
                           int B, int T, int S, const mha_options *opt);
 
-/* Number of threads for the fast path (0: OpenMP's default). */
+/* The process default of the number of threads of every forward (0:
+ * OpenMP's default, OMP_NUM_THREADS). An atomic: it may be set while other
+ * threads compute; a call reads it once, at its start. Results never
+ * depend on the thread count. */
 MHA_API void mha_set_num_threads(int n);
 MHA_API int mha_get_num_threads(void);
+
+/* ---------------------------------------------------- execution context */
+
+/* How calls run, chosen per call instead of per process: the thread count
+ * and the kernels ("avx2", "scalar", "reference" = the oracle under
+ * MHA_PATH_AUTO; NULL = the default). Without a context (the plain entry
+ * points, or ctx NULL) the defaults apply: mha_set_num_threads, then
+ * MHA_KERNELS in the environment (read at every call), then the best
+ * kernels this CPU and OS run (CPUID and XCR0, probed once). A context's
+ * kernels win over MHA_KERNELS.
+ * Thread safety: a context may be shared by concurrent calls; its setters
+ * and mha_context_free need exclusive access. */
+typedef struct mha_context mha_context;
+MHA_API mha_status mha_context_create(mha_context **out);
+MHA_API void mha_context_free(mha_context *ctx);
+/* n >= 1 threads, or 0 for the process default. */
+MHA_API mha_status mha_context_set_num_threads(mha_context *ctx, int n);
+/* MHA_E_ARG for an unknown name or kernels this machine cannot run. */
+MHA_API mha_status mha_context_set_kernels(mha_context *ctx, const char *name);
+/* The kernels calls with ctx (NULL: the defaults) run now: "avx2",
+ * "scalar", "reference"; NULL when MHA_KERNELS holds an invalid value. */
+MHA_API const char *mha_context_kernels(const mha_context *ctx);
+/* mha_forward_kv run as ctx says (ctx may be NULL: the defaults). */
+MHA_API mha_status mha_forward_ctx(const mha_context *ctx, const mha_layer *layer, float *y,
+                                   const mha_capture *cap, const float *x, const float *k_src,
+                                   const float *v_src, int B, int T, int S, const mha_options *opt);
 
 /* -------------------------------------------------- the head contract */
 
@@ -535,6 +564,12 @@ MHA_API mha_status mha_cache_permute_heads(mha_cache *cache, const int *perm);
 MHA_API mha_status mha_forward_cached(const mha_layer *layer, mha_cache *cache, float *y,
                               const mha_capture *cap, const float *x, int T, const int *n_new,
                               const mha_options *opt);
+/* mha_forward_cached run as ctx says (ctx may be NULL: the defaults;
+ * kernels "reference" runs the fast kernels: the cache has one path). */
+MHA_API mha_status mha_forward_cached_ctx(const mha_context *ctx, const mha_layer *layer,
+                                          mha_cache *cache, float *y, const mha_capture *cap,
+                                          const float *x, int T, const int *n_new,
+                                          const mha_options *opt);
 
 /* The two halves of a step, for callers that project themselves (and for
  * the benchmark of attention alone). append: k (B,T,h_kv*d_k) and
