@@ -118,13 +118,15 @@ static mha_status check_range(const fast_plan *p, int nt) {
     const long n_bg = (long)p->B * h_kv, n_br = (long)p->B * h;
     double *kmax = malloc(sizeof(double) * (size_t)(n_bg + 2 * n_br)), *qmax = kmax + n_bg, *qarg = qmax + n_br;
     if (!kmax) return mha_fail(MHA_E_NOMEM, "fast path: no memory for the range check");
+    const float v_limit = FLT_MAX / (float)p->S_tot; /* sum of S_tot weighted values */
     int v_ok = 1;
 #pragma omp parallel for schedule(static) num_threads(nt) reduction(&& : v_ok)
     for (long bg = 0; bg < n_bg; bg++) {
         kmax[bg] = max_key_norm(p->kt + bg * p->S_pad * d_k, p->S_pad, d_k);
         const float *vb = p->v + bg * p->S_pad * p->ldv;
-        for (size_t i = 0; i < (size_t)p->S_pad * p->ldv; i++)
-            v_ok = v_ok && fabsf(vb[i]) <= FLT_MAX / (float)p->S_tot;
+        int bad = 0; /* NaN compares false: counted as bad */
+        for (size_t i = 0; i < (size_t)p->S_pad * p->ldv; i++) bad |= !(fabsf(vb[i]) <= v_limit);
+        v_ok = v_ok && !bad;
     }
 #pragma omp parallel for schedule(static) num_threads(nt)
     for (long br = 0; br < n_br; br++) {
