@@ -23,6 +23,7 @@ static const test_area_fn areas[] = {
     tests_cache,
     tests_concurrency,
     tests_overflow,
+    tests_backward,
 };
 
 const char *test_current = "";
