@@ -105,6 +105,10 @@ class Config(Structure):
                 ("qk_norm", c_int), ("qk_norm_per_head", c_int), ("qk_norm_eps", c_float)]
 
 
+# the config fields of the plain layer's shape (the rest are today's variants)
+SHAPE_FIELDS = ("d_model", "n_heads", "n_kv_heads", "d_k", "d_v", "d_kv_in", "bias", "add_bias_kv",
+                "add_zero_attn", "d_v_in")
+
 WEIGHT_NAMES = ("w_q", "w_k", "w_v", "w_o", "b_q", "b_k", "b_v", "b_o", "bias_k", "bias_v",
                 "alibi_slopes", "sinks", "q_norm", "k_norm")
 

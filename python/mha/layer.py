@@ -177,15 +177,22 @@ class Layer(COwner):
     @staticmethod
     def _weight_shapes(c):
         h, g = c.n_heads, c.n_kv_heads
-        return {
+        shapes = {
             "w_q": (c.d_model, h * c.d_k), "w_k": (c.d_kv_in, g * c.d_k),
             "w_v": (c.d_v_in, g * c.d_v), "w_o": (h * c.d_v, c.d_model),
             "b_q": (h * c.d_k,), "b_k": (g * c.d_k,), "b_v": (g * c.d_v,), "b_o": (c.d_model,),
             "bias_k": (g * c.d_k,), "bias_v": (g * c.d_v,),
-            "alibi_slopes": (h,), "sinks": (h,),
-            "q_norm": (h * c.d_k,) if c.qk_norm_per_head else (c.d_k,),
-            "k_norm": (g * c.d_k,) if c.qk_norm_per_head else (c.d_k,),
         }
+        # the variants' tensors exist only when their switch is on
+        if getattr(c, "alibi", 0):
+            shapes["alibi_slopes"] = (h,)
+        if getattr(c, "sinks", 0):
+            shapes["sinks"] = (h,)
+        if getattr(c, "qk_norm", 0) not in (0, "none"):
+            per_head = c.qk_norm_per_head
+            shapes["q_norm"] = (h * c.d_k,) if per_head else (c.d_k,)
+            shapes["k_norm"] = (g * c.d_k,) if per_head else (c.d_k,)
+        return shapes
 
     @classmethod
     def _weights_struct(cls, c, weights):
@@ -197,6 +204,9 @@ class Layer(COwner):
         for name in _lib.WEIGHT_NAMES:
             if weights.get(name) is None:
                 continue  # the library says which missing tensor it needs
+            if name not in shapes:
+                raise ArgumentError(f"weights[{name!r}] is given but the layer's config does not use it; "
+                                    "expected it left out")
             a = floats(name, weights[name])
             if a.size != int(np.prod(shapes[name])) or a.ndim not in (1, len(shapes[name])):
                 raise ShapeError(f"weights[{name!r}] has shape {a.shape}; expected {shapes[name]}")
