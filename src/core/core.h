@@ -18,6 +18,10 @@ mha_status mha_kv_perm_from_heads(int *kv_perm, const int *perm, int h, int h_kv
  * Shared by mha_forward and mha_forward_cached. */
 mha_status mha_check_interventions(const mha_intervention *ivs, int h, size_t rows, int d_v);
 
+/* Validates options (scale, flags, mask shapes and values, interventions)
+ * for a (B,T,S) request of config c; part of mha_forward_validate. */
+mha_status mha_check_options(const mha_config *c, const mha_options *o, int B, int T, int S);
+
 /* Validates the arguments of one forward pass against the layer. */
 mha_status mha_forward_validate(const mha_layer *L, const float *y, const float *x,
                                 const float *k_src, const float *v_src, int B, int T, int S,

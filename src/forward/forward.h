@@ -10,6 +10,20 @@ mha_status mha_forward_reference(const mha_layer *L, float *y, const mha_capture
                                  const float *x, const float *k_src, const float *v_src,
                                  int B, int T, int S, const mha_options *opt);
 
+/* mha_forward_reference that also writes lse (B,h,T) when not NULL: the
+ * log-sum-exp of each query row's allowed scores (-inf: none allowed). */
+mha_status mha_forward_reference_lse(const mha_layer *L, float *y, const mha_capture *cap,
+                                     float *lse, const float *x, const float *k_src,
+                                     const float *v_src, int B, int T, int S,
+                                     const mha_options *opt);
+
+/* The reference's attention step alone, on double Q (B,T,h*d_k),
+ * K (B,Sx,h_kv*d_k), V (B,Sx,h_kv*d_v) with Sx = S + extra keys of c:
+ * z (B,T,h*d_v); probs (B,h,T,Sx) and lse (B,h,T) when not NULL. */
+mha_status mha_attend_reference(const mha_config *c, double *z, float *probs, float *lse,
+                                const double *q, const double *k, const double *v, int B, int T,
+                                int S, const mha_options *opt);
+
 /* The fast forward (forward_fast.c). Returns MHA_E_UNSUPPORTED when this
  * machine or build has no fast path for the request; the caller then falls
  * back to the reference under MHA_PATH_AUTO. */

@@ -43,40 +43,26 @@ static void intervene_double(double *z, const mha_intervention *iv, int r, int h
     }
 }
 
-mha_status mha_forward_reference(const mha_layer *L, float *y, const mha_capture *cap, const float *x,
-                                 const float *k_src, const float *v_src, int B, int T, int S,
-                                 const mha_options *opt) {
-    const mha_config *c = &L->cfg;
-    const int h = c->n_heads, h_kv = c->n_kv_heads, d_k = c->d_k, d_v = c->d_v, D = c->d_model;
+/* z (B,T,h*d_v) = attention of q (B,T,h*d_k) over k (B,Sx,h_kv*d_k) and
+ * v (B,Sx,h_kv*d_v), S original keys then the extra ones; probs
+ * (B,h,T,Sx) and lse (B,h,T) when not NULL. lse is log sum_j exp(score_j)
+ * over the allowed keys, -inf for a row with none. */
+mha_status mha_attend_reference(const mha_config *c, double *z, float *probs, float *lse,
+                                const double *q, const double *k, const double *v, int B, int T,
+                                int S, const mha_options *opt) {
+    const int h = c->n_heads, d_k = c->d_k, d_v = c->d_v;
     const int Sx = mha_total_keys(c, S);
-    const size_t qw = (size_t)h * d_k, kw = (size_t)h_kv * d_k, vw = (size_t)h_kv * d_v, zw = (size_t)h * d_v;
+    const size_t qw = (size_t)h * d_k, kw = (size_t)c->n_kv_heads * d_k,
+                 vw = (size_t)c->n_kv_heads * d_v, zw = (size_t)h * d_v;
     const double scale = opt->scale != 0.0f ? opt->scale : 1.0 / sqrt((double)d_k);
-
-    double *q = malloc((size_t)B * T * qw * sizeof(double));   // (B,T,h*d_k)
-    double *k = calloc((size_t)B * Sx * kw, sizeof(double));   // (B,Sx,h_kv*d_k)
-    double *v = calloc((size_t)B * Sx * vw, sizeof(double));   // (B,Sx,h_kv*d_v)
-    double *z = malloc((size_t)B * T * zw * sizeof(double));   // (B,T,h*d_v)
-    double *score = malloc((size_t)Sx * sizeof(double));       // (Sx) one query row
-    int *allowed = malloc((size_t)Sx * sizeof(int));           // (Sx)
-    if (!q || !k || !v || !z || !score || !allowed) {
-        free(q), free(k), free(v), free(z), free(score), free(allowed);
-        return mha_fail(MHA_E_NOMEM, "reference forward: no memory for Q, K, V, Z (B=%d T=%d S=%d)", B, T, S);
+    double *score = malloc((size_t)Sx * sizeof(double)); // (Sx) one query row
+    int *allowed = malloc((size_t)Sx * sizeof(int));     // (Sx)
+    if (!score || !allowed) {
+        free(score), free(allowed);
+        return mha_fail(MHA_E_NOMEM, "reference attention: no memory for one score row (S=%d)", Sx);
     }
 
-    // --- projections: Q = X W_Q + b_Q; K = Xk W_K + b_K; V = Xv W_V + b_V; extra rows
-    linear_double(q, x, L->w_q, L->b_q, (size_t)B * T, D, (int)qw);
-    for (int b = 0; b < B; b++) {
-        linear_double(k + (size_t)b * Sx * kw, k_src + (size_t)b * S * c->d_kv_in, L->w_k, L->b_k,
-                      (size_t)S, c->d_kv_in, (int)kw);
-        linear_double(v + (size_t)b * Sx * vw, v_src + (size_t)b * S * c->d_v_in, L->w_v, L->b_v,
-                      (size_t)S, c->d_v_in, (int)vw);
-        if (c->add_bias_kv) { /* key S is the learned bias row; a zero row (if any) follows */
-            for (size_t i = 0; i < kw; i++) k[((size_t)b * Sx + S) * kw + i] = L->bias_k[i];
-            for (size_t i = 0; i < vw; i++) v[((size_t)b * Sx + S) * vw + i] = L->bias_v[i];
-        }
-    }
-
-    // --- attention: Z^(r) = softmax(scale * Q^(r) K^(g)^T + mask) V^(g)
+    // --- Z^(r) = softmax(scale * Q^(r) K^(g)^T + mask) V^(g)
     for (int b = 0; b < B; b++)
         for (int r = 0; r < h; r++) {
             const int g = mha_kv_head(c, r);
@@ -94,11 +80,13 @@ mha_status mha_forward_reference(const mha_layer *L, float *y, const mha_capture
                     score[j] = scale * dot + add;
                     if (score[j] > max) max = score[j];
                 }
-                float *prow = cap && cap->probs ? cap->probs + (((size_t)b * h + r) * T + i) * Sx : NULL;
+                float *prow = probs ? probs + (((size_t)b * h + r) * T + i) * Sx : NULL;
+                float *lrow = lse ? lse + ((size_t)b * h + r) * T + i : NULL;
                 if (max == -INFINITY) { /* no key allowed: zero or NaN row */
                     double fill = opt->masked_row == MHA_MASKED_ROW_NAN ? NAN : 0.0;
                     for (int e = 0; e < d_v; e++) zi[e] = fill;
                     for (int j = 0; prow && j < Sx; j++) prow[j] = (float)fill;
+                    if (lrow) *lrow = -INFINITY;
                     continue;
                 }
                 double sum = 0.0;
@@ -106,6 +94,7 @@ mha_status mha_forward_reference(const mha_layer *L, float *y, const mha_capture
                     score[j] = allowed[j] ? exp(score[j] - max) : 0.0;
                     sum += score[j];
                 }
+                if (lrow) *lrow = (float)(max + log(sum));
                 for (int e = 0; e < d_v; e++) zi[e] = 0.0;
                 for (int j = 0; j < Sx; j++) {
                     double p = score[j] / sum;
@@ -116,6 +105,48 @@ mha_status mha_forward_reference(const mha_layer *L, float *y, const mha_capture
                 }
             }
         }
+
+    free(score), free(allowed);
+    return MHA_OK;
+}
+
+mha_status mha_forward_reference_lse(const mha_layer *L, float *y, const mha_capture *cap,
+                                     float *lse, const float *x, const float *k_src,
+                                     const float *v_src, int B, int T, int S,
+                                     const mha_options *opt) {
+    const mha_config *c = &L->cfg;
+    const int h = c->n_heads, h_kv = c->n_kv_heads, d_k = c->d_k, d_v = c->d_v, D = c->d_model;
+    const int Sx = mha_total_keys(c, S);
+    const size_t qw = (size_t)h * d_k, kw = (size_t)h_kv * d_k, vw = (size_t)h_kv * d_v, zw = (size_t)h * d_v;
+
+    double *q = malloc((size_t)B * T * qw * sizeof(double));   // (B,T,h*d_k)
+    double *k = calloc((size_t)B * Sx * kw, sizeof(double));   // (B,Sx,h_kv*d_k)
+    double *v = calloc((size_t)B * Sx * vw, sizeof(double));   // (B,Sx,h_kv*d_v)
+    double *z = malloc((size_t)B * T * zw * sizeof(double));   // (B,T,h*d_v)
+    if (!q || !k || !v || !z) {
+        free(q), free(k), free(v), free(z);
+        return mha_fail(MHA_E_NOMEM, "reference forward: no memory for Q, K, V, Z (B=%d T=%d S=%d)", B, T, S);
+    }
+
+    // --- projections: Q = X W_Q + b_Q; K = Xk W_K + b_K; V = Xv W_V + b_V; extra rows
+    linear_double(q, x, L->w_q, L->b_q, (size_t)B * T, D, (int)qw);
+    for (int b = 0; b < B; b++) {
+        linear_double(k + (size_t)b * Sx * kw, k_src + (size_t)b * S * c->d_kv_in, L->w_k, L->b_k,
+                      (size_t)S, c->d_kv_in, (int)kw);
+        linear_double(v + (size_t)b * Sx * vw, v_src + (size_t)b * S * c->d_v_in, L->w_v, L->b_v,
+                      (size_t)S, c->d_v_in, (int)vw);
+        if (c->add_bias_kv) { /* key S is the learned bias row; a zero row (if any) follows */
+            for (size_t i = 0; i < kw; i++) k[((size_t)b * Sx + S) * kw + i] = L->bias_k[i];
+            for (size_t i = 0; i < vw; i++) v[((size_t)b * Sx + S) * vw + i] = L->bias_v[i];
+        }
+    }
+
+    // --- attention: Z^(r) = softmax(scale * Q^(r) K^(g)^T + mask) V^(g)
+    mha_status s = mha_attend_reference(c, z, cap ? cap->probs : NULL, lse, q, k, v, B, T, S, opt);
+    if (s) {
+        free(q), free(k), free(v), free(z);
+        return s;
+    }
 
     // --- interventions on Z^(r), before concatenation is read by W_O
     const size_t rows = (size_t)B * T;
@@ -138,6 +169,12 @@ mha_status mha_forward_reference(const mha_layer *L, float *y, const mha_capture
             y[t * D + o] = (float)acc;
         }
 
-    free(q), free(k), free(v), free(z), free(score), free(allowed);
+    free(q), free(k), free(v), free(z);
     return MHA_OK;
+}
+
+mha_status mha_forward_reference(const mha_layer *L, float *y, const mha_capture *cap, const float *x,
+                                 const float *k_src, const float *v_src, int B, int T, int S,
+                                 const mha_options *opt) {
+    return mha_forward_reference_lse(L, y, cap, NULL, x, k_src, v_src, B, T, S, opt);
 }
