@@ -19,8 +19,8 @@ TEST_OBJ  = $(TEST_SRC:%.c=$(BUILD)/%.o)
 SETUP_CORE = $(BUILD)/.setup-core
 SETUP_TEST = $(BUILD)/.setup-test
 
-.PHONY: all lib demo test test-c test-asan test-python test-memory bench setup clean fuzz
-all: lib $(BUILD)/mha $(BUILD)/test_mha
+.PHONY: all lib demo test test-c test-asan test-python test-memory bench setup clean fuzz mpi mpi-build
+all: lib $(BUILD)/mha $(BUILD)/test_mha $(if $(HAVE_MPI),mpi-build)
 
 $(SETUP_CORE): scripts/setup.sh
 	@mkdir -p $(BUILD) && sh scripts/setup.sh core && touch $@
@@ -50,6 +50,26 @@ $(BUILD)/mha: $(TOOL_OBJ) $(BUILD)/libmha.a
 $(BUILD)/test_mha: $(TEST_OBJ) $(BUILD)/libmha.a
 	$(CC) $(CFLAGS) -o $@ $(TEST_OBJ) $(BUILD)/libmha.a $(LDLIBS)
 
+# libmha_mpi and mha-mpi (mpi/, include/mha_mpi.h): built where mpicc
+# exists; `make mpi` installs OpenMPI first. mha-mpi reuses the CLI's flag
+# parsing and file loading by linking tools/args.o, io_cli.o and cmd_run.o.
+MPICC    ?= mpicc
+HAVE_MPI := $(shell command -v $(MPICC) 2>/dev/null)
+MPI_LIB_OBJ = $(patsubst %.c,$(BUILD)/%.o,$(filter-out mpi/mha_mpi.c,$(sort $(wildcard mpi/*.c))))
+MPI_CLI_OBJ = $(BUILD)/mpi/mha_mpi.o $(BUILD)/tools/args.o $(BUILD)/tools/io_cli.o $(BUILD)/tools/cmd_run.o
+$(BUILD)/mpi/%.o: mpi/%.c $(wildcard include/*.h mpi/*.h tools/*.h) | $(SETUP_CORE)
+	@mkdir -p $(dir $@)
+	$(MPICC) $(CFLAGS_BASE) -Itools $(CFLAGS) -c $< -o $@
+$(BUILD)/libmha_mpi.a: $(MPI_LIB_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+$(BUILD)/mha-mpi: $(MPI_CLI_OBJ) $(BUILD)/libmha_mpi.a $(BUILD)/libmha.a
+	$(MPICC) $(CFLAGS) -o $@ $(MPI_CLI_OBJ) $(BUILD)/libmha_mpi.a $(BUILD)/libmha.a $(LDLIBS)
+mpi-build: $(BUILD)/libmha_mpi.a $(BUILD)/mha-mpi
+mpi:
+	@mkdir -p $(BUILD) && sh scripts/setup.sh mpi
+	$(MAKE) mpi-build
+
 demo: $(BUILD)/mha
 	./$(BUILD)/mha demo
 
@@ -57,6 +77,7 @@ test-c: $(BUILD)/test_mha $(BUILD)/mha
 	./$(BUILD)/test_mha
 	sh tests/cli_test.sh ./$(BUILD)/mha
 	sh tests/io_cli_test.sh ./$(BUILD)/mha
+	sh tests/mpi_test.sh ./$(BUILD)
 
 # The C tests and the CLI suites under AddressSanitizer + UndefinedBehaviorSanitizer.
 test-asan: $(SETUP_CORE)

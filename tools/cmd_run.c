@@ -13,7 +13,7 @@
 #include "io_cli.h"
 
 /* "2=zero,5=scale:0.5,7=mean" -> iv[h] (head positions, 0-based). */
-static int parse_ablate(const char *spec, mha_intervention *iv, int h) {
+int cli_parse_ablate(const char *spec, mha_intervention *iv, int h) {
     const char *p = spec;
     while (*p) {
         char *end;
@@ -143,7 +143,7 @@ int cmd_run(int argc, char **argv) {
     if (masked && strcmp(masked, "nan") == 0) f.opt.masked_row = MHA_MASKED_ROW_NAN;
     if (ablate) {
         iv = calloc((size_t)h, sizeof *iv);
-        rc = iv ? parse_ablate(ablate, iv, h) : mha_cmd_error("run", 1, "out of memory");
+        rc = iv ? cli_parse_ablate(ablate, iv, h) : mha_cmd_error("run", 1, "out of memory");
         if (rc) goto done;
         f.opt.interventions = iv;
     }

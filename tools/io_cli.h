@@ -103,6 +103,10 @@ int cli_save(const char *cmd, const char *path, const float *data, int rank, con
 /* A library failure as "mha <cmd>: <message>", exit code 1. */
 int cli_fail(const char *cmd, mha_status s);
 
+/* --ablate "2=zero,5=scale:0.5,7=mean" -> iv (h entries, zeroed by the
+ * caller), for run and mha-mpi run (defined in cmd_run.c). */
+int cli_parse_ablate(const char *spec, mha_intervention *iv, int h);
+
 /* Allocates n floats (zeroed) or prints an error and returns NULL. */
 float *cli_alloc(const char *cmd, size_t n);
 
