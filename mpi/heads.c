@@ -247,8 +247,9 @@ mha_status mha_mpi_forward_heads(const mha_layer *local, const mha_mpi_heads *hd
         }
         free(g);
         if (stats) {
-            stats->sent_bytes = sent;
-            stats->formula_bytes = (double)B * T * D * sizeof(float);
+            /* one rank sends nothing: MPI copies in place */
+            stats->sent_bytes = P > 1 ? sent : 0.0;
+            stats->formula_bytes = P > 1 ? (double)B * T * D * sizeof(float) : 0.0;
         }
     }
     free(yl), free(cl.z), free(cl.contributions), free(cl.probs), free(km), free(am);
