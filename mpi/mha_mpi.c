@@ -86,17 +86,7 @@ static int run(int argc, char **argv, MPI_Comm comm) {
          .choices = "heads|sequence"},
         {.name = "--stats", .kind = MHA_ARG_SWITCH, .dest = &want_stats,
          .help = "print each rank's bytes sent (and the formula's) and times"},
-        {.name = "--ablate", .kind = MHA_ARG_STRING, .dest = &ablate, .metavar = "SPEC",
-         .help = "head interventions before W_O, e.g. 2=zero,5=scale:0.5,7=mean"},
-        {.name = "--save-z", .kind = MHA_ARG_STRING, .dest = &save_z, .metavar = "Z.npy",
-         .help = "save Z (B,T,h*d_v), after the ablations"},
-        {.name = "--save-contributions", .kind = MHA_ARG_STRING, .dest = &save_c,
-         .metavar = "C.npy", .help = "save each head's Z^(r) W_O[r], (h,B,T,d_model)"},
-        {.name = "--save-probs", .kind = MHA_ARG_STRING, .dest = &save_p, .metavar = "P.npy",
-         .help = "save attention probabilities (B,h,T,S_total); --split heads only"},
-        {.name = "--masked-rows", .kind = MHA_ARG_STRING, .dest = &masked, .metavar = "M",
-         .help = "a query row with no allowed key gives zero (default) or nan (PyTorch)",
-         .choices = "zero|nan"},
+        CLI_RUN_OUTPUT_ARGS(ablate, save_z, save_c, save_p, masked),
     };
     mha_command_spec spec = {
         .name = "run",
