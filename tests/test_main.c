@@ -21,6 +21,7 @@ static const test_area_fn areas[] = {
     tests_torch_layout,
     tests_io,
     tests_cache,
+    tests_backward,
     tests_merge,
 };
 
