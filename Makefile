@@ -28,7 +28,7 @@ TEST_OBJ  = $(TEST_SRC:%.c=$(BUILD)/%.o)
 SETUP_CORE = $(BUILD)/.setup-core
 SETUP_TEST = $(BUILD)/.setup-test
 
-.PHONY: all lib demo test test-c test-asan test-python test-examples test-memory bench setup clean fuzz \
+.PHONY: all lib demo test test-c test-asan test-python test-examples test-docs test-memory bench setup clean fuzz \
         check-layers check-exports test-install install uninstall mpi mpi-build
 all: lib $(BUILD)/mha $(BUILD)/test_mha $(if $(HAVE_MPI),mpi-build)
 
@@ -95,13 +95,18 @@ test-c: $(BUILD)/test_mha $(BUILD)/mha
 # The C tests and the CLI suites under AddressSanitizer + UndefinedBehaviorSanitizer.
 test-asan: $(SETUP_CORE)
 	$(MAKE) BUILD=build-asan OPT="-O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all" build-asan/test_mha build-asan/mha
-	ASAN_OPTIONS=detect_leaks=1 ./build-asan/test_mha
+	ASAN_OPTIONS=detect_leaks=1 MHA_TEST_PARSE_LIMIT_S=5 ./build-asan/test_mha
 	ASAN_OPTIONS=detect_leaks=1 sh tests/cli_test.sh ./build-asan/mha
 	ASAN_OPTIONS=detect_leaks=1 sh tests/io_cli_test.sh ./build-asan/mha
 
 test-python: $(SETUP_TEST) lib $(BUILD)/mha
 	@if [ -n "$$(ls tests/python/test_*.py 2>/dev/null)" ]; then \
 	  $(PYTHON) -m pytest -q tests/python; fi
+
+# Every shell command of README.md and docs/*.md, run as written in a
+# temporary directory against build/ (tests/docs_test.py).
+test-docs: $(SETUP_TEST) $(BUILD)/mha
+	$(PYTHON) tests/docs_test.py
 
 # examples/train_reverse.py: mha.nn trains and follows torch's loss curve (~10 s).
 test-examples: $(SETUP_TEST) lib
@@ -113,6 +118,7 @@ test: $(SETUP_TEST)
 	$(MAKE) test-c
 	$(MAKE) test-asan
 	$(MAKE) test-python
+	$(MAKE) test-docs
 	$(MAKE) test-examples
 	$(MAKE) fuzz
 	$(MAKE) test-install
@@ -164,7 +170,8 @@ test-install: $(SETUP_TEST)
 test-memory: $(BUILD)/test_mha
 	MHA_TEST_MEMORY_T=32768 ./$(BUILD)/test_mha fast_memory_peak
 
-# Coverage-guided fuzzing of the .npy and safetensors readers (bounded time).
+# Coverage-guided fuzzing of the .npy and safetensors readers, the layout
+# loaders and the CLI flag parser (bounded time).
 fuzz: $(SETUP_TEST)
 	sh fuzz/run.sh 60
 
