@@ -66,10 +66,10 @@ $(BUILD)/test_mha: $(TEST_OBJ) $(BUILD)/libmha.a
 
 # libmha_mpi and mha-mpi (mpi/, include/mha_mpi.h): built where mpicc
 # exists; `make mpi` installs OpenMPI first. mha-mpi reuses the CLI's flag
-# parsing and file loading by linking tools/args.o, io_cli.o, cmd_run.o (and
-# its run_attribution.o).
+# parsing, file loading and atomic outputs by linking the objects of tools/
+# (all but its main, tools/mha.o).
 MPI_LIB_OBJ = $(patsubst %.c,$(BUILD)/%.o,$(filter-out mpi/mha_mpi.c,$(sort $(wildcard mpi/*.c))))
-MPI_CLI_OBJ = $(BUILD)/mpi/mha_mpi.o $(addprefix $(BUILD)/tools/,args.o io_cli.o cmd_run.o run_attribution.o)
+MPI_CLI_OBJ = $(BUILD)/mpi/mha_mpi.o $(filter-out $(BUILD)/tools/mha.o,$(TOOL_OBJ))
 $(BUILD)/mpi/%.o: mpi/%.c $(wildcard include/*.h mpi/*.h tools/*.h) | $(SETUP_CORE)
 	@mkdir -p $(dir $@)
 	$(MPICC) $(CFLAGS_BASE) -Itools $(CFLAGS) -c $< -o $@

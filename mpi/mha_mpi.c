@@ -10,6 +10,7 @@
 
 #include "io_cli.h"
 #include "mha_mpi.h"
+#include "outputs.h"
 
 /* Runs cli_fwd_open (and --ablate's parser) with stderr captured into
  * *text; off rank 0, help on stdout is dropped. */
@@ -102,9 +103,19 @@ static int run(int argc, char **argv, MPI_Comm comm) {
     mha_layer *L = NULL;
     cli_fwd f;
     mha_intervention *iv = NULL;
+    /* rank 0 writes the files: only it reserves their temporaries */
+    cli_outputs outs;
+    cli_outputs_init(&outs, "run");
+    cli_register_inputs(&outs, &ck, &ff);
+    if (rank == 0) {
+        cli_outputs_output(&outs, "--output", &output);
+        cli_outputs_output(&outs, "--save-z", &save_z);
+        cli_outputs_output(&outs, "--save-contributions", &save_c);
+        cli_outputs_output(&outs, "--save-probs", &save_p);
+    }
     capture cap_text;
     capture_begin(&cap_text, rank);
-    int rc = cli_fwd_open(&L, &f, &spec, &ck, &ff, argc, argv);
+    int rc = cli_fwd_open(&L, &f, &spec, &ck, &ff, &outs, argc, argv);
     if (rc == MHA_ARGS_CONTINUE && ablate) {
         iv = calloc((size_t)mha_layer_config(L)->n_heads, sizeof *iv);
         int e = iv ? cli_parse_ablate(ablate, iv, mha_layer_config(L)->n_heads)
@@ -119,7 +130,7 @@ static int run(int argc, char **argv, MPI_Comm comm) {
     mha_status s = mha_mpi_agree(comm, failed ? MHA_E_ARG : MHA_OK, cap_text.text);
     free(cap_text.text);
     if (s || any_help) { /* a rank that printed help has nothing loaded: all stop */
-        if (L) cli_fwd_free(&f), mha_layer_free(L);
+        if (L) cli_fwd_free(&f), mha_layer_free(L), cli_outputs_finish(&outs, MHA_EXIT_RUNTIME);
         free(iv);
         if (s) return report(rank, code ? code : MHA_EXIT_RUNTIME);
         return help ? MHA_EXIT_OK : MHA_EXIT_USAGE;
@@ -180,10 +191,11 @@ static int run(int argc, char **argv, MPI_Comm comm) {
             int k = f.batched ? 0 : 1;
             int sy[3] = {B, T, D}, sz[3] = {B, T, h * c->d_v}, sc[4] = {h, B, T, D}, sp[4] = {B, h, T, St};
             if (k) sc[1] = T, sc[2] = D;
-            wr = cli_save("run", output, y, 3 - k, sy + k);
-            if (!wr && save_z) wr = cli_save("run", save_z, cap.z, 3 - k, sz + k);
-            if (!wr && save_c) wr = cli_save("run", save_c, cap.contributions, 4 - k, sc);
-            if (!wr && save_p) wr = cli_save("run", save_p, cap.probs, 4 - k, sp + k);
+            wr = cli_save(&outs, "--output", y, 3 - k, sy + k);
+            if (!wr && save_z) wr = cli_save(&outs, "--save-z", cap.z, 3 - k, sz + k);
+            if (!wr && save_c) wr = cli_save(&outs, "--save-contributions", cap.contributions, 4 - k, sc);
+            if (!wr && save_p) wr = cli_save(&outs, "--save-probs", cap.probs, 4 - k, sp + k);
+            wr = cli_outputs_finish(&outs, wr); /* all renamed, or all removed */
             capture_end(&cap_text);
         }
         s = mha_mpi_agree(comm, wr ? MHA_E_IO : MHA_OK, rank == 0 ? cap_text.text : NULL);
@@ -202,6 +214,7 @@ static int run(int argc, char **argv, MPI_Comm comm) {
         printf("wrote %s: %s%d x %d x %d (h=%d, h_kv=%d, split=%s over %d ranks)\n", output,
                f.batched ? "" : "unbatched ", B, T, D, h, c->n_kv_heads, heads ? "heads" : "sequence", P);
     if (rank == 0) free(cap.z), free(cap.contributions), free(cap.probs);
+    if (s && rank == 0) cli_outputs_finish(&outs, MHA_EXIT_RUNTIME); /* no temporary left */
     free(y), free(iv);
     cli_fwd_free(&f);
     mha_layer_free(L);

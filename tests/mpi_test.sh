@@ -158,29 +158,31 @@ for p in 2 4; do
 done
 
 # --- faults: every rank ends with the same error, none hangs -------------
-mpi 3 --split heads --weights "$T/gqa.safetensors" --input "$T/x16.npy" --output "$T/y.npy"
+# (outputs go to an empty folder: a failed run must leave nothing there)
+mkdir "$T/fo"
+mpi 3 --split heads --weights "$T/gqa.safetensors" --input "$T/x16.npy" --output "$T/fo/y.npy"
 expect_fail 3 "h_kv=4"
-mpi 3 --split sequence --weights "$T/mha.safetensors" --input "$T/x_short.npy" --output "$T/y.npy"
+mpi 3 --split sequence --weights "$T/mha.safetensors" --input "$T/x_short.npy" --output "$T/fo/y.npy"
 expect_fail 3 "T >= 6"
-mpi 2 --split heads --weights "$T/missing.safetensors" --input "$T/x.npy" --output "$T/y.npy"
+mpi 2 --split heads --weights "$T/missing.safetensors" --input "$T/x.npy" --output "$T/fo/y.npy"
 expect_fail 2 "missing.safetensors"
 # one rank given another file (MPMD): caught on rank 1, reported by both
-timeout 120 mpirun --oversubscribe -np 1 "$MPI" run --weights "$T/mha.safetensors" --input "$T/x.npy" --output "$T/y.npy" \
-    : -np 1 "$MPI" run --weights "$T/mha.safetensors" --input "$T/nope.npy" --output "$T/y.npy" >"$T/out" 2>"$T/err"
+timeout 120 mpirun --oversubscribe -np 1 "$MPI" run --weights "$T/mha.safetensors" --input "$T/x.npy" --output "$T/fo/y.npy" \
+    : -np 1 "$MPI" run --weights "$T/mha.safetensors" --input "$T/nope.npy" --output "$T/fo/y.npy" >"$T/out" 2>"$T/err"
 rc=$? last="MPMD with a missing input on rank 1"
 expect_fail 2 "rank 1: .*nope.npy"
 # shapes that differ between ranks
-timeout 120 mpirun --oversubscribe -np 1 "$MPI" run --split sequence --weights "$T/mha.safetensors" --input "$T/x.npy" --output "$T/y.npy" \
-    : -np 1 "$MPI" run --split sequence --weights "$T/mha.safetensors" --input "$T/x1.npy" --output "$T/y.npy" >"$T/out" 2>"$T/err"
+timeout 120 mpirun --oversubscribe -np 1 "$MPI" run --split sequence --weights "$T/mha.safetensors" --input "$T/x.npy" --output "$T/fo/y.npy" \
+    : -np 1 "$MPI" run --split sequence --weights "$T/mha.safetensors" --input "$T/x1.npy" --output "$T/fo/y.npy" >"$T/out" 2>"$T/err"
 rc=$? last="MPMD with a different input shape on rank 1"
 expect_fail 2 "B = 1 here but 2 on rank 0"
 # a failing allocation on rank 1 (test hook MHA_MPI_FAIL_ALLOC)
 for split in heads sequence; do
-    MHA_MPI_FAIL_ALLOC=1 mpi 3 --split $split --weights "$T/mha.safetensors" --input "$T/x.npy" --output "$T/y.npy"
+    MHA_MPI_FAIL_ALLOC=1 mpi 3 --split $split --weights "$T/mha.safetensors" --input "$T/x.npy" --output "$T/fo/y.npy"
     expect_fail 3 "rank 1: no memory"
 done
 checks=$((checks + 1))
-[ ! -e "$T/missing_out.npy" ] || fail "a failed run wrote its output"
+[ -z "$(ls -A "$T/fo")" ] || fail "failed runs left files behind: $(ls -A "$T/fo")"
 
 echo "mpi_test: $checks checks, $fails failed"
 [ "$fails" -eq 0 ]
