@@ -25,6 +25,7 @@ static const test_area_fn areas[] = {
     tests_concurrency,
     tests_overflow,
     tests_backward,
+    tests_merge,
 };
 
 const char *test_current = "";
