@@ -37,7 +37,16 @@ typedef struct {
     float *m, *l, *alpha, *lse, *dd; /* (BQ) per query row of the tile      */
     float *keyadd;  /* (BK) per-key padding term (-inf: masked)               */
     int *lo, *hi;   /* (BQ) causal/window key interval of each query row     */
+    int eq, ek;     /* the live part of a tile: queries rounded up to 48
+                       (<= BQ), keys rounded up to 6 (<= BK); small T, S
+                       do not pay for whole tiles                          */
 } scratch;
+
+/* Sets the live extents for n query rows and nj keys. */
+static void set_extent(scratch *w, int n, int nj) {
+    w->eq = (n + 47) / 48 * 48, w->ek = (nj + MHA_MR - 1) / MHA_MR * MHA_MR;
+    if (w->eq > BQ) w->eq = BQ;
+}
 
 static int scratch_init(scratch *w, int d_k, int d_v) {
     const int dk16 = round16(d_k), dv16 = round16(d_v), dmax = dk16 > dv16 ? dk16 : dv16;
@@ -53,6 +62,7 @@ static int scratch_init(scratch *w, int d_k, int d_v) {
         ok &= (*p[i] = aligned_alloc(64, (n[i] * sizeof(float) + 63) / 64 * 64)) != NULL;
     w->lo = malloc(sizeof(int) * BQ * 2);
     if (!ok || !w->lo) return 0;
+    memset(w->st, 0, sizeof(float) * BK * BQ), memset(w->dt, 0, sizeof(float) * BK * BQ);
     w->l = w->m + BQ, w->alpha = w->l + BQ, w->lse = w->alpha + BQ, w->dd = w->lse + BQ;
     w->keyadd = w->dd + BQ, w->hi = w->lo + BQ;
     return 1;
@@ -67,20 +77,20 @@ static void scratch_free(scratch *w) {
 /* ------------------------------------------------------------ packing */
 
 /* src rows [0, n) of width d (row stride ld) -> (d16/16, rows_pad, 16)
- * panels: element (row, e) at [e/16][row][e%16]; zero padded. */
-static void pack_rows(float *dst, const float *src, size_t ld, int n, int rows_pad, int d) {
+ * panels: element (row, e) at [e/16][row][e%16]; rows n..fill-1 zero. */
+static void pack_rows(float *dst, const float *src, size_t ld, int n, int rows_pad, int fill, int d) {
     for (int p = 0; p < d; p += 16) {
         float *panel = dst + (size_t)p * rows_pad;
-        for (int i = 0; i < rows_pad; i++)
+        for (int i = 0; i < fill; i++)
             for (int e = 0; e < 16; e++)
                 panel[(size_t)i * 16 + e] = i < n && p + e < d ? src[(size_t)i * ld + p + e] : 0.0f;
     }
 }
 
-/* src rows [0, n) of width d -> transposed (BQ/16, d, 16) panels scaled by
+/* src rows [0, n) of width d -> transposed (eq/16, d, 16) panels scaled by
  * s: element (e, row) at [row/16][e][row%16]; zero padded. */
-static void pack_cols(float *dst, const float *src, size_t ld, int n, int d, float s) {
-    for (int p = 0; p < BQ; p += 16) {
+static void pack_cols(float *dst, const float *src, size_t ld, int n, int eq, int d, float s) {
+    for (int p = 0; p < eq; p += 16) {
         float *panel = dst + (size_t)p * d;
         for (int i = 0; i < 16; i++)
             for (int e = 0; e < d; e++)
@@ -122,14 +132,14 @@ static void mask_tile(scratch *w, const mha_bwd_attn *a, int b, int r, int i0, i
     const mha_options *o = a->opt;
     const int S = a->S, general = o->keep_mask.data || o->additive_mask.data;
     const int keymask = o->key_keep || o->key_additive;
-    for (int j = 0; j < BK; j++) {
+    for (int j = 0; j < w->ek; j++) {
         float *row = w->st + (size_t)j * BQ;
         const int jj = j0 + j;
         if (j >= nj) {
-            for (int i = 0; i < BQ; i++) row[i] = -INFINITY;
+            for (int i = 0; i < w->eq; i++) row[i] = -INFINITY;
             continue;
         }
-        for (int i = n; i < BQ; i++) row[i] = -INFINITY;
+        for (int i = n; i < w->eq; i++) row[i] = -INFINITY;
         if (jj >= S) continue;
         if (general) {
             for (int i = 0; i < n; i++) {
@@ -151,11 +161,12 @@ static void mask_tile(scratch *w, const mha_bwd_attn *a, int b, int r, int i0, i
 
 /* -------------------------------------------------------------- tiles */
 
-/* c (BK, BQ) = x (BK, d) times the packed (BQ/16, d, 16) panels. */
-static void rows_times_panels(float *c, const float *x, const float *panels, int d,
+/* c (ek, eq) of a (BK, BQ) tile = x (ek, d) times the packed (eq/16, d, 16)
+ * panels. */
+static void rows_times_panels(float *c, const scratch *w, const float *x, const float *panels, int d,
                               const mha_kernels *kern) {
-    for (int j = 0; j < BK; j += MHA_MR)
-        for (int p = 0; p < BQ; p += 16)
+    for (int j = 0; j < w->ek; j += MHA_MR)
+        for (int p = 0; p < w->eq; p += 16)
             kern->sgemm_6x16(c + (size_t)j * BQ + p, BQ, x + (size_t)j * d, (size_t)d, 1,
                              panels + (size_t)p * d, 16, NULL, NULL, d, MHA_MR, 16);
 }
@@ -178,13 +189,13 @@ static void load_keys(scratch *w, const mha_bwd_attn *a, int b, int g, int j0, i
 }
 
 /* acc (rows, d16) += a (rows, kn) b, a strided (element (i, k) at
- * a[i*rs + k*cs]), b packed (d16/16, kn, 16). */
+ * a[i*rs + k*cs]), b packed (d16/16, b_rows, 16) of which kn rows are read. */
 static void accumulate(float *acc, int d16, const float *a, size_t rs, size_t cs, int rows,
-                       const float *b, int kn, const mha_kernels *kern) {
+                       const float *b, int b_rows, int kn, const mha_kernels *kern) {
     for (int i = 0; i < rows; i += MHA_MR)
         for (int p = 0; p < d16; p += 16)
             kern->sgemm_6x16(acc + (size_t)i * d16 + p, d16, a + (size_t)i * rs, rs, cs,
-                             b + (size_t)p * kn, 16, NULL, ones, kn, MHA_MR, 16);
+                             b + (size_t)p * b_rows, 16, NULL, ones, kn, MHA_MR, 16);
 }
 
 /* Passes 2 and 3's shared step for head r, query rows i0.. (n), keys j0..
@@ -194,14 +205,16 @@ static void accumulate(float *acc, int d16, const float *a, size_t rs, size_t cs
 static void ds_tile(scratch *w, const mha_bwd_attn *a, const mha_kernels *kern, int b, int r, int i0,
                     int n, int j0, int nj) {
     const int d_k = a->cfg->d_k, d_v = a->cfg->d_v;
-    rows_times_panels(w->st, w->kj, w->qt, d_k, kern);
+    rows_times_panels(w->st, w, w->kj, w->qt, d_k, kern);
     mask_tile(w, a, b, r, i0, n, j0, nj);
-    for (int j = 0; j < BK; j++)
-        for (int i = 0; i < BQ; i++) w->st[(size_t)j * BQ + i] -= w->lse[i];
-    kern->vexp(w->st, w->st, (size_t)BK * BQ);
-    rows_times_panels(w->dt, w->vj, w->zt, d_v, kern);
-    for (int j = 0; j < BK; j++)
-        for (int i = 0; i < BQ; i++) {
+    for (int j = 0; j < w->ek; j++) {
+        float *row = w->st + (size_t)j * BQ;
+        for (int i = 0; i < w->eq; i++) row[i] -= w->lse[i];
+        kern->vexp(row, row, (size_t)w->eq);
+    }
+    rows_times_panels(w->dt, w, w->vj, w->zt, d_v, kern);
+    for (int j = 0; j < w->ek; j++)
+        for (int i = 0; i < w->eq; i++) {
             const size_t ji = (size_t)j * BQ + i;
             w->dt[ji] = a->scale * w->st[ji] * (w->dt[ji] - w->dd[i]);
         }
@@ -215,11 +228,11 @@ static void load_queries(scratch *w, const mha_bwd_attn *a, const float *dd, int
     const int h = c->n_heads, d_k = c->d_k, d_v = c->d_v;
     const float *q = a->q + ((size_t)b * a->T + i0) * h * d_k + (size_t)r * d_k;
     const float *dz = a->dz + ((size_t)b * a->T + i0) * h * d_v + (size_t)r * d_v;
-    pack_cols(w->qt, q, (size_t)h * d_k, n, d_k, a->scale);
-    pack_cols(w->zt, dz, (size_t)h * d_v, n, d_v, 1.0f);
+    pack_cols(w->qt, q, (size_t)h * d_k, n, w->eq, d_k, a->scale);
+    pack_cols(w->zt, dz, (size_t)h * d_v, n, w->eq, d_v, 1.0f);
     if (with_rows) {
-        pack_rows(w->qn, q, (size_t)h * d_k, n, BQ, d_k);
-        pack_rows(w->zn, dz, (size_t)h * d_v, n, BQ, d_v);
+        pack_rows(w->qn, q, (size_t)h * d_k, n, BQ, w->eq, d_k);
+        pack_rows(w->zn, dz, (size_t)h * d_v, n, BQ, w->eq, d_v);
     }
     const size_t row0 = ((size_t)b * h + r) * a->T + i0;
     for (int i = 0; i < BQ; i++) {
@@ -234,38 +247,42 @@ static long forward_task(scratch *w, const mha_bwd_attn *a, const mha_kernels *k
     const mha_config *c = a->cfg;
     const int h = c->n_heads, g = mha_kv_head(c, r), d_k = c->d_k, d_v = c->d_v, dv16 = round16(d_v);
     const int n = a->T - i0 < BQ ? a->T - i0 : BQ;
-    pack_cols(w->qt, a->q + ((size_t)b * a->T + i0) * h * d_k + (size_t)r * d_k, (size_t)h * d_k, n, d_k,
-              a->scale);
+    set_extent(w, n, BK);
+    pack_cols(w->qt, a->q + ((size_t)b * a->T + i0) * h * d_k + (size_t)r * d_k, (size_t)h * d_k, n, w->eq,
+              d_k, a->scale);
     for (int i = 0; i < BQ; i++) w->m[i] = -INFINITY, w->l[i] = 0.0f;
     memset(w->acc1, 0, sizeof(float) * BQ * dv16);
     for (int j0 = 0; j0 < a->Sx; j0 += BK) {
         const int nj = a->Sx - j0 < BK ? a->Sx - j0 : BK;
         if (!tile_live(w, a, i0, n, j0, nj)) continue;
+        set_extent(w, n, nj);
         load_keys(w, a, b, g, j0, nj);
-        rows_times_panels(w->st, w->kj, w->qt, d_k, kern);
+        rows_times_panels(w->st, w, w->kj, w->qt, d_k, kern);
         mask_tile(w, a, b, r, i0, n, j0, nj);
         // --- online softmax: m_new = max(m, tile max); p = exp(s - m_new); l = alpha l + sum p
         float *mx = w->lse; /* the tile's column maxima, then m_new (0 for -inf) */
         for (int i = 0; i < BQ; i++) mx[i] = w->m[i];
-        for (int j = 0; j < BK; j++)
-            for (int i = 0; i < BQ; i++) mx[i] = fmaxf(mx[i], w->st[(size_t)j * BQ + i]);
+        for (int j = 0; j < w->ek; j++)
+            for (int i = 0; i < w->eq; i++) mx[i] = fmaxf(mx[i], w->st[(size_t)j * BQ + i]);
         for (int i = 0; i < BQ; i++) {
             const float mu = mx[i] == -INFINITY ? 0.0f : mx[i];
             w->alpha[i] = expf(w->m[i] - mu);
             w->m[i] = mx[i], mx[i] = mu;
         }
-        for (int j = 0; j < BK; j++)
-            for (int i = 0; i < BQ; i++) w->st[(size_t)j * BQ + i] -= mx[i];
-        kern->vexp(w->st, w->st, (size_t)BK * BQ);
+        for (int j = 0; j < w->ek; j++) {
+            float *row = w->st + (size_t)j * BQ;
+            for (int i = 0; i < w->eq; i++) row[i] -= mx[i];
+            kern->vexp(row, row, (size_t)w->eq);
+        }
         for (int i = 0; i < BQ; i++) w->l[i] *= w->alpha[i];
-        for (int j = 0; j < BK; j++)
-            for (int i = 0; i < BQ; i++) w->l[i] += w->st[(size_t)j * BQ + i];
+        for (int j = 0; j < w->ek; j++)
+            for (int i = 0; i < w->eq; i++) w->l[i] += w->st[(size_t)j * BQ + i];
         // --- O = alpha O + P V_j (P = (P^T)^T read in place)
-        pack_rows(w->kvn, w->vj, (size_t)d_v, BK, BK, d_v);
-        for (int i = 0; i < BQ; i += MHA_MR)
+        pack_rows(w->kvn, w->vj, (size_t)d_v, w->ek, BK, w->ek, d_v);
+        for (int i = 0; i < w->eq; i += MHA_MR)
             for (int p = 0; p < dv16; p += 16)
                 kern->sgemm_6x16(w->acc1 + (size_t)i * dv16 + p, dv16, w->st + i, 1, BQ,
-                                 w->kvn + (size_t)p * BK, 16, NULL, w->alpha + i, BK, MHA_MR, 16);
+                                 w->kvn + (size_t)p * BK, 16, NULL, w->alpha + i, w->ek, MHA_MR, 16);
     }
     // --- Z = O / l, lse = m + log l; a row with no allowed key: Z = 0, lse = +inf
     long masked = 0;
@@ -301,10 +318,11 @@ static void kv_task(scratch *w, const mha_bwd_attn *a, const float *dd, const mh
         for (int i0 = 0; i0 < a->T; i0 += BQ) {
             const int n = a->T - i0 < BQ ? a->T - i0 : BQ;
             if (!tile_live(w, a, i0, n, j0, nj)) continue;
+            set_extent(w, n, nj);
             load_queries(w, a, dd, b, r, i0, n, 1);
             ds_tile(w, a, kern, b, r, i0, n, j0, nj);
-            accumulate(w->acc2, dv16, w->st, BQ, 1, BK, w->zn, BQ, kern); /* dV_j += P^T dZ_i  */
-            accumulate(w->acc1, dk16, w->dt, BQ, 1, BK, w->qn, BQ, kern); /* dK_j += dS^T Q_i */
+            accumulate(w->acc2, dv16, w->st, BQ, 1, w->ek, w->zn, BQ, w->eq, kern); /* dV_j += P^T dZ_i  */
+            accumulate(w->acc1, dk16, w->dt, BQ, 1, w->ek, w->qn, BQ, w->eq, kern); /* dK_j += dS^T Q_i */
         }
     for (int j = 0; j < nj; j++) {
         memcpy(a->dk + ((size_t)b * a->Sx + j0 + j) * kw + (size_t)g * d_k, w->acc1 + (size_t)j * dk16,
@@ -322,14 +340,16 @@ static void q_task(scratch *w, const mha_bwd_attn *a, const float *dd, const mha
     const int n = a->T - i0 < BQ ? a->T - i0 : BQ;
     const size_t qw = (size_t)c->n_heads * d_k;
     memset(w->acc1, 0, sizeof(float) * BQ * dk16);
+    set_extent(w, n, BK);
     load_queries(w, a, dd, b, r, i0, n, 0);
     for (int j0 = 0; j0 < a->Sx; j0 += BK) {
         const int nj = a->Sx - j0 < BK ? a->Sx - j0 : BK;
         if (!tile_live(w, a, i0, n, j0, nj)) continue;
+        set_extent(w, n, nj);
         load_keys(w, a, b, g, j0, nj);
         ds_tile(w, a, kern, b, r, i0, n, j0, nj);
-        pack_rows(w->kvn, w->kj, (size_t)d_k, BK, BK, d_k);
-        accumulate(w->acc1, dk16, w->dt, 1, BQ, BQ, w->kvn, BK, kern); /* dQ_i += dS K_j */
+        pack_rows(w->kvn, w->kj, (size_t)d_k, w->ek, BK, w->ek, d_k);
+        accumulate(w->acc1, dk16, w->dt, 1, BQ, w->eq, w->kvn, BK, w->ek, kern); /* dQ_i += dS K_j */
     }
     for (int i = 0; i < n; i++)
         memcpy(a->dq + ((size_t)b * a->T + i0 + i) * qw + (size_t)r * d_k, w->acc1 + (size_t)i * dk16,
@@ -348,7 +368,7 @@ static mha_status run_pass(int pass, const mha_bwd_attn *a, const float *dd, con
     const long ntasks = (long)a->B * heads * nblk;
     long count = 0;
     int failed = 0;
-#pragma omp parallel num_threads(n_threads) reduction(+ : count)
+#pragma omp parallel num_threads(ntasks < n_threads ? (int)ntasks : n_threads) reduction(+ : count)
     {
         scratch w;
         const int ok = scratch_init(&w, a->cfg->d_k, a->cfg->d_v);

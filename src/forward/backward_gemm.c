@@ -55,10 +55,15 @@ mha_status mha_gemm_strided(float *c, size_t ldc, mha_view a, mha_view b, int M,
         for (int i = 0; !accumulate && i < M; i++) memset(c + (size_t)i * ldc, 0, sizeof(float) * N);
         return MHA_OK;
     }
-#pragma omp parallel num_threads(n_threads)
+    /* packed blocks sized to the product (small layers: small blocks, no
+     * mmap per call), and no more threads than tasks */
+    const int mc_max = M < GEMM_MC ? (M + MHA_MR - 1) / MHA_MR * MHA_MR : GEMM_MC;
+    const int nc_max = N < GEMM_NC ? (N + MHA_NR - 1) / MHA_NR * MHA_NR : GEMM_NC;
+    const size_t kc_max = K < GEMM_KC ? (size_t)K : GEMM_KC;
+#pragma omp parallel num_threads(ntasks < n_threads ? (int)ntasks : n_threads)
     {
-        float *pa = aligned_alloc(64, sizeof(float) * GEMM_MC * GEMM_KC);
-        float *pb = aligned_alloc(64, sizeof(float) * GEMM_NC * GEMM_KC);
+        float *pa = aligned_alloc(64, (sizeof(float) * mc_max * kc_max + 63) / 64 * 64);
+        float *pb = aligned_alloc(64, (sizeof(float) * nc_max * kc_max + 63) / 64 * 64);
         if (!pa || !pb) {
 #pragma omp atomic write
             failed = 1;
