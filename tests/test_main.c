@@ -22,6 +22,8 @@ static const test_area_fn areas[] = {
     tests_torch_layout,
     tests_io,
     tests_cache,
+    tests_concurrency,
+    tests_overflow,
     tests_backward,
     tests_backward_fast,
 };
