@@ -285,19 +285,13 @@ static void check_fast(fixture *f, const char *what) {
     grads_free(&ref), grads_free(&fast), grads_free(&n32);
 }
 
-static mha_config cfg(int d_model, int h, int h_kv, int d_k, int d_v, int bias) {
-    mha_config c = mha_config_default(d_model, h);
-    c.n_kv_heads = h_kv, c.d_k = d_k, c.d_v = d_v, c.bias = bias;
-    return c;
-}
-
 /* ------------------------------------------------------------ the cases */
 
 /* Every option the fast backward serves, on shapes that cross its tiles
  * (96 queries x 96 keys): several blocks, partial blocks, skipped blocks. */
 static void run_options(void) {
     fixture f;
-    fx_make(&f, cfg(16, 2, 0, 0, 0, 1), 2, 100, 100, 0, 0, 1301);
+    fx_make(&f, naive_config(16, 2, 0, 0, 0, 1), 2, 100, 100, 0, 0, 1301);
     check_fast(&f, "self-attention");
     f.opt.causal = 1;
     check_fast(&f, "causal");
@@ -305,7 +299,7 @@ static void run_options(void) {
     check_fast(&f, "window + scale");
     fx_free(&f);
 
-    mha_config c = cfg(12, 3, 0, 5, 7, 0); /* d_k != d_v, no bias, cross with a separate value source */
+    mha_config c = naive_config(12, 3, 0, 5, 7, 0); /* d_k != d_v, no bias, cross with a separate value source */
     c.d_kv_in = 9, c.d_v_in = 6;
     fx_make(&f, c, 2, 37, 200, 1, 1, 1302);
     check_fast(&f, "cross, separate value source");
@@ -319,16 +313,16 @@ static void run_options(void) {
     check_fast(&f, "cross, one source");
     fx_free(&f);
 
-    fx_make(&f, cfg(16, 4, 2, 0, 0, 1), 2, 97, 97, 0, 0, 1304); /* GQA */
+    fx_make(&f, naive_config(16, 4, 2, 0, 0, 1), 2, 97, 97, 0, 0, 1304); /* GQA */
     f.opt.causal = 1;
     check_fast(&f, "GQA causal");
     fx_free(&f);
-    fx_make(&f, cfg(16, 4, 1, 8, 4, 1), 1, 50, 110, 1, 0, 1305); /* MQA */
+    fx_make(&f, naive_config(16, 4, 1, 8, 4, 1), 1, 50, 110, 1, 0, 1305); /* MQA */
     check_fast(&f, "MQA cross");
     fx_free(&f);
 
     const int B = 2, T = 40, S = 120, h = 2;
-    fx_make(&f, cfg(8, h, 0, 0, 0, 1), B, T, S, 1, 0, 1306);
+    fx_make(&f, naive_config(8, h, 0, 0, 0, 1), B, T, S, 1, 0, 1306);
     uint8_t *keep = malloc((size_t)B * h * T * S), key_keep[2 * 120];
     float *add = malloc(sizeof(float) * T * S), key_add[2 * 120];
     uint64_t seed = 77;
@@ -348,7 +342,7 @@ static void run_options(void) {
     fx_free(&f);
     free(keep), free(add);
 
-    c = cfg(8, 2, 0, 0, 0, 1);
+    c = naive_config(8, 2, 0, 0, 0, 1);
     c.add_bias_kv = 1, c.add_zero_attn = 1;
     fx_make(&f, c, 2, 30, 100, 1, 0, 1307);
     uint8_t kk[2 * 100];
@@ -362,7 +356,7 @@ static void run_options(void) {
     check_fast(&f, "bias_kv, MQA, causal");
     fx_free(&f);
 
-    fx_make(&f, cfg(16, 4, 0, 4, 4, 1), 2, 50, 50, 0, 0, 1309);
+    fx_make(&f, naive_config(16, 4, 0, 4, 4, 1), 2, 50, 50, 0, 0, 1309);
     float value[2 * 50 * 4]; // (B,T,d_v)
     test_fill_uniform(value, 400, &seed, -1.0f, 1.0f);
     mha_intervention iv[4] = {{MHA_HEAD_ZERO, 0, NULL}, {MHA_HEAD_SCALE, -1.5f, NULL},
@@ -372,7 +366,7 @@ static void run_options(void) {
     fx_free(&f);
 
     /* fully masked rows, MHA_MASKED_ROW_ZERO: zero gradient through them */
-    fx_make(&f, cfg(8, 2, 0, 0, 0, 1), 1, 30, 30, 1, 0, 1310);
+    fx_make(&f, naive_config(8, 2, 0, 0, 0, 1), 1, 30, 30, 1, 0, 1310);
     f.opt.window_left = 0, f.opt.window_right = 0, f.opt.align = MHA_ALIGN_TOP_LEFT;
     uint8_t pad[30];
     for (int i = 0; i < 30; i++) pad[i] = (uint8_t)(i % 2);
@@ -397,7 +391,7 @@ static void backward_fast_options_scalar(void) {
 /* The checker itself: a fast gradient off by 1e-4 in one entry fails. */
 static void backward_fast_rule_detects_error(void) {
     fixture f;
-    fx_make(&f, cfg(8, 2, 0, 0, 0, 1), 1, 20, 20, 0, 0, 1311);
+    fx_make(&f, naive_config(8, 2, 0, 0, 0, 1), 1, 20, 20, 0, 0, 1311);
     grads ref, fast, n32;
     CHECK_OK(fx_backward(&f, &ref, MHA_PATH_REFERENCE));
     CHECK_OK(fx_backward(&f, &fast, MHA_PATH_FAST));
@@ -414,7 +408,7 @@ static void backward_fast_rule_detects_error(void) {
 /* Each output element is reduced by one thread in a fixed order: 1 and 2
  * threads give the same bits (GQA, causal, cross, extra keys). */
 static void backward_fast_threads_bit_identical(void) {
-    mha_config c = cfg(24, 6, 2, 8, 8, 1);
+    mha_config c = naive_config(24, 6, 2, 8, 8, 1);
     c.add_bias_kv = 1, c.d_kv_in = 20;
     fixture f;
     fx_make(&f, c, 2, 150, 130, 1, 0, 1312);
@@ -443,7 +437,7 @@ static void backward_fast_threads_bit_identical(void) {
  * whose NaN reaches dW_O. */
 static void backward_fast_unsupported_fallback(void) {
     fixture f;
-    fx_make(&f, cfg(8, 2, 0, 0, 0, 1), 1, 6, 6, 1, 0, 1313);
+    fx_make(&f, naive_config(8, 2, 0, 0, 0, 1), 1, 6, 6, 1, 0, 1313);
     uint8_t keep[36];
     for (int i = 0; i < 36; i++) keep[i] = (uint8_t)(i / 6 != 2); /* query 2 sees nothing */
     f.opt.keep_mask = (mha_mask){keep, 1, 1};
@@ -470,7 +464,7 @@ static void backward_fast_unsupported_fallback(void) {
 /* AUTO runs the fast backward: its results are FAST's bit for bit. */
 static void backward_fast_is_auto(void) {
     fixture f;
-    fx_make(&f, cfg(8, 2, 0, 0, 0, 1), 1, 9, 9, 0, 0, 1314);
+    fx_make(&f, naive_config(8, 2, 0, 0, 0, 1), 1, 9, 9, 0, 0, 1314);
     grads a, b;
     CHECK_OK(fx_backward(&f, &a, MHA_PATH_AUTO));
     CHECK_OK(fx_backward(&f, &b, MHA_PATH_FAST));
