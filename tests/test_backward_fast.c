@@ -454,6 +454,12 @@ static void backward_fast_unsupported_fallback(void) {
         if (ref.t[i] && memcmp(ref.t[i], g.t[i], ref.n[i] * sizeof(float)) != 0)
             test_report(__FILE__, __LINE__, "AUTO's %s is not the reference's", grad_names[i]);
     grads_free(&g), grads_free(&ref);
+    /* scores beyond MHA_FAST_SCORE_LIMIT: FAST refuses, AUTO is the reference */
+    f.opt.masked_row = MHA_MASKED_ROW_ZERO, f.opt.keep_mask.data = NULL, f.opt.scale = 1e5f;
+    CHECK_STATUS(fx_backward(&f, &g, MHA_PATH_FAST), MHA_E_UNSUPPORTED);
+    CHECK_ERROR_MENTIONS("scores");
+    grads_free(&g);
+    f.opt.scale = 0.0f, f.opt.keep_mask.data = keep;
     /* the same request in zero mode is served by the fast backward */
     f.opt.masked_row = MHA_MASKED_ROW_ZERO;
     CHECK_OK(fx_backward(&f, &g, MHA_PATH_FAST));

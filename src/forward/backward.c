@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "forward/backward.h"
+#include "core/variants.h"
 
 /* A gradient the call has no tensor for is refused, so a forgotten flag or
  * an aliased source is caught instead of silently left unwritten. */
@@ -43,6 +44,9 @@ mha_status mha_backward_kv(const mha_layer *L, const mha_gradients *g, const flo
     if (s || (s = mha_check_finite(dy, (size_t)B * T * L->cfg.d_model, "dy")) ||
         (s = check_wanted(&L->cfg, g, x, k_src, v_src)))
         return s;
+    if (mha_variants_any(&L->cfg))
+        return mha_fail(MHA_E_UNSUPPORTED, "mha_backward: the layer uses rope, alibi, softcap, sinks or "
+                        "qk_norm, which have no backward yet; expected a layer without them");
     mha_clear_error();
     /* MHA_KERNELS=reference forces the oracle under AUTO, as in mha_forward
      * (forward.c validates the variable's other values) */
