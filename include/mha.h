@@ -476,8 +476,11 @@ typedef struct {
 
 /* Backward of mha_forward_kv with the same x, k_src, v_src, B, T, S and
  * opt (NULL sources mean what they mean there). dy (B,T,d_model) must be
- * finite. opt->path: AUTO and REFERENCE run the double-accumulating
- * reference backward; FAST is MHA_E_UNSUPPORTED (no fast backward yet).
+ * finite. opt->path: AUTO and FAST run the fast fp32 backward
+ * (FlashAttention-2 tiles, no (T,S) buffer, thread-count independent);
+ * REFERENCE the double-accumulating reference backward. FAST returns
+ * MHA_E_UNSUPPORTED for MHA_MASKED_ROW_NAN with a fully masked query row
+ * (AUTO then runs the reference).
  * Asking for a gradient the layer or the call has no tensor for (db_* of
  * a layer without bias, dk_src when k_src is NULL, ...) is MHA_E_ARG. */
 MHA_API mha_status mha_backward_kv(const mha_layer *layer, const mha_gradients *grad, const float *dy,
