@@ -741,7 +741,8 @@ static void test_f16_conversion(void) {
 
 /* AVX2 and scalar attention kernels agree on odd shapes. */
 static void test_kernels_agree(void) {
-    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) return;
+    if (!__builtin_cpu_supports("avx2")) SKIP(TEST_SKIP_ISA, "avx2", "this CPU has no AVX2");
+    if (!__builtin_cpu_supports("fma")) SKIP(TEST_SKIP_ISA, "fma", "this CPU has no FMA");
     const mha_decode_kernels *a = &mha_decode_kernels_avx2, *s = &mha_decode_kernels_scalar;
     int m = 7, n = 24, d = 13, dv = 19;
     uint64_t seed = 47;
