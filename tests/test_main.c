@@ -1,7 +1,8 @@
 /* test_main.c — the one runner: every area registered in one list. Prints
  * "N passed, N failed, N skipped" and exits non-zero on any failure, on a
  * skip that CI must not accept (see test_skip in test_util.h) when CI=true,
- * and when the optional name filter (a substring) matches no test. */
+ * and when the optional name filter (a substring) matches no test.
+ * MHA_TEST_FAIL_FAST=1 stops at the first failing test. */
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -87,6 +88,8 @@ void test_fill_uniform(float *p, size_t n, uint64_t *seed, float lo, float hi) {
 int main(int argc, char **argv) {
     const char *filter = argc > 1 ? argv[1] : NULL;
     int passed = 0, failed = 0, skipped = 0, ci_refused = 0;
+    const char *ff = getenv("MHA_TEST_FAIL_FAST"); /* scripts/mutants.py: stop at the first failure */
+    const int fail_fast = ff && strcmp(ff, "1") == 0;
     for (size_t a = 0; a < sizeof areas / sizeof areas[0]; a++) {
         size_t n = 0;
         const test_case *cases = areas[a](&n);
@@ -99,6 +102,7 @@ int main(int argc, char **argv) {
             if (test_failures_current) {
                 failed++;
                 fprintf(stderr, "not ok %s\n", cases[i].name);
+                if (fail_fast) goto report;
             } else if (skipped_current) {
                 skipped++;
                 ci_refused += skip_fails_ci && ci_mode();
@@ -107,6 +111,7 @@ int main(int argc, char **argv) {
             }
         }
     }
+report:
     printf("%d passed, %d failed, %d skipped\n", passed, failed, skipped);
     if (filter && passed + failed + skipped == 0) {
         fprintf(stderr, "no test name contains \"%s\"\n", filter);
