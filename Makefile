@@ -19,7 +19,8 @@ TEST_OBJ  = $(TEST_SRC:%.c=$(BUILD)/%.o)
 SETUP_CORE = $(BUILD)/.setup-core
 SETUP_TEST = $(BUILD)/.setup-test
 
-.PHONY: all lib demo test test-c test-asan test-python test-memory bench setup clean fuzz
+.PHONY: all lib demo test test-c test-asan test-python test-memory bench setup clean fuzz \
+        mutants mutants-ci coverage
 all: lib $(BUILD)/mha $(BUILD)/test_mha
 
 $(SETUP_CORE): scripts/setup.sh
@@ -99,5 +100,25 @@ $(BUILD)/bench_mha: $(BENCH_OBJ) $(BUILD)/libmha.a
 bench: $(SETUP_TEST) lib $(BUILD)/bench_mha
 	sh bench/run.sh $(BENCH_ARGS)
 
+# Mutation testing (scripts/mutants.py, lists in tests/mutants/): each
+# mutation applied alone to a scratch copy of this checkout, rebuilt, and
+# the suites that can see it run until one fails. Every mutation must be
+# killed. mutants-ci is the subset marked `ci: yes`.
+mutants: $(SETUP_TEST) all lib
+	$(PYTHON) scripts/mutants.py
+mutants-ci: $(SETUP_TEST) all lib
+	$(PYTHON) scripts/mutants.py --ci
+
+# Line and branch coverage of src/ per file (gcc --coverage, gcovr) from the
+# C tests and both CLI suites, in build-cov/ at -O0.
+coverage: $(SETUP_TEST)
+	rm -f $$(find build-cov -name '*.gcda' 2>/dev/null)
+	$(MAKE) BUILD=build-cov OPT="-O0 --coverage" build-cov/test_mha build-cov/mha
+	./build-cov/test_mha
+	sh tests/cli_test.sh ./build-cov/mha
+	sh tests/io_cli_test.sh ./build-cov/mha
+	gcovr -r . --filter 'src/' build-cov
+	gcovr -r . --filter 'src/' --branches build-cov
+
 clean:
-	rm -rf build build-asan
+	rm -rf build build-asan build-cov

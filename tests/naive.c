@@ -46,6 +46,17 @@ double naive_max_diff(const float *a, const double *b, size_t n) {
     return m;
 }
 
+float naive_round_f16(float x) {
+    if (!isfinite(x)) return x;
+    double a = fabs((double)x);
+    if (a >= 65520.0) return copysignf(INFINITY, x); /* past 65504 + half an ulp */
+    int e;
+    frexp(a, &e);         /* a in [2^(e-1), 2^e): 11 significant bits, ulp 2^(e-11) */
+    int q = e - 11 < -24 ? -24 : e - 11; /* subnormal halves: ulp 2^-24 */
+    double r = nearbyint(ldexp(a, -q));  /* ties to even in the default rounding mode */
+    return (float)copysign(ldexp(r, q), (double)x);
+}
+
 /* Sizes of the ten tensors, in naive_weights order. */
 static void weight_sizes(const mha_config *c, size_t n[10]) {
     size_t h = (size_t)c->n_heads, hk = (size_t)c->n_kv_heads;

@@ -82,6 +82,11 @@ double naive_compare_kv(const mha_layer *L, const naive_weights *w, const float 
                         const float *k_src, const float *v_src, int B, int T, int S,
                         const mha_options *opt);
 
+/* x rounded to IEEE binary16 (nearest, ties to even; overflow to inf) and
+ * widened back: the value an fp16 KV cache must store, computed with
+ * frexp/nearbyint rather than bit manipulation (the library's way). */
+float naive_round_f16(float x);
+
 /* Helpers for comparing float results with double oracles. */
 double naive_max_diff(const float *a, const double *b, size_t n); /* NaN -> INF */
 float *naive_alloc_floats(size_t n);   /* zeroed, aborts on failure */
