@@ -185,6 +185,8 @@ run run --weights $T/native.safetensors --input $T/x.npy --output $T/y.npy --abl
 expect_error 2 "out of range"
 run run --weights $T/native.safetensors --input $T/x.npy --output $T/y.npy --ablate 1=explode
 expect_error 2 "unknown operation"
+run run --weights $T/native.safetensors --input $T/x.npy --output $T/y.npy --ablate 1=zero,1=mean
+expect_error 2 "given twice"
 
 # --- audit: recover the exact repair of corrupted checkpoints -----------------
 run audit --weights $T/native.safetensors --input $T/x.npy --reference $T/y_native.npy

@@ -816,6 +816,51 @@ static void test_kernels_agree(void) {
 
 /* append + attend with the caller's own projections equal the cached
  * forward's z. */
+/* The projections' tile mode (more than a few rows), which
+ * mha_forward_cached reaches only for a layer without packed weights:
+ * called directly with m = 37 rows (two row blocks), n = 150 columns
+ * (three column blocks), against a double product. fp32 accumulation of
+ * k terms errs by at most k u sum_i |x_i w_i| (u = 2^-24), plus the bias
+ * add; the same bits on 1 and 3 threads and with the scalar kernels. */
+static void test_decode_gemm_tile_mode(void) {
+    enum { M = 37, K = 70, N = 150 };
+    uint64_t seed = 83;
+    float *x = naive_random_floats((size_t)M * K, &seed, -1.0f, 1.0f);
+    float *w = naive_random_floats((size_t)K * N, &seed, -1.0f, 1.0f);
+    float *b = naive_random_floats(N, &seed, -1.0f, 1.0f);
+    float *y[3] = {naive_alloc_floats((size_t)M * N), naive_alloc_floats((size_t)M * N),
+                   naive_alloc_floats((size_t)M * N)};
+    for (int with_bias = 0; with_bias < 2; with_bias++) {
+        const float *bb = with_bias ? b : NULL;
+        mha_decode_set_min_parallel_work(0.0);
+        mha_set_num_threads(1);
+        CHECK_OK(mha_decode_gemm(y[0], x, w, bb, M, K, N));
+        mha_set_num_threads(3);
+        CHECK_OK(mha_decode_gemm(y[1], x, w, bb, M, K, N));
+        mha_decode_force_scalar(1);
+        CHECK_OK(mha_decode_gemm(y[2], x, w, bb, M, K, N));
+        mha_decode_force_scalar(0);
+        mha_set_num_threads(0);
+        mha_decode_set_min_parallel_work(262144.0);
+        CHECK(memcmp(y[0], y[1], sizeof(float) * M * N) == 0);
+        double worst = 0.0; /* max over entries of |y - exact| / bound */
+        for (int kind = 0; kind < 3; kind += 2)
+            for (int i = 0; i < M; i++)
+                for (int j = 0; j < N; j++) {
+                    double exact = bb ? bb[j] : 0.0, mag = bb ? fabs(bb[j]) : 0.0;
+                    for (int e = 0; e < K; e++) {
+                        double t = (double)x[(size_t)i * K + e] * w[(size_t)e * N + j];
+                        exact += t, mag += fabs(t);
+                    }
+                    double bound = (K + 1) * ldexp(1.0, -24) * mag + 1e-7;
+                    double r = fabs(y[kind][(size_t)i * N + j] - exact) / bound;
+                    if (!(r <= worst)) worst = r;
+                }
+        CHECK(worst <= 1.0);
+    }
+    free(x), free(w), free(b), free(y[0]), free(y[1]), free(y[2]);
+}
+
 static void test_append_attend(void) {
     fixture f;
     fixture_make(&f, 2, 12, 16, 4, 2, 4, 0, 0, 59);
@@ -1017,6 +1062,7 @@ static const test_case cases[] = {
     {"cache_prefill_branch_bits", test_prefill_branch_bits},
     {"cache_f16_conversion", test_f16_conversion},
     {"cache_kernels_agree", test_kernels_agree},
+    {"cache_decode_gemm_tile_mode", test_decode_gemm_tile_mode},
     {"cache_append_attend", test_append_attend},
     {"cache_bytes", test_cache_bytes},
     {"cache_errors", test_errors},

@@ -458,6 +458,33 @@ static void test_fast_long_tiny(void) {
     naive_weights_free(&w);
 }
 
+/* Causal and window masks alone with no probability capture: the kernels'
+ * softmax applies the [lo, hi] key interval itself (no general mask pass),
+ * on every kernel table; lengths cross the 48-query and 128-key tiles. */
+static void test_fast_interval_masks_every_kernel(void) {
+    uint64_t seed = 19;
+    mha_config c = small_config(16, 2, 8);
+    naive_weights w;
+    naive_weights_random(&w, &c, &seed, 0.5f);
+    const int B = 2, T = 130, S = 150;
+    float *x = naive_random_floats((size_t)B * T * 16, &seed, -1.0f, 1.0f);
+    float *kv = naive_random_floats((size_t)B * S * 16, &seed, -1.0f, 1.0f);
+    const mha_kernels *tables[2] = {&mha_kernels_scalar, &mha_kernels_avx2};
+    for (int k = 0; k < (mha_cpu_has_avx2() ? 2 : 1); k++) {
+        mha_kernels_force(tables[k]);
+        mha_options o = mha_options_default();
+        o.causal = 1;
+        check_case("causal, self", &w, x, NULL, B, T, T, &o, 1);
+        o.align = MHA_ALIGN_BOTTOM_RIGHT;
+        check_case("causal, cross, bottom-right", &w, x, kv, B, T, S, &o, 0);
+        o.causal = 0, o.window_left = 7, o.window_right = 2;
+        check_case("window 7/2", &w, x, kv, B, T, S, &o, 1);
+        mha_kernels_force(NULL);
+    }
+    free(x), free(kv);
+    naive_weights_free(&w);
+}
+
 /* ------------------------------------------------- thread independence */
 
 static void test_fast_threads_bit_identical(void) {
@@ -644,6 +671,7 @@ static const test_case cases[] = {
     {"fast_all_masked_rows", test_fast_all_masked_rows},
     {"fast_single_key", test_fast_single_key},
     {"fast_long_tiny", test_fast_long_tiny},
+    {"fast_interval_masks_every_kernel", test_fast_interval_masks_every_kernel},
     {"fast_threads_bit_identical", test_fast_threads_bit_identical},
     {"fast_after_permute", test_fast_after_permute},
     {"fast_value_source_avx2", test_fast_value_source_avx2},

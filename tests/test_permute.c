@@ -245,6 +245,21 @@ static void permute_only_k_changes_y(void) {
     fixture_free(&f);
 }
 
+/* V alone moved: K agrees with Q, so only the V check can see it. */
+static void permute_only_v_changes_y(void) {
+    fixture f;
+    if (!fixture_make(&f, 16, 8, 2, 2, 0, 112)) return;
+    float *y0 = fixture_forward(&f);
+    const int kv_perm[2] = {1, 0};
+    CHECK_OK(mha_layer_permute_block(f.L, MHA_BLOCK_V, kv_perm));
+    float *y1 = fixture_forward(&f);
+    CHECK(test_max_abs_diff(y1, y0, fixture_ny(&f)) > 1e-3);
+    check_contract_fails(&f, MHA_BLOCK_V, 0, 0, 1);
+    CHECK_ERROR_MENTIONS("W_V column block 0");
+    free(y0), free(y1);
+    fixture_free(&f);
+}
+
 /* K and V moved together: they agree with each other, not with Q. A check
  * that skipped the K labels would compare V with K and pass. */
 static void permute_k_and_v_together_fails_on_k(void) {
@@ -305,6 +320,7 @@ static const test_case cases[] = {
     {"permute_only_o_changes_y", permute_only_o_changes_y},
     {"permute_only_q_changes_y", permute_only_q_changes_y},
     {"permute_only_k_changes_y", permute_only_k_changes_y},
+    {"permute_only_v_changes_y", permute_only_v_changes_y},
     {"permute_k_and_v_together_fails_on_k", permute_k_and_v_together_fails_on_k},
     {"permute_labels_travel", permute_labels_travel},
     {"permute_identity_is_noop", permute_identity_is_noop},
