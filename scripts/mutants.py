@@ -9,7 +9,7 @@ mutation as killed or survived. A mutation whose snippet is not found
 exactly once, or that does not build, is an error: the list must follow
 the code.
 
-    scripts/mutants.py [--ci] [--list FILE]... [NAME_FILTER]
+    scripts/mutants.py [--ci] [--list FILE]... [NAME_FILTER]...
 
 --ci runs only the entries marked `ci: yes` (the subset `make test` runs).
 Exit status: 0 when every mutation selected was killed, 1 otherwise.
@@ -144,7 +144,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--ci", action="store_true", help="only the entries marked 'ci: yes'")
     ap.add_argument("--list", action="append", help="list files (default tests/mutants/*.txt)")
-    ap.add_argument("filter", nargs="?", help="only entries whose name contains this")
+    ap.add_argument("filter", nargs="*", help="only entries whose name contains one of these")
     a = ap.parse_args()
     lists = a.list or sorted(glob.glob(os.path.join(ROOT, "tests", "mutants", "*.txt")))
     entries = [e for p in lists for e in parse(p)]
@@ -152,7 +152,7 @@ def main():
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
         sys.exit(f"mutants: duplicate names {dup}")
-    entries = [e for e in entries if (not a.ci or e["ci"]) and (not a.filter or a.filter in e["name"])]
+    entries = [e for e in entries if (not a.ci or e["ci"]) and (not a.filter or any(f in e["name"] for f in a.filter))]
     if not entries:
         sys.exit("mutants: no entry selected")
     t0 = time.time()
