@@ -24,6 +24,7 @@ static const test_area_fn areas[] = {
     tests_io,
     tests_cache,
     tests_layout_errors,
+    tests_io_api,
     tests_backward,
 };
 
