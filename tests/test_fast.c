@@ -387,15 +387,21 @@ static void test_fast_huge_logits(void) {
     naive_weights_free(&w);
 }
 
+/* Random weights (amplitude 0.5) for c, x (B,T,d_model), kv (B,S,d_model). */
+static void cross_fixture(naive_weights *w, float **x, float **kv, mha_config c, int B, int T, int S,
+                          uint64_t *seed) {
+    naive_weights_random(w, &c, seed, 0.5f);
+    *x = naive_random_floats((size_t)B * T * c.d_model, seed, -1.0f, 1.0f);
+    *kv = naive_random_floats((size_t)B * S * c.d_model, seed, -1.0f, 1.0f);
+}
+
 /* rows with no allowed key, in both modes, through each mask kind */
 static void test_fast_all_masked_rows(void) {
     uint64_t seed = 12;
-    mha_config c = small_config(12, 3, 4);
-    naive_weights w;
-    naive_weights_random(&w, &c, &seed, 0.5f);
     const int B = 2, T = 50, S = 70;
-    float *x = naive_random_floats((size_t)B * T * 12, &seed, -1.0f, 1.0f);
-    float *kv = naive_random_floats((size_t)B * S * 12, &seed, -1.0f, 1.0f);
+    naive_weights w;
+    float *x, *kv;
+    cross_fixture(&w, &x, &kv, small_config(12, 3, 4), B, T, S, &seed);
     uint8_t *keep = malloc((size_t)T * S);
     float *add = naive_alloc_floats((size_t)T * S);
     for (int i = 0; i < T; i++)
@@ -463,12 +469,10 @@ static void test_fast_long_tiny(void) {
  * on every kernel table; lengths cross the 48-query and 128-key tiles. */
 static void test_fast_interval_masks_every_kernel(void) {
     uint64_t seed = 19;
-    mha_config c = small_config(16, 2, 8);
-    naive_weights w;
-    naive_weights_random(&w, &c, &seed, 0.5f);
     const int B = 2, T = 130, S = 150;
-    float *x = naive_random_floats((size_t)B * T * 16, &seed, -1.0f, 1.0f);
-    float *kv = naive_random_floats((size_t)B * S * 16, &seed, -1.0f, 1.0f);
+    naive_weights w;
+    float *x, *kv;
+    cross_fixture(&w, &x, &kv, small_config(16, 2, 8), B, T, S, &seed);
     const mha_kernels *tables[2] = {&mha_kernels_scalar, &mha_kernels_avx2};
     for (int k = 0; k < (mha_cpu_has_avx2() ? 2 : 1); k++) {
         mha_kernels_force(tables[k]);
