@@ -619,10 +619,13 @@ static void test_prefill_branch_bits(void) {
         const mha_dst dst[3] = {{MHA_DST_ROWS, q, (size_t)wq, 0, 0, 0, 0},
                                 {MHA_DST_ROWS, kg, (size_t)wk, 0, 0, 0, 0},
                                 {MHA_DST_ROWS, v, (size_t)wv, 0, 0, 0, 0}};
-        CHECK_OK(mha_gemm(dst, x, (size_t)D, f.T, pk, 0, 3, 0, D, 1, mha_kernels_get(), 1));
+        const mha_gemm_args g = {dst, x, (size_t)D, f.T, pk, 0, 3, 0, D, 1};
+        CHECK_OK(mha_gemm(&g, mha_kernels_get(), 1));
     }
+    mha_exec ex;
+    CHECK_OK(mha_exec_resolve(&ex, NULL));
     for (int t = 0; t < f.T; t++)
-        CHECK_OK(mha_decode_gemm(ks + (size_t)t * wk, x + (size_t)t * D, f.w.w_k, f.w.b_k, 1, D, wk));
+        CHECK_OK(mha_decode_gemm(&ex, ks + (size_t)t * wk, x + (size_t)t * D, f.w.w_k, f.w.b_k, 1, D, wk));
     int steps[] = {P, 1};
     mha_decode_set_min_parallel_work(0.0); /* tiny shapes: threads anyway */
     for (int th = 0; th < 2; th++) {
@@ -832,16 +835,17 @@ static void test_decode_gemm_tile_mode(void) {
                    naive_alloc_floats((size_t)M * N)};
     for (int with_bias = 0; with_bias < 2; with_bias++) {
         const float *bb = with_bias ? b : NULL;
-        mha_decode_set_min_parallel_work(0.0);
-        mha_set_num_threads(1);
-        CHECK_OK(mha_decode_gemm(y[0], x, w, bb, M, K, N));
-        mha_set_num_threads(3);
-        CHECK_OK(mha_decode_gemm(y[1], x, w, bb, M, K, N));
+        mha_exec ex; /* the call's choices, set by hand: threads, ISA */
+        CHECK_OK(mha_exec_resolve(&ex, NULL));
+        ex.min_parallel_work = 0.0;
+        ex.n_threads = 1;
+        CHECK_OK(mha_decode_gemm(&ex, y[0], x, w, bb, M, K, N));
+        ex.n_threads = 3;
+        CHECK_OK(mha_decode_gemm(&ex, y[1], x, w, bb, M, K, N));
         mha_decode_force_scalar(1);
-        CHECK_OK(mha_decode_gemm(y[2], x, w, bb, M, K, N));
+        CHECK_OK(mha_exec_resolve(&ex, NULL));
         mha_decode_force_scalar(0);
-        mha_set_num_threads(0);
-        mha_decode_set_min_parallel_work(262144.0);
+        CHECK_OK(mha_decode_gemm(&ex, y[2], x, w, bb, M, K, N));
         CHECK(memcmp(y[0], y[1], sizeof(float) * M * N) == 0);
         double worst = 0.0; /* max over entries of |y - exact| / bound */
         for (int kind = 0; kind < 3; kind += 2)

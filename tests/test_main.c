@@ -25,6 +25,8 @@ static const test_area_fn areas[] = {
     tests_cache,
     tests_layout_errors,
     tests_io_api,
+    tests_concurrency,
+    tests_overflow,
     tests_backward,
 };
 
