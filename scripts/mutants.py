@@ -9,9 +9,10 @@ mutation as killed or survived. A mutation whose snippet is not found
 exactly once, or that does not build, is an error: the list must follow
 the code.
 
-    scripts/mutants.py [--ci] [--list FILE]... [NAME_FILTER]...
+    scripts/mutants.py [--ci] [--check] [--list FILE]... [NAME_FILTER]...
 
---ci runs only the entries marked `ci: yes` (the subset `make test` runs).
+--ci runs only the entries marked `ci: yes` (the subset `make mutants-ci` runs);
+--check only verifies that every snippet is found exactly once (seconds).
 Exit status: 0 when every mutation selected was killed, 1 otherwise.
 """
 import argparse
@@ -143,6 +144,7 @@ def try_mutant(tree, e, env):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--ci", action="store_true", help="only the entries marked 'ci: yes'")
+    ap.add_argument("--check", action="store_true", help="only check that every snippet is found once")
     ap.add_argument("--list", action="append", help="list files (default tests/mutants/*.txt)")
     ap.add_argument("filter", nargs="*", help="only entries whose name contains one of these")
     a = ap.parse_args()
@@ -155,6 +157,16 @@ def main():
     entries = [e for e in entries if (not a.ci or e["ci"]) and (not a.filter or any(f in e["name"] for f in a.filter))]
     if not entries:
         sys.exit("mutants: no entry selected")
+    if a.check:
+        bad = 0
+        for e in entries:
+            path = os.path.join(ROOT, e["file"])
+            n = open(path).read().count(e["find"]) if os.path.isfile(path) else 0
+            if n != 1:
+                bad += 1
+                print(f"{e['where']}: {e['name']}: snippet found {n} times in {e['file']} (expected once)")
+        print(f"mutants --check: {len(entries) - bad} of {len(entries)} snippets found once")
+        return 1 if bad else 0
     t0 = time.time()
     env = dict(os.environ, MHA_TEST_FAIL_FAST="1")
     results = {}
