@@ -71,10 +71,14 @@ typedef struct {
 int bench_prefill(const bench_prefill_cfg *c);
 
 /* bench_internal.c: the fast path's projection GEMMs and attention kernel
- * timed apart through src/gemm.h and src/attention.h. w holds the layer's
+ * timed apart through src/compute/gemm.h and src/forward/attention.h. w holds the layer's
  * weights, x (B,T,d_model), kv (B,S,d_model) or NULL. */
 int bench_fast_parts(const bench_prefill_cfg *c, const mha_weights *w, const float *x,
                      const float *kv);
+
+/* bench_backward.c: mha_backward, forward + backward, and the fast
+ * backward's attention passes, self-attention with c's shape. */
+int bench_backward(const bench_prefill_cfg *c);
 
 typedef struct {
     int d_model, h, h_kv, d_head, L, B;

@@ -104,7 +104,7 @@ void naive_weights_free(naive_weights *w) {
 
 mha_weights naive_weights_view(const naive_weights *w) {
     mha_weights v = {w->w_q, w->w_k, w->w_v, w->w_o, w->b_q,
-                     w->b_k, w->b_v, w->b_o, w->bias_k, w->bias_v};
+                     w->b_k, w->b_v, w->b_o, w->bias_k, w->bias_v, NULL, NULL, NULL, NULL};
     return v;
 }
 
@@ -317,6 +317,12 @@ double naive_compare_kv(const mha_layer *L, const naive_weights *w, const float 
     }
     free(y), free(z), free(p), free(yd), free(zd), free(pd);
     return m;
+}
+
+mha_config naive_config(int d_model, int h, int h_kv, int d_k, int d_v, int bias) {
+    mha_config c = mha_config_default(d_model, h);
+    c.n_kv_heads = h_kv, c.d_k = d_k, c.d_v = d_v, c.bias = bias;
+    return c;
 }
 
 mha_options naive_ref_options(void) {

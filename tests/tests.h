@@ -9,6 +9,7 @@ const test_case *tests_permute(size_t *count);
 const test_case *tests_heads(size_t *count);
 const test_case *tests_masks(size_t *count);
 const test_case *tests_variants(size_t *count);
+const test_case *tests_modern(size_t *count);
 const test_case *tests_errors(size_t *count);
 const test_case *tests_fast(size_t *count);
 const test_case *tests_kernels(size_t *count);
@@ -20,5 +21,7 @@ const test_case *tests_io_api(size_t *count);
 const test_case *tests_concurrency(size_t *count);
 const test_case *tests_overflow(size_t *count);
 const test_case *tests_backward(size_t *count);
+const test_case *tests_merge(size_t *count);
+const test_case *tests_backward_fast(size_t *count);
 
 #endif

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/variants.h"
 #include "forward/forward.h"
 
 void mha_linear_double(double *out, const float *in, const float *w, const float *b, size_t rows,
@@ -42,23 +43,144 @@ static void intervene_double(double *z, const mha_intervention *iv, int r, int h
     }
 }
 
-mha_status mha_forward_reference(const mha_layer *L, float *y, const mha_capture *cap, const float *x,
-                                 const float *k_src, const float *v_src, int B, int T, int S,
-                                 const mha_options *opt) {
+/* QK-norm of one head row x (d) with weight w: RMSNorm x / sqrt(mean x^2 + eps) w,
+ * or LayerNorm (x - mean) / sqrt(var + eps) w. */
+static void norm_double(double *x, int d, const float *w, mha_qk_norm kind, double eps) {
+    double mean = 0.0, var = 0.0;
+    if (kind == MHA_QK_NORM_LAYER) {
+        for (int e = 0; e < d; e++) mean += x[e];
+        mean /= d;
+    }
+    for (int e = 0; e < d; e++) var += (x[e] - mean) * (x[e] - mean);
+    var /= d;
+    for (int e = 0; e < d; e++) x[e] = (x[e] - mean) / sqrt(var + eps) * w[e];
+}
+
+/* RoPE of one head row x at position pos: pair i (dims i, i + r/2 for
+ * halves; 2i, 2i+1 interleaved) rotated by the angle pos * inv_freq[i],
+ * scaled by mscale (YaRN); dims >= r untouched. */
+static void rope_double(double *x, const mha_config *c, const double *inv_freq, double mscale, int pos) {
+    const int half = c->rope.dim / 2;
+    for (int i = 0; i < half; i++) {
+        const int ia = c->rope.pairing == MHA_ROPE_HALVES ? i : 2 * i;
+        const int ib = c->rope.pairing == MHA_ROPE_HALVES ? i + half : 2 * i + 1;
+        const double a = x[ia], b = x[ib], ang = pos * inv_freq[i];
+        x[ia] = (a * cos(ang) - b * sin(ang)) * mscale;
+        x[ib] = (b * cos(ang) + a * sin(ang)) * mscale;
+    }
+}
+
+/* Norm then RoPE of every head of the rows (B, n, heads*d_k) of one
+ * projection; pos_of(b, t) gives a row's position. */
+static void transform_heads(double *m, const mha_config *c, int B, int n, int heads, const float *w,
+                            const mha_options *opt, int keys, int keys_are_x, int T) {
+    const int d = c->d_k, half = c->rope.dim / 2;
+    double inv_freq[half > 0 ? half : 1], mscale = 1.0;
+    if (c->rope.pairing != MHA_ROPE_NONE) mha_rope_frequencies(inv_freq, &mscale, c);
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < n; t++)
+            for (int r = 0; r < heads; r++) {
+                double *x = m + (((size_t)b * n + t) * heads + r) * d;
+                if (c->qk_norm != MHA_QK_NORM_NONE)
+                    norm_double(x, d, w + (c->qk_norm_per_head ? (size_t)r * d : 0), c->qk_norm, c->qk_norm_eps);
+                if (c->rope.pairing == MHA_ROPE_NONE) continue;
+                const int pos = keys ? mha_key_position(opt, keys_are_x, b, t, n) : mha_query_position(opt, b, t, T);
+                rope_double(x, c, inv_freq, mscale, pos);
+            }
+}
+
+/* z (B,T,h*d_v) = attention of q (B,T,h*d_k) over k (B,Sx,h_kv*d_k) and
+ * v (B,Sx,h_kv*d_v), S original keys then the extra ones; probs
+ * (B,h,T,Sx) and lse (B,h,T) when not NULL. lse is log sum_j exp(score_j)
+ * over the allowed keys, -inf for a row with none. */
+mha_status mha_attend_reference(const mha_config *c, const mha_head_terms *ht, double *z,
+                                float *probs, float *lse, const double *q, const double *k,
+                                const double *v, int B, int T, int S, const mha_options *opt) {
+    const float *slopes = c->alibi && ht ? ht->alibi_slopes : NULL;
+    const float *sinks = c->sinks && ht ? ht->sinks : NULL;
+    const int keys_are_x = ht ? ht->keys_are_x : 0;
+    const int h = c->n_heads, d_k = c->d_k, d_v = c->d_v;
+    const int Sx = mha_total_keys(c, S);
+    const size_t qw = (size_t)h * d_k, kw = (size_t)c->n_kv_heads * d_k,
+                 vw = (size_t)c->n_kv_heads * d_v, zw = (size_t)h * d_v;
+    const double scale = opt->scale != 0.0f ? opt->scale : 1.0 / sqrt((double)d_k);
+    double *score = malloc((size_t)Sx * sizeof(double)); // (Sx) one query row
+    int *allowed = malloc((size_t)Sx * sizeof(int));     // (Sx)
+    if (!score || !allowed) {
+        free(score), free(allowed);
+        return mha_fail(MHA_E_NOMEM, "reference attention: no memory for one score row (S=%d)", Sx);
+    }
+
+    // --- Z^(r) = softmax(softcap(scale * Q^(r) K^(g)^T) + alibi + mask, sink) V^(g)
+    for (int b = 0; b < B; b++)
+        for (int r = 0; r < h; r++) {
+            const int g = mha_kv_head(c, r);
+            for (int i = 0; i < T; i++) {
+                const double *qi = q + ((size_t)b * T + i) * qw + (size_t)r * d_k;
+                double *zi = z + ((size_t)b * T + i) * zw + (size_t)r * d_v;
+                double max = -INFINITY;
+                for (int j = 0; j < Sx; j++) {
+                    double add = 0.0;
+                    allowed[j] = j >= S || mha_mask_key(opt, b, r, i, j, T, S, &add);
+                    if (!allowed[j]) continue;
+                    const double *kj = k + ((size_t)b * Sx + j) * kw + (size_t)g * d_k;
+                    double dot = 0.0;
+                    for (int e = 0; e < d_k; e++) dot += qi[e] * kj[e];
+                    score[j] = scale * dot;
+                    if (c->softcap != 0.0f) score[j] = c->softcap * tanh(score[j] / c->softcap);
+                    if (slopes) /* -slope_r * |p_i - p_j| */
+                        score[j] -= slopes[r] * fabs((double)mha_query_position(opt, b, i, T) -
+                                                     mha_key_position(opt, keys_are_x, b, j, S));
+                    score[j] += add;
+                    if (score[j] > max) max = score[j];
+                }
+                float *prow = probs ? probs + (((size_t)b * h + r) * T + i) * Sx : NULL;
+                float *lrow = lse ? lse + ((size_t)b * h + r) * T + i : NULL;
+                if (max == -INFINITY) { /* no key allowed: zero or NaN row */
+                    double fill = opt->masked_row == MHA_MASKED_ROW_NAN ? NAN : 0.0;
+                    for (int e = 0; e < d_v; e++) zi[e] = fill;
+                    for (int j = 0; prow && j < Sx; j++) prow[j] = (float)fill;
+                    if (lrow) *lrow = -INFINITY;
+                    continue;
+                }
+                /* a sink joins the denominator: exp(sink_r) with no value */
+                if (sinks && sinks[r] > max) max = sinks[r];
+                double sum = sinks ? exp(sinks[r] - max) : 0.0;
+                for (int j = 0; j < Sx; j++) {
+                    score[j] = allowed[j] ? exp(score[j] - max) : 0.0;
+                    sum += score[j];
+                }
+                if (lrow) *lrow = (float)(max + log(sum));
+                for (int e = 0; e < d_v; e++) zi[e] = 0.0;
+                for (int j = 0; j < Sx; j++) {
+                    double p = score[j] / sum;
+                    if (prow) prow[j] = (float)p;
+                    if (p == 0.0) continue;
+                    const double *vj = v + ((size_t)b * Sx + j) * vw + (size_t)g * d_v;
+                    for (int e = 0; e < d_v; e++) zi[e] += p * vj[e];
+                }
+            }
+        }
+
+    free(score), free(allowed);
+    return MHA_OK;
+}
+
+mha_status mha_forward_reference_lse(const mha_layer *L, float *y, const mha_capture *cap,
+                                     float *lse, const float *x, const float *k_src,
+                                     const float *v_src, int B, int T, int S,
+                                     const mha_options *opt) {
     const mha_config *c = &L->cfg;
     const int h = c->n_heads, h_kv = c->n_kv_heads, d_k = c->d_k, d_v = c->d_v, D = c->d_model;
     const int Sx = mha_total_keys(c, S);
     const size_t qw = (size_t)h * d_k, kw = (size_t)h_kv * d_k, vw = (size_t)h_kv * d_v, zw = (size_t)h * d_v;
-    const double scale = opt->scale != 0.0f ? opt->scale : 1.0 / sqrt((double)d_k);
 
     double *q = malloc((size_t)B * T * qw * sizeof(double));   // (B,T,h*d_k)
     double *k = calloc((size_t)B * Sx * kw, sizeof(double));   // (B,Sx,h_kv*d_k)
     double *v = calloc((size_t)B * Sx * vw, sizeof(double));   // (B,Sx,h_kv*d_v)
     double *z = malloc((size_t)B * T * zw * sizeof(double));   // (B,T,h*d_v)
-    double *score = malloc((size_t)Sx * sizeof(double));       // (Sx) one query row
-    int *allowed = malloc((size_t)Sx * sizeof(int));           // (Sx)
-    if (!q || !k || !v || !z || !score || !allowed) {
-        free(q), free(k), free(v), free(z), free(score), free(allowed);
+    if (!q || !k || !v || !z) {
+        free(q), free(k), free(v), free(z);
         return mha_fail(MHA_E_NOMEM, "reference forward: no memory for Q, K, V, Z (B=%d T=%d S=%d)", B, T, S);
     }
 
@@ -75,46 +197,17 @@ mha_status mha_forward_reference(const mha_layer *L, float *y, const mha_capture
         }
     }
 
-    // --- attention: Z^(r) = softmax(scale * Q^(r) K^(g)^T + mask) V^(g)
-    for (int b = 0; b < B; b++)
-        for (int r = 0; r < h; r++) {
-            const int g = mha_kv_head(c, r);
-            for (int i = 0; i < T; i++) {
-                const double *qi = q + ((size_t)b * T + i) * qw + (size_t)r * d_k;
-                double *zi = z + ((size_t)b * T + i) * zw + (size_t)r * d_v;
-                double max = -INFINITY;
-                for (int j = 0; j < Sx; j++) {
-                    double add = 0.0;
-                    allowed[j] = j >= S || mha_mask_key(opt, b, r, i, j, T, S, &add);
-                    if (!allowed[j]) continue;
-                    const double *kj = k + ((size_t)b * Sx + j) * kw + (size_t)g * d_k;
-                    double dot = 0.0;
-                    for (int e = 0; e < d_k; e++) dot += qi[e] * kj[e];
-                    score[j] = scale * dot + add;
-                    if (score[j] > max) max = score[j];
-                }
-                float *prow = cap && cap->probs ? cap->probs + (((size_t)b * h + r) * T + i) * Sx : NULL;
-                if (max == -INFINITY) { /* no key allowed: zero or NaN row */
-                    double fill = opt->masked_row == MHA_MASKED_ROW_NAN ? NAN : 0.0;
-                    for (int e = 0; e < d_v; e++) zi[e] = fill;
-                    for (int j = 0; prow && j < Sx; j++) prow[j] = (float)fill;
-                    continue;
-                }
-                double sum = 0.0;
-                for (int j = 0; j < Sx; j++) {
-                    score[j] = allowed[j] ? exp(score[j] - max) : 0.0;
-                    sum += score[j];
-                }
-                for (int e = 0; e < d_v; e++) zi[e] = 0.0;
-                for (int j = 0; j < Sx; j++) {
-                    double p = score[j] / sum;
-                    if (prow) prow[j] = (float)p;
-                    if (p == 0.0) continue;
-                    const double *vj = v + ((size_t)b * Sx + j) * vw + (size_t)g * d_v;
-                    for (int e = 0; e < d_v; e++) zi[e] += p * vj[e];
-                }
-            }
-        }
+    // --- today's variants on q and k: QK-norm, then RoPE (extra keys never coexist with them)
+    transform_heads(q, c, B, T, h, L->q_norm, opt, 0, k_src == x, T);
+    transform_heads(k, c, B, S, h_kv, L->k_norm, opt, 1, k_src == x, T);
+
+    // --- attention: Z^(r) = softmax(softcap(scale * Q^(r) K^(g)^T) + alibi + mask, sink) V^(g)
+    const mha_head_terms ht = {L->alibi_slopes, L->sinks, k_src == x};
+    mha_status s = mha_attend_reference(c, &ht, z, cap ? cap->probs : NULL, lse, q, k, v, B, T, S, opt);
+    if (s) {
+        free(q), free(k), free(v), free(z);
+        return s;
+    }
 
     // --- interventions on Z^(r), before concatenation is read by W_O
     const size_t rows = (size_t)B * T;
@@ -137,6 +230,12 @@ mha_status mha_forward_reference(const mha_layer *L, float *y, const mha_capture
             y[t * D + o] = (float)acc;
         }
 
-    free(q), free(k), free(v), free(z), free(score), free(allowed);
+    free(q), free(k), free(v), free(z);
     return MHA_OK;
+}
+
+mha_status mha_forward_reference(const mha_layer *L, float *y, const mha_capture *cap, const float *x,
+                                 const float *k_src, const float *v_src, int B, int T, int S,
+                                 const mha_options *opt) {
+    return mha_forward_reference_lse(L, y, cap, NULL, x, k_src, v_src, B, T, S, opt);
 }
