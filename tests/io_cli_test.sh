@@ -203,6 +203,8 @@ run run --weights $T/native.safetensors --input $T/x.npy --output $T/y.npy --abl
 expect_error 2 "out of range"
 run run --weights $T/native.safetensors --input $T/x.npy --output $T/y.npy --ablate 1=explode
 expect_error 2 "unknown operation"
+run run --weights $T/native.safetensors --input $T/x.npy --output $T/y.npy --ablate 1=zero,1=mean
+expect_error 2 "given twice"
 
 # --- attribution: head r's Z.dZ of <dY, Y> is exactly <dY, Y - Y(r zeroed)> -----
 "$PY" -c "import numpy as np; np.save('$T/dy.npy', np.random.default_rng(5).standard_normal((2,6,16)).astype(np.float32))"
