@@ -185,10 +185,11 @@ int cmd_run(int argc, char **argv) {
         (rc = cli_check_output_size("run", "the outputs together", ny + nz + nc + np + na, limit)))
         goto done;
     rc = MHA_EXIT_RUNTIME;
-    if (!(y = cli_alloc("run", rows * dm))) goto done;
-    if (save_z && !(cap.z = cli_alloc("run", rows * h * c->d_v))) goto done;
-    if (save_c && !(cap.contributions = cli_alloc("run", (size_t)h * rows * dm))) goto done;
-    if (save_p && !(cap.probs = cli_alloc("run", (size_t)h * rows * St))) goto done;
+    /* the forward overwrites each whole: no zeroing pass first */
+    if (!(y = cli_alloc_out("run", rows * dm))) goto done;
+    if (save_z && !(cap.z = cli_alloc_out("run", rows * h * c->d_v))) goto done;
+    if (save_c && !(cap.contributions = cli_alloc_out("run", (size_t)h * rows * dm))) goto done;
+    if (save_p && !(cap.probs = cli_alloc_out("run", (size_t)h * rows * St))) goto done;
     if (v.f) { /* keys from KV (or X), values from V */
         mha_status s = mha_forward_kv(L, y, &cap, f.x.f, f.kv.f, v.f, B, T, f.S, &f.opt);
         if (s) {

@@ -113,5 +113,9 @@ int cli_fail(const char *cmd, mha_status s);
 
 /* Allocates n floats (zeroed) or prints an error and returns NULL. */
 float *cli_alloc(const char *cmd, size_t n);
+/* The same, not zeroed: for outputs the library overwrites whole (Y and
+ * the captures of mha_forward), so their pages are touched once, by the
+ * forward, not first by a memset. */
+float *cli_alloc_out(const char *cmd, size_t n);
 
 #endif /* MHA_TOOLS_IO_CLI_H */
