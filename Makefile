@@ -26,7 +26,7 @@ TEST_OBJ  = $(TEST_SRC:%.c=$(BUILD)/%.o)
 SETUP_CORE = $(BUILD)/.setup-core
 SETUP_TEST = $(BUILD)/.setup-test
 
-.PHONY: all lib demo test test-c test-asan test-python test-examples test-docs test-memory bench setup clean fuzz \
+.PHONY: all lib demo test test-c test-asan test-python test-examples test-docs test-memory bench bench-load setup clean fuzz \
         check-layers check-exports test-install install uninstall
 all: lib $(BUILD)/mha $(BUILD)/test_mha
 
@@ -166,6 +166,14 @@ $(BUILD)/bench_mha: $(BENCH_OBJ) $(BUILD)/libmha.a
 
 bench: $(SETUP_TEST) lib $(BUILD)/bench_mha
 	sh bench/run.sh $(BENCH_ARGS)
+
+# The load path (bench/LOAD.md): whole `mha run` processes on the P1 torch
+# checkpoint against the in-process forward, and the time of each phase.
+# BENCH_LOAD_ARGS="--base OLD_MHA OLD_PHASES" compares with another build.
+$(BUILD)/bench_load_phases: bench/load/phases.c $(BUILD)/libmha.a | $(SETUP_TEST)
+	$(CC) $(CFLAGS_BASE) $(CFLAGS) -o $@ $< $(BUILD)/libmha.a $(LIB_LDLIBS)
+bench-load: $(SETUP_TEST) $(BUILD)/mha $(BUILD)/bench_load_phases
+	$(PYTHON) bench/load/run.py $(BENCH_LOAD_ARGS)
 
 clean:
 	rm -rf build build-asan

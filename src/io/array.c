@@ -141,14 +141,18 @@ static void decode_floats(float *dst, const unsigned char *src, size_t n, mha_dt
 
 /* Decodes n elements of dt at src into dst (when dst is given) and checks
  * vals[0..n) (dst, or data borrowed from a mapping), in chunks, in parallel
- * when there are several. Returns the index of the first refused element
+ * for large float16/bfloat16 arrays. Returns the index of the first refused element
  * (the minimum over chunks, so the same for any thread count) or n. */
 static size_t convert_floats(float *dst, const float *vals, const unsigned char *src, size_t n,
                              mha_dtype dt, unsigned flags) {
     const size_t es = mha_dtype_size(dt);
     const size_t chunks = (n + MHA_CONVERT_CHUNK - 1) / MHA_CONVERT_CHUNK;
+    /* Threads only for the widening decodes (a few ns an element): a float32
+     * copy or check is bound by memory, and a team started early spins
+     * through the serial steps that follow (measured in bench/LOAD.md). */
+    const int widen = dst && !(dt == MHA_DTYPE_F32 && MHA_HOST_LE_F32);
     size_t bad = n;
-#pragma omp parallel for schedule(static) reduction(min : bad) if (chunks > 1)
+#pragma omp parallel for schedule(static) reduction(min : bad) if (widen && chunks >= 4)
     for (size_t c = 0; c < chunks; c++) {
         size_t i0 = c * MHA_CONVERT_CHUNK, m = n - i0 < MHA_CONVERT_CHUNK ? n - i0 : MHA_CONVERT_CHUNK;
         if (dst) decode_floats(dst + i0, src + es * i0, m, dt);

@@ -36,8 +36,8 @@ mha_status mha_shape_count(size_t *count, const int *shape, int rank, size_t ele
 /* Decodes count little-endian elements of a->dtype from src into a. For
  * floating dtypes checks finiteness according to flags (MHA_IO_*); BOOL
  * bytes must be 0 or 1. what/tensor name the place in messages. Large
- * arrays are converted by OpenMP threads in fixed chunks; the error names
- * the first bad element whatever the thread count. */
+ * float16/bfloat16 arrays are widened by OpenMP threads in fixed chunks;
+ * the error names the first bad element whatever the thread count. */
 mha_status mha_array_decode(mha_array *a, const unsigned char *src, unsigned flags,
                             const char *what, const char *tensor);
 
