@@ -6,6 +6,9 @@
  * gives outputs without the B axis. */
 #include <ctype.h>
 #include <errno.h>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -83,6 +86,14 @@ static int read_values(mha_array *v, const char *path, const cli_fwd *f, const m
 }
 
 int cmd_run(int argc, char **argv) {
+#if defined(__GLIBC__)
+    /* One short process that frees the load path's buffers (the converted
+     * weights, ~4 floats per weight) before the forward allocates as much:
+     * keep freed memory for reuse instead of returning it to the kernel and
+     * faulting fresh zeroed pages in again (bench/LOAD.md). */
+    mallopt(M_MMAP_THRESHOLD, 256 << 20);
+    mallopt(M_TRIM_THRESHOLD, 1 << 30);
+#endif
     cli_ckpt ck = {0};
     cli_fwd_flags ff = {0};
     const char *output = NULL, *ablate = NULL, *save_z = NULL, *save_c = NULL, *save_p = NULL,
