@@ -26,7 +26,7 @@ TEST_OBJ  = $(TEST_SRC:%.c=$(BUILD)/%.o)
 SETUP_CORE = $(BUILD)/.setup-core
 SETUP_TEST = $(BUILD)/.setup-test
 
-.PHONY: all lib demo test test-c test-asan test-python test-examples test-docs test-memory bench bench-load setup clean fuzz \
+.PHONY: all lib demo test test-c test-asan test-tsan test-python test-examples test-docs test-memory bench bench-load setup clean fuzz \
         check-layers check-exports test-install install uninstall
 all: lib $(BUILD)/mha $(BUILD)/test_mha
 
@@ -77,6 +77,14 @@ test-asan: $(SETUP_CORE)
 	ASAN_OPTIONS=detect_leaks=1 sh tests/cli_test.sh ./build-asan/mha
 	ASAN_OPTIONS=detect_leaks=1 sh tests/io_cli_test.sh ./build-asan/mha
 
+# The concurrency tests (tests/test_concurrency.c) under ThreadSanitizer.
+# Every call runs on one OpenMP thread (an mha_context, and OMP_NUM_THREADS=1)
+# so that the only threads are the test's pthreads: TSan does not see
+# libgomp's barriers and reports them as races. No suppression file.
+test-tsan: $(SETUP_CORE)
+	$(MAKE) BUILD=build-tsan OPT="-O1 -fsanitize=thread -fno-omit-frame-pointer" build-tsan/test_mha
+	OMP_NUM_THREADS=1 TSAN_OPTIONS="halt_on_error=1 exitcode=66" ./build-tsan/test_mha concurrency
+
 test-python: $(SETUP_TEST) lib $(BUILD)/mha
 	@if [ -n "$$(ls tests/python/test_*.py 2>/dev/null)" ]; then \
 	  $(PYTHON) -m pytest -q tests/python; fi
@@ -95,6 +103,7 @@ test: $(SETUP_TEST)
 	$(MAKE) check-layers check-exports
 	$(MAKE) test-c
 	$(MAKE) test-asan
+	$(MAKE) test-tsan
 	$(MAKE) test-python
 	$(MAKE) test-docs
 	$(MAKE) test-examples
@@ -176,4 +185,4 @@ bench-load: $(SETUP_TEST) $(BUILD)/mha $(BUILD)/bench_load_phases
 	$(PYTHON) bench/load/run.py $(BENCH_LOAD_ARGS)
 
 clean:
-	rm -rf build build-asan
+	rm -rf build build-asan build-tsan

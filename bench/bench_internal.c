@@ -1,6 +1,6 @@
 /* bench_internal.c — the fast path taken apart: its projection GEMMs
- * (mha_gemm, src/gemm.h) and its fused attention (mha_attention,
- * src/attention.h) timed separately, on the same layouts forward_fast.c
+ * (mha_gemm, src/compute/gemm.h) and its fused attention (mha_attention,
+ * src/forward/attention.h) timed separately, on the same layouts src/forward/fast.c
  * uses. This is how bench reports attention-only time without guessing:
  * the attention kernel itself is timed, nothing is subtracted.
  *
@@ -31,7 +31,8 @@ typedef struct {
 
 static int run_gemm(void *arg) {
     const gemm_call *g = arg;
-    return mha_gemm(g->dst, g->a, g->lda, g->M, g->p, g->s0, g->s1, 0, g->K, 1, g->kern, g->nt) != MHA_OK;
+    const mha_gemm_args args = {g->dst, g->a, g->lda, g->M, g->p, g->s0, g->s1, 0, g->K, 1};
+    return mha_gemm(&args, g->kern, g->nt) != MHA_OK;
 }
 
 typedef struct {

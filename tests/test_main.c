@@ -22,6 +22,8 @@ static const test_area_fn areas[] = {
     tests_io,
     tests_load,
     tests_cache,
+    tests_concurrency,
+    tests_overflow,
     tests_backward,
 };
 

@@ -195,7 +195,7 @@ _sig("mha_layer_from_torch", c_int, POINTER(LayerP), POINTER(TorchWeights))
 _sig("mha_layer_load", c_int, POINTER(LayerP), c_char_p, POINTER(LoadOptions))
 _sig("mha_layer_save", c_int, LayerP, c_char_p)
 
-# ---------------------------------------------- KV cache (src/cache.c)
+# ---------------------------------------------- KV cache (src/cache/cache.c)
 CACHE_F32, CACHE_F16 = 0, 1  # mha_cache_dtype
 CacheP = c_void_p
 _sig("mha_cache_create", c_int, POINTER(CacheP), LayerP, c_int, c_int, c_int, c_int)

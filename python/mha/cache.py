@@ -1,4 +1,4 @@
-"""Cache: an mha_cache (KV cache, src/cache.c) with numpy in and out.
+"""Cache: an mha_cache (KV cache, src/cache/cache.c) with numpy in and out.
 
 Legend: B sequences, T new rows per sequence and call, h heads, h_kv kv
 heads, d_k, d_v, d_model. The cache stores only the h_kv kv heads' K and V
