@@ -179,8 +179,8 @@ bench: $(SETUP_TEST) lib $(BUILD)/bench_mha
 # The load path (bench/LOAD.md): whole `mha run` processes on the P1 torch
 # checkpoint against the in-process forward, and the time of each phase.
 # BENCH_LOAD_ARGS="--base OLD_MHA OLD_PHASES" compares with another build.
-$(BUILD)/bench_load_phases: bench/load/phases.c $(BUILD)/libmha.a | $(SETUP_TEST)
-	$(CC) $(CFLAGS_BASE) $(CFLAGS) -o $@ $< $(BUILD)/libmha.a $(LIB_LDLIBS)
+$(BUILD)/bench_load_phases: bench/load/phases.c bench/bench_util.c bench/bench.h $(BUILD)/libmha.a | $(SETUP_TEST)
+	$(CC) $(CFLAGS_BASE) -Ibench $(CFLAGS) -o $@ bench/load/phases.c bench/bench_util.c $(BUILD)/libmha.a $(LIB_LDLIBS)
 bench-load: $(SETUP_TEST) $(BUILD)/mha $(BUILD)/bench_load_phases
 	$(PYTHON) bench/load/run.py $(BENCH_LOAD_ARGS)
 

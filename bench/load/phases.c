@@ -10,30 +10,22 @@
  * Phases: weights_load (mha_layer_load, as `mha run`), input_read,
  * first_forward, output_write. Prints one line:
  *   RESULT kind=load_phases <phase>_s=<wall> <phase>_cpu_s=<cpu> ...
- * Legend: B batch, T tokens, d_model width (X is (B, T, d_model)). */
+ * Legend: B batch, T tokens, d_model width (X is (B, T, d_model)). Built
+ * with bench/bench_util.c (timing helpers). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
 
-#include "mha.h"
-
-static double clock_s(clockid_t id) {
-    struct timespec ts;
-    clock_gettime(id, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
+#include "bench.h"
 
 typedef struct {
     double wall, cpu;
 } mark;
 
 static mark now(void) {
-    return (mark){clock_s(CLOCK_MONOTONIC), clock_s(CLOCK_PROCESS_CPUTIME_ID)};
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (mark){bench_now(), (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec};
 }
 
 static void report(const char *phase, mark a, mark b) {
@@ -86,10 +78,9 @@ int main(int argc, char **argv) {
         fw[i] = b.wall - a.wall;
         fc[i] = b.cpu - a.cpu;
     }
-    qsort(fw, (size_t)reps, sizeof *fw, cmp_double);
-    qsort(fc, (size_t)reps, sizeof *fc, cmp_double);
-    printf(" forward_s=%.6f forward_cpu_s=%.6f forward_min_s=%.6f reps=%d\n", fw[reps / 2],
-           fc[reps / 2], fw[0], reps);
+    double fmin = bench_min(fw, reps);
+    printf(" forward_s=%.6f forward_cpu_s=%.6f forward_min_s=%.6f reps=%d\n",
+           bench_median(fw, reps), bench_median(fc, reps), fmin, reps);
     free(fw);
     free(fc);
     free(y);
