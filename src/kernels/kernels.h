@@ -50,7 +50,15 @@ typedef struct mha_kernels {
 
     /* y = exp(x), n floats (used by tests; the softmax inlines it). */
     void (*vexp)(float *y, const float *x, size_t n);
+
+    /* Logit soft-capping in place: s (rows, cols) <- cap tanh(s / cap);
+     * s has room for cols rounded up to 16 (padding may be touched).
+     * NULL in a table means the scalar one (mha_attn_softcap_get). */
+    void (*attn_softcap)(float *s, size_t lds, float cap, int rows, int cols);
 } mha_kernels;
+
+/* The softcap kernel of table k, the scalar one when k has none. */
+void (*mha_attn_softcap_get(const mha_kernels *k))(float *, size_t, float, int, int);
 
 extern const mha_kernels mha_kernels_scalar;
 extern const mha_kernels mha_kernels_avx2;
@@ -67,6 +75,7 @@ void mha_attn_softmax_avx2(float *s, size_t lds, float *m, float *l, float *alph
 void mha_attn_pv_avx2(float *o, size_t ldo, const float *p, size_t ldp, const float *v,
                       size_t ldv, const float *alpha, int rows, int nk, int dv16);
 void mha_vexp_avx2(float *y, const float *x, size_t n);
+void mha_attn_softcap_avx2(float *s, size_t lds, float cap, int rows, int cols);
 
 /* ------------------------------------------------------- the chooser */
 
