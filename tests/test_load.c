@@ -136,8 +136,8 @@ static void test_layer_outlives_its_file(void) {
     mha_weights w;
     float *buf = malloc(4 * 16 * 16 * sizeof(float) + 4 * 16 * sizeof(float));
     test_fill_uniform(buf, 4 * 16 * 16 + 4 * 16, &seed, -1, 1);
-    w = (mha_weights){buf, buf + 256, buf + 512, buf + 768, buf + 1024, buf + 1040, buf + 1056,
-                      buf + 1072, NULL, NULL};
+    w = (mha_weights){.w_q = buf, .w_k = buf + 256, .w_v = buf + 512, .w_o = buf + 768,
+                      .b_q = buf + 1024, .b_k = buf + 1040, .b_v = buf + 1056, .b_o = buf + 1072};
     CHECK_OK(mha_layer_set_weights(L0, &w));
     const char *p = path_in_dir("layer.safetensors");
     CHECK_OK(mha_layer_save(L0, p));
