@@ -31,7 +31,9 @@ for f in $(ls src/*.c src/*/*.c); do
     o="$out/obj/$(echo "$f" | tr / _).o"
     isa=""
     case "$f" in src/kernels/avx2*) isa="-mavx2 -mfma -mf16c" ;; esac
-    [ "$o" -nt "$f" ] || "$CLANG" $(echo "$flags" | sed 's/fuzzer,/fuzzer-no-link,/') -fopenmp $isa \
+    # rebuilt when the source or any header is newer (a struct that grew in
+    # a header left stale objects that disagreed about its size)
+    [ "$o" -nt "$f" ] && [ -z "$(find include src -name '*.h' -newer "$o" | head -1)" ] || "$CLANG" $(echo "$flags" | sed 's/fuzzer,/fuzzer-no-link,/') -fopenmp $isa \
         '-D__builtin_cpu_supports(feature)=0' -c "$f" -o "$o"
     objs="$objs $o"
 done
