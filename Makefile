@@ -28,7 +28,7 @@ TEST_OBJ  = $(TEST_SRC:%.c=$(BUILD)/%.o)
 SETUP_CORE = $(BUILD)/.setup-core
 SETUP_TEST = $(BUILD)/.setup-test
 
-.PHONY: all lib demo test test-c test-asan test-tsan test-python test-examples test-docs test-memory bench setup clean fuzz \
+.PHONY: all lib demo test test-c test-asan test-tsan test-python test-examples test-docs test-memory bench bench-load setup clean fuzz \
         check-layers check-exports test-install install uninstall mpi mpi-build \
         mutants mutants-ci coverage
 all: lib $(BUILD)/mha $(BUILD)/test_mha $(if $(HAVE_MPI),mpi-build)
@@ -224,6 +224,14 @@ coverage: $(SETUP_TEST)
 	GCOV_ERROR_FILE=/dev/null sh tests/io_cli_test.sh ./build-cov/mha
 	gcovr -r . --filter 'src/' --gcov-ignore-parse-errors build-cov
 	gcovr -r . --filter 'src/' --gcov-ignore-parse-errors --branches build-cov
+
+# The load path (bench/LOAD.md): whole `mha run` processes on the P1 torch
+# checkpoint against the in-process forward, and the time of each phase.
+# BENCH_LOAD_ARGS="--base OLD_MHA OLD_PHASES" compares with another build.
+$(BUILD)/bench_load_phases: bench/load/phases.c bench/bench_util.c bench/bench.h $(BUILD)/libmha.a | $(SETUP_TEST)
+	$(CC) $(CFLAGS_BASE) -Ibench $(CFLAGS) -o $@ bench/load/phases.c bench/bench_util.c $(BUILD)/libmha.a $(LIB_LDLIBS)
+bench-load: $(SETUP_TEST) $(BUILD)/mha $(BUILD)/bench_load_phases
+	$(PYTHON) bench/load/run.py $(BENCH_LOAD_ARGS)
 
 clean:
 	rm -rf build build-asan build-tsan build-cov

@@ -24,6 +24,7 @@ static const test_area_fn areas[] = {
     tests_kernels,
     tests_torch_layout,
     tests_io,
+    tests_load,
     tests_cache,
     tests_layout_errors,
     tests_io_api,

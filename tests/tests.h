@@ -15,6 +15,7 @@ const test_case *tests_fast(size_t *count);
 const test_case *tests_kernels(size_t *count);
 const test_case *tests_torch_layout(size_t *count);
 const test_case *tests_io(size_t *count);
+const test_case *tests_load(size_t *count);
 const test_case *tests_cache(size_t *count);
 const test_case *tests_layout_errors(size_t *count);
 const test_case *tests_io_api(size_t *count);
