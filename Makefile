@@ -37,7 +37,9 @@ $(BUILD)/%.o: %.c $(wildcard include/*.h src/*/*.h tools/*.h tests/*.h) | $(SETU
 # Kernel files named avx2*.c are the only ones built with AVX2/FMA/F16C;
 # kernels/dispatch.c picks them at run time after checking CPUID.
 AVX2_OBJ = $(filter $(BUILD)/src/kernels/avx2%,$(LIB_OBJ))
+AVX512_OBJ = $(filter $(BUILD)/src/kernels/avx512%,$(LIB_OBJ))
 $(AVX2_OBJ): CFLAGS += -mavx2 -mfma -mf16c
+$(AVX512_OBJ): CFLAGS += -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -mf16c
 
 $(BUILD)/libmha.a: $(LIB_OBJ)
 	@rm -f $@

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/kernels.h"
 #include "test_util.h"
 #include "tests.h"
 
@@ -21,7 +22,19 @@ static const test_area_fn areas[] = {
     tests_torch_layout,
     tests_io,
     tests_cache,
+    tests_isa,
 };
+
+/* Areas whose every case runs once per kernel ISA this CPU has (the table
+ * forced; the decode path follows it), named "case[isa]": the fast and
+ * decode paths stay checked against the reference on every ISA. */
+static const test_area_fn per_isa_areas[] = {tests_fast, tests_cache};
+
+static int run_per_isa(test_area_fn area) {
+    for (size_t i = 0; i < sizeof per_isa_areas / sizeof per_isa_areas[0]; i++)
+        if (per_isa_areas[i] == area) return 1;
+    return 0;
+}
 
 const char *test_current = "";
 int test_failures_current = 0;
@@ -64,18 +77,32 @@ int main(int argc, char **argv) {
     for (size_t a = 0; a < sizeof areas / sizeof areas[0]; a++) {
         size_t n = 0;
         const test_case *cases = areas[a](&n);
-        for (size_t i = 0; i < n; i++) {
-            if (filter && !strstr(cases[i].name, filter)) continue;
-            test_current = cases[i].name;
-            test_failures_current = 0;
-            cases[i].fn();
-            if (test_failures_current) {
-                failed++;
-                fprintf(stderr, "not ok %s\n", cases[i].name);
-            } else {
-                passed++;
-            }
+        const mha_kernels *isas[3] = {NULL};
+        int n_isas = 1;
+        if (run_per_isa(areas[a])) {
+            n_isas = 0;
+            if (mha_cpu_has_avx512()) isas[n_isas++] = &mha_kernels_avx512;
+            if (mha_cpu_has_avx2()) isas[n_isas++] = &mha_kernels_avx2;
+            isas[n_isas++] = &mha_kernels_scalar;
         }
+        for (int k = 0; k < n_isas; k++)
+            for (size_t i = 0; i < n; i++) {
+                char name[160];
+                snprintf(name, sizeof name, isas[k] ? "%s[%s]" : "%s", cases[i].name,
+                         isas[k] ? isas[k]->name : "");
+                if (filter && !strstr(name, filter)) continue;
+                test_current = name;
+                test_failures_current = 0;
+                mha_kernels_force(isas[k]);
+                cases[i].fn();
+                mha_kernels_force(NULL);
+                if (test_failures_current) {
+                    failed++;
+                    fprintf(stderr, "not ok %s\n", name);
+                } else {
+                    passed++;
+                }
+            }
     }
     printf("%d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;

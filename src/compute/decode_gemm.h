@@ -10,6 +10,8 @@
  * the scalar ones (force = 1) or restore automatic choice (force = 0). */
 const mha_decode_kernels *mha_decode_kernels_get(void);
 void mha_decode_force_scalar(int force);
+/* Forces a decode table (tests run each ISA); NULL: automatic choice. */
+void mha_decode_kernels_force(const mha_decode_kernels *k);
 /* Threads for the decode path: mha_get_num_threads() or OpenMP's default.
  * _for(work): 1 when the work (multiply-adds) is below a threshold, where
  * a barrier costs more than it saves (much more on shared cores); tests set

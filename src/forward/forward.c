@@ -9,14 +9,18 @@
 #include "forward/forward.h"
 
 /* MHA_KERNELS in the environment: "reference" forces the oracle under
- * AUTO; "scalar" and "avx2" choose the fast path's kernels (dispatch.c).
+ * AUTO; "scalar", "avx2" and "avx512" choose the fast path's kernels
+ * (dispatch.c; avx512 where the CPU lacks it is an error).
  * Any other value is refused, so a typo does not silently run another path.
  * Sets *reference; returns MHA_E_ARG for an unknown value. */
 static mha_status env_kernels(int *reference) {
     const char *e = getenv("MHA_KERNELS");
     *reference = e && strcmp(e, "reference") == 0;
-    if (e && *e && !*reference && strcmp(e, "scalar") != 0 && strcmp(e, "avx2") != 0)
-        return mha_fail(MHA_E_ARG, "MHA_KERNELS=%s in the environment; expected reference, scalar or avx2 (or unset)", e);
+    if (e && *e && !*reference && strcmp(e, "scalar") != 0 && strcmp(e, "avx2") != 0 &&
+        strcmp(e, "avx512") != 0)
+        return mha_fail(MHA_E_ARG, "MHA_KERNELS=%s in the environment; expected reference, scalar, avx2 or avx512 (or unset)", e);
+    if (e && strcmp(e, "avx512") == 0 && !mha_cpu_has_avx512())
+        return mha_fail(MHA_E_UNSUPPORTED, "MHA_KERNELS=avx512 in the environment, but this CPU or OS cannot run AVX-512 (needs AVX-512 F/BW/VL/DQ and zmm state enabled by the OS); expected avx2, scalar or reference");
     return MHA_OK;
 }
 

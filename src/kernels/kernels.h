@@ -46,10 +46,21 @@ typedef struct mha_kernels {
 
     /* y = exp(x), n floats (used by tests; the softmax inlines it). */
     void (*vexp)(float *y, const float *x, size_t n);
+
+    /* The projection driver's register tile, tile_rows (a multiple of 6)
+     * x 16*tile_panels; NULL: the driver uses sgemm_6x16 on 6 x 16.
+     * c (m, n) = a b [+ bias], m <= tile_rows, n <= 16*tile_panels: a is
+     * tile_rows/6 packed micro-panels (K, 6) at stride a_ps, b packed
+     * panels (K, 16) at stride b_ps (only those with live columns are
+     * read). Each c element is one fp32 sum over k in order, + bias. */
+    int tile_rows, tile_panels;
+    void (*sgemm_tile)(float *c, size_t ldc, const float *a, size_t a_ps, const float *b,
+                       size_t b_ps, const float *bias, int K, int m, int n);
 } mha_kernels;
 
 extern const mha_kernels mha_kernels_scalar;
 extern const mha_kernels mha_kernels_avx2;
+extern const mha_kernels mha_kernels_avx512;
 
 /* The avx2 table's entries (avx2_gemm.c, avx2_attention.c, avx2_exp.c);
  * call them only after mha_cpu_has_avx2(). */
@@ -64,12 +75,33 @@ void mha_attn_pv_avx2(float *o, size_t ldo, const float *p, size_t ldp, const fl
                       size_t ldv, const float *alpha, int rows, int nk, int dv16);
 void mha_vexp_avx2(float *y, const float *x, size_t n);
 
-/* The table for this CPU: AVX2+FMA when CPUID and the OS allow it, else
- * scalar. MHA_KERNELS=scalar (or avx2) in the environment overrides. */
+/* The avx512 table's entries (avx512_*.c); call them only after
+ * mha_cpu_has_avx512(). */
+void mha_sgemm_avx512_6x16(float *c, size_t ldc, const float *a, size_t a_rs, size_t a_cs,
+                           const float *b, size_t ldb, const float *bias,
+                           const float *row_scale, int K, int m, int n);
+void mha_sgemm_avx512_12x32(float *c, size_t ldc, const float *a, size_t a_ps, const float *b,
+                            size_t b_ps, const float *bias, int K, int m, int n);
+void mha_attn_scores_avx512(float *s, size_t lds, const float *q, const float *kt, int d_k,
+                            int rows, int npanels);
+void mha_attn_softmax_avx512(float *s, size_t lds, float *m, float *l, float *alpha,
+                             const int *lo, const int *hi, int extra, int rows, int cols);
+void mha_attn_pv_avx512(float *o, size_t ldo, const float *p, size_t ldp, const float *v,
+                        size_t ldv, const float *alpha, int rows, int nk, int dv16);
+void mha_vexp_avx512(float *y, const float *x, size_t n);
+
+/* The table for this CPU: AVX-512 when CPUID and the OS allow it, else
+ * AVX2+FMA, else scalar. MHA_KERNELS=scalar|avx2|avx512 in the
+ * environment overrides (an unavailable ISA falls back to the best one
+ * below it; forward.c refuses it with an error first). */
 const mha_kernels *mha_kernels_get(void);
 /* Forces a table (tests compare both); NULL returns to automatic choice. */
 void mha_kernels_force(const mha_kernels *k);
 /* 1 when this CPU can run the avx2 table. */
 int mha_cpu_has_avx2(void);
+/* 1 when this CPU can run the avx512 table: CPUID reports AVX-512
+ * F/BW/VL/DQ, FMA and F16C, and XCR0 shows that the OS saves the x87/SSE,
+ * AVX, opmask and zmm state (bits 1, 2, 5, 6, 7). cpu_avx512.c. */
+int mha_cpu_has_avx512(void);
 
 #endif /* MHA_KERNELS_H */

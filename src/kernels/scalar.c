@@ -68,5 +68,5 @@ static void vexp_scalar(float *y, const float *x, size_t n) {
 }
 
 const mha_kernels mha_kernels_scalar = {
-    "scalar", sgemm_scalar_6x16, scores_scalar, softmax_scalar, pv_scalar, vexp_scalar,
+    "scalar", sgemm_scalar_6x16, scores_scalar, softmax_scalar, pv_scalar, vexp_scalar, 6, 1, NULL,
 };
