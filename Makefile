@@ -7,7 +7,14 @@ CFLAGS_BASE = -std=c11 -Wall -Wextra -Werror -g -fPIC -fopenmp -Iinclude -Isrc -
               -D_DEFAULT_SOURCE
 CFLAGS  ?= $(OPT)
 LDLIBS  = -fopenmp -ljansson -lpng -lm
+LIB_LDLIBS = -fopenmp -ljansson -lm
 BUILD   ?= build
+# libmha.so.$(VERSION) has the soname libmha.so.$(VERSION_MAJOR): bump the
+# major number when include/mha.h changes incompatibly.
+VERSION       = 0.1.0
+VERSION_MAJOR = $(firstword $(subst ., ,$(VERSION)))
+SONAME        = libmha.so.$(VERSION_MAJOR)
+PREFIX  ?= /usr/local
 
 LIB_SRC   = $(sort $(wildcard src/*.c src/*/*.c))
 TOOL_SRC  = $(sort $(wildcard tools/*.c))
@@ -19,7 +26,8 @@ TEST_OBJ  = $(TEST_SRC:%.c=$(BUILD)/%.o)
 SETUP_CORE = $(BUILD)/.setup-core
 SETUP_TEST = $(BUILD)/.setup-test
 
-.PHONY: all lib demo test test-c test-asan test-python test-memory bench setup clean fuzz
+.PHONY: all lib demo test test-c test-asan test-python test-examples test-memory bench setup clean fuzz \
+        check-layers check-exports test-install install uninstall
 all: lib $(BUILD)/mha $(BUILD)/test_mha
 
 $(SETUP_CORE): scripts/setup.sh
@@ -32,7 +40,11 @@ lib: $(BUILD)/libmha.a $(BUILD)/libmha.so
 
 $(BUILD)/%.o: %.c $(wildcard include/*.h src/*/*.h tools/*.h tests/*.h) | $(SETUP_CORE)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_BASE) $(CFLAGS) -c $< -o $@
+	$(CC) $(CFLAGS_BASE) $(VISIBILITY) $(CFLAGS) -c $< -o $@
+
+# Library objects hide every symbol that include/mha.h does not mark MHA_API,
+# so libmha.so exports exactly the header (make check-exports).
+$(LIB_OBJ): VISIBILITY = -fvisibility=hidden
 
 # Kernel files named avx2*.c are the only ones built with AVX2/FMA/F16C;
 # kernels/dispatch.c picks them at run time after checking CPUID.
@@ -45,7 +57,7 @@ $(BUILD)/libmha.a: $(LIB_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 $(BUILD)/libmha.so: $(LIB_OBJ)
-	$(CC) -shared -o $@ $^ $(LDLIBS)
+	$(CC) -shared -Wl,-soname,$(SONAME) -o $@ $^ $(LIB_LDLIBS)
 
 $(BUILD)/mha: $(TOOL_OBJ) $(BUILD)/libmha.a
 	$(CC) $(CFLAGS) -o $@ $(TOOL_OBJ) $(BUILD)/libmha.a $(LDLIBS)
@@ -71,12 +83,61 @@ test-python: $(SETUP_TEST) lib $(BUILD)/mha
 	@if [ -n "$$(ls tests/python/test_*.py 2>/dev/null)" ]; then \
 	  $(PYTHON) -m pytest -q tests/python; fi
 
+# examples/train_reverse.py: mha.nn trains and follows torch's loss curve (~10 s).
+test-examples: $(SETUP_TEST) lib
+	$(PYTHON) examples/train_reverse.py
+
 test: $(SETUP_TEST)
 	$(MAKE) all
+	$(MAKE) check-layers check-exports
 	$(MAKE) test-c
 	$(MAKE) test-asan
 	$(MAKE) test-python
+	$(MAKE) test-examples
 	$(MAKE) fuzz
+	$(MAKE) test-install
+
+# Imports between the folders of src/ flow one way (docs/ARCHITECTURE.md):
+# #include lines and, from the objects' nm, calls; then the checker's own test.
+check-layers: lib
+	$(PYTHON) scripts/check_layers.py --src src --objects $(BUILD)/src
+	sh tests/layers_test.sh $(PYTHON)
+
+# libmha.so exports exactly the functions of include/mha.h, and the Python
+# binding and the CLI (which links libmha.a) use only those.
+check-exports: lib $(BUILD)/mha
+	$(PYTHON) scripts/check_exports.py $(BUILD)/libmha.so include/mha.h \
+	  --binding python/mha/_lib.py --archive $(BUILD)/libmha.a --clients $(BUILD)/tools
+	sh tests/exports_test.sh $(PYTHON)
+
+# make install PREFIX=/usr/local [DESTDIR=staging]: the library (static and
+# shared, with soname), the header, the CLI, mha.pc and the man page.
+# make uninstall (same PREFIX and DESTDIR) removes exactly these files.
+INSTALL_DIR = $(DESTDIR)$(PREFIX)
+INSTALLED = lib/libmha.a lib/libmha.so.$(VERSION) lib/$(SONAME) lib/libmha.so include/mha.h \
+            bin/mha lib/pkgconfig/mha.pc share/man/man1/mha.1
+$(BUILD)/mha.1: $(BUILD)/mha scripts/manpage.sh
+	sh scripts/manpage.sh $(BUILD)/mha $(VERSION) >$@.tmp && mv $@.tmp $@
+
+install: lib $(BUILD)/mha $(BUILD)/mha.1
+	@case "$(PREFIX)" in /*) ;; *) echo "make install: PREFIX=$(PREFIX) is not absolute; expected a path such as /usr/local" >&2; exit 2;; esac
+	install -d $(INSTALL_DIR)/lib/pkgconfig $(INSTALL_DIR)/include $(INSTALL_DIR)/bin $(INSTALL_DIR)/share/man/man1
+	install -m 644 $(BUILD)/libmha.a $(INSTALL_DIR)/lib/libmha.a
+	install -m 755 $(BUILD)/libmha.so $(INSTALL_DIR)/lib/libmha.so.$(VERSION)
+	ln -sf libmha.so.$(VERSION) $(INSTALL_DIR)/lib/$(SONAME)
+	ln -sf $(SONAME) $(INSTALL_DIR)/lib/libmha.so
+	install -m 644 include/mha.h $(INSTALL_DIR)/include/mha.h
+	install -m 755 $(BUILD)/mha $(INSTALL_DIR)/bin/mha
+	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(VERSION)|' scripts/mha.pc.in >$(INSTALL_DIR)/lib/pkgconfig/mha.pc
+	install -m 644 $(BUILD)/mha.1 $(INSTALL_DIR)/share/man/man1/mha.1
+
+uninstall:
+	rm -f $(addprefix $(INSTALL_DIR)/,$(INSTALLED))
+
+# Installs into a temporary prefix, builds and runs a C program and the
+# Python package from outside the repository, then uninstalls.
+test-install: $(SETUP_TEST)
+	sh tests/install_test.sh $(PYTHON)
 
 # The full-size memory check: causal forward with B=1, T=32768, d_model=768,
 # h=12; peak RSS must stay below 2x the tensors it must hold (~10 s).

@@ -13,7 +13,7 @@ out=build/fuzz
 mkdir -p "$out"
 flags="-std=c11 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -Iinclude -Isrc -D_DEFAULT_SOURCE"
 # the readers and what they use; no OpenMP needed
-src="src/io/array.c src/io/npy.c src/io/safetensors.c src/io/tensors.c src/error.c"
+src="src/io/array.c src/io/npy.c src/io/safetensors.c src/io/tensors.c src/base/error.c"
 for t in npy safetensors; do
     "$CLANG" $flags -o "$out/fuzz_$t" fuzz/fuzz_$t.c $src -ljansson -lm
 done

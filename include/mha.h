@@ -279,6 +279,60 @@ MHA_API mha_status mha_head_contributions(float *contributions, const float *z, 
  * rows = B*T (MEAN averages over all rows; REPLACE reads (rows, d)). */
 MHA_API mha_status mha_head_intervene(float *z, const mha_intervention *iv, int r, int n, int rows, int d);
 
+/* ---------------------------------------------------------------- backward */
+/* The gradients of a scalar loss l with respect to the forward's inputs and
+ * the layer's weights, given dy = dl/dY (B,T,d_model). Each member is an
+ * output: NULL = not wanted; a given array is overwritten (not added to).
+ * The interventions of opt are differentiated as the functions they are
+ * (ZERO and REPLACE pass no gradient to head r, SCALE multiplies it, MEAN
+ * spreads the mean of dZ^(r) over all rows); masks are constants. A fully
+ * masked query row passes zero gradient (MHA_MASKED_ROW_ZERO) or NaN into
+ * everything its NaN output reaches (MHA_MASKED_ROW_NAN, as PyTorch). */
+typedef struct {
+    float *dx;      /* (B,T,d_model); includes the key/value paths of the
+                       sources that are x (k_src / v_src NULL)            */
+    float *dk_src;  /* (B,S,d_kv_in); only when k_src is given; includes
+                       the value path when v_src is NULL (= k_src)        */
+    float *dv_src;  /* (B,S,d_v_in); only when v_src is given apart       */
+    float *dw_q;    /* (d_model, h*d_k)                                   */
+    float *dw_k;    /* (d_kv_in, h_kv*d_k): summed over the heads of each
+                       kv group                                           */
+    float *dw_v;    /* (d_v_in, h_kv*d_v)                                 */
+    float *dw_o;    /* (h*d_v, d_model)                                   */
+    float *db_q;    /* (h*d_k); only when config.bias                     */
+    float *db_k;    /* (h_kv*d_k); only when config.bias                  */
+    float *db_v;    /* (h_kv*d_v); only when config.bias                  */
+    float *db_o;    /* (d_model); only when config.bias                   */
+    float *dbias_k; /* (h_kv*d_k); only when config.add_bias_kv           */
+    float *dbias_v; /* (h_kv*d_v); only when config.add_bias_kv           */
+} mha_gradients;
+
+/* Backward of mha_forward_kv with the same x, k_src, v_src, B, T, S and
+ * opt (NULL sources mean what they mean there). dy (B,T,d_model) must be
+ * finite. opt->path: AUTO and REFERENCE run the double-accumulating
+ * reference backward; FAST is MHA_E_UNSUPPORTED (no fast backward yet).
+ * Asking for a gradient the layer or the call has no tensor for (db_* of
+ * a layer without bias, dk_src when k_src is NULL, ...) is MHA_E_ARG. */
+MHA_API mha_status mha_backward_kv(const mha_layer *layer, const mha_gradients *grad, const float *dy,
+                                   const float *x, const float *k_src, const float *v_src,
+                                   int B, int T, int S, const mha_options *opt);
+/* The same for mha_forward's single key/value source kv (NULL: x). */
+MHA_API mha_status mha_backward(const mha_layer *layer, const mha_gradients *grad, const float *dy,
+                                const float *x, const float *kv, int B, int T, int S,
+                                const mha_options *opt);
+
+/* Per-head attribution for the linear metric m = <dy, Y>:
+ * attribution (h,B,T)[r,b,t] = sum_e Z^(r)[b,t,e] dZ^(r)[b,t,e], where Z is
+ * what W_O reads (after interventions) and dZ = dy W_O^T is dm/dZ. It is
+ * the first-order estimate of the change of m when head r is removed, and
+ * exactly the change of the direct path: m(Y) - m(Y with head r zeroed).
+ * dz (B,T,h*d_v) receives dZ when not NULL. Arguments as mha_forward_kv;
+ * the forward runs on opt->path. */
+MHA_API mha_status mha_head_attribution(const mha_layer *layer, float *attribution, float *dz,
+                                        const float *dy, const float *x, const float *k_src,
+                                        const float *v_src, int B, int T, int S,
+                                        const mha_options *opt);
+
 /* ---- files (src/io) ---- */
 /* Readers and writers for .npy arrays and safetensors checkpoints, and the
  * checkpoint layouts converted at the boundary into the layer's (in, out),

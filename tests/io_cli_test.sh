@@ -186,6 +186,25 @@ expect_error 2 "out of range"
 run run --weights $T/native.safetensors --input $T/x.npy --output $T/y.npy --ablate 1=explode
 expect_error 2 "unknown operation"
 
+# --- attribution: head r's Z.dZ of <dY, Y> is exactly <dY, Y - Y(r zeroed)> -----
+"$PY" -c "import numpy as np; np.save('$T/dy.npy', np.random.default_rng(5).standard_normal((2,6,16)).astype(np.float32))"
+run run --weights $T/native.safetensors --input $T/x.npy --output $T/y_full.npy --grad-output $T/dy.npy --save-attribution $T/attr.npy
+expect_ok
+run run --weights $T/native.safetensors --input $T/x.npy --output $T/y_abl.npy --ablate 2=zero
+expect_ok
+"$PY" -c "
+import numpy as np, sys
+dy=np.load('$T/dy.npy'); y=np.load('$T/y_full.npy'); a=np.load('$T/y_abl.npy'); A=np.load('$T/attr.npy')
+change=(dy*(y-a)).sum(-1)
+ok = A.shape==(4,2,6) and np.abs(change).max() > 1e-3 and np.allclose(A[2], change, atol=1e-4)
+sys.exit(0 if ok else 1)" || fail "attribution: A[2] != <dY, Y - Y(head 2 zeroed)>"
+checks=$((checks + 1))
+run run --weights $T/native.safetensors --input $T/x.npy --output $T/y.npy --save-attribution $T/attr.npy
+expect_error 2 "--grad-output"
+run run --weights $T/native.safetensors --input $T/x.npy --output $T/y.npy --grad-output $T/c.npy --save-attribution $T/attr2.npy
+expect_error 1 "dY"
+[ ! -e $T/attr2.npy ] || fail "a failed --save-attribution left $T/attr2.npy"
+
 # --- audit: recover the exact repair of corrupted checkpoints -----------------
 run audit --weights $T/native.safetensors --input $T/x.npy --reference $T/y_native.npy
 expect_ok

@@ -23,6 +23,7 @@ static const test_area_fn areas[] = {
     tests_io,
     tests_cache,
     tests_isa,
+    tests_backward,
 };
 
 /* Areas whose every case runs once per kernel ISA this CPU has (the table

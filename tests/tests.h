@@ -16,5 +16,6 @@ const test_case *tests_torch_layout(size_t *count);
 const test_case *tests_io(size_t *count);
 const test_case *tests_cache(size_t *count);
 const test_case *tests_isa(size_t *count);
+const test_case *tests_backward(size_t *count);
 
 #endif

@@ -11,6 +11,7 @@
 
 #include "commands.h"
 #include "io_cli.h"
+#include "run_attribution.h"
 
 /* "2=zero,5=scale:0.5,7=mean" -> iv[h] (head positions, 0-based). */
 static int parse_ablate(const char *spec, mha_intervention *iv, int h) {
@@ -82,7 +83,7 @@ int cmd_run(int argc, char **argv) {
     cli_ckpt ck = {0};
     cli_fwd_flags ff = {0};
     const char *output = NULL, *ablate = NULL, *save_z = NULL, *save_c = NULL, *save_p = NULL,
-               *path = NULL, *masked = NULL, *v_input = NULL;
+               *path = NULL, *masked = NULL, *v_input = NULL, *grad_output = NULL, *save_a = NULL;
     mha_arg args[] = {
         CLI_CKPT_ARGS(ck, 1),
         CLI_FWD_ARGS(ff),
@@ -102,6 +103,10 @@ int cmd_run(int argc, char **argv) {
         {.name = "--masked-rows", .kind = MHA_ARG_STRING, .dest = &masked, .metavar = "M",
          .help = "a query row with no allowed key gives zero (default) or nan (PyTorch)",
          .choices = "zero|nan"},
+        {.name = "--grad-output", .kind = MHA_ARG_STRING, .dest = &grad_output, .metavar = "dY.npy",
+         .help = "dY, shaped like Y: the metric <dY, Y> for --save-attribution"},
+        {.name = "--save-attribution", .kind = MHA_ARG_STRING, .dest = &save_a, .metavar = "A.npy",
+         .help = "save each head's attribution Z^(r).dZ^(r) of <dY, Y>, (h,B,T) (docs/BACKWARD.md)"},
         {.name = "--path", .kind = MHA_ARG_STRING, .dest = &path, .metavar = "P",
          .help = "auto (default), reference or fast", .choices = "auto|reference|fast"},
     };
@@ -124,7 +129,7 @@ int cmd_run(int argc, char **argv) {
     int rc = cli_fwd_open(&L, &f, &spec, &ck, &ff, argc, argv);
     if (rc != MHA_ARGS_CONTINUE) return rc;
 
-    float *y = NULL;
+    float *y = NULL, *attr = NULL; /* (B,T,d_model), (h,B,T) */
     mha_capture cap = {0};
     mha_intervention *iv = NULL;
     mha_array v = {0};
@@ -164,6 +169,8 @@ int cmd_run(int argc, char **argv) {
         goto done;
     }
 
+    if ((rc = run_attribution(&attr, grad_output, save_a, L, &f, v.f))) goto done;
+
     /* unbatched input: drop the B axis from every output */
     int k = f.batched ? 0 : 1;
     int sy[3] = {B, T, dm}, sz[3] = {B, T, h * c->d_v};
@@ -175,10 +182,14 @@ int cmd_run(int argc, char **argv) {
         if ((rc = cli_save("run", save_c, cap.contributions, 4 - k, sc))) goto done;
     }
     if (save_p && (rc = cli_save("run", save_p, cap.probs, 4 - k, sp + k))) goto done;
+    int sa[3] = {h, B, T};
+    if (k) sa[1] = T;
+    if (attr && (rc = cli_save("run", save_a, attr, 3 - k, sa))) goto done;
     printf("wrote %s: %s%d x %d x %d (h=%d, h_kv=%d, d_k=%d, d_v=%d)\n", output,
            f.batched ? "" : "unbatched ", B, T, dm, h, c->n_kv_heads, c->d_k, c->d_v);
 done:
     free(y);
+    free(attr);
     free(cap.z);
     free(cap.contributions);
     free(cap.probs);

@@ -13,9 +13,25 @@ _here = os.path.dirname(os.path.abspath(__file__))
 _repo = os.path.dirname(os.path.dirname(_here))
 
 
+def _installed_library():
+    """<prefix>/lib/libmha.so of `make install` when this package was
+    installed under the same prefix (<prefix>/lib/python3.X/site-packages,
+    or Debian's <prefix>/local/lib/python3.X/dist-packages), else None."""
+    site = os.path.dirname(_here)
+    if os.path.basename(site) not in ("site-packages", "dist-packages"):
+        return None
+    d = site
+    for _ in range(4):
+        d = os.path.dirname(d)
+        if os.path.exists(os.path.join(d, "lib", "libmha.so")):
+            return os.path.join(d, "lib", "libmha.so")
+    return None
+
+
 def _find_library():
-    """MHA_LIBRARY wins; otherwise build/libmha.so of this checkout."""
-    path = os.environ.get("MHA_LIBRARY") or os.path.join(_repo, "build", "libmha.so")
+    """MHA_LIBRARY wins; then the installed prefix's; then build/libmha.so of this checkout."""
+    path = (os.environ.get("MHA_LIBRARY") or _installed_library()
+            or os.path.join(_repo, "build", "libmha.so"))
     if not os.path.exists(path):
         raise ImportError(
             f"mha: shared library not found at {path}; run `make lib` in {_repo} "
@@ -161,3 +177,17 @@ _sig("mha_forward_cached", c_int, LayerP, CacheP, F32P, POINTER(Capture), F32P, 
      POINTER(Options))
 _sig("mha_cache_append", c_int, CacheP, F32P, F32P, c_int, INTP)
 _sig("mha_cache_attend", c_int, CacheP, F32P, F32P, c_int, INTP, c_float)
+
+# ------------------------------- backward and attribution (mha.h; mha.nn)
+GRAD_NAMES = ("dx", "dk_src", "dv_src", "dw_q", "dw_k", "dw_v", "dw_o", "db_q", "db_k", "db_v",
+              "db_o", "dbias_k", "dbias_v")
+
+
+class Gradients(Structure):
+    _fields_ = [(n, F32P) for n in GRAD_NAMES]
+
+
+_sig("mha_backward_kv", c_int, LayerP, POINTER(Gradients), F32P, F32P, F32P, F32P, c_int, c_int,
+     c_int, POINTER(Options))
+_sig("mha_head_attribution", c_int, LayerP, F32P, F32P, F32P, F32P, F32P, F32P, c_int, c_int, c_int,
+     POINTER(Options))

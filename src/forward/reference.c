@@ -9,8 +9,7 @@
 
 #include "forward/forward.h"
 
-/* out (rows, n) = in (rows, k) w (k, n) + b (n), in double. */
-static void linear_double(double *out, const float *in, const float *w, const float *b, size_t rows,
+void mha_linear_double(double *out, const float *in, const float *w, const float *b, size_t rows,
                           int k, int n) {
     for (size_t t = 0; t < rows; t++)
         for (int o = 0; o < n; o++) {
@@ -64,11 +63,11 @@ mha_status mha_forward_reference(const mha_layer *L, float *y, const mha_capture
     }
 
     // --- projections: Q = X W_Q + b_Q; K = Xk W_K + b_K; V = Xv W_V + b_V; extra rows
-    linear_double(q, x, L->w_q, L->b_q, (size_t)B * T, D, (int)qw);
+    mha_linear_double(q, x, L->w_q, L->b_q, (size_t)B * T, D, (int)qw);
     for (int b = 0; b < B; b++) {
-        linear_double(k + (size_t)b * Sx * kw, k_src + (size_t)b * S * c->d_kv_in, L->w_k, L->b_k,
+        mha_linear_double(k + (size_t)b * Sx * kw, k_src + (size_t)b * S * c->d_kv_in, L->w_k, L->b_k,
                       (size_t)S, c->d_kv_in, (int)kw);
-        linear_double(v + (size_t)b * Sx * vw, v_src + (size_t)b * S * c->d_v_in, L->w_v, L->b_v,
+        mha_linear_double(v + (size_t)b * Sx * vw, v_src + (size_t)b * S * c->d_v_in, L->w_v, L->b_v,
                       (size_t)S, c->d_v_in, (int)vw);
         if (c->add_bias_kv) { /* key S is the learned bias row; a zero row (if any) follows */
             for (size_t i = 0; i < kw; i++) k[((size_t)b * Sx + S) * kw + i] = L->bias_k[i];

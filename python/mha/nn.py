@@ -1,0 +1,267 @@
+"""mha.nn: torch.nn.MultiheadAttention with libmha's forward and backward.
+
+    import mha.nn
+    attn = mha.nn.MultiheadAttention(64, 4, batch_first=True)   # torch's arguments
+    attn.load_state_dict(torch_attn.state_dict())               # and torch's parameters
+    y, w = attn(x, x, x, key_padding_mask=pad, attn_mask=mask)
+    y.sum().backward()                                          # gradients from libmha
+
+fp32 on the CPU. The forward runs mha_forward_kv (the fast path where the
+build has one); the backward runs mha_backward_kv, which today is the
+double-accumulating reference backward (exact, but O(T*S) per row and not
+threaded: fine for small models, slow for long sequences).
+
+Legend: B batch (N in torch), T queries (L), S keys, E = embed_dim,
+h heads, h_kv kv heads, d = E / h per head.
+"""
+import ctypes
+
+import numpy as np
+import torch
+
+from . import _lib
+from ._arrays import floats, fptr
+from .errors import ArgumentError, ShapeError, check
+from .layer import Layer
+
+_L = _lib.lib
+
+
+def _np(t):
+    """A float32 C-contiguous numpy copy of a tensor (None stays None)."""
+    return None if t is None else np.ascontiguousarray(t.detach().cpu().numpy(), dtype=np.float32)
+
+
+def _mask_options(attn_mask, key_padding_mask, is_causal, B, T, S, h):
+    """PyTorch's masks as Layer.forward options (bool True = NOT allowed in
+    torch, True = may attend in mha; float masks are added in both)."""
+    opts = {"causal": bool(is_causal)}
+    for name, m, shapes in (("attn_mask", attn_mask, {(T, S): (1, 1), (B * h, T, S): (B, h)}),
+                            ("key_padding_mask", key_padding_mask, {(B, S): None})):
+        if m is None:
+            continue
+        m = m.detach().cpu()
+        if tuple(m.shape) not in shapes:
+            raise ShapeError(f"{name} has shape {tuple(m.shape)}; expected one of {list(shapes)}")
+        is_bool = m.dtype in (torch.bool, torch.uint8)
+        if not is_bool and not m.dtype.is_floating_point:
+            raise ArgumentError(f"{name} has dtype {m.dtype}; expected bool (True = not allowed) or float (added)")
+        a = (m == 0).numpy() if is_bool else m.to(torch.float32).numpy()
+        if name == "attn_mask":
+            a = a.reshape(*shapes[tuple(m.shape)], T, S)
+            opts["keep_mask" if is_bool else "additive_mask"] = a
+        else:
+            opts["key_keep" if is_bool else "key_additive"] = a
+    return opts
+
+
+class _Attention(torch.autograd.Function):
+    """Y, probs = layer(x, k_src, v_src) with torch-layout weights (out, in).
+    k_src None: keys from x; v_src None: values from the key source. The
+    gradients of x (and k_src) include every path that reads them."""
+
+    @staticmethod
+    def forward(ctx, spec, x, k_src, v_src, w_q, w_k, w_v, w_o, b_q, b_k, b_v, b_o, bias_k, bias_v):
+        # x (B,T,E), k_src (B,S,kdim), v_src (B,S,vdim); w_* (out, in) as nn.Linear
+        cfg, opts, want_probs = spec
+        layer = Layer(weights=_native_weights(w_q, w_k, w_v, w_o, b_q, b_k, b_v, b_o, bias_k, bias_v),
+                      **cfg)
+        xs = [_np(x), _np(k_src), _np(v_src)]
+        out = layer.forward(*xs, capture=("probs",) if want_probs else (), **opts)
+        y, probs = (out[0], out[1]["probs"]) if want_probs else (out, None)
+        ctx.spec, ctx.layer, ctx.inputs = spec, layer, xs
+        ctx.has = [t is not None for t in (k_src, v_src, b_q, bias_k)]
+        probs_t = torch.from_numpy(probs) if want_probs else x.new_zeros(0)
+        ctx.mark_non_differentiable(probs_t)
+        return torch.from_numpy(y), probs_t
+
+    @staticmethod
+    def backward(ctx, dy, _dprobs):
+        cfg, opts, _ = ctx.spec
+        layer, (x, k_src, v_src) = ctx.layer, ctx.inputs
+        has_k, has_v, has_bias, has_bias_kv = ctx.has
+        c, x, k_src, v_src, B, T, S = layer._inputs(x, k_src, v_src)
+        keep = []
+        opt = layer._options(c, B, T, S, keep, **opts)
+        shapes = _grad_shapes(c, B, T, S)
+        wanted = {"dx", "dw_q", "dw_k", "dw_v", "dw_o"}
+        wanted |= {"dk_src"} if has_k else set()
+        wanted |= {"dv_src"} if has_v else set()
+        wanted |= {"db_q", "db_k", "db_v", "db_o"} if has_bias else set()
+        wanted |= {"dbias_k", "dbias_v"} if has_bias_kv else set()
+        g = {n: np.zeros(shapes[n], dtype=np.float32) for n in wanted}
+        grads = _lib.Gradients(*(fptr(g.get(n)) for n in _lib.GRAD_NAMES))
+        dy = floats("dy", _np(dy), (B, T, c["d_model"]))
+        check(_L.mha_backward_kv(layer._handle(), ctypes.byref(grads), fptr(dy), fptr(x), fptr(k_src),
+                                 fptr(v_src), B, T, S, ctypes.byref(opt)), "mha_backward_kv")
+        t = {n: torch.from_numpy(a) for n, a in g.items()}
+        tr = {n: t[n].t().contiguous() for n in ("dw_q", "dw_k", "dw_v", "dw_o")}  # back to (out, in)
+        kv_shape = (1, 1, -1)
+        return (None, t["dx"], t.get("dk_src"), t.get("dv_src"), tr["dw_q"], tr["dw_k"], tr["dw_v"],
+                tr["dw_o"], t.get("db_q"), t.get("db_k"), t.get("db_v"), t.get("db_o"),
+                t["dbias_k"].reshape(kv_shape) if has_bias_kv else None,
+                t["dbias_v"].reshape(kv_shape) if has_bias_kv else None)
+
+
+def _native_weights(w_q, w_k, w_v, w_o, b_q, b_k, b_v, b_o, bias_k, bias_v):
+    """torch layout (out, in) -> the library's (in, out)."""
+    w = {"w_q": w_q.t(), "w_k": w_k.t(), "w_v": w_v.t(), "w_o": w_o.t(), "b_q": b_q, "b_k": b_k,
+         "b_v": b_v, "b_o": b_o, "bias_k": bias_k, "bias_v": bias_v}
+    return {n: _np(a).reshape(-1) if n.startswith("b") else _np(a) for n, a in w.items() if a is not None}
+
+
+def _grad_shapes(c, B, T, S):
+    h, g, dk, dv, E = c["n_heads"], c["n_kv_heads"], c["d_k"], c["d_v"], c["d_model"]
+    return {"dx": (B, T, E), "dk_src": (B, S, c["d_kv_in"]), "dv_src": (B, S, c["d_v_in"]),
+            "dw_q": (E, h * dk), "dw_k": (c["d_kv_in"], g * dk), "dw_v": (c["d_v_in"], g * dv),
+            "dw_o": (h * dv, E), "db_q": (h * dk,), "db_k": (g * dk,), "db_v": (g * dv,), "db_o": (E,),
+            "dbias_k": (g * dk,), "dbias_v": (g * dv,)}
+
+
+class MultiheadAttention(torch.nn.Module):
+    """torch.nn.MultiheadAttention computed by libmha (forward and backward).
+
+    Same constructor arguments (dropout must be 0.0), same parameter names
+    and shapes (load_state_dict works both ways), same forward arguments
+    and results. Extra: num_kv_heads (GQA/MQA: h_kv kv heads shared by
+    groups of h / h_kv query heads; then k/v_proj_weight are (h_kv*d, kdim)
+    and in_proj_bias is (E + 2*h_kv*d,)), and masked_rows: 'nan' (torch's
+    result for a query that may attend to no key) or 'zero' (the library's
+    default: zero output and zero gradient).
+    attn_weights are returned without a gradient.
+    """
+
+    def __init__(self, embed_dim, num_heads, dropout=0.0, bias=True, add_bias_kv=False,
+                 add_zero_attn=False, kdim=None, vdim=None, batch_first=False, device=None, dtype=None,
+                 *, num_kv_heads=None, masked_rows="nan"):
+        super().__init__()
+        if dropout != 0.0:
+            raise ValueError(f"dropout={dropout}: mha.nn.MultiheadAttention has no dropout; expected 0.0 "
+                             "(apply torch.nn.Dropout outside the layer)")
+        if dtype not in (None, torch.float32) or (device is not None and torch.device(device).type != "cpu"):
+            raise ValueError(f"device={device}, dtype={dtype}: libmha computes in float32 on the CPU; "
+                             "expected device=None/'cpu', dtype=None/torch.float32")
+        if embed_dim <= 0 or num_heads <= 0 or embed_dim % num_heads:
+            raise ValueError(f"embed_dim={embed_dim} must be a positive multiple of num_heads={num_heads}")
+        h_kv = num_heads if num_kv_heads is None else int(num_kv_heads)
+        if h_kv <= 0 or num_heads % h_kv:
+            raise ValueError(f"num_kv_heads={num_kv_heads} must divide num_heads={num_heads}")
+        if masked_rows not in ("nan", "zero"):
+            raise ValueError(f"masked_rows={masked_rows!r}; expected 'nan' or 'zero'")
+        self.embed_dim, self.num_heads, self.num_kv_heads = embed_dim, num_heads, h_kv
+        self.kdim = embed_dim if kdim is None else kdim
+        self.vdim = embed_dim if vdim is None else vdim
+        self.head_dim = embed_dim // num_heads
+        self.dropout, self.batch_first, self.add_zero_attn = 0.0, batch_first, add_zero_attn
+        self.masked_rows = masked_rows
+        kv_width = h_kv * self.head_dim
+        self._qkv_same_embed_dim = self.kdim == embed_dim and self.vdim == embed_dim and h_kv == num_heads
+        P = torch.nn.Parameter
+        if self._qkv_same_embed_dim:
+            self.in_proj_weight = P(torch.empty(3 * embed_dim, embed_dim))
+            for n in ("q_proj_weight", "k_proj_weight", "v_proj_weight"):
+                self.register_parameter(n, None)
+        else:
+            self.q_proj_weight = P(torch.empty(embed_dim, embed_dim))
+            self.k_proj_weight = P(torch.empty(kv_width, self.kdim))
+            self.v_proj_weight = P(torch.empty(kv_width, self.vdim))
+            self.register_parameter("in_proj_weight", None)
+        if bias:
+            self.in_proj_bias = P(torch.empty(embed_dim + 2 * kv_width))
+        else:
+            self.register_parameter("in_proj_bias", None)
+        self.out_proj = torch.nn.Linear(embed_dim, embed_dim, bias=bias)
+        if add_bias_kv:
+            self.bias_k = P(torch.empty(1, 1, kv_width))
+            self.bias_v = P(torch.empty(1, 1, kv_width))
+        else:
+            self.bias_k = self.bias_v = None
+        self._reset_parameters()
+
+    def _reset_parameters(self):
+        """The initialization torch's module uses."""
+        if self._qkv_same_embed_dim:
+            torch.nn.init.xavier_uniform_(self.in_proj_weight)
+        else:
+            for w in (self.q_proj_weight, self.k_proj_weight, self.v_proj_weight):
+                torch.nn.init.xavier_uniform_(w)
+        if self.in_proj_bias is not None:
+            torch.nn.init.constant_(self.in_proj_bias, 0.0)
+            torch.nn.init.constant_(self.out_proj.bias, 0.0)
+        if self.bias_k is not None:
+            torch.nn.init.xavier_normal_(self.bias_k)
+            torch.nn.init.xavier_normal_(self.bias_v)
+
+    def _projections(self):
+        """W_q, W_k, W_v (out, in) and b_q, b_k, b_v as views of the parameters."""
+        E, kvw = self.embed_dim, self.num_kv_heads * self.head_dim
+        if self._qkv_same_embed_dim:
+            w = self.in_proj_weight
+            ws = (w[:E], w[E:2 * E], w[2 * E:])
+        else:
+            ws = (self.q_proj_weight, self.k_proj_weight, self.v_proj_weight)
+        b = self.in_proj_bias
+        bs = (None, None, None) if b is None else (b[:E], b[E:E + kvw], b[E + kvw:])
+        return ws, bs
+
+    def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
+                average_attn_weights=True, is_causal=False):
+        """(attn_output, attn_weights) as torch's: query (L,N,E) or (N,L,E)
+        with batch_first or unbatched (L,E); key (S,N,kdim), value
+        (S,N,vdim) likewise. attn_weights (N,L,S') averaged over heads or
+        (N,h,L,S'), S' = S + add_bias_kv + add_zero_attn; None without
+        need_weights. is_causal: query i may not see key j > i."""
+        for name, t in (("query", query), ("key", key), ("value", value)):
+            if not isinstance(t, torch.Tensor) or t.dtype != torch.float32 or t.device.type != "cpu":
+                raise TypeError(f"{name} must be a float32 CPU tensor; got "
+                                f"{getattr(t, 'dtype', type(t).__name__)} on {getattr(t, 'device', '-')}")
+        batched = query.dim() == 3
+        if query.dim() not in (2, 3) or key.dim() != query.dim() or value.dim() != query.dim():
+            raise ShapeError(f"query/key/value have {query.dim()}/{key.dim()}/{value.dim()} dims; "
+                             "expected all 3 (batched) or all 2 (unbatched)")
+        same_kv, same_v = key is query, value is key
+
+        def to_bte(t):  # -> (B, T, features)
+            return t.unsqueeze(0) if not batched else (t if self.batch_first else t.transpose(0, 1))
+
+        x = to_bte(query)
+        k_src = None if same_kv else to_bte(key)
+        v_src = None if same_v else to_bte(value)
+        B, T, S = x.shape[0], x.shape[1], (x if same_kv else k_src).shape[1]
+        if not batched and key_padding_mask is not None:  # (S,) -> (1,S); a 3-D attn_mask is (h,L,S) = (B*h,L,S)
+            key_padding_mask = key_padding_mask.reshape(1, S)
+        opts = _mask_options(attn_mask, key_padding_mask, is_causal, B, T, S, self.num_heads)
+        opts["masked_row"] = self.masked_rows
+        cfg = dict(d_model=self.embed_dim, n_heads=self.num_heads, n_kv_heads=self.num_kv_heads,
+                   d_kv_in=self.kdim, d_v_in=self.vdim, bias=self.in_proj_bias is not None,
+                   add_bias_kv=self.bias_k is not None, add_zero_attn=self.add_zero_attn)
+        (w_q, w_k, w_v), (b_q, b_k, b_v) = self._projections()
+        y, probs = _Attention.apply((cfg, opts, need_weights), x, k_src, v_src, w_q, w_k, w_v,
+                                    self.out_proj.weight, b_q, b_k, b_v, self.out_proj.bias,
+                                    self.bias_k, self.bias_v)
+        if batched and not self.batch_first:
+            y = y.transpose(0, 1)
+        if not batched:
+            y = y[0]
+        if not need_weights:
+            return y, None
+        w = probs.mean(dim=1) if average_attn_weights else probs  # (B,T,S') or (B,h,T,S')
+        return y, (w if batched else w[0])
+
+
+def head_attribution(layer, x, dy, kv=None, value=None, *, dz=False, **options):
+    """Per-head attribution of the metric <dy, Y> for an mha.Layer:
+    (h,B,T) = sum over d_v of Z^(r) * dZ^(r) (mha_head_attribution), and
+    dZ (B,T,h*d_v) too when dz=True. x (B,T,d_model), dy like Y; kv, value
+    and options as Layer.forward. Exactly the change of <dy, Y> when head r
+    is zeroed (docs/BACKWARD.md)."""
+    c, x, kv, value, B, T, S = layer._inputs(x, kv, value)
+    keep = [x, kv, value]
+    opt = layer._options(c, B, T, S, keep, **options)
+    dy = floats("dy", dy, (B, T, c["d_model"]))
+    attr = np.empty((c["n_heads"], B, T), dtype=np.float32)
+    dz_arr = np.empty((B, T, c["n_heads"] * c["d_v"]), dtype=np.float32) if dz else None
+    check(_L.mha_head_attribution(layer._handle(), fptr(attr), fptr(dz_arr), fptr(dy), fptr(x),
+                                  fptr(kv), fptr(value), B, T, S, ctypes.byref(opt)),
+          "mha_head_attribution")
+    return (attr, dz_arr) if dz else attr

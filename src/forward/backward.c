@@ -1,0 +1,50 @@
+/* backward.c — one backward pass: validate the request (the forward's own
+ * validation plus dy and the gradient outputs), then run the reference.
+ * Legend: B, T, S, h, h_kv, d_k, d_v, d_model, d_kv_in, d_v_in (see mha.h). */
+#include "forward/backward.h"
+
+/* A gradient the call has no tensor for is refused, so a forgotten flag or
+ * an aliased source is caught instead of silently left unwritten. */
+static mha_status check_wanted(const mha_config *c, const mha_gradients *g, const float *x,
+                               const float *k_src, const float *v_src) {
+    if (!c->bias && (g->db_q || g->db_k || g->db_v || g->db_o))
+        return mha_fail(MHA_E_ARG, "mha_backward: db_%s given but the layer has no bias (config.bias=0); expected NULL",
+                        g->db_q ? "q" : g->db_k ? "k" : g->db_v ? "v" : "o");
+    if (!c->add_bias_kv && (g->dbias_k || g->dbias_v))
+        return mha_fail(MHA_E_ARG, "mha_backward: dbias_%s given but config.add_bias_kv=0; expected NULL",
+                        g->dbias_k ? "k" : "v");
+    if (g->dk_src && k_src == x)
+        return mha_fail(MHA_E_ARG, "mha_backward: dk_src given but the key source is x (kv NULL); "
+                                   "its gradient is part of dx; expected dk_src NULL");
+    if (g->dv_src && (v_src == x || v_src == k_src))
+        return mha_fail(MHA_E_ARG, "mha_backward: dv_src given but the value source is %s; its gradient is part of %s; "
+                                   "expected dv_src NULL", v_src == x ? "x" : "the key source",
+                        v_src == x ? "dx" : "dk_src");
+    return MHA_OK;
+}
+
+mha_status mha_backward_kv(const mha_layer *L, const mha_gradients *g, const float *dy, const float *x,
+                           const float *k_src, const float *v_src, int B, int T, int S,
+                           const mha_options *opt) {
+    if (!g) return mha_fail(MHA_E_ARG, "mha_backward: grad is NULL; expected an mha_gradients (NULL members = not wanted)");
+    if (!dy) return mha_fail(MHA_E_ARG, "mha_backward: dy is NULL; expected (B,T,d_model) floats");
+    mha_options defaults = mha_options_default();
+    if (!opt) opt = &defaults;
+    /* NULL sources as in mha_forward_kv: keys from x, values from the keys */
+    if (!k_src) k_src = x;
+    if (!v_src) v_src = k_src;
+    /* dy stands in for y: the forward's checks of shapes, sources, masks. */
+    mha_status s = mha_forward_validate(L, dy, x, k_src, v_src, B, T, S, opt);
+    if (s || (s = mha_check_finite(dy, (size_t)B * T * L->cfg.d_model, "dy")) ||
+        (s = check_wanted(&L->cfg, g, x, k_src, v_src)))
+        return s;
+    if (opt->path == MHA_PATH_FAST)
+        return mha_fail(MHA_E_UNSUPPORTED, "mha_backward: path=MHA_PATH_FAST has no backward yet; expected MHA_PATH_AUTO or _REFERENCE");
+    mha_clear_error();
+    return mha_backward_reference(L, g, dy, x, k_src, v_src, B, T, S, opt);
+}
+
+mha_status mha_backward(const mha_layer *L, const mha_gradients *g, const float *dy, const float *x,
+                        const float *kv, int B, int T, int S, const mha_options *opt) {
+    return mha_backward_kv(L, g, dy, x, kv, kv, B, T, S, opt);
+}

@@ -1,0 +1,16 @@
+/* backward.h — the backward engines behind mha_backward_kv (backward.c).
+ * Legend: B, T, S, h, h_kv, d_k, d_v, d_model, d_kv_in, d_v_in (see mha.h). */
+#ifndef MHA_BACKWARD_H
+#define MHA_BACKWARD_H
+
+#include "core/core.h"
+
+/* The reference backward (backward_reference.c), accumulating in double.
+ * Arguments already validated; k_src and v_src resolved (never NULL: a
+ * source that is x is passed as x, and the gradient of every source that
+ * aliases another is summed into the first one's output). */
+mha_status mha_backward_reference(const mha_layer *L, const mha_gradients *g, const float *dy,
+                                  const float *x, const float *k_src, const float *v_src,
+                                  int B, int T, int S, const mha_options *opt);
+
+#endif /* MHA_BACKWARD_H */

@@ -1,0 +1,458 @@
+/* test_backward.c — the reference backward against central finite
+ * differences of the reference forward, for every forward option; the
+ * per-head attribution against the ZERO intervention; argument checks.
+ *
+ * The loss is l = <dy, Y> summed in double. Finite differences use the
+ * float actually stored (x+h and x-h rounded), so the only errors are the
+ * rounding of Y (|dY| |Y| 2^-24 per element, twice, over the step) and the
+ * truncation (c h^2, estimated from the same difference at step 2h: the
+ * two differ by about 3 c h^2). The tolerance is the sum of those bounds.
+ * Legend: B, T, S, h, h_kv, d_k, d_v, d_model, d_kv_in, d_v_in (see mha.h). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "naive.h"
+#include "tests.h"
+
+#define FD_STEP 0.015625 /* 2^-6: balances rounding (~1/h) and truncation (~h^2) */
+
+typedef struct {
+    naive_weights w;
+    mha_layer *L;
+    float *x, *k_src, *v_src, *dy; /* (B,T,d_model) (B,S,d_kv_in)|NULL (B,S,d_v_in)|NULL (B,T,d_model) */
+    int B, T, S;
+    mha_options opt;
+    float *y; /* (B,T,d_model) scratch */
+} bw_fixture;
+
+static void bw_make(bw_fixture *f, mha_config c, int B, int T, int S, int k_given, int v_given,
+                    uint64_t seed) {
+    memset(f, 0, sizeof *f);
+    c = naive_resolve(c);
+    naive_weights_random(&f->w, &c, &seed, 0.5f);
+    f->B = B, f->T = T, f->S = S;
+    f->x = naive_random_floats((size_t)B * T * c.d_model, &seed, -1.0f, 1.0f);
+    if (k_given) f->k_src = naive_random_floats((size_t)B * S * c.d_kv_in, &seed, -1.0f, 1.0f);
+    if (v_given) f->v_src = naive_random_floats((size_t)B * S * c.d_v_in, &seed, -1.0f, 1.0f);
+    f->dy = naive_random_floats((size_t)B * T * c.d_model, &seed, -1.0f, 1.0f);
+    f->y = malloc((size_t)B * T * c.d_model * sizeof(float));
+    f->L = naive_make_layer(&f->w);
+    f->opt = naive_ref_options();
+}
+
+static void bw_free(bw_fixture *f) {
+    mha_layer_free(f->L);
+    naive_weights_free(&f->w);
+    free(f->x), free(f->k_src), free(f->v_src), free(f->dy), free(f->y);
+}
+
+/* l = <dy, Y> of the reference forward at the fixture's current values. */
+static double bw_loss(bw_fixture *f) {
+    const mha_config *c = &f->w.cfg;
+    if (mha_forward_kv(f->L, f->y, NULL, f->x, f->k_src, f->v_src, f->B, f->T, f->S, &f->opt) != MHA_OK)
+        return NAN;
+    double l = 0.0;
+    for (size_t i = 0; i < (size_t)f->B * f->T * c->d_model; i++) l += (double)f->dy[i] * f->y[i];
+    return l;
+}
+
+/* Rounding bound of one loss evaluation: sum |dy| |Y| 2^-24 (plus a floor). */
+static double bw_loss_rounding(bw_fixture *f) {
+    double e = 0.0;
+    bw_loss(f);
+    for (size_t i = 0; i < (size_t)f->B * f->T * f->w.cfg.d_model; i++)
+        e += fabs((double)f->dy[i] * f->y[i]);
+    return e * 0x1p-24 + 1e-15;
+}
+
+/* One tensor to differentiate: its values (inside the fixture), its length,
+ * the analytic gradient, and whether the layer must be reloaded after a change. */
+typedef struct {
+    const char *name;
+    float *values;
+    size_t n;
+    const float *grad;
+    int is_weight;
+} bw_tensor;
+
+/* Central difference at step h on entry i; returns dl/dvalue. */
+static double bw_central(bw_fixture *f, const bw_tensor *t, size_t i, double h) {
+    const float orig = t->values[i];
+    const float up = (float)(orig + h), down = (float)(orig - h);
+    mha_weights view = naive_weights_view(&f->w);
+    t->values[i] = up;
+    if (t->is_weight) mha_layer_set_weights(f->L, &view);
+    double l_up = bw_loss(f);
+    t->values[i] = down;
+    if (t->is_weight) mha_layer_set_weights(f->L, &view);
+    double l_down = bw_loss(f);
+    t->values[i] = orig;
+    if (t->is_weight) mha_layer_set_weights(f->L, &view);
+    return (l_up - l_down) / ((double)up - (double)down);
+}
+
+/* Worst excess of |grad - fd| over its tolerance across the tensor (<= 0:
+ * pass); reports the first failing entry. */
+static double bw_check_tensor(bw_fixture *f, const bw_tensor *t, int report) {
+    const double eps_l = bw_loss_rounding(f);
+    double worst = -INFINITY;
+    for (size_t i = 0; i < t->n; i++) {
+        double fd = bw_central(f, t, i, FD_STEP), fd2 = bw_central(f, t, i, 2 * FD_STEP);
+        double tol = 2 * eps_l / FD_STEP + 2 * eps_l / (2 * FD_STEP) + fabs(fd - fd2) +
+                     fabs(t->grad[i]) * 0x1p-22;
+        double excess = fabs(t->grad[i] - fd) - tol;
+        if (!(excess <= 0.0) && report && worst <= 0.0)
+            test_report(__FILE__, __LINE__, "d%s[%zu] = %.9g, finite difference %.9g (tol %.3g)",
+                        t->name, i, (double)t->grad[i], fd, tol);
+        if (!(excess <= worst)) worst = isnan(excess) ? INFINITY : excess;
+    }
+    return worst;
+}
+
+/* Gradient arrays for everything the fixture's layer and sources have. */
+typedef struct {
+    mha_gradients g;
+    float *all[13];
+} bw_grads;
+
+static float *bw_alloc(bw_grads *gr, int *k, size_t n) {
+    return gr->all[(*k)++] = calloc(n, sizeof(float));
+}
+
+static void bw_grads_make(bw_grads *gr, const bw_fixture *f) {
+    const mha_config *c = &f->w.cfg;
+    const size_t qw = (size_t)c->n_heads * c->d_k, kw = (size_t)c->n_kv_heads * c->d_k,
+                 vw = (size_t)c->n_kv_heads * c->d_v, zw = (size_t)c->n_heads * c->d_v;
+    int k = 0;
+    memset(gr, 0, sizeof *gr);
+    gr->g.dx = bw_alloc(gr, &k, (size_t)f->B * f->T * c->d_model);
+    if (f->k_src) gr->g.dk_src = bw_alloc(gr, &k, (size_t)f->B * f->S * c->d_kv_in);
+    if (f->v_src) gr->g.dv_src = bw_alloc(gr, &k, (size_t)f->B * f->S * c->d_v_in);
+    gr->g.dw_q = bw_alloc(gr, &k, (size_t)c->d_model * qw);
+    gr->g.dw_k = bw_alloc(gr, &k, (size_t)c->d_kv_in * kw);
+    gr->g.dw_v = bw_alloc(gr, &k, (size_t)c->d_v_in * vw);
+    gr->g.dw_o = bw_alloc(gr, &k, zw * c->d_model);
+    if (c->bias) {
+        gr->g.db_q = bw_alloc(gr, &k, qw);
+        gr->g.db_k = bw_alloc(gr, &k, kw);
+        gr->g.db_v = bw_alloc(gr, &k, vw);
+        gr->g.db_o = bw_alloc(gr, &k, (size_t)c->d_model);
+    }
+    if (c->add_bias_kv) {
+        gr->g.dbias_k = bw_alloc(gr, &k, kw);
+        gr->g.dbias_v = bw_alloc(gr, &k, vw);
+    }
+}
+
+static void bw_grads_free(bw_grads *gr) {
+    for (int i = 0; i < 13; i++) free(gr->all[i]);
+}
+
+/* The analytic backward, then every entry of every input and weight
+ * against its finite difference. Returns the worst excess (<= 0: pass). */
+static double bw_check_all(bw_fixture *f, bw_grads *gr, int report) {
+    const mha_config *c = &f->w.cfg;
+    const size_t qw = (size_t)c->n_heads * c->d_k, kw = (size_t)c->n_kv_heads * c->d_k,
+                 vw = (size_t)c->n_kv_heads * c->d_v, zw = (size_t)c->n_heads * c->d_v;
+    const mha_gradients *g = &gr->g;
+    bw_tensor ts[] = {
+        {"x", f->x, (size_t)f->B * f->T * c->d_model, g->dx, 0},
+        {"k_src", f->k_src, (size_t)f->B * f->S * c->d_kv_in, g->dk_src, 0},
+        {"v_src", f->v_src, (size_t)f->B * f->S * c->d_v_in, g->dv_src, 0},
+        {"w_q", f->w.w_q, (size_t)c->d_model * qw, g->dw_q, 1},
+        {"w_k", f->w.w_k, (size_t)c->d_kv_in * kw, g->dw_k, 1},
+        {"w_v", f->w.w_v, (size_t)c->d_v_in * vw, g->dw_v, 1},
+        {"w_o", f->w.w_o, zw * c->d_model, g->dw_o, 1},
+        {"b_q", f->w.b_q, qw, g->db_q, 1},
+        {"b_k", f->w.b_k, kw, g->db_k, 1},
+        {"b_v", f->w.b_v, vw, g->db_v, 1},
+        {"b_o", f->w.b_o, (size_t)c->d_model, g->db_o, 1},
+        {"bias_k", f->w.bias_k, kw, g->dbias_k, 1},
+        {"bias_v", f->w.bias_v, vw, g->dbias_v, 1},
+    };
+    double worst = -INFINITY;
+    for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) {
+        if (!ts[i].values || !ts[i].grad) continue;
+        double e = bw_check_tensor(f, &ts[i], report);
+        if (e > worst) worst = e;
+    }
+    return worst;
+}
+
+/* Every gradient the fixture has, from the backward with its options. */
+static void bw_backward(bw_fixture *f, bw_grads *gr) {
+    bw_grads_make(gr, f);
+    CHECK_OK(mha_backward_kv(f->L, &gr->g, f->dy, f->x, f->k_src, f->v_src, f->B, f->T, f->S, &f->opt));
+}
+
+/* Runs the backward and the finite-difference check on a prepared fixture. */
+static void bw_run(bw_fixture *f) {
+    if (!f->L) return;
+    bw_grads gr;
+    bw_backward(f, &gr);
+    CHECK(bw_check_all(f, &gr, 1) <= 0.0);
+    bw_grads_free(&gr);
+}
+
+static mha_config cfg(int d_model, int h, int h_kv, int d_k, int d_v, int bias) {
+    mha_config c = mha_config_default(d_model, h);
+    c.n_kv_heads = h_kv, c.d_k = d_k, c.d_v = d_v, c.bias = bias;
+    return c;
+}
+
+/* ------------------------------------------------------------ the cases */
+
+static void backward_fd_self_attention(void) {
+    bw_fixture f;
+    bw_make(&f, cfg(8, 2, 0, 0, 0, 1), 2, 3, 3, 0, 0, 1201);
+    bw_run(&f); /* dx carries the Q, K and V paths */
+    bw_free(&f);
+}
+
+static void backward_fd_no_bias_scale(void) {
+    bw_fixture f;
+    bw_make(&f, cfg(6, 3, 0, 2, 3, 0), 1, 4, 4, 0, 0, 1202);
+    f.opt.scale = 0.8f;
+    bw_run(&f);
+    bw_free(&f);
+}
+
+static void backward_fd_cross_separate_value(void) {
+    bw_fixture f;
+    mha_config c = cfg(8, 2, 0, 3, 5, 1);
+    c.d_kv_in = 6, c.d_v_in = 5;
+    bw_make(&f, c, 2, 3, 4, 1, 1, 1203);
+    bw_run(&f);
+    bw_free(&f);
+    /* one key/value source: dk_src carries the K and V paths */
+    c.d_v_in = 6;
+    bw_make(&f, c, 1, 2, 5, 1, 0, 1204);
+    bw_run(&f);
+    bw_free(&f);
+}
+
+static void backward_fd_gqa_mqa(void) {
+    bw_fixture f;
+    bw_make(&f, cfg(8, 4, 2, 2, 2, 1), 2, 3, 3, 0, 0, 1205); /* GQA: kv heads sum 2 heads */
+    f.opt.causal = 1;
+    bw_run(&f);
+    bw_free(&f);
+    bw_make(&f, cfg(8, 4, 1, 2, 3, 1), 1, 3, 4, 1, 0, 1206); /* MQA, cross */
+    bw_run(&f);
+    bw_free(&f);
+}
+
+static void backward_fd_causal_alignments_window(void) {
+    bw_fixture f;
+    bw_make(&f, cfg(6, 2, 0, 0, 0, 1), 1, 3, 5, 1, 0, 1207);
+    f.opt.causal = 1, f.opt.align = MHA_ALIGN_BOTTOM_RIGHT;
+    bw_run(&f);
+    f.opt.align = MHA_ALIGN_TOP_LEFT; /* rows see 1..3 of 5 keys */
+    bw_run(&f);
+    f.opt.causal = 0, f.opt.window_left = 1, f.opt.window_right = 1; /* sliding window */
+    bw_run(&f);
+    bw_free(&f);
+}
+
+static void backward_fd_masks(void) {
+    bw_fixture f;
+    const int B = 2, T = 3, S = 4, h = 2;
+    bw_make(&f, cfg(6, h, 0, 0, 0, 1), B, T, S, 1, 0, 1208);
+    uint8_t keep[2 * 2 * 3 * 4];     // (B,h,T,S)
+    float add[3 * 4];                // (1,1,T,S)
+    uint8_t key_keep[2 * 4] = {1, 1, 0, 1, 1, 0, 1, 1}; // (B,S)
+    float key_add[2 * 4] = {0.3f, -0.2f, 0.0f, 0.5f, -1.0f, 0.0f, 0.25f, 0.0f};
+    for (size_t i = 0; i < sizeof keep; i++) keep[i] = (uint8_t)((i * 7 + 3) % 5 != 0);
+    for (size_t i = 0; i < 12; i++) add[i] = (i % 4 == 1) ? -INFINITY : 0.1f * (float)i - 0.4f;
+    f.opt.keep_mask = (mha_mask){keep, B, h};
+    bw_run(&f);
+    f.opt.keep_mask.data = NULL;
+    f.opt.additive_mask = (mha_mask){add, 1, 1};
+    bw_run(&f);
+    f.opt.additive_mask.data = NULL;
+    f.opt.key_keep = key_keep, f.opt.key_additive = key_add;
+    bw_run(&f);
+    bw_free(&f);
+}
+
+static void backward_fd_bias_kv_zero_attn(void) {
+    bw_fixture f;
+    mha_config c = cfg(6, 2, 0, 0, 0, 1);
+    c.add_bias_kv = 1, c.add_zero_attn = 1;
+    bw_make(&f, c, 2, 3, 3, 0, 0, 1209);
+    uint8_t key_keep[2 * 3] = {0, 0, 0, 1, 0, 1}; /* batch 0 sees only the extra keys */
+    f.opt.key_keep = key_keep;
+    bw_run(&f);
+    bw_free(&f);
+    c.add_zero_attn = 0, c.n_kv_heads = 1; /* bias_kv alone, MQA */
+    bw_make(&f, c, 1, 2, 3, 1, 0, 1210);
+    bw_run(&f);
+    bw_free(&f);
+}
+
+static void backward_fd_interventions(void) {
+    bw_fixture f;
+    bw_make(&f, cfg(8, 4, 0, 2, 2, 1), 2, 3, 3, 0, 0, 1211);
+    float value[2 * 3 * 2]; // (B,T,d_v)
+    uint64_t seed = 9;
+    test_fill_uniform(value, 12, &seed, -1.0f, 1.0f);
+    mha_intervention iv[4] = {{MHA_HEAD_ZERO, 0, NULL}, {MHA_HEAD_SCALE, -1.5f, NULL},
+                              {MHA_HEAD_MEAN, 0, NULL}, {MHA_HEAD_REPLACE, 0, value}};
+    f.opt.interventions = iv;
+    bw_run(&f);
+    bw_free(&f);
+}
+
+/* A query row with no allowed key: Z = 0, so with cross-attention its dx
+ * row (only the Q path) is exactly zero; in NaN mode NaN spreads. */
+static void backward_fully_masked_row(void) {
+    bw_fixture f;
+    const int B = 1, T = 3, S = 4;
+    bw_make(&f, cfg(6, 2, 0, 0, 0, 1), B, T, S, 1, 0, 1212);
+    uint8_t keep[3 * 4] = {1, 1, 0, 1, 0, 0, 0, 0, 0, 1, 1, 1}; // (1,1,T,S): row 1 sees nothing
+    f.opt.keep_mask = (mha_mask){keep, 1, 1};
+    bw_run(&f);
+    bw_grads gr;
+    bw_backward(&f, &gr);
+    double row1 = 0.0, row0 = 0.0;
+    for (int e = 0; e < 6; e++) row1 += fabs(gr.g.dx[6 + e]), row0 += fabs(gr.g.dx[e]);
+    CHECK(row1 == 0.0);
+    CHECK(row0 > 0.0);
+    f.opt.masked_row = MHA_MASKED_ROW_NAN;
+    CHECK_OK(mha_backward_kv(f.L, &gr.g, f.dy, f.x, f.k_src, NULL, B, T, S, &f.opt));
+    CHECK(isnan(gr.g.dx[6]) && isnan(gr.g.dw_o[0]));
+    CHECK(!isnan(gr.g.db_o[0])); /* db_O = sum dY does not read Z */
+    bw_grads_free(&gr);
+    bw_free(&f);
+}
+
+/* The checker itself: a gradient off by 1e-3 in one entry must fail. */
+static void backward_fd_detects_wrong_gradient(void) {
+    bw_fixture f;
+    bw_make(&f, cfg(6, 2, 0, 0, 0, 1), 1, 3, 3, 0, 0, 1213);
+    bw_grads gr;
+    bw_backward(&f, &gr);
+    CHECK(bw_check_all(&f, &gr, 1) <= 0.0);
+    gr.g.dw_q[5] += 1e-3f;
+    CHECK(bw_check_all(&f, &gr, 0) > 0.0);
+    bw_grads_free(&gr);
+    bw_free(&f);
+}
+
+/* Only the wanted gradients are written; the rest equal a full call's. */
+static void backward_partial_request(void) {
+    bw_fixture f;
+    bw_make(&f, cfg(6, 2, 0, 0, 0, 1), 1, 3, 3, 0, 0, 1214);
+    bw_grads all;
+    bw_backward(&f, &all);
+    float dw_o[6 * 6];
+    mha_gradients one = {0};
+    one.dw_o = dw_o;
+    CHECK_OK(mha_backward(f.L, &one, f.dy, f.x, NULL, 1, 3, 3, NULL));
+    CHECK_ARRAY_NEAR(dw_o, all.g.dw_o, 36, 0.0);
+    bw_grads_free(&all);
+    bw_free(&f);
+}
+
+static void backward_errors(void) {
+    bw_fixture f;
+    bw_make(&f, cfg(6, 2, 0, 0, 0, 0), 1, 2, 2, 0, 0, 1215);
+    float buf[64], db[6];
+    mha_gradients g = {0};
+    g.dx = buf;
+    CHECK_STATUS(mha_backward(f.L, NULL, f.dy, f.x, NULL, 1, 2, 2, NULL), MHA_E_ARG);
+    CHECK_STATUS(mha_backward(f.L, &g, NULL, f.x, NULL, 1, 2, 2, NULL), MHA_E_ARG);
+    CHECK_ERROR_MENTIONS("dy");
+    g.db_o = db;
+    CHECK_STATUS(mha_backward(f.L, &g, f.dy, f.x, NULL, 1, 2, 2, NULL), MHA_E_ARG);
+    CHECK_ERROR_MENTIONS("no bias");
+    g.db_o = NULL, g.dbias_k = db;
+    CHECK_STATUS(mha_backward(f.L, &g, f.dy, f.x, NULL, 1, 2, 2, NULL), MHA_E_ARG);
+    CHECK_ERROR_MENTIONS("add_bias_kv");
+    g.dbias_k = NULL, g.dk_src = buf;
+    CHECK_STATUS(mha_backward(f.L, &g, f.dy, f.x, NULL, 1, 2, 2, NULL), MHA_E_ARG);
+    CHECK_ERROR_MENTIONS("dk_src");
+    g.dk_src = NULL;
+    CHECK_STATUS(mha_backward(f.L, &g, f.dy, f.x, NULL, 1, 2, 3, NULL), MHA_E_SHAPE);
+    f.dy[3] = NAN;
+    CHECK_STATUS(mha_backward(f.L, &g, f.dy, f.x, NULL, 1, 2, 2, NULL), MHA_E_NONFINITE);
+    CHECK_ERROR_MENTIONS("dy[3]");
+    f.dy[3] = 0.0f;
+    mha_options o = mha_options_default();
+    o.path = MHA_PATH_FAST;
+    CHECK_STATUS(mha_backward(f.L, &g, f.dy, f.x, NULL, 1, 2, 2, &o), MHA_E_UNSUPPORTED);
+    bw_free(&f);
+}
+
+/* ------------------------------------------------------------ attribution */
+
+/* attribution[r,b,t] = <dy, Y>[b,t] - <dy, Y with head r zeroed>[b,t],
+ * per position, computed independently from two forwards. */
+static void attribution_equals_zero_ablation(void) {
+    bw_fixture f;
+    const int B = 2, T = 3, h = 4, D = 8;
+    bw_make(&f, cfg(D, h, 2, 2, 3, 1), B, T, T, 0, 0, 1216);
+    f.opt.causal = 1;
+    float attr[4 * 2 * 3], dz[2 * 3 * 4 * 3], y[2 * 3 * 8], ya[2 * 3 * 8]; // (h,B,T) (B,T,h*d_v) (B,T,D)x2
+    CHECK_OK(mha_head_attribution(f.L, attr, dz, f.dy, f.x, NULL, NULL, B, T, T, &f.opt));
+    CHECK_OK(mha_forward(f.L, y, NULL, f.x, NULL, B, T, T, &f.opt));
+    double total = 0.0;
+    for (int r = 0; r < h; r++) {
+        mha_intervention iv[4] = {{0}};
+        iv[r].op = MHA_HEAD_ZERO;
+        mha_options o = f.opt;
+        o.interventions = iv;
+        CHECK_OK(mha_forward(f.L, ya, NULL, f.x, NULL, B, T, T, &o));
+        for (int t = 0; t < B * T; t++) {
+            double change = 0.0;
+            for (int e = 0; e < D; e++) change += (double)f.dy[t * D + e] * ((double)y[t * D + e] - ya[t * D + e]);
+            CHECK_NEAR(attr[r * B * T + t], change, 1e-5);
+            total += fabs(change);
+        }
+    }
+    CHECK(total > 0.1); /* the heads matter: the equality is not 0 = 0 */
+    /* dZ is the gradient of <dy, Y> with respect to Z: the backward's dW_O = Z^T dZ route agrees */
+    float z[2 * 3 * 12];
+    mha_capture cap = {z, NULL, NULL};
+    CHECK_OK(mha_forward(f.L, y, &cap, f.x, NULL, B, T, T, &f.opt));
+    for (int r = 0; r < h; r++) {
+        double a = 0.0;
+        for (int e = 0; e < 3; e++) a += (double)z[4 * 12 + r * 3 + e] * dz[4 * 12 + r * 3 + e];
+        CHECK_NEAR(attr[r * B * T + 4], a, 1e-6);
+    }
+    bw_free(&f);
+}
+
+static void attribution_errors(void) {
+    bw_fixture f;
+    bw_make(&f, cfg(6, 2, 0, 0, 0, 1), 1, 2, 2, 0, 0, 1217);
+    float attr[4];
+    CHECK_STATUS(mha_head_attribution(f.L, NULL, NULL, f.dy, f.x, NULL, NULL, 1, 2, 2, NULL), MHA_E_ARG);
+    CHECK_STATUS(mha_head_attribution(f.L, attr, NULL, NULL, f.x, NULL, NULL, 1, 2, 2, NULL), MHA_E_ARG);
+    CHECK_STATUS(mha_head_attribution(f.L, attr, NULL, f.dy, f.x, NULL, NULL, 1, 2, 3, NULL), MHA_E_SHAPE);
+    f.dy[0] = INFINITY;
+    CHECK_STATUS(mha_head_attribution(f.L, attr, NULL, f.dy, f.x, NULL, NULL, 1, 2, 2, NULL), MHA_E_NONFINITE);
+    bw_free(&f);
+}
+
+static const test_case cases[] = {
+    {"backward_fd_self_attention", backward_fd_self_attention},
+    {"backward_fd_no_bias_scale", backward_fd_no_bias_scale},
+    {"backward_fd_cross_separate_value", backward_fd_cross_separate_value},
+    {"backward_fd_gqa_mqa", backward_fd_gqa_mqa},
+    {"backward_fd_causal_alignments_window", backward_fd_causal_alignments_window},
+    {"backward_fd_masks", backward_fd_masks},
+    {"backward_fd_bias_kv_zero_attn", backward_fd_bias_kv_zero_attn},
+    {"backward_fd_interventions", backward_fd_interventions},
+    {"backward_fully_masked_row", backward_fully_masked_row},
+    {"backward_fd_detects_wrong_gradient", backward_fd_detects_wrong_gradient},
+    {"backward_partial_request", backward_partial_request},
+    {"backward_errors", backward_errors},
+    {"attribution_equals_zero_ablation", attribution_equals_zero_ablation},
+    {"attribution_errors", attribution_errors},
+};
+
+const test_case *tests_backward(size_t *count) {
+    *count = sizeof cases / sizeof cases[0];
+    return cases;
+}
