@@ -142,7 +142,7 @@ test-install: $(SETUP_TEST)
 # The full-size memory check: causal forward with B=1, T=32768, d_model=768,
 # h=12; peak RSS must stay below 2x the tensors it must hold (~10 s).
 test-memory: $(BUILD)/test_mha
-	MHA_TEST_MEMORY_T=32768 ./$(BUILD)/test_mha fast_memory_peak
+	MHA_TEST_ISA=auto MHA_TEST_MEMORY_T=32768 ./$(BUILD)/test_mha fast_memory_peak
 
 # Coverage-guided fuzzing of the .npy and safetensors readers (bounded time).
 fuzz: $(SETUP_TEST)

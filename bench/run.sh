@@ -241,7 +241,7 @@ done
 # d_model=768, h=12, against the tensors it must hold.
 if [ "$mode" = full ]; then
   ${MAKE:-make} -s --no-print-directory build/test_mha || exit 1
-  run env MHA_TEST_MEMORY_T=32768 build/test_mha fast_memory_peak
+  run env MHA_TEST_ISA=auto MHA_TEST_MEMORY_T=32768 build/test_mha fast_memory_peak
 fi
 
 # The FMA peak again at the end: the spread shows how noisy the machine was.

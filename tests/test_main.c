@@ -28,7 +28,8 @@ static const test_area_fn areas[] = {
 
 /* Areas whose every case runs once per kernel ISA this CPU has (the table
  * forced; the decode path follows it), named "case[isa]": the fast and
- * decode paths stay checked against the reference on every ISA. */
+ * decode paths stay checked against the reference on every ISA
+ * (MHA_TEST_ISA in main narrows it). */
 static const test_area_fn per_isa_areas[] = {tests_fast, tests_cache};
 
 static int run_per_isa(test_area_fn area) {
@@ -74,17 +75,21 @@ void test_fill_uniform(float *p, size_t n, uint64_t *seed, float lo, float hi) {
 
 int main(int argc, char **argv) {
     const char *filter = argc > 1 ? argv[1] : NULL;
+    /* MHA_TEST_ISA=avx512|avx2|scalar runs the per-ISA areas on that ISA
+     * only; "auto" once, on the chooser's pick (the full-size memory check) */
+    const char *only = getenv("MHA_TEST_ISA");
     int passed = 0, failed = 0;
     for (size_t a = 0; a < sizeof areas / sizeof areas[0]; a++) {
         size_t n = 0;
         const test_case *cases = areas[a](&n);
         const mha_kernels *isas[3] = {NULL};
         int n_isas = 1;
-        if (run_per_isa(areas[a])) {
+        if (run_per_isa(areas[a]) && !(only && !strcmp(only, "auto"))) {
+            const mha_kernels *all[3] = {&mha_kernels_avx512, &mha_kernels_avx2, &mha_kernels_scalar};
+            const int can[3] = {mha_cpu_has_avx512(), mha_cpu_has_avx2(), 1};
             n_isas = 0;
-            if (mha_cpu_has_avx512()) isas[n_isas++] = &mha_kernels_avx512;
-            if (mha_cpu_has_avx2()) isas[n_isas++] = &mha_kernels_avx2;
-            isas[n_isas++] = &mha_kernels_scalar;
+            for (int k = 0; k < 3; k++)
+                if (can[k] && (!only || !strcmp(only, all[k]->name))) isas[n_isas++] = all[k];
         }
         for (int k = 0; k < n_isas; k++)
             for (size_t i = 0; i < n; i++) {

@@ -8,31 +8,31 @@
 #include "kernels/kernels.h"
 #include "kernels/avx512_micro.h"
 
-/* s (rows, 16*npanels) = q k^T; q packed (rows/6, d_k, 6), kt (npanels, d_k, 16). */
+/* c (rows, 16P) = [alpha c +] a b over K: 12-row tiles, then a 6-row
+ * tile for a last 6 rows (rows is a multiple of 6); rows 6g.. of a start
+ * at a + g*a_ps; P is a constant at each call site. */
+MHA_AVX512_INLINE void row_tiles(float *c, size_t ldc, const float *a, size_t a_ps, size_t a_rs,
+                                 size_t a_cs, const float *b, size_t b_ps, size_t ldb,
+                                 const float *alpha, int K, int rows, int P) {
+    int r = 0;
+    for (; r + 12 <= rows; r += 12)
+        mha_tile_avx512(c + (size_t)r * ldc, ldc, a + (size_t)(r / 6) * a_ps, a_ps, a_rs, a_cs, b, b_ps,
+                        ldb, NULL, alpha ? alpha + r : NULL, K, 12, 16 * P, 12, P);
+    if (r < rows)
+        mha_tile_avx512(c + (size_t)r * ldc, ldc, a + (size_t)(r / 6) * a_ps, a_ps, a_rs, a_cs, b, b_ps,
+                        ldb, NULL, alpha ? alpha + r : NULL, K, 6, 16 * P, 6, P);
+}
+
+/* s (rows, 16*npanels) = q k^T; q packed (rows/6, d_k, 6), kt (npanels, d_k, 16):
+ * 32 keys (two panels) per tile, 16 for an odd last panel. */
 void mha_attn_scores_avx512(float *s, size_t lds, const float *q, const float *kt, int d_k,
                             int rows, int npanels) {
-    const size_t qs = (size_t)6 * d_k, ks = (size_t)16 * d_k;
-    for (int p = 0; p < npanels; p += 2) {
-        const int n = npanels - p >= 2 ? 32 : 16;
-        float *sp = s + (size_t)p * 16;
-        const float *kp = kt + (size_t)p * ks;
-        int r = 0;
-        if (n == 32) {
-            for (; r + 12 <= rows; r += 12)
-                mha_tile_avx512(sp + (size_t)r * lds, lds, q + (size_t)r * d_k, qs, 1, 6, kp, ks, 16,
-                                NULL, NULL, d_k, 12, 32, 12, 2);
-            if (r < rows)
-                mha_tile_avx512(sp + (size_t)r * lds, lds, q + (size_t)r * d_k, qs, 1, 6, kp, ks, 16,
-                                NULL, NULL, d_k, 6, 32, 6, 2);
-        } else {
-            for (; r + 12 <= rows; r += 12)
-                mha_tile_avx512(sp + (size_t)r * lds, lds, q + (size_t)r * d_k, qs, 1, 6, kp, ks, 16,
-                                NULL, NULL, d_k, 12, 16, 12, 1);
-            if (r < rows)
-                mha_tile_avx512(sp + (size_t)r * lds, lds, q + (size_t)r * d_k, qs, 1, 6, kp, ks, 16,
-                                NULL, NULL, d_k, 6, 16, 6, 1);
-        }
-    }
+    const size_t ks = (size_t)16 * d_k, qs = (size_t)6 * d_k;
+    int p = 0;
+    for (; p + 2 <= npanels; p += 2)
+        row_tiles(s + (size_t)p * 16, lds, q, qs, 1, 6, kt + (size_t)p * ks, ks, 16, NULL, d_k, rows, 2);
+    if (p < npanels)
+        row_tiles(s + (size_t)p * 16, lds, q, qs, 1, 6, kt + (size_t)p * ks, ks, 16, NULL, d_k, rows, 1);
 }
 
 /* Row max of each row (masking as kernels.h says), then alpha for 16 rows
@@ -100,28 +100,12 @@ void mha_attn_softmax_avx512(float *s, size_t lds, float *m, float *l, float *al
     }
 }
 
-/* o (rows, dv16) = alpha o + p (rows, nk) v (nk, dv16): 12 rows x 32
- * columns per tile, then 12 x 16, and 6-row tiles for a last 6 rows. */
+/* o (rows, dv16) = alpha o + p (rows, nk) v (nk, dv16): 32 columns per
+ * tile, 16 for an odd last 16. */
 void mha_attn_pv_avx512(float *o, size_t ldo, const float *p, size_t ldp, const float *v,
                         size_t ldv, const float *alpha, int rows, int nk, int dv16) {
     const size_t ps = (size_t)6 * ldp;
-    for (int c = 0; c < dv16; c += 32) {
-        const int n = dv16 - c >= 32 ? 32 : 16;
-        int r = 0;
-        if (n == 32) {
-            for (; r + 12 <= rows; r += 12)
-                mha_tile_avx512(o + (size_t)r * ldo + c, ldo, p + (size_t)r * ldp, ps, ldp, 1, v + c, 16,
-                                ldv, NULL, alpha + r, nk, 12, 32, 12, 2);
-            if (r < rows)
-                mha_tile_avx512(o + (size_t)r * ldo + c, ldo, p + (size_t)r * ldp, ps, ldp, 1, v + c, 16,
-                                ldv, NULL, alpha + r, nk, 6, 32, 6, 2);
-        } else {
-            for (; r + 12 <= rows; r += 12)
-                mha_tile_avx512(o + (size_t)r * ldo + c, ldo, p + (size_t)r * ldp, ps, ldp, 1, v + c, 16,
-                                ldv, NULL, alpha + r, nk, 12, 16, 12, 1);
-            if (r < rows)
-                mha_tile_avx512(o + (size_t)r * ldo + c, ldo, p + (size_t)r * ldp, ps, ldp, 1, v + c, 16,
-                                ldv, NULL, alpha + r, nk, 6, 16, 6, 1);
-        }
-    }
+    int c = 0;
+    for (; c + 32 <= dv16; c += 32) row_tiles(o + c, ldo, p, ps, ldp, 1, v + c, 16, ldv, alpha, nk, rows, 2);
+    if (c < dv16) row_tiles(o + c, ldo, p, ps, ldp, 1, v + c, 16, ldv, alpha, nk, rows, 1);
 }
