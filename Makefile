@@ -26,7 +26,7 @@ TEST_OBJ  = $(TEST_SRC:%.c=$(BUILD)/%.o)
 SETUP_CORE = $(BUILD)/.setup-core
 SETUP_TEST = $(BUILD)/.setup-test
 
-.PHONY: all lib demo test test-c test-asan test-python test-examples test-memory bench setup clean fuzz \
+.PHONY: all lib demo test test-c test-asan test-tsan test-python test-examples test-docs test-memory bench setup clean fuzz \
         check-layers check-exports test-install install uninstall
 all: lib $(BUILD)/mha $(BUILD)/test_mha
 
@@ -75,13 +75,26 @@ test-c: $(BUILD)/test_mha $(BUILD)/mha
 # The C tests and the CLI suites under AddressSanitizer + UndefinedBehaviorSanitizer.
 test-asan: $(SETUP_CORE)
 	$(MAKE) BUILD=build-asan OPT="-O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all" build-asan/test_mha build-asan/mha
-	ASAN_OPTIONS=detect_leaks=1 ./build-asan/test_mha
+	ASAN_OPTIONS=detect_leaks=1 MHA_TEST_PARSE_LIMIT_S=5 ./build-asan/test_mha
 	ASAN_OPTIONS=detect_leaks=1 sh tests/cli_test.sh ./build-asan/mha
 	ASAN_OPTIONS=detect_leaks=1 sh tests/io_cli_test.sh ./build-asan/mha
+
+# The concurrency tests (tests/test_concurrency.c) under ThreadSanitizer.
+# Every call runs on one OpenMP thread (an mha_context, and OMP_NUM_THREADS=1)
+# so that the only threads are the test's pthreads: TSan does not see
+# libgomp's barriers and reports them as races. No suppression file.
+test-tsan: $(SETUP_CORE)
+	$(MAKE) BUILD=build-tsan OPT="-O1 -fsanitize=thread -fno-omit-frame-pointer" build-tsan/test_mha
+	OMP_NUM_THREADS=1 TSAN_OPTIONS="halt_on_error=1 exitcode=66" ./build-tsan/test_mha concurrency
 
 test-python: $(SETUP_TEST) lib $(BUILD)/mha
 	@if [ -n "$$(ls tests/python/test_*.py 2>/dev/null)" ]; then \
 	  $(PYTHON) -m pytest -q tests/python; fi
+
+# Every shell command of README.md and docs/*.md, run as written in a
+# temporary directory against build/ (tests/docs_test.py).
+test-docs: $(SETUP_TEST) $(BUILD)/mha
+	$(PYTHON) tests/docs_test.py
 
 # examples/train_reverse.py: mha.nn trains and follows torch's loss curve (~10 s).
 test-examples: $(SETUP_TEST) lib
@@ -92,7 +105,9 @@ test: $(SETUP_TEST)
 	$(MAKE) check-layers check-exports
 	$(MAKE) test-c
 	$(MAKE) test-asan
+	$(MAKE) test-tsan
 	$(MAKE) test-python
+	$(MAKE) test-docs
 	$(MAKE) test-examples
 	$(MAKE) fuzz
 	$(MAKE) test-install
@@ -144,7 +159,8 @@ test-install: $(SETUP_TEST)
 test-memory: $(BUILD)/test_mha
 	MHA_TEST_ISA=auto MHA_TEST_MEMORY_T=32768 ./$(BUILD)/test_mha fast_memory_peak
 
-# Coverage-guided fuzzing of the .npy and safetensors readers (bounded time).
+# Coverage-guided fuzzing of the .npy and safetensors readers, the layout
+# loaders and the CLI flag parser (bounded time).
 fuzz: $(SETUP_TEST)
 	sh fuzz/run.sh 60
 
@@ -163,4 +179,4 @@ bench: $(SETUP_TEST) lib $(BUILD)/bench_mha
 	sh bench/run.sh $(BENCH_ARGS)
 
 clean:
-	rm -rf build build-asan
+	rm -rf build build-asan build-tsan

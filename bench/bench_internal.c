@@ -31,7 +31,8 @@ typedef struct {
 
 static int run_gemm(void *arg) {
     const gemm_call *g = arg;
-    return mha_gemm(g->dst, g->a, g->lda, g->M, g->p, g->s0, g->s1, 0, g->K, 1, g->kern, g->nt) != MHA_OK;
+    const mha_gemm_args args = {g->dst, g->a, g->lda, g->M, g->p, g->s0, g->s1, 0, g->K, 1};
+    return mha_gemm(&args, g->kern, g->nt) != MHA_OK;
 }
 
 typedef struct {

@@ -23,6 +23,35 @@
  * Errors: every function returning mha_status returns MHA_OK (0) or a
  * negative code; mha_last_error() then holds a message (per thread) naming
  * what was wrong and what was expected. The library never prints or exits.
+ *
+ * Thread safety (tested in tests/test_concurrency.c, under ThreadSanitizer):
+ * - May run concurrently on one layer: mha_forward, mha_forward_kv,
+ *   mha_forward_ctx, mha_layer_check_contract*, mha_forward_cached* (each
+ *   on its own cache), and the read-only getters (mha_layer_config,
+ *   mha_layer_get_weights, mha_layer_labels, mha_layer_to_tensors,
+ *   mha_layer_save). Results are the bits one thread gets doing the calls
+ *   in turn. A layer keeps scratch memory for its forwards (a few blocks
+ *   behind a lock, at most 256 MiB in all), released by mha_layer_free.
+ * - Need exclusive access to the layer (no call on it may be running):
+ *   mha_layer_set_weights, mha_layer_set_labels, mha_layer_permute_heads,
+ *   mha_layer_permute_block, mha_layer_free.
+ * - A cache is used by one call at a time: mha_forward_cached*,
+ *   mha_cache_append, mha_cache_reset, mha_cache_truncate,
+ *   mha_cache_permute_heads and mha_cache_free mutate it;
+ *   mha_cache_attend, mha_cache_length and mha_cache_bytes only read it
+ *   and may run concurrently with each other.
+ * - Process-wide settings are atomics read once at a call's start
+ *   (mha_set_num_threads) or per call (MHA_KERNELS: do not setenv while
+ *   other threads run); an mha_context (below) chooses per call instead.
+ *
+ * Numbers: the fast path and the cached forward compute in fp32. A call
+ * whose scaled scores may exceed MHA_FAST_SCORE_LIMIT = 131072 in magnitude
+ * (bounded by |scale| |q| |k|, L2 norms), whose V is too large to sum, or
+ * whose output overflows fp32 is never answered with a silently wrong
+ * number: MHA_PATH_AUTO recomputes it with the reference (double),
+ * MHA_PATH_FAST and mha_forward_cached return MHA_E_NONFINITE naming the
+ * batch, head and row (the cached forward before appending anything,
+ * except for an overflowing output).
  */
 #ifndef MHA_H
 #define MHA_H
@@ -230,9 +259,38 @@ MHA_API mha_status mha_forward_kv(const mha_layer *layer, float *y, const mha_ca
                           const float *x, const float *k_src, const float *v_src,
                           int B, int T, int S, const mha_options *opt);
 
-/* Number of threads for the fast path (0: OpenMP's default). */
+/* The process default of the number of threads of every forward (0:
+ * OpenMP's default, OMP_NUM_THREADS). An atomic: it may be set while other
+ * threads compute; a call reads it once, at its start. Results never
+ * depend on the thread count. */
 MHA_API void mha_set_num_threads(int n);
 MHA_API int mha_get_num_threads(void);
+
+/* ---------------------------------------------------- execution context */
+
+/* How calls run, chosen per call instead of per process: the thread count
+ * and the kernels ("avx512", "avx2", "scalar", "reference" = the oracle under
+ * MHA_PATH_AUTO; NULL = the default). Without a context (the plain entry
+ * points, or ctx NULL) the defaults apply: mha_set_num_threads, then
+ * MHA_KERNELS in the environment (read at every call), then the best
+ * kernels this CPU and OS run (CPUID and XCR0, probed once). A context's
+ * kernels win over MHA_KERNELS.
+ * Thread safety: a context may be shared by concurrent calls; its setters
+ * and mha_context_free need exclusive access. */
+typedef struct mha_context mha_context;
+MHA_API mha_status mha_context_create(mha_context **out);
+MHA_API void mha_context_free(mha_context *ctx);
+/* n >= 1 threads, or 0 for the process default. */
+MHA_API mha_status mha_context_set_num_threads(mha_context *ctx, int n);
+/* MHA_E_ARG for an unknown name or kernels this machine cannot run. */
+MHA_API mha_status mha_context_set_kernels(mha_context *ctx, const char *name);
+/* The kernels calls with ctx (NULL: the defaults) run now: "avx512", "avx2",
+ * "scalar", "reference"; NULL when MHA_KERNELS holds an invalid value. */
+MHA_API const char *mha_context_kernels(const mha_context *ctx);
+/* mha_forward_kv run as ctx says (ctx may be NULL: the defaults). */
+MHA_API mha_status mha_forward_ctx(const mha_context *ctx, const mha_layer *layer, float *y,
+                                   const mha_capture *cap, const float *x, const float *k_src,
+                                   const float *v_src, int B, int T, int S, const mha_options *opt);
 
 /* -------------------------------------------------- the head contract */
 
@@ -583,12 +641,19 @@ MHA_API mha_status mha_cache_permute_heads(mha_cache *cache, const int *perm);
  * at columns capacity, capacity+1.
  * Errors: MHA_E_SHAPE for a cache made for another layer shape, MHA_E_ARG
  * for n_new out of range or more tokens than the capacity (without a
- * window), MHA_E_CONTRACT when the layer's K/V labels differ from the
- * cache's, MHA_E_NONFINITE for non-finite x; after any of these nothing
- * has been appended. */
+ * window) or an invalid MHA_KERNELS, MHA_E_CONTRACT when the layer's K/V
+ * labels differ from the cache's, MHA_E_NONFINITE for non-finite x or
+ * scores beyond the fp32 limit (see "Numbers" at the top); after any of
+ * these nothing has been appended. */
 MHA_API mha_status mha_forward_cached(const mha_layer *layer, mha_cache *cache, float *y,
                               const mha_capture *cap, const float *x, int T, const int *n_new,
                               const mha_options *opt);
+/* mha_forward_cached run as ctx says (ctx may be NULL: the defaults;
+ * kernels "reference" runs the fast kernels: the cache has one path). */
+MHA_API mha_status mha_forward_cached_ctx(const mha_context *ctx, const mha_layer *layer,
+                                          mha_cache *cache, float *y, const mha_capture *cap,
+                                          const float *x, int T, const int *n_new,
+                                          const mha_options *opt);
 
 /* The two halves of a step, for callers that project themselves (and for
  * the benchmark of attention alone). append: k (B,T,h_kv*d_k) and

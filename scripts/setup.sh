@@ -4,7 +4,7 @@
 #   setup.sh test   also run every test, the fuzzers and the benchmarks
 set -e
 core="gcc make libc6-dev libjansson-dev libpng-dev zlib1g-dev pkg-config"
-test="$core python3 python3-numpy python3-pytest python3-pip python3-setuptools python3-torch libopenblas-dev clang python3-onnx nodejs"
+test="$core python3 python3-numpy python3-pytest python3-torch python3-pip python3-setuptools python3-wheel libopenblas-dev clang libomp-dev python3-onnx nodejs"
 case "${1:-core}" in
   core) want="$core" ;;
   test) want="$test" ;;

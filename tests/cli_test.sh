@@ -220,7 +220,11 @@ expect_error 2 "mha shapes: " "got '-8'"
 run shapes --d-model 99999999999999999999999 --heads 1
 expect_error 2 "mha shapes: " "--d-model expects an integer"
 run shapes --d-model 8 --heads 70000
-expect_error 2 "mha shapes: " "--heads expects an integer in [1, 65536]"
+expect_error 2 "mha shapes: " "--heads expects an integer in [1, 4096]"
+run shapes --d-model 8192 --heads 5000
+expect_error 2 "mha shapes: " "--heads expects an integer in [1, 4096], got '5000'"
+run shapes --help
+has "query heads h (an integer in [1, 4096], required)"
 run shapes --d-model 8 --heads 2 --bytes 3
 expect_error 2 "mha shapes: " "--bytes expects one of 4|2, got '3'"
 run shapes --d-model 8 --heads 2 --tokens x

@@ -14,9 +14,11 @@ MHA=${1:?usage: sh tests/io_cli_test.sh PATH_TO_MHA}
 PY=${PYTHON:-/usr/bin/python3}
 here=$(cd "$(dirname "$0")" && pwd)
 [ -x "$MHA" ] || { echo "io_cli_test: '$MHA' is not an executable" >&2; exit 1; }
+# numpy builds the fixtures and the oracle: without it the suite cannot
+# check anything, which is a failure, not a pass
 if ! "$PY" -c "import numpy" 2>/dev/null; then
-    echo "io_cli_test: skipped ($PY with numpy is needed for the fixtures; run 'make setup')"
-    exit 0
+    echo "io_cli_test: FAILED: $PY cannot import numpy, needed for the fixtures and the oracle (run 'make setup')" >&2
+    exit 1
 fi
 tmp=$(mktemp -d) || exit 1
 trap 'rm -rf "$tmp"' EXIT INT TERM
@@ -52,23 +54,35 @@ close() { # A B [TOL]
     checks=$((checks + 1))
     fx close "$@" >"$tmp/close" || fail "$last: $1 vs $2 $(cat "$tmp/close")"
 }
+# oracle Y.npy gqa|mha [ORACLE FLAGS]: Y against numpy's float64 layer from
+# the fixture weights (tests/mha_oracle.py), independent of the library
+oracle() {
+    checks=$((checks + 1))
+    y=$1 w=$2
+    shift 2
+    if [ "$w" = gqa ]; then hk=2; else hk=4; fi
+    "$PY" "$here/mha_oracle.py" $T/weights_$w.npz 4 $hk $T/x.npy "$y" "$@" >"$tmp/close" ||
+        fail "$last: $y vs the numpy oracle: $(cat "$tmp/close")"
+}
 T=$tmp
 
 # --- every layout of the same weights gives the same Y ---------------------
 run run --weights $T/native.safetensors --input $T/x.npy --output $T/y_native.npy
 expect_ok
 expect_out "h=4, h_kv=2"
+oracle $T/y_native.npy gqa
 run run --weights $T/hf.safetensors --heads 4 --input $T/x.npy --output $T/y_hf.npy
 expect_ok
-close $T/y_hf.npy $T/y_native.npy
+oracle $T/y_hf.npy gqa
 run run --weights $T/megatron.safetensors --layout megatron --heads 4 --input $T/x.npy --output $T/y_mg.npy
 expect_ok
-close $T/y_mg.npy $T/y_native.npy
+oracle $T/y_mg.npy gqa
 run run --weights $T/mha_native.safetensors --input $T/x.npy --output $T/y_mha.npy
 expect_ok
+oracle $T/y_mha.npy mha
 run run --weights $T/gpt2.safetensors --heads 4 --input $T/x.npy --output $T/y_gpt2.npy
 expect_ok
-close $T/y_gpt2.npy $T/y_mha.npy
+oracle $T/y_gpt2.npy mha
 
 # --- convert then run equals running the source -------------------------------
 for l in hf megatron; do
@@ -76,20 +90,20 @@ for l in hf megatron; do
     expect_ok
     run run --weights $T/conv_$l.safetensors --input $T/x.npy --output $T/y_conv_$l.npy
     expect_ok
-    close $T/y_conv_$l.npy $T/y_native.npy
+    oracle $T/y_conv_$l.npy gqa
 done
 run convert --from gpt2 --heads 4 --to native $T/gpt2.safetensors $T/conv_gpt2.safetensors
 expect_ok
 run run --weights $T/conv_gpt2.safetensors --input $T/x.npy --output $T/y_conv_gpt2.npy
 expect_ok
-close $T/y_conv_gpt2.npy $T/y_mha.npy
+oracle $T/y_conv_gpt2.npy mha
 
 # --- consistent permutation: same Y, labels moved -----------------------------
 run permute --order 2,3,0,1 $T/native.safetensors $T/perm.safetensors
 expect_ok
 run run --weights $T/perm.safetensors --input $T/x.npy --output $T/y_perm.npy
 expect_ok
-close $T/y_perm.npy $T/y_native.npy
+oracle $T/y_perm.npy gqa
 checks=$((checks + 1))
 [ "$(fx meta $T/perm.safetensors labels_o)" = "2,3,0,1" ] || fail "permute: labels_o is '$(fx meta $T/perm.safetensors labels_o)'"
 [ "$(fx meta $T/perm.safetensors labels_k)" = "1,0" ] || fail "permute: labels_k is '$(fx meta $T/perm.safetensors labels_k)'"
@@ -115,6 +129,7 @@ expect_ok
 close $T/y_f16.npy $T/y_native.npy 0.05
 run run --weights $T/native.safetensors --input $T/x.npy --kv-input $T/kv.npy --output $T/y_kv.npy --save-probs $T/p_kv.npy
 expect_ok
+oracle $T/y_kv.npy gqa --kv $T/kv.npy
 "$PY" -c "
 import numpy as np, sys
 p=np.load('$T/p_kv.npy'); sys.exit(0 if p.shape==(2,4,6,8) else 1)" || fail "cross-attention probs shape"
@@ -122,17 +137,19 @@ checks=$((checks + 1))
 # causal three ways: --causal, bool attn_mask (True = not allowed), float -inf mask
 run run --weights $T/native.safetensors --input $T/x.npy --output $T/y_c1.npy --causal
 expect_ok
+oracle $T/y_c1.npy gqa --causal
 run run --weights $T/native.safetensors --input $T/x.npy --output $T/y_c2.npy --attn-mask $T/causal_bool.npy
 expect_ok
-close $T/y_c2.npy $T/y_c1.npy
+oracle $T/y_c2.npy gqa --mask $T/causal_bool.npy
 run run --weights $T/native.safetensors --input $T/x.npy --output $T/y_c3.npy --attn-mask $T/causal_float.npy
 expect_ok
-close $T/y_c3.npy $T/y_c1.npy
+oracle $T/y_c3.npy gqa --causal
 run run --weights $T/native.safetensors --input $T/x.npy --output $T/y_c4.npy --causal=bottom-right
 expect_ok
-close $T/y_c4.npy $T/y_c1.npy
+oracle $T/y_c4.npy gqa --causal
 run run --weights $T/native.safetensors --input $T/x.npy --output $T/y_kp.npy --key-padding-mask $T/kpm.npy
 expect_ok
+oracle $T/y_kp.npy gqa --kpm $T/kpm.npy
 "$PY" -c "
 import numpy as np, sys
 a=np.load('$T/y_kp.npy'); b=np.load('$T/y_native.npy')
@@ -175,6 +192,7 @@ run run --weights $T/native.safetensors --input $T/x.npy --output $T/y_full.npy 
 expect_ok
 run run --weights $T/native.safetensors --input $T/x.npy --output $T/y_abl.npy --ablate 1=zero,2=scale:0.5
 expect_ok
+oracle $T/y_abl.npy gqa --ablate 1=zero --ablate 2=scale:0.5
 "$PY" -c "
 import numpy as np, sys
 y=np.load('$T/y_full.npy'); c=np.load('$T/c.npy'); a=np.load('$T/y_abl.npy'); z=np.load('$T/z.npy')
@@ -261,6 +279,133 @@ fx is_png $T/attn_contrib.png || fail "plot: attn_contrib.png is not a PNG"
 run plot --weights $T/native.safetensors --input $T/x.npy --out $T/a.png --batch 2
 expect_error 2 "--batch 2"
 
+# --- the oracle itself tells layers apart (a check that can fail) ---------------
+checks=$((checks + 1))
+"$PY" "$here/mha_oracle.py" $T/weights_mha.npz 4 4 $T/x.npy $T/y_native.npy >/dev/null &&
+    fail "oracle: accepted Y of the GQA layer as the MHA layer's"
+"$PY" "$here/mha_oracle.py" $T/weights_gqa.npz 4 2 $T/x.npy $T/y_native.npy --causal >/dev/null &&
+    fail "oracle: accepted a non-causal Y as causal"
+
+# --- outputs: never an input, all or none, existing files kept -----------------
+# entries of $T, to see that a failed command leaves no temporary behind
+K=$T/.keep
+mkdir "$K"
+entries() { ls -A "$T" >"$K/entries_now"; wc -l <"$K/entries_now"; }
+snapshot() { ls -A "$T" >"$K/entries_then"; n0=$(wc -l <"$K/entries_then"); }
+new_entries() { diff "$K/entries_then" "$K/entries_now" | tr '\n' ' '; }
+keep() { cp "$T/$1" "$K/$1"; }
+unchanged() { # FILE: byte-identical to its copy made by keep
+    checks=$((checks + 1))
+    cmp -s "$T/$1" "$K/$1" || fail "$last: $1 changed"
+}
+keep native.safetensors
+keep x.npy
+snapshot
+run run --weights $T/native.safetensors --input $T/x.npy --output $T/native.safetensors
+expect_error 2 "--output '$T/native.safetensors' is the same file as --weights"
+unchanged native.safetensors
+ln -s native.safetensors $T/link.safetensors
+run run --weights $T/link.safetensors --input $T/x.npy --output $T/native.safetensors
+expect_error 2 "is the same file as --weights '$T/link.safetensors'"
+rm $T/link.safetensors
+run plot --weights $T/native.safetensors --input $T/x.npy --out $T/x.npy
+expect_error 2 "--out '$T/x.npy' is the same file as --input"
+unchanged x.npy
+run run --weights $T/native.safetensors --input $T/x.npy --output $T/new_y.npy --save-z $T/new_y.npy
+expect_error 2 "--save-z '$T/new_y.npy' is the same file as --output"
+run plot --weights $T/native.safetensors --input $T/x.npy --out $T/new_a.png --contrib-out $T/new_a.png
+expect_error 2 "--contrib-out '$T/new_a.png' is the same file as --out"
+run plot --weights $T/native.safetensors --input $T/x.npy --out $T/new_a.png --contrib-out $T/./new_a.png
+expect_error 2 "is the same file as --out"
+run convert --from native --to native $T/native.safetensors $T/../$(basename $T)/native.safetensors
+expect_error 2 "is the same file as IN"
+unchanged native.safetensors
+run permute --order 0,1,2,3 $T/native.safetensors $T/native.safetensors
+expect_error 2 "OUT '$T/native.safetensors' is the same file as IN"
+# a missing directory for the second output: nothing written, strerror given
+run run --weights $T/native.safetensors --input $T/x.npy --output $T/fresh_y.npy --save-contributions $T/nodir/c.npy
+expect_error 1 "cannot write --save-contributions '$T/nodir/c.npy': directory '$T/nodir': No such file or directory"
+checks=$((checks + 1))
+[ -e $T/fresh_y.npy ] && fail "$last: left fresh_y.npy behind"
+run run --weights $T/native.safetensors --input $T/x.npy --output $T
+expect_error 1 "cannot write --output '$T': it is a directory"
+run run --weights $T --input $T/x.npy --output $T/y.npy
+expect_error 1 "it is a directory; expected a regular file"
+checks=$((checks + 1))
+grep -q "allocate" "$tmp/err" && fail "$last: tried to allocate a directory's size"
+checks=$((checks + 1))
+[ "$(entries)" -eq "$n0" ] || fail "refused commands left files: $(new_entries)"
+# a write that fails half-way (file size limit, SIGXFSZ ignored): every
+# existing target byte-identical, no temporary left, one error line
+run run --weights $T/native.safetensors --input $T/x.npy --output $T/y_old.npy --save-probs $T/p_old.npy
+expect_ok
+keep y_old.npy
+keep p_old.npy
+cp $T/native.safetensors $T/conv_old.safetensors
+keep conv_old.safetensors
+cp $T/p_old.npy $T/old.png
+keep old.png
+snapshot
+# limited BLOCKS ARGS...: mha under `ulimit -f BLOCKS` (512-byte blocks in sh)
+limited() {
+    b=$1
+    shift
+    (trap '' XFSZ; ulimit -f $b; "$MHA" "$@") >"$tmp/out" 2>"$tmp/err"
+    rc=$?
+    last="mha $* (ulimit -f $b)"
+}
+# Y (896 bytes) fits under 1 KiB and P (1280 bytes) does not: the new Y
+# (causal, so different) must not replace the old one either
+limited 2 run --weights $T/native.safetensors --input $T/x.npy --causal --output $T/y_old.npy --save-probs $T/p_old.npy
+expect_error 1 "cannot write --save-probs: cannot write '$T/p_old.npy' (flush failed): File too large; the file is unchanged"
+unchanged y_old.npy
+unchanged p_old.npy
+limited 1 run --weights $T/native.safetensors --input $T/x.npy --output $T/y_old.npy
+expect_error 1 "cannot write --output: cannot write '$T/y_old.npy' (flush failed): File too large"
+unchanged y_old.npy
+limited 1 convert --from native --to native $T/native.safetensors $T/conv_old.safetensors
+expect_error 1 "File too large"
+unchanged conv_old.safetensors
+limited 1 permute --order 1,0,3,2 $T/native.safetensors $T/conv_old.safetensors
+expect_error 1 "File too large"
+unchanged conv_old.safetensors
+limited 1 plot --weights $T/native.safetensors --input $T/x.npy --out $T/old.png --contrib-out $T/old_c.png
+expect_error 1 "cannot write --out: Write Error: File too large"
+unchanged old.png
+checks=$((checks + 1))
+[ "$(entries)" -eq "$n0" ] || fail "failed writes left files: $(new_entries)"
+# sizes are checked before the work, naming the flag and the size in GiB
+run run --weights $T/native.safetensors --input $T/x.npy --output $T/new_y.npy --save-probs $T/new_p.npy --max-output-gib 1e-6
+expect_error 2 "--save-probs would hold 1.07e-06 GiB (288 float32 values), above the limit of 1e-06 GiB; raise it with --max-output-gib"
+run plot --weights $T/native.safetensors --input $T/x.npy --out $T/new_a.png --max-output-gib 1e-7
+expect_error 2 "above the limit of 1e-07 GiB"
+checks=$((checks + 1))
+[ "$(entries)" -eq "$n0" ] || fail "refused sizes left files: $(new_entries)"
+
+# --- numbers and messages ------------------------------------------------------
+# a scale written out in 34 digits is 1e33, not truncated to 1e30
+run run --weights $T/native.safetensors --input $T/x.npy --output $T/y_s1.npy --ablate 1=scale:1000000000000000000000000000000000
+expect_ok
+run run --weights $T/native.safetensors --input $T/x.npy --output $T/y_s2.npy --ablate 1=scale:1e33
+expect_ok
+run run --weights $T/native.safetensors --input $T/x.npy --output $T/y_s3.npy --ablate 1=scale:1e30
+expect_ok
+checks=$((checks + 1))
+cmp -s $T/y_s1.npy $T/y_s2.npy || fail "--ablate scale in full digits differs from 1e33"
+cmp -s $T/y_s1.npy $T/y_s3.npy && fail "--ablate scale in full digits was applied as 1e30"
+run run --weights $T/native.safetensors --input $T/x.npy --output $T/y.npy --ablate 1=scale:1e33x
+expect_error 2 "scale '1e33x' is not a finite float32 number"
+"$PY" -c "import numpy as np; np.save('$T/kpm_1d.npy', np.zeros(6, bool))"
+run run --weights $T/native.safetensors --input $T/x.npy --output $T/y.npy --key-padding-mask $T/kpm_1d.npy
+expect_error 1 "key_padding_mask has shape (6,); expected (B, S) = (2, 6)"
+# audit: 1 = mismatch found, 2 = could not run
+run audit --weights $T/native.safetensors --input $T/missing.npy --reference $T/y_native.npy
+expect_error 2 "missing.npy"
+run audit --weights $T/native.safetensors --input $T/x.npy --reference $T/y_native.npy --tol x
+expect_error 2 "--tol"
+run audit --help
+expect_out "2 the audit could not run"
+
 # --- bad files: an error naming the problem, never a crash -------------------
 run run --weights $T/truncated.safetensors --input $T/x.npy --output $T/y.npy
 expect_error 1 "truncated"
@@ -297,7 +442,7 @@ expect_error 2 "--layout"
 run convert --from hf --heads 4 --to torch $T/hf.safetensors $T/o.safetensors
 expect_error 2 "--to"
 run audit --weights $T/native.safetensors --input $T/x.npy --reference $T/x2d.npy
-expect_error 1 "reference"
+expect_error 2 "reference"
 
 echo "io_cli_test: $checks checks, $fails failures"
 [ "$fails" -eq 0 ]

@@ -604,10 +604,13 @@ static void test_prefill_branch_bits(void) {
         const mha_dst dst[3] = {{MHA_DST_ROWS, q, (size_t)wq, 0, 0, 0, 0},
                                 {MHA_DST_ROWS, kg, (size_t)wk, 0, 0, 0, 0},
                                 {MHA_DST_ROWS, v, (size_t)wv, 0, 0, 0, 0}};
-        CHECK_OK(mha_gemm(dst, x, (size_t)D, f.T, pk, 0, 3, 0, D, 1, mha_kernels_get(), 1));
+        const mha_gemm_args g = {dst, x, (size_t)D, f.T, pk, 0, 3, 0, D, 1};
+        CHECK_OK(mha_gemm(&g, mha_kernels_get(), 1));
     }
+    mha_exec ex;
+    CHECK_OK(mha_exec_resolve(&ex, NULL));
     for (int t = 0; t < f.T; t++)
-        CHECK_OK(mha_decode_gemm(ks + (size_t)t * wk, x + (size_t)t * D, f.w.w_k, f.w.b_k, 1, D, wk));
+        CHECK_OK(mha_decode_gemm(&ex, ks + (size_t)t * wk, x + (size_t)t * D, f.w.w_k, f.w.b_k, 1, D, wk));
     int steps[] = {P, 1};
     mha_decode_set_min_parallel_work(0.0); /* tiny shapes: threads anyway */
     for (int th = 0; th < 2; th++) {

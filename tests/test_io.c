@@ -3,8 +3,13 @@
  * trips, every bad-file case), and the checkpoint layouts (each layout's
  * tensors are built here from the math, independently of layouts.c, and
  * the loaded layer must match the naive oracle on the original weights). */
+#include <dirent.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "naive.h"
@@ -652,6 +657,206 @@ static void test_layout_detection(void) {
     CHECK(strcmp(mha_layout_name(MHA_LAYOUT_HF), "hf") == 0);
 }
 
+
+/* ------------------------------------------------- safe output files */
+
+/* The bytes of a file (NULL when unreadable); *len its size. */
+static unsigned char *slurp(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    unsigned char *b = malloc(1 << 20);
+    *len = b ? fread(b, 1, 1 << 20, f) : 0;
+    fclose(f);
+    return b;
+}
+
+/* Entries of tmp_dir other than "." and "..". */
+static int dir_entries(void) {
+    DIR *d = opendir(tmp_dir);
+    int n = 0;
+    if (!d) return -1;
+    for (struct dirent *e; (e = readdir(d));) n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
+    closedir(d);
+    return n;
+}
+
+/* A write that fails half-way (the file-size limit, with SIGXFSZ ignored so
+ * write() returns EFBIG) leaves the existing target byte-identical and no
+ * temporary behind; the same write without the limit replaces it whole. */
+static void test_write_failure_keeps_target(void) {
+    const char *p = tmp_path("keep.npy");
+    float small[4] = {1, 2, 3, 4};
+    int s1[1] = {4};
+    CHECK_OK(mha_npy_write_f32(p, small, 1, s1));
+    size_t n0, n1;
+    unsigned char *before = slurp(p, &n0);
+    int before_entries = dir_entries();
+    enum { N = 100000 }; /* 400 KB, above the 64 KiB limit below */
+    float *big = calloc(N, sizeof *big);
+    int sb[1] = {N};
+    struct rlimit old, lim = {64 * 1024, 64 * 1024};
+    void (*old_handler)(int) = signal(SIGXFSZ, SIG_IGN);
+    CHECK(getrlimit(RLIMIT_FSIZE, &old) == 0);
+    lim.rlim_max = old.rlim_max;
+    CHECK(setrlimit(RLIMIT_FSIZE, &lim) == 0);
+    CHECK_STATUS(mha_npy_write_f32(p, big, 1, sb), MHA_E_IO);
+    CHECK_ERROR_MENTIONS("File too large");
+    CHECK_ERROR_MENTIONS(p);
+    mha_tensors *t;
+    CHECK_OK(mha_tensors_create(&t));
+    CHECK_OK(mha_tensors_add_f32(t, "big", big, 1, sb));
+    CHECK_STATUS(mha_safetensors_write(p, t), MHA_E_IO);
+    CHECK(setrlimit(RLIMIT_FSIZE, &old) == 0);
+    signal(SIGXFSZ, old_handler);
+    unsigned char *after = slurp(p, &n1);
+    CHECK(before && after && n0 == n1 && memcmp(before, after, n0) == 0);
+    CHECK_INT(dir_entries(), before_entries); /* no temporary left */
+    free(after);
+    /* without the limit the same write replaces the target whole */
+    CHECK_OK(mha_npy_write_f32(p, big, 1, sb));
+    mha_array a;
+    CHECK_OK(mha_npy_read(&a, p, 0));
+    CHECK_INT(a.count, N);
+    mha_array_free(&a);
+    CHECK_INT(dir_entries(), before_entries);
+    mha_tensors_free(t);
+    free(before);
+    free(big);
+}
+
+/* I/O errors say why (strerror), and a directory is refused as a target
+ * and as an input before anything is read or allocated. */
+static void test_io_errors_say_why(void) {
+    float v[2] = {1, 2};
+    int s1[1] = {2};
+    char missing[200];
+    snprintf(missing, sizeof missing, "%s/no_such_dir/y.npy", tmp_dir);
+    CHECK_STATUS(mha_npy_write_f32(missing, v, 1, s1), MHA_E_IO);
+    CHECK_ERROR_MENTIONS("No such file or directory");
+    CHECK_STATUS(mha_npy_write_f32(tmp_dir, v, 1, s1), MHA_E_IO);
+    CHECK_ERROR_MENTIONS("is a directory");
+    mha_array a;
+    CHECK_STATUS(mha_npy_read(&a, tmp_dir, 0), MHA_E_IO);
+    CHECK_ERROR_MENTIONS("expected a regular file");
+    mha_tensors *t;
+    CHECK_STATUS(mha_safetensors_read(&t, tmp_dir, 0), MHA_E_IO);
+    CHECK_ERROR_MENTIONS("expected a regular file");
+    CHECK_STATUS(mha_npy_read(&a, missing, 0), MHA_E_IO);
+    CHECK_ERROR_MENTIONS("No such file or directory");
+    /* a pipe (or a device) is not replaced by a regular file */
+    const char *fifo = tmp_path("pipe");
+    CHECK(mkfifo(fifo, 0600) == 0);
+    CHECK_STATUS(mha_npy_write_f32(fifo, v, 1, s1), MHA_E_IO);
+    CHECK_ERROR_MENTIONS("not a regular file");
+    struct stat st;
+    CHECK(stat(fifo, &st) == 0 && S_ISFIFO(st.st_mode));
+}
+
+/* The streaming writer: sizes that are not a multiple of its chunk round
+ * trip exactly, in every file dtype. */
+static void test_npy_streamed_sizes(void) {
+    uint64_t seed = 5;
+    size_t sizes[3] = {4095, 4097, 3 * 4096 + 1};
+    for (int k = 0; k < 3; k++) {
+        size_t n = sizes[k];
+        float *d = malloc(n * sizeof *d);
+        test_fill_uniform(d, n, &seed, -2, 2);
+        int sh[1] = {(int)n};
+        const char *p = tmp_path("stream.npy");
+        CHECK_OK(mha_npy_write_f32(p, d, 1, sh));
+        mha_array a;
+        CHECK_OK(mha_npy_read(&a, p, 0));
+        CHECK_INT(a.count, n);
+        if (a.f) CHECK_ARRAY_NEAR(a.f, d, n, 0);
+        mha_array_free(&a);
+        free(d);
+    }
+}
+
+/* Metadata keeps insertion order; set on an existing key replaces its
+ * value in place; meta_key outside [0, count) is NULL; a round trip
+ * through a file keeps every key. */
+static void test_tensors_meta_keys(void) {
+    mha_tensors *t, *r;
+    CHECK_OK(mha_tensors_create(&t));
+    CHECK_INT(mha_tensors_meta_count(t), 0);
+    CHECK(mha_tensors_meta_key(t, 0) == NULL);
+    const char *keys[3] = {"n_heads", "d_k", "labels_q"}, *vals[3] = {"4", "8", "0,1,2,3"};
+    for (int i = 0; i < 3; i++) CHECK_OK(mha_tensors_set_meta(t, keys[i], vals[i]));
+    CHECK_OK(mha_tensors_set_meta(t, "d_k", "16"));
+    CHECK_INT(mha_tensors_meta_count(t), 3);
+    for (int i = 0; i < 3; i++)
+        CHECK(mha_tensors_meta_key(t, i) && strcmp(mha_tensors_meta_key(t, i), keys[i]) == 0);
+    CHECK(mha_tensors_meta_key(t, 3) == NULL && mha_tensors_meta_key(t, -1) == NULL);
+    CHECK(mha_tensors_meta_key(NULL, 0) == NULL && mha_tensors_meta_count(NULL) == 0);
+    CHECK(strcmp(mha_tensors_meta(t, "d_k"), "16") == 0);
+    const char *p = tmp_path("meta.safetensors");
+    CHECK_OK(mha_safetensors_write(p, t));
+    CHECK_OK(mha_safetensors_read(&r, p, 0));
+    CHECK_INT(mha_tensors_meta_count(r), 3);
+    for (int i = 0; i < mha_tensors_meta_count(r); i++) {
+        const char *k = mha_tensors_meta_key(r, i);
+        CHECK(k && mha_tensors_meta(r, k) && strcmp(mha_tensors_meta(r, k), mha_tensors_meta(t, k)) == 0);
+    }
+    mha_tensors_free(t);
+    mha_tensors_free(r);
+}
+
+/* CPU seconds of this process: a busy machine does not slow the clock. */
+static double seconds_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* A header of n_meta metadata keys and n zero-size tensors. */
+static char *many_entries_json(int n, int n_meta) {
+    size_t cap = (size_t)(n + n_meta) * 80 + 64, len = 0;
+    char *json = malloc(cap);
+    len += (size_t)snprintf(json + len, cap - len, "{\"__metadata__\":{");
+    for (int i = 0; i < n_meta; i++)
+        len += (size_t)snprintf(json + len, cap - len, "%s\"key%d\":\"v%d\"", i ? "," : "", i, i);
+    len += (size_t)snprintf(json + len, cap - len, "}");
+    for (int i = 0; i < n; i++)
+        len += (size_t)snprintf(json + len, cap - len,
+                                ",\"t%d\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[0,0]}", i);
+    snprintf(json + len, cap - len, "}");
+    return json;
+}
+
+/* Parsing is linear in the header: 50k tensors plus 50k metadata keys
+ * (below the documented limit of 2^18 header pairs) parse in under a
+ * second of CPU time, and 200k of each are refused, also within a second, naming the
+ * limit. The quadratic lookups took minutes. MHA_TEST_PARSE_LIMIT_S
+ * overrides the second for sanitizer builds. */
+static void test_st_many_entries_linear(void) {
+    const char *env = getenv("MHA_TEST_PARSE_LIMIT_S");
+    double limit = env ? atof(env) : 1.0;
+    int sizes[2] = {50000, 200000};
+    for (int k = 0; k < 2; k++) {
+        int n = sizes[k];
+        char *json = many_entries_json(n, n);
+        mha_tensors *t = NULL;
+        double t0 = seconds_now();
+        mha_status s = st_parse_str(json, NULL, 0, &t);
+        double dt = seconds_now() - t0;
+        if (!(dt < limit))
+            test_report(__FILE__, __LINE__, "%d entries: parsing took %.2f s, limit %.2f s", n, dt, limit);
+        if (k == 0) {
+            CHECK_OK(s);
+            CHECK_INT(mha_tensors_count(t), n);
+            CHECK_INT(mha_tensors_meta_count(t), n);
+            CHECK(mha_tensors_get(t, "t49999") && mha_tensors_get(t, "t0"));
+            CHECK(mha_tensors_meta(t, "key12345") && strcmp(mha_tensors_meta(t, "key12345"), "v12345") == 0);
+        } else {
+            CHECK_STATUS(s, MHA_E_UNSUPPORTED);
+            CHECK_ERROR_MENTIONS("the limit is 262144");
+        }
+        mha_tensors_free(t);
+        free(json);
+    }
+}
+
 static const test_case cases[] = {
     {"io_npy_round_trip_ranks", test_npy_round_trip_ranks},
     {"io_npy_hand_built_dtypes", test_npy_hand_built_dtypes},
@@ -667,6 +872,11 @@ static const test_case cases[] = {
     {"io_layout_megatron_gqa", test_layout_megatron_gqa},
     {"io_layout_torch_via_converter", test_layout_torch_via_converter},
     {"io_layout_detection", test_layout_detection},
+    {"io_write_failure_keeps_target", test_write_failure_keeps_target},
+    {"io_errors_say_why", test_io_errors_say_why},
+    {"io_npy_streamed_sizes", test_npy_streamed_sizes},
+    {"io_tensors_meta_keys", test_tensors_meta_keys},
+    {"io_st_many_entries_linear", test_st_many_entries_linear},
 };
 
 const test_case *tests_io(size_t *count) {

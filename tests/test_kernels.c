@@ -110,7 +110,8 @@ static void test_kernels_gemm_driver(void) {
                         {MHA_DST_HEADS_T, outs[rep][1], 0, 5, 2, rows, (size_t)rp * 5},
                         {MHA_DST_HEADS, outs[rep][2], 8, 7, 5, rows, (size_t)rp * 8},
                     };
-                    CHECK_OK(mha_gemm(dst, a, K + 1, M, &p, 0, 3, 0, K, 1, tables[t], 1 + rep));
+                    const mha_gemm_args g = {dst, a, K + 1, M, &p, 0, 3, 0, K, 1};
+                    CHECK_OK(mha_gemm(&g, tables[t], 1 + rep));
                 }
                 double err = 0.0;
                 for (int m = 0; m < M; m++)

@@ -23,6 +23,8 @@ static const test_area_fn areas[] = {
     tests_io,
     tests_cache,
     tests_isa,
+    tests_concurrency,
+    tests_overflow,
     tests_backward,
 };
 

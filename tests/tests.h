@@ -16,6 +16,8 @@ const test_case *tests_torch_layout(size_t *count);
 const test_case *tests_io(size_t *count);
 const test_case *tests_cache(size_t *count);
 const test_case *tests_isa(size_t *count);
+const test_case *tests_concurrency(size_t *count);
+const test_case *tests_overflow(size_t *count);
 const test_case *tests_backward(size_t *count);
 
 #endif

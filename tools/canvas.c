@@ -1,11 +1,13 @@
 /* canvas.c — raster, bitmap font and PNG output for `mha plot`. */
 #include "canvas.h"
 
+#include <errno.h>
 #include <png.h>
 #include <setjmp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 int canvas_init(canvas *c, int w, int h) {
     c->w = w;
@@ -97,24 +99,44 @@ void canvas_colormap(double t, uint8_t rgb[3]) {
         rgb[i] = (uint8_t)(anchor[k][i] + f * (anchor[k + 1][i] - anchor[k][i]) + 0.5);
 }
 
-int canvas_write_png(const canvas *c, const char *path, const char **err) {
+/* libpng reports errors through these instead of printing them: the
+ * error handler keeps the message and jumps back to canvas_write_png. */
+typedef struct {
+    char msg[200];
+} png_errors;
+
+static void png_on_error(png_structp png, png_const_charp msg) {
+    png_errors *e = png_get_error_ptr(png);
+    snprintf(e->msg, sizeof e->msg, "%s", msg);
+    png_longjmp(png, 1);
+}
+
+static void png_on_warning(png_structp png, png_const_charp msg) {
+    (void)png;
+    (void)msg; /* a warning does not fail the write; nothing is printed */
+}
+
+int canvas_write_png(const canvas *c, const char *path, char *err, size_t err_cap) {
     FILE *f = fopen(path, "wb");
     if (!f) {
-        *err = "cannot create the file";
+        snprintf(err, err_cap, "cannot create the file: %s", strerror(errno));
         return -1;
     }
-    png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, NULL, NULL, NULL);
+    png_errors pe = {""};
+    png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, &pe, png_on_error, png_on_warning);
     png_infop info = png ? png_create_info_struct(png) : NULL;
     if (!png || !info) {
         png_destroy_write_struct(&png, &info);
         fclose(f);
-        *err = "libpng could not start";
+        snprintf(err, err_cap, "libpng could not start");
         return -1;
     }
     if (setjmp(png_jmpbuf(png))) { /* libpng reports errors by longjmp */
+        int e = errno;
         png_destroy_write_struct(&png, &info);
         fclose(f);
-        *err = "libpng failed while writing";
+        snprintf(err, err_cap, "%s%s%s", pe.msg[0] ? pe.msg : "libpng failed",
+                 e ? ": " : "", e ? strerror(e) : "");
         return -1;
     }
     png_init_io(png, f);
@@ -124,8 +146,12 @@ int canvas_write_png(const canvas *c, const char *path, const char **err) {
     for (int y = 0; y < c->h; y++) png_write_row(png, c->px + (size_t)y * c->w * 3);
     png_write_end(png, NULL);
     png_destroy_write_struct(&png, &info);
-    if (fclose(f) != 0) {
-        *err = "cannot finish the file";
+    errno = 0;
+    int ok = fflush(f) == 0 && fsync(fileno(f)) == 0;
+    int e = errno;
+    if (fclose(f) != 0 && ok) ok = 0, e = errno;
+    if (!ok) {
+        snprintf(err, err_cap, "cannot finish the file: %s", strerror(e));
         return -1;
     }
     return 0;

@@ -4,6 +4,7 @@
 #ifndef MHA_TOOLS_CANVAS_H
 #define MHA_TOOLS_CANVAS_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 typedef struct {
@@ -21,7 +22,9 @@ int canvas_text_width(const char *s, int scale);
 #define CANVAS_GLYPH_H 7
 /* t in [0, 1] -> a dark-blue .. green .. yellow colour ramp. */
 void canvas_colormap(double t, uint8_t rgb[3]);
-/* Writes an 8-bit RGB PNG; returns 0 or -1 with *err set to a message. */
-int canvas_write_png(const canvas *c, const char *path, const char **err);
+/* Writes an 8-bit RGB PNG to path, flushed and fsync'ed; returns 0, or -1
+ * with a one-line message in err (libpng's own messages are captured
+ * there, never printed). */
+int canvas_write_png(const canvas *c, const char *path, char *err, size_t err_cap);
 
 #endif /* MHA_TOOLS_CANVAS_H */

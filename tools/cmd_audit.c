@@ -20,6 +20,10 @@
 #include "io_cli.h"
 
 #define CMD "audit"
+/* audit's exit codes: 0 the checkpoint reproduces the reference, 1 it does
+ * not (a finding, not a failure), 2 the audit could not run (usage, a
+ * missing or bad file, an error in the library). */
+enum { AUDIT_MATCH = 0, AUDIT_MISMATCH = 1, AUDIT_ERROR = 2 };
 /* Stored fit terms are capped (n*n terms x rows x d_model floats). */
 #define MAX_TERM_FLOATS ((size_t)1 << 22)
 
@@ -230,16 +234,19 @@ int cmd_audit(int argc, char **argv) {
         .details = "The fit: Y_ref - b_O as a least-squares combination of the h*h terms\n"
                    "Z^(r) W_O[s] (and likewise with W_Q column blocks or kv blocks paired\n"
                    "differently); a permutation is read off the coefficients and verified\n"
-                   "by running the repaired layer. Exit status 0: the checkpoint matches;\n"
-                   "1: it does not (repair printed when one was found).\n\n"
+                   "by running the repaired layer.\n\n"
+                   "exit status: 0 the checkpoint reproduces the reference; 1 it does not\n"
+                   "(the repair is printed when one was found); 2 the audit could not run\n"
+                   "(a usage error, a missing or unreadable file, a shape mismatch).\n\n"
                    "example: mha audit --weights attn.safetensors --input x.npy --reference y_ref.npy\n",
         .args = args,
         .n_args = (int)(sizeof args / sizeof args[0]),
     };
     mha_layer *L;
     cli_fwd f;
-    int rc = cli_fwd_open(&L, &f, &spec, &ck, &ff, argc, argv);
-    if (rc != MHA_ARGS_CONTINUE) return rc;
+    int rc = cli_fwd_open(&L, &f, &spec, &ck, &ff, NULL, argc, argv);
+    if (rc != MHA_ARGS_CONTINUE) return rc == MHA_EXIT_OK ? AUDIT_MATCH : AUDIT_ERROR;
+    int reported = 0; /* the audit ran to its verdict */
 
     mha_array yref = {0};
     float *y = NULL, *target = NULL;
@@ -270,7 +277,8 @@ int cmd_audit(int argc, char **argv) {
     print_labels_check(L);
     if (err <= tol) {
         printf("ok: max |Y - Y_ref| = %.3g <= %.3g: the checkpoint reproduces the reference\n", err, tol);
-        rc = MHA_EXIT_OK;
+        rc = AUDIT_MATCH;
+        reported = 1;
         goto done;
     }
     printf("mismatch: max |Y - Y_ref| = %.3g > %.3g\n", err, tol);
@@ -364,12 +372,13 @@ int cmd_audit(int argc, char **argv) {
     if (!found)
         printf("not a permutation: no reordering of W_O, W_Q or K/V blocks explains the "
                "mismatch (check the input, masks, scale and the weights themselves)\n");
-    rc = MHA_EXIT_RUNTIME;
+    rc = AUDIT_MISMATCH;
+    reported = 1;
 done:
     free(y);
     free(target);
     mha_array_free(&yref);
     cli_fwd_free(&f);
     mha_layer_free(L);
-    return rc;
+    return reported ? rc : AUDIT_ERROR;
 }

@@ -28,18 +28,22 @@ int cmd_convert(int argc, char **argv) {
         .min_positional = 2,
         .max_positional = 2,
     };
-    const char *pos[2];
+    const char *pos[2] = {NULL, NULL};
+    cli_outputs outs;
+    cli_outputs_init(&outs, "convert");
+    cli_outputs_input(&outs, "IN", &pos[0]);
+    cli_outputs_output(&outs, "OUT", &pos[1]);
     mha_layer *L;
-    int rc = cli_parse_load(&L, pos, &spec, &ck, argc, argv);
+    int rc = cli_parse_load(&L, pos, &spec, &ck, &outs, argc, argv);
     if (rc != MHA_ARGS_CONTINUE) return rc;
-    mha_status s = mha_layer_save(L, pos[1]);
-    rc = MHA_EXIT_OK;
-    if (s) rc = cli_fail("convert", s);
-    else {
+    mha_status s = mha_layer_save(L, cli_outputs_tmp(&outs, "OUT"));
+    rc = s ? cli_outputs_write_error(&outs, "OUT", mha_last_error())
+           : cli_outputs_finish(&outs, MHA_EXIT_OK);
+    if (!rc) {
         const mha_config *c = mha_layer_config(L);
         printf("wrote %s (native): d_model=%d h=%d h_kv=%d d_k=%d d_v=%d d_kv_in=%d bias=%d\n",
                pos[1], c->d_model, c->n_heads, c->n_kv_heads, c->d_k, c->d_v, c->d_kv_in, c->bias);
     }
     mha_layer_free(L);
-    return rc;
+    return cli_outputs_finish(&outs, rc);
 }

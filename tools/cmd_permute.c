@@ -86,9 +86,13 @@ int cmd_permute(int argc, char **argv) {
         .min_positional = 2,
         .max_positional = 2,
     };
-    const char *pos[2];
+    const char *pos[2] = {NULL, NULL};
+    cli_outputs outs;
+    cli_outputs_init(&outs, "permute");
+    cli_outputs_input(&outs, "IN", &pos[0]);
+    cli_outputs_output(&outs, "OUT", &pos[1]);
     mha_layer *L;
-    int rc = cli_parse_load(&L, pos, &spec, &ck, argc, argv);
+    int rc = cli_parse_load(&L, pos, &spec, &ck, &outs, argc, argv);
     if (rc != MHA_ARGS_CONTINUE) return rc;
     const mha_config *c = mha_layer_config(L);
     if (!block) block = "all";
@@ -97,7 +101,7 @@ int cmd_permute(int argc, char **argv) {
     int *perm = malloc((size_t)n * sizeof *perm);
     if (!perm) {
         mha_layer_free(L);
-        return mha_cmd_error("permute", MHA_EXIT_RUNTIME, "out of memory");
+        return cli_outputs_finish(&outs, mha_cmd_error("permute", MHA_EXIT_RUNTIME, "out of memory"));
     }
     rc = parse_order(order, perm, n);
     mha_status s = MHA_OK;
@@ -110,16 +114,17 @@ int cmd_permute(int argc, char **argv) {
             if (!s && strcmp(block, "k") != 0) s = mha_layer_permute_block(L, MHA_BLOCK_V, perm);
         }
         if (!s && do_relabel) s = relabel(L, block);
-        if (!s) s = mha_layer_save(L, pos[1]);
+        if (!s) s = mha_layer_save(L, cli_outputs_tmp(&outs, "OUT"));
         if (s) {
             /* a bad permutation is the user's argument: exit 2 */
             rc = s == MHA_E_ARG ? mha_cmd_error("permute", MHA_EXIT_USAGE, "%s", mha_last_error())
-                                : cli_fail("permute", s);
-        } else {
+                 : s == MHA_E_IO ? cli_outputs_write_error(&outs, "OUT", mha_last_error())
+                                 : cli_fail("permute", s);
+        } else if (!(rc = cli_outputs_finish(&outs, MHA_EXIT_OK))) {
             printf("wrote %s: block %s permuted by %s\n", pos[1], block, order);
         }
     }
     free(perm);
     mha_layer_free(L);
-    return rc;
+    return cli_outputs_finish(&outs, rc);
 }

@@ -31,14 +31,32 @@ static void colorbar(canvas *cv, int x, int y, int w, const char *lo, const char
     canvas_text(cv, x + w - canvas_text_width(hi, 1), y + 14, 1, hi, DARK);
 }
 
-static int save(canvas *cv, const char *path) {
-    const char *err = "";
-    if (canvas_write_png(cv, path, &err)) return mha_cmd_error(CMD, MHA_EXIT_RUNTIME, "%s: %s", path, err);
+/* Writes the PNG to the temporary of the output registered under flag. */
+static int save(canvas *cv, const cli_outputs *outs, const char *flag) {
+    char err[256];
+    if (canvas_write_png(cv, cli_outputs_tmp(outs, flag), err, sizeof err))
+        return mha_cmd_error(CMD, MHA_EXIT_RUNTIME, "cannot write %s: %s", flag, err);
     return MHA_EXIT_OK;
 }
 
+/* The default --contrib-out: <out without extension>_contrib.png. */
+typedef struct {
+    const char *const *out;
+    const char **contrib_out;
+    char buf[1024];
+} default_name;
+
+static void derive_contrib_out(void *ctx) {
+    default_name *d = ctx;
+    if (*d->contrib_out || !*d->out) return;
+    const char *out = *d->out, *dot = strrchr(out, '.'), *slash = strrchr(out, '/');
+    if (!dot || (slash && dot < slash)) dot = out + strlen(out);
+    snprintf(d->buf, sizeof d->buf, "%.*s_contrib.png", (int)(dot - out), out);
+    *d->contrib_out = d->buf;
+}
+
 /* probs (h, T, St) of one batch element. */
-static int plot_probs(const char *path, const float *probs, const int *labels, int h, int T, int St,
+static int plot_probs(const cli_outputs *outs, const float *probs, const int *labels, int h, int T, int St,
                       int b) {
     int px = clampi(160 / (T > St ? T : St), 1, 24), hw = St * px, hh = T * px;
     int cols = (int)ceil(sqrt((double)h)), rows = (h + cols - 1) / cols;
@@ -71,13 +89,13 @@ static int plot_probs(const char *path, const float *probs, const int *labels, i
             }
     }
     colorbar(&cv, pad, H - 32, 200, "p = 0", "1");
-    int rc = save(&cv, path);
+    int rc = save(&cv, outs, "--out");
     canvas_free(&cv);
     return rc;
 }
 
 /* norms (h, T) of one batch element. */
-static int plot_norms(const char *path, const float *norms, const int *labels, int h, int T, int b) {
+static int plot_norms(const cli_outputs *outs, const float *norms, const int *labels, int h, int T, int b) {
     float mx = 0;
     for (size_t i = 0; i < (size_t)h * T; i++) mx = fmaxf(mx, norms[i]);
     int pw = clampi(480 / T, 2, 32), ph = 16, pad = 12;
@@ -112,7 +130,7 @@ static int plot_norms(const char *path, const float *norms, const int *labels, i
     char hi[32];
     snprintf(hi, sizeof hi, "%.3g", (double)mx);
     colorbar(&cv, pad, H - 32, 200, "norm = 0", hi);
-    int rc = save(&cv, path);
+    int rc = save(&cv, outs, "--contrib-out");
     canvas_free(&cv);
     return rc;
 }
@@ -122,6 +140,7 @@ int cmd_plot(int argc, char **argv) {
     cli_fwd_flags ff = {0};
     const char *out = NULL, *contrib_out = NULL;
     long long batch = 0;
+    double max_gib = 0;
     mha_arg args[] = {
         CLI_CKPT_ARGS(ck, 1),
         CLI_FWD_ARGS(ff),
@@ -131,25 +150,37 @@ int cmd_plot(int argc, char **argv) {
          .help = "contribution norms per head and position; default <out>_contrib.png"},
         {.name = "--batch", .kind = MHA_ARG_INT, .dest = &batch, .metavar = "b",
          .help = "batch element to draw; default 0", .min = 0, .max = 1 << 24},
+        CLI_MAX_OUTPUT_ARG(max_gib),
     };
     mha_command_spec spec = {
         .name = "plot",
         .summary = "Draw a checkpoint's attention on an input: a PNG grid of attention\n"
                    "heatmaps (one per head, titled with its label) and a PNG of each head's\n"
                    "contribution norm ||Z^(r) W_O[r]|| per query position.",
-        .details = "example: mha plot --weights attn.safetensors --input x.npy --causal --out attn.png\n",
+        .details = "Both PNGs are written to temporary files and renamed over their targets\n"
+                   "only when both are complete: a failed plot leaves existing files as they\n"
+                   "were. --max-output-gib bounds the captures held in memory (probabilities\n"
+                   "and contributions of every batch element).\n\n"
+                   "example: mha plot --weights attn.safetensors --input x.npy --causal --out attn.png\n",
         .args = args,
         .n_args = (int)(sizeof args / sizeof args[0]),
     };
+    default_name dn = {.out = &out, .contrib_out = &contrib_out};
+    cli_outputs outs;
+    cli_outputs_init(&outs, CMD);
+    cli_register_inputs(&outs, &ck, &ff);
+    cli_outputs_output(&outs, "--out", &out);
+    cli_outputs_output(&outs, "--contrib-out", &contrib_out);
+    outs.after_parse = derive_contrib_out;
+    outs.ctx = &dn;
     mha_layer *L;
     cli_fwd f;
-    int rc = cli_fwd_open(&L, &f, &spec, &ck, &ff, argc, argv);
+    int rc = cli_fwd_open(&L, &f, &spec, &ck, &ff, &outs, argc, argv);
     if (rc != MHA_ARGS_CONTINUE) return rc;
 
     float *y = NULL, *norms = NULL;
     mha_capture cap = {0};
     int *labels = NULL;
-    char auto_out[1024];
     const mha_config *c = mha_layer_config(L);
     int h = c->n_heads, dm = c->d_model;
     if (batch >= f.B) {
@@ -159,6 +190,12 @@ int cmd_plot(int argc, char **argv) {
     }
     int B = f.B, T = f.T, St = f.S + c->add_bias_kv + c->add_zero_attn, b = (int)batch;
     size_t rows = (size_t)B * T;
+    double limit = max_gib > 0 ? max_gib : cli_default_output_limit_gib();
+    double np = (double)h * rows * St, nc = (double)h * rows * dm;
+    if ((rc = cli_check_output_size(CMD, "the attention probabilities (B,h,T,S)", np, limit)) ||
+        (rc = cli_check_output_size(CMD, "the contributions (h,B,T,d_model)", nc, limit)) ||
+        (rc = cli_check_output_size(CMD, "the captures together", np + nc + (double)rows * dm, limit)))
+        goto done;
     rc = MHA_EXIT_RUNTIME;
     if (!(y = cli_alloc(CMD, rows * dm)) || !(cap.probs = cli_alloc(CMD, (size_t)h * rows * St)) ||
         !(cap.contributions = cli_alloc(CMD, (size_t)h * rows * dm)) ||
@@ -167,7 +204,7 @@ int cmd_plot(int argc, char **argv) {
     if ((rc = cli_fwd_run(CMD, &f, L, y, &cap))) goto done;
     mha_layer_labels(L, MHA_BLOCK_Q, labels);
     /* probs (B,h,T,St): batch b is contiguous (h,T,St) */
-    if ((rc = plot_probs(out, cap.probs + (size_t)b * h * T * St, labels, h, T, St, b))) goto done;
+    if ((rc = plot_probs(&outs, cap.probs + (size_t)b * h * T * St, labels, h, T, St, b))) goto done;
     /* contributions (h,B,T,d_model) -> norms (h,T) */
     for (int r = 0; r < h; r++)
         for (int t = 0; t < T; t++) {
@@ -176,13 +213,8 @@ int cmd_plot(int argc, char **argv) {
             for (int k = 0; k < dm; k++) acc += (double)v[k] * v[k];
             norms[(size_t)r * T + t] = (float)sqrt(acc);
         }
-    if (!contrib_out) {
-        const char *dot = strrchr(out, '.'), *slash = strrchr(out, '/');
-        if (!dot || (slash && dot < slash)) dot = out + strlen(out);
-        snprintf(auto_out, sizeof auto_out, "%.*s_contrib.png", (int)(dot - out), out);
-        contrib_out = auto_out;
-    }
-    if ((rc = plot_norms(contrib_out, norms, labels, h, T, b))) goto done;
+    if ((rc = plot_norms(&outs, norms, labels, h, T, b))) goto done;
+    if ((rc = cli_outputs_finish(&outs, MHA_EXIT_OK))) goto done;
     printf("wrote %s (%d heads, %d x %d) and %s\n", out, h, T, St, contrib_out);
 done:
     free(y);
@@ -192,5 +224,5 @@ done:
     free(cap.contributions);
     cli_fwd_free(&f);
     mha_layer_free(L);
-    return rc;
+    return cli_outputs_finish(&outs, rc);
 }

@@ -4,6 +4,7 @@
  * source apart from the key source (PyTorch's `value`). Legend: B, T, S, h,
  * d_v, d_model, d_kv_in, d_v_in (see mha.h); an unbatched X (T, d_model)
  * gives outputs without the B axis. */
+#include <ctype.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,15 +34,17 @@ static int parse_ablate(const char *spec, mha_intervention *iv, int h) {
         else if (n == 4 && strncmp(p, "mean", 4) == 0) v.op = MHA_HEAD_MEAN;
         else if (n == 4 && strncmp(p, "keep", 4) == 0) v.op = MHA_HEAD_KEEP;
         else if (n > 6 && strncmp(p, "scale:", 6) == 0) {
-            char num[32];
-            size_t m = n - 6 < sizeof num - 1 ? n - 6 : sizeof num - 1;
-            memcpy(num, p + 6, m);
-            num[m] = '\0';
+            /* strtod reads the whole number in place, however many digits
+             * it is written with; it must end exactly at the ',' or end */
+            const char *num = p + 6;
             char *e2;
             errno = 0;
             double s = strtod(num, &e2);
-            if (*e2 || errno || s != s || s > 3e38 || s < -3e38)
-                return mha_cmd_error("run", MHA_EXIT_USAGE, "--ablate: scale '%s' is not a finite number", num);
+            if (e2 != p + n || isspace((unsigned char)*num) || errno || s != s || s > 3e38 ||
+                s < -3e38)
+                return mha_cmd_error("run", MHA_EXIT_USAGE,
+                                     "--ablate: scale '%.*s' is not a finite float32 number",
+                                     (int)(n - 6 < 60 ? n - 6 : 60), num);
             v.op = MHA_HEAD_SCALE;
             v.scale = (float)s;
         } else {
@@ -84,6 +87,7 @@ int cmd_run(int argc, char **argv) {
     cli_fwd_flags ff = {0};
     const char *output = NULL, *ablate = NULL, *save_z = NULL, *save_c = NULL, *save_p = NULL,
                *path = NULL, *masked = NULL, *v_input = NULL, *grad_output = NULL, *save_a = NULL;
+    double max_gib = 0;
     mha_arg args[] = {
         CLI_CKPT_ARGS(ck, 1),
         CLI_FWD_ARGS(ff),
@@ -109,6 +113,7 @@ int cmd_run(int argc, char **argv) {
          .help = "save each head's attribution Z^(r).dZ^(r) of <dY, Y>, (h,B,T) (docs/BACKWARD.md)"},
         {.name = "--path", .kind = MHA_ARG_STRING, .dest = &path, .metavar = "P",
          .help = "auto (default), reference or fast", .choices = "auto|reference|fast"},
+        CLI_MAX_OUTPUT_ARG(max_gib),
     };
     mha_command_spec spec = {
         .name = "run",
@@ -119,14 +124,28 @@ int cmd_run(int argc, char **argv) {
                    "Heads in --ablate are positions 0..h-1 of the loaded layer.\n"
                    "--v-input feeds W_V while --kv-input (or X) feeds W_K, as PyTorch's\n"
                    "key and value; a layer whose d_v_in differs from d_kv_in needs it.\n\n"
+                   "Every output is written to a temporary file next to it and renamed over\n"
+                   "the target only when the whole command succeeded: a failed run leaves\n"
+                   "every existing file as it was. An output may not be an input or another\n"
+                   "output.\n\n"
                    "example: mha run --weights attn.safetensors --input x.npy --output y.npy \\\n"
                    "           --causal --ablate 1=zero --save-contributions c.npy\n",
         .args = args,
         .n_args = (int)(sizeof args / sizeof args[0]),
     };
+    cli_outputs outs;
+    cli_outputs_init(&outs, "run");
+    cli_register_inputs(&outs, &ck, &ff);
+    cli_outputs_input(&outs, "--v-input", &v_input);
+    cli_outputs_output(&outs, "--output", &output);
+    cli_outputs_output(&outs, "--save-z", &save_z);
+    cli_outputs_output(&outs, "--save-contributions", &save_c);
+    cli_outputs_output(&outs, "--save-probs", &save_p);
+    cli_outputs_input(&outs, "--grad-output", &grad_output);
+    cli_outputs_output(&outs, "--save-attribution", &save_a);
     mha_layer *L;
     cli_fwd f;
-    int rc = cli_fwd_open(&L, &f, &spec, &ck, &ff, argc, argv);
+    int rc = cli_fwd_open(&L, &f, &spec, &ck, &ff, &outs, argc, argv);
     if (rc != MHA_ARGS_CONTINUE) return rc;
 
     float *y = NULL, *attr = NULL; /* (B,T,d_model), (h,B,T) */
@@ -154,6 +173,17 @@ int cmd_run(int argc, char **argv) {
     }
     int B = f.B, T = f.T, St = f.S + c->add_bias_kv + c->add_zero_attn, dm = c->d_model;
     size_t rows = (size_t)B * T;
+    /* every output is held in memory at once: each, and their sum, must fit */
+    double limit = max_gib > 0 ? max_gib : cli_default_output_limit_gib();
+    double ny = (double)rows * dm, nz = save_z ? (double)rows * h * c->d_v : 0,
+           nc = save_c ? (double)h * rows * dm : 0, np = save_p ? (double)h * rows * St : 0,
+           na = save_a ? (double)h * rows : 0;
+    if ((rc = cli_check_output_size("run", "--output", ny, limit)) ||
+        (rc = cli_check_output_size("run", "--save-z", nz, limit)) ||
+        (rc = cli_check_output_size("run", "--save-contributions", nc, limit)) ||
+        (rc = cli_check_output_size("run", "--save-probs", np, limit)) ||
+        (rc = cli_check_output_size("run", "the outputs together", ny + nz + nc + np + na, limit)))
+        goto done;
     rc = MHA_EXIT_RUNTIME;
     if (!(y = cli_alloc("run", rows * dm))) goto done;
     if (save_z && !(cap.z = cli_alloc("run", rows * h * c->d_v))) goto done;
@@ -175,16 +205,17 @@ int cmd_run(int argc, char **argv) {
     int k = f.batched ? 0 : 1;
     int sy[3] = {B, T, dm}, sz[3] = {B, T, h * c->d_v};
     int sc[4] = {h, B, T, dm}, sp[4] = {B, h, T, St};
-    if ((rc = cli_save("run", output, y, 3 - k, sy + k))) goto done;
-    if (save_z && (rc = cli_save("run", save_z, cap.z, 3 - k, sz + k))) goto done;
+    if ((rc = cli_save(&outs, "--output", y, 3 - k, sy + k))) goto done;
+    if (save_z && (rc = cli_save(&outs, "--save-z", cap.z, 3 - k, sz + k))) goto done;
     if (save_c) {
         if (k) { sc[1] = T; sc[2] = dm; }
-        if ((rc = cli_save("run", save_c, cap.contributions, 4 - k, sc))) goto done;
+        if ((rc = cli_save(&outs, "--save-contributions", cap.contributions, 4 - k, sc))) goto done;
     }
-    if (save_p && (rc = cli_save("run", save_p, cap.probs, 4 - k, sp + k))) goto done;
+    if (save_p && (rc = cli_save(&outs, "--save-probs", cap.probs, 4 - k, sp + k))) goto done;
     int sa[3] = {h, B, T};
     if (k) sa[1] = T;
-    if (attr && (rc = cli_save("run", save_a, attr, 3 - k, sa))) goto done;
+    if (attr && (rc = cli_save(&outs, "--save-attribution", attr, 3 - k, sa))) goto done;
+    if ((rc = cli_outputs_finish(&outs, MHA_EXIT_OK))) goto done;
     printf("wrote %s: %s%d x %d x %d (h=%d, h_kv=%d, d_k=%d, d_v=%d)\n", output,
            f.batched ? "" : "unbatched ", B, T, dm, h, c->n_kv_heads, c->d_k, c->d_v);
 done:
@@ -197,5 +228,5 @@ done:
     mha_array_free(&v);
     cli_fwd_free(&f);
     mha_layer_free(L);
-    return rc;
+    return cli_outputs_finish(&outs, rc);
 }

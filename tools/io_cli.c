@@ -28,13 +28,24 @@ int cli_load_layer(const char *cmd, mha_layer **L, const cli_ckpt *ck, const cha
 }
 
 int cli_parse_load(mha_layer **L, const char **pos, mha_command_spec *spec, const cli_ckpt *ck,
-                   int argc, char **argv) {
+                   cli_outputs *outs, int argc, char **argv) {
     int npos = 0;
     *L = NULL;
     int rc = mha_args_parse(spec, argc, argv, pos, &npos);
     if (rc != MHA_ARGS_CONTINUE) return rc;
+    if (outs && (rc = cli_outputs_check(outs))) return rc;
     rc = cli_load_layer(spec->name, L, ck, pos && npos > 0 ? pos[0] : NULL);
+    if (rc && outs) cli_outputs_finish(outs, rc);
     return rc ? rc : MHA_ARGS_CONTINUE;
+}
+
+void cli_register_inputs(cli_outputs *outs, const cli_ckpt *ck, const cli_fwd_flags *ff) {
+    cli_outputs_input(outs, "--weights", &ck->weights);
+    if (!ff) return;
+    cli_outputs_input(outs, "--input", &ff->input);
+    cli_outputs_input(outs, "--kv-input", &ff->kv_input);
+    cli_outputs_input(outs, "--attn-mask", &ff->attn_mask);
+    cli_outputs_input(outs, "--key-padding-mask", &ff->key_padding_mask);
 }
 
 char **cli_expand_causal(int *argc, char **argv) {
@@ -59,9 +70,10 @@ char **cli_expand_causal(int *argc, char **argv) {
     return out;
 }
 
-int cli_save(const char *cmd, const char *path, const float *data, int rank, const int *shape) {
-    mha_status s = mha_npy_write_f32(path, data, rank, shape);
-    return s ? cli_fail(cmd, s) : MHA_EXIT_OK;
+int cli_save(const cli_outputs *outs, const char *flag, const float *data, int rank,
+             const int *shape) {
+    mha_status s = mha_npy_write_f32(cli_outputs_tmp(outs, flag), data, rank, shape);
+    return s ? cli_outputs_write_error(outs, flag, mha_last_error()) : MHA_EXIT_OK;
 }
 
 /* Reads a (rows, width) or (B, rows, width) float array. */
@@ -86,6 +98,15 @@ static int read_tokens(const char *cmd, mha_array *a, const char *path, const ch
     return MHA_EXIT_OK;
 }
 
+/* "(9,)", "(2, 7)": an array's shape as NumPy prints it. */
+static const char *shape_str(const mha_array *m, char *buf, size_t cap) {
+    size_t n = (size_t)snprintf(buf, cap, "(");
+    for (int i = 0; i < m->rank && n < cap; i++)
+        n += (size_t)snprintf(buf + n, cap - n, "%s%d", i ? ", " : "", m->shape[i]);
+    if (n < cap) snprintf(buf + n, cap - n, "%s)", m->rank == 1 ? "," : "");
+    return buf;
+}
+
 /* nn.MultiheadAttention attn_mask: (T,S) or (B*h,T,S) [(h,T,S) unbatched]. */
 static int attn_mask(const char *cmd, cli_fwd *f, const mha_config *c, const char *path) {
     mha_status s = mha_npy_read(&f->am, path, MHA_IO_ALLOW_NEG_INF);
@@ -99,14 +120,11 @@ static int attn_mask(const char *cmd, cli_fwd *f, const mha_config *c, const cha
         batch = f->B;
         heads = c->n_heads;
     } else {
-        char got[64] = "(";
-        for (int i = 0; i < m->rank; i++)
-            snprintf(got + strlen(got), sizeof got - strlen(got), "%s%d", i ? ", " : "", m->shape[i]);
-        strncat(got, ")", sizeof got - strlen(got) - 1);
+        char got[96];
         return mha_cmd_error(cmd, MHA_EXIT_RUNTIME,
                              "%s: attn_mask has shape %s; expected (T, S) = (%d, %d) or "
                              "(B*h, T, S) = (%d, %d, %d)",
-                             path, got, T, S, f->B * c->n_heads, T, S);
+                             path, shape_str(m, got, sizeof got), T, S, f->B * c->n_heads, T, S);
     }
     if (m->f) {
         f->opt.additive_mask = (mha_mask){m->f, batch, heads};
@@ -126,11 +144,11 @@ static int key_padding(const char *cmd, cli_fwd *f, const char *path) {
     mha_array *m = &f->kp;
     int ok = (m->rank == 2 && m->shape[0] == f->B && m->shape[1] == f->S) ||
              (m->rank == 1 && f->B == 1 && m->shape[0] == f->S);
+    char got[96];
     if (!ok)
         return mha_cmd_error(cmd, MHA_EXIT_RUNTIME,
-                             "%s: key_padding_mask has rank %d shape (%d, %d); expected (B, S) = "
-                             "(%d, %d)%s",
-                             path, m->rank, m->shape[0], m->shape[1], f->B, f->S,
+                             "%s: key_padding_mask has shape %s; expected (B, S) = (%d, %d)%s",
+                             path, shape_str(m, got, sizeof got), f->B, f->S,
                              f->B == 1 ? " or (S,)" : "");
     if (m->f) {
         f->opt.key_additive = m->f;
@@ -193,15 +211,16 @@ int cli_fwd_run(const char *cmd, const cli_fwd *f, const mha_layer *L, float *y,
 }
 
 int cli_fwd_open(mha_layer **L, cli_fwd *f, mha_command_spec *spec, const cli_ckpt *ck,
-                 const cli_fwd_flags *ff, int argc, char **argv) {
+                 const cli_fwd_flags *ff, cli_outputs *outs, int argc, char **argv) {
     memset(f, 0, sizeof *f);
     argv = cli_expand_causal(&argc, argv);
-    int rc = cli_parse_load(L, NULL, spec, ck, argc, argv);
+    int rc = cli_parse_load(L, NULL, spec, ck, outs, argc, argv);
     if (rc != MHA_ARGS_CONTINUE) return rc;
     if ((rc = cli_fwd_prepare(spec->name, f, *L, ff))) {
         cli_fwd_free(f);
         mha_layer_free(*L);
         *L = NULL;
+        if (outs) cli_outputs_finish(outs, rc);
         return rc;
     }
     return MHA_ARGS_CONTINUE;

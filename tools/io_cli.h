@@ -8,6 +8,7 @@
 
 #include "args.h"
 #include "mha.h"
+#include "outputs.h"
 
 /* --- checkpoint flags: --weights --layout --heads --kv-heads --prefix --- */
 typedef struct {
@@ -40,14 +41,19 @@ int cli_load_layer(const char *cmd, mha_layer **L, const cli_ckpt *ck, const cha
 
 /* The opening of every checkpoint command: parses argv against spec
  * (positional arguments into pos, which may be NULL when the spec takes
- * none), then loads the layer from pos[0] when one was given, else from
- * ck->weights. Returns MHA_ARGS_CONTINUE with *L
- * loaded, or the exit code (0 after --help) with *L left NULL. */
+ * none), checks the command's files (cli_outputs_check; outs may be NULL
+ * for a command that writes nothing), then loads the layer from pos[0]
+ * when one was given, else from ck->weights. Returns MHA_ARGS_CONTINUE
+ * with *L loaded, or the exit code (0 after --help) with *L left NULL and
+ * no temporary left. */
 int cli_parse_load(mha_layer **L, const char **pos, mha_command_spec *spec, const cli_ckpt *ck,
-                   int argc, char **argv);
+                   cli_outputs *outs, int argc, char **argv);
+/* Registers the checkpoint and forward-pass input flags with outs. */
+struct cli_fwd_flags;
+void cli_register_inputs(cli_outputs *outs, const cli_ckpt *ck, const struct cli_fwd_flags *ff);
 
 /* --- forward-pass flags shared by run, audit and plot --- */
-typedef struct {
+typedef struct cli_fwd_flags {
     const char *input, *kv_input;
     const char *causal;   /* NULL, "top-left" or "bottom-right" */
     const char *attn_mask, *key_padding_mask;
@@ -91,14 +97,16 @@ void cli_fwd_free(cli_fwd *f);
  * with mha_layer_free and cli_fwd_free), or the exit code with *L NULL and
  * *f zeroed: nothing left to free. */
 int cli_fwd_open(mha_layer **L, cli_fwd *f, mha_command_spec *spec, const cli_ckpt *ck,
-                 const cli_fwd_flags *ff, int argc, char **argv);
+                 const cli_fwd_flags *ff, cli_outputs *outs, int argc, char **argv);
 
 /* Runs the forward; y (B,T,d_model) must be allocated; cap may be NULL. */
 int cli_fwd_run(const char *cmd, const cli_fwd *f, const mha_layer *L, float *y,
                 const mha_capture *cap);
 
-/* Writes float data as .npy; shape has rank entries. */
-int cli_save(const char *cmd, const char *path, const float *data, int rank, const int *shape);
+/* Writes float data as .npy to the temporary of the output registered
+ * under flag; shape has rank entries. */
+int cli_save(const cli_outputs *outs, const char *flag, const float *data, int rank,
+             const int *shape);
 
 /* A library failure as "mha <cmd>: <message>", exit code 1. */
 int cli_fail(const char *cmd, mha_status s);

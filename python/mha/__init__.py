@@ -20,6 +20,7 @@ import numpy as np
 
 from . import _lib
 from ._arrays import floats, fptr, ints
+from ._check import c_int
 from .errors import (ArgumentError, ContractError, DTypeError, FileError, FormatError, MhaError,
                      NonFiniteError, OutOfMemoryError, ShapeError, UnsupportedError, check,
                      last_error, status_str)
@@ -40,7 +41,7 @@ _L = _lib.lib
 
 def set_num_threads(n):
     """Threads of the fast path (0: OpenMP's default)."""
-    _L.mha_set_num_threads(int(n))
+    _L.mha_set_num_threads(c_int("n", n, 0))
 
 
 def get_num_threads():
@@ -68,7 +69,7 @@ def concat_heads(heads, order=None):
 
 def split_heads(z, n):
     """[head_0, ..., head_{n-1}], each (rows, d), from z (rows, n*d)."""
-    z = floats("z", z)
+    z, n = floats("z", z), c_int("n", n, 1)
     if z.ndim != 2 or n <= 0 or z.shape[1] % n:
         raise ShapeError(f"z has shape {z.shape}; expected (rows, n*d) with n={n}")
     rows, d = z.shape[0], z.shape[1] // n
@@ -96,7 +97,7 @@ def project_out(z, w, b=None):
 
 def head_contributions(z, w, n):
     """(n, rows, d_out): block r = z[:, r*d:(r+1)*d] w[r*d:(r+1)*d, :]."""
-    z = floats("z", z)
+    z, n = floats("z", z), c_int("n", n, 1)
     if z.ndim != 2 or n <= 0 or z.shape[1] % n:
         raise ShapeError(f"z has shape {z.shape}; expected (rows, n*d) with n={n}")
     rows, d = z.shape[0], z.shape[1] // n
@@ -113,14 +114,13 @@ def head_intervene(z, op, r, n):
     """A copy of z (rows, n*d) with one intervention applied to head r's block;
     op as in Layer.forward(interventions=...): 'zero', 'mean', ('scale', s),
     ('replace', array (rows, d))."""
-    z = np.array(floats("z", z), copy=True)
+    z, n = np.array(floats("z", z), copy=True), c_int("n", n, 1)
+    r = c_int("r", r, 0, n - 1)
     if z.ndim != 2 or n <= 0 or z.shape[1] % n:
         raise ShapeError(f"z has shape {z.shape}; expected (rows, n*d) with n={n}")
     rows, d = z.shape[0], z.shape[1] // n
     keep = []
     spec = [None] * n
-    if not 0 <= r < n:
-        raise ArgumentError(f"r={r}; expected 0..{n - 1}")
     spec[r] = op
     # replace values are (B,T,d) in a forward; here rows = B*T with B=1.
     if isinstance(op, tuple) and op and op[0] == "replace":

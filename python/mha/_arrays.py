@@ -8,33 +8,60 @@ import ctypes
 import numpy as np
 
 from . import _lib
-from .errors import DTypeError, ShapeError
+from ._check import INT_MAX, INT_MIN, c_int
+from .errors import ArgumentError, DTypeError, ShapeError
 
 
 def _shape_str(shape):
     return "(" + ",".join(str(d) for d in shape) + ")"
 
 
+def _array(name, a):
+    """np.asarray(a), refusing a torch tensor that requires grad: the
+    binding computes no gradients, so its results could not carry them."""
+    if getattr(a, "requires_grad", False):
+        raise ArgumentError(f"{name} is a tensor that requires grad; the binding computes no "
+                            f"gradients: pass {name}.detach() (or numpy data)")
+    return np.asarray(a)
+
+
 def floats(name, a, shape=None):
     """a as a C-contiguous float32 array, shape checked (None entries: any).
 
-    Any real floating dtype is accepted (float64 is rounded to float32, the
-    library's storage type); integers, booleans and complex are refused so a
-    mask or an index array is not read as data by mistake. Python lists and
-    numbers are converted."""
+    Any real floating dtype is accepted and rounded to float32, the
+    library's storage type; a finite value beyond float32's range (float64
+    1e300) would become inf, so it is refused naming the element instead.
+    Integers, booleans and complex are refused so a mask or an index array
+    is not read as data by mistake. Python lists and numbers are converted
+    (as float64, with the same range check)."""
     if isinstance(a, (list, tuple, int, float)):
-        a = np.asarray(a, dtype=np.float32)  # plain Python numbers carry no dtype to check
-    arr = np.asarray(a)
+        a = np.asarray(a, dtype=np.float64)  # plain Python numbers carry no dtype to check
+    arr = _array(name, a)
     if not np.issubdtype(arr.dtype, np.floating):
         raise DTypeError(f"{name} has dtype {arr.dtype}; expected a floating dtype (float32)")
     if shape is not None:
         check_shape(name, arr.shape, shape)
-    return np.ascontiguousarray(arr, dtype=np.float32)
+    with np.errstate(over="ignore"):  # overflow is found and named below
+        out = np.ascontiguousarray(arr, dtype=np.float32)
+    if arr.dtype.itemsize > 4:
+        _check_no_overflow(name, arr, out)
+    return out
+
+
+def _check_no_overflow(name, wide, narrow):
+    """Raises naming the first element that was finite in `wide` and is
+    infinite after rounding to float32 (`narrow`)."""
+    bad = np.isinf(narrow) & np.isfinite(wide)
+    if bad.any():
+        idx = tuple(int(i) for i in np.argwhere(bad)[0])
+        where = ",".join(str(i) for i in idx)
+        raise ArgumentError(f"{name}[{where}] = {wide[idx]!r} is beyond float32's range; expected "
+                            f"|value| <= {np.finfo(np.float32).max:.8g} (the library stores float32)")
 
 
 def bools(name, a, shape=None):
     """a (bool or uint8) as a C-contiguous uint8 array of 0/1 values."""
-    arr = np.asarray(a)
+    arr = _array(name, a)
     if arr.dtype != np.bool_ and arr.dtype != np.uint8:
         raise DTypeError(f"{name} has dtype {arr.dtype}; expected bool or uint8")
     if shape is not None:
@@ -64,8 +91,8 @@ def u8ptr(a):
 
 
 def ints(name, seq, n):
-    """A ctypes int array of exactly n entries."""
-    arr = np.asarray(seq)
+    """A ctypes int array of exactly n integers, each within a C int."""
+    arr = _array(name, seq)
     if arr.ndim != 1 or arr.shape[0] != n or not np.issubdtype(arr.dtype, np.integer):
         raise ShapeError(f"{name} is {arr.tolist()!r}; expected {n} integers")
-    return (ctypes.c_int * n)(*[int(v) for v in arr])
+    return (ctypes.c_int * n)(*[c_int(f"{name}[{i}]", v, INT_MIN, INT_MAX) for i, v in enumerate(arr)])

@@ -1,45 +1,78 @@
-"""ctypes declarations of include/mha.h and the loaded build/libmha.so.
+"""ctypes declarations of include/mha.h and the loaded libmha.so.
 
 The structures mirror the C header field for field; ctypes lays them out
 with the platform's C rules, so a field added to the header must be added
-here in the same place. Enums are C ints.
+here in the same place. Enums are C ints. Only public symbols of mha.h are
+bound.
 """
 import ctypes
+import ctypes.util
+import glob
 import os
 from ctypes import (POINTER, Structure, c_char_p, c_double, c_float, c_int, c_size_t, c_uint8,
                     c_void_p)
 
-_here = os.path.dirname(os.path.abspath(__file__))
-_repo = os.path.dirname(os.path.dirname(_here))
+_here = os.path.dirname(os.path.abspath(__file__))        # .../mha
+_repo = os.path.dirname(os.path.dirname(_here))           # the checkout, when run from python/
 
 
-def _installed_library():
-    """<prefix>/lib/libmha.so of `make install` when this package was
-    installed under the same prefix (<prefix>/lib/python3.X/site-packages,
-    or Debian's <prefix>/local/lib/python3.X/dist-packages), else None."""
-    site = os.path.dirname(_here)
-    if os.path.basename(site) not in ("site-packages", "dist-packages"):
-        return None
-    d = site
-    for _ in range(4):
-        d = os.path.dirname(d)
-        if os.path.exists(os.path.join(d, "lib", "libmha.so")):
-            return os.path.join(d, "lib", "libmha.so")
-    return None
+def _next_to_package(package_dir):
+    """libmha.so in <prefix>/lib when this package is installed under
+    <prefix>/lib/pythonX.Y/site-packages (or Debian's
+    <prefix>/lib/python3/dist-packages): two levels above the package's
+    parent. Debian's pip puts `pip install --prefix P` under
+    P/local/lib/python3.Y/dist-packages, so P/lib is tried after P/local/lib.
+    Nothing for any other layout (e.g. python/ of a checkout)."""
+    parent = os.path.dirname(package_dir)
+    if os.path.basename(parent) not in ("site-packages", "dist-packages"):
+        return []
+    libdirs = [os.path.normpath(os.path.join(parent, "..", ".."))]
+    if os.path.basename(os.path.dirname(libdirs[0])) == "local":
+        libdirs.append(os.path.join(os.path.dirname(os.path.dirname(libdirs[0])), "lib"))
+    paths = []
+    for libdir in libdirs:
+        versioned = sorted(glob.glob(os.path.join(libdir, "libmha.so.[0-9]*")), key=len)
+        paths += [os.path.join(libdir, "libmha.so")] + versioned[:1]
+    return paths
 
 
-def _find_library():
-    """MHA_LIBRARY wins; then the installed prefix's; then build/libmha.so of this checkout."""
-    path = (os.environ.get("MHA_LIBRARY") or _installed_library()
-            or os.path.join(_repo, "build", "libmha.so"))
-    if not os.path.exists(path):
-        raise ImportError(
-            f"mha: shared library not found at {path}; run `make lib` in {_repo} "
-            "or set MHA_LIBRARY to the path of libmha.so")
-    return path
+def _system_names():
+    """Names for dlopen to find through the system's search path."""
+    found = ctypes.util.find_library("mha")
+    return ([found] if found else []) + ["libmha.so.0", "libmha.so"]
 
 
-lib = ctypes.CDLL(_find_library())
+def find_library(env=None, package_dir=_here, repo=_repo):
+    """(path or name to load, where it came from), first found in this order:
+    1. $MHA_LIBRARY (set but missing: an error, never a silent fallback);
+    2. <prefix>/lib next to the installed package;
+    3. the system loader (ctypes.util.find_library("mha"), libmha.so.0);
+    4. build/libmha.so of the repository this package sits in."""
+    env = os.environ if env is None else env
+    explicit = env.get("MHA_LIBRARY")
+    if explicit:
+        if not os.path.exists(explicit):
+            raise ImportError(f"mha: MHA_LIBRARY={explicit} does not exist; expected the path of libmha.so")
+        return explicit, "MHA_LIBRARY"
+    for path in _next_to_package(package_dir):
+        if os.path.exists(path):
+            return path, "installed prefix"
+    for name in _system_names():
+        try:
+            ctypes.CDLL(name)
+            return name, "system loader"
+        except OSError:
+            pass
+    build = os.path.join(repo, "build", "libmha.so")
+    if os.path.exists(build):
+        return build, "build tree"
+    tried = _next_to_package(package_dir) + _system_names() + [build]
+    raise ImportError("mha: libmha.so not found; tried " + ", ".join(tried) +
+                      f". Run `make lib` (or `make install PREFIX=...`) or set MHA_LIBRARY")
+
+
+path, found_by = find_library()
+lib = ctypes.CDLL(path)
 F32P = POINTER(c_float)
 INTP = POINTER(c_int)
 

@@ -13,8 +13,9 @@ import numpy as np
 from . import _lib
 from ._owner import COwner
 from ._arrays import _shape_str, floats, fptr, ints
+from ._check import INT_MAX, c_float, c_int, names as capture_names
 from .errors import ArgumentError, MhaError, ShapeError, check as _check_status
-from .layer import Layer, _enum
+from .layer import Layer, _enum, window as window_arg
 
 _L = _lib.lib
 
@@ -50,13 +51,14 @@ def _config_of(layer_or_config):
     """An mha_config from a Layer or a dict of mha_config fields (missing
     fields 0: the library's defaults)."""
     if isinstance(layer_or_config, Layer):
-        return _L.mha_layer_config(layer_or_config._handle()).contents
+        c = layer_or_config.config
+        return _lib.Config(*[c[n] for n, _ in _lib.Config._fields_])
     if isinstance(layer_or_config, dict):
         names = [n for n, _ in _lib.Config._fields_]
         unknown = set(layer_or_config) - set(names)
         if unknown:
             raise ArgumentError(f"unknown config fields {sorted(unknown)}; expected among {names}")
-        cfg = _lib.Config(*[int(layer_or_config.get(n, 0)) for n in names])
+        cfg = _lib.Config(*[c_int(n, layer_or_config.get(n, 0), 0) for n in names])
         if "bias" not in layer_or_config:
             cfg.bias = 1  # as Layer's default
         return cfg
@@ -68,7 +70,8 @@ def cache_bytes_for(layer_or_config, batch, capacity, dtype="float32"):
     would allocate, without creating it (2 * B * capacity * h_kv * d_head *
     bytes when d_k = d_v = d_head and capacity is a multiple of 128)."""
     cfg = _config_of(layer_or_config)
-    n = _L.mha_cache_bytes_for(ctypes.byref(cfg), int(batch), int(capacity), _dtype(dtype))
+    n = _L.mha_cache_bytes_for(ctypes.byref(cfg), c_int("batch", batch, 0), c_int("capacity", capacity, 0),
+                               _dtype(dtype))
     if n == 0:
         raise ArgumentError(f"mha_cache_bytes_for: batch={batch}, capacity={capacity} or the config is "
                             "invalid; expected batch >= 1, capacity >= 1 and a valid config")
@@ -101,16 +104,18 @@ class Cache(COwner):
     _kind = "cache"
 
     def __init__(self, layer, batch=1, capacity=1024, dtype="float32", window=0):
-        self._ptr = None
         if not isinstance(layer, Layer):
             raise ArgumentError(f"layer is a {type(layer).__name__}; expected a mha.Layer")
         dt = _dtype(dtype)
+        batch, capacity = c_int("batch", batch, 0), c_int("capacity", capacity, 0)
+        window = c_int("window", window, 0)
         handle = ctypes.c_void_p()
-        check(_L.mha_cache_create(ctypes.byref(handle), layer._handle(), int(batch), int(capacity), dt,
-                                  int(window)), "mha_cache_create")
+        with layer._borrow() as layer_ptr:
+            check(_L.mha_cache_create(ctypes.byref(handle), layer_ptr, batch, capacity, dt, window),
+                  "mha_cache_create")
         self._ptr = handle
         self.layer = layer
-        self.batch, self.capacity, self.window = int(batch), int(capacity), int(window)
+        self.batch, self.capacity, self.window = batch, capacity, window
         self.dtype = "float16" if dt == _lib.CACHE_F16 else "float32"
         c = layer.config
         self._shape = {k: c[k] for k in ("d_model", "n_heads", "n_kv_heads", "d_k", "d_v",
@@ -130,11 +135,14 @@ class Cache(COwner):
     @property
     def bytes(self):
         """mha_cache_bytes: K/V storage in bytes (bookkeeping not counted)."""
-        return _L.mha_cache_bytes(self._handle())
+        with self._borrow() as ptr:
+            return _L.mha_cache_bytes(ptr)
 
     def length(self, b):
         """Next position of sequence b (tokens held, counting those a window dropped)."""
-        n = _L.mha_cache_length(self._handle(), int(b))
+        b = c_int("b", b)
+        with self._borrow() as ptr:
+            n = _L.mha_cache_length(ptr, b)
         if n < 0:
             check(_lib.E_ARG, "mha_cache_length")
         return n
@@ -144,17 +152,22 @@ class Cache(COwner):
 
     def reset(self, b=-1):
         """Empties sequence b, or every sequence when b == -1."""
-        check(_L.mha_cache_reset(self._handle(), int(b)), "mha_cache_reset")
+        b = c_int("b", b)
+        with self._borrow(exclusive=True) as ptr:
+            check(_L.mha_cache_reset(ptr, b), "mha_cache_reset")
 
     def truncate(self, b, n):
         """Rolls sequence b back to n tokens (0 <= n <= length(b))."""
-        check(_L.mha_cache_truncate(self._handle(), int(b), int(n)), "mha_cache_truncate")
+        b, n = c_int("b", b), c_int("n", n)
+        with self._borrow(exclusive=True) as ptr:
+            check(_L.mha_cache_truncate(ptr, b, n), "mha_cache_truncate")
 
     def permute_heads(self, perm):
         """The same perm as Layer.permute_heads (h entries, new head i = old
         head perm[i]); call it after permuting a layer with a live cache."""
         arr = ints("perm", perm, self._shape["n_heads"])
-        check(_L.mha_cache_permute_heads(self._handle(), arr), "mha_cache_permute_heads")
+        with self._borrow(exclusive=True) as ptr:
+            check(_L.mha_cache_permute_heads(ptr, arr), "mha_cache_permute_heads")
 
     # ------------------------------------------------------------ inputs
     def _rows(self, name, a, width, width_name):
@@ -164,7 +177,7 @@ class Cache(COwner):
         squeezed = a.ndim == 2 and B == 1
         if squeezed:
             a = a.reshape(1, *shape)
-        if a.ndim != 3 or a.shape[0] != B or a.shape[2] != width or a.shape[1] < 1:
+        if a.ndim != 3 or a.shape[0] != B or a.shape[2] != width or not 1 <= a.shape[1] <= INT_MAX:
             alt = f" or (T,{width_name}={width})" if B == 1 else ""
             raise ShapeError(f"{name} has shape {_shape_str(shape)}; "
                              f"expected (B={B},T>=1,{width_name}={width}){alt}")
@@ -174,13 +187,13 @@ class Cache(COwner):
         """None -> NULL (all T rows); an int -> the same count for every sequence."""
         if n_new is None:
             return None
+        if np.ndim(n_new) == 0:
+            n_new = [c_int("n_new", n_new, 0, INT_MAX)] * self.batch
         arr = np.asarray(n_new)
-        if arr.ndim == 0:
-            arr = np.full(self.batch, int(arr))
         if arr.ndim != 1 or arr.shape[0] != self.batch or not np.issubdtype(arr.dtype, np.integer):
-            raise ShapeError(f"n_new is {np.asarray(n_new).tolist()!r}; expected an int or "
+            raise ShapeError(f"n_new is {arr.tolist()!r}; expected an int or "
                              f"B={self.batch} integers in 0..T={T}")
-        return (ctypes.c_int * self.batch)(*[int(v) for v in arr])
+        return ints("n_new", arr, self.batch)
 
     # ---------------------------------------------------------- forward
     def forward(self, layer=None, x=None, n_new=None, *, capture=(), interventions=None,
@@ -214,10 +227,10 @@ class Cache(COwner):
         B, h = self.batch, s["n_heads"]
         keep = [x]
         o = _L.mha_options_default()
-        o.scale = float(scale)
+        o.scale = c_float("scale", scale)
         o.causal = 1
         o.align = _lib.ALIGN["bottom_right"]
-        o.window_left = -1 if window_left is None else int(window_left)
+        o.window_left = window_arg("window_left", window_left)
         o.masked_row = _enum("masked_row", masked_row, _lib.MASKED_ROW)
         if interventions is not None:
             if squeezed:  # ('replace', (T,d_v)) rows like x's
@@ -226,18 +239,18 @@ class Cache(COwner):
             keep.append(ivs)
             o.interventions = ivs
         n = self._n_new(n_new, T)
-        names = ("z", "contributions", "probs") if capture is True else tuple(capture or ())
         extra = s["add_bias_kv"] + s["add_zero_attn"]
         shapes = {"z": (B, T, h * s["d_v"]), "contributions": (h, B, T, s["d_model"]),
                   "probs": (B, h, T, self.capacity + extra)}
-        bad = [nm for nm in names if nm not in shapes]
-        if bad:
-            raise ArgumentError(f"capture {bad}; expected names among {list(shapes)}")
+        names = capture_names("capture", capture, shapes)
         caps = {nm: np.empty(shapes[nm], dtype=np.float32) for nm in names}
         cap = _lib.Capture(*(fptr(caps.get(nm)) for nm in ("z", "contributions", "probs")))
         y = np.empty((B, T, s["d_model"]), dtype=np.float32)
-        check(_L.mha_forward_cached(layer._handle(), self._handle(), fptr(y), ctypes.byref(cap), fptr(x),
-                                    T, n, ctypes.byref(o)), "mha_forward_cached")
+        # the layer is only read; the cache takes the new K and V: exclusive
+        with layer._borrow() as layer_ptr, self._borrow(exclusive=True) as ptr:
+            st = _L.mha_forward_cached(layer_ptr, ptr, fptr(y), ctypes.byref(cap), fptr(x), T, n,
+                                       ctypes.byref(o))
+        check(st, "mha_forward_cached")
         del keep
         if squeezed:
             y = y[0]
@@ -256,8 +269,9 @@ class Cache(COwner):
         v, Tv, _ = self._rows("v", v, s["n_kv_heads"] * s["d_v"], "h_kv*d_v")
         if Tv != T:
             raise ShapeError(f"v has {Tv} rows per sequence; expected T={T} like k")
-        check(_L.mha_cache_append(self._handle(), fptr(k), fptr(v), T, self._n_new(n_new, T)),
-              "mha_cache_append")
+        n = self._n_new(n_new, T)
+        with self._borrow(exclusive=True) as ptr:
+            check(_L.mha_cache_append(ptr, fptr(k), fptr(v), T, n), "mha_cache_append")
 
     def attend(self, q, n_new=None, scale=0.0):
         """z (B,T,h*d_v) of queries q (B,T,h*d_k) at the last n_new[b]
@@ -267,6 +281,7 @@ class Cache(COwner):
         s = self._shape
         q, T, squeezed = self._rows("q", q, s["n_heads"] * s["d_k"], "h*d_k")
         z = np.zeros((self.batch, T, s["n_heads"] * s["d_v"]), dtype=np.float32)
-        check(_L.mha_cache_attend(self._handle(), fptr(z), fptr(q), T, self._n_new(n_new, T),
-                                  float(scale)), "mha_cache_attend")
+        n, scale = self._n_new(n_new, T), c_float("scale", scale)
+        with self._borrow() as ptr:
+            check(_L.mha_cache_attend(ptr, fptr(z), fptr(q), T, n, scale), "mha_cache_attend")
         return z[0] if squeezed else z

@@ -11,6 +11,7 @@ import numpy as np
 
 from . import _lib
 from ._arrays import bools, check_shape, floats, fptr, ints, u8ptr
+from ._check import INT_MAX, c_flag, c_float, c_int, names as capture_names
 from ._owner import COwner
 from .errors import ArgumentError, ShapeError, check
 
@@ -20,9 +21,14 @@ _L = _lib.lib
 def _enum(name, value, table):
     if isinstance(value, str) and value in table:
         return table[value]
-    if isinstance(value, int) and value in table.values():
+    if isinstance(value, int) and not isinstance(value, bool) and value in table.values():
         return value
     raise ArgumentError(f"{name}={value!r}; expected one of {', '.join(table)}")
+
+
+def window(name, value):
+    """None (unbounded) or 0..INT_MAX; -1 also means unbounded, as in C."""
+    return -1 if value is None else c_int(name, value, -1, INT_MAX)
 
 
 def _block(block):
@@ -71,10 +77,11 @@ class Layer(COwner):
 
     def __init__(self, d_model, n_heads, n_kv_heads=0, d_k=0, d_v=0, d_kv_in=0, bias=True,
                  add_bias_kv=False, add_zero_attn=False, weights=None, d_v_in=0):
-        cfg = _lib.Config(int(d_model), int(n_heads), int(n_kv_heads), int(d_k), int(d_v),
-                          int(d_kv_in), int(bool(bias)), int(bool(add_bias_kv)),
-                          int(bool(add_zero_attn)), int(d_v_in))
-        self._ptr = None
+        cfg = _lib.Config(c_int("d_model", d_model, 1), c_int("n_heads", n_heads, 1),
+                          c_int("n_kv_heads", n_kv_heads, 0), c_int("d_k", d_k, 0), c_int("d_v", d_v, 0),
+                          c_int("d_kv_in", d_kv_in, 0), c_flag("bias", bias),
+                          c_flag("add_bias_kv", add_bias_kv), c_flag("add_zero_attn", add_zero_attn),
+                          c_int("d_v_in", d_v_in, 0))
         resolved = _lib.Config()
         check(_L.mha_config_resolve(ctypes.byref(resolved), ctypes.byref(cfg)), "mha_config_resolve")
         handle = _lib.LayerP()
@@ -98,8 +105,9 @@ class Layer(COwner):
     @property
     def config(self):
         """The resolved mha_config as a dict (no zero defaults left)."""
-        c = _L.mha_layer_config(self._handle()).contents
-        return {n: int(getattr(c, n)) for n, _ in _lib.Config._fields_}
+        with self._borrow() as ptr:
+            c = _L.mha_layer_config(ptr).contents
+            return {n: int(getattr(c, n)) for n, _ in _lib.Config._fields_}
 
     def __getattr__(self, name):
         if name in {n for n, _ in _lib.Config._fields_}:
@@ -146,21 +154,23 @@ class Layer(COwner):
         """Copies of the weights as a dict of numpy arrays ((in, out) layout);
         absent biases (bias=0, add_bias_kv=0) are left out."""
         v = _lib.Weights()
-        _L.mha_layer_get_weights(self._handle(), ctypes.byref(v))
-        c = _L.mha_layer_config(self._ptr).contents
-        out = {}
-        for name, shape in self._weight_shapes(c).items():
-            p = getattr(v, name)
-            if p:
-                out[name] = np.ctypeslib.as_array(p, shape=shape).copy()
-        return out
+        with self._borrow() as ptr:
+            _L.mha_layer_get_weights(ptr, ctypes.byref(v))
+            c = _L.mha_layer_config(ptr).contents
+            out = {}
+            for name, shape in self._weight_shapes(c).items():
+                p = getattr(v, name)
+                if p:
+                    out[name] = np.ctypeslib.as_array(p, shape=shape).copy()
+            return out
 
     def set_weights(self, weights):
         """Replaces all weights (the same dict as the constructor's)."""
-        c = _L.mha_layer_config(self._handle()).contents
-        w, keep = self._weights_struct(c, weights)
-        check(_L.mha_layer_set_weights(self._ptr, ctypes.byref(w)), "mha_layer_set_weights")
-        del keep
+        with self._borrow(exclusive=True) as ptr:
+            c = _L.mha_layer_config(ptr).contents
+            w, keep = self._weights_struct(c, weights)
+            check(_L.mha_layer_set_weights(ptr, ctypes.byref(w)), "mha_layer_set_weights")
+            del keep
 
     # ------------------------------------------------ labels, permutation
     def _block_count(self, b):
@@ -172,24 +182,28 @@ class Layer(COwner):
         b = _block(block)
         n = self._block_count(b)
         arr = (ctypes.c_int * n)()
-        check(_L.mha_layer_labels(self._handle(), b, arr), "mha_layer_labels")
+        with self._borrow() as ptr:
+            check(_L.mha_layer_labels(ptr, b, arr), "mha_layer_labels")
         return list(arr)
 
     def set_labels(self, block, labels):
         b = _block(block)
         arr = ints("labels", labels, self._block_count(b))
-        check(_L.mha_layer_set_labels(self._handle(), b, arr), "mha_layer_set_labels")
+        with self._borrow(exclusive=True) as ptr:
+            check(_L.mha_layer_set_labels(ptr, b, arr), "mha_layer_set_labels")
 
     def permute_heads(self, perm):
         """New head i is old head perm[i]; Q/K/V columns, W_O rows, labels move together."""
         arr = ints("perm", perm, self.config["n_heads"])
-        check(_L.mha_layer_permute_heads(self._handle(), arr), "mha_layer_permute_heads")
+        with self._borrow(exclusive=True) as ptr:
+            check(_L.mha_layer_permute_heads(ptr, arr), "mha_layer_permute_heads")
 
     def permute_block(self, block, perm):
         """One-sided permutation of one block kind (the broken-conversion mistake)."""
         b = _block(block)
         arr = ints("perm", perm, self._block_count(b))
-        check(_L.mha_layer_permute_block(self._handle(), b, arr), "mha_layer_permute_block")
+        with self._borrow(exclusive=True) as ptr:
+            check(_L.mha_layer_permute_block(ptr, b, arr), "mha_layer_permute_block")
 
     # ----------------------------------------------------------- forward
     def _inputs(self, x, kv, value=None):
@@ -199,13 +213,13 @@ class Layer(COwner):
         x = floats("x", x)
         if x.ndim != 3 or x.shape[2] != c["d_model"]:
             raise ShapeError(f"x has shape {x.shape}; expected (B,T,d_model={c['d_model']})")
-        B, T = x.shape[0], x.shape[1]
+        B, T = c_int("B (x.shape[0])", x.shape[0], 0), c_int("T (x.shape[1])", x.shape[1], 0)
         S = T
         if kv is not None:
             kv = floats("kv", kv)
             if kv.ndim != 3 or kv.shape[0] != B or kv.shape[2] != c["d_kv_in"]:
                 raise ShapeError(f"kv has shape {kv.shape}; expected (B={B},S,d_kv_in={c['d_kv_in']})")
-            S = kv.shape[1]
+            S = c_int("S (kv.shape[1])", kv.shape[1], 0)
         if value is not None:
             value = floats("value", value)
             if value.shape != (B, S, c["d_v_in"]):
@@ -219,11 +233,11 @@ class Layer(COwner):
                  path="auto"):
         """mha_options from keyword arguments; arrays are appended to keep."""
         o = _L.mha_options_default()
-        o.scale = float(scale)
-        o.causal = int(bool(causal))
+        o.scale = c_float("scale", scale)
+        o.causal = c_flag("causal", causal)
         o.align = _enum("align", align, _lib.ALIGN)
-        o.window_left = -1 if window_left is None else int(window_left)
-        o.window_right = -1 if window_right is None else int(window_right)
+        o.window_left = window("window_left", window_left)
+        o.window_right = window("window_right", window_right)
         h = c["n_heads"]
         for field, arr, conv in (("keep_mask", keep_mask, bools), ("additive_mask", additive_mask, floats)):
             if arr is None:
@@ -274,7 +288,7 @@ class Layer(COwner):
             arr[r].op = _enum(f"interventions[{r}]", op, _lib.HEAD_OP)
             arr[r].scale = 1.0
             if op == "scale":
-                arr[r].scale = float(arg)
+                arr[r].scale = c_float(f"interventions[{r}] scale", arg)
             elif op == "replace":
                 v = floats(f"interventions[{r}] value", arg, (B, T, d_v))
                 keep.append(v)
@@ -303,19 +317,17 @@ class Layer(COwner):
         c, x, kv, value, B, T, S = self._inputs(x, kv, value)
         keep = [x, kv, value]
         opt = self._options(c, B, T, S, keep, **options)
-        names = ("z", "contributions", "probs") if capture is True else tuple(capture or ())
         h = c["n_heads"]
         shapes = {"z": (B, T, h * c["d_v"]), "contributions": (h, B, T, c["d_model"]),
                   "probs": (B, h, T, S + c["add_bias_kv"] + c["add_zero_attn"])}
-        bad = [n for n in names if n not in shapes]
-        if bad:
-            raise ArgumentError(f"capture {bad}; expected names among {list(shapes)}")
+        names = capture_names("capture", capture, shapes)
         caps = {n: np.empty(shapes[n], dtype=np.float32) for n in names}
         cap = _lib.Capture(*(fptr(caps.get(n)) for n in ("z", "contributions", "probs")))
         y = np.empty((B, T, c["d_model"]), dtype=np.float32)
-        check(_L.mha_forward_kv(self._handle(), fptr(y), ctypes.byref(cap), fptr(x), fptr(kv),
-                                fptr(value), B, T, S, ctypes.byref(opt)),
-              "mha_forward" if value is None else "mha_forward_kv")
+        with self._borrow() as ptr:
+            st = _L.mha_forward_kv(ptr, fptr(y), ctypes.byref(cap), fptr(x), fptr(kv), fptr(value),
+                                   B, T, S, ctypes.byref(opt))
+        check(st, "mha_forward" if value is None else "mha_forward_kv")
         return (y, caps) if names else y
 
     __call__ = forward
@@ -336,9 +348,10 @@ class Layer(COwner):
             keep = [x, kv]
             opt = self._options(c, B, T, S, keep, **options)
         rep = _lib.ContractReport()
-        st = _L.mha_layer_check_contract(self._handle(), fptr(x), fptr(kv), B, T, S,
-                                         ctypes.byref(opt) if opt is not None else None,
-                                         ctypes.byref(rep))
+        with self._borrow() as ptr:
+            st = _L.mha_layer_check_contract(ptr, fptr(x), fptr(kv), B, T, S,
+                                             ctypes.byref(opt) if opt is not None else None,
+                                             ctypes.byref(rep))
         if st == _lib.E_CONTRACT:
             return ContractReport(rep, _L.mha_last_error().decode())
         check(st, "mha_layer_check_contract")
@@ -350,7 +363,8 @@ class Layer(COwner):
         """mha_layer_load: a safetensors checkpoint in the native, torch, hf,
         gpt2 or megatron layout ('auto' detects it from the tensor names);
         n_heads/n_kv_heads 0 = from the file; prefix selects one layer."""
-        opt = _lib.LoadOptions(_enum("layout", layout, _lib.LAYOUTS), int(n_heads), int(n_kv_heads),
+        opt = _lib.LoadOptions(_enum("layout", layout, _lib.LAYOUTS), c_int("n_heads", n_heads, 0),
+                               c_int("n_kv_heads", n_kv_heads, 0),
                                None if prefix is None else str(prefix).encode())
         handle = _lib.LayerP()
         check(_L.mha_layer_load(ctypes.byref(handle), os.fsencode(path), ctypes.byref(opt)),
@@ -359,7 +373,8 @@ class Layer(COwner):
 
     def save(self, path):
         """mha_layer_save: native safetensors with labels and dims in the metadata."""
-        check(_L.mha_layer_save(self._handle(), os.fsencode(path)), "mha_layer_save")
+        with self._borrow() as ptr:
+            check(_L.mha_layer_save(ptr, os.fsencode(path)), "mha_layer_save")
 
     # ------------------------------------------------------ PyTorch side
     @classmethod

@@ -92,8 +92,9 @@ class _Attention(torch.autograd.Function):
         g = {n: np.zeros(shapes[n], dtype=np.float32) for n in wanted}
         grads = _lib.Gradients(*(fptr(g.get(n)) for n in _lib.GRAD_NAMES))
         dy = floats("dy", _np(dy), (B, T, c["d_model"]))
-        check(_L.mha_backward_kv(layer._handle(), ctypes.byref(grads), fptr(dy), fptr(x), fptr(k_src),
-                                 fptr(v_src), B, T, S, ctypes.byref(opt)), "mha_backward_kv")
+        with layer._borrow() as ptr:
+            check(_L.mha_backward_kv(ptr, ctypes.byref(grads), fptr(dy), fptr(x), fptr(k_src),
+                                     fptr(v_src), B, T, S, ctypes.byref(opt)), "mha_backward_kv")
         t = {n: torch.from_numpy(a) for n, a in g.items()}
         tr = {n: t[n].t().contiguous() for n in ("dw_q", "dw_k", "dw_v", "dw_o")}  # back to (out, in)
         kv_shape = (1, 1, -1)
@@ -261,7 +262,8 @@ def head_attribution(layer, x, dy, kv=None, value=None, *, dz=False, **options):
     dy = floats("dy", dy, (B, T, c["d_model"]))
     attr = np.empty((c["n_heads"], B, T), dtype=np.float32)
     dz_arr = np.empty((B, T, c["n_heads"] * c["d_v"]), dtype=np.float32) if dz else None
-    check(_L.mha_head_attribution(layer._handle(), fptr(attr), fptr(dz_arr), fptr(dy), fptr(x),
-                                  fptr(kv), fptr(value), B, T, S, ctypes.byref(opt)),
-          "mha_head_attribution")
+    with layer._borrow() as ptr:
+        check(_L.mha_head_attribution(ptr, fptr(attr), fptr(dz_arr), fptr(dy), fptr(x),
+                                      fptr(kv), fptr(value), B, T, S, ctypes.byref(opt)),
+              "mha_head_attribution")
     return (attr, dz_arr) if dz else attr

@@ -14,6 +14,7 @@ import numpy as np
 
 from . import _lib
 from ._arrays import floats
+from ._check import c_flag, c_int
 from .errors import ArgumentError, DTypeError, ShapeError, check
 
 # state-dict name -> mha_torch_weights field
@@ -27,7 +28,8 @@ _TORCH_KEYS = {
 
 def _numpy(v):
     """A numpy array from a numpy array or anything with .detach() (a torch
-    tensor), without importing torch."""
+    tensor; a state dict's parameters are copied, so requires_grad does
+    not matter here), without importing torch."""
     if hasattr(v, "detach"):
         v = v.detach().cpu().numpy()
     return np.asarray(v)
@@ -74,7 +76,7 @@ def from_torch_state_dict(state_dict, num_heads, *, kdim=None, vdim=None, add_ze
     got_kdim = k_w.shape[1] if k_w is not None and k_w.ndim == 2 else E
     got_vdim = v_w.shape[1] if v_w is not None and v_w.ndim == 2 else E
     for name, given, got in (("kdim", kdim, got_kdim), ("vdim", vdim, got_vdim)):
-        if given is not None and int(given) != got:
+        if given is not None and c_int(name, given, 1) != got:
             raise ShapeError(f"{name}={given} but the weights give {name}={got}")
     shapes = {
         "in_proj_weight": (3 * E, E), "in_proj_bias": (3 * E,), "q_proj_weight": (E, E),
@@ -82,8 +84,10 @@ def from_torch_state_dict(state_dict, num_heads, *, kdim=None, vdim=None, add_ze
         "out_proj.weight": (E, E), "out_proj.bias": (E,), "bias_k": (1, 1, E), "bias_v": (1, 1, E),
     }
     tw, keep = _lib.TorchWeights(), []
-    tw.embed_dim, tw.num_heads = E, int(num_heads)
-    tw.kdim, tw.vdim, tw.add_zero_attn = got_kdim, got_vdim, int(bool(add_zero_attn))
+    tw.embed_dim, tw.num_heads = c_int("embed_dim", E, 1), c_int("num_heads", num_heads, 1)
+    tw.kdim, tw.vdim = c_int("kdim", got_kdim, 1), c_int("vdim", got_vdim, 1)
+    tw.add_zero_attn = c_flag("add_zero_attn", add_zero_attn)
+    batch_first = bool(c_flag("batch_first", batch_first))
     for key, field in _TORCH_KEYS.items():
         if own.get(key) is None:
             continue
@@ -96,7 +100,7 @@ def from_torch_state_dict(state_dict, num_heads, *, kdim=None, vdim=None, add_ze
     handle = _lib.LayerP()
     check(_lib.lib.mha_layer_from_torch(ctypes.byref(handle), ctypes.byref(tw)), "mha_layer_from_torch")
     layer = cls._adopt(handle)
-    layer.batch_first = bool(batch_first)
+    layer.batch_first = batch_first
     return layer
 
 
@@ -111,7 +115,7 @@ def _mask_kind(name, m):
 
 def torch_forward(layer, query, key=None, value=None, key_padding_mask=None, need_weights=True,
                   attn_mask=None, average_attn_weights=True, is_causal=False, *, batch_first=None,
-                  masked_row="zero", path="auto"):
+                  masked_row="nan", path="auto"):
     """nn.MultiheadAttention.forward on a Layer: same arguments, shapes and
     results, (attn_output, attn_weights or None).
 
@@ -123,15 +127,18 @@ def torch_forward(layer, query, key=None, value=None, key_padding_mask=None, nee
     torch.triu(ones(L,S), 1) gives); attn_mask may be given as well (PyTorch
     2 treats is_causal as a hint that it is causal). attn_weights: (N,L,S')
     averaged over heads, or (N,h,L,S') per head, S' = S + add_bias_kv +
-    add_zero_attn. masked_row: 'zero' (the library's default) or 'nan'
-    (PyTorch's result for a query that may attend to no key).
+    add_zero_attn. masked_row: 'nan' (the default: PyTorch's result, NaN
+    output and weights, for a query that may attend to no key) or 'zero'
+    (the library's own default: Z^(r) = 0 and zero weights for that head).
 
     PyTorch projects K from key and V from value; so does the library
     (mha_forward_kv): a value that is not key is passed as the layer's value
     source (B,S,vdim), and value None means key, as it is for
     self-attention and the usual encoder-decoder memory.
     """
-    bf = layer.batch_first if batch_first is None else bool(batch_first)
+    bf = bool(c_flag("batch_first", layer.batch_first if batch_first is None else batch_first))
+    need_weights = c_flag("need_weights", need_weights)
+    average_attn_weights = c_flag("average_attn_weights", average_attn_weights)
     q = floats("query", query)
     batched = q.ndim == 3
     if q.ndim not in (2, 3):
@@ -159,7 +166,7 @@ def torch_forward(layer, query, key=None, value=None, key_padding_mask=None, nee
     B, T = x.shape[0], x.shape[1]
     S = T if kv is None else kv.shape[1]
     h = layer.config["n_heads"]
-    opts = dict(masked_row=masked_row, path=path, causal=bool(is_causal), align="top_left")
+    opts = dict(masked_row=masked_row, path=path, causal=c_flag("is_causal", is_causal), align="top_left")
 
     if attn_mask is not None:
         m = np.asarray(attn_mask)

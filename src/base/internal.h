@@ -6,7 +6,8 @@
 
 #include "mha.h"
 
-struct mha_fast_state; /* packed weights of the fast path (forward_fast.c) */
+struct mha_fast_state; /* packed weights of the fast path (core/packing.h) */
+struct mha_workspace;  /* scratch kept between forwards (compute/workspace.h) */
 
 struct mha_layer {
     mha_config cfg;   /* resolved: no zero defaults left */
@@ -22,6 +23,8 @@ struct mha_layer {
     float *bias_v;    /* (h_kv*d_v)                    */
     int *labels[4];   /* by mha_block: h, h_kv, h_kv, h entries */
     struct mha_fast_state *fast; /* NULL until the fast path prepares it */
+    struct mha_workspace *ws;    /* the fast path's Q, K, V, Z blocks, kept for
+                                    the next call; freed with the layer      */
 };
 
 /* GQA: query head r reads kv head r / (h / h_kv). Stated once, used everywhere. */
@@ -32,6 +35,16 @@ static inline int mha_kv_head(const mha_config *c, int r) {
 /* Number of keys attended: S plus the appended bias and zero rows. */
 static inline int mha_total_keys(const mha_config *c, int S) {
     return S + c->add_bias_kv + c->add_zero_attn;
+}
+
+/* n rounded up to a multiple of m. */
+static inline size_t mha_round_up(size_t n, size_t m) { return (n + m - 1) / m * m; }
+
+/* sum of a[i]^2 over n floats, in double (NaN when any is NaN or Inf). */
+static inline double mha_sum_squares(const float *a, int n) {
+    double sq = 0.0;
+    for (int i = 0; i < n; i++) sq += (double)a[i] * a[i];
+    return sq;
 }
 
 /* Records a printf-style message for mha_last_error() and returns s. */

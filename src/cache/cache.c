@@ -3,7 +3,8 @@
  * (projections, interventions, captures) is in forward_cached.c, the
  * attention over the cache in decode.c.
  * Legend: B sequences, T rows per sequence, h heads, h_kv kv heads,
- * d_k, d_v, d_model; slots = capacity rounded up to 8 (a K panel). */
+ * d_k, d_v, d_model; slots = capacity rounded up to MHA_DECODE_CHUNK
+ * (128 keys, whole chunks). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,9 +14,7 @@
 static size_t cache_elt(mha_cache_dtype dt) { return dt == MHA_CACHE_F16 ? 2 : 4; }
 
 /* whole chunks: a kv head's chunks then form one contiguous stream */
-static int round_slots(int capacity) {
-    return (capacity + MHA_DECODE_CHUNK - 1) / MHA_DECODE_CHUNK * MHA_DECODE_CHUNK;
-}
+static int round_slots(int capacity) { return (int)mha_round_up((size_t)capacity, MHA_DECODE_CHUNK); }
 
 size_t mha_cache_bytes_for(const mha_config *cfg, int batch, int capacity, mha_cache_dtype dtype) {
     mha_config c;
@@ -34,6 +33,7 @@ size_t mha_cache_bytes(const mha_cache *c) {
 void mha_cache_free(mha_cache *c) {
     if (!c) return;
     free(c->data), free(c->len), free(c->lo), free(c->phys), free(c->labels_k), free(c->labels_v);
+    free(c->kmax);
     free(c);
 }
 
@@ -78,7 +78,8 @@ mha_status mha_cache_create(mha_cache **out, const mha_layer *L, int batch, int 
     c->phys = malloc(sizeof(int) * cf->n_kv_heads);
     c->labels_k = malloc(sizeof(int) * cf->n_kv_heads);
     c->labels_v = malloc(sizeof(int) * cf->n_kv_heads);
-    if (!c->data || !c->len || !c->lo || !c->phys || !c->labels_k || !c->labels_v) {
+    c->kmax = calloc(blocks, sizeof(float));
+    if (!c->data || !c->len || !c->lo || !c->phys || !c->labels_k || !c->labels_v || !c->kmax) {
         mha_cache_free(c);
         return mha_fail(MHA_E_NOMEM, "mha_cache_create: no memory for %zu bytes of K/V",
                         blocks * slots * (size_t)(cf->d_k + cf->d_v) * elt);
@@ -107,7 +108,10 @@ mha_status mha_cache_reset(mha_cache *c, int b) {
     if (b < -1 || b >= c->B)
         return mha_fail(MHA_E_ARG, "mha_cache_reset: sequence %d; expected 0..%d or -1 (all)", b, c->B - 1);
     for (int i = 0; i < c->B; i++)
-        if (b == -1 || i == b) c->len[i] = c->lo[i] = 0;
+        if (b == -1 || i == b) {
+            c->len[i] = c->lo[i] = 0;
+            for (int g = 0; g < c->h_kv; g++) c->kmax[(size_t)i * c->h_kv + g] = 0.0f;
+        }
     return MHA_OK;
 }
 
@@ -151,9 +155,9 @@ mha_status mha_cache_permute_heads(mha_cache *c, const int *perm) {
 
 /* ---------------------------------------------------------- storing */
 
-void mha_cache_store(mha_cache *c, const float *k, const float *v, const int *row0, int t0,
+void mha_cache_store(const mha_exec *ex, mha_cache *c, const float *k, const float *v, const int *row0, int t0,
                      const int *n) {
-    const mha_decode_kernels *kr = mha_decode_kernels_get();
+    const mha_decode_kernels *kr = mha_exec_decode(ex);
     uint16_t hk[256];
     for (int b = 0; b < c->B; b++) {
         for (int i = 0; i < n[b]; i++) {
@@ -165,6 +169,8 @@ void mha_cache_store(mha_cache *c, const float *k, const float *v, const int *ro
                 /* K: dim d of this key at its panel lane, stride 8 */
                 size_t kbase = mha_cache_k_off(c, kv, slot), vbase = mha_cache_v_off(c, kv, slot);
                 const float *src = kr_row + (size_t)g * c->d_k;
+                const float kn = (float)sqrt(mha_sum_squares(src, c->d_k));
+                if (!(kn <= c->kmax[kv])) c->kmax[kv] = kn;
                 if (c->dtype == MHA_CACHE_F32) {
                     float *dst = (float *)c->data + kbase;
                     for (int d = 0; d < c->d_k; d++) dst[(size_t)d * MHA_KPANEL] = src[d];
@@ -223,7 +229,9 @@ mha_status mha_cache_append(mha_cache *c, const float *k, const float *v, int T,
     if (!n) return mha_fail(MHA_E_NOMEM, "mha_cache_append: no memory");
     mha_status s = counts(n, n + c->B, c, T, n_new, "mha_cache_append");
     if (!s) s = mha_cache_check_room(c, n, "mha_cache_append");
-    if (!s) mha_cache_store(c, k, v, n + c->B, 0, n);
+    mha_exec ex;
+    if (!s) s = mha_exec_resolve(&ex, NULL);
+    if (!s) mha_cache_store(&ex, c, k, v, n + c->B, 0, n);
     free(n);
     return s;
 }
@@ -246,9 +254,11 @@ mha_status mha_cache_attend(const mha_cache *c, float *z, const float *q, int T,
             s = mha_fail(MHA_E_ARG, "mha_cache_attend: the first of %d queries of sequence %d needs "
                          "position %d, already overwritten in the ring", n[b], b, need);
     }
+    mha_exec ex;
+    if (!s) s = mha_exec_resolve(&ex, NULL);
     if (!s) {
         mha_decode_opts o = {scale != 0.0f ? scale : 1.0f / sqrtf((float)c->d_k), -1, NULL, NULL, 0, 0};
-        s = mha_decode_attend(z, NULL, c, q, n + c->B, 0, n, &o);
+        s = mha_decode_attend(&ex, z, NULL, c, q, n + c->B, 0, n, &o);
     }
     free(n);
     return s;

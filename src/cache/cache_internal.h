@@ -1,6 +1,6 @@
 /* cache_internal.h — the KV cache object and the decode steps shared by
- * cache.c (object, driver), decode.c (flash-decoding attention) and
- * decode_gemm.c (projections of few rows).
+ * cache.c (object, storing), decode.c (flash-decoding attention) and
+ * forward_cached.c (the cached forward).
  * Legend: B sequences, T new tokens per sequence (rows of the arrays),
  * R ring/capacity slots, h heads, h_kv kv heads, d_k, d_v, d_model. */
 #ifndef MHA_CACHE_INTERNAL_H
@@ -31,6 +31,8 @@ struct mha_cache {
     int *phys;           /* (h_kv) storage index of kv head g (permutation)  */
     int *labels_k;       /* (h_kv) labels of the layer's K blocks it holds   */
     int *labels_v;       /* (h_kv)                                           */
+    float *kmax;         /* (B*h_kv, by storage index) largest L2 norm of a
+                            key stored since the last reset: bounds scores  */
 };
 
 /* Storage block (b, kv head g) of K and V, through the permutation index. */
@@ -74,6 +76,13 @@ static inline void mha_cache_slot_positions(int *pos, const mha_cache *c, int b,
     }
 }
 
+/* First position a query at position p of sequence b attends: the oldest
+ * stored, within the tighter of the cache's window and left (< 0: none). */
+static inline int mha_cache_first_key(const mha_cache *c, int b, int p, int left) {
+    if (c->window && (left < 0 || left > c->window - 1)) left = c->window - 1;
+    return left >= 0 && p - left > c->lo[b] ? p - left : c->lo[b];
+}
+
 /* Options of one attention call over the cache. */
 typedef struct {
     float scale;          /* multiplies q . k                                 */
@@ -91,7 +100,7 @@ typedef struct {
  *
  * Stores rows row0[b] + t0 .. + n[b]-1 at sequence b's next positions;
  * len[b] += n[b]. Arguments are already validated (capacity, window). */
-void mha_cache_store(mha_cache *c, const float *k, const float *v, const int *row0, int t0,
+void mha_cache_store(const mha_exec *ex, mha_cache *c, const float *k, const float *v, const int *row0, int t0,
                      const int *n);
 
 /* MHA_E_ARG unless n[b] more tokens fit every sequence (the capacity
@@ -102,9 +111,14 @@ mha_status mha_cache_check_room(const mha_cache *c, const int *n, const char *fn
  * rows, which sit at the last n[b] positions of sequence b, over the
  * cached keys (causal, bottom-right). stats, when not NULL, receives
  * (rows, h, 2): each row's max score and softmax sum (for probabilities).
- * Returns MHA_E_NOMEM or MHA_OK. */
-mha_status mha_decode_attend(float *z, float *stats, const mha_cache *c, const float *q,
+ * Runs on ex's decode kernels and threads. Returns MHA_E_NOMEM or MHA_OK. */
+mha_status mha_decode_attend(const mha_exec *ex, float *z, float *stats, const mha_cache *c, const float *q,
                              const int *row0, int t0, const int *n, const mha_decode_opts *o);
+
+/* mha_forward_cached on a resolved exec (tests pass one with a trace). */
+mha_status mha_forward_cached_exec(const mha_exec *ex, const mha_layer *L, mha_cache *c, float *y,
+                                   const mha_capture *cap, const float *x, int T, const int *n_new,
+                                   const mha_options *opt);
 
 /* New rows of one mha_forward_cached call (N = sum of n_new) from which
  * the projections run on the fast path's packed GEMM (mha_gemm, gemm.h,

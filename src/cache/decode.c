@@ -39,6 +39,7 @@ typedef struct {
     int first, count;   /* its chunks: chunk_of[first .. first+count)        */
 } unit;
 
+/* One attention call: its inputs, outputs and kernels. */
 typedef struct {
     const mha_cache *c;
     const mha_decode_kernels *kr;
@@ -47,19 +48,10 @@ typedef struct {
     float *z, *stats;
     const int *n, *row0;
     int t0, n_rep;
-} ctx;
+} decode_call;
 
-static int row_position(const ctx *x, int b, int i) {
-    return x->c->len[b] - x->n[b] + i / x->n_rep;
-}
-
-/* First position row p may attend: the stored ones, within the window
- * (the tighter of the cache's window and the caller's window_left). */
-static int row_first_key(const ctx *x, int b, int p) {
-    int lo = x->c->lo[b], left = x->o->left;
-    if (x->c->window && (left < 0 || left > x->c->window - 1)) left = x->c->window - 1;
-    if (left >= 0 && p - left > lo) lo = p - left;
-    return lo;
+static int row_position(const decode_call *dc, int b, int i) {
+    return dc->c->len[b] - dc->n[b] + i / dc->n_rep;
 }
 
 /* Whether chunk ch overlaps the slots of positions [ulo, uhi]. */
@@ -106,13 +98,13 @@ static void scratch_free(scratch *w) {
 
 /* qt (rows, d_k) = scale * the unit's queries: scores need no second pass
  * (and only chunks that cut a row's range need a mask pass). */
-static void gather_queries(float *qt, const ctx *x, const unit *u) {
-    const mha_cache *c = x->c;
+static void gather_queries(float *qt, const decode_call *dc, const unit *u) {
+    const mha_cache *c = dc->c;
     for (int i = u->i0; i < u->i1; i++) {
-        int t = x->t0 + i / x->n_rep, r = u->g * x->n_rep + i % x->n_rep;
-        const float *src = x->q + ((size_t)x->row0[u->b] + t) * c->h * c->d_k + (size_t)r * c->d_k;
+        int t = dc->t0 + i / dc->n_rep, r = u->g * dc->n_rep + i % dc->n_rep;
+        const float *src = dc->q + ((size_t)dc->row0[u->b] + t) * c->h * c->d_k + (size_t)r * c->d_k;
         float *dst = qt + (size_t)(i - u->i0) * c->d_k;
-        for (int d = 0; d < c->d_k; d++) dst[d] = src[d] * x->o->scale;
+        for (int d = 0; d < c->d_k; d++) dst[d] = src[d] * dc->o->scale;
     }
 }
 
@@ -131,8 +123,8 @@ static void prefetch_chunk(const mha_cache *c, size_t kv, int cs) {
 
 /* part (rows, 2 + d_v) = the softmax state of the unit's rows over chunk
  * ch: [max, sum, acc...] per row; rows with no allowed key get -inf, 0. */
-static void chunk_partial(float *part, scratch *w, const ctx *x, const unit *u, int ch) {
-    const mha_cache *c = x->c;
+static void chunk_partial(float *part, scratch *w, const decode_call *dc, const unit *u, int ch) {
+    const mha_cache *c = dc->c;
     int m = u->i1 - u->i0, pw = 2 + c->d_v;
     int cs = ch * MHA_DECODE_CHUNK, ce = cs + MHA_DECODE_CHUNK < c->slots ? cs + MHA_DECODE_CHUNK : c->slots;
     int jlo = ce, jhi = cs;
@@ -163,18 +155,18 @@ static void chunk_partial(float *part, scratch *w, const ctx *x, const unit *u, 
     prefetch_chunk(c, kv, cs);
     if (c->dtype == MHA_CACHE_F16 && m <= FUSED_F16_ROWS) {
         /* few rows: widen in registers, each element once per row group */
-        x->kr->scores_h(w->s, MHA_DECODE_CHUNK, w->qt, c->d_k, (const uint16_t *)c->data + koff, m, nk, c->d_k);
+        dc->kr->scores_h(w->s, MHA_DECODE_CHUNK, w->qt, c->d_k, (const uint16_t *)c->data + koff, m, nk, c->d_k);
         vh = (const uint16_t *)c->data + voff;
     } else {
         const float *kp;
         if (c->dtype == MHA_CACHE_F16) { /* many rows: widen the chunk once */
-            x->kr->from_f16(w->kf, (const uint16_t *)c->data + koff, (size_t)nk * c->d_k);
-            x->kr->from_f16(w->vf, (const uint16_t *)c->data + voff, (size_t)nk * c->d_v);
+            dc->kr->from_f16(w->kf, (const uint16_t *)c->data + koff, (size_t)nk * c->d_k);
+            dc->kr->from_f16(w->vf, (const uint16_t *)c->data + voff, (size_t)nk * c->d_v);
             kp = w->kf, vp = w->vf;
         } else {
             kp = (const float *)c->data + koff, vp = (const float *)c->data + voff;
         }
-        x->kr->scores(w->s, MHA_DECODE_CHUNK, w->qt, c->d_k, kp, m, nk, c->d_k);
+        dc->kr->scores(w->s, MHA_DECODE_CHUNK, w->qt, c->d_k, kp, m, nk, c->d_k);
     }
     /* causal (bottom-right) and window: row i attends positions
      * [first key, its own position]; a chunk wholly inside needs no mask */
@@ -186,7 +178,7 @@ static void chunk_partial(float *part, scratch *w, const ctx *x, const unit *u, 
         if (pj > pmax) pmax = pj;
     }
     for (int i = 0; i < m; i++) {
-        int p = row_position(x, u->b, u->i0 + i), lo = row_first_key(x, u->b, p);
+        int p = row_position(dc, u->b, u->i0 + i), lo = mha_cache_first_key(dc->c, u->b, p, dc->o->left);
         if (!holes && pmin >= lo && pmax <= p) continue;
         float *row = w->s + (size_t)i * MHA_DECODE_CHUNK;
         for (int j = 0; j < nk; j++) {
@@ -194,9 +186,9 @@ static void chunk_partial(float *part, scratch *w, const ctx *x, const unit *u, 
             if (pj == INT_MIN || pj < lo || pj > p) row[j] = -INFINITY;
         }
     }
-    x->kr->softmax(w->s, MHA_DECODE_CHUNK, w->mx, w->sum, m, nk);
-    if (vh) x->kr->accumulate_h(part + 2, (int)pw, w->s, MHA_DECODE_CHUNK, vh, m, nk, c->d_v);
-    else x->kr->accumulate(part + 2, (int)pw, w->s, MHA_DECODE_CHUNK, vp, m, nk, c->d_v);
+    dc->kr->softmax(w->s, MHA_DECODE_CHUNK, w->mx, w->sum, m, nk);
+    if (vh) dc->kr->accumulate_h(part + 2, (int)pw, w->s, MHA_DECODE_CHUNK, vh, m, nk, c->d_v);
+    else dc->kr->accumulate(part + 2, (int)pw, w->s, MHA_DECODE_CHUNK, vp, m, nk, c->d_v);
     for (int i = 0; i < m; i++) {
         part[(size_t)i * pw] = w->mx[i];
         part[(size_t)i * pw + 1] = w->sum[i];
@@ -233,9 +225,9 @@ static void run_init(float *run, int m, int d_v) {
 }
 
 /* Merges the extra keys (add_bias_kv, add_zero_attn) and writes z. */
-static void finish_unit(const ctx *x, const unit *u, float *run, float *qt) {
-    const mha_cache *c = x->c;
-    const mha_decode_opts *o = x->o;
+static void finish_unit(const decode_call *dc, const unit *u, float *run, float *qt) {
+    const mha_cache *c = dc->c;
+    const mha_decode_opts *o = dc->o;
     int m = u->i1 - u->i0;
     size_t pw = 2 + (size_t)c->d_v;
     for (int i = 0; i < m; i++) {
@@ -257,131 +249,157 @@ static void finish_unit(const ctx *x, const unit *u, float *run, float *qt) {
             R[1] = R[1] * a + bb;
             for (int j = 0; j < c->d_v; j++) R[2 + j] = R[2 + j] * a;
         }
-        int t = x->t0 + (u->i0 + i) / x->n_rep, r = u->g * x->n_rep + (u->i0 + i) % x->n_rep;
-        size_t row = ((size_t)x->row0[u->b] + t) * c->h + r;
-        float *zr = x->z + row * c->d_v;
+        int t = dc->t0 + (u->i0 + i) / dc->n_rep, r = u->g * dc->n_rep + (u->i0 + i) % dc->n_rep;
+        size_t row = ((size_t)dc->row0[u->b] + t) * c->h + r;
+        float *zr = dc->z + row * c->d_v;
         float inv = R[1] > 0.0f ? 1.0f / R[1] : 0.0f;
         for (int j = 0; j < c->d_v; j++)
             zr[j] = R[1] > 0.0f ? R[2 + j] * inv : (o->nan_rows ? NAN : 0.0f);
-        if (x->stats) {
-            x->stats[row * 2] = R[0];
-            x->stats[row * 2 + 1] = R[1];
+        if (dc->stats) {
+            dc->stats[row * 2] = R[0];
+            dc->stats[row * 2 + 1] = R[1];
         }
     }
 }
 
 /* --------------------------------------------------------- the driver */
 
-mha_status mha_decode_attend(float *z, float *stats, const mha_cache *c, const float *q,
-                             const int *row0, int t0, const int *n, const mha_decode_opts *o) {
-    ctx x = {c, mha_decode_kernels_get(), o, q, z, stats, n, row0, t0, c->h / c->h_kv};
-    int nch = (c->slots + MHA_DECODE_CHUNK - 1) / MHA_DECODE_CHUNK;
+/* The work of one call: units, their chunks as (unit, chunk) tasks, and,
+ * when the tasks run split, where each task's partial goes. */
+typedef struct {
+    unit *units;
+    size_t n_units, n_tasks;
+    int *chunk_of, *unit_of; /* (n_tasks) chunk and unit of task t        */
+    float *parts;            /* partials of split tasks, NULL: units whole */
+    size_t *part_at;         /* (n_tasks + 1) offset of task t's partial   */
+    int *done;               /* (n_units) chunks finished, for the merge   */
+    scratch *ws;             /* (nth) per-thread scratch                   */
+    int nth;
+} decode_plan;
 
-    /* plan: units and their chunks, in a fixed order */
-    size_t n_units = 0;
-    for (int b = 0; b < c->B; b++) n_units += (size_t)c->h_kv * ((n[b] * x.n_rep + QTILE - 1) / QTILE);
-    if (n_units == 0) return MHA_OK;
-    unit *units = malloc(sizeof(unit) * n_units);
-    int *chunk_of = malloc(sizeof(int) * n_units * nch);
-    int *unit_of = malloc(sizeof(int) * n_units * nch);
-    if (!units || !chunk_of || !unit_of) {
-        free(units), free(chunk_of), free(unit_of);
-        return mha_fail(MHA_E_NOMEM, "mha_forward_cached: no memory for the decode plan (%zu units)", n_units);
-    }
-    size_t nu = 0, n_tasks = 0;
-    for (int b = 0; b < c->B; b++) {
-        int rows = n[b] * x.n_rep;
-        for (int g = 0; g < c->h_kv; g++)
+static void plan_free(decode_plan *pl) {
+    for (int i = 0; pl->ws && i < pl->nth; i++) scratch_free(&pl->ws[i]);
+    free(pl->ws), free(pl->parts), free(pl->part_at), free(pl->done);
+    free(pl->units), free(pl->chunk_of), free(pl->unit_of);
+}
+
+// --- plan: units and their chunks, in a fixed order
+static int plan_units(decode_plan *pl, const decode_call *dc) {
+    const mha_cache *c = dc->c;
+    const int nch = (c->slots + MHA_DECODE_CHUNK - 1) / MHA_DECODE_CHUNK;
+    for (int b = 0; b < c->B; b++) pl->n_units += (size_t)c->h_kv * ((dc->n[b] * dc->n_rep + QTILE - 1) / QTILE);
+    if (pl->n_units == 0) return 1;
+    pl->units = malloc(sizeof(unit) * pl->n_units);
+    pl->chunk_of = malloc(sizeof(int) * pl->n_units * nch);
+    pl->unit_of = malloc(sizeof(int) * pl->n_units * nch);
+    if (!pl->units || !pl->chunk_of || !pl->unit_of) return 0;
+    size_t nu = 0;
+    for (int b = 0; b < c->B; b++)
+        for (int g = 0, rows = dc->n[b] * dc->n_rep; g < c->h_kv; g++)
             for (int i0 = 0; i0 < rows; i0 += QTILE) {
-                unit *u = &units[nu++];
+                unit *u = &pl->units[nu++];
                 u->b = b, u->g = g, u->i0 = i0, u->i1 = i0 + QTILE < rows ? i0 + QTILE : rows;
-                int pfirst = row_position(&x, b, u->i0), plast = row_position(&x, b, u->i1 - 1);
-                u->ulo = row_first_key(&x, b, pfirst);
-                u->uhi = plast;
-                u->first = (int)n_tasks, u->count = 0;
+                u->ulo = mha_cache_first_key(c, b, row_position(dc, b, u->i0), dc->o->left);
+                u->uhi = row_position(dc, b, u->i1 - 1);
+                u->first = (int)pl->n_tasks, u->count = 0;
                 for (int ch = 0; ch < nch; ch++)
                     if (chunk_needed(c, u->ulo, u->uhi, ch)) {
-                        unit_of[n_tasks] = (int)(nu - 1), chunk_of[n_tasks++] = ch;
+                        pl->unit_of[pl->n_tasks] = (int)(nu - 1), pl->chunk_of[pl->n_tasks++] = ch;
                         u->count++;
                     }
             }
-    }
+    return 1;
+}
 
-    /* partial of task t at part_at[t]: its unit's rows x (2 + d_v) */
+/* Few units (decode): room for every task's partial, so that the chunks
+ * of one unit run in parallel. Many units, or too much room: NULL. */
+static void plan_split(decode_plan *pl, const mha_cache *c) {
     size_t pw = 2 + (size_t)c->d_v, total = 0;
-    float *parts = NULL;
-    size_t *part_at = NULL;
-    int *done = NULL; /* (n_units) chunks finished, for the merge below */
-    if (n_units < SPLIT_BELOW_UNITS && (part_at = malloc(sizeof(size_t) * (n_tasks + 1))) &&
-        (done = calloc(n_units, sizeof(int)))) {
-        for (size_t t = 0; t < n_tasks; t++) {
-            part_at[t] = total;
-            total += (size_t)(units[unit_of[t]].i1 - units[unit_of[t]].i0) * pw;
-        }
-        if (total <= SPLIT_MAX_FLOATS) parts = malloc(sizeof(float) * total);
+    if (pl->n_units >= SPLIT_BELOW_UNITS || !(pl->part_at = malloc(sizeof(size_t) * (pl->n_tasks + 1))) ||
+        !(pl->done = calloc(pl->n_units, sizeof(int))))
+        return;
+    for (size_t t = 0; t < pl->n_tasks; t++) {
+        pl->part_at[t] = total;
+        total += (size_t)(pl->units[pl->unit_of[t]].i1 - pl->units[pl->unit_of[t]].i0) * pw;
     }
-    /* small work (tests, tiny layers) on one thread: a barrier costs more
-     * than it saves, a lot more when the cores are shared. The bits do not
-     * depend on the thread count either way. */
+    if (total <= SPLIT_MAX_FLOATS) pl->parts = malloc(sizeof(float) * total);
+}
+
+/* Small work (tests, tiny layers) on one thread: a barrier costs more than
+ * it saves, a lot more when the cores are shared. The bits do not depend
+ * on the thread count either way. */
+static int plan_threads(decode_plan *pl, const mha_exec *ex, const mha_cache *c) {
     double work = 0.0;
-    for (size_t i = 0; i < n_units; i++)
-        work += (double)(units[i].i1 - units[i].i0) * units[i].count * MHA_DECODE_CHUNK * (c->d_k + c->d_v);
-    int nth = mha_decode_threads_for(work), failed = 0;
-    scratch *ws = calloc((size_t)nth, sizeof(scratch));
-    for (int i = 0; ws && i < nth; i++) failed |= !scratch_alloc(&ws[i], c);
-    if (!ws || failed) {
-        for (int i = 0; ws && i < nth; i++) scratch_free(&ws[i]);
-        free(ws), free(parts), free(part_at), free(done), free(units), free(chunk_of), free(unit_of);
+    for (size_t i = 0; i < pl->n_units; i++)
+        work += (double)(pl->units[i].i1 - pl->units[i].i0) * pl->units[i].count * MHA_DECODE_CHUNK * (c->d_k + c->d_v);
+    pl->nth = mha_exec_threads_for(ex, work);
+    if (!(pl->ws = calloc((size_t)pl->nth, sizeof(scratch)))) return 0;
+    int ok = 1;
+    for (int i = 0; i < pl->nth; i++) ok &= scratch_alloc(&pl->ws[i], c);
+    return ok;
+}
+
+// --- run, split: (unit, chunk) tasks in any order; the thread that
+// finishes a unit's last chunk merges its partials, in chunk order
+static void run_split_task(const decode_plan *pl, const decode_call *dc, scratch *w, long t, long *last) {
+    const unit *u = &pl->units[pl->unit_of[t]];
+    if (pl->unit_of[t] != *last) gather_queries(w->qt, dc, u), *last = pl->unit_of[t];
+    chunk_partial(pl->parts + pl->part_at[t], w, dc, u, pl->chunk_of[t]);
+    int finished;
+#pragma omp atomic capture seq_cst
+    finished = ++pl->done[pl->unit_of[t]];
+    if (finished != u->count) return;
+    const int m = u->i1 - u->i0;
+    run_init(w->run, m, dc->c->d_v);
+    for (int k = 0; k < u->count; k++) merge(dc->kr, w->run, pl->parts + pl->part_at[u->first + k], m, dc->c->d_v);
+    finish_unit(dc, u, w->run, w->qt);
+}
+
+// --- run, whole: each unit runs its chunks in order (the same merges)
+static void run_unit(const decode_plan *pl, const decode_call *dc, scratch *w, long ui) {
+    const unit *u = &pl->units[ui];
+    const int m = u->i1 - u->i0;
+    gather_queries(w->qt, dc, u);
+    run_init(w->run, m, dc->c->d_v);
+    for (int k = 0; k < u->count; k++) {
+        chunk_partial(w->part, w, dc, u, pl->chunk_of[u->first + k]);
+        merge(dc->kr, w->run, w->part, m, dc->c->d_v);
+    }
+    finish_unit(dc, u, w->run, w->qt);
+}
+
+mha_status mha_decode_attend(const mha_exec *ex, float *z, float *stats, const mha_cache *c, const float *q,
+                             const int *row0, int t0, const int *n, const mha_decode_opts *o) {
+    const decode_call dc = {c, mha_exec_decode(ex), o, q, z, stats, n, row0, t0, c->h / c->h_kv};
+    decode_plan pl = {0};
+    if (!plan_units(&pl, &dc)) {
+        plan_free(&pl);
+        return mha_fail(MHA_E_NOMEM, "mha_forward_cached: no memory for the decode plan (%zu units)", pl.n_units);
+    }
+    if (pl.n_units == 0) return MHA_OK;
+    plan_split(&pl, c);
+    if (!plan_threads(&pl, ex, c)) {
+        plan_free(&pl);
         return mha_fail(MHA_E_NOMEM, "mha_forward_cached: no memory for decode scratch");
     }
-
-    int run = (int)(n_tasks / (4 * (size_t)nth)); /* tasks per grab: 1..8 */
+    /* Runs of up to 8 split tasks keep each thread streaming through
+     * consecutive chunks of one kv head. One barrier in all (the region's
+     * end): with two cores shared with other processes every barrier can
+     * wait a scheduler time slice. */
+    int run = (int)(pl.n_tasks / (4 * (size_t)pl.nth));
     run = run < 1 ? 1 : run > 8 ? 8 : run;
-    /* One barrier in all (the region's end): with two cores shared with
-     * other processes every barrier can wait a scheduler time slice. */
-#pragma omp parallel num_threads(nth)
+#pragma omp parallel num_threads(pl.nth)
     {
-        scratch *w = &ws[omp_get_thread_num()];
-        if (parts) {
-            /* flash-decoding: (unit, chunk) tasks in any order; the thread
-             * that finishes a unit's last chunk merges its partials, in
-             * chunk order. Runs of up to 8 tasks keep each thread
-             * streaming through consecutive chunks of one kv head. */
-            long last = -1;
+        scratch *w = &pl.ws[omp_get_thread_num()];
+        long last = -1;
+        if (pl.parts) {
 #pragma omp for schedule(dynamic, run) nowait
-            for (long t = 0; t < (long)n_tasks; t++) {
-                const unit *u = &units[unit_of[t]];
-                if (unit_of[t] != last) gather_queries(w->qt, &x, u), last = unit_of[t];
-                chunk_partial(parts + part_at[t], w, &x, u, chunk_of[t]);
-                int finished;
-#pragma omp atomic capture seq_cst
-                finished = ++done[unit_of[t]];
-                if (finished == u->count) {
-                    int m = u->i1 - u->i0;
-                    run_init(w->run, m, c->d_v);
-                    for (int k = 0; k < u->count; k++)
-                        merge(x.kr, w->run, parts + part_at[u->first + k], m, c->d_v);
-                    finish_unit(&x, u, w->run, w->qt);
-                }
-            }
+            for (long t = 0; t < (long)pl.n_tasks; t++) run_split_task(&pl, &dc, w, t, &last);
         } else {
-            /* many units: each runs its chunks in order (same merges) */
 #pragma omp for schedule(dynamic, 1) nowait
-            for (long ui = 0; ui < (long)n_units; ui++) {
-                const unit *u = &units[ui];
-                int m = u->i1 - u->i0;
-                gather_queries(w->qt, &x, u);
-                run_init(w->run, m, c->d_v);
-                for (int k = 0; k < u->count; k++) {
-                    chunk_partial(w->part, w, &x, u, chunk_of[u->first + k]);
-                    merge(x.kr, w->run, w->part, m, c->d_v);
-                }
-                finish_unit(&x, u, w->run, w->qt);
-            }
+            for (long ui = 0; ui < (long)pl.n_units; ui++) run_unit(&pl, &dc, w, ui);
         }
     }
-    for (int i = 0; i < nth; i++) scratch_free(&ws[i]);
-    free(ws), free(done);
-    free(parts), free(part_at), free(units), free(chunk_of), free(unit_of);
+    plan_free(&pl);
     return MHA_OK;
 }

@@ -13,6 +13,7 @@
  * Legend: B sequences, T rows per sequence in x/y, N packed new rows,
  * h heads, h_kv kv heads, d_k, d_v, d_model.
  */
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -56,10 +57,6 @@ static mha_status check_labels(mha_cache *c, const mha_layer *L) {
 }
 
 static mha_status check_options(const mha_options *o, const mha_cache *c, int T) {
-    if (!isfinite(o->scale))
-        return mha_fail(MHA_E_NONFINITE, "options.scale=%g; expected finite (0 = 1/sqrt(d_k))", (double)o->scale);
-    if (o->masked_row != MHA_MASKED_ROW_ZERO && o->masked_row != MHA_MASKED_ROW_NAN)
-        return mha_fail(MHA_E_ARG, "options.masked_row=%d; expected MHA_MASKED_ROW_ZERO or _NAN", (int)o->masked_row);
     if (o->keep_mask.data || o->additive_mask.data || o->key_keep || o->key_additive)
         return mha_fail(MHA_E_UNSUPPORTED,
                         "mha_forward_cached: %s is not supported with a KV cache (attention is causal "
@@ -67,67 +64,86 @@ static mha_status check_options(const mha_options *o, const mha_cache *c, int T)
                         o->keep_mask.data ? "keep_mask" : o->additive_mask.data ? "additive_mask"
                         : o->key_keep ? "key_keep" : "key_additive");
     /* REPLACE values are (B,T,d_v), as in mha_forward */
-    return mha_check_interventions(o->interventions, c->h, (size_t)c->B * T, c->d_v);
+    return mha_check_common_options(o, c->h, (size_t)c->B * T, c->d_v);
+}
+
+/* ------------------------------------------------------- the plan */
+
+/* The buffers of one call. Rows are packed: sequence b's n[b] new rows
+ * are rows row0[b] .. row0[b] + n[b] - 1 of N. */
+typedef struct {
+    int B, T, N;
+    int *n, *row0, *np;   /* (B) new rows, first packed row, rows of a piece */
+    size_t *value_row;    /* (N) row of a (B,T,...) array: b*T + t           */
+    float *xc, *yc;       /* (N, d_model) packed x and y (x, y when N = B*T)  */
+    float *q, *k, *v, *z; /* (N, h*d_k), (N, h_kv*d_k), (N, h_kv*d_v), (N, h*d_v) */
+    float *stats;         /* (N, h, 2) row max and sum, when probs are captured */
+    float *cc;            /* (h, N, d_model) contributions, when captured   */
+    int nan_rows;         /* masked_row NAN: NaN rows of y are expected     */
+} cached_plan;
+
+static void plan_free(cached_plan *p) {
+    free(p->n), free(p->value_row), free(p->q), free(p->k), free(p->v), free(p->z);
+    free(p->stats), free(p->cc);
+    if (p->N != p->B * p->T) free(p->xc), free(p->yc);
+}
+
+// --- validate: the counts n_new, finite x, room in the cache, labels
+static mha_status validate(cached_plan *p, const mha_layer *L, mha_cache *c, const float *x,
+                           const int *n_new) {
+    mha_status s = MHA_OK;
+    for (int b = 0; b < p->B && !s; b++) {
+        p->n[b] = n_new ? n_new[b] : p->T;
+        p->row0[b] = p->N;
+        if (p->n[b] < 0 || p->n[b] > p->T)
+            s = mha_fail(MHA_E_ARG, "mha_forward_cached: n_new[%d]=%d; expected 0..T=%d", b, p->n[b], p->T);
+        else
+            s = mha_check_finite(x + (size_t)b * p->T * c->d_model, (size_t)p->n[b] * c->d_model, "x");
+        p->N += p->n[b];
+    }
+    /* without a window everything must fit; a ring takes pieces */
+    if (!s && !c->window) s = mha_cache_check_room(c, p->n, "mha_forward_cached");
+    return s ? s : check_labels(c, L);
+}
+
+// --- plan: packed buffers for the N new rows
+static mha_status plan_buffers(cached_plan *p, const mha_cache *c, const float *x, float *y,
+                               const mha_capture *cap) {
+    const size_t N = (size_t)p->N, D = (size_t)c->d_model;
+    const int packed = p->N != p->B * p->T;
+    p->xc = packed ? malloc(sizeof(float) * N * D) : (float *)x;
+    p->yc = packed ? malloc(sizeof(float) * N * D) : y;
+    p->value_row = malloc(sizeof(size_t) * N);
+    p->q = malloc(sizeof(float) * N * c->h * c->d_k), p->k = malloc(sizeof(float) * N * c->h_kv * c->d_k);
+    p->v = malloc(sizeof(float) * N * c->h_kv * c->d_v), p->z = malloc(sizeof(float) * N * c->h * c->d_v);
+    p->stats = cap && cap->probs ? malloc(sizeof(float) * N * c->h * 2) : NULL;
+    p->cc = cap && cap->contributions ? malloc(sizeof(float) * c->h * N * D) : NULL;
+    if (!p->xc || !p->yc || !p->value_row || !p->q || !p->k || !p->v || !p->z ||
+        (cap && cap->probs && !p->stats) || (cap && cap->contributions && !p->cc))
+        return mha_fail(MHA_E_NOMEM, "mha_forward_cached: no memory for %d rows", p->N);
+    for (int b = 0; b < p->B; b++)
+        for (int t = 0; t < p->n[b]; t++) p->value_row[p->row0[b] + t] = (size_t)b * p->T + t;
+    for (int b = 0; packed && b < p->B; b++)
+        memcpy(p->xc + (size_t)p->row0[b] * D, x + (size_t)b * p->T * D, sizeof(float) * p->n[b] * D);
+    return MHA_OK;
 }
 
 /* ------------------------------------------------------- the steps */
 
-/* q (N, h*d_k), k (N, h_kv*d_k), v (N, h_kv*d_v) = x (N, d_model) W + b.
- * Many new rows (N >= MHA_PREFILL_MIN_ROWS, cache_internal.h) run on the
- * fast path's GEMM with the layer's packed weights, one row on
- * decode_gemm.c; the same split for W_O below. */
-static mha_status project_qkv(float *q, float *k, float *v, const mha_layer *L, const mha_cache *c,
-                              const float *x, int N) {
-    const int wq = c->h * c->d_k, wk = c->h_kv * c->d_k, wv = c->h_kv * c->d_v;
-    const mha_packed *p = N >= MHA_PREFILL_MIN_ROWS ? mha_fast_packed_qkv(L) : NULL;
-    if (p) {
-        const mha_dst dst[3] = {{MHA_DST_ROWS, q, (size_t)wq, 0, 0, 0, 0},
-                                {MHA_DST_ROWS, k, (size_t)wk, 0, 0, 0, 0},
-                                {MHA_DST_ROWS, v, (size_t)wv, 0, 0, 0, 0}};
-        int nt = mha_decode_threads_for((double)N * c->d_model * (wq + wk + wv));
-        return mha_gemm(dst, x, (size_t)c->d_model, N, p, 0, 3, 0, c->d_model, 1, mha_kernels_get(), nt);
-    }
-    mha_decode_gemm_job qkv[3] = {{q, L->w_q, L->b_q, wq}, {k, L->w_k, L->b_k, wk}, {v, L->w_v, L->b_v, wv}};
-    return mha_decode_gemm_many(qkv, 3, x, N, c->d_model);
-}
-
-/* y (N, d_model) = z (N, h*d_v) W_O + b_O; cc (h, N, d_model), when not
- * NULL, = Z^(r) W_O[r] (no bias), the per-head contributions. */
-static mha_status project_out(float *y, float *cc, const mha_layer *L, const mha_cache *c,
-                              const float *z, int N) {
-    const int wz = c->h * c->d_v, D = c->d_model;
-    const mha_packed *p = N >= MHA_PREFILL_MIN_ROWS ? mha_fast_packed_o(L) : NULL;
-    if (!p) {
-        mha_status s = mha_decode_gemm(y, z, L->w_o, L->b_o, N, wz, D);
-        return !s && cc ? mha_head_contributions(cc, z, L->w_o, c->h, N, c->d_v, D) : s;
-    }
-    const mha_kernels *kern = mha_kernels_get();
-    int nt = mha_decode_threads_for((double)N * wz * D);
-    mha_dst out = {MHA_DST_ROWS, y, (size_t)D, 0, 0, 0, 0};
-    mha_status s = mha_gemm(&out, z, (size_t)wz, N, p, 0, 1, 0, wz, 1, kern, nt);
-    for (int r = 0; cc && r < c->h && !s; r++) { /* rows r*d_v .. of W_O, no bias */
-        out.base = cc + (size_t)r * N * D;
-        s = mha_gemm(&out, z + (size_t)r * c->d_v, (size_t)wz, N, p, 0, 1, r * c->d_v, c->d_v, 0, kern, nt);
-    }
-    return s;
-}
-
 /* Probabilities of the rows just attended (piece rows t0 .. t0+np[b]-1),
  * from the final max and sum of each row: column s = cache slot s. */
-static mha_status capture_probs(float *probs, const mha_cache *c, const mha_layer *L, const float *q,
-                                const float *stats, const int *row0, int t0, const int *np, int T,
-                                const mha_decode_opts *o) {
-    const mha_decode_kernels *kr = mha_decode_kernels_get();
+static mha_status capture_probs(const mha_exec *ex, float *probs, const mha_cache *c, const mha_layer *L,
+                                const float *q, const float *stats, const int *row0, int t0, const int *np,
+                                int T, const mha_decode_opts *o) {
+    const mha_decode_kernels *kr = mha_exec_decode(ex);
     int *spos = malloc(sizeof(int) * c->cap); /* (cap) position of each slot */
     if (!spos) return mha_fail(MHA_E_NOMEM, "mha_forward_cached: no memory for probabilities");
     int n_rep = c->h / c->h_kv, width = c->cap + L->cfg.add_bias_kv + L->cfg.add_zero_attn;
-    int left = o->left;
-    if (c->window && (left < 0 || left > c->window - 1)) left = c->window - 1;
     for (int b = 0; b < c->B; b++) {
         mha_cache_slot_positions(spos, c, b, 0, c->cap);
         for (int i = 0; i < np[b]; i++) {
             int t = t0 + i, p = c->len[b] - np[b] + i;
-            int first = left >= 0 && p - left > c->lo[b] ? p - left : c->lo[b];
+            int first = mha_cache_first_key(c, b, p, o->left);
             for (int r = 0; r < c->h; r++) {
                 int g = r / n_rep;
                 size_t row = (size_t)row0[b] + t;
@@ -164,27 +180,99 @@ static mha_status capture_probs(float *probs, const mha_cache *c, const mha_laye
     return MHA_OK;
 }
 
-/* Applies opt's interventions to z (N, h*d_v); REPLACE values (B,T,d_v)
- * are packed like z. */
-static mha_status intervene(float *z, const mha_options *opt, const mha_cache *c, const int *n,
-                            int T, int N) {
-    float *packed = NULL;
-    mha_status s = MHA_OK;
-    for (int r = 0; r < c->h && !s; r++) {
-        mha_intervention iv = opt->interventions[r];
-        if (iv.op == MHA_HEAD_KEEP) continue;
-        if (iv.op == MHA_HEAD_REPLACE) {
-            if (!packed && !(packed = malloc(sizeof(float) * (size_t)N * c->d_v)))
-                return mha_fail(MHA_E_NOMEM, "mha_forward_cached: no memory for interventions");
-            size_t at = 0;
-            for (int b = 0; b < c->B; b++)
-                for (int t = 0; t < n[b]; t++, at++)
-                    memcpy(packed + at * c->d_v, iv.value + ((size_t)b * T + t) * c->d_v, sizeof(float) * c->d_v);
-            iv.value = packed;
-        }
-        s = mha_head_intervene(z, &iv, r, c->h, N, c->d_v);
+/* q (N, h*d_k), k (N, h_kv*d_k), v (N, h_kv*d_v) = x (N, d_model) W + b.
+ * Many new rows (N >= MHA_PREFILL_MIN_ROWS, cache_internal.h) run on the
+ * fast path's GEMM with the layer's packed weights, one row on
+ * decode_gemm.c; the same split for W_O below. */
+static mha_status project_qkv(const mha_exec *ex, const cached_plan *p, const mha_layer *L,
+                              const mha_cache *c) {
+    const int wq = c->h * c->d_k, wk = c->h_kv * c->d_k, wv = c->h_kv * c->d_v, N = p->N;
+    const mha_packed *pk = N >= MHA_PREFILL_MIN_ROWS ? mha_fast_packed_qkv(L) : NULL;
+    if (pk) {
+        const mha_dst dst[3] = {{MHA_DST_ROWS, p->q, (size_t)wq, 0, 0, 0, 0},
+                                {MHA_DST_ROWS, p->k, (size_t)wk, 0, 0, 0, 0},
+                                {MHA_DST_ROWS, p->v, (size_t)wv, 0, 0, 0, 0}};
+        const mha_gemm_args g = {dst, p->xc, (size_t)c->d_model, N, pk, 0, 3, 0, c->d_model, 1};
+        return mha_gemm(&g, mha_exec_prefill(ex), mha_exec_threads_for(ex, (double)N * c->d_model * (wq + wk + wv)));
     }
-    free(packed);
+    mha_decode_gemm_job qkv[3] = {{p->q, L->w_q, L->b_q, wq}, {p->k, L->w_k, L->b_k, wk}, {p->v, L->w_v, L->b_v, wv}};
+    return mha_decode_gemm_many(ex, qkv, 3, p->xc, N, c->d_model);
+}
+
+// --- check the fp32 range before anything is stored: |scale q.k| within
+// MHA_FAST_SCORE_LIMIT over the cached keys, the new ones and bias_k
+static mha_status check_range(const cached_plan *p, const mha_cache *c, const mha_layer *L, float scale) {
+    const int n_rep = c->h / c->h_kv;
+    for (int b = 0; b < p->B; b++)
+        for (int g = 0; g < c->h_kv; g++) {
+            double kmax = c->kmax[mha_cache_kv_index(c, b, g)], vmax = 0.0;
+            for (int i = 0; i < p->n[b]; i++) {
+                const float *kr = p->k + ((size_t)p->row0[b] + i) * c->h_kv * c->d_k + (size_t)g * c->d_k;
+                const float *vr = p->v + ((size_t)p->row0[b] + i) * c->h_kv * c->d_v + (size_t)g * c->d_v;
+                const double kn = sqrt(mha_sum_squares(kr, c->d_k));
+                if (!(kn <= kmax)) kmax = kn;
+                for (int e = 0; e < c->d_v; e++) vmax = fabs(vr[e]) > vmax || isnan(vr[e]) ? fabs(vr[e]) : vmax;
+            }
+            if (L->cfg.add_bias_kv) /* the extra key */
+                kmax = fmax(kmax, sqrt(mha_sum_squares(L->bias_k + (size_t)g * c->d_k, c->d_k)));
+            if (!(vmax <= FLT_MAX / (c->cap + 2.0)))
+                return mha_fail(MHA_E_NONFINITE, "mha_forward_cached: V of sequence %d kv head %d reaches %g, "
+                                "beyond the fp32 range its weighted sums need; nothing was appended", b, g, vmax);
+            for (int i = 0; i < p->n[b] * n_rep; i++) {
+                const int t = i / n_rep, r = g * n_rep + i % n_rep;
+                const float *qr = p->q + ((size_t)p->row0[b] + t) * c->h * c->d_k + (size_t)r * c->d_k;
+                const double bound = sqrt(mha_sum_squares(qr, c->d_k)) * kmax * fabs(scale);
+                if (!(bound <= MHA_FAST_SCORE_LIMIT))
+                    return mha_fail(MHA_E_NONFINITE, "mha_forward_cached: scores of sequence %d head %d may reach "
+                                    "%.3g at new token %d, beyond the %g its fp32 softmax keeps accurate; "
+                                    "nothing was appended", b, r, bound, t, MHA_FAST_SCORE_LIMIT);
+            }
+        }
+    return MHA_OK;
+}
+
+// --- run: append and attend, in pieces a ring can hold
+static mha_status attend_pieces(const mha_exec *ex, cached_plan *p, mha_cache *c, const mha_layer *L,
+                                const mha_capture *cap, const mha_decode_opts *o) {
+    const int piece = c->window ? c->cap - c->window + 1 : p->T;
+    mha_status s = MHA_OK;
+    for (int t0 = 0; t0 < p->T && !s; t0 += piece) {
+        int any = 0;
+        for (int b = 0; b < p->B; b++) {
+            p->np[b] = p->n[b] - t0 < 0 ? 0 : p->n[b] - t0 > piece ? piece : p->n[b] - t0;
+            any |= p->np[b] > 0;
+        }
+        if (!any) break;
+        mha_cache_store(ex, c, p->k, p->v, p->row0, t0, p->np);
+        s = mha_decode_attend(ex, p->z, p->stats, c, p->q, p->row0, t0, p->np, o);
+        if (!s && p->stats) s = capture_probs(ex, cap->probs, c, L, p->q, p->stats, p->row0, t0, p->np, p->T, o);
+    }
+    return s;
+}
+
+/* y (N, d_model) = z (N, h*d_v) W_O + b_O (one row: the stream of
+ * decode_gemm.c; more: the fast path's packed GEMM); cc (h, N, d_model),
+ * when not NULL, = Z^(r) W_O[r] (no bias), on the packed GEMM. */
+static mha_status project_out(const mha_exec *ex, const cached_plan *p, const mha_layer *L, const mha_cache *c) {
+    const int wz = c->h * c->d_v, D = c->d_model, N = p->N;
+    const mha_packed *po = mha_fast_packed_o(L);
+    if (!po) return mha_fail(MHA_E_UNSUPPORTED, "mha_forward_cached: the layer's packed W_O is missing");
+    const mha_kernels *kern = mha_exec_prefill(ex);
+    const int nt = mha_exec_threads_for(ex, (double)N * wz * D);
+    mha_dst out = {MHA_DST_ROWS, p->yc, (size_t)D, 0, 0, 0, 0};
+    mha_gemm_args g = {&out, p->z, (size_t)wz, N, po, 0, 1, 0, wz, 1};
+    mha_status s = N >= MHA_PREFILL_MIN_ROWS ? mha_gemm(&g, kern, nt)
+                                             : mha_decode_gemm(ex, p->yc, p->z, L->w_o, L->b_o, N, wz, D);
+    g.kn = c->d_v, g.use_bias = 0; /* rows r*d_v .. of W_O, no bias */
+    for (int r = 0; p->cc && r < c->h && !s; r++) {
+        out.base = p->cc + (size_t)r * N * D;
+        g.a = p->z + (size_t)r * c->d_v, g.k0 = r * c->d_v;
+        s = mha_gemm(&g, kern, nt);
+    }
+    for (size_t i = 0; !s && i < (size_t)N * D; i++)
+        if (isinf(p->yc[i]) || (isnan(p->yc[i]) && !p->nan_rows))
+            s = mha_fail(MHA_E_NONFINITE, "mha_forward_cached: y of new row %zu overflowed its fp32 sum; "
+                         "its K/V were appended", i / D);
     return s;
 }
 
@@ -199,8 +287,69 @@ static void unpack(float *dst, const float *src, const int *n, int B, int T, siz
         }
 }
 
-mha_status mha_forward_cached(const mha_layer *L, mha_cache *c, float *y, const mha_capture *cap,
-                              const float *x, int T, const int *n_new, const mha_options *opt) {
+// --- merge: packed rows back to (B,T,...) outputs, zero rows past n[b]
+static void merge_outputs(const cached_plan *p, const mha_cache *c, const mha_layer *L, float *y,
+                          const mha_capture *cap) {
+    const int B = p->B, T = p->T, D = c->d_model;
+    for (int r = 0; p->cc && r < c->h; r++)
+        unpack(cap->contributions + (size_t)r * B * T * D, p->cc + (size_t)r * p->N * D, p->n, B, T, (size_t)D);
+    if (p->yc != y) unpack(y, p->yc, p->n, B, T, (size_t)D);
+    if (cap && cap->z) unpack(cap->z, p->z, p->n, B, T, (size_t)c->h * c->d_v);
+    if (cap && cap->probs) {
+        const size_t width = (size_t)c->cap + L->cfg.add_bias_kv + L->cfg.add_zero_attn;
+        for (int b = 0; b < B; b++)
+            for (int r = 0; r < c->h; r++)
+                for (int t = p->n[b]; t < T; t++)
+                    memset(cap->probs + (((size_t)b * c->h + r) * T + t) * width, 0, sizeof(float) * width);
+    }
+}
+
+/* No new rows: every output is zero. */
+static void zero_outputs(const mha_cache *c, const mha_layer *L, float *y, const mha_capture *cap, int T) {
+    const size_t rows = (size_t)c->B * T;
+    memset(y, 0, sizeof(float) * rows * c->d_model);
+    if (cap && cap->z) memset(cap->z, 0, sizeof(float) * rows * c->h * c->d_v);
+    if (cap && cap->contributions) memset(cap->contributions, 0, sizeof(float) * c->h * rows * c->d_model);
+    if (cap && cap->probs)
+        memset(cap->probs, 0, sizeof(float) * rows * c->h * (size_t)(c->cap + L->cfg.add_bias_kv + L->cfg.add_zero_attn));
+}
+
+static mha_decode_opts decode_opts(const mha_layer *L, const mha_cache *c, const mha_options *opt) {
+    const int extra = L->cfg.add_bias_kv;
+    return (mha_decode_opts){opt->scale != 0.0f ? opt->scale : 1.0f / sqrtf((float)c->d_k), opt->window_left,
+                             extra ? L->bias_k : NULL, extra ? L->bias_v : NULL, L->cfg.add_zero_attn,
+                             opt->masked_row == MHA_MASKED_ROW_NAN};
+}
+
+static mha_status forward_cached_exec(const mha_exec *ex, const mha_layer *L, mha_cache *c, float *y,
+                                      const mha_capture *cap, const float *x, int T, const int *n_new,
+                                      const mha_options *opt) {
+    cached_plan p = {.B = c->B, .T = T};
+    mha_status s = (p.n = malloc(sizeof(int) * 3 * c->B)) ? MHA_OK
+                   : mha_fail(MHA_E_NOMEM, "mha_forward_cached: no memory");
+    if (!s) p.row0 = p.n + c->B, p.np = p.n + 2 * c->B, p.xc = (float *)x, p.yc = y;
+    if (!s) s = validate(&p, L, c, x, n_new);
+    if (!s && p.N == 0) zero_outputs(c, L, y, cap, T);
+    if (s || p.N == 0) {
+        free(p.n);
+        return s;
+    }
+    const mha_decode_opts o = decode_opts(L, c, opt);
+    p.nan_rows = o.nan_rows;
+    if (!(s = plan_buffers(&p, c, x, y, cap)) && !(s = project_qkv(ex, &p, L, c)) &&
+        !(s = check_range(&p, c, L, o.scale)) && !(s = attend_pieces(ex, &p, c, L, cap, &o))) {
+        for (int r = 0; opt->interventions && r < c->h && !s; r++)
+            s = mha_head_intervene_rows(p.z, &opt->interventions[r], r, c->h, p.N, c->d_v, p.value_row);
+        if (!s) s = project_out(ex, &p, L, c);
+        if (!s) merge_outputs(&p, c, L, y, cap);
+    }
+    plan_free(&p);
+    return s;
+}
+
+mha_status mha_forward_cached_exec(const mha_exec *ex, const mha_layer *L, mha_cache *c, float *y,
+                                   const mha_capture *cap, const float *x, int T, const int *n_new,
+                                   const mha_options *opt) {
     if (!L || !c || !y || !x)
         return mha_fail(MHA_E_ARG, "mha_forward_cached: NULL %s; expected (B,T,d_model) floats",
                         !L ? "layer" : !c ? "cache" : !y ? "y" : "x");
@@ -209,106 +358,18 @@ mha_status mha_forward_cached(const mha_layer *L, mha_cache *c, float *y, const 
     if (!opt) opt = &defaults;
     mha_status s = check_cache_layer(c, L);
     if (!s) s = check_options(opt, c, T);
-    if (s) return s;
+    return s ? s : forward_cached_exec(ex, L, c, y, cap, x, T, n_new, opt);
+}
 
-    int B = c->B, N = 0;
-    int *n = malloc(sizeof(int) * 3 * B); /* n, row0 (packed), np (piece) */
-    if (!n) return mha_fail(MHA_E_NOMEM, "mha_forward_cached: no memory");
-    int *row0 = n + B, *np = n + 2 * B;
-    for (int b = 0; b < B && !s; b++) {
-        n[b] = n_new ? n_new[b] : T;
-        row0[b] = N;
-        if (n[b] < 0 || n[b] > T)
-            s = mha_fail(MHA_E_ARG, "mha_forward_cached: n_new[%d]=%d; expected 0..T=%d", b, n[b], T);
-        else
-            s = mha_check_finite(x + (size_t)b * T * c->d_model, (size_t)n[b] * c->d_model, "x");
-        N += n[b];
-    }
-    /* without a window everything must fit; a ring takes pieces */
-    if (!s && !c->window) s = mha_cache_check_room(c, n, "mha_forward_cached");
-    if (!s) s = check_labels(c, L);
-    if (s || N == 0) {
-        free(n);
-        if (!s) { /* nothing new: outputs are zero rows */
-            memset(y, 0, sizeof(float) * (size_t)B * T * c->d_model);
-            if (cap && cap->z) memset(cap->z, 0, sizeof(float) * (size_t)B * T * c->h * c->d_v);
-            if (cap && cap->contributions)
-                memset(cap->contributions, 0, sizeof(float) * (size_t)c->h * B * T * c->d_model);
-            if (cap && cap->probs)
-                memset(cap->probs, 0, sizeof(float) * (size_t)B * c->h * T *
-                                          (size_t)(c->cap + L->cfg.add_bias_kv + L->cfg.add_zero_attn));
-        }
-        return s;
-    }
+mha_status mha_forward_cached_ctx(const mha_context *ctx, const mha_layer *L, mha_cache *c, float *y,
+                                  const mha_capture *cap, const float *x, int T, const int *n_new,
+                                  const mha_options *opt) {
+    mha_exec ex;
+    mha_status s = mha_exec_resolve(&ex, ctx);
+    return s ? s : mha_forward_cached_exec(&ex, L, c, y, cap, x, T, n_new, opt);
+}
 
-    const mha_config *f = &L->cfg;
-    size_t wq = (size_t)c->h * c->d_k, wk = (size_t)c->h_kv * c->d_k, wv = (size_t)c->h_kv * c->d_v,
-           wz = (size_t)c->h * c->d_v;
-    int packed = N != B * T;
-    float *xc = packed ? malloc(sizeof(float) * (size_t)N * c->d_model) : NULL;
-    float *q = malloc(sizeof(float) * N * wq), *k = malloc(sizeof(float) * N * wk);
-    float *v = malloc(sizeof(float) * N * wv), *z = malloc(sizeof(float) * N * wz);
-    float *yc = packed ? malloc(sizeof(float) * (size_t)N * c->d_model) : y;
-    float *stats = cap && cap->probs ? malloc(sizeof(float) * N * c->h * 2) : NULL;
-    if ((packed && (!xc || !yc)) || !q || !k || !v || !z || (cap && cap->probs && !stats)) {
-        s = mha_fail(MHA_E_NOMEM, "mha_forward_cached: no memory for %d rows", N);
-        goto done;
-    }
-    if (packed)
-        for (int b = 0; b < B; b++)
-            memcpy(xc + (size_t)row0[b] * c->d_model, x + (size_t)b * T * c->d_model,
-                   sizeof(float) * (size_t)n[b] * c->d_model);
-    const float *xs = packed ? xc : x;
-
-    // --- project: Q (N, h*d_k), K (N, h_kv*d_k), V (N, h_kv*d_v)
-    if ((s = project_qkv(q, k, v, L, c, xs, N))) goto done;
-
-    // --- append and attend, in pieces a ring can hold
-    mha_decode_opts o;
-    o.scale = opt->scale != 0.0f ? opt->scale : 1.0f / sqrtf((float)c->d_k);
-    o.left = opt->window_left;
-    o.extra_k = f->add_bias_kv ? L->bias_k : NULL;
-    o.extra_v = f->add_bias_kv ? L->bias_v : NULL;
-    o.zero_attn = f->add_zero_attn;
-    o.nan_rows = opt->masked_row == MHA_MASKED_ROW_NAN;
-    int piece = c->window ? c->cap - c->window + 1 : T;
-    for (int t0 = 0; t0 < T && !s; t0 += piece) {
-        int any = 0;
-        for (int b = 0; b < B; b++) {
-            np[b] = n[b] - t0 < 0 ? 0 : n[b] - t0 > piece ? piece : n[b] - t0;
-            any |= np[b] > 0;
-        }
-        if (!any) break;
-        mha_cache_store(c, k, v, row0, t0, np);
-        s = mha_decode_attend(z, stats, c, q, row0, t0, np, &o);
-        if (!s && stats) s = capture_probs(cap->probs, c, L, q, stats, row0, t0, np, T, &o);
-    }
-    if (s) goto done;
-
-    // --- interventions on Z, then Y = Z W_O + b_O
-    if (opt->interventions && (s = intervene(z, opt, c, n, T, N))) goto done;
-    float *cc = NULL; /* (h, N, d_model) contributions, packed rows */
-    if (cap && cap->contributions && !(cc = malloc(sizeof(float) * (size_t)c->h * N * c->d_model))) {
-        s = mha_fail(MHA_E_NOMEM, "mha_forward_cached: no memory for contributions");
-        goto done;
-    }
-    s = project_out(yc, cc, L, c, z, N);
-    for (int r = 0; cc && r < c->h && !s; r++)
-        unpack(cap->contributions + (size_t)r * B * T * c->d_model, cc + (size_t)r * N * c->d_model,
-               n, B, T, (size_t)c->d_model);
-    free(cc);
-    if (s) goto done;
-    if (packed) unpack(y, yc, n, B, T, (size_t)c->d_model);
-    if (cap && cap->z) unpack(cap->z, z, n, B, T, wz);
-    if (cap && cap->probs) { /* rows past n[b]: zero */
-        size_t width = (size_t)c->cap + f->add_bias_kv + f->add_zero_attn;
-        for (int b = 0; b < B; b++)
-            for (int r = 0; r < c->h; r++)
-                for (int t = n[b]; t < T; t++)
-                    memset(cap->probs + (((size_t)b * c->h + r) * T + t) * width, 0, sizeof(float) * width);
-    }
-done:
-    free(n), free(xc), free(q), free(k), free(v), free(z), free(stats);
-    if (packed) free(yc);
-    return s;
+mha_status mha_forward_cached(const mha_layer *L, mha_cache *c, float *y, const mha_capture *cap,
+                              const float *x, int T, const int *n_new, const mha_options *opt) {
+    return mha_forward_cached_ctx(NULL, L, c, y, cap, x, T, n_new, opt);
 }

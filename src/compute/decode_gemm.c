@@ -26,13 +26,13 @@
 
 static int blocks(int n, int b) { return (n + b - 1) / b; }
 
-mha_status mha_decode_gemm_many(const mha_decode_gemm_job *jobs, int njobs, const float *x, int m,
+mha_status mha_decode_gemm_many(const mha_exec *ex, const mha_decode_gemm_job *jobs, int njobs, const float *x, int m,
                                 int k) {
-    const mha_decode_kernels *kr = mha_decode_kernels_get();
+    const mha_decode_kernels *kr = mha_exec_decode(ex);
     if (m <= 0) return MHA_OK;
     double work = 0.0; /* multiply-adds; small ones run on one thread */
     for (int i = 0; i < njobs; i++) work += (double)m * k * jobs[i].n;
-    int nth = mha_decode_threads_for(work);
+    int nth = mha_exec_threads_for(ex, work);
     if (m <= STREAM_MAX_ROWS) {
         /* partial sums (nkb, m, n) of every job, one buffer */
         int nkb = blocks(k, KBLK), first[MHA_DECODE_MAX_JOBS + 1];
@@ -100,8 +100,8 @@ mha_status mha_decode_gemm_many(const mha_decode_gemm_job *jobs, int njobs, cons
     return MHA_OK;
 }
 
-mha_status mha_decode_gemm(float *y, const float *x, const float *w, const float *b, int m, int k,
+mha_status mha_decode_gemm(const mha_exec *ex, float *y, const float *x, const float *w, const float *b, int m, int k,
                            int n) {
     mha_decode_gemm_job j = {y, w, b, n};
-    return mha_decode_gemm_many(&j, 1, x, m, k);
+    return mha_decode_gemm_many(ex, &j, 1, x, m, k);
 }

@@ -16,10 +16,8 @@
 #define MHA_TILE_MAX_ROWS 12 /* the largest register tile of a kernel table */
 #define MHA_TILE_MAX_PANELS 2
 
-static size_t round_up(size_t n, size_t m) { return (n + m - 1) / m * m; }
-
 static float *alloc_floats(size_t n) {
-    return aligned_alloc(64, round_up(n * sizeof(float) + 1, 64));
+    return aligned_alloc(64, mha_round_up(n * sizeof(float) + 1, 64));
 }
 
 mha_status mha_pack(mha_packed *p, int K, int n_sections, const float *const *w,
@@ -105,9 +103,12 @@ static void pack_rows(float *buf, const float *a, size_t lda, int m0, int mc, in
     }
 }
 
-mha_status mha_gemm(const mha_dst *dst, const float *a, size_t lda, int M, const mha_packed *p,
-                    int s0, int s1, int k0, int kn, int use_bias, const mha_kernels *kern,
-                    int n_threads) {
+mha_status mha_gemm(const mha_gemm_args *g, const mha_kernels *kern, int n_threads) {
+    const mha_dst *dst = g->dst;
+    const float *a = g->a;
+    const size_t lda = g->lda;
+    const mha_packed *p = g->p;
+    const int M = g->M, s0 = g->s0, s1 = g->s1, k0 = g->k0, kn = g->kn, use_bias = g->use_bias;
     const int pb = p->first_panel[s0], np = p->first_panel[s1] - pb;
     const int nmb = (M + MHA_GEMM_MC - 1) / MHA_GEMM_MC;
     /* Enough tasks that the dynamic schedule balances the threads to within

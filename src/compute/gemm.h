@@ -45,12 +45,23 @@ typedef struct {
     size_t head_stride; /* HEADS*: floats per (b, head) block                  */
 } mha_dst;
 
-/* For sections [s0, s1) of p: out_s (M, cols[s]) = a (M, kn) p_s[k0:k0+kn, :]
- * (+ bias when use_bias), written through dst[s - s0]. a has row stride
- * lda. Each output element is reduced by one thread in k order, so the
- * result does not depend on the thread count. */
-mha_status mha_gemm(const mha_dst *dst, const float *a, size_t lda, int M, const mha_packed *p,
-                    int s0, int s1, int k0, int kn, int use_bias, const mha_kernels *kern,
-                    int n_threads);
+/* One packed product: for sections [s0, s1) of p,
+ *   out_s (M, cols[s]) = a (M, kn) p_s[k0 : k0+kn, :] (+ bias when use_bias),
+ * written through dst[s - s0]. k0/kn select rows of the packed weight
+ * (W_O's row block r of one head: k0 = r*d_v, kn = d_v). */
+typedef struct {
+    const mha_dst *dst;   /* s1 - s0 destinations                  */
+    const float *a;       /* (M, kn) input rows, row stride lda    */
+    size_t lda;
+    int M;
+    const mha_packed *p;
+    int s0, s1;           /* sections of p                         */
+    int k0, kn;           /* rows of the packed weight             */
+    int use_bias;
+} mha_gemm_args;
+
+/* Each output element is reduced by one thread in k order, so the result
+ * does not depend on the thread count. */
+mha_status mha_gemm(const mha_gemm_args *g, const mha_kernels *kern, int n_threads);
 
 #endif /* MHA_GEMM_H */

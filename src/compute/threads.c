@@ -1,47 +1,83 @@
-/* threads.c — the thread count of the fast path: the setter's value, or
- * OpenMP's default (OMP_NUM_THREADS) when 0. */
+/* threads.c — resolving how one call runs (exec.h): the caller's context,
+ * else the process defaults. The defaults are atomics, so setting them
+ * never races with running calls; a call reads them once, at its start.
+ * Also the public context object (mha.h). */
 #include <omp.h>
 
+#include <stdatomic.h>
 #include <stdlib.h>
+#include <string.h>
 
-#include "compute/decode_gemm.h"
-#include "kernels/kernels.h"
+#include "compute/exec.h"
 
-static int num_threads; /* 0: OpenMP's default */
+struct mha_context {
+    int n_threads;      /* 0: the process default                         */
+    const mha_isa *isa; /* NULL: MHA_KERNELS or the best for this CPU      */
+    int reference;      /* 1: kernels "reference" (AUTO runs the oracle)   */
+};
 
-void mha_set_num_threads(int n) { num_threads = n > 0 ? n : 0; }
+static atomic_int num_threads;                      /* 0: OpenMP's default */
+static _Atomic double min_parallel_work = 262144.0; /* multiply-adds (~30 us) */
 
-int mha_get_num_threads(void) { return num_threads > 0 ? num_threads : omp_get_max_threads(); }
+void mha_set_num_threads(int n) { atomic_store(&num_threads, n > 0 ? n : 0); }
 
-/* The decode path: its kernel table and its thread counts. */
-static int force_scalar_flag;
-static const mha_decode_kernels *forced_decode; /* NULL: automatic */
-static double min_parallel_work = 262144.0; /* multiply-adds (~30 us) */
-
-void mha_decode_force_scalar(int force) { force_scalar_flag = force; }
-
-void mha_decode_kernels_force(const mha_decode_kernels *k) { forced_decode = k; }
-
-void mha_decode_set_min_parallel_work(double madds) { min_parallel_work = madds; }
-
-int mha_decode_threads_for(double madds) {
-    return madds < min_parallel_work ? 1 : mha_decode_threads();
-}
-
-/* The same ISA as the fast path's table (MHA_KERNELS included). */
-const mha_decode_kernels *mha_decode_kernels_get(void) {
-    if (forced_decode) return forced_decode;
-    if (!force_scalar_flag && mha_kernels_get() == &mha_kernels_avx512)
-        return &mha_decode_kernels_avx512;
-    if (!force_scalar_flag && mha_kernels_get() != &mha_kernels_scalar &&
-        __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-        __builtin_cpu_supports("f16c"))
-        return &mha_decode_kernels_avx2;
-    return &mha_decode_kernels_scalar;
-}
-
-int mha_decode_threads(void) {
-    int n = mha_get_num_threads();
+int mha_get_num_threads(void) {
+    int n = atomic_load(&num_threads);
     return n > 0 ? n : omp_get_max_threads();
 }
 
+void mha_decode_set_min_parallel_work(double madds) { atomic_store(&min_parallel_work, madds); }
+
+void mha_decode_force_scalar(int force) { mha_kernels_force(force ? &mha_kernels_scalar : NULL); }
+
+mha_status mha_exec_resolve(mha_exec *ex, const mha_context *ctx) {
+    ex->trace = NULL;
+    ex->min_parallel_work = atomic_load(&min_parallel_work);
+    ex->n_threads = ctx && ctx->n_threads > 0 ? ctx->n_threads : mha_get_num_threads();
+    if (ex->n_threads < 1) ex->n_threads = 1;
+    int env_reference = 0;
+    mha_status s = mha_isa_choose(&ex->isa, &env_reference);
+    if (ctx && (ctx->isa || ctx->reference)) { /* the context's choice wins over the environment */
+        ex->reference = ctx->reference;
+        if (ctx->isa) ex->isa = ctx->isa;
+        else if (s) s = mha_isa_by_name(&ex->isa, NULL);
+        return MHA_OK;
+    }
+    ex->reference = env_reference;
+    return s;
+}
+
+/* ------------------------------------------------------- mha_context */
+
+mha_status mha_context_create(mha_context **out) {
+    if (!out) return mha_fail(MHA_E_ARG, "mha_context_create: out is NULL");
+    *out = calloc(1, sizeof **out);
+    return *out ? MHA_OK : mha_fail(MHA_E_NOMEM, "mha_context_create: no memory");
+}
+
+void mha_context_free(mha_context *ctx) { free(ctx); }
+
+mha_status mha_context_set_num_threads(mha_context *ctx, int n) {
+    if (!ctx) return mha_fail(MHA_E_ARG, "mha_context_set_num_threads: context is NULL");
+    if (n < 0) return mha_fail(MHA_E_ARG, "mha_context_set_num_threads: n=%d; expected >= 1 or 0 (default)", n);
+    ctx->n_threads = n;
+    return MHA_OK;
+}
+
+mha_status mha_context_set_kernels(mha_context *ctx, const char *name) {
+    if (!ctx) return mha_fail(MHA_E_ARG, "mha_context_set_kernels: context is NULL");
+    const int reference = name && strcmp(name, "reference") == 0;
+    const mha_isa *isa = NULL;
+    if (name && !reference) {
+        mha_status s = mha_isa_by_name(&isa, name);
+        if (s) return s;
+    }
+    ctx->isa = isa, ctx->reference = reference;
+    return MHA_OK;
+}
+
+const char *mha_context_kernels(const mha_context *ctx) {
+    mha_exec ex;
+    if (mha_exec_resolve(&ex, ctx)) return NULL;
+    return ex.reference ? "reference" : ex.isa->name;
+}

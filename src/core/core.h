@@ -7,6 +7,14 @@
 #include "base/internal.h"
 #include "core/packing.h"
 
+/* The fp32 paths (fast, cached) refuse a call whose scaled scores may
+ * exceed this in magnitude, bounded by |scale| * |q| * |k| (L2 norms,
+ * Cauchy-Schwarz): an fp32 score near 2^17 is rounded to 2^-6, which moves
+ * a probability by up to 1.6%, and past 3.4e38 it overflows (issue 9:
+ * x = 1e22 gave a 65% error with no sign). Trained models stay far below
+ * (|q| |k| / sqrt(d_k) ~ 1e2); tests reach logits of 1e4. */
+#define MHA_FAST_SCORE_LIMIT 131072.0
+
 /* Checks that perm (h entries, new head i = old head perm[i]) is a
  * permutation that moves whole kv groups (h / h_kv consecutive heads) and
  * writes the induced kv-head permutation into kv_perm (h_kv entries).
@@ -17,6 +25,20 @@ mha_status mha_kv_perm_from_heads(int *kv_perm, const int *perm, int h, int h_kv
  * width d_v: known op, finite scale, a finite REPLACE value (rows, d_v).
  * Shared by mha_forward and mha_forward_cached. */
 mha_status mha_check_interventions(const mha_intervention *ivs, int h, size_t rows, int d_v);
+
+/* mha_head_intervene (mha.h) with REPLACE reading value row value_row[t]
+ * for z row t (NULL: row t): the cached forward packs its rows. */
+mha_status mha_head_intervene_rows(float *z, const mha_intervention *iv, int r, int n, int rows, int d,
+                                   const size_t *value_row);
+
+/* The options every forward honours: finite scale, a known masked_row,
+ * valid interventions for rows = B*T positions of width d_v. */
+mha_status mha_check_common_options(const mha_options *o, int h, size_t rows, int d_v);
+
+/* The keys [*lo, *hi] of 0..S-1 that causal and the windows allow for
+ * query i (aligned as o->align says); *lo > *hi when none. The one
+ * statement of that rule: mha_mask_key and the fast tiles use it. */
+void mha_mask_interval(const mha_options *o, int i, int T, int S, int *lo, int *hi);
 
 /* Validates the arguments of one forward pass against the layer. */
 mha_status mha_forward_validate(const mha_layer *L, const float *y, const float *x,

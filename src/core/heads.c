@@ -85,7 +85,12 @@ mha_status mha_head_contributions(float *contrib, const float *z, const float *w
 }
 
 mha_status mha_head_intervene(float *z, const mha_intervention *iv, int r, int n, int rows, int d) {
-    // z is (rows, n*d); head r's block is columns [r*d, (r+1)*d); value is (rows, d)
+    return mha_head_intervene_rows(z, iv, r, n, rows, d, NULL);
+}
+
+mha_status mha_head_intervene_rows(float *z, const mha_intervention *iv, int r, int n, int rows, int d,
+                                   const size_t *value_row) {
+    // z is (rows, n*d); head r's block is columns [r*d, (r+1)*d); value row of z row t: value_row[t]
     mha_status s = check_sizes("mha_head_intervene", n, rows, d);
     if (s) return s;
     if (!z || !iv) return mha_fail(MHA_E_ARG, "mha_head_intervene: NULL %s", z ? "intervention" : "z");
@@ -115,7 +120,8 @@ mha_status mha_head_intervene(float *z, const mha_intervention *iv, int r, int n
     case MHA_HEAD_REPLACE:
         if (!iv->value)
             return mha_fail(MHA_E_ARG, "intervention on head %d: REPLACE needs value (B,T,d_v); got NULL", r);
-        for (int t = 0; t < rows; t++) memcpy(blk + t * zw, iv->value + (size_t)t * d, (size_t)d * sizeof(float));
+        for (int t = 0; t < rows; t++)
+            memcpy(blk + t * zw, iv->value + (value_row ? value_row[t] : (size_t)t) * d, (size_t)d * sizeof(float));
         return MHA_OK;
     }
     return mha_fail(MHA_E_ARG, "intervention on head %d: op=%d; expected MHA_HEAD_KEEP..MHA_HEAD_REPLACE",

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "compute/workspace.h"
 #include "core/core.h"
 
 /* Largest single dimension accepted; keeps every product well inside size_t
@@ -165,6 +166,8 @@ mha_status mha_layer_create(mha_layer **out, const mha_config *cfg, const mha_we
         *layer_tensor(L, i) = malloc(ws[i].count * sizeof(float));
         ok = ok && *layer_tensor(L, i);
     }
+    L->ws = mha_workspace_create();
+    ok = ok && L->ws;
     int counts[4] = {c.n_heads, c.n_kv_heads, c.n_kv_heads, c.n_heads};
     for (int b = 0; b < 4; b++) {
         L->labels[b] = malloc((size_t)counts[b] * sizeof(int));
@@ -189,6 +192,7 @@ void mha_layer_free(mha_layer *L) {
     mha_fast_release(L);
     for (int i = 0; i < 10; i++) free(*layer_tensor(L, i));
     for (int b = 0; b < 4; b++) free(L->labels[b]);
+    mha_workspace_free(L->ws);
     free(L);
 }
 

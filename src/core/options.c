@@ -41,12 +41,9 @@ static mha_status check_mask(const mha_mask *m, const char *name, int B, int h) 
 
 static mha_status check_options(const mha_config *c, const mha_options *o, int B, int T, int S) {
     mha_status s;
-    if (!isfinite(o->scale)) return mha_fail(MHA_E_NONFINITE, "options.scale=%g; expected finite (0 = 1/sqrt(d_k))", (double)o->scale);
     if (o->causal != 0 && o->causal != 1) return mha_fail(MHA_E_ARG, "options.causal=%d; expected 0 or 1", o->causal);
     if (o->align != MHA_ALIGN_TOP_LEFT && o->align != MHA_ALIGN_BOTTOM_RIGHT)
         return mha_fail(MHA_E_ARG, "options.align=%d; expected MHA_ALIGN_TOP_LEFT or MHA_ALIGN_BOTTOM_RIGHT", (int)o->align);
-    if (o->masked_row != MHA_MASKED_ROW_ZERO && o->masked_row != MHA_MASKED_ROW_NAN)
-        return mha_fail(MHA_E_ARG, "options.masked_row=%d; expected MHA_MASKED_ROW_ZERO or MHA_MASKED_ROW_NAN", (int)o->masked_row);
     if (o->path < MHA_PATH_AUTO || o->path > MHA_PATH_FAST)
         return mha_fail(MHA_E_ARG, "options.path=%d; expected MHA_PATH_AUTO, _REFERENCE or _FAST", (int)o->path);
     if ((s = check_mask(&o->keep_mask, "keep_mask", B, c->n_heads)) ||
@@ -57,7 +54,15 @@ static mha_status check_options(const mha_config *c, const mha_options *o, int B
                             (size_t)o->additive_mask.batch * o->additive_mask.heads * T * S, "additive_mask")))
         return s;
     if (o->key_additive && (s = check_additive(o->key_additive, (size_t)B * S, "key_additive"))) return s;
-    return mha_check_interventions(o->interventions, c->n_heads, (size_t)B * T, c->d_v);
+    return mha_check_common_options(o, c->n_heads, (size_t)B * T, c->d_v);
+}
+
+mha_status mha_check_common_options(const mha_options *o, int h, size_t rows, int d_v) {
+    if (!isfinite(o->scale))
+        return mha_fail(MHA_E_NONFINITE, "options.scale=%g; expected finite (0 = 1/sqrt(d_k))", (double)o->scale);
+    if (o->masked_row != MHA_MASKED_ROW_ZERO && o->masked_row != MHA_MASKED_ROW_NAN)
+        return mha_fail(MHA_E_ARG, "options.masked_row=%d; expected MHA_MASKED_ROW_ZERO or MHA_MASKED_ROW_NAN", (int)o->masked_row);
+    return mha_check_interventions(o->interventions, h, rows, d_v);
 }
 
 mha_status mha_check_interventions(const mha_intervention *ivs, int h, size_t rows, int d_v) {

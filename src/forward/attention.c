@@ -48,19 +48,6 @@ static int has_general_mask(const mha_options *o) {
     return o->keep_mask.data || o->additive_mask.data || o->key_keep || o->key_additive;
 }
 
-/* The keys [lo, hi] of 0..S-1 that causal and window allow for query i
- * (mask.c's rule, as an interval); lo > hi when none. */
-static void key_interval(int *lo, int *hi, const mha_options *o, int i, int T, int S) {
-    long p = (long)i + (o->align == MHA_ALIGN_BOTTOM_RIGHT ? (long)S - T : 0);
-    long a = 0, z = (long)S - 1;
-    if (o->causal && p < z) z = p;
-    if (o->window_left >= 0 && p - o->window_left > a) a = p - o->window_left;
-    if (o->window_right >= 0 && p + o->window_right < z) z = p + o->window_right;
-    if (a > S) a = S;
-    if (z < -1) z = -1;
-    *lo = (int)a, *hi = (int)z;
-}
-
 static int clampi(int x, int a, int b) { return x < a ? a : x > b ? b : x; }
 
 /* Applies the masks beyond causal/window to the tile s (rows, nk) of
@@ -130,7 +117,7 @@ static void attend_task(const mha_attn_args *a, const mha_kernels *k, scratch *w
     // --- which keys the tile needs: the union of the rows' intervals
     int jb = S, je = 0;
     for (int i = 0; i < rows6; i++) {
-        key_interval(&w->lo[i], &w->hi[i], o, i0 + (i < rows ? i : rows - 1), T, S);
+        mha_mask_interval(o, i0 + (i < rows ? i : rows - 1), T, S, &w->lo[i], &w->hi[i]);
         if (i < rows && w->lo[i] <= w->hi[i]) {
             if (w->lo[i] < jb) jb = w->lo[i];
             if (w->hi[i] + 1 > je) je = w->hi[i] + 1;

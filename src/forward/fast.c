@@ -1,153 +1,215 @@
-/* forward_fast.c — the fast forward pass: packed projections (gemm.c),
- * fused flash attention (attention.c), interventions (heads.c), captures
- * and the output projection, on the kernels dispatch.c picks. forward.c
- * has validated the arguments; this file only computes.
+/* fast.c — the fast forward pass: packed projections (compute/gemm.c),
+ * fused flash attention (attention.c), interventions (core/heads.c),
+ * captures and the output projection, on the kernels of ex's ISA.
+ * forward.c has validated the arguments; this file only computes, in
+ * named steps: plan -> project -> check the fp32 range -> attend ->
+ * intervene -> project out.
  * Legend: B, T, S, S_tot = S + extra keys, S_pad = S_tot rounded up to 16,
  * h, h_kv, d_k, d_v, ldv = d_v rounded up to 16, d_model, d_kv_in. */
+#include <float.h>
 #include <limits.h>
 #include <math.h>
-#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "compute/workspace.h"
 #include "forward/attention.h"
 #include "forward/forward.h"
 
-static size_t round_up(size_t n, size_t m) { return (n + m - 1) / m * m; }
-
-/* ------------------------------------------------------------ workspace */
-
-/* Z, Q, K^T and V live in one block that is kept for the next call (one
- * block per process, any layer): freeing and re-allocating tens of MiB per
- * call costs a page fault per 4 KiB, 5% of a prefill on this machine.
- * Blocks above MHA_WS_KEEP_MAX are returned to the system instead. */
-#define MHA_WS_KEEP_MAX ((size_t)256 << 20)
-
+/* Q, K^T, V and Z of one call, in one block of the layer's workspace. */
 typedef struct {
-    size_t floats; /* capacity after the 64-byte header */
-} ws_header;
+    const mha_config *c;
+    int B, T, S, S_tot, S_pad, ldv;
+    size_t rows;      /* B*T                                   */
+    float scale;
+    float *block;     /* the workspace block (NULL: none taken) */
+    float *z;         /* (B,T,h*d_v), cap->z when captured     */
+    float *q;         /* (B,h,T,d_k)                           */
+    float *kt;        /* (B,h_kv,S_pad/16,d_k,16)              */
+    float *v;         /* (B,h_kv,S_pad,ldv)                    */
+} fast_plan;
 
-static _Atomic(ws_header *) ws_kept;
-
-static float *ws_data(ws_header *w) { return (float *)((char *)w + 64); }
-
-static ws_header *ws_take(size_t floats) {
-    ws_header *w = atomic_exchange(&ws_kept, NULL);
-    if (w && w->floats >= floats) return w;
-    free(w);
-    w = aligned_alloc(64, 64 + round_up(floats * sizeof(float), 64));
-    if (w) w->floats = floats;
-    return w;
-}
-
-static void ws_give(ws_header *w) {
-    if (!w) return;
-    if (w->floats * sizeof(float) > MHA_WS_KEEP_MAX) {
-        free(w);
-        return;
-    }
-    free(atomic_exchange(&ws_kept, w)); /* another thread's block, if any */
-}
-
-mha_status mha_forward_fast(const mha_layer *L, float *y, const mha_capture *cap, const float *x,
-                            const float *k_src, const float *v_src, int B, int T, int S,
-                            const mha_options *opt) {
+// --- plan: sizes and the workspace block
+static mha_status plan(fast_plan *p, const mha_layer *L, const mha_capture *cap, int B, int T, int S,
+                       const mha_options *opt) {
     const mha_config *c = &L->cfg;
-    const struct mha_fast_state *f = L->fast;
-    if (!f) return mha_fail(MHA_E_UNSUPPORTED, "fast path: the layer's packed weights are missing");
-    const mha_kernels *kern = mha_kernels_get();
-    const int nt = mha_get_num_threads();
-    const int h = c->n_heads, h_kv = c->n_kv_heads, d_k = c->d_k, d_v = c->d_v, D = c->d_model;
-    const int S_tot = mha_total_keys(c, S), S_pad = (int)round_up((size_t)S_tot, 16);
-    const int ldv = (int)round_up((size_t)d_v, 16);
-    const size_t rows = (size_t)B * T;
-    const int self = k_src == x && v_src == x, shared_kv = k_src == v_src;
-    if (rows > (size_t)INT_MAX / 2 || (size_t)B * S_pad > (size_t)INT_MAX / 2)
+    const int h = c->n_heads, h_kv = c->n_kv_heads, d_k = c->d_k, d_v = c->d_v;
+    memset(p, 0, sizeof *p);
+    p->c = c, p->B = B, p->T = T, p->S = S, p->rows = (size_t)B * T;
+    p->S_tot = mha_total_keys(c, S), p->S_pad = (int)mha_round_up((size_t)p->S_tot, 16);
+    p->ldv = (int)mha_round_up((size_t)d_v, 16);
+    p->scale = opt->scale != 0.0f ? opt->scale : (float)(1.0 / sqrt((double)d_k));
+    if (p->rows > (size_t)INT_MAX / 2 || (size_t)B * p->S_pad > (size_t)INT_MAX / 2)
         return mha_fail(MHA_E_UNSUPPORTED, "fast path: B*T=%zu or B*S=%zu rows exceed its int indexing",
-                        rows, (size_t)B * S);
+                        p->rows, (size_t)B * S);
+    const size_t nz = cap && cap->z ? 0 : mha_round_up(p->rows * h * d_v, 16);
+    const size_t nq = mha_round_up(p->rows * h * d_k, 16);
+    const size_t nk = mha_round_up((size_t)B * h_kv * p->S_pad * d_k, 16);
+    const size_t nv = (size_t)B * h_kv * p->S_pad * p->ldv;
+    if (!(p->block = mha_workspace_take(L->ws, nz + nq + nk + nv)))
+        return mha_fail(MHA_E_NOMEM, "fast path: no memory for Q, K, V, Z (B=%d T=%d S=%d)", B, T, S);
+    p->z = nz ? p->block : cap->z;
+    p->q = p->block + nz, p->kt = p->q + nq, p->v = p->kt + nk;
+    return MHA_OK;
+}
 
-    const size_t nz = cap && cap->z ? 0 : round_up(rows * h * d_v, 16);
-    const size_t nq = round_up(rows * h * d_k, 16), nk = round_up((size_t)B * h_kv * S_pad * d_k, 16);
-    const size_t nv = (size_t)B * h_kv * S_pad * ldv;
-    ws_header *work = ws_take(nz + nq + nk + nv);
-    mha_status s = MHA_OK;
-    if (!work) return mha_fail(MHA_E_NOMEM, "fast path: no memory for Q, K, V, Z (B=%d T=%d S=%d)", B, T, S);
-    float *z = nz ? ws_data(work) : cap->z;  // (B,T,h*d_v)
-    float *q = ws_data(work) + nz;           // (B,h,T,d_k)
-    float *kt = q + nq;                      // (B,h_kv,S_pad/16,d_k,16)
-    float *v = kt + nk;                      // (B,h_kv,S_pad,ldv)
-
-    /* the projections write keys 0..S-1 and columns 0..d_v-1; the rest
-     * (padding, extra keys) must be zero: the kernels read it */
-    for (size_t bg = 0; bg < (size_t)B * h_kv; bg++) {
-        float *kb = kt + bg * S_pad * d_k, *vb = v + bg * S_pad * ldv;
+/* The projections write keys 0..S-1 and columns 0..d_v-1; the rest
+ * (padding, extra keys) must be zero: the kernels read it. Key S is the
+ * learned (bias_k, bias_v) row under add_bias_kv; zero_attn's row stays 0. */
+static void fill_padding(const fast_plan *p, const mha_layer *L) {
+    const int d_k = p->c->d_k, d_v = p->c->d_v, S = p->S, S_pad = p->S_pad, ldv = p->ldv;
+    for (size_t bg = 0; bg < (size_t)p->B * p->c->n_kv_heads; bg++) {
+        float *kb = p->kt + bg * S_pad * d_k, *vb = p->v + bg * S_pad * ldv;
+        const int g = (int)(bg % p->c->n_kv_heads);
         for (int e = 0; e < d_k; e++)
-            for (int j = S; j < S_pad; j++) kb[(size_t)(j / 16) * d_k * 16 + (size_t)e * 16 + j % 16] = 0.0f;
+            for (int j = S; j < S_pad; j++)
+                kb[(size_t)(j / 16) * d_k * 16 + (size_t)e * 16 + j % 16] =
+                    j == S && p->c->add_bias_kv ? L->bias_k[(size_t)g * d_k + e] : 0.0f;
         for (int j = 0; j < S_pad; j++)
-            for (int e = j < S ? d_v : 0; e < ldv; e++) vb[(size_t)j * ldv + e] = 0.0f;
+            for (int e = j < S ? d_v : 0; e < ldv; e++)
+                vb[(size_t)j * ldv + e] = j == S && p->c->add_bias_kv && e < d_v ? L->bias_v[(size_t)g * d_v + e] : 0.0f;
     }
+}
 
-    // --- projections: Q = X W_Q + b_Q, K/V = Xkv W + b in attention's layouts
+// --- project: Q = X W_Q + b_Q, K/V = Xkv W + b in attention's layouts
+static mha_status project(const fast_plan *p, const mha_layer *L, const float *x, const float *k_src,
+                          const float *v_src, const mha_kernels *kern, int nt) {
+    const mha_config *c = p->c;
+    const struct mha_fast_state *f = L->fast;
+    const int B = p->B, T = p->T, S = p->S, D = c->d_model, din = c->d_kv_in, dvin = c->d_v_in;
+    const int self = k_src == x && v_src == x, shared_kv = k_src == v_src;
     const mha_dst dst[3] = {
-        {MHA_DST_HEADS, q, (size_t)d_k, d_k, h, T, (size_t)T * d_k}, /* (B,h,T,d_k) */
-        {MHA_DST_HEADS_T, kt, 0, d_k, h_kv, S, (size_t)S_pad * d_k},
-        {MHA_DST_HEADS, v, (size_t)ldv, d_v, h_kv, S, (size_t)S_pad * ldv},
+        {MHA_DST_HEADS, p->q, (size_t)c->d_k, c->d_k, c->n_heads, T, (size_t)T * c->d_k},
+        {MHA_DST_HEADS_T, p->kt, 0, c->d_k, c->n_kv_heads, S, (size_t)p->S_pad * c->d_k},
+        {MHA_DST_HEADS, p->v, (size_t)p->ldv, c->d_v, c->n_kv_heads, S, (size_t)p->S_pad * p->ldv},
     };
-    const int din = c->d_kv_in, dvin = c->d_v_in;
-    if (f->fused && self) {
-        s = mha_gemm(dst, x, D, (int)rows, &f->qkv, 0, 3, 0, D, 1, kern, nt);
-    } else if (f->fused) {
-        s = mha_gemm(dst, x, D, (int)rows, &f->qkv, 0, 1, 0, D, 1, kern, nt);
-        if (!s) s = mha_gemm(dst + 1, k_src, D, B * S, &f->qkv, 1, shared_kv ? 3 : 2, 0, D, 1, kern, nt);
-        if (!s && !shared_kv) s = mha_gemm(dst + 2, v_src, D, B * S, &f->qkv, 2, 3, 0, D, 1, kern, nt);
-    } else {
-        s = mha_gemm(dst, x, D, (int)rows, &f->q, 0, 1, 0, D, 1, kern, nt);
-        if (!s) s = mha_gemm(dst + 1, k_src, din, B * S, &f->kv, 0, shared_kv ? 2 : 1, 0, din, 1, kern, nt);
-        if (!s && !shared_kv)
-            s = f->split_v ? mha_gemm(dst + 2, v_src, dvin, B * S, &f->v, 0, 1, 0, dvin, 1, kern, nt)
-                           : mha_gemm(dst + 2, v_src, din, B * S, &f->kv, 1, 2, 0, din, 1, kern, nt);
+    /* Q (and K, V when they read x too) from x; then K and V from their sources */
+    const mha_packed *pq = f->fused ? &f->qkv : &f->q;
+    mha_gemm_args g = {dst, x, (size_t)D, (int)p->rows, pq, 0, f->fused && self ? 3 : 1, 0, D, 1};
+    mha_status s = mha_gemm(&g, kern, nt);
+    if (s || (f->fused && self)) return s;
+    const mha_packed *pk = f->fused ? &f->qkv : &f->kv;
+    const int k_sec = f->fused ? 1 : 0, kin = f->fused ? D : din;
+    const int v_with_k = shared_kv && !f->split_v;
+    g = (mha_gemm_args){dst + 1, k_src, (size_t)kin, B * S, pk, k_sec, k_sec + (v_with_k ? 2 : 1), 0, kin, 1};
+    if ((s = mha_gemm(&g, kern, nt)) || v_with_k) return s;
+    if (f->split_v) g = (mha_gemm_args){dst + 2, v_src, (size_t)dvin, B * S, &f->v, 0, 1, 0, dvin, 1};
+    else g = (mha_gemm_args){dst + 2, v_src, (size_t)kin, B * S, pk, k_sec + 1, k_sec + 2, 0, kin, 1};
+    return mha_gemm(&g, kern, nt);
+}
+
+/* Largest L2 norm of the keys in one (S_pad/16, d_k, 16) panel block. */
+static double max_key_norm(const float *kt, int S_pad, int d_k) {
+    double best = 0.0;
+    for (int j0 = 0; j0 < S_pad; j0 += 16) {
+        double sq[16] = {0};
+        const float *panel = kt + (size_t)(j0 / 16) * d_k * 16;
+        for (int e = 0; e < d_k; e++)
+            for (int l = 0; l < 16; l++) sq[l] += (double)panel[e * 16 + l] * panel[e * 16 + l];
+        for (int l = 0; l < 16; l++) best = sq[l] > best || isnan(sq[l]) ? sq[l] : best;
     }
-    if (s) goto done;
-    /* extra keys: key S is the learned (bias_k, bias_v) row; zero_attn's
-     * row after it stays zero */
-    for (int b = 0; c->add_bias_kv && b < B; b++)
-        for (int g = 0; g < h_kv; g++) {
-            float *kb = kt + ((size_t)b * h_kv + g) * S_pad * d_k + (size_t)(S / 16) * d_k * 16 + S % 16;
-            float *vb = v + (((size_t)b * h_kv + g) * S_pad + S) * ldv;
-            for (int e = 0; e < d_k; e++) kb[(size_t)e * 16] = L->bias_k[(size_t)g * d_k + e];
-            for (int e = 0; e < d_v; e++) vb[e] = L->bias_v[(size_t)g * d_v + e];
+    return sqrt(best);
+}
+
+// --- check the fp32 range: |scale q.k| <= MHA_FAST_SCORE_LIMIT, finite V
+static mha_status check_range(const fast_plan *p, int nt) {
+    const mha_config *c = p->c;
+    const int h = c->n_heads, h_kv = c->n_kv_heads, d_k = c->d_k, T = p->T;
+    const long n_bg = (long)p->B * h_kv, n_br = (long)p->B * h;
+    double *kmax = malloc(sizeof(double) * (size_t)(n_bg + 2 * n_br)), *qmax = kmax + n_bg, *qarg = qmax + n_br;
+    if (!kmax) return mha_fail(MHA_E_NOMEM, "fast path: no memory for the range check");
+    const float v_limit = FLT_MAX / (float)p->S_tot; /* sum of S_tot weighted values */
+    int v_ok = 1;
+#pragma omp parallel for schedule(static) num_threads(nt) reduction(&& : v_ok)
+    for (long bg = 0; bg < n_bg; bg++) {
+        kmax[bg] = max_key_norm(p->kt + bg * p->S_pad * d_k, p->S_pad, d_k);
+        const float *vb = p->v + bg * p->S_pad * p->ldv;
+        int bad = 0; /* NaN compares false: counted as bad */
+        for (size_t i = 0; i < (size_t)p->S_pad * p->ldv; i++) bad |= !(fabsf(vb[i]) <= v_limit);
+        v_ok = v_ok && !bad;
+    }
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (long br = 0; br < n_br; br++) {
+        qmax[br] = 0.0, qarg[br] = 0;
+        for (int t = 0; t < T; t++) {
+            const float *qr = p->q + ((size_t)br * T + t) * d_k;
+            double sq = 0.0;
+            for (int e = 0; e < d_k; e++) sq += (double)qr[e] * qr[e];
+            if (!(sq <= qmax[br])) qmax[br] = sq, qarg[br] = t;
+            if (isnan(sq)) break;
         }
-
-    // --- attention: Z^(r) = softmax(scale Q^(r) K^(g)^T + mask) V^(g), into Z
-    const mha_attn_args att = {
-        c, opt, q, kt, v, z, cap ? cap->probs : NULL, B, T, S, S_tot, S_pad, ldv,
-        opt->scale != 0.0f ? opt->scale : (float)(1.0 / sqrt((double)d_k)), 1,
-    };
-    s = mha_attention(&att, kern, nt);
-    if (s) goto done;
-
-    // --- interventions on Z^(r), before W_O reads them
-    for (int r = 0; opt->interventions && r < h; r++)
-        if ((s = mha_head_intervene(z, &opt->interventions[r], r, h, (int)rows, d_v))) goto done;
-
-    // --- captures: Z (already in place when cap->z) and Z^(r) W_O[r]
-    mha_dst out = {MHA_DST_ROWS, NULL, (size_t)D, 0, 0, 0, 0};
-    for (int r = 0; cap && cap->contributions && r < h; r++) {
-        out.base = cap->contributions + (size_t)r * rows * D;
-        s = mha_gemm(&out, z + (size_t)r * d_v, (size_t)h * d_v, (int)rows, &f->o, 0, 1, r * d_v,
-                     d_v, 0, kern, nt);
-        if (s) goto done;
     }
-
-    // --- output projection: Y = Z W_O + b_O
-    out.base = y;
-    s = mha_gemm(&out, z, (size_t)h * d_v, (int)rows, &f->o, 0, 1, 0, h * d_v, 1, kern, nt);
-
-done:
-    ws_give(work);
+    mha_status s = v_ok ? MHA_OK : mha_fail(MHA_E_NONFINITE, "fast path: V holds values beyond the fp32 "
+                                             "range its weighted sums need; %s", MHA_FAST_RANGE_HINT);
+    for (long br = 0; !s && br < n_br; br++) {
+        const double bound = sqrt(qmax[br]) * kmax[br / h * h_kv + mha_kv_head(c, (int)(br % h))] * fabs(p->scale);
+        if (!(bound <= MHA_FAST_SCORE_LIMIT))
+            s = mha_fail(MHA_E_NONFINITE, "fast path: scores of batch %ld head %ld may reach %.3g at query %d "
+                         "(|q| %.3g, largest |k| %.3g, scale %g), beyond the %g its fp32 softmax keeps "
+                         "accurate; %s", br / h, br % h, bound, (int)qarg[br], sqrt(qmax[br]),
+                         kmax[br / h * h_kv + mha_kv_head(c, (int)(br % h))], (double)p->scale,
+                         MHA_FAST_SCORE_LIMIT, MHA_FAST_RANGE_HINT);
+    }
+    free(kmax);
     return s;
 }
 
-/* ---- accessors for the KV-cache prefill (issue 5, forward_cached.c) ----
- * Read-only views of the packings above, so the cache projects many new
- * rows with the same packed weights instead of a second copy. */
+/* MHA_E_NONFINITE naming the first element of a (rows, w) output that is
+ * Inf, or NaN outside the NaN mode's fully masked rows. */
+static mha_status check_output(const float *a, size_t n, const char *name, const mha_options *opt) {
+    const int nan_ok = opt->masked_row == MHA_MASKED_ROW_NAN;
+    for (size_t i = 0; i < n; i++)
+        if (isinf(a[i]) || (!nan_ok && isnan(a[i])))
+            return mha_fail(MHA_E_NONFINITE, "fast path: %s[%zu] = %g overflowed its fp32 accumulation; %s",
+                            name, i, (double)a[i], MHA_FAST_RANGE_HINT);
+    return MHA_OK;
+}
+
+// --- project out: the contributions Z^(r) W_O[r] (captured) and Y = Z W_O + b_O
+static mha_status project_out(const fast_plan *p, const mha_layer *L, float *y, const mha_capture *cap,
+                              const mha_options *opt, const mha_kernels *kern, int nt) {
+    const mha_config *c = p->c;
+    const int h = c->n_heads, d_v = c->d_v, D = c->d_model;
+    const size_t rows = p->rows, zw = (size_t)h * d_v;
+    mha_dst out = {MHA_DST_ROWS, NULL, (size_t)D, 0, 0, 0, 0};
+    mha_gemm_args g = {&out, NULL, zw, (int)rows, &L->fast->o, 0, 1, 0, d_v, 0};
+    mha_status s = MHA_OK;
+    for (int r = 0; cap && cap->contributions && r < h && !s; r++) {
+        out.base = cap->contributions + (size_t)r * rows * D;
+        g.a = p->z + (size_t)r * d_v, g.k0 = r * d_v;
+        if (!(s = mha_gemm(&g, kern, nt)))
+            s = check_output(out.base, rows * D, "contributions", opt);
+    }
+    if (s) return s;
+    out.base = y;
+    g = (mha_gemm_args){&out, p->z, zw, (int)rows, &L->fast->o, 0, 1, 0, (int)zw, 1};
+    if ((s = mha_gemm(&g, kern, nt))) return s;
+    return check_output(y, rows * D, "y", opt);
+}
+
+mha_status mha_forward_fast(const mha_exec *ex, const mha_layer *L, float *y, const mha_capture *cap,
+                            const float *x, const float *k_src, const float *v_src, int B, int T,
+                            int S, const mha_options *opt) {
+    if (!L->fast) return mha_fail(MHA_E_UNSUPPORTED, "fast path: the layer's packed weights are missing");
+    const mha_kernels *kern = mha_exec_prefill(ex);
+    const int nt = ex->n_threads;
+    fast_plan p;
+    mha_status s = plan(&p, L, cap, B, T, S, opt);
+    if (s) goto done;
+    fill_padding(&p, L);
+    if ((s = project(&p, L, x, k_src, v_src, kern, nt)) || (s = check_range(&p, nt))) goto done;
+
+    // --- attend: Z^(r) = softmax(scale Q^(r) K^(g)^T + mask) V^(g), into Z
+    const mha_attn_args att = {
+        p.c, opt, p.q, p.kt, p.v, p.z, cap ? cap->probs : NULL, B, T, S, p.S_tot, p.S_pad, p.ldv, p.scale, 1,
+    };
+    if ((s = mha_attention(&att, kern, nt))) goto done;
+
+    // --- intervene on Z^(r), before W_O reads them
+    for (int r = 0; opt->interventions && r < p.c->n_heads && !s; r++)
+        s = mha_head_intervene(p.z, &opt->interventions[r], r, p.c->n_heads, (int)p.rows, p.c->d_v);
+    if (!s) s = project_out(&p, L, y, cap, opt, kern, nt);
+done:
+    mha_workspace_give(L->ws, p.block);
+    return s;
+}

@@ -5,6 +5,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "io/io_internal.h"
 
@@ -145,31 +146,47 @@ mha_status mha_array_decode(mha_array *a, const unsigned char *src, unsigned fla
     return MHA_OK;
 }
 
-void mha_array_encode(unsigned char *dst, const mha_array *a, mha_dtype dt) {
-    for (size_t i = 0; i < a->count; i++) {
+/* Encodes elements [first, first + n) of a into dst in file dtype dt. */
+static void encode_range(unsigned char *dst, const mha_array *a, size_t first, size_t n,
+                         mha_dtype dt) {
+    for (size_t j = 0; j < n; j++) {
+        size_t i = first + j;
         switch (dt) {
         case MHA_DTYPE_F32: {
             uint32_t u = float_to_bits(a->f[i]);
-            for (int k = 0; k < 4; k++) dst[4 * i + k] = (unsigned char)(u >> (8 * k));
+            for (int k = 0; k < 4; k++) dst[4 * j + k] = (unsigned char)(u >> (8 * k));
             break;
         }
         case MHA_DTYPE_F16: {
             uint16_t u = mha_float_to_half(a->f[i]);
-            dst[2 * i] = (unsigned char)u;
-            dst[2 * i + 1] = (unsigned char)(u >> 8);
+            dst[2 * j] = (unsigned char)u;
+            dst[2 * j + 1] = (unsigned char)(u >> 8);
             break;
         }
         case MHA_DTYPE_BF16: /* never written; kept for completeness */
         {
             uint16_t u = (uint16_t)(float_to_bits(a->f[i]) >> 16);
-            dst[2 * i] = (unsigned char)u;
-            dst[2 * i + 1] = (unsigned char)(u >> 8);
+            dst[2 * j] = (unsigned char)u;
+            dst[2 * j + 1] = (unsigned char)(u >> 8);
             break;
         }
-        case MHA_DTYPE_BOOL: dst[i] = a->u8[i] ? 1 : 0; break;
-        case MHA_DTYPE_U8: dst[i] = a->u8[i]; break;
+        case MHA_DTYPE_BOOL: dst[j] = a->u8[i] ? 1 : 0; break;
+        case MHA_DTYPE_U8: dst[j] = a->u8[i]; break;
         }
     }
+}
+
+mha_status mha_array_write(mha_out_file *o, const mha_array *a, mha_dtype dt) {
+    enum { CHUNK = 4096 }; /* elements per write: 16 KiB of float32 */
+    unsigned char buf[CHUNK * 4];
+    size_t es = mha_dtype_size(dt);
+    for (size_t first = 0; first < a->count; first += CHUNK) {
+        size_t n = a->count - first < CHUNK ? a->count - first : CHUNK;
+        encode_range(buf, a, first, n, dt);
+        mha_status s = mha_out_write(o, buf, n * es);
+        if (s) return s;
+    }
+    return MHA_OK;
 }
 
 mha_status mha_read_file(unsigned char **buf, size_t *len, const char *path) {
@@ -177,35 +194,30 @@ mha_status mha_read_file(unsigned char **buf, size_t *len, const char *path) {
     *len = 0;
     FILE *f = fopen(path, "rb");
     if (!f) return mha_fail(MHA_E_IO, "cannot open '%s': %s", path, strerror(errno));
-    if (fseek(f, 0, SEEK_END) != 0) {
+    struct stat st;
+    int stat_ok = fstat(fileno(f), &st) == 0;
+    if (!stat_ok || !S_ISREG(st.st_mode)) {
+        int dir = stat_ok && S_ISDIR(st.st_mode);
         fclose(f);
-        return mha_fail(MHA_E_IO, "cannot seek in '%s' (expected a regular file)", path);
+        return mha_fail(MHA_E_IO, "cannot read '%s': %s; expected a regular file", path,
+                        dir ? "it is a directory" : "not a regular file");
     }
-    long end = ftell(f);
-    if (end < 0 || fseek(f, 0, SEEK_SET) != 0) {
-        fclose(f);
-        return mha_fail(MHA_E_IO, "cannot size '%s' (expected a regular file)", path);
-    }
-    size_t n = (size_t)end;
+    size_t n = (size_t)st.st_size;
     unsigned char *p = malloc(n ? n : 1);
     if (!p) {
         fclose(f);
         return mha_fail(MHA_E_NOMEM, "cannot allocate %zu bytes for '%s'", n, path);
     }
-    if (fread(p, 1, n, f) != n) {
+    size_t got = fread(p, 1, n, f);
+    int e = errno, more = got == n && fgetc(f) != EOF; /* grew while being read */
+    if (got != n || more || ferror(f)) {
         free(p);
         fclose(f);
-        return mha_fail(MHA_E_IO, "short read of '%s' (expected %zu bytes)", path, n);
+        return mha_fail(MHA_E_IO, "short read of '%s' (expected %zu bytes): %s", path, n,
+                        got != n ? strerror(e) : "the file changed while being read");
     }
     fclose(f);
     *buf = p;
     *len = n;
-    return MHA_OK;
-}
-
-mha_status mha_write_all(FILE *f, const void *p, size_t n, const char *path) {
-    if (n && fwrite(p, 1, n, f) != n)
-        return mha_fail(MHA_E_IO, "cannot write %zu bytes to '%s': %s", n, path,
-                        strerror(errno));
     return MHA_OK;
 }

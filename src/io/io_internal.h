@@ -38,13 +38,28 @@ mha_status mha_shape_count(size_t *count, const int *shape, int rank, size_t ele
  * bytes must be 0 or 1. what/tensor name the place in messages. */
 mha_status mha_array_decode(mha_array *a, const unsigned char *src, unsigned flags,
                             const char *what, const char *tensor);
-/* Encodes a's elements little-endian in file dtype dt (F32/F16 from
- * float, BOOL/U8 from bytes) into dst. */
-void mha_array_encode(unsigned char *dst, const mha_array *a, mha_dtype dt);
 
-/* Reads a whole file into a new buffer (*len bytes). */
+/* Writes a's elements little-endian in file dtype dt (F32/F16 from float,
+ * BOOL/U8 from bytes), encoded a chunk at a time: no copy of the array. */
+typedef struct mha_out_file mha_out_file;
+mha_status mha_array_write(mha_out_file *o, const mha_array *a, mha_dtype dt);
+
+/* Reads a whole regular file into a new buffer (*len bytes). */
 mha_status mha_read_file(unsigned char **buf, size_t *len, const char *path);
-/* Writes bytes to a file, replacing it; reports short writes. */
-mha_status mha_write_all(FILE *f, const void *p, size_t n, const char *path);
+
+/* An output file written atomically (outfile.c): open creates a temporary
+ * next to path; write appends; commit flushes, fsyncs and renames it over
+ * path; abort (and a failed commit) removes it. Until commit succeeds an
+ * existing file at path is untouched. */
+struct mha_out_file {
+    FILE *f;
+    int fd;
+    char *tmp;        /* the temporary's path */
+    const char *path; /* the target */
+};
+mha_status mha_out_open(mha_out_file *o, const char *path);
+mha_status mha_out_write(mha_out_file *o, const void *p, size_t n);
+mha_status mha_out_commit(mha_out_file *o);
+void mha_out_abort(mha_out_file *o);
 
 #endif /* MHA_IO_INTERNAL_H */

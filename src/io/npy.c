@@ -247,23 +247,18 @@ mha_status mha_npy_write(const char *path, const mha_array *a) {
     header[hl + pad] = '\n';
     size_t hlen = (size_t)hl + pad + 1;
 
-    size_t bytes = count * mha_dtype_size(a->dtype);
-    unsigned char *data = malloc(bytes ? bytes : 1);
-    if (!data) return mha_fail(MHA_E_NOMEM, "cannot allocate %zu bytes for '%s'", bytes, path);
-    mha_array_encode(data, a, a->dtype);
     unsigned char pre[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0,
                              (unsigned char)(hlen & 0xff), (unsigned char)(hlen >> 8)};
-    FILE *f = fopen(path, "wb");
-    if (!f) {
-        free(data);
-        return mha_fail(MHA_E_IO, "cannot create '%s'", path);
+    mha_out_file o;
+    if ((s = mha_out_open(&o, path))) return s;
+    s = mha_out_write(&o, pre, 10);
+    if (!s) s = mha_out_write(&o, header, hlen);
+    if (!s) s = mha_array_write(&o, a, a->dtype);
+    if (s) {
+        mha_out_abort(&o);
+        return s;
     }
-    s = mha_write_all(f, pre, 10, path);
-    if (!s) s = mha_write_all(f, header, hlen, path);
-    if (!s) s = mha_write_all(f, data, bytes, path);
-    free(data);
-    if (fclose(f) != 0 && !s) s = mha_fail(MHA_E_IO, "cannot finish writing '%s'", path);
-    return s;
+    return mha_out_commit(&o);
 }
 
 mha_status mha_npy_write_f32(const char *path, const float *data, int rank, const int *shape) {

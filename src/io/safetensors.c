@@ -12,6 +12,25 @@
 
 /* The header may be padded; 100 MB is the limit the format's authors use. */
 #define MHA_ST_MAX_HEADER ((uint64_t)100 * 1000 * 1000)
+/* Key-value pairs in the header JSON (a tensor has 4: its name, dtype,
+ * shape and data_offsets; a metadata key 1). 2^18 allows 65536 tensors
+ * (a whole large model has a few thousand) and keeps the worst parse near
+ * 0.3 s; a header past it is refused before jansson builds its tree. */
+#define MHA_ST_MAX_PAIRS 262144
+
+/* Counts ':' outside strings: the pairs in every object of the header.
+ * One pass, no allocation; a malformed string only makes the count
+ * approximate, and jansson then reports the syntax error. */
+static size_t count_pairs(const char *p, size_t n) {
+    size_t pairs = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (p[i] == ':') pairs++;
+        else if (p[i] == '"')
+            for (i++; i < n && p[i] != '"'; i++)
+                if (p[i] == '\\') i++;
+    }
+    return pairs;
+}
 
 typedef struct {
     const char *name;
@@ -162,6 +181,12 @@ mha_status mha_safetensors_parse(mha_tensors **out, const void *buf, size_t len,
     if (n > MHA_ST_MAX_HEADER)
         return mha_fail(MHA_E_FORMAT, "%s: header length %llu exceeds the 100 MB limit", file,
                         (unsigned long long)n);
+    size_t pairs = count_pairs((const char *)b + 8, (size_t)n);
+    if (pairs > MHA_ST_MAX_PAIRS)
+        return mha_fail(MHA_E_UNSUPPORTED,
+                        "%s: header has %zu key-value pairs; the limit is %d (65536 tensors of 4 "
+                        "fields, or fewer with metadata)",
+                        file, pairs, MHA_ST_MAX_PAIRS);
     json_error_t jerr;
     json_t *root = json_loadb((const char *)b + 8, (size_t)n, JSON_REJECT_DUPLICATES, &jerr);
     if (!root) {
@@ -291,28 +316,21 @@ mha_status mha_safetensors_write(const char *path, const mha_tensors *t) {
     size_t jl = strlen(json), hl = (jl + 7) / 8 * 8; /* pad with spaces to 8 bytes */
     unsigned char pre[8];
     for (int k = 0; k < 8; k++) pre[k] = (unsigned char)((uint64_t)hl >> (8 * k));
-    FILE *f = fopen(path, "wb");
-    if (!f) {
+    static const char spaces[8] = "        ";
+    mha_out_file o;
+    mha_status s = mha_out_open(&o, path);
+    if (s) {
         free(json);
-        return mha_fail(MHA_E_IO, "cannot create '%s'", path);
+        return s;
     }
-    mha_status s = mha_write_all(f, pre, 8, path);
-    if (!s) s = mha_write_all(f, json, jl, path);
-    for (size_t k = jl; k < hl && !s; k++) s = mha_write_all(f, " ", 1, path);
+    s = mha_out_write(&o, pre, 8);
+    if (!s) s = mha_out_write(&o, json, jl);
+    if (!s) s = mha_out_write(&o, spaces, hl - jl);
     free(json);
-    for (int i = 0; i < t->n && !s; i++) {
-        const mha_array *a = &t->items[i].a;
-        mha_dtype dt = file_dtype(a);
-        size_t bytes = a->count * mha_dtype_size(dt);
-        unsigned char *p = malloc(bytes ? bytes : 1);
-        if (!p) {
-            s = mha_fail(MHA_E_NOMEM, "cannot allocate %zu bytes for '%s'", bytes, path);
-            break;
-        }
-        mha_array_encode(p, a, dt);
-        s = mha_write_all(f, p, bytes, path);
-        free(p);
+    for (int i = 0; i < t->n && !s; i++) s = mha_array_write(&o, &t->items[i].a, file_dtype(&t->items[i].a));
+    if (s) {
+        mha_out_abort(&o);
+        return s;
     }
-    if (fclose(f) != 0 && !s) s = mha_fail(MHA_E_IO, "cannot finish writing '%s'", path);
-    return s;
+    return mha_out_commit(&o);
 }

@@ -1,6 +1,6 @@
 /* tensors.c — mha_tensors: named arrays plus string metadata, the
- * in-memory form of one safetensors file. Linear lookups: a layer
- * checkpoint holds a handful of tensors. */
+ * in-memory form of one safetensors file. Names and metadata keys are
+ * hashed: a file is untrusted input, and may hold 10^5 entries. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -26,6 +26,8 @@ void mha_tensors_free(mha_tensors *t) {
     }
     free(t->items);
     free(t->meta);
+    free(t->item_index.slot);
+    free(t->meta_index.slot);
     free(t);
 }
 
@@ -35,11 +37,55 @@ const char *mha_tensors_name(const mha_tensors *t, int i) {
     return (t && i >= 0 && i < t->n) ? t->items[i].name : NULL;
 }
 
+/* --- the name index --- */
+
+static size_t hash_str(const char *s) { /* FNV-1a, 64-bit */
+    uint64_t h = 1469598103934665603u;
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211u;
+    return (size_t)(h ^ (h >> 29));
+}
+
+/* Position of key among names[0..), or -1; *at = the slot where it is or
+ * would go. names(i) gives entry i's name. */
+typedef const char *(*name_of_fn)(const mha_tensors *t, int i);
+static const char *item_name(const mha_tensors *t, int i) { return t->items[i].name; }
+static const char *meta_key(const mha_tensors *t, int i) { return t->meta[i].key; }
+
+static int index_find(const mha_name_index *x, const mha_tensors *t, name_of_fn name_of,
+                      const char *key, size_t *at) {
+    if (!x->cap) return -1;
+    size_t mask = x->cap - 1, k = hash_str(key) & mask;
+    for (; x->slot[k]; k = (k + 1) & mask)
+        if (strcmp(name_of(t, x->slot[k] - 1), key) == 0) break;
+    if (at) *at = k;
+    return x->slot[k] - 1;
+}
+
+/* Makes room for entry n (0-based) and inserts it; n+1 entries afterwards. */
+static mha_status index_add(mha_name_index *x, const mha_tensors *t, name_of_fn name_of, int n) {
+    if ((size_t)(n + 1) * 2 > x->cap) { /* grow and rehash */
+        size_t cap = x->cap ? 2 * x->cap : 16;
+        int *slot = calloc(cap, sizeof *slot);
+        if (!slot) return mha_fail(MHA_E_NOMEM, "cannot grow a name index to %zu slots", cap);
+        free(x->slot);
+        x->slot = slot;
+        x->cap = cap;
+        for (int i = 0; i < n; i++) {
+            size_t at;
+            index_find(x, t, name_of, name_of(t, i), &at);
+            x->slot[at] = i + 1;
+        }
+    }
+    size_t at;
+    index_find(x, t, name_of, name_of(t, n), &at);
+    x->slot[at] = n + 1;
+    return MHA_OK;
+}
+
 const mha_array *mha_tensors_get(const mha_tensors *t, const char *name) {
     if (!t || !name) return NULL;
-    for (int i = 0; i < t->n; i++)
-        if (strcmp(t->items[i].name, name) == 0) return &t->items[i].a;
-    return NULL;
+    int i = index_find(&t->item_index, t, item_name, name, NULL);
+    return i >= 0 ? &t->items[i].a : NULL;
 }
 
 static char *dup_str(const char *s) {
@@ -63,6 +109,11 @@ mha_status mha_tensors_take(mha_tensors *t, const char *name, mha_array *a) {
     char *nm = dup_str(name);
     if (!nm) return mha_fail(MHA_E_NOMEM, "cannot copy a tensor name");
     t->items[t->n].name = nm;
+    mha_status s = index_add(&t->item_index, t, item_name, t->n);
+    if (s) {
+        free(nm);
+        return s;
+    }
     t->items[t->n].a = *a;
     t->n++;
     memset(a, 0, sizeof *a);
@@ -114,22 +165,34 @@ mha_status mha_tensors_set_meta(mha_tensors *t, const char *key, const char *val
     if (!t || !key || !value) return mha_fail(MHA_E_ARG, "mha_tensors_set_meta: NULL argument");
     char *v = dup_str(value);
     if (!v) return mha_fail(MHA_E_NOMEM, "cannot copy metadata");
-    for (int i = 0; i < t->n_meta; i++)
-        if (strcmp(t->meta[i].key, key) == 0) {
-            free(t->meta[i].value);
-            t->meta[i].value = v;
-            return MHA_OK;
+    int i = index_find(&t->meta_index, t, meta_key, key, NULL);
+    if (i >= 0) {
+        free(t->meta[i].value);
+        t->meta[i].value = v;
+        return MHA_OK;
+    }
+    if (t->n_meta == t->meta_cap) {
+        int cap = t->meta_cap ? 2 * t->meta_cap : 8;
+        mha_meta_entry *p = realloc(t->meta, (size_t)cap * sizeof *p);
+        if (!p) {
+            free(v);
+            return mha_fail(MHA_E_NOMEM, "cannot grow metadata");
         }
-    mha_meta_entry *p = realloc(t->meta, (size_t)(t->n_meta + 1) * sizeof *p);
+        t->meta = p;
+        t->meta_cap = cap;
+    }
     char *k = dup_str(key);
-    if (!p || !k) {
-        if (p) t->meta = p;
+    if (!k) {
+        free(v);
+        return mha_fail(MHA_E_NOMEM, "cannot copy a metadata key");
+    }
+    t->meta[t->n_meta].key = k;
+    mha_status s = index_add(&t->meta_index, t, meta_key, t->n_meta);
+    if (s) {
         free(k);
         free(v);
-        return mha_fail(MHA_E_NOMEM, "cannot grow metadata");
+        return s;
     }
-    t->meta = p;
-    t->meta[t->n_meta].key = k;
     t->meta[t->n_meta].value = v;
     t->n_meta++;
     return MHA_OK;
@@ -137,9 +200,8 @@ mha_status mha_tensors_set_meta(mha_tensors *t, const char *key, const char *val
 
 const char *mha_tensors_meta(const mha_tensors *t, const char *key) {
     if (!t || !key) return NULL;
-    for (int i = 0; i < t->n_meta; i++)
-        if (strcmp(t->meta[i].key, key) == 0) return t->meta[i].value;
-    return NULL;
+    int i = index_find(&t->meta_index, t, meta_key, key, NULL);
+    return i >= 0 ? t->meta[i].value : NULL;
 }
 
 int mha_tensors_meta_count(const mha_tensors *t) { return t ? t->n_meta : 0; }

@@ -14,11 +14,21 @@ typedef struct {
     char *key, *value;
 } mha_meta_entry;
 
+/* An open-addressing hash index over names stored elsewhere: slot holds
+ * 1 + the entry's position, 0 = empty; cap is a power of two, at least
+ * twice the entries, so lookups and inserts take constant expected time
+ * (a header with 10^5 names must not cost 10^10 string compares). */
+typedef struct {
+    int *slot;
+    size_t cap;
+} mha_name_index;
+
 struct mha_tensors {
     mha_named_array *items; /* insertion order */
     int n, cap;
-    mha_meta_entry *meta;
-    int n_meta;
+    mha_meta_entry *meta;   /* insertion order */
+    int n_meta, meta_cap;
+    mha_name_index item_index, meta_index;
 };
 
 /* Adds *a under name without copying; on success *a is zeroed (owned by t). */

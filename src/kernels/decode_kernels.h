@@ -5,8 +5,8 @@
  * Kernels know nothing about caches or layers: plain fp32 arrays, row
  * strides in elements. Two implementations with one table type:
  * scalar_decode.c (portable C, the fallback) and avx2_decode.c (AVX2 + FMA
- * + F16C, the only one built with those flags). decode.c picks one at run
- * time after checking the CPU.
+ * + F16C, the only one built with those flags). dispatch.c chooses one
+ * together with the prefill table (kernels.h, mha_isa).
  *
  * Determinism: every output element is produced by one call in a fixed
  * order of additions, so results never depend on how callers split work

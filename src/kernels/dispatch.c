@@ -1,10 +1,18 @@
-/* dispatch.c — picks the kernel table once: avx512 when CPUID and XCR0
- * allow it (cpu_avx512.c), else avx2 when CPUID reports AVX2 and FMA (and
- * the OS saves ymm state), scalar otherwise.
- * MHA_KERNELS=scalar|avx2|avx512 in the environment overrides the choice. */
+/* dispatch.c — the one kernel chooser: a table of instruction sets, best
+ * first, each with its prefill and decode tables and a CPUID + XCR0 check.
+ * The CPU is probed once (pthread_once); MHA_KERNELS and the test override
+ * pick an entry by name for every path (prefill, cached prefill, decode). */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
+#include "base/internal.h"
 #include "kernels/kernels.h"
 
 const mha_kernels mha_kernels_avx2 = {
@@ -12,33 +20,119 @@ const mha_kernels mha_kernels_avx2 = {
     mha_attn_pv_avx2, mha_vexp_avx2, 6, 1, NULL, /* the driver tiles with sgemm_6x16 */
 };
 
-static const mha_kernels *forced;
+/* ------------------------------------------------------------ the CPU */
 
-int mha_cpu_has_avx2(void) {
+enum {
+    CPU_AVX2 = 1 << 0,     /* AVX2 + FMA + F16C, ymm state saved (XCR0 bits 1, 2) */
+    CPU_AVX512 = 1 << 1,   /* AVX-512 F, BW, VL, DQ, zmm/opmask saved (XCR0 5-7) */
+};
+
+static int cpu_features;
+static pthread_once_t cpu_once = PTHREAD_ONCE_INIT;
+
+static void cpu_probe(void) {
 #if defined(__x86_64__) || defined(__i386__)
-    /* gcc's cpu model checks OSXSAVE/XGETBV before reporting AVX features */
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-#else
-    return 0;
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return;
+    const int osxsave = (c >> 27) & 1, avx = (c >> 28) & 1, fma = (c >> 12) & 1, f16c = (c >> 29) & 1;
+    if (!osxsave || !avx) return;
+    unsigned xlo, xhi; /* XCR0: which register state the OS saves */
+    __asm__ volatile("xgetbv" : "=a"(xlo), "=d"(xhi) : "c"(0));
+    if ((xlo & 0x6) != 0x6) return; /* xmm and ymm */
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return;
+    if (((b >> 5) & 1) && fma && f16c) cpu_features |= CPU_AVX2;
+    const unsigned avx512 = (1u << 16) | (1u << 17) | (1u << 30) | (1u << 31); /* F DQ BW VL */
+    if ((cpu_features & CPU_AVX2) && (b & avx512) == avx512 && (xlo & 0xe0) == 0xe0)
+        cpu_features |= CPU_AVX512;
 #endif
 }
 
-const mha_kernels *mha_kernels_get(void) {
-    if (forced) return forced;
-    static const mha_kernels *chosen; /* a benign race: every thread computes the same */
-    if (!chosen) {
-        const char *env = getenv("MHA_KERNELS");
-        int avx2 = mha_cpu_has_avx2(), avx512 = mha_cpu_has_avx512();
-        if (env && strcmp(env, "scalar") == 0) avx2 = avx512 = 0;
-        if (env && strcmp(env, "avx2") == 0) avx512 = 0;
-        chosen = avx512 ? &mha_kernels_avx512 : avx2 ? &mha_kernels_avx2 : &mha_kernels_scalar;
-    }
-    return chosen;
+static int cpu_has(int feature) {
+    pthread_once(&cpu_once, cpu_probe);
+    return (cpu_features & feature) != 0;
 }
 
+int mha_cpu_has_avx2(void) { return cpu_has(CPU_AVX2); }
+int mha_cpu_has_avx512(void) { return cpu_has(CPU_AVX512); }
+static int always(void) { return 1; }
+
+/* ------------------------------------------------------- the ISA table */
+
+/* Best first. An ISA is one entry: its name, its check and its tables. */
+static const mha_isa isas[] = {
+    {"avx512", mha_cpu_has_avx512, &mha_kernels_avx512, &mha_decode_kernels_avx512},
+    {"avx2", mha_cpu_has_avx2, &mha_kernels_avx2, &mha_decode_kernels_avx2},
+    {"scalar", always, &mha_kernels_scalar, &mha_decode_kernels_scalar},
+};
+#define N_ISAS (int)(sizeof isas / sizeof isas[0])
+
+const mha_isa *mha_isa_best(void) {
+    for (int i = 0; i < N_ISAS; i++)
+        if (isas[i].available()) return &isas[i];
+    return &isas[N_ISAS - 1];
+}
+
+/* "reference, scalar or avx2": the accepted MHA_KERNELS values, worst first. */
+static void known_names(char *buf, size_t n) {
+    size_t at = (size_t)snprintf(buf, n, "reference");
+    for (int i = N_ISAS - 1; i >= 0 && at < n; i--)
+        at += (size_t)snprintf(buf + at, n - at, "%s%s", i == 0 ? " or " : ", ", isas[i].name);
+}
+
+/* Index of the ISA called name, or -1. */
+static int isa_index(const char *name) {
+    for (int i = 0; i < N_ISAS; i++)
+        if (strcmp(name, isas[i].name) == 0) return i;
+    return -1;
+}
+
+mha_status mha_isa_by_name(const mha_isa **out, const char *name) {
+    *out = mha_isa_best();
+    if (!name) return MHA_OK;
+    char known[160];
+    known_names(known, sizeof known);
+    int i = isa_index(name);
+    if (i < 0) return mha_fail(MHA_E_ARG, "kernels '%s' unknown; expected %s", name, known);
+    if (!isas[i].available())
+        return mha_fail(MHA_E_ARG, "kernels %s: this CPU (or its OS) cannot run them; expected "
+                        "reference or an ISA up to %s", name, mha_isa_best()->name);
+    *out = &isas[i];
+    return MHA_OK;
+}
+
+static _Atomic(const mha_isa *) forced;
+
 void mha_kernels_force(const mha_kernels *k) {
-    forced = (k == &mha_kernels_avx2 && !mha_cpu_has_avx2()) ? &mha_kernels_scalar : k;
-    if (k == &mha_kernels_avx512 && !mha_cpu_has_avx512())
-        forced = mha_cpu_has_avx2() ? &mha_kernels_avx2 : &mha_kernels_scalar;
+    const mha_isa *isa = NULL;
+    for (int i = 0; k && i < N_ISAS; i++)
+        if (isas[i].prefill == k) isa = isas[i].available() ? &isas[i] : &isas[N_ISAS - 1];
+    atomic_store(&forced, isa);
+}
+
+mha_status mha_isa_choose(const mha_isa **out, int *reference) {
+    *reference = 0;
+    const mha_isa *f = atomic_load(&forced);
+    const char *env = getenv("MHA_KERNELS");
+    if (env && *env && strcmp(env, "reference") == 0) *reference = 1, env = NULL;
+    if (f) {
+        *out = f;
+        return MHA_OK;
+    }
+    if (env && !*env) env = NULL;
+    if (!env || (isa_index(env) >= 0 && isas[isa_index(env)].available()))
+        return mha_isa_by_name(out, env);
+    char known[160];
+    known_names(known, sizeof known);
+    if (isa_index(env) < 0)
+        return mha_fail(MHA_E_ARG, "MHA_KERNELS=%s in the environment; expected %s (or unset)", env, known);
+    return mha_fail(MHA_E_ARG, "MHA_KERNELS=%s in the environment, but this CPU (or its OS) cannot run "
+                    "those kernels; expected reference or an ISA up to %s (or unset)", env,
+                    mha_isa_best()->name);
+}
+
+const mha_kernels *mha_kernels_get(void) {
+    const mha_isa *isa;
+    int reference;
+    if (mha_isa_choose(&isa, &reference)) isa = mha_isa_best();
+    return isa->prefill;
 }

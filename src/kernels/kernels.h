@@ -1,6 +1,7 @@
 /* kernels.h — the micro-kernels behind the fast path, one table per ISA.
  * Kernels know nothing about layers: they see pointers, strides and sizes.
- * dispatch.c picks the table once (CPUID); scalar.c is the portable one.
+ * dispatch.c chooses the ISA (CPUID + XCR0, MHA_KERNELS); scalar.c is the
+ * portable one.
  *
  * Legend: MR x NR = 6 x 16 is the register tile of the GEMM micro-kernel
  * (12 ymm accumulators + 2 B vectors + 1 broadcast = 15 of 16 registers).
@@ -10,6 +11,9 @@
 #define MHA_KERNELS_H
 
 #include <stddef.h>
+
+#include "mha.h"
+#include "kernels/decode_kernels.h"
 
 #define MHA_MR 6
 #define MHA_NR 16
@@ -60,7 +64,7 @@ typedef struct mha_kernels {
 
 extern const mha_kernels mha_kernels_scalar;
 extern const mha_kernels mha_kernels_avx2;
-extern const mha_kernels mha_kernels_avx512;
+extern const mha_kernels mha_kernels_avx512; /* avx512_table.c */
 
 /* The avx2 table's entries (avx2_gemm.c, avx2_attention.c, avx2_exp.c);
  * call them only after mha_cpu_has_avx2(). */
@@ -90,18 +94,46 @@ void mha_attn_pv_avx512(float *o, size_t ldo, const float *p, size_t ldp, const 
                         size_t ldv, const float *alpha, int rows, int nk, int dv16);
 void mha_vexp_avx512(float *y, const float *x, size_t n);
 
-/* The table for this CPU: AVX-512 when CPUID and the OS allow it, else
- * AVX2+FMA, else scalar. MHA_KERNELS=scalar|avx2|avx512 in the
- * environment overrides (an unavailable ISA falls back to the best one
- * below it; forward.c refuses it with an error first). */
+/* ------------------------------------------------------- the chooser */
+
+/* One instruction set: the prefill table and the decode table built for
+ * it, and whether this CPU (CPUID) and its OS (XCR0: the register state is
+ * saved on context switches) can run them. dispatch.c lists the ISAs best
+ * first; adding one is one entry there. */
+typedef struct mha_isa {
+    const char *name;                  /* the MHA_KERNELS value: "avx2", ... */
+    int (*available)(void);            /* 1 when this machine runs it        */
+    const mha_kernels *prefill;        /* projections and flash attention    */
+    const mha_decode_kernels *decode;  /* KV-cache decode                    */
+} mha_isa;
+
+/* The ISA for this call: the test override if set, else MHA_KERNELS from
+ * the environment (avx2, scalar; "reference" or unset: the best this CPU
+ * runs), else the best available. The CPU is probed once (pthread_once);
+ * the environment is read on every call, so a process may change it
+ * between calls. *reference is set to 1 for MHA_KERNELS=reference (the
+ * forward then runs the oracle under MHA_PATH_AUTO). MHA_E_ARG for an
+ * unknown value or an ISA this machine cannot run. */
+mha_status mha_isa_choose(const mha_isa **out, int *reference);
+/* The ISA named name ("avx2", "scalar"; NULL: the best available), or
+ * MHA_E_ARG naming the known ones, or the missing CPU feature. */
+mha_status mha_isa_by_name(const mha_isa **out, const char *name);
+/* The best ISA this machine runs (never NULL: scalar runs everywhere). */
+const mha_isa *mha_isa_best(void);
+
+/* The prefill table mha_isa_choose picks now (the best available when
+ * MHA_KERNELS is invalid): for tests and benchmarks that call kernels. */
 const mha_kernels *mha_kernels_get(void);
-/* Forces a table (tests compare both); NULL returns to automatic choice. */
+
+/* Test-only override: every later call runs on the table's ISA (NULL:
+ * back to the normal choice). An atomic store, so it does not race with
+ * running forwards, but it changes what they run: not for use while other
+ * threads compute. An ISA this CPU cannot run falls back to scalar. */
 void mha_kernels_force(const mha_kernels *k);
-/* 1 when this CPU can run the avx2 table. */
+/* 1 when this CPU can run the avx2 tables (AVX2, FMA, F16C, ymm state). */
 int mha_cpu_has_avx2(void);
-/* 1 when this CPU can run the avx512 table: CPUID reports AVX-512
- * F/BW/VL/DQ, FMA and F16C, and XCR0 shows that the OS saves the x87/SSE,
- * AVX, opmask and zmm state (bits 1, 2, 5, 6, 7). cpu_avx512.c. */
+/* 1 when it can run the avx512 tables (the avx2 ones, AVX-512 F/BW/VL/DQ,
+ * opmask and zmm state saved: XCR0 bits 5-7). */
 int mha_cpu_has_avx512(void);
 
 #endif /* MHA_KERNELS_H */

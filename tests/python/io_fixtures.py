@@ -103,6 +103,9 @@ def make(d):
     wm = weights(D, h, h, dh)  # GPT-2 has no GQA
     write_safetensors(d + "/mha_native.safetensors", wm, native_meta(h, h, dh))
     write_safetensors(d + "/gpt2.safetensors", gpt2(wm))
+    # the weights as numpy arrays, for tests/mha_oracle.py (never read by libmha)
+    np.savez(d + "/weights_gqa.npz", **w)
+    np.savez(d + "/weights_mha.npz", **wm)
     x = RNG.randn(B, T, D).astype(np.float32)
     np.save(d + "/x.npy", x)
     np.save(d + "/x2d.npy", x[0])

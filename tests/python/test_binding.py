@@ -1,10 +1,12 @@
 """The Python binding without torch: every option of the C API through
 numpy, checked against a float64 numpy oracle written here from the math
 in mha.h, and the error path (exceptions carrying mha_last_error())."""
-import numpy as np
 import pytest
 
-import mha
+from conftest import require
+
+np = require("numpy")
+import mha  # noqa: E402
 
 TOL = 1e-5
 
@@ -367,3 +369,17 @@ def test_num_threads_and_library_symbols():
     assert mha.get_num_threads() == 1
     mha.set_num_threads(0)  # OpenMP's default
     assert mha.get_num_threads() >= 1
+
+
+def test_the_binding_uses_only_functions_declared_public_in_mha_h():
+    """libmha.so exports only what include/mha.h declares with MHA_API."""
+    import os
+    import re
+    from conftest import ROOT
+    from mha import _lib
+    header = open(os.path.join(ROOT, "include", "mha.h")).read()
+    public = set(re.findall(r"MHA_API[^;{]*?\b(mha_\w+)\s*\(", header))
+    src = open(_lib.__file__).read()
+    bound = set(re.findall(r'_sig\("(mha_\w+)"', src))
+    assert len(bound) > 30, bound
+    assert bound <= public, f"not declared MHA_API in mha.h: {sorted(bound - public)}"

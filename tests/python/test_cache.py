@@ -14,19 +14,22 @@ Tolerances:
   second-order terms. That worst case is loose (about 0.2 x the output
   scale here), so the test also asserts the error is at most TOL32 plus
   1.5 x the effect fp16 rounding of K and V has on this data in float64
-  arithmetic (oracle64 with and without the rounding; the 1.5 covers the
-  few elements whose fp32 projection rounds to the other binary16
-  neighbour than the float64 one; measured: the cache's error equals the
-  effect to 3 digits, 1.2e-3 to 1.5e-3 at output scale 4-5).
+  arithmetic (cache_oracle.attend64 with and without the rounding; the 1.5
+  covers the few elements whose fp32 projection rounds to the other
+  binary16 neighbour than the float64 one; measured: the cache's error
+  equals the effect to 3 digits, 1.2e-3 to 1.5e-3 at output scale 4-5).
+  test_cache_oracle.py checks the cache against the rounded float64 oracle
+  itself, tightly enough that truncation instead of rounding fails.
 """
 import gc
 
-import numpy as np
 import pytest
 
-from conftest import TORCH_SKIP_REASON, torch
+from conftest import require
 
-import mha
+np = require("numpy")
+import mha  # noqa: E402
+from cache_oracle import attend64  # noqa: E402
 
 TOL32 = 1e-5
 U16 = 2.0 ** -11
@@ -91,43 +94,6 @@ def fp16_bound(w, c, x):
     return 1.5 * dz * wo
 
 
-def oracle64(w, c, x, round_kv=False):
-    """y (B,S,d_model) of causal self-attention in float64 from the math of
-    mha.h (GQA: query head r reads kv head r // (h/h_kv); add_bias_kv /
-    add_zero_attn keys after the sequence, visible to every query); with
-    round_kv, K and V of the tokens rounded to binary16 as the cache stores
-    them (the extra keys are the layer's, not stored)."""
-    h, g, dk, dv = c["n_heads"], c["n_kv_heads"], c["d_k"], c["d_v"]
-    x = x.astype(np.float64)
-    B, S, _ = x.shape
-    get = lambda n, size: w[n].astype(np.float64) if n in w else np.zeros(size)  # noqa: E731
-    q = x @ w["w_q"] + get("b_q", h * dk)
-    k = x @ w["w_k"] + get("b_k", g * dk)
-    v = x @ w["w_v"] + get("b_v", g * dv)
-    if round_kv:
-        k, v = (a.astype(np.float16).astype(np.float64) for a in (k, v))
-    extra_k, extra_v = [], []
-    if c["add_bias_kv"]:
-        extra_k.append(get("bias_k", g * dk)), extra_v.append(get("bias_v", g * dv))
-    if c["add_zero_attn"]:
-        extra_k.append(np.zeros(g * dk)), extra_v.append(np.zeros(g * dv))
-    n_x = len(extra_k)
-    if n_x:
-        k = np.concatenate([k, np.broadcast_to(np.stack(extra_k), (B, n_x, g * dk))], axis=1)
-        v = np.concatenate([v, np.broadcast_to(np.stack(extra_v), (B, n_x, g * dv))], axis=1)
-    allowed = np.concatenate([np.tril(np.ones((S, S), dtype=bool)), np.ones((S, n_x), dtype=bool)], axis=1)
-    z = np.zeros((B, S, h * dv))
-    for r in range(h):
-        gr = r // (h // g)
-        qr, kg = q[..., r * dk:(r + 1) * dk], k[..., gr * dk:(gr + 1) * dk]
-        s = np.einsum("btd,bsd->bts", qr, kg) / np.sqrt(dk)
-        s = np.where(allowed, s, -np.inf)
-        p = np.exp(s - s.max(-1, keepdims=True))
-        p /= p.sum(-1, keepdims=True)
-        z[..., r * dv:(r + 1) * dv] = np.einsum("bts,bsd->btd", p, v[..., gr * dv:(gr + 1) * dv])
-    return z @ w["w_o"] + get("b_o", c["d_model"])
-
-
 def decode_all(cache, layer, x, prefill, **opt):
     """y (B,S,d_model): x[:, :prefill] in one call, then one token per call."""
     ys = [cache.forward(layer, x[:, :prefill], **opt)]
@@ -153,10 +119,10 @@ def test_prefill_then_decode_equals_one_causal_forward(name, dtype):
     tol32 = TOL32 * max(1.0, float(np.abs(want).max()))
     if dtype == "float32":
         assert_close(got, want, f"{name} {dtype}", tol32)
-        assert_close(oracle64(w, c, x), want, "the reference path against float64")  # the oracle's oracle
+        assert_close(attend64(w, c, x), want, "the reference path against float64")  # the oracle's oracle
         return
     assert_close(got, want, f"{name} {dtype} (first-order bound)", tol32 + fp16_bound(w, c, x))
-    effect = float(np.abs(oracle64(w, c, x, round_kv=True) - oracle64(w, c, x)).max())
+    effect = float(np.abs(attend64(w, c, x, round_kv="nearest") - attend64(w, c, x)).max())
     assert_close(got, want, f"{name} {dtype} (measured fp16 effect {effect:.3g})", tol32 + 1.5 * effect)
     err, _ = err_scale(got, want)
     assert err > tol32, "fp16 storage gave fp32 accuracy: K and V were not rounded"
@@ -183,8 +149,7 @@ def test_batch_of_one_takes_and_returns_2d_rows():
 # -------------------------------------------------------------- vs PyTorch
 
 def test_decode_equals_torch_multihead_attention_with_causal_mask():
-    if torch is None:
-        pytest.skip(TORCH_SKIP_REASON)
+    torch = require("torch")
     E, h, B, S, P = 32, 4, 2, 20, 6
     torch.manual_seed(3)
     m = torch.nn.MultiheadAttention(E, h, batch_first=True)

@@ -7,13 +7,13 @@ running the native file gives the same Y."""
 import os
 import subprocess
 
-import numpy as np
 import pytest
 
-from conftest import TORCH_SKIP_REASON, torch
-from io_helpers import MHA, mha, write_safetensors
+from conftest import require
 
-pytestmark = pytest.mark.skipif(torch is None, reason=TORCH_SKIP_REASON)
+np = require("numpy")
+torch = require("torch")
+from io_helpers import MHA, mha, write_safetensors  # noqa: E402
 TOL = 2e-5
 
 

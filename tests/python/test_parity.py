@@ -12,14 +12,12 @@ against the boolean mask torch.triu(ones(L,S), 1) it expects instead.
 """
 import math
 
-import numpy as np
 import pytest
 
-from conftest import FAST_DECLINED, TORCH_SKIP_REASON, torch
+from conftest import FAST_DECLINED, require
 
-if torch is None:
-    pytest.skip(TORCH_SKIP_REASON, allow_module_level=True)
-
+np = require("numpy")
+torch = require("torch")
 import mha  # noqa: E402  (after the skip: the binding itself needs no torch)
 
 PATHS = ("reference", "auto", "fast")
@@ -492,8 +490,11 @@ def _masked_case(source, rng, B, h, T):
 SOURCES = ["attn_mask_2d", "attn_mask_3d_one_head", "key_padding_all"]
 
 
+@pytest.mark.parametrize("mode", [{}, {"masked_row": "nan"}], ids=["default", "nan"])
 @pytest.mark.parametrize("source", SOURCES)
-def test_fully_masked_rows_nan_mode_matches_torch(request, source):
+def test_fully_masked_rows_nan_mode_matches_torch(request, source, mode):
+    """torch_forward returns what PyTorch returns, NaN for a query with no
+    allowed key, by default (docs/PYTHON.md, README)."""
     E, h, B, T = 16, 4, 2, 5
     m = torch_module(E, h, batch_first=True, seed=14)
     rng = np.random.default_rng(14)
@@ -502,13 +503,13 @@ def test_fully_masked_rows_nan_mode_matches_torch(request, source):
     want = run_torch(m, x, average_attn_weights=False, **kw)
     assert np.isnan(want[0]).any(), "torch 1.13 gives NaN for a query with no allowed key"
     layer = mha_from(m)
-    check_paths(request, lambda p: layer.torch_forward(x, average_attn_weights=False, masked_row="nan",
-                                                       path=p, **kw), want)
+    check_paths(request, lambda p: layer.torch_forward(x, average_attn_weights=False, path=p, **mode, **kw),
+                want)
 
 
 @pytest.mark.parametrize("source", SOURCES)
 def test_fully_masked_rows_zero_mode(request, source):
-    """Default zero mode: an empty (batch, head, query) row gets Z^(r) = 0
+    """masked_row="zero", the library's mode: an empty (batch, head, query) row gets Z^(r) = 0
     and zero weights. Expected values come from torch itself: the same
     module with that head's out_proj columns zeroed (Z^(r) W_O[r] = 0) and
     the empty row's mask lifted (so torch has no NaN to propagate)."""
@@ -547,8 +548,8 @@ def test_fully_masked_rows_zero_mode(request, source):
             assert np.allclose(want_y[n, i], b_o, rtol=0, atol=1e-6)
     assert not np.isnan(want_y).any() and not np.isnan(want_w).any()
     layer = mha_from(m)
-    check_paths(request, lambda p: layer.torch_forward(x, average_attn_weights=False, path=p, **kw),
-                (want_y, want_w))
+    check_paths(request, lambda p: layer.torch_forward(x, average_attn_weights=False, masked_row="zero",
+                                                       path=p, **kw), (want_y, want_w))
 
 
 # --------------------------------------------------------- head permutation

@@ -1,0 +1,115 @@
+/* outfile.c — atomic file output for every writer in src/io. The bytes go
+ * to a temporary file in the target's directory (so the final rename never
+ * crosses a file system); commit flushes, fsyncs and renames it over the
+ * target; any failure removes the temporary, so an existing target is
+ * either replaced whole or left byte-identical, never truncated. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "io/io_internal.h"
+
+/* Temporary names differ by process and by call, so concurrent writers of
+ * one target never share a temporary. */
+static unsigned long next_serial(void) {
+    static unsigned long serial;
+    return __atomic_fetch_add(&serial, 1, __ATOMIC_RELAXED);
+}
+
+mha_status mha_out_open(mha_out_file *o, const char *path) {
+    memset(o, 0, sizeof *o);
+    o->fd = -1;
+    o->path = path;
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
+        return mha_fail(MHA_E_IO, "cannot write '%s': it is a directory; expected a file path",
+                        path);
+    /* the rename would replace a device or a pipe with a regular file */
+    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode))
+        return mha_fail(MHA_E_IO,
+                        "cannot write '%s': it exists and is not a regular file (a device or a "
+                        "pipe); expected a file path",
+                        path);
+    size_t n = strlen(path);
+    o->tmp = malloc(n + 64);
+    if (!o->tmp) return mha_fail(MHA_E_NOMEM, "cannot allocate a file name for '%s'", path);
+    const char *slash = strrchr(path, '/');
+    size_t dir = slash ? (size_t)(slash - path + 1) : 0;
+    for (int attempt = 0; attempt < 100; attempt++) {
+        /* "<dir>/.<base>.<pid>-<serial>.tmp": hidden, next to the target */
+        snprintf(o->tmp, n + 64, "%.*s.%s.%ld-%lu.tmp", (int)dir, path, path + dir,
+                 (long)getpid(), next_serial());
+        o->fd = open(o->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+        if (o->fd >= 0 || errno != EEXIST) break;
+    }
+    if (o->fd < 0) {
+        int e = errno;
+        free(o->tmp);
+        o->tmp = NULL;
+        return mha_fail(MHA_E_IO, "cannot write '%s': %s", path, strerror(e));
+    }
+    o->f = fdopen(o->fd, "wb");
+    if (!o->f) {
+        int e = errno;
+        mha_out_abort(o);
+        return mha_fail(MHA_E_IO, "cannot write '%s': %s", path, strerror(e));
+    }
+    return MHA_OK;
+}
+
+mha_status mha_out_write(mha_out_file *o, const void *p, size_t n) {
+    if (n && fwrite(p, 1, n, o->f) != n)
+        return mha_fail(MHA_E_IO, "cannot write %zu bytes to '%s': %s", n, o->path,
+                        strerror(errno));
+    return MHA_OK;
+}
+
+void mha_out_abort(mha_out_file *o) {
+    if (o->f) fclose(o->f);
+    else if (o->fd >= 0) close(o->fd);
+    if (o->tmp) unlink(o->tmp);
+    free(o->tmp);
+    memset(o, 0, sizeof *o);
+    o->fd = -1;
+}
+
+/* Makes the rename itself durable; best effort (some file systems refuse
+ * fsync on a directory, and the data is already safe). */
+static void sync_dir(const char *path) {
+    const char *slash = strrchr(path, '/');
+    char dir[4096];
+    if (!slash) snprintf(dir, sizeof dir, ".");
+    else if (slash == path) snprintf(dir, sizeof dir, "/");
+    else if ((size_t)(slash - path) < sizeof dir) snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+    else return;
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return;
+    (void)fsync(fd);
+    close(fd);
+}
+
+mha_status mha_out_commit(mha_out_file *o) {
+    const char *step = "flush";
+    int ok = fflush(o->f) == 0;
+    if (ok) step = "sync", ok = fsync(o->fd) == 0;
+    int e = errno;
+    FILE *f = o->f;
+    o->f = NULL; /* closed here, whatever happens */
+    o->fd = -1;
+    if (fclose(f) != 0 && ok) step = "close", ok = 0, e = errno;
+    if (ok && rename(o->tmp, o->path) != 0) step = "rename", ok = 0, e = errno;
+    if (ok) sync_dir(o->path);
+    if (!ok) {
+        const char *path = o->path;
+        mha_out_abort(o);
+        return mha_fail(MHA_E_IO, "cannot write '%s' (%s failed): %s; the file is unchanged",
+                        path, step, strerror(e));
+    }
+    free(o->tmp);
+    memset(o, 0, sizeof *o);
+    o->fd = -1;
+    return MHA_OK;
+}

@@ -1,0 +1,248 @@
+/* test_concurrency.c — the thread-safety contract of mha.h, tested: forwards
+ * (fast, reference, cached on separate caches) running at the same time on
+ * one layer and on different layers give the bits one thread gets doing
+ * them in turn; and the one kernel chooser: MHA_KERNELS (or a context)
+ * picks the kernels of every path (prefill, cached prefill, decode).
+ * Each call runs on one OpenMP thread (a context), so that the only
+ * threads are the test's pthreads: `make test-tsan` runs these tests under
+ * ThreadSanitizer, which reports libgomp's own barriers as false races.
+ * Legend: B batch, T tokens, D = d_model, h heads. */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cache/cache_internal.h"
+#include "forward/forward.h"
+#include "naive.h"
+#include "test_util.h"
+#include "tests.h"
+
+#define N_THREADS 4
+#define B 2
+#define T 40
+#define D 32
+#define STEPS 3 /* decode steps after the prompt */
+
+typedef struct {
+    const mha_layer *L;
+    const mha_context *ctx;
+    const float *x;  /* (B, T + STEPS, D) */
+    float *y_fast;   /* (B, T, D) */
+    float *y_ref;    /* (B, T, D) */
+    float *y_cache;  /* (B, T + STEPS, D): prompt, then one row per step */
+    int failed;
+} job;
+
+/* The work of one thread: a fast and a reference forward, then a cached
+ * prefill of T tokens and STEPS one-token steps on a cache of its own. */
+static void *run_job(void *arg) {
+    job *j = arg;
+    mha_options fast = mha_options_default(), ref = mha_options_default();
+    fast.causal = ref.causal = 1;
+    fast.path = MHA_PATH_FAST, ref.path = MHA_PATH_REFERENCE;
+    float *x = malloc(sizeof(float) * B * T * D), *ys = malloc(sizeof(float) * B * T * D);
+    mha_cache *c = NULL;
+    if (!x || !ys || mha_cache_create(&c, j->L, B, T + STEPS, MHA_CACHE_F32, 0)) goto fail;
+    for (int b = 0; b < B; b++) memcpy(x + (size_t)b * T * D, j->x + (size_t)b * (T + STEPS) * D, sizeof(float) * T * D);
+    if (mha_forward_ctx(j->ctx, j->L, j->y_fast, NULL, x, NULL, NULL, B, T, T, &fast) ||
+        mha_forward_ctx(j->ctx, j->L, j->y_ref, NULL, x, NULL, NULL, B, T, T, &ref) ||
+        mha_forward_cached_ctx(j->ctx, j->L, c, ys, NULL, x, T, NULL, NULL))
+        goto fail;
+    for (int b = 0; b < B; b++) memcpy(j->y_cache + (size_t)b * (T + STEPS) * D, ys + (size_t)b * T * D, sizeof(float) * T * D);
+    for (int s = 0; s < STEPS; s++) {
+        for (int b = 0; b < B; b++) memcpy(x + (size_t)b * D, j->x + ((size_t)b * (T + STEPS) + T + s) * D, sizeof(float) * D);
+        if (mha_forward_cached_ctx(j->ctx, j->L, c, ys, NULL, x, 1, NULL, NULL)) goto fail;
+        for (int b = 0; b < B; b++) memcpy(j->y_cache + ((size_t)b * (T + STEPS) + T + s) * D, ys + (size_t)b * D, sizeof(float) * D);
+    }
+    mha_cache_free(c), free(x), free(ys);
+    return NULL;
+fail:
+    j->failed = 1;
+    mha_cache_free(c), free(x), free(ys);
+    return NULL;
+}
+
+static void job_alloc(job *j, const mha_layer *L, const mha_context *ctx, const float *x) {
+    j->L = L, j->ctx = ctx, j->x = x, j->failed = 0;
+    j->y_fast = naive_alloc_floats((size_t)B * T * D);
+    j->y_ref = naive_alloc_floats((size_t)B * T * D);
+    j->y_cache = naive_alloc_floats((size_t)B * (T + STEPS) * D);
+}
+
+static void job_free(job *j) { free(j->y_fast), free(j->y_ref), free(j->y_cache); }
+
+static int same_bits(const job *a, const job *b) {
+    return !memcmp(a->y_fast, b->y_fast, sizeof(float) * B * T * D) &&
+           !memcmp(a->y_ref, b->y_ref, sizeof(float) * B * T * D) &&
+           !memcmp(a->y_cache, b->y_cache, sizeof(float) * B * (T + STEPS) * D);
+}
+
+/* Threads i run on layer layer_of[i] with input i % 2; each result must
+ * equal the one computed alone, in turn, beforehand. */
+static void run_concurrently(mha_layer *const *layers, const int *layer_of) {
+    mha_context *ctx = NULL;
+    CHECK_OK(mha_context_create(&ctx));
+    CHECK_OK(mha_context_set_num_threads(ctx, 1));
+    uint64_t seed = 99;
+    float *x[2] = {naive_random_floats((size_t)B * (T + STEPS) * D, &seed, -1.0f, 1.0f),
+                   naive_random_floats((size_t)B * (T + STEPS) * D, &seed, -1.0f, 1.0f)};
+    job alone[N_THREADS], together[N_THREADS];
+    pthread_t th[N_THREADS];
+    for (int i = 0; i < N_THREADS; i++) {
+        job_alloc(&alone[i], layers[layer_of[i]], ctx, x[i % 2]);
+        job_alloc(&together[i], layers[layer_of[i]], ctx, x[i % 2]);
+        run_job(&alone[i]);
+        CHECK(!alone[i].failed);
+    }
+    for (int i = 0; i < N_THREADS; i++) CHECK_INT(pthread_create(&th[i], NULL, run_job, &together[i]), 0);
+    for (int i = 0; i < N_THREADS; i++) pthread_join(th[i], NULL);
+    for (int i = 0; i < N_THREADS; i++) {
+        CHECK(!together[i].failed);
+        if (!same_bits(&alone[i], &together[i])) test_report(__FILE__, __LINE__, "thread %d: results differ from the sequential run", i);
+        job_free(&alone[i]), job_free(&together[i]);
+    }
+    free(x[0]), free(x[1]);
+    mha_context_free(ctx);
+}
+
+static mha_layer *make_layer(uint64_t seed_value, naive_weights *w) {
+    mha_config c = mha_config_default(D, 4);
+    c.n_kv_heads = 2;
+    c.bias = 1;
+    mha_config rc = naive_resolve(c);
+    uint64_t seed = seed_value;
+    naive_weights_random(w, &rc, &seed, 0.3f);
+    return naive_make_layer(w);
+}
+
+static void test_concurrency_one_layer(void) {
+    naive_weights w;
+    mha_layer *L = make_layer(5, &w);
+    const int layer_of[N_THREADS] = {0, 0, 0, 0};
+    if (L) run_concurrently(&L, layer_of);
+    mha_layer_free(L);
+    naive_weights_free(&w);
+}
+
+static void test_concurrency_two_layers(void) {
+    naive_weights w[2];
+    mha_layer *L[2] = {make_layer(5, &w[0]), make_layer(6, &w[1])};
+    const int layer_of[N_THREADS] = {0, 1, 0, 1};
+    if (L[0] && L[1]) run_concurrently(L, layer_of);
+    mha_layer_free(L[0]), mha_layer_free(L[1]);
+    naive_weights_free(&w[0]), naive_weights_free(&w[1]);
+}
+
+/* ------------------------------------------------- the kernel chooser */
+
+/* Runs the three paths on ex and returns what each asked for. */
+static void trace_paths(const mha_exec *base, const mha_layer *L, const float *x,
+                        mha_exec_trace *fast, mha_exec_trace *prefill, mha_exec_trace *decode) {
+    mha_exec ex = *base;
+    float *y = naive_alloc_floats((size_t)B * T * D);
+    mha_options o = mha_options_default();
+    o.path = MHA_PATH_FAST;
+    mha_cache *c = NULL;
+    CHECK_OK(mha_cache_create(&c, L, B, T + 1, MHA_CACHE_F16, 0));
+    ex.trace = fast;
+    CHECK_OK(mha_forward_exec(&ex, L, y, NULL, x, NULL, NULL, B, T, T, &o));
+    ex.trace = prefill;
+    if (c) CHECK_OK(mha_forward_cached_exec(&ex, L, c, y, NULL, x, T, NULL, NULL));
+    ex.trace = decode;
+    if (c) CHECK_OK(mha_forward_cached_exec(&ex, L, c, y, NULL, x, 1, NULL, NULL));
+    mha_cache_free(c);
+    free(y);
+}
+
+static void check_every_path(const char *env, const mha_kernels *want, const mha_decode_kernels *want_d) {
+    naive_weights w;
+    mha_layer *L = make_layer(8, &w);
+    uint64_t seed = 3;
+    float *x = naive_random_floats((size_t)B * T * D, &seed, -1.0f, 1.0f);
+    if (env) setenv("MHA_KERNELS", env, 1);
+    else unsetenv("MHA_KERNELS");
+    mha_exec ex;
+    CHECK_OK(mha_exec_resolve(&ex, NULL));
+    mha_exec_trace tf = {0}, tp = {0}, td = {0};
+    if (L) trace_paths(&ex, L, x, &tf, &tp, &td);
+    CHECK(tf.prefill == want);           /* projections and flash attention */
+    CHECK(tp.prefill == want && tp.decode == want_d); /* cached prefill: packed GEMM, attention */
+    CHECK(td.decode == want_d);          /* decode: one-row projections, attention */
+    if (tf.prefill != want || tp.prefill != want || tp.decode != want_d || td.decode != want_d)
+        test_report(__FILE__, __LINE__, "MHA_KERNELS=%s: fast %s, cached prefill %s/%s, decode %s; want %s",
+                    env ? env : "(unset)", tf.prefill ? tf.prefill->name : "-", tp.prefill ? tp.prefill->name : "-",
+                    tp.decode ? tp.decode->name : "-", td.decode ? td.decode->name : "-", want->name);
+    free(x);
+    mha_layer_free(L);
+    naive_weights_free(&w);
+}
+
+static void test_kernels_env_every_path(void) {
+    const char *old = getenv("MHA_KERNELS");
+    char *saved = old ? strdup(old) : NULL;
+    check_every_path("scalar", &mha_kernels_scalar, &mha_decode_kernels_scalar);
+    check_every_path(NULL, mha_isa_best()->prefill, mha_isa_best()->decode);
+    if (mha_cpu_has_avx2()) check_every_path("avx2", &mha_kernels_avx2, &mha_decode_kernels_avx2);
+    if (mha_cpu_has_avx512()) check_every_path("avx512", &mha_kernels_avx512, &mha_decode_kernels_avx512);
+    /* an unknown value fails every entry by name */
+    naive_weights w;
+    mha_layer *L = make_layer(8, &w);
+    float *x = naive_alloc_floats((size_t)B * T * D), *y = naive_alloc_floats((size_t)B * T * D);
+    mha_cache *c = NULL;
+    if (L) CHECK_OK(mha_cache_create(&c, L, B, T, MHA_CACHE_F32, 0));
+    setenv("MHA_KERNELS", "avx3", 1);
+    CHECK_STATUS(mha_forward(L, y, NULL, x, NULL, B, T, T, NULL), MHA_E_ARG);
+    CHECK(strstr(mha_last_error(), "MHA_KERNELS=avx3") != NULL);
+    if (c) CHECK_STATUS(mha_forward_cached(L, c, y, NULL, x, T, NULL, NULL), MHA_E_ARG);
+    CHECK(mha_context_kernels(NULL) == NULL);
+    if (saved) setenv("MHA_KERNELS", saved, 1);
+    else unsetenv("MHA_KERNELS");
+    free(saved), free(x), free(y);
+    mha_cache_free(c);
+    mha_layer_free(L);
+    naive_weights_free(&w);
+}
+
+/* A context's kernels win over MHA_KERNELS; unknown names are refused. */
+static void test_kernels_context(void) {
+    mha_context *ctx = NULL;
+    CHECK_OK(mha_context_create(&ctx));
+    if (!ctx) return;
+    CHECK_STATUS(mha_context_set_kernels(ctx, "avx3"), MHA_E_ARG);
+    CHECK(strstr(mha_last_error(), "expected reference, scalar") != NULL);
+    CHECK_STATUS(mha_context_set_num_threads(ctx, -1), MHA_E_ARG);
+    CHECK_OK(mha_context_set_kernels(ctx, "scalar"));
+    CHECK(mha_context_kernels(ctx) && strcmp(mha_context_kernels(ctx), "scalar") == 0);
+    CHECK_OK(mha_context_set_kernels(ctx, "reference"));
+    CHECK(mha_context_kernels(ctx) && strcmp(mha_context_kernels(ctx), "reference") == 0);
+    CHECK_OK(mha_context_set_kernels(ctx, NULL));
+    CHECK(mha_context_kernels(ctx) && strcmp(mha_context_kernels(ctx), mha_isa_best()->name) == 0);
+    /* scalar through the context = scalar through the test override, bit for bit */
+    naive_weights w;
+    mha_layer *L = make_layer(9, &w);
+    uint64_t seed = 4;
+    float *x = naive_random_floats((size_t)B * T * D, &seed, -1.0f, 1.0f);
+    float *y1 = naive_alloc_floats((size_t)B * T * D), *y2 = naive_alloc_floats((size_t)B * T * D);
+    CHECK_OK(mha_context_set_kernels(ctx, "scalar"));
+    CHECK_OK(mha_forward_ctx(ctx, L, y1, NULL, x, NULL, NULL, B, T, T, NULL));
+    mha_kernels_force(&mha_kernels_scalar);
+    CHECK_OK(mha_forward(L, y2, NULL, x, NULL, B, T, T, NULL));
+    mha_kernels_force(NULL);
+    CHECK(memcmp(y1, y2, sizeof(float) * B * T * D) == 0);
+    free(x), free(y1), free(y2);
+    mha_layer_free(L);
+    naive_weights_free(&w);
+    mha_context_free(ctx);
+}
+
+static const test_case cases[] = {
+    {"concurrency_one_layer", test_concurrency_one_layer},
+    {"concurrency_two_layers", test_concurrency_two_layers},
+    {"kernels_env_every_path", test_kernels_env_every_path},
+    {"kernels_context", test_kernels_context},
+};
+
+const test_case *tests_concurrency(size_t *count) {
+    *count = sizeof cases / sizeof cases[0];
+    return cases;
+}

@@ -1,0 +1,141 @@
+/* test_overflow.c — no silently wrong number from the fp32 paths (issue 9,
+ * item 4): where scores may leave the range fp32 keeps accurate
+ * (MHA_FAST_SCORE_LIMIT) or a sum overflows, MHA_PATH_FAST and the cached
+ * forward fail with MHA_E_NONFINITE naming the position, and
+ * MHA_PATH_AUTO recomputes the call with the reference. A fuzz over
+ * magnitudes 1e-30 .. 1e30 in inputs and weights holds every path to
+ * that rule. Legend: B batch, T tokens, D = d_model, h heads. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "naive.h"
+#include "test_util.h"
+#include "tests.h"
+
+/* The issue's case: one element of x at 1e22 (d_model 8, 2 heads). */
+static void test_overflow_issue9(void) {
+    const int B = 1, T = 6, D = 8;
+    mha_config rc = naive_resolve(mha_config_default(D, 2));
+    naive_weights w;
+    uint64_t seed = 11;
+    naive_weights_random(&w, &rc, &seed, 0.5f);
+    mha_layer *L = naive_make_layer(&w);
+    float *x = naive_random_floats((size_t)B * T * D, &seed, -1.0f, 1.0f);
+    x[3 * D + 5] = 1e22f; /* x[0,3,5] */
+    float *yr = naive_alloc_floats((size_t)B * T * D), *ya = naive_alloc_floats((size_t)B * T * D);
+    float *yf = naive_alloc_floats((size_t)B * T * D);
+    double *yn = naive_alloc_doubles((size_t)B * T * D);
+    mha_options o = mha_options_default();
+    o.path = MHA_PATH_REFERENCE;
+    CHECK_OK(mha_forward(L, yr, NULL, x, NULL, B, T, T, &o));
+    naive_forward(yn, NULL, NULL, &w, x, NULL, B, T, T, NULL);
+    double scale = 0.0; /* the reference matches the independent double oracle */
+    for (int i = 0; i < B * T * D; i++) scale = fmax(scale, fabs(yn[i]));
+    CHECK(naive_max_diff(yr, yn, (size_t)B * T * D) <= 1e-6 * scale);
+    o.path = MHA_PATH_AUTO; /* recomputed by the reference: the same bits */
+    CHECK_OK(mha_forward(L, ya, NULL, x, NULL, B, T, T, &o));
+    CHECK(memcmp(ya, yr, sizeof(float) * B * T * D) == 0);
+    o.path = MHA_PATH_FAST; /* refused, naming where */
+    CHECK_STATUS(mha_forward(L, yf, NULL, x, NULL, B, T, T, &o), MHA_E_NONFINITE);
+    CHECK(strstr(mha_last_error(), "batch 0 head") != NULL);
+    /* the cached path refuses before appending anything */
+    mha_cache *c = NULL;
+    CHECK_OK(mha_cache_create(&c, L, B, T, MHA_CACHE_F32, 0));
+    if (c) {
+        CHECK_STATUS(mha_forward_cached(L, c, yf, NULL, x, T, NULL, NULL), MHA_E_NONFINITE);
+        CHECK(strstr(mha_last_error(), "nothing was appended") != NULL);
+        CHECK_INT(mha_cache_length(c, 0), 0);
+        x[3 * D + 5] = 0.5f; /* a sane prompt still runs on the same cache */
+        CHECK_OK(mha_forward_cached(L, c, yf, NULL, x, T, NULL, NULL));
+        CHECK_INT(mha_cache_length(c, 0), T);
+    }
+    mha_cache_free(c);
+    free(x), free(yr), free(ya), free(yf), free(yn);
+    mha_layer_free(L);
+    naive_weights_free(&w);
+}
+
+/* 10^e for e uniform in [lo, hi]. */
+static float magnitude(uint64_t *seed, float lo, float hi) {
+    float e;
+    test_fill_uniform(&e, 1, seed, lo, hi);
+    return powf(10.0f, e);
+}
+
+/* |a - b| <= tol * max|b| element-wise, non-finite equal only to itself. */
+static int close_to(const float *a, const float *b, size_t n, double tol) {
+    double big = 0.0;
+    for (size_t i = 0; i < n; i++)
+        if (isfinite(b[i])) big = fmax(big, fabs(b[i]));
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(a[i]) || !isfinite(b[i])) {
+            if (!(a[i] == b[i] || (isnan(a[i]) && isnan(b[i])))) return 0;
+        } else if (!(fabs((double)a[i] - b[i]) <= tol * big + 1e-30)) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* Inputs and weights scaled by 10^e, e in [-30, 30]: AUTO equals the
+ * reference (bits, when it recomputed) or is within 5% of its largest
+ * output (the fp32 error MHA_FAST_SCORE_LIMIT allows: 1.6% per
+ * probability, a few rounding steps more through W_O); FAST and the cached
+ * path return that or MHA_E_NONFINITE, never another number. */
+static void test_overflow_fuzz(void) {
+    const int B = 2, T = 7, D = 16, h = 4;
+    uint64_t seed = 2024;
+    int refused = 0, ran = 0;
+    for (int it = 0; it < 60; it++) {
+        mha_config c = mha_config_default(D, h);
+        c.bias = 1;
+        c.n_kv_heads = it % 2 ? 2 : 4;
+        mha_config rc = naive_resolve(c);
+        naive_weights w;
+        naive_weights_random(&w, &rc, &seed, magnitude(&seed, -30.0f, 30.0f));
+        mha_layer *L = naive_make_layer(&w);
+        float *x = naive_random_floats((size_t)B * T * D, &seed, -1.0f, 1.0f);
+        const float xs = magnitude(&seed, -30.0f, 30.0f);
+        const int outliers = it % 3 == 0; /* every 5th element at its own magnitude */
+        for (int i = 0; i < B * T * D; i++) x[i] *= outliers && i % 5 == 0 ? magnitude(&seed, -30.0f, 30.0f) : xs;
+        float *yr = naive_alloc_floats((size_t)B * T * D), *ya = naive_alloc_floats((size_t)B * T * D);
+        float *yf = naive_alloc_floats((size_t)B * T * D), *yc = naive_alloc_floats((size_t)B * T * D);
+        mha_options o = mha_options_default();
+        o.causal = 1;
+        o.path = MHA_PATH_REFERENCE;
+        CHECK_OK(mha_forward(L, yr, NULL, x, NULL, B, T, T, &o));
+        o.path = MHA_PATH_AUTO;
+        CHECK_OK(mha_forward(L, ya, NULL, x, NULL, B, T, T, &o));
+        if (!close_to(ya, yr, (size_t)B * T * D, 0.05))
+            test_report(__FILE__, __LINE__, "case %d: AUTO differs from the reference", it);
+        o.path = MHA_PATH_FAST;
+        mha_status s = mha_forward(L, yf, NULL, x, NULL, B, T, T, &o);
+        CHECK(s == MHA_OK || s == MHA_E_NONFINITE);
+        if (s == MHA_OK && !close_to(yf, yr, (size_t)B * T * D, 0.05))
+            test_report(__FILE__, __LINE__, "case %d: FAST returned a wrong number silently", it);
+        refused += s != MHA_OK, ran += s == MHA_OK;
+        mha_cache *cache = NULL;
+        CHECK_OK(mha_cache_create(&cache, L, B, T, MHA_CACHE_F32, 0));
+        s = cache ? mha_forward_cached(L, cache, yc, NULL, x, T, NULL, NULL) : MHA_E_NOMEM;
+        CHECK(s == MHA_OK || s == MHA_E_NONFINITE);
+        if (s == MHA_OK && !close_to(yc, yr, (size_t)B * T * D, 0.05))
+            test_report(__FILE__, __LINE__, "case %d: the cached path returned a wrong number silently", it);
+        mha_cache_free(cache);
+        free(x), free(yr), free(ya), free(yf), free(yc);
+        mha_layer_free(L);
+        naive_weights_free(&w);
+    }
+    if (!(refused > 5 && ran > 5)) /* the fuzz reaches both sides of the limit */
+        test_report(__FILE__, __LINE__, "refused %d, ran %d; expected both > 5", refused, ran);
+}
+
+static const test_case cases[] = {
+    {"overflow_issue9", test_overflow_issue9},
+    {"overflow_fuzz", test_overflow_fuzz},
+};
+
+const test_case *tests_overflow(size_t *count) {
+    *count = sizeof cases / sizeof cases[0];
+    return cases;
+}

@@ -1,0 +1,217 @@
+/* outputs.c — all-or-none outputs and the same-file checks (outputs.h). */
+#include "outputs.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "args.h"
+
+void cli_outputs_init(cli_outputs *o, const char *cmd) {
+    memset(o, 0, sizeof *o);
+    o->cmd = cmd;
+}
+
+void cli_outputs_input(cli_outputs *o, const char *flag, const char *const *path) {
+    if (o->n_in < CLI_MAX_FILES) o->in[o->n_in++] = (cli_file){flag, path, NULL};
+}
+
+void cli_outputs_output(cli_outputs *o, const char *flag, const char *const *path) {
+    if (o->n_out < CLI_MAX_FILES) o->out[o->n_out++] = (cli_file){flag, path, NULL};
+}
+
+/* What makes two paths one file: device and inode when it exists, else
+ * the real path of its directory plus its own name. */
+typedef struct {
+    int exists;
+    dev_t dev;
+    ino_t ino;
+    char resolved[PATH_MAX + 256];
+} file_id;
+
+/* The directory part of path ("." when none) into dir. */
+static void dir_of(const char *path, char *dir, size_t cap) {
+    const char *slash = strrchr(path, '/');
+    if (!slash) snprintf(dir, cap, ".");
+    else if (slash == path) snprintf(dir, cap, "/");
+    else snprintf(dir, cap, "%.*s", (int)(slash - path), path);
+}
+
+/* Fills id; for an output also refuses what cannot become a regular file
+ * by a rename. Returns 0 or prints and returns an exit code. */
+static int identify(const cli_outputs *o, const cli_file *f, file_id *id, int output) {
+    const char *path = *f->path;
+    struct stat st;
+    memset(id, 0, sizeof *id);
+    if (stat(path, &st) == 0) {
+        id->exists = 1;
+        id->dev = st.st_dev;
+        id->ino = st.st_ino;
+        if (output && S_ISDIR(st.st_mode))
+            return mha_cmd_error(o->cmd, MHA_EXIT_RUNTIME,
+                                 "cannot write %s '%s': it is a directory; expected a file path",
+                                 f->flag, path);
+        if (output && !S_ISREG(st.st_mode))
+            return mha_cmd_error(o->cmd, MHA_EXIT_RUNTIME,
+                                 "cannot write %s '%s': it exists and is not a regular file "
+                                 "(a device or a pipe); expected a file path",
+                                 f->flag, path);
+        return 0;
+    }
+    int e = errno;
+    if (output && e != ENOENT)
+        return mha_cmd_error(o->cmd, MHA_EXIT_RUNTIME, "cannot write %s '%s': %s", f->flag, path,
+                             strerror(e));
+    char dir[PATH_MAX], real[PATH_MAX];
+    dir_of(path, dir, sizeof dir);
+    if (!realpath(dir, real)) {
+        if (!output) return 0; /* the read reports it */
+        return mha_cmd_error(o->cmd, MHA_EXIT_RUNTIME, "cannot write %s '%s': directory '%s': %s",
+                             f->flag, path, dir, strerror(errno));
+    }
+    const char *slash = strrchr(path, '/');
+    snprintf(id->resolved, sizeof id->resolved, "%s/%s", real, slash ? slash + 1 : path);
+    return 0;
+}
+
+static int same_file(const file_id *a, const file_id *b) {
+    if (a->exists || b->exists)
+        return a->exists && b->exists && a->dev == b->dev && a->ino == b->ino;
+    return a->resolved[0] && strcmp(a->resolved, b->resolved) == 0;
+}
+
+/* Temporary names differ by process and by call. */
+static int reserve(const cli_outputs *o, cli_file *f) {
+    static unsigned serial;
+    const char *path = *f->path, *slash = strrchr(path, '/');
+    size_t n = strlen(path), dir = slash ? (size_t)(slash - path + 1) : 0;
+    f->tmp = malloc(n + 64);
+    if (!f->tmp) return mha_cmd_error(o->cmd, MHA_EXIT_RUNTIME, "out of memory");
+    int fd = -1;
+    for (int attempt = 0; attempt < 100 && fd < 0; attempt++) {
+        snprintf(f->tmp, n + 64, "%.*s.%s.mha-%ld-%u.part", (int)dir, path, path + dir,
+                 (long)getpid(), serial++);
+        fd = open(f->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+        if (fd < 0 && errno != EEXIST) break;
+    }
+    if (fd < 0) {
+        int e = errno;
+        free(f->tmp);
+        f->tmp = NULL;
+        return mha_cmd_error(o->cmd, MHA_EXIT_RUNTIME, "cannot write %s '%s': %s", f->flag, path,
+                             strerror(e));
+    }
+    close(fd);
+    return 0;
+}
+
+static void remove_temporaries(cli_outputs *o) {
+    for (int i = 0; i < o->n_out; i++) {
+        if (o->out[i].tmp) unlink(o->out[i].tmp);
+        free(o->out[i].tmp);
+        o->out[i].tmp = NULL;
+    }
+}
+
+int cli_outputs_check(cli_outputs *o) {
+    if (o->after_parse) o->after_parse(o->ctx);
+    file_id in[CLI_MAX_FILES], out[CLI_MAX_FILES];
+    for (int j = 0; j < o->n_in; j++) {
+        in[j].exists = 0;
+        in[j].resolved[0] = '\0';
+        if (*o->in[j].path) identify(o, &o->in[j], &in[j], 0);
+    }
+    for (int i = 0; i < o->n_out; i++) {
+        const cli_file *f = &o->out[i];
+        if (!*f->path) continue;
+        int rc = identify(o, f, &out[i], 1);
+        if (rc) return rc;
+        for (int j = 0; j < o->n_in; j++)
+            if (*o->in[j].path && same_file(&out[i], &in[j]))
+                return mha_cmd_error(o->cmd, MHA_EXIT_USAGE,
+                                     "%s '%s' is the same file as %s '%s'; an output must not "
+                                     "replace an input (choose another path)",
+                                     f->flag, *f->path, o->in[j].flag, *o->in[j].path);
+        for (int j = 0; j < i; j++)
+            if (*o->out[j].path && same_file(&out[i], &out[j]))
+                return mha_cmd_error(o->cmd, MHA_EXIT_USAGE,
+                                     "%s '%s' is the same file as %s '%s'; each output needs "
+                                     "its own path",
+                                     f->flag, *f->path, o->out[j].flag, *o->out[j].path);
+    }
+    for (int i = 0; i < o->n_out; i++) {
+        if (!*o->out[i].path) continue;
+        int rc = reserve(o, &o->out[i]);
+        if (rc) {
+            remove_temporaries(o);
+            return rc;
+        }
+    }
+    return 0;
+}
+
+const char *cli_outputs_tmp(const cli_outputs *o, const char *flag) {
+    for (int i = 0; i < o->n_out; i++)
+        if (strcmp(o->out[i].flag, flag) == 0) return o->out[i].tmp;
+    return NULL;
+}
+
+int cli_outputs_write_error(const cli_outputs *o, const char *flag, const char *msg) {
+    const char *tmp = cli_outputs_tmp(o, flag), *path = NULL, *at = NULL;
+    for (int i = 0; i < o->n_out; i++)
+        if (strcmp(o->out[i].flag, flag) == 0) path = *o->out[i].path;
+    if (tmp && path) at = strstr(msg, tmp);
+    if (!at) return mha_cmd_error(o->cmd, MHA_EXIT_RUNTIME, "cannot write %s: %s", flag, msg);
+    return mha_cmd_error(o->cmd, MHA_EXIT_RUNTIME, "cannot write %s: %.*s%s%s", flag,
+                         (int)(at - msg), msg, path, at + strlen(tmp));
+}
+
+/* Makes the renames durable; best effort. */
+static void sync_dir_of(const char *path) {
+    char dir[PATH_MAX];
+    dir_of(path, dir, sizeof dir);
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return;
+    (void)fsync(fd);
+    close(fd);
+}
+
+int cli_outputs_finish(cli_outputs *o, int rc) {
+    /* Every temporary is complete and fsync'ed before the first rename, so
+     * only a rename itself can still fail (in one directory it does not
+     * for lack of space). */
+    for (int i = 0; i < o->n_out && rc == 0; i++) {
+        cli_file *f = &o->out[i];
+        if (!f->tmp) continue;
+        if (rename(f->tmp, *f->path) != 0)
+            rc = mha_cmd_error(o->cmd, MHA_EXIT_RUNTIME, "cannot write %s '%s': %s", f->flag,
+                               *f->path, strerror(errno));
+        else {
+            sync_dir_of(*f->path);
+            free(f->tmp);
+            f->tmp = NULL;
+        }
+    }
+    remove_temporaries(o);
+    return rc;
+}
+
+double cli_default_output_limit_gib(void) {
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    if (pages <= 0 || page <= 0) return 4.0; /* unknown: a modest default */
+    return 0.5 * (double)pages * (double)page / (1024.0 * 1024.0 * 1024.0);
+}
+
+int cli_check_output_size(const char *cmd, const char *what, double floats, double limit_gib) {
+    double gib = floats * 4.0 / (1024.0 * 1024.0 * 1024.0);
+    if (gib <= limit_gib) return 0;
+    return mha_cmd_error(cmd, MHA_EXIT_USAGE,
+                         "%s would hold %.3g GiB (%.0f float32 values), above the limit of %.3g "
+                         "GiB; raise it with --max-output-gib or use fewer tokens",
+                         what, gib, floats, limit_gib);
+}

@@ -1,0 +1,71 @@
+/* outputs.h — the files one command writes, all or none.
+ *
+ * A command registers its input and output flags (by the address of the
+ * variable the parser fills) before parsing. Right after parsing, before
+ * any file is read or any number computed, cli_outputs_check refuses an
+ * output that is the same file as an input or as another output (device
+ * and inode when the file exists, the resolved path otherwise), a
+ * directory, a device, or a path whose directory is missing, and reserves
+ * one temporary file next to each output. The command writes each output
+ * to its temporary (cli_outputs_tmp); cli_outputs_finish renames them all
+ * over their targets when the command succeeded, and removes them all
+ * when it failed, so a failed command leaves every existing file as it was.
+ */
+#ifndef MHA_TOOLS_OUTPUTS_H
+#define MHA_TOOLS_OUTPUTS_H
+
+#include <stddef.h>
+
+#define CLI_MAX_FILES 12
+
+typedef struct {
+    const char *flag;         /* "--output", or "OUT" for a positional   */
+    const char *const *path;  /* where the parser puts the path          */
+    char *tmp;                /* the reserved temporary (outputs only)   */
+} cli_file;
+
+typedef struct {
+    const char *cmd;
+    cli_file in[CLI_MAX_FILES], out[CLI_MAX_FILES];
+    int n_in, n_out;
+    /* Called by cli_outputs_check before anything else, e.g. to derive a
+     * default output name from a parsed flag. */
+    void (*after_parse)(void *ctx);
+    void *ctx;
+} cli_outputs;
+
+void cli_outputs_init(cli_outputs *o, const char *cmd);
+/* Register a flag (a NULL *path after parsing means "not given"). */
+void cli_outputs_input(cli_outputs *o, const char *flag, const char *const *path);
+void cli_outputs_output(cli_outputs *o, const char *flag, const char *const *path);
+
+/* The checks and reservations above; returns 0 or an exit code after
+ * printing one line (2 for a conflict between flags, 1 for a file
+ * problem), with nothing left on disk. */
+int cli_outputs_check(cli_outputs *o);
+/* The temporary to write for the output registered under flag. */
+const char *cli_outputs_tmp(const cli_outputs *o, const char *flag);
+/* Prints "mha <cmd>: cannot write FLAG: MESSAGE" for a failed write to
+ * flag's temporary, naming the target where msg names the temporary;
+ * returns exit code 1. */
+int cli_outputs_write_error(const cli_outputs *o, const char *flag, const char *msg);
+/* rc == 0: renames every temporary over its target (an error there is
+ * reported and returned); otherwise removes every temporary. Returns the
+ * command's exit code. */
+int cli_outputs_finish(cli_outputs *o, int rc);
+
+/* --- sizes, checked before the work --- */
+
+/* Half of the physical memory, in GiB: the default --max-output-gib. */
+double cli_default_output_limit_gib(void);
+/* Refuses (exit 2, naming --max-output-gib and the size in GiB) an output
+ * of `floats` float32 values above limit_gib; what names the flag. */
+int cli_check_output_size(const char *cmd, const char *what, double floats, double limit_gib);
+
+#define CLI_MAX_OUTPUT_ARG(var)                                                                \
+    {.name = "--max-output-gib", .kind = MHA_ARG_DOUBLE, .dest = &(var), .metavar = "G",        \
+     .help = "refuse, before computing, any output or capture above G GiB (and all of them "   \
+             "together); default half the physical memory",                                    \
+     .dmin = 1e-9, .dmax = 1e9}
+
+#endif /* MHA_TOOLS_OUTPUTS_H */
