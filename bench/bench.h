@@ -73,7 +73,7 @@ typedef struct {
 int bench_prefill(const bench_prefill_cfg *c);
 
 /* bench_internal.c: the fast path's projection GEMMs and attention kernel
- * timed apart through src/gemm.h and src/attention.h. w holds the layer's
+ * timed apart through src/compute/gemm.h and src/forward/attention.h. w holds the layer's
  * weights, x (B,T,d_model), kv (B,S,d_model) or NULL. */
 int bench_fast_parts(const bench_prefill_cfg *c, const mha_weights *w, const float *x,
                      const float *kv);

@@ -1,6 +1,6 @@
 /* bench_internal.c — the fast path taken apart: its projection GEMMs
- * (mha_gemm, src/gemm.h) and its fused attention (mha_attention,
- * src/attention.h) timed separately, on the same layouts forward_fast.c
+ * (mha_gemm, src/compute/gemm.h) and its fused attention (mha_attention,
+ * src/forward/attention.h) timed separately, on the same layouts src/forward/fast.c
  * uses. This is how bench reports attention-only time without guessing:
  * the attention kernel itself is timed, nothing is subtracted.
  *

@@ -15,7 +15,7 @@ same run.sh call; the rounds of a configuration alternate mha and torch):
   (min)" is the same ratio of the fastest runs, less sensitive to other
   processes on a shared machine.
 - attention-only: the fast path's attention kernel (mha_attention,
-  src/attention.h) timed alone, on Q, K, V that the fast path's own GEMM
+  src/forward/attention.h) timed alone, on Q, K, V that the fast path's own GEMM
   projected into the layouts mha_forward_fast uses (bench/bench_internal.c):
   Q K^T, masks, online softmax and P V, nothing else. "other ms" = forward -
   projection GEMMs - attention - O GEMM (allocation, validation, finiteness

@@ -92,6 +92,53 @@ MHA_API const char *mha_last_error(void);
 
 /* ---------------------------------------------------------- configuration */
 
+/* Today's attention variants (docs/VARIANTS.md gives each formula). With
+ * them the scores of head r, query i (position p_i) and key j (p_j) are
+ *   q_i = RoPE(norm_q(Q_i^(r)), p_i),  k_j = RoPE(norm_k(K_j^(g)), p_j)
+ *   s_ij = scale q_i . k_j;  s_ij = cap tanh(s_ij / cap)   (softcap)
+ *   s_ij += -slope_r |p_i - p_j|                          (ALiBi) + masks
+ *   Z_i = sum_j exp(s_ij) V_j / (sum_j exp(s_ij) + exp(sink_r))  (sinks)
+ * The per-head parameters (ALiBi slopes, sink logits, per-head norm
+ * weights) are layer weights: they move with mha_layer_permute_heads and
+ * carry labels (MHA_BLOCK_S; per-head q/k norms move with Q and K). */
+
+typedef enum {
+    MHA_ROPE_NONE = 0,       /* no rotary embedding                                */
+    MHA_ROPE_HALVES = 1,     /* GPT-NeoX / HF Llama: dims i and i + dim/2 pair      */
+    MHA_ROPE_INTERLEAVED = 2 /* GPT-J / Meta Llama: dims 2i and 2i+1 pair           */
+} mha_rope_pairing;
+
+typedef enum {
+    MHA_ROPE_SCALE_NONE = 0,   /* inv_freq_i = theta^(-2i/dim)                       */
+    MHA_ROPE_SCALE_LINEAR = 1, /* positions divided by factor                        */
+    MHA_ROPE_SCALE_LLAMA3 = 2, /* Llama 3.1: low frequencies / factor, high kept,
+                                  a linear blend between                            */
+    MHA_ROPE_SCALE_YARN = 3    /* YaRN: ramp between interpolation and extrapolation
+                                  by wavelength, cos/sin times attn_factor          */
+} mha_rope_scaling;
+
+/* Rotary position embedding of q and k (after QK-norm, before the scores). */
+typedef struct {
+    mha_rope_pairing pairing;
+    int dim;                  /* rotated dims per head (partial rotary): even,
+                                 <= d_k; 0 means d_k; the rest pass unchanged */
+    double theta;             /* base; 0 means 10000                          */
+    mha_rope_scaling scaling;
+    double factor;            /* >= 1: linear, llama3, yarn                   */
+    double low_freq_factor;   /* llama3; 0 means 1                            */
+    double high_freq_factor;  /* llama3; 0 means 4 (> low_freq_factor)        */
+    int original_max_positions; /* llama3, yarn: the pre-training context   */
+    double beta_fast;         /* yarn; 0 means 32                             */
+    double beta_slow;         /* yarn; 0 means 1                              */
+    double attn_factor;       /* yarn; 0 means 0.1 ln(factor) + 1             */
+} mha_rope;
+
+typedef enum {
+    MHA_QK_NORM_NONE = 0,
+    MHA_QK_NORM_RMS = 1,  /* x / sqrt(mean(x^2) + eps) * w  (OLMo 2, Qwen 3, Gemma 3) */
+    MHA_QK_NORM_LAYER = 2 /* (x - mean) / sqrt(var + eps) * w   (no bias)           */
+} mha_qk_norm;
+
 typedef struct {
     int d_model;       /* model width (input X and output Y)                 */
     int n_heads;       /* h                                                  */
@@ -105,6 +152,16 @@ typedef struct {
     int add_zero_attn; /* 1: a zero key/value row is appended last
                           (PyTorch add_zero_attn)                            */
     int d_v_in;        /* value source width; 0 means d_kv_in (PyTorch vdim) */
+    /* today's variants: all zero = the 2017 layer. None combines with
+       add_bias_kv / add_zero_attn (MHA_E_ARG).                             */
+    mha_rope rope;     /* rotary embedding of q and k                        */
+    int alibi;         /* 1: ALiBi, slopes in weights.alibi_slopes (h)       */
+    float softcap;     /* 0: none; > 0: scores -> softcap tanh(scores/softcap) */
+    int sinks;         /* 1: a learned sink logit per head, weights.sinks (h) */
+    mha_qk_norm qk_norm; /* normalization of each head's q and k             */
+    int qk_norm_per_head; /* 0: q_norm, k_norm are (d_k), shared by the heads;
+                             1: (h, d_k) and (h_kv, d_k), one row per head   */
+    float qk_norm_eps; /* 0 means 1e-6                                       */
 } mha_config;
 
 /* A config for d_model and h with every other field at its default. */
@@ -128,6 +185,13 @@ typedef struct {
     const float *b_o;    /* (d_model)              */
     const float *bias_k; /* (h_kv*d_k) extra key row, add_bias_kv only   */
     const float *bias_v; /* (h_kv*d_v) extra value row, add_bias_kv only */
+    const float *alibi_slopes; /* (h), config.alibi only; NULL: the paper's
+                                  default, 2^(-8(r+1)/n) for n = h a power of
+                                  two, else those of the next power 2n
+                                  interleaved (as BLOOM, MPT)            */
+    const float *sinks;  /* (h) sink logits, config.sinks only             */
+    const float *q_norm; /* (d_k) or (h, d_k) per head, config.qk_norm only */
+    const float *k_norm; /* (d_k) or (h_kv, d_k) per head                  */
 } mha_weights;
 
 typedef struct mha_layer mha_layer;
@@ -150,7 +214,9 @@ typedef enum {
     MHA_BLOCK_Q = 0, /* column blocks of W_Q and b_Q: h labels            */
     MHA_BLOCK_K = 1, /* column blocks of W_K, b_K, bias_k: h_kv labels    */
     MHA_BLOCK_V = 2, /* column blocks of W_V, b_V, bias_v: h_kv labels    */
-    MHA_BLOCK_O = 3  /* row blocks of W_O: h labels                       */
+    MHA_BLOCK_O = 3, /* row blocks of W_O: h labels                       */
+    MHA_BLOCK_S = 4  /* score parameters of each head (ALiBi slope, sink
+                        logit): h labels, equal to Q's when consistent    */
 } mha_block;
 
 /* Copies the labels of one block kind into labels (h or h_kv ints). */
@@ -229,6 +295,12 @@ typedef struct {
     const mha_intervention *interventions; /* h entries, by head position r;
                                               NULL: keep every head         */
     mha_path path;
+    const int *positions;     /* (B,T) position of each query token (RoPE,
+                                 ALiBi), >= 0; NULL: 0..T-1 (cached
+                                 forward: each token's position in the
+                                 cache). Masks stay by index.             */
+    const int *key_positions; /* (B,S) position of each key; NULL: positions
+                                 when the keys come from x, else 0..S-1   */
 } mha_options;
 
 MHA_API mha_options mha_options_default(void);

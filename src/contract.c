@@ -7,8 +7,9 @@
 
 #include "base/internal.h"
 
-/* Label agreement: O equals Q at each position, V equals K, and query head
- * label q sits over kv head label q / group. */
+/* Label agreement: O equals Q at each position (and S, with ALiBi or
+ * sinks), V equals K, and query head label q sits over kv head label
+ * q / group. */
 static int labels_agree(const mha_layer *L, mha_contract_report *rep) {
     const mha_config *c = &L->cfg;
     int group = c->n_heads / c->n_kv_heads;
@@ -16,6 +17,11 @@ static int labels_agree(const mha_layer *L, mha_contract_report *rep) {
     for (int r = 0; r < c->n_heads; r++) {
         if (lab[MHA_BLOCK_O][r] != lab[MHA_BLOCK_Q][r]) {
             *rep = (mha_contract_report){0, MHA_BLOCK_O, r, lab[MHA_BLOCK_Q][r], lab[MHA_BLOCK_O][r], 0, 0.0};
+            return 0;
+        }
+        /* S labels matter only when the layer has score parameters */
+        if ((c->alibi || c->sinks) && lab[MHA_BLOCK_S][r] != lab[MHA_BLOCK_Q][r]) {
+            *rep = (mha_contract_report){0, MHA_BLOCK_S, r, lab[MHA_BLOCK_Q][r], lab[MHA_BLOCK_S][r], 0, 0.0};
             return 0;
         }
         int g = mha_kv_head(c, r);
@@ -45,7 +51,8 @@ mha_status mha_layer_check_contract_kv(const mha_layer *L, const float *x, const
     if (!L) return mha_fail(MHA_E_ARG, "mha_layer_check_contract: NULL layer");
     if (!labels_agree(L, &rep)) {
         if (report) *report = rep;
-        static const char *names[4] = {"W_Q column", "W_K column", "W_V column", "W_O row"};
+        static const char *names[MHA_N_BLOCKS] = {"W_Q column", "W_K column", "W_V column", "W_O row",
+                                                  "score parameter (ALiBi slope, sink)"};
         return mha_fail(MHA_E_CONTRACT,
                         "head-order contract violated: %s block %d carries label %d; expected %d "
                         "(the label of the matching %s block)",

@@ -93,7 +93,7 @@ void naive_weights_free(naive_weights *w) {
 
 mha_weights naive_weights_view(const naive_weights *w) {
     mha_weights v = {w->w_q, w->w_k, w->w_v, w->w_o, w->b_q,
-                     w->b_k, w->b_v, w->b_o, w->bias_k, w->bias_v};
+                     w->b_k, w->b_v, w->b_o, w->bias_k, w->bias_v, NULL, NULL, NULL, NULL};
     return v;
 }
 

@@ -62,7 +62,7 @@ static mha_layer *seed_layer(const float *w_o, float *w_v, float *w_q, float *w_
     memset(w_v, 0, 16 * sizeof *w_v);
     memcpy(w_v, seed_z1, sizeof seed_z1);
     memcpy(w_v + 2, seed_z2, sizeof seed_z2);
-    mha_weights w = {w_q, w_k, w_v, w_o, NULL, NULL, NULL, NULL, NULL, NULL};
+    mha_weights w = {.w_q = w_q, .w_k = w_k, .w_v = w_v, .w_o = w_o};
     mha_layer *L = NULL;
     CHECK_OK(mha_layer_create(&L, &c, &w));
     return L;
@@ -82,8 +82,8 @@ static void seed_full_layer_trace(void) {
     const float z3[4] = {0.752f, 0.752f, -0.546f, 0.926f};
     CHECK_ARRAY_NEAR(z + 8, z3, 4, 1e-6);
     CHECK_ARRAY_NEAR(y + 8, z3, 4, 1e-6); /* identity W_O */
-    CHECK_OK(mha_layer_set_weights(L, &(mha_weights){wq, wk, wv, seed_wo, NULL, NULL, NULL,
-                                                     NULL, NULL, NULL}));
+    CHECK_OK(mha_layer_set_weights(L, &(mha_weights){.w_q = wq, .w_k = wk, .w_v = wv,
+                                                     .w_o = seed_wo}));
     CHECK_OK(mha_forward(L, y, NULL, seed_x, NULL, 1, 3, 3, &opt));
     CHECK_ARRAY_NEAR(y + 8, seed_y3_lesson, 4, 1e-3);
     mha_layer_free(L);

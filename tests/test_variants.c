@@ -170,8 +170,8 @@ static void variants_extra_keys_by_hand(void) {
         c.bias = 0;
         c.add_zero_attn = mode != 1;
         c.add_bias_kv = mode != 0;
-        mha_weights w = {eye, eye, eye, eye, NULL, NULL, NULL, NULL, mode ? bk : NULL,
-                         mode ? bv : NULL};
+        mha_weights w = {.w_q = eye, .w_k = eye, .w_v = eye, .w_o = eye, .bias_k = mode ? bk : NULL,
+                         .bias_v = mode ? bv : NULL};
         mha_layer *L = NULL;
         CHECK_OK(mha_layer_create(&L, &c, &w));
         if (!L) continue;

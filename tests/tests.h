@@ -9,6 +9,7 @@ const test_case *tests_permute(size_t *count);
 const test_case *tests_heads(size_t *count);
 const test_case *tests_masks(size_t *count);
 const test_case *tests_variants(size_t *count);
+const test_case *tests_modern(size_t *count);
 const test_case *tests_errors(size_t *count);
 const test_case *tests_fast(size_t *count);
 const test_case *tests_kernels(size_t *count);

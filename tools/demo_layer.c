@@ -49,7 +49,8 @@ static int weights_random(demo_weights *w, const mha_config *c, uint64_t seed) {
 }
 
 static mha_weights weights_view(const demo_weights *w) {
-    mha_weights v = {w->w_q, w->w_k, w->w_v, w->w_o, w->b_q, w->b_k, w->b_v, w->b_o, NULL, NULL};
+    mha_weights v = {.w_q = w->w_q, .w_k = w->w_k, .w_v = w->w_v, .w_o = w->w_o,
+                     .b_q = w->b_q, .b_k = w->b_k, .b_v = w->b_v, .b_o = w->b_o};
     return v;
 }
 
@@ -59,6 +60,7 @@ static const char *block_name(mha_block b) {
     case MHA_BLOCK_K: return "W_K column blocks";
     case MHA_BLOCK_V: return "W_V column blocks";
     case MHA_BLOCK_O: return "W_O row blocks";
+    case MHA_BLOCK_S: return "score parameters (ALiBi slopes, sinks)";
     }
     return "?";
 }

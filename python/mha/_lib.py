@@ -80,20 +80,37 @@ INTP = POINTER(c_int)
 OK, E_ARG, E_SHAPE, E_NOMEM, E_CONTRACT, E_NONFINITE, E_IO, E_FORMAT, E_UNSUPPORTED = (
     0, -1, -2, -3, -4, -5, -6, -7, -8)
 
-BLOCKS = {"q": 0, "k": 1, "v": 2, "o": 3}
+BLOCKS = {"q": 0, "k": 1, "v": 2, "o": 3, "s": 4}
+ROPE_PAIRING = {"none": 0, "halves": 1, "interleaved": 2}
+ROPE_SCALING = {"none": 0, "linear": 1, "llama3": 2, "yarn": 3}
+QK_NORM = {"none": 0, "rms": 1, "layer": 2}
 ALIGN = {"top_left": 0, "bottom_right": 1}
 MASKED_ROW = {"zero": 0, "nan": 1}
 HEAD_OP = {"keep": 0, "zero": 1, "scale": 2, "mean": 3, "replace": 4}
 PATHS = {"auto": 0, "reference": 1, "fast": 2}
 
 
+class Rope(Structure):
+    _fields_ = [("pairing", c_int), ("dim", c_int), ("theta", c_double), ("scaling", c_int),
+                ("factor", c_double), ("low_freq_factor", c_double), ("high_freq_factor", c_double),
+                ("original_max_positions", c_int), ("beta_fast", c_double), ("beta_slow", c_double),
+                ("attn_factor", c_double)]
+
+
 class Config(Structure):
     _fields_ = [("d_model", c_int), ("n_heads", c_int), ("n_kv_heads", c_int),
                 ("d_k", c_int), ("d_v", c_int), ("d_kv_in", c_int), ("bias", c_int),
-                ("add_bias_kv", c_int), ("add_zero_attn", c_int), ("d_v_in", c_int)]
+                ("add_bias_kv", c_int), ("add_zero_attn", c_int), ("d_v_in", c_int),
+                ("rope", Rope), ("alibi", c_int), ("softcap", c_float), ("sinks", c_int),
+                ("qk_norm", c_int), ("qk_norm_per_head", c_int), ("qk_norm_eps", c_float)]
 
 
-WEIGHT_NAMES = ("w_q", "w_k", "w_v", "w_o", "b_q", "b_k", "b_v", "b_o", "bias_k", "bias_v")
+# the config fields of the plain layer's shape (the rest are today's variants)
+SHAPE_FIELDS = ("d_model", "n_heads", "n_kv_heads", "d_k", "d_v", "d_kv_in", "bias", "add_bias_kv",
+                "add_zero_attn", "d_v_in")
+
+WEIGHT_NAMES = ("w_q", "w_k", "w_v", "w_o", "b_q", "b_k", "b_v", "b_o", "bias_k", "bias_v",
+                "alibi_slopes", "sinks", "q_norm", "k_norm")
 
 
 class Weights(Structure):
@@ -114,7 +131,7 @@ class Options(Structure):
                 ("keep_mask", Mask), ("additive_mask", Mask),
                 ("key_keep", POINTER(c_uint8)), ("key_additive", F32P),
                 ("masked_row", c_int), ("interventions", POINTER(Intervention)),
-                ("path", c_int)]
+                ("path", c_int), ("positions", POINTER(c_int)), ("key_positions", POINTER(c_int))]
 
 
 class Capture(Structure):
@@ -195,7 +212,7 @@ _sig("mha_layer_from_torch", c_int, POINTER(LayerP), POINTER(TorchWeights))
 _sig("mha_layer_load", c_int, POINTER(LayerP), c_char_p, POINTER(LoadOptions))
 _sig("mha_layer_save", c_int, LayerP, c_char_p)
 
-# ---------------------------------------------- KV cache (src/cache.c)
+# ---------------------------------------------- KV cache (src/cache/cache.c)
 CACHE_F32, CACHE_F16 = 0, 1  # mha_cache_dtype
 CacheP = c_void_p
 _sig("mha_cache_create", c_int, POINTER(CacheP), LayerP, c_int, c_int, c_int, c_int)

@@ -1,4 +1,4 @@
-"""Cache: an mha_cache (KV cache, src/cache.c) with numpy in and out.
+"""Cache: an mha_cache (KV cache, src/cache/cache.c) with numpy in and out.
 
 Legend: B sequences, T new rows per sequence and call, h heads, h_kv kv
 heads, d_k, d_v, d_model. The cache stores only the h_kv kv heads' K and V
@@ -51,10 +51,10 @@ def _config_of(layer_or_config):
     """An mha_config from a Layer or a dict of mha_config fields (missing
     fields 0: the library's defaults)."""
     if isinstance(layer_or_config, Layer):
-        c = layer_or_config.config
-        return _lib.Config(*[c[n] for n, _ in _lib.Config._fields_])
+        c = layer_or_config.config  # sizes need only the shape fields
+        return _lib.Config(*[c[n] for n in _lib.SHAPE_FIELDS])
     if isinstance(layer_or_config, dict):
-        names = [n for n, _ in _lib.Config._fields_]
+        names = list(_lib.SHAPE_FIELDS)
         unknown = set(layer_or_config) - set(names)
         if unknown:
             raise ArgumentError(f"unknown config fields {sorted(unknown)}; expected among {names}")

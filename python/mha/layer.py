@@ -56,6 +56,49 @@ class ContractReport:
                 f"message={self.message!r})")
 
 
+def _rope_struct(rope):
+    """mha_rope from None or a dict: pairing ('halves'|'interleaved'), dim,
+    theta, scaling ('none'|'linear'|'llama3'|'yarn'), factor,
+    low_freq_factor, high_freq_factor, original_max_positions, beta_fast,
+    beta_slow, attn_factor (0 = the library's defaults)."""
+    r = _lib.Rope()
+    if rope is None:
+        return r
+    if not isinstance(rope, dict):
+        raise ArgumentError(f"rope={rope!r}; expected None or a dict with 'pairing' and optional parameters")
+    known = {n for n, _ in _lib.Rope._fields_}
+    unknown = set(rope) - known
+    if unknown:
+        raise ArgumentError(f"rope keys {sorted(unknown)}; expected among {sorted(known)}")
+    for name, ctype in _lib.Rope._fields_:
+        if name not in rope:
+            continue
+        v = rope[name]
+        if name == "pairing":
+            v = _enum("rope.pairing", v, _lib.ROPE_PAIRING)
+        elif name == "scaling":
+            v = _enum("rope.scaling", v, _lib.ROPE_SCALING)
+        elif ctype is ctypes.c_int:
+            v = c_int(f"rope.{name}", v, 0)
+        else:
+            v = c_float(f"rope.{name}", v)
+        setattr(r, name, v)
+    return r
+
+
+def _positions(name, arr, shape):
+    """A C-int (shape) array of token positions; floats, bools and values
+    beyond a C int are refused (the library checks the range)."""
+    a = np.asarray(arr)
+    if not np.issubdtype(a.dtype, np.integer) or a.dtype == np.bool_:
+        raise ArgumentError(f"{name} has dtype {a.dtype}; expected integers")
+    if a.shape != shape:
+        raise ShapeError(f"{name} has shape {a.shape}; expected {shape}")
+    if a.size and (a.min() < -2 ** 31 or a.max() > INT_MAX):
+        raise ArgumentError(f"{name} holds values beyond a C int; expected positions 0..2^30")
+    return np.ascontiguousarray(a, dtype=np.intc)
+
+
 class Layer(COwner):
     """A multi-head attention layer (a copy of the weights lives in C).
 
@@ -76,12 +119,17 @@ class Layer(COwner):
     batch_first = False
 
     def __init__(self, d_model, n_heads, n_kv_heads=0, d_k=0, d_v=0, d_kv_in=0, bias=True,
-                 add_bias_kv=False, add_zero_attn=False, weights=None, d_v_in=0):
+                 add_bias_kv=False, add_zero_attn=False, weights=None, d_v_in=0, *, rope=None,
+                 alibi=False, softcap=0.0, sinks=False, qk_norm="none", qk_norm_per_head=False,
+                 qk_norm_eps=0.0):
         cfg = _lib.Config(c_int("d_model", d_model, 1), c_int("n_heads", n_heads, 1),
                           c_int("n_kv_heads", n_kv_heads, 0), c_int("d_k", d_k, 0), c_int("d_v", d_v, 0),
                           c_int("d_kv_in", d_kv_in, 0), c_flag("bias", bias),
                           c_flag("add_bias_kv", add_bias_kv), c_flag("add_zero_attn", add_zero_attn),
-                          c_int("d_v_in", d_v_in, 0))
+                          c_int("d_v_in", d_v_in, 0), _rope_struct(rope), c_flag("alibi", alibi),
+                          c_float("softcap", softcap), c_flag("sinks", sinks),
+                          _enum("qk_norm", qk_norm, _lib.QK_NORM),
+                          c_flag("qk_norm_per_head", qk_norm_per_head), c_float("qk_norm_eps", qk_norm_eps))
         resolved = _lib.Config()
         check(_L.mha_config_resolve(ctypes.byref(resolved), ctypes.byref(cfg)), "mha_config_resolve")
         handle = _lib.LayerP()
@@ -107,7 +155,12 @@ class Layer(COwner):
         """The resolved mha_config as a dict (no zero defaults left)."""
         with self._borrow() as ptr:
             c = _L.mha_layer_config(ptr).contents
-            return {n: int(getattr(c, n)) for n, _ in _lib.Config._fields_}
+            out = {n: getattr(c, n) for n, _ in _lib.Config._fields_}
+            out["rope"] = {n: getattr(c.rope, n) for n, _ in _lib.Rope._fields_}
+            for field, table in (("pairing", _lib.ROPE_PAIRING), ("scaling", _lib.ROPE_SCALING)):
+                out["rope"][field] = {v: k for k, v in table.items()}[out["rope"][field]]
+            out["qk_norm"] = {v: k for k, v in _lib.QK_NORM.items()}[out["qk_norm"]]
+            return out
 
     def __getattr__(self, name):
         if name in {n for n, _ in _lib.Config._fields_}:
@@ -124,12 +177,22 @@ class Layer(COwner):
     @staticmethod
     def _weight_shapes(c):
         h, g = c.n_heads, c.n_kv_heads
-        return {
+        shapes = {
             "w_q": (c.d_model, h * c.d_k), "w_k": (c.d_kv_in, g * c.d_k),
             "w_v": (c.d_v_in, g * c.d_v), "w_o": (h * c.d_v, c.d_model),
             "b_q": (h * c.d_k,), "b_k": (g * c.d_k,), "b_v": (g * c.d_v,), "b_o": (c.d_model,),
             "bias_k": (g * c.d_k,), "bias_v": (g * c.d_v,),
         }
+        # the variants' tensors exist only when their switch is on
+        if getattr(c, "alibi", 0):
+            shapes["alibi_slopes"] = (h,)
+        if getattr(c, "sinks", 0):
+            shapes["sinks"] = (h,)
+        if getattr(c, "qk_norm", 0) not in (0, "none"):
+            per_head = c.qk_norm_per_head
+            shapes["q_norm"] = (h * c.d_k,) if per_head else (c.d_k,)
+            shapes["k_norm"] = (g * c.d_k,) if per_head else (c.d_k,)
+        return shapes
 
     @classmethod
     def _weights_struct(cls, c, weights):
@@ -141,6 +204,9 @@ class Layer(COwner):
         for name in _lib.WEIGHT_NAMES:
             if weights.get(name) is None:
                 continue  # the library says which missing tensor it needs
+            if name not in shapes:
+                raise ArgumentError(f"weights[{name!r}] is given but the layer's config does not use it; "
+                                    "expected it left out")
             a = floats(name, weights[name])
             if a.size != int(np.prod(shapes[name])) or a.ndim not in (1, len(shapes[name])):
                 raise ShapeError(f"weights[{name!r}] has shape {a.shape}; expected {shapes[name]}")
@@ -175,10 +241,10 @@ class Layer(COwner):
     # ------------------------------------------------ labels, permutation
     def _block_count(self, b):
         c = self.config
-        return c["n_heads"] if b in (0, 3) else c["n_kv_heads"]
+        return c["n_kv_heads"] if b in (1, 2) else c["n_heads"]
 
     def labels(self, block):
-        """Head labels of one block kind: 'q', 'k', 'v' or 'o'."""
+        """Head labels of one block kind: 'q', 'k', 'v', 'o' or 's' (ALiBi slopes, sinks)."""
         b = _block(block)
         n = self._block_count(b)
         arr = (ctypes.c_int * n)()
@@ -230,7 +296,7 @@ class Layer(COwner):
     def _options(self, c, B, T, S, keep, scale=0.0, causal=False, align="top_left",
                  window_left=None, window_right=None, keep_mask=None, additive_mask=None,
                  key_keep=None, key_additive=None, masked_row="zero", interventions=None,
-                 path="auto"):
+                 path="auto", positions=None, key_positions=None):
         """mha_options from keyword arguments; arrays are appended to keep."""
         o = _L.mha_options_default()
         o.scale = c_float("scale", scale)
@@ -265,6 +331,11 @@ class Layer(COwner):
             keep.append(ivs)
             o.interventions = ivs
         o.path = _enum("path", path, _lib.PATHS)
+        for field, arr, shape in (("positions", positions, (B, T)), ("key_positions", key_positions, (B, S))):
+            if arr is not None:
+                a = _positions(field, arr, shape)
+                keep.append(a)
+                setattr(o, field, a.ctypes.data_as(ctypes.POINTER(ctypes.c_int)))
         return o
 
     @staticmethod

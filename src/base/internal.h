@@ -6,6 +6,9 @@
 
 #include "mha.h"
 
+/* Kinds of head blocks that carry labels (mha_block). */
+#define MHA_N_BLOCKS 5
+
 struct mha_fast_state; /* packed weights of the fast path (core/packing.h) */
 struct mha_workspace;  /* scratch kept between forwards (compute/workspace.h) */
 
@@ -21,7 +24,11 @@ struct mha_layer {
     float *b_o;       /* (d_model)                     */
     float *bias_k;    /* (h_kv*d_k), zeros when !add_bias_kv */
     float *bias_v;    /* (h_kv*d_v)                    */
-    int *labels[4];   /* by mha_block: h, h_kv, h_kv, h entries */
+    float *alibi_slopes; /* (h), the default slopes unless given        */
+    float *sinks;     /* (h) sink logits, zeros when !sinks            */
+    float *q_norm;    /* (d_k), or (h*d_k) when qk_norm_per_head; ones when !qk_norm */
+    float *k_norm;    /* (d_k), or (h_kv*d_k)                          */
+    int *labels[MHA_N_BLOCKS]; /* by mha_block: h, h_kv, h_kv, h, h entries */
     struct mha_fast_state *fast; /* NULL until the fast path prepares it */
     struct mha_workspace *ws;    /* the fast path's Q, K, V, Z blocks, kept for
                                     the next call; freed with the layer      */

@@ -19,10 +19,14 @@
 #include <string.h>
 
 #include "cache/cache_internal.h"
+#include "core/variants.h"
 
 /* ------------------------------------------------------- validation */
 
 static mha_status check_cache_layer(const mha_cache *c, const mha_layer *L) {
+    if (mha_variants_any(&L->cfg))
+        return mha_fail(MHA_E_UNSUPPORTED, "mha_forward_cached: the layer uses rope, alibi, softcap, sinks or "
+                        "qk_norm, which the KV cache does not serve yet; expected mha_forward");
     const mha_config *f = &L->cfg;
     if (c->d_model != f->d_model || c->h != f->n_heads || c->h_kv != f->n_kv_heads ||
         c->d_k != f->d_k || c->d_v != f->d_v || f->d_kv_in != f->d_model || f->d_v_in != f->d_model)
@@ -63,6 +67,9 @@ static mha_status check_options(const mha_options *o, const mha_cache *c, int T)
                         "over the cached tokens; use mha_forward for arbitrary masks)",
                         o->keep_mask.data ? "keep_mask" : o->additive_mask.data ? "additive_mask"
                         : o->key_keep ? "key_keep" : "key_additive");
+    if (o->positions || o->key_positions)
+        return mha_fail(MHA_E_UNSUPPORTED, "mha_forward_cached: options.positions is not supported with a KV "
+                        "cache yet; expected NULL");
     /* REPLACE values are (B,T,d_v), as in mha_forward */
     return mha_check_common_options(o, c->h, (size_t)c->B * T, c->d_v);
 }

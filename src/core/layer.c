@@ -7,6 +7,7 @@
 
 #include "compute/workspace.h"
 #include "core/core.h"
+#include "core/variants.h"
 
 /* Largest single dimension accepted; keeps every product well inside size_t
  * and every h*d product inside int. */
@@ -75,60 +76,95 @@ mha_status mha_config_resolve(mha_config *out, const mha_config *in) {
         return mha_fail(MHA_E_ARG, "n_heads*d_k=%lld or n_heads*d_v=%lld is too large; expected <= %d",
                         (long long)c.n_heads * c.d_k, (long long)c.n_heads * c.d_v,
                         MHA_MAX_DIM * 16);
+    if ((s = mha_variants_resolve(&c))) return s;
     *out = c;
     return MHA_OK;
 }
 
 /* ------------------------------------------------------------ weights */
 
-/* Element counts of each weight tensor, by the mha_weights member order. */
+/* The tensors of a layer, by the mha_weights member order. */
+#define N_TENSORS 14
+
+/* Which config switch a tensor belongs to (ALWAYS: every layer has it). */
+typedef enum { ALWAYS, BIAS, BIAS_KV, ALIBI, SINKS, QK_NORM } tensor_owner;
+
 typedef struct {
     const char *name;
     size_t count;
-    int is_bias;     /* 1: b_*, 2: bias_k/bias_v */
+    tensor_owner owner;
 } weight_shape;
 
-static void weight_shapes(const mha_config *c, weight_shape ws[10]) {
+static const char *owner_flag(tensor_owner o) {
+    static const char *f[] = {"", "bias", "add_bias_kv", "alibi", "sinks", "qk_norm"};
+    return f[o];
+}
+
+static int owner_on(const mha_config *c, tensor_owner o) {
+    switch (o) {
+    case ALWAYS: return 1;
+    case BIAS: return c->bias;
+    case BIAS_KV: return c->add_bias_kv;
+    case ALIBI: return c->alibi;
+    case SINKS: return c->sinks;
+    case QK_NORM: return c->qk_norm != MHA_QK_NORM_NONE;
+    }
+    return 0;
+}
+
+static void weight_shapes(const mha_config *c, weight_shape ws[N_TENSORS]) {
     size_t hk = (size_t)c->n_heads * c->d_k, hv = (size_t)c->n_heads * c->d_v;
     size_t gk = (size_t)c->n_kv_heads * c->d_k, gv = (size_t)c->n_kv_heads * c->d_v;
-    weight_shape t[10] = {
-        {"w_q", (size_t)c->d_model * hk, 0}, {"w_k", (size_t)c->d_kv_in * gk, 0},
-        {"w_v", (size_t)c->d_v_in * gv, 0}, {"w_o", hv * (size_t)c->d_model, 0},
-        {"b_q", hk, 1}, {"b_k", gk, 1}, {"b_v", gv, 1}, {"b_o", (size_t)c->d_model, 1},
-        {"bias_k", gk, 2}, {"bias_v", gv, 2},
+    size_t qn = c->qk_norm_per_head ? hk : (size_t)c->d_k, kn = c->qk_norm_per_head ? gk : (size_t)c->d_k;
+    weight_shape t[N_TENSORS] = {
+        {"w_q", (size_t)c->d_model * hk, ALWAYS}, {"w_k", (size_t)c->d_kv_in * gk, ALWAYS},
+        {"w_v", (size_t)c->d_v_in * gv, ALWAYS}, {"w_o", hv * (size_t)c->d_model, ALWAYS},
+        {"b_q", hk, BIAS}, {"b_k", gk, BIAS}, {"b_v", gv, BIAS}, {"b_o", (size_t)c->d_model, BIAS},
+        {"bias_k", gk, BIAS_KV}, {"bias_v", gv, BIAS_KV},
+        {"alibi_slopes", (size_t)c->n_heads, ALIBI}, {"sinks", (size_t)c->n_heads, SINKS},
+        {"q_norm", qn, QK_NORM}, {"k_norm", kn, QK_NORM},
     };
     memcpy(ws, t, sizeof t);
 }
 
 static float **layer_tensor(mha_layer *L, int i) {
-    float **t[10] = {&L->w_q, &L->w_k, &L->w_v, &L->w_o, &L->b_q,
-                     &L->b_k, &L->b_v, &L->b_o, &L->bias_k, &L->bias_v};
+    float **t[N_TENSORS] = {&L->w_q, &L->w_k, &L->w_v, &L->w_o, &L->b_q, &L->b_k, &L->b_v,
+                            &L->b_o, &L->bias_k, &L->bias_v, &L->alibi_slopes, &L->sinks,
+                            &L->q_norm, &L->k_norm};
     return t[i];
 }
 
 static const float *weights_member(const mha_weights *w, int i) {
-    const float *m[10] = {w->w_q, w->w_k, w->w_v, w->w_o, w->b_q,
-                          w->b_k, w->b_v, w->b_o, w->bias_k, w->bias_v};
+    const float *m[N_TENSORS] = {w->w_q, w->w_k, w->w_v, w->w_o, w->b_q, w->b_k, w->b_v,
+                                 w->b_o, w->bias_k, w->bias_v, w->alibi_slopes, w->sinks,
+                                 w->q_norm, w->k_norm};
     return m[i];
+}
+
+/* What a tensor not given holds: the default ALiBi slopes, unit norm
+ * weights, zeros for the rest. */
+static void default_tensor(const mha_config *c, float *dst, const weight_shape *ws, int i) {
+    if (i == 10) /* alibi_slopes */ mha_alibi_default_slopes(dst, c->n_heads);
+    else if (ws->owner == QK_NORM) for (size_t e = 0; e < ws->count; e++) dst[e] = 1.0f;
+    else memset(dst, 0, ws->count * sizeof(float));
 }
 
 /* Validates every source pointer and value before anything is copied, so
  * a failed call leaves the layer as it was. */
 static mha_status validate_weights(const mha_config *c, const mha_weights *w) {
-    weight_shape ws[10];
+    weight_shape ws[N_TENSORS];
     weight_shapes(c, ws);
-    for (int i = 0; i < 10; i++) {
+    for (int i = 0; i < N_TENSORS; i++) {
         const float *src = weights_member(w, i);
-        int wanted = ws[i].is_bias == 0 || (ws[i].is_bias == 1 && c->bias) ||
-                     (ws[i].is_bias == 2 && c->add_bias_kv);
-        if (wanted && !src)
-            return mha_fail(MHA_E_ARG, "weights.%s is NULL; expected %zu floats%s", ws[i].name,
-                            ws[i].count,
-                            ws[i].is_bias == 1 ? " (config.bias=1)"
-                            : ws[i].is_bias == 2 ? " (config.add_bias_kv=1)" : "");
+        int wanted = owner_on(c, ws[i].owner);
+        /* ALiBi slopes may be left NULL: the paper's default */
+        if (wanted && !src && ws[i].owner != ALIBI)
+            return mha_fail(MHA_E_ARG, "weights.%s is NULL; expected %zu floats%s%s%s", ws[i].name,
+                            ws[i].count, ws[i].owner ? " (config." : "", owner_flag(ws[i].owner),
+                            ws[i].owner ? " is set)" : "");
         if (!wanted && src)
-            return mha_fail(MHA_E_ARG, "weights.%s is given but config.%s=0; expected NULL",
-                            ws[i].name, ws[i].is_bias == 1 ? "bias" : "add_bias_kv");
+            return mha_fail(MHA_E_ARG, "weights.%s is given but config.%s is off; expected NULL",
+                            ws[i].name, owner_flag(ws[i].owner));
         if (src) {
             mha_status s = mha_check_finite(src, ws[i].count, ws[i].name);
             if (s) return s;
@@ -138,13 +174,13 @@ static mha_status validate_weights(const mha_config *c, const mha_weights *w) {
 }
 
 static void copy_weights(mha_layer *L, const mha_weights *w) {
-    weight_shape ws[10];
+    weight_shape ws[N_TENSORS];
     weight_shapes(&L->cfg, ws);
-    for (int i = 0; i < 10; i++) {
+    for (int i = 0; i < N_TENSORS; i++) {
         const float *src = w ? weights_member(w, i) : NULL;
         float *dst = *layer_tensor(L, i);
         if (src) memcpy(dst, src, ws[i].count * sizeof(float));
-        else memset(dst, 0, ws[i].count * sizeof(float));
+        else default_tensor(&L->cfg, dst, &ws[i], i);
     }
 }
 
@@ -159,17 +195,17 @@ mha_status mha_layer_create(mha_layer **out, const mha_config *cfg, const mha_we
     mha_layer *L = calloc(1, sizeof *L);
     if (!L) return mha_fail(MHA_E_NOMEM, "mha_layer_create: no memory for the layer");
     L->cfg = c;
-    weight_shape ws[10];
+    weight_shape ws[N_TENSORS];
     weight_shapes(&c, ws);
     int ok = 1;
-    for (int i = 0; i < 10; i++) {
+    for (int i = 0; i < N_TENSORS; i++) {
         *layer_tensor(L, i) = malloc(ws[i].count * sizeof(float));
         ok = ok && *layer_tensor(L, i);
     }
     L->ws = mha_workspace_create();
     ok = ok && L->ws;
-    int counts[4] = {c.n_heads, c.n_kv_heads, c.n_kv_heads, c.n_heads};
-    for (int b = 0; b < 4; b++) {
+    int counts[MHA_N_BLOCKS] = {c.n_heads, c.n_kv_heads, c.n_kv_heads, c.n_heads, c.n_heads};
+    for (int b = 0; b < MHA_N_BLOCKS; b++) {
         L->labels[b] = malloc((size_t)counts[b] * sizeof(int));
         ok = ok && L->labels[b];
         for (int i = 0; ok && i < counts[b]; i++) L->labels[b][i] = i;
@@ -190,8 +226,8 @@ mha_status mha_layer_create(mha_layer **out, const mha_config *cfg, const mha_we
 void mha_layer_free(mha_layer *L) {
     if (!L) return;
     mha_fast_release(L);
-    for (int i = 0; i < 10; i++) free(*layer_tensor(L, i));
-    for (int b = 0; b < 4; b++) free(L->labels[b]);
+    for (int i = 0; i < N_TENSORS; i++) free(*layer_tensor(L, i));
+    for (int b = 0; b < MHA_N_BLOCKS; b++) free(L->labels[b]);
     mha_workspace_free(L->ws);
     free(L);
 }
@@ -217,6 +253,10 @@ void mha_layer_get_weights(const mha_layer *L, mha_weights *v) {
     v->b_o = c->bias ? L->b_o : NULL;
     v->bias_k = c->add_bias_kv ? L->bias_k : NULL;
     v->bias_v = c->add_bias_kv ? L->bias_v : NULL;
+    v->alibi_slopes = c->alibi ? L->alibi_slopes : NULL;
+    v->sinks = c->sinks ? L->sinks : NULL;
+    v->q_norm = c->qk_norm ? L->q_norm : NULL;
+    v->k_norm = c->qk_norm ? L->k_norm : NULL;
 }
 
 const mha_config *mha_layer_config(const mha_layer *L) { return L ? &L->cfg : NULL; }
@@ -224,18 +264,18 @@ const mha_config *mha_layer_config(const mha_layer *L) { return L ? &L->cfg : NU
 /* -------------------------------------------------------------- labels */
 
 static const char *block_name(mha_block b) {
-    static const char *names[4] = {"Q", "K", "V", "O"};
+    static const char *names[MHA_N_BLOCKS] = {"Q", "K", "V", "O", "S"};
     return names[b];
 }
 
 static int block_count(const mha_layer *L, mha_block b) {
-    return (b == MHA_BLOCK_Q || b == MHA_BLOCK_O) ? L->cfg.n_heads : L->cfg.n_kv_heads;
+    return (b == MHA_BLOCK_K || b == MHA_BLOCK_V) ? L->cfg.n_kv_heads : L->cfg.n_heads;
 }
 
 static mha_status check_block(const mha_layer *L, mha_block b, const void *p, const char *fn) {
     if (!L || !p) return mha_fail(MHA_E_ARG, "%s: NULL %s", fn, L ? "array" : "layer");
-    if ((int)b < 0 || (int)b > 3)
-        return mha_fail(MHA_E_ARG, "%s: block=%d; expected MHA_BLOCK_Q, _K, _V or _O", fn, (int)b);
+    if ((int)b < 0 || (int)b >= MHA_N_BLOCKS)
+        return mha_fail(MHA_E_ARG, "%s: block=%d; expected MHA_BLOCK_Q, _K, _V, _O or _S", fn, (int)b);
     return MHA_OK;
 }
 
@@ -311,13 +351,19 @@ static mha_status permute_one(mha_layer *L, mha_block b, const int *perm) {
     mha_status s = MHA_OK;
     switch (b) {
     case MHA_BLOCK_Q:
-        if (!(s = permute_column_blocks(L->w_q, c->d_model, n, c->d_k, perm)))
-            s = permute_column_blocks(L->b_q, 1, n, c->d_k, perm);
+        if (!(s = permute_column_blocks(L->w_q, c->d_model, n, c->d_k, perm)) &&
+            !(s = permute_column_blocks(L->b_q, 1, n, c->d_k, perm)) && c->qk_norm_per_head)
+            s = permute_column_blocks(L->q_norm, 1, n, c->d_k, perm);
         break;
     case MHA_BLOCK_K:
         if (!(s = permute_column_blocks(L->w_k, c->d_kv_in, n, c->d_k, perm)) &&
-            !(s = permute_column_blocks(L->b_k, 1, n, c->d_k, perm)))
-            s = permute_column_blocks(L->bias_k, 1, n, c->d_k, perm);
+            !(s = permute_column_blocks(L->b_k, 1, n, c->d_k, perm)) &&
+            !(s = permute_column_blocks(L->bias_k, 1, n, c->d_k, perm)) && c->qk_norm_per_head)
+            s = permute_column_blocks(L->k_norm, 1, n, c->d_k, perm);
+        break;
+    case MHA_BLOCK_S:
+        if (!(s = permute_column_blocks(L->alibi_slopes, 1, n, 1, perm)))
+            s = permute_column_blocks(L->sinks, 1, n, 1, perm);
         break;
     case MHA_BLOCK_V:
         if (!(s = permute_column_blocks(L->w_v, c->d_v_in, n, c->d_v, perm)) &&
@@ -366,6 +412,7 @@ mha_status mha_layer_permute_heads(mha_layer *L, const int *perm) {
     mha_status s = mha_kv_perm_from_heads(kv_perm, perm, L->cfg.n_heads, L->cfg.n_kv_heads);
     if (s) return s;
     if ((s = permute_one(L, MHA_BLOCK_Q, perm)) || (s = permute_one(L, MHA_BLOCK_O, perm)) ||
+        (s = permute_one(L, MHA_BLOCK_S, perm)) ||
         (s = permute_one(L, MHA_BLOCK_K, kv_perm)) || (s = permute_one(L, MHA_BLOCK_V, kv_perm)))
         return s;
     return mha_fast_prepare(L);

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "core/core.h"
+#include "core/variants.h"
 
 /* Bound on every tensor's element count, far above real use, so that size
  * arithmetic cannot overflow. */
@@ -54,6 +55,7 @@ static mha_status check_options(const mha_config *c, const mha_options *o, int B
                             (size_t)o->additive_mask.batch * o->additive_mask.heads * T * S, "additive_mask")))
         return s;
     if (o->key_additive && (s = check_additive(o->key_additive, (size_t)B * S, "key_additive"))) return s;
+    if ((s = mha_check_positions(c, o, B, T, S))) return s;
     return mha_check_common_options(o, c->n_heads, (size_t)B * T, c->d_v);
 }
 

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/variants.h"
 #include "forward/attention.h"
 
 #define MHA_ATT_BR 48 /* query rows per task, a multiple of MHA_MR */
@@ -21,6 +22,7 @@ typedef struct {
     int *lo, *hi;         /* (BR) allowed original keys [lo, hi] */
     int *tlo, *thi;       /* (BR) the same, relative to the tile */
     float *keyadd;        /* (BC) per-key additive term of a tile (-inf: masked) */
+    int *kpos;            /* (BC) key positions of a tile (ALiBi)          */
 } scratch;
 
 static void *alloc64(size_t bytes) { return aligned_alloc(64, (bytes + 64) / 64 * 64); }
@@ -34,14 +36,15 @@ static int scratch_init(scratch *w, int d_k, int ldv) {
     w->m = alloc64(sizeof(float) * br * 3);
     w->lo = alloc64(sizeof(int) * br * 4);
     w->keyadd = alloc64(sizeof(float) * MHA_ATT_BC);
-    if (!w->q || !w->s || !w->o || !w->m || !w->lo || !w->keyadd) return 0;
+    w->kpos = alloc64(sizeof(int) * MHA_ATT_BC);
+    if (!w->q || !w->s || !w->o || !w->m || !w->lo || !w->keyadd || !w->kpos) return 0;
     w->l = w->m + br, w->alpha = w->m + 2 * br;
     w->hi = w->lo + br, w->tlo = w->lo + 2 * br, w->thi = w->lo + 3 * br;
     return 1;
 }
 
 static void scratch_free(scratch *w) {
-    free(w->q), free(w->s), free(w->o), free(w->m), free(w->lo), free(w->keyadd);
+    free(w->q), free(w->s), free(w->o), free(w->m), free(w->lo), free(w->keyadd), free(w->kpos);
 }
 
 static int has_general_mask(const mha_options *o) {
@@ -86,6 +89,19 @@ static void mask_tile(scratch *w, const mha_attn_args *a, int b, int r, int i0, 
         for (int j = 0; j < nk; j++)
             if (j < lo || j >= hi) srow[j] = -INFINITY;
             else if (keymask) srow[j] += w->keyadd[j];
+    }
+}
+
+/* ALiBi on the tile s (rows, nk) of keys j0..: s -= slope_r |p_i - p_j|,
+ * the distance exact in int (positions <= 2^30). */
+static void alibi_tile(scratch *w, const mha_attn_args *a, int b, int r, int i0, int rows, int j0, int nk) {
+    const mha_options *o = a->opt;
+    const float slope = a->alibi_slopes[r];
+    for (int j = 0; j < nk; j++) w->kpos[j] = mha_key_position(o, a->keys_are_x, b, j0 + j, a->S);
+    for (int i = 0; i < rows; i++) {
+        float *srow = w->s + (size_t)i * MHA_ATT_BC;
+        const int pi = mha_query_position(o, b, i0 + i, a->T);
+        for (int j = 0; j < nk; j++) srow[j] -= slope * (float)abs(pi - w->kpos[j]);
     }
 }
 
@@ -138,6 +154,8 @@ static void attend_task(const mha_attn_args *a, const mha_kernels *k, scratch *w
         k->attn_scores(w->s, MHA_ATT_BC, w->q, kt + (size_t)(j0 / 16) * d_k * 16, d_k, rows6,
                        (nc + 15) / 16);
         const int extra = clampi(S - j0, 0, nc); /* tile columns >= extra are extra keys */
+        if (c->softcap != 0.0f) mha_attn_softcap_get(k)(w->s, MHA_ATT_BC, c->softcap, rows6, nc);
+        if (c->alibi) alibi_tile(w, a, b, r, i0, rows, j0, nc);
         int bounded = 0;
         for (int i = 0; i < rows6; i++) {
             w->tlo[i] = clampi(w->lo[i] - j0, -1, nc);
@@ -154,8 +172,11 @@ static void attend_task(const mha_attn_args *a, const mha_kernels *k, scratch *w
         k->attn_pv(w->o, ldv, w->s, MHA_ATT_BC, v + (size_t)j0 * ldv, ldv, w->alpha, rows6, nc, ldv);
     }
 
-    // --- Z^(r) = o / l into position-major Z; a row with no key: 0 or NaN
+    // --- Z^(r) = o / l into position-major Z; a row with no key: 0 or NaN;
+    //     a sink adds exp(sink_r - m) to the sum of a row that has keys
     const float fill = o->masked_row == MHA_MASKED_ROW_NAN ? NAN : 0.0f;
+    for (int i = 0; c->sinks && i < rows; i++)
+        if (w->l[i] != 0.0f) w->l[i] += expf(a->sinks[r] - w->m[i]);
     for (int i = 0; i < rows; i++) {
         float *zrow = a->z + ((size_t)b * T + i0 + i) * h * d_v + (size_t)r * d_v;
         const float *orow = w->o + (size_t)i * ldv;

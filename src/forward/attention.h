@@ -21,9 +21,14 @@ typedef struct {
     float scale;
     int q_head_major; /* 1: q is (B,h,T,d_k) instead: each head's rows are
                          contiguous, which the query tiles read 5x faster */
+    /* today's variants (cfg->softcap, cfg->alibi, cfg->sinks say which) */
+    const float *alibi_slopes; /* (h) */
+    const float *sinks;        /* (h) */
+    int keys_are_x;            /* key positions default to the queries'    */
 } mha_attn_args;
 
-/* Z^(r) = softmax(scale * Q^(r) K^(g)^T + mask) V^(g) for every (b, r):
+/* Z^(r) = softmax(softcap(scale * Q^(r) K^(g)^T) + alibi + mask, sink) V^(g)
+ * for every (b, r) (q and k already normalized and rotated):
  * tiles of query rows against tiles of keys with an online softmax, no
  * (T, S) buffer unless probs is requested; key tiles that causal/window
  * masks exclude entirely are skipped. Rows with no allowed key get 0 or

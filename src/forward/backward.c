@@ -2,6 +2,7 @@
  * validation plus dy and the gradient outputs), then run the reference.
  * Legend: B, T, S, h, h_kv, d_k, d_v, d_model, d_kv_in, d_v_in (see mha.h). */
 #include "forward/backward.h"
+#include "core/variants.h"
 
 /* A gradient the call has no tensor for is refused, so a forgotten flag or
  * an aliased source is caught instead of silently left unwritten. */
@@ -38,6 +39,9 @@ mha_status mha_backward_kv(const mha_layer *L, const mha_gradients *g, const flo
     if (s || (s = mha_check_finite(dy, (size_t)B * T * L->cfg.d_model, "dy")) ||
         (s = check_wanted(&L->cfg, g, x, k_src, v_src)))
         return s;
+    if (mha_variants_any(&L->cfg))
+        return mha_fail(MHA_E_UNSUPPORTED, "mha_backward: the layer uses rope, alibi, softcap, sinks or "
+                        "qk_norm, which have no backward yet; expected a layer without them");
     if (opt->path == MHA_PATH_FAST)
         return mha_fail(MHA_E_UNSUPPORTED, "mha_backward: path=MHA_PATH_FAST has no backward yet; expected MHA_PATH_AUTO or _REFERENCE");
     mha_clear_error();

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "compute/workspace.h"
+#include "core/variants.h"
 #include "forward/attention.h"
 #include "forward/forward.h"
 
@@ -96,6 +97,63 @@ static mha_status project(const fast_plan *p, const mha_layer *L, const float *x
     if (f->split_v) g = (mha_gemm_args){dst + 2, v_src, (size_t)dvin, B * S, &f->v, 0, 1, 0, dvin, 1};
     else g = (mha_gemm_args){dst + 2, v_src, (size_t)kin, B * S, pk, k_sec + 1, k_sec + 2, 0, kin, 1};
     return mha_gemm(&g, kern, nt);
+}
+
+// --- variants on q and k: QK-norm, then RoPE from a table of the call's positions
+static mha_status transform_qk(const fast_plan *p, const mha_layer *L, const mha_options *opt, int keys_are_x,
+                               int nt) {
+    const mha_config *c = p->c;
+    const int B = p->B, T = p->T, S = p->S, h = c->n_heads, h_kv = c->n_kv_heads, d_k = c->d_k;
+    const int rope = c->rope.pairing != MHA_ROPE_NONE, norm = c->qk_norm != MHA_QK_NORM_NONE;
+    if (!rope && !norm) return MHA_OK;
+    /* table rows: positions 0..max(T,S)-1, or each row's own position
+       (queries rows 0..B*T-1, keys after them) when positions are given */
+    const int explicit_pos = opt->positions || opt->key_positions;
+    const int n_tab = explicit_pos ? B * (T + S) : (T > S ? T : S);
+    int *pos = explicit_pos ? malloc(sizeof(int) * (size_t)n_tab) : NULL;
+    if (explicit_pos && !pos) return mha_fail(MHA_E_NOMEM, "fast path: no memory for the positions");
+    for (int b = 0; pos && b < B; b++) {
+        for (int t = 0; t < T; t++) pos[(size_t)b * T + t] = mha_query_position(opt, b, t, T);
+        for (int j = 0; j < S; j++) pos[(size_t)B * T + (size_t)b * S + j] = mha_key_position(opt, keys_are_x, b, j, S);
+    }
+    float *tab = rope ? mha_rope_table(c, pos, n_tab) : NULL;
+    if (rope && !tab) {
+        free(pos);
+        return mha_fail(MHA_E_NOMEM, "fast path: no memory for the rotary table (%d positions)", n_tab);
+    }
+    /* tab_row of row t of batch b: b*T + t (keys: B*T + b*S + j) or t */
+    int *rows = malloc(sizeof(int) * (size_t)(T > S ? T : S) * 2 * (size_t)(explicit_pos ? B : 1));
+    if (!rows) {
+        free(pos), free(tab);
+        return mha_fail(MHA_E_NOMEM, "fast path: no memory for the rotary rows");
+    }
+    const size_t per_b = (size_t)(T > S ? T : S) * 2;
+    for (int b = 0; b < (explicit_pos ? B : 1); b++)
+        for (int t = 0; t < (T > S ? T : S); t++) {
+            rows[b * per_b + t] = explicit_pos ? b * T + t : t;
+            rows[b * per_b + per_b / 2 + t] = explicit_pos ? B * T + b * S + t : t;
+        }
+    const long nq = (long)B * h, nk = (long)B * h_kv;
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (long u = 0; u < nq + nk; u++) {
+        const int key = u >= nq;
+        const long bh = key ? u - nq : u;
+        const int b = (int)(bh / (key ? h_kv : h)), head = (int)(bh % (key ? h_kv : h));
+        const float *nw = !norm ? NULL : (key ? L->k_norm : L->q_norm) + (c->qk_norm_per_head ? (size_t)head * d_k : 0);
+        const int *tr = rows + (explicit_pos ? b * per_b : 0) + (key ? per_b / 2 : 0);
+        if (!key) { /* (B,h,T,d_k): contiguous rows */
+            mha_head_rows hr = {p->q + (size_t)bh * T * d_k, (size_t)d_k, 1};
+            mha_qk_transform(c, hr, T, nw, tab, n_tab, tr);
+            continue;
+        }
+        float *kb = p->kt + (size_t)bh * p->S_pad * d_k; /* (S_pad/16, d_k, 16) panels */
+        for (int j0 = 0; j0 < S; j0 += 16) {
+            mha_head_rows hr = {kb + (size_t)(j0 / 16) * d_k * 16, 1, 16};
+            mha_qk_transform(c, hr, S - j0 < 16 ? S - j0 : 16, nw, tab, n_tab, tr + j0);
+        }
+    }
+    free(pos), free(tab), free(rows);
+    return MHA_OK;
 }
 
 /* Largest L2 norm of the keys in one (S_pad/16, d_k, 16) panel block. */
@@ -197,11 +255,14 @@ mha_status mha_forward_fast(const mha_exec *ex, const mha_layer *L, float *y, co
     mha_status s = plan(&p, L, cap, B, T, S, opt);
     if (s) goto done;
     fill_padding(&p, L);
-    if ((s = project(&p, L, x, k_src, v_src, kern, nt)) || (s = check_range(&p, nt))) goto done;
+    if ((s = project(&p, L, x, k_src, v_src, kern, nt)) || (s = transform_qk(&p, L, opt, k_src == x, nt)) ||
+        (s = check_range(&p, nt)))
+        goto done;
 
     // --- attend: Z^(r) = softmax(scale Q^(r) K^(g)^T + mask) V^(g), into Z
     const mha_attn_args att = {
         p.c, opt, p.q, p.kt, p.v, p.z, cap ? cap->probs : NULL, B, T, S, p.S_tot, p.S_pad, p.ldv, p.scale, 1,
+        L->alibi_slopes, L->sinks, k_src == x,
     };
     if ((s = mha_attention(&att, kern, nt))) goto done;
 

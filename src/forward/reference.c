@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/variants.h"
 #include "forward/forward.h"
 
 void mha_linear_double(double *out, const float *in, const float *w, const float *b, size_t rows,
@@ -42,6 +43,52 @@ static void intervene_double(double *z, const mha_intervention *iv, int r, int h
     }
 }
 
+/* QK-norm of one head row x (d) with weight w: RMSNorm x / sqrt(mean x^2 + eps) w,
+ * or LayerNorm (x - mean) / sqrt(var + eps) w. */
+static void norm_double(double *x, int d, const float *w, mha_qk_norm kind, double eps) {
+    double mean = 0.0, var = 0.0;
+    if (kind == MHA_QK_NORM_LAYER) {
+        for (int e = 0; e < d; e++) mean += x[e];
+        mean /= d;
+    }
+    for (int e = 0; e < d; e++) var += (x[e] - mean) * (x[e] - mean);
+    var /= d;
+    for (int e = 0; e < d; e++) x[e] = (x[e] - mean) / sqrt(var + eps) * w[e];
+}
+
+/* RoPE of one head row x at position pos: pair i (dims i, i + r/2 for
+ * halves; 2i, 2i+1 interleaved) rotated by the angle pos * inv_freq[i],
+ * scaled by mscale (YaRN); dims >= r untouched. */
+static void rope_double(double *x, const mha_config *c, const double *inv_freq, double mscale, int pos) {
+    const int half = c->rope.dim / 2;
+    for (int i = 0; i < half; i++) {
+        const int ia = c->rope.pairing == MHA_ROPE_HALVES ? i : 2 * i;
+        const int ib = c->rope.pairing == MHA_ROPE_HALVES ? i + half : 2 * i + 1;
+        const double a = x[ia], b = x[ib], ang = pos * inv_freq[i];
+        x[ia] = (a * cos(ang) - b * sin(ang)) * mscale;
+        x[ib] = (b * cos(ang) + a * sin(ang)) * mscale;
+    }
+}
+
+/* Norm then RoPE of every head of the rows (B, n, heads*d_k) of one
+ * projection; pos_of(b, t) gives a row's position. */
+static void transform_heads(double *m, const mha_config *c, int B, int n, int heads, const float *w,
+                            const mha_options *opt, int keys, int keys_are_x, int T) {
+    const int d = c->d_k, half = c->rope.dim / 2;
+    double inv_freq[half > 0 ? half : 1], mscale = 1.0;
+    if (c->rope.pairing != MHA_ROPE_NONE) mha_rope_frequencies(inv_freq, &mscale, c);
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < n; t++)
+            for (int r = 0; r < heads; r++) {
+                double *x = m + (((size_t)b * n + t) * heads + r) * d;
+                if (c->qk_norm != MHA_QK_NORM_NONE)
+                    norm_double(x, d, w + (c->qk_norm_per_head ? (size_t)r * d : 0), c->qk_norm, c->qk_norm_eps);
+                if (c->rope.pairing == MHA_ROPE_NONE) continue;
+                const int pos = keys ? mha_key_position(opt, keys_are_x, b, t, n) : mha_query_position(opt, b, t, T);
+                rope_double(x, c, inv_freq, mscale, pos);
+            }
+}
+
 mha_status mha_forward_reference(const mha_layer *L, float *y, const mha_capture *cap, const float *x,
                                  const float *k_src, const float *v_src, int B, int T, int S,
                                  const mha_options *opt) {
@@ -75,7 +122,11 @@ mha_status mha_forward_reference(const mha_layer *L, float *y, const mha_capture
         }
     }
 
-    // --- attention: Z^(r) = softmax(scale * Q^(r) K^(g)^T + mask) V^(g)
+    // --- today's variants on q and k: QK-norm, then RoPE (extra keys never coexist with them)
+    transform_heads(q, c, B, T, h, L->q_norm, opt, 0, k_src == x, T);
+    transform_heads(k, c, B, S, h_kv, L->k_norm, opt, 1, k_src == x, T);
+
+    // --- attention: Z^(r) = softmax(softcap(scale * Q^(r) K^(g)^T) + alibi + mask, sink) V^(g)
     for (int b = 0; b < B; b++)
         for (int r = 0; r < h; r++) {
             const int g = mha_kv_head(c, r);
@@ -90,7 +141,12 @@ mha_status mha_forward_reference(const mha_layer *L, float *y, const mha_capture
                     const double *kj = k + ((size_t)b * Sx + j) * kw + (size_t)g * d_k;
                     double dot = 0.0;
                     for (int e = 0; e < d_k; e++) dot += qi[e] * kj[e];
-                    score[j] = scale * dot + add;
+                    score[j] = scale * dot;
+                    if (c->softcap != 0.0f) score[j] = c->softcap * tanh(score[j] / c->softcap);
+                    if (c->alibi) /* -slope_r * |p_i - p_j| */
+                        score[j] -= L->alibi_slopes[r] * fabs((double)mha_query_position(opt, b, i, T) -
+                                                              mha_key_position(opt, k_src == x, b, j, S));
+                    score[j] += add;
                     if (score[j] > max) max = score[j];
                 }
                 float *prow = cap && cap->probs ? cap->probs + (((size_t)b * h + r) * T + i) * Sx : NULL;
@@ -100,7 +156,9 @@ mha_status mha_forward_reference(const mha_layer *L, float *y, const mha_capture
                     for (int j = 0; prow && j < Sx; j++) prow[j] = (float)fill;
                     continue;
                 }
-                double sum = 0.0;
+                /* a sink joins the denominator: exp(sink_r) with no value */
+                if (c->sinks && L->sinks[r] > max) max = L->sinks[r];
+                double sum = c->sinks ? exp(L->sinks[r] - max) : 0.0;
                 for (int j = 0; j < Sx; j++) {
                     score[j] = allowed[j] ? exp(score[j] - max) : 0.0;
                     sum += score[j];

@@ -285,8 +285,9 @@ static mha_status staged_create(mha_layer **out, staged *st, const mha_tensors *
     mha_config c;
     mha_status s = mha_config_resolve(&c, &st->cfg);
     if (s) return s;
-    mha_weights w = {st->w[S_WQ], st->w[S_WK], st->w[S_WV], st->w[S_WO], st->w[S_BQ],
-                     st->w[S_BK], st->w[S_BV], st->w[S_BO], st->w[S_BIASK], st->w[S_BIASV]};
+    mha_weights w = {.w_q = st->w[S_WQ], .w_k = st->w[S_WK], .w_v = st->w[S_WV], .w_o = st->w[S_WO],
+                     .b_q = st->w[S_BQ], .b_k = st->w[S_BK], .b_v = st->w[S_BV], .b_o = st->w[S_BO],
+                     .bias_k = st->w[S_BIASK], .bias_v = st->w[S_BIASV]};
     if (!c.bias) w.b_q = w.b_k = w.b_v = w.b_o = NULL;
     if (!c.add_bias_kv) w.bias_k = w.bias_v = NULL;
     if ((s = mha_layer_create(out, &c, &w))) return s;

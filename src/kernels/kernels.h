@@ -51,6 +51,11 @@ typedef struct mha_kernels {
     /* y = exp(x), n floats (used by tests; the softmax inlines it). */
     void (*vexp)(float *y, const float *x, size_t n);
 
+    /* Logit soft-capping in place: s (rows, cols) <- cap tanh(s / cap);
+     * s has room for cols rounded up to 16 (padding may be touched).
+     * NULL in a table means the scalar one (mha_attn_softcap_get). */
+    void (*attn_softcap)(float *s, size_t lds, float cap, int rows, int cols);
+
     /* The projection driver's register tile, tile_rows (a multiple of 6)
      * x 16*tile_panels; NULL: the driver uses sgemm_6x16 on 6 x 16.
      * c (m, n) = a b [+ bias], m <= tile_rows, n <= 16*tile_panels: a is
@@ -61,6 +66,9 @@ typedef struct mha_kernels {
     void (*sgemm_tile)(float *c, size_t ldc, const float *a, size_t a_ps, const float *b,
                        size_t b_ps, const float *bias, int K, int m, int n);
 } mha_kernels;
+
+/* The softcap kernel of table k, the scalar one when k has none. */
+void (*mha_attn_softcap_get(const mha_kernels *k))(float *, size_t, float, int, int);
 
 extern const mha_kernels mha_kernels_scalar;
 extern const mha_kernels mha_kernels_avx2;
@@ -78,6 +86,7 @@ void mha_attn_softmax_avx2(float *s, size_t lds, float *m, float *l, float *alph
 void mha_attn_pv_avx2(float *o, size_t ldo, const float *p, size_t ldp, const float *v,
                       size_t ldv, const float *alpha, int rows, int nk, int dv16);
 void mha_vexp_avx2(float *y, const float *x, size_t n);
+void mha_attn_softcap_avx2(float *s, size_t lds, float cap, int rows, int cols);
 
 /* The avx512 table's entries (avx512_*.c); call them only after
  * mha_cpu_has_avx512(). */

@@ -67,6 +67,15 @@ static void vexp_scalar(float *y, const float *x, size_t n) {
     for (size_t i = 0; i < n; i++) y[i] = expf(x[i]);
 }
 
+static void softcap_scalar(float *s, size_t lds, float cap, int rows, int cols) {
+    for (int i = 0; i < rows; i++)
+        for (int j = 0; j < cols; j++) s[(size_t)i * lds + j] = cap * tanhf(s[(size_t)i * lds + j] / cap);
+}
+
+void (*mha_attn_softcap_get(const mha_kernels *k))(float *, size_t, float, int, int) {
+    return k->attn_softcap ? k->attn_softcap : softcap_scalar;
+}
+
 const mha_kernels mha_kernels_scalar = {
-    "scalar", sgemm_scalar_6x16, scores_scalar, softmax_scalar, pv_scalar, vexp_scalar, 6, 1, NULL,
+    "scalar", sgemm_scalar_6x16, scores_scalar, softmax_scalar, pv_scalar, vexp_scalar, softcap_scalar, 6, 1, NULL,
 };

@@ -1,0 +1,211 @@
+/* variants.c — configuration rules, ALiBi default slopes, RoPE frequencies
+ * and the fp32 q/k transform of today's attention variants (variants.h).
+ * Legend: h heads, d_k, r = rope.dim rotated dims (pairs i < r/2). */
+#include <math.h>
+#include <stdlib.h>
+
+#include "core/variants.h"
+
+int mha_variants_any(const mha_config *c) {
+    return c->rope.pairing != MHA_ROPE_NONE || c->alibi || c->softcap != 0.0f || c->sinks ||
+           c->qk_norm != MHA_QK_NORM_NONE;
+}
+
+static mha_status check_positive(const char *name, double v) {
+    if (!(v > 0.0) || !isfinite(v))
+        return mha_fail(MHA_E_ARG, "%s=%g; expected a finite number > 0", name, v);
+    return MHA_OK;
+}
+
+static mha_status resolve_rope(mha_config *c) {
+    mha_rope *r = &c->rope;
+    if ((int)r->pairing < MHA_ROPE_NONE || (int)r->pairing > MHA_ROPE_INTERLEAVED)
+        return mha_fail(MHA_E_ARG, "rope.pairing=%d; expected MHA_ROPE_NONE, _HALVES or _INTERLEAVED", (int)r->pairing);
+    if (r->pairing == MHA_ROPE_NONE) {
+        if (r->dim || r->theta != 0.0 || r->scaling || r->factor != 0.0 || r->low_freq_factor != 0.0 ||
+            r->high_freq_factor != 0.0 || r->original_max_positions || r->beta_fast != 0.0 ||
+            r->beta_slow != 0.0 || r->attn_factor != 0.0)
+            return mha_fail(MHA_E_ARG, "rope parameters are set but rope.pairing is MHA_ROPE_NONE; "
+                            "expected a pairing (halves or interleaved) or all rope fields 0");
+        return MHA_OK;
+    }
+    if (r->dim == 0) r->dim = c->d_k;
+    if (r->dim < 2 || r->dim > c->d_k || r->dim % 2)
+        return mha_fail(MHA_E_ARG, "rope.dim=%d; expected an even number in 2..d_k=%d (0 means d_k)", r->dim, c->d_k);
+    if (r->theta == 0.0) r->theta = 10000.0;
+    mha_status s;
+    if ((s = check_positive("rope.theta", r->theta))) return s;
+    if ((int)r->scaling < MHA_ROPE_SCALE_NONE || (int)r->scaling > MHA_ROPE_SCALE_YARN)
+        return mha_fail(MHA_E_ARG, "rope.scaling=%d; expected none, linear, llama3 or yarn", (int)r->scaling);
+    if (r->scaling == MHA_ROPE_SCALE_NONE) {
+        if (r->factor != 0.0 && r->factor != 1.0)
+            return mha_fail(MHA_E_ARG, "rope.factor=%g without a rope.scaling; expected a scaling "
+                            "(linear, llama3, yarn) or factor 0", r->factor);
+        return MHA_OK;
+    }
+    if (!(r->factor >= 1.0) || !isfinite(r->factor))
+        return mha_fail(MHA_E_ARG, "rope.factor=%g; expected a finite number >= 1 for the scaling", r->factor);
+    if (r->scaling == MHA_ROPE_SCALE_LINEAR) return MHA_OK;
+    if (r->original_max_positions < 1)
+        return mha_fail(MHA_E_ARG, "rope.original_max_positions=%d; expected the pre-training context "
+                        "length (>= 1) for llama3 and yarn scaling", r->original_max_positions);
+    if (r->scaling == MHA_ROPE_SCALE_LLAMA3) {
+        if (r->low_freq_factor == 0.0) r->low_freq_factor = 1.0;
+        if (r->high_freq_factor == 0.0) r->high_freq_factor = 4.0;
+        if ((s = check_positive("rope.low_freq_factor", r->low_freq_factor))) return s;
+        if (!(r->high_freq_factor > r->low_freq_factor) || !isfinite(r->high_freq_factor))
+            return mha_fail(MHA_E_ARG, "rope.high_freq_factor=%g; expected finite and > low_freq_factor=%g",
+                            r->high_freq_factor, r->low_freq_factor);
+        return MHA_OK;
+    }
+    if (r->beta_fast == 0.0) r->beta_fast = 32.0;
+    if (r->beta_slow == 0.0) r->beta_slow = 1.0;
+    if (r->attn_factor == 0.0) r->attn_factor = 0.1 * log(r->factor) + 1.0;
+    if ((s = check_positive("rope.beta_slow", r->beta_slow)) || (s = check_positive("rope.attn_factor", r->attn_factor)))
+        return s;
+    if (!(r->beta_fast > r->beta_slow) || !isfinite(r->beta_fast))
+        return mha_fail(MHA_E_ARG, "rope.beta_fast=%g; expected finite and > beta_slow=%g", r->beta_fast, r->beta_slow);
+    return MHA_OK;
+}
+
+mha_status mha_variants_resolve(mha_config *c) {
+    mha_status s = resolve_rope(c);
+    if (s) return s;
+    if (c->alibi != 0 && c->alibi != 1) return mha_fail(MHA_E_ARG, "alibi=%d; expected 0 or 1", c->alibi);
+    if (c->sinks != 0 && c->sinks != 1) return mha_fail(MHA_E_ARG, "sinks=%d; expected 0 or 1", c->sinks);
+    if (!(c->softcap >= 0.0f) || !isfinite(c->softcap))
+        return mha_fail(MHA_E_ARG, "softcap=%g; expected 0 (none) or a finite cap > 0", (double)c->softcap);
+    if ((int)c->qk_norm < MHA_QK_NORM_NONE || (int)c->qk_norm > MHA_QK_NORM_LAYER)
+        return mha_fail(MHA_E_ARG, "qk_norm=%d; expected MHA_QK_NORM_NONE, _RMS or _LAYER", (int)c->qk_norm);
+    if (c->qk_norm_per_head != 0 && c->qk_norm_per_head != 1)
+        return mha_fail(MHA_E_ARG, "qk_norm_per_head=%d; expected 0 or 1", c->qk_norm_per_head);
+    if (c->qk_norm == MHA_QK_NORM_NONE && (c->qk_norm_per_head || c->qk_norm_eps != 0.0f))
+        return mha_fail(MHA_E_ARG, "qk_norm_per_head/qk_norm_eps set without qk_norm; expected qk_norm RMS or LAYER");
+    if (c->qk_norm != MHA_QK_NORM_NONE) {
+        if (c->qk_norm_eps == 0.0f) c->qk_norm_eps = 1e-6f;
+        if ((s = check_positive("qk_norm_eps", c->qk_norm_eps))) return s;
+    }
+    if (mha_variants_any(c) && (c->add_bias_kv || c->add_zero_attn))
+        return mha_fail(MHA_E_ARG, "add_bias_kv/add_zero_attn with rope, alibi, softcap, sinks or qk_norm; "
+                        "expected PyTorch's extra keys only with the plain layer (they have no position)");
+    return MHA_OK;
+}
+
+void mha_alibi_default_slopes(float *slopes, int n) {
+    int p = 1;
+    while (p * 2 <= n) p *= 2;
+    for (int r = 0; r < p; r++) slopes[r] = (float)exp2(-8.0 * (r + 1) / p);
+    /* the rest: slopes 1, 3, 5, ... (0-based odd) of the 2p-head sequence */
+    for (int r = p; r < n; r++) slopes[r] = (float)exp2(-8.0 * (2 * (r - p) + 1) / (2 * p));
+}
+
+void mha_rope_frequencies(double *inv_freq, double *mscale, const mha_config *c) {
+    const mha_rope *rp = &c->rope;
+    const int r = rp->dim, half = r / 2;
+    *mscale = 1.0;
+    for (int i = 0; i < half; i++) inv_freq[i] = pow(rp->theta, -2.0 * i / r);
+    switch (rp->scaling) {
+    case MHA_ROPE_SCALE_NONE: break;
+    case MHA_ROPE_SCALE_LINEAR: /* position / factor */
+        for (int i = 0; i < half; i++) inv_freq[i] /= rp->factor;
+        break;
+    case MHA_ROPE_SCALE_LLAMA3: { /* by wavelength: short kept, long / factor, a blend between */
+        const double L = rp->original_max_positions;
+        const double lo_wl = L / rp->low_freq_factor, hi_wl = L / rp->high_freq_factor;
+        for (int i = 0; i < half; i++) {
+            const double wl = 2.0 * M_PI / inv_freq[i];
+            if (wl < hi_wl) continue;
+            if (wl > lo_wl) { inv_freq[i] /= rp->factor; continue; }
+            const double smooth = (L / wl - rp->low_freq_factor) / (rp->high_freq_factor - rp->low_freq_factor);
+            inv_freq[i] = (1.0 - smooth) * inv_freq[i] / rp->factor + smooth * inv_freq[i];
+        }
+        break;
+    }
+    case MHA_ROPE_SCALE_YARN: { /* ramp over the dims whose rotations in L fall in [beta_slow, beta_fast] */
+        const double L = rp->original_max_positions;
+        /* the dim index at which a frequency turns `rot` times over L */
+        #define YARN_DIM(rot) (r * log(L / ((rot) * 2.0 * M_PI)) / (2.0 * log(rp->theta)))
+        double lo = floor(YARN_DIM(rp->beta_fast)), hi = ceil(YARN_DIM(rp->beta_slow));
+        #undef YARN_DIM
+        if (lo < 0) lo = 0;
+        if (hi > r - 1) hi = r - 1;
+        if (lo == hi) hi += 0.001;
+        for (int i = 0; i < half; i++) {
+            double ramp = (i - lo) / (hi - lo);
+            ramp = ramp < 0 ? 0 : ramp > 1 ? 1 : ramp;
+            const double keep = 1.0 - ramp; /* 1: extrapolate (high frequency), 0: interpolate */
+            inv_freq[i] = inv_freq[i] / rp->factor * (1.0 - keep) + inv_freq[i] * keep;
+        }
+        *mscale = rp->attn_factor;
+        break;
+    }
+    }
+}
+
+float *mha_rope_table(const mha_config *c, const int *pos, int n) {
+    const int half = c->rope.dim / 2;
+    double inv_freq[half > 0 ? half : 1], mscale;
+    mha_rope_frequencies(inv_freq, &mscale, c);
+    float *tab = malloc(sizeof(float) * 2 * (size_t)n * half + 1); /* cos (n, r/2) | sin (n, r/2) */
+    if (!tab) return NULL;
+    for (int t = 0; t < n; t++)
+        for (int i = 0; i < half; i++) {
+            const double a = (double)(pos ? pos[t] : t) * inv_freq[i];
+            tab[(size_t)t * half + i] = (float)(cos(a) * mscale);
+            tab[((size_t)n + t) * half + i] = (float)(sin(a) * mscale);
+        }
+    return tab;
+}
+
+/* x (d_k, stride st) <- norm(x) * w, accumulating in double. */
+static void norm_row(float *x, size_t st, int d, const float *w, mha_qk_norm kind, float eps) {
+    double mean = 0.0, sq = 0.0;
+    if (kind == MHA_QK_NORM_LAYER) {
+        for (int e = 0; e < d; e++) mean += x[e * st];
+        mean /= d;
+    }
+    for (int e = 0; e < d; e++) sq += ((double)x[e * st] - mean) * ((double)x[e * st] - mean);
+    const double inv = 1.0 / sqrt(sq / d + eps);
+    for (int e = 0; e < d; e++) x[e * st] = (float)(((double)x[e * st] - mean) * inv) * w[e];
+}
+
+void mha_qk_transform(const mha_config *c, mha_head_rows rows, int n, const float *w,
+                      const float *table, int tab_n, const int *tab_row) {
+    const int half = c->rope.dim / 2, d = c->d_k;
+    const size_t st = rows.elt_stride;
+    /* halves pair dims i and i + r/2; interleaved 2i and 2i+1 */
+    const size_t a_step = c->rope.pairing == MHA_ROPE_INTERLEAVED ? 2 : 1;
+    const size_t b_off = c->rope.pairing == MHA_ROPE_INTERLEAVED ? 1 : (size_t)half;
+    for (int t = 0; t < n; t++) {
+        float *x = rows.x + (size_t)t * rows.row_stride;
+        if (w) norm_row(x, st, d, w, c->qk_norm, c->qk_norm_eps);
+        if (!table) continue;
+        const size_t tr = (size_t)(tab_row ? tab_row[t] : t);
+        const float *cs = table + tr * half, *sn = table + ((size_t)tab_n + tr) * half;
+        for (int i = 0; i < half; i++) {
+            float *pa = x + i * a_step * st, *pb = x + (i * a_step + b_off) * st;
+            const float a = *pa, b = *pb;
+            *pa = a * cs[i] - b * sn[i];
+            *pb = b * cs[i] + a * sn[i];
+        }
+    }
+}
+
+static mha_status check_position_array(const int *p, size_t n, const char *name) {
+    for (size_t i = 0; i < n; i++)
+        if (p[i] < 0 || p[i] > MHA_MAX_POSITION)
+            return mha_fail(MHA_E_ARG, "options.%s[%zu]=%d; expected a position in 0..%d", name, i, p[i],
+                            MHA_MAX_POSITION);
+    return MHA_OK;
+}
+
+mha_status mha_check_positions(const mha_config *c, const mha_options *o, int B, int T, int S) {
+    if (!o->positions && !o->key_positions) return MHA_OK;
+    if (c->rope.pairing == MHA_ROPE_NONE && !c->alibi)
+        return mha_fail(MHA_E_ARG, "options.positions/key_positions given but the layer has neither rope "
+                        "nor alibi; expected NULL");
+    mha_status s = MHA_OK;
+    if (o->positions) s = check_position_array(o->positions, (size_t)B * T, "positions");
+    if (!s && o->key_positions) s = check_position_array(o->key_positions, (size_t)B * S, "key_positions");
+    return s;
+}

@@ -1,0 +1,64 @@
+/* variants.h — today's attention variants (mha.h "configuration"): their
+ * configuration rules, the ALiBi default slopes, the RoPE frequencies and
+ * the fp32 q/k transform (QK-norm, then RoPE) the fast and cached paths
+ * apply once after their projections.
+ * Legend: h heads, h_kv kv heads, d_k, r = rope.dim rotated dims. */
+#ifndef MHA_CORE_VARIANTS_H
+#define MHA_CORE_VARIANTS_H
+
+#include "base/internal.h"
+
+/* Fills the variants' defaults into *c (rope.dim, theta, factors, eps) and
+ * validates them against the resolved widths. */
+mha_status mha_variants_resolve(mha_config *c);
+
+/* 1 when any variant is on (rope, alibi, softcap, sinks, qk_norm). */
+int mha_variants_any(const mha_config *c);
+
+/* The paper's ALiBi slopes for n heads into slopes (n): for n a power of
+ * two 2^(-8(r+1)/n); else the n' = 2^floor(log2 n) slopes of n', then the
+ * 1st, 3rd, 5th, ... slopes of 2n', 2^(-4(2k+1)/n'), until n are filled. */
+void mha_alibi_default_slopes(float *slopes, int n);
+
+/* The rotation frequency of each pair i < r/2 (inv_freq (r/2)) after the
+ * config's scaling, and the factor cos/sin are multiplied by (1 but for
+ * YaRN). The one statement of the scaling formulas, in double. */
+void mha_rope_frequencies(double *inv_freq, double *mscale, const mha_config *c);
+
+/* Element (t, e) of a head row block is x[t*row_stride + e*elt_stride]. */
+typedef struct {
+    float *x;
+    size_t row_stride, elt_stride;
+} mha_head_rows;
+
+/* cos and sin of pos * inv_freq times mscale for n positions: (n, r/2)
+ * each; pos NULL means positions 0..n-1. NULL when out of memory. */
+float *mha_rope_table(const mha_config *c, const int *pos, int n);
+
+/* In place on n rows of one head (d_k wide): norm with weight w (d_k;
+ * NULL: no norm) then RoPE with table rows tab_row[t] (NULL: rows 0..n-1)
+ * of the table for tab_n positions (NULL table: no RoPE). */
+void mha_qk_transform(const mha_config *c, mha_head_rows rows, int n, const float *w,
+                      const float *table, int tab_n, const int *tab_row);
+
+#endif /* MHA_CORE_VARIANTS_H */
+
+/* Largest position accepted in options.positions (angles stay exact in
+ * double, distances in int). */
+#define MHA_MAX_POSITION (1 << 30)
+
+/* Position of query i of batch b: options.positions or i. */
+static inline int mha_query_position(const mha_options *o, int b, int i, int T) {
+    return o->positions ? o->positions[(size_t)b * T + i] : i;
+}
+/* Position of key j of batch b: options.key_positions, else the query
+ * positions when the keys are x (keys_are_x), else j. */
+static inline int mha_key_position(const mha_options *o, int keys_are_x, int b, int j, int S) {
+    if (o->key_positions) return o->key_positions[(size_t)b * S + j];
+    return keys_are_x && o->positions ? o->positions[(size_t)b * S + j] : j;
+}
+
+/* Checks options.positions (B,T) and key_positions (B,S) (NULL: fine):
+ * 0 <= p <= MHA_MAX_POSITION, and given only for a layer with rope or
+ * alibi. */
+mha_status mha_check_positions(const mha_config *c, const mha_options *o, int B, int T, int S);

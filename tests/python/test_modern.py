@@ -1,0 +1,186 @@
+"""Today's attention variants against PyTorch code written from each model
+family's published formulas: Hugging Face Llama's rotate_half (GQA, theta
+500000), GPT-J's rotate_every_two (partial rotary), BLOOM's ALiBi slope rule
+and its bias slope * key position, Gemma 2's soft-cap, gpt-oss's sink
+column, and Qwen 3's per-head RMSNorm of q and k. Each is a full forward of
+the binding (reference and fast paths) against float64 torch."""
+import math
+
+import numpy as np
+import pytest
+
+from conftest import TORCH_SKIP_REASON, torch
+
+if torch is None:
+    pytest.skip(TORCH_SKIP_REASON, allow_module_level=True)
+
+import mha  # noqa: E402
+
+B, T, D = 2, 13, 32
+
+
+def rotate_half(x):  # Hugging Face Llama / GPT-NeoX
+    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def rotate_every_two(x):  # GPT-J
+    x1, x2 = x[..., ::2], x[..., 1::2]
+    return torch.stack((-x2, x1), dim=-1).flatten(-2)
+
+
+def apply_rope(x, pos, dim, theta, interleaved):
+    """x (B,heads,T,d_k); the first dim dims rotated at positions pos (B,T)."""
+    inv_freq = 1.0 / theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+    freqs = pos[:, None, :, None].double() * inv_freq  # (B,1,T,dim/2)
+    if interleaved:
+        emb = freqs.repeat_interleave(2, dim=-1)
+        rot = rotate_every_two
+    else:
+        emb = torch.cat((freqs, freqs), dim=-1)
+        rot = rotate_half
+    xr, xp = x[..., :dim], x[..., dim:]
+    return torch.cat((xr * emb.cos() + rot(xr) * emb.sin(), xp), dim=-1)
+
+
+def alibi_slopes(n):  # the ALiBi paper's rule, as BLOOM computes it
+    def power_of_2(n):
+        start = 2 ** (-(2 ** -(math.log2(n) - 3)))
+        return [start * start ** i for i in range(n)]
+    if math.log2(n).is_integer():
+        return power_of_2(n)
+    p = 2 ** math.floor(math.log2(n))
+    return power_of_2(p) + alibi_slopes(2 * p)[0::2][: n - p]
+
+
+def rms_norm(x, w, eps):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+def torch_attention(w, x, h, h_kv, d_k, pos=None, rope=None, slopes=None, softcap=0.0, sinks=None,
+                    qk_norm=None):
+    """Causal self-attention in float64. w: (in, out) weights as mha stores them."""
+    t = {k: torch.tensor(v, dtype=torch.float64) for k, v in w.items()}
+    x = torch.tensor(x, dtype=torch.float64)
+    Bn, Tn, _ = x.shape
+    q = (x @ t["w_q"]).view(Bn, Tn, h, d_k).transpose(1, 2)
+    k = (x @ t["w_k"]).view(Bn, Tn, h_kv, d_k).transpose(1, 2)
+    v = (x @ t["w_v"]).view(Bn, Tn, h_kv, -1).transpose(1, 2)
+    if qk_norm is not None:  # Qwen 3: RMSNorm over each head's d_k, one weight shared by the heads
+        q, k = rms_norm(q, t["q_norm"], qk_norm), rms_norm(k, t["k_norm"], qk_norm)
+    pos = torch.arange(Tn).expand(Bn, Tn) if pos is None else torch.tensor(pos)
+    if rope is not None:
+        q = apply_rope(q, pos, *rope)
+        k = apply_rope(k, pos, *rope)
+    k = k.repeat_interleave(h // h_kv, dim=1)
+    v = v.repeat_interleave(h // h_kv, dim=1)
+    s = q @ k.transpose(-1, -2) / math.sqrt(d_k)
+    if softcap:  # Gemma 2
+        s = softcap * torch.tanh(s / softcap)
+    if slopes is not None:  # BLOOM: + slope * key position (a constant per row apart)
+        s = s + torch.tensor(slopes, dtype=torch.float64)[None, :, None, None] * pos[:, None, None, :].double()
+    s = s.masked_fill(torch.ones(Tn, Tn, dtype=torch.bool).triu(1), float("-inf"))
+    if sinks is not None:  # gpt-oss: a sink column joins the softmax and is dropped
+        col = torch.tensor(sinks, dtype=torch.float64)[None, :, None, None].expand(Bn, h, Tn, 1)
+        p = torch.softmax(torch.cat((s, col), dim=-1), dim=-1)[..., :-1]
+    else:
+        p = torch.softmax(s, dim=-1)
+    z = (p @ v).transpose(1, 2).reshape(Bn, Tn, -1)
+    return (z @ t["w_o"]).numpy()
+
+
+def random_weights(rng, h, h_kv, d_k, **extra):
+    w = {"w_q": rng.uniform(-0.4, 0.4, (D, h * d_k)), "w_k": rng.uniform(-0.4, 0.4, (D, h_kv * d_k)),
+         "w_v": rng.uniform(-0.4, 0.4, (D, h_kv * d_k)), "w_o": rng.uniform(-0.4, 0.4, (h * d_k, D))}
+    w.update(extra)
+    return {k: np.asarray(v, dtype=np.float32) for k, v in w.items()}
+
+
+def check_paths(layer, x, want, **options):
+    for path in ("reference", "fast"):
+        y = layer.forward(x, causal=True, path=path, **options)
+        np.testing.assert_allclose(y, want, atol=2e-5, err_msg=path)
+
+
+def test_llama_style_gqa_rope_halves():
+    rng = np.random.default_rng(1)
+    w = random_weights(rng, 4, 2, 8)
+    layer = mha.Layer(D, 4, n_kv_heads=2, d_k=8, bias=False, weights=w,
+                      rope={"pairing": "halves", "theta": 500000})
+    x = rng.uniform(-1, 1, (B, T, D)).astype(np.float32)
+    check_paths(layer, x, torch_attention(w, x, 4, 2, 8, rope=(8, 500000.0, False)))
+    pos = (np.arange(T)[None, :] * 2 + np.array([[0], [100]])).astype(np.int32)  # offset sequences
+    check_paths(layer, x, torch_attention(w, x, 4, 2, 8, pos=pos, rope=(8, 500000.0, False)), positions=pos)
+    # the other pairing is a different function: the test can tell them apart
+    other = mha.Layer(D, 4, n_kv_heads=2, d_k=8, bias=False, weights=w,
+                      rope={"pairing": "interleaved", "theta": 500000})
+    assert np.abs(other.forward(x, causal=True) - torch_attention(w, x, 4, 2, 8, rope=(8, 500000.0, False))).max() > 1e-3
+
+
+def test_gptj_style_partial_interleaved():
+    rng = np.random.default_rng(2)
+    w = random_weights(rng, 4, 4, 8)
+    layer = mha.Layer(D, 4, d_k=8, bias=False, weights=w, rope={"pairing": "interleaved", "dim": 4})
+    x = rng.uniform(-1, 1, (B, T, D)).astype(np.float32)
+    check_paths(layer, x, torch_attention(w, x, 4, 4, 8, rope=(4, 10000.0, True)))
+
+
+@pytest.mark.parametrize("h", [4, 6, 12])
+def test_bloom_style_alibi(h):
+    rng = np.random.default_rng(3 + h)
+    d_k = 4
+    w = random_weights(rng, h, h, d_k)
+    layer = mha.Layer(D, h, d_k=d_k, bias=False, weights=w, alibi=True)
+    np.testing.assert_allclose(layer.weights()["alibi_slopes"], alibi_slopes(h), rtol=1e-7)
+    x = rng.uniform(-1, 1, (B, T, D)).astype(np.float32)
+    check_paths(layer, x, torch_attention(w, x, h, h, d_k, slopes=alibi_slopes(h)))
+
+
+def test_gemma2_softcap_and_gpt_oss_sinks():
+    rng = np.random.default_rng(4)
+    sinks = rng.uniform(-1, 2, 4).astype(np.float32)
+    w = random_weights(rng, 4, 2, 8, sinks=sinks)
+    x = rng.uniform(-2, 2, (B, T, D)).astype(np.float32)
+    layer = mha.Layer(D, 4, n_kv_heads=2, d_k=8, bias=False, weights=w, softcap=0.7, sinks=True)
+    check_paths(layer, x, torch_attention(w, x, 4, 2, 8, softcap=0.7, sinks=sinks))
+    plain = {k: v for k, v in w.items() if k != "sinks"}
+    capped = mha.Layer(D, 4, n_kv_heads=2, d_k=8, bias=False, weights=plain, softcap=0.7)
+    check_paths(capped, x, torch_attention(w, x, 4, 2, 8, softcap=0.7))
+
+
+def test_qwen3_style_qk_rmsnorm_with_rope():
+    rng = np.random.default_rng(5)
+    w = random_weights(rng, 4, 2, 8, q_norm=rng.uniform(0.5, 1.5, 8), k_norm=rng.uniform(0.5, 1.5, 8))
+    layer = mha.Layer(D, 4, n_kv_heads=2, d_k=8, bias=False, weights=w, qk_norm="rms", qk_norm_eps=1e-6,
+                      rope={"pairing": "halves", "theta": 1000000})
+    x = rng.uniform(-1, 1, (B, T, D)).astype(np.float32)
+    check_paths(layer, x, torch_attention(w, x, 4, 2, 8, rope=(8, 1000000.0, False), qk_norm=1e-6))
+
+
+def test_permuted_heads_keep_y_and_s_labels_travel():
+    rng = np.random.default_rng(6)
+    w = random_weights(rng, 4, 4, 8, sinks=rng.uniform(-1, 1, 4))
+    layer = mha.Layer(D, 4, d_k=8, bias=False, weights=w, alibi=True, sinks=True,
+                      rope={"pairing": "halves"})
+    x = rng.uniform(-1, 1, (B, T, D)).astype(np.float32)
+    y0 = layer.forward(x, causal=True)
+    layer.permute_heads([3, 1, 0, 2])
+    np.testing.assert_allclose(layer.forward(x, causal=True), y0, atol=1e-5)
+    assert layer.labels("s") == [3, 1, 0, 2]
+
+
+def test_strict_arguments():
+    with pytest.raises(mha.ArgumentError, match="rope keys"):
+        mha.Layer(D, 4, rope={"pairing": "halves", "base": 10000})
+    with pytest.raises(mha.ArgumentError, match="pairing"):
+        mha.Layer(D, 4, rope={"pairing": "sideways"})
+    with pytest.raises(mha.ArgumentError, match="qk_norm"):
+        mha.Layer(D, 4, qk_norm="batch")
+    layer = mha.Layer(D, 4, rope={"pairing": "halves"})
+    x = np.zeros((1, 3, D), dtype=np.float32)
+    with pytest.raises(mha.ArgumentError, match="dtype"):
+        layer.forward(x, positions=np.zeros((1, 3)))
+    with pytest.raises(mha.ShapeError, match="positions"):
+        layer.forward(x, positions=np.zeros((1, 4), dtype=np.int32))
+    with pytest.raises(mha.MhaError, match="positions"):
+        layer.forward(x, positions=np.array([[0, -1, 2]]))
