@@ -52,7 +52,9 @@ $(LIB_OBJ): VISIBILITY = -fvisibility=hidden
 # Kernel files named avx2*.c are the only ones built with AVX2/FMA/F16C;
 # kernels/dispatch.c picks them at run time after checking CPUID.
 AVX2_OBJ = $(filter $(BUILD)/src/kernels/avx2%,$(LIB_OBJ))
+AVX512_OBJ = $(filter $(BUILD)/src/kernels/avx512%,$(LIB_OBJ))
 $(AVX2_OBJ): CFLAGS += -mavx2 -mfma -mf16c
+$(AVX512_OBJ): CFLAGS += -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -mf16c
 
 $(BUILD)/libmha.a: $(LIB_OBJ)
 	@rm -f $@
@@ -180,7 +182,7 @@ test-install: $(SETUP_TEST)
 # Then forward + backward with B=1, T=16384 (causal): peak RSS below 2x the
 # tensors that must exist, gradients and weights' gradients included.
 test-memory: $(BUILD)/test_mha
-	MHA_TEST_MEMORY_T=32768 ./$(BUILD)/test_mha fast_memory_peak
+	MHA_TEST_ISA=auto MHA_TEST_MEMORY_T=32768 ./$(BUILD)/test_mha fast_memory_peak
 	MHA_TEST_MEMORY_T=16384 ./$(BUILD)/test_mha backward_memory_peak
 
 # Coverage-guided fuzzing of the .npy and safetensors readers, the layout

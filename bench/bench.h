@@ -66,6 +66,8 @@ typedef struct {
     int threads;
     int blas;       /* 1: time OpenBLAS sgemm on the projection shapes       */
     int mha;        /* 1: time mha_forward and the fast path's parts         */
+    const char *dump; /* non-NULL: write weights, inputs and mha_forward's
+                         output there as raw float32 (for the ORT peer)  */
 } bench_prefill_cfg;
 
 int bench_prefill(const bench_prefill_cfg *c);

@@ -6,6 +6,7 @@
  *   bench_mha prefill --name P1 --B 4 --T 512 [--S 2048 (cross-attention)]
  *                     --d 768 --h 12 [--causal] [--reps 7] [--budget 20]
  *                     [--mha-only | --gemm-only (OpenBLAS sgemm alone)]
+ *                     [--dump DIR (weights, inputs, output as raw float32)]
  *
  * OpenBLAS's thread pool starts when the binary loads and its idle threads
  * compete with libmha's OpenMP threads on 2 cores (a 5-step decode ran
@@ -30,7 +31,7 @@ static void usage(void) {
             "  common:  --threads N (default 2)\n"
             "  machine: --fma-iters N --stream-mib 64,256,1024\n"
             "  prefill: --name NAME --B --T [--S] --d --h [--causal] [--reps] [--budget]\n"
-            "           [--mha-only | --gemm-only]\n"
+            "           [--mha-only | --gemm-only] [--dump DIR]\n"
             "  decode:  --d --h --h-kv --d-head --L [--B] [--fp16] [--steps]\n");
     exit(2);
 }
@@ -86,7 +87,7 @@ static int cmd_machine(int argc, char **argv, int threads) {
 }
 
 static int cmd_prefill(int argc, char **argv, int threads) {
-    bench_prefill_cfg c = {"custom", 1, 0, 0, 0, 0, 0, 0, 7, 20.0, threads, 1, 1};
+    bench_prefill_cfg c = {"custom", 1, 0, 0, 0, 0, 0, 0, 7, 20.0, threads, 1, 1, NULL};
     for (int i = 2; i < argc; i++) {
         if (!strcmp(argv[i], "--threads")) c.threads = opt_int(argc, argv, &i);
         else if (!strcmp(argv[i], "--name")) c.name = opt_value(argc, argv, &i);
@@ -100,6 +101,7 @@ static int cmd_prefill(int argc, char **argv, int threads) {
         else if (!strcmp(argv[i], "--budget")) c.budget = opt_int(argc, argv, &i);
         else if (!strcmp(argv[i], "--gemm-only")) c.mha = 0;
         else if (!strcmp(argv[i], "--mha-only")) c.blas = 0;
+        else if (!strcmp(argv[i], "--dump")) c.dump = opt_value(argc, argv, &i);
         else usage();
     }
     if (c.B < 1 || c.T < 1 || c.d_model < 1 || c.h < 1 || (c.cross && c.S < 1)) usage();

@@ -132,6 +132,35 @@ static void bench_forward(const bench_prefill_cfg *c, const mha_weights *w, cons
 
 }
 
+/* ------------------------------------------------- dump for the ORT peer */
+
+/* dir/name.f32: n raw little-endian float32 values; 0 on success. */
+static int dump_floats(const char *dir, const char *name, const float *p, size_t n) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s.f32", dir, name);
+    FILE *f = fopen(path, "wb");
+    if (!f) return 1;
+    size_t wrote = fwrite(p, sizeof(float), n, f);
+    return (fclose(f) != 0) | (wrote != n);
+}
+
+/* The weights, x (kv) and mha_forward's y of this configuration, so that
+ * bench/peer_ort.py builds its ONNX models from the same numbers and
+ * checks ORT's output against libmha's before timing it. */
+static void dump_case(const bench_prefill_cfg *c, const mha_weights *w, const float *x,
+                      const float *kv, const float *y) {
+    const size_t d = (size_t)c->d_model, dd = d * d, S = c->cross ? c->S : c->T;
+    int bad = dump_floats(c->dump, "w_q", w->w_q, dd) | dump_floats(c->dump, "w_k", w->w_k, dd) |
+              dump_floats(c->dump, "w_v", w->w_v, dd) | dump_floats(c->dump, "w_o", w->w_o, dd) |
+              dump_floats(c->dump, "b_q", w->b_q, d) | dump_floats(c->dump, "b_k", w->b_k, d) |
+              dump_floats(c->dump, "b_v", w->b_v, d) | dump_floats(c->dump, "b_o", w->b_o, d) |
+              dump_floats(c->dump, "x", x, (size_t)c->B * c->T * d) |
+              dump_floats(c->dump, "y", y, (size_t)c->B * c->T * d);
+    if (kv) bad |= dump_floats(c->dump, "kv", kv, (size_t)c->B * S * d);
+    printf("RESULT kind=dump name=%s dir=%s ok=%d\n", c->name, c->dump, !bad);
+    fflush(stdout);
+}
+
 /* --------------------------------------------------------------- main */
 
 int bench_prefill(const bench_prefill_cfg *c) {
@@ -159,6 +188,7 @@ int bench_prefill(const bench_prefill_cfg *c) {
     if (kv) bench_fill(kv, (size_t)c->B * S * d, &seed, -1.0f, 1.0f);
 
     if (c->mha) bench_forward(c, &w, x, kv, y);
+    if (c->mha && c->dump) dump_case(c, &w, x, kv, y);
 
     if (c->blas && c->cross) {
         bench_sgemm(c, "q", c->B * c->T, d, d, &seed);

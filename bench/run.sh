@@ -1,6 +1,6 @@
 #!/bin/sh
 # bench/run.sh — what `make bench` runs: every configuration, libmha and its
-# peers (PyTorch, OpenBLAS) in the same run on the same number of threads,
+# peers (PyTorch, ONNX Runtime, OpenBLAS) in the same run on the same number of threads,
 # then bench/report.py prints the tables and writes bench/RESULTS.md.
 #
 #   sh bench/run.sh            full run (issue 3 prefill, issue 5 decode)
@@ -184,8 +184,14 @@ for name in P1 P2 P3; do
   eval "flags=\$$name"
   round=1
   while [ $round -le $rounds ]; do
+    # the first round also dumps weights, inputs and libmha's output for ORT
+    dump=""; [ $round -eq 1 ] && dump="--dump $out/ort-$name" && mkdir -p "$out/ort-$name"
     # shellcheck disable=SC2086
-    run $solo "$bin" prefill --name $name $flags --reps $reps --budget $budget --threads $threads --mha-only
+    run $solo "$bin" prefill --name $name $flags --reps $reps --budget $budget --threads $threads --mha-only $dump
+    # ONNX Runtime on models built from the dump (checked against libmha first)
+    # shellcheck disable=SC2086
+    run "$py" bench/peer_ort.py --dir "$out/ort-$name" --name $name $flags \
+        --reps $reps --budget $budget --threads $threads
     # shellcheck disable=SC2086
     run env -u OMP_WAIT_POLICY "$py" bench/peer_torch.py --threads $threads prefill --name $name $flags \
         --reps $reps --budget $budget
@@ -201,6 +207,12 @@ for name in P1 P2 P3; do
   # shellcheck disable=SC2086
   run env OPENBLAS_CORETYPE=Haswell "$bin" prefill --name $name $flags --reps $reps --budget $budget \
       --threads $threads --gemm-only
+  # and its AVX-512 kernels (0.3.21 picks old ones on CPUs it does not know)
+  if grep -q avx512f /proc/cpuinfo; then
+    # shellcheck disable=SC2086
+    run env OPENBLAS_CORETYPE=SkylakeX "$bin" prefill --name $name $flags --reps $reps --budget $budget \
+        --threads $threads --gemm-only
+  fi
 done
 
 # ---------------------------------------------------- decode (issue 5)
@@ -229,7 +241,7 @@ done
 # d_model=768, h=12, against the tensors it must hold.
 if [ "$mode" = full ]; then
   ${MAKE:-make} -s --no-print-directory build/test_mha || exit 1
-  run env MHA_TEST_MEMORY_T=32768 build/test_mha fast_memory_peak
+  run env MHA_TEST_ISA=auto MHA_TEST_MEMORY_T=32768 build/test_mha fast_memory_peak
 fi
 
 # The FMA peak again at the end: the spread shows how noisy the machine was.

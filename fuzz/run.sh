@@ -33,7 +33,10 @@ objs=""
 for f in $(ls src/*.c src/*/*.c); do
     o="$out/obj/$(echo "$f" | tr / _).o"
     isa=""
-    case "$f" in src/kernels/avx2*) isa="-mavx2 -mfma -mf16c" ;; esac
+    case "$f" in
+        src/kernels/avx2*) isa="-mavx2 -mfma -mf16c" ;;
+        src/kernels/avx512*) isa="-mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -mf16c" ;;
+    esac
     [ "$o" -nt "$f" ] && [ "$o" -nt "$newest_h" ] || "$CLANG" $(echo "$flags" | sed 's/fuzzer,/fuzzer-no-link,/') -fopenmp $isa \
         '-D__builtin_cpu_supports(feature)=0' -c "$f" -o "$o"
     objs="$objs $o"

@@ -378,7 +378,7 @@ MHA_API mha_status mha_attention_merge(float *z, float *lse, const float *const 
 /* ---------------------------------------------------- execution context */
 
 /* How calls run, chosen per call instead of per process: the thread count
- * and the kernels ("avx2", "scalar", "reference" = the oracle under
+ * and the kernels ("avx512", "avx2", "scalar", "reference" = the oracle under
  * MHA_PATH_AUTO; NULL = the default). Without a context (the plain entry
  * points, or ctx NULL) the defaults apply: mha_set_num_threads, then
  * MHA_KERNELS in the environment (read at every call), then the best
@@ -393,7 +393,7 @@ MHA_API void mha_context_free(mha_context *ctx);
 MHA_API mha_status mha_context_set_num_threads(mha_context *ctx, int n);
 /* MHA_E_ARG for an unknown name or kernels this machine cannot run. */
 MHA_API mha_status mha_context_set_kernels(mha_context *ctx, const char *name);
-/* The kernels calls with ctx (NULL: the defaults) run now: "avx2",
+/* The kernels calls with ctx (NULL: the defaults) run now: "avx512", "avx2",
  * "scalar", "reference"; NULL when MHA_KERNELS holds an invalid value. */
 MHA_API const char *mha_context_kernels(const mha_context *ctx);
 /* mha_forward_kv run as ctx says (ctx may be NULL: the defaults). */

@@ -6,7 +6,7 @@
 set -e
 core="gcc make libc6-dev libjansson-dev libpng-dev zlib1g-dev pkg-config"
 mpi="$core openmpi-bin libopenmpi-dev"
-test="$mpi python3 python3-numpy python3-pytest python3-torch python3-pip python3-setuptools python3-wheel libopenblas-dev clang libomp-dev gcovr"
+test="$mpi python3 python3-numpy python3-pytest python3-torch python3-pip python3-setuptools python3-wheel libopenblas-dev clang libomp-dev gcovr python3-onnx nodejs"
 case "${1:-core}" in
   core) want="$core" ;;
   mpi) want="$mpi" ;;
@@ -35,4 +35,16 @@ install $want
 if [ "${1:-core}" = test ]; then
   major=$(clang -dumpversion | cut -d. -f1)
   install "libclang-rt-$major-dev"
+fi
+# ONNX Runtime, the benchmark's peer: the npm package (CPU runtime inside),
+# pinned in bench/ort/package.json; --ignore-scripts because its install
+# script only downloads GPU parts (and fails offline). npm comes with some
+# nodejs builds; Debian packages it apart.
+if [ "${1:-core}" = test ]; then
+  command -v npm >/dev/null 2>&1 || install npm
+  here=$(dirname "$0")/..
+  if [ ! -d "$here/bench/ort/node_modules/onnxruntime-node" ]; then
+    echo "setup.sh: npm install onnxruntime-node into bench/ort/node_modules"
+    npm install --prefix "$here/bench/ort" --ignore-scripts --no-audit --no-fund
+  fi
 fi

@@ -181,10 +181,9 @@ static void test_kernels_env_every_path(void) {
     const char *old = getenv("MHA_KERNELS");
     char *saved = old ? strdup(old) : NULL;
     check_every_path("scalar", &mha_kernels_scalar, &mha_decode_kernels_scalar);
-    if (mha_cpu_has_avx2()) {
-        check_every_path(NULL, &mha_kernels_avx2, &mha_decode_kernels_avx2);
-        check_every_path("avx2", &mha_kernels_avx2, &mha_decode_kernels_avx2);
-    }
+    check_every_path(NULL, mha_isa_best()->prefill, mha_isa_best()->decode);
+    if (mha_cpu_has_avx2()) check_every_path("avx2", &mha_kernels_avx2, &mha_decode_kernels_avx2);
+    if (mha_cpu_has_avx512()) check_every_path("avx512", &mha_kernels_avx512, &mha_decode_kernels_avx512);
     /* an unknown value fails every entry by name */
     naive_weights w;
     mha_layer *L = make_layer(8, &w);

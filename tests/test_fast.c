@@ -345,17 +345,9 @@ static void run_random(int first, int n) {
     for (int i = first; i < first + n; i++) random_case(i);
 }
 
-static void test_fast_random_avx2(void) {
-    if (!mha_cpu_has_avx2()) SKIP(TEST_SKIP_ISA, "avx2", "the library finds no AVX2+FMA on this CPU");
-    mha_kernels_force(&mha_kernels_avx2);
-    run_random(0, 70);
-    mha_kernels_force(NULL);
-}
-
-static void test_fast_random_scalar(void) {
-    mha_kernels_force(&mha_kernels_scalar);
-    run_random(0, 30);
-    mha_kernels_force(NULL);
+/* On the table the runner forced (test_main.c runs this area once per ISA). */
+static void test_fast_random(void) {
+    run_random(0, mha_kernels_get() == &mha_kernels_scalar ? 30 : 70);
 }
 
 /* ------------------------------------------------------ extreme inputs */
@@ -595,18 +587,7 @@ static void run_value_source_cases(void) {
     }
 }
 
-static void test_fast_value_source_avx2(void) {
-    if (!mha_cpu_has_avx2()) SKIP(TEST_SKIP_ISA, "avx2", "the library finds no AVX2+FMA on this CPU");
-    mha_kernels_force(&mha_kernels_avx2);
-    run_value_source_cases();
-    mha_kernels_force(NULL);
-}
-
-static void test_fast_value_source_scalar(void) {
-    mha_kernels_force(&mha_kernels_scalar);
-    run_value_source_cases();
-    mha_kernels_force(NULL);
-}
+static void test_fast_value_source(void) { run_value_source_cases(); }
 
 /* ------------------------------------------------------------- memory */
 
@@ -645,8 +626,7 @@ static void test_fast_memory_peak(void) {
 }
 
 static const test_case cases[] = {
-    {"fast_random_avx2", test_fast_random_avx2},
-    {"fast_random_scalar", test_fast_random_scalar},
+    {"fast_random", test_fast_random},
     {"fast_huge_logits", test_fast_huge_logits},
     {"fast_all_masked_rows", test_fast_all_masked_rows},
     {"fast_single_key", test_fast_single_key},
@@ -654,8 +634,7 @@ static const test_case cases[] = {
     {"fast_interval_masks_every_kernel", test_fast_interval_masks_every_kernel},
     {"fast_threads_bit_identical", test_fast_threads_bit_identical},
     {"fast_after_permute", test_fast_after_permute},
-    {"fast_value_source_avx2", test_fast_value_source_avx2},
-    {"fast_value_source_scalar", test_fast_value_source_scalar},
+    {"fast_value_source", test_fast_value_source},
     {"fast_memory_peak", test_fast_memory_peak},
 };
 

@@ -1,8 +1,8 @@
 /* test_kernels.c — the micro-kernels against plain loops: the 6x16 GEMM
  * tile at every edge size and stride, the packed-projection driver with
  * each output layout, and the vector exp's ulp error against exp() in
- * double over the range the softmax uses. Both kernel tables are tested
- * (avx2 only where the CPU has it).
+ * double over the range the softmax uses. Every kernel table is tested
+ * (avx2 and avx512 only where the CPU has them).
  * Legend: m x n tile (<= 6 x 16), K inner size, M rows, N columns. */
 #include <float.h>
 #include <math.h>
@@ -15,11 +15,12 @@
 #include "test_util.h"
 #include "tests.h"
 
-static const mha_kernels *tables[2];
+static const mha_kernels *tables[3];
 static int n_tables(void) {
     int n = 0;
     tables[n++] = &mha_kernels_scalar;
     if (mha_cpu_has_avx2()) tables[n++] = &mha_kernels_avx2;
+    if (mha_cpu_has_avx512()) tables[n++] = &mha_kernels_avx512;
     return n;
 }
 

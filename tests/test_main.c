@@ -8,6 +8,7 @@
 #include <string.h>
 #include <sys/resource.h>
 
+#include "kernels/kernels.h"
 #include "test_util.h"
 #include "tests.h"
 
@@ -28,12 +29,25 @@ static const test_area_fn areas[] = {
     tests_cache,
     tests_layout_errors,
     tests_io_api,
+    tests_isa,
     tests_concurrency,
     tests_overflow,
     tests_backward,
     tests_merge,
     tests_backward_fast,
 };
+
+/* Areas whose every case runs once per kernel ISA this CPU has (the table
+ * forced; the decode path follows it), named "case[isa]": the fast and
+ * decode paths stay checked against the reference on every ISA
+ * (MHA_TEST_ISA in main narrows it). */
+static const test_area_fn per_isa_areas[] = {tests_fast, tests_cache};
+
+static int run_per_isa(test_area_fn area) {
+    for (size_t i = 0; i < sizeof per_isa_areas / sizeof per_isa_areas[0]; i++)
+        if (per_isa_areas[i] == area) return 1;
+    return 0;
+}
 
 const char *test_current = "";
 int test_failures_current = 0;
@@ -120,29 +134,47 @@ void test_fill_uniform(float *p, size_t n, uint64_t *seed, float lo, float hi) {
 
 int main(int argc, char **argv) {
     const char *filter = argc > 1 ? argv[1] : NULL;
+    /* MHA_TEST_ISA=avx512|avx2|scalar runs the per-ISA areas on that ISA
+     * only; "auto" once, on the chooser's pick (the full-size memory check) */
+    const char *only = getenv("MHA_TEST_ISA");
     int passed = 0, failed = 0, skipped = 0, ci_refused = 0;
     const char *ff = getenv("MHA_TEST_FAIL_FAST"); /* scripts/mutants.py: stop at the first failure */
     const int fail_fast = ff && strcmp(ff, "1") == 0;
     for (size_t a = 0; a < sizeof areas / sizeof areas[0]; a++) {
         size_t n = 0;
         const test_case *cases = areas[a](&n);
-        for (size_t i = 0; i < n; i++) {
-            if (filter && !strstr(cases[i].name, filter)) continue;
-            test_current = cases[i].name;
-            test_failures_current = 0;
-            skipped_current = skip_fails_ci = 0;
-            cases[i].fn();
-            if (test_failures_current) {
-                failed++;
-                fprintf(stderr, "not ok %s\n", cases[i].name);
-                if (fail_fast) goto report;
-            } else if (skipped_current) {
-                skipped++;
-                ci_refused += skip_fails_ci && ci_mode();
-            } else {
-                passed++;
-            }
+        const mha_kernels *isas[3] = {NULL};
+        int n_isas = 1;
+        if (run_per_isa(areas[a]) && !(only && !strcmp(only, "auto"))) {
+            const mha_kernels *all[3] = {&mha_kernels_avx512, &mha_kernels_avx2, &mha_kernels_scalar};
+            const int can[3] = {mha_cpu_has_avx512(), mha_cpu_has_avx2(), 1};
+            n_isas = 0;
+            for (int k = 0; k < 3; k++)
+                if (can[k] && (!only || !strcmp(only, all[k]->name))) isas[n_isas++] = all[k];
         }
+        for (int k = 0; k < n_isas; k++)
+            for (size_t i = 0; i < n; i++) {
+                char name[160];
+                snprintf(name, sizeof name, isas[k] ? "%s[%s]" : "%s", cases[i].name,
+                         isas[k] ? isas[k]->name : "");
+                if (filter && !strstr(name, filter)) continue;
+                test_current = name;
+                test_failures_current = 0;
+                skipped_current = skip_fails_ci = 0;
+                mha_kernels_force(isas[k]);
+                cases[i].fn();
+                mha_kernels_force(NULL);
+                if (test_failures_current) {
+                    failed++;
+                    fprintf(stderr, "not ok %s\n", name);
+                    if (fail_fast) goto report;
+                } else if (skipped_current) {
+                    skipped++;
+                    ci_refused += skip_fails_ci && ci_mode();
+                } else {
+                    passed++;
+                }
+            }
     }
 report:
     printf("%d passed, %d failed, %d skipped\n", passed, failed, skipped);

@@ -400,6 +400,10 @@ static void modern_fast_vs_reference_avx2(void) {
     if (!mha_cpu_has_avx2()) return; /* the scalar run covers this machine */
     fast_vs_reference(&mha_kernels_avx2);
 }
+static void modern_fast_vs_reference_avx512(void) {
+    if (!mha_cpu_has_avx512()) return; /* the runs above cover this machine */
+    fast_vs_reference(&mha_kernels_avx512);
+}
 
 /* the vector tanh of the softcap kernel: relative error < 3e-7 */
 static void modern_softcap_kernel_accuracy(void) {
@@ -521,6 +525,7 @@ static const test_case cases[] = {
     {"modern_reference_vs_oracle", modern_reference_vs_oracle},
     {"modern_fast_vs_reference_scalar", modern_fast_vs_reference_scalar},
     {"modern_fast_vs_reference_avx2", modern_fast_vs_reference_avx2},
+    {"modern_fast_vs_reference_avx512", modern_fast_vs_reference_avx512},
     {"modern_softcap_kernel_accuracy", modern_softcap_kernel_accuracy},
     {"modern_permute_and_contract", modern_permute_and_contract},
     {"modern_errors", modern_errors},

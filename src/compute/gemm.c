@@ -1,7 +1,8 @@
 /* gemm.c — packed projections: out (M, N) = a (M, K) W (K, N) + bias, with
  * W packed once (mha_pack) and the input packed per block of MC rows into
- * 6-row micro-panels, (K, 6) each, so the 6x16 micro-kernel reads both
- * operands linearly. Threads split (row block, panel chunk) tasks; every
+ * 6-row micro-panels, (K, 6) each, so the kernel's register tile (6x16,
+ * or tile_rows x 16*tile_panels: several micro-panels and panels at
+ * once) reads both operands linearly. Threads split (row block, panel chunk) tasks; every
  * output element is one task's fp32 sum in k order (thread-count free).
  * Legend: M input rows, K input width, N output columns, MC rows per block. */
 #include <stdlib.h>
@@ -10,7 +11,10 @@
 #include "compute/gemm.h"
 #include "base/internal.h"
 
-#define MHA_GEMM_MC 72 /* rows per block: (MC, K) packed input stays in L2 */
+#define MHA_GEMM_MC 72 /* rows per block: (MC, K) packed input stays in L2; a
+                          multiple of every kernel's tile_rows (6, 12) */
+#define MHA_TILE_MAX_ROWS 12 /* the largest register tile of a kernel table */
+#define MHA_TILE_MAX_PANELS 2
 
 static float *alloc_floats(size_t n) {
     return aligned_alloc(64, mha_round_up(n * sizeof(float) + 1, 64));
@@ -119,8 +123,11 @@ mha_status mha_gemm(const mha_gemm_args *g, const mha_kernels *kern, int n_threa
 #pragma omp parallel num_threads(n_threads)
     {
         float *buf = alloc_floats((size_t)MHA_GEMM_MC * kn); /* packed input block */
-        float tile[MHA_MR * MHA_NR];
-        size_t roff[MHA_GEMM_MC], coff[MHA_NR];
+        /* the kernel's register tile: TR rows x TP panels (6 x 1 without a wide tile) */
+        const int TR = kern->sgemm_tile ? kern->tile_rows : MHA_MR;
+        const int TP = kern->sgemm_tile ? kern->tile_panels : 1;
+        float tile[MHA_TILE_MAX_ROWS * MHA_TILE_MAX_PANELS * MHA_NR];
+        size_t roff[MHA_GEMM_MC], coff[MHA_TILE_MAX_PANELS * MHA_NR];
         if (!buf) {
 #pragma omp atomic write
             failed = 1;
@@ -133,31 +140,36 @@ mha_status mha_gemm(const mha_gemm_args *g, const mha_kernels *kern, int n_threa
             const int c1 = c0 + per < pb + np ? c0 + per : pb + np;
             pack_rows(buf, a, lda, m0, mc, kn);
             int s = s0, roff_of = -1; /* roff holds section roff_of's rows */
-            for (int gp = c0; gp < c1; gp++) {
+            for (int gp = c0, g; gp < c1; gp += g) {
                 while (gp >= p->first_panel[s + 1]) s++;
+                /* g panels of one section and of this task's chunk */
+                g = TP;
+                if (gp + g > c1) g = c1 - gp;
+                if (gp + g > p->first_panel[s + 1]) g = p->first_panel[s + 1] - gp;
                 const mha_dst *d = &dst[s - s0];
                 const int col = (gp - p->first_panel[s]) * MHA_NR;
-                const int n = p->cols[s] - col < MHA_NR ? p->cols[s] - col : MHA_NR;
+                const int n = p->cols[s] - col < g * MHA_NR ? p->cols[s] - col : g * MHA_NR;
                 const float *bp = p->panels + ((size_t)gp * p->K + k0) * MHA_NR;
                 const float *bias = use_bias ? p->bias + (size_t)gp * MHA_NR : NULL;
                 if (d->kind != MHA_DST_ROWS) {
                     if (roff_of != s) head_row_offsets(roff, d, m0, mc), roff_of = s;
                     head_col_offsets(coff, d, col, n);
                 }
-                for (int r = 0; r < mc; r += MHA_MR) {
-                    const int m = mc - r < MHA_MR ? mc - r : MHA_MR;
+                for (int r = 0; r < mc; r += TR) {
+                    const int m = mc - r < TR ? mc - r : TR;
                     const float *ap = buf + (size_t)r * kn;
-                    if (d->kind == MHA_DST_ROWS) {
-                        kern->sgemm_6x16(d->base + (size_t)(m0 + r) * d->ld + col, d->ld, ap, 1,
-                                         MHA_MR, bp, MHA_NR, bias, NULL, kn, m, n);
-                    } else {
-                        kern->sgemm_6x16(tile, MHA_NR, ap, 1, MHA_MR, bp, MHA_NR, bias, NULL, kn,
-                                         MHA_MR, MHA_NR);
+                    float *c = d->kind == MHA_DST_ROWS ? d->base + (size_t)(m0 + r) * d->ld + col : tile;
+                    const size_t ldc = d->kind == MHA_DST_ROWS ? d->ld : (size_t)TP * MHA_NR;
+                    if (kern->sgemm_tile)
+                        kern->sgemm_tile(c, ldc, ap, (size_t)MHA_MR * kn, bp, (size_t)p->K * MHA_NR, bias,
+                                         kn, m, n);
+                    else
+                        kern->sgemm_6x16(c, ldc, ap, 1, MHA_MR, bp, MHA_NR, bias, NULL, kn, m, n);
+                    if (d->kind != MHA_DST_ROWS)
                         for (int i = 0; i < m; i++) {
                             float *row = d->base + roff[r + i];
-                            for (int j = 0; j < n; j++) row[coff[j]] = tile[i * MHA_NR + j];
+                            for (int j = 0; j < n; j++) row[coff[j]] = tile[i * (size_t)ldc + j];
                         }
-                    }
                 }
             }
         }

@@ -61,5 +61,6 @@ typedef struct {
 
 extern const mha_decode_kernels mha_decode_kernels_scalar;
 extern const mha_decode_kernels mha_decode_kernels_avx2;
+extern const mha_decode_kernels mha_decode_kernels_avx512; /* avx512_decode.c */
 
 #endif /* MHA_DECODE_KERNELS_H */

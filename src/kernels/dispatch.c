@@ -17,7 +17,7 @@
 
 const mha_kernels mha_kernels_avx2 = {
     "avx2", mha_sgemm_avx2_6x16, mha_attn_scores_avx2, mha_attn_softmax_avx2,
-    mha_attn_pv_avx2, mha_vexp_avx2, mha_attn_softcap_avx2,
+    mha_attn_pv_avx2, mha_vexp_avx2, mha_attn_softcap_avx2, 6, 1, NULL, /* the driver tiles with sgemm_6x16 */
 };
 
 /* ------------------------------------------------------------ the CPU */
@@ -53,14 +53,14 @@ static int cpu_has(int feature) {
 }
 
 int mha_cpu_has_avx2(void) { return cpu_has(CPU_AVX2); }
+int mha_cpu_has_avx512(void) { return cpu_has(CPU_AVX512); }
 static int always(void) { return 1; }
 
 /* ------------------------------------------------------- the ISA table */
 
-/* Best first. An ISA is one entry: its name, its check and its tables
- * (e.g. {"avx512", mha_cpu_has_avx512, &mha_kernels_avx512,
- * &mha_decode_kernels_avx512} before avx2, with cpu_has(CPU_AVX512)). */
+/* Best first. An ISA is one entry: its name, its check and its tables. */
 static const mha_isa isas[] = {
+    {"avx512", mha_cpu_has_avx512, &mha_kernels_avx512, &mha_decode_kernels_avx512},
     {"avx2", mha_cpu_has_avx2, &mha_kernels_avx2, &mha_decode_kernels_avx2},
     {"scalar", always, &mha_kernels_scalar, &mha_decode_kernels_scalar},
 };

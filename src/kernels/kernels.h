@@ -55,6 +55,16 @@ typedef struct mha_kernels {
      * s has room for cols rounded up to 16 (padding may be touched).
      * NULL in a table means the scalar one (mha_attn_softcap_get). */
     void (*attn_softcap)(float *s, size_t lds, float cap, int rows, int cols);
+
+    /* The projection driver's register tile, tile_rows (a multiple of 6)
+     * x 16*tile_panels; NULL: the driver uses sgemm_6x16 on 6 x 16.
+     * c (m, n) = a b [+ bias], m <= tile_rows, n <= 16*tile_panels: a is
+     * tile_rows/6 packed micro-panels (K, 6) at stride a_ps, b packed
+     * panels (K, 16) at stride b_ps (only those with live columns are
+     * read). Each c element is one fp32 sum over k in order, + bias. */
+    int tile_rows, tile_panels;
+    void (*sgemm_tile)(float *c, size_t ldc, const float *a, size_t a_ps, const float *b,
+                       size_t b_ps, const float *bias, int K, int m, int n);
 } mha_kernels;
 
 /* The softcap kernel of table k, the scalar one when k has none. */
@@ -62,6 +72,7 @@ void (*mha_attn_softcap_get(const mha_kernels *k))(float *, size_t, float, int, 
 
 extern const mha_kernels mha_kernels_scalar;
 extern const mha_kernels mha_kernels_avx2;
+extern const mha_kernels mha_kernels_avx512; /* avx512_table.c */
 
 /* The avx2 table's entries (avx2_gemm.c, avx2_attention.c, avx2_exp.c);
  * call them only after mha_cpu_has_avx2(). */
@@ -76,6 +87,21 @@ void mha_attn_pv_avx2(float *o, size_t ldo, const float *p, size_t ldp, const fl
                       size_t ldv, const float *alpha, int rows, int nk, int dv16);
 void mha_vexp_avx2(float *y, const float *x, size_t n);
 void mha_attn_softcap_avx2(float *s, size_t lds, float cap, int rows, int cols);
+
+/* The avx512 table's entries (avx512_*.c); call them only after
+ * mha_cpu_has_avx512(). */
+void mha_sgemm_avx512_6x16(float *c, size_t ldc, const float *a, size_t a_rs, size_t a_cs,
+                           const float *b, size_t ldb, const float *bias,
+                           const float *row_scale, int K, int m, int n);
+void mha_sgemm_avx512_12x32(float *c, size_t ldc, const float *a, size_t a_ps, const float *b,
+                            size_t b_ps, const float *bias, int K, int m, int n);
+void mha_attn_scores_avx512(float *s, size_t lds, const float *q, const float *kt, int d_k,
+                            int rows, int npanels);
+void mha_attn_softmax_avx512(float *s, size_t lds, float *m, float *l, float *alpha,
+                             const int *lo, const int *hi, int extra, int rows, int cols);
+void mha_attn_pv_avx512(float *o, size_t ldo, const float *p, size_t ldp, const float *v,
+                        size_t ldv, const float *alpha, int rows, int nk, int dv16);
+void mha_vexp_avx512(float *y, const float *x, size_t n);
 
 /* ------------------------------------------------------- the chooser */
 
@@ -115,5 +141,8 @@ const mha_kernels *mha_kernels_get(void);
 void mha_kernels_force(const mha_kernels *k);
 /* 1 when this CPU can run the avx2 tables (AVX2, FMA, F16C, ymm state). */
 int mha_cpu_has_avx2(void);
+/* 1 when it can run the avx512 tables (the avx2 ones, AVX-512 F/BW/VL/DQ,
+ * opmask and zmm state saved: XCR0 bits 5-7). */
+int mha_cpu_has_avx512(void);
 
 #endif /* MHA_KERNELS_H */

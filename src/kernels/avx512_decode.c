@@ -1,0 +1,329 @@
+/* avx512_decode.c — AVX-512 decode kernels (see decode_kernels.h), built
+ * with -mavx512f/bw/vl/dq -mfma -mf16c; chosen only after the CPU and the
+ * OS were checked. One zmm holds 16 keys: two 8-key K panels side by side
+ * (keys 8p..8p+15 are contiguous in s), or 16 columns of V / a weight.
+ * Column tails are masked vector operations: each lane is the same FMA
+ * chain in key (or k) order as a full vector, so results never depend on
+ * where a caller splits the columns.
+ * Legend: m query rows, n keys (or output columns), d = d_k, dv = d_v. */
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+
+#include "kernels/decode_kernels.h"
+#include "kernels/avx512_micro.h"
+
+#define INLINE MHA_AVX512_INLINE
+#define UNROLL _Pragma("GCC unroll 8")
+
+/* 16 fp32 values from two runs of 8 at element offsets i0 and i1 of an
+ * fp32 (H = 0) or fp16 (H = 1) array (i1 < 0: the upper 8 lanes are 0). */
+INLINE __m512 load_2x8(const void *base, size_t i0, long i1, int H) {
+    if (H) {
+        const uint16_t *h = base;
+        __m256i x = _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(h + i0)));
+        x = i1 >= 0 ? _mm256_inserti128_si256(x, _mm_loadu_si128((const __m128i *)(h + i1)), 1)
+                    : _mm256_zextsi128_si256(_mm256_castsi256_si128(x));
+        return _mm512_cvtph_ps(x);
+    }
+    const float *f = base;
+    __m512 x = _mm512_zextps256_ps512(_mm256_loadu_ps(f + i0));
+    return i1 >= 0 ? _mm512_insertf32x8(x, _mm256_loadu_ps(f + i1), 1) : x;
+}
+
+/* up to 16 consecutive elements (mask k) of an fp32 or fp16 array as fp32 */
+INLINE __m512 load16(const void *base, size_t i, __mmask16 k, int H) {
+    if (H) return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, (const uint16_t *)base + i));
+    return _mm512_maskz_loadu_ps(k, (const float *)base + i);
+}
+
+/* ------------------------------------------------------------- scores */
+
+/* R rows x P zmm of scores (2P panels from panel p0 on; the last zmm holds
+ * one panel when half is set); R, P, H are constants at each call site. */
+INLINE void scores_tile(float *s, int lds, const float *q, int ldq, const void *kp, int p0, int d,
+                        int R, int P, int half, int H) {
+    const size_t ps = (size_t)d * MHA_KPANEL;
+    __m512 acc[4][4];
+    UNROLL
+    for (int r = 0; r < R; r++)
+        UNROLL
+        for (int p = 0; p < P; p++) acc[r][p] = _mm512_setzero_ps();
+    for (int c = 0; c < d; c++) {
+        __m512 k[4];
+        UNROLL
+        for (int p = 0; p < P; p++) {
+            const size_t i0 = (size_t)(p0 + 2 * p) * ps + (size_t)c * MHA_KPANEL;
+            k[p] = load_2x8(kp, i0, (half && p == P - 1) ? -1 : (long)(i0 + ps), H);
+        }
+        UNROLL
+        for (int r = 0; r < R; r++) {
+            const __m512 qb = _mm512_set1_ps(q[(size_t)r * ldq + c]);
+            UNROLL
+            for (int p = 0; p < P; p++) acc[r][p] = _mm512_fmadd_ps(qb, k[p], acc[r][p]);
+        }
+    }
+    UNROLL
+    for (int r = 0; r < R; r++)
+        UNROLL
+        for (int p = 0; p < P; p++)
+            _mm512_mask_storeu_ps(s + (size_t)r * lds + (size_t)(p0 + 2 * p) * MHA_KPANEL,
+                                  (half && p == P - 1) ? (__mmask16)0xff : (__mmask16)0xffff, acc[r][p]);
+}
+
+/* Panels outermost: 6 K panels (6 x d x 8) stay in L1 while every row
+ * group uses them (GQA/MQA share keys). */
+INLINE void scores_impl(float *s, int lds, const float *q, int ldq, const void *kp, int m, int n,
+                        int d, int H) {
+    const int np = n / MHA_KPANEL, m4 = m - m % 4;
+    int p = 0;
+    for (; p + 6 <= np; p += 6)
+        for (int i = 0; i < m4; i += 4)
+            scores_tile(s + (size_t)i * lds, lds, q + (size_t)i * ldq, ldq, kp, p, d, 4, 3, 0, H);
+    for (; p + 2 <= np; p += 2)
+        for (int i = 0; i < m4; i += 4)
+            scores_tile(s + (size_t)i * lds, lds, q + (size_t)i * ldq, ldq, kp, p, d, 4, 1, 0, H);
+    if (p < np)
+        for (int i = 0; i < m4; i += 4)
+            scores_tile(s + (size_t)i * lds, lds, q + (size_t)i * ldq, ldq, kp, p, d, 4, 1, 1, H);
+    for (int i = m4; i < m; i++) {
+        float *si = s + (size_t)i * lds;
+        const float *qi = q + (size_t)i * ldq;
+        p = 0;
+        for (; p + 8 <= np; p += 8) scores_tile(si, lds, qi, ldq, kp, p, d, 1, 4, 0, H);
+        for (; p + 2 <= np; p += 2) scores_tile(si, lds, qi, ldq, kp, p, d, 1, 1, 0, H);
+        if (p < np) scores_tile(si, lds, qi, ldq, kp, p, d, 1, 1, 1, H);
+    }
+}
+
+static void scores_avx512(float *s, int lds, const float *q, int ldq, const float *kp, int m, int n,
+                          int d) {
+    scores_impl(s, lds, q, ldq, kp, m, n, d, 0);
+}
+
+static void scores_h_avx512(float *s, int lds, const float *q, int ldq, const uint16_t *kp, int m,
+                            int n, int d) {
+    scores_impl(s, lds, q, ldq, kp, m, n, d, 1);
+}
+
+/* ------------------------------------------------------------ softmax */
+
+/* exp(x) for x <= 0: exactly 0 below -87 (including -inf), as the AVX2
+ * decode softmax does. */
+INLINE __m512 exp_cut(__m512 x) {
+    const __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_GE_OQ);
+    return _mm512_maskz_mov_ps(keep, mha_exp_avx512(x));
+}
+
+static void softmax_avx512(float *s, int lds, float *mx, float *sum, int m, int n) {
+    for (int i = 0; i < m; i++) {
+        float *row = s + (size_t)i * lds;
+        __m512 vm = _mm512_set1_ps(-INFINITY);
+        for (int j = 0; j < n; j += 16)
+            vm = _mm512_mask_max_ps(vm, mha_mask16(n - j), vm, _mm512_maskz_loadu_ps(mha_mask16(n - j), row + j));
+        const float M = mha_hmax16_avx512(vm);
+        if (M == -INFINITY) {
+            memset(row, 0, (size_t)n * sizeof(float));
+            mx[i] = M;
+            sum[i] = 0.0f;
+            continue;
+        }
+        const __m512 vM = _mm512_set1_ps(M);
+        __m512 vs = _mm512_setzero_ps();
+        for (int j = 0; j < n; j += 16) {
+            const __mmask16 k = mha_mask16(n - j);
+            const __m512 e = _mm512_maskz_mov_ps(k, exp_cut(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, row + j), vM)));
+            _mm512_mask_storeu_ps(row + j, k, e);
+            vs = _mm512_add_ps(vs, e);
+        }
+        mx[i] = M;
+        sum[i] = mha_hsum16_avx512(vs);
+    }
+}
+
+/* --------------------------------------------------------- accumulate */
+
+/* R rows x C vectors of acc = p v over n keys (columns from c0 on, the
+ * last vector masked by klast; v row stride dv). */
+INLINE void acc_tile(float *acc, int ldacc, const float *p, int ldp, const void *v, int c0, int dv,
+                     int n, __mmask16 klast, int R, int C, int H) {
+    __m512 a[4][4];
+    UNROLL
+    for (int r = 0; r < R; r++)
+        UNROLL
+        for (int c = 0; c < C; c++) a[r][c] = _mm512_setzero_ps();
+    for (int j = 0; j < n; j++) {
+        __m512 vv[4];
+        UNROLL
+        for (int c = 0; c < C; c++)
+            vv[c] = load16(v, (size_t)j * dv + c0 + 16 * c, c == C - 1 ? klast : (__mmask16)0xffff, H);
+        UNROLL
+        for (int r = 0; r < R; r++) {
+            const __m512 pb = _mm512_set1_ps(p[(size_t)r * ldp + j]);
+            UNROLL
+            for (int c = 0; c < C; c++) a[r][c] = _mm512_fmadd_ps(pb, vv[c], a[r][c]);
+        }
+    }
+    UNROLL
+    for (int r = 0; r < R; r++)
+        UNROLL
+        for (int c = 0; c < C; c++)
+            _mm512_mask_storeu_ps(acc + (size_t)r * ldacc + c0 + 16 * c,
+                                  c == C - 1 ? klast : (__mmask16)0xffff, a[r][c]);
+}
+
+/* Column blocks outermost: an (n, 48) slab of V stays in L1 while every
+ * row group uses it. */
+INLINE void acc_impl(float *acc, int ldacc, const float *p, int ldp, const void *v, int m, int n,
+                     int dv, int H) {
+    const int m4 = m - m % 4;
+    int c = 0;
+    for (; c + 48 <= dv; c += 48)
+        for (int i = 0; i < m4; i += 4)
+            acc_tile(acc + (size_t)i * ldacc, ldacc, p + (size_t)i * ldp, ldp, v, c, dv, n, 0xffff, 4, 3, H);
+    for (; c < dv; c += 16)
+        for (int i = 0; i < m4; i += 4)
+            acc_tile(acc + (size_t)i * ldacc, ldacc, p + (size_t)i * ldp, ldp, v, c, dv, n, mha_mask16(dv - c), 4, 1, H);
+    for (int i = m4; i < m; i++) {
+        float *a = acc + (size_t)i * ldacc;
+        const float *pi = p + (size_t)i * ldp;
+        c = 0;
+        for (; c + 64 <= dv; c += 64) acc_tile(a, ldacc, pi, ldp, v, c, dv, n, 0xffff, 1, 4, H);
+        for (; c < dv; c += 16) acc_tile(a, ldacc, pi, ldp, v, c, dv, n, mha_mask16(dv - c), 1, 1, H);
+    }
+}
+
+static void accumulate_avx512(float *acc, int ldacc, const float *p, int ldp, const float *v, int m,
+                              int n, int dv) {
+    acc_impl(acc, ldacc, p, ldp, v, m, n, dv, 0);
+}
+
+static void accumulate_h_avx512(float *acc, int ldacc, const float *p, int ldp, const uint16_t *v,
+                                int m, int n, int dv) {
+    acc_impl(acc, ldacc, p, ldp, v, m, n, dv, 1);
+}
+
+/* --------------------------------------------------------------- gemm */
+
+/* y (m, n) += x (m, k) w (k, n), m <= 4. Four rows of w per pass so each
+ * y element is loaded and stored once per four FMAs; additions stay in
+ * the order of k. */
+static void gemm_stream_avx512(float *y, int ldy, const float *x, int ldx, const float *w, int ldw,
+                               int m, int k, int n) {
+    int kk = 0;
+    for (; kk + 4 <= k; kk += 4) {
+        const float *w0 = w + (size_t)kk * ldw, *w1 = w0 + ldw, *w2 = w1 + ldw, *w3 = w2 + ldw;
+        for (int r = 0; r < m; r++) {
+            const float *xr = x + (size_t)r * ldx + kk;
+            float *yr = y + (size_t)r * ldy;
+            const __m512 x0 = _mm512_set1_ps(xr[0]), x1 = _mm512_set1_ps(xr[1]);
+            const __m512 x2 = _mm512_set1_ps(xr[2]), x3 = _mm512_set1_ps(xr[3]);
+            for (int j = 0; j < n; j += 16) {
+                const __mmask16 km = mha_mask16(n - j);
+                __m512 a = _mm512_maskz_loadu_ps(km, yr + j);
+                a = _mm512_fmadd_ps(x0, _mm512_maskz_loadu_ps(km, w0 + j), a);
+                a = _mm512_fmadd_ps(x1, _mm512_maskz_loadu_ps(km, w1 + j), a);
+                a = _mm512_fmadd_ps(x2, _mm512_maskz_loadu_ps(km, w2 + j), a);
+                a = _mm512_fmadd_ps(x3, _mm512_maskz_loadu_ps(km, w3 + j), a);
+                _mm512_mask_storeu_ps(yr + j, km, a);
+            }
+        }
+    }
+    for (; kk < k; kk++) {
+        const float *w0 = w + (size_t)kk * ldw;
+        for (int r = 0; r < m; r++) {
+            const __m512 x0 = _mm512_set1_ps(x[(size_t)r * ldx + kk]);
+            float *yr = y + (size_t)r * ldy;
+            for (int j = 0; j < n; j += 16) {
+                const __mmask16 km = mha_mask16(n - j);
+                _mm512_mask_storeu_ps(yr + j, km, _mm512_fmadd_ps(x0, _mm512_maskz_loadu_ps(km, w0 + j),
+                                                                  _mm512_maskz_loadu_ps(km, yr + j)));
+            }
+        }
+    }
+}
+
+/* R rows x C vectors of y = x w over all of k (last vector masked). */
+INLINE void gemm_tile_rc(float *y, int ldy, const float *x, int ldx, const float *w, int ldw, int k,
+                         __mmask16 klast, int R, int C) {
+    __m512 a[4][2];
+    UNROLL
+    for (int r = 0; r < R; r++)
+        UNROLL
+        for (int c = 0; c < C; c++) a[r][c] = _mm512_setzero_ps();
+    for (int kk = 0; kk < k; kk++) {
+        __m512 wv[2];
+        UNROLL
+        for (int c = 0; c < C; c++)
+            wv[c] = _mm512_maskz_loadu_ps(c == C - 1 ? klast : (__mmask16)0xffff, w + (size_t)kk * ldw + c * 16);
+        UNROLL
+        for (int r = 0; r < R; r++) {
+            const __m512 xb = _mm512_set1_ps(x[(size_t)r * ldx + kk]);
+            UNROLL
+            for (int c = 0; c < C; c++) a[r][c] = _mm512_fmadd_ps(xb, wv[c], a[r][c]);
+        }
+    }
+    UNROLL
+    for (int r = 0; r < R; r++)
+        UNROLL
+        for (int c = 0; c < C; c++)
+            _mm512_mask_storeu_ps(y + (size_t)r * ldy + c * 16, c == C - 1 ? klast : (__mmask16)0xffff, a[r][c]);
+}
+
+static void gemm_tile_avx512(float *y, int ldy, const float *x, int ldx, const float *w, int ldw,
+                             int m, int k, int n) {
+    for (int i = 0; i < m; i += 4) {
+        const int R = m - i < 4 ? m - i : 4;
+        const float *xi = x + (size_t)i * ldx;
+        float *yi = y + (size_t)i * ldy;
+        int j = 0;
+        for (; j + 32 <= n; j += 32) {
+            if (R == 4) gemm_tile_rc(yi + j, ldy, xi, ldx, w + j, ldw, k, 0xffff, 4, 2);
+            else
+                for (int r = 0; r < R; r++)
+                    gemm_tile_rc(yi + (size_t)r * ldy + j, ldy, xi + (size_t)r * ldx, ldx, w + j, ldw, k, 0xffff, 1, 2);
+        }
+        for (; j < n; j += 16) {
+            const __mmask16 km = mha_mask16(n - j);
+            if (R == 4) gemm_tile_rc(yi + j, ldy, xi, ldx, w + j, ldw, k, km, 4, 1);
+            else
+                for (int r = 0; r < R; r++)
+                    gemm_tile_rc(yi + (size_t)r * ldy + j, ldy, xi + (size_t)r * ldx, ldx, w + j, ldw, k, km, 1, 1);
+        }
+    }
+}
+
+/* y = a y + b x with the rounding of the scalar expression y*a + x*b
+ * (a product, a product, a sum: no FMA), lane by lane. */
+static void axpby_avx512(float *y, const float *x, float a, float b, int n) {
+    const __m512 va = _mm512_set1_ps(a), vb = _mm512_set1_ps(b);
+    for (int i = 0; i < n; i += 16) {
+        const __mmask16 k = mha_mask16(n - i);
+        const __m512 p = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, y + i), va);
+        const __m512 q = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, x + i), vb);
+        _mm512_mask_storeu_ps(y + i, k, _mm512_add_ps(p, q));
+    }
+}
+
+/* --------------------------------------------------------------- fp16 */
+
+static void to_f16_avx512(uint16_t *dst, const float *src, size_t n) {
+    for (size_t i = 0; i < n; i += 16) {
+        const __mmask16 k = mha_mask16((int)(n - i < 16 ? n - i : 16));
+        const __m256i h = _mm512_cvtps_ph(_mm512_maskz_loadu_ps(k, src + i),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        _mm256_mask_storeu_epi16(dst + i, k, h);
+    }
+}
+
+static void from_f16_avx512(float *dst, const uint16_t *src, size_t n) {
+    for (size_t i = 0; i < n; i += 16) {
+        const __mmask16 k = mha_mask16((int)(n - i < 16 ? n - i : 16));
+        _mm512_mask_storeu_ps(dst + i, k, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, src + i)));
+    }
+}
+
+const mha_decode_kernels mha_decode_kernels_avx512 = {
+    "avx512",           scores_avx512, scores_h_avx512, softmax_avx512, accumulate_avx512, accumulate_h_avx512,
+    gemm_stream_avx512, gemm_tile_avx512, axpby_avx512, to_f16_avx512,  from_f16_avx512,
+};
