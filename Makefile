@@ -9,6 +9,8 @@ CFLAGS  ?= $(OPT)
 LDLIBS  = -fopenmp -ljansson -lpng -lm
 LIB_LDLIBS = -fopenmp -ljansson -lm
 BUILD   ?= build
+MPICC   ?= mpicc
+HAVE_MPI := $(shell command -v $(MPICC) 2>/dev/null)
 # libmha.so.$(VERSION) has the soname libmha.so.$(VERSION_MAJOR): bump the
 # major number when include/mha.h changes incompatibly.
 VERSION       = 0.1.0
@@ -27,8 +29,8 @@ SETUP_CORE = $(BUILD)/.setup-core
 SETUP_TEST = $(BUILD)/.setup-test
 
 .PHONY: all lib demo test test-c test-asan test-tsan test-python test-examples test-docs test-memory bench setup clean fuzz \
-        check-layers check-exports test-install install uninstall
-all: lib $(BUILD)/mha $(BUILD)/test_mha
+        check-layers check-exports test-install install uninstall mpi mpi-build
+all: lib $(BUILD)/mha $(BUILD)/test_mha $(if $(HAVE_MPI),mpi-build)
 
 $(SETUP_CORE): scripts/setup.sh
 	@mkdir -p $(BUILD) && sh scripts/setup.sh core && touch $@
@@ -62,6 +64,25 @@ $(BUILD)/mha: $(TOOL_OBJ) $(BUILD)/libmha.a
 $(BUILD)/test_mha: $(TEST_OBJ) $(BUILD)/libmha.a
 	$(CC) $(CFLAGS) -o $@ $(TEST_OBJ) $(BUILD)/libmha.a $(LDLIBS)
 
+# libmha_mpi and mha-mpi (mpi/, include/mha_mpi.h): built where mpicc
+# exists; `make mpi` installs OpenMPI first. mha-mpi reuses the CLI's flag
+# parsing, file loading and atomic outputs by linking the objects of tools/
+# (all but its main, tools/mha.o).
+MPI_LIB_OBJ = $(patsubst %.c,$(BUILD)/%.o,$(filter-out mpi/mha_mpi.c,$(sort $(wildcard mpi/*.c))))
+MPI_CLI_OBJ = $(BUILD)/mpi/mha_mpi.o $(filter-out $(BUILD)/tools/mha.o,$(TOOL_OBJ))
+$(BUILD)/mpi/%.o: mpi/%.c $(wildcard include/*.h mpi/*.h tools/*.h) | $(SETUP_CORE)
+	@mkdir -p $(dir $@)
+	$(MPICC) $(CFLAGS_BASE) -Itools $(CFLAGS) -c $< -o $@
+$(BUILD)/libmha_mpi.a: $(MPI_LIB_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+$(BUILD)/mha-mpi: $(MPI_CLI_OBJ) $(BUILD)/libmha_mpi.a $(BUILD)/libmha.a
+	$(MPICC) $(CFLAGS) -o $@ $(MPI_CLI_OBJ) $(BUILD)/libmha_mpi.a $(BUILD)/libmha.a $(LDLIBS)
+mpi-build: $(BUILD)/libmha_mpi.a $(BUILD)/mha-mpi
+mpi:
+	@mkdir -p $(BUILD) && sh scripts/setup.sh mpi
+	$(MAKE) mpi-build
+
 demo: $(BUILD)/mha
 	./$(BUILD)/mha demo
 
@@ -69,6 +90,7 @@ test-c: $(BUILD)/test_mha $(BUILD)/mha
 	./$(BUILD)/test_mha
 	sh tests/cli_test.sh ./$(BUILD)/mha
 	sh tests/io_cli_test.sh ./$(BUILD)/mha
+	sh tests/mpi_test.sh ./$(BUILD)
 
 # The C tests and the CLI suites under AddressSanitizer + UndefinedBehaviorSanitizer.
 test-asan: $(SETUP_CORE)
@@ -154,8 +176,11 @@ test-install: $(SETUP_TEST)
 
 # The full-size memory check: causal forward with B=1, T=32768, d_model=768,
 # h=12; peak RSS must stay below 2x the tensors it must hold (~10 s).
+# Then forward + backward with B=1, T=16384 (causal): peak RSS below 2x the
+# tensors that must exist, gradients and weights' gradients included.
 test-memory: $(BUILD)/test_mha
 	MHA_TEST_MEMORY_T=32768 ./$(BUILD)/test_mha fast_memory_peak
+	MHA_TEST_MEMORY_T=16384 ./$(BUILD)/test_mha backward_memory_peak
 
 # Coverage-guided fuzzing of the .npy and safetensors readers, the layout
 # loaders and the CLI flag parser (bounded time).

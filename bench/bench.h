@@ -76,6 +76,10 @@ int bench_prefill(const bench_prefill_cfg *c);
 int bench_fast_parts(const bench_prefill_cfg *c, const mha_weights *w, const float *x,
                      const float *kv);
 
+/* bench_backward.c: mha_backward, forward + backward, and the fast
+ * backward's attention passes, self-attention with c's shape. */
+int bench_backward(const bench_prefill_cfg *c);
+
 typedef struct {
     int d_model, h, h_kv, d_head, L, B;
     int fp16;       /* cache storage: 0 fp32, 1 fp16 */

@@ -12,6 +12,8 @@
  * 100x slower), so run.sh runs the mha parts with OPENBLAS_NUM_THREADS=1
  * and the OpenBLAS GEMMs in processes of their own (--gemm-only, also under
  * OPENBLAS_CORETYPE=Haswell for OpenBLAS's AVX2 kernels).
+ *   bench_mha backward --name P1 --B 4 --T 512 --d 768 --h 12 [--causal]
+ *                     (bench_backward.c; prefill's options, self-attention)
  *   bench_mha decode  --d 2048 --h 32 --h-kv 8 --d-head 64 --L 4096
  *                     [--fp16] [--steps 20]
  */
@@ -24,7 +26,7 @@
 
 static void usage(void) {
     fprintf(stderr,
-            "usage: bench_mha machine|prefill|decode [options]\n"
+            "usage: bench_mha machine|prefill|backward|decode [options]\n"
             "  common:  --threads N (default 2)\n"
             "  machine: --fma-iters N --stream-mib 64,256,1024\n"
             "  prefill: --name NAME --B --T [--S] --d --h [--causal] [--reps] [--budget]\n"
@@ -109,6 +111,7 @@ static int cmd_prefill(int argc, char **argv, int threads) {
             printf("RESULT kind=machine key=openblas corename=%s threads=%d config=\"%s\"\n",
                    openblas_get_corename(), openblas_get_num_threads(), openblas_get_config());
     }
+    if (!strcmp(argv[1], "backward")) return c.cross ? (usage(), 2) : bench_backward(&c);
     return bench_prefill(&c);
 }
 
@@ -136,7 +139,7 @@ int main(int argc, char **argv) {
     if (env && atoi(env) > 0) threads = atoi(env);
     if (argc < 2) usage();
     if (!strcmp(argv[1], "machine")) return cmd_machine(argc, argv, threads);
-    if (!strcmp(argv[1], "prefill")) return cmd_prefill(argc, argv, threads);
+    if (!strcmp(argv[1], "prefill") || !strcmp(argv[1], "backward")) return cmd_prefill(argc, argv, threads);
     if (!strcmp(argv[1], "decode")) return cmd_decode(argc, argv, threads);
     usage();
     return 2;

@@ -5,6 +5,7 @@ machine-readable RESULT lines (see bench/bench.h) for bench/report.py.
   peer_torch.py info
   peer_torch.py prefill --name P1 --B 4 --T 512 [--S 2048] --d 768 --h 12
                         [--causal] [--reps 7] [--budget 20] [--threads 2]
+  peer_torch.py backward --name P1 --B 4 --T 512 --d 768 --h 12 [--causal]
   peer_torch.py decode  --d 2048 --h 32 --d-head 64 --h-kv 32,8,1
                         --L 1024,4096,16384 --cache fp32,fp16 [--steps 20]
 
@@ -99,6 +100,49 @@ def cmd_prefill(args):
           f"causal={int(args.causal)} cross={int(cross)} {times_fields('', times)} "
           f"nonfinite={nonfinite} torch_path={'native_mha' if native else 'composite'} "
           f"threads={torch.get_num_threads()} omp_wait={omp_wait()}")
+    sys.stdout.flush()
+
+
+def cmd_backward(args):
+    """nn.MultiheadAttention's autograd (train mode, dropout 0,
+    need_weights=False): backward alone (y.backward(dy) after an untimed
+    forward) and forward + backward, gradients to x and every parameter,
+    as bench_mha backward asks of libmha."""
+    torch.manual_seed(0)
+    d, h, B, T = args.d, args.h, args.B, args.T
+    m = nn.MultiheadAttention(d, h, bias=True, batch_first=True).train()
+    x = (torch.rand(B, T, d) * 2 - 1).requires_grad_()
+    dy = torch.rand(B, T, d) * 2 - 1
+    kwargs = {"need_weights": False}
+    if args.causal:
+        kwargs["attn_mask"] = torch.triu(torch.full((T, T), float("-inf")), diagonal=1)
+    state = {}
+
+    def forward():
+        x.grad = None
+        for p in m.parameters():
+            p.grad = None
+        state["y"], _ = m(x, x, x, **kwargs)
+
+    def backward():
+        state["y"].backward(dy)
+
+    def both():
+        forward()
+        backward()
+
+    both()  # warm-up
+    bt, start = [], time.perf_counter()
+    while len(bt) < args.reps and (not bt or time.perf_counter() - start < args.budget):
+        forward()  # untimed
+        a = time.perf_counter()
+        backward()
+        bt.append(time.perf_counter() - a)
+    ft = repeat(both, args.reps, args.budget)
+    for part, times in (("backward", bt), ("forward_backward", ft)):
+        print(f"RESULT kind=backward impl=torch part={part} name={args.name} B={B} T={T} d_model={d} h={h} "
+              f"causal={int(args.causal)} {times_fields('', times)} threads={torch.get_num_threads()} "
+              f"omp_wait={omp_wait()}")
     sys.stdout.flush()
 
 
@@ -208,6 +252,13 @@ def main():
     p.add_argument("--causal", action="store_true")
     p.add_argument("--reps", type=int, default=7)
     p.add_argument("--budget", type=float, default=20.0)
+    p = sub.add_parser("backward")
+    p.add_argument("--name", default="custom")
+    for k in ("B", "T", "d", "h"):
+        p.add_argument("--" + k, type=int, required=True)
+    p.add_argument("--causal", action="store_true")
+    p.add_argument("--reps", type=int, default=7)
+    p.add_argument("--budget", type=float, default=20.0)
     p = sub.add_parser("decode")
     p.add_argument("--d", type=int, default=2048)
     p.add_argument("--h", type=int, default=32)
@@ -220,7 +271,7 @@ def main():
     p.add_argument("--budget", type=float, default=10.0)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    {"info": cmd_info, "prefill": cmd_prefill, "decode": cmd_decode}[args.cmd](args)
+    {"info": cmd_info, "prefill": cmd_prefill, "backward": cmd_backward, "decode": cmd_decode}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -25,12 +25,15 @@ io="src/io/array.c src/io/npy.c src/io/outfile.c src/io/safetensors.c src/io/ten
 # objects; ISA flags on the kernel files only, as in the Makefile). CPUID
 # checks read as "no": the scalar kernels suffice here, and clang 14 does
 # not know every feature name gcc accepts.
+# an object is stale when its source or any header is newer (a struct that
+# grew in mha.h must rebuild every object that uses it)
+newest_h=$(ls -t include/*.h src/*/*.h | head -1)
 objs=""
 for f in $(ls src/*.c src/*/*.c); do
     o="$out/obj/$(echo "$f" | tr / _).o"
     isa=""
     case "$f" in src/kernels/avx2*) isa="-mavx2 -mfma -mf16c" ;; esac
-    [ "$o" -nt "$f" ] || "$CLANG" $(echo "$flags" | sed 's/fuzzer,/fuzzer-no-link,/') -fopenmp $isa \
+    [ "$o" -nt "$f" ] && [ "$o" -nt "$newest_h" ] || "$CLANG" $(echo "$flags" | sed 's/fuzzer,/fuzzer-no-link,/') -fopenmp $isa \
         '-D__builtin_cpu_supports(feature)=0' -c "$f" -o "$o"
     objs="$objs $o"
 done

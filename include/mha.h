@@ -338,6 +338,43 @@ MHA_API mha_status mha_forward_kv(const mha_layer *layer, float *y, const mha_ca
 MHA_API void mha_set_num_threads(int n);
 MHA_API int mha_get_num_threads(void);
 
+/* ------------------------ log-sum-exp and merging partial attention */
+/* Attention over disjoint key sets K_1, K_2, ... combines exactly: with
+ * each part's output Z_i and log-sum-exp lse_i of its scores,
+ *   lse = log sum_i exp(lse_i),   Z = sum_i exp(lse_i - lse) Z_i.
+ * That is how ring attention, split KV caches and cascade attention are
+ * built (src/forward/lse.c, src/forward/merge.c). These entries always run
+ * the double-accumulating reference, whatever options.path says. */
+
+/* mha_forward_kv (y, cap, sources and options as there) that also writes
+ * lse (B,h,T): lse[b,r,i] = log sum_j exp(scale q_i . k_j + additive_ij)
+ * over the keys query i of head r may attend (extra keys included), taken
+ * before interventions; -INFINITY for a row with no allowed key. */
+MHA_API mha_status mha_forward_lse(const mha_layer *layer, float *y, const mha_capture *cap,
+                                   float *lse, const float *x, const float *k_src,
+                                   const float *v_src, int B, int T, int S,
+                                   const mha_options *opt);
+
+/* Attention alone on projected heads, for the config's h, h_kv, d_k, d_v:
+ * z (B,T,h*d_v) and lse (B,h,T) (may be NULL) from q (B,T,h*d_k),
+ * k (B,S,h_kv*d_k), v (B,S,h_kv*d_v). opt (may be NULL) gives scale, the
+ * masks (with this call's T and S) and masked_row; interventions must be
+ * NULL and the config must not ask for extra keys (add_bias_kv,
+ * add_zero_attn: pass those rows in k and v). */
+MHA_API mha_status mha_attend_lse(const mha_config *cfg, float *z, float *lse, const float *q,
+                                  const float *k, const float *v, int B, int T, int S,
+                                  const mha_options *opt);
+
+/* z (B,T,h*d_v), lse (B,h,T) = the exact merge of n >= 1 partial results
+ * z_parts[i] (B,T,h*d_v), lse_parts[i] (B,h,T) over disjoint key sets. A
+ * part with lse = -inf (no allowed key) has weight 0 whatever its z holds
+ * (0 or NaN); a row whose every part is -inf gets z = 0 and lse = -inf. z
+ * and lse may be one of the parts (in place); lse may be NULL. A NaN or
+ * +inf lse is MHA_E_NONFINITE (nothing written). */
+MHA_API mha_status mha_attention_merge(float *z, float *lse, const float *const *z_parts,
+                                       const float *const *lse_parts, int n, int B, int T,
+                                       int h, int d_v);
+
 /* ---------------------------------------------------- execution context */
 
 /* How calls run, chosen per call instead of per process: the thread count
@@ -439,8 +476,11 @@ typedef struct {
 
 /* Backward of mha_forward_kv with the same x, k_src, v_src, B, T, S and
  * opt (NULL sources mean what they mean there). dy (B,T,d_model) must be
- * finite. opt->path: AUTO and REFERENCE run the double-accumulating
- * reference backward; FAST is MHA_E_UNSUPPORTED (no fast backward yet).
+ * finite. opt->path: AUTO and FAST run the fast fp32 backward
+ * (FlashAttention-2 tiles, no (T,S) buffer, thread-count independent);
+ * REFERENCE the double-accumulating reference backward. FAST returns
+ * MHA_E_UNSUPPORTED for MHA_MASKED_ROW_NAN with a fully masked query row
+ * (AUTO then runs the reference).
  * Asking for a gradient the layer or the call has no tensor for (db_* of
  * a layer without bias, dk_src when k_src is NULL, ...) is MHA_E_ARG. */
 MHA_API mha_status mha_backward_kv(const mha_layer *layer, const mha_gradients *grad, const float *dy,

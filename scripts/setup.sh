@@ -1,14 +1,17 @@
 #!/bin/sh
 # Installs the Debian packages mha needs that are not installed yet.
 #   setup.sh core   build the library and the CLI
-#   setup.sh test   also run every test, the fuzzers and the benchmarks
+#   setup.sh mpi    also OpenMPI, for libmha_mpi and mha-mpi (make mpi)
+#   setup.sh test   also run every test (MPI's too), the fuzzers and the benchmarks
 set -e
 core="gcc make libc6-dev libjansson-dev libpng-dev zlib1g-dev pkg-config"
-test="$core python3 python3-numpy python3-pytest python3-torch python3-pip python3-setuptools python3-wheel libopenblas-dev clang libomp-dev"
+mpi="$core openmpi-bin libopenmpi-dev"
+test="$mpi python3 python3-numpy python3-pytest python3-torch python3-pip python3-setuptools python3-wheel libopenblas-dev clang libomp-dev"
 case "${1:-core}" in
   core) want="$core" ;;
+  mpi) want="$mpi" ;;
   test) want="$test" ;;
-  *) echo "setup.sh: unknown set '$1' (expected core or test)" >&2; exit 2 ;;
+  *) echo "setup.sh: unknown set '$1' (expected core, mpi or test)" >&2; exit 2 ;;
 esac
 if [ "$(id -u)" -eq 0 ]; then sudo=""; else sudo="sudo"; fi
 export DEBIAN_FRONTEND=noninteractive

@@ -309,6 +309,12 @@ double naive_compare_kv(const mha_layer *L, const naive_weights *w, const float 
     return m;
 }
 
+mha_config naive_config(int d_model, int h, int h_kv, int d_k, int d_v, int bias) {
+    mha_config c = mha_config_default(d_model, h);
+    c.n_kv_heads = h_kv, c.d_k = d_k, c.d_v = d_v, c.bias = bias;
+    return c;
+}
+
 mha_options naive_ref_options(void) {
     mha_options o = mha_options_default();
     o.path = MHA_PATH_REFERENCE;

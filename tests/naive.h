@@ -44,6 +44,10 @@ mha_weights naive_weights_view(const naive_weights *w);
 /* mha_layer_create on the view; NULL (and a test failure) on error. */
 mha_layer *naive_make_layer(const naive_weights *w);
 
+/* mha_config_default(d_model, h) with n_kv_heads, d_k, d_v (0: defaults)
+ * and bias set. */
+mha_config naive_config(int d_model, int h, int h_kv, int d_k, int d_v, int bias);
+
 /* mha_options_default() with path = MHA_PATH_REFERENCE. */
 mha_options naive_ref_options(void);
 

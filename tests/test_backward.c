@@ -194,24 +194,18 @@ static void bw_run(bw_fixture *f) {
     bw_grads_free(&gr);
 }
 
-static mha_config cfg(int d_model, int h, int h_kv, int d_k, int d_v, int bias) {
-    mha_config c = mha_config_default(d_model, h);
-    c.n_kv_heads = h_kv, c.d_k = d_k, c.d_v = d_v, c.bias = bias;
-    return c;
-}
-
 /* ------------------------------------------------------------ the cases */
 
 static void backward_fd_self_attention(void) {
     bw_fixture f;
-    bw_make(&f, cfg(8, 2, 0, 0, 0, 1), 2, 3, 3, 0, 0, 1201);
+    bw_make(&f, naive_config(8, 2, 0, 0, 0, 1), 2, 3, 3, 0, 0, 1201);
     bw_run(&f); /* dx carries the Q, K and V paths */
     bw_free(&f);
 }
 
 static void backward_fd_no_bias_scale(void) {
     bw_fixture f;
-    bw_make(&f, cfg(6, 3, 0, 2, 3, 0), 1, 4, 4, 0, 0, 1202);
+    bw_make(&f, naive_config(6, 3, 0, 2, 3, 0), 1, 4, 4, 0, 0, 1202);
     f.opt.scale = 0.8f;
     bw_run(&f);
     bw_free(&f);
@@ -219,7 +213,7 @@ static void backward_fd_no_bias_scale(void) {
 
 static void backward_fd_cross_separate_value(void) {
     bw_fixture f;
-    mha_config c = cfg(8, 2, 0, 3, 5, 1);
+    mha_config c = naive_config(8, 2, 0, 3, 5, 1);
     c.d_kv_in = 6, c.d_v_in = 5;
     bw_make(&f, c, 2, 3, 4, 1, 1, 1203);
     bw_run(&f);
@@ -233,18 +227,18 @@ static void backward_fd_cross_separate_value(void) {
 
 static void backward_fd_gqa_mqa(void) {
     bw_fixture f;
-    bw_make(&f, cfg(8, 4, 2, 2, 2, 1), 2, 3, 3, 0, 0, 1205); /* GQA: kv heads sum 2 heads */
+    bw_make(&f, naive_config(8, 4, 2, 2, 2, 1), 2, 3, 3, 0, 0, 1205); /* GQA: kv heads sum 2 heads */
     f.opt.causal = 1;
     bw_run(&f);
     bw_free(&f);
-    bw_make(&f, cfg(8, 4, 1, 2, 3, 1), 1, 3, 4, 1, 0, 1206); /* MQA, cross */
+    bw_make(&f, naive_config(8, 4, 1, 2, 3, 1), 1, 3, 4, 1, 0, 1206); /* MQA, cross */
     bw_run(&f);
     bw_free(&f);
 }
 
 static void backward_fd_causal_alignments_window(void) {
     bw_fixture f;
-    bw_make(&f, cfg(6, 2, 0, 0, 0, 1), 1, 3, 5, 1, 0, 1207);
+    bw_make(&f, naive_config(6, 2, 0, 0, 0, 1), 1, 3, 5, 1, 0, 1207);
     f.opt.causal = 1, f.opt.align = MHA_ALIGN_BOTTOM_RIGHT;
     bw_run(&f);
     f.opt.align = MHA_ALIGN_TOP_LEFT; /* rows see 1..3 of 5 keys */
@@ -257,7 +251,7 @@ static void backward_fd_causal_alignments_window(void) {
 static void backward_fd_masks(void) {
     bw_fixture f;
     const int B = 2, T = 3, S = 4, h = 2;
-    bw_make(&f, cfg(6, h, 0, 0, 0, 1), B, T, S, 1, 0, 1208);
+    bw_make(&f, naive_config(6, h, 0, 0, 0, 1), B, T, S, 1, 0, 1208);
     uint8_t keep[2 * 2 * 3 * 4];     // (B,h,T,S)
     float add[3 * 4];                // (1,1,T,S)
     uint8_t key_keep[2 * 4] = {1, 1, 0, 1, 1, 0, 1, 1}; // (B,S)
@@ -277,7 +271,7 @@ static void backward_fd_masks(void) {
 
 static void backward_fd_bias_kv_zero_attn(void) {
     bw_fixture f;
-    mha_config c = cfg(6, 2, 0, 0, 0, 1);
+    mha_config c = naive_config(6, 2, 0, 0, 0, 1);
     c.add_bias_kv = 1, c.add_zero_attn = 1;
     bw_make(&f, c, 2, 3, 3, 0, 0, 1209);
     uint8_t key_keep[2 * 3] = {0, 0, 0, 1, 0, 1}; /* batch 0 sees only the extra keys */
@@ -292,7 +286,7 @@ static void backward_fd_bias_kv_zero_attn(void) {
 
 static void backward_fd_interventions(void) {
     bw_fixture f;
-    bw_make(&f, cfg(8, 4, 0, 2, 2, 1), 2, 3, 3, 0, 0, 1211);
+    bw_make(&f, naive_config(8, 4, 0, 2, 2, 1), 2, 3, 3, 0, 0, 1211);
     float value[2 * 3 * 2]; // (B,T,d_v)
     uint64_t seed = 9;
     test_fill_uniform(value, 12, &seed, -1.0f, 1.0f);
@@ -308,7 +302,7 @@ static void backward_fd_interventions(void) {
 static void backward_fully_masked_row(void) {
     bw_fixture f;
     const int B = 1, T = 3, S = 4;
-    bw_make(&f, cfg(6, 2, 0, 0, 0, 1), B, T, S, 1, 0, 1212);
+    bw_make(&f, naive_config(6, 2, 0, 0, 0, 1), B, T, S, 1, 0, 1212);
     uint8_t keep[3 * 4] = {1, 1, 0, 1, 0, 0, 0, 0, 0, 1, 1, 1}; // (1,1,T,S): row 1 sees nothing
     f.opt.keep_mask = (mha_mask){keep, 1, 1};
     bw_run(&f);
@@ -329,7 +323,7 @@ static void backward_fully_masked_row(void) {
 /* The checker itself: a gradient off by 1e-3 in one entry must fail. */
 static void backward_fd_detects_wrong_gradient(void) {
     bw_fixture f;
-    bw_make(&f, cfg(6, 2, 0, 0, 0, 1), 1, 3, 3, 0, 0, 1213);
+    bw_make(&f, naive_config(6, 2, 0, 0, 0, 1), 1, 3, 3, 0, 0, 1213);
     bw_grads gr;
     bw_backward(&f, &gr);
     CHECK(bw_check_all(&f, &gr, 1) <= 0.0);
@@ -342,13 +336,13 @@ static void backward_fd_detects_wrong_gradient(void) {
 /* Only the wanted gradients are written; the rest equal a full call's. */
 static void backward_partial_request(void) {
     bw_fixture f;
-    bw_make(&f, cfg(6, 2, 0, 0, 0, 1), 1, 3, 3, 0, 0, 1214);
+    bw_make(&f, naive_config(6, 2, 0, 0, 0, 1), 1, 3, 3, 0, 0, 1214);
     bw_grads all;
     bw_backward(&f, &all);
     float dw_o[6 * 6];
     mha_gradients one = {0};
     one.dw_o = dw_o;
-    CHECK_OK(mha_backward(f.L, &one, f.dy, f.x, NULL, 1, 3, 3, NULL));
+    CHECK_OK(mha_backward(f.L, &one, f.dy, f.x, NULL, 1, 3, 3, &f.opt)); /* the same path */
     CHECK_ARRAY_NEAR(dw_o, all.g.dw_o, 36, 0.0);
     bw_grads_free(&all);
     bw_free(&f);
@@ -356,7 +350,7 @@ static void backward_partial_request(void) {
 
 static void backward_errors(void) {
     bw_fixture f;
-    bw_make(&f, cfg(6, 2, 0, 0, 0, 0), 1, 2, 2, 0, 0, 1215);
+    bw_make(&f, naive_config(6, 2, 0, 0, 0, 0), 1, 2, 2, 0, 0, 1215);
     float buf[64], db[6];
     mha_gradients g = {0};
     g.dx = buf;
@@ -380,7 +374,7 @@ static void backward_errors(void) {
     f.dy[3] = 0.0f;
     mha_options o = mha_options_default();
     o.path = MHA_PATH_FAST;
-    CHECK_STATUS(mha_backward(f.L, &g, f.dy, f.x, NULL, 1, 2, 2, &o), MHA_E_UNSUPPORTED);
+    CHECK_OK(mha_backward(f.L, &g, f.dy, f.x, NULL, 1, 2, 2, &o)); /* the fast backward */
     bw_free(&f);
 }
 
@@ -391,7 +385,7 @@ static void backward_errors(void) {
 static void attribution_equals_zero_ablation(void) {
     bw_fixture f;
     const int B = 2, T = 3, h = 4, D = 8;
-    bw_make(&f, cfg(D, h, 2, 2, 3, 1), B, T, T, 0, 0, 1216);
+    bw_make(&f, naive_config(D, h, 2, 2, 3, 1), B, T, T, 0, 0, 1216);
     f.opt.causal = 1;
     float attr[4 * 2 * 3], dz[2 * 3 * 4 * 3], y[2 * 3 * 8], ya[2 * 3 * 8]; // (h,B,T) (B,T,h*d_v) (B,T,D)x2
     CHECK_OK(mha_head_attribution(f.L, attr, dz, f.dy, f.x, NULL, NULL, B, T, T, &f.opt));
@@ -425,7 +419,7 @@ static void attribution_equals_zero_ablation(void) {
 
 static void attribution_errors(void) {
     bw_fixture f;
-    bw_make(&f, cfg(6, 2, 0, 0, 0, 1), 1, 2, 2, 0, 0, 1217);
+    bw_make(&f, naive_config(6, 2, 0, 0, 0, 1), 1, 2, 2, 0, 0, 1217);
     float attr[4];
     CHECK_STATUS(mha_head_attribution(f.L, NULL, NULL, f.dy, f.x, NULL, NULL, 1, 2, 2, NULL), MHA_E_ARG);
     CHECK_STATUS(mha_head_attribution(f.L, attr, NULL, NULL, f.x, NULL, NULL, 1, 2, 2, NULL), MHA_E_ARG);

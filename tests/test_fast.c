@@ -10,7 +10,6 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
 
 #include "forward/forward.h"
 #include "kernels/kernels.h"
@@ -558,29 +557,6 @@ static void test_fast_value_source_scalar(void) {
 
 /* ------------------------------------------------------------- memory */
 
-/* Peak resident set of this process in bytes: VmHWM, which writing "5" to
- * /proc/self/clear_refs resets (so earlier tests' peaks do not count);
- * getrusage's lifetime maximum where /proc is not available. */
-static double peak_rss_bytes(void) {
-    FILE *f = fopen("/proc/self/status", "r");
-    char line[256];
-    double kib = -1.0;
-    while (f && fgets(line, sizeof line, f))
-        if (strncmp(line, "VmHWM:", 6) == 0) kib = atof(line + 6);
-    if (f) fclose(f);
-    if (kib < 0) {
-        struct rusage ru;
-        getrusage(RUSAGE_SELF, &ru);
-        kib = (double)ru.ru_maxrss;
-    }
-    return kib * 1024.0;
-}
-
-static void reset_peak_rss(void) {
-    FILE *f = fopen("/proc/self/clear_refs", "w");
-    if (f) fputs("5", f), fclose(f);
-}
-
 /* B=1, T, d_model=768, h=12, causal: peak RSS below twice the tensors the
  * pass must hold (X, Q, K, V, Z, Y and the weights). T comes from
  * MHA_TEST_MEMORY_T (32768 in `make test-memory`), else 2048. Skipped under
@@ -591,7 +567,7 @@ static void test_fast_memory_peak(void) {
 #endif
     const char *env = getenv("MHA_TEST_MEMORY_T");
     const int T = env ? atoi(env) : 2048, D = 768;
-    reset_peak_rss();
+    test_reset_peak_rss();
     mha_layer *L = NULL;
     mha_config c = mha_config_default(D, 12);
     CHECK_OK(mha_layer_create(&L, &c, NULL)); /* zero weights: RSS, not values, is measured */
@@ -605,7 +581,7 @@ static void test_fast_memory_peak(void) {
     o.causal = 1;
     o.path = MHA_PATH_FAST;
     CHECK_OK(mha_forward(L, y, NULL, x, NULL, 1, T, T, &o));
-    const double peak = peak_rss_bytes(), need = 6.0 * act + wts;
+    const double peak = test_peak_rss_bytes(), need = 6.0 * act + wts;
     if (env) /* the benchmark report (bench/report.py) reads this line */
         printf("RESULT kind=memory T=%d peak_mib=%.1f need_mib=%.1f ratio=%.3f\n", T,
                peak / 1048576.0, need / 1048576.0, peak / need);

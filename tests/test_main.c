@@ -4,6 +4,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include "test_util.h"
 #include "tests.h"
@@ -26,6 +27,8 @@ static const test_area_fn areas[] = {
     tests_concurrency,
     tests_overflow,
     tests_backward,
+    tests_merge,
+    tests_backward_fast,
 };
 
 const char *test_current = "";
@@ -39,6 +42,29 @@ void test_report(const char *file, int line, const char *fmt, ...) {
     va_end(ap);
     fputc('\n', stderr);
     test_failures_current++;
+}
+
+/* Peak resident set of this process in bytes: VmHWM, which writing "5" to
+ * /proc/self/clear_refs resets (so earlier tests' peaks do not count);
+ * getrusage's lifetime maximum where /proc is not available. */
+double test_peak_rss_bytes(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    double kib = -1.0;
+    while (f && fgets(line, sizeof line, f))
+        if (strncmp(line, "VmHWM:", 6) == 0) kib = atof(line + 6);
+    if (f) fclose(f);
+    if (kib < 0) {
+        struct rusage ru;
+        getrusage(RUSAGE_SELF, &ru);
+        kib = (double)ru.ru_maxrss;
+    }
+    return kib * 1024.0;
+}
+
+void test_reset_peak_rss(void) {
+    FILE *f = fopen("/proc/self/clear_refs", "w");
+    if (f) fputs("5", f), fclose(f);
 }
 
 double test_max_abs_diff(const float *a, const float *b, size_t n) {

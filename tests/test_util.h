@@ -70,6 +70,10 @@ void test_report(const char *file, int line, const char *fmt, ...)
 double test_max_abs_diff(const float *a, const float *b, size_t n);
 /* Deterministic uniform floats in [lo, hi) from a 64-bit seed. */
 void test_fill_uniform(float *p, size_t n, uint64_t *seed, float lo, float hi);
+/* Peak resident set of this process in bytes since the last reset
+ * (VmHWM; getrusage's lifetime maximum where /proc is missing). */
+double test_peak_rss_bytes(void);
+void test_reset_peak_rss(void);
 /* Checks max|a-b| <= tol over n entries, naming the arrays. */
 #define CHECK_ARRAY_NEAR(a, b, n, tol)                                         \
     do {                                                                       \

@@ -25,5 +25,7 @@ const test_case *tests_cache(size_t *count);
 const test_case *tests_concurrency(size_t *count);
 const test_case *tests_overflow(size_t *count);
 const test_case *tests_backward(size_t *count);
+const test_case *tests_merge(size_t *count);
+const test_case *tests_backward_fast(size_t *count);
 
 #endif

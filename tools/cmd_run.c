@@ -16,7 +16,7 @@
 #include "run_attribution.h"
 
 /* "2=zero,5=scale:0.5,7=mean" -> iv[h] (head positions, 0-based). */
-static int parse_ablate(const char *spec, mha_intervention *iv, int h) {
+int cli_parse_ablate(const char *spec, mha_intervention *iv, int h) {
     const char *p = spec;
     while (*p) {
         char *end;
@@ -98,17 +98,7 @@ int cmd_run(int argc, char **argv) {
                  "(B, S, d_v_in); default the key/value input"},
         {.name = "--output", .kind = MHA_ARG_STRING, .dest = &output, .metavar = "Y.npy",
          .help = "output Y, same rank as X", .required = 1},
-        {.name = "--ablate", .kind = MHA_ARG_STRING, .dest = &ablate, .metavar = "SPEC",
-         .help = "head interventions before W_O, e.g. 2=zero,5=scale:0.5,7=mean"},
-        {.name = "--save-z", .kind = MHA_ARG_STRING, .dest = &save_z, .metavar = "Z.npy",
-         .help = "save Z (B,T,h*d_v), after the ablations"},
-        {.name = "--save-contributions", .kind = MHA_ARG_STRING, .dest = &save_c,
-         .metavar = "C.npy", .help = "save each head's Z^(r) W_O[r], (h,B,T,d_model)"},
-        {.name = "--save-probs", .kind = MHA_ARG_STRING, .dest = &save_p, .metavar = "P.npy",
-         .help = "save attention probabilities (B,h,T,S_total)"},
-        {.name = "--masked-rows", .kind = MHA_ARG_STRING, .dest = &masked, .metavar = "M",
-         .help = "a query row with no allowed key gives zero (default) or nan (PyTorch)",
-         .choices = "zero|nan"},
+        CLI_RUN_OUTPUT_ARGS(ablate, save_z, save_c, save_p, masked),
         {.name = "--grad-output", .kind = MHA_ARG_STRING, .dest = &grad_output, .metavar = "dY.npy",
          .help = "dY, shaped like Y: the metric <dY, Y> for --save-attribution"},
         {.name = "--save-attribution", .kind = MHA_ARG_STRING, .dest = &save_a, .metavar = "A.npy",
@@ -172,7 +162,7 @@ int cmd_run(int argc, char **argv) {
     if (masked && strcmp(masked, "nan") == 0) f.opt.masked_row = MHA_MASKED_ROW_NAN;
     if (ablate) {
         iv = calloc((size_t)h, sizeof *iv);
-        rc = iv ? parse_ablate(ablate, iv, h) : mha_cmd_error("run", 1, "out of memory");
+        rc = iv ? cli_parse_ablate(ablate, iv, h) : mha_cmd_error("run", 1, "out of memory");
         if (rc) goto done;
         f.opt.interventions = iv;
     }

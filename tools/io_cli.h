@@ -72,6 +72,21 @@ typedef struct cli_fwd_flags {
      .metavar = "P.npy",                                                                       \
      .help = "PyTorch key_padding_mask (B,S) or (S,): bool True = padding (ignored); float = added"}
 
+/* --ablate, --save-z, --save-contributions, --save-probs, --masked-rows:
+ * the outputs of `mha run` and `mha-mpi run` (const char * destinations). */
+#define CLI_RUN_OUTPUT_ARGS(ablate, save_z, save_c, save_p, masked)                           \
+    {.name = "--ablate", .kind = MHA_ARG_STRING, .dest = &(ablate), .metavar = "SPEC",         \
+     .help = "head interventions before W_O, e.g. 2=zero,5=scale:0.5,7=mean"},                  \
+    {.name = "--save-z", .kind = MHA_ARG_STRING, .dest = &(save_z), .metavar = "Z.npy",        \
+     .help = "save Z (B,T,h*d_v), after the ablations"},                                       \
+    {.name = "--save-contributions", .kind = MHA_ARG_STRING, .dest = &(save_c),                \
+     .metavar = "C.npy", .help = "save each head's Z^(r) W_O[r], (h,B,T,d_model)"},           \
+    {.name = "--save-probs", .kind = MHA_ARG_STRING, .dest = &(save_p), .metavar = "P.npy",    \
+     .help = "save attention probabilities (B,h,T,S_total)"},                                  \
+    {.name = "--masked-rows", .kind = MHA_ARG_STRING, .dest = &(masked), .metavar = "M",       \
+     .help = "a query row with no allowed key gives zero (default) or nan (PyTorch)",          \
+     .choices = "zero|nan"}
+
 /* Rewrites a bare "--causal" (optionally followed by its value as the next
  * word) to "--causal=VALUE" so the strict parser sees one form. Returns a
  * new argv (static storage, argc updated). */
@@ -110,6 +125,10 @@ int cli_save(const cli_outputs *outs, const char *flag, const float *data, int r
 
 /* A library failure as "mha <cmd>: <message>", exit code 1. */
 int cli_fail(const char *cmd, mha_status s);
+
+/* --ablate "2=zero,5=scale:0.5,7=mean" -> iv (h entries, zeroed by the
+ * caller), for run and mha-mpi run (defined in cmd_run.c). */
+int cli_parse_ablate(const char *spec, mha_intervention *iv, int h);
 
 /* Allocates n floats (zeroed) or prints an error and returns NULL. */
 float *cli_alloc(const char *cmd, size_t n);

@@ -7,9 +7,10 @@
     y.sum().backward()                                          # gradients from libmha
 
 fp32 on the CPU. The forward runs mha_forward_kv (the fast path where the
-build has one); the backward runs mha_backward_kv, which today is the
-double-accumulating reference backward (exact, but O(T*S) per row and not
-threaded: fine for small models, slow for long sequences).
+build has one); the backward runs mha_backward_kv: the fast fp32 backward
+(FlashAttention-2 tiles, threaded), or the double-accumulating reference
+backward where the fast one declines (a fully masked query row in NaN
+mode, the default here).
 
 Legend: B batch (N in torch), T queries (L), S keys, E = embed_dim,
 h heads, h_kv kv heads, d = E / h per head.

@@ -26,6 +26,10 @@ mha_status mha_kv_perm_from_heads(int *kv_perm, const int *perm, int h, int h_kv
  * Shared by mha_forward and mha_forward_cached. */
 mha_status mha_check_interventions(const mha_intervention *ivs, int h, size_t rows, int d_v);
 
+/* Validates options (scale, flags, mask shapes and values, interventions)
+ * for a (B,T,S) request of config c; part of mha_forward_validate. */
+mha_status mha_check_options(const mha_config *c, const mha_options *o, int B, int T, int S);
+
 /* mha_head_intervene (mha.h) with REPLACE reading value row value_row[t]
  * for z row t (NULL: row t): the cached forward packs its rows. */
 mha_status mha_head_intervene_rows(float *z, const mha_intervention *iv, int r, int n, int rows, int d,

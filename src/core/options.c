@@ -40,7 +40,7 @@ static mha_status check_mask(const mha_mask *m, const char *name, int B, int h) 
     return MHA_OK;
 }
 
-static mha_status check_options(const mha_config *c, const mha_options *o, int B, int T, int S) {
+mha_status mha_check_options(const mha_config *c, const mha_options *o, int B, int T, int S) {
     mha_status s;
     if (o->causal != 0 && o->causal != 1) return mha_fail(MHA_E_ARG, "options.causal=%d; expected 0 or 1", o->causal);
     if (o->align != MHA_ALIGN_TOP_LEFT && o->align != MHA_ALIGN_BOTTOM_RIGHT)
@@ -117,6 +117,6 @@ mha_status mha_forward_validate(const mha_layer *L, const float *y, const float 
     if (k_src != x && (s = mha_check_finite(k_src, (size_t)B * S * c->d_kv_in, "kv"))) return s;
     if (v_src != x && v_src != k_src && (s = mha_check_finite(v_src, (size_t)B * S * c->d_v_in, "v_src")))
         return s;
-    return check_options(c, o, B, T, S);
+    return mha_check_options(c, o, B, T, S);
 }
 

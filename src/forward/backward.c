@@ -1,6 +1,11 @@
 /* backward.c — one backward pass: validate the request (the forward's own
- * validation plus dy and the gradient outputs), then run the reference.
+ * validation plus dy and the gradient outputs), then run the fast backward
+ * (AUTO, FAST) or the reference (REFERENCE, and AUTO where the fast one
+ * returns MHA_E_UNSUPPORTED).
  * Legend: B, T, S, h, h_kv, d_k, d_v, d_model, d_kv_in, d_v_in (see mha.h). */
+#include <stdlib.h>
+#include <string.h>
+
 #include "forward/backward.h"
 #include "core/variants.h"
 
@@ -42,10 +47,18 @@ mha_status mha_backward_kv(const mha_layer *L, const mha_gradients *g, const flo
     if (mha_variants_any(&L->cfg))
         return mha_fail(MHA_E_UNSUPPORTED, "mha_backward: the layer uses rope, alibi, softcap, sinks or "
                         "qk_norm, which have no backward yet; expected a layer without them");
-    if (opt->path == MHA_PATH_FAST)
-        return mha_fail(MHA_E_UNSUPPORTED, "mha_backward: path=MHA_PATH_FAST has no backward yet; expected MHA_PATH_AUTO or _REFERENCE");
     mha_clear_error();
-    return mha_backward_reference(L, g, dy, x, k_src, v_src, B, T, S, opt);
+    /* MHA_KERNELS=reference forces the oracle under AUTO, as in mha_forward
+     * (forward.c validates the variable's other values) */
+    const char *env = getenv("MHA_KERNELS");
+    if (opt->path == MHA_PATH_REFERENCE || (opt->path == MHA_PATH_AUTO && env && !strcmp(env, "reference")))
+        return mha_backward_reference(L, g, dy, x, k_src, v_src, B, T, S, opt);
+    s = mha_backward_fast(L, g, dy, x, k_src, v_src, B, T, S, opt);
+    if (s == MHA_E_UNSUPPORTED && opt->path == MHA_PATH_AUTO) {
+        mha_clear_error();
+        return mha_backward_reference(L, g, dy, x, k_src, v_src, B, T, S, opt);
+    }
+    return s;
 }
 
 mha_status mha_backward(const mha_layer *L, const mha_gradients *g, const float *dy, const float *x,

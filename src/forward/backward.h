@@ -13,4 +13,11 @@ mha_status mha_backward_reference(const mha_layer *L, const mha_gradients *g, co
                                   const float *x, const float *k_src, const float *v_src,
                                   int B, int T, int S, const mha_options *opt);
 
+/* The fast backward (backward_fast.c), fp32, FlashAttention-2's algorithm;
+ * same arguments. MHA_E_UNSUPPORTED when it cannot serve the request: the
+ * caller then runs the reference under MHA_PATH_AUTO. */
+mha_status mha_backward_fast(const mha_layer *L, const mha_gradients *g, const float *dy,
+                             const float *x, const float *k_src, const float *v_src,
+                             int B, int T, int S, const mha_options *opt);
+
 #endif /* MHA_BACKWARD_H */

@@ -89,23 +89,98 @@ static void transform_heads(double *m, const mha_config *c, int B, int n, int he
             }
 }
 
-mha_status mha_forward_reference(const mha_layer *L, float *y, const mha_capture *cap, const float *x,
-                                 const float *k_src, const float *v_src, int B, int T, int S,
-                                 const mha_options *opt) {
+/* z (B,T,h*d_v) = attention of q (B,T,h*d_k) over k (B,Sx,h_kv*d_k) and
+ * v (B,Sx,h_kv*d_v), S original keys then the extra ones; probs
+ * (B,h,T,Sx) and lse (B,h,T) when not NULL. lse is log sum_j exp(score_j)
+ * over the allowed keys, -inf for a row with none. */
+mha_status mha_attend_reference(const mha_config *c, const mha_head_terms *ht, double *z,
+                                float *probs, float *lse, const double *q, const double *k,
+                                const double *v, int B, int T, int S, const mha_options *opt) {
+    const float *slopes = c->alibi && ht ? ht->alibi_slopes : NULL;
+    const float *sinks = c->sinks && ht ? ht->sinks : NULL;
+    const int keys_are_x = ht ? ht->keys_are_x : 0;
+    const int h = c->n_heads, d_k = c->d_k, d_v = c->d_v;
+    const int Sx = mha_total_keys(c, S);
+    const size_t qw = (size_t)h * d_k, kw = (size_t)c->n_kv_heads * d_k,
+                 vw = (size_t)c->n_kv_heads * d_v, zw = (size_t)h * d_v;
+    const double scale = opt->scale != 0.0f ? opt->scale : 1.0 / sqrt((double)d_k);
+    double *score = malloc((size_t)Sx * sizeof(double)); // (Sx) one query row
+    int *allowed = malloc((size_t)Sx * sizeof(int));     // (Sx)
+    if (!score || !allowed) {
+        free(score), free(allowed);
+        return mha_fail(MHA_E_NOMEM, "reference attention: no memory for one score row (S=%d)", Sx);
+    }
+
+    // --- Z^(r) = softmax(softcap(scale * Q^(r) K^(g)^T) + alibi + mask, sink) V^(g)
+    for (int b = 0; b < B; b++)
+        for (int r = 0; r < h; r++) {
+            const int g = mha_kv_head(c, r);
+            for (int i = 0; i < T; i++) {
+                const double *qi = q + ((size_t)b * T + i) * qw + (size_t)r * d_k;
+                double *zi = z + ((size_t)b * T + i) * zw + (size_t)r * d_v;
+                double max = -INFINITY;
+                for (int j = 0; j < Sx; j++) {
+                    double add = 0.0;
+                    allowed[j] = j >= S || mha_mask_key(opt, b, r, i, j, T, S, &add);
+                    if (!allowed[j]) continue;
+                    const double *kj = k + ((size_t)b * Sx + j) * kw + (size_t)g * d_k;
+                    double dot = 0.0;
+                    for (int e = 0; e < d_k; e++) dot += qi[e] * kj[e];
+                    score[j] = scale * dot;
+                    if (c->softcap != 0.0f) score[j] = c->softcap * tanh(score[j] / c->softcap);
+                    if (slopes) /* -slope_r * |p_i - p_j| */
+                        score[j] -= slopes[r] * fabs((double)mha_query_position(opt, b, i, T) -
+                                                     mha_key_position(opt, keys_are_x, b, j, S));
+                    score[j] += add;
+                    if (score[j] > max) max = score[j];
+                }
+                float *prow = probs ? probs + (((size_t)b * h + r) * T + i) * Sx : NULL;
+                float *lrow = lse ? lse + ((size_t)b * h + r) * T + i : NULL;
+                if (max == -INFINITY) { /* no key allowed: zero or NaN row */
+                    double fill = opt->masked_row == MHA_MASKED_ROW_NAN ? NAN : 0.0;
+                    for (int e = 0; e < d_v; e++) zi[e] = fill;
+                    for (int j = 0; prow && j < Sx; j++) prow[j] = (float)fill;
+                    if (lrow) *lrow = -INFINITY;
+                    continue;
+                }
+                /* a sink joins the denominator: exp(sink_r) with no value */
+                if (sinks && sinks[r] > max) max = sinks[r];
+                double sum = sinks ? exp(sinks[r] - max) : 0.0;
+                for (int j = 0; j < Sx; j++) {
+                    score[j] = allowed[j] ? exp(score[j] - max) : 0.0;
+                    sum += score[j];
+                }
+                if (lrow) *lrow = (float)(max + log(sum));
+                for (int e = 0; e < d_v; e++) zi[e] = 0.0;
+                for (int j = 0; j < Sx; j++) {
+                    double p = score[j] / sum;
+                    if (prow) prow[j] = (float)p;
+                    if (p == 0.0) continue;
+                    const double *vj = v + ((size_t)b * Sx + j) * vw + (size_t)g * d_v;
+                    for (int e = 0; e < d_v; e++) zi[e] += p * vj[e];
+                }
+            }
+        }
+
+    free(score), free(allowed);
+    return MHA_OK;
+}
+
+mha_status mha_forward_reference_lse(const mha_layer *L, float *y, const mha_capture *cap,
+                                     float *lse, const float *x, const float *k_src,
+                                     const float *v_src, int B, int T, int S,
+                                     const mha_options *opt) {
     const mha_config *c = &L->cfg;
     const int h = c->n_heads, h_kv = c->n_kv_heads, d_k = c->d_k, d_v = c->d_v, D = c->d_model;
     const int Sx = mha_total_keys(c, S);
     const size_t qw = (size_t)h * d_k, kw = (size_t)h_kv * d_k, vw = (size_t)h_kv * d_v, zw = (size_t)h * d_v;
-    const double scale = opt->scale != 0.0f ? opt->scale : 1.0 / sqrt((double)d_k);
 
     double *q = malloc((size_t)B * T * qw * sizeof(double));   // (B,T,h*d_k)
     double *k = calloc((size_t)B * Sx * kw, sizeof(double));   // (B,Sx,h_kv*d_k)
     double *v = calloc((size_t)B * Sx * vw, sizeof(double));   // (B,Sx,h_kv*d_v)
     double *z = malloc((size_t)B * T * zw * sizeof(double));   // (B,T,h*d_v)
-    double *score = malloc((size_t)Sx * sizeof(double));       // (Sx) one query row
-    int *allowed = malloc((size_t)Sx * sizeof(int));           // (Sx)
-    if (!q || !k || !v || !z || !score || !allowed) {
-        free(q), free(k), free(v), free(z), free(score), free(allowed);
+    if (!q || !k || !v || !z) {
+        free(q), free(k), free(v), free(z);
         return mha_fail(MHA_E_NOMEM, "reference forward: no memory for Q, K, V, Z (B=%d T=%d S=%d)", B, T, S);
     }
 
@@ -127,52 +202,12 @@ mha_status mha_forward_reference(const mha_layer *L, float *y, const mha_capture
     transform_heads(k, c, B, S, h_kv, L->k_norm, opt, 1, k_src == x, T);
 
     // --- attention: Z^(r) = softmax(softcap(scale * Q^(r) K^(g)^T) + alibi + mask, sink) V^(g)
-    for (int b = 0; b < B; b++)
-        for (int r = 0; r < h; r++) {
-            const int g = mha_kv_head(c, r);
-            for (int i = 0; i < T; i++) {
-                const double *qi = q + ((size_t)b * T + i) * qw + (size_t)r * d_k;
-                double *zi = z + ((size_t)b * T + i) * zw + (size_t)r * d_v;
-                double max = -INFINITY;
-                for (int j = 0; j < Sx; j++) {
-                    double add = 0.0;
-                    allowed[j] = j >= S || mha_mask_key(opt, b, r, i, j, T, S, &add);
-                    if (!allowed[j]) continue;
-                    const double *kj = k + ((size_t)b * Sx + j) * kw + (size_t)g * d_k;
-                    double dot = 0.0;
-                    for (int e = 0; e < d_k; e++) dot += qi[e] * kj[e];
-                    score[j] = scale * dot;
-                    if (c->softcap != 0.0f) score[j] = c->softcap * tanh(score[j] / c->softcap);
-                    if (c->alibi) /* -slope_r * |p_i - p_j| */
-                        score[j] -= L->alibi_slopes[r] * fabs((double)mha_query_position(opt, b, i, T) -
-                                                              mha_key_position(opt, k_src == x, b, j, S));
-                    score[j] += add;
-                    if (score[j] > max) max = score[j];
-                }
-                float *prow = cap && cap->probs ? cap->probs + (((size_t)b * h + r) * T + i) * Sx : NULL;
-                if (max == -INFINITY) { /* no key allowed: zero or NaN row */
-                    double fill = opt->masked_row == MHA_MASKED_ROW_NAN ? NAN : 0.0;
-                    for (int e = 0; e < d_v; e++) zi[e] = fill;
-                    for (int j = 0; prow && j < Sx; j++) prow[j] = (float)fill;
-                    continue;
-                }
-                /* a sink joins the denominator: exp(sink_r) with no value */
-                if (c->sinks && L->sinks[r] > max) max = L->sinks[r];
-                double sum = c->sinks ? exp(L->sinks[r] - max) : 0.0;
-                for (int j = 0; j < Sx; j++) {
-                    score[j] = allowed[j] ? exp(score[j] - max) : 0.0;
-                    sum += score[j];
-                }
-                for (int e = 0; e < d_v; e++) zi[e] = 0.0;
-                for (int j = 0; j < Sx; j++) {
-                    double p = score[j] / sum;
-                    if (prow) prow[j] = (float)p;
-                    if (p == 0.0) continue;
-                    const double *vj = v + ((size_t)b * Sx + j) * vw + (size_t)g * d_v;
-                    for (int e = 0; e < d_v; e++) zi[e] += p * vj[e];
-                }
-            }
-        }
+    const mha_head_terms ht = {L->alibi_slopes, L->sinks, k_src == x};
+    mha_status s = mha_attend_reference(c, &ht, z, cap ? cap->probs : NULL, lse, q, k, v, B, T, S, opt);
+    if (s) {
+        free(q), free(k), free(v), free(z);
+        return s;
+    }
 
     // --- interventions on Z^(r), before concatenation is read by W_O
     const size_t rows = (size_t)B * T;
@@ -195,6 +230,12 @@ mha_status mha_forward_reference(const mha_layer *L, float *y, const mha_capture
             y[t * D + o] = (float)acc;
         }
 
-    free(q), free(k), free(v), free(z), free(score), free(allowed);
+    free(q), free(k), free(v), free(z);
     return MHA_OK;
+}
+
+mha_status mha_forward_reference(const mha_layer *L, float *y, const mha_capture *cap, const float *x,
+                                 const float *k_src, const float *v_src, int B, int T, int S,
+                                 const mha_options *opt) {
+    return mha_forward_reference_lse(L, y, cap, NULL, x, k_src, v_src, B, T, S, opt);
 }

@@ -1,0 +1,115 @@
+/* mha_mpi.h — libmha_mpi: the attention layer of libmha split across MPI
+ * ranks (built only where MPI is installed; libmha itself knows nothing of
+ * MPI). Legend as in mha.h: B batch, T queries, S keys, h heads, h_kv kv
+ * heads, d_k, d_v, d_model, d_kv_in; P ranks of the communicator, r this
+ * rank.
+ *
+ * Head parallel (Megatron-style): rank r owns query heads
+ * [r*h/P, (r+1)*h/P): column blocks of W_Q, W_K, W_V (and biases) and row
+ * blocks of W_O. It computes its partial Y_r = sum over its heads of
+ * Z^(i) W_O[i]; one MPI_Allreduce(SUM) gives Y = sum_r Y_r, and b_O is
+ * added once, after it. kv heads move in whole groups: P must divide h_kv,
+ * or (MQA-like) h_kv must divide P and P divide h, each rank then keeping
+ * a copy of the one kv head its query heads read.
+ *
+ * Sequence parallel (ring attention): the T query rows (and the S key
+ * rows) are cut into 2P chunks; rank r owns chunks r and 2P-1-r (zigzag,
+ * so every rank has as much causal work as any other). Each rank projects
+ * its rows; the K/V blocks travel around the ring (MPI_Isend/MPI_Irecv
+ * overlapped with the attention of the block in hand), and partial results
+ * are merged with mha_attention_merge (mha.h).
+ *
+ * Errors: every function here is collective. A failure on any rank (bad
+ * input, allocation, shapes that differ between ranks) makes every rank
+ * return the same status with the failing rank's message in
+ * mha_mpi_last_error(); no rank is left waiting. */
+#ifndef MHA_MPI_H
+#define MHA_MPI_H
+
+#include <mpi.h>
+
+#include "mha.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Message of the last failing call on this rank ("" when none); after a
+ * collective failure, the same text on every rank. */
+const char *mha_mpi_last_error(void);
+
+/* Bytes this rank sent in the last call, and what the formula predicts. */
+typedef struct {
+    double sent_bytes;     /* payload handed to MPI (allreduce, ring sends)   */
+    double formula_bytes;  /* heads: B*T*d_model*4 (one allreduce of Y);
+                              sequence: (P-1) * this rank's K/V block bytes   */
+    double compute_s;      /* seconds in local computation                    */
+    double total_s;        /* seconds for the whole call                      */
+} mha_mpi_stats;
+
+/* Agrees on a status across comm: returns the first failing rank's status
+ * (MHA_OK when none failed) on every rank, and on every rank sets
+ * mha_mpi_last_error() to that rank's message (msg, or mha_last_error()
+ * when msg is NULL), prefixed with "rank F: ". */
+mha_status mha_mpi_agree(MPI_Comm comm, mha_status local, const char *msg);
+
+/* Checks that every rank passed the same n integers (shapes, flags, a
+ * checksum of the weights); MHA_E_SHAPE naming the first rank and entry
+ * that differ from rank 0, on every rank. */
+mha_status mha_mpi_check_same(MPI_Comm comm, const long long *v, int n, const char *const *names);
+
+/* ------------------------------------------------------- head parallel */
+
+/* The query heads [first, first + count) and kv heads [kv_first,
+ * kv_first + kv_count) rank r of P owns for config c; MHA_E_SHAPE (on
+ * this rank only: not collective) when P cannot split h and h_kv. */
+typedef struct {
+    int first, count, kv_first, kv_count;
+} mha_mpi_heads;
+mha_status mha_mpi_heads_of(mha_mpi_heads *out, const mha_config *c, int rank, int P);
+
+/* Builds this rank's shard of full: its heads' column blocks of W_Q, W_K,
+ * W_V, biases and bias_k/bias_v, its row blocks of W_O and a zero b_O (the
+ * caller adds b_O once after the sum). Checks the shard's labels with the
+ * contract's rule (Q and O labels equal, K and V equal, query label q in
+ * kv label q / (h/h_kv)), then the gathered labels across ranks.
+ * Collective. */
+mha_status mha_mpi_shard_heads(mha_layer **local, mha_mpi_heads *heads, const mha_layer *full,
+                               MPI_Comm comm);
+
+/* y (B,T,d_model) on every rank = the full layer's forward, from this
+ * rank's shard (mha_mpi_shard_heads) plus b_o (d_model, may be NULL).
+ * x, kv, B, T, S as mha_forward; opt's interventions are indexed by global
+ * head (h entries) and its masks by global head. cap (may be NULL; read on
+ * rank 0 only) gets Z (B,T,h*d_v), contributions (h,B,T,d_model) and
+ * probs (B,h,T,S_total), assembled on rank 0; every rank must pass the
+ * same non-NULL pattern (its own pointers are ignored off rank 0).
+ * stats may be NULL. Collective. */
+mha_status mha_mpi_forward_heads(const mha_layer *local, const mha_mpi_heads *heads,
+                                 const float *b_o, float *y, const mha_capture *cap,
+                                 const float *x, const float *kv, int B, int T, int S,
+                                 const mha_options *opt, MPI_Comm comm, mha_mpi_stats *stats);
+
+/* --------------------------------------------------- sequence parallel */
+
+/* Chunk c of 2P of n rows is [c*n/(2P), (c+1)*n/(2P)); rank r owns chunks
+ * r and 2P-1-r. Writes their starts and lengths. */
+void mha_mpi_chunks_of(int start[2], int len[2], int n, int rank, int P);
+
+/* y (B,T,d_model) on rank 0 (others may pass NULL) = the layer's forward
+ * of x (B,T,d_model) against kv (B,S,d_kv_in) (NULL: self-attention),
+ * computed with ring attention: this rank reads only its own chunks' rows
+ * of x and kv. Every rank holds the whole layer. Supported options:
+ * scale, causal (both alignments), key padding (key_keep, key_additive),
+ * keep/additive masks, masked_row, interventions (MEAN is averaged over
+ * all ranks' rows). cap: z (B,T,h*d_v) and contributions (h,B,T,d_model)
+ * assembled on rank 0; probs are MHA_E_UNSUPPORTED (use heads). Needs
+ * T >= 2P and S >= 2P. Collective. */
+mha_status mha_mpi_forward_sequence(const mha_layer *layer, float *y, const mha_capture *cap,
+                                    const float *x, const float *kv, int B, int T, int S,
+                                    const mha_options *opt, MPI_Comm comm, mha_mpi_stats *stats);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MHA_MPI_H */

@@ -1,0 +1,265 @@
+/* heads.c — head-parallel attention (Megatron-LM's tensor parallelism as
+ * the head contract states it): rank r keeps its heads' column blocks of
+ * W_Q/W_K/W_V and row blocks of W_O, computes Y_r = sum over its heads of
+ * Z^(i) W_O[i], and Y = sum_r Y_r + b_O after one MPI_Allreduce.
+ * Legend: B, T, S, S_tot = S + extra keys, h, h_kv, hl = h/P and
+ * gl kv heads per rank, d_k, d_v, d_model = D, d_kv_in. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "mpi_internal.h"
+
+int mha_mpi_alloc_fault(MPI_Comm comm) {
+    const char *e = getenv("MHA_MPI_FAIL_ALLOC");
+    int rank;
+    MPI_Comm_rank(comm, &rank);
+    return e && *e && atoi(e) == rank;
+}
+
+mha_status mha_mpi_heads_of(mha_mpi_heads *out, const mha_config *c, int rank, int P) {
+    const int h = c->n_heads, h_kv = c->n_kv_heads;
+    if (h_kv % P == 0) { /* whole kv groups per rank */
+        out->count = h / P, out->kv_count = h_kv / P;
+        out->first = rank * out->count, out->kv_first = rank * out->kv_count;
+        return MHA_OK;
+    }
+    if (P % h_kv == 0 && h % P == 0) { /* each rank inside one group: a copy of its kv head */
+        out->count = h / P, out->kv_count = 1;
+        out->first = rank * out->count, out->kv_first = out->first / (h / h_kv);
+        return MHA_OK;
+    }
+    return mha_mpi_fail(MHA_E_SHAPE,
+                        "--split heads over P=%d ranks: h=%d query heads with h_kv=%d kv heads cannot be "
+                        "split; expected P to divide h_kv (whole kv groups per rank), or h_kv to divide P "
+                        "and P to divide h", P, h, h_kv);
+}
+
+/* dst (rows, n*w) = columns [first*w, (first+n)*w) of src (rows, N*w). */
+static void take_columns(float *dst, const float *src, int rows, int N, int first, int n, int w) {
+    for (int i = 0; i < rows; i++)
+        memcpy(dst + (size_t)i * n * w, src + (size_t)i * N * w + (size_t)first * w,
+               sizeof(float) * (size_t)n * w);
+}
+
+/* The contract's label rule on this rank's heads only. */
+static mha_status check_shard_labels(const mha_layer *full, const mha_mpi_heads *hd, char *msg, size_t cap) {
+    const mha_config *c = mha_layer_config(full);
+    const int h = c->n_heads, h_kv = c->n_kv_heads, group = h / h_kv;
+    int *lab = malloc(sizeof(int) * (size_t)(2 * h + 2 * h_kv));
+    if (!lab) return snprintf(msg, cap, "no memory for %d labels", 2 * (h + h_kv)), MHA_E_NOMEM;
+    int *q = lab, *o = q + h, *k = o + h, *v = k + h_kv;
+    mha_layer_labels(full, MHA_BLOCK_Q, q), mha_layer_labels(full, MHA_BLOCK_O, o);
+    mha_layer_labels(full, MHA_BLOCK_K, k), mha_layer_labels(full, MHA_BLOCK_V, v);
+    mha_status s = MHA_OK;
+    for (int i = hd->first; i < hd->first + hd->count && !s; i++) {
+        int g = i / group;
+        if (q[i] != o[i])
+            s = MHA_E_CONTRACT, snprintf(msg, cap, "head contract broken in this rank's shard: W_O row block %d has label %d; expected %d (the label of W_Q column block %d)", i, o[i], q[i], i);
+        else if (k[g] != v[g])
+            s = MHA_E_CONTRACT, snprintf(msg, cap, "head contract broken in this rank's shard: W_V column block %d has label %d; expected %d (the label of W_K column block %d)", g, v[g], k[g], g);
+        else if (q[i] / group != k[g])
+            s = MHA_E_CONTRACT, snprintf(msg, cap, "head contract broken in this rank's shard: query head %d (label %d) reads kv head %d labelled %d; expected label %d", i, q[i], g, k[g], q[i] / group);
+    }
+    free(lab);
+    return s;
+}
+
+/* Rank 0 gathers every rank's query labels: together they must name each
+ * head of the checkpoint once. */
+static mha_status check_gathered_labels(const mha_layer *full, const mha_mpi_heads *hd, MPI_Comm comm,
+                                        char *msg, size_t cap) {
+    const int h = mha_layer_config(full)->n_heads;
+    int rank;
+    MPI_Comm_rank(comm, &rank);
+    int *all = malloc(sizeof(int) * (size_t)h * 2), *seen = all ? all + h : NULL;
+    int ok = all != NULL, gathered_ok = 1;
+    MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, comm);
+    if (!ok) {
+        free(all);
+        return snprintf(msg, cap, "no memory for %d labels", h), MHA_E_NOMEM;
+    }
+    mha_layer_labels(full, MHA_BLOCK_Q, seen); /* this rank's view; its slice is sent */
+    MPI_Gather(seen + hd->first, hd->count, MPI_INT, all, hd->count, MPI_INT, 0, comm);
+    if (rank == 0) {
+        memset(seen, 0, sizeof(int) * (size_t)h);
+        for (int i = 0; i < h && gathered_ok; i++) {
+            if (all[i] < 0 || all[i] >= h || seen[all[i]]++)
+                gathered_ok = 0, snprintf(msg, cap, "gathered W_Q labels: head %d has label %d, given twice or out of 0..%d; expected every rank to load the same checkpoint", i, all[i], h - 1);
+        }
+    }
+    free(all);
+    return gathered_ok ? MHA_OK : MHA_E_CONTRACT;
+}
+
+mha_status mha_mpi_shard_heads(mha_layer **local, mha_mpi_heads *hd, const mha_layer *full, MPI_Comm comm) {
+    int rank, P;
+    MPI_Comm_rank(comm, &rank);
+    MPI_Comm_size(comm, &P);
+    *local = NULL;
+    char msg[512] = "";
+    const mha_config *c = mha_layer_config(full);
+    mha_status s = mha_mpi_heads_of(hd, c, rank, P);
+    if ((s = mha_mpi_agree(comm, s, s ? mha_mpi_last_error() : NULL))) return s;
+    s = check_shard_labels(full, hd, msg, sizeof msg);
+    if ((s = mha_mpi_agree(comm, s, msg))) return s;
+    s = check_gathered_labels(full, hd, comm, msg, sizeof msg);
+    if ((s = mha_mpi_agree(comm, s, msg))) return s;
+
+    // --- this rank's blocks: columns of W_Q/W_K/W_V, rows of W_O
+    const int hl = hd->count, gl = hd->kv_count, d_k = c->d_k, d_v = c->d_v, D = c->d_model;
+    mha_weights w;
+    mha_layer_get_weights(full, &w);
+    mha_config lc = *c;
+    lc.n_heads = hl, lc.n_kv_heads = gl;
+    const size_t nq = (size_t)D * hl * d_k, nk = (size_t)c->d_kv_in * gl * d_k,
+                 nv = (size_t)c->d_v_in * gl * d_v, no = (size_t)hl * d_v * D;
+    const size_t nb = (size_t)hl * d_k + (size_t)gl * (d_k + d_v) * 2 + D;
+    float *buf = mha_mpi_alloc_fault(comm) ? NULL : malloc(sizeof(float) * (nq + nk + nv + no + nb));
+    if (!buf) {
+        s = MHA_E_NOMEM;
+        snprintf(msg, sizeof msg, "no memory for this rank's shard of the layer (%zu floats)", nq + nk + nv + no + nb);
+    } else {
+        float *wq = buf, *wk = wq + nq, *wv = wk + nk, *wo = wv + nv, *bq = wo + no, *bk = bq + (size_t)hl * d_k,
+              *bv = bk + (size_t)gl * d_k, *bias_k = bv + (size_t)gl * d_v, *bias_v = bias_k + (size_t)gl * d_k,
+              *bo = bias_v + (size_t)gl * d_v;
+        take_columns(wq, w.w_q, D, c->n_heads, hd->first, hl, d_k);
+        take_columns(wk, w.w_k, c->d_kv_in, c->n_kv_heads, hd->kv_first, gl, d_k);
+        take_columns(wv, w.w_v, c->d_v_in, c->n_kv_heads, hd->kv_first, gl, d_v);
+        memcpy(wo, w.w_o + (size_t)hd->first * d_v * D, sizeof(float) * no); /* rows of W_O */
+        memset(bo, 0, sizeof(float) * (size_t)D); /* b_O is added once, after the sum */
+        mha_weights lw = {.w_q = wq, .w_k = wk, .w_v = wv, .w_o = wo};
+        /* per-head parameters are contiguous by head: this rank's rows */
+        if (c->alibi) lw.alibi_slopes = w.alibi_slopes + hd->first;
+        if (c->sinks) lw.sinks = w.sinks + hd->first;
+        if (c->qk_norm != MHA_QK_NORM_NONE) {
+            lw.q_norm = w.q_norm + (c->qk_norm_per_head ? (size_t)hd->first * d_k : 0);
+            lw.k_norm = w.k_norm + (c->qk_norm_per_head ? (size_t)hd->kv_first * d_k : 0);
+        }
+        if (c->bias) {
+            take_columns(bq, w.b_q, 1, c->n_heads, hd->first, hl, d_k);
+            take_columns(bk, w.b_k, 1, c->n_kv_heads, hd->kv_first, gl, d_k);
+            take_columns(bv, w.b_v, 1, c->n_kv_heads, hd->kv_first, gl, d_v);
+            lw.b_q = bq, lw.b_k = bk, lw.b_v = bv, lw.b_o = bo;
+        }
+        if (c->add_bias_kv) {
+            take_columns(bias_k, w.bias_k, 1, c->n_kv_heads, hd->kv_first, gl, d_k);
+            take_columns(bias_v, w.bias_v, 1, c->n_kv_heads, hd->kv_first, gl, d_v);
+            lw.bias_k = bias_k, lw.bias_v = bias_v;
+        }
+        s = mha_layer_create(local, &lc, &lw);
+        if (s) snprintf(msg, sizeof msg, "%s", mha_last_error());
+        free(buf);
+    }
+    s = mha_mpi_agree(comm, s, msg);
+    if (s) mha_layer_free(*local), *local = NULL;
+    return s;
+}
+
+/* dst (Bm, hl, T, S) = heads [first, first+hl) of a (Bm, h, T, S) mask. */
+static void *slice_mask_heads(const mha_mask *m, size_t elem, int h, int first, int hl, size_t ts) {
+    char *dst = malloc(elem * (size_t)m->batch * hl * ts);
+    for (int b = 0; dst && b < m->batch; b++)
+        memcpy(dst + elem * (size_t)b * hl * ts, (const char *)m->data + elem * ((size_t)b * h + first) * ts,
+               elem * (size_t)hl * ts);
+    return dst;
+}
+
+/* Rank 0 puts the gathered per-rank blocks (P, outer, inner) back as
+ * (outer, P*inner): rank p's block at columns [p*inner, (p+1)*inner). */
+static void interleave(float *dst, const float *src, int P, size_t outer, size_t inner) {
+    for (int p = 0; p < P; p++)
+        for (size_t o = 0; o < outer; o++)
+            memcpy(dst + (o * P + p) * inner, src + ((size_t)p * outer + o) * inner, sizeof(float) * inner);
+}
+
+mha_status mha_mpi_forward_heads(const mha_layer *local, const mha_mpi_heads *hd, const float *b_o,
+                                 float *y, const mha_capture *cap, const float *x, const float *kv,
+                                 int B, int T, int S, const mha_options *opt, MPI_Comm comm,
+                                 mha_mpi_stats *stats) {
+    int rank, P;
+    MPI_Comm_rank(comm, &rank);
+    MPI_Comm_size(comm, &P);
+    double t0 = MPI_Wtime();
+    const mha_config *c = mha_layer_config(local);
+    const int hl = hd->count, h = hl * P, D = c->d_model, d_v = c->d_v;
+    const int S_tot = S + c->add_bias_kv + c->add_zero_attn;
+    const int want_z = cap && cap->z, want_c = cap && cap->contributions, want_p = cap && cap->probs;
+    const long long same[] = {B, T, S, D, h, hl, want_z, want_c, want_p, kv != NULL};
+    const char *names[] = {"B", "T", "S", "d_model", "h", "heads per rank", "--save-z", "--save-contributions", "--save-probs", "--kv-input"};
+    mha_status s = mha_mpi_check_same(comm, same, 10, names);
+    if (s) return s;
+
+    // --- this rank's view of the options: its interventions and mask heads
+    mha_options o = opt ? *opt : mha_options_default();
+    if (o.interventions) o.interventions += hd->first;
+    void *km = NULL, *am = NULL;
+    const size_t ts = (size_t)T * S;
+    const int slice_km = o.keep_mask.data && o.keep_mask.heads == h && h > 1,
+              slice_am = o.additive_mask.data && o.additive_mask.heads == h && h > 1;
+    if (slice_km)
+        o.keep_mask.data = km = slice_mask_heads(&o.keep_mask, 1, h, hd->first, hl, ts), o.keep_mask.heads = hl;
+    if (slice_am)
+        o.additive_mask.data = am = slice_mask_heads(&o.additive_mask, sizeof(float), h, hd->first, hl, ts),
+        o.additive_mask.heads = hl;
+
+    const size_t rows = (size_t)B * T, nz = rows * hl * d_v, nc = (size_t)hl * rows * D,
+                 np = (size_t)B * hl * T * S_tot;
+    float *yl = mha_mpi_alloc_fault(comm) ? NULL : malloc(sizeof(float) * rows * D); // (B,T,D) partial
+    mha_capture cl = {want_z ? malloc(sizeof(float) * nz) : NULL,        // (B,T,hl*d_v)
+                      want_c ? malloc(sizeof(float) * nc) : NULL,        // (hl,B,T,D)
+                      want_p ? malloc(sizeof(float) * np) : NULL};       // (B,hl,T,S_tot)
+    char msg[512] = "";
+    if (!yl || (want_z && !cl.z) || (want_c && !cl.contributions) || (want_p && !cl.probs) ||
+        (slice_km && !km) || (slice_am && !am)) {
+        s = MHA_E_NOMEM;
+        snprintf(msg, sizeof msg, "no memory for this rank's partial Y and captures (B=%d T=%d d_model=%d)", B, T, D);
+    } else {
+        double tc = MPI_Wtime();
+        s = mha_forward(local, yl, &cl, x, kv, B, T, S, &o);
+        if (stats) stats->compute_s = MPI_Wtime() - tc;
+        if (s) snprintf(msg, sizeof msg, "%s", mha_last_error());
+    }
+    if (!(s = mha_mpi_agree(comm, s, msg))) {
+        // --- Y = sum_r Y_r + b_O
+        MPI_Allreduce(yl, y, (int)(rows * D), MPI_FLOAT, MPI_SUM, comm);
+        for (size_t t = 0; b_o && t < rows; t++)
+            for (int e = 0; e < D; e++) y[t * D + e] += b_o[e];
+        double sent = (double)rows * D * sizeof(float);
+        // --- captures: rank 0 assembles every rank's heads
+        float *g = NULL;
+        size_t most = nz > nc ? nz : nc;
+        if (np > most) most = np;
+        int ok = 1;
+        if (rank == 0 && (want_z || want_c || want_p)) ok = (g = malloc(sizeof(float) * most * P)) != NULL;
+        MPI_Bcast(&ok, 1, MPI_INT, 0, comm);
+        if (!ok) {
+            s = mha_mpi_fail(MHA_E_NOMEM, "rank 0: no memory to assemble the captures (%zu floats)", most * P);
+        } else {
+            if (want_z) {
+                MPI_Gather(cl.z, (int)nz, MPI_FLOAT, g, (int)nz, MPI_FLOAT, 0, comm);
+                if (rank == 0) interleave(cap->z, g, P, rows, (size_t)hl * d_v);
+
+            }
+            if (want_c) { /* (P, hl, B,T,D) is already (h,B,T,D) */
+                MPI_Gather(cl.contributions, (int)nc, MPI_FLOAT, rank == 0 ? cap->contributions : NULL,
+                           (int)nc, MPI_FLOAT, 0, comm);
+
+            }
+            if (want_p) {
+                MPI_Gather(cl.probs, (int)np, MPI_FLOAT, g, (int)np, MPI_FLOAT, 0, comm);
+                if (rank == 0) interleave(cap->probs, g, P, (size_t)B, (size_t)hl * T * S_tot);
+
+            }
+        }
+        free(g);
+        if (stats) {
+            /* one rank sends nothing: MPI copies in place */
+            stats->sent_bytes = P > 1 ? sent : 0.0;
+            stats->formula_bytes = P > 1 ? (double)B * T * D * sizeof(float) : 0.0;
+        }
+    }
+    free(yl), free(cl.z), free(cl.contributions), free(cl.probs), free(km), free(am);
+    if (stats) stats->total_s = MPI_Wtime() - t0;
+    return s;
+}

@@ -1,0 +1,239 @@
+/* mha_mpi.c — `mha-mpi run`: `mha run` over MPI ranks, split by heads or by
+ * sequence (libmha_mpi). Flag parsing, checkpoint and input loading are the
+ * CLI's own (tools/args.c, tools/io_cli.c); each rank's messages from them
+ * are captured so that a failure on one rank is reported, the same, by
+ * every rank. Run as `mpirun -np P mha-mpi run --split heads ...`.
+ * Legend: B, T, S, h, d_v, d_model (see mha.h). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "io_cli.h"
+#include "mha_mpi.h"
+#include "outputs.h"
+
+/* Runs cli_fwd_open (and --ablate's parser) with stderr captured into
+ * *text; off rank 0, help on stdout is dropped. */
+typedef struct {
+    FILE *mem, *saved_err, *saved_out;
+    char *text;
+    size_t len;
+} capture;
+
+static void capture_begin(capture *c, int rank) {
+    memset(c, 0, sizeof *c);
+    c->saved_err = stderr, c->saved_out = stdout;
+    c->mem = open_memstream(&c->text, &c->len);
+    if (c->mem) stderr = c->mem;
+    if (rank != 0) {
+        FILE *null = fopen("/dev/null", "w");
+        if (null) stdout = null;
+    }
+}
+
+static void capture_end(capture *c) {
+    if (stdout != c->saved_out) fclose(stdout), stdout = c->saved_out;
+    if (c->mem) fclose(c->mem), stderr = c->saved_err;
+    /* one line without the "mha run: " prefix or the newline */
+    char *t = c->text ? c->text : "";
+    if (strncmp(t, "mha run: ", 9) == 0) memmove(t, t + 9, strlen(t + 9) + 1);
+    size_t n = strlen(t);
+    while (n && t[n - 1] == '\n') t[--n] = '\0';
+}
+
+/* FNV-1a over bytes: one number per rank that differs when the weights or
+ * inputs do. */
+static unsigned long long fnv(unsigned long long hsh, const void *p, size_t n) {
+    const unsigned char *b = p;
+    for (size_t i = 0; p && i < n; i++) hsh = (hsh ^ b[i]) * 1099511628211ull;
+    return hsh;
+}
+
+static long long layer_checksum(const mha_layer *L) {
+    const mha_config *c = mha_layer_config(L);
+    mha_weights w;
+    mha_layer_get_weights(L, &w);
+    size_t q = (size_t)c->n_heads * c->d_k, k = (size_t)c->n_kv_heads * c->d_k, v = (size_t)c->n_kv_heads * c->d_v;
+    unsigned long long hsh = 1469598103934665603ull;
+    hsh = fnv(hsh, w.w_q, 4 * c->d_model * q), hsh = fnv(hsh, w.w_k, 4 * c->d_kv_in * k);
+    hsh = fnv(hsh, w.w_v, 4 * c->d_v_in * v), hsh = fnv(hsh, w.w_o, 4 * (size_t)c->n_heads * c->d_v * c->d_model);
+    hsh = fnv(hsh, w.b_q, 4 * q), hsh = fnv(hsh, w.b_k, 4 * k), hsh = fnv(hsh, w.b_v, 4 * v);
+    hsh = fnv(hsh, w.b_o, 4 * (size_t)c->d_model);
+    return (long long)(hsh >> 1);
+}
+
+/* Prints the agreed error on this rank and returns the exit code. */
+static int report(int rank, int code) {
+    fprintf(stderr, "mha-mpi run: [rank %d] %s\n", rank, mha_mpi_last_error());
+    return code;
+}
+
+static int run(int argc, char **argv, MPI_Comm comm) {
+    int rank, P;
+    MPI_Comm_rank(comm, &rank);
+    MPI_Comm_size(comm, &P);
+    cli_ckpt ck = {0};
+    cli_fwd_flags ff = {0};
+    const char *output = NULL, *ablate = NULL, *save_z = NULL, *save_c = NULL, *save_p = NULL,
+               *split = NULL, *masked = NULL;
+    int want_stats = 0;
+    mha_arg args[] = {
+        CLI_CKPT_ARGS(ck, 1),
+        CLI_FWD_ARGS(ff),
+        {.name = "--output", .kind = MHA_ARG_STRING, .dest = &output, .metavar = "Y.npy",
+         .help = "output Y, same rank as X (written by rank 0)", .required = 1},
+        {.name = "--split", .kind = MHA_ARG_STRING, .dest = &split, .metavar = "HOW",
+         .help = "heads (each rank a block of heads; default) or sequence (ring attention)",
+         .choices = "heads|sequence"},
+        {.name = "--stats", .kind = MHA_ARG_SWITCH, .dest = &want_stats,
+         .help = "print each rank's bytes sent (and the formula's) and times"},
+        CLI_RUN_OUTPUT_ARGS(ablate, save_z, save_c, save_p, masked),
+    };
+    mha_command_spec spec = {
+        .name = "run",
+        .summary = "mha run over MPI ranks: the layer split by heads or by sequence.",
+        .details = "Every rank is given the same flags; rank 0 writes the files.\n\n"
+                   "example: mpirun -np 4 mha-mpi run --split heads --weights attn.safetensors \\\n"
+                   "           --input x.npy --output y.npy --causal --stats\n",
+        .args = args,
+        .n_args = (int)(sizeof args / sizeof args[0]),
+    };
+
+    // --- parse, load, read inputs: on every rank, failures agreed
+    mha_layer *L = NULL;
+    cli_fwd f;
+    mha_intervention *iv = NULL;
+    /* rank 0 writes the files: only it reserves their temporaries */
+    cli_outputs outs;
+    cli_outputs_init(&outs, "run");
+    cli_register_inputs(&outs, &ck, &ff);
+    if (rank == 0) {
+        cli_outputs_output(&outs, "--output", &output);
+        cli_outputs_output(&outs, "--save-z", &save_z);
+        cli_outputs_output(&outs, "--save-contributions", &save_c);
+        cli_outputs_output(&outs, "--save-probs", &save_p);
+    }
+    capture cap_text;
+    capture_begin(&cap_text, rank);
+    int rc = cli_fwd_open(&L, &f, &spec, &ck, &ff, &outs, argc, argv);
+    if (rc == MHA_ARGS_CONTINUE && ablate) {
+        iv = calloc((size_t)mha_layer_config(L)->n_heads, sizeof *iv);
+        int e = iv ? cli_parse_ablate(ablate, iv, mha_layer_config(L)->n_heads)
+                   : mha_cmd_error("run", MHA_EXIT_RUNTIME, "out of memory");
+        if (e) rc = e, cli_fwd_free(&f), mha_layer_free(L), L = NULL;
+    }
+    capture_end(&cap_text);
+    int failed = rc != MHA_ARGS_CONTINUE && rc != MHA_EXIT_OK, code = failed ? rc : 0;
+    int help = rc == MHA_EXIT_OK, any_help;
+    MPI_Allreduce(MPI_IN_PLACE, &code, 1, MPI_INT, MPI_MAX, comm);
+    MPI_Allreduce(&help, &any_help, 1, MPI_INT, MPI_MAX, comm);
+    mha_status s = mha_mpi_agree(comm, failed ? MHA_E_ARG : MHA_OK, cap_text.text);
+    free(cap_text.text);
+    if (s || any_help) { /* a rank that printed help has nothing loaded: all stop */
+        if (L) cli_fwd_free(&f), mha_layer_free(L), cli_outputs_finish(&outs, MHA_EXIT_RUNTIME);
+        free(iv);
+        if (s) return report(rank, code ? code : MHA_EXIT_RUNTIME);
+        return help ? MHA_EXIT_OK : MHA_EXIT_USAGE;
+    }
+    if (masked && strcmp(masked, "nan") == 0) f.opt.masked_row = MHA_MASKED_ROW_NAN;
+    f.opt.interventions = iv;
+
+    // --- the same checkpoint and inputs on every rank
+    const mha_config cfg = *mha_layer_config(L), *c = &cfg; /* L is freed once sharded */
+    unsigned long long in_sum = fnv(1469598103934665603ull, f.x.f, 4 * f.x.count);
+    if (f.kv.f) in_sum = fnv(in_sum, f.kv.f, 4 * f.kv.count);
+    const long long same[] = {c->d_model, c->n_heads, c->n_kv_heads, c->d_k, c->d_v, c->d_kv_in, c->bias,
+                              f.B, f.T, f.S, layer_checksum(L), (long long)(in_sum >> 1)};
+    const char *names[] = {"d_model", "h", "h_kv", "d_k", "d_v", "d_kv_in", "bias", "B", "T", "S",
+                           "checksum of the weights", "checksum of the inputs"};
+    s = mha_mpi_check_same(comm, same, 12, names);
+
+    const int B = f.B, T = f.T, h = c->n_heads, D = c->d_model;
+    const int St = f.S + c->add_bias_kv + c->add_zero_attn;
+    const size_t rows = (size_t)B * T;
+    float *y = NULL;
+    mha_capture cap = {0};
+    mha_mpi_stats st = {0};
+    const int heads = !split || strcmp(split, "heads") == 0;
+    if (!s) { /* rank 0 holds the outputs; the others only mark which are wanted */
+        int ok = 1;
+        if (rank == 0 || heads) ok = (y = malloc(sizeof(float) * rows * D)) != NULL;
+        cap.z = !save_z ? NULL : rank == 0 ? malloc(sizeof(float) * rows * h * c->d_v) : (float *)&cap;
+        cap.contributions = !save_c ? NULL : rank == 0 ? malloc(sizeof(float) * h * rows * D) : (float *)&cap;
+        cap.probs = !save_p ? NULL : rank == 0 ? malloc(sizeof(float) * h * rows * St) : (float *)&cap;
+        if (rank == 0 && ((save_z && !cap.z) || (save_c && !cap.contributions) || (save_p && !cap.probs))) ok = 0;
+        s = mha_mpi_agree(comm, ok ? MHA_OK : MHA_E_NOMEM, ok ? NULL : "no memory for the outputs");
+    }
+    if (!s && heads) {
+        mha_layer *local = NULL;
+        mha_mpi_heads hd;
+        mha_weights w;
+        mha_layer_get_weights(L, &w);
+        float *b_o = w.b_o ? malloc(sizeof(float) * D) : NULL;
+        if (b_o) memcpy(b_o, w.b_o, sizeof(float) * D);
+        s = mha_mpi_agree(comm, w.b_o && !b_o ? MHA_E_NOMEM : MHA_OK, "no memory for b_O");
+        if (!s) s = mha_mpi_shard_heads(&local, &hd, L, comm);
+        if (!s) { /* from here on this rank holds only its shard */
+            mha_layer_free(L), L = NULL;
+            s = mha_mpi_forward_heads(local, &hd, b_o, y, &cap, f.x.f, f.kv.f, B, T, f.S, &f.opt, comm, &st);
+        }
+        free(b_o);
+        mha_layer_free(local);
+    } else if (!s) {
+        s = mha_mpi_forward_sequence(L, y, &cap, f.x.f, f.kv.f, B, T, f.S, &f.opt, comm, &st);
+    }
+
+    // --- rank 0 writes the files (unbatched input: no B axis)
+    if (!s) {
+        int wr = 0;
+        if (rank == 0) {
+            capture_begin(&cap_text, rank);
+            int k = f.batched ? 0 : 1;
+            int sy[3] = {B, T, D}, sz[3] = {B, T, h * c->d_v}, sc[4] = {h, B, T, D}, sp[4] = {B, h, T, St};
+            if (k) sc[1] = T, sc[2] = D;
+            wr = cli_save(&outs, "--output", y, 3 - k, sy + k);
+            if (!wr && save_z) wr = cli_save(&outs, "--save-z", cap.z, 3 - k, sz + k);
+            if (!wr && save_c) wr = cli_save(&outs, "--save-contributions", cap.contributions, 4 - k, sc);
+            if (!wr && save_p) wr = cli_save(&outs, "--save-probs", cap.probs, 4 - k, sp + k);
+            wr = cli_outputs_finish(&outs, wr); /* all renamed, or all removed */
+            capture_end(&cap_text);
+        }
+        s = mha_mpi_agree(comm, wr ? MHA_E_IO : MHA_OK, rank == 0 ? cap_text.text : NULL);
+        if (rank == 0) free(cap_text.text);
+    }
+    if (!s && want_stats) { /* one line per rank, in rank order, from rank 0 */
+        double mine[4] = {st.sent_bytes, st.formula_bytes, st.compute_s, st.total_s}, *all = NULL;
+        if (rank == 0) all = malloc(sizeof(double) * 4 * P);
+        MPI_Gather(mine, 4, MPI_DOUBLE, all, 4, MPI_DOUBLE, 0, comm);
+        for (int p = 0; rank == 0 && all && p < P; p++)
+            printf("stats: split=%s rank=%d P=%d sent_bytes=%.0f formula_bytes=%.0f compute_s=%.6f total_s=%.6f\n",
+                   heads ? "heads" : "sequence", p, P, all[4 * p], all[4 * p + 1], all[4 * p + 2], all[4 * p + 3]);
+        free(all);
+    }
+    if (!s && rank == 0)
+        printf("wrote %s: %s%d x %d x %d (h=%d, h_kv=%d, split=%s over %d ranks)\n", output,
+               f.batched ? "" : "unbatched ", B, T, D, h, c->n_kv_heads, heads ? "heads" : "sequence", P);
+    if (rank == 0) free(cap.z), free(cap.contributions), free(cap.probs);
+    if (s && rank == 0) cli_outputs_finish(&outs, MHA_EXIT_RUNTIME); /* no temporary left */
+    free(y), free(iv);
+    cli_fwd_free(&f);
+    mha_layer_free(L);
+    return s ? report(rank, MHA_EXIT_RUNTIME) : MHA_EXIT_OK;
+}
+
+int main(int argc, char **argv) {
+    MPI_Init(&argc, &argv);
+    int rc;
+    if (argc >= 2 && strcmp(argv[1], "run") == 0) {
+        rc = run(argc - 1, argv + 1, MPI_COMM_WORLD);
+    } else {
+        int rank;
+        MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+        if (rank == 0)
+            fprintf(argc >= 2 && strcmp(argv[1], "--help") == 0 ? stdout : stderr,
+                    "usage: mpirun -np P mha-mpi run --split heads|sequence [mha run flags] (see 'mha-mpi run --help')\n");
+        rc = argc >= 2 && strcmp(argv[1], "--help") == 0 ? MHA_EXIT_OK : MHA_EXIT_USAGE;
+    }
+    MPI_Finalize();
+    return rc;
+}

@@ -1,0 +1,235 @@
+/* backward_fast.c — the fast backward (FlashAttention-2's algorithm), fp32:
+ * recompute Q, K, V with the layer's packed weights (mha_gemm), recompute
+ * Z and one logsumexp per (row, head) with a tiled pass, then walk the
+ * forward back: W_O, interventions, attention (backward_attention.c),
+ * projections (backward_gemm.c's strided products). Everything the
+ * reference backward does, without a (T,S) buffer; each output element is
+ * reduced by one thread in a fixed order.
+ * Unsupported (MHA_E_UNSUPPORTED, AUTO then runs the reference): a layer
+ * without packed weights, sizes beyond int indexing, scores beyond
+ * MHA_FAST_SCORE_LIMIT (the forward's fp32 range rule), and
+ * MHA_MASKED_ROW_NAN with a fully masked row (the reference spreads its
+ * NaN to every key).
+ * Legend: B, T, S, Sx = S + extra keys, h, h_kv, d_k, d_v, D = d_model,
+ * Dk = d_kv_in, Dv = d_v_in; qw = h*d_k, kw = h_kv*d_k, vw = h_kv*d_v,
+ * zw = h*d_v. */
+#include <limits.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "compute/gemm.h"
+#include "forward/backward.h"
+#include "forward/backward_fast.h"
+
+/* Q (B,T,qw), K (B,Sx,kw), V (B,Sx,vw) from the packed weights, as the
+ * fast forward projects them; keys S.. of each batch are left alone. */
+static mha_status project(float *q, float *k, float *v, const mha_layer *L, const float *x,
+                          const float *k_src, const float *v_src, int B, int T, int S, int Sx,
+                          const mha_kernels *kern, int nt) {
+    const mha_config *c = &L->cfg;
+    const struct mha_fast_state *f = L->fast;
+    const size_t kw = (size_t)c->n_kv_heads * c->d_k, vw = (size_t)c->n_kv_heads * c->d_v;
+    const int D = c->d_model, Dk = c->d_kv_in, Dv = c->d_v_in, rows = B * T, krows = B * S;
+    /* one "head" as wide as the section, (S rows, then a gap) per batch */
+    const mha_dst dst[3] = {
+        {MHA_DST_ROWS, q, (size_t)c->n_heads * c->d_k, 0, 0, 0, 0},
+        {MHA_DST_HEADS, k, kw, (int)kw, 1, S, (size_t)Sx * kw},
+        {MHA_DST_HEADS, v, vw, (int)vw, 1, S, (size_t)Sx * vw},
+    };
+    const int self = k_src == x && v_src == x, shared_kv = k_src == v_src;
+    /* Q (and K, V when they read x too) from x; then K and V from their sources */
+    const mha_packed *pq = f->fused ? &f->qkv : &f->q;
+    mha_gemm_args a = {dst, x, (size_t)D, rows, pq, 0, f->fused && self ? 3 : 1, 0, D, 1};
+    mha_status s = mha_gemm(&a, kern, nt);
+    if (s || (f->fused && self)) return s;
+    const mha_packed *pk = f->fused ? &f->qkv : &f->kv;
+    const int k_sec = f->fused ? 1 : 0, kin = f->fused ? D : Dk;
+    const int v_with_k = shared_kv && !f->split_v;
+    a = (mha_gemm_args){dst + 1, k_src, (size_t)kin, krows, pk, k_sec, k_sec + (v_with_k ? 2 : 1), 0, kin, 1};
+    if ((s = mha_gemm(&a, kern, nt)) || v_with_k) return s;
+    if (f->split_v) a = (mha_gemm_args){dst + 2, v_src, (size_t)Dv, krows, &f->v, 0, 1, 0, Dv, 1};
+    else a = (mha_gemm_args){dst + 2, v_src, (size_t)kin, krows, pk, k_sec + 1, k_sec + 2, 0, kin, 1};
+    return mha_gemm(&a, kern, nt);
+}
+
+/* Largest L2 norm of head column block [c0, c0+d) over n rows of width w. */
+static double max_norm(const float *a, size_t n, size_t w, size_t c0, int d) {
+    double best = 0.0;
+    for (size_t t = 0; t < n; t++) {
+        double sq = 0.0;
+        for (int e = 0; e < d; e++) sq += (double)a[t * w + c0 + e] * a[t * w + c0 + e];
+        if (!(sq <= best)) best = sq; /* NaN wins */
+    }
+    return sqrt(best);
+}
+
+/* The fast forward's fp32 range rule (mha.h): scores |scale q.k| bounded by
+ * MHA_FAST_SCORE_LIMIT, checked as |scale| max|q| max|k| per (b, head);
+ * beyond it MHA_E_UNSUPPORTED, and AUTO runs the reference (double). */
+static mha_status check_scores(const float *q, const float *k, const mha_config *c, int B, int T, int Sx,
+                               float scale) {
+    const size_t qw = (size_t)c->n_heads * c->d_k, kw = (size_t)c->n_kv_heads * c->d_k;
+    for (int b = 0; b < B; b++)
+        for (int r = 0; r < c->n_heads; r++) {
+            const int g = mha_kv_head(c, r);
+            const double bound = fabs(scale) * max_norm(q + (size_t)b * T * qw, (size_t)T, qw, (size_t)r * c->d_k, c->d_k) *
+                                 max_norm(k + (size_t)b * Sx * kw, (size_t)Sx, kw, (size_t)g * c->d_k, c->d_k);
+            if (!(bound <= MHA_FAST_SCORE_LIMIT))
+                return mha_fail(MHA_E_UNSUPPORTED, "fast backward: scores of batch %d head %d may reach %.3g, "
+                                "beyond the %g its fp32 softmax keeps accurate; expected MHA_PATH_AUTO or "
+                                "_REFERENCE for such inputs", b, r, bound, MHA_FAST_SCORE_LIMIT);
+        }
+    return MHA_OK;
+}
+
+/* Backward of an intervention on head r's block of dz (rows, h*d), in
+ * place (the functions of mha.h: ZERO and REPLACE are constants, SCALE
+ * multiplies, MEAN spreads the column means). */
+static void intervene_backward(float *dz, const mha_intervention *iv, int r, int h, size_t rows, int d) {
+    float *blk = dz + (size_t)r * d;
+    const size_t zw = (size_t)h * d;
+    for (int e = 0; e < d && iv->op != MHA_HEAD_KEEP; e++) {
+        float mean = 0.0f;
+        for (size_t t = 0; iv->op == MHA_HEAD_MEAN && t < rows; t++) mean += blk[t * zw + e];
+        mean /= (float)rows;
+        for (size_t t = 0; t < rows; t++) {
+            float *p = &blk[t * zw + e];
+            *p = iv->op == MHA_HEAD_SCALE ? *p * iv->scale : iv->op == MHA_HEAD_MEAN ? mean : 0.0f;
+        }
+    }
+}
+
+/* The gradients of one projection out = src W + b, given dout with the
+ * extra keys' rows in between (B blocks of `rows` rows, `stride` rows
+ * apart): dW = src^T dout, db = sum dout, dsrc (+)= dout W^T. */
+typedef struct {
+    const float *src, *w; /* (B*rows, k) (k, n) */
+    const float *dout;    /* (B*stride, n)      */
+    int B, rows, stride, k, n;
+} proj_grad;
+
+static mha_status proj_backward(float *dw, float *db, float *dsrc, int dsrc_accumulate, const proj_grad *p,
+                                const mha_kernels *kern, int nt) {
+    mha_status s = MHA_OK;
+    const size_t n = (size_t)p->n, k = (size_t)p->k;
+    const int one_block = p->rows == p->stride; /* no extra rows: one product over all batches */
+    for (int b = 0; b < (one_block ? 1 : p->B) && !s; b++) {
+        const int m = one_block ? p->B * p->rows : p->rows;
+        const float *src = p->src + (size_t)b * p->rows * k, *dout = p->dout + (size_t)b * p->stride * n;
+        if (dw) s = mha_gemm_strided(dw, n, (mha_view){src, 1, k}, (mha_view){dout, n, 1}, p->k, p->n, m, b > 0,
+                                     kern, nt);
+        if (db) mha_column_sums(db, dout, n, (size_t)m, p->n, b > 0);
+        if (dsrc && !s)
+            s = mha_gemm_strided(dsrc + (size_t)b * p->rows * k, k, (mha_view){dout, n, 1}, (mha_view){p->w, 1, n},
+                                 m, p->k, p->n, dsrc_accumulate, kern, nt);
+    }
+    return s;
+}
+
+/* dbias (n) = sum over batches of row S of d (B, Sx, n): the extra key row. */
+static void extra_row_sum(float *dbias, const float *d, int B, int S, int Sx, size_t n) {
+    for (size_t e = 0; e < n; e++) dbias[e] = 0.0f;
+    for (int b = 0; b < B; b++)
+        for (size_t e = 0; e < n; e++) dbias[e] += d[((size_t)b * Sx + S) * n + e];
+}
+
+mha_status mha_backward_fast(const mha_layer *L, const mha_gradients *g, const float *dy, const float *x,
+                             const float *k_src, const float *v_src, int B, int T, int S,
+                             const mha_options *opt) {
+    const mha_config *c = &L->cfg;
+    if (!L->fast) return mha_fail(MHA_E_UNSUPPORTED, "fast backward: the layer's packed weights are missing");
+    const mha_kernels *kern = mha_kernels_get();
+    const int nt = mha_get_num_threads();
+    const int h = c->n_heads, h_kv = c->n_kv_heads, d_k = c->d_k, d_v = c->d_v, D = c->d_model;
+    const int Sx = mha_total_keys(c, S);
+    const size_t qw = (size_t)h * d_k, kw = (size_t)h_kv * d_k, vw = (size_t)h_kv * d_v, zw = (size_t)h * d_v;
+    const size_t rows = (size_t)B * T;
+    if (rows > (size_t)INT_MAX / 2 || (size_t)B * Sx > (size_t)INT_MAX / 2)
+        return mha_fail(MHA_E_UNSUPPORTED, "fast backward: B*T=%zu or B*S=%zu rows exceed its int indexing",
+                        rows, (size_t)B * S);
+    const int want_qkv = g->dx || g->dk_src || g->dv_src || g->dw_q || g->dw_k || g->dw_v || g->db_q ||
+                         g->db_k || g->db_v || g->dbias_k || g->dbias_v;
+
+    /* five big buffers; dq reuses z's, dk and dv overwrite k and v */
+    const size_t zq = zw > qw ? zw : qw;
+    float *q = malloc(sizeof(float) * rows * qw);                  // (B,T,qw)
+    float *k = calloc((size_t)B * Sx * kw, sizeof(float));         // (B,Sx,kw) -> dK
+    float *v = calloc((size_t)B * Sx * vw, sizeof(float));         // (B,Sx,vw) -> dV
+    float *z = malloc(sizeof(float) * rows * zq);                  // (B,T,zw) -> dQ (B,T,qw)
+    float *dz = malloc(sizeof(float) * rows * zw);                 // (B,T,zw)
+    float *lse = malloc(sizeof(float) * (size_t)B * h * T);        // (B,h,T)
+    float *z_after = NULL;                                         // (B,T,zw) with interventions
+    mha_status s = MHA_OK;
+    if (!q || !k || !v || !z || !dz || !lse) {
+        s = mha_fail(MHA_E_NOMEM, "fast backward: no memory for Q, K, V, Z, dZ (B=%d T=%d S=%d)", B, T, S);
+        goto done;
+    }
+
+    // --- recompute Q = X W_Q + b_Q, K = Xk W_K + b_K, V = Xv W_V + b_V; key S is (bias_k, bias_v)
+    if ((s = project(q, k, v, L, x, k_src, v_src, B, T, S, Sx, kern, nt))) goto done;
+    for (int b = 0; c->add_bias_kv && b < B; b++) {
+        memcpy(k + ((size_t)b * Sx + S) * kw, L->bias_k, sizeof(float) * kw);
+        memcpy(v + ((size_t)b * Sx + S) * vw, L->bias_v, sizeof(float) * vw);
+    }
+
+    // --- recompute Z^(r) = softmax(scale Q^(r) K^(g)^T + mask) V^(g) and lse
+    const mha_bwd_attn att = {c, opt, q, k, v, z, lse, dz, z, k, v, B, T, S, Sx,
+                              opt->scale != 0.0f ? opt->scale : (float)(1.0 / sqrt((double)d_k))};
+    if ((s = check_scores(q, k, c, B, T, Sx, att.scale))) goto done;
+    long masked = 0;
+    if ((s = mha_bwd_attention_forward(&att, kern, nt, &masked))) goto done;
+    if (masked && opt->masked_row == MHA_MASKED_ROW_NAN) {
+        s = mha_fail(MHA_E_UNSUPPORTED, "fast backward: %ld query rows have no allowed key under "
+                     "MHA_MASKED_ROW_NAN; expected MHA_MASKED_ROW_ZERO (or the reference backward)", masked);
+        goto done;
+    }
+
+    // --- interventions on Z^(r): what W_O reads
+    const float *zo = z;
+    if (opt->interventions && g->dw_o) {
+        if (!(z_after = malloc(sizeof(float) * rows * zw))) {
+            s = mha_fail(MHA_E_NOMEM, "fast backward: no memory for Z after the interventions (B*T=%zu)", rows);
+            goto done;
+        }
+        memcpy(z_after, z, sizeof(float) * rows * zw);
+        for (int r = 0; r < h && !s; r++) s = mha_head_intervene(z_after, &opt->interventions[r], r, h, (int)rows, d_v);
+        if (s) goto done;
+        zo = z_after;
+    }
+
+    // --- Y = Z W_O + b_O: dW_O = Z^T dY, db_O = sum dY, dZ = dY W_O^T
+    if (g->dw_o && (s = mha_gemm_strided(g->dw_o, (size_t)D, (mha_view){zo, 1, zw}, (mha_view){dy, (size_t)D, 1},
+                                         (int)zw, D, (int)rows, 0, kern, nt)))
+        goto done;
+    if (g->db_o) mha_column_sums(g->db_o, dy, (size_t)D, rows, D, 0);
+    if (!want_qkv) goto done;
+    if ((s = mha_gemm_strided(dz, zw, (mha_view){dy, (size_t)D, 1}, (mha_view){L->w_o, 1, (size_t)D}, (int)rows,
+                              (int)zw, D, 0, kern, nt)))
+        goto done;
+
+    // --- interventions: dZ before = dZ after through each head's function
+    for (int r = 0; opt->interventions && r < h; r++)
+        intervene_backward(dz, &opt->interventions[r], r, h, rows, d_v);
+
+    // --- attention: dQ, dK, dV (kv heads sum their group), D = rowsum(dZ * Z)
+    if ((s = mha_bwd_attention_backward(&att, kern, nt))) goto done;
+    const float *dq = z, *dk = k, *dv = v;
+
+    // --- projections; a source that is x (or the key source) adds its
+    //     path's gradient to that tensor's
+    const proj_grad pq = {x, L->w_q, dq, 1, (int)rows, (int)rows, D, (int)qw};
+    const proj_grad pk = {k_src, L->w_k, dk, B, S, Sx, c->d_kv_in, (int)kw};
+    const proj_grad pv = {v_src, L->w_v, dv, B, S, Sx, c->d_v_in, (int)vw};
+    float *dk_into = k_src == x ? g->dx : g->dk_src;
+    float *dv_into = v_src == x ? g->dx : v_src == k_src ? dk_into : g->dv_src;
+    if ((s = proj_backward(g->dw_q, g->db_q, g->dx, 0, &pq, kern, nt))) goto done;
+    if ((s = proj_backward(g->dw_k, g->db_k, dk_into, k_src == x, &pk, kern, nt))) goto done;
+    if ((s = proj_backward(g->dw_v, g->db_v, dv_into, v_src == x || v_src == k_src, &pv, kern, nt))) goto done;
+    if (g->dbias_k) extra_row_sum(g->dbias_k, dk, B, S, Sx, kw);
+    if (g->dbias_v) extra_row_sum(g->dbias_v, dv, B, S, Sx, vw);
+
+done:
+    free(q), free(k), free(v), free(z), free(dz), free(lse), free(z_after);
+    return s;
+}

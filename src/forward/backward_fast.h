@@ -1,0 +1,61 @@
+/* backward_fast.h — the pieces of the fast backward (backward_fast.c):
+ * strided products (backward_gemm.c) and the tiled attention backward
+ * (backward_attention.c), FlashAttention-2's algorithm.
+ * Legend: B batch, T queries, S keys, Sx = S + extra keys (bias_kv row,
+ * zero row), h, h_kv heads, d_k, d_v; qw = h*d_k, kw = h_kv*d_k,
+ * vw = h_kv*d_v, zw = h*d_v. */
+#ifndef MHA_BACKWARD_FAST_H
+#define MHA_BACKWARD_FAST_H
+
+#include "core/core.h"
+#include "kernels/kernels.h"
+
+/* A strided matrix: element (i, k) is p[i*rs + k*cs]. */
+typedef struct {
+    const float *p;
+    size_t rs, cs;
+} mha_view;
+
+/* c (M,N) row stride ldc = a (M,K) b (K,N), or c += when accumulate; fp32,
+ * each element one task's sum over k in a fixed order (thread-count free).
+ * K = 0 with !accumulate writes zeros. */
+mha_status mha_gemm_strided(float *c, size_t ldc, mha_view a, mha_view b, int M, int N, int K,
+                            int accumulate, const mha_kernels *kern, int n_threads);
+
+/* out (n) [+]= sum over rows of a (rows, n) with row stride lda, in row order. */
+void mha_column_sums(float *out, const float *a, size_t lda, size_t rows, int n, int accumulate);
+
+/* The attention part of one backward. Every tensor is position-major with
+ * head r (or kv head g) at columns [r*d, (r+1)*d); the key tensors hold
+ * Sx rows per batch (extra keys at S..Sx-1) and GQA maps r -> g as mha.h.
+ * dq may be z's buffer and dk, dv may be k's and v's (the backward writes
+ * them after it has read what it needs). */
+typedef struct {
+    const mha_config *cfg;
+    const mha_options *opt;
+    const float *q;  /* (B,T,qw)                                          */
+    const float *k;  /* (B,Sx,kw); the zero_attn row (if any) zero          */
+    const float *v;  /* (B,Sx,vw)                                         */
+    float *z;        /* (B,T,zw): attention output before interventions    */
+    float *lse;      /* (B,h,T): log sum exp of each row's scores; +inf for
+                        a row with no allowed key                          */
+    const float *dz; /* (B,T,zw): dl/dZ before the interventions            */
+    float *dq;       /* (B,T,qw)                                          */
+    float *dk;       /* (B,Sx,kw): summed over each kv group's heads        */
+    float *dv;       /* (B,Sx,vw)                                         */
+    int B, T, S, Sx;
+    float scale;
+} mha_bwd_attn;
+
+/* Pass 1: z and lse from q, k, v (the forward's attention with an online
+ * softmax, tiled: no (T,S) buffer). *masked_rows = number of rows with no
+ * allowed key (their z is 0). */
+mha_status mha_bwd_attention_forward(const mha_bwd_attn *a, const mha_kernels *kern, int n_threads,
+                                     long *masked_rows);
+
+/* Passes 2 and 3: D = rowsum(dZ * Z), then the probabilities recomputed
+ * tile by tile from lse; dk, dv parallel over key blocks (each kv head sums
+ * its group's heads), dq parallel over query blocks. No atomics. */
+mha_status mha_bwd_attention_backward(const mha_bwd_attn *a, const mha_kernels *kern, int n_threads);
+
+#endif /* MHA_BACKWARD_FAST_H */

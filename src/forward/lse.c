@@ -1,0 +1,65 @@
+/* lse.c — the log-sum-exp entries: a forward that also returns each query
+ * row's log-sum-exp, and attention alone on projected heads; both on the
+ * reference (reference.c), which keeps the scores' max and sum in double.
+ * Legend: B, T, S, h, h_kv, d_k, d_v (see mha.h). */
+#include <stdlib.h>
+
+#include "forward/forward.h"
+
+mha_status mha_forward_lse(const mha_layer *L, float *y, const mha_capture *cap, float *lse,
+                           const float *x, const float *k_src, const float *v_src, int B, int T,
+                           int S, const mha_options *opt) {
+    mha_options defaults = mha_options_default();
+    if (!opt) opt = &defaults;
+    if (!k_src) k_src = x;
+    if (!v_src) v_src = k_src;
+    mha_status s = mha_forward_validate(L, y, x, k_src, v_src, B, T, S, opt);
+    if (s) return s;
+    if (!lse) return mha_fail(MHA_E_ARG, "mha_forward_lse: lse is NULL; expected (B,h,T) floats");
+    mha_clear_error();
+    return mha_forward_reference_lse(L, y, cap, lse, x, k_src, v_src, B, T, S, opt);
+}
+
+/* dst (n) = src (n) widened to double. */
+static void widen(double *dst, const float *src, size_t n) {
+    for (size_t i = 0; i < n; i++) dst[i] = src[i];
+}
+
+mha_status mha_attend_lse(const mha_config *cfg, float *z, float *lse, const float *q,
+                          const float *k, const float *v, int B, int T, int S,
+                          const mha_options *opt) {
+    mha_options defaults = mha_options_default();
+    if (!opt) opt = &defaults;
+    if (!cfg) return mha_fail(MHA_E_ARG, "mha_attend_lse: cfg is NULL");
+    mha_config c;
+    mha_status s = mha_config_resolve(&c, cfg);
+    if (s) return s;
+    if (c.add_bias_kv || c.add_zero_attn)
+        return mha_fail(MHA_E_ARG, "mha_attend_lse: add_bias_kv=%d add_zero_attn=%d; expected 0 (pass the extra rows in k and v)",
+                        c.add_bias_kv, c.add_zero_attn);
+    if (c.alibi || c.sinks || c.rope.pairing != MHA_ROPE_NONE || c.qk_norm != MHA_QK_NORM_NONE)
+        return mha_fail(MHA_E_UNSUPPORTED,
+                        "mha_attend_lse: alibi=%d sinks=%d rope=%d qk_norm=%d; expected none (they are layer "
+                        "parameters: apply RoPE and QK-norm to q and k before the call)",
+                        c.alibi, c.sinks, (int)c.rope.pairing, (int)c.qk_norm);
+    if (!z || !q || !k || !v)
+        return mha_fail(MHA_E_ARG, "mha_attend_lse: %s is NULL", !z ? "z" : !q ? "q" : !k ? "k" : "v");
+    if (B < 1 || T < 1 || S < 1)
+        return mha_fail(MHA_E_SHAPE, "mha_attend_lse: B=%d T=%d S=%d; expected all >= 1", B, T, S);
+    if (opt->interventions)
+        return mha_fail(MHA_E_ARG, "mha_attend_lse: options.interventions given; expected NULL (apply them to the merged Z)");
+    const size_t nq = (size_t)B * T * c.n_heads * c.d_k, nk = (size_t)B * S * c.n_kv_heads * c.d_k,
+                 nv = (size_t)B * S * c.n_kv_heads * c.d_v, nz = (size_t)B * T * c.n_heads * c.d_v;
+    if ((s = mha_check_finite(q, nq, "q")) || (s = mha_check_finite(k, nk, "k")) ||
+        (s = mha_check_finite(v, nv, "v")) || (s = mha_check_options(&c, opt, B, T, S)))
+        return s;
+    double *buf = malloc((nq + nk + nv + nz) * sizeof(double)); // q | k | v | z
+    if (!buf) return mha_fail(MHA_E_NOMEM, "mha_attend_lse: no memory for Q, K, V, Z (B=%d T=%d S=%d)", B, T, S);
+    double *qd = buf, *kd = qd + nq, *vd = kd + nk, *zd = vd + nv;
+    widen(qd, q, nq), widen(kd, k, nk), widen(vd, v, nv);
+    mha_clear_error();
+    s = mha_attend_reference(&c, NULL, zd, NULL, lse, qd, kd, vd, B, T, S, opt);
+    for (size_t i = 0; !s && i < nz; i++) z[i] = (float)zd[i];
+    free(buf);
+    return s;
+}

@@ -1,0 +1,188 @@
+#!/bin/sh
+# mpi_test.sh — mha-mpi end to end on loopback: `mpirun -np P mha-mpi run`
+# with --split heads and --split sequence for P = 1..4 reproduces the
+# single-process `mha run` (MHA, GQA, a replicated kv head, cross-attention,
+# causal, key padding, bool masks, ablations, captures); --stats reports the
+# bytes the formula predicts; faults (bad file on one rank, a failing
+# allocation on one rank, shapes that differ between ranks, an impossible
+# head split) end every rank with the same error and a non-zero exit.
+# Skips loudly without mpirun, and fails then when CI=true.
+#   usage: sh tests/mpi_test.sh BUILD_DIR
+BUILD=${1:?usage: sh tests/mpi_test.sh BUILD_DIR}
+PY=${PYTHON:-/usr/bin/python3}
+here=$(cd "$(dirname "$0")" && pwd)
+[ -x "$BUILD/mha" ] || { echo "mpi_test: $BUILD/mha is missing" >&2; exit 1; }
+if ! command -v mpirun >/dev/null 2>&1 || [ ! -x "$BUILD/mha-mpi" ]; then
+    echo "mpi_test: SKIPPED: mpirun or $BUILD/mha-mpi is missing (run 'make mpi')" >&2
+    [ "${CI:-}" = true ] && { echo "mpi_test: FAIL: CI=true needs the MPI tests" >&2; exit 1; }
+    exit 0
+fi
+"$PY" -c "import numpy" 2>/dev/null || { echo "mpi_test: SKIPPED: numpy is missing" >&2; [ "${CI:-}" = true ] && exit 1; exit 0; }
+MHA=$BUILD/mha
+MPI=$BUILD/mha-mpi
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+# loopback only, no warnings about missing fabrics
+export OMPI_MCA_btl=self,vader OMPI_MCA_pml=ob1 OMPI_MCA_btl_vader_single_copy_mechanism=none
+tmp=$(mktemp -d) || exit 1
+trap 'rm -rf "$tmp"' EXIT INT TERM
+T=$tmp
+checks=0
+fails=0
+fail() { echo "FAIL: $*" >&2; fails=$((fails + 1)); }
+
+# --- fixtures: native checkpoints and inputs (numpy, tests/python/io_helpers.py)
+PYTHONPATH="$here/python" "$PY" - "$T" <<'PYEOF' || { echo "mpi_test: fixtures failed" >&2; exit 1; }
+import sys
+import numpy as np
+from io_helpers import write_safetensors
+d = sys.argv[1]
+rng = np.random.RandomState(77)
+r = lambda *s: rng.uniform(-0.5, 0.5, size=s).astype(np.float32)
+def layer(name, dm, h, hkv, dk, dv, din=None):
+    din = din or dm
+    w = {"w_q": r(dm, h * dk), "w_k": r(din, hkv * dk), "w_v": r(din, hkv * dv), "w_o": r(h * dv, dm),
+         "b_q": r(h * dk), "b_k": r(hkv * dk), "b_v": r(hkv * dv), "b_o": r(dm)}
+    lab = lambda n: ",".join(str(i) for i in range(n))
+    write_safetensors("%s/%s.safetensors" % (d, name), w,
+                      {"n_heads": h, "n_kv_heads": hkv, "d_k": dk, "d_v": dv, "labels_q": lab(h),
+                       "labels_k": lab(hkv), "labels_v": lab(hkv), "labels_o": lab(h)})
+layer("mha", 24, 12, 12, 3, 2)          # P = 1, 2, 3, 4 split h = h_kv = 12
+layer("gqa", 16, 8, 4, 2, 3)            # P = 1, 2, 4: whole kv groups; P = 3: refused
+layer("mqa2", 16, 8, 2, 2, 2)           # P = 4: each rank a copy of its kv head
+layer("cross", 24, 12, 12, 3, 3, din=10)
+np.save(d + "/x.npy", r(2, 16, 24))
+np.save(d + "/x16.npy", r(2, 16, 16))
+np.save(d + "/x1.npy", r(16, 24))         # unbatched
+np.save(d + "/kv.npy", r(2, 12, 10))
+np.save(d + "/x_short.npy", r(2, 5, 24))
+kpm = np.zeros((2, 16), bool); kpm[0, 3] = kpm[0, 10:] = True; kpm[1, :2] = True
+np.save(d + "/kpm.npy", kpm)
+np.save(d + "/kpm_cross.npy", np.arange(24).reshape(2, 12) % 5 == 1)
+np.save(d + "/am.npy", np.triu(np.ones((16, 16), bool), 1) | (np.arange(16)[None, :] == 7))
+PYEOF
+
+# mpirun -np P mha-mpi run ARGS, bounded in time; stdout/stderr in $T/out,err
+mpi() {
+    np=$1; shift
+    timeout 120 mpirun --oversubscribe -np "$np" "$MPI" run "$@" >"$T/out" 2>"$T/err"
+    rc=$?
+    last="mpirun -np $np mha-mpi run $*"
+}
+# close A B: max|A-B| <= 1e-5 * (1 + max|B|) (NaN equal to NaN)
+close() {
+    checks=$((checks + 1))
+    "$PY" - "$1" "$2" >"$T/close" <<'PYEOF' || fail "$last: $1 vs $2: $(cat "$T/close")"
+import sys
+import numpy as np
+a, b = np.load(sys.argv[1]), np.load(sys.argv[2])
+if a.shape != b.shape:
+    print("shape %s vs %s" % (a.shape, b.shape)); sys.exit(1)
+tol = 1e-5 * (1 + np.nanmax(np.abs(b)))
+if not (np.array_equal(np.isnan(a), np.isnan(b)) and np.nanmax(np.abs(a - b)) <= tol):
+    print("max diff %g > %g" % (np.nanmax(np.abs(a - b)), tol)); sys.exit(1)
+PYEOF
+}
+expect_ok() {
+    checks=$((checks + 1))
+    [ "$rc" -eq 0 ] || fail "$last: exit $rc; stderr: $(head -c 600 "$T/err")"
+}
+# expect_fail NP PATTERN: non-zero exit (not a timeout or a signal), and
+# each of the NP ranks printed the same agreed error mentioning PATTERN
+expect_fail() {
+    checks=$((checks + 1))
+    [ "$rc" -ne 0 ] || fail "$last: exit 0, want a failure"
+    [ "$rc" -eq 124 ] && fail "$last: hung (killed by timeout)"
+    n=$(grep -c "^mha-mpi run: \[rank [0-9]*\] " "$T/err")
+    [ "$n" -eq "$1" ] || fail "$last: $n of $1 ranks reported the error: $(head -c 600 "$T/err")"
+    grep -q -- "$2" "$T/err" || fail "$last: the error does not mention '$2': $(head -c 600 "$T/err")"
+    [ "$(grep '^mha-mpi run: \[rank' "$T/err" | sed 's/^mha-mpi run: \[rank [0-9]*\] //' | sort -u | wc -l)" -eq 1 ] ||
+        fail "$last: the ranks disagree: $(head -c 600 "$T/err")"
+}
+# single-process reference: mha run ARGS (outputs named by the caller)
+ref() { "$MHA" run "$@" >"$T/ref_out" 2>&1 || fail "mha run $*: $(cat "$T/ref_out")"; }
+
+# --- both splits against mha run ----------------------------------------
+# case NAME P-LIST SPLITS WEIGHTS INPUT [more mha run flags]
+case_() {
+    name=$1 plist=$2 splits=$3 w=$4 x=$5; shift 5
+    ref --weights "$T/$w.safetensors" --input "$T/$x.npy" --output "$T/r_$name.npy" "$@"
+    for split in $splits; do
+        for p in $plist; do
+            mpi "$p" --split "$split" --weights "$T/$w.safetensors" --input "$T/$x.npy" --output "$T/y.npy" "$@"
+            expect_ok
+            close "$T/y.npy" "$T/r_$name.npy"
+        done
+    done
+}
+case_ mha "1 2 3 4" "heads sequence" mha x
+case_ causal "1 2 3 4" "heads sequence" mha x --causal
+case_ padded "2 3 4" "heads sequence" mha x --causal --key-padding-mask "$T/kpm.npy"
+case_ boolmask "2 4" "heads sequence" mha x --attn-mask "$T/am.npy"
+case_ unbatched "2 3" "heads sequence" mha x1 --causal
+case_ gqa "1 2 4" "heads sequence" gqa x16 --causal
+case_ gqa_rep "4" "heads" mqa2 x16 --causal
+case_ gqa_seq3 "3" "sequence" gqa x16 --causal
+case_ cross "2 3 4" "heads sequence" cross x --kv-input "$T/kv.npy" --causal bottom-right
+case_ cross_pad "2 4" "heads sequence" cross x --kv-input "$T/kv.npy" --key-padding-mask "$T/kpm_cross.npy"
+case_ ablate "2 3 4" "heads sequence" mha x --causal --ablate 1=zero,5=scale:0.5,7=mean
+case_ nanrows "2 4" "heads sequence" mha x --attn-mask "$T/am.npy" --key-padding-mask "$T/kpm.npy" --masked-rows nan
+
+# --- captures: rank 0 assembles Z, contributions (and probs, heads only)
+ref --weights "$T/gqa.safetensors" --input "$T/x16.npy" --output "$T/r.npy" --causal --ablate 2=zero \
+    --save-z "$T/rz.npy" --save-contributions "$T/rc.npy" --save-probs "$T/rp.npy"
+for p in 2 4; do
+    mpi $p --split heads --weights "$T/gqa.safetensors" --input "$T/x16.npy" --output "$T/y.npy" --causal \
+        --ablate 2=zero --save-z "$T/z.npy" --save-contributions "$T/c.npy" --save-probs "$T/p.npy"
+    expect_ok
+    close "$T/y.npy" "$T/r.npy"; close "$T/z.npy" "$T/rz.npy"; close "$T/c.npy" "$T/rc.npy"; close "$T/p.npy" "$T/rp.npy"
+    mpi $p --split sequence --weights "$T/gqa.safetensors" --input "$T/x16.npy" --output "$T/y.npy" --causal \
+        --ablate 2=zero --save-z "$T/z.npy" --save-contributions "$T/c.npy"
+    expect_ok
+    close "$T/y.npy" "$T/r.npy"; close "$T/z.npy" "$T/rz.npy"; close "$T/c.npy" "$T/rc.npy"
+done
+
+# --- --stats: bytes per rank against the formulas, computed here --------
+# heads: one allreduce of Y, B*T*d_model*4; sequence: (P-1) K/V blocks of
+# B*(S/P)*h_kv*(d_k+d_v)*4 bytes each.
+for p in 2 4; do
+    mpi $p --split heads --stats --weights "$T/mha.safetensors" --input "$T/x.npy" --output "$T/y.npy"
+    expect_ok
+    want=$((2 * 16 * 24 * 4))
+    checks=$((checks + 1))
+    [ "$(grep -c "sent_bytes=$want formula_bytes=$want " "$T/out")" -eq $p ] || fail "$last: want sent_bytes=$want on $p ranks: $(cat "$T/out")"
+    mpi $p --split sequence --stats --weights "$T/gqa.safetensors" --input "$T/x16.npy" --output "$T/y.npy"
+    expect_ok
+    want=$(((p - 1) * 2 * (16 / p) * 4 * (2 + 3) * 4))
+    checks=$((checks + 1))
+    [ "$(grep -c "sent_bytes=$want formula_bytes=$want " "$T/out")" -eq $p ] || fail "$last: want sent_bytes=$want on $p ranks: $(cat "$T/out")"
+done
+
+# --- faults: every rank ends with the same error, none hangs -------------
+# (outputs go to an empty folder: a failed run must leave nothing there)
+mkdir "$T/fo"
+mpi 3 --split heads --weights "$T/gqa.safetensors" --input "$T/x16.npy" --output "$T/fo/y.npy"
+expect_fail 3 "h_kv=4"
+mpi 3 --split sequence --weights "$T/mha.safetensors" --input "$T/x_short.npy" --output "$T/fo/y.npy"
+expect_fail 3 "T >= 6"
+mpi 2 --split heads --weights "$T/missing.safetensors" --input "$T/x.npy" --output "$T/fo/y.npy"
+expect_fail 2 "missing.safetensors"
+# one rank given another file (MPMD): caught on rank 1, reported by both
+timeout 120 mpirun --oversubscribe -np 1 "$MPI" run --weights "$T/mha.safetensors" --input "$T/x.npy" --output "$T/fo/y.npy" \
+    : -np 1 "$MPI" run --weights "$T/mha.safetensors" --input "$T/nope.npy" --output "$T/fo/y.npy" >"$T/out" 2>"$T/err"
+rc=$? last="MPMD with a missing input on rank 1"
+expect_fail 2 "rank 1: .*nope.npy"
+# shapes that differ between ranks
+timeout 120 mpirun --oversubscribe -np 1 "$MPI" run --split sequence --weights "$T/mha.safetensors" --input "$T/x.npy" --output "$T/fo/y.npy" \
+    : -np 1 "$MPI" run --split sequence --weights "$T/mha.safetensors" --input "$T/x1.npy" --output "$T/fo/y.npy" >"$T/out" 2>"$T/err"
+rc=$? last="MPMD with a different input shape on rank 1"
+expect_fail 2 "B = 1 here but 2 on rank 0"
+# a failing allocation on rank 1 (test hook MHA_MPI_FAIL_ALLOC)
+for split in heads sequence; do
+    MHA_MPI_FAIL_ALLOC=1 mpi 3 --split $split --weights "$T/mha.safetensors" --input "$T/x.npy" --output "$T/fo/y.npy"
+    expect_fail 3 "rank 1: no memory"
+done
+checks=$((checks + 1))
+[ -z "$(ls -A "$T/fo")" ] || fail "failed runs left files behind: $(ls -A "$T/fo")"
+
+echo "mpi_test: $checks checks, $fails failed"
+[ "$fails" -eq 0 ]
