@@ -20,6 +20,7 @@ static const test_area_fn areas[] = {
     tests_masks,
     tests_variants,
     tests_modern,
+    tests_modern_cache,
     tests_errors,
     tests_fast,
     tests_kernels,

@@ -174,9 +174,10 @@ static mha_layer *case_layer(const modern_case *m) {
     return L;
 }
 
-/* The configurations every comparison walks: each variant alone, then
- * combinations, under MHA and GQA. */
-static mha_config variant_config(int i) {
+/* The configurations every comparison walks (here and in
+ * test_modern_cache.c): each variant alone, then combinations, under MHA
+ * and GQA. */
+mha_config modern_variant_config(int i) {
     mha_config c = mha_config_default(24, 4);
     c.bias = 0, c.d_k = 8;
     switch (i) {
@@ -196,7 +197,6 @@ static mha_config variant_config(int i) {
     }
     return c;
 }
-#define N_VARIANT_CONFIGS 11
 
 /* ---------------------------------------------------------- by hand */
 
@@ -331,9 +331,9 @@ static void modern_rope_scaling_by_hand(void) {
 
 static void modern_reference_vs_oracle(void) {
     const int B = 2, T = 9;
-    for (int i = 0; i < N_VARIANT_CONFIGS; i++) {
+    for (int i = 0; i < MODERN_N_CONFIGS; i++) {
         modern_case m;
-        case_make(&m, variant_config(i), 500 + i);
+        case_make(&m, modern_variant_config(i), 500 + i);
         mha_layer *L = case_layer(&m);
         if (!L) return;
         uint64_t seed = 900 + i;
@@ -360,9 +360,9 @@ static void modern_reference_vs_oracle(void) {
 static void fast_vs_reference(const mha_kernels *k) {
     mha_kernels_force(k);
     const int B = 2, T = 70; /* more than one query tile (48) */
-    for (int i = 0; i < N_VARIANT_CONFIGS; i++) {
+    for (int i = 0; i < MODERN_N_CONFIGS; i++) {
         modern_case m;
-        case_make(&m, variant_config(i), 700 + i);
+        case_make(&m, modern_variant_config(i), 700 + i);
         mha_layer *L = case_layer(&m);
         if (!L) break;
         const size_t n = (size_t)B * T * m.c.d_model;
@@ -428,7 +428,7 @@ static void modern_softcap_kernel_accuracy(void) {
 
 static void modern_permute_and_contract(void) {
     modern_case m;
-    mha_config c = variant_config(N_VARIANT_CONFIGS - 1); /* GQA, rope, per-head norms, sinks */
+    mha_config c = modern_variant_config(MODERN_N_CONFIGS - 1); /* GQA, rope, per-head norms, sinks */
     c.alibi = 1;
     case_make(&m, c, 42);
     mha_layer *L = case_layer(&m);
@@ -502,10 +502,6 @@ static void modern_errors(void) {
     mha_gradients g = {.dx = dx};
     CHECK_STATUS(mha_backward(L, &g, dy, x, NULL, 1, 2, 2, &o), MHA_E_UNSUPPORTED);
     CHECK_ERROR_MENTIONS("no backward");
-    mha_cache *cache = NULL;
-    CHECK_OK(mha_cache_create(&cache, L, 1, 8, MHA_CACHE_F32, 0));
-    CHECK_STATUS(mha_forward_cached(L, cache, y, NULL, x, 2, NULL, NULL), MHA_E_UNSUPPORTED);
-    mha_cache_free(cache);
     mha_layer_free(L);
     c = mha_config_default(4, 2), c.rope.pairing = MHA_ROPE_HALVES;
     CHECK_OK(mha_layer_create(&L, &c, NULL));

@@ -10,6 +10,12 @@ const test_case *tests_heads(size_t *count);
 const test_case *tests_masks(size_t *count);
 const test_case *tests_variants(size_t *count);
 const test_case *tests_modern(size_t *count);
+const test_case *tests_modern_cache(size_t *count);
+
+/* test_modern.c's variant configurations (0 .. MODERN_N_CONFIGS - 1),
+ * shared with test_modern_cache.c. */
+mha_config modern_variant_config(int i);
+#define MODERN_N_CONFIGS 11
 const test_case *tests_errors(size_t *count);
 const test_case *tests_fast(size_t *count);
 const test_case *tests_kernels(size_t *count);

@@ -15,6 +15,7 @@
 
 #include "commands.h"
 #include "io_cli.h"
+#include "run_variants.h"
 #include "run_attribution.h"
 
 /* "2=zero,5=scale:0.5,7=mean" -> iv[h] (head positions, 0-based). */
@@ -96,6 +97,7 @@ int cmd_run(int argc, char **argv) {
 #endif
     cli_ckpt ck = {0};
     cli_fwd_flags ff = {0};
+    cli_variant_flags vf = {0};
     const char *output = NULL, *ablate = NULL, *save_z = NULL, *save_c = NULL, *save_p = NULL,
                *path = NULL, *masked = NULL, *v_input = NULL, *grad_output = NULL, *save_a = NULL;
     double max_gib = 0;
@@ -114,6 +116,7 @@ int cmd_run(int argc, char **argv) {
          .help = "save each head's attribution Z^(r).dZ^(r) of <dY, Y>, (h,B,T) (docs/BACKWARD.md)"},
         {.name = "--path", .kind = MHA_ARG_STRING, .dest = &path, .metavar = "P",
          .help = "auto (default), reference or fast", .choices = "auto|reference|fast"},
+        CLI_VARIANT_ARGS(vf),
         CLI_MAX_OUTPUT_ARG(max_gib),
     };
     mha_command_spec spec = {
@@ -144,6 +147,7 @@ int cmd_run(int argc, char **argv) {
     cli_outputs_output(&outs, "--save-probs", &save_p);
     cli_outputs_input(&outs, "--grad-output", &grad_output);
     cli_outputs_output(&outs, "--save-attribution", &save_a);
+    cli_outputs_input(&outs, "--positions", &vf.positions);
     mha_layer *L;
     cli_fwd f;
     int rc = cli_fwd_open(&L, &f, &spec, &ck, &ff, &outs, argc, argv);
@@ -153,6 +157,7 @@ int cmd_run(int argc, char **argv) {
     mha_capture cap = {0};
     mha_intervention *iv = NULL;
     mha_array v = {0};
+    if ((rc = cli_apply_variants(&L, &f, &vf, ck.weights, ck.prefix))) goto done;
     const mha_config *c = mha_layer_config(L);
     int h = c->n_heads;
     if (v_input && (rc = read_values(&v, v_input, &f, c))) goto done;
@@ -228,6 +233,7 @@ done:
     free(cap.probs);
     free(iv);
     mha_array_free(&v);
+    cli_variants_free(&vf);
     cli_fwd_free(&f);
     mha_layer_free(L);
     return cli_outputs_finish(&outs, rc);

@@ -15,7 +15,7 @@ from ._owner import COwner
 from ._arrays import _shape_str, floats, fptr, ints
 from ._check import INT_MAX, c_float, c_int, names as capture_names
 from .errors import ArgumentError, MhaError, ShapeError, check as _check_status
-from .layer import Layer, _enum, window as window_arg
+from .layer import Layer, _enum, _positions, window as window_arg
 
 _L = _lib.lib
 
@@ -197,7 +197,7 @@ class Cache(COwner):
 
     # ---------------------------------------------------------- forward
     def forward(self, layer=None, x=None, n_new=None, *, capture=(), interventions=None,
-                window_left=None, scale=0.0, masked_row="zero"):
+                window_left=None, scale=0.0, masked_row="zero", positions=None):
         """y (B,T,d_model) for x (B,T,d_model) of up to T new tokens per
         sequence (mha_forward_cached); (T,d_model) in and out when batch is 1.
 
@@ -209,6 +209,9 @@ class Cache(COwner):
         the cache's window). scale (0: 1/sqrt(d_k)), masked_row and
         interventions as in Layer.forward ('mean' averages over this
         call's new rows; ('replace', value) takes value (B,T,d_v)).
+        positions: None (each token at its cache position) or (B,T) ints
+        ((T,) when x is (T,d_model)): each new token's position for RoPE
+        and ALiBi (the cache keeps it with the token's K).
         capture: names among 'z' (B,T,h*d_v), 'contributions'
         (h,B,T,d_model), 'probs' (B,h,T,capacity+extra: column s is cache
         slot s, then the add_bias_kv / add_zero_attn keys), or True for
@@ -238,6 +241,10 @@ class Cache(COwner):
             ivs = Layer._interventions(interventions, h, B, T, s["d_v"], keep)
             keep.append(ivs)
             o.interventions = ivs
+        if positions is not None:
+            pa = _positions("positions", np.reshape(positions, (1, -1)) if squeezed else positions, (B, T))
+            keep.append(pa)
+            o.positions = pa.ctypes.data_as(ctypes.POINTER(ctypes.c_int))
         n = self._n_new(n_new, T)
         extra = s["add_bias_kv"] + s["add_zero_attn"]
         shapes = {"z": (B, T, h * s["d_v"]), "contributions": (h, B, T, s["d_model"]),

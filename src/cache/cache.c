@@ -32,7 +32,7 @@ size_t mha_cache_bytes(const mha_cache *c) {
 
 void mha_cache_free(mha_cache *c) {
     if (!c) return;
-    free(c->data), free(c->len), free(c->lo), free(c->phys), free(c->labels_k), free(c->labels_v);
+    free(c->data), free(c->len), free(c->lo), free(c->upos), free(c->phys), free(c->labels_k), free(c->labels_v);
     free(c->kmax);
     free(c);
 }
@@ -75,11 +75,12 @@ mha_status mha_cache_create(mha_cache **out, const mha_layer *L, int batch, int 
     c->data = calloc(blocks * slots * (size_t)(cf->d_k + cf->d_v), elt);
     c->len = calloc((size_t)batch, sizeof(int));
     c->lo = calloc((size_t)batch, sizeof(int));
+    c->upos = calloc((size_t)batch * capacity, sizeof(int));
     c->phys = malloc(sizeof(int) * cf->n_kv_heads);
     c->labels_k = malloc(sizeof(int) * cf->n_kv_heads);
     c->labels_v = malloc(sizeof(int) * cf->n_kv_heads);
     c->kmax = calloc(blocks, sizeof(float));
-    if (!c->data || !c->len || !c->lo || !c->phys || !c->labels_k || !c->labels_v || !c->kmax) {
+    if (!c->data || !c->len || !c->lo || !c->upos || !c->phys || !c->labels_k || !c->labels_v || !c->kmax) {
         mha_cache_free(c);
         return mha_fail(MHA_E_NOMEM, "mha_cache_create: no memory for %zu bytes of K/V",
                         blocks * slots * (size_t)(cf->d_k + cf->d_v) * elt);
@@ -155,13 +156,14 @@ mha_status mha_cache_permute_heads(mha_cache *c, const int *perm) {
 
 /* ---------------------------------------------------------- storing */
 
-void mha_cache_store(const mha_exec *ex, mha_cache *c, const float *k, const float *v, const int *row0, int t0,
-                     const int *n) {
+void mha_cache_store(const mha_exec *ex, mha_cache *c, const float *k, const float *v, const int *pos,
+                     const int *row0, int t0, const int *n) {
     const mha_decode_kernels *kr = mha_exec_decode(ex);
     uint16_t hk[256];
     for (int b = 0; b < c->B; b++) {
         for (int i = 0; i < n[b]; i++) {
             int slot = (c->len[b] + i) % c->cap;
+            c->upos[(size_t)b * c->cap + slot] = pos ? pos[row0[b] + t0 + i] : c->len[b] + i;
             const float *kr_row = k + ((size_t)row0[b] + t0 + i) * c->h_kv * c->d_k;
             const float *vr_row = v + ((size_t)row0[b] + t0 + i) * c->h_kv * c->d_v;
             for (int g = 0; g < c->h_kv; g++) {
@@ -231,7 +233,7 @@ mha_status mha_cache_append(mha_cache *c, const float *k, const float *v, int T,
     if (!s) s = mha_cache_check_room(c, n, "mha_cache_append");
     mha_exec ex;
     if (!s) s = mha_exec_resolve(&ex, NULL);
-    if (!s) mha_cache_store(&ex, c, k, v, n + c->B, 0, n);
+    if (!s) mha_cache_store(&ex, c, k, v, NULL, n + c->B, 0, n);
     free(n);
     return s;
 }
@@ -257,7 +259,7 @@ mha_status mha_cache_attend(const mha_cache *c, float *z, const float *q, int T,
     mha_exec ex;
     if (!s) s = mha_exec_resolve(&ex, NULL);
     if (!s) {
-        mha_decode_opts o = {scale != 0.0f ? scale : 1.0f / sqrtf((float)c->d_k), -1, NULL, NULL, 0, 0};
+        mha_decode_opts o = {.scale = scale != 0.0f ? scale : 1.0f / sqrtf((float)c->d_k), .left = -1};
         s = mha_decode_attend(&ex, z, NULL, c, q, n + c->B, 0, n, &o);
     }
     free(n);

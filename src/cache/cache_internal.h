@@ -28,6 +28,9 @@ struct mha_cache {
                              V (CHUNK, d_v) rows]: one stream per kv head   */
     int *len;            /* (B) tokens appended so far (next position)       */
     int *lo;             /* (B) oldest position still stored (ring, truncate) */
+    int *upos;           /* (B, cap) the position slot s was stored with (its
+                            cache position or options.positions): ALiBi
+                            distances; RoPE is already in the stored K      */
     int *phys;           /* (h_kv) storage index of kv head g (permutation)  */
     int *labels_k;       /* (h_kv) labels of the layer's K blocks it holds   */
     int *labels_v;       /* (h_kv)                                           */
@@ -83,9 +86,18 @@ static inline int mha_cache_first_key(const mha_cache *c, int b, int p, int left
     return left >= 0 && p - left > c->lo[b] ? p - left : c->lo[b];
 }
 
+/* The position slot s of sequence b was stored with. */
+static inline int mha_cache_user_position(const mha_cache *c, int b, int s) {
+    return c->upos[(size_t)b * c->cap + s];
+}
+
 /* Options of one attention call over the cache. */
 typedef struct {
     float scale;          /* multiplies q . k                                 */
+    float softcap;        /* 0: none; else s -> softcap tanh(s / softcap)     */
+    const float *slopes;  /* (h) ALiBi slopes or NULL                         */
+    const float *sinks;   /* (h) sink logits or NULL                          */
+    const mha_kernels *prefill; /* its attn_softcap (softcap != 0)            */
     int left;             /* <0: unbounded; else keys p >= position - left
                              (the cache's own window applies as well)         */
     const float *extra_k; /* (h_kv, d_k) appended key (add_bias_kv) or NULL  */
@@ -99,9 +111,11 @@ typedef struct {
  * (row0[b] = b*T for a (B,T,...) array; prefix sums for packed rows).
  *
  * Stores rows row0[b] + t0 .. + n[b]-1 at sequence b's next positions;
- * len[b] += n[b]. Arguments are already validated (capacity, window). */
-void mha_cache_store(const mha_exec *ex, mha_cache *c, const float *k, const float *v, const int *row0, int t0,
-                     const int *n);
+ * len[b] += n[b]. pos (rows) gives each row's position for ALiBi (NULL:
+ * its cache position). Arguments are already validated (capacity,
+ * window). */
+void mha_cache_store(const mha_exec *ex, mha_cache *c, const float *k, const float *v, const int *pos,
+                     const int *row0, int t0, const int *n);
 
 /* MHA_E_ARG unless n[b] more tokens fit every sequence (the capacity
  * without a window; at most capacity - window + 1 per call with one). */

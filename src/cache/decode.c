@@ -69,6 +69,7 @@ typedef struct {
     float *qt;  /* (QTILE, d_k) the unit's queries          */
     float *s;   /* (QTILE, CHUNK) scores, then weights       */
     int *pos;   /* (CHUNK) positions of the chunk's slots    */
+    int *upos;  /* (CHUNK) their stored positions (ALiBi)    */
     float *kf;  /* (CHUNK, d_k) fp32 keys (fp16 cache)       */
     float *vf;  /* (CHUNK, d_v) fp32 values (fp16 cache)     */
     float *mx, *sum; /* (QTILE) max and sum of one chunk     */
@@ -81,18 +82,19 @@ static int scratch_alloc(scratch *w, const mha_cache *c) {
     w->qt = malloc(sizeof(float) * QTILE * c->d_k);
     w->s = malloc(sizeof(float) * QTILE * MHA_DECODE_CHUNK);
     w->pos = malloc(sizeof(int) * MHA_DECODE_CHUNK);
+    w->upos = malloc(sizeof(int) * MHA_DECODE_CHUNK);
     w->kf = malloc(sizeof(float) * MHA_DECODE_CHUNK * c->d_k);
     w->vf = malloc(sizeof(float) * MHA_DECODE_CHUNK * c->d_v);
     w->mx = malloc(sizeof(float) * QTILE);
     w->sum = malloc(sizeof(float) * QTILE);
     w->part = malloc(sizeof(float) * QTILE * pw);
     w->run = malloc(sizeof(float) * QTILE * pw);
-    return w->qt && w->s && w->pos && w->kf && w->vf && w->mx && w->sum && w->part &&
+    return w->qt && w->s && w->pos && w->upos && w->kf && w->vf && w->mx && w->sum && w->part &&
            w->run;
 }
 
 static void scratch_free(scratch *w) {
-    free(w->qt), free(w->s), free(w->pos), free(w->kf), free(w->vf);
+    free(w->qt), free(w->s), free(w->pos), free(w->upos), free(w->kf), free(w->vf);
     free(w->mx), free(w->sum), free(w->part), free(w->run);
 }
 
@@ -119,6 +121,28 @@ static void prefetch_chunk(const mha_cache *c, size_t kv, int cs) {
     const char *p = (const char *)c->data + mha_cache_chunk_off(c, kv, s0) * c->elt;
     size_t bytes = (size_t)MHA_DECODE_CHUNK * (c->d_k + c->d_v) * c->elt;
     for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, 0, 2);
+}
+
+/* Soft-cap, then ALiBi, on the scores w->s (m, nk) of the keys whose
+ * slots are w->pos[j0 ..]: s -= slope_r |p_i - p_j| with the positions
+ * the tokens were stored with (exact in int). Slots that hold no live
+ * position are masked after this. */
+static void variants_chunk(scratch *w, const decode_call *dc, const unit *u, int m, int j0, int nk) {
+    const mha_cache *c = dc->c;
+    const mha_decode_opts *o = dc->o;
+    if (o->softcap != 0.0f) mha_attn_softcap_get(o->prefill)(w->s, MHA_DECODE_CHUNK, o->softcap, m, nk);
+    if (!o->slopes) return;
+    for (int j = 0; j < nk; j++) {
+        int pj = w->pos[j0 + j];
+        w->upos[j] = pj == INT_MIN ? 0 : mha_cache_user_position(c, u->b, pj % c->cap);
+    }
+    for (int i = 0; i < m; i++) {
+        const int r = u->g * dc->n_rep + (u->i0 + i) % dc->n_rep;
+        const int pi = mha_cache_user_position(c, u->b, row_position(dc, u->b, u->i0 + i) % c->cap);
+        const float slope = o->slopes[r];
+        float *row = w->s + (size_t)i * MHA_DECODE_CHUNK;
+        for (int j = 0; j < nk; j++) row[j] -= slope * (float)abs(pi - w->upos[j]);
+    }
 }
 
 /* part (rows, 2 + d_v) = the softmax state of the unit's rows over chunk
@@ -168,6 +192,7 @@ static void chunk_partial(float *part, scratch *w, const decode_call *dc, const 
         }
         dc->kr->scores(w->s, MHA_DECODE_CHUNK, w->qt, c->d_k, kp, m, nk, c->d_k);
     }
+    variants_chunk(w, dc, u, m, jlo - cs, nk);
     /* causal (bottom-right) and window: row i attends positions
      * [first key, its own position]; a chunk wholly inside needs no mask */
     int pmin = INT_MAX, pmax = INT_MIN, holes = 0;
@@ -250,6 +275,7 @@ static void finish_unit(const decode_call *dc, const unit *u, float *run, float 
             for (int j = 0; j < c->d_v; j++) R[2 + j] = R[2 + j] * a;
         }
         int t = dc->t0 + (u->i0 + i) / dc->n_rep, r = u->g * dc->n_rep + (u->i0 + i) % dc->n_rep;
+        if (o->sinks && R[1] != 0.0f) R[1] += expf(o->sinks[r] - R[0]); /* joins the sum, no value */
         size_t row = ((size_t)dc->row0[u->b] + t) * c->h + r;
         float *zr = dc->z + row * c->d_v;
         float inv = R[1] > 0.0f ? 1.0f / R[1] : 0.0f;

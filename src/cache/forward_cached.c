@@ -24,9 +24,6 @@
 /* ------------------------------------------------------- validation */
 
 static mha_status check_cache_layer(const mha_cache *c, const mha_layer *L) {
-    if (mha_variants_any(&L->cfg))
-        return mha_fail(MHA_E_UNSUPPORTED, "mha_forward_cached: the layer uses rope, alibi, softcap, sinks or "
-                        "qk_norm, which the KV cache does not serve yet; expected mha_forward");
     const mha_config *f = &L->cfg;
     if (c->d_model != f->d_model || c->h != f->n_heads || c->h_kv != f->n_kv_heads ||
         c->d_k != f->d_k || c->d_v != f->d_v || f->d_kv_in != f->d_model || f->d_v_in != f->d_model)
@@ -60,16 +57,18 @@ static mha_status check_labels(mha_cache *c, const mha_layer *L) {
     return MHA_OK;
 }
 
-static mha_status check_options(const mha_options *o, const mha_cache *c, int T) {
+static mha_status check_options(const mha_options *o, const mha_cache *c, const mha_layer *L, int T) {
     if (o->keep_mask.data || o->additive_mask.data || o->key_keep || o->key_additive)
         return mha_fail(MHA_E_UNSUPPORTED,
                         "mha_forward_cached: %s is not supported with a KV cache (attention is causal "
                         "over the cached tokens; use mha_forward for arbitrary masks)",
                         o->keep_mask.data ? "keep_mask" : o->additive_mask.data ? "additive_mask"
                         : o->key_keep ? "key_keep" : "key_additive");
-    if (o->positions || o->key_positions)
-        return mha_fail(MHA_E_UNSUPPORTED, "mha_forward_cached: options.positions is not supported with a KV "
-                        "cache yet; expected NULL");
+    if (o->key_positions)
+        return mha_fail(MHA_E_UNSUPPORTED, "mha_forward_cached: options.key_positions is not supported with a "
+                        "KV cache (each cached key keeps the position it was stored with); expected NULL");
+    mha_status s = mha_check_positions(&L->cfg, o, c->B, T, T);
+    if (s) return s;
     /* REPLACE values are (B,T,d_v), as in mha_forward */
     return mha_check_common_options(o, c->h, (size_t)c->B * T, c->d_v);
 }
@@ -81,6 +80,8 @@ static mha_status check_options(const mha_options *o, const mha_cache *c, int T)
 typedef struct {
     int B, T, N;
     int *n, *row0, *np;   /* (B) new rows, first packed row, rows of a piece */
+    int *pos;             /* (N) each new row's position: options.positions
+                             or its cache position                          */
     size_t *value_row;    /* (N) row of a (B,T,...) array: b*T + t           */
     float *xc, *yc;       /* (N, d_model) packed x and y (x, y when N = B*T)  */
     float *q, *k, *v, *z; /* (N, h*d_k), (N, h_kv*d_k), (N, h_kv*d_v), (N, h*d_v) */
@@ -90,7 +91,7 @@ typedef struct {
 } cached_plan;
 
 static void plan_free(cached_plan *p) {
-    free(p->n), free(p->value_row), free(p->q), free(p->k), free(p->v), free(p->z);
+    free(p->n), free(p->pos), free(p->value_row), free(p->q), free(p->k), free(p->v), free(p->z);
     free(p->stats), free(p->cc);
     if (p->N != p->B * p->T) free(p->xc), free(p->yc);
 }
@@ -115,21 +116,25 @@ static mha_status validate(cached_plan *p, const mha_layer *L, mha_cache *c, con
 
 // --- plan: packed buffers for the N new rows
 static mha_status plan_buffers(cached_plan *p, const mha_cache *c, const float *x, float *y,
-                               const mha_capture *cap) {
+                               const mha_capture *cap, const mha_options *opt) {
     const size_t N = (size_t)p->N, D = (size_t)c->d_model;
     const int packed = p->N != p->B * p->T;
     p->xc = packed ? malloc(sizeof(float) * N * D) : (float *)x;
     p->yc = packed ? malloc(sizeof(float) * N * D) : y;
     p->value_row = malloc(sizeof(size_t) * N);
+    p->pos = malloc(sizeof(int) * N);
     p->q = malloc(sizeof(float) * N * c->h * c->d_k), p->k = malloc(sizeof(float) * N * c->h_kv * c->d_k);
     p->v = malloc(sizeof(float) * N * c->h_kv * c->d_v), p->z = malloc(sizeof(float) * N * c->h * c->d_v);
     p->stats = cap && cap->probs ? malloc(sizeof(float) * N * c->h * 2) : NULL;
     p->cc = cap && cap->contributions ? malloc(sizeof(float) * c->h * N * D) : NULL;
-    if (!p->xc || !p->yc || !p->value_row || !p->q || !p->k || !p->v || !p->z ||
+    if (!p->xc || !p->yc || !p->value_row || !p->pos || !p->q || !p->k || !p->v || !p->z ||
         (cap && cap->probs && !p->stats) || (cap && cap->contributions && !p->cc))
         return mha_fail(MHA_E_NOMEM, "mha_forward_cached: no memory for %d rows", p->N);
     for (int b = 0; b < p->B; b++)
-        for (int t = 0; t < p->n[b]; t++) p->value_row[p->row0[b] + t] = (size_t)b * p->T + t;
+        for (int t = 0; t < p->n[b]; t++) {
+            p->value_row[p->row0[b] + t] = (size_t)b * p->T + t;
+            p->pos[p->row0[b] + t] = opt->positions ? opt->positions[(size_t)b * p->T + t] : c->len[b] + t;
+        }
     for (int b = 0; packed && b < p->B; b++)
         memcpy(p->xc + (size_t)p->row0[b] * D, x + (size_t)b * p->T * D, sizeof(float) * p->n[b] * D);
     return MHA_OK;
@@ -150,7 +155,7 @@ static mha_status capture_probs(const mha_exec *ex, float *probs, const mha_cach
         mha_cache_slot_positions(spos, c, b, 0, c->cap);
         for (int i = 0; i < np[b]; i++) {
             int t = t0 + i, p = c->len[b] - np[b] + i;
-            int first = mha_cache_first_key(c, b, p, o->left);
+            int first = mha_cache_first_key(c, b, p, o->left), pu = mha_cache_user_position(c, b, p % c->cap);
             for (int r = 0; r < c->h; r++) {
                 int g = r / n_rep;
                 size_t row = (size_t)row0[b] + t;
@@ -171,7 +176,10 @@ static mha_status capture_probs(const mha_exec *ex, float *probs, const mha_cach
                         else kd = ((const float *)c->data)[at];
                         dot = fmaf(qr[d], kd, dot);
                     }
-                    pr[s] = expf(dot * o->scale - M) / Ls;
+                    float sc = dot * o->scale;
+                    if (o->softcap != 0.0f) sc = o->softcap * tanhf(sc / o->softcap);
+                    if (o->slopes) sc -= o->slopes[r] * (float)abs(pu - mha_cache_user_position(c, b, s));
+                    pr[s] = expf(sc - M) / Ls;
                 }
                 int col = c->cap;
                 if (o->extra_k) {
@@ -204,6 +212,24 @@ static mha_status project_qkv(const mha_exec *ex, const cached_plan *p, const mh
     }
     mha_decode_gemm_job qkv[3] = {{p->q, L->w_q, L->b_q, wq}, {p->k, L->w_k, L->b_k, wk}, {p->v, L->w_v, L->b_v, wv}};
     return mha_decode_gemm_many(ex, qkv, 3, p->xc, N, c->d_model);
+}
+
+// --- variants on the new q and k: QK-norm, then RoPE at each row's
+// position (the cache stores rotated K), as the fast path does
+static mha_status transform_qk(const cached_plan *p, const mha_layer *L, const mha_cache *c) {
+    const mha_config *f = &L->cfg;
+    const int rope = f->rope.pairing != MHA_ROPE_NONE, norm = f->qk_norm != MHA_QK_NORM_NONE;
+    if (!rope && !norm) return MHA_OK;
+    float *tab = rope ? mha_rope_table(f, p->pos, p->N) : NULL; /* rows: the packed rows */
+    if (rope && !tab) return mha_fail(MHA_E_NOMEM, "mha_forward_cached: no memory for the rotary table");
+    for (int r = 0; r < c->h + c->h_kv; r++) {
+        const int key = r >= c->h, head = key ? r - c->h : r, width = key ? c->h_kv : c->h;
+        const float *nw = !norm ? NULL : (key ? L->k_norm : L->q_norm) + (f->qk_norm_per_head ? (size_t)head * c->d_k : 0);
+        mha_head_rows hr = {(key ? p->k : p->q) + (size_t)head * c->d_k, (size_t)width * c->d_k, 1};
+        mha_qk_transform(f, hr, p->N, nw, tab, p->N, NULL);
+    }
+    free(tab);
+    return MHA_OK;
 }
 
 // --- check the fp32 range before anything is stored: |scale q.k| within
@@ -250,7 +276,7 @@ static mha_status attend_pieces(const mha_exec *ex, cached_plan *p, mha_cache *c
             any |= p->np[b] > 0;
         }
         if (!any) break;
-        mha_cache_store(ex, c, p->k, p->v, p->row0, t0, p->np);
+        mha_cache_store(ex, c, p->k, p->v, p->pos, p->row0, t0, p->np);
         s = mha_decode_attend(ex, p->z, p->stats, c, p->q, p->row0, t0, p->np, o);
         if (!s && p->stats) s = capture_probs(ex, cap->probs, c, L, p->q, p->stats, p->row0, t0, p->np, p->T, o);
     }
@@ -321,9 +347,11 @@ static void zero_outputs(const mha_cache *c, const mha_layer *L, float *y, const
         memset(cap->probs, 0, sizeof(float) * rows * c->h * (size_t)(c->cap + L->cfg.add_bias_kv + L->cfg.add_zero_attn));
 }
 
-static mha_decode_opts decode_opts(const mha_layer *L, const mha_cache *c, const mha_options *opt) {
+static mha_decode_opts decode_opts(const mha_exec *ex, const mha_layer *L, const mha_cache *c, const mha_options *opt) {
     const int extra = L->cfg.add_bias_kv;
-    return (mha_decode_opts){opt->scale != 0.0f ? opt->scale : 1.0f / sqrtf((float)c->d_k), opt->window_left,
+    return (mha_decode_opts){opt->scale != 0.0f ? opt->scale : 1.0f / sqrtf((float)c->d_k), L->cfg.softcap,
+                             L->cfg.alibi ? L->alibi_slopes : NULL, L->cfg.sinks ? L->sinks : NULL,
+                             mha_exec_prefill(ex), opt->window_left,
                              extra ? L->bias_k : NULL, extra ? L->bias_v : NULL, L->cfg.add_zero_attn,
                              opt->masked_row == MHA_MASKED_ROW_NAN};
 }
@@ -341,9 +369,9 @@ static mha_status forward_cached_exec(const mha_exec *ex, const mha_layer *L, mh
         free(p.n);
         return s;
     }
-    const mha_decode_opts o = decode_opts(L, c, opt);
+    const mha_decode_opts o = decode_opts(ex, L, c, opt);
     p.nan_rows = o.nan_rows;
-    if (!(s = plan_buffers(&p, c, x, y, cap)) && !(s = project_qkv(ex, &p, L, c)) &&
+    if (!(s = plan_buffers(&p, c, x, y, cap, opt)) && !(s = project_qkv(ex, &p, L, c)) && !(s = transform_qk(&p, L, c)) &&
         !(s = check_range(&p, c, L, o.scale)) && !(s = attend_pieces(ex, &p, c, L, cap, &o))) {
         for (int r = 0; opt->interventions && r < c->h && !s; r++)
             s = mha_head_intervene_rows(p.z, &opt->interventions[r], r, c->h, p.N, c->d_v, p.value_row);
@@ -364,7 +392,7 @@ mha_status mha_forward_cached_exec(const mha_exec *ex, const mha_layer *L, mha_c
     mha_options defaults = mha_options_default();
     if (!opt) opt = &defaults;
     mha_status s = check_cache_layer(c, L);
-    if (!s) s = check_options(opt, c, T);
+    if (!s) s = check_options(opt, c, L, T);
     return s ? s : forward_cached_exec(ex, L, c, y, cap, x, T, n_new, opt);
 }
 

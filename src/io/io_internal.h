@@ -97,4 +97,17 @@ mha_status mha_out_write(mha_out_file *o, const void *p, size_t n);
 mha_status mha_out_commit(mha_out_file *o);
 void mha_out_abort(mha_out_file *o);
 
+/* Whether a tensor name is prefix+suffix (prefix given), or suffix itself
+ * or ends in "." suffix (no prefix) (layouts.c). */
+int mha_io_name_fits(const char *name, const char *prefix, const char *suffix);
+
+/* Today's variants in a checkpoint (variants_meta.c). read: the settings
+ * from the metadata into c (n_heads, n_kv_heads, d_k already set) and
+ * copies of the per-head tensors into w = {alibi_slopes, sinks, q_norm,
+ * k_norm} (NULL when absent; the caller frees them); hf: the norms are
+ * q_norm.weight / k_norm.weight and their presence means RMS QK-norm.
+ * write: the layer's settings and tensors into t. */
+mha_status mha_io_variants_read(mha_config *c, float *w[4], const mha_tensors *t, const char *prefix, int hf);
+mha_status mha_io_variants_write(mha_tensors *t, const mha_layer *L);
+
 #endif /* MHA_IO_INTERNAL_H */

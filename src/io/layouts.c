@@ -33,7 +33,7 @@ mha_status mha_layout_parse(mha_layout *out, const char *name) {
 
 /* Whether name is prefix+suffix (prefix given), or suffix itself or ends in
  * "." suffix (no prefix). */
-static int name_fits(const char *name, const char *prefix, const char *suffix) {
+int mha_io_name_fits(const char *name, const char *prefix, const char *suffix) {
     size_t n = strlen(name), s = strlen(suffix);
     if (prefix && *prefix) {
         size_t p = strlen(prefix);
@@ -45,7 +45,7 @@ static int name_fits(const char *name, const char *prefix, const char *suffix) {
 
 static int count_fits(const mha_tensors *t, const char *prefix, const char *suffix) {
     int c = 0;
-    for (int i = 0; i < t->n; i++) c += name_fits(t->items[i].name, prefix, suffix);
+    for (int i = 0; i < t->n; i++) c += mha_io_name_fits(t->items[i].name, prefix, suffix);
     return c;
 }
 
@@ -58,7 +58,7 @@ static mha_status find(const mha_array **out, const mha_tensors *t, const char *
     char list[256] = "";
     size_t used = 0;
     for (int i = 0; i < t->n; i++) {
-        if (!name_fits(t->items[i].name, prefix, suffix)) continue;
+        if (!mha_io_name_fits(t->items[i].name, prefix, suffix)) continue;
         if (!hits) *out = &t->items[i].a;
         if (used < sizeof list)
             used += (size_t)snprintf(list + used, sizeof list - used, "%s'%.60s'", hits ? ", " : "",
@@ -212,11 +212,13 @@ static mha_status divide(int *q, int total, int by, const char *what, const char
 typedef struct {
     mha_config cfg;
     float *w[10]; /* w_q w_k w_v w_o b_q b_k b_v b_o bias_k bias_v */
+    float *var[4]; /* alibi_slopes sinks q_norm k_norm, or NULL (variants_meta.c) */
 } staged;
 enum { S_WQ, S_WK, S_WV, S_WO, S_BQ, S_BK, S_BV, S_BO, S_BIASK, S_BIASV };
 
 static void staged_free(staged *s) {
     for (int i = 0; i < 10; i++) free(s->w[i]);
+    for (int i = 0; i < 4; i++) free(s->var[i]);
 }
 
 static mha_status staged_alloc(staged *s) {
@@ -252,9 +254,9 @@ static void put_cols(float *dst, int dst_cols, int c0, const float *src, int src
 }
 
 static mha_status labels_from_meta(mha_layer *L, const mha_tensors *t) {
-    static const char *const keys[4] = {"labels_q", "labels_k", "labels_v", "labels_o"};
+    static const char *const keys[5] = {"labels_q", "labels_k", "labels_v", "labels_o", "labels_s"};
     const mha_config *c = mha_layer_config(L);
-    for (int b = 0; b < 4; b++) {
+    for (int b = 0; b < 5; b++) {
         const char *v = mha_tensors_meta(t, keys[b]);
         if (!v) continue;
         int n = (b == MHA_BLOCK_K || b == MHA_BLOCK_V) ? c->n_kv_heads : c->n_heads;
@@ -287,7 +289,8 @@ static mha_status staged_create(mha_layer **out, staged *st, const mha_tensors *
     if (s) return s;
     mha_weights w = {.w_q = st->w[S_WQ], .w_k = st->w[S_WK], .w_v = st->w[S_WV], .w_o = st->w[S_WO],
                      .b_q = st->w[S_BQ], .b_k = st->w[S_BK], .b_v = st->w[S_BV], .b_o = st->w[S_BO],
-                     .bias_k = st->w[S_BIASK], .bias_v = st->w[S_BIASV]};
+                     .bias_k = st->w[S_BIASK], .bias_v = st->w[S_BIASV], .alibi_slopes = st->var[0],
+                     .sinks = st->var[1], .q_norm = st->var[2], .k_norm = st->var[3]};
     if (!c.bias) w.b_q = w.b_k = w.b_v = w.b_o = NULL;
     if (!c.add_bias_kv) w.bias_k = w.bias_v = NULL;
     if ((s = mha_layer_create(out, &c, &w))) return s;
@@ -369,7 +372,7 @@ static mha_status load_native(staged *st, const mha_tensors *t, const mha_load_o
                (s = opt_bias(st->w[S_BIASV], &any, t, P, "bias_v", hkv * c->d_v, L, "(h_kv*d_v)"))))
         return s;
     c->bias = any;
-    return MHA_OK;
+    return mha_io_variants_read(c, st->var, t, P, 0);
 }
 
 /* ------------------------------------------------------------------- hf */
@@ -413,7 +416,7 @@ static mha_status load_hf(staged *st, const mha_tensors *t, const mha_load_optio
         (s = opt_bias(st->w[S_BO], &any, t, P, "o_proj.bias", c->d_model, L, "(d_model)")))
         return s;
     c->bias = any;
-    return MHA_OK;
+    return mha_io_variants_read(c, st->var, t, P, 1);
 }
 
 /* ----------------------------------------------------------------- gpt2 */
@@ -654,11 +657,12 @@ mha_status mha_layer_to_tensors(mha_tensors **out, const mha_layer *L) {
     if (!s) s = put_int(t, "d_k", c->d_k);
     if (!s) s = put_int(t, "d_v", c->d_v);
     if (!s) s = put_int(t, "add_zero_attn", c->add_zero_attn);
-    static const char *const keys[4] = {"labels_q", "labels_k", "labels_v", "labels_o"};
+    if (!s) s = mha_io_variants_write(t, L);
+    static const char *const keys[5] = {"labels_q", "labels_k", "labels_v", "labels_o", "labels_s"};
     int *lab = malloc((size_t)h * sizeof *lab);
     char *txt = malloc((size_t)h * 12 + 1);
     if (!lab || !txt) s = s ? s : mha_fail(MHA_E_NOMEM, "cannot allocate labels");
-    for (int b = 0; b < 4 && !s; b++) {
+    for (int b = 0; b < 4 + (c->alibi || c->sinks) && !s; b++) {
         int n = (b == MHA_BLOCK_K || b == MHA_BLOCK_V) ? hkv : h;
         if ((s = mha_layer_labels(L, (mha_block)b, lab))) break;
         size_t u = 0;

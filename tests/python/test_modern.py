@@ -184,3 +184,69 @@ def test_strict_arguments():
         layer.forward(x, positions=np.zeros((1, 4), dtype=np.int32))
     with pytest.raises(mha.MhaError, match="positions"):
         layer.forward(x, positions=np.array([[0, -1, 2]]))
+
+
+FAMILIES = {  # layer arguments, torch_attention arguments, extra weights
+    "llama": (dict(n_kv_heads=2, rope={"pairing": "halves", "theta": 500000}), dict(rope=(8, 500000.0, False))),
+    "gptj": (dict(rope={"pairing": "interleaved", "dim": 4}), dict(rope=(4, 10000.0, True))),
+    "bloom": (dict(alibi=True), dict(slopes=alibi_slopes(4))),
+    "gemma2_gpt_oss": (dict(n_kv_heads=2, softcap=0.7, sinks=True), dict(softcap=0.7, sinks="sinks")),
+    "qwen3": (dict(n_kv_heads=2, qk_norm="rms", qk_norm_eps=1e-6, rope={"pairing": "halves", "theta": 1e6}),
+              dict(rope=(8, 1e6, False), qk_norm=1e-6)),
+}
+
+
+def family_layer(name, seed):
+    rng = np.random.default_rng(seed)
+    kwargs, targs = FAMILIES[name]
+    h_kv = kwargs.get("n_kv_heads", 4)
+    extra = {"sinks": rng.uniform(-1, 2, 4), "q_norm": rng.uniform(0.5, 1.5, 8), "k_norm": rng.uniform(0.5, 1.5, 8)}
+    used = {k: v for k, v in extra.items() if kwargs.get("sinks" if k == "sinks" else "qk_norm")}
+    w = random_weights(rng, 4, h_kv, 8, **used)
+    layer = mha.Layer(D, 4, d_k=8, bias=False, weights=w, **kwargs)
+    targs = dict(targs)
+    if targs.get("sinks") == "sinks":
+        targs["sinks"] = w["sinks"]
+    return layer, w, h_kv, targs, rng
+
+
+@pytest.mark.parametrize("name,with_pos", [(n, p) for n in sorted(FAMILIES) for p in (False, True)
+                                            if not p or "rope" in FAMILIES[n][1] or "slopes" in FAMILIES[n][1]])
+def test_cache_prefill_then_20_decode_steps(name, with_pos):
+    """Prefill 7 tokens, then 20 single-token steps of a ragged batch (the
+    second sequence stops 4 tokens early): every step's rows equal torch's
+    full causal forward of each sequence."""
+    layer, w, h_kv, targs, rng = family_layer(name, 20)
+    n = 27
+    x = rng.uniform(-1, 1, (B, n, D)).astype(np.float32)
+    pos = (np.arange(n)[None, :] * 2 + np.array([[0], [100]])).astype(np.int32)
+    lens = [n, n - 4]
+    want = [torch_attention(w, x[b:b + 1, :lens[b]], 4, h_kv, 8, pos=pos[b:b + 1, :lens[b]] if with_pos else None,
+                            **targs)[0] for b in range(B)]
+    cache = mha.Cache(layer, B, n)
+    got = np.zeros((B, n, D), dtype=np.float32)
+    t = 0
+    for step in [7] + [1] * 20:
+        n_new = [max(0, min(step, lens[b] - t)) for b in range(B)]
+        y = cache.forward(x[:, t:t + step], n_new=n_new, positions=pos[:, t:t + step] if with_pos else None)
+        got[:, t:t + step] = y
+        t += step
+    for b in range(B):
+        np.testing.assert_allclose(got[b, :lens[b]], want[b], atol=2e-5, err_msg=f"sequence {b}")
+        assert np.all(got[b, lens[b]:] == 0)
+
+
+@pytest.mark.parametrize("name", ["llama", "bloom", "gemma2_gpt_oss"])
+def test_cache_truncate_and_continue(name):
+    """12 tokens, truncate to 5, then 9 other tokens one at a time: equal to
+    torch on the spliced sequence."""
+    layer, w, h_kv, targs, rng = family_layer(name, 21)
+    x = rng.uniform(-1, 1, (1, 14, D)).astype(np.float32)
+    other = rng.uniform(-1, 1, (1, 14, D)).astype(np.float32)
+    cache = mha.Cache(layer, 1, 14)
+    cache.forward(x[0, :12])
+    cache.truncate(0, 5)
+    spliced = np.concatenate((x[:, :5], other[:, 5:]), axis=1)
+    got = [cache.forward(spliced[0, t:t + 1])[0] for t in range(5, 14)]
+    want = torch_attention(w, spliced, 4, h_kv, 8, **targs)[0, 5:]
+    np.testing.assert_allclose(np.array(got), want, atol=2e-5)

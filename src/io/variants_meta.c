@@ -1,0 +1,158 @@
+/* variants_meta.c — today's attention variants in checkpoints: the
+ * settings as metadata keys (native and hf read the same keys) and the
+ * per-head tensors (native: alibi_slopes, sinks, q_norm, k_norm; hf:
+ * q_norm.weight, k_norm.weight as Qwen 3 stores them).
+ * Legend: h heads, h_kv kv heads, d_k. */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "io/io_internal.h"
+#include "io/tensors_internal.h"
+
+static const char *const pairing_names[] = {"none", "halves", "interleaved"};
+static const char *const scaling_names[] = {"none", "linear", "llama3", "yarn"};
+static const char *const norm_names[] = {"none", "rms", "layer"};
+
+/* index of value v among names (n), or -1 */
+static int pick_name(const char *v, const char *const *names, int n) {
+    for (int i = 0; i < n; i++)
+        if (strcmp(v, names[i]) == 0) return i;
+    return -1;
+}
+
+static mha_status meta_choice(int *out, const mha_tensors *t, const char *key, const char *const *names, int n,
+                              const char *expected) {
+    const char *v = mha_tensors_meta(t, key);
+    if (!v) return MHA_OK;
+    if ((*out = pick_name(v, names, n)) < 0)
+        return mha_fail(MHA_E_FORMAT, "metadata %s = '%.40s'; expected %s", key, v, expected);
+    return MHA_OK;
+}
+
+/* A finite double from the metadata (absent: *out unchanged). */
+static mha_status meta_double(double *out, const mha_tensors *t, const char *key) {
+    const char *v = mha_tensors_meta(t, key);
+    if (!v) return MHA_OK;
+    char *end;
+    errno = 0;
+    double x = strtod(v, &end);
+    if (end == v || *end || errno || !isfinite(x))
+        return mha_fail(MHA_E_FORMAT, "metadata %s = '%.40s'; expected a finite number", key, v);
+    *out = x;
+    return MHA_OK;
+}
+
+static mha_status meta_flag(int *out, const mha_tensors *t, const char *key) {
+    double x = *out;
+    mha_status s = meta_double(&x, t, key);
+    if (!s && x != 0 && x != 1)
+        return mha_fail(MHA_E_FORMAT, "metadata %s = '%.40s'; expected 0 or 1", key, mha_tensors_meta(t, key));
+    *out = (int)x;
+    return s;
+}
+
+/* A copy of tensor a (count floats) checked against n1 (or n2 when > 0). */
+static mha_status take(float **dst, const mha_array *a, const char *name, size_t n1, size_t n2, const char *want) {
+    if (!a->f || (a->count != n1 && (n2 == 0 || a->count != n2)) || a->rank < 1 || a->rank > 2)
+        return mha_fail(MHA_E_SHAPE, "tensor %s has %zu elements of rank %d; expected %s", name, a->count, a->rank,
+                        want);
+    if (!(*dst = malloc(sizeof(float) * a->count))) return mha_fail(MHA_E_NOMEM, "no memory for %s", name);
+    memcpy(*dst, a->f, sizeof(float) * a->count);
+    return MHA_OK;
+}
+
+mha_status mha_io_variants_read(mha_config *c, float *w[4], const mha_tensors *t, const char *prefix, int hf) {
+    mha_rope *r = &c->rope;
+    int pairing = 0, scaling = 0, norm = 0, omp = r->original_max_positions;
+    double dim = 0, sc = 0, eps = 0, per_head = 0;
+    mha_status s;
+    if ((s = meta_choice(&pairing, t, "rope", pairing_names, 3, "halves or interleaved")) ||
+        (s = meta_choice(&scaling, t, "rope_scaling", scaling_names, 4, "none, linear, llama3 or yarn")) ||
+        (s = meta_choice(&norm, t, "qk_norm", norm_names, 3, "none, rms or layer")) ||
+        (s = meta_double(&dim, t, "rope_dim")) || (s = meta_double(&r->theta, t, "rope_theta")) ||
+        (s = meta_double(&r->factor, t, "rope_factor")) ||
+        (s = meta_double(&r->low_freq_factor, t, "rope_low_freq_factor")) ||
+        (s = meta_double(&r->high_freq_factor, t, "rope_high_freq_factor")) ||
+        (s = meta_double(&r->beta_fast, t, "rope_beta_fast")) || (s = meta_double(&r->beta_slow, t, "rope_beta_slow")) ||
+        (s = meta_double(&r->attn_factor, t, "rope_attn_factor")) || (s = meta_double(&sc, t, "softcap")) ||
+        (s = meta_double(&eps, t, "qk_norm_eps")) || (s = meta_double(&per_head, t, "qk_norm_per_head")) ||
+        (s = meta_flag(&c->alibi, t, "alibi")) || (s = meta_flag(&c->sinks, t, "sinks")))
+        return s;
+    double o = omp;
+    if ((s = meta_double(&o, t, "rope_original_max_positions"))) return s;
+    if (dim < 0 || dim > 1e6 || o < 0 || o > 1e9 || sc < 0 || eps < 0)
+        return mha_fail(MHA_E_FORMAT, "metadata rope_dim, rope_original_max_positions, softcap or qk_norm_eps "
+                        "is negative or too large; expected the values mha_config takes");
+    r->pairing = (mha_rope_pairing)pairing, r->scaling = (mha_rope_scaling)scaling, r->dim = (int)dim;
+    r->original_max_positions = (int)o, c->softcap = (float)sc, c->qk_norm_eps = (float)eps;
+    c->qk_norm = (mha_qk_norm)norm, c->qk_norm_per_head = per_head != 0;
+    const int h = c->n_heads, hkv = c->n_kv_heads ? c->n_kv_heads : h, dk = c->d_k;
+    const char *names[4] = {"alibi_slopes", "sinks", hf ? "q_norm.weight" : "q_norm", hf ? "k_norm.weight" : "k_norm"};
+    for (int i = 0; i < 4; i++) {
+        const mha_array *a = NULL;
+        for (int j = 0; j < mha_tensors_count(t) && !a; j++)
+            if (mha_io_name_fits(mha_tensors_name(t, j), prefix, names[i])) a = mha_tensors_get(t, mha_tensors_name(t, j));
+        if (!a) continue;
+        if (hf && i >= 2 && !c->qk_norm) c->qk_norm = MHA_QK_NORM_RMS; /* Qwen 3 / Gemma 3: RMSNorm */
+        if (i >= 2 && hf && a->count == (size_t)(i == 2 ? h : hkv) * dk && dk != 0 && (i == 2 ? h : hkv) > 1)
+            return mha_fail(MHA_E_UNSUPPORTED, "tensor %s has %zu elements: a norm over the whole projection "
+                            "(OLMo 2); mha normalizes each head's d_k = %d, expected (d_k)", names[i], a->count, dk);
+        if (i >= 2 && a->count == (size_t)(i == 2 ? h : hkv) * dk && (i == 2 ? h : hkv) > 1) c->qk_norm_per_head = 1;
+        if ((i == 0 && !c->alibi) || (i == 1 && !c->sinks) || (i >= 2 && !c->qk_norm)) continue;
+        size_t per = (size_t)(i == 2 ? h : hkv) * dk;
+        s = i < 2 ? take(&w[i], a, names[i], (size_t)h, 0, "(h) per head")
+                  : take(&w[i], a, names[i], c->qk_norm_per_head ? per : (size_t)dk, 0,
+                         c->qk_norm_per_head ? "(heads, d_k)" : "(d_k)");
+        if (s) return s;
+    }
+    if (c->sinks && !w[1])
+        return mha_fail(MHA_E_FORMAT, "metadata sinks = 1 but the checkpoint has no sinks tensor; expected (h) "
+                        "sink logits");
+    if (c->qk_norm && (!w[2] || !w[3]))
+        return mha_fail(MHA_E_FORMAT, "qk_norm is set but the checkpoint lacks %s; expected both norm weights",
+                        !w[2] ? names[2] : names[3]);
+    return MHA_OK;
+}
+
+static mha_status put(mha_tensors *t, const char *key, const char *fmt, double v) {
+    char buf[40];
+    snprintf(buf, sizeof buf, fmt, v);
+    return mha_tensors_set_meta(t, key, buf);
+}
+
+mha_status mha_io_variants_write(mha_tensors *t, const mha_layer *L) {
+    const mha_config *c = mha_layer_config(L);
+    const mha_rope *r = &c->rope;
+    mha_weights w;
+    mha_layer_get_weights(L, &w);
+    mha_status s = MHA_OK;
+    if (r->pairing) {
+        s = mha_tensors_set_meta(t, "rope", pairing_names[r->pairing]);
+        if (!s) s = put(t, "rope_dim", "%.0f", r->dim);
+        if (!s) s = put(t, "rope_theta", "%.17g", r->theta);
+        if (!s) s = mha_tensors_set_meta(t, "rope_scaling", scaling_names[r->scaling]);
+        const char *keys[7] = {"rope_factor", "rope_low_freq_factor", "rope_high_freq_factor",
+                               "rope_original_max_positions", "rope_beta_fast", "rope_beta_slow", "rope_attn_factor"};
+        const double vals[7] = {r->factor, r->low_freq_factor, r->high_freq_factor, r->original_max_positions,
+                                r->beta_fast, r->beta_slow, r->attn_factor};
+        for (int i = 0; i < 7 && !s && r->scaling; i++) s = put(t, keys[i], "%.17g", vals[i]);
+    }
+    const int h = c->n_heads, hkv = c->n_kv_heads, dk = c->d_k;
+    if (!s && c->alibi) s = put(t, "alibi", "%.0f", 1);
+    if (!s && c->alibi) s = mha_tensors_add_f32(t, "alibi_slopes", w.alibi_slopes, 1, &h);
+    if (!s && c->sinks) s = put(t, "sinks", "%.0f", 1);
+    if (!s && c->sinks) s = mha_tensors_add_f32(t, "sinks", w.sinks, 1, &h);
+    if (!s && c->softcap != 0.0f) s = put(t, "softcap", "%.9g", c->softcap);
+    if (!s && c->qk_norm) {
+        s = mha_tensors_set_meta(t, "qk_norm", norm_names[c->qk_norm]);
+        if (!s) s = put(t, "qk_norm_per_head", "%.0f", c->qk_norm_per_head);
+        if (!s) s = put(t, "qk_norm_eps", "%.9g", c->qk_norm_eps);
+        const int sq[2] = {h, dk}, sk[2] = {hkv, dk};
+        if (!s) s = mha_tensors_add_f32(t, "q_norm", w.q_norm, c->qk_norm_per_head ? 2 : 1, c->qk_norm_per_head ? sq : sq + 1);
+        if (!s) s = mha_tensors_add_f32(t, "k_norm", w.k_norm, c->qk_norm_per_head ? 2 : 1, c->qk_norm_per_head ? sk : sk + 1);
+    }
+    return s;
+}

@@ -1,0 +1,151 @@
+"""`mha run` with today's variants on checkpoints written here in the
+layouts models use: a Llama-style layer (Hugging Face names, GQA, RoPE
+halves, theta 500000, no bias) and a BLOOM-style layer (fused
+query_key_value per head, biases, ALiBi), each against PyTorch written
+from the published formulas; the native layout keeps every setting."""
+import math
+
+import numpy as np
+import pytest
+
+from conftest import TORCH_SKIP_REASON, torch
+from io_helpers import mha, read_safetensors_header, write_safetensors
+
+if torch is None:
+    pytest.skip(TORCH_SKIP_REASON, allow_module_level=True)
+
+from test_modern import alibi_slopes, apply_rope, torch_attention  # noqa: E402
+
+D, T = 32, 11
+
+
+def llama_checkpoint(tmp_path, metadata=None):
+    rng = np.random.default_rng(31)
+    h, h_kv, d = 4, 2, 8
+    hf = {"model.layers.0.self_attn.q_proj.weight": rng.uniform(-.4, .4, (h * d, D)),
+          "model.layers.0.self_attn.k_proj.weight": rng.uniform(-.4, .4, (h_kv * d, D)),
+          "model.layers.0.self_attn.v_proj.weight": rng.uniform(-.4, .4, (h_kv * d, D)),
+          "model.layers.0.self_attn.o_proj.weight": rng.uniform(-.4, .4, (D, h * d))}
+    hf = {k: v.astype(np.float32) for k, v in hf.items()}
+    path = tmp_path / "llama.safetensors"
+    write_safetensors(path, hf, metadata)
+    w = {n: hf["model.layers.0.self_attn.%s_proj.weight" % n[2]].T for n in ("w_q", "w_k", "w_v", "w_o")}
+    x = rng.uniform(-1, 1, (T, D)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    return path, w, x
+
+
+def run(tmp_path, *flags):
+    out = tmp_path / "y.npy"
+    mha("run", "--input", tmp_path / "x.npy", "--output", out, "--causal", *flags)
+    return np.load(out)
+
+
+def test_llama_style_rope_flags(tmp_path):
+    path, w, x = llama_checkpoint(tmp_path)
+    want = torch_attention(w, x[None], 4, 2, 8, rope=(8, 500000.0, False))[0]
+    got = run(tmp_path, "--weights", path, "--heads", 4, "--rope", "halves", "--rope-theta", 500000)
+    np.testing.assert_allclose(got, want, atol=2e-5)
+    # the other pairing is another function: the flag matters
+    other = run(tmp_path, "--weights", path, "--heads", 4, "--rope", "interleaved", "--rope-theta", 500000)
+    assert np.abs(other - want).max() > 1e-3
+    pos = (np.arange(T) * 3 + 7).astype(np.float32)
+    np.save(tmp_path / "p.npy", pos)
+    want = torch_attention(w, x[None], 4, 2, 8, pos=pos[None].astype(np.int64), rope=(8, 500000.0, False))[0]
+    got = run(tmp_path, "--weights", path, "--heads", 4, "--rope", "halves", "--rope-theta", 500000,
+              "--positions", tmp_path / "p.npy")
+    np.testing.assert_allclose(got, want, atol=2e-5)
+
+
+def test_llama_style_rope_from_metadata_and_native_round_trip(tmp_path):
+    path, w, x = llama_checkpoint(tmp_path, {"n_heads": 4, "rope": "halves", "rope_theta": 500000})
+    want = torch_attention(w, x[None], 4, 2, 8, rope=(8, 500000.0, False))[0]
+    np.testing.assert_allclose(run(tmp_path, "--weights", path), want, atol=2e-5)
+    native = tmp_path / "native.safetensors"
+    mha("convert", "--to", "native", path, native)
+    meta = read_safetensors_header(native)["__metadata__"]
+    assert meta["rope"] == "halves" and float(meta["rope_theta"]) == 500000
+    np.testing.assert_allclose(run(tmp_path, "--weights", native), want, atol=2e-5)
+
+
+def test_bloom_style_fused_qkv_alibi(tmp_path):
+    rng = np.random.default_rng(32)
+    h, d = 4, 8
+    qkv = rng.uniform(-.4, .4, (3 * h * d, D)).astype(np.float32)  # rows: head, (q, k, v), d
+    bqkv = rng.uniform(-.2, .2, 3 * h * d).astype(np.float32)
+    dense = rng.uniform(-.4, .4, (D, h * d)).astype(np.float32)
+    bdense = rng.uniform(-.2, .2, D).astype(np.float32)
+    path = tmp_path / "bloom.safetensors"
+    write_safetensors(path, {"h.0.self_attention.query_key_value.weight": qkv,
+                             "h.0.self_attention.query_key_value.bias": bqkv,
+                             "h.0.self_attention.dense.weight": dense, "h.0.self_attention.dense.bias": bdense})
+    x = rng.uniform(-1, 1, (T, D)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    # BLOOM: fused_qkv.view(T, h, 3, d); scores/sqrt(d) + slope * key position; causal
+    xt = torch.tensor(x, dtype=torch.float64)
+    fused = (xt @ torch.tensor(qkv, dtype=torch.float64).T + torch.tensor(bqkv, dtype=torch.float64)).view(T, h, 3, d)
+    q, k, v = (fused[:, :, i].transpose(0, 1) for i in range(3))
+    alibi = torch.tensor(alibi_slopes(h), dtype=torch.float64)[:, None, None] * torch.arange(T)[None, None, :]
+    s = q @ k.transpose(-1, -2) / math.sqrt(d) + alibi
+    s = s.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+    z = (torch.softmax(s, -1) @ v).transpose(0, 1).reshape(T, h * d)
+    want = (z @ torch.tensor(dense, dtype=torch.float64).T + torch.tensor(bdense, dtype=torch.float64)).numpy()
+    got = run(tmp_path, "--weights", path, "--heads", h, "--alibi")
+    np.testing.assert_allclose(got, want, atol=2e-5)
+    plain = run(tmp_path, "--weights", path, "--heads", h)
+    assert np.abs(plain - want).max() > 1e-3  # without --alibi it differs
+
+
+def test_qwen3_norm_names_sinks_softcap_and_native_round_trip(tmp_path):
+    """q_norm.weight / k_norm.weight (Qwen 3 names: RMS QK-norm shared by
+    the heads), rotary settings in the metadata, --softcap and --sinks from
+    flags; converting to native keeps the norm and rotary settings."""
+    rng = np.random.default_rng(33)
+    h, h_kv, d = 4, 2, 8
+    ws = {"q_proj.weight": rng.uniform(-.4, .4, (h * d, D)), "k_proj.weight": rng.uniform(-.4, .4, (h_kv * d, D)),
+          "v_proj.weight": rng.uniform(-.4, .4, (h_kv * d, D)), "o_proj.weight": rng.uniform(-.4, .4, (D, h * d)),
+          "q_norm.weight": rng.uniform(.5, 1.5, d), "k_norm.weight": rng.uniform(.5, 1.5, d),
+          "sinks": rng.uniform(-1, 2, h)}
+    ws = {"attn." + k: v.astype(np.float32) for k, v in ws.items()}
+    path = tmp_path / "qwen.safetensors"
+    write_safetensors(path, ws, {"rope": "halves", "rope_theta": 1e6})
+    w = {n: ws["attn.%s_proj.weight" % n[2]].T for n in ("w_q", "w_k", "w_v", "w_o")}
+    w.update(q_norm=ws["attn.q_norm.weight"], k_norm=ws["attn.k_norm.weight"])
+    x = rng.uniform(-1, 1, (T, D)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    sinks = ws["attn.sinks"]
+    want = torch_attention(w, x[None], 4, 2, 8, rope=(8, 1e6, False), qk_norm=1e-6, softcap=2.5, sinks=sinks)[0]
+    got = run(tmp_path, "--weights", path, "--heads", 4, "--softcap", 2.5, "--sinks", "sinks")
+    np.testing.assert_allclose(got, want, atol=2e-5)
+    native = tmp_path / "native.safetensors"
+    mha("convert", "--to", "native", "--heads", 4, path, native)
+    meta = read_safetensors_header(native)["__metadata__"]
+    assert meta["qk_norm"] == "rms" and meta["rope"] == "halves"
+    # the native copy holds the norm weights and rotary settings (not the
+    # flags' softcap and sinks): with --softcap alone it matches torch without sinks
+    want_plain = torch_attention(w, x[None], 4, 2, 8, rope=(8, 1e6, False), qk_norm=1e-6, softcap=2.5)[0]
+    np.testing.assert_allclose(run(tmp_path, "--weights", native, "--softcap", 2.5), want_plain, atol=2e-5)
+
+
+def test_native_metadata_keeps_every_variant(tmp_path):
+    """A layer with every variant saved by the binding (native layout)
+    loads with `mha run` and gives the binding's forward; labels_s kept."""
+    import mha as lib
+    rng = np.random.default_rng(34)
+    h, d = 4, 8
+    w = {"w_q": rng.uniform(-.4, .4, (D, h * d)), "w_k": rng.uniform(-.4, .4, (D, 2 * d)),
+         "w_v": rng.uniform(-.4, .4, (D, 2 * d)), "w_o": rng.uniform(-.4, .4, (h * d, D)),
+         "sinks": rng.uniform(-1, 2, h), "q_norm": rng.uniform(.5, 1.5, h * d), "k_norm": rng.uniform(.5, 1.5, 2 * d)}
+    w = {k: np.asarray(v, dtype=np.float32) for k, v in w.items()}
+    layer = lib.Layer(D, h, n_kv_heads=2, d_k=d, bias=False, weights=w, alibi=True, sinks=True, softcap=3.0,
+                      qk_norm="layer", qk_norm_per_head=True, qk_norm_eps=1e-5,
+                      rope={"pairing": "interleaved", "dim": 6, "theta": 5000, "scaling": "linear", "factor": 2})
+    layer.permute_heads([1, 0, 3, 2])
+    path = tmp_path / "all.safetensors"
+    layer.save(path)
+    meta = read_safetensors_header(path)["__metadata__"]
+    assert meta["labels_s"] == "1,0,3,2" and meta["rope_scaling"] == "linear"
+    x = rng.uniform(-1, 1, (T, D)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    want = layer.forward(x[None], causal=True, path="reference")[0]
+    np.testing.assert_allclose(run(tmp_path, "--weights", path, "--path", "reference"), want, atol=1e-6)

@@ -1,0 +1,117 @@
+/* run_variants.c — `mha run` flags for today's attention variants: the
+ * loaded layer is rebuilt with its config changed and the per-head tensors
+ * the flags name read from the checkpoint; --positions becomes
+ * options.positions. */
+#include "run_variants.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The tensor name (with the layer's prefix when given, else any name
+ * ending in it) of the checkpoint t; NULL when absent. */
+static const mha_array *tensor(const mha_tensors *t, const char *prefix, const char *name) {
+    char full[512];
+    snprintf(full, sizeof full, "%s%s", prefix ? prefix : "", name);
+    const mha_array *a = mha_tensors_get(t, full);
+    for (int i = 0; !a && !prefix && i < mha_tensors_count(t); i++) {
+        const char *n = mha_tensors_name(t, i);
+        size_t ln = strlen(n), ls = strlen(name);
+        if (ln > ls && n[ln - ls - 1] == '.' && strcmp(n + ln - ls, name) == 0) a = mha_tensors_get(t, n);
+    }
+    return a;
+}
+
+/* A float tensor of exactly n elements, or an error naming it. */
+static int want(const char *what, const mha_array *a, const char *name, size_t n) {
+    if (!a) return mha_cmd_error("run", MHA_EXIT_RUNTIME, "%s: the checkpoint has no tensor %s", what, name);
+    if (!a->f || a->count != n)
+        return mha_cmd_error("run", MHA_EXIT_RUNTIME, "%s: tensor %s has %zu elements; expected %zu floats", what,
+                             name, a->count, n);
+    return MHA_EXIT_OK;
+}
+
+static int read_positions(cli_fwd *f, cli_variant_flags *vf) {
+    mha_array a = {0};
+    mha_status s = mha_npy_read(&a, vf->positions, 0);
+    if (s) return cli_fail("run", s);
+    int rc = MHA_EXIT_OK;
+    int ok = (a.rank == 1 && f->B == 1 && a.shape[0] == f->T) ||
+             (a.rank == 2 && a.shape[0] == f->B && a.shape[1] == f->T);
+    if (!a.f || !ok) /* the .npy reader takes floats: whole numbers, exact to 2^24 */
+        rc = mha_cmd_error("run", MHA_EXIT_RUNTIME, "%s: positions must be whole numbers (float32) of shape "
+                           "(T,) = (%d,) or (B, T) = (%d, %d)", vf->positions, f->T, f->B, f->T);
+    if (!rc && !(vf->pos = malloc(sizeof(int) * a.count))) rc = mha_cmd_error("run", MHA_EXIT_RUNTIME, "out of memory");
+    for (size_t i = 0; !rc && i < a.count; i++) {
+        float v = a.f[i];
+        if (!(v >= 0 && v <= (float)(1 << 24)) || v != (float)(int)v) {
+            rc = mha_cmd_error("run", MHA_EXIT_RUNTIME, "%s: position %g at index %zu; expected a whole number "
+                               "in 0..2^24", vf->positions, (double)v, i);
+            break;
+        }
+        vf->pos[i] = (int)v;
+    }
+    mha_array_free(&a);
+    if (!rc) f->opt.positions = vf->pos;
+    return rc;
+}
+
+int cli_apply_variants(mha_layer **L, cli_fwd *f, cli_variant_flags *vf, const char *weights, const char *prefix) {
+    if (!vf->rope && !vf->rope_theta && !vf->rope_dim && !vf->rope_scale && !vf->alibi && !vf->softcap &&
+        !vf->sinks && !vf->qk_norm)
+        return vf->positions ? read_positions(f, vf) : MHA_EXIT_OK;
+    mha_config c = *mha_layer_config(*L);
+    mha_weights w;
+    mha_layer_get_weights(*L, &w);
+    if (vf->rope) c.rope.pairing = strcmp(vf->rope, "halves") == 0 ? MHA_ROPE_HALVES : MHA_ROPE_INTERLEAVED;
+    if ((vf->rope_theta || vf->rope_dim || vf->rope_scale) && !c.rope.pairing)
+        return mha_cmd_error("run", MHA_EXIT_USAGE, "--rope-theta/--rope-dim/--rope-scale need --rope (or rotary "
+                             "settings in the checkpoint)");
+    if (vf->rope_theta) c.rope.theta = vf->rope_theta;
+    if (vf->rope_dim) c.rope.dim = (int)vf->rope_dim;
+    if (vf->rope_scale) c.rope.scaling = MHA_ROPE_SCALE_LINEAR, c.rope.factor = vf->rope_scale;
+    if (vf->alibi) c.alibi = 1;
+    if (vf->softcap) c.softcap = (float)vf->softcap;
+    mha_tensors *t = NULL;
+    int rc = MHA_EXIT_OK;
+    if (vf->sinks || (vf->qk_norm && !c.qk_norm)) {
+        mha_status s = mha_safetensors_read(&t, weights, 0);
+        if (s) return cli_fail("run", s);
+    }
+    if (vf->sinks) {
+        const mha_array *a = tensor(t, prefix, vf->sinks);
+        if (!(rc = want("--sinks", a, vf->sinks, (size_t)c.n_heads))) c.sinks = 1, w.sinks = a->f;
+    }
+    if (!rc && vf->qk_norm) {
+        if (!c.qk_norm) { /* Qwen 3 names, then native ones; shared (d_k) weights */
+            const mha_array *q = tensor(t, prefix, "q_norm.weight"), *k = tensor(t, prefix, "k_norm.weight");
+            const char *qn = "q_norm.weight", *kn = "k_norm.weight";
+            if (!q) q = tensor(t, prefix, "q_norm"), k = tensor(t, prefix, "k_norm"), qn = "q_norm", kn = "k_norm";
+            if (!(rc = want("--qk-norm", q, qn, (size_t)c.d_k)) && !(rc = want("--qk-norm", k, kn, (size_t)c.d_k)))
+                w.q_norm = q->f, w.k_norm = k->f, c.qk_norm_per_head = 0;
+        }
+        c.qk_norm = strcmp(vf->qk_norm, "rms") == 0 ? MHA_QK_NORM_RMS : MHA_QK_NORM_LAYER;
+    }
+    mha_layer *n = NULL;
+    if (!rc) {
+        mha_status s = mha_layer_create(&n, &c, &w);
+        const mha_config *o = mha_layer_config(*L);
+        const int last = (o->alibi || o->sinks) && (c.alibi || c.sinks) ? MHA_BLOCK_S : MHA_BLOCK_O;
+        for (int b = 0; !s && b <= last; b++) { /* keep the file's head labels */
+            int lab[4096];
+            s = mha_layer_labels(*L, (mha_block)b, lab);
+            if (!s) s = mha_layer_set_labels(n, (mha_block)b, lab);
+        }
+        if (s) rc = cli_fail("run", s), mha_layer_free(n);
+    }
+    mha_tensors_free(t);
+    if (rc) return rc;
+    mha_layer_free(*L);
+    *L = n;
+    return vf->positions ? read_positions(f, vf) : MHA_EXIT_OK;
+}
+
+void cli_variants_free(cli_variant_flags *vf) {
+    free(vf->pos);
+    vf->pos = NULL;
+}

@@ -1,0 +1,45 @@
+/* run_variants.h — `mha run` flags for today's attention variants: RoPE,
+ * positions, ALiBi, soft-capping, sinks and QK-norm on top of what the
+ * checkpoint's metadata already declares (docs/VARIANTS.md). */
+#ifndef MHA_TOOLS_RUN_VARIANTS_H
+#define MHA_TOOLS_RUN_VARIANTS_H
+
+#include "io_cli.h"
+
+typedef struct {
+    const char *rope, *positions, *sinks, *qk_norm;
+    double rope_theta, rope_scale, softcap;
+    long long rope_dim;
+    int alibi;
+    int *pos; /* (B,T) read from --positions, owned */
+} cli_variant_flags;
+
+#define CLI_VARIANT_ARGS(vf)                                                                        \
+    {.name = "--rope", .kind = MHA_ARG_STRING, .dest = &(vf).rope, .metavar = "PAIRING",              \
+     .help = "rotary embedding of q and k: halves (HF Llama, GPT-NeoX) or interleaved (GPT-J)",       \
+     .choices = "halves|interleaved"},                                                                \
+    {.name = "--rope-theta", .kind = MHA_ARG_DOUBLE, .dest = &(vf).rope_theta, .metavar = "THETA",     \
+     .help = "rotary base (default 10000)", .dmin = 1, .dmax = 1e12},                                 \
+    {.name = "--rope-dim", .kind = MHA_ARG_INT, .dest = &(vf).rope_dim, .metavar = "R",              \
+     .help = "rotated dims per head, even, <= d_k (default d_k)", .min = 2, .max = 65536},             \
+    {.name = "--rope-scale", .kind = MHA_ARG_DOUBLE, .dest = &(vf).rope_scale, .metavar = "F",        \
+     .help = "linear position scaling: positions divided by F", .dmin = 1, .dmax = 1e6},              \
+    {.name = "--positions", .kind = MHA_ARG_STRING, .dest = &(vf).positions, .metavar = "P.npy",      \
+     .help = "position of each query token, whole numbers as float32, (T,) or (B, T) (RoPE, ALiBi)"},                   \
+    {.name = "--alibi", .kind = MHA_ARG_SWITCH, .dest = &(vf).alibi,                                  \
+     .help = "ALiBi biases with the paper's slopes (or the checkpoint's alibi_slopes)"},              \
+    {.name = "--softcap", .kind = MHA_ARG_DOUBLE, .dest = &(vf).softcap, .metavar = "C",              \
+     .help = "soft-cap the scores: C tanh(s / C) (Gemma 2)", .dmin = 1e-6, .dmax = 1e30},             \
+    {.name = "--sinks", .kind = MHA_ARG_STRING, .dest = &(vf).sinks, .metavar = "NAME",               \
+     .help = "tensor of the checkpoint holding (h) sink logits (gpt-oss)"},                          \
+    {.name = "--qk-norm", .kind = MHA_ARG_STRING, .dest = &(vf).qk_norm, .metavar = "KIND",           \
+     .help = "normalize each head's q and k (weights q_norm[.weight], k_norm[.weight] of the "       \
+             "checkpoint)", .choices = "rms|layer"}
+
+/* Rebuilds *L with the flags' variants (the checkpoint path for --sinks
+ * and the norm weights) and reads --positions into f->opt. Returns an
+ * exit code; *L is unchanged on failure. */
+int cli_apply_variants(mha_layer **L, cli_fwd *f, cli_variant_flags *vf, const char *weights, const char *prefix);
+void cli_variants_free(cli_variant_flags *vf);
+
+#endif /* MHA_TOOLS_RUN_VARIANTS_H */
