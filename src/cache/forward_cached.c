@@ -164,13 +164,7 @@ static mha_status capture_probs(const mha_exec *ex, float *probs, const mha_cach
                     if (ps == INT_MIN || ps < first || ps > p) continue;
                     size_t k0 = mha_cache_k_off(c, kv, s);
                     float dot = 0.0f;
-                    for (int d = 0; d < c->d_k; d++) {
-                        float kd;
-                        size_t at = k0 + (size_t)d * MHA_KPANEL;
-                        if (c->dtype == MHA_CACHE_F16) kr->from_f16(&kd, (const uint16_t *)c->data + at, 1);
-                        else kd = ((const float *)c->data)[at];
-                        dot = fmaf(qr[d], kd, dot);
-                    }
+                    for (int d = 0; d < c->d_k; d++) dot = fmaf(qr[d], mha_cache_key_at(c, kr, k0, kv, s, d), dot);
                     pr[s] = expf(dot * o->scale - M) / Ls;
                 }
                 int col = c->cap;
