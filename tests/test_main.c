@@ -23,6 +23,7 @@ static const test_area_fn areas[] = {
     tests_torch_layout,
     tests_io,
     tests_cache,
+    tests_cache_i8,
     tests_concurrency,
     tests_overflow,
     tests_backward,

@@ -16,6 +16,7 @@ const test_case *tests_kernels(size_t *count);
 const test_case *tests_torch_layout(size_t *count);
 const test_case *tests_io(size_t *count);
 const test_case *tests_cache(size_t *count);
+const test_case *tests_cache_i8(size_t *count);
 const test_case *tests_concurrency(size_t *count);
 const test_case *tests_overflow(size_t *count);
 const test_case *tests_backward(size_t *count);
