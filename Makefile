@@ -28,8 +28,9 @@ TEST_OBJ  = $(TEST_SRC:%.c=$(BUILD)/%.o)
 SETUP_CORE = $(BUILD)/.setup-core
 SETUP_TEST = $(BUILD)/.setup-test
 
-.PHONY: all lib demo test test-c test-asan test-tsan test-python test-examples test-docs test-memory bench setup clean fuzz \
-        check-layers check-exports test-install install uninstall mpi mpi-build
+.PHONY: all lib demo test test-c test-asan test-tsan test-python test-examples test-docs test-memory bench bench-load setup clean fuzz \
+        check-layers check-exports test-install install uninstall mpi mpi-build \
+        mutants mutants-ci coverage
 all: lib $(BUILD)/mha $(BUILD)/test_mha $(if $(HAVE_MPI),mpi-build)
 
 $(SETUP_CORE): scripts/setup.sh
@@ -201,5 +202,36 @@ $(BUILD)/bench_mha: $(BENCH_OBJ) $(BUILD)/libmha.a
 bench: $(SETUP_TEST) lib $(BUILD)/bench_mha
 	sh bench/run.sh $(BENCH_ARGS)
 
+# Mutation testing (scripts/mutants.py, lists in tests/mutants/): each
+# mutation applied alone to a scratch copy of this checkout, rebuilt, and
+# the suites that can see it run until one fails. Every mutation must be
+# killed. mutants-ci is the subset marked `ci: yes`.
+mutants: $(SETUP_TEST) all lib
+	$(PYTHON) scripts/mutants.py
+mutants-ci: $(SETUP_TEST) all lib
+	$(PYTHON) scripts/mutants.py --ci
+
+# Line and branch coverage of src/ per file (gcc --coverage, gcovr) from the
+# C tests and both CLI suites, in build-cov/ at -O0. GCOV_ERROR_FILE keeps
+# libgcov's complaints (a .gcda it cannot write under the suite's
+# `ulimit -f`) off the stderr the suite checks line by line; a .gcda cut
+# short there is skipped by gcovr; atomic counters under OpenMP threads.
+coverage: $(SETUP_TEST)
+	rm -f $$(find build-cov -name '*.gcda' 2>/dev/null)
+	$(MAKE) BUILD=build-cov OPT="-O0 --coverage -fprofile-update=atomic" build-cov/test_mha build-cov/mha
+	./build-cov/test_mha
+	sh tests/cli_test.sh ./build-cov/mha
+	GCOV_ERROR_FILE=/dev/null sh tests/io_cli_test.sh ./build-cov/mha
+	gcovr -r . --filter 'src/' --gcov-ignore-parse-errors build-cov
+	gcovr -r . --filter 'src/' --gcov-ignore-parse-errors --branches build-cov
+
+# The load path (bench/LOAD.md): whole `mha run` processes on the P1 torch
+# checkpoint against the in-process forward, and the time of each phase.
+# BENCH_LOAD_ARGS="--base OLD_MHA OLD_PHASES" compares with another build.
+$(BUILD)/bench_load_phases: bench/load/phases.c bench/bench_util.c bench/bench.h $(BUILD)/libmha.a | $(SETUP_TEST)
+	$(CC) $(CFLAGS_BASE) -Ibench $(CFLAGS) -o $@ bench/load/phases.c bench/bench_util.c $(BUILD)/libmha.a $(LIB_LDLIBS)
+bench-load: $(SETUP_TEST) $(BUILD)/mha $(BUILD)/bench_load_phases
+	$(PYTHON) bench/load/run.py $(BENCH_LOAD_ARGS)
+
 clean:
-	rm -rf build build-asan build-tsan
+	rm -rf build build-asan build-tsan build-cov

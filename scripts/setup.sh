@@ -6,7 +6,7 @@
 set -e
 core="gcc make libc6-dev libjansson-dev libpng-dev zlib1g-dev pkg-config"
 mpi="$core openmpi-bin libopenmpi-dev"
-test="$mpi python3 python3-numpy python3-pytest python3-torch python3-pip python3-setuptools python3-wheel libopenblas-dev clang libomp-dev"
+test="$mpi python3 python3-numpy python3-pytest python3-torch python3-pip python3-setuptools python3-wheel libopenblas-dev clang libomp-dev gcovr"
 case "${1:-core}" in
   core) want="$core" ;;
   mpi) want="$mpi" ;;

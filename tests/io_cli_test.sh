@@ -187,6 +187,25 @@ expect_error 2 "--v-input"
 run run --weights $T/kv_apart.safetensors --input $T/xa.npy --kv-input $T/ka.npy --v-input $T/va_bad.npy --output $T/y.npy
 expect_error 1 "d_v_in"
 
+# --- outputs are allocated without zeroing: the forward must write every
+# element. glibc's MALLOC_PERTURB_ fills fresh allocations with a byte, so two
+# fills give byte-identical files only if nothing was left unwritten.
+for fill in 90 165; do
+    for p in reference fast; do
+        MALLOC_PERTURB_=$fill "$MHA" run --weights $T/native.safetensors --input $T/x.npy --output $T/yp$fill$p.npy \
+            --save-z $T/zp$fill$p.npy --save-contributions $T/cp$fill$p.npy --save-probs $T/pp$fill$p.npy \
+            --key-padding-mask $T/kpm.npy --causal --path $p >"$tmp/out" 2>"$tmp/err"
+        rc=$?; last="MALLOC_PERTURB_=$fill mha run --path $p (all captures)"
+        expect_ok
+    done
+done
+for p in reference fast; do
+    for o in y z c p; do
+        checks=$((checks + 1))
+        cmp -s $T/${o}p90$p.npy $T/${o}p165$p.npy || fail "--path $p: output $o depends on the allocator's fill: an element is never written"
+    done
+done
+
 # --- ablation: zeroing head 1 removes exactly its contribution ---------------
 run run --weights $T/native.safetensors --input $T/x.npy --output $T/y_full.npy --save-contributions $T/c.npy --save-z $T/z.npy
 expect_ok
@@ -203,6 +222,8 @@ run run --weights $T/native.safetensors --input $T/x.npy --output $T/y.npy --abl
 expect_error 2 "out of range"
 run run --weights $T/native.safetensors --input $T/x.npy --output $T/y.npy --ablate 1=explode
 expect_error 2 "unknown operation"
+run run --weights $T/native.safetensors --input $T/x.npy --output $T/y.npy --ablate 1=zero,1=mean
+expect_error 2 "given twice"
 
 # --- attribution: head r's Z.dZ of <dY, Y> is exactly <dY, Y - Y(r zeroed)> -----
 "$PY" -c "import numpy as np; np.save('$T/dy.npy', np.random.default_rng(5).standard_normal((2,6,16)).astype(np.float32))"

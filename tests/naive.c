@@ -46,6 +46,17 @@ double naive_max_diff(const float *a, const double *b, size_t n) {
     return m;
 }
 
+float naive_round_f16(float x) {
+    if (!isfinite(x)) return x;
+    double a = fabs((double)x);
+    if (a >= 65520.0) return copysignf(INFINITY, x); /* past 65504 + half an ulp */
+    int e;
+    frexp(a, &e);         /* a in [2^(e-1), 2^e): 11 significant bits, ulp 2^(e-11) */
+    int q = e - 11 < -24 ? -24 : e - 11; /* subnormal halves: ulp 2^-24 */
+    double r = nearbyint(ldexp(a, -q));  /* ties to even in the default rounding mode */
+    return (float)copysign(ldexp(r, q), (double)x);
+}
+
 /* Sizes of the ten tensors, in naive_weights order. */
 static void weight_sizes(const mha_config *c, size_t n[10]) {
     size_t h = (size_t)c->n_heads, hk = (size_t)c->n_kv_heads;
@@ -106,10 +117,9 @@ mha_layer *naive_make_layer(const naive_weights *w) {
 
 /* ------------------------------------------------------------------ masks */
 
-/* Whether query i may see original key j (0 <= j < S) of batch b, head r;
- * *add receives the additive terms. Straight from the mha_options comments. */
-static int naive_allowed(const mha_options *o, int h, int b, int r, int i, int j, int T,
-                         int S, double *add) {
+/* Straight from the mha_options comments (see naive.h). */
+int naive_key_allowed(const mha_options *o, int b, int r, int i, int j, int T, int S,
+                      double *add) {
     long ai = o->align == MHA_ALIGN_BOTTOM_RIGHT ? (long)i + S - T : (long)i;
     *add = 0.0;
     if (o->causal && j > ai) return 0;
@@ -128,8 +138,22 @@ static int naive_allowed(const mha_options *o, int h, int b, int r, int i, int j
         *add += m[(((size_t)bb * o->additive_mask.heads + rr) * T + i) * S + j];
     }
     if (o->key_additive) *add += o->key_additive[(size_t)b * S + j];
-    (void)h;
     return !(isinf(*add) && *add < 0);
+}
+
+void naive_intervene(double *z, const mha_intervention *iv, int r, int h, int rows, int dv) {
+    for (int e = 0; e < dv; e++) {
+        double mean = 0.0;
+        for (int t = 0; t < rows; t++) mean += z[(size_t)t * h * dv + (size_t)r * dv + e];
+        mean /= (double)rows;
+        for (int t = 0; t < rows; t++) {
+            double *ze = z + (size_t)t * h * dv + (size_t)r * dv + e;
+            if (iv->op == MHA_HEAD_ZERO) *ze = 0.0;
+            if (iv->op == MHA_HEAD_SCALE) *ze *= (double)iv->scale;
+            if (iv->op == MHA_HEAD_MEAN) *ze = mean;
+            if (iv->op == MHA_HEAD_REPLACE) *ze = iv->value[(size_t)t * dv + e];
+        }
+    }
 }
 
 /* ---------------------------------------------------------------- forward */
@@ -206,7 +230,7 @@ void naive_forward_kv(double *y, double *z_out, double *probs, const naive_weigh
                 int any = 0;
                 for (int j = 0; j < St; j++) {
                     double add = 0.0;
-                    int ok = j >= S ? 1 : naive_allowed(&o, h, b, r, i, j, T, S, &add);
+                    int ok = j >= S ? 1 : naive_key_allowed(&o, b, r, i, j, T, S, &add);
                     if (!ok) {
                         p[j] = -INFINITY;
                         continue;
@@ -238,21 +262,7 @@ void naive_forward_kv(double *y, double *z_out, double *probs, const naive_weigh
         }
 
     /* --- interventions on Z^(r) before concatenation */
-    for (int r = 0; o.interventions && r < h; r++) {
-        const mha_intervention *iv = &o.interventions[r];
-        for (int e = 0; e < dv; e++) {
-            double mean = 0.0;
-            for (int t = 0; t < B * T; t++) mean += z[(size_t)t * h * dv + (size_t)r * dv + e];
-            mean /= (double)(B * T);
-            for (int t = 0; t < B * T; t++) {
-                double *ze = z + (size_t)t * h * dv + (size_t)r * dv + e;
-                if (iv->op == MHA_HEAD_ZERO) *ze = 0.0;
-                if (iv->op == MHA_HEAD_SCALE) *ze *= (double)iv->scale;
-                if (iv->op == MHA_HEAD_MEAN) *ze = mean;
-                if (iv->op == MHA_HEAD_REPLACE) *ze = iv->value[(size_t)t * dv + e];
-            }
-        }
-    }
+    for (int r = 0; o.interventions && r < h; r++) naive_intervene(z, &o.interventions[r], r, h, B * T, dv);
 
     /* --- Y = Z W_O + b_O */
     for (int t = 0; t < B * T; t++)

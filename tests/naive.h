@@ -64,6 +64,17 @@ void naive_forward_kv(double *y, double *z, double *probs, const naive_weights *
                       const float *x, const float *k_src, const float *v_src, int B, int T,
                       int S, const mha_options *opt);
 
+/* The oracle's pieces, for the tests' fp32 layers (which must not call
+ * the library's own mask and intervention code):
+ * whether query i may see original key j (0 <= j < S) of batch b, head r
+ * under o's causal/window/keep masks; *add receives the additive terms
+ * (a -inf one also forbids the key). */
+int naive_key_allowed(const mha_options *o, int b, int r, int i, int j, int T, int S,
+                      double *add);
+/* Applies iv to head r's block of z (rows, h*d_v) in place; MEAN averages
+ * over the rows. */
+void naive_intervene(double *z, const mha_intervention *iv, int r, int h, int rows, int dv);
+
 /* Runs mha_forward on L (with opt as given; the caller sets the path) and
  * the oracle on w, capturing y, z and probs from both. Returns the largest
  * |difference| over the three (NaN equal to NaN, NaN vs number = INFINITY);
@@ -74,6 +85,11 @@ double naive_compare(const mha_layer *L, const naive_weights *w, const float *x,
 double naive_compare_kv(const mha_layer *L, const naive_weights *w, const float *x,
                         const float *k_src, const float *v_src, int B, int T, int S,
                         const mha_options *opt);
+
+/* x rounded to IEEE binary16 (nearest, ties to even; overflow to inf) and
+ * widened back: the value an fp16 KV cache must store, computed with
+ * frexp/nearbyint rather than bit manipulation (the library's way). */
+float naive_round_f16(float x);
 
 /* Helpers for comparing float results with double oracles. */
 double naive_max_diff(const float *a, const double *b, size_t n); /* NaN -> INF */

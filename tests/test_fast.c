@@ -2,7 +2,9 @@
  * (MHA_PATH_REFERENCE) on randomized shapes and options with a fixed seed.
  * Tolerance, per output tensor (FlashAttention's rule): max|fast - ref| <=
  * 2 * max|naive32 - ref| + 1e-6, where naive32 is the plain fp32 layer
- * written below. NaN must match NaN. Also extreme inputs, thread-count
+ * written below with the oracle's masks and interventions (naive.c), none
+ * of the library's; naive32 itself must stay within 1e-5 (1 + max|ref|) of
+ * the reference, or the case fails. NaN must match NaN. Also extreme inputs, thread-count
  * independence (bit-identical), separate key and value sources (each
  * packing of forward_fast.c) and the peak-memory check.
  * Legend: B batch, T queries, S keys, Sx = S + extra keys, h, h_kv heads,
@@ -11,7 +13,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "forward/forward.h"
 #include "kernels/kernels.h"
 #include "naive.h"
 #include "test_util.h"
@@ -66,7 +67,7 @@ static void naive32_forward(float *y, float *z_out, float *contrib, float *probs
                 float mx = -INFINITY, sum = 0.0f;
                 for (int j = 0; j < Sx; j++) {
                     double add = 0.0;
-                    ok[j] = j >= S || mha_mask_key(o, b, r, i, j, T, S, &add);
+                    ok[j] = j >= S || naive_key_allowed(o, b, r, i, j, T, S, &add);
                     if (!ok[j]) continue;
                     float dot = 0.0f;
                     for (int e = 0; e < dk; e++) dot += qi[e] * k[((size_t)b * Sx + j) * kw + (size_t)g * dk + e];
@@ -86,8 +87,13 @@ static void naive32_forward(float *y, float *z_out, float *contrib, float *probs
                     for (int e = 0; e < dv; e++) zi[e] += p * v[((size_t)b * Sx + j) * vw + (size_t)g * dv + e];
                 }
             }
-    for (int r = 0; o->interventions && r < h; r++)
-        mha_head_intervene(z, &o->interventions[r], r, h, B * T, dv);
+    if (o->interventions) { /* the oracle's own, in double, stored back as float */
+        double *zd = naive_alloc_doubles((size_t)B * T * zw);
+        for (size_t i = 0; i < (size_t)B * T * zw; i++) zd[i] = z[i];
+        for (int r = 0; r < h; r++) naive_intervene(zd, &o->interventions[r], r, h, B * T, dv);
+        for (size_t i = 0; i < (size_t)B * T * zw; i++) z[i] = (float)zd[i];
+        free(zd);
+    }
     if (z_out) memcpy(z_out, z, (size_t)B * T * zw * sizeof(float));
     const size_t rows = (size_t)B * T;
     for (size_t t = 0; t < rows; t++)
@@ -118,6 +124,14 @@ static double diff_nan(const float *a, const float *b, size_t n) {
         double d = fabs((double)a[i] - (double)b[i]);
         if (d > m) m = d;
     }
+    return m;
+}
+
+/* max |a| over the entries that are not NaN */
+static double max_abs_finite(const float *a, size_t n) {
+    double m = 0.0;
+    for (size_t i = 0; i < n; i++)
+        if (!isnan(a[i]) && fabs((double)a[i]) > m) m = fabs((double)a[i]);
     return m;
 }
 
@@ -182,7 +196,15 @@ static int check_case_kv(const char *what, const naive_weights *w, const float *
     for (int i = 0; held && i < 4; i++) {
         if (t[i].bit && !(want & t[i].bit)) continue;
         double ef = diff_nan(t[i].f, t[i].r, t[i].len), en = diff_nan(t[i].n, t[i].r, t[i].len);
-        if (!(ef <= 2.0 * en + 1e-6)) {
+        /* the oracle itself must be close: a tolerance built on a broken
+         * oracle would grow with its error (measured: <= 1e-6 (1 + max|ref|)) */
+        double bound = 1e-5 * (1.0 + max_abs_finite(t[i].r, t[i].len));
+        if (!(en <= bound)) {
+            test_report(__FILE__, __LINE__, "%s: %s max|naive32-ref| = %.3g > %.3g: the fp32 oracle is off",
+                        what, t[i].name, en, bound);
+            held = 0;
+        }
+        if (held && !(ef <= 2.0 * en + 1e-6)) {
             test_report(__FILE__, __LINE__,
                         "%s: %s max|fast-ref| = %.3g > 2 * max|naive32-ref| (%.3g) + 1e-6 "
                         "(B=%d T=%d S=%d h=%d h_kv=%d d_k=%d d_v=%d kernels=%s)",
@@ -324,7 +346,7 @@ static void run_random(int first, int n) {
 }
 
 static void test_fast_random_avx2(void) {
-    if (!mha_cpu_has_avx2()) return;
+    if (!mha_cpu_has_avx2()) SKIP(TEST_SKIP_ISA, "avx2", "the library finds no AVX2+FMA on this CPU");
     mha_kernels_force(&mha_kernels_avx2);
     run_random(0, 70);
     mha_kernels_force(NULL);
@@ -364,15 +386,21 @@ static void test_fast_huge_logits(void) {
     naive_weights_free(&w);
 }
 
+/* Random weights (amplitude 0.5) for c, x (B,T,d_model), kv (B,S,d_model). */
+static void cross_fixture(naive_weights *w, float **x, float **kv, mha_config c, int B, int T, int S,
+                          uint64_t *seed) {
+    naive_weights_random(w, &c, seed, 0.5f);
+    *x = naive_random_floats((size_t)B * T * c.d_model, seed, -1.0f, 1.0f);
+    *kv = naive_random_floats((size_t)B * S * c.d_model, seed, -1.0f, 1.0f);
+}
+
 /* rows with no allowed key, in both modes, through each mask kind */
 static void test_fast_all_masked_rows(void) {
     uint64_t seed = 12;
-    mha_config c = small_config(12, 3, 4);
-    naive_weights w;
-    naive_weights_random(&w, &c, &seed, 0.5f);
     const int B = 2, T = 50, S = 70;
-    float *x = naive_random_floats((size_t)B * T * 12, &seed, -1.0f, 1.0f);
-    float *kv = naive_random_floats((size_t)B * S * 12, &seed, -1.0f, 1.0f);
+    naive_weights w;
+    float *x, *kv;
+    cross_fixture(&w, &x, &kv, small_config(12, 3, 4), B, T, S, &seed);
     uint8_t *keep = malloc((size_t)T * S);
     float *add = naive_alloc_floats((size_t)T * S);
     for (int i = 0; i < T; i++)
@@ -432,6 +460,31 @@ static void test_fast_long_tiny(void) {
     o.causal = 0;
     check_case("T=3000 d=2", &w, x, NULL, 1, T, T, &o, 0);
     free(x);
+    naive_weights_free(&w);
+}
+
+/* Causal and window masks alone with no probability capture: the kernels'
+ * softmax applies the [lo, hi] key interval itself (no general mask pass),
+ * on every kernel table; lengths cross the 48-query and 128-key tiles. */
+static void test_fast_interval_masks_every_kernel(void) {
+    uint64_t seed = 19;
+    const int B = 2, T = 130, S = 150;
+    naive_weights w;
+    float *x, *kv;
+    cross_fixture(&w, &x, &kv, small_config(16, 2, 8), B, T, S, &seed);
+    const mha_kernels *tables[2] = {&mha_kernels_scalar, &mha_kernels_avx2};
+    for (int k = 0; k < (mha_cpu_has_avx2() ? 2 : 1); k++) {
+        mha_kernels_force(tables[k]);
+        mha_options o = mha_options_default();
+        o.causal = 1;
+        check_case("causal, self", &w, x, NULL, B, T, T, &o, 1);
+        o.align = MHA_ALIGN_BOTTOM_RIGHT;
+        check_case("causal, cross, bottom-right", &w, x, kv, B, T, S, &o, 0);
+        o.causal = 0, o.window_left = 7, o.window_right = 2;
+        check_case("window 7/2", &w, x, kv, B, T, S, &o, 1);
+        mha_kernels_force(NULL);
+    }
+    free(x), free(kv);
     naive_weights_free(&w);
 }
 
@@ -543,7 +596,7 @@ static void run_value_source_cases(void) {
 }
 
 static void test_fast_value_source_avx2(void) {
-    if (!mha_cpu_has_avx2()) return;
+    if (!mha_cpu_has_avx2()) SKIP(TEST_SKIP_ISA, "avx2", "the library finds no AVX2+FMA on this CPU");
     mha_kernels_force(&mha_kernels_avx2);
     run_value_source_cases();
     mha_kernels_force(NULL);
@@ -560,10 +613,11 @@ static void test_fast_value_source_scalar(void) {
 /* B=1, T, d_model=768, h=12, causal: peak RSS below twice the tensors the
  * pass must hold (X, Q, K, V, Z, Y and the weights). T comes from
  * MHA_TEST_MEMORY_T (32768 in `make test-memory`), else 2048. Skipped under
- * AddressSanitizer, whose shadow memory is not the library's. */
+ * AddressSanitizer, whose shadow memory and quarantine are not the
+ * library's: a skip CI accepts, since the plain build runs it. */
 static void test_fast_memory_peak(void) {
 #if defined(__SANITIZE_ADDRESS__)
-    if (1) return;
+    SKIP(TEST_SKIP_ALLOWED_IN_CI, NULL, "peak RSS is not measurable under AddressSanitizer");
 #endif
     const char *env = getenv("MHA_TEST_MEMORY_T");
     const int T = env ? atoi(env) : 2048, D = 768;
@@ -597,6 +651,7 @@ static const test_case cases[] = {
     {"fast_all_masked_rows", test_fast_all_masked_rows},
     {"fast_single_key", test_fast_single_key},
     {"fast_long_tiny", test_fast_long_tiny},
+    {"fast_interval_masks_every_kernel", test_fast_interval_masks_every_kernel},
     {"fast_threads_bit_identical", test_fast_threads_bit_identical},
     {"fast_after_permute", test_fast_after_permute},
     {"fast_value_source_avx2", test_fast_value_source_avx2},

@@ -309,6 +309,7 @@ static void test_st_refuses_bad_files(void) {
         {"{\"a\":{\"dtype\":\"I64\",\"shape\":[1],\"data_offsets\":[0,8]}}", 8, MHA_E_UNSUPPORTED, "I64"},
         /* span disagrees with shape x dtype */
         {"{\"a\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,8]}}", 8, MHA_E_FORMAT, "need 12"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,8]}}", 8, MHA_E_FORMAT, "need 4"},
         /* end before begin, negative offsets, wrong arity */
         {"{\"a\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[8,0]}}", 8, MHA_E_FORMAT, "end before"},
         {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[-4,0]}}", 8, MHA_E_FORMAT, "data_offsets"},

@@ -1,6 +1,8 @@
 /* test_main.c — the one runner: every area registered in one list. Prints
- * "N passed, N failed" and exits non-zero on any failure. An optional
- * argument runs only the tests whose name contains it. */
+ * "N passed, N failed, N skipped" and exits non-zero on any failure, on a
+ * skip that CI must not accept (see test_skip in test_util.h) when CI=true,
+ * and when the optional name filter (a substring) matches no test.
+ * MHA_TEST_FAIL_FAST=1 stops at the first failing test. */
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,8 +24,11 @@ static const test_area_fn areas[] = {
     tests_kernels,
     tests_torch_layout,
     tests_io,
+    tests_load,
     tests_cache,
     tests_cache_i8,
+    tests_layout_errors,
+    tests_io_api,
     tests_concurrency,
     tests_overflow,
     tests_backward,
@@ -33,6 +38,31 @@ static const test_area_fn areas[] = {
 
 const char *test_current = "";
 int test_failures_current = 0;
+static int skipped_current = 0;  /* the running test called test_skip */
+static int skip_fails_ci = 0;    /* ...with a reason CI does not accept */
+
+static int ci_mode(void) {
+    const char *ci = getenv("CI");
+    return ci && strcmp(ci, "true") == 0;
+}
+
+/* __builtin_cpu_supports needs a literal: the ISAs the tests ask about. */
+static int machine_has(const char *isa) {
+    if (!isa) return 0;
+    if (!strcmp(isa, "avx2")) return __builtin_cpu_supports("avx2");
+    if (!strcmp(isa, "fma")) return __builtin_cpu_supports("fma");
+    if (!strcmp(isa, "f16c")) return __builtin_cpu_supports("f16c");
+    if (!strcmp(isa, "avx512f")) return __builtin_cpu_supports("avx512f");
+    return 1; /* an ISA this runner cannot check counts as present: fail loud */
+}
+
+void test_skip(test_skip_kind kind, const char *isa, const char *reason) {
+    skipped_current = 1;
+    int fails = kind == TEST_SKIP_DEPENDENCY || (kind == TEST_SKIP_ISA && machine_has(isa));
+    skip_fails_ci = fails;
+    fprintf(stderr, "skip %s: %s%s\n", test_current, reason,
+            fails && ci_mode() ? " (not accepted under CI=true)" : "");
+}
 
 void test_report(const char *file, int line, const char *fmt, ...) {
     va_list ap;
@@ -91,7 +121,9 @@ void test_fill_uniform(float *p, size_t n, uint64_t *seed, float lo, float hi) {
 
 int main(int argc, char **argv) {
     const char *filter = argc > 1 ? argv[1] : NULL;
-    int passed = 0, failed = 0;
+    int passed = 0, failed = 0, skipped = 0, ci_refused = 0;
+    const char *ff = getenv("MHA_TEST_FAIL_FAST"); /* scripts/mutants.py: stop at the first failure */
+    const int fail_fast = ff && strcmp(ff, "1") == 0;
     for (size_t a = 0; a < sizeof areas / sizeof areas[0]; a++) {
         size_t n = 0;
         const test_case *cases = areas[a](&n);
@@ -99,15 +131,26 @@ int main(int argc, char **argv) {
             if (filter && !strstr(cases[i].name, filter)) continue;
             test_current = cases[i].name;
             test_failures_current = 0;
+            skipped_current = skip_fails_ci = 0;
             cases[i].fn();
             if (test_failures_current) {
                 failed++;
                 fprintf(stderr, "not ok %s\n", cases[i].name);
+                if (fail_fast) goto report;
+            } else if (skipped_current) {
+                skipped++;
+                ci_refused += skip_fails_ci && ci_mode();
             } else {
                 passed++;
             }
         }
     }
-    printf("%d passed, %d failed\n", passed, failed);
-    return failed ? 1 : 0;
+report:
+    printf("%d passed, %d failed, %d skipped\n", passed, failed, skipped);
+    if (filter && passed + failed + skipped == 0) {
+        fprintf(stderr, "no test name contains \"%s\"\n", filter);
+        return 1;
+    }
+    if (ci_refused) fprintf(stderr, "%d skip(s) not accepted under CI=true\n", ci_refused);
+    return failed || ci_refused ? 1 : 0;
 }

@@ -223,20 +223,47 @@ static void permute_only_q_changes_y(void) {
     check_labels(f.L, MHA_BLOCK_Q, perm, 12);
     float *y1 = fixture_forward(&f);
     CHECK(test_max_abs_diff(y1, y0, fixture_ny(&f)) > 1e-3);
-    check_contract_fails(&f, -1, 0, 0, 0);
+    /* O keeps 0..h-1: the first moved Q block is the first disagreement */
+    int first = 0;
+    while (first < 11 && perm[first] == first) first++;
+    check_contract_fails(&f, MHA_BLOCK_O, first, perm[first], first);
     free(y0), free(y1);
     fixture_free(&f);
 }
 
-static void permute_only_k_changes_y(void) {
+/* One kv block (K or V) moved alone: the other still agrees with Q, so
+ * only the check of that block's labels can see it. */
+static void one_kv_block_moved(mha_block blk, uint64_t seed) {
     fixture f;
-    if (!fixture_make(&f, 16, 8, 2, 2, 0, 108)) return;
+    if (!fixture_make(&f, 16, 8, 2, 2, 0, seed)) return;
+    float *y0 = fixture_forward(&f);
+    const int kv_perm[2] = {1, 0};
+    CHECK_OK(mha_layer_permute_block(f.L, blk, kv_perm));
+    float *y1 = fixture_forward(&f);
+    CHECK(test_max_abs_diff(y1, y0, fixture_ny(&f)) > 1e-3);
+    check_contract_fails(&f, blk, 0, 0, 1); /* block 0 wants kv label 0 */
+    CHECK_ERROR_MENTIONS(blk == MHA_BLOCK_K ? "W_K column block 0" : "W_V column block 0");
+    free(y0), free(y1);
+    fixture_free(&f);
+}
+
+static void permute_only_k_changes_y(void) { one_kv_block_moved(MHA_BLOCK_K, 108); }
+static void permute_only_v_changes_y(void) { one_kv_block_moved(MHA_BLOCK_V, 112); }
+
+/* K and V moved together: they agree with each other, not with Q. A check
+ * that skipped the K labels would compare V with K and pass. */
+static void permute_k_and_v_together_fails_on_k(void) {
+    fixture f;
+    if (!fixture_make(&f, 16, 8, 2, 2, 0, 111)) return;
     float *y0 = fixture_forward(&f);
     const int kv_perm[2] = {1, 0};
     CHECK_OK(mha_layer_permute_block(f.L, MHA_BLOCK_K, kv_perm));
+    CHECK_OK(mha_layer_permute_block(f.L, MHA_BLOCK_V, kv_perm));
+    check_labels(f.L, MHA_BLOCK_V, kv_perm, 2);
     float *y1 = fixture_forward(&f);
     CHECK(test_max_abs_diff(y1, y0, fixture_ny(&f)) > 1e-3);
-    check_contract_fails(&f, -1, 0, 0, 0);
+    check_contract_fails(&f, MHA_BLOCK_K, 0, 0, 1);
+    CHECK_ERROR_MENTIONS("W_K column block 0");
     free(y0), free(y1);
     fixture_free(&f);
 }
@@ -283,6 +310,8 @@ static const test_case cases[] = {
     {"permute_only_o_changes_y", permute_only_o_changes_y},
     {"permute_only_q_changes_y", permute_only_q_changes_y},
     {"permute_only_k_changes_y", permute_only_k_changes_y},
+    {"permute_only_v_changes_y", permute_only_v_changes_y},
+    {"permute_k_and_v_together_fails_on_k", permute_k_and_v_together_fails_on_k},
     {"permute_labels_travel", permute_labels_travel},
     {"permute_identity_is_noop", permute_identity_is_noop},
 };

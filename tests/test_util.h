@@ -22,6 +22,26 @@ typedef const test_case *(*test_area_fn)(size_t *count);
 extern const char *test_current;  /* name of the running test */
 extern int test_failures_current; /* failed checks in the running test */
 
+/* Why a test could not run here. The runner prints each skip with its
+ * reason and counts it in "N passed, N failed, N skipped". Under CI=true
+ * (the CI machine is set up to run everything) a skip fails the run unless
+ * it is TEST_SKIP_ALLOWED_IN_CI:
+ *  TEST_SKIP_ISA: the library reports that the CPU lacks an ISA. Under CI
+ *    it fails when the compiler's own CPUID check (__builtin_cpu_supports
+ *    of `isa`) says the machine has it: then the library's check is wrong.
+ *  TEST_SKIP_DEPENDENCY: a tool or file the test needs is missing.
+ *  TEST_SKIP_ALLOWED_IN_CI: the test cannot measure what it measures in
+ *    this build (e.g. peak RSS under AddressSanitizer's shadow memory). */
+typedef enum { TEST_SKIP_ISA, TEST_SKIP_DEPENDENCY, TEST_SKIP_ALLOWED_IN_CI } test_skip_kind;
+/* Marks the running test skipped; `isa` is a __builtin_cpu_supports name
+ * (TEST_SKIP_ISA only, else NULL). The test then returns. */
+void test_skip(test_skip_kind kind, const char *isa, const char *reason);
+#define SKIP(kind, isa, reason)                                                \
+    do {                                                                       \
+        test_skip((kind), (isa), (reason));                                    \
+        return;                                                                \
+    } while (0)
+
 void test_report(const char *file, int line, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 

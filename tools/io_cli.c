@@ -19,6 +19,12 @@ float *cli_alloc(const char *cmd, size_t n) {
     return p;
 }
 
+float *cli_alloc_out(const char *cmd, size_t n) {
+    float *p = n <= SIZE_MAX / sizeof(float) ? malloc((n ? n : 1) * sizeof(float)) : NULL;
+    if (!p) mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "cannot allocate %zu floats", n);
+    return p;
+}
+
 int cli_load_layer(const char *cmd, mha_layer **L, const cli_ckpt *ck, const char *path) {
     mha_load_options o = {.n_heads = (int)ck->heads, .n_kv_heads = (int)ck->kv_heads,
                           .prefix = ck->prefix};

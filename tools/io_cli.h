@@ -132,5 +132,9 @@ int cli_parse_ablate(const char *spec, mha_intervention *iv, int h);
 
 /* Allocates n floats (zeroed) or prints an error and returns NULL. */
 float *cli_alloc(const char *cmd, size_t n);
+/* The same, not zeroed: for outputs the library overwrites whole (Y and
+ * the captures of mha_forward), so their pages are touched once, by the
+ * forward, not first by a memset. */
+float *cli_alloc_out(const char *cmd, size_t n);
 
 #endif /* MHA_TOOLS_IO_CLI_H */

@@ -1,11 +1,8 @@
 /* array.c — owned arrays, element codecs (float32/float16/bfloat16/bool/
- * uint8, little-endian) and whole-file reads, shared by npy.c and
- * safetensors.c. */
-#include <errno.h>
+ * uint8, little-endian), shared by npy.c and safetensors.c. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "io/io_internal.h"
 
@@ -108,19 +105,73 @@ mha_status mha_shape_count(size_t *count, const int *shape, int rank, size_t ele
     return MHA_OK;
 }
 
+/* Elements per conversion chunk: 256 KiB of float, a unit of work big
+ * enough to amortize a thread's start and small enough to balance. */
+#define MHA_CONVERT_CHUNK ((size_t)1 << 16)
+
+/* Index of the first element of f[0..n) the flags refuse, or n. */
+static size_t first_refused(const float *f, size_t n, unsigned flags) {
+    if (flags & MHA_IO_ALLOW_NONFINITE) return n;
+    for (size_t i = 0; i < n; i++) {
+        float v = f[i];
+        if (isfinite(v)) continue;
+        if ((flags & MHA_IO_ALLOW_NEG_INF) && isinf(v) && v < 0) continue;
+        return i;
+    }
+    return n;
+}
+
+/* dst[0..n) <- n elements of floating dtype dt at src. */
+static void decode_floats(float *dst, const unsigned char *src, size_t n, mha_dtype dt) {
+    switch (dt) {
+    case MHA_DTYPE_F32:
+        if (MHA_HOST_LE_F32) memcpy(dst, src, n * sizeof(float));
+        else
+            for (size_t i = 0; i < n; i++) dst[i] = bits_to_float(mha_le32(src + 4 * i));
+        break;
+    case MHA_DTYPE_F16:
+        for (size_t i = 0; i < n; i++) dst[i] = mha_half_to_float(mha_le16(src + 2 * i));
+        break;
+    case MHA_DTYPE_BF16:
+        for (size_t i = 0; i < n; i++) dst[i] = mha_bf16_to_float(mha_le16(src + 2 * i));
+        break;
+    default: break;
+    }
+}
+
+/* Decodes n elements of dt at src into dst (when dst is given) and checks
+ * vals[0..n) (dst, or data borrowed from a mapping), in chunks, in parallel
+ * for large float16/bfloat16 arrays. Returns the index of the first refused element
+ * (the minimum over chunks, so the same for any thread count) or n. */
+static size_t convert_floats(float *dst, const float *vals, const unsigned char *src, size_t n,
+                             mha_dtype dt, unsigned flags) {
+    const size_t es = mha_dtype_size(dt);
+    const size_t chunks = (n + MHA_CONVERT_CHUNK - 1) / MHA_CONVERT_CHUNK;
+    /* Threads only for the widening decodes (a few ns an element): a float32
+     * copy or check is bound by memory, and a team started early spins
+     * through the serial steps that follow (measured in bench/LOAD.md). */
+    const int widen = dst && !(dt == MHA_DTYPE_F32 && MHA_HOST_LE_F32);
+    size_t bad = n;
+#pragma omp parallel for schedule(static) reduction(min : bad) if (widen && chunks >= 4)
+    for (size_t c = 0; c < chunks; c++) {
+        size_t i0 = c * MHA_CONVERT_CHUNK, m = n - i0 < MHA_CONVERT_CHUNK ? n - i0 : MHA_CONVERT_CHUNK;
+        if (dst) decode_floats(dst + i0, src + es * i0, m, dt);
+        size_t j = first_refused(vals + i0, m, flags);
+        if (j < m && i0 + j < bad) bad = i0 + j;
+    }
+    return bad;
+}
+
+static mha_status refused(const mha_array *a, size_t i, unsigned flags, const char *what,
+                          const char *tensor) {
+    return mha_fail(MHA_E_NONFINITE, "%s: %s[%zu] = %g; expected a finite number%s", what,
+                    tensor, i, (double)a->f[i], (flags & MHA_IO_ALLOW_NEG_INF) ? " or -inf" : "");
+}
+
 mha_status mha_array_decode(mha_array *a, const unsigned char *src, unsigned flags,
                             const char *what, const char *tensor) {
     size_t n = a->count;
     switch (a->dtype) {
-    case MHA_DTYPE_F32:
-        for (size_t i = 0; i < n; i++) a->f[i] = bits_to_float(mha_le32(src + 4 * i));
-        break;
-    case MHA_DTYPE_F16:
-        for (size_t i = 0; i < n; i++) a->f[i] = mha_half_to_float(mha_le16(src + 2 * i));
-        break;
-    case MHA_DTYPE_BF16:
-        for (size_t i = 0; i < n; i++) a->f[i] = mha_bf16_to_float(mha_le16(src + 2 * i));
-        break;
     case MHA_DTYPE_BOOL:
         for (size_t i = 0; i < n; i++) {
             if (src[i] > 1)
@@ -132,18 +183,17 @@ mha_status mha_array_decode(mha_array *a, const unsigned char *src, unsigned fla
     case MHA_DTYPE_U8:
         memcpy(a->u8, src, n);
         return MHA_OK;
+    default: break;
     }
-    if (flags & MHA_IO_ALLOW_NONFINITE) return MHA_OK;
-    for (size_t i = 0; i < n; i++) {
-        float v = a->f[i];
-        if (isfinite(v)) continue;
-        if ((flags & MHA_IO_ALLOW_NEG_INF) && isinf(v) && v < 0) continue;
-        return mha_fail(MHA_E_NONFINITE,
-                        "%s: %s[%zu] = %g; expected a finite number%s", what, tensor, i,
-                        (double)v,
-                        (flags & MHA_IO_ALLOW_NEG_INF) ? " or -inf" : "");
-    }
-    return MHA_OK;
+    size_t bad = convert_floats(a->f, a->f, src, n, a->dtype, flags);
+    return bad < n ? refused(a, bad, flags, what, tensor) : MHA_OK;
+}
+
+mha_status mha_array_check(const mha_array *a, unsigned flags, const char *what,
+                           const char *tensor) {
+    if (!a->f) return MHA_OK;
+    size_t bad = convert_floats(NULL, a->f, NULL, a->count, a->dtype, flags);
+    return bad < a->count ? refused(a, bad, flags, what, tensor) : MHA_OK;
 }
 
 /* Encodes elements [first, first + n) of a into dst in file dtype dt. */
@@ -177,6 +227,9 @@ static void encode_range(unsigned char *dst, const mha_array *a, size_t first, s
 }
 
 mha_status mha_array_write(mha_out_file *o, const mha_array *a, mha_dtype dt) {
+    /* float32 already in the file's byte order: one write, no copy */
+    if (dt == MHA_DTYPE_F32 && MHA_HOST_LE_F32 && a->f)
+        return mha_out_write(o, a->f, a->count * sizeof(float));
     enum { CHUNK = 4096 }; /* elements per write: 16 KiB of float32 */
     unsigned char buf[CHUNK * 4];
     size_t es = mha_dtype_size(dt);
@@ -186,38 +239,5 @@ mha_status mha_array_write(mha_out_file *o, const mha_array *a, mha_dtype dt) {
         mha_status s = mha_out_write(o, buf, n * es);
         if (s) return s;
     }
-    return MHA_OK;
-}
-
-mha_status mha_read_file(unsigned char **buf, size_t *len, const char *path) {
-    *buf = NULL;
-    *len = 0;
-    FILE *f = fopen(path, "rb");
-    if (!f) return mha_fail(MHA_E_IO, "cannot open '%s': %s", path, strerror(errno));
-    struct stat st;
-    int stat_ok = fstat(fileno(f), &st) == 0;
-    if (!stat_ok || !S_ISREG(st.st_mode)) {
-        int dir = stat_ok && S_ISDIR(st.st_mode);
-        fclose(f);
-        return mha_fail(MHA_E_IO, "cannot read '%s': %s; expected a regular file", path,
-                        dir ? "it is a directory" : "not a regular file");
-    }
-    size_t n = (size_t)st.st_size;
-    unsigned char *p = malloc(n ? n : 1);
-    if (!p) {
-        fclose(f);
-        return mha_fail(MHA_E_NOMEM, "cannot allocate %zu bytes for '%s'", n, path);
-    }
-    size_t got = fread(p, 1, n, f);
-    int e = errno, more = got == n && fgetc(f) != EOF; /* grew while being read */
-    if (got != n || more || ferror(f)) {
-        free(p);
-        fclose(f);
-        return mha_fail(MHA_E_IO, "short read of '%s' (expected %zu bytes): %s", path, n,
-                        got != n ? strerror(e) : "the file changed while being read");
-    }
-    fclose(f);
-    *buf = p;
-    *len = n;
     return MHA_OK;
 }

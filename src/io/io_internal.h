@@ -35,7 +35,9 @@ mha_status mha_shape_count(size_t *count, const int *shape, int rank, size_t ele
                            const char *what);
 /* Decodes count little-endian elements of a->dtype from src into a. For
  * floating dtypes checks finiteness according to flags (MHA_IO_*); BOOL
- * bytes must be 0 or 1. what/tensor name the place in messages. */
+ * bytes must be 0 or 1. what/tensor name the place in messages. Large
+ * float16/bfloat16 arrays are widened by OpenMP threads in fixed chunks;
+ * the error names the first bad element whatever the thread count. */
 mha_status mha_array_decode(mha_array *a, const unsigned char *src, unsigned flags,
                             const char *what, const char *tensor);
 
@@ -44,8 +46,41 @@ mha_status mha_array_decode(mha_array *a, const unsigned char *src, unsigned fla
 typedef struct mha_out_file mha_out_file;
 mha_status mha_array_write(mha_out_file *o, const mha_array *a, mha_dtype dt);
 
-/* Reads a whole regular file into a new buffer (*len bytes). */
-mha_status mha_read_file(unsigned char **buf, size_t *len, const char *path);
+/* A regular file mapped read-only (map.c): p[0..len) with len = the size at
+ * open (p NULL when the file is empty). check fails (MHA_E_IO) when the
+ * file's size changed since open; close unmaps and closes. Readers check
+ * every offset against len before touching p, check the size again after
+ * decoding, and keep the mapping only while they need it. */
+typedef struct {
+    unsigned char *p;
+    size_t len;
+    int fd;
+} mha_file_map;
+mha_status mha_map_open(mha_file_map *m, const char *path);
+mha_status mha_map_check(const mha_file_map *m, const char *path);
+void mha_map_close(mha_file_map *m);
+
+/* Whether the host stores float32 as the files do (IEEE, little-endian):
+ * then F32 data is copied, written or borrowed as it is, without decoding. */
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+#define MHA_HOST_LE_F32 1
+#else
+#define MHA_HOST_LE_F32 0
+#endif
+
+/* Checks a's float data in place (for arrays that borrow a file mapping):
+ * the same finiteness rule and message as mha_array_decode. */
+mha_status mha_array_check(const mha_array *a, unsigned flags, const char *what,
+                           const char *tensor);
+
+/* A safetensors file whose F32 tensors borrow the file's mapping instead of
+ * being copied (safetensors.c): the set owns the mapping and unmaps it in
+ * mha_tensors_free, so every borrowed pointer lives exactly as long as the
+ * set. Other dtypes, and F32 data not 4-byte aligned in the file, are
+ * decoded into owned arrays as mha_safetensors_read does. For short-lived
+ * sets only (mha_layer_load): another process truncating the file while it
+ * is mapped makes a read of a borrowed array fault. */
+mha_status mha_safetensors_map(mha_tensors **out, const char *path, unsigned flags);
 
 /* An output file written atomically (outfile.c): open creates a temporary
  * next to path; write appends; commit flushes, fsyncs and renames it over

@@ -679,8 +679,10 @@ mha_status mha_layer_to_tensors(mha_tensors **out, const mha_layer *L) {
 mha_status mha_layer_load(mha_layer **out, const char *path, const mha_load_options *opt) {
     if (!out || !path) return mha_fail(MHA_E_ARG, "mha_layer_load: NULL argument");
     *out = NULL;
+    /* The float32 tensors borrow the file's mapping: the layouts read the
+     * file's bytes directly, and the mapping is gone when this returns. */
     mha_tensors *t;
-    mha_status s = mha_safetensors_read(&t, path, 0);
+    mha_status s = mha_safetensors_map(&t, path, 0);
     if (s) return s;
     s = mha_layer_from_tensors(out, t, opt);
     mha_tensors_free(t);

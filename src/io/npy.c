@@ -199,12 +199,13 @@ mha_status mha_npy_parse(mha_array *out, const void *buf, size_t len, const char
 mha_status mha_npy_read(mha_array *out, const char *path, unsigned flags) {
     if (!out || !path) return mha_fail(MHA_E_ARG, "mha_npy_read: NULL argument");
     memset(out, 0, sizeof *out);
-    unsigned char *buf;
-    size_t len;
-    mha_status s = mha_read_file(&buf, &len, path);
+    /* mapped, so the data is decoded straight from the page cache: one copy */
+    mha_file_map m;
+    mha_status s = mha_map_open(&m, path);
     if (s) return s;
-    s = mha_npy_parse(out, buf, len, path, flags);
-    free(buf);
+    s = mha_npy_parse(out, m.p, m.len, path, flags);
+    if (!s && (s = mha_map_check(&m, path))) mha_array_free(out);
+    mha_map_close(&m);
     return s;
 }
 

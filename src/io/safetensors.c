@@ -4,6 +4,7 @@
  * with jansson; every length, offset and shape is checked before a single
  * data byte is decoded, because the header is untrusted input. */
 #include <jansson.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -163,8 +164,33 @@ static mha_status parse_metadata(mha_tensors *t, json_t *m, const char *file) {
     return MHA_OK;
 }
 
-mha_status mha_safetensors_parse(mha_tensors **out, const void *buf, size_t len,
-                                 const char *name, unsigned flags) {
+/* One tensor's data: borrowed from the mapping when it is float32 in the
+ * host's byte order, 4-byte aligned and not empty, else decoded into an
+ * owned array. Either way checked (finiteness) before the set takes it. */
+static mha_status st_take(mha_tensors *t, const st_entry *e, const unsigned char *src,
+                          const mha_file_map *borrow, unsigned flags, const char *file) {
+    mha_array a = e->a;
+    mha_status s;
+    if (borrow && a.dtype == MHA_DTYPE_F32 && MHA_HOST_LE_F32 && a.count &&
+        (uintptr_t)src % _Alignof(float) == 0) {
+        a.f = (float *)(uintptr_t)src; /* read-only mapping: never written, never freed */
+        a.u8 = NULL;
+        if ((s = mha_array_check(&a, flags, file, e->name))) return s;
+        if ((s = mha_tensors_take(t, e->name, &a))) return s;
+        t->items[t->n - 1].borrowed = 1;
+        return MHA_OK;
+    }
+    if ((s = mha_array_alloc(&a))) return s;
+    s = mha_array_decode(&a, src, flags, file, e->name);
+    if (!s) s = mha_tensors_take(t, e->name, &a);
+    mha_array_free(&a);
+    return s;
+}
+
+/* Parses buf[0..len); with borrow (the mapping buf lies in), float32 data
+ * is borrowed instead of copied (st_take). */
+static mha_status st_parse(mha_tensors **out, const void *buf, size_t len, const char *name,
+                           unsigned flags, const mha_file_map *borrow) {
     if (!out || (!buf && len)) return mha_fail(MHA_E_ARG, "mha_safetensors_parse: NULL argument");
     *out = NULL;
     const char *file = name ? name : "<memory>";
@@ -229,14 +255,7 @@ mha_status mha_safetensors_parse(mha_tensors **out, const void *buf, size_t len,
     if ((s = check_extents(e, ne, buf_len, file))) goto done;
     /* every check passed: now decode */
     const unsigned char *data = b + 8 + n;
-    for (int i = 0; i < ne; i++) {
-        mha_array a = e[i].a;
-        if ((s = mha_array_alloc(&a))) goto done;
-        s = mha_array_decode(&a, data + e[i].begin, flags, file, e[i].name);
-        if (!s) s = mha_tensors_take(t, e[i].name, &a);
-        mha_array_free(&a);
-        if (s) goto done;
-    }
+    for (int i = 0; i < ne && !s; i++) s = st_take(t, &e[i], data + e[i].begin, borrow, flags, file);
 done:
     free(e);
     json_decref(root); /* after the loop: e[].name points into root */
@@ -248,16 +267,36 @@ done:
     return MHA_OK;
 }
 
-mha_status mha_safetensors_read(mha_tensors **out, const char *path, unsigned flags) {
+mha_status mha_safetensors_parse(mha_tensors **out, const void *buf, size_t len,
+                                 const char *name, unsigned flags) {
+    return st_parse(out, buf, len, name, flags, NULL);
+}
+
+/* Maps path and parses it, borrowing (borrow = 1) or copying the data; the
+ * size is checked again once every byte was read, and a borrowing set takes
+ * the mapping. */
+static mha_status st_read_mapped(mha_tensors **out, const char *path, unsigned flags, int borrow) {
     if (!out || !path) return mha_fail(MHA_E_ARG, "mha_safetensors_read: NULL argument");
     *out = NULL;
-    unsigned char *buf;
-    size_t len;
-    mha_status s = mha_read_file(&buf, &len, path);
+    mha_file_map m;
+    mha_status s = mha_map_open(&m, path);
     if (s) return s;
-    s = mha_safetensors_parse(out, buf, len, path, flags);
-    free(buf);
+    s = st_parse(out, m.p, m.len, path, flags, borrow ? &m : NULL);
+    if (!s && (s = mha_map_check(&m, path))) {
+        mha_tensors_free(*out);
+        *out = NULL;
+    }
+    if (!s && borrow) (*out)->map = m; /* the set unmaps it when freed */
+    else mha_map_close(&m);
     return s;
+}
+
+mha_status mha_safetensors_read(mha_tensors **out, const char *path, unsigned flags) {
+    return st_read_mapped(out, path, flags, 0);
+}
+
+mha_status mha_safetensors_map(mha_tensors **out, const char *path, unsigned flags) {
+    return st_read_mapped(out, path, flags, 1);
 }
 
 /* Dtype written for an array: floating data as F32, bytes as they are. */

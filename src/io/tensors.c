@@ -11,6 +11,7 @@ mha_status mha_tensors_create(mha_tensors **out) {
     if (!out) return mha_fail(MHA_E_ARG, "mha_tensors_create: out is NULL");
     *out = calloc(1, sizeof **out);
     if (!*out) return mha_fail(MHA_E_NOMEM, "cannot allocate a tensor set");
+    (*out)->map.fd = -1; /* no mapping */
     return MHA_OK;
 }
 
@@ -18,7 +19,7 @@ void mha_tensors_free(mha_tensors *t) {
     if (!t) return;
     for (int i = 0; i < t->n; i++) {
         free(t->items[i].name);
-        mha_array_free(&t->items[i].a);
+        if (!t->items[i].borrowed) mha_array_free(&t->items[i].a);
     }
     for (int i = 0; i < t->n_meta; i++) {
         free(t->meta[i].key);
@@ -28,6 +29,7 @@ void mha_tensors_free(mha_tensors *t) {
     free(t->meta);
     free(t->item_index.slot);
     free(t->meta_index.slot);
+    mha_map_close(&t->map); /* after the items: borrowed arrays die with it */
     free(t);
 }
 
@@ -115,6 +117,7 @@ mha_status mha_tensors_take(mha_tensors *t, const char *name, mha_array *a) {
         return s;
     }
     t->items[t->n].a = *a;
+    t->items[t->n].borrowed = 0;
     t->n++;
     memset(a, 0, sizeof *a);
     return MHA_OK;

@@ -3,11 +3,12 @@
 #ifndef MHA_TENSORS_INTERNAL_H
 #define MHA_TENSORS_INTERNAL_H
 
-#include "mha.h"
+#include "io/io_internal.h"
 
 typedef struct {
     char *name;
     mha_array a;
+    int borrowed; /* 1: a.f points into the set's mapping, not owned */
 } mha_named_array;
 
 typedef struct {
@@ -29,9 +30,12 @@ struct mha_tensors {
     mha_meta_entry *meta;   /* insertion order */
     int n_meta, meta_cap;
     mha_name_index item_index, meta_index;
+    mha_file_map map; /* mha_safetensors_map: the file borrowed arrays point into */
 };
 
-/* Adds *a under name without copying; on success *a is zeroed (owned by t). */
+/* Adds *a under name without copying; on success *a is zeroed (owned by t,
+ * or borrowed from t->map when a->f points into it: set items[n-1].borrowed
+ * after the call). */
 mha_status mha_tensors_take(mha_tensors *t, const char *name, mha_array *a);
 
 #endif
