@@ -393,74 +393,78 @@ static void test_ragged(void) {
     mha_layer_free(f.L), naive_weights_free(&f.w);
 }
 
+/* One sequence of T outlier tokens through an int8 cache against the
+ * int8 reference (causal, window `left`); the tests feed y themselves. */
+typedef struct {
+    layer_fx f;
+    int T;
+    float *x, *y; /* (T, D) */
+    double *yq;   /* (T, D) reference */
+    double tol;
+} seq_case;
+
+static mha_cache *seq_begin(seq_case *sc, int hk, uint64_t layer_seed, int T, int left, int cap, int window) {
+    layer_make(&sc->f, 32, 4, hk, 40, 0, layer_seed);
+    uint64_t seed = layer_seed + 1;
+    sc->T = T;
+    sc->x = outlier_floats((size_t)T, sc->f.D, &seed), sc->y = naive_alloc_floats((size_t)T * sc->f.D);
+    sc->yq = naive_alloc_doubles((size_t)T * sc->f.D);
+    sc->tol = forward_tol(sc->yq, &sc->f, sc->x, T, left, window);
+    mha_cache *c = NULL;
+    CHECK_OK(mha_cache_create(&c, sc->f.L, 1, cap, MHA_CACHE_I8, window));
+    return c;
+}
+
+static void seq_end(seq_case *sc, mha_cache *c) {
+    CHECK(naive_max_diff(sc->y, sc->yq, (size_t)sc->T * sc->f.D) <= sc->tol);
+    mha_cache_free(c);
+    free(sc->x), free(sc->y), free(sc->yq);
+    mha_layer_free(sc->f.L), naive_weights_free(&sc->f.w);
+}
+
 /* Speculative tokens rolled back with truncate, then other tokens. */
 static void test_truncate(void) {
-    layer_fx f;
-    layer_make(&f, 32, 4, 4, 40, 0, 221);
-    int T = 60;
+    seq_case sc;
+    mha_cache *c = seq_begin(&sc, 4, 221, 60, -1, 60, 0);
+    int D = sc.f.D;
     uint64_t seed = 17;
-    float *x = outlier_floats((size_t)T, f.D, &seed), *junk = outlier_floats(6, f.D, &seed);
-    float *y = naive_alloc_floats((size_t)T * f.D), *ys = naive_alloc_floats((size_t)6 * f.D);
-    double *yq = naive_alloc_doubles((size_t)T * f.D);
-    double tol = forward_tol(yq, &f, x, T, -1, 0);
-    mha_cache *c = NULL;
-    CHECK_OK(mha_cache_create(&c, f.L, 1, T, MHA_CACHE_I8, 0));
+    float *junk = outlier_floats(6, D, &seed), *ys = naive_alloc_floats((size_t)6 * D);
     if (c) {
-        CHECK_OK(mha_forward_cached(f.L, c, y, NULL, x, 30, NULL, NULL));
-        CHECK_OK(mha_forward_cached(f.L, c, ys, NULL, junk, 6, NULL, NULL));
+        CHECK_OK(mha_forward_cached(sc.f.L, c, sc.y, NULL, sc.x, 30, NULL, NULL));
+        CHECK_OK(mha_forward_cached(sc.f.L, c, ys, NULL, junk, 6, NULL, NULL));
         CHECK_OK(mha_cache_truncate(c, 0, 30));
         int steps[] = {1, 2};
-        feed(y + (size_t)30 * f.D, &f, c, x + (size_t)30 * f.D, T - 30, steps, 2);
-        CHECK(naive_max_diff(y, yq, (size_t)T * f.D) <= tol);
+        feed(sc.y + (size_t)30 * D, &sc.f, c, sc.x + (size_t)30 * D, sc.T - 30, steps, 2);
     }
-    mha_cache_free(c);
-    free(x), free(junk), free(y), free(ys), free(yq);
-    mha_layer_free(f.L), naive_weights_free(&f.w);
+    free(junk), free(ys);
+    seq_end(&sc, c);
 }
 
 /* A ring of W + 8 slots keeping the last W tokens (wrapping many times)
  * against the reference with window_left = W - 1. */
 static void test_window(void) {
-    layer_fx f;
-    layer_make(&f, 32, 4, 1, 40, 0, 231);
-    int T = 300, W = 40;
-    uint64_t seed = 19;
-    float *x = outlier_floats((size_t)T, f.D, &seed), *y = naive_alloc_floats((size_t)T * f.D);
-    double *yq = naive_alloc_doubles((size_t)T * f.D);
-    double tol = forward_tol(yq, &f, x, T, W - 1, W);
-    mha_cache *c = NULL;
-    CHECK_OK(mha_cache_create(&c, f.L, 1, W + 8, MHA_CACHE_I8, W));
+    seq_case sc;
+    int W = 40;
+    mha_cache *c = seq_begin(&sc, 1, 231, 300, W - 1, W + 8, W);
     int steps[] = {70, 1, 5, 1};
-    if (c) feed(y, &f, c, x, T, steps, 4);
-    CHECK(naive_max_diff(y, yq, (size_t)T * f.D) <= tol);
-    mha_cache_free(c);
-    free(x), free(y), free(yq);
-    mha_layer_free(f.L), naive_weights_free(&f.w);
+    if (c) feed(sc.y, &sc.f, c, sc.x, sc.T, steps, 4);
+    seq_end(&sc, c);
 }
 
 /* Heads permuted (GQA groups whole) under a live cache: decoding goes on
  * with the outputs of the unpermuted layer. */
 static void test_permute(void) {
-    layer_fx f;
-    layer_make(&f, 32, 4, 2, 40, 0, 241);
-    int T = 50, perm[4] = {3, 2, 0, 1};
-    uint64_t seed = 23;
-    float *x = outlier_floats((size_t)T, f.D, &seed), *y = naive_alloc_floats((size_t)T * f.D);
-    double *yq = naive_alloc_doubles((size_t)T * f.D);
-    double tol = forward_tol(yq, &f, x, T, -1, 0);
-    mha_cache *c = NULL;
-    CHECK_OK(mha_cache_create(&c, f.L, 1, T, MHA_CACHE_I8, 0));
+    seq_case sc;
+    mha_cache *c = seq_begin(&sc, 2, 241, 50, -1, 50, 0);
+    int perm[4] = {3, 2, 0, 1}, D = sc.f.D;
     if (c) {
-        CHECK_OK(mha_forward_cached(f.L, c, y, NULL, x, 25, NULL, NULL));
-        CHECK_OK(mha_layer_permute_heads(f.L, perm));
+        CHECK_OK(mha_forward_cached(sc.f.L, c, sc.y, NULL, sc.x, 25, NULL, NULL));
+        CHECK_OK(mha_layer_permute_heads(sc.f.L, perm));
         CHECK_OK(mha_cache_permute_heads(c, perm));
         int steps[] = {1};
-        feed(y + (size_t)25 * f.D, &f, c, x + (size_t)25 * f.D, T - 25, steps, 1);
-        CHECK(naive_max_diff(y, yq, (size_t)T * f.D) <= tol);
+        feed(sc.y + (size_t)25 * D, &sc.f, c, sc.x + (size_t)25 * D, sc.T - 25, steps, 1);
     }
-    mha_cache_free(c);
-    free(x), free(y), free(yq);
-    mha_layer_free(f.L), naive_weights_free(&f.w);
+    seq_end(&sc, c);
 }
 
 /* Probabilities captured during decode equal the reference's on the
