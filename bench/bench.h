@@ -87,6 +87,7 @@ typedef struct {
     int fp16;       /* cache storage: 0 fp32, 1 fp16 */
     int steps;      /* timed decode steps */
     int threads;
+    int int8;       /* 1: int8 cache (overrides fp16) */
 } bench_decode_cfg;
 
 int bench_decode(const bench_decode_cfg *c);

@@ -63,7 +63,7 @@ static void print_error(const char *what, mha_status s) {
 
 int bench_decode(const bench_decode_cfg *c) {
     printf("RESULT kind=decode impl=mha d_model=%d h=%d h_kv=%d d_head=%d L=%d B=%d cache=%s",
-           c->d_model, c->h, c->h_kv, c->d_head, c->L, c->B, c->fp16 ? "fp16" : "fp32");
+           c->d_model, c->h, c->h_kv, c->d_head, c->L, c->B, c->int8 ? "int8" : c->fp16 ? "fp16" : "fp32");
     fflush(stdout);
     mha_set_num_threads(c->threads);
     int D = c->d_model, h = c->h, hk = c->h_kv, dh = c->d_head, B = c->B, L = c->L;
@@ -91,7 +91,7 @@ int bench_decode(const bench_decode_cfg *c) {
         print_error("mha_layer_create", s);
         return 1;
     }
-    s = mha_cache_create(&cache, layer, B, L, c->fp16 ? MHA_CACHE_F16 : MHA_CACHE_F32, 0);
+    s = mha_cache_create(&cache, layer, B, L, c->int8 ? MHA_CACHE_I8 : c->fp16 ? MHA_CACHE_F16 : MHA_CACHE_F32, 0);
     if (s) {
         print_error("mha_cache_create", s);
         mha_layer_free(layer);

@@ -698,7 +698,14 @@ MHA_API mha_status mha_layer_from_torch(mha_layer **out, const mha_torch_weights
 
 typedef enum {
     MHA_CACHE_F32 = 0, /* 4 bytes per element */
-    MHA_CACHE_F16 = 1  /* 2 bytes per element, widened on load */
+    MHA_CACHE_F16 = 1, /* 2 bytes per element, widened on load */
+    /* 1 byte per element plus one fp32 scale per block of 32 values of a
+     * key or value row (along d_k / d_v; a shorter last block when d is
+     * not a multiple of 32): 1.125 bytes per element. Symmetric: scale =
+     * max|x| / 127 over the block, q = x / scale rounded to nearest, ties
+     * to even; an all-zero block has scale 0 and q = 0. Dequantized
+     * (q * scale) on load, arithmetic in fp32. Error: docs/CACHE.md. */
+    MHA_CACHE_I8 = 2
 } mha_cache_dtype;
 
 typedef struct mha_cache mha_cache;
@@ -711,7 +718,9 @@ MHA_API mha_status mha_cache_create(mha_cache **out, const mha_layer *layer, int
                             mha_cache_dtype dtype, int window);
 MHA_API void mha_cache_free(mha_cache *cache);
 
-/* Bytes of K/V storage: B * h_kv * slots * (d_k + d_v) * (4 or 2), i.e.
+/* Bytes of K/V storage: B * h_kv * slots * (d_k + d_v) * (4 or 2) (int8:
+ * B * h_kv * slots * (d_k + d_v + 4 * (ceil(d_k/32) + ceil(d_v/32))), the
+ * fp32 block scales included), i.e.
  * 2 * B * capacity * h_kv * d_head * bytes when d_k = d_v = d_head and
  * capacity is a multiple of 128; the constant bookkeeping (a few hundred
  * bytes) is not counted. */

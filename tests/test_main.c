@@ -28,6 +28,7 @@ static const test_area_fn areas[] = {
     tests_io,
     tests_load,
     tests_cache,
+    tests_cache_i8,
     tests_layout_errors,
     tests_io_api,
     tests_isa,

@@ -23,6 +23,7 @@ const test_case *tests_torch_layout(size_t *count);
 const test_case *tests_io(size_t *count);
 const test_case *tests_load(size_t *count);
 const test_case *tests_cache(size_t *count);
+const test_case *tests_cache_i8(size_t *count);
 const test_case *tests_layout_errors(size_t *count);
 const test_case *tests_io_api(size_t *count);
 const test_case *tests_isa(size_t *count);

@@ -213,7 +213,7 @@ _sig("mha_layer_load", c_int, POINTER(LayerP), c_char_p, POINTER(LoadOptions))
 _sig("mha_layer_save", c_int, LayerP, c_char_p)
 
 # ---------------------------------------------- KV cache (src/cache/cache.c)
-CACHE_F32, CACHE_F16 = 0, 1  # mha_cache_dtype
+CACHE_F32, CACHE_F16, CACHE_I8 = 0, 1, 2  # mha_cache_dtype
 CacheP = c_void_p
 _sig("mha_cache_create", c_int, POINTER(CacheP), LayerP, c_int, c_int, c_int, c_int)
 _sig("mha_cache_free", None, CacheP)

@@ -32,18 +32,19 @@ def check(status, call):
             e.args = (e.message,)
         raise
 
-DTYPES = {"float32": _lib.CACHE_F32, "float16": _lib.CACHE_F16}
-_ELT = {_lib.CACHE_F32: 4, _lib.CACHE_F16: 2}
+DTYPES = {"float32": _lib.CACHE_F32, "float16": _lib.CACHE_F16, "int8": _lib.CACHE_I8}
+_NAMES = {v: k for k, v in DTYPES.items()}
 
 
 def _dtype(dtype):
-    """'float32' | 'float16' (or the numpy dtypes) -> mha_cache_dtype."""
+    """'float32' | 'float16' | 'int8' (or the numpy dtypes) -> mha_cache_dtype.
+    int8: per-32 blocks with an fp32 scale each (docs/CACHE.md)."""
     try:
         name = np.dtype(dtype).name
     except TypeError:
         name = None
     if name not in DTYPES:
-        raise ArgumentError(f"dtype={dtype!r}; expected 'float32' or 'float16'")
+        raise ArgumentError(f"dtype={dtype!r}; expected 'float32', 'float16' or 'int8'")
     return DTYPES[name]
 
 
@@ -92,7 +93,7 @@ def _batch_replace(spec):
 class Cache(COwner):
     """A KV cache for `batch` sequences of a causal self-attention layer.
 
-    Cache(layer, batch=1, capacity=..., dtype="float32"|"float16", window=0)
+    Cache(layer, batch=1, capacity=..., dtype="float32"|"float16"|"int8", window=0)
     window 0: at most `capacity` tokens per sequence; window W >= 1: a ring
     of `capacity` slots keeping the last W tokens (each query attends the
     last W positions including its own). The cache keeps a reference to
@@ -116,7 +117,7 @@ class Cache(COwner):
         self._ptr = handle
         self.layer = layer
         self.batch, self.capacity, self.window = batch, capacity, window
-        self.dtype = "float16" if dt == _lib.CACHE_F16 else "float32"
+        self.dtype = _NAMES[dt]
         c = layer.config
         self._shape = {k: c[k] for k in ("d_model", "n_heads", "n_kv_heads", "d_k", "d_v",
                                          "add_bias_kv", "add_zero_attn")}

@@ -11,29 +11,40 @@
 
 #include "cache/cache_internal.h"
 
-static size_t cache_elt(mha_cache_dtype dt) { return dt == MHA_CACHE_F16 ? 2 : 4; }
+static size_t cache_elt(mha_cache_dtype dt) { return dt == MHA_CACHE_I8 ? 1 : dt == MHA_CACHE_F16 ? 2 : 4; }
+
+static int q8_blocks(int d) { return (d + MHA_Q8_BLOCK - 1) / MHA_Q8_BLOCK; }
+
+static int dtype_ok(mha_cache_dtype dt) {
+    return dt == MHA_CACHE_F32 || dt == MHA_CACHE_F16 || dt == MHA_CACHE_I8;
+}
+
+/* Bytes of one slot of one kv head: K and V elements, plus their fp32
+ * block scales for int8. */
+static size_t slot_bytes(mha_cache_dtype dt, int d_k, int d_v) {
+    size_t b = (size_t)(d_k + d_v) * cache_elt(dt);
+    return dt == MHA_CACHE_I8 ? b + sizeof(float) * (size_t)(q8_blocks(d_k) + q8_blocks(d_v)) : b;
+}
 
 /* whole chunks: a kv head's chunks then form one contiguous stream */
 static int round_slots(int capacity) { return (int)mha_round_up((size_t)capacity, MHA_DECODE_CHUNK); }
 
 size_t mha_cache_bytes_for(const mha_config *cfg, int batch, int capacity, mha_cache_dtype dtype) {
     mha_config c;
-    if (!cfg || batch < 1 || capacity < 1 || (dtype != MHA_CACHE_F32 && dtype != MHA_CACHE_F16))
-        return 0;
+    if (!cfg || batch < 1 || capacity < 1 || !dtype_ok(dtype)) return 0;
     if (mha_config_resolve(&c, cfg) != MHA_OK) return 0;
-    return (size_t)batch * c.n_kv_heads * (size_t)round_slots(capacity) * (size_t)(c.d_k + c.d_v) *
-           cache_elt(dtype);
+    return (size_t)batch * c.n_kv_heads * (size_t)round_slots(capacity) * slot_bytes(dtype, c.d_k, c.d_v);
 }
 
 size_t mha_cache_bytes(const mha_cache *c) {
     if (!c) return 0;
-    return (size_t)c->B * c->h_kv * (size_t)c->slots * (size_t)(c->d_k + c->d_v) * c->elt;
+    return (size_t)c->B * c->h_kv * (size_t)c->slots * slot_bytes(c->dtype, c->d_k, c->d_v);
 }
 
 void mha_cache_free(mha_cache *c) {
     if (!c) return;
     free(c->data), free(c->len), free(c->lo), free(c->upos), free(c->phys), free(c->labels_k), free(c->labels_v);
-    free(c->kmax);
+    free(c->kmax), free(c->scales);
     free(c);
 }
 
@@ -46,8 +57,9 @@ mha_status mha_cache_create(mha_cache **out, const mha_layer *L, int batch, int 
     if (batch < 1) return mha_fail(MHA_E_ARG, "mha_cache_create: batch=%d; expected >= 1", batch);
     if (capacity < 1)
         return mha_fail(MHA_E_ARG, "mha_cache_create: capacity=%d; expected >= 1 token", capacity);
-    if (dtype != MHA_CACHE_F32 && dtype != MHA_CACHE_F16)
-        return mha_fail(MHA_E_ARG, "mha_cache_create: dtype=%d; expected MHA_CACHE_F32 or MHA_CACHE_F16",
+    if (!dtype_ok(dtype))
+        return mha_fail(MHA_E_ARG,
+                        "mha_cache_create: dtype=%d; expected MHA_CACHE_F32, MHA_CACHE_F16 or MHA_CACHE_I8",
                         (int)dtype);
     if (window < 0 || window > capacity)
         return mha_fail(MHA_E_ARG, "mha_cache_create: window=%d; expected 0 (none) or 1..capacity=%d",
@@ -62,7 +74,7 @@ mha_status mha_cache_create(mha_cache **out, const mha_layer *L, int batch, int 
                         "self-attention (values from the same tokens)", cf->d_v_in, cf->d_model);
     int slots = round_slots(capacity);
     size_t blocks = (size_t)batch * cf->n_kv_heads, elt = cache_elt(dtype);
-    if ((size_t)slots > ((size_t)1 << 40) / blocks / (size_t)(cf->d_k + cf->d_v) / elt)
+    if ((size_t)slots > ((size_t)1 << 40) / blocks / slot_bytes(dtype, cf->d_k, cf->d_v))
         return mha_fail(MHA_E_NOMEM, "mha_cache_create: batch=%d capacity=%d is too large", batch, capacity);
 
     mha_cache *c = calloc(1, sizeof *c);
@@ -80,10 +92,15 @@ mha_status mha_cache_create(mha_cache **out, const mha_layer *L, int batch, int 
     c->labels_k = malloc(sizeof(int) * cf->n_kv_heads);
     c->labels_v = malloc(sizeof(int) * cf->n_kv_heads);
     c->kmax = calloc(blocks, sizeof(float));
-    if (!c->data || !c->len || !c->lo || !c->upos || !c->phys || !c->labels_k || !c->labels_v || !c->kmax) {
+    if (dtype == MHA_CACHE_I8) { /* zeroed as well: unwritten slots dequantize to 0 */
+        c->nbk = q8_blocks(cf->d_k), c->nbv = q8_blocks(cf->d_v);
+        c->scales = calloc(blocks * slots * (size_t)(c->nbk + c->nbv), sizeof(float));
+    }
+    if (!c->data || !c->len || !c->lo || !c->upos || !c->phys || !c->labels_k || !c->labels_v || !c->kmax ||
+        (dtype == MHA_CACHE_I8 && !c->scales)) {
         mha_cache_free(c);
         return mha_fail(MHA_E_NOMEM, "mha_cache_create: no memory for %zu bytes of K/V",
-                        blocks * slots * (size_t)(cf->d_k + cf->d_v) * elt);
+                        blocks * slots * slot_bytes(dtype, cf->d_k, cf->d_v));
     }
     for (int g = 0; g < c->h_kv; g++) c->phys[g] = g;
     memcpy(c->labels_k, L->labels[MHA_BLOCK_K], sizeof(int) * c->h_kv);
@@ -156,6 +173,25 @@ mha_status mha_cache_permute_heads(mha_cache *c, const int *perm) {
 
 /* ---------------------------------------------------------- storing */
 
+/* x (d) -> q (d, stride qs) int8 with one scale per block of
+ * MHA_Q8_BLOCK values (stride ss): scale = max|x| / 127, q = x / scale
+ * rounded to nearest, ties away from zero (roundf: the same bits under
+ * any floating-point rounding mode). A block of zeros (or one so small
+ * that max|x| / 127 underflows to 0) gets scale 0 and q = 0. */
+static void quantize_q8(int8_t *q, size_t qs, float *scale, size_t ss, const float *x, int d) {
+    for (int b0 = 0, blk = 0; b0 < d; b0 += MHA_Q8_BLOCK, blk++) {
+        int b1 = b0 + MHA_Q8_BLOCK < d ? b0 + MHA_Q8_BLOCK : d;
+        float amax = 0.0f;
+        for (int i = b0; i < b1; i++) amax = fabsf(x[i]) > amax ? fabsf(x[i]) : amax;
+        float sc = amax / 127.0f;
+        scale[(size_t)blk * ss] = sc;
+        for (int i = b0; i < b1; i++) {
+            float r = sc > 0.0f ? roundf(x[i] / sc) : 0.0f;
+            q[(size_t)i * qs] = (int8_t)(r > 127.0f ? 127.0f : r < -127.0f ? -127.0f : r);
+        }
+    }
+}
+
 void mha_cache_store(const mha_exec *ex, mha_cache *c, const float *k, const float *v, const int *pos,
                      const int *row0, int t0, const int *n) {
     const mha_decode_kernels *kr = mha_exec_decode(ex);
@@ -173,7 +209,12 @@ void mha_cache_store(const mha_exec *ex, mha_cache *c, const float *k, const flo
                 const float *src = kr_row + (size_t)g * c->d_k;
                 const float kn = (float)sqrt(mha_sum_squares(src, c->d_k));
                 if (!(kn <= c->kmax[kv])) c->kmax[kv] = kn;
-                if (c->dtype == MHA_CACHE_F32) {
+                if (c->dtype == MHA_CACHE_I8) {
+                    quantize_q8((int8_t *)c->data + kbase, MHA_KPANEL, c->scales + mha_cache_ks_off(c, kv, slot),
+                                MHA_KPANEL, src, c->d_k);
+                    quantize_q8((int8_t *)c->data + vbase, 1, c->scales + mha_cache_vs_off(c, kv, slot), 1,
+                                vr_row + (size_t)g * c->d_v, c->d_v);
+                } else if (c->dtype == MHA_CACHE_F32) {
                     float *dst = (float *)c->data + kbase;
                     for (int d = 0; d < c->d_k; d++) dst[(size_t)d * MHA_KPANEL] = src[d];
                     memcpy((float *)c->data + vbase, vr_row + (size_t)g * c->d_v, sizeof(float) * c->d_v);

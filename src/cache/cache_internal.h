@@ -22,10 +22,14 @@ struct mha_cache {
     int window;          /* 0: none; else attend the last `window` tokens   */
     int h, h_kv, d_k, d_v, d_model;
     mha_cache_dtype dtype;
-    size_t elt;          /* 4 or 2 bytes                                     */
+    size_t elt;          /* 4, 2 or 1 (int8) bytes                           */
     void *data;          /* (B, h_kv, slots/CHUNK) chunks, each one
                             [K (CHUNK/8, d_k, 8) panels of 8 keys |
                              V (CHUNK, d_v) rows]: one stream per kv head   */
+    float *scales;       /* int8 only, else NULL: (B, h_kv, slots/CHUNK)
+                            chunks of [K scales (CHUNK/8, nbk, 8) paneled
+                            like K | V scales (CHUNK, nbv)], MHA_Q8_BLOCK  */
+    int nbk, nbv;        /* scale blocks per key / value row: ceil(d/32)     */
     int *len;            /* (B) tokens appended so far (next position)       */
     int *lo;             /* (B) oldest position still stored (ring, truncate) */
     int *upos;           /* (B, cap) the position slot s was stored with (its
@@ -57,6 +61,33 @@ static inline size_t mha_cache_k_off(const mha_cache *c, size_t kv, int s) {
 static inline size_t mha_cache_v_off(const mha_cache *c, size_t kv, int s) {
     return mha_cache_chunk_off(c, kv, s) + (size_t)MHA_DECODE_CHUNK * c->d_k +
            (size_t)(s % MHA_DECODE_CHUNK) * c->d_v;
+}
+
+/* The same for the int8 scales (in floats of c->scales): the scales of
+ * K of slot s, block 0 (block b at + b*MHA_KPANEL), and of its V row. */
+static inline size_t mha_cache_ks_off(const mha_cache *c, size_t kv, int s) {
+    int j = s % MHA_DECODE_CHUNK;
+    size_t chunk = (kv * (size_t)c->slots + (size_t)(s - j)) * (size_t)(c->nbk + c->nbv);
+    return chunk + (size_t)(j - j % MHA_KPANEL) * c->nbk + (size_t)(j % MHA_KPANEL);
+}
+static inline size_t mha_cache_vs_off(const mha_cache *c, size_t kv, int s) {
+    int j = s % MHA_DECODE_CHUNK;
+    size_t chunk = (kv * (size_t)c->slots + (size_t)(s - j)) * (size_t)(c->nbk + c->nbv);
+    return chunk + (size_t)MHA_DECODE_CHUNK * c->nbk + (size_t)j * c->nbv;
+}
+
+/* Dim d of the key stored at element offset k0 (mha_cache_k_off of block
+ * kv, slot s) as fp32, whatever the storage type. */
+static inline float mha_cache_key_at(const mha_cache *c, const mha_decode_kernels *kr, size_t k0, size_t kv,
+                                     int s, int d) {
+    size_t at = k0 + (size_t)d * MHA_KPANEL;
+    if (c->dtype == MHA_CACHE_F32) return ((const float *)c->data)[at];
+    if (c->dtype == MHA_CACHE_I8)
+        return (float)((const int8_t *)c->data)[at] *
+               c->scales[mha_cache_ks_off(c, kv, s) + (size_t)(d / MHA_Q8_BLOCK) * MHA_KPANEL];
+    float f;
+    kr->from_f16(&f, (const uint16_t *)c->data + at, 1);
+    return f;
 }
 
 /* Position p lives in slot p % cap (without a window p < cap, so slot p).

@@ -27,7 +27,7 @@
 
 #define QTILE 32             /* query rows per unit                        */
 #define PREFETCH_CHUNKS 1    /* chunks of K/V requested ahead of use        */
-#define FUSED_F16_ROWS 4     /* fp16 widened in registers up to this many rows */
+#define FUSED_F16_ROWS 4     /* fp16 / int8 widened in registers up to this many rows */
 #define SPLIT_BELOW_UNITS 64 /* split keys across tasks when units < this  */
 #define SPLIT_MAX_FLOATS ((size_t)1 << 26) /* cap on partial storage       */
 
@@ -70,8 +70,8 @@ typedef struct {
     float *s;   /* (QTILE, CHUNK) scores, then weights       */
     int *pos;   /* (CHUNK) positions of the chunk's slots    */
     int *upos;  /* (CHUNK) their stored positions (ALiBi)    */
-    float *kf;  /* (CHUNK, d_k) fp32 keys (fp16 cache)       */
-    float *vf;  /* (CHUNK, d_v) fp32 values (fp16 cache)     */
+    float *kf;  /* (CHUNK, d_k) fp32 keys (fp16, int8 cache) */
+    float *vf;  /* (CHUNK, d_v) fp32 values (fp16, int8)     */
     float *mx, *sum; /* (QTILE) max and sum of one chunk     */
     float *part;/* (QTILE, 2 + d_v) one partial              */
     float *run; /* (QTILE, 2 + d_v) running merge            */
@@ -121,6 +121,10 @@ static void prefetch_chunk(const mha_cache *c, size_t kv, int cs) {
     const char *p = (const char *)c->data + mha_cache_chunk_off(c, kv, s0) * c->elt;
     size_t bytes = (size_t)MHA_DECODE_CHUNK * (c->d_k + c->d_v) * c->elt;
     for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, 0, 2);
+    if (!c->scales) return;
+    const char *sp = (const char *)(c->scales + mha_cache_ks_off(c, kv, s0));
+    bytes = sizeof(float) * MHA_DECODE_CHUNK * (size_t)(c->nbk + c->nbv);
+    for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(sp + o, 0, 2);
 }
 
 /* Soft-cap, then ALiBi, on the scores w->s (m, nk) of the keys whose
@@ -171,13 +175,20 @@ static void chunk_partial(float *part, scratch *w, const decode_call *dc, const 
     jlo -= jlo % MHA_KPANEL; /* whole panels; slots is a multiple of 8 */
     const float *vp = NULL;
     const uint16_t *vh = NULL;
+    const int8_t *vq = NULL;
     jhi += (MHA_KPANEL - jhi % MHA_KPANEL) % MHA_KPANEL;
     int nk = jhi - jlo;
 
     size_t kv = mha_cache_kv_index(c, u->b, u->g);
     size_t koff = mha_cache_k_off(c, kv, jlo), voff = mha_cache_v_off(c, kv, jlo);
     prefetch_chunk(c, kv, cs);
-    if (c->dtype == MHA_CACHE_F16 && m <= FUSED_F16_ROWS) {
+    const int8_t *q8 = (const int8_t *)c->data;
+    const float *ks = c->scales ? c->scales + mha_cache_ks_off(c, kv, jlo) : NULL;
+    const float *vs = c->scales ? c->scales + mha_cache_vs_off(c, kv, jlo) : NULL;
+    if (c->dtype == MHA_CACHE_I8 && m <= FUSED_F16_ROWS) {
+        dc->kr->scores_q8(w->s, MHA_DECODE_CHUNK, w->qt, c->d_k, q8 + koff, ks, m, nk, c->d_k);
+        vq = q8 + voff;
+    } else if (c->dtype == MHA_CACHE_F16 && m <= FUSED_F16_ROWS) {
         /* few rows: widen in registers, each element once per row group */
         dc->kr->scores_h(w->s, MHA_DECODE_CHUNK, w->qt, c->d_k, (const uint16_t *)c->data + koff, m, nk, c->d_k);
         vh = (const uint16_t *)c->data + voff;
@@ -186,6 +197,10 @@ static void chunk_partial(float *part, scratch *w, const decode_call *dc, const 
         if (c->dtype == MHA_CACHE_F16) { /* many rows: widen the chunk once */
             dc->kr->from_f16(w->kf, (const uint16_t *)c->data + koff, (size_t)nk * c->d_k);
             dc->kr->from_f16(w->vf, (const uint16_t *)c->data + voff, (size_t)nk * c->d_v);
+            kp = w->kf, vp = w->vf;
+        } else if (c->dtype == MHA_CACHE_I8) {
+            dc->kr->from_q8(w->kf, q8 + koff, ks, (size_t)nk / MHA_KPANEL, c->d_k, MHA_KPANEL);
+            dc->kr->from_q8(w->vf, q8 + voff, vs, (size_t)nk, c->d_v, 1);
             kp = w->kf, vp = w->vf;
         } else {
             kp = (const float *)c->data + koff, vp = (const float *)c->data + voff;
@@ -212,7 +227,8 @@ static void chunk_partial(float *part, scratch *w, const decode_call *dc, const 
         }
     }
     dc->kr->softmax(w->s, MHA_DECODE_CHUNK, w->mx, w->sum, m, nk);
-    if (vh) dc->kr->accumulate_h(part + 2, (int)pw, w->s, MHA_DECODE_CHUNK, vh, m, nk, c->d_v);
+    if (vq) dc->kr->accumulate_q8(part + 2, (int)pw, w->s, MHA_DECODE_CHUNK, vq, vs, m, nk, c->d_v);
+    else if (vh) dc->kr->accumulate_h(part + 2, (int)pw, w->s, MHA_DECODE_CHUNK, vh, m, nk, c->d_v);
     else dc->kr->accumulate(part + 2, (int)pw, w->s, MHA_DECODE_CHUNK, vp, m, nk, c->d_v);
     for (int i = 0; i < m; i++) {
         part[(size_t)i * pw] = w->mx[i];

@@ -169,13 +169,7 @@ static mha_status capture_probs(const mha_exec *ex, float *probs, const mha_cach
                     if (ps == INT_MIN || ps < first || ps > p) continue;
                     size_t k0 = mha_cache_k_off(c, kv, s);
                     float dot = 0.0f;
-                    for (int d = 0; d < c->d_k; d++) {
-                        float kd;
-                        size_t at = k0 + (size_t)d * MHA_KPANEL;
-                        if (c->dtype == MHA_CACHE_F16) kr->from_f16(&kd, (const uint16_t *)c->data + at, 1);
-                        else kd = ((const float *)c->data)[at];
-                        dot = fmaf(qr[d], kd, dot);
-                    }
+                    for (int d = 0; d < c->d_k; d++) dot = fmaf(qr[d], mha_cache_key_at(c, kr, k0, kv, s, d), dot);
                     float sc = dot * o->scale;
                     if (o->softcap != 0.0f) sc = o->softcap * tanhf(sc / o->softcap);
                     if (o->slopes) sc -= o->slopes[r] * (float)abs(pu - mha_cache_user_position(c, b, s));

@@ -29,24 +29,43 @@ INLINE float load1(const void *base, size_t i, int H) {
     return H ? _cvtsh_ss(((const uint16_t *)base)[i]) : ((const float *)base)[i];
 }
 
-/* R rows x P panels of scores (panels from element k0 on); R, P and H are
- * constants at each call site. */
-INLINE void scores_tile(float *s, int lds, const float *q, int ldq, const void *kp, size_t k0, int d,
-                        int R, int P, int H) {
-    __m256 acc[4][8];
+/* H = 2: int8 storage. 8 consecutive int8 at index i times their scales
+ * (one product, one rounding: the dequantized fp32 value exactly). */
+INLINE __m256 load8q(const int8_t *base, size_t i, __m256 scale) {
+    __m128i b = _mm_loadl_epi64((const __m128i *)(base + i));
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)), scale);
+}
+
+#define NB(d) (((d) + MHA_Q8_BLOCK - 1) / MHA_Q8_BLOCK)
+
+/* R rows x P panels of scores (panels from element k0 on, int8 scales
+ * from ks + (k0 / d) * nb on); R, P and H are constants at each call site. */
+INLINE void scores_tile(float *s, int lds, const float *q, int ldq, const void *kp, const float *ks, size_t k0,
+                        int d, int R, int P, int H) {
+    __m256 acc[4][8], sc[8];
     UNROLL
     for (int r = 0; r < R; r++)
         UNROLL
         for (int p = 0; p < P; p++) acc[r][p] = _mm256_setzero_ps();
-    for (int c = 0; c < d; c++) {
-        __m256 k[8];
-        UNROLL
-        for (int p = 0; p < P; p++) k[p] = load8(kp, k0 + (size_t)p * d * MHA_KPANEL + (size_t)c * MHA_KPANEL, H);
-        UNROLL
-        for (int r = 0; r < R; r++) {
-            __m256 qb = _mm256_broadcast_ss(q + (size_t)r * ldq + c);
+    for (int c0 = 0; c0 < d; c0 += MHA_Q8_BLOCK) {
+        int c1 = c0 + MHA_Q8_BLOCK < d ? c0 + MHA_Q8_BLOCK : d;
+        if (H == 2)
             UNROLL
-            for (int p = 0; p < P; p++) acc[r][p] = _mm256_fmadd_ps(qb, k[p], acc[r][p]);
+            for (int p = 0; p < P; p++)
+                sc[p] = _mm256_loadu_ps(ks + (k0 / (size_t)d + (size_t)p * MHA_KPANEL) * NB(d) + (size_t)(c0 / MHA_Q8_BLOCK) * MHA_KPANEL);
+        for (int c = c0; c < c1; c++) {
+            __m256 k[8];
+            UNROLL
+            for (int p = 0; p < P; p++) {
+                size_t at = k0 + (size_t)p * d * MHA_KPANEL + (size_t)c * MHA_KPANEL;
+                k[p] = H == 2 ? load8q((const int8_t *)kp, at, sc[p]) : load8(kp, at, H);
+            }
+            UNROLL
+            for (int r = 0; r < R; r++) {
+                __m256 qb = _mm256_broadcast_ss(q + (size_t)r * ldq + c);
+                UNROLL
+                for (int p = 0; p < P; p++) acc[r][p] = _mm256_fmadd_ps(qb, k[p], acc[r][p]);
+            }
         }
     }
     UNROLL
@@ -57,37 +76,42 @@ INLINE void scores_tile(float *s, int lds, const float *q, int ldq, const void *
 
 /* Panels outermost: a pair of K panels (2 x d x 8) stays in L1 while every
  * row group of the tile uses it (GQA/MQA share keys). */
-INLINE void scores_impl(float *s, int lds, const float *q, int ldq, const void *kp, int m, int n,
-                        int d, int H) {
+INLINE void scores_impl(float *s, int lds, const float *q, int ldq, const void *kp, const float *ks, int m,
+                        int n, int d, int H) {
     int np = n / MHA_KPANEL, m4 = m - m % 4;
     size_t pstride = (size_t)d * MHA_KPANEL;
     int p = 0;
     for (; p + 3 <= np; p += 3) /* 12 accumulators: slack over the 8 FMAs in flight */
         for (int i = 0; i < m4; i += 4)
-            scores_tile(s + (size_t)i * lds + p * MHA_KPANEL, lds, q + (size_t)i * ldq, ldq, kp, p * pstride, d, 4, 3, H);
+            scores_tile(s + (size_t)i * lds + p * MHA_KPANEL, lds, q + (size_t)i * ldq, ldq, kp, ks, p * pstride, d, 4, 3, H);
     for (; p + 2 <= np; p += 2)
         for (int i = 0; i < m4; i += 4)
-            scores_tile(s + (size_t)i * lds + p * MHA_KPANEL, lds, q + (size_t)i * ldq, ldq, kp, p * pstride, d, 4, 2, H);
+            scores_tile(s + (size_t)i * lds + p * MHA_KPANEL, lds, q + (size_t)i * ldq, ldq, kp, ks, p * pstride, d, 4, 2, H);
     for (; p < np; p++)
         for (int i = 0; i < m4; i += 4)
-            scores_tile(s + (size_t)i * lds + p * MHA_KPANEL, lds, q + (size_t)i * ldq, ldq, kp, p * pstride, d, 4, 1, H);
+            scores_tile(s + (size_t)i * lds + p * MHA_KPANEL, lds, q + (size_t)i * ldq, ldq, kp, ks, p * pstride, d, 4, 1, H);
     for (int i = m4; i < m; i++) {
         p = 0;
         for (; p + 8 <= np; p += 8)
-            scores_tile(s + (size_t)i * lds + p * MHA_KPANEL, lds, q + (size_t)i * ldq, ldq, kp, p * pstride, d, 1, 8, H);
+            scores_tile(s + (size_t)i * lds + p * MHA_KPANEL, lds, q + (size_t)i * ldq, ldq, kp, ks, p * pstride, d, 1, 8, H);
         for (; p < np; p++)
-            scores_tile(s + (size_t)i * lds + p * MHA_KPANEL, lds, q + (size_t)i * ldq, ldq, kp, p * pstride, d, 1, 1, H);
+            scores_tile(s + (size_t)i * lds + p * MHA_KPANEL, lds, q + (size_t)i * ldq, ldq, kp, ks, p * pstride, d, 1, 1, H);
     }
 }
 
 static void scores_avx2(float *s, int lds, const float *q, int ldq, const float *kp, int m, int n,
                         int d) {
-    scores_impl(s, lds, q, ldq, kp, m, n, d, 0);
+    scores_impl(s, lds, q, ldq, kp, NULL, m, n, d, 0);
 }
 
 static void scores_h_avx2(float *s, int lds, const float *q, int ldq, const uint16_t *kp, int m,
                           int n, int d) {
-    scores_impl(s, lds, q, ldq, kp, m, n, d, 1);
+    scores_impl(s, lds, q, ldq, kp, NULL, m, n, d, 1);
+}
+
+void mha_scores_q8_avx2(float *s, int lds, const float *q, int ldq, const int8_t *kq, const float *ks,
+                           int m, int n, int d) {
+    scores_impl(s, lds, q, ldq, kq, ks, m, n, d, 2);
 }
 
 /* ------------------------------------------------------------ softmax */
@@ -125,10 +149,10 @@ static void softmax_avx2(float *s, int lds, float *mx, float *sum, int m, int n)
 
 /* --------------------------------------------------------- accumulate */
 
-/* R rows x C vectors of acc = p v over n keys (v from element v0 on, row
- * stride dv). */
-INLINE void acc_tile(float *acc, int ldacc, const float *p, int ldp, const void *v, size_t v0, int dv,
-                     int n, int R, int C, int H) {
+/* R rows x C vectors of acc = p v over n keys (v from column v0 on, row
+ * stride dv; int8 scales vs (n, nb)). */
+INLINE void acc_tile(float *acc, int ldacc, const float *p, int ldp, const void *v, const float *vs, size_t v0,
+                     int dv, int n, int R, int C, int H) {
     __m256 a[4][8];
     UNROLL
     for (int r = 0; r < R; r++)
@@ -137,7 +161,12 @@ INLINE void acc_tile(float *acc, int ldacc, const float *p, int ldp, const void 
     for (int j = 0; j < n; j++) {
         __m256 vv[8];
         UNROLL
-        for (int c = 0; c < C; c++) vv[c] = load8(v, v0 + (size_t)j * dv + c * 8, H);
+        for (int c = 0; c < C; c++) {
+            size_t at = v0 + (size_t)j * dv + c * 8;
+            vv[c] = H == 2 ? load8q((const int8_t *)v, at,
+                                    _mm256_broadcast_ss(vs + (size_t)j * NB(dv) + (v0 + c * 8) / MHA_Q8_BLOCK))
+                           : load8(v, at, H);
+        }
         UNROLL
         for (int r = 0; r < R; r++) {
             __m256 pb = _mm256_broadcast_ss(p + (size_t)r * ldp + j);
@@ -153,50 +182,60 @@ INLINE void acc_tile(float *acc, int ldacc, const float *p, int ldp, const void 
 
 /* Columns [c0, dv) of R rows one by one, fmaf in key order (the same
  * additions as a vector lane). */
-INLINE void acc_tail(float *acc, int ldacc, const float *p, int ldp, const void *v, int dv, int n,
-                     int R, int c0, int H) {
+INLINE void acc_tail(float *acc, int ldacc, const float *p, int ldp, const void *v, const float *vs, int dv,
+                     int n, int R, int c0, int H) {
     for (int r = 0; r < R; r++)
         for (int c = c0; c < dv; c++) {
             float a = 0.0f;
-            for (int j = 0; j < n; j++) a = fmaf(p[(size_t)r * ldp + j], load1(v, (size_t)j * dv + c, H), a);
+            for (int j = 0; j < n; j++) {
+                size_t at = (size_t)j * dv + c;
+                float vj = H == 2 ? (float)((const int8_t *)v)[at] * vs[(size_t)j * NB(dv) + c / MHA_Q8_BLOCK]
+                                  : load1(v, at, H);
+                a = fmaf(p[(size_t)r * ldp + j], vj, a);
+            }
             acc[(size_t)r * ldacc + c] = a;
         }
 }
 
 /* Column blocks outermost: a (n, 16) slab of V stays in L1 while every row
  * group uses it. */
-INLINE void acc_impl(float *acc, int ldacc, const float *p, int ldp, const void *v, int m, int n,
-                     int dv, int H) {
+INLINE void acc_impl(float *acc, int ldacc, const float *p, int ldp, const void *v, const float *vs, int m,
+                     int n, int dv, int H) {
     int m4 = m - m % 4, c = 0;
     for (; c + 24 <= dv; c += 24)
         for (int i = 0; i < m4; i += 4)
-            acc_tile(acc + (size_t)i * ldacc + c, ldacc, p + (size_t)i * ldp, ldp, v, c, dv, n, 4, 3, H);
+            acc_tile(acc + (size_t)i * ldacc + c, ldacc, p + (size_t)i * ldp, ldp, v, vs, c, dv, n, 4, 3, H);
     for (; c + 16 <= dv; c += 16)
         for (int i = 0; i < m4; i += 4)
-            acc_tile(acc + (size_t)i * ldacc + c, ldacc, p + (size_t)i * ldp, ldp, v, c, dv, n, 4, 2, H);
+            acc_tile(acc + (size_t)i * ldacc + c, ldacc, p + (size_t)i * ldp, ldp, v, vs, c, dv, n, 4, 2, H);
     for (; c + 8 <= dv; c += 8)
         for (int i = 0; i < m4; i += 4)
-            acc_tile(acc + (size_t)i * ldacc + c, ldacc, p + (size_t)i * ldp, ldp, v, c, dv, n, 4, 1, H);
+            acc_tile(acc + (size_t)i * ldacc + c, ldacc, p + (size_t)i * ldp, ldp, v, vs, c, dv, n, 4, 1, H);
     for (int i = 0; i < m4; i += 4)
-        acc_tail(acc + (size_t)i * ldacc, ldacc, p + (size_t)i * ldp, ldp, v, dv, n, 4, c, H);
+        acc_tail(acc + (size_t)i * ldacc, ldacc, p + (size_t)i * ldp, ldp, v, vs, dv, n, 4, c, H);
     for (int i = m4; i < m; i++) {
         float *a = acc + (size_t)i * ldacc;
         const float *pi = p + (size_t)i * ldp;
         c = 0;
-        for (; c + 64 <= dv; c += 64) acc_tile(a + c, ldacc, pi, ldp, v, c, dv, n, 1, 8, H);
-        for (; c + 8 <= dv; c += 8) acc_tile(a + c, ldacc, pi, ldp, v, c, dv, n, 1, 1, H);
-        acc_tail(a, ldacc, pi, ldp, v, dv, n, 1, c, H);
+        for (; c + 64 <= dv; c += 64) acc_tile(a + c, ldacc, pi, ldp, v, vs, c, dv, n, 1, 8, H);
+        for (; c + 8 <= dv; c += 8) acc_tile(a + c, ldacc, pi, ldp, v, vs, c, dv, n, 1, 1, H);
+        acc_tail(a, ldacc, pi, ldp, v, vs, dv, n, 1, c, H);
     }
 }
 
 static void accumulate_avx2(float *acc, int ldacc, const float *p, int ldp, const float *v, int m,
                             int n, int dv) {
-    acc_impl(acc, ldacc, p, ldp, v, m, n, dv, 0);
+    acc_impl(acc, ldacc, p, ldp, v, NULL, m, n, dv, 0);
 }
 
 static void accumulate_h_avx2(float *acc, int ldacc, const float *p, int ldp, const uint16_t *v,
                               int m, int n, int dv) {
-    acc_impl(acc, ldacc, p, ldp, v, m, n, dv, 1);
+    acc_impl(acc, ldacc, p, ldp, v, NULL, m, n, dv, 1);
+}
+
+void mha_accumulate_q8_avx2(float *acc, int ldacc, const float *p, int ldp, const int8_t *vq,
+                               const float *vs, int m, int n, int dv) {
+    acc_impl(acc, ldacc, p, ldp, vq, vs, m, n, dv, 2);
 }
 
 /* --------------------------------------------------------------- gemm */
@@ -329,7 +368,30 @@ static void from_f16_avx2(float *dst, const uint16_t *src, size_t n) {
     for (; i < n; i++) dst[i] = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(src[i])));
 }
 
+/* --------------------------------------------------------------- int8 */
+
+/* See decode_kernels.h; 8 lanes (key panels) one vector per (row, dim),
+ * otherwise (value rows) 8 columns of one block at a time. */
+void mha_from_q8_avx2(float *dst, const int8_t *src, const float *scale, size_t rows, int d, int lanes) {
+    int nb = NB(d);
+    for (size_t r = 0; r < rows; r++)
+        for (int c = 0; c < d;) {
+            size_t at = (r * d + c) * lanes, sat = (r * nb + c / MHA_Q8_BLOCK) * lanes;
+            if (lanes == MHA_KPANEL) {
+                _mm256_storeu_ps(dst + at, load8q(src, at, _mm256_loadu_ps(scale + sat)));
+                c++;
+            } else if (lanes == 1 && c % 8 == 0 && c + 8 <= d) {
+                _mm256_storeu_ps(dst + at, load8q(src, at, _mm256_broadcast_ss(scale + sat)));
+                c += 8;
+            } else {
+                for (int l = 0; l < lanes; l++) dst[at + l] = (float)src[at + l] * scale[sat + l];
+                c++;
+            }
+        }
+}
+
 const mha_decode_kernels mha_decode_kernels_avx2 = {
     "avx2",         scores_avx2, scores_h_avx2, softmax_avx2, accumulate_avx2, accumulate_h_avx2,
     gemm_stream_avx2, gemm_tile_avx2, axpby_avx2, to_f16_avx2, from_f16_avx2,
+    .scores_q8 = mha_scores_q8_avx2, .accumulate_q8 = mha_accumulate_q8_avx2, .from_q8 = mha_from_q8_avx2,
 };

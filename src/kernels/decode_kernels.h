@@ -24,6 +24,14 @@
  * keys and a score needs no horizontal sum. */
 #define MHA_KPANEL 8
 
+/* int8 storage (MHA_CACHE_I8): one fp32 scale per block of this many
+ * values along d (a shorter last block when d % 32 != 0); a value is
+ * (float)q * scale, one rounding, the same in every implementation. Key
+ * scales are paneled like the keys: panel p holds (nb, 8), the scale of
+ * key 8p+i, block b at [p*nb*8 + b*8 + i] (nb = ceil(d/32)); value
+ * scales are rows: (n, nbv). */
+#define MHA_Q8_BLOCK 32
+
 typedef struct {
     const char *name;
     /* s (m, n), row stride lds: s[i][j] = q_i . key j.
@@ -57,10 +65,33 @@ typedef struct {
      * both implementations). */
     void (*to_f16)(uint16_t *dst, const float *src, size_t n);
     void (*from_f16)(float *dst, const uint16_t *src, size_t n);
+    /* ---- int8 cache (MHA_CACHE_I8); last, so tables written in order
+     * before it stay valid; a table without its own int8 kernels takes
+     * these three from the scalar or AVX2 table. */
+    /* scores over int8 panels kq with scales ks (see MHA_Q8_BLOCK),
+     * dequantized in registers: bit-identical to scores on the fp32 keys
+     * (float)q * scale. */
+    void (*scores_q8)(float *s, int lds, const float *q, int ldq, const int8_t *kq, const float *ks,
+                      int m, int n, int d);
+    /* int8 rows vq (n, dv) with scales vs (n, ceil(dv/32)): bit-identical
+     * to accumulate on the dequantized rows. */
+    void (*accumulate_q8)(float *acc, int ldacc, const float *p, int ldp, const int8_t *vq,
+                          const float *vs, int m, int n, int dv);
+    /* dst = dequantized int8 rows: rows x (d, lanes) elements, element
+     * (r, c, l) at [(r*d + c)*lanes + l], its scale at
+     * [(r*nb + c/32)*lanes + l] (lanes 8: key panels, 1: value rows). */
+    void (*from_q8)(float *dst, const int8_t *src, const float *scale, size_t rows, int d, int lanes);
 } mha_decode_kernels;
 
 extern const mha_decode_kernels mha_decode_kernels_scalar;
 extern const mha_decode_kernels mha_decode_kernels_avx2;
 extern const mha_decode_kernels mha_decode_kernels_avx512; /* avx512_decode.c */
 
+/* The AVX2 int8 kernels, shared by the AVX-512 table (every AVX-512 CPU
+ * has AVX2; the int8 widening is not the bottleneck of a decode step). */
+void mha_scores_q8_avx2(float *s, int lds, const float *q, int ldq, const int8_t *kq, const float *ks,
+                        int m, int n, int d);
+void mha_accumulate_q8_avx2(float *acc, int ldacc, const float *p, int ldp, const int8_t *vq,
+                            const float *vs, int m, int n, int dv);
+void mha_from_q8_avx2(float *dst, const int8_t *src, const float *scale, size_t rows, int d, int lanes);
 #endif /* MHA_DECODE_KERNELS_H */

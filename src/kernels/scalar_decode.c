@@ -64,6 +64,23 @@ static void scores_h_scalar(float *s, int lds, const float *q, int ldq, const ui
         }
 }
 
+/* Key c of panel lane: (float)q * its block's scale (one rounding). */
+static float q8_at(const int8_t *kq, const float *ks, int d, int j, int c) {
+    int nb = (d + MHA_Q8_BLOCK - 1) / MHA_Q8_BLOCK;
+    size_t p = (size_t)(j / MHA_KPANEL), l = (size_t)(j % MHA_KPANEL);
+    return (float)kq[(p * d + c) * MHA_KPANEL + l] * ks[(p * nb + c / MHA_Q8_BLOCK) * MHA_KPANEL + l];
+}
+
+static void scores_q8_scalar(float *s, int lds, const float *q, int ldq, const int8_t *kq, const float *ks,
+                             int m, int n, int d) {
+    for (int i = 0; i < m; i++)
+        for (int j = 0; j < n; j++) {
+            float acc = 0.0f;
+            for (int c = 0; c < d; c++) acc = fmaf(q[(size_t)i * ldq + c], q8_at(kq, ks, d, j, c), acc);
+            s[(size_t)i * lds + j] = acc;
+        }
+}
+
 static void softmax_scalar(float *s, int lds, float *mx, float *sum, int m, int n) {
     for (int i = 0; i < m; i++) {
         float *row = s + (size_t)i * lds;
@@ -105,6 +122,20 @@ static void accumulate_h_scalar(float *acc, int ldacc, const float *p, int ldp, 
     }
 }
 
+static void accumulate_q8_scalar(float *acc, int ldacc, const float *p, int ldp, const int8_t *vq,
+                                const float *vs, int m, int n, int dv) {
+    int nb = (dv + MHA_Q8_BLOCK - 1) / MHA_Q8_BLOCK;
+    for (int i = 0; i < m; i++) {
+        float *a = acc + (size_t)i * ldacc;
+        for (int c = 0; c < dv; c++) a[c] = 0.0f;
+        for (int j = 0; j < n; j++) {
+            float pj = p[(size_t)i * ldp + j];
+            for (int c = 0; c < dv; c++)
+                a[c] = fmaf(pj, (float)vq[(size_t)j * dv + c] * vs[(size_t)j * nb + c / MHA_Q8_BLOCK], a[c]);
+        }
+    }
+}
+
 /* y (m, n) += x (m, k) w (k, n), additions in the order of k. */
 static void gemm_stream_scalar(float *y, int ldy, const float *x, int ldx, const float *w,
                                int ldw, int m, int k, int n) {
@@ -136,8 +167,18 @@ static void from_f16_scalar(float *dst, const uint16_t *src, size_t n) {
     for (size_t i = 0; i < n; i++) dst[i] = f16_to_f32(src[i]);
 }
 
+static void from_q8_scalar(float *dst, const int8_t *src, const float *scale, size_t rows, int d, int lanes) {
+    int nb = (d + MHA_Q8_BLOCK - 1) / MHA_Q8_BLOCK;
+    for (size_t r = 0; r < rows; r++)
+        for (int c = 0; c < d; c++)
+            for (int l = 0; l < lanes; l++)
+                dst[(r * d + c) * lanes + l] =
+                    (float)src[(r * d + c) * lanes + l] * scale[(r * nb + c / MHA_Q8_BLOCK) * lanes + l];
+}
+
 const mha_decode_kernels mha_decode_kernels_scalar = {
     "scalar",           scores_scalar,    scores_h_scalar, softmax_scalar, accumulate_scalar,
     accumulate_h_scalar, gemm_stream_scalar, gemm_tile_scalar, axpby_scalar, to_f16_scalar,
     from_f16_scalar,
+    .scores_q8 = scores_q8_scalar, .accumulate_q8 = accumulate_q8_scalar, .from_q8 = from_q8_scalar,
 };

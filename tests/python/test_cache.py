@@ -408,8 +408,8 @@ def test_errors_carry_the_library_message_and_change_nothing():
         cache.forward(other, np.zeros((2, 1, D), np.float32), n_new=[0, 1])
     with pytest.raises(mha.ShapeError, match="d_kv_in=12"):
         mha.Cache(mha.Layer(32, 4, d_kv_in=12), capacity=8)
-    with pytest.raises(mha.ArgumentError, match="dtype='int8'"):
-        mha.Cache(layer, capacity=8, dtype="int8")
+    with pytest.raises(mha.ArgumentError, match="dtype='int4'"):
+        mha.Cache(layer, capacity=8, dtype="int4")
     with pytest.raises(mha.ArgumentError, match="capacity=0"):
         mha.Cache(layer, capacity=0)
     with pytest.raises(mha.ArgumentError, match="window=9"):
