@@ -60,8 +60,9 @@ int bench_backward(const bench_prefill_cfg *c) {
     bench_fill(x, act, &seed, -1.0f, 1.0f);
     bench_fill(dy, act, &seed, -1.0f, 1.0f);
     const size_t dd = (size_t)D * D;
-    mha_weights wv = {w, w + dd, w + 2 * dd, w + 3 * dd, w + 4 * dd, w + 4 * dd + D, w + 4 * dd + 2 * D,
-                      w + 4 * dd + 3 * D, NULL, NULL};
+    mha_weights wv = {.w_q = w, .w_k = w + dd, .w_v = w + 2 * dd, .w_o = w + 3 * dd,
+                      .b_q = w + 4 * dd, .b_k = w + 4 * dd + D, .b_v = w + 4 * dd + 2 * D,
+                      .b_o = w + 4 * dd + 3 * D};
     if (mha_layer_create(&L, &cfg, &wv)) {
         fprintf(stderr, "bench backward: %s\n", mha_last_error());
         return 1;

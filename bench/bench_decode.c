@@ -81,7 +81,7 @@ int bench_decode(const bench_decode_cfg *c) {
     size_t sizes[8] = {(size_t)D * h * dh, (size_t)D * hk * dh, (size_t)D * hk * dh, (size_t)h * dh * D,
                        (size_t)h * dh, (size_t)hk * dh, (size_t)hk * dh, (size_t)D};
     for (int i = 0; i < 8; i++) bench_fill(all[i], sizes[i], &seed, -lim, lim);
-    mha_weights w = {wq, wk, wv, wo, bq, bk, bv, bo, NULL, NULL};
+    mha_weights w = {.w_q = wq, .w_k = wk, .w_v = wv, .w_o = wo, .b_q = bq, .b_k = bk, .b_v = bv, .b_o = bo};
     size_t weight_bytes = 4 * (sizes[0] + sizes[1] + sizes[2] + sizes[3]);
 
     mha_layer *layer = NULL;
