@@ -32,6 +32,7 @@ static const test_area_fn areas[] = {
     tests_backward,
     tests_merge,
     tests_backward_fast,
+    tests_io_edges,
 };
 
 const char *test_current = "";
