@@ -33,6 +33,7 @@ static const test_area_fn areas[] = {
     tests_merge,
     tests_backward_fast,
     tests_io_edges,
+    tests_compute_edges,
 };
 
 const char *test_current = "";

@@ -24,5 +24,6 @@ const test_case *tests_backward(size_t *count);
 const test_case *tests_merge(size_t *count);
 const test_case *tests_backward_fast(size_t *count);
 const test_case *tests_io_edges(size_t *count);
+const test_case *tests_compute_edges(size_t *count);
 
 #endif
