@@ -34,6 +34,7 @@ static const test_area_fn areas[] = {
     tests_backward_fast,
     tests_io_edges,
     tests_compute_edges,
+    tests_cache_edges,
 };
 
 const char *test_current = "";
