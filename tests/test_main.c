@@ -35,6 +35,7 @@ static const test_area_fn areas[] = {
     tests_io_edges,
     tests_compute_edges,
     tests_cache_edges,
+    tests_merge_edges,
 };
 
 const char *test_current = "";
