@@ -37,6 +37,10 @@ static const test_area_fn areas[] = {
     tests_backward,
     tests_merge,
     tests_backward_fast,
+    tests_io_edges,
+    tests_compute_edges,
+    tests_cache_edges,
+    tests_merge_edges,
 };
 
 /* Areas whose every case runs once per kernel ISA this CPU has (the table

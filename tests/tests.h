@@ -32,5 +32,9 @@ const test_case *tests_overflow(size_t *count);
 const test_case *tests_backward(size_t *count);
 const test_case *tests_merge(size_t *count);
 const test_case *tests_backward_fast(size_t *count);
+const test_case *tests_io_edges(size_t *count);
+const test_case *tests_compute_edges(size_t *count);
+const test_case *tests_cache_edges(size_t *count);
+const test_case *tests_merge_edges(size_t *count);
 
 #endif

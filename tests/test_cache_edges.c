@@ -1,0 +1,246 @@
+/* test_cache_edges.c — the KV cache's low-level entries at their edges:
+ * every argument error with its message, sizes against the formula,
+ * append/attend against a softmax written out here (GQA, causal, explicit
+ * and default scale), and truncate/reset/ring-window rules observed
+ * through later attends. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "naive.h"
+#include "tests.h"
+
+enum { DM = 8, H = 2, HKV = 1, DK = 4 };
+
+static mha_layer *gqa_layer(void) {
+    mha_config cfg = mha_config_default(DM, H);
+    cfg.n_kv_heads = HKV;
+    mha_layer *L = NULL;
+    CHECK_OK(mha_layer_create(&L, &cfg, NULL));
+    return L;
+}
+
+/* z (T, H*DK) for queries q (T, H*DK) at positions first..first+T-1 over
+ * keys k, values v (n_keys, DK) (one kv head), causal, keys >= lo only. */
+static void oracle(float *z, const float *q, const float *k, const float *v, int T, int first, int lo,
+                   float scale) {
+    for (int t = 0; t < T; t++)
+        for (int r = 0; r < H; r++) {
+            const float *qr = q + ((size_t)t * H + r) * DK;
+            int last = first + t;
+            double m = -INFINITY, w[64], sum = 0;
+            for (int j = lo; j <= last; j++) {
+                double s = 0;
+                for (int d = 0; d < DK; d++) s += (double)qr[d] * k[(size_t)j * DK + d];
+                w[j] = s * scale;
+                if (w[j] > m) m = w[j];
+            }
+            for (int j = lo; j <= last; j++) sum += (w[j] = exp(w[j] - m));
+            for (int d = 0; d < DK; d++) {
+                double acc = 0;
+                for (int j = lo; j <= last; j++) acc += w[j] * v[(size_t)j * DK + d];
+                z[((size_t)t * H + r) * DK + d] = (float)(acc / sum);
+            }
+        }
+}
+
+static double max_diff(const float *a, const float *b, size_t n) {
+    double m = 0;
+    for (size_t i = 0; i < n; i++) m = fmax(m, fabs((double)a[i] - b[i]));
+    return m;
+}
+
+static void test_cache_argument_errors(void) {
+    mha_layer *L = gqa_layer();
+    if (!L) return;
+    mha_cache *c = NULL;
+    CHECK_STATUS(mha_cache_create(NULL, L, 1, 8, MHA_CACHE_F32, 0), MHA_E_ARG);
+    CHECK_ERROR_MENTIONS("out is NULL");
+    CHECK_STATUS(mha_cache_create(&c, NULL, 1, 8, MHA_CACHE_F32, 0), MHA_E_ARG);
+    CHECK_ERROR_MENTIONS("layer is NULL");
+    CHECK_STATUS(mha_cache_create(&c, L, 1, 8, MHA_CACHE_F32, -1), MHA_E_ARG);
+    CHECK_ERROR_MENTIONS("window=-1; expected 0 (none) or 1..capacity=8");
+    CHECK_STATUS(mha_cache_create(&c, L, 1 << 20, 1 << 30, MHA_CACHE_F32, 0), MHA_E_NOMEM);
+    CHECK_ERROR_MENTIONS("is too large");
+    CHECK(c == NULL);
+
+    /* sizes: B * h_kv * (capacity rounded up to 128) * (d_k + d_v) * element */
+    mha_config cfg = mha_config_default(DM, H);
+    cfg.n_kv_heads = HKV;
+    CHECK_INT(mha_cache_bytes_for(&cfg, 3, 130, MHA_CACHE_F16), 3 * HKV * 256 * (DK + DK) * 2);
+    CHECK_INT(mha_cache_bytes_for(&cfg, 1, 1, MHA_CACHE_F32), 1 * HKV * 128 * (DK + DK) * 4);
+    CHECK_INT(mha_cache_bytes_for(NULL, 1, 8, MHA_CACHE_F32), 0);
+    CHECK_INT(mha_cache_bytes_for(&cfg, 0, 8, MHA_CACHE_F32), 0);
+    CHECK_INT(mha_cache_bytes_for(&cfg, 1, 0, MHA_CACHE_F32), 0);
+    CHECK_INT(mha_cache_bytes_for(&cfg, 1, 8, (mha_cache_dtype)9), 0);
+    mha_config bad = cfg;
+    bad.n_kv_heads = 3; /* does not divide h */
+    CHECK_INT(mha_cache_bytes_for(&bad, 1, 8, MHA_CACHE_F32), 0);
+    CHECK_INT(mha_cache_bytes(NULL), 0);
+
+    CHECK_OK(mha_cache_create(&c, L, 2, 4, MHA_CACHE_F32, 0));
+    if (!c) goto out;
+    CHECK_INT(mha_cache_bytes(c), mha_cache_bytes_for(&cfg, 2, 4, MHA_CACHE_F32));
+    CHECK_INT(mha_cache_length(NULL, 0), -1);
+    CHECK_ERROR_MENTIONS("mha_cache_length: cache is NULL");
+    CHECK_INT(mha_cache_length(c, 2), -1);
+    CHECK_ERROR_MENTIONS("mha_cache_length: sequence 2; expected 0..1");
+    CHECK_INT(mha_cache_length(c, -1), -1);
+    CHECK_STATUS(mha_cache_reset(NULL, 0), MHA_E_ARG);
+    CHECK_ERROR_MENTIONS("mha_cache_reset: cache is NULL");
+    CHECK_STATUS(mha_cache_reset(c, -2), MHA_E_ARG);
+    CHECK_ERROR_MENTIONS("sequence -2; expected 0..1 or -1 (all)");
+    CHECK_STATUS(mha_cache_reset(c, 2), MHA_E_ARG);
+    CHECK_STATUS(mha_cache_truncate(NULL, 0, 0), MHA_E_ARG);
+    CHECK_ERROR_MENTIONS("mha_cache_truncate: cache is NULL");
+    CHECK_STATUS(mha_cache_truncate(c, 2, 0), MHA_E_ARG);
+    CHECK_ERROR_MENTIONS("mha_cache_truncate: sequence 2; expected 0..1");
+    CHECK_STATUS(mha_cache_truncate(c, -1, 0), MHA_E_ARG);
+    CHECK_STATUS(mha_cache_truncate(c, 0, 1), MHA_E_ARG);
+    CHECK_ERROR_MENTIONS("new_len=1 for sequence 0; expected 0..0 (its length)");
+    CHECK_STATUS(mha_cache_truncate(c, 0, -1), MHA_E_ARG);
+    int perm[H] = {1, 0}, dup[H] = {0, 0};
+    CHECK_STATUS(mha_cache_permute_heads(NULL, perm), MHA_E_ARG);
+    CHECK_ERROR_MENTIONS("mha_cache_permute_heads: NULL cache");
+    CHECK_STATUS(mha_cache_permute_heads(c, NULL), MHA_E_ARG);
+    CHECK_ERROR_MENTIONS("mha_cache_permute_heads: NULL perm");
+    CHECK(mha_cache_permute_heads(c, dup) != MHA_OK);
+
+    float k[2 * 4 * DK] = {0}, v[2 * 4 * DK] = {0}, q[2 * 4 * H * DK] = {0}, z[2 * 4 * H * DK];
+    CHECK_STATUS(mha_cache_append(NULL, k, v, 1, NULL), MHA_E_ARG);
+    CHECK_ERROR_MENTIONS("mha_cache_append: NULL cache");
+    CHECK_STATUS(mha_cache_append(c, NULL, v, 1, NULL), MHA_E_ARG);
+    CHECK_ERROR_MENTIONS("NULL k");
+    CHECK_STATUS(mha_cache_append(c, k, NULL, 1, NULL), MHA_E_ARG);
+    CHECK_ERROR_MENTIONS("NULL v");
+    CHECK_STATUS(mha_cache_append(c, k, v, 0, NULL), MHA_E_ARG);
+    CHECK_ERROR_MENTIONS("mha_cache_append: T=0; expected >= 1");
+    int n_bad[2] = {1, 3}, n_neg[2] = {-1, 0};
+    CHECK_STATUS(mha_cache_append(c, k, v, 2, n_bad), MHA_E_ARG);
+    CHECK_ERROR_MENTIONS("n_new[1]=3; expected 0..T=2");
+    CHECK_STATUS(mha_cache_append(c, k, v, 2, n_neg), MHA_E_ARG);
+    CHECK_STATUS(mha_cache_append(c, k, v, 4, NULL), MHA_OK);
+    CHECK_STATUS(mha_cache_append(c, k, v, 1, NULL), MHA_E_ARG);
+    CHECK_ERROR_MENTIONS("sequence 0 holds 4 tokens, 1 more exceed the capacity 4");
+    CHECK_INT(mha_cache_length(c, 1), 4); /* the refusal stored nothing */
+    CHECK_STATUS(mha_cache_attend(NULL, z, q, 1, NULL, 0), MHA_E_ARG);
+    CHECK_ERROR_MENTIONS("mha_cache_attend: NULL cache");
+    CHECK_STATUS(mha_cache_attend(c, NULL, q, 1, NULL, 0), MHA_E_ARG);
+    CHECK_ERROR_MENTIONS("NULL z");
+    CHECK_STATUS(mha_cache_attend(c, z, NULL, 1, NULL, 0), MHA_E_ARG);
+    CHECK_ERROR_MENTIONS("NULL q");
+    CHECK_STATUS(mha_cache_attend(c, z, q, 1, NULL, NAN), MHA_E_NONFINITE);
+    CHECK_ERROR_MENTIONS("scale=nan; expected finite");
+    CHECK_STATUS(mha_cache_attend(c, z, q, 0, NULL, 0), MHA_E_ARG);
+    CHECK_ERROR_MENTIONS("mha_cache_attend: T=0");
+    CHECK_OK(mha_cache_reset(c, 1));
+    CHECK_INT(mha_cache_length(c, 0), 4);
+    CHECK_INT(mha_cache_length(c, 1), 0);
+    CHECK_STATUS(mha_cache_attend(c, z, q, 1, NULL, 0), MHA_E_ARG);
+    CHECK_ERROR_MENTIONS("n_new[1]=1 but sequence 1 holds 0 tokens; append the queries' keys first");
+    CHECK_OK(mha_cache_reset(c, -1));
+    CHECK_INT(mha_cache_length(c, 0), 0);
+out:
+    mha_cache_free(c);
+    mha_cache_free(NULL);
+    mha_layer_free(L);
+}
+
+/* append then attend = the softmax above; truncate replaces the tail;
+ * permuting query heads inside the one kv group keeps the kv storage. */
+static void test_cache_attend_matches_oracle(void) {
+    mha_layer *L = gqa_layer();
+    if (!L) return;
+    mha_cache *c = NULL;
+    CHECK_OK(mha_cache_create(&c, L, 1, 8, MHA_CACHE_F32, 0));
+    if (!c) {
+        mha_layer_free(L);
+        return;
+    }
+    uint64_t seed = 11;
+    float *k = naive_random_floats(8 * DK, &seed, -1, 1), *v = naive_random_floats(8 * DK, &seed, -1, 1);
+    float *q = naive_random_floats(8 * H * DK, &seed, -1, 1);
+    float z[8 * H * DK], want[8 * H * DK];
+    const float def = 1.0f / sqrtf((float)DK);
+    CHECK_OK(mha_cache_append(c, k, v, 5, NULL));
+    CHECK_OK(mha_cache_attend(c, z, q, 5, NULL, 0)); /* default scale */
+    oracle(want, q, k, v, 5, 0, 0, def);
+    CHECK(max_diff(z, want, 5 * H * DK) <= 1e-5);
+    /* the last 2 positions only, explicit scale; rows past n_new untouched */
+    int two[1] = {2};
+    for (size_t i = 0; i < sizeof z / sizeof z[0]; i++) z[i] = 42.0f;
+    CHECK_OK(mha_cache_attend(c, z, q, 3, two, 0.5f));
+    oracle(want, q, k, v, 2, 3, 0, 0.5f);
+    CHECK(max_diff(z, want, 2 * H * DK) <= 1e-5);
+    CHECK(z[2 * H * DK] == 42.0f && z[3 * H * DK - 1] == 42.0f);
+    /* truncate to 3 and append a new key 3: attends see the new one */
+    CHECK_OK(mha_cache_truncate(c, 0, 3));
+    CHECK_INT(mha_cache_length(c, 0), 3);
+    for (int d = 0; d < DK; d++) k[3 * DK + d] = 2.0f * (float)(d + 1) / DK, v[3 * DK + d] = -3.0f;
+    CHECK_OK(mha_cache_append(c, k + 3 * DK, v + 3 * DK, 1, NULL));
+    CHECK_OK(mha_cache_attend(c, z, q + 3 * H * DK, 1, NULL, 0));
+    oracle(want, q + 3 * H * DK, k, v, 1, 3, 0, def);
+    CHECK(max_diff(z, want, H * DK) <= 1e-5);
+    /* a valid perm within the group: storage unchanged */
+    int perm[H] = {1, 0};
+    CHECK_OK(mha_cache_permute_heads(c, perm));
+    CHECK_OK(mha_cache_attend(c, z, q + 3 * H * DK, 1, NULL, 0));
+    CHECK(max_diff(z, want, H * DK) <= 1e-5);
+    /* truncate to 0 empties it */
+    CHECK_OK(mha_cache_truncate(c, 0, 0));
+    CHECK_INT(mha_cache_length(c, 0), 0);
+    free(k), free(v), free(q);
+    mha_cache_free(c);
+    mha_layer_free(L);
+}
+
+/* A ring of 4 slots with window 2: at most 3 rows per call, old positions
+ * forgotten; truncate and attend refuse what the ring no longer holds. */
+static void test_cache_ring_window_edges(void) {
+    mha_layer *L = gqa_layer();
+    if (!L) return;
+    mha_cache *c = NULL;
+    CHECK_OK(mha_cache_create(&c, L, 1, 4, MHA_CACHE_F32, 2));
+    if (!c) {
+        mha_layer_free(L);
+        return;
+    }
+    uint64_t seed = 12;
+    float *k = naive_random_floats(8 * DK, &seed, -1, 1), *v = naive_random_floats(8 * DK, &seed, -1, 1);
+    float *q = naive_random_floats(8 * H * DK, &seed, -1, 1);
+    float z[8 * H * DK], want[8 * H * DK];
+    CHECK_STATUS(mha_cache_append(c, k, v, 4, NULL), MHA_E_ARG);
+    CHECK_ERROR_MENTIONS("4 tokens for sequence 0 in one call; a ring of 4 slots with window 2 takes at most 3");
+    CHECK_OK(mha_cache_append(c, k, v, 3, NULL));
+    CHECK_OK(mha_cache_append(c, k + 3 * DK, v + 3 * DK, 3, NULL)); /* positions 3..5; ring keeps 2..5 */
+    CHECK_INT(mha_cache_length(c, 0), 6);
+    /* position 5 sees keys 4, 5 (window 2) */
+    CHECK_OK(mha_cache_attend(c, z, q + 5 * H * DK, 1, NULL, 0));
+    oracle(want, q + 5 * H * DK, k, v, 1, 5, 4, 1.0f / sqrtf((float)DK));
+    CHECK(max_diff(z, want, H * DK) <= 1e-5);
+    /* queries from position 1 need key 0, long overwritten */
+    CHECK_STATUS(mha_cache_attend(c, z, q, 5, NULL, 0), MHA_E_ARG);
+    CHECK_ERROR_MENTIONS("needs position 0, already overwritten in the ring");
+    /* truncating to 2 would need position 1 for the next token: gone */
+    CHECK_STATUS(mha_cache_truncate(c, 0, 2), MHA_E_ARG);
+    CHECK_ERROR_MENTIONS("kept only positions >= 2; expected new_len >= 3 or 0");
+    CHECK_INT(mha_cache_length(c, 0), 6);
+    CHECK_OK(mha_cache_truncate(c, 0, 3));
+    CHECK_INT(mha_cache_length(c, 0), 3);
+    CHECK_OK(mha_cache_truncate(c, 0, 0));
+    CHECK_INT(mha_cache_length(c, 0), 0);
+    free(k), free(v), free(q);
+    mha_cache_free(c);
+    mha_layer_free(L);
+}
+
+static const test_case cases[] = {
+    {"cache_edges_argument_errors", test_cache_argument_errors},
+    {"cache_edges_attend_matches_oracle", test_cache_attend_matches_oracle},
+    {"cache_edges_ring_window", test_cache_ring_window_edges},
+};
+
+const test_case *tests_cache_edges(size_t *count) {
+    *count = sizeof cases / sizeof cases[0];
+    return cases;
+}

@@ -1,0 +1,217 @@
+/* test_compute_edges.c — the kernel chooser's every input (MHA_KERNELS
+ * values, the test override, names) and the workspace's reuse rules
+ * (smallest block that fits, too-small blocks replaced, the slot and byte
+ * limits, concurrent take/give never sharing a block). */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "compute/workspace.h"
+#include "kernels/kernels.h"
+#include "tests.h"
+
+/* Runs mha_isa_choose under MHA_KERNELS=env (NULL: unset). */
+static mha_status choose_under(const char *env, const mha_isa **isa, int *reference) {
+    if (env) setenv("MHA_KERNELS", env, 1);
+    else unsetenv("MHA_KERNELS");
+    *isa = NULL;
+    *reference = -1;
+    return mha_isa_choose(isa, reference);
+}
+
+static void test_dispatch_every_env_value(void) {
+    const char *old = getenv("MHA_KERNELS");
+    char *saved = old ? strdup(old) : NULL;
+    const mha_isa *best = mha_isa_best(), *isa;
+    int ref;
+    CHECK(best && strcmp(best->name, mha_cpu_has_avx2() ? "avx2" : "scalar") == 0);
+    CHECK_OK(choose_under(NULL, &isa, &ref));
+    CHECK(isa == best && ref == 0);
+    CHECK_OK(choose_under("", &isa, &ref));
+    CHECK(isa == best && ref == 0);
+    CHECK_OK(choose_under("reference", &isa, &ref));
+    CHECK(isa == best && ref == 1);
+    CHECK_OK(choose_under("scalar", &isa, &ref));
+    CHECK(isa && isa->prefill == &mha_kernels_scalar && isa->decode == &mha_decode_kernels_scalar && ref == 0);
+    CHECK(mha_kernels_get() == &mha_kernels_scalar);
+    if (mha_cpu_has_avx2()) {
+        CHECK_OK(choose_under("avx2", &isa, &ref));
+        CHECK(isa && isa->prefill == &mha_kernels_avx2 && ref == 0);
+    }
+    CHECK_STATUS(choose_under("AVX2", &isa, &ref), MHA_E_ARG);
+    CHECK_ERROR_MENTIONS("MHA_KERNELS=AVX2 in the environment; expected reference, scalar or avx2 (or unset)");
+    /* an invalid value: mha_kernels_get falls back to the best */
+    CHECK(mha_kernels_get() == best->prefill);
+
+    /* the test override wins over every value but still reports reference */
+    mha_kernels_force(&mha_kernels_scalar);
+    CHECK_OK(choose_under("AVX2", &isa, &ref));
+    CHECK(isa && isa->prefill == &mha_kernels_scalar && ref == 0);
+    CHECK_OK(choose_under("reference", &isa, &ref));
+    CHECK(isa && isa->prefill == &mha_kernels_scalar && ref == 1);
+    /* a table that is no ISA's prefill table clears the override */
+    mha_kernels fake = mha_kernels_scalar;
+    mha_kernels_force(&fake);
+    CHECK_OK(choose_under(NULL, &isa, &ref));
+    CHECK(isa == best);
+    mha_kernels_force(NULL);
+    CHECK_OK(choose_under(NULL, &isa, &ref));
+    CHECK(isa == best);
+
+    /* by name */
+    CHECK_OK(mha_isa_by_name(&isa, NULL));
+    CHECK(isa == best);
+    CHECK_OK(mha_isa_by_name(&isa, "scalar"));
+    CHECK(isa && strcmp(isa->name, "scalar") == 0);
+    CHECK_STATUS(mha_isa_by_name(&isa, "reference"), MHA_E_ARG);
+    CHECK_ERROR_MENTIONS("kernels 'reference' unknown; expected reference, scalar or avx2");
+    CHECK(isa == best); /* a refusal leaves the best */
+
+    if (saved) setenv("MHA_KERNELS", saved, 1);
+    else unsetenv("MHA_KERNELS");
+    free(saved);
+}
+
+/* Fills a block with a marker and checks it is still there. */
+static void fill(float *p, size_t n, float v) {
+    for (size_t i = 0; i < n; i++) p[i] = v;
+}
+static int all_equal(const float *p, size_t n, float v) {
+    for (size_t i = 0; i < n; i++)
+        if (p[i] != v) return 0;
+    return 1;
+}
+
+static void test_workspace_reuse_rules(void) {
+    mha_workspace *w = mha_workspace_create();
+    CHECK(w != NULL);
+    if (!w) return;
+    mha_workspace_give(w, NULL); /* no-op */
+    /* 16, 64 and 256 floats (capacities round up to 64 bytes = 16 floats) */
+    float *a = mha_workspace_take(w, 16), *b = mha_workspace_take(w, 64), *c = mha_workspace_take(w, 250);
+    CHECK(a && b && c && a != b && b != c);
+    if (!a || !b || !c) return;
+    CHECK(((uintptr_t)a % 64) == 0 && ((uintptr_t)c % 64) == 0);
+    fill(a, 16, 1), fill(b, 64, 2), fill(c, 256, 3); /* 250 rounds up to 256 */
+    mha_workspace_give(w, c);
+    mha_workspace_give(w, a);
+    mha_workspace_give(w, b);
+    /* the smallest kept block that fits, whatever the slot order */
+    float *g = mha_workspace_take(w, 20);
+    CHECK(g == b && all_equal(g, 64, 2));
+    float *h = mha_workspace_take(w, 1);
+    CHECK(h == a);
+    float *k = mha_workspace_take(w, 256);
+    CHECK(k == c && all_equal(k, 256, 3));
+    /* empty again: a fresh block */
+    float *fresh = mha_workspace_take(w, 8);
+    CHECK(fresh && fresh != a && fresh != b && fresh != c);
+    mha_workspace_give(w, fresh);
+    mha_workspace_give(w, g);
+    mha_workspace_give(w, h);
+    mha_workspace_give(w, k);
+    /* four slots are full: a fifth block is freed, not kept; taking five
+     * then returns the four kept ones and one new one */
+    float *fifth = mha_workspace_take(w, 4096);
+    CHECK(fifth != NULL);
+    float *fifth_new = NULL;
+    float *got[4];
+    /* nothing kept fits 4096: the largest (k, 256) is taken and replaced */
+    CHECK(fifth != g && fifth != h && fifth != fresh); /* those three stay kept */
+    if (fifth) fill(fifth, 4096, 5);
+    mha_workspace_give(w, fifth); /* kept in k's slot */
+    for (int i = 0; i < 4; i++) got[i] = mha_workspace_take(w, 1);
+    fifth_new = mha_workspace_take(w, 1);
+    int kept_fifth = 0, kept_small = 0;
+    for (int i = 0; i < 4; i++) {
+        kept_fifth += got[i] == fifth;
+        kept_small += got[i] == g || got[i] == h || got[i] == fresh;
+    }
+    CHECK(kept_fifth == 1 && kept_small == 3);
+    /* smallest first: the 4096-float block is handed out last */
+    CHECK(got[3] == fifth);
+    for (int i = 0; i < 4; i++) mha_workspace_give(w, got[i]);
+    mha_workspace_give(w, fifth_new); /* all four slots taken: freed */
+    /* none of the four kept blocks fits 8192: the largest is replaced */
+    float *bigger = mha_workspace_take(w, 8192);
+    CHECK(bigger != NULL);
+    for (int i = 0; i < 3; i++) CHECK(bigger != got[i]); /* the three small ones stay kept */
+    if (bigger) {
+        fill(bigger, 8192, 6);
+        CHECK(all_equal(bigger, 8192, 6));
+    }
+    mha_workspace_give(w, bigger);
+    mha_workspace_free(w);
+    mha_workspace_free(NULL);
+}
+
+/* A block over MHA_WORKSPACE_KEEP_MAX is freed on give, not kept. */
+static void test_workspace_over_limit(void) {
+    mha_workspace *w = mha_workspace_create();
+    if (!w) return;
+    size_t over = MHA_WORKSPACE_KEEP_MAX / sizeof(float) + 16;
+    float *big = mha_workspace_take(w, over);
+    CHECK(big != NULL);
+    if (!big) { mha_workspace_free(w); return; }
+    big[0] = 7, big[over - 1] = 8;
+    float *small = mha_workspace_take(w, 16);
+    mha_workspace_give(w, small);
+    mha_workspace_give(w, big); /* over the byte limit: freed */
+    float *first = mha_workspace_take(w, 1), *second = mha_workspace_take(w, 1);
+    CHECK(first == small);      /* the small one was kept */
+    CHECK(second != big);       /* the big one was not */
+    mha_workspace_give(w, first);
+    mha_workspace_give(w, second);
+    mha_workspace_free(w);
+}
+
+typedef struct {
+    mha_workspace *w;
+    int id;
+    int bad;
+} ws_worker;
+
+static void *ws_work(void *arg) {
+    ws_worker *me = arg;
+    for (int it = 0; it < 400; it++) {
+        size_t n = (size_t)(16 + (it * 37 + me->id * 11) % 200);
+        float *p = mha_workspace_take(me->w, n);
+        if (!p) { me->bad++; continue; }
+        fill(p, n, (float)me->id);
+        if (!all_equal(p, n, (float)me->id)) me->bad++;
+        mha_workspace_give(me->w, p);
+    }
+    return NULL;
+}
+
+/* Eight threads borrow and return blocks of varying size from one
+ * workspace: no block is ever in two threads' hands (a shared block would
+ * show another thread's marker). Runs under TSan in `make test-tsan`. */
+static void test_workspace_concurrent(void) {
+    mha_workspace *w = mha_workspace_create();
+    if (!w) return;
+    enum { N = 8 };
+    pthread_t th[N];
+    ws_worker wk[N];
+    for (int i = 0; i < N; i++) {
+        wk[i] = (ws_worker){w, i + 1, 0};
+        CHECK(pthread_create(&th[i], NULL, ws_work, &wk[i]) == 0);
+    }
+    for (int i = 0; i < N; i++) {
+        pthread_join(th[i], NULL);
+        CHECK_INT(wk[i].bad, 0);
+    }
+    mha_workspace_free(w);
+}
+
+static const test_case cases[] = {
+    {"dispatch_every_env_value", test_dispatch_every_env_value},
+    {"workspace_reuse_rules", test_workspace_reuse_rules},
+    {"workspace_over_limit", test_workspace_over_limit},
+    {"workspace_concurrent", test_workspace_concurrent},
+};
+
+const test_case *tests_compute_edges(size_t *count) {
+    *count = sizeof cases / sizeof cases[0];
+    return cases;
+}
