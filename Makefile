@@ -27,6 +27,7 @@ TOOL_OBJ  = $(TOOL_SRC:%.c=$(BUILD)/%.o)
 TEST_OBJ  = $(TEST_SRC:%.c=$(BUILD)/%.o)
 SETUP_CORE = $(BUILD)/.setup-core
 SETUP_TEST = $(BUILD)/.setup-test
+SETUP_BENCH = $(BUILD)/.setup-bench
 
 .PHONY: all lib demo test test-c test-asan test-tsan test-python test-examples test-docs test-memory bench bench-load setup clean fuzz \
         check-layers check-exports test-install install uninstall mpi mpi-build \
@@ -37,6 +38,8 @@ $(SETUP_CORE): scripts/setup.sh
 	@mkdir -p $(BUILD) && sh scripts/setup.sh core && touch $@
 $(SETUP_TEST): scripts/setup.sh
 	@mkdir -p $(BUILD) && sh scripts/setup.sh test && touch $@
+$(SETUP_BENCH): scripts/setup.sh
+	@mkdir -p $(BUILD) && sh scripts/setup.sh bench && touch $@
 setup: $(SETUP_TEST)
 
 lib: $(BUILD)/libmha.a $(BUILD)/libmha.so
@@ -124,7 +127,7 @@ test-examples: $(SETUP_TEST) lib
 	$(PYTHON) examples/train_reverse.py
 
 test: $(SETUP_TEST)
-	$(MAKE) all
+	$(MAKE) all $(BUILD)/bench_mha
 	$(MAKE) check-layers check-exports
 	$(MAKE) test-c
 	$(MAKE) test-asan
@@ -201,7 +204,7 @@ $(BENCH_OBJ): $(wildcard bench/*.h) | $(SETUP_TEST)
 $(BUILD)/bench_mha: $(BENCH_OBJ) $(BUILD)/libmha.a
 	$(CC) $(CFLAGS) -o $@ $(BENCH_OBJ) $(BUILD)/libmha.a $(LDLIBS) -lopenblas
 
-bench: $(SETUP_TEST) lib $(BUILD)/bench_mha
+bench: $(SETUP_BENCH) lib $(BUILD)/bench_mha
 	sh bench/run.sh $(BENCH_ARGS)
 
 # Mutation testing (scripts/mutants.py, lists in tests/mutants/): each

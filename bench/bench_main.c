@@ -118,7 +118,7 @@ static int cmd_prefill(int argc, char **argv, int threads) {
 }
 
 static int cmd_decode(int argc, char **argv, int threads) {
-    bench_decode_cfg c = {2048, 32, 32, 64, 1024, 1, 0, 20, threads};
+    bench_decode_cfg c = {2048, 32, 32, 64, 1024, 1, 0, 20, threads, 0};
     for (int i = 2; i < argc; i++) {
         if (!strcmp(argv[i], "--threads")) c.threads = opt_int(argc, argv, &i);
         else if (!strcmp(argv[i], "--d")) c.d_model = opt_int(argc, argv, &i);

@@ -178,7 +178,7 @@ int bench_prefill(const bench_prefill_cfg *c) {
     bench_fill(b_k, d, &seed, -0.1f, 0.1f);
     bench_fill(b_v, d, &seed, -0.1f, 0.1f);
     bench_fill(b_o, d, &seed, -0.1f, 0.1f);
-    mha_weights w = {w_q, w_k, w_v, w_o, b_q, b_k, b_v, b_o, NULL, NULL};
+    mha_weights w = {.w_q = w_q, .w_k = w_k, .w_v = w_v, .w_o = w_o, .b_q = b_q, .b_k = b_k, .b_v = b_v, .b_o = b_o};
 
     int S = c->cross ? c->S : c->T;
     float *x = bench_alloc((size_t)c->B * c->T * d);                 /* (B,T,d_model) */

@@ -2,16 +2,19 @@
 # Installs the Debian packages mha needs that are not installed yet.
 #   setup.sh core   build the library and the CLI
 #   setup.sh mpi    also OpenMPI, for libmha_mpi and mha-mpi (make mpi)
-#   setup.sh test   also run every test (MPI's too), the fuzzers and the benchmarks
+#   setup.sh test   also run every test (MPI's too) and the fuzzers
+#   setup.sh bench  also the benchmarks' peers (ONNX Runtime via npm, python3-onnx)
 set -e
 core="gcc make libc6-dev libjansson-dev libpng-dev zlib1g-dev pkg-config"
 mpi="$core openmpi-bin libopenmpi-dev"
-test="$mpi python3 python3-numpy python3-pytest python3-torch python3-pip python3-setuptools python3-wheel libopenblas-dev clang libomp-dev gcovr python3-onnx nodejs"
+test="$mpi python3 python3-numpy python3-pytest python3-torch python3-pip python3-setuptools python3-wheel libopenblas-dev clang libomp-dev gcovr"
+bench="$test python3-onnx nodejs"
 case "${1:-core}" in
   core) want="$core" ;;
   mpi) want="$mpi" ;;
   test) want="$test" ;;
-  *) echo "setup.sh: unknown set '$1' (expected core, mpi or test)" >&2; exit 2 ;;
+  bench) want="$bench" ;;
+  *) echo "setup.sh: unknown set '$1' (expected core, mpi, test or bench)" >&2; exit 2 ;;
 esac
 if [ "$(id -u)" -eq 0 ]; then sudo=""; else sudo="sudo"; fi
 export DEBIAN_FRONTEND=noninteractive
@@ -32,15 +35,16 @@ install() {
 install $want
 # The fuzzers need clang's sanitizer runtime, packaged per clang version
 # (libclang-rt-14-dev on bookworm): ask the installed clang which.
-if [ "${1:-core}" = test ]; then
+if [ "${1:-core}" = test ] || [ "${1:-core}" = bench ]; then
   major=$(clang -dumpversion | cut -d. -f1)
   install "libclang-rt-$major-dev"
 fi
 # ONNX Runtime, the benchmark's peer: the npm package (CPU runtime inside),
 # pinned in bench/ort/package.json; --ignore-scripts because its install
 # script only downloads GPU parts (and fails offline). npm comes with some
-# nodejs builds; Debian packages it apart.
-if [ "${1:-core}" = test ]; then
+# nodejs builds; Debian packages it apart. Only for the benchmarks: the
+# tests never need it.
+if [ "${1:-core}" = bench ]; then
   command -v npm >/dev/null 2>&1 || install npm
   here=$(dirname "$0")/..
   if [ ! -d "$here/bench/ort/node_modules/onnxruntime-node" ]; then
