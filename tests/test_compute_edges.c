@@ -24,7 +24,7 @@ static void test_dispatch_every_env_value(void) {
     char *saved = old ? strdup(old) : NULL;
     const mha_isa *best = mha_isa_best(), *isa;
     int ref;
-    CHECK(best && strcmp(best->name, mha_cpu_has_avx2() ? "avx2" : "scalar") == 0);
+    CHECK(best && strcmp(best->name, mha_cpu_has_avx512() ? "avx512" : mha_cpu_has_avx2() ? "avx2" : "scalar") == 0);
     CHECK_OK(choose_under(NULL, &isa, &ref));
     CHECK(isa == best && ref == 0);
     CHECK_OK(choose_under("", &isa, &ref));
@@ -38,8 +38,12 @@ static void test_dispatch_every_env_value(void) {
         CHECK_OK(choose_under("avx2", &isa, &ref));
         CHECK(isa && isa->prefill == &mha_kernels_avx2 && ref == 0);
     }
+    if (mha_cpu_has_avx512()) {
+        CHECK_OK(choose_under("avx512", &isa, &ref));
+        CHECK(isa && isa->prefill == &mha_kernels_avx512 && isa->decode == &mha_decode_kernels_avx512 && ref == 0);
+    }
     CHECK_STATUS(choose_under("AVX2", &isa, &ref), MHA_E_ARG);
-    CHECK_ERROR_MENTIONS("MHA_KERNELS=AVX2 in the environment; expected reference, scalar or avx2 (or unset)");
+    CHECK_ERROR_MENTIONS("MHA_KERNELS=AVX2 in the environment; expected reference, scalar, avx2 or avx512 (or unset)");
     /* an invalid value: mha_kernels_get falls back to the best */
     CHECK(mha_kernels_get() == best->prefill);
 
@@ -64,7 +68,7 @@ static void test_dispatch_every_env_value(void) {
     CHECK_OK(mha_isa_by_name(&isa, "scalar"));
     CHECK(isa && strcmp(isa->name, "scalar") == 0);
     CHECK_STATUS(mha_isa_by_name(&isa, "reference"), MHA_E_ARG);
-    CHECK_ERROR_MENTIONS("kernels 'reference' unknown; expected reference, scalar or avx2");
+    CHECK_ERROR_MENTIONS("kernels 'reference' unknown; expected reference, scalar, avx2 or avx512");
     CHECK(isa == best); /* a refusal leaves the best */
 
     if (saved) setenv("MHA_KERNELS", saved, 1);
