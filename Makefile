@@ -129,6 +129,7 @@ test-examples: $(SETUP_TEST) lib
 test: $(SETUP_TEST)
 	$(MAKE) all $(BUILD)/bench_mha
 	$(MAKE) check-layers check-exports
+	$(PYTHON) scripts/mutants.py --check
 	$(MAKE) test-c
 	$(MAKE) test-asan
 	$(MAKE) test-tsan
