@@ -37,6 +37,7 @@ static const test_area_fn areas[] = {
     tests_backward,
     tests_merge,
     tests_backward_fast,
+    tests_variants_io,
     tests_io_edges,
     tests_compute_edges,
     tests_cache_edges,

@@ -1,0 +1,265 @@
+/* test_variants_io.c — today's attention variants in checkpoints
+ * (src/io/variants_meta.c): every setting and per-head tensor survives a
+ * native round trip (the reloaded layer has the same config, the same
+ * per-head tensors and the same Y bit for bit), the hf layout finds
+ * Qwen 3's q_norm.weight / k_norm.weight, and every damaged metadata value
+ * or tensor is refused with a message naming it.
+ * Legend: d_model 8, h 4 heads, h_kv 2, d_k 4; B 1, T 5. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "naive.h"
+#include "tests.h"
+
+enum { D = 8, H = 4, HKV = 2, DK = 4, T = 5 };
+
+/* The per-head tensors a variant layer needs, deterministic. */
+typedef struct {
+    float slopes[H], sinks[H], q_norm[H * DK], k_norm[HKV * DK];
+} head_params;
+
+static void head_params_fill(head_params *p, uint64_t *seed) {
+    test_fill_uniform(p->slopes, H, seed, 0.05f, 0.5f);
+    test_fill_uniform(p->sinks, H, seed, -1.0f, 1.0f);
+    test_fill_uniform(p->q_norm, H * DK, seed, 0.5f, 1.5f);
+    test_fill_uniform(p->k_norm, HKV * DK, seed, 0.5f, 1.5f);
+}
+
+/* A layer of config c (already holding its variant settings) with random
+ * projections and p's per-head tensors where c asks for them. */
+static mha_layer *variant_layer(const mha_config *c, const head_params *p, uint64_t *seed) {
+    mha_config r = naive_resolve(*c);
+    naive_weights w;
+    naive_weights_random(&w, &r, seed, 0.5f);
+    mha_weights v = naive_weights_view(&w);
+    if (c->alibi) v.alibi_slopes = p->slopes;
+    if (c->sinks) v.sinks = p->sinks;
+    if (c->qk_norm) v.q_norm = p->q_norm, v.k_norm = p->k_norm;
+    mha_layer *L = NULL;
+    CHECK_OK(mha_layer_create(&L, c, &v));
+    naive_weights_free(&w);
+    return L;
+}
+
+static mha_config base_config(void) { return naive_config(D, H, HKV, DK, 0, 1); }
+
+/* Y of L on a fixed input through the reference path. */
+static void forward_ref(const mha_layer *L, float *y) {
+    float x[T * D];
+    uint64_t seed = 9;
+    test_fill_uniform(x, T * D, &seed, -1.0f, 1.0f);
+    mha_options o = naive_ref_options();
+    o.causal = 1;
+    CHECK_OK(mha_forward(L, y, NULL, x, NULL, 1, T, T, &o));
+}
+
+static int same_floats(const float *a, const float *b, size_t n) {
+    if (!a || !b) return a == b;
+    return memcmp(a, b, n * sizeof(float)) == 0;
+}
+
+/* native round trip of L: same config, same per-head tensors, same Y bits */
+static void check_round_trip(const mha_layer *L) {
+    mha_tensors *t = NULL;
+    mha_layer *back = NULL;
+    CHECK_OK(mha_layer_to_tensors(&t, L));
+    mha_load_options lo = {.layout = MHA_LAYOUT_NATIVE};
+    CHECK_OK(mha_layer_from_tensors(&back, t, &lo));
+    if (back) {
+        const mha_config *a = mha_layer_config(L), *b = mha_layer_config(back);
+        CHECK(a->rope.pairing == b->rope.pairing && a->rope.dim == b->rope.dim && a->rope.theta == b->rope.theta);
+        CHECK(a->rope.scaling == b->rope.scaling && a->rope.factor == b->rope.factor);
+        CHECK(a->rope.low_freq_factor == b->rope.low_freq_factor && a->rope.high_freq_factor == b->rope.high_freq_factor);
+        CHECK(a->rope.original_max_positions == b->rope.original_max_positions);
+        CHECK(a->rope.beta_fast == b->rope.beta_fast && a->rope.beta_slow == b->rope.beta_slow &&
+              a->rope.attn_factor == b->rope.attn_factor);
+        CHECK(a->alibi == b->alibi && a->sinks == b->sinks && a->softcap == b->softcap);
+        CHECK(a->qk_norm == b->qk_norm && a->qk_norm_per_head == b->qk_norm_per_head &&
+              a->qk_norm_eps == b->qk_norm_eps);
+        mha_weights wa, wb;
+        mha_layer_get_weights(L, &wa);
+        mha_layer_get_weights(back, &wb);
+        const size_t nq = (size_t)(a->qk_norm_per_head ? H : 1) * DK, nk = (size_t)(a->qk_norm_per_head ? HKV : 1) * DK;
+        CHECK(same_floats(wa.alibi_slopes, wb.alibi_slopes, H) && same_floats(wa.sinks, wb.sinks, H));
+        CHECK(same_floats(wa.q_norm, wb.q_norm, nq) && same_floats(wa.k_norm, wb.k_norm, nk));
+        float y1[T * D], y2[T * D];
+        forward_ref(L, y1);
+        forward_ref(back, y2);
+        CHECK(memcmp(y1, y2, sizeof y1) == 0);
+    }
+    mha_layer_free(back);
+    mha_tensors_free(t);
+}
+
+static void test_variants_native_round_trip(void) {
+    uint64_t seed = 71;
+    head_params p;
+    head_params_fill(&p, &seed);
+    mha_config c[5];
+    for (int i = 0; i < 5; i++) c[i] = base_config();
+    /* Llama 3.1-like: halves, theta 500000, llama3 scaling */
+    c[0].rope = (mha_rope){MHA_ROPE_HALVES, 0, 500000.0, MHA_ROPE_SCALE_LLAMA3, 8.0, 1.0, 4.0, 64, 0, 0, 0};
+    /* GPT-J-like partial interleaved with YaRN, shared RMS QK-norm */
+    c[1].rope = (mha_rope){MHA_ROPE_INTERLEAVED, 2, 10000.0, MHA_ROPE_SCALE_YARN, 4.0, 0, 0, 32, 16.0, 2.0, 1.25};
+    c[1].qk_norm = MHA_QK_NORM_RMS, c[1].qk_norm_eps = 1e-5f;
+    /* BLOOM-like ALiBi with Gemma 2 soft-capping */
+    c[2].alibi = 1, c[2].softcap = 30.0f;
+    /* gpt-oss-like sinks with per-head LayerNorm QK-norm and linear RoPE */
+    c[3].sinks = 1, c[3].qk_norm = MHA_QK_NORM_LAYER, c[3].qk_norm_per_head = 1;
+    c[3].rope = (mha_rope){MHA_ROPE_HALVES, 0, 0.0, MHA_ROPE_SCALE_LINEAR, 2.0, 0, 0, 0, 0, 0, 0};
+    /* everything at once (ALiBi and RoPE may coexist in the API) */
+    c[4] = c[3], c[4].alibi = 1, c[4].softcap = 5.0f;
+    for (int i = 0; i < 5; i++) {
+        mha_layer *L = variant_layer(&c[i], &p, &seed);
+        if (L) check_round_trip(L);
+        mha_layer_free(L);
+    }
+}
+
+/* the native tensors of a layer with every variant, metadata entry `key`
+ * set to `value` (NULL: removed by not copying), tensor `drop` left out */
+static mha_tensors *spoiled(const mha_layer *L, const char *key, const char *value, const char *drop) {
+    mha_tensors *t = NULL, *o = NULL;
+    CHECK_OK(mha_layer_to_tensors(&t, L));
+    CHECK_OK(mha_tensors_create(&o));
+    for (int i = 0; t && o && i < mha_tensors_count(t); i++) {
+        const char *name = mha_tensors_name(t, i);
+        if (drop && !strcmp(name, drop)) continue;
+        CHECK_OK(mha_tensors_add(o, name, mha_tensors_get(t, name)));
+    }
+    for (int i = 0; t && o && i < mha_tensors_meta_count(t); i++) {
+        const char *k = mha_tensors_meta_key(t, i);
+        CHECK_OK(mha_tensors_set_meta(o, k, !strcmp(k, key) ? value : mha_tensors_meta(t, k)));
+    }
+    if (key && !mha_tensors_meta(o, key)) CHECK_OK(mha_tensors_set_meta(o, key, value));
+    mha_tensors_free(t);
+    return o;
+}
+
+static void expect_refused(const mha_layer *L, const char *key, const char *value, const char *drop,
+                           mha_status want, const char *mention) {
+    mha_tensors *t = spoiled(L, key, value, drop);
+    mha_layer *back = NULL;
+    mha_load_options lo = {.layout = MHA_LAYOUT_NATIVE};
+    CHECK_STATUS(mha_layer_from_tensors(&back, t, &lo), want);
+    CHECK_ERROR_MENTIONS(mention);
+    CHECK(back == NULL);
+    mha_layer_free(back);
+    mha_tensors_free(t);
+}
+
+static void test_variants_native_refusals(void) {
+    uint64_t seed = 72;
+    head_params p;
+    head_params_fill(&p, &seed);
+    mha_config c = base_config();
+    c.rope = (mha_rope){MHA_ROPE_HALVES, 0, 10000.0, MHA_ROPE_SCALE_YARN, 4.0, 0, 0, 32, 0, 0, 0};
+    c.alibi = 1, c.sinks = 1, c.qk_norm = MHA_QK_NORM_RMS, c.qk_norm_per_head = 1;
+    mha_layer *L = variant_layer(&c, &p, &seed);
+    if (!L) return;
+    expect_refused(L, "rope", "sideways", NULL, MHA_E_FORMAT, "metadata rope = 'sideways'; expected halves or interleaved");
+    expect_refused(L, "rope_scaling", "ntk", NULL, MHA_E_FORMAT, "expected none, linear, llama3 or yarn");
+    expect_refused(L, "qk_norm", "batch", NULL, MHA_E_FORMAT, "expected none, rms or layer");
+    expect_refused(L, "rope_theta", "1e5x", NULL, MHA_E_FORMAT, "metadata rope_theta = '1e5x'; expected a finite number");
+    expect_refused(L, "rope_factor", "inf", NULL, MHA_E_FORMAT, "rope_factor = 'inf'; expected a finite number");
+    expect_refused(L, "alibi", "2", NULL, MHA_E_FORMAT, "metadata alibi = '2'; expected 0 or 1");
+    expect_refused(L, "rope_dim", "-2", NULL, MHA_E_FORMAT, "is negative or too large");
+    expect_refused(L, "softcap", "-1", NULL, MHA_E_FORMAT, "is negative or too large");
+    expect_refused(L, "sinks", "1", "sinks", MHA_E_FORMAT, "metadata sinks = 1 but the checkpoint has no sinks tensor");
+    expect_refused(L, "qk_norm", "rms", "k_norm", MHA_E_FORMAT, "qk_norm is set but the checkpoint lacks k_norm");
+    /* a per-head tensor of the wrong size */
+    mha_tensors *t = spoiled(L, "alibi", "1", "sinks");
+    float wrong[H + 1] = {0};
+    int n = H + 1;
+    CHECK_OK(mha_tensors_add_f32(t, "sinks", wrong, 1, &n));
+    mha_layer *back = NULL;
+    mha_load_options lo = {.layout = MHA_LAYOUT_NATIVE};
+    CHECK_STATUS(mha_layer_from_tensors(&back, t, &lo), MHA_E_SHAPE);
+    CHECK_ERROR_MENTIONS("tensor sinks has 5 elements of rank 1; expected (h) per head");
+    mha_tensors_free(t);
+    mha_layer_free(L);
+}
+
+/* hf (Llama / Qwen 3 names): q_norm.weight and k_norm.weight of (d_k)
+ * switch RMS QK-norm on; a norm over the whole projection (OLMo 2) is
+ * refused. Y matches the same layer built through the API. */
+static void test_variants_hf_qk_norm(void) {
+    uint64_t seed = 73;
+    mha_config c = naive_config(D, H, HKV, DK, 0, 0);
+    mha_config r = naive_resolve(c);
+    naive_weights w;
+    naive_weights_random(&w, &r, &seed, 0.5f);
+    float qn[DK], kn[DK], big[H * DK];
+    test_fill_uniform(qn, DK, &seed, 0.5f, 1.5f);
+    test_fill_uniform(kn, DK, &seed, 0.5f, 1.5f);
+    test_fill_uniform(big, H * DK, &seed, 0.5f, 1.5f);
+    /* hf stores (out, in) */
+    const int qd = H * DK, kd = HKV * DK;
+    float *q = malloc(sizeof(float) * D * qd), *k = malloc(sizeof(float) * D * kd),
+          *v = malloc(sizeof(float) * D * kd), *o = malloc(sizeof(float) * qd * D);
+    for (int i = 0; i < D; i++) {
+        for (int j = 0; j < qd; j++) q[j * D + i] = w.w_q[i * qd + j], o[i * qd + j] = w.w_o[j * D + i];
+        for (int j = 0; j < kd; j++) k[j * D + i] = w.w_k[i * kd + j], v[j * D + i] = w.w_v[i * kd + j];
+    }
+    mha_tensors *t = NULL;
+    CHECK_OK(mha_tensors_create(&t));
+    const int sq[2] = {qd, D}, sk[2] = {kd, D}, so[2] = {D, qd}, sn = DK, sbig = H * DK;
+    CHECK_OK(mha_tensors_add_f32(t, "self_attn.q_proj.weight", q, 2, sq));
+    CHECK_OK(mha_tensors_add_f32(t, "self_attn.k_proj.weight", k, 2, sk));
+    CHECK_OK(mha_tensors_add_f32(t, "self_attn.v_proj.weight", v, 2, sk));
+    CHECK_OK(mha_tensors_add_f32(t, "self_attn.o_proj.weight", o, 2, so));
+    CHECK_OK(mha_tensors_add_f32(t, "self_attn.q_norm.weight", qn, 1, &sn));
+    CHECK_OK(mha_tensors_add_f32(t, "self_attn.k_norm.weight", kn, 1, &sn));
+    CHECK_OK(mha_tensors_set_meta(t, "rope", "halves"));
+    CHECK_OK(mha_tensors_set_meta(t, "rope_theta", "1000000"));
+    mha_load_options lo = {.layout = MHA_LAYOUT_HF, .n_heads = H, .n_kv_heads = HKV, .prefix = "self_attn."};
+    mha_layer *L = NULL;
+    CHECK_OK(mha_layer_from_tensors(&L, t, &lo));
+    if (L) {
+        const mha_config *lc = mha_layer_config(L);
+        CHECK(lc->qk_norm == MHA_QK_NORM_RMS && lc->qk_norm_per_head == 0);
+        CHECK(lc->rope.pairing == MHA_ROPE_HALVES && lc->rope.theta == 1000000.0);
+        /* the same layer through the API */
+        mha_config api = c;
+        api.qk_norm = MHA_QK_NORM_RMS, api.rope.pairing = MHA_ROPE_HALVES, api.rope.theta = 1000000.0;
+        mha_weights view = naive_weights_view(&w);
+        view.q_norm = qn, view.k_norm = kn;
+        mha_layer *A = NULL;
+        CHECK_OK(mha_layer_create(&A, &api, &view));
+        float y1[T * D], y2[T * D];
+        if (A) {
+            forward_ref(L, y1);
+            forward_ref(A, y2);
+            CHECK(memcmp(y1, y2, sizeof y1) == 0);
+        }
+        mha_layer_free(A);
+    }
+    mha_layer_free(L);
+    mha_tensors_free(t);
+    /* OLMo 2: q_norm over the whole projection (h*d_k) */
+    CHECK_OK(mha_tensors_create(&t));
+    CHECK_OK(mha_tensors_add_f32(t, "self_attn.q_proj.weight", q, 2, sq));
+    CHECK_OK(mha_tensors_add_f32(t, "self_attn.k_proj.weight", k, 2, sk));
+    CHECK_OK(mha_tensors_add_f32(t, "self_attn.v_proj.weight", v, 2, sk));
+    CHECK_OK(mha_tensors_add_f32(t, "self_attn.o_proj.weight", o, 2, so));
+    CHECK_OK(mha_tensors_add_f32(t, "self_attn.q_norm.weight", big, 1, &sbig));
+    CHECK_OK(mha_tensors_add_f32(t, "self_attn.k_norm.weight", kn, 1, &sn));
+    L = NULL;
+    CHECK_STATUS(mha_layer_from_tensors(&L, t, &lo), MHA_E_UNSUPPORTED);
+    CHECK_ERROR_MENTIONS("a norm over the whole projection (OLMo 2)");
+    CHECK(L == NULL);
+    mha_tensors_free(t);
+    free(q), free(k), free(v), free(o);
+    naive_weights_free(&w);
+}
+
+static const test_case cases[] = {
+    {"variants_native_round_trip", test_variants_native_round_trip},
+    {"variants_native_refusals", test_variants_native_refusals},
+    {"variants_hf_qk_norm", test_variants_hf_qk_norm},
+};
+
+const test_case *tests_variants_io(size_t *count) {
+    *count = sizeof cases / sizeof cases[0];
+    return cases;
+}
