@@ -49,6 +49,14 @@ mha_status mha_forward_validate(const mha_layer *L, const float *y, const float 
                                 const float *k_src, const float *v_src, int B, int T, int S,
                                 const mha_options *opt);
 
+/* A forward request's NULL arguments resolved in place (opt NULL: *defaults,
+ * filled here; k_src NULL: x; v_src NULL: k_src), then validated as above
+ * (out stands for Y, (B,T,d_model)). Shared by every entry that takes a
+ * forward request: mha_forward, mha_forward_lse, mha_backward. */
+mha_status mha_forward_request(const mha_layer *L, const float *out, const float *x, const float **k_src,
+                               const float **v_src, const mha_options **opt, mha_options *defaults, int B,
+                               int T, int S);
+
 /* Whether query i may attend original key j (0 <= j < S) of batch b, head r,
  * counting causal, window, keep masks and key padding, and the additive
  * terms (mask + key_additive) to add to its scaled score. Extra keys

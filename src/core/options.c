@@ -120,3 +120,12 @@ mha_status mha_forward_validate(const mha_layer *L, const float *y, const float 
     return mha_check_options(c, o, B, T, S);
 }
 
+
+mha_status mha_forward_request(const mha_layer *L, const float *out, const float *x, const float **k_src,
+                               const float **v_src, const mha_options **opt, mha_options *defaults, int B,
+                               int T, int S) {
+    if (!*opt) *defaults = mha_options_default(), *opt = defaults;
+    if (!*k_src) *k_src = x;
+    if (!*v_src) *v_src = *k_src;
+    return mha_forward_validate(L, out, x, *k_src, *v_src, B, T, S, *opt);
+}

@@ -34,13 +34,10 @@ mha_status mha_backward_kv(const mha_layer *L, const mha_gradients *g, const flo
                            const mha_options *opt) {
     if (!g) return mha_fail(MHA_E_ARG, "mha_backward: grad is NULL; expected an mha_gradients (NULL members = not wanted)");
     if (!dy) return mha_fail(MHA_E_ARG, "mha_backward: dy is NULL; expected (B,T,d_model) floats");
-    mha_options defaults = mha_options_default();
-    if (!opt) opt = &defaults;
-    /* NULL sources as in mha_forward_kv: keys from x, values from the keys */
-    if (!k_src) k_src = x;
-    if (!v_src) v_src = k_src;
-    /* dy stands in for y: the forward's checks of shapes, sources, masks. */
-    mha_status s = mha_forward_validate(L, dy, x, k_src, v_src, B, T, S, opt);
+    /* NULL sources and options as in mha_forward_kv; dy stands in for y:
+     * the forward's checks of shapes, sources, masks */
+    mha_options defaults;
+    mha_status s = mha_forward_request(L, dy, x, &k_src, &v_src, &opt, &defaults, B, T, S);
     if (s || (s = mha_check_finite(dy, (size_t)B * T * L->cfg.d_model, "dy")) ||
         (s = check_wanted(&L->cfg, g, x, k_src, v_src)))
         return s;
