@@ -330,3 +330,24 @@ mha_options naive_ref_options(void) {
     o.path = MHA_PATH_REFERENCE;
     return o;
 }
+
+void naive_bw_case_make(naive_bw_case *f, mha_config c, int B, int T, int S, int k_given, int v_given,
+                        uint64_t seed) {
+    memset(f, 0, sizeof *f);
+    c = naive_resolve(c);
+    naive_weights_random(&f->w, &c, &seed, 0.5f);
+    f->B = B, f->T = T, f->S = S;
+    f->x = naive_random_floats((size_t)B * T * c.d_model, &seed, -1.0f, 1.0f);
+    if (k_given) f->k_src = naive_random_floats((size_t)B * S * c.d_kv_in, &seed, -1.0f, 1.0f);
+    if (v_given) f->v_src = naive_random_floats((size_t)B * S * c.d_v_in, &seed, -1.0f, 1.0f);
+    f->dy = naive_random_floats((size_t)B * T * c.d_model, &seed, -1.0f, 1.0f);
+    f->y = naive_alloc_floats((size_t)B * T * c.d_model);
+    f->L = naive_make_layer(&f->w);
+    f->opt = mha_options_default();
+}
+
+void naive_bw_case_free(naive_bw_case *f) {
+    mha_layer_free(f->L);
+    naive_weights_free(&f->w);
+    free(f->x), free(f->k_src), free(f->v_src), free(f->dy), free(f->y);
+}

@@ -97,4 +97,20 @@ float *naive_alloc_floats(size_t n);   /* zeroed, aborts on failure */
 double *naive_alloc_doubles(size_t n); /* zeroed, aborts on failure */
 float *naive_random_floats(size_t n, uint64_t *seed, float lo, float hi);
 
+/* One backward test case: a random layer, inputs and dY, shared by the
+ * reference and the fast backward suites. */
+typedef struct {
+    naive_weights w;
+    mha_layer *L;
+    float *x, *k_src, *v_src, *dy; /* (B,T,d_model) (B,S,d_kv_in)|NULL (B,S,d_v_in)|NULL (B,T,d_model) */
+    float *y;                      /* (B,T,d_model) scratch for a forward */
+    int B, T, S;
+    mha_options opt;               /* mha_options_default() */
+} naive_bw_case;
+
+/* config c resolved; key and value sources apart when k_given / v_given */
+void naive_bw_case_make(naive_bw_case *f, mha_config c, int B, int T, int S, int k_given, int v_given,
+                        uint64_t seed);
+void naive_bw_case_free(naive_bw_case *f);
+
 #endif

@@ -16,34 +16,13 @@
 
 #define FD_STEP 0.015625 /* 2^-6: balances rounding (~1/h) and truncation (~h^2) */
 
-typedef struct {
-    naive_weights w;
-    mha_layer *L;
-    float *x, *k_src, *v_src, *dy; /* (B,T,d_model) (B,S,d_kv_in)|NULL (B,S,d_v_in)|NULL (B,T,d_model) */
-    int B, T, S;
-    mha_options opt;
-    float *y; /* (B,T,d_model) scratch */
-} bw_fixture;
+typedef naive_bw_case bw_fixture;
 
+/* a case on the reference path: the finite differences of this file */
 static void bw_make(bw_fixture *f, mha_config c, int B, int T, int S, int k_given, int v_given,
                     uint64_t seed) {
-    memset(f, 0, sizeof *f);
-    c = naive_resolve(c);
-    naive_weights_random(&f->w, &c, &seed, 0.5f);
-    f->B = B, f->T = T, f->S = S;
-    f->x = naive_random_floats((size_t)B * T * c.d_model, &seed, -1.0f, 1.0f);
-    if (k_given) f->k_src = naive_random_floats((size_t)B * S * c.d_kv_in, &seed, -1.0f, 1.0f);
-    if (v_given) f->v_src = naive_random_floats((size_t)B * S * c.d_v_in, &seed, -1.0f, 1.0f);
-    f->dy = naive_random_floats((size_t)B * T * c.d_model, &seed, -1.0f, 1.0f);
-    f->y = malloc((size_t)B * T * c.d_model * sizeof(float));
-    f->L = naive_make_layer(&f->w);
+    naive_bw_case_make(f, c, B, T, S, k_given, v_given, seed);
     f->opt = naive_ref_options();
-}
-
-static void bw_free(bw_fixture *f) {
-    mha_layer_free(f->L);
-    naive_weights_free(&f->w);
-    free(f->x), free(f->k_src), free(f->v_src), free(f->dy), free(f->y);
 }
 
 /* l = <dy, Y> of the reference forward at the fixture's current values. */
@@ -200,7 +179,7 @@ static void backward_fd_self_attention(void) {
     bw_fixture f;
     bw_make(&f, naive_config(8, 2, 0, 0, 0, 1), 2, 3, 3, 0, 0, 1201);
     bw_run(&f); /* dx carries the Q, K and V paths */
-    bw_free(&f);
+    naive_bw_case_free(&f);
 }
 
 static void backward_fd_no_bias_scale(void) {
@@ -208,7 +187,7 @@ static void backward_fd_no_bias_scale(void) {
     bw_make(&f, naive_config(6, 3, 0, 2, 3, 0), 1, 4, 4, 0, 0, 1202);
     f.opt.scale = 0.8f;
     bw_run(&f);
-    bw_free(&f);
+    naive_bw_case_free(&f);
 }
 
 static void backward_fd_cross_separate_value(void) {
@@ -217,12 +196,12 @@ static void backward_fd_cross_separate_value(void) {
     c.d_kv_in = 6, c.d_v_in = 5;
     bw_make(&f, c, 2, 3, 4, 1, 1, 1203);
     bw_run(&f);
-    bw_free(&f);
+    naive_bw_case_free(&f);
     /* one key/value source: dk_src carries the K and V paths */
     c.d_v_in = 6;
     bw_make(&f, c, 1, 2, 5, 1, 0, 1204);
     bw_run(&f);
-    bw_free(&f);
+    naive_bw_case_free(&f);
 }
 
 static void backward_fd_gqa_mqa(void) {
@@ -230,10 +209,10 @@ static void backward_fd_gqa_mqa(void) {
     bw_make(&f, naive_config(8, 4, 2, 2, 2, 1), 2, 3, 3, 0, 0, 1205); /* GQA: kv heads sum 2 heads */
     f.opt.causal = 1;
     bw_run(&f);
-    bw_free(&f);
+    naive_bw_case_free(&f);
     bw_make(&f, naive_config(8, 4, 1, 2, 3, 1), 1, 3, 4, 1, 0, 1206); /* MQA, cross */
     bw_run(&f);
-    bw_free(&f);
+    naive_bw_case_free(&f);
 }
 
 static void backward_fd_causal_alignments_window(void) {
@@ -245,7 +224,7 @@ static void backward_fd_causal_alignments_window(void) {
     bw_run(&f);
     f.opt.causal = 0, f.opt.window_left = 1, f.opt.window_right = 1; /* sliding window */
     bw_run(&f);
-    bw_free(&f);
+    naive_bw_case_free(&f);
 }
 
 static void backward_fd_masks(void) {
@@ -266,7 +245,7 @@ static void backward_fd_masks(void) {
     f.opt.additive_mask.data = NULL;
     f.opt.key_keep = key_keep, f.opt.key_additive = key_add;
     bw_run(&f);
-    bw_free(&f);
+    naive_bw_case_free(&f);
 }
 
 static void backward_fd_bias_kv_zero_attn(void) {
@@ -277,11 +256,11 @@ static void backward_fd_bias_kv_zero_attn(void) {
     uint8_t key_keep[2 * 3] = {0, 0, 0, 1, 0, 1}; /* batch 0 sees only the extra keys */
     f.opt.key_keep = key_keep;
     bw_run(&f);
-    bw_free(&f);
+    naive_bw_case_free(&f);
     c.add_zero_attn = 0, c.n_kv_heads = 1; /* bias_kv alone, MQA */
     bw_make(&f, c, 1, 2, 3, 1, 0, 1210);
     bw_run(&f);
-    bw_free(&f);
+    naive_bw_case_free(&f);
 }
 
 static void backward_fd_interventions(void) {
@@ -294,7 +273,7 @@ static void backward_fd_interventions(void) {
                               {MHA_HEAD_MEAN, 0, NULL}, {MHA_HEAD_REPLACE, 0, value}};
     f.opt.interventions = iv;
     bw_run(&f);
-    bw_free(&f);
+    naive_bw_case_free(&f);
 }
 
 /* A query row with no allowed key: Z = 0, so with cross-attention its dx
@@ -317,7 +296,7 @@ static void backward_fully_masked_row(void) {
     CHECK(isnan(gr.g.dx[6]) && isnan(gr.g.dw_o[0]));
     CHECK(!isnan(gr.g.db_o[0])); /* db_O = sum dY does not read Z */
     bw_grads_free(&gr);
-    bw_free(&f);
+    naive_bw_case_free(&f);
 }
 
 /* The checker itself: a gradient off by 1e-3 in one entry must fail. */
@@ -330,7 +309,7 @@ static void backward_fd_detects_wrong_gradient(void) {
     gr.g.dw_q[5] += 1e-3f;
     CHECK(bw_check_all(&f, &gr, 0) > 0.0);
     bw_grads_free(&gr);
-    bw_free(&f);
+    naive_bw_case_free(&f);
 }
 
 /* Only the wanted gradients are written; the rest equal a full call's. */
@@ -345,7 +324,7 @@ static void backward_partial_request(void) {
     CHECK_OK(mha_backward(f.L, &one, f.dy, f.x, NULL, 1, 3, 3, &f.opt)); /* the same path */
     CHECK_ARRAY_NEAR(dw_o, all.g.dw_o, 36, 0.0);
     bw_grads_free(&all);
-    bw_free(&f);
+    naive_bw_case_free(&f);
 }
 
 static void backward_errors(void) {
@@ -375,7 +354,7 @@ static void backward_errors(void) {
     mha_options o = mha_options_default();
     o.path = MHA_PATH_FAST;
     CHECK_OK(mha_backward(f.L, &g, f.dy, f.x, NULL, 1, 2, 2, &o)); /* the fast backward */
-    bw_free(&f);
+    naive_bw_case_free(&f);
 }
 
 /* ------------------------------------------------------------ attribution */
@@ -414,7 +393,7 @@ static void attribution_equals_zero_ablation(void) {
         for (int e = 0; e < 3; e++) a += (double)z[4 * 12 + r * 3 + e] * dz[4 * 12 + r * 3 + e];
         CHECK_NEAR(attr[r * B * T + 4], a, 1e-6);
     }
-    bw_free(&f);
+    naive_bw_case_free(&f);
 }
 
 static void attribution_errors(void) {
@@ -426,7 +405,7 @@ static void attribution_errors(void) {
     CHECK_STATUS(mha_head_attribution(f.L, attr, NULL, f.dy, f.x, NULL, NULL, 1, 2, 3, NULL), MHA_E_SHAPE);
     f.dy[0] = INFINITY;
     CHECK_STATUS(mha_head_attribution(f.L, attr, NULL, f.dy, f.x, NULL, NULL, 1, 2, 2, NULL), MHA_E_NONFINITE);
-    bw_free(&f);
+    naive_bw_case_free(&f);
 }
 
 static const test_case cases[] = {

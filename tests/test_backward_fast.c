@@ -218,32 +218,7 @@ static void naive32_backward(grads *gr, const naive_weights *w, const float *x, 
 
 /* ------------------------------------------------------------ one case */
 
-typedef struct {
-    naive_weights w;
-    mha_layer *L;
-    float *x, *k_src, *v_src, *dy; /* (B,T,D) (B,S,Dk)|NULL (B,S,Dv)|NULL (B,T,D) */
-    int B, T, S;
-    mha_options opt;
-} fixture;
-
-static void fx_make(fixture *f, mha_config c, int B, int T, int S, int k_given, int v_given, uint64_t seed) {
-    memset(f, 0, sizeof *f);
-    c = naive_resolve(c);
-    naive_weights_random(&f->w, &c, &seed, 0.5f);
-    f->B = B, f->T = T, f->S = S;
-    f->x = naive_random_floats((size_t)B * T * c.d_model, &seed, -1.0f, 1.0f);
-    if (k_given) f->k_src = naive_random_floats((size_t)B * S * c.d_kv_in, &seed, -1.0f, 1.0f);
-    if (v_given) f->v_src = naive_random_floats((size_t)B * S * c.d_v_in, &seed, -1.0f, 1.0f);
-    f->dy = naive_random_floats((size_t)B * T * c.d_model, &seed, -1.0f, 1.0f);
-    f->L = naive_make_layer(&f->w);
-    f->opt = mha_options_default();
-}
-
-static void fx_free(fixture *f) {
-    mha_layer_free(f->L);
-    naive_weights_free(&f->w);
-    free(f->x), free(f->k_src), free(f->v_src), free(f->dy);
-}
+typedef naive_bw_case fixture;
 
 static mha_status fx_backward(fixture *f, grads *g, mha_path path) {
     grads_alloc(g, &f->w.cfg, f->B, f->T, f->S, f->k_src != NULL, f->v_src != NULL);
@@ -291,38 +266,38 @@ static void check_fast(fixture *f, const char *what) {
  * (96 queries x 96 keys): several blocks, partial blocks, skipped blocks. */
 static void run_options(void) {
     fixture f;
-    fx_make(&f, naive_config(16, 2, 0, 0, 0, 1), 2, 100, 100, 0, 0, 1301);
+    naive_bw_case_make(&f, naive_config(16, 2, 0, 0, 0, 1), 2, 100, 100, 0, 0, 1301);
     check_fast(&f, "self-attention");
     f.opt.causal = 1;
     check_fast(&f, "causal");
     f.opt.causal = 0, f.opt.scale = 0.3f, f.opt.window_left = 20, f.opt.window_right = 5;
     check_fast(&f, "window + scale");
-    fx_free(&f);
+    naive_bw_case_free(&f);
 
     mha_config c = naive_config(12, 3, 0, 5, 7, 0); /* d_k != d_v, no bias, cross with a separate value source */
     c.d_kv_in = 9, c.d_v_in = 6;
-    fx_make(&f, c, 2, 37, 200, 1, 1, 1302);
+    naive_bw_case_make(&f, c, 2, 37, 200, 1, 1, 1302);
     check_fast(&f, "cross, separate value source");
     f.opt.causal = 1, f.opt.align = MHA_ALIGN_BOTTOM_RIGHT;
     check_fast(&f, "cross causal bottom-right");
     f.opt.align = MHA_ALIGN_TOP_LEFT;
     check_fast(&f, "cross causal top-left");
-    fx_free(&f);
+    naive_bw_case_free(&f);
     c.d_v_in = 9; /* one key/value source: dk_src carries both paths */
-    fx_make(&f, c, 1, 20, 33, 1, 0, 1303);
+    naive_bw_case_make(&f, c, 1, 20, 33, 1, 0, 1303);
     check_fast(&f, "cross, one source");
-    fx_free(&f);
+    naive_bw_case_free(&f);
 
-    fx_make(&f, naive_config(16, 4, 2, 0, 0, 1), 2, 97, 97, 0, 0, 1304); /* GQA */
+    naive_bw_case_make(&f, naive_config(16, 4, 2, 0, 0, 1), 2, 97, 97, 0, 0, 1304); /* GQA */
     f.opt.causal = 1;
     check_fast(&f, "GQA causal");
-    fx_free(&f);
-    fx_make(&f, naive_config(16, 4, 1, 8, 4, 1), 1, 50, 110, 1, 0, 1305); /* MQA */
+    naive_bw_case_free(&f);
+    naive_bw_case_make(&f, naive_config(16, 4, 1, 8, 4, 1), 1, 50, 110, 1, 0, 1305); /* MQA */
     check_fast(&f, "MQA cross");
-    fx_free(&f);
+    naive_bw_case_free(&f);
 
     const int B = 2, T = 40, S = 120, h = 2;
-    fx_make(&f, naive_config(8, h, 0, 0, 0, 1), B, T, S, 1, 0, 1306);
+    naive_bw_case_make(&f, naive_config(8, h, 0, 0, 0, 1), B, T, S, 1, 0, 1306);
     uint8_t *keep = malloc((size_t)B * h * T * S), key_keep[2 * 120];
     float *add = malloc(sizeof(float) * T * S), key_add[2 * 120];
     uint64_t seed = 77;
@@ -339,40 +314,40 @@ static void run_options(void) {
     check_fast(&f, "key padding + key additive");
     f.opt.causal = 1, f.opt.align = MHA_ALIGN_BOTTOM_RIGHT;
     check_fast(&f, "key padding + causal");
-    fx_free(&f);
+    naive_bw_case_free(&f);
     free(keep), free(add);
 
     c = naive_config(8, 2, 0, 0, 0, 1);
     c.add_bias_kv = 1, c.add_zero_attn = 1;
-    fx_make(&f, c, 2, 30, 100, 1, 0, 1307);
+    naive_bw_case_make(&f, c, 2, 30, 100, 1, 0, 1307);
     uint8_t kk[2 * 100];
     for (int i = 0; i < 200; i++) kk[i] = (uint8_t)(i >= 100 && i % 3 == 0); /* batch 0: only the extra keys */
     f.opt.key_keep = kk;
     check_fast(&f, "bias_kv + zero_attn");
-    fx_free(&f);
+    naive_bw_case_free(&f);
     c.add_zero_attn = 0, c.n_kv_heads = 1;
-    fx_make(&f, c, 1, 10, 10, 0, 0, 1308);
+    naive_bw_case_make(&f, c, 1, 10, 10, 0, 0, 1308);
     f.opt.causal = 1;
     check_fast(&f, "bias_kv, MQA, causal");
-    fx_free(&f);
+    naive_bw_case_free(&f);
 
-    fx_make(&f, naive_config(16, 4, 0, 4, 4, 1), 2, 50, 50, 0, 0, 1309);
+    naive_bw_case_make(&f, naive_config(16, 4, 0, 4, 4, 1), 2, 50, 50, 0, 0, 1309);
     float value[2 * 50 * 4]; // (B,T,d_v)
     test_fill_uniform(value, 400, &seed, -1.0f, 1.0f);
     mha_intervention iv[4] = {{MHA_HEAD_ZERO, 0, NULL}, {MHA_HEAD_SCALE, -1.5f, NULL},
                               {MHA_HEAD_MEAN, 0, NULL}, {MHA_HEAD_REPLACE, 0, value}};
     f.opt.interventions = iv;
     check_fast(&f, "interventions");
-    fx_free(&f);
+    naive_bw_case_free(&f);
 
     /* fully masked rows, MHA_MASKED_ROW_ZERO: zero gradient through them */
-    fx_make(&f, naive_config(8, 2, 0, 0, 0, 1), 1, 30, 30, 1, 0, 1310);
+    naive_bw_case_make(&f, naive_config(8, 2, 0, 0, 0, 1), 1, 30, 30, 1, 0, 1310);
     f.opt.window_left = 0, f.opt.window_right = 0, f.opt.align = MHA_ALIGN_TOP_LEFT;
     uint8_t pad[30];
     for (int i = 0; i < 30; i++) pad[i] = (uint8_t)(i % 2);
     f.opt.key_keep = pad; /* even queries see only their own (masked) key */
     check_fast(&f, "fully masked rows (zero)");
-    fx_free(&f);
+    naive_bw_case_free(&f);
 }
 
 static void backward_fast_options_avx2(void) {
@@ -391,7 +366,7 @@ static void backward_fast_options_scalar(void) {
 /* The checker itself: a fast gradient off by 1e-4 in one entry fails. */
 static void backward_fast_rule_detects_error(void) {
     fixture f;
-    fx_make(&f, naive_config(8, 2, 0, 0, 0, 1), 1, 20, 20, 0, 0, 1311);
+    naive_bw_case_make(&f, naive_config(8, 2, 0, 0, 0, 1), 1, 20, 20, 0, 0, 1311);
     grads ref, fast, n32;
     CHECK_OK(fx_backward(&f, &ref, MHA_PATH_REFERENCE));
     CHECK_OK(fx_backward(&f, &fast, MHA_PATH_FAST));
@@ -402,7 +377,7 @@ static void backward_fast_rule_detects_error(void) {
     fast.t[G_DWK][3] += 1e-4f;
     CHECK(!(diff_nan(fast.t[G_DWK], ref.t[G_DWK], ref.n[G_DWK]) <= 2.0 * en + 1e-6));
     grads_free(&ref), grads_free(&fast), grads_free(&n32);
-    fx_free(&f);
+    naive_bw_case_free(&f);
 }
 
 /* Each output element is reduced by one thread in a fixed order: 1 and 2
@@ -411,7 +386,7 @@ static void backward_fast_threads_bit_identical(void) {
     mha_config c = naive_config(24, 6, 2, 8, 8, 1);
     c.add_bias_kv = 1, c.d_kv_in = 20;
     fixture f;
-    fx_make(&f, c, 2, 150, 130, 1, 0, 1312);
+    naive_bw_case_make(&f, c, 2, 150, 130, 1, 0, 1312);
     f.opt.causal = 1, f.opt.align = MHA_ALIGN_BOTTOM_RIGHT;
     const int saved = mha_get_num_threads();
     grads one, two;
@@ -429,7 +404,7 @@ static void backward_fast_threads_bit_identical(void) {
     }
     CHECK(total > 1.0); /* real gradients, not zeros */
     grads_free(&one), grads_free(&two);
-    fx_free(&f);
+    naive_bw_case_free(&f);
 }
 
 /* MHA_MASKED_ROW_NAN with a fully masked row: FAST refuses with
@@ -437,7 +412,7 @@ static void backward_fast_threads_bit_identical(void) {
  * whose NaN reaches dW_O. */
 static void backward_fast_unsupported_fallback(void) {
     fixture f;
-    fx_make(&f, naive_config(8, 2, 0, 0, 0, 1), 1, 6, 6, 1, 0, 1313);
+    naive_bw_case_make(&f, naive_config(8, 2, 0, 0, 0, 1), 1, 6, 6, 1, 0, 1313);
     uint8_t keep[36];
     for (int i = 0; i < 36; i++) keep[i] = (uint8_t)(i / 6 != 2); /* query 2 sees nothing */
     f.opt.keep_mask = (mha_mask){keep, 1, 1};
@@ -464,13 +439,13 @@ static void backward_fast_unsupported_fallback(void) {
     f.opt.masked_row = MHA_MASKED_ROW_ZERO;
     CHECK_OK(fx_backward(&f, &g, MHA_PATH_FAST));
     grads_free(&g);
-    fx_free(&f);
+    naive_bw_case_free(&f);
 }
 
 /* AUTO runs the fast backward: its results are FAST's bit for bit. */
 static void backward_fast_is_auto(void) {
     fixture f;
-    fx_make(&f, naive_config(8, 2, 0, 0, 0, 1), 1, 9, 9, 0, 0, 1314);
+    naive_bw_case_make(&f, naive_config(8, 2, 0, 0, 0, 1), 1, 9, 9, 0, 0, 1314);
     grads a, b;
     CHECK_OK(fx_backward(&f, &a, MHA_PATH_AUTO));
     CHECK_OK(fx_backward(&f, &b, MHA_PATH_FAST));
@@ -478,7 +453,7 @@ static void backward_fast_is_auto(void) {
         if (a.t[i] && memcmp(a.t[i], b.t[i], a.n[i] * sizeof(float)) != 0)
             test_report(__FILE__, __LINE__, "AUTO's %s is not FAST's", grad_names[i]);
     grads_free(&a), grads_free(&b);
-    fx_free(&f);
+    naive_bw_case_free(&f);
 }
 
 /* ------------------------------------------------------------- memory */
