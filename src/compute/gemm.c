@@ -20,8 +20,21 @@ static float *alloc_floats(size_t n) {
     return aligned_alloc(64, mha_round_up(n * sizeof(float) + 1, 64));
 }
 
-mha_status mha_pack(mha_packed *p, int K, int n_sections, const float *const *w,
-                    const float *const *b, const int *cols) {
+/* Panel gp of section s: (K, 16) columns [col0, col0+16) of the section,
+ * zero padded past its width. k outer: the panel is written sequentially
+ * and, from an (out, in) source, 16 rows of it stream in. */
+static void pack_panel(float *panel, const mha_pack_source *src, int K, int cols, int col0) {
+    const int live = cols - col0 < MHA_NR ? cols - col0 : MHA_NR;
+    const float *w = src->w + (size_t)col0 * src->n_stride;
+    for (int k = 0; k < K; k++, panel += MHA_NR) {
+        const float *row = w + (size_t)k * src->k_stride;
+        for (int j = 0; j < live; j++) panel[j] = row[(size_t)j * src->n_stride];
+        for (int j = live; j < MHA_NR; j++) panel[j] = 0.0f;
+    }
+}
+
+mha_status mha_pack_from(mha_packed *p, int K, int n_sections, const mha_pack_source *src,
+                         const int *cols) {
     memset(p, 0, sizeof *p);
     p->K = K;
     p->n_sections = n_sections;
@@ -40,18 +53,21 @@ mha_status mha_pack(mha_packed *p, int K, int n_sections, const float *const *w,
     for (int s = 0; s < n_sections; s++)
         for (int gp = p->first_panel[s]; gp < p->first_panel[s + 1]; gp++) {
             int col0 = (gp - p->first_panel[s]) * MHA_NR;
-            float *panel = p->panels + (size_t)gp * K * MHA_NR; /* (K, 16) */
-            for (int k = 0; k < K; k++)
-                for (int j = 0; j < MHA_NR; j++) {
-                    int c = col0 + j;
-                    panel[(size_t)k * MHA_NR + j] = c < cols[s] ? w[s][(size_t)k * cols[s] + c] : 0.0f;
-                }
+            pack_panel(p->panels + (size_t)gp * K * MHA_NR, &src[s], K, cols[s], col0);
             for (int j = 0; j < MHA_NR; j++) {
                 int c = col0 + j;
-                p->bias[(size_t)gp * MHA_NR + j] = (c < cols[s] && b[s]) ? b[s][c] : 0.0f;
+                p->bias[(size_t)gp * MHA_NR + j] = (c < cols[s] && src[s].b) ? src[s].b[c] : 0.0f;
             }
         }
     return MHA_OK;
+}
+
+mha_status mha_pack(mha_packed *p, int K, int n_sections, const float *const *w,
+                    const float *const *b, const int *cols) {
+    mha_pack_source src[MHA_PACK_MAX_SECTIONS];
+    for (int s = 0; s < n_sections; s++)
+        src[s] = (mha_pack_source){.w = w[s], .k_stride = (size_t)cols[s], .n_stride = 1, .b = b[s]};
+    return mha_pack_from(p, K, n_sections, src, cols);
 }
 
 void mha_packed_free(mha_packed *p) {

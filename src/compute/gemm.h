@@ -22,7 +22,22 @@ typedef struct {
     float *bias;                             /* (n_panels, 16), zero padded    */
 } mha_packed;
 
-/* Packs sections w[s] (K, cols[s]) with biases b[s] (cols[s], NULL: 0). */
+/* One section's weight as the packer reads it, in the layout it is stored
+ * in: element (k, n) of the logical (K, cols) weight is
+ * w[k*k_stride + n*n_stride], so the source is packed without an
+ * intermediate copy. The library's (in, out): k_stride = cols, n_stride = 1;
+ * nn.Linear's (out, in): k_stride = 1, n_stride = K. b: (cols), NULL: 0. */
+typedef struct {
+    const float *w;
+    size_t k_stride, n_stride;
+    const float *b;
+} mha_pack_source;
+
+/* Packs sections src[s] of cols[s] columns each. Every packed value is a
+ * copy of its source element: any source layout gives the same bits. */
+mha_status mha_pack_from(mha_packed *p, int K, int n_sections, const mha_pack_source *src,
+                         const int *cols);
+/* Packs sections w[s] (K, cols[s]) row-major with biases b[s] (cols[s], NULL: 0). */
 mha_status mha_pack(mha_packed *p, int K, int n_sections, const float *const *w,
                     const float *const *b, const int *cols);
 void mha_packed_free(mha_packed *p);
