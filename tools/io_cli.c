@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 int cli_fail(const char *cmd, mha_status s) {
     const char *msg = mha_last_error();
@@ -20,7 +21,13 @@ float *cli_alloc(const char *cmd, size_t n) {
 }
 
 float *cli_alloc_out(const char *cmd, size_t n) {
-    float *p = n <= SIZE_MAX / sizeof(float) ? malloc((n ? n : 1) * sizeof(float)) : NULL;
+    const size_t huge = (size_t)2 << 20, bytes = (n ? n : 1) * sizeof(float);
+    void *p = NULL;
+    if (n > SIZE_MAX / sizeof(float)) p = NULL;
+    else if (bytes < huge) p = malloc(bytes);
+    else if (posix_memalign(&p, huge, bytes) == 0) /* as the library's mha_alloc_large */
+        (void)madvise(p, bytes / huge * huge, MADV_HUGEPAGE);
+    else p = NULL;
     if (!p) mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "cannot allocate %zu floats", n);
     return p;
 }

@@ -134,7 +134,8 @@ int cli_parse_ablate(const char *spec, mha_intervention *iv, int h);
 float *cli_alloc(const char *cmd, size_t n);
 /* The same, not zeroed: for outputs the library overwrites whole (Y and
  * the captures of mha_forward), so their pages are touched once, by the
- * forward, not first by a memset. */
+ * forward, not first by a memset; 2 MiB and more on huge pages where the
+ * kernel allows (one fault per 2 MiB instead of 512). */
 float *cli_alloc_out(const char *cmd, size_t n);
 
 #endif /* MHA_TOOLS_IO_CLI_H */

@@ -17,7 +17,7 @@
 #define MHA_TILE_MAX_PANELS 2
 
 static float *alloc_floats(size_t n) {
-    return aligned_alloc(64, mha_round_up(n * sizeof(float) + 1, 64));
+    return mha_alloc_large(n * sizeof(float));
 }
 
 /* Panel gp of section s: (K, 16) columns [col0, col0+16) of the section,

@@ -193,7 +193,7 @@ static mha_status layer_alloc(mha_layer **out, const mha_config *c) {
     weight_shapes(c, ws);
     int ok = 1;
     for (int i = 0; i < N_TENSORS; i++) {
-        *layer_tensor(L, i) = malloc(ws[i].count * sizeof(float));
+        *layer_tensor(L, i) = mha_alloc_large(ws[i].count * sizeof(float));
         ok = ok && *layer_tensor(L, i);
     }
     L->ws = mha_workspace_create();

@@ -84,7 +84,7 @@ mha_status mha_array_alloc(mha_array *out) {
         out->u8 = NULL;
         if (n > SIZE_MAX / sizeof(float))
             return mha_fail(MHA_E_NOMEM, "array of %zu floats is too large", n);
-        out->f = malloc(n * sizeof(float));
+        out->f = mha_alloc_large(n * sizeof(float));
         if (!out->f) return mha_fail(MHA_E_NOMEM, "cannot allocate %zu floats", n);
     }
     return MHA_OK;
