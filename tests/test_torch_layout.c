@@ -349,7 +349,7 @@ static int layers_equal(const mha_layer *a, const mha_layer *b) {
 }
 
 /* The torch layout is packed straight from its (out, in) tensors and
- * transposed into the layer on another thread: the packed panels and the
+ * transposed into the layer in the same call: the packed panels and the
  * layer's weights are the bits that the native layout (hand-transposed
  * weights through mha_layer_create) gives, for the fused in_proj_weight
  * and for separate q/k/v weights of widths kdim != vdim, with 1 and 2

@@ -16,10 +16,9 @@
  * and packed for the fast path from its (out, in) layout
  * (mha_fast_prepare_from), with no intermediate buffer, no zero fill and no
  * separate finiteness scan; the named scans run only to word an error.
- * With two threads or more, one packs while another transposes: both only
- * copy numbers, so the result does not depend on the thread count. */
+ * One thread: packing on a second thread while this one transposes was
+ * measured slower on the shared 2-core machine (bench/LOAD.md). */
 #include <math.h>
-#include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -160,7 +159,15 @@ mha_status mha_layer_from_torch(mha_layer **out, const mha_torch_weights *tw) {
     /* bias_k/bias_v (1,1,E): the same E features as one key/value row */
     if (tw->bias_k) finite &= copy_bias(L->bias_k, tw->bias_k, e) & copy_bias(L->bias_v, tw->bias_v, e);
 
-    /* --- the fast path's panels, packed from the (out, in) sources:
+    /* --- the layer's (in, out) copies, checked on the way */
+    finite &= transpose_out_in(L->w_q, wq, E, E) & transpose_out_in(L->w_k, wk, E, kdim) &
+              transpose_out_in(L->w_v, wv, E, vdim) & transpose_out_in(L->w_o, tw->out_proj_weight, E, E);
+    if (!finite) {
+        mha_layer_free(L);
+        s = check_torch_finite(tw, kdim, vdim);
+        return s ? s : mha_fail(MHA_E_NONFINITE, "torch layout: a weight is not finite");
+    }
+    /* --- the fast path's panels, packed from the same (out, in) sources:
      * logical (in, out) element (k, n) is src[n*in + k] */
     const mha_pack_source src[4] = {
         {.w = wq, .k_stride = 1, .n_stride = e, .b = L->b_q},
@@ -168,24 +175,9 @@ mha_status mha_layer_from_torch(mha_layer **out, const mha_torch_weights *tw) {
         {.w = wv, .k_stride = 1, .n_stride = (size_t)vdim, .b = L->b_v},
         {.w = tw->out_proj_weight, .k_stride = 1, .n_stride = e, .b = L->b_o},
     };
-    /* --- and the layer's (in, out) copies, checked on the way. Thread 0
-     * packs (a failure's message is recorded for the caller's thread); the
-     * last thread transposes: the same one when there is only one. */
-    int finite_w = 1;
-    s = MHA_OK;
-#pragma omp parallel num_threads(mha_get_num_threads() > 1 ? 2 : 1)
-    {
-        if (omp_get_thread_num() == 0) s = mha_fast_prepare_from(L, src);
-        if (omp_get_thread_num() == omp_get_num_threads() - 1)
-            finite_w = transpose_out_in(L->w_q, wq, E, E) & transpose_out_in(L->w_k, wk, E, kdim) &
-                       transpose_out_in(L->w_v, wv, E, vdim) &
-                       transpose_out_in(L->w_o, tw->out_proj_weight, E, E);
-    }
-    if (s || !(finite & finite_w)) {
+    if ((s = mha_fast_prepare_from(L, src))) {
         mha_layer_free(L);
-        if (s) return s;
-        s = check_torch_finite(tw, kdim, vdim);
-        return s ? s : mha_fail(MHA_E_NONFINITE, "torch layout: a weight is not finite");
+        return s;
     }
     *out = L;
     return MHA_OK;
