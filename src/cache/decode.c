@@ -149,6 +149,17 @@ static void variants_chunk(scratch *w, const decode_call *dc, const unit *u, int
     }
 }
 
+/* The elements at offset off (in elements of type dt) of the cache as
+ * fp32: in place for fp32, else widened into buf; rows x (d, lanes)
+ * elements (K: panels of 8 lanes; V: rows), int8 with scales sc. */
+static const float *widen(const decode_call *dc, mha_cache_dtype dt, float *buf, size_t off, const float *sc,
+                          size_t rows, int d, int lanes) {
+    if (dt == MHA_CACHE_F32) return (const float *)dc->c->data + off;
+    if (dt == MHA_CACHE_F16) dc->kr->from_f16(buf, (const uint16_t *)dc->c->data + off, rows * d * lanes);
+    else dc->kr->from_q8(buf, (const int8_t *)dc->c->data + off, sc, rows, d, lanes);
+    return buf;
+}
+
 /* w->s (m, nk) = scores of the unit's m scaled queries w->qt against
  * keys jlo .. jlo+nk-1 of block kv, whatever K's storage type: fp32
  * read in place; fp16 / int8 widened in registers for few rows (each
@@ -158,7 +169,6 @@ static void chunk_scores(scratch *w, const decode_call *dc, size_t kv, int jlo, 
     const mha_decode_kernels *kr = dc->kr;
     size_t koff = mha_cache_k_off(c, kv, jlo);
     const float *ks = c->nbk ? c->scales + mha_cache_ks_off(c, kv, jlo) : NULL;
-    const float *kp = w->kf;
     if (c->kt == MHA_CACHE_I8 && m <= FUSED_F16_ROWS) {
         kr->scores_q8(w->s, MHA_DECODE_CHUNK, w->qt, c->d_k, (const int8_t *)c->data + koff, ks, m, nk, c->d_k);
         return;
@@ -167,9 +177,7 @@ static void chunk_scores(scratch *w, const decode_call *dc, size_t kv, int jlo, 
         kr->scores_h(w->s, MHA_DECODE_CHUNK, w->qt, c->d_k, (const uint16_t *)c->data + koff, m, nk, c->d_k);
         return;
     }
-    if (c->kt == MHA_CACHE_F32) kp = (const float *)c->data + koff;
-    else if (c->kt == MHA_CACHE_F16) kr->from_f16(w->kf, (const uint16_t *)c->data + koff, (size_t)nk * c->d_k);
-    else kr->from_q8(w->kf, (const int8_t *)c->data + koff, ks, (size_t)nk / MHA_KPANEL, c->d_k, MHA_KPANEL);
+    const float *kp = widen(dc, c->kt, w->kf, koff, ks, (size_t)nk / MHA_KPANEL, c->d_k, MHA_KPANEL);
     kr->scores(w->s, MHA_DECODE_CHUNK, w->qt, c->d_k, kp, m, nk, c->d_k);
 }
 
@@ -182,7 +190,6 @@ static void chunk_values(float *acc, int ldacc, scratch *w, const decode_call *d
     const mha_decode_kernels *kr = dc->kr;
     size_t voff = mha_cache_v_off(c, kv, jlo);
     const float *vs = c->nbv ? c->scales + mha_cache_vs_off(c, kv, jlo) : NULL;
-    const float *vp = w->vf;
     if (c->vt == MHA_CACHE_I8 && m <= FUSED_F16_ROWS) {
         kr->accumulate_q8(acc, ldacc, w->s, MHA_DECODE_CHUNK, (const int8_t *)c->data + voff, vs, m, nk, c->d_v);
         return;
@@ -191,9 +198,7 @@ static void chunk_values(float *acc, int ldacc, scratch *w, const decode_call *d
         kr->accumulate_h(acc, ldacc, w->s, MHA_DECODE_CHUNK, (const uint16_t *)c->data + voff, m, nk, c->d_v);
         return;
     }
-    if (c->vt == MHA_CACHE_F32) vp = (const float *)c->data + voff;
-    else if (c->vt == MHA_CACHE_F16) kr->from_f16(w->vf, (const uint16_t *)c->data + voff, (size_t)nk * c->d_v);
-    else kr->from_q8(w->vf, (const int8_t *)c->data + voff, vs, (size_t)nk, c->d_v, 1);
+    const float *vp = widen(dc, c->vt, w->vf, voff, vs, (size_t)nk, c->d_v, 1);
     kr->accumulate(acc, ldacc, w->s, MHA_DECODE_CHUNK, vp, m, nk, c->d_v);
 }
 
