@@ -1,6 +1,7 @@
 /* scalar.c — the portable kernels: the same contracts as the avx2 table
  * (kernels.h) in plain C, for CPUs without AVX2/FMA. */
 #include <math.h>
+#include <stdlib.h>
 
 #include "kernels/kernels.h"
 
@@ -76,6 +77,17 @@ void (*mha_attn_softcap_get(const mha_kernels *k))(float *, size_t, float, int, 
     return k->attn_softcap ? k->attn_softcap : softcap_scalar;
 }
 
+static void alibi_scalar(float *s, size_t lds, const int *qpos, const int *kpos, float slope, int rows,
+                         int cols) {
+    for (int i = 0; i < rows; i++)
+        for (int j = 0; j < cols; j++) s[(size_t)i * lds + j] -= slope * (float)abs(qpos[i] - kpos[j]);
+}
+
+void (*mha_attn_alibi_get(const mha_kernels *k))(float *, size_t, const int *, const int *, float, int, int) {
+    return k->attn_alibi ? k->attn_alibi : alibi_scalar;
+}
+
 const mha_kernels mha_kernels_scalar = {
-    "scalar", sgemm_scalar_6x16, scores_scalar, softmax_scalar, pv_scalar, vexp_scalar, softcap_scalar, 6, 1, NULL,
+    "scalar", sgemm_scalar_6x16, scores_scalar, softmax_scalar, pv_scalar, vexp_scalar, softcap_scalar,
+    alibi_scalar, 6, 1, NULL,
 };
