@@ -372,6 +372,34 @@ static void test_isa_softmax_flush(void) {
     CHECK(memcmp(m1, m2, sizeof m1) == 0);
 }
 
+/* The AVX-512 query packing gives the scalar kernel's bits: full and
+ * partial 6-row groups, padding rows, d_k with and without a 16-tail,
+ * head-major and position-major row strides. */
+static void test_isa_pack_q(void) {
+    if (!have()) return;
+    const int rowss[] = {48, 13, 6, 1}, dks[] = {64, 13, 72, 16};
+    uint64_t seed = 96;
+    for (int t = 0; t < 4; t++) {
+        const int rows = rowss[t], rows6 = (rows + 5) / 6 * 6, d_k = dks[t];
+        for (int stride = 0; stride < 2; stride++) {
+            const size_t rs = stride ? (size_t)d_k * 12 + 3 : (size_t)d_k;
+            float *src = naive_random_floats(rs * rows6, &seed, -3, 3);
+            float *a = naive_alloc_floats((size_t)rows6 * d_k), *b = naive_alloc_floats((size_t)rows6 * d_k);
+            for (int i = 0; i < rows6 * d_k; i++) a[i] = b[i] = 7.0f; /* padding must become 0 */
+            mha_attn_pack_q_avx512(a, src, rs, 0.125f, rows, rows6, d_k);
+            mha_attn_pack_q_get(&mha_kernels_scalar)(b, src, rs, 0.125f, rows, rows6, d_k);
+            if (memcmp(a, b, sizeof(float) * rows6 * d_k) != 0)
+                test_report(__FILE__, __LINE__, "pack_q rows=%d d_k=%d stride %zu: avx512 differs from scalar", rows,
+                            d_k, rs);
+            /* and the scalar kernel is the layout kernels.h states */
+            const int i = rows - 1, e = d_k - 1;
+            CHECK(b[(size_t)(i / 6) * d_k * 6 + (size_t)e * 6 + i % 6] == 0.125f * src[(size_t)i * rs + e]);
+            if (rows6 > rows) CHECK(b[(size_t)(rows6 / 6 - 1) * d_k * 6 + 5] == 0.0f);
+            free(src), free(a), free(b);
+        }
+    }
+}
+
 static const test_case cases[] = {
     {"isa_detect", test_isa_detect},
     {"isa_env_avx512", test_isa_env_avx512},
@@ -382,6 +410,7 @@ static const test_case cases[] = {
     {"isa_f16_conversion", test_isa_f16_conversion},
     {"isa_variant_kernels", test_isa_variant_kernels},
     {"isa_softmax_flush", test_isa_softmax_flush},
+    {"isa_pack_q", test_isa_pack_q},
 };
 
 const test_case *tests_isa(size_t *count) {

@@ -147,3 +147,30 @@ void mha_attn_alibi_avx512(float *s, size_t lds, const int *qpos, const int *kpo
         }
     }
 }
+
+/* Query packing: a full group of 6 rows is gathered 16 outputs at a time
+ * (output t of a 96-float block of 16 dims is row t%6, dim t/6: six index
+ * vectors), then scaled: one product per element, as the scalar kernel;
+ * partial groups and a d_k tail go element by element. */
+void mha_attn_pack_q_avx512(float *dst, const float *src, size_t src_rs, float scale, int rows, int rows6,
+                            int d_k) {
+    const __m512 vs = _mm512_set1_ps(scale);
+    const int e16 = src_rs <= (1u << 24) ? d_k / 16 * 16 : 0; /* gather indices fit in int */
+    __m512i idx[6];
+    for (int j = 0; j < 6; j++) {
+        int t[16];
+        for (int l = 0; l < 16; l++) t[l] = (16 * j + l) % 6 * (int)src_rs + (16 * j + l) / 6;
+        idx[j] = _mm512_loadu_si512(t);
+    }
+    for (int g = 0; g < rows6 / 6; g++) {
+        float *d = dst + (size_t)g * d_k * 6;
+        const float *x = src + (size_t)g * 6 * src_rs;
+        const int full = 6 * g + 6 <= rows;
+        int e = 0;
+        for (; full && e < e16; e += 16)
+            for (int j = 0; j < 6; j++)
+                _mm512_storeu_ps(d + (size_t)e * 6 + 16 * j, _mm512_mul_ps(vs, _mm512_i32gather_ps(idx[j], x + e, 4)));
+        for (; e < d_k; e++)
+            for (int i = 0; i < 6; i++) d[(size_t)e * 6 + i] = 6 * g + i < rows ? scale * x[(size_t)i * src_rs + e] : 0.0f;
+    }
+}

@@ -1,5 +1,6 @@
 /* avx512_table.c — the avx512 kernel table (kernels.h): the entries of
- * avx512_gemm.c, avx512_attention.c (with the ALiBi tile), avx512_exp.c
+ * avx512_gemm.c, avx512_attention.c (with the ALiBi tile and the query
+ * packing), avx512_exp.c
  * and avx512_softcap.c, with the 12x32 tile for the projection driver.
  * Data only; used after mha_cpu_has_avx512(). */
 #include "kernels/kernels.h"
@@ -13,6 +14,7 @@ const mha_kernels mha_kernels_avx512 = {
     .vexp = mha_vexp_avx512,
     .attn_softcap = mha_attn_softcap_avx512,
     .attn_alibi = mha_attn_alibi_avx512,
+    .attn_pack_q = mha_attn_pack_q_avx512,
     .tile_rows = 12,
     .tile_panels = 2,
     .sgemm_tile = mha_sgemm_avx512_12x32,

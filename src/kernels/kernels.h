@@ -67,6 +67,14 @@ typedef struct mha_kernels {
     void (*attn_alibi)(float *s, size_t lds, const int *qpos, const int *kpos, float slope,
                        int rows, int cols);
 
+    /* The scaled query rows of one attention task in attn_scores' layout:
+     * dst (rows6/6, d_k, 6), dst[g][e][i] = scale * src[(6g+i)*src_rs + e]
+     * for 6g+i < rows, 0 for the rows up to rows6 (one fp32 product each:
+     * every table gives the same bits). NULL in a table means the scalar
+     * one (mha_attn_pack_q_get). */
+    void (*attn_pack_q)(float *dst, const float *src, size_t src_rs, float scale, int rows, int rows6,
+                        int d_k);
+
     /* The projection driver's register tile, tile_rows (a multiple of 6)
      * x 16*tile_panels; NULL: the driver uses sgemm_6x16 on 6 x 16.
      * c (m, n) = a b [+ bias], m <= tile_rows, n <= 16*tile_panels: a is
@@ -82,6 +90,8 @@ typedef struct mha_kernels {
 void (*mha_attn_softcap_get(const mha_kernels *k))(float *, size_t, float, int, int);
 /* The ALiBi kernel of table k, the scalar one when k has none. */
 void (*mha_attn_alibi_get(const mha_kernels *k))(float *, size_t, const int *, const int *, float, int, int);
+/* The query packing of table k, the scalar one when k has none. */
+void (*mha_attn_pack_q_get(const mha_kernels *k))(float *, const float *, size_t, float, int, int, int);
 
 extern const mha_kernels mha_kernels_scalar;
 extern const mha_kernels mha_kernels_avx2;
@@ -118,6 +128,8 @@ void mha_vexp_avx512(float *y, const float *x, size_t n);
 void mha_attn_softcap_avx512(float *s, size_t lds, float cap, int rows, int cols);
 void mha_attn_alibi_avx512(float *s, size_t lds, const int *qpos, const int *kpos, float slope,
                            int rows, int cols);
+void mha_attn_pack_q_avx512(float *dst, const float *src, size_t src_rs, float scale, int rows, int rows6,
+                            int d_k);
 
 /* ------------------------------------------------------- the chooser */
 
