@@ -343,8 +343,13 @@ MHA_API int mha_get_num_threads(void);
  * each part's output Z_i and log-sum-exp lse_i of its scores,
  *   lse = log sum_i exp(lse_i),   Z = sum_i exp(lse_i - lse) Z_i.
  * That is how ring attention, split KV caches and cascade attention are
- * built (src/forward/lse.c, src/forward/merge.c). These entries always run
- * the double-accumulating reference, whatever options.path says. */
+ * built (src/forward/lse.c, src/forward/merge.c). mha_forward_lse and
+ * mha_attention_merge run in double (the reference); mha_attend_lse
+ * follows options.path: AUTO and FAST run the fast path's tiled online
+ * softmax in fp32 (the fast backward's first pass), AUTO falling back to
+ * the reference for softcap or scores beyond the fast range (FAST then
+ * returns MHA_E_UNSUPPORTED); MHA_KERNELS=reference and REFERENCE run the
+ * double reference. */
 
 /* mha_forward_kv (y, cap, sources and options as there) that also writes
  * lse (B,h,T): lse[b,r,i] = log sum_j exp(scale q_i . k_j + additive_ij)

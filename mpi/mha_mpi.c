@@ -82,7 +82,7 @@ static int run(int argc, char **argv, MPI_Comm comm) {
         CLI_FWD_ARGS(ff),
         {.name = "--output", .kind = MHA_ARG_STRING, .dest = &output, .metavar = "Y.npy",
          .help = "output Y, same rank as X (written by rank 0)", .required = 1},
-        {.name = "--split", .kind = MHA_ARG_STRING, .dest = &split, .metavar = "HOW",
+        {.name = "--split", .kind = MHA_ARG_STRING, .dest = &split, .metavar = "heads|sequence",
          .help = "heads (each rank a block of heads; default) or sequence (ring attention)",
          .choices = "heads|sequence"},
         {.name = "--stats", .kind = MHA_ARG_SWITCH, .dest = &want_stats,
@@ -91,6 +91,7 @@ static int run(int argc, char **argv, MPI_Comm comm) {
     };
     mha_command_spec spec = {
         .name = "run",
+        .program = "mha-mpi",
         .summary = "mha run over MPI ranks: the layer split by heads or by sequence.",
         .details = "Every rank is given the same flags; rank 0 writes the files.\n\n"
                    "example: mpirun -np 4 mha-mpi run --split heads --weights attn.safetensors \\\n"
