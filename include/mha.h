@@ -637,6 +637,35 @@ MHA_API mha_status mha_layer_to_tensors(mha_tensors **out, const mha_layer *laye
 MHA_API mha_status mha_layer_load(mha_layer **out, const char *path, const mha_load_options *opt);
 MHA_API mha_status mha_layer_save(const mha_layer *layer, const char *path);
 
+/* ---- A shard of a checkpoint (src/io/load_heads.c) ---- */
+/* Query heads [first, first + count) of a checkpoint and the kv heads
+ * they read: whole kv groups (count and first multiples of h/h_kv), or
+ * heads inside one group (its one kv head). */
+typedef struct {
+    int first, count;       /* in                                            */
+    int kv_first, kv_count; /* out: the kv heads of the shard                */
+    int *labels;            /* out, may be NULL: 2*count + 2*kv_count ints,
+                               the file's labels (metadata labels_*; i when
+                               absent) of the shard's W_Q and W_O blocks
+                               (count each), then W_K and W_V (kv_count)  */
+} mha_head_range;
+
+/* The layer of those heads alone (h = count, h_kv = kv_count, identity
+ * labels): their column blocks of W_Q, W_K, W_V and biases, row blocks of
+ * W_O, per-head variant tensors, and b_O, bias_k, bias_v as the file has
+ * them (bias_k, bias_v: the shard's kv heads), for every layout
+ * mha_layer_load reads. Only those blocks are copied out of the mapped
+ * file, and only they are checked: another head's NaN does not stop the
+ * load (F32 tensors; other dtypes are decoded whole while mapped).
+ * Y of the full layer = sum over a partition of the heads of each shard's
+ * Y without b_O, plus b_O. */
+MHA_API mha_status mha_layer_load_heads(mha_layer **out, const char *path, const mha_load_options *opt,
+                                        mha_head_range *range);
+/* The layer's dims (h, h_kv, d_k, d_v, d_model, d_kv_in, d_v_in, bias,
+ * add_bias_kv, add_zero_attn; not the variants) from the shapes and
+ * metadata, without copying or checking any weight. */
+MHA_API mha_status mha_layer_load_config(mha_config *out, const char *path, const mha_load_options *opt);
+
 /* ---- PyTorch layout (src/convert_torch.c) ---- */
 
 /* Borrowed pointers to the tensors of a torch.nn.MultiheadAttention, in

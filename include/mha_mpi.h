@@ -19,6 +19,9 @@
  * overlapped with the attention of the block in hand), and partial results
  * are merged with mha_attention_merge (mha.h).
  *
+ * KV-cache decode runs head-parallel: each rank caches only its kv heads
+ * (mha_mpi_forward_cached_heads).
+ *
  * Errors: every function here is collective. A failure on any rank (bad
  * input, allocation, shapes that differ between ranks) makes every rank
  * return the same status with the failing rank's message in
@@ -45,6 +48,7 @@ typedef struct {
                               sequence: (P-1) * this rank's K/V block bytes   */
     double compute_s;      /* seconds in local computation                    */
     double total_s;        /* seconds for the whole call                      */
+    double cache_bytes;    /* decode: this rank's KV cache (its kv heads only) */
 } mha_mpi_stats;
 
 /* Agrees on a status across comm: returns the first failing rank's status
@@ -89,6 +93,18 @@ mha_status mha_mpi_forward_heads(const mha_layer *local, const mha_mpi_heads *he
                                  const float *b_o, float *y, const mha_capture *cap,
                                  const float *x, const float *kv, int B, int T, int S,
                                  const mha_options *opt, MPI_Comm comm, mha_mpi_stats *stats);
+
+/* Prefill or decode with a KV cache, head-parallel: y (B,T,d_model) on
+ * every rank for x (B,T,d_model), T new tokens per sequence, as
+ * mha_forward_cached of the whole layer (plus b_o, may be NULL). cache
+ * was made with mha_cache_create(&cache, local, B, capacity, ...) on this
+ * rank's shard, so it holds only this rank's kv heads (h_kv/P of them, or
+ * the one copied kv head). opt as mha_forward_cached, interventions
+ * indexed by global head. stats: this call's bytes (one all-reduce of
+ * B*T*d_model floats) and times. Collective. */
+mha_status mha_mpi_forward_cached_heads(const mha_layer *local, mha_cache *cache, const mha_mpi_heads *heads,
+                                        const float *b_o, float *y, const float *x, int B, int T,
+                                        const mha_options *opt, MPI_Comm comm, mha_mpi_stats *stats);
 
 /* --------------------------------------------------- sequence parallel */
 

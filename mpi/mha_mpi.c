@@ -62,6 +62,37 @@ static long long layer_checksum(const mha_layer *L) {
     return (long long)(hsh >> 1);
 }
 
+/* --decode N, head-parallel: the first T-N tokens of every sequence in
+ * one prefill call, then the last N one at a time, each rank caching its
+ * kv heads; y (B,T,d_model) gets every call's rows. st sums the calls. */
+static mha_status run_decode(const mha_layer *local, const mha_mpi_heads *hd, const float *b_o, float *y,
+                             const cli_fwd *f, int n_dec, MPI_Comm comm, mha_mpi_stats *st) {
+    const int B = f->B, T = f->T, D = mha_layer_config(local)->d_model, T0 = T - n_dec;
+    const int most = T0 > 1 ? T0 : 1;
+    double t0 = MPI_Wtime();
+    mha_cache *cache = NULL;
+    mha_status s = mha_cache_create(&cache, local, B, T, MHA_CACHE_F32, 0);
+    if ((s = mha_mpi_agree(comm, s, s ? mha_last_error() : NULL))) return s;
+    float *xs = malloc(sizeof(float) * (size_t)B * most * D), *ys = malloc(sizeof(float) * (size_t)B * most * D);
+    s = mha_mpi_agree(comm, xs && ys ? MHA_OK : MHA_E_NOMEM, "no memory for one decode step's rows");
+    for (int t = 0; !s && t < T;) {
+        const int n = t == 0 && T0 > 0 ? T0 : 1; /* (B,n,D) rows [t, t+n) */
+        for (int b = 0; b < B; b++)
+            memcpy(xs + (size_t)b * n * D, f->x.f + ((size_t)b * T + t) * D, sizeof(float) * (size_t)n * D);
+        mha_mpi_stats one = {0};
+        s = mha_mpi_forward_cached_heads(local, cache, hd, b_o, ys, xs, B, n, &f->opt, comm, &one);
+        for (int b = 0; !s && b < B; b++)
+            memcpy(y + ((size_t)b * T + t) * D, ys + (size_t)b * n * D, sizeof(float) * (size_t)n * D);
+        st->sent_bytes += one.sent_bytes, st->formula_bytes += one.formula_bytes, st->compute_s += one.compute_s;
+        st->cache_bytes = one.cache_bytes;
+        t += n;
+    }
+    st->total_s = MPI_Wtime() - t0;
+    free(xs), free(ys);
+    mha_cache_free(cache);
+    return s;
+}
+
 /* Prints the agreed error on this rank and returns the exit code. */
 static int report(int rank, int code) {
     fprintf(stderr, "mha-mpi run: [rank %d] %s\n", rank, mha_mpi_last_error());
@@ -77,6 +108,7 @@ static int run(int argc, char **argv, MPI_Comm comm) {
     const char *output = NULL, *ablate = NULL, *save_z = NULL, *save_c = NULL, *save_p = NULL,
                *split = NULL, *masked = NULL;
     int want_stats = 0;
+    long long decode = 0;
     mha_arg args[] = {
         CLI_CKPT_ARGS(ck, 1),
         CLI_FWD_ARGS(ff),
@@ -87,6 +119,10 @@ static int run(int argc, char **argv, MPI_Comm comm) {
          .choices = "heads|sequence"},
         {.name = "--stats", .kind = MHA_ARG_SWITCH, .dest = &want_stats,
          .help = "print each rank's bytes sent (and the formula's) and times"},
+        {.name = "--decode", .kind = MHA_ARG_INT, .dest = &decode, .metavar = "N",
+         .help = "KV-cache decode: prefill the first T-N tokens, then the last N one at a time "
+                 "(causal self-attention, --split heads; each rank caches its kv heads)",
+         .min = 1, .max = 1 << 30},
         CLI_RUN_OUTPUT_ARGS(ablate, save_z, save_c, save_p, masked),
     };
     mha_command_spec spec = {
@@ -148,6 +184,17 @@ static int run(int argc, char **argv, MPI_Comm comm) {
     const char *names[] = {"d_model", "h", "h_kv", "d_k", "d_v", "d_kv_in", "bias", "B", "T", "S",
                            "checksum of the weights", "checksum of the inputs"};
     s = mha_mpi_check_same(comm, same, 12, names);
+    const int heads = !split || strcmp(split, "heads") == 0;
+    if (!s && decode) { /* the same flags on every rank: each finds the same answer */
+        char why[200] = "";
+        if (!heads) snprintf(why, sizeof why, "--decode runs head-parallel; expected --split heads");
+        else if (!ff.causal || f.kv.f) snprintf(why, sizeof why, "--decode is causal self-attention; expected --causal and no --kv-input");
+        else if (ff.attn_mask || ff.key_padding_mask || save_z || save_c || save_p)
+            snprintf(why, sizeof why, "--decode takes no masks and saves only --output; expected no --attn-mask, --key-padding-mask or --save-*");
+        else if (decode > f.T) snprintf(why, sizeof why, "--decode %lld > T=%d tokens of --input; expected 1..%d", decode, f.T, f.T);
+        if (*why) code = MHA_EXIT_USAGE;
+        s = mha_mpi_agree(comm, *why ? MHA_E_ARG : MHA_OK, why);
+    }
 
     const int B = f.B, T = f.T, h = c->n_heads, D = c->d_model;
     const int St = f.S + c->add_bias_kv + c->add_zero_attn;
@@ -155,7 +202,6 @@ static int run(int argc, char **argv, MPI_Comm comm) {
     float *y = NULL;
     mha_capture cap = {0};
     mha_mpi_stats st = {0};
-    const int heads = !split || strcmp(split, "heads") == 0;
     if (!s) { /* rank 0 holds the outputs; the others only mark which are wanted */
         int ok = 1;
         if (rank == 0 || heads) ok = (y = malloc(sizeof(float) * rows * D)) != NULL;
@@ -176,7 +222,8 @@ static int run(int argc, char **argv, MPI_Comm comm) {
         if (!s) s = mha_mpi_shard_heads(&local, &hd, L, comm);
         if (!s) { /* from here on this rank holds only its shard */
             mha_layer_free(L), L = NULL;
-            s = mha_mpi_forward_heads(local, &hd, b_o, y, &cap, f.x.f, f.kv.f, B, T, f.S, &f.opt, comm, &st);
+            s = decode ? run_decode(local, &hd, b_o, y, &f, (int)decode, comm, &st)
+                       : mha_mpi_forward_heads(local, &hd, b_o, y, &cap, f.x.f, f.kv.f, B, T, f.S, &f.opt, comm, &st);
         }
         free(b_o);
         mha_layer_free(local);
@@ -203,12 +250,16 @@ static int run(int argc, char **argv, MPI_Comm comm) {
         if (rank == 0) free(cap_text.text);
     }
     if (!s && want_stats) { /* one line per rank, in rank order, from rank 0 */
-        double mine[4] = {st.sent_bytes, st.formula_bytes, st.compute_s, st.total_s}, *all = NULL;
-        if (rank == 0) all = malloc(sizeof(double) * 4 * P);
-        MPI_Gather(mine, 4, MPI_DOUBLE, all, 4, MPI_DOUBLE, 0, comm);
-        for (int p = 0; rank == 0 && all && p < P; p++)
-            printf("stats: split=%s rank=%d P=%d sent_bytes=%.0f formula_bytes=%.0f compute_s=%.6f total_s=%.6f\n",
-                   heads ? "heads" : "sequence", p, P, all[4 * p], all[4 * p + 1], all[4 * p + 2], all[4 * p + 3]);
+        double mine[5] = {st.sent_bytes, st.formula_bytes, st.compute_s, st.total_s, st.cache_bytes}, *all = NULL;
+        if (rank == 0) all = malloc(sizeof(double) * 5 * P);
+        MPI_Gather(mine, 5, MPI_DOUBLE, all, 5, MPI_DOUBLE, 0, comm);
+        for (int p = 0; rank == 0 && all && p < P; p++) {
+            const double *a = all + 5 * p;
+            printf("stats: split=%s rank=%d P=%d sent_bytes=%.0f formula_bytes=%.0f compute_s=%.6f total_s=%.6f",
+                   heads ? "heads" : "sequence", p, P, a[0], a[1], a[2], a[3]);
+            if (decode) printf(" cache_bytes=%.0f", a[4]);
+            printf("\n");
+        }
         free(all);
     }
     if (!s && rank == 0)
@@ -219,7 +270,7 @@ static int run(int argc, char **argv, MPI_Comm comm) {
     free(y), free(iv);
     cli_fwd_free(&f);
     mha_layer_free(L);
-    return s ? report(rank, MHA_EXIT_RUNTIME) : MHA_EXIT_OK;
+    return s ? report(rank, code ? code : MHA_EXIT_RUNTIME) : MHA_EXIT_OK;
 }
 
 int main(int argc, char **argv) {

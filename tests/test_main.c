@@ -43,6 +43,7 @@ static const test_area_fn areas[] = {
     tests_cache_edges,
     tests_merge_edges,
     tests_lse_fast,
+    tests_load_heads,
 };
 
 /* Areas whose every case runs once per kernel ISA this CPU has (the table
