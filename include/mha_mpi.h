@@ -81,6 +81,15 @@ mha_status mha_mpi_heads_of(mha_mpi_heads *out, const mha_config *c, int rank, i
 mha_status mha_mpi_shard_heads(mha_layer **local, mha_mpi_heads *heads, const mha_layer *full,
                                MPI_Comm comm);
 
+/* Loads this rank's shard straight from the checkpoint file
+ * (mha_layer_load_heads: only its heads' blocks are read and copied; no
+ * rank holds the whole layer): cfg gets the whole layer's dims, heads its
+ * heads, *b_o a malloc'd copy of b_O (NULL when the file has none; free
+ * it) and *local the shard with b_O = 0. Labels are checked as
+ * mha_mpi_shard_heads does, from the file's metadata. Collective. */
+mha_status mha_mpi_load_heads(mha_layer **local, mha_mpi_heads *heads, mha_config *cfg, float **b_o,
+                              const char *path, const mha_load_options *opt, MPI_Comm comm);
+
 /* y (B,T,d_model) on every rank = the full layer's forward, from this
  * rank's shard (mha_mpi_shard_heads) plus b_o (d_model, may be NULL).
  * x, kv, B, T, S as mha_forward; opt's interventions are indexed by global

@@ -152,13 +152,10 @@ static int run(int argc, char **argv, MPI_Comm comm) {
     }
     capture cap_text;
     capture_begin(&cap_text, rank);
-    int rc = cli_fwd_open(&L, &f, &spec, &ck, &ff, &outs, argc, argv);
-    if (rc == MHA_ARGS_CONTINUE && ablate) {
-        iv = calloc((size_t)mha_layer_config(L)->n_heads, sizeof *iv);
-        int e = iv ? cli_parse_ablate(ablate, iv, mha_layer_config(L)->n_heads)
-                   : mha_cmd_error("run", MHA_EXIT_RUNTIME, "out of memory");
-        if (e) rc = e, cli_fwd_free(&f), mha_layer_free(L), L = NULL;
-    }
+    memset(&f, 0, sizeof f);
+    argv = cli_expand_causal(&argc, argv);
+    int rc = mha_args_parse(&spec, argc, argv, NULL, NULL);
+    if (rc == MHA_ARGS_CONTINUE) rc = cli_outputs_check(&outs) ? MHA_EXIT_USAGE : MHA_ARGS_CONTINUE;
     capture_end(&cap_text);
     int failed = rc != MHA_ARGS_CONTINUE && rc != MHA_EXIT_OK, code = failed ? rc : 0;
     int help = rc == MHA_EXIT_OK, any_help;
@@ -166,25 +163,57 @@ static int run(int argc, char **argv, MPI_Comm comm) {
     MPI_Allreduce(&help, &any_help, 1, MPI_INT, MPI_MAX, comm);
     mha_status s = mha_mpi_agree(comm, failed ? MHA_E_ARG : MHA_OK, cap_text.text);
     free(cap_text.text);
-    if (s || any_help) { /* a rank that printed help has nothing loaded: all stop */
-        if (L) cli_fwd_free(&f), mha_layer_free(L), cli_outputs_finish(&outs, MHA_EXIT_RUNTIME);
-        free(iv);
-        if (s) return report(rank, code ? code : MHA_EXIT_RUNTIME);
-        return help ? MHA_EXIT_OK : MHA_EXIT_USAGE;
+    if (s) return report(rank, code ? code : MHA_EXIT_RUNTIME);
+    if (any_help) return help ? MHA_EXIT_OK : MHA_EXIT_USAGE; /* a rank that printed help stops them all */
+
+    // --- the layer: heads, this rank's shard straight from the file; sequence, all of it
+    const int heads = !split || strcmp(split, "heads") == 0;
+    mha_layer *local = NULL;
+    mha_mpi_heads hd;
+    mha_config cfg;
+    float *b_o = NULL;
+    mha_load_options lo;
+    s = mha_mpi_agree(comm, cli_load_options(&lo, &ck), NULL);
+    if (!s && heads) {
+        s = mha_mpi_load_heads(&local, &hd, &cfg, &b_o, ck.weights, &lo, comm);
+    } else if (!s) {
+        s = mha_layer_load(&L, ck.weights, &lo);
+        if (!s) cfg = *mha_layer_config(L);
+        s = mha_mpi_agree(comm, s, NULL);
+    }
+    // --- inputs, masks and --ablate against the layer's dims
+    capture_begin(&cap_text, rank);
+    rc = s ? MHA_EXIT_RUNTIME : cli_fwd_prepare_config("run", &f, &cfg, &ff);
+    if (!s && !rc && ablate) {
+        iv = calloc((size_t)cfg.n_heads, sizeof *iv);
+        rc = iv ? cli_parse_ablate(ablate, iv, cfg.n_heads) : mha_cmd_error("run", MHA_EXIT_RUNTIME, "out of memory");
+    }
+    capture_end(&cap_text);
+    if (!s) {
+        code = rc;
+        MPI_Allreduce(MPI_IN_PLACE, &code, 1, MPI_INT, MPI_MAX, comm);
+        s = mha_mpi_agree(comm, rc ? MHA_E_ARG : MHA_OK, cap_text.text);
+    }
+    free(cap_text.text);
+    if (s) {
+        if (rank == 0) cli_outputs_finish(&outs, MHA_EXIT_RUNTIME);
+        cli_fwd_free(&f), mha_layer_free(L), mha_layer_free(local), free(b_o), free(iv);
+        return report(rank, code ? code : MHA_EXIT_RUNTIME);
     }
     if (masked && strcmp(masked, "nan") == 0) f.opt.masked_row = MHA_MASKED_ROW_NAN;
     f.opt.interventions = iv;
 
-    // --- the same checkpoint and inputs on every rank
-    const mha_config cfg = *mha_layer_config(L), *c = &cfg; /* L is freed once sharded */
+    // --- the same checkpoint and inputs on every rank (heads: each rank
+    //     read other weights; b_O and the labels are what they share)
+    const mha_config *c = &cfg;
     unsigned long long in_sum = fnv(1469598103934665603ull, f.x.f, 4 * f.x.count);
     if (f.kv.f) in_sum = fnv(in_sum, f.kv.f, 4 * f.kv.count);
     const long long same[] = {c->d_model, c->n_heads, c->n_kv_heads, c->d_k, c->d_v, c->d_kv_in, c->bias,
-                              f.B, f.T, f.S, layer_checksum(L), (long long)(in_sum >> 1)};
+                              f.B, f.T, f.S, L ? layer_checksum(L) : (long long)(fnv(1469598103934665603ull, b_o, b_o ? 4 * (size_t)c->d_model : 0) >> 1),
+                              (long long)(in_sum >> 1)};
     const char *names[] = {"d_model", "h", "h_kv", "d_k", "d_v", "d_kv_in", "bias", "B", "T", "S",
-                           "checksum of the weights", "checksum of the inputs"};
+                           heads ? "checksum of b_O" : "checksum of the weights", "checksum of the inputs"};
     s = mha_mpi_check_same(comm, same, 12, names);
-    const int heads = !split || strcmp(split, "heads") == 0;
     if (!s && decode) { /* the same flags on every rank: each finds the same answer */
         char why[200] = "";
         if (!heads) snprintf(why, sizeof why, "--decode runs head-parallel; expected --split heads");
@@ -211,22 +240,9 @@ static int run(int argc, char **argv, MPI_Comm comm) {
         if (rank == 0 && ((save_z && !cap.z) || (save_c && !cap.contributions) || (save_p && !cap.probs))) ok = 0;
         s = mha_mpi_agree(comm, ok ? MHA_OK : MHA_E_NOMEM, ok ? NULL : "no memory for the outputs");
     }
-    if (!s && heads) {
-        mha_layer *local = NULL;
-        mha_mpi_heads hd;
-        mha_weights w;
-        mha_layer_get_weights(L, &w);
-        float *b_o = w.b_o ? malloc(sizeof(float) * D) : NULL;
-        if (b_o) memcpy(b_o, w.b_o, sizeof(float) * D);
-        s = mha_mpi_agree(comm, w.b_o && !b_o ? MHA_E_NOMEM : MHA_OK, "no memory for b_O");
-        if (!s) s = mha_mpi_shard_heads(&local, &hd, L, comm);
-        if (!s) { /* from here on this rank holds only its shard */
-            mha_layer_free(L), L = NULL;
-            s = decode ? run_decode(local, &hd, b_o, y, &f, (int)decode, comm, &st)
-                       : mha_mpi_forward_heads(local, &hd, b_o, y, &cap, f.x.f, f.kv.f, B, T, f.S, &f.opt, comm, &st);
-        }
-        free(b_o);
-        mha_layer_free(local);
+    if (!s && heads) { /* this rank holds only its shard */
+        s = decode ? run_decode(local, &hd, b_o, y, &f, (int)decode, comm, &st)
+                   : mha_mpi_forward_heads(local, &hd, b_o, y, &cap, f.x.f, f.kv.f, B, T, f.S, &f.opt, comm, &st);
     } else if (!s) {
         s = mha_mpi_forward_sequence(L, y, &cap, f.x.f, f.kv.f, B, T, f.S, &f.opt, comm, &st);
     }
@@ -267,9 +283,9 @@ static int run(int argc, char **argv, MPI_Comm comm) {
                f.batched ? "" : "unbatched ", B, T, D, h, c->n_kv_heads, heads ? "heads" : "sequence", P);
     if (rank == 0) free(cap.z), free(cap.contributions), free(cap.probs);
     if (s && rank == 0) cli_outputs_finish(&outs, MHA_EXIT_RUNTIME); /* no temporary left */
-    free(y), free(iv);
+    free(y), free(iv), free(b_o);
     cli_fwd_free(&f);
-    mha_layer_free(L);
+    mha_layer_free(L), mha_layer_free(local);
     return s ? report(rank, code ? code : MHA_EXIT_RUNTIME) : MHA_EXIT_OK;
 }
 

@@ -50,6 +50,14 @@ layer("mha", 24, 12, 12, 3, 2)          # P = 1, 2, 3, 4 split h = h_kv = 12
 layer("gqa", 16, 8, 4, 2, 3)            # P = 1, 2, 4: whole kv groups; P = 3: refused
 layer("mqa2", 16, 8, 2, 2, 2)           # P = 4: each rank a copy of its kv head
 layer("cross", 24, 12, 12, 3, 3, din=10)
+# hf layout (nn.Linear (out, in)) of a GQA layer, and a native one whose
+# head 5 has NaN in its W_Q columns: only the rank owning head 5 may fail
+w = {"q_proj.weight": r(16, 16), "k_proj.weight": r(8, 16), "v_proj.weight": r(12, 16), "o_proj.weight": r(16, 24),
+     "q_proj.bias": r(16), "o_proj.bias": r(16)}
+write_safetensors(d + "/hf.safetensors", w, {"n_heads": 8, "n_kv_heads": 4})
+w = {"w_q": r(16, 16), "w_k": r(16, 8), "w_v": r(16, 12), "w_o": r(24, 16)}
+w["w_q"][3, 5 * 2 + 1] = np.nan
+write_safetensors(d + "/nan5.safetensors", w, {"n_heads": 8, "n_kv_heads": 4})
 np.save(d + "/x.npy", r(2, 16, 24))
 np.save(d + "/x16.npy", r(2, 16, 16))
 np.save(d + "/x1.npy", r(16, 24))         # unbatched
@@ -151,6 +159,7 @@ case_ boolmask "2 4" "heads sequence" mha x --attn-mask "$T/am.npy"
 case_ unbatched "2 3" "heads sequence" mha x1 --causal
 case_ gqa "1 2 4" "heads sequence" gqa x16 --causal
 case_ gqa_rep "4" "heads" mqa2 x16 --causal
+case_ hf "1 2 4 8" "heads sequence" hf x16 --causal   # each rank slices the hf tensors itself
 case_ gqa_seq3 "3" "sequence" gqa x16 --causal
 case_ cross "2 3 4" "heads sequence" cross x --kv-input "$T/kv.npy" --causal bottom-right
 case_ cross_pad "2 4" "heads sequence" cross x --kv-input "$T/kv.npy" --key-padding-mask "$T/kpm_cross.npy"
@@ -229,6 +238,12 @@ for split in heads sequence; do
     MHA_MPI_FAIL_ALLOC=1 mpi 3 --split $split --weights "$T/mha.safetensors" --input "$T/x.npy" --output "$T/fo/y.npy"
     expect_fail 3 "rank 1: no memory"
 done
+# a rank reads only its heads: the NaN of head 5 stops the rank that owns it
+# (the lowest failing rank names it), not the ranks before it
+mpi 2 --split heads --weights "$T/nan5.safetensors" --input "$T/x16.npy" --output "$T/fo/y.npy"
+expect_fail 2 "rank 1: .*w_q\[.*\] = nan"
+mpi 4 --split heads --weights "$T/nan5.safetensors" --input "$T/x16.npy" --output "$T/fo/y.npy"
+expect_fail 4 "rank 2: .*w_q\[.*\] = nan"
 # --decode: usage errors (exit 2) on every rank
 mpi 2 --decode 3 --split sequence --weights "$T/mha.safetensors" --input "$T/x.npy" --output "$T/fo/y.npy" --causal
 expect_fail 2 "expected --split heads"
