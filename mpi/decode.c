@@ -34,10 +34,7 @@ mha_status mha_mpi_forward_cached_heads(const mha_layer *local, mha_cache *cache
         if (s) snprintf(msg, sizeof msg, "%s", mha_last_error());
     }
     if (!(s = mha_mpi_agree(comm, s, msg))) {
-        // --- Y = sum_r Y_r + b_O
-        MPI_Allreduce(yl, y, (int)(rows * D), MPI_FLOAT, MPI_SUM, comm);
-        for (size_t t = 0; b_o && t < rows; t++)
-            for (int e = 0; e < D; e++) y[t * D + e] += b_o[e];
+        mha_mpi_sum_partials(y, yl, rows, D, b_o, comm); /* Y = sum_r Y_r + b_O */
         if (stats) stats->sent_bytes = stats->formula_bytes = P > 1 ? (double)rows * D * sizeof(float) : 0.0;
         if (stats) stats->cache_bytes = (double)mha_cache_bytes(cache);
     }

@@ -17,6 +17,12 @@ int mha_mpi_alloc_fault(MPI_Comm comm) {
     return e && *e && atoi(e) == rank;
 }
 
+void mha_mpi_sum_partials(float *y, const float *yl, size_t rows, int D, const float *b_o, MPI_Comm comm) {
+    MPI_Allreduce(yl, y, (int)(rows * D), MPI_FLOAT, MPI_SUM, comm);
+    for (size_t t = 0; b_o && t < rows; t++)
+        for (int e = 0; e < D; e++) y[t * D + e] += b_o[e];
+}
+
 mha_status mha_mpi_heads_of(mha_mpi_heads *out, const mha_config *c, int rank, int P) {
     const int h = c->n_heads, h_kv = c->n_kv_heads;
     if (h_kv % P == 0) { /* whole kv groups per rank */
@@ -282,10 +288,7 @@ mha_status mha_mpi_forward_heads(const mha_layer *local, const mha_mpi_heads *hd
         if (s) snprintf(msg, sizeof msg, "%s", mha_last_error());
     }
     if (!(s = mha_mpi_agree(comm, s, msg))) {
-        // --- Y = sum_r Y_r + b_O
-        MPI_Allreduce(yl, y, (int)(rows * D), MPI_FLOAT, MPI_SUM, comm);
-        for (size_t t = 0; b_o && t < rows; t++)
-            for (int e = 0; e < D; e++) y[t * D + e] += b_o[e];
+        mha_mpi_sum_partials(y, yl, rows, D, b_o, comm); /* Y = sum_r Y_r + b_O */
         double sent = (double)rows * D * sizeof(float);
         // --- captures: rank 0 assembles every rank's heads
         float *g = NULL;

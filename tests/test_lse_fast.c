@@ -125,24 +125,39 @@ static void lse_fast_matches_reference(void) {
     fixture_free(&f);
 }
 
+/* Two outputs of one call shape: z[i] (B,T,h*d_v), l[i] (B,h,T). */
+enum { NZ = B_ * T_ * H_ * DV_, NL = B_ * H_ * T_ };
+typedef struct {
+    float *z[2], *l[2];
+} two_outputs;
+
+static two_outputs two_alloc(void) {
+    return (two_outputs){{naive_alloc_floats(NZ), naive_alloc_floats(NZ)}, {naive_alloc_floats(NL), naive_alloc_floats(NL)}};
+}
+
+/* Both outputs hold the same bits. */
+static void two_check_same(const two_outputs *t) {
+    CHECK(memcmp(t->z[0], t->z[1], sizeof(float) * NZ) == 0);
+    CHECK(memcmp(t->l[0], t->l[1], sizeof(float) * NL) == 0);
+}
+
+static void two_free(two_outputs *t) { free(t->z[0]), free(t->z[1]), free(t->l[0]), free(t->l[1]); }
+
 /* 1 and 2 threads: the same bits (each row one task, fixed order). */
 static void lse_fast_thread_count_free(void) {
     fixture f;
     fixture_make(&f, 1502);
-    const size_t nz = (size_t)B_ * T_ * H_ * DV_, nl = (size_t)B_ * H_ * T_;
-    float *z1 = naive_alloc_floats(nz), *z2 = naive_alloc_floats(nz), *l1 = naive_alloc_floats(nl),
-          *l2 = naive_alloc_floats(nl);
+    two_outputs t = two_alloc();
     mha_options o = mha_options_default();
     o.path = MHA_PATH_FAST, o.causal = 1, o.key_keep = f.keep;
     const int saved = mha_get_num_threads();
-    mha_set_num_threads(1);
-    CHECK_OK(mha_attend_lse(&f.c, z1, l1, f.q, f.k, f.v, B_, T_, S_, &o));
-    mha_set_num_threads(2);
-    CHECK_OK(mha_attend_lse(&f.c, z2, l2, f.q, f.k, f.v, B_, T_, S_, &o));
+    for (int i = 0; i < 2; i++) {
+        mha_set_num_threads(i + 1);
+        CHECK_OK(mha_attend_lse(&f.c, t.z[i], t.l[i], f.q, f.k, f.v, B_, T_, S_, &o));
+    }
     mha_set_num_threads(saved);
-    CHECK(memcmp(z1, z2, sizeof(float) * nz) == 0);
-    CHECK(memcmp(l1, l2, sizeof(float) * nl) == 0);
-    free(z1), free(z2), free(l1), free(l2);
+    two_check_same(&t);
+    two_free(&t);
     fixture_free(&f);
 }
 
@@ -151,24 +166,21 @@ static void lse_fast_thread_count_free(void) {
 static void lse_fast_falls_back(void) {
     fixture f;
     fixture_make(&f, 1503);
-    const size_t nz = (size_t)B_ * T_ * H_ * DV_, nl = (size_t)B_ * H_ * T_;
-    float *za = naive_alloc_floats(nz), *zr = naive_alloc_floats(nz), *la = naive_alloc_floats(nl),
-          *lr = naive_alloc_floats(nl);
+    two_outputs t = two_alloc();
     mha_options o = mha_options_default();
     for (int round = 0; round < 2; round++) {
         if (round == 0) f.c.softcap = 5.0f;
         else f.c.softcap = 0.0f, f.q[0] = 3e5f; /* one row's scores beyond MHA_FAST_SCORE_LIMIT */
         o.path = MHA_PATH_FAST;
-        CHECK_STATUS(mha_attend_lse(&f.c, za, la, f.q, f.k, f.v, B_, T_, S_, &o), MHA_E_UNSUPPORTED);
+        CHECK_STATUS(mha_attend_lse(&f.c, t.z[0], t.l[0], f.q, f.k, f.v, B_, T_, S_, &o), MHA_E_UNSUPPORTED);
         CHECK_ERROR_MENTIONS(round == 0 ? "softcap" : "beyond");
         o.path = MHA_PATH_AUTO;
-        CHECK_OK(mha_attend_lse(&f.c, za, la, f.q, f.k, f.v, B_, T_, S_, &o));
+        CHECK_OK(mha_attend_lse(&f.c, t.z[0], t.l[0], f.q, f.k, f.v, B_, T_, S_, &o));
         o.path = MHA_PATH_REFERENCE;
-        CHECK_OK(mha_attend_lse(&f.c, zr, lr, f.q, f.k, f.v, B_, T_, S_, &o));
-        CHECK(memcmp(za, zr, sizeof(float) * nz) == 0);
-        CHECK(memcmp(la, lr, sizeof(float) * nl) == 0);
+        CHECK_OK(mha_attend_lse(&f.c, t.z[1], t.l[1], f.q, f.k, f.v, B_, T_, S_, &o));
+        two_check_same(&t);
     }
-    free(za), free(zr), free(la), free(lr);
+    two_free(&t);
     fixture_free(&f);
 }
 
