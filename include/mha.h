@@ -343,8 +343,13 @@ MHA_API int mha_get_num_threads(void);
  * each part's output Z_i and log-sum-exp lse_i of its scores,
  *   lse = log sum_i exp(lse_i),   Z = sum_i exp(lse_i - lse) Z_i.
  * That is how ring attention, split KV caches and cascade attention are
- * built (src/forward/lse.c, src/forward/merge.c). These entries always run
- * the double-accumulating reference, whatever options.path says. */
+ * built (src/forward/lse.c, src/forward/merge.c). mha_forward_lse and
+ * mha_attention_merge run in double (the reference); mha_attend_lse
+ * follows options.path: AUTO and FAST run the fast path's tiled online
+ * softmax in fp32 (the fast backward's first pass), AUTO falling back to
+ * the reference for softcap or scores beyond the fast range (FAST then
+ * returns MHA_E_UNSUPPORTED); MHA_KERNELS=reference and REFERENCE run the
+ * double reference. */
 
 /* mha_forward_kv (y, cap, sources and options as there) that also writes
  * lse (B,h,T): lse[b,r,i] = log sum_j exp(scale q_i . k_j + additive_ij)
@@ -631,6 +636,35 @@ MHA_API mha_status mha_layer_to_tensors(mha_tensors **out, const mha_layer *laye
 /* File wrappers of the two above. */
 MHA_API mha_status mha_layer_load(mha_layer **out, const char *path, const mha_load_options *opt);
 MHA_API mha_status mha_layer_save(const mha_layer *layer, const char *path);
+
+/* ---- A shard of a checkpoint (src/io/load_heads.c) ---- */
+/* Query heads [first, first + count) of a checkpoint and the kv heads
+ * they read: whole kv groups (count and first multiples of h/h_kv), or
+ * heads inside one group (its one kv head). */
+typedef struct {
+    int first, count;       /* in                                            */
+    int kv_first, kv_count; /* out: the kv heads of the shard                */
+    int *labels;            /* out, may be NULL: 2*count + 2*kv_count ints,
+                               the file's labels (metadata labels_*; i when
+                               absent) of the shard's W_Q and W_O blocks
+                               (count each), then W_K and W_V (kv_count)  */
+} mha_head_range;
+
+/* The layer of those heads alone (h = count, h_kv = kv_count, identity
+ * labels): their column blocks of W_Q, W_K, W_V and biases, row blocks of
+ * W_O, per-head variant tensors, and b_O, bias_k, bias_v as the file has
+ * them (bias_k, bias_v: the shard's kv heads), for every layout
+ * mha_layer_load reads. Only those blocks are copied out of the mapped
+ * file, and only they are checked: another head's NaN does not stop the
+ * load (F32 tensors; other dtypes are decoded whole while mapped).
+ * Y of the full layer = sum over a partition of the heads of each shard's
+ * Y without b_O, plus b_O. */
+MHA_API mha_status mha_layer_load_heads(mha_layer **out, const char *path, const mha_load_options *opt,
+                                        mha_head_range *range);
+/* The layer's dims (h, h_kv, d_k, d_v, d_model, d_kv_in, d_v_in, bias,
+ * add_bias_kv, add_zero_attn; not the variants) from the shapes and
+ * metadata, without copying or checking any weight. */
+MHA_API mha_status mha_layer_load_config(mha_config *out, const char *path, const mha_load_options *opt);
 
 /* ---- PyTorch layout (src/convert_torch.c) ---- */
 

@@ -42,6 +42,8 @@ static const test_area_fn areas[] = {
     tests_compute_edges,
     tests_cache_edges,
     tests_merge_edges,
+    tests_lse_fast,
+    tests_load_heads,
 };
 
 /* Areas whose every case runs once per kernel ISA this CPU has (the table
@@ -49,7 +51,7 @@ static const test_area_fn areas[] = {
  * decode paths (fp32/fp16, int8 and mixed caches) stay checked against
  * the reference on every ISA
  * (MHA_TEST_ISA in main narrows it). */
-static const test_area_fn per_isa_areas[] = {tests_fast, tests_cache, tests_cache_i8};
+static const test_area_fn per_isa_areas[] = {tests_fast, tests_cache, tests_cache_i8, tests_lse_fast};
 
 static int run_per_isa(test_area_fn area) {
     for (size_t i = 0; i < sizeof per_isa_areas / sizeof per_isa_areas[0]; i++)

@@ -395,6 +395,36 @@ static mha_status run_pass(int pass, const mha_bwd_attn *a, const float *dd, con
     return MHA_OK;
 }
 
+/* Largest L2 norm of head column block [c0, c0+d) over n rows of width w. */
+static double max_norm(const float *a, size_t n, size_t w, size_t c0, int d) {
+    double best = 0.0;
+    for (size_t t = 0; t < n; t++) {
+        double sq = 0.0;
+        for (int e = 0; e < d; e++) sq += (double)a[t * w + c0 + e] * a[t * w + c0 + e];
+        if (!(sq <= best)) best = sq; /* NaN wins */
+    }
+    return sqrt(best);
+}
+
+/* The fast forward's fp32 range rule (mha.h): scores |scale q.k| bounded by
+ * MHA_FAST_SCORE_LIMIT, checked as |scale| max|q| max|k| per (b, head);
+ * beyond it MHA_E_UNSUPPORTED, and AUTO runs the reference (double). */
+mha_status mha_fast_check_scores(const float *q, const float *k, const mha_config *c, int B, int T, int Sx,
+                                 float scale, const char *who) {
+    const size_t qw = (size_t)c->n_heads * c->d_k, kw = (size_t)c->n_kv_heads * c->d_k;
+    for (int b = 0; b < B; b++)
+        for (int r = 0; r < c->n_heads; r++) {
+            const int g = mha_kv_head(c, r);
+            const double bound = fabs(scale) * max_norm(q + (size_t)b * T * qw, (size_t)T, qw, (size_t)r * c->d_k, c->d_k) *
+                                 max_norm(k + (size_t)b * Sx * kw, (size_t)Sx, kw, (size_t)g * c->d_k, c->d_k);
+            if (!(bound <= MHA_FAST_SCORE_LIMIT))
+                return mha_fail(MHA_E_UNSUPPORTED, "%s: scores of batch %d head %d may reach %.3g, "
+                                "beyond the %g its fp32 softmax keeps accurate; expected MHA_PATH_AUTO or "
+                                "_REFERENCE for such inputs", who, b, r, bound, MHA_FAST_SCORE_LIMIT);
+        }
+    return MHA_OK;
+}
+
 mha_status mha_bwd_attention_forward(const mha_bwd_attn *a, const mha_kernels *kern, int n_threads,
                                      long *masked_rows) {
     return run_pass(PASS_FORWARD, a, NULL, kern, n_threads, masked_rows);

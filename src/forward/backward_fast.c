@@ -53,36 +53,6 @@ static mha_status project(float *q, float *k, float *v, const mha_layer *L, cons
     return mha_gemm(&a, kern, nt);
 }
 
-/* Largest L2 norm of head column block [c0, c0+d) over n rows of width w. */
-static double max_norm(const float *a, size_t n, size_t w, size_t c0, int d) {
-    double best = 0.0;
-    for (size_t t = 0; t < n; t++) {
-        double sq = 0.0;
-        for (int e = 0; e < d; e++) sq += (double)a[t * w + c0 + e] * a[t * w + c0 + e];
-        if (!(sq <= best)) best = sq; /* NaN wins */
-    }
-    return sqrt(best);
-}
-
-/* The fast forward's fp32 range rule (mha.h): scores |scale q.k| bounded by
- * MHA_FAST_SCORE_LIMIT, checked as |scale| max|q| max|k| per (b, head);
- * beyond it MHA_E_UNSUPPORTED, and AUTO runs the reference (double). */
-static mha_status check_scores(const float *q, const float *k, const mha_config *c, int B, int T, int Sx,
-                               float scale) {
-    const size_t qw = (size_t)c->n_heads * c->d_k, kw = (size_t)c->n_kv_heads * c->d_k;
-    for (int b = 0; b < B; b++)
-        for (int r = 0; r < c->n_heads; r++) {
-            const int g = mha_kv_head(c, r);
-            const double bound = fabs(scale) * max_norm(q + (size_t)b * T * qw, (size_t)T, qw, (size_t)r * c->d_k, c->d_k) *
-                                 max_norm(k + (size_t)b * Sx * kw, (size_t)Sx, kw, (size_t)g * c->d_k, c->d_k);
-            if (!(bound <= MHA_FAST_SCORE_LIMIT))
-                return mha_fail(MHA_E_UNSUPPORTED, "fast backward: scores of batch %d head %d may reach %.3g, "
-                                "beyond the %g its fp32 softmax keeps accurate; expected MHA_PATH_AUTO or "
-                                "_REFERENCE for such inputs", b, r, bound, MHA_FAST_SCORE_LIMIT);
-        }
-    return MHA_OK;
-}
-
 /* Backward of an intervention on head r's block of dz (rows, h*d), in
  * place (the functions of mha.h: ZERO and REPLACE are constants, SCALE
  * multiplies, MEAN spreads the column means). */
@@ -176,7 +146,7 @@ mha_status mha_backward_fast(const mha_layer *L, const mha_gradients *g, const f
     // --- recompute Z^(r) = softmax(scale Q^(r) K^(g)^T + mask) V^(g) and lse
     const mha_bwd_attn att = {c, opt, q, k, v, z, lse, dz, z, k, v, B, T, S, Sx,
                               opt->scale != 0.0f ? opt->scale : (float)(1.0 / sqrt((double)d_k))};
-    if ((s = check_scores(q, k, c, B, T, Sx, att.scale))) goto done;
+    if ((s = mha_fast_check_scores(q, k, c, B, T, Sx, att.scale, "fast backward"))) goto done;
     long masked = 0;
     if ((s = mha_bwd_attention_forward(&att, kern, nt, &masked))) goto done;
     if (masked && opt->masked_row == MHA_MASKED_ROW_NAN) {

@@ -47,9 +47,15 @@ typedef struct {
     float scale;
 } mha_bwd_attn;
 
+/* The fast path's fp32 range rule (mha.h) on q (B,T,qw) and k (B,Sx,kw):
+ * |scale| max|q| max|k| per (b, head) within MHA_FAST_SCORE_LIMIT, else
+ * MHA_E_UNSUPPORTED naming `who` (AUTO callers then run the reference). */
+mha_status mha_fast_check_scores(const float *q, const float *k, const mha_config *c, int B, int T, int Sx,
+                                 float scale, const char *who);
+
 /* Pass 1: z and lse from q, k, v (the forward's attention with an online
- * softmax, tiled: no (T,S) buffer). *masked_rows = number of rows with no
- * allowed key (their z is 0). */
+ * softmax, tiled: no (T,S) buffer); also mha_attend_lse's fast path.
+ * *masked_rows = number of rows with no allowed key (their z is 0). */
 mha_status mha_bwd_attention_forward(const mha_bwd_attn *a, const mha_kernels *kern, int n_threads,
                                      long *masked_rows);
 
