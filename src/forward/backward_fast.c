@@ -134,13 +134,14 @@ static void extra_row_sum(float *dbias, const float *d, int B, int S, int Sx, si
         for (size_t e = 0; e < n; e++) dbias[e] += d[((size_t)b * Sx + S) * n + e];
 }
 
-mha_status mha_backward_fast(const mha_layer *L, const mha_gradients *g, const float *dy, const float *x,
+mha_status mha_backward_fast(const mha_exec *ex, const mha_layer *L, const mha_gradients *g, const float *dy, const float *x,
                              const float *k_src, const float *v_src, int B, int T, int S,
                              const mha_options *opt) {
     const mha_config *c = &L->cfg;
     if (!L->fast) return mha_fail(MHA_E_UNSUPPORTED, "fast backward: the layer's packed weights are missing");
-    const mha_kernels *kern = mha_kernels_get();
-    const int nt = mha_get_num_threads();
+    const mha_kernels *kern = mha_exec_prefill(ex);
+    const mha_backward_kernels *bk = mha_exec_backward(ex);
+    const int nt = ex->n_threads;
     const int h = c->n_heads, h_kv = c->n_kv_heads, d_k = c->d_k, d_v = c->d_v, D = c->d_model;
     const int Sx = mha_total_keys(c, S);
     const size_t qw = (size_t)h * d_k, kw = (size_t)h_kv * d_k, vw = (size_t)h_kv * d_v, zw = (size_t)h * d_v;
@@ -178,7 +179,7 @@ mha_status mha_backward_fast(const mha_layer *L, const mha_gradients *g, const f
                               opt->scale != 0.0f ? opt->scale : (float)(1.0 / sqrt((double)d_k))};
     if ((s = check_scores(q, k, c, B, T, Sx, att.scale))) goto done;
     long masked = 0;
-    if ((s = mha_bwd_attention_forward(&att, kern, nt, &masked))) goto done;
+    if ((s = mha_bwd_attention_forward(&att, kern, bk, nt, &masked))) goto done;
     if (masked && opt->masked_row == MHA_MASKED_ROW_NAN) {
         s = mha_fail(MHA_E_UNSUPPORTED, "fast backward: %ld query rows have no allowed key under "
                      "MHA_MASKED_ROW_NAN; expected MHA_MASKED_ROW_ZERO (or the reference backward)", masked);
@@ -213,7 +214,7 @@ mha_status mha_backward_fast(const mha_layer *L, const mha_gradients *g, const f
         intervene_backward(dz, &opt->interventions[r], r, h, rows, d_v);
 
     // --- attention: dQ, dK, dV (kv heads sum their group), D = rowsum(dZ * Z)
-    if ((s = mha_bwd_attention_backward(&att, kern, nt))) goto done;
+    if ((s = mha_bwd_attention_backward(&att, kern, bk, nt))) goto done;
     const float *dq = z, *dk = k, *dv = v;
 
     // --- projections; a source that is x (or the key source) adds its
