@@ -110,7 +110,7 @@ typedef struct {
 } proj_grad;
 
 static mha_status proj_backward(float *dw, float *db, float *dsrc, int dsrc_accumulate, const proj_grad *p,
-                                const mha_kernels *kern, int nt) {
+                                const mha_backward_kernels *bk, int nt) {
     mha_status s = MHA_OK;
     const size_t n = (size_t)p->n, k = (size_t)p->k;
     const int one_block = p->rows == p->stride; /* no extra rows: one product over all batches */
@@ -118,11 +118,11 @@ static mha_status proj_backward(float *dw, float *db, float *dsrc, int dsrc_accu
         const int m = one_block ? p->B * p->rows : p->rows;
         const float *src = p->src + (size_t)b * p->rows * k, *dout = p->dout + (size_t)b * p->stride * n;
         if (dw) s = mha_gemm_strided(dw, n, (mha_view){src, 1, k}, (mha_view){dout, n, 1}, p->k, p->n, m, b > 0,
-                                     kern, nt);
+                                     bk, nt);
         if (db) mha_column_sums(db, dout, n, (size_t)m, p->n, b > 0);
         if (dsrc && !s)
             s = mha_gemm_strided(dsrc + (size_t)b * p->rows * k, k, (mha_view){dout, n, 1}, (mha_view){p->w, 1, n},
-                                 m, p->k, p->n, dsrc_accumulate, kern, nt);
+                                 m, p->k, p->n, dsrc_accumulate, bk, nt);
     }
     return s;
 }
@@ -201,12 +201,12 @@ mha_status mha_backward_fast(const mha_exec *ex, const mha_layer *L, const mha_g
 
     // --- Y = Z W_O + b_O: dW_O = Z^T dY, db_O = sum dY, dZ = dY W_O^T
     if (g->dw_o && (s = mha_gemm_strided(g->dw_o, (size_t)D, (mha_view){zo, 1, zw}, (mha_view){dy, (size_t)D, 1},
-                                         (int)zw, D, (int)rows, 0, kern, nt)))
+                                         (int)zw, D, (int)rows, 0, bk, nt)))
         goto done;
     if (g->db_o) mha_column_sums(g->db_o, dy, (size_t)D, rows, D, 0);
     if (!want_qkv) goto done;
     if ((s = mha_gemm_strided(dz, zw, (mha_view){dy, (size_t)D, 1}, (mha_view){L->w_o, 1, (size_t)D}, (int)rows,
-                              (int)zw, D, 0, kern, nt)))
+                              (int)zw, D, 0, bk, nt)))
         goto done;
 
     // --- interventions: dZ before = dZ after through each head's function
@@ -224,9 +224,9 @@ mha_status mha_backward_fast(const mha_exec *ex, const mha_layer *L, const mha_g
     const proj_grad pv = {v_src, L->w_v, dv, B, S, Sx, c->d_v_in, (int)vw};
     float *dk_into = k_src == x ? g->dx : g->dk_src;
     float *dv_into = v_src == x ? g->dx : v_src == k_src ? dk_into : g->dv_src;
-    if ((s = proj_backward(g->dw_q, g->db_q, g->dx, 0, &pq, kern, nt))) goto done;
-    if ((s = proj_backward(g->dw_k, g->db_k, dk_into, k_src == x, &pk, kern, nt))) goto done;
-    if ((s = proj_backward(g->dw_v, g->db_v, dv_into, v_src == x || v_src == k_src, &pv, kern, nt))) goto done;
+    if ((s = proj_backward(g->dw_q, g->db_q, g->dx, 0, &pq, bk, nt))) goto done;
+    if ((s = proj_backward(g->dw_k, g->db_k, dk_into, k_src == x, &pk, bk, nt))) goto done;
+    if ((s = proj_backward(g->dw_v, g->db_v, dv_into, v_src == x || v_src == k_src, &pv, bk, nt))) goto done;
     if (g->dbias_k) extra_row_sum(g->dbias_k, dk, B, S, Sx, kw);
     if (g->dbias_v) extra_row_sum(g->dbias_v, dv, B, S, Sx, vw);
 

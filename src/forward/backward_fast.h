@@ -20,7 +20,7 @@ typedef struct {
  * each element one task's sum over k in a fixed order (thread-count free).
  * K = 0 with !accumulate writes zeros. */
 mha_status mha_gemm_strided(float *c, size_t ldc, mha_view a, mha_view b, int M, int N, int K,
-                            int accumulate, const mha_kernels *kern, int n_threads);
+                            int accumulate, const mha_backward_kernels *bk, int n_threads);
 
 /* out (n) [+]= sum over rows of a (rows, n) with row stride lda, in row order. */
 void mha_column_sums(float *out, const float *a, size_t lda, size_t rows, int n, int accumulate);

@@ -40,4 +40,11 @@ static void accumulate_tn_avx2(float *c, size_t ldc, const float *a, size_t lda,
             mha_sgemm_avx2_6x16_body(c + (size_t)r * ldc + e, ldc, a + r, 1, lda, b + e, ldb, NULL, ones, K, 6, 16);
 }
 
-const mha_backward_kernels mha_backward_kernels_avx2 = {"avx2", probs_ds_avx2, accumulate_tn_avx2};
+static void gemm_tile_avx2(float *c, size_t ldc, const float *a, const float *b, int K, int m, int n,
+                           int accumulate) {
+    static const float ones[6] = {1, 1, 1, 1, 1, 1};
+    mha_sgemm_avx2_6x16_body(c, ldc, a, 1, 6, b, 16, NULL, accumulate ? ones : NULL, K, m, n);
+}
+
+const mha_backward_kernels mha_backward_kernels_avx2 = {"avx2", probs_ds_avx2, accumulate_tn_avx2, 6, 16,
+                                                        gemm_tile_avx2};

@@ -51,4 +51,19 @@ static void accumulate_tn_avx512(float *c, size_t ldc, const float *a, size_t ld
     }
 }
 
-const mha_backward_kernels mha_backward_kernels_avx512 = {"avx512", probs_ds_avx512, accumulate_tn_avx512};
+/* 12 x 32 (24 zmm accumulators: enough independent FMA chains for both
+ * ports), 6-row and 16-column variants for the edges, so that no panel
+ * beyond the live ones is read. */
+static void gemm_tile_avx512(float *c, size_t ldc, const float *a, const float *b, int K, int m, int n,
+                             int accumulate) {
+    static const float ones[12] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
+    const float *rs = accumulate ? ones : NULL;
+    const size_t a_ps = (size_t)6 * K, b_ps = (size_t)16 * K;
+    if (m > 6 && n > 16) mha_tile_avx512(c, ldc, a, a_ps, 1, 6, b, b_ps, 16, NULL, rs, K, m, n, 12, 2);
+    else if (m > 6) mha_tile_avx512(c, ldc, a, a_ps, 1, 6, b, b_ps, 16, NULL, rs, K, m, n, 12, 1);
+    else if (n > 16) mha_tile_avx512(c, ldc, a, a_ps, 1, 6, b, b_ps, 16, NULL, rs, K, m, n, 6, 2);
+    else mha_tile_avx512(c, ldc, a, a_ps, 1, 6, b, b_ps, 16, NULL, rs, K, m, n, 6, 1);
+}
+
+const mha_backward_kernels mha_backward_kernels_avx512 = {"avx512", probs_ds_avx512, accumulate_tn_avx512, 12, 32,
+                                                          gemm_tile_avx512};

@@ -31,6 +31,17 @@ typedef struct mha_backward_kernels {
      * then that sum is added to it. */
     void (*accumulate_tn)(float *c, size_t ldc, const float *a, size_t lda, const float *b,
                           size_t ldb, int rows, int K, int d16);
+
+    /* The projection products' register tile (backward_gemm.c), tile_rows
+     * (a multiple of 6) x tile_cols (a multiple of 16):
+     * c (m, n) [+]= a b, m <= tile_rows, n <= tile_cols; a is
+     * ceil(m/6) packed micro-panels (K, 6) one after another, b ceil(n/16)
+     * packed panels (K, 16) one after another; only (m, n) of c is read or
+     * written. Each c element gets one fp32 sum over k in order, then
+     * (accumulate) that sum is added to it. */
+    int tile_rows, tile_cols;
+    void (*gemm_tile)(float *c, size_t ldc, const float *a, const float *b, int K, int m, int n,
+                      int accumulate);
 } mha_backward_kernels;
 
 extern const mha_backward_kernels mha_backward_kernels_scalar;

@@ -28,4 +28,16 @@ static void accumulate_tn_scalar(float *c, size_t ldc, const float *a, size_t ld
         }
 }
 
-const mha_backward_kernels mha_backward_kernels_scalar = {"scalar", probs_ds_scalar, accumulate_tn_scalar};
+static void gemm_tile_scalar(float *c, size_t ldc, const float *a, const float *b, int K, int m, int n,
+                             int accumulate) {
+    for (int i = 0; i < m; i++)
+        for (int e = 0; e < n; e++) {
+            const float *ap = a + (size_t)(i / 6) * K * 6 + i % 6, *bp = b + (size_t)(e / 16) * K * 16 + e % 16;
+            float acc = 0.0f;
+            for (int k = 0; k < K; k++) acc = fmaf(ap[(size_t)k * 6], bp[(size_t)k * 16], acc);
+            c[(size_t)i * ldc + e] = accumulate ? c[(size_t)i * ldc + e] + acc : acc;
+        }
+}
+
+const mha_backward_kernels mha_backward_kernels_scalar = {"scalar", probs_ds_scalar, accumulate_tn_scalar, 6, 16,
+                                                          gemm_tile_scalar};
