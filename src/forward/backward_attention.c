@@ -20,8 +20,12 @@
 
 #include "forward/backward_fast.h"
 
+#ifndef BQ
 #define BQ 96 /* query rows per tile: a multiple of 12 (register tiles) */
+#endif
+#ifndef BK
 #define BK 96 /* keys per tile: a multiple of 16 (panels) and of 6      */
+#endif
 
 static int round16(int n) { return (n + 15) / 16 * 16; }
 static int round6(int n) { return (n + MHA_MR - 1) / MHA_MR * MHA_MR; }
