@@ -5,10 +5,10 @@
  *          Z = P V and lse = m + log(l) per row;
  *   pass 2 (per batch and head): D = rowsum(dZ * Z); for each key block j
  *          in order, for each query block i in order, the five products
- *          S = scale Q_i K_j^T, dP = dZ_i V_j^T (attn_scores),
- *          P = exp(S - lse), dS = scale P (dP - D) (probs_ds),
- *          dV_j += P^T dZ_i, dK_j += dS^T Q_i (accumulate_tn),
- *          dQ_i += dS K_j (attn_pv).
+ *          S = (scale Q_i) K_j^T, dP = dZ_i V_j^T (scores_rows),
+ *          P = exp(S - lse), dS' = P (dP - D) (probs_ds),
+ *          dV_j += P^T dZ_i, dK_j += dS'^T (scale Q_i) (accumulate_tn),
+ *          dQ_i += dS' K_j (attn_pv), times scale when written out.
  * A task owns its head's dQ and its key blocks' dK, dV (the heads of a GQA
  * group write their own, summed in head order afterwards) and walks its
  * tiles in a fixed order: the result does not depend on the thread count.
@@ -32,9 +32,9 @@ static int round6(int n) { return (n + MHA_MR - 1) / MHA_MR * MHA_MR; }
 static int clampi(int x, int a, int b) { return x < a ? a : x > b ? b : x; }
 
 typedef struct {
-    /* one head's queries (pass 1: one block's), Tp rows */
-    float *qs, *zp;   /* scale Q, dZ as (Tp/6, d, 6) micro-panels (attn_scores' a) */
-    float *qr, *zr;   /* Q (Tp, dk16), dZ (Tp, dv16) rows, zero padded           */
+    float *qs;        /* pass 1: scale Q_i as (BQ/6, d_k, 6) micro-panels        */
+    /* pass 2: one head's queries, Tp rows */
+    float *qr, *zr;   /* scale Q (Tp, dk16), dZ (Tp, dv16) rows, zero padded     */
     float *lse, *dd;  /* (Tp): +inf and 0 on the padding rows (P = dS = 0)     */
     float *dq;        /* (Tp, dk16)                                          */
     int *lo, *hi;     /* (Tp) allowed original keys [lo, hi] of each row       */
@@ -51,14 +51,15 @@ typedef struct {
 
 static void *alloc64(size_t floats) { return aligned_alloc(64, (floats * sizeof(float) + 63) / 64 * 64); }
 
+/* T: the query rows one task holds (BQ in pass 1, the sequence in pass 2). */
 static int scratch_init(scratch *w, const mha_config *c, int T) {
     const int d_k = c->d_k, d_v = c->d_v, dk16 = round16(d_k), dv16 = round16(d_v);
     const int dmax = dk16 > dv16 ? dk16 : dv16;
     const size_t tp = (size_t)(T + BQ - 1) / BQ * BQ;
     memset(w, 0, sizeof *w);
-    float **p[] = {&w->qs, &w->zp, &w->qr, &w->zr, &w->lse, &w->dq, &w->kt, &w->vt, &w->kr,
+    float **p[] = {&w->qs, &w->qr, &w->zr, &w->lse, &w->dq, &w->kt, &w->vt, &w->kr,
                    &w->acck, &w->accv, &w->s, &w->dp, &w->m, &w->keyadd};
-    const size_t n[] = {tp * d_k, tp * d_v, tp * dk16, tp * dv16, tp * 2, tp * dk16, (size_t)BK * d_k,
+    const size_t n[] = {(size_t)BQ * d_k, tp * dk16, tp * dv16, tp * 2, tp * dk16, (size_t)BK * d_k,
                         (size_t)BK * d_v, (size_t)BK * dmax, (size_t)(BK > BQ ? BK : BQ) * dmax,
                         (size_t)BK * dv16, (size_t)BQ * BK, (size_t)BQ * BK, (size_t)BQ * 4, BK};
     int ok = 1;
@@ -75,7 +76,7 @@ static int scratch_init(scratch *w, const mha_config *c, int T) {
 }
 
 static void scratch_free(scratch *w) {
-    free(w->qs), free(w->zp), free(w->qr), free(w->zr), free(w->lse), free(w->dq), free(w->kt);
+    free(w->qs), free(w->qr), free(w->zr), free(w->lse), free(w->dq), free(w->kt);
     free(w->vt), free(w->kr), free(w->acck), free(w->accv), free(w->s), free(w->dp), free(w->m);
     free(w->keyadd), free(w->lo);
 }
@@ -91,11 +92,11 @@ static void pack_micro(float *dst, const float *src, size_t ld, int n, int rows6
     }
 }
 
-/* rows [0, n) of src (width d) into (rows, d16) rows; the rest zero. */
-static void pack_rows(float *dst, const float *src, size_t ld, int n, int rows, int d) {
+/* rows [0, n) of src (width d), times s, into (rows, d16) rows; the rest zero. */
+static void pack_rows(float *dst, const float *src, size_t ld, int n, int rows, int d, float s) {
     const int d16 = round16(d);
     for (int i = 0; i < rows; i++)
-        for (int e = 0; e < d16; e++) dst[(size_t)i * d16 + e] = i < n && e < d ? src[(size_t)i * ld + e] : 0.0f;
+        for (int e = 0; e < d16; e++) dst[(size_t)i * d16 + e] = i < n && e < d ? s * src[(size_t)i * ld + e] : 0.0f;
 }
 
 /* rows [0, n) of src (width d) into panels of 16 rows transposed,
@@ -170,11 +171,11 @@ static void load_keys(scratch *w, const mha_bwd_attn *a, int b, int g, int j0, i
     const float *v = a->v + ((size_t)b * a->Sx + j0) * vw + (size_t)g * c->d_v;
     pack_panels(w->kt, k, kw, nj, c->d_k);
     if (v_rows) {
-        pack_rows(w->kr, v, vw, nj, nj, c->d_v);
+        pack_rows(w->kr, v, vw, nj, nj, c->d_v, 1.0f);
         return;
     }
     pack_panels(w->vt, v, vw, nj, c->d_v);
-    pack_rows(w->kr, k, kw, nj, round6(nj), c->d_k);
+    pack_rows(w->kr, k, kw, nj, round6(nj), c->d_k, 1.0f);
 }
 
 /* ------------------------------------------------------------- pass 1 */
@@ -229,10 +230,8 @@ static void backward_task(scratch *w, const mha_bwd_attn *a, const float *dd, co
     const int tp = (T + BQ - 1) / BQ * BQ, general = has_general_mask(a->opt);
     const size_t qw = (size_t)h * d_k, zw = (size_t)h * d_v, row0 = ((size_t)b * h + r) * T;
     const float *q = a->q + (size_t)b * T * qw + (size_t)r * d_k, *dz = a->dz + (size_t)b * T * zw + (size_t)r * d_v;
-    pack_micro(w->qs, q, qw, T, tp, d_k, a->scale);
-    pack_micro(w->zp, dz, zw, T, tp, d_v, 1.0f);
-    pack_rows(w->qr, q, qw, T, tp, d_k);
-    pack_rows(w->zr, dz, zw, T, tp, d_v);
+    pack_rows(w->qr, q, qw, T, tp, d_k, a->scale);
+    pack_rows(w->zr, dz, zw, T, tp, d_v, 1.0f);
     for (int i = 0; i < tp; i++) {
         w->lse[i] = i < T ? a->lse[row0 + i] : INFINITY;
         w->dd[i] = i < T ? dd[row0 + i] : 0.0f;
@@ -253,10 +252,10 @@ static void backward_task(scratch *w, const mha_bwd_attn *a, const float *dd, co
             int bounded;
             if (!tile_live(w, a, i0, n, rows6, j0, nj, &bounded)) continue;
             if (!loaded) load_keys(w, a, b, g, j0, nj, 0), loaded = 1;
-            kern->attn_scores(w->s, BK, w->qs + (size_t)i0 * d_k, w->kt, d_k, rows6, np);   /* S  */
-            kern->attn_scores(w->dp, BK, w->zp + (size_t)i0 * d_v, w->vt, d_v, rows6, np);  /* dP */
+            bk->scores_rows(w->s, BK, w->qr + (size_t)i0 * dk16, dk16, w->kt, d_k, rows6, np);  /* S  */
+            bk->scores_rows(w->dp, BK, w->zr + (size_t)i0 * dv16, dv16, w->vt, d_v, rows6, np); /* dP */
             if (general) mask_tile(w, a, b, r, i0, n, j0, extra);
-            bk->probs_ds(w->s, w->dp, BK, w->lse + i0, w->dd + i0, a->scale, bounded ? w->tlo : NULL, w->thi,
+            bk->probs_ds(w->s, w->dp, BK, w->lse + i0, w->dd + i0, 1.0f, bounded ? w->tlo : NULL, w->thi,
                          extra, rows6, nj);
             bk->accumulate_tn(w->accv, dv16, w->s, BK, w->zr + (size_t)i0 * dv16, dv16, nj6, rows6, dv16);
             bk->accumulate_tn(w->acck, dk16, w->dp, BK, w->qr + (size_t)i0 * dk16, dk16, nj6, rows6, dk16);
@@ -267,8 +266,10 @@ static void backward_task(scratch *w, const mha_bwd_attn *a, const float *dd, co
             memcpy(dv_out + (size_t)(j0 + j) * ldv, w->accv + (size_t)j * dv16, sizeof(float) * d_v);
         }
     }
-    for (int i = 0; i < T; i++)
-        memcpy(a->dq + ((size_t)b * T + i) * qw + (size_t)r * d_k, w->dq + (size_t)i * dk16, sizeof(float) * d_k);
+    for (int i = 0; i < T; i++) {
+        float *out = a->dq + ((size_t)b * T + i) * qw + (size_t)r * d_k;
+        for (int e = 0; e < d_k; e++) out[e] = a->scale * w->dq[(size_t)i * dk16 + e];
+    }
 }
 
 /* ------------------------------------------------------------- drivers */
@@ -334,10 +335,18 @@ mha_status mha_bwd_attention_backward(const mha_bwd_attn *a, const mha_kernels *
     row_dots(dd, a, n_threads);
     float *part_v = part ? part + (size_t)a->B * h * Sx * d_k : NULL;
     const long ntasks = (long)a->B * h;
+    /* a thread holds one head's packed queries (about (2 d_k + d_v) T
+     * floats): beyond 64 MiB of them, no more threads than two Q-sized
+     * buffers pay for, so that the peak memory does not grow with the core
+     * count (the result does not depend on the thread count) */
+    const double per_thread = (double)(a->T + BQ) * (2 * round16(d_k) + round16(d_v) + 4) + 4.0 * BQ * BK;
+    const double budget = fmax(2.0 * a->B * a->T * h * d_k, 16.0 * 1024 * 1024);
+    int nth = ntasks < n_threads ? (int)ntasks : n_threads;
+    if (nth > 1 && per_thread * nth > budget) nth = budget / per_thread > 1.0 ? (int)(budget / per_thread) : 1;
     int failed = 0;
     /* dk, dv may overwrite k, v: without GQA a task alone reads its kv
      * head, and writes a key block after its last read of it */
-#pragma omp parallel num_threads(ntasks < n_threads ? (int)ntasks : n_threads)
+#pragma omp parallel num_threads(nth)
     {
         scratch w;
         const int ok = scratch_init(&w, c, a->T);

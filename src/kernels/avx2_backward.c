@@ -6,6 +6,14 @@
 #include "kernels/backward_kernels.h"
 #include "kernels/avx2_micro.h"
 
+static void scores_rows_avx2(float *s, size_t lds, const float *a, size_t lda, const float *b, int K,
+                             int rows, int np) {
+    for (int p = 0; p < np; p++)
+        for (int r = 0; r < rows; r += 6)
+            mha_sgemm_avx2_6x16_body(s + (size_t)r * lds + 16 * p, lds, a + (size_t)r * lda, lda, 1,
+                                     b + (size_t)p * K * 16, 16, NULL, NULL, K, 6, 16);
+}
+
 static void probs_ds_avx2(float *s, float *dp, size_t lds, const float *lse, const float *dd,
                           float scale, const int *lo, const int *hi, int extra, int rows, int cols) {
     const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
@@ -46,5 +54,5 @@ static void gemm_tile_avx2(float *c, size_t ldc, const float *a, const float *b,
     mha_sgemm_avx2_6x16_body(c, ldc, a, 1, 6, b, 16, NULL, accumulate ? ones : NULL, K, m, n);
 }
 
-const mha_backward_kernels mha_backward_kernels_avx2 = {"avx2", probs_ds_avx2, accumulate_tn_avx2, 6, 16,
+const mha_backward_kernels mha_backward_kernels_avx2 = {"avx2", scores_rows_avx2, probs_ds_avx2, accumulate_tn_avx2, 6, 16,
                                                         gemm_tile_avx2};

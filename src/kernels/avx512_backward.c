@@ -7,6 +7,33 @@
 #include "kernels/backward_kernels.h"
 #include "kernels/avx512_micro.h"
 
+/* 12 rows x 32 keys per register tile (a 6-row tile for a last 6 rows,
+ * one panel for an odd last 16 keys). */
+static void scores_rows_avx512(float *s, size_t lds, const float *a, size_t lda, const float *b, int K,
+                               int rows, int np) {
+    const size_t b_ps = (size_t)16 * K, a_ps = (size_t)6 * lda;
+    for (int p = 0; p < np; p += 2) {
+        const float *bp = b + (size_t)p * b_ps;
+        float *sp = s + (size_t)16 * p;
+        int r = 0;
+        if (p + 2 <= np) {
+            for (; r + 12 <= rows; r += 12)
+                mha_tile_avx512(sp + (size_t)r * lds, lds, a + (size_t)r * lda, a_ps, lda, 1, bp, b_ps, 16, NULL,
+                                NULL, K, 12, 32, 12, 2);
+            if (r < rows)
+                mha_tile_avx512(sp + (size_t)r * lds, lds, a + (size_t)r * lda, a_ps, lda, 1, bp, b_ps, 16, NULL,
+                                NULL, K, 6, 32, 6, 2);
+        } else {
+            for (; r + 12 <= rows; r += 12)
+                mha_tile_avx512(sp + (size_t)r * lds, lds, a + (size_t)r * lda, a_ps, lda, 1, bp, b_ps, 16, NULL,
+                                NULL, K, 12, 16, 12, 1);
+            if (r < rows)
+                mha_tile_avx512(sp + (size_t)r * lds, lds, a + (size_t)r * lda, a_ps, lda, 1, bp, b_ps, 16, NULL,
+                                NULL, K, 6, 16, 6, 1);
+        }
+    }
+}
+
 static void probs_ds_avx512(float *s, float *dp, size_t lds, const float *lse, const float *dd,
                             float scale, const int *lo, const int *hi, int extra, int rows, int cols) {
     const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
@@ -65,5 +92,5 @@ static void gemm_tile_avx512(float *c, size_t ldc, const float *a, const float *
     else mha_tile_avx512(c, ldc, a, a_ps, 1, 6, b, b_ps, 16, NULL, rs, K, m, n, 6, 1);
 }
 
-const mha_backward_kernels mha_backward_kernels_avx512 = {"avx512", probs_ds_avx512, accumulate_tn_avx512, 12, 32,
+const mha_backward_kernels mha_backward_kernels_avx512 = {"avx512", scores_rows_avx512, probs_ds_avx512, accumulate_tn_avx512, 12, 32,
                                                           gemm_tile_avx512};

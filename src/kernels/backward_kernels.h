@@ -1,8 +1,8 @@
 /* backward_kernels.h — the attention backward's per-ISA kernels (issue 12):
- * the elementwise step of one tile (P and dS from the recomputed scores)
- * and the transposed products dV += P^T dZ, dK += dS^T Q. The other three
- * products of FlashAttention-2's backward (S = Q K^T, dP = dZ V^T,
- * dQ += dS K) use the prefill table's attn_scores and attn_pv.
+ * the products S = Q K^T and dP = dZ V^T on unpacked query rows, the
+ * elementwise step of one tile (P and dS from the recomputed scores), the
+ * transposed products dV += P^T dZ, dK += dS^T Q (dQ += dS K is the
+ * prefill table's attn_pv), and the projection products' register tile.
  * Implementations: scalar_backward.c, avx2_backward.c, avx512_backward.c;
  * dispatch.c lists each with its ISA (mha_isa.backward).
  * Legend: a tile is rows query rows x cols keys (row stride lds, room for
@@ -14,6 +14,13 @@
 
 typedef struct mha_backward_kernels {
     const char *name;
+
+    /* s (rows, 16*np) = a (rows, K) b: a row-major with row stride lda
+     * (rows a multiple of 6, all readable), b np packed panels (K, 16) one
+     * after another (16 keys each). Each s element is one fp32 FMA chain
+     * over k in order (the chain of attn_scores). */
+    void (*scores_rows)(float *s, size_t lds, const float *a, size_t lda, const float *b, int K,
+                        int rows, int np);
 
     /* In place on one tile: s (rows, cols) holds scale q k^T + masks, dp
      * (rows, cols) holds dZ V^T. Column j of row i is allowed when j < cols

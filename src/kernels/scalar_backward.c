@@ -4,6 +4,17 @@
 
 #include "kernels/backward_kernels.h"
 
+static void scores_rows_scalar(float *s, size_t lds, const float *a, size_t lda, const float *b, int K,
+                               int rows, int np) {
+    for (int i = 0; i < rows; i++)
+        for (int j = 0; j < 16 * np; j++) {
+            const float *bp = b + (size_t)(j / 16) * K * 16 + j % 16;
+            float acc = 0.0f;
+            for (int k = 0; k < K; k++) acc = fmaf(a[(size_t)i * lda + k], bp[(size_t)k * 16], acc);
+            s[(size_t)i * lds + j] = acc;
+        }
+}
+
 static void probs_ds_scalar(float *s, float *dp, size_t lds, const float *lse, const float *dd,
                             float scale, const int *lo, const int *hi, int extra, int rows, int cols) {
     const int width = (cols + 15) / 16 * 16;
@@ -39,5 +50,5 @@ static void gemm_tile_scalar(float *c, size_t ldc, const float *a, const float *
         }
 }
 
-const mha_backward_kernels mha_backward_kernels_scalar = {"scalar", probs_ds_scalar, accumulate_tn_scalar, 6, 16,
+const mha_backward_kernels mha_backward_kernels_scalar = {"scalar", scores_rows_scalar, probs_ds_scalar, accumulate_tn_scalar, 6, 16,
                                                           gemm_tile_scalar};
