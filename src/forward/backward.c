@@ -39,9 +39,11 @@ mha_status mha_backward_exec(const mha_exec *ex, const mha_layer *L, const mha_g
     if (s || (s = mha_check_finite(dy, (size_t)B * T * L->cfg.d_model, "dy")) ||
         (s = check_wanted(&L->cfg, g, x, k_src, v_src)))
         return s;
-    if (mha_variants_any(&L->cfg))
-        return mha_fail(MHA_E_UNSUPPORTED, "mha_backward: the layer uses rope, alibi, softcap, sinks or "
-                        "qk_norm, which have no backward yet; expected a layer without them");
+    const mha_config *c = &L->cfg;
+    if (c->rope.pairing != MHA_ROPE_NONE || c->sinks || c->qk_norm != MHA_QK_NORM_NONE)
+        return mha_fail(MHA_E_UNSUPPORTED, "mha_backward: the layer uses rope, sinks or qk_norm, which have "
+                        "no backward yet; expected a layer without them (alibi and softcap have one)");
+    /* alibi and softcap: the reference backward only (FAST refuses, AUTO falls back) */
     mha_clear_error();
     /* MHA_KERNELS=reference (ex->reference) forces the oracle under AUTO, as in mha_forward */
     if (opt->path == MHA_PATH_REFERENCE || (opt->path == MHA_PATH_AUTO && ex->reference))

@@ -139,6 +139,9 @@ mha_status mha_backward_fast(const mha_exec *ex, const mha_layer *L, const mha_g
                              const mha_options *opt) {
     const mha_config *c = &L->cfg;
     if (!L->fast) return mha_fail(MHA_E_UNSUPPORTED, "fast backward: the layer's packed weights are missing");
+    if (c->alibi || c->softcap != 0.0f)
+        return mha_fail(MHA_E_UNSUPPORTED, "fast backward: alibi=%d softcap=%g have a reference backward only; "
+                        "expected MHA_PATH_AUTO or _REFERENCE for this layer", c->alibi, (double)c->softcap);
     const mha_kernels *kern = mha_exec_prefill(ex);
     const mha_backward_kernels *bk = mha_exec_backward(ex);
     const int nt = ex->n_threads;
