@@ -274,35 +274,70 @@ static void backward_task(scratch *w, const mha_bwd_attn *a, const float *dd, co
 
 /* ------------------------------------------------------------- drivers */
 
-mha_status mha_bwd_attention_forward(const mha_bwd_attn *a, const mha_kernels *kern,
-                                     const mha_backward_kernels *bk, int n_threads, long *masked_rows) {
-    (void)bk;
-    const int nqb = (a->T + BQ - 1) / BQ, h = a->cfg->n_heads;
-    const long ntasks = (long)a->B * h * nqb;
+/* What one pass's tasks read: the attention, the tables, D and the GQA
+ * per-head dK, dV (pass 2). */
+typedef struct {
+    const mha_bwd_attn *a;
+    const mha_kernels *kern;
+    const mha_backward_kernels *bk;
+    const float *dd;
+    float *part, *part_v;
+} pass_args;
+
+/* Pass 1 task t: query block (from the last: causal gives the last blocks
+ * the most keys, so they go first), head, batch. Returns its masked rows. */
+static long forward_one(scratch *w, const pass_args *p, long t) {
+    const int nqb = (p->a->T + BQ - 1) / BQ, h = p->a->cfg->n_heads;
+    const int blk = nqb - 1 - (int)(t % nqb), r = (int)(t / nqb % h), b = (int)(t / nqb / h);
+    return forward_task(w, p->a, p->kern, b, r, blk * BQ);
+}
+
+/* Pass 2 task t: head t % h of batch t / h. */
+static long backward_one(scratch *w, const pass_args *p, long t) {
+    const mha_bwd_attn *a = p->a;
+    const mha_config *c = a->cfg;
+    const int h = c->n_heads, d_k = c->d_k, d_v = c->d_v, b = (int)(t / h), r = (int)(t % h), g = mha_kv_head(c, r);
+    const size_t Sx = (size_t)a->Sx, kw = (size_t)c->n_kv_heads * d_k, vw = (size_t)c->n_kv_heads * d_v;
+    if (p->part)
+        backward_task(w, a, p->dd, p->kern, p->bk, b, r, p->part + ((size_t)b * h + r) * Sx * d_k, (size_t)d_k,
+                      p->part_v + ((size_t)b * h + r) * Sx * d_v, (size_t)d_v);
+    else
+        backward_task(w, a, p->dd, p->kern, p->bk, b, r, a->dk + (size_t)b * Sx * kw + (size_t)g * d_k, kw,
+                      a->dv + (size_t)b * Sx * vw + (size_t)g * d_v, vw);
+    return 0;
+}
+
+/* Runs tasks 0..ntasks-1 of one pass on nth threads, each with its own
+ * scratch for `rows` query rows; *sum = the sum of what they return. */
+static mha_status run_tasks(long (*task)(scratch *, const pass_args *, long), const pass_args *p, long ntasks,
+                            int nth, int rows, long *sum) {
     long count = 0;
     int failed = 0;
-#pragma omp parallel num_threads(ntasks < n_threads ? (int)ntasks : n_threads) reduction(+ : count)
+#pragma omp parallel num_threads(ntasks < nth ? (int)ntasks : nth) reduction(+ : count)
     {
         scratch w;
-        const int ok = scratch_init(&w, a->cfg, BQ);
+        const int ok = scratch_init(&w, p->a->cfg, rows);
         if (!ok) {
 #pragma omp atomic write
             failed = 1;
         }
-        /* causal: the last query blocks see the most keys: first */
 #pragma omp for schedule(dynamic, 1)
-        for (long t = 0; t < ntasks; t++) {
-            if (!ok) continue;
-            const int blk = nqb - 1 - (int)(t % nqb), r = (int)(t / nqb % h), b = (int)(t / nqb / h);
-            count += forward_task(&w, a, kern, b, r, blk * BQ);
-        }
+        for (long t = 0; t < ntasks; t++)
+            if (ok) count += task(&w, p, t);
         scratch_free(&w);
     }
-    *masked_rows = count;
+    *sum = count;
     if (failed)
-        return mha_fail(MHA_E_NOMEM, "fast backward: cannot allocate per-thread tiles (d_k=%d, d_v=%d)",
-                        a->cfg->d_k, a->cfg->d_v);
+        return mha_fail(MHA_E_NOMEM, "fast backward: cannot allocate per-thread tiles (T=%d, d_k=%d, d_v=%d)",
+                        rows, p->a->cfg->d_k, p->a->cfg->d_v);
     return MHA_OK;
+}
+
+mha_status mha_bwd_attention_forward(const mha_bwd_attn *a, const mha_kernels *kern,
+                                     const mha_backward_kernels *bk, int n_threads, long *masked_rows) {
+    const pass_args p = {a, kern, bk, NULL, NULL, NULL};
+    const long ntasks = (long)a->B * a->cfg->n_heads * ((a->T + BQ - 1) / BQ);
+    return run_tasks(forward_one, &p, ntasks, n_threads, BQ, masked_rows);
 }
 
 /* dd (B,h,T) = rowsum(dZ * Z) per row and head. */
@@ -343,33 +378,14 @@ mha_status mha_bwd_attention_backward(const mha_bwd_attn *a, const mha_kernels *
     const double budget = fmax(2.0 * a->B * a->T * h * d_k, 16.0 * 1024 * 1024);
     int nth = ntasks < n_threads ? (int)ntasks : n_threads;
     if (nth > 1 && per_thread * nth > budget) nth = budget / per_thread > 1.0 ? (int)(budget / per_thread) : 1;
-    int failed = 0;
     /* dk, dv may overwrite k, v: without GQA a task alone reads its kv
      * head, and writes a key block after its last read of it */
-#pragma omp parallel num_threads(nth)
-    {
-        scratch w;
-        const int ok = scratch_init(&w, c, a->T);
-        if (!ok) {
-#pragma omp atomic write
-            failed = 1;
-        }
-#pragma omp for schedule(dynamic, 1)
-        for (long t = 0; t < ntasks; t++) {
-            if (!ok) continue;
-            const int b = (int)(t / h), r = (int)(t % h), g = mha_kv_head(c, r);
-            if (part)
-                backward_task(&w, a, dd, kern, bk, b, r, part + ((size_t)b * h + r) * Sx * d_k, (size_t)d_k,
-                              part_v + ((size_t)b * h + r) * Sx * d_v, (size_t)d_v);
-            else
-                backward_task(&w, a, dd, kern, bk, b, r, a->dk + (size_t)b * Sx * kw + (size_t)g * d_k, kw,
-                              a->dv + (size_t)b * Sx * vw + (size_t)g * d_v, vw);
-        }
-        scratch_free(&w);
-    }
+    const pass_args p = {a, kern, bk, dd, part, part_v};
+    long unused;
+    const mha_status s = run_tasks(backward_one, &p, ntasks, nth, a->T, &unused);
     // --- GQA: dK^(g), dV^(g) = the group's heads summed in head order
-#pragma omp parallel for num_threads(n_threads) schedule(static) if (part)
-    for (long t = 0; t < (long)(part ? a->B * Sx : 0); t++) {
+#pragma omp parallel for num_threads(n_threads) schedule(static) if (part && !s)
+    for (long t = 0; t < (long)(part && !s ? a->B * Sx : 0); t++) {
         const size_t b = (size_t)t / Sx, j = (size_t)t % Sx;
         for (int g = 0; g < h_kv; g++) {
             float *dk = a->dk + t * kw + (size_t)g * d_k, *dv = a->dv + t * vw + (size_t)g * d_v;
@@ -381,8 +397,5 @@ mha_status mha_bwd_attention_backward(const mha_bwd_attn *a, const mha_kernels *
         }
     }
     free(dd), free(part);
-    if (failed)
-        return mha_fail(MHA_E_NOMEM, "fast backward: cannot allocate per-thread tiles (T=%d, d_k=%d, d_v=%d)",
-                        a->T, d_k, d_v);
-    return MHA_OK;
+    return s;
 }

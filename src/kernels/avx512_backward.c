@@ -7,31 +7,30 @@
 #include "kernels/backward_kernels.h"
 #include "kernels/avx512_micro.h"
 
-/* 12 rows x 32 keys per register tile (a 6-row tile for a last 6 rows,
- * one panel for an odd last 16 keys). */
+/* c (rows, 16P) [+]= a b: 12-row tiles, then a 6-row tile for a last 6
+ * rows; row i of a at a + (i/6)*a_ps + (i%6)*a_rs, k at stride a_cs; P is
+ * a constant at each call site. */
+MHA_AVX512_INLINE void row_pass(float *c, size_t ldc, const float *a, size_t a_ps, size_t a_rs, size_t a_cs,
+                                const float *b, size_t b_ps, size_t ldb, const float *acc, int K, int rows,
+                                int P) {
+    int r = 0;
+    for (; r + 12 <= rows; r += 12)
+        mha_tile_avx512(c + (size_t)r * ldc, ldc, a + (size_t)(r / 6) * a_ps, a_ps, a_rs, a_cs, b, b_ps, ldb,
+                        NULL, acc, K, 12, 16 * P, 12, P);
+    if (r < rows)
+        mha_tile_avx512(c + (size_t)r * ldc, ldc, a + (size_t)(r / 6) * a_ps, a_ps, a_rs, a_cs, b, b_ps, ldb,
+                        NULL, acc, K, 6, 16 * P, 6, P);
+}
+
+static const float ones[12] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
+
+/* 32 keys (two panels) per register tile, 16 for an odd last panel. */
 static void scores_rows_avx512(float *s, size_t lds, const float *a, size_t lda, const float *b, int K,
                                int rows, int np) {
     const size_t b_ps = (size_t)16 * K, a_ps = (size_t)6 * lda;
-    for (int p = 0; p < np; p += 2) {
-        const float *bp = b + (size_t)p * b_ps;
-        float *sp = s + (size_t)16 * p;
-        int r = 0;
-        if (p + 2 <= np) {
-            for (; r + 12 <= rows; r += 12)
-                mha_tile_avx512(sp + (size_t)r * lds, lds, a + (size_t)r * lda, a_ps, lda, 1, bp, b_ps, 16, NULL,
-                                NULL, K, 12, 32, 12, 2);
-            if (r < rows)
-                mha_tile_avx512(sp + (size_t)r * lds, lds, a + (size_t)r * lda, a_ps, lda, 1, bp, b_ps, 16, NULL,
-                                NULL, K, 6, 32, 6, 2);
-        } else {
-            for (; r + 12 <= rows; r += 12)
-                mha_tile_avx512(sp + (size_t)r * lds, lds, a + (size_t)r * lda, a_ps, lda, 1, bp, b_ps, 16, NULL,
-                                NULL, K, 12, 16, 12, 1);
-            if (r < rows)
-                mha_tile_avx512(sp + (size_t)r * lds, lds, a + (size_t)r * lda, a_ps, lda, 1, bp, b_ps, 16, NULL,
-                                NULL, K, 6, 16, 6, 1);
-        }
-    }
+    int p = 0;
+    for (; p + 2 <= np; p += 2) row_pass(s + 16 * p, lds, a, a_ps, lda, 1, b + p * b_ps, b_ps, 16, NULL, K, rows, 2);
+    if (p < np) row_pass(s + 16 * p, lds, a, a_ps, lda, 1, b + p * b_ps, b_ps, 16, NULL, K, rows, 1);
 }
 
 static void probs_ds_avx512(float *s, float *dp, size_t lds, const float *lse, const float *dd,
@@ -58,24 +57,13 @@ static void probs_ds_avx512(float *s, float *dp, size_t lds, const float *lse, c
     }
 }
 
-/* c (rows, d16) += a^T b: 12-row tiles (a 6-row one last) of 32 columns
- * (16 for an odd last 16); row i of the tile reads a + i + k*lda. */
+/* c (rows, d16) += a^T b: row i of the tile reads a + i + k*lda; 32
+ * columns per tile, 16 for an odd last 16. */
 static void accumulate_tn_avx512(float *c, size_t ldc, const float *a, size_t lda, const float *b,
                                  size_t ldb, int rows, int K, int d16) {
-    static const float ones[12] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
-    for (int r = 0; r < rows; r += 12) {
-        float *cr = c + (size_t)r * ldc;
-        int e = 0;
-        if (r + 12 <= rows) {
-            for (; e + 32 <= d16; e += 32)
-                mha_tile_avx512(cr + e, ldc, a + r, 6, 1, lda, b + e, 16, ldb, NULL, ones, K, 12, 32, 12, 2);
-            if (e < d16) mha_tile_avx512(cr + e, ldc, a + r, 6, 1, lda, b + e, 16, ldb, NULL, ones, K, 12, 16, 12, 1);
-        } else {
-            for (; e + 32 <= d16; e += 32)
-                mha_tile_avx512(cr + e, ldc, a + r, 6, 1, lda, b + e, 16, ldb, NULL, ones, K, 6, 32, 6, 2);
-            if (e < d16) mha_tile_avx512(cr + e, ldc, a + r, 6, 1, lda, b + e, 16, ldb, NULL, ones, K, 6, 16, 6, 1);
-        }
-    }
+    int e = 0;
+    for (; e + 32 <= d16; e += 32) row_pass(c + e, ldc, a, 6, 1, lda, b + e, 16, ldb, ones, K, rows, 2);
+    if (e < d16) row_pass(c + e, ldc, a, 6, 1, lda, b + e, 16, ldb, ones, K, rows, 1);
 }
 
 /* 12 x 32 (24 zmm accumulators: enough independent FMA chains for both
@@ -83,7 +71,6 @@ static void accumulate_tn_avx512(float *c, size_t ldc, const float *a, size_t ld
  * beyond the live ones is read. */
 static void gemm_tile_avx512(float *c, size_t ldc, const float *a, const float *b, int K, int m, int n,
                              int accumulate) {
-    static const float ones[12] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
     const float *rs = accumulate ? ones : NULL;
     const size_t a_ps = (size_t)6 * K, b_ps = (size_t)16 * K;
     if (m > 6 && n > 16) mha_tile_avx512(c, ldc, a, a_ps, 1, 6, b, b_ps, 16, NULL, rs, K, m, n, 12, 2);
