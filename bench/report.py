@@ -52,6 +52,17 @@ same run.sh call; the rounds of a configuration alternate mha and torch):
   Q, K, V. The layer's output is checked against libmha's (max abs error
   <= 1e-3), attention's against a float64 softmax(QK^T/sqrt(d_k))V (1e-4),
   before timing; "x ORT" = ORT time / mha time.
+- backward (issue 12): mha_backward (MHA_PATH_AUTO: the fast backward),
+  every gradient requested (dx, dW_*, db_*), self-attention; "fwd+bwd" runs
+  mha_forward then mha_backward. Peer: torch nn.MultiheadAttention autograd
+  (train mode, need_weights=False, causal as a float attn_mask) with the
+  same gradients (peer_torch.py backward), in the same rounds; the faster
+  OMP_WAIT_POLICY is used as for prefill. Attention alone: the fast
+  backward's two passes (src/forward/backward_attention.c) on random Q, K,
+  V, dZ; useful FLOPs = FlashAttention-2's backward count, 2.5x the
+  forward's 4*B*h*T*S*d_k (halved when causal); executed FLOPs = the 7
+  tile products it runs (pass 1 recomputes Z and lse: the API keeps no
+  forward state); % peak against the FMA peak of the ISA it ran on.
 - variants: `bench_mha variants` times mha_forward with RoPE (halves,
   theta 10000), ALiBi (default slopes), softcap (50) and sinks, one layer
   each from the same weights, round by round with the plain layer;
@@ -569,6 +580,7 @@ def main():
         worst_x = min(xs) if xs else None
         targets.append(["decode step >= 3x PyTorch at every point (worst point)",
                         fmt(worst_x, ".2f", suffix="x"), verdict(worst_x, 3)])
+    bwd_tab = backward_section(rows, peak, max(f512) if f512 else None, targets)
     var_tab = variants_section(rows, targets, notes)
     if quality:
         for t_ in targets:
@@ -587,6 +599,7 @@ def main():
            "### Grouped / multi-query speed-up at the longest context\n", sp_tab, "",
            "### int8 and mixed (K int8, V fp16) caches against fp16 at the longest context\n", ratio_tab, "",
            "## Memory (issue 3)\n", memory_line(rows), "",
+           "## Backward, training step of one layer (issue 12)\n", bwd_tab, "",
            "## Targets\n" + ("\n(--quick shapes: the issues' targets are stated for the full shapes "
                               "and do not apply here.)\n" if a.mode == "quick" else ""), tgt_tab, ""]
     if notes:
@@ -614,6 +627,53 @@ def main():
     print(text)
     print(f"\nwritten: {a.out}")
     return 1 if errors else 0
+
+
+def best_torch_backward(rows, name, part):
+    """torch's backward runs (part backward or forward_backward) under the
+    OMP_WAIT_POLICY whose median is lower."""
+    groups = {}
+    for r in find(rows, kind="backward", impl="torch", name=name, part=part):
+        groups.setdefault(r.get("omp_wait", "default"), []).extend(times_of([r]))
+    return min(groups.values(), key=med) if groups else []
+
+
+def backward_section(rows, peak_avx2, peak_avx512, targets):
+    """The backward table (issue 12) and its targets: >= 2x torch on P1,
+    >= 4x on P2 (causal), attention >= 50% of the FMA peak."""
+    body = []
+    for name, need in (("P1", 2), ("P2", 4)):
+        m = one(rows, kind="backward", impl="mha", name=name, part="backward")
+        if not m:
+            continue
+        mb = med(times_of(rows, kind="backward", impl="mha", name=name, part="backward"))
+        mf = med(times_of(rows, kind="backward", impl="mha", name=name, part="forward_backward"))
+        tb = med(best_torch_backward(rows, name, "backward"))
+        tf = med(best_torch_backward(rows, name, "forward_backward"))
+        att = find(rows, kind="backward", impl="mha", name=name, part="attention")
+        ta = med(times_of(att))
+        a0 = att[-1] if att else {}
+        kern = a0.get("kernels", "avx2")
+        pk = peak_avx512 if kern == "avx512" and peak_avx512 else peak_avx2
+        uf, ef = num(a0, "useful_gflop"), num(a0, "executed_gflop")
+        useful = uf / ta / pk if uf and ta and pk else None
+        executed = ef / ta / pk if ef and ta and pk else None
+        xb = tb / mb if tb and mb else None
+        xf = tf / mf if tf and mf else None
+        causal = " causal" if m.get("causal") == "1" else ""
+        body.append([name, f"B={m['B']} T={m['T']} d={m['d_model']} h={m['h']}{causal}", fmt_ms(mb), fmt_ms(tb),
+                     fmt(xb, ".2f", suffix="x"), fmt_ms(mf), fmt_ms(tf), fmt(xf, ".2f", suffix="x"), fmt_ms(ta),
+                     fmt(uf / ta if uf and ta else None, ".1f"), fmt(useful * 100 if useful else None, ".0f", suffix="%"),
+                     fmt(executed * 100 if executed else None, ".0f", suffix="%"), kern])
+        targets.append([f"{name} backward >= {need}x PyTorch autograd", fmt(xb, ".2f", suffix="x"), verdict(xb, need)])
+        targets.append([f"{name} backward attention >= 50% of the {kern} FMA peak (useful FLOPs; executed "
+                        f"{fmt(executed * 100 if executed else None, '.0f', suffix='%')})",
+                        fmt(useful * 100 if useful else None, ".0f", suffix="%"), verdict(useful, 0.5)])
+    if not body:
+        return "(not run)"
+    return table(["config", "shape", "mha bwd ms", "torch bwd ms", "x torch", "mha fwd+bwd ms",
+                  "torch fwd+bwd ms", "x torch", "attn bwd ms", "attn useful GFLOP/s", "useful % peak",
+                  "executed % peak", "kernels"], body)
 
 
 def verdict(v, need):

@@ -32,6 +32,7 @@ const test_case *tests_overflow(size_t *count);
 const test_case *tests_backward(size_t *count);
 const test_case *tests_merge(size_t *count);
 const test_case *tests_backward_fast(size_t *count);
+const test_case *tests_backward_fast_isa(size_t *count);
 const test_case *tests_variants_io(size_t *count);
 const test_case *tests_io_edges(size_t *count);
 const test_case *tests_compute_edges(size_t *count);

@@ -44,7 +44,7 @@ static mha_status attend_lse_fast(const mha_exec *ex, const mha_config *c, float
     const mha_bwd_attn a = {.cfg = c, .opt = opt, .q = q, .k = k, .v = v, .z = z, .lse = l,
                             .B = B, .T = T, .S = S, .Sx = S, .scale = scale};
     long masked = 0;
-    s = mha_bwd_attention_forward(&a, mha_exec_prefill(ex), ex->n_threads, &masked);
+    s = mha_bwd_attention_forward(&a, mha_exec_prefill(ex), mha_exec_backward(ex), ex->n_threads, &masked);
     const size_t zw = (size_t)c->n_heads * c->d_v;
     for (size_t i = 0; !s && masked && i < nl; i++) {
         if (l[i] != INFINITY) continue;

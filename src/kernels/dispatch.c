@@ -61,9 +61,9 @@ static int always(void) { return 1; }
 
 /* Best first. An ISA is one entry: its name, its check and its tables. */
 static const mha_isa isas[] = {
-    {"avx512", mha_cpu_has_avx512, &mha_kernels_avx512, &mha_decode_kernels_avx512},
-    {"avx2", mha_cpu_has_avx2, &mha_kernels_avx2, &mha_decode_kernels_avx2},
-    {"scalar", always, &mha_kernels_scalar, &mha_decode_kernels_scalar},
+    {"avx512", mha_cpu_has_avx512, &mha_kernels_avx512, &mha_decode_kernels_avx512, &mha_backward_kernels_avx512},
+    {"avx2", mha_cpu_has_avx2, &mha_kernels_avx2, &mha_decode_kernels_avx2, &mha_backward_kernels_avx2},
+    {"scalar", always, &mha_kernels_scalar, &mha_decode_kernels_scalar, &mha_backward_kernels_scalar},
 };
 #define N_ISAS (int)(sizeof isas / sizeof isas[0])
 

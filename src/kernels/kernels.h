@@ -14,6 +14,7 @@
 
 #include "mha.h"
 #include "kernels/decode_kernels.h"
+#include "kernels/backward_kernels.h"
 
 #define MHA_MR 6
 #define MHA_NR 16
@@ -142,6 +143,7 @@ typedef struct mha_isa {
     int (*available)(void);            /* 1 when this machine runs it        */
     const mha_kernels *prefill;        /* projections and flash attention    */
     const mha_decode_kernels *decode;  /* KV-cache decode                    */
+    const mha_backward_kernels *backward; /* the attention backward's tiles */
 } mha_isa;
 
 /* The ISA for this call: the test override if set, else MHA_KERNELS from
