@@ -13,8 +13,11 @@
 
 #define MHA_GEMM_MC 72 /* rows per block: (MC, K) packed input stays in L2; a
                           multiple of every kernel's tile_rows (6, 12) */
-#define MHA_TILE_MAX_ROWS 12 /* the largest register tile of a kernel table */
-#define MHA_TILE_MAX_PANELS 2
+#ifndef MHA_GEMM_KC
+#define MHA_GEMM_KC 256 /* K block of an accumulating tile: B's (256, 32)
+                           block (32 KiB) stays in L1 across the row tiles */
+#endif
+#define MHA_TILE_MAX_PANELS 2 /* the widest register tile of a kernel table */
 
 static float *alloc_floats(size_t n) {
     return aligned_alloc(64, mha_round_up(n * sizeof(float) + 1, 64));
@@ -81,9 +84,16 @@ static void head_row_offsets(size_t *roff, const mha_dst *d, int m0, int mc) {
 }
 
 /* a (M, kn) rows [m0, m0+mc) -> buf: ceil(mc/6) micro-panels (kn, 6), zero
- * padded. k outer, so the writes are sequential and six rows stream in. */
-static void pack_rows(float *buf, const float *a, size_t lda, int m0, int mc, int kn) {
+ * padded, by the kernel table's packing when it has one. The portable loop
+ * runs k outer, so the writes are sequential and six rows stream in. */
+static void pack_rows(float *buf, const float *a, size_t lda, int m0, int mc, int kn,
+                      const mha_kernels *kern) {
     for (int r = 0; r < mc; r += MHA_MR) {
+        float *out = buf + (size_t)r * kn;
+        if (kern->pack_a6) {
+            kern->pack_a6(out, a + (size_t)(m0 + r) * lda, lda, mc - r < MHA_MR ? mc - r : MHA_MR, kn);
+            continue;
+        }
         const float *src[MHA_MR];
         static const float zero_row[1] = {0.0f};
         int step[MHA_MR];
@@ -92,7 +102,6 @@ static void pack_rows(float *buf, const float *a, size_t lda, int m0, int mc, in
             src[i] = live ? a + (size_t)(m0 + r + i) * lda : zero_row;
             step[i] = live;
         }
-        float *out = buf + (size_t)r * kn;
         if (r + MHA_MR <= mc) {
             for (int k = 0; k < kn; k++, out += MHA_MR)
                 for (int i = 0; i < MHA_MR; i++) out[i] = src[i][k];
@@ -100,6 +109,35 @@ static void pack_rows(float *buf, const float *a, size_t lda, int m0, int mc, in
             for (int k = 0; k < kn; k++, out += MHA_MR)
                 for (int i = 0; i < MHA_MR; i++) out[i] = src[i][step[i] * k];
         }
+    }
+}
+
+/* Where the tile of input rows [row, row+m) and section columns [col,
+ * col+n) can be stored in place: rows of one section (ROWS), or of one
+ * head and one batch (HEADS: the columns are contiguous there); NULL when
+ * it goes through the scatter (HEADS_T, or a tile across a head or batch). */
+static float *direct_tile(const mha_dst *d, int row, int m, int col, int n, size_t *ldc) {
+    *ldc = d->ld;
+    if (d->kind == MHA_DST_ROWS) return d->base + (size_t)row * d->ld + col;
+    const int head = col / d->dh, c = col % d->dh, b = row / d->rows, s = row % d->rows;
+    if (d->kind != MHA_DST_HEADS || c + n > d->dh || s + m > d->rows) return NULL;
+    return d->base + ((size_t)b * d->n_heads + head) * d->head_stride + (size_t)s * d->ld + c;
+}
+
+/* A (mc, n) block of a HEADS_T section (tile, row stride ldt) to its
+ * destination: rows of one 16-row panel of one batch are consecutive
+ * there (roff[i + x] = roff[i] + x), so each such run of rows and each 16
+ * columns is one transposed store. */
+static void store_heads_t(const mha_dst *d, const size_t *roff, const size_t *coff, const float *tile,
+                          size_t ldt, int m0, int mc, int n, const mha_kernels *kern) {
+    for (int i = 0, len; i < mc; i += len) {
+        const int s = (m0 + i) % d->rows;
+        len = 16 - s % 16;
+        if (len > d->rows - s) len = d->rows - s;
+        if (len > mc - i) len = mc - i;
+        for (int j = 0; j < n; j += MHA_NR)
+            kern->store_t16(d->base + roff[i], coff + j, tile + (size_t)i * ldt + j, ldt, len,
+                            n - j < MHA_NR ? n - j : MHA_NR);
     }
 }
 
@@ -111,6 +149,11 @@ mha_status mha_gemm(const mha_gemm_args *g, const mha_kernels *kern, int n_threa
     const int M = g->M, s0 = g->s0, s1 = g->s1, k0 = g->k0, kn = g->kn, use_bias = g->use_bias;
     const int pb = p->first_panel[s0], np = p->first_panel[s1] - pb;
     const int nmb = (M + MHA_GEMM_MC - 1) / MHA_GEMM_MC;
+    /* An accumulating tile runs K in blocks of about MHA_GEMM_KC, so the
+     * B rows of one block stay in L1 across the row tiles; the 6x16
+     * kernels (no accumulation) run all of K at once. */
+    const int nkb = kern->sgemm_tile ? (kn + MHA_GEMM_KC - 1) / MHA_GEMM_KC : 1;
+    const int kc = nkb > 1 ? (kn + nkb - 1) / nkb : kn;
     /* Enough tasks that the dynamic schedule balances the threads to within
      * a few percent; few row blocks (small M) split the panels instead. */
     int want = 16 * n_threads, nchunk = 1;
@@ -126,8 +169,11 @@ mha_status mha_gemm(const mha_gemm_args *g, const mha_kernels *kern, int n_threa
         /* the kernel's register tile: TR rows x TP panels (6 x 1 without a wide tile) */
         const int TR = kern->sgemm_tile ? kern->tile_rows : MHA_MR;
         const int TP = kern->sgemm_tile ? kern->tile_panels : 1;
-        float tile[MHA_TILE_MAX_ROWS * MHA_TILE_MAX_PANELS * MHA_NR];
+        const size_t ldt = (size_t)TP * MHA_NR;
+        float tile[MHA_GEMM_MC * MHA_TILE_MAX_PANELS * MHA_NR]; /* (mc, ldt): tiles not stored in place */
         size_t roff[MHA_GEMM_MC], coff[MHA_TILE_MAX_PANELS * MHA_NR];
+        float *cptr[MHA_GEMM_MC / MHA_MR];
+        size_t ldc[MHA_GEMM_MC / MHA_MR];
         if (!buf) {
 #pragma omp atomic write
             failed = 1;
@@ -138,7 +184,7 @@ mha_status mha_gemm(const mha_gemm_args *g, const mha_kernels *kern, int n_threa
             const int m0 = (t / nchunk) * MHA_GEMM_MC, c0 = pb + (t % nchunk) * per;
             const int mc = M - m0 < MHA_GEMM_MC ? M - m0 : MHA_GEMM_MC;
             const int c1 = c0 + per < pb + np ? c0 + per : pb + np;
-            pack_rows(buf, a, lda, m0, mc, kn);
+            pack_rows(buf, a, lda, m0, mc, kn, kern);
             int s = s0, roff_of = -1; /* roff holds section roff_of's rows */
             for (int gp = c0, g; gp < c1; gp += g) {
                 while (gp >= p->first_panel[s + 1]) s++;
@@ -151,25 +197,41 @@ mha_status mha_gemm(const mha_gemm_args *g, const mha_kernels *kern, int n_threa
                 const int n = p->cols[s] - col < g * MHA_NR ? p->cols[s] - col : g * MHA_NR;
                 const float *bp = p->panels + ((size_t)gp * p->K + k0) * MHA_NR;
                 const float *bias = use_bias ? p->bias + (size_t)gp * MHA_NR : NULL;
-                if (d->kind != MHA_DST_ROWS) {
-                    if (roff_of != s) head_row_offsets(roff, d, m0, mc), roff_of = s;
-                    head_col_offsets(coff, d, col, n);
-                }
+                int scatter = 0;
                 for (int r = 0; r < mc; r += TR) {
                     const int m = mc - r < TR ? mc - r : TR;
-                    const float *ap = buf + (size_t)r * kn;
-                    float *c = d->kind == MHA_DST_ROWS ? d->base + (size_t)(m0 + r) * d->ld + col : tile;
-                    const size_t ldc = d->kind == MHA_DST_ROWS ? d->ld : (size_t)TP * MHA_NR;
-                    if (kern->sgemm_tile)
-                        kern->sgemm_tile(c, ldc, ap, (size_t)MHA_MR * kn, bp, (size_t)p->K * MHA_NR, bias,
-                                         kn, m, n);
-                    else
-                        kern->sgemm_6x16(c, ldc, ap, 1, MHA_MR, bp, MHA_NR, bias, NULL, kn, m, n);
-                    if (d->kind != MHA_DST_ROWS)
-                        for (int i = 0; i < m; i++) {
-                            float *row = d->base + roff[r + i];
-                            for (int j = 0; j < n; j++) row[coff[j]] = tile[i * (size_t)ldc + j];
-                        }
+                    cptr[r / TR] = direct_tile(d, m0 + r, m, col, n, &ldc[r / TR]);
+                    if (!cptr[r / TR]) cptr[r / TR] = tile + r * ldt, ldc[r / TR] = ldt, scatter = 1;
+                }
+                /* K blocks outermost: one block of B (kc, 16 TP) serves every row tile */
+                for (int kb = 0; kb < kn; kb += kc) {
+                    const int kk = kn - kb < kc ? kn - kb : kc, last = kb + kk == kn;
+                    for (int r = 0; r < mc; r += TR) {
+                        const int m = mc - r < TR ? mc - r : TR;
+                        const float *ap = buf + (size_t)r * kn + (size_t)kb * MHA_MR;
+                        if (kern->sgemm_tile)
+                            kern->sgemm_tile(cptr[r / TR], ldc[r / TR], ap, (size_t)MHA_MR * kn,
+                                             bp + (size_t)kb * MHA_NR, (size_t)p->K * MHA_NR,
+                                             last ? bias : NULL, kk, m, n, kb > 0);
+                        else
+                            kern->sgemm_6x16(cptr[r / TR], ldc[r / TR], ap, 1, MHA_MR, bp, MHA_NR, bias,
+                                             NULL, kn, m, n);
+                    }
+                }
+                if (!scatter) continue;
+                if (roff_of != s) head_row_offsets(roff, d, m0, mc), roff_of = s;
+                head_col_offsets(coff, d, col, n);
+                if (d->kind == MHA_DST_HEADS_T && kern->store_t16) { /* every tile is in `tile` */
+                    store_heads_t(d, roff, coff, tile, ldt, m0, mc, n, kern);
+                    continue;
+                }
+                for (int r = 0; r < mc; r += TR) {
+                    if (cptr[r / TR] != tile + r * ldt) continue;
+                    const int m = mc - r < TR ? mc - r : TR;
+                    for (int i = r; i < r + m; i++) {
+                        float *row = d->base + roff[i];
+                        for (int j = 0; j < n; j++) row[coff[j]] = tile[i * ldt + j];
+                    }
                 }
             }
         }

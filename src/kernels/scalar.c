@@ -77,5 +77,5 @@ void (*mha_attn_softcap_get(const mha_kernels *k))(float *, size_t, float, int, 
 }
 
 const mha_kernels mha_kernels_scalar = {
-    "scalar", sgemm_scalar_6x16, scores_scalar, softmax_scalar, pv_scalar, vexp_scalar, softcap_scalar, 6, 1, NULL,
+    "scalar", sgemm_scalar_6x16, scores_scalar, softmax_scalar, pv_scalar, vexp_scalar, softcap_scalar, 6, 1, NULL, NULL, NULL,
 };
