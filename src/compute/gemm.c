@@ -32,23 +32,26 @@ mha_status mha_pack(mha_packed *p, int K, int n_sections, const float *const *w,
         p->cols[s] = cols[s];
         p->first_panel[s + 1] = p->first_panel[s] + (cols[s] + MHA_NR - 1) / MHA_NR;
     }
-    size_t np = (size_t)p->first_panel[n_sections];
-    p->panels = alloc_floats(np * (size_t)K * MHA_NR);
+    size_t np = (size_t)p->first_panel[n_sections], npairs = (np + 1) / 2;
+    p->panels = alloc_floats(npairs * (size_t)K * 2 * MHA_NR);
     p->bias = alloc_floats(np * MHA_NR);
     if (!p->panels || !p->bias) {
         mha_packed_free(p);
         return mha_fail(MHA_E_NOMEM, "fast path: cannot allocate %zu floats of packed weights",
-                        np * (size_t)K * MHA_NR);
+                        npairs * (size_t)K * 2 * MHA_NR);
     }
+    if (np % 2) /* the unused half of the last pair */
+        for (int k = 0; k < K; k++) memset(mha_packed_panel(p, (int)np, k), 0, MHA_NR * sizeof(float));
     for (int s = 0; s < n_sections; s++)
         for (int gp = p->first_panel[s]; gp < p->first_panel[s + 1]; gp++) {
             int col0 = (gp - p->first_panel[s]) * MHA_NR;
-            float *panel = p->panels + (size_t)gp * K * MHA_NR; /* (K, 16) */
-            for (int k = 0; k < K; k++)
+            for (int k = 0; k < K; k++) {
+                float *row = mha_packed_panel(p, gp, k); /* 16 columns of row k */
                 for (int j = 0; j < MHA_NR; j++) {
                     int c = col0 + j;
-                    panel[(size_t)k * MHA_NR + j] = c < cols[s] ? w[s][(size_t)k * cols[s] + c] : 0.0f;
+                    row[j] = c < cols[s] ? w[s][(size_t)k * cols[s] + c] : 0.0f;
                 }
+            }
             for (int j = 0; j < MHA_NR; j++) {
                 int c = col0 + j;
                 p->bias[(size_t)gp * MHA_NR + j] = (c < cols[s] && b[s]) ? b[s][c] : 0.0f;
@@ -159,7 +162,8 @@ mha_status mha_gemm(const mha_gemm_args *g, const mha_kernels *kern, int n_threa
     int want = 16 * n_threads, nchunk = 1;
     if (nmb < want) nchunk = (want + nmb - 1) / nmb;
     if (nchunk > np) nchunk = np;
-    const int per = (np + nchunk - 1) / nchunk;
+    int per = (np + nchunk - 1) / nchunk;
+    per += per % 2; /* chunks start on a pair of panels (a section with an odd count shifts them) */
     nchunk = (np + per - 1) / per;
     const int ntasks = nmb * nchunk;
     int failed = 0;
@@ -195,7 +199,8 @@ mha_status mha_gemm(const mha_gemm_args *g, const mha_kernels *kern, int n_threa
                 const mha_dst *d = &dst[s - s0];
                 const int col = (gp - p->first_panel[s]) * MHA_NR;
                 const int n = p->cols[s] - col < g * MHA_NR ? p->cols[s] - col : g * MHA_NR;
-                const float *bp = p->panels + ((size_t)gp * p->K + k0) * MHA_NR;
+                const float *bp = mha_packed_panel(p, gp, k0);
+                const size_t b_ps = gp % 2 ? (size_t)p->K * MHA_PACK_LDB - MHA_NR : MHA_NR; /* to panel gp+1 */
                 const float *bias = use_bias ? p->bias + (size_t)gp * MHA_NR : NULL;
                 int scatter = 0;
                 for (int r = 0; r < mc; r += TR) {
@@ -211,10 +216,10 @@ mha_status mha_gemm(const mha_gemm_args *g, const mha_kernels *kern, int n_threa
                         const float *ap = buf + (size_t)r * kn + (size_t)kb * MHA_MR;
                         if (kern->sgemm_tile)
                             kern->sgemm_tile(cptr[r / TR], ldc[r / TR], ap, (size_t)MHA_MR * kn,
-                                             bp + (size_t)kb * MHA_NR, (size_t)p->K * MHA_NR,
+                                             bp + (size_t)kb * MHA_PACK_LDB, b_ps, MHA_PACK_LDB,
                                              last ? bias : NULL, kk, m, n, kb > 0);
                         else
-                            kern->sgemm_6x16(cptr[r / TR], ldc[r / TR], ap, 1, MHA_MR, bp, MHA_NR, bias,
+                            kern->sgemm_6x16(cptr[r / TR], ldc[r / TR], ap, 1, MHA_MR, bp, MHA_PACK_LDB, bias,
                                              NULL, kn, m, n);
                     }
                 }

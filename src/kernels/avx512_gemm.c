@@ -20,23 +20,24 @@ void mha_sgemm_avx512_6x16(float *c, size_t ldc, const float *a, size_t a_rs, si
 }
 
 /* c (m, n) = [c +] a b [+ bias], m <= 12, n <= 32: a two packed
- * micro-panels (K, 6) at stride a_ps, b two packed panels (K, 16) at
- * stride b_ps; accumulate: each sum continues from c (a K block after
+ * micro-panels (K, 6) at stride a_ps, b two panels of 16 columns at
+ * stride b_ps, row k at k*ldb; accumulate: each sum continues from c (a K block after
  * the first). */
 #define TILE_12X32(ACC)                                                                  \
     do {                                                                                 \
         if (m > 6 && n > 16)                                                             \
-            mha_tile_avx512(c, ldc, a, a_ps, 1, 6, b, b_ps, 16, bias, NULL, K, m, n, 12, 2, ACC); \
+            mha_tile_avx512(c, ldc, a, a_ps, 1, 6, b, b_ps, ldb, bias, NULL, K, m, n, 12, 2, ACC); \
         else if (m > 6)                                                                  \
-            mha_tile_avx512(c, ldc, a, a_ps, 1, 6, b, b_ps, 16, bias, NULL, K, m, n, 12, 1, ACC); \
+            mha_tile_avx512(c, ldc, a, a_ps, 1, 6, b, b_ps, ldb, bias, NULL, K, m, n, 12, 1, ACC); \
         else if (n > 16)                                                                 \
-            mha_tile_avx512(c, ldc, a, a_ps, 1, 6, b, b_ps, 16, bias, NULL, K, m, n, 6, 2, ACC);  \
+            mha_tile_avx512(c, ldc, a, a_ps, 1, 6, b, b_ps, ldb, bias, NULL, K, m, n, 6, 2, ACC);  \
         else                                                                             \
-            mha_tile_avx512(c, ldc, a, a_ps, 1, 6, b, b_ps, 16, bias, NULL, K, m, n, 6, 1, ACC);  \
+            mha_tile_avx512(c, ldc, a, a_ps, 1, 6, b, b_ps, ldb, bias, NULL, K, m, n, 6, 1, ACC);  \
     } while (0)
 
 void mha_sgemm_avx512_12x32(float *c, size_t ldc, const float *a, size_t a_ps, const float *b,
-                            size_t b_ps, const float *bias, int K, int m, int n, int accumulate) {
+                            size_t b_ps, size_t ldb, const float *bias, int K, int m, int n,
+                            int accumulate) {
     if (accumulate)
         TILE_12X32(1);
     else
