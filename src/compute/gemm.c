@@ -11,11 +11,20 @@
 #include "compute/gemm.h"
 #include "base/internal.h"
 
-#define MHA_GEMM_MC 72 /* rows per block: (MC, K) packed input stays in L2; a
-                          multiple of every kernel's tile_rows (6, 12) */
+/* Rows per block: the (MC, K) packed input stays in L2; multiples of
+ * every kernel's tile_rows (6, 12). A call whose packed weights exceed
+ * MHA_GEMM_BIG_B bytes (they come from L3 on every block) takes MC_BIG
+ * rows, so each panel read serves more rows: on one core this ran the
+ * P1/P2 QKV and P3 KV shapes (7-8 MiB of weights) 10-14% faster than 72
+ * rows, and the O and P3 Q shapes (2-4 MiB) 2-7% slower. */
+#define MHA_GEMM_MC 72
+#define MHA_GEMM_MC_BIG 216
+#define MHA_GEMM_BIG_B ((size_t)6 << 20)
+/* K block of an accumulating tile: B's (256, 32) block (32 KiB) stays in
+ * L1 across the row tiles (128-384 and no blocking measured within noise
+ * of each other on a busy machine; see bench/LIMITS.md). */
 #ifndef MHA_GEMM_KC
-#define MHA_GEMM_KC 256 /* K block of an accumulating tile: B's (256, 32)
-                           block (32 KiB) stays in L1 across the row tiles */
+#define MHA_GEMM_KC 256
 #endif
 #define MHA_TILE_MAX_PANELS 2 /* the widest register tile of a kernel table */
 
@@ -151,7 +160,8 @@ mha_status mha_gemm(const mha_gemm_args *g, const mha_kernels *kern, int n_threa
     const mha_packed *p = g->p;
     const int M = g->M, s0 = g->s0, s1 = g->s1, k0 = g->k0, kn = g->kn, use_bias = g->use_bias;
     const int pb = p->first_panel[s0], np = p->first_panel[s1] - pb;
-    const int nmb = (M + MHA_GEMM_MC - 1) / MHA_GEMM_MC;
+    const int MC = (size_t)np * kn * MHA_NR * sizeof(float) > MHA_GEMM_BIG_B ? MHA_GEMM_MC_BIG : MHA_GEMM_MC;
+    const int nmb = (M + MC - 1) / MC;
     /* An accumulating tile runs K in blocks of about MHA_GEMM_KC, so the
      * B rows of one block stay in L1 across the row tiles; the 6x16
      * kernels (no accumulation) run all of K at once. */
@@ -169,15 +179,15 @@ mha_status mha_gemm(const mha_gemm_args *g, const mha_kernels *kern, int n_threa
     int failed = 0;
 #pragma omp parallel num_threads(n_threads)
     {
-        float *buf = alloc_floats((size_t)MHA_GEMM_MC * kn); /* packed input block */
+        float *buf = alloc_floats((size_t)MC * kn); /* packed input block */
         /* the kernel's register tile: TR rows x TP panels (6 x 1 without a wide tile) */
         const int TR = kern->sgemm_tile ? kern->tile_rows : MHA_MR;
         const int TP = kern->sgemm_tile ? kern->tile_panels : 1;
         const size_t ldt = (size_t)TP * MHA_NR;
-        float tile[MHA_GEMM_MC * MHA_TILE_MAX_PANELS * MHA_NR]; /* (mc, ldt): tiles not stored in place */
-        size_t roff[MHA_GEMM_MC], coff[MHA_TILE_MAX_PANELS * MHA_NR];
-        float *cptr[MHA_GEMM_MC / MHA_MR];
-        size_t ldc[MHA_GEMM_MC / MHA_MR];
+        float tile[MHA_GEMM_MC_BIG * MHA_TILE_MAX_PANELS * MHA_NR]; /* (mc, ldt): tiles not stored in place */
+        size_t roff[MHA_GEMM_MC_BIG], coff[MHA_TILE_MAX_PANELS * MHA_NR];
+        float *cptr[MHA_GEMM_MC_BIG / MHA_MR];
+        size_t ldc[MHA_GEMM_MC_BIG / MHA_MR];
         if (!buf) {
 #pragma omp atomic write
             failed = 1;
@@ -185,8 +195,8 @@ mha_status mha_gemm(const mha_gemm_args *g, const mha_kernels *kern, int n_threa
 #pragma omp for schedule(dynamic, 1)
         for (int t = 0; t < ntasks; t++) {
             if (!buf) continue;
-            const int m0 = (t / nchunk) * MHA_GEMM_MC, c0 = pb + (t % nchunk) * per;
-            const int mc = M - m0 < MHA_GEMM_MC ? M - m0 : MHA_GEMM_MC;
+            const int m0 = (t / nchunk) * MC, c0 = pb + (t % nchunk) * per;
+            const int mc = M - m0 < MC ? M - m0 : MC;
             const int c1 = c0 + per < pb + np ? c0 + per : pb + np;
             pack_rows(buf, a, lda, m0, mc, kn, kern);
             int s = s0, roff_of = -1; /* roff holds section roff_of's rows */
@@ -244,6 +254,6 @@ mha_status mha_gemm(const mha_gemm_args *g, const mha_kernels *kern, int n_threa
     }
     if (failed)
         return mha_fail(MHA_E_NOMEM, "fast path: cannot allocate the %d x %d input block of a projection",
-                        MHA_GEMM_MC, kn);
+                        MC, kn);
     return MHA_OK;
 }
