@@ -1,10 +1,16 @@
 /* gemm.c — packed projections: out (M, N) = a (M, K) W (K, N) + bias, with
- * W packed once (mha_pack) and the input packed per block of MC rows into
- * 6-row micro-panels, (K, 6) each, so the kernel's register tile (6x16,
- * or tile_rows x 16*tile_panels: several micro-panels and panels at
- * once) reads both operands linearly. Threads split (row block, panel chunk) tasks; every
- * output element is one task's fp32 sum in k order (thread-count free).
- * Legend: M input rows, K input width, N output columns, MC rows per block. */
+ * W packed once (mha_pack, pairs of 16-column panels) and the input packed
+ * per block of MC rows into 6-row micro-panels, (K, 6) each, so the
+ * kernel's register tile (6x16, or tile_rows x 16*tile_panels: several
+ * micro-panels and panels at once) reads both operands linearly. With an
+ * accumulating tile, K runs in blocks of about KC: each block of B serves
+ * every row tile from L1, and each sum continues through c, so the bits
+ * are those of one pass. Threads split (row block, panel chunk) tasks;
+ * every output element is one task's fp32 sum in k order (thread-count
+ * free). Tiles go straight to their destination where its columns are
+ * contiguous (rows, or one head of one batch), else through a buffer.
+ * Legend: M input rows, K input width, N output columns, MC rows per
+ * block, KC inputs per K block. */
 #include <stdlib.h>
 #include <string.h>
 
