@@ -88,6 +88,7 @@ typedef struct {
     int steps;      /* timed decode steps */
     int threads;
     int int8;       /* 1: int8 cache (overrides fp16) */
+    int v_fp16;     /* 1: V stored as fp16 whatever K's type (mixed cache) */
 } bench_decode_cfg;
 
 int bench_decode(const bench_decode_cfg *c);
