@@ -1,6 +1,6 @@
 /* test_isa.c — the AVX-512 kernels against the AVX2 and scalar ones and
  * plain double loops: the 12x32 and 6x16 tiles at every edge size, the
- * attention steps, the exp over every float of the softmax's range, the
+ * packed GEMM driver (K blocks, packing, K^T store), the attention steps, the exp over every float of the softmax's range, the
  * decode kernels and the fp16 conversions; and the choice of the ISA
  * (CPUID/XCR0, MHA_KERNELS). Skipped where the CPU lacks AVX-512.
  * Where the AVX2 kernels make the same FMA chains (GEMM tiles, scores,
@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "compute/gemm.h"
 #include "kernels/decode_kernels.h"
 #include "kernels/kernels.h"
 #include "naive.h"
@@ -101,7 +102,7 @@ static void test_isa_tile_12x32(void) {
                 for (int use_bias = 0; use_bias < 2; use_bias++) {
                     const float *bp = use_bias ? bias : NULL;
                     memcpy(c, guard, sizeof c), memcpy(c2, guard, sizeof c2);
-                    mha_sgemm_avx512_12x32(c + LDC, LDC, a, a_ps, b, b_ps, bp, K, m, n);
+                    mha_sgemm_avx512_12x32(c + LDC, LDC, a, a_ps, b, b_ps, 16, bp, K, m, n, 0);
                     /* AVX2: 6x16 tiles over the same packed operands */
                     for (int r = 0; r < m; r += 6)
                         for (int q = 0; q < n; q += 16)
@@ -400,10 +401,69 @@ static void test_isa_pack_q(void) {
     }
 }
 
+/* The packed projection driver on the AVX-512 table (K in blocks that
+ * continue each sum through c, the input packed and K^T stored by its
+ * kernels, 216-row blocks for weights over 6 MiB) gives the bits of the
+ * AVX2 table (one pass over K, the portable loops), on 1 and 2 threads,
+ * into every destination layout, for a weight row block k0 > 0 (W_O's
+ * per-head rows); section 0 is also checked against double sums. */
+static void test_isa_gemm_blocks(void) {
+    if (!have()) return;
+    uint64_t seed = 93;
+    enum { KP = 640, K0 = 40, KN = 600, M = 230, ROWS = 115, RP = 128, LDA = KN + 3 };
+    for (int big = 0; big < 2; big++) {
+        /* Q (rows) | K^T (8 heads of 48) | V (7 heads of 40, ld 41: tiles across heads) */
+        const int cols[3] = {big ? 2000 : 100, 8 * 48, 7 * 40};
+        const size_t nout[3] = {(size_t)M * cols[0], (size_t)2 * 8 * RP * 48, (size_t)2 * 7 * RP * 41};
+        float *w[3], *b[3], *out[3][3];
+        for (int q = 0; q < 3; q++) {
+            w[q] = naive_random_floats((size_t)KP * cols[q], &seed, -1, 1);
+            b[q] = naive_random_floats((size_t)cols[q], &seed, -1, 1);
+        }
+        float *a = naive_random_floats((size_t)M * LDA, &seed, -1, 1);
+        mha_packed p;
+        const float *const wc[3] = {w[0], w[1], w[2]}, *const bc[3] = {b[0], b[1], b[2]};
+        CHECK_OK(mha_pack(&p, KP, 3, wc, bc, cols));
+        const mha_kernels *tab[3] = {&mha_kernels_avx2, &mha_kernels_avx512, &mha_kernels_avx512};
+        for (int run = 0; run < 3; run++) {
+            for (int q = 0; q < 3; q++) out[run][q] = naive_alloc_floats(nout[q]);
+            const mha_dst dst[3] = {
+                {MHA_DST_ROWS, out[run][0], (size_t)cols[0], 0, 0, 0, 0},
+                {MHA_DST_HEADS_T, out[run][1], 0, 48, 8, ROWS, (size_t)RP * 48},
+                {MHA_DST_HEADS, out[run][2], 41, 40, 7, ROWS, (size_t)RP * 41},
+            };
+            const mha_gemm_args g = {dst, a, LDA, M, &p, 0, 3, K0, KN, 1};
+            CHECK_OK(mha_gemm(&g, tab[run], run == 2 ? 2 : 1));
+        }
+        for (int run = 1; run < 3; run++)
+            for (int q = 0; q < 3; q++)
+                if (memcmp(out[0][q], out[run][q], sizeof(float) * nout[q]) != 0)
+                    test_report(__FILE__, __LINE__, "weights %s, section %d: avx512 on %d thread(s) differs from avx2",
+                                big ? "> 6 MiB" : "small", q, run);
+        double err = 0.0;
+        for (int m = 0; m < M && !big; m++)
+            for (int c = 0; c < cols[0]; c++) {
+                double acc = b[0][c];
+                for (int k = 0; k < KN; k++)
+                    acc += (double)a[(size_t)m * LDA + k] * w[0][(size_t)(K0 + k) * cols[0] + c];
+                err = fmax(err, fabs(out[1][0][(size_t)m * cols[0] + c] - acc));
+            }
+        if (err > 1e-6 * KN)
+            test_report(__FILE__, __LINE__, "k0 = %d, %d rows: max error %.3g vs double", K0, KN, err);
+        for (int q = 0; q < 3; q++) {
+            for (int run = 0; run < 3; run++) free(out[run][q]);
+            free(w[q]), free(b[q]);
+        }
+        free(a);
+        mha_packed_free(&p);
+    }
+}
+
 static const test_case cases[] = {
     {"isa_detect", test_isa_detect},
     {"isa_env_avx512", test_isa_env_avx512},
     {"isa_tile_12x32", test_isa_tile_12x32},
+    {"isa_gemm_blocks", test_isa_gemm_blocks},
     {"isa_attention_steps", test_isa_attention_steps},
     {"isa_exp_every_float", test_isa_exp_every_float},
     {"isa_decode_kernels", test_isa_decode_kernels},

@@ -17,10 +17,10 @@ MHA_AVX512_INLINE void row_tiles(float *c, size_t ldc, const float *a, size_t a_
     int r = 0;
     for (; r + 12 <= rows; r += 12)
         mha_tile_avx512(c + (size_t)r * ldc, ldc, a + (size_t)(r / 6) * a_ps, a_ps, a_rs, a_cs, b, b_ps,
-                        ldb, NULL, alpha ? alpha + r : NULL, K, 12, 16 * P, 12, P);
+                        ldb, NULL, alpha ? alpha + r : NULL, K, 12, 16 * P, 12, P, 0);
     if (r < rows)
         mha_tile_avx512(c + (size_t)r * ldc, ldc, a + (size_t)(r / 6) * a_ps, a_ps, a_rs, a_cs, b, b_ps,
-                        ldb, NULL, alpha ? alpha + r : NULL, K, 6, 16 * P, 6, P);
+                        ldb, NULL, alpha ? alpha + r : NULL, K, 6, 16 * P, 6, P, 0);
 }
 
 /* s (rows, 16*npanels) = q k^T; q packed (rows/6, d_k, 6), kt (npanels, d_k, 16):
@@ -125,7 +125,7 @@ void mha_attn_pv_avx512(float *o, size_t ldo, const float *p, size_t ldp, const 
     for (; c + 64 <= dv16; c += 64)
         for (int r = 0; r < rows; r += 6)
             mha_tile_avx512(o + (size_t)r * ldo + c, ldo, p + (size_t)r * ldp, ps, ldp, 1, v + c, 16, ldv,
-                            NULL, alpha + r, nk, 6, 64, 6, 4);
+                            NULL, alpha + r, nk, 6, 64, 6, 4, 0);
     for (; c + 32 <= dv16; c += 32) row_tiles(o + c, ldo, p, ps, ldp, 1, v + c, 16, ldv, alpha, nk, rows, 2);
     if (c < dv16) row_tiles(o + c, ldo, p, ps, ldp, 1, v + c, 16, ldv, alpha, nk, rows, 1);
 }

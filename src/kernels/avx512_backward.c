@@ -16,10 +16,10 @@ MHA_AVX512_INLINE void row_pass(float *c, size_t ldc, const float *a, size_t a_p
     int r = 0;
     for (; r + 12 <= rows; r += 12)
         mha_tile_avx512(c + (size_t)r * ldc, ldc, a + (size_t)(r / 6) * a_ps, a_ps, a_rs, a_cs, b, b_ps, ldb,
-                        NULL, acc, K, 12, 16 * P, 12, P);
+                        NULL, acc, K, 12, 16 * P, 12, P, 0);
     if (r < rows)
         mha_tile_avx512(c + (size_t)r * ldc, ldc, a + (size_t)(r / 6) * a_ps, a_ps, a_rs, a_cs, b, b_ps, ldb,
-                        NULL, acc, K, 6, 16 * P, 6, P);
+                        NULL, acc, K, 6, 16 * P, 6, P, 0);
 }
 
 static const float ones[12] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
@@ -73,10 +73,10 @@ static void gemm_tile_avx512(float *c, size_t ldc, const float *a, const float *
                              int accumulate) {
     const float *rs = accumulate ? ones : NULL;
     const size_t a_ps = (size_t)6 * K, b_ps = (size_t)16 * K;
-    if (m > 6 && n > 16) mha_tile_avx512(c, ldc, a, a_ps, 1, 6, b, b_ps, 16, NULL, rs, K, m, n, 12, 2);
-    else if (m > 6) mha_tile_avx512(c, ldc, a, a_ps, 1, 6, b, b_ps, 16, NULL, rs, K, m, n, 12, 1);
-    else if (n > 16) mha_tile_avx512(c, ldc, a, a_ps, 1, 6, b, b_ps, 16, NULL, rs, K, m, n, 6, 2);
-    else mha_tile_avx512(c, ldc, a, a_ps, 1, 6, b, b_ps, 16, NULL, rs, K, m, n, 6, 1);
+    if (m > 6 && n > 16) mha_tile_avx512(c, ldc, a, a_ps, 1, 6, b, b_ps, 16, NULL, rs, K, m, n, 12, 2, 0);
+    else if (m > 6) mha_tile_avx512(c, ldc, a, a_ps, 1, 6, b, b_ps, 16, NULL, rs, K, m, n, 12, 1, 0);
+    else if (n > 16) mha_tile_avx512(c, ldc, a, a_ps, 1, 6, b, b_ps, 16, NULL, rs, K, m, n, 6, 2, 0);
+    else mha_tile_avx512(c, ldc, a, a_ps, 1, 6, b, b_ps, 16, NULL, rs, K, m, n, 6, 1, 0);
 }
 
 const mha_backward_kernels mha_backward_kernels_avx512 = {"avx512", scores_rows_avx512, probs_ds_avx512, accumulate_tn_avx512, 12, 32,

@@ -55,16 +55,25 @@ MHA_AVX512_INLINE __mmask16 mha_mask16(int live) {
  * m <= R, n <= 16P; only (m, n) of c is read or written (masked stores),
  * and only the panels that hold live columns are read. Each c element is
  * one fp32 FMA chain over k in order, then + bias, then the row scale: the
- * additions of the AVX2 6x16 tile, so both give identical bits. */
+ * additions of the AVX2 6x16 tile, so both give identical bits.
+ * acc_c (a constant at each call site): the chain starts from c's value
+ * instead of 0, so a product split over K blocks, each block's sums
+ * stored in c and the bias added after the last one, gives the bits of
+ * one call over the whole K. */
 MHA_AVX512_INLINE void mha_tile_avx512(float *c, size_t ldc, const float *a, size_t a_ps,
                                       size_t a_rs, size_t a_cs, const float *b, size_t b_ps,
                                       size_t ldb, const float *bias, const float *row_scale,
-                                      int K, int m, int n, const int R, const int P) {
+                                      int K, int m, int n, const int R, const int P, const int acc_c) {
     __m512 acc[18][4];
+    __mmask16 mk[4];
+#pragma GCC unroll 4
+    for (int p = 0; p < P; p++) mk[p] = mha_mask16(n - 16 * p);
 #pragma GCC unroll 18
     for (int i = 0; i < R; i++)
 #pragma GCC unroll 4
-        for (int p = 0; p < P; p++) acc[i][p] = _mm512_setzero_ps();
+        for (int p = 0; p < P; p++)
+            acc[i][p] = acc_c && i < m ? _mm512_maskz_loadu_ps(mk[p], c + (size_t)i * ldc + 16 * p)
+                                       : _mm512_setzero_ps();
     const float *bk = b;
     const float *ak = a;
     for (int k = 0; k < K; k++) {
@@ -80,9 +89,6 @@ MHA_AVX512_INLINE void mha_tile_avx512(float *c, size_t ldc, const float *a, siz
         bk += ldb;
         ak += a_cs;
     }
-    __mmask16 mk[4];
-#pragma GCC unroll 4
-    for (int p = 0; p < P; p++) mk[p] = mha_mask16(n - 16 * p);
     if (bias) {
 #pragma GCC unroll 4
         for (int p = 0; p < P; p++) {

@@ -1,7 +1,7 @@
 /* avx512_table.c — the avx512 kernel table (kernels.h): the entries of
  * avx512_gemm.c, avx512_attention.c (with the ALiBi tile and the query
- * packing), avx512_exp.c
- * and avx512_softcap.c, with the 12x32 tile for the projection driver.
+ * packing), avx512_exp.c and avx512_softcap.c, with the 12x32 tile, the
+ * input packing and the transposed store for the projection driver.
  * Data only; used after mha_cpu_has_avx512(). */
 #include "kernels/kernels.h"
 
@@ -18,4 +18,6 @@ const mha_kernels mha_kernels_avx512 = {
     .tile_rows = 12,
     .tile_panels = 2,
     .sgemm_tile = mha_sgemm_avx512_12x32,
+    .pack_a6 = mha_pack_a6_avx512,
+    .store_t16 = mha_store_t16_avx512,
 };

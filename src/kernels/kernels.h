@@ -78,13 +78,26 @@ typedef struct mha_kernels {
 
     /* The projection driver's register tile, tile_rows (a multiple of 6)
      * x 16*tile_panels; NULL: the driver uses sgemm_6x16 on 6 x 16.
-     * c (m, n) = a b [+ bias], m <= tile_rows, n <= 16*tile_panels: a is
-     * tile_rows/6 packed micro-panels (K, 6) at stride a_ps, b packed
-     * panels (K, 16) at stride b_ps (only those with live columns are
-     * read). Each c element is one fp32 sum over k in order, + bias. */
+     * c (m, n) = [c +] a b [+ bias], m <= tile_rows, n <= 16*tile_panels:
+     * a is tile_rows/6 packed micro-panels (K, 6) at stride a_ps, b
+     * panels of 16 columns at stride b_ps, row k at b + k*ldb (only the
+     * panels with live columns are read). Each c element is one fp32 sum over k in order, + bias;
+     * accumulate != 0: the sum starts from c's value instead of 0 (the
+     * driver splits K into blocks; the bits equal one call over all K). */
     int tile_rows, tile_panels;
     void (*sgemm_tile)(float *c, size_t ldc, const float *a, size_t a_ps, const float *b,
-                       size_t b_ps, const float *bias, int K, int m, int n);
+                       size_t b_ps, size_t ldb, const float *bias, int K, int m, int n,
+                       int accumulate);
+
+    /* The driver's input packing: rows (<= 6) rows of a (row stride lda),
+     * kn floats each -> out (kn, 6), rows past `rows` zero. NULL: the
+     * driver's portable loop (the same bytes). */
+    void (*pack_a6)(float *out, const float *a, size_t lda, int rows, int kn);
+
+    /* The driver's transposed store (K^T destinations): dst[coff[j] + i] =
+     * src[i*lds + j] for i < rows <= 16, j < n <= 16. NULL: the driver's
+     * element loop (the same values). */
+    void (*store_t16)(float *dst, const size_t *coff, const float *src, size_t lds, int rows, int n);
 } mha_kernels;
 
 /* The softcap kernel of table k, the scalar one when k has none. */
@@ -118,7 +131,11 @@ void mha_sgemm_avx512_6x16(float *c, size_t ldc, const float *a, size_t a_rs, si
                            const float *b, size_t ldb, const float *bias,
                            const float *row_scale, int K, int m, int n);
 void mha_sgemm_avx512_12x32(float *c, size_t ldc, const float *a, size_t a_ps, const float *b,
-                            size_t b_ps, const float *bias, int K, int m, int n);
+                            size_t b_ps, size_t ldb, const float *bias, int K, int m, int n,
+                            int accumulate);
+void mha_pack_a6_avx512(float *out, const float *a, size_t lda, int rows, int kn);
+void mha_store_t16_avx512(float *dst, const size_t *coff, const float *src, size_t lds, int rows,
+                          int n);
 void mha_attn_scores_avx512(float *s, size_t lds, const float *q, const float *kt, int d_k,
                             int rows, int npanels);
 void mha_attn_softmax_avx512(float *s, size_t lds, float *m, float *l, float *alpha,

@@ -102,5 +102,5 @@ void (*mha_attn_pack_q_get(const mha_kernels *k))(float *, const float *, size_t
 
 const mha_kernels mha_kernels_scalar = {
     "scalar", sgemm_scalar_6x16, scores_scalar, softmax_scalar, pv_scalar, vexp_scalar, softcap_scalar,
-    alibi_scalar, pack_q_scalar, 6, 1, NULL,
+    alibi_scalar, pack_q_scalar, 6, 1, NULL, NULL, NULL,
 };
