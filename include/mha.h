@@ -301,6 +301,12 @@ typedef struct {
                                  cache). Masks stay by index.             */
     const int *key_positions; /* (B,S) position of each key; NULL: positions
                                  when the keys come from x, else 0..S-1   */
+    int sink_tokens;          /* >= 0; with window_left >= 0, keys j <
+                                 sink_tokens are attended as well (still
+                                 causal and window_right): StreamingLLM's
+                                 attention sinks. 0: none. The cached
+                                 forward takes the cache's own count (0 or
+                                 that count here)                        */
 } mha_options;
 
 MHA_API mha_options mha_options_default(void);
@@ -716,6 +722,15 @@ typedef struct mha_cache mha_cache;
  * (d_kv_in == d_v_in == d_model). */
 MHA_API mha_status mha_cache_create(mha_cache **out, const mha_layer *layer, int batch, int capacity,
                             mha_cache_dtype dtype, int window);
+/* StreamingLLM: the first n_sink positions of every sequence of a
+ * windowed cache are never evicted, and every query attends them besides
+ * its window (as options.sink_tokens = n_sink with window_left = W - 1).
+ * They keep slots 0..n_sink-1 and the positions they were stored with
+ * (their K is stored rotated at those positions); the other positions
+ * share a ring of capacity - n_sink slots, which must hold the window:
+ * 0 <= n_sink <= capacity - window. Only on a windowed cache holding no
+ * tokens (MHA_E_ARG otherwise). */
+MHA_API mha_status mha_cache_set_sink_tokens(mha_cache *cache, int n_sink);
 MHA_API void mha_cache_free(mha_cache *cache);
 
 /* Bytes of K/V storage: B * h_kv * slots * (d_k + d_v) * (4 or 2) (int8:

@@ -48,15 +48,16 @@ typedef struct {
 } run_spec;
 
 /* y (B,T,D) rows t < len[b] of sequence b = the reference causal forward
- * of that sequence alone (window_left W - 1 when W > 0); fast_err = the
+ * of that sequence alone (window_left W - 1 when W > 0, and n_sink sink
+ * tokens); fast_err = the
  * fast path's max deviation from it. */
-static void reference_rows(float *y, double *fast_err, const run_spec *r, int W) {
+static void reference_rows(float *y, double *fast_err, const run_spec *r, int W, int n_sink) {
     const size_t rowf = (size_t)r->T * r->D;
     float *yf = naive_alloc_floats(rowf);
     *fast_err = 0;
     for (int b = 0; b < r->B; b++) {
         mha_options o = mha_options_default();
-        o.causal = 1, o.window_left = W > 0 ? W - 1 : -1;
+        o.causal = 1, o.window_left = W > 0 ? W - 1 : -1, o.sink_tokens = n_sink;
         o.positions = r->pos ? r->pos + (size_t)b * r->T : NULL;
         const float *xb = r->x + b * rowf;
         o.path = MHA_PATH_REFERENCE;
@@ -128,7 +129,7 @@ static void prefill_decode_all(void) {
             if (with_pos && !cfg.rope.pairing && !cfg.alibi) continue;
             run_spec r = {L, B, T, cfg.d_model, x, with_pos ? pos : NULL, len};
             double fast_err;
-            reference_rows(yr, &fast_err, &r, 0);
+            reference_rows(yr, &fast_err, &r, 0, 0);
             mha_cache *c = NULL;
             CHECK_OK(mha_cache_create(&c, L, B, T, MHA_CACHE_F32, 0));
             if (c) feed(yc, c, &r, 0, steps, 21);
@@ -180,7 +181,7 @@ static void modern_cache_truncate_continue(void) {
             feed(yc, c, &spliced, KEEP, steps, 16);
         }
         double fast_err;
-        reference_rows(yr, &fast_err, &spliced, 0);
+        reference_rows(yr, &fast_err, &spliced, 0, 0);
         double err = rows_diff(yc, yr, &spliced, KEEP);
         if (!(err <= 4 * fast_err + 2e-6))
             test_report(__FILE__, __LINE__, "config %d: cached err %g after truncate, fast err %g", i, err, fast_err);
@@ -208,7 +209,7 @@ static void modern_cache_ring_window(void) {
         float *x = naive_random_floats(n, &seed, -1, 1), *yr = naive_alloc_floats(n), *yc = naive_alloc_floats(n);
         run_spec r = {L, B, T, cfg.d_model, x, cfg.rope.pairing || cfg.alibi ? pos : NULL, len};
         double fast_err;
-        reference_rows(yr, &fast_err, &r, W);
+        reference_rows(yr, &fast_err, &r, W, 0);
         mha_cache *c = NULL;
         CHECK_OK(mha_cache_create(&c, L, B, CAP, MHA_CACHE_F32, W));
         if (c) feed(yc, c, &r, 0, steps, 80);
@@ -219,6 +220,96 @@ static void modern_cache_ring_window(void) {
         free(x), free(yr), free(yc);
         mha_layer_free(L);
     }
+}
+
+/* StreamingLLM: a ring of 20 slots, 4 of them for the sink tokens,
+ * keeping the last 12 tokens besides the sinks, over 64 tokens (prefill
+ * 10, then decode far past the window, ragged, explicit positions): equal
+ * to the reference with window_left 11 and sink_tokens 4. Then truncate
+ * and continue with other tokens. Every variant config, fp32 and
+ * fp16 storage (fp16: within the docs/CACHE.md bound, 2e-3 here). */
+static void modern_cache_sink_tokens(void) {
+    enum { B = 2, T = 64, CAP = 20, W = 12, NS = 4, KEEP = 57 };
+    const int len[B] = {T, 55};
+    int steps[80], pos[B * T];
+    steps[0] = 10;
+    for (int s = 1; s < 80; s++) steps[s] = s % 9 == 0 ? 3 : 1;
+    make_positions(pos, B, T);
+    for (int i = 0; i < MODERN_N_CONFIGS; i++)
+        for (int f16 = 0; f16 < 2; f16++) {
+            mha_config cfg = modern_variant_config(i);
+            mha_layer *L = variant_layer(cfg, 970 + i);
+            if (!L) return;
+            uint64_t seed = 710 + i;
+            const size_t n = (size_t)B * T * cfg.d_model;
+            float *x = naive_random_floats(n, &seed, -1, 1), *yr = naive_alloc_floats(n), *yc = naive_alloc_floats(n);
+            float *x1 = naive_random_floats(n, &seed, -1, 1);
+            run_spec r = {L, B, T, cfg.d_model, x, cfg.rope.pairing || cfg.alibi ? pos : NULL, len};
+            double fast_err;
+            reference_rows(yr, &fast_err, &r, W, NS);
+            mha_cache *c = NULL;
+            CHECK_OK(mha_cache_create(&c, L, B, CAP, f16 ? MHA_CACHE_F16 : MHA_CACHE_F32, W));
+            CHECK_OK(mha_cache_set_sink_tokens(c, NS));
+            if (c) feed(yc, c, &r, 0, steps, 80);
+            const double tol = 4 * fast_err + (f16 ? 2e-3 : 2e-6);
+            double err = rows_diff(yc, yr, &r, 0);
+            if (!(err <= tol))
+                test_report(__FILE__, __LINE__, "config %d f16 %d: sink ring err %g, fast err %g", i, f16, err, fast_err);
+            // --- again to 60 / 58 tokens, truncate both to KEEP (the ring
+            // of 16 keeps 16 - W + 1 = 5 positions to go back), continue
+            // with x1's tokens to 64 / 62
+            run_spec r0 = {L, B, T, cfg.d_model, x, r.pos, (const int[]){60, 58}};
+            run_spec r1 = {L, B, T, cfg.d_model, x1, r.pos, (const int[]){64, 62}};
+            CHECK_OK(mha_cache_reset(c, -1));
+            if (c) feed(yc, c, &r0, 0, steps, 80);
+            for (int b = 0; c && b < B; b++) {
+                CHECK_OK(mha_cache_truncate(c, b, KEEP));
+                memcpy(x1 + (size_t)b * T * cfg.d_model, x + (size_t)b * T * cfg.d_model, sizeof(float) * KEEP * cfg.d_model);
+            }
+            CHECK_STATUS(mha_cache_truncate(c, 0, KEEP - 4), MHA_E_ARG); /* evicted: refused */
+            reference_rows(yr, &fast_err, &r1, W, NS);
+            if (c) feed(yc, c, &r1, KEEP, steps + 1, 79);
+            err = rows_diff(yc, yr, &r1, KEEP);
+            if (!(err <= 4 * fast_err + (f16 ? 2e-3 : 2e-6)))
+                test_report(__FILE__, __LINE__, "config %d f16 %d: after truncate err %g, fast err %g", i, f16, err,
+                            fast_err);
+            mha_cache_free(c);
+            free(x), free(x1), free(yr), free(yc);
+            mha_layer_free(L);
+        }
+}
+
+/* The sink-token mask of the reference equals an explicit keep mask
+ * (causal, window, first keys) built here; the fast path follows it. */
+static void modern_sink_tokens_mask(void) {
+    enum { T = 40, W = 7, NS = 3 };
+    mha_config cfg = modern_variant_config(9);
+    mha_layer *L = variant_layer(cfg, 995);
+    if (!L) return;
+    const int D = cfg.d_model;
+    uint64_t seed = 996;
+    float *x = naive_random_floats((size_t)T * D, &seed, -1, 1), *ys = naive_alloc_floats((size_t)T * D);
+    float *ym = naive_alloc_floats((size_t)T * D), *yf = naive_alloc_floats((size_t)T * D);
+    uint8_t *keep = malloc((size_t)T * T);
+    for (int i = 0; i < T; i++)
+        for (int j = 0; j < T; j++) keep[i * T + j] = j <= i && (j >= i - (W - 1) || j < NS);
+    mha_options o = mha_options_default();
+    o.path = MHA_PATH_REFERENCE, o.keep_mask = (mha_mask){keep, 1, 1};
+    CHECK_OK(mha_forward(L, ym, NULL, x, NULL, 1, T, T, &o));
+    o.keep_mask.data = NULL, o.causal = 1, o.window_left = W - 1, o.sink_tokens = NS;
+    CHECK_OK(mha_forward(L, ys, NULL, x, NULL, 1, T, T, &o));
+    CHECK(test_max_abs_diff(ys, ym, (size_t)T * D) < 1e-6);
+    o.sink_tokens = 0; /* and the sinks change the output */
+    CHECK_OK(mha_forward(L, yf, NULL, x, NULL, 1, T, T, &o));
+    CHECK(test_max_abs_diff(yf, ym, (size_t)T * D) > 1e-3);
+    o.sink_tokens = NS, o.path = MHA_PATH_FAST;
+    CHECK_OK(mha_forward(L, yf, NULL, x, NULL, 1, T, T, &o));
+    CHECK(test_max_abs_diff(yf, ym, (size_t)T * D) < 1e-4);
+    o.window_left = -1; /* sinks without a window: refused */
+    CHECK_STATUS(mha_forward(L, yf, NULL, x, NULL, 1, T, T, &o), MHA_E_ARG);
+    CHECK_ERROR_MENTIONS("sink_tokens=3");
+    free(x), free(ys), free(ym), free(yf), free(keep);
+    mha_layer_free(L);
 }
 
 /* Probabilities captured during decode: softcap, ALiBi and the sink in
@@ -279,6 +370,21 @@ static void modern_cache_errors(void) {
     pos[1] = 1, o.key_positions = NULL, o.positions = pos;
     CHECK_STATUS(mha_forward_cached(L, c, y, NULL, x, 2, NULL, &o), MHA_E_ARG);
     CHECK_ERROR_MENTIONS("neither rope");
+    // --- sink tokens: a window needed, room for it, an empty cache, the same count
+    CHECK_STATUS(mha_cache_set_sink_tokens(c, 2), MHA_E_ARG);
+    CHECK_ERROR_MENTIONS("no window");
+    mha_cache_free(c);
+    CHECK_OK(mha_cache_create(&c, L, 1, 8, MHA_CACHE_F32, 5));
+    CHECK_STATUS(mha_cache_set_sink_tokens(c, 4), MHA_E_ARG);
+    CHECK_ERROR_MENTIONS("expected 0..capacity - window = 3");
+    CHECK_OK(mha_cache_set_sink_tokens(c, 2));
+    o.positions = NULL, o.sink_tokens = 3;
+    CHECK_STATUS(mha_forward_cached(L, c, y, NULL, x, 2, NULL, &o), MHA_E_ARG);
+    CHECK_ERROR_MENTIONS("cache keeps 2");
+    o.sink_tokens = 2;
+    CHECK_OK(mha_forward_cached(L, c, y, NULL, x, 2, NULL, &o));
+    CHECK_STATUS(mha_cache_set_sink_tokens(c, 1), MHA_E_ARG);
+    CHECK_ERROR_MENTIONS("holds 2 tokens");
     mha_cache_free(c);
     mha_layer_free(L);
 }
@@ -288,6 +394,8 @@ static const test_case cases[] = {
     {"modern_cache_scalar_kernels", modern_cache_scalar_kernels},
     {"modern_cache_truncate_continue", modern_cache_truncate_continue},
     {"modern_cache_ring_window", modern_cache_ring_window},
+    {"modern_cache_sink_tokens", modern_cache_sink_tokens},
+    {"modern_sink_tokens_mask", modern_sink_tokens_mask},
     {"modern_cache_probs", modern_cache_probs},
     {"modern_cache_errors", modern_cache_errors},
 };

@@ -131,7 +131,8 @@ class Options(Structure):
                 ("keep_mask", Mask), ("additive_mask", Mask),
                 ("key_keep", POINTER(c_uint8)), ("key_additive", F32P),
                 ("masked_row", c_int), ("interventions", POINTER(Intervention)),
-                ("path", c_int), ("positions", POINTER(c_int)), ("key_positions", POINTER(c_int))]
+                ("path", c_int), ("positions", POINTER(c_int)), ("key_positions", POINTER(c_int)),
+                ("sink_tokens", c_int)]
 
 
 class Capture(Structure):
@@ -222,6 +223,7 @@ _sig("mha_cache_bytes_for", c_size_t, POINTER(Config), c_int, c_int, c_int)
 _sig("mha_cache_length", c_int, CacheP, c_int)
 _sig("mha_cache_reset", c_int, CacheP, c_int)
 _sig("mha_cache_truncate", c_int, CacheP, c_int, c_int)
+_sig("mha_cache_set_sink_tokens", c_int, CacheP, c_int)
 _sig("mha_cache_permute_heads", c_int, CacheP, INTP)
 _sig("mha_forward_cached", c_int, LayerP, CacheP, F32P, POINTER(Capture), F32P, c_int, INTP,
      POINTER(Options))

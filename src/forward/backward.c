@@ -48,7 +48,10 @@ mha_status mha_backward_kv(const mha_layer *L, const mha_gradients *g, const flo
     /* MHA_KERNELS=reference forces the oracle under AUTO, as in mha_forward
      * (forward.c validates the variable's other values) */
     const char *env = getenv("MHA_KERNELS");
-    if (opt->path == MHA_PATH_REFERENCE || (opt->path == MHA_PATH_AUTO && env && !strcmp(env, "reference")))
+    if (opt->sink_tokens > 0 && opt->path == MHA_PATH_FAST) /* its tiles take the window as one interval */
+        return mha_fail(MHA_E_UNSUPPORTED, "mha_backward: options.sink_tokens=%d on the fast path; expected "
+                        "MHA_PATH_AUTO or MHA_PATH_REFERENCE (the reference backward)", opt->sink_tokens);
+    if (opt->path == MHA_PATH_REFERENCE || opt->sink_tokens > 0 || (opt->path == MHA_PATH_AUTO && env && !strcmp(env, "reference")))
         return mha_backward_reference(L, g, dy, x, k_src, v_src, B, T, S, opt);
     s = mha_backward_fast(L, g, dy, x, k_src, v_src, B, T, S, opt);
     if (s == MHA_E_UNSUPPORTED && opt->path == MHA_PATH_AUTO) {
