@@ -56,10 +56,20 @@ static int read_positions(cli_fwd *f, cli_variant_flags *vf) {
     return rc;
 }
 
+/* --window, --sink-tokens and --positions into f->opt */
+static int apply_options(cli_fwd *f, cli_variant_flags *vf) {
+    if (vf->sink_tokens && !vf->window)
+        return mha_cmd_error("run", MHA_EXIT_USAGE, "--sink-tokens needs --window W (the sinks are kept "
+                             "besides a window)");
+    if (vf->window) f->opt.window_left = (int)(vf->window - 1);
+    f->opt.sink_tokens = (int)vf->sink_tokens;
+    return vf->positions ? read_positions(f, vf) : MHA_EXIT_OK;
+}
+
 int cli_apply_variants(mha_layer **L, cli_fwd *f, cli_variant_flags *vf, const char *weights, const char *prefix) {
     if (!vf->rope && !vf->rope_theta && !vf->rope_dim && !vf->rope_scale && !vf->alibi && !vf->softcap &&
         !vf->sinks && !vf->qk_norm)
-        return vf->positions ? read_positions(f, vf) : MHA_EXIT_OK;
+        return apply_options(f, vf);
     mha_config c = *mha_layer_config(*L);
     mha_weights w;
     mha_layer_get_weights(*L, &w);
@@ -108,7 +118,7 @@ int cli_apply_variants(mha_layer **L, cli_fwd *f, cli_variant_flags *vf, const c
     if (rc) return rc;
     mha_layer_free(*L);
     *L = n;
-    return vf->positions ? read_positions(f, vf) : MHA_EXIT_OK;
+    return apply_options(f, vf);
 }
 
 void cli_variants_free(cli_variant_flags *vf) {
