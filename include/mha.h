@@ -524,11 +524,14 @@ typedef enum {
     MHA_DTYPE_F16 = 1,  /* npy '<f2', safetensors F16: widened to float      */
     MHA_DTYPE_BF16 = 2, /* safetensors BF16 only: widened to float           */
     MHA_DTYPE_BOOL = 3, /* npy '|b1', safetensors BOOL: bytes 0 or 1         */
-    MHA_DTYPE_U8 = 4    /* npy '|u1', safetensors U8                         */
+    MHA_DTYPE_U8 = 4,   /* npy '|u1', safetensors U8                         */
+    MHA_DTYPE_I32 = 5,  /* npy '<i4', with MHA_IO_INTEGERS: held as int64_t  */
+    MHA_DTYPE_I64 = 6   /* npy '<i8', with MHA_IO_INTEGERS                   */
 } mha_dtype;
 
 /* An owned, C-order array. Floating dtypes are held as float (f != NULL,
- * u8 == NULL); BOOL and U8 as bytes (u8 != NULL, f == NULL). */
+ * u8 == NULL); BOOL and U8 as bytes (u8 != NULL, f == NULL); I32 and I64
+ * as int64_t (i64 != NULL, the others NULL). */
 typedef struct {
     mha_dtype dtype;                /* dtype in the file                   */
     int rank;                       /* 0..MHA_ARRAY_MAX_RANK               */
@@ -536,13 +539,15 @@ typedef struct {
     size_t count;                   /* product of shape (1 for rank 0)     */
     float *f;
     uint8_t *u8;
+    int64_t *i64;
 } mha_array;
 
 /* Reader flags. By default NaN and +-Inf in floating data are refused
  * (MHA_E_NONFINITE naming the file, tensor and index). */
 enum {
     MHA_IO_ALLOW_NEG_INF = 1,  /* accept -Inf (additive masks); NaN, +Inf refused */
-    MHA_IO_ALLOW_NONFINITE = 2 /* accept anything                               */
+    MHA_IO_ALLOW_NONFINITE = 2, /* accept anything                              */
+    MHA_IO_INTEGERS = 4        /* npy: accept '<i4' / '<i8' too (positions)    */
 };
 
 /* Frees a->f / a->u8 and zeroes *a (a may be NULL). */
@@ -550,7 +555,7 @@ MHA_API void mha_array_free(mha_array *a);
 MHA_API const char *mha_dtype_name(mha_dtype dt); /* "float32", "float16", ... */
 
 /* Reads a .npy file: versions 1-3, little-endian float32/float16, bool or
- * uint8, C order, rank <= 4. Anything else is refused with MHA_E_FORMAT or
+ * uint8 (and int32/int64 with MHA_IO_INTEGERS), C order, rank <= 4. Anything else is refused with MHA_E_FORMAT or
  * MHA_E_UNSUPPORTED. */
 MHA_API mha_status mha_npy_read(mha_array *out, const char *path, unsigned flags);
 /* The same from memory; name is used in messages. */

@@ -31,22 +31,32 @@ static int want(const char *what, const mha_array *a, const char *name, size_t n
     return MHA_EXIT_OK;
 }
 
+/* The largest position --positions takes: the library's MHA_MAX_POSITION. */
+#define CLI_MAX_POSITION (1 << 30)
+
+/* --positions P.npy: (T,) or (B,T) integers (int32/int64) or whole
+ * numbers stored as float (float32/float16: exact to 2^24), each in
+ * 0..2^30; anything else is refused naming the file, index and value. */
 static int read_positions(cli_fwd *f, cli_variant_flags *vf) {
     mha_array a = {0};
-    mha_status s = mha_npy_read(&a, vf->positions, 0);
+    mha_status s = mha_npy_read(&a, vf->positions, MHA_IO_INTEGERS);
     if (s) return cli_fail("run", s);
     int rc = MHA_EXIT_OK;
     int ok = (a.rank == 1 && f->B == 1 && a.shape[0] == f->T) ||
              (a.rank == 2 && a.shape[0] == f->B && a.shape[1] == f->T);
-    if (!a.f || !ok) /* the .npy reader takes floats: whole numbers, exact to 2^24 */
-        rc = mha_cmd_error("run", MHA_EXIT_RUNTIME, "%s: positions must be whole numbers (float32) of shape "
-                           "(T,) = (%d,) or (B, T) = (%d, %d)", vf->positions, f->T, f->B, f->T);
+    if ((!a.f && !a.i64) || !ok)
+        rc = mha_cmd_error("run", MHA_EXIT_RUNTIME, "%s: positions are %s of shape %s; expected integers (int32, "
+                           "int64) or whole numbers (float32) of shape (T,) = (%d,) or (B, T) = (%d, %d)",
+                           vf->positions, mha_dtype_name(a.dtype), a.rank == 1 ? "(n,)" : "another", f->T, f->B, f->T);
     if (!rc && !(vf->pos = malloc(sizeof(int) * a.count))) rc = mha_cmd_error("run", MHA_EXIT_RUNTIME, "out of memory");
     for (size_t i = 0; !rc && i < a.count; i++) {
-        float v = a.f[i];
-        if (!(v >= 0 && v <= (float)(1 << 24)) || v != (float)(int)v) {
-            rc = mha_cmd_error("run", MHA_EXIT_RUNTIME, "%s: position %g at index %zu; expected a whole number "
-                               "in 0..2^24", vf->positions, (double)v, i);
+        const double v = a.i64 ? (double)a.i64[i] : (double)a.f[i];
+        const int whole = a.i64 || (v == (double)(long long)v && v <= (double)(1 << 24));
+        if (!(v >= 0 && v <= CLI_MAX_POSITION) || !whole) {
+            rc = a.i64 ? mha_cmd_error("run", MHA_EXIT_RUNTIME, "%s: position %lld at index %zu; expected an "
+                                       "integer in 0..2^30", vf->positions, (long long)a.i64[i], i)
+                       : mha_cmd_error("run", MHA_EXIT_RUNTIME, "%s: position %g at index %zu; expected a whole "
+                                       "number in 0..2^24 (or save integers)", vf->positions, v, i);
             break;
         }
         vf->pos[i] = (int)v;

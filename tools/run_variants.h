@@ -25,7 +25,8 @@ typedef struct {
     {.name = "--rope-scale", .kind = MHA_ARG_DOUBLE, .dest = &(vf).rope_scale, .metavar = "F",        \
      .help = "linear position scaling: positions divided by F", .dmin = 1, .dmax = 1e6},              \
     {.name = "--positions", .kind = MHA_ARG_STRING, .dest = &(vf).positions, .metavar = "P.npy",      \
-     .help = "position of each query token, whole numbers as float32, (T,) or (B, T) (RoPE, ALiBi)"},                   \
+     .help = "position of each query token, (T,) or (B, T) integers (int32/int64, or whole numbers as float32), "   \
+             "0..2^30 (RoPE, ALiBi)"},                   \
     {.name = "--window", .kind = MHA_ARG_INT, .dest = &(vf).window, .metavar = "W",                   \
      .help = "each query attends the last W key positions up to its own (window_left = W - 1)",        \
      .min = 1, .max = 1 << 30},                                                                       \

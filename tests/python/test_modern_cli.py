@@ -55,6 +55,27 @@ def test_llama_style_rope_flags(tmp_path):
     got = run(tmp_path, "--weights", path, "--heads", 4, "--rope", "halves", "--rope-theta", 500000,
               "--positions", tmp_path / "p.npy")
     np.testing.assert_allclose(got, want, atol=2e-5)
+    for dt in (np.int32, np.int64):  # integer positions as numpy saves them
+        np.save(tmp_path / "pi.npy", pos.astype(dt))
+        got = run(tmp_path, "--weights", path, "--heads", 4, "--rope", "halves", "--rope-theta", 500000,
+                  "--positions", tmp_path / "pi.npy")
+        np.testing.assert_allclose(got, want, atol=2e-5, err_msg=str(dt))
+
+
+@pytest.mark.parametrize("bad,message", [(np.array([0, -3]), "position -3 at index 1"),
+                                         (np.array([0, 2**31 + 5]), "position 2147483653 at index 1"),
+                                         (np.array([0.0, 1.5], np.float32), "position 1.5 at index 1"),
+                                         (np.array([0, 1], np.int16), "'<i2' is not supported")])
+def test_positions_refused_with_a_clear_error(tmp_path, bad, message):
+    path, _, _ = llama_checkpoint(tmp_path)
+    pos = np.arange(T, dtype=bad.dtype)
+    pos[-2:] = bad
+    np.save(tmp_path / "p.npy", pos)
+    out = tmp_path / "y.npy"
+    r = mha("run", "--weights", path, "--heads", 4, "--rope", "halves", "--input", tmp_path / "x.npy",
+            "--output", out, "--positions", tmp_path / "p.npy", check=False)
+    assert r.returncode != 0 and message.replace("index 1", "index %d" % (T - 1)) in r.stderr, r.stderr
+    assert not out.exists()
 
 
 def test_llama_style_rope_from_metadata_and_native_round_trip(tmp_path):
