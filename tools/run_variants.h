@@ -7,8 +7,8 @@
 #include "io_cli.h"
 
 typedef struct {
-    const char *rope, *positions, *sinks, *qk_norm;
-    double rope_theta, rope_scale, softcap;
+    const char *rope, *positions, *sinks, *qk_norm, *rope_scale;
+    double rope_theta, softcap;
     long long rope_dim, window, sink_tokens;
     int alibi;
     int *pos; /* (B,T) read from --positions, owned */
@@ -22,8 +22,11 @@ typedef struct {
      .help = "rotary base (default 10000)", .dmin = 1, .dmax = 1e12},                                 \
     {.name = "--rope-dim", .kind = MHA_ARG_INT, .dest = &(vf).rope_dim, .metavar = "R",              \
      .help = "rotated dims per head, even, <= d_k (default d_k)", .min = 2, .max = 65536},             \
-    {.name = "--rope-scale", .kind = MHA_ARG_DOUBLE, .dest = &(vf).rope_scale, .metavar = "F",        \
-     .help = "linear position scaling: positions divided by F", .dmin = 1, .dmax = 1e6},              \
+    {.name = "--rope-scale", .kind = MHA_ARG_STRING, .dest = &(vf).rope_scale, .metavar = "SCALING",  \
+     .help = "position scaling as checkpoints declare it (rope_scaling of config.json): F or "        \
+             "linear:factor=F (positions / F); llama3:factor=F,low_freq_factor=L,high_freq_factor=H,"  \
+             "original_max_position_embeddings=N; yarn:factor=F,original_max_position_embeddings=N"    \
+             "[,beta_fast=B,beta_slow=B,attention_factor=A]"},                                         \
     {.name = "--positions", .kind = MHA_ARG_STRING, .dest = &(vf).positions, .metavar = "P.npy",      \
      .help = "position of each query token, (T,) or (B, T) integers (int32/int64, or whole numbers as float32), "   \
              "0..2^30 (RoPE, ALiBi)"},                   \

@@ -29,9 +29,11 @@ def rotate_every_two(x):  # GPT-J
     return torch.stack((-x2, x1), dim=-1).flatten(-2)
 
 
-def apply_rope(x, pos, dim, theta, interleaved):
-    """x (B,heads,T,d_k); the first dim dims rotated at positions pos (B,T)."""
-    inv_freq = 1.0 / theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+def apply_rope(x, pos, dim, theta, interleaved, inv_freq=None, mscale=1.0):
+    """x (B,heads,T,d_k); the first dim dims rotated at positions pos (B,T);
+    inv_freq (dim/2) and mscale (cos, sin multiplied) for scaled variants."""
+    if inv_freq is None:
+        inv_freq = 1.0 / theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
     freqs = pos[:, None, :, None].double() * inv_freq  # (B,1,T,dim/2)
     if interleaved:
         emb = freqs.repeat_interleave(2, dim=-1)
@@ -40,7 +42,7 @@ def apply_rope(x, pos, dim, theta, interleaved):
         emb = torch.cat((freqs, freqs), dim=-1)
         rot = rotate_half
     xr, xp = x[..., :dim], x[..., dim:]
-    return torch.cat((xr * emb.cos() + rot(xr) * emb.sin(), xp), dim=-1)
+    return torch.cat((xr * emb.cos() * mscale + rot(xr) * emb.sin() * mscale, xp), dim=-1)
 
 
 def alibi_slopes(n):  # the ALiBi paper's rule, as BLOOM computes it

@@ -170,3 +170,58 @@ def test_native_metadata_keeps_every_variant(tmp_path):
     np.save(tmp_path / "x.npy", x)
     want = layer.forward(x[None], causal=True, path="reference")[0]
     np.testing.assert_allclose(run(tmp_path, "--weights", path, "--path", "reference"), want, atol=1e-6)
+
+
+def base_inv_freq(dim, theta):
+    return 1.0 / theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+
+
+def llama3_inv_freq(dim, theta, factor, low, high, omp):
+    """Llama 3.1's rope_type "llama3": long wavelengths divided by factor,
+    short ones kept, a smooth blend between."""
+    inv = base_inv_freq(dim, theta)
+    wavelen = 2 * math.pi / inv
+    smooth = (omp / wavelen - low) / (high - low)
+    blend = (1 - smooth) * inv / factor + smooth * inv
+    return torch.where(wavelen > omp / low, inv / factor, torch.where(wavelen < omp / high, inv, blend))
+
+
+def yarn_inv_freq(dim, theta, factor, omp, beta_fast=32.0, beta_slow=1.0):
+    """YaRN (Peng et al. 2023): per-dimension ramp between interpolation and
+    extrapolation; cos and sin times 0.1 ln(factor) + 1."""
+    def correction_dim(n):
+        return dim * math.log(omp / (n * 2 * math.pi)) / (2 * math.log(theta))
+    lo, hi = max(math.floor(correction_dim(beta_fast)), 0), min(math.ceil(correction_dim(beta_slow)), dim - 1)
+    hi = hi + 0.001 if lo == hi else hi
+    ramp = ((torch.arange(dim // 2, dtype=torch.float64) - lo) / (hi - lo)).clamp(0, 1)
+    inv = base_inv_freq(dim, theta)
+    return inv / factor * ramp + inv * (1 - ramp), 0.1 * math.log(factor) + 1
+
+
+def test_rope_scale_llama3_and_yarn_flags(tmp_path):
+    """--rope-scale with the rope_scaling keys of config.json reproduces
+    torch's llama3 and YaRN frequencies (positions far past the original
+    context so that every band is used); a missing key is refused."""
+    path, w, x = llama_checkpoint(tmp_path)
+    pos = (np.arange(T) * 97 + 5).astype(np.int64)
+    np.save(tmp_path / "p.npy", pos)
+    flags = ("--weights", path, "--heads", 4, "--rope", "halves", "--rope-theta", 10000, "--positions",
+             tmp_path / "p.npy")
+    cases = [("llama3:factor=8,low_freq_factor=1,high_freq_factor=4,original_max_position_embeddings=1000",
+              llama3_inv_freq(8, 10000.0, 8, 1, 4, 1000), 1.0),
+             ("yarn:factor=4,original_max_position_embeddings=64", *yarn_inv_freq(8, 10000.0, 4, 64)),
+             ("yarn:factor=4,beta_fast=16,beta_slow=2,original_max_position_embeddings=64,attention_factor=1.3",
+              yarn_inv_freq(8, 10000.0, 4, 64, 16, 2)[0], 1.3),
+             ("linear:factor=2", base_inv_freq(8, 10000.0) / 2, 1.0), ("2", base_inv_freq(8, 10000.0) / 2, 1.0)]
+    plain = torch_attention(w, x[None], 4, 2, 8, pos=pos[None], rope=(8, 10000.0, False))[0]
+    for spec, inv, mscale in cases:
+        want = torch_attention(w, x[None], 4, 2, 8, pos=pos[None], rope=(8, 10000.0, False, inv, mscale))[0]
+        np.testing.assert_allclose(run(tmp_path, *flags, "--rope-scale", spec), want, atol=3e-5, err_msg=spec)
+        assert np.abs(want - plain).max() > 1e-3, spec  # the scaling matters
+    for spec, message in [("llama3:factor=8", "original_max_position_embeddings missing"),
+                          ("yarn:factor=4,beta=3,original_max_position_embeddings=64", "'beta=3'"),
+                          ("ntk:factor=2", "expected F, linear:factor=F"), ("0.5", "expected a factor in 1..1e6")]:
+        r = mha("run", *flags, "--input", tmp_path / "x.npy", "--output", tmp_path / "z.npy", "--rope-scale", spec,
+                check=False)
+        assert r.returncode != 0 and message in r.stderr, (spec, r.stderr)
+    assert not (tmp_path / "z.npy").exists()
