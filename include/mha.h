@@ -162,6 +162,9 @@ typedef struct {
     int qk_norm_per_head; /* 0: q_norm, k_norm are (d_k), shared by the heads;
                              1: (h, d_k) and (h_kv, d_k), one row per head   */
     float qk_norm_eps; /* 0 means 1e-6                                       */
+    int qk_norm_whole; /* 1: one norm over a token's whole q (h*d_k) and
+                          whole k (h_kv*d_k), all heads together (OLMo 2),
+                          with per-head weights (qk_norm_per_head = 1)  */
 } mha_config;
 
 /* A config for d_model and h with every other field at its default. */

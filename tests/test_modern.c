@@ -90,10 +90,14 @@ static void oracle(double *y, const modern_case *m, const float *x, int B, int T
             v[(size_t)bt * hk * dv + o] = rnd(fp32, a);
         }
         const int p = pos ? pos[bt] : bt % T;
+        if (c->qk_norm_whole) { /* OLMo 2: RMSNorm of the token's whole q (h*d_k) and k (h_kv*d_k) */
+            oracle_norm(q + (size_t)bt * h * dk, h * dk, m->qn, c->qk_norm, c->qk_norm_eps);
+            oracle_norm(k + (size_t)bt * hk * dk, hk * dk, m->kn, c->qk_norm, c->qk_norm_eps);
+        }
         for (int r = 0; r < h + hk; r++) {
             double *row = r < h ? q + ((size_t)bt * h + r) * dk : k + ((size_t)bt * hk + r - h) * dk;
             const float *w = r < h ? m->qn : m->kn;
-            if (c->qk_norm) oracle_norm(row, dk, w + (c->qk_norm_per_head ? (size_t)(r < h ? r : r - h) * dk : 0), c->qk_norm, c->qk_norm_eps);
+            if (c->qk_norm && !c->qk_norm_whole) oracle_norm(row, dk, w + (c->qk_norm_per_head ? (size_t)(r < h ? r : r - h) * dk : 0), c->qk_norm, c->qk_norm_eps);
             if (c->rope.pairing) oracle_rope(row, &c->rope, p);
             for (int e = 0; fp32 && e < dk; e++) row[e] = rnd(1, row[e]);
         }
@@ -192,6 +196,8 @@ mha_config modern_variant_config(int i) {
     case 7: c.qk_norm = MHA_QK_NORM_RMS; break;
     case 8: c.qk_norm = MHA_QK_NORM_LAYER, c.qk_norm_per_head = 1, c.qk_norm_eps = 1e-5f; break;
     case 9: c.n_heads = 6, c.d_k = 4, c.alibi = 1, c.sinks = 1, c.softcap = 2.0f; break; /* 6 heads: non-power-of-two slopes */
+    case 11: c.n_kv_heads = 2, c.rope.pairing = MHA_ROPE_HALVES, c.qk_norm = MHA_QK_NORM_RMS, /* OLMo 2 */
+             c.qk_norm_per_head = 1, c.qk_norm_whole = 1; break;
     default: c.n_kv_heads = 2, c.rope.pairing = MHA_ROPE_HALVES, c.rope.dim = 6, c.qk_norm = MHA_QK_NORM_RMS,
              c.qk_norm_per_head = 1, c.sinks = 1, c.softcap = 3.0f; break;
     }

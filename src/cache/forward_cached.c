@@ -218,14 +218,25 @@ static mha_status transform_qk(const cached_plan *p, const mha_layer *L, const m
     const int rope = f->rope.pairing != MHA_ROPE_NONE, norm = f->qk_norm != MHA_QK_NORM_NONE;
     if (!rope && !norm) return MHA_OK;
     float *tab = rope ? mha_rope_table(f, p->pos, p->N) : NULL; /* rows: the packed rows */
-    if (rope && !tab) return mha_fail(MHA_E_NOMEM, "mha_forward_cached: no memory for the rotary table");
+    double *st = f->qk_norm_whole ? malloc(sizeof(double) * 4 * (size_t)p->N) : NULL; /* (2, N, 2): q, k */
+    if ((rope && !tab) || (f->qk_norm_whole && !st)) {
+        free(tab);
+        return mha_fail(MHA_E_NOMEM, "mha_forward_cached: no memory for the rotary table");
+    }
+    for (int i = 0; st && i < 2 * p->N; i++) { /* OLMo 2: each row's stats over all heads */
+        const int key = i >= p->N, width = (key ? c->h_kv : c->h) * c->d_k;
+        const float *x = (key ? p->k : p->q) + (size_t)(key ? i - p->N : i) * width;
+        double sum = 0.0, sq = 0.0;
+        for (int e = 0; e < width; e++) sum += x[e], sq += (double)x[e] * x[e];
+        mha_qk_norm_stats(st + 2 * (size_t)i, f, sum, sq, width);
+    }
     for (int r = 0; r < c->h + c->h_kv; r++) {
         const int key = r >= c->h, head = key ? r - c->h : r, width = key ? c->h_kv : c->h;
         const float *nw = !norm ? NULL : (key ? L->k_norm : L->q_norm) + (f->qk_norm_per_head ? (size_t)head * c->d_k : 0);
         mha_head_rows hr = {(key ? p->k : p->q) + (size_t)head * c->d_k, (size_t)width * c->d_k, 1};
-        mha_qk_transform(f, hr, p->N, nw, tab, p->N, NULL);
+        mha_qk_transform(f, hr, p->N, nw, st ? st + (key ? 2 * (size_t)p->N : 0) : NULL, tab, p->N, NULL);
     }
-    free(tab);
+    free(tab), free(st);
     return MHA_OK;
 }
 

@@ -60,13 +60,16 @@ def rms_norm(x, w, eps):
 
 
 def torch_attention(w, x, h, h_kv, d_k, pos=None, rope=None, slopes=None, softcap=0.0, sinks=None,
-                    qk_norm=None, streaming=None):
+                    qk_norm=None, streaming=None, qk_norm_whole=None):
     """Causal self-attention in float64. w: (in, out) weights as mha stores them."""
     t = {k: torch.tensor(v, dtype=torch.float64) for k, v in w.items()}
     x = torch.tensor(x, dtype=torch.float64)
     Bn, Tn, _ = x.shape
-    q = (x @ t["w_q"]).view(Bn, Tn, h, d_k).transpose(1, 2)
-    k = (x @ t["w_k"]).view(Bn, Tn, h_kv, d_k).transpose(1, 2)
+    q, k = x @ t["w_q"], x @ t["w_k"]
+    if qk_norm_whole is not None:  # OLMo 2: RMSNorm over the whole projection, before the heads split
+        q, k = rms_norm(q, t["q_norm"], qk_norm_whole), rms_norm(k, t["k_norm"], qk_norm_whole)
+    q = q.view(Bn, Tn, h, d_k).transpose(1, 2)
+    k = k.view(Bn, Tn, h_kv, d_k).transpose(1, 2)
     v = (x @ t["w_v"]).view(Bn, Tn, h_kv, -1).transpose(1, 2)
     if qk_norm is not None:  # Qwen 3: RMSNorm over each head's d_k, one weight shared by the heads
         q, k = rms_norm(q, t["q_norm"], qk_norm), rms_norm(k, t["k_norm"], qk_norm)
@@ -200,6 +203,8 @@ FAMILIES = {  # layer arguments, torch_attention arguments, extra weights
     "gemma2_gpt_oss": (dict(n_kv_heads=2, softcap=0.7, sinks=True), dict(softcap=0.7, sinks="sinks")),
     "qwen3": (dict(n_kv_heads=2, qk_norm="rms", qk_norm_eps=1e-6, rope={"pairing": "halves", "theta": 1e6}),
               dict(rope=(8, 1e6, False), qk_norm=1e-6)),
+    "olmo2": (dict(n_kv_heads=2, qk_norm="rms", qk_norm_whole=True, rope={"pairing": "halves", "theta": 500000}),
+              dict(rope=(8, 500000.0, False), qk_norm_whole=1e-6)),
 }
 
 
@@ -207,7 +212,9 @@ def family_layer(name, seed):
     rng = np.random.default_rng(seed)
     kwargs, targs = FAMILIES[name]
     h_kv = kwargs.get("n_kv_heads", 4)
-    extra = {"sinks": rng.uniform(-1, 2, 4), "q_norm": rng.uniform(0.5, 1.5, 8), "k_norm": rng.uniform(0.5, 1.5, 8)}
+    whole = kwargs.get("qk_norm_whole", False)  # OLMo 2: (h*d_k) and (h_kv*d_k) norm weights
+    extra = {"sinks": rng.uniform(-1, 2, 4), "q_norm": rng.uniform(0.5, 1.5, 32 if whole else 8),
+             "k_norm": rng.uniform(0.5, 1.5, 8 * h_kv if whole else 8)}
     used = {k: v for k, v in extra.items() if kwargs.get("sinks" if k == "sinks" else "qk_norm")}
     w = random_weights(rng, 4, h_kv, 8, **used)
     layer = mha.Layer(D, 4, d_k=8, bias=False, weights=w, **kwargs)
@@ -322,3 +329,18 @@ def test_sink_tokens_arguments():
         mha.Cache(layer, 1, 8, sink_tokens=1)
     with pytest.raises(mha.ArgumentError, match="sink_tokens"):
         layer.forward(np.zeros((1, 3, D), np.float32), causal=True, sink_tokens=2)
+
+
+def test_olmo2_whole_width_qk_norm():
+    """OLMo 2 normalizes all heads' q together (q_norm of size h*d_k):
+    both paths equal torch; a per-head norm with the same weights differs;
+    permuted heads keep Y (the weights travel, the statistic is over all)."""
+    layer, w, h_kv, targs, rng = family_layer("olmo2", 24)
+    x = rng.uniform(-1, 1, (B, T, D)).astype(np.float32)
+    want = torch_attention(w, x, 4, h_kv, 8, **targs)
+    check_paths(layer, x, want)
+    per_head = mha.Layer(D, 4, n_kv_heads=2, d_k=8, bias=False, weights=w, qk_norm="rms", qk_norm_per_head=True,
+                         rope={"pairing": "halves", "theta": 500000})
+    assert np.abs(per_head.forward(x, causal=True) - want).max() > 1e-3
+    layer.permute_heads([2, 3, 0, 1])
+    np.testing.assert_allclose(layer.forward(x, causal=True), want, atol=2e-5)

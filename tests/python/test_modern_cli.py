@@ -225,3 +225,27 @@ def test_rope_scale_llama3_and_yarn_flags(tmp_path):
                 check=False)
         assert r.returncode != 0 and message in r.stderr, (spec, r.stderr)
     assert not (tmp_path / "z.npy").exists()
+
+
+def test_olmo2_hf_whole_width_norm_and_native_round_trip(tmp_path):
+    """OLMo 2 stores q_norm.weight (h*d_k) and k_norm.weight (h_kv*d_k):
+    the hf layout reads a norm over the whole width; `mha run` equals
+    torch, and the native copy keeps qk_norm_whole."""
+    rng = np.random.default_rng(35)
+    h, h_kv, d = 4, 2, 8
+    ws = {"q_proj.weight": rng.uniform(-.4, .4, (h * d, D)), "k_proj.weight": rng.uniform(-.4, .4, (h_kv * d, D)),
+          "v_proj.weight": rng.uniform(-.4, .4, (h_kv * d, D)), "o_proj.weight": rng.uniform(-.4, .4, (D, h * d)),
+          "q_norm.weight": rng.uniform(.5, 1.5, h * d), "k_norm.weight": rng.uniform(.5, 1.5, h_kv * d)}
+    ws = {"model.layers.0.self_attn." + k: v.astype(np.float32) for k, v in ws.items()}
+    path = tmp_path / "olmo2.safetensors"
+    write_safetensors(path, ws, {"rope": "halves", "rope_theta": 500000})
+    w = {n: ws["model.layers.0.self_attn.%s_proj.weight" % n[2]].T for n in ("w_q", "w_k", "w_v", "w_o")}
+    w.update(q_norm=ws["model.layers.0.self_attn.q_norm.weight"], k_norm=ws["model.layers.0.self_attn.k_norm.weight"])
+    x = rng.uniform(-1, 1, (T, D)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    want = torch_attention(w, x[None], 4, 2, 8, rope=(8, 500000.0, False), qk_norm_whole=1e-6)[0]
+    np.testing.assert_allclose(run(tmp_path, "--weights", path, "--heads", 4), want, atol=2e-5)
+    native = tmp_path / "native.safetensors"
+    mha("convert", "--to", "native", "--heads", 4, path, native)
+    assert read_safetensors_header(native)["__metadata__"]["qk_norm_whole"] == "1"
+    np.testing.assert_allclose(run(tmp_path, "--weights", native), want, atol=2e-5)
