@@ -249,3 +249,46 @@ def test_olmo2_hf_whole_width_norm_and_native_round_trip(tmp_path):
     mha("convert", "--to", "native", "--heads", 4, path, native)
     assert read_safetensors_header(native)["__metadata__"]["qk_norm_whole"] == "1"
     np.testing.assert_allclose(run(tmp_path, "--weights", native), want, atol=2e-5)
+
+
+def hf_permute(w, n_heads):
+    """Hugging Face's convert_llama_weights_to_hf permute of q/k_proj
+    (out, in): Meta's interleaved pairs (2i, 2i+1) to halves (i, i + d/2)."""
+    dim1, dim2 = w.shape
+    return w.reshape(n_heads, dim1 // n_heads // 2, 2, dim2).transpose(0, 2, 1, 3).reshape(dim1, dim2)
+
+
+def audit(tmp_path, path, ref, *flags):
+    np.save(tmp_path / "yref.npy", ref.astype(np.float32))
+    return mha("audit", "--weights", path, "--heads", 4, "--input", tmp_path / "x.npy", "--reference",
+               tmp_path / "yref.npy", "--causal", *flags, check=False)
+
+
+def test_audit_finds_rotary_convention_mismatch(tmp_path):
+    """A checkpoint declaring halves against a reference computed with
+    interleaved pairing, and a checkpoint holding Meta's (unpermuted)
+    q/k_proj against Hugging Face's computation on the permuted weights:
+    audit names the rotary mismatch and prints --rope interleaved, which
+    reproduces the reference. A W_O order mistake in a RoPE layer is not
+    taken for one."""
+    path, w, x = llama_checkpoint(tmp_path, {"n_heads": 4, "rope": "halves", "rope_theta": 500000})
+    ref = torch_attention(w, x[None], 4, 2, 8, rope=(8, 500000.0, True))[0]
+    r = audit(tmp_path, path, ref)
+    assert r.returncode == 1 and "rotary convention mismatch" in r.stdout, r.stdout + r.stderr
+    assert "--rope interleaved" in r.stdout
+    np.testing.assert_allclose(run(tmp_path, "--weights", path, "--rope", "interleaved"), ref, atol=2e-5)
+    # Meta's weights in the file, HF's computation (halves on permuted q/k) as the reference
+    meta = {"model.layers.0.self_attn.%s_proj.weight" % n: w["w_" + n].T.copy() for n in "qkvo"}
+    meta_path = tmp_path / "meta.safetensors"
+    write_safetensors(meta_path, meta, {"n_heads": 4, "rope": "halves", "rope_theta": 500000})
+    w_hf = dict(w, w_q=hf_permute(w["w_q"].T, 4).T, w_k=hf_permute(w["w_k"].T, 2).T)
+    ref = torch_attention(w_hf, x[None], 4, 2, 8, rope=(8, 500000.0, False))[0]
+    r = audit(tmp_path, meta_path, ref)
+    assert r.returncode == 1 and "rotary convention mismatch" in r.stdout and "--rope interleaved" in r.stdout
+    # the matching case and a head-order mistake are not rotary findings
+    want = torch_attention(w, x[None], 4, 2, 8, rope=(8, 500000.0, False))[0]
+    r = audit(tmp_path, path, want)
+    assert r.returncode == 0 and "rotary" not in r.stdout
+    w_perm = dict(w, w_o=w["w_o"].reshape(4, 8, D)[[1, 0, 2, 3]].reshape(32, D))
+    r = audit(tmp_path, path, torch_attention(w_perm, x[None], 4, 2, 8, rope=(8, 500000.0, False))[0])
+    assert r.returncode == 1 and "does not explain it either" in r.stdout and "--block o" in r.stdout, r.stdout
