@@ -33,7 +33,7 @@ SUITES = {
     "c": (["build/test_mha"], ["./build/test_mha"]),
     "cli": (["build/mha"], ["sh", "tests/cli_test.sh", "./build/mha"]),
     "io_cli": (["build/mha"], ["sh", "tests/io_cli_test.sh", "./build/mha"]),
-    "python": (["build/libmha.so"], [PYTHON, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
+    "python": (["build/libmha.so", "build/mha"], [PYTHON, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
                                      "tests/python"]),
 }
 # The suites that can see a change to a file, cheapest-to-fail first.
