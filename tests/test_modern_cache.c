@@ -166,6 +166,28 @@ static void make_positions(int *pos, int B, int T) {
         for (int t = 0; t < T; t++) pos[b * T + t] = 37 * b + t + (t >= T / 2 ? 5 : 0);
 }
 
+/* One variant config's layer and (B,T,D) arrays: x random in [-1, 1),
+ * yr and yc zeroed. */
+typedef struct {
+    mha_config cfg;
+    mha_layer *L;
+    size_t n;             /* B*T*D */
+    float *x, *yr, *yc;   /* (B,T,D) input, reference rows, cached rows */
+} config_case;
+
+static int config_case_open(config_case *k, int i, int B, int T, uint64_t layer_seed, uint64_t x_seed) {
+    k->cfg = modern_variant_config(i);
+    if (!(k->L = variant_layer(k->cfg, layer_seed))) return 0;
+    k->n = (size_t)B * T * k->cfg.d_model;
+    k->x = naive_random_floats(k->n, &x_seed, -1, 1), k->yr = naive_alloc_floats(k->n), k->yc = naive_alloc_floats(k->n);
+    return 1;
+}
+
+static void config_case_close(config_case *k) {
+    free(k->x), free(k->yr), free(k->yc);
+    mha_layer_free(k->L);
+}
+
 /* Every variant config: prefill 9 tokens, then 20 decode steps, ragged
  * (the second sequence shorter), with and without explicit positions;
  * fp32, fp16 and int8 storage (within storage_bound). */
@@ -175,12 +197,11 @@ static void prefill_decode_all(void) {
     int pos[B * T];
     make_positions(pos, B, T);
     for (int i = 0; i < MODERN_N_CONFIGS; i++) {
-        mha_config cfg = modern_variant_config(i);
-        mha_layer *L = variant_layer(cfg, 900 + i);
-        if (!L) return;
-        uint64_t seed = 300 + i;
-        const size_t n = (size_t)B * T * cfg.d_model;
-        float *x = naive_random_floats(n, &seed, -1, 1), *yr = naive_alloc_floats(n), *yc = naive_alloc_floats(n);
+        config_case k;
+        if (!config_case_open(&k, i, B, T, 900 + i, 300 + i)) return;
+        const mha_config cfg = k.cfg;
+        mha_layer *L = k.L;
+        float *x = k.x, *yr = k.yr, *yc = k.yc;
         for (int with_pos = 0; with_pos < 2; with_pos++) {
             if (with_pos && !cfg.rope.pairing && !cfg.alibi) continue;
             run_spec r = {L, B, T, cfg.d_model, x, with_pos ? pos : NULL, len};
@@ -190,15 +211,14 @@ static void prefill_decode_all(void) {
                 mha_cache *c = NULL;
                 CHECK_OK(mha_cache_create(&c, L, B, T, (mha_cache_dtype)dt, 0));
                 if (c) feed(yc, c, &r, 0, steps, 21);
-                const double err = rows_diff(yc, yr, &r, 0), q = storage_bound(L, x, n / cfg.d_model, dt);
+                const double err = rows_diff(yc, yr, &r, 0), q = storage_bound(L, x, (size_t)B * T, dt);
                 if (!(err <= 4 * fast_err + 2e-6 + q))
                     test_report(__FILE__, __LINE__, "config %d positions %d dtype %d: cached err %g, fast err %g, "
                                 "storage bound %g", i, with_pos, dt, err, fast_err, q);
                 mha_cache_free(c);
             }
         }
-        free(x), free(yr), free(yc);
-        mha_layer_free(L);
+        config_case_close(&k);
     }
 }
 
@@ -259,13 +279,11 @@ static void modern_cache_ring_window(void) {
     for (int s = 1; s < 80; s++) steps[s] = s % 7 == 0 ? 4 : 1;
     make_positions(pos, B, T);
     for (int i = 0; i < MODERN_N_CONFIGS; i++) {
-        mha_config cfg = modern_variant_config(i);
-        mha_layer *L = variant_layer(cfg, 960 + i);
-        if (!L) return;
-        uint64_t seed = 700 + i;
-        const size_t n = (size_t)B * T * cfg.d_model;
-        float *x = naive_random_floats(n, &seed, -1, 1), *yr = naive_alloc_floats(n), *yc = naive_alloc_floats(n);
-        run_spec r = {L, B, T, cfg.d_model, x, cfg.rope.pairing || cfg.alibi ? pos : NULL, len};
+        config_case k;
+        if (!config_case_open(&k, i, B, T, 960 + i, 700 + i)) return;
+        mha_layer *L = k.L;
+        float *yr = k.yr, *yc = k.yc;
+        run_spec r = {L, B, T, k.cfg.d_model, k.x, k.cfg.rope.pairing || k.cfg.alibi ? pos : NULL, len};
         double fast_err;
         reference_rows(yr, &fast_err, &r, W, 0);
         mha_cache *c = NULL;
@@ -275,8 +293,7 @@ static void modern_cache_ring_window(void) {
         if (!(err <= 4 * fast_err + 2e-6))
             test_report(__FILE__, __LINE__, "config %d: ring err %g, fast err %g", i, err, fast_err);
         mha_cache_free(c);
-        free(x), free(yr), free(yc);
-        mha_layer_free(L);
+        config_case_close(&k);
     }
 }
 
@@ -295,13 +312,13 @@ static void modern_cache_sink_tokens(void) {
     make_positions(pos, B, T);
     for (int i = 0; i < MODERN_N_CONFIGS; i++)
         for (int dt = MHA_CACHE_F32; dt <= MHA_CACHE_I8; dt++) {
-            mha_config cfg = modern_variant_config(i);
-            mha_layer *L = variant_layer(cfg, 970 + i);
-            if (!L) return;
-            uint64_t seed = 710 + i;
-            const size_t n = (size_t)B * T * cfg.d_model;
-            float *x = naive_random_floats(n, &seed, -1, 1), *yr = naive_alloc_floats(n), *yc = naive_alloc_floats(n);
-            float *x1 = naive_random_floats(n, &seed, -1, 1);
+            config_case k;
+            if (!config_case_open(&k, i, B, T, 970 + i, 710 + i)) return;
+            const mha_config cfg = k.cfg;
+            mha_layer *L = k.L;
+            float *x = k.x, *yr = k.yr, *yc = k.yc;
+            uint64_t seed = 720 + i;
+            float *x1 = naive_random_floats(k.n, &seed, -1, 1);
             run_spec r = {L, B, T, cfg.d_model, x, cfg.rope.pairing || cfg.alibi ? pos : NULL, len};
             double fast_err;
             reference_rows(yr, &fast_err, &r, W, NS);
@@ -309,7 +326,7 @@ static void modern_cache_sink_tokens(void) {
             CHECK_OK(mha_cache_create(&c, L, B, CAP, (mha_cache_dtype)dt, W));
             CHECK_OK(mha_cache_set_sink_tokens(c, NS));
             if (c) feed(yc, c, &r, 0, steps, 80);
-            const double q = storage_bound(L, x, n / cfg.d_model, (mha_cache_dtype)dt);
+            const double q = storage_bound(L, x, (size_t)B * T, (mha_cache_dtype)dt);
             double err = rows_diff(yc, yr, &r, 0);
             if (!(err <= 4 * fast_err + 2e-6 + q))
                 test_report(__FILE__, __LINE__, "config %d dtype %d: sink ring err %g, fast err %g, bound %g", i, dt, err,
@@ -329,13 +346,13 @@ static void modern_cache_sink_tokens(void) {
             reference_rows(yr, &fast_err, &r1, W, NS);
             if (c) feed(yc, c, &r1, KEEP, steps + 1, 79);
             err = rows_diff(yc, yr, &r1, KEEP);
-            const double q1 = storage_bound(L, x1, n / cfg.d_model, (mha_cache_dtype)dt);
+            const double q1 = storage_bound(L, x1, (size_t)B * T, (mha_cache_dtype)dt);
             if (!(err <= 4 * fast_err + 2e-6 + fmax(q, q1)))
                 test_report(__FILE__, __LINE__, "config %d dtype %d: after truncate err %g, fast err %g", i, dt, err,
                             fast_err);
             mha_cache_free(c);
-            free(x), free(x1), free(yr), free(yc);
-            mha_layer_free(L);
+            free(x1);
+            config_case_close(&k);
         }
 }
 

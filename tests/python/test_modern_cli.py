@@ -35,6 +35,25 @@ def llama_checkpoint(tmp_path, metadata=None):
     return path, w, x
 
 
+def normed_checkpoint(tmp_path, rng, name, prefix, norm_sizes, metadata, extra=None):
+    """q/k/v/o_proj plus q_norm.weight and k_norm.weight of norm_sizes
+    (4 heads, 2 kv heads, d_k 8) under prefix; returns the file, the
+    weights as mha takes them (norms included) and x (T, D) saved as x.npy."""
+    h, h_kv, d = 4, 2, 8
+    ws = {"q_proj.weight": rng.uniform(-.4, .4, (h * d, D)), "k_proj.weight": rng.uniform(-.4, .4, (h_kv * d, D)),
+          "v_proj.weight": rng.uniform(-.4, .4, (h_kv * d, D)), "o_proj.weight": rng.uniform(-.4, .4, (D, h * d)),
+          "q_norm.weight": rng.uniform(.5, 1.5, norm_sizes[0]), "k_norm.weight": rng.uniform(.5, 1.5, norm_sizes[1])}
+    ws.update(extra or {})
+    ws = {prefix + k: v.astype(np.float32) for k, v in ws.items()}
+    path = tmp_path / name
+    write_safetensors(path, ws, metadata)
+    w = {n: ws[prefix + "%s_proj.weight" % n[2]].T for n in ("w_q", "w_k", "w_v", "w_o")}
+    w.update(q_norm=ws[prefix + "q_norm.weight"], k_norm=ws[prefix + "k_norm.weight"])
+    x = rng.uniform(-1, 1, (T, D)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    return path, w, x, ws
+
+
 def run(tmp_path, *flags):
     out = tmp_path / "y.npy"
     mha("run", "--input", tmp_path / "x.npy", "--output", out, "--causal", *flags)
@@ -122,18 +141,8 @@ def test_qwen3_norm_names_sinks_softcap_and_native_round_trip(tmp_path):
     the heads), rotary settings in the metadata, --softcap and --sinks from
     flags; converting to native keeps the norm and rotary settings."""
     rng = np.random.default_rng(33)
-    h, h_kv, d = 4, 2, 8
-    ws = {"q_proj.weight": rng.uniform(-.4, .4, (h * d, D)), "k_proj.weight": rng.uniform(-.4, .4, (h_kv * d, D)),
-          "v_proj.weight": rng.uniform(-.4, .4, (h_kv * d, D)), "o_proj.weight": rng.uniform(-.4, .4, (D, h * d)),
-          "q_norm.weight": rng.uniform(.5, 1.5, d), "k_norm.weight": rng.uniform(.5, 1.5, d),
-          "sinks": rng.uniform(-1, 2, h)}
-    ws = {"attn." + k: v.astype(np.float32) for k, v in ws.items()}
-    path = tmp_path / "qwen.safetensors"
-    write_safetensors(path, ws, {"rope": "halves", "rope_theta": 1e6})
-    w = {n: ws["attn.%s_proj.weight" % n[2]].T for n in ("w_q", "w_k", "w_v", "w_o")}
-    w.update(q_norm=ws["attn.q_norm.weight"], k_norm=ws["attn.k_norm.weight"])
-    x = rng.uniform(-1, 1, (T, D)).astype(np.float32)
-    np.save(tmp_path / "x.npy", x)
+    path, w, x, ws = normed_checkpoint(tmp_path, rng, "qwen.safetensors", "attn.", (8, 8),
+                                       {"rope": "halves", "rope_theta": 1e6}, {"sinks": rng.uniform(-1, 2, 4)})
     sinks = ws["attn.sinks"]
     want = torch_attention(w, x[None], 4, 2, 8, rope=(8, 1e6, False), qk_norm=1e-6, softcap=2.5, sinks=sinks)[0]
     got = run(tmp_path, "--weights", path, "--heads", 4, "--softcap", 2.5, "--sinks", "sinks")
@@ -232,17 +241,8 @@ def test_olmo2_hf_whole_width_norm_and_native_round_trip(tmp_path):
     the hf layout reads a norm over the whole width; `mha run` equals
     torch, and the native copy keeps qk_norm_whole."""
     rng = np.random.default_rng(35)
-    h, h_kv, d = 4, 2, 8
-    ws = {"q_proj.weight": rng.uniform(-.4, .4, (h * d, D)), "k_proj.weight": rng.uniform(-.4, .4, (h_kv * d, D)),
-          "v_proj.weight": rng.uniform(-.4, .4, (h_kv * d, D)), "o_proj.weight": rng.uniform(-.4, .4, (D, h * d)),
-          "q_norm.weight": rng.uniform(.5, 1.5, h * d), "k_norm.weight": rng.uniform(.5, 1.5, h_kv * d)}
-    ws = {"model.layers.0.self_attn." + k: v.astype(np.float32) for k, v in ws.items()}
-    path = tmp_path / "olmo2.safetensors"
-    write_safetensors(path, ws, {"rope": "halves", "rope_theta": 500000})
-    w = {n: ws["model.layers.0.self_attn.%s_proj.weight" % n[2]].T for n in ("w_q", "w_k", "w_v", "w_o")}
-    w.update(q_norm=ws["model.layers.0.self_attn.q_norm.weight"], k_norm=ws["model.layers.0.self_attn.k_norm.weight"])
-    x = rng.uniform(-1, 1, (T, D)).astype(np.float32)
-    np.save(tmp_path / "x.npy", x)
+    path, w, x, _ = normed_checkpoint(tmp_path, rng, "olmo2.safetensors", "model.layers.0.self_attn.", (32, 16),
+                                      {"rope": "halves", "rope_theta": 500000})
     want = torch_attention(w, x[None], 4, 2, 8, rope=(8, 500000.0, False), qk_norm_whole=1e-6)[0]
     np.testing.assert_allclose(run(tmp_path, "--weights", path, "--heads", 4), want, atol=2e-5)
     native = tmp_path / "native.safetensors"
