@@ -15,8 +15,11 @@
  * OPENBLAS_CORETYPE=Haswell for OpenBLAS's AVX2 kernels).
  *   bench_mha backward --name P1 --B 4 --T 512 --d 768 --h 12 [--causal]
  *                     (bench_backward.c; prefill's options, self-attention)
+ *   bench_mha variants --name P2 --B 1 --T 4096 --d 768 --h 12 --causal
+ *                     (bench_variants.c: RoPE, ALiBi, softcap, sinks vs
+ *                     plain, interleaved; prefill's options, self-attention)
  *   bench_mha decode  --d 2048 --h 32 --h-kv 8 --d-head 64 --L 4096
- *                     [--fp16 | --int8] [--steps 20]
+ *                     [--fp16 | --int8] [--v-fp16] [--steps 20]
  */
 #include <cblas.h>
 #include <stdio.h>
@@ -27,12 +30,12 @@
 
 static void usage(void) {
     fprintf(stderr,
-            "usage: bench_mha machine|prefill|backward|decode [options]\n"
+            "usage: bench_mha machine|prefill|backward|variants|decode [options]\n"
             "  common:  --threads N (default 2)\n"
             "  machine: --fma-iters N --stream-mib 64,256,1024\n"
             "  prefill: --name NAME --B --T [--S] --d --h [--causal] [--reps] [--budget]\n"
             "           [--mha-only | --gemm-only] [--dump DIR]\n"
-            "  decode:  --d --h --h-kv --d-head --L [--B] [--fp16|--int8] [--steps]\n");
+            "  decode:  --d --h --h-kv --d-head --L [--B] [--fp16|--int8] [--v-fp16] [--steps]\n");
     exit(2);
 }
 
@@ -114,11 +117,12 @@ static int cmd_prefill(int argc, char **argv, int threads) {
                    openblas_get_corename(), openblas_get_num_threads(), openblas_get_config());
     }
     if (!strcmp(argv[1], "backward")) return c.cross ? (usage(), 2) : bench_backward(&c);
+    if (!strcmp(argv[1], "variants")) return c.cross ? (usage(), 2) : bench_variants(&c);
     return bench_prefill(&c);
 }
 
 static int cmd_decode(int argc, char **argv, int threads) {
-    bench_decode_cfg c = {2048, 32, 32, 64, 1024, 1, 0, 20, threads, 0};
+    bench_decode_cfg c = {2048, 32, 32, 64, 1024, 1, 0, 20, threads, 0, 0};
     for (int i = 2; i < argc; i++) {
         if (!strcmp(argv[i], "--threads")) c.threads = opt_int(argc, argv, &i);
         else if (!strcmp(argv[i], "--d")) c.d_model = opt_int(argc, argv, &i);
@@ -129,6 +133,7 @@ static int cmd_decode(int argc, char **argv, int threads) {
         else if (!strcmp(argv[i], "--B")) c.B = opt_int(argc, argv, &i);
         else if (!strcmp(argv[i], "--fp16")) c.fp16 = 1;
         else if (!strcmp(argv[i], "--int8")) c.int8 = 1;
+        else if (!strcmp(argv[i], "--v-fp16")) c.v_fp16 = 1;
         else if (!strcmp(argv[i], "--steps")) c.steps = opt_int(argc, argv, &i);
         else usage();
     }
@@ -142,7 +147,8 @@ int main(int argc, char **argv) {
     if (env && atoi(env) > 0) threads = atoi(env);
     if (argc < 2) usage();
     if (!strcmp(argv[1], "machine")) return cmd_machine(argc, argv, threads);
-    if (!strcmp(argv[1], "prefill") || !strcmp(argv[1], "backward")) return cmd_prefill(argc, argv, threads);
+    if (!strcmp(argv[1], "prefill") || !strcmp(argv[1], "backward") || !strcmp(argv[1], "variants"))
+        return cmd_prefill(argc, argv, threads);
     if (!strcmp(argv[1], "decode")) return cmd_decode(argc, argv, threads);
     usage();
     return 2;

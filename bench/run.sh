@@ -3,7 +3,7 @@
 # peers (PyTorch, ONNX Runtime, OpenBLAS) in the same run on the same number of threads,
 # then bench/report.py prints the tables and writes bench/RESULTS.md.
 #
-#   sh bench/run.sh            full run (issue 3 prefill, issue 5 decode)
+#   sh bench/run.sh            full run (issue 3 prefill, issue 13 variants, issue 5 decode)
 #   sh bench/run.sh --quick    tiny shapes for development; writes
 #                              build/bench/RESULTS-quick.md instead
 #   BENCH_THREADS=1 sh bench/run.sh   another thread count (default 2)
@@ -65,7 +65,7 @@ else
   P3="--B 2 --T 256 --S 2048 --d 1024 --h 16"
   dec_d=2048; dec_h=32; dec_hkv="32,8,1"; dec_L="1024,4096,16384"; dec_steps=20
 fi
-dec_dhead=64; dec_cache="fp32,fp16"
+dec_dhead=64; dec_cache="fp32,fp16,int8,int8/fp16" # int8/fp16: K int8, V fp16
 
 # Runs one command, appends its RESULT lines to the raw file; a failure is
 # recorded and the run goes on, so one broken section does not hide the rest.
@@ -215,20 +215,31 @@ for name in P1 P2 P3; do
   fi
 done
 
+# ------------------------------------------- attention variants (issue 13)
+# RoPE, ALiBi, softcap and sinks each on P2's layer, interleaved with the
+# plain one in one process (report.py: overhead target <= 10%).
+# shellcheck disable=SC2086
+run $solo "$bin" variants --name P2 $P2 --reps $((reps * 2)) --budget $((budget * 2)) --threads $threads --mha-only
+
 # ---------------------------------------------------- decode (issue 5)
 # torch and mha alternate per (cache dtype, h_kv) group of contexts. torch
 # runs with the default OMP_WAIT_POLICY and with "passive" (its OpenMP pool
 # and OpenBLAS's threads otherwise spin against each other on 2 cores);
 # report.py keeps the faster of the two, for prefill as well.
+# The torch peer stores fp32 or fp16 only: the int8 rows have no torch peer.
 for cache in $(echo $dec_cache | tr , ' '); do
-  f16=""; [ "$cache" = fp16 ] && f16=--fp16
+  case $cache in
+    fp16) f16=--fp16 ;; int8) f16=--int8 ;; int8/fp16) f16="--int8 --v-fp16" ;; *) f16="" ;;
+  esac
   for hkv in $(echo $dec_hkv | tr , ' '); do
-    for pol in "-u OMP_WAIT_POLICY" "OMP_WAIT_POLICY=passive"; do
-      # shellcheck disable=SC2086
-      run env $pol "$py" bench/peer_torch.py \
-          --threads $threads decode --d $dec_d --h $dec_h --d-head $dec_dhead \
-          --h-kv $hkv --L $dec_L --cache $cache --steps $dec_steps
-    done
+    if [ "$cache" = fp32 ] || [ "$cache" = fp16 ]; then
+      for pol in "-u OMP_WAIT_POLICY" "OMP_WAIT_POLICY=passive"; do
+        # shellcheck disable=SC2086
+        run env $pol "$py" bench/peer_torch.py \
+            --threads $threads decode --d $dec_d --h $dec_h --d-head $dec_dhead \
+            --h-kv $hkv --L $dec_L --cache $cache --steps $dec_steps
+      done
+    fi
     for L in $(echo $dec_L | tr , ' '); do
       # shellcheck disable=SC2086
       run $solo "$bin" decode --d $dec_d --h $dec_h --h-kv $hkv --d-head $dec_dhead --L $L $f16 \
