@@ -34,7 +34,7 @@ SUITES = {
     "cli": (["build/mha"], ["sh", "tests/cli_test.sh", "./build/mha"]),
     "io_cli": (["build/mha"], ["sh", "tests/io_cli_test.sh", "./build/mha"]),
     "mpi": (["build/mha", "build/mha-mpi"], ["sh", "tests/mpi_test.sh", "./build"]),
-    "python": (["build/libmha.so"], [PYTHON, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
+    "python": (["build/libmha.so", "build/mha"], [PYTHON, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
                                      "tests/python"]),
 }
 # The suites that can see a change to a file, cheapest-to-fail first.

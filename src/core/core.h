@@ -49,7 +49,9 @@ mha_status mha_check_common_options(const mha_options *o, int h, size_t rows, in
 
 /* The keys [*lo, *hi] of 0..S-1 that causal and the windows allow for
  * query i (aligned as o->align says); *lo > *hi when none. The one
- * statement of that rule: mha_mask_key and the fast tiles use it. */
+ * statement of that rule: mha_mask_key and the fast tiles use it. With
+ * sink_tokens (and window_left) it is the hull from key 0: the keys
+ * between the sinks and the window need mha_mask_key. */
 void mha_mask_interval(const mha_options *o, int i, int T, int S, int *lo, int *hi);
 
 /* Validates the arguments of one forward pass against the layer. */

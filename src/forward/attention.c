@@ -49,7 +49,7 @@ static void scratch_free(scratch *w) {
 }
 
 static int has_general_mask(const mha_options *o) {
-    return o->keep_mask.data || o->additive_mask.data || o->key_keep || o->key_additive;
+    return o->keep_mask.data || o->additive_mask.data || o->key_keep || o->key_additive || o->sink_tokens > 0;
 }
 
 static int clampi(int x, int a, int b) { return x < a ? a : x > b ? b : x; }
@@ -64,7 +64,7 @@ static void mask_tile(scratch *w, const mha_attn_args *a, int b, int r, int i0, 
                       int nk) {
     const mha_options *o = a->opt;
     const int S = a->S;
-    if (o->keep_mask.data || o->additive_mask.data) {
+    if (o->keep_mask.data || o->additive_mask.data || o->sink_tokens > 0) { /* sinks: a gap in the interval */
         for (int i = 0; i < rows; i++) {
             float *srow = w->s + (size_t)i * MHA_ATT_BC;
             for (int j = 0; j < nk; j++) {

@@ -13,6 +13,8 @@ size_t mha_dtype_size(mha_dtype dt) {
     case MHA_DTYPE_BF16: return 2;
     case MHA_DTYPE_BOOL:
     case MHA_DTYPE_U8: return 1;
+    case MHA_DTYPE_I32: return 4;
+    case MHA_DTYPE_I64: return 8;
     }
     return 0;
 }
@@ -24,6 +26,8 @@ const char *mha_dtype_name(mha_dtype dt) {
     case MHA_DTYPE_BF16: return "bfloat16";
     case MHA_DTYPE_BOOL: return "bool";
     case MHA_DTYPE_U8: return "uint8";
+    case MHA_DTYPE_I32: return "int32";
+    case MHA_DTYPE_I64: return "int64";
     }
     return "unknown";
 }
@@ -71,12 +75,19 @@ void mha_array_free(mha_array *a) {
     if (!a) return;
     free(a->f);
     free(a->u8);
+    free(a->i64);
     memset(a, 0, sizeof *a);
 }
 
 mha_status mha_array_alloc(mha_array *out) {
     size_t n = out->count ? out->count : 1; /* malloc(0) may return NULL */
-    if (out->dtype == MHA_DTYPE_BOOL || out->dtype == MHA_DTYPE_U8) {
+    out->i64 = NULL;
+    if (out->dtype == MHA_DTYPE_I32 || out->dtype == MHA_DTYPE_I64) {
+        out->f = NULL, out->u8 = NULL;
+        if (n > SIZE_MAX / sizeof(int64_t)) return mha_fail(MHA_E_NOMEM, "array of %zu integers is too large", n);
+        out->i64 = malloc(n * sizeof(int64_t));
+        if (!out->i64) return mha_fail(MHA_E_NOMEM, "cannot allocate %zu integers", n);
+    } else if (out->dtype == MHA_DTYPE_BOOL || out->dtype == MHA_DTYPE_U8) {
         out->f = NULL;
         out->u8 = malloc(n);
         if (!out->u8) return mha_fail(MHA_E_NOMEM, "cannot allocate %zu bytes", n);
@@ -203,6 +214,13 @@ mha_status mha_array_decode(mha_array *a, const unsigned char *src, unsigned fla
     case MHA_DTYPE_U8:
         memcpy(a->u8, src, n);
         return MHA_OK;
+    case MHA_DTYPE_I32: /* little-endian two's complement */
+        for (size_t i = 0; i < n; i++) a->i64[i] = (int64_t)(int32_t)mha_le32(src + 4 * i);
+        return MHA_OK;
+    case MHA_DTYPE_I64:
+        for (size_t i = 0; i < n; i++)
+            a->i64[i] = (int64_t)mha_le64(src + 8 * i);
+        return MHA_OK;
     default: break;
     }
     size_t bad = convert_floats(a->f, a->f, src, n, a->dtype, flags);
@@ -242,6 +260,8 @@ static void encode_range(unsigned char *dst, const mha_array *a, size_t first, s
         }
         case MHA_DTYPE_BOOL: dst[j] = a->u8[i] ? 1 : 0; break;
         case MHA_DTYPE_U8: dst[j] = a->u8[i]; break;
+        case MHA_DTYPE_I32: /* read-only dtypes: the writers refuse them first */
+        case MHA_DTYPE_I64: break;
         }
     }
 }
