@@ -167,7 +167,8 @@ static void softmax_avx2(float *s, int lds, float *mx, float *sum, int m, int n)
 /* --------------------------------------------------------- accumulate */
 
 /* R rows x C vectors of acc = p v over n keys (v from column v0 on, row
- * stride dv; int8 scales vs (n, nb), each folded into the weight). */
+ * stride dv; int8 scales vs (n, nb), each folded into the weight: the
+ * callers keep vectors 4k .. 4k+3 in one block of 32). */
 INLINE void acc_tile(float *acc, int ldacc, const float *p, int ldp, const void *v, const float *vs, size_t v0,
                      int dv, int n, int R, int C, int H) {
     __m256 a[4][8];
@@ -185,10 +186,13 @@ INLINE void acc_tile(float *acc, int ldacc, const float *p, int ldp, const void 
         UNROLL
         for (int r = 0; r < R; r++) {
             const float pj = p[(size_t)r * ldp + j];
+            __m256 pb = _mm256_broadcast_ss(p + (size_t)r * ldp + j);
             UNROLL
             for (int c = 0; c < C; c++) {
-                /* int8: the block's scale folded into the weight, p * scale */
-                __m256 pb = _mm256_set1_ps(H == 2 ? pj * vs[(size_t)j * NB(dv) + (v0 + c * 8) / MHA_Q8_BLOCK] : pj);
+                /* int8: the block's scale folded into the weight, p * scale,
+                 * once per block (the 4 vectors of a block share one) */
+                if (H == 2 && c % 4 == 0)
+                    pb = _mm256_set1_ps(pj * vs[(size_t)j * NB(dv) + (v0 + c * 8) / MHA_Q8_BLOCK]);
                 a[r][c] = _mm256_fmadd_ps(pb, vv[c], a[r][c]);
             }
         }
@@ -222,7 +226,7 @@ INLINE void acc_tail(float *acc, int ldacc, const float *p, int ldp, const void 
 INLINE void acc_impl(float *acc, int ldacc, const float *p, int ldp, const void *v, const float *vs, int m,
                      int n, int dv, int H) {
     int m4 = m - m % 4, c = 0;
-    for (; c + 24 <= dv; c += 24)
+    for (; H != 2 && c + 24 <= dv; c += 24) /* int8: 16 columns, one block */
         for (int i = 0; i < m4; i += 4)
             acc_tile(acc + (size_t)i * ldacc + c, ldacc, p + (size_t)i * ldp, ldp, v, vs, c, dv, n, 4, 3, H);
     for (; c + 16 <= dv; c += 16)

@@ -190,7 +190,8 @@ INLINE __m512 load16q(const int8_t *v, size_t i, __mmask16 k) {
 }
 
 /* R rows x C vectors of acc = p v over n keys (columns from c0 on, a
- * multiple of 16, so each vector lies in one block of 32; the last
+ * multiple of 16, so each vector lies in one block of 32, and of 32 when
+ * H = 2 and C > 1, so vectors 2k and 2k+1 share a block; the last
  * vector masked by klast; v row stride dv; H = 2: int8 rows with scales
  * vs (n, ceil(dv/32)), each scale folded into the weight: p_j * scale). */
 INLINE void acc_tile(float *acc, int ldacc, const float *p, int ldp, const void *v, const float *vs, int c0,
@@ -209,10 +210,13 @@ INLINE void acc_tile(float *acc, int ldacc, const float *p, int ldp, const void 
         UNROLL
         for (int r = 0; r < R; r++) {
             const float pj = p[(size_t)r * ldp + j];
+            __m512 pb = _mm512_set1_ps(pj);
             UNROLL
             for (int c = 0; c < C; c++) {
-                /* int8: the block's scale folded into the weight, p * scale */
-                const __m512 pb = _mm512_set1_ps(H == 2 ? pj * vs[(size_t)j * NB(dv) + (size_t)(c0 + 16 * c) / MHA_Q8_BLOCK] : pj);
+                /* int8: the block's scale folded into the weight, p * scale,
+                 * once per block (vector pairs from c0 % 32 == 0 share one) */
+                if (H == 2 && c % 2 == 0)
+                    pb = _mm512_set1_ps(pj * vs[(size_t)j * NB(dv) + (size_t)c0 / MHA_Q8_BLOCK + (size_t)c / 2]);
                 a[r][c] = _mm512_fmadd_ps(pb, vv[c], a[r][c]);
             }
         }
@@ -231,7 +235,11 @@ INLINE void acc_impl(float *acc, int ldacc, const float *p, int ldp, const void 
                      int n, int dv, int H) {
     const int m4 = m - m % 4;
     int c = 0;
-    for (; c + 48 <= dv; c += 48)
+    /* int8: tiles of more than one vector start at a multiple of 32 */
+    for (; H == 2 && c + 64 <= dv; c += 64)
+        for (int i = 0; i < m4; i += 4)
+            acc_tile(acc + (size_t)i * ldacc, ldacc, p + (size_t)i * ldp, ldp, v, vs, c, dv, n, 0xffff, 4, 4, H);
+    for (; H != 2 && c + 48 <= dv; c += 48)
         for (int i = 0; i < m4; i += 4)
             acc_tile(acc + (size_t)i * ldacc, ldacc, p + (size_t)i * ldp, ldp, v, vs, c, dv, n, 0xffff, 4, 3, H);
     for (; c < dv; c += 16)
