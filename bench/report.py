@@ -52,6 +52,10 @@ same run.sh call; the rounds of a configuration alternate mha and torch):
   Q, K, V. The layer's output is checked against libmha's (max abs error
   <= 1e-3), attention's against a float64 softmax(QK^T/sqrt(d_k))V (1e-4),
   before timing; "x ORT" = ORT time / mha time.
+- variants: `bench_mha variants` times mha_forward with RoPE (halves,
+  theta 10000), ALiBi (default slopes), softcap (50) and sinks, one layer
+  each from the same weights, round by round with the plain layer;
+  overhead = fastest variant run / fastest plain run - 1.
 - decode bandwidth: bytes read per step / time; attention reads the K and V
   cache of L tokens, the whole step also the fp32 weights. It is compared with
   the streaming read bandwidth measured at the smallest buffer size that is
@@ -188,6 +192,39 @@ def flops_prefill(r):
     proj = (4 * B * T * d * d + 4 * B * S * d * d) if cross else 8 * B * T * d * d
     attn = 4 * B * h * T * S * (d // h) / (2 if causal else 1)
     return proj, attn
+
+
+def variants_section(rows, targets, notes):
+    """Issue 13's variant overhead: bench_mha variants times mha_forward of
+    one configuration with each variant on, interleaved with the plain
+    layer (one run of each per round). Overhead = the variant's fastest run
+    over plain's fastest run - 1 (the target's measure); the median of the
+    per-round ratios is shown beside it (both see the same load)."""
+    vrows = find(rows, kind="variant", impl="mha")
+    if not vrows:
+        return "(not measured in this run)"
+    body, worst = [], None
+    for name in sorted({r["name"] for r in vrows}):
+        base = one(rows, kind="variant", impl="mha", name=name, variant="plain")
+        bt = times_of([base], kind="variant") if base else []
+        for r in find(rows, kind="variant", impl="mha", name=name):
+            if r.get("error"):
+                notes.append(f"variants {name} {r.get('variant')}: {r['error']}")
+                continue
+            t = times_of([r], kind="variant")
+            over = min(t) / min(bt) - 1 if t and bt else None
+            paired = med([a / b for a, b in zip(t, bt)]) - 1 if t and bt else None
+            shape = f"B={r['B']} T={r['T']} d={r['d_model']} h={r['h']}" + (" causal" if r.get("causal") == "1" else "")
+            body.append([name, shape, r["variant"], fmt_ms(med(t)), fmt_ms(min(t) if t else None), len(t),
+                         fmt(over * 100 if over is not None else None, "+.1f", suffix="%"),
+                         fmt(paired * 100 if paired is not None else None, "+.1f", suffix="%")])
+            if r["variant"] != "plain" and name == "P2" and over is not None and (worst is None or over > worst[0]):
+                worst = (over, r["variant"])
+    if worst:
+        targets.append(["variant overhead <= 10% on P2 (RoPE, ALiBi, softcap, sinks; the worst)",
+                        f"{worst[0] * 100:+.1f}% ({worst[1]})", "met" if worst[0] <= 0.10 else "NOT met"])
+    return table(["config", "shape", "variant", "mha ms (median)", "mha ms (min)", "runs",
+                  "overhead vs plain (min)", "overhead (median of paired ratios)"], body)
 
 
 def memory_line(rows):
@@ -532,6 +569,7 @@ def main():
         worst_x = min(xs) if xs else None
         targets.append(["decode step >= 3x PyTorch at every point (worst point)",
                         fmt(worst_x, ".2f", suffix="x"), verdict(worst_x, 3)])
+    var_tab = variants_section(rows, targets, notes)
     if quality:
         for t_ in targets:
             if t_[2] in ("met", "NOT met"):
@@ -543,6 +581,8 @@ def main():
         notes.append(f"command failed (rc {e.get('rc')}): `{e.get('cmd')}`")
 
     md += ["## Prefill / encoder (issue 3)\n", pre_tab, "", "### Projection GEMMs\n", gemm_tab, "",
+           "### Attention variants (issue 13): whole forward, each variant alone, interleaved with plain\n",
+           var_tab, "",
            "## Decode, one token per step at context L (issue 5)\n", dec_tab, "",
            "### Grouped / multi-query speed-up at the longest context\n", sp_tab, "",
            "### int8 and mixed (K int8, V fp16) caches against fp16 at the longest context\n", ratio_tab, "",

@@ -313,6 +313,93 @@ static void test_isa_f16_conversion(void) {
     free(h), free(h1), free(h2), free(f1), free(f2), free(x);
 }
 
+/* The variants' tile kernels: the AVX-512 softcap gives the AVX2 kernel's
+ * bits (rows of only small, mixed and only large |s / cap|, infinities,
+ * a masked tail), the AVX-512 ALiBi tile the scalar one's (distances up
+ * to 2^30 both ways; columns past cols untouched). */
+static void test_isa_variant_kernels(void) {
+    if (!have()) return;
+    enum { ROWS = 4, COLS = 37, LDS = 64 };
+    float s1[ROWS * LDS], s2[ROWS * LDS];
+    for (int i = 0; i < ROWS; i++)
+        for (int j = 0; j < LDS; j++) /* row 0: |x| < 0.4; 1: mixed; 2: |x| >= 0.4; 3: wide */
+            s1[i * LDS + j] = i == 0 ? 0.019f * (float)(j - 20) : i == 1 ? 0.31f * (float)(j - 18)
+                              : i == 2 ? (j % 2 ? 1.0f : -1.0f) * (0.4f + 0.7f * (float)j) : 3.7f * (float)(j - 19);
+    s1[3 * LDS + 5] = INFINITY, s1[3 * LDS + 6] = -INFINITY;
+    memcpy(s2, s1, sizeof s1);
+    mha_attn_softcap_avx512(s1, LDS, 2.0f, ROWS, COLS);
+    mha_attn_softcap_avx2(s2, LDS, 2.0f, ROWS, COLS);
+    for (int i = 0; i < ROWS; i++)
+        if (memcmp(s1 + i * LDS, s2 + i * LDS, sizeof(float) * COLS) != 0)
+            test_report(__FILE__, __LINE__, "softcap row %d: avx512 differs from avx2", i);
+    int qpos[ROWS] = {0, 1000, 1 << 30, 7}, kpos[LDS];
+    for (int j = 0; j < LDS; j++) kpos[j] = j % 3 == 0 ? (1 << 30) - j : j * 37;
+    uint64_t seed = 95;
+    float *a = naive_random_floats(ROWS * LDS, &seed, -4, 4), *b = naive_alloc_floats(ROWS * LDS);
+    memcpy(b, a, sizeof(float) * ROWS * LDS);
+    const float tail = a[COLS], biased = a[3 * LDS + 3];
+    mha_attn_alibi_avx512(a, LDS, qpos, kpos, 0.0625f, ROWS, COLS);
+    mha_attn_alibi_get(&mha_kernels_scalar)(b, LDS, qpos, kpos, 0.0625f, ROWS, COLS);
+    CHECK(memcmp(a, b, sizeof(float) * ROWS * LDS) == 0);
+    CHECK(a[COLS] == tail && a[3 * LDS + 3] == biased - 0.0625f * (float)((1 << 30) - 3 - 7)); /* tail kept; biased */
+    free(a), free(b);
+}
+
+/* The AVX-512 softmax flushes exp(x) below MHA_SOFTMAX_FLUSH to 0 (no
+ * subnormal products in p v), in p and in alpha, and otherwise gives the
+ * AVX2 kernel's bits. */
+static void test_isa_softmax_flush(void) {
+    if (!have()) return;
+    enum { COLS = 96 };
+    float p1[2 * COLS], p2[2 * COLS], m1[2] = {0.0f, 0.0f}, m2[2] = {0.0f, 0.0f}, l1[2] = {1, 1}, l2[2] = {1, 1};
+    float a1[2], a2[2];
+    for (int j = 0; j < COLS; j++) { /* x = s - max from 0 down to -95: across the threshold and exp's clamp */
+        p1[j] = 50.0f - (float)j;        /* row 0: max 50, alpha = e^-50 */
+        p1[COLS + j] = 40.0f - (float)j; /* row 1: max 40, alpha = e^-40 */
+    }
+    memcpy(p2, p1, sizeof p1);
+    mha_attn_softmax_avx512(p1, COLS, m1, l1, a1, NULL, NULL, COLS, 2, COLS);
+    mha_attn_softmax_avx2(p2, COLS, m2, l2, a2, NULL, NULL, COLS, 2, COLS);
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < COLS; j++) {
+            const float x = (float)(-j), want = x < MHA_SOFTMAX_FLUSH ? 0.0f : p2[i * COLS + j];
+            if (memcmp(&p1[i * COLS + j], &want, 4) != 0 || (x < -40.0f && x >= MHA_SOFTMAX_FLUSH && want == 0.0f))
+                test_report(__FILE__, __LINE__, "row %d x=%g: avx512 p %a, want %a", i, (double)x,
+                            (double)p1[i * COLS + j], (double)want);
+        }
+    CHECK(a1[0] == 0.0f && a2[0] > 0.0f); /* e^-50: flushed */
+    CHECK(memcmp(&a1[1], &a2[1], 4) == 0 && a1[1] > 0.0f); /* e^-40: kept */
+    CHECK(memcmp(m1, m2, sizeof m1) == 0);
+}
+
+/* The AVX-512 query packing gives the scalar kernel's bits: full and
+ * partial 6-row groups, padding rows, d_k with and without a 16-tail,
+ * head-major and position-major row strides. */
+static void test_isa_pack_q(void) {
+    if (!have()) return;
+    const int rowss[] = {48, 13, 6, 1}, dks[] = {64, 13, 72, 16};
+    uint64_t seed = 96;
+    for (int t = 0; t < 4; t++) {
+        const int rows = rowss[t], rows6 = (rows + 5) / 6 * 6, d_k = dks[t];
+        for (int stride = 0; stride < 2; stride++) {
+            const size_t rs = stride ? (size_t)d_k * 12 + 3 : (size_t)d_k;
+            float *src = naive_random_floats(rs * rows6, &seed, -3, 3);
+            float *a = naive_alloc_floats((size_t)rows6 * d_k), *b = naive_alloc_floats((size_t)rows6 * d_k);
+            for (int i = 0; i < rows6 * d_k; i++) a[i] = b[i] = 7.0f; /* padding must become 0 */
+            mha_attn_pack_q_avx512(a, src, rs, 0.125f, rows, rows6, d_k);
+            mha_attn_pack_q_get(&mha_kernels_scalar)(b, src, rs, 0.125f, rows, rows6, d_k);
+            if (memcmp(a, b, sizeof(float) * rows6 * d_k) != 0)
+                test_report(__FILE__, __LINE__, "pack_q rows=%d d_k=%d stride %zu: avx512 differs from scalar", rows,
+                            d_k, rs);
+            /* and the scalar kernel is the layout kernels.h states */
+            const int i = rows - 1, e = d_k - 1;
+            CHECK(b[(size_t)(i / 6) * d_k * 6 + (size_t)e * 6 + i % 6] == 0.125f * src[(size_t)i * rs + e]);
+            if (rows6 > rows) CHECK(b[(size_t)(rows6 / 6 - 1) * d_k * 6 + 5] == 0.0f);
+            free(src), free(a), free(b);
+        }
+    }
+}
+
 static const test_case cases[] = {
     {"isa_detect", test_isa_detect},
     {"isa_env_avx512", test_isa_env_avx512},
@@ -321,6 +408,9 @@ static const test_case cases[] = {
     {"isa_exp_every_float", test_isa_exp_every_float},
     {"isa_decode_kernels", test_isa_decode_kernels},
     {"isa_f16_conversion", test_isa_f16_conversion},
+    {"isa_variant_kernels", test_isa_variant_kernels},
+    {"isa_softmax_flush", test_isa_softmax_flush},
+    {"isa_pack_q", test_isa_pack_q},
 };
 
 const test_case *tests_isa(size_t *count) {

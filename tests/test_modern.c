@@ -407,9 +407,9 @@ static void modern_fast_vs_reference_avx512(void) {
 
 /* the vector tanh of the softcap kernel: relative error < 3e-7 */
 static void modern_softcap_kernel_accuracy(void) {
-    const mha_kernels *tables[2] = {&mha_kernels_scalar, &mha_kernels_avx2};
-    for (int t = 0; t < 2; t++) {
-        if (t == 1 && !mha_cpu_has_avx2()) continue;
+    const mha_kernels *tables[3] = {&mha_kernels_scalar, &mha_kernels_avx2, &mha_kernels_avx512};
+    for (int t = 0; t < 3; t++) {
+        if ((t == 1 && !mha_cpu_has_avx2()) || (t == 2 && !mha_cpu_has_avx512())) continue;
         float s[64 * 16];
         for (int i = 0; i < 64 * 16; i++) s[i] = (float)((i - 512) * 0.02); /* -10.24 .. 10.22 */
         float in[64 * 16];

@@ -19,10 +19,18 @@
  * split), e^r by a degree-6 polynomial, 2^n through the exponent bits;
  * x clamped to [-88, 88.38] (e^x = 0 below -87.68, subnormal between
  * -87.68 and ln(FLT_MIN)); within 2 ulp on [ln(FLT_MIN), 88.3]. */
+MHA_AVX512_INLINE __m512 mha_exp_avx512_inrange(__m512 x);
 MHA_AVX512_INLINE __m512 mha_exp_avx512(__m512 x) {
-    const __m512 shift = _mm512_set1_ps(12583039.0f); /* 0x1.8p23 + 127 */
     x = _mm512_max_ps(x, _mm512_set1_ps(-88.0f));
     x = _mm512_min_ps(x, _mm512_set1_ps(88.37626266f));
+    return mha_exp_avx512_inrange(x);
+}
+
+/* The same steps without the clamp, for x already in [-88, 88.38] (the
+ * softmax's x <= 0, whose callers zero x < -88 themselves): the bits of
+ * mha_exp_avx512 there. */
+MHA_AVX512_INLINE __m512 mha_exp_avx512_inrange(__m512 x) {
+    const __m512 shift = _mm512_set1_ps(12583039.0f); /* 0x1.8p23 + 127 */
     __m512 t = _mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), shift);
     __m512 n = _mm512_sub_ps(t, shift);
     __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);

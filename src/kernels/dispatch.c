@@ -17,7 +17,8 @@
 
 const mha_kernels mha_kernels_avx2 = {
     "avx2", mha_sgemm_avx2_6x16, mha_attn_scores_avx2, mha_attn_softmax_avx2,
-    mha_attn_pv_avx2, mha_vexp_avx2, mha_attn_softcap_avx2, 6, 1, NULL, /* the driver tiles with sgemm_6x16 */
+    mha_attn_pv_avx2, mha_vexp_avx2, mha_attn_softcap_avx2, NULL, NULL, /* alibi, pack_q: scalar */
+    6, 1, NULL, /* the driver tiles with sgemm_6x16 */
 };
 
 /* ------------------------------------------------------------ the CPU */
