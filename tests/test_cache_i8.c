@@ -225,6 +225,22 @@ static double block_err(const float *x, int ldx, const double *ref, int rows, in
     return e;
 }
 
+/* r and r32 (m, n) = a (m, k) times b, element (j, kk) of b at
+ * [j * bj + kk * bk]: in double, and in naive fp32 (a product, a sum). */
+static void ref_products(double *r, float *r32, const float *a, const float *b, int m, int n, int k, size_t bj,
+                         size_t bk) {
+    for (int i = 0; i < m; i++)
+        for (int j = 0; j < n; j++) {
+            double t = 0.0;
+            float t32 = 0.0f;
+            for (int kk = 0; kk < k; kk++) {
+                t += (double)a[(size_t)i * k + kk] * b[j * bj + kk * bk];
+                t32 += a[(size_t)i * k + kk] * b[j * bj + kk * bk];
+            }
+            r[(size_t)i * n + j] = t, r32[(size_t)i * n + j] = t32;
+        }
+}
+
 /* The int8 kernels apply one scale per block (scores) or fold it into
  * the weight (values), so they are held to the fp32 rule against a
  * double reference on the dequantized data: error <= 2 x the error of
@@ -253,26 +269,8 @@ static void test_kernels_bits(void) {
      * naive fp32 (a product, a sum, in order) for the tolerance */
     double *sr = naive_alloc_doubles((size_t)m * n), *ar = naive_alloc_doubles((size_t)m * dv);
     float *s32 = naive_alloc_floats((size_t)m * n), *a32 = naive_alloc_floats((size_t)m * dv);
-    for (int i = 0; i < m; i++) {
-        for (int j = 0; j < n; j++) {
-            double t = 0.0;
-            float t32 = 0.0f;
-            for (int c = 0; c < d; c++) {
-                t += (double)q[(size_t)i * d + c] * kf[(size_t)j * d + c];
-                t32 += q[(size_t)i * d + c] * kf[(size_t)j * d + c];
-            }
-            sr[(size_t)i * n + j] = t, s32[(size_t)i * n + j] = t32;
-        }
-        for (int c = 0; c < dv; c++) {
-            double t = 0.0;
-            float t32 = 0.0f;
-            for (int j = 0; j < n; j++) {
-                t += (double)p[(size_t)i * n + j] * vf[(size_t)j * dv + c];
-                t32 += p[(size_t)i * n + j] * vf[(size_t)j * dv + c];
-            }
-            ar[(size_t)i * dv + c] = t, a32[(size_t)i * dv + c] = t32;
-        }
-    }
+    ref_products(sr, s32, q, kf, m, n, d, (size_t)d, 1);   /* q kf^T */
+    ref_products(ar, a32, p, vf, m, dv, n, 1, (size_t)dv); /* p vf   */
     const double stol = 2.0 * block_err(s32, n, sr, m, n) + 1e-6, atol = 2.0 * block_err(a32, dv, ar, m, dv) + 1e-6;
     float *a = naive_alloc_floats((size_t)m * 80), *b = naive_alloc_floats((size_t)m * 80);
     float *s0 = naive_alloc_floats((size_t)m * 32), *a0 = naive_alloc_floats((size_t)m * 80);
