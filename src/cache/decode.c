@@ -27,7 +27,9 @@
 
 #define QTILE 32             /* query rows per unit                        */
 #define PREFETCH_CHUNKS 1    /* chunks of K/V requested ahead of use        */
-#define FUSED_F16_ROWS 4     /* fp16 / int8 widened in registers up to this many rows */
+#define FUSED_F16_ROWS 4     /* fp16 widened in registers up to this many rows */
+#define FUSED_I8_ROWS 8      /* int8 likewise (8 rows: 1.6x the widened chunk,
+                              * AVX-512, h_kv 1, bench/LIMITS.md)           */
 #define SPLIT_BELOW_UNITS 64 /* split keys across tasks when units < this  */
 #define SPLIT_MAX_FLOATS ((size_t)1 << 26) /* cap on partial storage       */
 
@@ -167,13 +169,16 @@ static const float *widen(const decode_call *dc, mha_cache_dtype dt, float *buf,
 /* w->s (m, nk) = scores of the unit's m scaled queries w->qt against
  * keys jlo .. jlo+nk-1 of block kv, whatever K's storage type: fp32
  * read in place; fp16 / int8 widened in registers for few rows (each
- * element once per row group), else widened once into w->kf. */
+ * element once per row group), else widened once into w->kf. The int8
+ * kernels round differently from the fp32 ones on the widened chunk
+ * (one scale per block): which one runs depends on the unit's rows
+ * alone, never on the thread count. */
 static void chunk_scores(scratch *w, const decode_call *dc, size_t kv, int jlo, int m, int nk) {
     const mha_cache *c = dc->c;
     const mha_decode_kernels *kr = dc->kr;
     size_t koff = mha_cache_k_off(c, kv, jlo);
     const float *ks = c->nbk ? c->scales + mha_cache_ks_off(c, kv, jlo) : NULL;
-    if (c->kt == MHA_CACHE_I8 && m <= FUSED_F16_ROWS) {
+    if (c->kt == MHA_CACHE_I8 && m <= FUSED_I8_ROWS) {
         kr->scores_q8(w->s, MHA_DECODE_CHUNK, w->qt, c->d_k, (const int8_t *)c->data + koff, ks, m, nk, c->d_k);
         return;
     }
@@ -194,7 +199,7 @@ static void chunk_values(float *acc, int ldacc, scratch *w, const decode_call *d
     const mha_decode_kernels *kr = dc->kr;
     size_t voff = mha_cache_v_off(c, kv, jlo);
     const float *vs = c->nbv ? c->scales + mha_cache_vs_off(c, kv, jlo) : NULL;
-    if (c->vt == MHA_CACHE_I8 && m <= FUSED_F16_ROWS) {
+    if (c->vt == MHA_CACHE_I8 && m <= FUSED_I8_ROWS) {
         kr->accumulate_q8(acc, ldacc, w->s, MHA_DECODE_CHUNK, (const int8_t *)c->data + voff, vs, m, nk, c->d_v);
         return;
     }

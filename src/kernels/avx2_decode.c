@@ -29,43 +29,58 @@ INLINE float load1(const void *base, size_t i, int H) {
     return H ? _cvtsh_ss(((const uint16_t *)base)[i]) : ((const float *)base)[i];
 }
 
-/* H = 2: int8 storage. 8 consecutive int8 at index i times their scales
- * (one product, one rounding: the dequantized fp32 value exactly). */
-INLINE __m256 load8q(const int8_t *base, size_t i, __m256 scale) {
+/* H = 2: int8 storage. 8 consecutive int8 at index i as fp32 (exact; the
+ * scales are applied per block by the callers). */
+INLINE __m256 load8q(const int8_t *base, size_t i) {
     __m128i b = _mm_loadl_epi64((const __m128i *)(base + i));
-    return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)), scale);
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
 }
 
 #define NB(d) (((d) + MHA_Q8_BLOCK - 1) / MHA_Q8_BLOCK)
 
 /* R rows x P panels of scores (panels from element k0 on, int8 scales
- * from ks + (k0 / d) * nb on); R, P and H are constants at each call site. */
+ * from ks + (k0 / d) * nb on); R, P and H are constants at each call site.
+ * H = 2: each block of 32 dims sums q * (float)k into blk, then acc =
+ * fma(blk, scale, acc) (the rounding of scores_q8, decode_kernels.h). */
 INLINE void scores_tile(float *s, int lds, const float *q, int ldq, const void *kp, const float *ks, size_t k0,
                         int d, int R, int P, int H) {
-    __m256 acc[4][8], sc[8];
+    __m256 acc[4][8], blk[4][8];
     UNROLL
     for (int r = 0; r < R; r++)
         UNROLL
         for (int p = 0; p < P; p++) acc[r][p] = _mm256_setzero_ps();
     for (int c0 = 0; c0 < d; c0 += MHA_Q8_BLOCK) {
-        int c1 = c0 + MHA_Q8_BLOCK < d ? c0 + MHA_Q8_BLOCK : d;
-        if (H == 2)
+        int c1 = H == 2 && c0 + MHA_Q8_BLOCK < d ? c0 + MHA_Q8_BLOCK : d;
+        UNROLL
+        for (int r = 0; r < R; r++)
             UNROLL
-            for (int p = 0; p < P; p++)
-                sc[p] = _mm256_loadu_ps(ks + (k0 / (size_t)d + (size_t)p * MHA_KPANEL) * NB(d) + (size_t)(c0 / MHA_Q8_BLOCK) * MHA_KPANEL);
+            for (int p = 0; p < P; p++) blk[r][p] = H == 2 ? _mm256_setzero_ps() : acc[r][p];
         for (int c = c0; c < c1; c++) {
             __m256 k[8];
             UNROLL
             for (int p = 0; p < P; p++) {
                 size_t at = k0 + (size_t)p * d * MHA_KPANEL + (size_t)c * MHA_KPANEL;
-                k[p] = H == 2 ? load8q((const int8_t *)kp, at, sc[p]) : load8(kp, at, H);
+                k[p] = H == 2 ? load8q((const int8_t *)kp, at) : load8(kp, at, H);
             }
             UNROLL
             for (int r = 0; r < R; r++) {
                 __m256 qb = _mm256_broadcast_ss(q + (size_t)r * ldq + c);
                 UNROLL
-                for (int p = 0; p < P; p++) acc[r][p] = _mm256_fmadd_ps(qb, k[p], acc[r][p]);
+                for (int p = 0; p < P; p++) blk[r][p] = _mm256_fmadd_ps(qb, k[p], blk[r][p]);
             }
+        }
+        if (H != 2) {
+            UNROLL
+            for (int r = 0; r < R; r++)
+                UNROLL
+                for (int p = 0; p < P; p++) acc[r][p] = blk[r][p];
+            break; /* fp32 / fp16: one pass over all of d */
+        }
+        UNROLL
+        for (int p = 0; p < P; p++) {
+            __m256 sc = _mm256_loadu_ps(ks + (k0 / (size_t)d + (size_t)p * MHA_KPANEL) * NB(d) + (size_t)(c0 / MHA_Q8_BLOCK) * MHA_KPANEL);
+            UNROLL
+            for (int r = 0; r < R; r++) acc[r][p] = _mm256_fmadd_ps(blk[r][p], sc, acc[r][p]);
         }
     }
     UNROLL
@@ -81,10 +96,10 @@ INLINE void scores_impl(float *s, int lds, const float *q, int ldq, const void *
     int np = n / MHA_KPANEL, m4 = m - m % 4;
     size_t pstride = (size_t)d * MHA_KPANEL;
     int p = 0;
-    for (; p + 3 <= np; p += 3) /* 12 accumulators: slack over the 8 FMAs in flight */
+    for (; H != 2 && p + 3 <= np; p += 3) /* 12 accumulators: slack over the 8 FMAs in flight */
         for (int i = 0; i < m4; i += 4)
             scores_tile(s + (size_t)i * lds + p * MHA_KPANEL, lds, q + (size_t)i * ldq, ldq, kp, ks, p * pstride, d, 4, 3, H);
-    for (; p + 2 <= np; p += 2)
+    for (; H != 2 && p + 2 <= np; p += 2)
         for (int i = 0; i < m4; i += 4)
             scores_tile(s + (size_t)i * lds + p * MHA_KPANEL, lds, q + (size_t)i * ldq, ldq, kp, ks, p * pstride, d, 4, 2, H);
     for (; p < np; p++)
@@ -92,8 +107,10 @@ INLINE void scores_impl(float *s, int lds, const float *q, int ldq, const void *
             scores_tile(s + (size_t)i * lds + p * MHA_KPANEL, lds, q + (size_t)i * ldq, ldq, kp, ks, p * pstride, d, 4, 1, H);
     for (int i = m4; i < m; i++) {
         p = 0;
-        for (; p + 8 <= np; p += 8)
+        for (; H != 2 && p + 8 <= np; p += 8)
             scores_tile(s + (size_t)i * lds + p * MHA_KPANEL, lds, q + (size_t)i * ldq, ldq, kp, ks, p * pstride, d, 1, 8, H);
+        for (; H == 2 && p + 4 <= np; p += 4) /* int8: 4 + 4 blk accumulators */
+            scores_tile(s + (size_t)i * lds + p * MHA_KPANEL, lds, q + (size_t)i * ldq, ldq, kp, ks, p * pstride, d, 1, 4, H);
         for (; p < np; p++)
             scores_tile(s + (size_t)i * lds + p * MHA_KPANEL, lds, q + (size_t)i * ldq, ldq, kp, ks, p * pstride, d, 1, 1, H);
     }
@@ -150,7 +167,8 @@ static void softmax_avx2(float *s, int lds, float *mx, float *sum, int m, int n)
 /* --------------------------------------------------------- accumulate */
 
 /* R rows x C vectors of acc = p v over n keys (v from column v0 on, row
- * stride dv; int8 scales vs (n, nb)). */
+ * stride dv; int8 scales vs (n, nb), each folded into the weight: the
+ * callers keep vectors 4k .. 4k+3 in one block of 32). */
 INLINE void acc_tile(float *acc, int ldacc, const float *p, int ldp, const void *v, const float *vs, size_t v0,
                      int dv, int n, int R, int C, int H) {
     __m256 a[4][8];
@@ -163,15 +181,20 @@ INLINE void acc_tile(float *acc, int ldacc, const float *p, int ldp, const void 
         UNROLL
         for (int c = 0; c < C; c++) {
             size_t at = v0 + (size_t)j * dv + c * 8;
-            vv[c] = H == 2 ? load8q((const int8_t *)v, at,
-                                    _mm256_broadcast_ss(vs + (size_t)j * NB(dv) + (v0 + c * 8) / MHA_Q8_BLOCK))
-                           : load8(v, at, H);
+            vv[c] = H == 2 ? load8q((const int8_t *)v, at) : load8(v, at, H);
         }
         UNROLL
         for (int r = 0; r < R; r++) {
+            const float pj = p[(size_t)r * ldp + j];
             __m256 pb = _mm256_broadcast_ss(p + (size_t)r * ldp + j);
             UNROLL
-            for (int c = 0; c < C; c++) a[r][c] = _mm256_fmadd_ps(pb, vv[c], a[r][c]);
+            for (int c = 0; c < C; c++) {
+                /* int8: the block's scale folded into the weight, p * scale,
+                 * once per block (the 4 vectors of a block share one) */
+                if (H == 2 && c % 4 == 0)
+                    pb = _mm256_set1_ps(pj * vs[(size_t)j * NB(dv) + (v0 + c * 8) / MHA_Q8_BLOCK]);
+                a[r][c] = _mm256_fmadd_ps(pb, vv[c], a[r][c]);
+            }
         }
     }
     UNROLL
@@ -189,9 +212,10 @@ INLINE void acc_tail(float *acc, int ldacc, const float *p, int ldp, const void 
             float a = 0.0f;
             for (int j = 0; j < n; j++) {
                 size_t at = (size_t)j * dv + c;
-                float vj = H == 2 ? (float)((const int8_t *)v)[at] * vs[(size_t)j * NB(dv) + c / MHA_Q8_BLOCK]
-                                  : load1(v, at, H);
-                a = fmaf(p[(size_t)r * ldp + j], vj, a);
+                if (H == 2) /* the scale folded into the weight, as acc_tile */
+                    a = fmaf(p[(size_t)r * ldp + j] * vs[(size_t)j * NB(dv) + c / MHA_Q8_BLOCK],
+                             (float)((const int8_t *)v)[at], a);
+                else a = fmaf(p[(size_t)r * ldp + j], load1(v, at, H), a);
             }
             acc[(size_t)r * ldacc + c] = a;
         }
@@ -202,7 +226,7 @@ INLINE void acc_tail(float *acc, int ldacc, const float *p, int ldp, const void 
 INLINE void acc_impl(float *acc, int ldacc, const float *p, int ldp, const void *v, const float *vs, int m,
                      int n, int dv, int H) {
     int m4 = m - m % 4, c = 0;
-    for (; c + 24 <= dv; c += 24)
+    for (; H != 2 && c + 24 <= dv; c += 24) /* int8: 16 columns, one block */
         for (int i = 0; i < m4; i += 4)
             acc_tile(acc + (size_t)i * ldacc + c, ldacc, p + (size_t)i * ldp, ldp, v, vs, c, dv, n, 4, 3, H);
     for (; c + 16 <= dv; c += 16)
@@ -378,10 +402,10 @@ void mha_from_q8_avx2(float *dst, const int8_t *src, const float *scale, size_t 
         for (int c = 0; c < d;) {
             size_t at = (r * d + c) * lanes, sat = (r * nb + c / MHA_Q8_BLOCK) * lanes;
             if (lanes == MHA_KPANEL) {
-                _mm256_storeu_ps(dst + at, load8q(src, at, _mm256_loadu_ps(scale + sat)));
+                _mm256_storeu_ps(dst + at, _mm256_mul_ps(load8q(src, at), _mm256_loadu_ps(scale + sat)));
                 c++;
             } else if (lanes == 1 && c % 8 == 0 && c + 8 <= d) {
-                _mm256_storeu_ps(dst + at, load8q(src, at, _mm256_broadcast_ss(scale + sat)));
+                _mm256_storeu_ps(dst + at, _mm256_mul_ps(load8q(src, at), _mm256_broadcast_ss(scale + sat)));
                 c += 8;
             } else {
                 for (int l = 0; l < lanes; l++) dst[at + l] = (float)src[at + l] * scale[sat + l];

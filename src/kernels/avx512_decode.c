@@ -40,50 +40,63 @@ INLINE __m512 load16(const void *base, size_t i, __mmask16 k, int H) {
 /* ------------------------------------------------------------- scores */
 
 /* 16 int8 values from two runs of 8 at element offsets i0 and i1 (i1 < 0:
- * the upper 8 lanes are 0) times their scales sc (one product, one
- * rounding: the dequantized fp32 values exactly). */
-INLINE __m512 load_2x8q(const int8_t *kq, size_t i0, long i1, __m512 sc) {
+ * the upper 8 lanes are 0) as fp32 (exact: no scale here). */
+INLINE __m512 load_2x8q(const int8_t *kq, size_t i0, long i1) {
     __m128i b = _mm_loadl_epi64((const __m128i *)(kq + i0));
     if (i1 >= 0) b = _mm_unpacklo_epi64(b, _mm_loadl_epi64((const __m128i *)(kq + i1)));
-    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)), sc);
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b));
 }
 
 #define NB(d) (((d) + MHA_Q8_BLOCK - 1) / MHA_Q8_BLOCK)
 
 /* R rows x P zmm of scores (2P panels from panel p0 on; the last zmm holds
  * one panel when half is set); R, P, H are constants at each call site.
- * H = 2: int8 panels with their scales ks (paneled, see MHA_Q8_BLOCK),
- * reloaded once per block of 32 dims. */
+ * H = 2: int8 panels with their scales ks (paneled, see MHA_Q8_BLOCK):
+ * each block of 32 dims sums q * (float)k into blk, then acc = fma(blk,
+ * scale, acc): one scale per block, not per element (the rounding of
+ * scores_q8 in decode_kernels.h). */
 INLINE void scores_tile(float *s, int lds, const float *q, int ldq, const void *kp, const float *ks, int p0,
                         int d, int R, int P, int half, int H) {
     const size_t ps = (size_t)d * MHA_KPANEL;
-    __m512 acc[4][4], sc[4];
+    __m512 acc[4][4], blk[4][4];
     UNROLL
     for (int r = 0; r < R; r++)
         UNROLL
         for (int p = 0; p < P; p++) acc[r][p] = _mm512_setzero_ps();
     for (int c0 = 0; c0 < d; c0 += MHA_Q8_BLOCK) {
-        const int c1 = c0 + MHA_Q8_BLOCK < d ? c0 + MHA_Q8_BLOCK : d;
-        if (H == 2)
+        const int c1 = H == 2 && c0 + MHA_Q8_BLOCK < d ? c0 + MHA_Q8_BLOCK : d;
+        UNROLL
+        for (int r = 0; r < R; r++)
             UNROLL
-            for (int p = 0; p < P; p++) {
-                const size_t s0 = ((size_t)(p0 + 2 * p) * NB(d) + (size_t)(c0 / MHA_Q8_BLOCK)) * MHA_KPANEL;
-                sc[p] = load_2x8(ks, s0, (half && p == P - 1) ? -1 : (long)(s0 + (size_t)NB(d) * MHA_KPANEL), 0);
-            }
+            for (int p = 0; p < P; p++) blk[r][p] = H == 2 ? _mm512_setzero_ps() : acc[r][p];
         for (int c = c0; c < c1; c++) {
             __m512 k[4];
             UNROLL
             for (int p = 0; p < P; p++) {
                 const size_t i0 = (size_t)(p0 + 2 * p) * ps + (size_t)c * MHA_KPANEL;
                 const long i1 = (half && p == P - 1) ? -1 : (long)(i0 + ps);
-                k[p] = H == 2 ? load_2x8q((const int8_t *)kp, i0, i1, sc[p]) : load_2x8(kp, i0, i1, H);
+                k[p] = H == 2 ? load_2x8q((const int8_t *)kp, i0, i1) : load_2x8(kp, i0, i1, H);
             }
             UNROLL
             for (int r = 0; r < R; r++) {
                 const __m512 qb = _mm512_set1_ps(q[(size_t)r * ldq + c]);
                 UNROLL
-                for (int p = 0; p < P; p++) acc[r][p] = _mm512_fmadd_ps(qb, k[p], acc[r][p]);
+                for (int p = 0; p < P; p++) blk[r][p] = _mm512_fmadd_ps(qb, k[p], blk[r][p]);
             }
+        }
+        if (H != 2) {
+            UNROLL
+            for (int r = 0; r < R; r++)
+                UNROLL
+                for (int p = 0; p < P; p++) acc[r][p] = blk[r][p];
+            break; /* fp32 / fp16: one pass over all of d */
+        }
+        UNROLL
+        for (int p = 0; p < P; p++) {
+            const size_t s0 = ((size_t)(p0 + 2 * p) * NB(d) + (size_t)(c0 / MHA_Q8_BLOCK)) * MHA_KPANEL;
+            const __m512 sc = load_2x8(ks, s0, (half && p == P - 1) ? -1 : (long)(s0 + (size_t)NB(d) * MHA_KPANEL), 0);
+            UNROLL
+            for (int r = 0; r < R; r++) acc[r][p] = _mm512_fmadd_ps(blk[r][p], sc, acc[r][p]);
         }
     }
     UNROLL
@@ -171,16 +184,16 @@ static void softmax_avx512(float *s, int lds, float *mx, float *sum, int m, int 
 
 /* --------------------------------------------------------- accumulate */
 
-/* up to 16 consecutive int8 values (mask k) times one scale */
-INLINE __m512 load16q(const int8_t *v, size_t i, __mmask16 k, float scale) {
-    const __m512 x = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(k, v + i)));
-    return _mm512_mul_ps(x, _mm512_set1_ps(scale));
+/* up to 16 consecutive int8 values (mask k) as fp32 (exact) */
+INLINE __m512 load16q(const int8_t *v, size_t i, __mmask16 k) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(k, v + i)));
 }
 
 /* R rows x C vectors of acc = p v over n keys (columns from c0 on, a
- * multiple of 16, so each vector lies in one block of 32; the last
+ * multiple of 16, so each vector lies in one block of 32, and of 32 when
+ * H = 2 and C > 1, so vectors 2k and 2k+1 share a block; the last
  * vector masked by klast; v row stride dv; H = 2: int8 rows with scales
- * vs (n, ceil(dv/32))). */
+ * vs (n, ceil(dv/32)), each scale folded into the weight: p_j * scale). */
 INLINE void acc_tile(float *acc, int ldacc, const float *p, int ldp, const void *v, const float *vs, int c0,
                      int dv, int n, __mmask16 klast, int R, int C, int H) {
     __m512 a[4][4];
@@ -192,14 +205,20 @@ INLINE void acc_tile(float *acc, int ldacc, const float *p, int ldp, const void 
         __m512 vv[4];
         UNROLL
         for (int c = 0; c < C; c++)
-            vv[c] = H == 2 ? load16q((const int8_t *)v, (size_t)j * dv + c0 + 16 * c, c == C - 1 ? klast : (__mmask16)0xffff,
-                                     vs[(size_t)j * NB(dv) + (size_t)(c0 + 16 * c) / MHA_Q8_BLOCK])
+            vv[c] = H == 2 ? load16q((const int8_t *)v, (size_t)j * dv + c0 + 16 * c, c == C - 1 ? klast : (__mmask16)0xffff)
                            : load16(v, (size_t)j * dv + c0 + 16 * c, c == C - 1 ? klast : (__mmask16)0xffff, H);
         UNROLL
         for (int r = 0; r < R; r++) {
-            const __m512 pb = _mm512_set1_ps(p[(size_t)r * ldp + j]);
+            const float pj = p[(size_t)r * ldp + j];
+            __m512 pb = _mm512_set1_ps(pj);
             UNROLL
-            for (int c = 0; c < C; c++) a[r][c] = _mm512_fmadd_ps(pb, vv[c], a[r][c]);
+            for (int c = 0; c < C; c++) {
+                /* int8: the block's scale folded into the weight, p * scale,
+                 * once per block (vector pairs from c0 % 32 == 0 share one) */
+                if (H == 2 && c % 2 == 0)
+                    pb = _mm512_set1_ps(pj * vs[(size_t)j * NB(dv) + (size_t)c0 / MHA_Q8_BLOCK + (size_t)c / 2]);
+                a[r][c] = _mm512_fmadd_ps(pb, vv[c], a[r][c]);
+            }
         }
     }
     UNROLL
@@ -216,7 +235,11 @@ INLINE void acc_impl(float *acc, int ldacc, const float *p, int ldp, const void 
                      int n, int dv, int H) {
     const int m4 = m - m % 4;
     int c = 0;
-    for (; c + 48 <= dv; c += 48)
+    /* int8: tiles of more than one vector start at a multiple of 32 */
+    for (; H == 2 && c + 64 <= dv; c += 64)
+        for (int i = 0; i < m4; i += 4)
+            acc_tile(acc + (size_t)i * ldacc, ldacc, p + (size_t)i * ldp, ldp, v, vs, c, dv, n, 0xffff, 4, 4, H);
+    for (; H != 2 && c + 48 <= dv; c += 48)
         for (int i = 0; i < m4; i += 4)
             acc_tile(acc + (size_t)i * ldacc, ldacc, p + (size_t)i * ldp, ldp, v, vs, c, dv, n, 0xffff, 4, 3, H);
     for (; c < dv; c += 16)

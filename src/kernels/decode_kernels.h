@@ -68,13 +68,16 @@ typedef struct {
     /* ---- int8 cache (MHA_CACHE_I8); last, so tables written in order
      * before it stay valid; a table without its own int8 kernels takes
      * these three from the scalar or AVX2 table. */
-    /* scores over int8 panels kq with scales ks (see MHA_Q8_BLOCK),
-     * dequantized in registers: bit-identical to scores on the fp32 keys
-     * (float)q * scale. */
+    /* scores over int8 panels kq with scales ks (see MHA_Q8_BLOCK), one
+     * scale per block, not per element: per block of 32 dims blk = sum
+     * of q * (float)k in dim order (fma), then s = fma(blk, scale, s).
+     * Not the bits of scores on the dequantized keys (held to the fp32
+     * tolerance against them instead); the same bits in every table. */
     void (*scores_q8)(float *s, int lds, const float *q, int ldq, const int8_t *kq, const float *ks,
                       int m, int n, int d);
-    /* int8 rows vq (n, dv) with scales vs (n, ceil(dv/32)): bit-identical
-     * to accumulate on the dequantized rows. */
+    /* int8 rows vq (n, dv) with scales vs (n, ceil(dv/32)), the scale
+     * folded into the weight: acc = fma(p_j * scale(j, block), (float)v,
+     * acc) in key order; the same bits in every table. */
     void (*accumulate_q8)(float *acc, int ldacc, const float *p, int ldp, const int8_t *vq,
                           const float *vs, int m, int n, int dv);
     /* dst = dequantized int8 rows: rows x (d, lanes) elements, element
@@ -88,8 +91,7 @@ extern const mha_decode_kernels mha_decode_kernels_avx2;
 extern const mha_decode_kernels mha_decode_kernels_avx512; /* avx512_decode.c */
 
 /* The AVX2 int8 kernels; the AVX-512 table shares from_q8 (the chunk
- * widened once for many rows) and has its own scores_q8 / accumulate_q8:
- * with few rows the int8 widening, not memory, bounded the AVX2 ones. */
+ * widened once for many rows) and has its own scores_q8 / accumulate_q8. */
 void mha_scores_q8_avx2(float *s, int lds, const float *q, int ldq, const int8_t *kq, const float *ks,
                         int m, int n, int d);
 void mha_accumulate_q8_avx2(float *acc, int ldacc, const float *p, int ldp, const int8_t *vq,

@@ -64,19 +64,22 @@ static void scores_h_scalar(float *s, int lds, const float *q, int ldq, const ui
         }
 }
 
-/* Key c of panel lane: (float)q * its block's scale (one rounding). */
-static float q8_at(const int8_t *kq, const float *ks, int d, int j, int c) {
-    int nb = (d + MHA_Q8_BLOCK - 1) / MHA_Q8_BLOCK;
-    size_t p = (size_t)(j / MHA_KPANEL), l = (size_t)(j % MHA_KPANEL);
-    return (float)kq[(p * d + c) * MHA_KPANEL + l] * ks[(p * nb + c / MHA_Q8_BLOCK) * MHA_KPANEL + l];
-}
-
+/* Per block of 32 dims: blk = sum of q * (float)k in dim order, then
+ * acc = fma(blk, the key's block scale, acc) (decode_kernels.h). */
 static void scores_q8_scalar(float *s, int lds, const float *q, int ldq, const int8_t *kq, const float *ks,
                              int m, int n, int d) {
+    const int nb = (d + MHA_Q8_BLOCK - 1) / MHA_Q8_BLOCK;
     for (int i = 0; i < m; i++)
         for (int j = 0; j < n; j++) {
+            const size_t p = (size_t)(j / MHA_KPANEL), l = (size_t)(j % MHA_KPANEL);
             float acc = 0.0f;
-            for (int c = 0; c < d; c++) acc = fmaf(q[(size_t)i * ldq + c], q8_at(kq, ks, d, j, c), acc);
+            for (int c0 = 0; c0 < d; c0 += MHA_Q8_BLOCK) {
+                const int c1 = c0 + MHA_Q8_BLOCK < d ? c0 + MHA_Q8_BLOCK : d;
+                float blk = 0.0f;
+                for (int c = c0; c < c1; c++)
+                    blk = fmaf(q[(size_t)i * ldq + c], (float)kq[(p * d + c) * MHA_KPANEL + l], blk);
+                acc = fmaf(blk, ks[(p * nb + (size_t)(c0 / MHA_Q8_BLOCK)) * MHA_KPANEL + l], acc);
+            }
             s[(size_t)i * lds + j] = acc;
         }
 }
@@ -130,8 +133,8 @@ static void accumulate_q8_scalar(float *acc, int ldacc, const float *p, int ldp,
         for (int c = 0; c < dv; c++) a[c] = 0.0f;
         for (int j = 0; j < n; j++) {
             float pj = p[(size_t)i * ldp + j];
-            for (int c = 0; c < dv; c++)
-                a[c] = fmaf(pj, (float)vq[(size_t)j * dv + c] * vs[(size_t)j * nb + c / MHA_Q8_BLOCK], a[c]);
+            for (int c = 0; c < dv; c++) /* the scale folded into the weight */
+                a[c] = fmaf(pj * vs[(size_t)j * nb + c / MHA_Q8_BLOCK], (float)vq[(size_t)j * dv + c], a[c]);
         }
     }
 }
