@@ -208,6 +208,37 @@ MHA_API void mha_layer_get_weights(const mha_layer *layer, mha_weights *view);
 /* The resolved configuration. */
 MHA_API const mha_config *mha_layer_config(const mha_layer *layer);
 
+/* ------------------------------------------- projection weight storage */
+
+/* How W_Q, W_K, W_V and W_O are stored (biases, norms and the other
+ * per-head tensors stay fp32). Arithmetic is fp32 in every case: the
+ * stored values are widened, and the layer behaves exactly as an fp32
+ * layer whose projection weights are the dequantized values.
+ *   BF16: each weight rounded to bfloat16, to nearest, ties to even.
+ *   I8:   per output column j of each matrix (K, N): scale[j] =
+ *         max_k |w[k][j]| / 127 (fp32), q = round(w / scale) half away
+ *         from zero in [-127, 127]; the value is (float)q * scale[j]; an
+ *         all-zero column has scale 0 and q = 0. */
+typedef enum {
+    MHA_W_F32 = 0,  /* the default: fp32, unchanged                      */
+    MHA_W_BF16 = 1, /* 2 bytes a weight                                  */
+    MHA_W_I8 = 2    /* 1 byte a weight + 4 bytes per output column       */
+} mha_weight_dtype;
+
+/* Converts the layer's projection weights to dtype, in place: they keep
+ * their dtype through mha_layer_set_weights (new weights are converted),
+ * permutations, save and load. Converting rounds the current values, so
+ * BF16 -> I8 quantizes the bf16 values, and MHA_W_F32 keeps the rounded
+ * values in fp32 (a conversion cannot be undone). mha_layer_get_weights
+ * then shows the dequantized values. On error (unknown dtype: MHA_E_ARG;
+ * no memory) the layer is as it was. */
+MHA_API mha_status mha_layer_convert_weights(mha_layer *layer, mha_weight_dtype dtype);
+/* The storage of the layer's projection weights (MHA_W_F32 for NULL). */
+MHA_API mha_weight_dtype mha_layer_weights_dtype(const mha_layer *layer);
+/* "f32", "bf16" or "int8"; and back (MHA_E_ARG naming the known names). */
+MHA_API const char *mha_weight_dtype_name(mha_weight_dtype dtype);
+MHA_API mha_status mha_weight_dtype_parse(mha_weight_dtype *out, const char *name);
+
 /* ------------------------------------------------ head labels, permutation */
 
 typedef enum {
@@ -518,7 +549,8 @@ typedef enum {
     MHA_DTYPE_F16 = 1,  /* npy '<f2', safetensors F16: widened to float      */
     MHA_DTYPE_BF16 = 2, /* safetensors BF16 only: widened to float           */
     MHA_DTYPE_BOOL = 3, /* npy '|b1', safetensors BOOL: bytes 0 or 1         */
-    MHA_DTYPE_U8 = 4    /* npy '|u1', safetensors U8                         */
+    MHA_DTYPE_U8 = 4,   /* npy '|u1', safetensors U8                         */
+    MHA_DTYPE_I8 = 5    /* safetensors I8 only: widened to float (exact)     */
 } mha_dtype;
 
 /* An owned, C-order array. Floating dtypes are held as float (f != NULL,

@@ -13,6 +13,7 @@
  * packed weights.
  * Legend: m rows, k inputs, n outputs.
  */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -64,16 +65,20 @@ mha_status mha_decode_gemm_many(const mha_exec *ex, const mha_decode_gemm_job *j
             size_t plane = (size_t)m * J->n;
             float *p = part + at[i] + kb * plane + j0;
             for (int r = 0; r < m; r++) memset(p + (size_t)r * J->n, 0, sizeof(float) * jn);
-            kr->gemm_stream(p, J->n, x + k0, k, J->w + (size_t)k0 * J->n + j0, J->n, m, kn, jn);
+            const size_t w0 = (size_t)k0 * J->n + j0;
+            if (J->w_bf16) kr->gemm_stream_bf16(p, J->n, x + k0, k, J->w_bf16 + w0, J->n, m, kn, jn);
+            else if (J->w_i8) kr->gemm_stream_i8(p, J->n, x + k0, k, J->w_i8 + w0, J->n, m, kn, jn);
+            else kr->gemm_stream(p, J->n, x + k0, k, J->w + w0, J->n, m, kn, jn);
             int finished;
 #pragma omp atomic capture seq_cst
             finished = ++done[cb_first[i] + cb];
             if (finished == nkb)
                 for (int r = 0; r < m; r++)
                     for (int j = j0; j < j0 + jn; j++) {
-                        float acc = J->b ? J->b[j] : 0.0f;
+                        const float bias = J->b ? J->b[j] : 0.0f;
+                        float acc = J->w_i8 ? 0.0f : bias; /* int8: the column's scale first */
                         for (int b = 0; b < nkb; b++) acc += part[at[i] + b * plane + (size_t)r * J->n + j];
-                        J->y[(size_t)r * J->n + j] = acc;
+                        J->y[(size_t)r * J->n + j] = J->w_i8 ? fmaf(acc, J->w_scale[j], bias) : acc;
                     }
         }
         free(done);
@@ -102,6 +107,6 @@ mha_status mha_decode_gemm_many(const mha_exec *ex, const mha_decode_gemm_job *j
 
 mha_status mha_decode_gemm(const mha_exec *ex, float *y, const float *x, const float *w, const float *b, int m, int k,
                            int n) {
-    mha_decode_gemm_job j = {y, w, b, n};
+    mha_decode_gemm_job j = {y, w, b, n, NULL, NULL, NULL};
     return mha_decode_gemm_many(ex, &j, 1, x, m, k);
 }

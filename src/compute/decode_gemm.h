@@ -13,6 +13,12 @@ typedef struct {
     const float *w; /* (k, n) */
     const float *b; /* (n) or NULL */
     int n;
+    /* The same weights stored compactly (MHA_W_BF16 / MHA_W_I8), streamed
+     * instead of w by the few-row mode when set: w_bf16 (k, n) bf16 bits;
+     * or w_i8 (k, n) with w_scale (n), y = (x q) * scale + b. */
+    const uint16_t *w_bf16;
+    const int8_t *w_i8;
+    const float *w_scale;
 } mha_decode_gemm_job;
 #define MHA_DECODE_MAX_JOBS 3
 mha_status mha_decode_gemm_many(const mha_exec *ex, const mha_decode_gemm_job *jobs, int njobs, const float *x, int m,

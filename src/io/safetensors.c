@@ -45,9 +45,10 @@ static mha_status parse_dtype(mha_dtype *dt, const char *s, const char *file, co
     else if (strcmp(s, "BF16") == 0) *dt = MHA_DTYPE_BF16;
     else if (strcmp(s, "BOOL") == 0) *dt = MHA_DTYPE_BOOL;
     else if (strcmp(s, "U8") == 0) *dt = MHA_DTYPE_U8;
+    else if (strcmp(s, "I8") == 0) *dt = MHA_DTYPE_I8;
     else
         return mha_fail(MHA_E_UNSUPPORTED,
-                        "%s: tensor '%s' has dtype '%.16s'; expected F32, F16, BF16, BOOL or U8",
+                        "%s: tensor '%s' has dtype '%.16s'; expected F32, F16, BF16, BOOL, U8 or I8",
                         file, t, s);
     return MHA_OK;
 }
@@ -299,13 +300,16 @@ mha_status mha_safetensors_map(mha_tensors **out, const char *path, unsigned fla
     return st_read_mapped(out, path, flags, 1);
 }
 
-/* Dtype written for an array: floating data as F32, bytes as they are. */
+/* Dtype written for an array: F32 and F16 data as F32; BF16 (rounded to
+ * nearest even) and I8 (the stored weights of a bf16 / int8 layer), bool
+ * and bytes as they are. */
 static mha_dtype file_dtype(const mha_array *a) {
-    return (a->dtype == MHA_DTYPE_BOOL || a->dtype == MHA_DTYPE_U8) ? a->dtype : MHA_DTYPE_F32;
+    return (a->dtype == MHA_DTYPE_F32 || a->dtype == MHA_DTYPE_F16) ? MHA_DTYPE_F32 : a->dtype;
 }
 
 static const char *st_dtype_name(mha_dtype dt) {
-    return dt == MHA_DTYPE_F32 ? "F32" : dt == MHA_DTYPE_BOOL ? "BOOL" : "U8";
+    return dt == MHA_DTYPE_F32 ? "F32" : dt == MHA_DTYPE_BOOL ? "BOOL" : dt == MHA_DTYPE_BF16 ? "BF16"
+                                       : dt == MHA_DTYPE_I8 ? "I8" : "U8";
 }
 
 /* Builds the JSON header; offsets follow insertion order. */
