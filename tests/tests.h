@@ -37,5 +37,7 @@ const test_case *tests_io_edges(size_t *count);
 const test_case *tests_compute_edges(size_t *count);
 const test_case *tests_cache_edges(size_t *count);
 const test_case *tests_merge_edges(size_t *count);
+const test_case *tests_weights(size_t *count);     /* bf16 / int8 weights */
+const test_case *tests_weights_isa(size_t *count); /* ... on every ISA    */
 
 #endif
