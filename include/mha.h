@@ -215,14 +215,18 @@ MHA_API const mha_config *mha_layer_config(const mha_layer *layer);
  * stored values are widened, and the layer behaves exactly as an fp32
  * layer whose projection weights are the dequantized values.
  *   BF16: each weight rounded to bfloat16, to nearest, ties to even.
- *   I8:   per output column j of each matrix (K, N): scale[j] =
- *         max_k |w[k][j]| / 127 (fp32), q = round(w / scale) half away
- *         from zero in [-127, 127]; the value is (float)q * scale[j]; an
- *         all-zero column has scale 0 and q = 0. */
+ *   I8:   symmetric int8 with one fp32 scale per output column j and
+ *         group g of 32 consecutive inputs (rows) of each matrix (K, N):
+ *         scale[g][j] = max over the group of |w[k][j]| / 127, q =
+ *         round(w / scale) half away from zero in [-127, 127], the value
+ *         (float)q * scale[g][j]; an all-zero group has scale 0, q = 0.
+ *         Groups run along d_model for W_Q, W_K, W_V and restart at each
+ *         head's d_v rows of W_O (so they move with the heads); a
+ *         segment's last group may be shorter. */
 typedef enum {
     MHA_W_F32 = 0,  /* the default: fp32, unchanged                      */
     MHA_W_BF16 = 1, /* 2 bytes a weight                                  */
-    MHA_W_I8 = 2    /* 1 byte a weight + 4 bytes per output column       */
+    MHA_W_I8 = 2    /* 1 byte a weight + 4 bytes per 32 weights          */
 } mha_weight_dtype;
 
 /* Converts the layer's projection weights to dtype, in place: they keep

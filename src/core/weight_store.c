@@ -19,6 +19,18 @@ void mha_wstore_shape(const mha_config *c, int m, int *rows, int *cols) {
     *rows = in[m], *cols = out[m];
 }
 
+int mha_wstore_segment(const mha_config *c, int m) {
+    int K, N;
+    mha_wstore_shape(c, m, &K, &N);
+    return m == MHA_MAT_O ? c->d_v : K;
+}
+
+int mha_wstore_groups(const mha_config *c, int m) {
+    int K, N, seg = mha_wstore_segment(c, m);
+    mha_wstore_shape(c, m, &K, &N);
+    return K / seg * ((seg + MHA_W_I8_GROUP - 1) / MHA_W_I8_GROUP);
+}
+
 void mha_wstore_free(mha_wstore *s) {
     if (!s) return;
     for (int m = 0; m < MHA_N_MATS; m++) free(s->bf16[m]), free(s->i8[m]), free(s->scale[m]);
@@ -36,19 +48,23 @@ static mha_status to_bf16(uint16_t *dst, const float *w, size_t count, const cha
     return MHA_OK;
 }
 
-/* w (K, N) -> q (K, N) and scale (N): per output column, symmetric, the
- * rule of mha.h (MHA_W_I8). */
-static void to_i8(int8_t *q, float *scale, const float *w, int K, int N) {
-    for (int j = 0; j < N; j++) {
-        float amax = 0.0f;
-        for (int k = 0; k < K; k++) amax = fmaxf(amax, fabsf(w[(size_t)k * N + j]));
-        scale[j] = amax / 127.0f;
-    }
-    for (int k = 0; k < K; k++)
+/* w (K, N) -> q (K, N) and scale (groups, N): per output column and
+ * group of inputs, symmetric, the rule of mha.h (MHA_W_I8). */
+static void to_i8(int8_t *q, float *scale, const float *w, int K, int N, int seg, int groups) {
+    for (size_t e = 0; e < (size_t)groups * N; e++) scale[e] = 0.0f;
+    for (int k = 0; k < K; k++) /* max |w| of each (group, column) */
         for (int j = 0; j < N; j++) {
-            float r = scale[j] > 0.0f ? roundf(w[(size_t)k * N + j] / scale[j]) : 0.0f; /* half away from 0 */
+            float *s = &scale[(size_t)mha_wstore_group_of(k, seg) * N + j];
+            *s = fmaxf(*s, fabsf(w[(size_t)k * N + j]));
+        }
+    for (size_t e = 0; e < (size_t)groups * N; e++) scale[e] /= 127.0f;
+    for (int k = 0; k < K; k++) {
+        const float *s = scale + (size_t)mha_wstore_group_of(k, seg) * N;
+        for (int j = 0; j < N; j++) {
+            float r = s[j] > 0.0f ? roundf(w[(size_t)k * N + j] / s[j]) : 0.0f; /* half away from 0 */
             q[(size_t)k * N + j] = (int8_t)(r > 127.0f ? 127 : r < -127.0f ? -127 : r);
         }
+    }
 }
 
 mha_status mha_wstore_build(mha_wstore **out, const mha_config *c, mha_weight_dtype dtype,
@@ -66,9 +82,11 @@ mha_status mha_wstore_build(mha_wstore **out, const mha_config *c, mha_weight_dt
             s->bf16[m] = malloc(count * sizeof(uint16_t) + 1);
             st = s->bf16[m] ? to_bf16(s->bf16[m], src[m], count, mat_name[m]) : MHA_E_NOMEM;
         } else {
+            const int groups = mha_wstore_groups(c, m);
             s->i8[m] = malloc(count + 1);
-            s->scale[m] = malloc((size_t)N * sizeof(float) + 1);
-            if (s->i8[m] && s->scale[m]) to_i8(s->i8[m], s->scale[m], src[m], K, N);
+            s->scale[m] = malloc((size_t)groups * N * sizeof(float) + 1);
+            if (s->i8[m] && s->scale[m])
+                to_i8(s->i8[m], s->scale[m], src[m], K, N, mha_wstore_segment(c, m), groups);
             else st = MHA_E_NOMEM;
         }
         if (st) {
@@ -90,11 +108,12 @@ mha_status mha_wstore_from_i8(mha_wstore **out, const mha_config *c, const float
     for (int m = 0; ok && m < MHA_N_MATS; m++) {
         int K, N;
         mha_wstore_shape(c, m, &K, &N);
+        const size_t ns = (size_t)mha_wstore_groups(c, m) * N;
         s->i8[m] = malloc((size_t)K * N + 1);
-        s->scale[m] = malloc((size_t)N * sizeof(float) + 1);
+        s->scale[m] = malloc(ns * sizeof(float) + 1);
         ok = s->i8[m] && s->scale[m];
         for (size_t i = 0; ok && i < (size_t)K * N; i++) s->i8[m][i] = (int8_t)q[m][i];
-        if (ok) memcpy(s->scale[m], scale[m], (size_t)N * sizeof(float));
+        if (ok) memcpy(s->scale[m], scale[m], ns * sizeof(float));
     }
     if (!ok) {
         mha_wstore_free(s);
@@ -107,12 +126,15 @@ mha_status mha_wstore_from_i8(mha_wstore **out, const mha_config *c, const float
 
 void mha_wstore_dequantize(const mha_wstore *s, const mha_config *c, float *const dst[MHA_N_MATS]) {
     for (int m = 0; m < MHA_N_MATS; m++) {
-        int K, N;
+        int K, N, seg = mha_wstore_segment(c, m);
         mha_wstore_shape(c, m, &K, &N);
-        for (size_t k = 0; k < (size_t)K; k++)
+        for (int k = 0; k < K; k++) {
+            const size_t r = (size_t)k * N;
+            const float *sc = s->scale[m] ? s->scale[m] + (size_t)mha_wstore_group_of(k, seg) * N : NULL;
             for (size_t j = 0; j < (size_t)N; j++)
-                dst[m][k * N + j] = s->dtype == MHA_W_BF16 ? mha_bf16_bits_to_float(s->bf16[m][k * N + j])
-                                                           : (float)s->i8[m][k * N + j] * s->scale[m][j];
+                dst[m][r + j] = s->dtype == MHA_W_BF16 ? mha_bf16_bits_to_float(s->bf16[m][r + j])
+                                                       : (float)s->i8[m][r + j] * sc[j];
+        }
     }
 }
 
@@ -184,8 +206,12 @@ mha_status mha_wstore_permute(mha_layer *L, int m, int rows, int n, int width, c
     if (!s) return MHA_OK;
     if (s->dtype == MHA_W_BF16) return mha_permute_column_blocks(s->bf16[m], 2, rows, n, width, perm);
     mha_status st = mha_permute_column_blocks(s->i8[m], 1, rows, n, width, perm);
-    if (!st && m != MHA_MAT_O) st = mha_permute_column_blocks(s->scale[m], sizeof(float), 1, n, width, perm);
-    return st;
+    const int groups = mha_wstore_groups(&L->cfg, m);
+    if (st) return st;
+    if (m != MHA_MAT_O) /* (groups, N): the columns' blocks */
+        return mha_permute_column_blocks(s->scale[m], sizeof(float), groups, n, width, perm);
+    /* W_O: each head's groups, groups/h whole rows of d_model scales */
+    return mha_permute_column_blocks(s->scale[m], sizeof(float), 1, n, groups / n * L->cfg.d_model, perm);
 }
 
 /* ------------------------------------------------------------ decode */
@@ -195,9 +221,9 @@ mha_decode_gemm_job mha_layer_decode_job(const mha_layer *L, int m, float *y) {
     const float *b[MHA_N_MATS] = {L->b_q, L->b_k, L->b_v, L->b_o};
     int K, N;
     mha_wstore_shape(&L->cfg, m, &K, &N);
-    mha_decode_gemm_job j = {y, w[m], b[m], N, NULL, NULL, NULL};
+    mha_decode_gemm_job j = {y, w[m], b[m], N, NULL, NULL, NULL, 0};
     const mha_wstore *s = L->wstore;
     if (s && s->dtype == MHA_W_BF16) j.w_bf16 = s->bf16[m];
-    if (s && s->dtype == MHA_W_I8) j.w_i8 = s->i8[m], j.w_scale = s->scale[m];
+    if (s && s->dtype == MHA_W_I8) j.w_i8 = s->i8[m], j.w_scale = s->scale[m], j.w_seg = mha_wstore_segment(&L->cfg, m);
     return j;
 }

@@ -21,11 +21,25 @@ typedef struct mha_wstore {
     mha_weight_dtype dtype;      /* MHA_W_BF16 or MHA_W_I8                    */
     uint16_t *bf16[MHA_N_MATS];  /* BF16: (K, N) bit patterns, row-major     */
     int8_t *i8[MHA_N_MATS];      /* I8: (K, N) quantized, row-major          */
-    float *scale[MHA_N_MATS];    /* I8: (N), one per output column           */
+    float *scale[MHA_N_MATS];    /* I8: (groups, N), see below               */
 } mha_wstore;
+
+/* int8 scales: one per output column and group of MHA_W_I8_GROUP inputs.
+ * Groups tile each segment of a matrix's rows: the whole K for W_Q, W_K,
+ * W_V; each head's d_v rows for W_O, so that a head's scales move with
+ * its row block (mha_layer_permute_heads). A segment's last group may be
+ * shorter. */
+#define MHA_W_I8_GROUP 32
 
 /* Rows and columns of matrix m of a layer config. */
 void mha_wstore_shape(const mha_config *c, int m, int *rows, int *cols);
+/* The rows of one segment of matrix m, and its number of scale rows. */
+int mha_wstore_segment(const mha_config *c, int m);
+int mha_wstore_groups(const mha_config *c, int m);
+/* The scale row of input row k, in a matrix of segments of seg rows. */
+static inline int mha_wstore_group_of(int k, int seg) {
+    return (k / seg) * ((seg + MHA_W_I8_GROUP - 1) / MHA_W_I8_GROUP) + (k % seg) / MHA_W_I8_GROUP;
+}
 
 /* A store of dtype for src[m] (rows, cols by mha_wstore_shape), or
  * MHA_E_ARG (a value bf16 cannot hold) / MHA_E_NOMEM; nothing else
@@ -33,7 +47,7 @@ void mha_wstore_shape(const mha_config *c, int m, int *rows, int *cols);
 mha_status mha_wstore_build(mha_wstore **out, const mha_config *c, mha_weight_dtype dtype,
                             const float *const src[MHA_N_MATS]);
 /* An I8 store holding q[m] (K, N) (integers in [-128, 127], as float: a
- * file's I8 tensors) and scale[m] (N) as given. */
+ * file's I8 tensors) and scale[m] (groups, N) as given. */
 mha_status mha_wstore_from_i8(mha_wstore **out, const mha_config *c, const float *const q[MHA_N_MATS],
                               const float *const scale[MHA_N_MATS]);
 void mha_wstore_free(mha_wstore *s);
@@ -49,7 +63,7 @@ mha_status mha_layer_adopt_wstore(mha_layer *L, mha_wstore *s);
 mha_status mha_permute_column_blocks(void *w, size_t elem, int rows, int n, int width, const int *perm);
 /* Applies the same column-block move to L's compact matrix m (a no-op
  * for fp32): rows and width as for the fp32 matrix; int8 scales move with
- * their columns (W_O moves rows: rows = 1, its scales stay). */
+ * their columns (W_Q, W_K, W_V) or with their head's rows (W_O: rows = 1). */
 mha_status mha_wstore_permute(mha_layer *L, int m, int rows, int n, int width, const int *perm);
 
 /* The decode projection job of matrix m: y (rows, N) from the layer's

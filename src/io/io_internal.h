@@ -116,7 +116,7 @@ mha_status mha_io_variants_write(mha_tensors *t, const mha_layer *L);
  * (new arrays in scale[], the caller frees them); write: w_q..w_o in the
  * layer's dtype, the scales and the metadata. */
 mha_status mha_io_weights_read(mha_weight_dtype *dtype, float *scale[4], const mha_tensors *t, const char *prefix,
-                               const mha_array *const w[4]);
+                               const mha_array *const w[4], const mha_config *c);
 mha_status mha_io_weights_write(mha_tensors *t, const mha_layer *L);
 
 #endif /* MHA_IO_INTERNAL_H */

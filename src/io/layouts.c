@@ -368,7 +368,7 @@ static mha_status load_native(staged *st, const mha_tensors *t, const mha_load_o
         (s = want_shape(wo, "w_o", 2, h * c->d_v, c->d_model, "(h*d_v, d_model)")))
         return s;
     const mha_array *const mats[4] = {wq, wk, wv, wo};
-    if ((s = mha_io_weights_read(&st->wdtype, st->scale, t, P, mats))) return s;
+    if ((s = mha_io_weights_read(&st->wdtype, st->scale, t, P, mats, c))) return s;
     const mha_array *bk, *bv;
     if ((s = find(&bk, t, P, "bias_k", 0, L)) || (s = find(&bv, t, P, "bias_v", 0, L))) return s;
     if (!bk != !bv)

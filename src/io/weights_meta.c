@@ -1,8 +1,9 @@
 /* weights_meta.c — bf16 / int8 projection weights in a native checkpoint
  * (docs/FILES.md): W_Q..W_O as BF16 tensors, or as I8 tensors with F32
- * scale tensors w_q_scale .. w_o_scale (N,), one per output column; the
- * metadata weights_dtype ("bf16", "int8") and int8_scales
- * ("per_output_column") record the layout. fp32 layers write neither, so
+ * scale tensors w_q_scale .. w_o_scale (groups, N), one per output column
+ * and group of 32 inputs (W_O: groups restart at each head's d_v rows);
+ * the metadata weights_dtype ("bf16", "int8") and int8_scales
+ * ("per_32_inputs") record the layout. fp32 layers write neither, so
  * their files are as before.
  * Legend: K rows (inputs), N columns (outputs) of a matrix. */
 #include <math.h>
@@ -14,33 +15,34 @@
 
 static const char *const mat_names[MHA_N_MATS] = {"w_q", "w_k", "w_v", "w_o"};
 static const char *const scale_names[MHA_N_MATS] = {"w_q_scale", "w_k_scale", "w_v_scale", "w_o_scale"};
-#define INT8_LAYOUT "per_output_column"
+#define INT8_LAYOUT "per_32_inputs"
 
-/* The scales of matrix m: an F32 (N,) tensor of finite values >= 0,
+/* The scales of matrix m: an F32 (G, N) tensor of finite values >= 0,
  * copied into a new array. */
-static mha_status read_scale(float **out, const mha_tensors *t, const char *prefix, int m, int N) {
+static mha_status read_scale(float **out, const mha_tensors *t, const char *prefix, int m, int G, int N) {
     const mha_array *a = NULL;
     for (int j = 0; j < mha_tensors_count(t) && !a; j++)
         if (mha_io_name_fits(mha_tensors_name(t, j), prefix, scale_names[m])) a = mha_tensors_get(t, mha_tensors_name(t, j));
     if (!a)
         return mha_fail(MHA_E_FORMAT, "weights_dtype = int8 but tensor '%s' is missing; expected the F32 "
-                        "scales of %s's %d output columns", scale_names[m], mat_names[m], N);
-    if (a->dtype != MHA_DTYPE_F32 || a->rank != 1 || a->shape[0] != N)
-        return mha_fail(MHA_E_FORMAT, "tensor '%s' is %s of rank %d (first dimension %d); expected F32 (%d,), "
-                        "one scale per output column of %s", scale_names[m], mha_dtype_name(a->dtype), a->rank,
-                        a->rank ? a->shape[0] : 0, N, mat_names[m]);
-    for (int j = 0; j < N; j++)
+                        "scales of %s, (%d, %d)", scale_names[m], mat_names[m], G, N);
+    if (a->dtype != MHA_DTYPE_F32 || a->rank != 2 || a->shape[0] != G || a->shape[1] != N)
+        return mha_fail(MHA_E_FORMAT, "tensor '%s' is %s of rank %d, (%d, %d); expected F32 (%d, %d): one scale per "
+                        "group of 32 inputs and output column of %s", scale_names[m], mha_dtype_name(a->dtype),
+                        a->rank, a->shape[0], a->rank > 1 ? a->shape[1] : 0, G, N, mat_names[m]);
+    const size_t n = (size_t)G * N;
+    for (size_t j = 0; j < n; j++)
         if (!isfinite(a->f[j]) || a->f[j] < 0.0f)
-            return mha_fail(MHA_E_FORMAT, "tensor '%s'[%d] = %g; expected a finite scale >= 0", scale_names[m], j,
+            return mha_fail(MHA_E_FORMAT, "tensor '%s'[%zu] = %g; expected a finite scale >= 0", scale_names[m], j,
                             (double)a->f[j]);
-    *out = malloc((size_t)N * sizeof(float));
+    *out = malloc(n * sizeof(float));
     if (!*out) return mha_fail(MHA_E_NOMEM, "cannot allocate the scales of %s", mat_names[m]);
-    memcpy(*out, a->f, (size_t)N * sizeof(float));
+    memcpy(*out, a->f, n * sizeof(float));
     return MHA_OK;
 }
 
 mha_status mha_io_weights_read(mha_weight_dtype *dtype, float *scale[MHA_N_MATS], const mha_tensors *t,
-                               const char *prefix, const mha_array *const w[MHA_N_MATS]) {
+                               const char *prefix, const mha_array *const w[MHA_N_MATS], const mha_config *c) {
     *dtype = MHA_W_F32;
     const char *v = mha_tensors_meta(t, "weights_dtype");
     if (!v) return MHA_OK; /* fp32 (any floating dtype in the file, widened) */
@@ -56,7 +58,7 @@ mha_status mha_io_weights_read(mha_weight_dtype *dtype, float *scale[MHA_N_MATS]
     if (!lay || strcmp(lay, INT8_LAYOUT) != 0)
         return mha_fail(MHA_E_FORMAT, "metadata int8_scales = '%.40s'; expected '" INT8_LAYOUT "'",
                         lay ? lay : "(missing)");
-    for (int m = 0; m < MHA_N_MATS && !s; m++) s = read_scale(&scale[m], t, prefix, m, w[m]->shape[1]);
+    for (int m = 0; m < MHA_N_MATS && !s; m++) s = read_scale(&scale[m], t, prefix, m, mha_wstore_groups(c, m), w[m]->shape[1]);
     return s;
 }
 
@@ -80,7 +82,8 @@ mha_status mha_io_weights_write(mha_tensors *t, const mha_layer *L) {
             a.dtype = MHA_DTYPE_I8, a.f = q;
         }
         s = mha_tensors_add(t, mat_names[m], &a);
-        if (!s && q) s = mha_tensors_add_f32(t, scale_names[m], st->scale[m], 1, &N);
+        const int ss[2] = {mha_wstore_groups(c, m), N};
+        if (!s && q) s = mha_tensors_add_f32(t, scale_names[m], st->scale[m], 2, ss);
         free(q);
     }
     if (!s && st) s = mha_tensors_set_meta(t, "weights_dtype", mha_weight_dtype_name(st->dtype));
