@@ -13,7 +13,6 @@
  * packed weights.
  * Legend: m rows, k inputs, n outputs.
  */
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -27,24 +26,19 @@
 
 static int blocks(int n, int b) { return (n + b - 1) / b; }
 
-/* p (m, jn) += x (m, rows k0..k0+kn) dequant(q) for int8 weights: each
- * piece of the rows that shares one scale group is summed unscaled by the
- * kernel into t, then p += t * scale (one fmaf per element and group, in
- * row order: the same bits on every ISA). */
+/* p (m, jn) += x (m, rows k0..k0+kn) dequant(q) for int8 weights, one
+ * kernel call per piece of the rows that shares a scale group (groups of
+ * MHA_DECODE_I8_GROUP rows, restarting every w_seg rows). */
 static void stream_i8_groups(const mha_decode_kernels *kr, float *p, const mha_decode_gemm_job *J, const float *x,
                              int k, int m, int k0, int kn, int j0, int jn) {
-    float t[STREAM_MAX_ROWS * NBLK];
     const int seg = J->w_seg, gps = blocks(seg, MHA_DECODE_I8_GROUP);
     for (int a = k0, b; a < k0 + kn; a = b) {
         const int in_seg = a % seg, g = (a / seg) * gps + in_seg / MHA_DECODE_I8_GROUP;
         b = a - in_seg % MHA_DECODE_I8_GROUP + MHA_DECODE_I8_GROUP; /* the group's end ... */
         if (b > a - in_seg + seg) b = a - in_seg + seg;            /* ... or the segment's */
         if (b > k0 + kn) b = k0 + kn;
-        memset(t, 0, sizeof(float) * (size_t)m * jn);
-        kr->gemm_stream_i8(t, jn, x + a, k, J->w_i8 + (size_t)a * J->n + j0, J->n, m, b - a, jn);
-        const float *s = J->w_scale + (size_t)g * J->n + j0;
-        for (int r = 0; r < m; r++)
-            for (int j = 0; j < jn; j++) p[(size_t)r * J->n + j] = fmaf(t[(size_t)r * jn + j], s[j], p[(size_t)r * J->n + j]);
+        kr->gemm_stream_i8(p, J->n, x + a, k, J->w_i8 + (size_t)a * J->n + j0, J->n,
+                           J->w_scale + (size_t)g * J->n + j0, m, b - a, jn);
     }
 }
 
