@@ -219,7 +219,7 @@ static void encode_range(unsigned char *dst, const mha_array *a, size_t first, s
             dst[2 * j + 1] = (unsigned char)(u >> 8);
             break;
         }
-        case MHA_DTYPE_BF16: { /* to nearest even: exact for bf16 weights */
+        case MHA_DTYPE_BF16: { /* to nearest even (exact for a bf16 layer's weights) */
             uint16_t u = mha_bf16_round_bits(a->f[i]);
             dst[2 * j] = (unsigned char)u;
             dst[2 * j + 1] = (unsigned char)(u >> 8);

@@ -300,11 +300,13 @@ mha_status mha_safetensors_map(mha_tensors **out, const char *path, unsigned fla
     return st_read_mapped(out, path, flags, 1);
 }
 
-/* Dtype written for an array: F32 and F16 data as F32; BF16 (rounded to
- * nearest even) and I8 (the stored weights of a bf16 / int8 layer), bool
- * and bytes as they are. */
-static mha_dtype file_dtype(const mha_array *a) {
-    return (a->dtype == MHA_DTYPE_F32 || a->dtype == MHA_DTYPE_F16) ? MHA_DTYPE_F32 : a->dtype;
+/* Dtype written for an item: floating data as F32, except BF16 marked
+ * keep_dtype (rounded to nearest even) and I8 (the stored weights of a
+ * bf16 / int8 layer); bool and bytes as they are. */
+static mha_dtype file_dtype(const mha_named_array *it) {
+    const mha_dtype d = it->a.dtype;
+    if (d == MHA_DTYPE_BOOL || d == MHA_DTYPE_U8 || d == MHA_DTYPE_I8) return d;
+    return d == MHA_DTYPE_BF16 && it->keep_dtype ? d : MHA_DTYPE_F32;
 }
 
 static const char *st_dtype_name(mha_dtype dt) {
@@ -326,7 +328,7 @@ static json_t *build_header(const mha_tensors *t, uint64_t *total) {
     uint64_t pos = 0;
     for (int i = 0; i < t->n && !bad; i++) {
         const mha_array *a = &t->items[i].a;
-        mha_dtype dt = file_dtype(a);
+        mha_dtype dt = file_dtype(&t->items[i]);
         uint64_t bytes = (uint64_t)a->count * mha_dtype_size(dt);
         json_t *shape = json_array();
         bad |= !shape;
@@ -370,7 +372,7 @@ mha_status mha_safetensors_write(const char *path, const mha_tensors *t) {
     if (!s) s = mha_out_write(&o, json, jl);
     if (!s) s = mha_out_write(&o, spaces, hl - jl);
     free(json);
-    for (int i = 0; i < t->n && !s; i++) s = mha_array_write(&o, &t->items[i].a, file_dtype(&t->items[i].a));
+    for (int i = 0; i < t->n && !s; i++) s = mha_array_write(&o, &t->items[i].a, file_dtype(&t->items[i]));
     if (s) {
         mha_out_abort(&o);
         return s;

@@ -12,6 +12,7 @@
 
 #include "core/weight_store.h"
 #include "io/io_internal.h"
+#include "io/tensors_internal.h"
 
 static const char *const mat_names[MHA_N_MATS] = {"w_q", "w_k", "w_v", "w_o"};
 static const char *const scale_names[MHA_N_MATS] = {"w_q_scale", "w_k_scale", "w_v_scale", "w_o_scale"};
@@ -82,6 +83,7 @@ mha_status mha_io_weights_write(mha_tensors *t, const mha_layer *L) {
             a.dtype = MHA_DTYPE_I8, a.f = q;
         }
         s = mha_tensors_add(t, mat_names[m], &a);
+        if (!s) t->items[t->n - 1].keep_dtype = a.dtype == MHA_DTYPE_BF16; /* not widened on writing */
         const int ss[2] = {mha_wstore_groups(c, m), N};
         if (!s && q) s = mha_tensors_add_f32(t, scale_names[m], st->scale[m], 2, ss);
         free(q);
