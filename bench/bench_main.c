@@ -32,7 +32,7 @@ static void usage(void) {
             "  machine: --fma-iters N --stream-mib 64,256,1024\n"
             "  prefill: --name NAME --B --T [--S] --d --h [--causal] [--reps] [--budget]\n"
             "           [--mha-only | --gemm-only] [--dump DIR]\n"
-            "  decode:  --d --h --h-kv --d-head --L [--B] [--fp16|--int8] [--steps]\n");
+            "  decode:  --d --h --h-kv --d-head --L [--B] [--fp16|--int8] [--weights f32|bf16|int8] [--steps]\n");
     exit(2);
 }
 
