@@ -5,7 +5,8 @@
  * bandwidth (bench_mha machine) run separately; bench/report.py joins them.
  *
  * Shapes: x (B,1,d_model) per step; cache K, V of capacity L, h_kv heads of
- * d_head, fp32 or fp16 (layout: the cache's own, include/mha.h). The cache
+ * d_head, fp32, fp16 or int8, or K int8 / V fp16 (cache=int8/fp16: K's type,
+ * then V's; layout: the cache's own, include/mha.h). The cache
  * is filled with L-1 random tokens by mha_cache_append (untimed).
  *   step: mha_forward_cached on one token (projections, append at position
  *         L-1, attention over L keys, W_O), then mha_cache_truncate back to
@@ -74,10 +75,16 @@ static mha_status weight_dtype_rows(const bench_decode_cfg *c, mha_layer *layer,
     return s;
 }
 
+static const char *dtype_name(mha_cache_dtype t) {
+    return t == MHA_CACHE_I8 ? "int8" : t == MHA_CACHE_F16 ? "fp16" : "fp32";
+}
+
 int bench_decode(const bench_decode_cfg *c) {
-    printf("RESULT kind=%s impl=mha d_model=%d h=%d h_kv=%d d_head=%d L=%d B=%d cache=%s",
+    mha_cache_dtype kt = c->int8 ? MHA_CACHE_I8 : c->fp16 ? MHA_CACHE_F16 : MHA_CACHE_F32;
+    mha_cache_dtype vt = c->v_fp16 ? MHA_CACHE_F16 : kt;
+    printf("RESULT kind=%s impl=mha d_model=%d h=%d h_kv=%d d_head=%d L=%d B=%d cache=%s%s%s",
            c->weights ? "decode_weights" : "decode", c->d_model, c->h, c->h_kv, c->d_head, c->L, c->B,
-           c->int8 ? "int8" : c->fp16 ? "fp16" : "fp32");
+           dtype_name(kt), kt == vt ? "" : "/", kt == vt ? "" : dtype_name(vt));
     if (c->weights) printf(" weights=%s", mha_weight_dtype_name((mha_weight_dtype)c->weights));
     fflush(stdout);
     mha_set_num_threads(c->threads);
@@ -107,7 +114,7 @@ int bench_decode(const bench_decode_cfg *c) {
         print_error("mha_layer_create", s);
         return 1;
     }
-    s = mha_cache_create(&cache, layer, B, L, c->int8 ? MHA_CACHE_I8 : c->fp16 ? MHA_CACHE_F16 : MHA_CACHE_F32, 0);
+    s = mha_cache_create_kv(&cache, layer, B, L, kt, vt, 0);
     if (s) {
         print_error("mha_cache_create", s);
         mha_layer_free(layer);

@@ -16,7 +16,7 @@
  *   bench_mha backward --name P1 --B 4 --T 512 --d 768 --h 12 [--causal]
  *                     (bench_backward.c; prefill's options, self-attention)
  *   bench_mha decode  --d 2048 --h 32 --h-kv 8 --d-head 64 --L 4096
- *                     [--fp16 | --int8] [--steps 20]
+ *                     [--fp16 | --int8] [--v-fp16] [--steps 20]
  */
 #include <cblas.h>
 #include <stdio.h>
@@ -32,7 +32,7 @@ static void usage(void) {
             "  machine: --fma-iters N --stream-mib 64,256,1024\n"
             "  prefill: --name NAME --B --T [--S] --d --h [--causal] [--reps] [--budget]\n"
             "           [--mha-only | --gemm-only] [--dump DIR]\n"
-            "  decode:  --d --h --h-kv --d-head --L [--B] [--fp16|--int8] [--weights f32|bf16|int8] [--steps]\n");
+            "  decode:  --d --h --h-kv --d-head --L [--B] [--fp16|--int8] [--v-fp16] [--weights f32|bf16|int8] [--steps]\n");
     exit(2);
 }
 
@@ -118,7 +118,7 @@ static int cmd_prefill(int argc, char **argv, int threads) {
 }
 
 static int cmd_decode(int argc, char **argv, int threads) {
-    bench_decode_cfg c = {2048, 32, 32, 64, 1024, 1, 0, 20, threads, 0, 0};
+    bench_decode_cfg c = {2048, 32, 32, 64, 1024, 1, 0, 20, threads, 0, 0, 0};
     for (int i = 2; i < argc; i++) {
         if (!strcmp(argv[i], "--threads")) c.threads = opt_int(argc, argv, &i);
         else if (!strcmp(argv[i], "--d")) c.d_model = opt_int(argc, argv, &i);
@@ -129,6 +129,7 @@ static int cmd_decode(int argc, char **argv, int threads) {
         else if (!strcmp(argv[i], "--B")) c.B = opt_int(argc, argv, &i);
         else if (!strcmp(argv[i], "--fp16")) c.fp16 = 1;
         else if (!strcmp(argv[i], "--int8")) c.int8 = 1;
+        else if (!strcmp(argv[i], "--v-fp16")) c.v_fp16 = 1;
         else if (!strcmp(argv[i], "--weights")) {
             mha_weight_dtype wd;
             if (mha_weight_dtype_parse(&wd, opt_value(argc, argv, &i))) usage();

@@ -1,4 +1,5 @@
-"""Accuracy of the fp16 and int8 KV caches against the fp32 cache on
+"""Accuracy of the fp16, int8 and mixed (K int8 / V fp16 and the
+reverse) KV caches against the fp32 cache on
 activations with outlier channels (docs/CACHE.md, "int8 storage").
 
 Layer: d_model 1024, 16 heads, 4 kv heads (GQA), d_head 64, weights
@@ -38,8 +39,10 @@ def activations(rng, L):
 
 
 def decode_y(layer, x, dtype):
+    """dtype: one type for K and V, or a pair (K's, V's)."""
     L = x.shape[1]
-    cache = mha.Cache(layer, batch=1, capacity=L, dtype=dtype)
+    kt, vt = dtype if isinstance(dtype, tuple) else (dtype, dtype)
+    cache = mha.Cache(layer, batch=1, capacity=L, dtype=kt, v_dtype=vt)
     cache.forward(layer, x[:, :L - STEPS])
     return np.concatenate([cache.forward(layer, x[:, t:t + 1]) for t in range(L - STEPS, L)], axis=1)[0]
 
@@ -60,11 +63,12 @@ def main():
     for L in (128, 1024, 4096):
         x = activations(rng, L)
         y32 = decode_y(layer, x, "float32")
-        for dt in ("float16", "int8"):
+        for dt in ("float16", "int8", ("int8", "float16"), ("float16", "int8")):
             y = decode_y(layer, x, dt)
+            name = dt if isinstance(dt, str) else f"K {dt[0]}, V {dt[1]}"
             d = (y - y32).astype(np.float64)
             cos = (y * y32).sum(1) / np.linalg.norm(y, axis=1) / np.linalg.norm(y32, axis=1)
-            print(f"| {L} | {dt} | {np.abs(d).max():.3g} | {np.linalg.norm(d) / np.linalg.norm(y32):.3g} "
+            print(f"| {L} | {name} | {np.abs(d).max():.3g} | {np.linalg.norm(d) / np.linalg.norm(y32):.3g} "
                   f"| {cos.min():.8f} | {np.abs(d).max() / np.abs(y32).max():.3g} |")
     x = activations(rng, 512)[0].astype(np.float64)
     k, v = x @ w["w_k"], x @ w["w_v"]

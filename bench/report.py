@@ -41,7 +41,9 @@ same run.sh call; the rounds of a configuration alternate mha and torch):
   at the measured read bandwidth (the buffer size rule below), whichever is
   longer; '% roofline' = roofline time / measured time. Bytes: full layer x
   (and kv), the four weights and y; attention Q, K, V and Z; a GEMM its
-  three matrices; decode attention the K and V cache (FLOPs 4*h*L*d_head).
+  three matrices; decode attention the K and V cache as stored (fp32, fp16,
+  int8 with its scales, or K int8 + V fp16; FLOPs 4*h*L*d_head); the decode
+  step that cache plus the four fp32 weights (2 FLOPs per weight).
 - ONNX Runtime: onnxruntime-node (CPU, MLAS kernels) run by node on models
   built with python3-onnx from the weights and inputs bench_mha dumped
   (bench/peer_ort.py): full layer = MatMul projections +
@@ -445,7 +447,7 @@ def main():
         t = min(tcands, key=lambda r: num(r, "step_median_s")) if tcands else None
         m = one(rows, kind="decode", impl="mha", cache=cache, h_kv=hkv, L=L)
         cb = num(t, "cache_bytes") if t else num(m, "cache_bytes") if m else None
-        wb = num(t, "weight_bytes") if t else None
+        wb = num(t, "weight_bytes") if t else num(m, "weight_bytes") if m else None
         ts, ta = (num(t, "step_median_s"), num(t, "attn_median_s")) if t else (None, None)
         ms_, ma = (num(m, "step_median_s"), num(m, "attn_median_s")) if m else (None, None)
         bw_attn, mib_a = bw_for(cb or 0)
@@ -462,7 +464,11 @@ def main():
         mcb = num(m, "cache_bytes") if m else None
         p_ = (lambda v: "pending" if pending else v)
         # attention of one token: 2 FLOPs per key and dim for q k and for p v, every head
-        droof = roof(4.0 * h * L * int(m.get("d_head", 64) if m else 64), mcb) if mcb and h else None
+        dh_ = int(m.get("d_head", 64) if m else 64)
+        droof = roof(4.0 * h * L * dh_, mcb) if mcb and h else None
+        # the whole step: attention plus one row through the four weight
+        # matrices (2 FLOPs per fp32 weight), reading the cache and weights
+        sroof = roof(4.0 * h * L * dh_ + 2.0 * wb / 4, mcb + wb) if mcb and wb and h else None
         dbody.append([cache, hkv, L, fmt(cb / 2**20 if cb else None),
                       fmt_ms(ts), fmt_ms(ta), fmt(gbs(cb, ta)),
                       fmt(gbs(cb, ta) / bw_attn * 100 if gbs(cb, ta) and bw_attn else None, ".0f", suffix="%"),
@@ -475,7 +481,7 @@ def main():
                       p_(fmt(num(t, "step_min_s") / num(m, "step_min_s")
                              if t and m and num(t, "step_min_s") and num(m, "step_min_s") else None, ".2f")),
                       p_(fmt(ta / ma if ta and ma else None, ".2f")),
-                      p_(fmt_ms(droof)), p_(pct(droof, ma)),
+                      p_(fmt_ms(droof)), p_(pct(droof, ma)), p_(fmt_ms(sroof)), p_(pct(sroof, ms_)),
                       f"{mib_a} MiB" if mib_a else "n/a", (t or {}).get("omp_wait", "-")])
         if m and ma and droof:
             targets.append([f"decode attention {cache} h_kv={hkv} L={L} >= 80% of roofline",
@@ -486,7 +492,26 @@ def main():
                      "torch attn % BW", "mha step ms", "mha attn ms", "mha attn GB/s", "mha attn % BW",
                      "mha step GB/s (K,V+W)", "mha step % BW",
                      "x torch (step)", "x torch (step, min)", "x torch (attn)", "mha attn roofline ms",
-                     "mha attn % roofline", "BW ref. buffer", "torch OMP wait"], dbody)
+                     "mha attn % roofline", "mha step roofline ms", "mha step % roofline", "BW ref. buffer",
+                     "torch OMP wait"], dbody)
+
+    # Fewer bytes per element at long context: the int8 and mixed caches
+    # against fp16 (time ratios > 1: the int8 storage is faster).
+    rbody = []
+    if keys:
+        Lmax = max(k[2] for k in keys)
+        for hkv in sorted({k[1] for k in keys}, reverse=True):
+            f16 = one(rows, kind="decode", impl="mha", cache="fp16", h_kv=hkv, L=Lmax)
+            for other in ("int8", "int8/fp16"):
+                r = one(rows, kind="decode", impl="mha", cache=other, h_kv=hkv, L=Lmax)
+                if not f16 or not r or not num(r, "attn_median_s") or not num(f16, "attn_median_s"):
+                    continue
+                rbody.append([f"{other} vs fp16", hkv, Lmax,
+                              fmt(num(f16, "cache_bytes") / num(r, "cache_bytes"), ".2f"),
+                              fmt(num(f16, "attn_median_s") / num(r, "attn_median_s"), ".2f"),
+                              fmt(num(f16, "step_median_s") / num(r, "step_median_s"), ".2f")])
+    ratio_tab = table(["caches", "h_kv", "L", "fp16 bytes / bytes", "attn speed ratio (fp16 ms / ms)",
+                       "step speed ratio"], rbody)
 
     # GQA / MQA speed-ups against MHA at the longest context, per implementation.
     sbody = []
@@ -544,6 +569,7 @@ def main():
     md += ["## Prefill / encoder (issue 3)\n", pre_tab, "", "### Projection GEMMs\n", gemm_tab, "",
            "## Decode, one token per step at context L (issue 5)\n", dec_tab, "",
            "### Grouped / multi-query speed-up at the longest context\n", sp_tab, "",
+           "### int8 and mixed (K int8, V fp16) caches against fp16 at the longest context\n", ratio_tab, "",
            "### bf16 / int8 weights (issue 15), fp32 cache\n", wdec_tab, "",
            "## Memory (issue 3)\n", memory_line(rows), "",
            "## Targets\n" + ("\n(--quick shapes: the issues' targets are stated for the full shapes "

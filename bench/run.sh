@@ -65,7 +65,7 @@ else
   P3="--B 2 --T 256 --S 2048 --d 1024 --h 16"
   dec_d=2048; dec_h=32; dec_hkv="32,8,1"; dec_L="1024,4096,16384"; dec_steps=20
 fi
-dec_dhead=64; dec_cache="fp32,fp16"
+dec_dhead=64; dec_cache="fp32,fp16,int8,int8/fp16" # int8/fp16: K int8, V fp16
 
 # Runs one command, appends its RESULT lines to the raw file; a failure is
 # recorded and the run goes on, so one broken section does not hide the rest.
@@ -220,15 +220,20 @@ done
 # runs with the default OMP_WAIT_POLICY and with "passive" (its OpenMP pool
 # and OpenBLAS's threads otherwise spin against each other on 2 cores);
 # report.py keeps the faster of the two, for prefill as well.
+# The torch peer stores fp32 or fp16 only: the int8 rows have no torch peer.
 for cache in $(echo $dec_cache | tr , ' '); do
-  f16=""; [ "$cache" = fp16 ] && f16=--fp16
+  case $cache in
+    fp16) f16=--fp16 ;; int8) f16=--int8 ;; int8/fp16) f16="--int8 --v-fp16" ;; *) f16="" ;;
+  esac
   for hkv in $(echo $dec_hkv | tr , ' '); do
-    for pol in "-u OMP_WAIT_POLICY" "OMP_WAIT_POLICY=passive"; do
-      # shellcheck disable=SC2086
-      run env $pol "$py" bench/peer_torch.py \
-          --threads $threads decode --d $dec_d --h $dec_h --d-head $dec_dhead \
-          --h-kv $hkv --L $dec_L --cache $cache --steps $dec_steps
-    done
+    if [ "$cache" = fp32 ] || [ "$cache" = fp16 ]; then
+      for pol in "-u OMP_WAIT_POLICY" "OMP_WAIT_POLICY=passive"; do
+        # shellcheck disable=SC2086
+        run env $pol "$py" bench/peer_torch.py \
+            --threads $threads decode --d $dec_d --h $dec_h --d-head $dec_dhead \
+            --h-kv $hkv --L $dec_L --cache $cache --steps $dec_steps
+      done
+    fi
     for L in $(echo $dec_L | tr , ' '); do
       # shellcheck disable=SC2086
       run $solo "$bin" decode --d $dec_d --h $dec_h --h-kv $hkv --d-head $dec_dhead --L $L $f16 \

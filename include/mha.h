@@ -752,6 +752,11 @@ typedef struct mha_cache mha_cache;
  * (d_kv_in == d_v_in == d_model). */
 MHA_API mha_status mha_cache_create(mha_cache **out, const mha_layer *layer, int batch, int capacity,
                             mha_cache_dtype dtype, int window);
+/* The same with K and V stored in types of their own (e.g. K MHA_CACHE_I8,
+ * V MHA_CACHE_F16); mha_cache_create(.., dtype, ..) is k_dtype = v_dtype =
+ * dtype. Each side keeps its type's error bound (docs/CACHE.md). */
+MHA_API mha_status mha_cache_create_kv(mha_cache **out, const mha_layer *layer, int batch, int capacity,
+                                       mha_cache_dtype k_dtype, mha_cache_dtype v_dtype, int window);
 MHA_API void mha_cache_free(mha_cache *cache);
 
 /* Bytes of K/V storage: B * h_kv * slots * (d_k + d_v) * (4 or 2) (int8:
@@ -764,6 +769,10 @@ MHA_API size_t mha_cache_bytes(const mha_cache *cache);
 /* The same number for a config without creating a cache (0 when the
  * config, batch or capacity is invalid): for `mha shapes` and planning. */
 MHA_API size_t mha_cache_bytes_for(const mha_config *cfg, int batch, int capacity, mha_cache_dtype dtype);
+/* The same for K stored as k_dtype and V as v_dtype: B * h_kv * slots *
+ * (d_k * bytes(k_dtype) + d_v * bytes(v_dtype) + the scales of an int8 side). */
+MHA_API size_t mha_cache_bytes_for_kv(const mha_config *cfg, int batch, int capacity, mha_cache_dtype k_dtype,
+                                      mha_cache_dtype v_dtype);
 
 /* Next position of sequence b (tokens appended since the last reset,
  * minus truncations); -1 when cache is NULL or b is out of range. */

@@ -173,8 +173,22 @@ row "K" "(2," "4096," "1024)"
 row "MHA" 32 $((2 * B * T * 32 * K * 2)) "1.00x"
 row "this" 8 $((2 * B * T * 8 * K * 2)) "4.00x"
 row "MQA" 1 $((2 * B * T * 1 * K * 2)) "32.00x"
+
 row "scores Q" $((2 * B * 32 * T * T * K))
 row "weighted" $((2 * B * 32 * T * T * K))
+
+# K int8, V fp16: K 1 byte + V 2 bytes per element; mha_cache bytes add one
+# fp32 scale per 32 K values (K 128 wide: 4 scales per key)
+run shapes --d-model 4096 --heads 32 --kv-heads 8 --tokens 4096 --cache-dtype int8 --v-cache-dtype fp16
+expect_ok
+has "cache element 1 bytes (K), 2 bytes (V), int8 plus one fp32 scale per 32 values"
+row "this" 8 $((T * 8 * K * 3)) "4.00x" 8390656 $((T * 8 * (K * 3 + 4 * 4)))
+# --cache-dtype alone: both sides; it replaces --bytes
+run shapes --d-model 4096 --heads 32 --kv-heads 8 --tokens 4096 --cache-dtype fp16 --bytes 4
+expect_ok
+row "this" 8 $((T * 8 * K * 4)) "4.00x"
+run shapes --d-model 8 --heads 2 --v-cache-dtype int4
+expect_error 2 "mha shapes: " "--v-cache-dtype expects one of fp32|fp16|int8, got 'int4'"
 
 # d_k != d_v, cross-attention source of another width and length, no bias
 run shapes --d-model 64 --heads 4 --d-k 8 --d-v 32 --d-kv-in 48 --tokens 10 --kv-tokens 7 --no-bias

@@ -1,5 +1,7 @@
-/* test_cache_i8.c — the int8 KV cache (MHA_CACHE_I8) against a reference
- * written here from the math: K and V rounded to fp32, quantized per
+/* test_cache_i8.c — the int8 KV cache (MHA_CACHE_I8), and caches with K
+ * and V in different types (mha_cache_create_kv: K int8 / V fp16 and the
+ * other pairs, "cache_mixed_*"), against a reference written here from
+ * the math (fp16: naive_round_f16, the tests' own rounding): K and V rounded to fp32, quantized per
  * block of 32 values (scale = max|x| / 127, q = round half away from
  * zero of x / scale, clamp to +-127, scale 0 for a zero block),
  * dequantized (q * scale), then attention and W_O in double. Nothing of
@@ -45,6 +47,16 @@ static void ref_quantize(float *x, int d, int8_t *q, float *scale) {
             x[b0 + i] = (float)(int)qi * s; /* via int: -0.0 becomes 0, as stored */
         }
     }
+}
+
+/* The storage types of the caches the attend and forward-level tests
+ * create (the mixed cases set them around a run, then restore int8). */
+static mha_cache_dtype g_kt = MHA_CACHE_I8, g_vt = MHA_CACHE_I8;
+
+/* x (d) in place -> the value a cache of type dt gives back. */
+static void ref_store(float *x, int d, mha_cache_dtype dt) {
+    if (dt == MHA_CACHE_I8) ref_quantize(x, d, NULL, NULL);
+    for (int i = 0; dt == MHA_CACHE_F16 && i < d; i++) x[i] = naive_round_f16(x[i]);
 }
 
 /* Activations with outlier channels: uniform noise in [-1, 1) and every
@@ -117,7 +129,7 @@ static void attend_case(int h, int hk, int dk, int dv, int T) {
     float *v = outlier_floats((size_t)T, hk * dv, &seed);
     float *kd = malloc(sizeof(float) * T * hk * dk), *vd = malloc(sizeof(float) * T * hk * dv);
     memcpy(kd, k, sizeof(float) * T * hk * dk), memcpy(vd, v, sizeof(float) * T * hk * dv);
-    for (int i = 0; i < T * hk; i++) ref_quantize(kd + (size_t)i * dk, dk, NULL, NULL), ref_quantize(vd + (size_t)i * dv, dv, NULL, NULL);
+    for (int i = 0; i < T * hk; i++) ref_store(kd + (size_t)i * dk, dk, g_kt), ref_store(vd + (size_t)i * dv, dv, g_vt);
     size_t nz = (size_t)T * h * dv;
     double *zr = naive_alloc_doubles(nz), *z32 = naive_alloc_doubles(nz), *zu = naive_alloc_doubles(nz);
     ref_attend(zr, NULL, q, kd, vd, 1, T, T, 0, h, hk, dk, dv, -1, 1);
@@ -134,7 +146,7 @@ static void attend_case(int h, int hk, int dk, int dv, int T) {
     for (int ker = 0; ker < 2; ker++) {
         mha_decode_force_scalar(ker);
         mha_cache *c = NULL;
-        CHECK_OK(mha_cache_create(&c, L, 1, T, MHA_CACHE_I8, 0));
+        CHECK_OK(mha_cache_create_kv(&c, L, 1, T, g_kt, g_vt, 0));
         if (!c) break;
         CHECK_OK(mha_cache_append(c, k, v, T, NULL));
         CHECK_OK(mha_cache_attend(c, z, q, T, NULL, 0.0f));
@@ -281,7 +293,7 @@ static void ref_forward(double *y, double *probs, const layer_fx *f, const float
     float *k = project(x, f->w.w_k, f->w.b_k, T, f->D, f->hk * f->dk);
     float *v = project(x, f->w.w_v, f->w.b_v, T, f->D, f->hk * f->dv);
     for (int i = 0; quant && i < T * f->hk; i++)
-        ref_quantize(k + (size_t)i * f->dk, f->dk, NULL, NULL), ref_quantize(v + (size_t)i * f->dv, f->dv, NULL, NULL);
+        ref_store(k + (size_t)i * f->dk, f->dk, g_kt), ref_store(v + (size_t)i * f->dv, f->dv, g_vt);
     double *z = naive_alloc_doubles((size_t)T * f->h * f->dv);
     ref_attend(z, probs, q, k, v, 1, T, T, 0, f->h, f->hk, f->dk, f->dv, left, 1);
     for (int t = 0; t < T; t++)
@@ -342,7 +354,7 @@ static void test_prefill_decode(void) {
         for (int th = 0; th < 2; th++) {
             mha_set_num_threads(th + 1);
             mha_cache *c = NULL;
-            CHECK_OK(mha_cache_create(&c, f.L, 1, T, MHA_CACHE_I8, 0));
+            CHECK_OK(mha_cache_create_kv(&c, f.L, 1, T, g_kt, g_vt, 0));
             if (c) feed(y[th], &f, c, x, T, steps, 4);
             mha_cache_free(c);
         }
@@ -364,7 +376,7 @@ static void test_ragged(void) {
     uint64_t seed = 13;
     float *x = outlier_floats((size_t)3 * T, f.D, &seed), *y = naive_alloc_floats((size_t)3 * T * f.D);
     mha_cache *c = NULL;
-    CHECK_OK(mha_cache_create(&c, f.L, 3, T, MHA_CACHE_I8, 0));
+    CHECK_OK(mha_cache_create_kv(&c, f.L, 3, T, g_kt, g_vt, 0));
     int done[3] = {0, 0, 0};
     for (int round = 0; c && (done[0] < len[0] || done[1] < len[1] || done[2] < len[2]); round++) {
         int Tn = round == 0 ? 20 : 1 + round % 3, n[3];
@@ -412,7 +424,7 @@ static mha_cache *seq_begin(seq_case *sc, int hk, uint64_t layer_seed, int T, in
     sc->yq = naive_alloc_doubles((size_t)T * sc->f.D);
     sc->tol = forward_tol(sc->yq, &sc->f, sc->x, T, left, window);
     mha_cache *c = NULL;
-    CHECK_OK(mha_cache_create(&c, sc->f.L, 1, cap, MHA_CACHE_I8, window));
+    CHECK_OK(mha_cache_create_kv(&c, sc->f.L, 1, cap, g_kt, g_vt, window));
     return c;
 }
 
@@ -484,7 +496,7 @@ static void test_probs(void) {
     float *pc = naive_alloc_floats((size_t)f.h * 12 * cap);
     mha_capture cc = {NULL, NULL, pc};
     mha_cache *c = NULL;
-    CHECK_OK(mha_cache_create(&c, f.L, 1, cap, MHA_CACHE_I8, 0));
+    CHECK_OK(mha_cache_create_kv(&c, f.L, 1, cap, g_kt, g_vt, 0));
     if (c) {
         CHECK_OK(mha_forward_cached(f.L, c, y, NULL, x, 8, NULL, NULL));
         CHECK_OK(mha_forward_cached(f.L, c, y, &cc, x + (size_t)8 * f.D, 12, NULL, NULL));
@@ -522,6 +534,66 @@ static void test_bytes(void) {
     mha_layer_free(f.L), naive_weights_free(&f.w);
 }
 
+/* ------------------------------------------------ K and V mixed */
+
+/* fn run on caches of K type kt and V type vt. */
+static void with_types(mha_cache_dtype kt, mha_cache_dtype vt, void (*fn)(void)) {
+    g_kt = kt, g_vt = vt;
+    fn();
+    g_kt = g_vt = MHA_CACHE_I8;
+}
+
+/* Fused kernels (<= 4 rows per kv head) and the widened chunk (MQA: 8
+ * rows) with each side in its own type. */
+static void test_mixed_attend_i8_f16(void) {
+    with_types(MHA_CACHE_I8, MHA_CACHE_F16, test_attend_mha);
+    with_types(MHA_CACHE_I8, MHA_CACHE_F16, test_attend_mqa);
+}
+static void test_mixed_attend_f16_i8(void) {
+    with_types(MHA_CACHE_F16, MHA_CACHE_I8, test_attend_gqa);
+    with_types(MHA_CACHE_F16, MHA_CACHE_I8, test_attend_mqa);
+}
+static void test_mixed_attend_f32(void) {
+    with_types(MHA_CACHE_I8, MHA_CACHE_F32, test_attend_mqa);
+    with_types(MHA_CACHE_F32, MHA_CACHE_I8, test_attend_mha);
+}
+static void test_mixed_prefill_decode(void) {
+    with_types(MHA_CACHE_I8, MHA_CACHE_F16, test_prefill_decode);
+    with_types(MHA_CACHE_F16, MHA_CACHE_I8, test_prefill_decode);
+}
+static void test_mixed_ragged(void) { with_types(MHA_CACHE_I8, MHA_CACHE_F16, test_ragged); }
+static void test_mixed_truncate(void) { with_types(MHA_CACHE_I8, MHA_CACHE_F16, test_truncate); }
+static void test_mixed_window(void) { with_types(MHA_CACHE_F16, MHA_CACHE_I8, test_window); }
+static void test_mixed_permute(void) { with_types(MHA_CACHE_I8, MHA_CACHE_F16, test_permute); }
+/* probabilities depend on K alone: an int8 K keeps the gap check meaningful */
+static void test_mixed_probs(void) { with_types(MHA_CACHE_I8, MHA_CACHE_F32, test_probs); }
+
+/* Bytes per slot: d_k in K's type + d_v in V's + the scales of the int8
+ * side only; mha_cache_create_kv(t, t) is mha_cache_create(t); a bad type
+ * of either side is named. */
+static void test_mixed_bytes(void) {
+    mha_config cfg = mha_config_default(2048, 32);
+    cfg.n_kv_heads = 8;
+    CHECK_INT(mha_cache_bytes_for_kv(&cfg, 1, 4096, MHA_CACHE_I8, MHA_CACHE_F16), (size_t)4096 * 8 * (64 + 2 * 4 + 128));
+    CHECK_INT(mha_cache_bytes_for_kv(&cfg, 1, 4096, MHA_CACHE_F32, MHA_CACHE_I8), (size_t)4096 * 8 * (256 + 64 + 2 * 4));
+    CHECK_INT(mha_cache_bytes_for_kv(&cfg, 2, 100, MHA_CACHE_F16, MHA_CACHE_F16),
+              mha_cache_bytes_for(&cfg, 2, 100, MHA_CACHE_F16));
+    layer_fx f;
+    layer_make(&f, 32, 4, 2, 40, 33, 271);
+    mha_cache *c = NULL;
+    CHECK_OK(mha_cache_create_kv(&c, f.L, 3, 16, MHA_CACHE_F16, MHA_CACHE_I8, 0));
+    CHECK_INT(mha_cache_bytes(c), (size_t)3 * 2 * MHA_DECODE_CHUNK * (40 * 2 + 33 + 4 * 2));
+    CHECK_INT(mha_cache_bytes(c), mha_cache_bytes_for_kv(&f.w.cfg, 3, 16, MHA_CACHE_F16, MHA_CACHE_I8));
+    mha_cache_free(c);
+    CHECK_STATUS(mha_cache_create_kv(&c, f.L, 1, 16, MHA_CACHE_I8, (mha_cache_dtype)5, 0), MHA_E_ARG);
+    CHECK_ERROR_MENTIONS("mha_cache_create_kv: v_dtype=5; expected MHA_CACHE_F32, MHA_CACHE_F16 or MHA_CACHE_I8");
+    CHECK(c == NULL);
+    CHECK_STATUS(mha_cache_create_kv(&c, f.L, 1, 16, (mha_cache_dtype)-1, MHA_CACHE_F32, 0), MHA_E_ARG);
+    CHECK_ERROR_MENTIONS("k_dtype=-1");
+    CHECK_INT(mha_cache_bytes_for_kv(&f.w.cfg, 1, 16, MHA_CACHE_F32, (mha_cache_dtype)3), 0);
+    mha_layer_free(f.L), naive_weights_free(&f.w);
+}
+
 static const test_case cases[] = {
     {"cache_i8_storage_format", test_storage_format},
     {"cache_i8_kernels_bits", test_kernels_bits},
@@ -535,6 +607,16 @@ static const test_case cases[] = {
     {"cache_i8_permute", test_permute},
     {"cache_i8_probs", test_probs},
     {"cache_i8_bytes", test_bytes},
+    {"cache_mixed_attend_i8_f16", test_mixed_attend_i8_f16},
+    {"cache_mixed_attend_f16_i8", test_mixed_attend_f16_i8},
+    {"cache_mixed_attend_f32", test_mixed_attend_f32},
+    {"cache_mixed_prefill_decode", test_mixed_prefill_decode},
+    {"cache_mixed_ragged", test_mixed_ragged},
+    {"cache_mixed_truncate", test_mixed_truncate},
+    {"cache_mixed_window", test_mixed_window},
+    {"cache_mixed_permute", test_mixed_permute},
+    {"cache_mixed_probs", test_mixed_probs},
+    {"cache_mixed_bytes", test_mixed_bytes},
 };
 
 const test_case *tests_cache_i8(size_t *count) {

@@ -48,9 +48,10 @@ static const test_area_fn areas[] = {
 
 /* Areas whose every case runs once per kernel ISA this CPU has (the table
  * forced; the decode path follows it), named "case[isa]": the fast and
- * decode paths stay checked against the reference on every ISA
+ * decode paths (fp32/fp16, int8 and mixed caches) stay checked against
+ * the reference on every ISA
  * (MHA_TEST_ISA in main narrows it). */
-static const test_area_fn per_isa_areas[] = {tests_fast, tests_cache, tests_weights_isa};
+static const test_area_fn per_isa_areas[] = {tests_fast, tests_cache, tests_cache_i8, tests_weights_isa};
 
 static int run_per_isa(test_area_fn area) {
     for (size_t i = 0; i < sizeof per_isa_areas / sizeof per_isa_areas[0]; i++)

@@ -7,6 +7,7 @@
 #include <limits.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "args.h"
 #include "commands.h"
@@ -52,15 +53,25 @@ static void row(const char *name, const char *sym, int nd, const uint64_t *d, co
            note ? note : "");
 }
 
-/* K and V cache bytes for h_kv kv heads: B * S * h_kv * (d_k + d_v) * bytes,
- * i.e. 2 * B * S * h_kv * d_head * bytes when d_k = d_v. */
-static uint64_t kv_bytes(uint64_t B, uint64_t S, uint64_t hkv, uint64_t dk, uint64_t dv, uint64_t bytes) {
-    return mul(mul(mul(B, S), hkv), mul(add(dk, dv), bytes));
+/* K and V cache bytes for h_kv kv heads: B * S * h_kv * (d_k * kb + d_v * vb),
+ * i.e. 2 * B * S * h_kv * d_head * bytes when d_k = d_v and kb = vb (int8:
+ * 1 byte, its block scales counted by mha_cache bytes only). */
+static uint64_t kv_bytes(uint64_t B, uint64_t S, uint64_t hkv, uint64_t dk, uint64_t dv, uint64_t kb, uint64_t vb) {
+    return mul(mul(mul(B, S), hkv), add(mul(dk, kb), mul(dv, vb)));
 }
+
+/* --cache-dtype / --v-cache-dtype name -> type ("" : fallback). */
+static mha_cache_dtype cache_dtype(const char *name, mha_cache_dtype fallback) {
+    if (!name || !name[0]) return fallback;
+    return !strcmp(name, "int8") ? MHA_CACHE_I8 : !strcmp(name, "fp16") ? MHA_CACHE_F16 : MHA_CACHE_F32;
+}
+
+static uint64_t cache_elt(mha_cache_dtype t) { return t == MHA_CACHE_I8 ? 1 : t == MHA_CACHE_F16 ? 2 : 4; }
 
 int cmd_shapes(int argc, char **argv) {
     long long d_model = 0, heads = 0, kv_heads = 0, d_k = 0, d_v = 0, d_kv_in = 0, d_v_in = 0;
     long long batch = 1, tokens = 128, kv_tokens = 0, bytes = 4;
+    const char *k_name = "", *v_name = "";
     int no_bias = 0;
     mha_arg args[] = {
         {.name = "--d-model", .kind = MHA_ARG_INT, .dest = &d_model, .metavar = "D", .help = "model width",
@@ -85,6 +96,10 @@ int cmd_shapes(int argc, char **argv) {
          .help = "key/value tokens (cached); default T", .min = 1, .max = 1 << 30},
         {.name = "--bytes", .kind = MHA_ARG_INT, .dest = &bytes, .metavar = "4|2",
          .help = "bytes per cached element (fp32 or fp16); default 4", .choices = "4|2"},
+        {.name = "--cache-dtype", .kind = MHA_ARG_STRING, .dest = &k_name, .metavar = "TYPE",
+         .help = "cache storage of K and V (replaces --bytes); default from --bytes", .choices = "fp32|fp16|int8"},
+        {.name = "--v-cache-dtype", .kind = MHA_ARG_STRING, .dest = &v_name, .metavar = "TYPE",
+         .help = "V's own cache storage (e.g. K int8, V fp16); default --cache-dtype", .choices = "fp32|fp16|int8"},
         {.name = "--no-bias", .kind = MHA_ARG_SWITCH, .dest = &no_bias,
          .help = "the layer has no b_Q, b_K, b_V, b_O"},
     };
@@ -96,8 +111,11 @@ int cmd_shapes(int argc, char **argv) {
         .details = "FLOPs count 2 per multiply-add of the six matrix products (Q, K, V and\n"
                    "output projections; Q K^T scores; P V); softmax and bias adds are not\n"
                    "counted. The KV cache holds K and V for S tokens:\n"
-                   "B * S * h_kv * (d_k + d_v) * bytes.\n\n"
-                   "example: mha shapes --d-model 4096 --heads 32 --kv-heads 8 --tokens 4096 --bytes 2\n",
+                   "B * S * h_kv * (d_k * K bytes + d_v * V bytes) (int8: 1 byte; the\n"
+                   "mha_cache column adds its fp32 scales, one per 32 values).\n\n"
+                   "example: mha shapes --d-model 4096 --heads 32 --kv-heads 8 --tokens 4096 --bytes 2\n"
+                   "         mha shapes --d-model 4096 --heads 32 --kv-heads 8 --tokens 4096 \\\n"
+                   "             --cache-dtype int8 --v-cache-dtype fp16\n",
         .args = args,
         .n_args = (int)(sizeof args / sizeof args[0]),
     };
@@ -122,7 +140,9 @@ int cmd_shapes(int argc, char **argv) {
     const uint64_t h = (uint64_t)c.n_heads, hkv = (uint64_t)c.n_kv_heads, dk = (uint64_t)c.d_k,
                    dv = (uint64_t)c.d_v, dm = (uint64_t)c.d_model, din = (uint64_t)c.d_kv_in,
                    dvin = (uint64_t)c.d_v_in;
-    const uint64_t nb = (uint64_t)bytes;
+    const mha_cache_dtype kt = cache_dtype(k_name, bytes == 2 ? MHA_CACHE_F16 : MHA_CACHE_F32),
+                          vt = cache_dtype(v_name, kt);
+    const uint64_t kb = cache_elt(kt), vb = cache_elt(vt);
     const int self = din == dm && dvin == dm && S == T;
     const char *kind = hkv == h ? "MHA" : hkv == 1 ? "MQA" : "GQA";
     overflow = 0;
@@ -146,7 +166,7 @@ int cmd_shapes(int argc, char **argv) {
     const uint64_t kv_h[3] = {h, hkv, 1};
     uint64_t kvb[3], kvp[3];
     for (int i = 0; i < 3; i++) {
-        kvb[i] = kv_bytes(B, S, kv_h[i], dk, dv, nb);
+        kvb[i] = kv_bytes(B, S, kv_h[i], dk, dv, kb, vb);
         kvp[i] = add(add(mul(din, mul(kv_h[i], dk)), mul(dvin, mul(kv_h[i], dv))),
                      c.bias ? mul(kv_h[i], add(dk, dv)) : 0);
     }
@@ -159,9 +179,12 @@ int cmd_shapes(int argc, char **argv) {
     printf("layer: d_model=%llu h=%llu h_kv=%llu (%s) d_k=%llu d_v=%llu d_kv_in=%llu d_v_in=%llu bias=%s\n",
            (unsigned long long)dm, (unsigned long long)h, (unsigned long long)hkv, kind, (unsigned long long)dk,
            (unsigned long long)dv, (unsigned long long)din, (unsigned long long)dvin, c.bias ? "on" : "off");
-    printf("input: B=%llu T=%llu S=%llu (%s), cache element %llu bytes\n", (unsigned long long)B,
+    printf("input: B=%llu T=%llu S=%llu (%s), cache element %llu bytes", (unsigned long long)B,
            (unsigned long long)T, (unsigned long long)S, self ? "self-attention" : "cross-attention / cached keys",
-           (unsigned long long)nb);
+           (unsigned long long)kb);
+    if (vb != kb) printf(" (K), %llu bytes (V)", (unsigned long long)vb);
+    if (kt == MHA_CACHE_I8 || vt == MHA_CACHE_I8) printf(", int8 plus one fp32 scale per 32 values");
+    printf("\n");
     if (dk * h != dm) printf("note: h*d_k = %llu differs from d_model = %llu\n", (unsigned long long)(h * dk),
                              (unsigned long long)dm);
 
@@ -206,8 +229,13 @@ int cmd_shapes(int argc, char **argv) {
     printf("  %-18s %-24s %20llu\n", "output projection", "2*B*T*h*d_v*d_model", (unsigned long long)f_o);
     printf("  %-18s %-24s %20llu  (%s)\n", "total FLOPs", "", (unsigned long long)f_total, human(f_total, 0, "FLOP", hb));
 
-    printf("\nKV cache for S=%llu tokens: B*S*h_kv*(d_k+d_v)*bytes", (unsigned long long)S);
-    if (dk == dv) printf(" = 2*B*S*h_kv*d_head*bytes");
+    if (kb == vb) {
+        printf("\nKV cache for S=%llu tokens: B*S*h_kv*(d_k+d_v)*bytes", (unsigned long long)S);
+        if (dk == dv) printf(" = 2*B*S*h_kv*d_head*bytes");
+    } else {
+        printf("\nKV cache for S=%llu tokens: B*S*h_kv*(d_k*%llu + d_v*%llu)", (unsigned long long)S,
+               (unsigned long long)kb, (unsigned long long)vb);
+    }
     printf("\n  %-22s %6s %20s %12s %10s %16s %20s\n", "variant", "h_kv", "bytes", "", "saving", "K/V params",
            "mha_cache bytes");
     char name[40];
@@ -219,16 +247,16 @@ int cmd_shapes(int argc, char **argv) {
         mha_config ci = c;
         ci.n_kv_heads = (int)kv_h[i];
         size_t alloc = B <= INT_MAX && S <= INT_MAX
-                           ? mha_cache_bytes_for(&ci, (int)B, (int)S, nb == 2 ? MHA_CACHE_F16 : MHA_CACHE_F32)
+                           ? mha_cache_bytes_for_kv(&ci, (int)B, (int)S, kt, vt)
                            : 0;
         printf("  %-22s %6llu %20llu %12s %9.2fx %16llu %20llu\n", names[i], (unsigned long long)kv_h[i],
                (unsigned long long)kvb[i], human(kvb[i], 1, "B", hb), saving, (unsigned long long)kvp[i],
                (unsigned long long)alloc);
     }
-    printf("  (mha_cache bytes: what mha_cache_create allocates; it rounds the capacity up to a\n"
+    printf("  (mha_cache bytes: what mha_cache_create_kv allocates; it rounds the capacity up to a\n"
            "   whole number of its 128-token chunks; 0 = not representable)\n");
     if (dk != dv)
         printf("  (K and V differ in width: K %llu + V %llu bytes per token per kv head)\n",
-               (unsigned long long)(dk * nb), (unsigned long long)(dv * nb));
+               (unsigned long long)(dk * kb), (unsigned long long)(dv * vb));
     return MHA_EXIT_OK;
 }

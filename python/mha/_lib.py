@@ -224,6 +224,8 @@ _sig("mha_cache_create", c_int, POINTER(CacheP), LayerP, c_int, c_int, c_int, c_
 _sig("mha_cache_free", None, CacheP)
 _sig("mha_cache_bytes", c_size_t, CacheP)
 _sig("mha_cache_bytes_for", c_size_t, POINTER(Config), c_int, c_int, c_int)
+_sig("mha_cache_create_kv", c_int, POINTER(CacheP), LayerP, c_int, c_int, c_int, c_int, c_int)
+_sig("mha_cache_bytes_for_kv", c_size_t, POINTER(Config), c_int, c_int, c_int, c_int)
 _sig("mha_cache_length", c_int, CacheP, c_int)
 _sig("mha_cache_reset", c_int, CacheP, c_int)
 _sig("mha_cache_truncate", c_int, CacheP, c_int, c_int)

@@ -66,13 +66,16 @@ def _config_of(layer_or_config):
     raise ArgumentError(f"{type(layer_or_config).__name__}; expected a mha.Layer or a config dict")
 
 
-def cache_bytes_for(layer_or_config, batch, capacity, dtype="float32"):
-    """mha_cache_bytes_for: K/V bytes a Cache(layer, batch, capacity, dtype)
-    would allocate, without creating it (2 * B * capacity * h_kv * d_head *
-    bytes when d_k = d_v = d_head and capacity is a multiple of 128)."""
+def cache_bytes_for(layer_or_config, batch, capacity, dtype="float32", v_dtype=None):
+    """mha_cache_bytes_for_kv: K/V bytes a Cache(layer, batch, capacity,
+    dtype, v_dtype=v_dtype) would allocate, without creating it (2 * B *
+    capacity * h_kv * d_head * bytes when d_k = d_v = d_head, both sides of
+    one type, and capacity is a multiple of 128)."""
     cfg = _config_of(layer_or_config)
-    n = _L.mha_cache_bytes_for(ctypes.byref(cfg), c_int("batch", batch, 0), c_int("capacity", capacity, 0),
-                               _dtype(dtype))
+    kt = _dtype(dtype)
+    vt = kt if v_dtype is None else _dtype(v_dtype)
+    n = _L.mha_cache_bytes_for_kv(ctypes.byref(cfg), c_int("batch", batch, 0), c_int("capacity", capacity, 0),
+                                  kt, vt)
     if n == 0:
         raise ArgumentError(f"mha_cache_bytes_for: batch={batch}, capacity={capacity} or the config is "
                             "invalid; expected batch >= 1, capacity >= 1 and a valid config")
@@ -93,7 +96,10 @@ def _batch_replace(spec):
 class Cache(COwner):
     """A KV cache for `batch` sequences of a causal self-attention layer.
 
-    Cache(layer, batch=1, capacity=..., dtype="float32"|"float16"|"int8", window=0)
+    Cache(layer, batch=1, capacity=..., dtype="float32"|"float16"|"int8", window=0,
+          v_dtype=None)
+    dtype: the storage of K and V; v_dtype (None: dtype) gives V a type of
+    its own (e.g. dtype="int8", v_dtype="float16": mha_cache_create_kv).
     window 0: at most `capacity` tokens per sequence; window W >= 1: a ring
     of `capacity` slots keeping the last W tokens (each query attends the
     last W positions including its own). The cache keeps a reference to
@@ -104,20 +110,21 @@ class Cache(COwner):
     _free_name = "mha_cache_free"
     _kind = "cache"
 
-    def __init__(self, layer, batch=1, capacity=1024, dtype="float32", window=0):
+    def __init__(self, layer, batch=1, capacity=1024, dtype="float32", window=0, v_dtype=None):
         if not isinstance(layer, Layer):
             raise ArgumentError(f"layer is a {type(layer).__name__}; expected a mha.Layer")
-        dt = _dtype(dtype)
+        kt = _dtype(dtype)
+        vt = kt if v_dtype is None else _dtype(v_dtype)
         batch, capacity = c_int("batch", batch, 0), c_int("capacity", capacity, 0)
         window = c_int("window", window, 0)
         handle = ctypes.c_void_p()
         with layer._borrow() as layer_ptr:
-            check(_L.mha_cache_create(ctypes.byref(handle), layer_ptr, batch, capacity, dt, window),
-                  "mha_cache_create")
+            check(_L.mha_cache_create_kv(ctypes.byref(handle), layer_ptr, batch, capacity, kt, vt, window),
+                  "mha_cache_create_kv")
         self._ptr = handle
         self.layer = layer
         self.batch, self.capacity, self.window = batch, capacity, window
-        self.dtype = _NAMES[dt]
+        self.dtype, self.v_dtype = _NAMES[kt], _NAMES[vt]  # K's type (and V's unless v_dtype), V's
         c = layer.config
         self._shape = {k: c[k] for k in ("d_model", "n_heads", "n_kv_heads", "d_k", "d_v",
                                          "add_bias_kv", "add_zero_attn")}
@@ -129,7 +136,8 @@ class Cache(COwner):
     def __repr__(self):
         if not self._ptr:
             return "Cache(closed)"
-        return (f"Cache(batch={self.batch}, capacity={self.capacity}, dtype={self.dtype!r}, "
+        vt = "" if self.v_dtype == self.dtype else f", v_dtype={self.v_dtype!r}"
+        return (f"Cache(batch={self.batch}, capacity={self.capacity}, dtype={self.dtype!r}{vt}, "
                 f"window={self.window}, lengths={self.lengths()}, bytes={self.bytes})")
 
     # ------------------------------------------------------------- state

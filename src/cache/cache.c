@@ -19,26 +19,33 @@ static int dtype_ok(mha_cache_dtype dt) {
     return dt == MHA_CACHE_F32 || dt == MHA_CACHE_F16 || dt == MHA_CACHE_I8;
 }
 
-/* Bytes of one slot of one kv head: K and V elements, plus their fp32
- * block scales for int8. */
-static size_t slot_bytes(mha_cache_dtype dt, int d_k, int d_v) {
-    size_t b = (size_t)(d_k + d_v) * cache_elt(dt);
-    return dt == MHA_CACHE_I8 ? b + sizeof(float) * (size_t)(q8_blocks(d_k) + q8_blocks(d_v)) : b;
+/* Bytes of one slot of one kv head: its key in type kt and value in vt,
+ * plus the fp32 block scales of each int8 one. */
+static size_t slot_bytes(mha_cache_dtype kt, mha_cache_dtype vt, int d_k, int d_v) {
+    size_t b = (size_t)d_k * cache_elt(kt) + (size_t)d_v * cache_elt(vt);
+    if (kt == MHA_CACHE_I8) b += sizeof(float) * (size_t)q8_blocks(d_k);
+    if (vt == MHA_CACHE_I8) b += sizeof(float) * (size_t)q8_blocks(d_v);
+    return b;
 }
 
 /* whole chunks: a kv head's chunks then form one contiguous stream */
 static int round_slots(int capacity) { return (int)mha_round_up((size_t)capacity, MHA_DECODE_CHUNK); }
 
-size_t mha_cache_bytes_for(const mha_config *cfg, int batch, int capacity, mha_cache_dtype dtype) {
+size_t mha_cache_bytes_for_kv(const mha_config *cfg, int batch, int capacity, mha_cache_dtype k_dtype,
+                              mha_cache_dtype v_dtype) {
     mha_config c;
-    if (!cfg || batch < 1 || capacity < 1 || !dtype_ok(dtype)) return 0;
+    if (!cfg || batch < 1 || capacity < 1 || !dtype_ok(k_dtype) || !dtype_ok(v_dtype)) return 0;
     if (mha_config_resolve(&c, cfg) != MHA_OK) return 0;
-    return (size_t)batch * c.n_kv_heads * (size_t)round_slots(capacity) * slot_bytes(dtype, c.d_k, c.d_v);
+    return (size_t)batch * c.n_kv_heads * (size_t)round_slots(capacity) * slot_bytes(k_dtype, v_dtype, c.d_k, c.d_v);
+}
+
+size_t mha_cache_bytes_for(const mha_config *cfg, int batch, int capacity, mha_cache_dtype dtype) {
+    return mha_cache_bytes_for_kv(cfg, batch, capacity, dtype, dtype);
 }
 
 size_t mha_cache_bytes(const mha_cache *c) {
     if (!c) return 0;
-    return (size_t)c->B * c->h_kv * (size_t)c->slots * slot_bytes(c->dtype, c->d_k, c->d_v);
+    return (size_t)c->B * c->h_kv * (size_t)c->slots * slot_bytes(c->kt, c->vt, c->d_k, c->d_v);
 }
 
 void mha_cache_free(mha_cache *c) {
@@ -48,43 +55,46 @@ void mha_cache_free(mha_cache *c) {
     free(c);
 }
 
-mha_status mha_cache_create(mha_cache **out, const mha_layer *L, int batch, int capacity,
-                            mha_cache_dtype dtype, int window) {
-    if (!out) return mha_fail(MHA_E_ARG, "mha_cache_create: out is NULL");
+/* mha_cache_create and mha_cache_create_kv; fn names the entry in errors. */
+static mha_status cache_create(mha_cache **out, const mha_layer *L, int batch, int capacity, mha_cache_dtype kt,
+                               mha_cache_dtype vt, int window, const char *fn) {
+    if (!out) return mha_fail(MHA_E_ARG, "%s: out is NULL", fn);
     *out = NULL;
-    if (!L) return mha_fail(MHA_E_ARG, "mha_cache_create: layer is NULL");
+    if (!L) return mha_fail(MHA_E_ARG, "%s: layer is NULL", fn);
     const mha_config *cf = &L->cfg;
-    if (batch < 1) return mha_fail(MHA_E_ARG, "mha_cache_create: batch=%d; expected >= 1", batch);
+    if (batch < 1) return mha_fail(MHA_E_ARG, "%s: batch=%d; expected >= 1", fn, batch);
     if (capacity < 1)
-        return mha_fail(MHA_E_ARG, "mha_cache_create: capacity=%d; expected >= 1 token", capacity);
-    if (!dtype_ok(dtype))
-        return mha_fail(MHA_E_ARG,
-                        "mha_cache_create: dtype=%d; expected MHA_CACHE_F32, MHA_CACHE_F16 or MHA_CACHE_I8",
-                        (int)dtype);
+        return mha_fail(MHA_E_ARG, "%s: capacity=%d; expected >= 1 token", fn, capacity);
+    for (int i = 0; i < 2; i++)
+        if (!dtype_ok(i ? vt : kt))
+            return mha_fail(MHA_E_ARG, "%s: %s=%d; expected MHA_CACHE_F32, MHA_CACHE_F16 or MHA_CACHE_I8", fn,
+                            kt == vt ? "dtype" : i ? "v_dtype" : "k_dtype", (int)(i ? vt : kt));
     if (window < 0 || window > capacity)
-        return mha_fail(MHA_E_ARG, "mha_cache_create: window=%d; expected 0 (none) or 1..capacity=%d",
+        return mha_fail(MHA_E_ARG, "%s: window=%d; expected 0 (none) or 1..capacity=%d", fn,
                         window, capacity);
     if (cf->d_kv_in != cf->d_model)
         return mha_fail(MHA_E_SHAPE,
-                        "mha_cache_create: d_kv_in=%d != d_model=%d; a KV cache serves causal "
-                        "self-attention (keys from the same tokens)", cf->d_kv_in, cf->d_model);
+                        "%s: d_kv_in=%d != d_model=%d; a KV cache serves causal "
+                        "self-attention (keys from the same tokens)", fn, cf->d_kv_in, cf->d_model);
     if (cf->d_v_in != cf->d_model)
         return mha_fail(MHA_E_SHAPE,
-                        "mha_cache_create: d_v_in=%d != d_model=%d; a KV cache serves causal "
-                        "self-attention (values from the same tokens)", cf->d_v_in, cf->d_model);
+                        "%s: d_v_in=%d != d_model=%d; a KV cache serves causal "
+                        "self-attention (values from the same tokens)", fn, cf->d_v_in, cf->d_model);
     int slots = round_slots(capacity);
-    size_t blocks = (size_t)batch * cf->n_kv_heads, elt = cache_elt(dtype);
-    if ((size_t)slots > ((size_t)1 << 40) / blocks / slot_bytes(dtype, cf->d_k, cf->d_v))
-        return mha_fail(MHA_E_NOMEM, "mha_cache_create: batch=%d capacity=%d is too large", batch, capacity);
+    size_t blocks = (size_t)batch * cf->n_kv_heads, slot = slot_bytes(kt, vt, cf->d_k, cf->d_v);
+    if ((size_t)slots > ((size_t)1 << 40) / blocks / slot)
+        return mha_fail(MHA_E_NOMEM, "%s: batch=%d capacity=%d is too large", fn, batch, capacity);
 
     mha_cache *c = calloc(1, sizeof *c);
-    if (!c) return mha_fail(MHA_E_NOMEM, "mha_cache_create: no memory");
+    if (!c) return mha_fail(MHA_E_NOMEM, "%s: no memory", fn);
     c->B = batch, c->cap = capacity, c->slots = slots, c->window = window;
     c->h = cf->n_heads, c->h_kv = cf->n_kv_heads, c->d_k = cf->d_k, c->d_v = cf->d_v;
-    c->d_model = cf->d_model, c->dtype = dtype, c->elt = elt;
+    c->d_model = cf->d_model, c->kt = kt, c->vt = vt, c->ek = cache_elt(kt), c->ev = cache_elt(vt);
+    c->nbk = kt == MHA_CACHE_I8 ? q8_blocks(cf->d_k) : 0;
+    c->nbv = vt == MHA_CACHE_I8 ? q8_blocks(cf->d_v) : 0;
     /* zeroed: slots never written hold finite numbers, so a weight of
      * exactly 0 on them (masked keys) contributes exactly 0 */
-    c->data = calloc(blocks * slots * (size_t)(cf->d_k + cf->d_v), elt);
+    c->data = calloc(blocks * slots, (size_t)cf->d_k * c->ek + (size_t)cf->d_v * c->ev);
     c->len = calloc((size_t)batch, sizeof(int));
     c->lo = calloc((size_t)batch, sizeof(int));
     c->upos = calloc((size_t)batch * capacity, sizeof(int));
@@ -92,21 +102,28 @@ mha_status mha_cache_create(mha_cache **out, const mha_layer *L, int batch, int 
     c->labels_k = malloc(sizeof(int) * cf->n_kv_heads);
     c->labels_v = malloc(sizeof(int) * cf->n_kv_heads);
     c->kmax = calloc(blocks, sizeof(float));
-    if (dtype == MHA_CACHE_I8) { /* zeroed as well: unwritten slots dequantize to 0 */
-        c->nbk = q8_blocks(cf->d_k), c->nbv = q8_blocks(cf->d_v);
+    if (c->nbk + c->nbv) /* zeroed as well: unwritten slots dequantize to 0 */
         c->scales = calloc(blocks * slots * (size_t)(c->nbk + c->nbv), sizeof(float));
-    }
     if (!c->data || !c->len || !c->lo || !c->upos || !c->phys || !c->labels_k || !c->labels_v || !c->kmax ||
-        (dtype == MHA_CACHE_I8 && !c->scales)) {
+        (c->nbk + c->nbv && !c->scales)) {
         mha_cache_free(c);
-        return mha_fail(MHA_E_NOMEM, "mha_cache_create: no memory for %zu bytes of K/V",
-                        blocks * slots * slot_bytes(dtype, cf->d_k, cf->d_v));
+        return mha_fail(MHA_E_NOMEM, "%s: no memory for %zu bytes of K/V", fn, blocks * slots * slot);
     }
     for (int g = 0; g < c->h_kv; g++) c->phys[g] = g;
     memcpy(c->labels_k, L->labels[MHA_BLOCK_K], sizeof(int) * c->h_kv);
     memcpy(c->labels_v, L->labels[MHA_BLOCK_V], sizeof(int) * c->h_kv);
     *out = c;
     return MHA_OK;
+}
+
+mha_status mha_cache_create(mha_cache **out, const mha_layer *L, int batch, int capacity, mha_cache_dtype dtype,
+                            int window) {
+    return cache_create(out, L, batch, capacity, dtype, dtype, window, "mha_cache_create");
+}
+
+mha_status mha_cache_create_kv(mha_cache **out, const mha_layer *L, int batch, int capacity,
+                               mha_cache_dtype k_dtype, mha_cache_dtype v_dtype, int window) {
+    return cache_create(out, L, batch, capacity, k_dtype, v_dtype, window, "mha_cache_create_kv");
 }
 
 int mha_cache_length(const mha_cache *c, int b) {
@@ -192,10 +209,29 @@ static void quantize_q8(int8_t *q, size_t qs, float *scale, size_t ss, const flo
     }
 }
 
+/* x (d) stored at dst (d elements of type dt, stride `stride`; int8:
+ * its block scales at scale, the same stride). */
+static void store_row(const mha_decode_kernels *kr, mha_cache_dtype dt, void *dst,
+                      size_t stride, float *scale, const float *x, int d) {
+    if (dt == MHA_CACHE_I8) {
+        quantize_q8(dst, stride, scale, stride, x, d);
+    } else if (dt == MHA_CACHE_F32) {
+        for (int i = 0; i < d; i++) ((float *)dst)[(size_t)i * stride] = x[i];
+    } else if (stride == 1) {
+        kr->to_f16(dst, x, (size_t)d);
+    } else {
+        uint16_t h[256];
+        for (int d0 = 0; d0 < d; d0 += 256) {
+            int nd = d - d0 < 256 ? d - d0 : 256;
+            kr->to_f16(h, x + d0, (size_t)nd);
+            for (int i = 0; i < nd; i++) ((uint16_t *)dst)[(size_t)(d0 + i) * stride] = h[i];
+        }
+    }
+}
+
 void mha_cache_store(const mha_exec *ex, mha_cache *c, const float *k, const float *v, const int *pos,
                      const int *row0, int t0, const int *n) {
     const mha_decode_kernels *kr = mha_exec_decode(ex);
-    uint16_t hk[256];
     for (int b = 0; b < c->B; b++) {
         for (int i = 0; i < n[b]; i++) {
             int slot = (c->len[b] + i) % c->cap;
@@ -209,24 +245,11 @@ void mha_cache_store(const mha_exec *ex, mha_cache *c, const float *k, const flo
                 const float *src = kr_row + (size_t)g * c->d_k;
                 const float kn = (float)sqrt(mha_sum_squares(src, c->d_k));
                 if (!(kn <= c->kmax[kv])) c->kmax[kv] = kn;
-                if (c->dtype == MHA_CACHE_I8) {
-                    quantize_q8((int8_t *)c->data + kbase, MHA_KPANEL, c->scales + mha_cache_ks_off(c, kv, slot),
-                                MHA_KPANEL, src, c->d_k);
-                    quantize_q8((int8_t *)c->data + vbase, 1, c->scales + mha_cache_vs_off(c, kv, slot), 1,
-                                vr_row + (size_t)g * c->d_v, c->d_v);
-                } else if (c->dtype == MHA_CACHE_F32) {
-                    float *dst = (float *)c->data + kbase;
-                    for (int d = 0; d < c->d_k; d++) dst[(size_t)d * MHA_KPANEL] = src[d];
-                    memcpy((float *)c->data + vbase, vr_row + (size_t)g * c->d_v, sizeof(float) * c->d_v);
-                } else {
-                    uint16_t *dst = (uint16_t *)c->data + kbase;
-                    for (int d0 = 0; d0 < c->d_k; d0 += 256) {
-                        int nd = c->d_k - d0 < 256 ? c->d_k - d0 : 256;
-                        kr->to_f16(hk, src + d0, (size_t)nd);
-                        for (int d = 0; d < nd; d++) dst[(size_t)(d0 + d) * MHA_KPANEL] = hk[d];
-                    }
-                    kr->to_f16((uint16_t *)c->data + vbase, vr_row + (size_t)g * c->d_v, (size_t)c->d_v);
-                }
+                store_row(kr, c->kt, (char *)c->data + kbase * c->ek, MHA_KPANEL,
+                          c->scales ? c->scales + mha_cache_ks_off(c, kv, slot) : NULL, src, c->d_k);
+                store_row(kr, c->vt, (char *)c->data + vbase * c->ev, 1,
+                          c->scales ? c->scales + mha_cache_vs_off(c, kv, slot) : NULL,
+                          vr_row + (size_t)g * c->d_v, c->d_v);
             }
         }
         c->len[b] += n[b];

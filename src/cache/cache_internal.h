@@ -21,15 +21,16 @@ struct mha_cache {
     int B, cap, slots;   /* slots = cap rounded up to MHA_DECODE_CHUNK      */
     int window;          /* 0: none; else attend the last `window` tokens   */
     int h, h_kv, d_k, d_v, d_model;
-    mha_cache_dtype dtype;
-    size_t elt;          /* 4, 2 or 1 (int8) bytes                           */
+    mha_cache_dtype kt, vt; /* storage type of K and of V (may differ)     */
+    size_t ek, ev;       /* bytes of one K / V element: 4, 2 or 1 (int8)     */
     void *data;          /* (B, h_kv, slots/CHUNK) chunks, each one
                             [K (CHUNK/8, d_k, 8) panels of 8 keys |
                              V (CHUNK, d_v) rows]: one stream per kv head   */
-    float *scales;       /* int8 only, else NULL: (B, h_kv, slots/CHUNK)
+    float *scales;       /* NULL unless K or V is int8: (B, h_kv, slots/CHUNK)
                             chunks of [K scales (CHUNK/8, nbk, 8) paneled
                             like K | V scales (CHUNK, nbv)], MHA_Q8_BLOCK  */
-    int nbk, nbv;        /* scale blocks per key / value row: ceil(d/32)     */
+    int nbk, nbv;        /* scale blocks per key / value row: ceil(d/32) for
+                            an int8 K / V, else 0                           */
     int *len;            /* (B) tokens appended so far (next position)       */
     int *lo;             /* (B) oldest position still stored (ring, truncate) */
     int *upos;           /* (B, cap) the position slot s was stored with (its
@@ -47,19 +48,21 @@ static inline size_t mha_cache_kv_index(const mha_cache *c, int b, int g) {
     return (size_t)b * c->h_kv + (size_t)c->phys[g];
 }
 
-/* Element offsets in data of block kv: the chunk holding slot s; K of slot
- * s, dim 0 (dim d at + d*MHA_KPANEL; a panel start when s % 8 == 0, and
- * the panels of one chunk are consecutive); V row of slot s (rows of one
- * chunk consecutive). */
-static inline size_t mha_cache_chunk_off(const mha_cache *c, size_t kv, int s) {
-    return (kv * (size_t)c->slots + (size_t)(s - s % MHA_DECODE_CHUNK)) * (size_t)(c->d_k + c->d_v);
+/* Offsets in data of block kv: the chunk holding slot s, in bytes; K of
+ * slot s, dim 0, in K elements (dim d at + d*MHA_KPANEL; a panel start
+ * when s % 8 == 0, and the panels of one chunk are consecutive); V row of
+ * slot s, in V elements (rows of one chunk consecutive). A chunk's bytes
+ * are CHUNK * (d_k ek + d_v ev), a multiple of 4 (CHUNK is), so both
+ * element offsets are whole for any pair of types. */
+static inline size_t mha_cache_chunk_byte(const mha_cache *c, size_t kv, int s) {
+    return (kv * (size_t)c->slots + (size_t)(s - s % MHA_DECODE_CHUNK)) * ((size_t)c->d_k * c->ek + (size_t)c->d_v * c->ev);
 }
 static inline size_t mha_cache_k_off(const mha_cache *c, size_t kv, int s) {
     int j = s % MHA_DECODE_CHUNK;
-    return mha_cache_chunk_off(c, kv, s) + (size_t)(j - j % MHA_KPANEL) * c->d_k + (size_t)(j % MHA_KPANEL);
+    return mha_cache_chunk_byte(c, kv, s) / c->ek + (size_t)(j - j % MHA_KPANEL) * c->d_k + (size_t)(j % MHA_KPANEL);
 }
 static inline size_t mha_cache_v_off(const mha_cache *c, size_t kv, int s) {
-    return mha_cache_chunk_off(c, kv, s) + (size_t)MHA_DECODE_CHUNK * c->d_k +
+    return (mha_cache_chunk_byte(c, kv, s) + (size_t)MHA_DECODE_CHUNK * c->d_k * c->ek) / c->ev +
            (size_t)(s % MHA_DECODE_CHUNK) * c->d_v;
 }
 
@@ -81,8 +84,8 @@ static inline size_t mha_cache_vs_off(const mha_cache *c, size_t kv, int s) {
 static inline float mha_cache_key_at(const mha_cache *c, const mha_decode_kernels *kr, size_t k0, size_t kv,
                                      int s, int d) {
     size_t at = k0 + (size_t)d * MHA_KPANEL;
-    if (c->dtype == MHA_CACHE_F32) return ((const float *)c->data)[at];
-    if (c->dtype == MHA_CACHE_I8)
+    if (c->kt == MHA_CACHE_F32) return ((const float *)c->data)[at];
+    if (c->kt == MHA_CACHE_I8)
         return (float)((const int8_t *)c->data)[at] *
                c->scales[mha_cache_ks_off(c, kv, s) + (size_t)(d / MHA_Q8_BLOCK) * MHA_KPANEL];
     float f;

@@ -118,8 +118,8 @@ static void gather_queries(float *qt, const decode_call *dc, const unit *u) {
 static void prefetch_chunk(const mha_cache *c, size_t kv, int cs) {
     int s0 = cs + PREFETCH_CHUNKS * MHA_DECODE_CHUNK;
     if (s0 >= c->slots) return;
-    const char *p = (const char *)c->data + mha_cache_chunk_off(c, kv, s0) * c->elt;
-    size_t bytes = (size_t)MHA_DECODE_CHUNK * (c->d_k + c->d_v) * c->elt;
+    const char *p = (const char *)c->data + mha_cache_chunk_byte(c, kv, s0);
+    size_t bytes = (size_t)MHA_DECODE_CHUNK * ((size_t)c->d_k * c->ek + (size_t)c->d_v * c->ev);
     for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, 0, 2);
     if (!c->scales) return;
     const char *sp = (const char *)(c->scales + mha_cache_ks_off(c, kv, s0));
@@ -149,6 +149,59 @@ static void variants_chunk(scratch *w, const decode_call *dc, const unit *u, int
     }
 }
 
+/* The elements at offset off (in elements of type dt) of the cache as
+ * fp32: in place for fp32, else widened into buf; rows x (d, lanes)
+ * elements (K: panels of 8 lanes; V: rows), int8 with scales sc. */
+static const float *widen(const decode_call *dc, mha_cache_dtype dt, float *buf, size_t off, const float *sc,
+                          size_t rows, int d, int lanes) {
+    if (dt == MHA_CACHE_F32) return (const float *)dc->c->data + off;
+    if (dt == MHA_CACHE_F16) dc->kr->from_f16(buf, (const uint16_t *)dc->c->data + off, rows * d * lanes);
+    else dc->kr->from_q8(buf, (const int8_t *)dc->c->data + off, sc, rows, d, lanes);
+    return buf;
+}
+
+/* w->s (m, nk) = scores of the unit's m scaled queries w->qt against
+ * keys jlo .. jlo+nk-1 of block kv, whatever K's storage type: fp32
+ * read in place; fp16 / int8 widened in registers for few rows (each
+ * element once per row group), else widened once into w->kf. */
+static void chunk_scores(scratch *w, const decode_call *dc, size_t kv, int jlo, int m, int nk) {
+    const mha_cache *c = dc->c;
+    const mha_decode_kernels *kr = dc->kr;
+    size_t koff = mha_cache_k_off(c, kv, jlo);
+    const float *ks = c->nbk ? c->scales + mha_cache_ks_off(c, kv, jlo) : NULL;
+    if (c->kt == MHA_CACHE_I8 && m <= FUSED_F16_ROWS) {
+        kr->scores_q8(w->s, MHA_DECODE_CHUNK, w->qt, c->d_k, (const int8_t *)c->data + koff, ks, m, nk, c->d_k);
+        return;
+    }
+    if (c->kt == MHA_CACHE_F16 && m <= FUSED_F16_ROWS) {
+        kr->scores_h(w->s, MHA_DECODE_CHUNK, w->qt, c->d_k, (const uint16_t *)c->data + koff, m, nk, c->d_k);
+        return;
+    }
+    const float *kp = widen(dc, c->kt, w->kf, koff, ks, (size_t)nk / MHA_KPANEL, c->d_k, MHA_KPANEL);
+    kr->scores(w->s, MHA_DECODE_CHUNK, w->qt, c->d_k, kp, m, nk, c->d_k);
+}
+
+/* acc (m, d_v), row stride ldacc, = the weights w->s (m, nk) times the
+ * values jlo .. jlo+nk-1 of block kv, whatever V's storage type (as
+ * chunk_scores: in registers for few rows, else widened into w->vf). */
+static void chunk_values(float *acc, int ldacc, scratch *w, const decode_call *dc, size_t kv, int jlo, int m,
+                         int nk) {
+    const mha_cache *c = dc->c;
+    const mha_decode_kernels *kr = dc->kr;
+    size_t voff = mha_cache_v_off(c, kv, jlo);
+    const float *vs = c->nbv ? c->scales + mha_cache_vs_off(c, kv, jlo) : NULL;
+    if (c->vt == MHA_CACHE_I8 && m <= FUSED_F16_ROWS) {
+        kr->accumulate_q8(acc, ldacc, w->s, MHA_DECODE_CHUNK, (const int8_t *)c->data + voff, vs, m, nk, c->d_v);
+        return;
+    }
+    if (c->vt == MHA_CACHE_F16 && m <= FUSED_F16_ROWS) {
+        kr->accumulate_h(acc, ldacc, w->s, MHA_DECODE_CHUNK, (const uint16_t *)c->data + voff, m, nk, c->d_v);
+        return;
+    }
+    const float *vp = widen(dc, c->vt, w->vf, voff, vs, (size_t)nk, c->d_v, 1);
+    kr->accumulate(acc, ldacc, w->s, MHA_DECODE_CHUNK, vp, m, nk, c->d_v);
+}
+
 /* part (rows, 2 + d_v) = the softmax state of the unit's rows over chunk
  * ch: [max, sum, acc...] per row; rows with no allowed key get -inf, 0. */
 static void chunk_partial(float *part, scratch *w, const decode_call *dc, const unit *u, int ch) {
@@ -173,40 +226,11 @@ static void chunk_partial(float *part, scratch *w, const decode_call *dc, const 
         return;
     }
     jlo -= jlo % MHA_KPANEL; /* whole panels; slots is a multiple of 8 */
-    const float *vp = NULL;
-    const uint16_t *vh = NULL;
-    const int8_t *vq = NULL;
     jhi += (MHA_KPANEL - jhi % MHA_KPANEL) % MHA_KPANEL;
     int nk = jhi - jlo;
-
     size_t kv = mha_cache_kv_index(c, u->b, u->g);
-    size_t koff = mha_cache_k_off(c, kv, jlo), voff = mha_cache_v_off(c, kv, jlo);
     prefetch_chunk(c, kv, cs);
-    const int8_t *q8 = (const int8_t *)c->data;
-    const float *ks = c->scales ? c->scales + mha_cache_ks_off(c, kv, jlo) : NULL;
-    const float *vs = c->scales ? c->scales + mha_cache_vs_off(c, kv, jlo) : NULL;
-    if (c->dtype == MHA_CACHE_I8 && m <= FUSED_F16_ROWS) {
-        dc->kr->scores_q8(w->s, MHA_DECODE_CHUNK, w->qt, c->d_k, q8 + koff, ks, m, nk, c->d_k);
-        vq = q8 + voff;
-    } else if (c->dtype == MHA_CACHE_F16 && m <= FUSED_F16_ROWS) {
-        /* few rows: widen in registers, each element once per row group */
-        dc->kr->scores_h(w->s, MHA_DECODE_CHUNK, w->qt, c->d_k, (const uint16_t *)c->data + koff, m, nk, c->d_k);
-        vh = (const uint16_t *)c->data + voff;
-    } else {
-        const float *kp;
-        if (c->dtype == MHA_CACHE_F16) { /* many rows: widen the chunk once */
-            dc->kr->from_f16(w->kf, (const uint16_t *)c->data + koff, (size_t)nk * c->d_k);
-            dc->kr->from_f16(w->vf, (const uint16_t *)c->data + voff, (size_t)nk * c->d_v);
-            kp = w->kf, vp = w->vf;
-        } else if (c->dtype == MHA_CACHE_I8) {
-            dc->kr->from_q8(w->kf, q8 + koff, ks, (size_t)nk / MHA_KPANEL, c->d_k, MHA_KPANEL);
-            dc->kr->from_q8(w->vf, q8 + voff, vs, (size_t)nk, c->d_v, 1);
-            kp = w->kf, vp = w->vf;
-        } else {
-            kp = (const float *)c->data + koff, vp = (const float *)c->data + voff;
-        }
-        dc->kr->scores(w->s, MHA_DECODE_CHUNK, w->qt, c->d_k, kp, m, nk, c->d_k);
-    }
+    chunk_scores(w, dc, kv, jlo, m, nk);
     variants_chunk(w, dc, u, m, jlo - cs, nk);
     /* causal (bottom-right) and window: row i attends positions
      * [first key, its own position]; a chunk wholly inside needs no mask */
@@ -227,9 +251,7 @@ static void chunk_partial(float *part, scratch *w, const decode_call *dc, const 
         }
     }
     dc->kr->softmax(w->s, MHA_DECODE_CHUNK, w->mx, w->sum, m, nk);
-    if (vq) dc->kr->accumulate_q8(part + 2, (int)pw, w->s, MHA_DECODE_CHUNK, vq, vs, m, nk, c->d_v);
-    else if (vh) dc->kr->accumulate_h(part + 2, (int)pw, w->s, MHA_DECODE_CHUNK, vh, m, nk, c->d_v);
-    else dc->kr->accumulate(part + 2, (int)pw, w->s, MHA_DECODE_CHUNK, vp, m, nk, c->d_v);
+    chunk_values(part + 2, (int)pw, w, dc, kv, jlo, m, nk);
     for (int i = 0; i < m; i++) {
         part[(size_t)i * pw] = w->mx[i];
         part[(size_t)i * pw + 1] = w->sum[i];

@@ -39,28 +39,51 @@ INLINE __m512 load16(const void *base, size_t i, __mmask16 k, int H) {
 
 /* ------------------------------------------------------------- scores */
 
+/* 16 int8 values from two runs of 8 at element offsets i0 and i1 (i1 < 0:
+ * the upper 8 lanes are 0) times their scales sc (one product, one
+ * rounding: the dequantized fp32 values exactly). */
+INLINE __m512 load_2x8q(const int8_t *kq, size_t i0, long i1, __m512 sc) {
+    __m128i b = _mm_loadl_epi64((const __m128i *)(kq + i0));
+    if (i1 >= 0) b = _mm_unpacklo_epi64(b, _mm_loadl_epi64((const __m128i *)(kq + i1)));
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)), sc);
+}
+
+#define NB(d) (((d) + MHA_Q8_BLOCK - 1) / MHA_Q8_BLOCK)
+
 /* R rows x P zmm of scores (2P panels from panel p0 on; the last zmm holds
- * one panel when half is set); R, P, H are constants at each call site. */
-INLINE void scores_tile(float *s, int lds, const float *q, int ldq, const void *kp, int p0, int d,
-                        int R, int P, int half, int H) {
+ * one panel when half is set); R, P, H are constants at each call site.
+ * H = 2: int8 panels with their scales ks (paneled, see MHA_Q8_BLOCK),
+ * reloaded once per block of 32 dims. */
+INLINE void scores_tile(float *s, int lds, const float *q, int ldq, const void *kp, const float *ks, int p0,
+                        int d, int R, int P, int half, int H) {
     const size_t ps = (size_t)d * MHA_KPANEL;
-    __m512 acc[4][4];
+    __m512 acc[4][4], sc[4];
     UNROLL
     for (int r = 0; r < R; r++)
         UNROLL
         for (int p = 0; p < P; p++) acc[r][p] = _mm512_setzero_ps();
-    for (int c = 0; c < d; c++) {
-        __m512 k[4];
-        UNROLL
-        for (int p = 0; p < P; p++) {
-            const size_t i0 = (size_t)(p0 + 2 * p) * ps + (size_t)c * MHA_KPANEL;
-            k[p] = load_2x8(kp, i0, (half && p == P - 1) ? -1 : (long)(i0 + ps), H);
-        }
-        UNROLL
-        for (int r = 0; r < R; r++) {
-            const __m512 qb = _mm512_set1_ps(q[(size_t)r * ldq + c]);
+    for (int c0 = 0; c0 < d; c0 += MHA_Q8_BLOCK) {
+        const int c1 = c0 + MHA_Q8_BLOCK < d ? c0 + MHA_Q8_BLOCK : d;
+        if (H == 2)
             UNROLL
-            for (int p = 0; p < P; p++) acc[r][p] = _mm512_fmadd_ps(qb, k[p], acc[r][p]);
+            for (int p = 0; p < P; p++) {
+                const size_t s0 = ((size_t)(p0 + 2 * p) * NB(d) + (size_t)(c0 / MHA_Q8_BLOCK)) * MHA_KPANEL;
+                sc[p] = load_2x8(ks, s0, (half && p == P - 1) ? -1 : (long)(s0 + (size_t)NB(d) * MHA_KPANEL), 0);
+            }
+        for (int c = c0; c < c1; c++) {
+            __m512 k[4];
+            UNROLL
+            for (int p = 0; p < P; p++) {
+                const size_t i0 = (size_t)(p0 + 2 * p) * ps + (size_t)c * MHA_KPANEL;
+                const long i1 = (half && p == P - 1) ? -1 : (long)(i0 + ps);
+                k[p] = H == 2 ? load_2x8q((const int8_t *)kp, i0, i1, sc[p]) : load_2x8(kp, i0, i1, H);
+            }
+            UNROLL
+            for (int r = 0; r < R; r++) {
+                const __m512 qb = _mm512_set1_ps(q[(size_t)r * ldq + c]);
+                UNROLL
+                for (int p = 0; p < P; p++) acc[r][p] = _mm512_fmadd_ps(qb, k[p], acc[r][p]);
+            }
         }
     }
     UNROLL
@@ -73,37 +96,42 @@ INLINE void scores_tile(float *s, int lds, const float *q, int ldq, const void *
 
 /* Panels outermost: 6 K panels (6 x d x 8) stay in L1 while every row
  * group uses them (GQA/MQA share keys). */
-INLINE void scores_impl(float *s, int lds, const float *q, int ldq, const void *kp, int m, int n,
-                        int d, int H) {
+INLINE void scores_impl(float *s, int lds, const float *q, int ldq, const void *kp, const float *ks, int m,
+                        int n, int d, int H) {
     const int np = n / MHA_KPANEL, m4 = m - m % 4;
     int p = 0;
     for (; p + 6 <= np; p += 6)
         for (int i = 0; i < m4; i += 4)
-            scores_tile(s + (size_t)i * lds, lds, q + (size_t)i * ldq, ldq, kp, p, d, 4, 3, 0, H);
+            scores_tile(s + (size_t)i * lds, lds, q + (size_t)i * ldq, ldq, kp, ks, p, d, 4, 3, 0, H);
     for (; p + 2 <= np; p += 2)
         for (int i = 0; i < m4; i += 4)
-            scores_tile(s + (size_t)i * lds, lds, q + (size_t)i * ldq, ldq, kp, p, d, 4, 1, 0, H);
+            scores_tile(s + (size_t)i * lds, lds, q + (size_t)i * ldq, ldq, kp, ks, p, d, 4, 1, 0, H);
     if (p < np)
         for (int i = 0; i < m4; i += 4)
-            scores_tile(s + (size_t)i * lds, lds, q + (size_t)i * ldq, ldq, kp, p, d, 4, 1, 1, H);
+            scores_tile(s + (size_t)i * lds, lds, q + (size_t)i * ldq, ldq, kp, ks, p, d, 4, 1, 1, H);
     for (int i = m4; i < m; i++) {
         float *si = s + (size_t)i * lds;
         const float *qi = q + (size_t)i * ldq;
         p = 0;
-        for (; p + 8 <= np; p += 8) scores_tile(si, lds, qi, ldq, kp, p, d, 1, 4, 0, H);
-        for (; p + 2 <= np; p += 2) scores_tile(si, lds, qi, ldq, kp, p, d, 1, 1, 0, H);
-        if (p < np) scores_tile(si, lds, qi, ldq, kp, p, d, 1, 1, 1, H);
+        for (; p + 8 <= np; p += 8) scores_tile(si, lds, qi, ldq, kp, ks, p, d, 1, 4, 0, H);
+        for (; p + 2 <= np; p += 2) scores_tile(si, lds, qi, ldq, kp, ks, p, d, 1, 1, 0, H);
+        if (p < np) scores_tile(si, lds, qi, ldq, kp, ks, p, d, 1, 1, 1, H);
     }
 }
 
 static void scores_avx512(float *s, int lds, const float *q, int ldq, const float *kp, int m, int n,
                           int d) {
-    scores_impl(s, lds, q, ldq, kp, m, n, d, 0);
+    scores_impl(s, lds, q, ldq, kp, NULL, m, n, d, 0);
 }
 
 static void scores_h_avx512(float *s, int lds, const float *q, int ldq, const uint16_t *kp, int m,
                             int n, int d) {
-    scores_impl(s, lds, q, ldq, kp, m, n, d, 1);
+    scores_impl(s, lds, q, ldq, kp, NULL, m, n, d, 1);
+}
+
+static void scores_q8_avx512(float *s, int lds, const float *q, int ldq, const int8_t *kq, const float *ks,
+                             int m, int n, int d) {
+    scores_impl(s, lds, q, ldq, kq, ks, m, n, d, 2);
 }
 
 /* ------------------------------------------------------------ softmax */
@@ -143,10 +171,18 @@ static void softmax_avx512(float *s, int lds, float *mx, float *sum, int m, int 
 
 /* --------------------------------------------------------- accumulate */
 
-/* R rows x C vectors of acc = p v over n keys (columns from c0 on, the
- * last vector masked by klast; v row stride dv). */
-INLINE void acc_tile(float *acc, int ldacc, const float *p, int ldp, const void *v, int c0, int dv,
-                     int n, __mmask16 klast, int R, int C, int H) {
+/* up to 16 consecutive int8 values (mask k) times one scale */
+INLINE __m512 load16q(const int8_t *v, size_t i, __mmask16 k, float scale) {
+    const __m512 x = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(k, v + i)));
+    return _mm512_mul_ps(x, _mm512_set1_ps(scale));
+}
+
+/* R rows x C vectors of acc = p v over n keys (columns from c0 on, a
+ * multiple of 16, so each vector lies in one block of 32; the last
+ * vector masked by klast; v row stride dv; H = 2: int8 rows with scales
+ * vs (n, ceil(dv/32))). */
+INLINE void acc_tile(float *acc, int ldacc, const float *p, int ldp, const void *v, const float *vs, int c0,
+                     int dv, int n, __mmask16 klast, int R, int C, int H) {
     __m512 a[4][4];
     UNROLL
     for (int r = 0; r < R; r++)
@@ -156,7 +192,9 @@ INLINE void acc_tile(float *acc, int ldacc, const float *p, int ldp, const void 
         __m512 vv[4];
         UNROLL
         for (int c = 0; c < C; c++)
-            vv[c] = load16(v, (size_t)j * dv + c0 + 16 * c, c == C - 1 ? klast : (__mmask16)0xffff, H);
+            vv[c] = H == 2 ? load16q((const int8_t *)v, (size_t)j * dv + c0 + 16 * c, c == C - 1 ? klast : (__mmask16)0xffff,
+                                     vs[(size_t)j * NB(dv) + (size_t)(c0 + 16 * c) / MHA_Q8_BLOCK])
+                           : load16(v, (size_t)j * dv + c0 + 16 * c, c == C - 1 ? klast : (__mmask16)0xffff, H);
         UNROLL
         for (int r = 0; r < R; r++) {
             const __m512 pb = _mm512_set1_ps(p[(size_t)r * ldp + j]);
@@ -174,33 +212,38 @@ INLINE void acc_tile(float *acc, int ldacc, const float *p, int ldp, const void 
 
 /* Column blocks outermost: an (n, 48) slab of V stays in L1 while every
  * row group uses it. */
-INLINE void acc_impl(float *acc, int ldacc, const float *p, int ldp, const void *v, int m, int n,
-                     int dv, int H) {
+INLINE void acc_impl(float *acc, int ldacc, const float *p, int ldp, const void *v, const float *vs, int m,
+                     int n, int dv, int H) {
     const int m4 = m - m % 4;
     int c = 0;
     for (; c + 48 <= dv; c += 48)
         for (int i = 0; i < m4; i += 4)
-            acc_tile(acc + (size_t)i * ldacc, ldacc, p + (size_t)i * ldp, ldp, v, c, dv, n, 0xffff, 4, 3, H);
+            acc_tile(acc + (size_t)i * ldacc, ldacc, p + (size_t)i * ldp, ldp, v, vs, c, dv, n, 0xffff, 4, 3, H);
     for (; c < dv; c += 16)
         for (int i = 0; i < m4; i += 4)
-            acc_tile(acc + (size_t)i * ldacc, ldacc, p + (size_t)i * ldp, ldp, v, c, dv, n, mha_mask16(dv - c), 4, 1, H);
+            acc_tile(acc + (size_t)i * ldacc, ldacc, p + (size_t)i * ldp, ldp, v, vs, c, dv, n, mha_mask16(dv - c), 4, 1, H);
     for (int i = m4; i < m; i++) {
         float *a = acc + (size_t)i * ldacc;
         const float *pi = p + (size_t)i * ldp;
         c = 0;
-        for (; c + 64 <= dv; c += 64) acc_tile(a, ldacc, pi, ldp, v, c, dv, n, 0xffff, 1, 4, H);
-        for (; c < dv; c += 16) acc_tile(a, ldacc, pi, ldp, v, c, dv, n, mha_mask16(dv - c), 1, 1, H);
+        for (; c + 64 <= dv; c += 64) acc_tile(a, ldacc, pi, ldp, v, vs, c, dv, n, 0xffff, 1, 4, H);
+        for (; c < dv; c += 16) acc_tile(a, ldacc, pi, ldp, v, vs, c, dv, n, mha_mask16(dv - c), 1, 1, H);
     }
 }
 
 static void accumulate_avx512(float *acc, int ldacc, const float *p, int ldp, const float *v, int m,
                               int n, int dv) {
-    acc_impl(acc, ldacc, p, ldp, v, m, n, dv, 0);
+    acc_impl(acc, ldacc, p, ldp, v, NULL, m, n, dv, 0);
 }
 
 static void accumulate_h_avx512(float *acc, int ldacc, const float *p, int ldp, const uint16_t *v,
                                 int m, int n, int dv) {
-    acc_impl(acc, ldacc, p, ldp, v, m, n, dv, 1);
+    acc_impl(acc, ldacc, p, ldp, v, NULL, m, n, dv, 1);
+}
+
+static void accumulate_q8_avx512(float *acc, int ldacc, const float *p, int ldp, const int8_t *vq,
+                                 const float *vs, int m, int n, int dv) {
+    acc_impl(acc, ldacc, p, ldp, vq, vs, m, n, dv, 2);
 }
 
 /* --------------------------------------------------------------- gemm */
@@ -326,6 +369,6 @@ static void from_f16_avx512(float *dst, const uint16_t *src, size_t n) {
 const mha_decode_kernels mha_decode_kernels_avx512 = {
     "avx512",           scores_avx512, scores_h_avx512, softmax_avx512, accumulate_avx512, accumulate_h_avx512,
     gemm_stream_avx512, gemm_tile_avx512, axpby_avx512, to_f16_avx512,  from_f16_avx512,
-    .scores_q8 = mha_scores_q8_avx2, .accumulate_q8 = mha_accumulate_q8_avx2, .from_q8 = mha_from_q8_avx2,
+    .scores_q8 = scores_q8_avx512, .accumulate_q8 = accumulate_q8_avx512, .from_q8 = mha_from_q8_avx2,
     .gemm_stream_bf16 = mha_gemm_stream_bf16_avx512, .gemm_stream_i8 = mha_gemm_stream_i8_avx512,
 };

@@ -98,8 +98,9 @@ extern const mha_decode_kernels mha_decode_kernels_scalar;
 extern const mha_decode_kernels mha_decode_kernels_avx2;
 extern const mha_decode_kernels mha_decode_kernels_avx512; /* avx512_decode.c */
 
-/* The AVX2 int8 kernels, shared by the AVX-512 table (every AVX-512 CPU
- * has AVX2; the int8 widening is not the bottleneck of a decode step). */
+/* The AVX2 int8 kernels; the AVX-512 table shares from_q8 (the chunk
+ * widened once for many rows) and has its own scores_q8 / accumulate_q8:
+ * with few rows the int8 widening, not memory, bounded the AVX2 ones. */
 void mha_scores_q8_avx2(float *s, int lds, const float *q, int ldq, const int8_t *kq, const float *ks,
                         int m, int n, int d);
 void mha_accumulate_q8_avx2(float *acc, int ldacc, const float *p, int ldp, const int8_t *vq,

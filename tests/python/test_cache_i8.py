@@ -100,3 +100,47 @@ def test_int8_bytes_and_errors():
     assert mha.Cache(layer, capacity=8, dtype="int8").bytes == mha.cache_bytes_for(layer, 1, 8, "int8")
     with pytest.raises(mha.ArgumentError, match="'int8'"):
         mha.Cache(layer, capacity=8, dtype="int4")
+
+
+@pytest.mark.parametrize("kt,vt", [("int8", "float16"), ("float16", "int8")])
+def test_mixed_cache_matches_its_oracle(monkeypatch, kt, vt):
+    """K and V in types of their own (mha_cache_create_kv): the oracle
+    quantizes K as kt and V as vt; swapping the two roles must fail."""
+    cfg = dict(CONFIGS["gqa"], d_k=40, d_v=40)
+    rng = np.random.default_rng(7)
+    layer, w, c = random_layer(rng, **cfg)
+    x = outlier_inputs(rng, 2, 140, c["d_model"])
+    cache = mha.Cache(layer, batch=2, capacity=140, dtype=kt, v_dtype=vt)
+    assert (cache.dtype, cache.v_dtype) == (kt, vt) and f"v_dtype={vt!r}" in repr(cache)
+    y = decode_all(cache, layer, x, 120)
+
+    def store(types):
+        """the oracle's rounding hook: attend64 rounds K, then V"""
+        def rnd(a, mode):
+            t = types.pop(0)
+            return quantize_i8(a, c["d_k"], mode) if t == "int8" else a.astype(np.float16).astype(np.float64)
+        return rnd
+
+    monkeypatch.setattr(cache_oracle, "round_fp16", store([kt, vt]))
+    want = cache_oracle.attend64(w, c, x, round_kv="nearest")
+    monkeypatch.setattr(cache_oracle, "round_fp16", store([vt, kt]))
+    swapped = cache_oracle.attend64(w, c, x, round_kv="nearest")
+    monkeypatch.undo()
+    effect = float(np.abs(want - cache_oracle.attend64(w, c, x)).max())
+    err, scale = err_scale(y, want)
+    tol = TOL32 * scale + effect / 10
+    assert err <= tol, f"{kt}/{vt} cache: max abs error {err:.3g} > {tol:.3g} (storage effect {effect:.3g})"
+    err_s, _ = err_scale(y, swapped)
+    assert err_s > tol, f"the oracle with K and V types swapped is within tolerance ({err_s:.3g} <= {tol:.3g})"
+
+
+def test_mixed_bytes_and_errors():
+    cfg = dict(d_model=2048, n_heads=32, n_kv_heads=8)
+    # K: 64 int8 + 2 fp32 scales; V: 64 fp16, per slot per kv head
+    assert mha.cache_bytes_for(cfg, 1, 4096, "int8", v_dtype="float16") == 4096 * 8 * (64 + 8 + 128)
+    assert mha.cache_bytes_for(cfg, 1, 4096, "float16", v_dtype="float16") == mha.cache_bytes_for(cfg, 1, 4096, "float16")
+    layer = mha.Layer(d_model=32, n_heads=4)
+    cache = mha.Cache(layer, capacity=8, dtype="float32", v_dtype="int8")
+    assert cache.bytes == mha.cache_bytes_for(layer, 1, 8, "float32", "int8")
+    with pytest.raises(mha.ArgumentError, match="dtype='int4'"):
+        mha.Cache(layer, capacity=8, dtype="int8", v_dtype="int4")
