@@ -82,6 +82,10 @@ int bench_fast_parts(const bench_prefill_cfg *c, const mha_weights *w, const flo
  * backward's attention passes, self-attention with c's shape. */
 int bench_backward(const bench_prefill_cfg *c);
 
+/* bench_variants.c: mha_forward with each attention variant (RoPE, ALiBi,
+ * softcap, sinks) against the plain layer, interleaved, c's shape. */
+int bench_variants(const bench_prefill_cfg *c);
+
 typedef struct {
     int d_model, h, h_kv, d_head, L, B;
     int fp16;       /* cache storage: 0 fp32, 1 fp16 */

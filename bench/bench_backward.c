@@ -1,22 +1,25 @@
 /* bench_backward.c — `bench_mha backward`: the training step of one layer.
  * Times mha_backward (MHA_PATH_AUTO: the fast backward) with every
  * gradient requested (dx, dW_*, db_*), forward then backward, and the
- * attention part of the fast backward alone (backward_attention.c's three
- * passes on the same layouts backward_fast.c uses), against the AVX2 FMA
- * peak measured in the same process. peer_torch.py backward times torch's
+ * attention part of the fast backward alone (backward_attention.c's two
+ * passes on the same layouts backward_fast.c uses, with the kernels the
+ * chooser picks), against the FMA peak of that ISA (AVX-512 or AVX2)
+ * measured in the same process. peer_torch.py backward times torch's
  * nn.MultiheadAttention autograd on the same shapes.
  *
  * FLOP counts (causal counts the T*S/2 allowed pairs, as FlashAttention):
  *   useful  = FlashAttention-2's backward count, 2.5x the forward's
- *             4*B*h*T*S*d: dV, dP, dQ, dK plus recomputing S;
- *   executed = what the three passes run: S and P V (pass 1), S, dP, dQ
- *             (pass 3), S, dP, dV, dK (pass 2) = 9 products of 2*B*h*T*S*d.
+ *             4*B*h*T*S*d: S recomputed, dP, dV, dK, dQ;
+ *   executed = what the two passes run: S and P V (pass 1: the API keeps no
+ *             forward state, so lse is recomputed), then those five
+ *             (pass 2) = 7 products of 2*B*h*T*S*d.
  * Legend: B, T, S = T, h, d = d_model / h, D = d_model. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "bench.h"
+#include "compute/exec.h"
 #include "forward/backward_fast.h"
 
 typedef struct {
@@ -37,14 +40,15 @@ static int run_step(void *arg) {
 typedef struct {
     const mha_bwd_attn *a;
     const mha_kernels *kern;
+    const mha_backward_kernels *bk;
     int nt;
 } attn_job;
 
 static int run_attention(void *arg) {
     const attn_job *j = arg;
     long masked;
-    return mha_bwd_attention_forward(j->a, j->kern, j->nt, &masked) ||
-           mha_bwd_attention_backward(j->a, j->kern, j->nt);
+    return mha_bwd_attention_forward(j->a, j->kern, j->bk, j->nt, &masked) ||
+           mha_bwd_attention_backward(j->a, j->kern, j->bk, j->nt);
 }
 
 int bench_backward(const bench_prefill_cfg *c) {
@@ -94,11 +98,15 @@ int bench_backward(const bench_prefill_cfg *c) {
     /* dq into z's buffer and dk, dv into k, v, as backward_fast.c does; the
      * values drift between runs but stay finite, the cost does not change */
     const mha_bwd_attn a = {&rc, &opt, q, k, v, z, lse, dz, z, k, v, B, T, T, T, 1.0f / 8.0f};
-    attn_job aj = {&a, mha_kernels_get(), c->threads};
+    mha_exec ex;
+    if (mha_exec_resolve(&ex, NULL)) ex.isa = mha_isa_best();
+    attn_job aj = {&a, mha_exec_prefill(&ex), mha_exec_backward(&ex), c->threads};
     int n = bench_repeat(run_attention, &aj, t, c->reps, c->budget);
     const double pairs = (double)B * h * T * T * (c->causal ? 0.5 : 1.0);
-    const double useful = 2.5 * 4.0 * pairs * d, executed = 9.0 * 2.0 * pairs * d;
-    double peak_med, peak = bench_fma_peak_avx2(c->threads, 20000000, 5, &peak_med);
+    const double useful = 2.5 * 4.0 * pairs * d, executed = 7.0 * 2.0 * pairs * d;
+    const int avx512 = !strcmp(aj.kern->name, "avx512");
+    double peak_med, peak = avx512 ? bench_fma_peak_avx512(c->threads, 20000000, 5, &peak_med)
+                                   : bench_fma_peak_avx2(c->threads, 20000000, 5, &peak_med);
     printf("RESULT kind=backward impl=mha part=attention name=%s B=%d T=%d d_model=%d h=%d causal=%d", c->name,
            B, T, D, h, c->causal);
     if (n < 0) {
@@ -109,7 +117,7 @@ int bench_backward(const bench_prefill_cfg *c) {
         printf(" useful_gflop=%.3f executed_gflop=%.3f useful_gflops=%.2f executed_gflops=%.2f "
                "fma_peak_gflops=%.2f useful_of_peak=%.3f executed_of_peak=%.3f kernels=%s threads=%d\n",
                useful * 1e-9, executed * 1e-9, useful * 1e-9 / best, executed * 1e-9 / best, peak,
-               useful * 1e-9 / best / peak, executed * 1e-9 / best / peak, mha_kernels_get()->name,
+               useful * 1e-9 / best / peak, executed * 1e-9 / best / peak, aj.kern->name,
                c->threads);
     }
     fflush(stdout);

@@ -15,6 +15,9 @@
  * OPENBLAS_CORETYPE=Haswell for OpenBLAS's AVX2 kernels).
  *   bench_mha backward --name P1 --B 4 --T 512 --d 768 --h 12 [--causal]
  *                     (bench_backward.c; prefill's options, self-attention)
+ *   bench_mha variants --name P2 --B 1 --T 4096 --d 768 --h 12 --causal
+ *                     (bench_variants.c: RoPE, ALiBi, softcap, sinks vs
+ *                     plain, interleaved; prefill's options, self-attention)
  *   bench_mha decode  --d 2048 --h 32 --h-kv 8 --d-head 64 --L 4096
  *                     [--fp16 | --int8] [--v-fp16] [--steps 20]
  */
@@ -27,7 +30,7 @@
 
 static void usage(void) {
     fprintf(stderr,
-            "usage: bench_mha machine|prefill|backward|decode [options]\n"
+            "usage: bench_mha machine|prefill|backward|variants|decode [options]\n"
             "  common:  --threads N (default 2)\n"
             "  machine: --fma-iters N --stream-mib 64,256,1024\n"
             "  prefill: --name NAME --B --T [--S] --d --h [--causal] [--reps] [--budget]\n"
@@ -114,6 +117,7 @@ static int cmd_prefill(int argc, char **argv, int threads) {
                    openblas_get_corename(), openblas_get_num_threads(), openblas_get_config());
     }
     if (!strcmp(argv[1], "backward")) return c.cross ? (usage(), 2) : bench_backward(&c);
+    if (!strcmp(argv[1], "variants")) return c.cross ? (usage(), 2) : bench_variants(&c);
     return bench_prefill(&c);
 }
 
@@ -148,7 +152,8 @@ int main(int argc, char **argv) {
     if (env && atoi(env) > 0) threads = atoi(env);
     if (argc < 2) usage();
     if (!strcmp(argv[1], "machine")) return cmd_machine(argc, argv, threads);
-    if (!strcmp(argv[1], "prefill") || !strcmp(argv[1], "backward")) return cmd_prefill(argc, argv, threads);
+    if (!strcmp(argv[1], "prefill") || !strcmp(argv[1], "backward") || !strcmp(argv[1], "variants"))
+        return cmd_prefill(argc, argv, threads);
     if (!strcmp(argv[1], "decode")) return cmd_decode(argc, argv, threads);
     usage();
     return 2;

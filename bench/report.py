@@ -52,6 +52,21 @@ same run.sh call; the rounds of a configuration alternate mha and torch):
   Q, K, V. The layer's output is checked against libmha's (max abs error
   <= 1e-3), attention's against a float64 softmax(QK^T/sqrt(d_k))V (1e-4),
   before timing; "x ORT" = ORT time / mha time.
+- backward (issue 12): mha_backward (MHA_PATH_AUTO: the fast backward),
+  every gradient requested (dx, dW_*, db_*), self-attention; "fwd+bwd" runs
+  mha_forward then mha_backward. Peer: torch nn.MultiheadAttention autograd
+  (train mode, need_weights=False, causal as a float attn_mask) with the
+  same gradients (peer_torch.py backward), in the same rounds; the faster
+  OMP_WAIT_POLICY is used as for prefill. Attention alone: the fast
+  backward's two passes (src/forward/backward_attention.c) on random Q, K,
+  V, dZ; useful FLOPs = FlashAttention-2's backward count, 2.5x the
+  forward's 4*B*h*T*S*d_k (halved when causal); executed FLOPs = the 7
+  tile products it runs (pass 1 recomputes Z and lse: the API keeps no
+  forward state); % peak against the FMA peak of the ISA it ran on.
+- variants: `bench_mha variants` times mha_forward with RoPE (halves,
+  theta 10000), ALiBi (default slopes), softcap (50) and sinks, one layer
+  each from the same weights, round by round with the plain layer;
+  overhead = fastest variant run / fastest plain run - 1.
 - decode bandwidth: bytes read per step / time; attention reads the K and V
   cache of L tokens, the whole step also the fp32 weights. It is compared with
   the streaming read bandwidth measured at the smallest buffer size that is
@@ -210,6 +225,39 @@ def flops_prefill(r):
     proj = (4 * B * T * d * d + 4 * B * S * d * d) if cross else 8 * B * T * d * d
     attn = 4 * B * h * T * S * (d // h) / (2 if causal else 1)
     return proj, attn
+
+
+def variants_section(rows, targets, notes):
+    """Issue 13's variant overhead: bench_mha variants times mha_forward of
+    one configuration with each variant on, interleaved with the plain
+    layer (one run of each per round). Overhead = the variant's fastest run
+    over plain's fastest run - 1 (the target's measure); the median of the
+    per-round ratios is shown beside it (both see the same load)."""
+    vrows = find(rows, kind="variant", impl="mha")
+    if not vrows:
+        return "(not measured in this run)"
+    body, worst = [], None
+    for name in sorted({r["name"] for r in vrows}):
+        base = one(rows, kind="variant", impl="mha", name=name, variant="plain")
+        bt = times_of([base], kind="variant") if base else []
+        for r in find(rows, kind="variant", impl="mha", name=name):
+            if r.get("error"):
+                notes.append(f"variants {name} {r.get('variant')}: {r['error']}")
+                continue
+            t = times_of([r], kind="variant")
+            over = min(t) / min(bt) - 1 if t and bt else None
+            paired = med([a / b for a, b in zip(t, bt)]) - 1 if t and bt else None
+            shape = f"B={r['B']} T={r['T']} d={r['d_model']} h={r['h']}" + (" causal" if r.get("causal") == "1" else "")
+            body.append([name, shape, r["variant"], fmt_ms(med(t)), fmt_ms(min(t) if t else None), len(t),
+                         fmt(over * 100 if over is not None else None, "+.1f", suffix="%"),
+                         fmt(paired * 100 if paired is not None else None, "+.1f", suffix="%")])
+            if r["variant"] != "plain" and name == "P2" and over is not None and (worst is None or over > worst[0]):
+                worst = (over, r["variant"])
+    if worst:
+        targets.append(["variant overhead <= 10% on P2 (RoPE, ALiBi, softcap, sinks; the worst)",
+                        f"{worst[0] * 100:+.1f}% ({worst[1]})", "met" if worst[0] <= 0.10 else "NOT met"])
+    return table(["config", "shape", "variant", "mha ms (median)", "mha ms (min)", "runs",
+                  "overhead vs plain (min)", "overhead (median of paired ratios)"], body)
 
 
 def memory_line(rows):
@@ -554,6 +602,8 @@ def main():
         worst_x = min(xs) if xs else None
         targets.append(["decode step >= 3x PyTorch at every point (worst point)",
                         fmt(worst_x, ".2f", suffix="x"), verdict(worst_x, 3)])
+    bwd_tab = backward_section(rows, peak, max(f512) if f512 else None, targets)
+    var_tab = variants_section(rows, targets, notes)
     if quality:
         for t_ in targets:
             if t_[2] in ("met", "NOT met"):
@@ -567,11 +617,14 @@ def main():
         notes.append(f"command failed (rc {e.get('rc')}): `{e.get('cmd')}`")
 
     md += ["## Prefill / encoder (issue 3)\n", pre_tab, "", "### Projection GEMMs\n", gemm_tab, "",
+           "### Attention variants (issue 13): whole forward, each variant alone, interleaved with plain\n",
+           var_tab, "",
            "## Decode, one token per step at context L (issue 5)\n", dec_tab, "",
            "### Grouped / multi-query speed-up at the longest context\n", sp_tab, "",
            "### int8 and mixed (K int8, V fp16) caches against fp16 at the longest context\n", ratio_tab, "",
            "### bf16 / int8 weights (issue 15), fp32 cache\n", wdec_tab, "",
            "## Memory (issue 3)\n", memory_line(rows), "",
+           "## Backward, training step of one layer (issue 12)\n", bwd_tab, "",
            "## Targets\n" + ("\n(--quick shapes: the issues' targets are stated for the full shapes "
                               "and do not apply here.)\n" if a.mode == "quick" else ""), tgt_tab, ""]
     if notes:
@@ -599,6 +652,53 @@ def main():
     print(text)
     print(f"\nwritten: {a.out}")
     return 1 if errors else 0
+
+
+def best_torch_backward(rows, name, part):
+    """torch's backward runs (part backward or forward_backward) under the
+    OMP_WAIT_POLICY whose median is lower."""
+    groups = {}
+    for r in find(rows, kind="backward", impl="torch", name=name, part=part):
+        groups.setdefault(r.get("omp_wait", "default"), []).extend(times_of([r]))
+    return min(groups.values(), key=med) if groups else []
+
+
+def backward_section(rows, peak_avx2, peak_avx512, targets):
+    """The backward table (issue 12) and its targets: >= 2x torch on P1,
+    >= 4x on P2 (causal), attention >= 50% of the FMA peak."""
+    body = []
+    for name, need in (("P1", 2), ("P2", 4)):
+        m = one(rows, kind="backward", impl="mha", name=name, part="backward")
+        if not m:
+            continue
+        mb = med(times_of(rows, kind="backward", impl="mha", name=name, part="backward"))
+        mf = med(times_of(rows, kind="backward", impl="mha", name=name, part="forward_backward"))
+        tb = med(best_torch_backward(rows, name, "backward"))
+        tf = med(best_torch_backward(rows, name, "forward_backward"))
+        att = find(rows, kind="backward", impl="mha", name=name, part="attention")
+        ta = med(times_of(att))
+        a0 = att[-1] if att else {}
+        kern = a0.get("kernels", "avx2")
+        pk = peak_avx512 if kern == "avx512" and peak_avx512 else peak_avx2
+        uf, ef = num(a0, "useful_gflop"), num(a0, "executed_gflop")
+        useful = uf / ta / pk if uf and ta and pk else None
+        executed = ef / ta / pk if ef and ta and pk else None
+        xb = tb / mb if tb and mb else None
+        xf = tf / mf if tf and mf else None
+        causal = " causal" if m.get("causal") == "1" else ""
+        body.append([name, f"B={m['B']} T={m['T']} d={m['d_model']} h={m['h']}{causal}", fmt_ms(mb), fmt_ms(tb),
+                     fmt(xb, ".2f", suffix="x"), fmt_ms(mf), fmt_ms(tf), fmt(xf, ".2f", suffix="x"), fmt_ms(ta),
+                     fmt(uf / ta if uf and ta else None, ".1f"), fmt(useful * 100 if useful else None, ".0f", suffix="%"),
+                     fmt(executed * 100 if executed else None, ".0f", suffix="%"), kern])
+        targets.append([f"{name} backward >= {need}x PyTorch autograd", fmt(xb, ".2f", suffix="x"), verdict(xb, need)])
+        targets.append([f"{name} backward attention >= 50% of the {kern} FMA peak (useful FLOPs; executed "
+                        f"{fmt(executed * 100 if executed else None, '.0f', suffix='%')})",
+                        fmt(useful * 100 if useful else None, ".0f", suffix="%"), verdict(useful, 0.5)])
+    if not body:
+        return "(not run)"
+    return table(["config", "shape", "mha bwd ms", "torch bwd ms", "x torch", "mha fwd+bwd ms",
+                  "torch fwd+bwd ms", "x torch", "attn bwd ms", "attn useful GFLOP/s", "useful % peak",
+                  "executed % peak", "kernels"], body)
 
 
 def verdict(v, need):

@@ -3,7 +3,8 @@
 # peers (PyTorch, ONNX Runtime, OpenBLAS) in the same run on the same number of threads,
 # then bench/report.py prints the tables and writes bench/RESULTS.md.
 #
-#   sh bench/run.sh            full run (issue 3 prefill, issue 5 decode)
+#   sh bench/run.sh            full run (issue 3 prefill, issue 13 variants,
+#                              issue 12 backward, issue 5 decode)
 #   sh bench/run.sh --quick    tiny shapes for development; writes
 #                              build/bench/RESULTS-quick.md instead
 #   BENCH_THREADS=1 sh bench/run.sh   another thread count (default 2)
@@ -214,6 +215,32 @@ for name in P1 P2 P3; do
         --threads $threads --gemm-only
   fi
 done
+
+# --------------------------------------------------- backward (issue 12)
+# A training step of one layer: mha_backward (and forward + backward) and
+# torch's autograd on the same shapes, alternating for $rounds rounds;
+# bench_mha also times the attention backward alone against the FMA peak.
+bwd_reps=$([ "$mode" = quick ] && echo 2 || echo 3)
+for name in P1 P2; do
+  eval "flags=\$$name"
+  round=1
+  while [ $round -le $rounds ]; do
+    # shellcheck disable=SC2086
+    run $solo "$bin" backward --name $name $flags --reps $bwd_reps --budget $budget --threads $threads --mha-only
+    for pol in "-u OMP_WAIT_POLICY" "OMP_WAIT_POLICY=passive"; do
+      # shellcheck disable=SC2086
+      run env $pol "$py" bench/peer_torch.py --threads $threads backward --name $name $flags \
+          --reps $bwd_reps --budget $budget
+    done
+    round=$((round + 1))
+  done
+done
+
+# ------------------------------------------- attention variants (issue 13)
+# RoPE, ALiBi, softcap and sinks each on P2's layer, interleaved with the
+# plain one in one process (report.py: overhead target <= 10%).
+# shellcheck disable=SC2086
+run $solo "$bin" variants --name P2 $P2 --reps $((reps * 2)) --budget $((budget * 2)) --threads $threads --mha-only
 
 # ---------------------------------------------------- decode (issue 5)
 # torch and mha alternate per (cache dtype, h_kv) group of contexts. torch

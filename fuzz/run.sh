@@ -18,7 +18,7 @@ mkdir -p "$out/obj"
 flags="-std=c11 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -Iinclude -Isrc -Itools -D_DEFAULT_SOURCE"
 # the readers and what they use; no OpenMP needed (array.c's pragma is then
 # ignored: the conversion runs on one thread)
-io="src/io/array.c src/io/map.c src/io/npy.c src/io/outfile.c src/io/safetensors.c src/io/tensors.c src/base/error.c"
+io="src/io/array.c src/io/map.c src/io/npy.c src/io/outfile.c src/io/safetensors.c src/io/tensors.c src/base/error.c src/base/memory.c"
 "$CLANG" $flags -o "$out/fuzz_npy" fuzz/fuzz_npy.c $io -ljansson -lm
 "$CLANG" $flags -o "$out/fuzz_safetensors" fuzz/fuzz_safetensors.c $io -ljansson -lm
 "$CLANG" $flags -o "$out/fuzz_args" fuzz/fuzz_args.c tools/args.c -lm

@@ -162,6 +162,9 @@ typedef struct {
     int qk_norm_per_head; /* 0: q_norm, k_norm are (d_k), shared by the heads;
                              1: (h, d_k) and (h_kv, d_k), one row per head   */
     float qk_norm_eps; /* 0 means 1e-6                                       */
+    int qk_norm_whole; /* 1: one norm over a token's whole q (h*d_k) and
+                          whole k (h_kv*d_k), all heads together (OLMo 2),
+                          with per-head weights (qk_norm_per_head = 1)  */
 } mha_config;
 
 /* A config for d_model and h with every other field at its default. */
@@ -336,6 +339,12 @@ typedef struct {
                                  cache). Masks stay by index.             */
     const int *key_positions; /* (B,S) position of each key; NULL: positions
                                  when the keys come from x, else 0..S-1   */
+    int sink_tokens;          /* >= 0; with window_left >= 0, keys j <
+                                 sink_tokens are attended as well (still
+                                 causal and window_right): StreamingLLM's
+                                 attention sinks. 0: none. The cached
+                                 forward takes the cache's own count (0 or
+                                 that count here)                        */
 } mha_options;
 
 MHA_API mha_options mha_options_default(void);
@@ -378,8 +387,13 @@ MHA_API int mha_get_num_threads(void);
  * each part's output Z_i and log-sum-exp lse_i of its scores,
  *   lse = log sum_i exp(lse_i),   Z = sum_i exp(lse_i - lse) Z_i.
  * That is how ring attention, split KV caches and cascade attention are
- * built (src/forward/lse.c, src/forward/merge.c). These entries always run
- * the double-accumulating reference, whatever options.path says. */
+ * built (src/forward/lse.c, src/forward/merge.c). mha_forward_lse and
+ * mha_attention_merge run in double (the reference); mha_attend_lse
+ * follows options.path: AUTO and FAST run the fast path's tiled online
+ * softmax in fp32 (the fast backward's first pass), AUTO falling back to
+ * the reference for softcap or scores beyond the fast range (FAST then
+ * returns MHA_E_UNSUPPORTED); MHA_KERNELS=reference and REFERENCE run the
+ * double reference. */
 
 /* mha_forward_kv (y, cap, sources and options as there) that also writes
  * lse (B,h,T): lse[b,r,i] = log sum_j exp(scale q_i . k_j + additive_ij)
@@ -554,11 +568,14 @@ typedef enum {
     MHA_DTYPE_BF16 = 2, /* safetensors BF16 only: widened to float           */
     MHA_DTYPE_BOOL = 3, /* npy '|b1', safetensors BOOL: bytes 0 or 1         */
     MHA_DTYPE_U8 = 4,   /* npy '|u1', safetensors U8                         */
-    MHA_DTYPE_I8 = 5    /* safetensors I8 only: widened to float (exact)     */
+    MHA_DTYPE_I32 = 5,  /* npy '<i4', with MHA_IO_INTEGERS: held as int64_t  */
+    MHA_DTYPE_I64 = 6,  /* npy '<i8', with MHA_IO_INTEGERS                   */
+    MHA_DTYPE_I8 = 7    /* safetensors I8 only: widened to float (exact)     */
 } mha_dtype;
 
 /* An owned, C-order array. Floating dtypes are held as float (f != NULL,
- * u8 == NULL); BOOL and U8 as bytes (u8 != NULL, f == NULL). */
+ * u8 == NULL); BOOL and U8 as bytes (u8 != NULL, f == NULL); I32 and I64
+ * as int64_t (i64 != NULL, the others NULL). */
 typedef struct {
     mha_dtype dtype;                /* dtype in the file                   */
     int rank;                       /* 0..MHA_ARRAY_MAX_RANK               */
@@ -566,13 +583,15 @@ typedef struct {
     size_t count;                   /* product of shape (1 for rank 0)     */
     float *f;
     uint8_t *u8;
+    int64_t *i64;
 } mha_array;
 
 /* Reader flags. By default NaN and +-Inf in floating data are refused
  * (MHA_E_NONFINITE naming the file, tensor and index). */
 enum {
     MHA_IO_ALLOW_NEG_INF = 1,  /* accept -Inf (additive masks); NaN, +Inf refused */
-    MHA_IO_ALLOW_NONFINITE = 2 /* accept anything                               */
+    MHA_IO_ALLOW_NONFINITE = 2, /* accept anything                              */
+    MHA_IO_INTEGERS = 4        /* npy: accept '<i4' / '<i8' too (positions)    */
 };
 
 /* Frees a->f / a->u8 and zeroes *a (a may be NULL). */
@@ -580,7 +599,7 @@ MHA_API void mha_array_free(mha_array *a);
 MHA_API const char *mha_dtype_name(mha_dtype dt); /* "float32", "float16", ... */
 
 /* Reads a .npy file: versions 1-3, little-endian float32/float16, bool or
- * uint8, C order, rank <= 4. Anything else is refused with MHA_E_FORMAT or
+ * uint8 (and int32/int64 with MHA_IO_INTEGERS), C order, rank <= 4. Anything else is refused with MHA_E_FORMAT or
  * MHA_E_UNSUPPORTED. */
 MHA_API mha_status mha_npy_read(mha_array *out, const char *path, unsigned flags);
 /* The same from memory; name is used in messages. */
@@ -667,6 +686,35 @@ MHA_API mha_status mha_layer_to_tensors(mha_tensors **out, const mha_layer *laye
 /* File wrappers of the two above. */
 MHA_API mha_status mha_layer_load(mha_layer **out, const char *path, const mha_load_options *opt);
 MHA_API mha_status mha_layer_save(const mha_layer *layer, const char *path);
+
+/* ---- A shard of a checkpoint (src/io/load_heads.c) ---- */
+/* Query heads [first, first + count) of a checkpoint and the kv heads
+ * they read: whole kv groups (count and first multiples of h/h_kv), or
+ * heads inside one group (its one kv head). */
+typedef struct {
+    int first, count;       /* in                                            */
+    int kv_first, kv_count; /* out: the kv heads of the shard                */
+    int *labels;            /* out, may be NULL: 2*count + 2*kv_count ints,
+                               the file's labels (metadata labels_*; i when
+                               absent) of the shard's W_Q and W_O blocks
+                               (count each), then W_K and W_V (kv_count)  */
+} mha_head_range;
+
+/* The layer of those heads alone (h = count, h_kv = kv_count, identity
+ * labels): their column blocks of W_Q, W_K, W_V and biases, row blocks of
+ * W_O, per-head variant tensors, and b_O, bias_k, bias_v as the file has
+ * them (bias_k, bias_v: the shard's kv heads), for every layout
+ * mha_layer_load reads. Only those blocks are copied out of the mapped
+ * file, and only they are checked: another head's NaN does not stop the
+ * load (F32 tensors; other dtypes are decoded whole while mapped).
+ * Y of the full layer = sum over a partition of the heads of each shard's
+ * Y without b_O, plus b_O. */
+MHA_API mha_status mha_layer_load_heads(mha_layer **out, const char *path, const mha_load_options *opt,
+                                        mha_head_range *range);
+/* The layer's dims (h, h_kv, d_k, d_v, d_model, d_kv_in, d_v_in, bias,
+ * add_bias_kv, add_zero_attn; not the variants) from the shapes and
+ * metadata, without copying or checking any weight. */
+MHA_API mha_status mha_layer_load_config(mha_config *out, const char *path, const mha_load_options *opt);
 
 /* ---- PyTorch layout (src/convert_torch.c) ---- */
 
@@ -757,6 +805,15 @@ MHA_API mha_status mha_cache_create(mha_cache **out, const mha_layer *layer, int
  * dtype. Each side keeps its type's error bound (docs/CACHE.md). */
 MHA_API mha_status mha_cache_create_kv(mha_cache **out, const mha_layer *layer, int batch, int capacity,
                                        mha_cache_dtype k_dtype, mha_cache_dtype v_dtype, int window);
+/* StreamingLLM: the first n_sink positions of every sequence of a
+ * windowed cache are never evicted, and every query attends them besides
+ * its window (as options.sink_tokens = n_sink with window_left = W - 1).
+ * They keep slots 0..n_sink-1 and the positions they were stored with
+ * (their K is stored rotated at those positions); the other positions
+ * share a ring of capacity - n_sink slots, which must hold the window:
+ * 0 <= n_sink <= capacity - window. Only on a windowed cache holding no
+ * tokens (MHA_E_ARG otherwise). */
+MHA_API mha_status mha_cache_set_sink_tokens(mha_cache *cache, int n_sink);
 MHA_API void mha_cache_free(mha_cache *cache);
 
 /* Bytes of K/V storage: B * h_kv * slots * (d_k + d_v) * (4 or 2) (int8:

@@ -19,6 +19,9 @@
  * overlapped with the attention of the block in hand), and partial results
  * are merged with mha_attention_merge (mha.h).
  *
+ * KV-cache decode runs head-parallel: each rank caches only its kv heads
+ * (mha_mpi_forward_cached_heads).
+ *
  * Errors: every function here is collective. A failure on any rank (bad
  * input, allocation, shapes that differ between ranks) makes every rank
  * return the same status with the failing rank's message in
@@ -45,6 +48,7 @@ typedef struct {
                               sequence: (P-1) * this rank's K/V block bytes   */
     double compute_s;      /* seconds in local computation                    */
     double total_s;        /* seconds for the whole call                      */
+    double cache_bytes;    /* decode: this rank's KV cache (its kv heads only) */
 } mha_mpi_stats;
 
 /* Agrees on a status across comm: returns the first failing rank's status
@@ -77,6 +81,15 @@ mha_status mha_mpi_heads_of(mha_mpi_heads *out, const mha_config *c, int rank, i
 mha_status mha_mpi_shard_heads(mha_layer **local, mha_mpi_heads *heads, const mha_layer *full,
                                MPI_Comm comm);
 
+/* Loads this rank's shard straight from the checkpoint file
+ * (mha_layer_load_heads: only its heads' blocks are read and copied; no
+ * rank holds the whole layer): cfg gets the whole layer's dims, heads its
+ * heads, *b_o a malloc'd copy of b_O (NULL when the file has none; free
+ * it) and *local the shard with b_O = 0. Labels are checked as
+ * mha_mpi_shard_heads does, from the file's metadata. Collective. */
+mha_status mha_mpi_load_heads(mha_layer **local, mha_mpi_heads *heads, mha_config *cfg, float **b_o,
+                              const char *path, const mha_load_options *opt, MPI_Comm comm);
+
 /* y (B,T,d_model) on every rank = the full layer's forward, from this
  * rank's shard (mha_mpi_shard_heads) plus b_o (d_model, may be NULL).
  * x, kv, B, T, S as mha_forward; opt's interventions are indexed by global
@@ -89,6 +102,18 @@ mha_status mha_mpi_forward_heads(const mha_layer *local, const mha_mpi_heads *he
                                  const float *b_o, float *y, const mha_capture *cap,
                                  const float *x, const float *kv, int B, int T, int S,
                                  const mha_options *opt, MPI_Comm comm, mha_mpi_stats *stats);
+
+/* Prefill or decode with a KV cache, head-parallel: y (B,T,d_model) on
+ * every rank for x (B,T,d_model), T new tokens per sequence, as
+ * mha_forward_cached of the whole layer (plus b_o, may be NULL). cache
+ * was made with mha_cache_create(&cache, local, B, capacity, ...) on this
+ * rank's shard, so it holds only this rank's kv heads (h_kv/P of them, or
+ * the one copied kv head). opt as mha_forward_cached, interventions
+ * indexed by global head. stats: this call's bytes (one all-reduce of
+ * B*T*d_model floats) and times. Collective. */
+mha_status mha_mpi_forward_cached_heads(const mha_layer *local, mha_cache *cache, const mha_mpi_heads *heads,
+                                        const float *b_o, float *y, const float *x, int B, int T,
+                                        const mha_options *opt, MPI_Comm comm, mha_mpi_stats *stats);
 
 /* --------------------------------------------------- sequence parallel */
 

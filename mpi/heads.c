@@ -17,6 +17,12 @@ int mha_mpi_alloc_fault(MPI_Comm comm) {
     return e && *e && atoi(e) == rank;
 }
 
+void mha_mpi_sum_partials(float *y, const float *yl, size_t rows, int D, const float *b_o, MPI_Comm comm) {
+    MPI_Allreduce(yl, y, (int)(rows * D), MPI_FLOAT, MPI_SUM, comm);
+    for (size_t t = 0; b_o && t < rows; t++)
+        for (int e = 0; e < D; e++) y[t * D + e] += b_o[e];
+}
+
 mha_status mha_mpi_heads_of(mha_mpi_heads *out, const mha_config *c, int rank, int P) {
     const int h = c->n_heads, h_kv = c->n_kv_heads;
     if (h_kv % P == 0) { /* whole kv groups per rank */
@@ -42,34 +48,27 @@ static void take_columns(float *dst, const float *src, int rows, int N, int firs
                sizeof(float) * (size_t)n * w);
 }
 
-/* The contract's label rule on this rank's heads only. */
-static mha_status check_shard_labels(const mha_layer *full, const mha_mpi_heads *hd, char *msg, size_t cap) {
-    const mha_config *c = mha_layer_config(full);
-    const int h = c->n_heads, h_kv = c->n_kv_heads, group = h / h_kv;
-    int *lab = malloc(sizeof(int) * (size_t)(2 * h + 2 * h_kv));
-    if (!lab) return snprintf(msg, cap, "no memory for %d labels", 2 * (h + h_kv)), MHA_E_NOMEM;
-    int *q = lab, *o = q + h, *k = o + h, *v = k + h_kv;
-    mha_layer_labels(full, MHA_BLOCK_Q, q), mha_layer_labels(full, MHA_BLOCK_O, o);
-    mha_layer_labels(full, MHA_BLOCK_K, k), mha_layer_labels(full, MHA_BLOCK_V, v);
-    mha_status s = MHA_OK;
-    for (int i = hd->first; i < hd->first + hd->count && !s; i++) {
-        int g = i / group;
-        if (q[i] != o[i])
-            s = MHA_E_CONTRACT, snprintf(msg, cap, "head contract broken in this rank's shard: W_O row block %d has label %d; expected %d (the label of W_Q column block %d)", i, o[i], q[i], i);
-        else if (k[g] != v[g])
-            s = MHA_E_CONTRACT, snprintf(msg, cap, "head contract broken in this rank's shard: W_V column block %d has label %d; expected %d (the label of W_K column block %d)", g, v[g], k[g], g);
-        else if (q[i] / group != k[g])
-            s = MHA_E_CONTRACT, snprintf(msg, cap, "head contract broken in this rank's shard: query head %d (label %d) reads kv head %d labelled %d; expected label %d", i, q[i], g, k[g], q[i] / group);
+/* The contract's label rule on this rank's heads only: q, o hold the
+ * labels of its query heads (hd->count), k, v of its kv heads
+ * (hd->kv_count); group = h / h_kv. */
+static mha_status check_shard_labels(const int *q, const int *o, const int *k, const int *v,
+                                     const mha_mpi_heads *hd, int group, char *msg, size_t cap) {
+    for (int j = 0; j < hd->count; j++) {
+        const int i = hd->first + j, g = i / group, gl = g - hd->kv_first;
+        if (q[j] != o[j])
+            return snprintf(msg, cap, "head contract broken in this rank's shard: W_O row block %d has label %d; expected %d (the label of W_Q column block %d)", i, o[j], q[j], i), MHA_E_CONTRACT;
+        if (k[gl] != v[gl])
+            return snprintf(msg, cap, "head contract broken in this rank's shard: W_V column block %d has label %d; expected %d (the label of W_K column block %d)", g, v[gl], k[gl], g), MHA_E_CONTRACT;
+        if (q[j] / group != k[gl])
+            return snprintf(msg, cap, "head contract broken in this rank's shard: query head %d (label %d) reads kv head %d labelled %d; expected label %d", i, q[j], g, k[gl], q[j] / group), MHA_E_CONTRACT;
     }
-    free(lab);
-    return s;
+    return MHA_OK;
 }
 
-/* Rank 0 gathers every rank's query labels: together they must name each
- * head of the checkpoint once. */
-static mha_status check_gathered_labels(const mha_layer *full, const mha_mpi_heads *hd, MPI_Comm comm,
+/* Rank 0 gathers every rank's query labels (mine: hd->count of them):
+ * together they must name each of the h heads once. */
+static mha_status check_gathered_labels(const int *mine, const mha_mpi_heads *hd, int h, MPI_Comm comm,
                                         char *msg, size_t cap) {
-    const int h = mha_layer_config(full)->n_heads;
     int rank;
     MPI_Comm_rank(comm, &rank);
     int *all = malloc(sizeof(int) * (size_t)h * 2), *seen = all ? all + h : NULL;
@@ -79,8 +78,7 @@ static mha_status check_gathered_labels(const mha_layer *full, const mha_mpi_hea
         free(all);
         return snprintf(msg, cap, "no memory for %d labels", h), MHA_E_NOMEM;
     }
-    mha_layer_labels(full, MHA_BLOCK_Q, seen); /* this rank's view; its slice is sent */
-    MPI_Gather(seen + hd->first, hd->count, MPI_INT, all, hd->count, MPI_INT, 0, comm);
+    MPI_Gather(mine, hd->count, MPI_INT, all, hd->count, MPI_INT, 0, comm);
     if (rank == 0) {
         memset(seen, 0, sizeof(int) * (size_t)h);
         for (int i = 0; i < h && gathered_ok; i++) {
@@ -92,6 +90,16 @@ static mha_status check_gathered_labels(const mha_layer *full, const mha_mpi_hea
     return gathered_ok ? MHA_OK : MHA_E_CONTRACT;
 }
 
+/* Both label checks, agreed: q, o, k, v as check_shard_labels. */
+static mha_status check_labels(const int *q, const int *o, const int *k, const int *v, const mha_mpi_heads *hd,
+                               int h, int h_kv, MPI_Comm comm) {
+    char msg[512] = "";
+    mha_status s = check_shard_labels(q, o, k, v, hd, h / h_kv, msg, sizeof msg);
+    if ((s = mha_mpi_agree(comm, s, msg))) return s;
+    s = check_gathered_labels(q, hd, h, comm, msg, sizeof msg);
+    return mha_mpi_agree(comm, s, msg);
+}
+
 mha_status mha_mpi_shard_heads(mha_layer **local, mha_mpi_heads *hd, const mha_layer *full, MPI_Comm comm) {
     int rank, P;
     MPI_Comm_rank(comm, &rank);
@@ -101,10 +109,16 @@ mha_status mha_mpi_shard_heads(mha_layer **local, mha_mpi_heads *hd, const mha_l
     const mha_config *c = mha_layer_config(full);
     mha_status s = mha_mpi_heads_of(hd, c, rank, P);
     if ((s = mha_mpi_agree(comm, s, s ? mha_mpi_last_error() : NULL))) return s;
-    s = check_shard_labels(full, hd, msg, sizeof msg);
-    if ((s = mha_mpi_agree(comm, s, msg))) return s;
-    s = check_gathered_labels(full, hd, comm, msg, sizeof msg);
-    if ((s = mha_mpi_agree(comm, s, msg))) return s;
+    {
+        const int h = c->n_heads, h_kv = c->n_kv_heads;
+        int *lab = malloc(sizeof(int) * (size_t)(2 * h + 2 * h_kv)), *q = lab, *o = q + h, *k = o + h, *v = k + h_kv;
+        if ((s = mha_mpi_agree(comm, lab ? MHA_OK : MHA_E_NOMEM, "no memory for the labels"))) return free(lab), s;
+        mha_layer_labels(full, MHA_BLOCK_Q, q), mha_layer_labels(full, MHA_BLOCK_O, o);
+        mha_layer_labels(full, MHA_BLOCK_K, k), mha_layer_labels(full, MHA_BLOCK_V, v);
+        s = check_labels(q + hd->first, o + hd->first, k + hd->kv_first, v + hd->kv_first, hd, h, h_kv, comm);
+        free(lab);
+        if (s) return s;
+    }
 
     // --- this rank's blocks: columns of W_Q/W_K/W_V, rows of W_O
     const int hl = hd->count, gl = hd->kv_count, d_k = c->d_k, d_v = c->d_v, D = c->d_model;
@@ -153,6 +167,59 @@ mha_status mha_mpi_shard_heads(mha_layer **local, mha_mpi_heads *hd, const mha_l
     }
     s = mha_mpi_agree(comm, s, msg);
     if (s) mha_layer_free(*local), *local = NULL;
+    return s;
+}
+
+mha_status mha_mpi_load_heads(mha_layer **local, mha_mpi_heads *hd, mha_config *cfg, float **b_o,
+                              const char *path, const mha_load_options *opt, MPI_Comm comm) {
+    int rank, P;
+    MPI_Comm_rank(comm, &rank);
+    MPI_Comm_size(comm, &P);
+    *local = NULL, *b_o = NULL;
+    mha_status s = mha_layer_load_config(cfg, path, opt);
+    if ((s = mha_mpi_agree(comm, s, NULL))) return s;
+    s = mha_mpi_heads_of(hd, cfg, rank, P);
+    if ((s = mha_mpi_agree(comm, s, s ? mha_mpi_last_error() : NULL))) return s;
+
+    // --- this rank's heads, straight from the file, with the file's labels
+    int *lab = mha_mpi_alloc_fault(comm) ? NULL : malloc(sizeof(int) * 2 * (size_t)(hd->count + hd->kv_count));
+    mha_head_range rg = {.first = hd->first, .count = hd->count, .labels = lab};
+    mha_layer *shard = NULL;
+    s = lab ? mha_layer_load_heads(&shard, path, opt, &rg) : MHA_E_NOMEM;
+    if (!s && (rg.kv_first != hd->kv_first || rg.kv_count != hd->kv_count))
+        s = mha_mpi_fail(MHA_E_SHAPE, "the loaded shard reads kv heads [%d, %d); expected [%d, %d)", rg.kv_first,
+                         rg.kv_first + rg.kv_count, hd->kv_first, hd->kv_first + hd->kv_count);
+    else if (s) mha_mpi_fail(s, "%s", lab ? mha_last_error() : "no memory for this rank's labels");
+    if (!(s = mha_mpi_agree(comm, s, s ? mha_mpi_last_error() : NULL))) {
+        const int n = hd->count, g = hd->kv_count;
+        s = check_labels(lab, lab + n, lab + 2 * n, lab + 2 * n + g, hd, cfg->n_heads, cfg->n_kv_heads, comm);
+    }
+    free(lab);
+
+    // --- b_O leaves the shard: it is added once, after the sum
+    if (!s) {
+        mha_weights w;
+        mha_layer_get_weights(shard, &w);
+        const mha_config *lc = mha_layer_config(shard);
+        const int D = lc->d_model;
+        if (!w.b_o) { /* nothing to take out */
+            *local = shard, shard = NULL;
+        } else {
+            float *zero = calloc((size_t)D, sizeof(float));
+            *b_o = zero ? malloc(sizeof(float) * D) : NULL;
+            if (!*b_o) {
+                s = mha_mpi_fail(MHA_E_NOMEM, "no memory for b_O");
+            } else {
+                memcpy(*b_o, w.b_o, sizeof(float) * D);
+                w.b_o = zero;
+                if ((s = mha_layer_create(local, lc, &w))) mha_mpi_fail(s, "%s", mha_last_error());
+            }
+            free(zero);
+        }
+        s = mha_mpi_agree(comm, s, s ? mha_mpi_last_error() : NULL);
+    }
+    mha_layer_free(shard);
+    if (s) mha_layer_free(*local), *local = NULL, free(*b_o), *b_o = NULL;
     return s;
 }
 
@@ -221,10 +288,7 @@ mha_status mha_mpi_forward_heads(const mha_layer *local, const mha_mpi_heads *hd
         if (s) snprintf(msg, sizeof msg, "%s", mha_last_error());
     }
     if (!(s = mha_mpi_agree(comm, s, msg))) {
-        // --- Y = sum_r Y_r + b_O
-        MPI_Allreduce(yl, y, (int)(rows * D), MPI_FLOAT, MPI_SUM, comm);
-        for (size_t t = 0; b_o && t < rows; t++)
-            for (int e = 0; e < D; e++) y[t * D + e] += b_o[e];
+        mha_mpi_sum_partials(y, yl, rows, D, b_o, comm); /* Y = sum_r Y_r + b_O */
         double sent = (double)rows * D * sizeof(float);
         // --- captures: rank 0 assembles every rank's heads
         float *g = NULL;

@@ -62,6 +62,37 @@ static long long layer_checksum(const mha_layer *L) {
     return (long long)(hsh >> 1);
 }
 
+/* --decode N, head-parallel: the first T-N tokens of every sequence in
+ * one prefill call, then the last N one at a time, each rank caching its
+ * kv heads; y (B,T,d_model) gets every call's rows. st sums the calls. */
+static mha_status run_decode(const mha_layer *local, const mha_mpi_heads *hd, const float *b_o, float *y,
+                             const cli_fwd *f, int n_dec, MPI_Comm comm, mha_mpi_stats *st) {
+    const int B = f->B, T = f->T, D = mha_layer_config(local)->d_model, T0 = T - n_dec;
+    const int most = T0 > 1 ? T0 : 1;
+    double t0 = MPI_Wtime();
+    mha_cache *cache = NULL;
+    mha_status s = mha_cache_create(&cache, local, B, T, MHA_CACHE_F32, 0);
+    if ((s = mha_mpi_agree(comm, s, s ? mha_last_error() : NULL))) return s;
+    float *xs = malloc(sizeof(float) * (size_t)B * most * D), *ys = malloc(sizeof(float) * (size_t)B * most * D);
+    s = mha_mpi_agree(comm, xs && ys ? MHA_OK : MHA_E_NOMEM, "no memory for one decode step's rows");
+    for (int t = 0; !s && t < T;) {
+        const int n = t == 0 && T0 > 0 ? T0 : 1; /* (B,n,D) rows [t, t+n) */
+        for (int b = 0; b < B; b++)
+            memcpy(xs + (size_t)b * n * D, f->x.f + ((size_t)b * T + t) * D, sizeof(float) * (size_t)n * D);
+        mha_mpi_stats one = {0};
+        s = mha_mpi_forward_cached_heads(local, cache, hd, b_o, ys, xs, B, n, &f->opt, comm, &one);
+        for (int b = 0; !s && b < B; b++)
+            memcpy(y + ((size_t)b * T + t) * D, ys + (size_t)b * n * D, sizeof(float) * (size_t)n * D);
+        st->sent_bytes += one.sent_bytes, st->formula_bytes += one.formula_bytes, st->compute_s += one.compute_s;
+        st->cache_bytes = one.cache_bytes;
+        t += n;
+    }
+    st->total_s = MPI_Wtime() - t0;
+    free(xs), free(ys);
+    mha_cache_free(cache);
+    return s;
+}
+
 /* Prints the agreed error on this rank and returns the exit code. */
 static int report(int rank, int code) {
     fprintf(stderr, "mha-mpi run: [rank %d] %s\n", rank, mha_mpi_last_error());
@@ -77,20 +108,26 @@ static int run(int argc, char **argv, MPI_Comm comm) {
     const char *output = NULL, *ablate = NULL, *save_z = NULL, *save_c = NULL, *save_p = NULL,
                *split = NULL, *masked = NULL;
     int want_stats = 0;
+    long long decode = 0;
     mha_arg args[] = {
         CLI_CKPT_ARGS(ck, 1),
         CLI_FWD_ARGS(ff),
         {.name = "--output", .kind = MHA_ARG_STRING, .dest = &output, .metavar = "Y.npy",
          .help = "output Y, same rank as X (written by rank 0)", .required = 1},
-        {.name = "--split", .kind = MHA_ARG_STRING, .dest = &split, .metavar = "HOW",
+        {.name = "--split", .kind = MHA_ARG_STRING, .dest = &split, .metavar = "heads|sequence",
          .help = "heads (each rank a block of heads; default) or sequence (ring attention)",
          .choices = "heads|sequence"},
         {.name = "--stats", .kind = MHA_ARG_SWITCH, .dest = &want_stats,
          .help = "print each rank's bytes sent (and the formula's) and times"},
+        {.name = "--decode", .kind = MHA_ARG_INT, .dest = &decode, .metavar = "N",
+         .help = "KV-cache decode: prefill the first T-N tokens, then the last N one at a time "
+                 "(causal self-attention, --split heads; each rank caches its kv heads)",
+         .min = 1, .max = 1 << 30},
         CLI_RUN_OUTPUT_ARGS(ablate, save_z, save_c, save_p, masked),
     };
     mha_command_spec spec = {
         .name = "run",
+        .program = "mha-mpi",
         .summary = "mha run over MPI ranks: the layer split by heads or by sequence.",
         .details = "Every rank is given the same flags; rank 0 writes the files.\n\n"
                    "example: mpirun -np 4 mha-mpi run --split heads --weights attn.safetensors \\\n"
@@ -115,13 +152,10 @@ static int run(int argc, char **argv, MPI_Comm comm) {
     }
     capture cap_text;
     capture_begin(&cap_text, rank);
-    int rc = cli_fwd_open(&L, &f, &spec, &ck, &ff, &outs, argc, argv);
-    if (rc == MHA_ARGS_CONTINUE && ablate) {
-        iv = calloc((size_t)mha_layer_config(L)->n_heads, sizeof *iv);
-        int e = iv ? cli_parse_ablate(ablate, iv, mha_layer_config(L)->n_heads)
-                   : mha_cmd_error("run", MHA_EXIT_RUNTIME, "out of memory");
-        if (e) rc = e, cli_fwd_free(&f), mha_layer_free(L), L = NULL;
-    }
+    memset(&f, 0, sizeof f);
+    argv = cli_expand_causal(&argc, argv);
+    int rc = mha_args_parse(&spec, argc, argv, NULL, NULL);
+    if (rc == MHA_ARGS_CONTINUE) rc = cli_outputs_check(&outs) ? MHA_EXIT_USAGE : MHA_ARGS_CONTINUE;
     capture_end(&cap_text);
     int failed = rc != MHA_ARGS_CONTINUE && rc != MHA_EXIT_OK, code = failed ? rc : 0;
     int help = rc == MHA_EXIT_OK, any_help;
@@ -129,24 +163,67 @@ static int run(int argc, char **argv, MPI_Comm comm) {
     MPI_Allreduce(&help, &any_help, 1, MPI_INT, MPI_MAX, comm);
     mha_status s = mha_mpi_agree(comm, failed ? MHA_E_ARG : MHA_OK, cap_text.text);
     free(cap_text.text);
-    if (s || any_help) { /* a rank that printed help has nothing loaded: all stop */
-        if (L) cli_fwd_free(&f), mha_layer_free(L), cli_outputs_finish(&outs, MHA_EXIT_RUNTIME);
-        free(iv);
-        if (s) return report(rank, code ? code : MHA_EXIT_RUNTIME);
-        return help ? MHA_EXIT_OK : MHA_EXIT_USAGE;
+    if (s) return report(rank, code ? code : MHA_EXIT_RUNTIME);
+    if (any_help) return help ? MHA_EXIT_OK : MHA_EXIT_USAGE; /* a rank that printed help stops them all */
+
+    // --- the layer: heads, this rank's shard straight from the file; sequence, all of it
+    const int heads = !split || strcmp(split, "heads") == 0;
+    mha_layer *local = NULL;
+    mha_mpi_heads hd;
+    mha_config cfg;
+    float *b_o = NULL;
+    mha_load_options lo;
+    s = mha_mpi_agree(comm, cli_load_options(&lo, &ck), NULL);
+    if (!s && heads) {
+        s = mha_mpi_load_heads(&local, &hd, &cfg, &b_o, ck.weights, &lo, comm);
+    } else if (!s) {
+        s = mha_layer_load(&L, ck.weights, &lo);
+        if (!s) cfg = *mha_layer_config(L);
+        s = mha_mpi_agree(comm, s, NULL);
+    }
+    // --- inputs, masks and --ablate against the layer's dims
+    capture_begin(&cap_text, rank);
+    rc = s ? MHA_EXIT_RUNTIME : cli_fwd_prepare_config("run", &f, &cfg, &ff);
+    if (!s && !rc && ablate) {
+        iv = calloc((size_t)cfg.n_heads, sizeof *iv);
+        rc = iv ? cli_parse_ablate(ablate, iv, cfg.n_heads) : mha_cmd_error("run", MHA_EXIT_RUNTIME, "out of memory");
+    }
+    capture_end(&cap_text);
+    if (!s) {
+        code = rc;
+        MPI_Allreduce(MPI_IN_PLACE, &code, 1, MPI_INT, MPI_MAX, comm);
+        s = mha_mpi_agree(comm, rc ? MHA_E_ARG : MHA_OK, cap_text.text);
+    }
+    free(cap_text.text);
+    if (s) {
+        if (rank == 0) cli_outputs_finish(&outs, MHA_EXIT_RUNTIME);
+        cli_fwd_free(&f), mha_layer_free(L), mha_layer_free(local), free(b_o), free(iv);
+        return report(rank, code ? code : MHA_EXIT_RUNTIME);
     }
     if (masked && strcmp(masked, "nan") == 0) f.opt.masked_row = MHA_MASKED_ROW_NAN;
     f.opt.interventions = iv;
 
-    // --- the same checkpoint and inputs on every rank
-    const mha_config cfg = *mha_layer_config(L), *c = &cfg; /* L is freed once sharded */
+    // --- the same checkpoint and inputs on every rank (heads: each rank
+    //     read other weights; b_O and the labels are what they share)
+    const mha_config *c = &cfg;
     unsigned long long in_sum = fnv(1469598103934665603ull, f.x.f, 4 * f.x.count);
     if (f.kv.f) in_sum = fnv(in_sum, f.kv.f, 4 * f.kv.count);
     const long long same[] = {c->d_model, c->n_heads, c->n_kv_heads, c->d_k, c->d_v, c->d_kv_in, c->bias,
-                              f.B, f.T, f.S, layer_checksum(L), (long long)(in_sum >> 1)};
+                              f.B, f.T, f.S, L ? layer_checksum(L) : (long long)(fnv(1469598103934665603ull, b_o, b_o ? 4 * (size_t)c->d_model : 0) >> 1),
+                              (long long)(in_sum >> 1)};
     const char *names[] = {"d_model", "h", "h_kv", "d_k", "d_v", "d_kv_in", "bias", "B", "T", "S",
-                           "checksum of the weights", "checksum of the inputs"};
+                           heads ? "checksum of b_O" : "checksum of the weights", "checksum of the inputs"};
     s = mha_mpi_check_same(comm, same, 12, names);
+    if (!s && decode) { /* the same flags on every rank: each finds the same answer */
+        char why[200] = "";
+        if (!heads) snprintf(why, sizeof why, "--decode runs head-parallel; expected --split heads");
+        else if (!ff.causal || f.kv.f) snprintf(why, sizeof why, "--decode is causal self-attention; expected --causal and no --kv-input");
+        else if (ff.attn_mask || ff.key_padding_mask || save_z || save_c || save_p)
+            snprintf(why, sizeof why, "--decode takes no masks and saves only --output; expected no --attn-mask, --key-padding-mask or --save-*");
+        else if (decode > f.T) snprintf(why, sizeof why, "--decode %lld > T=%d tokens of --input; expected 1..%d", decode, f.T, f.T);
+        if (*why) code = MHA_EXIT_USAGE;
+        s = mha_mpi_agree(comm, *why ? MHA_E_ARG : MHA_OK, why);
+    }
 
     const int B = f.B, T = f.T, h = c->n_heads, D = c->d_model;
     const int St = f.S + c->add_bias_kv + c->add_zero_attn;
@@ -154,7 +231,6 @@ static int run(int argc, char **argv, MPI_Comm comm) {
     float *y = NULL;
     mha_capture cap = {0};
     mha_mpi_stats st = {0};
-    const int heads = !split || strcmp(split, "heads") == 0;
     if (!s) { /* rank 0 holds the outputs; the others only mark which are wanted */
         int ok = 1;
         if (rank == 0 || heads) ok = (y = malloc(sizeof(float) * rows * D)) != NULL;
@@ -164,21 +240,9 @@ static int run(int argc, char **argv, MPI_Comm comm) {
         if (rank == 0 && ((save_z && !cap.z) || (save_c && !cap.contributions) || (save_p && !cap.probs))) ok = 0;
         s = mha_mpi_agree(comm, ok ? MHA_OK : MHA_E_NOMEM, ok ? NULL : "no memory for the outputs");
     }
-    if (!s && heads) {
-        mha_layer *local = NULL;
-        mha_mpi_heads hd;
-        mha_weights w;
-        mha_layer_get_weights(L, &w);
-        float *b_o = w.b_o ? malloc(sizeof(float) * D) : NULL;
-        if (b_o) memcpy(b_o, w.b_o, sizeof(float) * D);
-        s = mha_mpi_agree(comm, w.b_o && !b_o ? MHA_E_NOMEM : MHA_OK, "no memory for b_O");
-        if (!s) s = mha_mpi_shard_heads(&local, &hd, L, comm);
-        if (!s) { /* from here on this rank holds only its shard */
-            mha_layer_free(L), L = NULL;
-            s = mha_mpi_forward_heads(local, &hd, b_o, y, &cap, f.x.f, f.kv.f, B, T, f.S, &f.opt, comm, &st);
-        }
-        free(b_o);
-        mha_layer_free(local);
+    if (!s && heads) { /* this rank holds only its shard */
+        s = decode ? run_decode(local, &hd, b_o, y, &f, (int)decode, comm, &st)
+                   : mha_mpi_forward_heads(local, &hd, b_o, y, &cap, f.x.f, f.kv.f, B, T, f.S, &f.opt, comm, &st);
     } else if (!s) {
         s = mha_mpi_forward_sequence(L, y, &cap, f.x.f, f.kv.f, B, T, f.S, &f.opt, comm, &st);
     }
@@ -202,12 +266,16 @@ static int run(int argc, char **argv, MPI_Comm comm) {
         if (rank == 0) free(cap_text.text);
     }
     if (!s && want_stats) { /* one line per rank, in rank order, from rank 0 */
-        double mine[4] = {st.sent_bytes, st.formula_bytes, st.compute_s, st.total_s}, *all = NULL;
-        if (rank == 0) all = malloc(sizeof(double) * 4 * P);
-        MPI_Gather(mine, 4, MPI_DOUBLE, all, 4, MPI_DOUBLE, 0, comm);
-        for (int p = 0; rank == 0 && all && p < P; p++)
-            printf("stats: split=%s rank=%d P=%d sent_bytes=%.0f formula_bytes=%.0f compute_s=%.6f total_s=%.6f\n",
-                   heads ? "heads" : "sequence", p, P, all[4 * p], all[4 * p + 1], all[4 * p + 2], all[4 * p + 3]);
+        double mine[5] = {st.sent_bytes, st.formula_bytes, st.compute_s, st.total_s, st.cache_bytes}, *all = NULL;
+        if (rank == 0) all = malloc(sizeof(double) * 5 * P);
+        MPI_Gather(mine, 5, MPI_DOUBLE, all, 5, MPI_DOUBLE, 0, comm);
+        for (int p = 0; rank == 0 && all && p < P; p++) {
+            const double *a = all + 5 * p;
+            printf("stats: split=%s rank=%d P=%d sent_bytes=%.0f formula_bytes=%.0f compute_s=%.6f total_s=%.6f",
+                   heads ? "heads" : "sequence", p, P, a[0], a[1], a[2], a[3]);
+            if (decode) printf(" cache_bytes=%.0f", a[4]);
+            printf("\n");
+        }
         free(all);
     }
     if (!s && rank == 0)
@@ -215,10 +283,10 @@ static int run(int argc, char **argv, MPI_Comm comm) {
                f.batched ? "" : "unbatched ", B, T, D, h, c->n_kv_heads, heads ? "heads" : "sequence", P);
     if (rank == 0) free(cap.z), free(cap.contributions), free(cap.probs);
     if (s && rank == 0) cli_outputs_finish(&outs, MHA_EXIT_RUNTIME); /* no temporary left */
-    free(y), free(iv);
+    free(y), free(iv), free(b_o);
     cli_fwd_free(&f);
-    mha_layer_free(L);
-    return s ? report(rank, MHA_EXIT_RUNTIME) : MHA_EXIT_OK;
+    mha_layer_free(L), mha_layer_free(local);
+    return s ? report(rank, code ? code : MHA_EXIT_RUNTIME) : MHA_EXIT_OK;
 }
 
 int main(int argc, char **argv) {

@@ -33,12 +33,13 @@ SUITES = {
     "c": (["build/test_mha"], ["./build/test_mha"]),
     "cli": (["build/mha"], ["sh", "tests/cli_test.sh", "./build/mha"]),
     "io_cli": (["build/mha"], ["sh", "tests/io_cli_test.sh", "./build/mha"]),
-    "python": (["build/libmha.so"], [PYTHON, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
+    "mpi": (["build/mha", "build/mha-mpi"], ["sh", "tests/mpi_test.sh", "./build"]),
+    "python": (["build/libmha.so", "build/mha"], [PYTHON, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
                                      "tests/python"]),
 }
 # The suites that can see a change to a file, cheapest-to-fail first.
 DEFAULT_SUITES = [("src/", ["c", "cli", "io_cli"]), ("tools/", ["cli", "io_cli"]),
-                  ("python/", ["python"])]
+                  ("python/", ["python"]), ("mpi/", ["mpi"])]
 
 
 def parse(path):

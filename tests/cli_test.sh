@@ -129,6 +129,11 @@ row "Z = Concat\(Z\^\(1\), Z\^\(2\)\)" "(3," "8)"
 has "head width d_k = 64"
 # full layer: contract
 has "mismatch in W_O row blocks at head position 0: expected label 0, found 1"
+# variants: the paper's slopes for 4 heads travel with permute_heads [2, 0, 3, 1]
+has "slopes = [0.250, 0.062, 0.016, 0.004]"
+has "slopes = [0.016, 0.250, 0.004, 0.062]"
+has "check: the contract check reports the score-parameter block: ok"
+has "Y(halves, moved W_Q/W_K) equals Y(interleaved): max |diff|"
 has "all "
 checks=$((checks + 1))
 n_checks=$(grep -c "check: " "$tmp/out")

@@ -50,6 +50,14 @@ layer("mha", 24, 12, 12, 3, 2)          # P = 1, 2, 3, 4 split h = h_kv = 12
 layer("gqa", 16, 8, 4, 2, 3)            # P = 1, 2, 4: whole kv groups; P = 3: refused
 layer("mqa2", 16, 8, 2, 2, 2)           # P = 4: each rank a copy of its kv head
 layer("cross", 24, 12, 12, 3, 3, din=10)
+# hf layout (nn.Linear (out, in)) of a GQA layer, and a native one whose
+# head 5 has NaN in its W_Q columns: only the rank owning head 5 may fail
+w = {"q_proj.weight": r(16, 16), "k_proj.weight": r(8, 16), "v_proj.weight": r(12, 16), "o_proj.weight": r(16, 24),
+     "q_proj.bias": r(16), "o_proj.bias": r(16)}
+write_safetensors(d + "/hf.safetensors", w, {"n_heads": 8, "n_kv_heads": 4})
+w = {"w_q": r(16, 16), "w_k": r(16, 8), "w_v": r(16, 12), "w_o": r(24, 16)}
+w["w_q"][3, 5 * 2 + 1] = np.nan
+write_safetensors(d + "/nan5.safetensors", w, {"n_heads": 8, "n_kv_heads": 4})
 np.save(d + "/x.npy", r(2, 16, 24))
 np.save(d + "/x16.npy", r(2, 16, 16))
 np.save(d + "/x1.npy", r(16, 24))         # unbatched
@@ -101,6 +109,12 @@ expect_fail() {
 # single-process reference: mha run ARGS (outputs named by the caller)
 ref() { "$MHA" run "$@" >"$T/ref_out" 2>&1 || fail "mha run $*: $(cat "$T/ref_out")"; }
 
+# --- its own help ---------------------------------------------------------
+mpi 2 --help
+expect_ok
+checks=$((checks + 1))
+head -1 "$T/out" | grep -q "^usage: mha-mpi run .*--split heads|sequence" || fail "$last: usage line: $(head -1 "$T/out")"
+
 # --- both splits against mha run ----------------------------------------
 # case NAME P-LIST SPLITS WEIGHTS INPUT [more mha run flags]
 case_() {
@@ -114,6 +128,30 @@ case_() {
         done
     done
 }
+# decode NAME P-LIST WEIGHTS INPUT N [more flags for both]
+decode() {
+    name=$1 plist=$2 w=$3 x=$4 n=$5; shift 5
+    ref --weights "$T/$w.safetensors" --input "$T/$x.npy" --output "$T/r_$name.npy" --causal "$@"
+    for p in $plist; do
+        mpi "$p" --decode "$n" --weights "$T/$w.safetensors" --input "$T/$x.npy" --output "$T/y.npy" --causal "$@"
+        expect_ok
+        close "$T/y.npy" "$T/r_$name.npy"
+    done
+}
+
+# MHA_MPI_TEST_QUICK=1 (make test-asan): one small P=2 run of each path
+if [ -n "${MHA_MPI_TEST_QUICK:-}" ]; then
+    case_ quick "2" "heads sequence" gqa x16 --causal --key-padding-mask "$T/kpm.npy"
+    decode quick_dec "2" gqa x16 5
+    mpi 2 --split heads --weights "$T/gqa.safetensors" --input "$T/x16.npy" --output "$T/y.npy" --causal \
+        --save-z "$T/z.npy" --save-probs "$T/p.npy"
+    expect_ok
+    mpi 2 --split sequence --weights "$T/missing.safetensors" --input "$T/x.npy" --output "$T/y.npy"
+    expect_fail 2 "missing.safetensors"
+    echo "mpi_test (quick): $checks checks, $fails failed"
+    [ "$fails" -eq 0 ]
+    exit
+fi
 case_ mha "1 2 3 4" "heads sequence" mha x
 case_ causal "1 2 3 4" "heads sequence" mha x --causal
 case_ padded "2 3 4" "heads sequence" mha x --causal --key-padding-mask "$T/kpm.npy"
@@ -121,11 +159,30 @@ case_ boolmask "2 4" "heads sequence" mha x --attn-mask "$T/am.npy"
 case_ unbatched "2 3" "heads sequence" mha x1 --causal
 case_ gqa "1 2 4" "heads sequence" gqa x16 --causal
 case_ gqa_rep "4" "heads" mqa2 x16 --causal
+case_ hf "1 2 4 8" "heads sequence" hf x16 --causal   # each rank slices the hf tensors itself
 case_ gqa_seq3 "3" "sequence" gqa x16 --causal
 case_ cross "2 3 4" "heads sequence" cross x --kv-input "$T/kv.npy" --causal bottom-right
 case_ cross_pad "2 4" "heads sequence" cross x --kv-input "$T/kv.npy" --key-padding-mask "$T/kpm_cross.npy"
 case_ ablate "2 3 4" "heads sequence" mha x --causal --ablate 1=zero,5=scale:0.5,7=mean
 case_ nanrows "2 4" "heads sequence" mha x --attn-mask "$T/am.npy" --key-padding-mask "$T/kpm.npy" --masked-rows nan
+
+# --- KV-cache decode, head-parallel: prefill T-N tokens, decode N one at a
+# time; each rank caches its kv heads. Equals the causal forward of mha run.
+decode dec_mha "1 2 4" mha x 5
+decode dec_all "2" mha x 16                  # no prefill: every token decoded
+decode dec_gqa "1 2 4" gqa x16 7
+decode dec_rep "4" mqa2 x16 3                # each rank a copy of its kv head
+decode dec_unbatched "2" mha x1 4
+decode dec_ablate "2 4" gqa x16 6 --ablate 1=zero,6=scale:0.5
+# the cache of a rank holds its kv heads only: B*(h_kv/P)*128 slots*(d_k+d_v)*4
+for p in 2 4; do
+    mpi $p --decode 4 --stats --weights "$T/gqa.safetensors" --input "$T/x16.npy" --output "$T/y.npy" --causal
+    expect_ok
+    checks=$((checks + 1))
+    want=$((2 * 16 * 16 * 4)) cache=$((2 * (4 / p) * 128 * (2 + 3) * 4))
+    [ "$(grep -c "sent_bytes=$want formula_bytes=$want .* cache_bytes=$cache\$" "$T/out")" -eq $p ] ||
+        fail "$last: want sent_bytes=$want cache_bytes=$cache on $p ranks: $(cat "$T/out")"
+done
 
 # --- captures: rank 0 assembles Z, contributions (and probs, heads only)
 ref --weights "$T/gqa.safetensors" --input "$T/x16.npy" --output "$T/r.npy" --causal --ablate 2=zero \
@@ -181,6 +238,20 @@ for split in heads sequence; do
     MHA_MPI_FAIL_ALLOC=1 mpi 3 --split $split --weights "$T/mha.safetensors" --input "$T/x.npy" --output "$T/fo/y.npy"
     expect_fail 3 "rank 1: no memory"
 done
+# a rank reads only its heads: the NaN of head 5 stops the rank that owns it
+# (the lowest failing rank names it), not the ranks before it
+mpi 2 --split heads --weights "$T/nan5.safetensors" --input "$T/x16.npy" --output "$T/fo/y.npy"
+expect_fail 2 "rank 1: .*w_q\[.*\] = nan"
+mpi 4 --split heads --weights "$T/nan5.safetensors" --input "$T/x16.npy" --output "$T/fo/y.npy"
+expect_fail 4 "rank 2: .*w_q\[.*\] = nan"
+# --decode: usage errors (exit 2) on every rank
+mpi 2 --decode 3 --split sequence --weights "$T/mha.safetensors" --input "$T/x.npy" --output "$T/fo/y.npy" --causal
+expect_fail 2 "expected --split heads"
+[ "$rc" -eq 2 ] || fail "$last: exit $rc, want 2"
+mpi 2 --decode 17 --weights "$T/mha.safetensors" --input "$T/x.npy" --output "$T/fo/y.npy" --causal
+expect_fail 2 "expected 1..16"
+mpi 2 --decode 3 --weights "$T/mha.safetensors" --input "$T/x.npy" --output "$T/fo/y.npy"
+expect_fail 2 "expected --causal"
 checks=$((checks + 1))
 [ -z "$(ls -A "$T/fo")" ] || fail "failed runs left files behind: $(ls -A "$T/fo")"
 

@@ -278,6 +278,34 @@ static void backward_fd_interventions(void) {
 
 /* A query row with no allowed key: Z = 0, so with cross-attention its dx
  * row (only the Q path) is exactly zero; in NaN mode NaN spreads. */
+/* ALiBi (a constant bias: no gradient of its own) and soft-capping (dS
+ * times 1 - tanh^2) on the reference backward, self and cross attention,
+ * causal; the fast backward refuses them and AUTO runs the reference. */
+static void backward_fd_alibi_softcap(void) {
+    bw_fixture f;
+    mha_config c = naive_config(8, 2, 0, 0, 0, 1);
+    c.alibi = 1, c.softcap = 0.75f;
+    bw_make(&f, c, 1, 4, 4, 0, 0, 1217);
+    f.opt.causal = 1;
+    bw_run(&f);
+    bw_grads g;
+    mha_options o = f.opt;
+    o.path = MHA_PATH_FAST;
+    bw_grads_make(&g, &f);
+    if (f.L) CHECK_STATUS(mha_backward_kv(f.L, &g.g, f.dy, f.x, NULL, NULL, f.B, f.T, f.S, &o), MHA_E_UNSUPPORTED);
+    CHECK_ERROR_MENTIONS("softcap");
+    bw_grads_free(&g);
+    naive_bw_case_free(&f);
+    c.softcap = 0.0f; /* cross attention: key positions are the key source's */
+    bw_make(&f, c, 2, 3, 5, 1, 0, 1218);
+    bw_run(&f);
+    naive_bw_case_free(&f);
+    c.alibi = 0, c.softcap = 0.5f;
+    bw_make(&f, c, 1, 3, 3, 0, 0, 1219);
+    bw_run(&f);
+    naive_bw_case_free(&f);
+}
+
 static void backward_fully_masked_row(void) {
     bw_fixture f;
     const int B = 1, T = 3, S = 4;
@@ -417,6 +445,7 @@ static const test_case cases[] = {
     {"backward_fd_masks", backward_fd_masks},
     {"backward_fd_bias_kv_zero_attn", backward_fd_bias_kv_zero_attn},
     {"backward_fd_interventions", backward_fd_interventions},
+    {"backward_fd_alibi_softcap", backward_fd_alibi_softcap},
     {"backward_fully_masked_row", backward_fully_masked_row},
     {"backward_fd_detects_wrong_gradient", backward_fd_detects_wrong_gradient},
     {"backward_partial_request", backward_partial_request},

@@ -4,7 +4,8 @@
  * Tolerance per gradient tensor, the forward's rule: max|fast - ref| <=
  * 2 * max|naive32 - ref| + 1e-6, naive32 being the plain fp32 backward
  * written below from the math of docs/BACKWARD.md. Also: bit-identical
- * across 1 and 2 threads, both kernel tables, the MHA_E_UNSUPPORTED
+ * across 1 and 2 threads, every kernel ISA (per_isa_areas in test_main.c),
+ * the kernels taken from mha_exec, the MHA_E_UNSUPPORTED
  * fallback, and the peak memory of forward then backward.
  * Legend: B, T, S, Sx = S + extra keys, h, h_kv, d_k, d_v, D = d_model,
  * Dk = d_kv_in, Dv = d_v_in. */
@@ -12,6 +13,8 @@
 #include <string.h>
 
 #include "core/core.h"
+#include "compute/exec.h"
+#include "forward/backward.h"
 #include "kernels/kernels.h"
 #include "naive.h"
 #include "tests.h"
@@ -350,18 +353,8 @@ static void run_options(void) {
     naive_bw_case_free(&f);
 }
 
-static void backward_fast_options_avx2(void) {
-    if (!mha_cpu_has_avx2()) return;
-    mha_kernels_force(&mha_kernels_avx2);
-    run_options();
-    mha_kernels_force(NULL);
-}
-
-static void backward_fast_options_scalar(void) {
-    mha_kernels_force(&mha_kernels_scalar);
-    run_options();
-    mha_kernels_force(NULL);
-}
+/* On the table the runner forced (test_main.c runs this area once per ISA). */
+static void backward_fast_options(void) { run_options(); }
 
 /* The checker itself: a fast gradient off by 1e-4 in one entry fails. */
 static void backward_fast_rule_detects_error(void) {
@@ -456,6 +449,62 @@ static void backward_fast_is_auto(void) {
     naive_bw_case_free(&f);
 }
 
+/* mha_backward takes its kernels from the one chooser (compute/exec.h):
+ * under each MHA_KERNELS value the call records the prefill and backward
+ * tables of that ISA, as the forward does (test_concurrency.c), and
+ * "reference" runs the oracle under AUTO (its bits, no table asked). */
+static void check_backward_kernels(const char *env, const mha_isa *want) {
+    fixture f;
+    naive_bw_case_make(&f, naive_config(8, 2, 0, 0, 0, 1), 1, 9, 9, 0, 0, 1315);
+    if (env) setenv("MHA_KERNELS", env, 1);
+    else unsetenv("MHA_KERNELS");
+    mha_exec ex;
+    CHECK_OK(mha_exec_resolve(&ex, NULL));
+    mha_exec_trace tr = {0};
+    ex.trace = &tr;
+    grads g, ref;
+    grads_alloc(&g, &f.w.cfg, f.B, f.T, f.S, 0, 0);
+    mha_gradients view = grads_view(&g);
+    if (f.L) CHECK_OK(mha_backward_exec(&ex, f.L, &view, f.dy, f.x, NULL, NULL, f.B, f.T, f.S, &f.opt));
+    if (!want) {
+        CHECK(tr.prefill == NULL && tr.backward == NULL);
+        CHECK_OK(fx_backward(&f, &ref, MHA_PATH_REFERENCE));
+        for (int i = 0; i < G_N; i++)
+            if (ref.t[i] && memcmp(ref.t[i], g.t[i], ref.n[i] * sizeof(float)) != 0)
+                test_report(__FILE__, __LINE__, "MHA_KERNELS=reference: %s is not the reference's", grad_names[i]);
+        grads_free(&ref);
+    } else if (tr.prefill != want->prefill || tr.backward != want->backward) {
+        test_report(__FILE__, __LINE__, "MHA_KERNELS=%s: backward ran %s/%s; want %s", env ? env : "(unset)",
+                    tr.prefill ? tr.prefill->name : "-", tr.backward ? tr.backward->name : "-", want->name);
+    }
+    grads_free(&g);
+    naive_bw_case_free(&f);
+}
+
+static void backward_kernels_from_exec(void) {
+    const char *old = getenv("MHA_KERNELS");
+    char *saved = old ? strdup(old) : NULL;
+    const mha_isa *isa;
+    check_backward_kernels(NULL, mha_isa_best());
+    check_backward_kernels("reference", NULL);
+    const char *names[] = {"scalar", "avx2", "avx512"};
+    for (int i = 0; i < 3; i++)
+        if (mha_isa_by_name(&isa, names[i]) == MHA_OK) check_backward_kernels(names[i], isa);
+        else mha_clear_error();
+    /* an unknown value is refused by name, as by the forward */
+    setenv("MHA_KERNELS", "avx3", 1);
+    fixture f;
+    naive_bw_case_make(&f, naive_config(8, 2, 0, 0, 0, 1), 1, 4, 4, 0, 0, 1316);
+    grads g;
+    CHECK_STATUS(fx_backward(&f, &g, MHA_PATH_AUTO), MHA_E_ARG);
+    CHECK_ERROR_MENTIONS("MHA_KERNELS=avx3");
+    grads_free(&g);
+    naive_bw_case_free(&f);
+    if (saved) setenv("MHA_KERNELS", saved, 1);
+    else unsetenv("MHA_KERNELS");
+    free(saved);
+}
+
 /* ------------------------------------------------------------- memory */
 
 /* B=1, T, d_model=768, h=12, causal: forward then backward (fast path);
@@ -504,11 +553,21 @@ static void backward_memory_peak(void) {
     mha_layer_free(L);
 }
 
-static const test_case cases[] = {
-    {"backward_fast_options_avx2", backward_fast_options_avx2},
-    {"backward_fast_options_scalar", backward_fast_options_scalar},
-    {"backward_fast_rule_detects_error", backward_fast_rule_detects_error},
+/* Run once per ISA (test_main.c's per_isa_areas): fast vs reference for
+ * every option, and 1 vs 2 threads. */
+static const test_case isa_cases[] = {
+    {"backward_fast_options", backward_fast_options},
     {"backward_fast_threads_bit_identical", backward_fast_threads_bit_identical},
+};
+
+const test_case *tests_backward_fast_isa(size_t *count) {
+    *count = sizeof isa_cases / sizeof isa_cases[0];
+    return isa_cases;
+}
+
+static const test_case cases[] = {
+    {"backward_fast_rule_detects_error", backward_fast_rule_detects_error},
+    {"backward_kernels_from_exec", backward_kernels_from_exec},
     {"backward_fast_unsupported_fallback", backward_fast_unsupported_fallback},
     {"backward_fast_is_auto", backward_fast_is_auto},
     {"backward_memory_peak", backward_memory_peak},

@@ -281,7 +281,28 @@ static void heads_concat_split_contrib_standalone(void) {
     CHECK_ARRAY_NEAR(y, yhand, 4, 0);
 }
 
+/* mha_project_out gives the bits of the textbook loop written here: each
+ * y element sums b then z_i w_i for i = 0, 1, ... in double. */
+static void heads_project_out_textbook_bits(void) {
+    uint64_t seed = 2801;
+    const int rows = 5, din = 37, dout = 19;
+    float *z = naive_random_floats((size_t)rows * din, &seed, -2.0f, 2.0f);
+    float *w = naive_random_floats((size_t)din * dout, &seed, -2.0f, 2.0f);
+    float *b = naive_random_floats((size_t)dout, &seed, -2.0f, 2.0f);
+    float *y = naive_alloc_floats((size_t)rows * dout), *want = naive_alloc_floats((size_t)rows * dout);
+    for (int t = 0; t < rows; t++)
+        for (int o = 0; o < dout; o++) {
+            double acc = b[o];
+            for (int i = 0; i < din; i++) acc += (double)z[t * din + i] * w[i * dout + o];
+            want[t * dout + o] = (float)acc;
+        }
+    CHECK_OK(mha_project_out(y, z, w, b, rows, din, dout));
+    CHECK(memcmp(y, want, sizeof(float) * rows * dout) == 0);
+    free(z), free(w), free(b), free(y), free(want);
+}
+
 static const test_case cases[] = {
+    {"heads_project_out_textbook_bits", heads_project_out_textbook_bits},
     {"heads_contributions_sum_to_y", heads_contributions_sum_to_y},
     {"heads_capture_matches_naive", heads_capture_matches_naive},
     {"heads_probs_rows_sum_to_one", heads_probs_rows_sum_to_one},

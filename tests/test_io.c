@@ -177,6 +177,24 @@ static void test_npy_refuses_bad_files(void) {
     CHECK_ERROR_MENTIONS("'<f8'");
     CHECK_STATUS(npy_parse_str("{'descr': '<i4', 'fortran_order': False, 'shape': (2,), }", z, 8, &a, 0),
                  MHA_E_UNSUPPORTED);
+    // --- integers with MHA_IO_INTEGERS: little-endian two's complement into int64
+    const unsigned char i4[8] = {0xfe, 0xff, 0xff, 0xff, 0x01, 0x02, 0x00, 0x40}; /* -2, 0x40000201 */
+    CHECK_OK(npy_parse_str("{'descr': '<i4', 'fortran_order': False, 'shape': (2,), }", i4, 8, &a, MHA_IO_INTEGERS));
+    CHECK(a.dtype == MHA_DTYPE_I32 && a.i64 && !a.f && !a.u8 && a.i64[0] == -2 && a.i64[1] == 0x40000201);
+    mha_tensors *ti = NULL;
+    CHECK_OK(mha_tensors_create(&ti));
+    CHECK_STATUS(mha_tensors_add(ti, "pos", &a), MHA_E_UNSUPPORTED); /* no writer takes integers */
+    CHECK_ERROR_MENTIONS("int32");
+    mha_tensors_free(ti);
+    mha_array_free(&a);
+    const unsigned char i8[16] = {0x05, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f};
+    CHECK_OK(npy_parse_str("{'descr': '<i8', 'fortran_order': False, 'shape': (2,), }", i8, 16, &a, MHA_IO_INTEGERS));
+    CHECK(a.dtype == MHA_DTYPE_I64 && a.i64[0] == 5 && a.i64[1] == INT64_MAX);
+    CHECK(strcmp(mha_dtype_name(a.dtype), "int64") == 0);
+    mha_array_free(&a);
+    CHECK_STATUS(npy_parse_str("{'descr': '<i2', 'fortran_order': False, 'shape': (2,), }", z, 4, &a, MHA_IO_INTEGERS),
+                 MHA_E_UNSUPPORTED);
+    CHECK_ERROR_MENTIONS("'<i8' (int64)");
     CHECK_STATUS(npy_parse_str("{'descr': '<f4', 'fortran_order': True, 'shape': (2, 2), }", z, 16, &a, 0),
                  MHA_E_UNSUPPORTED);
     CHECK_ERROR_MENTIONS("Fortran");

@@ -1,6 +1,6 @@
 /* test_isa.c — the AVX-512 kernels against the AVX2 and scalar ones and
  * plain double loops: the 12x32 and 6x16 tiles at every edge size, the
- * attention steps, the exp over every float of the softmax's range, the
+ * packed GEMM driver (K blocks, packing, K^T store), the attention steps, the exp over every float of the softmax's range, the
  * decode kernels and the fp16 conversions; and the choice of the ISA
  * (CPUID/XCR0, MHA_KERNELS). Skipped where the CPU lacks AVX-512.
  * Where the AVX2 kernels make the same FMA chains (GEMM tiles, scores,
@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "compute/gemm.h"
 #include "kernels/decode_kernels.h"
 #include "kernels/kernels.h"
 #include "naive.h"
@@ -101,7 +102,7 @@ static void test_isa_tile_12x32(void) {
                 for (int use_bias = 0; use_bias < 2; use_bias++) {
                     const float *bp = use_bias ? bias : NULL;
                     memcpy(c, guard, sizeof c), memcpy(c2, guard, sizeof c2);
-                    mha_sgemm_avx512_12x32(c + LDC, LDC, a, a_ps, b, b_ps, bp, K, m, n);
+                    mha_sgemm_avx512_12x32(c + LDC, LDC, a, a_ps, b, b_ps, 16, bp, K, m, n, 0);
                     /* AVX2: 6x16 tiles over the same packed operands */
                     for (int r = 0; r < m; r += 6)
                         for (int q = 0; q < n; q += 16)
@@ -313,14 +314,163 @@ static void test_isa_f16_conversion(void) {
     free(h), free(h1), free(h2), free(f1), free(f2), free(x);
 }
 
+/* The variants' tile kernels: the AVX-512 softcap gives the AVX2 kernel's
+ * bits (rows of only small, mixed and only large |s / cap|, infinities,
+ * a masked tail), the AVX-512 ALiBi tile the scalar one's (distances up
+ * to 2^30 both ways; columns past cols untouched). */
+static void test_isa_variant_kernels(void) {
+    if (!have()) return;
+    enum { ROWS = 4, COLS = 37, LDS = 64 };
+    float s1[ROWS * LDS], s2[ROWS * LDS];
+    for (int i = 0; i < ROWS; i++)
+        for (int j = 0; j < LDS; j++) /* row 0: |x| < 0.4; 1: mixed; 2: |x| >= 0.4; 3: wide */
+            s1[i * LDS + j] = i == 0 ? 0.019f * (float)(j - 20) : i == 1 ? 0.31f * (float)(j - 18)
+                              : i == 2 ? (j % 2 ? 1.0f : -1.0f) * (0.4f + 0.7f * (float)j) : 3.7f * (float)(j - 19);
+    s1[3 * LDS + 5] = INFINITY, s1[3 * LDS + 6] = -INFINITY;
+    memcpy(s2, s1, sizeof s1);
+    mha_attn_softcap_avx512(s1, LDS, 2.0f, ROWS, COLS);
+    mha_attn_softcap_avx2(s2, LDS, 2.0f, ROWS, COLS);
+    for (int i = 0; i < ROWS; i++)
+        if (memcmp(s1 + i * LDS, s2 + i * LDS, sizeof(float) * COLS) != 0)
+            test_report(__FILE__, __LINE__, "softcap row %d: avx512 differs from avx2", i);
+    int qpos[ROWS] = {0, 1000, 1 << 30, 7}, kpos[LDS];
+    for (int j = 0; j < LDS; j++) kpos[j] = j % 3 == 0 ? (1 << 30) - j : j * 37;
+    uint64_t seed = 95;
+    float *a = naive_random_floats(ROWS * LDS, &seed, -4, 4), *b = naive_alloc_floats(ROWS * LDS);
+    memcpy(b, a, sizeof(float) * ROWS * LDS);
+    const float tail = a[COLS], biased = a[3 * LDS + 3];
+    mha_attn_alibi_avx512(a, LDS, qpos, kpos, 0.0625f, ROWS, COLS);
+    mha_attn_alibi_get(&mha_kernels_scalar)(b, LDS, qpos, kpos, 0.0625f, ROWS, COLS);
+    CHECK(memcmp(a, b, sizeof(float) * ROWS * LDS) == 0);
+    CHECK(a[COLS] == tail && a[3 * LDS + 3] == biased - 0.0625f * (float)((1 << 30) - 3 - 7)); /* tail kept; biased */
+    free(a), free(b);
+}
+
+/* The AVX-512 softmax flushes exp(x) below MHA_SOFTMAX_FLUSH to 0 (no
+ * subnormal products in p v), in p and in alpha, and otherwise gives the
+ * AVX2 kernel's bits. */
+static void test_isa_softmax_flush(void) {
+    if (!have()) return;
+    enum { COLS = 96 };
+    float p1[2 * COLS], p2[2 * COLS], m1[2] = {0.0f, 0.0f}, m2[2] = {0.0f, 0.0f}, l1[2] = {1, 1}, l2[2] = {1, 1};
+    float a1[2], a2[2];
+    for (int j = 0; j < COLS; j++) { /* x = s - max from 0 down to -95: across the threshold and exp's clamp */
+        p1[j] = 50.0f - (float)j;        /* row 0: max 50, alpha = e^-50 */
+        p1[COLS + j] = 40.0f - (float)j; /* row 1: max 40, alpha = e^-40 */
+    }
+    memcpy(p2, p1, sizeof p1);
+    mha_attn_softmax_avx512(p1, COLS, m1, l1, a1, NULL, NULL, COLS, 2, COLS);
+    mha_attn_softmax_avx2(p2, COLS, m2, l2, a2, NULL, NULL, COLS, 2, COLS);
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < COLS; j++) {
+            const float x = (float)(-j), want = x < MHA_SOFTMAX_FLUSH ? 0.0f : p2[i * COLS + j];
+            if (memcmp(&p1[i * COLS + j], &want, 4) != 0 || (x < -40.0f && x >= MHA_SOFTMAX_FLUSH && want == 0.0f))
+                test_report(__FILE__, __LINE__, "row %d x=%g: avx512 p %a, want %a", i, (double)x,
+                            (double)p1[i * COLS + j], (double)want);
+        }
+    CHECK(a1[0] == 0.0f && a2[0] > 0.0f); /* e^-50: flushed */
+    CHECK(memcmp(&a1[1], &a2[1], 4) == 0 && a1[1] > 0.0f); /* e^-40: kept */
+    CHECK(memcmp(m1, m2, sizeof m1) == 0);
+}
+
+/* The AVX-512 query packing gives the scalar kernel's bits: full and
+ * partial 6-row groups, padding rows, d_k with and without a 16-tail,
+ * head-major and position-major row strides. */
+static void test_isa_pack_q(void) {
+    if (!have()) return;
+    const int rowss[] = {48, 13, 6, 1}, dks[] = {64, 13, 72, 16};
+    uint64_t seed = 96;
+    for (int t = 0; t < 4; t++) {
+        const int rows = rowss[t], rows6 = (rows + 5) / 6 * 6, d_k = dks[t];
+        for (int stride = 0; stride < 2; stride++) {
+            const size_t rs = stride ? (size_t)d_k * 12 + 3 : (size_t)d_k;
+            float *src = naive_random_floats(rs * rows6, &seed, -3, 3);
+            float *a = naive_alloc_floats((size_t)rows6 * d_k), *b = naive_alloc_floats((size_t)rows6 * d_k);
+            for (int i = 0; i < rows6 * d_k; i++) a[i] = b[i] = 7.0f; /* padding must become 0 */
+            mha_attn_pack_q_avx512(a, src, rs, 0.125f, rows, rows6, d_k);
+            mha_attn_pack_q_get(&mha_kernels_scalar)(b, src, rs, 0.125f, rows, rows6, d_k);
+            if (memcmp(a, b, sizeof(float) * rows6 * d_k) != 0)
+                test_report(__FILE__, __LINE__, "pack_q rows=%d d_k=%d stride %zu: avx512 differs from scalar", rows,
+                            d_k, rs);
+            /* and the scalar kernel is the layout kernels.h states */
+            const int i = rows - 1, e = d_k - 1;
+            CHECK(b[(size_t)(i / 6) * d_k * 6 + (size_t)e * 6 + i % 6] == 0.125f * src[(size_t)i * rs + e]);
+            if (rows6 > rows) CHECK(b[(size_t)(rows6 / 6 - 1) * d_k * 6 + 5] == 0.0f);
+            free(src), free(a), free(b);
+        }
+    }
+}
+
+/* The packed projection driver on the AVX-512 table (K in blocks that
+ * continue each sum through c, the input packed and K^T stored by its
+ * kernels, 216-row blocks for weights over 6 MiB) gives the bits of the
+ * AVX2 table (one pass over K, the portable loops), on 1 and 2 threads,
+ * into every destination layout, for a weight row block k0 > 0 (W_O's
+ * per-head rows); section 0 is also checked against double sums. */
+static void test_isa_gemm_blocks(void) {
+    if (!have()) return;
+    uint64_t seed = 93;
+    enum { KP = 640, K0 = 40, KN = 600, M = 230, ROWS = 115, RP = 128, LDA = KN + 3 };
+    for (int big = 0; big < 2; big++) {
+        /* Q (rows) | K^T (8 heads of 48) | V (7 heads of 40, ld 41: tiles across heads) */
+        const int cols[3] = {big ? 2000 : 100, 8 * 48, 7 * 40};
+        const size_t nout[3] = {(size_t)M * cols[0], (size_t)2 * 8 * RP * 48, (size_t)2 * 7 * RP * 41};
+        float *w[3], *b[3], *out[3][3];
+        for (int q = 0; q < 3; q++) {
+            w[q] = naive_random_floats((size_t)KP * cols[q], &seed, -1, 1);
+            b[q] = naive_random_floats((size_t)cols[q], &seed, -1, 1);
+        }
+        float *a = naive_random_floats((size_t)M * LDA, &seed, -1, 1);
+        mha_packed p;
+        const float *const wc[3] = {w[0], w[1], w[2]}, *const bc[3] = {b[0], b[1], b[2]};
+        CHECK_OK(mha_pack(&p, KP, 3, wc, bc, cols));
+        const mha_kernels *tab[3] = {&mha_kernels_avx2, &mha_kernels_avx512, &mha_kernels_avx512};
+        for (int run = 0; run < 3; run++) {
+            for (int q = 0; q < 3; q++) out[run][q] = naive_alloc_floats(nout[q]);
+            const mha_dst dst[3] = {
+                {MHA_DST_ROWS, out[run][0], (size_t)cols[0], 0, 0, 0, 0},
+                {MHA_DST_HEADS_T, out[run][1], 0, 48, 8, ROWS, (size_t)RP * 48},
+                {MHA_DST_HEADS, out[run][2], 41, 40, 7, ROWS, (size_t)RP * 41},
+            };
+            const mha_gemm_args g = {dst, a, LDA, M, &p, 0, 3, K0, KN, 1};
+            CHECK_OK(mha_gemm(&g, tab[run], run == 2 ? 2 : 1));
+        }
+        for (int run = 1; run < 3; run++)
+            for (int q = 0; q < 3; q++)
+                if (memcmp(out[0][q], out[run][q], sizeof(float) * nout[q]) != 0)
+                    test_report(__FILE__, __LINE__, "weights %s, section %d: avx512 on %d thread(s) differs from avx2",
+                                big ? "> 6 MiB" : "small", q, run);
+        double err = 0.0;
+        for (int m = 0; m < M && !big; m++)
+            for (int c = 0; c < cols[0]; c++) {
+                double acc = b[0][c];
+                for (int k = 0; k < KN; k++)
+                    acc += (double)a[(size_t)m * LDA + k] * w[0][(size_t)(K0 + k) * cols[0] + c];
+                err = fmax(err, fabs(out[1][0][(size_t)m * cols[0] + c] - acc));
+            }
+        if (err > 1e-6 * KN)
+            test_report(__FILE__, __LINE__, "k0 = %d, %d rows: max error %.3g vs double", K0, KN, err);
+        for (int q = 0; q < 3; q++) {
+            for (int run = 0; run < 3; run++) free(out[run][q]);
+            free(w[q]), free(b[q]);
+        }
+        free(a);
+        mha_packed_free(&p);
+    }
+}
+
 static const test_case cases[] = {
     {"isa_detect", test_isa_detect},
     {"isa_env_avx512", test_isa_env_avx512},
     {"isa_tile_12x32", test_isa_tile_12x32},
+    {"isa_gemm_blocks", test_isa_gemm_blocks},
     {"isa_attention_steps", test_isa_attention_steps},
     {"isa_exp_every_float", test_isa_exp_every_float},
     {"isa_decode_kernels", test_isa_decode_kernels},
     {"isa_f16_conversion", test_isa_f16_conversion},
+    {"isa_variant_kernels", test_isa_variant_kernels},
+    {"isa_softmax_flush", test_isa_softmax_flush},
+    {"isa_pack_q", test_isa_pack_q},
 };
 
 const test_case *tests_isa(size_t *count) {

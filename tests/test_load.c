@@ -5,6 +5,7 @@
  * parallel conversion gives the same values and the same first bad index
  * for any thread count. */
 #include <fcntl.h>
+#include <math.h>
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
@@ -252,7 +253,55 @@ static void test_parallel_decode_thread_free(void) {
     free(h);
 }
 
+/* The finiteness scan passes whole blocks of 1024 floats with a vector
+ * test and looks at single elements only in a block that fails it (and in
+ * the tail): whatever the block, the first refused element is named, and
+ * an allowed -inf does not hide a NaN after it in the same block. */
+static void test_finite_scan_blocks(void) {
+    enum { N = 2 * 1024 + 300 };
+    char dict[96];
+    snprintf(dict, sizeof dict, "{'descr': '<f4', 'fortran_order': False, 'shape': (%d,), }", N);
+    size_t hl = strlen(dict), len = 10 + hl + 4 * (size_t)N;
+    unsigned char *b = malloc(len);
+    float *v = malloc(N * sizeof *v);
+    if (!b || !v) return;
+    memcpy(b, "\x93NUMPY\x01\x00", 8);
+    b[8] = (unsigned char)(hl & 0xff), b[9] = (unsigned char)(hl >> 8);
+    memcpy(b + 10, dict, hl);
+    const struct {
+        size_t at[2];
+        float val[2];
+        unsigned flags;
+        const char *named; /* NULL: accepted */
+    } cases[] = {
+        {{0, 0}, {1.0f, 1.0f}, 0, NULL},
+        {{1030, 1030}, {-INFINITY, -INFINITY}, MHA_IO_ALLOW_NEG_INF, NULL},
+        {{1030, 1030}, {-INFINITY, -INFINITY}, 0, "array[1030]"},
+        {{1030, 1500}, {-INFINITY, NAN}, MHA_IO_ALLOW_NEG_INF, "array[1500]"},
+        {{2300, 2300}, {INFINITY, INFINITY}, 0, "array[2300]"}, /* the tail */
+        {{5, 2000}, {NAN, NAN}, 0, "array[5]"},
+        {{2047, 2048}, {NAN, NAN}, MHA_IO_ALLOW_NEG_INF, "array[2047]"},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        for (int i = 0; i < N; i++) v[i] = 0.5f + (float)(i % 7);
+        for (int j = 0; j < 2; j++) v[cases[k].at[j]] = cases[k].val[j];
+        memcpy(b + 10 + hl, v, 4 * (size_t)N);
+        mha_array a;
+        if (!cases[k].named) {
+            CHECK_OK(mha_npy_parse(&a, b, len, "p.npy", cases[k].flags));
+            CHECK(a.f && memcmp(a.f, v, 4 * (size_t)N) == 0);
+            mha_array_free(&a);
+        } else {
+            CHECK_STATUS(mha_npy_parse(&a, b, len, "p.npy", cases[k].flags), MHA_E_NONFINITE);
+            CHECK_ERROR_MENTIONS(cases[k].named);
+        }
+    }
+    free(v);
+    free(b);
+}
+
 static const test_case cases[] = {
+    {"load_finite_scan_blocks", test_finite_scan_blocks},
     {"load_map_borrows_only_aligned_f32", test_map_borrows_only_aligned_f32},
     {"load_map_checks_borrowed_finite", test_map_checks_borrowed_finite},
     {"load_layer_outlives_its_file", test_layer_outlives_its_file},

@@ -48,15 +48,16 @@ typedef struct {
 } run_spec;
 
 /* y (B,T,D) rows t < len[b] of sequence b = the reference causal forward
- * of that sequence alone (window_left W - 1 when W > 0); fast_err = the
+ * of that sequence alone (window_left W - 1 when W > 0, and n_sink sink
+ * tokens); fast_err = the
  * fast path's max deviation from it. */
-static void reference_rows(float *y, double *fast_err, const run_spec *r, int W) {
+static void reference_rows(float *y, double *fast_err, const run_spec *r, int W, int n_sink) {
     const size_t rowf = (size_t)r->T * r->D;
     float *yf = naive_alloc_floats(rowf);
     *fast_err = 0;
     for (int b = 0; b < r->B; b++) {
         mha_options o = mha_options_default();
-        o.causal = 1, o.window_left = W > 0 ? W - 1 : -1;
+        o.causal = 1, o.window_left = W > 0 ? W - 1 : -1, o.sink_tokens = n_sink;
         o.positions = r->pos ? r->pos + (size_t)b * r->T : NULL;
         const float *xb = r->x + b * rowf;
         o.path = MHA_PATH_REFERENCE;
@@ -66,6 +67,61 @@ static void reference_rows(float *y, double *fast_err, const run_spec *r, int W)
         *fast_err = fmax(*fast_err, test_max_abs_diff(yf, y + b * rowf, (size_t)r->len[b] * r->D));
     }
     free(yf);
+}
+
+/* Storage error bound of a cache of type dt (0 for fp32) over the rows
+ * x (rows, D): docs/CACHE.md's first-order bound with Cauchy-Schwarz,
+ *   E_s = u_k * scale * max|q_head| * max|k_head|,
+ *   |dy| <= 1.5 * max|v| (u_v + 2 E_s) * max_o sum_c |W_O[c,o]|,
+ * where fp16 rounds each element by u = 2^-11 (u_k = u_v = u) and int8 by
+ * half a step of its block, max|block| / 254 (|dk|_2 <= sqrt(d_k)
+ * |k|_2 / 254: u_k = sqrt(d_k) / 254, u_v = 1/254). The head norms come
+ * from the projections, or, after a QK-norm, sqrt(width) * max|weight|
+ * (the normalized vector has RMS <= 1; width d_k, or the whole
+ * projection for qk_norm_whole); RoPE keeps norms (YaRN: times
+ * attn_factor); soft-cap, ALiBi and sinks do not enlarge the error. */
+static double storage_bound(const mha_layer *L, const float *x, size_t rows, mha_cache_dtype dt) {
+    if (dt == MHA_CACHE_F32) return 0.0;
+    const mha_config *c = mha_layer_config(L);
+    mha_weights w;
+    mha_layer_get_weights(L, &w);
+    const int D = c->d_model, h = c->n_heads, hk = c->n_kv_heads, dk = c->d_k, dv = c->d_v;
+    const double u_k = dt == MHA_CACHE_F16 ? ldexp(1.0, -11) : sqrt((double)dk) / 254.0;
+    const double u_v = dt == MHA_CACHE_F16 ? ldexp(1.0, -11) : 1.0 / 254.0;
+    const double ms = c->rope.scaling == MHA_ROPE_SCALE_YARN ? c->rope.attn_factor : 1.0;
+    double qmax = 0, kmax = 0, vmax = 0, wo = 0;
+    for (size_t t = 0; t < rows; t++)
+        for (int which = 0; which < 3; which++) {
+            const int heads = which == 0 ? h : hk, d = which == 2 ? dv : dk, width = heads * d;
+            const float *W = which == 0 ? w.w_q : which == 1 ? w.w_k : w.w_v;
+            for (int r = 0; r < heads; r++) {
+                double n2 = 0;
+                for (int e = 0; e < d; e++) {
+                    double a = 0;
+                    for (int i = 0; i < D; i++) a += (double)x[t * D + i] * W[(size_t)i * width + r * d + e];
+                    n2 += a * a;
+                    if (which == 2) vmax = fmax(vmax, fabs(a));
+                }
+                if (which == 0) qmax = fmax(qmax, sqrt(n2));
+                if (which == 1) kmax = fmax(kmax, sqrt(n2));
+            }
+        }
+    if (c->qk_norm) { /* the normalized vectors, whatever the projections were */
+        const float *nw[2] = {w.q_norm, w.k_norm};
+        const int n[2] = {c->qk_norm_per_head ? h * dk : dk, c->qk_norm_per_head ? hk * dk : dk};
+        double m[2] = {0, 0};
+        for (int i = 0; i < 2; i++)
+            for (int e = 0; e < n[i]; e++) m[i] = fmax(m[i], fabs(nw[i][e]));
+        qmax = sqrt((double)(c->qk_norm_whole ? h * dk : dk)) * m[0];
+        kmax = sqrt((double)(c->qk_norm_whole ? hk * dk : dk)) * m[1];
+    }
+    for (int o = 0; o < D; o++) {
+        double col = 0;
+        for (int cc = 0; cc < h * dv; cc++) col += fabs(w.w_o[(size_t)cc * D + o]);
+        wo = fmax(wo, col);
+    }
+    const double e_s = u_k * (1.0 / sqrt((double)dk)) * qmax * ms * kmax * ms;
+    return 1.5 * vmax * (u_v + 2 * e_s) * wo;
 }
 
 /* Feeds the run through cache c in calls of steps[s] tokens (sequence b
@@ -110,36 +166,59 @@ static void make_positions(int *pos, int B, int T) {
         for (int t = 0; t < T; t++) pos[b * T + t] = 37 * b + t + (t >= T / 2 ? 5 : 0);
 }
 
+/* One variant config's layer and (B,T,D) arrays: x random in [-1, 1),
+ * yr and yc zeroed. */
+typedef struct {
+    mha_config cfg;
+    mha_layer *L;
+    size_t n;             /* B*T*D */
+    float *x, *yr, *yc;   /* (B,T,D) input, reference rows, cached rows */
+} config_case;
+
+static int config_case_open(config_case *k, int i, int B, int T, uint64_t layer_seed, uint64_t x_seed) {
+    k->cfg = modern_variant_config(i);
+    if (!(k->L = variant_layer(k->cfg, layer_seed))) return 0;
+    k->n = (size_t)B * T * k->cfg.d_model;
+    k->x = naive_random_floats(k->n, &x_seed, -1, 1), k->yr = naive_alloc_floats(k->n), k->yc = naive_alloc_floats(k->n);
+    return 1;
+}
+
+static void config_case_close(config_case *k) {
+    free(k->x), free(k->yr), free(k->yc);
+    mha_layer_free(k->L);
+}
+
 /* Every variant config: prefill 9 tokens, then 20 decode steps, ragged
- * (the second sequence shorter), with and without explicit positions. */
+ * (the second sequence shorter), with and without explicit positions;
+ * fp32, fp16 and int8 storage (within storage_bound). */
 static void prefill_decode_all(void) {
     enum { B = 2, T = 29 };
     const int len[B] = {T, 22}, steps[] = {9, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
     int pos[B * T];
     make_positions(pos, B, T);
     for (int i = 0; i < MODERN_N_CONFIGS; i++) {
-        mha_config cfg = modern_variant_config(i);
-        mha_layer *L = variant_layer(cfg, 900 + i);
-        if (!L) return;
-        uint64_t seed = 300 + i;
-        const size_t n = (size_t)B * T * cfg.d_model;
-        float *x = naive_random_floats(n, &seed, -1, 1), *yr = naive_alloc_floats(n), *yc = naive_alloc_floats(n);
+        config_case k;
+        if (!config_case_open(&k, i, B, T, 900 + i, 300 + i)) return;
+        const mha_config cfg = k.cfg;
+        mha_layer *L = k.L;
+        float *x = k.x, *yr = k.yr, *yc = k.yc;
         for (int with_pos = 0; with_pos < 2; with_pos++) {
             if (with_pos && !cfg.rope.pairing && !cfg.alibi) continue;
             run_spec r = {L, B, T, cfg.d_model, x, with_pos ? pos : NULL, len};
             double fast_err;
-            reference_rows(yr, &fast_err, &r, 0);
-            mha_cache *c = NULL;
-            CHECK_OK(mha_cache_create(&c, L, B, T, MHA_CACHE_F32, 0));
-            if (c) feed(yc, c, &r, 0, steps, 21);
-            double err = rows_diff(yc, yr, &r, 0);
-            if (!(err <= 4 * fast_err + 2e-6))
-                test_report(__FILE__, __LINE__, "config %d positions %d: cached err %g, fast err %g", i, with_pos,
-                            err, fast_err);
-            mha_cache_free(c);
+            reference_rows(yr, &fast_err, &r, 0, 0);
+            for (int dt = MHA_CACHE_F32; dt <= MHA_CACHE_I8; dt++) { /* fp32, fp16, int8 storage */
+                mha_cache *c = NULL;
+                CHECK_OK(mha_cache_create(&c, L, B, T, (mha_cache_dtype)dt, 0));
+                if (c) feed(yc, c, &r, 0, steps, 21);
+                const double err = rows_diff(yc, yr, &r, 0), q = storage_bound(L, x, (size_t)B * T, dt);
+                if (!(err <= 4 * fast_err + 2e-6 + q))
+                    test_report(__FILE__, __LINE__, "config %d positions %d dtype %d: cached err %g, fast err %g, "
+                                "storage bound %g", i, with_pos, dt, err, fast_err, q);
+                mha_cache_free(c);
+            }
         }
-        free(x), free(yr), free(yc);
-        mha_layer_free(L);
+        config_case_close(&k);
     }
 }
 
@@ -180,7 +259,7 @@ static void modern_cache_truncate_continue(void) {
             feed(yc, c, &spliced, KEEP, steps, 16);
         }
         double fast_err;
-        reference_rows(yr, &fast_err, &spliced, 0);
+        reference_rows(yr, &fast_err, &spliced, 0, 0);
         double err = rows_diff(yc, yr, &spliced, KEEP);
         if (!(err <= 4 * fast_err + 2e-6))
             test_report(__FILE__, __LINE__, "config %d: cached err %g after truncate, fast err %g", i, err, fast_err);
@@ -200,15 +279,13 @@ static void modern_cache_ring_window(void) {
     for (int s = 1; s < 80; s++) steps[s] = s % 7 == 0 ? 4 : 1;
     make_positions(pos, B, T);
     for (int i = 0; i < MODERN_N_CONFIGS; i++) {
-        mha_config cfg = modern_variant_config(i);
-        mha_layer *L = variant_layer(cfg, 960 + i);
-        if (!L) return;
-        uint64_t seed = 700 + i;
-        const size_t n = (size_t)B * T * cfg.d_model;
-        float *x = naive_random_floats(n, &seed, -1, 1), *yr = naive_alloc_floats(n), *yc = naive_alloc_floats(n);
-        run_spec r = {L, B, T, cfg.d_model, x, cfg.rope.pairing || cfg.alibi ? pos : NULL, len};
+        config_case k;
+        if (!config_case_open(&k, i, B, T, 960 + i, 700 + i)) return;
+        mha_layer *L = k.L;
+        float *yr = k.yr, *yc = k.yc;
+        run_spec r = {L, B, T, k.cfg.d_model, k.x, k.cfg.rope.pairing || k.cfg.alibi ? pos : NULL, len};
         double fast_err;
-        reference_rows(yr, &fast_err, &r, W);
+        reference_rows(yr, &fast_err, &r, W, 0);
         mha_cache *c = NULL;
         CHECK_OK(mha_cache_create(&c, L, B, CAP, MHA_CACHE_F32, W));
         if (c) feed(yc, c, &r, 0, steps, 80);
@@ -216,9 +293,100 @@ static void modern_cache_ring_window(void) {
         if (!(err <= 4 * fast_err + 2e-6))
             test_report(__FILE__, __LINE__, "config %d: ring err %g, fast err %g", i, err, fast_err);
         mha_cache_free(c);
-        free(x), free(yr), free(yc);
-        mha_layer_free(L);
+        config_case_close(&k);
     }
+}
+
+/* StreamingLLM: a ring of 20 slots, 4 of them for the sink tokens,
+ * keeping the last 12 tokens besides the sinks, over 64 tokens (prefill
+ * 10, then decode far past the window, ragged, explicit positions): equal
+ * to the reference with window_left 11 and sink_tokens 4. Then truncate
+ * and continue with other tokens. Every variant config, fp32, fp16 and
+ * int8 storage (within storage_bound). */
+static void modern_cache_sink_tokens(void) {
+    enum { B = 2, T = 64, CAP = 20, W = 12, NS = 4, KEEP = 57 };
+    const int len[B] = {T, 55};
+    int steps[80], pos[B * T];
+    steps[0] = 10;
+    for (int s = 1; s < 80; s++) steps[s] = s % 9 == 0 ? 3 : 1;
+    make_positions(pos, B, T);
+    for (int i = 0; i < MODERN_N_CONFIGS; i++)
+        for (int dt = MHA_CACHE_F32; dt <= MHA_CACHE_I8; dt++) {
+            config_case k;
+            if (!config_case_open(&k, i, B, T, 970 + i, 710 + i)) return;
+            const mha_config cfg = k.cfg;
+            mha_layer *L = k.L;
+            float *x = k.x, *yr = k.yr, *yc = k.yc;
+            uint64_t seed = 720 + i;
+            float *x1 = naive_random_floats(k.n, &seed, -1, 1);
+            run_spec r = {L, B, T, cfg.d_model, x, cfg.rope.pairing || cfg.alibi ? pos : NULL, len};
+            double fast_err;
+            reference_rows(yr, &fast_err, &r, W, NS);
+            mha_cache *c = NULL;
+            CHECK_OK(mha_cache_create(&c, L, B, CAP, (mha_cache_dtype)dt, W));
+            CHECK_OK(mha_cache_set_sink_tokens(c, NS));
+            if (c) feed(yc, c, &r, 0, steps, 80);
+            const double q = storage_bound(L, x, (size_t)B * T, (mha_cache_dtype)dt);
+            double err = rows_diff(yc, yr, &r, 0);
+            if (!(err <= 4 * fast_err + 2e-6 + q))
+                test_report(__FILE__, __LINE__, "config %d dtype %d: sink ring err %g, fast err %g, bound %g", i, dt, err,
+                            fast_err, q);
+            // --- again to 60 / 58 tokens, truncate both to KEEP (the ring
+            // of 16 keeps 16 - W + 1 = 5 positions to go back), continue
+            // with x1's tokens to 64 / 62
+            run_spec r0 = {L, B, T, cfg.d_model, x, r.pos, (const int[]){60, 58}};
+            run_spec r1 = {L, B, T, cfg.d_model, x1, r.pos, (const int[]){64, 62}};
+            CHECK_OK(mha_cache_reset(c, -1));
+            if (c) feed(yc, c, &r0, 0, steps, 80);
+            for (int b = 0; c && b < B; b++) {
+                CHECK_OK(mha_cache_truncate(c, b, KEEP));
+                memcpy(x1 + (size_t)b * T * cfg.d_model, x + (size_t)b * T * cfg.d_model, sizeof(float) * KEEP * cfg.d_model);
+            }
+            CHECK_STATUS(mha_cache_truncate(c, 0, KEEP - 4), MHA_E_ARG); /* evicted: refused */
+            reference_rows(yr, &fast_err, &r1, W, NS);
+            if (c) feed(yc, c, &r1, KEEP, steps + 1, 79);
+            err = rows_diff(yc, yr, &r1, KEEP);
+            const double q1 = storage_bound(L, x1, (size_t)B * T, (mha_cache_dtype)dt);
+            if (!(err <= 4 * fast_err + 2e-6 + fmax(q, q1)))
+                test_report(__FILE__, __LINE__, "config %d dtype %d: after truncate err %g, fast err %g", i, dt, err,
+                            fast_err);
+            mha_cache_free(c);
+            free(x1);
+            config_case_close(&k);
+        }
+}
+
+/* The sink-token mask of the reference equals an explicit keep mask
+ * (causal, window, first keys) built here; the fast path follows it. */
+static void modern_sink_tokens_mask(void) {
+    enum { T = 40, W = 7, NS = 3 };
+    mha_config cfg = modern_variant_config(9);
+    mha_layer *L = variant_layer(cfg, 995);
+    if (!L) return;
+    const int D = cfg.d_model;
+    uint64_t seed = 996;
+    float *x = naive_random_floats((size_t)T * D, &seed, -1, 1), *ys = naive_alloc_floats((size_t)T * D);
+    float *ym = naive_alloc_floats((size_t)T * D), *yf = naive_alloc_floats((size_t)T * D);
+    uint8_t *keep = malloc((size_t)T * T);
+    for (int i = 0; i < T; i++)
+        for (int j = 0; j < T; j++) keep[i * T + j] = j <= i && (j >= i - (W - 1) || j < NS);
+    mha_options o = mha_options_default();
+    o.path = MHA_PATH_REFERENCE, o.keep_mask = (mha_mask){keep, 1, 1};
+    CHECK_OK(mha_forward(L, ym, NULL, x, NULL, 1, T, T, &o));
+    o.keep_mask.data = NULL, o.causal = 1, o.window_left = W - 1, o.sink_tokens = NS;
+    CHECK_OK(mha_forward(L, ys, NULL, x, NULL, 1, T, T, &o));
+    CHECK(test_max_abs_diff(ys, ym, (size_t)T * D) < 1e-6);
+    o.sink_tokens = 0; /* and the sinks change the output */
+    CHECK_OK(mha_forward(L, yf, NULL, x, NULL, 1, T, T, &o));
+    CHECK(test_max_abs_diff(yf, ym, (size_t)T * D) > 1e-3);
+    o.sink_tokens = NS, o.path = MHA_PATH_FAST;
+    CHECK_OK(mha_forward(L, yf, NULL, x, NULL, 1, T, T, &o));
+    CHECK(test_max_abs_diff(yf, ym, (size_t)T * D) < 1e-4);
+    o.window_left = -1; /* sinks without a window: refused */
+    CHECK_STATUS(mha_forward(L, yf, NULL, x, NULL, 1, T, T, &o), MHA_E_ARG);
+    CHECK_ERROR_MENTIONS("sink_tokens=3");
+    free(x), free(ys), free(ym), free(yf), free(keep);
+    mha_layer_free(L);
 }
 
 /* Probabilities captured during decode: softcap, ALiBi and the sink in
@@ -279,6 +447,21 @@ static void modern_cache_errors(void) {
     pos[1] = 1, o.key_positions = NULL, o.positions = pos;
     CHECK_STATUS(mha_forward_cached(L, c, y, NULL, x, 2, NULL, &o), MHA_E_ARG);
     CHECK_ERROR_MENTIONS("neither rope");
+    // --- sink tokens: a window needed, room for it, an empty cache, the same count
+    CHECK_STATUS(mha_cache_set_sink_tokens(c, 2), MHA_E_ARG);
+    CHECK_ERROR_MENTIONS("no window");
+    mha_cache_free(c);
+    CHECK_OK(mha_cache_create(&c, L, 1, 8, MHA_CACHE_F32, 5));
+    CHECK_STATUS(mha_cache_set_sink_tokens(c, 4), MHA_E_ARG);
+    CHECK_ERROR_MENTIONS("expected 0..capacity - window = 3");
+    CHECK_OK(mha_cache_set_sink_tokens(c, 2));
+    o.positions = NULL, o.sink_tokens = 3;
+    CHECK_STATUS(mha_forward_cached(L, c, y, NULL, x, 2, NULL, &o), MHA_E_ARG);
+    CHECK_ERROR_MENTIONS("cache keeps 2");
+    o.sink_tokens = 2;
+    CHECK_OK(mha_forward_cached(L, c, y, NULL, x, 2, NULL, &o));
+    CHECK_STATUS(mha_cache_set_sink_tokens(c, 1), MHA_E_ARG);
+    CHECK_ERROR_MENTIONS("holds 2 tokens");
     mha_cache_free(c);
     mha_layer_free(L);
 }
@@ -288,6 +471,8 @@ static const test_case cases[] = {
     {"modern_cache_scalar_kernels", modern_cache_scalar_kernels},
     {"modern_cache_truncate_continue", modern_cache_truncate_continue},
     {"modern_cache_ring_window", modern_cache_ring_window},
+    {"modern_cache_sink_tokens", modern_cache_sink_tokens},
+    {"modern_sink_tokens_mask", modern_sink_tokens_mask},
     {"modern_cache_probs", modern_cache_probs},
     {"modern_cache_errors", modern_cache_errors},
 };

@@ -10,6 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "core/packing.h"
 #include "tests.h"
 
 enum { E = 6, H = 2, KD = 4, VD = 5 };
@@ -298,7 +299,179 @@ static void torch_refusals_name_the_problem(void) {
     CHECK_STATUS(mha_layer_from_torch(&L, NULL), MHA_E_ARG);
 }
 
+/* ------------------------------------------- conversion straight to packing */
+
+/* Sizes past one 16x16 transpose tile and one 16-column panel, with ragged
+ * edges: E = 40 (h = 4), kdim = 37, vdim = 21. */
+enum { BE = 40, BH = 4, BKD = 37, BVD = 21 };
+
+/* src (n_out, n_in) -> (n_in, n_out), written here independently. */
+static float *hand_transposed(const float *src, int n_out, int n_in) {
+    float *t = malloc((size_t)n_out * n_in * sizeof *t);
+    for (int o = 0; o < n_out; o++)
+        for (int i = 0; i < n_in; i++) t[(size_t)i * n_out + o] = src[(size_t)o * n_in + i];
+    return t;
+}
+
+static int packed_equal(const mha_packed *a, const mha_packed *b) {
+    if (a->K != b->K || a->n_sections != b->n_sections) return 0;
+    if (memcmp(a->cols, b->cols, sizeof a->cols) || memcmp(a->first_panel, b->first_panel, sizeof a->first_panel))
+        return 0;
+    size_t np = (size_t)a->first_panel[a->n_sections];
+    if (np == 0) return 1;
+    return memcmp(a->panels, b->panels, np * a->K * 16 * sizeof(float)) == 0 &&
+           memcmp(a->bias, b->bias, np * 16 * sizeof(float)) == 0;
+}
+
+/* Every packed matrix and every weight of a equals b's, bit for bit. */
+static int layers_equal(const mha_layer *a, const mha_layer *b) {
+    const struct mha_fast_state *fa = a->fast, *fb = b->fast;
+    if (!fa || !fb || fa->fused != fb->fused || fa->split_v != fb->split_v) return 0;
+    int same = packed_equal(&fa->o, &fb->o) &&
+               (fa->fused ? packed_equal(&fa->qkv, &fb->qkv)
+                          : packed_equal(&fa->q, &fb->q) && packed_equal(&fa->kv, &fb->kv) &&
+                                (!fa->split_v || packed_equal(&fa->v, &fb->v)));
+    mha_weights wa, wb;
+    mha_layer_get_weights(a, &wa);
+    mha_layer_get_weights(b, &wb);
+    const mha_config *c = mha_layer_config(a);
+    size_t hk = (size_t)c->n_heads * c->d_k;
+    same = same && memcmp(wa.w_q, wb.w_q, (size_t)c->d_model * hk * 4) == 0 &&
+           memcmp(wa.w_k, wb.w_k, (size_t)c->d_kv_in * hk * 4) == 0 &&
+           memcmp(wa.w_v, wb.w_v, (size_t)c->d_v_in * hk * 4) == 0 &&
+           memcmp(wa.w_o, wb.w_o, hk * c->d_model * 4) == 0;
+    if (c->bias)
+        same = same && memcmp(wa.b_q, wb.b_q, hk * 4) == 0 && memcmp(wa.b_k, wb.b_k, hk * 4) == 0 &&
+               memcmp(wa.b_v, wb.b_v, hk * 4) == 0 && memcmp(wa.b_o, wb.b_o, (size_t)c->d_model * 4) == 0;
+    if (c->add_bias_kv)
+        same = same && memcmp(wa.bias_k, wb.bias_k, hk * 4) == 0 && memcmp(wa.bias_v, wb.bias_v, hk * 4) == 0;
+    return same;
+}
+
+/* The torch layout is packed straight from its (out, in) tensors and
+ * transposed into the layer in the same call: the packed panels and the
+ * layer's weights are the bits that the native layout (hand-transposed
+ * weights through mha_layer_create) gives, for the fused in_proj_weight
+ * and for separate q/k/v weights of widths kdim != vdim, with 1 and 2
+ * threads. */
+static void torch_packing_matches_native(void) {
+    uint64_t seed = 77;
+    const size_t e = BE;
+    float *ipw = malloc(3 * e * e * 4), *ow = malloc(e * e * 4), *ipb = malloc(3 * e * 4),
+          *ob = malloc(e * 4), *bk = malloc(e * 4), *bv = malloc(e * 4), *qw = malloc(e * e * 4),
+          *kw = malloc(e * BKD * 4), *vw = malloc(e * BVD * 4);
+    test_fill_uniform(ipw, 3 * e * e, &seed, -1, 1);
+    test_fill_uniform(ow, e * e, &seed, -1, 1);
+    test_fill_uniform(ipb, 3 * e, &seed, -1, 1);
+    test_fill_uniform(ob, e, &seed, -1, 1);
+    test_fill_uniform(bk, e, &seed, -1, 1);
+    test_fill_uniform(bv, e, &seed, -1, 1);
+    test_fill_uniform(qw, e * e, &seed, -1, 1);
+    test_fill_uniform(kw, e * BKD, &seed, -1, 1);
+    test_fill_uniform(vw, e * BVD, &seed, -1, 1);
+    int saved = mha_get_num_threads();
+    for (int form = 0; form < 2; form++) {
+        mha_torch_weights tw = {.embed_dim = BE, .num_heads = BH, .out_proj_weight = ow};
+        mha_config cfg = mha_config_default(BE, BH);
+        float *t[4];
+        if (form == 0) { /* fused: in_proj_weight (3E, E), all biases, bias_k/v */
+            tw.in_proj_weight = ipw, tw.in_proj_bias = ipb, tw.out_proj_bias = ob;
+            tw.bias_k = bk, tw.bias_v = bv;
+            cfg.add_bias_kv = 1;
+            for (int p = 0; p < 3; p++) t[p] = hand_transposed(ipw + p * e * e, BE, BE);
+        } else { /* separate, kdim != vdim, no bias */
+            tw.kdim = BKD, tw.vdim = BVD;
+            tw.q_proj_weight = qw, tw.k_proj_weight = kw, tw.v_proj_weight = vw;
+            cfg.d_kv_in = BKD, cfg.d_v_in = BVD, cfg.bias = 0;
+            t[0] = hand_transposed(qw, BE, BE);
+            t[1] = hand_transposed(kw, BE, BKD);
+            t[2] = hand_transposed(vw, BE, BVD);
+        }
+        t[3] = hand_transposed(ow, BE, BE);
+        mha_weights w = {.w_q = t[0], .w_k = t[1], .w_v = t[2], .w_o = t[3]};
+        if (form == 0) {
+            w.b_q = ipb, w.b_k = ipb + e, w.b_v = ipb + 2 * e, w.b_o = ob;
+            w.bias_k = bk, w.bias_v = bv;
+        }
+        mha_layer *native = NULL;
+        CHECK_OK(mha_layer_create(&native, &cfg, &w));
+        for (int th = 1; th <= 2 && native; th++) {
+            mha_set_num_threads(th);
+            mha_layer *L = NULL;
+            CHECK_OK(mha_layer_from_torch(&L, &tw));
+            if (L && !layers_equal(L, native)) {
+                printf("    form %d, %d thread(s): torch layout differs from native\n", form, th);
+                CHECK(0);
+            }
+            mha_layer_free(L);
+        }
+        mha_layer_free(native);
+        for (int p = 0; p < 4; p++) free(t[p]);
+    }
+    mha_set_num_threads(saved);
+    free(ipw), free(ow), free(ipb), free(ob), free(bk), free(bv), free(qw), free(kw), free(vw);
+}
+
+/* The finiteness check rides on the transpose (and the bias copies): a
+ * value anywhere, inside a full tile or on a ragged edge, is refused with
+ * PyTorch's name and its index in PyTorch's (out, in) layout; the first in
+ * attribute order wins. With 1 and 2 threads. */
+static void torch_nonfinite_named_after_one_pass(void) {
+    uint64_t seed = 78;
+    const size_t e = BE;
+    float *ipw = malloc(3 * e * e * 4), *ow = malloc(e * e * 4), *ipb = malloc(3 * e * 4),
+          *bk = malloc(e * 4), *bv = malloc(e * 4), *kw = malloc(e * BKD * 4);
+    const struct {
+        float *p;
+        size_t at;
+        float val;
+        const char *named;
+    } cases[] = {
+        {ipw, 50 * e + 17, NAN, "in_proj_weight[2017]"},      /* a full tile */
+        {ipw, 3 * e * e - 1, INFINITY, "in_proj_weight[4799]"}, /* the last element */
+        {ow, 39 * e + 38, -INFINITY, "out_proj.weight[1598]"}, /* a ragged edge */
+        {ipb, 100, NAN, "in_proj_bias[100]"},
+        {bv, 3, INFINITY, "bias_v[3]"},
+        {kw, 20 * BKD + 36, NAN, "k_proj_weight[776]"},
+    };
+    int saved = mha_get_num_threads();
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
+        for (int th = 1; th <= 2; th++) {
+            mha_set_num_threads(th);
+            test_fill_uniform(ipw, 3 * e * e, &seed, -1, 1);
+            test_fill_uniform(ow, e * e, &seed, -1, 1);
+            test_fill_uniform(ipb, 3 * e, &seed, -1, 1);
+            test_fill_uniform(bk, e, &seed, -1, 1);
+            test_fill_uniform(bv, e, &seed, -1, 1);
+            test_fill_uniform(kw, e * BKD, &seed, -1, 1);
+            cases[k].p[cases[k].at] = cases[k].val;
+            /* out_proj.weight comes later in attribute order than the
+             * input projections and in_proj_bias: a NaN there is not the one named */
+            if (cases[k].p == ipw || cases[k].p == ipb || cases[k].p == kw) ow[0] = NAN;
+            mha_torch_weights tw = {.embed_dim = BE, .num_heads = BH, .out_proj_weight = ow,
+                                    .bias_k = bk, .bias_v = bv};
+            float *qv = NULL;
+            if (cases[k].p == kw) { /* separate weights: q and v finite */
+                qv = malloc(e * e * 4);
+                test_fill_uniform(qv, e * e, &seed, -1, 1);
+                tw.kdim = BKD, tw.vdim = BE;
+                tw.q_proj_weight = qv, tw.k_proj_weight = kw, tw.v_proj_weight = qv;
+            } else {
+                tw.in_proj_weight = ipw, tw.in_proj_bias = ipb;
+            }
+            mha_layer *L = NULL;
+            CHECK_STATUS(mha_layer_from_torch(&L, &tw), MHA_E_NONFINITE);
+            CHECK_ERROR_MENTIONS(cases[k].named);
+            CHECK(L == NULL);
+            free(qv);
+        }
+    mha_set_num_threads(saved);
+    free(ipw), free(ow), free(ipb), free(bk), free(bv), free(kw);
+}
+
 static const test_case cases[] = {
+    {"torch_packing_matches_native", torch_packing_matches_native},
+    {"torch_nonfinite_named_after_one_pass", torch_nonfinite_named_after_one_pass},
     {"torch_packed_elements", torch_packed_elements},
     {"torch_separate_weights_kdim", torch_separate_weights_kdim},
     {"torch_forward_matches_hand_transposed", torch_forward_matches_hand_transposed},

@@ -181,8 +181,8 @@ static void test_variants_native_refusals(void) {
 }
 
 /* hf (Llama / Qwen 3 names): q_norm.weight and k_norm.weight of (d_k)
- * switch RMS QK-norm on; a norm over the whole projection (OLMo 2) is
- * refused. Y matches the same layer built through the API. */
+ * switch RMS QK-norm on; (h*d_k) and (h_kv*d_k) ones (OLMo 2) a norm over
+ * the whole width. Y matches the same layer built through the API. */
 static void test_variants_hf_qk_norm(void) {
     uint64_t seed = 73;
     mha_config c = naive_config(D, H, HKV, DK, 0, 0);
@@ -236,19 +236,32 @@ static void test_variants_hf_qk_norm(void) {
     }
     mha_layer_free(L);
     mha_tensors_free(t);
-    /* OLMo 2: q_norm over the whole projection (h*d_k) */
-    CHECK_OK(mha_tensors_create(&t));
-    CHECK_OK(mha_tensors_add_f32(t, "self_attn.q_proj.weight", q, 2, sq));
-    CHECK_OK(mha_tensors_add_f32(t, "self_attn.k_proj.weight", k, 2, sk));
-    CHECK_OK(mha_tensors_add_f32(t, "self_attn.v_proj.weight", v, 2, sk));
-    CHECK_OK(mha_tensors_add_f32(t, "self_attn.o_proj.weight", o, 2, so));
-    CHECK_OK(mha_tensors_add_f32(t, "self_attn.q_norm.weight", big, 1, &sbig));
-    CHECK_OK(mha_tensors_add_f32(t, "self_attn.k_norm.weight", kn, 1, &sn));
-    L = NULL;
-    CHECK_STATUS(mha_layer_from_tensors(&L, t, &lo), MHA_E_UNSUPPORTED);
-    CHECK_ERROR_MENTIONS("a norm over the whole projection (OLMo 2)");
-    CHECK(L == NULL);
-    mha_tensors_free(t);
+    /* OLMo 2: q_norm over the whole projection (h*d_k), k_norm (h_kv*d_k):
+     * loads as qk_norm_whole; a (d_k) k_norm beside it is refused */
+    float bigk[HKV * DK];
+    test_fill_uniform(bigk, HKV * DK, &seed, 0.5f, 1.5f);
+    const int sbigk = HKV * DK;
+    for (int pass = 0; pass < 2; pass++) {
+        CHECK_OK(mha_tensors_create(&t));
+        CHECK_OK(mha_tensors_add_f32(t, "self_attn.q_proj.weight", q, 2, sq));
+        CHECK_OK(mha_tensors_add_f32(t, "self_attn.k_proj.weight", k, 2, sk));
+        CHECK_OK(mha_tensors_add_f32(t, "self_attn.v_proj.weight", v, 2, sk));
+        CHECK_OK(mha_tensors_add_f32(t, "self_attn.o_proj.weight", o, 2, so));
+        CHECK_OK(mha_tensors_add_f32(t, "self_attn.q_norm.weight", big, 1, &sbig));
+        CHECK_OK(mha_tensors_add_f32(t, "self_attn.k_norm.weight", pass ? kn : bigk, 1, pass ? &sn : &sbigk));
+        L = NULL;
+        if (pass) {
+            CHECK_STATUS(mha_layer_from_tensors(&L, t, &lo), MHA_E_SHAPE);
+            CHECK_ERROR_MENTIONS("k_norm.weight");
+            CHECK(L == NULL);
+        } else {
+            CHECK_OK(mha_layer_from_tensors(&L, t, &lo));
+            const mha_config *lc = L ? mha_layer_config(L) : NULL;
+            CHECK(lc && lc->qk_norm == MHA_QK_NORM_RMS && lc->qk_norm_whole == 1 && lc->qk_norm_per_head == 1);
+        }
+        mha_layer_free(L);
+        mha_tensors_free(t);
+    }
     free(q), free(k), free(v), free(o);
     naive_weights_free(&w);
 }

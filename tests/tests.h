@@ -15,7 +15,7 @@ const test_case *tests_modern_cache(size_t *count);
 /* test_modern.c's variant configurations (0 .. MODERN_N_CONFIGS - 1),
  * shared with test_modern_cache.c. */
 mha_config modern_variant_config(int i);
-#define MODERN_N_CONFIGS 11
+#define MODERN_N_CONFIGS 12
 const test_case *tests_errors(size_t *count);
 const test_case *tests_fast(size_t *count);
 const test_case *tests_kernels(size_t *count);
@@ -32,11 +32,14 @@ const test_case *tests_overflow(size_t *count);
 const test_case *tests_backward(size_t *count);
 const test_case *tests_merge(size_t *count);
 const test_case *tests_backward_fast(size_t *count);
+const test_case *tests_backward_fast_isa(size_t *count);
 const test_case *tests_variants_io(size_t *count);
 const test_case *tests_io_edges(size_t *count);
 const test_case *tests_compute_edges(size_t *count);
 const test_case *tests_cache_edges(size_t *count);
 const test_case *tests_merge_edges(size_t *count);
+const test_case *tests_lse_fast(size_t *count);
+const test_case *tests_load_heads(size_t *count);
 const test_case *tests_weights(size_t *count);     /* bf16 / int8 weights */
 const test_case *tests_weights_isa(size_t *count); /* ... on every ISA    */
 

@@ -185,7 +185,7 @@ int mha_args_parse(mha_command_spec *spec, int argc, char **argv,
 }
 
 void mha_args_print_help(const mha_command_spec *spec) {
-    printf("usage: mha %s", spec->name);
+    printf("usage: %s %s", spec->program ? spec->program : "mha", spec->name);
     for (int i = 0; i < spec->n_args; i++) {
         const mha_arg *a = &spec->args[i];
         const char *open = a->required ? "" : "[", *close = a->required ? "" : "]";

@@ -48,6 +48,7 @@ typedef struct {
     const char *positional;  /* e.g. "FILE", or NULL: no positional args    */
     int min_positional;      /* how many positional args are required      */
     int max_positional;      /* how many are allowed                        */
+    const char *program;     /* the executable in the usage line; NULL: "mha" */
 } mha_command_spec;
 
 /* Result of mha_args_parse: continue, or stop and exit with the code. */

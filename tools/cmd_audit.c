@@ -16,8 +16,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "audit_rope.h"
 #include "commands.h"
 #include "io_cli.h"
+#include "run_variants.h"
 
 #define CMD "audit"
 /* audit's exit codes: 0 the checkpoint reproduces the reference, 1 it does
@@ -218,9 +220,11 @@ int cmd_audit(int argc, char **argv) {
     cli_fwd_flags ff = {0};
     const char *ref = NULL;
     double tol = 0;
+    cli_variant_flags vf = {0};
     mha_arg args[] = {
         CLI_CKPT_ARGS(ck, 1),
         CLI_FWD_ARGS(ff),
+        CLI_VARIANT_ARGS(vf),
         {.name = "--reference", .kind = MHA_ARG_STRING, .dest = &ref, .metavar = "Y_ref.npy",
          .help = "the output the checkpoint should give for X (same shape as Y)", .required = 1},
         {.name = "--tol", .kind = MHA_ARG_DOUBLE, .dest = &tol, .metavar = "E",
@@ -234,7 +238,10 @@ int cmd_audit(int argc, char **argv) {
         .details = "The fit: Y_ref - b_O as a least-squares combination of the h*h terms\n"
                    "Z^(r) W_O[s] (and likewise with W_Q column blocks or kv blocks paired\n"
                    "differently); a permutation is read off the coefficients and verified\n"
-                   "by running the repaired layer.\n\n"
+                   "by running the repaired layer. A layer with RoPE is first run with the\n"
+                   "other pairing (halves <-> interleaved): a match means the reference\n"
+                   "used the other convention, or W_Q/W_K columns are stored in the other\n"
+                   "order (as Hugging Face's Llama conversion permutes them); --rope fixes both.\n\n"
                    "exit status: 0 the checkpoint reproduces the reference; 1 it does not\n"
                    "(the repair is printed when one was found); 2 the audit could not run\n"
                    "(a usage error, a missing or unreadable file, a shape mismatch).\n\n"
@@ -247,6 +254,12 @@ int cmd_audit(int argc, char **argv) {
     int rc = cli_fwd_open(&L, &f, &spec, &ck, &ff, NULL, argc, argv);
     if (rc != MHA_ARGS_CONTINUE) return rc == MHA_EXIT_OK ? AUDIT_MATCH : AUDIT_ERROR;
     int reported = 0; /* the audit ran to its verdict */
+    if ((rc = cli_apply_variants(&L, &f, &vf, ck.weights, ck.prefix))) {
+        cli_variants_free(&vf);
+        cli_fwd_free(&f);
+        mha_layer_free(L);
+        return AUDIT_ERROR;
+    }
 
     mha_array yref = {0};
     float *y = NULL, *target = NULL;
@@ -282,6 +295,12 @@ int cmd_audit(int argc, char **argv) {
         goto done;
     }
     printf("mismatch: max |Y - Y_ref| = %.3g > %.3g\n", err, tol);
+    const int rope = audit_rope_pairing(L, &f, yref.f, ny, tol, ck.weights);
+    if (rope != 0) {
+        rc = rope > 0 ? AUDIT_MISMATCH : MHA_EXIT_RUNTIME;
+        reported = rope > 0;
+        goto done;
+    }
 
     /* target = Y_ref - b_O over the rows used by the fit */
     mha_weights w;
@@ -378,6 +397,7 @@ done:
     free(y);
     free(target);
     mha_array_free(&yref);
+    cli_variants_free(&vf);
     cli_fwd_free(&f);
     mha_layer_free(L);
     return reported ? rc : AUDIT_ERROR;

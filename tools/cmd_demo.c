@@ -279,7 +279,8 @@ int cmd_demo(int argc, char **argv) {
            "Row-vector convention: Y = Concat(Z^(1), ..., Z^(h)) W_O, W_O stored (in, out).\n"
            "Heads are numbered from 1 in the text, as in the lesson, and from 0 in labels.\n");
     if (section_trace(&d, z, y) || section_order(&d, z, y) || section_ablate(&d, z, y) ||
-        section_exercise(&d) || section_lesson(&d) || mha_demo_shapes(&d) || mha_demo_full_layer(&d))
+        section_exercise(&d) || section_lesson(&d) || mha_demo_shapes(&d) || mha_demo_full_layer(&d) ||
+        mha_demo_variants(&d))
         return MHA_EXIT_RUNTIME;
 
     mha_demo_banner("Summary");

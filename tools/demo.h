@@ -5,6 +5,8 @@
 #ifndef MHA_TOOLS_DEMO_H
 #define MHA_TOOLS_DEMO_H
 
+#include <stdint.h>
+
 #include "mha.h"
 
 typedef struct {
@@ -23,6 +25,10 @@ void mha_demo_shape(const char *name, const char *sym, int nd, const int *dims);
 /* Labels of one block kind: "  W_Q column blocks: [0, 1]". */
 void mha_demo_labels(const char *label, const int *labels, int n);
 
+/* Deterministic uniform numbers in [lo, hi) (splitmix64), so the demo's
+ * output is the same on every machine and run. */
+void mha_demo_fill_uniform(float *p, size_t n, uint64_t *state, float lo, float hi);
+
 /* max |a - b| over n entries (NaN counts as infinite). */
 double mha_demo_max_diff(const float *a, const float *b, int n);
 /* Prints "check: what: max |diff| = ... ok|FAILED" and counts it. want_equal
@@ -38,6 +44,9 @@ int mha_demo_lib_error(const char *call, mha_status s);
  * Return 0, or 1 after a library error was reported. */
 int mha_demo_shapes(mha_demo *d);
 int mha_demo_full_layer(mha_demo *d);
+/* Section 8 (demo_variants.c): ALiBi slopes and sinks travel with their
+ * heads; RoPE's two pairings, and why one flag repairs a mismatch. */
+int mha_demo_variants(mha_demo *d);
 
 /* Calls a library function; on failure reports it and returns 1 from the
  * calling function (use only where nothing needs freeing). */

@@ -10,9 +10,7 @@
 
 #include "demo.h"
 
-/* Deterministic uniform numbers in [lo, hi) (splitmix64), so the demo's
- * output is the same on every machine and run. */
-static void fill_uniform(float *p, size_t n, uint64_t *state, float lo, float hi) {
+void mha_demo_fill_uniform(float *p, size_t n, uint64_t *state, float lo, float hi) {
     for (size_t i = 0; i < n; i++) {
         uint64_t x = (*state += 0x9E3779B97F4A7C15ull);
         x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
@@ -38,7 +36,7 @@ static int weights_random(demo_weights *w, const mha_config *c, uint64_t seed) {
     for (int i = 0; i < 8; i++) total += n[i];
     w->all = malloc(total * sizeof(float));
     if (!w->all) return 1;
-    fill_uniform(w->all, total, &seed, -0.5f, 0.5f);
+    mha_demo_fill_uniform(w->all, total, &seed, -0.5f, 0.5f);
     float **dst[8] = {&w->w_q, &w->w_k, &w->w_v, &w->w_o, &w->b_q, &w->b_k, &w->b_v, &w->b_o};
     float *p = w->all;
     for (int i = 0; i < 8; i++) {
@@ -93,7 +91,7 @@ int mha_demo_shapes(mha_demo *d) {
     float head0[n * 4], head1[n * 4];                                      /* (n, d_v) each */
     float *heads[2] = {head0, head1};
     uint64_t seed = 66;
-    fill_uniform(x, (size_t)n * 8, &seed, -1.0f, 1.0f);
+    mha_demo_fill_uniform(x, (size_t)n * 8, &seed, -1.0f, 1.0f);
 
     mha_layer *L = NULL;
     mha_weights wv = weights_view(&w);
@@ -173,7 +171,7 @@ static int full_layer(mha_demo *d, mha_layer **L, mha_layer **L2, const demo_wei
     float probs[H7 * T7 * T7], probs2[H7 * T7 * T7];           /* (h, T, T) */
     float z[T7 * DM7], contrib[H7 * T7 * DM7];                  /* (T, h*d_v), (h, T, d_model) */
     uint64_t seed = 7;
-    fill_uniform(x, sizeof x / sizeof x[0], &seed, -1.0f, 1.0f);
+    mha_demo_fill_uniform(x, sizeof x / sizeof x[0], &seed, -1.0f, 1.0f);
     mha_weights wv = weights_view(w);
     MHA_DEMO_TRY(mha_layer_create(L, &c, &wv));
 

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 int cli_fail(const char *cmd, mha_status s) {
     const char *msg = mha_last_error();
@@ -20,15 +21,25 @@ float *cli_alloc(const char *cmd, size_t n) {
 }
 
 float *cli_alloc_out(const char *cmd, size_t n) {
-    float *p = n <= SIZE_MAX / sizeof(float) ? malloc((n ? n : 1) * sizeof(float)) : NULL;
+    const size_t huge = (size_t)2 << 20, bytes = (n ? n : 1) * sizeof(float);
+    void *p = NULL;
+    if (n > SIZE_MAX / sizeof(float)) p = NULL;
+    else if (bytes < huge) p = malloc(bytes);
+    else if (posix_memalign(&p, huge, bytes) == 0) /* as the library's mha_alloc_large */
+        (void)madvise(p, bytes / huge * huge, MADV_HUGEPAGE);
+    else p = NULL;
     if (!p) mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "cannot allocate %zu floats", n);
     return p;
 }
 
+mha_status cli_load_options(mha_load_options *o, const cli_ckpt *ck) {
+    *o = (mha_load_options){.n_heads = (int)ck->heads, .n_kv_heads = (int)ck->kv_heads, .prefix = ck->prefix};
+    return mha_layout_parse(&o->layout, ck->layout ? ck->layout : "auto");
+}
+
 int cli_load_layer(const char *cmd, mha_layer **L, const cli_ckpt *ck, const char *path) {
-    mha_load_options o = {.n_heads = (int)ck->heads, .n_kv_heads = (int)ck->kv_heads,
-                          .prefix = ck->prefix};
-    mha_status s = mha_layout_parse(&o.layout, ck->layout ? ck->layout : "auto");
+    mha_load_options o;
+    mha_status s = cli_load_options(&o, ck);
     if (!s) s = mha_layer_load(L, path ? path : ck->weights, &o);
     return s ? cli_fail(cmd, s) : MHA_EXIT_OK;
 }
@@ -168,9 +179,12 @@ static int key_padding(const char *cmd, cli_fwd *f, const char *path) {
 }
 
 int cli_fwd_prepare(const char *cmd, cli_fwd *f, const mha_layer *L, const cli_fwd_flags *ff) {
+    return cli_fwd_prepare_config(cmd, f, mha_layer_config(L), ff);
+}
+
+int cli_fwd_prepare_config(const char *cmd, cli_fwd *f, const mha_config *c, const cli_fwd_flags *ff) {
     memset(f, 0, sizeof *f);
     f->opt = mha_options_default();
-    const mha_config *c = mha_layer_config(L);
     int rc = read_tokens(cmd, &f->x, ff->input, "the input X", c->d_model, "d_model", &f->B,
                          &f->T, &f->batched);
     if (rc) return rc;

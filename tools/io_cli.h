@@ -38,6 +38,8 @@ typedef struct {
 
 /* Loads path (ck->weights unless path is given) as a layer. */
 int cli_load_layer(const char *cmd, mha_layer **L, const cli_ckpt *ck, const char *path);
+/* The load options the checkpoint flags give (MHA_E_ARG: a bad --layout). */
+mha_status cli_load_options(mha_load_options *o, const cli_ckpt *ck);
 
 /* The opening of every checkpoint command: parses argv against spec
  * (positional arguments into pos, which may be NULL when the spec takes
@@ -103,6 +105,9 @@ typedef struct {
 } cli_fwd;
 
 /* Reads X (and KV, masks) and fills f->opt for layer L. */
+/* cli_fwd_prepare from the layer's config alone (mha-mpi: no rank holds
+ * the whole layer). */
+int cli_fwd_prepare_config(const char *cmd, cli_fwd *f, const mha_config *c, const cli_fwd_flags *ff);
 int cli_fwd_prepare(const char *cmd, cli_fwd *f, const mha_layer *L, const cli_fwd_flags *ff);
 void cli_fwd_free(cli_fwd *f);
 
@@ -134,7 +139,8 @@ int cli_parse_ablate(const char *spec, mha_intervention *iv, int h);
 float *cli_alloc(const char *cmd, size_t n);
 /* The same, not zeroed: for outputs the library overwrites whole (Y and
  * the captures of mha_forward), so their pages are touched once, by the
- * forward, not first by a memset. */
+ * forward, not first by a memset; 2 MiB and more on huge pages where the
+ * kernel allows (one fault per 2 MiB instead of 512). */
 float *cli_alloc_out(const char *cmd, size_t n);
 
 #endif /* MHA_TOOLS_IO_CLI_H */

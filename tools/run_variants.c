@@ -31,22 +31,32 @@ static int want(const char *what, const mha_array *a, const char *name, size_t n
     return MHA_EXIT_OK;
 }
 
+/* The largest position --positions takes: the library's MHA_MAX_POSITION. */
+#define CLI_MAX_POSITION (1 << 30)
+
+/* --positions P.npy: (T,) or (B,T) integers (int32/int64) or whole
+ * numbers stored as float (float32/float16: exact to 2^24), each in
+ * 0..2^30; anything else is refused naming the file, index and value. */
 static int read_positions(cli_fwd *f, cli_variant_flags *vf) {
     mha_array a = {0};
-    mha_status s = mha_npy_read(&a, vf->positions, 0);
+    mha_status s = mha_npy_read(&a, vf->positions, MHA_IO_INTEGERS);
     if (s) return cli_fail("run", s);
     int rc = MHA_EXIT_OK;
     int ok = (a.rank == 1 && f->B == 1 && a.shape[0] == f->T) ||
              (a.rank == 2 && a.shape[0] == f->B && a.shape[1] == f->T);
-    if (!a.f || !ok) /* the .npy reader takes floats: whole numbers, exact to 2^24 */
-        rc = mha_cmd_error("run", MHA_EXIT_RUNTIME, "%s: positions must be whole numbers (float32) of shape "
-                           "(T,) = (%d,) or (B, T) = (%d, %d)", vf->positions, f->T, f->B, f->T);
+    if ((!a.f && !a.i64) || !ok)
+        rc = mha_cmd_error("run", MHA_EXIT_RUNTIME, "%s: positions are %s of shape %s; expected integers (int32, "
+                           "int64) or whole numbers (float32) of shape (T,) = (%d,) or (B, T) = (%d, %d)",
+                           vf->positions, mha_dtype_name(a.dtype), a.rank == 1 ? "(n,)" : "another", f->T, f->B, f->T);
     if (!rc && !(vf->pos = malloc(sizeof(int) * a.count))) rc = mha_cmd_error("run", MHA_EXIT_RUNTIME, "out of memory");
     for (size_t i = 0; !rc && i < a.count; i++) {
-        float v = a.f[i];
-        if (!(v >= 0 && v <= (float)(1 << 24)) || v != (float)(int)v) {
-            rc = mha_cmd_error("run", MHA_EXIT_RUNTIME, "%s: position %g at index %zu; expected a whole number "
-                               "in 0..2^24", vf->positions, (double)v, i);
+        const double v = a.i64 ? (double)a.i64[i] : (double)a.f[i];
+        const int whole = a.i64 || (v == (double)(long long)v && v <= (double)(1 << 24));
+        if (!(v >= 0 && v <= CLI_MAX_POSITION) || !whole) {
+            rc = a.i64 ? mha_cmd_error("run", MHA_EXIT_RUNTIME, "%s: position %lld at index %zu; expected an "
+                                       "integer in 0..2^30", vf->positions, (long long)a.i64[i], i)
+                       : mha_cmd_error("run", MHA_EXIT_RUNTIME, "%s: position %g at index %zu; expected a whole "
+                                       "number in 0..2^24 (or save integers)", vf->positions, v, i);
             break;
         }
         vf->pos[i] = (int)v;
@@ -56,10 +66,86 @@ static int read_positions(cli_fwd *f, cli_variant_flags *vf) {
     return rc;
 }
 
+/* One key=value of --rope-scale into r; 0 or an exit code. */
+static int scale_param(mha_rope *r, const char *kv, size_t len) {
+    static const char *const keys[] = {"factor", "low_freq_factor", "high_freq_factor",
+                                       "original_max_position_embeddings", "beta_fast", "beta_slow",
+                                       "attention_factor"};
+    double *dst[] = {&r->factor, &r->low_freq_factor, &r->high_freq_factor, NULL, &r->beta_fast, &r->beta_slow,
+                     &r->attn_factor};
+    const char *eq = memchr(kv, '=', len);
+    for (int i = 0; eq && i < 7; i++) {
+        if (strlen(keys[i]) != (size_t)(eq - kv) || strncmp(kv, keys[i], (size_t)(eq - kv)) != 0) continue;
+        char num[64], *end;
+        size_t n = len - (size_t)(eq + 1 - kv);
+        if (n == 0 || n >= sizeof num) break;
+        memcpy(num, eq + 1, n), num[n] = '\0';
+        double v = strtod(num, &end);
+        if (*end || !(v > 0 && v <= 1e9))
+            return mha_cmd_error("run", MHA_EXIT_USAGE, "--rope-scale: %s=%s; expected a number > 0", keys[i], num);
+        if (i == 3 && v != (double)(int)v)
+            return mha_cmd_error("run", MHA_EXIT_USAGE, "--rope-scale: %s=%s; expected a whole number", keys[i], num);
+        if (i == 3) r->original_max_positions = (int)v;
+        else *dst[i] = v;
+        return 0;
+    }
+    return mha_cmd_error("run", MHA_EXIT_USAGE, "--rope-scale: '%.*s'; expected KEY=NUMBER with KEY among factor, "
+                         "low_freq_factor, high_freq_factor, original_max_position_embeddings, beta_fast, beta_slow, "
+                         "attention_factor", (int)len, kv);
+}
+
+/* --rope-scale: "F" (linear), or KIND:key=value,... with KIND linear,
+ * llama3 or yarn and the keys of Hugging Face's rope_scaling. */
+static int parse_rope_scale(mha_rope *r, const char *spec) {
+    static const char *const kinds[] = {"linear", "llama3", "yarn"};
+    char *end;
+    double f = strtod(spec, &end);
+    if (end != spec && !*end) {
+        if (!(f >= 1 && f <= 1e6))
+            return mha_cmd_error("run", MHA_EXIT_USAGE, "--rope-scale %s; expected a factor in 1..1e6", spec);
+        r->scaling = MHA_ROPE_SCALE_LINEAR, r->factor = f;
+        return 0;
+    }
+    const char *colon = strchr(spec, ':');
+    int kind = -1;
+    for (int i = 0; i < 3 && colon; i++)
+        if (strlen(kinds[i]) == (size_t)(colon - spec) && strncmp(spec, kinds[i], (size_t)(colon - spec)) == 0) kind = i;
+    if (kind < 0)
+        return mha_cmd_error("run", MHA_EXIT_USAGE, "--rope-scale '%s'; expected F, linear:factor=F, "
+                             "llama3:factor=F,... or yarn:factor=F,... (see --help)", spec);
+    mha_rope z = {0};
+    z.pairing = r->pairing, z.dim = r->dim, z.theta = r->theta;
+    *r = z; /* the kind's defaults: 0 = the mha_rope documented default */
+    r->scaling = kind == 0 ? MHA_ROPE_SCALE_LINEAR : kind == 1 ? MHA_ROPE_SCALE_LLAMA3 : MHA_ROPE_SCALE_YARN;
+    for (const char *p = colon + 1; *p;) {
+        const char *comma = strchr(p, ',');
+        size_t len = comma ? (size_t)(comma - p) : strlen(p);
+        int rc = scale_param(r, p, len);
+        if (rc) return rc;
+        p += len + (comma ? 1 : 0);
+    }
+    if (r->factor == 0)
+        return mha_cmd_error("run", MHA_EXIT_USAGE, "--rope-scale %s: factor missing; expected factor=F", spec);
+    if (kind > 0 && r->original_max_positions == 0)
+        return mha_cmd_error("run", MHA_EXIT_USAGE, "--rope-scale %s: original_max_position_embeddings missing; "
+                             "expected the pre-training context length", spec);
+    return 0;
+}
+
+/* --window, --sink-tokens and --positions into f->opt */
+static int apply_options(cli_fwd *f, cli_variant_flags *vf) {
+    if (vf->sink_tokens && !vf->window)
+        return mha_cmd_error("run", MHA_EXIT_USAGE, "--sink-tokens needs --window W (the sinks are kept "
+                             "besides a window)");
+    if (vf->window) f->opt.window_left = (int)(vf->window - 1);
+    f->opt.sink_tokens = (int)vf->sink_tokens;
+    return vf->positions ? read_positions(f, vf) : MHA_EXIT_OK;
+}
+
 int cli_apply_variants(mha_layer **L, cli_fwd *f, cli_variant_flags *vf, const char *weights, const char *prefix) {
     if (!vf->rope && !vf->rope_theta && !vf->rope_dim && !vf->rope_scale && !vf->alibi && !vf->softcap &&
         !vf->sinks && !vf->qk_norm)
-        return vf->positions ? read_positions(f, vf) : MHA_EXIT_OK;
+        return apply_options(f, vf);
     mha_config c = *mha_layer_config(*L);
     mha_weights w;
     mha_layer_get_weights(*L, &w);
@@ -69,11 +155,11 @@ int cli_apply_variants(mha_layer **L, cli_fwd *f, cli_variant_flags *vf, const c
                              "settings in the checkpoint)");
     if (vf->rope_theta) c.rope.theta = vf->rope_theta;
     if (vf->rope_dim) c.rope.dim = (int)vf->rope_dim;
-    if (vf->rope_scale) c.rope.scaling = MHA_ROPE_SCALE_LINEAR, c.rope.factor = vf->rope_scale;
+    int rc = vf->rope_scale ? parse_rope_scale(&c.rope, vf->rope_scale) : MHA_EXIT_OK;
+    if (rc) return rc;
     if (vf->alibi) c.alibi = 1;
     if (vf->softcap) c.softcap = (float)vf->softcap;
     mha_tensors *t = NULL;
-    int rc = MHA_EXIT_OK;
     if (vf->sinks || (vf->qk_norm && !c.qk_norm)) {
         mha_status s = mha_safetensors_read(&t, weights, 0);
         if (s) return cli_fail("run", s);
@@ -108,7 +194,7 @@ int cli_apply_variants(mha_layer **L, cli_fwd *f, cli_variant_flags *vf, const c
     if (rc) return rc;
     mha_layer_free(*L);
     *L = n;
-    return vf->positions ? read_positions(f, vf) : MHA_EXIT_OK;
+    return apply_options(f, vf);
 }
 
 void cli_variants_free(cli_variant_flags *vf) {

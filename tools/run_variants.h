@@ -7,9 +7,9 @@
 #include "io_cli.h"
 
 typedef struct {
-    const char *rope, *positions, *sinks, *qk_norm;
-    double rope_theta, rope_scale, softcap;
-    long long rope_dim;
+    const char *rope, *positions, *sinks, *qk_norm, *rope_scale;
+    double rope_theta, softcap;
+    long long rope_dim, window, sink_tokens;
     int alibi;
     int *pos; /* (B,T) read from --positions, owned */
 } cli_variant_flags;
@@ -22,10 +22,20 @@ typedef struct {
      .help = "rotary base (default 10000)", .dmin = 1, .dmax = 1e12},                                 \
     {.name = "--rope-dim", .kind = MHA_ARG_INT, .dest = &(vf).rope_dim, .metavar = "R",              \
      .help = "rotated dims per head, even, <= d_k (default d_k)", .min = 2, .max = 65536},             \
-    {.name = "--rope-scale", .kind = MHA_ARG_DOUBLE, .dest = &(vf).rope_scale, .metavar = "F",        \
-     .help = "linear position scaling: positions divided by F", .dmin = 1, .dmax = 1e6},              \
+    {.name = "--rope-scale", .kind = MHA_ARG_STRING, .dest = &(vf).rope_scale, .metavar = "SCALING",  \
+     .help = "position scaling as checkpoints declare it (rope_scaling of config.json): F or "        \
+             "linear:factor=F (positions / F); llama3:factor=F,low_freq_factor=L,high_freq_factor=H,"  \
+             "original_max_position_embeddings=N; yarn:factor=F,original_max_position_embeddings=N"    \
+             "[,beta_fast=B,beta_slow=B,attention_factor=A]"},                                         \
     {.name = "--positions", .kind = MHA_ARG_STRING, .dest = &(vf).positions, .metavar = "P.npy",      \
-     .help = "position of each query token, whole numbers as float32, (T,) or (B, T) (RoPE, ALiBi)"},                   \
+     .help = "position of each query token, (T,) or (B, T) integers (int32/int64, or whole numbers as float32), "   \
+             "0..2^30 (RoPE, ALiBi)"},                   \
+    {.name = "--window", .kind = MHA_ARG_INT, .dest = &(vf).window, .metavar = "W",                   \
+     .help = "each query attends the last W key positions up to its own (window_left = W - 1)",        \
+     .min = 1, .max = 1 << 30},                                                                       \
+    {.name = "--sink-tokens", .kind = MHA_ARG_INT, .dest = &(vf).sink_tokens, .metavar = "N",         \
+     .help = "with --window: the first N keys are attended as well (StreamingLLM)", .min = 1,          \
+     .max = 1 << 30},                                                                                 \
     {.name = "--alibi", .kind = MHA_ARG_SWITCH, .dest = &(vf).alibi,                                  \
      .help = "ALiBi biases with the paper's slopes (or the checkpoint's alibi_slopes)"},              \
     {.name = "--softcap", .kind = MHA_ARG_DOUBLE, .dest = &(vf).softcap, .metavar = "C",              \
@@ -37,7 +47,8 @@ typedef struct {
              "checkpoint)", .choices = "rms|layer"}
 
 /* Rebuilds *L with the flags' variants (the checkpoint path for --sinks
- * and the norm weights) and reads --positions into f->opt. Returns an
+ * and the norm weights), reads --positions and sets --window and
+ * --sink-tokens in f->opt. Returns an
  * exit code; *L is unchanged on failure. */
 int cli_apply_variants(mha_layer **L, cli_fwd *f, cli_variant_flags *vf, const char *weights, const char *prefix);
 void cli_variants_free(cli_variant_flags *vf);

@@ -102,7 +102,8 @@ class Config(Structure):
                 ("d_k", c_int), ("d_v", c_int), ("d_kv_in", c_int), ("bias", c_int),
                 ("add_bias_kv", c_int), ("add_zero_attn", c_int), ("d_v_in", c_int),
                 ("rope", Rope), ("alibi", c_int), ("softcap", c_float), ("sinks", c_int),
-                ("qk_norm", c_int), ("qk_norm_per_head", c_int), ("qk_norm_eps", c_float)]
+                ("qk_norm", c_int), ("qk_norm_per_head", c_int), ("qk_norm_eps", c_float),
+                ("qk_norm_whole", c_int)]
 
 
 # the config fields of the plain layer's shape (the rest are today's variants)
@@ -131,7 +132,8 @@ class Options(Structure):
                 ("keep_mask", Mask), ("additive_mask", Mask),
                 ("key_keep", POINTER(c_uint8)), ("key_additive", F32P),
                 ("masked_row", c_int), ("interventions", POINTER(Intervention)),
-                ("path", c_int), ("positions", POINTER(c_int)), ("key_positions", POINTER(c_int))]
+                ("path", c_int), ("positions", POINTER(c_int)), ("key_positions", POINTER(c_int)),
+                ("sink_tokens", c_int)]
 
 
 class Capture(Structure):
@@ -229,6 +231,7 @@ _sig("mha_cache_bytes_for_kv", c_size_t, POINTER(Config), c_int, c_int, c_int, c
 _sig("mha_cache_length", c_int, CacheP, c_int)
 _sig("mha_cache_reset", c_int, CacheP, c_int)
 _sig("mha_cache_truncate", c_int, CacheP, c_int, c_int)
+_sig("mha_cache_set_sink_tokens", c_int, CacheP, c_int)
 _sig("mha_cache_permute_heads", c_int, CacheP, INTP)
 _sig("mha_forward_cached", c_int, LayerP, CacheP, F32P, POINTER(Capture), F32P, c_int, INTP,
      POINTER(Options))

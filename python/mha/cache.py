@@ -97,12 +97,14 @@ class Cache(COwner):
     """A KV cache for `batch` sequences of a causal self-attention layer.
 
     Cache(layer, batch=1, capacity=..., dtype="float32"|"float16"|"int8", window=0,
-          v_dtype=None)
+          v_dtype=None, sink_tokens=0)
     dtype: the storage of K and V; v_dtype (None: dtype) gives V a type of
     its own (e.g. dtype="int8", v_dtype="float16": mha_cache_create_kv).
     window 0: at most `capacity` tokens per sequence; window W >= 1: a ring
     of `capacity` slots keeping the last W tokens (each query attends the
-    last W positions including its own). The cache keeps a reference to
+    last W positions including its own). sink_tokens N (with a window,
+    N <= capacity - W): the first N positions are never evicted and every
+    query attends them too (StreamingLLM). The cache keeps a reference to
     `layer` (forward's default); any layer of the same shape and K/V head
     labels may be passed to forward instead.
     """
@@ -110,20 +112,26 @@ class Cache(COwner):
     _free_name = "mha_cache_free"
     _kind = "cache"
 
-    def __init__(self, layer, batch=1, capacity=1024, dtype="float32", window=0, v_dtype=None):
+    def __init__(self, layer, batch=1, capacity=1024, dtype="float32", window=0, v_dtype=None, sink_tokens=0):
         if not isinstance(layer, Layer):
             raise ArgumentError(f"layer is a {type(layer).__name__}; expected a mha.Layer")
         kt = _dtype(dtype)
         vt = kt if v_dtype is None else _dtype(v_dtype)
         batch, capacity = c_int("batch", batch, 0), c_int("capacity", capacity, 0)
         window = c_int("window", window, 0)
+        sink_tokens = c_int("sink_tokens", sink_tokens, 0)
         handle = ctypes.c_void_p()
         with layer._borrow() as layer_ptr:
             check(_L.mha_cache_create_kv(ctypes.byref(handle), layer_ptr, batch, capacity, kt, vt, window),
                   "mha_cache_create_kv")
+        if sink_tokens:
+            status = _L.mha_cache_set_sink_tokens(handle, sink_tokens)
+            if status:
+                _L.mha_cache_free(handle)
+                check(status, "mha_cache_set_sink_tokens")
         self._ptr = handle
         self.layer = layer
-        self.batch, self.capacity, self.window = batch, capacity, window
+        self.batch, self.capacity, self.window, self.sink_tokens = batch, capacity, window, sink_tokens
         self.dtype, self.v_dtype = _NAMES[kt], _NAMES[vt]  # K's type (and V's unless v_dtype), V's
         c = layer.config
         self._shape = {k: c[k] for k in ("d_model", "n_heads", "n_kv_heads", "d_k", "d_v",

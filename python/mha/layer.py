@@ -121,7 +121,7 @@ class Layer(COwner):
     def __init__(self, d_model, n_heads, n_kv_heads=0, d_k=0, d_v=0, d_kv_in=0, bias=True,
                  add_bias_kv=False, add_zero_attn=False, weights=None, d_v_in=0, *, rope=None,
                  alibi=False, softcap=0.0, sinks=False, qk_norm="none", qk_norm_per_head=False,
-                 qk_norm_eps=0.0):
+                 qk_norm_eps=0.0, qk_norm_whole=False):
         cfg = _lib.Config(c_int("d_model", d_model, 1), c_int("n_heads", n_heads, 1),
                           c_int("n_kv_heads", n_kv_heads, 0), c_int("d_k", d_k, 0), c_int("d_v", d_v, 0),
                           c_int("d_kv_in", d_kv_in, 0), c_flag("bias", bias),
@@ -129,7 +129,8 @@ class Layer(COwner):
                           c_int("d_v_in", d_v_in, 0), _rope_struct(rope), c_flag("alibi", alibi),
                           c_float("softcap", softcap), c_flag("sinks", sinks),
                           _enum("qk_norm", qk_norm, _lib.QK_NORM),
-                          c_flag("qk_norm_per_head", qk_norm_per_head), c_float("qk_norm_eps", qk_norm_eps))
+                          c_flag("qk_norm_per_head", qk_norm_per_head or qk_norm_whole),
+                          c_float("qk_norm_eps", qk_norm_eps), c_flag("qk_norm_whole", qk_norm_whole))
         resolved = _lib.Config()
         check(_L.mha_config_resolve(ctypes.byref(resolved), ctypes.byref(cfg)), "mha_config_resolve")
         handle = _lib.LayerP()
@@ -312,7 +313,7 @@ class Layer(COwner):
     def _options(self, c, B, T, S, keep, scale=0.0, causal=False, align="top_left",
                  window_left=None, window_right=None, keep_mask=None, additive_mask=None,
                  key_keep=None, key_additive=None, masked_row="zero", interventions=None,
-                 path="auto", positions=None, key_positions=None):
+                 path="auto", positions=None, key_positions=None, sink_tokens=0):
         """mha_options from keyword arguments; arrays are appended to keep."""
         o = _L.mha_options_default()
         o.scale = c_float("scale", scale)
@@ -320,6 +321,7 @@ class Layer(COwner):
         o.align = _enum("align", align, _lib.ALIGN)
         o.window_left = window("window_left", window_left)
         o.window_right = window("window_right", window_right)
+        o.sink_tokens = c_int("sink_tokens", sink_tokens, 0)  # StreamingLLM: kept besides window_left
         h = c["n_heads"]
         for field, arr, conv in (("keep_mask", keep_mask, bools), ("additive_mask", additive_mask, floats)):
             if arr is None:

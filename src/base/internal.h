@@ -65,6 +65,11 @@ mha_status mha_fail(mha_status s, const char *fmt, ...)
     ;
 void mha_clear_error(void);
 
+/* A 64-byte aligned block of `bytes` for large arrays, released with
+ * free(); 2 MiB or more: backed by huge pages where the kernel allows
+ * (memory.c). NULL when out of memory. */
+void *mha_alloc_large(size_t bytes);
+
 /* Checks that n floats are finite; names the tensor and first bad index. */
 mha_status mha_check_finite(const float *p, size_t n, const char *name);
 

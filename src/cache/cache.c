@@ -126,6 +126,23 @@ mha_status mha_cache_create_kv(mha_cache **out, const mha_layer *L, int batch, i
     return cache_create(out, L, batch, capacity, k_dtype, v_dtype, window, "mha_cache_create_kv");
 }
 
+mha_status mha_cache_set_sink_tokens(mha_cache *c, int n_sink) {
+    if (!c) return mha_fail(MHA_E_ARG, "mha_cache_set_sink_tokens: cache is NULL");
+    if (!c->window)
+        return mha_fail(MHA_E_ARG, "mha_cache_set_sink_tokens: the cache has no window; expected a cache "
+                        "created with window >= 1 (without one nothing is evicted)");
+    if (n_sink < 0 || n_sink > c->cap - c->window)
+        return mha_fail(MHA_E_ARG, "mha_cache_set_sink_tokens: n_sink=%d; expected 0..capacity - window = %d "
+                        "(the ring past the sinks must hold the window of %d)", n_sink, c->cap - c->window,
+                        c->window);
+    for (int b = 0; b < c->B; b++)
+        if (c->len[b])
+            return mha_fail(MHA_E_ARG, "mha_cache_set_sink_tokens: sequence %d holds %d tokens; expected an "
+                            "empty cache (set the sinks before the first token, or reset)", b, c->len[b]);
+    c->n_sink = n_sink;
+    return MHA_OK;
+}
+
 int mha_cache_length(const mha_cache *c, int b) {
     if (!c) {
         mha_fail(MHA_E_ARG, "mha_cache_length: cache is NULL");
@@ -164,12 +181,13 @@ mha_status mha_cache_truncate(mha_cache *c, int b, int new_len) {
     /* the next token (position new_len) needs keys from new_len - (W-1) */
     int need = c->window ? new_len - (c->window - 1) : 0;
     if (need < 0) need = 0;
+    if (need < c->n_sink) need = c->n_sink; /* the sink tokens are never evicted */
     if (need < c->lo[b])
         return mha_fail(MHA_E_ARG,
                         "mha_cache_truncate: sequence %d to %d tokens needs position %d for its "
-                        "window of %d, but the ring (capacity %d) kept only positions >= %d; "
+                        "window of %d, but the ring (capacity %d, %d sink tokens) kept only positions >= %d; "
                         "expected new_len >= %d or 0",
-                        b, new_len, need, c->window, c->cap, c->lo[b], c->lo[b] + c->window - 1);
+                        b, new_len, need, c->window, c->cap, c->n_sink, c->lo[b], c->lo[b] + c->window - 1);
     c->len[b] = new_len;
     return MHA_OK;
 }
@@ -234,7 +252,7 @@ void mha_cache_store(const mha_exec *ex, mha_cache *c, const float *k, const flo
     const mha_decode_kernels *kr = mha_exec_decode(ex);
     for (int b = 0; b < c->B; b++) {
         for (int i = 0; i < n[b]; i++) {
-            int slot = (c->len[b] + i) % c->cap;
+            int slot = mha_cache_slot_of(c, c->len[b] + i);
             c->upos[(size_t)b * c->cap + slot] = pos ? pos[row0[b] + t0 + i] : c->len[b] + i;
             const float *kr_row = k + ((size_t)row0[b] + t0 + i) * c->h_kv * c->d_k;
             const float *vr_row = v + ((size_t)row0[b] + t0 + i) * c->h_kv * c->d_v;
@@ -253,7 +271,7 @@ void mha_cache_store(const mha_exec *ex, mha_cache *c, const float *k, const flo
             }
         }
         c->len[b] += n[b];
-        if (c->len[b] - c->cap > c->lo[b]) c->lo[b] = c->len[b] - c->cap;
+        if (c->len[b] - mha_cache_ring(c) > c->lo[b]) c->lo[b] = c->len[b] - mha_cache_ring(c);
     }
 }
 
@@ -279,11 +297,11 @@ mha_status mha_cache_check_room(const mha_cache *c, const int *n, const char *fn
             return mha_fail(MHA_E_ARG,
                             "%s: sequence %d holds %d tokens, %d more exceed the capacity %d; "
                             "create a larger cache, truncate, or use a window", fn, b, c->len[b], n[b], c->cap);
-        if (c->window && n[b] > c->cap - c->window + 1)
+        if (c->window && n[b] > mha_cache_ring(c) - c->window + 1)
             return mha_fail(MHA_E_ARG,
                             "%s: %d tokens for sequence %d in one call; a ring of %d slots with "
-                            "window %d takes at most %d per call", fn, n[b], b, c->cap, c->window,
-                            c->cap - c->window + 1);
+                            "window %d takes at most %d per call", fn, n[b], b, mha_cache_ring(c), c->window,
+                            mha_cache_ring(c) - c->window + 1);
     }
     return MHA_OK;
 }
@@ -313,6 +331,7 @@ mha_status mha_cache_attend(const mha_cache *c, float *z, const float *q, int T,
     for (int b = 0; b < c->B && !s; b++) {
         int first = c->len[b] - n[b];
         int need = c->window ? first - (c->window - 1) : 0;
+        if (need < c->n_sink) need = c->n_sink; /* never evicted */
         if (first < 0)
             s = mha_fail(MHA_E_ARG, "mha_cache_attend: n_new[%d]=%d but sequence %d holds %d tokens; "
                          "append the queries' keys first", b, n[b], b, c->len[b]);

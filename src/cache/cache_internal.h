@@ -20,6 +20,9 @@
 struct mha_cache {
     int B, cap, slots;   /* slots = cap rounded up to MHA_DECODE_CHUNK      */
     int window;          /* 0: none; else attend the last `window` tokens   */
+    int n_sink;          /* windowed: positions 0..n_sink-1 stay in slots
+                            0..n_sink-1 (StreamingLLM); the rest share the
+                            ring of slots n_sink..cap-1                     */
     int h, h_kv, d_k, d_v, d_model;
     mha_cache_dtype kt, vt; /* storage type of K and of V (may differ)     */
     size_t ek, ev;       /* bytes of one K / V element: 4, 2 or 1 (int8)     */
@@ -93,23 +96,35 @@ static inline float mha_cache_key_at(const mha_cache *c, const mha_decode_kernel
     return f;
 }
 
-/* Position p lives in slot p % cap (without a window p < cap, so slot p).
- * pos[i] = the position now stored in slot s0 + i of sequence b, for
+/* Slots of the ring that the positions past the sink tokens share. */
+static inline int mha_cache_ring(const mha_cache *c) { return c->cap - c->n_sink; }
+
+/* The slot of position p: p itself for a sink token (and without a
+ * window, where p < cap), else n_sink + (p - n_sink) mod ring. */
+static inline int mha_cache_slot_of(const mha_cache *c, int p) {
+    return p < c->n_sink ? p : c->n_sink + (p - c->n_sink) % mha_cache_ring(c);
+}
+
+/* pos[i] = the position now stored in slot s0 + i of sequence b, for
  * i < n, or INT_MIN for a padding slot or one not holding a live position
  * (never written since the reset, overwritten, or rolled back by
- * truncate). One division per call: the slots of a ring hold consecutive
- * positions with a single wrap. */
+ * truncate). One division per call: the ring's slots hold consecutive
+ * positions with a single wrap; the sink slots hold their own. */
 static inline void mha_cache_slot_positions(int *pos, const mha_cache *c, int b, int s0, int n) {
-    int last = c->len[b] - 1, lo = c->lo[b] > 0 ? c->lo[b] : 0;
+    int last = c->len[b] - 1, ns = c->n_sink, R = mha_cache_ring(c);
+    int lo = c->lo[b] > ns ? c->lo[b] : ns; /* oldest live ring position */
     if (last < 0) {
         for (int i = 0; i < n; i++) pos[i] = INT_MIN;
         return;
     }
-    int base = last / c->cap * c->cap, wrap = last % c->cap; /* slot of `last` */
+    int lr = last - ns; /* ring index of `last` (< 0: still in the sinks) */
+    int base = lr < 0 ? 0 : lr / R * R, wrap = lr < 0 ? -1 : lr % R;
     for (int i = 0; i < n; i++) {
-        int s = s0 + i;
-        int p = s >= c->cap ? INT_MIN : s <= wrap ? base + s : base - c->cap + s;
-        pos[i] = p != INT_MIN && p >= lo ? p : INT_MIN;
+        int s = s0 + i, k = s - ns, p;
+        if (s >= c->cap) p = INT_MIN;
+        else if (s < ns) p = s <= last ? s : INT_MIN;
+        else p = k <= wrap ? ns + base + k : lr < 0 || base == 0 ? INT_MIN : ns + base - R + k;
+        pos[i] = p == INT_MIN || (p >= ns && p < lo) ? INT_MIN : p;
     }
 }
 
@@ -118,6 +133,12 @@ static inline void mha_cache_slot_positions(int *pos, const mha_cache *c, int b,
 static inline int mha_cache_first_key(const mha_cache *c, int b, int p, int left) {
     if (c->window && (left < 0 || left > c->window - 1)) left = c->window - 1;
     return left >= 0 && p - left > c->lo[b] ? p - left : c->lo[b];
+}
+
+/* Whether a query at position p, whose window starts at `first`, attends
+ * the key at position pj (INT_MIN: none): causal, in the window or a sink. */
+static inline int mha_cache_attends(const mha_cache *c, int pj, int first, int p) {
+    return pj != INT_MIN && pj <= p && (pj >= first || pj < c->n_sink);
 }
 
 /* The position slot s of sequence b was stored with. */

@@ -54,13 +54,17 @@ static int row_position(const decode_call *dc, int b, int i) {
     return dc->c->len[b] - dc->n[b] + i / dc->n_rep;
 }
 
-/* Whether chunk ch overlaps the slots of positions [ulo, uhi]. */
+/* Whether chunk ch overlaps the slots of positions [ulo, uhi] or of the
+ * sink tokens (slots 0..n_sink-1, attended by every row). */
 static int chunk_needed(const mha_cache *c, int ulo, int uhi, int ch) {
-    int cs = ch * MHA_DECODE_CHUNK, ce = cs + MHA_DECODE_CHUNK;
-    int count = uhi - ulo + 1, a = ulo % c->cap;
+    int cs = ch * MHA_DECODE_CHUNK, ce = cs + MHA_DECODE_CHUNK, ns = c->n_sink;
+    if (uhi < ulo) return 0;
+    if (cs < ns) return 1; /* holds sink slots */
+    if (ulo < ns) ulo = ns;
+    int count = uhi - ulo + 1, a = mha_cache_slot_of(c, ulo);
     if (count <= 0) return 0;
     if (a + count <= c->cap) return cs < a + count && ce > a;
-    return (cs < c->cap && ce > a) || (cs < a + count - c->cap);
+    return (cs < c->cap && ce > a) || (cs < ns + a + count - c->cap && ce > ns); /* wrapped to the ring's start */
 }
 
 /* ------------------------------------------------------ one partial */
@@ -138,11 +142,11 @@ static void variants_chunk(scratch *w, const decode_call *dc, const unit *u, int
     if (!o->slopes) return;
     for (int j = 0; j < nk; j++) {
         int pj = w->pos[j0 + j];
-        w->upos[j] = pj == INT_MIN ? 0 : mha_cache_user_position(c, u->b, pj % c->cap);
+        w->upos[j] = pj == INT_MIN ? 0 : mha_cache_user_position(c, u->b, mha_cache_slot_of(c, pj));
     }
     for (int i = 0; i < m; i++) {
         const int r = u->g * dc->n_rep + (u->i0 + i) % dc->n_rep;
-        const int pi = mha_cache_user_position(c, u->b, row_position(dc, u->b, u->i0 + i) % c->cap);
+        const int pi = mha_cache_user_position(c, u->b, mha_cache_slot_of(c, row_position(dc, u->b, u->i0 + i)));
         const float slope = o->slopes[r];
         float *row = w->s + (size_t)i * MHA_DECODE_CHUNK;
         for (int j = 0; j < nk; j++) row[j] -= slope * (float)abs(pi - w->upos[j]);
@@ -212,7 +216,7 @@ static void chunk_partial(float *part, scratch *w, const decode_call *dc, const 
     mha_cache_slot_positions(w->pos, c, u->b, cs, ce - cs);
     for (int s = cs; s < ce; s++) {
         int p = w->pos[s - cs];
-        if (p != INT_MIN && p >= u->ulo && p <= u->uhi) {
+        if (p != INT_MIN && (p >= u->ulo || p < c->n_sink) && p <= u->uhi) {
             if (s < jlo) jlo = s;
             jhi = s + 1;
         }
@@ -247,7 +251,7 @@ static void chunk_partial(float *part, scratch *w, const decode_call *dc, const 
         float *row = w->s + (size_t)i * MHA_DECODE_CHUNK;
         for (int j = 0; j < nk; j++) {
             int pj = w->pos[jlo - cs + j];
-            if (pj == INT_MIN || pj < lo || pj > p) row[j] = -INFINITY;
+            if (!mha_cache_attends(c, pj, lo, p)) row[j] = -INFINITY;
         }
     }
     dc->kr->softmax(w->s, MHA_DECODE_CHUNK, w->mx, w->sum, m, nk);

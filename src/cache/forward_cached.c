@@ -68,6 +68,9 @@ static mha_status check_options(const mha_options *o, const mha_cache *c, const 
     if (o->key_positions)
         return mha_fail(MHA_E_UNSUPPORTED, "mha_forward_cached: options.key_positions is not supported with a "
                         "KV cache (each cached key keeps the position it was stored with); expected NULL");
+    if (o->sink_tokens != 0 && o->sink_tokens != c->n_sink)
+        return mha_fail(MHA_E_ARG, "mha_forward_cached: options.sink_tokens=%d but the cache keeps %d; expected 0 "
+                        "or %d (mha_cache_set_sink_tokens sets them)", o->sink_tokens, c->n_sink, c->n_sink);
     mha_status s = mha_check_positions(&L->cfg, o, c->B, T, T);
     if (s) return s;
     /* REPLACE values are (B,T,d_v), as in mha_forward */
@@ -156,7 +159,7 @@ static mha_status capture_probs(const mha_exec *ex, float *probs, const mha_cach
         mha_cache_slot_positions(spos, c, b, 0, c->cap);
         for (int i = 0; i < np[b]; i++) {
             int t = t0 + i, p = c->len[b] - np[b] + i;
-            int first = mha_cache_first_key(c, b, p, o->left), pu = mha_cache_user_position(c, b, p % c->cap);
+            int first = mha_cache_first_key(c, b, p, o->left), pu = mha_cache_user_position(c, b, mha_cache_slot_of(c, p));
             for (int r = 0; r < c->h; r++) {
                 int g = r / n_rep;
                 size_t row = (size_t)row0[b] + t;
@@ -167,7 +170,7 @@ static mha_status capture_probs(const mha_exec *ex, float *probs, const mha_cach
                 for (int s = 0; s < c->cap; s++) {
                     int ps = spos[s];
                     pr[s] = 0.0f;
-                    if (ps == INT_MIN || ps < first || ps > p) continue;
+                    if (!mha_cache_attends(c, ps, first, p)) continue;
                     size_t k0 = mha_cache_k_off(c, kv, s);
                     float dot = 0.0f;
                     for (int d = 0; d < c->d_k; d++) dot = fmaf(qr[d], mha_cache_key_at(c, kr, k0, kv, s, d), dot);
@@ -218,14 +221,25 @@ static mha_status transform_qk(const cached_plan *p, const mha_layer *L, const m
     const int rope = f->rope.pairing != MHA_ROPE_NONE, norm = f->qk_norm != MHA_QK_NORM_NONE;
     if (!rope && !norm) return MHA_OK;
     float *tab = rope ? mha_rope_table(f, p->pos, p->N) : NULL; /* rows: the packed rows */
-    if (rope && !tab) return mha_fail(MHA_E_NOMEM, "mha_forward_cached: no memory for the rotary table");
+    double *st = f->qk_norm_whole ? malloc(sizeof(double) * 4 * (size_t)p->N) : NULL; /* (2, N, 2): q, k */
+    if ((rope && !tab) || (f->qk_norm_whole && !st)) {
+        free(tab);
+        return mha_fail(MHA_E_NOMEM, "mha_forward_cached: no memory for the rotary table");
+    }
+    for (int i = 0; st && i < 2 * p->N; i++) { /* OLMo 2: each row's stats over all heads */
+        const int key = i >= p->N, width = (key ? c->h_kv : c->h) * c->d_k;
+        const float *x = (key ? p->k : p->q) + (size_t)(key ? i - p->N : i) * width;
+        double sum = 0.0, sq = 0.0;
+        for (int e = 0; e < width; e++) sum += x[e], sq += (double)x[e] * x[e];
+        mha_qk_norm_stats(st + 2 * (size_t)i, f, sum, sq, width);
+    }
     for (int r = 0; r < c->h + c->h_kv; r++) {
         const int key = r >= c->h, head = key ? r - c->h : r, width = key ? c->h_kv : c->h;
         const float *nw = !norm ? NULL : (key ? L->k_norm : L->q_norm) + (f->qk_norm_per_head ? (size_t)head * c->d_k : 0);
         mha_head_rows hr = {(key ? p->k : p->q) + (size_t)head * c->d_k, (size_t)width * c->d_k, 1};
-        mha_qk_transform(f, hr, p->N, nw, tab, p->N, NULL);
+        mha_qk_transform(f, hr, p->N, nw, st ? st + (key ? 2 * (size_t)p->N : 0) : NULL, tab, p->N, NULL);
     }
-    free(tab);
+    free(tab), free(st);
     return MHA_OK;
 }
 
@@ -264,7 +278,7 @@ static mha_status check_range(const cached_plan *p, const mha_cache *c, const mh
 // --- run: append and attend, in pieces a ring can hold
 static mha_status attend_pieces(const mha_exec *ex, cached_plan *p, mha_cache *c, const mha_layer *L,
                                 const mha_capture *cap, const mha_decode_opts *o) {
-    const int piece = c->window ? c->cap - c->window + 1 : p->T;
+    const int piece = c->window ? mha_cache_ring(c) - c->window + 1 : p->T;
     mha_status s = MHA_OK;
     for (int t0 = 0; t0 < p->T && !s; t0 += piece) {
         int any = 0;

@@ -12,6 +12,7 @@
 typedef struct {
     const mha_kernels *prefill;
     const mha_decode_kernels *decode;
+    const mha_backward_kernels *backward;
 } mha_exec_trace;
 
 typedef struct mha_exec {
@@ -38,6 +39,11 @@ static inline const mha_kernels *mha_exec_prefill(const mha_exec *ex) {
 static inline const mha_decode_kernels *mha_exec_decode(const mha_exec *ex) {
     if (ex->trace) ex->trace->decode = ex->isa->decode;
     return ex->isa->decode;
+}
+
+static inline const mha_backward_kernels *mha_exec_backward(const mha_exec *ex) {
+    if (ex->trace) ex->trace->backward = ex->isa->backward;
+    return ex->isa->backward;
 }
 
 /* Threads for work of `madds` multiply-adds on the decode path: 1 below

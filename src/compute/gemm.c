@@ -1,27 +1,59 @@
 /* gemm.c — packed projections: out (M, N) = a (M, K) W (K, N) + bias, with
- * W packed once (mha_pack) and the input packed per block of MC rows into
- * 6-row micro-panels, (K, 6) each, so the kernel's register tile (6x16,
- * or tile_rows x 16*tile_panels: several micro-panels and panels at
- * once) reads both operands linearly. Threads split (row block, panel chunk) tasks; every
- * output element is one task's fp32 sum in k order (thread-count free).
- * Legend: M input rows, K input width, N output columns, MC rows per block. */
+ * W packed once (mha_pack, pairs of 16-column panels) and the input packed
+ * per block of MC rows into 6-row micro-panels, (K, 6) each, so the
+ * kernel's register tile (6x16, or tile_rows x 16*tile_panels: several
+ * micro-panels and panels at once) reads both operands linearly. With an
+ * accumulating tile, K runs in blocks of about KC: each block of B serves
+ * every row tile from L1, and each sum continues through c, so the bits
+ * are those of one pass. Threads split (row block, panel chunk) tasks;
+ * every output element is one task's fp32 sum in k order (thread-count
+ * free). Tiles go straight to their destination where its columns are
+ * contiguous (rows, or one head of one batch), else through a buffer.
+ * Legend: M input rows, K input width, N output columns, MC rows per
+ * block, KC inputs per K block. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "compute/gemm.h"
 #include "base/internal.h"
 
-#define MHA_GEMM_MC 72 /* rows per block: (MC, K) packed input stays in L2; a
-                          multiple of every kernel's tile_rows (6, 12) */
-#define MHA_TILE_MAX_ROWS 12 /* the largest register tile of a kernel table */
-#define MHA_TILE_MAX_PANELS 2
+/* Rows per block: the (MC, K) packed input stays in L2; multiples of
+ * every kernel's tile_rows (6, 12). A call whose packed weights exceed
+ * MHA_GEMM_BIG_B bytes (they come from L3 on every block) takes MC_BIG
+ * rows, so each panel read serves more rows: on one core this ran the
+ * P1/P2 QKV and P3 KV shapes (7-8 MiB of weights) 10-14% faster than 72
+ * rows, and the O and P3 Q shapes (2-4 MiB) 2-7% slower. */
+#define MHA_GEMM_MC 72
+#define MHA_GEMM_MC_BIG 216
+#define MHA_GEMM_BIG_B ((size_t)6 << 20)
+/* K block of an accumulating tile: B's (256, 32) block (32 KiB) stays in
+ * L1 across the row tiles (128-384 and no blocking measured within noise
+ * of each other on a busy machine; see bench/LIMITS.md). */
+#ifndef MHA_GEMM_KC
+#define MHA_GEMM_KC 256
+#endif
+#define MHA_TILE_MAX_PANELS 2 /* the widest register tile of a kernel table */
 
 static float *alloc_floats(size_t n) {
-    return aligned_alloc(64, mha_round_up(n * sizeof(float) + 1, 64));
+    return mha_alloc_large(n * sizeof(float));
 }
 
-mha_status mha_pack(mha_packed *p, int K, int n_sections, const float *const *w,
-                    const float *const *b, const int *cols) {
+/* Panel gp of section s: (K, 16) columns [col0, col0+16) of the section,
+ * zero padded past its width, in the pair layout of mha_packed_panel. k
+ * outer: from an (out, in) source, 16 rows of it stream in. */
+static void pack_panel(const mha_packed *p, int gp, const mha_pack_source *src, int cols, int col0) {
+    const int live = cols - col0 < MHA_NR ? cols - col0 : MHA_NR;
+    const float *w = src->w + (size_t)col0 * src->n_stride;
+    for (int k = 0; k < p->K; k++) {
+        float *panel = mha_packed_panel(p, gp, k); /* 16 columns of row k */
+        const float *row = w + (size_t)k * src->k_stride;
+        for (int j = 0; j < live; j++) panel[j] = row[(size_t)j * src->n_stride];
+        for (int j = live; j < MHA_NR; j++) panel[j] = 0.0f;
+    }
+}
+
+mha_status mha_pack_from(mha_packed *p, int K, int n_sections, const mha_pack_source *src,
+                         const int *cols) {
     memset(p, 0, sizeof *p);
     p->K = K;
     p->n_sections = n_sections;
@@ -29,29 +61,34 @@ mha_status mha_pack(mha_packed *p, int K, int n_sections, const float *const *w,
         p->cols[s] = cols[s];
         p->first_panel[s + 1] = p->first_panel[s] + (cols[s] + MHA_NR - 1) / MHA_NR;
     }
-    size_t np = (size_t)p->first_panel[n_sections];
-    p->panels = alloc_floats(np * (size_t)K * MHA_NR);
+    size_t np = (size_t)p->first_panel[n_sections], npairs = (np + 1) / 2;
+    p->panels = alloc_floats(npairs * (size_t)K * 2 * MHA_NR);
     p->bias = alloc_floats(np * MHA_NR);
     if (!p->panels || !p->bias) {
         mha_packed_free(p);
         return mha_fail(MHA_E_NOMEM, "fast path: cannot allocate %zu floats of packed weights",
-                        np * (size_t)K * MHA_NR);
+                        npairs * (size_t)K * 2 * MHA_NR);
     }
+    if (np % 2) /* the unused half of the last pair */
+        for (int k = 0; k < K; k++) memset(mha_packed_panel(p, (int)np, k), 0, MHA_NR * sizeof(float));
     for (int s = 0; s < n_sections; s++)
         for (int gp = p->first_panel[s]; gp < p->first_panel[s + 1]; gp++) {
             int col0 = (gp - p->first_panel[s]) * MHA_NR;
-            float *panel = p->panels + (size_t)gp * K * MHA_NR; /* (K, 16) */
-            for (int k = 0; k < K; k++)
-                for (int j = 0; j < MHA_NR; j++) {
-                    int c = col0 + j;
-                    panel[(size_t)k * MHA_NR + j] = c < cols[s] ? w[s][(size_t)k * cols[s] + c] : 0.0f;
-                }
+            pack_panel(p, gp, &src[s], cols[s], col0);
             for (int j = 0; j < MHA_NR; j++) {
                 int c = col0 + j;
-                p->bias[(size_t)gp * MHA_NR + j] = (c < cols[s] && b[s]) ? b[s][c] : 0.0f;
+                p->bias[(size_t)gp * MHA_NR + j] = (c < cols[s] && src[s].b) ? src[s].b[c] : 0.0f;
             }
         }
     return MHA_OK;
+}
+
+mha_status mha_pack(mha_packed *p, int K, int n_sections, const float *const *w,
+                    const float *const *b, const int *cols) {
+    mha_pack_source src[MHA_PACK_MAX_SECTIONS];
+    for (int s = 0; s < n_sections; s++)
+        src[s] = (mha_pack_source){.w = w[s], .k_stride = (size_t)cols[s], .n_stride = 1, .b = b[s]};
+    return mha_pack_from(p, K, n_sections, src, cols);
 }
 
 void mha_packed_free(mha_packed *p) {
@@ -81,9 +118,16 @@ static void head_row_offsets(size_t *roff, const mha_dst *d, int m0, int mc) {
 }
 
 /* a (M, kn) rows [m0, m0+mc) -> buf: ceil(mc/6) micro-panels (kn, 6), zero
- * padded. k outer, so the writes are sequential and six rows stream in. */
-static void pack_rows(float *buf, const float *a, size_t lda, int m0, int mc, int kn) {
+ * padded, by the kernel table's packing when it has one. The portable loop
+ * runs k outer, so the writes are sequential and six rows stream in. */
+static void pack_rows(float *buf, const float *a, size_t lda, int m0, int mc, int kn,
+                      const mha_kernels *kern) {
     for (int r = 0; r < mc; r += MHA_MR) {
+        float *out = buf + (size_t)r * kn;
+        if (kern->pack_a6) {
+            kern->pack_a6(out, a + (size_t)(m0 + r) * lda, lda, mc - r < MHA_MR ? mc - r : MHA_MR, kn);
+            continue;
+        }
         const float *src[MHA_MR];
         static const float zero_row[1] = {0.0f};
         int step[MHA_MR];
@@ -92,7 +136,6 @@ static void pack_rows(float *buf, const float *a, size_t lda, int m0, int mc, in
             src[i] = live ? a + (size_t)(m0 + r + i) * lda : zero_row;
             step[i] = live;
         }
-        float *out = buf + (size_t)r * kn;
         if (r + MHA_MR <= mc) {
             for (int k = 0; k < kn; k++, out += MHA_MR)
                 for (int i = 0; i < MHA_MR; i++) out[i] = src[i][k];
@@ -103,6 +146,35 @@ static void pack_rows(float *buf, const float *a, size_t lda, int m0, int mc, in
     }
 }
 
+/* Where the tile of input rows [row, row+m) and section columns [col,
+ * col+n) can be stored in place: rows of one section (ROWS), or of one
+ * head and one batch (HEADS: the columns are contiguous there); NULL when
+ * it goes through the scatter (HEADS_T, or a tile across a head or batch). */
+static float *direct_tile(const mha_dst *d, int row, int m, int col, int n, size_t *ldc) {
+    *ldc = d->ld;
+    if (d->kind == MHA_DST_ROWS) return d->base + (size_t)row * d->ld + col;
+    const int head = col / d->dh, c = col % d->dh, b = row / d->rows, s = row % d->rows;
+    if (d->kind != MHA_DST_HEADS || c + n > d->dh || s + m > d->rows) return NULL;
+    return d->base + ((size_t)b * d->n_heads + head) * d->head_stride + (size_t)s * d->ld + c;
+}
+
+/* A (mc, n) block of a HEADS_T section (tile, row stride ldt) to its
+ * destination: rows of one 16-row panel of one batch are consecutive
+ * there (roff[i + x] = roff[i] + x), so each such run of rows and each 16
+ * columns is one transposed store. */
+static void store_heads_t(const mha_dst *d, const size_t *roff, const size_t *coff, const float *tile,
+                          size_t ldt, int m0, int mc, int n, const mha_kernels *kern) {
+    for (int i = 0, len; i < mc; i += len) {
+        const int s = (m0 + i) % d->rows;
+        len = 16 - s % 16;
+        if (len > d->rows - s) len = d->rows - s;
+        if (len > mc - i) len = mc - i;
+        for (int j = 0; j < n; j += MHA_NR)
+            kern->store_t16(d->base + roff[i], coff + j, tile + (size_t)i * ldt + j, ldt, len,
+                            n - j < MHA_NR ? n - j : MHA_NR);
+    }
+}
+
 mha_status mha_gemm(const mha_gemm_args *g, const mha_kernels *kern, int n_threads) {
     const mha_dst *dst = g->dst;
     const float *a = g->a;
@@ -110,24 +182,34 @@ mha_status mha_gemm(const mha_gemm_args *g, const mha_kernels *kern, int n_threa
     const mha_packed *p = g->p;
     const int M = g->M, s0 = g->s0, s1 = g->s1, k0 = g->k0, kn = g->kn, use_bias = g->use_bias;
     const int pb = p->first_panel[s0], np = p->first_panel[s1] - pb;
-    const int nmb = (M + MHA_GEMM_MC - 1) / MHA_GEMM_MC;
+    const int MC = (size_t)np * kn * MHA_NR * sizeof(float) > MHA_GEMM_BIG_B ? MHA_GEMM_MC_BIG : MHA_GEMM_MC;
+    const int nmb = (M + MC - 1) / MC;
+    /* An accumulating tile runs K in blocks of about MHA_GEMM_KC, so the
+     * B rows of one block stay in L1 across the row tiles; the 6x16
+     * kernels (no accumulation) run all of K at once. */
+    const int nkb = kern->sgemm_tile ? (kn + MHA_GEMM_KC - 1) / MHA_GEMM_KC : 1;
+    const int kc = nkb > 1 ? (kn + nkb - 1) / nkb : kn;
     /* Enough tasks that the dynamic schedule balances the threads to within
      * a few percent; few row blocks (small M) split the panels instead. */
     int want = 16 * n_threads, nchunk = 1;
     if (nmb < want) nchunk = (want + nmb - 1) / nmb;
     if (nchunk > np) nchunk = np;
-    const int per = (np + nchunk - 1) / nchunk;
+    int per = (np + nchunk - 1) / nchunk;
+    per += per % 2; /* chunks start on a pair of panels (a section with an odd count shifts them) */
     nchunk = (np + per - 1) / per;
     const int ntasks = nmb * nchunk;
     int failed = 0;
 #pragma omp parallel num_threads(n_threads)
     {
-        float *buf = alloc_floats((size_t)MHA_GEMM_MC * kn); /* packed input block */
+        float *buf = alloc_floats((size_t)MC * kn); /* packed input block */
         /* the kernel's register tile: TR rows x TP panels (6 x 1 without a wide tile) */
         const int TR = kern->sgemm_tile ? kern->tile_rows : MHA_MR;
         const int TP = kern->sgemm_tile ? kern->tile_panels : 1;
-        float tile[MHA_TILE_MAX_ROWS * MHA_TILE_MAX_PANELS * MHA_NR];
-        size_t roff[MHA_GEMM_MC], coff[MHA_TILE_MAX_PANELS * MHA_NR];
+        const size_t ldt = (size_t)TP * MHA_NR;
+        float tile[MHA_GEMM_MC_BIG * MHA_TILE_MAX_PANELS * MHA_NR]; /* (mc, ldt): tiles not stored in place */
+        size_t roff[MHA_GEMM_MC_BIG], coff[MHA_TILE_MAX_PANELS * MHA_NR];
+        float *cptr[MHA_GEMM_MC_BIG / MHA_MR];
+        size_t ldc[MHA_GEMM_MC_BIG / MHA_MR];
         if (!buf) {
 #pragma omp atomic write
             failed = 1;
@@ -135,10 +217,10 @@ mha_status mha_gemm(const mha_gemm_args *g, const mha_kernels *kern, int n_threa
 #pragma omp for schedule(dynamic, 1)
         for (int t = 0; t < ntasks; t++) {
             if (!buf) continue;
-            const int m0 = (t / nchunk) * MHA_GEMM_MC, c0 = pb + (t % nchunk) * per;
-            const int mc = M - m0 < MHA_GEMM_MC ? M - m0 : MHA_GEMM_MC;
+            const int m0 = (t / nchunk) * MC, c0 = pb + (t % nchunk) * per;
+            const int mc = M - m0 < MC ? M - m0 : MC;
             const int c1 = c0 + per < pb + np ? c0 + per : pb + np;
-            pack_rows(buf, a, lda, m0, mc, kn);
+            pack_rows(buf, a, lda, m0, mc, kn, kern);
             int s = s0, roff_of = -1; /* roff holds section roff_of's rows */
             for (int gp = c0, g; gp < c1; gp += g) {
                 while (gp >= p->first_panel[s + 1]) s++;
@@ -149,27 +231,44 @@ mha_status mha_gemm(const mha_gemm_args *g, const mha_kernels *kern, int n_threa
                 const mha_dst *d = &dst[s - s0];
                 const int col = (gp - p->first_panel[s]) * MHA_NR;
                 const int n = p->cols[s] - col < g * MHA_NR ? p->cols[s] - col : g * MHA_NR;
-                const float *bp = p->panels + ((size_t)gp * p->K + k0) * MHA_NR;
+                const float *bp = mha_packed_panel(p, gp, k0);
+                const size_t b_ps = gp % 2 ? (size_t)p->K * MHA_PACK_LDB - MHA_NR : MHA_NR; /* to panel gp+1 */
                 const float *bias = use_bias ? p->bias + (size_t)gp * MHA_NR : NULL;
-                if (d->kind != MHA_DST_ROWS) {
-                    if (roff_of != s) head_row_offsets(roff, d, m0, mc), roff_of = s;
-                    head_col_offsets(coff, d, col, n);
-                }
+                int scatter = 0;
                 for (int r = 0; r < mc; r += TR) {
                     const int m = mc - r < TR ? mc - r : TR;
-                    const float *ap = buf + (size_t)r * kn;
-                    float *c = d->kind == MHA_DST_ROWS ? d->base + (size_t)(m0 + r) * d->ld + col : tile;
-                    const size_t ldc = d->kind == MHA_DST_ROWS ? d->ld : (size_t)TP * MHA_NR;
-                    if (kern->sgemm_tile)
-                        kern->sgemm_tile(c, ldc, ap, (size_t)MHA_MR * kn, bp, (size_t)p->K * MHA_NR, bias,
-                                         kn, m, n);
-                    else
-                        kern->sgemm_6x16(c, ldc, ap, 1, MHA_MR, bp, MHA_NR, bias, NULL, kn, m, n);
-                    if (d->kind != MHA_DST_ROWS)
-                        for (int i = 0; i < m; i++) {
-                            float *row = d->base + roff[r + i];
-                            for (int j = 0; j < n; j++) row[coff[j]] = tile[i * (size_t)ldc + j];
-                        }
+                    cptr[r / TR] = direct_tile(d, m0 + r, m, col, n, &ldc[r / TR]);
+                    if (!cptr[r / TR]) cptr[r / TR] = tile + r * ldt, ldc[r / TR] = ldt, scatter = 1;
+                }
+                /* K blocks outermost: one block of B (kc, 16 TP) serves every row tile */
+                for (int kb = 0; kb < kn; kb += kc) {
+                    const int kk = kn - kb < kc ? kn - kb : kc, last = kb + kk == kn;
+                    for (int r = 0; r < mc; r += TR) {
+                        const int m = mc - r < TR ? mc - r : TR;
+                        const float *ap = buf + (size_t)r * kn + (size_t)kb * MHA_MR;
+                        if (kern->sgemm_tile)
+                            kern->sgemm_tile(cptr[r / TR], ldc[r / TR], ap, (size_t)MHA_MR * kn,
+                                             bp + (size_t)kb * MHA_PACK_LDB, b_ps, MHA_PACK_LDB,
+                                             last ? bias : NULL, kk, m, n, kb > 0);
+                        else
+                            kern->sgemm_6x16(cptr[r / TR], ldc[r / TR], ap, 1, MHA_MR, bp, MHA_PACK_LDB, bias,
+                                             NULL, kn, m, n);
+                    }
+                }
+                if (!scatter) continue;
+                if (roff_of != s) head_row_offsets(roff, d, m0, mc), roff_of = s;
+                head_col_offsets(coff, d, col, n);
+                if (d->kind == MHA_DST_HEADS_T && kern->store_t16) { /* every tile is in `tile` */
+                    store_heads_t(d, roff, coff, tile, ldt, m0, mc, n, kern);
+                    continue;
+                }
+                for (int r = 0; r < mc; r += TR) {
+                    if (cptr[r / TR] != tile + r * ldt) continue;
+                    const int m = mc - r < TR ? mc - r : TR;
+                    for (int i = r; i < r + m; i++) {
+                        float *row = d->base + roff[i];
+                        for (int j = 0; j < n; j++) row[coff[j]] = tile[i * ldt + j];
+                    }
                 }
             }
         }
@@ -177,6 +276,6 @@ mha_status mha_gemm(const mha_gemm_args *g, const mha_kernels *kern, int n_threa
     }
     if (failed)
         return mha_fail(MHA_E_NOMEM, "fast path: cannot allocate the %d x %d input block of a projection",
-                        MHA_GEMM_MC, kn);
+                        MC, kn);
     return MHA_OK;
 }

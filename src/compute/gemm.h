@@ -1,7 +1,9 @@
 /* gemm.h — packed projections of the fast path.
  * Legend: M rows of the input (B*T or B*S), K input width, N output width.
  * A weight (K, N) row-major is packed once into panels of 16 columns,
- * panel p = (K, 16) contiguous, so the micro-kernel streams it linearly.
+ * stored in pairs: pair q = (K, 32), row k holding row k of panel 2q then
+ * of panel 2q+1, so a 32-column register tile streams one contiguous
+ * block (two separate panels at a stride of K*64 bytes share L1 sets).
  * Several weights that read the same input (W_Q | W_K | W_V) are packed
  * as sections of one matrix; each section starts on a panel boundary, so
  * one pass over the input computes all of them. */
@@ -18,11 +20,33 @@ typedef struct {
     int n_sections;
     int cols[MHA_PACK_MAX_SECTIONS];         /* N of each section           */
     int first_panel[MHA_PACK_MAX_SECTIONS + 1]; /* section s: panels [first[s], first[s+1]) */
-    float *panels;                           /* (n_panels, K, 16), zero padded */
+    float *panels;                           /* (ceil(n_panels/2), K, 32), zero padded */
     float *bias;                             /* (n_panels, 16), zero padded    */
 } mha_packed;
 
-/* Packs sections w[s] (K, cols[s]) with biases b[s] (cols[s], NULL: 0). */
+#define MHA_PACK_LDB (2 * MHA_NR) /* floats between rows k and k+1 of a panel */
+
+/* Row k of panel gp: 16 floats. */
+static inline float *mha_packed_panel(const mha_packed *p, int gp, int k) {
+    return p->panels + ((size_t)(gp / 2) * p->K + k) * MHA_PACK_LDB + (size_t)(gp % 2) * MHA_NR;
+}
+
+/* One section's weight as the packer reads it, in the layout it is stored
+ * in: element (k, n) of the logical (K, cols) weight is
+ * w[k*k_stride + n*n_stride], so the source is packed without an
+ * intermediate copy. The library's (in, out): k_stride = cols, n_stride = 1;
+ * nn.Linear's (out, in): k_stride = 1, n_stride = K. b: (cols), NULL: 0. */
+typedef struct {
+    const float *w;
+    size_t k_stride, n_stride;
+    const float *b;
+} mha_pack_source;
+
+/* Packs sections src[s] of cols[s] columns each. Every packed value is a
+ * copy of its source element: any source layout gives the same bits. */
+mha_status mha_pack_from(mha_packed *p, int K, int n_sections, const mha_pack_source *src,
+                         const int *cols);
+/* Packs sections w[s] (K, cols[s]) row-major with biases b[s] (cols[s], NULL: 0). */
 mha_status mha_pack(mha_packed *p, int K, int n_sections, const float *const *w,
                     const float *const *b, const int *cols);
 void mha_packed_free(mha_packed *p);

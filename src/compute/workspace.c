@@ -5,6 +5,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 
+#include "base/internal.h"
 #include "compute/workspace.h"
 
 #define MHA_WORKSPACE_SLOTS 4
@@ -51,7 +52,7 @@ float *mha_workspace_take(mha_workspace *w, size_t floats) {
     if (got && *capacity_of(got) >= floats) return got;
     if (got) free(capacity_of(got)); /* too small: replace it */
     size_t bytes = (floats * sizeof(float) + 63) / 64 * 64;
-    char *raw = aligned_alloc(64, HEADER + bytes);
+    char *raw = mha_alloc_large(HEADER + bytes);
     if (!raw) return NULL;
     *(size_t *)raw = bytes / sizeof(float);
     return (float *)(raw + HEADER);

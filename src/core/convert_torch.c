@@ -9,17 +9,42 @@
  * transposed here, once, at the boundary. Head r owns output features
  * [r*d_k, (r+1)*d_k) of the q/k/v projections in both layouts (PyTorch views
  * q as (T, B*h, d_k)), and input features [r*d_v, (r+1)*d_v) of out_proj, so
- * no head reordering is needed: labels start as 0..h-1. */
+ * no head reordering is needed: labels start as 0..h-1.
+ *
+ * One pass per copy, straight from the source: each weight is transposed
+ * into the layer's own (in, out) tensor (checked for finiteness on the way)
+ * and packed for the fast path from its (out, in) layout
+ * (mha_fast_prepare_from), with no intermediate buffer, no zero fill and no
+ * separate finiteness scan; the named scans run only to word an error.
+ * One thread: packing on a second thread while this one transposes was
+ * measured slower on the shared 2-core machine (bench/LOAD.md). */
+#include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "base/internal.h"
+#include "core/core.h"
 
-/* dst (in, out) = src (out, in) transposed. */
-static void transpose_out_in(float *dst, const float *src, int n_out, int n_in) {
-    for (int o = 0; o < n_out; o++)
-        for (int i = 0; i < n_in; i++)
-            dst[(size_t)i * n_out + o] = src[(size_t)o * n_in + i];
+#define TILE 16 /* a 16x16 block: 16 source rows and 16 destination rows of one cache line each */
+
+/* dst (in, out) = src (out, in) transposed, a TILE x TILE block at a time
+ * so that both sides move whole cache lines. Returns 1 when every element
+ * is finite (an exponent of all ones is Inf or NaN), 0 otherwise. */
+static int transpose_out_in(float *dst, const float *src, int n_out, int n_in) {
+    uint32_t bad = 0;
+    for (int o0 = 0; o0 < n_out; o0 += TILE)
+        for (int i0 = 0; i0 < n_in; i0 += TILE) {
+            const int o1 = o0 + TILE < n_out ? o0 + TILE : n_out, i1 = i0 + TILE < n_in ? i0 + TILE : n_in;
+            for (int i = i0; i < i1; i++)
+                for (int o = o0; o < o1; o++) {
+                    float x = src[(size_t)o * n_in + i];
+                    uint32_t u;
+                    memcpy(&u, &x, sizeof u);
+                    bad |= (u & 0x7f800000u) == 0x7f800000u;
+                    dst[(size_t)i * n_out + o] = x;
+                }
+        }
+    return !bad;
 }
 
 /* Validates the module's sizes and which tensors are present; fills the
@@ -63,13 +88,18 @@ static mha_status check_torch(const mha_torch_weights *tw, int *kdim, int *vdim)
                         "torch layout: %s is given without %s; expected both (add_bias_kv) or neither",
                         tw->bias_k ? "bias_k" : "bias_v", tw->bias_k ? "bias_v" : "bias_k");
 
-    /* Finiteness under PyTorch's names, before the library reports its own. */
-    size_t e = (size_t)E;
+    return MHA_OK;
+}
+
+/* Finiteness under PyTorch's names, in attribute order: the first bad
+ * element is the one reported. Run only when the conversion found one. */
+static mha_status check_torch_finite(const mha_torch_weights *tw, int kdim, int vdim) {
+    size_t e = (size_t)tw->embed_dim;
     struct { const float *p; size_t n; const char *name; } t[] = {
         {tw->in_proj_weight, 3 * e * e, "in_proj_weight"},
         {tw->q_proj_weight, e * e, "q_proj_weight"},
-        {tw->k_proj_weight, e * (size_t)*kdim, "k_proj_weight"},
-        {tw->v_proj_weight, e * (size_t)*vdim, "v_proj_weight"},
+        {tw->k_proj_weight, e * (size_t)kdim, "k_proj_weight"},
+        {tw->v_proj_weight, e * (size_t)vdim, "v_proj_weight"},
         {tw->in_proj_bias, 3 * e, "in_proj_bias"},
         {tw->out_proj_weight, e * e, "out_proj.weight"},
         {tw->out_proj_bias, e, "out_proj.bias"},
@@ -81,6 +111,14 @@ static mha_status check_torch(const mha_torch_weights *tw, int *kdim, int *vdim)
         if (s) return s;
     }
     return MHA_OK;
+}
+
+/* Copies n floats of a bias; 1 when all are finite. */
+static int copy_bias(float *dst, const float *src, size_t n) {
+    int ok = 1;
+    for (size_t i = 0; i < n; i++) ok &= isfinite(src[i]) != 0;
+    memcpy(dst, src, n * sizeof(float));
+    return ok;
 }
 
 mha_status mha_layer_from_torch(mha_layer **out, const mha_torch_weights *tw) {
@@ -101,41 +139,46 @@ mha_status mha_layer_from_torch(mha_layer **out, const mha_torch_weights *tw) {
     cfg.bias = tw->in_proj_bias || tw->out_proj_bias;
     cfg.add_bias_kv = tw->bias_k != NULL;
     cfg.add_zero_attn = tw->add_zero_attn;
-    /* The library's size limits, checked before anything is allocated. */
-    mha_config resolved;
-    if ((s = mha_config_resolve(&resolved, &cfg))) return s;
+    /* the library's size limits are checked before anything is allocated */
+    mha_layer *L;
+    if ((s = mha_layer_alloc(&L, &cfg))) return s;
 
-    /* w_q (E,E), w_k (kdim,E), w_v (vdim,E), w_o (E,E), biases (E) x 4 */
-    size_t n_w = e * e + (size_t)kdim * e + (size_t)vdim * e + e * e;
-    float *buf = calloc(n_w + 4 * e, sizeof(float));
-    if (!buf) return mha_fail(MHA_E_NOMEM, "mha_layer_from_torch: no memory for the transposed weights");
-    float *w_q = buf, *w_k = w_q + e * e, *w_v = w_k + (size_t)kdim * e, *w_o = w_v + (size_t)vdim * e;
-    float *b_q = w_o + e * e, *b_k = b_q + e, *b_v = b_k + e, *b_o = b_v + e;
-
-    /* --- input projections: rows [0,E) q, [E,2E) k, [2E,3E) v of in_proj */
-    if (tw->in_proj_weight) {
-        transpose_out_in(w_q, tw->in_proj_weight, E, E);
-        transpose_out_in(w_k, tw->in_proj_weight + e * e, E, E);
-        transpose_out_in(w_v, tw->in_proj_weight + 2 * e * e, E, E);
-    } else {
-        transpose_out_in(w_q, tw->q_proj_weight, E, E);
-        transpose_out_in(w_k, tw->k_proj_weight, E, kdim);
-        transpose_out_in(w_v, tw->v_proj_weight, E, vdim);
+    /* --- the (out, in) sources: rows [0,E) q, [E,2E) k, [2E,3E) v of
+     * in_proj_weight, or the three separate weights */
+    const float *wq = tw->q_proj_weight, *wk = tw->k_proj_weight, *wv = tw->v_proj_weight;
+    if (tw->in_proj_weight) wq = tw->in_proj_weight, wk = wq + e * e, wv = wk + e * e;
+    int finite = 1;
+    /* in_proj_bias stays packed (3E) even with separate weights; absent
+     * biases keep the zeros mha_layer_alloc wrote */
+    if (tw->in_proj_bias) {
+        finite &= copy_bias(L->b_q, tw->in_proj_bias, e);
+        finite &= copy_bias(L->b_k, tw->in_proj_bias + e, e);
+        finite &= copy_bias(L->b_v, tw->in_proj_bias + 2 * e, e);
     }
-    /* in_proj_bias stays packed (3E) even with separate weights. */
-    if (tw->in_proj_bias) memcpy(b_q, tw->in_proj_bias, 3 * e * sizeof(float));
-    /* --- output projection */
-    transpose_out_in(w_o, tw->out_proj_weight, E, E);
-    if (tw->out_proj_bias) memcpy(b_o, tw->out_proj_bias, e * sizeof(float));
+    if (tw->out_proj_bias) finite &= copy_bias(L->b_o, tw->out_proj_bias, e);
+    /* bias_k/bias_v (1,1,E): the same E features as one key/value row */
+    if (tw->bias_k) finite &= copy_bias(L->bias_k, tw->bias_k, e) & copy_bias(L->bias_v, tw->bias_v, e);
 
-    mha_weights w = {
-        .w_q = w_q, .w_k = w_k, .w_v = w_v, .w_o = w_o,
-        .b_q = cfg.bias ? b_q : NULL, .b_k = cfg.bias ? b_k : NULL,
-        .b_v = cfg.bias ? b_v : NULL, .b_o = cfg.bias ? b_o : NULL,
-        /* bias_k/bias_v (1,1,E): the same E features as one key/value row */
-        .bias_k = tw->bias_k, .bias_v = tw->bias_v,
+    /* --- the layer's (in, out) copies, checked on the way */
+    finite &= transpose_out_in(L->w_q, wq, E, E) & transpose_out_in(L->w_k, wk, E, kdim) &
+              transpose_out_in(L->w_v, wv, E, vdim) & transpose_out_in(L->w_o, tw->out_proj_weight, E, E);
+    if (!finite) {
+        mha_layer_free(L);
+        s = check_torch_finite(tw, kdim, vdim);
+        return s ? s : mha_fail(MHA_E_NONFINITE, "torch layout: a weight is not finite");
+    }
+    /* --- the fast path's panels, packed from the same (out, in) sources:
+     * logical (in, out) element (k, n) is src[n*in + k] */
+    const mha_pack_source src[4] = {
+        {.w = wq, .k_stride = 1, .n_stride = e, .b = L->b_q},
+        {.w = wk, .k_stride = 1, .n_stride = (size_t)kdim, .b = L->b_k},
+        {.w = wv, .k_stride = 1, .n_stride = (size_t)vdim, .b = L->b_v},
+        {.w = tw->out_proj_weight, .k_stride = 1, .n_stride = e, .b = L->b_o},
     };
-    s = mha_layer_create(out, &cfg, &w);
-    free(buf);
-    return s;
+    if ((s = mha_fast_prepare_from(L, src))) {
+        mha_layer_free(L);
+        return s;
+    }
+    *out = L;
+    return MHA_OK;
 }

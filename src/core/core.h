@@ -15,6 +15,14 @@
  * (|q| |k| / sqrt(d_k) ~ 1e2); tests reach logits of 1e4. */
 #define MHA_FAST_SCORE_LIMIT 131072.0
 
+/* A layer of config cfg (resolved here) with every tensor allocated: the
+ * small ones hold their defaults (zero biases, default slopes, unit
+ * norms); w_q, w_k, w_v, w_o are NOT written and there is no fast state.
+ * For converters that write the weights straight into place
+ * (convert_torch.c): they fill the four weights and any bias, then pack
+ * (mha_fast_prepare or mha_fast_prepare_from). */
+mha_status mha_layer_alloc(mha_layer **out, const mha_config *cfg);
+
 /* Checks that perm (h entries, new head i = old head perm[i]) is a
  * permutation that moves whole kv groups (h / h_kv consecutive heads) and
  * writes the induced kv-head permutation into kv_perm (h_kv entries).
@@ -41,7 +49,9 @@ mha_status mha_check_common_options(const mha_options *o, int h, size_t rows, in
 
 /* The keys [*lo, *hi] of 0..S-1 that causal and the windows allow for
  * query i (aligned as o->align says); *lo > *hi when none. The one
- * statement of that rule: mha_mask_key and the fast tiles use it. */
+ * statement of that rule: mha_mask_key and the fast tiles use it. With
+ * sink_tokens (and window_left) it is the hull from key 0: the keys
+ * between the sinks and the window need mha_mask_key. */
 void mha_mask_interval(const mha_options *o, int i, int T, int S, int *lo, int *hi);
 
 /* Validates the arguments of one forward pass against the layer. */

@@ -53,12 +53,20 @@ mha_status mha_project_out(float *y, const float *z, const float *w, const float
     if (s) return s;
     if (d_out < 1) return mha_fail(MHA_E_ARG, "mha_project_out: d_out=%d; expected >= 1", d_out);
     if (!y || !z || !w) return mha_fail(MHA_E_ARG, "mha_project_out: NULL %s", !y ? "y" : !z ? "z" : "w");
-    for (int t = 0; t < rows; t++)
-        for (int o = 0; o < d_out; o++) {
-            double acc = b ? b[o] : 0.0;
-            for (int i = 0; i < d_in; i++) acc += (double)z[(size_t)t * d_in + i] * w[(size_t)i * d_out + o];
-            y[(size_t)t * d_out + o] = (float)acc;
+    /* one row of sums, w read row by row (contiguous): each y element still
+     * sums b then i = 0, 1, ... in double, as the textbook loop does */
+    double *acc = malloc(sizeof(double) * (size_t)d_out); // (d_out)
+    if (!acc) return mha_fail(MHA_E_NOMEM, "mha_project_out: no memory for %d sums", d_out);
+    for (int t = 0; t < rows; t++) {
+        for (int o = 0; o < d_out; o++) acc[o] = b ? b[o] : 0.0;
+        for (int i = 0; i < d_in; i++) {
+            const double zi = z[(size_t)t * d_in + i];
+            const float *wi = w + (size_t)i * d_out;
+            for (int o = 0; o < d_out; o++) acc[o] += zi * wi[o];
         }
+        for (int o = 0; o < d_out; o++) y[(size_t)t * d_out + o] = (float)acc[o];
+    }
+    free(acc);
     return MHA_OK;
 }
 

@@ -185,27 +185,21 @@ static void copy_weights(mha_layer *L, const mha_weights *w) {
     }
 }
 
-mha_status mha_layer_create(mha_layer **out, const mha_config *cfg, const mha_weights *w) {
-    if (!out) return mha_fail(MHA_E_ARG, "mha_layer_create: out is NULL");
-    *out = NULL;
-    mha_config c;
-    mha_status s = mha_config_resolve(&c, cfg);
-    if (s) return s;
-    if (w && (s = validate_weights(&c, w))) return s;
-
+/* A layer of resolved config c with every tensor allocated, none written. */
+static mha_status layer_alloc(mha_layer **out, const mha_config *c) {
     mha_layer *L = calloc(1, sizeof *L);
     if (!L) return mha_fail(MHA_E_NOMEM, "mha_layer_create: no memory for the layer");
-    L->cfg = c;
+    L->cfg = *c;
     weight_shape ws[N_TENSORS];
-    weight_shapes(&c, ws);
+    weight_shapes(c, ws);
     int ok = 1;
     for (int i = 0; i < N_TENSORS; i++) {
-        *layer_tensor(L, i) = malloc(ws[i].count * sizeof(float));
+        *layer_tensor(L, i) = mha_alloc_large(ws[i].count * sizeof(float));
         ok = ok && *layer_tensor(L, i);
     }
     L->ws = mha_workspace_create();
     ok = ok && L->ws;
-    int counts[MHA_N_BLOCKS] = {c.n_heads, c.n_kv_heads, c.n_kv_heads, c.n_heads, c.n_heads};
+    int counts[MHA_N_BLOCKS] = {c->n_heads, c->n_kv_heads, c->n_kv_heads, c->n_heads, c->n_heads};
     for (int b = 0; b < MHA_N_BLOCKS; b++) {
         L->labels[b] = malloc((size_t)counts[b] * sizeof(int));
         ok = ok && L->labels[b];
@@ -215,12 +209,38 @@ mha_status mha_layer_create(mha_layer **out, const mha_config *cfg, const mha_we
         mha_layer_free(L);
         return mha_fail(MHA_E_NOMEM, "mha_layer_create: no memory for the weights");
     }
+    *out = L;
+    return MHA_OK;
+}
+
+mha_status mha_layer_create(mha_layer **out, const mha_config *cfg, const mha_weights *w) {
+    if (!out) return mha_fail(MHA_E_ARG, "mha_layer_create: out is NULL");
+    *out = NULL;
+    mha_config c;
+    mha_status s = mha_config_resolve(&c, cfg);
+    if (s) return s;
+    if (w && (s = validate_weights(&c, w))) return s;
+    mha_layer *L;
+    if ((s = layer_alloc(&L, &c))) return s;
     copy_weights(L, w);
     if ((s = mha_fast_prepare(L))) {
         mha_layer_free(L);
         return s;
     }
     *out = L;
+    return MHA_OK;
+}
+
+mha_status mha_layer_alloc(mha_layer **out, const mha_config *cfg) {
+    *out = NULL;
+    mha_config c;
+    mha_status s = mha_config_resolve(&c, cfg);
+    if (s || (s = layer_alloc(out, &c))) return s;
+    /* defaults for all but w_q, w_k, w_v, w_o (tensors 0..3), which the
+     * caller overwrites: writing them here would touch every page twice */
+    weight_shape ws[N_TENSORS];
+    weight_shapes(&c, ws);
+    for (int i = 4; i < N_TENSORS; i++) default_tensor(&c, *layer_tensor(*out, i), &ws[i], i);
     return MHA_OK;
 }
 

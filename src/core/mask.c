@@ -4,23 +4,32 @@
 
 #include "core/core.h"
 
-void mha_mask_interval(const mha_options *o, int i, int T, int S, int *lo, int *hi) {
+/* The keys [*a, *z] that causal and the windows allow for query i. */
+static void window_interval(const mha_options *o, int i, int T, int S, long *lo, long *hi) {
     /* aligned position of query i on the key axis */
     long p = (long)i + (o->align == MHA_ALIGN_BOTTOM_RIGHT ? (long)S - T : 0);
     long a = 0, z = (long)S - 1;
     if (o->causal && p < z) z = p;
     if (o->window_left >= 0 && p - o->window_left > a) a = p - o->window_left;
     if (o->window_right >= 0 && p + o->window_right < z) z = p + o->window_right;
-    if (a > S) a = S;
-    if (z < -1) z = -1;
+    *lo = a > S ? S : a, *hi = z < -1 ? -1 : z;
+}
+
+/* Sink keys (StreamingLLM) widen the interval to its hull from key 0;
+ * mha_mask_key drops the keys between the sinks and the window. */
+void mha_mask_interval(const mha_options *o, int i, int T, int S, int *lo, int *hi) {
+    long a, z;
+    window_interval(o, i, T, S, &a, &z);
+    if (o->sink_tokens > 0 && o->window_left >= 0 && z >= 0) a = 0;
     *lo = (int)a, *hi = (int)z;
 }
 
 int mha_mask_key(const mha_options *o, int b, int r, int i, int j, int T, int S, double *additive) {
     *additive = 0.0;
-    int lo, hi;
-    mha_mask_interval(o, i, T, S, &lo, &hi);
-    if (j < lo || j > hi) return 0;
+    long lo, hi;
+    window_interval(o, i, T, S, &lo, &hi);
+    const int sink = o->window_left >= 0 && j < o->sink_tokens; /* kept besides the window */
+    if ((j < lo && !sink) || j > hi) return 0;
     size_t ts = (size_t)T * S, ij = (size_t)i * S + j;
     if (o->keep_mask.data) {
         const uint8_t *m = o->keep_mask.data;

@@ -47,6 +47,9 @@ mha_status mha_check_options(const mha_config *c, const mha_options *o, int B, i
         return mha_fail(MHA_E_ARG, "options.align=%d; expected MHA_ALIGN_TOP_LEFT or MHA_ALIGN_BOTTOM_RIGHT", (int)o->align);
     if (o->path < MHA_PATH_AUTO || o->path > MHA_PATH_FAST)
         return mha_fail(MHA_E_ARG, "options.path=%d; expected MHA_PATH_AUTO, _REFERENCE or _FAST", (int)o->path);
+    if (o->sink_tokens < 0 || (o->sink_tokens > 0 && o->window_left < 0))
+        return mha_fail(MHA_E_ARG, "options.sink_tokens=%d with window_left=%d; expected 0, or > 0 with a "
+                        "window (window_left >= 0)", o->sink_tokens, o->window_left);
     if ((s = check_mask(&o->keep_mask, "keep_mask", B, c->n_heads)) ||
         (s = check_mask(&o->additive_mask, "additive_mask", B, c->n_heads)))
         return s;

@@ -17,7 +17,7 @@ void mha_fast_release(mha_layer *L) {
     L->fast = NULL;
 }
 
-mha_status mha_fast_prepare(mha_layer *L) {
+mha_status mha_fast_prepare_from(mha_layer *L, const mha_pack_source src[4]) {
     mha_fast_release(L);
     const mha_config *c = &L->cfg;
     struct mha_fast_state *f = calloc(1, sizeof *f);
@@ -27,22 +27,32 @@ mha_status mha_fast_prepare(mha_layer *L) {
     f->fused = c->d_kv_in == c->d_model && c->d_v_in == c->d_model;
     f->split_v = c->d_v_in != c->d_kv_in;
     if (f->fused) {
-        const float *const w[3] = {L->w_q, L->w_k, L->w_v}, *const b[3] = {L->b_q, L->b_k, L->b_v};
         const int cols[3] = {nq, nk, nv};
-        s = mha_pack(&f->qkv, c->d_model, 3, w, b, cols);
+        s = mha_pack_from(&f->qkv, c->d_model, 3, src, cols);
     } else {
-        const float *const w[2] = {L->w_k, L->w_v}, *const b[2] = {L->b_k, L->b_v};
-        const float *const wq[1] = {L->w_q}, *const bq[1] = {L->b_q};
         const int cols[2] = {nk, nv};
-        s = mha_pack(&f->q, c->d_model, 1, wq, bq, &nq);
-        if (!s) s = mha_pack(&f->kv, c->d_kv_in, f->split_v ? 1 : 2, w, b, cols);
-        if (!s && f->split_v) s = mha_pack(&f->v, c->d_v_in, 1, w + 1, b + 1, cols + 1);
+        s = mha_pack_from(&f->q, c->d_model, 1, src, &nq);
+        if (!s) s = mha_pack_from(&f->kv, c->d_kv_in, f->split_v ? 1 : 2, src + 1, cols);
+        if (!s && f->split_v) s = mha_pack_from(&f->v, c->d_v_in, 1, src + 2, cols + 1);
     }
-    const float *const wo[1] = {L->w_o}, *const bo[1] = {L->b_o};
-    if (!s) s = mha_pack(&f->o, c->n_heads * c->d_v, 1, wo, bo, &c->d_model);
+    if (!s) s = mha_pack_from(&f->o, c->n_heads * c->d_v, 1, src + 3, &c->d_model);
     L->fast = f;
     if (s) mha_fast_release(L);
     return s;
+}
+
+mha_status mha_fast_prepare(mha_layer *L) {
+    const mha_config *c = &L->cfg;
+    const size_t nq = (size_t)c->n_heads * c->d_k, nk = (size_t)c->n_kv_heads * c->d_k,
+                 nv = (size_t)c->n_kv_heads * c->d_v;
+    /* the layer's own (in, out) row-major weights */
+    const mha_pack_source src[4] = {
+        {.w = L->w_q, .k_stride = nq, .n_stride = 1, .b = L->b_q},
+        {.w = L->w_k, .k_stride = nk, .n_stride = 1, .b = L->b_k},
+        {.w = L->w_v, .k_stride = nv, .n_stride = 1, .b = L->b_v},
+        {.w = L->w_o, .k_stride = (size_t)c->d_model, .n_stride = 1, .b = L->b_o},
+    };
+    return mha_fast_prepare_from(L, src);
 }
 
 const mha_packed *mha_fast_packed_qkv(const mha_layer *L) {

@@ -21,8 +21,13 @@ struct mha_fast_state {
 };
 
 /* Called after the layer's weights change (create, set, permute) and on
- * free. */
+ * free: packs the layer's own (in, out) weights. */
 mha_status mha_fast_prepare(mha_layer *L);
+/* The same packing read straight from the layout the weights arrive in
+ * (a converter's source, e.g. nn.Linear's (out, in)): src = W_Q, W_K, W_V,
+ * W_O with their biases, each holding the same numbers as the layer's
+ * (in, out) copy, so the packed bits equal mha_fast_prepare's. */
+mha_status mha_fast_prepare_from(mha_layer *L, const mha_pack_source src[4]);
 void mha_fast_release(mha_layer *L);
 
 /* The fused W_Q | W_K | W_V matrix (sections 0, 1, 2) exists when

@@ -79,8 +79,14 @@ mha_status mha_variants_resolve(mha_config *c) {
         return mha_fail(MHA_E_ARG, "qk_norm=%d; expected MHA_QK_NORM_NONE, _RMS or _LAYER", (int)c->qk_norm);
     if (c->qk_norm_per_head != 0 && c->qk_norm_per_head != 1)
         return mha_fail(MHA_E_ARG, "qk_norm_per_head=%d; expected 0 or 1", c->qk_norm_per_head);
-    if (c->qk_norm == MHA_QK_NORM_NONE && (c->qk_norm_per_head || c->qk_norm_eps != 0.0f))
-        return mha_fail(MHA_E_ARG, "qk_norm_per_head/qk_norm_eps set without qk_norm; expected qk_norm RMS or LAYER");
+    if (c->qk_norm_whole != 0 && c->qk_norm_whole != 1)
+        return mha_fail(MHA_E_ARG, "qk_norm_whole=%d; expected 0 or 1", c->qk_norm_whole);
+    if (c->qk_norm == MHA_QK_NORM_NONE && (c->qk_norm_per_head || c->qk_norm_eps != 0.0f || c->qk_norm_whole))
+        return mha_fail(MHA_E_ARG, "qk_norm_per_head/qk_norm_eps/qk_norm_whole set without qk_norm; expected "
+                        "qk_norm RMS or LAYER");
+    if (c->qk_norm_whole && !c->qk_norm_per_head)
+        return mha_fail(MHA_E_ARG, "qk_norm_whole=1 with qk_norm_per_head=0; expected qk_norm_per_head=1 (the "
+                        "whole-width norm has h*d_k and h_kv*d_k weights, one row per head)");
     if (c->qk_norm != MHA_QK_NORM_NONE) {
         if (c->qk_norm_eps == 0.0f) c->qk_norm_eps = 1e-6f;
         if ((s = check_positive("qk_norm_eps", c->qk_norm_eps))) return s;
@@ -157,19 +163,30 @@ float *mha_rope_table(const mha_config *c, const int *pos, int n) {
     return tab;
 }
 
-/* x (d_k, stride st) <- norm(x) * w, accumulating in double. */
-static void norm_row(float *x, size_t st, int d, const float *w, mha_qk_norm kind, float eps) {
-    double mean = 0.0, sq = 0.0;
-    if (kind == MHA_QK_NORM_LAYER) {
-        for (int e = 0; e < d; e++) mean += x[e * st];
-        mean /= d;
+void mha_qk_norm_stats(double st[2], const mha_config *c, double sum, double sumsq, int width) {
+    const double mean = c->qk_norm == MHA_QK_NORM_LAYER ? sum / width : 0.0;
+    const double var = sumsq / width - mean * mean;
+    st[0] = mean, st[1] = 1.0 / sqrt((var > 0.0 ? var : 0.0) + c->qk_norm_eps);
+}
+
+/* x (d_k, stride st) <- norm(x) * w, accumulating in double; st2 (mean,
+ * 1/sqrt(var + eps)) of the whole row when given (qk_norm_whole). */
+static void norm_row(float *x, size_t st, int d, const float *w, mha_qk_norm kind, float eps, const double *st2) {
+    double mean = 0.0, sq = 0.0, inv;
+    if (st2) {
+        mean = st2[0], inv = st2[1];
+    } else {
+        if (kind == MHA_QK_NORM_LAYER) {
+            for (int e = 0; e < d; e++) mean += x[e * st];
+            mean /= d;
+        }
+        for (int e = 0; e < d; e++) sq += ((double)x[e * st] - mean) * ((double)x[e * st] - mean);
+        inv = 1.0 / sqrt(sq / d + eps);
     }
-    for (int e = 0; e < d; e++) sq += ((double)x[e * st] - mean) * ((double)x[e * st] - mean);
-    const double inv = 1.0 / sqrt(sq / d + eps);
     for (int e = 0; e < d; e++) x[e * st] = (float)(((double)x[e * st] - mean) * inv) * w[e];
 }
 
-void mha_qk_transform(const mha_config *c, mha_head_rows rows, int n, const float *w,
+void mha_qk_transform(const mha_config *c, mha_head_rows rows, int n, const float *w, const double *stats,
                       const float *table, int tab_n, const int *tab_row) {
     const int half = c->rope.dim / 2, d = c->d_k;
     const size_t st = rows.elt_stride;
@@ -178,7 +195,7 @@ void mha_qk_transform(const mha_config *c, mha_head_rows rows, int n, const floa
     const size_t b_off = c->rope.pairing == MHA_ROPE_INTERLEAVED ? 1 : (size_t)half;
     for (int t = 0; t < n; t++) {
         float *x = rows.x + (size_t)t * rows.row_stride;
-        if (w) norm_row(x, st, d, w, c->qk_norm, c->qk_norm_eps);
+        if (w) norm_row(x, st, d, w, c->qk_norm, c->qk_norm_eps, stats ? stats + 2 * (size_t)t : NULL);
         if (!table) continue;
         const size_t tr = (size_t)(tab_row ? tab_row[t] : t);
         const float *cs = table + tr * half, *sn = table + ((size_t)tab_n + tr) * half;

@@ -35,10 +35,17 @@ typedef struct {
  * each; pos NULL means positions 0..n-1. NULL when out of memory. */
 float *mha_rope_table(const mha_config *c, const int *pos, int n);
 
+/* st = (mean, 1/sqrt(var + eps)) of a row of `width` values from their
+ * sum and sum of squares (RMS: mean 0, var = mean square): the statistics
+ * of qk_norm_whole, one per token over all heads. */
+void mha_qk_norm_stats(double st[2], const mha_config *c, double sum, double sumsq, int width);
+
 /* In place on n rows of one head (d_k wide): norm with weight w (d_k;
  * NULL: no norm) then RoPE with table rows tab_row[t] (NULL: rows 0..n-1)
- * of the table for tab_n positions (NULL table: no RoPE). */
-void mha_qk_transform(const mha_config *c, mha_head_rows rows, int n, const float *w,
+ * of the table for tab_n positions (NULL table: no RoPE). stats (n, 2),
+ * when not NULL, are each row's mha_qk_norm_stats over the whole width
+ * (qk_norm_whole) instead of the head's own. */
+void mha_qk_transform(const mha_config *c, mha_head_rows rows, int n, const float *w, const double *stats,
                       const float *table, int tab_n, const int *tab_row);
 
 #endif /* MHA_CORE_VARIANTS_H */

@@ -22,7 +22,7 @@ typedef struct {
     int *lo, *hi;         /* (BR) allowed original keys [lo, hi] */
     int *tlo, *thi;       /* (BR) the same, relative to the tile */
     float *keyadd;        /* (BC) per-key additive term of a tile (-inf: masked) */
-    int *kpos;            /* (BC) key positions of a tile (ALiBi)          */
+    int *kpos, *qpos;     /* (BC) key positions of a tile, (BR) query positions (ALiBi) */
 } scratch;
 
 static void *alloc64(size_t bytes) { return aligned_alloc(64, (bytes + 64) / 64 * 64); }
@@ -36,10 +36,11 @@ static int scratch_init(scratch *w, int d_k, int ldv) {
     w->m = alloc64(sizeof(float) * br * 3);
     w->lo = alloc64(sizeof(int) * br * 4);
     w->keyadd = alloc64(sizeof(float) * MHA_ATT_BC);
-    w->kpos = alloc64(sizeof(int) * MHA_ATT_BC);
+    w->kpos = alloc64(sizeof(int) * (MHA_ATT_BC + br));
     if (!w->q || !w->s || !w->o || !w->m || !w->lo || !w->keyadd || !w->kpos) return 0;
     w->l = w->m + br, w->alpha = w->m + 2 * br;
     w->hi = w->lo + br, w->tlo = w->lo + 2 * br, w->thi = w->lo + 3 * br;
+    w->qpos = w->kpos + MHA_ATT_BC;
     return 1;
 }
 
@@ -48,7 +49,7 @@ static void scratch_free(scratch *w) {
 }
 
 static int has_general_mask(const mha_options *o) {
-    return o->keep_mask.data || o->additive_mask.data || o->key_keep || o->key_additive;
+    return o->keep_mask.data || o->additive_mask.data || o->key_keep || o->key_additive || o->sink_tokens > 0;
 }
 
 static int clampi(int x, int a, int b) { return x < a ? a : x > b ? b : x; }
@@ -63,7 +64,7 @@ static void mask_tile(scratch *w, const mha_attn_args *a, int b, int r, int i0, 
                       int nk) {
     const mha_options *o = a->opt;
     const int S = a->S;
-    if (o->keep_mask.data || o->additive_mask.data) {
+    if (o->keep_mask.data || o->additive_mask.data || o->sink_tokens > 0) { /* sinks: a gap in the interval */
         for (int i = 0; i < rows; i++) {
             float *srow = w->s + (size_t)i * MHA_ATT_BC;
             for (int j = 0; j < nk; j++) {
@@ -92,17 +93,13 @@ static void mask_tile(scratch *w, const mha_attn_args *a, int b, int r, int i0, 
     }
 }
 
-/* ALiBi on the tile s (rows, nk) of keys j0..: s -= slope_r |p_i - p_j|,
- * the distance exact in int (positions <= 2^30). */
-static void alibi_tile(scratch *w, const mha_attn_args *a, int b, int r, int i0, int rows, int j0, int nk) {
-    const mha_options *o = a->opt;
-    const float slope = a->alibi_slopes[r];
-    for (int j = 0; j < nk; j++) w->kpos[j] = mha_key_position(o, a->keys_are_x, b, j0 + j, a->S);
-    for (int i = 0; i < rows; i++) {
-        float *srow = w->s + (size_t)i * MHA_ATT_BC;
-        const int pi = mha_query_position(o, b, i0 + i, a->T);
-        for (int j = 0; j < nk; j++) srow[j] -= slope * (float)abs(pi - w->kpos[j]);
-    }
+/* ALiBi on the tile s (rows, nk) of keys j0..: s -= slope_r |p_i - p_j|
+ * by the kernel (the distance exact in int, positions <= 2^30); the
+ * query positions w->qpos were filled once for the task. */
+static void alibi_tile(scratch *w, const mha_attn_args *a, const mha_kernels *k, int b, int r, int rows,
+                       int j0, int nk) {
+    for (int j = 0; j < nk; j++) w->kpos[j] = mha_key_position(a->opt, a->keys_are_x, b, j0 + j, a->S);
+    mha_attn_alibi_get(k)(w->s, MHA_ATT_BC, w->qpos, w->kpos, a->alibi_slopes[r], rows, nk);
 }
 
 static void attend_task(const mha_attn_args *a, const mha_kernels *k, scratch *w, int b, int r,
@@ -118,17 +115,10 @@ static void attend_task(const mha_attn_args *a, const mha_kernels *k, scratch *w
     const float *v = a->v + ((size_t)b * c->n_kv_heads + g) * a->S_pad * ldv;   /* (S_pad, ldv) */
 
     // --- pack the scaled query rows into (rows6/6, d_k, 6) micro-panels
-    for (int i = 0; i < rows6; i++) {
-        float *dst = w->q + (size_t)(i / MHA_MR) * d_k * MHA_MR + i % MHA_MR;
-        if (i < rows) {
-            const float *src = a->q_head_major
-                                   ? a->q + (((size_t)b * h + r) * T + i0 + i) * d_k
-                                   : a->q + ((size_t)b * T + i0 + i) * h * d_k + (size_t)r * d_k;
-            for (int e = 0; e < d_k; e++) dst[(size_t)e * MHA_MR] = a->scale * src[e];
-        } else {
-            for (int e = 0; e < d_k; e++) dst[(size_t)e * MHA_MR] = 0.0f;
-        }
-    }
+    const float *qsrc = a->q_head_major ? a->q + (((size_t)b * h + r) * T + i0) * d_k
+                                        : a->q + ((size_t)b * T + i0) * h * d_k + (size_t)r * d_k;
+    mha_attn_pack_q_get(k)(w->q, qsrc, a->q_head_major ? (size_t)d_k : (size_t)h * d_k, a->scale, rows, rows6,
+                           d_k);
 
     // --- which keys the tile needs: the union of the rows' intervals
     int jb = S, je = 0;
@@ -140,6 +130,7 @@ static void attend_task(const mha_attn_args *a, const mha_kernels *k, scratch *w
         }
         w->m[i] = -INFINITY, w->l[i] = 0.0f;
     }
+    for (int i = 0; c->alibi && i < rows; i++) w->qpos[i] = mha_query_position(o, b, i0 + i, T);
     if (jb >= je) jb = je = S; /* no original key: only the extra keys, if any */
     const int end = S_tot > S ? S_tot : je;
     memset(w->o, 0, sizeof(float) * rows6 * ldv);
@@ -155,7 +146,7 @@ static void attend_task(const mha_attn_args *a, const mha_kernels *k, scratch *w
                        (nc + 15) / 16);
         const int extra = clampi(S - j0, 0, nc); /* tile columns >= extra are extra keys */
         if (c->softcap != 0.0f) mha_attn_softcap_get(k)(w->s, MHA_ATT_BC, c->softcap, rows6, nc);
-        if (c->alibi) alibi_tile(w, a, b, r, i0, rows, j0, nc);
+        if (c->alibi) alibi_tile(w, a, k, b, r, rows, j0, nc);
         int bounded = 0;
         for (int i = 0; i < rows6; i++) {
             w->tlo[i] = clampi(w->lo[i] - j0, -1, nc);
@@ -187,6 +178,7 @@ static void attend_task(const mha_attn_args *a, const mha_kernels *k, scratch *w
             continue;
         }
         const float inv = 1.0f / w->l[i];
+#pragma omp simd /* -O2 leaves this loop scalar; it was ~4% of P1's attention */
         for (int e = 0; e < d_v; e++) zrow[e] = orow[e] * inv;
         for (int j = 0; prow && j < S_tot; j++) prow[j] = expf(prow[j] - w->m[i]) * inv;
     }

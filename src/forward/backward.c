@@ -1,11 +1,9 @@
 /* backward.c — one backward pass: validate the request (the forward's own
  * validation plus dy and the gradient outputs), then run the fast backward
  * (AUTO, FAST) or the reference (REFERENCE, and AUTO where the fast one
- * returns MHA_E_UNSUPPORTED).
+ * returns MHA_E_UNSUPPORTED). Kernels and threads come from one mha_exec
+ * (compute/exec.h), resolved at the entry like the forward's.
  * Legend: B, T, S, h, h_kv, d_k, d_v, d_model, d_kv_in, d_v_in (see mha.h). */
-#include <stdlib.h>
-#include <string.h>
-
 #include "forward/backward.h"
 #include "core/variants.h"
 
@@ -29,9 +27,9 @@ static mha_status check_wanted(const mha_config *c, const mha_gradients *g, cons
     return MHA_OK;
 }
 
-mha_status mha_backward_kv(const mha_layer *L, const mha_gradients *g, const float *dy, const float *x,
-                           const float *k_src, const float *v_src, int B, int T, int S,
-                           const mha_options *opt) {
+mha_status mha_backward_exec(const mha_exec *ex, const mha_layer *L, const mha_gradients *g, const float *dy,
+                             const float *x, const float *k_src, const float *v_src, int B, int T, int S,
+                             const mha_options *opt) {
     if (!g) return mha_fail(MHA_E_ARG, "mha_backward: grad is NULL; expected an mha_gradients (NULL members = not wanted)");
     if (!dy) return mha_fail(MHA_E_ARG, "mha_backward: dy is NULL; expected (B,T,d_model) floats");
     /* NULL sources and options as in mha_forward_kv; dy stands in for y:
@@ -41,21 +39,33 @@ mha_status mha_backward_kv(const mha_layer *L, const mha_gradients *g, const flo
     if (s || (s = mha_check_finite(dy, (size_t)B * T * L->cfg.d_model, "dy")) ||
         (s = check_wanted(&L->cfg, g, x, k_src, v_src)))
         return s;
-    if (mha_variants_any(&L->cfg))
-        return mha_fail(MHA_E_UNSUPPORTED, "mha_backward: the layer uses rope, alibi, softcap, sinks or "
-                        "qk_norm, which have no backward yet; expected a layer without them");
+    const mha_config *c = &L->cfg;
+    if (c->rope.pairing != MHA_ROPE_NONE || c->sinks || c->qk_norm != MHA_QK_NORM_NONE)
+        return mha_fail(MHA_E_UNSUPPORTED, "mha_backward: the layer uses rope, sinks or qk_norm, which have "
+                        "no backward yet; expected a layer without them (alibi and softcap have one)");
+    /* alibi and softcap: the reference backward only (FAST refuses, AUTO falls back) */
     mha_clear_error();
-    /* MHA_KERNELS=reference forces the oracle under AUTO, as in mha_forward
-     * (forward.c validates the variable's other values) */
-    const char *env = getenv("MHA_KERNELS");
-    if (opt->path == MHA_PATH_REFERENCE || (opt->path == MHA_PATH_AUTO && env && !strcmp(env, "reference")))
+    /* MHA_KERNELS=reference (ex->reference) forces the oracle under AUTO, as in mha_forward */
+    if (opt->sink_tokens > 0 && opt->path == MHA_PATH_FAST) /* its tiles take the window as one interval */
+        return mha_fail(MHA_E_UNSUPPORTED, "mha_backward: options.sink_tokens=%d on the fast path; expected "
+                        "MHA_PATH_AUTO or MHA_PATH_REFERENCE (the reference backward)", opt->sink_tokens);
+    if (opt->path == MHA_PATH_REFERENCE || opt->sink_tokens > 0 || (opt->path == MHA_PATH_AUTO && ex->reference))
         return mha_backward_reference(L, g, dy, x, k_src, v_src, B, T, S, opt);
-    s = mha_backward_fast(L, g, dy, x, k_src, v_src, B, T, S, opt);
+    s = mha_backward_fast(ex, L, g, dy, x, k_src, v_src, B, T, S, opt);
     if (s == MHA_E_UNSUPPORTED && opt->path == MHA_PATH_AUTO) {
         mha_clear_error();
         return mha_backward_reference(L, g, dy, x, k_src, v_src, B, T, S, opt);
     }
     return s;
+}
+
+mha_status mha_backward_kv(const mha_layer *L, const mha_gradients *g, const float *dy, const float *x,
+                           const float *k_src, const float *v_src, int B, int T, int S,
+                           const mha_options *opt) {
+    mha_exec ex; /* kernels and threads as the forward chooses them (MHA_KERNELS, the CPU) */
+    mha_status s = mha_exec_resolve(&ex, NULL);
+    if (s) return s;
+    return mha_backward_exec(&ex, L, g, dy, x, k_src, v_src, B, T, S, opt);
 }
 
 mha_status mha_backward(const mha_layer *L, const mha_gradients *g, const float *dy, const float *x,

@@ -4,6 +4,7 @@
 #define MHA_BACKWARD_H
 
 #include "core/core.h"
+#include "compute/exec.h"
 
 /* The reference backward (backward_reference.c), accumulating in double.
  * Arguments already validated; k_src and v_src resolved (never NULL: a
@@ -16,8 +17,15 @@ mha_status mha_backward_reference(const mha_layer *L, const mha_gradients *g, co
 /* The fast backward (backward_fast.c), fp32, FlashAttention-2's algorithm;
  * same arguments. MHA_E_UNSUPPORTED when it cannot serve the request: the
  * caller then runs the reference under MHA_PATH_AUTO. */
-mha_status mha_backward_fast(const mha_layer *L, const mha_gradients *g, const float *dy,
+mha_status mha_backward_fast(const mha_exec *ex, const mha_layer *L, const mha_gradients *g, const float *dy,
                              const float *x, const float *k_src, const float *v_src,
+                             int B, int T, int S, const mha_options *opt);
+
+/* mha_backward_kv on a resolved exec: its kernels (prefill and backward
+ * tables), threads and MHA_KERNELS=reference choice (tests pass one with a
+ * trace, as mha_forward_exec). */
+mha_status mha_backward_exec(const mha_exec *ex, const mha_layer *L, const mha_gradients *g,
+                             const float *dy, const float *x, const float *k_src, const float *v_src,
                              int B, int T, int S, const mha_options *opt);
 
 #endif /* MHA_BACKWARD_H */

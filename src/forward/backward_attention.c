@@ -1,244 +1,181 @@
 /* backward_attention.c — FlashAttention-2's backward on tiles of BQ query
  * rows x BK keys, never a (T,S) buffer:
  *   pass 1 (per query block): S = scale Q K^T + mask with an online softmax
- *          gives Z = P V and lse = m + log(l) per row;
- *   pass 2 (per key block of a kv head): P = exp(S - lse) recomputed,
- *          dP = dZ V^T, dS = P * (dP - D) with D = rowsum(dZ * Z),
- *          dV += P^T dZ and dK += scale dS^T Q over the group's heads;
- *   pass 3 (per query block): the same P and dS, dQ += scale dS K.
- * Every tile works transposed (keys as rows: S^T = K Q^T), so K and V are
- * read in place and one function (ds_tile) serves passes 2 and 3. A task
- * owns its output rows and walks its tiles in a fixed order: the result
- * does not depend on the thread count.
+ *          (the prefill table's attn_scores, attn_softmax, attn_pv) gives
+ *          Z = P V and lse = m + log(l) per row;
+ *   pass 2 (per batch and head): D = rowsum(dZ * Z); for each key block j
+ *          in order, for each query block i in order, the five products
+ *          S = (scale Q_i) K_j^T, dP = dZ_i V_j^T (scores_rows),
+ *          P = exp(S - lse), dS' = P (dP - D) (probs_ds),
+ *          dV_j += P^T dZ_i, dK_j += dS'^T (scale Q_i) (accumulate_tn),
+ *          dQ_i += dS' K_j (attn_pv), times scale when written out.
+ * A task owns its head's dQ and its key blocks' dK, dV (the heads of a GQA
+ * group write their own, summed in head order afterwards) and walks its
+ * tiles in a fixed order: the result does not depend on the thread count.
  * Legend: see backward_fast.h; i query, j key, e a head column;
- * dk16 / dv16 = d_k / d_v rounded up to 16. */
+ * dk16 / dv16 = d_k / d_v rounded up to 16, Tp = T rounded up to BQ. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "forward/backward_fast.h"
 
-#define BQ 96 /* query rows per tile: a multiple of 16 (panels) and of 6 */
-#define BK 96 /* keys per tile: a multiple of 6 (micro-rows) and of 16   */
-
-/* row_scale of the micro-kernel: c = 1 * c + a b (it reads 6 entries) */
-static const float ones[MHA_MR] = {1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f};
+#ifndef BQ
+#define BQ 96 /* query rows per tile: a multiple of 12 (register tiles) */
+#endif
+#ifndef BK
+#define BK 96 /* keys per tile: a multiple of 16 (panels) and of 6      */
+#endif
 
 static int round16(int n) { return (n + 15) / 16 * 16; }
+static int round6(int n) { return (n + MHA_MR - 1) / MHA_MR * MHA_MR; }
+static int clampi(int x, int a, int b) { return x < a ? a : x > b ? b : x; }
 
 typedef struct {
-    float *qt, *qn; /* Q_i^T scaled (BQ/16, d_k, 16); Q_i (dk16/16, BQ, 16)  */
-    float *zt, *zn; /* dZ_i^T (BQ/16, d_v, 16); dZ_i (dv16/16, BQ, 16)       */
-    float *kvn;     /* K_j (dk16/16, BK, 16) or V_j (dv16/16, BK, 16)         */
-    float *kj, *vj; /* K_j (BK, d_k), V_j (BK, d_v) rows copied, zero padded  */
-    float *st, *dt; /* (BK, BQ): S^T then P^T; dP^T then dS^T (scaled)       */
-    float *acc1;    /* (max(BK, BQ), max(dk16, dv16)): dK_j, dQ_i or O_i      */
-    float *acc2;    /* (BK, dv16): dV_j                                       */
-    float *m, *l, *alpha, *lse, *dd; /* (BQ) per query row of the tile      */
-    float *keyadd;  /* (BK) per-key padding term (-inf: masked)               */
-    int *lo, *hi;   /* (BQ) causal/window key interval of each query row     */
-    int eq, ek;     /* the live part of a tile: queries rounded up to 48
-                       (<= BQ), keys rounded up to 6 (<= BK); small T, S
-                       do not pay for whole tiles                          */
+    float *qs;        /* pass 1: scale Q_i as (BQ/6, d_k, 6) micro-panels        */
+    /* pass 2: one head's queries, Tp rows */
+    float *qr, *zr;   /* scale Q (Tp, dk16), dZ (Tp, dv16) rows, zero padded     */
+    float *lse, *dd;  /* (Tp): +inf and 0 on the padding rows (P = dS = 0)     */
+    float *dq;        /* (Tp, dk16)                                          */
+    int *lo, *hi;     /* (Tp) allowed original keys [lo, hi] of each row       */
+    /* one key block */
+    float *kt, *vt;   /* K_j^T (BK/16, d_k, 16), V_j^T (BK/16, d_v, 16) panels  */
+    float *kr;        /* K_j (BK, dk16) rows; pass 1: V_j (BK, dv16)           */
+    float *acck, *accv; /* dK_j (BK, dk16), dV_j (BK, dv16); pass 1: O in acck  */
+    /* one tile */
+    float *s, *dp;    /* (BQ, BK): S then P; dP then dS                        */
+    float *m, *l, *alpha, *ones; /* (BQ)                                       */
+    int *tlo, *thi;   /* (BQ) [lo, hi] relative to the key block               */
+    float *keyadd;    /* (BK) per-key padding term (-inf: masked)              */
 } scratch;
 
-/* Sets the live extents for n query rows and nj keys. */
-static void set_extent(scratch *w, int n, int nj) {
-    w->eq = (n + 47) / 48 * 48, w->ek = (nj + MHA_MR - 1) / MHA_MR * MHA_MR;
-    if (w->eq > BQ) w->eq = BQ;
-}
+static void *alloc64(size_t floats) { return aligned_alloc(64, (floats * sizeof(float) + 63) / 64 * 64); }
 
-static int scratch_init(scratch *w, int d_k, int d_v) {
-    const int dk16 = round16(d_k), dv16 = round16(d_v), dmax = dk16 > dv16 ? dk16 : dv16;
-    const size_t n[] = {(size_t)BQ * dk16, (size_t)BQ * dk16, (size_t)BQ * dv16, (size_t)BQ * dv16,
-                        (size_t)BK * dmax, (size_t)BK * BQ, (size_t)BK * BQ,
-                        (size_t)(BK > BQ ? BK : BQ) * dmax, (size_t)BK * dv16, (size_t)BQ * 5 + BK,
-                        (size_t)BK * d_k, (size_t)BK * d_v};
-    float **p[] = {&w->qt, &w->qn, &w->zt, &w->zn, &w->kvn, &w->st, &w->dt, &w->acc1, &w->acc2, &w->m,
-                   &w->kj, &w->vj};
-    int ok = 1;
+/* T: the query rows one task holds (BQ in pass 1, the sequence in pass 2). */
+static int scratch_init(scratch *w, const mha_config *c, int T) {
+    const int d_k = c->d_k, d_v = c->d_v, dk16 = round16(d_k), dv16 = round16(d_v);
+    const int dmax = dk16 > dv16 ? dk16 : dv16;
+    const size_t tp = (size_t)(T + BQ - 1) / BQ * BQ;
     memset(w, 0, sizeof *w);
-    for (size_t i = 0; i < sizeof n / sizeof n[0]; i++)
-        ok &= (*p[i] = aligned_alloc(64, (n[i] * sizeof(float) + 63) / 64 * 64)) != NULL;
-    w->lo = malloc(sizeof(int) * BQ * 2);
+    float **p[] = {&w->qs, &w->qr, &w->zr, &w->lse, &w->dq, &w->kt, &w->vt, &w->kr,
+                   &w->acck, &w->accv, &w->s, &w->dp, &w->m, &w->keyadd};
+    const size_t n[] = {(size_t)BQ * d_k, tp * dk16, tp * dv16, tp * 2, tp * dk16, (size_t)BK * d_k,
+                        (size_t)BK * d_v, (size_t)BK * dmax, (size_t)(BK > BQ ? BK : BQ) * dmax,
+                        (size_t)BK * dv16, (size_t)BQ * BK, (size_t)BQ * BK, (size_t)BQ * 4, BK};
+    int ok = 1;
+    for (size_t i = 0; i < sizeof n / sizeof n[0]; i++) ok &= (*p[i] = alloc64(n[i])) != NULL;
+    w->lo = malloc(sizeof(int) * (tp * 2 + BQ * 2));
     if (!ok || !w->lo) return 0;
-    memset(w->st, 0, sizeof(float) * BK * BQ), memset(w->dt, 0, sizeof(float) * BK * BQ);
-    w->l = w->m + BQ, w->alpha = w->l + BQ, w->lse = w->alpha + BQ, w->dd = w->lse + BQ;
-    w->keyadd = w->dd + BQ, w->hi = w->lo + BQ;
+    w->dd = w->lse + tp, w->hi = w->lo + tp, w->tlo = w->hi + tp, w->thi = w->tlo + BQ;
+    w->l = w->m + BQ, w->alpha = w->l + BQ, w->ones = w->alpha + BQ;
+    for (int i = 0; i < BQ; i++) w->ones[i] = 1.0f;
+    /* the transposed products read up to 6 columns past a tile's keys (the
+     * rows they compute there are dropped): finite, never uninitialized */
+    memset(w->s, 0, sizeof(float) * BQ * BK), memset(w->dp, 0, sizeof(float) * BQ * BK);
     return 1;
 }
 
 static void scratch_free(scratch *w) {
-    free(w->qt), free(w->qn), free(w->zt), free(w->zn), free(w->kvn);
-    free(w->st), free(w->dt), free(w->acc1), free(w->acc2), free(w->m), free(w->lo);
-    free(w->kj), free(w->vj);
+    free(w->qs), free(w->qr), free(w->zr), free(w->lse), free(w->dq), free(w->kt);
+    free(w->vt), free(w->kr), free(w->acck), free(w->accv), free(w->s), free(w->dp), free(w->m);
+    free(w->keyadd), free(w->lo);
 }
 
 /* ------------------------------------------------------------ packing */
 
-/* src rows [0, n) of width d (row stride ld) -> (d16/16, rows_pad, 16)
- * panels: element (row, e) at [e/16][row][e%16]; rows n..fill-1 zero. */
-static void pack_rows(float *dst, const float *src, size_t ld, int n, int rows_pad, int fill, int d) {
-    for (int p = 0; p < d; p += 16) {
-        float *panel = dst + (size_t)p * rows_pad;
-        for (int i = 0; i < fill; i++)
-            for (int e = 0; e < 16; e++)
-                panel[(size_t)i * 16 + e] = i < n && p + e < d ? src[(size_t)i * ld + p + e] : 0.0f;
+/* rows [0, n) of src (width d, row stride ld), times s, into micro-panels
+ * (rows6/6, d, 6): element (i, e) at [(i/6)*6d + e*6 + i%6]; rows n.. zero. */
+static void pack_micro(float *dst, const float *src, size_t ld, int n, int rows6, int d, float s) {
+    for (int i = 0; i < rows6; i++) {
+        float *o = dst + (size_t)(i / MHA_MR) * d * MHA_MR + i % MHA_MR;
+        for (int e = 0; e < d; e++) o[(size_t)e * MHA_MR] = i < n ? s * src[(size_t)i * ld + e] : 0.0f;
     }
 }
 
-/* src rows [0, n) of width d -> transposed (eq/16, d, 16) panels scaled by
- * s: element (e, row) at [row/16][e][row%16]; zero padded. */
-static void pack_cols(float *dst, const float *src, size_t ld, int n, int eq, int d, float s) {
-    for (int p = 0; p < eq; p += 16) {
+/* rows [0, n) of src (width d), times s, into (rows, d16) rows; the rest zero. */
+static void pack_rows(float *dst, const float *src, size_t ld, int n, int rows, int d, float s) {
+    const int d16 = round16(d);
+    for (int i = 0; i < rows; i++)
+        for (int e = 0; e < d16; e++) dst[(size_t)i * d16 + e] = i < n && e < d ? s * src[(size_t)i * ld + e] : 0.0f;
+}
+
+/* rows [0, n) of src (width d) into panels of 16 rows transposed,
+ * (ceil(n/16), d, 16): element (i, e) at [(i/16)*16d + e*16 + i%16]. */
+static void pack_panels(float *dst, const float *src, size_t ld, int n, int d) {
+    for (int p = 0; p < n; p += 16) {
         float *panel = dst + (size_t)p * d;
-        for (int i = 0; i < 16; i++)
-            for (int e = 0; e < d; e++)
-                panel[(size_t)e * 16 + i] = p + i < n ? s * src[(size_t)(p + i) * ld + e] : 0.0f;
+        for (int e = 0; e < d; e++)
+            for (int i = 0; i < 16; i++) panel[(size_t)e * 16 + i] = p + i < n ? src[(size_t)(p + i) * ld + e] : 0.0f;
     }
 }
 
 /* -------------------------------------------------------------- masks */
 
-/* The keys [lo, hi] of 0..S-1 that causal and window allow for query i:
- * mha_mask_key's first three rules as an interval (lo > hi: none). */
-static void key_interval(int *lo, int *hi, const mha_options *o, int i, int T, int S) {
-    const long p = (long)i + (o->align == MHA_ALIGN_BOTTOM_RIGHT ? (long)S - T : 0);
-    long a = 0, z = (long)S - 1;
-    if (o->causal && p < z) z = p;
-    if (o->window_left >= 0 && p - o->window_left > a) a = p - o->window_left;
-    if (o->window_right >= 0 && p + o->window_right < z) z = p + o->window_right;
-    *lo = a > S ? S : (int)a;
-    *hi = z < -1 ? -1 : (int)z;
+static int has_general_mask(const mha_options *o) {
+    return o->keep_mask.data || o->additive_mask.data || o->key_keep || o->key_additive;
 }
 
-/* Fills w->lo/hi for query rows i0..i0+n-1; returns whether key block
- * [j0, j0+nj) holds a key that some row may attend (an extra key always). */
-static int tile_live(scratch *w, const mha_bwd_attn *a, int i0, int n, int j0, int nj) {
-    int any = j0 + nj > a->S;
-    for (int i = 0; i < n; i++) {
-        key_interval(&w->lo[i], &w->hi[i], a->opt, i0 + i, a->T, a->S);
-        if (w->lo[i] <= w->hi[i] && w->lo[i] < j0 + nj && w->hi[i] >= j0) any = 1;
+/* w->lo, w->hi from index at: query rows i0.. (n of them; the padding
+ * rows up to rows6 copy the last). */
+static void row_intervals(scratch *w, const mha_bwd_attn *a, int at, int i0, int n, int rows6) {
+    for (int i = 0; i < rows6; i++)
+        mha_mask_interval(a->opt, i0 + (i < n ? i : n - 1), a->T, a->S, &w->lo[at + i], &w->hi[at + i]);
+}
+
+/* Whether key block [j0, j0+nj) holds a key some query row (n of them,
+ * intervals at w->lo + at) may attend (an extra key always is one); sets
+ * the block-relative intervals and *bounded (0: every row allows all of
+ * the block's original keys). */
+static int tile_live(scratch *w, const mha_bwd_attn *a, int at, int n, int rows6, int j0, int nj, int *bounded) {
+    const int extra = clampi(a->S - j0, 0, nj);
+    int any = extra < nj;
+    *bounded = 0;
+    for (int i = 0; i < rows6; i++) {
+        const int lo = w->lo[at + i], hi = w->hi[at + i];
+        w->tlo[i] = clampi(lo - j0, -1, nj), w->thi[i] = clampi(hi - j0, -1, nj);
+        if (i < n && lo <= hi && lo < j0 + nj && hi >= j0) any = 1;
+        if (extra > 0 && (w->tlo[i] > 0 || w->thi[i] < extra - 1)) *bounded = 1;
     }
     return any;
 }
 
-/* Applies every mask to st (BK, BQ) = S^T of query rows i0.. (n of them)
- * and keys j0.. (nj): forbidden entries and the padding become -inf,
- * additive terms are added. (T,S) masks go element by element through
- * mha_mask_key; otherwise the rows' intervals (tile_live) and one per-key
- * vector for the padding masks. Extra keys (j >= S) are always allowed. */
-static void mask_tile(scratch *w, const mha_bwd_attn *a, int b, int r, int i0, int n, int j0, int nj) {
+/* The masks beyond causal/window (which the kernels apply from the
+ * intervals) on the scores s (BQ, BK) of rows i0.. (n), original keys
+ * j0..j0+extra-1: (T,S) masks element by element through mha_mask_key,
+ * the per-key padding masks as one vector. */
+static void mask_tile(scratch *w, const mha_bwd_attn *a, int b, int r, int i0, int n, int j0, int extra) {
     const mha_options *o = a->opt;
-    const int S = a->S, general = o->keep_mask.data || o->additive_mask.data;
-    const int keymask = o->key_keep || o->key_additive;
-    for (int j = 0; j < w->ek; j++) {
-        float *row = w->st + (size_t)j * BQ;
-        const int jj = j0 + j;
-        if (j >= nj) {
-            for (int i = 0; i < w->eq; i++) row[i] = -INFINITY;
-            continue;
-        }
-        for (int i = n; i < w->eq; i++) row[i] = -INFINITY;
-        if (jj >= S) continue;
-        if (general) {
-            for (int i = 0; i < n; i++) {
-                double add;
-                row[i] = mha_mask_key(o, b, r, i0 + i, jj, a->T, S, &add) ? row[i] + (float)add : -INFINITY;
-            }
-            continue;
-        }
-        float add = 0.0f;
-        if (keymask) { /* mask.c: a false key_keep or an infinite additive term forbids */
-            const size_t bj = (size_t)b * S + jj;
-            add = o->key_additive ? o->key_additive[bj] : 0.0f;
-            if ((o->key_keep && !o->key_keep[bj]) || isinf(add)) add = -INFINITY;
-        }
+    if (o->keep_mask.data || o->additive_mask.data) {
         for (int i = 0; i < n; i++)
-            row[i] = jj < w->lo[i] || jj > w->hi[i] ? -INFINITY : row[i] + add;
+            for (int j = 0; j < extra; j++) {
+                double add;
+                float *sij = &w->s[(size_t)i * BK + j];
+                *sij = mha_mask_key(o, b, r, i0 + i, j0 + j, a->T, a->S, &add) ? *sij + (float)add : -INFINITY;
+            }
+        return;
     }
+    for (int j = 0; j < extra; j++) { /* mask.c: a false key_keep or an infinite additive term forbids */
+        const size_t bj = (size_t)b * a->S + j0 + j;
+        const float add = o->key_additive ? o->key_additive[bj] : 0.0f;
+        w->keyadd[j] = (o->key_keep && !o->key_keep[bj]) || isinf(add) ? -INFINITY : add;
+    }
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < extra; j++) w->s[(size_t)i * BK + j] += w->keyadd[j];
 }
 
-/* -------------------------------------------------------------- tiles */
-
-/* c (ek, eq) of a (BK, BQ) tile = x (ek, d) times the packed (eq/16, d, 16)
- * panels. */
-static void rows_times_panels(float *c, const scratch *w, const float *x, const float *panels, int d,
-                              const mha_kernels *kern) {
-    for (int j = 0; j < w->ek; j += MHA_MR)
-        for (int p = 0; p < w->eq; p += 16)
-            kern->sgemm_6x16(c + (size_t)j * BQ + p, BQ, x + (size_t)j * d, (size_t)d, 1,
-                             panels + (size_t)p * d, 16, NULL, NULL, d, MHA_MR, 16);
-}
-
-/* K_j and V_j of batch b, kv head g, keys j0.. (nj) into w->kj, w->vj,
- * zero padded to BK rows: the tiles never read another task's rows. */
-static void load_keys(scratch *w, const mha_bwd_attn *a, int b, int g, int j0, int nj) {
+/* K_j^T (and V_j^T or V_j rows) of batch b, kv head g, keys j0.. (nj). */
+static void load_keys(scratch *w, const mha_bwd_attn *a, int b, int g, int j0, int nj, int v_rows) {
     const mha_config *c = a->cfg;
-    const int d_k = c->d_k, d_v = c->d_v;
-    const size_t kw = (size_t)c->n_kv_heads * d_k, vw = (size_t)c->n_kv_heads * d_v;
-    for (int j = 0; j < BK; j++) {
-        float *kr = w->kj + (size_t)j * d_k, *vr = w->vj + (size_t)j * d_v;
-        if (j >= nj) {
-            memset(kr, 0, sizeof(float) * d_k), memset(vr, 0, sizeof(float) * d_v);
-            continue;
-        }
-        memcpy(kr, a->k + ((size_t)b * a->Sx + j0 + j) * kw + (size_t)g * d_k, sizeof(float) * d_k);
-        memcpy(vr, a->v + ((size_t)b * a->Sx + j0 + j) * vw + (size_t)g * d_v, sizeof(float) * d_v);
+    const size_t kw = (size_t)c->n_kv_heads * c->d_k, vw = (size_t)c->n_kv_heads * c->d_v;
+    const float *k = a->k + ((size_t)b * a->Sx + j0) * kw + (size_t)g * c->d_k;
+    const float *v = a->v + ((size_t)b * a->Sx + j0) * vw + (size_t)g * c->d_v;
+    pack_panels(w->kt, k, kw, nj, c->d_k);
+    if (v_rows) {
+        pack_rows(w->kr, v, vw, nj, nj, c->d_v, 1.0f);
+        return;
     }
-}
-
-/* acc (rows, d16) += a (rows, kn) b, a strided (element (i, k) at
- * a[i*rs + k*cs]), b packed (d16/16, b_rows, 16) of which kn rows are read. */
-static void accumulate(float *acc, int d16, const float *a, size_t rs, size_t cs, int rows,
-                       const float *b, int b_rows, int kn, const mha_kernels *kern) {
-    for (int i = 0; i < rows; i += MHA_MR)
-        for (int p = 0; p < d16; p += 16)
-            kern->sgemm_6x16(acc + (size_t)i * d16 + p, d16, a + (size_t)i * rs, rs, cs,
-                             b + (size_t)p * b_rows, 16, NULL, ones, kn, MHA_MR, 16);
-}
-
-/* Passes 2 and 3's shared step for head r, query rows i0.. (n), keys j0..
- * (nj), with w->qt, w->zt, w->lse, w->dd loaded for the rows and w->kj,
- * w->vj for the keys: st = P^T = exp(S^T - lse),
- * dt = scale * P^T * (dP^T - D). */
-static void ds_tile(scratch *w, const mha_bwd_attn *a, const mha_kernels *kern, int b, int r, int i0,
-                    int n, int j0, int nj) {
-    const int d_k = a->cfg->d_k, d_v = a->cfg->d_v;
-    rows_times_panels(w->st, w, w->kj, w->qt, d_k, kern);
-    mask_tile(w, a, b, r, i0, n, j0, nj);
-    for (int j = 0; j < w->ek; j++) {
-        float *row = w->st + (size_t)j * BQ;
-        for (int i = 0; i < w->eq; i++) row[i] -= w->lse[i];
-        kern->vexp(row, row, (size_t)w->eq);
-    }
-    rows_times_panels(w->dt, w, w->vj, w->zt, d_v, kern);
-    for (int j = 0; j < w->ek; j++)
-        for (int i = 0; i < w->eq; i++) {
-            const size_t ji = (size_t)j * BQ + i;
-            w->dt[ji] = a->scale * w->st[ji] * (w->dt[ji] - w->dd[i]);
-        }
-}
-
-/* Loads Q_i^T (scaled), dZ_i^T, and (with_rows) Q_i and dZ_i packed, and
- * lse, D of head r's query rows i0.. (n). */
-static void load_queries(scratch *w, const mha_bwd_attn *a, const float *dd, int b, int r, int i0, int n,
-                         int with_rows) {
-    const mha_config *c = a->cfg;
-    const int h = c->n_heads, d_k = c->d_k, d_v = c->d_v;
-    const float *q = a->q + ((size_t)b * a->T + i0) * h * d_k + (size_t)r * d_k;
-    const float *dz = a->dz + ((size_t)b * a->T + i0) * h * d_v + (size_t)r * d_v;
-    pack_cols(w->qt, q, (size_t)h * d_k, n, w->eq, d_k, a->scale);
-    pack_cols(w->zt, dz, (size_t)h * d_v, n, w->eq, d_v, 1.0f);
-    if (with_rows) {
-        pack_rows(w->qn, q, (size_t)h * d_k, n, BQ, w->eq, d_k);
-        pack_rows(w->zn, dz, (size_t)h * d_v, n, BQ, w->eq, d_v);
-    }
-    const size_t row0 = ((size_t)b * h + r) * a->T + i0;
-    for (int i = 0; i < BQ; i++) {
-        w->lse[i] = i < n ? a->lse[row0 + i] : INFINITY; /* padding rows: P = 0 */
-        w->dd[i] = i < n ? dd[row0 + i] : 0.0f;
-    }
+    pack_panels(w->vt, v, vw, nj, c->d_v);
+    pack_rows(w->kr, k, kw, nj, round6(nj), c->d_k, 1.0f);
 }
 
 /* ------------------------------------------------------------- pass 1 */
@@ -246,43 +183,21 @@ static void load_queries(scratch *w, const mha_bwd_attn *a, const float *dd, int
 static long forward_task(scratch *w, const mha_bwd_attn *a, const mha_kernels *kern, int b, int r, int i0) {
     const mha_config *c = a->cfg;
     const int h = c->n_heads, g = mha_kv_head(c, r), d_k = c->d_k, d_v = c->d_v, dv16 = round16(d_v);
-    const int n = a->T - i0 < BQ ? a->T - i0 : BQ;
-    set_extent(w, n, BK);
-    pack_cols(w->qt, a->q + ((size_t)b * a->T + i0) * h * d_k + (size_t)r * d_k, (size_t)h * d_k, n, w->eq,
-              d_k, a->scale);
-    for (int i = 0; i < BQ; i++) w->m[i] = -INFINITY, w->l[i] = 0.0f;
-    memset(w->acc1, 0, sizeof(float) * BQ * dv16);
+    const int n = a->T - i0 < BQ ? a->T - i0 : BQ, rows6 = round6(n), general = has_general_mask(a->opt);
+    pack_micro(w->qs, a->q + ((size_t)b * a->T + i0) * h * d_k + (size_t)r * d_k, (size_t)h * d_k, n, rows6,
+               d_k, a->scale);
+    row_intervals(w, a, 0, i0, n, rows6);
+    for (int i = 0; i < rows6; i++) w->m[i] = -INFINITY, w->l[i] = 0.0f;
+    memset(w->acck, 0, sizeof(float) * rows6 * dv16);
     for (int j0 = 0; j0 < a->Sx; j0 += BK) {
-        const int nj = a->Sx - j0 < BK ? a->Sx - j0 : BK;
-        if (!tile_live(w, a, i0, n, j0, nj)) continue;
-        set_extent(w, n, nj);
-        load_keys(w, a, b, g, j0, nj);
-        rows_times_panels(w->st, w, w->kj, w->qt, d_k, kern);
-        mask_tile(w, a, b, r, i0, n, j0, nj);
-        // --- online softmax: m_new = max(m, tile max); p = exp(s - m_new); l = alpha l + sum p
-        float *mx = w->lse; /* the tile's column maxima, then m_new (0 for -inf) */
-        for (int i = 0; i < BQ; i++) mx[i] = w->m[i];
-        for (int j = 0; j < w->ek; j++)
-            for (int i = 0; i < w->eq; i++) mx[i] = fmaxf(mx[i], w->st[(size_t)j * BQ + i]);
-        for (int i = 0; i < BQ; i++) {
-            const float mu = mx[i] == -INFINITY ? 0.0f : mx[i];
-            w->alpha[i] = expf(w->m[i] - mu);
-            w->m[i] = mx[i], mx[i] = mu;
-        }
-        for (int j = 0; j < w->ek; j++) {
-            float *row = w->st + (size_t)j * BQ;
-            for (int i = 0; i < w->eq; i++) row[i] -= mx[i];
-            kern->vexp(row, row, (size_t)w->eq);
-        }
-        for (int i = 0; i < BQ; i++) w->l[i] *= w->alpha[i];
-        for (int j = 0; j < w->ek; j++)
-            for (int i = 0; i < w->eq; i++) w->l[i] += w->st[(size_t)j * BQ + i];
-        // --- O = alpha O + P V_j (P = (P^T)^T read in place)
-        pack_rows(w->kvn, w->vj, (size_t)d_v, w->ek, BK, w->ek, d_v);
-        for (int i = 0; i < w->eq; i += MHA_MR)
-            for (int p = 0; p < dv16; p += 16)
-                kern->sgemm_6x16(w->acc1 + (size_t)i * dv16 + p, dv16, w->st + i, 1, BQ,
-                                 w->kvn + (size_t)p * BK, 16, NULL, w->alpha + i, w->ek, MHA_MR, 16);
+        const int nj = a->Sx - j0 < BK ? a->Sx - j0 : BK, extra = clampi(a->S - j0, 0, nj);
+        int bounded;
+        if (!tile_live(w, a, 0, n, rows6, j0, nj, &bounded)) continue;
+        load_keys(w, a, b, g, j0, nj, 1);
+        kern->attn_scores(w->s, BK, w->qs, w->kt, d_k, rows6, (nj + 15) / 16);
+        if (general) mask_tile(w, a, b, r, i0, n, j0, extra);
+        kern->attn_softmax(w->s, BK, w->m, w->l, w->alpha, bounded ? w->tlo : NULL, w->thi, extra, rows6, nj);
+        kern->attn_pv(w->acck, dv16, w->s, BK, w->kr, dv16, w->alpha, rows6, nj, dv16);
     }
     // --- Z = O / l, lse = m + log l; a row with no allowed key: Z = 0, lse = +inf
     long masked = 0;
@@ -296,116 +211,169 @@ static long forward_task(scratch *w, const mha_bwd_attn *a, const mha_kernels *k
         }
         *lse = w->m[i] + logf(w->l[i]);
         const float inv = 1.0f / w->l[i];
-        for (int e = 0; e < d_v; e++) zrow[e] = w->acc1[(size_t)i * dv16 + e] * inv;
+        for (int e = 0; e < d_v; e++) zrow[e] = w->acck[(size_t)i * dv16 + e] * inv;
     }
     return masked;
 }
 
-/* ------------------------------------------------------- passes 2 and 3 */
+/* ------------------------------------------------------------- pass 2 */
 
-/* dK_j, dV_j of kv head g: sums over the group's heads r and all query
- * blocks, in that order. */
-static void kv_task(scratch *w, const mha_bwd_attn *a, const float *dd, const mha_kernels *kern, int b,
-                    int g, int j0) {
+/* Head r of batch b: its query rows packed once, then the key blocks.
+ * dK, dV of each block go to dk_out, dv_out (row stride ldk, ldv; Sx rows),
+ * dQ to a->dq. */
+static void backward_task(scratch *w, const mha_bwd_attn *a, const float *dd, const mha_kernels *kern,
+                          const mha_backward_kernels *bk, int b, int r, float *dk_out, size_t ldk,
+                          float *dv_out, size_t ldv) {
     const mha_config *c = a->cfg;
-    const int d_k = c->d_k, d_v = c->d_v, dk16 = round16(d_k), dv16 = round16(d_v);
-    const int group = c->n_heads / c->n_kv_heads, nj = a->Sx - j0 < BK ? a->Sx - j0 : BK;
-    const size_t kw = (size_t)c->n_kv_heads * d_k, vw = (size_t)c->n_kv_heads * d_v;
-    memset(w->acc1, 0, sizeof(float) * BK * dk16);
-    memset(w->acc2, 0, sizeof(float) * BK * dv16);
-    load_keys(w, a, b, g, j0, nj);
-    for (int r = g * group; r < (g + 1) * group; r++)
-        for (int i0 = 0; i0 < a->T; i0 += BQ) {
-            const int n = a->T - i0 < BQ ? a->T - i0 : BQ;
-            if (!tile_live(w, a, i0, n, j0, nj)) continue;
-            set_extent(w, n, nj);
-            load_queries(w, a, dd, b, r, i0, n, 1);
-            ds_tile(w, a, kern, b, r, i0, n, j0, nj);
-            accumulate(w->acc2, dv16, w->st, BQ, 1, w->ek, w->zn, BQ, w->eq, kern); /* dV_j += P^T dZ_i  */
-            accumulate(w->acc1, dk16, w->dt, BQ, 1, w->ek, w->qn, BQ, w->eq, kern); /* dK_j += dS^T Q_i */
-        }
-    for (int j = 0; j < nj; j++) {
-        memcpy(a->dk + ((size_t)b * a->Sx + j0 + j) * kw + (size_t)g * d_k, w->acc1 + (size_t)j * dk16,
-               sizeof(float) * d_k);
-        memcpy(a->dv + ((size_t)b * a->Sx + j0 + j) * vw + (size_t)g * d_v, w->acc2 + (size_t)j * dv16,
-               sizeof(float) * d_v);
+    const int h = c->n_heads, g = mha_kv_head(c, r), d_k = c->d_k, d_v = c->d_v;
+    const int dk16 = round16(d_k), dv16 = round16(d_v), T = a->T, T6 = round6(T);
+    const int tp = (T + BQ - 1) / BQ * BQ, general = has_general_mask(a->opt);
+    const size_t qw = (size_t)h * d_k, zw = (size_t)h * d_v, row0 = ((size_t)b * h + r) * T;
+    const float *q = a->q + (size_t)b * T * qw + (size_t)r * d_k, *dz = a->dz + (size_t)b * T * zw + (size_t)r * d_v;
+    pack_rows(w->qr, q, qw, T, tp, d_k, a->scale);
+    pack_rows(w->zr, dz, zw, T, tp, d_v, 1.0f);
+    for (int i = 0; i < tp; i++) {
+        w->lse[i] = i < T ? a->lse[row0 + i] : INFINITY;
+        w->dd[i] = i < T ? dd[row0 + i] : 0.0f;
     }
-}
-
-/* dQ_i of head r: sums over the key blocks in order. */
-static void q_task(scratch *w, const mha_bwd_attn *a, const float *dd, const mha_kernels *kern, int b,
-                   int r, int i0) {
-    const mha_config *c = a->cfg;
-    const int d_k = c->d_k, dk16 = round16(d_k), g = mha_kv_head(c, r);
-    const int n = a->T - i0 < BQ ? a->T - i0 : BQ;
-    const size_t qw = (size_t)c->n_heads * d_k;
-    memset(w->acc1, 0, sizeof(float) * BQ * dk16);
-    set_extent(w, n, BK);
-    load_queries(w, a, dd, b, r, i0, n, 0);
+    for (int i0 = 0; i0 < T; i0 += BQ) {
+        const int n = T - i0 < BQ ? T - i0 : BQ;
+        row_intervals(w, a, i0, i0, n, round6(n));
+    }
+    memset(w->dq, 0, sizeof(float) * (size_t)T6 * dk16);
     for (int j0 = 0; j0 < a->Sx; j0 += BK) {
-        const int nj = a->Sx - j0 < BK ? a->Sx - j0 : BK;
-        if (!tile_live(w, a, i0, n, j0, nj)) continue;
-        set_extent(w, n, nj);
-        load_keys(w, a, b, g, j0, nj);
-        ds_tile(w, a, kern, b, r, i0, n, j0, nj);
-        pack_rows(w->kvn, w->kj, (size_t)d_k, w->ek, BK, w->ek, d_k);
-        accumulate(w->acc1, dk16, w->dt, 1, BQ, w->eq, w->kvn, BK, w->ek, kern); /* dQ_i += dS K_j */
+        const int nj = a->Sx - j0 < BK ? a->Sx - j0 : BK, nj6 = round6(nj), np = (nj + 15) / 16;
+        const int extra = clampi(a->S - j0, 0, nj);
+        int loaded = 0;
+        memset(w->acck, 0, sizeof(float) * BK * dk16);
+        memset(w->accv, 0, sizeof(float) * BK * dv16);
+        for (int i0 = 0; i0 < T; i0 += BQ) {
+            const int n = T - i0 < BQ ? T - i0 : BQ, rows6 = round6(n);
+            int bounded;
+            if (!tile_live(w, a, i0, n, rows6, j0, nj, &bounded)) continue;
+            if (!loaded) load_keys(w, a, b, g, j0, nj, 0), loaded = 1;
+            bk->scores_rows(w->s, BK, w->qr + (size_t)i0 * dk16, dk16, w->kt, d_k, rows6, np);  /* S  */
+            bk->scores_rows(w->dp, BK, w->zr + (size_t)i0 * dv16, dv16, w->vt, d_v, rows6, np); /* dP */
+            if (general) mask_tile(w, a, b, r, i0, n, j0, extra);
+            bk->probs_ds(w->s, w->dp, BK, w->lse + i0, w->dd + i0, 1.0f, bounded ? w->tlo : NULL, w->thi,
+                         extra, rows6, nj);
+            bk->accumulate_tn(w->accv, dv16, w->s, BK, w->zr + (size_t)i0 * dv16, dv16, nj6, rows6, dv16);
+            bk->accumulate_tn(w->acck, dk16, w->dp, BK, w->qr + (size_t)i0 * dk16, dk16, nj6, rows6, dk16);
+            kern->attn_pv(w->dq + (size_t)i0 * dk16, dk16, w->dp, BK, w->kr, dk16, w->ones, rows6, nj, dk16);
+        }
+        for (int j = 0; j < nj; j++) {
+            memcpy(dk_out + (size_t)(j0 + j) * ldk, w->acck + (size_t)j * dk16, sizeof(float) * d_k);
+            memcpy(dv_out + (size_t)(j0 + j) * ldv, w->accv + (size_t)j * dv16, sizeof(float) * d_v);
+        }
     }
-    for (int i = 0; i < n; i++)
-        memcpy(a->dq + ((size_t)b * a->T + i0 + i) * qw + (size_t)r * d_k, w->acc1 + (size_t)i * dk16,
-               sizeof(float) * d_k);
+    for (int i = 0; i < T; i++) {
+        float *out = a->dq + ((size_t)b * T + i) * qw + (size_t)r * d_k;
+        for (int e = 0; e < d_k; e++) out[e] = a->scale * w->dq[(size_t)i * dk16 + e];
+    }
 }
 
 /* ------------------------------------------------------------- drivers */
 
-enum { PASS_FORWARD, PASS_KV, PASS_Q };
+/* What one pass's tasks read: the attention, the tables, D and the GQA
+ * per-head dK, dV (pass 2). */
+typedef struct {
+    const mha_bwd_attn *a;
+    const mha_kernels *kern;
+    const mha_backward_kernels *bk;
+    const float *dd;
+    float *part, *part_v;
+} pass_args;
 
-static mha_status run_pass(int pass, const mha_bwd_attn *a, const float *dd, const mha_kernels *kern,
-                           int n_threads, long *masked) {
-    const int nqb = (a->T + BQ - 1) / BQ, nkb = (a->Sx + BK - 1) / BK;
-    const int heads = pass == PASS_KV ? a->cfg->n_kv_heads : a->cfg->n_heads;
-    const int nblk = pass == PASS_KV ? nkb : nqb;
-    const long ntasks = (long)a->B * heads * nblk;
+/* Pass 1 task t: query block (from the last: causal gives the last blocks
+ * the most keys, so they go first), head, batch. Returns its masked rows. */
+static long forward_one(scratch *w, const pass_args *p, long t) {
+    const int nqb = (p->a->T + BQ - 1) / BQ, h = p->a->cfg->n_heads;
+    const int blk = nqb - 1 - (int)(t % nqb), r = (int)(t / nqb % h), b = (int)(t / nqb / h);
+    return forward_task(w, p->a, p->kern, b, r, blk * BQ);
+}
+
+/* Pass 2 task t: head t % h of batch t / h. */
+static long backward_one(scratch *w, const pass_args *p, long t) {
+    const mha_bwd_attn *a = p->a;
+    const mha_config *c = a->cfg;
+    const int h = c->n_heads, d_k = c->d_k, d_v = c->d_v, b = (int)(t / h), r = (int)(t % h), g = mha_kv_head(c, r);
+    const size_t Sx = (size_t)a->Sx, kw = (size_t)c->n_kv_heads * d_k, vw = (size_t)c->n_kv_heads * d_v;
+    if (p->part)
+        backward_task(w, a, p->dd, p->kern, p->bk, b, r, p->part + ((size_t)b * h + r) * Sx * d_k, (size_t)d_k,
+                      p->part_v + ((size_t)b * h + r) * Sx * d_v, (size_t)d_v);
+    else
+        backward_task(w, a, p->dd, p->kern, p->bk, b, r, a->dk + (size_t)b * Sx * kw + (size_t)g * d_k, kw,
+                      a->dv + (size_t)b * Sx * vw + (size_t)g * d_v, vw);
+    return 0;
+}
+
+/* Runs tasks 0..ntasks-1 of one pass on nth threads, each with its own
+ * scratch for `rows` query rows; *sum = the sum of what they return. */
+static mha_status run_tasks(long (*task)(scratch *, const pass_args *, long), const pass_args *p, long ntasks,
+                            int nth, int rows, long *sum) {
     long count = 0;
     int failed = 0;
-#pragma omp parallel num_threads(ntasks < n_threads ? (int)ntasks : n_threads) reduction(+ : count)
+#pragma omp parallel num_threads(ntasks < nth ? (int)ntasks : nth) reduction(+ : count)
     {
         scratch w;
-        const int ok = scratch_init(&w, a->cfg->d_k, a->cfg->d_v);
+        const int ok = scratch_init(&w, p->a->cfg, rows);
         if (!ok) {
 #pragma omp atomic write
             failed = 1;
         }
-        /* the last blocks see the most keys (causal) or queries: first */
 #pragma omp for schedule(dynamic, 1)
-        for (long t = 0; t < ntasks; t++) {
-            if (!ok) continue;
-            const int blk = nblk - 1 - (int)(t % nblk), hd = (int)(t / nblk % heads), b = (int)(t / nblk / heads);
-            const int kv_first = pass == PASS_KV && !a->opt->causal; /* causal: key block 0 is the longest */
-            if (pass == PASS_FORWARD) count += forward_task(&w, a, kern, b, hd, blk * BQ);
-            else if (pass == PASS_KV) kv_task(&w, a, dd, kern, b, hd, (kv_first ? blk : nblk - 1 - blk) * BK);
-            else q_task(&w, a, dd, kern, b, hd, blk * BQ);
-        }
+        for (long t = 0; t < ntasks; t++)
+            if (ok) count += task(&w, p, t);
         scratch_free(&w);
     }
-    if (masked) *masked = count;
+    *sum = count;
     if (failed)
-        return mha_fail(MHA_E_NOMEM, "fast backward: cannot allocate per-thread tiles (d_k=%d, d_v=%d)",
-                        a->cfg->d_k, a->cfg->d_v);
+        return mha_fail(MHA_E_NOMEM, "fast backward: cannot allocate per-thread tiles (T=%d, d_k=%d, d_v=%d)",
+                        rows, p->a->cfg->d_k, p->a->cfg->d_v);
     return MHA_OK;
 }
 
-mha_status mha_bwd_attention_forward(const mha_bwd_attn *a, const mha_kernels *kern, int n_threads,
-                                     long *masked_rows) {
-    return run_pass(PASS_FORWARD, a, NULL, kern, n_threads, masked_rows);
+/* Largest L2 norm of head column block [c0, c0+d) over n rows of width w. */
+static double max_norm(const float *a, size_t n, size_t w, size_t c0, int d) {
+    double best = 0.0;
+    for (size_t t = 0; t < n; t++) {
+        double sq = 0.0;
+        for (int e = 0; e < d; e++) sq += (double)a[t * w + c0 + e] * a[t * w + c0 + e];
+        if (!(sq <= best)) best = sq; /* NaN wins */
+    }
+    return sqrt(best);
 }
 
-mha_status mha_bwd_attention_backward(const mha_bwd_attn *a, const mha_kernels *kern, int n_threads) {
-    const mha_config *c = a->cfg;
-    const int h = c->n_heads, d_v = c->d_v;
+/* The fast forward's fp32 range rule (mha.h): scores |scale q.k| bounded by
+ * MHA_FAST_SCORE_LIMIT, checked as |scale| max|q| max|k| per (b, head);
+ * beyond it MHA_E_UNSUPPORTED, and AUTO runs the reference (double). */
+mha_status mha_fast_check_scores(const float *q, const float *k, const mha_config *c, int B, int T, int Sx,
+                                 float scale, const char *who) {
+    const size_t qw = (size_t)c->n_heads * c->d_k, kw = (size_t)c->n_kv_heads * c->d_k;
+    for (int b = 0; b < B; b++)
+        for (int r = 0; r < c->n_heads; r++) {
+            const int g = mha_kv_head(c, r);
+            const double bound = fabs(scale) * max_norm(q + (size_t)b * T * qw, (size_t)T, qw, (size_t)r * c->d_k, c->d_k) *
+                                 max_norm(k + (size_t)b * Sx * kw, (size_t)Sx, kw, (size_t)g * c->d_k, c->d_k);
+            if (!(bound <= MHA_FAST_SCORE_LIMIT))
+                return mha_fail(MHA_E_UNSUPPORTED, "%s: scores of batch %d head %d may reach %.3g, "
+                                "beyond the %g its fp32 softmax keeps accurate; expected MHA_PATH_AUTO or "
+                                "_REFERENCE for such inputs", who, b, r, bound, MHA_FAST_SCORE_LIMIT);
+        }
+    return MHA_OK;
+}
+
+mha_status mha_bwd_attention_forward(const mha_bwd_attn *a, const mha_kernels *kern,
+                                     const mha_backward_kernels *bk, int n_threads, long *masked_rows) {
+    const pass_args p = {a, kern, bk, NULL, NULL, NULL};
+    const long ntasks = (long)a->B * a->cfg->n_heads * ((a->T + BQ - 1) / BQ);
+    return run_tasks(forward_one, &p, ntasks, n_threads, BQ, masked_rows);
+}
+
+/* dd (B,h,T) = rowsum(dZ * Z) per row and head. */
+static void row_dots(float *dd, const mha_bwd_attn *a, int n_threads) {
+    const int h = a->cfg->n_heads, d_v = a->cfg->d_v;
     const size_t rows = (size_t)a->B * a->T, zw = (size_t)h * d_v;
-    float *dd = malloc(sizeof(float) * rows * h); /* (B,h,T) D = rowsum(dZ * Z) */
-    if (!dd) return mha_fail(MHA_E_NOMEM, "fast backward: no memory for D (B*T*h=%zu)", rows * h);
 #pragma omp parallel for num_threads(n_threads) schedule(static)
     for (long t = 0; t < (long)rows; t++)
         for (int r = 0; r < h; r++) {
@@ -414,10 +382,50 @@ mha_status mha_bwd_attention_backward(const mha_bwd_attn *a, const mha_kernels *
             for (int e = 0; e < d_v; e++) acc += dz[e] * z[e];
             dd[((size_t)(t / a->T) * h + r) * a->T + t % a->T] = acc;
         }
-    /* dq before dk, dv: pass 3 reads every key, pass 2 only its own block's
-     * (copied first), so dk and dv may overwrite k and v */
-    mha_status s = run_pass(PASS_Q, a, dd, kern, n_threads, NULL);
-    if (!s) s = run_pass(PASS_KV, a, dd, kern, n_threads, NULL);
-    free(dd);
+}
+
+mha_status mha_bwd_attention_backward(const mha_bwd_attn *a, const mha_kernels *kern,
+                                      const mha_backward_kernels *bk, int n_threads) {
+    const mha_config *c = a->cfg;
+    const int h = c->n_heads, h_kv = c->n_kv_heads, group = h / h_kv, d_k = c->d_k, d_v = c->d_v;
+    const size_t kw = (size_t)h_kv * d_k, vw = (size_t)h_kv * d_v, Sx = (size_t)a->Sx;
+    float *dd = malloc(sizeof(float) * (size_t)a->B * a->T * h); /* (B,h,T) */
+    /* GQA: each head's dK (B,h,Sx,d_k) and dV (B,h,Sx,d_v), summed below */
+    float *part = group > 1 ? malloc(sizeof(float) * (size_t)a->B * h * Sx * (d_k + d_v)) : NULL;
+    if (!dd || (group > 1 && !part)) {
+        free(dd), free(part);
+        return mha_fail(MHA_E_NOMEM, "fast backward: no memory for D or the per-head dK, dV (B=%d T=%d h=%d)",
+                        a->B, a->T, h);
+    }
+    row_dots(dd, a, n_threads);
+    float *part_v = part ? part + (size_t)a->B * h * Sx * d_k : NULL;
+    const long ntasks = (long)a->B * h;
+    /* a thread holds one head's packed queries (about (2 d_k + d_v) T
+     * floats): beyond 64 MiB of them, no more threads than two Q-sized
+     * buffers pay for, so that the peak memory does not grow with the core
+     * count (the result does not depend on the thread count) */
+    const double per_thread = (double)(a->T + BQ) * (2 * round16(d_k) + round16(d_v) + 4) + 4.0 * BQ * BK;
+    const double budget = fmax(2.0 * a->B * a->T * h * d_k, 16.0 * 1024 * 1024);
+    int nth = ntasks < n_threads ? (int)ntasks : n_threads;
+    if (nth > 1 && per_thread * nth > budget) nth = budget / per_thread > 1.0 ? (int)(budget / per_thread) : 1;
+    /* dk, dv may overwrite k, v: without GQA a task alone reads its kv
+     * head, and writes a key block after its last read of it */
+    const pass_args p = {a, kern, bk, dd, part, part_v};
+    long unused;
+    const mha_status s = run_tasks(backward_one, &p, ntasks, nth, a->T, &unused);
+    // --- GQA: dK^(g), dV^(g) = the group's heads summed in head order
+#pragma omp parallel for num_threads(n_threads) schedule(static) if (part && !s)
+    for (long t = 0; t < (long)(part && !s ? a->B * Sx : 0); t++) {
+        const size_t b = (size_t)t / Sx, j = (size_t)t % Sx;
+        for (int g = 0; g < h_kv; g++) {
+            float *dk = a->dk + t * kw + (size_t)g * d_k, *dv = a->dv + t * vw + (size_t)g * d_v;
+            for (int r = g * group; r < (g + 1) * group; r++) {
+                const float *pk = part + ((b * h + r) * Sx + j) * d_k, *pv = part_v + ((b * h + r) * Sx + j) * d_v;
+                for (int e = 0; e < d_k; e++) dk[e] = r == g * group ? pk[e] : dk[e] + pk[e];
+                for (int e = 0; e < d_v; e++) dv[e] = r == g * group ? pv[e] : dv[e] + pv[e];
+            }
+        }
+    }
+    free(dd), free(part);
     return s;
 }

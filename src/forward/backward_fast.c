@@ -53,36 +53,6 @@ static mha_status project(float *q, float *k, float *v, const mha_layer *L, cons
     return mha_gemm(&a, kern, nt);
 }
 
-/* Largest L2 norm of head column block [c0, c0+d) over n rows of width w. */
-static double max_norm(const float *a, size_t n, size_t w, size_t c0, int d) {
-    double best = 0.0;
-    for (size_t t = 0; t < n; t++) {
-        double sq = 0.0;
-        for (int e = 0; e < d; e++) sq += (double)a[t * w + c0 + e] * a[t * w + c0 + e];
-        if (!(sq <= best)) best = sq; /* NaN wins */
-    }
-    return sqrt(best);
-}
-
-/* The fast forward's fp32 range rule (mha.h): scores |scale q.k| bounded by
- * MHA_FAST_SCORE_LIMIT, checked as |scale| max|q| max|k| per (b, head);
- * beyond it MHA_E_UNSUPPORTED, and AUTO runs the reference (double). */
-static mha_status check_scores(const float *q, const float *k, const mha_config *c, int B, int T, int Sx,
-                               float scale) {
-    const size_t qw = (size_t)c->n_heads * c->d_k, kw = (size_t)c->n_kv_heads * c->d_k;
-    for (int b = 0; b < B; b++)
-        for (int r = 0; r < c->n_heads; r++) {
-            const int g = mha_kv_head(c, r);
-            const double bound = fabs(scale) * max_norm(q + (size_t)b * T * qw, (size_t)T, qw, (size_t)r * c->d_k, c->d_k) *
-                                 max_norm(k + (size_t)b * Sx * kw, (size_t)Sx, kw, (size_t)g * c->d_k, c->d_k);
-            if (!(bound <= MHA_FAST_SCORE_LIMIT))
-                return mha_fail(MHA_E_UNSUPPORTED, "fast backward: scores of batch %d head %d may reach %.3g, "
-                                "beyond the %g its fp32 softmax keeps accurate; expected MHA_PATH_AUTO or "
-                                "_REFERENCE for such inputs", b, r, bound, MHA_FAST_SCORE_LIMIT);
-        }
-    return MHA_OK;
-}
-
 /* Backward of an intervention on head r's block of dz (rows, h*d), in
  * place (the functions of mha.h: ZERO and REPLACE are constants, SCALE
  * multiplies, MEAN spreads the column means). */
@@ -110,7 +80,7 @@ typedef struct {
 } proj_grad;
 
 static mha_status proj_backward(float *dw, float *db, float *dsrc, int dsrc_accumulate, const proj_grad *p,
-                                const mha_kernels *kern, int nt) {
+                                const mha_backward_kernels *bk, int nt) {
     mha_status s = MHA_OK;
     const size_t n = (size_t)p->n, k = (size_t)p->k;
     const int one_block = p->rows == p->stride; /* no extra rows: one product over all batches */
@@ -118,11 +88,11 @@ static mha_status proj_backward(float *dw, float *db, float *dsrc, int dsrc_accu
         const int m = one_block ? p->B * p->rows : p->rows;
         const float *src = p->src + (size_t)b * p->rows * k, *dout = p->dout + (size_t)b * p->stride * n;
         if (dw) s = mha_gemm_strided(dw, n, (mha_view){src, 1, k}, (mha_view){dout, n, 1}, p->k, p->n, m, b > 0,
-                                     kern, nt);
+                                     bk, nt);
         if (db) mha_column_sums(db, dout, n, (size_t)m, p->n, b > 0);
         if (dsrc && !s)
             s = mha_gemm_strided(dsrc + (size_t)b * p->rows * k, k, (mha_view){dout, n, 1}, (mha_view){p->w, 1, n},
-                                 m, p->k, p->n, dsrc_accumulate, kern, nt);
+                                 m, p->k, p->n, dsrc_accumulate, bk, nt);
     }
     return s;
 }
@@ -134,13 +104,17 @@ static void extra_row_sum(float *dbias, const float *d, int B, int S, int Sx, si
         for (size_t e = 0; e < n; e++) dbias[e] += d[((size_t)b * Sx + S) * n + e];
 }
 
-mha_status mha_backward_fast(const mha_layer *L, const mha_gradients *g, const float *dy, const float *x,
+mha_status mha_backward_fast(const mha_exec *ex, const mha_layer *L, const mha_gradients *g, const float *dy, const float *x,
                              const float *k_src, const float *v_src, int B, int T, int S,
                              const mha_options *opt) {
     const mha_config *c = &L->cfg;
     if (!L->fast) return mha_fail(MHA_E_UNSUPPORTED, "fast backward: the layer's packed weights are missing");
-    const mha_kernels *kern = mha_kernels_get();
-    const int nt = mha_get_num_threads();
+    if (c->alibi || c->softcap != 0.0f)
+        return mha_fail(MHA_E_UNSUPPORTED, "fast backward: alibi=%d softcap=%g have a reference backward only; "
+                        "expected MHA_PATH_AUTO or _REFERENCE for this layer", c->alibi, (double)c->softcap);
+    const mha_kernels *kern = mha_exec_prefill(ex);
+    const mha_backward_kernels *bk = mha_exec_backward(ex);
+    const int nt = ex->n_threads;
     const int h = c->n_heads, h_kv = c->n_kv_heads, d_k = c->d_k, d_v = c->d_v, D = c->d_model;
     const int Sx = mha_total_keys(c, S);
     const size_t qw = (size_t)h * d_k, kw = (size_t)h_kv * d_k, vw = (size_t)h_kv * d_v, zw = (size_t)h * d_v;
@@ -176,9 +150,9 @@ mha_status mha_backward_fast(const mha_layer *L, const mha_gradients *g, const f
     // --- recompute Z^(r) = softmax(scale Q^(r) K^(g)^T + mask) V^(g) and lse
     const mha_bwd_attn att = {c, opt, q, k, v, z, lse, dz, z, k, v, B, T, S, Sx,
                               opt->scale != 0.0f ? opt->scale : (float)(1.0 / sqrt((double)d_k))};
-    if ((s = check_scores(q, k, c, B, T, Sx, att.scale))) goto done;
+    if ((s = mha_fast_check_scores(q, k, c, B, T, Sx, att.scale, "fast backward"))) goto done;
     long masked = 0;
-    if ((s = mha_bwd_attention_forward(&att, kern, nt, &masked))) goto done;
+    if ((s = mha_bwd_attention_forward(&att, kern, bk, nt, &masked))) goto done;
     if (masked && opt->masked_row == MHA_MASKED_ROW_NAN) {
         s = mha_fail(MHA_E_UNSUPPORTED, "fast backward: %ld query rows have no allowed key under "
                      "MHA_MASKED_ROW_NAN; expected MHA_MASKED_ROW_ZERO (or the reference backward)", masked);
@@ -200,12 +174,12 @@ mha_status mha_backward_fast(const mha_layer *L, const mha_gradients *g, const f
 
     // --- Y = Z W_O + b_O: dW_O = Z^T dY, db_O = sum dY, dZ = dY W_O^T
     if (g->dw_o && (s = mha_gemm_strided(g->dw_o, (size_t)D, (mha_view){zo, 1, zw}, (mha_view){dy, (size_t)D, 1},
-                                         (int)zw, D, (int)rows, 0, kern, nt)))
+                                         (int)zw, D, (int)rows, 0, bk, nt)))
         goto done;
     if (g->db_o) mha_column_sums(g->db_o, dy, (size_t)D, rows, D, 0);
     if (!want_qkv) goto done;
     if ((s = mha_gemm_strided(dz, zw, (mha_view){dy, (size_t)D, 1}, (mha_view){L->w_o, 1, (size_t)D}, (int)rows,
-                              (int)zw, D, 0, kern, nt)))
+                              (int)zw, D, 0, bk, nt)))
         goto done;
 
     // --- interventions: dZ before = dZ after through each head's function
@@ -213,7 +187,7 @@ mha_status mha_backward_fast(const mha_layer *L, const mha_gradients *g, const f
         intervene_backward(dz, &opt->interventions[r], r, h, rows, d_v);
 
     // --- attention: dQ, dK, dV (kv heads sum their group), D = rowsum(dZ * Z)
-    if ((s = mha_bwd_attention_backward(&att, kern, nt))) goto done;
+    if ((s = mha_bwd_attention_backward(&att, kern, bk, nt))) goto done;
     const float *dq = z, *dk = k, *dv = v;
 
     // --- projections; a source that is x (or the key source) adds its
@@ -223,9 +197,9 @@ mha_status mha_backward_fast(const mha_layer *L, const mha_gradients *g, const f
     const proj_grad pv = {v_src, L->w_v, dv, B, S, Sx, c->d_v_in, (int)vw};
     float *dk_into = k_src == x ? g->dx : g->dk_src;
     float *dv_into = v_src == x ? g->dx : v_src == k_src ? dk_into : g->dv_src;
-    if ((s = proj_backward(g->dw_q, g->db_q, g->dx, 0, &pq, kern, nt))) goto done;
-    if ((s = proj_backward(g->dw_k, g->db_k, dk_into, k_src == x, &pk, kern, nt))) goto done;
-    if ((s = proj_backward(g->dw_v, g->db_v, dv_into, v_src == x || v_src == k_src, &pv, kern, nt))) goto done;
+    if ((s = proj_backward(g->dw_q, g->db_q, g->dx, 0, &pq, bk, nt))) goto done;
+    if ((s = proj_backward(g->dw_k, g->db_k, dk_into, k_src == x, &pk, bk, nt))) goto done;
+    if ((s = proj_backward(g->dw_v, g->db_v, dv_into, v_src == x || v_src == k_src, &pv, bk, nt))) goto done;
     if (g->dbias_k) extra_row_sum(g->dbias_k, dk, B, S, Sx, kw);
     if (g->dbias_v) extra_row_sum(g->dbias_v, dv, B, S, Sx, vw);
 

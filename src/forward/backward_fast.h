@@ -20,7 +20,7 @@ typedef struct {
  * each element one task's sum over k in a fixed order (thread-count free).
  * K = 0 with !accumulate writes zeros. */
 mha_status mha_gemm_strided(float *c, size_t ldc, mha_view a, mha_view b, int M, int N, int K,
-                            int accumulate, const mha_kernels *kern, int n_threads);
+                            int accumulate, const mha_backward_kernels *bk, int n_threads);
 
 /* out (n) [+]= sum over rows of a (rows, n) with row stride lda, in row order. */
 void mha_column_sums(float *out, const float *a, size_t lda, size_t rows, int n, int accumulate);
@@ -47,15 +47,25 @@ typedef struct {
     float scale;
 } mha_bwd_attn;
 
-/* Pass 1: z and lse from q, k, v (the forward's attention with an online
- * softmax, tiled: no (T,S) buffer). *masked_rows = number of rows with no
- * allowed key (their z is 0). */
-mha_status mha_bwd_attention_forward(const mha_bwd_attn *a, const mha_kernels *kern, int n_threads,
-                                     long *masked_rows);
+/* The fast path's fp32 range rule (mha.h) on q (B,T,qw) and k (B,Sx,kw):
+ * |scale| max|q| max|k| per (b, head) within MHA_FAST_SCORE_LIMIT, else
+ * MHA_E_UNSUPPORTED naming `who` (AUTO callers then run the reference). */
+mha_status mha_fast_check_scores(const float *q, const float *k, const mha_config *c, int B, int T, int Sx,
+                                 float scale, const char *who);
 
-/* Passes 2 and 3: D = rowsum(dZ * Z), then the probabilities recomputed
- * tile by tile from lse; dk, dv parallel over key blocks (each kv head sums
- * its group's heads), dq parallel over query blocks. No atomics. */
-mha_status mha_bwd_attention_backward(const mha_bwd_attn *a, const mha_kernels *kern, int n_threads);
+/* Pass 1: z and lse from q, k, v (the forward's attention with an online
+ * softmax on the prefill table's tiles: no (T,S) buffer); also mha_attend_lse's fast path. *masked_rows =
+ * number of rows with no allowed key (their z is 0). */
+mha_status mha_bwd_attention_forward(const mha_bwd_attn *a, const mha_kernels *kern,
+                                     const mha_backward_kernels *bk, int n_threads, long *masked_rows);
+
+/* Pass 2: D = rowsum(dZ * Z), then per (batch, head) task the key blocks
+ * in order, and for each the query blocks in order: the probabilities
+ * recomputed from lse and FlashAttention-2's five tile products
+ * (S = Q K^T, dP = dZ V^T, dV += P^T dZ, dK += dS^T Q, dQ += dS K). GQA
+ * heads of a group write their own dK, dV, summed in head order after.
+ * No atomics. */
+mha_status mha_bwd_attention_backward(const mha_bwd_attn *a, const mha_kernels *kern,
+                                      const mha_backward_kernels *bk, int n_threads);
 
 #endif /* MHA_BACKWARD_FAST_H */

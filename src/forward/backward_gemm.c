@@ -4,8 +4,8 @@
  * packed-B layout holds W (K,N) packed once per layer and overwrites its
  * output; the backward needs W^T, activations as B, and sums of products,
  * so this file packs both operands per block (BLIS style: a into (KC,6)
- * micro-panels, b into (KC,16) panels) and runs the kernel table's 6x16
- * micro-kernel on them.
+ * micro-panels, b into (KC,16) panels) and runs the backward table's
+ * register tile (gemm_tile: 12x32 on AVX-512, 6x16 on AVX2) on them.
  * Deterministic: a task owns an (MC, NC) block of c and adds the KC chunks
  * of the k axis in order; the split does not depend on the thread count.
  * Legend: M, N output rows and columns, K inner width; MC, NC, KC blocks. */
@@ -17,8 +17,6 @@
 #define GEMM_MC 72  /* rows of c per task (12 micro-rows)       */
 #define GEMM_NC 256 /* columns of c per task (16 panels)        */
 #define GEMM_KC 256 /* inner chunk: packed a and b stay in L2   */
-
-static const float ones[MHA_MR] = {1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f};
 
 /* a rows [m0, m0+mc) x k [k0, k0+kc) -> micro-panels (kc, 6), zero padded. */
 static void pack_a(float *dst, mha_view a, int m0, int mc, int k0, int kc) {
@@ -46,7 +44,7 @@ static void pack_b(float *dst, mha_view b, int k0, int kc, int n0, int nc) {
 }
 
 mha_status mha_gemm_strided(float *c, size_t ldc, mha_view a, mha_view b, int M, int N, int K,
-                            int accumulate, const mha_kernels *kern, int n_threads) {
+                            int accumulate, const mha_backward_kernels *bk, int n_threads) {
     if (M <= 0 || N <= 0) return MHA_OK;
     const int nmb = (M + GEMM_MC - 1) / GEMM_MC, nnb = (N + GEMM_NC - 1) / GEMM_NC;
     const long ntasks = (long)nmb * nnb;
@@ -57,6 +55,7 @@ mha_status mha_gemm_strided(float *c, size_t ldc, mha_view a, mha_view b, int M,
     }
     /* packed blocks sized to the product (small layers: small blocks, no
      * mmap per call), and no more threads than tasks */
+    const int tr = bk->tile_rows, tc = bk->tile_cols;
     const int mc_max = M < GEMM_MC ? (M + MHA_MR - 1) / MHA_MR * MHA_MR : GEMM_MC;
     const int nc_max = N < GEMM_NC ? (N + MHA_NR - 1) / MHA_NR * MHA_NR : GEMM_NC;
     const size_t kc_max = K < GEMM_KC ? (size_t)K : GEMM_KC;
@@ -77,13 +76,11 @@ mha_status mha_gemm_strided(float *c, size_t ldc, mha_view a, mha_view b, int M,
                 const int kc = K - k0 < GEMM_KC ? K - k0 : GEMM_KC;
                 pack_a(pa, a, m0, mc, k0, kc);
                 pack_b(pb, b, k0, kc, n0, nc);
-                const float *scale = accumulate || k0 > 0 ? ones : NULL;
-                for (int i = 0; i < mc; i += MHA_MR)
-                    for (int j = 0; j < nc; j += MHA_NR)
-                        kern->sgemm_6x16(c + (size_t)(m0 + i) * ldc + n0 + j, ldc,
-                                         pa + (size_t)i * kc, 1, MHA_MR, pb + (size_t)j * kc, MHA_NR,
-                                         NULL, scale, kc, mc - i < MHA_MR ? mc - i : MHA_MR,
-                                         nc - j < MHA_NR ? nc - j : MHA_NR);
+                for (int i = 0; i < mc; i += tr)
+                    for (int j = 0; j < nc; j += tc)
+                        bk->gemm_tile(c + (size_t)(m0 + i) * ldc + n0 + j, ldc, pa + (size_t)i * kc,
+                                      pb + (size_t)j * kc, kc, mc - i < tr ? mc - i : tr, nc - j < tc ? nc - j : tc,
+                                      accumulate || k0 > 0);
             }
         }
         free(pa);

@@ -10,6 +10,7 @@
 
 #include "forward/backward.h"
 #include "forward/forward.h"
+#include "core/variants.h"
 
 /* Backward of out = in w + b for dout (rows, n): dw (k, n) += in^T dout,
  * db (n) += sum_t dout, din (rows, k) += dout w^T. */
@@ -30,13 +31,15 @@ static void linear_backward(double *din, double *dw, double *db, const float *in
     }
 }
 
-/* One query row of attention: p (Sx) = softmax(scale * q K^T + mask) over
- * the allowed keys, 0 elsewhere. A row with no allowed key gets p = fill
- * everywhere (0, or NaN in MHA_MASKED_ROW_NAN mode), so that NaN reaches
- * every gradient it touches, as it does in PyTorch. kb is batch b's keys
- * (Sx, h_kv*d_k), head g at columns [g*d_k, (g+1)*d_k). */
-static void prob_row(double *p, const double *qi, const double *kb, const mha_config *c,
-                     const mha_options *opt, double scale, int b, int r, int i, int T, int S) {
+/* One query row of attention: p (Sx) = softmax(softcap(scale * q K^T) +
+ * alibi + mask) over the allowed keys, 0 elsewhere. A row with no allowed
+ * key gets p = fill everywhere (0, or NaN in MHA_MASKED_ROW_NAN mode), so
+ * that NaN reaches every gradient it touches, as it does in PyTorch. kb is
+ * batch b's keys (Sx, h_kv*d_k), head g at columns [g*d_k, (g+1)*d_k).
+ * dcap (Sx) = d softcap(u) / du at each score (1 without a cap). */
+static void prob_row(double *p, double *dcap, const double *qi, const double *kb, const mha_layer *L,
+                     int keys_are_x, const mha_options *opt, double scale, int b, int r, int i, int T, int S) {
+    const mha_config *c = &L->cfg;
     const int Sx = mha_total_keys(c, S), g = mha_kv_head(c, r), d_k = c->d_k;
     const size_t kw = (size_t)c->n_kv_heads * d_k;
     double max = -INFINITY;
@@ -48,7 +51,16 @@ static void prob_row(double *p, const double *qi, const double *kb, const mha_co
         }
         double dot = 0.0;
         for (int e = 0; e < d_k; e++) dot += qi[e] * kb[j * kw + (size_t)g * d_k + e];
-        p[j] = scale * dot + add;
+        p[j] = scale * dot;
+        dcap[j] = 1.0;
+        if (c->softcap != 0.0f) { /* cap tanh(u / cap): derivative 1 - tanh^2 */
+            const double th = tanh(p[j] / c->softcap);
+            p[j] = c->softcap * th, dcap[j] = 1.0 - th * th;
+        }
+        if (c->alibi) /* -slope_r |p_i - p_j|: a constant, no gradient */
+            p[j] -= L->alibi_slopes[r] * fabs((double)mha_query_position(opt, b, i, T) -
+                                              mha_key_position(opt, keys_are_x, b, j, S));
+        p[j] += add;
         if (p[j] > max) max = p[j];
     }
     if (max == -INFINITY) {
@@ -105,7 +117,7 @@ mha_status mha_backward_reference(const mha_layer *L, const mha_gradients *g, co
         rows * zw, rows * qw, (size_t)B * Sx * kw, (size_t)B * Sx * vw, /* dz dq dk dv */
         rows * D, (size_t)B * S * Dk, (size_t)B * S * Dv,                /* dxq dxk dxv */
         (size_t)D * qw, (size_t)Dk * kw, (size_t)Dv * vw, zw * D,        /* dwq dwk dwv dwo */
-        qw, kw, vw, (size_t)D, (size_t)Sx, (size_t)Sx                     /* dbq dbk dbv dbo p dp */
+        qw, kw, vw, (size_t)D, (size_t)Sx, (size_t)Sx, (size_t)Sx         /* dbq dbk dbv dbo p dp dcap */
     };
     enum { NBUF = sizeof n_of / sizeof n_of[0] };
     double *buf[NBUF];
@@ -116,7 +128,7 @@ mha_status mha_backward_reference(const mha_layer *L, const mha_gradients *g, co
     double *dxq = buf[8], *dxk = buf[9], *dxv = buf[10];            // (B,T,D) (B,S,Dk) (B,S,Dv)
     double *dwq = buf[11], *dwk = buf[12], *dwv = buf[13], *dwo = buf[14];
     double *dbq = buf[15], *dbk = buf[16], *dbv = buf[17], *dbo = buf[18];
-    double *p = buf[19], *dp = buf[20]; // (Sx) one query row
+    double *p = buf[19], *dp = buf[20], *dcap = buf[21]; // (Sx) one query row
     mha_status s = MHA_OK;
     if (!ok) {
         s = mha_fail(MHA_E_NOMEM, "reference backward: no memory for the double buffers (B=%d T=%d S=%d)", B, T, S);
@@ -139,7 +151,8 @@ mha_status mha_backward_reference(const mha_layer *L, const mha_gradients *g, co
             for (int i = 0; i < T; i++) {
                 const size_t t = (size_t)b * T + i;
                 const double *vb = v + (size_t)b * Sx * vw + (size_t)mha_kv_head(c, r) * d_v;
-                prob_row(p, q + t * qw + (size_t)r * d_k, k + (size_t)b * Sx * kw, c, opt, scale, b, r, i, T, S);
+                prob_row(p, dcap, q + t * qw + (size_t)r * d_k, k + (size_t)b * Sx * kw, L, k_src == x, opt, scale, b,
+                         r, i, T, S);
                 for (int j = 0; j < Sx; j++)
                     for (int e = 0; e < d_v; e++) z[t * zw + (size_t)r * d_v + e] += p[j] * vb[j * vw + e];
             }
@@ -177,7 +190,7 @@ mha_status mha_backward_reference(const mha_layer *L, const mha_gradients *g, co
         intervene_backward(dz, &opt->interventions[r], r, h, rows, d_v);
 
     // --- Z^(r) = P V^(g), P = softmax(scale * Q^(r) K^(g)^T + mask):
-    //     dV += P^T dZ; dP = dZ V^T; dS = P * (dP - rowsum(P * dP));
+    //     dV += P^T dZ; dP = dZ V^T; dS = P * (dP - rowsum(P * dP)) * softcap';
     //     dQ = scale * dS K; dK += scale * dS^T Q   (kv heads sum their group)
     for (int b = 0; b < B; b++)
         for (int r = 0; r < h; r++) {
@@ -188,7 +201,7 @@ mha_status mha_backward_reference(const mha_layer *L, const mha_gradients *g, co
                 const size_t t = (size_t)b * T + i;
                 const double *qi = q + t * qw + (size_t)r * d_k, *dzi = dz + t * zw + (size_t)r * d_v;
                 double *dqi = dq + t * qw + (size_t)r * d_k;
-                prob_row(p, qi, kb, c, opt, scale, b, r, i, T, S);
+                prob_row(p, dcap, qi, kb, L, k_src == x, opt, scale, b, r, i, T, S);
                 double rowsum = 0.0;
                 for (int j = 0; j < Sx; j++) {
                     double acc = 0.0;
@@ -200,7 +213,7 @@ mha_status mha_backward_reference(const mha_layer *L, const mha_gradients *g, co
                     rowsum += p[j] * acc;
                 }
                 for (int j = 0; j < Sx; j++) {
-                    double ds = scale * p[j] * (dp[j] - rowsum);
+                    double ds = scale * p[j] * (dp[j] - rowsum) * dcap[j];
                     for (int e = 0; e < d_k; e++) {
                         dqi[e] += ds * kb[j * kw + kg + e];
                         dkb[j * kw + kg + e] += ds * qi[e];

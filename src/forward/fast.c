@@ -99,6 +99,30 @@ static mha_status project(const fast_plan *p, const mha_layer *L, const float *x
     return mha_gemm(&g, kern, nt);
 }
 
+/* qk_norm_whole (OLMo 2): st (B*T, 2) for q (B,h,T,d_k) and (B*S, 2) for
+ * the keys in (S_pad/16, d_k, 16) panels per (b, kv head): each token's
+ * mha_qk_norm_stats over all its heads, summed in double in a fixed order. */
+static double *whole_norm_stats(const fast_plan *p) {
+    const mha_config *c = p->c;
+    const int B = p->B, T = p->T, S = p->S, h = c->n_heads, h_kv = c->n_kv_heads, d_k = c->d_k;
+    double *st = malloc(sizeof(double) * 2 * (size_t)B * (T + S));
+    for (long row = 0; st && row < (long)B * (T + S); row++) {
+        const int key = row >= (long)B * T;
+        const long br = key ? row - (long)B * T : row;
+        const int n = key ? S : T, b = (int)(br / n), t = (int)(br % n), heads = key ? h_kv : h;
+        double sum = 0.0, sq = 0.0;
+        for (int r = 0; r < heads; r++)
+            for (int e = 0; e < d_k; e++) {
+                const double x = key ? p->kt[((size_t)b * h_kv + r) * p->S_pad * d_k + (size_t)(t / 16) * d_k * 16 +
+                                             (size_t)e * 16 + t % 16]
+                                     : p->q[(((size_t)b * h + r) * T + t) * d_k + e];
+                sum += x, sq += x * x;
+            }
+        mha_qk_norm_stats(st + 2 * row, c, sum, sq, heads * d_k);
+    }
+    return st;
+}
+
 // --- variants on q and k: QK-norm, then RoPE from a table of the call's positions
 static mha_status transform_qk(const fast_plan *p, const mha_layer *L, const mha_options *opt, int keys_are_x,
                                int nt) {
@@ -133,6 +157,11 @@ static mha_status transform_qk(const fast_plan *p, const mha_layer *L, const mha
             rows[b * per_b + t] = explicit_pos ? b * T + t : t;
             rows[b * per_b + per_b / 2 + t] = explicit_pos ? B * T + b * S + t : t;
         }
+    double *st = c->qk_norm_whole ? whole_norm_stats(p) : NULL; /* (B*(T+S), 2) */
+    if (c->qk_norm_whole && !st) {
+        free(pos), free(tab), free(rows);
+        return mha_fail(MHA_E_NOMEM, "fast path: no memory for the q/k norm statistics");
+    }
     const long nq = (long)B * h, nk = (long)B * h_kv;
 #pragma omp parallel for schedule(static) num_threads(nt)
     for (long u = 0; u < nq + nk; u++) {
@@ -143,16 +172,17 @@ static mha_status transform_qk(const fast_plan *p, const mha_layer *L, const mha
         const int *tr = rows + (explicit_pos ? b * per_b : 0) + (key ? per_b / 2 : 0);
         if (!key) { /* (B,h,T,d_k): contiguous rows */
             mha_head_rows hr = {p->q + (size_t)bh * T * d_k, (size_t)d_k, 1};
-            mha_qk_transform(c, hr, T, nw, tab, n_tab, tr);
+            mha_qk_transform(c, hr, T, nw, st ? st + 2 * (size_t)b * T : NULL, tab, n_tab, tr);
             continue;
         }
         float *kb = p->kt + (size_t)bh * p->S_pad * d_k; /* (S_pad/16, d_k, 16) panels */
         for (int j0 = 0; j0 < S; j0 += 16) {
             mha_head_rows hr = {kb + (size_t)(j0 / 16) * d_k * 16, 1, 16};
-            mha_qk_transform(c, hr, S - j0 < 16 ? S - j0 : 16, nw, tab, n_tab, tr + j0);
+            mha_qk_transform(c, hr, S - j0 < 16 ? S - j0 : 16, nw,
+                             st ? st + 2 * ((size_t)B * T + (size_t)b * S + j0) : NULL, tab, n_tab, tr + j0);
         }
     }
-    free(pos), free(tab), free(rows);
+    free(pos), free(tab), free(rows), free(st);
     return MHA_OK;
 }
 

@@ -1,9 +1,14 @@
 /* lse.c — the log-sum-exp entries: a forward that also returns each query
- * row's log-sum-exp, and attention alone on projected heads; both on the
- * reference (reference.c), which keeps the scores' max and sum in double.
+ * row's log-sum-exp (on the reference, reference.c, which keeps the
+ * scores' max and sum in double), and attention alone on projected heads,
+ * which under MHA_PATH_AUTO / _FAST runs the fast backward's tiled pass 1
+ * (backward_attention.c: an online softmax in fp32 that yields the lse)
+ * and under MHA_PATH_REFERENCE the reference.
  * Legend: B, T, S, h, h_kv, d_k, d_v (see mha.h). */
+#include <math.h>
 #include <stdlib.h>
 
+#include "forward/backward_fast.h"
 #include "forward/forward.h"
 
 mha_status mha_forward_lse(const mha_layer *L, float *y, const mha_capture *cap, float *lse,
@@ -20,6 +25,36 @@ mha_status mha_forward_lse(const mha_layer *L, float *y, const mha_capture *cap,
 /* dst (n) = src (n) widened to double. */
 static void widen(double *dst, const float *src, size_t n) {
     for (size_t i = 0; i < n; i++) dst[i] = src[i];
+}
+
+/* The fast path of mha_attend_lse on validated arguments: pass 1 writes
+ * lse = +inf for a row with no allowed key, which is -inf here, and its z
+ * 0 (NaN under MHA_MASKED_ROW_NAN, as the reference). MHA_E_UNSUPPORTED
+ * when the scores leave fp32's safe range. */
+static mha_status attend_lse_fast(const mha_exec *ex, const mha_config *c, float *z, float *lse,
+                                  const float *q, const float *k, const float *v, int B, int T,
+                                  int S, const mha_options *opt) {
+    const float scale = opt->scale != 0.0f ? opt->scale : (float)(1.0 / sqrt((double)c->d_k));
+    mha_status s = mha_fast_check_scores(q, k, c, B, T, S, scale, "mha_attend_lse (fast)");
+    if (s) return s;
+    const size_t nl = (size_t)B * c->n_heads * T;
+    float *own = lse ? NULL : malloc(sizeof(float) * nl); // (B,h,T) when the caller wants none
+    if (!lse && !own) return mha_fail(MHA_E_NOMEM, "mha_attend_lse: no memory for lse (B*h*T=%zu)", nl);
+    float *l = lse ? lse : own;
+    const mha_bwd_attn a = {.cfg = c, .opt = opt, .q = q, .k = k, .v = v, .z = z, .lse = l,
+                            .B = B, .T = T, .S = S, .Sx = S, .scale = scale};
+    long masked = 0;
+    s = mha_bwd_attention_forward(&a, mha_exec_prefill(ex), mha_exec_backward(ex), ex->n_threads, &masked);
+    const size_t zw = (size_t)c->n_heads * c->d_v;
+    for (size_t i = 0; !s && masked && i < nl; i++) {
+        if (l[i] != INFINITY) continue;
+        l[i] = -INFINITY;
+        const size_t b = i / ((size_t)c->n_heads * T), r = i / T % c->n_heads, t = i % T;
+        for (int e = 0; opt->masked_row == MHA_MASKED_ROW_NAN && e < c->d_v; e++)
+            z[(b * T + t) * zw + r * c->d_v + e] = NAN;
+    }
+    free(own);
+    return s;
 }
 
 mha_status mha_attend_lse(const mha_config *cfg, float *z, float *lse, const float *q,
@@ -50,6 +85,16 @@ mha_status mha_attend_lse(const mha_config *cfg, float *z, float *lse, const flo
     if ((s = mha_check_finite(q, nq, "q")) || (s = mha_check_finite(k, nk, "k")) ||
         (s = mha_check_finite(v, nv, "v")) || (s = mha_check_options(&c, opt, B, T, S)))
         return s;
+    mha_exec ex;
+    if ((s = mha_exec_resolve(&ex, NULL))) return s;
+    if (opt->path == MHA_PATH_FAST && c.softcap != 0.0f)
+        return mha_fail(MHA_E_UNSUPPORTED, "mha_attend_lse: softcap=%g has no fast path; expected "
+                        "MHA_PATH_AUTO or MHA_PATH_REFERENCE", (double)c.softcap);
+    if (opt->path == MHA_PATH_FAST || (opt->path == MHA_PATH_AUTO && !ex.reference && c.softcap == 0.0f)) {
+        mha_clear_error();
+        s = attend_lse_fast(&ex, &c, z, lse, q, k, v, B, T, S, opt);
+        if (s != MHA_E_UNSUPPORTED || opt->path == MHA_PATH_FAST) return s;
+    }
     double *buf = malloc((nq + nk + nv + nz) * sizeof(double)); // q | k | v | z
     if (!buf) return mha_fail(MHA_E_NOMEM, "mha_attend_lse: no memory for Q, K, V, Z (B=%d T=%d S=%d)", B, T, S);
     double *qd = buf, *kd = qd + nq, *vd = kd + nk, *zd = vd + nv;

@@ -78,15 +78,18 @@ static void transform_heads(double *m, const mha_config *c, int B, int n, int he
     double inv_freq[half > 0 ? half : 1], mscale = 1.0;
     if (c->rope.pairing != MHA_ROPE_NONE) mha_rope_frequencies(inv_freq, &mscale, c);
     for (int b = 0; b < B; b++)
-        for (int t = 0; t < n; t++)
+        for (int t = 0; t < n; t++) {
+            if (c->qk_norm_whole) /* OLMo 2: one norm over all heads of the token, weights (heads*d) */
+                norm_double(m + ((size_t)b * n + t) * heads * d, heads * d, w, c->qk_norm, c->qk_norm_eps);
             for (int r = 0; r < heads; r++) {
                 double *x = m + (((size_t)b * n + t) * heads + r) * d;
-                if (c->qk_norm != MHA_QK_NORM_NONE)
+                if (c->qk_norm != MHA_QK_NORM_NONE && !c->qk_norm_whole)
                     norm_double(x, d, w + (c->qk_norm_per_head ? (size_t)r * d : 0), c->qk_norm, c->qk_norm_eps);
                 if (c->rope.pairing == MHA_ROPE_NONE) continue;
                 const int pos = keys ? mha_key_position(opt, keys_are_x, b, t, n) : mha_query_position(opt, b, t, T);
                 rope_double(x, c, inv_freq, mscale, pos);
             }
+        }
 }
 
 /* z (B,T,h*d_v) = attention of q (B,T,h*d_k) over k (B,Sx,h_kv*d_k) and

@@ -15,6 +15,8 @@ size_t mha_dtype_size(mha_dtype dt) {
     case MHA_DTYPE_BOOL:
     case MHA_DTYPE_U8:
     case MHA_DTYPE_I8: return 1;
+    case MHA_DTYPE_I32: return 4;
+    case MHA_DTYPE_I64: return 8;
     }
     return 0;
 }
@@ -26,6 +28,8 @@ const char *mha_dtype_name(mha_dtype dt) {
     case MHA_DTYPE_BF16: return "bfloat16";
     case MHA_DTYPE_BOOL: return "bool";
     case MHA_DTYPE_U8: return "uint8";
+    case MHA_DTYPE_I32: return "int32";
+    case MHA_DTYPE_I64: return "int64";
     case MHA_DTYPE_I8: return "int8";
     }
     return "unknown";
@@ -74,12 +78,19 @@ void mha_array_free(mha_array *a) {
     if (!a) return;
     free(a->f);
     free(a->u8);
+    free(a->i64);
     memset(a, 0, sizeof *a);
 }
 
 mha_status mha_array_alloc(mha_array *out) {
     size_t n = out->count ? out->count : 1; /* malloc(0) may return NULL */
-    if (out->dtype == MHA_DTYPE_BOOL || out->dtype == MHA_DTYPE_U8) {
+    out->i64 = NULL;
+    if (out->dtype == MHA_DTYPE_I32 || out->dtype == MHA_DTYPE_I64) {
+        out->f = NULL, out->u8 = NULL;
+        if (n > SIZE_MAX / sizeof(int64_t)) return mha_fail(MHA_E_NOMEM, "array of %zu integers is too large", n);
+        out->i64 = malloc(n * sizeof(int64_t));
+        if (!out->i64) return mha_fail(MHA_E_NOMEM, "cannot allocate %zu integers", n);
+    } else if (out->dtype == MHA_DTYPE_BOOL || out->dtype == MHA_DTYPE_U8) {
         out->f = NULL;
         out->u8 = malloc(n);
         if (!out->u8) return mha_fail(MHA_E_NOMEM, "cannot allocate %zu bytes", n);
@@ -87,7 +98,7 @@ mha_status mha_array_alloc(mha_array *out) {
         out->u8 = NULL;
         if (n > SIZE_MAX / sizeof(float))
             return mha_fail(MHA_E_NOMEM, "array of %zu floats is too large", n);
-        out->f = malloc(n * sizeof(float));
+        out->f = mha_alloc_large(n * sizeof(float));
         if (!out->f) return mha_fail(MHA_E_NOMEM, "cannot allocate %zu floats", n);
     }
     return MHA_OK;
@@ -112,14 +123,34 @@ mha_status mha_shape_count(size_t *count, const int *shape, int rank, size_t ele
  * enough to amortize a thread's start and small enough to balance. */
 #define MHA_CONVERT_CHUNK ((size_t)1 << 16)
 
-/* Index of the first element of f[0..n) the flags refuse, or n. */
+#define MHA_SCAN_BLOCK 1024 /* a fixed count, so the compiler vectorizes the scan */
+
+/* Whether f[0..MHA_SCAN_BLOCK) holds an Inf or a NaN (all exponent bits
+ * set): no early exit, so it runs at memory speed. */
+static int block_has_nonfinite(const float *f) {
+    uint32_t bad = 0;
+    for (size_t i = 0; i < MHA_SCAN_BLOCK; i++) {
+        uint32_t u;
+        memcpy(&u, f + i, sizeof u);
+        bad |= (~u & 0x7f800000u) == 0;
+    }
+    return bad != 0;
+}
+
+/* Index of the first element of f[0..n) the flags refuse, or n. Blocks
+ * without a non-finite value are passed by the vector scan; the element
+ * test runs only in a block that has one (and in the tail). */
 static size_t first_refused(const float *f, size_t n, unsigned flags) {
     if (flags & MHA_IO_ALLOW_NONFINITE) return n;
-    for (size_t i = 0; i < n; i++) {
-        float v = f[i];
-        if (isfinite(v)) continue;
-        if ((flags & MHA_IO_ALLOW_NEG_INF) && isinf(v) && v < 0) continue;
-        return i;
+    for (size_t b = 0; b < n; b += MHA_SCAN_BLOCK) {
+        size_t end = n - b < MHA_SCAN_BLOCK ? n : b + MHA_SCAN_BLOCK;
+        if (end - b == MHA_SCAN_BLOCK && !block_has_nonfinite(f + b)) continue;
+        for (size_t i = b; i < end; i++) {
+            float v = f[i];
+            if (isfinite(v)) continue;
+            if ((flags & MHA_IO_ALLOW_NEG_INF) && isinf(v) && v < 0) continue;
+            return i;
+        }
     }
     return n;
 }
@@ -189,6 +220,13 @@ mha_status mha_array_decode(mha_array *a, const unsigned char *src, unsigned fla
     case MHA_DTYPE_U8:
         memcpy(a->u8, src, n);
         return MHA_OK;
+    case MHA_DTYPE_I32: /* little-endian two's complement */
+        for (size_t i = 0; i < n; i++) a->i64[i] = (int64_t)(int32_t)mha_le32(src + 4 * i);
+        return MHA_OK;
+    case MHA_DTYPE_I64:
+        for (size_t i = 0; i < n; i++)
+            a->i64[i] = (int64_t)mha_le64(src + 8 * i);
+        return MHA_OK;
     default: break;
     }
     size_t bad = convert_floats(a->f, a->f, src, n, a->dtype, flags);
@@ -227,6 +265,8 @@ static void encode_range(unsigned char *dst, const mha_array *a, size_t first, s
         }
         case MHA_DTYPE_BOOL: dst[j] = a->u8[i] ? 1 : 0; break;
         case MHA_DTYPE_U8: dst[j] = a->u8[i]; break;
+        case MHA_DTYPE_I32: /* read-only dtypes: the writers refuse them first */
+        case MHA_DTYPE_I64: break;
         case MHA_DTYPE_I8: /* integers in [-128, 127] (the layer writes only those) */
             dst[j] = (unsigned char)(int8_t)lrintf(fminf(fmaxf(a->f[i], -128.0f), 127.0f));
             break;

@@ -77,7 +77,7 @@ static mha_status parse_shape(cursor *c, int *shape, int *rank) {
     }
 }
 
-static mha_status parse_descr(const char *d, mha_dtype *dt, const char *name) {
+static mha_status parse_descr(const char *d, mha_dtype *dt, const char *name, unsigned flags) {
     if (d[0] == '>' && (d[1] == 'f' || d[1] == 'i' || d[1] == 'u'))
         if (strcmp(d + 1, "u1") != 0)
             return mha_fail(MHA_E_UNSUPPORTED,
@@ -88,15 +88,17 @@ static mha_status parse_descr(const char *d, mha_dtype *dt, const char *name) {
     else if (strcmp(d, "|b1") == 0) *dt = MHA_DTYPE_BOOL;
     else if (strcmp(d, "|u1") == 0 || strcmp(d, "<u1") == 0 || strcmp(d, ">u1") == 0)
         *dt = MHA_DTYPE_U8;
+    else if ((flags & MHA_IO_INTEGERS) && strcmp(d, "<i4") == 0) *dt = MHA_DTYPE_I32;
+    else if ((flags & MHA_IO_INTEGERS) && strcmp(d, "<i8") == 0) *dt = MHA_DTYPE_I64;
     else
         return mha_fail(MHA_E_UNSUPPORTED,
                         "%s: dtype '%s' is not supported; expected '<f4' (float32), '<f2' "
-                        "(float16), '|b1' (bool) or '|u1' (uint8)",
-                        name, d);
+                        "(float16), '|b1' (bool) or '|u1' (uint8)%s",
+                        name, d, flags & MHA_IO_INTEGERS ? ", '<i4' (int32) or '<i8' (int64)" : "");
     return MHA_OK;
 }
 
-static mha_status parse_header(cursor *c, mha_array *a) {
+static mha_status parse_header(cursor *c, mha_array *a, unsigned flags) {
     int seen_descr = 0, seen_order = 0, seen_shape = 0;
     if (!accept(c, '{'))
         return mha_fail(MHA_E_FORMAT, "%s: .npy header is not a dict", c->name);
@@ -110,7 +112,7 @@ static mha_status parse_header(cursor *c, mha_array *a) {
         if (strcmp(key, "descr") == 0 && !seen_descr) {
             char d[32];
             if ((s = parse_string(c, d, sizeof d, "descr"))) return s;
-            if ((s = parse_descr(d, &a->dtype, c->name))) return s;
+            if ((s = parse_descr(d, &a->dtype, c->name, flags))) return s;
             seen_descr = 1;
         } else if (strcmp(key, "fortran_order") == 0 && !seen_order) {
             skip_ws(c);
@@ -174,7 +176,7 @@ mha_status mha_npy_parse(mha_array *out, const void *buf, size_t len, const char
                         name, hlen, len);
     mha_array a = {0};
     cursor c = {(const char *)b + start, (const char *)b + start + hlen, name};
-    mha_status s = parse_header(&c, &a);
+    mha_status s = parse_header(&c, &a, flags);
     if (s) return s;
     for (int i = a.rank; i < MHA_ARRAY_MAX_RANK; i++) a.shape[i] = 1;
     size_t es = mha_dtype_size(a.dtype);

@@ -97,8 +97,16 @@ static char *dup_str(const char *s) {
     return p;
 }
 
+/* Integer arrays (.npy with MHA_IO_INTEGERS) have no file writer. */
+static int is_integer(const mha_array *a) { return a->dtype == MHA_DTYPE_I32 || a->dtype == MHA_DTYPE_I64; }
+static mha_status refuse_integer(const char *name, const mha_array *a) {
+    return mha_fail(MHA_E_UNSUPPORTED, "tensor '%s' is %s; expected a float, bool or uint8 tensor (integer "
+                    "arrays are read from .npy only, e.g. positions)", name, mha_dtype_name(a->dtype));
+}
+
 mha_status mha_tensors_take(mha_tensors *t, const char *name, mha_array *a) {
     if (!t || !name || !a) return mha_fail(MHA_E_ARG, "mha_tensors_add: NULL argument");
+    if (is_integer(a)) return refuse_integer(name, a);
     if (mha_tensors_get(t, name))
         return mha_fail(MHA_E_ARG, "tensor name '%s' is already used; names must be unique", name);
     if (t->n == t->cap) {
@@ -129,6 +137,7 @@ mha_status mha_tensors_add(mha_tensors *t, const char *name, const mha_array *a)
     if (a->rank < 0 || a->rank > MHA_ARRAY_MAX_RANK)
         return mha_fail(MHA_E_ARG, "tensor '%s' has rank %d; expected 0..%d", name, a->rank,
                         MHA_ARRAY_MAX_RANK);
+    if (is_integer(a)) return refuse_integer(name, a);
     mha_array c = *a;
     c.f = NULL;
     c.u8 = NULL;

@@ -1,7 +1,8 @@
 /* variants_meta.c — today's attention variants in checkpoints: the
  * settings as metadata keys (native and hf read the same keys) and the
  * per-head tensors (native: alibi_slopes, sinks, q_norm, k_norm; hf:
- * q_norm.weight, k_norm.weight as Qwen 3 stores them).
+ * q_norm.weight, k_norm.weight as Qwen 3 stores them, (d_k), or as
+ * OLMo 2 does, (h*d_k) and (h_kv*d_k): a norm over the whole width).
  * Legend: h heads, h_kv kv heads, d_k. */
 #include <errno.h>
 #include <math.h>
@@ -79,7 +80,8 @@ mha_status mha_io_variants_read(mha_config *c, float *w[4], const mha_tensors *t
         (s = meta_double(&r->beta_fast, t, "rope_beta_fast")) || (s = meta_double(&r->beta_slow, t, "rope_beta_slow")) ||
         (s = meta_double(&r->attn_factor, t, "rope_attn_factor")) || (s = meta_double(&sc, t, "softcap")) ||
         (s = meta_double(&eps, t, "qk_norm_eps")) || (s = meta_double(&per_head, t, "qk_norm_per_head")) ||
-        (s = meta_flag(&c->alibi, t, "alibi")) || (s = meta_flag(&c->sinks, t, "sinks")))
+        (s = meta_flag(&c->alibi, t, "alibi")) || (s = meta_flag(&c->sinks, t, "sinks")) ||
+        (s = meta_flag(&c->qk_norm_whole, t, "qk_norm_whole")))
         return s;
     double o = omp;
     if ((s = meta_double(&o, t, "rope_original_max_positions"))) return s;
@@ -97,9 +99,8 @@ mha_status mha_io_variants_read(mha_config *c, float *w[4], const mha_tensors *t
             if (mha_io_name_fits(mha_tensors_name(t, j), prefix, names[i])) a = mha_tensors_get(t, mha_tensors_name(t, j));
         if (!a) continue;
         if (hf && i >= 2 && !c->qk_norm) c->qk_norm = MHA_QK_NORM_RMS; /* Qwen 3 / Gemma 3: RMSNorm */
-        if (i >= 2 && hf && a->count == (size_t)(i == 2 ? h : hkv) * dk && dk != 0 && (i == 2 ? h : hkv) > 1)
-            return mha_fail(MHA_E_UNSUPPORTED, "tensor %s has %zu elements: a norm over the whole projection "
-                            "(OLMo 2); mha normalizes each head's d_k = %d, expected (d_k)", names[i], a->count, dk);
+        if (i == 2 && hf && a->count == (size_t)h * dk && dk != 0 && h > 1)
+            c->qk_norm_whole = 1; /* OLMo 2: one norm over the whole projection, (h*d_k) weights */
         if (i >= 2 && a->count == (size_t)(i == 2 ? h : hkv) * dk && (i == 2 ? h : hkv) > 1) c->qk_norm_per_head = 1;
         if ((i == 0 && !c->alibi) || (i == 1 && !c->sinks) || (i >= 2 && !c->qk_norm)) continue;
         size_t per = (size_t)(i == 2 ? h : hkv) * dk;
@@ -150,6 +151,7 @@ mha_status mha_io_variants_write(mha_tensors *t, const mha_layer *L) {
         s = mha_tensors_set_meta(t, "qk_norm", norm_names[c->qk_norm]);
         if (!s) s = put(t, "qk_norm_per_head", "%.0f", c->qk_norm_per_head);
         if (!s) s = put(t, "qk_norm_eps", "%.9g", c->qk_norm_eps);
+        if (!s && c->qk_norm_whole) s = put(t, "qk_norm_whole", "%.0f", 1);
         const int sq[2] = {h, dk}, sk[2] = {hkv, dk};
         if (!s) s = mha_tensors_add_f32(t, "q_norm", w.q_norm, c->qk_norm_per_head ? 2 : 1, c->qk_norm_per_head ? sq : sq + 1);
         if (!s) s = mha_tensors_add_f32(t, "k_norm", w.k_norm, c->qk_norm_per_head ? 2 : 1, c->qk_norm_per_head ? sk : sk + 1);

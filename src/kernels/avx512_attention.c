@@ -1,8 +1,8 @@
 /* avx512_attention.c — the three steps of one flash-attention tile
- * (AVX-512): scores s = q k^T and o = alpha o + p v on 12x32 register
- * tiles (6-row tiles for a last group of 6 rows), and the online-softmax
- * update with opmask registers for the masks. attention.c drives the
- * tiles; the contracts are in kernels.h. */
+ * (AVX-512): scores s = q k^T on 12x32 register tiles (6-row tiles for a
+ * last group of 6 rows), o = alpha o + p v on 6x64 ones, the online-softmax
+ * update with opmask registers for the masks; and the ALiBi bias of a
+ * tile. attention.c drives the tiles; the contracts are in kernels.h. */
 #include <math.h>
 
 #include "kernels/kernels.h"
@@ -17,10 +17,10 @@ MHA_AVX512_INLINE void row_tiles(float *c, size_t ldc, const float *a, size_t a_
     int r = 0;
     for (; r + 12 <= rows; r += 12)
         mha_tile_avx512(c + (size_t)r * ldc, ldc, a + (size_t)(r / 6) * a_ps, a_ps, a_rs, a_cs, b, b_ps,
-                        ldb, NULL, alpha ? alpha + r : NULL, K, 12, 16 * P, 12, P);
+                        ldb, NULL, alpha ? alpha + r : NULL, K, 12, 16 * P, 12, P, 0);
     if (r < rows)
         mha_tile_avx512(c + (size_t)r * ldc, ldc, a + (size_t)(r / 6) * a_ps, a_ps, a_rs, a_cs, b, b_ps,
-                        ldb, NULL, alpha ? alpha + r : NULL, K, 6, 16 * P, 6, P);
+                        ldb, NULL, alpha ? alpha + r : NULL, K, 6, 16 * P, 6, P, 0);
 }
 
 /* s (rows, 16*npanels) = q k^T; q packed (rows/6, d_k, 6), kt (npanels, d_k, 16):
@@ -33,6 +33,19 @@ void mha_attn_scores_avx512(float *s, size_t lds, const float *q, const float *k
         row_tiles(s + (size_t)p * 16, lds, q, qs, 1, 6, kt + (size_t)p * ks, ks, 16, NULL, d_k, rows, 2);
     if (p < npanels)
         row_tiles(s + (size_t)p * 16, lds, q, qs, 1, 6, kt + (size_t)p * ks, ks, 16, NULL, d_k, rows, 1);
+}
+
+/* exp(x), 0 for x < MHA_SOFTMAX_FLUSH (kernels.h): probabilities and
+ * rescale factors that small would only feed subnormal products to the
+ * p v tiles (ALiBi's far keys, a max that keeps growing), each an FP
+ * assist of ~100 cycles on Intel cores, while adding nothing above fp32
+ * rounding to a row whose sum l is >= 1. */
+MHA_AVX512_INLINE __m512 exp_flushed(__m512 x) {
+    /* x <= 0 here (x = s - row max), and x < MHA_SOFTMAX_FLUSH is zeroed,
+     * so exp's clamp to [-88, 88.38] changes nothing that is kept; -inf
+     * and NaN fail the compare and give 0 */
+    const __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(MHA_SOFTMAX_FLUSH), _CMP_GE_OQ);
+    return _mm512_maskz_mov_ps(keep, mha_exp_avx512_inrange(x));
 }
 
 /* Row max of each row (masking as kernels.h says), then alpha for 16 rows
@@ -74,7 +87,7 @@ void mha_attn_softmax_avx512(float *s, size_t lds, float *m, float *l, float *al
         const __m512 vmo = _mm512_maskz_loadu_ps(live, m + i);
         const __m512 vmn = _mm512_max_ps(vmo, _mm512_maskz_loadu_ps(live, alpha + i));
         const __m512 mu = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(vmn, ninf, _CMP_NEQ_UQ), vmn);
-        _mm512_mask_storeu_ps(alpha + i, live, mha_exp_avx512(_mm512_sub_ps(vmo, mu)));
+        _mm512_mask_storeu_ps(alpha + i, live, exp_flushed(_mm512_sub_ps(vmo, mu)));
         _mm512_mask_storeu_ps(m + i, live, vmn);
     }
     /* pass 2: exp and row sum (two partial sums, then their sum) */
@@ -84,15 +97,15 @@ void mha_attn_softmax_avx512(float *s, size_t lds, float *m, float *l, float *al
         __m512 sum0 = _mm512_setzero_ps(), sum1 = _mm512_setzero_ps();
         int v = 0;
         for (; v + 1 < nv; v += 2) {
-            const __m512 p0 = mha_exp_avx512(_mm512_sub_ps(_mm512_loadu_ps(r + 16 * v), vmu));
-            const __m512 p1 = mha_exp_avx512(_mm512_sub_ps(_mm512_loadu_ps(r + 16 * v + 16), vmu));
+            const __m512 p0 = exp_flushed(_mm512_sub_ps(_mm512_loadu_ps(r + 16 * v), vmu));
+            const __m512 p1 = exp_flushed(_mm512_sub_ps(_mm512_loadu_ps(r + 16 * v + 16), vmu));
             _mm512_storeu_ps(r + 16 * v, p0);
             _mm512_storeu_ps(r + 16 * v + 16, p1);
             sum0 = _mm512_add_ps(sum0, p0);
             sum1 = _mm512_add_ps(sum1, p1);
         }
         if (v < nv) {
-            const __m512 p0 = mha_exp_avx512(_mm512_sub_ps(_mm512_loadu_ps(r + 16 * v), vmu));
+            const __m512 p0 = exp_flushed(_mm512_sub_ps(_mm512_loadu_ps(r + 16 * v), vmu));
             _mm512_storeu_ps(r + 16 * v, p0);
             sum0 = _mm512_add_ps(sum0, p0);
         }
@@ -100,12 +113,64 @@ void mha_attn_softmax_avx512(float *s, size_t lds, float *m, float *l, float *al
     }
 }
 
-/* o (rows, dv16) = alpha o + p (rows, nk) v (nk, dv16): 32 columns per
- * tile, 16 for an odd last 16. */
+/* o (rows, dv16) = alpha o + p (rows, nk) v (nk, dv16): 6x64 tiles, then
+ * 12x32 (6x32 for a last 6 rows), 16 columns for an odd last 16. */
 void mha_attn_pv_avx512(float *o, size_t ldo, const float *p, size_t ldp, const float *v,
                         size_t ldv, const float *alpha, int rows, int nk, int dv16) {
     const size_t ps = (size_t)6 * ldp;
     int c = 0;
+    /* 6 rows x 64 columns: each k loads 4 v panels for 6 broadcasts of p,
+     * and a v row is read whole while it is in L1 (7% faster than 12x32
+     * on a hot 48x128 tile); the FMA chains are the same */
+    for (; c + 64 <= dv16; c += 64)
+        for (int r = 0; r < rows; r += 6)
+            mha_tile_avx512(o + (size_t)r * ldo + c, ldo, p + (size_t)r * ldp, ps, ldp, 1, v + c, 16, ldv,
+                            NULL, alpha + r, nk, 6, 64, 6, 4, 0);
     for (; c + 32 <= dv16; c += 32) row_tiles(o + c, ldo, p, ps, ldp, 1, v + c, 16, ldv, alpha, nk, rows, 2);
     if (c < dv16) row_tiles(o + c, ldo, p, ps, ldp, 1, v + c, 16, ldv, alpha, nk, rows, 1);
+}
+
+/* s -= slope * |qpos_i - kpos_j|: the distance in int lanes, converted
+ * to float with one rounding (as the scalar kernel's cast), then its
+ * product and subtraction: the scalar kernel's bits. */
+void mha_attn_alibi_avx512(float *s, size_t lds, const int *qpos, const int *kpos, float slope,
+                           int rows, int cols) {
+    const __m512 vs = _mm512_set1_ps(slope);
+    for (int i = 0; i < rows; i++) {
+        float *r = s + (size_t)i * lds;
+        const __m512i pi = _mm512_set1_epi32(qpos[i]);
+        for (int j = 0; j < cols; j += 16) {
+            const __mmask16 k = mha_mask16(cols - j);
+            const __m512i d = _mm512_abs_epi32(_mm512_sub_epi32(pi, _mm512_maskz_loadu_epi32(k, kpos + j)));
+            const __m512 x = _mm512_maskz_loadu_ps(k, r + j);
+            _mm512_mask_storeu_ps(r + j, k, _mm512_sub_ps(x, _mm512_mul_ps(vs, _mm512_cvtepi32_ps(d))));
+        }
+    }
+}
+
+/* Query packing: a full group of 6 rows is gathered 16 outputs at a time
+ * (output t of a 96-float block of 16 dims is row t%6, dim t/6: six index
+ * vectors), then scaled: one product per element, as the scalar kernel;
+ * partial groups and a d_k tail go element by element. */
+void mha_attn_pack_q_avx512(float *dst, const float *src, size_t src_rs, float scale, int rows, int rows6,
+                            int d_k) {
+    const __m512 vs = _mm512_set1_ps(scale);
+    const int e16 = src_rs <= (1u << 24) ? d_k / 16 * 16 : 0; /* gather indices fit in int */
+    __m512i idx[6];
+    for (int j = 0; j < 6; j++) {
+        int t[16];
+        for (int l = 0; l < 16; l++) t[l] = (16 * j + l) % 6 * (int)src_rs + (16 * j + l) / 6;
+        idx[j] = _mm512_loadu_si512(t);
+    }
+    for (int g = 0; g < rows6 / 6; g++) {
+        float *d = dst + (size_t)g * d_k * 6;
+        const float *x = src + (size_t)g * 6 * src_rs;
+        const int full = 6 * g + 6 <= rows;
+        int e = 0;
+        for (; full && e < e16; e += 16)
+            for (int j = 0; j < 6; j++)
+                _mm512_storeu_ps(d + (size_t)e * 6 + 16 * j, _mm512_mul_ps(vs, _mm512_i32gather_ps(idx[j], x + e, 4)));
+        for (; e < d_k; e++)
+            for (int i = 0; i < 6; i++) d[(size_t)e * 6 + i] = 6 * g + i < rows ? scale * x[(size_t)i * src_rs + e] : 0.0f;
+    }
 }

@@ -19,10 +19,18 @@
  * split), e^r by a degree-6 polynomial, 2^n through the exponent bits;
  * x clamped to [-88, 88.38] (e^x = 0 below -87.68, subnormal between
  * -87.68 and ln(FLT_MIN)); within 2 ulp on [ln(FLT_MIN), 88.3]. */
+MHA_AVX512_INLINE __m512 mha_exp_avx512_inrange(__m512 x);
 MHA_AVX512_INLINE __m512 mha_exp_avx512(__m512 x) {
-    const __m512 shift = _mm512_set1_ps(12583039.0f); /* 0x1.8p23 + 127 */
     x = _mm512_max_ps(x, _mm512_set1_ps(-88.0f));
     x = _mm512_min_ps(x, _mm512_set1_ps(88.37626266f));
+    return mha_exp_avx512_inrange(x);
+}
+
+/* The same steps without the clamp, for x already in [-88, 88.38] (the
+ * softmax's x <= 0, whose callers zero x < -88 themselves): the bits of
+ * mha_exp_avx512 there. */
+MHA_AVX512_INLINE __m512 mha_exp_avx512_inrange(__m512 x) {
+    const __m512 shift = _mm512_set1_ps(12583039.0f); /* 0x1.8p23 + 127 */
     __m512 t = _mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), shift);
     __m512 n = _mm512_sub_ps(t, shift);
     __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
@@ -47,16 +55,25 @@ MHA_AVX512_INLINE __mmask16 mha_mask16(int live) {
  * m <= R, n <= 16P; only (m, n) of c is read or written (masked stores),
  * and only the panels that hold live columns are read. Each c element is
  * one fp32 FMA chain over k in order, then + bias, then the row scale: the
- * additions of the AVX2 6x16 tile, so both give identical bits. */
+ * additions of the AVX2 6x16 tile, so both give identical bits.
+ * acc_c (a constant at each call site): the chain starts from c's value
+ * instead of 0, so a product split over K blocks, each block's sums
+ * stored in c and the bias added after the last one, gives the bits of
+ * one call over the whole K. */
 MHA_AVX512_INLINE void mha_tile_avx512(float *c, size_t ldc, const float *a, size_t a_ps,
                                       size_t a_rs, size_t a_cs, const float *b, size_t b_ps,
                                       size_t ldb, const float *bias, const float *row_scale,
-                                      int K, int m, int n, const int R, const int P) {
+                                      int K, int m, int n, const int R, const int P, const int acc_c) {
     __m512 acc[18][4];
+    __mmask16 mk[4];
+#pragma GCC unroll 4
+    for (int p = 0; p < P; p++) mk[p] = mha_mask16(n - 16 * p);
 #pragma GCC unroll 18
     for (int i = 0; i < R; i++)
 #pragma GCC unroll 4
-        for (int p = 0; p < P; p++) acc[i][p] = _mm512_setzero_ps();
+        for (int p = 0; p < P; p++)
+            acc[i][p] = acc_c && i < m ? _mm512_maskz_loadu_ps(mk[p], c + (size_t)i * ldc + 16 * p)
+                                       : _mm512_setzero_ps();
     const float *bk = b;
     const float *ak = a;
     for (int k = 0; k < K; k++) {
@@ -72,9 +89,6 @@ MHA_AVX512_INLINE void mha_tile_avx512(float *c, size_t ldc, const float *a, siz
         bk += ldb;
         ak += a_cs;
     }
-    __mmask16 mk[4];
-#pragma GCC unroll 4
-    for (int p = 0; p < P; p++) mk[p] = mha_mask16(n - 16 * p);
     if (bias) {
 #pragma GCC unroll 4
         for (int p = 0; p < P; p++) {

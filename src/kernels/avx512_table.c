@@ -1,6 +1,8 @@
 /* avx512_table.c — the avx512 kernel table (kernels.h): the entries of
- * avx512_gemm.c, avx512_attention.c and avx512_exp.c, with the 12x32 tile
- * for the projection driver (softcap: the AVX2 kernel). Data only; used after mha_cpu_has_avx512(). */
+ * avx512_gemm.c, avx512_attention.c (with the ALiBi tile and the query
+ * packing), avx512_exp.c and avx512_softcap.c, with the 12x32 tile, the
+ * input packing and the transposed store for the projection driver.
+ * Data only; used after mha_cpu_has_avx512(). */
 #include "kernels/kernels.h"
 
 const mha_kernels mha_kernels_avx512 = {
@@ -10,8 +12,12 @@ const mha_kernels mha_kernels_avx512 = {
     .attn_softmax = mha_attn_softmax_avx512,
     .attn_pv = mha_attn_pv_avx512,
     .vexp = mha_vexp_avx512,
-    .attn_softcap = mha_attn_softcap_avx2, /* AVX2 code: every AVX-512 CPU runs it */
+    .attn_softcap = mha_attn_softcap_avx512,
+    .attn_alibi = mha_attn_alibi_avx512,
+    .attn_pack_q = mha_attn_pack_q_avx512,
     .tile_rows = 12,
     .tile_panels = 2,
     .sgemm_tile = mha_sgemm_avx512_12x32,
+    .pack_a6 = mha_pack_a6_avx512,
+    .store_t16 = mha_store_t16_avx512,
 };

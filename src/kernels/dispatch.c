@@ -17,7 +17,9 @@
 
 const mha_kernels mha_kernels_avx2 = {
     "avx2", mha_sgemm_avx2_6x16, mha_attn_scores_avx2, mha_attn_softmax_avx2,
-    mha_attn_pv_avx2, mha_vexp_avx2, mha_attn_softcap_avx2, 6, 1, NULL, /* the driver tiles with sgemm_6x16 */
+    mha_attn_pv_avx2, mha_vexp_avx2, mha_attn_softcap_avx2, NULL, NULL, /* alibi, pack_q: scalar */
+    6, 1, NULL, /* the driver tiles with sgemm_6x16 */
+    NULL, NULL, /* and packs and stores K^T with its portable loops */
 };
 
 /* ------------------------------------------------------------ the CPU */
@@ -60,9 +62,9 @@ static int always(void) { return 1; }
 
 /* Best first. An ISA is one entry: its name, its check and its tables. */
 static const mha_isa isas[] = {
-    {"avx512", mha_cpu_has_avx512, &mha_kernels_avx512, &mha_decode_kernels_avx512},
-    {"avx2", mha_cpu_has_avx2, &mha_kernels_avx2, &mha_decode_kernels_avx2},
-    {"scalar", always, &mha_kernels_scalar, &mha_decode_kernels_scalar},
+    {"avx512", mha_cpu_has_avx512, &mha_kernels_avx512, &mha_decode_kernels_avx512, &mha_backward_kernels_avx512},
+    {"avx2", mha_cpu_has_avx2, &mha_kernels_avx2, &mha_decode_kernels_avx2, &mha_backward_kernels_avx2},
+    {"scalar", always, &mha_kernels_scalar, &mha_decode_kernels_scalar, &mha_backward_kernels_scalar},
 };
 #define N_ISAS (int)(sizeof isas / sizeof isas[0])
 

@@ -14,9 +14,11 @@
 
 #include "mha.h"
 #include "kernels/decode_kernels.h"
+#include "kernels/backward_kernels.h"
 
 #define MHA_MR 6
 #define MHA_NR 16
+#define MHA_SOFTMAX_FLUSH (-44.0f) /* e^-44 < 2^-63: see attn_softmax */
 
 typedef struct mha_kernels {
     const char *name;
@@ -40,7 +42,9 @@ typedef struct mha_kernels {
      * m_new = max(m[i], row max) (0 used in place of -inf):
      *   s = exp(s - m_new), alpha[i] = exp(m[i] - m_new),
      *   l[i] = alpha[i] * l[i] + sum_j s, m[i] = m_new.
-     * s has room for cols rounded up to 16. */
+     * s has room for cols rounded up to 16. A table may return 0 for
+     * exp(x) with x < MHA_SOFTMAX_FLUSH (avx512 does; avx2 and scalar do
+     * not): such terms are below 2^-63 while a live row's l is >= 1. */
     void (*attn_softmax)(float *s, size_t lds, float *m, float *l, float *alpha,
                          const int *lo, const int *hi, int extra, int rows, int cols);
 
@@ -56,19 +60,52 @@ typedef struct mha_kernels {
      * NULL in a table means the scalar one (mha_attn_softcap_get). */
     void (*attn_softcap)(float *s, size_t lds, float cap, int rows, int cols);
 
+    /* ALiBi on a tile s (rows, cols), in place:
+     *   s[i][j] -= slope * (float)|qpos[i] - kpos[j]|
+     * (the distance exact in int, then one fp32 product and one fp32
+     * subtraction, so every table gives the same bits). Positions are
+     * <= 2^30. NULL in a table means the scalar one (mha_attn_alibi_get). */
+    void (*attn_alibi)(float *s, size_t lds, const int *qpos, const int *kpos, float slope,
+                       int rows, int cols);
+
+    /* The scaled query rows of one attention task in attn_scores' layout:
+     * dst (rows6/6, d_k, 6), dst[g][e][i] = scale * src[(6g+i)*src_rs + e]
+     * for 6g+i < rows, 0 for the rows up to rows6 (one fp32 product each:
+     * every table gives the same bits). NULL in a table means the scalar
+     * one (mha_attn_pack_q_get). */
+    void (*attn_pack_q)(float *dst, const float *src, size_t src_rs, float scale, int rows, int rows6,
+                        int d_k);
+
     /* The projection driver's register tile, tile_rows (a multiple of 6)
      * x 16*tile_panels; NULL: the driver uses sgemm_6x16 on 6 x 16.
-     * c (m, n) = a b [+ bias], m <= tile_rows, n <= 16*tile_panels: a is
-     * tile_rows/6 packed micro-panels (K, 6) at stride a_ps, b packed
-     * panels (K, 16) at stride b_ps (only those with live columns are
-     * read). Each c element is one fp32 sum over k in order, + bias. */
+     * c (m, n) = [c +] a b [+ bias], m <= tile_rows, n <= 16*tile_panels:
+     * a is tile_rows/6 packed micro-panels (K, 6) at stride a_ps, b
+     * panels of 16 columns at stride b_ps, row k at b + k*ldb (only the
+     * panels with live columns are read). Each c element is one fp32 sum over k in order, + bias;
+     * accumulate != 0: the sum starts from c's value instead of 0 (the
+     * driver splits K into blocks; the bits equal one call over all K). */
     int tile_rows, tile_panels;
     void (*sgemm_tile)(float *c, size_t ldc, const float *a, size_t a_ps, const float *b,
-                       size_t b_ps, const float *bias, int K, int m, int n);
+                       size_t b_ps, size_t ldb, const float *bias, int K, int m, int n,
+                       int accumulate);
+
+    /* The driver's input packing: rows (<= 6) rows of a (row stride lda),
+     * kn floats each -> out (kn, 6), rows past `rows` zero. NULL: the
+     * driver's portable loop (the same bytes). */
+    void (*pack_a6)(float *out, const float *a, size_t lda, int rows, int kn);
+
+    /* The driver's transposed store (K^T destinations): dst[coff[j] + i] =
+     * src[i*lds + j] for i < rows <= 16, j < n <= 16. NULL: the driver's
+     * element loop (the same values). */
+    void (*store_t16)(float *dst, const size_t *coff, const float *src, size_t lds, int rows, int n);
 } mha_kernels;
 
 /* The softcap kernel of table k, the scalar one when k has none. */
 void (*mha_attn_softcap_get(const mha_kernels *k))(float *, size_t, float, int, int);
+/* The ALiBi kernel of table k, the scalar one when k has none. */
+void (*mha_attn_alibi_get(const mha_kernels *k))(float *, size_t, const int *, const int *, float, int, int);
+/* The query packing of table k, the scalar one when k has none. */
+void (*mha_attn_pack_q_get(const mha_kernels *k))(float *, const float *, size_t, float, int, int, int);
 
 extern const mha_kernels mha_kernels_scalar;
 extern const mha_kernels mha_kernels_avx2;
@@ -94,7 +131,11 @@ void mha_sgemm_avx512_6x16(float *c, size_t ldc, const float *a, size_t a_rs, si
                            const float *b, size_t ldb, const float *bias,
                            const float *row_scale, int K, int m, int n);
 void mha_sgemm_avx512_12x32(float *c, size_t ldc, const float *a, size_t a_ps, const float *b,
-                            size_t b_ps, const float *bias, int K, int m, int n);
+                            size_t b_ps, size_t ldb, const float *bias, int K, int m, int n,
+                            int accumulate);
+void mha_pack_a6_avx512(float *out, const float *a, size_t lda, int rows, int kn);
+void mha_store_t16_avx512(float *dst, const size_t *coff, const float *src, size_t lds, int rows,
+                          int n);
 void mha_attn_scores_avx512(float *s, size_t lds, const float *q, const float *kt, int d_k,
                             int rows, int npanels);
 void mha_attn_softmax_avx512(float *s, size_t lds, float *m, float *l, float *alpha,
@@ -102,6 +143,11 @@ void mha_attn_softmax_avx512(float *s, size_t lds, float *m, float *l, float *al
 void mha_attn_pv_avx512(float *o, size_t ldo, const float *p, size_t ldp, const float *v,
                         size_t ldv, const float *alpha, int rows, int nk, int dv16);
 void mha_vexp_avx512(float *y, const float *x, size_t n);
+void mha_attn_softcap_avx512(float *s, size_t lds, float cap, int rows, int cols);
+void mha_attn_alibi_avx512(float *s, size_t lds, const int *qpos, const int *kpos, float slope,
+                           int rows, int cols);
+void mha_attn_pack_q_avx512(float *dst, const float *src, size_t src_rs, float scale, int rows, int rows6,
+                            int d_k);
 
 /* ------------------------------------------------------- the chooser */
 
@@ -114,6 +160,7 @@ typedef struct mha_isa {
     int (*available)(void);            /* 1 when this machine runs it        */
     const mha_kernels *prefill;        /* projections and flash attention    */
     const mha_decode_kernels *decode;  /* KV-cache decode                    */
+    const mha_backward_kernels *backward; /* the attention backward's tiles */
 } mha_isa;
 
 /* The ISA for this call: the test override if set, else MHA_KERNELS from

@@ -1,6 +1,7 @@
 /* scalar.c — the portable kernels: the same contracts as the avx2 table
  * (kernels.h) in plain C, for CPUs without AVX2/FMA. */
 #include <math.h>
+#include <stdlib.h>
 
 #include "kernels/kernels.h"
 
@@ -76,6 +77,30 @@ void (*mha_attn_softcap_get(const mha_kernels *k))(float *, size_t, float, int, 
     return k->attn_softcap ? k->attn_softcap : softcap_scalar;
 }
 
+static void alibi_scalar(float *s, size_t lds, const int *qpos, const int *kpos, float slope, int rows,
+                         int cols) {
+    for (int i = 0; i < rows; i++)
+        for (int j = 0; j < cols; j++) s[(size_t)i * lds + j] -= slope * (float)abs(qpos[i] - kpos[j]);
+}
+
+void (*mha_attn_alibi_get(const mha_kernels *k))(float *, size_t, const int *, const int *, float, int, int) {
+    return k->attn_alibi ? k->attn_alibi : alibi_scalar;
+}
+
+static void pack_q_scalar(float *dst, const float *src, size_t src_rs, float scale, int rows, int rows6,
+                          int d_k) {
+    for (int i = 0; i < rows6; i++) {
+        float *d = dst + (size_t)(i / MHA_MR) * d_k * MHA_MR + i % MHA_MR;
+        const float *x = src + (size_t)i * src_rs;
+        for (int e = 0; e < d_k; e++) d[(size_t)e * MHA_MR] = i < rows ? scale * x[e] : 0.0f;
+    }
+}
+
+void (*mha_attn_pack_q_get(const mha_kernels *k))(float *, const float *, size_t, float, int, int, int) {
+    return k->attn_pack_q ? k->attn_pack_q : pack_q_scalar;
+}
+
 const mha_kernels mha_kernels_scalar = {
-    "scalar", sgemm_scalar_6x16, scores_scalar, softmax_scalar, pv_scalar, vexp_scalar, softcap_scalar, 6, 1, NULL,
+    "scalar", sgemm_scalar_6x16, scores_scalar, softmax_scalar, pv_scalar, vexp_scalar, softcap_scalar,
+    alibi_scalar, pack_q_scalar, 6, 1, NULL, NULL, NULL,
 };

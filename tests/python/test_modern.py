@@ -29,9 +29,11 @@ def rotate_every_two(x):  # GPT-J
     return torch.stack((-x2, x1), dim=-1).flatten(-2)
 
 
-def apply_rope(x, pos, dim, theta, interleaved):
-    """x (B,heads,T,d_k); the first dim dims rotated at positions pos (B,T)."""
-    inv_freq = 1.0 / theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+def apply_rope(x, pos, dim, theta, interleaved, inv_freq=None, mscale=1.0):
+    """x (B,heads,T,d_k); the first dim dims rotated at positions pos (B,T);
+    inv_freq (dim/2) and mscale (cos, sin multiplied) for scaled variants."""
+    if inv_freq is None:
+        inv_freq = 1.0 / theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
     freqs = pos[:, None, :, None].double() * inv_freq  # (B,1,T,dim/2)
     if interleaved:
         emb = freqs.repeat_interleave(2, dim=-1)
@@ -40,7 +42,7 @@ def apply_rope(x, pos, dim, theta, interleaved):
         emb = torch.cat((freqs, freqs), dim=-1)
         rot = rotate_half
     xr, xp = x[..., :dim], x[..., dim:]
-    return torch.cat((xr * emb.cos() + rot(xr) * emb.sin(), xp), dim=-1)
+    return torch.cat((xr * emb.cos() * mscale + rot(xr) * emb.sin() * mscale, xp), dim=-1)
 
 
 def alibi_slopes(n):  # the ALiBi paper's rule, as BLOOM computes it
@@ -58,13 +60,16 @@ def rms_norm(x, w, eps):
 
 
 def torch_attention(w, x, h, h_kv, d_k, pos=None, rope=None, slopes=None, softcap=0.0, sinks=None,
-                    qk_norm=None):
+                    qk_norm=None, streaming=None, qk_norm_whole=None):
     """Causal self-attention in float64. w: (in, out) weights as mha stores them."""
     t = {k: torch.tensor(v, dtype=torch.float64) for k, v in w.items()}
     x = torch.tensor(x, dtype=torch.float64)
     Bn, Tn, _ = x.shape
-    q = (x @ t["w_q"]).view(Bn, Tn, h, d_k).transpose(1, 2)
-    k = (x @ t["w_k"]).view(Bn, Tn, h_kv, d_k).transpose(1, 2)
+    q, k = x @ t["w_q"], x @ t["w_k"]
+    if qk_norm_whole is not None:  # OLMo 2: RMSNorm over the whole projection, before the heads split
+        q, k = rms_norm(q, t["q_norm"], qk_norm_whole), rms_norm(k, t["k_norm"], qk_norm_whole)
+    q = q.view(Bn, Tn, h, d_k).transpose(1, 2)
+    k = k.view(Bn, Tn, h_kv, d_k).transpose(1, 2)
     v = (x @ t["w_v"]).view(Bn, Tn, h_kv, -1).transpose(1, 2)
     if qk_norm is not None:  # Qwen 3: RMSNorm over each head's d_k, one weight shared by the heads
         q, k = rms_norm(q, t["q_norm"], qk_norm), rms_norm(k, t["k_norm"], qk_norm)
@@ -79,7 +84,12 @@ def torch_attention(w, x, h, h_kv, d_k, pos=None, rope=None, slopes=None, softca
         s = softcap * torch.tanh(s / softcap)
     if slopes is not None:  # BLOOM: + slope * key position (a constant per row apart)
         s = s + torch.tensor(slopes, dtype=torch.float64)[None, :, None, None] * pos[:, None, None, :].double()
-    s = s.masked_fill(torch.ones(Tn, Tn, dtype=torch.bool).triu(1), float("-inf"))
+    i, j = torch.arange(Tn)[:, None], torch.arange(Tn)[None, :]
+    allowed = j <= i
+    if streaming is not None:  # StreamingLLM: the attention sinks (first n) plus the last `window` keys
+        window, n_sink = streaming
+        allowed &= (j > i - window) | (j < n_sink)
+    s = s.masked_fill(~allowed, float("-inf"))
     if sinks is not None:  # gpt-oss: a sink column joins the softmax and is dropped
         col = torch.tensor(sinks, dtype=torch.float64)[None, :, None, None].expand(Bn, h, Tn, 1)
         p = torch.softmax(torch.cat((s, col), dim=-1), dim=-1)[..., :-1]
@@ -193,6 +203,8 @@ FAMILIES = {  # layer arguments, torch_attention arguments, extra weights
     "gemma2_gpt_oss": (dict(n_kv_heads=2, softcap=0.7, sinks=True), dict(softcap=0.7, sinks="sinks")),
     "qwen3": (dict(n_kv_heads=2, qk_norm="rms", qk_norm_eps=1e-6, rope={"pairing": "halves", "theta": 1e6}),
               dict(rope=(8, 1e6, False), qk_norm=1e-6)),
+    "olmo2": (dict(n_kv_heads=2, qk_norm="rms", qk_norm_whole=True, rope={"pairing": "halves", "theta": 500000}),
+              dict(rope=(8, 500000.0, False), qk_norm_whole=1e-6)),
 }
 
 
@@ -200,7 +212,9 @@ def family_layer(name, seed):
     rng = np.random.default_rng(seed)
     kwargs, targs = FAMILIES[name]
     h_kv = kwargs.get("n_kv_heads", 4)
-    extra = {"sinks": rng.uniform(-1, 2, 4), "q_norm": rng.uniform(0.5, 1.5, 8), "k_norm": rng.uniform(0.5, 1.5, 8)}
+    whole = kwargs.get("qk_norm_whole", False)  # OLMo 2: (h*d_k) and (h_kv*d_k) norm weights
+    extra = {"sinks": rng.uniform(-1, 2, 4), "q_norm": rng.uniform(0.5, 1.5, 32 if whole else 8),
+             "k_norm": rng.uniform(0.5, 1.5, 8 * h_kv if whole else 8)}
     used = {k: v for k, v in extra.items() if kwargs.get("sinks" if k == "sinks" else "qk_norm")}
     w = random_weights(rng, 4, h_kv, 8, **used)
     layer = mha.Layer(D, 4, d_k=8, bias=False, weights=w, **kwargs)
@@ -250,3 +264,83 @@ def test_cache_truncate_and_continue(name):
     got = [cache.forward(spliced[0, t:t + 1])[0] for t in range(5, 14)]
     want = torch_attention(w, spliced, 4, h_kv, 8, **targs)[0, 5:]
     np.testing.assert_allclose(np.array(got), want, atol=2e-5)
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_streaming_llm_sink_tokens(name):
+    """A ring of 13 slots, 3 for the sink tokens, keeping the last 6 tokens
+    besides them: prefill 8, then 26 decode steps far past the window in a
+    ragged batch (the second sequence stops 5 early), then truncate both
+    by 3 and continue with other tokens: every row equals torch's
+    StreamingLLM attention (first 3 keys + the last 6) of each sequence,
+    and the full forward with sink_tokens equals it on both paths."""
+    layer, w, h_kv, targs, rng = family_layer(name, 22)
+    n, window, n_sink = 34, 6, 3
+    x = rng.uniform(-1, 1, (B, n, D)).astype(np.float32)
+    pos = (np.arange(n)[None, :] + np.array([[0], [40]])).astype(np.int32)
+    lens = [n, n - 5]
+    use_pos = "rope" in targs or "slopes" in targs
+
+    def want(xs, b, length):
+        return torch_attention(w, xs[b:b + 1, :length], 4, h_kv, 8, pos=pos[b:b + 1, :length] if use_pos else None,
+                               streaming=(window, n_sink), **targs)[0]
+
+    for path in ("reference", "fast"):
+        y = layer.forward(x[:1], causal=True, window_left=window - 1, sink_tokens=n_sink, path=path,
+                          positions=pos[:1] if use_pos else None)
+        np.testing.assert_allclose(y[0], want(x, 0, n), atol=2e-5, err_msg=path)
+    cache = mha.Cache(layer, B, 13, window=window, sink_tokens=n_sink)
+    got = np.zeros((B, n, D), dtype=np.float32)
+
+    def feed(xs, t, steps):
+        for step in steps:
+            n_new = [max(0, min(step, lens[b] - t)) for b in range(B)]
+            got[:, t:t + step] = cache.forward(xs[:, t:t + step], n_new=n_new,
+                                               positions=pos[:, t:t + step] if use_pos else None)
+            t += step
+
+    feed(x, 0, [8] + [1] * 26)
+    for b in range(B):
+        np.testing.assert_allclose(got[b, :lens[b]], want(x, b, lens[b]), atol=2e-5, err_msg=f"sequence {b}")
+        assert np.all(got[b, lens[b]:] == 0)
+    # truncate by 3 (the ring of 10 keeps 10 - 6 + 1 = 5 positions to go back)
+    other = rng.uniform(-1, 1, x.shape).astype(np.float32)
+    keep = [lens[b] - 3 for b in range(B)]
+    for b in range(B):
+        cache.truncate(b, keep[b])
+        other[b, :keep[b]] = x[b, :keep[b]]
+    with pytest.raises(mha.ArgumentError, match="window"):
+        cache.truncate(0, keep[0] - 3)
+    for b in range(B):
+        lens_b = lens[b]
+        for t in range(keep[b], lens_b):
+            n_new = [1 if bb == b else 0 for bb in range(B)]
+            got[:, t:t + 1] = cache.forward(other[:, t:t + 1], n_new=n_new,
+                                            positions=pos[:, t:t + 1] if use_pos else None)
+        np.testing.assert_allclose(got[b, keep[b]:lens_b], want(other, b, lens_b)[keep[b]:], atol=2e-5,
+                                   err_msg=f"sequence {b} after truncate")
+
+
+def test_sink_tokens_arguments():
+    layer, _, _, _, _ = family_layer("llama", 23)
+    with pytest.raises(mha.ArgumentError, match="capacity - window"):
+        mha.Cache(layer, 1, 8, window=6, sink_tokens=3)
+    with pytest.raises(mha.ArgumentError, match="no window"):
+        mha.Cache(layer, 1, 8, sink_tokens=1)
+    with pytest.raises(mha.ArgumentError, match="sink_tokens"):
+        layer.forward(np.zeros((1, 3, D), np.float32), causal=True, sink_tokens=2)
+
+
+def test_olmo2_whole_width_qk_norm():
+    """OLMo 2 normalizes all heads' q together (q_norm of size h*d_k):
+    both paths equal torch; a per-head norm with the same weights differs;
+    permuted heads keep Y (the weights travel, the statistic is over all)."""
+    layer, w, h_kv, targs, rng = family_layer("olmo2", 24)
+    x = rng.uniform(-1, 1, (B, T, D)).astype(np.float32)
+    want = torch_attention(w, x, 4, h_kv, 8, **targs)
+    check_paths(layer, x, want)
+    per_head = mha.Layer(D, 4, n_kv_heads=2, d_k=8, bias=False, weights=w, qk_norm="rms", qk_norm_per_head=True,
+                         rope={"pairing": "halves", "theta": 500000})
+    assert np.abs(per_head.forward(x, causal=True) - want).max() > 1e-3
+    layer.permute_heads([2, 3, 0, 1])
+    np.testing.assert_allclose(layer.forward(x, causal=True), want, atol=2e-5)

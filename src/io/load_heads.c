@@ -1,0 +1,404 @@
+/* load_heads.c — a shard of a checkpoint: query heads [first, first+count)
+ * and the kv heads they read, copied straight from the file's mapping
+ * (column blocks of W_Q/W_K/W_V and their biases, row blocks of W_O), so
+ * no buffer ever holds the whole layer and the other heads' bytes are
+ * never checked or copied. Each layout says where head i's block starts;
+ * the blocks become a native tensor set of count heads, which the native
+ * loader (layouts.c) turns into a layer with all its checks and variants.
+ * Legend: h, h_kv, d_k, d_v, D = d_model, n = count, g = kv_count. */
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "io/io_internal.h"
+#include "io/tensors_internal.h"
+
+/* One block kind in the file: head i's first column (trans 0: an (in, out)
+ * matrix or a bias) or row (trans 1: an (out, in) matrix) is
+ * base + (i / per) * gstride + (i % per) * d (megatron interleaves kv
+ * groups; every other layout has per = 1, gstride = d). */
+typedef struct {
+    const mha_array *a; /* NULL: absent (biases) */
+    int trans, base, per, gstride;
+} part;
+
+typedef struct {
+    mha_config c;
+    part w[3], b[3]; /* Q, K, V weights and biases */
+    part o;          /* W_O: trans 0 = (h*d_v, D) head rows; 1 = (D, h*d_v) head columns */
+    const mha_array *b_o, *bias_k, *bias_v;
+    int hf;          /* QK-norm tensors named q_norm.weight / k_norm.weight */
+} source;
+
+static size_t head_at(const part *p, int i, int d) {
+    return (size_t)p->base + (size_t)(i / p->per) * p->gstride + (size_t)(i % p->per) * d;
+}
+
+static part plain(const mha_array *a, int trans, int base, int d) { return (part){a, trans, base, 1, d}; }
+
+/* The one tensor named prefix+suffix (or ending in "."suffix); NULL when
+ * absent, an error when required or ambiguous. */
+static mha_status find(const mha_array **out, const mha_tensors *t, const char *prefix, const char *suffix,
+                       int required) {
+    *out = NULL;
+    for (int i = 0; i < t->n; i++) {
+        if (!mha_io_name_fits(t->items[i].name, prefix, suffix)) continue;
+        if (*out) return mha_fail(MHA_E_FORMAT, "several tensors end in '%s'; pass a prefix to choose one layer", suffix);
+        *out = &t->items[i].a;
+    }
+    if (!*out && required) return mha_fail(MHA_E_FORMAT, "no tensor named '[prefix.]%s'", suffix);
+    if (*out && !(*out)->f) return mha_fail(MHA_E_FORMAT, "tensor '%s' is not floating point", suffix);
+    return MHA_OK;
+}
+
+static mha_status want(const mha_array *a, const char *name, int d0, int d1) {
+    if (!a) return MHA_OK;
+    if (d1 ? a->rank == 2 && a->shape[0] == d0 && a->shape[1] == d1 : a->count == (size_t)d0) return MHA_OK;
+    return mha_fail(MHA_E_SHAPE, "tensor '%s' has %zu elements (rank %d, dim 0 = %d); expected (%d%s%d)", name,
+                    a->count, a->rank, a->rank ? a->shape[0] : 0, d0, d1 ? ", " : ",", d1 ? d1 : 0);
+}
+
+static mha_status meta_int(int *out, int given, const mha_tensors *t, const char *key) {
+    const char *v = mha_tensors_meta(t, key);
+    char *end;
+    errno = 0;
+    long x = v ? strtol(v, &end, 10) : 0;
+    if (v && (errno || end == v || *end || x < 0 || x > INT_MAX))
+        return mha_fail(MHA_E_FORMAT, "metadata %s = '%.40s'; expected a non-negative integer", key, v);
+    if (given && x && given != x)
+        return mha_fail(MHA_E_ARG, "%s = %d was requested but the checkpoint metadata says %ld", key, given, x);
+    *out = given ? given : (int)x;
+    return MHA_OK;
+}
+
+static mha_status split(int *q, long total, int by, const char *what) {
+    if (by <= 0 || total % by || total / by < 1)
+        return mha_fail(MHA_E_SHAPE, "%s: %ld does not split into %d heads", what, total, by);
+    *q = (int)(total / by);
+    return MHA_OK;
+}
+
+/* ------------------------------------------------------------- layouts */
+
+static mha_status describe(source *src, const mha_tensors *t, const mha_load_options *o) {
+    const char *P = o->prefix;
+    mha_config *c = &src->c;
+    const mha_array *a[6] = {NULL};
+    int h, hkv, E;
+    mha_status s;
+    memset(src, 0, sizeof *src);
+    if ((s = meta_int(&h, o->n_heads, t, "n_heads")) || (s = meta_int(&hkv, o->n_kv_heads, t, "n_kv_heads")) ||
+        (s = meta_int(&c->add_zero_attn, 0, t, "add_zero_attn")))
+        return s;
+    if (!h) return mha_fail(MHA_E_ARG, "the number of heads is not in the file; pass --heads");
+    c->n_heads = h;
+    switch (o->layout) {
+    case MHA_LAYOUT_NATIVE: /* w_* (in, out), w_o (h*d_v, D) */
+        if ((s = find(&a[0], t, P, "w_q", 1)) || (s = find(&a[1], t, P, "w_k", 1)) ||
+            (s = find(&a[2], t, P, "w_v", 1)) || (s = find(&a[3], t, P, "w_o", 1)))
+            return s;
+        if (a[0]->rank != 2 || a[1]->rank != 2 || a[2]->rank != 2 || a[3]->rank != 2)
+            return mha_fail(MHA_E_SHAPE, "native layout: w_q, w_k, w_v, w_o must be matrices");
+        c->d_model = a[0]->shape[0], c->d_kv_in = a[1]->shape[0], c->d_v_in = a[2]->shape[0];
+        if ((s = split(&c->d_k, a[0]->shape[1], h, "w_q columns")) || (s = split(&c->d_v, a[3]->shape[0], h, "w_o rows")))
+            return s;
+        if (!hkv && (s = split(&hkv, a[1]->shape[1], c->d_k, "w_k columns (d_k wide)"))) return s;
+        src->w[0] = plain(a[0], 0, 0, c->d_k), src->w[1] = plain(a[1], 0, 0, c->d_k), src->w[2] = plain(a[2], 0, 0, c->d_v);
+        src->o = plain(a[3], 0, 0, c->d_v);
+        static const char *const nb[3] = {"b_q", "b_k", "b_v"};
+        for (int i = 0; i < 3; i++) {
+            if ((s = find(&a[4], t, P, nb[i], 0))) return s;
+            src->b[i] = plain(a[4], 0, 0, i ? (i == 1 ? c->d_k : c->d_v) : c->d_k);
+        }
+        if ((s = find(&src->b_o, t, P, "b_o", 0)) || (s = find(&src->bias_k, t, P, "bias_k", 0)) ||
+            (s = find(&src->bias_v, t, P, "bias_v", 0)))
+            return s;
+        break;
+    case MHA_LAYOUT_HF: /* *_proj.weight (out, in) */
+        src->hf = 1;
+        if ((s = find(&a[0], t, P, "q_proj.weight", 1)) || (s = find(&a[1], t, P, "k_proj.weight", 1)) ||
+            (s = find(&a[2], t, P, "v_proj.weight", 1)) || (s = find(&a[3], t, P, "o_proj.weight", 1)) ||
+            (s = find(&a[4], t, P, "q_proj.bias", 0)) || (s = find(&a[5], t, P, "k_proj.bias", 0)))
+            return s;
+        if (a[0]->rank != 2 || a[1]->rank != 2 || a[2]->rank != 2 || a[3]->rank != 2)
+            return mha_fail(MHA_E_SHAPE, "hf layout: the four *_proj.weight must be matrices");
+        c->d_model = a[0]->shape[1], c->d_kv_in = c->d_v_in = a[1]->shape[1];
+        if ((s = split(&c->d_k, a[0]->shape[0], h, "q_proj.weight rows"))) return s;
+        if (!hkv && (s = split(&hkv, a[1]->shape[0], c->d_k, "k_proj.weight rows (d_k each)"))) return s;
+        if ((s = split(&c->d_v, a[2]->shape[0], hkv, "v_proj.weight rows"))) return s;
+        src->w[0] = plain(a[0], 1, 0, c->d_k), src->w[1] = plain(a[1], 1, 0, c->d_k), src->w[2] = plain(a[2], 1, 0, c->d_v);
+        src->o = plain(a[3], 1, 0, c->d_v);
+        src->b[0] = plain(a[4], 0, 0, c->d_k), src->b[1] = plain(a[5], 0, 0, c->d_k);
+        if ((s = find(&a[4], t, P, "v_proj.bias", 0)) || (s = find(&src->b_o, t, P, "o_proj.bias", 0))) return s;
+        src->b[2] = plain(a[4], 0, 0, c->d_v);
+        break;
+    case MHA_LAYOUT_TORCH: /* nn.MultiheadAttention: (out, in), d_k = d_v = E/h, no GQA */
+        if ((s = find(&a[3], t, P, "out_proj.weight", 1)) || (s = find(&a[0], t, P, "in_proj_weight", 0)) ||
+            (s = find(&a[4], t, P, "in_proj_bias", 0)) || (s = find(&src->b_o, t, P, "out_proj.bias", 0)) ||
+            (s = find(&src->bias_k, t, P, "bias_k", 0)) || (s = find(&src->bias_v, t, P, "bias_v", 0)))
+            return s;
+        E = a[3]->shape[0];
+        if (hkv && hkv != h) return mha_fail(MHA_E_ARG, "torch layout has no GQA; got n_kv_heads = %d", hkv);
+        hkv = h, c->d_model = E;
+        if ((s = split(&c->d_k, E, h, "embed_dim"))) return s;
+        c->d_v = c->d_k;
+        if (a[0]) { /* W_q; W_k; W_v stacked along rows */
+            if ((s = want(a[0], "in_proj_weight", 3 * E, E))) return s;
+            c->d_kv_in = c->d_v_in = E;
+            for (int i = 0; i < 3; i++) src->w[i] = plain(a[0], 1, i * E, c->d_k);
+        } else {
+            static const char *const nw[3] = {"q_proj_weight", "k_proj_weight", "v_proj_weight"};
+            for (int i = 0; i < 3; i++) {
+                if ((s = find(&a[i], t, P, nw[i], 1))) return s;
+                if (a[i]->rank != 2) return mha_fail(MHA_E_SHAPE, "torch layout: %s must be a matrix", nw[i]);
+                src->w[i] = plain(a[i], 1, 0, c->d_k);
+            }
+            c->d_kv_in = a[1]->shape[1], c->d_v_in = a[2]->shape[1];
+        }
+        for (int i = 0; a[4] && i < 3; i++) src->b[i] = plain(a[4], 0, i * E, c->d_k);
+        if ((s = want(a[4], "in_proj_bias", 3 * E, 0))) return s;
+        src->o = plain(a[3], 1, 0, c->d_v);
+        break;
+    case MHA_LAYOUT_GPT2: /* Conv1D (in, out): c_attn columns [Q | K | V] */
+        if ((s = find(&a[0], t, P, "c_attn.weight", 1)) || (s = find(&a[3], t, P, "c_proj.weight", 1)) ||
+            (s = find(&a[4], t, P, "c_attn.bias", 0)) || (s = find(&src->b_o, t, P, "c_proj.bias", 0)))
+            return s;
+        if (a[0]->rank != 2 || a[0]->shape[1] % 3) return mha_fail(MHA_E_SHAPE, "gpt2 layout: c_attn.weight must be (d_model, 3E)");
+        if (hkv && hkv != h) return mha_fail(MHA_E_ARG, "gpt2 layout has one kv head per head; got n_kv_heads = %d", hkv);
+        E = a[0]->shape[1] / 3, hkv = h, c->d_model = c->d_kv_in = c->d_v_in = a[0]->shape[0];
+        if ((s = split(&c->d_k, E, h, "c_attn.weight (one third)"))) return s;
+        c->d_v = c->d_k;
+        for (int i = 0; i < 3; i++) src->w[i] = plain(a[0], 0, i * E, c->d_k);
+        for (int i = 0; a[4] && i < 3; i++) src->b[i] = plain(a[4], 0, i * E, c->d_k);
+        if ((s = want(a[4], "c_attn.bias", 3 * E, 0))) return s;
+        src->o = plain(a[3], 0, 0, c->d_v);
+        break;
+    case MHA_LAYOUT_MEGATRON: { /* fused rows per kv group: [q heads of g, k_g, v_g] */
+        if ((s = find(&a[0], t, P, "query_key_value.weight", 1)) || (s = find(&a[3], t, P, "dense.weight", 1)) ||
+            (s = find(&a[4], t, P, "query_key_value.bias", 0)) || (s = find(&src->b_o, t, P, "dense.bias", 0)))
+            return s;
+        if (a[0]->rank != 2 || a[3]->rank != 2) return mha_fail(MHA_E_SHAPE, "megatron layout: weights must be matrices");
+        int d;
+        if ((s = split(&d, a[3]->shape[1], h, "dense.weight columns"))) return s;
+        if (!hkv && a[0]->shape[0] % d == 0 && (a[0]->shape[0] / d - h) % 2 == 0) hkv = (a[0]->shape[0] / d - h) / 2;
+        if (hkv <= 0 || h % hkv) return mha_fail(MHA_E_SHAPE, "megatron layout: %d kv heads do not divide %d heads", hkv, h);
+        c->d_model = c->d_kv_in = c->d_v_in = a[0]->shape[1], c->d_k = c->d_v = d;
+        const int rep = h / hkv, gs = (rep + 2) * d;
+        src->w[0] = (part){a[0], 1, 0, rep, gs}, src->w[1] = (part){a[0], 1, rep * d, 1, gs};
+        src->w[2] = (part){a[0], 1, (rep + 1) * d, 1, gs};
+        for (int i = 0; a[4] && i < 3; i++) src->b[i] = src->w[i], src->b[i].a = a[4], src->b[i].trans = 0;
+        if ((s = want(a[4], "query_key_value.bias", (h + 2 * hkv) * d, 0))) return s;
+        src->o = plain(a[3], 1, 0, d);
+        break;
+    }
+    default: return mha_fail(MHA_E_ARG, "layout %d is not one of mha_layout", (int)o->layout);
+    }
+    c->n_kv_heads = hkv;
+    c->bias = src->b[0].a || src->b[1].a || src->b[2].a || src->b_o;
+    c->add_bias_kv = src->bias_k != NULL;
+    const int D = c->d_model, qk = h * c->d_k, kk = hkv * c->d_k, vv = hkv * c->d_v, ov = h * c->d_v;
+    /* the whole file's shapes, so that every block read below is inside its tensor */
+    const part *w = src->w;
+    if ((s = want(w[0].a, "W_Q", w[0].trans ? w[0].a->shape[0] : D, w[0].trans ? D : w[0].a->shape[1])) ||
+        (s = want(w[1].a, "W_K", w[1].trans ? w[1].a->shape[0] : c->d_kv_in, w[1].trans ? c->d_kv_in : w[1].a->shape[1])) ||
+        (s = want(w[2].a, "W_V", w[2].trans ? w[2].a->shape[0] : c->d_v_in, w[2].trans ? c->d_v_in : w[2].a->shape[1])) ||
+        (s = want(src->o.a, "W_O", src->o.trans ? D : ov, src->o.trans ? ov : D)) ||
+        (s = want(src->b_o, "b_O", D, 0)) || (s = want(src->bias_k, "bias_k", kk, 0)) ||
+        (s = want(src->bias_v, "bias_v", vv, 0)))
+        return s;
+    const int rows[3] = {w[0].trans ? w[0].a->shape[0] : w[0].a->shape[1], w[1].trans ? w[1].a->shape[0] : w[1].a->shape[1],
+                         w[2].trans ? w[2].a->shape[0] : w[2].a->shape[1]};
+    const int heads[3] = {h, hkv, hkv}, dims[3] = {c->d_k, c->d_k, c->d_v}, need[3] = {qk, kk, vv};
+    for (int i = 0; i < 3; i++) { /* the last head's block ends inside the tensor */
+        size_t end = head_at(&w[i], heads[i] - 1, dims[i]) + dims[i];
+        if (end > (size_t)rows[i] || (o->layout != MHA_LAYOUT_TORCH && o->layout != MHA_LAYOUT_GPT2 &&
+                                      o->layout != MHA_LAYOUT_MEGATRON && rows[i] != need[i]))
+            return mha_fail(MHA_E_SHAPE, "%s: %d heads of width %d need %zu %s; the tensor has %d", i ? (i == 1 ? "W_K" : "W_V") : "W_Q",
+                            heads[i], dims[i], end, w[i].trans ? "rows" : "columns", rows[i]);
+        if (src->b[i].a && head_at(&src->b[i], heads[i] - 1, dims[i]) + dims[i] > src->b[i].a->count)
+            return mha_fail(MHA_E_SHAPE, "the bias of %s has %zu entries; expected %d", i ? (i == 1 ? "W_K" : "W_V") : "W_Q",
+                            src->b[i].a->count, need[i]);
+    }
+    return MHA_OK;
+}
+
+/* -------------------------------------------------------------- copies */
+
+/* dst (din, n*d) <- heads [h0, h0+n) of W: column blocks (trans 0) or row
+ * blocks transposed (trans 1). */
+static void take_w(float *dst, const part *p, int din, int h0, int n, int d) {
+    const float *a = p->a->f;
+    const size_t ld = (size_t)p->a->shape[1], w = (size_t)n * d;
+    for (int i = 0; i < n; i++) {
+        const size_t at = head_at(p, h0 + i, d);
+        for (int r = 0; r < din; r++)
+            for (int e = 0; e < d; e++)
+                dst[(size_t)r * w + (size_t)i * d + e] = p->trans ? a[(at + e) * ld + r] : a[(size_t)r * ld + at + e];
+    }
+}
+
+/* dst (n*d_v, D) <- W_O's head rows (trans 0) or head columns transposed (trans 1). */
+static void take_o(float *dst, const part *p, int D, int h0, int n, int d) {
+    const float *a = p->a->f;
+    const size_t ld = (size_t)p->a->shape[1];
+    for (int i = 0; i < n; i++)
+        for (int e = 0; e < d; e++) {
+            const size_t row = head_at(p, h0 + i, d) + e;
+            float *out = dst + ((size_t)i * d + e) * D;
+            for (int c = 0; c < D; c++) out[c] = p->trans ? a[(size_t)c * ld + row] : a[row * ld + c];
+        }
+}
+
+/* dst (n*d) <- the heads' entries of a bias (or of a per-head vector). */
+static void take_b(float *dst, const part *p, int h0, int n, int d) {
+    for (int i = 0; i < n; i++) memcpy(dst + (size_t)i * d, p->a->f + head_at(p, h0 + i, d), sizeof(float) * (size_t)d);
+}
+
+/* Adds a new F32 tensor of the given shape to t and returns its data (NULL
+ * and a failure status on error). */
+static float *add(mha_tensors *t, const char *name, int d0, int d1, mha_status *s) {
+    if (*s) return NULL;
+    mha_array a = {.dtype = MHA_DTYPE_F32, .rank = d1 ? 2 : 1, .shape = {d0, d1 ? d1 : 1}, .count = (size_t)d0 * (d1 ? d1 : 1)};
+    if ((*s = mha_array_alloc(&a))) return NULL;
+    float *data = a.f;
+    if ((*s = mha_tensors_take(t, name, &a))) return mha_array_free(&a), NULL; /* take clears a on success */
+    return data;
+}
+
+/* The file's labels of one block (n entries), or 0..n-1 when it has none. */
+static mha_status file_labels(int *out, const mha_tensors *t, const char *key, int n) {
+    const char *v = mha_tensors_meta(t, key), *p = v;
+    for (int k = 0; k < n; k++) {
+        if (!v) {
+            out[k] = k;
+            continue;
+        }
+        char *end;
+        errno = 0;
+        long x = strtol(p, &end, 10);
+        if (end == p || errno || x < 0 || x >= n || (*end != ',' && (*end || k + 1 < n)))
+            return mha_fail(MHA_E_FORMAT, "metadata %s = '%.60s'; expected %d comma-separated head labels", key, v, n);
+        out[k] = (int)x, p = end + 1;
+    }
+    return MHA_OK;
+}
+
+/* The native tensor set of heads [first, first+n) and kv heads [g0, g0+g). */
+static mha_status narrow(mha_tensors **out, const source *src, const mha_tensors *t, const char *prefix,
+                         int first, int n, int g0, int g) {
+    const mha_config *c = &src->c;
+    const int D = c->d_model, dk = c->d_k, dv = c->d_v;
+    mha_status s = mha_tensors_create(out);
+    if (s) return s;
+    mha_tensors *nt = *out;
+    float *p;
+    if ((p = add(nt, "w_q", D, n * dk, &s))) take_w(p, &src->w[0], D, first, n, dk);
+    if ((p = add(nt, "w_k", c->d_kv_in, g * dk, &s))) take_w(p, &src->w[1], c->d_kv_in, g0, g, dk);
+    if ((p = add(nt, "w_v", c->d_v_in, g * dv, &s))) take_w(p, &src->w[2], c->d_v_in, g0, g, dv);
+    if ((p = add(nt, "w_o", n * dv, D, &s))) take_o(p, &src->o, D, first, n, dv);
+    static const char *const nb[3] = {"b_q", "b_k", "b_v"};
+    for (int i = 0; i < 3; i++) {
+        const int h0 = i ? g0 : first, cnt = i ? g : n, d = i == 2 ? dv : dk;
+        if (src->b[i].a && (p = add(nt, nb[i], cnt * d, 0, &s))) take_b(p, &src->b[i], h0, cnt, d);
+    }
+    if (src->b_o && (p = add(nt, "b_o", D, 0, &s))) memcpy(p, src->b_o->f, sizeof(float) * (size_t)D);
+    const part bk = plain(src->bias_k, 0, 0, dk), bv = plain(src->bias_v, 0, 0, dv);
+    if (src->bias_k && (p = add(nt, "bias_k", g * dk, 0, &s))) take_b(p, &bk, g0, g, dk);
+    if (src->bias_v && (p = add(nt, "bias_v", g * dv, 0, &s))) take_b(p, &bv, g0, g, dv);
+    // --- per-head variant tensors: this shard's entries; a shared norm as it is
+    static const char *const nv[4] = {"alibi_slopes", "sinks", "q_norm", "k_norm"};
+    for (int i = 0; i < 4 && !s; i++) {
+        const mha_array *a;
+        char hfname[16];
+        snprintf(hfname, sizeof hfname, "%s.weight", nv[i]);
+        if ((s = find(&a, t, prefix, i >= 2 && src->hf ? hfname : nv[i], 0)) || !a) continue;
+        const int h0 = i == 3 ? g0 : first, cnt = i == 3 ? g : n, total = i == 3 ? c->n_kv_heads : c->n_heads;
+        const int w = i < 2 ? 1 : dk, per_head = a->count == (size_t)total * w && !(i >= 2 && total == 1);
+        if ((p = add(nt, nv[i], per_head ? cnt * w : (int)a->count, 0, &s))) {
+            const part pa = plain(a, 0, 0, w);
+            if (per_head) take_b(p, &pa, h0, cnt, w);
+            else memcpy(p, a->f, sizeof(float) * a->count);
+        }
+    }
+    // --- metadata: the file's, with this shard's head counts and no labels
+    for (int i = 0; i < t->n_meta && !s; i++) {
+        const char *k = t->meta[i].key;
+        if (strncmp(k, "labels_", 7) && strcmp(k, "n_heads") && strcmp(k, "n_kv_heads") && strcmp(k, "d_k") && strcmp(k, "d_v"))
+            s = mha_tensors_set_meta(nt, k, t->meta[i].value);
+    }
+    char v[16];
+    snprintf(v, sizeof v, "%d", n);
+    if (!s) s = mha_tensors_set_meta(nt, "n_heads", v);
+    snprintf(v, sizeof v, "%d", g);
+    if (!s) s = mha_tensors_set_meta(nt, "n_kv_heads", v);
+    if (!s && src->hf && (mha_tensors_get(nt, "q_norm") || mha_tensors_get(nt, "k_norm")) && !mha_tensors_meta(t, "qk_norm"))
+        s = mha_tensors_set_meta(nt, "qk_norm", "rms"); /* hf: a norm tensor means RMS QK-norm */
+    return s;
+}
+
+/* ---------------------------------------------------------- front door */
+
+/* The mapped file (nothing checked or copied yet) and its description. */
+static mha_status open_source(mha_tensors **t, source *src, const char *path, const mha_load_options *opt) {
+    mha_load_options o = {0};
+    if (opt) o = *opt;
+    mha_status s = mha_safetensors_map(t, path, MHA_IO_ALLOW_NONFINITE);
+    if (s) return s;
+    if (o.layout == MHA_LAYOUT_AUTO && (s = mha_layout_detect(&o.layout, *t))) return s;
+    return describe(src, *t, &o);
+}
+
+static mha_status with_path(mha_status s, const char *path) {
+    if (!s) return s;
+    char msg[400];
+    snprintf(msg, sizeof msg, "%s", mha_last_error());
+    return mha_fail(s, "%s: %s", path, msg);
+}
+
+mha_status mha_layer_load_config(mha_config *out, const char *path, const mha_load_options *opt) {
+    if (!out || !path) return mha_fail(MHA_E_ARG, "mha_layer_load_config: NULL argument");
+    mha_tensors *t = NULL;
+    source src;
+    mha_status s = open_source(&t, &src, path, opt);
+    if (!s) *out = src.c;
+    mha_tensors_free(t);
+    return with_path(s, path);
+}
+
+mha_status mha_layer_load_heads(mha_layer **out, const char *path, const mha_load_options *opt,
+                                mha_head_range *range) {
+    if (!out || !path || !range) return mha_fail(MHA_E_ARG, "mha_layer_load_heads: NULL argument");
+    *out = NULL;
+    mha_tensors *t = NULL, *nt = NULL;
+    source src;
+    mha_status s = open_source(&t, &src, path, opt);
+    const int h = src.c.n_heads, hkv = src.c.n_kv_heads, group = s ? 1 : h / hkv;
+    const int first = range->first, n = range->count;
+    if (!s && (first < 0 || n < 1 || first + n > h || (first % group && (first + n - 1) / group != first / group) ||
+               (n % group && (first + n - 1) / group != first / group)))
+        s = mha_fail(MHA_E_ARG, "heads [%d, %d) of h=%d with %d query heads per kv head; expected whole kv groups, "
+                     "or heads inside one group", first, first + n, h, group);
+    const int g0 = s ? 0 : first / group, g = s ? 0 : (first + n - 1) / group - g0 + 1;
+    if (!s) s = narrow(&nt, &src, t, opt ? opt->prefix : NULL, first, n, g0, g);
+    mha_load_options native = {.layout = MHA_LAYOUT_NATIVE};
+    if (!s) s = mha_layer_from_tensors(out, nt, &native);
+    if (!s && range->labels) { /* the file's labels of these heads: W_Q, W_O, W_K, W_V */
+        int *lab = malloc(sizeof(int) * 2 * (size_t)(h + hkv));
+        static const char *const keys[4] = {"labels_q", "labels_o", "labels_k", "labels_v"};
+        if (!lab) s = mha_fail(MHA_E_NOMEM, "no memory for %d labels", 2 * (h + hkv));
+        for (int b = 0, at = 0; b < 4 && !s; b++) {
+            const int kv = b >= 2, cnt = kv ? g : n;
+            if (!(s = file_labels(lab, t, keys[b], kv ? hkv : h)))
+                memcpy(range->labels + at, lab + (kv ? g0 : first), sizeof(int) * (size_t)cnt);
+            at += cnt;
+        }
+        free(lab);
+    }
+    range->kv_first = g0, range->kv_count = g;
+    mha_tensors_free(nt);
+    mha_tensors_free(t); /* unmaps the file */
+    if (s) mha_layer_free(*out), *out = NULL;
+    return with_path(s, path);
+}

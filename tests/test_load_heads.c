@@ -1,0 +1,284 @@
+/* test_load_heads.c — mha_layer_load_heads: a shard of a checkpoint holds
+ * exactly the full layer's blocks of its heads (bit for bit) in every
+ * layout (native, hf, torch with in_proj or separate weights, gpt2,
+ * megatron), shards sum to the full forward, a NaN in another head's bytes
+ * does not stop a shard (it does stop the owner), the file's labels come
+ * back, bad ranges are refused, and mha_layer_load_config reads the dims.
+ * The files are written here, tensor by tensor, from the weights.
+ * Legend: h, h_kv, d_k, d_v, D = d_model, E = h*d (torch, gpt2). */
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "naive.h"
+#include "tests.h"
+
+static char dir[64];
+
+static const char *path_of(const char *name) {
+    static char p[128];
+    if (!dir[0]) {
+        snprintf(dir, sizeof dir, "/tmp/mha_test_heads_XXXXXX");
+        if (!mkdtemp(dir)) dir[0] = '\0';
+    }
+    snprintf(p, sizeof p, "%s/%s", dir[0] ? dir : ".", name);
+    return p;
+}
+
+/* dst (cols, rows) = src (rows, cols) transposed. */
+static float *transposed(const float *src, int rows, int cols) {
+    float *t = naive_alloc_floats((size_t)rows * cols);
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < cols; c++) t[(size_t)c * rows + r] = src[(size_t)r * cols + c];
+    return t;
+}
+
+static void put(mha_tensors *t, const char *name, const float *p, int d0, int d1) {
+    const int shape[2] = {d0, d1};
+    CHECK_OK(mha_tensors_add_f32(t, name, p, d1 ? 2 : 1, shape));
+}
+
+static void put_int(mha_tensors *t, const char *key, int v) {
+    char b[16];
+    snprintf(b, sizeof b, "%d", v);
+    CHECK_OK(mha_tensors_set_meta(t, key, b));
+}
+
+/* Writes w in `layout` at path. torch and gpt2 need h = h_kv, d_k = d_v,
+ * D = h*d_k; megatron d_k = d_v. */
+static void write_layout(const char *path, const naive_weights *w, mha_layout layout) {
+    const mha_config *c = &w->cfg;
+    const int h = c->n_heads, hkv = c->n_kv_heads, dk = c->d_k, dv = c->d_v, D = c->d_model;
+    const int qk = h * dk, kk = hkv * dk, vv = hkv * dv, ov = h * dv;
+    mha_tensors *t;
+    CHECK_OK(mha_tensors_create(&t));
+    put_int(t, "n_heads", h), put_int(t, "n_kv_heads", hkv);
+    float *tq = transposed(w->w_q, D, qk), *tk = transposed(w->w_k, c->d_kv_in, kk),
+          *tv = transposed(w->w_v, c->d_kv_in, vv), *to = transposed(w->w_o, ov, D);
+    float *fused = naive_alloc_floats((size_t)(qk + kk + vv) * D), *fb = naive_alloc_floats((size_t)(qk + kk + vv));
+    switch (layout) {
+    case MHA_LAYOUT_HF:
+        put(t, "q_proj.weight", tq, qk, D), put(t, "k_proj.weight", tk, kk, c->d_kv_in);
+        put(t, "v_proj.weight", tv, vv, c->d_kv_in), put(t, "o_proj.weight", to, D, ov);
+        put(t, "q_proj.bias", w->b_q, qk, 0), put(t, "k_proj.bias", w->b_k, kk, 0);
+        put(t, "v_proj.bias", w->b_v, vv, 0), put(t, "o_proj.bias", w->b_o, D, 0);
+        break;
+    case MHA_LAYOUT_TORCH: /* in_proj_weight (3E, E) = [W_q^T; W_k^T; W_v^T] */
+        memcpy(fused, tq, sizeof(float) * qk * D), memcpy(fused + (size_t)qk * D, tk, sizeof(float) * kk * D);
+        memcpy(fused + (size_t)(qk + kk) * D, tv, sizeof(float) * vv * D);
+        memcpy(fb, w->b_q, sizeof(float) * qk), memcpy(fb + qk, w->b_k, sizeof(float) * kk);
+        memcpy(fb + qk + kk, w->b_v, sizeof(float) * vv);
+        put(t, "in_proj_weight", fused, 3 * D, D), put(t, "in_proj_bias", fb, 3 * D, 0);
+        put(t, "out_proj.weight", to, D, D), put(t, "out_proj.bias", w->b_o, D, 0);
+        break;
+    case MHA_LAYOUT_GPT2: /* c_attn (D, 3E) = [W_q | W_k | W_v] */
+        for (int r = 0; r < D; r++) {
+            memcpy(fused + (size_t)r * 3 * D, w->w_q + (size_t)r * D, sizeof(float) * D);
+            memcpy(fused + (size_t)r * 3 * D + D, w->w_k + (size_t)r * D, sizeof(float) * D);
+            memcpy(fused + (size_t)r * 3 * D + 2 * D, w->w_v + (size_t)r * D, sizeof(float) * D);
+        }
+        memcpy(fb, w->b_q, sizeof(float) * qk), memcpy(fb + qk, w->b_k, sizeof(float) * kk);
+        memcpy(fb + qk + kk, w->b_v, sizeof(float) * vv);
+        put(t, "c_attn.weight", fused, D, 3 * D), put(t, "c_attn.bias", fb, 3 * D, 0);
+        put(t, "c_proj.weight", w->w_o, ov, D), put(t, "c_proj.bias", w->b_o, D, 0);
+        break;
+    case MHA_LAYOUT_MEGATRON: { /* rows per kv group g: [q heads of g, k_g, v_g] */
+        const int rep = h / hkv;
+        for (int g = 0, row = 0; g < hkv; g++) {
+            for (int part = 0; part < 3; part++) {
+                const float *src = part == 0 ? tq + (size_t)g * rep * dk * D : (part == 1 ? tk : tv) + (size_t)g * dk * D;
+                const float *bsrc = part == 0 ? w->b_q + g * rep * dk : (part == 1 ? w->b_k : w->b_v) + g * dk;
+                const int n = part == 0 ? rep * dk : dk;
+                memcpy(fused + (size_t)row * D, src, sizeof(float) * n * D), memcpy(fb + row, bsrc, sizeof(float) * n);
+                row += n;
+            }
+        }
+        put(t, "query_key_value.weight", fused, qk + kk + vv, D), put(t, "query_key_value.bias", fb, qk + kk + vv, 0);
+        put(t, "dense.weight", to, D, ov), put(t, "dense.bias", w->b_o, D, 0);
+        break;
+    }
+    default: { /* native, with labels */
+        mha_layer *L = naive_make_layer(w);
+        mha_tensors_free(t);
+        t = NULL;
+        if (L) CHECK_OK(mha_layer_save(L, path));
+        mha_layer_free(L);
+    }
+    }
+    if (t) CHECK_OK(mha_safetensors_write(path, t));
+    mha_tensors_free(t);
+    free(tq), free(tk), free(tv), free(to), free(fused), free(fb);
+}
+
+/* Every shard of P ranks: its weights are the full layer's blocks of its
+ * heads, bit for bit; the shards' Y without b_O sum to the full Y. */
+static void check_shards(const char *path, const mha_layer *full, int P, const char *what) {
+    const mha_config *c = mha_layer_config(full);
+    const int h = c->n_heads, hkv = c->n_kv_heads, dk = c->d_k, dv = c->d_v, D = c->d_model, n = h / P;
+    mha_weights fw;
+    mha_layer_get_weights(full, &fw);
+    uint64_t seed = 77;
+    const int B = 2, T = 5;
+    float *x = naive_random_floats((size_t)B * T * D, &seed, -1.0f, 1.0f);
+    float *y = naive_alloc_floats((size_t)B * T * D), *sum = naive_alloc_floats((size_t)B * T * D),
+          *yf = naive_alloc_floats((size_t)B * T * D);
+    mha_options o = mha_options_default();
+    o.causal = 1;
+    CHECK_OK(mha_forward(full, yf, NULL, x, NULL, B, T, T, &o));
+    for (int r = 0; r < P; r++) {
+        mha_head_range rg = {.first = r * n, .count = n};
+        mha_layer *L = NULL;
+        CHECK_OK(mha_layer_load_heads(&L, path, NULL, &rg));
+        if (!L) continue;
+        const int g0 = rg.kv_first, g = rg.kv_count;
+        CHECK_INT(mha_layer_config(L)->n_heads, n);
+        CHECK_INT(mha_layer_config(L)->n_kv_heads, g);
+        CHECK_INT(g, hkv >= P ? hkv / P : 1);
+        mha_weights sw;
+        mha_layer_get_weights(L, &sw);
+        int same = 1;
+        for (int row = 0; row < D; row++)
+            same &= !memcmp(sw.w_q + (size_t)row * n * dk, fw.w_q + (size_t)row * h * dk + (size_t)r * n * dk, sizeof(float) * n * dk);
+        for (int row = 0; row < c->d_kv_in; row++) {
+            same &= !memcmp(sw.w_k + (size_t)row * g * dk, fw.w_k + (size_t)row * hkv * dk + (size_t)g0 * dk, sizeof(float) * g * dk);
+            same &= !memcmp(sw.w_v + (size_t)row * g * dv, fw.w_v + (size_t)row * hkv * dv + (size_t)g0 * dv, sizeof(float) * g * dv);
+        }
+        same &= !memcmp(sw.w_o, fw.w_o + (size_t)r * n * dv * D, sizeof(float) * n * dv * D);
+        same &= !memcmp(sw.b_q, fw.b_q + r * n * dk, sizeof(float) * n * dk);
+        same &= !memcmp(sw.b_k, fw.b_k + g0 * dk, sizeof(float) * g * dk);
+        same &= !memcmp(sw.b_v, fw.b_v + g0 * dv, sizeof(float) * g * dv);
+        same &= !memcmp(sw.b_o, fw.b_o, sizeof(float) * D);
+        if (!same) test_report(__FILE__, __LINE__, "%s, P=%d: shard %d differs from the full layer's blocks", what, P, r);
+        CHECK_OK(mha_forward(L, y, NULL, x, NULL, B, T, T, &o));
+        for (size_t i = 0; i < (size_t)B * T * D; i++) sum[i] += y[i] - (r ? fw.b_o[i % D] : 0.0f);
+        mha_layer_free(L);
+    }
+    double worst = 0.0;
+    for (size_t i = 0; i < (size_t)B * T * D; i++) worst = fmax(worst, fabs((double)sum[i] - yf[i]));
+    if (!(worst <= 1e-5)) test_report(__FILE__, __LINE__, "%s, P=%d: shards sum to Y within %.3g", what, P, worst);
+    free(x), free(y), free(sum), free(yf);
+}
+
+static void one_layout(mha_layout layout, const char *file, mha_config c, const int *Ps, int nP) {
+    uint64_t seed = 1601 + (uint64_t)layout;
+    naive_weights w;
+    naive_weights_random(&w, &c, &seed, 0.6f);
+    const char *path = path_of(file);
+    write_layout(path, &w, layout);
+    char p[128];
+    snprintf(p, sizeof p, "%s", path);
+    mha_layer *full = NULL;
+    CHECK_OK(mha_layer_load(&full, p, NULL));
+    mha_config got;
+    CHECK_OK(mha_layer_load_config(&got, p, NULL));
+    CHECK_INT(got.n_heads, c.n_heads);
+    CHECK_INT(got.n_kv_heads, c.n_kv_heads);
+    CHECK_INT(got.d_k, c.d_k);
+    CHECK_INT(got.d_v, c.d_v);
+    CHECK_INT(got.d_model, c.d_model);
+    for (int i = 0; full && i < nP; i++) check_shards(p, full, Ps[i], mha_layout_name(layout));
+    mha_layer_free(full);
+    naive_weights_free(&w);
+    unlink(p);
+}
+
+static void load_heads_every_layout(void) {
+    const int gqa_P[] = {1, 2, 4, 8}, mha_P[] = {1, 2, 4};
+    mha_config g = naive_resolve(naive_config(10, 8, 4, 3, 2, 1)); /* GQA, d_k != d_v */
+    one_layout(MHA_LAYOUT_NATIVE, "native.safetensors", g, gqa_P, 4);
+    one_layout(MHA_LAYOUT_HF, "hf.safetensors", g, gqa_P, 4);
+    mha_config m = naive_resolve(naive_config(8, 4, 2, 2, 2, 1)); /* megatron: d_k = d_v */
+    one_layout(MHA_LAYOUT_MEGATRON, "megatron.safetensors", m, mha_P, 3);
+    mha_config t = naive_resolve(naive_config(8, 4, 4, 2, 2, 1)); /* torch, gpt2: E = D */
+    one_layout(MHA_LAYOUT_TORCH, "torch.safetensors", t, mha_P, 3);
+    one_layout(MHA_LAYOUT_GPT2, "gpt2.safetensors", t, mha_P, 3);
+}
+
+/* Head 5's W_Q column block and W_O row block hold NaN: heads 0..3 load,
+ * heads 4..7 are refused naming the tensor, the whole layer too. */
+static void load_heads_reads_only_its_heads(void) {
+    uint64_t seed = 1611;
+    mha_config c = naive_resolve(naive_config(10, 8, 4, 3, 2, 1));
+    naive_weights w;
+    naive_weights_random(&w, &c, &seed, 0.6f);
+    for (int row = 0; row < 10; row++) w.w_q[(size_t)row * 24 + 5 * 3 + 1] = NAN;
+    w.w_o[(size_t)(5 * 2) * 10 + 3] = NAN;
+    mha_tensors *t;
+    CHECK_OK(mha_tensors_create(&t));
+    put(t, "w_q", w.w_q, 10, 24), put(t, "w_k", w.w_k, 10, 12), put(t, "w_v", w.w_v, 10, 8), put(t, "w_o", w.w_o, 16, 10);
+    put(t, "b_o", w.b_o, 10, 0);
+    put_int(t, "n_heads", 8), put_int(t, "n_kv_heads", 4);
+    char p[128];
+    snprintf(p, sizeof p, "%s", path_of("nan.safetensors"));
+    CHECK_OK(mha_safetensors_write(p, t));
+    mha_tensors_free(t);
+    mha_layer *L = NULL;
+    mha_head_range lo = {.first = 0, .count = 4}, hi = {.first = 4, .count = 4};
+    CHECK_OK(mha_layer_load_heads(&L, p, NULL, &lo));
+    CHECK(L != NULL);
+    mha_layer_free(L);
+    CHECK_STATUS(mha_layer_load_heads(&L, p, NULL, &hi), MHA_E_NONFINITE);
+    CHECK_ERROR_MENTIONS("w_q");
+    CHECK(L == NULL);
+    CHECK_STATUS(mha_layer_load(&L, p, NULL), MHA_E_NONFINITE);
+    naive_weights_free(&w);
+    unlink(p);
+}
+
+/* The file's labels of the shard's heads; ranges across kv groups refused. */
+static void load_heads_labels_and_ranges(void) {
+    uint64_t seed = 1621;
+    mha_config c = naive_resolve(naive_config(10, 8, 4, 3, 2, 1));
+    naive_weights w;
+    naive_weights_random(&w, &c, &seed, 0.6f);
+    mha_layer *L = naive_make_layer(&w);
+    const int perm[8] = {2, 3, 0, 1, 6, 7, 4, 5}; /* kv groups swapped, whole */
+    if (L) CHECK_OK(mha_layer_permute_heads(L, perm));
+    char p[128];
+    snprintf(p, sizeof p, "%s", path_of("labels.safetensors"));
+    if (L) CHECK_OK(mha_layer_save(L, p));
+    int want_q[8], want_k[4];
+    if (L) {
+        CHECK_OK(mha_layer_labels(L, MHA_BLOCK_Q, want_q));
+        CHECK_OK(mha_layer_labels(L, MHA_BLOCK_K, want_k));
+    }
+    mha_layer_free(L);
+    int lab[2 * 4 + 2 * 2];
+    mha_head_range rg = {.first = 4, .count = 4, .labels = lab};
+    mha_layer *S = NULL;
+    CHECK_OK(mha_layer_load_heads(&S, p, NULL, &rg));
+    mha_layer_free(S);
+    CHECK_INT(rg.kv_first, 2);
+    CHECK_INT(rg.kv_count, 2);
+    for (int i = 0; i < 4; i++) {
+        CHECK_INT(lab[i], want_q[4 + i]);
+        CHECK_INT(lab[4 + i], want_q[4 + i]); /* O labels = Q labels in a consistent file */
+    }
+    for (int i = 0; i < 2; i++) {
+        CHECK_INT(lab[8 + i], want_k[2 + i]);
+        CHECK_INT(lab[10 + i], want_k[2 + i]);
+    }
+    mha_head_range inside = {.first = 3, .count = 1}, across = {.first = 1, .count = 2}, out = {.first = 6, .count = 4};
+    CHECK_OK(mha_layer_load_heads(&S, p, NULL, &inside)); /* one head of group 1 */
+    CHECK_INT(inside.kv_first, 1);
+    CHECK_INT(inside.kv_count, 1);
+    mha_layer_free(S);
+    CHECK_STATUS(mha_layer_load_heads(&S, p, NULL, &across), MHA_E_ARG);
+    CHECK_ERROR_MENTIONS("whole kv groups");
+    CHECK_STATUS(mha_layer_load_heads(&S, p, NULL, &out), MHA_E_ARG);
+    CHECK_STATUS(mha_layer_load_heads(&S, path_of("missing.safetensors"), NULL, &rg), MHA_E_IO);
+    naive_weights_free(&w);
+    unlink(p);
+    rmdir(dir);
+}
+
+static const test_case cases[] = {
+    {"load_heads_every_layout", load_heads_every_layout},
+    {"load_heads_reads_only_its_heads", load_heads_reads_only_its_heads},
+    {"load_heads_labels_and_ranges", load_heads_labels_and_ranges},
+};
+
+const test_case *tests_load_heads(size_t *count) {
+    *count = sizeof cases / sizeof cases[0];
+    return cases;
+}
