@@ -93,6 +93,7 @@ typedef struct {
     int threads;
     int int8;       /* 1: int8 cache (overrides fp16) */
     int v_fp16;     /* 1: V stored as fp16 whatever K's type (mixed cache) */
+    int weights;    /* W_Q..W_O storage, mha_weight_dtype: 0 fp32, 1 bf16, 2 int8 */
 } bench_decode_cfg;
 
 int bench_decode(const bench_decode_cfg *c);

@@ -16,8 +16,10 @@
  *         (token L-1 appended once beforehand) — the decode attention
  *         kernel itself, nothing subtracted (attn_method=mha_cache_attend).
  * Bytes read per step, which report.py divides by the time: the cache
- * (mha_cache_bytes) for attention alone, plus the fp32 weights W_Q, W_K,
- * W_V, W_O (weight_bytes) for the whole layer.
+ * (mha_cache_bytes) for attention alone, plus the weights W_Q, W_K, W_V,
+ * W_O (weight_bytes) for the whole layer.
+ * --weights bf16|int8 (weight_dtype_rows below): the same step with the
+ * projections stored in bf16 or int8, reported as kind=decode_weights.
  */
 #include <math.h>
 #include <stdio.h>
@@ -62,6 +64,17 @@ static void print_error(const char *what, mha_status s) {
     fflush(stdout);
 }
 
+/* ---- bf16 / int8 weights (issue 15): the layer converted before the
+ * cache is made; weight_bytes = the stored bytes (int8: 1 a weight + one
+ * fp32 scale per 32 of them). 0 and nothing changed for fp32 weights. */
+static mha_status weight_dtype_rows(const bench_decode_cfg *c, mha_layer *layer, size_t n_weights,
+                                    size_t *weight_bytes) {
+    if (!c->weights) return MHA_OK;
+    mha_status s = mha_layer_convert_weights(layer, (mha_weight_dtype)c->weights);
+    *weight_bytes = c->weights == MHA_W_BF16 ? 2 * n_weights : n_weights + n_weights / 32 * 4;
+    return s;
+}
+
 static const char *dtype_name(mha_cache_dtype t) {
     return t == MHA_CACHE_I8 ? "int8" : t == MHA_CACHE_F16 ? "fp16" : "fp32";
 }
@@ -69,8 +82,10 @@ static const char *dtype_name(mha_cache_dtype t) {
 int bench_decode(const bench_decode_cfg *c) {
     mha_cache_dtype kt = c->int8 ? MHA_CACHE_I8 : c->fp16 ? MHA_CACHE_F16 : MHA_CACHE_F32;
     mha_cache_dtype vt = c->v_fp16 ? MHA_CACHE_F16 : kt;
-    printf("RESULT kind=decode impl=mha d_model=%d h=%d h_kv=%d d_head=%d L=%d B=%d cache=%s%s%s", c->d_model,
-           c->h, c->h_kv, c->d_head, c->L, c->B, dtype_name(kt), kt == vt ? "" : "/", kt == vt ? "" : dtype_name(vt));
+    printf("RESULT kind=%s impl=mha d_model=%d h=%d h_kv=%d d_head=%d L=%d B=%d cache=%s%s%s",
+           c->weights ? "decode_weights" : "decode", c->d_model, c->h, c->h_kv, c->d_head, c->L, c->B,
+           dtype_name(kt), kt == vt ? "" : "/", kt == vt ? "" : dtype_name(vt));
+    if (c->weights) printf(" weights=%s", mha_weight_dtype_name((mha_weight_dtype)c->weights));
     fflush(stdout);
     mha_set_num_threads(c->threads);
     int D = c->d_model, h = c->h, hk = c->h_kv, dh = c->d_head, B = c->B, L = c->L;
@@ -94,6 +109,7 @@ int bench_decode(const bench_decode_cfg *c) {
     mha_layer *layer = NULL;
     mha_cache *cache = NULL;
     mha_status s = mha_layer_create(&layer, &cfg, &w);
+    if (!s && (s = weight_dtype_rows(c, layer, weight_bytes / 4, &weight_bytes))) mha_layer_free(layer);
     if (s) {
         print_error("mha_layer_create", s);
         return 1;

@@ -35,7 +35,7 @@ static void usage(void) {
             "  machine: --fma-iters N --stream-mib 64,256,1024\n"
             "  prefill: --name NAME --B --T [--S] --d --h [--causal] [--reps] [--budget]\n"
             "           [--mha-only | --gemm-only] [--dump DIR]\n"
-            "  decode:  --d --h --h-kv --d-head --L [--B] [--fp16|--int8] [--v-fp16] [--steps]\n");
+            "  decode:  --d --h --h-kv --d-head --L [--B] [--fp16|--int8] [--v-fp16] [--weights f32|bf16|int8] [--steps]\n");
     exit(2);
 }
 
@@ -122,7 +122,7 @@ static int cmd_prefill(int argc, char **argv, int threads) {
 }
 
 static int cmd_decode(int argc, char **argv, int threads) {
-    bench_decode_cfg c = {2048, 32, 32, 64, 1024, 1, 0, 20, threads, 0, 0};
+    bench_decode_cfg c = {2048, 32, 32, 64, 1024, 1, 0, 20, threads, 0, 0, 0};
     for (int i = 2; i < argc; i++) {
         if (!strcmp(argv[i], "--threads")) c.threads = opt_int(argc, argv, &i);
         else if (!strcmp(argv[i], "--d")) c.d_model = opt_int(argc, argv, &i);
@@ -134,6 +134,11 @@ static int cmd_decode(int argc, char **argv, int threads) {
         else if (!strcmp(argv[i], "--fp16")) c.fp16 = 1;
         else if (!strcmp(argv[i], "--int8")) c.int8 = 1;
         else if (!strcmp(argv[i], "--v-fp16")) c.v_fp16 = 1;
+        else if (!strcmp(argv[i], "--weights")) {
+            mha_weight_dtype wd;
+            if (mha_weight_dtype_parse(&wd, opt_value(argc, argv, &i))) usage();
+            c.weights = (int)wd;
+        }
         else if (!strcmp(argv[i], "--steps")) c.steps = opt_int(argc, argv, &i);
         else usage();
     }

@@ -163,6 +163,28 @@ def fmt(v, spec=".1f", none="n/a", suffix=""):
     return none if v is None else format(v, spec) + suffix
 
 
+def weights_decode_table(rows, bw_for):
+    """Decode steps with bf16 / int8 projection weights (kind=decode_weights)
+    beside the fp32-weight step of the same shape (kind=decode, fp32 cache):
+    bytes read (cache + stored weights), time, and '% roofline' = bytes /
+    measured read bandwidth over the step time (the step is bound by bytes)."""
+    body = []
+    wrows = sorted(find(rows, kind="decode_weights"), key=lambda r: (r.get("weights"), -int(r["h_kv"]), int(r["L"])))
+    for r in wrows:
+        base = one(rows, kind="decode", impl="mha", cache=r.get("cache"), h_kv=r["h_kv"], L=r["L"])
+        t, t32 = num(r, "step_median_s"), num(base, "step_median_s") if base else None
+        nb = (num(r, "cache_bytes") or 0) + (num(r, "weight_bytes") or 0)
+        nb32 = (num(base, "cache_bytes") or 0) + (num(base, "weight_bytes") or 0) if base else None
+        bw, _ = bw_for(nb)
+        roof = nb / (bw * 1e9) if bw else None
+        body.append([r.get("weights"), r["h_kv"], r["L"], fmt(num(r, "weight_bytes") / 2**20 if num(r, "weight_bytes") else None),
+                     fmt(nb / 2**20), fmt_ms(t), fmt_ms(t32), fmt(t32 / t if t and t32 else None, ".2f"),
+                     fmt(nb32 / nb if nb32 and nb else None, ".2f"),
+                     fmt(nb / t * 1e-9 if t else None), fmt(roof / t * 100 if roof and t else None, ".0f", suffix="%")])
+    return table(["weights", "h_kv", "L", "weight MiB", "step MiB (K,V+W)", "step ms", "fp32-weight step ms",
+                  "speed-up", "bytes fp32 / bytes", "step GB/s", "% roofline (bytes / BW)"], body)
+
+
 def table(header, body):
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in body]
@@ -588,6 +610,8 @@ def main():
                 t_[2] += " (unreliable run)"
     tgt_tab = table(["target", "measured", "status"], targets)
 
+    wdec_tab = weights_decode_table(rows, bw_for)
+
     errors = find(rows, kind="error")
     for e in errors:
         notes.append(f"command failed (rc {e.get('rc')}): `{e.get('cmd')}`")
@@ -598,6 +622,7 @@ def main():
            "## Decode, one token per step at context L (issue 5)\n", dec_tab, "",
            "### Grouped / multi-query speed-up at the longest context\n", sp_tab, "",
            "### int8 and mixed (K int8, V fp16) caches against fp16 at the longest context\n", ratio_tab, "",
+           "### bf16 / int8 weights (issue 15), fp32 cache\n", wdec_tab, "",
            "## Memory (issue 3)\n", memory_line(rows), "",
            "## Backward, training step of one layer (issue 12)\n", bwd_tab, "",
            "## Targets\n" + ("\n(--quick shapes: the issues' targets are stated for the full shapes "

@@ -211,6 +211,41 @@ MHA_API void mha_layer_get_weights(const mha_layer *layer, mha_weights *view);
 /* The resolved configuration. */
 MHA_API const mha_config *mha_layer_config(const mha_layer *layer);
 
+/* ------------------------------------------- projection weight storage */
+
+/* How W_Q, W_K, W_V and W_O are stored (biases, norms and the other
+ * per-head tensors stay fp32). Arithmetic is fp32 in every case: the
+ * stored values are widened, and the layer behaves exactly as an fp32
+ * layer whose projection weights are the dequantized values.
+ *   BF16: each weight rounded to bfloat16, to nearest, ties to even.
+ *   I8:   symmetric int8 with one fp32 scale per output column j and
+ *         group g of 32 consecutive inputs (rows) of each matrix (K, N):
+ *         scale[g][j] = max over the group of |w[k][j]| / 127, q =
+ *         round(w / scale) half away from zero in [-127, 127], the value
+ *         (float)q * scale[g][j]; an all-zero group has scale 0, q = 0.
+ *         Groups run along d_model for W_Q, W_K, W_V and restart at each
+ *         head's d_v rows of W_O (so they move with the heads); a
+ *         segment's last group may be shorter. */
+typedef enum {
+    MHA_W_F32 = 0,  /* the default: fp32, unchanged                      */
+    MHA_W_BF16 = 1, /* 2 bytes a weight                                  */
+    MHA_W_I8 = 2    /* 1 byte a weight + 4 bytes per 32 weights          */
+} mha_weight_dtype;
+
+/* Converts the layer's projection weights to dtype, in place: they keep
+ * their dtype through mha_layer_set_weights (new weights are converted),
+ * permutations, save and load. Converting rounds the current values, so
+ * BF16 -> I8 quantizes the bf16 values, and MHA_W_F32 keeps the rounded
+ * values in fp32 (a conversion cannot be undone). mha_layer_get_weights
+ * then shows the dequantized values. On error (unknown dtype: MHA_E_ARG;
+ * no memory) the layer is as it was. */
+MHA_API mha_status mha_layer_convert_weights(mha_layer *layer, mha_weight_dtype dtype);
+/* The storage of the layer's projection weights (MHA_W_F32 for NULL). */
+MHA_API mha_weight_dtype mha_layer_weights_dtype(const mha_layer *layer);
+/* "f32", "bf16" or "int8"; and back (MHA_E_ARG naming the known names). */
+MHA_API const char *mha_weight_dtype_name(mha_weight_dtype dtype);
+MHA_API mha_status mha_weight_dtype_parse(mha_weight_dtype *out, const char *name);
+
 /* ------------------------------------------------ head labels, permutation */
 
 typedef enum {
@@ -534,7 +569,8 @@ typedef enum {
     MHA_DTYPE_BOOL = 3, /* npy '|b1', safetensors BOOL: bytes 0 or 1         */
     MHA_DTYPE_U8 = 4,   /* npy '|u1', safetensors U8                         */
     MHA_DTYPE_I32 = 5,  /* npy '<i4', with MHA_IO_INTEGERS: held as int64_t  */
-    MHA_DTYPE_I64 = 6   /* npy '<i8', with MHA_IO_INTEGERS                   */
+    MHA_DTYPE_I64 = 6,  /* npy '<i8', with MHA_IO_INTEGERS                   */
+    MHA_DTYPE_I8 = 7    /* safetensors I8 only: widened to float (exact)     */
 } mha_dtype;
 
 /* An owned, C-order array. Floating dtypes are held as float (f != NULL,

@@ -345,7 +345,7 @@ static void test_safetensors_header_errors(void) {
         {"{\"a\":{\"dtype\":\"U8\",\"shape\":1,\"data_offsets\":[0,1]}}", 1, MHA_E_FORMAT, "\"shape\" (array)"},
         {"{\"a\":{\"dtype\":\"U8\",\"shape\":[],\"data_offsets\":0}}", 1, MHA_E_FORMAT, "\"data_offsets\" (array)"},
         {"{\"a\":{\"dtype\":\"I32\",\"shape\":[],\"data_offsets\":[0,4]}}", 4, MHA_E_UNSUPPORTED,
-         "tensor 'a' has dtype 'I32'; expected F32, F16, BF16, BOOL or U8"},
+         "tensor 'a' has dtype 'I32'; expected F32, F16, BF16, BOOL, U8 or I8"},
         {"{\"a\":{\"dtype\":\"U8\",\"shape\":[1,1,1,1,1],\"data_offsets\":[0,1]}}", 1,
          MHA_E_UNSUPPORTED, "tensor 'a' has rank 5; expected <= 4"},
         {"{\"a\":{\"dtype\":\"U8\",\"shape\":[1,-1],\"data_offsets\":[0,1]}}", 1, MHA_E_FORMAT,

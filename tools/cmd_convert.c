@@ -9,11 +9,14 @@
 
 int cmd_convert(int argc, char **argv) {
     cli_ckpt ck = {0};
-    const char *to = NULL;
+    const char *to = NULL, *to_dtype = NULL;
     mha_arg args[] = {
         CLI_LAYOUT_ARGS(ck, "--from"),
         {.name = "--to", .kind = MHA_ARG_STRING, .dest = &to, .metavar = "L",
          .help = "layout written (native)", .required = 1, .choices = "native"},
+        {.name = "--to-dtype", .kind = MHA_ARG_STRING, .dest = &to_dtype, .metavar = "T",
+         .help = "store W_Q, W_K, W_V, W_O as bf16 or int8 (per-column scales); default: as loaded "
+                 "(docs/WEIGHTS.md)", .choices = "f32|bf16|int8"},
     };
     mha_command_spec spec = {
         .name = "convert",
@@ -36,13 +39,23 @@ int cmd_convert(int argc, char **argv) {
     mha_layer *L;
     int rc = cli_parse_load(&L, pos, &spec, &ck, &outs, argc, argv);
     if (rc != MHA_ARGS_CONTINUE) return rc;
-    mha_status s = mha_layer_save(L, cli_outputs_tmp(&outs, "OUT"));
+    mha_weight_dtype wd = MHA_W_F32;
+    mha_status s = to_dtype ? mha_weight_dtype_parse(&wd, to_dtype) : MHA_OK;
+    if (!s && to_dtype) s = mha_layer_convert_weights(L, wd);
+    if (s) {
+        rc = mha_cmd_error("convert", MHA_EXIT_RUNTIME, "--to-dtype %s: %s", to_dtype, mha_last_error());
+        mha_layer_free(L);
+        return cli_outputs_finish(&outs, rc);
+    }
+    s = mha_layer_save(L, cli_outputs_tmp(&outs, "OUT"));
     rc = s ? cli_outputs_write_error(&outs, "OUT", mha_last_error())
            : cli_outputs_finish(&outs, MHA_EXIT_OK);
     if (!rc) {
         const mha_config *c = mha_layer_config(L);
-        printf("wrote %s (native): d_model=%d h=%d h_kv=%d d_k=%d d_v=%d d_kv_in=%d bias=%d\n",
-               pos[1], c->d_model, c->n_heads, c->n_kv_heads, c->d_k, c->d_v, c->d_kv_in, c->bias);
+        printf("wrote %s (native): d_model=%d h=%d h_kv=%d d_k=%d d_v=%d d_kv_in=%d bias=%d%s%s\n",
+               pos[1], c->d_model, c->n_heads, c->n_kv_heads, c->d_k, c->d_v, c->d_kv_in, c->bias,
+               mha_layer_weights_dtype(L) ? " weights=" : "",
+               mha_layer_weights_dtype(L) ? mha_weight_dtype_name(mha_layer_weights_dtype(L)) : "");
     }
     mha_layer_free(L);
     return cli_outputs_finish(&outs, rc);

@@ -99,7 +99,8 @@ int cmd_run(int argc, char **argv) {
     cli_fwd_flags ff = {0};
     cli_variant_flags vf = {0};
     const char *output = NULL, *ablate = NULL, *save_z = NULL, *save_c = NULL, *save_p = NULL,
-               *path = NULL, *masked = NULL, *v_input = NULL, *grad_output = NULL, *save_a = NULL;
+               *path = NULL, *masked = NULL, *v_input = NULL, *grad_output = NULL, *save_a = NULL,
+               *wdtype = NULL;
     double max_gib = 0;
     mha_arg args[] = {
         CLI_CKPT_ARGS(ck, 1),
@@ -116,6 +117,9 @@ int cmd_run(int argc, char **argv) {
          .help = "save each head's attribution Z^(r).dZ^(r) of <dY, Y>, (h,B,T) (docs/BACKWARD.md)"},
         {.name = "--path", .kind = MHA_ARG_STRING, .dest = &path, .metavar = "P",
          .help = "auto (default), reference or fast", .choices = "auto|reference|fast"},
+        {.name = "--weights-dtype", .kind = MHA_ARG_STRING, .dest = &wdtype, .metavar = "T",
+         .help = "run with W_Q, W_K, W_V, W_O rounded to bf16 or int8 (docs/WEIGHTS.md); "
+                 "default: as loaded", .choices = "f32|bf16|int8"},
         CLI_VARIANT_ARGS(vf),
         CLI_MAX_OUTPUT_ARG(max_gib),
     };
@@ -158,6 +162,11 @@ int cmd_run(int argc, char **argv) {
     mha_intervention *iv = NULL;
     mha_array v = {0};
     if ((rc = cli_apply_variants(&L, &f, &vf, ck.weights, ck.prefix))) goto done;
+    mha_weight_dtype wd;
+    if (wdtype && (mha_weight_dtype_parse(&wd, wdtype) || mha_layer_convert_weights(L, wd))) {
+        rc = mha_cmd_error("run", MHA_EXIT_RUNTIME, "--weights-dtype %s: %s", wdtype, mha_last_error());
+        goto done;
+    }
     const mha_config *c = mha_layer_config(L);
     int h = c->n_heads;
     if (v_input && (rc = read_values(&v, v_input, &f, c))) goto done;

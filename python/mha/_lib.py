@@ -196,6 +196,8 @@ _sig("mha_layer_labels", c_int, LayerP, c_int, INTP)
 _sig("mha_layer_set_labels", c_int, LayerP, c_int, INTP)
 _sig("mha_layer_permute_heads", c_int, LayerP, INTP)
 _sig("mha_layer_permute_block", c_int, LayerP, c_int, INTP)
+_sig("mha_layer_convert_weights", c_int, LayerP, c_int)
+_sig("mha_layer_weights_dtype", c_int, LayerP)
 _sig("mha_options_default", Options)
 _sig("mha_forward", c_int, LayerP, F32P, POINTER(Capture), F32P, F32P, c_int, c_int, c_int,
      POINTER(Options))
@@ -213,6 +215,9 @@ _sig("mha_head_intervene", c_int, F32P, POINTER(Intervention), c_int, c_int, c_i
 _sig("mha_layer_from_torch", c_int, POINTER(LayerP), POINTER(TorchWeights))
 _sig("mha_layer_load", c_int, POINTER(LayerP), c_char_p, POINTER(LoadOptions))
 _sig("mha_layer_save", c_int, LayerP, c_char_p)
+
+# projection weight storage (mha_weight_dtype)
+WEIGHT_DTYPES = {"f32": 0, "bf16": 1, "int8": 2}
 
 # ---------------------------------------------- KV cache (src/cache/cache.c)
 CACHE_F32, CACHE_F16, CACHE_I8 = 0, 1, 2  # mha_cache_dtype

@@ -265,6 +265,22 @@ class Layer(COwner):
         with self._borrow(exclusive=True) as ptr:
             check(_L.mha_layer_permute_heads(ptr, arr), "mha_layer_permute_heads")
 
+    @property
+    def weights_dtype(self):
+        """How W_Q, W_K, W_V, W_O are stored: 'f32', 'bf16' or 'int8'."""
+        with self._borrow() as ptr:
+            code = _L.mha_layer_weights_dtype(ptr)
+        return {v: k for k, v in _lib.WEIGHT_DTYPES.items()}[code]
+
+    def convert_weights(self, dtype):
+        """mha_layer_convert_weights: store the projections as 'bf16' (round
+        to nearest even) or 'int8' (per output column, fp32 scales); 'f32'
+        keeps the rounded values in fp32. weights() then shows the stored
+        values; save/load keep the dtype (docs/WEIGHTS.md)."""
+        code = _enum("dtype", dtype, _lib.WEIGHT_DTYPES)
+        with self._borrow(exclusive=True) as ptr:
+            check(_L.mha_layer_convert_weights(ptr, code), "mha_layer_convert_weights")
+
     def permute_block(self, block, perm):
         """One-sided permutation of one block kind (the broken-conversion mistake)."""
         b = _block(block)

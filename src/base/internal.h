@@ -11,6 +11,7 @@
 
 struct mha_fast_state; /* packed weights of the fast path (core/packing.h) */
 struct mha_workspace;  /* scratch kept between forwards (compute/workspace.h) */
+struct mha_wstore;     /* bf16 / int8 projection weights (core/weight_store.h) */
 
 struct mha_layer {
     mha_config cfg;   /* resolved: no zero defaults left */
@@ -32,6 +33,8 @@ struct mha_layer {
     struct mha_fast_state *fast; /* NULL until the fast path prepares it */
     struct mha_workspace *ws;    /* the fast path's Q, K, V, Z blocks, kept for
                                     the next call; freed with the layer      */
+    struct mha_wstore *wstore;   /* NULL: fp32 weights; else their bf16/int8
+                                    form, w_q..w_o holding its exact values */
 };
 
 /* GQA: query head r reads kv head r / (h / h_kv). Stated once, used everywhere. */

@@ -20,6 +20,7 @@
 
 #include "cache/cache_internal.h"
 #include "core/variants.h"
+#include "core/weight_store.h"
 
 /* ------------------------------------------------------- validation */
 
@@ -207,7 +208,9 @@ static mha_status project_qkv(const mha_exec *ex, const cached_plan *p, const mh
         const mha_gemm_args g = {dst, p->xc, (size_t)c->d_model, N, pk, 0, 3, 0, c->d_model, 1};
         return mha_gemm(&g, mha_exec_prefill(ex), mha_exec_threads_for(ex, (double)N * c->d_model * (wq + wk + wv)));
     }
-    mha_decode_gemm_job qkv[3] = {{p->q, L->w_q, L->b_q, wq}, {p->k, L->w_k, L->b_k, wk}, {p->v, L->w_v, L->b_v, wv}};
+    /* the weights in their stored form (fp32, bf16 or int8) */
+    mha_decode_gemm_job qkv[3] = {mha_layer_decode_job(L, MHA_MAT_Q, p->q), mha_layer_decode_job(L, MHA_MAT_K, p->k),
+                                  mha_layer_decode_job(L, MHA_MAT_V, p->v)};
     return mha_decode_gemm_many(ex, qkv, 3, p->xc, N, c->d_model);
 }
 
@@ -302,8 +305,8 @@ static mha_status project_out(const mha_exec *ex, const cached_plan *p, const mh
     const int nt = mha_exec_threads_for(ex, (double)N * wz * D);
     mha_dst out = {MHA_DST_ROWS, p->yc, (size_t)D, 0, 0, 0, 0};
     mha_gemm_args g = {&out, p->z, (size_t)wz, N, po, 0, 1, 0, wz, 1};
-    mha_status s = N >= MHA_PREFILL_MIN_ROWS ? mha_gemm(&g, kern, nt)
-                                             : mha_decode_gemm(ex, p->yc, p->z, L->w_o, L->b_o, N, wz, D);
+    const mha_decode_gemm_job jo = mha_layer_decode_job(L, MHA_MAT_O, p->yc);
+    mha_status s = N >= MHA_PREFILL_MIN_ROWS ? mha_gemm(&g, kern, nt) : mha_decode_gemm_many(ex, &jo, 1, p->z, N, wz);
     g.kn = c->d_v, g.use_bias = 0; /* rows r*d_v .. of W_O, no bias */
     for (int r = 0; p->cc && r < c->h && !s; r++) {
         out.base = p->cc + (size_t)r * N * D;

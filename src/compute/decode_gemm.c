@@ -26,6 +26,22 @@
 
 static int blocks(int n, int b) { return (n + b - 1) / b; }
 
+/* p (m, jn) += x (m, rows k0..k0+kn) dequant(q) for int8 weights, one
+ * kernel call per piece of the rows that shares a scale group (groups of
+ * MHA_DECODE_I8_GROUP rows, restarting every w_seg rows). */
+static void stream_i8_groups(const mha_decode_kernels *kr, float *p, const mha_decode_gemm_job *J, const float *x,
+                             int k, int m, int k0, int kn, int j0, int jn) {
+    const int seg = J->w_seg, gps = blocks(seg, MHA_DECODE_I8_GROUP);
+    for (int a = k0, b; a < k0 + kn; a = b) {
+        const int in_seg = a % seg, g = (a / seg) * gps + in_seg / MHA_DECODE_I8_GROUP;
+        b = a - in_seg % MHA_DECODE_I8_GROUP + MHA_DECODE_I8_GROUP; /* the group's end ... */
+        if (b > a - in_seg + seg) b = a - in_seg + seg;            /* ... or the segment's */
+        if (b > k0 + kn) b = k0 + kn;
+        kr->gemm_stream_i8(p, J->n, x + a, k, J->w_i8 + (size_t)a * J->n + j0, J->n,
+                           J->w_scale + (size_t)g * J->n + j0, m, b - a, jn);
+    }
+}
+
 mha_status mha_decode_gemm_many(const mha_exec *ex, const mha_decode_gemm_job *jobs, int njobs, const float *x, int m,
                                 int k) {
     const mha_decode_kernels *kr = mha_exec_decode(ex);
@@ -64,7 +80,10 @@ mha_status mha_decode_gemm_many(const mha_exec *ex, const mha_decode_gemm_job *j
             size_t plane = (size_t)m * J->n;
             float *p = part + at[i] + kb * plane + j0;
             for (int r = 0; r < m; r++) memset(p + (size_t)r * J->n, 0, sizeof(float) * jn);
-            kr->gemm_stream(p, J->n, x + k0, k, J->w + (size_t)k0 * J->n + j0, J->n, m, kn, jn);
+            const size_t w0 = (size_t)k0 * J->n + j0;
+            if (J->w_bf16) kr->gemm_stream_bf16(p, J->n, x + k0, k, J->w_bf16 + w0, J->n, m, kn, jn);
+            else if (J->w_i8) stream_i8_groups(kr, p, J, x, k, m, k0, kn, j0, jn);
+            else kr->gemm_stream(p, J->n, x + k0, k, J->w + w0, J->n, m, kn, jn);
             int finished;
 #pragma omp atomic capture seq_cst
             finished = ++done[cb_first[i] + cb];
@@ -102,6 +121,6 @@ mha_status mha_decode_gemm_many(const mha_exec *ex, const mha_decode_gemm_job *j
 
 mha_status mha_decode_gemm(const mha_exec *ex, float *y, const float *x, const float *w, const float *b, int m, int k,
                            int n) {
-    mha_decode_gemm_job j = {y, w, b, n};
+    mha_decode_gemm_job j = {y, w, b, n, NULL, NULL, NULL, 0};
     return mha_decode_gemm_many(ex, &j, 1, x, m, k);
 }

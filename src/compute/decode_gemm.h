@@ -13,7 +13,17 @@ typedef struct {
     const float *w; /* (k, n) */
     const float *b; /* (n) or NULL */
     int n;
+    /* The same weights stored compactly (MHA_W_BF16 / MHA_W_I8), streamed
+     * instead of w by the few-row mode when set: w_bf16 (k, n) bf16 bits;
+     * or w_i8 (k, n) with w_scale (groups, n): one scale per column and
+     * group of MHA_DECODE_I8_GROUP rows, groups restarting every w_seg
+     * rows (core/weight_store.h). */
+    const uint16_t *w_bf16;
+    const int8_t *w_i8;
+    const float *w_scale;
+    int w_seg;
 } mha_decode_gemm_job;
+#define MHA_DECODE_I8_GROUP 32 /* = MHA_W_I8_GROUP */
 #define MHA_DECODE_MAX_JOBS 3
 mha_status mha_decode_gemm_many(const mha_exec *ex, const mha_decode_gemm_job *jobs, int njobs, const float *x, int m,
                                 int k);

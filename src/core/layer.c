@@ -8,6 +8,7 @@
 #include "compute/workspace.h"
 #include "core/core.h"
 #include "core/variants.h"
+#include "core/weight_store.h"
 
 /* Largest single dimension accepted; keeps every product well inside size_t
  * and every h*d product inside int. */
@@ -246,6 +247,7 @@ mha_status mha_layer_alloc(mha_layer **out, const mha_config *cfg) {
 void mha_layer_free(mha_layer *L) {
     if (!L) return;
     mha_fast_release(L);
+    mha_wstore_free(L->wstore);
     for (int i = 0; i < N_TENSORS; i++) free(*layer_tensor(L, i));
     for (int b = 0; b < MHA_N_BLOCKS; b++) free(L->labels[b]);
     mha_workspace_free(L->ws);
@@ -256,8 +258,13 @@ mha_status mha_layer_set_weights(mha_layer *L, const mha_weights *w) {
     if (!L || !w) return mha_fail(MHA_E_ARG, "mha_layer_set_weights: NULL %s", L ? "weights" : "layer");
     mha_status s = validate_weights(&L->cfg, w);
     if (s) return s;
+    /* bf16 / int8 layers keep their dtype: the new weights are converted
+     * before anything changes, so a refused value leaves the layer as is */
+    mha_wstore *store = NULL;
+    const float *const src[MHA_N_MATS] = {w->w_q, w->w_k, w->w_v, w->w_o};
+    if (L->wstore && (s = mha_wstore_build(&store, &L->cfg, L->wstore->dtype, src))) return s;
     copy_weights(L, w);
-    return mha_fast_prepare(L);
+    return L->wstore ? mha_layer_adopt_wstore(L, store) : mha_fast_prepare(L);
 }
 
 void mha_layer_get_weights(const mha_layer *L, mha_weights *v) {
@@ -342,19 +349,9 @@ mha_status mha_layer_set_labels(mha_layer *L, mha_block b, const int *labels) {
 
 /* --------------------------------------------------------- permutation */
 
-/* Column blocks: w (rows, n*width); new block i = old block perm[i]. */
+/* Column blocks of fp32 w (rows, n*width); new block i = old block perm[i]. */
 static mha_status permute_column_blocks(float *w, int rows, int n, int width, const int *perm) {
-    size_t row_len = (size_t)n * width;
-    float *tmp = malloc(row_len * sizeof(float));
-    if (!tmp) return mha_fail(MHA_E_NOMEM, "no memory to permute head blocks");
-    for (int r = 0; r < rows; r++) {
-        float *row = w + (size_t)r * row_len;
-        for (int i = 0; i < n; i++)
-            memcpy(tmp + (size_t)i * width, row + (size_t)perm[i] * width, (size_t)width * sizeof(float));
-        memcpy(row, tmp, row_len * sizeof(float));
-    }
-    free(tmp);
-    return MHA_OK;
+    return mha_permute_column_blocks(w, sizeof(float), rows, n, width, perm);
 }
 
 static void permute_labels(int *labels, int n, const int *perm) {
@@ -372,11 +369,13 @@ static mha_status permute_one(mha_layer *L, mha_block b, const int *perm) {
     switch (b) {
     case MHA_BLOCK_Q:
         if (!(s = permute_column_blocks(L->w_q, c->d_model, n, c->d_k, perm)) &&
+            !(s = mha_wstore_permute(L, MHA_MAT_Q, c->d_model, n, c->d_k, perm)) &&
             !(s = permute_column_blocks(L->b_q, 1, n, c->d_k, perm)) && c->qk_norm_per_head)
             s = permute_column_blocks(L->q_norm, 1, n, c->d_k, perm);
         break;
     case MHA_BLOCK_K:
         if (!(s = permute_column_blocks(L->w_k, c->d_kv_in, n, c->d_k, perm)) &&
+            !(s = mha_wstore_permute(L, MHA_MAT_K, c->d_kv_in, n, c->d_k, perm)) &&
             !(s = permute_column_blocks(L->b_k, 1, n, c->d_k, perm)) &&
             !(s = permute_column_blocks(L->bias_k, 1, n, c->d_k, perm)) && c->qk_norm_per_head)
             s = permute_column_blocks(L->k_norm, 1, n, c->d_k, perm);
@@ -387,11 +386,13 @@ static mha_status permute_one(mha_layer *L, mha_block b, const int *perm) {
         break;
     case MHA_BLOCK_V:
         if (!(s = permute_column_blocks(L->w_v, c->d_v_in, n, c->d_v, perm)) &&
+            !(s = mha_wstore_permute(L, MHA_MAT_V, c->d_v_in, n, c->d_v, perm)) &&
             !(s = permute_column_blocks(L->b_v, 1, n, c->d_v, perm)))
             s = permute_column_blocks(L->bias_v, 1, n, c->d_v, perm);
         break;
     case MHA_BLOCK_O:
-        s = permute_column_blocks(L->w_o, 1, n, c->d_v * c->d_model, perm);
+        if (!(s = permute_column_blocks(L->w_o, 1, n, c->d_v * c->d_model, perm)))
+            s = mha_wstore_permute(L, MHA_MAT_O, 1, n, c->d_v * c->d_model, perm);
         break;
     }
     if (!s) permute_labels(L->labels[b], n, perm);

@@ -1,9 +1,10 @@
 /* array.c — owned arrays, element codecs (float32/float16/bfloat16/bool/
- * uint8, little-endian), shared by npy.c and safetensors.c. */
+ * uint8/int8, little-endian), shared by npy.c and safetensors.c. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/bf16.h"
 #include "io/io_internal.h"
 
 size_t mha_dtype_size(mha_dtype dt) {
@@ -12,7 +13,8 @@ size_t mha_dtype_size(mha_dtype dt) {
     case MHA_DTYPE_F16:
     case MHA_DTYPE_BF16: return 2;
     case MHA_DTYPE_BOOL:
-    case MHA_DTYPE_U8: return 1;
+    case MHA_DTYPE_U8:
+    case MHA_DTYPE_I8: return 1;
     case MHA_DTYPE_I32: return 4;
     case MHA_DTYPE_I64: return 8;
     }
@@ -28,6 +30,7 @@ const char *mha_dtype_name(mha_dtype dt) {
     case MHA_DTYPE_U8: return "uint8";
     case MHA_DTYPE_I32: return "int32";
     case MHA_DTYPE_I64: return "int64";
+    case MHA_DTYPE_I8: return "int8";
     }
     return "unknown";
 }
@@ -166,6 +169,9 @@ static void decode_floats(float *dst, const unsigned char *src, size_t n, mha_dt
     case MHA_DTYPE_BF16:
         for (size_t i = 0; i < n; i++) dst[i] = mha_bf16_to_float(mha_le16(src + 2 * i));
         break;
+    case MHA_DTYPE_I8: /* quantized weights: held as float, exactly */
+        for (size_t i = 0; i < n; i++) dst[i] = (float)(int8_t)src[i];
+        break;
     default: break;
     }
 }
@@ -251,9 +257,8 @@ static void encode_range(unsigned char *dst, const mha_array *a, size_t first, s
             dst[2 * j + 1] = (unsigned char)(u >> 8);
             break;
         }
-        case MHA_DTYPE_BF16: /* never written; kept for completeness */
-        {
-            uint16_t u = (uint16_t)(float_to_bits(a->f[i]) >> 16);
+        case MHA_DTYPE_BF16: { /* to nearest even (exact for a bf16 layer's weights) */
+            uint16_t u = mha_bf16_round_bits(a->f[i]);
             dst[2 * j] = (unsigned char)u;
             dst[2 * j + 1] = (unsigned char)(u >> 8);
             break;
@@ -262,6 +267,9 @@ static void encode_range(unsigned char *dst, const mha_array *a, size_t first, s
         case MHA_DTYPE_U8: dst[j] = a->u8[i]; break;
         case MHA_DTYPE_I32: /* read-only dtypes: the writers refuse them first */
         case MHA_DTYPE_I64: break;
+        case MHA_DTYPE_I8: /* integers in [-128, 127] (the layer writes only those) */
+            dst[j] = (unsigned char)(int8_t)lrintf(fminf(fmaxf(a->f[i], -128.0f), 127.0f));
+            break;
         }
     }
 }

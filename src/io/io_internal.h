@@ -110,4 +110,13 @@ int mha_io_name_fits(const char *name, const char *prefix, const char *suffix);
 mha_status mha_io_variants_read(mha_config *c, float *w[4], const mha_tensors *t, const char *prefix, int hf);
 mha_status mha_io_variants_write(mha_tensors *t, const mha_layer *L);
 
+/* bf16 / int8 projection weights in a native checkpoint (weights_meta.c).
+ * read: the dtype the metadata records (MHA_W_F32 without it), checked
+ * against the dtypes of w (w_q..w_o, as found), and for int8 the scales
+ * (new arrays in scale[], the caller frees them); write: w_q..w_o in the
+ * layer's dtype, the scales and the metadata. */
+mha_status mha_io_weights_read(mha_weight_dtype *dtype, float *scale[4], const mha_tensors *t, const char *prefix,
+                               const mha_array *const w[4], const mha_config *c);
+mha_status mha_io_weights_write(mha_tensors *t, const mha_layer *L);
+
 #endif /* MHA_IO_INTERNAL_H */

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/weight_store.h"
 #include "io/io_internal.h"
 #include "io/tensors_internal.h"
 
@@ -213,12 +214,14 @@ typedef struct {
     mha_config cfg;
     float *w[10]; /* w_q w_k w_v w_o b_q b_k b_v b_o bias_k bias_v */
     float *var[4]; /* alibi_slopes sinks q_norm k_norm, or NULL (variants_meta.c) */
+    mha_weight_dtype wdtype; /* native: the stored weights' dtype (weights_meta.c) */
+    float *scale[4];         /* int8: per-column scales of w_q..w_o; w[] holds q */
 } staged;
 enum { S_WQ, S_WK, S_WV, S_WO, S_BQ, S_BK, S_BV, S_BO, S_BIASK, S_BIASV };
 
 static void staged_free(staged *s) {
     for (int i = 0; i < 10; i++) free(s->w[i]);
-    for (int i = 0; i < 4; i++) free(s->var[i]);
+    for (int i = 0; i < 4; i++) free(s->var[i]), free(s->scale[i]);
 }
 
 static mha_status staged_alloc(staged *s) {
@@ -293,8 +296,20 @@ static mha_status staged_create(mha_layer **out, staged *st, const mha_tensors *
                      .sinks = st->var[1], .q_norm = st->var[2], .k_norm = st->var[3]};
     if (!c.bias) w.b_q = w.b_k = w.b_v = w.b_o = NULL;
     if (!c.add_bias_kv) w.bias_k = w.bias_v = NULL;
-    if ((s = mha_layer_create(out, &c, &w))) return s;
-    if ((s = labels_from_meta(*out, t))) {
+    /* int8: the stored q and scales become the layer's store as they are */
+    mha_wstore *store = NULL;
+    if (st->wdtype == MHA_W_I8) {
+        const float *const q[4] = {st->w[S_WQ], st->w[S_WK], st->w[S_WV], st->w[S_WO]};
+        if ((s = mha_wstore_from_i8(&store, &c, q, (const float *const *)st->scale))) return s;
+        mha_wstore_dequantize(store, &c, st->w); /* w_q..w_o: the values q * scale */
+    }
+    if ((s = mha_layer_create(out, &c, &w))) {
+        mha_wstore_free(store);
+        return s;
+    }
+    if (store) s = mha_layer_adopt_wstore(*out, store);
+    else if (st->wdtype == MHA_W_BF16) s = mha_layer_convert_weights(*out, MHA_W_BF16); /* exact */
+    if (s || (s = labels_from_meta(*out, t))) {
         mha_layer_free(*out);
         *out = NULL;
     }
@@ -352,6 +367,8 @@ static mha_status load_native(staged *st, const mha_tensors *t, const mha_load_o
         (s = want_shape(wv, "w_v", 2, c->d_v_in, hkv * c->d_v, "(d_v_in, h_kv*d_v)")) ||
         (s = want_shape(wo, "w_o", 2, h * c->d_v, c->d_model, "(h*d_v, d_model)")))
         return s;
+    const mha_array *const mats[4] = {wq, wk, wv, wo};
+    if ((s = mha_io_weights_read(&st->wdtype, st->scale, t, P, mats, c))) return s;
     const mha_array *bk, *bv;
     if ((s = find(&bk, t, P, "bias_k", 0, L)) || (s = find(&bv, t, P, "bias_v", 0, L))) return s;
     if (!bk != !bv)
@@ -637,10 +654,7 @@ mha_status mha_layer_to_tensors(mha_tensors **out, const mha_layer *L) {
     if (s) return s;
     int sq[2] = {c->d_model, h * c->d_k}, sk[2] = {c->d_kv_in, hkv * c->d_k},
         sv[2] = {c->d_v_in, hkv * c->d_v}, so[2] = {h * c->d_v, c->d_model};
-    if (!s) s = mha_tensors_add_f32(t, "w_q", w.w_q, 2, sq);
-    if (!s) s = mha_tensors_add_f32(t, "w_k", w.w_k, 2, sk);
-    if (!s) s = mha_tensors_add_f32(t, "w_v", w.w_v, 2, sv);
-    if (!s) s = mha_tensors_add_f32(t, "w_o", w.w_o, 2, so);
+    if (!s) s = mha_io_weights_write(t, L); /* w_q..w_o in the layer's dtype */
     if (c->bias) {
         if (!s) s = mha_tensors_add_f32(t, "b_q", w.b_q, 1, sq + 1);
         if (!s) s = mha_tensors_add_f32(t, "b_k", w.b_k, 1, sk + 1);

@@ -45,9 +45,10 @@ static mha_status parse_dtype(mha_dtype *dt, const char *s, const char *file, co
     else if (strcmp(s, "BF16") == 0) *dt = MHA_DTYPE_BF16;
     else if (strcmp(s, "BOOL") == 0) *dt = MHA_DTYPE_BOOL;
     else if (strcmp(s, "U8") == 0) *dt = MHA_DTYPE_U8;
+    else if (strcmp(s, "I8") == 0) *dt = MHA_DTYPE_I8;
     else
         return mha_fail(MHA_E_UNSUPPORTED,
-                        "%s: tensor '%s' has dtype '%.16s'; expected F32, F16, BF16, BOOL or U8",
+                        "%s: tensor '%s' has dtype '%.16s'; expected F32, F16, BF16, BOOL, U8 or I8",
                         file, t, s);
     return MHA_OK;
 }
@@ -299,13 +300,18 @@ mha_status mha_safetensors_map(mha_tensors **out, const char *path, unsigned fla
     return st_read_mapped(out, path, flags, 1);
 }
 
-/* Dtype written for an array: floating data as F32, bytes as they are. */
-static mha_dtype file_dtype(const mha_array *a) {
-    return (a->dtype == MHA_DTYPE_BOOL || a->dtype == MHA_DTYPE_U8) ? a->dtype : MHA_DTYPE_F32;
+/* Dtype written for an item: floating data as F32, except BF16 marked
+ * keep_dtype (rounded to nearest even) and I8 (the stored weights of a
+ * bf16 / int8 layer); bool and bytes as they are. */
+static mha_dtype file_dtype(const mha_named_array *it) {
+    const mha_dtype d = it->a.dtype;
+    if (d == MHA_DTYPE_BOOL || d == MHA_DTYPE_U8 || d == MHA_DTYPE_I8) return d;
+    return d == MHA_DTYPE_BF16 && it->keep_dtype ? d : MHA_DTYPE_F32;
 }
 
 static const char *st_dtype_name(mha_dtype dt) {
-    return dt == MHA_DTYPE_F32 ? "F32" : dt == MHA_DTYPE_BOOL ? "BOOL" : "U8";
+    return dt == MHA_DTYPE_F32 ? "F32" : dt == MHA_DTYPE_BOOL ? "BOOL" : dt == MHA_DTYPE_BF16 ? "BF16"
+                                       : dt == MHA_DTYPE_I8 ? "I8" : "U8";
 }
 
 /* Builds the JSON header; offsets follow insertion order. */
@@ -322,7 +328,7 @@ static json_t *build_header(const mha_tensors *t, uint64_t *total) {
     uint64_t pos = 0;
     for (int i = 0; i < t->n && !bad; i++) {
         const mha_array *a = &t->items[i].a;
-        mha_dtype dt = file_dtype(a);
+        mha_dtype dt = file_dtype(&t->items[i]);
         uint64_t bytes = (uint64_t)a->count * mha_dtype_size(dt);
         json_t *shape = json_array();
         bad |= !shape;
@@ -366,7 +372,7 @@ mha_status mha_safetensors_write(const char *path, const mha_tensors *t) {
     if (!s) s = mha_out_write(&o, json, jl);
     if (!s) s = mha_out_write(&o, spaces, hl - jl);
     free(json);
-    for (int i = 0; i < t->n && !s; i++) s = mha_array_write(&o, &t->items[i].a, file_dtype(&t->items[i].a));
+    for (int i = 0; i < t->n && !s; i++) s = mha_array_write(&o, &t->items[i].a, file_dtype(&t->items[i]));
     if (s) {
         mha_out_abort(&o);
         return s;

@@ -126,6 +126,7 @@ mha_status mha_tensors_take(mha_tensors *t, const char *name, mha_array *a) {
     }
     t->items[t->n].a = *a;
     t->items[t->n].borrowed = 0;
+    t->items[t->n].keep_dtype = 0;
     t->n++;
     memset(a, 0, sizeof *a);
     return MHA_OK;

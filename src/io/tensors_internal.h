@@ -9,6 +9,8 @@ typedef struct {
     char *name;
     mha_array a;
     int borrowed; /* 1: a.f points into the set's mapping, not owned */
+    int keep_dtype; /* written in a.dtype, not widened to F32: the BF16
+                       weights of a bf16 layer (weights_meta.c) */
 } mha_named_array;
 
 typedef struct {

@@ -418,4 +418,5 @@ const mha_decode_kernels mha_decode_kernels_avx2 = {
     "avx2",         scores_avx2, scores_h_avx2, softmax_avx2, accumulate_avx2, accumulate_h_avx2,
     gemm_stream_avx2, gemm_tile_avx2, axpby_avx2, to_f16_avx2, from_f16_avx2,
     .scores_q8 = mha_scores_q8_avx2, .accumulate_q8 = mha_accumulate_q8_avx2, .from_q8 = mha_from_q8_avx2,
+    .gemm_stream_bf16 = mha_gemm_stream_bf16_avx2, .gemm_stream_i8 = mha_gemm_stream_i8_avx2,
 };

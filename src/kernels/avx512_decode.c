@@ -393,4 +393,5 @@ const mha_decode_kernels mha_decode_kernels_avx512 = {
     "avx512",           scores_avx512, scores_h_avx512, softmax_avx512, accumulate_avx512, accumulate_h_avx512,
     gemm_stream_avx512, gemm_tile_avx512, axpby_avx512, to_f16_avx512,  from_f16_avx512,
     .scores_q8 = scores_q8_avx512, .accumulate_q8 = accumulate_q8_avx512, .from_q8 = mha_from_q8_avx2,
+    .gemm_stream_bf16 = mha_gemm_stream_bf16_avx512, .gemm_stream_i8 = mha_gemm_stream_i8_avx512,
 };

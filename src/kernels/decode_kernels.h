@@ -84,6 +84,17 @@ typedef struct {
      * (r, c, l) at [(r*d + c)*lanes + l], its scale at
      * [(r*nb + c/32)*lanes + l] (lanes 8: key panels, 1: value rows). */
     void (*from_q8)(float *dst, const int8_t *src, const float *scale, size_t rows, int d, int lanes);
+    /* ---- bf16 / int8 projection weights (MHA_W_BF16, MHA_W_I8 in mha.h):
+     * gemm_stream over w (k, n) stored as bf16 bit patterns, widened to
+     * fp32 (exact) in registers: the same additions in the same order as
+     * gemm_stream on the widened values. */
+    void (*gemm_stream_bf16)(float *y, int ldy, const float *x, int ldx, const uint16_t *w, int ldw,
+                             int m, int k, int n);
+    /* y (m, n) += (x (m, k) q (k, n)) * scale (n), k rows of one scale
+     * group (k <= 32): per element acc = fmaf(x, (float)q, acc) in k order
+     * from 0, then y = fmaf(acc, scale, y). Every table gives these bits. */
+    void (*gemm_stream_i8)(float *y, int ldy, const float *x, int ldx, const int8_t *w, int ldw,
+                           const float *scale, int m, int k, int n);
 } mha_decode_kernels;
 
 extern const mha_decode_kernels mha_decode_kernels_scalar;
@@ -97,4 +108,18 @@ void mha_scores_q8_avx2(float *s, int lds, const float *q, int ldq, const int8_t
 void mha_accumulate_q8_avx2(float *acc, int ldacc, const float *p, int ldp, const int8_t *vq,
                             const float *vs, int m, int n, int dv);
 void mha_from_q8_avx2(float *dst, const int8_t *src, const float *scale, size_t rows, int d, int lanes);
+/* The bf16 / int8 weight streams of each table (scalar_gemm_wq.c,
+ * avx2_gemm_wq.c, avx512_gemm_bf16.c, avx512_gemm_i8.c). */
+void mha_gemm_stream_bf16_scalar(float *y, int ldy, const float *x, int ldx, const uint16_t *w, int ldw, int m,
+                                 int k, int n);
+void mha_gemm_stream_i8_scalar(float *y, int ldy, const float *x, int ldx, const int8_t *w, int ldw,
+                               const float *scale, int m, int k, int n);
+void mha_gemm_stream_bf16_avx2(float *y, int ldy, const float *x, int ldx, const uint16_t *w, int ldw, int m,
+                               int k, int n);
+void mha_gemm_stream_i8_avx2(float *y, int ldy, const float *x, int ldx, const int8_t *w, int ldw,
+                             const float *scale, int m, int k, int n);
+void mha_gemm_stream_bf16_avx512(float *y, int ldy, const float *x, int ldx, const uint16_t *w, int ldw, int m,
+                                 int k, int n);
+void mha_gemm_stream_i8_avx512(float *y, int ldy, const float *x, int ldx, const int8_t *w, int ldw,
+                               const float *scale, int m, int k, int n);
 #endif /* MHA_DECODE_KERNELS_H */

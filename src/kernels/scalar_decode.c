@@ -184,4 +184,5 @@ const mha_decode_kernels mha_decode_kernels_scalar = {
     accumulate_h_scalar, gemm_stream_scalar, gemm_tile_scalar, axpby_scalar, to_f16_scalar,
     from_f16_scalar,
     .scores_q8 = scores_q8_scalar, .accumulate_q8 = accumulate_q8_scalar, .from_q8 = from_q8_scalar,
+    .gemm_stream_bf16 = mha_gemm_stream_bf16_scalar, .gemm_stream_i8 = mha_gemm_stream_i8_scalar,
 };

@@ -1,0 +1,28 @@
+/* bf16.h — bfloat16 bit patterns: the upper 16 bits of an IEEE binary32.
+ * Shared by the weight store (core/weight_store.c), its kernels and the
+ * file writer. */
+#ifndef MHA_BASE_BF16_H
+#define MHA_BASE_BF16_H
+
+#include <stdint.h>
+#include <string.h>
+
+static inline float mha_bf16_bits_to_float(uint16_t b) {
+    uint32_t u = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* f rounded to bfloat16, to nearest, ties to even (f finite; a value at
+ * or above 0x1.ffp127 + half an ulp becomes Inf: callers check). Adding
+ * 0x7fff plus the kept lowest bit carries into bit 16 exactly when the
+ * dropped half is above one half, or equal to it with an odd kept part. */
+static inline uint16_t mha_bf16_round_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+#endif /* MHA_BASE_BF16_H */

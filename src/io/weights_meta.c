@@ -1,0 +1,94 @@
+/* weights_meta.c — bf16 / int8 projection weights in a native checkpoint
+ * (docs/FILES.md): W_Q..W_O as BF16 tensors, or as I8 tensors with F32
+ * scale tensors w_q_scale .. w_o_scale (groups, N), one per output column
+ * and group of 32 inputs (W_O: groups restart at each head's d_v rows);
+ * the metadata weights_dtype ("bf16", "int8") and int8_scales
+ * ("per_32_inputs") record the layout. fp32 layers write neither, so
+ * their files are as before.
+ * Legend: K rows (inputs), N columns (outputs) of a matrix. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/weight_store.h"
+#include "io/io_internal.h"
+#include "io/tensors_internal.h"
+
+static const char *const mat_names[MHA_N_MATS] = {"w_q", "w_k", "w_v", "w_o"};
+static const char *const scale_names[MHA_N_MATS] = {"w_q_scale", "w_k_scale", "w_v_scale", "w_o_scale"};
+#define INT8_LAYOUT "per_32_inputs"
+
+/* The scales of matrix m: an F32 (G, N) tensor of finite values >= 0,
+ * copied into a new array. */
+static mha_status read_scale(float **out, const mha_tensors *t, const char *prefix, int m, int G, int N) {
+    const mha_array *a = NULL;
+    for (int j = 0; j < mha_tensors_count(t) && !a; j++)
+        if (mha_io_name_fits(mha_tensors_name(t, j), prefix, scale_names[m])) a = mha_tensors_get(t, mha_tensors_name(t, j));
+    if (!a)
+        return mha_fail(MHA_E_FORMAT, "weights_dtype = int8 but tensor '%s' is missing; expected the F32 "
+                        "scales of %s, (%d, %d)", scale_names[m], mat_names[m], G, N);
+    if (a->dtype != MHA_DTYPE_F32 || a->rank != 2 || a->shape[0] != G || a->shape[1] != N)
+        return mha_fail(MHA_E_FORMAT, "tensor '%s' is %s of rank %d, (%d, %d); expected F32 (%d, %d): one scale per "
+                        "group of 32 inputs and output column of %s", scale_names[m], mha_dtype_name(a->dtype),
+                        a->rank, a->shape[0], a->rank > 1 ? a->shape[1] : 0, G, N, mat_names[m]);
+    const size_t n = (size_t)G * N;
+    for (size_t j = 0; j < n; j++)
+        if (!isfinite(a->f[j]) || a->f[j] < 0.0f)
+            return mha_fail(MHA_E_FORMAT, "tensor '%s'[%zu] = %g; expected a finite scale >= 0", scale_names[m], j,
+                            (double)a->f[j]);
+    *out = malloc(n * sizeof(float));
+    if (!*out) return mha_fail(MHA_E_NOMEM, "cannot allocate the scales of %s", mat_names[m]);
+    memcpy(*out, a->f, n * sizeof(float));
+    return MHA_OK;
+}
+
+mha_status mha_io_weights_read(mha_weight_dtype *dtype, float *scale[MHA_N_MATS], const mha_tensors *t,
+                               const char *prefix, const mha_array *const w[MHA_N_MATS], const mha_config *c) {
+    *dtype = MHA_W_F32;
+    const char *v = mha_tensors_meta(t, "weights_dtype");
+    if (!v) return MHA_OK; /* fp32 (any floating dtype in the file, widened) */
+    mha_status s = mha_weight_dtype_parse(dtype, v);
+    if (s) return mha_fail(MHA_E_FORMAT, "metadata weights_dtype = '%.20s'; expected f32, bf16 or int8", v);
+    const mha_dtype want = *dtype == MHA_W_BF16 ? MHA_DTYPE_BF16 : *dtype == MHA_W_I8 ? MHA_DTYPE_I8 : MHA_DTYPE_F32;
+    for (int m = 0; m < MHA_N_MATS; m++)
+        if (w[m]->dtype != want)
+            return mha_fail(MHA_E_FORMAT, "tensor '%s' is %s but metadata weights_dtype = %s; expected %s",
+                            mat_names[m], mha_dtype_name(w[m]->dtype), v, mha_dtype_name(want));
+    if (*dtype != MHA_W_I8) return MHA_OK;
+    const char *lay = mha_tensors_meta(t, "int8_scales");
+    if (!lay || strcmp(lay, INT8_LAYOUT) != 0)
+        return mha_fail(MHA_E_FORMAT, "metadata int8_scales = '%.40s'; expected '" INT8_LAYOUT "'",
+                        lay ? lay : "(missing)");
+    for (int m = 0; m < MHA_N_MATS && !s; m++) s = read_scale(&scale[m], t, prefix, m, mha_wstore_groups(c, m), w[m]->shape[1]);
+    return s;
+}
+
+mha_status mha_io_weights_write(mha_tensors *t, const mha_layer *L) {
+    const mha_config *c = mha_layer_config(L);
+    const mha_wstore *st = L->wstore;
+    mha_weights w;
+    mha_layer_get_weights(L, &w);
+    const float *val[MHA_N_MATS] = {w.w_q, w.w_k, w.w_v, w.w_o};
+    mha_status s = MHA_OK;
+    for (int m = 0; m < MHA_N_MATS && !s; m++) {
+        int K, N;
+        mha_wstore_shape(c, m, &K, &N);
+        const size_t count = (size_t)K * N;
+        mha_array a = {.dtype = MHA_DTYPE_F32, .rank = 2, .shape = {K, N, 1, 1}, .count = count, .f = (float *)val[m]};
+        float *q = NULL;
+        if (st && st->dtype == MHA_W_BF16) a.dtype = MHA_DTYPE_BF16; /* the values are bf16: exact */
+        if (st && st->dtype == MHA_W_I8) {
+            if (!(q = malloc(count * sizeof(float) + 1))) return mha_fail(MHA_E_NOMEM, "cannot stage %s", mat_names[m]);
+            for (size_t i = 0; i < count; i++) q[i] = (float)st->i8[m][i];
+            a.dtype = MHA_DTYPE_I8, a.f = q;
+        }
+        s = mha_tensors_add(t, mat_names[m], &a);
+        if (!s) t->items[t->n - 1].keep_dtype = a.dtype == MHA_DTYPE_BF16; /* not widened on writing */
+        const int ss[2] = {mha_wstore_groups(c, m), N};
+        if (!s && q) s = mha_tensors_add_f32(t, scale_names[m], st->scale[m], 2, ss);
+        free(q);
+    }
+    if (!s && st) s = mha_tensors_set_meta(t, "weights_dtype", mha_weight_dtype_name(st->dtype));
+    if (!s && st && st->dtype == MHA_W_I8) s = mha_tensors_set_meta(t, "int8_scales", INT8_LAYOUT);
+    return s;
+}
