@@ -521,6 +521,7 @@ typedef struct {
     float *db_o;    /* (d_model); only when config.bias                   */
     float *dbias_k; /* (h_kv*d_k); only when config.add_bias_kv           */
     float *dbias_v; /* (h_kv*d_v); only when config.add_bias_kv           */
+    float *d_sinks; /* (h); only when config.sinks (the reference backward) */
 } mha_gradients;
 
 /* Backward of mha_forward_kv with the same x, k_src, v_src, B, T, S and

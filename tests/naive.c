@@ -57,8 +57,10 @@ float naive_round_f16(float x) {
     return (float)copysign(ldexp(r, q), (double)x);
 }
 
-/* Sizes of the ten tensors, in naive_weights order. */
-static void weight_sizes(const mha_config *c, size_t n[10]) {
+enum { N_WEIGHTS = 11 };
+
+/* Sizes of the eleven tensors, in naive_weights order. */
+static void weight_sizes(const mha_config *c, size_t n[N_WEIGHTS]) {
     size_t h = (size_t)c->n_heads, hk = (size_t)c->n_kv_heads;
     n[0] = (size_t)c->d_model * h * c->d_k;
     n[1] = (size_t)c->d_kv_in * hk * c->d_k;
@@ -70,33 +72,34 @@ static void weight_sizes(const mha_config *c, size_t n[10]) {
     n[7] = c->bias ? (size_t)c->d_model : 0;
     n[8] = c->add_bias_kv ? hk * c->d_k : 0;
     n[9] = c->add_bias_kv ? hk * c->d_v : 0;
+    n[10] = c->sinks ? h : 0;
 }
 
 static float **weight_slot(naive_weights *w, int i) {
-    float **slots[10] = {&w->w_q, &w->w_k, &w->w_v, &w->w_o, &w->b_q,
-                         &w->b_k, &w->b_v, &w->b_o, &w->bias_k, &w->bias_v};
+    float **slots[N_WEIGHTS] = {&w->w_q, &w->w_k, &w->w_v, &w->w_o, &w->b_q, &w->b_k,
+                                &w->b_v, &w->b_o, &w->bias_k, &w->bias_v, &w->sinks};
     return slots[i];
 }
 
 void naive_weights_zero(naive_weights *w, const mha_config *resolved) {
-    size_t n[10];
+    size_t n[N_WEIGHTS];
     memset(w, 0, sizeof *w);
     w->cfg = *resolved;
     weight_sizes(resolved, n);
-    for (int i = 0; i < 10; i++) *weight_slot(w, i) = n[i] ? naive_alloc_floats(n[i]) : NULL;
+    for (int i = 0; i < N_WEIGHTS; i++) *weight_slot(w, i) = n[i] ? naive_alloc_floats(n[i]) : NULL;
 }
 
 void naive_weights_random(naive_weights *w, const mha_config *resolved, uint64_t *seed,
                           float amp) {
-    size_t n[10];
+    size_t n[N_WEIGHTS];
     naive_weights_zero(w, resolved);
     weight_sizes(resolved, n);
-    for (int i = 0; i < 10; i++)
+    for (int i = 0; i < N_WEIGHTS; i++)
         if (n[i]) test_fill_uniform(*weight_slot(w, i), n[i], seed, -amp, amp);
 }
 
 void naive_weights_free(naive_weights *w) {
-    for (int i = 0; i < 10; i++) {
+    for (int i = 0; i < N_WEIGHTS; i++) {
         free(*weight_slot(w, i));
         *weight_slot(w, i) = NULL;
     }
@@ -104,7 +107,7 @@ void naive_weights_free(naive_weights *w) {
 
 mha_weights naive_weights_view(const naive_weights *w) {
     mha_weights v = {w->w_q, w->w_k, w->w_v, w->w_o, w->b_q,
-                     w->b_k, w->b_v, w->b_o, w->bias_k, w->bias_v, NULL, NULL, NULL, NULL};
+                     w->b_k, w->b_v, w->b_o, w->bias_k, w->bias_v, NULL, w->sinks, NULL, NULL};
     return v;
 }
 

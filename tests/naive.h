@@ -27,6 +27,7 @@ typedef struct {
     float *b_o;    /* (d_model)           */
     float *bias_k; /* (h_kv*d_k)          */
     float *bias_v; /* (h_kv*d_v)          */
+    float *sinks;  /* (h), cfg.sinks only */
 } naive_weights;
 
 /* Fills the 0 defaults of a config by the rules written in mha.h, without

@@ -91,7 +91,7 @@ static double bw_check_tensor(bw_fixture *f, const bw_tensor *t, int report) {
 /* Gradient arrays for everything the fixture's layer and sources have. */
 typedef struct {
     mha_gradients g;
-    float *all[13];
+    float *all[14];
 } bw_grads;
 
 static float *bw_alloc(bw_grads *gr, int *k, size_t n) {
@@ -121,10 +121,11 @@ static void bw_grads_make(bw_grads *gr, const bw_fixture *f) {
         gr->g.dbias_k = bw_alloc(gr, &k, kw);
         gr->g.dbias_v = bw_alloc(gr, &k, vw);
     }
+    if (c->sinks) gr->g.d_sinks = bw_alloc(gr, &k, (size_t)c->n_heads);
 }
 
 static void bw_grads_free(bw_grads *gr) {
-    for (int i = 0; i < 13; i++) free(gr->all[i]);
+    for (int i = 0; i < 14; i++) free(gr->all[i]);
 }
 
 /* The analytic backward, then every entry of every input and weight
@@ -148,6 +149,7 @@ static double bw_check_all(bw_fixture *f, bw_grads *gr, int report) {
         {"b_o", f->w.b_o, (size_t)c->d_model, g->db_o, 1},
         {"bias_k", f->w.bias_k, kw, g->dbias_k, 1},
         {"bias_v", f->w.bias_v, vw, g->dbias_v, 1},
+        {"sinks", f->w.sinks, (size_t)c->n_heads, g->d_sinks, 1},
     };
     double worst = -INFINITY;
     for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) {
@@ -306,6 +308,92 @@ static void backward_fd_alibi_softcap(void) {
     naive_bw_case_free(&f);
 }
 
+/* The fast backward refuses a variant layer; AUTO runs the reference. */
+static void bw_check_fast_refuses(bw_fixture *f, const char *variant) {
+    bw_grads g;
+    mha_options o = f->opt;
+    o.path = MHA_PATH_FAST;
+    bw_grads_make(&g, f);
+    if (f->L) CHECK_STATUS(mha_backward_kv(f->L, &g.g, f->dy, f->x, f->k_src, f->v_src, f->B, f->T, f->S, &o),
+                           MHA_E_UNSUPPORTED);
+    CHECK_ERROR_MENTIONS(variant);
+    o.path = MHA_PATH_AUTO;
+    if (f->L) CHECK_OK(mha_backward_kv(f->L, &g.g, f->dy, f->x, f->k_src, f->v_src, f->B, f->T, f->S, &o));
+    bw_grads_free(&g);
+}
+
+/* RoPE: dQ = dQ_rot R^T (the inverse rotation), the same for K. Both
+ * pairings, partial rotary, GQA, causal, explicit query and key positions
+ * on cross attention, and the three scalings (YaRN also scales by mscale). */
+static void backward_fd_rope(void) {
+    bw_fixture f;
+    mha_config c = naive_config(8, 4, 2, 4, 0, 1);
+    c.rope.pairing = MHA_ROPE_HALVES;
+    bw_make(&f, c, 1, 4, 4, 0, 0, 1231);
+    f.opt.causal = 1;
+    bw_run(&f);
+    bw_check_fast_refuses(&f, "rope");
+    naive_bw_case_free(&f);
+    c.rope.pairing = MHA_ROPE_INTERLEAVED, c.rope.dim = 2, c.rope.theta = 10.0; /* partial: dims 2, 3 pass */
+    bw_make(&f, c, 2, 3, 4, 1, 0, 1232);
+    const int pos[2 * 3] = {5, 1, 9, 0, 7, 3}, kpos[2 * 4] = {2, 8, 4, 6, 1, 0, 11, 3};
+    f.opt.positions = pos, f.opt.key_positions = kpos;
+    bw_run(&f);
+    naive_bw_case_free(&f);
+    c = naive_config(8, 2, 0, 4, 0, 0);
+    c.rope.pairing = MHA_ROPE_HALVES, c.rope.theta = 100.0;
+    c.rope.scaling = MHA_ROPE_SCALE_YARN, c.rope.factor = 4.0, c.rope.original_max_positions = 8;
+    bw_make(&f, c, 1, 5, 5, 0, 0, 1233);
+    bw_run(&f);
+    naive_bw_case_free(&f);
+    c.rope.scaling = MHA_ROPE_SCALE_LLAMA3, c.rope.pairing = MHA_ROPE_INTERLEAVED;
+    bw_make(&f, c, 1, 3, 3, 0, 0, 1234);
+    bw_run(&f);
+    naive_bw_case_free(&f);
+}
+
+/* Sinks: dS unchanged in form (the sink has no dP), and
+ * dsink_r = -sum over rows of p_sink * rowsum(P * dP), checked by finite
+ * differences of the sink logits; GQA, causal, padded keys, with RoPE. */
+static void backward_fd_sinks(void) {
+    bw_fixture f;
+    mha_config c = naive_config(8, 4, 2, 0, 0, 1);
+    c.sinks = 1;
+    bw_make(&f, c, 2, 4, 4, 0, 0, 1241);
+    f.opt.causal = 1;
+    bw_run(&f);
+    bw_check_fast_refuses(&f, "sinks");
+    naive_bw_case_free(&f);
+    bw_make(&f, c, 2, 3, 4, 1, 1, 1242);
+    const uint8_t keep[2 * 4] = {1, 1, 0, 1, 1, 0, 0, 0}; // (B,S): padded keys
+    f.opt.key_keep = keep;
+    bw_run(&f);
+    naive_bw_case_free(&f);
+    c.rope.pairing = MHA_ROPE_HALVES, c.softcap = 1.5f, c.alibi = 1;
+    bw_make(&f, c, 1, 4, 4, 0, 0, 1243);
+    for (int r = 0; f.L && r < 4; r++) f.w.sinks[r] *= 4.0f; /* a sink that dominates some rows */
+    mha_weights view = naive_weights_view(&f.w);
+    if (f.L) CHECK_OK(mha_layer_set_weights(f.L, &view));
+    bw_run(&f);
+    naive_bw_case_free(&f);
+}
+
+/* QK-norm has no backward yet: refused on every path, naming it. */
+static void backward_qk_norm_refused(void) {
+    mha_config c = mha_config_default(4, 2);
+    c.bias = 0, c.qk_norm = MHA_QK_NORM_RMS;
+    float w16[16] = {0}, ones[2] = {1.0f, 1.0f}, x[8] = {0}, dy[8] = {0}, dx[8];
+    mha_weights w = {.w_q = w16, .w_k = w16, .w_v = w16, .w_o = w16, .q_norm = ones, .k_norm = ones};
+    mha_layer *L = NULL;
+    CHECK_OK(mha_layer_create(&L, &c, &w));
+    if (!L) return;
+    mha_gradients g = {.dx = dx};
+    mha_options o = naive_ref_options();
+    CHECK_STATUS(mha_backward(L, &g, dy, x, NULL, 1, 2, 2, &o), MHA_E_UNSUPPORTED);
+    CHECK_ERROR_MENTIONS("qk_norm");
+    mha_layer_free(L);
+}
+
 static void backward_fully_masked_row(void) {
     bw_fixture f;
     const int B = 1, T = 3, S = 4;
@@ -446,6 +534,9 @@ static const test_case cases[] = {
     {"backward_fd_bias_kv_zero_attn", backward_fd_bias_kv_zero_attn},
     {"backward_fd_interventions", backward_fd_interventions},
     {"backward_fd_alibi_softcap", backward_fd_alibi_softcap},
+    {"backward_fd_rope", backward_fd_rope},
+    {"backward_fd_sinks", backward_fd_sinks},
+    {"backward_qk_norm_refused", backward_qk_norm_refused},
     {"backward_fully_masked_row", backward_fully_masked_row},
     {"backward_fd_detects_wrong_gradient", backward_fd_detects_wrong_gradient},
     {"backward_partial_request", backward_partial_request},

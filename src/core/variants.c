@@ -163,6 +163,19 @@ float *mha_rope_table(const mha_config *c, const int *pos, int n) {
     return tab;
 }
 
+void mha_rope_rotate_double(double *x, const mha_config *c, const double *inv_freq, double mscale, int pos,
+                            int transpose) {
+    const int half = c->rope.dim / 2;
+    for (int i = 0; i < half; i++) {
+        const int ia = c->rope.pairing == MHA_ROPE_HALVES ? i : 2 * i;
+        const int ib = c->rope.pairing == MHA_ROPE_HALVES ? i + half : 2 * i + 1;
+        const double a = x[ia], b = x[ib], ang = pos * inv_freq[i];
+        const double cs = cos(ang), sn = transpose ? -sin(ang) : sin(ang); /* R^T: the angle negated */
+        x[ia] = (a * cs - b * sn) * mscale;
+        x[ib] = (b * cs + a * sn) * mscale;
+    }
+}
+
 void mha_qk_norm_stats(double st[2], const mha_config *c, double sum, double sumsq, int width) {
     const double mean = c->qk_norm == MHA_QK_NORM_LAYER ? sum / width : 0.0;
     const double var = sumsq / width - mean * mean;

@@ -35,6 +35,13 @@ typedef struct {
  * each; pos NULL means positions 0..n-1. NULL when out of memory. */
 float *mha_rope_table(const mha_config *c, const int *pos, int n);
 
+/* RoPE of one head row x (d_k) at position pos in double: pair i (dims
+ * i, i + r/2 for halves; 2i, 2i+1 interleaved) rotated by pos * inv_freq[i]
+ * and scaled by mscale (YaRN); dims >= r untouched. transpose: R^T instead
+ * (the angle negated, same mscale), the backward of the rotation. */
+void mha_rope_rotate_double(double *x, const mha_config *c, const double *inv_freq, double mscale, int pos,
+                            int transpose);
+
 /* st = (mean, 1/sqrt(var + eps)) of a row of `width` values from their
  * sum and sum of squares (RMS: mean 0, var = mean square): the statistics
  * of qk_norm_whole, one per token over all heads. */

@@ -31,13 +31,30 @@ static void linear_backward(double *din, double *dw, double *db, const float *in
     }
 }
 
+/* RoPE (transpose 0) or its transpose (1) on every head of the rows
+ * m (B, n, heads*d_k) of q (keys 0) or k (keys 1), at the forward's positions. */
+static void rope_heads(double *m, const mha_config *c, int B, int n, int heads, const mha_options *opt, int keys,
+                       int keys_are_x, int T, int transpose) {
+    const int half = c->rope.dim / 2;
+    double inv_freq[half > 0 ? half : 1], mscale;
+    mha_rope_frequencies(inv_freq, &mscale, c);
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < n; t++) {
+            const int pos = keys ? mha_key_position(opt, keys_are_x, b, t, n) : mha_query_position(opt, b, t, T);
+            for (int r = 0; r < heads; r++)
+                mha_rope_rotate_double(m + (((size_t)b * n + t) * heads + r) * c->d_k, c, inv_freq, mscale, pos,
+                                       transpose);
+        }
+}
+
 /* One query row of attention: p (Sx) = softmax(softcap(scale * q K^T) +
  * alibi + mask) over the allowed keys, 0 elsewhere. A row with no allowed
  * key gets p = fill everywhere (0, or NaN in MHA_MASKED_ROW_NAN mode), so
  * that NaN reaches every gradient it touches, as it does in PyTorch. kb is
  * batch b's keys (Sx, h_kv*d_k), head g at columns [g*d_k, (g+1)*d_k).
- * dcap (Sx) = d softcap(u) / du at each score (1 without a cap). */
-static void prob_row(double *p, double *dcap, const double *qi, const double *kb, const mha_layer *L,
+ * dcap (Sx) = d softcap(u) / du at each score (1 without a cap).
+ * *p_sink = the sink's share exp(sink_r) / denominator (0 without sinks). */
+static void prob_row(double *p, double *dcap, double *p_sink, const double *qi, const double *kb, const mha_layer *L,
                      int keys_are_x, const mha_options *opt, double scale, int b, int r, int i, int T, int S) {
     const mha_config *c = &L->cfg;
     const int Sx = mha_total_keys(c, S), g = mha_kv_head(c, r), d_k = c->d_k;
@@ -66,11 +83,15 @@ static void prob_row(double *p, double *dcap, const double *qi, const double *kb
     if (max == -INFINITY) {
         double fill = opt->masked_row == MHA_MASKED_ROW_NAN ? NAN : 0.0;
         for (int j = 0; j < Sx; j++) p[j] = fill;
+        *p_sink = fill;
         return;
     }
-    double sum = 0.0;
+    /* a sink joins the denominator: exp(sink_r), no value */
+    if (c->sinks && L->sinks[r] > max) max = L->sinks[r];
+    double sum = c->sinks ? (*p_sink = exp(L->sinks[r] - max)) : (*p_sink = 0.0);
     for (int j = 0; j < Sx; j++) sum += (p[j] = exp(p[j] - max));
     for (int j = 0; j < Sx; j++) p[j] /= sum;
+    *p_sink /= sum;
 }
 
 /* Backward of the intervention on head r's block of dz (rows, h*d), in
@@ -117,7 +138,8 @@ mha_status mha_backward_reference(const mha_layer *L, const mha_gradients *g, co
         rows * zw, rows * qw, (size_t)B * Sx * kw, (size_t)B * Sx * vw, /* dz dq dk dv */
         rows * D, (size_t)B * S * Dk, (size_t)B * S * Dv,                /* dxq dxk dxv */
         (size_t)D * qw, (size_t)Dk * kw, (size_t)Dv * vw, zw * D,        /* dwq dwk dwv dwo */
-        qw, kw, vw, (size_t)D, (size_t)Sx, (size_t)Sx, (size_t)Sx         /* dbq dbk dbv dbo p dp dcap */
+        qw, kw, vw, (size_t)D, (size_t)Sx, (size_t)Sx, (size_t)Sx,        /* dbq dbk dbv dbo p dp dcap */
+        (size_t)h                                                         /* dsink */
     };
     enum { NBUF = sizeof n_of / sizeof n_of[0] };
     double *buf[NBUF];
@@ -129,6 +151,7 @@ mha_status mha_backward_reference(const mha_layer *L, const mha_gradients *g, co
     double *dwq = buf[11], *dwk = buf[12], *dwv = buf[13], *dwo = buf[14];
     double *dbq = buf[15], *dbk = buf[16], *dbv = buf[17], *dbo = buf[18];
     double *p = buf[19], *dp = buf[20], *dcap = buf[21]; // (Sx) one query row
+    double *dsink = buf[22], p_sink = 0.0;                // (h); the sink's share of one row
     mha_status s = MHA_OK;
     if (!ok) {
         s = mha_fail(MHA_E_NOMEM, "reference backward: no memory for the double buffers (B=%d T=%d S=%d)", B, T, S);
@@ -145,13 +168,18 @@ mha_status mha_backward_reference(const mha_layer *L, const mha_gradients *g, co
             for (size_t e = 0; e < vw; e++) v[((size_t)b * Sx + S) * vw + e] = L->bias_v[e];
         }
     }
+    // --- recompute: Q, K <- RoPE(Q), RoPE(K) (no extra keys with variants: Sx = S)
+    if (c->rope.pairing != MHA_ROPE_NONE) {
+        rope_heads(q, c, B, T, h, opt, 0, k_src == x, T, 0);
+        rope_heads(k, c, B, S, h_kv, opt, 1, k_src == x, T, 0);
+    }
     // --- recompute: Z^(r) = P V^(g), then the interventions (what W_O reads)
     for (int b = 0; b < B; b++)
         for (int r = 0; r < h; r++)
             for (int i = 0; i < T; i++) {
                 const size_t t = (size_t)b * T + i;
                 const double *vb = v + (size_t)b * Sx * vw + (size_t)mha_kv_head(c, r) * d_v;
-                prob_row(p, dcap, q + t * qw + (size_t)r * d_k, k + (size_t)b * Sx * kw, L, k_src == x, opt, scale, b,
+                prob_row(p, dcap, &p_sink, q + t * qw + (size_t)r * d_k, k + (size_t)b * Sx * kw, L, k_src == x, opt, scale, b,
                          r, i, T, S);
                 for (int j = 0; j < Sx; j++)
                     for (int e = 0; e < d_v; e++) z[t * zw + (size_t)r * d_v + e] += p[j] * vb[j * vw + e];
@@ -189,8 +217,9 @@ mha_status mha_backward_reference(const mha_layer *L, const mha_gradients *g, co
     for (int r = 0; opt->interventions && r < h; r++)
         intervene_backward(dz, &opt->interventions[r], r, h, rows, d_v);
 
-    // --- Z^(r) = P V^(g), P = softmax(scale * Q^(r) K^(g)^T + mask):
+    // --- Z^(r) = P V^(g), P = softmax(scale * Q^(r) K^(g)^T + mask, sink):
     //     dV += P^T dZ; dP = dZ V^T; dS = P * (dP - rowsum(P * dP)) * softcap';
+    //     the sink has no value (its dP is 0): dsink_r -= p_sink * rowsum(P * dP);
     //     dQ = scale * dS K; dK += scale * dS^T Q   (kv heads sum their group)
     for (int b = 0; b < B; b++)
         for (int r = 0; r < h; r++) {
@@ -201,7 +230,7 @@ mha_status mha_backward_reference(const mha_layer *L, const mha_gradients *g, co
                 const size_t t = (size_t)b * T + i;
                 const double *qi = q + t * qw + (size_t)r * d_k, *dzi = dz + t * zw + (size_t)r * d_v;
                 double *dqi = dq + t * qw + (size_t)r * d_k;
-                prob_row(p, dcap, qi, kb, L, k_src == x, opt, scale, b, r, i, T, S);
+                prob_row(p, dcap, &p_sink, qi, kb, L, k_src == x, opt, scale, b, r, i, T, S);
                 double rowsum = 0.0;
                 for (int j = 0; j < Sx; j++) {
                     double acc = 0.0;
@@ -212,6 +241,7 @@ mha_status mha_backward_reference(const mha_layer *L, const mha_gradients *g, co
                     dp[j] = acc;
                     rowsum += p[j] * acc;
                 }
+                dsink[r] -= p_sink * rowsum;
                 for (int j = 0; j < Sx; j++) {
                     double ds = scale * p[j] * (dp[j] - rowsum) * dcap[j];
                     for (int e = 0; e < d_k; e++) {
@@ -222,6 +252,11 @@ mha_status mha_backward_reference(const mha_layer *L, const mha_gradients *g, co
             }
         }
 
+    // --- RoPE: Q_rot = Q R (per row), so dQ = dQ_rot R^T; the same for K
+    if (c->rope.pairing != MHA_ROPE_NONE) {
+        rope_heads(dq, c, B, T, h, opt, 0, k_src == x, T, 1);
+        rope_heads(dk, c, B, S, h_kv, opt, 1, k_src == x, T, 1);
+    }
     // --- projections: Q = X W_Q + b_Q, K = Xk W_K + b_K, V = Xv W_V + b_V;
     //     the extra key S is bias_k / bias_v, the zero key passes nothing
     linear_backward(dxq, dwq, dbq, x, L->w_q, dq, rows, D, (int)qw);
@@ -255,6 +290,7 @@ mha_status mha_backward_reference(const mha_layer *L, const mha_gradients *g, co
     store(g->db_k, dbk, NULL, NULL, kw);
     store(g->db_v, dbv, NULL, NULL, vw);
     store(g->db_o, dbo, NULL, NULL, (size_t)D);
+    store(g->d_sinks, dsink, NULL, NULL, (size_t)h);
 done:
     for (int i = 0; i < NBUF; i++) free(buf[i]);
     return s;

@@ -56,20 +56,6 @@ static void norm_double(double *x, int d, const float *w, mha_qk_norm kind, doub
     for (int e = 0; e < d; e++) x[e] = (x[e] - mean) / sqrt(var + eps) * w[e];
 }
 
-/* RoPE of one head row x at position pos: pair i (dims i, i + r/2 for
- * halves; 2i, 2i+1 interleaved) rotated by the angle pos * inv_freq[i],
- * scaled by mscale (YaRN); dims >= r untouched. */
-static void rope_double(double *x, const mha_config *c, const double *inv_freq, double mscale, int pos) {
-    const int half = c->rope.dim / 2;
-    for (int i = 0; i < half; i++) {
-        const int ia = c->rope.pairing == MHA_ROPE_HALVES ? i : 2 * i;
-        const int ib = c->rope.pairing == MHA_ROPE_HALVES ? i + half : 2 * i + 1;
-        const double a = x[ia], b = x[ib], ang = pos * inv_freq[i];
-        x[ia] = (a * cos(ang) - b * sin(ang)) * mscale;
-        x[ib] = (b * cos(ang) + a * sin(ang)) * mscale;
-    }
-}
-
 /* Norm then RoPE of every head of the rows (B, n, heads*d_k) of one
  * projection; pos_of(b, t) gives a row's position. */
 static void transform_heads(double *m, const mha_config *c, int B, int n, int heads, const float *w,
@@ -87,7 +73,7 @@ static void transform_heads(double *m, const mha_config *c, int B, int n, int he
                     norm_double(x, d, w + (c->qk_norm_per_head ? (size_t)r * d : 0), c->qk_norm, c->qk_norm_eps);
                 if (c->rope.pairing == MHA_ROPE_NONE) continue;
                 const int pos = keys ? mha_key_position(opt, keys_are_x, b, t, n) : mha_query_position(opt, b, t, T);
-                rope_double(x, c, inv_freq, mscale, pos);
+                mha_rope_rotate_double(x, c, inv_freq, mscale, pos, 0);
             }
         }
 }
