@@ -521,7 +521,9 @@ typedef struct {
     float *db_o;    /* (d_model); only when config.bias                   */
     float *dbias_k; /* (h_kv*d_k); only when config.add_bias_kv           */
     float *dbias_v; /* (h_kv*d_v); only when config.add_bias_kv           */
-    float *d_sinks; /* (h); only when config.sinks (the reference backward) */
+    float *d_sinks; /* (h); only when config.sinks                         */
+    float *d_q_norm; /* as weights.q_norm: (d_k) or (h*d_k); only with qk_norm */
+    float *d_k_norm; /* as weights.k_norm: (d_k) or (h_kv*d_k)               */
 } mha_gradients;
 
 /* Backward of mha_forward_kv with the same x, k_src, v_src, B, T, S and

@@ -57,9 +57,9 @@ float naive_round_f16(float x) {
     return (float)copysign(ldexp(r, q), (double)x);
 }
 
-enum { N_WEIGHTS = 11 };
+enum { N_WEIGHTS = 13 };
 
-/* Sizes of the eleven tensors, in naive_weights order. */
+/* Sizes of the thirteen tensors, in naive_weights order. */
 static void weight_sizes(const mha_config *c, size_t n[N_WEIGHTS]) {
     size_t h = (size_t)c->n_heads, hk = (size_t)c->n_kv_heads;
     n[0] = (size_t)c->d_model * h * c->d_k;
@@ -73,11 +73,14 @@ static void weight_sizes(const mha_config *c, size_t n[N_WEIGHTS]) {
     n[8] = c->add_bias_kv ? hk * c->d_k : 0;
     n[9] = c->add_bias_kv ? hk * c->d_v : 0;
     n[10] = c->sinks ? h : 0;
+    n[11] = c->qk_norm == MHA_QK_NORM_NONE ? 0 : (c->qk_norm_per_head ? h : 1) * c->d_k;
+    n[12] = c->qk_norm == MHA_QK_NORM_NONE ? 0 : (c->qk_norm_per_head ? hk : 1) * c->d_k;
 }
 
 static float **weight_slot(naive_weights *w, int i) {
     float **slots[N_WEIGHTS] = {&w->w_q, &w->w_k, &w->w_v, &w->w_o, &w->b_q, &w->b_k,
-                                &w->b_v, &w->b_o, &w->bias_k, &w->bias_v, &w->sinks};
+                                &w->b_v, &w->b_o, &w->bias_k, &w->bias_v, &w->sinks,
+                                &w->q_norm, &w->k_norm};
     return slots[i];
 }
 
@@ -107,7 +110,7 @@ void naive_weights_free(naive_weights *w) {
 
 mha_weights naive_weights_view(const naive_weights *w) {
     mha_weights v = {w->w_q, w->w_k, w->w_v, w->w_o, w->b_q,
-                     w->b_k, w->b_v, w->b_o, w->bias_k, w->bias_v, NULL, w->sinks, NULL, NULL};
+                     w->b_k, w->b_v, w->b_o, w->bias_k, w->bias_v, NULL, w->sinks, w->q_norm, w->k_norm};
     return v;
 }
 

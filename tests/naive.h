@@ -28,6 +28,8 @@ typedef struct {
     float *bias_k; /* (h_kv*d_k)          */
     float *bias_v; /* (h_kv*d_v)          */
     float *sinks;  /* (h), cfg.sinks only */
+    float *q_norm; /* (d_k) or (h*d_k) per head, cfg.qk_norm only */
+    float *k_norm; /* (d_k) or (h_kv*d_k) per head                 */
 } naive_weights;
 
 /* Fills the 0 defaults of a config by the rules written in mha.h, without

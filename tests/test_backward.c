@@ -91,7 +91,7 @@ static double bw_check_tensor(bw_fixture *f, const bw_tensor *t, int report) {
 /* Gradient arrays for everything the fixture's layer and sources have. */
 typedef struct {
     mha_gradients g;
-    float *all[14];
+    float *all[16];
 } bw_grads;
 
 static float *bw_alloc(bw_grads *gr, int *k, size_t n) {
@@ -122,10 +122,14 @@ static void bw_grads_make(bw_grads *gr, const bw_fixture *f) {
         gr->g.dbias_v = bw_alloc(gr, &k, vw);
     }
     if (c->sinks) gr->g.d_sinks = bw_alloc(gr, &k, (size_t)c->n_heads);
+    if (c->qk_norm != MHA_QK_NORM_NONE) {
+        gr->g.d_q_norm = bw_alloc(gr, &k, (size_t)(c->qk_norm_per_head ? c->n_heads : 1) * c->d_k);
+        gr->g.d_k_norm = bw_alloc(gr, &k, (size_t)(c->qk_norm_per_head ? c->n_kv_heads : 1) * c->d_k);
+    }
 }
 
 static void bw_grads_free(bw_grads *gr) {
-    for (int i = 0; i < 14; i++) free(gr->all[i]);
+    for (int i = 0; i < 16; i++) free(gr->all[i]);
 }
 
 /* The analytic backward, then every entry of every input and weight
@@ -150,6 +154,8 @@ static double bw_check_all(bw_fixture *f, bw_grads *gr, int report) {
         {"bias_k", f->w.bias_k, kw, g->dbias_k, 1},
         {"bias_v", f->w.bias_v, vw, g->dbias_v, 1},
         {"sinks", f->w.sinks, (size_t)c->n_heads, g->d_sinks, 1},
+        {"q_norm", f->w.q_norm, (size_t)(c->qk_norm_per_head ? c->n_heads : 1) * c->d_k, g->d_q_norm, 1},
+        {"k_norm", f->w.k_norm, (size_t)(c->qk_norm_per_head ? c->n_kv_heads : 1) * c->d_k, g->d_k_norm, 1},
     };
     double worst = -INFINITY;
     for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) {
@@ -378,20 +384,33 @@ static void backward_fd_sinks(void) {
     naive_bw_case_free(&f);
 }
 
-/* QK-norm has no backward yet: refused on every path, naming it. */
-static void backward_qk_norm_refused(void) {
-    mha_config c = mha_config_default(4, 2);
-    c.bias = 0, c.qk_norm = MHA_QK_NORM_RMS;
-    float w16[16] = {0}, ones[2] = {1.0f, 1.0f}, x[8] = {0}, dy[8] = {0}, dx[8];
-    mha_weights w = {.w_q = w16, .w_k = w16, .w_v = w16, .w_o = w16, .q_norm = ones, .k_norm = ones};
-    mha_layer *L = NULL;
-    CHECK_OK(mha_layer_create(&L, &c, &w));
-    if (!L) return;
-    mha_gradients g = {.dx = dx};
-    mha_options o = naive_ref_options();
-    CHECK_STATUS(mha_backward(L, &g, dy, x, NULL, 1, 2, 2, &o), MHA_E_UNSUPPORTED);
-    CHECK_ERROR_MENTIONS("qk_norm");
-    mha_layer_free(L);
+/* QK-norm: the backward through RMSNorm / LayerNorm to the pre-norm Q and
+ * K, and the norm weights' gradients; shared and per-head weights, the
+ * whole-width norm (OLMo 2), with RoPE after it; GQA, causal, padding. */
+static void backward_fd_qk_norm(void) {
+    bw_fixture f;
+    mha_config c = naive_config(8, 4, 2, 4, 0, 1); /* d_k 4: a LayerNorm over 2 dims is a sign */
+    c.qk_norm = MHA_QK_NORM_RMS;
+    bw_make(&f, c, 2, 3, 3, 0, 0, 1251);
+    f.opt.causal = 1;
+    bw_run(&f);
+    bw_check_fast_refuses(&f, "qk_norm");
+    naive_bw_case_free(&f);
+    c.qk_norm = MHA_QK_NORM_LAYER, c.qk_norm_per_head = 1, c.rope.pairing = MHA_ROPE_HALVES;
+    bw_make(&f, c, 2, 3, 4, 1, 0, 1252);
+    const uint8_t keep[2 * 4] = {1, 0, 1, 1, 1, 1, 0, 0}; // (B,S): padded keys
+    f.opt.key_keep = keep;
+    bw_run(&f);
+    naive_bw_case_free(&f);
+    c.qk_norm = MHA_QK_NORM_RMS, c.qk_norm_whole = 1, c.rope.pairing = MHA_ROPE_INTERLEAVED;
+    bw_make(&f, c, 1, 4, 4, 0, 0, 1253);
+    f.opt.causal = 1;
+    bw_run(&f);
+    naive_bw_case_free(&f);
+    c.qk_norm = MHA_QK_NORM_LAYER, c.rope.pairing = MHA_ROPE_NONE; /* whole-width LayerNorm */
+    bw_make(&f, c, 1, 3, 3, 0, 0, 1254);
+    bw_run(&f);
+    naive_bw_case_free(&f);
 }
 
 static void backward_fully_masked_row(void) {
@@ -536,7 +555,7 @@ static const test_case cases[] = {
     {"backward_fd_alibi_softcap", backward_fd_alibi_softcap},
     {"backward_fd_rope", backward_fd_rope},
     {"backward_fd_sinks", backward_fd_sinks},
-    {"backward_qk_norm_refused", backward_qk_norm_refused},
+    {"backward_fd_qk_norm", backward_fd_qk_norm},
     {"backward_fully_masked_row", backward_fully_masked_row},
     {"backward_fd_detects_wrong_gradient", backward_fd_detects_wrong_gradient},
     {"backward_partial_request", backward_partial_request},

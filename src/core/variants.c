@@ -176,6 +176,39 @@ void mha_rope_rotate_double(double *x, const mha_config *c, const double *inv_fr
     }
 }
 
+/* QK-norm of one head row x (d) with weight w: RMSNorm x / sqrt(mean x^2 + eps) w,
+ * or LayerNorm (x - mean) / sqrt(var + eps) w. */
+static void norm_double(double *x, int d, const float *w, mha_qk_norm kind, double eps) {
+    double mean = 0.0, var = 0.0;
+    if (kind == MHA_QK_NORM_LAYER) {
+        for (int e = 0; e < d; e++) mean += x[e];
+        mean /= d;
+    }
+    for (int e = 0; e < d; e++) var += (x[e] - mean) * (x[e] - mean);
+    var /= d;
+    for (int e = 0; e < d; e++) x[e] = (x[e] - mean) / sqrt(var + eps) * w[e];
+}
+
+void mha_qk_transform_double(double *m, const mha_config *c, int B, int n, int heads, const float *w,
+                             const mha_options *opt, int keys, int keys_are_x, int T) {
+    const int d = c->d_k, half = c->rope.dim / 2;
+    double inv_freq[half > 0 ? half : 1], mscale = 1.0;
+    if (c->rope.pairing != MHA_ROPE_NONE) mha_rope_frequencies(inv_freq, &mscale, c);
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < n; t++) {
+            if (c->qk_norm_whole) /* OLMo 2: one norm over all heads of the token, weights (heads*d) */
+                norm_double(m + ((size_t)b * n + t) * heads * d, heads * d, w, c->qk_norm, c->qk_norm_eps);
+            for (int r = 0; r < heads; r++) {
+                double *x = m + (((size_t)b * n + t) * heads + r) * d;
+                if (c->qk_norm != MHA_QK_NORM_NONE && !c->qk_norm_whole)
+                    norm_double(x, d, w + (c->qk_norm_per_head ? (size_t)r * d : 0), c->qk_norm, c->qk_norm_eps);
+                if (c->rope.pairing == MHA_ROPE_NONE) continue;
+                const int pos = keys ? mha_key_position(opt, keys_are_x, b, t, n) : mha_query_position(opt, b, t, T);
+                mha_rope_rotate_double(x, c, inv_freq, mscale, pos, 0);
+            }
+        }
+}
+
 void mha_qk_norm_stats(double st[2], const mha_config *c, double sum, double sumsq, int width) {
     const double mean = c->qk_norm == MHA_QK_NORM_LAYER ? sum / width : 0.0;
     const double var = sumsq / width - mean * mean;

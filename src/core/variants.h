@@ -42,6 +42,13 @@ float *mha_rope_table(const mha_config *c, const int *pos, int n);
 void mha_rope_rotate_double(double *x, const mha_config *c, const double *inv_freq, double mscale, int pos,
                             int transpose);
 
+/* In double, on the rows m (B, n, heads*d_k) of one projection: QK-norm
+ * with weights w (when config.qk_norm), then RoPE (when config.rope) at
+ * the query positions (keys 0; T queries) or the key positions (keys 1;
+ * keys_are_x: the keys are x, so they take the query positions). */
+void mha_qk_transform_double(double *m, const mha_config *c, int B, int n, int heads, const float *w,
+                             const mha_options *opt, int keys, int keys_are_x, int T);
+
 /* st = (mean, 1/sqrt(var + eps)) of a row of `width` values from their
  * sum and sum of squares (RMS: mean 0, var = mean square): the statistics
  * of qk_norm_whole, one per token over all heads. */

@@ -19,6 +19,9 @@ static mha_status check_wanted(const mha_config *c, const mha_gradients *g, cons
                         g->dbias_k ? "k" : "v");
     if (!c->sinks && g->d_sinks)
         return mha_fail(MHA_E_ARG, "mha_backward: d_sinks given but config.sinks=0; expected NULL");
+    if (c->qk_norm == MHA_QK_NORM_NONE && (g->d_q_norm || g->d_k_norm))
+        return mha_fail(MHA_E_ARG, "mha_backward: d_%s_norm given but config.qk_norm is none; expected NULL",
+                        g->d_q_norm ? "q" : "k");
     if (g->dk_src && k_src == x)
         return mha_fail(MHA_E_ARG, "mha_backward: dk_src given but the key source is x (kv NULL); "
                                    "its gradient is part of dx; expected dk_src NULL");
@@ -41,11 +44,7 @@ mha_status mha_backward_exec(const mha_exec *ex, const mha_layer *L, const mha_g
     if (s || (s = mha_check_finite(dy, (size_t)B * T * L->cfg.d_model, "dy")) ||
         (s = check_wanted(&L->cfg, g, x, k_src, v_src)))
         return s;
-    const mha_config *c = &L->cfg;
-    if (c->qk_norm != MHA_QK_NORM_NONE)
-        return mha_fail(MHA_E_UNSUPPORTED, "mha_backward: the layer uses qk_norm, which has no backward yet; "
-                        "expected a layer without it (rope, sinks, alibi and softcap have one)");
-    /* rope, sinks, alibi and softcap: the reference backward only (FAST refuses, AUTO falls back) */
+    /* rope, sinks, qk_norm, alibi and softcap: the reference backward only (FAST refuses, AUTO falls back) */
     mha_clear_error();
     /* MHA_KERNELS=reference (ex->reference) forces the oracle under AUTO, as in mha_forward */
     if (opt->sink_tokens > 0 && opt->path == MHA_PATH_FAST) /* its tiles take the window as one interval */

@@ -6,7 +6,7 @@
  * reference backward does, without a (T,S) buffer; each output element is
  * reduced by one thread in a fixed order.
  * Unsupported (MHA_E_UNSUPPORTED, AUTO then runs the reference): a layer
- * with rope, alibi, softcap or sinks (the reference backward has them), a layer
+ * with rope, alibi, softcap, sinks or qk_norm (the reference backward has them), a layer
  * without packed weights, sizes beyond int indexing, scores beyond
  * MHA_FAST_SCORE_LIMIT (the forward's fp32 range rule), and
  * MHA_MASKED_ROW_NAN with a fully masked row (the reference spreads its
@@ -111,10 +111,10 @@ mha_status mha_backward_fast(const mha_exec *ex, const mha_layer *L, const mha_g
                              const mha_options *opt) {
     const mha_config *c = &L->cfg;
     if (!L->fast) return mha_fail(MHA_E_UNSUPPORTED, "fast backward: the layer's packed weights are missing");
-    if (mha_variants_any(c)) /* rope, alibi, softcap, sinks */
-        return mha_fail(MHA_E_UNSUPPORTED, "fast backward: rope=%d alibi=%d softcap=%g sinks=%d have a reference "
-                        "backward only; expected MHA_PATH_AUTO or _REFERENCE for this layer", (int)c->rope.pairing,
-                        c->alibi, (double)c->softcap, c->sinks);
+    if (mha_variants_any(c)) /* rope, alibi, softcap, sinks, qk_norm */
+        return mha_fail(MHA_E_UNSUPPORTED, "fast backward: rope=%d alibi=%d softcap=%g sinks=%d qk_norm=%d have a "
+                        "reference backward only; expected MHA_PATH_AUTO or _REFERENCE for this layer",
+                        (int)c->rope.pairing, c->alibi, (double)c->softcap, c->sinks, (int)c->qk_norm);
     const mha_kernels *kern = mha_exec_prefill(ex);
     const mha_backward_kernels *bk = mha_exec_backward(ex);
     const int nt = ex->n_threads;

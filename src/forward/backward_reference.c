@@ -47,6 +47,45 @@ static void rope_heads(double *m, const mha_config *c, int B, int n, int heads, 
         }
 }
 
+/* Backward of one norm row y = (x - mean) * inv * w (mean 0 for RMS), inv =
+ * 1/sqrt(var + eps), width d, from the pre-norm x (d): with xhat = (x - mean)
+ * inv and g = dy w, dw += dy xhat and dx = inv (g - mean(g) - xhat mean(g
+ * xhat)), mean(g) only for LayerNorm. dy (d) is replaced by dx. */
+static void norm_row_backward(double *dy, double *dw, const double *x, const float *w, int d, const mha_config *c) {
+    double mean = 0.0, var = 0.0, mg = 0.0, mgx = 0.0;
+    const int layer = c->qk_norm == MHA_QK_NORM_LAYER;
+    for (int e = 0; layer && e < d; e++) mean += x[e];
+    mean /= d;
+    for (int e = 0; e < d; e++) var += (x[e] - mean) * (x[e] - mean);
+    const double inv = 1.0 / sqrt(var / d + (double)c->qk_norm_eps);
+    for (int e = 0; e < d; e++) {
+        const double xhat = (x[e] - mean) * inv, ge = dy[e] * w[e];
+        dw[e] += dy[e] * xhat;
+        mg += ge, mgx += ge * xhat;
+    }
+    mg = layer ? mg / d : 0.0, mgx /= d;
+    for (int e = 0; e < d; e++) dy[e] = inv * (dy[e] * w[e] - mg - (x[e] - mean) * inv * mgx);
+}
+
+/* QK-norm backward on every row of dm (B*n, heads*d_k), in place, from the
+ * pre-norm rows pre (same shape): per head (weights shared or per head)
+ * or over the whole width (qk_norm_whole); dw as w. */
+static void norm_backward(double *dm, double *dw, const double *pre, const float *w, const mha_config *c,
+                          size_t rows, int heads) {
+    const int d = c->d_k;
+    const size_t width = (size_t)heads * d;
+    for (size_t t = 0; t < rows; t++) {
+        if (c->qk_norm_whole) {
+            norm_row_backward(dm + t * width, dw, pre + t * width, w, (int)width, c);
+            continue;
+        }
+        for (int r = 0; r < heads; r++) {
+            const size_t wo = c->qk_norm_per_head ? (size_t)r * d : 0;
+            norm_row_backward(dm + t * width + (size_t)r * d, dw + wo, pre + t * width + (size_t)r * d, w + wo, d, c);
+        }
+    }
+}
+
 /* One query row of attention: p (Sx) = softmax(softcap(scale * q K^T) +
  * alibi + mask) over the allowed keys, 0 elsewhere. A row with no allowed
  * key gets p = fill everywhere (0, or NaN in MHA_MASKED_ROW_NAN mode), so
@@ -131,6 +170,8 @@ mha_status mha_backward_reference(const mha_layer *L, const mha_gradients *g, co
     const size_t qw = (size_t)h * d_k, kw = (size_t)h_kv * d_k, vw = (size_t)h_kv * d_v, zw = (size_t)h * d_v;
     const size_t rows = (size_t)B * T;
     const double scale = opt->scale != 0.0f ? opt->scale : 1.0 / sqrt((double)d_k);
+    const int norm = c->qk_norm != MHA_QK_NORM_NONE;
+    const size_t qn = !norm ? 0 : c->qk_norm_per_head ? qw : (size_t)d_k, kn = !norm ? 0 : c->qk_norm_per_head ? kw : (size_t)d_k;
 
     /* Every buffer in double; the d-prefixed ones are gradients (zeroed). */
     size_t n_of[] = {
@@ -139,12 +180,13 @@ mha_status mha_backward_reference(const mha_layer *L, const mha_gradients *g, co
         rows * D, (size_t)B * S * Dk, (size_t)B * S * Dv,                /* dxq dxk dxv */
         (size_t)D * qw, (size_t)Dk * kw, (size_t)Dv * vw, zw * D,        /* dwq dwk dwv dwo */
         qw, kw, vw, (size_t)D, (size_t)Sx, (size_t)Sx, (size_t)Sx,        /* dbq dbk dbv dbo p dp dcap */
-        (size_t)h                                                         /* dsink */
+        (size_t)h, rows * qw, (size_t)B * Sx * kw,                        /* dsink qpre kpre */
+        qn, kn                                                            /* dq_norm dk_norm */
     };
     enum { NBUF = sizeof n_of / sizeof n_of[0] };
     double *buf[NBUF];
     int ok = 1;
-    for (int i = 0; i < NBUF; i++) ok &= (buf[i] = calloc(n_of[i], sizeof(double))) != NULL;
+    for (int i = 0; i < NBUF; i++) ok &= (buf[i] = calloc(n_of[i] ? n_of[i] : 1, sizeof(double))) != NULL;
     double *q = buf[0], *k = buf[1], *v = buf[2], *z = buf[3];     // (B,T,qw) (B,Sx,kw) (B,Sx,vw) (B,T,zw)
     double *dz = buf[4], *dq = buf[5], *dk = buf[6], *dv = buf[7]; // shapes as z, q, k, v
     double *dxq = buf[8], *dxk = buf[9], *dxv = buf[10];            // (B,T,D) (B,S,Dk) (B,S,Dv)
@@ -152,6 +194,8 @@ mha_status mha_backward_reference(const mha_layer *L, const mha_gradients *g, co
     double *dbq = buf[15], *dbk = buf[16], *dbv = buf[17], *dbo = buf[18];
     double *p = buf[19], *dp = buf[20], *dcap = buf[21]; // (Sx) one query row
     double *dsink = buf[22], p_sink = 0.0;                // (h); the sink's share of one row
+    double *qpre = buf[23], *kpre = buf[24];              // as q, k: before QK-norm (qk_norm only)
+    double *dqn = buf[25], *dkn = buf[26];                // (qn) (kn): as q_norm, k_norm
     mha_status s = MHA_OK;
     if (!ok) {
         s = mha_fail(MHA_E_NOMEM, "reference backward: no memory for the double buffers (B=%d T=%d S=%d)", B, T, S);
@@ -168,11 +212,13 @@ mha_status mha_backward_reference(const mha_layer *L, const mha_gradients *g, co
             for (size_t e = 0; e < vw; e++) v[((size_t)b * Sx + S) * vw + e] = L->bias_v[e];
         }
     }
-    // --- recompute: Q, K <- RoPE(Q), RoPE(K) (no extra keys with variants: Sx = S)
-    if (c->rope.pairing != MHA_ROPE_NONE) {
-        rope_heads(q, c, B, T, h, opt, 0, k_src == x, T, 0);
-        rope_heads(k, c, B, S, h_kv, opt, 1, k_src == x, T, 0);
+    // --- recompute: Q, K <- RoPE(norm(Q)), RoPE(norm(K)) (no extra keys with variants: Sx = S)
+    if (norm) {
+        memcpy(qpre, q, rows * qw * sizeof(double));
+        memcpy(kpre, k, (size_t)B * Sx * kw * sizeof(double));
     }
+    mha_qk_transform_double(q, c, B, T, h, L->q_norm, opt, 0, k_src == x, T);
+    mha_qk_transform_double(k, c, B, S, h_kv, L->k_norm, opt, 1, k_src == x, T);
     // --- recompute: Z^(r) = P V^(g), then the interventions (what W_O reads)
     for (int b = 0; b < B; b++)
         for (int r = 0; r < h; r++)
@@ -257,6 +303,11 @@ mha_status mha_backward_reference(const mha_layer *L, const mha_gradients *g, co
         rope_heads(dq, c, B, T, h, opt, 0, k_src == x, T, 1);
         rope_heads(dk, c, B, S, h_kv, opt, 1, k_src == x, T, 1);
     }
+    // --- QK-norm: Q_n = norm(Q) w_q_norm, the same for K
+    if (norm) {
+        norm_backward(dq, dqn, qpre, L->q_norm, c, rows, h);
+        norm_backward(dk, dkn, kpre, L->k_norm, c, (size_t)B * S, h_kv);
+    }
     // --- projections: Q = X W_Q + b_Q, K = Xk W_K + b_K, V = Xv W_V + b_V;
     //     the extra key S is bias_k / bias_v, the zero key passes nothing
     linear_backward(dxq, dwq, dbq, x, L->w_q, dq, rows, D, (int)qw);
@@ -291,6 +342,8 @@ mha_status mha_backward_reference(const mha_layer *L, const mha_gradients *g, co
     store(g->db_v, dbv, NULL, NULL, vw);
     store(g->db_o, dbo, NULL, NULL, (size_t)D);
     store(g->d_sinks, dsink, NULL, NULL, (size_t)h);
+    store(g->d_q_norm, dqn, NULL, NULL, qn);
+    store(g->d_k_norm, dkn, NULL, NULL, kn);
 done:
     for (int i = 0; i < NBUF; i++) free(buf[i]);
     return s;

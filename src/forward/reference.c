@@ -43,41 +43,6 @@ static void intervene_double(double *z, const mha_intervention *iv, int r, int h
     }
 }
 
-/* QK-norm of one head row x (d) with weight w: RMSNorm x / sqrt(mean x^2 + eps) w,
- * or LayerNorm (x - mean) / sqrt(var + eps) w. */
-static void norm_double(double *x, int d, const float *w, mha_qk_norm kind, double eps) {
-    double mean = 0.0, var = 0.0;
-    if (kind == MHA_QK_NORM_LAYER) {
-        for (int e = 0; e < d; e++) mean += x[e];
-        mean /= d;
-    }
-    for (int e = 0; e < d; e++) var += (x[e] - mean) * (x[e] - mean);
-    var /= d;
-    for (int e = 0; e < d; e++) x[e] = (x[e] - mean) / sqrt(var + eps) * w[e];
-}
-
-/* Norm then RoPE of every head of the rows (B, n, heads*d_k) of one
- * projection; pos_of(b, t) gives a row's position. */
-static void transform_heads(double *m, const mha_config *c, int B, int n, int heads, const float *w,
-                            const mha_options *opt, int keys, int keys_are_x, int T) {
-    const int d = c->d_k, half = c->rope.dim / 2;
-    double inv_freq[half > 0 ? half : 1], mscale = 1.0;
-    if (c->rope.pairing != MHA_ROPE_NONE) mha_rope_frequencies(inv_freq, &mscale, c);
-    for (int b = 0; b < B; b++)
-        for (int t = 0; t < n; t++) {
-            if (c->qk_norm_whole) /* OLMo 2: one norm over all heads of the token, weights (heads*d) */
-                norm_double(m + ((size_t)b * n + t) * heads * d, heads * d, w, c->qk_norm, c->qk_norm_eps);
-            for (int r = 0; r < heads; r++) {
-                double *x = m + (((size_t)b * n + t) * heads + r) * d;
-                if (c->qk_norm != MHA_QK_NORM_NONE && !c->qk_norm_whole)
-                    norm_double(x, d, w + (c->qk_norm_per_head ? (size_t)r * d : 0), c->qk_norm, c->qk_norm_eps);
-                if (c->rope.pairing == MHA_ROPE_NONE) continue;
-                const int pos = keys ? mha_key_position(opt, keys_are_x, b, t, n) : mha_query_position(opt, b, t, T);
-                mha_rope_rotate_double(x, c, inv_freq, mscale, pos, 0);
-            }
-        }
-}
-
 /* z (B,T,h*d_v) = attention of q (B,T,h*d_k) over k (B,Sx,h_kv*d_k) and
  * v (B,Sx,h_kv*d_v), S original keys then the extra ones; probs
  * (B,h,T,Sx) and lse (B,h,T) when not NULL. lse is log sum_j exp(score_j)
@@ -187,8 +152,8 @@ mha_status mha_forward_reference_lse(const mha_layer *L, float *y, const mha_cap
     }
 
     // --- today's variants on q and k: QK-norm, then RoPE (extra keys never coexist with them)
-    transform_heads(q, c, B, T, h, L->q_norm, opt, 0, k_src == x, T);
-    transform_heads(k, c, B, S, h_kv, L->k_norm, opt, 1, k_src == x, T);
+    mha_qk_transform_double(q, c, B, T, h, L->q_norm, opt, 0, k_src == x, T);
+    mha_qk_transform_double(k, c, B, S, h_kv, L->k_norm, opt, 1, k_src == x, T);
 
     // --- attention: Z^(r) = softmax(softcap(scale * Q^(r) K^(g)^T) + alibi + mask, sink) V^(g)
     const mha_head_terms ht = {L->alibi_slopes, L->sinks, k_src == x};
