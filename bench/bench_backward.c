@@ -75,7 +75,8 @@ int bench_backward(const bench_prefill_cfg *c) {
     mha_options opt = mha_options_default();
     opt.causal = c->causal;
     mha_gradients g = {dx, NULL, NULL, gw, gw + dd, gw + 2 * dd, gw + 3 * dd,
-                       gw + 4 * dd, gw + 4 * dd + D, gw + 4 * dd + 2 * D, gw + 4 * dd + 3 * D, NULL, NULL, NULL, NULL, NULL};
+                       gw + 4 * dd, gw + 4 * dd + D, gw + 4 * dd + 2 * D, gw + 4 * dd + 3 * D,
+                       NULL, NULL, NULL, NULL, NULL};
     double t[256];
     const char *parts[2] = {"backward", "forward_backward"};
     for (int p = 0; p < 2; p++) {

@@ -521,9 +521,10 @@ typedef struct {
     float *db_o;    /* (d_model); only when config.bias                   */
     float *dbias_k; /* (h_kv*d_k); only when config.add_bias_kv           */
     float *dbias_v; /* (h_kv*d_v); only when config.add_bias_kv           */
-    float *d_sinks; /* (h); only when config.sinks                         */
-    float *d_q_norm; /* as weights.q_norm: (d_k) or (h*d_k); only with qk_norm */
-    float *d_k_norm; /* as weights.k_norm: (d_k) or (h_kv*d_k)               */
+    float *d_sinks;  /* (h); only when config.sinks                      */
+    float *d_q_norm; /* as weights.q_norm: (d_k), or (h*d_k) per head;
+                        only when config.qk_norm                          */
+    float *d_k_norm; /* as weights.k_norm: (d_k), or (h_kv*d_k) per head  */
 } mha_gradients;
 
 /* Backward of mha_forward_kv with the same x, k_src, v_src, B, T, S and
@@ -532,7 +533,8 @@ typedef struct {
  * (FlashAttention-2 tiles, no (T,S) buffer, thread-count independent);
  * REFERENCE the double-accumulating reference backward. FAST returns
  * MHA_E_UNSUPPORTED for MHA_MASKED_ROW_NAN with a fully masked query row
- * (AUTO then runs the reference).
+ * and for layers with rope, alibi, softcap, sinks or qk_norm (AUTO then
+ * runs the reference).
  * Asking for a gradient the layer or the call has no tensor for (db_* of
  * a layer without bias, dk_src when k_src is NULL, ...) is MHA_E_ARG. */
 MHA_API mha_status mha_backward_kv(const mha_layer *layer, const mha_gradients *grad, const float *dy,

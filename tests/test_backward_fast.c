@@ -541,7 +541,8 @@ static void backward_memory_peak(void) {
     o.path = MHA_PATH_FAST;
     const size_t dd = (size_t)D * D;
     mha_gradients g = {dx, NULL, NULL, gw, gw + dd, gw + 2 * dd, gw + 3 * dd,
-                       gw + 4 * dd, gw + 4 * dd + D, gw + 4 * dd + 2 * D, gw + 4 * dd + 3 * D, NULL, NULL, NULL, NULL, NULL};
+                       gw + 4 * dd, gw + 4 * dd + D, gw + 4 * dd + 2 * D, gw + 4 * dd + 3 * D,
+                       NULL, NULL, NULL, NULL, NULL};
     CHECK_OK(mha_forward(L, y, NULL, x, NULL, 1, T, T, &o));
     CHECK_OK(mha_backward(L, &g, dy, x, NULL, 1, T, T, &o));
     const double peak = test_peak_rss_bytes() - base, need = 8.0 * act + 2.0 * wts; /* x Q K V Z Y dY dX, W, dW */

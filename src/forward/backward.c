@@ -44,7 +44,7 @@ mha_status mha_backward_exec(const mha_exec *ex, const mha_layer *L, const mha_g
     if (s || (s = mha_check_finite(dy, (size_t)B * T * L->cfg.d_model, "dy")) ||
         (s = check_wanted(&L->cfg, g, x, k_src, v_src)))
         return s;
-    /* rope, sinks, qk_norm, alibi and softcap: the reference backward only (FAST refuses, AUTO falls back) */
+    /* rope, sinks, qk_norm, alibi, softcap: the reference backward only (FAST refuses, AUTO falls back) */
     mha_clear_error();
     /* MHA_KERNELS=reference (ex->reference) forces the oracle under AUTO, as in mha_forward */
     if (opt->sink_tokens > 0 && opt->path == MHA_PATH_FAST) /* its tiles take the window as one interval */

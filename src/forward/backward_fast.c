@@ -112,8 +112,8 @@ mha_status mha_backward_fast(const mha_exec *ex, const mha_layer *L, const mha_g
     const mha_config *c = &L->cfg;
     if (!L->fast) return mha_fail(MHA_E_UNSUPPORTED, "fast backward: the layer's packed weights are missing");
     if (mha_variants_any(c)) /* rope, alibi, softcap, sinks, qk_norm */
-        return mha_fail(MHA_E_UNSUPPORTED, "fast backward: rope=%d alibi=%d softcap=%g sinks=%d qk_norm=%d have a "
-                        "reference backward only; expected MHA_PATH_AUTO or _REFERENCE for this layer",
+        return mha_fail(MHA_E_UNSUPPORTED, "fast backward: rope=%d alibi=%d softcap=%g sinks=%d qk_norm=%d "
+                        "have a reference backward only; expected MHA_PATH_AUTO or _REFERENCE for this layer",
                         (int)c->rope.pairing, c->alibi, (double)c->softcap, c->sinks, (int)c->qk_norm);
     const mha_kernels *kern = mha_exec_prefill(ex);
     const mha_backward_kernels *bk = mha_exec_backward(ex);

@@ -171,7 +171,8 @@ mha_status mha_backward_reference(const mha_layer *L, const mha_gradients *g, co
     const size_t rows = (size_t)B * T;
     const double scale = opt->scale != 0.0f ? opt->scale : 1.0 / sqrt((double)d_k);
     const int norm = c->qk_norm != MHA_QK_NORM_NONE;
-    const size_t qn = !norm ? 0 : c->qk_norm_per_head ? qw : (size_t)d_k, kn = !norm ? 0 : c->qk_norm_per_head ? kw : (size_t)d_k;
+    const size_t qn = !norm ? 0 : c->qk_norm_per_head ? qw : (size_t)d_k; /* q_norm's size */
+    const size_t kn = !norm ? 0 : c->qk_norm_per_head ? kw : (size_t)d_k; /* k_norm's size */
 
     /* Every buffer in double; the d-prefixed ones are gradients (zeroed). */
     size_t n_of[] = {
@@ -225,8 +226,8 @@ mha_status mha_backward_reference(const mha_layer *L, const mha_gradients *g, co
             for (int i = 0; i < T; i++) {
                 const size_t t = (size_t)b * T + i;
                 const double *vb = v + (size_t)b * Sx * vw + (size_t)mha_kv_head(c, r) * d_v;
-                prob_row(p, dcap, &p_sink, q + t * qw + (size_t)r * d_k, k + (size_t)b * Sx * kw, L, k_src == x, opt, scale, b,
-                         r, i, T, S);
+                prob_row(p, dcap, &p_sink, q + t * qw + (size_t)r * d_k, k + (size_t)b * Sx * kw, L, k_src == x,
+                         opt, scale, b, r, i, T, S);
                 for (int j = 0; j < Sx; j++)
                     for (int e = 0; e < d_v; e++) z[t * zw + (size_t)r * d_v + e] += p[j] * vb[j * vw + e];
             }
