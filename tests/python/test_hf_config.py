@@ -113,3 +113,18 @@ def test_malformed_json_refused_and_other_layouts_ignore_it(tmp_path):
     mha("convert", "--from", "hf", "--heads", 4, "--to", "native", path, native)
     want = torch_attention(w, x[None], 4, 2, 8)[0]
     np.testing.assert_allclose(run(tmp_path, "--weights", native), want, atol=3e-5)
+
+
+def test_audit_reads_config(tmp_path):
+    """`mha audit` on the same checkpoint: no flag needed to reproduce the
+    PyTorch reference; one computed with the other pairing is named."""
+    path, w, x, _ = checkpoint(tmp_path, rope_theta=500000.0)
+    def audit(ref):
+        np.save(tmp_path / "yref.npy", ref.astype(np.float32))
+        return mha("audit", "--weights", path, "--input", tmp_path / "x.npy", "--reference", tmp_path / "yref.npy",
+                   "--causal", check=False)
+    r = audit(torch_attention(w, x[None], 4, 2, 8, rope=(8, 500000.0, False))[0])
+    assert r.returncode == 0 and "rotary" not in r.stdout, r.stdout + r.stderr
+    r = audit(torch_attention(w, x[None], 4, 2, 8, rope=(8, 500000.0, True))[0])
+    assert r.returncode == 1 and "rotary convention mismatch" in r.stdout and "--rope interleaved" in r.stdout, \
+        r.stdout + r.stderr
