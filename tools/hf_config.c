@@ -4,17 +4,50 @@
 
 #include <jansson.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+/* The tensor names of the safetensors header of path (8-byte little-endian
+ * length, then JSON), each with a 1-float placeholder: all that layout
+ * detection reads, without reading the weights. NULL when the header does
+ * not parse; the load then reports why. */
+static mha_tensors *header_names(const char *path) {
+    FILE *f = fopen(path, "rb");
+    unsigned char len8[8];
+    uint64_t n = 0;
+    if (!f) return NULL;
+    if (fread(len8, 1, 8, f) == 8)
+        for (int i = 7; i >= 0; i--) n = n << 8 | len8[i];
+    char *buf = n && n <= ((uint64_t)100 << 20) ? malloc((size_t)n) : NULL;
+    json_t *root = buf && fread(buf, 1, (size_t)n, f) == n ? json_loadb(buf, (size_t)n, 0, NULL) : NULL;
+    fclose(f);
+    free(buf);
+    mha_tensors *t = NULL;
+    const char *key;
+    json_t *v;
+    const float zero = 0;
+    const int one = 1;
+    if (json_is_object(root) && !mha_tensors_create(&t))
+        json_object_foreach(root, key, v) {
+            if (strcmp(key, "__metadata__") != 0 && mha_tensors_add_f32(t, key, &zero, 1, &one)) {
+                mha_tensors_free(t), t = NULL;
+                break;
+            }
+        }
+    json_decref(root);
+    return t;
+}
 
 /* Whether the checkpoint at path loads in the hf layout. */
 static int is_hf(const cli_ckpt *ck, const char *path) {
     mha_layout l;
     if (mha_layout_parse(&l, ck->layout ? ck->layout : "auto")) return 0;
     if (l != MHA_LAYOUT_AUTO) return l == MHA_LAYOUT_HF;
-    mha_tensors *t = NULL;
-    int hf = !mha_safetensors_read(&t, path, 0) && !mha_layout_detect(&l, t) && l == MHA_LAYOUT_HF;
+    mha_tensors *t = header_names(path);
+    int hf = t && !mha_layout_detect(&l, t) && l == MHA_LAYOUT_HF;
     mha_tensors_free(t);
     return hf;
 }
