@@ -4,6 +4,8 @@
  * into the library's keep masks; a float mask is added to the scores. */
 #include "io_cli.h"
 
+#include "hf_config.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,6 +42,11 @@ mha_status cli_load_options(mha_load_options *o, const cli_ckpt *ck) {
 int cli_load_layer(const char *cmd, mha_layer **L, const cli_ckpt *ck, const char *path) {
     mha_load_options o;
     mha_status s = cli_load_options(&o, ck);
+    cli_hf_config hc;
+    int rc = s ? 0 : cli_hf_config_read(&hc, cmd, ck, path);
+    if (rc) return rc;
+    if (!s && hc.found && !o.n_heads) o.n_heads = (int)hc.heads; /* --heads wins over config.json */
+    if (!s && hc.found && !o.n_kv_heads) o.n_kv_heads = (int)hc.kv_heads;
     if (!s) s = mha_layer_load(L, path ? path : ck->weights, &o);
     return s ? cli_fail(cmd, s) : MHA_EXIT_OK;
 }

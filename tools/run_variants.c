@@ -4,6 +4,8 @@
  * options.positions. */
 #include "run_variants.h"
 
+#include "hf_config.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -142,21 +144,30 @@ static int apply_options(cli_fwd *f, cli_variant_flags *vf) {
     return vf->positions ? read_positions(f, vf) : MHA_EXIT_OK;
 }
 
-int cli_apply_variants(mha_layer **L, cli_fwd *f, cli_variant_flags *vf, const char *weights, const char *prefix) {
-    if (!vf->rope && !vf->rope_theta && !vf->rope_dim && !vf->rope_scale && !vf->alibi && !vf->softcap &&
-        !vf->sinks && !vf->qk_norm)
+int cli_apply_variants(mha_layer **L, cli_fwd *f, cli_variant_flags *vf, const cli_ckpt *ck) {
+    const char *weights = ck->weights, *prefix = ck->prefix;
+    cli_hf_config hc; /* the rotary settings of config.json, overridden by the flags */
+    int rc = cli_hf_config_read(&hc, "run", ck, NULL);
+    if (rc) return rc;
+    const char *rope = vf->rope ? vf->rope : hc.rope_theta ? "halves" : NULL; /* HF Llama's rotate_half */
+    const double theta = vf->rope_theta ? vf->rope_theta : hc.rope_theta;
+    const long long rope_dim = vf->rope_dim ? vf->rope_dim : hc.rope_dim;
+    const char *rope_scale = vf->rope_scale ? vf->rope_scale : hc.rope_scale[0] ? hc.rope_scale : NULL;
+    if (!rope && !theta && !rope_dim && !rope_scale && !vf->alibi && !vf->softcap && !vf->sinks && !vf->qk_norm)
         return apply_options(f, vf);
     mha_config c = *mha_layer_config(*L);
+    if (hc.head_dim && hc.head_dim != c.d_k)
+        return mha_cmd_error("run", MHA_EXIT_RUNTIME, "config.json: head_dim %lld; expected the checkpoint's d_k = "
+                             "%d", hc.head_dim, c.d_k);
     mha_weights w;
     mha_layer_get_weights(*L, &w);
-    if (vf->rope) c.rope.pairing = strcmp(vf->rope, "halves") == 0 ? MHA_ROPE_HALVES : MHA_ROPE_INTERLEAVED;
-    if ((vf->rope_theta || vf->rope_dim || vf->rope_scale) && !c.rope.pairing)
+    if (rope) c.rope.pairing = strcmp(rope, "halves") == 0 ? MHA_ROPE_HALVES : MHA_ROPE_INTERLEAVED;
+    if ((theta || rope_dim || rope_scale) && !c.rope.pairing)
         return mha_cmd_error("run", MHA_EXIT_USAGE, "--rope-theta/--rope-dim/--rope-scale need --rope (or rotary "
                              "settings in the checkpoint)");
-    if (vf->rope_theta) c.rope.theta = vf->rope_theta;
-    if (vf->rope_dim) c.rope.dim = (int)vf->rope_dim;
-    int rc = vf->rope_scale ? parse_rope_scale(&c.rope, vf->rope_scale) : MHA_EXIT_OK;
-    if (rc) return rc;
+    if (theta) c.rope.theta = theta;
+    if (rope_dim) c.rope.dim = (int)rope_dim;
+    if (rope_scale && (rc = parse_rope_scale(&c.rope, rope_scale))) return rc;
     if (vf->alibi) c.alibi = 1;
     if (vf->softcap) c.softcap = (float)vf->softcap;
     mha_tensors *t = NULL;

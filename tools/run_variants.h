@@ -46,11 +46,12 @@ typedef struct {
      .help = "normalize each head's q and k (weights q_norm[.weight], k_norm[.weight] of the "       \
              "checkpoint)", .choices = "rms|layer"}
 
-/* Rebuilds *L with the flags' variants (the checkpoint path for --sinks
- * and the norm weights), reads --positions and sets --window and
- * --sink-tokens in f->opt. Returns an
- * exit code; *L is unchanged on failure. */
-int cli_apply_variants(mha_layer **L, cli_fwd *f, cli_variant_flags *vf, const char *weights, const char *prefix);
+/* Rebuilds *L with the flags' variants (the checkpoint ck for --sinks
+ * and the norm weights; for an hf checkpoint, the rotary settings of the
+ * config.json beside it where no flag gives them), reads --positions and
+ * sets --window and --sink-tokens in f->opt. Returns an exit code; *L is
+ * unchanged on failure. */
+int cli_apply_variants(mha_layer **L, cli_fwd *f, cli_variant_flags *vf, const cli_ckpt *ck);
 void cli_variants_free(cli_variant_flags *vf);
 
 #endif /* MHA_TOOLS_RUN_VARIANTS_H */

@@ -1,0 +1,130 @@
+"""The config.json Hugging Face stores beside model.safetensors: `mha run`
+on an hf checkpoint takes the head counts and the rotary settings
+(rope_theta, rope_scaling, partial_rotary_factor) from it, flags override
+it, and a bad value is refused naming the key. The expectations come from
+PyTorch code written from the published formulas (test_modern*.py)."""
+import json
+
+import numpy as np
+import pytest
+
+from conftest import TORCH_SKIP_REASON, torch
+from io_helpers import mha
+
+if torch is None:
+    pytest.skip(TORCH_SKIP_REASON, allow_module_level=True)
+
+from test_modern import torch_attention  # noqa: E402
+from test_modern_cli import T, base_inv_freq, llama3_inv_freq, llama_checkpoint, run  # noqa: E402
+
+LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 1000}
+
+
+def checkpoint(tmp_path, **config):
+    """The Llama-style layer of test_modern_cli (4 heads, 2 kv heads, d_k 8)
+    with a config.json written beside it; positions far apart saved as p.npy."""
+    path, w, x = llama_checkpoint(tmp_path)
+    base = {"architectures": ["LlamaForCausalLM"], "hidden_size": 32, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "head_dim": 8, "torch_dtype": "float32", "vocab_size": 128256}
+    base.update(config)
+    (tmp_path / "config.json").write_text(json.dumps({k: v for k, v in base.items() if v is not None}))
+    pos = (np.arange(T) * 97 + 5).astype(np.int64)
+    np.save(tmp_path / "p.npy", pos)
+    return path, w, x, pos[None]
+
+
+def test_llama3_config_alone_reproduces_torch(tmp_path):
+    path, w, x, pos = checkpoint(tmp_path, rope_theta=500000.0, rope_scaling=LLAMA3)
+    want = torch_attention(w, x[None], 4, 2, 8, pos=pos,
+                           rope=(8, 500000.0, False, llama3_inv_freq(8, 500000.0, 8, 1, 4, 1000), 1.0))[0]
+    got = run(tmp_path, "--weights", path, "--positions", tmp_path / "p.npy")  # no --heads, no rope flag
+    np.testing.assert_allclose(got, want, atol=3e-5)
+    unscaled = torch_attention(w, x[None], 4, 2, 8, pos=pos, rope=(8, 500000.0, False))[0]
+    other_theta = torch_attention(w, x[None], 4, 2, 8, pos=pos, rope=(8, 10000.0, False))[0]
+    assert np.abs(want - unscaled).max() > 1e-3 and np.abs(want - other_theta).max() > 1e-3
+    # the explicit layout reads it too
+    np.testing.assert_allclose(run(tmp_path, "--weights", path, "--layout", "hf", "--positions",
+                                   tmp_path / "p.npy"), want, atol=3e-5)
+
+
+def test_flags_override_config(tmp_path):
+    path, w, x, pos = checkpoint(tmp_path, rope_theta=500000.0, rope_scaling=LLAMA3)
+    flags = ("--weights", path, "--positions", tmp_path / "p.npy")
+    want = torch_attention(w, x[None], 4, 2, 8, pos=pos,
+                           rope=(8, 10000.0, False, base_inv_freq(8, 10000.0) / 2, 1.0))[0]
+    got = run(tmp_path, *flags, "--rope-theta", 10000, "--rope-scale", "linear:factor=2")
+    np.testing.assert_allclose(got, want, atol=3e-5)
+    inter = torch_attention(w, x[None], 4, 2, 8, pos=pos,
+                            rope=(8, 500000.0, True, llama3_inv_freq(8, 500000.0, 8, 1, 4, 1000), 1.0))[0]
+    np.testing.assert_allclose(run(tmp_path, *flags, "--rope", "interleaved"), inter, atol=3e-5)
+
+
+def test_partial_rotary_and_yarn_defaults(tmp_path):
+    """partial_rotary_factor 0.5 of head_dim 8 rotates 4 dims; YaRN without
+    original_max_position_embeddings uses max_position_embeddings."""
+    path, w, x, pos = checkpoint(tmp_path, rope_theta=10000.0, partial_rotary_factor=0.5)
+    want = torch_attention(w, x[None], 4, 2, 8, pos=pos, rope=(4, 10000.0, False))[0]
+    np.testing.assert_allclose(run(tmp_path, "--weights", path, "--positions", tmp_path / "p.npy"), want,
+                               atol=3e-5)
+    path, w, x, pos = checkpoint(tmp_path, rope_theta=10000.0, max_position_embeddings=64,
+                                 rope_scaling={"type": "yarn", "factor": 4.0})
+    spec = run(tmp_path, "--weights", path, "--heads", 4, "--rope", "halves", "--rope-theta", 10000, "--positions",
+               tmp_path / "p.npy", "--rope-scale", "yarn:factor=4,original_max_position_embeddings=64")
+    np.testing.assert_allclose(run(tmp_path, "--weights", path, "--positions", tmp_path / "p.npy"), spec, atol=1e-6)
+
+
+@pytest.mark.parametrize("config, message", [
+    ({"rope_theta": 500000.0, "rope_scaling": {"rope_type": "dynamic", "factor": 2.0}},
+     "rope_scaling.rope_type is \"dynamic\"; expected \"linear\", \"llama3\", \"yarn\""),
+    ({"rope_theta": 500000.0, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}},
+     "rope_scaling.original_max_position_embeddings missing"),
+    ({"rope_theta": 500000.0, "rope_scaling": {"rope_type": "linear", "factor": "2"}},
+     "rope_scaling.factor is not a number; expected a number"),
+    ({"rope_theta": 500000.0, "rope_scaling": {"rope_type": "linear", "factor": 0.5}},
+     "rope_scaling.factor is out of range; expected a number in 1.."),
+    ({"rope_theta": 500000.0, "rope_scaling": [8.0]}, "rope_scaling is not an object"),
+    ({"rope_theta": "big"}, "rope_theta is not a number"),
+    ({"num_attention_heads": 4.5}, "num_attention_heads is out of range; expected an integer"),
+    ({"rope_theta": 10000.0, "partial_rotary_factor": 0.3}, "partial_rotary_factor 0.3 of head_dim 8"),
+    ({"rope_theta": 10000.0, "head_dim": 16, "hidden_size": None}, "head_dim 16; expected the checkpoint's d_k = 8"),
+])
+def test_bad_config_refused_naming_the_key(tmp_path, config, message):
+    path, _, _, _ = checkpoint(tmp_path, **config)
+    if config.get("head_dim") == 16:  # heads from the flags: the load must reach the head_dim check
+        config_heads = ("--heads", 4, "--kv-heads", 2)
+    else:
+        config_heads = ()
+    r = mha("run", "--weights", path, *config_heads, "--input", tmp_path / "x.npy", "--output", tmp_path / "y.npy",
+            check=False)
+    assert r.returncode == 1 and "config.json" in r.stderr and message in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert not (tmp_path / "y.npy").exists()
+
+
+def test_malformed_json_refused_and_other_layouts_ignore_it(tmp_path):
+    path, w, x, _ = checkpoint(tmp_path, rope_theta=500000.0)
+    (tmp_path / "config.json").write_text('{"rope_theta": 500000,')
+    r = mha("run", "--weights", path, "--input", tmp_path / "x.npy", "--output", tmp_path / "y.npy", check=False)
+    assert r.returncode == 1 and "config.json: line 1:" in r.stderr and "expected Hugging Face" in r.stderr, r.stderr
+    # a native file beside the same config.json is not an hf checkpoint: no rope from the file
+    native = tmp_path / "native.safetensors"
+    (tmp_path / "config.json").write_text('{"rope_theta": 500000}')
+    mha("convert", "--from", "hf", "--heads", 4, "--to", "native", path, native)
+    want = torch_attention(w, x[None], 4, 2, 8)[0]
+    np.testing.assert_allclose(run(tmp_path, "--weights", native), want, atol=3e-5)
+
+
+def test_audit_reads_config(tmp_path):
+    """`mha audit` on the same checkpoint: no flag needed to reproduce the
+    PyTorch reference; one computed with the other pairing is named."""
+    path, w, x, _ = checkpoint(tmp_path, rope_theta=500000.0)
+    def audit(ref):
+        np.save(tmp_path / "yref.npy", ref.astype(np.float32))
+        return mha("audit", "--weights", path, "--input", tmp_path / "x.npy", "--reference", tmp_path / "yref.npy",
+                   "--causal", check=False)
+    r = audit(torch_attention(w, x[None], 4, 2, 8, rope=(8, 500000.0, False))[0])
+    assert r.returncode == 0 and "rotary" not in r.stdout, r.stdout + r.stderr
+    r = audit(torch_attention(w, x[None], 4, 2, 8, rope=(8, 500000.0, True))[0])
+    assert r.returncode == 1 and "rotary convention mismatch" in r.stdout and "--rope interleaved" in r.stdout, \
+        r.stdout + r.stderr

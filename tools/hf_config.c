@@ -1,0 +1,150 @@
+/* hf_config.c — reads the keys of Hugging Face's config.json that shape
+ * one attention layer; everything else in the file is ignored. */
+#include "hf_config.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* The tensor names of the safetensors header of path (8-byte little-endian
+ * length, then JSON), each with a 1-float placeholder: all that layout
+ * detection reads, without reading the weights. NULL when the header does
+ * not parse; the load then reports why. */
+static mha_tensors *header_names(const char *path) {
+    FILE *f = fopen(path, "rb");
+    unsigned char len8[8];
+    uint64_t n = 0;
+    if (!f) return NULL;
+    if (fread(len8, 1, 8, f) == 8)
+        for (int i = 7; i >= 0; i--) n = n << 8 | len8[i];
+    char *buf = n && n <= ((uint64_t)100 << 20) ? malloc((size_t)n) : NULL;
+    json_t *root = buf && fread(buf, 1, (size_t)n, f) == n ? json_loadb(buf, (size_t)n, 0, NULL) : NULL;
+    fclose(f);
+    free(buf);
+    mha_tensors *t = NULL;
+    const char *key;
+    json_t *v;
+    const float zero = 0;
+    const int one = 1;
+    if (json_is_object(root) && !mha_tensors_create(&t))
+        json_object_foreach(root, key, v) {
+            if (strcmp(key, "__metadata__") != 0 && mha_tensors_add_f32(t, key, &zero, 1, &one)) {
+                mha_tensors_free(t), t = NULL;
+                break;
+            }
+        }
+    json_decref(root);
+    return t;
+}
+
+/* Whether the checkpoint at path loads in the hf layout. */
+static int is_hf(const cli_ckpt *ck, const char *path) {
+    mha_layout l;
+    if (mha_layout_parse(&l, ck->layout ? ck->layout : "auto")) return 0;
+    if (l != MHA_LAYOUT_AUTO) return l == MHA_LAYOUT_HF;
+    mha_tensors *t = header_names(path);
+    int hf = t && !mha_layout_detect(&l, t) && l == MHA_LAYOUT_HF;
+    mha_tensors_free(t);
+    return hf;
+}
+
+/* A number at key of obj into *dst when present: range lo..hi, whole
+ * when asked. 0 or an exit code naming the key. */
+static int number(const char *cmd, json_t *obj, const char *where, const char *key, double lo, double hi,
+                  int whole, double *dst) {
+    json_t *v = json_object_get(obj, key);
+    if (!v || json_is_null(v)) return 0;
+    const double x = json_is_number(v) ? json_number_value(v) : NAN;
+    if (!(x >= lo && x <= hi) || (whole && x != floor(x)))
+        return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: %s%s is %s; expected %s in %g..%g", where, key,
+                             json_is_number(v) ? "out of range" : "not a number", whole ? "an integer" : "a number",
+                             lo, hi);
+    *dst = x;
+    return 0;
+}
+
+/* rope_scaling: {"rope_type" (or "type"): linear|llama3|yarn|default,
+ * factor, ...} as a --rope-scale spec; max_pos is the top-level
+ * max_position_embeddings, YaRN's default original context. */
+static int rope_scaling(const char *cmd, json_t *root, char *spec, size_t size) {
+    json_t *s = json_object_get(root, "rope_scaling");
+    if (!s || json_is_null(s)) return 0;
+    if (!json_is_object(s))
+        return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: rope_scaling is not an object; expected "
+                             "{\"rope_type\": \"linear\"|\"llama3\"|\"yarn\", \"factor\": F, ...} or null");
+    json_t *type = json_object_get(s, "rope_type");
+    if (!type) type = json_object_get(s, "type");
+    const char *kind = json_string_value(type);
+    if (kind && strcmp(kind, "default") == 0) return 0;
+    if (!kind || (strcmp(kind, "linear") && strcmp(kind, "llama3") && strcmp(kind, "yarn")))
+        return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: rope_scaling.rope_type is %s%s%s; expected "
+                             "\"linear\", \"llama3\", \"yarn\" or \"default\"", kind ? "\"" : "",
+                             kind ? kind : "missing or not a string", kind ? "\"" : "");
+    static const char *const keys[] = {"factor", "low_freq_factor", "high_freq_factor",
+                                       "original_max_position_embeddings", "beta_fast", "beta_slow",
+                                       "attention_factor"};
+    double v[7] = {0};
+    int rc = 0;
+    for (int i = 0; !rc && i < 7; i++)
+        rc = number(cmd, s, "rope_scaling.", keys[i], i == 0 ? 1 : 1e-9, i == 3 ? 1 << 30 : 1e9, i == 3, &v[i]);
+    if (!rc && v[3] == 0 && strcmp(kind, "yarn") == 0) /* as Hugging Face: the model's context */
+        rc = number(cmd, root, "", "max_position_embeddings", 1, 1 << 30, 1, &v[3]);
+    if (rc) return rc;
+    if (v[0] == 0)
+        return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: rope_scaling.factor missing; expected a "
+                             "number >= 1");
+    if (strcmp(kind, "linear") && v[3] == 0)
+        return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: rope_scaling.original_max_position_embeddings "
+                             "missing; expected the pre-training context length");
+    size_t n = (size_t)snprintf(spec, size, "%s:", kind);
+    for (int i = 0; i < 7; i++)
+        if (v[i] != 0) n += (size_t)snprintf(spec + n, size - n, "%s%s=%.17g", i ? "," : "", keys[i], v[i]);
+    return 0;
+}
+
+int cli_hf_config_read(cli_hf_config *c, const char *cmd, const cli_ckpt *ck, const char *path) {
+    memset(c, 0, sizeof *c);
+    if (!path) path = ck->weights;
+    char file[4096];
+    const char *slash = path ? strrchr(path, '/') : NULL;
+    const int dir = slash ? (int)(slash - path + 1) : 0;
+    if (!path || snprintf(file, sizeof file, "%.*sconfig.json", dir, path) >= (int)sizeof file) return 0;
+    if (access(file, F_OK) != 0 || !is_hf(ck, path)) return 0;
+    json_error_t err;
+    json_t *root = json_load_file(file, 0, &err);
+    if (!root || !json_is_object(root)) {
+        json_decref(root);
+        return root ? mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "%s: not a JSON object; expected Hugging Face's "
+                                    "config.json", file)
+                    : mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "%s: line %d: %s; expected Hugging Face's config.json "
+                                    "(JSON)", file, err.line, err.text);
+    }
+    double heads = 0, kv = 0, hd = 0, hidden = 0, theta = 0, part = 0;
+    int rc = number(cmd, root, "", "num_attention_heads", 1, 4096, 1, &heads);
+    if (!rc) rc = number(cmd, root, "", "num_key_value_heads", 1, 4096, 1, &kv);
+    if (!rc) rc = number(cmd, root, "", "head_dim", 1, 65536, 1, &hd);
+    if (!rc) rc = number(cmd, root, "", "hidden_size", 1, 1 << 24, 1, &hidden);
+    if (!rc) rc = number(cmd, root, "", "rotary_emb_base", 1, 1e12, 0, &theta);
+    if (!rc) rc = number(cmd, root, "", "rope_theta", 1, 1e12, 0, &theta);
+    if (!rc) rc = number(cmd, root, "", "rotary_pct", 1e-9, 1, 0, &part);
+    if (!rc) rc = number(cmd, root, "", "partial_rotary_factor", 1e-9, 1, 0, &part);
+    if (!rc) rc = rope_scaling(cmd, root, c->rope_scale, sizeof c->rope_scale);
+    json_decref(root);
+    if (rc) return rc;
+    c->heads = (long long)heads, c->kv_heads = (long long)kv;
+    c->head_dim = hd ? (long long)hd : heads && hidden ? (long long)(hidden / heads) : 0;
+    c->rope_theta = theta;
+    if (part && part < 1) {
+        const double r = part * (double)c->head_dim;
+        if (!c->head_dim || r != floor(r) || (long long)r % 2 || r < 2)
+            return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: partial_rotary_factor %g of head_dim %lld "
+                                 "gives %g rotated dims; expected an even whole number >= 2", part, c->head_dim, r);
+        c->rope_dim = (long long)r;
+    }
+    c->found = 1;
+    return 0;
+}

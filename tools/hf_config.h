@@ -1,0 +1,26 @@
+/* hf_config.h — the config.json Hugging Face stores beside model.safetensors:
+ * head counts and the rotary settings (rope_theta, rope_scaling,
+ * partial_rotary_factor, head_dim) as defaults of an `hf` checkpoint's
+ * flags (docs/VARIANTS.md). Unknown keys are ignored. */
+#ifndef MHA_TOOLS_HF_CONFIG_H
+#define MHA_TOOLS_HF_CONFIG_H
+
+#include "io_cli.h"
+
+typedef struct {
+    int found;                 /* a config.json beside an hf checkpoint was read   */
+    long long heads, kv_heads; /* num_attention_heads, num_key_value_heads; 0 = absent */
+    long long head_dim;        /* head_dim, else hidden_size / heads; 0 = unknown  */
+    double rope_theta;         /* rope_theta (rotary_emb_base); 0 = absent         */
+    long long rope_dim;        /* partial_rotary_factor (rotary_pct) x head_dim; 0 = whole */
+    char rope_scale[512];      /* rope_scaling as a --rope-scale spec; "" = none   */
+} cli_hf_config;
+
+/* Reads config.json from the directory of path (ck->weights when NULL)
+ * when the checkpoint is in the hf layout (--layout hf, or auto detected).
+ * c->found = 0 when there is none or the layout is another. Returns an exit
+ * code after printing "mha <cmd>: config.json: KEY ...; expected ..." for
+ * malformed JSON or a value of the wrong type or range. */
+int cli_hf_config_read(cli_hf_config *c, const char *cmd, const cli_ckpt *ck, const char *path);
+
+#endif /* MHA_TOOLS_HF_CONFIG_H */
