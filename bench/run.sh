@@ -272,12 +272,12 @@ done
 # bf16 / int8 weights (issue 15): the fp32-cache step at every h_kv and
 # context with the projections stored in bf16 and int8; report.py sets
 # them beside the fp32-weight rows above.
-for w in bf16 int8; do
+for wdtype in bf16 int8; do
   for hkv in $(echo $dec_hkv | tr , ' '); do
     for L in $(echo $dec_L | tr , ' '); do
       # shellcheck disable=SC2086
       run $solo "$bin" decode --d $dec_d --h $dec_h --h-kv $hkv --d-head $dec_dhead --L $L \
-          --weights $w --steps $dec_steps --threads $threads
+          --weights $wdtype --steps $dec_steps --threads $threads
     done
   done
 done
