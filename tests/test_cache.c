@@ -555,9 +555,9 @@ static void test_permute_live_cache_gqa(void) { permute_case(2); }
 /* 1 and 2 threads give the same bits: prefill and decode, MHA and MQA,
  * fp32 and fp16 (the chunk split does not depend on the thread count). */
 static void test_threads_bit_identical(void) {
-    for (int v = 0; v < 3; v++) {
+    for (int v = 0; v < 5; v++) { /* h_kv 1: 8 rows a token, prompts and 4-token steps run grouped */
         int h_kv = v == 0 ? 8 : v == 1 ? 2 : 1;
-        mha_cache_dtype dt = v == 1 ? MHA_CACHE_F16 : MHA_CACHE_F32;
+        mha_cache_dtype dt = v == 1 || v == 3 ? MHA_CACHE_F16 : v == 4 ? MHA_CACHE_I8 : MHA_CACHE_F32;
         fixture f;
         fixture_make(&f, 2, 150, 64, 8, h_kv, 8, 0, 0, 53 + v);
         uint64_t seed = 41;
@@ -815,6 +815,65 @@ static void test_kernels_agree(void) {
     free(q), free(k), free(v), free(s1), free(s2), free(a1), free(a2), free(y1), free(y2);
 }
 
+/* The grouped-heads kernels (MQA: scores stored keys by rows) against the
+ * row-major ones: scores_t and accumulate_t give the scalar table's bits
+ * (one fmaf chain in the same order), softmax_t the AVX-512 softmax's max
+ * and exponentials, its sum within rounding; a row of only -inf gets
+ * mx = -inf, sum 0 and zeros. 32 rows (two vectors) and 13 (one, masked);
+ * 40 keys (5 panels: a 16-key tile and an 8-key one; two V key blocks);
+ * dv = 72 (a 4-vector column tile, then a masked one); d = 45; fp16
+ * storage widened inside the kernels. (int8: cache_i8_attend_mqa32.) */
+static void test_grouped_kernels(void) {
+    if (!mha_cpu_has_avx512()) SKIP(TEST_SKIP_ISA, "avx512", "this CPU has no AVX-512");
+    const mha_decode_kernels *g = &mha_decode_kernels_avx512, *s = &mha_decode_kernels_scalar;
+    enum { N = 40, D = 45, DV = 72, LDT = 32 };
+    uint64_t seed = 61;
+    float *q = naive_random_floats((size_t)32 * D, &seed, -1, 1), *kp = naive_random_floats((size_t)N * D, &seed, -1, 1);
+    float *v = naive_random_floats((size_t)N * DV, &seed, -1, 1), *qt = naive_alloc_floats((size_t)D * LDT);
+    float *st = naive_alloc_floats((size_t)N * LDT), *sr = naive_alloc_floats((size_t)32 * N);
+    float *a1 = naive_alloc_floats((size_t)32 * DV), *a2 = naive_alloc_floats((size_t)32 * DV);
+    uint16_t *kh = malloc(2 * (size_t)N * D), *vh = malloc(2 * (size_t)N * DV);
+    float *kw = naive_alloc_floats((size_t)N * D), *vw = naive_alloc_floats((size_t)N * DV);
+    float *buf = naive_alloc_floats((size_t)32 * DV + 2 * D * 8);
+    for (int i = 0; i < 32; i++)
+        for (int c = 0; c < D; c++) qt[(size_t)c * LDT + i] = q[(size_t)i * D + c];
+    for (int m = 32; m > 0; m -= 19) {
+        g->scores_t(st, LDT, qt, LDT, kp, NULL, 0, NULL, m, N, D);
+        s->scores(sr, N, q, D, kp, m, N, D);
+        int same = 1;
+        for (int i = 0; i < m; i++)
+            for (int j = 0; j < N; j++) same &= memcmp(&st[(size_t)j * LDT + i], &sr[(size_t)i * N + j], 4) == 0;
+        CHECK(same);
+        for (int j = 0; j < N; j++) st[(size_t)j * LDT + 3] = sr[(size_t)3 * N + j] = -INFINITY; /* row 3: no key */
+        float mx1[32], mx2[32], l1[32], l2[32];
+        g->softmax_t(st, LDT, mx1, l1, m, N);
+        g->softmax(sr, N, mx2, l2, m, N);
+        for (int i = 0; i < m; i++) {
+            for (int j = 0; j < N; j++) same &= memcmp(&st[(size_t)j * LDT + i], &sr[(size_t)i * N + j], 4) == 0;
+            CHECK(mx1[i] == mx2[i] || (i == 3 && mx1[i] == -INFINITY));
+            CHECK(fabsf(l1[i] - l2[i]) <= 1e-6f * l2[i]);
+        }
+        CHECK(same);
+        CHECK(l1[3] == 0.0f && mx1[3] == -INFINITY && st[3] == 0.0f);
+        g->accumulate_t(a1, DV, st, LDT, v, NULL, 0, NULL, m, N, DV);
+        s->accumulate(a2, DV, sr, N, v, m, N, DV);
+        CHECK(memcmp(a1, a2, sizeof(float) * (size_t)m * DV) == 0);
+        /* fp16 storage, widened panel by panel (K) and 32 rows at a time
+         * (V): the bits of the fp32 kernels on the widened values */
+        s->to_f16(kh, kp, (size_t)N * D), s->from_f16(kw, kh, (size_t)N * D);
+        s->to_f16(vh, v, (size_t)N * DV), s->from_f16(vw, vh, (size_t)N * DV);
+        g->scores_t(sr, LDT, qt, LDT, kh, NULL, 1, buf, m, N, D);
+        g->scores_t(st, LDT, qt, LDT, kw, NULL, 0, NULL, m, N, D);
+        for (int j = 0; j < N; j++) same &= memcmp(sr + (size_t)j * LDT, st + (size_t)j * LDT, sizeof(float) * m) == 0;
+        CHECK(same);
+        g->accumulate_t(a1, DV, st, LDT, vh, NULL, 1, buf, m, N, DV);
+        g->accumulate_t(a2, DV, st, LDT, vw, NULL, 0, NULL, m, N, DV);
+        CHECK(memcmp(a1, a2, sizeof(float) * (size_t)m * DV) == 0);
+    }
+    free(q), free(kp), free(v), free(qt), free(st), free(sr), free(a1), free(a2);
+    free(kh), free(vh), free(kw), free(vw), free(buf);
+}
+
 /* -------------------------------------------- low-level, sizes, errors */
 
 /* append + attend with the caller's own projections equal the cached
@@ -1066,6 +1125,7 @@ static const test_case cases[] = {
     {"cache_prefill_branch_bits", test_prefill_branch_bits},
     {"cache_f16_conversion", test_f16_conversion},
     {"cache_kernels_agree", test_kernels_agree},
+    {"cache_grouped_kernels", test_grouped_kernels},
     {"cache_decode_gemm_tile_mode", test_decode_gemm_tile_mode},
     {"cache_append_attend", test_append_attend},
     {"cache_bytes", test_cache_bytes},

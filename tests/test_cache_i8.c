@@ -167,6 +167,9 @@ static void attend_case(int h, int hk, int dk, int dv, int T) {
 static void test_attend_mha(void) { attend_case(4, 4, 40, 72, 300); }
 static void test_attend_gqa(void) { attend_case(8, 2, 64, 24, 200); }
 static void test_attend_mqa(void) { attend_case(8, 1, 20, 72, 260); }
+/* 32 heads on one kv head: a one-token decode is 32 rows, run grouped
+ * (the chunk widened once, scores keys by rows; decode.c) */
+static void test_attend_mqa32(void) { attend_case(32, 1, 64, 72, 300); }
 
 /* ------------------------------------------------- storage format */
 
@@ -583,11 +586,12 @@ static void with_types(mha_cache_dtype kt, mha_cache_dtype vt, void (*fn)(void))
     g_kt = g_vt = MHA_CACHE_I8;
 }
 
-/* Fused kernels (<= 4 rows per kv head) and the widened chunk (MQA: 8
- * rows) with each side in its own type. */
+/* Fused kernels (<= 4 rows per kv head), the widened chunk (MQA: 8
+ * rows) and the grouped one (32 rows) with each side in its own type. */
 static void test_mixed_attend_i8_f16(void) {
     with_types(MHA_CACHE_I8, MHA_CACHE_F16, test_attend_mha);
     with_types(MHA_CACHE_I8, MHA_CACHE_F16, test_attend_mqa);
+    with_types(MHA_CACHE_I8, MHA_CACHE_F16, test_attend_mqa32);
 }
 static void test_mixed_attend_f16_i8(void) {
     with_types(MHA_CACHE_F16, MHA_CACHE_I8, test_attend_gqa);
@@ -640,6 +644,7 @@ static const test_case cases[] = {
     {"cache_i8_attend_mha", test_attend_mha},
     {"cache_i8_attend_gqa", test_attend_gqa},
     {"cache_i8_attend_mqa", test_attend_mqa},
+    {"cache_i8_attend_mqa32", test_attend_mqa32},
     {"cache_i8_prefill_decode", test_prefill_decode},
     {"cache_i8_ragged", test_ragged},
     {"cache_i8_truncate", test_truncate},

@@ -16,6 +16,13 @@
  * unit runs its chunks in order. Both perform the same operations in the
  * same order, so the bits depend on the chunk size alone, never on the
  * thread count or on which mode ran.
+ *
+ * Grouped heads (a unit of at least GROUPED_ROWS rows, MQA and wide GQA,
+ * where the table has the scores_t kernels): the chunk's K and V are
+ * widened to fp32 once (fp16, int8; fp32 is read in place) and all rows
+ * run against them with the scores stored transposed, keys by rows, so
+ * that one key element meets 16 query rows per FMA (decode_kernels.h).
+ * Which layout a chunk uses depends on the unit's rows alone.
  */
 #include <limits.h>
 #include <math.h>
@@ -25,11 +32,15 @@
 
 #include "cache/cache_internal.h"
 
+_Static_assert((int)MHA_CACHE_F32 == (int)MHA_DK_F32 && (int)MHA_CACHE_F16 == (int)MHA_DK_F16 && (int)MHA_CACHE_I8 == (int)MHA_DK_I8,
+               "the grouped kernels take the cache's storage type as their kind");
+
 #define QTILE 32             /* query rows per unit                        */
 #define PREFETCH_CHUNKS 1    /* chunks of K/V requested ahead of use        */
 #define FUSED_F16_ROWS 4     /* fp16 widened in registers up to this many rows */
 #define FUSED_I8_ROWS 8      /* int8 likewise (8 rows: 1.6x the widened chunk,
                               * AVX-512, h_kv 1, bench/LIMITS.md)           */
+#define GROUPED_ROWS 16       /* rows from which a unit runs grouped (above) */
 #define SPLIT_BELOW_UNITS 64 /* split keys across tasks when units < this  */
 #define SPLIT_MAX_FLOATS ((size_t)1 << 26) /* cap on partial storage       */
 
@@ -73,7 +84,9 @@ static int chunk_needed(const mha_cache *c, int ulo, int uhi, int ch) {
 
 typedef struct {
     float *qt;  /* (QTILE, d_k) the unit's queries          */
-    float *s;   /* (QTILE, CHUNK) scores, then weights       */
+    float *qtt; /* (d_k, QTILE) the same transposed (grouped) */
+    float *s;   /* (QTILE, CHUNK) scores, then weights; grouped:
+                 * (CHUNK, QTILE), keys by rows              */
     int *pos;   /* (CHUNK) positions of the chunk's slots    */
     int *upos;  /* (CHUNK) their stored positions (ALiBi)    */
     float *kf;  /* (CHUNK, d_k) fp32 keys (fp16, int8 cache) */
@@ -86,6 +99,7 @@ typedef struct {
 static int scratch_alloc(scratch *w, const mha_cache *c) {
     size_t pw = 2 + (size_t)c->d_v;
     w->qt = malloc(sizeof(float) * QTILE * c->d_k);
+    w->qtt = malloc(sizeof(float) * QTILE * c->d_k);
     w->s = malloc(sizeof(float) * QTILE * MHA_DECODE_CHUNK);
     w->pos = malloc(sizeof(int) * MHA_DECODE_CHUNK);
     w->upos = malloc(sizeof(int) * MHA_DECODE_CHUNK);
@@ -95,18 +109,24 @@ static int scratch_alloc(scratch *w, const mha_cache *c) {
     w->sum = malloc(sizeof(float) * QTILE);
     w->part = malloc(sizeof(float) * QTILE * pw);
     w->run = malloc(sizeof(float) * QTILE * pw);
-    return w->qt && w->s && w->pos && w->upos && w->kf && w->vf && w->mx && w->sum && w->part &&
+    return w->qt && w->qtt && w->s && w->pos && w->upos && w->kf && w->vf && w->mx && w->sum && w->part &&
            w->run;
 }
 
 static void scratch_free(scratch *w) {
-    free(w->qt), free(w->s), free(w->pos), free(w->upos), free(w->kf), free(w->vf);
+    free(w->qt), free(w->qtt), free(w->s), free(w->pos), free(w->upos), free(w->kf), free(w->vf);
     free(w->mx), free(w->sum), free(w->part), free(w->run);
 }
 
+/* Whether the unit's chunks run grouped (see the top of this file). */
+static int unit_grouped(const decode_call *dc, const unit *u) {
+    return u->i1 - u->i0 >= GROUPED_ROWS && dc->kr->scores_t;
+}
+
 /* qt (rows, d_k) = scale * the unit's queries: scores need no second pass
- * (and only chunks that cut a row's range need a mask pass). */
-static void gather_queries(float *qt, const decode_call *dc, const unit *u) {
+ * (and only chunks that cut a row's range need a mask pass); grouped
+ * units also get them transposed in qtt (d_k, QTILE). */
+static void gather_queries(float *qt, float *qtt, const decode_call *dc, const unit *u) {
     const mha_cache *c = dc->c;
     for (int i = u->i0; i < u->i1; i++) {
         int t = dc->t0 + i / dc->n_rep, r = u->g * dc->n_rep + i % dc->n_rep;
@@ -114,6 +134,9 @@ static void gather_queries(float *qt, const decode_call *dc, const unit *u) {
         float *dst = qt + (size_t)(i - u->i0) * c->d_k;
         for (int d = 0; d < c->d_k; d++) dst[d] = src[d] * dc->o->scale;
     }
+    if (!unit_grouped(dc, u)) return;
+    for (int i = 0; i < u->i1 - u->i0; i++)
+        for (int d = 0; d < c->d_k; d++) qtt[(size_t)d * QTILE + i] = qt[(size_t)i * c->d_k + d];
 }
 
 /* Requests the chunk PREFETCH_CHUNKS after the one at slot cs of storage
@@ -133,14 +156,18 @@ static void prefetch_chunk(const mha_cache *c, size_t kv, int cs) {
     for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(sp + o, 0, 2);
 }
 
-/* Soft-cap, then ALiBi, on the scores w->s (m, nk) of the keys whose
- * slots are w->pos[j0 ..]: s -= slope_r |p_i - p_j| with the positions
- * the tokens were stored with (exact in int). Slots that hold no live
- * position are masked after this. */
-static void variants_chunk(scratch *w, const decode_call *dc, const unit *u, int m, int j0, int nk) {
+/* Soft-cap, then ALiBi, on the scores w->s of the m rows and nk keys whose
+ * slots are w->pos[j0 ..], score (i, j) at w->s[i * rs + j * ks]:
+ * s -= slope_r |p_i - p_j| with the positions the tokens were stored with
+ * (exact in int). Slots that hold no live position are masked after this. */
+static void variants_chunk(scratch *w, const decode_call *dc, const unit *u, int m, int j0, int nk, size_t rs,
+                           size_t ks) {
     const mha_cache *c = dc->c;
     const mha_decode_opts *o = dc->o;
-    if (o->softcap != 0.0f) mha_attn_softcap_get(o->prefill)(w->s, MHA_DECODE_CHUNK, o->softcap, m, nk);
+    if (o->softcap != 0.0f) { /* elementwise: the transposed scores are nk rows of m */
+        if (ks == 1) mha_attn_softcap_get(o->prefill)(w->s, rs, o->softcap, m, nk);
+        else mha_attn_softcap_get(o->prefill)(w->s, ks, o->softcap, nk, m);
+    }
     if (!o->slopes) return;
     for (int j = 0; j < nk; j++) {
         int pj = w->pos[j0 + j];
@@ -150,8 +177,8 @@ static void variants_chunk(scratch *w, const decode_call *dc, const unit *u, int
         const int r = u->g * dc->n_rep + (u->i0 + i) % dc->n_rep;
         const int pi = mha_cache_user_position(c, u->b, mha_cache_slot_of(c, row_position(dc, u->b, u->i0 + i)));
         const float slope = o->slopes[r];
-        float *row = w->s + (size_t)i * MHA_DECODE_CHUNK;
-        for (int j = 0; j < nk; j++) row[j] -= slope * (float)abs(pi - w->upos[j]);
+        float *row = w->s + (size_t)i * rs;
+        for (int j = 0; j < nk; j++) row[(size_t)j * ks] -= slope * (float)abs(pi - w->upos[j]);
     }
 }
 
@@ -211,6 +238,26 @@ static void chunk_values(float *acc, int ldacc, scratch *w, const decode_call *d
     kr->accumulate(acc, ldacc, w->s, MHA_DECODE_CHUNK, vp, m, nk, c->d_v);
 }
 
+/* Grouped: w->s (nk, QTILE) = the scores, keys by rows, of the m scaled
+ * queries w->qtt against keys jlo .. jlo+nk-1 of block kv; fp16 / int8
+ * K widened panel by panel into w->kf (L1), once for all rows. */
+static void chunk_scores_t(scratch *w, const decode_call *dc, size_t kv, int jlo, int m, int nk) {
+    const mha_cache *c = dc->c;
+    const float *ks = c->nbk ? c->scales + mha_cache_ks_off(c, kv, jlo) : NULL;
+    const char *k = (const char *)c->data + mha_cache_k_off(c, kv, jlo) * c->ek;
+    dc->kr->scores_t(w->s, QTILE, w->qtt, QTILE, k, ks, (int)c->kt, w->kf, m, nk, c->d_k);
+}
+
+/* Grouped: acc (m, d_v) = the weights w->s (nk, QTILE) times the values,
+ * fp16 / int8 V widened 32 rows at a time into w->vf, once for all rows. */
+static void chunk_values_t(float *acc, int ldacc, scratch *w, const decode_call *dc, size_t kv, int jlo, int m,
+                           int nk) {
+    const mha_cache *c = dc->c;
+    const float *vs = c->nbv ? c->scales + mha_cache_vs_off(c, kv, jlo) : NULL;
+    const char *v = (const char *)c->data + mha_cache_v_off(c, kv, jlo) * c->ev;
+    dc->kr->accumulate_t(acc, ldacc, w->s, QTILE, v, vs, (int)c->vt, w->vf, m, nk, c->d_v);
+}
+
 /* part (rows, 2 + d_v) = the softmax state of the unit's rows over chunk
  * ch: [max, sum, acc...] per row; rows with no allowed key get -inf, 0. */
 static void chunk_partial(float *part, scratch *w, const decode_call *dc, const unit *u, int ch) {
@@ -239,8 +286,12 @@ static void chunk_partial(float *part, scratch *w, const decode_call *dc, const 
     int nk = jhi - jlo;
     size_t kv = mha_cache_kv_index(c, u->b, u->g);
     prefetch_chunk(c, kv, cs);
-    chunk_scores(w, dc, kv, jlo, m, nk);
-    variants_chunk(w, dc, u, m, jlo - cs, nk);
+    /* score (i, j) at w->s[i * rs + j * ks]: rows of keys when grouped */
+    const int grouped = unit_grouped(dc, u);
+    const size_t rs = grouped ? 1 : MHA_DECODE_CHUNK, ks = grouped ? QTILE : 1;
+    if (grouped) chunk_scores_t(w, dc, kv, jlo, m, nk);
+    else chunk_scores(w, dc, kv, jlo, m, nk);
+    variants_chunk(w, dc, u, m, jlo - cs, nk, rs, ks);
     /* causal (bottom-right) and window: row i attends positions
      * [first key, its own position]; a chunk wholly inside needs no mask */
     int pmin = INT_MAX, pmax = INT_MIN, holes = 0;
@@ -253,14 +304,19 @@ static void chunk_partial(float *part, scratch *w, const decode_call *dc, const 
     for (int i = 0; i < m; i++) {
         int p = row_position(dc, u->b, u->i0 + i), lo = mha_cache_first_key(dc->c, u->b, p, dc->o->left);
         if (!holes && pmin >= lo && pmax <= p) continue;
-        float *row = w->s + (size_t)i * MHA_DECODE_CHUNK;
+        float *row = w->s + (size_t)i * rs;
         for (int j = 0; j < nk; j++) {
             int pj = w->pos[jlo - cs + j];
-            if (!mha_cache_attends(c, pj, lo, p)) row[j] = -INFINITY;
+            if (!mha_cache_attends(c, pj, lo, p)) row[(size_t)j * ks] = -INFINITY;
         }
     }
-    dc->kr->softmax(w->s, MHA_DECODE_CHUNK, w->mx, w->sum, m, nk);
-    chunk_values(part + 2, (int)pw, w, dc, kv, jlo, m, nk);
+    if (grouped) {
+        dc->kr->softmax_t(w->s, QTILE, w->mx, w->sum, m, nk);
+        chunk_values_t(part + 2, (int)pw, w, dc, kv, jlo, m, nk);
+    } else {
+        dc->kr->softmax(w->s, MHA_DECODE_CHUNK, w->mx, w->sum, m, nk);
+        chunk_values(part + 2, (int)pw, w, dc, kv, jlo, m, nk);
+    }
     for (int i = 0; i < m; i++) {
         part[(size_t)i * pw] = w->mx[i];
         part[(size_t)i * pw + 1] = w->sum[i];
@@ -416,7 +472,7 @@ static int plan_threads(decode_plan *pl, const mha_exec *ex, const mha_cache *c)
 // finishes a unit's last chunk merges its partials, in chunk order
 static void run_split_task(const decode_plan *pl, const decode_call *dc, scratch *w, long t, long *last) {
     const unit *u = &pl->units[pl->unit_of[t]];
-    if (pl->unit_of[t] != *last) gather_queries(w->qt, dc, u), *last = pl->unit_of[t];
+    if (pl->unit_of[t] != *last) gather_queries(w->qt, w->qtt, dc, u), *last = pl->unit_of[t];
     chunk_partial(pl->parts + pl->part_at[t], w, dc, u, pl->chunk_of[t]);
     int finished;
 #pragma omp atomic capture seq_cst
@@ -432,7 +488,7 @@ static void run_split_task(const decode_plan *pl, const decode_call *dc, scratch
 static void run_unit(const decode_plan *pl, const decode_call *dc, scratch *w, long ui) {
     const unit *u = &pl->units[ui];
     const int m = u->i1 - u->i0;
-    gather_queries(w->qt, dc, u);
+    gather_queries(w->qt, w->qtt, dc, u);
     run_init(w->run, m, dc->c->d_v);
     for (int k = 0; k < u->count; k++) {
         chunk_partial(w->part, w, dc, u, pl->chunk_of[u->first + k]);

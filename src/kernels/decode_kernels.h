@@ -32,6 +32,9 @@
  * scales are rows: (n, nbv). */
 #define MHA_Q8_BLOCK 32
 
+/* Storage kinds of the grouped kernels (the values of mha_cache_dtype). */
+enum { MHA_DK_F32 = 0, MHA_DK_F16 = 1, MHA_DK_I8 = 2 };
+
 typedef struct {
     const char *name;
     /* s (m, n), row stride lds: s[i][j] = q_i . key j.
@@ -95,14 +98,38 @@ typedef struct {
      * from 0, then y = fmaf(acc, scale, y). Every table gives these bits. */
     void (*gemm_stream_i8)(float *y, int ldy, const float *x, int ldx, const int8_t *w, int ldw,
                            const float *scale, int m, int k, int n);
+    /* ---- grouped heads (many query rows on one kv head: MQA): the scores
+     * stored transposed, keys by rows, so that one key's scalar meets a
+     * vector of 16 query rows (no horizontal sums, no lane shuffles) and
+     * the softmax runs 16 rows per vector. NULL in a table: decode.c uses
+     * the row-major kernels above. m <= 32 rows. */
+    /* st (n, ldt): st[j][i] = q_i . key j, q given transposed, qt (d, ldq);
+     * keys k in panels of the storage `kind` (MHA_DK_*; int8 with the
+     * paneled scales ks), widened panel by panel into buf (2 d 8 floats;
+     * unused for fp32) exactly as from_f16 / from_q8 widen them; n % 8 ==
+     * 0. Each score is one fmaf chain in dim order from 0: the bits of
+     * scores on the widened keys (and of scores_scalar). */
+    void (*scores_t)(float *st, int ldt, const float *qt, int ldq, const void *k, const float *ks, int kind,
+                     float *buf, int m, int n, int d);
+    /* softmax over the keys of each row (column of st): the max and the
+     * exponentials of softmax (same bits); sum[i] = (terms of even keys,
+     * in order) + (odd keys, in order), not softmax's order. A row of only
+     * -inf: mx = -inf, sum = 0 and zeros. */
+    void (*softmax_t)(float *st, int ldt, float *mx, float *sum, int m, int n);
+    /* acc (m, dv) = pt^T v: pt (n, ldt) the weights by keys, v (n, dv)
+     * rows of the storage `kind` (int8: scales vs (n, ceil(dv/32))),
+     * widened 32 rows at a time into buf (32 dv floats; unused for fp32).
+     * One fmaf chain per element in key order from 0: the bits of
+     * accumulate on the widened values. */
+    void (*accumulate_t)(float *acc, int ldacc, const float *pt, int ldt, const void *v, const float *vs,
+                         int kind, float *buf, int m, int n, int dv);
 } mha_decode_kernels;
 
 extern const mha_decode_kernels mha_decode_kernels_scalar;
 extern const mha_decode_kernels mha_decode_kernels_avx2;
 extern const mha_decode_kernels mha_decode_kernels_avx512; /* avx512_decode.c */
 
-/* The AVX2 int8 kernels; the AVX-512 table shares from_q8 (the chunk
- * widened once for many rows) and has its own scores_q8 / accumulate_q8. */
+/* The AVX2 int8 kernels; the AVX-512 table has its own. */
 void mha_scores_q8_avx2(float *s, int lds, const float *q, int ldq, const int8_t *kq, const float *ks,
                         int m, int n, int d);
 void mha_accumulate_q8_avx2(float *acc, int ldacc, const float *p, int ldp, const int8_t *vq,
@@ -122,4 +149,11 @@ void mha_gemm_stream_bf16_avx512(float *y, int ldy, const float *x, int ldx, con
                                  int k, int n);
 void mha_gemm_stream_i8_avx512(float *y, int ldy, const float *x, int ldx, const int8_t *w, int ldw,
                                const float *scale, int m, int k, int n);
+/* The AVX-512 grouped-heads kernels and int8 widening (avx512_decode_grouped.c). */
+void mha_scores_t_avx512(float *st, int ldt, const float *qt, int ldq, const void *k, const float *ks, int kind,
+                         float *buf, int m, int n, int d);
+void mha_softmax_t_avx512(float *st, int ldt, float *mx, float *sum, int m, int n);
+void mha_accumulate_t_avx512(float *acc, int ldacc, const float *pt, int ldt, const void *v, const float *vs,
+                             int kind, float *buf, int m, int n, int dv);
+void mha_from_q8_avx512(float *dst, const int8_t *src, const float *scale, size_t rows, int d, int lanes);
 #endif /* MHA_DECODE_KERNELS_H */

@@ -1,0 +1,107 @@
+/* ab_decode.c — interleaved A/B of two builds of the decode attention
+ * (issue 11/15 measurement tool, built by bench/ab/ab_decode.sh, not by
+ * make): "old" is src/cache/decode.c and the AVX-512 decode table of a
+ * given git revision, "new" the working tree's, linked into one process.
+ * For each case (cache type, h_kv, L, threads) the same cache is attended
+ * by old and new in turn, ABAB..., and the best of N runs of each is kept.
+ *
+ * Shapes as bench_decode.c: d_model 2048, h 32, d_head 64, B 1, a cache of
+ * L tokens of random K/V in [-1, 1), one query per head (mha_cache_attend).
+ * Output: one line per case, times in ms and new/old, plus max|z_old -
+ * z_new| (they differ by rounding: the grouped path's softmax sums in
+ * another order). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench.h"
+#include "cache/cache_internal.h"
+#include "compute/exec.h"
+#include "mha.h"
+
+extern const mha_decode_kernels mha_decode_kernels_avx512_old;
+mha_status mha_decode_attend_old(const mha_exec *, float *, float *, const mha_cache *, const float *, const int *,
+                                 int, const int *, const mha_decode_opts *);
+mha_status mha_decode_attend_new(const mha_exec *, float *, float *, const mha_cache *, const float *, const int *,
+                                 int, const int *, const mha_decode_opts *);
+
+static int use_new;
+
+/* The library's entry point: old or new, the old one with the old table. */
+mha_status mha_decode_attend(const mha_exec *ex, float *z, float *stats, const mha_cache *c, const float *q,
+                             const int *row0, int t0, const int *n, const mha_decode_opts *o) {
+    if (use_new) return mha_decode_attend_new(ex, z, stats, c, q, row0, t0, n, o);
+    mha_isa isa = *ex->isa;
+    mha_exec e = *ex;
+    if (isa.decode == &mha_decode_kernels_avx512) isa.decode = &mha_decode_kernels_avx512_old;
+    e.isa = &isa;
+    return mha_decode_attend_old(&e, z, stats, c, q, row0, t0, n, o);
+}
+
+static double attend_ms(mha_cache *c, float *z, const float *q) {
+    double t0 = bench_now();
+    if (mha_cache_attend(c, z, q, 1, NULL, 0.0f) != MHA_OK) {
+        printf("error: %s\n", mha_last_error());
+        exit(1);
+    }
+    return (bench_now() - t0) * 1e3;
+}
+
+int main(int argc, char **argv) {
+    int reps = argc > 1 ? atoi(argv[1]) : 15;
+    const char *types = argc > 2 ? argv[2] : "fp32,fp16,int8,int8/fp16";
+    const int D = 2048, h = 32, dh = 64, hkvs[3] = {32, 8, 1}, Ls[2] = {1024, 16384};
+    const char *names[4] = {"fp32", "fp16", "int8", "int8/fp16"};
+    const mha_cache_dtype kts[4] = {MHA_CACHE_F32, MHA_CACHE_F16, MHA_CACHE_I8, MHA_CACHE_I8};
+    const mha_cache_dtype vts[4] = {MHA_CACHE_F32, MHA_CACHE_F16, MHA_CACHE_I8, MHA_CACHE_F16};
+    printf("cache h_kv L threads old_ms new_ms new/old max|dz|\n");
+    for (int ty = 0; ty < 4; ty++) {
+        char want[32];
+        snprintf(want, sizeof want, ",%s,", names[ty]);
+        char have[128];
+        snprintf(have, sizeof have, ",%s,", types);
+        if (!strstr(have, want)) continue;
+        for (int a = 0; a < 3; a++)
+            for (int b = 0; b < 2; b++) {
+                const int hk = hkvs[a], L = Ls[b];
+                uint64_t seed = 5;
+                mha_config cfg = mha_config_default(D, h);
+                cfg.n_kv_heads = hk, cfg.d_k = dh, cfg.d_v = dh, cfg.bias = 0;
+                float *wq = bench_alloc((size_t)D * h * dh), *wk = bench_alloc((size_t)D * hk * dh);
+                float *wv = bench_alloc((size_t)D * hk * dh), *wo = bench_alloc((size_t)h * dh * D);
+                mha_weights w = {.w_q = wq, .w_k = wk, .w_v = wv, .w_o = wo};
+                mha_layer *layer = NULL;
+                mha_cache *c = NULL;
+                if (mha_layer_create(&layer, &cfg, &w) || mha_cache_create_kv(&c, layer, 1, L, kts[ty], vts[ty], 0))
+                    return printf("error: %s\n", mha_last_error()), 1;
+                float *k = bench_alloc((size_t)1024 * hk * dh), *v = bench_alloc((size_t)1024 * hk * dh);
+                for (int t = 0; t < L; t += 1024) {
+                    bench_fill(k, (size_t)1024 * hk * dh, &seed, -1.0f, 1.0f);
+                    bench_fill(v, (size_t)1024 * hk * dh, &seed, -1.0f, 1.0f);
+                    if (mha_cache_append(c, k, v, L - t < 1024 ? L - t : 1024, NULL))
+                        return printf("error: %s\n", mha_last_error()), 1;
+                }
+                float *q = bench_alloc((size_t)h * dh), *z0 = bench_alloc((size_t)h * dh), *z1 = bench_alloc((size_t)h * dh);
+                bench_fill(q, (size_t)h * dh, &seed, -1.0f, 1.0f);
+                for (int th = 1; th <= 2; th++) {
+                    mha_set_num_threads(th);
+                    double best[2] = {1e30, 1e30};
+                    for (int r = 0; r < reps; r++)
+                        for (int s = 0; s < 2; s++) {
+                            use_new = s;
+                            double t = attend_ms(c, s ? z1 : z0, q);
+                            if (t < best[s]) best[s] = t;
+                        }
+                    double dz = 0.0;
+                    for (int i = 0; i < h * dh; i++) dz = fmax(dz, fabs((double)z0[i] - z1[i]));
+                    printf("%s %d %d %d %.4f %.4f %.3f %.2g\n", names[ty], hk, L, th, best[0], best[1],
+                           best[1] / best[0], dz);
+                    fflush(stdout);
+                }
+                mha_cache_free(c), mha_layer_free(layer);
+                free(wq), free(wk), free(wv), free(wo), free(k), free(v), free(q), free(z0), free(z1);
+            }
+    }
+    return 0;
+}

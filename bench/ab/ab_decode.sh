@@ -1,0 +1,23 @@
+#!/bin/sh
+# ab_decode.sh REV [REPS] [TYPES] — builds bench/ab/ab_decode.c with the
+# decode attention (src/cache/decode.c + src/kernels/avx512_decode.c) of
+# git revision REV as "old" and the working tree's as "new" (after `make
+# lib`), then runs it: interleaved, best of REPS (default 15), 1 and 2
+# threads. Everything is built under build/ab/.
+set -e
+rev=${1:?usage: bench/ab/ab_decode.sh REV [REPS] [TYPES]}
+out=build/ab
+mkdir -p $out
+CC="cc -std=c11 -O2 -fopenmp -Iinclude -Isrc -Ibench -D_DEFAULT_SOURCE"
+AVX512="-mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -mf16c"
+git show "$rev:src/cache/decode.c" > $out/decode_old.c
+git show "$rev:src/kernels/avx512_decode.c" > $out/avx512_decode_old.c
+$CC -Dmha_decode_attend=mha_decode_attend_old -c $out/decode_old.c -o $out/decode_old.o
+$CC -Dmha_decode_attend=mha_decode_attend_new -c src/cache/decode.c -o $out/decode_new.o
+$CC $AVX512 -Dmha_decode_kernels_avx512=mha_decode_kernels_avx512_old -c $out/avx512_decode_old.c \
+    -o $out/avx512_decode_old.o
+# the library's objects but its decode.o, whose entry point the harness provides
+objs=$(ls build/src/*/*.o build/src/*.o | grep -v 'src/cache/decode.o$')
+$CC -o $out/ab_decode bench/ab/ab_decode.c bench/bench_util.c $out/decode_old.o $out/decode_new.o \
+    $out/avx512_decode_old.o $objs -ljansson -lpng -lm
+OPENBLAS_NUM_THREADS=1 $out/ab_decode "${2:-15}" "${3:-fp32,fp16,int8,int8/fp16}"

@@ -1,0 +1,265 @@
+/* avx512_decode_grouped.c — AVX-512 decode kernels for many query rows on
+ * one kv head (MQA; see the scores_t entries of decode_kernels.h), and the
+ * int8 widening of a chunk they read. Built with the AVX-512 flags.
+ *
+ * The scores are kept transposed, st (keys, rows): a key's element is one
+ * embedded broadcast from memory and 16 query rows fill a zmm, so the
+ * products need no lane shuffles (the row-major kernels insert two 8-key
+ * panels per zmm) and the softmax handles 16 rows per vector. Each output
+ * element is the fmaf chain of the row-major kernels, in the same order.
+ * Legend: m query rows (<= 32), n keys, d = d_k, dv = d_v. */
+#include <immintrin.h>
+#include <math.h>
+
+#include "kernels/decode_kernels.h"
+#include "kernels/avx512_micro.h"
+
+#define INLINE MHA_AVX512_INLINE
+#define UNROLL _Pragma("GCC unroll 16")
+#define KEY_BLOCK 32 /* keys of V per pass: (32, dv) stays in L1 for every row group */
+/* (the buffers of the fp16 / int8 kinds: K one or two panels, 2 d 8 floats;
+ * V KEY_BLOCK rows, KEY_BLOCK dv floats: decode_kernels.h) */
+
+/* ------------------------------------------------------------- scores */
+
+/* J keys (one or two 8-key panels from kp) x V vectors of 16 rows; the
+ * last row vector masked by klast (zero rows read as 0). */
+INLINE void scores_t_tile(float *st, int ldt, const float *qt, int ldq, const float *kp, int d, __mmask16 klast,
+                          int J, int V) {
+    __m512 acc[16][2];
+    UNROLL
+    for (int j = 0; j < J; j++)
+        UNROLL
+        for (int v = 0; v < V; v++) acc[j][v] = _mm512_setzero_ps();
+    const size_t ps = (size_t)d * MHA_KPANEL;
+    for (int c = 0; c < d; c++) {
+        __m512 qv[2];
+        UNROLL
+        for (int v = 0; v < V; v++)
+            qv[v] = _mm512_maskz_loadu_ps(v == V - 1 ? klast : (__mmask16)0xffff, qt + (size_t)c * ldq + 16 * v);
+        UNROLL
+        for (int j = 0; j < J; j++) {
+            const __m512 kb = _mm512_set1_ps(kp[(size_t)(j / MHA_KPANEL) * ps + (size_t)c * MHA_KPANEL + j % MHA_KPANEL]);
+            UNROLL
+            for (int v = 0; v < V; v++) acc[j][v] = _mm512_fmadd_ps(qv[v], kb, acc[j][v]);
+        }
+    }
+    UNROLL
+    for (int j = 0; j < J; j++)
+        UNROLL
+        for (int v = 0; v < V; v++)
+            _mm512_mask_storeu_ps(st + (size_t)j * ldt + 16 * v, v == V - 1 ? klast : (__mmask16)0xffff, acc[j][v]);
+}
+
+/* Panel p of K as fp32: in place (fp32) or widened into buf (d, 8):
+ * fp16 exactly, int8 as from_q8 (one rounding), so the scores are those
+ * of the chunk widened whole, while the panel stays in L1. */
+INLINE const float *k_panel(float *buf, const void *k, const float *ks, int kind, int p, int d) {
+    const size_t ps = (size_t)d * MHA_KPANEL;
+    if (kind == MHA_DK_F32) return (const float *)k + p * ps;
+    if (kind == MHA_DK_F16) {
+        const uint16_t *h = (const uint16_t *)k + p * ps;
+        for (size_t i = 0; i < ps; i += 8) /* d * 8 is a multiple of 8 */
+            _mm256_storeu_ps(buf + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i))));
+    } else {
+        const int nb = (d + MHA_Q8_BLOCK - 1) / MHA_Q8_BLOCK;
+        mha_from_q8_avx512(buf, (const int8_t *)k + p * ps, ks + (size_t)p * nb * MHA_KPANEL, 1, d, MHA_KPANEL);
+    }
+    return buf;
+}
+
+void mha_scores_t_avx512(float *st, int ldt, const float *qt, int ldq, const void *k, const float *ks, int kind,
+                         float *buf, int m, int n, int d) {
+    const int np = n / MHA_KPANEL;
+    const size_t ps = (size_t)d * MHA_KPANEL;
+    if (m > 16) { /* 8 keys x 32 rows: 16 accumulators, 10 loads per 16 FMAs */
+        const __mmask16 kl = mha_mask16(m - 16);
+        for (int p = 0; p < np; p++)
+            scores_t_tile(st + (size_t)p * MHA_KPANEL * ldt, ldt, qt, ldq, k_panel(buf, k, ks, kind, p, d), d, kl, 8, 2);
+        return;
+    }
+    const __mmask16 kl = mha_mask16(m);
+    int p = 0;
+    for (; p + 2 <= np; p += 2) { /* 16 keys x 16 rows: two panels, side by side in buf when widened */
+        const float *kp = kind == MHA_DK_F32 ? (const float *)k + p * ps : buf;
+        if (kind != MHA_DK_F32) k_panel(buf, k, ks, kind, p, d), k_panel(buf + ps, k, ks, kind, p + 1, d);
+        scores_t_tile(st + (size_t)p * MHA_KPANEL * ldt, ldt, qt, ldq, kp, d, kl, 16, 1);
+    }
+    if (p < np) scores_t_tile(st + (size_t)p * MHA_KPANEL * ldt, ldt, qt, ldq, k_panel(buf, k, ks, kind, p, d), d, kl, 8, 1);
+}
+
+/* ------------------------------------------------------------ softmax */
+
+/* exp(x - sub) for x - sub <= 0: mha_exp_avx512's clamp at -88 (its upper
+ * one is a no-op here), exactly 0 below -87 as the row-major softmax. */
+INLINE __m512 exp_shifted(__m512 x, __m512 sub) {
+    const __m512 y = _mm512_sub_ps(x, sub);
+    const __mmask16 keep = _mm512_cmp_ps_mask(y, _mm512_set1_ps(-87.0f), _CMP_GE_OQ);
+    return _mm512_maskz_mov_ps(keep, mha_exp_avx512_inrange(_mm512_max_ps(y, _mm512_set1_ps(-88.0f))));
+}
+
+/* V vectors of 16 rows (the last masked by kl) over n keys. Two keys per
+ * step with their own max and sum chains (the chains' latency, not the
+ * exp, bounded one chain per vector): sum = (even keys) + (odd keys). */
+INLINE void softmax_t_rows(float *st, int ldt, float *mx, float *sum, int n, __mmask16 kl, int V) {
+    __m512 m0[2], m1[2], s0[2], s1[2], sub[2];
+    UNROLL
+    for (int v = 0; v < V; v++) m0[v] = m1[v] = _mm512_set1_ps(-INFINITY), s0[v] = s1[v] = _mm512_setzero_ps();
+    int j = 0;
+    for (; j + 2 <= n; j += 2)
+        UNROLL
+        for (int v = 0; v < V; v++) {
+            const __mmask16 k = v == V - 1 ? kl : (__mmask16)0xffff;
+            m0[v] = _mm512_max_ps(m0[v], _mm512_maskz_loadu_ps(k, st + (size_t)j * ldt + 16 * v));
+            m1[v] = _mm512_max_ps(m1[v], _mm512_maskz_loadu_ps(k, st + (size_t)(j + 1) * ldt + 16 * v));
+        }
+    for (; j < n; j++)
+        UNROLL
+        for (int v = 0; v < V; v++)
+            m0[v] = _mm512_max_ps(m0[v], _mm512_maskz_loadu_ps(v == V - 1 ? kl : (__mmask16)0xffff, st + (size_t)j * ldt + 16 * v));
+    UNROLL
+    for (int v = 0; v < V; v++) {
+        m0[v] = _mm512_max_ps(m0[v], m1[v]);
+        /* rows with no allowed key subtract 0: -inf - 0 gives exp 0, not NaN */
+        const __mmask16 dead = _mm512_cmp_ps_mask(m0[v], _mm512_set1_ps(-INFINITY), _CMP_EQ_OQ);
+        sub[v] = _mm512_mask_mov_ps(m0[v], dead, _mm512_setzero_ps());
+    }
+    for (j = 0; j + 2 <= n; j += 2)
+        UNROLL
+        for (int v = 0; v < V; v++) {
+            const __mmask16 k = v == V - 1 ? kl : (__mmask16)0xffff;
+            float *a = st + (size_t)j * ldt + 16 * v, *b = a + ldt;
+            const __m512 ea = exp_shifted(_mm512_maskz_loadu_ps(k, a), sub[v]);
+            const __m512 eb = exp_shifted(_mm512_maskz_loadu_ps(k, b), sub[v]);
+            _mm512_mask_storeu_ps(a, k, ea), _mm512_mask_storeu_ps(b, k, eb);
+            s0[v] = _mm512_add_ps(s0[v], ea), s1[v] = _mm512_add_ps(s1[v], eb);
+        }
+    for (; j < n; j++)
+        UNROLL
+        for (int v = 0; v < V; v++) {
+            const __mmask16 k = v == V - 1 ? kl : (__mmask16)0xffff;
+            float *a = st + (size_t)j * ldt + 16 * v;
+            const __m512 ea = exp_shifted(_mm512_maskz_loadu_ps(k, a), sub[v]);
+            _mm512_mask_storeu_ps(a, k, ea);
+            s0[v] = _mm512_add_ps(s0[v], ea);
+        }
+    UNROLL
+    for (int v = 0; v < V; v++) {
+        const __mmask16 k = v == V - 1 ? kl : (__mmask16)0xffff;
+        _mm512_mask_storeu_ps(mx + 16 * v, k, m0[v]);
+        _mm512_mask_storeu_ps(sum + 16 * v, k, _mm512_add_ps(s0[v], s1[v]));
+    }
+}
+
+void mha_softmax_t_avx512(float *st, int ldt, float *mx, float *sum, int m, int n) {
+    if (m > 16) softmax_t_rows(st, ldt, mx, sum, n, mha_mask16(m - 16), 2);
+    else softmax_t_rows(st, ldt, mx, sum, n, mha_mask16(m), 1);
+}
+
+/* --------------------------------------------------------- accumulate */
+
+/* R rows x C vectors of acc (+)= pt^T v over keys [j0, j1); cont: the
+ * chains go on from acc's stored values (a later key block). */
+INLINE void acc_t_tile(float *acc, int ldacc, const float *pt, int ldt, const float *v, int dv, int j0, int j1,
+                       int cont, __mmask16 klast, int R, int C) {
+    __m512 a[4][4];
+    UNROLL
+    for (int r = 0; r < R; r++)
+        UNROLL
+        for (int c = 0; c < C; c++)
+            a[r][c] = cont ? _mm512_maskz_loadu_ps(c == C - 1 ? klast : (__mmask16)0xffff, acc + (size_t)r * ldacc + 16 * c)
+                           : _mm512_setzero_ps();
+    for (int j = j0; j < j1; j++) {
+        __m512 vv[4];
+        UNROLL
+        for (int c = 0; c < C; c++)
+            vv[c] = _mm512_maskz_loadu_ps(c == C - 1 ? klast : (__mmask16)0xffff, v + (size_t)j * dv + 16 * c);
+        UNROLL
+        for (int r = 0; r < R; r++) {
+            const __m512 pb = _mm512_set1_ps(pt[(size_t)j * ldt + r]);
+            UNROLL
+            for (int c = 0; c < C; c++) a[r][c] = _mm512_fmadd_ps(pb, vv[c], a[r][c]);
+        }
+    }
+    UNROLL
+    for (int r = 0; r < R; r++)
+        UNROLL
+        for (int c = 0; c < C; c++)
+            _mm512_mask_storeu_ps(acc + (size_t)r * ldacc + 16 * c, c == C - 1 ? klast : (__mmask16)0xffff, a[r][c]);
+}
+
+/* One (rows, columns) tile with R in {1..4} and C in {1..4} as constants. */
+static void acc_t_any(float *acc, int ldacc, const float *pt, int ldt, const float *v, int dv, int j0, int j1,
+                      int cont, __mmask16 kl, int R, int C) {
+#define ACC_T_R(R_)                                                                        \
+    switch (C) {                                                                           \
+    case 1: acc_t_tile(acc, ldacc, pt, ldt, v, dv, j0, j1, cont, kl, R_, 1); break;        \
+    case 2: acc_t_tile(acc, ldacc, pt, ldt, v, dv, j0, j1, cont, kl, R_, 2); break;        \
+    case 3: acc_t_tile(acc, ldacc, pt, ldt, v, dv, j0, j1, cont, kl, R_, 3); break;        \
+    default: acc_t_tile(acc, ldacc, pt, ldt, v, dv, j0, j1, cont, kl, R_, 4); break;       \
+    }
+    switch (R) {
+    case 1: ACC_T_R(1) break;
+    case 2: ACC_T_R(2) break;
+    case 3: ACC_T_R(3) break;
+    default: ACC_T_R(4) break;
+    }
+#undef ACC_T_R
+}
+
+void mha_accumulate_t_avx512(float *acc, int ldacc, const float *pt, int ldt, const void *v, const float *vs,
+                             int kind, float *buf, int m, int n, int dv) {
+    const int nb = (dv + MHA_Q8_BLOCK - 1) / MHA_Q8_BLOCK;
+    for (int j0 = 0; j0 < n || j0 == 0; j0 += KEY_BLOCK) {
+        const int j1 = j0 + KEY_BLOCK < n ? j0 + KEY_BLOCK : n;
+        /* rows [j0, j1) of V as fp32, (j1 - j0, dv) from vb on: widened
+         * into buf (L1) once for every row group */
+        const float *vb = buf;
+        if (kind == MHA_DK_F32) vb = (const float *)v + (size_t)j0 * dv;
+        else if (kind == MHA_DK_F16) {
+            const uint16_t *h = (const uint16_t *)v + (size_t)j0 * dv;
+            const size_t cnt = (size_t)(j1 - j0) * dv;
+            for (size_t i = 0; i < cnt; i += 16) {
+                const __mmask16 km = mha_mask16((int)(cnt - i < 16 ? cnt - i : 16));
+                _mm512_mask_storeu_ps(buf + i, km, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(km, h + i)));
+            }
+        } else mha_from_q8_avx512(buf, (const int8_t *)v + (size_t)j0 * dv, vs + (size_t)j0 * nb, (size_t)(j1 - j0), dv, 1);
+        for (int c0 = 0; c0 < dv; c0 += 64) {
+            const int C = (dv - c0 + 15) / 16 < 4 ? (dv - c0 + 15) / 16 : 4;
+            const __mmask16 kl = mha_mask16(dv - c0 - 16 * (C - 1));
+            for (int i = 0; i < m; i += 4)
+                acc_t_any(acc + (size_t)i * ldacc + c0, ldacc, pt + (size_t)j0 * ldt + i, ldt, vb + c0, dv, 0,
+                          j1 - j0, j0 > 0, kl, m - i < 4 ? m - i : 4, C);
+        }
+    }
+}
+
+/* --------------------------------------------------------------- int8 */
+
+/* dst = dequantized int8 (see from_q8 in decode_kernels.h): (float)q *
+ * scale, one rounding, the bits of every table. Key panels (8 lanes): two
+ * dims of a panel per zmm, their block's 8 scales twice; value rows: 16
+ * columns of one block per zmm. */
+void mha_from_q8_avx512(float *dst, const int8_t *src, const float *scale, size_t rows, int d, int lanes) {
+    const int nb = (d + MHA_Q8_BLOCK - 1) / MHA_Q8_BLOCK;
+    for (size_t r = 0; r < rows; r++) {
+        int c = 0;
+        if (lanes == MHA_KPANEL)
+            for (; c + 2 <= d && (c + 1) / MHA_Q8_BLOCK == c / MHA_Q8_BLOCK; c += 2) {
+                const size_t at = (r * d + c) * MHA_KPANEL, sat = (r * nb + (size_t)(c / MHA_Q8_BLOCK)) * MHA_KPANEL;
+                const __m512 q = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(src + at))));
+                _mm512_storeu_ps(dst + at, _mm512_mul_ps(q, _mm512_broadcast_f32x8(_mm256_loadu_ps(scale + sat))));
+            }
+        else if (lanes == 1)
+            for (; c + 16 <= d && (c + 15) / MHA_Q8_BLOCK == c / MHA_Q8_BLOCK; c += 16) {
+                const size_t at = r * d + c;
+                const __m512 q = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(src + at))));
+                _mm512_storeu_ps(dst + at, _mm512_mul_ps(q, _mm512_set1_ps(scale[r * nb + (size_t)(c / MHA_Q8_BLOCK)])));
+            }
+        for (; c < d; c++)
+            for (int l = 0; l < lanes; l++)
+                dst[(r * d + c) * lanes + l] =
+                    (float)src[(r * d + c) * lanes + l] * scale[(r * nb + (size_t)(c / MHA_Q8_BLOCK)) * lanes + l];
+    }
+}
+
