@@ -43,7 +43,9 @@ same run.sh call; the rounds of a configuration alternate mha and torch):
   (and kv), the four weights and y; attention Q, K, V and Z; a GEMM its
   three matrices; decode attention the K and V cache as stored (fp32, fp16,
   int8 with its scales, or K int8 + V fp16; FLOPs 4*h*L*d_head); the decode
-  step that cache plus the four fp32 weights (2 FLOPs per weight).
+  step that cache plus the four weights as stored (2 FLOPs per weight, in
+  every storage type). MQA attention (h_kv = 1) is bound by its FLOPs, not
+  its bytes: 32 query rows per key.
 - ONNX Runtime: onnxruntime-node (CPU, MLAS kernels) run by node on models
   built with python3-onnx from the weights and inputs bench_mha dumped
   (bench/peer_ort.py): full layer = MatMul projections +
@@ -163,11 +165,20 @@ def fmt(v, spec=".1f", none="n/a", suffix=""):
     return none if v is None else format(v, spec) + suffix
 
 
-def weights_decode_table(rows, bw_for):
+def decode_flops(r):
+    """FLOPs a decode step of row r must do: attention 4*h*L*d_head (q k and
+    p v, 2 each per key and dim, every head) plus one row through W_Q, W_K,
+    W_V, W_O (2 per weight, whatever their storage type)."""
+    D, h, hk, dh, L = (int(r[k]) for k in ("d_model", "h", "h_kv", "d_head", "L"))
+    return 4.0 * h * L * dh, 2.0 * (D * (h + 2 * hk) * dh + h * dh * D)
+
+
+def weights_decode_table(rows, bw_for, roof):
     """Decode steps with bf16 / int8 projection weights (kind=decode_weights)
     beside the fp32-weight step of the same shape (kind=decode, fp32 cache):
-    bytes read (cache + stored weights), time, and '% roofline' = bytes /
-    measured read bandwidth over the step time (the step is bound by bytes)."""
+    bytes read (cache + stored weights), time, and '% roofline' = the
+    roofline (bytes at the read bandwidth or FLOPs at the FMA peak,
+    whichever is longer; decode_flops) over the step time."""
     body = []
     wrows = sorted(find(rows, kind="decode_weights"), key=lambda r: (r.get("weights"), -int(r["h_kv"]), int(r["L"])))
     for r in wrows:
@@ -175,14 +186,14 @@ def weights_decode_table(rows, bw_for):
         t, t32 = num(r, "step_median_s"), num(base, "step_median_s") if base else None
         nb = (num(r, "cache_bytes") or 0) + (num(r, "weight_bytes") or 0)
         nb32 = (num(base, "cache_bytes") or 0) + (num(base, "weight_bytes") or 0) if base else None
-        bw, _ = bw_for(nb)
-        roof = nb / (bw * 1e9) if bw else None
+        fa, fw = decode_flops(r)
+        rt = roof(fa + fw, nb)
         body.append([r.get("weights"), r["h_kv"], r["L"], fmt(num(r, "weight_bytes") / 2**20 if num(r, "weight_bytes") else None),
                      fmt(nb / 2**20), fmt_ms(t), fmt_ms(t32), fmt(t32 / t if t and t32 else None, ".2f"),
                      fmt(nb32 / nb if nb32 and nb else None, ".2f"),
-                     fmt(nb / t * 1e-9 if t else None), fmt(roof / t * 100 if roof and t else None, ".0f", suffix="%")])
+                     fmt(nb / t * 1e-9 if t else None), fmt(rt / t * 100 if rt and t else None, ".0f", suffix="%")])
     return table(["weights", "h_kv", "L", "weight MiB", "step MiB (K,V+W)", "step ms", "fp32-weight step ms",
-                  "speed-up", "bytes fp32 / bytes", "step GB/s", "% roofline (bytes / BW)"], body)
+                  "speed-up", "bytes fp32 / bytes", "step GB/s", "% roofline"], body)
 
 
 def table(header, body):
@@ -511,12 +522,11 @@ def main():
             notes.append(f"decode {cache} h_kv={hkv} L={L}: mha output has {m['nonfinite']} non-finite values")
         mcb = num(m, "cache_bytes") if m else None
         p_ = (lambda v: "pending" if pending else v)
-        # attention of one token: 2 FLOPs per key and dim for q k and for p v, every head
-        dh_ = int(m.get("d_head", 64) if m else 64)
-        droof = roof(4.0 * h * L * dh_, mcb) if mcb and h else None
-        # the whole step: attention plus one row through the four weight
-        # matrices (2 FLOPs per fp32 weight), reading the cache and weights
-        sroof = roof(4.0 * h * L * dh_ + 2.0 * wb / 4, mcb + wb) if mcb and wb and h else None
+        # attention alone, then the whole step (decode_flops), each against
+        # the bytes it reads: the cache, then the cache and the weights
+        fa, fw = decode_flops(m) if m else (None, None)
+        droof = roof(fa, mcb) if mcb and fa else None
+        sroof = roof(fa + fw, mcb + wb) if mcb and wb and fa else None
         dbody.append([cache, hkv, L, fmt(cb / 2**20 if cb else None),
                       fmt_ms(ts), fmt_ms(ta), fmt(gbs(cb, ta)),
                       fmt(gbs(cb, ta) / bw_attn * 100 if gbs(cb, ta) and bw_attn else None, ".0f", suffix="%"),
@@ -610,7 +620,7 @@ def main():
                 t_[2] += " (unreliable run)"
     tgt_tab = table(["target", "measured", "status"], targets)
 
-    wdec_tab = weights_decode_table(rows, bw_for)
+    wdec_tab = weights_decode_table(rows, bw_for, roof)
 
     errors = find(rows, kind="error")
     for e in errors:
