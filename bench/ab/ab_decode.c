@@ -7,6 +7,8 @@
  *
  * Shapes as bench_decode.c: d_model 2048, h 32, d_head 64, B 1, a cache of
  * L tokens of random K/V in [-1, 1), one query per head (mha_cache_attend).
+ * Arguments: REPS, cache types (fp32,fp16,int8,int8/fp16), h_kv list
+ * (default 32,8,1), L list (default 1024,16384).
  * Output: one line per case, times in ms and new/old, plus max|z_old -
  * z_new| (they differ by rounding: the grouped path's softmax sums in
  * another order). */
@@ -51,7 +53,10 @@ static double attend_ms(mha_cache *c, float *z, const float *q) {
 int main(int argc, char **argv) {
     int reps = argc > 1 ? atoi(argv[1]) : 15;
     const char *types = argc > 2 ? argv[2] : "fp32,fp16,int8,int8/fp16";
-    const int D = 2048, h = 32, dh = 64, hkvs[3] = {32, 8, 1}, Ls[2] = {1024, 16384};
+    const int D = 2048, h = 32, dh = 64;
+    int hkvs[3] = {32, 8, 1}, Ls[2] = {1024, 16384}, nh = 3, nl = 2;
+    if (argc > 3) nh = sscanf(argv[3], "%d,%d,%d", &hkvs[0], &hkvs[1], &hkvs[2]);
+    if (argc > 4) nl = sscanf(argv[4], "%d,%d", &Ls[0], &Ls[1]);
     const char *names[4] = {"fp32", "fp16", "int8", "int8/fp16"};
     const mha_cache_dtype kts[4] = {MHA_CACHE_F32, MHA_CACHE_F16, MHA_CACHE_I8, MHA_CACHE_I8};
     const mha_cache_dtype vts[4] = {MHA_CACHE_F32, MHA_CACHE_F16, MHA_CACHE_I8, MHA_CACHE_F16};
@@ -62,8 +67,8 @@ int main(int argc, char **argv) {
         char have[128];
         snprintf(have, sizeof have, ",%s,", types);
         if (!strstr(have, want)) continue;
-        for (int a = 0; a < 3; a++)
-            for (int b = 0; b < 2; b++) {
+        for (int a = 0; a < nh; a++)
+            for (int b = 0; b < nl; b++) {
                 const int hk = hkvs[a], L = Ls[b];
                 uint64_t seed = 5;
                 mha_config cfg = mha_config_default(D, h);

@@ -1,5 +1,5 @@
 #!/bin/sh
-# ab_decode.sh REV [REPS] [TYPES] — builds bench/ab/ab_decode.c with the
+# ab_decode.sh REV [REPS] [TYPES] [H_KV,..] [L,..] — builds bench/ab/ab_decode.c with the
 # decode attention (src/cache/decode.c + src/kernels/avx512_decode.c) of
 # git revision REV as "old" and the working tree's as "new" (after `make
 # lib`), then runs it: interleaved, best of REPS (default 15), 1 and 2
@@ -20,4 +20,4 @@ $CC $AVX512 -Dmha_decode_kernels_avx512=mha_decode_kernels_avx512_old -c $out/av
 objs=$(ls build/src/*/*.o build/src/*.o | grep -v 'src/cache/decode.o$')
 $CC -o $out/ab_decode bench/ab/ab_decode.c bench/bench_util.c $out/decode_old.o $out/decode_new.o \
     $out/avx512_decode_old.o $objs -ljansson -lpng -lm
-OPENBLAS_NUM_THREADS=1 $out/ab_decode "${2:-15}" "${3:-fp32,fp16,int8,int8/fp16}"
+OPENBLAS_NUM_THREADS=1 $out/ab_decode "${2:-15}" "${3:-fp32,fp16,int8,int8/fp16}" "${4:-32,8,1}" "${5:-1024,16384}"

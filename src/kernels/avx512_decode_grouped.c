@@ -242,24 +242,21 @@ void mha_accumulate_t_avx512(float *acc, int ldacc, const float *pt, int ldt, co
  * columns of one block per zmm. */
 void mha_from_q8_avx512(float *dst, const int8_t *src, const float *scale, size_t rows, int d, int lanes) {
     const int nb = (d + MHA_Q8_BLOCK - 1) / MHA_Q8_BLOCK;
-    for (size_t r = 0; r < rows; r++) {
-        int c = 0;
-        if (lanes == MHA_KPANEL)
-            for (; c + 2 <= d && (c + 1) / MHA_Q8_BLOCK == c / MHA_Q8_BLOCK; c += 2) {
-                const size_t at = (r * d + c) * MHA_KPANEL, sat = (r * nb + (size_t)(c / MHA_Q8_BLOCK)) * MHA_KPANEL;
+    const int step = lanes == MHA_KPANEL ? 2 : lanes == 1 ? 16 : 0; /* dims per zmm */
+    for (size_t r = 0; r < rows; r++)
+        for (int b = 0; b < nb; b++) { /* blocks outermost: one scale vector per block */
+            const int c1 = (b + 1) * MHA_Q8_BLOCK < d ? (b + 1) * MHA_Q8_BLOCK : d;
+            const float *sb = scale + (r * nb + (size_t)b) * lanes;
+            const __m512 sv = lanes == MHA_KPANEL ? _mm512_broadcast_f32x8(_mm256_loadu_ps(sb)) : _mm512_set1_ps(sb[0]);
+            int c = b * MHA_Q8_BLOCK;
+            for (; step && c + step <= c1; c += step) {
+                const size_t at = (r * d + c) * lanes;
                 const __m512 q = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(src + at))));
-                _mm512_storeu_ps(dst + at, _mm512_mul_ps(q, _mm512_broadcast_f32x8(_mm256_loadu_ps(scale + sat))));
+                _mm512_storeu_ps(dst + at, _mm512_mul_ps(q, sv));
             }
-        else if (lanes == 1)
-            for (; c + 16 <= d && (c + 15) / MHA_Q8_BLOCK == c / MHA_Q8_BLOCK; c += 16) {
-                const size_t at = r * d + c;
-                const __m512 q = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(src + at))));
-                _mm512_storeu_ps(dst + at, _mm512_mul_ps(q, _mm512_set1_ps(scale[r * nb + (size_t)(c / MHA_Q8_BLOCK)])));
-            }
-        for (; c < d; c++)
-            for (int l = 0; l < lanes; l++)
-                dst[(r * d + c) * lanes + l] =
-                    (float)src[(r * d + c) * lanes + l] * scale[(r * nb + (size_t)(c / MHA_Q8_BLOCK)) * lanes + l];
-    }
+            for (; c < c1; c++)
+                for (int l = 0; l < lanes; l++)
+                    dst[(r * d + c) * lanes + l] = (float)src[(r * d + c) * lanes + l] * sb[l];
+        }
 }
 
