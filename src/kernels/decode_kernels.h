@@ -3,10 +3,12 @@
  * Legend: m query rows of one kv group (n_rep heads x new tokens), n keys
  * of one chunk, d = d_k, dv = d_v, k/n of a projection (in, out).
  * Kernels know nothing about caches or layers: plain fp32 arrays, row
- * strides in elements. Two implementations with one table type:
- * scalar_decode.c (portable C, the fallback) and avx2_decode.c (AVX2 + FMA
- * + F16C, the only one built with those flags). dispatch.c chooses one
- * together with the prefill table (kernels.h, mha_isa).
+ * strides in elements. Three tables of one type: scalar_decode.c
+ * (portable C, the fallback), avx2_decode.c (AVX2 + FMA + F16C) and
+ * avx512_decode.c (+ avx512_decode_grouped.c: the grouped-heads kernels,
+ * AVX-512 only); each ISA's files alone are built with its flags.
+ * dispatch.c chooses one together with the prefill table (kernels.h,
+ * mha_isa).
  *
  * Determinism: every output element is produced by one call in a fixed
  * order of additions, so results never depend on how callers split work
