@@ -22,33 +22,47 @@
 
 /* ------------------------------------------------------------- scores */
 
-/* J keys (one or two 8-key panels from kp) x V vectors of 16 rows; the
- * last row vector masked by klast (zero rows read as 0). */
-INLINE void scores_t_tile(float *st, int ldt, const float *qt, int ldq, const float *kp, int d, __mmask16 klast,
-                          int J, int V) {
-    __m512 acc[16][2];
+/* The one register tile of this file: out (R, 16 C) (+)= sum over k of
+ * broadcast(s[k, r]) * b[k, 16 c ..], one fmaf chain per element in k
+ * order (from out's values when cont, else from 0); s[k, r] at
+ * s[k sk + r % 8 + (r / 8) sp] (8-key panels side by side, or plain rows
+ * for R <= 8 and sp unused); b rows ldb apart, the last vector of a row
+ * and of out masked by klast. Scores: r = key (broadcast from K), the
+ * vectors are 16 query rows of qt; P.V: r = query row (broadcast from
+ * the weights), the vectors 16 columns of V. */
+INLINE void outer_tile(float *out, int ldo, const float *b, size_t ldb, const float *s, size_t sk, size_t sp,
+                       int K, int cont, __mmask16 klast, int R, int C) {
+    __m512 a[16][4];
     UNROLL
-    for (int j = 0; j < J; j++)
+    for (int r = 0; r < R; r++)
         UNROLL
-        for (int v = 0; v < V; v++) acc[j][v] = _mm512_setzero_ps();
-    const size_t ps = (size_t)d * MHA_KPANEL;
-    for (int c = 0; c < d; c++) {
-        __m512 qv[2];
+        for (int c = 0; c < C; c++)
+            a[r][c] = cont ? _mm512_maskz_loadu_ps(c == C - 1 ? klast : (__mmask16)0xffff, out + (size_t)r * ldo + 16 * c)
+                           : _mm512_setzero_ps();
+    for (int k = 0; k < K; k++) {
+        __m512 bv[4];
         UNROLL
-        for (int v = 0; v < V; v++)
-            qv[v] = _mm512_maskz_loadu_ps(v == V - 1 ? klast : (__mmask16)0xffff, qt + (size_t)c * ldq + 16 * v);
+        for (int c = 0; c < C; c++)
+            bv[c] = _mm512_maskz_loadu_ps(c == C - 1 ? klast : (__mmask16)0xffff, b + (size_t)k * ldb + 16 * c);
         UNROLL
-        for (int j = 0; j < J; j++) {
-            const __m512 kb = _mm512_set1_ps(kp[(size_t)(j / MHA_KPANEL) * ps + (size_t)c * MHA_KPANEL + j % MHA_KPANEL]);
+        for (int r = 0; r < R; r++) {
+            const __m512 sb = _mm512_set1_ps(s[(size_t)k * sk + (size_t)(r % 8) + (size_t)(r / 8) * sp]);
             UNROLL
-            for (int v = 0; v < V; v++) acc[j][v] = _mm512_fmadd_ps(qv[v], kb, acc[j][v]);
+            for (int c = 0; c < C; c++) a[r][c] = _mm512_fmadd_ps(sb, bv[c], a[r][c]);
         }
     }
     UNROLL
-    for (int j = 0; j < J; j++)
+    for (int r = 0; r < R; r++)
         UNROLL
-        for (int v = 0; v < V; v++)
-            _mm512_mask_storeu_ps(st + (size_t)j * ldt + 16 * v, v == V - 1 ? klast : (__mmask16)0xffff, acc[j][v]);
+        for (int c = 0; c < C; c++)
+            _mm512_mask_storeu_ps(out + (size_t)r * ldo + 16 * c, c == C - 1 ? klast : (__mmask16)0xffff, a[r][c]);
+}
+
+/* J keys (one 8-key panel, or two side by side) x V vectors of 16 query
+ * rows (the last masked by klast; masked rows read as 0). */
+INLINE void scores_t_tile(float *st, int ldt, const float *qt, int ldq, const float *kp, int d, __mmask16 klast,
+                          int J, int V) {
+    outer_tile(st, ldt, qt, (size_t)ldq, kp, MHA_KPANEL, (size_t)d * MHA_KPANEL, d, 0, klast, J, V);
 }
 
 /* Panel p of K as fp32: in place (fp32) or widened into buf (d, 8):
@@ -162,30 +176,8 @@ void mha_softmax_t_avx512(float *st, int ldt, float *mx, float *sum, int m, int 
  * chains go on from acc's stored values (a later key block). */
 INLINE void acc_t_tile(float *acc, int ldacc, const float *pt, int ldt, const float *v, int dv, int j0, int j1,
                        int cont, __mmask16 klast, int R, int C) {
-    __m512 a[4][4];
-    UNROLL
-    for (int r = 0; r < R; r++)
-        UNROLL
-        for (int c = 0; c < C; c++)
-            a[r][c] = cont ? _mm512_maskz_loadu_ps(c == C - 1 ? klast : (__mmask16)0xffff, acc + (size_t)r * ldacc + 16 * c)
-                           : _mm512_setzero_ps();
-    for (int j = j0; j < j1; j++) {
-        __m512 vv[4];
-        UNROLL
-        for (int c = 0; c < C; c++)
-            vv[c] = _mm512_maskz_loadu_ps(c == C - 1 ? klast : (__mmask16)0xffff, v + (size_t)j * dv + 16 * c);
-        UNROLL
-        for (int r = 0; r < R; r++) {
-            const __m512 pb = _mm512_set1_ps(pt[(size_t)j * ldt + r]);
-            UNROLL
-            for (int c = 0; c < C; c++) a[r][c] = _mm512_fmadd_ps(pb, vv[c], a[r][c]);
-        }
-    }
-    UNROLL
-    for (int r = 0; r < R; r++)
-        UNROLL
-        for (int c = 0; c < C; c++)
-            _mm512_mask_storeu_ps(acc + (size_t)r * ldacc + 16 * c, c == C - 1 ? klast : (__mmask16)0xffff, a[r][c]);
+    outer_tile(acc, ldacc, v + (size_t)j0 * dv, (size_t)dv, pt + (size_t)j0 * ldt, (size_t)ldt, 0, j1 - j0, cont,
+               klast, R, C);
 }
 
 /* One (rows, columns) tile with R in {1..4} and C in {1..4} as constants. */
