@@ -1,5 +1,5 @@
-/* ab_attention.c — A/B of the fast attention: `old` is
- * src/forward/attention.c of an earlier commit (built by ab_attention.sh
+/* bench/ab/attention.c — A/B of the fast attention: `old` is
+ * src/forward/attention.c of an earlier commit (built by bench/ab/attention.sh
  * with mha_attention renamed mha_attention_old, linked against today's
  * kernels), `new` today's build/libmha.a. Rounds alternate old, new, with
  * the AVX-512 FMA peak measured before each; best of N by wall clock and
