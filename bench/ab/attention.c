@@ -20,7 +20,11 @@
 
 mha_status mha_attention_old(const mha_attn_args *a, const mha_kernels *k, int n_threads);
 
-static double cpu_now(void) { struct timespec t; clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t); return t.tv_sec + 1e-9 * t.tv_nsec; }
+static double cpu_now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+    return t.tv_sec + 1e-9 * t.tv_nsec;
+}
 /* The bench's AVX-512 FMA loop (machine_avx512.c) timed by CPU time:
  * GFLOP/s per CPU-second of each of nt threads, times nt. */
 static double peak_cpu(int nt) {
@@ -33,7 +37,10 @@ static double peak_cpu(int nt) {
 typedef struct { const char *name; int B, T, S, d, h, causal, hkv; } cs;
 
 static void fill(float *x, size_t n, unsigned *s) {
-    for (size_t i = 0; i < n; i++) { *s = *s * 1664525u + 1013904223u; x[i] = ((*s >> 8) / 16777216.0f - 0.5f) * 2.0f; }
+    for (size_t i = 0; i < n; i++) {
+        *s = *s * 1664525u + 1013904223u;
+        x[i] = ((*s >> 8) / 16777216.0f - 0.5f) * 2.0f;
+    }
 }
 
 int main(int argc, char **argv) {
@@ -55,7 +62,9 @@ int main(int argc, char **argv) {
         if (mha_config_resolve(&rc, &cfg)) return 1;
         int d_k = rc.d_k, S_pad = (c.S + 15) / 16 * 16, ldv = (rc.d_v + 15) / 16 * 16;
         size_t nq = (size_t)c.B * c.h * c.T * d_k, nk = (size_t)c.B * c.h * S_pad * d_k;
-        float *q = bench_alloc(nq), *kt = bench_alloc(nk), *v = bench_alloc(nk), *z1 = bench_alloc(nq), *z2 = bench_alloc(nq);
+        /* q (B,h,T,d_k), kt (B,h_kv,S_pad/16,d_k,16), v (B,h_kv,S_pad,ldv): ldv = d_v = d_k here */
+        float *q = bench_alloc(nq), *kt = bench_alloc(nk), *v = bench_alloc(nk);
+        float *z1 = bench_alloc(nq), *z2 = bench_alloc(nq); /* old's and new's Z */
         unsigned s = 1; fill(q, nq, &s); fill(kt, nk, &s); fill(v, nk, &s);
         mha_options opt = mha_options_default(); opt.causal = c.causal;
         mha_attn_args a = {.cfg = &rc, .opt = &opt, .q = q, .kt = kt, .v = v, .z = z1, .B = c.B, .T = c.T,
@@ -82,11 +91,12 @@ int main(int argc, char **argv) {
                 if (nr < 64) ratio[nr++] = to / tn;
             }
             int same = memcmp(z1, z2, nq * 4) == 0;
-            printf("%-4s nt=%d wall: peak=%.0f old %.2f ms %.0f%% | new %.2f ms %.0f%% | best old/new %.3f median %.3f %s\n",
-                   c.name, nt, pk, bo * 1e3, flops / bo * 1e-9 / pk * 100, bn * 1e3,
-                   flops / bn * 1e-9 / pk * 100, bo / bn, bench_median(ratio, nr), same ? "same-bits" : "DIFFERENT");
-            printf("     cpu-time: peak=%.0f old %.0f%% new %.0f%% old/new %.3f\n", pc, flops / co * 1e-9 / pc * 100,
-                   flops / cn * 1e-9 / pc * 100, co / cn);
+            const double go = flops / bo * 1e-9, gn = flops / bn * 1e-9;
+            printf("%-4s nt=%d wall: peak=%.0f old %.2f ms %.0f%% | new %.2f ms %.0f%% | best old/new %.3f",
+                   c.name, nt, pk, bo * 1e3, go / pk * 100, bn * 1e3, gn / pk * 100, bo / bn);
+            printf(" median %.3f %s\n", bench_median(ratio, nr), same ? "same-bits" : "DIFFERENT");
+            printf("     cpu-time: peak=%.0f old %.0f%% new %.0f%% old/new %.3f\n", pc,
+                   flops / co * 1e-9 / pc * 100, flops / cn * 1e-9 / pc * 100, co / cn);
             fflush(stdout);
         }
         free(q); free(kt); free(v); free(z1); free(z2);

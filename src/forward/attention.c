@@ -159,7 +159,8 @@ static void attend_task(const mha_attn_args *a, const mha_kernels *k, scratch *w
              * rows of the block above in this head (the next task
              * mha_attention hands out) */
             prefetch_rows(z0, (size_t)h * d_v, rows, sizeof(float) * d_v, 1);
-            if (i0 >= MHA_ATT_BR) prefetch_rows(qsrc - MHA_ATT_BR * q_rs, q_rs, MHA_ATT_BR, sizeof(float) * d_k, 0);
+            if (i0 >= MHA_ATT_BR)
+                prefetch_rows(qsrc - MHA_ATT_BR * q_rs, q_rs, MHA_ATT_BR, sizeof(float) * d_k, 0);
         }
         k->attn_scores(w->s, MHA_ATT_BC, w->q, kt + (size_t)(j0 / 16) * d_k * 16, d_k, rows6,
                        (nc + 15) / 16);
