@@ -105,7 +105,8 @@ void mha_scores_t_avx512(float *st, int ldt, const float *qt, int ldq, const voi
 /* ------------------------------------------------------------ softmax */
 
 /* exp(x - sub) for x - sub <= 0: mha_exp_avx512's clamp at -88 (its upper
- * one is a no-op here), exactly 0 below -87 as the row-major softmax. */
+ * one is a no-op here), exactly 0 below -87 (and for NaN) as the
+ * row-major softmax. */
 INLINE __m512 exp_shifted(__m512 x, __m512 sub) {
     const __m512 y = _mm512_sub_ps(x, sub);
     const __mmask16 keep = _mm512_cmp_ps_mask(y, _mm512_set1_ps(-87.0f), _CMP_GE_OQ);
@@ -131,13 +132,10 @@ INLINE void softmax_t_rows(float *st, int ldt, float *mx, float *sum, int n, __m
         UNROLL
         for (int v = 0; v < V; v++)
             m0[v] = _mm512_max_ps(m0[v], _mm512_maskz_loadu_ps(v == V - 1 ? kl : (__mmask16)0xffff, st + (size_t)j * ldt + 16 * v));
+    /* a row with no allowed key: -inf - -inf = NaN, which exp_shifted's
+     * ordered compare turns into 0 (sum 0, mx -inf) */
     UNROLL
-    for (int v = 0; v < V; v++) {
-        m0[v] = _mm512_max_ps(m0[v], m1[v]);
-        /* rows with no allowed key subtract 0: -inf - 0 gives exp 0, not NaN */
-        const __mmask16 dead = _mm512_cmp_ps_mask(m0[v], _mm512_set1_ps(-INFINITY), _CMP_EQ_OQ);
-        sub[v] = _mm512_mask_mov_ps(m0[v], dead, _mm512_setzero_ps());
-    }
+    for (int v = 0; v < V; v++) sub[v] = m0[v] = _mm512_max_ps(m0[v], m1[v]);
     for (j = 0; j + 2 <= n; j += 2)
         UNROLL
         for (int v = 0; v < V; v++) {
