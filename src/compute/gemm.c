@@ -5,7 +5,8 @@
  * micro-panels and panels at once) reads both operands linearly. With an
  * accumulating tile, K runs in blocks of about KC: each block of B serves
  * every row tile from L1, and each sum continues through c, so the bits
- * are those of one pass. Threads split (row block, panel chunk) tasks;
+ * are those of one pass; the first tile of a block prefetches the next
+ * block into L2. Threads split (row block, panel chunk) tasks;
  * every output element is one task's fp32 sum in k order (thread-count
  * free). Tiles go straight to their destination where its columns are
  * contiguous (rows, or one head of one batch), else through a buffer.
