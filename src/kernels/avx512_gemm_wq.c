@@ -92,10 +92,10 @@ static inline __attribute__((always_inline)) void stream(float *y, int ldy, cons
         const char *wk = (const char *)w + (size_t)k0 * ldw * esz;
         for (int j = 0; j < n;) {
             const int nv = n - j >= 64 ? 4 : 1, c = nv == 4 ? 64 : n - j < 16 ? n - j : 16;
+            const __mmask16 km = mha_mask16(c - 16 * (nv - 1));
             for (int i = 0; i < m; i += RB)
                 block(y + (size_t)i * ldy + j, (size_t)ldy, x + (size_t)i * ldx + k0, (size_t)ldx, wk + j * esz,
-                      (size_t)ldw, scale ? scale + j : NULL, kn, m - i < RB ? m - i : RB, nv, mha_mask16(c - 16 * (nv - 1)),
-                      i8);
+                      (size_t)ldw, scale ? scale + j : NULL, kn, m - i < RB ? m - i : RB, nv, km, i8);
             j += c;
         }
     }
