@@ -556,14 +556,16 @@ static void backward_kernels_from_exec(void) {
 
 /* ------------------------------------------------------------- memory */
 
-/* B=1, T, d_model=768, h=12, causal: forward then backward (fast path);
- * peak RSS below twice the tensors that must exist: x, Q, K, V, Z, Y, dY,
- * dX and the weights and their gradients. T from MHA_TEST_MEMORY_T
+/* B=1, T, d_model=768, h=12, causal: forward then backward (fast path),
+ * stateless (mha_forward, mha_backward) or with a tape (mha_forward_train,
+ * mha_backward_tape: the tape's Q, K, V, Z live through the backward,
+ * which adds dZ, dQ, dK, dV); peak RSS below twice the tensors that must
+ * exist: x, Q, K, V, Z, Y, dY, dX and the weights and their gradients. T from MHA_TEST_MEMORY_T
  * (16384 in `make test-memory`), else 1024 (then the growth over the RSS
  * the suite already holds is checked). Skipped under
  * AddressSanitizer, whose shadow memory and quarantine are not the
  * library's. */
-static void backward_memory_peak(void) {
+static void memory_peak(int with_tape) {
 #if defined(__SANITIZE_ADDRESS__)
     if (1) return;
 #endif
@@ -592,16 +594,26 @@ static void backward_memory_peak(void) {
     mha_gradients g = {dx, NULL, NULL, gw, gw + dd, gw + 2 * dd, gw + 3 * dd,
                        gw + 4 * dd, gw + 4 * dd + D, gw + 4 * dd + 2 * D, gw + 4 * dd + 3 * D,
                        NULL, NULL, NULL, NULL, NULL};
-    CHECK_OK(mha_forward(L, y, NULL, x, NULL, 1, T, T, &o));
-    CHECK_OK(mha_backward(L, &g, dy, x, NULL, 1, T, T, &o));
+    if (with_tape) {
+        mha_tape *tape = NULL;
+        CHECK_OK(mha_forward_train(L, y, &tape, x, NULL, NULL, 1, T, T, &o));
+        CHECK_OK(mha_backward_tape(L, tape, &g, dy, x, NULL, NULL, 1, T, T, &o));
+        mha_tape_free(tape);
+    } else {
+        CHECK_OK(mha_forward(L, y, NULL, x, NULL, 1, T, T, &o));
+        CHECK_OK(mha_backward(L, &g, dy, x, NULL, 1, T, T, &o));
+    }
     const double peak = test_peak_rss_bytes() - base, need = 8.0 * act + 2.0 * wts; /* x Q K V Z Y dY dX, W, dW */
     if (env)
-        printf("RESULT kind=memory_backward T=%d peak_mib=%.1f need_mib=%.1f ratio=%.3f\n", T,
+        printf("RESULT kind=memory_backward%s T=%d peak_mib=%.1f need_mib=%.1f ratio=%.3f\n", with_tape ? "_tape" : "", T,
                peak / 1048576.0, need / 1048576.0, peak / need);
     CHECK(peak < 2.0 * need);
     free(x), free(y), free(dy), free(dx), free(gw);
     mha_layer_free(L);
 }
+
+static void backward_memory_peak(void) { memory_peak(0); }
+static void tape_memory_peak(void) { memory_peak(1); }
 
 /* Run once per ISA (test_main.c's per_isa_areas): fast vs reference for
  * every option, and 1 vs 2 threads. */
@@ -621,6 +633,7 @@ static const test_case cases[] = {
     {"backward_fast_unsupported_fallback", backward_fast_unsupported_fallback},
     {"backward_fast_is_auto", backward_fast_is_auto},
     {"backward_memory_peak", backward_memory_peak},
+    {"tape_memory_peak", tape_memory_peak},
 };
 
 const test_case *tests_backward_fast(size_t *count) {
