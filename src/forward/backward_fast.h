@@ -56,7 +56,8 @@ mha_status mha_fast_check_scores(const float *q, const float *k, const mha_confi
 
 /* Pass 1: z and lse from q, k, v (the forward's attention with an online
  * softmax on the prefill table's tiles: no (T,S) buffer); also mha_attend_lse's fast path. *masked_rows =
- * number of rows with no allowed key (their z is 0). */
+ * number of rows with no allowed key (their z is 0). bk is not read (may
+ * be NULL). */
 mha_status mha_bwd_attention_forward(const mha_bwd_attn *a, const mha_kernels *kern,
                                      const mha_backward_kernels *bk, int n_threads, long *masked_rows);
 
