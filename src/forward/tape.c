@@ -8,6 +8,7 @@
  * differ (MHA_E_ARG), so a tape cannot silently serve another call.
  * Legend: B, T, S, Sx = S + extra keys, h, d_v, d_model; zw = h*d_v. */
 #include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -23,44 +24,34 @@ struct mha_tape {
     mha_bwd_saved saved;    /* q, k, v, z, lse; B, T, S                 */
 };
 
-/* "" when a and b agree on everything the forward read, else the name of
- * the first option that differs (masks and interventions by pointer: the
- * tape keeps no copy of them). */
-static const char *options_differ(const mha_options *a, const mha_options *b) {
-    if (a->scale != b->scale) return "scale";
-    if (a->causal != b->causal) return "causal";
-    if (a->align != b->align) return "align";
-    if (a->window_left != b->window_left) return "window_left";
-    if (a->window_right != b->window_right) return "window_right";
-    if (a->keep_mask.data != b->keep_mask.data || a->keep_mask.batch != b->keep_mask.batch ||
-        a->keep_mask.heads != b->keep_mask.heads)
-        return "keep_mask";
-    if (a->additive_mask.data != b->additive_mask.data || a->additive_mask.batch != b->additive_mask.batch ||
-        a->additive_mask.heads != b->additive_mask.heads)
-        return "additive_mask";
-    if (a->key_keep != b->key_keep) return "key_keep";
-    if (a->key_additive != b->key_additive) return "key_additive";
-    if (a->masked_row != b->masked_row) return "masked_row";
-    if (a->interventions != b->interventions) return "interventions";
-    if (a->path != b->path) return "path";
-    if (a->positions != b->positions) return "positions";
-    if (a->key_positions != b->key_positions) return "key_positions";
-    if (a->sink_tokens != b->sink_tokens) return "sink_tokens";
-    return "";
-}
+/* One member of a struct, compared as bytes (floats too: the tape wants
+ * the forward's very value). */
+typedef struct {
+    const char *name;
+    size_t at, size;
+} member;
+#define MEMBER(type, m) {#m, offsetof(type, m), sizeof(((type *)0)->m)}
 
-/* "" when the layer shapes agree, else the first member that differs. */
-static const char *config_differs(const mha_config *a, const mha_config *b) {
-    if (a->d_model != b->d_model) return "d_model";
-    if (a->n_heads != b->n_heads) return "n_heads";
-    if (a->n_kv_heads != b->n_kv_heads) return "n_kv_heads";
-    if (a->d_k != b->d_k) return "d_k";
-    if (a->d_v != b->d_v) return "d_v";
-    if (a->d_kv_in != b->d_kv_in) return "d_kv_in";
-    if (a->d_v_in != b->d_v_in) return "d_v_in";
-    if (a->bias != b->bias) return "bias";
-    if (a->add_bias_kv != b->add_bias_kv) return "add_bias_kv";
-    if (a->add_zero_attn != b->add_zero_attn) return "add_zero_attn";
+/* Everything the forward read of its options (masks and interventions by
+ * pointer: the tape keeps no copy of them) and of the layer's shape. */
+static const member option_members[] = {
+    MEMBER(mha_options, scale),         MEMBER(mha_options, causal),       MEMBER(mha_options, align),
+    MEMBER(mha_options, window_left),   MEMBER(mha_options, window_right), MEMBER(mha_options, keep_mask),
+    MEMBER(mha_options, additive_mask), MEMBER(mha_options, key_keep),     MEMBER(mha_options, key_additive),
+    MEMBER(mha_options, masked_row),    MEMBER(mha_options, interventions), MEMBER(mha_options, path),
+    MEMBER(mha_options, positions),     MEMBER(mha_options, key_positions), MEMBER(mha_options, sink_tokens),
+};
+static const member config_members[] = {
+    MEMBER(mha_config, d_model), MEMBER(mha_config, n_heads), MEMBER(mha_config, n_kv_heads),
+    MEMBER(mha_config, d_k),     MEMBER(mha_config, d_v),     MEMBER(mha_config, d_kv_in),
+    MEMBER(mha_config, d_v_in),  MEMBER(mha_config, bias),    MEMBER(mha_config, add_bias_kv),
+    MEMBER(mha_config, add_zero_attn),
+};
+
+/* "" when a and b agree on the n members, else the first that differs. */
+static const char *first_difference(const void *a, const void *b, const member *m, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (memcmp((const char *)a + m[i].at, (const char *)b + m[i].at, m[i].size)) return m[i].name;
     return "";
 }
 
@@ -129,7 +120,8 @@ mha_status mha_backward_tape(const mha_layer *L, const mha_tape *tape, const mha
                              const mha_options *opt) {
     if (!tape) return mha_fail(MHA_E_ARG, "mha_backward_tape: tape is NULL; expected one from mha_forward_train");
     if (!L) return mha_fail(MHA_E_ARG, "mha_backward_tape: layer is NULL; expected the forward's layer");
-    const char *what = config_differs(&L->cfg, &tape->cfg);
+    const char *what = first_difference(&L->cfg, &tape->cfg, config_members,
+                                        sizeof config_members / sizeof config_members[0]);
     if (L != tape->layer || *what)
         return mha_fail(MHA_E_ARG, "mha_backward_tape: the tape was made by another layer%s%s%s; expected "
                         "the layer given to mha_forward_train", *what ? " (its config differs in " : "",
@@ -139,7 +131,8 @@ mha_status mha_backward_tape(const mha_layer *L, const mha_tape *tape, const mha
         return mha_fail(MHA_E_ARG, "mha_backward_tape: B=%d T=%d S=%d; expected the forward's B=%d T=%d S=%d",
                         B, T, S, sv->B, sv->T, sv->S);
     const mha_options defaults_now = mha_options_default(), *given = opt ? opt : &defaults_now;
-    if (*(what = options_differ(given, &tape->opt)))
+    if (*(what = first_difference(given, &tape->opt, option_members,
+                                  sizeof option_members / sizeof option_members[0])))
         return mha_fail(MHA_E_ARG, "mha_backward_tape: options.%s differs from the forward's; expected the "
                         "options given to mha_forward_train", what);
     /* the checks of mha_backward_kv (shapes, dy finite, wanted gradients) */
