@@ -102,6 +102,16 @@ static void alibi_tile(scratch *w, const mha_attn_args *a, const mha_kernels *k,
     mha_attn_alibi_get(k)(w->s, MHA_ATT_BC, w->qpos, w->kpos, a->alibi_slopes[r], rows, nk);
 }
 
+/* Hints (no fault, no effect on results) for `rows` rows of `bytes`
+ * bytes at stride `stride` floats: rw 1 fetches the lines for writing. */
+static void prefetch_rows(const float *p, size_t stride, int rows, size_t bytes, int rw) {
+    for (int i = 0; i < rows; i++)
+        for (size_t o = 0; o < bytes; o += 64) {
+            if (rw) __builtin_prefetch((const char *)(p + (size_t)i * stride) + o, 1, 3);
+            else __builtin_prefetch((const char *)(p + (size_t)i * stride) + o, 0, 2);
+        }
+}
+
 static void attend_task(const mha_attn_args *a, const mha_kernels *k, scratch *w, int b, int r,
                         int i0) {
     const mha_config *c = a->cfg;
@@ -117,8 +127,9 @@ static void attend_task(const mha_attn_args *a, const mha_kernels *k, scratch *w
     // --- pack the scaled query rows into (rows6/6, d_k, 6) micro-panels
     const float *qsrc = a->q_head_major ? a->q + (((size_t)b * h + r) * T + i0) * d_k
                                         : a->q + ((size_t)b * T + i0) * h * d_k + (size_t)r * d_k;
-    mha_attn_pack_q_get(k)(w->q, qsrc, a->q_head_major ? (size_t)d_k : (size_t)h * d_k, a->scale, rows, rows6,
-                           d_k);
+    const size_t q_rs = a->q_head_major ? (size_t)d_k : (size_t)h * d_k;
+    float *z0 = a->z + ((size_t)b * T + i0) * h * d_v + (size_t)r * d_v;
+    mha_attn_pack_q_get(k)(w->q, qsrc, q_rs, a->scale, rows, rows6, d_k);
 
     // --- which keys the tile needs: the union of the rows' intervals
     int jb = S, je = 0;
@@ -142,6 +153,15 @@ static void attend_task(const mha_attn_args *a, const mha_kernels *k, scratch *w
     for (int j0 = jb / 16 * 16; j0 < end; j0 += MHA_ATT_BC) {
         const int j1 = j0 + MHA_ATT_BC < end ? j0 + MHA_ATT_BC : end, nc = j1 - j0;
         if (j0 >= je && j1 <= S) continue; /* between the causal/window keys and the extra keys */
+        if (j1 >= end) {
+            /* Z and the next task's Q are cold (L3 or DRAM): during the
+             * last tile, ask for the Z rows (for writing) and the query
+             * rows of the block above in this head (the next task
+             * mha_attention hands out) */
+            prefetch_rows(z0, (size_t)h * d_v, rows, sizeof(float) * d_v, 1);
+            if (i0 >= MHA_ATT_BR)
+                prefetch_rows(qsrc - MHA_ATT_BR * q_rs, q_rs, MHA_ATT_BR, sizeof(float) * d_k, 0);
+        }
         k->attn_scores(w->s, MHA_ATT_BC, w->q, kt + (size_t)(j0 / 16) * d_k * 16, d_k, rows6,
                        (nc + 15) / 16);
         const int extra = clampi(S - j0, 0, nc); /* tile columns >= extra are extra keys */
@@ -169,7 +189,7 @@ static void attend_task(const mha_attn_args *a, const mha_kernels *k, scratch *w
     for (int i = 0; c->sinks && i < rows; i++)
         if (w->l[i] != 0.0f) w->l[i] += expf(a->sinks[r] - w->m[i]);
     for (int i = 0; i < rows; i++) {
-        float *zrow = a->z + ((size_t)b * T + i0 + i) * h * d_v + (size_t)r * d_v;
+        float *zrow = z0 + (size_t)i * h * d_v;
         const float *orow = w->o + (size_t)i * ldv;
         float *prow = prow0 ? prow0 + (size_t)i * S_tot : NULL;
         if (w->l[i] == 0.0f) {
