@@ -190,11 +190,13 @@ test-install: $(SETUP_TEST)
 
 # The full-size memory check: causal forward with B=1, T=32768, d_model=768,
 # h=12; peak RSS must stay below 2x the tensors it must hold (~10 s).
-# Then forward + backward with B=1, T=16384 (causal): peak RSS below 2x the
+# Then forward + backward with B=1, T=16384 (causal), stateless and with a
+# training tape (mha_forward_train): peak RSS below 2x the
 # tensors that must exist, gradients and weights' gradients included.
 test-memory: $(BUILD)/test_mha
 	MHA_TEST_ISA=auto MHA_TEST_MEMORY_T=32768 ./$(BUILD)/test_mha fast_memory_peak
 	MHA_TEST_MEMORY_T=16384 ./$(BUILD)/test_mha backward_memory_peak
+	MHA_TEST_MEMORY_T=16384 ./$(BUILD)/test_mha tape_memory_peak
 
 # Coverage-guided fuzzing of the .npy and safetensors readers, the layout
 # loaders and the CLI flag parser (bounded time).

@@ -32,6 +32,14 @@ void bench_print_times_as(const char *prefix, const double *t, int n);
  * Returns the number of timed runs, or -1 when fn failed (nonzero). */
 int bench_repeat(int (*fn)(void *), void *arg, double *times, int max_runs, double budget_s);
 
+/* bench_repeat for k functions interleaved: rounds of one run of each
+ * (A B A B ..., so that the machine's load changes hit all alike) after
+ * one warm-up each (counted as round 0 when the warm-ups took longer than
+ * budget_s / 4), until max_runs rounds or budget_s. times[i*max_runs + r]
+ * is fn[i]'s run in round r. Returns the rounds, or -1 when one failed. */
+int bench_rounds(int (*const *fn)(void *), void *const *arg, int k, double *times, int max_runs,
+                 double budget_s);
+
 /* Deterministic uniform [lo, hi) fill (splitmix64). */
 void bench_fill(float *p, size_t n, uint64_t *seed, float lo, float hi);
 /* 64-byte aligned allocation of n floats (aborts the program on failure:

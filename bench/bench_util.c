@@ -61,6 +61,26 @@ int bench_repeat(int (*fn)(void *), void *arg, double *times, int max_runs, doub
     return n;
 }
 
+int bench_rounds(int (*const *fn)(void *), void *const *arg, int k, double *times, int max_runs,
+                 double budget_s) {
+    int n = 0;
+    double t0 = bench_now();
+    for (int i = 0; i < k; i++) {
+        const double a = bench_now();
+        if (fn[i](arg[i])) return -1;
+        times[(size_t)i * max_runs] = bench_now() - a;
+    }
+    double start = bench_now();
+    if (bench_now() - t0 > budget_s / 4) n = 1, start = t0; /* long warm-ups count as round 0 */
+    for (; n < max_runs && (n == 0 || bench_now() - start < budget_s); n++)
+        for (int i = 0; i < k; i++) {
+            const double a = bench_now();
+            if (fn[i](arg[i])) return -1;
+            times[(size_t)i * max_runs + n] = bench_now() - a;
+        }
+    return n;
+}
+
 void bench_fill(float *p, size_t n, uint64_t *seed, float lo, float hi) {
     for (size_t i = 0; i < n; i++) {
         uint64_t z = (*seed += 0x9E3779B97F4A7C15ull);

@@ -56,15 +56,18 @@ same run.sh call; the rounds of a configuration alternate mha and torch):
   before timing; "x ORT" = ORT time / mha time.
 - backward (issue 12): mha_backward (MHA_PATH_AUTO: the fast backward),
   every gradient requested (dx, dW_*, db_*), self-attention; "fwd+bwd" runs
-  mha_forward then mha_backward. Peer: torch nn.MultiheadAttention autograd
+  mha_forward then mha_backward. "tape" rows: mha_backward_tape from a tape
+  of mha_forward_train (no recomputation), "fwd+bwd" mha_forward_train then
+  mha_backward_tape; both kinds interleaved round by round. Peer: torch nn.MultiheadAttention autograd
   (train mode, need_weights=False, causal as a float attn_mask) with the
   same gradients (peer_torch.py backward), in the same rounds; the faster
   OMP_WAIT_POLICY is used as for prefill. Attention alone: the fast
   backward's two passes (src/forward/backward_attention.c) on random Q, K,
   V, dZ; useful FLOPs = FlashAttention-2's backward count, 2.5x the
   forward's 4*B*h*T*S*d_k (halved when causal); executed FLOPs = the 7
-  tile products it runs (pass 1 recomputes Z and lse: the API keeps no
-  forward state); % peak against the FMA peak of the ISA it ran on.
+  tile products it runs (pass 1 recomputes Z and lse), 5 for the tape row
+  (pass 2 alone: the tape holds Z and lse); % peak against the FMA peak of
+  the ISA it ran on.
 - variants: `bench_mha variants` times mha_forward with RoPE (halves,
   theta 10000), ALiBi (default slopes), softcap (50) and sinks, one layer
   each from the same weights, round by round with the plain layer;
@@ -675,35 +678,42 @@ def best_torch_backward(rows, name, part):
 
 def backward_section(rows, peak_avx2, peak_avx512, targets):
     """The backward table (issue 12) and its targets: >= 2x torch on P1,
-    >= 4x on P2 (causal), attention >= 50% of the FMA peak."""
+    >= 4x on P2 (causal), attention >= 50% of the FMA peak. One row for the
+    stateless backward (mha_backward) and one for the tape's
+    (mha_forward_train + mha_backward_tape), measured in the same rounds."""
     body = []
     for name, need in (("P1", 2), ("P2", 4)):
         m = one(rows, kind="backward", impl="mha", name=name, part="backward")
         if not m:
             continue
-        mb = med(times_of(rows, kind="backward", impl="mha", name=name, part="backward"))
-        mf = med(times_of(rows, kind="backward", impl="mha", name=name, part="forward_backward"))
         tb = med(best_torch_backward(rows, name, "backward"))
         tf = med(best_torch_backward(rows, name, "forward_backward"))
-        att = find(rows, kind="backward", impl="mha", name=name, part="attention")
-        ta = med(times_of(att))
-        a0 = att[-1] if att else {}
-        kern = a0.get("kernels", "avx2")
-        pk = peak_avx512 if kern == "avx512" and peak_avx512 else peak_avx2
-        uf, ef = num(a0, "useful_gflop"), num(a0, "executed_gflop")
-        useful = uf / ta / pk if uf and ta and pk else None
-        executed = ef / ta / pk if ef and ta and pk else None
-        xb = tb / mb if tb and mb else None
-        xf = tf / mf if tf and mf else None
-        causal = " causal" if m.get("causal") == "1" else ""
-        body.append([name, f"B={m['B']} T={m['T']} d={m['d_model']} h={m['h']}{causal}", fmt_ms(mb), fmt_ms(tb),
-                     fmt(xb, ".2f", suffix="x"), fmt_ms(mf), fmt_ms(tf), fmt(xf, ".2f", suffix="x"), fmt_ms(ta),
-                     fmt(uf / ta if uf and ta else None, ".1f"), fmt(useful * 100 if useful else None, ".0f", suffix="%"),
-                     fmt(executed * 100 if executed else None, ".0f", suffix="%"), kern])
-        targets.append([f"{name} backward >= {need}x PyTorch autograd", fmt(xb, ".2f", suffix="x"), verdict(xb, need)])
-        targets.append([f"{name} backward attention >= 50% of the {kern} FMA peak (useful FLOPs; executed "
-                        f"{fmt(executed * 100 if executed else None, '.0f', suffix='%')})",
-                        fmt(useful * 100 if useful else None, ".0f", suffix="%"), verdict(useful, 0.5)])
+        for sfx, label in (("", name), ("_tape", f"{name} tape")):
+            mb = med(times_of(rows, kind="backward", impl="mha", name=name, part="backward" + sfx))
+            if mb is None:
+                continue
+            mf = med(times_of(rows, kind="backward", impl="mha", name=name, part="forward_backward" + sfx))
+            att = find(rows, kind="backward", impl="mha", name=name, part="attention" + sfx)
+            ta = med(times_of(att))
+            a0 = att[-1] if att else {}
+            kern = a0.get("kernels", "avx2")
+            pk = peak_avx512 if kern == "avx512" and peak_avx512 else peak_avx2
+            uf, ef = num(a0, "useful_gflop"), num(a0, "executed_gflop")
+            useful = uf / ta / pk if uf and ta and pk else None
+            executed = ef / ta / pk if ef and ta and pk else None
+            xb = tb / mb if tb and mb else None
+            xf = tf / mf if tf and mf else None
+            causal = " causal" if m.get("causal") == "1" else ""
+            body.append([label, f"B={m['B']} T={m['T']} d={m['d_model']} h={m['h']}{causal}", fmt_ms(mb),
+                         fmt_ms(tb), fmt(xb, ".2f", suffix="x"), fmt_ms(mf), fmt_ms(tf), fmt(xf, ".2f", suffix="x"),
+                         fmt_ms(ta), fmt(uf / ta if uf and ta else None, ".1f"),
+                         fmt(useful * 100 if useful else None, ".0f", suffix="%"),
+                         fmt(executed * 100 if executed else None, ".0f", suffix="%"), kern])
+            targets.append([f"{label} backward >= {need}x PyTorch autograd", fmt(xb, ".2f", suffix="x"),
+                            verdict(xb, need)])
+            targets.append([f"{label} backward attention >= 50% of the {kern} FMA peak (useful FLOPs; executed "
+                            f"{fmt(executed * 100 if executed else None, '.0f', suffix='%')})",
+                            fmt(useful * 100 if useful else None, ".0f", suffix="%"), verdict(useful, 0.5)])
     if not body:
         return "(not run)"
     return table(["config", "shape", "mha bwd ms", "torch bwd ms", "x torch", "mha fwd+bwd ms",

@@ -6,7 +6,9 @@ U(+-1/sqrt(1024)) with 4 input rows of every matrix x8 (the large rows
 that meet outlier channels in trained models). x: N(0, 1) with 6 of 1024
 channels x20 (massive activations). Per cache length L: prefill L-16
 tokens, decode 16 one at a time (the decode streams read the stored
-weights); Y of the 16 decode steps against the fp32 layer's.
+weights); Y of the 16 decode steps against the fp32 layer's. Rows 8: 8
+sequences decoded together, 8 rows a step (the multi-row streams, against
+the fp32 layer's batched step on its packed GEMM).
 Also, in numpy, the alternatives to the library's groups of 32 inputs:
 one scale per output column, and per group of 64 inputs, each run as an
 fp32 layer with those dequantized weights (the per-32 simulation must
@@ -51,17 +53,18 @@ def group_int8(a, g):
     return (q * s).astype(np.float32).reshape(a.shape)
 
 
-def activations(rng, L):
-    x = rng.standard_normal((1, L, D))
+def activations(rng, L, batch=1):
+    x = rng.standard_normal((batch, L, D))
     x[..., [7, 100, 333, 512, 700, 901]] *= 20.0
     return x.astype(np.float32)
 
 
 def decode_y(layer, x):
     L = x.shape[1]
-    cache = mha.Cache(layer, batch=1, capacity=L, dtype="float32")
+    cache = mha.Cache(layer, batch=x.shape[0], capacity=L, dtype="float32")
     cache.forward(layer, x[:, :L - STEPS])
-    return np.concatenate([cache.forward(layer, x[:, t:t + 1]) for t in range(L - STEPS, L)], axis=1)[0]
+    y = np.concatenate([cache.forward(layer, x[:, t:t + 1]) for t in range(L - STEPS, L)], axis=1)
+    return y.reshape(-1, D)  # (batch * STEPS, D)
 
 
 def main():
@@ -73,18 +76,18 @@ def main():
         for k in ("w_q", "w_k", "w_v", "w_o"):
             wg[k] = group_int8(w[k], g if k != "w_o" or g <= DH else DH)
         layers[f"int8 {name} (numpy)"] = layer_of(wg)
-    print("| L | weights | max abs | rel. L2 | min cosine | max abs / max abs(Y) |")
-    print("|---|---|---|---|---|---|")
-    for L in (128, 1024):
-        x = activations(rng, L)
+    print("| L | rows a step | weights | max abs | rel. L2 | min cosine | max abs / max abs(Y) |")
+    print("|---|---|---|---|---|---|---|")
+    for L, rows in ((128, 1), (128, 8), (1024, 1), (1024, 8)):
+        x = activations(rng, L, rows)
         ref = decode_y(layers["fp32"], x).astype(np.float64)
         for name, layer in layers.items():
-            if name == "fp32":
+            if name == "fp32" or (rows > 1 and "numpy" in name):
                 continue
             y = decode_y(layer, x).astype(np.float64)
             d = y - ref
             cos = (y * ref).sum(1) / np.sqrt((y * y).sum(1) * (ref * ref).sum(1))
-            print(f"| {L} | {name} | {np.abs(d).max():.3g} | {np.sqrt((d * d).sum() / (ref * ref).sum()):.3g} | "
+            print(f"| {L} | {rows} | {name} | {np.abs(d).max():.3g} | {np.sqrt((d * d).sum() / (ref * ref).sum()):.3g} | "
                   f"{cos.min():.6f} | {np.abs(d).max() / np.abs(ref).max():.3g} |")
 
 

@@ -545,6 +545,52 @@ MHA_API mha_status mha_backward(const mha_layer *layer, const mha_gradients *gra
                                 const float *x, const float *kv, int B, int T, int S,
                                 const mha_options *opt);
 
+/* ---- training: a forward that keeps what its backward needs (the tape)
+ * FlashAttention-2's split: the forward saves each query row's
+ * log-sum-exp, so the backward skips the recomputation that
+ * mha_backward_kv does (the projections, Z and lse: 2 of its 7 attention
+ * products). A tape holds the projected Q (B,T,h*d_k), K (B,S',h_kv*d_k)
+ * and V (B,S',h_kv*d_v) (S' = S + extra keys), Z (B,T,h*d_v) before the
+ * interventions and lse (B,h,T): about (2*h*d_k + h*d_v) * B*T + S' kv
+ * floats. It belongs to the layer, shapes and options of its forward and
+ * reads nothing of them later: the backward takes the layer, sources and
+ * options again and checks they are the forward's. Sources and weights
+ * must hold the same values as at the forward (not checked, as in
+ * PyTorch's saved tensors). */
+typedef struct mha_tape mha_tape;
+
+/* y (B,T,d_model) as mha_forward_kv with the same arguments, on the fast
+ * path, plus *tape (free it with mha_tape_free; one tape serves any
+ * number of mha_backward_tape calls). y is the fast path's within its
+ * tolerance but not always its bits: the attention runs the fast
+ * backward's own tiles, so that the tape backward is mha_backward_kv's
+ * bit for bit. MHA_E_UNSUPPORTED (nothing written, *tape NULL) where the
+ * fast backward does not serve the request: opt->path REFERENCE (or AUTO
+ * under MHA_KERNELS=reference), layers with rope, alibi, softcap, sinks
+ * or qk_norm, options.sink_tokens, MHA_MASKED_ROW_NAN with a fully masked
+ * row, scores beyond MHA_FAST_SCORE_LIMIT; the caller then runs
+ * mha_forward_kv and mha_backward_kv (which fall back themselves).
+ * MHA_E_NONFINITE when y overflows fp32 (*tape NULL). */
+MHA_API mha_status mha_forward_train(const mha_layer *layer, float *y, mha_tape **tape, const float *x,
+                                     const float *k_src, const float *v_src, int B, int T, int S,
+                                     const mha_options *opt);
+
+/* mha_backward_kv's gradients (the fast backward's bits) from a tape of
+ * mha_forward_train, without recomputing the forward: dy (B,T,d_model)
+ * finite; layer, x, k_src, v_src, B, T, S and opt as given to that
+ * forward. MHA_E_ARG naming the difference for a tape of another layer
+ * (or a layer of another config), another B, T or S, sources shared
+ * differently (keys from x vs k_src, values from the key source vs
+ * v_src) or options that differ from the forward's (masks and
+ * interventions compared by pointer); gradient members as
+ * mha_backward_kv (NULL = not wanted). The tape is not changed. */
+MHA_API mha_status mha_backward_tape(const mha_layer *layer, const mha_tape *tape, const mha_gradients *grad,
+                                     const float *dy, const float *x, const float *k_src,
+                                     const float *v_src, int B, int T, int S, const mha_options *opt);
+
+/* Frees a tape; NULL is a no-op. */
+MHA_API void mha_tape_free(mha_tape *tape);
+
 /* Per-head attribution for the linear metric m = <dy, Y>:
  * attribution (h,B,T)[r,b,t] = sum_e Z^(r)[b,t,e] dZ^(r)[b,t,e], where Z is
  * what W_O reads (after interventions) and dZ = dy W_O^T is dm/dZ. It is

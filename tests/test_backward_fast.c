@@ -231,6 +231,28 @@ static mha_status fx_backward(fixture *f, grads *g, mha_path path) {
     return mha_backward_kv(f->L, &view, f->dy, f->x, f->k_src, f->v_src, f->B, f->T, f->S, &o);
 }
 
+/* The tape's way: mha_forward_train (y into f->y), then mha_backward_tape
+ * twice (the tape must come out unchanged: the second call's bits are
+ * compared with the first's). */
+static mha_status fx_backward_tape(fixture *f, grads *g) {
+    grads_alloc(g, &f->w.cfg, f->B, f->T, f->S, f->k_src != NULL, f->v_src != NULL);
+    mha_gradients view = grads_view(g);
+    mha_tape *tape = NULL;
+    mha_status s = mha_forward_train(f->L, f->y, &tape, f->x, f->k_src, f->v_src, f->B, f->T, f->S, &f->opt);
+    if (s) return s;
+    s = mha_backward_tape(f->L, tape, &view, f->dy, f->x, f->k_src, f->v_src, f->B, f->T, f->S, &f->opt);
+    grads again;
+    grads_alloc(&again, &f->w.cfg, f->B, f->T, f->S, f->k_src != NULL, f->v_src != NULL);
+    mha_gradients view2 = grads_view(&again);
+    if (!s) s = mha_backward_tape(f->L, tape, &view2, f->dy, f->x, f->k_src, f->v_src, f->B, f->T, f->S, &f->opt);
+    for (int i = 0; !s && i < G_N; i++)
+        if (g->t[i] && memcmp(g->t[i], again.t[i], g->n[i] * sizeof(float)) != 0)
+            test_report(__FILE__, __LINE__, "a second mha_backward_tape on one tape changed %s", grad_names[i]);
+    grads_free(&again);
+    mha_tape_free(tape);
+    return s;
+}
+
 /* max|a - b|; NaN equal to NaN counts 0, NaN against a number INFINITY. */
 static double diff_nan(const float *a, const float *b, size_t n) {
     double m = 0.0;
@@ -244,12 +266,39 @@ static double diff_nan(const float *a, const float *b, size_t n) {
     return m;
 }
 
-/* Fast against reference within the rule, for every gradient tensor. */
+/* The tape's y against the double oracle: within twice the fast
+ * forward's own error (itself held to the rule by test_fast.c) + 1e-6. */
+static void check_tape_forward(fixture *f, const char *what) {
+    const mha_config *c = &f->w.cfg;
+    const size_t ny = (size_t)f->B * f->T * c->d_model;
+    float *y_fast = naive_alloc_floats(ny);
+    double *y_ref = naive_alloc_doubles(ny);
+    mha_options o = f->opt;
+    o.path = MHA_PATH_FAST;
+    CHECK_OK(mha_forward_kv(f->L, y_fast, NULL, f->x, f->k_src, f->v_src, f->B, f->T, f->S, &o));
+    naive_forward_kv(y_ref, NULL, NULL, &f->w, f->x, f->k_src, f->v_src, f->B, f->T, f->S, &f->opt);
+    const double et = naive_max_diff(f->y, y_ref, ny), ef = naive_max_diff(y_fast, y_ref, ny);
+    if (!(et <= 2.0 * ef + 1e-6))
+        test_report(__FILE__, __LINE__, "%s: mha_forward_train's y max|tape-ref| = %.3g > 2 * max|fast-ref| "
+                    "(%.3g) + 1e-6 (kernels=%s)", what, et, ef, mha_kernels_get()->name);
+    free(y_fast), free(y_ref);
+}
+
+/* Fast against reference within the rule, for every gradient tensor; the
+ * tape backward (mha_forward_train + mha_backward_tape) the fast one's
+ * bits, so within the rule as well. */
 static void check_fast(fixture *f, const char *what) {
     if (!f->L) return;
-    grads ref, fast, n32;
+    grads ref, fast, n32, tape;
     CHECK_OK(fx_backward(f, &ref, MHA_PATH_REFERENCE));
     CHECK_OK(fx_backward(f, &fast, MHA_PATH_FAST));
+    CHECK_OK(fx_backward_tape(f, &tape));
+    check_tape_forward(f, what);
+    for (int i = 0; i < G_N; i++)
+        if (ref.t[i] && memcmp(tape.t[i], fast.t[i], ref.n[i] * sizeof(float)) != 0)
+            test_report(__FILE__, __LINE__, "%s: the tape backward's %s is not the fast backward's bits (kernels=%s)",
+                        what, grad_names[i], mha_kernels_get()->name);
+    grads_free(&tape);
     grads_alloc(&n32, &f->w.cfg, f->B, f->T, f->S, f->k_src != NULL, f->v_src != NULL);
     naive32_backward(&n32, &f->w, f->x, f->k_src, f->v_src, f->dy, f->B, f->T, f->S, &f->opt);
     for (int i = 0; i < G_N; i++) {
@@ -507,14 +556,16 @@ static void backward_kernels_from_exec(void) {
 
 /* ------------------------------------------------------------- memory */
 
-/* B=1, T, d_model=768, h=12, causal: forward then backward (fast path);
- * peak RSS below twice the tensors that must exist: x, Q, K, V, Z, Y, dY,
- * dX and the weights and their gradients. T from MHA_TEST_MEMORY_T
+/* B=1, T, d_model=768, h=12, causal: forward then backward (fast path),
+ * stateless (mha_forward, mha_backward) or with a tape (mha_forward_train,
+ * mha_backward_tape: the tape's Q, K, V, Z live through the backward,
+ * which adds dZ, dQ, dK, dV); peak RSS below twice the tensors that must
+ * exist: x, Q, K, V, Z, Y, dY, dX and the weights and their gradients. T from MHA_TEST_MEMORY_T
  * (16384 in `make test-memory`), else 1024 (then the growth over the RSS
  * the suite already holds is checked). Skipped under
  * AddressSanitizer, whose shadow memory and quarantine are not the
  * library's. */
-static void backward_memory_peak(void) {
+static void memory_peak(int with_tape) {
 #if defined(__SANITIZE_ADDRESS__)
     if (1) return;
 #endif
@@ -543,16 +594,26 @@ static void backward_memory_peak(void) {
     mha_gradients g = {dx, NULL, NULL, gw, gw + dd, gw + 2 * dd, gw + 3 * dd,
                        gw + 4 * dd, gw + 4 * dd + D, gw + 4 * dd + 2 * D, gw + 4 * dd + 3 * D,
                        NULL, NULL, NULL, NULL, NULL};
-    CHECK_OK(mha_forward(L, y, NULL, x, NULL, 1, T, T, &o));
-    CHECK_OK(mha_backward(L, &g, dy, x, NULL, 1, T, T, &o));
+    if (with_tape) {
+        mha_tape *tape = NULL;
+        CHECK_OK(mha_forward_train(L, y, &tape, x, NULL, NULL, 1, T, T, &o));
+        CHECK_OK(mha_backward_tape(L, tape, &g, dy, x, NULL, NULL, 1, T, T, &o));
+        mha_tape_free(tape);
+    } else {
+        CHECK_OK(mha_forward(L, y, NULL, x, NULL, 1, T, T, &o));
+        CHECK_OK(mha_backward(L, &g, dy, x, NULL, 1, T, T, &o));
+    }
     const double peak = test_peak_rss_bytes() - base, need = 8.0 * act + 2.0 * wts; /* x Q K V Z Y dY dX, W, dW */
     if (env)
-        printf("RESULT kind=memory_backward T=%d peak_mib=%.1f need_mib=%.1f ratio=%.3f\n", T,
+        printf("RESULT kind=memory_backward%s T=%d peak_mib=%.1f need_mib=%.1f ratio=%.3f\n", with_tape ? "_tape" : "", T,
                peak / 1048576.0, need / 1048576.0, peak / need);
     CHECK(peak < 2.0 * need);
     free(x), free(y), free(dy), free(dx), free(gw);
     mha_layer_free(L);
 }
+
+static void backward_memory_peak(void) { memory_peak(0); }
+static void tape_memory_peak(void) { memory_peak(1); }
 
 /* Run once per ISA (test_main.c's per_isa_areas): fast vs reference for
  * every option, and 1 vs 2 threads. */
@@ -572,6 +633,7 @@ static const test_case cases[] = {
     {"backward_fast_unsupported_fallback", backward_fast_unsupported_fallback},
     {"backward_fast_is_auto", backward_fast_is_auto},
     {"backward_memory_peak", backward_memory_peak},
+    {"tape_memory_peak", tape_memory_peak},
 };
 
 const test_case *tests_backward_fast(size_t *count) {

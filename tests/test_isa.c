@@ -102,7 +102,9 @@ static void test_isa_tile_12x32(void) {
                 for (int use_bias = 0; use_bias < 2; use_bias++) {
                     const float *bp = use_bias ? bias : NULL;
                     memcpy(c, guard, sizeof c), memcpy(c2, guard, sizeof c2);
-                    mha_sgemm_avx512_12x32(c + LDC, LDC, a, a_ps, b, b_ps, 16, bp, K, m, n, 0);
+                    /* every other call with a prefetch stream (over b itself): a hint, same bits */
+                    mha_sgemm_avx512_12x32(c + LDC, LDC, a, a_ps, b, b_ps, 16, bp, K, m, n, 0,
+                                           (m + n) % 2 ? b : NULL);
                     /* AVX2: 6x16 tiles over the same packed operands */
                     for (int r = 0; r < m; r += 6)
                         for (int q = 0; q < n; q += 16)

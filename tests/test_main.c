@@ -38,6 +38,8 @@ static const test_area_fn areas[] = {
     tests_merge,
     tests_backward_fast,
     tests_backward_fast_isa,
+    tests_tape,
+    tests_tape_isa,
     tests_variants_io,
     tests_io_edges,
     tests_compute_edges,
@@ -55,7 +57,7 @@ static const test_area_fn areas[] = {
  * stay checked against the reference on every ISA
  * (MHA_TEST_ISA in main narrows it). */
 static const test_area_fn per_isa_areas[] = {tests_fast, tests_cache, tests_cache_i8, tests_lse_fast,
-                                             tests_backward_fast_isa, tests_weights_isa};
+                                             tests_backward_fast_isa, tests_tape_isa, tests_weights_isa};
 
 static int run_per_isa(test_area_fn area) {
     for (size_t i = 0; i < sizeof per_isa_areas / sizeof per_isa_areas[0]; i++)

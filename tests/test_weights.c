@@ -18,6 +18,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "compute/decode_gemm.h"
+#include "kernels/kernels.h"
 #include "naive.h"
 #include "test_util.h"
 #include "tests.h"
@@ -278,6 +280,46 @@ static void decode_case(mha_weight_dtype dt, int D, int h, int h_kv) {
     free(x), free(ref), free(dec), free(dec32), free(y32);
     wcase_free(&f);
 }
+/* B rows a step (a batched decode): the compact weights stream once for
+ * all rows (up to MHA_DECODE_COMPACT_MAX_ROWS; more run the packed fp32
+ * GEMM). Each element gets the additions of the one-row stream, so every
+ * sequence's rows equal, bit for bit, its own decode one row a step;
+ * against the reference the tolerance rule (the fp32 layer's B-row decode
+ * runs the packed GEMM); the same bits on 1 and 3 threads. */
+static void decode_rows_case(mha_weight_dtype dt, int D, int h, int h_kv, int B) {
+    wcase f;
+    wcase_make(&f, D, h, h_kv, dt, 29);
+    uint64_t seed = 13;
+    const int T = 3;
+    const size_t per = (size_t)T * D, n = (size_t)B * per;
+    float *x = outlier_x((size_t)B * T, D, &seed);
+    float *ref = forward_path(f.exact, x, B, T, MHA_PATH_REFERENCE);
+    mha_decode_set_min_parallel_work(0.0); /* small shapes: threads anyway */
+    float *dec[2];
+    for (int th = 0; th < 2; th++) {
+        mha_set_num_threads(th ? 3 : 1);
+        dec[th] = decode_all(f.conv, x, B, T);
+    }
+    mha_set_num_threads(0);
+    mha_decode_set_min_parallel_work(262144.0);
+    same_bits(dec[0], dec[1], n, "B-row decode on 1 vs 3 threads");
+    for (int b = 0; b < B; b++) {
+        float *one = decode_all(f.conv, x + b * per, 1, T);
+        same_bits(dec[0] + b * per, one, per, "a sequence's rows in a B-row step vs one row a step");
+        free(one);
+    }
+    float *dec32 = decode_all(f.exact, x, B, T);
+    const double err = test_max_abs_diff(dec[0], ref, n), tol = 2 * test_max_abs_diff(dec32, ref, n) + 1e-6;
+    if (!(err <= tol)) test_report(__FILE__, __LINE__, "B=%d: max|decode - ref| = %.3g > %.3g", B, err, tol);
+    free(x), free(ref), free(dec[0]), free(dec[1]), free(dec32);
+    wcase_free(&f);
+}
+/* 5 rows: a register block of 4 and one more; 16: the most that stream */
+static void test_decode_rows_bf16(void) { decode_rows_case(MHA_W_BF16, 80, 4, 2, 5); }
+static void test_decode_rows_int8(void) { decode_rows_case(MHA_W_I8, 80, 4, 2, 5); }
+static void test_decode_rows16_bf16(void) { decode_rows_case(MHA_W_BF16, 64, 8, 8, MHA_DECODE_COMPACT_MAX_ROWS); }
+static void test_decode_rows16_int8(void) { decode_rows_case(MHA_W_I8, 64, 8, 8, MHA_DECODE_COMPACT_MAX_ROWS); }
+
 static void test_decode_bf16(void) { decode_case(MHA_W_BF16, 64, 8, 8); }
 static void test_decode_bf16_gqa(void) { decode_case(MHA_W_BF16, 64, 8, 2); }
 static void test_decode_int8(void) { decode_case(MHA_W_I8, 64, 8, 8); }
@@ -294,6 +336,10 @@ const test_case *tests_weights_isa(size_t *count) {
         {"weights_decode_int8", test_decode_int8},
         {"weights_decode_int8_gqa", test_decode_int8_gqa},
         {"weights_decode_int8_short_groups", test_decode_int8_short_groups},
+        {"weights_decode_rows_bf16", test_decode_rows_bf16},
+        {"weights_decode_rows_int8", test_decode_rows_int8},
+        {"weights_decode_rows16_bf16", test_decode_rows16_bf16},
+        {"weights_decode_rows16_int8", test_decode_rows16_int8},
     };
     *count = sizeof cases / sizeof cases[0];
     return cases;
@@ -301,26 +347,37 @@ const test_case *tests_weights_isa(size_t *count) {
 
 /* ---------------------------------------------------- accuracy bounds */
 
+/* rel = ||a - b|| / ||a|| and cosine of a and b (n values), held to the
+ * bounds of docs/WEIGHTS.md; the error must be non-zero (the weights did
+ * change). */
+static void within_bound(const float *a, const float *b, size_t n, double max_rel, double min_cos, const char *what) {
+    double num = 0, den = 0, dot = 0, nq = 0;
+    for (size_t i = 0; i < n; i++) {
+        const double d = (double)a[i] - b[i];
+        num += d * d, den += (double)a[i] * a[i], dot += (double)a[i] * b[i], nq += (double)b[i] * b[i];
+    }
+    const double rel = sqrt(num / den), cosv = dot / sqrt(den * nq);
+    if (!(rel <= max_rel && cosv >= min_cos))
+        test_report(__FILE__, __LINE__, "%s: relative error %.3g (bound %.3g), cosine %.8f (bound %.8f)", what, rel,
+                    max_rel, cosv, min_cos);
+    CHECK(rel > 0);
+}
+
 /* Y of the converted layer against the fp32 layer, on activations with
- * outlier channels (d_model 256, 8 heads): the bounds of docs/WEIGHTS.md. */
+ * outlier channels (d_model 256, 8 heads): the bounds of docs/WEIGHTS.md,
+ * for the prefill (64 tokens) and for a batched decode (8 sequences of 8
+ * tokens, 8 rows a step: the multi-row streams). */
 static void accuracy(mha_weight_dtype dt, double max_rel, double min_cos) {
     wcase f;
     wcase_make(&f, 256, 8, 8, dt, 31);
     uint64_t seed = 3;
-    const int B = 1, T = 64, D = 256;
-    float *x = outlier_x((size_t)B * T, D, &seed);
-    float *y32 = forward_path(f.orig, x, B, T, MHA_PATH_FAST), *yq = forward_path(f.conv, x, B, T, MHA_PATH_FAST);
-    double num = 0, den = 0, dot = 0, nq = 0, diff = 0;
-    for (size_t i = 0; i < (size_t)B * T * D; i++) {
-        double a = y32[i], b = yq[i];
-        num += (a - b) * (a - b), den += a * a, dot += a * b, nq += b * b;
-        diff = fmax(diff, fabs(a - b));
-    }
-    const double rel = sqrt(num / den), cosv = dot / sqrt(den * nq);
-    if (!(rel <= max_rel && cosv >= min_cos))
-        test_report(__FILE__, __LINE__, "%s: relative error %.3g (bound %.3g), cosine %.8f (bound %.8f)",
-                    mha_weight_dtype_name(dt), rel, max_rel, cosv, min_cos);
-    CHECK(rel > 0); /* the weights did change */
+    const int T = 64, D = 256;
+    float *x = outlier_x((size_t)T, D, &seed);
+    float *y32 = forward_path(f.orig, x, 1, T, MHA_PATH_FAST), *yq = forward_path(f.conv, x, 1, T, MHA_PATH_FAST);
+    within_bound(y32, yq, (size_t)T * D, max_rel, min_cos, mha_weight_dtype_name(dt));
+    free(y32), free(yq);
+    y32 = decode_all(f.orig, x, 8, 8), yq = decode_all(f.conv, x, 8, 8);
+    within_bound(y32, yq, (size_t)T * D, max_rel, min_cos, "batched decode");
     free(x), free(y32), free(yq);
     wcase_free(&f);
 }
@@ -432,10 +489,61 @@ static void test_file_f32_unchanged(void) {
     wcase_free(&f);
 }
 
+/* ------------------------------------------------- the stream kernels */
+
+/* Every table's bf16 and int8 streams give the scalar table's bits for
+ * 1 to 17 rows (register blocks of 4 and their remainders), widths with
+ * every column tail (64-, 16- and 8-wide vectors, masked and scalar
+ * tails) and row strides past the width; and m rows at once give the
+ * bits of m one-row calls (the weights are shared, not the sums). */
+static void test_stream_kernels_rows(void) {
+    const mha_decode_kernels *tab[3] = {&mha_decode_kernels_scalar, &mha_decode_kernels_avx2,
+                                        &mha_decode_kernels_avx512};
+    const int live[3] = {1, mha_cpu_has_avx2(), mha_cpu_has_avx512()};
+    const int ms[] = {1, 3, 4, 5, 9, 17}, ns[] = {7, 64, 93, 150}, K = 45, ld = 160;
+    uint64_t seed = 77;
+    float *x = naive_random_floats((size_t)17 * ld, &seed, -2.0f, 2.0f);
+    float *wf = naive_random_floats((size_t)K * ld, &seed, -1.0f, 1.0f);
+    float *sc = naive_random_floats(ld, &seed, 0.001f, 0.01f), *y0 = naive_random_floats((size_t)17 * ld, &seed, -1, 1);
+    uint16_t *wb = malloc(sizeof(uint16_t) * K * ld);
+    int8_t *wi = malloc((size_t)K * ld);
+    for (int e = 0; e < K * ld; e++) {
+        float r = ref_bf16(wf[e]);
+        memcpy(&wb[e], (char *)&r + 2, 2); /* the high half: bf16 bits (little endian) */
+        wi[e] = (int8_t)lrintf(wf[e] * 127.0f);
+    }
+    float *y[3], *y1 = naive_alloc_floats((size_t)17 * ld);
+    for (int t = 0; t < 3; t++) y[t] = naive_alloc_floats((size_t)17 * ld);
+    for (int i8 = 0; i8 < 2; i8++)
+        for (size_t a = 0; a < sizeof ms / sizeof ms[0]; a++)
+            for (size_t b = 0; b < sizeof ns / sizeof ns[0]; b++) {
+                const int m = ms[a], n = ns[b], k = i8 ? 32 : K; /* int8: one scale group */
+                for (int t = 0; t < 3; t++) {
+                    if (!live[t]) continue;
+                    memcpy(y[t], y0, sizeof(float) * 17 * ld), memcpy(y1, y0, sizeof(float) * 17 * ld);
+                    if (i8) tab[t]->gemm_stream_i8(y[t], ld, x, ld, wi, ld, sc, m, k, n);
+                    else tab[t]->gemm_stream_bf16(y[t], ld, x, ld, wb, ld, m, k, n);
+                    for (int r = 0; r < m; r++)
+                        if (i8) tab[t]->gemm_stream_i8(y1 + r * ld, ld, x + r * ld, ld, wi, ld, sc, 1, k, n);
+                        else tab[t]->gemm_stream_bf16(y1 + r * ld, ld, x + r * ld, ld, wb, ld, 1, k, n);
+                    if (memcmp(y[t], y1, sizeof(float) * 17 * ld) != 0)
+                        test_report(__FILE__, __LINE__, "%s %s: %d rows at once differ from one at a time (n %d)",
+                                    tab[t]->name, i8 ? "int8" : "bf16", m, n);
+                    if (memcmp(y[t], y[0], sizeof(float) * 17 * ld) != 0)
+                        test_report(__FILE__, __LINE__, "%s %s: %d rows, n %d differ from the scalar table",
+                                    tab[t]->name, i8 ? "int8" : "bf16", m, n);
+                }
+                CHECK(memcmp(y[0], y0, sizeof(float) * n) != 0); /* the kernel did write */
+            }
+    free(x), free(wf), free(sc), free(y0), free(wb), free(wi), free(y1);
+    for (int t = 0; t < 3; t++) free(y[t]);
+}
+
 const test_case *tests_weights(size_t *count) {
     static const test_case cases[] = {
         {"weights_bf16_rounding", test_bf16_rounding},
         {"weights_int8_rounding", test_int8_rounding},
+        {"weights_stream_kernels_rows", test_stream_kernels_rows},
         {"weights_accuracy_bf16", test_accuracy_bf16},
         {"weights_accuracy_int8", test_accuracy_int8},
         {"weights_file_bf16", test_file_bf16},

@@ -249,5 +249,12 @@ class Gradients(Structure):
 
 _sig("mha_backward_kv", c_int, LayerP, POINTER(Gradients), F32P, F32P, F32P, F32P, c_int, c_int,
      c_int, POINTER(Options))
+# training: a forward that keeps a tape for its backward (mha.nn)
+TapeP = c_void_p
+_sig("mha_forward_train", c_int, LayerP, F32P, POINTER(TapeP), F32P, F32P, F32P, c_int, c_int, c_int,
+     POINTER(Options))
+_sig("mha_backward_tape", c_int, LayerP, TapeP, POINTER(Gradients), F32P, F32P, F32P, F32P, c_int, c_int,
+     c_int, POINTER(Options))
+_sig("mha_tape_free", None, TapeP)
 _sig("mha_head_attribution", c_int, LayerP, F32P, F32P, F32P, F32P, F32P, F32P, c_int, c_int, c_int,
      POINTER(Options))

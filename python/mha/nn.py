@@ -6,11 +6,15 @@
     y, w = attn(x, x, x, key_padding_mask=pad, attn_mask=mask)
     y.sum().backward()                                          # gradients from libmha
 
-fp32 on the CPU. The forward runs mha_forward_kv (the fast path where the
-build has one); the backward runs mha_backward_kv: the fast fp32 backward
-(FlashAttention-2 tiles, threaded), or the double-accumulating reference
-backward where the fast one declines (a fully masked query row in NaN
-mode, the default here).
+fp32 on the CPU. Without need_weights the forward runs mha_forward_train,
+which keeps a tape (Q, K, V, Z and each row's log-sum-exp) in ctx, and
+the backward mha_backward_tape: the fast fp32 backward (FlashAttention-2
+tiles, threaded) without recomputing the forward. Where the tape is
+refused (a fully masked query row in NaN mode, the default here; the
+reference path) and with need_weights (the tape forward captures no
+probabilities), the forward runs mha_forward_kv and the backward the
+stateless mha_backward_kv, which falls back to the double-accumulating
+reference backward itself.
 
 Legend: B batch (N in torch), T queries (L), S keys, E = embed_dim,
 h heads, h_kv kv heads, d = E / h per head.
@@ -22,10 +26,39 @@ import torch
 
 from . import _lib
 from ._arrays import floats, fptr
-from .errors import ArgumentError, ShapeError, check
+from ._owner import COwner
+from .errors import ArgumentError, ShapeError, UnsupportedError, check
 from .layer import Layer
 
 _L = _lib.lib
+
+
+class _Tape(COwner):
+    """What mha_forward_train kept for mha_backward_tape; freed with ctx."""
+    _free_name = "mha_tape_free"
+    _kind = "tape"
+
+
+def _forward_train(layer, xs, opts):
+    """(y, tape, opt, keep) from mha_forward_train, or None where the
+    library refuses a tape (MHA_E_UNSUPPORTED: the caller runs the
+    stateless pair). opt and the arrays in keep are the ones the backward
+    must pass again: the tape checks that masks are the same arrays."""
+    c, x, k_src, v_src, B, T, S = layer._inputs(*xs)
+    keep = [x, k_src, v_src]
+    opt = layer._options(c, B, T, S, keep, **opts)
+    y = np.empty((B, T, c["d_model"]), dtype=np.float32)
+    handle = _lib.TapeP()
+    with layer._borrow() as ptr:
+        st = _L.mha_forward_train(ptr, fptr(y), ctypes.byref(handle), fptr(x), fptr(k_src), fptr(v_src),
+                                  B, T, S, ctypes.byref(opt))
+    try:
+        check(st, "mha_forward_train")
+    except UnsupportedError:
+        return None
+    tape = _Tape()
+    tape._ptr = handle.value
+    return y, tape, opt, keep
 
 
 def _np(t):
@@ -68,8 +101,12 @@ class _Attention(torch.autograd.Function):
         layer = Layer(weights=_native_weights(w_q, w_k, w_v, w_o, b_q, b_k, b_v, b_o, bias_k, bias_v),
                       **cfg)
         xs = [_np(x), _np(k_src), _np(v_src)]
-        out = layer.forward(*xs, capture=("probs",) if want_probs else (), **opts)
-        y, probs = (out[0], out[1]["probs"]) if want_probs else (out, None)
+        ctx.train = None if want_probs else _forward_train(layer, xs, opts)  # (y, tape, opt, keep)
+        if ctx.train:
+            y, probs = ctx.train[0], None
+        else:
+            out = layer.forward(*xs, capture=("probs",) if want_probs else (), **opts)
+            y, probs = (out[0], out[1]["probs"]) if want_probs else (out, None)
         ctx.spec, ctx.layer, ctx.inputs = spec, layer, xs
         ctx.has = [t is not None for t in (k_src, v_src, b_q, bias_k)]
         probs_t = torch.from_numpy(probs) if want_probs else x.new_zeros(0)
@@ -82,8 +119,12 @@ class _Attention(torch.autograd.Function):
         layer, (x, k_src, v_src) = ctx.layer, ctx.inputs
         has_k, has_v, has_bias, has_bias_kv = ctx.has
         c, x, k_src, v_src, B, T, S = layer._inputs(x, k_src, v_src)
-        keep = []
-        opt = layer._options(c, B, T, S, keep, **opts)
+        if ctx.train:  # the forward's own options and arrays: the tape compares them
+            _, tape, opt, keep = ctx.train
+            x, k_src, v_src = keep[:3]
+        else:
+            keep = []
+            opt = layer._options(c, B, T, S, keep, **opts)
         shapes = _grad_shapes(c, B, T, S)
         wanted = {"dx", "dw_q", "dw_k", "dw_v", "dw_o"}
         wanted |= {"dk_src"} if has_k else set()
@@ -93,9 +134,14 @@ class _Attention(torch.autograd.Function):
         g = {n: np.zeros(shapes[n], dtype=np.float32) for n in wanted}
         grads = _lib.Gradients(*(fptr(g.get(n)) for n in _lib.GRAD_NAMES))
         dy = floats("dy", _np(dy), (B, T, c["d_model"]))
-        with layer._borrow() as ptr:
-            check(_L.mha_backward_kv(ptr, ctypes.byref(grads), fptr(dy), fptr(x), fptr(k_src),
-                                     fptr(v_src), B, T, S, ctypes.byref(opt)), "mha_backward_kv")
+        if ctx.train:
+            with layer._borrow() as ptr, tape._borrow() as tp:
+                check(_L.mha_backward_tape(ptr, tp, ctypes.byref(grads), fptr(dy), fptr(x), fptr(k_src),
+                                           fptr(v_src), B, T, S, ctypes.byref(opt)), "mha_backward_tape")
+        else:
+            with layer._borrow() as ptr:
+                check(_L.mha_backward_kv(ptr, ctypes.byref(grads), fptr(dy), fptr(x), fptr(k_src),
+                                         fptr(v_src), B, T, S, ctypes.byref(opt)), "mha_backward_kv")
         t = {n: torch.from_numpy(a) for n, a in g.items()}
         tr = {n: t[n].t().contiguous() for n in ("dw_q", "dw_k", "dw_v", "dw_o")}  # back to (out, in)
         kv_shape = (1, 1, -1)

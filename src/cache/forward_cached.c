@@ -3,7 +3,8 @@
  *
  *   pack the new rows of x        xc (N, d_model), N = sum_b n[b]
  *   project                       Q = xc W_Q + b_Q, K = .. W_K, V = .. W_V
- *                                 (decode_gemm.c for one row, the fast
+ *                                 (decode_gemm.c for one row, or up to
+ *                                 16 with bf16/int8 weights; the fast
  *                                 path's packed mha_gemm for more)
  *   append K, V; attend           Z (N, h*d_v)   (decode.c, by pieces when
  *                                 a ring must not overwrite needed keys)
@@ -193,14 +194,22 @@ static mha_status capture_probs(const mha_exec *ex, float *probs, const mha_cach
     return MHA_OK;
 }
 
-/* q (N, h*d_k), k (N, h_kv*d_k), v (N, h_kv*d_v) = x (N, d_model) W + b.
- * Many new rows (N >= MHA_PREFILL_MIN_ROWS, cache_internal.h) run on the
- * fast path's GEMM with the layer's packed weights, one row on
- * decode_gemm.c; the same split for W_O below. */
+/* 1 when the projections of N new rows stream the layer's weights in
+ * their stored form (decode_gemm.c): one row, or up to
+ * MHA_DECODE_COMPACT_MAX_ROWS with bf16 / int8 weights (a batched decode
+ * step then reads the compact bytes once); else the fast path's GEMM with
+ * the packed fp32 weights (N >= MHA_PREFILL_MIN_ROWS, cache_internal.h). */
+static int stream_projections(const mha_layer *L, int N) {
+    return N < MHA_PREFILL_MIN_ROWS || (mha_layer_weights_dtype(L) != MHA_W_F32 && N <= MHA_DECODE_COMPACT_MAX_ROWS);
+}
+
+/* q (N, h*d_k), k (N, h_kv*d_k), v (N, h_kv*d_v) = x (N, d_model) W + b,
+ * on the stream or the packed GEMM (stream_projections; the same split
+ * for W_O below). */
 static mha_status project_qkv(const mha_exec *ex, const cached_plan *p, const mha_layer *L,
                               const mha_cache *c) {
     const int wq = c->h * c->d_k, wk = c->h_kv * c->d_k, wv = c->h_kv * c->d_v, N = p->N;
-    const mha_packed *pk = N >= MHA_PREFILL_MIN_ROWS ? mha_fast_packed_qkv(L) : NULL;
+    const mha_packed *pk = stream_projections(L, N) ? NULL : mha_fast_packed_qkv(L);
     if (pk) {
         const mha_dst dst[3] = {{MHA_DST_ROWS, p->q, (size_t)wq, 0, 0, 0, 0},
                                 {MHA_DST_ROWS, p->k, (size_t)wk, 0, 0, 0, 0},
@@ -294,8 +303,8 @@ static mha_status attend_pieces(const mha_exec *ex, cached_plan *p, mha_cache *c
     return s;
 }
 
-/* y (N, d_model) = z (N, h*d_v) W_O + b_O (one row: the stream of
- * decode_gemm.c; more: the fast path's packed GEMM); cc (h, N, d_model),
+/* y (N, d_model) = z (N, h*d_v) W_O + b_O (the stream of decode_gemm.c
+ * or the fast path's packed GEMM: stream_projections); cc (h, N, d_model),
  * when not NULL, = Z^(r) W_O[r] (no bias), on the packed GEMM. */
 static mha_status project_out(const mha_exec *ex, const cached_plan *p, const mha_layer *L, const mha_cache *c) {
     const int wz = c->h * c->d_v, D = c->d_model, N = p->N;
@@ -306,7 +315,7 @@ static mha_status project_out(const mha_exec *ex, const cached_plan *p, const mh
     mha_dst out = {MHA_DST_ROWS, p->yc, (size_t)D, 0, 0, 0, 0};
     mha_gemm_args g = {&out, p->z, (size_t)wz, N, po, 0, 1, 0, wz, 1};
     const mha_decode_gemm_job jo = mha_layer_decode_job(L, MHA_MAT_O, p->yc);
-    mha_status s = N >= MHA_PREFILL_MIN_ROWS ? mha_gemm(&g, kern, nt) : mha_decode_gemm_many(ex, &jo, 1, p->z, N, wz);
+    mha_status s = stream_projections(L, N) ? mha_decode_gemm_many(ex, &jo, 1, p->z, N, wz) : mha_gemm(&g, kern, nt);
     g.kn = c->d_v, g.use_bias = 0; /* rows r*d_v .. of W_O, no bias */
     for (int r = 0; p->cc && r < c->h && !s; r++) {
         out.base = p->cc + (size_t)r * N * D;

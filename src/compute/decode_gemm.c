@@ -6,7 +6,10 @@
  * stream over the weights and memory-bound: rows of w are read
  * contiguously, split across threads by fixed blocks of KBLK input rows
  * whose partial sums are added in block order (a fixed order: the same
- * bits for any thread count). Many rows use register tiles over column
+ * bits for any thread count). Compact weights (bf16, int8) stream up to
+ * MHA_DECODE_COMPACT_MAX_ROWS rows this way (a batched decode step): their
+ * kernels widen each weight once for all rows, so the step reads half or
+ * a quarter of the fp32 bytes. Many rows use register tiles over column
  * blocks instead, one thread per output element; mha_forward_cached sends
  * those (N >= MHA_PREFILL_MIN_ROWS) to the fast path's packed mha_gemm,
  * 3-5x faster, so the tile mode is only the fallback for a layer without
@@ -48,8 +51,10 @@ mha_status mha_decode_gemm_many(const mha_exec *ex, const mha_decode_gemm_job *j
     if (m <= 0) return MHA_OK;
     double work = 0.0; /* multiply-adds; small ones run on one thread */
     for (int i = 0; i < njobs; i++) work += (double)m * k * jobs[i].n;
-    int nth = mha_exec_threads_for(ex, work);
-    if (m <= STREAM_MAX_ROWS) {
+    int nth = mha_exec_threads_for(ex, work), stream_max = STREAM_MAX_ROWS;
+    for (int i = 0; i < njobs; i++) /* compact weights: their streams reuse each weight for every row */
+        if (jobs[i].w_bf16 || jobs[i].w_i8) stream_max = MHA_DECODE_COMPACT_MAX_ROWS;
+    if (m <= stream_max) {
         /* partial sums (nkb, m, n) of every job, one buffer */
         int nkb = blocks(k, KBLK), first[MHA_DECODE_MAX_JOBS + 1];
         size_t at[MHA_DECODE_MAX_JOBS + 1];

@@ -25,6 +25,11 @@ typedef struct {
 } mha_decode_gemm_job;
 #define MHA_DECODE_I8_GROUP 32 /* = MHA_W_I8_GROUP */
 #define MHA_DECODE_MAX_JOBS 3
+/* Rows up to which jobs with compact weights run the stream mode (fp32
+ * weights: 4); mha_forward_cached sends a converted layer's steps of up
+ * to this many rows here instead of to the packed fp32 GEMM
+ * (docs/WEIGHTS.md has the measurement behind the number). */
+#define MHA_DECODE_COMPACT_MAX_ROWS 16
 mha_status mha_decode_gemm_many(const mha_exec *ex, const mha_decode_gemm_job *jobs, int njobs, const float *x, int m,
                                 int k);
 mha_status mha_decode_gemm(const mha_exec *ex, float *y, const float *x, const float *w, const float *b, int m, int k,

@@ -5,7 +5,8 @@
  * micro-panels and panels at once) reads both operands linearly. With an
  * accumulating tile, K runs in blocks of about KC: each block of B serves
  * every row tile from L1, and each sum continues through c, so the bits
- * are those of one pass. Threads split (row block, panel chunk) tasks;
+ * are those of one pass; the first tile of a block prefetches the next
+ * block into L2. Threads split (row block, panel chunk) tasks;
  * every output element is one task's fp32 sum in k order (thread-count
  * free). Tiles go straight to their destination where its columns are
  * contiguous (rows, or one head of one batch), else through a buffer.
@@ -210,6 +211,7 @@ mha_status mha_gemm(const mha_gemm_args *g, const mha_kernels *kern, int n_threa
         size_t roff[MHA_GEMM_MC_BIG], coff[MHA_TILE_MAX_PANELS * MHA_NR];
         float *cptr[MHA_GEMM_MC_BIG / MHA_MR];
         size_t ldc[MHA_GEMM_MC_BIG / MHA_MR];
+        int packed_m0 = -1; /* the row block buf holds: tasks of one row block reuse it */
         if (!buf) {
 #pragma omp atomic write
             failed = 1;
@@ -220,7 +222,8 @@ mha_status mha_gemm(const mha_gemm_args *g, const mha_kernels *kern, int n_threa
             const int m0 = (t / nchunk) * MC, c0 = pb + (t % nchunk) * per;
             const int mc = M - m0 < MC ? M - m0 : MC;
             const int c1 = c0 + per < pb + np ? c0 + per : pb + np;
-            pack_rows(buf, a, lda, m0, mc, kn, kern);
+            if (m0 != packed_m0) pack_rows(buf, a, lda, m0, mc, kn, kern);
+            packed_m0 = m0;
             int s = s0, roff_of = -1; /* roff holds section roff_of's rows */
             for (int gp = c0, g; gp < c1; gp += g) {
                 while (gp >= p->first_panel[s + 1]) s++;
@@ -243,13 +246,20 @@ mha_status mha_gemm(const mha_gemm_args *g, const mha_kernels *kern, int n_threa
                 /* K blocks outermost: one block of B (kc, 16 TP) serves every row tile */
                 for (int kb = 0; kb < kn; kb += kc) {
                     const int kk = kn - kb < kc ? kn - kb : kc, last = kb + kk == kn;
+                    /* The block after this one (the next K block, else the next
+                     * panels' first; its pair of panels, rows at the same
+                     * stride): the first row tile prefetches it into L2, so
+                     * the next block's first tile does not wait on L3. */
+                    const float *b_next = !last ? bp + (size_t)(kb + kk) * MHA_PACK_LDB
+                                          : gp + g < c1 ? mha_packed_panel(p, (gp + g) & ~1, k0)
+                                                        : NULL;
                     for (int r = 0; r < mc; r += TR) {
                         const int m = mc - r < TR ? mc - r : TR;
                         const float *ap = buf + (size_t)r * kn + (size_t)kb * MHA_MR;
                         if (kern->sgemm_tile)
                             kern->sgemm_tile(cptr[r / TR], ldc[r / TR], ap, (size_t)MHA_MR * kn,
                                              bp + (size_t)kb * MHA_PACK_LDB, b_ps, MHA_PACK_LDB,
-                                             last ? bias : NULL, kk, m, n, kb > 0);
+                                             last ? bias : NULL, kk, m, n, kb > 0, r == 0 ? b_next : NULL);
                         else
                             kern->sgemm_6x16(cptr[r / TR], ldc[r / TR], ap, 1, MHA_MR, bp, MHA_PACK_LDB, bias,
                                              NULL, kn, m, n);

@@ -32,18 +32,24 @@ static mha_status check_wanted(const mha_config *c, const mha_gradients *g, cons
     return MHA_OK;
 }
 
-mha_status mha_backward_exec(const mha_exec *ex, const mha_layer *L, const mha_gradients *g, const float *dy,
-                             const float *x, const float *k_src, const float *v_src, int B, int T, int S,
-                             const mha_options *opt) {
+mha_status mha_backward_validate(const mha_layer *L, const mha_gradients *g, const float *dy, const float *x,
+                                 const float **k_src, const float **v_src, const mha_options **opt,
+                                 mha_options *defaults, int B, int T, int S) {
     if (!g) return mha_fail(MHA_E_ARG, "mha_backward: grad is NULL; expected an mha_gradients (NULL members = not wanted)");
     if (!dy) return mha_fail(MHA_E_ARG, "mha_backward: dy is NULL; expected (B,T,d_model) floats");
     /* NULL sources and options as in mha_forward_kv; dy stands in for y:
      * the forward's checks of shapes, sources, masks */
+    mha_status s = mha_forward_request(L, dy, x, k_src, v_src, opt, defaults, B, T, S);
+    if (s || (s = mha_check_finite(dy, (size_t)B * T * L->cfg.d_model, "dy"))) return s;
+    return check_wanted(&L->cfg, g, x, *k_src, *v_src);
+}
+
+mha_status mha_backward_exec(const mha_exec *ex, const mha_layer *L, const mha_gradients *g, const float *dy,
+                             const float *x, const float *k_src, const float *v_src, int B, int T, int S,
+                             const mha_options *opt) {
     mha_options defaults;
-    mha_status s = mha_forward_request(L, dy, x, &k_src, &v_src, &opt, &defaults, B, T, S);
-    if (s || (s = mha_check_finite(dy, (size_t)B * T * L->cfg.d_model, "dy")) ||
-        (s = check_wanted(&L->cfg, g, x, k_src, v_src)))
-        return s;
+    mha_status s = mha_backward_validate(L, g, dy, x, &k_src, &v_src, &opt, &defaults, B, T, S);
+    if (s) return s;
     /* rope, sinks, qk_norm, alibi, softcap: the reference backward only (FAST refuses, AUTO falls back) */
     mha_clear_error();
     /* MHA_KERNELS=reference (ex->reference) forces the oracle under AUTO, as in mha_forward */

@@ -1,6 +1,7 @@
 /* backward_fast.c — the fast backward (FlashAttention-2's algorithm), fp32:
  * recompute Q, K, V with the layer's packed weights (mha_gemm), recompute
- * Z and one logsumexp per (row, head) with a tiled pass, then walk the
+ * Z and one logsumexp per (row, head) with a tiled pass (mha_bwd_saved:
+ * the training forward keeps the same in a tape, tape.c), then walk the
  * forward back: W_O, interventions, attention (backward_attention.c),
  * projections (backward_gemm.c's strided products). Everything the
  * reference backward does, without a (T,S) buffer; each output element is
@@ -106,70 +107,107 @@ static void extra_row_sum(float *dbias, const float *d, int B, int S, int Sx, si
         for (size_t e = 0; e < n; e++) dbias[e] += d[((size_t)b * Sx + S) * n + e];
 }
 
-mha_status mha_backward_fast(const mha_exec *ex, const mha_layer *L, const mha_gradients *g, const float *dy, const float *x,
-                             const float *k_src, const float *v_src, int B, int T, int S,
-                             const mha_options *opt) {
+/* The checks every fast backward makes before it computes anything. */
+static mha_status fast_supported(const mha_layer *L, int B, int T, int S, const char *who) {
     const mha_config *c = &L->cfg;
-    if (!L->fast) return mha_fail(MHA_E_UNSUPPORTED, "fast backward: the layer's packed weights are missing");
+    if (!L->fast) return mha_fail(MHA_E_UNSUPPORTED, "%s: the layer's packed weights are missing", who);
     if (mha_variants_any(c)) /* rope, alibi, softcap, sinks, qk_norm */
-        return mha_fail(MHA_E_UNSUPPORTED, "fast backward: rope=%d alibi=%d softcap=%g sinks=%d qk_norm=%d "
+        return mha_fail(MHA_E_UNSUPPORTED, "%s: rope=%d alibi=%d softcap=%g sinks=%d qk_norm=%d "
                         "have a reference backward only; expected MHA_PATH_AUTO or _REFERENCE for this layer",
-                        (int)c->rope.pairing, c->alibi, (double)c->softcap, c->sinks, (int)c->qk_norm);
-    const mha_kernels *kern = mha_exec_prefill(ex);
-    const mha_backward_kernels *bk = mha_exec_backward(ex);
-    const int nt = ex->n_threads;
-    const int h = c->n_heads, h_kv = c->n_kv_heads, d_k = c->d_k, d_v = c->d_v, D = c->d_model;
+                        who, (int)c->rope.pairing, c->alibi, (double)c->softcap, c->sinks, (int)c->qk_norm);
+    const int Sx = mha_total_keys(c, S);
+    if ((size_t)B * T > (size_t)INT_MAX / 2 || (size_t)B * Sx > (size_t)INT_MAX / 2)
+        return mha_fail(MHA_E_UNSUPPORTED, "%s: B*T=%zu or B*S=%zu rows exceed its int indexing", who,
+                        (size_t)B * T, (size_t)B * S);
+    return MHA_OK;
+}
+
+void mha_bwd_saved_free(mha_bwd_saved *sv) {
+    free(sv->q), free(sv->k), free(sv->v), free(sv->z), free(sv->lse);
+    memset(sv, 0, sizeof *sv);
+}
+
+mha_status mha_bwd_saved_make(mha_bwd_saved *sv, const mha_exec *ex, const mha_layer *L, const float *x,
+                              const float *k_src, const float *v_src, int B, int T, int S,
+                              const mha_options *opt, int dq_room, const char *who) {
+    const mha_config *c = &L->cfg;
+    memset(sv, 0, sizeof *sv);
+    mha_status s = fast_supported(L, B, T, S, who);
+    if (s) return s;
+    const mha_kernels *kern = mha_exec_prefill(ex); /* pass 1 runs on the prefill table alone */
+    const int nt = ex->n_threads, h = c->n_heads, h_kv = c->n_kv_heads, d_k = c->d_k, d_v = c->d_v;
     const int Sx = mha_total_keys(c, S);
     const size_t qw = (size_t)h * d_k, kw = (size_t)h_kv * d_k, vw = (size_t)h_kv * d_v, zw = (size_t)h * d_v;
+    const size_t rows = (size_t)B * T, zq = dq_room && qw > zw ? qw : zw;
+    *sv = (mha_bwd_saved){malloc(sizeof(float) * rows * qw),            // (B,T,qw)
+                          calloc((size_t)B * Sx * kw, sizeof(float)),   // (B,Sx,kw)
+                          calloc((size_t)B * Sx * vw, sizeof(float)),   // (B,Sx,vw)
+                          malloc(sizeof(float) * rows * zq),            // (B,T,zw)
+                          malloc(sizeof(float) * (size_t)B * h * T),    // (B,h,T)
+                          B, T, S, Sx,
+                          opt->scale != 0.0f ? opt->scale : (float)(1.0 / sqrt((double)d_k))};
+    if (!sv->q || !sv->k || !sv->v || !sv->z || !sv->lse) {
+        mha_bwd_saved_free(sv);
+        return mha_fail(MHA_E_NOMEM, "%s: no memory for Q, K, V, Z (B=%d T=%d S=%d)", who, B, T, S);
+    }
+
+    // --- Q = X W_Q + b_Q, K = Xk W_K + b_K, V = Xv W_V + b_V; key S is (bias_k, bias_v)
+    if ((s = project(sv->q, sv->k, sv->v, L, x, k_src, v_src, B, T, S, Sx, kern, nt))) goto fail;
+    for (int b = 0; c->add_bias_kv && b < B; b++) {
+        memcpy(sv->k + ((size_t)b * Sx + S) * kw, L->bias_k, sizeof(float) * kw);
+        memcpy(sv->v + ((size_t)b * Sx + S) * vw, L->bias_v, sizeof(float) * vw);
+    }
+
+    // --- Z^(r) = softmax(scale Q^(r) K^(g)^T + mask) V^(g) and lse
+    const mha_bwd_attn att = {c, opt, sv->q, sv->k, sv->v, sv->z, sv->lse, NULL, NULL, NULL, NULL,
+                              B, T, S, Sx, sv->scale};
+    if ((s = mha_fast_check_scores(sv->q, sv->k, c, B, T, Sx, sv->scale, who))) goto fail;
+    long masked = 0;
+    if ((s = mha_bwd_attention_forward(&att, kern, NULL, nt, &masked))) goto fail;
+    if (masked && opt->masked_row == MHA_MASKED_ROW_NAN) {
+        s = mha_fail(MHA_E_UNSUPPORTED, "%s: %ld query rows have no allowed key under "
+                     "MHA_MASKED_ROW_NAN; expected MHA_MASKED_ROW_ZERO (or the reference backward)", who, masked);
+        goto fail;
+    }
+    return MHA_OK;
+fail:
+    mha_bwd_saved_free(sv);
+    return s;
+}
+
+mha_status mha_bwd_from_saved(const mha_exec *ex, const mha_layer *L, const mha_gradients *g, const float *dy,
+                              const mha_bwd_saved *sv, const float *x, const float *k_src,
+                              const float *v_src, const mha_options *opt, int overwrite) {
+    const mha_config *c = &L->cfg;
+    const mha_kernels *kern = mha_exec_prefill(ex);
+    const mha_backward_kernels *bk = mha_exec_backward(ex);
+    const int nt = ex->n_threads, B = sv->B, T = sv->T, S = sv->S, Sx = sv->Sx;
+    const int h = c->n_heads, h_kv = c->n_kv_heads, d_k = c->d_k, d_v = c->d_v, D = c->d_model;
+    const size_t qw = (size_t)h * d_k, kw = (size_t)h_kv * d_k, vw = (size_t)h_kv * d_v, zw = (size_t)h * d_v;
     const size_t rows = (size_t)B * T;
-    if (rows > (size_t)INT_MAX / 2 || (size_t)B * Sx > (size_t)INT_MAX / 2)
-        return mha_fail(MHA_E_UNSUPPORTED, "fast backward: B*T=%zu or B*S=%zu rows exceed its int indexing",
-                        rows, (size_t)B * S);
     const int want_qkv = g->dx || g->dk_src || g->dv_src || g->dw_q || g->dw_k || g->dw_v || g->db_q ||
                          g->db_k || g->db_v || g->dbias_k || g->dbias_v;
-
-    /* five big buffers; dq reuses z's, dk and dv overwrite k and v */
-    const size_t zq = zw > qw ? zw : qw;
-    float *q = malloc(sizeof(float) * rows * qw);                  // (B,T,qw)
-    float *k = calloc((size_t)B * Sx * kw, sizeof(float));         // (B,Sx,kw) -> dK
-    float *v = calloc((size_t)B * Sx * vw, sizeof(float));         // (B,Sx,vw) -> dV
-    float *z = malloc(sizeof(float) * rows * zq);                  // (B,T,zw) -> dQ (B,T,qw)
-    float *dz = malloc(sizeof(float) * rows * zw);                 // (B,T,zw)
-    float *lse = malloc(sizeof(float) * (size_t)B * h * T);        // (B,h,T)
-    float *z_after = NULL;                                         // (B,T,zw) with interventions
+    /* overwrite: dq reuses z's buffer, dk and dv overwrite k and v (the
+     * stateless backward); else they are buffers of their own and sv stays */
+    float *dz = malloc(sizeof(float) * rows * zw);                               // (B,T,zw)
+    float *dq = overwrite ? sv->z : malloc(sizeof(float) * rows * qw);           // (B,T,qw)
+    float *dk = overwrite ? sv->k : malloc(sizeof(float) * (size_t)B * Sx * kw); // (B,Sx,kw)
+    float *dv = overwrite ? sv->v : malloc(sizeof(float) * (size_t)B * Sx * vw); // (B,Sx,vw)
+    float *z_after = NULL;                                                       // (B,T,zw) with interventions
     mha_status s = MHA_OK;
-    if (!q || !k || !v || !z || !dz || !lse) {
-        s = mha_fail(MHA_E_NOMEM, "fast backward: no memory for Q, K, V, Z, dZ (B=%d T=%d S=%d)", B, T, S);
-        goto done;
-    }
-
-    // --- recompute Q = X W_Q + b_Q, K = Xk W_K + b_K, V = Xv W_V + b_V; key S is (bias_k, bias_v)
-    if ((s = project(q, k, v, L, x, k_src, v_src, B, T, S, Sx, kern, nt))) goto done;
-    for (int b = 0; c->add_bias_kv && b < B; b++) {
-        memcpy(k + ((size_t)b * Sx + S) * kw, L->bias_k, sizeof(float) * kw);
-        memcpy(v + ((size_t)b * Sx + S) * vw, L->bias_v, sizeof(float) * vw);
-    }
-
-    // --- recompute Z^(r) = softmax(scale Q^(r) K^(g)^T + mask) V^(g) and lse
-    const mha_bwd_attn att = {c, opt, q, k, v, z, lse, dz, z, k, v, B, T, S, Sx,
-                              opt->scale != 0.0f ? opt->scale : (float)(1.0 / sqrt((double)d_k))};
-    if ((s = mha_fast_check_scores(q, k, c, B, T, Sx, att.scale, "fast backward"))) goto done;
-    long masked = 0;
-    if ((s = mha_bwd_attention_forward(&att, kern, bk, nt, &masked))) goto done;
-    if (masked && opt->masked_row == MHA_MASKED_ROW_NAN) {
-        s = mha_fail(MHA_E_UNSUPPORTED, "fast backward: %ld query rows have no allowed key under "
-                     "MHA_MASKED_ROW_NAN; expected MHA_MASKED_ROW_ZERO (or the reference backward)", masked);
+    if (!dz || !dq || !dk || !dv) {
+        s = mha_fail(MHA_E_NOMEM, "fast backward: no memory for dZ, dQ, dK, dV (B=%d T=%d S=%d)", B, T, S);
         goto done;
     }
 
     // --- interventions on Z^(r): what W_O reads
-    const float *zo = z;
+    const float *zo = sv->z;
     if (opt->interventions && g->dw_o) {
         if (!(z_after = malloc(sizeof(float) * rows * zw))) {
             s = mha_fail(MHA_E_NOMEM, "fast backward: no memory for Z after the interventions (B*T=%zu)", rows);
             goto done;
         }
-        memcpy(z_after, z, sizeof(float) * rows * zw);
+        memcpy(z_after, sv->z, sizeof(float) * rows * zw);
         for (int r = 0; r < h && !s; r++) s = mha_head_intervene(z_after, &opt->interventions[r], r, h, (int)rows, d_v);
         if (s) goto done;
         zo = z_after;
@@ -190,8 +228,8 @@ mha_status mha_backward_fast(const mha_exec *ex, const mha_layer *L, const mha_g
         intervene_backward(dz, &opt->interventions[r], r, h, rows, d_v);
 
     // --- attention: dQ, dK, dV (kv heads sum their group), D = rowsum(dZ * Z)
+    const mha_bwd_attn att = {c, opt, sv->q, sv->k, sv->v, sv->z, sv->lse, dz, dq, dk, dv, B, T, S, Sx, sv->scale};
     if ((s = mha_bwd_attention_backward(&att, kern, bk, nt))) goto done;
-    const float *dq = z, *dk = k, *dv = v;
 
     // --- projections; a source that is x (or the key source) adds its
     //     path's gradient to that tensor's
@@ -207,6 +245,18 @@ mha_status mha_backward_fast(const mha_exec *ex, const mha_layer *L, const mha_g
     if (g->dbias_v) extra_row_sum(g->dbias_v, dv, B, S, Sx, vw);
 
 done:
-    free(q), free(k), free(v), free(z), free(dz), free(lse), free(z_after);
+    free(dz), free(z_after);
+    if (!overwrite) free(dq), free(dk), free(dv);
+    return s;
+}
+
+mha_status mha_backward_fast(const mha_exec *ex, const mha_layer *L, const mha_gradients *g, const float *dy,
+                             const float *x, const float *k_src, const float *v_src, int B, int T, int S,
+                             const mha_options *opt) {
+    mha_bwd_saved sv; /* recomputed here: the API keeps no forward state */
+    mha_status s = mha_bwd_saved_make(&sv, ex, L, x, k_src, v_src, B, T, S, opt, 1, "fast backward");
+    if (s) return s;
+    s = mha_bwd_from_saved(ex, L, g, dy, &sv, x, k_src, v_src, opt, 1);
+    mha_bwd_saved_free(&sv);
     return s;
 }

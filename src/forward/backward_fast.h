@@ -7,6 +7,7 @@
 #ifndef MHA_BACKWARD_FAST_H
 #define MHA_BACKWARD_FAST_H
 
+#include "compute/exec.h"
 #include "core/core.h"
 #include "kernels/kernels.h"
 
@@ -55,7 +56,8 @@ mha_status mha_fast_check_scores(const float *q, const float *k, const mha_confi
 
 /* Pass 1: z and lse from q, k, v (the forward's attention with an online
  * softmax on the prefill table's tiles: no (T,S) buffer); also mha_attend_lse's fast path. *masked_rows =
- * number of rows with no allowed key (their z is 0). */
+ * number of rows with no allowed key (their z is 0). bk is not read (may
+ * be NULL). */
 mha_status mha_bwd_attention_forward(const mha_bwd_attn *a, const mha_kernels *kern,
                                      const mha_backward_kernels *bk, int n_threads, long *masked_rows);
 
@@ -67,5 +69,39 @@ mha_status mha_bwd_attention_forward(const mha_bwd_attn *a, const mha_kernels *k
  * No atomics. */
 mha_status mha_bwd_attention_backward(const mha_bwd_attn *a, const mha_kernels *kern,
                                       const mha_backward_kernels *bk, int n_threads);
+
+/* What the fast backward reads of its forward: the projections and pass
+ * 1's products. The stateless backward makes them itself; the training
+ * forward keeps them in a tape (tape.c) for mha_backward_tape. */
+typedef struct {
+    float *q;   /* (B,T,qw)                                                */
+    float *k;   /* (B,Sx,kw); key S = bias_k under add_bias_kv, the
+                   zero_attn row zero                                      */
+    float *v;   /* (B,Sx,vw)                                               */
+    float *z;   /* (B,T,zw): Z before the interventions (room for
+                   (B,T,qw) when made with dq_room)                        */
+    float *lse; /* (B,h,T): +inf for a row with no allowed key             */
+    int B, T, S, Sx;
+    float scale; /* the options' scale, resolved                           */
+} mha_bwd_saved;
+
+/* sv from validated arguments (sources resolved): the projections on the
+ * packed weights, the bias_kv row, the fp32 range rule and pass 1.
+ * MHA_E_UNSUPPORTED (naming `who`, nothing kept) for what the fast
+ * backward does not serve: no packed weights, the variants (rope, alibi,
+ * softcap, sinks, qk_norm), int overflow, scores beyond
+ * MHA_FAST_SCORE_LIMIT, MHA_MASKED_ROW_NAN with a fully masked row. */
+mha_status mha_bwd_saved_make(mha_bwd_saved *sv, const mha_exec *ex, const mha_layer *L, const float *x,
+                              const float *k_src, const float *v_src, int B, int T, int S,
+                              const mha_options *opt, int dq_room, const char *who);
+void mha_bwd_saved_free(mha_bwd_saved *sv);
+
+/* The fast backward from sv: W_O, interventions, attention (pass 2),
+ * projections, into g. overwrite: dQ goes into sv->z (made with dq_room),
+ * dK, dV into sv->k, sv->v (sv is spent); else sv is left as it was and
+ * can serve another backward. Same bits either way. */
+mha_status mha_bwd_from_saved(const mha_exec *ex, const mha_layer *L, const mha_gradients *g, const float *dy,
+                              const mha_bwd_saved *sv, const float *x, const float *k_src,
+                              const float *v_src, const mha_options *opt, int overwrite);
 
 #endif /* MHA_BACKWARD_FAST_H */

@@ -14,7 +14,8 @@
 
 #include "forward/backward_fast.h"
 
-#define GEMM_MC 72  /* rows of c per task (12 micro-rows)       */
+#define GEMM_MC 144 /* rows of c per task (24 micro-rows): b, packed per
+                       task, serves twice the rows of the first 72 */
 #define GEMM_NC 256 /* columns of c per task (16 panels)        */
 #define GEMM_KC 256 /* inner chunk: packed a and b stay in L2   */
 

@@ -1,99 +1,114 @@
 /* avx2_gemm_wq.c — the decode weight streams over bf16 and int8 weights
- * (decode_kernels.h) with AVX2 + FMA; weights are widened to fp32 in a
- * register (bf16: the bits shifted up 16; int8: sign-extended and
- * converted; both exact). Column tails use fmaf in the same order as the
- * lanes, so the bits equal the scalar table's.
- *   bf16: per block of 32 rows, 32 columns of y held in registers,
- *         summed in k order from y (the fp32 stream's bits on the
- *         widened values).
- *   int8: one scale group of rows (<= 32) at a time: 32 columns of sums
- *         in registers over the group's rows, then y += sum * scale. */
+ * (decode_kernels.h) with AVX2 + FMA, for one row or several (a batched
+ * decode step): each weight is loaded and widened to fp32 once (bf16: the
+ * bits shifted up 16; int8: sign-extended and converted; both exact) and
+ * used for up to RB rows of x held in registers, so the weights' bytes
+ * are read once however many rows the step has.
+ * Per block of 32 weight rows (int8: one scale group), 16 columns, RB
+ * rows: RB x 2 accumulators over the block's rows in k order,
+ *   bf16: starting from y (the fp32 stream's bits on the widened values);
+ *   int8: starting from 0, then y = fma(sum, scale, y).
+ * Column tails of < 8 use fmaf in the lanes' order, so every table gives
+ * the scalar table's bits. */
 #include <immintrin.h>
 #include <math.h>
 
 #include "base/bf16.h"
 #include "kernels/decode_kernels.h"
 
-static inline __m256 widen8_bf16(const uint16_t *w) {
-    __m256i u = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)w));
+#define ROWS 32 /* weight rows per block: 16 columns of them stay in L1 */
+#define RB 4    /* rows of x per register block: 8 accumulators        */
+#define NV 2    /* 8-float vectors of columns per register block        */
+
+static inline __m256 widen8(const void *w, size_t at, int i8) {
+    if (i8) return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)((const int8_t *)w + at))));
+    __m256i u = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)w + at)));
     return _mm256_castsi256_ps(_mm256_slli_epi32(u, 16));
 }
 
-static inline __m256 widen8_i8(const int8_t *w) {
-    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)w)));
+static inline float widen1(const void *w, size_t at, int i8) {
+    return i8 ? (float)((const int8_t *)w)[at] : mha_bf16_bits_to_float(((const uint16_t *)w)[at]);
 }
 
-#define ROWS 32 /* rows of w per block: 32 columns of them stay in L1 */
-
-/* yr (n) += xr (k) w (k, n), k <= ROWS: 32 columns at a time held in
- * registers over the k rows, summed in k order starting from yr. */
-static void stream_rows(float *yr, const float *xr, const uint16_t *w, int ldw, int k, int n) {
-    int j = 0;
-    for (; j + 32 <= n; j += 32) {
-        __m256 a0 = _mm256_loadu_ps(yr + j), a1 = _mm256_loadu_ps(yr + j + 8);
-        __m256 a2 = _mm256_loadu_ps(yr + j + 16), a3 = _mm256_loadu_ps(yr + j + 24);
-        for (int kk = 0; kk < k; kk++) {
-            const __m256 xb = _mm256_set1_ps(xr[kk]);
-            const uint16_t *wr = w + (size_t)kk * ldw + j;
-            a0 = _mm256_fmadd_ps(xb, widen8_bf16(wr), a0);
-            a1 = _mm256_fmadd_ps(xb, widen8_bf16(wr + 8), a1);
-            a2 = _mm256_fmadd_ps(xb, widen8_bf16(wr + 16), a2);
-            a3 = _mm256_fmadd_ps(xb, widen8_bf16(wr + 24), a3);
+/* y (r, 8 nv) [+]= x (r, k) w (k, 8 nv), r <= RB, k <= ROWS; int8:
+ * y += (x w) * scale. r, nv and i8 are constants at every call. */
+static inline __attribute__((always_inline)) void tile(float *y, size_t ldy, const float *x, size_t ldx,
+                                                       const void *w, size_t ldw, const float *scale, int k,
+                                                       const int r, const int nv, const int i8) {
+    __m256 a[RB][NV];
+#pragma GCC unroll 4
+    for (int i = 0; i < r; i++)
+#pragma GCC unroll 2
+        for (int v = 0; v < nv; v++) a[i][v] = i8 ? _mm256_setzero_ps() : _mm256_loadu_ps(y + i * ldy + 8 * v);
+    for (int kk = 0; kk < k; kk++) {
+        __m256 b[NV];
+#pragma GCC unroll 2
+        for (int v = 0; v < nv; v++) b[v] = widen8(w, kk * ldw + 8 * v, i8);
+#pragma GCC unroll 4
+        for (int i = 0; i < r; i++) {
+            const __m256 xb = _mm256_set1_ps(x[i * ldx + kk]);
+#pragma GCC unroll 2
+            for (int v = 0; v < nv; v++) a[i][v] = _mm256_fmadd_ps(xb, b[v], a[i][v]);
         }
-        _mm256_storeu_ps(yr + j, a0), _mm256_storeu_ps(yr + j + 8, a1);
-        _mm256_storeu_ps(yr + j + 16, a2), _mm256_storeu_ps(yr + j + 24, a3);
     }
-    for (; j + 8 <= n; j += 8) {
-        __m256 a = _mm256_loadu_ps(yr + j);
-        for (int kk = 0; kk < k; kk++)
-            a = _mm256_fmadd_ps(_mm256_set1_ps(xr[kk]), widen8_bf16(w + (size_t)kk * ldw + j), a);
-        _mm256_storeu_ps(yr + j, a);
+#pragma GCC unroll 4
+    for (int i = 0; i < r; i++)
+#pragma GCC unroll 2
+        for (int v = 0; v < nv; v++) {
+            float *yv = y + i * ldy + 8 * v;
+            _mm256_storeu_ps(yv, i8 ? _mm256_fmadd_ps(a[i][v], _mm256_loadu_ps(scale + 8 * v), _mm256_loadu_ps(yv))
+                                    : a[i][v]);
+        }
+}
+
+static inline __attribute__((always_inline)) void block(float *y, size_t ldy, const float *x, size_t ldx,
+                                                        const void *w, size_t ldw, const float *scale, int k,
+                                                        int r, int nv, const int i8) {
+    switch (r * 4 + nv) {
+    case 4 + 2: tile(y, ldy, x, ldx, w, ldw, scale, k, 1, 2, i8); break;
+    case 8 + 2: tile(y, ldy, x, ldx, w, ldw, scale, k, 2, 2, i8); break;
+    case 12 + 2: tile(y, ldy, x, ldx, w, ldw, scale, k, 3, 2, i8); break;
+    case 16 + 2: tile(y, ldy, x, ldx, w, ldw, scale, k, 4, 2, i8); break;
+    case 4 + 1: tile(y, ldy, x, ldx, w, ldw, scale, k, 1, 1, i8); break;
+    case 8 + 1: tile(y, ldy, x, ldx, w, ldw, scale, k, 2, 1, i8); break;
+    case 12 + 1: tile(y, ldy, x, ldx, w, ldw, scale, k, 3, 1, i8); break;
+    default: tile(y, ldy, x, ldx, w, ldw, scale, k, 4, 1, i8); break;
     }
-    for (; j < n; j++) {
-        float a = yr[j];
-        for (int kk = 0; kk < k; kk++) a = fmaf(xr[kk], mha_bf16_bits_to_float(w[(size_t)kk * ldw + j]), a);
-        yr[j] = a;
+}
+
+/* y (m, n) += x (m, k) w (k, n) (int8: times scale, k <= 32): per block
+ * of weight rows and 16 columns, every block of RB rows (the block's
+ * weights from memory once, from L1 after); columns past the last 8 one
+ * at a time with fmaf. */
+static inline __attribute__((always_inline)) void stream(float *y, int ldy, const float *x, int ldx, const void *w,
+                                                         int ldw, const float *scale, int m, int k, int n,
+                                                         const int i8) {
+    const size_t esz = i8 ? 1 : 2;
+    for (int k0 = 0; k0 < k; k0 += ROWS) {
+        const int kn = k - k0 < ROWS ? k - k0 : ROWS;
+        const char *wk = (const char *)w + (size_t)k0 * ldw * esz;
+        const float *xk = x + k0;
+        int j = 0;
+        for (; j + 8 <= n; j += n - j >= 16 ? 16 : 8)
+            for (int i = 0; i < m; i += RB)
+                block(y + (size_t)i * ldy + j, (size_t)ldy, xk + (size_t)i * ldx, (size_t)ldx, wk + j * esz,
+                      (size_t)ldw, scale ? scale + j : NULL, kn, m - i < RB ? m - i : RB, n - j >= 16 ? 2 : 1, i8);
+        for (; j < n; j++)
+            for (int i = 0; i < m; i++) {
+                float a = i8 ? 0.0f : y[(size_t)i * ldy + j];
+                for (int kk = 0; kk < kn; kk++)
+                    a = fmaf(xk[(size_t)i * ldx + kk], widen1(wk, (size_t)kk * ldw + j, i8), a);
+                y[(size_t)i * ldy + j] = i8 ? fmaf(a, scale[j], y[(size_t)i * ldy + j]) : a;
+            }
     }
 }
 
 void mha_gemm_stream_bf16_avx2(float *y, int ldy, const float *x, int ldx, const uint16_t *w, int ldw, int m,
                                int k, int n) {
-    for (int k0 = 0; k0 < k; k0 += ROWS)
-        for (int r = 0; r < m; r++)
-            stream_rows(y + (size_t)r * ldy, x + (size_t)r * ldx + k0, w + (size_t)k0 * ldw, ldw,
-                        k - k0 < ROWS ? k - k0 : ROWS, n);
+    stream(y, ldy, x, ldx, w, ldw, NULL, m, k, n, 0);
 }
 
 void mha_gemm_stream_i8_avx2(float *y, int ldy, const float *x, int ldx, const int8_t *w, int ldw,
                              const float *scale, int m, int k, int n) {
-    for (int r = 0; r < m; r++) {
-        const float *xr = x + (size_t)r * ldx;
-        float *yr = y + (size_t)r * ldy;
-        int j = 0;
-        for (; j + 32 <= n; j += 32) {
-            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-            for (int kk = 0; kk < k; kk++) {
-                const __m256 xb = _mm256_set1_ps(xr[kk]);
-                const int8_t *wr = w + (size_t)kk * ldw + j;
-                a0 = _mm256_fmadd_ps(xb, widen8_i8(wr), a0);
-                a1 = _mm256_fmadd_ps(xb, widen8_i8(wr + 8), a1);
-                a2 = _mm256_fmadd_ps(xb, widen8_i8(wr + 16), a2);
-                a3 = _mm256_fmadd_ps(xb, widen8_i8(wr + 24), a3);
-            }
-            _mm256_storeu_ps(yr + j, _mm256_fmadd_ps(a0, _mm256_loadu_ps(scale + j), _mm256_loadu_ps(yr + j)));
-            _mm256_storeu_ps(yr + j + 8, _mm256_fmadd_ps(a1, _mm256_loadu_ps(scale + j + 8), _mm256_loadu_ps(yr + j + 8)));
-            _mm256_storeu_ps(yr + j + 16, _mm256_fmadd_ps(a2, _mm256_loadu_ps(scale + j + 16), _mm256_loadu_ps(yr + j + 16)));
-            _mm256_storeu_ps(yr + j + 24, _mm256_fmadd_ps(a3, _mm256_loadu_ps(scale + j + 24), _mm256_loadu_ps(yr + j + 24)));
-        }
-        for (; j + 8 <= n; j += 8) {
-            __m256 a = _mm256_setzero_ps();
-            for (int kk = 0; kk < k; kk++) a = _mm256_fmadd_ps(_mm256_set1_ps(xr[kk]), widen8_i8(w + (size_t)kk * ldw + j), a);
-            _mm256_storeu_ps(yr + j, _mm256_fmadd_ps(a, _mm256_loadu_ps(scale + j), _mm256_loadu_ps(yr + j)));
-        }
-        for (; j < n; j++) {
-            float a = 0.0f;
-            for (int kk = 0; kk < k; kk++) a = fmaf(xr[kk], (float)w[(size_t)kk * ldw + j], a);
-            yr[j] = fmaf(a, scale[j], yr[j]);
-        }
-    }
+    stream(y, ldy, x, ldx, w, ldw, scale, m, k, n, 1);
 }

@@ -22,10 +22,13 @@ void mha_sgemm_avx512_6x16(float *c, size_t ldc, const float *a, size_t a_rs, si
 /* c (m, n) = [c +] a b [+ bias], m <= 12, n <= 32: a two packed
  * micro-panels (K, 6) at stride a_ps, b two panels of 16 columns at
  * stride b_ps, row k at k*ldb; accumulate: each sum continues from c (a K block after
- * the first). */
+ * the first). b_next: the B block the driver reads next, prefetched by a
+ * whole 12x32 tile (edge tiles, which the driver does not ask, ignore it). */
 #define TILE_12X32(ACC)                                                                  \
     do {                                                                                 \
-        if (m > 6 && n > 16)                                                             \
+        if (m > 6 && n > 16 && b_next)                                                   \
+            mha_tile_avx512_pf(c, ldc, a, a_ps, 1, 6, b, b_ps, ldb, bias, NULL, K, m, n, 12, 2, ACC, b_next); \
+        else if (m > 6 && n > 16)                                                        \
             mha_tile_avx512(c, ldc, a, a_ps, 1, 6, b, b_ps, ldb, bias, NULL, K, m, n, 12, 2, ACC); \
         else if (m > 6)                                                                  \
             mha_tile_avx512(c, ldc, a, a_ps, 1, 6, b, b_ps, ldb, bias, NULL, K, m, n, 12, 1, ACC); \
@@ -37,7 +40,7 @@ void mha_sgemm_avx512_6x16(float *c, size_t ldc, const float *a, size_t a_rs, si
 
 void mha_sgemm_avx512_12x32(float *c, size_t ldc, const float *a, size_t a_ps, const float *b,
                             size_t b_ps, size_t ldb, const float *bias, int K, int m, int n,
-                            int accumulate) {
+                            int accumulate, const float *b_next) {
     if (accumulate)
         TILE_12X32(1);
     else

@@ -59,11 +59,15 @@ MHA_AVX512_INLINE __mmask16 mha_mask16(int live) {
  * acc_c (a constant at each call site): the chain starts from c's value
  * instead of 0, so a product split over K blocks, each block's sums
  * stored in c and the bias added after the last one, gives the bits of
- * one call over the whole K. */
-MHA_AVX512_INLINE void mha_tile_avx512(float *c, size_t ldc, const float *a, size_t a_ps,
-                                      size_t a_rs, size_t a_cs, const float *b, size_t b_ps,
-                                      size_t ldb, const float *bias, const float *row_scale,
-                                      int K, int m, int n, const int R, const int P, const int acc_c) {
+ * one call over the whole K.
+ * pf (NULL: none): K rows of 32 floats at stride ldb that the caller
+ * reads next, prefetched into L2 one row per k step (two lines), so
+ * they arrive spread over this tile's FMAs; a hint only, never data. */
+MHA_AVX512_INLINE void mha_tile_avx512_pf(float *c, size_t ldc, const float *a, size_t a_ps,
+                                         size_t a_rs, size_t a_cs, const float *b, size_t b_ps,
+                                         size_t ldb, const float *bias, const float *row_scale,
+                                         int K, int m, int n, const int R, const int P,
+                                         const int acc_c, const float *pf) {
     __m512 acc[18][4];
     __mmask16 mk[4];
 #pragma GCC unroll 4
@@ -85,6 +89,11 @@ MHA_AVX512_INLINE void mha_tile_avx512(float *c, size_t ldc, const float *a, siz
             __m512 x = _mm512_set1_ps(ak[(i / 6) * a_ps + (i % 6) * a_rs]);
 #pragma GCC unroll 4
             for (int p = 0; p < P; p++) acc[i][p] = _mm512_fmadd_ps(x, bv[p], acc[i][p]);
+        }
+        if (pf) {
+            _mm_prefetch((const char *)pf, _MM_HINT_T1);
+            _mm_prefetch((const char *)(pf + 16), _MM_HINT_T1);
+            pf += ldb;
         }
         bk += ldb;
         ak += a_cs;
@@ -110,6 +119,14 @@ MHA_AVX512_INLINE void mha_tile_avx512(float *c, size_t ldc, const float *a, siz
 #pragma GCC unroll 4
         for (int p = 0; p < P; p++) _mm512_mask_storeu_ps(ci + 16 * p, mk[p], acc[i][p]);
     }
+}
+
+/* The tile without a prefetch stream. */
+MHA_AVX512_INLINE void mha_tile_avx512(float *c, size_t ldc, const float *a, size_t a_ps,
+                                      size_t a_rs, size_t a_cs, const float *b, size_t b_ps,
+                                      size_t ldb, const float *bias, const float *row_scale,
+                                      int K, int m, int n, const int R, const int P, const int acc_c) {
+    mha_tile_avx512_pf(c, ldc, a, a_ps, a_rs, a_cs, b, b_ps, ldb, bias, row_scale, K, m, n, R, P, acc_c, NULL);
 }
 
 MHA_AVX512_INLINE float mha_hmax16_avx512(__m512 v) {

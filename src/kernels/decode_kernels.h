@@ -92,7 +92,8 @@ typedef struct {
     /* ---- bf16 / int8 projection weights (MHA_W_BF16, MHA_W_I8 in mha.h):
      * gemm_stream over w (k, n) stored as bf16 bit patterns, widened to
      * fp32 (exact) in registers: the same additions in the same order as
-     * gemm_stream on the widened values. */
+     * gemm_stream on the widened values. Any m: each weight is widened
+     * once for all m rows (a batched decode step reads the weights once). */
     void (*gemm_stream_bf16)(float *y, int ldy, const float *x, int ldx, const uint16_t *w, int ldw,
                              int m, int k, int n);
     /* y (m, n) += (x (m, k) q (k, n)) * scale (n), k rows of one scale
@@ -138,7 +139,7 @@ void mha_accumulate_q8_avx2(float *acc, int ldacc, const float *p, int ldp, cons
                             const float *vs, int m, int n, int dv);
 void mha_from_q8_avx2(float *dst, const int8_t *src, const float *scale, size_t rows, int d, int lanes);
 /* The bf16 / int8 weight streams of each table (scalar_gemm_wq.c,
- * avx2_gemm_wq.c, avx512_gemm_bf16.c, avx512_gemm_i8.c). */
+ * avx2_gemm_wq.c, avx512_gemm_wq.c). */
 void mha_gemm_stream_bf16_scalar(float *y, int ldy, const float *x, int ldx, const uint16_t *w, int ldw, int m,
                                  int k, int n);
 void mha_gemm_stream_i8_scalar(float *y, int ldy, const float *x, int ldx, const int8_t *w, int ldw,

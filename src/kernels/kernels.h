@@ -83,11 +83,14 @@ typedef struct mha_kernels {
      * panels of 16 columns at stride b_ps, row k at b + k*ldb (only the
      * panels with live columns are read). Each c element is one fp32 sum over k in order, + bias;
      * accumulate != 0: the sum starts from c's value instead of 0 (the
-     * driver splits K into blocks; the bits equal one call over all K). */
+     * driver splits K into blocks; the bits equal one call over all K).
+     * b_next (NULL: none): K rows at stride ldb, 32 floats each, that the
+     * driver reads next, to prefetch into L2 during this tile; a hint,
+     * never read as data. */
     int tile_rows, tile_panels;
     void (*sgemm_tile)(float *c, size_t ldc, const float *a, size_t a_ps, const float *b,
                        size_t b_ps, size_t ldb, const float *bias, int K, int m, int n,
-                       int accumulate);
+                       int accumulate, const float *b_next);
 
     /* The driver's input packing: rows (<= 6) rows of a (row stride lda),
      * kn floats each -> out (kn, 6), rows past `rows` zero. NULL: the
@@ -132,7 +135,7 @@ void mha_sgemm_avx512_6x16(float *c, size_t ldc, const float *a, size_t a_rs, si
                            const float *row_scale, int K, int m, int n);
 void mha_sgemm_avx512_12x32(float *c, size_t ldc, const float *a, size_t a_ps, const float *b,
                             size_t b_ps, size_t ldb, const float *bias, int K, int m, int n,
-                            int accumulate);
+                            int accumulate, const float *b_next);
 void mha_pack_a6_avx512(float *out, const float *a, size_t lda, int rows, int kn);
 void mha_store_t16_avx512(float *dst, const size_t *coff, const float *src, size_t lds, int rows,
                           int n);

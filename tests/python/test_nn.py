@@ -58,7 +58,15 @@ def inputs(shape_q, shape_k, shape_v, seed, self_attn=False):
 
 def check(t, m, q, k, v, seed=7, torch_kw=None, **kw):
     """Runs both modules on copies of (q, k, v) that keep their aliasing,
-    compares outputs, weights, and all gradients of <g, Y>."""
+    compares outputs, weights, and all gradients of <g, Y>; then again
+    with need_weights=False (unless the caller set it), where mha.nn takes
+    the training tape (mha_forward_train + mha_backward_tape)."""
+    if "need_weights" not in kw:
+        check(t, m, q, k, v, seed, None if torch_kw is None else dict(torch_kw, need_weights=False),
+              need_weights=False, **kw)
+    t.zero_grad(set_to_none=True)
+    m.zero_grad(set_to_none=True)
+
     def leaves():
         memo = {}
         return [memo.setdefault(id(a), a.detach().clone().requires_grad_()) for a in (q, k, v)]
@@ -139,6 +147,36 @@ def test_weights_per_head_and_none():
     q, k, v = inputs((4, 2, 16), (6, 2, 16), (6, 2, 16), 8)
     check(t, m, q, k, v, average_attn_weights=False)
     check(t, m, q, k, v, need_weights=False)
+
+
+def test_tape_path_taken_and_same_gradient_bits():
+    """need_weights=False keeps a tape in ctx (the mha_backward_tape path);
+    need_weights=True runs the stateless pair. Both backwards are the fast
+    backward: the same gradient bits."""
+    _, m = pair(batch_first=True)
+    q, k, v = inputs((2, 5, 16), (2, 7, 16), (2, 7, 16), 10)
+    grads = []
+    for need in (False, True):
+        m.zero_grad(set_to_none=True)
+        leaves = [a.detach().clone().requires_grad_() for a in (q, k, v)]
+        y, _ = m(*leaves, need_weights=need)
+        assert (y.grad_fn.train is not None) == (not need)
+        y.backward(torch.ones_like(y))
+        grads.append([a.grad for a in leaves] + [p.grad for p in m.parameters()])
+    for a, b in zip(*grads):
+        assert torch.equal(a, b)
+
+
+def test_tape_refused_falls_back_to_stateless():
+    """A query with no allowed key in NaN mode: no tape (the fast backward
+    refuses), the stateless backward's reference fallback, torch's NaNs."""
+    t, m = pair(batch_first=True)
+    q, k, v = inputs((1, 3, 16), (1, 4, 16), (1, 4, 16), 11)
+    pad = torch.tensor([[True, True, True, True]])  # every key padded: every row NaN
+    y, _ = m(q, k, v, key_padding_mask=pad, need_weights=False)
+    assert y.grad_fn.train is None and torch.isnan(y).all()
+    yt, _ = t(q, k, v, key_padding_mask=pad, need_weights=False)
+    assert torch.isnan(yt).all()
 
 
 def test_is_causal_equals_torch_triu_mask():

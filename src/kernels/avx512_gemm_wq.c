@@ -1,0 +1,112 @@
+/* avx512_gemm_wq.c — the AVX-512 decode streams over bf16 and int8
+ * weights (decode_kernels.h), for one row or several (a batched decode
+ * step): each weight is loaded and widened to fp32 once (bf16: the bits
+ * shifted up 16; int8: sign-extended and converted; both exact) and used
+ * for up to RB rows of x held in registers, so the weights' bytes are
+ * read once however many rows the step has.
+ * Per block of 32 weight rows (int8: one scale group), 64 columns, RB
+ * rows: RB x 4 accumulators over the block's rows in k order,
+ *   bf16: starting from y (the fp32 stream's bits on the widened values);
+ *   int8: starting from 0, then y = fma(sum, scale, y).
+ * Masked column tails; every element's additions are the scalar table's,
+ * so the bits are too. VDPBF16PS / VNNI would round the activations to
+ * bf16 / int8 (docs/WEIGHTS.md). */
+#include <immintrin.h>
+#include <stdint.h>
+
+#include "kernels/avx512_micro.h"
+#include "kernels/decode_kernels.h"
+
+#define ROWS 32 /* weight rows per block: 64 columns of them stay in L1 */
+#define RB 4    /* rows of x per register block: 16 accumulators       */
+#define NV 4    /* 16-float vectors of columns per register block       */
+
+static inline __m512 widen16(const void *w, size_t at, __mmask16 km, int i8) {
+    if (i8) return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(km, (const int8_t *)w + at)));
+    __m512i u = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(km, (const uint16_t *)w + at));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(u, 16));
+}
+
+/* y (r, c) [+]= x (r, k) w (k, c), r <= RB rows, c = 16 (nv - 1) +
+ * popcount(km) columns, k <= ROWS; int8: y += (x w) * scale (c). r, nv
+ * and i8 are constants at every call, so the arrays live in registers. */
+static inline __attribute__((always_inline)) void tile(float *y, size_t ldy, const float *x, size_t ldx,
+                                                       const void *w, size_t ldw, const float *scale, int k,
+                                                       const int r, const int nv, __mmask16 km, const int i8) {
+    __m512 a[RB][NV];
+#pragma GCC unroll 4
+    for (int i = 0; i < r; i++)
+#pragma GCC unroll 4
+        for (int v = 0; v < nv; v++)
+            a[i][v] = i8 ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(v == nv - 1 ? km : 0xffff, y + i * ldy + 16 * v);
+    for (int kk = 0; kk < k; kk++) {
+        __m512 b[NV];
+#pragma GCC unroll 4
+        for (int v = 0; v < nv; v++) b[v] = widen16(w, kk * ldw + 16 * v, v == nv - 1 ? km : 0xffff, i8);
+#pragma GCC unroll 4
+        for (int i = 0; i < r; i++) {
+            const __m512 xb = _mm512_set1_ps(x[i * ldx + kk]);
+#pragma GCC unroll 4
+            for (int v = 0; v < nv; v++) a[i][v] = _mm512_fmadd_ps(xb, b[v], a[i][v]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < r; i++)
+#pragma GCC unroll 4
+        for (int v = 0; v < nv; v++) {
+            const __mmask16 mv = v == nv - 1 ? km : 0xffff;
+            float *yv = y + i * ldy + 16 * v;
+            const __m512 s = i8 ? _mm512_fmadd_ps(a[i][v], _mm512_maskz_loadu_ps(mv, scale + 16 * v),
+                                                  _mm512_maskz_loadu_ps(mv, yv))
+                                : a[i][v];
+            _mm512_mask_storeu_ps(yv, mv, s);
+        }
+}
+
+/* One register block of r rows at columns j: 64 columns (nv 4) or a
+ * masked tail of up to 16 (nv 1). */
+static inline __attribute__((always_inline)) void block(float *y, size_t ldy, const float *x, size_t ldx,
+                                                        const void *w, size_t ldw, const float *scale, int k,
+                                                        int r, int nv, __mmask16 km, const int i8) {
+    switch (r * 8 + nv) {
+    case 8 + 4: tile(y, ldy, x, ldx, w, ldw, scale, k, 1, 4, km, i8); break;
+    case 16 + 4: tile(y, ldy, x, ldx, w, ldw, scale, k, 2, 4, km, i8); break;
+    case 24 + 4: tile(y, ldy, x, ldx, w, ldw, scale, k, 3, 4, km, i8); break;
+    case 32 + 4: tile(y, ldy, x, ldx, w, ldw, scale, k, 4, 4, km, i8); break;
+    case 8 + 1: tile(y, ldy, x, ldx, w, ldw, scale, k, 1, 1, km, i8); break;
+    case 16 + 1: tile(y, ldy, x, ldx, w, ldw, scale, k, 2, 1, km, i8); break;
+    case 24 + 1: tile(y, ldy, x, ldx, w, ldw, scale, k, 3, 1, km, i8); break;
+    default: tile(y, ldy, x, ldx, w, ldw, scale, k, 4, 1, km, i8); break;
+    }
+}
+
+/* y (m, n) += x (m, k) w (k, n) (int8: times scale, k <= 32): per block
+ * of weight rows and 64 columns, every block of RB rows, so the block's
+ * weights (4 KiB bf16) come from memory once and from L1 after. */
+static inline __attribute__((always_inline)) void stream(float *y, int ldy, const float *x, int ldx, const void *w,
+                                                         int ldw, const float *scale, int m, int k, int n,
+                                                         const int i8) {
+    const size_t esz = i8 ? 1 : 2;
+    for (int k0 = 0; k0 < k; k0 += ROWS) {
+        const int kn = k - k0 < ROWS ? k - k0 : ROWS;
+        const char *wk = (const char *)w + (size_t)k0 * ldw * esz;
+        for (int j = 0; j < n;) {
+            const int nv = n - j >= 64 ? 4 : 1, c = nv == 4 ? 64 : n - j < 16 ? n - j : 16;
+            const __mmask16 km = mha_mask16(c - 16 * (nv - 1));
+            for (int i = 0; i < m; i += RB)
+                block(y + (size_t)i * ldy + j, (size_t)ldy, x + (size_t)i * ldx + k0, (size_t)ldx, wk + j * esz,
+                      (size_t)ldw, scale ? scale + j : NULL, kn, m - i < RB ? m - i : RB, nv, km, i8);
+            j += c;
+        }
+    }
+}
+
+void mha_gemm_stream_bf16_avx512(float *y, int ldy, const float *x, int ldx, const uint16_t *w, int ldw, int m,
+                                 int k, int n) {
+    stream(y, ldy, x, ldx, w, ldw, NULL, m, k, n, 0);
+}
+
+void mha_gemm_stream_i8_avx512(float *y, int ldy, const float *x, int ldx, const int8_t *w, int ldw,
+                               const float *scale, int m, int k, int n) {
+    stream(y, ldy, x, ldx, w, ldw, scale, m, k, n, 1);
+}
