@@ -16,8 +16,12 @@ $CC -Dmha_decode_attend=mha_decode_attend_old -c $out/decode_old.c -o $out/decod
 $CC -Dmha_decode_attend=mha_decode_attend_new -c src/cache/decode.c -o $out/decode_new.o
 $CC $AVX512 -Dmha_decode_kernels_avx512=mha_decode_kernels_avx512_old -c $out/avx512_decode_old.c \
     -o $out/avx512_decode_old.o
-# the library's objects but its decode.o, whose entry point the harness provides
-objs=$(ls build/src/*/*.o build/src/*.o | grep -v 'src/cache/decode.o$')
+# the library's objects (those whose source still exists) but its decode.o,
+# whose entry point the harness provides
+objs=$(for o in build/src/*/*.o build/src/*.o; do
+  s=${o#build/}; s=${s%.o}.c
+  [ -f "$s" ] && [ "$s" != src/cache/decode.c ] && echo "$o"
+done)
 $CC -o $out/ab_decode bench/ab/ab_decode.c bench/bench_util.c $out/decode_old.o $out/decode_new.o \
     $out/avx512_decode_old.o $objs -ljansson -lpng -lm
 OPENBLAS_NUM_THREADS=1 $out/ab_decode "${2:-15}" "${3:-fp32,fp16,int8,int8/fp16}" "${4:-32,8,1}" "${5:-1024,16384}"
