@@ -1,13 +1,15 @@
 /* test_kernels.c — the micro-kernels against plain loops: the 6x16 GEMM
  * tile at every edge size and stride, the packed-projection driver with
  * each output layout, and the vector exp's ulp error against exp() in
- * double over the range the softmax uses. Every kernel table is tested
+ * double over the range the softmax uses; the driver's scratch is kept
+ * between calls (no page faults once warm). Every kernel table is tested
  * (avx2 and avx512 only where the CPU has them).
  * Legend: m x n tile (<= 6 x 16), K inner size, M rows, N columns. */
 #include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include "compute/gemm.h"
 #include "kernels/kernels.h"
@@ -139,6 +141,47 @@ static void test_kernels_gemm_driver(void) {
             }
 }
 
+static long minor_faults(void) {
+    struct rusage r;
+    getrusage(RUSAGE_SELF, &r);
+    return r.ru_minflt;
+}
+
+/* A warm projection allocates no scratch and faults in no new pages: the
+ * threads' packed input blocks (72 x 1024 floats = 72 pages each here) are
+ * kept between calls, not allocated per call (glibc returned them to the
+ * system on free, so every call faulted them in again: about 80 faults a
+ * call on 2 threads in a process of its own; whether it does depends on
+ * malloc's state, so the allocations are counted too). */
+static void test_kernels_gemm_scratch_kept(void) {
+    uint64_t seed = 23;
+    const int M = 512, K = 1024, N = 32, calls = 10;
+    float *a = naive_random_floats((size_t)M * K, &seed, -1.0f, 1.0f); /* (M, K) */
+    float *w = naive_random_floats((size_t)K * N, &seed, -1.0f, 1.0f); /* (K, N) */
+    float *y = naive_alloc_floats((size_t)M * N);                      /* (M, N) */
+    mha_packed p;
+    const float *const wc[1] = {w}, *const bc[1] = {NULL};
+    CHECK_OK(mha_pack(&p, K, 1, wc, bc, &N));
+    const mha_dst dst = {MHA_DST_ROWS, y, (size_t)N, 0, 0, 0, 0};
+    const mha_gemm_args g = {&dst, a, (size_t)K, M, &p, 0, 1, 0, K, 1};
+    const int nt = n_tables();
+    for (int t = 0; t < nt; t++) {
+        for (int i = 0; i < 3; i++) CHECK_OK(mha_gemm(&g, tables[t], 2)); /* warm: blocks, threads */
+        const long before = minor_faults();
+        const size_t allocs = mha_gemm_scratch_allocations();
+        for (int i = 0; i < calls; i++) CHECK_OK(mha_gemm(&g, tables[t], 2));
+        const long faults = minor_faults() - before;
+        CHECK(mha_gemm_scratch_allocations() == allocs);
+        /* a kept block that a thread took but never wrote (no task came
+         * its way) faults in once, the first time it is used: <= 72 pages */
+        if (faults > 2 * 72)
+            test_report(__FILE__, __LINE__, "%s: %ld page faults in %d warm projections (want <= %d)",
+                        tables[t]->name, faults, calls, 2 * 72);
+    }
+    mha_packed_free(&p);
+    free(a), free(w), free(y);
+}
+
 /* ulp distance of float f from the double truth e */
 static double ulp_err(float f, double e) {
     double ulp = e >= FLT_MIN ? ldexp(1.0, ilogb(e) - 23) : ldexp(1.0, -149);
@@ -181,6 +224,7 @@ static void test_kernels_vexp_ulp(void) {
 static const test_case cases[] = {
     {"kernels_sgemm_edges", test_kernels_sgemm_edges},
     {"kernels_gemm_driver", test_kernels_gemm_driver},
+    {"kernels_gemm_scratch_kept", test_kernels_gemm_scratch_kept},
     {"kernels_vexp_ulp", test_kernels_vexp_ulp},
 };
 

@@ -5,7 +5,8 @@
  * kernels) on the bench's projection shapes, written as the fast path
  * writes them (Q/V per head, K transposed, O rows). Each round runs old,
  * new, OpenBLAS in a rotating order with the AVX-512 FMA peak measured
- * before it; best of ROUNDS by wall clock. Checks old and new give the
+ * before it; best of ROUNDS by wall clock and by process CPU time (all
+ * threads: the work done, less sensitive to other processes). Checks old and new give the
  * same bits.
  *   ab_gemm ROUNDS [SHAPES] [THREADS]
  * SHAPES: substring list of P1qkv P1o P2qkv P2o P3q P3kv P3o. */
@@ -13,11 +14,18 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include "compute/gemm.h"
 #include "bench.h"
 
 mha_status mha_gemm_old(const mha_gemm_args *g, const mha_kernels *kern, int n_threads);
 void openblas_set_num_threads(int n);
+
+static double cpu_now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+    return t.tv_sec + 1e-9 * t.tv_nsec;
+}
 
 /* name, B, T (rows per batch), d (K), sections: 3 = Q|K^T|V, 2 = K^T|V, 1 = Q heads, 0 = O rows */
 typedef struct { const char *name; int B, T, d, kind; } shape;
@@ -62,30 +70,34 @@ int main(int argc, char **argv) {
         mha_gemm_args gb = ga;
         gb.dst = d2;
         const double flops = 2.0 * M * (double)D * N;
-        double best[3] = {1e30, 1e30, 1e30}, pk = 0, ratio_o[128], ratio_b[128];
+        double best[3] = {1e30, 1e30, 1e30}, cbest[3] = {1e30, 1e30, 1e30}, pk = 0, ratio_o[128], ratio_b[128];
         int nr = 0;
         for (int r = 0; r < rounds; r++) {
             double pkr = bench_fma_peak_avx512(nt, 2000000, 1, NULL);
             if (pkr > pk) pk = pkr;
-            double t[3];
+            double t[3], ct[3];
             for (int i = 0; i < 3; i++) {
                 int which = (i + r) % 3;
-                double t0 = bench_now();
+                double t0 = bench_now(), c0 = cpu_now();
                 if (which == 0) mha_gemm_old(&ga, kern, nt);
                 else if (which == 1) mha_gemm(&gb, kern, nt);
                 else cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, N, D, 1.0f, x, D, w, N, 0.0f, ob, N);
-                t[which] = bench_now() - t0;
+                t[which] = bench_now() - t0, ct[which] = cpu_now() - c0;
             }
-            for (int i = 0; i < 3; i++) if (t[i] < best[i]) best[i] = t[i];
+            for (int i = 0; i < 3; i++) {
+                if (t[i] < best[i]) best[i] = t[i];
+                if (ct[i] < cbest[i]) cbest[i] = ct[i];
+            }
             if (nr < 128) ratio_o[nr] = t[0] / t[1], ratio_b[nr] = t[2] / t[1], nr++;
         }
         const int same = memcmp(o1, o2, per * ns * sizeof(float)) == 0;
         printf("%-6s nt=%d peak=%.0f GF/s  old %.0f (%.0f%%)  new %.0f (%.0f%%)  blas %.0f (%.0f%%)  "
-               "new/old best %.3f med %.3f  new/blas best %.3f med %.3f  %s\n",
+               "new/old best %.3f med %.3f  new/blas best %.3f med %.3f  %s  cpu-time old/new %.3f blas/new %.3f\n",
                c.name, nt, pk, flops / best[0] * 1e-9, flops / best[0] * 1e-9 / pk * 100,
                flops / best[1] * 1e-9, flops / best[1] * 1e-9 / pk * 100, flops / best[2] * 1e-9,
                flops / best[2] * 1e-9 / pk * 100, best[0] / best[1], bench_median(ratio_o, nr),
-               best[2] / best[1], bench_median(ratio_b, nr), same ? "same-bits" : "DIFFERENT");
+               best[2] / best[1], bench_median(ratio_b, nr), same ? "same-bits" : "DIFFERENT",
+               cbest[0] / cbest[1], cbest[2] / cbest[1]);
         fflush(stdout);
         mha_packed_free(&p);
         free(x); free(w); free(b); free(o1); free(o2); free(ob);

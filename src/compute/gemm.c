@@ -16,7 +16,6 @@
 #include <string.h>
 
 #include <pthread.h>
-#include <stdatomic.h>
 
 #include "compute/gemm.h"
 #include "compute/workspace.h"
@@ -38,10 +37,6 @@
 #define MHA_GEMM_KC 256
 #endif
 #define MHA_TILE_MAX_PANELS 2 /* the widest register tile of a kernel table */
-/* Up to this many bytes of packed input, a call whose row blocks are
- * split into several panel chunks packs each block once into a buffer
- * the threads share, not once per thread (see packed_block). */
-#define MHA_GEMM_SHARED_MAX ((size_t)32 << 20)
 
 /* The threads' packed input blocks, kept between calls: a fresh block of
  * (MC, K) floats faulted in about 80 pages per call (P3 q, 2 threads).
@@ -49,11 +44,18 @@
  * be created: blocks are then allocated per call. */
 static mha_workspace *pack_pool;
 static pthread_once_t pack_pool_once = PTHREAD_ONCE_INIT;
+static _Atomic size_t pack_blocks_unpooled; /* allocated without the pool */
 static void pack_pool_create(void) { pack_pool = mha_workspace_create(); }
 
 static float *pack_block_take(size_t floats) {
     pthread_once(&pack_pool_once, pack_pool_create);
-    return pack_pool ? mha_workspace_take(pack_pool, floats) : mha_alloc_large(floats * sizeof(float));
+    if (pack_pool) return mha_workspace_take(pack_pool, floats);
+    pack_blocks_unpooled++;
+    return mha_alloc_large(floats * sizeof(float));
+}
+
+size_t mha_gemm_scratch_allocations(void) {
+    return pack_blocks_unpooled + (pack_pool ? mha_workspace_allocations(pack_pool) : 0);
 }
 
 static void pack_block_give(float *block) {
@@ -173,50 +175,6 @@ static void pack_rows(float *buf, const float *a, size_t lda, int m0, int mc, in
     }
 }
 
-/* The input packed once for all threads: block mb (rows [mb*MC,
- * mb*MC+mc)) at blocks + mb*MC*kn; state[mb] 0 not packed, 1 being
- * packed, 2 ready (released by its packer). */
-typedef struct {
-    float *blocks;
-    atomic_int *state;
-    const float *a;
-    size_t lda;
-    int M, MC, kn, nmb;
-    const mha_kernels *kern;
-} shared_input;
-
-static int shared_ready(const shared_input *sh, int mb) {
-    return atomic_load_explicit(&sh->state[mb], memory_order_acquire) == 2;
-}
-
-/* Packs block mb unless another thread has claimed it. */
-static void shared_claim(shared_input *sh, int mb) {
-    int expect = 0;
-    if (!atomic_compare_exchange_strong(&sh->state[mb], &expect, 1)) return;
-    const int m0 = mb * sh->MC, mc = sh->M - m0 < sh->MC ? sh->M - m0 : sh->MC;
-    pack_rows(sh->blocks + (size_t)m0 * sh->kn, sh->a, sh->lda, m0, mc, sh->kn, sh->kern);
-    atomic_store_explicit(&sh->state[mb], 2, memory_order_release);
-}
-
-/* Packed block mb for a task: the shared copy, packed here if no thread
- * has started it. While another thread packs it, this one packs the next
- * blocks (threads taking the chunks of one block in turn would otherwise
- * wait on each other); if it is still not ready then (its packer may have
- * lost its core), a private copy in buf (holding block *buf_mb). */
-static const float *packed_block(shared_input *sh, int mb, float *buf, int *buf_mb) {
-    shared_claim(sh, mb);
-    if (shared_ready(sh, mb)) return sh->blocks + (size_t)mb * sh->MC * sh->kn;
-    for (int ahead = mb + 1; ahead < sh->nmb && ahead <= mb + 2; ahead++) shared_claim(sh, ahead);
-    for (int spin = 0; spin < 4096 && !shared_ready(sh, mb); spin++) continue;
-    if (shared_ready(sh, mb)) return sh->blocks + (size_t)mb * sh->MC * sh->kn;
-    if (*buf_mb != mb) {
-        const int m0 = mb * sh->MC, mc = sh->M - m0 < sh->MC ? sh->M - m0 : sh->MC;
-        pack_rows(buf, sh->a, sh->lda, m0, mc, sh->kn, sh->kern);
-        *buf_mb = mb;
-    }
-    return buf;
-}
-
 /* Where the tile of input rows [row, row+m) and section columns [col,
  * col+n) can be stored in place: rows of one section (ROWS), or of one
  * head and one batch (HEADS: the columns are contiguous there); NULL when
@@ -269,19 +227,6 @@ mha_status mha_gemm(const mha_gemm_args *g, const mha_kernels *kern, int n_threa
     per += per % 2; /* chunks start on a pair of panels (a section with an odd count shifts them) */
     nchunk = (np + per - 1) / per;
     const int ntasks = nmb * nchunk;
-    /* Tasks run row-block-major, so the threads share each block's chunks
-     * and each would pack every block: with several chunks a block, it is
-     * packed once into a shared copy instead (P1 o, 2 threads: 29 blocks
-     * of 72 x 768, packed twice each before). */
-    shared_input sh = {NULL, NULL, a, lda, M, MC, kn, nmb, kern};
-    const size_t shared_floats = (size_t)(M + MHA_MR - 1) / MHA_MR * MHA_MR * kn; /* zero-padded micro-panels */
-    if (n_threads > 1 && nchunk > 1 && shared_floats * sizeof(float) <= MHA_GEMM_SHARED_MAX) {
-        sh.state = calloc((size_t)nmb, sizeof *sh.state);
-        sh.blocks = sh.state ? pack_block_take(shared_floats) : NULL;
-        if (!sh.blocks) free(sh.state), sh.state = NULL; /* each thread packs its own */
-        else
-            for (int i = 0; i < nmb; i++) atomic_init(&sh.state[i], 0);
-    }
     int failed = 0;
 #pragma omp parallel num_threads(n_threads)
     {
@@ -294,7 +239,7 @@ mha_status mha_gemm(const mha_gemm_args *g, const mha_kernels *kern, int n_threa
         size_t roff[MHA_GEMM_MC_BIG], coff[MHA_TILE_MAX_PANELS * MHA_NR];
         float *cptr[MHA_GEMM_MC_BIG / MHA_MR];
         size_t ldc[MHA_GEMM_MC_BIG / MHA_MR];
-        int packed_mb = -1; /* the row block buf holds: tasks of one row block reuse it */
+        int packed_m0 = -1; /* the row block buf holds: tasks of one row block reuse it */
         if (!buf) {
 #pragma omp atomic write
             failed = 1;
@@ -302,12 +247,11 @@ mha_status mha_gemm(const mha_gemm_args *g, const mha_kernels *kern, int n_threa
 #pragma omp for schedule(dynamic, 1)
         for (int t = 0; t < ntasks; t++) {
             if (!buf) continue;
-            const int mb = t / nchunk, m0 = mb * MC, c0 = pb + (t % nchunk) * per;
+            const int m0 = (t / nchunk) * MC, c0 = pb + (t % nchunk) * per;
             const int mc = M - m0 < MC ? M - m0 : MC;
             const int c1 = c0 + per < pb + np ? c0 + per : pb + np;
-            const float *apack = buf; /* (mc, kn) packed rows [m0, m0+mc) */
-            if (sh.blocks) apack = packed_block(&sh, mb, buf, &packed_mb);
-            else if (mb != packed_mb) pack_rows(buf, a, lda, m0, mc, kn, kern), packed_mb = mb;
+            if (m0 != packed_m0) pack_rows(buf, a, lda, m0, mc, kn, kern);
+            packed_m0 = m0;
             int s = s0, roff_of = -1; /* roff holds section roff_of's rows */
             for (int gp = c0, g; gp < c1; gp += g) {
                 while (gp >= p->first_panel[s + 1]) s++;
@@ -339,7 +283,7 @@ mha_status mha_gemm(const mha_gemm_args *g, const mha_kernels *kern, int n_threa
                                                         : NULL;
                     for (int r = 0; r < mc; r += TR) {
                         const int m = mc - r < TR ? mc - r : TR;
-                        const float *ap = apack + (size_t)r * kn + (size_t)kb * MHA_MR;
+                        const float *ap = buf + (size_t)r * kn + (size_t)kb * MHA_MR;
                         if (kern->sgemm_tile)
                             kern->sgemm_tile(cptr[r / TR], ldc[r / TR], ap, (size_t)MHA_MR * kn,
                                              bp + (size_t)kb * MHA_PACK_LDB, b_ps, MHA_PACK_LDB,
@@ -368,8 +312,6 @@ mha_status mha_gemm(const mha_gemm_args *g, const mha_kernels *kern, int n_threa
         }
         pack_block_give(buf);
     }
-    if (sh.blocks) pack_block_give(sh.blocks);
-    free(sh.state);
     if (failed)
         return mha_fail(MHA_E_NOMEM, "fast path: cannot allocate the %d x %d input block of a projection",
                         MC, kn);

@@ -88,4 +88,9 @@ typedef struct {
  * does not depend on the thread count. */
 mha_status mha_gemm(const mha_gemm_args *g, const mha_kernels *kern, int n_threads);
 
+/* How many packed-input blocks mha_gemm has allocated so far; the threads'
+ * blocks are kept between calls, so a warm call of a shape allocates none
+ * (tests). */
+size_t mha_gemm_scratch_allocations(void);
+
 #endif /* MHA_GEMM_H */

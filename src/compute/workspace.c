@@ -14,6 +14,7 @@
 struct mha_workspace {
     pthread_mutex_t lock;
     float *kept[MHA_WORKSPACE_SLOTS]; /* free blocks (data pointers), NULL: none */
+    size_t allocations;               /* blocks take() allocated (not reused) */
 };
 
 static size_t *capacity_of(float *block) { return (size_t *)((char *)block - HEADER); }
@@ -51,11 +52,21 @@ float *mha_workspace_take(mha_workspace *w, size_t floats) {
     pthread_mutex_unlock(&w->lock);
     if (got && *capacity_of(got) >= floats) return got;
     if (got) free(capacity_of(got)); /* too small: replace it */
+    pthread_mutex_lock(&w->lock);
+    w->allocations++;
+    pthread_mutex_unlock(&w->lock);
     size_t bytes = (floats * sizeof(float) + 63) / 64 * 64;
     char *raw = mha_alloc_large(HEADER + bytes);
     if (!raw) return NULL;
     *(size_t *)raw = bytes / sizeof(float);
     return (float *)(raw + HEADER);
+}
+
+size_t mha_workspace_allocations(mha_workspace *w) {
+    pthread_mutex_lock(&w->lock);
+    size_t n = w->allocations;
+    pthread_mutex_unlock(&w->lock);
+    return n;
 }
 
 void mha_workspace_give(mha_workspace *w, float *block) {

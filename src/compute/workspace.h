@@ -20,6 +20,9 @@ float *mha_workspace_take(mha_workspace *w, size_t floats);
  * kept stay within MHA_WORKSPACE_KEEP_MAX bytes, else freed. NULL: no-op. */
 void mha_workspace_give(mha_workspace *w, float *block);
 
+/* How many blocks take() has allocated rather than reused (tests). */
+size_t mha_workspace_allocations(mha_workspace *w);
+
 /* Reusing a block saves a page fault per 4 KiB (5% of a prefill here);
  * above this many bytes in all, blocks go back to the system instead. */
 #define MHA_WORKSPACE_KEEP_MAX ((size_t)256 << 20)
