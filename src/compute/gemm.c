@@ -55,6 +55,7 @@ static float *pack_block_take(size_t floats) {
 }
 
 size_t mha_gemm_scratch_allocations(void) {
+    pthread_once(&pack_pool_once, pack_pool_create);
     return pack_blocks_unpooled + (pack_pool ? mha_workspace_allocations(pack_pool) : 0);
 }
 

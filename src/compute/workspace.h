@@ -1,6 +1,8 @@
-/* workspace.h — scratch memory kept between calls by its owner (a layer):
+/* workspace.h — scratch memory kept between calls by its owner (a layer,
+ * or the projection GEMM's process-wide pool of packed input blocks):
  * a few blocks behind a mutex, so concurrent calls on one owner each get
- * their own block, and everything is released with the owner. */
+ * their own block, and everything is released with the owner (the GEMM's
+ * pool lives as long as the process). */
 #ifndef MHA_COMPUTE_WORKSPACE_H
 #define MHA_COMPUTE_WORKSPACE_H
 
