@@ -65,9 +65,9 @@ int main(int argc, char **argv) {
     int reps = argc > 1 ? atoi(argv[1]) : 15;
     const char *types = argc > 2 ? argv[2] : "fp32,fp16,int8,int8/fp16";
     const int D = 2048, h = 32, dh = 64;
-    int hkvs[3] = {32, 8, 1}, Ls[2] = {1024, 16384}, nh = 3, nl = 2;
+    int hkvs[3] = {32, 8, 1}, Ls[3] = {1024, 16384, 0}, nh = 3, nl = 2;
     if (argc > 3) nh = sscanf(argv[3], "%d,%d,%d", &hkvs[0], &hkvs[1], &hkvs[2]);
-    if (argc > 4) nl = sscanf(argv[4], "%d,%d", &Ls[0], &Ls[1]);
+    if (argc > 4) nl = sscanf(argv[4], "%d,%d,%d", &Ls[0], &Ls[1], &Ls[2]);
     const char *names[4] = {"fp32", "fp16", "int8", "int8/fp16"};
     const mha_cache_dtype kts[4] = {MHA_CACHE_F32, MHA_CACHE_F16, MHA_CACHE_I8, MHA_CACHE_I8};
     const mha_cache_dtype vts[4] = {MHA_CACHE_F32, MHA_CACHE_F16, MHA_CACHE_I8, MHA_CACHE_F16};
