@@ -12,7 +12,8 @@
  * Output: one line per case: wall-clock ms old, new, new/old, max|z_old -
  * z_new| (rounding: the grouped path's softmax sums in another order),
  * then the same best-of-N by process CPU time (meaningful on 1 thread:
- * the time the call held a core, whatever else ran). */
+ * the time the call held a core, whatever else ran). `kernels` as the only
+ * argument times the grouped kernels alone instead (kernels_ceiling). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -61,7 +62,40 @@ static double attend_ms(mha_cache *c, float *z, const float *q, double *cpu_ms) 
     return (bench_now() - t0) * 1e3;
 }
 
+/* `ab_decode kernels`: the grouped kernels of the new table on one
+ * L1-resident 128-key chunk (32 query rows, d 64, fp32), best of 2000 per
+ * kernel, three rounds: the ceiling a chunk reaches with no memory and
+ * no bookkeeping (bench/LIMITS.md, round 5). */
+static int kernels_ceiling(void) {
+    const mha_decode_kernels *g = &mha_decode_kernels_avx512;
+    enum { N = MHA_DECODE_CHUNK, D = 64, DV = 64, LDT = 32 };
+    uint64_t seed = 7;
+    float *qt = bench_alloc((size_t)D * LDT), *k = bench_alloc((size_t)N * D), *v = bench_alloc((size_t)N * DV);
+    float *st = bench_alloc((size_t)N * LDT), *acc = bench_alloc((size_t)32 * (DV + 2)), mx[32], sm[32];
+    bench_fill(qt, (size_t)D * LDT, &seed, -1.0f, 1.0f), bench_fill(k, (size_t)N * D, &seed, -1.0f, 1.0f);
+    bench_fill(v, (size_t)N * DV, &seed, -1.0f, 1.0f);
+    const double flop = 2.0 * 32 * N * D; /* each of scores and P.V */
+    for (int round = 0; round < 3; round++) {
+        double b[3] = {1e30, 1e30, 1e30};
+        for (int r = 0; r < 2000; r++) {
+            double t0 = bench_now();
+            g->scores_t(st, LDT, qt, LDT, k, NULL, 0, NULL, 32, N, D);
+            double t1 = bench_now();
+            g->softmax_t(st, LDT, mx, sm, 32, N);
+            double t2 = bench_now();
+            g->accumulate_t(acc, DV + 2, st, LDT, v, NULL, 0, NULL, 32, N, DV);
+            double t3 = bench_now();
+            b[0] = fmin(b[0], t1 - t0), b[1] = fmin(b[1], t2 - t1), b[2] = fmin(b[2], t3 - t2);
+        }
+        printf("chunk of %d keys x 32 rows: scores %.2f us (%.0f GFLOP/s), softmax %.2f us, P.V %.2f us (%.0f GFLOP/s)\n",
+               N, b[0] * 1e6, flop / b[0] * 1e-9, b[1] * 1e6, b[2] * 1e6, flop / b[2] * 1e-9);
+    }
+    free(qt), free(k), free(v), free(st), free(acc);
+    return 0;
+}
+
 int main(int argc, char **argv) {
+    if (argc > 1 && !strcmp(argv[1], "kernels")) return kernels_ceiling();
     int reps = argc > 1 ? atoi(argv[1]) : 15;
     const char *types = argc > 2 ? argv[2] : "fp32,fp16,int8,int8/fp16";
     const int D = 2048, h = 32, dh = 64;

@@ -32,4 +32,6 @@ objs=$(for o in build/src/*/*.o build/src/*.o; do
 done)
 $CC -o $out/ab_decode bench/ab/ab_decode.c bench/bench_util.c $out/decode_old.o $out/decode_new.o \
     $out/avx512_decode_old.o ${extra:-} $objs -ljansson -lpng -lm
+# REPS = kernels: the grouped kernels' L1-resident ceiling instead
+[ "${2:-}" = kernels ] && exec $out/ab_decode kernels
 OPENBLAS_NUM_THREADS=1 $out/ab_decode "${2:-15}" "${3:-fp32,fp16,int8,int8/fp16}" "${4:-32,8,1}" "${5:-1024,16384}"
