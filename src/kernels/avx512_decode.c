@@ -229,6 +229,58 @@ INLINE void acc_tile(float *acc, int ldacc, const float *p, int ldp, const void 
                                   c == C - 1 ? klast : (__mmask16)0xffff, a[r][c]);
 }
 
+#define PW_KEYS 64 /* keys per block of precomputed int8 weights (acc_tile_q8) */
+
+/* int8 V: R rows x C vectors of acc = p v as acc_tile with H = 2, the
+ * scaled weights p_j * scale(j, block) computed first for PW_KEYS keys at
+ * a time, 16 keys per vector product (the same fp32 product, so the same
+ * bits), into pw: the FMA loop then broadcasts them from memory (a load)
+ * instead of a scalar product and a register broadcast per row, key and
+ * block, which took the FMA port (p5) from every other FMA. */
+INLINE void acc_tile_q8(float *acc, int ldacc, const float *p, int ldp, const int8_t *v, const float *vs, int c0,
+                        int dv, int n, __mmask16 klast, int R, int C) {
+    const int nb = NB(dv), b0 = c0 / MHA_Q8_BLOCK, NBL = (C + 1) / 2; /* blocks the tile covers */
+    float pw[4][2][PW_KEYS] __attribute__((aligned(64)));
+    __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                     _mm512_set1_epi32(nb));
+    __m512 a[4][4];
+    UNROLL
+    for (int r = 0; r < R; r++)
+        UNROLL
+        for (int c = 0; c < C; c++) a[r][c] = _mm512_setzero_ps();
+    for (int j0 = 0; j0 < n; j0 += PW_KEYS) {
+        const int nk = n - j0 < PW_KEYS ? n - j0 : PW_KEYS;
+        for (int jj = 0; jj < nk; jj += 16) {
+            const __mmask16 km = mha_mask16(nk - jj);
+            UNROLL
+            for (int bl = 0; bl < NBL; bl++) {
+                const __m512 sc = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), km, idx,
+                                                           vs + (size_t)(j0 + jj) * nb + b0 + bl, 4);
+                UNROLL
+                for (int r = 0; r < R; r++)
+                    _mm512_store_ps(&pw[r][bl][jj],
+                                    _mm512_mul_ps(_mm512_maskz_loadu_ps(km, p + (size_t)r * ldp + j0 + jj), sc));
+            }
+        }
+        for (int j = 0; j < nk; j++) {
+            __m512 vv[4];
+            UNROLL
+            for (int c = 0; c < C; c++)
+                vv[c] = load16q(v, (size_t)(j0 + j) * dv + c0 + 16 * c, c == C - 1 ? klast : (__mmask16)0xffff);
+            UNROLL
+            for (int r = 0; r < R; r++)
+                UNROLL
+                for (int c = 0; c < C; c++) a[r][c] = _mm512_fmadd_ps(_mm512_set1_ps(pw[r][c / 2][j]), vv[c], a[r][c]);
+        }
+    }
+    UNROLL
+    for (int r = 0; r < R; r++)
+        UNROLL
+        for (int c = 0; c < C; c++)
+            _mm512_mask_storeu_ps(acc + (size_t)r * ldacc + c0 + 16 * c,
+                                  c == C - 1 ? klast : (__mmask16)0xffff, a[r][c]);
+}
+
 /* Column blocks outermost: an (n, 48) slab of V stays in L1 while every
  * row group uses it. */
 INLINE void acc_impl(float *acc, int ldacc, const float *p, int ldp, const void *v, const float *vs, int m,
@@ -238,7 +290,7 @@ INLINE void acc_impl(float *acc, int ldacc, const float *p, int ldp, const void 
     /* int8: tiles of more than one vector start at a multiple of 32 */
     for (; H == 2 && c + 64 <= dv; c += 64)
         for (int i = 0; i < m4; i += 4)
-            acc_tile(acc + (size_t)i * ldacc, ldacc, p + (size_t)i * ldp, ldp, v, vs, c, dv, n, 0xffff, 4, 4, H);
+            acc_tile_q8(acc + (size_t)i * ldacc, ldacc, p + (size_t)i * ldp, ldp, v, vs, c, dv, n, 0xffff, 4, 4);
     for (; H != 2 && c + 48 <= dv; c += 48)
         for (int i = 0; i < m4; i += 4)
             acc_tile(acc + (size_t)i * ldacc, ldacc, p + (size_t)i * ldp, ldp, v, vs, c, dv, n, 0xffff, 4, 3, H);
