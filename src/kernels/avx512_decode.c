@@ -156,30 +156,40 @@ INLINE __m512 exp_cut(__m512 x) {
     return _mm512_maskz_mov_ps(keep, mha_exp_avx512(x));
 }
 
-static void softmax_avx512(float *s, int lds, float *mx, float *sum, int m, int n) {
-    for (int i = 0; i < m; i++) {
-        float *row = s + (size_t)i * lds;
-        __m512 vm = _mm512_set1_ps(-INFINITY);
-        for (int j = 0; j < n; j += 16)
-            vm = _mm512_mask_max_ps(vm, mha_mask16(n - j), vm, _mm512_maskz_loadu_ps(mha_mask16(n - j), row + j));
-        const float M = mha_hmax16_avx512(vm);
-        if (M == -INFINITY) {
-            memset(row, 0, (size_t)n * sizeof(float));
-            mx[i] = M;
-            sum[i] = 0.0f;
-            continue;
-        }
-        const __m512 vM = _mm512_set1_ps(M);
-        __m512 vs = _mm512_setzero_ps();
-        for (int j = 0; j < n; j += 16) {
-            const __mmask16 k = mha_mask16(n - j);
-            const __m512 e = _mm512_maskz_mov_ps(k, exp_cut(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, row + j), vM)));
-            _mm512_mask_storeu_ps(row + j, k, e);
-            vs = _mm512_add_ps(vs, e);
-        }
-        mx[i] = M;
-        sum[i] = mha_hsum16_avx512(vs);
+/* R rows at a time (R a constant): their max and sum chains interleave,
+ * each row's in key order as before (one row alone waits on the latency
+ * of its one chain). A row of only -inf: M = -inf, x - M = NaN, which
+ * exp_cut's ordered compare turns into 0: zeros, sum 0, mx -inf. */
+INLINE void softmax_rows(float *s, int lds, float *mx, float *sum, int n, int R) {
+    __m512 vm[4], vM[4], vs[4];
+    UNROLL
+    for (int r = 0; r < R; r++) vm[r] = _mm512_set1_ps(-INFINITY), vs[r] = _mm512_setzero_ps();
+    for (int j = 0; j < n; j += 16) {
+        const __mmask16 k = mha_mask16(n - j);
+        UNROLL
+        for (int r = 0; r < R; r++)
+            vm[r] = _mm512_mask_max_ps(vm[r], k, vm[r], _mm512_maskz_loadu_ps(k, s + (size_t)r * lds + j));
     }
+    UNROLL
+    for (int r = 0; r < R; r++) mx[r] = mha_hmax16_avx512(vm[r]), vM[r] = _mm512_set1_ps(mx[r]);
+    for (int j = 0; j < n; j += 16) {
+        const __mmask16 k = mha_mask16(n - j);
+        UNROLL
+        for (int r = 0; r < R; r++) {
+            float *row = s + (size_t)r * lds;
+            const __m512 e = _mm512_maskz_mov_ps(k, exp_cut(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, row + j), vM[r])));
+            _mm512_mask_storeu_ps(row + j, k, e);
+            vs[r] = _mm512_add_ps(vs[r], e);
+        }
+    }
+    UNROLL
+    for (int r = 0; r < R; r++) sum[r] = mha_hsum16_avx512(vs[r]);
+}
+
+static void softmax_avx512(float *s, int lds, float *mx, float *sum, int m, int n) {
+    int i = 0;
+    for (; i + 4 <= m; i += 4) softmax_rows(s + (size_t)i * lds, lds, mx + i, sum + i, n, 4);
+    for (; i < m; i++) softmax_rows(s + (size_t)i * lds, lds, mx + i, sum + i, n, 1);
 }
 
 /* --------------------------------------------------------- accumulate */
