@@ -30,8 +30,10 @@ objs=$(for o in build/src/*/*.o build/src/*.o; do
   s=${o#build/}; s=${s%.o}.c
   [ -f "$s" ] && [ "$s" != src/cache/decode.c ] && echo "$o"
 done)
-$CC -o $out/ab_decode bench/ab/ab_decode.c bench/bench_util.c $out/decode_old.o $out/decode_new.o \
+$CC -mavx512f -c bench/machine_avx512.c -o $out/machine_avx512.o
+$CC -mavx2 -mfma -c bench/machine_avx2.c -o $out/machine_avx2.o
+$CC -o $out/ab_decode bench/ab/ab_decode.c bench/bench_util.c $out/machine_avx512.o $out/machine_avx2.o $out/decode_old.o $out/decode_new.o \
     $out/avx512_decode_old.o ${extra:-} $objs -ljansson -lpng -lm
-# REPS = kernels: the grouped kernels' L1-resident ceiling instead
+# REPS = kernels: the decode kernels on one L1-resident chunk instead (ab_decode.c)
 [ "${2:-}" = kernels ] && exec $out/ab_decode kernels
 OPENBLAS_NUM_THREADS=1 $out/ab_decode "${2:-15}" "${3:-fp32,fp16,int8,int8/fp16}" "${4:-32,8,1}" "${5:-1024,16384}"
