@@ -199,6 +199,17 @@ INLINE __m512 load16q(const int8_t *v, size_t i, __mmask16 k) {
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(k, v + i)));
 }
 
+/* acc (R, 16 C) from column c0 on = the accumulators a, the last vector
+ * of each row masked by klast. */
+INLINE void store_acc(float *acc, int ldacc, __m512 a[4][4], int c0, __mmask16 klast, int R, int C) {
+    UNROLL
+    for (int r = 0; r < R; r++)
+        UNROLL
+        for (int c = 0; c < C; c++)
+            _mm512_mask_storeu_ps(acc + (size_t)r * ldacc + c0 + 16 * c,
+                                  c == C - 1 ? klast : (__mmask16)0xffff, a[r][c]);
+}
+
 /* R rows x C vectors of acc = p v over n keys (columns from c0 on, a
  * multiple of 16, so each vector lies in one block of 32, and of 32 when
  * H = 2 and C > 1, so vectors 2k and 2k+1 share a block; the last
@@ -231,12 +242,7 @@ INLINE void acc_tile(float *acc, int ldacc, const float *p, int ldp, const void 
             }
         }
     }
-    UNROLL
-    for (int r = 0; r < R; r++)
-        UNROLL
-        for (int c = 0; c < C; c++)
-            _mm512_mask_storeu_ps(acc + (size_t)r * ldacc + c0 + 16 * c,
-                                  c == C - 1 ? klast : (__mmask16)0xffff, a[r][c]);
+    store_acc(acc, ldacc, a, c0, klast, R, C);
 }
 
 #define PW_KEYS 64 /* keys per block of precomputed int8 weights (acc_tile_q8) */
@@ -283,12 +289,7 @@ INLINE void acc_tile_q8(float *acc, int ldacc, const float *p, int ldp, const in
                 for (int c = 0; c < C; c++) a[r][c] = _mm512_fmadd_ps(_mm512_set1_ps(pw[r][c / 2][j]), vv[c], a[r][c]);
         }
     }
-    UNROLL
-    for (int r = 0; r < R; r++)
-        UNROLL
-        for (int c = 0; c < C; c++)
-            _mm512_mask_storeu_ps(acc + (size_t)r * ldacc + c0 + 16 * c,
-                                  c == C - 1 ? klast : (__mmask16)0xffff, a[r][c]);
+    store_acc(acc, ldacc, a, c0, klast, R, C);
 }
 
 /* Column blocks outermost: an (n, 48) slab of V stays in L1 while every
