@@ -6,7 +6,9 @@
  * today's build/libmha.a. Rounds alternate old, new, with
  * the AVX-512 FMA peak measured before each; best of N by wall clock and
  * by process CPU time (CPU time leaves out the time other processes take
- * the cores: the shared machine's load moves wall clock 2-4x). Also
+ * the cores: the shared machine's load moves wall clock 2-4x), and new's
+ * CPU time / (threads x wall) ("busy", run with OMP_WAIT_POLICY=passive:
+ * 1 when no thread waited or lost its core). Also
  * checks that both give the same bits.
  *   ab_attention ROUNDS [CASES] [THREADS_FROM] [THREADS_TO]
  * CASES: substring list of P1 P2 P3 (bench/run.sh's full shapes), P1h
@@ -92,7 +94,7 @@ int main(int argc, char **argv) {
         double flops = 4.0 * c.B * c.h * c.T * (double)c.S * d_k / (c.causal ? 2 : 1);
         int reps = c.name[2] == 'h' ? 20 : 1; /* one hot head: repeated inside the timing */
         for (int nt = thr0; nt <= thr1; nt++) {
-            double bo = 1e30, bn = 1e30, pk = 0, ratio[64], co = 1e30, cn = 1e30, pc = 0; int nr = 0;
+            double bo = 1e30, bn = 1e30, pk = 0, ratio[64], co = 1e30, cn = 1e30, pc = 0, busy[64]; int nr = 0;
             for (int r = 0; r < rounds; r++) {
                 double p = bench_fma_peak_avx512(nt, 2000000, 1, NULL); if (p > pk) pk = p;
                 double q0 = peak_cpu(nt); if (q0 > pc) pc = q0;
@@ -106,15 +108,18 @@ int main(int argc, char **argv) {
                 if (ctn < cn) cn = ctn;
                 if (to < bo) bo = to;
                 if (tn < bn) bn = tn;
-                if (nr < 64) ratio[nr++] = to / tn;
+                if (nr < 64) busy[nr] = ctn / tn, ratio[nr++] = to / tn;
             }
             int same = memcmp(z1, z2, nq * 4) == 0;
             const double go = flops / bo * 1e-9, gn = flops / bn * 1e-9;
             printf("%-4s nt=%d wall: peak=%.0f old %.2f ms %.0f%% | new %.2f ms %.0f%% | best old/new %.3f",
                    c.name, nt, pk, bo * 1e3, go / pk * 100, bn * 1e3, gn / pk * 100, bo / bn);
             printf(" median %.3f %s\n", bench_median(ratio, nr), same ? "same-bits" : "DIFFERENT");
-            printf("     cpu-time: peak=%.0f old %.0f%% new %.0f%% old/new %.3f\n", pc,
+            printf("     cpu-time: peak=%.0f old %.0f%% new %.0f%% old/new %.3f", pc,
                    flops / co * 1e-9 / pc * 100, flops / cn * 1e-9 / pc * 100, co / cn);
+            /* new's CPU time / (threads x wall): < 1 where a thread waited or
+             * lost its core (passive wait policy: a waiting thread sleeps) */
+            printf(" | new busy: median %.3f\n", bench_median(busy, nr));
             fflush(stdout);
         }
         free(q); free(kt); free(v); free(z1); free(z2);
