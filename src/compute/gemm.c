@@ -54,8 +54,7 @@ static float *pack_block_take(size_t floats) {
     return mha_alloc_large(floats * sizeof(float));
 }
 
-size_t mha_gemm_scratch_allocations(void) {
-    pthread_once(&pack_pool_once, pack_pool_create);
+size_t mha_gemm_scratch_allocations(void) { /* pack_pool: set by a call's pthread_once, or NULL */
     return pack_blocks_unpooled + (pack_pool ? mha_workspace_allocations(pack_pool) : 0);
 }
 
