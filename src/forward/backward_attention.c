@@ -83,6 +83,18 @@ static void scratch_free(scratch *w) {
 
 /* ------------------------------------------------------------ packing */
 
+/* Rows [r0, r1) of a (width d, row stride ld) into L2 ahead of their use
+ * (write: for writing); a hint only. The rows of one head are 256 bytes
+ * apart by a row of all heads, beyond the hardware prefetchers' reach. */
+#define PF_ROWS 8 /* rows ahead that the packing loops prefetch */
+static void prefetch_rows(const float *a, size_t ld, int r0, int r1, int d, int write) {
+    for (int i = r0; i < r1; i++)
+        for (int e = 0; e < d; e += 16) {
+            if (write) __builtin_prefetch(a + (size_t)i * ld + e, 1, 2);
+            else __builtin_prefetch(a + (size_t)i * ld + e, 0, 2);
+        }
+}
+
 /* rows [0, n) of src (width d, row stride ld), times s, into micro-panels
  * (rows6/6, d, 6): element (i, e) at [(i/6)*6d + e*6 + i%6]; rows n.. zero. */
 static void pack_micro(float *dst, const float *src, size_t ld, int n, int rows6, int d, float s) {
@@ -95,8 +107,18 @@ static void pack_micro(float *dst, const float *src, size_t ld, int n, int rows6
 /* rows [0, n) of src (width d), times s, into (rows, d16) rows; the rest zero. */
 static void pack_rows(float *dst, const float *src, size_t ld, int n, int rows, int d, float s) {
     const int d16 = round16(d);
-    for (int i = 0; i < rows; i++)
-        for (int e = 0; e < d16; e++) dst[(size_t)i * d16 + e] = i < n && e < d ? s * src[(size_t)i * ld + e] : 0.0f;
+    for (int i = 0; i < rows; i++) {
+        float *o = dst + (size_t)i * d16;
+        if (i + PF_ROWS < n) prefetch_rows(src, ld, i + PF_ROWS, i + PF_ROWS + 1, d, 0);
+        int e = 0;
+        if (i < n) {
+            const float *r = src + (size_t)i * ld;
+#pragma omp simd
+            for (int f = 0; f < d; f++) o[f] = s * r[f];
+            e = d;
+        }
+        for (; e < d16; e++) o[e] = 0.0f;
+    }
 }
 
 /* rows [0, n) of src (width d) into panels of 16 rows transposed,
@@ -104,8 +126,11 @@ static void pack_rows(float *dst, const float *src, size_t ld, int n, int rows, 
 static void pack_panels(float *dst, const float *src, size_t ld, int n, int d) {
     for (int p = 0; p < n; p += 16) {
         float *panel = dst + (size_t)p * d;
-        for (int e = 0; e < d; e++)
-            for (int i = 0; i < 16; i++) panel[(size_t)e * 16 + i] = p + i < n ? src[(size_t)(p + i) * ld + e] : 0.0f;
+        prefetch_rows(src, ld, p + 16, p + 32 < n ? p + 32 : n, d, 0);
+        for (int i = 0; i < 16; i++) {
+            const float *r = src + (size_t)(p + i) * ld;
+            for (int e = 0; e < d; e++) panel[(size_t)e * 16 + i] = p + i < n ? r[e] : 0.0f;
+        }
     }
 }
 
@@ -230,6 +255,9 @@ static void backward_task(scratch *w, const mha_bwd_attn *a, const float *dd, co
     const int tp = (T + BQ - 1) / BQ * BQ, general = has_general_mask(a->opt);
     const size_t qw = (size_t)h * d_k, zw = (size_t)h * d_v, row0 = ((size_t)b * h + r) * T;
     const float *q = a->q + (size_t)b * T * qw + (size_t)r * d_k, *dz = a->dz + (size_t)b * T * zw + (size_t)r * d_v;
+    const size_t kw = (size_t)c->n_kv_heads * d_k, vw = (size_t)c->n_kv_heads * d_v;
+    const float *k = a->k + (size_t)b * a->Sx * kw + (size_t)g * d_k, *v = a->v + (size_t)b * a->Sx * vw + (size_t)g * d_v;
+    float *dq_out = a->dq + (size_t)b * T * qw + (size_t)r * d_k;
     pack_rows(w->qr, q, qw, T, tp, d_k, a->scale);
     pack_rows(w->zr, dz, zw, T, tp, d_v, 1.0f);
     for (int i = 0; i < tp; i++) {
@@ -247,8 +275,18 @@ static void backward_task(scratch *w, const mha_bwd_attn *a, const float *dd, co
         int loaded = 0;
         memset(w->acck, 0, sizeof(float) * BK * dk16);
         memset(w->accv, 0, sizeof(float) * BK * dv16);
+        const int j1 = j0 + nj, nj1 = a->Sx - j1 < BK ? a->Sx - j1 : BK, nqb = (T + BQ - 1) / BQ;
         for (int i0 = 0; i0 < T; i0 += BQ) {
-            const int n = T - i0 < BQ ? T - i0 : BQ, rows6 = round6(n);
+            const int n = T - i0 < BQ ? T - i0 : BQ, rows6 = round6(n), qb = i0 / BQ;
+            // --- a share of what comes next into L2: this block's dK, dV rows, the next block's K, V rows
+            prefetch_rows(dk_out + (size_t)j0 * ldk, ldk, nj * qb / nqb, nj * (qb + 1) / nqb, d_k, 1);
+            prefetch_rows(dv_out + (size_t)j0 * ldv, ldv, nj * qb / nqb, nj * (qb + 1) / nqb, d_v, 1);
+            if (nj1 > 0) {
+                prefetch_rows(k + (size_t)j1 * kw, kw, nj1 * qb / nqb, nj1 * (qb + 1) / nqb, d_k, 0);
+                prefetch_rows(v + (size_t)j1 * vw, vw, nj1 * qb / nqb, nj1 * (qb + 1) / nqb, d_v, 0);
+            } else {
+                prefetch_rows(dq_out, qw, T * qb / nqb, T * (qb + 1) / nqb, d_k, 1);
+            }
             int bounded;
             if (!tile_live(w, a, i0, n, rows6, j0, nj, &bounded)) continue;
             if (!loaded) load_keys(w, a, b, g, j0, nj, 0), loaded = 1;
@@ -267,7 +305,7 @@ static void backward_task(scratch *w, const mha_bwd_attn *a, const float *dd, co
         }
     }
     for (int i = 0; i < T; i++) {
-        float *out = a->dq + ((size_t)b * T + i) * qw + (size_t)r * d_k;
+        float *out = dq_out + (size_t)i * qw;
         for (int e = 0; e < d_k; e++) out[e] = a->scale * w->dq[(size_t)i * dk16 + e];
     }
 }
