@@ -306,7 +306,9 @@ static void backward_task(scratch *w, const mha_bwd_attn *a, const float *dd, co
     }
     for (int i = 0; i < T; i++) {
         float *out = dq_out + (size_t)i * qw;
-        for (int e = 0; e < d_k; e++) out[e] = a->scale * w->dq[(size_t)i * dk16 + e];
+        const float *in = w->dq + (size_t)i * dk16;
+#pragma omp simd
+        for (int e = 0; e < d_k; e++) out[e] = a->scale * in[e];
     }
 }
 
