@@ -347,6 +347,15 @@ static void run_options(void) {
     naive_bw_case_make(&f, naive_config(16, 4, 1, 8, 4, 1), 1, 50, 110, 1, 0, 1305); /* MQA */
     check_fast(&f, "MQA cross");
     naive_bw_case_free(&f);
+    /* d_k a multiple of 16: dQ += dS K reads the keys where they are */
+    naive_bw_case_make(&f, naive_config(64, 4, 2, 0, 0, 1), 2, 100, 100, 0, 0, 1317); /* d_k = 16, GQA */
+    check_fast(&f, "d_k 16 GQA");
+    naive_bw_case_free(&f);
+    naive_bw_case_make(&f, naive_config(64, 2, 0, 0, 0, 1), 1, 100, 150, 1, 0, 1318); /* d_k = 32 */
+    check_fast(&f, "d_k 32 cross");
+    f.opt.causal = 1, f.opt.align = MHA_ALIGN_BOTTOM_RIGHT;
+    check_fast(&f, "d_k 32 cross causal");
+    naive_bw_case_free(&f);
 
     const int B = 2, T = 40, S = 120, h = 2;
     naive_bw_case_make(&f, naive_config(8, h, 0, 0, 0, 1), B, T, S, 1, 0, 1306);
