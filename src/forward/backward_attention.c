@@ -9,6 +9,8 @@
  *          P = exp(S - lse), dS' = P (dP - D) (probs_ds),
  *          dV_j += P^T dZ_i, dK_j += dS'^T (scale Q_i) (accumulate_tn),
  *          dQ_i += dS' K_j (attn_pv), times scale when written out.
+ * The next key block's K, V rows and this block's dK, dV rows are
+ * prefetched into L2 while its products run (prefetch_rows).
  * A task owns its head's dQ and its key blocks' dK, dV (the heads of a GQA
  * group write their own, summed in head order afterwards) and walks its
  * tiles in a fixed order: the result does not depend on the thread count.

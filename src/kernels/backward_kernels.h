@@ -2,7 +2,8 @@
  * the products S = Q K^T and dP = dZ V^T on unpacked query rows, the
  * elementwise step of one tile (P and dS from the recomputed scores), the
  * transposed products dV += P^T dZ, dK += dS^T Q (dQ += dS K is the
- * prefill table's attn_pv), and the projection products' register tile.
+ * prefill table's attn_pv), the projection products' register tile and
+ * the transposing copy of the key panels (pack_panels).
  * Implementations: scalar_backward.c, avx2_backward.c, avx512_backward.c;
  * dispatch.c lists each with its ISA (mha_isa.backward).
  * Legend: a tile is rows query rows x cols keys (row stride lds, room for
