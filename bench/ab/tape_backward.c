@@ -15,7 +15,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "bench.h"
 #include "forward/backward_fast.h"
@@ -23,20 +22,6 @@
 mha_status mha_bwd_attention_backward_old(const mha_bwd_attn *a, const mha_kernels *kern,
                                           const mha_backward_kernels *bk, int n_threads);
 extern const mha_backward_kernels mha_backward_kernels_avx512_old;
-
-static double cpu_now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
-    return t.tv_sec + 1e-9 * t.tv_nsec;
-}
-/* The bench's AVX-512 FMA loop by CPU time: GFLOP/s per CPU-second of each
- * of nt threads, times nt. */
-static double peak_cpu(int nt) {
-    const long it = 1000000;
-    double c0 = cpu_now();
-    bench_fma_peak_avx512(nt, it, 1, NULL);
-    return 512.0 * it * nt / (cpu_now() - c0) * 1e-9 * nt;
-}
 
 typedef struct { const char *name; int B, T, d, h, causal; } cs;
 
@@ -71,15 +56,15 @@ int main(int argc, char **argv) {
             double bo = 1e30, bn = 1e30, co = 1e30, cn = 1e30, pk = 0, pc = 0, ratio[256];
             int nr = 0;
             for (int r = 0; r < rounds; r++) {
-                const double p = bench_fma_peak_avx512(nt, 2000000, 1, NULL), p2 = peak_cpu(nt);
+                const double p = bench_fma_peak_avx512(nt, 2000000, 1, NULL), p2 = bench_fma_peak_avx512_cpu(nt);
                 if (p > pk) pk = p;
                 if (p2 > pc) pc = p2;
                 double t[2], ct[2];
                 for (int w = 0; w < 2; w++) {
-                    const double t0 = bench_now(), c0 = cpu_now();
+                    const double t0 = bench_now(), c0 = bench_cpu_now();
                     if (w == 0) mha_bwd_attention_backward_old(&a[0], kern, &mha_backward_kernels_avx512_old, nt);
                     else mha_bwd_attention_backward(&a[1], kern, &mha_backward_kernels_avx512, nt);
-                    t[w] = bench_now() - t0, ct[w] = (cpu_now() - c0) / nt;
+                    t[w] = bench_now() - t0, ct[w] = (bench_cpu_now() - c0) / nt;
                 }
                 if (t[0] < bo) bo = t[0];
                 if (t[1] < bn) bn = t[1];
