@@ -1,7 +1,8 @@
 /* test_kernels.c — the micro-kernels against plain loops: the 6x16 GEMM
  * tile at every edge size and stride, the packed-projection driver with
- * each output layout, and the vector exp's ulp error against exp() in
- * double over the range the softmax uses. Every kernel table is tested
+ * each output layout, the vector exp's ulp error against exp() in
+ * double over the range the softmax uses, and the softmax's own exp
+ * (kernels.h: MHA_SOFTMAX_EXP_*) through attn_softmax. Every kernel table is tested
  * (avx2 and avx512 only where the CPU has them).
  * Legend: m x n tile (<= 6 x 16), K inner size, M rows, N columns. */
 #include <float.h>
@@ -178,10 +179,47 @@ static void test_kernels_vexp_ulp(void) {
     free(x), free(y);
 }
 
+/* attn_softmax's probabilities are exp(s - max) with the softmax's own
+ * exp (degree 5, kernels.h): within 2.5 ulp of exp() in double on
+ * [MHA_SOFTMAX_FLUSH, 0] (the AVX-512 kernel gives 0 below), dense near 0
+ * and across the range; column 0 of each row holds the max 0. */
+static void test_kernels_softmax_exp_ulp(void) {
+    enum { ROWS = 6, COLS = 128, N = 1 << 17 };
+    const int nt = n_tables();
+    float *s = malloc(sizeof(float) * ROWS * COLS), *x = malloc(sizeof(float) * ROWS * COLS);
+    for (int t = 0; t < nt; t++) {
+        double worst = 0.0;
+        float worst_x = 0.0f;
+        for (int k = 0; k < N; k += ROWS * (COLS - 1)) {
+            float m[ROWS], l[ROWS], alpha[ROWS];
+            for (int i = 0; i < ROWS; i++) {
+                m[i] = -INFINITY, l[i] = 0.0f;
+                for (int j = 0; j < COLS; j++) {
+                    const int n = k + i * (COLS - 1) + j - 1; /* sample n of N: half in [-1, 0], half in [-44, 0] */
+                    const double u = (double)(n % (N / 2)) / (double)(N / 2 - 1);
+                    x[i * COLS + j] = j == 0 ? 0.0f : (float)(n < N / 2 ? -u : (double)MHA_SOFTMAX_FLUSH * u);
+                }
+            }
+            memcpy(s, x, sizeof(float) * ROWS * COLS);
+            tables[t]->attn_softmax(s, COLS, m, l, alpha, NULL, NULL, COLS, ROWS, COLS);
+            for (int i = 0; i < ROWS * COLS; i++) {
+                const double e = ulp_err(s[i], exp((double)x[i]));
+                if (e > worst) worst = e, worst_x = x[i];
+            }
+            for (int i = 0; i < ROWS; i++) CHECK(m[i] == 0.0f && alpha[i] == 0.0f);
+        }
+        if (worst > 2.5)
+            test_report(__FILE__, __LINE__, "%s softmax exp: max error %.2f ulp at x=%.9g (want <= 2.5)", tables[t]->name,
+                        worst, (double)worst_x);
+    }
+    free(s), free(x);
+}
+
 static const test_case cases[] = {
     {"kernels_sgemm_edges", test_kernels_sgemm_edges},
     {"kernels_gemm_driver", test_kernels_gemm_driver},
     {"kernels_vexp_ulp", test_kernels_vexp_ulp},
+    {"kernels_softmax_exp_ulp", test_kernels_softmax_exp_ulp},
 };
 
 const test_case *tests_kernels(size_t *count) {

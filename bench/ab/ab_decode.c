@@ -12,7 +12,8 @@
  * Output: one line per case: wall-clock ms old, new, new/old, max|z_old -
  * z_new| (rounding: the grouped path's softmax sums in another order),
  * then the same best-of-N by process CPU time (meaningful on 1 thread:
- * the time the call held a core, whatever else ran). */
+ * the time the call held a core, whatever else ran). `kernels` as the only
+ * argument times the grouped kernels alone instead (kernels_ceiling). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -61,13 +62,73 @@ static double attend_ms(mha_cache *c, float *z, const float *q, double *cpu_ms) 
     return (bench_now() - t0) * 1e3;
 }
 
+/* `ab_decode kernels`: the decode kernels of the new table on one
+ * L1-resident 128-key chunk (d 64, random data), best of 2000 calls per
+ * kernel, three rounds, microseconds: the grouped kernels (32 query rows,
+ * MQA) on fp32 / fp16 / int8 storage, and the row-major ones for 4 rows
+ * (GQA h/h_kv = 4) on int8 and fp16. The ceiling a chunk reaches with no
+ * memory traffic and no bookkeeping (bench/LIMITS.md, round 5). */
+static int kernels_ceiling(void) {
+    const mha_decode_kernels *g = &mha_decode_kernels_avx512;
+    enum { N = MHA_DECODE_CHUNK, D = 64, DV = 64, LDT = 32, NT = 11 };
+    uint64_t seed = 7;
+    float *qt = bench_alloc((size_t)D * LDT), *k = bench_alloc((size_t)N * D), *v = bench_alloc((size_t)N * DV);
+    float *st = bench_alloc((size_t)N * LDT), *acc = bench_alloc((size_t)32 * (DV + 2)), *buf = bench_alloc((size_t)N * DV);
+    float *ks = bench_alloc((size_t)N * 2), *vs = bench_alloc((size_t)N * 2), mx[32], sm[32];
+    int8_t *kq = malloc((size_t)N * D), *vq = malloc((size_t)N * DV);
+    uint16_t *kh = malloc(2 * (size_t)N * D), *vh = malloc(2 * (size_t)N * DV);
+    bench_fill(qt, (size_t)D * LDT, &seed, -1.0f, 1.0f), bench_fill(k, (size_t)N * D, &seed, -1.0f, 1.0f);
+    bench_fill(v, (size_t)N * DV, &seed, -1.0f, 1.0f), bench_fill(ks, (size_t)N * 2, &seed, 0.001f, 0.01f);
+    bench_fill(vs, (size_t)N * 2, &seed, 0.001f, 0.01f);
+    for (int i = 0; i < N * D; i++) kq[i] = (int8_t)(k[i] * 127.0f), vq[i] = (int8_t)(v[i] * 127.0f);
+    g->to_f16(kh, k, (size_t)N * D), g->to_f16(vh, v, (size_t)N * DV);
+    const char *names[NT] = {"grouped scores fp32", "grouped scores fp16", "grouped scores int8", "grouped softmax",
+                             "grouped P.V fp32", "grouped P.V fp16", "grouped P.V int8", "4-row scores int8",
+                             "4-row scores fp16", "4-row softmax", "4-row P.V int8"};
+    const double flops[NT] = {2.0 * 32 * N * D, 2.0 * 32 * N * D, 2.0 * 32 * N * D, 0, 2.0 * 32 * N * DV,
+                              2.0 * 32 * N * DV, 2.0 * 32 * N * DV, 2.0 * 4 * N * D, 2.0 * 4 * N * D, 0,
+                              2.0 * 4 * N * DV};
+    for (int round = 0; round < 3; round++) {
+        double b[NT];
+        for (int i = 0; i < NT; i++) b[i] = 1e30;
+        for (int r = 0; r < 2000; r++)
+            for (int i = 0; i < NT; i++) {
+                double t0 = bench_now();
+                switch (i) {
+                case 0: g->scores_t(st, LDT, qt, LDT, k, NULL, MHA_DK_F32, NULL, 32, N, D); break;
+                case 1: g->scores_t(st, LDT, qt, LDT, kh, NULL, MHA_DK_F16, buf, 32, N, D); break;
+                case 2: g->scores_t(st, LDT, qt, LDT, kq, ks, MHA_DK_I8, buf, 32, N, D); break;
+                case 3: g->softmax_t(st, LDT, mx, sm, 32, N); break;
+                case 4: g->accumulate_t(acc, DV + 2, st, LDT, v, NULL, MHA_DK_F32, NULL, 32, N, DV); break;
+                case 5: g->accumulate_t(acc, DV + 2, st, LDT, vh, NULL, MHA_DK_F16, buf, 32, N, DV); break;
+                case 6: g->accumulate_t(acc, DV + 2, st, LDT, vq, vs, MHA_DK_I8, buf, 32, N, DV); break;
+                case 7: g->scores_q8(st, N, qt, D, kq, ks, 4, N, D); break;
+                case 8: g->scores_h(st, N, qt, D, kh, 4, N, D); break;
+                case 9: g->softmax(st, N, mx, sm, 4, N); break;
+                default: g->accumulate_q8(acc, DV + 2, st, N, vq, vs, 4, N, DV); break;
+                }
+                b[i] = fmin(b[i], bench_now() - t0);
+            }
+        double med, peak = bench_fma_peak_avx512(1, 5000000, 7, &med); /* one core, this minute */
+        printf("round %d: AVX-512 FMA peak, one thread: %.0f GFLOP/s\n", round, peak);
+        for (int i = 0; i < NT; i++) {
+            printf("%s %.2f us", names[i], b[i] * 1e6);
+            if (flops[i] > 0) printf(" (%.0f GFLOP/s, %.0f%%)", flops[i] / b[i] * 1e-9, 100.0 * flops[i] / b[i] * 1e-9 / peak);
+            printf(i == NT - 1 ? "\n" : "; ");
+        }
+    }
+    free(qt), free(k), free(v), free(st), free(acc), free(buf), free(ks), free(vs), free(kq), free(vq), free(kh), free(vh);
+    return 0;
+}
+
 int main(int argc, char **argv) {
+    if (argc > 1 && !strcmp(argv[1], "kernels")) return kernels_ceiling();
     int reps = argc > 1 ? atoi(argv[1]) : 15;
     const char *types = argc > 2 ? argv[2] : "fp32,fp16,int8,int8/fp16";
     const int D = 2048, h = 32, dh = 64;
-    int hkvs[3] = {32, 8, 1}, Ls[2] = {1024, 16384}, nh = 3, nl = 2;
+    int hkvs[3] = {32, 8, 1}, Ls[3] = {1024, 16384, 0}, nh = 3, nl = 2;
     if (argc > 3) nh = sscanf(argv[3], "%d,%d,%d", &hkvs[0], &hkvs[1], &hkvs[2]);
-    if (argc > 4) nl = sscanf(argv[4], "%d,%d", &Ls[0], &Ls[1]);
+    if (argc > 4) nl = sscanf(argv[4], "%d,%d,%d", &Ls[0], &Ls[1], &Ls[2]);
     const char *names[4] = {"fp32", "fp16", "int8", "int8/fp16"};
     const mha_cache_dtype kts[4] = {MHA_CACHE_F32, MHA_CACHE_F16, MHA_CACHE_I8, MHA_CACHE_I8};
     const mha_cache_dtype vts[4] = {MHA_CACHE_F32, MHA_CACHE_F16, MHA_CACHE_I8, MHA_CACHE_F16};

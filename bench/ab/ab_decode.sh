@@ -14,7 +14,15 @@ git show "$rev:src/cache/decode.c" > $out/decode_old.c
 git show "$rev:src/kernels/avx512_decode.c" > $out/avx512_decode_old.c
 $CC -Dmha_decode_attend=mha_decode_attend_old -c $out/decode_old.c -o $out/decode_old.o
 $CC -Dmha_decode_attend=mha_decode_attend_new -c src/cache/decode.c -o $out/decode_new.o
-$CC $AVX512 -Dmha_decode_kernels_avx512=mha_decode_kernels_avx512_old -c $out/avx512_decode_old.c \
+# the old grouped kernels too (renamed), where REV has them
+ren="-Dmha_scores_t_avx512=mha_scores_t_avx512_old -Dmha_softmax_t_avx512=mha_softmax_t_avx512_old
+     -Dmha_accumulate_t_avx512=mha_accumulate_t_avx512_old -Dmha_from_q8_avx512=mha_from_q8_avx512_old"
+grouped_old=
+if git show "$rev:src/kernels/avx512_decode_grouped.c" > $out/avx512_decode_grouped_old.c 2>/dev/null; then
+  $CC $AVX512 $ren -c $out/avx512_decode_grouped_old.c -o $out/avx512_decode_grouped_old.o
+  grouped_old="$ren"; extra=$out/avx512_decode_grouped_old.o
+fi
+$CC $AVX512 $grouped_old -Dmha_decode_kernels_avx512=mha_decode_kernels_avx512_old -c $out/avx512_decode_old.c \
     -o $out/avx512_decode_old.o
 # the library's objects (those whose source still exists) but its decode.o,
 # whose entry point the harness provides
@@ -22,6 +30,10 @@ objs=$(for o in build/src/*/*.o build/src/*.o; do
   s=${o#build/}; s=${s%.o}.c
   [ -f "$s" ] && [ "$s" != src/cache/decode.c ] && echo "$o"
 done)
-$CC -o $out/ab_decode bench/ab/ab_decode.c bench/bench_util.c $out/decode_old.o $out/decode_new.o \
-    $out/avx512_decode_old.o $objs -ljansson -lpng -lm
+$CC -mavx512f -c bench/machine_avx512.c -o $out/machine_avx512.o
+$CC -mavx2 -mfma -c bench/machine_avx2.c -o $out/machine_avx2.o
+$CC -o $out/ab_decode bench/ab/ab_decode.c bench/bench_util.c $out/machine_avx512.o $out/machine_avx2.o $out/decode_old.o $out/decode_new.o \
+    $out/avx512_decode_old.o ${extra:-} $objs -ljansson -lpng -lm
+# REPS = kernels: the decode kernels on one L1-resident chunk instead (ab_decode.c)
+[ "${2:-}" = kernels ] && exec $out/ab_decode kernels
 OPENBLAS_NUM_THREADS=1 $out/ab_decode "${2:-15}" "${3:-fp32,fp16,int8,int8/fp16}" "${4:-32,8,1}" "${5:-1024,16384}"

@@ -336,7 +336,10 @@ static void merge(const mha_decode_kernels *kr, float *restrict run, const float
             continue;
         }
         float M = R[0] > P[0] ? R[0] : P[0];
-        float a = expf(R[0] - M), b = expf(P[0] - M);
+        /* the state holding the max keeps its scale: expf(0) is 1 exactly,
+         * so the bits are those of two expf calls at one call's cost */
+        const float da = R[0] - M, db = P[0] - M;
+        float a = da == 0.0f ? 1.0f : expf(da), b = db == 0.0f ? 1.0f : expf(db);
         R[0] = M;
         R[1] = R[1] * a + P[1] * b;
         kr->axpby(R + 2, P + 2, a, b, d_v);

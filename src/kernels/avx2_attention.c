@@ -16,6 +16,27 @@ void mha_attn_scores_avx2(float *s, size_t lds, const float *q, const float *kt,
                                      NULL, NULL, d_k, 6, 16);
 }
 
+/* exp(x) for the softmax: mha_exp_avx2's clamp and split with the
+ * softmax's degree-5 polynomial (kernels.h: MHA_SOFTMAX_EXP_*), the steps
+ * of the AVX-512 softmax's exp, so both give the same bits for x >= -44. */
+static inline __m256 softmax_exp(__m256 x) {
+    const __m256 shift = _mm256_set1_ps(12583039.0f); /* 0x1.8p23 + 127 */
+    x = _mm256_max_ps(x, _mm256_set1_ps(-88.0f));
+    x = _mm256_min_ps(x, _mm256_set1_ps(88.37626266f));
+    const __m256 t = _mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), shift);
+    const __m256 n = _mm256_sub_ps(t, shift);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(MHA_SOFTMAX_EXP_C5);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(MHA_SOFTMAX_EXP_C4));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(MHA_SOFTMAX_EXP_C3));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(MHA_SOFTMAX_EXP_C2));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    const __m256i e = _mm256_slli_epi32(_mm256_castps_si256(t), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
 /* Row max of each row (masking as kernels.h says), then alpha for 8 rows
  * per vector exp, then exp and row sum per row. */
 void mha_attn_softmax_avx2(float *s, size_t lds, float *m, float *l, float *alpha,
@@ -62,7 +83,7 @@ void mha_attn_softmax_avx2(float *s, size_t lds, float *m, float *l, float *alph
         const __m256 vmn = _mm256_max_ps(vmo, _mm256_loadu_ps(mx));
         const __m256 mu = _mm256_andnot_ps(_mm256_cmp_ps(vmn, ninf, _CMP_EQ_OQ), vmn);
         _mm256_storeu_ps(mn, vmn);
-        _mm256_storeu_ps(t, mha_exp_avx2(_mm256_sub_ps(vmo, mu)));
+        _mm256_storeu_ps(t, softmax_exp(_mm256_sub_ps(vmo, mu)));
         for (int q = 0; q < n8; q++) alpha[i + q] = t[q], m[i + q] = mn[q];
     }
     /* pass 2: exp and row sum (two partial sums, then their sum) */
@@ -72,15 +93,15 @@ void mha_attn_softmax_avx2(float *s, size_t lds, float *m, float *l, float *alph
         __m256 sum0 = _mm256_setzero_ps(), sum1 = _mm256_setzero_ps();
         int v = 0;
         for (; v + 1 < nv; v += 2) {
-            __m256 p0 = mha_exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(r + 8 * v), vmu));
-            __m256 p1 = mha_exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(r + 8 * v + 8), vmu));
+            __m256 p0 = softmax_exp(_mm256_sub_ps(_mm256_loadu_ps(r + 8 * v), vmu));
+            __m256 p1 = softmax_exp(_mm256_sub_ps(_mm256_loadu_ps(r + 8 * v + 8), vmu));
             _mm256_storeu_ps(r + 8 * v, p0);
             _mm256_storeu_ps(r + 8 * v + 8, p1);
             sum0 = _mm256_add_ps(sum0, p0);
             sum1 = _mm256_add_ps(sum1, p1);
         }
         if (v < nv) {
-            __m256 p0 = mha_exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(r + 8 * v), vmu));
+            __m256 p0 = softmax_exp(_mm256_sub_ps(_mm256_loadu_ps(r + 8 * v), vmu));
             _mm256_storeu_ps(r + 8 * v, p0);
             sum0 = _mm256_add_ps(sum0, p0);
         }

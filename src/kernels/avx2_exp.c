@@ -1,5 +1,6 @@
 /* avx2_exp.c — y = exp(x) over an array with the 8-wide exp of avx2_micro.h
- * (the softmax inlines the same function; this entry is for tests). */
+ * (the backward, decode and softcap inline the same function, the forward
+ * softmax a degree-5 one, kernels.h; this entry is for tests). */
 #include "kernels/kernels.h"
 #include "kernels/avx2_micro.h"
 

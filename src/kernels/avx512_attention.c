@@ -35,17 +35,29 @@ void mha_attn_scores_avx512(float *s, size_t lds, const float *q, const float *k
         row_tiles(s + (size_t)p * 16, lds, q, qs, 1, 6, kt + (size_t)p * ks, ks, 16, NULL, d_k, rows, 1);
 }
 
-/* exp(x), 0 for x < MHA_SOFTMAX_FLUSH (kernels.h): probabilities and
- * rescale factors that small would only feed subnormal products to the
- * p v tiles (ALiBi's far keys, a max that keeps growing), each an FP
- * assist of ~100 cycles on Intel cores, while adding nothing above fp32
- * rounding to a row whose sum l is >= 1. */
+/* exp(x) for the softmax (kernels.h: MHA_SOFTMAX_EXP_*), 0 for x <
+ * MHA_SOFTMAX_FLUSH (kernels.h): probabilities and rescale factors that
+ * small would only feed subnormal products to the p v tiles (ALiBi's far
+ * keys, a max that keeps growing), each an FP assist of ~100 cycles on
+ * Intel cores, while adding nothing above fp32 rounding to a row whose
+ * sum l is >= 1. x <= 0 here (x = s - row max), so no clamp: -inf and NaN
+ * fail the compare and the masked product gives 0 (the flush costs no
+ * extra operation). avx2_attention.c's softmax_exp takes the same steps. */
 MHA_AVX512_INLINE __m512 exp_flushed(__m512 x) {
-    /* x <= 0 here (x = s - row max), and x < MHA_SOFTMAX_FLUSH is zeroed,
-     * so exp's clamp to [-88, 88.38] changes nothing that is kept; -inf
-     * and NaN fail the compare and give 0 */
     const __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(MHA_SOFTMAX_FLUSH), _CMP_GE_OQ);
-    return _mm512_maskz_mov_ps(keep, mha_exp_avx512_inrange(x));
+    const __m512 shift = _mm512_set1_ps(12583039.0f); /* 0x1.8p23 + 127 */
+    const __m512 t = _mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), shift);
+    const __m512 n = _mm512_sub_ps(t, shift);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(MHA_SOFTMAX_EXP_C5);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(MHA_SOFTMAX_EXP_C4));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(MHA_SOFTMAX_EXP_C3));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(MHA_SOFTMAX_EXP_C2));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    const __m512i e = _mm512_slli_epi32(_mm512_castps_si512(t), 23);
+    return _mm512_maskz_mul_ps(keep, p, _mm512_castsi512_ps(e));
 }
 
 /* Row max of each row (masking as kernels.h says), then alpha for 16 rows

@@ -156,30 +156,40 @@ INLINE __m512 exp_cut(__m512 x) {
     return _mm512_maskz_mov_ps(keep, mha_exp_avx512(x));
 }
 
-static void softmax_avx512(float *s, int lds, float *mx, float *sum, int m, int n) {
-    for (int i = 0; i < m; i++) {
-        float *row = s + (size_t)i * lds;
-        __m512 vm = _mm512_set1_ps(-INFINITY);
-        for (int j = 0; j < n; j += 16)
-            vm = _mm512_mask_max_ps(vm, mha_mask16(n - j), vm, _mm512_maskz_loadu_ps(mha_mask16(n - j), row + j));
-        const float M = mha_hmax16_avx512(vm);
-        if (M == -INFINITY) {
-            memset(row, 0, (size_t)n * sizeof(float));
-            mx[i] = M;
-            sum[i] = 0.0f;
-            continue;
-        }
-        const __m512 vM = _mm512_set1_ps(M);
-        __m512 vs = _mm512_setzero_ps();
-        for (int j = 0; j < n; j += 16) {
-            const __mmask16 k = mha_mask16(n - j);
-            const __m512 e = _mm512_maskz_mov_ps(k, exp_cut(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, row + j), vM)));
-            _mm512_mask_storeu_ps(row + j, k, e);
-            vs = _mm512_add_ps(vs, e);
-        }
-        mx[i] = M;
-        sum[i] = mha_hsum16_avx512(vs);
+/* R rows at a time (R a constant): their max and sum chains interleave,
+ * each row's in key order as before (one row alone waits on the latency
+ * of its one chain). A row of only -inf: M = -inf, x - M = NaN, which
+ * exp_cut's ordered compare turns into 0: zeros, sum 0, mx -inf. */
+INLINE void softmax_rows(float *s, int lds, float *mx, float *sum, int n, int R) {
+    __m512 vm[4], vM[4], vs[4];
+    UNROLL
+    for (int r = 0; r < R; r++) vm[r] = _mm512_set1_ps(-INFINITY), vs[r] = _mm512_setzero_ps();
+    for (int j = 0; j < n; j += 16) {
+        const __mmask16 k = mha_mask16(n - j);
+        UNROLL
+        for (int r = 0; r < R; r++)
+            vm[r] = _mm512_mask_max_ps(vm[r], k, vm[r], _mm512_maskz_loadu_ps(k, s + (size_t)r * lds + j));
     }
+    UNROLL
+    for (int r = 0; r < R; r++) mx[r] = mha_hmax16_avx512(vm[r]), vM[r] = _mm512_set1_ps(mx[r]);
+    for (int j = 0; j < n; j += 16) {
+        const __mmask16 k = mha_mask16(n - j);
+        UNROLL
+        for (int r = 0; r < R; r++) {
+            float *row = s + (size_t)r * lds;
+            const __m512 e = _mm512_maskz_mov_ps(k, exp_cut(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, row + j), vM[r])));
+            _mm512_mask_storeu_ps(row + j, k, e);
+            vs[r] = _mm512_add_ps(vs[r], e);
+        }
+    }
+    UNROLL
+    for (int r = 0; r < R; r++) sum[r] = mha_hsum16_avx512(vs[r]);
+}
+
+static void softmax_avx512(float *s, int lds, float *mx, float *sum, int m, int n) {
+    int i = 0;
+    for (; i + 4 <= m; i += 4) softmax_rows(s + (size_t)i * lds, lds, mx + i, sum + i, n, 4);
+    for (; i < m; i++) softmax_rows(s + (size_t)i * lds, lds, mx + i, sum + i, n, 1);
 }
 
 /* --------------------------------------------------------- accumulate */
@@ -187,6 +197,17 @@ static void softmax_avx512(float *s, int lds, float *mx, float *sum, int m, int 
 /* up to 16 consecutive int8 values (mask k) as fp32 (exact) */
 INLINE __m512 load16q(const int8_t *v, size_t i, __mmask16 k) {
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(k, v + i)));
+}
+
+/* acc (R, 16 C) from column c0 on = the accumulators a, the last vector
+ * of each row masked by klast. */
+INLINE void store_acc(float *acc, int ldacc, __m512 a[4][4], int c0, __mmask16 klast, int R, int C) {
+    UNROLL
+    for (int r = 0; r < R; r++)
+        UNROLL
+        for (int c = 0; c < C; c++)
+            _mm512_mask_storeu_ps(acc + (size_t)r * ldacc + c0 + 16 * c,
+                                  c == C - 1 ? klast : (__mmask16)0xffff, a[r][c]);
 }
 
 /* R rows x C vectors of acc = p v over n keys (columns from c0 on, a
@@ -221,12 +242,54 @@ INLINE void acc_tile(float *acc, int ldacc, const float *p, int ldp, const void 
             }
         }
     }
+    store_acc(acc, ldacc, a, c0, klast, R, C);
+}
+
+#define PW_KEYS 64 /* keys per block of precomputed int8 weights (acc_tile_q8) */
+
+/* int8 V: R rows x C vectors of acc = p v as acc_tile with H = 2, the
+ * scaled weights p_j * scale(j, block) computed first for PW_KEYS keys at
+ * a time, 16 keys per vector product (the same fp32 product, so the same
+ * bits), into pw: the FMA loop then broadcasts them from memory (a load)
+ * instead of a scalar product and a register broadcast per row, key and
+ * block, which took the FMA port (p5) from every other FMA. */
+INLINE void acc_tile_q8(float *acc, int ldacc, const float *p, int ldp, const int8_t *v, const float *vs, int c0,
+                        int dv, int n, __mmask16 klast, int R, int C) {
+    const int nb = NB(dv), b0 = c0 / MHA_Q8_BLOCK, NBL = (C + 1) / 2; /* blocks the tile covers */
+    float pw[4][2][PW_KEYS] __attribute__((aligned(64)));
+    __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                     _mm512_set1_epi32(nb));
+    __m512 a[4][4];
     UNROLL
     for (int r = 0; r < R; r++)
         UNROLL
-        for (int c = 0; c < C; c++)
-            _mm512_mask_storeu_ps(acc + (size_t)r * ldacc + c0 + 16 * c,
-                                  c == C - 1 ? klast : (__mmask16)0xffff, a[r][c]);
+        for (int c = 0; c < C; c++) a[r][c] = _mm512_setzero_ps();
+    for (int j0 = 0; j0 < n; j0 += PW_KEYS) {
+        const int nk = n - j0 < PW_KEYS ? n - j0 : PW_KEYS;
+        for (int jj = 0; jj < nk; jj += 16) {
+            const __mmask16 km = mha_mask16(nk - jj);
+            UNROLL
+            for (int bl = 0; bl < NBL; bl++) {
+                const __m512 sc = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), km, idx,
+                                                           vs + (size_t)(j0 + jj) * nb + b0 + bl, 4);
+                UNROLL
+                for (int r = 0; r < R; r++)
+                    _mm512_store_ps(&pw[r][bl][jj],
+                                    _mm512_mul_ps(_mm512_maskz_loadu_ps(km, p + (size_t)r * ldp + j0 + jj), sc));
+            }
+        }
+        for (int j = 0; j < nk; j++) {
+            __m512 vv[4];
+            UNROLL
+            for (int c = 0; c < C; c++)
+                vv[c] = load16q(v, (size_t)(j0 + j) * dv + c0 + 16 * c, c == C - 1 ? klast : (__mmask16)0xffff);
+            UNROLL
+            for (int r = 0; r < R; r++)
+                UNROLL
+                for (int c = 0; c < C; c++) a[r][c] = _mm512_fmadd_ps(_mm512_set1_ps(pw[r][c / 2][j]), vv[c], a[r][c]);
+        }
+    }
+    store_acc(acc, ldacc, a, c0, klast, R, C);
 }
 
 /* Column blocks outermost: an (n, 48) slab of V stays in L1 while every
@@ -238,7 +301,7 @@ INLINE void acc_impl(float *acc, int ldacc, const float *p, int ldp, const void 
     /* int8: tiles of more than one vector start at a multiple of 32 */
     for (; H == 2 && c + 64 <= dv; c += 64)
         for (int i = 0; i < m4; i += 4)
-            acc_tile(acc + (size_t)i * ldacc, ldacc, p + (size_t)i * ldp, ldp, v, vs, c, dv, n, 0xffff, 4, 4, H);
+            acc_tile_q8(acc + (size_t)i * ldacc, ldacc, p + (size_t)i * ldp, ldp, v, vs, c, dv, n, 0xffff, 4, 4);
     for (; H != 2 && c + 48 <= dv; c += 48)
         for (int i = 0; i < m4; i += 4)
             acc_tile(acc + (size_t)i * ldacc, ldacc, p + (size_t)i * ldp, ldp, v, vs, c, dv, n, 0xffff, 4, 3, H);

@@ -73,7 +73,10 @@ INLINE const float *k_panel(float *buf, const void *k, const float *ks, int kind
     if (kind == MHA_DK_F32) return (const float *)k + p * ps;
     if (kind == MHA_DK_F16) {
         const uint16_t *h = (const uint16_t *)k + p * ps;
-        for (size_t i = 0; i < ps; i += 8) /* d * 8 is a multiple of 8 */
+        size_t i = 0;
+        for (; i + 16 <= ps; i += 16)
+            _mm512_storeu_ps(buf + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(h + i))));
+        if (i < ps) /* d * 8 is a multiple of 8 */
             _mm256_storeu_ps(buf + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i))));
     } else {
         const int nb = (d + MHA_Q8_BLOCK - 1) / MHA_Q8_BLOCK;
@@ -209,7 +212,10 @@ void mha_accumulate_t_avx512(float *acc, int ldacc, const float *pt, int ldt, co
         else if (kind == MHA_DK_F16) {
             const uint16_t *h = (const uint16_t *)v + (size_t)j0 * dv;
             const size_t cnt = (size_t)(j1 - j0) * dv;
-            for (size_t i = 0; i < cnt; i += 16) {
+            size_t i = 0;
+            for (; i + 16 <= cnt; i += 16)
+                _mm512_storeu_ps(buf + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(h + i))));
+            for (; i < cnt; i += 16) {
                 const __mmask16 km = mha_mask16((int)(cnt - i < 16 ? cnt - i : 16));
                 _mm512_mask_storeu_ps(buf + i, km, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(km, h + i)));
             }
@@ -230,8 +236,25 @@ void mha_accumulate_t_avx512(float *acc, int ldacc, const float *pt, int ldt, co
  * scale, one rounding, the bits of every table. Key panels (8 lanes): two
  * dims of a panel per zmm, their block's 8 scales twice; value rows: 16
  * columns of one block per zmm. */
+/* Whole blocks of 32 (d % 32 == 0), R = rows x lanes / 16 zmm per block:
+ * no tails, every scale vector a load (the common shapes, unrolled). */
+INLINE void from_q8_blocks(float *dst, const int8_t *src, const float *scale, size_t rows, int nb, int lanes) {
+    const size_t blk = (size_t)MHA_Q8_BLOCK * lanes; /* elements of one block */
+    for (size_t rb = 0; rb < rows * (size_t)nb; rb++) {
+        const __m512 sv = lanes == MHA_KPANEL ? _mm512_broadcast_f32x8(_mm256_loadu_ps(scale + rb * lanes))
+                                              : _mm512_set1_ps(scale[rb]);
+        UNROLL
+        for (size_t i = 0; i < blk; i += 16) {
+            const __m512 q = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(src + rb * blk + i))));
+            _mm512_storeu_ps(dst + rb * blk + i, _mm512_mul_ps(q, sv));
+        }
+    }
+}
+
 void mha_from_q8_avx512(float *dst, const int8_t *src, const float *scale, size_t rows, int d, int lanes) {
     const int nb = (d + MHA_Q8_BLOCK - 1) / MHA_Q8_BLOCK;
+    if (d % MHA_Q8_BLOCK == 0 && lanes == MHA_KPANEL) return from_q8_blocks(dst, src, scale, rows, nb, MHA_KPANEL);
+    if (d % MHA_Q8_BLOCK == 0 && lanes == 1) return from_q8_blocks(dst, src, scale, rows, nb, 1);
     const int step = lanes == MHA_KPANEL ? 2 : lanes == 1 ? 16 : 0; /* dims per zmm */
     for (size_t r = 0; r < rows; r++)
         for (int b = 0; b < nb; b++) { /* blocks outermost: one scale vector per block */

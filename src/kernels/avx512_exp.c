@@ -1,5 +1,6 @@
 /* avx512_exp.c — y = exp(x) over an array with the 16-wide exp of
- * avx512_micro.h (the softmax inlines the same function; this entry is
+ * avx512_micro.h (the backward, decode and softcap inline the same
+ * function, the forward softmax a degree-5 one, kernels.h; this entry is
  * for tests). The tail is a masked load and store. */
 #include "kernels/kernels.h"
 #include "kernels/avx512_micro.h"
