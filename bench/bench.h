@@ -17,6 +17,7 @@
 /* ------------------------------------------------------------ timing */
 
 double bench_now(void);                 /* monotonic seconds */
+double bench_cpu_now(void);             /* CPU seconds of the process, all threads */
 double bench_median(double *v, int n);  /* sorts v in place */
 double bench_min(const double *v, int n);
 /* Prints " median_s=.. min_s=.. runs=N times_s=t1,t2,.." (all runs, so
@@ -54,6 +55,10 @@ double bench_fma_peak_avx2(int threads, long iters, int reps, double *median_out
 /* Same with AVX-512 (informational: libmha's kernels are AVX2); returns 0
  * when the CPU lacks AVX-512F. */
 double bench_fma_peak_avx512(int threads, long iters, int reps, double *median_out);
+/* The AVX-512 loop timed by CPU time (the A/B harnesses of bench/ab/):
+ * GFLOP/s per CPU-second of each of `threads` threads, times threads, so
+ * that time other processes take from the cores does not count. */
+double bench_fma_peak_avx512_cpu(int threads);
 /* The timing loop both share (bench_util.c, built without ISA flags, so the
  * chains come as a pointer from the file built with them): GFLOP/s of
  * `threads` threads each running chains(iters), flops_per_iter flops per

@@ -41,3 +41,10 @@ double bench_fma_peak_avx512(int threads, long iters, int reps, double *median_o
     /* 16 chains x 16 lanes x 2 flops per iteration per thread */
     return bench_fma_rate(fma_chains_avx512, 16.0 * 16.0 * 2.0, threads, iters, reps, median_out);
 }
+
+double bench_fma_peak_avx512_cpu(int threads) {
+    const long it = 1000000;
+    const double c0 = bench_cpu_now();
+    bench_fma_peak_avx512(threads, it, 1, NULL);
+    return 512.0 * it * threads / (bench_cpu_now() - c0) * 1e-9 * threads;
+}

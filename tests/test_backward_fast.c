@@ -347,6 +347,15 @@ static void run_options(void) {
     naive_bw_case_make(&f, naive_config(16, 4, 1, 8, 4, 1), 1, 50, 110, 1, 0, 1305); /* MQA */
     check_fast(&f, "MQA cross");
     naive_bw_case_free(&f);
+    /* d_k a multiple of 16: dQ += dS K reads the keys where they are */
+    naive_bw_case_make(&f, naive_config(64, 4, 2, 0, 0, 1), 2, 100, 100, 0, 0, 1317); /* d_k = 16, GQA */
+    check_fast(&f, "d_k 16 GQA");
+    naive_bw_case_free(&f);
+    naive_bw_case_make(&f, naive_config(64, 2, 0, 0, 0, 1), 1, 100, 150, 1, 0, 1318); /* d_k = 32 */
+    check_fast(&f, "d_k 32 cross");
+    f.opt.causal = 1, f.opt.align = MHA_ALIGN_BOTTOM_RIGHT;
+    check_fast(&f, "d_k 32 cross causal");
+    naive_bw_case_free(&f);
 
     const int B = 2, T = 40, S = 120, h = 2;
     naive_bw_case_make(&f, naive_config(8, h, 0, 0, 0, 1), B, T, S, 1, 0, 1306);
@@ -554,6 +563,44 @@ static void backward_kernels_from_exec(void) {
     free(saved);
 }
 
+/* --------------------------------------------------- transposed panels */
+
+/* Every ISA's pack_panels (the K^T and V^T tiles of the attention
+ * backward) writes each element of its panels, src's where a row exists
+ * and 0 past the last row, for widths across and off the 16-column
+ * register blocks and row counts across the 16-row panels. */
+static void backward_pack_panels_exact(void) {
+    const char *names[] = {"scalar", "avx2", "avx512"};
+    const int ns[] = {1, 7, 16, 17, 40}, ds[] = {1, 5, 16, 24, 64, 70};
+    uint64_t seed = 23;
+    for (int ii = 0; ii < 3; ii++) {
+        const mha_isa *isa;
+        if (mha_isa_by_name(&isa, names[ii]) != MHA_OK || !isa->available()) {
+            mha_clear_error();
+            continue;
+        }
+        for (size_t a = 0; a < sizeof ns / sizeof ns[0]; a++)
+            for (size_t c = 0; c < sizeof ds / sizeof ds[0]; c++) {
+                const int n = ns[a], d = ds[c], panels = (n + 15) / 16;
+                const size_t ld = (size_t)d + 3, total = (size_t)panels * 16 * d;
+                float *src = malloc(sizeof(float) * (size_t)n * ld), *dst = malloc(sizeof(float) * total);
+                test_fill_uniform(src, (size_t)n * ld, &seed, -1.0f, 1.0f);
+                for (size_t t = 0; t < total; t++) dst[t] = 12345.0f; /* not written: caught below */
+                isa->backward->pack_panels(dst, src, ld, n, d);
+                int bad = 0;
+                for (int i = 0; i < panels * 16 && !bad; i++)
+                    for (int e = 0; e < d && !bad; e++) {
+                        const float want = i < n ? src[(size_t)i * ld + e] : 0.0f;
+                        const float got = dst[(size_t)(i / 16) * 16 * d + (size_t)e * 16 + i % 16];
+                        if (memcmp(&want, &got, sizeof want))
+                            bad = 1, test_report(__FILE__, __LINE__, "%s pack_panels n=%d d=%d: (%d, %d) is %g; "
+                                                 "want %g", isa->name, n, d, i, e, (double)got, (double)want);
+                    }
+                free(src), free(dst);
+            }
+    }
+}
+
 /* ------------------------------------------------------------- memory */
 
 /* B=1, T, d_model=768, h=12, causal: forward then backward (fast path),
@@ -630,6 +677,7 @@ const test_case *tests_backward_fast_isa(size_t *count) {
 static const test_case cases[] = {
     {"backward_fast_rule_detects_error", backward_fast_rule_detects_error},
     {"backward_kernels_from_exec", backward_kernels_from_exec},
+    {"backward_pack_panels_exact", backward_pack_panels_exact},
     {"backward_fast_unsupported_fallback", backward_fast_unsupported_fallback},
     {"backward_fast_is_auto", backward_fast_is_auto},
     {"backward_memory_peak", backward_memory_peak},

@@ -18,7 +18,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include "forward/attention.h"
 #include "bench.h"
 
@@ -33,20 +32,6 @@ void old_mha_attn_alibi_avx512(float *s, size_t lds, const int *qpos, const int 
                                int cols);
 void old_mha_attn_pack_q_avx512(float *dst, const float *src, size_t src_rs, float scale, int rows, int rows6,
                                 int d_k);
-
-static double cpu_now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
-    return t.tv_sec + 1e-9 * t.tv_nsec;
-}
-/* The bench's AVX-512 FMA loop (machine_avx512.c) timed by CPU time:
- * GFLOP/s per CPU-second of each of nt threads, times nt. */
-static double peak_cpu(int nt) {
-    const long it = 1000000;
-    double c0 = cpu_now();
-    bench_fma_peak_avx512(nt, it, 1, NULL);
-    return 512.0 * it * nt / (cpu_now() - c0) * 1e-9 * nt;
-}
 
 typedef struct { const char *name; int B, T, S, d, h, causal, hkv; } cs;
 
@@ -97,13 +82,13 @@ int main(int argc, char **argv) {
             double bo = 1e30, bn = 1e30, pk = 0, ratio[64], co = 1e30, cn = 1e30, pc = 0, busy[64]; int nr = 0;
             for (int r = 0; r < rounds; r++) {
                 double p = bench_fma_peak_avx512(nt, 2000000, 1, NULL); if (p > pk) pk = p;
-                double q0 = peak_cpu(nt); if (q0 > pc) pc = q0;
-                double t0 = bench_now(), c0 = cpu_now();
+                double q0 = bench_fma_peak_avx512_cpu(nt); if (q0 > pc) pc = q0;
+                double t0 = bench_now(), c0 = bench_cpu_now();
                 for (int i = 0; i < reps; i++) mha_attention_old(&a, &old_kern, nt);
-                double to = (bench_now() - t0) / reps, cto = (cpu_now() - c0) / reps / nt;
-                t0 = bench_now(), c0 = cpu_now();
+                double to = (bench_now() - t0) / reps, cto = (bench_cpu_now() - c0) / reps / nt;
+                t0 = bench_now(), c0 = bench_cpu_now();
                 for (int i = 0; i < reps; i++) mha_attention(&a2, kern, nt);
-                double tn = (bench_now() - t0) / reps, ctn = (cpu_now() - c0) / reps / nt;
+                double tn = (bench_now() - t0) / reps, ctn = (bench_cpu_now() - c0) / reps / nt;
                 if (cto < co) co = cto;
                 if (ctn < cn) cn = ctn;
                 if (to < bo) bo = to;

@@ -14,18 +14,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include "compute/gemm.h"
 #include "bench.h"
 
 mha_status mha_gemm_old(const mha_gemm_args *g, const mha_kernels *kern, int n_threads);
 void openblas_set_num_threads(int n);
-
-static double cpu_now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
-    return t.tv_sec + 1e-9 * t.tv_nsec;
-}
 
 /* name, B, T (rows per batch), d (K), sections: 3 = Q|K^T|V, 2 = K^T|V, 1 = Q heads, 0 = O rows */
 typedef struct { const char *name; int B, T, d, kind; } shape;
@@ -78,11 +71,11 @@ int main(int argc, char **argv) {
             double t[3], ct[3];
             for (int i = 0; i < 3; i++) {
                 int which = (i + r) % 3;
-                double t0 = bench_now(), c0 = cpu_now();
+                double t0 = bench_now(), c0 = bench_cpu_now();
                 if (which == 0) mha_gemm_old(&ga, kern, nt);
                 else if (which == 1) mha_gemm(&gb, kern, nt);
                 else cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, N, D, 1.0f, x, D, w, N, 0.0f, ob, N);
-                t[which] = bench_now() - t0, ct[which] = cpu_now() - c0;
+                t[which] = bench_now() - t0, ct[which] = bench_cpu_now() - c0;
             }
             for (int i = 0; i < 3; i++) {
                 if (t[i] < best[i]) best[i] = t[i];

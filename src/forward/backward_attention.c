@@ -9,6 +9,8 @@
  *          P = exp(S - lse), dS' = P (dP - D) (probs_ds),
  *          dV_j += P^T dZ_i, dK_j += dS'^T (scale Q_i) (accumulate_tn),
  *          dQ_i += dS' K_j (attn_pv), times scale when written out.
+ * The next key block's K, V rows and this block's dK, dV rows are
+ * prefetched into L2 while its products run (prefetch_rows).
  * A task owns its head's dQ and its key blocks' dK, dV (the heads of a GQA
  * group write their own, summed in head order afterwards) and walks its
  * tiles in a fixed order: the result does not depend on the thread count.
@@ -83,6 +85,18 @@ static void scratch_free(scratch *w) {
 
 /* ------------------------------------------------------------ packing */
 
+/* Rows [r0, r1) of a (width d, row stride ld) into L2 ahead of their use
+ * (write: for writing); a hint only. The rows of one head are 256 bytes
+ * apart by a row of all heads, beyond the hardware prefetchers' reach. */
+#define PF_ROWS 24 /* rows ahead that the packing loops prefetch */
+static void prefetch_rows(const float *a, size_t ld, int r0, int r1, int d, int write) {
+    for (int i = r0; i < r1; i++)
+        for (int e = 0; e < d; e += 16) {
+            if (write) __builtin_prefetch(a + (size_t)i * ld + e, 1, 2);
+            else __builtin_prefetch(a + (size_t)i * ld + e, 0, 2);
+        }
+}
+
 /* rows [0, n) of src (width d, row stride ld), times s, into micro-panels
  * (rows6/6, d, 6): element (i, e) at [(i/6)*6d + e*6 + i%6]; rows n.. zero. */
 static void pack_micro(float *dst, const float *src, size_t ld, int n, int rows6, int d, float s) {
@@ -95,19 +109,20 @@ static void pack_micro(float *dst, const float *src, size_t ld, int n, int rows6
 /* rows [0, n) of src (width d), times s, into (rows, d16) rows; the rest zero. */
 static void pack_rows(float *dst, const float *src, size_t ld, int n, int rows, int d, float s) {
     const int d16 = round16(d);
-    for (int i = 0; i < rows; i++)
-        for (int e = 0; e < d16; e++) dst[(size_t)i * d16 + e] = i < n && e < d ? s * src[(size_t)i * ld + e] : 0.0f;
-}
-
-/* rows [0, n) of src (width d) into panels of 16 rows transposed,
- * (ceil(n/16), d, 16): element (i, e) at [(i/16)*16d + e*16 + i%16]. */
-static void pack_panels(float *dst, const float *src, size_t ld, int n, int d) {
-    for (int p = 0; p < n; p += 16) {
-        float *panel = dst + (size_t)p * d;
-        for (int e = 0; e < d; e++)
-            for (int i = 0; i < 16; i++) panel[(size_t)e * 16 + i] = p + i < n ? src[(size_t)(p + i) * ld + e] : 0.0f;
+    for (int i = 0; i < rows; i++) {
+        float *o = dst + (size_t)i * d16;
+        if (i + PF_ROWS < n) prefetch_rows(src, ld, i + PF_ROWS, i + PF_ROWS + 1, d, 0);
+        int e = 0;
+        if (i < n) {
+            const float *r = src + (size_t)i * ld;
+#pragma omp simd
+            for (int f = 0; f < d; f++) o[f] = s * r[f];
+            e = d;
+        }
+        for (; e < d16; e++) o[e] = 0.0f;
     }
 }
+
 
 /* -------------------------------------------------------------- masks */
 
@@ -163,9 +178,15 @@ static void mask_tile(scratch *w, const mha_bwd_attn *a, int b, int r, int i0, i
         for (int j = 0; j < extra; j++) w->s[(size_t)i * BK + j] += w->keyadd[j];
 }
 
-/* K_j^T (and V_j^T or V_j rows) of batch b, kv head g, keys j0.. (nj). */
-static void load_keys(scratch *w, const mha_bwd_attn *a, int b, int g, int j0, int nj, int v_rows) {
+/* K_j^T (and V_j^T or V_j rows) of batch b, kv head g, keys j0.. (nj),
+ * with bk's transposing copy (the portable one when bk is NULL). Pass 2
+ * reads K_j's rows where they are (keys_in_place) when d_k is a multiple
+ * of 16, else from w->kr. */
+static int keys_in_place(const mha_config *c) { return c->d_k % 16 == 0; }
+static void load_keys(scratch *w, const mha_bwd_attn *a, const mha_backward_kernels *bk, int b, int g, int j0,
+                      int nj, int v_rows) {
     const mha_config *c = a->cfg;
+    void (*pack_panels)(float *, const float *, size_t, int, int) = bk ? bk->pack_panels : mha_bwd_pack_panels_scalar;
     const size_t kw = (size_t)c->n_kv_heads * c->d_k, vw = (size_t)c->n_kv_heads * c->d_v;
     const float *k = a->k + ((size_t)b * a->Sx + j0) * kw + (size_t)g * c->d_k;
     const float *v = a->v + ((size_t)b * a->Sx + j0) * vw + (size_t)g * c->d_v;
@@ -175,12 +196,13 @@ static void load_keys(scratch *w, const mha_bwd_attn *a, int b, int g, int j0, i
         return;
     }
     pack_panels(w->vt, v, vw, nj, c->d_v);
-    pack_rows(w->kr, k, kw, nj, round6(nj), c->d_k, 1.0f);
+    if (!keys_in_place(c)) pack_rows(w->kr, k, kw, nj, nj, c->d_k, 1.0f);
 }
 
 /* ------------------------------------------------------------- pass 1 */
 
-static long forward_task(scratch *w, const mha_bwd_attn *a, const mha_kernels *kern, int b, int r, int i0) {
+static long forward_task(scratch *w, const mha_bwd_attn *a, const mha_kernels *kern, const mha_backward_kernels *bk,
+                         int b, int r, int i0) {
     const mha_config *c = a->cfg;
     const int h = c->n_heads, g = mha_kv_head(c, r), d_k = c->d_k, d_v = c->d_v, dv16 = round16(d_v);
     const int n = a->T - i0 < BQ ? a->T - i0 : BQ, rows6 = round6(n), general = has_general_mask(a->opt);
@@ -193,7 +215,7 @@ static long forward_task(scratch *w, const mha_bwd_attn *a, const mha_kernels *k
         const int nj = a->Sx - j0 < BK ? a->Sx - j0 : BK, extra = clampi(a->S - j0, 0, nj);
         int bounded;
         if (!tile_live(w, a, 0, n, rows6, j0, nj, &bounded)) continue;
-        load_keys(w, a, b, g, j0, nj, 1);
+        load_keys(w, a, bk, b, g, j0, nj, 1);
         kern->attn_scores(w->s, BK, w->qs, w->kt, d_k, rows6, (nj + 15) / 16);
         if (general) mask_tile(w, a, b, r, i0, n, j0, extra);
         kern->attn_softmax(w->s, BK, w->m, w->l, w->alpha, bounded ? w->tlo : NULL, w->thi, extra, rows6, nj);
@@ -230,6 +252,12 @@ static void backward_task(scratch *w, const mha_bwd_attn *a, const float *dd, co
     const int tp = (T + BQ - 1) / BQ * BQ, general = has_general_mask(a->opt);
     const size_t qw = (size_t)h * d_k, zw = (size_t)h * d_v, row0 = ((size_t)b * h + r) * T;
     const float *q = a->q + (size_t)b * T * qw + (size_t)r * d_k, *dz = a->dz + (size_t)b * T * zw + (size_t)r * d_v;
+    const size_t kw = (size_t)c->n_kv_heads * d_k, vw = (size_t)c->n_kv_heads * d_v;
+    const float *k = a->k + (size_t)b * a->Sx * kw + (size_t)g * d_k, *v = a->v + (size_t)b * a->Sx * vw + (size_t)g * d_v;
+    float *dq_out = a->dq + (size_t)b * T * qw + (size_t)r * d_k;
+    const int in_place = keys_in_place(c);
+    const int nj0 = a->Sx < BK ? a->Sx : BK; /* the first key block's rows come while the queries pack */
+    prefetch_rows(k, kw, 0, nj0, d_k, 0), prefetch_rows(v, vw, 0, nj0, d_v, 0);
     pack_rows(w->qr, q, qw, T, tp, d_k, a->scale);
     pack_rows(w->zr, dz, zw, T, tp, d_v, 1.0f);
     for (int i = 0; i < tp; i++) {
@@ -247,11 +275,21 @@ static void backward_task(scratch *w, const mha_bwd_attn *a, const float *dd, co
         int loaded = 0;
         memset(w->acck, 0, sizeof(float) * BK * dk16);
         memset(w->accv, 0, sizeof(float) * BK * dv16);
+        const int j1 = j0 + nj, nj1 = a->Sx - j1 < BK ? a->Sx - j1 : BK, nqb = (T + BQ - 1) / BQ;
         for (int i0 = 0; i0 < T; i0 += BQ) {
-            const int n = T - i0 < BQ ? T - i0 : BQ, rows6 = round6(n);
+            const int n = T - i0 < BQ ? T - i0 : BQ, rows6 = round6(n), qb = i0 / BQ;
+            // --- a share of what comes next into L2: this block's dK, dV rows, the next block's K, V rows
+            prefetch_rows(dk_out + (size_t)j0 * ldk, ldk, nj * qb / nqb, nj * (qb + 1) / nqb, d_k, 1);
+            prefetch_rows(dv_out + (size_t)j0 * ldv, ldv, nj * qb / nqb, nj * (qb + 1) / nqb, d_v, 1);
+            if (nj1 > 0) {
+                prefetch_rows(k + (size_t)j1 * kw, kw, nj1 * qb / nqb, nj1 * (qb + 1) / nqb, d_k, 0);
+                prefetch_rows(v + (size_t)j1 * vw, vw, nj1 * qb / nqb, nj1 * (qb + 1) / nqb, d_v, 0);
+            } else {
+                prefetch_rows(dq_out, qw, T * qb / nqb, T * (qb + 1) / nqb, d_k, 1);
+            }
             int bounded;
             if (!tile_live(w, a, i0, n, rows6, j0, nj, &bounded)) continue;
-            if (!loaded) load_keys(w, a, b, g, j0, nj, 0), loaded = 1;
+            if (!loaded) load_keys(w, a, bk, b, g, j0, nj, 0), loaded = 1;
             bk->scores_rows(w->s, BK, w->qr + (size_t)i0 * dk16, dk16, w->kt, d_k, rows6, np);  /* S  */
             bk->scores_rows(w->dp, BK, w->zr + (size_t)i0 * dv16, dv16, w->vt, d_v, rows6, np); /* dP */
             if (general) mask_tile(w, a, b, r, i0, n, j0, extra);
@@ -259,7 +297,8 @@ static void backward_task(scratch *w, const mha_bwd_attn *a, const float *dd, co
                          extra, rows6, nj);
             bk->accumulate_tn(w->accv, dv16, w->s, BK, w->zr + (size_t)i0 * dv16, dv16, nj6, rows6, dv16);
             bk->accumulate_tn(w->acck, dk16, w->dp, BK, w->qr + (size_t)i0 * dk16, dk16, nj6, rows6, dk16);
-            kern->attn_pv(w->dq + (size_t)i0 * dk16, dk16, w->dp, BK, w->kr, dk16, w->ones, rows6, nj, dk16);
+            kern->attn_pv(w->dq + (size_t)i0 * dk16, dk16, w->dp, BK, in_place ? k + (size_t)j0 * kw : w->kr,
+                          in_place ? kw : (size_t)dk16, w->ones, rows6, nj, dk16);
         }
         for (int j = 0; j < nj; j++) {
             memcpy(dk_out + (size_t)(j0 + j) * ldk, w->acck + (size_t)j * dk16, sizeof(float) * d_k);
@@ -267,8 +306,10 @@ static void backward_task(scratch *w, const mha_bwd_attn *a, const float *dd, co
         }
     }
     for (int i = 0; i < T; i++) {
-        float *out = a->dq + ((size_t)b * T + i) * qw + (size_t)r * d_k;
-        for (int e = 0; e < d_k; e++) out[e] = a->scale * w->dq[(size_t)i * dk16 + e];
+        float *out = dq_out + (size_t)i * qw;
+        const float *in = w->dq + (size_t)i * dk16;
+#pragma omp simd
+        for (int e = 0; e < d_k; e++) out[e] = a->scale * in[e];
     }
 }
 
@@ -289,7 +330,7 @@ typedef struct {
 static long forward_one(scratch *w, const pass_args *p, long t) {
     const int nqb = (p->a->T + BQ - 1) / BQ, h = p->a->cfg->n_heads;
     const int blk = nqb - 1 - (int)(t % nqb), r = (int)(t / nqb % h), b = (int)(t / nqb / h);
-    return forward_task(w, p->a, p->kern, b, r, blk * BQ);
+    return forward_task(w, p->a, p->kern, p->bk, b, r, blk * BQ);
 }
 
 /* Pass 2 task t: head t % h of batch t / h. */

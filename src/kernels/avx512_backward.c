@@ -79,5 +79,39 @@ static void gemm_tile_avx512(float *c, size_t ldc, const float *a, const float *
     else mha_tile_avx512(c, ldc, a, a_ps, 1, 6, b, b_ps, 16, NULL, rs, K, m, n, 6, 1, 0);
 }
 
+/* 16 rows x 16 columns per step: rows loaded (zero past n, columns
+ * masked past d), transposed in registers (32-bit, then 64-bit
+ * interleaves within 128-bit lanes, then two lane shuffles), each column
+ * stored as one panel row. */
+static void pack_panels_avx512(float *dst, const float *src, size_t ld, int n, int d) {
+    for (int p = 0; p < n; p += 16) {
+        float *panel = dst + (size_t)p * d;
+        const int rows = n - p < 16 ? n - p : 16;
+        for (int e0 = 0; e0 < d; e0 += 16) {
+            const __mmask16 live = mha_mask16(d - e0);
+            __m512 r[16], t[16];
+            for (int i = 0; i < 16; i++)
+                r[i] = i < rows ? _mm512_maskz_loadu_ps(live, src + (size_t)(p + i) * ld + e0) : _mm512_setzero_ps();
+            for (int i = 0; i < 16; i += 2) /* (i, i+1) rows' columns 4L+c, c = 0,1 and 2,3 */
+                t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]), t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+            for (int i = 0; i < 16; i += 4) /* r[i + c]: rows i..i+3 of column 4L+c in lane L */
+                for (int c = 0; c < 4; c++)
+                    r[i + c] = _mm512_castpd_ps(
+                        c % 2 ? _mm512_unpackhi_pd(_mm512_castps_pd(t[i + c / 2]), _mm512_castps_pd(t[i + 2 + c / 2]))
+                              : _mm512_unpacklo_pd(_mm512_castps_pd(t[i + c / 2]), _mm512_castps_pd(t[i + 2 + c / 2])));
+            const int cols = d - e0 < 16 ? d - e0 : 16;
+            for (int c = 0; c < 4; c++) {
+                const __m512 w0 = _mm512_shuffle_f32x4(r[c], r[4 + c], 0x44), w1 = _mm512_shuffle_f32x4(r[c], r[4 + c], 0xEE);
+                const __m512 w2 = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0x44);
+                const __m512 w3 = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0xEE);
+                const __m512 col[4] = {_mm512_shuffle_f32x4(w0, w2, 0x88), _mm512_shuffle_f32x4(w0, w2, 0xDD),
+                                       _mm512_shuffle_f32x4(w1, w3, 0x88), _mm512_shuffle_f32x4(w1, w3, 0xDD)};
+                for (int L = 0; L < 4; L++)
+                    if (4 * L + c < cols) _mm512_storeu_ps(panel + (size_t)(e0 + 4 * L + c) * 16, col[L]);
+            }
+        }
+    }
+}
+
 const mha_backward_kernels mha_backward_kernels_avx512 = {"avx512", scores_rows_avx512, probs_ds_avx512, accumulate_tn_avx512, 12, 32,
-                                                          gemm_tile_avx512};
+                                                          gemm_tile_avx512, pack_panels_avx512};

@@ -2,7 +2,8 @@
  * the products S = Q K^T and dP = dZ V^T on unpacked query rows, the
  * elementwise step of one tile (P and dS from the recomputed scores), the
  * transposed products dV += P^T dZ, dK += dS^T Q (dQ += dS K is the
- * prefill table's attn_pv), and the projection products' register tile.
+ * prefill table's attn_pv), the projection products' register tile and
+ * the transposing copy of the key panels (pack_panels).
  * Implementations: scalar_backward.c, avx2_backward.c, avx512_backward.c;
  * dispatch.c lists each with its ISA (mha_isa.backward).
  * Legend: a tile is rows query rows x cols keys (row stride lds, room for
@@ -49,7 +50,16 @@ typedef struct mha_backward_kernels {
     int tile_rows, tile_cols;
     void (*gemm_tile)(float *c, size_t ldc, const float *a, const float *b, int K, int m, int n,
                       int accumulate);
+
+    /* Rows [0, n) of src (width d, row stride ld) into panels of 16 rows
+     * transposed, (ceil(n/16), d, 16): element (i, e) at
+     * dst[(i/16)*16d + e*16 + i%16]; rows n.. of the last panel zero. A
+     * copy: every ISA gives the same bits. */
+    void (*pack_panels)(float *dst, const float *src, size_t ld, int n, int d);
 } mha_backward_kernels;
+
+/* The portable pack_panels (scalar_backward.c), which the AVX2 table shares. */
+void mha_bwd_pack_panels_scalar(float *dst, const float *src, size_t ld, int n, int d);
 
 extern const mha_backward_kernels mha_backward_kernels_scalar;
 extern const mha_backward_kernels mha_backward_kernels_avx2;   /* after mha_cpu_has_avx2()   */

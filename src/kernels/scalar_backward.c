@@ -50,5 +50,13 @@ static void gemm_tile_scalar(float *c, size_t ldc, const float *a, const float *
         }
 }
 
+void mha_bwd_pack_panels_scalar(float *dst, const float *src, size_t ld, int n, int d) {
+    for (int p = 0; p < n; p += 16) {
+        float *panel = dst + (size_t)p * d;
+        for (int i = 0; i < 16; i++)
+            for (int e = 0; e < d; e++) panel[(size_t)e * 16 + i] = p + i < n ? src[(size_t)(p + i) * ld + e] : 0.0f;
+    }
+}
+
 const mha_backward_kernels mha_backward_kernels_scalar = {"scalar", scores_rows_scalar, probs_ds_scalar, accumulate_tn_scalar, 6, 16,
-                                                          gemm_tile_scalar};
+                                                          gemm_tile_scalar, mha_bwd_pack_panels_scalar};
