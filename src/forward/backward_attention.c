@@ -123,7 +123,6 @@ static void pack_rows(float *dst, const float *src, size_t ld, int n, int rows, 
     }
 }
 
-
 /* -------------------------------------------------------------- masks */
 
 static int has_general_mask(const mha_options *o) {
