@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/internal.h"
 #include "naive.h"
 #include "tests.h"
 
@@ -425,12 +426,41 @@ static void errors_env_kernels(void) {
     fixture_free(&f);
 }
 
+/* mha_first_nonfinite scans blocks of 4096 without a branch: the first
+ * bad index, not a later one, in either block of a boundary, each mode
+ * (nan_ok: NaN passes, Inf does not), counted against a plain loop. */
+static void errors_first_nonfinite_scan(void) {
+    const size_t n = 3 * 4096 + 7;
+    float *a = malloc(n * sizeof *a);
+    for (size_t i = 0; i < n; i++) a[i] = (float)i - 5000.0f;
+    CHECK(mha_first_nonfinite(a, n, 0) == n && mha_first_nonfinite(a, n, 1) == n);
+    CHECK(mha_first_nonfinite(a, 0, 0) == 0);
+    const size_t at[] = {0, 4095, 4096, 8191, 12288, n - 1};
+    for (size_t k = 0; k < sizeof at / sizeof at[0]; k++) {
+        a[at[k]] = NAN;
+        if (at[k] + 3 < n) a[at[k] + 3] = INFINITY; /* a later bad value must not win */
+        size_t want_strict = n, want_nan_ok = n;
+        for (size_t i = n; i-- > 0;) {
+            if (!isfinite(a[i])) want_strict = i;
+            if (isinf(a[i])) want_nan_ok = i;
+        }
+        CHECK(mha_first_nonfinite(a, n, 0) == want_strict && want_strict == at[k]);
+        CHECK(mha_first_nonfinite(a, n, 1) == want_nan_ok);
+        a[at[k]] = 1.0f;
+        if (at[k] + 3 < n) a[at[k] + 3] = 1.0f;
+    }
+    a[n - 1] = -INFINITY;
+    CHECK(mha_first_nonfinite(a, n, 1) == n - 1 && mha_first_nonfinite(a, n - 1, 1) == n - 1);
+    free(a);
+}
+
 static const test_case cases[] = {
     {"errors_config_values", errors_config_values},
     {"errors_create", errors_create},
     {"errors_forward_args", errors_forward_args},
     {"errors_kv_null_cross_layer", errors_kv_null_cross_layer},
     {"errors_nonfinite_inputs", errors_nonfinite_inputs},
+    {"errors_first_nonfinite_scan", errors_first_nonfinite_scan},
     {"errors_mask_shapes", errors_mask_shapes},
     {"errors_interventions", errors_interventions},
     {"errors_permutations", errors_permutations},

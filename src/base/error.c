@@ -1,4 +1,5 @@
 /* error.c — status strings and the per-thread last-error message. */
+#include <float.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -34,10 +35,30 @@ mha_status mha_fail(mha_status s, const char *fmt, ...) {
     return s;
 }
 
+/* Blocks of 4096 are scanned without a branch (the flag's OR vectorizes;
+ * an early exit per element kept the scan scalar: 1-2% of a P1 forward
+ * per tensor), and only a flagged block is searched for the index. */
+#define SCAN_BLOCK ((size_t)4096)
+size_t mha_first_nonfinite(const float *p, size_t n, int nan_ok) {
+    for (size_t b0 = 0; b0 < n; b0 += SCAN_BLOCK) {
+        const size_t b1 = n - b0 < SCAN_BLOCK ? n : b0 + SCAN_BLOCK;
+        int bad = 0;
+        if (nan_ok) {
+#pragma omp simd reduction(| : bad)
+            for (size_t i = b0; i < b1; i++) bad |= fabsf(p[i]) == INFINITY;
+        } else {
+#pragma omp simd reduction(| : bad)
+            for (size_t i = b0; i < b1; i++) bad |= !(fabsf(p[i]) <= FLT_MAX); /* NaN fails the compare */
+        }
+        for (size_t i = b0; bad && i < b1; i++)
+            if (nan_ok ? isinf(p[i]) : !isfinite(p[i])) return i;
+    }
+    return n;
+}
+
 mha_status mha_check_finite(const float *p, size_t n, const char *name) {
-    for (size_t i = 0; i < n; i++)
-        if (!isfinite(p[i]))
-            return mha_fail(MHA_E_NONFINITE, "%s[%zu] = %g; expected a finite number",
-                            name, i, (double)p[i]);
+    const size_t i = mha_first_nonfinite(p, n, 0);
+    if (i < n)
+        return mha_fail(MHA_E_NONFINITE, "%s[%zu] = %g; expected a finite number", name, i, (double)p[i]);
     return MHA_OK;
 }

@@ -73,4 +73,8 @@ void *mha_alloc_large(size_t bytes);
 /* Checks that n floats are finite; names the tensor and first bad index. */
 mha_status mha_check_finite(const float *p, size_t n, const char *name);
 
+/* Index of the first of n floats that is Inf, or NaN unless nan_ok; n
+ * when there is none. */
+size_t mha_first_nonfinite(const float *p, size_t n, int nan_ok);
+
 #endif /* MHA_INTERNAL_H */

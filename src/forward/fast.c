@@ -213,6 +213,7 @@ static mha_status check_range(const fast_plan *p, int nt) {
         kmax[bg] = max_key_norm(p->kt + bg * p->S_pad * d_k, p->S_pad, d_k);
         const float *vb = p->v + bg * p->S_pad * p->ldv;
         int bad = 0; /* NaN compares false: counted as bad */
+#pragma omp simd reduction(| : bad)
         for (size_t i = 0; i < (size_t)p->S_pad * p->ldv; i++) bad |= !(fabsf(vb[i]) <= v_limit);
         v_ok = v_ok && !bad;
     }
@@ -222,6 +223,7 @@ static mha_status check_range(const fast_plan *p, int nt) {
         for (int t = 0; t < T; t++) {
             const float *qr = p->q + ((size_t)br * T + t) * d_k;
             double sq = 0.0;
+#pragma omp simd reduction(+ : sq) /* -O2 leaves the reduction scalar: 2-3% of a P1 forward */
             for (int e = 0; e < d_k; e++) sq += (double)qr[e] * qr[e];
             if (!(sq <= qmax[br])) qmax[br] = sq, qarg[br] = t;
             if (isnan(sq)) break;
@@ -245,11 +247,10 @@ static mha_status check_range(const fast_plan *p, int nt) {
 /* MHA_E_NONFINITE naming the first element of a (rows, w) output that is
  * Inf, or NaN outside the NaN mode's fully masked rows. */
 static mha_status check_output(const float *a, size_t n, const char *name, const mha_options *opt) {
-    const int nan_ok = opt->masked_row == MHA_MASKED_ROW_NAN;
-    for (size_t i = 0; i < n; i++)
-        if (isinf(a[i]) || (!nan_ok && isnan(a[i])))
-            return mha_fail(MHA_E_NONFINITE, "fast path: %s[%zu] = %g overflowed its fp32 accumulation; %s",
-                            name, i, (double)a[i], MHA_FAST_RANGE_HINT);
+    const size_t i = mha_first_nonfinite(a, n, opt->masked_row == MHA_MASKED_ROW_NAN);
+    if (i < n)
+        return mha_fail(MHA_E_NONFINITE, "fast path: %s[%zu] = %g overflowed its fp32 accumulation; %s", name,
+                        i, (double)a[i], MHA_FAST_RANGE_HINT);
     return MHA_OK;
 }
 

@@ -59,10 +59,10 @@ static const char *first_difference(const void *a, const void *b, const member *
  * forward keeps no fully masked row under MHA_MASKED_ROW_NAN, so any NaN
  * is an overflow. */
 static mha_status check_y(const float *y, size_t n) {
-    for (size_t i = 0; i < n; i++)
-        if (!isfinite(y[i]))
-            return mha_fail(MHA_E_NONFINITE, "mha_forward_train: y[%zu] = %g overflowed its fp32 accumulation; "
-                            "expected mha_forward_kv under MHA_PATH_AUTO for such inputs", i, (double)y[i]);
+    const size_t i = mha_first_nonfinite(y, n, 0);
+    if (i < n)
+        return mha_fail(MHA_E_NONFINITE, "mha_forward_train: y[%zu] = %g overflowed its fp32 accumulation; "
+                        "expected mha_forward_kv under MHA_PATH_AUTO for such inputs", i, (double)y[i]);
     return MHA_OK;
 }
 
