@@ -428,12 +428,13 @@ static void errors_env_kernels(void) {
 
 /* mha_first_nonfinite scans blocks of 4096 without a branch: the first
  * bad index, not a later one, in either block of a boundary, each mode
- * (nan_ok: NaN passes, Inf does not), counted against a plain loop. */
+ * (ALLOW_NAN: NaN passes, Inf does not; ALLOW_NEG_INF: -Inf passes, NaN
+ * and +Inf do not), counted against a plain loop. */
 static void errors_first_nonfinite_scan(void) {
     const size_t n = 3 * 4096 + 7;
     float *a = malloc(n * sizeof *a);
     for (size_t i = 0; i < n; i++) a[i] = (float)i - 5000.0f;
-    CHECK(mha_first_nonfinite(a, n, 0) == n && mha_first_nonfinite(a, n, 1) == n);
+    CHECK(mha_first_nonfinite(a, n, 0) == n && mha_first_nonfinite(a, n, MHA_SCAN_ALLOW_NAN) == n);
     CHECK(mha_first_nonfinite(a, 0, 0) == 0);
     const size_t at[] = {0, 4095, 4096, 8191, 12288, n - 1};
     for (size_t k = 0; k < sizeof at / sizeof at[0]; k++) {
@@ -445,12 +446,19 @@ static void errors_first_nonfinite_scan(void) {
             if (isinf(a[i])) want_nan_ok = i;
         }
         CHECK(mha_first_nonfinite(a, n, 0) == want_strict && want_strict == at[k]);
-        CHECK(mha_first_nonfinite(a, n, 1) == want_nan_ok);
+        CHECK(mha_first_nonfinite(a, n, MHA_SCAN_ALLOW_NAN) == want_nan_ok);
+        CHECK(mha_first_nonfinite(a, n, MHA_SCAN_ALLOW_NEG_INF) == at[k]);
         a[at[k]] = 1.0f;
         if (at[k] + 3 < n) a[at[k] + 3] = 1.0f;
     }
+    /* -Inf throughout (an additive mask): let through only by ALLOW_NEG_INF */
+    for (size_t i = 0; i < n; i += 2) a[i] = -INFINITY;
+    CHECK(mha_first_nonfinite(a, n, MHA_SCAN_ALLOW_NEG_INF) == n);
+    CHECK(mha_first_nonfinite(a, n, MHA_SCAN_ALLOW_NAN) == 0 && mha_first_nonfinite(a, n, 0) == 0);
+    a[9001] = INFINITY;
+    CHECK(mha_first_nonfinite(a, n, MHA_SCAN_ALLOW_NEG_INF) == 9001);
     a[n - 1] = -INFINITY;
-    CHECK(mha_first_nonfinite(a, n, 1) == n - 1 && mha_first_nonfinite(a, n - 1, 1) == n - 1);
+    CHECK(mha_first_nonfinite(a, n, MHA_SCAN_ALLOW_NAN) == 0);
     free(a);
 }
 

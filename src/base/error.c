@@ -35,23 +35,24 @@ mha_status mha_fail(mha_status s, const char *fmt, ...) {
     return s;
 }
 
-/* Blocks of 4096 are scanned without a branch (the flag's OR vectorizes;
- * an early exit per element kept the scan scalar: 1-2% of a P1 forward
- * per tensor), and only a flagged block is searched for the index. */
+static int let_through(float v, unsigned allow) {
+    return isfinite(v) || ((allow & MHA_SCAN_ALLOW_NAN) && isnan(v)) ||
+           ((allow & MHA_SCAN_ALLOW_NEG_INF) && v == -INFINITY);
+}
+
+/* Blocks of 4096 are scanned for any Inf or NaN without a branch (the
+ * flag's OR vectorizes; an early exit per element kept the scan scalar:
+ * 1-2% of a P1 forward per tensor), and only a flagged block is searched
+ * element by element for one that `allow` refuses. */
 #define SCAN_BLOCK ((size_t)4096)
-size_t mha_first_nonfinite(const float *p, size_t n, int nan_ok) {
+size_t mha_first_nonfinite(const float *p, size_t n, unsigned allow) {
     for (size_t b0 = 0; b0 < n; b0 += SCAN_BLOCK) {
         const size_t b1 = n - b0 < SCAN_BLOCK ? n : b0 + SCAN_BLOCK;
         int bad = 0;
-        if (nan_ok) {
 #pragma omp simd reduction(| : bad)
-            for (size_t i = b0; i < b1; i++) bad |= fabsf(p[i]) == INFINITY;
-        } else {
-#pragma omp simd reduction(| : bad)
-            for (size_t i = b0; i < b1; i++) bad |= !(fabsf(p[i]) <= FLT_MAX); /* NaN fails the compare */
-        }
+        for (size_t i = b0; i < b1; i++) bad |= !(fabsf(p[i]) <= FLT_MAX); /* NaN fails the compare */
         for (size_t i = b0; bad && i < b1; i++)
-            if (nan_ok ? isinf(p[i]) : !isfinite(p[i])) return i;
+            if (!let_through(p[i], allow)) return i;
     }
     return n;
 }

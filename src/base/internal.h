@@ -73,8 +73,12 @@ void *mha_alloc_large(size_t bytes);
 /* Checks that n floats are finite; names the tensor and first bad index. */
 mha_status mha_check_finite(const float *p, size_t n, const char *name);
 
-/* Index of the first of n floats that is Inf, or NaN unless nan_ok; n
- * when there is none. */
-size_t mha_first_nonfinite(const float *p, size_t n, int nan_ok);
+/* Non-finite values mha_first_nonfinite lets through. */
+#define MHA_SCAN_ALLOW_NAN 1u     /* the NaN mode's fully masked rows    */
+#define MHA_SCAN_ALLOW_NEG_INF 2u /* "forbid" in additive masks and files */
+
+/* Index of the first of n floats that is Inf or NaN and not let through
+ * by `allow` (MHA_SCAN_ALLOW_*); n when there is none. */
+size_t mha_first_nonfinite(const float *p, size_t n, unsigned allow);
 
 #endif /* MHA_INTERNAL_H */

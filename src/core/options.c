@@ -24,10 +24,9 @@ mha_options mha_options_default(void) {
 
 /* NaN and +Inf are refused; -Inf is a legal "forbid" in additive masks. */
 static mha_status check_additive(const float *p, size_t n, const char *name) {
-    for (size_t i = 0; i < n; i++)
-        if (isnan(p[i]) || p[i] == INFINITY)
-            return mha_fail(MHA_E_NONFINITE, "%s[%zu] = %g; expected a finite number or -inf", name, i,
-                            (double)p[i]);
+    const size_t i = mha_first_nonfinite(p, n, MHA_SCAN_ALLOW_NEG_INF);
+    if (i < n)
+        return mha_fail(MHA_E_NONFINITE, "%s[%zu] = %g; expected a finite number or -inf", name, i, (double)p[i]);
     return MHA_OK;
 }
 

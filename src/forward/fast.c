@@ -247,7 +247,7 @@ static mha_status check_range(const fast_plan *p, int nt) {
 /* MHA_E_NONFINITE naming the first element of a (rows, w) output that is
  * Inf, or NaN outside the NaN mode's fully masked rows. */
 static mha_status check_output(const float *a, size_t n, const char *name, const mha_options *opt) {
-    const size_t i = mha_first_nonfinite(a, n, opt->masked_row == MHA_MASKED_ROW_NAN);
+    const size_t i = mha_first_nonfinite(a, n, opt->masked_row == MHA_MASKED_ROW_NAN ? MHA_SCAN_ALLOW_NAN : 0);
     if (i < n)
         return mha_fail(MHA_E_NONFINITE, "fast path: %s[%zu] = %g overflowed its fp32 accumulation; %s", name,
                         i, (double)a[i], MHA_FAST_RANGE_HINT);

@@ -123,36 +123,11 @@ mha_status mha_shape_count(size_t *count, const int *shape, int rank, size_t ele
  * enough to amortize a thread's start and small enough to balance. */
 #define MHA_CONVERT_CHUNK ((size_t)1 << 16)
 
-#define MHA_SCAN_BLOCK 1024 /* a fixed count, so the compiler vectorizes the scan */
-
-/* Whether f[0..MHA_SCAN_BLOCK) holds an Inf or a NaN (all exponent bits
- * set): no early exit, so it runs at memory speed. */
-static int block_has_nonfinite(const float *f) {
-    uint32_t bad = 0;
-    for (size_t i = 0; i < MHA_SCAN_BLOCK; i++) {
-        uint32_t u;
-        memcpy(&u, f + i, sizeof u);
-        bad |= (~u & 0x7f800000u) == 0;
-    }
-    return bad != 0;
-}
-
-/* Index of the first element of f[0..n) the flags refuse, or n. Blocks
- * without a non-finite value are passed by the vector scan; the element
- * test runs only in a block that has one (and in the tail). */
+/* Index of the first element of f[0..n) the flags refuse, or n (the
+ * library's block scan, base/error.c). */
 static size_t first_refused(const float *f, size_t n, unsigned flags) {
     if (flags & MHA_IO_ALLOW_NONFINITE) return n;
-    for (size_t b = 0; b < n; b += MHA_SCAN_BLOCK) {
-        size_t end = n - b < MHA_SCAN_BLOCK ? n : b + MHA_SCAN_BLOCK;
-        if (end - b == MHA_SCAN_BLOCK && !block_has_nonfinite(f + b)) continue;
-        for (size_t i = b; i < end; i++) {
-            float v = f[i];
-            if (isfinite(v)) continue;
-            if ((flags & MHA_IO_ALLOW_NEG_INF) && isinf(v) && v < 0) continue;
-            return i;
-        }
-    }
-    return n;
+    return mha_first_nonfinite(f, n, flags & MHA_IO_ALLOW_NEG_INF ? MHA_SCAN_ALLOW_NEG_INF : 0);
 }
 
 /* dst[0..n) <- n elements of floating dtype dt at src. */
