@@ -13,8 +13,19 @@
  * z_new| (rounding: the grouped path's softmax sums in another order),
  * then the same best-of-N by process CPU time (meaningful on 1 thread:
  * the time the call held a core, whatever else ran). `kernels` as the only
- * argument times the grouped kernels alone instead (kernels_ceiling). */
+ * argument times the grouped kernels alone instead (kernels_ceiling).
+ *
+ * `cold REPS TYPES H_KV L` (cold_mode): each call timed with the last-level
+ * cache evicted first (a 2-thread read of a 1 GiB buffer), as a decode
+ * step in a multi-layer model sees its cache; its roofline is a cold
+ * 2-thread AVX-512 read of the same number of bytes from a buffer of its
+ * own, evicted the same way. Rounds of (evict, read), (evict, old),
+ * (evict, new) in rotating order; best-of and median of REPS; % = read
+ * time / call time. A last argument THREADS (default 2) runs the calls
+ * and the read on that many threads (1: per core, on a shared machine). */
+#include <immintrin.h>
 #include <math.h>
+#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -121,17 +132,159 @@ static int kernels_ceiling(void) {
     return 0;
 }
 
+/* ------------------------------------------------------------ cold mode */
+
+static volatile float ab_sink; /* keeps the read sums alive */
+
+/* Sum of n floats (n % 64 == 0) with four independent AVX-512 chains. */
+__attribute__((target("avx512f"))) static float read_sum_avx512(const float *p, size_t n) {
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (size_t i = 0; i < n; i += 64) {
+        a0 = _mm512_add_ps(a0, _mm512_load_ps(p + i));
+        a1 = _mm512_add_ps(a1, _mm512_load_ps(p + i + 16));
+        a2 = _mm512_add_ps(a2, _mm512_load_ps(p + i + 32));
+        a3 = _mm512_add_ps(a3, _mm512_load_ps(p + i + 48));
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+}
+
+static double thread_cpu_ms(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return (double)t.tv_sec * 1e3 + (double)t.tv_nsec * 1e-6;
+}
+
+/* Reads buf (n floats, a multiple of 64) with nth threads, one share
+ * each, in order; wall ms. The library's pool of OpenMP threads. */
+static double read_ms(const float *buf, size_t n, int nth) {
+    float acc = 0.0f;
+    double t0 = bench_now();
+#pragma omp parallel num_threads(nth) reduction(+ : acc)
+    {
+        int t = omp_get_thread_num(), nt = omp_get_num_threads();
+        size_t lo = n / 64 * (size_t)t / (size_t)nt * 64, hi = n / 64 * (size_t)(t + 1) / (size_t)nt * 64;
+        acc += read_sum_avx512(buf + lo, hi - lo);
+    }
+    double dt = (bench_now() - t0) * 1e3;
+    ab_sink = acc;
+    return dt;
+}
+
+/* The cache types: names as on the command line, K's and V's storage. */
+static const char *names[4] = {"fp32", "fp16", "int8", "int8/fp16"};
+static const mha_cache_dtype kts[4] = {MHA_CACHE_F32, MHA_CACHE_F16, MHA_CACHE_I8, MHA_CACHE_I8};
+static const mha_cache_dtype vts[4] = {MHA_CACHE_F32, MHA_CACHE_F16, MHA_CACHE_I8, MHA_CACHE_F16};
+
+/* A case of the decode table: layer, cache of L random tokens, one query. */
+typedef struct {
+    mha_layer *layer;
+    mha_cache *c;
+    float *w[4], *q;
+} ab_case;
+
+static int case_make(ab_case *k, int hk, int L, mha_cache_dtype kt, mha_cache_dtype vt) {
+    const int D = 2048, h = 32, dh = 64;
+    uint64_t seed = 5;
+    mha_config cfg = mha_config_default(D, h);
+    cfg.n_kv_heads = hk, cfg.d_k = dh, cfg.d_v = dh, cfg.bias = 0;
+    memset(k, 0, sizeof *k);
+    k->w[0] = bench_alloc((size_t)D * h * dh), k->w[1] = bench_alloc((size_t)D * hk * dh);
+    k->w[2] = bench_alloc((size_t)D * hk * dh), k->w[3] = bench_alloc((size_t)h * dh * D);
+    mha_weights w = {.w_q = k->w[0], .w_k = k->w[1], .w_v = k->w[2], .w_o = k->w[3]};
+    if (mha_layer_create(&k->layer, &cfg, &w) || mha_cache_create_kv(&k->c, k->layer, 1, L, kt, vt, 0)) return 0;
+    float *kk = bench_alloc((size_t)1024 * hk * dh), *v = bench_alloc((size_t)1024 * hk * dh);
+    int ok = 1;
+    for (int t = 0; ok && t < L; t += 1024) {
+        bench_fill(kk, (size_t)1024 * hk * dh, &seed, -1.0f, 1.0f);
+        bench_fill(v, (size_t)1024 * hk * dh, &seed, -1.0f, 1.0f);
+        ok = mha_cache_append(k->c, kk, v, L - t < 1024 ? L - t : 1024, NULL) == MHA_OK;
+    }
+    free(kk), free(v);
+    k->q = bench_alloc((size_t)h * dh);
+    bench_fill(k->q, (size_t)h * dh, &seed, -1.0f, 1.0f);
+    return ok;
+}
+
+static void case_free(ab_case *k) {
+    mha_cache_free(k->c), mha_layer_free(k->layer);
+    for (int i = 0; i < 4; i++) free(k->w[i]);
+    free(k->q);
+}
+
+static double pct(double read, double call) { return 100.0 * read / call; }
+
+static int cold_mode(int reps, const char *types, const int *hkvs, int nh, const int *Ls, int nl, int nth) {
+    const size_t n_evict = ((size_t)1 << 30) / sizeof(float);
+    float *evict = bench_alloc(n_evict);
+    for (size_t i = 0; i < n_evict; i++) evict[i] = 1.0f;
+    if (reps > 999) reps = 999;
+    mha_set_num_threads(nth);
+    printf("cold, %d threads, best of / median of %d; %% = cold read of the cache's bytes / cold call\n", nth, reps);
+    printf("cache h_kv L MiB | best ms: read old new | best %%: old new | median ms: read old new | median %%: old new "
+           "| new/old median max|dz|\n");
+    for (int ty = 0; ty < 4; ty++) {
+        char want[32], have[128];
+        snprintf(want, sizeof want, ",%s,", names[ty]);
+        snprintf(have, sizeof have, ",%s,", types);
+        if (!strstr(have, want)) continue;
+        for (int a = 0; a < nh; a++)
+            for (int b = 0; b < nl; b++) {
+                ab_case k;
+                if (!case_make(&k, hkvs[a], Ls[b], kts[ty], vts[ty])) return printf("error: %s\n", mha_last_error()), 1;
+                const size_t bytes = mha_cache_bytes(k.c), n = (bytes / sizeof(float) + 63) / 64 * 64;
+                float *rb = bench_alloc(n);
+                for (size_t i = 0; i < n; i++) rb[i] = 1.0f;
+                float *z[2] = {bench_alloc((size_t)32 * 64), bench_alloc((size_t)32 * 64)};
+                double t[3][999], tc[3][999], cpu;
+                for (int r = 0; r < reps; r++)
+                    for (int s0 = 0; s0 < 3; s0++) {
+                        const int s = (s0 + r) % 3; /* 0 read, 1 old, 2 new */
+                        read_ms(evict, n_evict, 2);
+                        const double c0 = thread_cpu_ms();
+                        if (s == 0) t[0][r] = read_ms(rb, n, nth);
+                        else use_new = s == 2, t[s][r] = attend_ms(k.c, z[s - 1], k.q, &cpu);
+                        tc[s][r] = thread_cpu_ms() - c0;
+                    }
+                double best[3], med[3], cbest[3], cmed[3];
+                for (int s = 0; s < 3; s++) {
+                    best[s] = t[s][0], cbest[s] = tc[s][0];
+                    for (int r = 1; r < reps; r++) best[s] = fmin(best[s], t[s][r]), cbest[s] = fmin(cbest[s], tc[s][r]);
+                    med[s] = bench_median(t[s], reps), cmed[s] = bench_median(tc[s], reps);
+                }
+                double dz = 0.0;
+                for (int i = 0; i < 32 * 64; i++) dz = fmax(dz, fabs((double)z[0][i] - z[1][i]));
+                printf("%s %d %d %.1f | %.4f %.4f %.4f | %.0f %.0f | %.4f %.4f %.4f | %.0f %.0f | %.3f %.2g", names[ty],
+                       hkvs[a], Ls[b], (double)bytes / (1 << 20), best[0], best[1], best[2], pct(best[0], best[1]),
+                       pct(best[0], best[2]), med[0], med[1], med[2], pct(med[0], med[1]), pct(med[0], med[2]),
+                       med[2] / med[1], dz);
+                if (nth == 1) /* the calling thread's CPU time: what other processes take does not count */
+                    printf(" | cpu best %%: %.0f %.0f median %%: %.0f %.0f new/old %.3f", pct(cbest[0], cbest[1]),
+                           pct(cbest[0], cbest[2]), pct(cmed[0], cmed[1]), pct(cmed[0], cmed[2]), cmed[2] / cmed[1]);
+                printf("\n");
+                fflush(stdout);
+                free(rb), free(z[0]), free(z[1]);
+                case_free(&k);
+            }
+    }
+    free(evict);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "kernels")) return kernels_ceiling();
+    if (argc > 1 && !strcmp(argv[1], "cold")) {
+        int hk[3] = {32, 8, 1}, Ls[3] = {1024, 4096, 16384}, nh = 2, nl = 3;
+        if (argc > 4) nh = sscanf(argv[4], "%d,%d,%d", &hk[0], &hk[1], &hk[2]);
+        if (argc > 5) nl = sscanf(argv[5], "%d,%d,%d", &Ls[0], &Ls[1], &Ls[2]);
+        return cold_mode(argc > 2 ? atoi(argv[2]) : 15, argc > 3 ? argv[3] : "fp32,fp16,int8,int8/fp16", hk, nh, Ls,
+                         nl, argc > 6 ? atoi(argv[6]) : 2);
+    }
     int reps = argc > 1 ? atoi(argv[1]) : 15;
     const char *types = argc > 2 ? argv[2] : "fp32,fp16,int8,int8/fp16";
-    const int D = 2048, h = 32, dh = 64;
+    const int h = 32, dh = 64;
     int hkvs[3] = {32, 8, 1}, Ls[3] = {1024, 16384, 0}, nh = 3, nl = 2;
     if (argc > 3) nh = sscanf(argv[3], "%d,%d,%d", &hkvs[0], &hkvs[1], &hkvs[2]);
     if (argc > 4) nl = sscanf(argv[4], "%d,%d,%d", &Ls[0], &Ls[1], &Ls[2]);
-    const char *names[4] = {"fp32", "fp16", "int8", "int8/fp16"};
-    const mha_cache_dtype kts[4] = {MHA_CACHE_F32, MHA_CACHE_F16, MHA_CACHE_I8, MHA_CACHE_I8};
-    const mha_cache_dtype vts[4] = {MHA_CACHE_F32, MHA_CACHE_F16, MHA_CACHE_I8, MHA_CACHE_F16};
     printf("cache h_kv L threads old_ms new_ms new/old max|dz| old_cpu_ms new_cpu_ms new/old(cpu)\n");
     for (int ty = 0; ty < 4; ty++) {
         char want[32];
@@ -142,25 +295,11 @@ int main(int argc, char **argv) {
         for (int a = 0; a < nh; a++)
             for (int b = 0; b < nl; b++) {
                 const int hk = hkvs[a], L = Ls[b];
-                uint64_t seed = 5;
-                mha_config cfg = mha_config_default(D, h);
-                cfg.n_kv_heads = hk, cfg.d_k = dh, cfg.d_v = dh, cfg.bias = 0;
-                float *wq = bench_alloc((size_t)D * h * dh), *wk = bench_alloc((size_t)D * hk * dh);
-                float *wv = bench_alloc((size_t)D * hk * dh), *wo = bench_alloc((size_t)h * dh * D);
-                mha_weights w = {.w_q = wq, .w_k = wk, .w_v = wv, .w_o = wo};
-                mha_layer *layer = NULL;
-                mha_cache *c = NULL;
-                if (mha_layer_create(&layer, &cfg, &w) || mha_cache_create_kv(&c, layer, 1, L, kts[ty], vts[ty], 0))
-                    return printf("error: %s\n", mha_last_error()), 1;
-                float *k = bench_alloc((size_t)1024 * hk * dh), *v = bench_alloc((size_t)1024 * hk * dh);
-                for (int t = 0; t < L; t += 1024) {
-                    bench_fill(k, (size_t)1024 * hk * dh, &seed, -1.0f, 1.0f);
-                    bench_fill(v, (size_t)1024 * hk * dh, &seed, -1.0f, 1.0f);
-                    if (mha_cache_append(c, k, v, L - t < 1024 ? L - t : 1024, NULL))
-                        return printf("error: %s\n", mha_last_error()), 1;
-                }
-                float *q = bench_alloc((size_t)h * dh), *z0 = bench_alloc((size_t)h * dh), *z1 = bench_alloc((size_t)h * dh);
-                bench_fill(q, (size_t)h * dh, &seed, -1.0f, 1.0f);
+                ab_case k;
+                if (!case_make(&k, hk, L, kts[ty], vts[ty])) return printf("error: %s\n", mha_last_error()), 1;
+                mha_cache *c = k.c;
+                const float *q = k.q;
+                float *z0 = bench_alloc((size_t)h * dh), *z1 = bench_alloc((size_t)h * dh);
                 for (int th = 1; th <= 2; th++) {
                     mha_set_num_threads(th);
                     double best[2] = {1e30, 1e30}, cbest[2] = {1e30, 1e30}, cpu;
@@ -177,8 +316,8 @@ int main(int argc, char **argv) {
                            best[1], best[1] / best[0], dz, cbest[0], cbest[1], cbest[1] / cbest[0]);
                     fflush(stdout);
                 }
-                mha_cache_free(c), mha_layer_free(layer);
-                free(wq), free(wk), free(wv), free(wo), free(k), free(v), free(q), free(z0), free(z1);
+                case_free(&k);
+                free(z0), free(z1);
             }
     }
     return 0;

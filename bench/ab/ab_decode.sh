@@ -4,16 +4,21 @@
 # git revision REV as "old" and the working tree's as "new" (after `make
 # lib`), then runs it: interleaved, best of REPS (default 15), 1 and 2
 # threads. Everything is built under build/ab/.
+# ab_decode.sh REV cold [REPS] [TYPES] [H_KV,..] [L,..] [THREADS] — the same two builds
+# timed cold (the last-level cache evicted before every call) against a
+# cold 2-thread read of the cache's bytes: % of that read, 2 threads
+# (defaults: 15, all types, 32,8, 1024,4096,16384, 2 threads).
 set -e
 rev=${1:?usage: bench/ab/ab_decode.sh REV [REPS] [TYPES]}
 out=build/ab
 mkdir -p $out
-CC="cc -std=c11 -O2 -fopenmp -Iinclude -Isrc -Ibench -D_DEFAULT_SOURCE"
+CC="cc -std=c11 -O2 -g -fopenmp -Iinclude -Isrc -Ibench -D_DEFAULT_SOURCE"
 AVX512="-mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -mf16c"
 git show "$rev:src/cache/decode.c" > $out/decode_old.c
 git show "$rev:src/kernels/avx512_decode.c" > $out/avx512_decode_old.c
 $CC -Dmha_decode_attend=mha_decode_attend_old -c $out/decode_old.c -o $out/decode_old.o
-$CC -Dmha_decode_attend=mha_decode_attend_new -c src/cache/decode.c -o $out/decode_new.o
+# NEW_CFLAGS (environment): extra flags for the new decode.c only (-D knobs)
+$CC ${NEW_CFLAGS:-} -Dmha_decode_attend=mha_decode_attend_new -c src/cache/decode.c -o $out/decode_new.o
 # the old grouped kernels too (renamed), where REV has them
 ren="-Dmha_scores_t_avx512=mha_scores_t_avx512_old -Dmha_softmax_t_avx512=mha_softmax_t_avx512_old
      -Dmha_accumulate_t_avx512=mha_accumulate_t_avx512_old -Dmha_from_q8_avx512=mha_from_q8_avx512_old"
@@ -36,4 +41,6 @@ $CC -o $out/ab_decode bench/ab/ab_decode.c bench/bench_util.c $out/machine_avx51
     $out/avx512_decode_old.o ${extra:-} $objs -ljansson -lpng -lm
 # REPS = kernels: the decode kernels on one L1-resident chunk instead (ab_decode.c)
 [ "${2:-}" = kernels ] && exec $out/ab_decode kernels
+[ "${2:-}" = cold ] && exec env OPENBLAS_NUM_THREADS=1 $out/ab_decode cold "${3:-15}" "${4:-fp32,fp16,int8,int8/fp16}" \
+    "${5:-32,8}" "${6:-1024,4096,16384}" "${7:-2}"
 OPENBLAS_NUM_THREADS=1 $out/ab_decode "${2:-15}" "${3:-fp32,fp16,int8,int8/fp16}" "${4:-32,8,1}" "${5:-1024,16384}"

@@ -36,7 +36,6 @@ _Static_assert((int)MHA_CACHE_F32 == (int)MHA_DK_F32 && (int)MHA_CACHE_F16 == (i
                "the grouped kernels take the cache's storage type as their kind");
 
 #define QTILE 32             /* query rows per unit                        */
-#define PREFETCH_CHUNKS 1    /* chunks of K/V requested ahead of use        */
 #define FUSED_F16_ROWS 4     /* fp16 widened in registers up to this many rows */
 #define FUSED_I8_ROWS 8      /* int8 likewise (8 rows: 1.6x the widened chunk,
                               * AVX-512, h_kv 1, bench/LIMITS.md)           */
@@ -139,21 +138,51 @@ static void gather_queries(float *qt, float *qtt, const decode_call *dc, const u
         for (int d = 0; d < c->d_k; d++) qtt[(size_t)d * QTILE + i] = qt[(size_t)i * c->d_k + d];
 }
 
-/* Requests the chunk PREFETCH_CHUNKS after the one at slot cs of storage
- * block kv (the next chunk of a kv head follows in memory), so it arrives
- * while this chunk is computed. With K and V in separate arrays this made
- * decode 12% faster (page-crossing streams stall the hardware prefetcher);
- * with the chunked layout, one stream per kv head, it measures neutral. */
-static void prefetch_chunk(const mha_cache *c, size_t kv, int cs) {
-    int s0 = cs + PREFETCH_CHUNKS * MHA_DECODE_CHUNK;
+#ifndef PREFETCH_AHEAD
+#define PREFETCH_AHEAD 1 /* chunks ahead of the one computed */
+#endif
+#define PREFETCH_PARTS 4 /* its pieces, one between each two kernels */
+
+/* One software prefetch into all cache levels. Written as an asm
+ * statement: GCC 12 finds a function whose only effect is
+ * __builtin_prefetch "looping pure" and deletes the calls to it (which
+ * it did to the whole-chunk prefetch this replaced: it never ran). */
+static inline void prefetch_line(const char *p) {
+#if defined(__x86_64__) || defined(__i386__)
+    __asm__ volatile("prefetcht0 %0" : : "m"(*p));
+#else
+    __builtin_prefetch(p, 0, 3);
+#endif
+}
+
+/* Whether a unit of m rows prefetches its chunks. A cold chunk (a decode
+ * step of a multi-layer model finds its cache evicted by the other
+ * layers) is fetched by the hardware prefetchers only a few lines ahead
+ * of the loads, so the kernels wait for memory and memory waits for the
+ * kernels: their times add up. Requesting the next chunk in pieces while
+ * this one is computed lets them overlap: 1.15-1.25x faster cold for fp16
+ * and int8 and for fp32 with 4 rows. fp32 read by one row (MHA) is
+ * memory-bound with the hardware prefetchers alone, and the extra requests
+ * cost it 7% (bench/LIMITS.md, round 6). */
+static int unit_prefetches(const mha_cache *c, int m) {
+    return m > 1 || c->kt != MHA_CACHE_F32 || c->vt != MHA_CACHE_F32;
+}
+
+/* Piece `part` of PREFETCH_PARTS of the K/V bytes (and the int8 scales)
+ * of the chunk PREFETCH_AHEAD after the one at slot cs of storage block
+ * kv (the next chunk of a kv head follows in memory). */
+static void prefetch_part(const mha_cache *c, size_t kv, int cs, int part) {
+    const int s0 = cs + PREFETCH_AHEAD * MHA_DECODE_CHUNK;
     if (s0 >= c->slots) return;
     const char *p = (const char *)c->data + mha_cache_chunk_byte(c, kv, s0);
     size_t bytes = (size_t)MHA_DECODE_CHUNK * ((size_t)c->d_k * c->ek + (size_t)c->d_v * c->ev);
-    for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, 0, 2);
+    for (size_t o = bytes * part / PREFETCH_PARTS / 64 * 64; o < bytes * (part + 1) / PREFETCH_PARTS; o += 64)
+        prefetch_line(p + o);
     if (!c->scales) return;
     const char *sp = (const char *)(c->scales + mha_cache_ks_off(c, kv, s0));
     bytes = sizeof(float) * MHA_DECODE_CHUNK * (size_t)(c->nbk + c->nbv);
-    for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(sp + o, 0, 2);
+    for (size_t o = bytes * part / PREFETCH_PARTS / 64 * 64; o < bytes * (part + 1) / PREFETCH_PARTS; o += 64)
+        prefetch_line(sp + o);
 }
 
 /* Soft-cap, then ALiBi, on the scores w->s of the m rows and nk keys whose
@@ -285,12 +314,14 @@ static void chunk_partial(float *part, scratch *w, const decode_call *dc, const 
     jhi += (MHA_KPANEL - jhi % MHA_KPANEL) % MHA_KPANEL;
     int nk = jhi - jlo;
     size_t kv = mha_cache_kv_index(c, u->b, u->g);
-    prefetch_chunk(c, kv, cs);
+    const int pf = unit_prefetches(c, m);
+    if (pf) prefetch_part(c, kv, cs, 0);
     /* score (i, j) at w->s[i * rs + j * ks]: rows of keys when grouped */
     const int grouped = unit_grouped(dc, u);
     const size_t rs = grouped ? 1 : MHA_DECODE_CHUNK, ks = grouped ? QTILE : 1;
     if (grouped) chunk_scores_t(w, dc, kv, jlo, m, nk);
     else chunk_scores(w, dc, kv, jlo, m, nk);
+    if (pf) prefetch_part(c, kv, cs, 1);
     variants_chunk(w, dc, u, m, jlo - cs, nk, rs, ks);
     /* causal (bottom-right) and window: row i attends positions
      * [first key, its own position]; a chunk wholly inside needs no mask */
@@ -312,11 +343,14 @@ static void chunk_partial(float *part, scratch *w, const decode_call *dc, const 
     }
     if (grouped) {
         dc->kr->softmax_t(w->s, QTILE, w->mx, w->sum, m, nk);
+        if (pf) prefetch_part(c, kv, cs, 2);
         chunk_values_t(part + 2, (int)pw, w, dc, kv, jlo, m, nk);
     } else {
         dc->kr->softmax(w->s, MHA_DECODE_CHUNK, w->mx, w->sum, m, nk);
+        if (pf) prefetch_part(c, kv, cs, 2);
         chunk_values(part + 2, (int)pw, w, dc, kv, jlo, m, nk);
     }
+    if (pf) prefetch_part(c, kv, cs, 3);
     for (int i = 0; i < m; i++) {
         part[(size_t)i * pw] = w->mx[i];
         part[(size_t)i * pw + 1] = w->sum[i];
