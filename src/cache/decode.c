@@ -163,9 +163,11 @@ static inline void prefetch_line(const char *p) {
  * this one is computed lets them overlap: 1.15-1.25x faster cold for fp16
  * and int8 and for fp32 with 4 rows. fp32 read by one row (MHA) is
  * memory-bound with the hardware prefetchers alone, and the extra requests
- * cost it 7% (bench/LIMITS.md, round 6). */
-static int unit_prefetches(const mha_cache *c, int m) {
-    return m > 1 || c->kt != MHA_CACHE_F32 || c->vt != MHA_CACHE_F32;
+ * cost it 7%, the grouped kernels (MQA) with int8 5% (bench/LIMITS.md,
+ * round 6). */
+static int unit_prefetches(const decode_call *dc, const unit *u) {
+    const mha_cache *c = dc->c;
+    return !unit_grouped(dc, u) && (u->i1 - u->i0 > 1 || c->kt != MHA_CACHE_F32 || c->vt != MHA_CACHE_F32);
 }
 
 /* Piece `part` of PREFETCH_PARTS of the K/V bytes (and the int8 scales)
@@ -314,7 +316,7 @@ static void chunk_partial(float *part, scratch *w, const decode_call *dc, const 
     jhi += (MHA_KPANEL - jhi % MHA_KPANEL) % MHA_KPANEL;
     int nk = jhi - jlo;
     size_t kv = mha_cache_kv_index(c, u->b, u->g);
-    const int pf = unit_prefetches(c, m);
+    const int pf = unit_prefetches(dc, u);
     if (pf) prefetch_part(c, kv, cs, 0);
     /* score (i, j) at w->s[i * rs + j * ks]: rows of keys when grouped */
     const int grouped = unit_grouped(dc, u);
