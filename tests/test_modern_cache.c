@@ -356,6 +356,41 @@ static void modern_cache_sink_tokens(void) {
         }
 }
 
+/* Sinks in a ring not yet wrapped, with chunks of 128 slots filled: a
+ * window of 100 over 300 tokens in 384 slots, so that rows past position
+ * 228 attend chunk 0 for its 4 sink slots alone (decode.c reads a filled
+ * chunk of consecutive positions without its per-slot loops; the sinks
+ * must not take that path). Prefill 150, then one token per step; fp32
+ * and int8 storage, config 0 (plain) and 9 (ALiBi, sinks, softcap). */
+static void modern_cache_sinks_full_chunks(void) {
+    enum { B = 1, T = 300, CAP = 384, W = 100, NS = 4, STEPS = 151 };
+    const int len[B] = {T}, configs[2] = {0, 9};
+    int steps[STEPS], pos[B * T];
+    steps[0] = 150;
+    for (int s = 1; s < STEPS; s++) steps[s] = 1;
+    make_positions(pos, B, T);
+    for (int ci = 0; ci < 2; ci++)
+        for (int dt = MHA_CACHE_F32; dt <= MHA_CACHE_I8; dt += MHA_CACHE_I8 - MHA_CACHE_F32) {
+            const int i = configs[ci];
+            config_case k;
+            if (!config_case_open(&k, i, B, T, 990 + i, 730 + i)) return;
+            run_spec r = {k.L, B, T, k.cfg.d_model, k.x, k.cfg.rope.pairing || k.cfg.alibi ? pos : NULL, len};
+            double fast_err;
+            reference_rows(k.yr, &fast_err, &r, W, NS);
+            mha_cache *c = NULL;
+            CHECK_OK(mha_cache_create(&c, k.L, B, CAP, (mha_cache_dtype)dt, W));
+            CHECK_OK(mha_cache_set_sink_tokens(c, NS));
+            if (c) feed(k.yc, c, &r, 0, steps, STEPS);
+            const double q = storage_bound(k.L, k.x, (size_t)B * T, (mha_cache_dtype)dt);
+            const double err = rows_diff(k.yc, k.yr, &r, 0);
+            if (!(err <= 4 * fast_err + 2e-6 + q))
+                test_report(__FILE__, __LINE__, "config %d dtype %d: sinks, full chunks: err %g, fast err %g, bound %g",
+                            i, dt, err, fast_err, q);
+            mha_cache_free(c);
+            config_case_close(&k);
+        }
+}
+
 /* The sink-token mask of the reference equals an explicit keep mask
  * (causal, window, first keys) built here; the fast path follows it. */
 static void modern_sink_tokens_mask(void) {
@@ -472,6 +507,7 @@ static const test_case cases[] = {
     {"modern_cache_truncate_continue", modern_cache_truncate_continue},
     {"modern_cache_ring_window", modern_cache_ring_window},
     {"modern_cache_sink_tokens", modern_cache_sink_tokens},
+    {"modern_cache_sinks_full_chunks", modern_cache_sinks_full_chunks},
     {"modern_sink_tokens_mask", modern_sink_tokens_mask},
     {"modern_cache_probs", modern_cache_probs},
     {"modern_cache_errors", modern_cache_errors},

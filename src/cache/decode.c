@@ -289,6 +289,16 @@ static void chunk_values_t(float *acc, int ldacc, scratch *w, const decode_call 
     dc->kr->accumulate_t(acc, ldacc, w->s, QTILE, v, vs, (int)c->vt, w->vf, m, nk, c->d_v);
 }
 
+/* Whether slots [cs, ce) of sequence b hold the live positions cs .. ce-1
+ * (no sink tokens, the ring not yet wrapped, nothing rolled back or
+ * dropped there): what mha_cache_slot_positions computes slot by slot,
+ * and the common decode case, whose per-slot loops cost a 1-row int8
+ * chunk about a fifth of its computation. */
+static int chunk_plain(const mha_cache *c, int b, int cs, int ce) {
+    const int last = c->len[b] - 1;
+    return c->n_sink == 0 && last < c->cap && ce <= c->cap && ce - 1 <= last && cs >= c->lo[b];
+}
+
 /* part (rows, 2 + d_v) = the softmax state of the unit's rows over chunk
  * ch: [max, sum, acc...] per row; rows with no allowed key get -inf, 0. */
 static void chunk_partial(float *part, scratch *w, const decode_call *dc, const unit *u, int ch) {
@@ -296,12 +306,18 @@ static void chunk_partial(float *part, scratch *w, const decode_call *dc, const 
     int m = u->i1 - u->i0, pw = 2 + c->d_v;
     int cs = ch * MHA_DECODE_CHUNK, ce = cs + MHA_DECODE_CHUNK < c->slots ? cs + MHA_DECODE_CHUNK : c->slots;
     int jlo = ce, jhi = cs;
-    mha_cache_slot_positions(w->pos, c, u->b, cs, ce - cs);
-    for (int s = cs; s < ce; s++) {
-        int p = w->pos[s - cs];
-        if (p != INT_MIN && (p >= u->ulo || p < c->n_sink) && p <= u->uhi) {
-            if (s < jlo) jlo = s;
-            jhi = s + 1;
+    const int plain = chunk_plain(c, u->b, cs, ce);
+    if (plain) { /* the same jlo, jhi as the loop below, without it */
+        for (int s = cs; s < ce; s++) w->pos[s - cs] = s;
+        jlo = u->ulo > cs ? u->ulo : cs, jhi = u->uhi + 1 < ce ? u->uhi + 1 : ce;
+    } else {
+        mha_cache_slot_positions(w->pos, c, u->b, cs, ce - cs);
+        for (int s = cs; s < ce; s++) {
+            int p = w->pos[s - cs];
+            if (p != INT_MIN && (p >= u->ulo || p < c->n_sink) && p <= u->uhi) {
+                if (s < jlo) jlo = s;
+                jhi = s + 1;
+            }
         }
     }
     if (jlo >= jhi) {
@@ -327,8 +343,8 @@ static void chunk_partial(float *part, scratch *w, const decode_call *dc, const 
     variants_chunk(w, dc, u, m, jlo - cs, nk, rs, ks);
     /* causal (bottom-right) and window: row i attends positions
      * [first key, its own position]; a chunk wholly inside needs no mask */
-    int pmin = INT_MAX, pmax = INT_MIN, holes = 0;
-    for (int j = 0; j < nk; j++) {
+    int pmin = plain ? jlo : INT_MAX, pmax = plain ? jhi - 1 : INT_MIN, holes = 0;
+    for (int j = 0; !plain && j < nk; j++) {
         int pj = w->pos[jlo - cs + j];
         holes |= pj == INT_MIN;
         if (pj != INT_MIN && pj < pmin) pmin = pj;
