@@ -16,16 +16,14 @@
  * argument times the grouped kernels alone instead (kernels_ceiling).
  *
  * `cold REPS TYPES H_KV L` (cold_mode): each call timed with the last-level
- * cache evicted first (a 2-thread read of a 1 GiB buffer), as a decode
- * step in a multi-layer model sees its cache; its roofline is a cold
- * 2-thread AVX-512 read of the same number of bytes from a buffer of its
- * own, evicted the same way. Rounds of (evict, read), (evict, old),
- * (evict, new) in rotating order; best-of and median of REPS; % = read
- * time / call time. A last argument THREADS (default 2) runs the calls
+ * cache evicted first (bench_evict: a 2-thread pass over 1 GiB), as a
+ * decode step in a multi-layer model sees its cache; its roofline is a
+ * cold read of the same number of bytes from a buffer of its own, evicted
+ * the same way (bench_read_pass, the roofline of bench_decode.c). Rounds
+ * of (evict, read), (evict, old), (evict, new) in rotating order; best-of
+ * and median of REPS; % = read time / call time. A last argument THREADS (default 2) runs the calls
  * and the read on that many threads (1: per core, on a shared machine). */
-#include <immintrin.h>
 #include <math.h>
-#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -134,40 +132,10 @@ static int kernels_ceiling(void) {
 
 /* ------------------------------------------------------------ cold mode */
 
-static volatile float ab_sink; /* keeps the read sums alive */
-
-/* Sum of n floats (n % 64 == 0) with four independent AVX-512 chains. */
-__attribute__((target("avx512f"))) static float read_sum_avx512(const float *p, size_t n) {
-    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    for (size_t i = 0; i < n; i += 64) {
-        a0 = _mm512_add_ps(a0, _mm512_load_ps(p + i));
-        a1 = _mm512_add_ps(a1, _mm512_load_ps(p + i + 16));
-        a2 = _mm512_add_ps(a2, _mm512_load_ps(p + i + 32));
-        a3 = _mm512_add_ps(a3, _mm512_load_ps(p + i + 48));
-    }
-    return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
-}
-
 static double thread_cpu_ms(void) {
     struct timespec t;
     clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
     return (double)t.tv_sec * 1e3 + (double)t.tv_nsec * 1e-6;
-}
-
-/* Reads buf (n floats, a multiple of 64) with nth threads, one share
- * each, in order; wall ms. The library's pool of OpenMP threads. */
-static double read_ms(const float *buf, size_t n, int nth) {
-    float acc = 0.0f;
-    double t0 = bench_now();
-#pragma omp parallel num_threads(nth) reduction(+ : acc)
-    {
-        int t = omp_get_thread_num(), nt = omp_get_num_threads();
-        size_t lo = n / 64 * (size_t)t / (size_t)nt * 64, hi = n / 64 * (size_t)(t + 1) / (size_t)nt * 64;
-        acc += read_sum_avx512(buf + lo, hi - lo);
-    }
-    double dt = (bench_now() - t0) * 1e3;
-    ab_sink = acc;
-    return dt;
 }
 
 /* The cache types: names as on the command line, K's and V's storage. */
@@ -214,9 +182,7 @@ static void case_free(ab_case *k) {
 static double pct(double read, double call) { return 100.0 * read / call; }
 
 static int cold_mode(int reps, const char *types, const int *hkvs, int nh, const int *Ls, int nl, int nth) {
-    const size_t n_evict = ((size_t)1 << 30) / sizeof(float);
-    float *evict = bench_alloc(n_evict);
-    for (size_t i = 0; i < n_evict; i++) evict[i] = 1.0f;
+    bench_evict(2); /* makes the eviction buffer (bench.h), untimed */
     if (reps > 999) reps = 999;
     mha_set_num_threads(nth);
     printf("cold, %d threads, best of / median of %d; %% = cold read of the cache's bytes / cold call\n", nth, reps);
@@ -231,17 +197,16 @@ static int cold_mode(int reps, const char *types, const int *hkvs, int nh, const
             for (int b = 0; b < nl; b++) {
                 ab_case k;
                 if (!case_make(&k, hkvs[a], Ls[b], kts[ty], vts[ty])) return printf("error: %s\n", mha_last_error()), 1;
-                const size_t bytes = mha_cache_bytes(k.c), n = (bytes / sizeof(float) + 63) / 64 * 64;
-                float *rb = bench_alloc(n);
-                for (size_t i = 0; i < n; i++) rb[i] = 1.0f;
+                size_t n, bytes = mha_cache_bytes(k.c);
+                float *rb = bench_read_buffer(bytes, nth, &n);
                 float *z[2] = {bench_alloc((size_t)32 * 64), bench_alloc((size_t)32 * 64)};
                 double t[3][999], tc[3][999], cpu;
                 for (int r = 0; r < reps; r++)
                     for (int s0 = 0; s0 < 3; s0++) {
                         const int s = (s0 + r) % 3; /* 0 read, 1 old, 2 new */
-                        read_ms(evict, n_evict, 2);
+                        bench_evict(2);
                         const double c0 = thread_cpu_ms();
-                        if (s == 0) t[0][r] = read_ms(rb, n, nth);
+                        if (s == 0) t[0][r] = bench_read_pass(rb, n, nth) * 1e3;
                         else use_new = s == 2, t[s][r] = attend_ms(k.c, z[s - 1], k.q, &cpu);
                         tc[s][r] = thread_cpu_ms() - c0;
                     }
@@ -266,7 +231,6 @@ static int cold_mode(int reps, const char *types, const int *hkvs, int nh, const
                 case_free(&k);
             }
     }
-    free(evict);
     return 0;
 }
 
