@@ -22,8 +22,8 @@
  * the same way (bench_read_pass, the roofline of bench_decode.c). Rounds
  * of (evict, read), (evict, old), (evict, new) in rotating order; best-of
  * and median of REPS; % = read time / call time. A last argument THREADS
- * (default 2) runs the calls
- * and the read on that many threads (1: per core, on a shared machine). */
+ * (default 2) runs the calls and the read on that many threads (1: per
+ * core, on a shared machine). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
