@@ -138,9 +138,7 @@ static void gather_queries(float *qt, float *qtt, const decode_call *dc, const u
         for (int d = 0; d < c->d_k; d++) qtt[(size_t)d * QTILE + i] = qt[(size_t)i * c->d_k + d];
 }
 
-#ifndef PREFETCH_AHEAD
-#define PREFETCH_AHEAD 1 /* chunks ahead of the one computed */
-#endif
+#define PREFETCH_AHEAD 1 /* chunks ahead of the one computed (2: no gain) */
 #define PREFETCH_PARTS 4 /* its pieces, one between each two kernels */
 
 /* One software prefetch into all cache levels. Written as an asm
@@ -155,13 +153,13 @@ static inline void prefetch_line(const char *p) {
 #endif
 }
 
-/* Whether a unit of m rows prefetches its chunks. A cold chunk (a decode
+/* Whether unit u prefetches its chunks. A cold chunk (a decode
  * step of a multi-layer model finds its cache evicted by the other
  * layers) is fetched by the hardware prefetchers only a few lines ahead
  * of the loads, so the kernels wait for memory and memory waits for the
  * kernels: their times add up. Requesting the next chunk in pieces while
- * this one is computed lets them overlap: 1.15-1.25x faster cold for fp16
- * and int8 and for fp32 with 4 rows. fp32 read by one row (MHA) is
+ * this one is computed lets them overlap: 1.13-1.25x faster cold for fp16
+ * and int8, 1.06-1.10x for fp32 with 4 rows. fp32 read by one row (MHA) is
  * memory-bound with the hardware prefetchers alone, and the extra requests
  * cost it 7%, the grouped kernels (MQA) with int8 5% (bench/LIMITS.md,
  * round 6). */
@@ -361,7 +359,6 @@ static void chunk_partial(float *part, scratch *w, const decode_call *dc, const 
     }
     if (grouped) {
         dc->kr->softmax_t(w->s, QTILE, w->mx, w->sum, m, nk);
-        if (pf) prefetch_part(c, kv, cs, 2);
         chunk_values_t(part + 2, (int)pw, w, dc, kv, jlo, m, nk);
     } else {
         dc->kr->softmax(w->s, MHA_DECODE_CHUNK, w->mx, w->sum, m, nk);
