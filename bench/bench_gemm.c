@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "bench_fast.h"
 
@@ -51,14 +52,30 @@ static double isa_peak(const char *isa, int threads) {
                                  : bench_fma_peak_avx512(threads, iters, 1, NULL);
 }
 
+/* Cores the process keeps busy (CPU seconds per second) in the 20 ms after
+ * one call of fn: the library's idle workers spinning instead of sleeping,
+ * on the cores the other library's next call needs. */
+static double idle_cores_after(void (*fn)(void *), void *arg) {
+    fn(arg);
+    const double c0 = bench_cpu_now(), t0 = bench_now();
+    nanosleep(&(struct timespec){0, 20000000}, NULL);
+    return (bench_cpu_now() - c0) / (bench_now() - t0);
+}
+
+static void call_mha(void *g) { bench_run_gemm(g); }
+static void call_blas(void *j) { run_sgemm(j); }
+
 /* Times one case paired; prints its RESULT line. */
 static void pair_case(const bench_prefill_cfg *c, bench_gemm_case *g, const sgemm_job *blas) {
     enum { MAX = 256 };
     double tm[MAX], tb[MAX], ratio[MAX], peak[MAX + 1];
     const int rounds = c->reps < MAX ? c->reps : MAX;
     const char *core = getenv("OPENBLAS_CORETYPE"), *isa = g->kern->name;
-    printf("RESULT kind=gemm_pair name=%s gemm=%s M=%d K=%d N=%d threads=%d kernels=%s openblas=%s corename=%s",
-           c->name, g->gemm, g->M, g->K, g->N, c->threads, isa, core ? core : "auto", openblas_get_corename());
+    const char *wait = getenv("OMP_WAIT_POLICY"), *timeout = getenv("OPENBLAS_THREAD_TIMEOUT");
+    printf("RESULT kind=gemm_pair name=%s gemm=%s M=%d K=%d N=%d threads=%d kernels=%s openblas=%s corename=%s"
+           " omp_wait=%s openblas_timeout=%s",
+           c->name, g->gemm, g->M, g->K, g->N, c->threads, isa, core ? core : "auto", openblas_get_corename(),
+           wait ? wait : "unset", timeout ? timeout : "unset");
     // --- warm-up: the packed-block pool, OpenBLAS's buffers, the pages of the outputs
     int bad = bench_run_gemm(g);
     run_sgemm(blas);
@@ -91,7 +108,9 @@ static void pair_case(const bench_prefill_cfg *c, bench_gemm_case *g, const sgem
            best, bench_median(peak, n + 1));
     bench_print_times_as("mha_", tm, n);
     bench_print_times_as("blas_", tb, n);
-    printf(" ratio_median=%.4f\n", bench_median(ratio, n));
+    printf(" ratio_median=%.4f", bench_median(ratio, n));
+    const double idle_mha = idle_cores_after(call_mha, g), idle_blas = idle_cores_after(call_blas, (void *)blas);
+    printf(" idle_cores_after_mha=%.2f idle_cores_after_blas=%.2f\n", idle_mha, idle_blas);
     fflush(stdout);
 }
 

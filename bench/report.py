@@ -329,11 +329,12 @@ def gemm_rows(rows, name, isa, roof, targets):
             cells += [fmt_ms(bt[core]), fmt(fl / bt[core] * 1e-9 if bt[core] else None)]
         cells += [fmt_ms(pt), fmt(fl / pt * 1e-9), fmt(gfr * 100 if gfr else None, ".0f", suffix="%"),
                   fmt_ms(groof), fmt(groof / pt * 100 if groof else None, ".0f", suffix="%"), fmt_ms(alone)]
-        cells += [fmt(ratio[core], ".2f") for core, _ in GEMM_CORES] + [f"{fmt(ratio[best], '.2f')} ({best})"]
+        best_name = pairs[best][4].get("corename", best)
+        cells += [fmt(ratio[core], ".2f") for core, _ in GEMM_CORES] + [f"{fmt(ratio[best], '.2f')} ({best_name})"]
         body.append(cells)
         targets.append([f"{name} {gname} GEMM >= 75% of the {isa} FMA peak (paired run's peak)",
                         fmt(gfr * 100 if gfr else None, ".0f", suffix="%"), verdict(gfr, 0.75)])
-        targets.append([f"{name} {gname} GEMM >= OpenBLAS's best kernel (paired in one process; best: {best})",
+        targets.append([f"{name} {gname} GEMM >= OpenBLAS's best kernel (paired in one process; best: {best_name})",
                         fmt(ratio[best], ".2f", suffix="x"), verdict(ratio[best], 1)])
         if name == "P1" and gname == "qkv":
             for core, label in (("auto", "OpenBLAS"), ("Haswell", "OpenBLAS with its AVX2 kernels (context)")):
