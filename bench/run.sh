@@ -8,7 +8,7 @@
 #   sh bench/run.sh --quick    tiny shapes for development; writes
 #                              build/bench/RESULTS-quick.md instead
 #   sh bench/run.sh --gemm     the projection GEMMs alone (mha_gemm paired
-#                              with OpenBLAS, full shapes, ~1 min); writes
+#                              with OpenBLAS, full shapes, ~2 min); writes
 #                              build/bench/RESULTS-gemm.md
 #   BENCH_THREADS=1 sh bench/run.sh   another thread count (default 2)
 #   BENCH_QUIET_WAIT=0 BENCH_QUIET_WAIT_EACH=0 ...   do not wait for idle
@@ -220,6 +220,10 @@ for name in P1 P2 P3; do
   # ones on CPUs it does not know), its AVX2 (Haswell) and its AVX-512
   # (SkylakeX) kernels. Both thread pools sleep as soon as their call ends,
   # so neither spins on the cores the other's next call needs.
+  # (--gemm: one mha-only process for the table's "mha_gemm alone" column)
+  # shellcheck disable=SC2086
+  [ "$mode" = gemm ] && run $solo "$bin" prefill --name $name $flags --reps $reps --budget $budget \
+      --threads $threads --mha-only
   cores="auto Haswell"
   grep -q avx512f /proc/cpuinfo && cores="$cores SkylakeX"
   for core in $cores; do
