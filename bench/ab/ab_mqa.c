@@ -24,7 +24,6 @@
 #include "cache/cache_internal.h"
 #include "compute/exec.h"
 #include "mha.h"
-#include "base/internal.h"
 
 extern const mha_decode_kernels mha_decode_kernels_avx512_old;
 mha_status mha_decode_attend_old(const mha_exec *, float *, float *, const mha_cache *, const float *, const int *,
@@ -76,12 +75,6 @@ static void case_make(mqa_case *m, int ty, int L) {
         bench_fill(k, (size_t)1024 * DH, &seed, -1.0f, 1.0f);
         bench_fill(v, (size_t)1024 * DH, &seed, -1.0f, 1.0f);
         if (mha_cache_append(m->c, k, v, L - t < 1024 ? L - t : 1024, NULL)) die();
-    }
-    if (getenv("HUGE")) { /* experiment: the cache's bytes on huge pages */
-        size_t nb = mha_cache_bytes(m->c);
-        void *p = mha_alloc_large(nb);
-        memcpy(p, m->c->data, nb);
-        m->c->data = p;
     }
     m->q = bench_alloc((size_t)H * DH);
     bench_fill(m->q, (size_t)H * DH, &seed, -1.0f, 1.0f);

@@ -11,10 +11,12 @@
  * row (max, sum, acc = sum_j exp(s_j - max) v_j); the partials are then
  * merged in chunk order with online-softmax rescaling:
  *     M = max(M1, M2),  L = L1 e^(M1-M) + L2 e^(M2-M),  A likewise,
- * and z = A / L. When there are few units (decode: B * h_kv small) the
- * (unit, chunk) tasks run in parallel and the merge follows; otherwise each
- * unit runs its chunks in order. Both perform the same operations in the
- * same order, so the bits depend on the chunk size alone, never on the
+ * and z = A / L, in fixed groups of chunks (group_partial: 4 chunks for
+ * grouped units, 1 otherwise), the groups' results merged in order. When
+ * there are few units (decode: B * h_kv small) the (unit, group) tasks
+ * run in parallel and the merge follows; otherwise each unit runs its
+ * groups in order. Both perform the same operations in the same order,
+ * so the bits depend on the chunk and group sizes alone, never on the
  * thread count or on which mode ran.
  *
  * Grouped heads (a unit of at least GROUPED_ROWS rows, MQA and wide GQA,
@@ -354,11 +356,12 @@ static void merge(const mha_decode_kernels *kr, float *restrict run, const float
 /* gp (rows, 2 + d_v) = the unit's chunks chunks[k0 .. k1) folded in
  * order (the first one's partial, then merge by merge). A unit's chunk
  * list is cut into groups of u->group chunks, fixed by the position in
- * the list; the groups' folds are then merged in order: one group of 1
- * chunk per task keeps a partial per chunk and the whole sequential
- * merge for the end (few chunks), groups of GROUP_CHUNKS (grouped units:
- * up to 128 chunks of one kv head) fold most of the merges into the
- * parallel tasks and leave the last thread count / GROUP_CHUNKS of them. */
+ * the list (never by the thread count); the groups' folds are then
+ * merged in order. Grouped units (MQA: one unit, up to 128 chunks at
+ * L = 16384) fold GROUP_CHUNKS per task, so the parallel tasks do 3 of
+ * every 4 merges and the thread that finishes last only 1 in 4 (128
+ * serial merges were ~8% of a 2-thread call); other units keep groups
+ * of one chunk, as before. */
 static void group_partial(float *gp, scratch *w, const decode_call *dc, const unit *u, const int *chunks, int k0,
                           int k1) {
     chunk_partial(gp, w, dc, u, chunks[k0]);
