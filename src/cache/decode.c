@@ -362,12 +362,20 @@ static void merge(const mha_decode_kernels *kr, float *restrict run, const float
  * every 4 merges and the thread that finishes last only 1 in 4 (128
  * serial merges were ~8% of a 2-thread call); other units keep groups
  * of one chunk, as before. */
+/* run = merge(run, part) for the unit's rows: the vector merge of the
+ * table for grouped units (16 rows per exp), else the scalar one; which
+ * one depends on the unit's rows alone. */
+static void merge_unit(const decode_call *dc, const unit *u, float *run, const float *part) {
+    if (unit_grouped(dc, u) && dc->kr->merge_t) dc->kr->merge_t(run, part, u->i1 - u->i0, dc->c->d_v);
+    else merge(dc->kr, run, part, u->i1 - u->i0, dc->c->d_v);
+}
+
 static void group_partial(float *gp, scratch *w, const decode_call *dc, const unit *u, const int *chunks, int k0,
                           int k1) {
     chunk_partial(gp, w, dc, u, chunks[k0]);
     for (int k = k0 + 1; k < k1; k++) {
         chunk_partial(w->part, w, dc, u, chunks[k]);
-        merge(dc->kr, gp, w->part, u->i1 - u->i0, dc->c->d_v);
+        merge_unit(dc, u, gp, w->part);
     }
 }
 
@@ -521,7 +529,7 @@ static void run_split_task(const decode_plan *pl, const decode_call *dc, scratch
     if (finished != u->tcount) return;
     const int m = u->i1 - u->i0;
     run_init(w->run, m, dc->c->d_v);
-    for (int k = 0; k < u->tcount; k++) merge(dc->kr, w->run, pl->parts + pl->part_at[u->tfirst + k], m, dc->c->d_v);
+    for (int k = 0; k < u->tcount; k++) merge_unit(dc, u, w->run, pl->parts + pl->part_at[u->tfirst + k]);
     finish_unit(dc, u, w->run, w->qt);
 }
 
@@ -535,7 +543,7 @@ static void run_unit(const decode_plan *pl, const decode_call *dc, scratch *w, l
         int k0, k1;
         task_chunks(pl, u, t, &k0, &k1);
         group_partial(w->grp, w, dc, u, pl->chunk_of + u->first, k0, k1);
-        merge(dc->kr, w->run, w->grp, m, dc->c->d_v);
+        merge_unit(dc, u, w->run, w->grp);
     }
     finish_unit(dc, u, w->run, w->qt);
 }

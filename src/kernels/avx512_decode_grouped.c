@@ -254,6 +254,43 @@ void mha_accumulate_t_avx512(float *acc, int ldacc, const float *pt, int ldt, co
     }
 }
 
+/* -------------------------------------------------------------- merge */
+
+/* decode.c's chunk merge for grouped units (decode_kernels.h, merge_t):
+ * the factors of 16 rows per vector exp instead of one expf per row (the
+ * merges were 4.6% of a 1-thread MQA call; 0.94-0.99x its time at
+ * L = 16384). */
+
+void mha_merge_t_avx512(float *run, const float *part, int m, int dv) {
+    const size_t pw = 2 + (size_t)dv;
+    const __mmask16 kl = mha_mask16(dv % 16 ? dv % 16 : 16);
+    for (int i0 = 0; i0 < m; i0 += 16) {
+        const int n = m - i0 < 16 ? m - i0 : 16;
+        float rm[16], rl[16], pm[16], pl[16], a[16], b[16];
+        for (int i = 0; i < 16; i++) {
+            const float *R = run + (size_t)(i0 + (i < n ? i : 0)) * pw, *P = part + (size_t)(i0 + (i < n ? i : 0)) * pw;
+            rm[i] = R[0], rl[i] = R[1], pm[i] = P[0], pl[i] = P[1];
+        }
+        const __m512 vrm = _mm512_loadu_ps(rm), vpm = _mm512_loadu_ps(pm), mx = _mm512_max_ps(vrm, vpm);
+        const __m512 va = exp_shifted(vrm, mx), vb = exp_shifted(vpm, mx);
+        _mm512_storeu_ps(a, va), _mm512_storeu_ps(b, vb);
+        _mm512_storeu_ps(rm, mx);
+        _mm512_storeu_ps(rl, _mm512_fmadd_ps(_mm512_loadu_ps(rl), va, _mm512_mul_ps(_mm512_loadu_ps(pl), vb)));
+        for (int i = 0; i < n; i++) {
+            float *R = run + (size_t)(i0 + i) * pw;
+            const float *P = part + (size_t)(i0 + i) * pw;
+            const __m512 ai = _mm512_set1_ps(a[i]), bi = _mm512_set1_ps(b[i]);
+            R[0] = rm[i], R[1] = rl[i];
+            int c = 0;
+            for (; c + 16 < dv; c += 16)
+                _mm512_storeu_ps(R + 2 + c, _mm512_fmadd_ps(_mm512_loadu_ps(R + 2 + c), ai,
+                                                            _mm512_mul_ps(_mm512_loadu_ps(P + 2 + c), bi)));
+            _mm512_mask_storeu_ps(R + 2 + c, kl, _mm512_fmadd_ps(_mm512_maskz_loadu_ps(kl, R + 2 + c), ai,
+                                                               _mm512_mul_ps(_mm512_maskz_loadu_ps(kl, P + 2 + c), bi)));
+        }
+    }
+}
+
 /* --------------------------------------------------------------- int8 */
 
 /* dst = dequantized int8 (see from_q8 in decode_kernels.h): (float)q *
