@@ -68,6 +68,14 @@ double bench_fma_rate(float (*chains)(long iters), double flops_per_iter, int th
 /* Streaming read bandwidth (GB/s, 1e9 bytes) of `threads` threads reading
  * a buffer of `bytes`; median of `reps` passes (best in *best_out). */
 double bench_stream_read(int threads, size_t bytes, int reps, double *best_out);
+/* Cold reads (decode's roofline): a buffer of `bytes` filled by `threads`
+ * threads (n floats in *n_out; free() it), the seconds one pass of
+ * `threads` threads takes to read its n floats, and an eviction of the
+ * last-level cache: one pass over a buffer of BENCH_EVICT_MIB MiB (default
+ * 1024, over 3x this host's 300 MiB L3), made on first use. */
+float *bench_read_buffer(size_t bytes, int threads, size_t *n_out);
+double bench_read_pass(const float *buf, size_t n, int threads);
+void bench_evict(int threads);
 
 /* ------------------------------------------------- sections (bench_*.c) */
 
@@ -107,6 +115,7 @@ typedef struct {
     int int8;       /* 1: int8 cache (overrides fp16) */
     int v_fp16;     /* 1: V stored as fp16 whatever K's type (mixed cache) */
     int weights;    /* W_Q..W_O storage, mha_weight_dtype: 0 fp32, 1 bf16, 2 int8 */
+    int cold_rounds; /* cold calls of the step and of attention (0: 9) */
 } bench_decode_cfg;
 
 int bench_decode(const bench_decode_cfg *c);

@@ -18,6 +18,14 @@
  * Bytes read per step, which report.py divides by the time: the cache
  * (mha_cache_bytes) for attention alone, plus the weights W_Q, W_K, W_V,
  * W_O (weight_bytes) for the whole layer.
+ * Both are timed twice: hot (repeated, as the peer is, so the cache and
+ * weights may sit in the last-level cache between calls) and cold: before
+ * each call the LLC is evicted (bench_evict), as the other layers of a
+ * model evict this layer's weights and cache between its decode steps.
+ * Each cold call alternates with a cold read of the same number of bytes
+ * from a buffer of that size by the same threads (bench_read_pass): the
+ * time those bytes take from memory on this machine, at that moment, the
+ * roofline's memory term (report.py).
  * --weights bf16|int8 (weight_dtype_rows below): the same step with the
  * projections stored in bf16 or int8, reported as kind=decode_weights.
  */
@@ -51,6 +59,28 @@ static int run_attend(void *arg) {
     decode_job *j = arg;
     j->st = mha_cache_attend(j->cache, j->z, j->q, 1, NULL, 0.0f);
     return j->st != MHA_OK;
+}
+
+/* Cold rounds: evict, read `n` floats of ref (the roofline's bytes),
+ * evict, run fn; ref_t[r] and fn_t[r] are the two times of round r.
+ * Returns 0, or 1 when fn failed. */
+static int cold_rounds(int (*fn)(void *), void *arg, const float *ref, size_t n, int threads, double *ref_t,
+                       double *fn_t, int rounds) {
+    for (int r = 0; r < rounds; r++) {
+        bench_evict(threads);
+        ref_t[r] = bench_read_pass(ref, n, threads);
+        bench_evict(threads);
+        double t0 = bench_now();
+        if (fn(arg)) return 1;
+        fn_t[r] = bench_now() - t0;
+    }
+    return 0;
+}
+
+/* Prints " <what>_median_s=.. <what>_min_s=.." of the n times in t. */
+static void print_pair(const char *what, double *t, int n) {
+    double mn = bench_min(t, n);
+    printf(" %s_median_s=%.6g %s_min_s=%.6g", what, bench_median(t, n), what, mn);
 }
 
 static size_t count_nonfinite(const float *p, size_t n) {
@@ -144,6 +174,17 @@ int bench_decode(const bench_decode_cfg *c) {
         ns = bench_repeat(run_step, &job, ts, steps, 10.0);
         if (ns < 0) print_error("mha_forward_cached", job.st), s = job.st;
     }
+    /* cold steps against a cold read of the cache and the weights' bytes */
+    int nc = c->cold_rounds > 0 ? c->cold_rounds : 9;
+    double *cold = malloc(sizeof(double) * 4 * (size_t)nc);
+    size_t n_ref = 0;
+    float *ref = NULL;
+    if (!s) {
+        ref = bench_read_buffer(mha_cache_bytes(cache) + weight_bytes, c->threads, &n_ref);
+        bench_evict(c->threads); /* makes the eviction buffer, untimed */
+        if (cold_rounds(run_step, &job, ref, n_ref, c->threads, cold, cold + nc, nc))
+            print_error("mha_forward_cached", job.st), s = job.st;
+    }
     size_t nonfinite = s ? 0 : count_nonfinite(y, (size_t)B * D);
     if (!s) { /* token L-1 once, then attention alone over L keys */
         bench_fill(k, (size_t)B * hk * dh, &seed, -1.0f, 1.0f);
@@ -156,6 +197,9 @@ int bench_decode(const bench_decode_cfg *c) {
         if (na < 0) print_error("mha_cache_attend", job.st), s = job.st;
         else nonfinite += count_nonfinite(z, (size_t)B * h * dh);
     }
+    if (!s && cold_rounds(run_attend, &job, ref, mha_cache_bytes(cache) / sizeof(float), c->threads, cold + 2 * nc,
+                          cold + 3 * nc, nc))
+        print_error("mha_cache_attend", job.st), s = job.st;
     if (!s) {
         double smin = bench_min(ts, ns), amin = bench_min(ta, na);
         double smed = bench_median(ts, ns), amed = bench_median(ta, na);
@@ -163,9 +207,17 @@ int bench_decode(const bench_decode_cfg *c) {
                " attn_runs=%d cache_bytes=%zu weight_bytes=%zu nonfinite=%zu threads=%d"
                " attn_method=mha_cache_attend status=ok\n",
                smed, smin, amed, amin, ns, na, mha_cache_bytes(cache), weight_bytes, nonfinite, c->threads);
+        printf("RESULT kind=%s_cold impl=mha h_kv=%d L=%d cache=%s%s%s", c->weights ? "decode_weights" : "decode",
+               hk, L, dtype_name(kt), kt == vt ? "" : "/", kt == vt ? "" : dtype_name(vt));
+        if (c->weights) printf(" weights=%s", mha_weight_dtype_name((mha_weight_dtype)c->weights));
+        print_pair("cold_read_step", cold, nc);
+        print_pair("cold_step", cold + nc, nc);
+        print_pair("cold_read_attn", cold + 2 * nc, nc);
+        print_pair("cold_attn", cold + 3 * nc, nc);
+        printf(" cold_rounds=%d evict_mib=%s status=ok\n", nc, getenv("BENCH_EVICT_MIB") ? getenv("BENCH_EVICT_MIB") : "1024");
         fflush(stdout);
     }
-    free(ts), free(ta);
+    free(ts), free(ta), free(cold), free(ref);
     free(k), free(v), free(x), free(y), free(q), free(z);
     for (int i = 0; i < 8; i++) free(all[i]);
     mha_cache_free(cache);

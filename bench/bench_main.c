@@ -19,7 +19,7 @@
  *                     (bench_variants.c: RoPE, ALiBi, softcap, sinks vs
  *                     plain, interleaved; prefill's options, self-attention)
  *   bench_mha decode  --d 2048 --h 32 --h-kv 8 --d-head 64 --L 4096
- *                     [--fp16 | --int8] [--v-fp16] [--steps 20]
+ *                     [--fp16 | --int8] [--v-fp16] [--steps 20] [--cold-rounds 9]
  */
 #include <cblas.h>
 #include <stdio.h>
@@ -35,7 +35,7 @@ static void usage(void) {
             "  machine: --fma-iters N --stream-mib 64,256,1024\n"
             "  prefill: --name NAME --B --T [--S] --d --h [--causal] [--reps] [--budget]\n"
             "           [--mha-only | --gemm-only] [--dump DIR]\n"
-            "  decode:  --d --h --h-kv --d-head --L [--B] [--fp16|--int8] [--v-fp16] [--weights f32|bf16|int8] [--steps]\n");
+            "  decode:  --d --h --h-kv --d-head --L [--B] [--fp16|--int8] [--v-fp16] [--weights f32|bf16|int8] [--steps] [--cold-rounds]\n");
     exit(2);
 }
 
@@ -122,7 +122,7 @@ static int cmd_prefill(int argc, char **argv, int threads) {
 }
 
 static int cmd_decode(int argc, char **argv, int threads) {
-    bench_decode_cfg c = {2048, 32, 32, 64, 1024, 1, 0, 20, threads, 0, 0, 0};
+    bench_decode_cfg c = {2048, 32, 32, 64, 1024, 1, 0, 20, threads, 0, 0, 0, 9};
     for (int i = 2; i < argc; i++) {
         if (!strcmp(argv[i], "--threads")) c.threads = opt_int(argc, argv, &i);
         else if (!strcmp(argv[i], "--d")) c.d_model = opt_int(argc, argv, &i);
@@ -140,6 +140,7 @@ static int cmd_decode(int argc, char **argv, int threads) {
             c.weights = (int)wd;
         }
         else if (!strcmp(argv[i], "--steps")) c.steps = opt_int(argc, argv, &i);
+        else if (!strcmp(argv[i], "--cold-rounds")) c.cold_rounds = opt_int(argc, argv, &i);
         else usage();
     }
     if (c.h < 1 || c.h_kv < 1 || c.h % c.h_kv || c.L < 1 || c.B < 1) usage();

@@ -350,6 +350,8 @@ static void run_options(void) {
     /* d_k a multiple of 16: dQ += dS K reads the keys where they are */
     naive_bw_case_make(&f, naive_config(64, 4, 2, 0, 0, 1), 2, 100, 100, 0, 0, 1317); /* d_k = 16, GQA */
     check_fast(&f, "d_k 16 GQA");
+    f.opt.causal = 1;
+    check_fast(&f, "d_k 16 GQA causal");
     naive_bw_case_free(&f);
     naive_bw_case_make(&f, naive_config(64, 2, 0, 0, 0, 1), 1, 100, 150, 1, 0, 1318); /* d_k = 32 */
     check_fast(&f, "d_k 32 cross");

@@ -27,15 +27,22 @@ static void tmp_cleanup(void) {
     if (tmp_dir[0]) rmdir(tmp_dir);
 }
 
-static const char *tmp_path(const char *name) {
+/* The private directory, made on first use (any test may run alone);
+ * NULL when it cannot be made. */
+static const char *tmp_dir_made(void) {
     if (!tmp_dir[0]) {
         snprintf(tmp_dir, sizeof tmp_dir, "/tmp/mha_test_io_XXXXXX");
         if (!mkdtemp(tmp_dir)) {
             tmp_dir[0] = '\0';
-            return name; /* current directory as a fallback */
+            return NULL;
         }
         atexit(tmp_cleanup);
     }
+    return tmp_dir;
+}
+
+static const char *tmp_path(const char *name) {
+    if (!tmp_dir_made()) return name; /* current directory as a fallback */
     char path[160];
     snprintf(path, sizeof path, "%s/%s", tmp_dir, name);
     for (int i = 0; i < n_tmp_files; i++)
@@ -749,6 +756,7 @@ static void test_io_errors_say_why(void) {
     float v[2] = {1, 2};
     int s1[1] = {2};
     char missing[200];
+    CHECK(tmp_dir_made() != NULL);
     snprintf(missing, sizeof missing, "%s/no_such_dir/y.npy", tmp_dir);
     CHECK_STATUS(mha_npy_write_f32(missing, v, 1, s1), MHA_E_IO);
     CHECK_ERROR_MENTIONS("No such file or directory");

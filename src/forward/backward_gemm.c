@@ -91,8 +91,17 @@ mha_status mha_gemm_strided(float *c, size_t ldc, mha_view a, mha_view b, int M,
     return MHA_OK;
 }
 
+/* Bias gradients sum thousands of rows: the sums run in double, in blocks
+ * of columns, so that their rounding does not add to the error the rows
+ * already carry (a float sum doubled db_q's error on the scalar kernels). */
 void mha_column_sums(float *out, const float *a, size_t lda, size_t rows, int n, int accumulate) {
-    for (int j = 0; !accumulate && j < n; j++) out[j] = 0.0f;
-    for (size_t t = 0; t < rows; t++)
-        for (int j = 0; j < n; j++) out[j] += a[t * lda + j];
+    enum { COLS = 256 };
+    double acc[COLS];
+    for (int j0 = 0; j0 < n; j0 += COLS) {
+        const int w = n - j0 < COLS ? n - j0 : COLS;
+        for (int j = 0; j < w; j++) acc[j] = accumulate ? (double)out[j0 + j] : 0.0;
+        for (size_t t = 0; t < rows; t++)
+            for (int j = 0; j < w; j++) acc[j] += (double)a[t * lda + (size_t)(j0 + j)];
+        for (int j = 0; j < w; j++) out[j0 + j] = (float)acc[j];
+    }
 }

@@ -5,6 +5,10 @@
 
 #include "kernels/kernels.h"
 
+/* One fmaf per product, as the vector tables' FMA: a multiply and an add
+ * rounded apart made the scalar backward's bias gradients exceed the
+ * tolerance rule (GQA causal, d_k 16). glibc's fmaf is the FMA instruction
+ * where the CPU has one. */
 static void sgemm_scalar_6x16(float *c, size_t ldc, const float *a, size_t a_rs, size_t a_cs,
                               const float *b, size_t ldb, const float *bias,
                               const float *row_scale, int K, int m, int n) {
@@ -13,7 +17,7 @@ static void sgemm_scalar_6x16(float *c, size_t ldc, const float *a, size_t a_rs,
         const float *bk = b + (size_t)k * ldb;
         for (int i = 0; i < 6; i++) {
             float x = a[i * a_rs + (size_t)k * a_cs];
-            for (int j = 0; j < 16; j++) acc[i][j] += x * bk[j];
+            for (int j = 0; j < 16; j++) acc[i][j] = fmaf(x, bk[j], acc[i][j]);
         }
     }
     for (int i = 0; i < m; i++)
