@@ -25,24 +25,7 @@
 #include "compute/exec.h"
 #include "mha.h"
 
-extern const mha_decode_kernels mha_decode_kernels_avx512_old;
-mha_status mha_decode_attend_old(const mha_exec *, float *, float *, const mha_cache *, const float *, const int *,
-                                 int, const int *, const mha_decode_opts *);
-mha_status mha_decode_attend_new(const mha_exec *, float *, float *, const mha_cache *, const float *, const int *,
-                                 int, const int *, const mha_decode_opts *);
-
-static int use_new = 1;
-
-/* The library's entry point: old or new, the old one with the old table. */
-mha_status mha_decode_attend(const mha_exec *ex, float *z, float *stats, const mha_cache *c, const float *q,
-                             const int *row0, int t0, const int *n, const mha_decode_opts *o) {
-    if (use_new) return mha_decode_attend_new(ex, z, stats, c, q, row0, t0, n, o);
-    mha_isa isa = *ex->isa;
-    mha_exec e = *ex;
-    if (isa.decode == &mha_decode_kernels_avx512) isa.decode = &mha_decode_kernels_avx512_old;
-    e.isa = &isa;
-    return mha_decode_attend_old(&e, z, stats, c, q, row0, t0, n, o);
-}
+#include "ab_switch.h"
 
 enum { D_MODEL = 2048, H = 32, DH = 64 };
 static const char *const type_names[4] = {"fp32", "fp16", "int8", "int8/fp16"};
@@ -114,6 +97,7 @@ int main(int argc, char **argv) {
         mqa_case m;
         case_make(&m, type_index(argv[2]), atoi(argv[3]));
         mha_set_num_threads(atoi(argv[4]));
+        ab_use_new = 1;
         float *z = bench_alloc((size_t)H * DH);
         const int calls = atoi(argv[5]);
         double best = 1e30;
@@ -153,7 +137,7 @@ int main(int argc, char **argv) {
                     double *times = malloc(sizeof(double) * 2 * (size_t)reps), best[2] = {1e30, 1e30};
                     for (int r = 0; r < reps; r++)
                         for (int s = 0; s < 2; s++) {
-                            use_new = s;
+                            ab_use_new = s;
                             if (cold) evict(ebuf, evict_n);
                             else attend_ms(&m, z[s]); /* hot: its own bytes last */
                             times[s * reps + r] = attend_ms(&m, z[s]);
