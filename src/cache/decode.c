@@ -353,6 +353,14 @@ static void merge(const mha_decode_kernels *kr, float *restrict run, const float
     }
 }
 
+/* run = merge(run, part) for the unit's rows: the vector merge of the
+ * table for grouped units (16 rows per exp), else the scalar one; which
+ * one depends on the unit's rows alone. */
+static void merge_unit(const decode_call *dc, const unit *u, float *run, const float *part) {
+    if (unit_grouped(dc, u) && dc->kr->merge_t) dc->kr->merge_t(run, part, u->i1 - u->i0, dc->c->d_v);
+    else merge(dc->kr, run, part, u->i1 - u->i0, dc->c->d_v);
+}
+
 /* gp (rows, 2 + d_v) = the unit's chunks chunks[k0 .. k1) folded in
  * order (the first one's partial, then merge by merge). A unit's chunk
  * list is cut into groups of u->group chunks, fixed by the position in
@@ -362,14 +370,6 @@ static void merge(const mha_decode_kernels *kr, float *restrict run, const float
  * every 4 merges and the thread that finishes last only 1 in 4 (128
  * serial merges were ~8% of a 2-thread call); other units keep groups
  * of one chunk, as before. */
-/* run = merge(run, part) for the unit's rows: the vector merge of the
- * table for grouped units (16 rows per exp), else the scalar one; which
- * one depends on the unit's rows alone. */
-static void merge_unit(const decode_call *dc, const unit *u, float *run, const float *part) {
-    if (unit_grouped(dc, u) && dc->kr->merge_t) dc->kr->merge_t(run, part, u->i1 - u->i0, dc->c->d_v);
-    else merge(dc->kr, run, part, u->i1 - u->i0, dc->c->d_v);
-}
-
 static void group_partial(float *gp, scratch *w, const decode_call *dc, const unit *u, const int *chunks, int k0,
                           int k1) {
     chunk_partial(gp, w, dc, u, chunks[k0]);
@@ -440,7 +440,7 @@ typedef struct {
                               * index in the unit's list                    */
     float *parts;            /* partials of split tasks, NULL: units whole */
     size_t *part_at;         /* (n_tasks + 1) offset of task t's partial   */
-    int *done;               /* (n_units) chunks finished, for the merge   */
+    int *done;               /* (n_units) tasks finished, for the merge    */
     scratch *ws;             /* (nth) per-thread scratch                   */
     int nth;
 } decode_plan;

@@ -260,7 +260,6 @@ void mha_accumulate_t_avx512(float *acc, int ldacc, const float *pt, int ldt, co
  * the factors of 16 rows per vector exp instead of one expf per row (the
  * merges were 4.6% of a 1-thread MQA call; 0.94-0.99x its time at
  * L = 16384). */
-
 void mha_merge_t_avx512(float *run, const float *part, int m, int dv) {
     const size_t pw = 2 + (size_t)dv;
     const __mmask16 kl = mha_mask16(dv % 16 ? dv % 16 : 16);

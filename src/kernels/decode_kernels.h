@@ -105,7 +105,9 @@ typedef struct {
      * stored transposed, keys by rows, so that one key's scalar meets a
      * vector of 16 query rows (no horizontal sums, no lane shuffles) and
      * the softmax runs 16 rows per vector. NULL in a table: decode.c uses
-     * the row-major kernels above. m <= 32 rows. */
+     * the row-major kernels above. m <= 32 rows. The AVX-512 kernels also
+     * request the bytes after each K panel / V block into L1 (the next
+     * panel, block or chunk of the stream; a prefetch never faults). */
     /* st (n, ldt): st[j][i] = q_i . key j, q given transposed, qt (d, ldq);
      * keys k in panels of the storage `kind` (MHA_DK_*; int8 with the
      * paneled scales ks), widened panel by panel into buf (2 d 8 floats;
