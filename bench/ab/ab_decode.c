@@ -25,24 +25,7 @@
 #include "compute/exec.h"
 #include "mha.h"
 
-extern const mha_decode_kernels mha_decode_kernels_avx512_old;
-mha_status mha_decode_attend_old(const mha_exec *, float *, float *, const mha_cache *, const float *, const int *,
-                                 int, const int *, const mha_decode_opts *);
-mha_status mha_decode_attend_new(const mha_exec *, float *, float *, const mha_cache *, const float *, const int *,
-                                 int, const int *, const mha_decode_opts *);
-
-static int use_new;
-
-/* The library's entry point: old or new, the old one with the old table. */
-mha_status mha_decode_attend(const mha_exec *ex, float *z, float *stats, const mha_cache *c, const float *q,
-                             const int *row0, int t0, const int *n, const mha_decode_opts *o) {
-    if (use_new) return mha_decode_attend_new(ex, z, stats, c, q, row0, t0, n, o);
-    mha_isa isa = *ex->isa;
-    mha_exec e = *ex;
-    if (isa.decode == &mha_decode_kernels_avx512) isa.decode = &mha_decode_kernels_avx512_old;
-    e.isa = &isa;
-    return mha_decode_attend_old(&e, z, stats, c, q, row0, t0, n, o);
-}
+#include "ab_switch.h"
 
 static double cpu_now(void) {
     struct timespec t;
@@ -166,7 +149,7 @@ int main(int argc, char **argv) {
                     double best[2] = {1e30, 1e30}, cbest[2] = {1e30, 1e30}, cpu;
                     for (int r = 0; r < reps; r++)
                         for (int s = 0; s < 2; s++) {
-                            use_new = s;
+                            ab_use_new = s;
                             double t = attend_ms(c, s ? z1 : z0, q, &cpu);
                             if (t < best[s]) best[s] = t;
                             if (cpu < cbest[s]) cbest[s] = cpu;
