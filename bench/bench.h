@@ -85,7 +85,7 @@ typedef struct {
     int reps;       /* most timed runs per measurement */
     double budget;  /* seconds per measurement */
     int threads;
-    int blas;       /* 1: time OpenBLAS sgemm on the projection shapes       */
+    int blas;       /* 1: mha_gemm paired with OpenBLAS sgemm (bench_gemm.c)  */
     int mha;        /* 1: time mha_forward and the fast path's parts         */
     const char *dump; /* non-NULL: write weights, inputs and mha_forward's
                          output there as raw float32 (for the ORT peer)  */
@@ -98,6 +98,12 @@ int bench_prefill(const bench_prefill_cfg *c);
  * weights, x (B,T,d_model), kv (B,S,d_model) or NULL. */
 int bench_fast_parts(const bench_prefill_cfg *c, const mha_weights *w, const float *x,
                      const float *kv);
+
+/* bench_gemm.c: the same projection GEMMs, mha_gemm and OpenBLAS's
+ * cblas_sgemm (row-major, the weights side by side) paired in this process,
+ * round by round with the FMA peak (RESULT kind=gemm_pair). */
+int bench_gemm_paired(const bench_prefill_cfg *c, const mha_weights *w, const float *x,
+                      const float *kv);
 
 /* bench_backward.c: mha_backward, forward + backward, and the fast
  * backward's attention passes, self-attention with c's shape. */

@@ -13,26 +13,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "bench_fast.h"
 #include "forward/attention.h"
-#include "bench.h"
-#include "compute/gemm.h"
 #include "forward/forward.h"
 
-typedef struct {
-    const mha_dst *dst;
-    const float *a;
-    size_t lda;
-    int M;
-    const mha_packed *p;
-    int s0, s1, K;
-    const mha_kernels *kern;
-    int nt;
-} gemm_call;
-
-static int run_gemm(void *arg) {
-    const gemm_call *g = arg;
-    const mha_gemm_args args = {g->dst, g->a, g->lda, g->M, g->p, g->s0, g->s1, 0, g->K, 1};
-    return mha_gemm(&args, g->kern, g->nt) != MHA_OK;
+int bench_run_gemm(void *arg) {
+    const bench_gemm_case *g = arg;
+    return mha_gemm(&g->args, g->kern, g->nt) != MHA_OK;
 }
 
 typedef struct {
@@ -48,72 +35,98 @@ static int run_attn(void *arg) {
 
 static size_t round16(size_t n) { return (n + 15) / 16 * 16; }
 
-static void report_gemm(const bench_prefill_cfg *c, const char *gemm, int M, int K, int N,
-                        const double *t, int n) {
-    printf("RESULT kind=gemm impl=mha_gemm name=%s gemm=%s M=%d K=%d N=%d bias=1", c->name, gemm, M, K, N);
+int bench_fast_init(bench_fast *f, const bench_prefill_cfg *c, const mha_weights *w, const float *x,
+                    const float *kv) {
+    *f = (bench_fast){0};
+    mha_config cfg = mha_config_default(c->d_model, c->h);
+    cfg.bias = 1;
+    if (mha_config_resolve(&f->rc, &cfg)) return -1;
+    const mha_config *rc = &f->rc;
+    const mha_kernels *kern = mha_kernels_get();
+    const int nt = c->threads, D = rc->d_model, h = rc->n_heads, h_kv = rc->n_kv_heads;
+    const int d_k = rc->d_k, d_v = rc->d_v, B = c->B, T = c->T, S = c->cross ? c->S : c->T;
+    const int S_pad = (int)round16((size_t)S), ldv = (int)round16((size_t)d_v);
+    const int rows = B * T;
+    f->S = S, f->S_pad = S_pad, f->ldv = ldv;
+
+    /* packed as mha_fast_prepare packs them (d_kv_in == d_model: fused) */
+    const float *const wq[3] = {w->w_q, w->w_k, w->w_v}, *const bq[3] = {w->b_q, w->b_k, w->b_v};
+    const int cols[3] = {h * d_k, h_kv * d_k, h_kv * d_v};
+    const float *const wo[1] = {w->w_o}, *const bo[1] = {w->b_o};
+    if (mha_pack(&f->qkv, D, 3, wq, bq, cols)) return -1;
+    if (mha_pack(&f->o, h * d_v, 1, wo, bo, &D)) {
+        mha_packed_free(&f->qkv);
+        return -1;
+    }
+
+    f->q = bench_alloc((size_t)rows * h * d_k);                /* (B,h,T,d_k), head-major   */
+    f->kt = bench_alloc((size_t)B * h_kv * S_pad * d_k);       /* (B,h_kv,S_pad/16,d_k,16) */
+    f->v = bench_alloc((size_t)B * h_kv * S_pad * ldv);        /* (B,h_kv,S_pad,ldv)        */
+    f->z = bench_alloc((size_t)rows * h * d_v);                /* (B,T,h*d_v)               */
+    f->y = bench_alloc((size_t)rows * D);                      /* (B,T,D)                   */
+    f->dst[0] = (mha_dst){MHA_DST_HEADS, f->q, (size_t)d_k, d_k, h, T, (size_t)T * d_k};
+    f->dst[1] = (mha_dst){MHA_DST_HEADS_T, f->kt, 0, d_k, h_kv, S, (size_t)S_pad * d_k};
+    f->dst[2] = (mha_dst){MHA_DST_HEADS, f->v, (size_t)ldv, d_v, h_kv, S, (size_t)S_pad * ldv};
+    f->out = (mha_dst){MHA_DST_ROWS, f->y, (size_t)D, 0, 0, 0, 0};
+
+    // --- projections Q, K, V into attention's layouts (one fused pass for self-attention), then O
+    bench_gemm_case *g = f->gemm;
+    if (!c->cross) {
+        *g++ = (bench_gemm_case){"qkv", rows, D, cols[0] + cols[1] + cols[2],
+                                 {f->dst, x, (size_t)D, rows, &f->qkv, 0, 3, 0, D, 1}, kern, nt};
+    } else {
+        *g++ = (bench_gemm_case){"q", rows, D, cols[0], {f->dst, x, (size_t)D, rows, &f->qkv, 0, 1, 0, D, 1},
+                                 kern, nt};
+        *g++ = (bench_gemm_case){"kv", B * S, D, cols[1] + cols[2],
+                                 {f->dst + 1, kv, (size_t)D, B * S, &f->qkv, 1, 3, 0, D, 1}, kern, nt};
+    }
+    *g++ = (bench_gemm_case){"o", rows, h * d_v, D,
+                             {&f->out, f->z, (size_t)h * d_v, rows, &f->o, 0, 1, 0, h * d_v, 1}, kern, nt};
+    f->n_gemm = (int)(g - f->gemm);
+    return 0;
+}
+
+void bench_fast_free(bench_fast *f) {
+    mha_packed_free(&f->qkv);
+    mha_packed_free(&f->o);
+    free(f->q); free(f->kt); free(f->v); free(f->z); free(f->y);
+}
+
+static void report_gemm(const bench_prefill_cfg *c, const bench_gemm_case *g, const double *t, int n) {
+    printf("RESULT kind=gemm impl=mha_gemm name=%s gemm=%s M=%d K=%d N=%d bias=1", c->name, g->gemm, g->M,
+           g->K, g->N);
     if (n < 0) {
         printf(" error=\"%s\"\n", mha_last_error());
     } else {
         bench_print_times(t, n);
-        printf(" kernels=%s\n", mha_kernels_get()->name);
+        printf(" kernels=%s\n", g->kern->name);
     }
     fflush(stdout);
 }
 
 int bench_fast_parts(const bench_prefill_cfg *c, const mha_weights *w, const float *x,
                      const float *kv) {
-    mha_config cfg = mha_config_default(c->d_model, c->h), rc;
-    cfg.bias = 1;
-    if (mha_config_resolve(&rc, &cfg)) return -1;
+    bench_fast f;
+    if (bench_fast_init(&f, c, w, x, kv)) return -1;
     const mha_kernels *kern = mha_kernels_get();
-    const int nt = c->threads, D = rc.d_model, h = rc.n_heads, h_kv = rc.n_kv_heads;
-    const int d_k = rc.d_k, d_v = rc.d_v, B = c->B, T = c->T, S = c->cross ? c->S : c->T;
-    const int S_pad = (int)round16((size_t)S), ldv = (int)round16((size_t)d_v);
-    const size_t rows = (size_t)B * T;
-
-    /* packed as mha_fast_prepare packs them (d_kv_in == d_model: fused) */
-    mha_packed qkv, o;
-    const float *const wq[3] = {w->w_q, w->w_k, w->w_v}, *const bq[3] = {w->b_q, w->b_k, w->b_v};
-    const int cols[3] = {h * d_k, h_kv * d_k, h_kv * d_v};
-    const float *const wo[1] = {w->w_o}, *const bo[1] = {w->b_o};
-    if (mha_pack(&qkv, D, 3, wq, bq, cols) || mha_pack(&o, h * d_v, 1, wo, bo, &D)) return -1;
-
-    float *q = bench_alloc(rows * h * d_k);                 /* (B,h,T,d_k), head-major   */
-    float *kt = bench_alloc((size_t)B * h_kv * S_pad * d_k); /* (B,h_kv,S_pad/16,d_k,16) */
-    float *v = bench_alloc((size_t)B * h_kv * S_pad * ldv);  /* (B,h_kv,S_pad,ldv)        */
-    float *z = bench_alloc(rows * h * d_v);                 /* (B,T,h*d_v)               */
-    float *y = bench_alloc(rows * D);                       /* (B,T,D)                   */
-    const mha_dst dst[3] = {
-        {MHA_DST_HEADS, q, (size_t)d_k, d_k, h, T, (size_t)T * d_k},
-        {MHA_DST_HEADS_T, kt, 0, d_k, h_kv, S, (size_t)S_pad * d_k},
-        {MHA_DST_HEADS, v, (size_t)ldv, d_v, h_kv, S, (size_t)S_pad * ldv},
-    };
     double t[256];
     int n;
 
-    // --- projections Q, K, V into attention's layouts (one fused pass for self-attention)
-    if (!c->cross) {
-        gemm_call g = {dst, x, (size_t)D, (int)rows, &qkv, 0, 3, D, kern, nt};
-        n = bench_repeat(run_gemm, &g, t, c->reps, c->budget);
-        report_gemm(c, "qkv", (int)rows, D, cols[0] + cols[1] + cols[2], t, n);
-    } else {
-        gemm_call g = {dst, x, (size_t)D, (int)rows, &qkv, 0, 1, D, kern, nt};
-        n = bench_repeat(run_gemm, &g, t, c->reps, c->budget);
-        report_gemm(c, "q", (int)rows, D, cols[0], t, n);
-        gemm_call g2 = {dst + 1, kv, (size_t)D, B * S, &qkv, 1, 3, D, kern, nt};
-        n = bench_repeat(run_gemm, &g2, t, c->reps, c->budget);
-        report_gemm(c, "kv", B * S, D, cols[1] + cols[2], t, n);
+    // --- projections Q, K, V (every case but the last, O)
+    for (int i = 0; i + 1 < f.n_gemm; i++) {
+        n = bench_repeat(bench_run_gemm, &f.gemm[i], t, c->reps, c->budget);
+        report_gemm(c, &f.gemm[i], t, n);
     }
 
     // --- attention alone on the projected Q, K, V
     mha_options opt = mha_options_default();
     opt.causal = c->causal;
     const mha_attn_args att = {
-        .cfg = &rc, .opt = &opt, .q = q, .kt = kt, .v = v, .z = z, .probs = NULL,
-        .B = B, .T = T, .S = S, .S_tot = S, .S_pad = S_pad, .ldv = ldv,
-        .scale = (float)(1.0 / sqrt((double)d_k)), .q_head_major = 1,
+        .cfg = &f.rc, .opt = &opt, .q = f.q, .kt = f.kt, .v = f.v, .z = f.z, .probs = NULL,
+        .B = c->B, .T = c->T, .S = f.S, .S_tot = f.S, .S_pad = f.S_pad, .ldv = f.ldv,
+        .scale = (float)(1.0 / sqrt((double)f.rc.d_k)), .q_head_major = 1,
     };
-    attn_call ac = {&att, kern, nt};
+    attn_call ac = {&att, kern, c->threads};
     n = bench_repeat(run_attn, &ac, t, c->reps, c->budget);
     printf("RESULT kind=attn_only impl=mha name=%s method=\"mha_attention (internal)\"", c->name);
     if (n < 0) {
@@ -125,13 +138,10 @@ int bench_fast_parts(const bench_prefill_cfg *c, const mha_weights *w, const flo
     fflush(stdout);
 
     // --- output projection Y = Z W_O + b_O
-    mha_dst out = {MHA_DST_ROWS, y, (size_t)D, 0, 0, 0, 0};
-    gemm_call go = {&out, z, (size_t)h * d_v, (int)rows, &o, 0, 1, h * d_v, kern, nt};
-    n = bench_repeat(run_gemm, &go, t, c->reps, c->budget);
-    report_gemm(c, "o", (int)rows, h * d_v, D, t, n);
+    bench_gemm_case *go = &f.gemm[f.n_gemm - 1];
+    n = bench_repeat(bench_run_gemm, go, t, c->reps, c->budget);
+    report_gemm(c, go, t, n);
 
-    mha_packed_free(&qkv);
-    mha_packed_free(&o);
-    free(q); free(kt); free(v); free(z); free(y);
+    bench_fast_free(&f);
     return 0;
 }

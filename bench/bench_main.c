@@ -5,14 +5,16 @@
  *   bench_mha machine [--threads N] [--fma-iters N] [--stream-mib A,B,..]
  *   bench_mha prefill --name P1 --B 4 --T 512 [--S 2048 (cross-attention)]
  *                     --d 768 --h 12 [--causal] [--reps 7] [--budget 20]
- *                     [--mha-only | --gemm-only (OpenBLAS sgemm alone)]
+ *                     [--mha-only | --gemm-only (mha_gemm paired with OpenBLAS
+ *                     sgemm; --reps: rounds)]
  *                     [--dump DIR (weights, inputs, output as raw float32)]
  *
  * OpenBLAS's thread pool starts when the binary loads and its idle threads
  * compete with libmha's OpenMP threads on 2 cores (a 5-step decode ran
  * 100x slower), so run.sh runs the mha parts with OPENBLAS_NUM_THREADS=1
- * and the OpenBLAS GEMMs in processes of their own (--gemm-only, also under
- * OPENBLAS_CORETYPE=Haswell for OpenBLAS's AVX2 kernels).
+ * and the GEMM comparison in processes of their own (--gemm-only: both
+ * libraries' pools told to sleep between calls, see run.sh; one process
+ * per OPENBLAS_CORETYPE).
  *   bench_mha backward --name P1 --B 4 --T 512 --d 768 --h 12 [--causal]
  *                     (bench_backward.c; prefill's options, self-attention)
  *   bench_mha variants --name P2 --B 1 --T 4096 --d 768 --h 12 --causal

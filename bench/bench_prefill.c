@@ -1,14 +1,13 @@
 /* bench_prefill.c — one prefill/encoder configuration: the whole
- * mha_forward (default options, MHA_PATH_AUTO), OpenBLAS sgemm on the
- * projection shapes, and the fast path's parts timed apart
- * (bench_internal.c: its GEMMs on the same shapes, its attention kernel).
+ * mha_forward (default options, MHA_PATH_AUTO), the fast path's parts
+ * timed apart (bench_internal.c: its GEMMs, its attention kernel), and its
+ * projection GEMMs paired with OpenBLAS sgemm (bench_gemm.c).
  *
  * Projection shapes: self-attention fuses Q, K, V into one GEMM
  * (M = B*T, K = d_model, N = 3*d_model); cross-attention runs Q
  * (M = B*T, N = d_model) and fused K, V (M = B*S, N = 2*d_model); then O
  * (M = B*T, K = d_model, N = d_model). That is what mha_forward_fast runs.
  */
-#include <cblas.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,47 +32,6 @@ static int run_forward(void *arg) {
     forward_job *j = arg;
     j->st = mha_forward(j->layer, j->y, NULL, j->x, j->kv, j->B, j->T, j->S, j->opt);
     return j->st != MHA_OK;
-}
-
-/* ------------------------------------------------------- OpenBLAS */
-
-typedef struct {
-    float *c;       /* (M,N) */
-    const float *a; /* (M,K) */
-    const float *w; /* (K,N) */
-    int M, K, N;
-} sgemm_job;
-
-/* No bias (beta = 0): OpenBLAS has no fused bias, and adding it in a
- * second pass would charge OpenBLAS for an API choice. mha_gemm's bias is
- * fused, so this favours OpenBLAS slightly. */
-static int run_sgemm(void *arg) {
-    sgemm_job *j = arg;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, j->M, j->N, j->K, 1.0f, j->a, j->K,
-                j->w, j->N, 0.0f, j->c, j->N);
-    return 0;
-}
-
-static void bench_sgemm(const bench_prefill_cfg *c, const char *gemm, int M, int K, int N,
-                        uint64_t *seed) {
-    float *a = bench_alloc((size_t)M * K), *w = bench_alloc((size_t)K * N);
-    float *out = bench_alloc((size_t)M * N);
-    bench_fill(a, (size_t)M * K, seed, -1.0f, 1.0f);
-    bench_fill(w, (size_t)K * N, seed, -0.05f, 0.05f);
-    sgemm_job j = {out, a, w, M, K, N};
-    double t[256];
-    int n = bench_repeat(run_sgemm, &j, t, c->reps, c->budget);
-    /* OPENBLAS_CORETYPE (read when OpenBLAS loads) picks other kernels,
-     * e.g. Haswell's AVX2 ones on an AVX-512 machine: named in impl. */
-    const char *core = getenv("OPENBLAS_CORETYPE");
-    printf("RESULT kind=gemm impl=openblas%s%s name=%s gemm=%s M=%d K=%d N=%d bias=0 corename=%s",
-           core ? "_" : "", core ? core : "", c->name, gemm, M, K, N, openblas_get_corename());
-    bench_print_times(t, n);
-    printf("\n");
-    fflush(stdout);
-    free(a);
-    free(w);
-    free(out);
 }
 
 /* Prints an error as a quoted value without the characters that would end it. */
@@ -190,13 +148,8 @@ int bench_prefill(const bench_prefill_cfg *c) {
     if (c->mha) bench_forward(c, &w, x, kv, y);
     if (c->mha && c->dump) dump_case(c, &w, x, kv, y);
 
-    if (c->blas && c->cross) {
-        bench_sgemm(c, "q", c->B * c->T, d, d, &seed);
-        bench_sgemm(c, "kv", c->B * S, d, 2 * d, &seed);
-    } else if (c->blas) {
-        bench_sgemm(c, "qkv", c->B * c->T, d, 3 * d, &seed);
-    }
-    if (c->blas) bench_sgemm(c, "o", c->B * c->T, d, d, &seed);
+    if (c->blas && bench_gemm_paired(c, &w, x, kv))
+        printf("RESULT kind=gemm_pair name=%s error=\"%s\"\n", c->name, mha_last_error());
 
     if (c->mha && bench_fast_parts(c, &w, x, kv))
         printf("RESULT kind=attn_only impl=mha name=%s error=\"%s\"\n", c->name, mha_last_error());

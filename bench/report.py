@@ -21,18 +21,41 @@ same run.sh call; the rounds of a configuration alternate mha and torch):
   projection GEMMs - attention - O GEMM (allocation, validation, finiteness
   checks); medians are subtracted, so noise can make it slightly negative.
 - GEMMs: mha_gemm (the fast path's packed GEMM; weights packed untimed, as
-  at layer creation; bias fused; output in attention's layouts) against
-  OpenBLAS cblas_sgemm (row-major, no bias) on the same M x K x N, with the
-  kernels OpenBLAS picks for this CPU (0.3.21 does not know every new CPU
-  and may fall back to old kernels: its core name is printed), with
-  OPENBLAS_CORETYPE=Haswell (AVX2) and with OPENBLAS_CORETYPE=SkylakeX
-  (AVX-512); "OpenBLAS best" is the fastest of the three. Self-
-  attention: fused QKV (N = 3*d_model); cross-attention: Q (N = d_model over
-  B*T rows) and fused KV (N = 2*d_model over B*S rows); then O (N = d_model).
+  at layer creation; bias fused; output in attention's layouts:
+  bench/bench_fast.h) against OpenBLAS cblas_sgemm (row-major, the layer's
+  weights side by side, no bias) on the same M x K x N and the same input
+  rows, paired in one process (bench/bench_gemm.c, `bench_mha prefill
+  --gemm-only`): rounds of one call of each, the order alternating round
+  by round, up to 3 x reps rounds (15) or the budget, with the FMA loop of
+  the ISA mha's kernels use (~4 ms) run before every round and after the
+  last. One such process per OpenBLAS kernel set: the kernels it picks for
+  this CPU (0.3.21 does not know every new CPU and may fall back to old
+  kernels: its core name is printed), OPENBLAS_CORETYPE=Haswell (AVX2) and
+  SkylakeX (AVX-512). "OpenBLAS ... ms": the median of its process's
+  rounds. "mha / OpenBLAS ... (paired)": the median over that process's
+  rounds of OpenBLAS time / mha time (above 1: mha is faster); "best" is
+  the kernel set whose OpenBLAS median was lowest. "mha_gemm ms" and "mha %
+  peak" come from that best process: mha's median over the best FMA loop of
+  the same process (taken next to the calls, so it sees the same machine;
+  the run's peak is measured minutes away; the GEMM rows' roofline uses
+  the same peak). "mha_gemm alone ms": the same
+  GEMM timed alone in the bench_mha --mha-only process (bench_internal.c),
+  the check that pairing does not slow mha_gemm down. The GEMM targets use
+  the paired figures. Self-attention: fused QKV (N = 3*d_model);
+  cross-attention: Q (N = d_model over B*T rows) and fused KV (N =
+  2*d_model over B*S rows); then O (N = d_model).
 - isolation: libmha (and the FMA and bandwidth loops) run with
   OPENBLAS_NUM_THREADS=1: bench_mha links OpenBLAS, whose idle thread pool
   otherwise competes with libmha's OpenMP threads on 2 cores (a 5-step decode
-  measured 100x slower); OpenBLAS runs in processes of its own (--gemm-only).
+  measured 100x slower). The paired GEMM processes run both pools with the
+  bench's threads, under OMP_WAIT_POLICY=passive (libgomp's workers sleep
+  when a parallel region ends; by default they spin for some milliseconds)
+  and OPENBLAS_THREAD_TIMEOUT=4 (Debian's OpenBLAS 0.3.21: idle workers
+  sleep after 2^4 cycles instead of spinning for 2^28, ~0.1 s): otherwise
+  the library that ran last keeps up to a core busy while the other's
+  call runs. Each process checks it: the CPU time the process uses in the
+  20 ms after one call of each (idle_cores_after_mha / _blas in its
+  RESULT line; over 0.05 cores is listed under the run's problems).
 - FMA peak: best of the FMA loops (AVX2: 12 independent chains per thread;
   AVX-512: 16; all threads) over the run (measured at its start and end,
   each the best of 7). '% peak' columns use the peak of the ISA libmha's
@@ -297,6 +320,91 @@ def variants_section(rows, targets, notes):
                   "overhead vs plain (min)", "overhead (median of paired ratios)"], body)
 
 
+# OpenBLAS kernels of the --gemm-only processes: OPENBLAS_CORETYPE (the
+# gemm_pair line's openblas=) and how the GEMM table names them.
+GEMM_CORES = (("auto", None), ("Haswell", "AVX2"), ("SkylakeX", "AVX-512"))
+
+
+def gemm_auto_core(rows):
+    """The core OpenBLAS picked by itself (the auto process's corename)."""
+    r = one(rows, kind="gemm_pair", openblas="auto")
+    return r.get("corename", "?") if r else "?"
+
+
+def gemm_pair(rows, name, gname, core):
+    """One --gemm-only process's paired measurement of a GEMM: (mha times,
+    OpenBLAS times, median of the per-round OpenBLAS / mha ratios, the
+    process's FMA peak, its row), or None."""
+    r = one(rows, kind="gemm_pair", name=name, gemm=gname, openblas=core)
+    if not r or not r.get("mha_times_s") or not r.get("blas_times_s"):
+        return None
+    tm = [float(v) for v in r["mha_times_s"].split(",") if v]
+    tb = [float(v) for v in r["blas_times_s"].split(",") if v]
+    return tm, tb, med([b / m for m, b in zip(tm, tb)]), num(r, "peak_gflops"), r
+
+
+def gemm_rows(rows, name, isa, roof, targets, notes):
+    """The Projection GEMMs rows of one configuration and their targets,
+    from the paired measurement (bench_gemm.c): each --gemm-only process
+    times mha_gemm and one OpenBLAS core type round by round, so every
+    "mha / OpenBLAS" ratio compares times of the same process and rounds
+    (median of the per-round ratios). "best" is the core type whose
+    OpenBLAS median was lowest; mha's ms and % peak come from that process
+    (its median over its FMA peak, measured around the rounds)."""
+    body = []
+    for gname in ("qkv", "q", "kv", "o"):
+        pairs = {core: gemm_pair(rows, name, gname, core) for core, _ in GEMM_CORES}
+        for r in find(rows, kind="gemm_pair", name=name, gemm=gname):
+            if r.get("error"):
+                notes.append(f"{name} {gname} GEMM paired with OpenBLAS {r.get('openblas')}: {r['error']}")
+            spin = max(num(r, "idle_cores_after_mha") or 0, num(r, "idle_cores_after_blas") or 0)
+            if spin > 0.05:
+                notes.append(f"{name} {gname} GEMM paired with OpenBLAS {r.get('openblas')}: idle workers kept "
+                             f"{spin:.2f} cores busy after a call (OMP_WAIT_POLICY={r.get('omp_wait')}, "
+                             f"OPENBLAS_THREAD_TIMEOUT={r.get('openblas_timeout')}): the pair competed for the cores")
+        g = next((p[4] for p in pairs.values() if p), None)
+        alone = med(times_of(rows, kind="gemm", impl="mha_gemm", name=name, gemm=gname))
+        if not g:
+            continue
+        M, K, N = int(g["M"]), int(g["K"]), int(g["N"])
+        fl = 2.0 * M * K * N
+        bt = {core: med(p[1]) if p else None for core, p in pairs.items()}
+        ratio = {core: p[2] if p else None for core, p in pairs.items()}
+        best = min((c for c in bt if bt[c]), key=lambda c: bt[c])
+        pt, pk = med(pairs[best][0]), pairs[best][3]
+        gfr = fl / pt * 1e-9 / pk if pt and pk else None
+        # the roofline at the same process's FMA peak (the bytes at the run's bandwidth)
+        groof = max(fl / (pk * 1e9) if pk else 0, roof(0, 4 * (M * K + K * N + M * N)) or 0) or None
+        cells = [name, gname, f"{M}x{K}x{N}"]
+        for core, _ in GEMM_CORES:
+            cells += [fmt_ms(bt[core]), fmt(fl / bt[core] * 1e-9 if bt[core] else None)]
+        cells += [fmt_ms(pt), fmt(fl / pt * 1e-9), fmt(gfr * 100 if gfr else None, ".0f", suffix="%"),
+                  fmt_ms(groof), fmt(groof / pt * 100 if groof else None, ".0f", suffix="%"), fmt_ms(alone)]
+        best_name = pairs[best][4].get("corename", best)
+        cells += [fmt(ratio[core], ".2f") for core, _ in GEMM_CORES] + [f"{fmt(ratio[best], '.2f')} ({best_name})"]
+        body.append(cells)
+        targets.append([f"{name} {gname} GEMM >= 75% of the {isa} FMA peak (paired run's peak)",
+                        fmt(gfr * 100 if gfr else None, ".0f", suffix="%"), verdict(gfr, 0.75)])
+        targets.append([f"{name} {gname} GEMM >= OpenBLAS's best kernel (paired in one process; best: {best_name})",
+                        fmt(ratio[best], ".2f", suffix="x"), verdict(ratio[best], 1)])
+        if name == "P1" and gname == "qkv":
+            for core, label in (("auto", "OpenBLAS"), ("Haswell", "OpenBLAS with its AVX2 kernels (context)")):
+                targets.append([f"P1 projection GEMM (fused QKV) >= {label}, paired",
+                                fmt(ratio[core], ".2f", suffix="x"), verdict(ratio[core], 1)])
+    return body
+
+
+def gemm_table(body, auto_core, isa):
+    head = ["config", "GEMM", "MxKxN"]
+    for core, simd in GEMM_CORES:
+        label = auto_core if core == "auto" else f"{core}, {simd}"
+        head += [f"OpenBLAS ({label}) ms", "GFLOP/s"]
+    head += ["mha_gemm ms (paired with the best)", "GFLOP/s", f"mha % {isa} peak (paired run's peak)",
+             "roofline ms", "% roofline", "mha_gemm alone ms", "mha / OpenBLAS (paired)",
+             "mha / OpenBLAS AVX2 (paired)", "mha / OpenBLAS AVX-512 (paired)", "mha / OpenBLAS best (paired)"]
+    return table(head, body)
+
+
 def memory_line(rows):
     """Issue 3's peak-RSS check (tests/test_fast.c fast_memory_peak)."""
     m = one(rows, kind="memory")
@@ -414,6 +522,7 @@ def main():
         t = one(rows, kind="prefill", impl="torch", name=name)
         ref = m or t
         if not ref:
+            gbody += gemm_rows(rows, name, isa, roof, targets, notes)
             continue
         proj_f, attn_f = flops_prefill(ref)
         shape = (f"B={ref['B']} T={ref['T']} S={ref['S']} d={ref['d_model']} h={ref['h']}"
@@ -468,43 +577,9 @@ def main():
             afr = agf / peak_isa if agf and peak_isa else None
             targets.append([f"{name} attention alone >= 65% of the {isa} FMA peak",
                             fmt(afr * 100 if afr else None, ".0f", suffix="%"), verdict(afr, 0.65)])
-        for gname in ["qkv", "q", "kv", "o"]:
-            ot = med(times_of(rows, kind="gemm", impl="openblas", name=name, gemm=gname))
-            oh = med(times_of(rows, kind="gemm", impl="openblas_Haswell", name=name, gemm=gname))
-            ox = med(times_of(rows, kind="gemm", impl="openblas_SkylakeX", name=name, gemm=gname))
-            pt = med(times_of(rows, kind="gemm", impl="mha_gemm", name=name, gemm=gname))
-            g = one(rows, kind="gemm", name=name, gemm=gname)
-            if not g:
-                continue
-            M, K, N = int(g["M"]), int(g["K"]), int(g["N"])
-            fl = 2.0 * M * K * N
-            obest = min([v for v in (ot, oh, ox) if v], default=None)
-            groof = roof(fl, 4 * (M * K + K * N + M * N))
-            gfr = fl / pt * 1e-9 / peak_isa if pt and peak_isa else None
-            gbody.append([name, gname, f"{M}x{K}x{N}", fmt_ms(ot), fmt(fl / ot * 1e-9 if ot else None),
-                          fmt_ms(oh), fmt(fl / oh * 1e-9 if oh else None),
-                          fmt_ms(ox), fmt(fl / ox * 1e-9 if ox else None),
-                          fmt_ms(pt), fmt(fl / pt * 1e-9 if pt else None),
-                          fmt(gfr * 100 if gfr else None, ".0f", suffix="%"),
-                          fmt_ms(groof), pct(groof, pt),
-                          fmt(ot / pt if ot and pt else None, ".2f"),
-                          fmt(oh / pt if oh and pt else None, ".2f"),
-                          fmt(obest / pt if obest and pt else None, ".2f")])
-            targets.append([f"{name} {gname} GEMM >= 75% of the {isa} FMA peak",
-                            fmt(gfr * 100 if gfr else None, ".0f", suffix="%"), verdict(gfr, 0.75)])
-            rb = obest / pt if obest and pt else None
-            targets.append([f"{name} {gname} GEMM >= OpenBLAS's best kernel (auto, Haswell, SkylakeX)",
-                            fmt(rb, ".2f", suffix="x"), verdict(rb, 1)])
+        gbody += gemm_rows(rows, name, isa, roof, targets, notes)
         if name == "P1":
             targets.append(["P1 >= 4x PyTorch", fmt(speed, ".2f", suffix="x"), verdict(speed, 4)])
-            ot = med(times_of(rows, kind="gemm", impl="openblas", name=name, gemm="qkv"))
-            pt = med(times_of(rows, kind="gemm", impl="mha_gemm", name=name, gemm="qkv"))
-            r = ot / pt if ot and pt else None
-            oh = med(times_of(rows, kind="gemm", impl="openblas_Haswell", name=name, gemm="qkv"))
-            r2 = oh / pt if oh and pt else None
-            targets.append(["P1 projection GEMM (fused QKV) >= OpenBLAS", fmt(r, ".2f", suffix="x"), verdict(r, 1)])
-            targets.append(["P1 projection GEMM (fused QKV) >= OpenBLAS with its AVX2 kernels (context)",
-                            fmt(r2, ".2f", suffix="x"), verdict(r2, 1)])
         if name == "P2":
             targets.append(["P2 >= 8x PyTorch", fmt(speed, ".2f", suffix="x"), verdict(speed, 8)])
             fr = agf / peak if agf and peak else None
@@ -515,10 +590,7 @@ def main():
                      "% roofline", "torch ms", "torch path", "x torch", "x torch (min)", "ORT ms", "x ORT",
                      "attn-only ms", "attn GFLOP/s", "attn % peak", "attn roofline ms", "attn % roofline",
                      "ORT attn ms", "attn x ORT", "other ms"], body)
-    gemm_tab = table(["config", "GEMM", "MxKxN", f"OpenBLAS ({ob.get('corename', '?')}) ms", "GFLOP/s",
-                      "OpenBLAS (Haswell, AVX2) ms", "GFLOP/s", "OpenBLAS (SkylakeX, AVX-512) ms", "GFLOP/s",
-                      "mha_gemm ms", "GFLOP/s", f"mha % {isa} peak", "roofline ms", "% roofline",
-                      "mha / OpenBLAS", "mha / OpenBLAS AVX2", "mha / OpenBLAS best"], gbody)
+    gemm_tab = gemm_table(gbody, ob.get("corename") or gemm_auto_core(rows), isa)
 
     # ------------------------------------------------------------- decode
     dbody, dec_points, step_points = [], [], []

@@ -7,6 +7,9 @@
 #                              issue 12 backward, issue 5 decode)
 #   sh bench/run.sh --quick    tiny shapes for development; writes
 #                              build/bench/RESULTS-quick.md instead
+#   sh bench/run.sh --gemm     the projection GEMMs alone (mha_gemm paired
+#                              with OpenBLAS, full shapes, ~2 min); writes
+#                              build/bench/RESULTS-gemm.md
 #   BENCH_THREADS=1 sh bench/run.sh   another thread count (default 2)
 #   BENCH_QUIET_WAIT=0 BENCH_QUIET_WAIT_EACH=0 ...   do not wait for idle
 #                              CPUs (full run: up to 90 s at the start and
@@ -21,8 +24,9 @@ mode=full
 for a in "$@"; do
   case "$a" in
     --quick) mode=quick ;;
-    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
-    *) echo "bench/run.sh: unknown argument '$a' (expected --quick)" >&2; exit 2 ;;
+    --gemm) mode=gemm ;;
+    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+    *) echo "bench/run.sh: unknown argument '$a' (expected --quick or --gemm)" >&2; exit 2 ;;
   esac
 done
 
@@ -67,6 +71,13 @@ else
   dec_d=2048; dec_h=32; dec_hkv="32,8,1"; dec_L="1024,4096,16384"; dec_steps=20
 fi
 dec_dhead=64; dec_cache="fp32,fp16,int8,int8/fp16" # int8/fp16: K int8, V fp16
+# paired GEMM rounds (mha_gemm and OpenBLAS, one call of each per round)
+gemm_rounds=$((reps * 3))
+if [ "$mode" = gemm ]; then
+  # the full shapes' GEMMs only: no prefill rounds, backward, variants or decode
+  results=$out/RESULTS-gemm.md
+  stream_mib=0; rounds=0; dec_hkv=""; dec_cache=""
+fi
 
 # Runs one command, appends its RESULT lines to the raw file; a failure is
 # recorded and the run goes on, so one broken section does not hide the rest.
@@ -174,9 +185,12 @@ load start "$busy" $waited
 # libmha's side runs with OPENBLAS_NUM_THREADS=1 (OpenBLAS's idle pool would
 # compete with its OpenMP threads); OpenBLAS is timed in its own processes.
 solo="env OPENBLAS_NUM_THREADS=1"
+# The paired GEMM processes: libgomp's workers and OpenBLAS's (default: spin
+# for 2^28 cycles) go to sleep when their call ends (report.py: isolation).
+gemm_isolation="OMP_WAIT_POLICY=passive OPENBLAS_THREAD_TIMEOUT=4"
 # shellcheck disable=SC2086
 run $solo "$bin" machine --fma-iters $fma_iters --stream-mib $stream_mib
-run "$py" bench/peer_torch.py --threads $threads info
+[ "$mode" = gemm ] || run "$py" bench/peer_torch.py --threads $threads info
 
 # --------------------------------------------------- prefill (issue 3)
 # mha and torch alternate for $rounds rounds, so both see the same spells of
@@ -201,19 +215,23 @@ for name in P1 P2 P3; do
         --reps $reps --budget $budget
     round=$((round + 1))
   done
-  # OpenBLAS on the projection shapes, with the kernels it picks for this
-  # CPU and with its AVX2 (Haswell) ones: libmha's kernels are AVX2.
+  # The projection GEMMs, mha_gemm paired with OpenBLAS in one process per
+  # OpenBLAS kernel set: the one it picks for this CPU (0.3.21 picks old
+  # ones on CPUs it does not know), its AVX2 (Haswell) and its AVX-512
+  # (SkylakeX) kernels. Both thread pools sleep as soon as their call ends,
+  # so neither spins on the cores the other's next call needs.
+  # (--gemm: one mha-only process for the table's "mha_gemm alone" column)
   # shellcheck disable=SC2086
-  run "$bin" prefill --name $name $flags --reps $reps --budget $budget --threads $threads --gemm-only
-  # shellcheck disable=SC2086
-  run env OPENBLAS_CORETYPE=Haswell "$bin" prefill --name $name $flags --reps $reps --budget $budget \
-      --threads $threads --gemm-only
-  # and its AVX-512 kernels (0.3.21 picks old ones on CPUs it does not know)
-  if grep -q avx512f /proc/cpuinfo; then
+  [ "$mode" = gemm ] && run $solo "$bin" prefill --name $name $flags --reps $reps --budget $budget \
+      --threads $threads --mha-only
+  cores="auto Haswell"
+  grep -q avx512f /proc/cpuinfo && cores="$cores SkylakeX"
+  for core in $cores; do
+    coretype=""; [ "$core" = auto ] || coretype=OPENBLAS_CORETYPE=$core
     # shellcheck disable=SC2086
-    run env OPENBLAS_CORETYPE=SkylakeX "$bin" prefill --name $name $flags --reps $reps --budget $budget \
-        --threads $threads --gemm-only
-  fi
+    run env $coretype $gemm_isolation "$bin" prefill --name $name $flags --reps $gemm_rounds \
+        --budget $budget --threads $threads --gemm-only
+  done
 done
 
 # --------------------------------------------------- backward (issue 12)
@@ -240,7 +258,7 @@ done
 # RoPE, ALiBi, softcap and sinks each on P2's layer, interleaved with the
 # plain one in one process (report.py: overhead target <= 10%).
 # shellcheck disable=SC2086
-run $solo "$bin" variants --name P2 $P2 --reps $((reps * 2)) --budget $((budget * 2)) --threads $threads --mha-only
+[ "$mode" = gemm ] || run $solo "$bin" variants --name P2 $P2 --reps $((reps * 2)) --budget $((budget * 2)) --threads $threads --mha-only
 
 # ---------------------------------------------------- decode (issue 5)
 # torch and mha alternate per (cache dtype, h_kv) group of contexts. torch

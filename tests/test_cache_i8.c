@@ -171,6 +171,61 @@ static void test_attend_mqa(void) { attend_case(8, 1, 20, 72, 260); }
  * (the chunk widened once, scores keys by rows; decode.c) */
 static void test_attend_mqa32(void) { attend_case(32, 1, 64, 72, 300); }
 
+/* A long MQA decode: 32 rows on one kv head (grouped on AVX-512) over 9
+ * chunks, which the tasks fold in groups of chunks (decode.c,
+ * GROUP_CHUNKS: 4, 4 and 1) merged in order. Per storage type: within
+ * the fp32 tolerance of the double reference on the stored K/V; 1 and 2
+ * threads bit-identical; and a prefill of the last 64 queries (64 units:
+ * each runs its groups in order on one thread, not split) gives the
+ * decode's bits for its last query (and so passes the same check). */
+static void test_grouped_fold(void) {
+    enum { H = 32, DK = 32, DV = 40, S = 1100, T = 64, R = 8 /* queries the reference computes */ };
+    const mha_cache_dtype kts[4] = {MHA_CACHE_F32, MHA_CACHE_F16, MHA_CACHE_I8, MHA_CACHE_I8};
+    const mha_cache_dtype vts[4] = {MHA_CACHE_F32, MHA_CACHE_F16, MHA_CACHE_I8, MHA_CACHE_F16};
+    mha_config cfg = naive_config(64, H, 1, DK, DV, 0);
+    naive_weights w;
+    uint64_t seed = 331;
+    mha_config r = naive_resolve(cfg);
+    naive_weights_random(&w, &r, &seed, 0.3f);
+    mha_layer *L = naive_make_layer(&w);
+    float *q = outlier_floats((size_t)T, H * DK, &seed), *k = outlier_floats((size_t)S, DK, &seed);
+    float *v = outlier_floats((size_t)S, DV, &seed);
+    float *kd = malloc(sizeof(float) * S * DK), *vd = malloc(sizeof(float) * S * DV);
+    const size_t nz = (size_t)T * H * DV, nd = (size_t)H * DV;
+    double *zr = naive_alloc_doubles(R * nd), *z32 = naive_alloc_doubles(R * nd);
+    const float *ql = q + (size_t)(T - 1) * H * DK; /* the last query, position S - 1 */
+    float *zp = naive_alloc_floats(nz), *zd[2] = {naive_alloc_floats(nd), naive_alloc_floats(nd)};
+    for (int ty = 0; ty < 4; ty++) {
+        memcpy(kd, k, sizeof(float) * S * DK), memcpy(vd, v, sizeof(float) * S * DV);
+        for (int i = 0; i < S; i++) ref_store(kd + (size_t)i * DK, DK, kts[ty]), ref_store(vd + (size_t)i * DV, DV, vts[ty]);
+        /* the last R queries (the tolerance from more than one token) */
+        ref_attend(zr, NULL, ql - (R - 1) * H * DK, kd, vd, 1, R, S, S - R, H, 1, DK, DV, -1, 1);
+        ref_attend(z32, NULL, ql - (R - 1) * H * DK, kd, vd, 1, R, S, S - R, H, 1, DK, DV, -1, 0);
+        double e32 = 0.0;
+        for (size_t i = 0; i < R * nd; i++) e32 = fmax(e32, fabs(z32[i] - zr[i]));
+        const double tol = 2.0 * e32 + 1e-6;
+        mha_cache *c = NULL;
+        CHECK_OK(mha_cache_create_kv(&c, L, 1, S, kts[ty], vts[ty], 0));
+        if (!c) break;
+        CHECK_OK(mha_cache_append(c, k, v, S, NULL));
+        CHECK_OK(mha_cache_attend(c, zp, q, T, NULL, 0.0f));
+        CHECK(naive_max_diff(zp + nz - R * nd, zr, R * nd) <= tol);
+        mha_decode_set_min_parallel_work(0.0); /* 2 threads even where the work is small */
+        for (int th = 0; th < 2; th++) {
+            mha_set_num_threads(th + 1);
+            CHECK_OK(mha_cache_attend(c, zd[th], ql, 1, NULL, 0.0f));
+            CHECK(naive_max_diff(zd[th], zr + (R - 1) * nd, nd) <= tol);
+        }
+        mha_set_num_threads(0);
+        mha_decode_set_min_parallel_work(262144.0);
+        CHECK(memcmp(zd[0], zd[1], sizeof(float) * nd) == 0);
+        CHECK(memcmp(zd[0], zp + nz - nd, sizeof(float) * nd) == 0);
+        mha_cache_free(c);
+    }
+    mha_layer_free(L), naive_weights_free(&w);
+    free(q), free(k), free(v), free(kd), free(vd), free(zr), free(z32), free(zp), free(zd[0]), free(zd[1]);
+}
+
 /* ------------------------------------------------- storage format */
 
 /* The stored bytes and scales equal the reference quantizer's, bit for
@@ -645,6 +700,7 @@ static const test_case cases[] = {
     {"cache_i8_attend_gqa", test_attend_gqa},
     {"cache_i8_attend_mqa", test_attend_mqa},
     {"cache_i8_attend_mqa32", test_attend_mqa32},
+    {"cache_grouped_fold", test_grouped_fold},
     {"cache_i8_prefill_decode", test_prefill_decode},
     {"cache_i8_ragged", test_ragged},
     {"cache_i8_truncate", test_truncate},

@@ -35,24 +35,7 @@
 #include "compute/exec.h"
 #include "mha.h"
 
-extern const mha_decode_kernels mha_decode_kernels_avx512_old;
-mha_status mha_decode_attend_old(const mha_exec *, float *, float *, const mha_cache *, const float *, const int *,
-                                 int, const int *, const mha_decode_opts *);
-mha_status mha_decode_attend_new(const mha_exec *, float *, float *, const mha_cache *, const float *, const int *,
-                                 int, const int *, const mha_decode_opts *);
-
-static int use_new;
-
-/* The library's entry point: old or new, the old one with the old table. */
-mha_status mha_decode_attend(const mha_exec *ex, float *z, float *stats, const mha_cache *c, const float *q,
-                             const int *row0, int t0, const int *n, const mha_decode_opts *o) {
-    if (use_new) return mha_decode_attend_new(ex, z, stats, c, q, row0, t0, n, o);
-    mha_isa isa = *ex->isa;
-    mha_exec e = *ex;
-    if (isa.decode == &mha_decode_kernels_avx512) isa.decode = &mha_decode_kernels_avx512_old;
-    e.isa = &isa;
-    return mha_decode_attend_old(&e, z, stats, c, q, row0, t0, n, o);
-}
+#include "ab_switch.h"
 
 static double cpu_now(void) {
     struct timespec t;
@@ -139,18 +122,6 @@ static double thread_cpu_ms(void) {
     return (double)t.tv_sec * 1e3 + (double)t.tv_nsec * 1e-6;
 }
 
-/* The cache types: names as on the command line, K's and V's storage. */
-static const char *names[4] = {"fp32", "fp16", "int8", "int8/fp16"};
-static const mha_cache_dtype kts[4] = {MHA_CACHE_F32, MHA_CACHE_F16, MHA_CACHE_I8, MHA_CACHE_I8};
-static const mha_cache_dtype vts[4] = {MHA_CACHE_F32, MHA_CACHE_F16, MHA_CACHE_I8, MHA_CACHE_F16};
-
-/* A case of the decode table: layer, cache of L random tokens, one query. */
-typedef struct {
-    mha_layer *layer;
-    mha_cache *c;
-    float *w[4], *q;
-} ab_case;
-
 static int case_make(ab_case *k, int hk, int L, mha_cache_dtype kt, mha_cache_dtype vt) {
     const int D = 2048, h = 32, dh = 64;
     uint64_t seed = 5;
@@ -191,13 +162,13 @@ static int cold_mode(int reps, const char *types, const int *hkvs, int nh, const
            "| new/old median max|dz|\n");
     for (int ty = 0; ty < 4; ty++) {
         char want[32], have[128];
-        snprintf(want, sizeof want, ",%s,", names[ty]);
+        snprintf(want, sizeof want, ",%s,", ab_type_names[ty]);
         snprintf(have, sizeof have, ",%s,", types);
         if (!strstr(have, want)) continue;
         for (int a = 0; a < nh; a++)
             for (int b = 0; b < nl; b++) {
                 ab_case k;
-                if (!case_make(&k, hkvs[a], Ls[b], kts[ty], vts[ty])) return printf("error: %s\n", mha_last_error()), 1;
+                if (!case_make(&k, hkvs[a], Ls[b], ab_kts[ty], ab_vts[ty])) return printf("error: %s\n", mha_last_error()), 1;
                 size_t n, bytes = mha_cache_bytes(k.c);
                 float *rb = bench_read_buffer(bytes, nth, &n);
                 float *z[2] = {bench_alloc((size_t)32 * 64), bench_alloc((size_t)32 * 64)};
@@ -208,7 +179,7 @@ static int cold_mode(int reps, const char *types, const int *hkvs, int nh, const
                         bench_evict(2);
                         const double c0 = thread_cpu_ms();
                         if (s == 0) t[0][r] = bench_read_pass(rb, n, nth) * 1e3;
-                        else use_new = s == 2, t[s][r] = attend_ms(k.c, z[s - 1], k.q, &cpu);
+                        else ab_use_new = s == 2, t[s][r] = attend_ms(k.c, z[s - 1], k.q, &cpu);
                         tc[s][r] = thread_cpu_ms() - c0;
                     }
                 double best[3], med[3], cbest[3], cmed[3];
@@ -219,8 +190,8 @@ static int cold_mode(int reps, const char *types, const int *hkvs, int nh, const
                 }
                 double dz = 0.0;
                 for (int i = 0; i < 32 * 64; i++) dz = fmax(dz, fabs((double)z[0][i] - z[1][i]));
-                printf("%s %d %d %.1f | %.4f %.4f %.4f | %.0f %.0f | %.4f %.4f %.4f | %.0f %.0f | %.3f %.2g", names[ty],
-                       hkvs[a], Ls[b], (double)bytes / (1 << 20), best[0], best[1], best[2], pct(best[0], best[1]),
+                printf("%s %d %d %.1f | %.4f %.4f %.4f | %.0f %.0f | %.4f %.4f %.4f | %.0f %.0f | %.3f %.2g",
+                       ab_type_names[ty], hkvs[a], Ls[b], (double)bytes / (1 << 20), best[0], best[1], best[2], pct(best[0], best[1]),
                        pct(best[0], best[2]), med[0], med[1], med[2], pct(med[0], med[1]), pct(med[0], med[2]),
                        med[2] / med[1], dz);
                 if (nth == 1) /* the calling thread's CPU time: what other processes take does not count */
@@ -253,7 +224,7 @@ int main(int argc, char **argv) {
     printf("cache h_kv L threads old_ms new_ms new/old max|dz| old_cpu_ms new_cpu_ms new/old(cpu)\n");
     for (int ty = 0; ty < 4; ty++) {
         char want[32];
-        snprintf(want, sizeof want, ",%s,", names[ty]);
+        snprintf(want, sizeof want, ",%s,", ab_type_names[ty]);
         char have[128];
         snprintf(have, sizeof have, ",%s,", types);
         if (!strstr(have, want)) continue;
@@ -261,7 +232,7 @@ int main(int argc, char **argv) {
             for (int b = 0; b < nl; b++) {
                 const int hk = hkvs[a], L = Ls[b];
                 ab_case k;
-                if (!case_make(&k, hk, L, kts[ty], vts[ty])) return printf("error: %s\n", mha_last_error()), 1;
+                if (!case_make(&k, hk, L, ab_kts[ty], ab_vts[ty])) return printf("error: %s\n", mha_last_error()), 1;
                 mha_cache *c = k.c;
                 const float *q = k.q;
                 float *z0 = bench_alloc((size_t)h * dh), *z1 = bench_alloc((size_t)h * dh);
@@ -270,14 +241,14 @@ int main(int argc, char **argv) {
                     double best[2] = {1e30, 1e30}, cbest[2] = {1e30, 1e30}, cpu;
                     for (int r = 0; r < reps; r++)
                         for (int s = 0; s < 2; s++) {
-                            use_new = s;
+                            ab_use_new = s;
                             double t = attend_ms(c, s ? z1 : z0, q, &cpu);
                             if (t < best[s]) best[s] = t;
                             if (cpu < cbest[s]) cbest[s] = cpu;
                         }
                     double dz = 0.0;
                     for (int i = 0; i < h * dh; i++) dz = fmax(dz, fabs((double)z0[i] - z1[i]));
-                    printf("%s %d %d %d %.4f %.4f %.3f %.2g %.4f %.4f %.3f\n", names[ty], hk, L, th, best[0],
+                    printf("%s %d %d %d %.4f %.4f %.3f %.2g %.4f %.4f %.3f\n", ab_type_names[ty], hk, L, th, best[0],
                            best[1], best[1] / best[0], dz, cbest[0], cbest[1], cbest[1] / cbest[0]);
                     fflush(stdout);
                 }

@@ -21,7 +21,8 @@ $CC -Dmha_decode_attend=mha_decode_attend_old -c $out/decode_old.c -o $out/decod
 $CC ${NEW_CFLAGS:-} -Dmha_decode_attend=mha_decode_attend_new -c src/cache/decode.c -o $out/decode_new.o
 # the old grouped kernels too (renamed), where REV has them
 ren="-Dmha_scores_t_avx512=mha_scores_t_avx512_old -Dmha_softmax_t_avx512=mha_softmax_t_avx512_old
-     -Dmha_accumulate_t_avx512=mha_accumulate_t_avx512_old -Dmha_from_q8_avx512=mha_from_q8_avx512_old"
+     -Dmha_accumulate_t_avx512=mha_accumulate_t_avx512_old -Dmha_from_q8_avx512=mha_from_q8_avx512_old
+     -Dmha_merge_t_avx512=mha_merge_t_avx512_old"
 grouped_old=
 if git show "$rev:src/kernels/avx512_decode_grouped.c" > $out/avx512_decode_grouped_old.c 2>/dev/null; then
   $CC $AVX512 $ren -c $out/avx512_decode_grouped_old.c -o $out/avx512_decode_grouped_old.o

@@ -1,7 +1,9 @@
 #!/bin/sh
 # Builds build/ab_gemm (bench/ab/gemm.c): `old` = src/compute/gemm.c at
 # commit $1 (default main), or the file $1, `new` = build/libmha.a (run `make lib` first).
-#   sh bench/ab/gemm.sh main && OMP_WAIT_POLICY=passive OPENBLAS_CORETYPE=SkylakeX build/ab_gemm 15 "" 2
+#   sh bench/ab/gemm.sh main && OMP_WAIT_POLICY=passive OPENBLAS_THREAD_TIMEOUT=4 \
+#     OPENBLAS_CORETYPE=SkylakeX build/ab_gemm 15 "" 2
+# (both pools sleep when their call ends: see report.py, isolation)
 # shellcheck disable=SC2086 # $F is a list of flags, split on purpose
 set -e
 base=${1:-main}

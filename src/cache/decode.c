@@ -11,10 +11,12 @@
  * row (max, sum, acc = sum_j exp(s_j - max) v_j); the partials are then
  * merged in chunk order with online-softmax rescaling:
  *     M = max(M1, M2),  L = L1 e^(M1-M) + L2 e^(M2-M),  A likewise,
- * and z = A / L. When there are few units (decode: B * h_kv small) the
- * (unit, chunk) tasks run in parallel and the merge follows; otherwise each
- * unit runs its chunks in order. Both perform the same operations in the
- * same order, so the bits depend on the chunk size alone, never on the
+ * and z = A / L, in fixed groups of chunks (group_partial: 4 chunks for
+ * grouped units, 1 otherwise), the groups' results merged in order. When
+ * there are few units (decode: B * h_kv small) the (unit, group) tasks
+ * run in parallel and the merge follows; otherwise each unit runs its
+ * groups in order. Both perform the same operations in the same order,
+ * so the bits depend on the chunk and group sizes alone, never on the
  * thread count or on which mode ran.
  *
  * Grouped heads (a unit of at least GROUPED_ROWS rows, MQA and wide GQA,
@@ -42,6 +44,7 @@ _Static_assert((int)MHA_CACHE_F32 == (int)MHA_DK_F32 && (int)MHA_CACHE_F16 == (i
 #define GROUPED_ROWS 16       /* rows from which a unit runs grouped (above) */
 #define SPLIT_BELOW_UNITS 64 /* split keys across tasks when units < this  */
 #define SPLIT_MAX_FLOATS ((size_t)1 << 26) /* cap on partial storage       */
+#define GROUP_CHUNKS 4       /* chunks a grouped unit folds per task (below) */
 
 /* ------------------------------------------------------------- plan */
 
@@ -49,6 +52,8 @@ typedef struct {
     int b, g, i0, i1;   /* rows [i0, i1) of the group's n[b]*n_rep rows     */
     int ulo, uhi;       /* positions any row of the unit may attend          */
     int first, count;   /* its chunks: chunk_of[first .. first+count)        */
+    int group;          /* chunks per fold group (see group_partial)         */
+    int tfirst, tcount; /* its tasks (fold groups): tfirst .. tfirst+tcount  */
 } unit;
 
 /* One attention call: its inputs, outputs and kernels. */
@@ -92,6 +97,7 @@ typedef struct {
     float *vf;  /* (CHUNK, d_v) fp32 values (fp16, int8)     */
     float *mx, *sum; /* (QTILE) max and sum of one chunk     */
     float *part;/* (QTILE, 2 + d_v) one partial              */
+    float *grp; /* (QTILE, 2 + d_v) one group's fold         */
     float *run; /* (QTILE, 2 + d_v) running merge            */
 } scratch;
 
@@ -107,14 +113,15 @@ static int scratch_alloc(scratch *w, const mha_cache *c) {
     w->mx = malloc(sizeof(float) * QTILE);
     w->sum = malloc(sizeof(float) * QTILE);
     w->part = malloc(sizeof(float) * QTILE * pw);
+    w->grp = malloc(sizeof(float) * QTILE * pw);
     w->run = malloc(sizeof(float) * QTILE * pw);
     return w->qt && w->qtt && w->s && w->pos && w->upos && w->kf && w->vf && w->mx && w->sum && w->part &&
-           w->run;
+           w->grp && w->run;
 }
 
 static void scratch_free(scratch *w) {
     free(w->qt), free(w->qtt), free(w->s), free(w->pos), free(w->upos), free(w->kf), free(w->vf);
-    free(w->mx), free(w->sum), free(w->part), free(w->run);
+    free(w->mx), free(w->sum), free(w->part), free(w->grp), free(w->run);
 }
 
 /* Whether the unit's chunks run grouped (see the top of this file). */
@@ -395,6 +402,32 @@ static void merge(const mha_decode_kernels *kr, float *restrict run, const float
     }
 }
 
+/* run = merge(run, part) for the unit's rows: the vector merge of the
+ * table for grouped units (16 rows per exp), else the scalar one; which
+ * one depends on the unit's rows alone. */
+static void merge_unit(const decode_call *dc, const unit *u, float *run, const float *part) {
+    if (unit_grouped(dc, u) && dc->kr->merge_t) dc->kr->merge_t(run, part, u->i1 - u->i0, dc->c->d_v);
+    else merge(dc->kr, run, part, u->i1 - u->i0, dc->c->d_v);
+}
+
+/* gp (rows, 2 + d_v) = the unit's chunks chunks[k0 .. k1) folded in
+ * order (the first one's partial, then merge by merge). A unit's chunk
+ * list is cut into groups of u->group chunks, fixed by the position in
+ * the list (never by the thread count); the groups' folds are then
+ * merged in order. Grouped units (MQA: one unit, up to 128 chunks at
+ * L = 16384) fold GROUP_CHUNKS per task, so the parallel tasks do 3 of
+ * every 4 merges and the thread that finishes last only 1 in 4 (128
+ * serial merges were ~8% of a 2-thread call); other units keep groups
+ * of one chunk, as before. */
+static void group_partial(float *gp, scratch *w, const decode_call *dc, const unit *u, const int *chunks, int k0,
+                          int k1) {
+    chunk_partial(gp, w, dc, u, chunks[k0]);
+    for (int k = k0 + 1; k < k1; k++) {
+        chunk_partial(w->part, w, dc, u, chunks[k]);
+        merge_unit(dc, u, gp, w->part);
+    }
+}
+
 static void run_init(float *run, int m, int d_v) {
     size_t pw = 2 + (size_t)d_v;
     for (int i = 0; i < m; i++) {
@@ -445,15 +478,18 @@ static void finish_unit(const decode_call *dc, const unit *u, float *run, float 
 
 /* --------------------------------------------------------- the driver */
 
-/* The work of one call: units, their chunks as (unit, chunk) tasks, and,
- * when the tasks run split, where each task's partial goes. */
+/* The work of one call: units, their chunks, the tasks (unit, fold group
+ * of its chunks) and, when the tasks run split, where each task's partial
+ * goes. */
 typedef struct {
     unit *units;
-    size_t n_units, n_tasks;
-    int *chunk_of, *unit_of; /* (n_tasks) chunk and unit of task t        */
+    size_t n_units, n_chunks, n_tasks;
+    int *chunk_of;           /* (n_chunks) chunks of unit u at u->first ..  */
+    int *unit_of, *k0_of;    /* (n_tasks) unit of task t, its first chunk's
+                              * index in the unit's list                    */
     float *parts;            /* partials of split tasks, NULL: units whole */
     size_t *part_at;         /* (n_tasks + 1) offset of task t's partial   */
-    int *done;               /* (n_units) chunks finished, for the merge   */
+    int *done;               /* (n_units) tasks finished, for the merge    */
     scratch *ws;             /* (nth) per-thread scratch                   */
     int nth;
 } decode_plan;
@@ -461,7 +497,7 @@ typedef struct {
 static void plan_free(decode_plan *pl) {
     for (int i = 0; pl->ws && i < pl->nth; i++) scratch_free(&pl->ws[i]);
     free(pl->ws), free(pl->parts), free(pl->part_at), free(pl->done);
-    free(pl->units), free(pl->chunk_of), free(pl->unit_of);
+    free(pl->units), free(pl->chunk_of), free(pl->unit_of), free(pl->k0_of);
 }
 
 // --- plan: units and their chunks, in a fixed order
@@ -473,7 +509,8 @@ static int plan_units(decode_plan *pl, const decode_call *dc) {
     pl->units = malloc(sizeof(unit) * pl->n_units);
     pl->chunk_of = malloc(sizeof(int) * pl->n_units * nch);
     pl->unit_of = malloc(sizeof(int) * pl->n_units * nch);
-    if (!pl->units || !pl->chunk_of || !pl->unit_of) return 0;
+    pl->k0_of = malloc(sizeof(int) * pl->n_units * nch);
+    if (!pl->units || !pl->chunk_of || !pl->unit_of || !pl->k0_of) return 0;
     size_t nu = 0;
     for (int b = 0; b < c->B; b++)
         for (int g = 0, rows = dc->n[b] * dc->n_rep; g < c->h_kv; g++)
@@ -482,12 +519,13 @@ static int plan_units(decode_plan *pl, const decode_call *dc) {
                 u->b = b, u->g = g, u->i0 = i0, u->i1 = i0 + QTILE < rows ? i0 + QTILE : rows;
                 u->ulo = mha_cache_first_key(c, b, row_position(dc, b, u->i0), dc->o->left);
                 u->uhi = row_position(dc, b, u->i1 - 1);
-                u->first = (int)pl->n_tasks, u->count = 0;
+                u->first = (int)pl->n_chunks, u->count = 0;
                 for (int ch = 0; ch < nch; ch++)
-                    if (chunk_needed(c, u->ulo, u->uhi, ch)) {
-                        pl->unit_of[pl->n_tasks] = (int)(nu - 1), pl->chunk_of[pl->n_tasks++] = ch;
-                        u->count++;
-                    }
+                    if (chunk_needed(c, u->ulo, u->uhi, ch)) pl->chunk_of[pl->n_chunks++] = ch, u->count++;
+                u->group = unit_grouped(dc, u) ? GROUP_CHUNKS : 1;
+                u->tfirst = (int)pl->n_tasks, u->tcount = 0;
+                for (int k = 0; k < u->count; k += u->group, u->tcount++)
+                    pl->unit_of[pl->n_tasks] = (int)(nu - 1), pl->k0_of[pl->n_tasks++] = k;
             }
     return 1;
 }
@@ -520,31 +558,41 @@ static int plan_threads(decode_plan *pl, const mha_exec *ex, const mha_cache *c)
     return ok;
 }
 
-// --- run, split: (unit, chunk) tasks in any order; the thread that
-// finishes a unit's last chunk merges its partials, in chunk order
+/* The chunks of task t: [k0, k1) of its unit's list. */
+static void task_chunks(const decode_plan *pl, const unit *u, long t, int *k0, int *k1) {
+    *k0 = pl->k0_of[t];
+    *k1 = *k0 + u->group < u->count ? *k0 + u->group : u->count;
+}
+
+// --- run, split: (unit, fold group) tasks in any order; the thread that
+// finishes a unit's last task merges its groups' partials, in order
 static void run_split_task(const decode_plan *pl, const decode_call *dc, scratch *w, long t, long *last) {
     const unit *u = &pl->units[pl->unit_of[t]];
+    int k0, k1;
     if (pl->unit_of[t] != *last) gather_queries(w->qt, w->qtt, dc, u), *last = pl->unit_of[t];
-    chunk_partial(pl->parts + pl->part_at[t], w, dc, u, pl->chunk_of[t]);
+    task_chunks(pl, u, t, &k0, &k1);
+    group_partial(pl->parts + pl->part_at[t], w, dc, u, pl->chunk_of + u->first, k0, k1);
     int finished;
 #pragma omp atomic capture seq_cst
     finished = ++pl->done[pl->unit_of[t]];
-    if (finished != u->count) return;
+    if (finished != u->tcount) return;
     const int m = u->i1 - u->i0;
     run_init(w->run, m, dc->c->d_v);
-    for (int k = 0; k < u->count; k++) merge(dc->kr, w->run, pl->parts + pl->part_at[u->first + k], m, dc->c->d_v);
+    for (int k = 0; k < u->tcount; k++) merge_unit(dc, u, w->run, pl->parts + pl->part_at[u->tfirst + k]);
     finish_unit(dc, u, w->run, w->qt);
 }
 
-// --- run, whole: each unit runs its chunks in order (the same merges)
+// --- run, whole: each unit runs its groups in order (the same merges)
 static void run_unit(const decode_plan *pl, const decode_call *dc, scratch *w, long ui) {
     const unit *u = &pl->units[ui];
     const int m = u->i1 - u->i0;
     gather_queries(w->qt, w->qtt, dc, u);
     run_init(w->run, m, dc->c->d_v);
-    for (int k = 0; k < u->count; k++) {
-        chunk_partial(w->part, w, dc, u, pl->chunk_of[u->first + k]);
-        merge(dc->kr, w->run, w->part, m, dc->c->d_v);
+    for (int t = u->tfirst; t < u->tfirst + u->tcount; t++) {
+        int k0, k1;
+        task_chunks(pl, u, t, &k0, &k1);
+        group_partial(w->grp, w, dc, u, pl->chunk_of + u->first, k0, k1);
+        merge_unit(dc, u, w->run, w->grp);
     }
     finish_unit(dc, u, w->run, w->qt);
 }
@@ -563,12 +611,14 @@ mha_status mha_decode_attend(const mha_exec *ex, float *z, float *stats, const m
         plan_free(&pl);
         return mha_fail(MHA_E_NOMEM, "mha_forward_cached: no memory for decode scratch");
     }
-    /* Runs of up to 8 split tasks keep each thread streaming through
-     * consecutive chunks of one kv head. One barrier in all (the region's
-     * end): with two cores shared with other processes every barrier can
-     * wait a scheduler time slice. */
-    int run = (int)(pl.n_tasks / (4 * (size_t)pl.nth));
+    /* Runs of split tasks of up to 8 chunks keep each thread streaming
+     * through consecutive chunks of one kv head. One barrier in all (the
+     * region's end): with two cores shared with other processes every
+     * barrier can wait a scheduler time slice. */
+    int run = (int)(pl.n_chunks / (4 * (size_t)pl.nth)), group = 1;
+    for (size_t i = 0; i < pl.n_units; i++) group = pl.units[i].group > group ? pl.units[i].group : group;
     run = run < 1 ? 1 : run > 8 ? 8 : run;
+    run = run / group < 1 ? 1 : run / group;
 #pragma omp parallel num_threads(pl.nth)
     {
         scratch *w = &pl.ws[omp_get_thread_num()];

@@ -457,5 +457,5 @@ const mha_decode_kernels mha_decode_kernels_avx512 = {
     gemm_stream_avx512, gemm_tile_avx512, axpby_avx512, to_f16_avx512,  from_f16_avx512,
     .scores_q8 = scores_q8_avx512, .accumulate_q8 = accumulate_q8_avx512, .from_q8 = mha_from_q8_avx512,
     .gemm_stream_bf16 = mha_gemm_stream_bf16_avx512, .gemm_stream_i8 = mha_gemm_stream_i8_avx512,
-    .scores_t = mha_scores_t_avx512, .softmax_t = mha_softmax_t_avx512, .accumulate_t = mha_accumulate_t_avx512,
+    .scores_t = mha_scores_t_avx512, .softmax_t = mha_softmax_t_avx512, .accumulate_t = mha_accumulate_t_avx512, .merge_t = mha_merge_t_avx512,
 };

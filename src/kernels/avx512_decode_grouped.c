@@ -85,14 +85,28 @@ INLINE const float *k_panel(float *buf, const void *k, const float *ks, int kind
     return buf;
 }
 
+/* Requests the bytes [p, p + bytes) into L1 (they are read next, while
+ * this tile computes: the chunk is larger than L1). Never faults. */
+INLINE void prefetch_l1(const void *p, size_t bytes) {
+    for (size_t o = 0; o < bytes; o += 64) _mm_prefetch((const char *)p + o, _MM_HINT_T0);
+}
+
+/* bytes of one element of a storage kind */
+INLINE size_t kind_bytes(int kind) { return kind == MHA_DK_F32 ? 4 : kind == MHA_DK_F16 ? 2 : 1; }
+
 void mha_scores_t_avx512(float *st, int ldt, const float *qt, int ldq, const void *k, const float *ks, int kind,
                          float *buf, int m, int n, int d) {
     const int np = n / MHA_KPANEL;
     const size_t ps = (size_t)d * MHA_KPANEL;
     if (m > 16) { /* 8 keys x 32 rows: 16 accumulators, 10 loads per 16 FMAs */
         const __mmask16 kl = mha_mask16(m - 16);
-        for (int p = 0; p < np; p++)
+        const size_t pb = ps * kind_bytes(kind), nb = (size_t)(d + MHA_Q8_BLOCK - 1) / MHA_Q8_BLOCK;
+        for (int p = 0; p < np; p++) {
+            /* the next panel (after the last: what follows K, the chunk's V) */
+            prefetch_l1((const char *)k + (size_t)(p + 1) * pb, pb);
+            if (kind == MHA_DK_I8 && p + 1 < np) prefetch_l1(ks + (size_t)(p + 1) * nb * MHA_KPANEL, sizeof(float) * nb * MHA_KPANEL);
             scores_t_tile(st + (size_t)p * MHA_KPANEL * ldt, ldt, qt, ldq, k_panel(buf, k, ks, kind, p, d), d, kl, 8, 2);
+        }
         return;
     }
     const __mmask16 kl = mha_mask16(m);
@@ -220,12 +234,58 @@ void mha_accumulate_t_avx512(float *acc, int ldacc, const float *pt, int ldt, co
                 _mm512_mask_storeu_ps(buf + i, km, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(km, h + i)));
             }
         } else mha_from_q8_avx512(buf, (const int8_t *)v + (size_t)j0 * dv, vs + (size_t)j0 * nb, (size_t)(j1 - j0), dv, 1);
+        /* the next block's rows (after the last: the next chunk's K),
+         * requested a share per row group */
+        const size_t nbytes = (size_t)KEY_BLOCK * dv * kind_bytes(kind), groups = (size_t)(m + 3) / 4;
+        const char *next = (const char *)v + (size_t)j1 * dv * kind_bytes(kind);
         for (int c0 = 0; c0 < dv; c0 += 64) {
             const int C = (dv - c0 + 15) / 16 < 4 ? (dv - c0 + 15) / 16 : 4;
             const __mmask16 kl = mha_mask16(dv - c0 - 16 * (C - 1));
-            for (int i = 0; i < m; i += 4)
+            for (int i = 0; i < m; i += 4) {
+                if (c0 == 0) {
+                    const size_t a = nbytes * (size_t)(i / 4) / groups, b = nbytes * (size_t)(i / 4 + 1) / groups;
+                    prefetch_l1(next + (a - a % 64), b - (a - a % 64));
+                    if (kind == MHA_DK_I8 && i == 0 && j1 < n) prefetch_l1(vs + (size_t)j1 * nb, sizeof(float) * KEY_BLOCK * nb);
+                }
                 acc_t_any(acc + (size_t)i * ldacc + c0, ldacc, pt + (size_t)j0 * ldt + i, ldt, vb + c0, dv, 0,
                           j1 - j0, j0 > 0, kl, m - i < 4 ? m - i : 4, C);
+            }
+        }
+    }
+}
+
+/* -------------------------------------------------------------- merge */
+
+/* decode.c's chunk merge for grouped units (decode_kernels.h, merge_t):
+ * the factors of 16 rows per vector exp instead of one expf per row (the
+ * merges were 4.6% of a 1-thread MQA call; 0.94-0.99x its time at
+ * L = 16384). */
+void mha_merge_t_avx512(float *run, const float *part, int m, int dv) {
+    const size_t pw = 2 + (size_t)dv;
+    const __mmask16 kl = mha_mask16(dv % 16 ? dv % 16 : 16);
+    for (int i0 = 0; i0 < m; i0 += 16) {
+        const int n = m - i0 < 16 ? m - i0 : 16;
+        float rm[16], rl[16], pm[16], pl[16], a[16], b[16];
+        for (int i = 0; i < 16; i++) {
+            const float *R = run + (size_t)(i0 + (i < n ? i : 0)) * pw, *P = part + (size_t)(i0 + (i < n ? i : 0)) * pw;
+            rm[i] = R[0], rl[i] = R[1], pm[i] = P[0], pl[i] = P[1];
+        }
+        const __m512 vrm = _mm512_loadu_ps(rm), vpm = _mm512_loadu_ps(pm), mx = _mm512_max_ps(vrm, vpm);
+        const __m512 va = exp_shifted(vrm, mx), vb = exp_shifted(vpm, mx);
+        _mm512_storeu_ps(a, va), _mm512_storeu_ps(b, vb);
+        _mm512_storeu_ps(rm, mx);
+        _mm512_storeu_ps(rl, _mm512_fmadd_ps(_mm512_loadu_ps(rl), va, _mm512_mul_ps(_mm512_loadu_ps(pl), vb)));
+        for (int i = 0; i < n; i++) {
+            float *R = run + (size_t)(i0 + i) * pw;
+            const float *P = part + (size_t)(i0 + i) * pw;
+            const __m512 ai = _mm512_set1_ps(a[i]), bi = _mm512_set1_ps(b[i]);
+            R[0] = rm[i], R[1] = rl[i];
+            int c = 0;
+            for (; c + 16 < dv; c += 16)
+                _mm512_storeu_ps(R + 2 + c, _mm512_fmadd_ps(_mm512_loadu_ps(R + 2 + c), ai,
+                                                            _mm512_mul_ps(_mm512_loadu_ps(P + 2 + c), bi)));
+            _mm512_mask_storeu_ps(R + 2 + c, kl, _mm512_fmadd_ps(_mm512_maskz_loadu_ps(kl, R + 2 + c), ai,
+                                                               _mm512_mul_ps(_mm512_maskz_loadu_ps(kl, P + 2 + c), bi)));
         }
     }
 }

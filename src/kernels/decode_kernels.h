@@ -105,7 +105,9 @@ typedef struct {
      * stored transposed, keys by rows, so that one key's scalar meets a
      * vector of 16 query rows (no horizontal sums, no lane shuffles) and
      * the softmax runs 16 rows per vector. NULL in a table: decode.c uses
-     * the row-major kernels above. m <= 32 rows. */
+     * the row-major kernels above. m <= 32 rows. The AVX-512 kernels also
+     * request the bytes after each K panel / V block into L1 (the next
+     * panel, block or chunk of the stream; a prefetch never faults). */
     /* st (n, ldt): st[j][i] = q_i . key j, q given transposed, qt (d, ldq);
      * keys k in panels of the storage `kind` (MHA_DK_*; int8 with the
      * paneled scales ks), widened panel by panel into buf (2 d 8 floats;
@@ -126,6 +128,14 @@ typedef struct {
      * accumulate on the widened values. */
     void (*accumulate_t)(float *acc, int ldacc, const float *pt, int ldt, const void *v, const float *vs,
                          int kind, float *buf, int m, int n, int dv);
+    /* run = merge(run, part) of m rows (<= 32) of softmax states [max,
+     * sum, acc (dv)], row stride 2 + dv (decode.c's chunk merge): M =
+     * max(m_r, m_p), factors a = exp(m_r - M), b = exp(m_p - M) of 16
+     * rows per vector (the softmax's exp: exactly 1 for the state that
+     * holds M, 0 for an empty state, whose max is -inf, and below
+     * e^-87), sum = fma(sum_r, a, sum_p b), acc = fma(acc_r, a, acc_p
+     * b). NULL: decode.c's scalar merge. */
+    void (*merge_t)(float *run, const float *part, int m, int dv);
 } mha_decode_kernels;
 
 extern const mha_decode_kernels mha_decode_kernels_scalar;
@@ -159,4 +169,5 @@ void mha_softmax_t_avx512(float *st, int ldt, float *mx, float *sum, int m, int 
 void mha_accumulate_t_avx512(float *acc, int ldacc, const float *pt, int ldt, const void *v, const float *vs,
                              int kind, float *buf, int m, int n, int dv);
 void mha_from_q8_avx512(float *dst, const int8_t *src, const float *scale, size_t rows, int d, int lanes);
+void mha_merge_t_avx512(float *run, const float *part, int m, int dv);
 #endif /* MHA_DECODE_KERNELS_H */
