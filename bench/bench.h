@@ -76,6 +76,7 @@ double bench_stream_read(int threads, size_t bytes, int reps, double *best_out);
 float *bench_read_buffer(size_t bytes, int threads, size_t *n_out);
 double bench_read_pass(const float *buf, size_t n, int threads);
 void bench_evict(int threads);
+long bench_evict_mib(void); /* the eviction buffer's size in MiB */
 
 /* ------------------------------------------------- sections (bench_*.c) */
 

@@ -77,12 +77,6 @@ static int cold_rounds(int (*fn)(void *), void *arg, const float *ref, size_t n,
     return 0;
 }
 
-/* Prints " <what>_median_s=.. <what>_min_s=.." of the n times in t. */
-static void print_pair(const char *what, double *t, int n) {
-    double mn = bench_min(t, n);
-    printf(" %s_median_s=%.6g %s_min_s=%.6g", what, bench_median(t, n), what, mn);
-}
-
 static size_t count_nonfinite(const float *p, size_t n) {
     size_t k = 0;
     for (size_t i = 0; i < n; i++) k += !isfinite(p[i]);
@@ -109,13 +103,19 @@ static const char *dtype_name(mha_cache_dtype t) {
     return t == MHA_CACHE_I8 ? "int8" : t == MHA_CACHE_F16 ? "fp16" : "fp32";
 }
 
+/* "RESULT kind=decode[_weights]<suffix> ..." and the case's keys: one
+ * line for the hot times, one for the cold ("_cold"). */
+static void print_case(const bench_decode_cfg *c, const char *suffix, mha_cache_dtype kt, mha_cache_dtype vt) {
+    printf("RESULT kind=%s%s impl=mha d_model=%d h=%d h_kv=%d d_head=%d L=%d B=%d cache=%s%s%s",
+           c->weights ? "decode_weights" : "decode", suffix, c->d_model, c->h, c->h_kv, c->d_head, c->L, c->B,
+           dtype_name(kt), kt == vt ? "" : "/", kt == vt ? "" : dtype_name(vt));
+    if (c->weights) printf(" weights=%s", mha_weight_dtype_name((mha_weight_dtype)c->weights));
+}
+
 int bench_decode(const bench_decode_cfg *c) {
     mha_cache_dtype kt = c->int8 ? MHA_CACHE_I8 : c->fp16 ? MHA_CACHE_F16 : MHA_CACHE_F32;
     mha_cache_dtype vt = c->v_fp16 ? MHA_CACHE_F16 : kt;
-    printf("RESULT kind=%s impl=mha d_model=%d h=%d h_kv=%d d_head=%d L=%d B=%d cache=%s%s%s",
-           c->weights ? "decode_weights" : "decode", c->d_model, c->h, c->h_kv, c->d_head, c->L, c->B,
-           dtype_name(kt), kt == vt ? "" : "/", kt == vt ? "" : dtype_name(vt));
-    if (c->weights) printf(" weights=%s", mha_weight_dtype_name((mha_weight_dtype)c->weights));
+    print_case(c, "", kt, vt);
     fflush(stdout);
     mha_set_num_threads(c->threads);
     int D = c->d_model, h = c->h, hk = c->h_kv, dh = c->d_head, B = c->B, L = c->L;
@@ -181,7 +181,6 @@ int bench_decode(const bench_decode_cfg *c) {
     float *ref = NULL;
     if (!s) {
         ref = bench_read_buffer(mha_cache_bytes(cache) + weight_bytes, c->threads, &n_ref);
-        bench_evict(c->threads); /* makes the eviction buffer, untimed */
         if (cold_rounds(run_step, &job, ref, n_ref, c->threads, cold, cold + nc, nc))
             print_error("mha_forward_cached", job.st), s = job.st;
     }
@@ -207,14 +206,12 @@ int bench_decode(const bench_decode_cfg *c) {
                " attn_runs=%d cache_bytes=%zu weight_bytes=%zu nonfinite=%zu threads=%d"
                " attn_method=mha_cache_attend status=ok\n",
                smed, smin, amed, amin, ns, na, mha_cache_bytes(cache), weight_bytes, nonfinite, c->threads);
-        printf("RESULT kind=%s_cold impl=mha h_kv=%d L=%d cache=%s%s%s", c->weights ? "decode_weights" : "decode",
-               hk, L, dtype_name(kt), kt == vt ? "" : "/", kt == vt ? "" : dtype_name(vt));
-        if (c->weights) printf(" weights=%s", mha_weight_dtype_name((mha_weight_dtype)c->weights));
-        print_pair("cold_read_step", cold, nc);
-        print_pair("cold_step", cold + nc, nc);
-        print_pair("cold_read_attn", cold + 2 * nc, nc);
-        print_pair("cold_attn", cold + 3 * nc, nc);
-        printf(" cold_rounds=%d evict_mib=%s status=ok\n", nc, getenv("BENCH_EVICT_MIB") ? getenv("BENCH_EVICT_MIB") : "1024");
+        print_case(c, "_cold", kt, vt);
+        bench_print_times_as("cold_read_step_", cold, nc);
+        bench_print_times_as("cold_step_", cold + nc, nc);
+        bench_print_times_as("cold_read_attn_", cold + 2 * nc, nc);
+        bench_print_times_as("cold_attn_", cold + 3 * nc, nc);
+        printf(" cold_rounds=%d evict_mib=%ld status=ok\n", nc, bench_evict_mib());
         fflush(stdout);
     }
     free(ts), free(ta), free(cold), free(ref);

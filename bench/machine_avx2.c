@@ -69,16 +69,12 @@ static float read_sum_avx2(const float *p, size_t n) {
 
 static volatile float bench_sink; /* keeps the sums alive */
 
-/* Each thread fills, and later reads, the same part of buf (n floats), so
- * a NUMA machine would place the pages near their reader. */
-static void fill_parts(float *buf, size_t n, int threads) {
-#pragma omp parallel num_threads(threads)
-    {
-        int t = omp_get_thread_num(), nt = omp_get_num_threads();
-        size_t lo = n / 64 * (size_t)t / (size_t)nt * 64, hi = n / 64 * (size_t)(t + 1) / (size_t)nt * 64;
-        if (t == nt - 1) hi = n;
-        for (size_t i = lo; i < hi; i++) buf[i] = (float)(i & 7) * 0.125f;
-    }
+/* [lo, hi) of n floats for the calling thread of an OpenMP team: parts
+ * of whole 64-float blocks, the last one taking the tail. */
+static void thread_part(size_t n, size_t *lo, size_t *hi) {
+    const size_t t = (size_t)omp_get_thread_num(), nt = (size_t)omp_get_num_threads();
+    *lo = n / 64 * t / nt * 64;
+    *hi = t == nt - 1 ? n : n / 64 * (t + 1) / nt * 64;
 }
 
 double bench_read_pass(const float *buf, size_t n, int threads) {
@@ -86,9 +82,8 @@ double bench_read_pass(const float *buf, size_t n, int threads) {
     double t0 = bench_now();
 #pragma omp parallel num_threads(threads) reduction(+ : acc)
     {
-        int t = omp_get_thread_num(), nt = omp_get_num_threads();
-        size_t lo = n / 64 * (size_t)t / (size_t)nt * 64, hi = n / 64 * (size_t)(t + 1) / (size_t)nt * 64;
-        if (t == nt - 1) hi = n;
+        size_t lo, hi;
+        thread_part(n, &lo, &hi);
         acc += read_sum_avx2(buf + lo, hi - lo);
     }
     double dt = bench_now() - t0;
@@ -96,34 +91,41 @@ double bench_read_pass(const float *buf, size_t n, int threads) {
     return dt;
 }
 
+/* Each thread fills, and later reads, the same part of the buffer, so a
+ * NUMA machine would place the pages near their reader. */
 float *bench_read_buffer(size_t bytes, int threads, size_t *n_out) {
     size_t n = (bytes + sizeof(float) - 1) / sizeof(float);
     float *buf = bench_alloc(n ? n : 1);
-    fill_parts(buf, n, threads);
+#pragma omp parallel num_threads(threads)
+    {
+        size_t lo, hi;
+        thread_part(n, &lo, &hi);
+        for (size_t i = lo; i < hi; i++) buf[i] = (float)(i & 7) * 0.125f;
+    }
     *n_out = n;
     return buf;
 }
 
-/* The eviction buffer: BENCH_EVICT_MIB (default 1024) MiB, made once. */
+long bench_evict_mib(void) {
+    const char *e = getenv("BENCH_EVICT_MIB");
+    return e && atol(e) > 0 ? atol(e) : 1024;
+}
+
+/* The eviction buffer, made on first use. */
 static float *evict_buf;
 static size_t evict_n;
 
 void bench_evict(int threads) {
-    if (!evict_buf) {
-        const char *e = getenv("BENCH_EVICT_MIB");
-        long mib = e && atol(e) > 0 ? atol(e) : 1024;
-        evict_buf = bench_read_buffer((size_t)mib << 20, threads, &evict_n);
-    }
+    if (!evict_buf) evict_buf = bench_read_buffer((size_t)bench_evict_mib() << 20, threads, &evict_n);
     bench_read_pass(evict_buf, evict_n, threads);
 }
 
 double bench_stream_read(int threads, size_t bytes, int reps, double *best_out) {
-    size_t n = bytes / sizeof(float) / 64 * 64;
-    float *buf = bench_alloc(n);
+    size_t n;
+    float *buf = bench_read_buffer(bytes / (64 * sizeof(float)) * (64 * sizeof(float)), threads, &n);
     double rates[64];
     if (reps > 64) reps = 64;
     if (reps < 1) reps = 1;
-    fill_parts(buf, n, threads);
     for (int r = 0; r < reps; r++) rates[r] = (double)n * sizeof(float) / bench_read_pass(buf, n, threads) * 1e-9;
     double best = rates[0];
     for (int r = 1; r < reps; r++)
