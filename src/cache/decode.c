@@ -175,12 +175,23 @@ static int unit_prefetches(const decode_call *dc, const unit *u) {
     return !unit_grouped(dc, u) && (u->i1 - u->i0 > 1 || c->kt != MHA_CACHE_F32 || c->vt != MHA_CACHE_F32);
 }
 
+/* The chunk a thread computes after the current one, whose bytes it
+ * requests meanwhile: the chunk at slot s0 of storage block kv; none when
+ * s0 < 0 (the thread's next chunk is not known: another thread may take
+ * it, and a request for it would only take bandwidth). */
+typedef struct {
+    size_t kv;
+    int s0;
+} next_chunk;
+
+static const next_chunk no_next = {0, -1};
+
 /* Piece `part` of PREFETCH_PARTS of the K/V bytes (and the int8 scales)
- * of the chunk PREFETCH_AHEAD after the one at slot cs of storage block
- * kv (the next chunk of a kv head follows in memory). */
-static void prefetch_part(const mha_cache *c, size_t kv, int cs, int part) {
-    const int s0 = cs + PREFETCH_AHEAD * MHA_DECODE_CHUNK;
-    if (s0 >= c->slots) return;
+ * of chunk nx. */
+static void prefetch_part(const mha_cache *c, const next_chunk *nx, int part) {
+    const size_t kv = nx->kv;
+    const int s0 = nx->s0;
+    if (s0 < 0 || s0 >= c->slots) return;
     const char *p = (const char *)c->data + mha_cache_chunk_byte(c, kv, s0);
     size_t bytes = (size_t)MHA_DECODE_CHUNK * ((size_t)c->d_k * c->ek + (size_t)c->d_v * c->ev);
     for (size_t o = bytes * part / PREFETCH_PARTS / 64 * 64; o < bytes * (part + 1) / PREFETCH_PARTS; o += 64)
@@ -306,7 +317,8 @@ static int chunk_plain(const mha_cache *c, int b, int cs, int ce) {
 
 /* part (rows, 2 + d_v) = the softmax state of the unit's rows over chunk
  * ch: [max, sum, acc...] per row; rows with no allowed key get -inf, 0. */
-static void chunk_partial(float *part, scratch *w, const decode_call *dc, const unit *u, int ch) {
+static void chunk_partial(float *part, scratch *w, const decode_call *dc, const unit *u, int ch,
+                          const next_chunk *nx) {
     const mha_cache *c = dc->c;
     int m = u->i1 - u->i0, pw = 2 + c->d_v;
     int cs = ch * MHA_DECODE_CHUNK, ce = cs + MHA_DECODE_CHUNK < c->slots ? cs + MHA_DECODE_CHUNK : c->slots;
@@ -338,13 +350,13 @@ static void chunk_partial(float *part, scratch *w, const decode_call *dc, const 
     int nk = jhi - jlo;
     size_t kv = mha_cache_kv_index(c, u->b, u->g);
     const int pf = unit_prefetches(dc, u);
-    if (pf) prefetch_part(c, kv, cs, 0);
+    if (pf) prefetch_part(c, nx, 0);
     /* score (i, j) at w->s[i * rs + j * ks]: rows of keys when grouped */
     const int grouped = unit_grouped(dc, u);
     const size_t rs = grouped ? 1 : MHA_DECODE_CHUNK, ks = grouped ? QTILE : 1;
     if (grouped) chunk_scores_t(w, dc, kv, jlo, m, nk);
     else chunk_scores(w, dc, kv, jlo, m, nk);
-    if (pf) prefetch_part(c, kv, cs, 1);
+    if (pf) prefetch_part(c, nx, 1);
     variants_chunk(w, dc, u, m, jlo - cs, nk, rs, ks);
     /* causal (bottom-right) and window: row i attends positions
      * [first key, its own position]; a chunk wholly inside needs no mask */
@@ -369,10 +381,10 @@ static void chunk_partial(float *part, scratch *w, const decode_call *dc, const 
         chunk_values_t(part + 2, (int)pw, w, dc, kv, jlo, m, nk);
     } else {
         dc->kr->softmax(w->s, MHA_DECODE_CHUNK, w->mx, w->sum, m, nk);
-        if (pf) prefetch_part(c, kv, cs, 2);
+        if (pf) prefetch_part(c, nx, 2);
         chunk_values(part + 2, (int)pw, w, dc, kv, jlo, m, nk);
     }
-    if (pf) prefetch_part(c, kv, cs, 3);
+    if (pf) prefetch_part(c, nx, 3);
     for (int i = 0; i < m; i++) {
         part[(size_t)i * pw] = w->mx[i];
         part[(size_t)i * pw + 1] = w->sum[i];
@@ -420,11 +432,12 @@ static void merge_unit(const decode_call *dc, const unit *u, float *run, const f
  * serial merges were ~8% of a 2-thread call); other units keep groups
  * of one chunk, as before. */
 static void group_partial(float *gp, scratch *w, const decode_call *dc, const unit *u, const int *chunks, int k0,
-                          int k1) {
-    chunk_partial(gp, w, dc, u, chunks[k0]);
-    for (int k = k0 + 1; k < k1; k++) {
-        chunk_partial(w->part, w, dc, u, chunks[k]);
-        merge_unit(dc, u, gp, w->part);
+                          int k1, const next_chunk *after) {
+    const size_t kv = mha_cache_kv_index(dc->c, u->b, u->g);
+    for (int k = k0; k < k1; k++) {
+        const next_chunk nx = {kv, k + 1 < k1 ? chunks[k + 1] * MHA_DECODE_CHUNK : -1};
+        chunk_partial(k == k0 ? gp : w->part, w, dc, u, chunks[k], k + 1 < k1 ? &nx : after);
+        if (k > k0) merge_unit(dc, u, gp, w->part);
     }
 }
 
@@ -492,6 +505,7 @@ typedef struct {
     int *done;               /* (n_units) tasks finished, for the merge    */
     scratch *ws;             /* (nth) per-thread scratch                   */
     int nth;
+    int run;                 /* split tasks per scheduling run (below)     */
 } decode_plan;
 
 static void plan_free(decode_plan *pl) {
@@ -564,6 +578,14 @@ static void task_chunks(const decode_plan *pl, const unit *u, long t, int *k0, i
     *k1 = *k0 + u->group < u->count ? *k0 + u->group : u->count;
 }
 
+/* The first chunk of task t. */
+static next_chunk task_start(const decode_plan *pl, const decode_call *dc, long t) {
+    const unit *u = &pl->units[pl->unit_of[t]];
+    const next_chunk nx = {mha_cache_kv_index(dc->c, u->b, u->g),
+                           pl->chunk_of[u->first + pl->k0_of[t]] * MHA_DECODE_CHUNK};
+    return nx;
+}
+
 // --- run, split: (unit, fold group) tasks in any order; the thread that
 // finishes a unit's last task merges its groups' partials, in order
 static void run_split_task(const decode_plan *pl, const decode_call *dc, scratch *w, long t, long *last) {
@@ -571,7 +593,13 @@ static void run_split_task(const decode_plan *pl, const decode_call *dc, scratch
     int k0, k1;
     if (pl->unit_of[t] != *last) gather_queries(w->qt, w->qtt, dc, u), *last = pl->unit_of[t];
     task_chunks(pl, u, t, &k0, &k1);
-    group_partial(pl->parts + pl->part_at[t], w, dc, u, pl->chunk_of + u->first, k0, k1);
+    /* the next task is this thread's when it continues the run (the
+     * schedule hands out runs of pl->run tasks from task 0) or when the
+     * thread is alone: its first chunk follows in memory (or starts the
+     * next kv head's stream) */
+    const int mine = t + 1 < (long)pl->n_tasks && (pl->nth == 1 || (t + 1) % pl->run != 0);
+    const next_chunk after = mine ? task_start(pl, dc, t + 1) : no_next;
+    group_partial(pl->parts + pl->part_at[t], w, dc, u, pl->chunk_of + u->first, k0, k1, &after);
     int finished;
 #pragma omp atomic capture seq_cst
     finished = ++pl->done[pl->unit_of[t]];
@@ -591,7 +619,10 @@ static void run_unit(const decode_plan *pl, const decode_call *dc, scratch *w, l
     for (int t = u->tfirst; t < u->tfirst + u->tcount; t++) {
         int k0, k1;
         task_chunks(pl, u, t, &k0, &k1);
-        group_partial(w->grp, w, dc, u, pl->chunk_of + u->first, k0, k1);
+        /* the unit's next task, or (one thread) the next unit's first */
+        const long nt = t + 1 < u->tfirst + u->tcount ? t + 1 : pl->nth == 1 && ui + 1 < (long)pl->n_units ? t + 1 : -1;
+        const next_chunk after = nt >= 0 ? task_start(pl, dc, nt) : no_next;
+        group_partial(w->grp, w, dc, u, pl->chunk_of + u->first, k0, k1, &after);
         merge_unit(dc, u, w->run, w->grp);
     }
     finish_unit(dc, u, w->run, w->qt);
@@ -619,6 +650,7 @@ mha_status mha_decode_attend(const mha_exec *ex, float *z, float *stats, const m
     for (size_t i = 0; i < pl.n_units; i++) group = pl.units[i].group > group ? pl.units[i].group : group;
     run = run < 1 ? 1 : run > 8 ? 8 : run;
     run = run / group < 1 ? 1 : run / group;
+    pl.run = run;
 #pragma omp parallel num_threads(pl.nth)
     {
         scratch *w = &pl.ws[omp_get_thread_num()];
