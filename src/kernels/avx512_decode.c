@@ -302,6 +302,9 @@ INLINE void acc_impl(float *acc, int ldacc, const float *p, int ldp, const void 
     for (; H == 2 && c + 64 <= dv; c += 64)
         for (int i = 0; i < m4; i += 4)
             acc_tile_q8(acc + (size_t)i * ldacc, ldacc, p + (size_t)i * ldp, ldp, v, vs, c, dv, n, 0xffff, 4, 4);
+    for (; H != 2 && c + 64 <= dv; c += 64) /* 16 accumulators: 4 rows x 64 columns (GQA, d_v 64) */
+        for (int i = 0; i < m4; i += 4)
+            acc_tile(acc + (size_t)i * ldacc, ldacc, p + (size_t)i * ldp, ldp, v, vs, c, dv, n, 0xffff, 4, 4, H);
     for (; H != 2 && c + 48 <= dv; c += 48)
         for (int i = 0; i < m4; i += 4)
             acc_tile(acc + (size_t)i * ldacc, ldacc, p + (size_t)i * ldp, ldp, v, vs, c, dv, n, 0xffff, 4, 3, H);
