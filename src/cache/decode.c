@@ -99,30 +99,31 @@ typedef struct {
     float *part;/* (QTILE, 2 + d_v) one partial              */
     float *grp; /* (QTILE, 2 + d_v) one group's fold         */
     float *run; /* (QTILE, 2 + d_v) running merge            */
+    void *block; /* all of the above                         */
 } scratch;
 
+/* One allocation per thread, each array from a 64-byte line of its own: a
+ * call whose heap the other layers' traffic evicted paid ~0.35 us per
+ * cold malloc/free pair, twelve per thread (bench/LIMITS.md, round 7). */
 static int scratch_alloc(scratch *w, const mha_cache *c) {
-    size_t pw = 2 + (size_t)c->d_v;
-    w->qt = malloc(sizeof(float) * QTILE * c->d_k);
-    w->qtt = malloc(sizeof(float) * QTILE * c->d_k);
-    w->s = malloc(sizeof(float) * QTILE * MHA_DECODE_CHUNK);
-    w->pos = malloc(sizeof(int) * MHA_DECODE_CHUNK);
-    w->upos = malloc(sizeof(int) * MHA_DECODE_CHUNK);
-    w->kf = malloc(sizeof(float) * MHA_DECODE_CHUNK * c->d_k);
-    w->vf = malloc(sizeof(float) * MHA_DECODE_CHUNK * c->d_v);
-    w->mx = malloc(sizeof(float) * QTILE);
-    w->sum = malloc(sizeof(float) * QTILE);
-    w->part = malloc(sizeof(float) * QTILE * pw);
-    w->grp = malloc(sizeof(float) * QTILE * pw);
-    w->run = malloc(sizeof(float) * QTILE * pw);
-    return w->qt && w->qtt && w->s && w->pos && w->upos && w->kf && w->vf && w->mx && w->sum && w->part &&
-           w->grp && w->run;
+    const size_t pw = 2 + (size_t)c->d_v, line = 64 / sizeof(float);
+    /* elements of 4 bytes (float or int) of each array, in struct order */
+    const size_t n[12] = {QTILE * (size_t)c->d_k, QTILE * (size_t)c->d_k, QTILE * MHA_DECODE_CHUNK,
+                          MHA_DECODE_CHUNK, MHA_DECODE_CHUNK, MHA_DECODE_CHUNK * (size_t)c->d_k,
+                          MHA_DECODE_CHUNK * (size_t)c->d_v, QTILE, QTILE, QTILE * pw, QTILE * pw, QTILE * pw};
+    size_t at[12], total = 0;
+    for (int i = 0; i < 12; i++) at[i] = total, total += (n[i] + line - 1) / line * line;
+    _Static_assert(sizeof(int) == sizeof(float), "int and float arrays share the block's units");
+    float *b = w->block = aligned_alloc(64, sizeof(float) * total);
+    if (!b) return 0;
+    w->qt = b + at[0], w->qtt = b + at[1], w->s = b + at[2];
+    w->pos = (int *)(b + at[3]), w->upos = (int *)(b + at[4]);
+    w->kf = b + at[5], w->vf = b + at[6], w->mx = b + at[7], w->sum = b + at[8];
+    w->part = b + at[9], w->grp = b + at[10], w->run = b + at[11];
+    return 1;
 }
 
-static void scratch_free(scratch *w) {
-    free(w->qt), free(w->qtt), free(w->s), free(w->pos), free(w->upos), free(w->kf), free(w->vf);
-    free(w->mx), free(w->sum), free(w->part), free(w->grp), free(w->run);
-}
+static void scratch_free(scratch *w) { free(w->block); }
 
 /* Whether the unit's chunks run grouped (see the top of this file). */
 static int unit_grouped(const decode_call *dc, const unit *u) {
