@@ -132,19 +132,27 @@ INLINE void scores_impl(float *s, int lds, const float *q, int ldq, const void *
     }
 }
 
+/* d_k = 64 (the common head size) as a constant: the panel offsets become
+ * displacements, one pointer step per dimension instead of one per zmm
+ * (scalar adds and compares share ports 0 and 5 with the vector work). */
+#define D_SPECIAL 64
+
 static void scores_avx512(float *s, int lds, const float *q, int ldq, const float *kp, int m, int n,
                           int d) {
-    scores_impl(s, lds, q, ldq, kp, NULL, m, n, d, 0);
+    if (d == D_SPECIAL) scores_impl(s, lds, q, ldq, kp, NULL, m, n, D_SPECIAL, 0);
+    else scores_impl(s, lds, q, ldq, kp, NULL, m, n, d, 0);
 }
 
 static void scores_h_avx512(float *s, int lds, const float *q, int ldq, const uint16_t *kp, int m,
                             int n, int d) {
-    scores_impl(s, lds, q, ldq, kp, NULL, m, n, d, 1);
+    if (d == D_SPECIAL) scores_impl(s, lds, q, ldq, kp, NULL, m, n, D_SPECIAL, 1);
+    else scores_impl(s, lds, q, ldq, kp, NULL, m, n, d, 1);
 }
 
 static void scores_q8_avx512(float *s, int lds, const float *q, int ldq, const int8_t *kq, const float *ks,
                              int m, int n, int d) {
-    scores_impl(s, lds, q, ldq, kq, ks, m, n, d, 2);
+    if (d == D_SPECIAL) scores_impl(s, lds, q, ldq, kq, ks, m, n, D_SPECIAL, 2);
+    else scores_impl(s, lds, q, ldq, kq, ks, m, n, d, 2);
 }
 
 /* ------------------------------------------------------------ softmax */
@@ -322,17 +330,20 @@ INLINE void acc_impl(float *acc, int ldacc, const float *p, int ldp, const void 
 
 static void accumulate_avx512(float *acc, int ldacc, const float *p, int ldp, const float *v, int m,
                               int n, int dv) {
-    acc_impl(acc, ldacc, p, ldp, v, NULL, m, n, dv, 0);
+    if (dv == D_SPECIAL) acc_impl(acc, ldacc, p, ldp, v, NULL, m, n, D_SPECIAL, 0);
+    else acc_impl(acc, ldacc, p, ldp, v, NULL, m, n, dv, 0);
 }
 
 static void accumulate_h_avx512(float *acc, int ldacc, const float *p, int ldp, const uint16_t *v,
                                 int m, int n, int dv) {
-    acc_impl(acc, ldacc, p, ldp, v, NULL, m, n, dv, 1);
+    if (dv == D_SPECIAL) acc_impl(acc, ldacc, p, ldp, v, NULL, m, n, D_SPECIAL, 1);
+    else acc_impl(acc, ldacc, p, ldp, v, NULL, m, n, dv, 1);
 }
 
 static void accumulate_q8_avx512(float *acc, int ldacc, const float *p, int ldp, const int8_t *vq,
                                  const float *vs, int m, int n, int dv) {
-    acc_impl(acc, ldacc, p, ldp, vq, vs, m, n, dv, 2);
+    if (dv == D_SPECIAL) acc_impl(acc, ldacc, p, ldp, vq, vs, m, n, D_SPECIAL, 2);
+    else acc_impl(acc, ldacc, p, ldp, vq, vs, m, n, dv, 2);
 }
 
 /* --------------------------------------------------------------- gemm */
