@@ -102,9 +102,10 @@ typedef struct {
     void *block; /* all of the above                         */
 } scratch;
 
-/* One allocation per thread, each array from a 64-byte line of its own: a
- * call whose heap the other layers' traffic evicted paid ~0.35 us per
- * cold malloc/free pair, twelve per thread (bench/LIMITS.md, round 7). */
+/* One allocation per thread, each array from a 64-byte line of its own:
+ * with the heap evicted (a decode step after the other layers' traffic)
+ * a malloc/free pair cost ~0.35 us (20 pairs: 7 us, one core, round 7),
+ * and there were twelve per thread. */
 static int scratch_alloc(scratch *w, const mha_cache *c) {
     const size_t pw = 2 + (size_t)c->d_v, line = 64 / sizeof(float);
     /* elements of 4 bytes (float or int) of each array, in struct order */
@@ -146,8 +147,9 @@ static void gather_queries(float *qt, float *qtt, const decode_call *dc, const u
         for (int d = 0; d < c->d_k; d++) qtt[(size_t)d * QTILE + i] = qt[(size_t)i * c->d_k + d];
 }
 
-#define PREFETCH_AHEAD 1 /* chunks ahead of the one computed (2: no gain) */
-#define PREFETCH_PARTS 4 /* its pieces, one between each two kernels */
+#define PREFETCH_PARTS 4 /* the next chunk's pieces, one between each two kernels
+                          * (one chunk ahead: 2 gave nothing; 5 pieces, the
+                          * scores cut in two: no gain, round 7) */
 
 /* One software prefetch into all cache levels. Written as an asm
  * statement: GCC 12 finds a function whose only effect is
