@@ -13,7 +13,8 @@
  *   ab_attention ROUNDS [CASES] [THREADS_FROM] [THREADS_TO]
  * CASES: substring list of P1 P2 P3 (bench/run.sh's full shapes), P1h
  * P2h P3h (one head, repeated: K, V, Q in L2), P1m P3m (one kv head: K/V
- * in L2, Q and Z from memory). Legend: B, T, S, h, d_k as attention.h. */
+ * in L2, Q and Z from memory), Xc (the shape in AB_CASE="B,T,S,d,h,causal,
+ * h_kv"; h_kv 0: h). Legend: B, T, S, h, d_k as attention.h. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
