@@ -29,7 +29,7 @@
  * arithmetic and memory times added up (int8 at 50%, bf16 at 70% of a
  * cold read of the same bytes, one thread). 4 tiles ahead (8 KiB int8,
  * 16 KiB bf16) overlap them: 0.70x and 0.78x the time cold (bench/ab/
- * ab_gemv.sh, bench/LIMITS.md round 7); 128 or 448 columns gain the same. */
+ * ab_gemv.sh, 2026-12-01); 128 or 448 columns gain the same. */
 #define PF_COLS 256
 
 static inline __m512 widen16(const void *w, size_t at, __mmask16 km, int i8) {
