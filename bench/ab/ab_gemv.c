@@ -15,7 +15,8 @@
  * On 1 thread the calling thread's CPU time is printed too (what other
  * processes take does not count). Old and new must give the same bits:
  * `same` compares their outputs byte for byte.
- * Arguments: REPS TYPES(fp32,bf16,int8) H_KV(32,8,1) THREADS M. */
+ * Arguments: REPS TYPES(fp32,bf16,int8) H_KV(32,8,1) THREADS M; AB_HOT=1 in
+ * the environment: no eviction (the weights from the LLC). */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -94,8 +95,8 @@ int main(int argc, char **argv) {
     else if (isa_old.decode == &mha_decode_kernels_avx2) isa_old.decode = &mha_decode_kernels_avx2_old;
     ex[0] = ex[1], ex[0].isa = &isa_old;
     bench_evict(nth); /* makes the eviction buffer, untimed */
-    printf("projections cold, %d threads, M %d, best of / median of %d; %% = cold read of the weights' bytes / cold call\n",
-           nth, M, reps);
+    printf("projections %s, %d threads, M %d, best of / median of %d; %% = read of the weights' bytes / call\n",
+           hot ? "hot" : "cold", nth, M, reps);
     printf("weights h_kv MiB | best ms: read old new | best %%: old new | median ms: read old new | median %%: old new "
            "| new/old median same");
     printf(nth == 1 ? " | cpu median %%: old new new/old\n" : "\n");
