@@ -583,8 +583,13 @@ def main():
                      fmt_ms(other)])
         need_ort = {"P1": 1.5, "P2": 2.5, "P3": 1.5}[name] if name in ("P1", "P2", "P3") else None
         if need_ort:
-            targets.append([f"{name} full layer >= {need_ort}x ONNX Runtime", fmt(xo, ".2f", suffix="x"),
-                            verdict(xo, need_ort)])
+            # what the target asks of the machine: the whole layer's FLOPs
+            # in ORT's time / need_ort, as a share of the FMA peak
+            ask = (proj_f + attn_f) / (to / need_ort) * 1e-9 / peak_isa if to and peak_isa else None
+            targets.append([f"{name} full layer >= {need_ort}x ONNX Runtime (needs "
+                            f"{fmt(ask * 100 if ask else None, '.0f', suffix='%')} of the {isa} FMA peak for "
+                            f"the whole layer; libmha: {fmt(gf / peak_isa * 100 if gf and peak_isa else None, '.0f', suffix='%')})",
+                            fmt(xo, ".2f", suffix="x"), verdict(xo, need_ort)])
             afr = agf / peak_isa if agf and peak_isa else None
             targets.append([f"{name} attention alone >= 65% of the {isa} FMA peak",
                             fmt(afr * 100 if afr else None, ".0f", suffix="%"), verdict(afr, 0.65)])
