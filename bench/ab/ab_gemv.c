@@ -69,6 +69,14 @@ static void job_make(gv_case *c, int i, int k, int n, int type, int M, uint64_t 
     for (int b = 0; b < 2; b++) c->y[b][i] = bench_alloc((size_t)M * n);
 }
 
+/* Whether name is one of the comma-separated list. */
+static int listed(const char *list, const char *name) {
+    char want[16], have[128];
+    snprintf(want, sizeof want, ",%s,", name);
+    snprintf(have, sizeof have, ",%s,", list);
+    return strstr(have, want) != NULL;
+}
+
 static mha_status run(const mha_exec *ex, gv_case *c, int b, int M) {
     mha_status (*f)(const mha_exec *, const mha_decode_gemm_job *, int, const float *, int, int) =
         b ? mha_decode_gemm_many : mha_decode_gemm_many_old;
@@ -100,12 +108,8 @@ int main(int argc, char **argv) {
     printf("weights h_kv MiB | best ms: read old new | best %%: old new | median ms: read old new | median %%: old new "
            "| new/old median same");
     printf(nth == 1 ? " | cpu median %%: old new new/old\n" : "\n");
-    for (int ty = 0; ty < 3; ty++) {
-        char want[16], have[128];
-        snprintf(want, sizeof want, ",%s,", names[ty]);
-        snprintf(have, sizeof have, ",%s,", types);
-        if (!strstr(have, want)) continue;
-        for (int a = 0; a < nh; a++) {
+    for (int ty = 0; ty < 3; ty++)
+        for (int a = 0; a < nh && listed(types, names[ty]); a++) {
             gv_case c;
             uint64_t seed = 11;
             memset(&c, 0, sizeof c);
@@ -147,6 +151,5 @@ int main(int argc, char **argv) {
                 free((void *)c.j[i].w_scale), free(c.y[0][i]), free(c.y[1][i]);
             }
         }
-    }
     return 0;
 }
