@@ -10,9 +10,11 @@
  * Legend: B batch, T queries, S keys, Sx = S + extra keys, h, h_kv heads,
  * d_k, d_v, d_model, d_kv_in, d_v_in. */
 #include <math.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "forward/task_ranges.h"
 #include "kernels/kernels.h"
 #include "naive.h"
 #include "test_util.h"
@@ -500,7 +502,7 @@ static void test_fast_threads_bit_identical(void) {
         o.causal = masked;
         mha_set_num_threads(1);
         CHECK_OK(run_path(L, &a, 7, x, NULL, B, T, S, o, MHA_PATH_FAST));
-        for (int nt = 2; nt <= 3; nt++) {
+        for (int nt = 2; nt <= 5; nt++) { /* 24 attention tasks: runs of 12, 8, 6, 5 or 4 */
             mha_set_num_threads(nt);
             CHECK_OK(run_path(L, &b, 7, x, NULL, B, T, S, o, MHA_PATH_FAST));
             CHECK(memcmp(a.y, b.y, sizeof(float) * B * T * 48) == 0);
@@ -514,6 +516,48 @@ static void test_fast_threads_bit_identical(void) {
     free(x);
     mha_layer_free(L);
     naive_weights_free(&w);
+}
+
+/* The attention's task runs (task_ranges.h): every task handed out
+ * exactly once, whatever the thread count, with all threads taking at
+ * once (the order is checked below, with one thread). */
+static void test_fast_task_ranges_each_once(void) {
+    const long sizes[] = {0, 1, 5, 24, 97, 1032};
+    for (size_t si = 0; si < sizeof sizes / sizeof *sizes; si++)
+        for (int nt = 1; nt <= 7; nt += 2) {
+            const long n = sizes[si];
+            int *seen = calloc((size_t)n + 1, sizeof(int));
+            mha_task_ranges *q = mha_task_ranges_new(n, nt);
+            CHECK(seen && q);
+            if (!seen || !q) return;
+#pragma omp parallel num_threads(nt)
+            for (long t; (t = mha_task_ranges_next(q, omp_get_thread_num())) >= 0;) {
+                if (t > n) t = n; /* out of range: counted in seen[n] */
+#pragma omp atomic update
+                seen[t]++;
+            }
+            for (long t = 0; t < n; t++) CHECK_INT(seen[t], 1);
+            CHECK_INT(seen[n], 0);
+            mha_task_ranges_free(q);
+            free(seen);
+        }
+}
+
+/* One thread of three alone (the others never start, as when a thread
+ * loses its core): it runs its own run in order, then the others' from
+ * their ends, each task once. */
+static void test_fast_task_ranges_one_thread_drains(void) {
+    const long n = 10; /* runs [0,4) [4,7) [7,10) */
+    mha_task_ranges *q = mha_task_ranges_new(n, 3);
+    CHECK(q != NULL);
+    if (!q) return;
+    long got[16], k = 0, t;
+    while (k < 16 && (t = mha_task_ranges_next(q, 1)) >= 0) got[k++] = t;
+    const long want[10] = {4, 5, 6, 3, 2, 9, 1, 8, 0, 7}; /* own run, then the last of the fullest (ties: the first) */
+    CHECK_INT(k, n);
+    for (long i = 0; i < n && i < k; i++) CHECK_INT(got[i], want[i]);
+    CHECK_INT(mha_task_ranges_next(q, 0), -1);
+    mha_task_ranges_free(q);
 }
 
 /* the fast path follows weight changes (re-packing on permute/set) */
@@ -633,6 +677,8 @@ static const test_case cases[] = {
     {"fast_long_tiny", test_fast_long_tiny},
     {"fast_interval_masks_every_kernel", test_fast_interval_masks_every_kernel},
     {"fast_threads_bit_identical", test_fast_threads_bit_identical},
+    {"fast_task_ranges_each_once", test_fast_task_ranges_each_once},
+    {"fast_task_ranges_one_thread_drains", test_fast_task_ranges_one_thread_drains},
     {"fast_after_permute", test_fast_after_permute},
     {"fast_value_source", test_fast_value_source},
     {"fast_memory_peak", test_fast_memory_peak},

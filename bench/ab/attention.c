@@ -13,7 +13,8 @@
  *   ab_attention ROUNDS [CASES] [THREADS_FROM] [THREADS_TO]
  * CASES: substring list of P1 P2 P3 (bench/run.sh's full shapes), P1h
  * P2h P3h (one head, repeated: K, V, Q in L2), P1m P3m (one kv head: K/V
- * in L2, Q and Z from memory). Legend: B, T, S, h, d_k as attention.h. */
+ * in L2, Q and Z from memory), Xc (the shape in AB_CASE="B,T,S,d,h,causal,
+ * h_kv"; h_kv 0: h). Legend: B, T, S, h, d_k as attention.h. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -49,7 +50,12 @@ int main(int argc, char **argv) {
     cs cases[] = {{"P1", 4, 512, 512, 768, 12, 0, 0}, {"P2", 1, 4096, 4096, 768, 12, 1, 0},
                   {"P3", 2, 256, 2048, 1024, 16, 0, 0}, {"P1h", 1, 512, 512, 64, 1, 0, 0},
                   {"P2h", 1, 1024, 1024, 64, 1, 1, 0}, {"P3h", 1, 256, 2048, 64, 1, 0, 0},
-                  {"P1m", 4, 512, 512, 768, 12, 0, 1}, {"P3m", 2, 256, 2048, 1024, 16, 0, 1}};
+                  {"P1m", 4, 512, 512, 768, 12, 0, 1}, {"P3m", 2, 256, 2048, 1024, 16, 0, 1},
+                  {"Xc", 0, 0, 0, 0, 0, 0, 0}};
+    const char *xs = getenv("AB_CASE"); /* "B,T,S,d,h,causal,h_kv": the case Xc */
+    cs *x = &cases[sizeof cases / sizeof *cases - 1];
+    if (xs && sscanf(xs, "%d,%d,%d,%d,%d,%d,%d", &x->B, &x->T, &x->S, &x->d, &x->h, &x->causal, &x->hkv) != 7)
+        return fprintf(stderr, "AB_CASE: expected B,T,S,d,h,causal,h_kv\n"), 1;
     const mha_kernels *kern = mha_kernels_get();
     mha_kernels old_kern = *kern; /* the base commit's AVX-512 attention kernels */
     if (kern->attn_scores == mha_attn_scores_avx512) {
@@ -63,6 +69,7 @@ int main(int argc, char **argv) {
         while (hit && !c.name[2] && (hit[2] == 'h' || hit[2] == 'm')) hit = strstr(hit + 1, c.name);
         if (*only && !hit) continue; /* "P1h" selects P1h, not P1 */
         if (!*only && c.name[2]) continue;
+        if (!c.B) continue; /* Xc without AB_CASE */
         mha_config cfg = mha_config_default(c.d, c.h), rc; cfg.n_kv_heads = c.hkv;
         if (mha_config_resolve(&rc, &cfg)) return 1;
         int d_k = rc.d_k, S_pad = (c.S + 15) / 16 * 16, ldv = (rc.d_v + 15) / 16 * 16;

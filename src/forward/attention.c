@@ -5,11 +5,13 @@
  * keys in a fixed order, so results do not depend on the thread count.
  * Legend: see attention.h; BR query rows and BC keys per tile. */
 #include <math.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/variants.h"
 #include "forward/attention.h"
+#include "forward/task_ranges.h"
 
 #define MHA_ATT_BR 48 /* query rows per task, a multiple of MHA_MR */
 #define MHA_ATT_BC 128 /* keys per tile, a multiple of 16 */
@@ -207,26 +209,34 @@ static void attend_task(const mha_attn_args *a, const mha_kernels *k, scratch *w
 mha_status mha_attention(const mha_attn_args *a, const mha_kernels *k, int n_threads) {
     const int nqt = (a->T + MHA_ATT_BR - 1) / MHA_ATT_BR, h = a->cfg->n_heads;
     const long ntasks = (long)a->B * h * nqt;
-    int failed = 0;
+    /* Task t is query tile nqt-1 - t % nqt of head t / nqt (b-major), so a
+     * run of tasks is whole heads: each thread reads the K/V of its own
+     * heads (1 MiB per head at P3) from memory once, where under a dynamic
+     * schedule both threads took turns on every head and each read every
+     * head's K/V, and the next-query prefetch in attend_task fetches the
+     * task this thread runs next. Later query tiles see more keys under
+     * causal masks: they come first within a head, so the tasks taken
+     * from the end of a run (task_ranges.h) are the small ones. */
+    mha_task_ranges *queue = mha_task_ranges_new(ntasks, n_threads);
+    int failed = !queue;
+    if (queue) {
 #pragma omp parallel num_threads(n_threads)
-    {
-        scratch w;
-        int ok = scratch_init(&w, a->cfg->d_k, a->ldv);
-        if (!ok) {
+        {
+            scratch w;
+            int ok = scratch_init(&w, a->cfg->d_k, a->ldv);
+            if (!ok) {
 #pragma omp atomic write
-            failed = 1;
+                failed = 1;
+            }
+            for (long t; ok && (t = mha_task_ranges_next(queue, omp_get_thread_num())) >= 0;) {
+                const int qt = nqt - 1 - (int)(t % nqt);
+                const int r = (int)(t / nqt % h), b = (int)(t / nqt / h);
+                attend_task(a, k, &w, b, r, qt * MHA_ATT_BR);
+            }
+            scratch_free(&w);
         }
-        /* Later query tiles see more keys under causal masks: hand them out
-         * first, so the dynamic schedule ends with the small ones. */
-#pragma omp for schedule(dynamic, 1)
-        for (long t = 0; t < ntasks; t++) {
-            if (!ok) continue;
-            const int qt = nqt - 1 - (int)(t % nqt);
-            const int r = (int)(t / nqt % h), b = (int)(t / nqt / h);
-            attend_task(a, k, &w, b, r, qt * MHA_ATT_BR);
-        }
-        scratch_free(&w);
     }
+    mha_task_ranges_free(queue);
     if (failed)
         return mha_fail(MHA_E_NOMEM, "fast attention: cannot allocate per-thread tiles (d_k=%d, d_v=%d)",
                         a->cfg->d_k, a->cfg->d_v);

@@ -9,7 +9,8 @@
  *   bf16: starting from y (the fp32 stream's bits on the widened values);
  *   int8: starting from 0, then y = fma(sum, scale, y).
  * Masked column tails; every element's additions are the scalar table's,
- * so the bits are too. VDPBF16PS / VNNI would round the activations to
+ * so the bits are too. Each tile requests the weights PF_COLS columns
+ * ahead, so that memory and arithmetic overlap on a cold matrix. VDPBF16PS / VNNI would round the activations to
  * bf16 / int8 (docs/WEIGHTS.md). */
 #include <immintrin.h>
 #include <stdint.h>
@@ -20,6 +21,18 @@
 #define ROWS 32 /* weight rows per block: 64 columns of them stay in L1 */
 #define RB 4    /* rows of x per register block: 16 accumulators       */
 #define NV 4    /* 16-float vectors of columns per register block       */
+/* Columns ahead whose lines each tile requests into L1, row by row as it
+ * reads its own (past the call's width: the next block of ROWS rows, which
+ * for int8 is the next call's; held as an integer address, as it may lie
+ * past the matrix, and a prefetch never faults). Without it a
+ * cold weight matrix arrived only as loaded, and the step's arithmetic and
+ * memory times added up (int8 at 50%, bf16 at 70% of a cold read of the
+ * same bytes, one thread); sweeping 4 rows across 512 columns (long
+ * contiguous runs) instead of 32-row tiles measured the same, so the
+ * request ahead, not the walk's order, is what overlaps them. 4 tiles
+ * ahead (8 KiB int8, 16 KiB bf16): 0.70x and 0.78x the time cold
+ * (bench/ab/ab_gemv.sh, 2026-12-01); 128 or 448 columns gain the same. */
+#define PF_COLS 256
 
 static inline __m512 widen16(const void *w, size_t at, __mmask16 km, int i8) {
     if (i8) return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(km, (const int8_t *)w + at)));
@@ -29,10 +42,12 @@ static inline __m512 widen16(const void *w, size_t at, __mmask16 km, int i8) {
 
 /* y (r, c) [+]= x (r, k) w (k, c), r <= RB rows, c = 16 (nv - 1) +
  * popcount(km) columns, k <= ROWS; int8: y += (x w) * scale (c). r, nv
- * and i8 are constants at every call, so the arrays live in registers. */
+ * and i8 are constants at every call, so the arrays live in registers.
+ * pf: the weights PF_COLS columns ahead, requested row by row. */
 static inline __attribute__((always_inline)) void tile(float *y, size_t ldy, const float *x, size_t ldx,
                                                        const void *w, size_t ldw, const float *scale, int k,
-                                                       const int r, const int nv, __mmask16 km, const int i8) {
+                                                       const int r, const int nv, __mmask16 km, const int i8,
+                                                       uintptr_t pf) {
     __m512 a[RB][NV];
 #pragma GCC unroll 4
     for (int i = 0; i < r; i++)
@@ -43,6 +58,8 @@ static inline __attribute__((always_inline)) void tile(float *y, size_t ldy, con
         __m512 b[NV];
 #pragma GCC unroll 4
         for (int v = 0; v < nv; v++) b[v] = widen16(w, kk * ldw + 16 * v, v == nv - 1 ? km : 0xffff, i8);
+        _mm_prefetch((const char *)(pf + kk * ldw * (i8 ? 1 : 2)), _MM_HINT_T0);
+        if (!i8) _mm_prefetch((const char *)(pf + kk * ldw * 2 + 64), _MM_HINT_T0); /* 64 bf16 columns: two lines */
 #pragma GCC unroll 4
         for (int i = 0; i < r; i++) {
             const __m512 xb = _mm512_set1_ps(x[i * ldx + kk]);
@@ -67,16 +84,16 @@ static inline __attribute__((always_inline)) void tile(float *y, size_t ldy, con
  * masked tail of up to 16 (nv 1). */
 static inline __attribute__((always_inline)) void block(float *y, size_t ldy, const float *x, size_t ldx,
                                                         const void *w, size_t ldw, const float *scale, int k,
-                                                        int r, int nv, __mmask16 km, const int i8) {
+                                                        int r, int nv, __mmask16 km, const int i8, uintptr_t pf) {
     switch (r * 8 + nv) {
-    case 8 + 4: tile(y, ldy, x, ldx, w, ldw, scale, k, 1, 4, km, i8); break;
-    case 16 + 4: tile(y, ldy, x, ldx, w, ldw, scale, k, 2, 4, km, i8); break;
-    case 24 + 4: tile(y, ldy, x, ldx, w, ldw, scale, k, 3, 4, km, i8); break;
-    case 32 + 4: tile(y, ldy, x, ldx, w, ldw, scale, k, 4, 4, km, i8); break;
-    case 8 + 1: tile(y, ldy, x, ldx, w, ldw, scale, k, 1, 1, km, i8); break;
-    case 16 + 1: tile(y, ldy, x, ldx, w, ldw, scale, k, 2, 1, km, i8); break;
-    case 24 + 1: tile(y, ldy, x, ldx, w, ldw, scale, k, 3, 1, km, i8); break;
-    default: tile(y, ldy, x, ldx, w, ldw, scale, k, 4, 1, km, i8); break;
+    case 8 + 4: tile(y, ldy, x, ldx, w, ldw, scale, k, 1, 4, km, i8, pf); break;
+    case 16 + 4: tile(y, ldy, x, ldx, w, ldw, scale, k, 2, 4, km, i8, pf); break;
+    case 24 + 4: tile(y, ldy, x, ldx, w, ldw, scale, k, 3, 4, km, i8, pf); break;
+    case 32 + 4: tile(y, ldy, x, ldx, w, ldw, scale, k, 4, 4, km, i8, pf); break;
+    case 8 + 1: tile(y, ldy, x, ldx, w, ldw, scale, k, 1, 1, km, i8, pf); break;
+    case 16 + 1: tile(y, ldy, x, ldx, w, ldw, scale, k, 2, 1, km, i8, pf); break;
+    case 24 + 1: tile(y, ldy, x, ldx, w, ldw, scale, k, 3, 1, km, i8, pf); break;
+    default: tile(y, ldy, x, ldx, w, ldw, scale, k, 4, 1, km, i8, pf); break;
     }
 }
 
@@ -93,9 +110,11 @@ static inline __attribute__((always_inline)) void stream(float *y, int ldy, cons
         for (int j = 0; j < n;) {
             const int nv = n - j >= 64 ? 4 : 1, c = nv == 4 ? 64 : n - j < 16 ? n - j : 16;
             const __mmask16 km = mha_mask16(c - 16 * (nv - 1));
+            const int ja = j + PF_COLS; /* past n: the next row block's first columns */
+            const uintptr_t pf = (uintptr_t)wk + (ja < n ? (size_t)ja : (size_t)ROWS * ldw + ja - n) * esz;
             for (int i = 0; i < m; i += RB)
                 block(y + (size_t)i * ldy + j, (size_t)ldy, x + (size_t)i * ldx + k0, (size_t)ldx, wk + j * esz,
-                      (size_t)ldw, scale ? scale + j : NULL, kn, m - i < RB ? m - i : RB, nv, km, i8);
+                      (size_t)ldw, scale ? scale + j : NULL, kn, m - i < RB ? m - i : RB, nv, km, i8, pf);
             j += c;
         }
     }
