@@ -69,7 +69,8 @@ double bench_fma_rate(float (*chains)(long iters), double flops_per_iter, int th
  * a buffer of `bytes`; median of `reps` passes (best in *best_out). */
 double bench_stream_read(int threads, size_t bytes, int reps, double *best_out);
 /* Cold reads (decode's roofline): a buffer of `bytes` filled by `threads`
- * threads (n floats in *n_out; free() it), the seconds one pass of
+ * threads (n floats in *n_out; free() it; huge pages where the kernel
+ * allows, as the library's large blocks), the seconds one pass of
  * `threads` threads takes to read its n floats, and an eviction of the
  * last-level cache: one pass over a buffer of BENCH_EVICT_MIB MiB (default
  * 1024, over 3x this host's 300 MiB L3), made on first use. */

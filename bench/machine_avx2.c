@@ -4,7 +4,9 @@
  * src/kernels/avx2*.c). */
 #include <immintrin.h>
 #include <omp.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 
 #include "bench.h"
 
@@ -92,10 +94,21 @@ double bench_read_pass(const float *buf, size_t n, int threads) {
 }
 
 /* Each thread fills, and later reads, the same part of the buffer, so a
- * NUMA machine would place the pages near their reader. */
-float *bench_read_buffer(size_t bytes, int threads, size_t *n_out) {
-    size_t n = (bytes + sizeof(float) - 1) / sizeof(float);
-    float *buf = bench_alloc(n ? n : 1);
+ * NUMA machine would place the pages near their reader. huge: 2 MiB
+ * aligned and marked for huge pages before the first touch (the fill), as
+ * the KV cache (mha_calloc_large) and the weights (mha_alloc_large) are:
+ * the reference read pays the page walks they pay, no more. */
+static float *read_buffer(size_t bytes, int threads, size_t *n_out, int huge) {
+    const size_t n = (bytes + sizeof(float) - 1) / sizeof(float), page = huge ? (size_t)2 << 20 : 64;
+    const size_t alloc = ((n ? n : 1) * sizeof(float) + page - 1) / page * page;
+    float *buf = aligned_alloc(page, alloc);
+    if (!buf) {
+        fprintf(stderr, "bench_mha: out of memory allocating %zu bytes\n", alloc);
+        exit(1);
+    }
+#ifdef MADV_HUGEPAGE
+    if (huge) (void)madvise(buf, alloc, MADV_HUGEPAGE); /* a hint: failure is fine */
+#endif
 #pragma omp parallel num_threads(threads)
     {
         size_t lo, hi;
@@ -105,6 +118,8 @@ float *bench_read_buffer(size_t bytes, int threads, size_t *n_out) {
     *n_out = n;
     return buf;
 }
+
+float *bench_read_buffer(size_t bytes, int threads, size_t *n_out) { return read_buffer(bytes, threads, n_out, 1); }
 
 long bench_evict_mib(void) {
     const char *e = getenv("BENCH_EVICT_MIB");
@@ -116,7 +131,9 @@ static float *evict_buf;
 static size_t evict_n;
 
 void bench_evict(int threads) {
-    if (!evict_buf) evict_buf = bench_read_buffer((size_t)bench_evict_mib() << 20, threads, &evict_n);
+    /* 4 KiB pages: the pass also displaces the TLB entries of what it
+     * evicts (512 huge pages would leave the cache's in the STLB) */
+    if (!evict_buf) evict_buf = read_buffer((size_t)bench_evict_mib() << 20, threads, &evict_n, 0);
     bench_read_pass(evict_buf, evict_n, threads);
 }
 

@@ -1,11 +1,15 @@
 /* test_compute_edges.c — the kernel chooser's every input (MHA_KERNELS
  * values, the test override, names) and the workspace's reuse rules
  * (smallest block that fits, too-small blocks replaced, the slot and byte
- * limits, concurrent take/give never sharing a block). */
+ * limits, concurrent take/give never sharing a block), and the large
+ * zeroed blocks of the KV cache (zeroed, huge pages where allowed). */
 #include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/internal.h"
 #include "compute/workspace.h"
 #include "kernels/kernels.h"
 #include "tests.h"
@@ -208,11 +212,64 @@ static void test_workspace_concurrent(void) {
     mha_workspace_free(w);
 }
 
+/* kB of AnonHugePages in /proc/self/smaps for the mapping holding addr;
+ * -1 where the file or the mapping is not found. */
+static long huge_kb_at(uintptr_t addr) {
+    FILE *f = fopen("/proc/self/smaps", "r");
+    if (!f) return -1;
+    char line[512];
+    long kb = -1;
+    int inside = 0;
+    while (fgets(line, sizeof line, f)) {
+        unsigned long lo, hi, v;
+        if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2) inside = lo <= addr && addr < hi; /* a mapping's first line */
+        else if (inside && sscanf(line, "AnonHugePages: %lu kB", &v) == 1) kb = (long)v;
+    }
+    fclose(f);
+    return kb;
+}
+
+/* Whether the kernel gives huge pages to a madvise(MADV_HUGEPAGE) range. */
+static int thp_on_request(void) {
+    FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+    char buf[128] = {0};
+    if (!f) return 0;
+    int ok = fgets(buf, sizeof buf, f) && (strstr(buf, "[madvise]") || strstr(buf, "[always]"));
+    fclose(f);
+    return ok;
+}
+
+/* mha_calloc_large: zeroed even where the allocator hands back memory
+ * just freed dirty, and (where the kernel allows on request) backed by
+ * huge pages once touched: a cold decode step walks a page table per
+ * 2 MiB of cache, not per 4 KiB. */
+static void test_calloc_large_zeroed_huge(void) {
+    const size_t bytes = ((size_t)8 << 20) + 123;
+    unsigned char *dirty = malloc(bytes);
+    if (dirty) memset(dirty, 0xab, bytes);
+    free(dirty);
+    unsigned char *p = mha_calloc_large(bytes, 1);
+    CHECK(p != NULL);
+    if (!p) return;
+    size_t nonzero = 0;
+    for (size_t i = 0; i < bytes; i++) nonzero += p[i] != 0;
+    CHECK_INT((long)nonzero, 0);
+    memset(p, 1, bytes); /* touch every page */
+#if !defined(__SANITIZE_ADDRESS__) /* ASan's allocator places and touches its blocks its own way */
+    if (thp_on_request()) {
+        long kb = huge_kb_at((uintptr_t)p + ((size_t)4 << 20));
+        CHECK(kb >= 2048); /* at least one of the three whole 2 MiB ranges */
+    }
+#endif
+    free(p);
+}
+
 static const test_case cases[] = {
     {"dispatch_every_env_value", test_dispatch_every_env_value},
     {"workspace_reuse_rules", test_workspace_reuse_rules},
     {"workspace_over_limit", test_workspace_over_limit},
     {"workspace_concurrent", test_workspace_concurrent},
+    {"calloc_large_zeroed_huge", test_calloc_large_zeroed_huge},
 };
 
 const test_case *tests_compute_edges(size_t *count) {

@@ -70,6 +70,15 @@ void mha_clear_error(void);
  * (memory.c). NULL when out of memory. */
 void *mha_alloc_large(size_t bytes);
 
+/* calloc(n, size), its whole 2 MiB ranges marked for huge pages (a
+ * decode step reads the KV cache cold: a page walk per 2 MiB, not per
+ * 4 KiB); released with free(). NULL when out of memory. */
+void *mha_calloc_large(size_t n, size_t size);
+
+/* Marks the whole 2 MiB ranges of [p, p + bytes) for huge pages where the
+ * kernel allows (a hint; nothing happens elsewhere). */
+void mha_advise_huge(void *p, size_t bytes);
+
 /* Checks that n floats are finite; names the tensor and first bad index. */
 mha_status mha_check_finite(const float *p, size_t n, const char *name);
 

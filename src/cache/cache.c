@@ -94,7 +94,7 @@ static mha_status cache_create(mha_cache **out, const mha_layer *L, int batch, i
     c->nbv = vt == MHA_CACHE_I8 ? q8_blocks(cf->d_v) : 0;
     /* zeroed: slots never written hold finite numbers, so a weight of
      * exactly 0 on them (masked keys) contributes exactly 0 */
-    c->data = calloc(blocks * slots, (size_t)cf->d_k * c->ek + (size_t)cf->d_v * c->ev);
+    c->data = mha_calloc_large(blocks * slots, (size_t)cf->d_k * c->ek + (size_t)cf->d_v * c->ev);
     c->len = calloc((size_t)batch, sizeof(int));
     c->lo = calloc((size_t)batch, sizeof(int));
     c->upos = calloc((size_t)batch * capacity, sizeof(int));
@@ -103,7 +103,7 @@ static mha_status cache_create(mha_cache **out, const mha_layer *L, int batch, i
     c->labels_v = malloc(sizeof(int) * cf->n_kv_heads);
     c->kmax = calloc(blocks, sizeof(float));
     if (c->nbk + c->nbv) /* zeroed as well: unwritten slots dequantize to 0 */
-        c->scales = calloc(blocks * slots * (size_t)(c->nbk + c->nbv), sizeof(float));
+        c->scales = mha_calloc_large(blocks * slots * (size_t)(c->nbk + c->nbv), sizeof(float));
     if (!c->data || !c->len || !c->lo || !c->upos || !c->phys || !c->labels_k || !c->labels_v || !c->kmax ||
         (c->nbk + c->nbv && !c->scales)) {
         mha_cache_free(c);
