@@ -212,6 +212,7 @@ static void test_workspace_concurrent(void) {
     mha_workspace_free(w);
 }
 
+#if !defined(__SANITIZE_ADDRESS__) /* ASan's allocator places and touches its blocks its own way */
 /* kB of AnonHugePages in /proc/self/smaps for the mapping holding addr;
  * -1 where the file or the mapping is not found. */
 static long huge_kb_at(uintptr_t addr) {
@@ -238,6 +239,7 @@ static int thp_on_request(void) {
     fclose(f);
     return ok;
 }
+#endif
 
 /* mha_calloc_large: zeroed even where the allocator hands back memory
  * just freed dirty, and (where the kernel allows on request) backed by
@@ -255,7 +257,7 @@ static void test_calloc_large_zeroed_huge(void) {
     for (size_t i = 0; i < bytes; i++) nonzero += p[i] != 0;
     CHECK_INT((long)nonzero, 0);
     memset(p, 1, bytes); /* touch every page */
-#if !defined(__SANITIZE_ADDRESS__) /* ASan's allocator places and touches its blocks its own way */
+#if !defined(__SANITIZE_ADDRESS__)
     if (thp_on_request()) {
         long kb = huge_kb_at((uintptr_t)p + ((size_t)4 << 20));
         CHECK(kb >= 2048); /* at least one of the three whole 2 MiB ranges */
