@@ -10,8 +10,9 @@
  *   int8: starting from 0, then y = fma(sum, scale, y).
  * Masked column tails; every element's additions are the scalar table's,
  * so the bits are too. Each tile requests the weights PF_COLS columns
- * ahead, so that memory and arithmetic overlap on a cold matrix. VDPBF16PS / VNNI would round the activations to
- * bf16 / int8 (docs/WEIGHTS.md). */
+ * ahead, so that memory and arithmetic overlap on a cold matrix.
+ * VDPBF16PS / VNNI would round the activations to bf16 / int8
+ * (docs/WEIGHTS.md). */
 #include <immintrin.h>
 #include <stdint.h>
 
