@@ -39,6 +39,6 @@ void *mha_alloc_large(size_t bytes) {
 
 void *mha_calloc_large(size_t n, size_t size) {
     void *p = calloc(n, size);
-    if (p && size && n <= SIZE_MAX / size) mha_advise_huge(p, n * size);
+    if (p) mha_advise_huge(p, n * size); /* calloc checked that n * size fits */
     return p;
 }
