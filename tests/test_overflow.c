@@ -130,9 +130,78 @@ static void test_overflow_fuzz(void) {
         test_report(__FILE__, __LINE__, "refused %d, ran %d; expected both > 5", refused, ran);
 }
 
+/* The fast path's range rule at its border: identity projections make
+ * q = k = x, so a row of x holding a alone gives the bound a^2 scale
+ * exactly; a bound 0.1% under MHA_FAST_SCORE_LIMIT runs, 0.1% over is
+ * refused naming the head and its query row, on every thread count. */
+static void test_overflow_limit_border(void) {
+    const int B = 2, T = 5, D = 16, h = 2, d_k = D / h;
+    mha_config rc = naive_resolve(mha_config_default(D, h));
+    naive_weights w;
+    naive_weights_zero(&w, &rc);
+    for (int i = 0; i < D; i++) w.w_q[i * D + i] = w.w_k[i * D + i] = w.w_v[i * D + i] = w.w_o[i * D + i] = 1.0f;
+    mha_layer *L = naive_make_layer(&w);
+    const double scale = 1.0 / sqrt((double)d_k);
+    const double rel[4] = {0.999, 1.001, 0.9, 1.3};
+    const int saved = mha_get_num_threads();
+    for (int c = 0; c < 4; c++)
+        for (int nt = 1; nt <= 2; nt++) {
+            float *x = naive_alloc_floats((size_t)B * T * D), *y = naive_alloc_floats((size_t)B * T * D);
+            for (int i = 0; i < B * T * D; i++) x[i] = 0.01f * (float)(i % 7);
+            const int row = 3; /* batch 1, query 3, head 1's first column */
+            x[((size_t)1 * T + row) * D + d_k] = (float)sqrt(131072.0 /* MHA_FAST_SCORE_LIMIT */ * rel[c] / scale);
+            mha_set_num_threads(nt);
+            mha_options o = mha_options_default();
+            o.path = MHA_PATH_FAST;
+            mha_status s = mha_forward(L, y, NULL, x, NULL, B, T, T, &o);
+            if (rel[c] < 1.0) {
+                CHECK_OK(s);
+            } else {
+                CHECK_STATUS(s, MHA_E_NONFINITE);
+                CHECK(strstr(mha_last_error(), "batch 1 head 1") != NULL);
+                CHECK(strstr(mha_last_error(), "at query 3") != NULL);
+            }
+            free(x), free(y);
+        }
+    mha_set_num_threads(saved);
+    mha_layer_free(L);
+    naive_weights_free(&w);
+}
+
+/* A non-finite output is named by its first index, also when it lies in
+ * the second thread's part of the scan: y (2, 4096, 16) with W_O = I plus
+ * 3e38 from z[., 5] into y[., 9]; every key of batch 1 has v[., 5] = 2, so
+ * z[., 5] = 2 and y[., 9] = Inf on each of its rows, batch 0 stays 0: the
+ * first bad element is y[4096 * 16 + 9] = y[65545], past the middle. */
+static void test_overflow_output_first_index(void) {
+    const int B = 2, T = 4096, D = 16, h = 2;
+    mha_config rc = naive_resolve(mha_config_default(D, h));
+    naive_weights w;
+    naive_weights_zero(&w, &rc);
+    for (int i = 0; i < D; i++) w.w_q[i * D + i] = w.w_k[i * D + i] = w.w_v[i * D + i] = w.w_o[i * D + i] = 1.0f;
+    w.w_o[5 * D + 9] = 3e38f;
+    mha_layer *L = naive_make_layer(&w);
+    float *x = naive_alloc_floats((size_t)B * T * D), *y = naive_alloc_floats((size_t)B * T * D);
+    for (int r = T; r < B * T; r++) x[(size_t)r * D + 5] = 2.0f;
+    const int saved = mha_get_num_threads();
+    for (int nt = 1; nt <= 2; nt++) {
+        mha_set_num_threads(nt);
+        mha_options o = mha_options_default();
+        o.path = MHA_PATH_FAST;
+        CHECK_STATUS(mha_forward(L, y, NULL, x, NULL, B, T, T, &o), MHA_E_NONFINITE);
+        CHECK(strstr(mha_last_error(), "y[65545] = inf") != NULL);
+    }
+    mha_set_num_threads(saved);
+    free(x), free(y);
+    mha_layer_free(L);
+    naive_weights_free(&w);
+}
+
 static const test_case cases[] = {
     {"overflow_issue9", test_overflow_issue9},
     {"overflow_fuzz", test_overflow_fuzz},
+    {"overflow_limit_border", test_overflow_limit_border},
+    {"overflow_output_first_index", test_overflow_output_first_index},
 };
 
 const test_case *tests_overflow(size_t *count) {
