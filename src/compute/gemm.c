@@ -100,7 +100,9 @@ mha_status mha_pack_from(mha_packed *p, int K, int n_sections, const mha_pack_so
     }
     if (np % 2) /* the unused half of the last pair */
         for (int k = 0; k < K; k++) memset(mha_packed_panel(p, (int)np, k), 0, MHA_NR * sizeof(float));
+    const int nt = (size_t)np * K * MHA_NR >= ((size_t)1 << 16) ? mha_get_num_threads() : 1;
     for (int s = 0; s < n_sections; s++)
+#pragma omp parallel for schedule(static) num_threads(nt) /* panels are independent */
         for (int gp = p->first_panel[s]; gp < p->first_panel[s + 1]; gp++) {
             int col0 = (gp - p->first_panel[s]) * MHA_NR;
             pack_panel(p, gp, &src[s], cols[s], col0);

@@ -32,6 +32,9 @@
  * is finite (an exponent of all ones is Inf or NaN), 0 otherwise. */
 static int transpose_out_in(float *dst, const float *src, int n_out, int n_in) {
     uint32_t bad = 0;
+    /* the library's threads on a large matrix (a load's first pass over the weights) */
+    const int nt = (size_t)n_out * n_in >= ((size_t)1 << 16) ? mha_get_num_threads() : 1;
+#pragma omp parallel for schedule(static) num_threads(nt) reduction(| : bad)
     for (int o0 = 0; o0 < n_out; o0 += TILE)
         for (int i0 = 0; i0 < n_in; i0 += TILE) {
             const int o1 = o0 + TILE < n_out ? o0 + TILE : n_out, i1 = i0 + TILE < n_in ? i0 + TILE : n_in;
