@@ -589,7 +589,9 @@ def main():
             targets.append([f"{name} full layer >= {need_ort}x ONNX Runtime (needs "
                             f"{fmt(ask * 100 if ask else None, '.0f', suffix='%')} of the {isa} FMA peak for "
                             f"the whole layer; libmha: {fmt(gf / peak_isa * 100 if gf and peak_isa else None, '.0f', suffix='%')})",
-                            fmt(xo, ".2f", suffix="x"), verdict(xo, need_ort)])
+                            fmt(xo, ".2f", suffix="x"),
+                            verdict(xo, need_ort) + (" (past the FMA peak: out of this machine's reach)"
+                                                     if ask and ask > 1.0 and xo and xo < need_ort else "")])
             afr = agf / peak_isa if agf and peak_isa else None
             targets.append([f"{name} attention alone >= 65% of the {isa} FMA peak",
                             fmt(afr * 100 if afr else None, ".0f", suffix="%"), verdict(afr, 0.65)])
