@@ -26,8 +26,12 @@
  * that one key element meets 16 query rows per FMA (decode_kernels.h).
  * Which layout a chunk uses depends on the unit's rows alone.
  */
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
 #include <limits.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
@@ -65,6 +69,7 @@ typedef struct {
     float *z, *stats;
     const int *n, *row0;
     int t0, n_rep;
+    int policy; /* MHA_DECODE_PF_INTEL or _ZEN (mha_decode_prefetch_policy) */
 } decode_call;
 
 static int row_position(const decode_call *dc, int b, int i) {
@@ -157,10 +162,55 @@ static void gather_queries(float *qt, float *qtt, const decode_call *dc, const u
  * it did to the whole-chunk prefetch this replaced: it never ran). */
 static inline void prefetch_line(const char *p) {
 #if defined(__x86_64__) || defined(__i386__)
+#ifndef PF_HINT
+#define PF_HINT 0
+#endif
+#if PF_HINT == 0
     __asm__ volatile("prefetcht0 %0" : : "m"(*p));
+#elif PF_HINT == 1
+    __asm__ volatile("prefetcht1 %0" : : "m"(*p));
+#elif PF_HINT == 2
+    __asm__ volatile("prefetcht2 %0" : : "m"(*p));
+#elif PF_HINT == 3
+    __asm__ volatile("prefetchnta %0" : : "m"(*p));
+#else
+    (void)p;
+#endif
 #else
     __builtin_prefetch(p, 0, 3);
 #endif
+}
+
+/* ------------------------------------------------ prefetch by CPU */
+
+/* Which prefetch tuning the calls use: DECODE_PF_INTEL (the Xeon's of
+ * rounds 6-7) or DECODE_PF_ZEN (AMD Zen, round 8); see unit_prefetches.
+ * forced_policy < 0: by CPUID, probed once (CPUID traps to the hypervisor
+ * in a VM: microseconds). No choice changes bits: a prefetch only moves
+ * bytes between cache levels. */
+static _Atomic int forced_policy = -1, probed_policy = -1;
+
+static int cpu_policy(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    unsigned a, b, c, d;
+    if (!__get_cpuid(0, &a, &b, &c, &d)) return MHA_DECODE_PF_INTEL;
+    const int amd = b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u; /* "AuthenticAMD" */
+    if (!amd || !__get_cpuid(1, &a, &b, &c, &d)) return MHA_DECODE_PF_INTEL;
+    const unsigned family = ((a >> 8) & 0xf) == 0xf ? 0xf + ((a >> 20) & 0xff) : (a >> 8) & 0xf;
+    return family >= 0x17 ? MHA_DECODE_PF_ZEN : MHA_DECODE_PF_INTEL; /* Zen 1 on */
+#else
+    return MHA_DECODE_PF_INTEL;
+#endif
+}
+
+void mha_decode_force_prefetch_policy(int policy) { atomic_store(&forced_policy, policy); }
+
+int mha_decode_prefetch_policy(void) {
+    const int f = atomic_load(&forced_policy);
+    if (f >= 0) return f;
+    int p = atomic_load_explicit(&probed_policy, memory_order_relaxed);
+    if (p < 0) atomic_store_explicit(&probed_policy, p = cpu_policy(), memory_order_relaxed);
+    return p;
 }
 
 /* Whether unit u prefetches its chunks. A cold chunk (a decode
@@ -175,6 +225,7 @@ static inline void prefetch_line(const char *p) {
  * round 6). */
 static int unit_prefetches(const decode_call *dc, const unit *u) {
     const mha_cache *c = dc->c;
+    if (dc->policy == MHA_DECODE_PF_ZEN) return !unit_grouped(dc, u);
     return !unit_grouped(dc, u) && (u->i1 - u->i0 > 1 || c->kt != MHA_CACHE_F32 || c->vt != MHA_CACHE_F32);
 }
 
@@ -633,7 +684,8 @@ static void run_unit(const decode_plan *pl, const decode_call *dc, scratch *w, l
 
 mha_status mha_decode_attend(const mha_exec *ex, float *z, float *stats, const mha_cache *c, const float *q,
                              const int *row0, int t0, const int *n, const mha_decode_opts *o) {
-    const decode_call dc = {c, mha_exec_decode(ex), o, q, z, stats, n, row0, t0, c->h / c->h_kv};
+    const decode_call dc = {c, mha_exec_decode(ex), o, q, z, stats, n, row0, t0, c->h / c->h_kv,
+                            mha_decode_prefetch_policy()};
     decode_plan pl = {0};
     if (!plan_units(&pl, &dc)) {
         plan_free(&pl);
