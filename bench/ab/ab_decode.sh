@@ -16,7 +16,9 @@ CC="cc -std=c11 -O2 -g -fopenmp -Iinclude -Isrc -Ibench -D_DEFAULT_SOURCE"
 AVX512="-mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -mf16c"
 git show "$rev:src/cache/decode.c" > $out/decode_old.c
 git show "$rev:src/kernels/avx512_decode.c" > $out/avx512_decode_old.c
-$CC -Dmha_decode_attend=mha_decode_attend_old -c $out/decode_old.c -o $out/decode_old.o
+# (the prefetch policy's functions renamed too, where REV has them)
+$CC -Dmha_decode_attend=mha_decode_attend_old -Dmha_decode_prefetch_policy=mha_decode_prefetch_policy_old \
+    -Dmha_decode_force_prefetch_policy=mha_decode_force_prefetch_policy_old -c $out/decode_old.c -o $out/decode_old.o
 # NEW_CFLAGS (environment): extra flags for the new decode.c only (-D knobs)
 $CC ${NEW_CFLAGS:-} -Dmha_decode_attend=mha_decode_attend_new -c src/cache/decode.c -o $out/decode_new.o
 # the old grouped kernels too (renamed), where REV has them

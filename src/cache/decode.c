@@ -162,20 +162,7 @@ static void gather_queries(float *qt, float *qtt, const decode_call *dc, const u
  * it did to the whole-chunk prefetch this replaced: it never ran). */
 static inline void prefetch_line(const char *p) {
 #if defined(__x86_64__) || defined(__i386__)
-#ifndef PF_HINT
-#define PF_HINT 0
-#endif
-#if PF_HINT == 0
     __asm__ volatile("prefetcht0 %0" : : "m"(*p));
-#elif PF_HINT == 1
-    __asm__ volatile("prefetcht1 %0" : : "m"(*p));
-#elif PF_HINT == 2
-    __asm__ volatile("prefetcht2 %0" : : "m"(*p));
-#elif PF_HINT == 3
-    __asm__ volatile("prefetchnta %0" : : "m"(*p));
-#else
-    (void)p;
-#endif
 #else
     __builtin_prefetch(p, 0, 3);
 #endif
@@ -255,6 +242,43 @@ static void prefetch_part(const mha_cache *c, const next_chunk *nx, int part) {
     bytes = sizeof(float) * MHA_DECODE_CHUNK * (size_t)(c->nbk + c->nbv);
     for (size_t o = bytes * part / PREFETCH_PARTS / 64 * 64; o < bytes * (part + 1) / PREFETCH_PARTS; o += 64)
         prefetch_line(sp + o);
+}
+
+/* The requests of chunk nx at prefetch point `part` (of PREFETCH_PARTS,
+ * the first before the scores, the last after the values) of a chunk of
+ * nk keys. Zen, with a table that has a stream: the K/V bytes spread
+ * over this chunk's kernels (prefetch_stream), about one chunk of lines
+ * over the steps of their loops for one row (the scores one per dim per
+ * 64 keys, the values one per key per 64 columns), the int8 scales (a
+ * few lines) at once; at the last point, what the kernels left. Cold,
+ * one thread, against the four bursts: 0.xx-0.xx (bench/LIMITS.md, round
+ * 8). Else the four bursts (the Xeon's tuning). */
+static void prefetch_point(const decode_call *dc, const next_chunk *nx, int part, int nk) {
+    const mha_cache *c = dc->c;
+    if (dc->policy != MHA_DECODE_PF_ZEN || !dc->kr->prefetch_stream) {
+        prefetch_part(c, nx, part);
+        return;
+    }
+    if (part != 0 && part != PREFETCH_PARTS - 1) return;
+    const int live = nx->s0 >= 0 && nx->s0 < c->slots;
+    const size_t bytes = (size_t)MHA_DECODE_CHUNK * ((size_t)c->d_k * c->ek + (size_t)c->d_v * c->ev);
+    const char *p = live ? (const char *)c->data + mha_cache_chunk_byte(c, nx->kv, nx->s0) : NULL;
+    if (part == 0) {
+        const size_t steps = (size_t)(nk + 63) / 64 * c->d_k + (size_t)nk * ((c->d_v + 63) / 64);
+        const size_t lines = bytes / 64;
+        if (!live) return;
+#ifndef PF_MUL
+#define PF_MUL 1
+#endif
+        dc->kr->prefetch_stream(p, p + bytes, PF_MUL * (int)((lines + steps - 1) / steps));
+        if (!c->scales) return;
+        const char *sp = (const char *)(c->scales + mha_cache_ks_off(c, nx->kv, nx->s0));
+        for (size_t o = 0; o < sizeof(float) * MHA_DECODE_CHUNK * (size_t)(c->nbk + c->nbv); o += 64)
+            prefetch_line(sp + o);
+        return;
+    }
+    const char *rest = dc->kr->prefetch_stream(NULL, NULL, 0);
+    for (; live && rest && rest < p + bytes; rest += 64) prefetch_line(rest);
 }
 
 /* Soft-cap, then ALiBi, on the scores w->s of the m rows and nk keys whose
@@ -404,13 +428,13 @@ static void chunk_partial(float *part, scratch *w, const decode_call *dc, const 
     int nk = jhi - jlo;
     size_t kv = mha_cache_kv_index(c, u->b, u->g);
     const int pf = unit_prefetches(dc, u);
-    if (pf) prefetch_part(c, nx, 0);
+    if (pf) prefetch_point(dc, nx, 0, nk);
     /* score (i, j) at w->s[i * rs + j * ks]: rows of keys when grouped */
     const int grouped = unit_grouped(dc, u);
     const size_t rs = grouped ? 1 : MHA_DECODE_CHUNK, ks = grouped ? QTILE : 1;
     if (grouped) chunk_scores_t(w, dc, kv, jlo, m, nk);
     else chunk_scores(w, dc, kv, jlo, m, nk);
-    if (pf) prefetch_part(c, nx, 1);
+    if (pf) prefetch_point(dc, nx, 1, nk);
     variants_chunk(w, dc, u, m, jlo - cs, nk, rs, ks);
     /* causal (bottom-right) and window: row i attends positions
      * [first key, its own position]; a chunk wholly inside needs no mask */
@@ -435,10 +459,10 @@ static void chunk_partial(float *part, scratch *w, const decode_call *dc, const 
         chunk_values_t(part + 2, (int)pw, w, dc, kv, jlo, m, nk);
     } else {
         dc->kr->softmax(w->s, MHA_DECODE_CHUNK, w->mx, w->sum, m, nk);
-        if (pf) prefetch_part(c, nx, 2);
+        if (pf) prefetch_point(dc, nx, 2, nk);
         chunk_values(part + 2, (int)pw, w, dc, kv, jlo, m, nk);
     }
-    if (pf) prefetch_part(c, nx, 3);
+    if (pf) prefetch_point(dc, nx, 3, nk);
     for (int i = 0; i < m; i++) {
         part[(size_t)i * pw] = w->mx[i];
         part[(size_t)i * pw + 1] = w->sum[i];

@@ -136,6 +136,14 @@ typedef struct {
      * e^-87), sum = fma(sum_r, a, sum_p b), acc = fma(acc_r, a, acc_p
      * b). NULL: decode.c's scalar merge. */
     void (*merge_t)(float *run, const float *part, int m, int dv);
+    /* ---- spread prefetch (decode.c on AMD Zen, round 8): the row-major
+     * kernels above (scores*, accumulate*) that this thread calls next
+     * request the lines of [p, end) into L1, `per` lines per step of
+     * their inner loops, in order; returns where the previous stream
+     * stopped (the caller requests the rest; its end is the caller's to
+     * keep). p = end = NULL stops the stream. Only moves bytes between
+     * cache levels: no bits change. NULL in a table: no stream. */
+    const char *(*prefetch_stream)(const char *p, const char *end, int per);
 } mha_decode_kernels;
 
 extern const mha_decode_kernels mha_decode_kernels_scalar;
