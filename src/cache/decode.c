@@ -267,10 +267,7 @@ static void prefetch_point(const decode_call *dc, const next_chunk *nx, int part
         const size_t steps = (size_t)(nk + 63) / 64 * c->d_k + (size_t)nk * ((c->d_v + 63) / 64);
         const size_t lines = bytes / 64;
         if (!live) return;
-#ifndef PF_MUL
-#define PF_MUL 1
-#endif
-        dc->kr->prefetch_stream(p, p + bytes, PF_MUL * (int)((lines + steps - 1) / steps));
+        dc->kr->prefetch_stream(p, p + bytes, (int)((lines + steps - 1) / steps));
         if (!c->scales) return;
         const char *sp = (const char *)(c->scales + mha_cache_ks_off(c, nx->kv, nx->s0));
         for (size_t o = 0; o < sizeof(float) * MHA_DECODE_CHUNK * (size_t)(c->nbk + c->nbv); o += 64)
