@@ -233,6 +233,9 @@ static int loop_mode(const char *type, int hk, int L, int nth, int calls, int co
 }
 
 int main(int argc, char **argv) {
+    /* AB_POLICY=0 / 1 (environment): the new build's decode prefetch tuning
+     * forced to the Intel / the Zen one (decode_kernels.h) */
+    if (getenv("AB_POLICY")) mha_decode_force_prefetch_policy(atoi(getenv("AB_POLICY")));
     if (argc > 1 && !strcmp(argv[1], "kernels")) return kernels_ceiling();
     if (argc > 6 && !strcmp(argv[1], "loop"))
         return loop_mode(argv[2], atoi(argv[3]), atoi(argv[4]), atoi(argv[5]), atoi(argv[6]), argc > 7);
