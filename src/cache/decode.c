@@ -246,14 +246,15 @@ static void prefetch_part(const mha_cache *c, const next_chunk *nx, int part) {
 
 /* The requests of chunk nx at prefetch point `part` (of PREFETCH_PARTS,
  * the first before the scores, the last after the values) of a chunk of
- * nk keys. Zen, with a table that has a stream: the K/V bytes spread
- * over this chunk's kernels (prefetch_stream), about one chunk of lines
- * over the steps of their loops for one row (the scores one per dim per
- * 64 keys, the values one per key per 64 columns), the int8 scales (a
- * few lines) at once; at the last point, what the kernels left. Cold,
- * one thread, against the four bursts: 0.xx-0.xx (bench/LIMITS.md, round
- * 8). Else the four bursts (the Xeon's tuning). */
-static void prefetch_point(const decode_call *dc, const next_chunk *nx, int part, int nk) {
+ * m rows and nk keys. Zen, with a table that has a stream: the K/V bytes
+ * spread over this chunk's kernels (prefetch_stream), as many lines per
+ * step as there are lines per step of their loops (the AVX-512 kernels'
+ * tiles: the scores one step per dim per 32 keys of 4 rows, per 64 keys
+ * of one row; the values one per key per 64 columns of each), at least
+ * one, the rest after the values; the int8 scales (a few lines) at once.
+ * Else the four bursts (the Xeon's tuning). Cold, one thread, against
+ * the bursts: bench/LIMITS.md, round 8. */
+static void prefetch_point(const decode_call *dc, const next_chunk *nx, int part, int m, int nk) {
     const mha_cache *c = dc->c;
     if (dc->policy != MHA_DECODE_PF_ZEN || !dc->kr->prefetch_stream) {
         prefetch_part(c, nx, part);
@@ -264,10 +265,12 @@ static void prefetch_point(const decode_call *dc, const next_chunk *nx, int part
     const size_t bytes = (size_t)MHA_DECODE_CHUNK * ((size_t)c->d_k * c->ek + (size_t)c->d_v * c->ev);
     const char *p = live ? (const char *)c->data + mha_cache_chunk_byte(c, nx->kv, nx->s0) : NULL;
     if (part == 0) {
-        const size_t steps = (size_t)(nk + 63) / 64 * c->d_k + (size_t)nk * ((c->d_v + 63) / 64);
-        const size_t lines = bytes / 64;
+        const size_t g = (size_t)m / 4, r = (size_t)m % 4; /* 4-row groups, single rows */
+        const size_t steps = (g * (size_t)(nk + 31) / 32 + r * (size_t)(nk + 63) / 64) * c->d_k +
+                             (g + r) * (size_t)nk * ((c->d_v + 63) / 64);
+        const size_t per = bytes / 64 / steps;
         if (!live) return;
-        dc->kr->prefetch_stream(p, p + bytes, (int)((lines + steps - 1) / steps));
+        dc->kr->prefetch_stream(p, p + bytes, per > 0 ? (int)per : 1);
         if (!c->scales) return;
         const char *sp = (const char *)(c->scales + mha_cache_ks_off(c, nx->kv, nx->s0));
         for (size_t o = 0; o < sizeof(float) * MHA_DECODE_CHUNK * (size_t)(c->nbk + c->nbv); o += 64)
@@ -425,13 +428,13 @@ static void chunk_partial(float *part, scratch *w, const decode_call *dc, const 
     int nk = jhi - jlo;
     size_t kv = mha_cache_kv_index(c, u->b, u->g);
     const int pf = unit_prefetches(dc, u);
-    if (pf) prefetch_point(dc, nx, 0, nk);
+    if (pf) prefetch_point(dc, nx, 0, m, nk);
     /* score (i, j) at w->s[i * rs + j * ks]: rows of keys when grouped */
     const int grouped = unit_grouped(dc, u);
     const size_t rs = grouped ? 1 : MHA_DECODE_CHUNK, ks = grouped ? QTILE : 1;
     if (grouped) chunk_scores_t(w, dc, kv, jlo, m, nk);
     else chunk_scores(w, dc, kv, jlo, m, nk);
-    if (pf) prefetch_point(dc, nx, 1, nk);
+    if (pf) prefetch_point(dc, nx, 1, m, nk);
     variants_chunk(w, dc, u, m, jlo - cs, nk, rs, ks);
     /* causal (bottom-right) and window: row i attends positions
      * [first key, its own position]; a chunk wholly inside needs no mask */
@@ -456,10 +459,10 @@ static void chunk_partial(float *part, scratch *w, const decode_call *dc, const 
         chunk_values_t(part + 2, (int)pw, w, dc, kv, jlo, m, nk);
     } else {
         dc->kr->softmax(w->s, MHA_DECODE_CHUNK, w->mx, w->sum, m, nk);
-        if (pf) prefetch_point(dc, nx, 2, nk);
+        if (pf) prefetch_point(dc, nx, 2, m, nk);
         chunk_values(part + 2, (int)pw, w, dc, kv, jlo, m, nk);
     }
-    if (pf) prefetch_point(dc, nx, 3, nk);
+    if (pf) prefetch_point(dc, nx, 3, m, nk);
     for (int i = 0; i < m; i++) {
         part[(size_t)i * pw] = w->mx[i];
         part[(size_t)i * pw + 1] = w->sum[i];
