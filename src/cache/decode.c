@@ -37,6 +37,7 @@
 #include <string.h>
 
 #include "cache/cache_internal.h"
+#include "forward/task_ranges.h"
 
 _Static_assert((int)MHA_CACHE_F32 == (int)MHA_DK_F32 && (int)MHA_CACHE_F16 == (int)MHA_DK_F16 && (int)MHA_CACHE_I8 == (int)MHA_DK_I8,
                "the grouped kernels take the cache's storage type as their kind");
@@ -584,12 +585,14 @@ typedef struct {
     scratch *ws;             /* (nth) per-thread scratch                   */
     int nth;
     int run;                 /* split tasks per scheduling run (below)     */
+    mha_task_ranges *ranges; /* Zen: split tasks in one run per thread     */
 } decode_plan;
 
 static void plan_free(decode_plan *pl) {
     for (int i = 0; pl->ws && i < pl->nth; i++) scratch_free(&pl->ws[i]);
     free(pl->ws), free(pl->parts), free(pl->part_at), free(pl->done);
     free(pl->units), free(pl->chunk_of), free(pl->unit_of), free(pl->k0_of);
+    mha_task_ranges_free(pl->ranges);
 }
 
 // --- plan: units and their chunks, in a fixed order
@@ -672,10 +675,12 @@ static void run_split_task(const decode_plan *pl, const decode_call *dc, scratch
     if (pl->unit_of[t] != *last) gather_queries(w->qt, w->qtt, dc, u), *last = pl->unit_of[t];
     task_chunks(pl, u, t, &k0, &k1);
     /* the next task is this thread's when it continues the run (the
-     * schedule hands out runs of pl->run tasks from task 0) or when the
-     * thread is alone: its first chunk follows in memory (or starts the
-     * next kv head's stream) */
-    const int mine = t + 1 < (long)pl->n_tasks && (pl->nth == 1 || (t + 1) % pl->run != 0);
+     * schedule hands out runs of pl->run tasks from task 0; with
+     * pl->ranges, one run per thread: at its end, or when this task was
+     * stolen from another run's back, the request is one chunk of
+     * bandwidth spent for nothing) or when the thread is alone: its first
+     * chunk follows in memory (or starts the next kv head's stream) */
+    const int mine = t + 1 < (long)pl->n_tasks && (pl->nth == 1 || pl->ranges || (t + 1) % pl->run != 0);
     const next_chunk after = mine ? task_start(pl, dc, t + 1) : no_next;
     group_partial(pl->parts + pl->part_at[t], w, dc, u, pl->chunk_of + u->first, k0, k1, &after);
     int finished;
@@ -730,11 +735,20 @@ mha_status mha_decode_attend(const mha_exec *ex, float *z, float *stats, const m
     run = run < 1 ? 1 : run > 8 ? 8 : run;
     run = run / group < 1 ? 1 : run / group;
     pl.run = run;
+    /* Zen: each thread streams one contiguous run of the split tasks (runs
+     * of 8 chunks handed out in turn left every 8th chunk of a thread
+     * unrequested, cold, at 2 threads; bench/LIMITS.md, round 8). Out of
+     * memory: the dynamic schedule. */
+    if (pl.parts && pl.nth > 1 && dc.policy == MHA_DECODE_PF_ZEN)
+        pl.ranges = mha_task_ranges_new((long)pl.n_tasks, pl.nth);
 #pragma omp parallel num_threads(pl.nth)
     {
         scratch *w = &pl.ws[omp_get_thread_num()];
         long last = -1;
-        if (pl.parts) {
+        if (pl.ranges) {
+            for (long t; (t = mha_task_ranges_next(pl.ranges, omp_get_thread_num())) >= 0;)
+                run_split_task(&pl, &dc, w, t, &last);
+        } else if (pl.parts) {
 #pragma omp for schedule(dynamic, run) nowait
             for (long t = 0; t < (long)pl.n_tasks; t++) run_split_task(&pl, &dc, w, t, &last);
         } else {
