@@ -210,7 +210,8 @@ int mha_decode_prefetch_policy(void) {
  * and int8, 1.06-1.10x for fp32 with 4 rows. fp32 read by one row (MHA) is
  * memory-bound with the hardware prefetchers alone, and the extra requests
  * cost it 7%, the grouped kernels (MQA) with int8 5% (bench/LIMITS.md,
- * round 6). */
+ * round 6): on the Xeon. On Zen 5 one-row fp32 adds up too (56% of the
+ * cold read, one thread); its requests make it 0.78-0.85x (round 8). */
 static int unit_prefetches(const decode_call *dc, const unit *u) {
     const mha_cache *c = dc->c;
     if (dc->policy == MHA_DECODE_PF_ZEN) return !unit_grouped(dc, u);
