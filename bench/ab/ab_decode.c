@@ -24,7 +24,10 @@
  * and median of REPS; % = read time / call time. A last argument THREADS
  * (default 2) runs the calls and the read on that many threads (1: per
  * core, on a shared machine). The last field: the median over rounds of
- * new/old in one round (CPU time on one thread, else wall). */
+ * new/old in one round (CPU time on one thread, else wall).
+ * `loop TYPE H_KV L THREADS CALLS [cold]` runs the new build alone (perf).
+ * AB_POLICY=0 / 1 in the environment forces the new build's decode
+ * prefetch tuning to the Intel / the Zen one (round 8). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
