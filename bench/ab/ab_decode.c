@@ -23,7 +23,11 @@
  * of (evict, read), (evict, old), (evict, new) in rotating order; best-of
  * and median of REPS; % = read time / call time. A last argument THREADS
  * (default 2) runs the calls and the read on that many threads (1: per
- * core, on a shared machine). */
+ * core, on a shared machine). The last field: the median over rounds of
+ * new/old in one round (CPU time on one thread, else wall).
+ * `loop TYPE H_KV L THREADS CALLS [cold]` runs the new build alone (perf).
+ * AB_POLICY=0 / 1 in the environment forces the new build's decode
+ * prefetch tuning to the Intel / the Zen one (round 8). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -194,9 +198,12 @@ static int cold_mode(int reps, const char *types, const int *hkvs, int nh, const
                        ab_type_names[ty], hkvs[a], Ls[b], (double)bytes / (1 << 20), best[0], best[1], best[2], pct(best[0], best[1]),
                        pct(best[0], best[2]), med[0], med[1], med[2], pct(med[0], med[1]), pct(med[0], med[2]),
                        med[2] / med[1], dz);
+                double pr[999]; /* new/old of each round's pair: the load changes less within a round */
+                for (int r = 0; r < reps; r++) pr[r] = (nth == 1 ? tc[2][r] / tc[1][r] : t[2][r] / t[1][r]);
                 if (nth == 1) /* the calling thread's CPU time: what other processes take does not count */
                     printf(" | cpu best %%: %.0f %.0f median %%: %.0f %.0f new/old %.3f", pct(cbest[0], cbest[1]),
                            pct(cbest[0], cbest[2]), pct(cmed[0], cmed[1]), pct(cmed[0], cmed[2]), cmed[2] / cmed[1]);
+                printf(" | paired new/old median %.3f", bench_median(pr, reps));
                 printf("\n");
                 fflush(stdout);
                 free(rb), free(z[0]), free(z[1]);
@@ -206,8 +213,35 @@ static int cold_mode(int reps, const char *types, const int *hkvs, int nh, const
     return 0;
 }
 
+/* `loop TYPE H_KV L THREADS CALLS [cold]`: the new build alone, CALLS
+ * calls (for perf), cold: the LLC evicted before each; prints the mean
+ * and best ms of a call. */
+static int loop_mode(const char *type, int hk, int L, int nth, int calls, int cold) {
+    int ty = 0;
+    while (ty < 3 && strcmp(type, ab_type_names[ty])) ty++;
+    ab_case k;
+    if (!case_make(&k, hk, L, ab_kts[ty], ab_vts[ty])) return printf("error: %s\n", mha_last_error()), 1;
+    float *z = bench_alloc((size_t)32 * 64);
+    double sum = 0.0, best = 1e30, cpu;
+    mha_set_num_threads(nth);
+    ab_use_new = 1;
+    for (int i = 0; i < calls; i++) {
+        if (cold) bench_evict(2);
+        double t = attend_ms(k.c, z, k.q, &cpu);
+        sum += t, best = fmin(best, t);
+    }
+    printf("%s h_kv %d L %d threads %d: mean %.4f best %.4f ms\n", type, hk, L, nth, sum / calls, best);
+    free(z), case_free(&k);
+    return 0;
+}
+
 int main(int argc, char **argv) {
+    /* AB_POLICY=0 / 1 (environment): the new build's decode prefetch tuning
+     * forced to the Intel / the Zen one (decode_kernels.h) */
+    if (getenv("AB_POLICY")) mha_decode_force_prefetch_policy(atoi(getenv("AB_POLICY")));
     if (argc > 1 && !strcmp(argv[1], "kernels")) return kernels_ceiling();
+    if (argc > 6 && !strcmp(argv[1], "loop"))
+        return loop_mode(argv[2], atoi(argv[3]), atoi(argv[4]), atoi(argv[5]), atoi(argv[6]), argc > 7);
     if (argc > 1 && !strcmp(argv[1], "cold")) {
         int hk[3] = {32, 8, 1}, Ls[3] = {1024, 4096, 16384}, nh = 2, nl = 3;
         if (argc > 4) nh = sscanf(argv[4], "%d,%d,%d", &hk[0], &hk[1], &hk[2]);

@@ -16,7 +16,9 @@ CC="cc -std=c11 -O2 -g -fopenmp -Iinclude -Isrc -Ibench -D_DEFAULT_SOURCE"
 AVX512="-mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -mf16c"
 git show "$rev:src/cache/decode.c" > $out/decode_old.c
 git show "$rev:src/kernels/avx512_decode.c" > $out/avx512_decode_old.c
-$CC -Dmha_decode_attend=mha_decode_attend_old -c $out/decode_old.c -o $out/decode_old.o
+# (the prefetch policy's functions renamed too, where REV has them)
+$CC -Dmha_decode_attend=mha_decode_attend_old -Dmha_decode_prefetch_policy=mha_decode_prefetch_policy_old \
+    -Dmha_decode_force_prefetch_policy=mha_decode_force_prefetch_policy_old -c $out/decode_old.c -o $out/decode_old.o
 # NEW_CFLAGS (environment): extra flags for the new decode.c only (-D knobs)
 $CC ${NEW_CFLAGS:-} -Dmha_decode_attend=mha_decode_attend_new -c src/cache/decode.c -o $out/decode_new.o
 # the old grouped kernels too (renamed), where REV has them
@@ -41,7 +43,9 @@ $CC -mavx2 -mfma -c bench/machine_avx2.c -o $out/machine_avx2.o
 $CC -o $out/ab_decode bench/ab/ab_decode.c bench/bench_util.c $out/machine_avx512.o $out/machine_avx2.o $out/decode_old.o $out/decode_new.o \
     $out/avx512_decode_old.o ${extra:-} $objs -ljansson -lpng -lm
 # REPS = kernels: the decode kernels on one L1-resident chunk instead (ab_decode.c)
+# REPS = loop TYPE H_KV L THREADS CALLS [cold]: the new build alone, for perf (ab_decode.c)
 [ "${2:-}" = kernels ] && exec $out/ab_decode kernels
+[ "${2:-}" = loop ] && shift 2 && exec env OPENBLAS_NUM_THREADS=1 $out/ab_decode loop "$@"
 [ "${2:-}" = cold ] && exec env OPENBLAS_NUM_THREADS=1 $out/ab_decode cold "${3:-15}" "${4:-fp32,fp16,int8,int8/fp16}" \
     "${5:-32,8}" "${6:-1024,4096,16384}" "${7:-2}"
 OPENBLAS_NUM_THREADS=1 $out/ab_decode "${2:-15}" "${3:-fp32,fp16,int8,int8/fp16}" "${4:-32,8,1}" "${5:-1024,16384}"

@@ -26,13 +26,18 @@
  * that one key element meets 16 query rows per FMA (decode_kernels.h).
  * Which layout a chunk uses depends on the unit's rows alone.
  */
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
 #include <limits.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cache/cache_internal.h"
+#include "forward/task_ranges.h"
 
 _Static_assert((int)MHA_CACHE_F32 == (int)MHA_DK_F32 && (int)MHA_CACHE_F16 == (int)MHA_DK_F16 && (int)MHA_CACHE_I8 == (int)MHA_DK_I8,
                "the grouped kernels take the cache's storage type as their kind");
@@ -65,6 +70,7 @@ typedef struct {
     float *z, *stats;
     const int *n, *row0;
     int t0, n_rep;
+    int policy; /* MHA_DECODE_PF_INTEL or _ZEN (mha_decode_prefetch_policy) */
 } decode_call;
 
 static int row_position(const decode_call *dc, int b, int i) {
@@ -163,6 +169,38 @@ static inline void prefetch_line(const char *p) {
 #endif
 }
 
+/* ------------------------------------------------ prefetch by CPU */
+
+/* Which prefetch tuning the calls use: DECODE_PF_INTEL (the Xeon's of
+ * rounds 6-7) or DECODE_PF_ZEN (AMD Zen, round 8); see unit_prefetches.
+ * forced_policy < 0: by CPUID, probed once (CPUID traps to the hypervisor
+ * in a VM: microseconds). No choice changes bits: a prefetch only moves
+ * bytes between cache levels. */
+static _Atomic int forced_policy = -1, probed_policy = -1;
+
+static int cpu_policy(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    unsigned a, b, c, d;
+    if (!__get_cpuid(0, &a, &b, &c, &d)) return MHA_DECODE_PF_INTEL;
+    const int amd = b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u; /* "AuthenticAMD" */
+    if (!amd || !__get_cpuid(1, &a, &b, &c, &d)) return MHA_DECODE_PF_INTEL;
+    const unsigned family = ((a >> 8) & 0xf) == 0xf ? 0xf + ((a >> 20) & 0xff) : (a >> 8) & 0xf;
+    return family >= 0x17 ? MHA_DECODE_PF_ZEN : MHA_DECODE_PF_INTEL; /* Zen 1 on */
+#else
+    return MHA_DECODE_PF_INTEL;
+#endif
+}
+
+void mha_decode_force_prefetch_policy(int policy) { atomic_store(&forced_policy, policy); }
+
+int mha_decode_prefetch_policy(void) {
+    const int f = atomic_load(&forced_policy);
+    if (f >= 0) return f;
+    int p = atomic_load_explicit(&probed_policy, memory_order_relaxed);
+    if (p < 0) atomic_store_explicit(&probed_policy, p = cpu_policy(), memory_order_relaxed);
+    return p;
+}
+
 /* Whether unit u prefetches its chunks. A cold chunk (a decode
  * step of a multi-layer model finds its cache evicted by the other
  * layers) is fetched by the hardware prefetchers only a few lines ahead
@@ -172,9 +210,11 @@ static inline void prefetch_line(const char *p) {
  * and int8, 1.06-1.10x for fp32 with 4 rows. fp32 read by one row (MHA) is
  * memory-bound with the hardware prefetchers alone, and the extra requests
  * cost it 7%, the grouped kernels (MQA) with int8 5% (bench/LIMITS.md,
- * round 6). */
+ * round 6): on the Xeon. On Zen 5 one-row fp32 adds up too (56% of the
+ * cold read, one thread); its requests make it 0.78-0.85x (round 8). */
 static int unit_prefetches(const decode_call *dc, const unit *u) {
     const mha_cache *c = dc->c;
+    if (dc->policy == MHA_DECODE_PF_ZEN) return !unit_grouped(dc, u);
     return !unit_grouped(dc, u) && (u->i1 - u->i0 > 1 || c->kt != MHA_CACHE_F32 || c->vt != MHA_CACHE_F32);
 }
 
@@ -204,6 +244,43 @@ static void prefetch_part(const mha_cache *c, const next_chunk *nx, int part) {
     bytes = sizeof(float) * MHA_DECODE_CHUNK * (size_t)(c->nbk + c->nbv);
     for (size_t o = bytes * part / PREFETCH_PARTS / 64 * 64; o < bytes * (part + 1) / PREFETCH_PARTS; o += 64)
         prefetch_line(sp + o);
+}
+
+/* The requests of chunk nx at prefetch point `part` (of PREFETCH_PARTS,
+ * the first before the scores, the last after the values) of a chunk of
+ * m rows and nk keys. Zen, with a table that has a stream: the K/V bytes
+ * spread over this chunk's kernels (prefetch_stream), as many lines per
+ * step as there are lines per step of their loops (the AVX-512 kernels'
+ * tiles: the scores one step per dim per 32 keys of 4 rows, per 64 keys
+ * of one row; the values one per key per 64 columns of each), at least
+ * one, the rest after the values; the int8 scales (a few lines) at once.
+ * Else the four bursts (the Xeon's tuning). Cold, one thread, against
+ * the bursts: bench/LIMITS.md, round 8. */
+static void prefetch_point(const decode_call *dc, const next_chunk *nx, int part, int m, int nk) {
+    const mha_cache *c = dc->c;
+    if (dc->policy != MHA_DECODE_PF_ZEN || !dc->kr->prefetch_stream) {
+        prefetch_part(c, nx, part);
+        return;
+    }
+    if (part != 0 && part != PREFETCH_PARTS - 1) return;
+    const int live = nx->s0 >= 0 && nx->s0 < c->slots;
+    const size_t bytes = (size_t)MHA_DECODE_CHUNK * ((size_t)c->d_k * c->ek + (size_t)c->d_v * c->ev);
+    const char *p = live ? (const char *)c->data + mha_cache_chunk_byte(c, nx->kv, nx->s0) : NULL;
+    if (part == 0) {
+        const size_t g = (size_t)m / 4, r = (size_t)m % 4; /* 4-row groups, single rows */
+        const size_t steps = (g * (size_t)(nk + 31) / 32 + r * (size_t)(nk + 63) / 64) * c->d_k +
+                             (g + r) * (size_t)nk * ((c->d_v + 63) / 64);
+        const size_t per = bytes / 64 / steps;
+        if (!live) return;
+        dc->kr->prefetch_stream(p, p + bytes, per > 0 ? (int)per : 1);
+        if (!c->scales) return;
+        const char *sp = (const char *)(c->scales + mha_cache_ks_off(c, nx->kv, nx->s0));
+        for (size_t o = 0; o < sizeof(float) * MHA_DECODE_CHUNK * (size_t)(c->nbk + c->nbv); o += 64)
+            prefetch_line(sp + o);
+        return;
+    }
+    const char *rest = dc->kr->prefetch_stream(NULL, NULL, 0);
+    for (; live && rest && rest < p + bytes; rest += 64) prefetch_line(rest);
 }
 
 /* Soft-cap, then ALiBi, on the scores w->s of the m rows and nk keys whose
@@ -353,13 +430,13 @@ static void chunk_partial(float *part, scratch *w, const decode_call *dc, const 
     int nk = jhi - jlo;
     size_t kv = mha_cache_kv_index(c, u->b, u->g);
     const int pf = unit_prefetches(dc, u);
-    if (pf) prefetch_part(c, nx, 0);
+    if (pf) prefetch_point(dc, nx, 0, m, nk);
     /* score (i, j) at w->s[i * rs + j * ks]: rows of keys when grouped */
     const int grouped = unit_grouped(dc, u);
     const size_t rs = grouped ? 1 : MHA_DECODE_CHUNK, ks = grouped ? QTILE : 1;
     if (grouped) chunk_scores_t(w, dc, kv, jlo, m, nk);
     else chunk_scores(w, dc, kv, jlo, m, nk);
-    if (pf) prefetch_part(c, nx, 1);
+    if (pf) prefetch_point(dc, nx, 1, m, nk);
     variants_chunk(w, dc, u, m, jlo - cs, nk, rs, ks);
     /* causal (bottom-right) and window: row i attends positions
      * [first key, its own position]; a chunk wholly inside needs no mask */
@@ -384,10 +461,10 @@ static void chunk_partial(float *part, scratch *w, const decode_call *dc, const 
         chunk_values_t(part + 2, (int)pw, w, dc, kv, jlo, m, nk);
     } else {
         dc->kr->softmax(w->s, MHA_DECODE_CHUNK, w->mx, w->sum, m, nk);
-        if (pf) prefetch_part(c, nx, 2);
+        if (pf) prefetch_point(dc, nx, 2, m, nk);
         chunk_values(part + 2, (int)pw, w, dc, kv, jlo, m, nk);
     }
-    if (pf) prefetch_part(c, nx, 3);
+    if (pf) prefetch_point(dc, nx, 3, m, nk);
     for (int i = 0; i < m; i++) {
         part[(size_t)i * pw] = w->mx[i];
         part[(size_t)i * pw + 1] = w->sum[i];
@@ -509,12 +586,14 @@ typedef struct {
     scratch *ws;             /* (nth) per-thread scratch                   */
     int nth;
     int run;                 /* split tasks per scheduling run (below)     */
+    mha_task_ranges *ranges; /* Zen: split tasks in one run per thread     */
 } decode_plan;
 
 static void plan_free(decode_plan *pl) {
     for (int i = 0; pl->ws && i < pl->nth; i++) scratch_free(&pl->ws[i]);
     free(pl->ws), free(pl->parts), free(pl->part_at), free(pl->done);
     free(pl->units), free(pl->chunk_of), free(pl->unit_of), free(pl->k0_of);
+    mha_task_ranges_free(pl->ranges);
 }
 
 // --- plan: units and their chunks, in a fixed order
@@ -597,10 +676,12 @@ static void run_split_task(const decode_plan *pl, const decode_call *dc, scratch
     if (pl->unit_of[t] != *last) gather_queries(w->qt, w->qtt, dc, u), *last = pl->unit_of[t];
     task_chunks(pl, u, t, &k0, &k1);
     /* the next task is this thread's when it continues the run (the
-     * schedule hands out runs of pl->run tasks from task 0) or when the
-     * thread is alone: its first chunk follows in memory (or starts the
-     * next kv head's stream) */
-    const int mine = t + 1 < (long)pl->n_tasks && (pl->nth == 1 || (t + 1) % pl->run != 0);
+     * schedule hands out runs of pl->run tasks from task 0; with
+     * pl->ranges, one run per thread: at its end, or when this task was
+     * stolen from another run's back, the request is one chunk of
+     * bandwidth spent for nothing) or when the thread is alone: its first
+     * chunk follows in memory (or starts the next kv head's stream) */
+    const int mine = t + 1 < (long)pl->n_tasks && (pl->nth == 1 || pl->ranges || (t + 1) % pl->run != 0);
     const next_chunk after = mine ? task_start(pl, dc, t + 1) : no_next;
     group_partial(pl->parts + pl->part_at[t], w, dc, u, pl->chunk_of + u->first, k0, k1, &after);
     int finished;
@@ -633,7 +714,8 @@ static void run_unit(const decode_plan *pl, const decode_call *dc, scratch *w, l
 
 mha_status mha_decode_attend(const mha_exec *ex, float *z, float *stats, const mha_cache *c, const float *q,
                              const int *row0, int t0, const int *n, const mha_decode_opts *o) {
-    const decode_call dc = {c, mha_exec_decode(ex), o, q, z, stats, n, row0, t0, c->h / c->h_kv};
+    const decode_call dc = {c, mha_exec_decode(ex), o, q, z, stats, n, row0, t0, c->h / c->h_kv,
+                            mha_decode_prefetch_policy()};
     decode_plan pl = {0};
     if (!plan_units(&pl, &dc)) {
         plan_free(&pl);
@@ -654,11 +736,20 @@ mha_status mha_decode_attend(const mha_exec *ex, float *z, float *stats, const m
     run = run < 1 ? 1 : run > 8 ? 8 : run;
     run = run / group < 1 ? 1 : run / group;
     pl.run = run;
+    /* Zen: each thread streams one contiguous run of the split tasks (runs
+     * of 8 chunks handed out in turn left every 8th chunk of a thread
+     * unrequested, cold, at 2 threads; bench/LIMITS.md, round 8). Out of
+     * memory: the dynamic schedule. */
+    if (pl.parts && pl.nth > 1 && dc.policy == MHA_DECODE_PF_ZEN)
+        pl.ranges = mha_task_ranges_new((long)pl.n_tasks, pl.nth);
 #pragma omp parallel num_threads(pl.nth)
     {
         scratch *w = &pl.ws[omp_get_thread_num()];
         long last = -1;
-        if (pl.parts) {
+        if (pl.ranges) {
+            for (long t; (t = mha_task_ranges_next(pl.ranges, omp_get_thread_num())) >= 0;)
+                run_split_task(&pl, &dc, w, t, &last);
+        } else if (pl.parts) {
 #pragma omp for schedule(dynamic, run) nowait
             for (long t = 0; t < (long)pl.n_tasks; t++) run_split_task(&pl, &dc, w, t, &last);
         } else {

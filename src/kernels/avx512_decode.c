@@ -14,6 +14,34 @@
 #include "kernels/avx512_micro.h"
 
 #define INLINE MHA_AVX512_INLINE
+
+/* ------------------------------------------------- spread prefetch */
+
+/* The lines this thread's kernels request as they run (prefetch_stream
+ * in decode_kernels.h). Spread over the loops, a cold chunk's next chunk
+ * arrives while this one computes; the same requests in bursts between
+ * kernels filled the core's miss buffers and stalled it for the burst
+ * (AMD Zen 5, one thread, cold, round 8: time = read + compute). Each
+ * kernel copies the stream into a local at entry and back at exit (one
+ * thread-local access per call, none per step). */
+typedef struct {
+    const char *cur, *end;
+    int per;
+} pf_stream;
+
+static _Thread_local pf_stream pf_tls;
+
+static const char *prefetch_stream_avx512(const char *p, const char *end, int per) {
+    const char *was = pf_tls.cur;
+    pf_tls.cur = p, pf_tls.end = end, pf_tls.per = per;
+    return was;
+}
+
+/* One step: up to ps->per lines of the stream. */
+INLINE void pf_step(pf_stream *ps) {
+    for (int i = 0; i < ps->per && ps->cur < ps->end; i++, ps->cur += 64)
+        __asm__ volatile("prefetcht0 %0" : : "m"(*ps->cur));
+}
 #define UNROLL _Pragma("GCC unroll 8")
 
 /* 16 fp32 values from two runs of 8 at element offsets i0 and i1 of an
@@ -56,7 +84,7 @@ INLINE __m512 load_2x8q(const int8_t *kq, size_t i0, long i1) {
  * scale, acc): one scale per block, not per element (the rounding of
  * scores_q8 in decode_kernels.h). */
 INLINE void scores_tile(float *s, int lds, const float *q, int ldq, const void *kp, const float *ks, int p0,
-                        int d, int R, int P, int half, int H) {
+                        int d, int R, int P, int half, int H, pf_stream *pf) {
     const size_t ps = (size_t)d * MHA_KPANEL;
     __m512 acc[4][4], blk[4][4];
     UNROLL
@@ -70,6 +98,7 @@ INLINE void scores_tile(float *s, int lds, const float *q, int ldq, const void *
             UNROLL
             for (int p = 0; p < P; p++) blk[r][p] = H == 2 ? _mm512_setzero_ps() : acc[r][p];
         for (int c = c0; c < c1; c++) {
+            pf_step(pf);
             __m512 k[4];
             UNROLL
             for (int p = 0; p < P; p++) {
@@ -112,24 +141,26 @@ INLINE void scores_tile(float *s, int lds, const float *q, int ldq, const void *
 INLINE void scores_impl(float *s, int lds, const float *q, int ldq, const void *kp, const float *ks, int m,
                         int n, int d, int H) {
     const int np = n / MHA_KPANEL, m4 = m - m % 4;
+    pf_stream pf = pf_tls;
     int p = 0;
     for (; p + 6 <= np; p += 6)
         for (int i = 0; i < m4; i += 4)
-            scores_tile(s + (size_t)i * lds, lds, q + (size_t)i * ldq, ldq, kp, ks, p, d, 4, 3, 0, H);
+            scores_tile(s + (size_t)i * lds, lds, q + (size_t)i * ldq, ldq, kp, ks, p, d, 4, 3, 0, H, &pf);
     for (; p + 2 <= np; p += 2)
         for (int i = 0; i < m4; i += 4)
-            scores_tile(s + (size_t)i * lds, lds, q + (size_t)i * ldq, ldq, kp, ks, p, d, 4, 1, 0, H);
+            scores_tile(s + (size_t)i * lds, lds, q + (size_t)i * ldq, ldq, kp, ks, p, d, 4, 1, 0, H, &pf);
     if (p < np)
         for (int i = 0; i < m4; i += 4)
-            scores_tile(s + (size_t)i * lds, lds, q + (size_t)i * ldq, ldq, kp, ks, p, d, 4, 1, 1, H);
+            scores_tile(s + (size_t)i * lds, lds, q + (size_t)i * ldq, ldq, kp, ks, p, d, 4, 1, 1, H, &pf);
     for (int i = m4; i < m; i++) {
         float *si = s + (size_t)i * lds;
         const float *qi = q + (size_t)i * ldq;
         p = 0;
-        for (; p + 8 <= np; p += 8) scores_tile(si, lds, qi, ldq, kp, ks, p, d, 1, 4, 0, H);
-        for (; p + 2 <= np; p += 2) scores_tile(si, lds, qi, ldq, kp, ks, p, d, 1, 1, 0, H);
-        if (p < np) scores_tile(si, lds, qi, ldq, kp, ks, p, d, 1, 1, 1, H);
+        for (; p + 8 <= np; p += 8) scores_tile(si, lds, qi, ldq, kp, ks, p, d, 1, 4, 0, H, &pf);
+        for (; p + 2 <= np; p += 2) scores_tile(si, lds, qi, ldq, kp, ks, p, d, 1, 1, 0, H, &pf);
+        if (p < np) scores_tile(si, lds, qi, ldq, kp, ks, p, d, 1, 1, 1, H, &pf);
     }
+    pf_tls.cur = pf.cur;
 }
 
 /* d_k = 64 (the common head size) as a constant: the panel offsets become
@@ -224,13 +255,14 @@ INLINE void store_acc(float *acc, int ldacc, __m512 a[4][4], int c0, __mmask16 k
  * vector masked by klast; v row stride dv; H = 2: int8 rows with scales
  * vs (n, ceil(dv/32)), each scale folded into the weight: p_j * scale). */
 INLINE void acc_tile(float *acc, int ldacc, const float *p, int ldp, const void *v, const float *vs, int c0,
-                     int dv, int n, __mmask16 klast, int R, int C, int H) {
+                     int dv, int n, __mmask16 klast, int R, int C, int H, pf_stream *pf) {
     __m512 a[4][4];
     UNROLL
     for (int r = 0; r < R; r++)
         UNROLL
         for (int c = 0; c < C; c++) a[r][c] = _mm512_setzero_ps();
     for (int j = 0; j < n; j++) {
+        pf_step(pf);
         __m512 vv[4];
         UNROLL
         for (int c = 0; c < C; c++)
@@ -262,7 +294,7 @@ INLINE void acc_tile(float *acc, int ldacc, const float *p, int ldp, const void 
  * instead of a scalar product and a register broadcast per row, key and
  * block, which took the FMA port (p5) from every other FMA. */
 INLINE void acc_tile_q8(float *acc, int ldacc, const float *p, int ldp, const int8_t *v, const float *vs, int c0,
-                        int dv, int n, __mmask16 klast, int R, int C) {
+                        int dv, int n, __mmask16 klast, int R, int C, pf_stream *pf) {
     const int nb = NB(dv), b0 = c0 / MHA_Q8_BLOCK, NBL = (C + 1) / 2; /* blocks the tile covers */
     float pw[4][2][PW_KEYS] __attribute__((aligned(64)));
     __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
@@ -287,6 +319,7 @@ INLINE void acc_tile_q8(float *acc, int ldacc, const float *p, int ldp, const in
             }
         }
         for (int j = 0; j < nk; j++) {
+            pf_step(pf);
             __m512 vv[4];
             UNROLL
             for (int c = 0; c < C; c++)
@@ -305,27 +338,31 @@ INLINE void acc_tile_q8(float *acc, int ldacc, const float *p, int ldp, const in
 INLINE void acc_impl(float *acc, int ldacc, const float *p, int ldp, const void *v, const float *vs, int m,
                      int n, int dv, int H) {
     const int m4 = m - m % 4;
+    pf_stream pf = pf_tls;
     int c = 0;
     /* int8: tiles of more than one vector start at a multiple of 32 */
     for (; H == 2 && c + 64 <= dv; c += 64)
         for (int i = 0; i < m4; i += 4)
-            acc_tile_q8(acc + (size_t)i * ldacc, ldacc, p + (size_t)i * ldp, ldp, v, vs, c, dv, n, 0xffff, 4, 4);
+            acc_tile_q8(acc + (size_t)i * ldacc, ldacc, p + (size_t)i * ldp, ldp, v, vs, c, dv, n, 0xffff, 4, 4, &pf);
     for (; H != 2 && c + 64 <= dv; c += 64) /* 16 accumulators: 4 rows x 64 columns (GQA, d_v 64) */
         for (int i = 0; i < m4; i += 4)
-            acc_tile(acc + (size_t)i * ldacc, ldacc, p + (size_t)i * ldp, ldp, v, vs, c, dv, n, 0xffff, 4, 4, H);
+            acc_tile(acc + (size_t)i * ldacc, ldacc, p + (size_t)i * ldp, ldp, v, vs, c, dv, n, 0xffff, 4, 4, H,
+                     &pf);
     for (; H != 2 && c + 48 <= dv; c += 48)
         for (int i = 0; i < m4; i += 4)
-            acc_tile(acc + (size_t)i * ldacc, ldacc, p + (size_t)i * ldp, ldp, v, vs, c, dv, n, 0xffff, 4, 3, H);
+            acc_tile(acc + (size_t)i * ldacc, ldacc, p + (size_t)i * ldp, ldp, v, vs, c, dv, n, 0xffff, 4, 3, H, &pf);
     for (; c < dv; c += 16)
         for (int i = 0; i < m4; i += 4)
-            acc_tile(acc + (size_t)i * ldacc, ldacc, p + (size_t)i * ldp, ldp, v, vs, c, dv, n, mha_mask16(dv - c), 4, 1, H);
+            acc_tile(acc + (size_t)i * ldacc, ldacc, p + (size_t)i * ldp, ldp, v, vs, c, dv, n, mha_mask16(dv - c), 4,
+                     1, H, &pf);
     for (int i = m4; i < m; i++) {
         float *a = acc + (size_t)i * ldacc;
         const float *pi = p + (size_t)i * ldp;
         c = 0;
-        for (; c + 64 <= dv; c += 64) acc_tile(a, ldacc, pi, ldp, v, vs, c, dv, n, 0xffff, 1, 4, H);
-        for (; c < dv; c += 16) acc_tile(a, ldacc, pi, ldp, v, vs, c, dv, n, mha_mask16(dv - c), 1, 1, H);
+        for (; c + 64 <= dv; c += 64) acc_tile(a, ldacc, pi, ldp, v, vs, c, dv, n, 0xffff, 1, 4, H, &pf);
+        for (; c < dv; c += 16) acc_tile(a, ldacc, pi, ldp, v, vs, c, dv, n, mha_mask16(dv - c), 1, 1, H, &pf);
     }
+    pf_tls.cur = pf.cur;
 }
 
 static void accumulate_avx512(float *acc, int ldacc, const float *p, int ldp, const float *v, int m,
@@ -472,4 +509,5 @@ const mha_decode_kernels mha_decode_kernels_avx512 = {
     .scores_q8 = scores_q8_avx512, .accumulate_q8 = accumulate_q8_avx512, .from_q8 = mha_from_q8_avx512,
     .gemm_stream_bf16 = mha_gemm_stream_bf16_avx512, .gemm_stream_i8 = mha_gemm_stream_i8_avx512,
     .scores_t = mha_scores_t_avx512, .softmax_t = mha_softmax_t_avx512, .accumulate_t = mha_accumulate_t_avx512, .merge_t = mha_merge_t_avx512,
+    .prefetch_stream = prefetch_stream_avx512,
 };
