@@ -58,6 +58,21 @@ static void stream_i8_groups(const mha_decode_kernels *kr, float *p, const mha_d
     }
 }
 
+/* y (m, columns j0..j0+jn) of job J = bias (or 0) + the nkb partials p
+ * (nkb, m, J->n) in block order, a block at a time across the columns
+ * (unit-stride loops the compiler vectorizes; each element's additions
+ * in the same order as one element at a time). */
+static void add_partials(const mha_decode_gemm_job *J, const float *p, int nkb, int m, int j0, int jn) {
+    const size_t plane = (size_t)m * J->n;
+    for (int r = 0; r < m; r++) {
+        float *y = J->y + (size_t)r * J->n + j0;
+        const float *pr = p + (size_t)r * J->n + j0;
+        for (int j = 0; j < jn; j++) y[j] = J->b ? J->b[j0 + j] : 0.0f;
+        for (int b = 0; b < nkb; b++)
+            for (int j = 0; j < jn; j++) y[j] += pr[b * plane + j];
+    }
+}
+
 mha_status mha_decode_gemm_many(const mha_exec *ex, const mha_decode_gemm_job *jobs, int njobs, const float *x, int m,
                                 int k) {
     const mha_decode_kernels *kr = mha_exec_decode(ex);
@@ -106,13 +121,7 @@ mha_status mha_decode_gemm_many(const mha_exec *ex, const mha_decode_gemm_job *j
             int finished;
 #pragma omp atomic capture seq_cst
             finished = ++done[cb_first[i] + cb];
-            if (finished == nkb)
-                for (int r = 0; r < m; r++)
-                    for (int j = j0; j < j0 + jn; j++) {
-                        float acc = J->b ? J->b[j] : 0.0f;
-                        for (int b = 0; b < nkb; b++) acc += part[at[i] + b * plane + (size_t)r * J->n + j];
-                        J->y[(size_t)r * J->n + j] = acc;
-                    }
+            if (finished == nkb) add_partials(J, part + at[i], nkb, m, j0, jn);
         }
         free(done);
         free(part);
