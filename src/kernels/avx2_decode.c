@@ -264,48 +264,46 @@ void mha_accumulate_q8_avx2(float *acc, int ldacc, const float *p, int ldp, cons
 
 /* --------------------------------------------------------------- gemm */
 
-/* y (m, n) += x (m, k) w (k, n), m <= 4. Four rows of w per pass so each
- * y element is loaded and stored once per four FMAs; additions stay in
- * the order of k. */
-static void gemm_stream_avx2(float *y, int ldy, const float *x, int ldx, const float *w, int ldw,
-                             int m, int k, int n) {
-    int kk = 0;
-    for (; kk + 4 <= k; kk += 4) {
-        const float *w0 = w + (size_t)kk * ldw, *w1 = w0 + ldw, *w2 = w1 + ldw, *w3 = w2 + ldw;
-        for (int r = 0; r < m; r++) {
-            const float *xr = x + (size_t)r * ldx + kk;
-            float *yr = y + (size_t)r * ldy;
-            __m256 x0 = _mm256_set1_ps(xr[0]), x1 = _mm256_set1_ps(xr[1]);
-            __m256 x2 = _mm256_set1_ps(xr[2]), x3 = _mm256_set1_ps(xr[3]);
-            int j = 0;
-            for (; j + 8 <= n; j += 8) {
-                __m256 a = _mm256_loadu_ps(yr + j);
-                a = _mm256_fmadd_ps(x0, _mm256_loadu_ps(w0 + j), a);
-                a = _mm256_fmadd_ps(x1, _mm256_loadu_ps(w1 + j), a);
-                a = _mm256_fmadd_ps(x2, _mm256_loadu_ps(w2 + j), a);
-                a = _mm256_fmadd_ps(x3, _mm256_loadu_ps(w3 + j), a);
-                _mm256_storeu_ps(yr + j, a);
-            }
-            for (; j < n; j++) {
-                float a = yr[j];
-                a = fmaf(xr[0], w0[j], a);
-                a = fmaf(xr[1], w1[j], a);
-                a = fmaf(xr[2], w2[j], a);
-                a = fmaf(xr[3], w3[j], a);
-                yr[j] = a;
+/* y (m, n) += x (m, k) w (k, n) (m <= 4 in one pass): one row of w at a
+ * time, each vector loaded once and added into the m rows of y (in L1),
+ * so the weights are read in address order, one stream (as
+ * avx512_decode.c: four rows per pass read a cold matrix at ~70% of one
+ * stream's rate on Zen 5). Each y element's additions stay in the order
+ * of k; column tails with fmaf. */
+static inline __attribute__((always_inline)) void stream_rows(float *y, int ldy, const float *x, int ldx,
+                                                              const float *w, int ldw, const int m, int k, int n) {
+    for (int kk = 0; kk < k; kk++) {
+        const float *wk = w + (size_t)kk * ldw;
+        __m256 xb[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < m; r++) xb[r] = _mm256_set1_ps(x[(size_t)r * ldx + kk]);
+        int j = 0;
+        for (; j + 8 <= n; j += 8) {
+            const __m256 wv = _mm256_loadu_ps(wk + j);
+#pragma GCC unroll 4
+            for (int r = 0; r < m; r++) {
+                float *yr = y + (size_t)r * ldy + j;
+                _mm256_storeu_ps(yr, _mm256_fmadd_ps(xb[r], wv, _mm256_loadu_ps(yr)));
             }
         }
+        for (; j < n; j++)
+            for (int r = 0; r < m; r++) {
+                float *yr = y + (size_t)r * ldy + j;
+                *yr = fmaf(x[(size_t)r * ldx + kk], wk[j], *yr);
+            }
     }
-    for (; kk < k; kk++) {
-        const float *w0 = w + (size_t)kk * ldw;
-        for (int r = 0; r < m; r++) {
-            float xs = x[(size_t)r * ldx + kk];
-            float *yr = y + (size_t)r * ldy;
-            __m256 x0 = _mm256_set1_ps(xs);
-            int j = 0;
-            for (; j + 8 <= n; j += 8)
-                _mm256_storeu_ps(yr + j, _mm256_fmadd_ps(x0, _mm256_loadu_ps(w0 + j), _mm256_loadu_ps(yr + j)));
-            for (; j < n; j++) yr[j] = fmaf(xs, w0[j], yr[j]);
+}
+
+static void gemm_stream_avx2(float *y, int ldy, const float *x, int ldx, const float *w, int ldw,
+                             int m, int k, int n) {
+    for (int r = 0; r < m; r += 4) { /* rows a constant in each copy: xb in registers */
+        float *yr = y + (size_t)r * ldy;
+        const float *xr = x + (size_t)r * ldx;
+        switch (m - r) {
+        case 1: stream_rows(yr, ldy, xr, ldx, w, ldw, 1, k, n); break;
+        case 2: stream_rows(yr, ldy, xr, ldx, w, ldw, 2, k, n); break;
+        case 3: stream_rows(yr, ldy, xr, ldx, w, ldw, 3, k, n); break;
+        default: stream_rows(yr, ldy, xr, ldx, w, ldw, 4, k, n); break;
         }
     }
 }

@@ -116,12 +116,49 @@ static inline __attribute__((always_inline)) void stream(float *y, int ldy, cons
     }
 }
 
+/* The one-row stream (m = 1), as in avx512_gemm_wq.c: one weight row at
+ * a time across all n columns (the weights in address order, one stream)
+ * in the tiles' order of additions (int8: the group sums s from 0, SW
+ * columns at a time, then y = fma(s, scale, y)); tails with fmaf. */
+#define SW 4096 /* int8 group sums on the stack: 16 KiB */
+
+static inline __attribute__((always_inline)) void sweep_row(float *y, float xs, const void *wk, int n, const int i8,
+                                                            int first) {
+    const __m256 xb = _mm256_set1_ps(xs);
+    int j = 0;
+    for (; j + 8 <= n; j += 8) {
+        const __m256 a = first ? _mm256_setzero_ps() : _mm256_loadu_ps(y + j);
+        _mm256_storeu_ps(y + j, _mm256_fmadd_ps(xb, widen8(wk, j, i8), a));
+    }
+    for (; j < n; j++) y[j] = fmaf(xs, widen1(wk, j, i8), first ? 0.0f : y[j]);
+}
+
+static void sweep_bf16(float *y, const float *x, const uint16_t *w, int ldw, int k, int n) {
+    for (int kk = 0; kk < k; kk++) sweep_row(y, x[kk], w + (size_t)kk * ldw, n, 0, 0);
+}
+
+static void sweep_i8(float *y, const float *x, const int8_t *w, int ldw, const float *scale, int k, int n) {
+    float s[SW]; /* (c) group sums of the columns j0.. */
+    for (int j0 = 0; j0 < n; j0 += SW) {
+        const int c = n - j0 < SW ? n - j0 : SW;
+        sweep_row(s, x[0], w + j0, c, 1, 1);
+        for (int kk = 1; kk < k; kk++) sweep_row(s, x[kk], w + (size_t)kk * ldw + j0, c, 1, 0);
+        int j = 0;
+        for (; j + 8 <= c; j += 8)
+            _mm256_storeu_ps(y + j0 + j, _mm256_fmadd_ps(_mm256_loadu_ps(s + j), _mm256_loadu_ps(scale + j0 + j),
+                                                         _mm256_loadu_ps(y + j0 + j)));
+        for (; j < c; j++) y[j0 + j] = fmaf(s[j], scale[j0 + j], y[j0 + j]);
+    }
+}
+
 void mha_gemm_stream_bf16_avx2(float *y, int ldy, const float *x, int ldx, const uint16_t *w, int ldw, int m,
                                int k, int n) {
-    stream(y, ldy, x, ldx, w, ldw, NULL, m, k, n, 0);
+    if (m == 1) sweep_bf16(y, x, w, ldw, k, n);
+    else stream(y, ldy, x, ldx, w, ldw, NULL, m, k, n, 0);
 }
 
 void mha_gemm_stream_i8_avx2(float *y, int ldy, const float *x, int ldx, const int8_t *w, int ldw,
                              const float *scale, int m, int k, int n) {
-    stream(y, ldy, x, ldx, w, ldw, scale, m, k, n, 1);
+    if (m == 1 && k > 0) sweep_i8(y, x, w, ldw, scale, k, n);
+    else stream(y, ldy, x, ldx, w, ldw, scale, m, k, n, 1);
 }

@@ -121,12 +121,66 @@ static inline __attribute__((always_inline)) void stream(float *y, int ldy, cons
     }
 }
 
+/* The one-row stream (m = 1): one weight row at a time across all n
+ * columns, so the weights are read in address order, one stream (a
+ * task's rows are contiguous). The 32-row tiles read 32 rows at once
+ * (32 streams at the row stride), which Zen 5 fetches cold at about half
+ * the rate of one stream even with the request ahead. Each y element
+ * gets the tiles' additions in the same order:
+ *   bf16: y = fma(x_k, w_k, y) for k in order;
+ *   int8: s = 0, s = fma(x_k, w_k, s) over the call's rows (one scale
+ *   group), then y = fma(s, scale, y); s is SW columns at a time. */
+#define SW 4096 /* int8 group sums on the stack: 16 KiB */
+
+/* y (c) [+]= x w (k, c) at columns j.. (i8: into s, from 0 at row 0); full
+ * vectors unmasked (a masked store that a later masked load reads back is
+ * slow on Zen), the tail masked. */
+static inline __attribute__((always_inline)) void sweep_row(float *y, __m512 xb, const void *wk, int n, const int i8,
+                                                            int first) {
+    int j = 0;
+    for (; j + 16 <= n; j += 16) {
+        const __m512 a = first ? _mm512_setzero_ps() : _mm512_loadu_ps(y + j);
+        _mm512_storeu_ps(y + j, _mm512_fmadd_ps(xb, widen16(wk, j, 0xffff, i8), a));
+    }
+    if (j < n) {
+        const __mmask16 km = mha_mask16(n - j);
+        const __m512 a = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(km, y + j);
+        _mm512_mask_storeu_ps(y + j, km, _mm512_fmadd_ps(xb, widen16(wk, j, km, i8), a));
+    }
+}
+
+static void sweep_bf16(float *y, const float *x, const uint16_t *w, int ldw, int k, int n) {
+    for (int kk = 0; kk < k; kk++) sweep_row(y, _mm512_set1_ps(x[kk]), w + (size_t)kk * ldw, n, 0, 0);
+}
+
+static void sweep_i8(float *y, const float *x, const int8_t *w, int ldw, const float *scale, int k, int n) {
+    float s[SW]; /* (c) group sums of the columns j0.. */
+    for (int j0 = 0; j0 < n; j0 += SW) {
+        const int c = n - j0 < SW ? n - j0 : SW;
+        sweep_row(s, _mm512_set1_ps(x[0]), w + j0, c, 1, 1);
+        for (int kk = 1; kk < k; kk++) sweep_row(s, _mm512_set1_ps(x[kk]), w + (size_t)kk * ldw + j0, c, 1, 0);
+        int j = 0;
+        for (; j + 16 <= c; j += 16)
+            _mm512_storeu_ps(y + j0 + j, _mm512_fmadd_ps(_mm512_loadu_ps(s + j), _mm512_loadu_ps(scale + j0 + j),
+                                                         _mm512_loadu_ps(y + j0 + j)));
+        if (j < c) {
+            const __mmask16 km = mha_mask16(c - j);
+            float *yj = y + j0 + j;
+            _mm512_mask_storeu_ps(yj, km, _mm512_fmadd_ps(_mm512_maskz_loadu_ps(km, s + j),
+                                                          _mm512_maskz_loadu_ps(km, scale + j0 + j),
+                                                          _mm512_maskz_loadu_ps(km, yj)));
+        }
+    }
+}
+
 void mha_gemm_stream_bf16_avx512(float *y, int ldy, const float *x, int ldx, const uint16_t *w, int ldw, int m,
                                  int k, int n) {
-    stream(y, ldy, x, ldx, w, ldw, NULL, m, k, n, 0);
+    if (m == 1) sweep_bf16(y, x, w, ldw, k, n);
+    else stream(y, ldy, x, ldx, w, ldw, NULL, m, k, n, 0);
 }
 
 void mha_gemm_stream_i8_avx512(float *y, int ldy, const float *x, int ldx, const int8_t *w, int ldw,
                                const float *scale, int m, int k, int n) {
-    stream(y, ldy, x, ldx, w, ldw, scale, m, k, n, 1);
+    if (m == 1 && k > 0) sweep_i8(y, x, w, ldw, scale, k, n);
+    else stream(y, ldy, x, ldx, w, ldw, scale, m, k, n, 1);
 }
