@@ -241,11 +241,16 @@ coverage: $(SETUP_TEST)
 	gcovr -r . --filter 'src/' --gcov-ignore-parse-errors --branches build-cov
 
 # The load path (bench/LOAD.md): whole `mha run` processes on the P1 torch
-# checkpoint against the in-process forward, and the time of each phase.
+# checkpoint against the in-process forward, the time of each phase, and
+# the floor any such process pays besides the forward.
 # BENCH_LOAD_ARGS="--base OLD_MHA OLD_PHASES" compares with another build.
 $(BUILD)/bench_load_phases: bench/load/phases.c bench/bench_util.c bench/bench.h $(BUILD)/libmha.a | $(SETUP_TEST)
 	$(CC) $(CFLAGS_BASE) -Ibench $(CFLAGS) -o $@ bench/load/phases.c bench/bench_util.c $(BUILD)/libmha.a $(LIB_LDLIBS)
-bench-load: $(SETUP_TEST) $(BUILD)/mha $(BUILD)/bench_load_phases
+# bench_load_floor: the same process's unavoidable steps without the forward
+# (map the inputs, fresh pages, the atomic output), no libmha.
+$(BUILD)/bench_load_floor: bench/load/floor.c | $(SETUP_TEST)
+	$(CC) $(CFLAGS_BASE) $(CFLAGS) -o $@ bench/load/floor.c
+bench-load: $(SETUP_TEST) $(BUILD)/mha $(BUILD)/bench_load_phases $(BUILD)/bench_load_floor
 	$(PYTHON) bench/load/run.py $(BENCH_LOAD_ARGS)
 
 clean:

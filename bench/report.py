@@ -483,8 +483,11 @@ def main():
     md.append(f"- Threads: {a.threads} for every implementation (OMP_NUM_THREADS, "
               f"mha_set_num_threads, openblas_set_num_threads, torch.set_num_threads)")
     md.append(f"- libmha path: mha_forward default options (MHA_PATH_AUTO); MHA_KERNELS={kernels}")
-    md.append(f"- OpenBLAS: core {ob.get('corename', '?')}, {ob.get('threads', '?')} threads "
-              f"({ob.get('config', '?')})")
+    forced = run.get("openblas_coretype_env", "unset")
+    md.append(f"- OpenBLAS: core {ob.get('corename', '?')} (its own choice), {ob.get('threads', '?')} threads "
+              f"({ob.get('config', '?')})"
+              + (f"; the environment sets OPENBLAS_CORETYPE={forced}, which PyTorch and the mha-side"
+                 " processes inherit" if forced != "unset" else ""))
     md.append(f"- PyTorch: {tp.get('version', '?')}, {tp.get('threads', '?')} threads, "
               f"interop {tp.get('interop_threads', '?')}")
     md.append(f"- AVX2 FMA (measured, {a.threads} threads, start and end of the run): "

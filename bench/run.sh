@@ -180,7 +180,8 @@ while [ "$busy" -gt 15 ] && [ $waited -lt "$quiet_wait" ]; do
 done
 
 start=$(date +%s)
-echo "RESULT kind=run date=\"$(date -u '+%Y-%m-%d %H:%M UTC')\" command=\"$command\"" >> "$raw"
+echo "RESULT kind=run date=\"$(date -u '+%Y-%m-%d %H:%M UTC')\" command=\"$command\"" \
+  "openblas_coretype_env=${OPENBLAS_CORETYPE:-unset}" >> "$raw"
 load start "$busy" $waited
 # libmha's side runs with OPENBLAS_NUM_THREADS=1 (OpenBLAS's idle pool would
 # compete with its OpenMP threads); OpenBLAS is timed in its own processes.
@@ -227,7 +228,9 @@ for name in P1 P2 P3; do
   cores="auto Haswell"
   grep -q avx512f /proc/cpuinfo && cores="$cores SkylakeX"
   for core in $cores; do
-    coretype=""; [ "$core" = auto ] || coretype=OPENBLAS_CORETYPE=$core
+    # auto: OpenBLAS's own choice, even where the environment forces one
+    # (some hosts export OPENBLAS_CORETYPE=Haswell to every process)
+    coretype="-u OPENBLAS_CORETYPE"; [ "$core" = auto ] || coretype=OPENBLAS_CORETYPE=$core
     # shellcheck disable=SC2086
     run env $coretype $gemm_isolation "$bin" prefill --name $name $flags --reps $gemm_rounds \
         --budget $budget --threads $threads --gemm-only
