@@ -603,8 +603,10 @@ def main():
             targets.append(["P1 >= 4x PyTorch", fmt(speed, ".2f", suffix="x"), verdict(speed, 4)])
         if name == "P2":
             targets.append(["P2 >= 8x PyTorch", fmt(speed, ".2f", suffix="x"), verdict(speed, 8)])
-            fr = agf / peak if agf and peak else None
-            targets.append(["P2 attention-only >= 60% of FMA peak",
+            # issue 3's target, against the peak of the ISA libmha ran (the AVX2 peak
+            # on an AVX-512 run read 136% for a kernel at 68% of the machine)
+            fr = agf / peak_isa if agf and peak_isa else None
+            targets.append([f"P2 attention-only >= 60% of the {isa} FMA peak (issue 3)",
                             fmt(fr * 100 if fr else None, ".0f", suffix="%"), verdict(fr, 0.6)])
 
     pre_tab = table(["config", "shape", "mha path", "mha ms", "runs", "GFLOP/s", "% peak", "roofline ms",
