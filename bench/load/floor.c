@@ -8,10 +8,12 @@
  * Steps, each timed (wall), in the order a process needs them:
  *   team       the first OpenMP parallel region (OMP_NUM_THREADS threads,
  *              empty): the worker threads the forward needs must start and
- *              run on the other CPUs; on a VM whose idle vCPUs sleep this
- *              is not free, and only a process's first region pays it
+ *              run on the other CPUs; Linux may start a worker on the
+ *              master's CPU, where it waits for the load balancer while the
+ *              master spins at the barrier (bench/LOAD.md); only a
+ *              process's first region pays it
  *   map_read   map the checkpoint and X read-only (MAP_POPULATE) and read
- *              one float per 4 KiB page: the bytes must enter the process
+ *              one byte per 4 KiB page: the bytes must enter the process
  *   fresh      FRESH_BYTES of new memory on 2 MiB pages (as
  *              mha_alloc_large), one write per 4 KiB page: what the
  *              forward writes (workspace, Y) starts as fresh pages in a new
