@@ -248,8 +248,8 @@ $(BUILD)/bench_load_phases: bench/load/phases.c bench/bench_util.c bench/bench.h
 	$(CC) $(CFLAGS_BASE) -Ibench $(CFLAGS) -o $@ bench/load/phases.c bench/bench_util.c $(BUILD)/libmha.a $(LIB_LDLIBS)
 # bench_load_floor: the same process's unavoidable steps without the forward
 # (the team start, map the inputs, fresh pages, the atomic output), no libmha.
-$(BUILD)/bench_load_floor: bench/load/floor.c | $(SETUP_TEST)
-	$(CC) $(CFLAGS_BASE) $(CFLAGS) -o $@ bench/load/floor.c
+$(BUILD)/bench_load_floor: bench/load/floor.c bench/bench_util.c bench/bench.h | $(SETUP_TEST)
+	$(CC) $(CFLAGS_BASE) -Ibench $(CFLAGS) -o $@ bench/load/floor.c bench/bench_util.c
 bench-load: $(SETUP_TEST) $(BUILD)/mha $(BUILD)/bench_load_phases $(BUILD)/bench_load_floor
 	$(PYTHON) bench/load/run.py $(BENCH_LOAD_ARGS)
 

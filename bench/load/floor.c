@@ -22,7 +22,8 @@
  *   fsync      that file made durable (outputs appear whole or not at all)
  *   rename     the temporary renamed over OUT
  * Prints one line: RESULT kind=load_floor <step>_s=... total_s=...
- * Only the standard C library, POSIX and OpenMP: no libmha. */
+ * Only the standard C library, POSIX, OpenMP and bench_util.c's clock:
+ * no libmha. */
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <omp.h>
@@ -30,17 +31,12 @@
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
+
+#include "bench.h"
 
 #define PAGE 4096
 #define HUGE_PAGE ((size_t)2 << 20)
-
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static int fail(const char *what, const char *path) {
     fprintf(stderr, "bench_load_floor: %s %s failed\n", what, path);
@@ -69,31 +65,31 @@ int main(int argc, char **argv) {
     if (out_bytes == 0 || fresh_bytes < out_bytes) return fail("sizes", argv[4]);
     unsigned sum = 0;
     double t[7];
-    t[0] = now();
+    t[0] = bench_now();
     int team = 0;
 #pragma omp parallel reduction(+ : team)
     team += 1;
-    t[1] = now();
+    t[1] = bench_now();
     if (map_and_read(argv[1], &sum) || map_and_read(argv[2], &sum)) return 1;
-    t[2] = now();
+    t[2] = bench_now();
     const size_t whole = (fresh_bytes + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE;
     unsigned char *fresh = NULL;
     if (posix_memalign((void **)&fresh, HUGE_PAGE, whole) != 0) return fail("alloc", argv[5]);
     madvise(fresh, whole, MADV_HUGEPAGE);
     for (size_t i = 0; i < fresh_bytes; i += PAGE) fresh[i] = (unsigned char)(i >> 12);
-    t[3] = now();
+    t[3] = bench_now();
     char tmp[4096];
     if (snprintf(tmp, sizeof tmp, "%s.floor.%ld", argv[3], (long)getpid()) >= (int)sizeof tmp)
         return fail("name", argv[3]);
     const int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (fd < 0) return fail("create", tmp);
     if (write(fd, fresh, out_bytes) != (ssize_t)out_bytes) return close(fd), unlink(tmp), fail("write", tmp);
-    t[4] = now();
+    t[4] = bench_now();
     if (fsync(fd) != 0) return close(fd), unlink(tmp), fail("fsync", tmp);
     close(fd);
-    t[5] = now();
+    t[5] = bench_now();
     if (rename(tmp, argv[3]) != 0) return unlink(tmp), fail("rename", tmp);
-    t[6] = now();
+    t[6] = bench_now();
     static const char *const step[] = {"team", "map_read", "fresh", "write", "fsync", "rename"};
     printf("RESULT kind=load_floor");
     for (int i = 0; i < 6; i++) printf(" %s_s=%.6f", step[i], t[i + 1] - t[i]);
