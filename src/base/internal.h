@@ -70,10 +70,14 @@ void mha_clear_error(void);
  * (memory.c). NULL when out of memory. */
 void *mha_alloc_large(size_t bytes);
 
-/* calloc(n, size), its whole 2 MiB ranges marked for huge pages (a
- * decode step reads the KV cache cold: a page walk per 2 MiB, not per
- * 4 KiB); released with free(). NULL when out of memory. */
+/* A zeroed, 64-byte aligned block of n * size bytes (the KV cache);
+ * from 512 KiB on a fresh mapping of whole 2 MiB pages marked for huge
+ * pages before anything touches it (a decode step reads the cache cold:
+ * a page walk per 2 MiB, not per 4 KiB). Released with
+ * mha_calloc_large_free, never free(). NULL when out of memory or when
+ * n * size overflows. */
 void *mha_calloc_large(size_t n, size_t size);
+void mha_calloc_large_free(void *p);
 
 /* Marks the whole 2 MiB ranges of [p, p + bytes) for huge pages where the
  * kernel allows (a hint; nothing happens elsewhere). */

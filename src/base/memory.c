@@ -9,9 +9,13 @@
  * (a P1 `mha run`: 1,100 faults -> 270). The price: up to 2 MiB of
  * memory per block beyond its size, once its tail is touched. Elsewhere
  * madvise fails harmlessly and the block is an ordinary one.
- * A zeroed block (mha_calloc_large: the KV cache) stays calloc's, whose
- * large blocks are fresh mappings faulted lazily; only the whole 2 MiB
- * ranges inside it are marked, before anything touches them. */
+ * A zeroed block (mha_calloc_large: the KV cache) of HUGE_MIN or more
+ * is a mapping of its own (mmap): zero pages faulted lazily, 2 MiB
+ * aligned and marked before anything touches them. calloc could not
+ * promise that: it hands back heap memory an earlier free() left
+ * touched (and clears it, touching it again), whose 4 KiB pages a
+ * later madvise does not turn into huge ones; a 34 MiB calloc in the
+ * test suite came back from the heap with no huge page. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <sys/mman.h>
@@ -41,8 +45,44 @@ void *mha_alloc_large(size_t bytes) {
     return p;
 }
 
+/* The 64 bytes before a zeroed block: how to release it. */
+typedef struct {
+    void *base;   /* the mapping, or calloc's block (mapped 0)     */
+    size_t bytes; /* the mapping's length                          */
+    int mapped;
+} zeroed_head;
+
+#define ZEROED_HEAD 64 /* keeps the block 64-byte aligned */
+_Static_assert(sizeof(zeroed_head) <= ZEROED_HEAD, "the header fits before the block");
+
 void *mha_calloc_large(size_t n, size_t size) {
-    void *p = calloc(n, size);
-    if (p) mha_advise_huge(p, n * size); /* calloc checked that n * size fits */
-    return p;
+    if (size && n > (SIZE_MAX - 2 * HUGE_PAGE) / size) return NULL;
+    const size_t bytes = n * size + ZEROED_HEAD;
+    zeroed_head *h;
+    if (bytes < HUGE_MIN) {
+        char *b = calloc(1, bytes + ZEROED_HEAD); /* room to align the header to 64 */
+        if (!b) return NULL;
+        h = (zeroed_head *)mha_round_up((uintptr_t)b, ZEROED_HEAD);
+        *h = (zeroed_head){b, 0, 0};
+        return (char *)h + ZEROED_HEAD;
+    }
+    /* whole 2 MiB pages at a 2 MiB boundary: map one huge page more and
+     * give back what lies before the boundary and after the block */
+    const size_t whole = mha_round_up(bytes, HUGE_PAGE);
+    char *m = mmap(NULL, whole + HUGE_PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) return NULL;
+    char *a = (char *)mha_round_up((uintptr_t)m, HUGE_PAGE);
+    if (a > m) munmap(m, (size_t)(a - m));
+    if (a + whole < m + whole + HUGE_PAGE) munmap(a + whole, (size_t)(m + whole + HUGE_PAGE - (a + whole)));
+    mha_advise_huge(a, whole);
+    h = (zeroed_head *)a;
+    *h = (zeroed_head){a, whole, 1};
+    return a + ZEROED_HEAD;
+}
+
+void mha_calloc_large_free(void *p) {
+    if (!p) return;
+    const zeroed_head *h = (const zeroed_head *)((char *)p - ZEROED_HEAD);
+    if (h->mapped) munmap(h->base, h->bytes);
+    else free(h->base);
 }

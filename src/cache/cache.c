@@ -50,8 +50,8 @@ size_t mha_cache_bytes(const mha_cache *c) {
 
 void mha_cache_free(mha_cache *c) {
     if (!c) return;
-    free(c->data), free(c->len), free(c->lo), free(c->upos), free(c->phys), free(c->labels_k), free(c->labels_v);
-    free(c->kmax), free(c->scales);
+    mha_calloc_large_free(c->data), mha_calloc_large_free(c->scales);
+    free(c->len), free(c->lo), free(c->upos), free(c->phys), free(c->labels_k), free(c->labels_v), free(c->kmax);
     free(c);
 }
 

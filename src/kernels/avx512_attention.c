@@ -165,8 +165,8 @@ void mha_attn_alibi_avx512(float *s, size_t lds, const int *qpos, const int *kpo
  * transposed in registers into the 96-float block of those 16 dims
  * (output t is row t%6, dim t/6): each output vector takes its lanes
  * from the three row pairs by three two-source permutes and two blends.
- * 2.7x faster than the 16-element gathers it replaces on Zen 5 (a head
- * of P1: 16 -> 6 us, bench/LIMITS.md round 11). Partial groups and a d_k
+ * 3.8x faster than the 16-element gathers it replaces on Zen 5 (a head
+ * of P1: 13.7 -> 3.6 us; bench/LIMITS.md, round 11). Partial groups and a d_k
  * tail go element by element. */
 void mha_attn_pack_q_avx512(float *dst, const float *src, size_t src_rs, float scale, int rows, int rows6,
                             int d_k) {
