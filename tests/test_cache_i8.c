@@ -306,9 +306,8 @@ static void ref_products(double *r, float *r32, const float *a, const float *b, 
  * table's bits; the chunk widening (from_q8) equals the reference
  * dequantization exactly. A scale applied twice, or missing on one
  * block, is off by far more than the tolerance. */
-static void test_kernels_bits(void) {
-    int m = 7, n = 24, d = 45, dv = 75, nbk = 2, nbv = 3;
-    uint64_t seed = 9;
+static void kernels_bits_case(int m, int n, int d, int dv, uint64_t seed) {
+    const int nbk = (d + 31) / 32, nbv = (dv + 31) / 32, lds = n + 8, ldacc = dv + 5; /* d, dv <= 96 */
     float *q = naive_random_floats((size_t)m * d, &seed, -1, 1), *p = naive_random_floats((size_t)m * n, &seed, 0, 1);
     float *kf = outlier_floats((size_t)n, d, &seed), *vf = outlier_floats((size_t)n, dv, &seed);
     int8_t *kq = malloc((size_t)n * d), *vq = malloc((size_t)n * dv), tmp[96];
@@ -330,21 +329,21 @@ static void test_kernels_bits(void) {
     ref_products(sr, s32, q, kf, m, n, d, (size_t)d, 1);   /* q kf^T */
     ref_products(ar, a32, p, vf, m, dv, n, 1, (size_t)dv); /* p vf   */
     const double stol = 2.0 * block_err(s32, n, sr, m, n) + 1e-6, atol = 2.0 * block_err(a32, dv, ar, m, dv) + 1e-6;
-    float *a = naive_alloc_floats((size_t)m * 80), *b = naive_alloc_floats((size_t)m * 80);
-    float *s0 = naive_alloc_floats((size_t)m * 32), *a0 = naive_alloc_floats((size_t)m * 80);
+    float *a = naive_alloc_floats((size_t)m * lds), *b = naive_alloc_floats((size_t)m * ldacc);
+    float *s0 = naive_alloc_floats((size_t)m * lds), *a0 = naive_alloc_floats((size_t)m * ldacc);
     const mha_decode_kernels *tabs[3] = {&mha_decode_kernels_scalar, &mha_decode_kernels_avx2,
                                          &mha_decode_kernels_avx512};
     int ntab = mha_cpu_has_avx512() ? 3 : mha_cpu_has_avx2() ? 2 : 1;
     for (int t = 0; t < ntab; t++) {
         const mha_decode_kernels *K = tabs[t];
-        K->scores_q8(a, 32, q, d, kq, ks, m, n, d);
-        CHECK(block_err(a, 32, sr, m, n) <= stol);
-        K->accumulate_q8(b, 80, p, n, vq, vs, m, n, dv);
-        CHECK(block_err(b, 80, ar, m, dv) <= atol);
-        if (t == 0) memcpy(s0, a, sizeof(float) * m * 32), memcpy(a0, b, sizeof(float) * m * 80);
+        K->scores_q8(a, lds, q, d, kq, ks, m, n, d);
+        CHECK(block_err(a, lds, sr, m, n) <= stol);
+        K->accumulate_q8(b, ldacc, p, n, vq, vs, m, n, dv);
+        CHECK(block_err(b, ldacc, ar, m, dv) <= atol);
+        if (t == 0) memcpy(s0, a, sizeof(float) * m * lds), memcpy(a0, b, sizeof(float) * m * ldacc);
         for (int i = 0; i < m; i++) { /* the scalar table's bits */
-            CHECK(memcmp(a + (size_t)i * 32, s0 + (size_t)i * 32, sizeof(float) * n) == 0);
-            CHECK(memcmp(b + (size_t)i * 80, a0 + (size_t)i * 80, sizeof(float) * dv) == 0);
+            CHECK(memcmp(a + (size_t)i * lds, s0 + (size_t)i * lds, sizeof(float) * n) == 0);
+            CHECK(memcmp(b + (size_t)i * ldacc, a0 + (size_t)i * ldacc, sizeof(float) * dv) == 0);
         }
         float *w1 = naive_alloc_floats((size_t)n * dv), *w2 = naive_alloc_floats((size_t)n * d);
         K->from_q8(w1, vq, vs, (size_t)n, dv, 1);
@@ -355,6 +354,16 @@ static void test_kernels_bits(void) {
     }
     free(sr), free(ar), free(s32), free(a32), free(s0), free(a0);
     free(q), free(p), free(kf), free(vf), free(kq), free(vq), free(ks), free(vs), free(kp), free(a), free(b);
+}
+
+/* Shapes: odd sizes (partial blocks, a 3-block V row); and d = d_v = 64,
+ * the common head, with the row counts of GQA tiles (8, 4) over a whole
+ * decode chunk (128 keys: 4-panel and 6-panel tiles, two blocks of
+ * precomputed weights) and over 40 keys (partial vectors of scales). */
+static void test_kernels_bits(void) {
+    kernels_bits_case(7, 24, 45, 75, 9);
+    kernels_bits_case(8, 128, 64, 64, 10);
+    kernels_bits_case(4, 40, 64, 64, 11);
 }
 
 /* ---------------------------------------------------- forward level */

@@ -66,17 +66,17 @@ void *mha_calloc_large(size_t n, size_t size) {
         *h = (zeroed_head){b, 0, 0};
         return (char *)h + ZEROED_HEAD;
     }
-    /* whole 2 MiB pages at a 2 MiB boundary: map one huge page more and
+    /* span 2 MiB pages at a 2 MiB boundary: map one huge page more and
      * give back what lies before the boundary and after the block */
-    const size_t whole = mha_round_up(bytes, HUGE_PAGE);
-    char *m = mmap(NULL, whole + HUGE_PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    const size_t span = mha_round_up(bytes, HUGE_PAGE);
+    char *m = mmap(NULL, span + HUGE_PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (m == MAP_FAILED) return NULL;
     char *a = (char *)mha_round_up((uintptr_t)m, HUGE_PAGE);
     if (a > m) munmap(m, (size_t)(a - m));
-    if (a + whole < m + whole + HUGE_PAGE) munmap(a + whole, (size_t)(m + whole + HUGE_PAGE - (a + whole)));
-    mha_advise_huge(a, whole);
+    if (a + span < m + span + HUGE_PAGE) munmap(a + span, (size_t)(m + span + HUGE_PAGE - (a + span)));
+    mha_advise_huge(a, span);
     h = (zeroed_head *)a;
-    *h = (zeroed_head){a, whole, 1};
+    *h = (zeroed_head){a, span, 1};
     return a + ZEROED_HEAD;
 }
 
