@@ -307,11 +307,11 @@ static void ref_products(double *r, float *r32, const float *a, const float *b, 
  * dequantization exactly. A scale applied twice, or missing on one
  * block, is off by far more than the tolerance. */
 static void kernels_bits_case(int m, int n, int d, int dv, uint64_t seed) {
-    const int nbk = (d + 31) / 32, nbv = (dv + 31) / 32, lds = n + 8, ldacc = dv + 5; /* d, dv <= 96 */
+    const int nbk = (d + 31) / 32, nbv = (dv + 31) / 32, lds = n + 8, ldacc = dv + 5; /* d, dv <= 128 */
     float *q = naive_random_floats((size_t)m * d, &seed, -1, 1), *p = naive_random_floats((size_t)m * n, &seed, 0, 1);
     float *kf = outlier_floats((size_t)n, d, &seed), *vf = outlier_floats((size_t)n, dv, &seed);
-    int8_t *kq = malloc((size_t)n * d), *vq = malloc((size_t)n * dv), tmp[96];
-    float *ks = malloc(sizeof(float) * n * nbk), *vs = malloc(sizeof(float) * n * nbv), sc[3];
+    int8_t *kq = malloc((size_t)n * d), *vq = malloc((size_t)n * dv), tmp[128];
+    float *ks = malloc(sizeof(float) * n * nbk), *vs = malloc(sizeof(float) * n * nbv), sc[4];
     float *kp = naive_alloc_floats((size_t)n * d); /* dequantized keys in panels */
     for (int j = 0; j < n; j++) {
         ref_quantize(kf + (size_t)j * d, d, tmp, sc);
@@ -356,14 +356,16 @@ static void kernels_bits_case(int m, int n, int d, int dv, uint64_t seed) {
     free(q), free(p), free(kf), free(vf), free(kq), free(vq), free(ks), free(vs), free(kp), free(a), free(b);
 }
 
-/* Shapes: odd sizes (partial blocks, a 3-block V row); and d = d_v = 64,
- * the common head, with the row counts of GQA tiles (8, 4) over a whole
- * decode chunk (128 keys: 4-panel and 6-panel tiles, two blocks of
- * precomputed weights) and over 40 keys (partial vectors of scales). */
+/* Shapes: odd sizes (partial blocks, a 3-block V row); and d = d_v = 64
+ * and 128, the common heads, with the row counts of GQA tiles (8, 4) over
+ * a whole decode chunk (128 keys: 4-panel and 6-panel tiles, two blocks
+ * of precomputed weights) and over 40 keys (partial vectors of scales). */
 static void test_kernels_bits(void) {
     kernels_bits_case(7, 24, 45, 75, 9);
     kernels_bits_case(8, 128, 64, 64, 10);
     kernels_bits_case(4, 40, 64, 64, 11);
+    kernels_bits_case(4, 128, 128, 128, 12);
+    kernels_bits_case(5, 40, 128, 128, 13);
 }
 
 /* ---------------------------------------------------- forward level */

@@ -66,7 +66,7 @@ void *mha_calloc_large(size_t n, size_t size) {
         *h = (zeroed_head){b, 0, 0};
         return (char *)h + ZEROED_HEAD;
     }
-    /* span 2 MiB pages at a 2 MiB boundary: map one huge page more and
+    /* whole 2 MiB pages at a 2 MiB boundary: map one huge page more and
      * give back what lies before the boundary and after the block */
     const size_t span = mha_round_up(bytes, HUGE_PAGE);
     char *m = mmap(NULL, span + HUGE_PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);

@@ -304,6 +304,10 @@ INLINE void acc_tile_q8(float *acc, int ldacc, const float *p, int ldp, const in
                                      _mm512_set1_epi32(nb));
     const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
     const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+    /* nb 4: from two rows of 4 keys x 4 scales, lane 2k + l = key k, block
+     * b0 + l (k = 0..7, l = 0, 1): index 16 (k / 4) + 4 (k % 4) + b0 + l */
+    const __m512i pick4 = _mm512_add_epi32(_mm512_setr_epi32(0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29),
+                                           _mm512_set1_epi32(b0));
     __m512 a[4][4];
     UNROLL
     for (int r = 0; r < R; r++)
@@ -313,22 +317,28 @@ INLINE void acc_tile_q8(float *acc, int ldacc, const float *p, int ldp, const in
         const int nk = n - j0 < PW_KEYS ? n - j0 : PW_KEYS;
         for (int jj = 0; jj < nk; jj += 16) {
             const __mmask16 km = mha_mask16(nk - jj);
-            /* d_v 64 (two blocks, the common head size): the 16 keys' 32
-             * scales are two loads, split into blocks by two permutes (a
-             * 16-element gather costs ~20 cycles on Zen 5) */
+            /* d_v 64 or 128 (two or four blocks, the common head sizes):
+             * the 16 keys' scale rows are two or four loads, their two
+             * blocks picked by permutes (a 16-element gather costs ~20
+             * cycles on Zen 5; two per 16 keys were 10% of this tile) */
             __m512 sc2[2];
-            if (nb == 2 && NBL == 2) {
-                const float *vj = vs + (size_t)(j0 + jj) * 2;
-                const int live = 2 * (nk - jj);
-                const __m512 lo = _mm512_maskz_loadu_ps(mha_mask16(live), vj);
-                const __m512 hi = _mm512_maskz_loadu_ps(mha_mask16(live - 16), vj + 16);
-                sc2[0] = _mm512_permutex2var_ps(lo, even, hi), sc2[1] = _mm512_permutex2var_ps(lo, odd, hi);
+            const int loads = NBL == 2 && (nb == 2 || nb == 4);
+            if (loads) {
+                const float *vj = vs + (size_t)(j0 + jj) * nb;
+                const int live = nb * (nk - jj); /* floats of the live keys */
+                __m512 z[4];
+                for (int i = 0; i < nb; i++) z[i] = _mm512_maskz_loadu_ps(mha_mask16(live - 16 * i), vj + 16 * i);
+                if (nb == 4) { /* keys 0-7 and 8-15, blocks b0, b0+1 interleaved */
+                    z[0] = _mm512_permutex2var_ps(z[0], pick4, z[1]);
+                    z[1] = _mm512_permutex2var_ps(z[2], pick4, z[3]);
+                }
+                sc2[0] = _mm512_permutex2var_ps(z[0], even, z[1]), sc2[1] = _mm512_permutex2var_ps(z[0], odd, z[1]);
             }
             UNROLL
             for (int bl = 0; bl < NBL; bl++) {
-                const __m512 sc = nb == 2 && NBL == 2 ? sc2[bl]
-                                                      : _mm512_mask_i32gather_ps(_mm512_setzero_ps(), km, idx,
-                                                                                 vs + (size_t)(j0 + jj) * nb + b0 + bl, 4);
+                const __m512 sc = loads ? sc2[bl]
+                                        : _mm512_mask_i32gather_ps(_mm512_setzero_ps(), km, idx,
+                                                                   vs + (size_t)(j0 + jj) * nb + b0 + bl, 4);
                 UNROLL
                 for (int r = 0; r < R; r++)
                     _mm512_store_ps(&pw[r][bl][jj],
