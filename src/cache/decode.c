@@ -105,14 +105,14 @@ typedef struct {
     float *part;/* (QTILE, 2 + d_v) one partial              */
     float *grp; /* (QTILE, 2 + d_v) one group's fold         */
     float *run; /* (QTILE, 2 + d_v) running merge            */
-    void *block; /* all of the above                         */
 } scratch;
 
-/* One allocation per thread, each array from a 64-byte line of its own:
+/* Each array from a 64-byte line of its own, all in one block per thread:
  * with the heap evicted (a decode step after the other layers' traffic)
  * a malloc/free pair cost ~0.35 us (20 pairs: 7 us, one core, round 7),
- * and there were twelve per thread. */
-static int scratch_alloc(scratch *w, const mha_cache *c) {
+ * and there were twelve per thread. The floats of one thread's block;
+ * with b, its arrays placed from b on. */
+static size_t scratch_layout(scratch *w, const mha_cache *c, float *b) {
     const size_t pw = 2 + (size_t)c->d_v, line = 64 / sizeof(float);
     /* elements of 4 bytes (float or int) of each array, in struct order */
     const size_t n[12] = {QTILE * (size_t)c->d_k, QTILE * (size_t)c->d_k, QTILE * MHA_DECODE_CHUNK,
@@ -121,16 +121,13 @@ static int scratch_alloc(scratch *w, const mha_cache *c) {
     size_t at[12], total = 0;
     for (int i = 0; i < 12; i++) at[i] = total, total += (n[i] + line - 1) / line * line;
     _Static_assert(sizeof(int) == sizeof(float), "int and float arrays share the block's units");
-    float *b = w->block = aligned_alloc(64, sizeof(float) * total);
-    if (!b) return 0;
+    if (!b) return total;
     w->qt = b + at[0], w->qtt = b + at[1], w->s = b + at[2];
     w->pos = (int *)(b + at[3]), w->upos = (int *)(b + at[4]);
     w->kf = b + at[5], w->vf = b + at[6], w->mx = b + at[7], w->sum = b + at[8];
     w->part = b + at[9], w->grp = b + at[10], w->run = b + at[11];
-    return 1;
+    return total;
 }
-
-static void scratch_free(scratch *w) { free(w->block); }
 
 /* Whether the unit's chunks run grouped (see the top of this file). */
 static int unit_grouped(const decode_call *dc, const unit *u) {
@@ -584,14 +581,20 @@ typedef struct {
     size_t *part_at;         /* (n_tasks + 1) offset of task t's partial   */
     int *done;               /* (n_units) tasks finished, for the merge    */
     scratch *ws;             /* (nth) per-thread scratch                   */
+    float *block;            /* the scratch and the partials: decode_keep's */
+    size_t parts_floats;     /* floats of the partials (0: units whole)    */
     int nth;
     int run;                 /* split tasks per scheduling run (below)     */
     mha_task_ranges *ranges; /* Zen: split tasks in one run per thread     */
 } decode_plan;
 
+/* The scratch of every call, kept for the next (mha_keep): the decode
+ * step's ~0.25 MB at 2 threads, and its partials. */
+static mha_keep decode_keep;
+
 static void plan_free(decode_plan *pl) {
-    for (int i = 0; pl->ws && i < pl->nth; i++) scratch_free(&pl->ws[i]);
-    free(pl->ws), free(pl->parts), free(pl->part_at), free(pl->done);
+    mha_keep_give(&decode_keep, pl->block);
+    free(pl->ws), free(pl->part_at), free(pl->done);
     free(pl->units), free(pl->chunk_of), free(pl->unit_of), free(pl->k0_of);
     mha_task_ranges_free(pl->ranges);
 }
@@ -637,7 +640,7 @@ static void plan_split(decode_plan *pl, const mha_cache *c) {
         pl->part_at[t] = total;
         total += (size_t)(pl->units[pl->unit_of[t]].i1 - pl->units[pl->unit_of[t]].i0) * pw;
     }
-    if (total <= SPLIT_MAX_FLOATS) pl->parts = malloc(sizeof(float) * total);
+    if (total <= SPLIT_MAX_FLOATS) pl->parts_floats = total > 0 ? total : 1;
 }
 
 /* Small work (tests, tiny layers) on one thread: a barrier costs more than
@@ -649,9 +652,15 @@ static int plan_threads(decode_plan *pl, const mha_exec *ex, const mha_cache *c)
         work += (double)(pl->units[i].i1 - pl->units[i].i0) * pl->units[i].count * MHA_DECODE_CHUNK * (c->d_k + c->d_v);
     pl->nth = mha_exec_threads_for(ex, work);
     if (!(pl->ws = calloc((size_t)pl->nth, sizeof(scratch)))) return 0;
-    int ok = 1;
-    for (int i = 0; i < pl->nth; i++) ok &= scratch_alloc(&pl->ws[i], c);
-    return ok;
+    /* one block: each thread's scratch, then the partials (or, short of
+     * memory for them, the units run whole) */
+    const size_t per = scratch_layout(NULL, c, NULL), own = per * (size_t)pl->nth;
+    if (pl->parts_floats && !(pl->block = mha_keep_take(&decode_keep, sizeof(float) * (own + pl->parts_floats))))
+        pl->parts_floats = 0;
+    if (!pl->block && !(pl->block = mha_keep_take(&decode_keep, sizeof(float) * own))) return 0;
+    for (int i = 0; i < pl->nth; i++) scratch_layout(&pl->ws[i], c, pl->block + per * (size_t)i);
+    if (pl->parts_floats) pl->parts = pl->block + own;
+    return 1;
 }
 
 /* The chunks of task t: [k0, k1) of its unit's list. */

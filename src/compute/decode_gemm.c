@@ -30,6 +30,12 @@
 
 static int blocks(int n, int b) { return (n + b - 1) / b; }
 
+/* The partial sums of every call, kept for the next (mha_keep): a decode
+ * step at d_model 2048 needs up to 8 x 6144 floats, 192 KB, which glibc
+ * mapped or took from a heap top it then gave back, faulted in anew by
+ * every step. */
+static mha_keep partials_keep;
+
 /* Output columns per stream task of a job n wide: whole rows (one
  * contiguous run of KBLK rows, which the hardware prefetchers follow
  * across pages; 2 KiB pieces at an 8 KiB stride streamed at ~30 GB/s
@@ -92,13 +98,13 @@ mha_status mha_decode_gemm_many(const mha_exec *ex, const mha_decode_gemm_job *j
             first[i + 1] = first[i] + nkb * blocks(jobs[i].n, cw[i]);
             at[i + 1] = at[i] + (size_t)nkb * m * jobs[i].n;
         }
-        float *part = malloc(sizeof(float) * (at[njobs] ? at[njobs] : 1));
+        float *part = mha_keep_take(&partials_keep, sizeof(float) * (at[njobs] ? at[njobs] : 1));
         int ntask = first[njobs], nred = 0, cb_first[MHA_DECODE_MAX_JOBS + 1];
         for (int i = 0; i < njobs; i++) cb_first[i] = nred, nred += blocks(jobs[i].n, cw[i]);
         cb_first[njobs] = nred;
         int *done = calloc((size_t)(nred > 0 ? nred : 1), sizeof(int)); /* k-blocks done per column block */
         if (!part || !done) {
-            free(part), free(done);
+            mha_keep_give(&partials_keep, part), free(done);
             return mha_fail(MHA_E_NOMEM, "mha_forward_cached: no memory for projection partials");
         }
         /* the thread that completes a column block's last k-block adds its
@@ -124,7 +130,7 @@ mha_status mha_decode_gemm_many(const mha_exec *ex, const mha_decode_gemm_job *j
             if (finished == nkb) add_partials(J, part + at[i], nkb, m, j0, jn);
         }
         free(done);
-        free(part);
+        mha_keep_give(&partials_keep, part);
         return MHA_OK;
     }
     int nrb = blocks(m, MBLK), first[MHA_DECODE_MAX_JOBS + 1];
