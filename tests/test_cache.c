@@ -216,6 +216,40 @@ static void test_decode_gqa_f16(void) { prefill_then_decode(8, 2, MHA_CACHE_F16,
 static void test_decode_mqa_f16(void) { prefill_then_decode(8, 1, MHA_CACHE_F16, 0); }
 static void test_decode_bias_kv_zero_attn(void) { prefill_then_decode(4, 2, MHA_CACHE_F32, 1); }
 
+/* Decode steps keep their scratch: after warm steps, more steps allocate
+ * no new block, neither for the attention (the cache's workspace: each
+ * thread's scratch and the split partials) nor for the projections'
+ * partial sums (decode_gemm.c's pool). Allocated and freed per call,
+ * glibc could give them back to the kernel and fault them in again on
+ * every step (bench/LIMITS.md round 11). 2 threads, split tasks (few
+ * units), GQA and an int8 cache. */
+static void test_decode_scratch_kept(void) {
+    fixture f;
+    fixture_make(&f, 1, 300, 32, 8, 2, 8, 0, 0, 61);
+    uint64_t seed = 11;
+    float *x = naive_random_floats((size_t)f.T * f.D, &seed, -1.0f, 1.0f), *y = naive_alloc_floats((size_t)f.T * f.D);
+    mha_context *ctx = NULL;
+    CHECK_OK(mha_context_create(&ctx));
+    if (ctx) CHECK_OK(mha_context_set_num_threads(ctx, 2));
+    mha_decode_set_min_parallel_work(0.0); /* tiny shapes: threads anyway */
+    mha_cache *c = NULL;
+    CHECK_OK(mha_cache_create(&c, f.L, 1, f.T, MHA_CACHE_I8, 0));
+    if (!c || !ctx) goto done;
+    CHECK_OK(mha_forward_cached_ctx(ctx, f.L, c, y, NULL, x, 200, NULL, NULL));
+    for (int t = 200; t < 203; t++) CHECK_OK(mha_forward_cached_ctx(ctx, f.L, c, y, NULL, x + (size_t)t * f.D, 1, NULL, NULL));
+    const size_t att = mha_workspace_allocations(c->ws), proj = mha_decode_gemm_scratch_allocations();
+    CHECK(att >= 1 && proj >= 1);
+    for (int t = 203; t < 300; t++) CHECK_OK(mha_forward_cached_ctx(ctx, f.L, c, y, NULL, x + (size_t)t * f.D, 1, NULL, NULL));
+    CHECK(mha_workspace_allocations(c->ws) == att);
+    CHECK(mha_decode_gemm_scratch_allocations() == proj);
+done:
+    mha_decode_set_min_parallel_work(262144.0);
+    mha_cache_free(c);
+    mha_context_free(ctx);
+    free(x), free(y);
+    fixture_free(&f);
+}
+
 /* The scalar kernels (the non-AVX2 fallback) pass the same check. */
 static void test_decode_scalar_kernels(void) {
     mha_decode_force_scalar(1);
@@ -1183,6 +1217,7 @@ out:
 }
 
 static const test_case cases[] = {
+    {"decode_scratch_kept", test_decode_scratch_kept},
     {"cache_decode_mha_f32", test_decode_mha_f32},
     {"cache_decode_gqa_f32", test_decode_gqa_f32},
     {"cache_decode_mqa_f32", test_decode_mqa_f32},

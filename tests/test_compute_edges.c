@@ -309,40 +309,6 @@ static void test_calloc_large_zeroed_huge(void) {
     mha_calloc_large_free(NULL);
 }
 
-/* mha_keep: a block given back is the one the next take gets when it is
- * large enough, never when it is too small; two takes at once get two
- * blocks (the slot holds one, the other is freed when given back); blocks
- * are 64-byte aligned and writable to their full size. */
-static void test_keep_reuses_and_never_shares(void) {
-    static mha_keep k; /* an empty slot */
-    char *a = mha_keep_take(&k, 1000);
-    CHECK(a != NULL && (uintptr_t)a % 64 == 0);
-    if (!a) return;
-    memset(a, 1, 1000);
-    mha_keep_give(&k, a);
-    char *b = mha_keep_take(&k, 600);
-    CHECK(b == a); /* kept, and large enough */
-    char *c = mha_keep_take(&k, 600);
-    CHECK(c != NULL && c != b); /* the slot was empty: a block of its own */
-    if (c) memset(c, 2, 600);
-    mha_keep_give(&k, b);
-    mha_keep_give(&k, c); /* the slot is full: freed */
-    char *d = mha_keep_take(&k, 1 << 20);
-    CHECK(d != NULL && d != b); /* b is too small for this */
-    if (d) memset(d, 3, 1 << 20);
-    CHECK((uintptr_t)d % 64 == 0);
-    mha_keep_give(&k, d);
-    char *e = mha_keep_take(&k, 1 << 20);
-    CHECK(e == d);
-    mha_keep_give(&k, e);
-    CHECK(mha_keep_take(&k, SIZE_MAX - 8) == NULL); /* too large: refused, the slot's block freed */
-    mha_keep_give(&k, NULL);
-    mha_keep_give(&k, mha_keep_take(&k, MHA_KEEP_MAX + 1)); /* above the cap: freed, not kept */
-    char *f = mha_keep_take(&k, 10);
-    CHECK(f != NULL);
-    mha_keep_give(&k, f); /* held by the static slot, as the library's are */
-}
-
 /* mha_alloc_large from HUGE_MIN (512 KiB) on: 2 MiB aligned and rounded
  * up to whole huge pages, so that no part of a fresh block faults per 4
  * KiB page (~40 us a fault in one of this project's VMs; a 663 KiB GEMM
@@ -378,7 +344,6 @@ static const test_case cases[] = {
     {"workspace_over_limit", test_workspace_over_limit},
     {"workspace_concurrent", test_workspace_concurrent},
     {"calloc_large_zeroed_huge", test_calloc_large_zeroed_huge},
-    {"keep_reuses_and_never_shares", test_keep_reuses_and_never_shares},
     {"alloc_large_whole_huge_pages", test_alloc_large_whole_huge_pages},
 };
 

@@ -79,24 +79,6 @@ void *mha_alloc_large(size_t bytes);
 void *mha_calloc_large(size_t n, size_t size);
 void mha_calloc_large_free(void *p);
 
-/* A block kept from one call to the next (the decode step's scratch):
- * allocating and freeing it per call let glibc give the heap's top back
- * to the kernel after each call and fault it in again on the next (a cold
- * decode attention at L 1024 paid ~0.1 ms, 2x its time; bench/LIMITS.md
- * round 11). One slot per mha_keep, taken and given back atomically:
- * concurrent callers never share a block (a second one allocates its
- * own, freed when the slot is full). Zero-initialized statics are empty
- * slots; a block stays held until the process ends (at most
- * MHA_KEEP_MAX bytes per slot: larger ones are freed when given back). */
-typedef struct {
-    _Atomic(void *) slot;
-} mha_keep;
-#define MHA_KEEP_MAX ((size_t)16 << 20)
-/* A 64-byte aligned block of at least `bytes` (its contents undefined),
- * NULL when out of memory; give it back with mha_keep_give. */
-void *mha_keep_take(mha_keep *k, size_t bytes);
-void mha_keep_give(mha_keep *k, void *p);
-
 /* Marks the whole 2 MiB ranges of [p, p + bytes) for huge pages where the
  * kernel allows (a hint; nothing happens elsewhere). */
 void mha_advise_huge(void *p, size_t bytes);

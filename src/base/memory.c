@@ -16,7 +16,6 @@
  * touched (and clears it, touching it again), whose 4 KiB pages a
  * later madvise does not turn into huge ones; a 34 MiB calloc in the
  * test suite came back from the heap with no huge page. */
-#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <sys/mman.h>
@@ -86,24 +85,4 @@ void mha_calloc_large_free(void *p) {
     const zeroed_head *h = (const zeroed_head *)((char *)p - ZEROED_HEAD);
     if (h->mapped) munmap(h->base, h->bytes);
     else free(h->base);
-}
-
-/* A kept block: its capacity in the first of 64 bytes, the data after. */
-#define KEEP_HEAD 64
-
-void *mha_keep_take(mha_keep *k, size_t bytes) {
-    char *b = atomic_exchange(&k->slot, NULL);
-    if (b && *(size_t *)b >= bytes) return b + KEEP_HEAD;
-    free(b);
-    if (bytes > SIZE_MAX - 2 * KEEP_HEAD) return NULL;
-    if (!(b = aligned_alloc(64, mha_round_up(bytes + KEEP_HEAD, 64)))) return NULL;
-    *(size_t *)b = bytes;
-    return b + KEEP_HEAD;
-}
-
-void mha_keep_give(mha_keep *k, void *p) {
-    if (!p) return;
-    char *b = (char *)p - KEEP_HEAD;
-    void *empty = NULL;
-    if (*(size_t *)b > MHA_KEEP_MAX || !atomic_compare_exchange_strong(&k->slot, &empty, b)) free(b);
 }

@@ -50,7 +50,7 @@ size_t mha_cache_bytes(const mha_cache *c) {
 
 void mha_cache_free(mha_cache *c) {
     if (!c) return;
-    mha_calloc_large_free(c->data), mha_calloc_large_free(c->scales);
+    mha_calloc_large_free(c->data), mha_calloc_large_free(c->scales), mha_workspace_free(c->ws);
     free(c->len), free(c->lo), free(c->upos), free(c->phys), free(c->labels_k), free(c->labels_v), free(c->kmax);
     free(c);
 }
@@ -102,9 +102,10 @@ static mha_status cache_create(mha_cache **out, const mha_layer *L, int batch, i
     c->labels_k = malloc(sizeof(int) * cf->n_kv_heads);
     c->labels_v = malloc(sizeof(int) * cf->n_kv_heads);
     c->kmax = calloc(blocks, sizeof(float));
+    c->ws = mha_workspace_create();
     if (c->nbk + c->nbv) /* zeroed as well: unwritten slots dequantize to 0 */
         c->scales = mha_calloc_large(blocks * slots * (size_t)(c->nbk + c->nbv), sizeof(float));
-    if (!c->data || !c->len || !c->lo || !c->upos || !c->phys || !c->labels_k || !c->labels_v || !c->kmax ||
+    if (!c->data || !c->len || !c->lo || !c->upos || !c->phys || !c->labels_k || !c->labels_v || !c->kmax || !c->ws ||
         (c->nbk + c->nbv && !c->scales)) {
         mha_cache_free(c);
         return mha_fail(MHA_E_NOMEM, "%s: no memory for %zu bytes of K/V", fn, blocks * slots * slot);

@@ -9,6 +9,7 @@
 #include <limits.h>
 
 #include "compute/decode_gemm.h"
+#include "compute/workspace.h"
 #include "core/core.h"
 
 /* Slots of K/V are allocated in multiples of this many keys: the flash-
@@ -44,6 +45,8 @@ struct mha_cache {
     int *labels_v;       /* (h_kv)                                           */
     float *kmax;         /* (B*h_kv, by storage index) largest L2 norm of a
                             key stored since the last reset: bounds scores  */
+    mha_workspace *ws;   /* the decode calls' scratch, kept from one call to
+                            the next (decode.c)                             */
 };
 
 /* Storage block (b, kv head g) of K and V, through the permutation index. */

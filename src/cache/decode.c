@@ -581,19 +581,16 @@ typedef struct {
     size_t *part_at;         /* (n_tasks + 1) offset of task t's partial   */
     int *done;               /* (n_units) tasks finished, for the merge    */
     scratch *ws;             /* (nth) per-thread scratch                   */
-    float *block;            /* the scratch and the partials: decode_keep's */
+    float *block;            /* the scratch and the partials, from pool    */
+    mha_workspace *pool;     /* the cache's: kept for its next call        */
     size_t parts_floats;     /* floats of the partials (0: units whole)    */
     int nth;
     int run;                 /* split tasks per scheduling run (below)     */
     mha_task_ranges *ranges; /* Zen: split tasks in one run per thread     */
 } decode_plan;
 
-/* The scratch of every call, kept for the next (mha_keep): the decode
- * step's ~0.25 MB at 2 threads, and its partials. */
-static mha_keep decode_keep;
-
 static void plan_free(decode_plan *pl) {
-    mha_keep_give(&decode_keep, pl->block);
+    if (pl->block) mha_workspace_give(pl->pool, pl->block);
     free(pl->ws), free(pl->part_at), free(pl->done);
     free(pl->units), free(pl->chunk_of), free(pl->unit_of), free(pl->k0_of);
     mha_task_ranges_free(pl->ranges);
@@ -653,11 +650,15 @@ static int plan_threads(decode_plan *pl, const mha_exec *ex, const mha_cache *c)
     pl->nth = mha_exec_threads_for(ex, work);
     if (!(pl->ws = calloc((size_t)pl->nth, sizeof(scratch)))) return 0;
     /* one block: each thread's scratch, then the partials (or, short of
-     * memory for them, the units run whole) */
+     * memory for them, the units run whole). Taken from the cache's
+     * workspace and given back: allocated and freed per call, glibc gave
+     * the heap's top back to the kernel and each step faulted it in anew
+     * (cold attention at h_kv 8, L 1024: 0.18-0.24 ms, kept: 0.08-0.14;
+     * bench/LIMITS.md round 11) */
     const size_t per = scratch_layout(NULL, c, NULL), own = per * (size_t)pl->nth;
-    if (pl->parts_floats && !(pl->block = mha_keep_take(&decode_keep, sizeof(float) * (own + pl->parts_floats))))
-        pl->parts_floats = 0;
-    if (!pl->block && !(pl->block = mha_keep_take(&decode_keep, sizeof(float) * own))) return 0;
+    pl->pool = c->ws;
+    if (pl->parts_floats && !(pl->block = mha_workspace_take(pl->pool, own + pl->parts_floats))) pl->parts_floats = 0;
+    if (!pl->block && !(pl->block = mha_workspace_take(pl->pool, own))) return 0;
     for (int i = 0; i < pl->nth; i++) scratch_layout(&pl->ws[i], c, pl->block + per * (size_t)i);
     if (pl->parts_floats) pl->parts = pl->block + own;
     return 1;
