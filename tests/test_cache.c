@@ -1217,7 +1217,7 @@ out:
 }
 
 static const test_case cases[] = {
-    {"decode_scratch_kept", test_decode_scratch_kept},
+    {"cache_decode_scratch_kept", test_decode_scratch_kept},
     {"cache_decode_mha_f32", test_decode_mha_f32},
     {"cache_decode_gqa_f32", test_decode_gqa_f32},
     {"cache_decode_mqa_f32", test_decode_mqa_f32},
