@@ -219,7 +219,7 @@ static void test_decode_bias_kv_zero_attn(void) { prefill_then_decode(4, 2, MHA_
 /* Decode steps keep their scratch: after warm steps, more steps allocate
  * no new block, neither for the attention (the cache's workspace: each
  * thread's scratch and the split partials) nor for the projections'
- * partial sums (decode_gemm.c's pool). Allocated and freed per call,
+ * partial sums (gemm.c's process-wide pool). Allocated and freed per call,
  * glibc could give them back to the kernel and fault them in again on
  * every step (bench/LIMITS.md round 11). 2 threads, split tasks (few
  * units), GQA and an int8 cache. */
@@ -237,11 +237,11 @@ static void test_decode_scratch_kept(void) {
     if (!c || !ctx) goto done;
     CHECK_OK(mha_forward_cached_ctx(ctx, f.L, c, y, NULL, x, 200, NULL, NULL));
     for (int t = 200; t < 203; t++) CHECK_OK(mha_forward_cached_ctx(ctx, f.L, c, y, NULL, x + (size_t)t * f.D, 1, NULL, NULL));
-    const size_t att = mha_workspace_allocations(c->ws), proj = mha_decode_gemm_scratch_allocations();
+    const size_t att = mha_workspace_allocations(c->ws), proj = mha_gemm_scratch_allocations();
     CHECK(att >= 1 && proj >= 1);
     for (int t = 203; t < 300; t++) CHECK_OK(mha_forward_cached_ctx(ctx, f.L, c, y, NULL, x + (size_t)t * f.D, 1, NULL, NULL));
     CHECK(mha_workspace_allocations(c->ws) == att);
-    CHECK(mha_decode_gemm_scratch_allocations() == proj);
+    CHECK(mha_gemm_scratch_allocations() == proj);
 done:
     mha_decode_set_min_parallel_work(262144.0);
     mha_cache_free(c);

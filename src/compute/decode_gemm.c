@@ -16,12 +16,11 @@
  * packed weights.
  * Legend: m rows, k inputs, n outputs.
  */
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "compute/decode_gemm.h"
-#include "compute/workspace.h"
+#include "compute/gemm.h"
 
 #define KBLK 256  /* input rows per partial sum (stream mode)        */
 #define CMIN 256  /* fewest output columns per task (stream mode)    */
@@ -31,29 +30,6 @@
 #define STREAM_MAX_ROWS 4
 
 static int blocks(int n, int b) { return (n + b - 1) / b; }
-
-/* The partial sums of every call, kept for the next in a process-wide
- * workspace (as gemm.c keeps its packing blocks): a decode step at
- * d_model 2048 needs up to 8 x 6144 floats, 192 KB, which glibc mapped,
- * or took from a heap top it then gave back, faulted in anew by every
- * step. Without the pool (out of memory at its creation): malloc. */
-static mha_workspace *partials_pool;
-static pthread_once_t partials_pool_once = PTHREAD_ONCE_INIT;
-static void partials_pool_create(void) { partials_pool = mha_workspace_create(); }
-
-static float *partials_take(size_t floats) {
-    pthread_once(&partials_pool_once, partials_pool_create);
-    return partials_pool ? mha_workspace_take(partials_pool, floats) : malloc(sizeof(float) * floats);
-}
-
-size_t mha_decode_gemm_scratch_allocations(void) { /* partials_pool: set by a call's pthread_once, or NULL */
-    return partials_pool ? mha_workspace_allocations(partials_pool) : 0;
-}
-
-static void partials_give(float *p) {
-    if (partials_pool) mha_workspace_give(partials_pool, p);
-    else free(p);
-}
 
 /* Output columns per stream task of a job n wide: whole rows (one
  * contiguous run of KBLK rows, which the hardware prefetchers follow
@@ -117,13 +93,16 @@ mha_status mha_decode_gemm_many(const mha_exec *ex, const mha_decode_gemm_job *j
             first[i + 1] = first[i] + nkb * blocks(jobs[i].n, cw[i]);
             at[i + 1] = at[i] + (size_t)nkb * m * jobs[i].n;
         }
-        float *part = partials_take(at[njobs] ? at[njobs] : 1);
+        /* kept between calls (gemm.c's pool): 8 x 6144 floats at d_model
+         * 2048, which glibc mapped, or took from a heap top it then gave
+         * back, faulted in anew by every step */
+        float *part = mha_gemm_scratch_take(at[njobs] ? at[njobs] : 1);
         int ntask = first[njobs], nred = 0, cb_first[MHA_DECODE_MAX_JOBS + 1];
         for (int i = 0; i < njobs; i++) cb_first[i] = nred, nred += blocks(jobs[i].n, cw[i]);
         cb_first[njobs] = nred;
         int *done = calloc((size_t)(nred > 0 ? nred : 1), sizeof(int)); /* k-blocks done per column block */
         if (!part || !done) {
-            if (part) partials_give(part);
+            if (part) mha_gemm_scratch_give(part);
             free(done);
             return mha_fail(MHA_E_NOMEM, "mha_forward_cached: no memory for projection partials");
         }
@@ -150,7 +129,7 @@ mha_status mha_decode_gemm_many(const mha_exec *ex, const mha_decode_gemm_job *j
             if (finished == nkb) add_partials(J, part + at[i], nkb, m, j0, jn);
         }
         free(done);
-        partials_give(part);
+        mha_gemm_scratch_give(part);
         return MHA_OK;
     }
     int nrb = blocks(m, MBLK), first[MHA_DECODE_MAX_JOBS + 1];

@@ -35,8 +35,4 @@ mha_status mha_decode_gemm_many(const mha_exec *ex, const mha_decode_gemm_job *j
 mha_status mha_decode_gemm(const mha_exec *ex, float *y, const float *x, const float *w, const float *b, int m, int k,
                            int n);
 
-/* How many partial-sum blocks the streams have allocated so far; they are
- * kept between calls, so a warm step allocates none (tests). */
-size_t mha_decode_gemm_scratch_allocations(void);
-
 #endif /* MHA_COMPUTE_DECODE_GEMM_H */

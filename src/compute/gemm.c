@@ -38,16 +38,17 @@
 #endif
 #define MHA_TILE_MAX_PANELS 2 /* the widest register tile of a kernel table */
 
-/* The threads' packed input blocks, kept between calls: a fresh block of
- * (MC, K) floats faulted in about 80 pages per call (P3 q, 2 threads).
- * Process-wide (a call has no owner to hold them); NULL if it could not
- * be created: blocks are then allocated per call. */
+/* The threads' packed input blocks (and decode_gemm.c's partial sums),
+ * kept between calls: a fresh block of (MC, K) floats faulted in about 80
+ * pages per call (P3 q, 2 threads). Process-wide (a call has no owner to
+ * hold them); NULL if it could not be created: blocks are then allocated
+ * per call. */
 static mha_workspace *pack_pool;
 static pthread_once_t pack_pool_once = PTHREAD_ONCE_INIT;
 static _Atomic size_t pack_blocks_unpooled; /* allocated without the pool */
 static void pack_pool_create(void) { pack_pool = mha_workspace_create(); }
 
-static float *pack_block_take(size_t floats) {
+float *mha_gemm_scratch_take(size_t floats) {
     pthread_once(&pack_pool_once, pack_pool_create);
     if (pack_pool) return mha_workspace_take(pack_pool, floats);
     pack_blocks_unpooled++;
@@ -58,7 +59,7 @@ size_t mha_gemm_scratch_allocations(void) { /* pack_pool: set by a call's pthrea
     return pack_blocks_unpooled + (pack_pool ? mha_workspace_allocations(pack_pool) : 0);
 }
 
-static void pack_block_give(float *block) {
+void mha_gemm_scratch_give(float *block) {
     if (pack_pool) mha_workspace_give(pack_pool, block);
     else free(block);
 }
@@ -232,7 +233,7 @@ mha_status mha_gemm(const mha_gemm_args *g, const mha_kernels *kern, int n_threa
     int failed = 0;
 #pragma omp parallel num_threads(n_threads)
     {
-        float *buf = pack_block_take((size_t)MC * kn); /* packed input block */
+        float *buf = mha_gemm_scratch_take((size_t)MC * kn); /* packed input block */
         /* the kernel's register tile: TR rows x TP panels (6 x 1 without a wide tile) */
         const int TR = kern->sgemm_tile ? kern->tile_rows : MHA_MR;
         const int TP = kern->sgemm_tile ? kern->tile_panels : 1;
@@ -312,7 +313,7 @@ mha_status mha_gemm(const mha_gemm_args *g, const mha_kernels *kern, int n_threa
                 }
             }
         }
-        pack_block_give(buf);
+        mha_gemm_scratch_give(buf);
     }
     if (failed)
         return mha_fail(MHA_E_NOMEM, "fast path: cannot allocate the %d x %d input block of a projection",

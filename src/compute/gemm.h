@@ -88,9 +88,15 @@ typedef struct {
  * does not depend on the thread count. */
 mha_status mha_gemm(const mha_gemm_args *g, const mha_kernels *kern, int n_threads);
 
-/* How many packed-input blocks mha_gemm has allocated so far; the threads'
- * blocks are kept between calls, so a warm call of a shape allocates none
- * (tests). */
+/* The compute folder's process-wide scratch pool (the threads' packed
+ * input blocks, decode_gemm.c's partial sums): a 64-byte aligned block of
+ * at least `floats` floats, kept or new (NULL when out of memory), given
+ * back for the next call. Safe from any number of threads. */
+float *mha_gemm_scratch_take(size_t floats);
+void mha_gemm_scratch_give(float *block);
+
+/* How many blocks the pool has allocated so far; blocks are kept between
+ * calls, so a warm call of a shape allocates none (tests). */
 size_t mha_gemm_scratch_allocations(void);
 
 #endif /* MHA_GEMM_H */
