@@ -618,6 +618,80 @@ static void test_threads_bit_identical(void) {
     }
 }
 
+/* ---------------------------------------------------- long contexts */
+
+/* z (H, DK) = softmax(q k^T / sqrt(DK)) v over keys 0 .. L-1 of a cache of
+ * h_kv heads, in double: q (H, DK), k and v (L, h_kv, DK), head r reading
+ * kv head r / (H / h_kv). */
+static void attend_double(double *z, const float *q, const float *k, const float *v, int L, int H, int h_kv,
+                          int DK) {
+    const int n_rep = H / h_kv;
+    double *p = malloc(sizeof(double) * (size_t)L);
+    for (int r = 0; r < H && p; r++) {
+        const int g = r / n_rep;
+        double mx = -INFINITY, sum = 0.0;
+        for (int j = 0; j < L; j++) {
+            double s = 0.0;
+            for (int d = 0; d < DK; d++) s += (double)q[r * DK + d] * k[((size_t)j * h_kv + g) * DK + d];
+            p[j] = s / sqrt((double)DK), mx = fmax(mx, p[j]);
+        }
+        for (int j = 0; j < L; j++) p[j] = exp(p[j] - mx), sum += p[j];
+        for (int d = 0; d < DK; d++) {
+            double a = 0.0;
+            for (int j = 0; j < L; j++) a += p[j] * v[((size_t)j * h_kv + g) * DK + d];
+            z[r * DK + d] = a / sum;
+        }
+    }
+    free(p);
+}
+
+/* Units of few rows over many chunks fold several chunks per task
+ * (decode.c unit_group): L = 4608 (36 chunks: folds of 2) and 8320 (65:
+ * folds of 4, the last of 1), 1 and 4 rows per kv head, fp32 / fp16 /
+ * int8. One query per head after L appended keys: the same bits on 1, 2
+ * and 3 threads and for the sequence alone or beside a shorter one (the
+ * fold depends on the unit alone); fp32 and fp16 within 1e-7 of a double
+ * softmax over the stored K/V (fp16: rounded by the tests' own rounding). */
+static void test_long_context_folds(void) {
+    enum { D = 32, H = 8, DK = 8, SHORT = 700 };
+    for (int v = 0; v < 12; v++) {
+        const int L = v % 2 ? 8320 : 4608, h_kv = v / 2 % 2 ? 2 : 8;
+        const mha_cache_dtype dt = v < 4 ? MHA_CACHE_F32 : v < 8 ? MHA_CACHE_F16 : MHA_CACHE_I8;
+        fixture f;
+        fixture_make(&f, 1, 1, D, H, h_kv, DK, 0, 0, 91 + v);
+        uint64_t seed = 97 + v;
+        const size_t kw = (size_t)h_kv * DK, nkv = 2 * (size_t)L * kw, zw = (size_t)H * DK;
+        float *k = naive_random_floats(nkv, &seed, -1.0f, 1.0f), *val = naive_random_floats(nkv, &seed, -1.0f, 1.0f);
+        float *q = naive_random_floats(2 * zw, &seed, -1.0f, 1.0f), *z[4];
+        mha_decode_set_min_parallel_work(0.0); /* threads at any size */
+        for (int run = 0; run < 4; run++) { /* 1, 2, 3 threads alone; 2 threads beside a shorter sequence */
+            const int B = run == 3 ? 2 : 1, n_new[2] = {L, SHORT};
+            z[run] = naive_alloc_floats(2 * zw);
+            mha_set_num_threads(run == 3 ? 2 : run + 1);
+            mha_cache *c = NULL;
+            CHECK_OK(mha_cache_create(&c, f.L, B, L, dt, 0));
+            if (c) CHECK_OK(mha_cache_append(c, k, val, L, B == 2 ? n_new : NULL));
+            if (c) CHECK_OK(mha_cache_attend(c, z[run], q, 1, NULL, 0.0f));
+            mha_cache_free(c);
+        }
+        mha_set_num_threads(0);
+        mha_decode_set_min_parallel_work(262144.0);
+        for (int run = 1; run < 4; run++) CHECK(memcmp(z[0], z[run], sizeof(float) * zw) == 0);
+        if (dt != MHA_CACHE_I8) {
+            for (size_t i = 0; dt == MHA_CACHE_F16 && i < (size_t)L * kw; i++)
+                k[i] = naive_round_f16(k[i]), val[i] = naive_round_f16(val[i]);
+            double ref[H * DK];
+            attend_double(ref, q, k, val, L, H, h_kv, DK);
+            double worst = 0.0;
+            for (size_t i = 0; i < zw; i++) worst = fmax(worst, fabs(z[0][i] - ref[i]));
+            CHECK(worst <= 1e-7);
+        }
+        for (int run = 0; run < 4; run++) free(z[run]);
+        free(k), free(val), free(q);
+        fixture_free(&f);
+    }
+}
+
 /* ------------------------------------------------- prefetch policy */
 
 /* The Intel and the Zen prefetch tuning (decode.c) give the same bits:
@@ -1237,6 +1311,7 @@ static const test_case cases[] = {
     {"cache_permute_live_cache_mha", test_permute_live_cache_mha},
     {"cache_permute_live_cache_gqa", test_permute_live_cache_gqa},
     {"cache_threads_bit_identical", test_threads_bit_identical},
+    {"cache_long_context_folds", test_long_context_folds},
     {"cache_prefetch_policy_bits", test_prefetch_policy_bits},
     {"cache_prefetch_policy_cpu", test_prefetch_policy_cpu},
     {"cache_prefetch_stream", test_prefetch_stream},

@@ -49,7 +49,8 @@ _Static_assert((int)MHA_CACHE_F32 == (int)MHA_DK_F32 && (int)MHA_CACHE_F16 == (i
 #define GROUPED_ROWS 16       /* rows from which a unit runs grouped (above) */
 #define SPLIT_BELOW_UNITS 64 /* split keys across tasks when units < this  */
 #define SPLIT_MAX_FLOATS ((size_t)1 << 26) /* cap on partial storage       */
-#define GROUP_CHUNKS 4       /* chunks a grouped unit folds per task (below) */
+#define GROUP_CHUNKS 4       /* chunks a unit folds per task, at most (below) */
+#define GROUP_MIN_TASKS 16   /* tasks a row unit keeps when it folds chunks */
 
 /* ------------------------------------------------------------- plan */
 
@@ -499,6 +500,16 @@ static void merge_unit(const decode_call *dc, const unit *u, float *run, const f
     else merge(dc->kr, run, part, u->i1 - u->i0, dc->c->d_v);
 }
 
+/* Chunks per fold group of unit u (see group_partial): a function of the
+ * unit alone (its rows and its number of chunks), never of the thread
+ * count or of the other units of the call, so a sequence's bits do not
+ * depend on its batch. */
+static int unit_group(const decode_call *dc, const unit *u) {
+    if (unit_grouped(dc, u)) return GROUP_CHUNKS;
+    const int g = u->count / GROUP_MIN_TASKS;
+    return g < 1 ? 1 : g > GROUP_CHUNKS ? GROUP_CHUNKS : g;
+}
+
 /* gp (rows, 2 + d_v) = the unit's chunks chunks[k0 .. k1) folded in
  * order (the first one's partial, then merge by merge). A unit's chunk
  * list is cut into groups of u->group chunks, fixed by the position in
@@ -506,8 +517,12 @@ static void merge_unit(const decode_call *dc, const unit *u, float *run, const f
  * merged in order. Grouped units (MQA: one unit, up to 128 chunks at
  * L = 16384) fold GROUP_CHUNKS per task, so the parallel tasks do 3 of
  * every 4 merges and the thread that finishes last only 1 in 4 (128
- * serial merges were ~8% of a 2-thread call); other units keep groups
- * of one chunk, as before. */
+ * serial merges were ~8% of a 2-thread call). Row units fold up to as
+ * many while they keep GROUP_MIN_TASKS tasks (32 chunks, L >= 4096, and
+ * up): each split task's partial is written and merged again once per
+ * fold instead of once per chunk (cold, 2 threads, GQA h_kv 8 at L 16384:
+ * int8 0.91x the time, fp16 0.96x; bench/LIMITS.md round 12); shorter
+ * units keep folds of one chunk. */
 static void group_partial(float *gp, scratch *w, const decode_call *dc, const unit *u, const int *chunks, int k0,
                           int k1, const next_chunk *after) {
     const size_t kv = mha_cache_kv_index(dc->c, u->b, u->g);
@@ -618,7 +633,7 @@ static int plan_units(decode_plan *pl, const decode_call *dc) {
                 u->first = (int)pl->n_chunks, u->count = 0;
                 for (int ch = 0; ch < nch; ch++)
                     if (chunk_needed(c, u->ulo, u->uhi, ch)) pl->chunk_of[pl->n_chunks++] = ch, u->count++;
-                u->group = unit_grouped(dc, u) ? GROUP_CHUNKS : 1;
+                u->group = unit_group(dc, u);
                 u->tfirst = (int)pl->n_tasks, u->tcount = 0;
                 for (int k = 0; k < u->count; k += u->group, u->tcount++)
                     pl->unit_of[pl->n_tasks] = (int)(nu - 1), pl->k0_of[pl->n_tasks++] = k;
