@@ -450,16 +450,27 @@ static mha_tensors *wrong_dtype(mha_tensors *t) {
     return t;
 }
 static mha_tensors *unknown_dtype(mha_tensors *t) { mha_tensors_set_meta(t, "weights_dtype", "int4"); return t; }
-/* a copy of t without w_o_scale */
-static mha_tensors *missing_scale(mha_tensors *t) {
+/* a copy of t without the tensor `drop` and the metadata key `drop_key`
+ * (either may be NULL); t is freed */
+static mha_tensors *copy_without(mha_tensors *t, const char *drop, const char *drop_key) {
     mha_tensors *c = NULL;
     mha_tensors_create(&c);
     for (int i = 0; i < mha_tensors_count(t); i++)
-        if (strcmp(mha_tensors_name(t, i), "w_o_scale")) mha_tensors_add(c, mha_tensors_name(t, i), mha_tensors_get(t, mha_tensors_name(t, i)));
+        if (!drop || strcmp(mha_tensors_name(t, i), drop))
+            mha_tensors_add(c, mha_tensors_name(t, i), mha_tensors_get(t, mha_tensors_name(t, i)));
     for (int i = 0; i < mha_tensors_meta_count(t); i++)
-        mha_tensors_set_meta(c, mha_tensors_meta_key(t, i), mha_tensors_meta(t, mha_tensors_meta_key(t, i)));
+        if (!drop_key || strcmp(mha_tensors_meta_key(t, i), drop_key))
+            mha_tensors_set_meta(c, mha_tensors_meta_key(t, i), mha_tensors_meta(t, mha_tensors_meta_key(t, i)));
     mha_tensors_free(t);
     return c;
+}
+static mha_tensors *missing_scale(mha_tensors *t) { return copy_without(t, "w_o_scale", NULL); }
+/* the int8 matrices and their scales, but no metadata saying so: read as
+ * weights, the integers would be 1 / scale times too large */
+static mha_tensors *undeclared_int8(mha_tensors *t) { return copy_without(t, NULL, "weights_dtype"); }
+static mha_tensors *int8_bias(mha_tensors *t) {
+    ((mha_array *)mha_tensors_get(t, "b_q"))->dtype = MHA_DTYPE_I8;
+    return t;
 }
 
 static void test_file_refusals(void) {
@@ -470,6 +481,35 @@ static void test_file_refusals(void) {
     expect_refused("tensor dtype", "'w_o' is float32", wrong_dtype);
     expect_refused("unknown dtype", "int4", unknown_dtype);
     expect_refused("missing scale", "w_o_scale", missing_scale);
+    expect_refused("int8 without weights_dtype", "'w_q' is int8", undeclared_int8);
+    expect_refused("int8 bias", "'b_q' is int8", int8_bias);
+}
+
+/* int8 weights in another layout (no scales can come with them): an
+ * HF-named q_proj.weight of int8 is refused, not read as its integers. */
+static void test_file_int8_other_layout(void) {
+    enum { D = 32 };
+    uint64_t seed = 5;
+    float *v = naive_random_floats((size_t)D * D, &seed, -1.0f, 1.0f);
+    float *q = malloc(sizeof(float) * D * D);
+    for (int i = 0; q && i < D * D; i++) q[i] = (float)(int)(v[i] * 127.0f); /* int8 values held as float */
+    mha_tensors *t = NULL;
+    CHECK_OK(mha_tensors_create(&t));
+    const char *names[4] = {"q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight"};
+    for (int m = 0; t && q && m < 4; m++) {
+        mha_array a = {.dtype = m == 0 ? MHA_DTYPE_I8 : MHA_DTYPE_F32, .rank = 2, .shape = {D, D, 1, 1},
+                       .count = (size_t)D * D, .f = m == 0 ? q : v};
+        CHECK_OK(mha_tensors_add(t, names[m], &a));
+    }
+    mha_layer *L = NULL;
+    mha_load_options o = {0};
+    o.n_heads = 4;
+    CHECK_STATUS(mha_layer_from_tensors(&L, t, &o), MHA_E_FORMAT);
+    CHECK_ERROR_MENTIONS("'q_proj.weight' is int8");
+    CHECK(L == NULL);
+    mha_layer_free(L);
+    mha_tensors_free(t);
+    free(q), free(v);
 }
 
 /* An fp32 layer saves no dtype metadata (its files are as before). */
@@ -549,6 +589,7 @@ const test_case *tests_weights(size_t *count) {
         {"weights_file_bf16", test_file_bf16},
         {"weights_file_int8", test_file_int8},
         {"weights_file_refusals", test_file_refusals},
+        {"weights_file_int8_other_layout", test_file_int8_other_layout},
         {"weights_file_f32_unchanged", test_file_f32_unchanged},
     };
     *count = sizeof cases / sizeof cases[0];

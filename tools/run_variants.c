@@ -27,7 +27,10 @@ static const mha_array *tensor(const mha_tensors *t, const char *prefix, const c
 /* A float tensor of exactly n elements, or an error naming it. */
 static int want(const char *what, const mha_array *a, const char *name, size_t n) {
     if (!a) return mha_cmd_error("run", MHA_EXIT_RUNTIME, "%s: the checkpoint has no tensor %s", what, name);
-    if (!a->f || a->count != n)
+    if (!a->f || a->dtype == MHA_DTYPE_I8) /* int8: quantized values, meaningless without scales */
+        return mha_cmd_error("run", MHA_EXIT_RUNTIME, "%s: tensor %s is %s; expected %zu floats (F32, F16 or BF16)",
+                             what, name, a->dtype == MHA_DTYPE_I8 ? "int8" : "not floating point", n);
+    if (a->count != n)
         return mha_cmd_error("run", MHA_EXIT_RUNTIME, "%s: tensor %s has %zu elements; expected %zu floats", what,
                              name, a->count, n);
     return MHA_EXIT_OK;

@@ -97,6 +97,14 @@ mha_status mha_out_write(mha_out_file *o, const void *p, size_t n);
 mha_status mha_out_commit(mha_out_file *o);
 void mha_out_abort(mha_out_file *o);
 
+/* Whether a tensor holds real numbers (F32, F16, BF16, widened to float):
+ * what weights, biases and per-head vectors must be. I8 tensors are held
+ * as float too, but their values are quantized integers that mean
+ * something only with their scales (a native file's int8 weights,
+ * weights_meta.c); read as weights without them they would be 127 times
+ * too large, or worse. */
+static inline int mha_io_real(const mha_array *a) { return a->f && a->dtype != MHA_DTYPE_I8; }
+
 /* Whether a tensor name is prefix+suffix (prefix given), or suffix itself
  * or ends in "." suffix (no prefix) (layouts.c). */
 int mha_io_name_fits(const char *name, const char *prefix, const char *suffix);

@@ -147,12 +147,23 @@ mha_status mha_layout_detect(mha_layout *out, const mha_tensors *t) {
 
 /* --------------------------------------------------------- shape checks */
 
-static mha_status want_shape(const mha_array *a, const char *name, int rank, int d0, int d1,
-                             const char *what) {
+/* An I8 tensor where weights of real numbers belong: refused, saying where
+ * int8 weights do load. */
+static mha_status not_real(const mha_array *a, const char *name) {
+    if (a->dtype == MHA_DTYPE_I8)
+        return mha_fail(MHA_E_FORMAT, "tensor '%s' is int8; expected a floating dtype (only a native file's "
+                        "w_q, w_k, w_v, w_o may be int8, with weights_dtype = int8 in its metadata and their "
+                        "w_*_scale tensors: docs/WEIGHTS.md)", name);
+    return mha_fail(MHA_E_FORMAT, "tensor '%s' is %s; expected a floating dtype", name, mha_dtype_name(a->dtype));
+}
+
+/* i8: the tensor may be I8 (a native file's declared int8 weights, whose
+ * scales weights_meta.c reads); otherwise it must hold real numbers. */
+static mha_status want_shape_of(const mha_array *a, const char *name, int rank, int d0, int d1, const char *what,
+                                int i8) {
     int ok = a->rank == rank && a->shape[0] == d0 && (rank < 2 || a->shape[1] == d1);
-    if (ok && a->f) return MHA_OK;
-    if (ok) return mha_fail(MHA_E_FORMAT, "tensor '%s' is %s; expected a floating dtype", name,
-                            mha_dtype_name(a->dtype));
+    if (ok && (mha_io_real(a) || (i8 && a->f))) return MHA_OK;
+    if (ok) return not_real(a, name);
     char got[64] = "(";
     size_t u = 1;
     for (int i = 0; i < a->rank; i++)
@@ -165,12 +176,19 @@ static mha_status want_shape(const mha_array *a, const char *name, int rank, int
                     what, d0, d1);
 }
 
-static mha_status want_matrix(const mha_array *a, const char *name) {
+static mha_status want_shape(const mha_array *a, const char *name, int rank, int d0, int d1,
+                             const char *what) {
+    return want_shape_of(a, name, rank, d0, d1, what, 0);
+}
+
+static mha_status want_matrix_of(const mha_array *a, const char *name, int i8) {
     if (a->rank != 2 || !a->f || a->shape[0] < 1 || a->shape[1] < 1)
         return mha_fail(MHA_E_SHAPE, "tensor '%s' has rank %d; expected a non-empty floating "
                         "matrix", name, a->rank);
-    return MHA_OK;
+    return mha_io_real(a) || i8 ? MHA_OK : not_real(a, name);
 }
+
+static mha_status want_matrix(const mha_array *a, const char *name) { return want_matrix_of(a, name, 0); }
 
 /* An integer metadata value; 0 and MHA_OK when absent. */
 static mha_status meta_int(int *out, const mha_tensors *t, const char *key) {
@@ -337,8 +355,12 @@ static mha_status load_native(staged *st, const mha_tensors *t, const mha_load_o
     if ((s = find(&wq, t, P, "w_q", 1, L)) || (s = find(&wk, t, P, "w_k", 1, L)) ||
         (s = find(&wv, t, P, "w_v", 1, L)) || (s = find(&wo, t, P, "w_o", 1, L)))
         return s;
-    if ((s = want_matrix(wq, "w_q")) || (s = want_matrix(wk, "w_k")) ||
-        (s = want_matrix(wv, "w_v")) || (s = want_matrix(wo, "w_o")))
+    /* int8 matrices only in a file whose metadata declares its weights'
+     * dtype: weights_meta.c then checks each matrix against it and reads
+     * the int8 scales */
+    const int i8 = mha_tensors_meta(t, "weights_dtype") != NULL;
+    if ((s = want_matrix_of(wq, "w_q", i8)) || (s = want_matrix_of(wk, "w_k", i8)) ||
+        (s = want_matrix_of(wv, "w_v", i8)) || (s = want_matrix_of(wo, "w_o", i8)))
         return s;
     mha_config *c = &st->cfg;
     int h, hkv, dk, dv;
@@ -363,9 +385,9 @@ static mha_status load_native(staged *st, const mha_tensors *t, const mha_load_o
     int zero_attn;
     if ((s = meta_int(&zero_attn, t, "add_zero_attn"))) return s;
     c->add_zero_attn = zero_attn;
-    if ((s = want_shape(wk, "w_k", 2, c->d_kv_in, hkv * c->d_k, "(d_kv_in, h_kv*d_k)")) ||
-        (s = want_shape(wv, "w_v", 2, c->d_v_in, hkv * c->d_v, "(d_v_in, h_kv*d_v)")) ||
-        (s = want_shape(wo, "w_o", 2, h * c->d_v, c->d_model, "(h*d_v, d_model)")))
+    if ((s = want_shape_of(wk, "w_k", 2, c->d_kv_in, hkv * c->d_k, "(d_kv_in, h_kv*d_k)", i8)) ||
+        (s = want_shape_of(wv, "w_v", 2, c->d_v_in, hkv * c->d_v, "(d_v_in, h_kv*d_v)", i8)) ||
+        (s = want_shape_of(wo, "w_o", 2, h * c->d_v, c->d_model, "(h*d_v, d_model)", i8)))
         return s;
     const mha_array *const mats[4] = {wq, wk, wv, wo};
     if ((s = mha_io_weights_read(&st->wdtype, st->scale, t, P, mats, c))) return s;

@@ -49,7 +49,9 @@ static mha_status find(const mha_array **out, const mha_tensors *t, const char *
         *out = &t->items[i].a;
     }
     if (!*out && required) return mha_fail(MHA_E_FORMAT, "no tensor named '[prefix.]%s'", suffix);
-    if (*out && !(*out)->f) return mha_fail(MHA_E_FORMAT, "tensor '%s' is not floating point", suffix);
+    if (*out && !mha_io_real(*out))
+        return mha_fail(MHA_E_FORMAT, "tensor '%s' is %s; expected floating point (a shard's weights are read as real "
+                        "numbers)", suffix, mha_dtype_name((*out)->dtype));
     return MHA_OK;
 }
 
