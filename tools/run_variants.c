@@ -39,21 +39,29 @@ static int want(const char *what, const mha_array *a, const char *name, size_t n
 /* The largest position --positions takes: the library's MHA_MAX_POSITION. */
 #define CLI_MAX_POSITION (1 << 30)
 
-/* --positions P.npy: (T,) or (B,T) integers (int32/int64) or whole
- * numbers stored as float (float32/float16: exact to 2^24), each in
- * 0..2^30; anything else is refused naming the file, index and value. */
+/* --positions P.npy: (T,) or (1, T) — the same positions for every
+ * sequence, as a position_ids row broadcasts — or (B, T), integers
+ * (int32/int64) or whole numbers stored as float (float32/float16: exact
+ * to 2^24), each in 0..2^30; anything else is refused naming the file,
+ * index and value. */
 static int read_positions(cli_fwd *f, cli_variant_flags *vf) {
     mha_array a = {0};
     mha_status s = mha_npy_read(&a, vf->positions, MHA_IO_INTEGERS);
     if (s) return cli_fail("run", s);
     int rc = MHA_EXIT_OK;
-    int ok = (a.rank == 1 && f->B == 1 && a.shape[0] == f->T) ||
-             (a.rank == 2 && a.shape[0] == f->B && a.shape[1] == f->T);
-    if ((!a.f && !a.i64) || !ok)
+    const int shared = (a.rank == 1 && a.shape[0] == f->T) || (a.rank == 2 && a.shape[0] == 1 && a.shape[1] == f->T);
+    const int ok = shared || (a.rank == 2 && a.shape[0] == f->B && a.shape[1] == f->T);
+    if ((!a.f && !a.i64) || !ok) {
+        char shape[64] = "(";
+        for (int i = 0, u = 1; i < a.rank && u < (int)sizeof shape; i++)
+            u += snprintf(shape + u, sizeof shape - (size_t)u, "%s%d%s", i ? ", " : "", a.shape[i], a.rank == 1 ? "," : "");
+        strncat(shape, ")", sizeof shape - strlen(shape) - 1);
         rc = mha_cmd_error("run", MHA_EXIT_RUNTIME, "%s: positions are %s of shape %s; expected integers (int32, "
-                           "int64) or whole numbers (float32) of shape (T,) = (%d,) or (B, T) = (%d, %d)",
-                           vf->positions, mha_dtype_name(a.dtype), a.rank == 1 ? "(n,)" : "another", f->T, f->B, f->T);
-    if (!rc && !(vf->pos = malloc(sizeof(int) * a.count))) rc = mha_cmd_error("run", MHA_EXIT_RUNTIME, "out of memory");
+                           "int64) or whole numbers (float32) of shape (T,) = (%d,), (1, T) or (B, T) = (%d, %d)",
+                           vf->positions, mha_dtype_name(a.dtype), shape, f->T, f->B, f->T);
+    }
+    const size_t n = (size_t)f->B * f->T; /* a shared row is repeated for every sequence */
+    if (!rc && !(vf->pos = malloc(sizeof(int) * n))) rc = mha_cmd_error("run", MHA_EXIT_RUNTIME, "out of memory");
     for (size_t i = 0; !rc && i < a.count; i++) {
         const double v = a.i64 ? (double)a.i64[i] : (double)a.f[i];
         const int whole = a.i64 || (v == (double)(long long)v && v <= (double)(1 << 24));
@@ -64,7 +72,7 @@ static int read_positions(cli_fwd *f, cli_variant_flags *vf) {
                                        "number in 0..2^24 (or save integers)", vf->positions, v, i);
             break;
         }
-        vf->pos[i] = (int)v;
+        for (size_t b = 0; b < (shared ? (size_t)f->B : 1); b++) vf->pos[b * (size_t)f->T + i] = (int)v;
     }
     mha_array_free(&a);
     if (!rc) f->opt.positions = vf->pos;

@@ -28,8 +28,8 @@ typedef struct {
              "original_max_position_embeddings=N; yarn:factor=F,original_max_position_embeddings=N"    \
              "[,beta_fast=B,beta_slow=B,attention_factor=A]"},                                         \
     {.name = "--positions", .kind = MHA_ARG_STRING, .dest = &(vf).positions, .metavar = "P.npy",      \
-     .help = "position of each query token, (T,) or (B, T) integers (int32/int64, or whole numbers as float32), "   \
-             "0..2^30 (RoPE, ALiBi)"},                   \
+     .help = "position of each query token, (B, T), or (T,) / (1, T) for every sequence; integers "   \
+             "(int32/int64, or whole numbers as float32), 0..2^30 (RoPE, ALiBi)"},                   \
     {.name = "--window", .kind = MHA_ARG_INT, .dest = &(vf).window, .metavar = "W",                   \
      .help = "each query attends the last W key positions up to its own (window_left = W - 1)",        \
      .min = 1, .max = 1 << 30},                                                                       \

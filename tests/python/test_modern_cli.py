@@ -81,6 +81,27 @@ def test_llama_style_rope_flags(tmp_path):
         np.testing.assert_allclose(got, want, atol=2e-5, err_msg=str(dt))
 
 
+def test_positions_shared_by_the_batch(tmp_path):
+    """(T,) and (1, T) positions apply to every sequence of a (B, T, d) input:
+    the same Y as the (B, T) array that repeats them; other spacings in
+    the second row change only its Y (RoPE sees differences, so a shift
+    alone would not)."""
+    path, _, x = llama_checkpoint(tmp_path)
+    np.save(tmp_path / "xb.npy", np.stack([x, x[::-1]]).astype(np.float32))
+    pos = (np.arange(T) * 2 + 5).astype(np.int64)
+    outs = {}
+    for name, p in (("row", pos), ("one", pos[None]), ("both", np.stack([pos, pos])), ("other", np.stack([pos, pos * 3]))):
+        np.save(tmp_path / ("p_%s.npy" % name), p)
+        out = tmp_path / ("y_%s.npy" % name)
+        mha("run", "--weights", path, "--heads", 4, "--rope", "halves", "--input", tmp_path / "xb.npy",
+            "--output", out, "--positions", tmp_path / ("p_%s.npy" % name))
+        outs[name] = np.load(out)
+    np.testing.assert_array_equal(outs["row"], outs["both"])
+    np.testing.assert_array_equal(outs["one"], outs["both"])
+    np.testing.assert_array_equal(outs["other"][0], outs["both"][0])
+    assert np.abs(outs["other"][1] - outs["both"][1]).max() > 1e-4
+
+
 @pytest.mark.parametrize("bad,message", [(np.array([0, -3]), "position -3 at index 1"),
                                          (np.array([0, 2**31 + 5]), "position 2147483653 at index 1"),
                                          (np.array([0.0, 1.5], np.float32), "position 1.5 at index 1"),
