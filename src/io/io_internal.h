@@ -101,8 +101,8 @@ void mha_out_abort(mha_out_file *o);
  * what weights, biases and per-head vectors must be. I8 tensors are held
  * as float too, but their values are quantized integers that mean
  * something only with their scales (a native file's int8 weights,
- * weights_meta.c); read as weights without them they would be 127 times
- * too large, or worse. */
+ * weights_meta.c); read as weights without them they would be about
+ * 1 / scale times too large. */
 static inline int mha_io_real(const mha_array *a) { return a->f && a->dtype != MHA_DTYPE_I8; }
 
 /* Whether a tensor name is prefix+suffix (prefix given), or suffix itself
