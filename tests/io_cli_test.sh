@@ -446,6 +446,8 @@ run run --weights $T/hf.safetensors --input $T/x.npy --output $T/y.npy
 expect_error 1 "--heads"
 run run --weights $T/inf_weight.safetensors --input $T/x.npy --output $T/y.npy
 expect_error 1 "w_v[1]"
+run run --weights $T/hf_int8.safetensors --heads 4 --input $T/x.npy --output $T/y.npy
+expect_error 1 "q_proj.weight' is int8; expected a floating dtype"
 run run --weights $T/native.safetensors --input $T/x_nan.npy --output $T/y.npy
 expect_error 1 "finite"
 run run --weights $T/native.safetensors --input $T/x_f64.npy --output $T/y.npy

@@ -158,6 +158,12 @@ def make(d):
     nan_w["w_v"] = w["w_v"].copy()
     nan_w["w_v"][0, 1] = np.inf
     write_safetensors(d + "/inf_weight.safetensors", nan_w, native_meta(h, h_kv, dh))
+    # int8 weights without their scales (a bitsandbytes-style hf file): not
+    # weights of their raw integers
+    i8 = hf(w)
+    q = "model.layers.0.self_attn.q_proj.weight"
+    i8[q] = np.clip(np.round(i8[q] * 127), -127, 127).astype(np.int8)
+    write_safetensors(d + "/hf_int8.safetensors", i8)
 
 
 def main():

@@ -12,11 +12,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 MHA = os.path.join(ROOT, "build", "mha")
 
 _DT = {np.dtype(np.float32): "F32", np.dtype(np.float16): "F16", np.dtype(np.bool_): "BOOL",
-       np.dtype(np.uint8): "U8"}
+       np.dtype(np.uint8): "U8", np.dtype(np.int8): "I8"}
 
 
 def write_safetensors(path, tensors, metadata=None):
-    """tensors: dict name -> numpy array (float32/float16/bool/uint8)."""
+    """tensors: dict name -> numpy array (float32/float16/bool/uint8/int8)."""
     header, blobs, pos = {}, [], 0
     if metadata:
         header["__metadata__"] = {k: str(v) for k, v in metadata.items()}
