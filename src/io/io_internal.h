@@ -105,6 +105,10 @@ void mha_out_abort(mha_out_file *o);
  * 1 / scale times too large. */
 static inline int mha_io_real(const mha_array *a) { return a->f && a->dtype != MHA_DTYPE_I8; }
 
+/* MHA_OK when tensor `name` holds real numbers, else MHA_E_FORMAT naming
+ * its dtype (for int8: where int8 weights do load) (layouts.c). */
+mha_status mha_io_want_real(const mha_array *a, const char *name);
+
 /* Whether a tensor name is prefix+suffix (prefix given), or suffix itself
  * or ends in "." suffix (no prefix) (layouts.c). */
 int mha_io_name_fits(const char *name, const char *prefix, const char *suffix);

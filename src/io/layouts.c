@@ -147,9 +147,8 @@ mha_status mha_layout_detect(mha_layout *out, const mha_tensors *t) {
 
 /* --------------------------------------------------------- shape checks */
 
-/* An I8 tensor where weights of real numbers belong: refused, saying where
- * int8 weights do load. */
-static mha_status not_real(const mha_array *a, const char *name) {
+mha_status mha_io_want_real(const mha_array *a, const char *name) {
+    if (mha_io_real(a)) return MHA_OK;
     if (a->dtype == MHA_DTYPE_I8)
         return mha_fail(MHA_E_FORMAT, "tensor '%s' is int8; expected a floating dtype (only a native file's "
                         "w_q, w_k, w_v, w_o may be int8, with weights_dtype = int8 in its metadata and their "
@@ -162,8 +161,7 @@ static mha_status not_real(const mha_array *a, const char *name) {
 static mha_status want_shape_of(const mha_array *a, const char *name, int rank, int d0, int d1, const char *what,
                                 int i8) {
     int ok = a->rank == rank && a->shape[0] == d0 && (rank < 2 || a->shape[1] == d1);
-    if (ok && (mha_io_real(a) || (i8 && a->f))) return MHA_OK;
-    if (ok) return not_real(a, name);
+    if (ok) return i8 && a->f ? MHA_OK : mha_io_want_real(a, name);
     char got[64] = "(";
     size_t u = 1;
     for (int i = 0; i < a->rank; i++)
@@ -185,7 +183,7 @@ static mha_status want_matrix_of(const mha_array *a, const char *name, int i8) {
     if (a->rank != 2 || !a->f || a->shape[0] < 1 || a->shape[1] < 1)
         return mha_fail(MHA_E_SHAPE, "tensor '%s' has rank %d; expected a non-empty floating "
                         "matrix", name, a->rank);
-    return mha_io_real(a) || i8 ? MHA_OK : not_real(a, name);
+    return i8 ? MHA_OK : mha_io_want_real(a, name);
 }
 
 static mha_status want_matrix(const mha_array *a, const char *name) { return want_matrix_of(a, name, 0); }

@@ -49,10 +49,7 @@ static mha_status find(const mha_array **out, const mha_tensors *t, const char *
         *out = &t->items[i].a;
     }
     if (!*out && required) return mha_fail(MHA_E_FORMAT, "no tensor named '[prefix.]%s'", suffix);
-    if (*out && !mha_io_real(*out))
-        return mha_fail(MHA_E_FORMAT, "tensor '%s' is %s; expected floating point (a shard's weights are read as real "
-                        "numbers)", suffix, mha_dtype_name((*out)->dtype));
-    return MHA_OK;
+    return *out ? mha_io_want_real(*out, suffix) : MHA_OK;
 }
 
 static mha_status want(const mha_array *a, const char *name, int d0, int d1) {

@@ -57,8 +57,8 @@ static mha_status meta_flag(int *out, const mha_tensors *t, const char *key) {
 
 /* A copy of tensor a (count floats) checked against n1 (or n2 when > 0). */
 static mha_status take(float **dst, const mha_array *a, const char *name, size_t n1, size_t n2, const char *want) {
-    if (!mha_io_real(a))
-        return mha_fail(MHA_E_FORMAT, "tensor %s is %s; expected a floating dtype", name, mha_dtype_name(a->dtype));
+    mha_status s = mha_io_want_real(a, name);
+    if (s) return s;
     if ((a->count != n1 && (n2 == 0 || a->count != n2)) || a->rank < 1 || a->rank > 2)
         return mha_fail(MHA_E_SHAPE, "tensor %s has %zu elements of rank %d; expected %s", name, a->count, a->rank,
                         want);
