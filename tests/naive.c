@@ -357,3 +357,42 @@ void naive_bw_case_free(naive_bw_case *f) {
     naive_weights_free(&f->w);
     free(f->x), free(f->k_src), free(f->v_src), free(f->dy), free(f->y);
 }
+
+/* The cache's attention as a reference (naive.h). */
+void naive_cache_attend(double *z, double *probs, const float *q, const float *k, const float *v, int B, int T,
+                        int S, int p0, int h, int hk, int dk, int dv, int left, int dbl) {
+    double *s = naive_alloc_doubles((size_t)S);
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++)
+            for (int r = 0; r < h; r++) {
+                int g = r / (h / hk), p = p0 + t, j0 = left >= 0 && p - left > 0 ? p - left : 0;
+                const float *qr = q + ((size_t)b * T + t) * h * dk + (size_t)r * dk;
+                double mx = -INFINITY, sum = 0.0;
+                for (int j = j0; j <= p; j++) {
+                    const float *kj = k + ((size_t)b * S + j) * hk * dk + (size_t)g * dk;
+                    double acc = 0.0;
+                    float acc32 = 0.0f;
+                    for (int e = 0; e < dk; e++) acc += (double)qr[e] * kj[e], acc32 += qr[e] * kj[e];
+                    s[j] = dbl ? acc / sqrt((double)dk) : (double)(acc32 / sqrtf((float)dk));
+                    mx = fmax(mx, s[j]);
+                }
+                for (int j = j0; j <= p; j++) {
+                    s[j] = dbl ? exp(s[j] - mx) : (double)expf((float)(s[j] - mx));
+                    sum += s[j];
+                }
+                double *zr = z + ((size_t)b * T + t) * h * dv + (size_t)r * dv;
+                for (int e = 0; e < dv; e++) {
+                    double acc = 0.0;
+                    float acc32 = 0.0f;
+                    for (int j = j0; j <= p; j++) {
+                        float vj = v[((size_t)b * S + j) * hk * dv + (size_t)g * dv + e];
+                        acc += s[j] * vj, acc32 += (float)s[j] * vj;
+                    }
+                    zr[e] = dbl ? acc / sum : (double)(acc32 / (float)sum);
+                }
+                if (probs)
+                    for (int j = 0; j < S; j++)
+                        probs[(((size_t)b * h + r) * T + t) * S + j] = j >= j0 && j <= p ? s[j] / sum : 0.0;
+            }
+    free(s);
+}

@@ -89,6 +89,15 @@ double naive_compare_kv(const mha_layer *L, const naive_weights *w, const float 
                         const float *k_src, const float *v_src, int B, int T, int S,
                         const mha_options *opt);
 
+/* Attention over a KV cache's keys, as mha_cache_attend computes it:
+ * z (B*T, h*dv) for queries q (B*T, h*dk) at positions p0 .. p0+T-1,
+ * each attending keys j in [max(0, p - left), p] (left < 0: no window)
+ * of k (B*S, hk*dk), v (B*S, hk*dv), head r reading kv head r / (h / hk),
+ * scale 1/sqrt(dk). dbl = 1: in double; 0: plain fp32 (naive32). probs
+ * (B,h,T,S) too when not NULL. */
+void naive_cache_attend(double *z, double *probs, const float *q, const float *k, const float *v, int B, int T,
+                        int S, int p0, int h, int hk, int dk, int dv, int left, int dbl);
+
 /* x rounded to IEEE binary16 (nearest, ties to even; overflow to inf) and
  * widened back: the value an fp16 KV cache must store, computed with
  * frexp/nearbyint rather than bit manipulation (the library's way). */

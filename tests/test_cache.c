@@ -620,31 +620,6 @@ static void test_threads_bit_identical(void) {
 
 /* ---------------------------------------------------- long contexts */
 
-/* z (H, DK) = softmax(q k^T / sqrt(DK)) v over keys 0 .. L-1 of a cache of
- * h_kv heads, in double: q (H, DK), k and v (L, h_kv, DK), head r reading
- * kv head r / (H / h_kv). */
-static void attend_double(double *z, const float *q, const float *k, const float *v, int L, int H, int h_kv,
-                          int DK) {
-    const int n_rep = H / h_kv;
-    double *p = malloc(sizeof(double) * (size_t)L);
-    for (int r = 0; r < H && p; r++) {
-        const int g = r / n_rep;
-        double mx = -INFINITY, sum = 0.0;
-        for (int j = 0; j < L; j++) {
-            double s = 0.0;
-            for (int d = 0; d < DK; d++) s += (double)q[r * DK + d] * k[((size_t)j * h_kv + g) * DK + d];
-            p[j] = s / sqrt((double)DK), mx = fmax(mx, p[j]);
-        }
-        for (int j = 0; j < L; j++) p[j] = exp(p[j] - mx), sum += p[j];
-        for (int d = 0; d < DK; d++) {
-            double a = 0.0;
-            for (int j = 0; j < L; j++) a += p[j] * v[((size_t)j * h_kv + g) * DK + d];
-            z[r * DK + d] = a / sum;
-        }
-    }
-    free(p);
-}
-
 /* Units of few rows over many chunks fold several chunks per task
  * (decode.c unit_group): L = 4608 (36 chunks: folds of 2) and 8320 (65:
  * folds of 4, the last of 1), 1 and 4 rows per kv head, fp32 / fp16 /
@@ -681,7 +656,7 @@ static void test_long_context_folds(void) {
             for (size_t i = 0; dt == MHA_CACHE_F16 && i < (size_t)L * kw; i++)
                 k[i] = naive_round_f16(k[i]), val[i] = naive_round_f16(val[i]);
             double ref[H * DK];
-            attend_double(ref, q, k, val, L, H, h_kv, DK);
+            naive_cache_attend(ref, NULL, q, k, val, 1, 1, L, L - 1, H, h_kv, DK, DK, -1, 1);
             double worst = 0.0;
             for (size_t i = 0; i < zw; i++) worst = fmax(worst, fabs(z[0][i] - ref[i]));
             CHECK(worst <= 1e-7);

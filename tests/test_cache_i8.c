@@ -4,8 +4,8 @@
  * the math (fp16: naive_round_f16, the tests' own rounding): K and V rounded to fp32, quantized per
  * block of 32 values (scale = max|x| / 127, q = round half away from
  * zero of x / scale, clamp to +-127, scale 0 for a zero block),
- * dequantized (q * scale), then attention and W_O in double. Nothing of
- * src/ is used by the reference.
+ * dequantized (q * scale), then attention (naive_cache_attend, naive.c)
+ * and W_O in double. Nothing of src/ is used by the reference.
  *
  * Tolerances:
  *  attend level (the cache gets exactly our K/V): the fp32 rule on the
@@ -68,56 +68,11 @@ static float *outlier_floats(size_t rows, int width, uint64_t *seed) {
     return x;
 }
 
-/* ------------------------------------------- reference attention */
-
-/* z (rows, h*dv): query row t of sequence b (rows b*T + t) at position
- * p0 + t attends keys (b*S + j) with j in [max(0, p - left), p] (left < 0:
- * no window), k (B*S, hk*dk), v (B*S, hk*dv), scale 1/sqrt(dk). dbl = 1:
- * in double; 0: plain fp32 (naive32). Also returns probs (B,h,T,S) when
- * not NULL. */
-static void ref_attend(double *z, double *probs, const float *q, const float *k, const float *v, int B, int T,
-                       int S, int p0, int h, int hk, int dk, int dv, int left, int dbl) {
-    double *s = naive_alloc_doubles((size_t)S);
-    for (int b = 0; b < B; b++)
-        for (int t = 0; t < T; t++)
-            for (int r = 0; r < h; r++) {
-                int g = r / (h / hk), p = p0 + t, j0 = left >= 0 && p - left > 0 ? p - left : 0;
-                const float *qr = q + ((size_t)b * T + t) * h * dk + (size_t)r * dk;
-                double mx = -INFINITY, sum = 0.0;
-                for (int j = j0; j <= p; j++) {
-                    const float *kj = k + ((size_t)b * S + j) * hk * dk + (size_t)g * dk;
-                    double acc = 0.0;
-                    float acc32 = 0.0f;
-                    for (int e = 0; e < dk; e++) acc += (double)qr[e] * kj[e], acc32 += qr[e] * kj[e];
-                    s[j] = dbl ? acc / sqrt((double)dk) : (double)(acc32 / sqrtf((float)dk));
-                    mx = fmax(mx, s[j]);
-                }
-                for (int j = j0; j <= p; j++) {
-                    s[j] = dbl ? exp(s[j] - mx) : (double)expf((float)(s[j] - mx));
-                    sum += s[j];
-                }
-                double *zr = z + ((size_t)b * T + t) * h * dv + (size_t)r * dv;
-                for (int e = 0; e < dv; e++) {
-                    double acc = 0.0;
-                    float acc32 = 0.0f;
-                    for (int j = j0; j <= p; j++) {
-                        float vj = v[((size_t)b * S + j) * hk * dv + (size_t)g * dv + e];
-                        acc += s[j] * vj, acc32 += (float)s[j] * vj;
-                    }
-                    zr[e] = dbl ? acc / sum : (double)(acc32 / (float)sum);
-                }
-                if (probs)
-                    for (int j = 0; j < S; j++)
-                        probs[(((size_t)b * h + r) * T + t) * S + j] = j >= j0 && j <= p ? s[j] / sum : 0.0;
-            }
-    free(s);
-}
-
 /* ---------------------------------------------------- attend level */
 
 /* Appends random K/V (outlier channels) with mha_cache_append, attends
  * all T queries (prefill) and then the last query alone (decode) with
- * mha_cache_attend, against ref_attend on the dequantized K/V. */
+ * mha_cache_attend, against naive_cache_attend on the dequantized K/V. */
 static void attend_case(int h, int hk, int dk, int dv, int T) {
     mha_config cfg = naive_config(64, h, hk, dk, dv, 0);
     naive_weights w;
@@ -132,9 +87,9 @@ static void attend_case(int h, int hk, int dk, int dv, int T) {
     for (int i = 0; i < T * hk; i++) ref_store(kd + (size_t)i * dk, dk, g_kt), ref_store(vd + (size_t)i * dv, dv, g_vt);
     size_t nz = (size_t)T * h * dv;
     double *zr = naive_alloc_doubles(nz), *z32 = naive_alloc_doubles(nz), *zu = naive_alloc_doubles(nz);
-    ref_attend(zr, NULL, q, kd, vd, 1, T, T, 0, h, hk, dk, dv, -1, 1);
-    ref_attend(z32, NULL, q, kd, vd, 1, T, T, 0, h, hk, dk, dv, -1, 0);
-    ref_attend(zu, NULL, q, k, v, 1, T, T, 0, h, hk, dk, dv, -1, 1);
+    naive_cache_attend(zr, NULL, q, kd, vd, 1, T, T, 0, h, hk, dk, dv, -1, 1);
+    naive_cache_attend(z32, NULL, q, kd, vd, 1, T, T, 0, h, hk, dk, dv, -1, 0);
+    naive_cache_attend(zu, NULL, q, k, v, 1, T, T, 0, h, hk, dk, dv, -1, 1);
     float *z = naive_alloc_floats(nz);
     double e32 = 0.0, eq = 0.0;
     for (size_t i = 0; i < nz; i++) {
@@ -199,8 +154,8 @@ static void test_grouped_fold(void) {
         memcpy(kd, k, sizeof(float) * S * DK), memcpy(vd, v, sizeof(float) * S * DV);
         for (int i = 0; i < S; i++) ref_store(kd + (size_t)i * DK, DK, kts[ty]), ref_store(vd + (size_t)i * DV, DV, vts[ty]);
         /* the last R queries (the tolerance from more than one token) */
-        ref_attend(zr, NULL, ql - (R - 1) * H * DK, kd, vd, 1, R, S, S - R, H, 1, DK, DV, -1, 1);
-        ref_attend(z32, NULL, ql - (R - 1) * H * DK, kd, vd, 1, R, S, S - R, H, 1, DK, DV, -1, 0);
+        naive_cache_attend(zr, NULL, ql - (R - 1) * H * DK, kd, vd, 1, R, S, S - R, H, 1, DK, DV, -1, 1);
+        naive_cache_attend(z32, NULL, ql - (R - 1) * H * DK, kd, vd, 1, R, S, S - R, H, 1, DK, DV, -1, 0);
         double e32 = 0.0;
         for (size_t i = 0; i < R * nd; i++) e32 = fmax(e32, fabs(z32[i] - zr[i]));
         const double tol = 2.0 * e32 + 1e-6;
@@ -404,7 +359,7 @@ static void ref_forward(double *y, double *probs, const layer_fx *f, const float
     for (int i = 0; quant && i < T * f->hk; i++)
         ref_store(k + (size_t)i * f->dk, f->dk, g_kt), ref_store(v + (size_t)i * f->dv, f->dv, g_vt);
     double *z = naive_alloc_doubles((size_t)T * f->h * f->dv);
-    ref_attend(z, probs, q, k, v, 1, T, T, 0, f->h, f->hk, f->dk, f->dv, left, 1);
+    naive_cache_attend(z, probs, q, k, v, 1, T, T, 0, f->h, f->hk, f->dk, f->dv, left, 1);
     for (int t = 0; t < T; t++)
         for (int o = 0; o < f->D; o++) {
             double acc = f->w.b_o[o];
