@@ -122,8 +122,7 @@ static int read_tokens(const char *cmd, mha_array *a, const char *path, const ch
     return MHA_EXIT_OK;
 }
 
-/* "(9,)", "(2, 7)": an array's shape as NumPy prints it. */
-static const char *shape_str(const mha_array *m, char *buf, size_t cap) {
+const char *cli_shape_str(const mha_array *m, char *buf, size_t cap) {
     size_t n = (size_t)snprintf(buf, cap, "(");
     for (int i = 0; i < m->rank && n < cap; i++)
         n += (size_t)snprintf(buf + n, cap - n, "%s%d", i ? ", " : "", m->shape[i]);
@@ -148,7 +147,7 @@ static int attn_mask(const char *cmd, cli_fwd *f, const mha_config *c, const cha
         return mha_cmd_error(cmd, MHA_EXIT_RUNTIME,
                              "%s: attn_mask has shape %s; expected (T, S) = (%d, %d) or "
                              "(B*h, T, S) = (%d, %d, %d)",
-                             path, shape_str(m, got, sizeof got), T, S, f->B * c->n_heads, T, S);
+                             path, cli_shape_str(m, got, sizeof got), T, S, f->B * c->n_heads, T, S);
     }
     if (m->f) {
         f->opt.additive_mask = (mha_mask){m->f, batch, heads};
@@ -172,7 +171,7 @@ static int key_padding(const char *cmd, cli_fwd *f, const char *path) {
     if (!ok)
         return mha_cmd_error(cmd, MHA_EXIT_RUNTIME,
                              "%s: key_padding_mask has shape %s; expected (B, S) = (%d, %d)%s",
-                             path, shape_str(m, got, sizeof got), f->B, f->S,
+                             path, cli_shape_str(m, got, sizeof got), f->B, f->S,
                              f->B == 1 ? " or (S,)" : "");
     if (m->f) {
         f->opt.key_additive = m->f;

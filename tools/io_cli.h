@@ -131,6 +131,9 @@ int cli_save(const cli_outputs *outs, const char *flag, const float *data, int r
 /* A library failure as "mha <cmd>: <message>", exit code 1. */
 int cli_fail(const char *cmd, mha_status s);
 
+/* "(9,)", "(2, 7)": an array's shape as NumPy prints it, in buf. */
+const char *cli_shape_str(const mha_array *m, char *buf, size_t cap);
+
 /* --ablate "2=zero,5=scale:0.5,7=mean" -> iv (h entries, zeroed by the
  * caller), for run and mha-mpi run (defined in cmd_run.c). */
 int cli_parse_ablate(const char *spec, mha_intervention *iv, int h);

@@ -52,13 +52,11 @@ static int read_positions(cli_fwd *f, cli_variant_flags *vf) {
     const int shared = (a.rank == 1 && a.shape[0] == f->T) || (a.rank == 2 && a.shape[0] == 1 && a.shape[1] == f->T);
     const int ok = shared || (a.rank == 2 && a.shape[0] == f->B && a.shape[1] == f->T);
     if ((!a.f && !a.i64) || !ok) {
-        char shape[64] = "(";
-        for (int i = 0, u = 1; i < a.rank && u < (int)sizeof shape; i++)
-            u += snprintf(shape + u, sizeof shape - (size_t)u, "%s%d%s", i ? ", " : "", a.shape[i], a.rank == 1 ? "," : "");
-        strncat(shape, ")", sizeof shape - strlen(shape) - 1);
+        char shape[64];
         rc = mha_cmd_error("run", MHA_EXIT_RUNTIME, "%s: positions are %s of shape %s; expected integers (int32, "
                            "int64) or whole numbers (float32) of shape (T,) = (%d,), (1, T) or (B, T) = (%d, %d)",
-                           vf->positions, mha_dtype_name(a.dtype), shape, f->T, f->B, f->T);
+                           vf->positions, mha_dtype_name(a.dtype), cli_shape_str(&a, shape, sizeof shape), f->T, f->B,
+                           f->T);
     }
     const size_t n = (size_t)f->B * f->T; /* a shared row is repeated for every sequence */
     if (!rc && !(vf->pos = malloc(sizeof(int) * n))) rc = mha_cmd_error("run", MHA_EXIT_RUNTIME, "out of memory");
