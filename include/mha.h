@@ -720,7 +720,11 @@ MHA_API mha_status mha_layout_parse(mha_layout *out, const char *name);
 MHA_API mha_status mha_layout_detect(mha_layout *out, const mha_tensors *t);
 
 /* What the file does not say. n_heads / n_kv_heads: 0 = from the metadata
- * (or, for n_kv_heads, from the shapes); prefix: NULL or "" = any unique one. */
+ * (or, for n_kv_heads, from the shapes); prefix: NULL or "" = any unique
+ * layer; else the module holding the one layer: its own path
+ * ("model.layers.0.self_attn.") or an enclosing one, final dot optional
+ * ("model.layers.0"); the layer's tensors are then read from its path only
+ * (a GPT-2 block's mlp.c_proj.weight is not its attn.c_proj.weight). */
 typedef struct {
     mha_layout layout;
     int n_heads;

@@ -83,6 +83,14 @@ oracle $T/y_mha.npy mha
 run run --weights $T/gpt2.safetensors --heads 4 --input $T/x.npy --output $T/y_gpt2.npy
 expect_ok
 oracle $T/y_gpt2.npy mha
+# a whole model: --prefix may name the block (the MLP's c_proj is not W_O)
+for p in h.1 h.1. h.1.attn h.1.attn.; do
+    run run --weights $T/gpt2_model.safetensors --heads 4 --prefix $p --input $T/x.npy --output $T/y_gpt2_$p.npy
+    expect_ok
+    oracle $T/y_gpt2_$p.npy mha
+done
+run run --weights $T/gpt2_model.safetensors --heads 4 --prefix h --input $T/x.npy --output $T/y_gpt2_h.npy
+expect_error 1 "2 layers lie inside prefix 'h' ('h.0.attn.', 'h.1.attn.')"
 
 # --- convert then run equals running the source -------------------------------
 for l in hf megatron; do

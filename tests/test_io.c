@@ -532,35 +532,73 @@ static void test_layout_hf_gqa(void) {
     fixture_free(&f);
 }
 
+/* A GPT-2 block's tensors under path: attention (c_attn Conv1D (in, out),
+ * columns [Q | K | V]; c_proj) and the MLP, whose c_proj.weight also ends
+ * in "c_proj.weight". decoy: the weights times -1 (another layer). */
+static void add_gpt2_block(mha_tensors *t, const char *path, const naive_weights *w, int decoy) {
+    const mha_config *c = &w->cfg;
+    const int E = c->n_heads * c->d_k, D = c->d_model;
+    const float sign = decoy ? -1.0f : 1.0f;
+    float *ca = naive_alloc_floats((size_t)D * 3 * E), *cb = naive_alloc_floats((size_t)3 * E);
+    float *co = naive_alloc_floats((size_t)E * D), *mlp = naive_alloc_floats((size_t)4 * D * D);
+    const float *const part[3] = {w->w_q, w->w_k, w->w_v}, *const bias[3] = {w->b_q, w->b_k, w->b_v};
+    for (int p = 0; p < 3; p++) {
+        for (int i = 0; i < D; i++)
+            for (int j = 0; j < E; j++) ca[(size_t)i * 3 * E + p * E + j] = sign * part[p][(size_t)i * E + j];
+        for (int j = 0; j < E; j++) cb[p * E + j] = sign * bias[p][j];
+    }
+    for (size_t i = 0; i < (size_t)E * D; i++) co[i] = sign * w->w_o[i];
+    for (size_t i = 0; i < (size_t)4 * D * D; i++) mlp[i] = 0.01f * (float)(i % 7);
+    char name[96];
+    static const char *const suffix[6] = {"attn.c_attn.weight", "attn.c_attn.bias", "attn.c_proj.weight",
+                                          "attn.c_proj.bias", "mlp.c_fc.weight", "mlp.c_proj.weight"};
+    const float *const data[6] = {ca, cb, co, w->b_o, mlp, mlp};
+    const int rows[6] = {D, 3 * E, E, D, D, 4 * D}, cols[6] = {3 * E, 0, D, 0, 4 * D, D};
+    for (int k = 0; k < 6; k++) {
+        snprintf(name, sizeof name, "%s%s", path, suffix[k]);
+        if (cols[k]) add2(t, name, data[k], rows[k], cols[k]);
+        else add1(t, name, data[k], rows[k]);
+    }
+    free(ca), free(cb), free(co), free(mlp);
+}
+
+/* A whole model's names: --prefix may name the layer's block ("h.1",
+ * "h.1.") or its attention ("h.1.attn", "h.1.attn."); the MLP's
+ * c_proj.weight in the same block is not the attention's. */
 static void test_layout_gpt2(void) {
     fixture f;
     fixture_make(&f, 12, 3, 3, 4, 4, 1, 303);
-    const mha_config *c = &f.w.cfg;
-    int E = c->n_heads * c->d_k, D = c->d_model;
-    /* Conv1D (in, out): c_attn columns [Q | K | V] */
-    float *ca = naive_alloc_floats((size_t)D * 3 * E), *cb = naive_alloc_floats((size_t)3 * E);
-    for (int i = 0; i < D; i++)
-        for (int j = 0; j < E; j++) {
-            ca[(size_t)i * 3 * E + j] = f.w.w_q[(size_t)i * E + j];
-            ca[(size_t)i * 3 * E + E + j] = f.w.w_k[(size_t)i * E + j];
-            ca[(size_t)i * 3 * E + 2 * E + j] = f.w.w_v[(size_t)i * E + j];
-        }
-    memcpy(cb, f.w.b_q, (size_t)E * 4);
-    memcpy(cb + E, f.w.b_k, (size_t)E * 4);
-    memcpy(cb + 2 * E, f.w.b_v, (size_t)E * 4);
     mha_tensors *t;
     CHECK_OK(mha_tensors_create(&t));
-    add2(t, "h.0.attn.c_attn.weight", ca, D, 3 * E);
-    add1(t, "h.0.attn.c_attn.bias", cb, 3 * E);
-    add2(t, "h.0.attn.c_proj.weight", f.w.w_o, E, D);
-    add1(t, "h.0.attn.c_proj.bias", f.w.b_o, D);
+    add_gpt2_block(t, "h.0.", &f.w, 1);
+    add_gpt2_block(t, "h.1.", &f.w, 0);
+    add_gpt2_block(t, "h.10.", &f.w, 1); /* "h.1" is not inside it */
     mha_layer *L = NULL;
-    mha_load_options opt = {.layout = MHA_LAYOUT_AUTO, .n_heads = 3};
-    CHECK_OK(mha_layer_from_tensors(&L, t, &opt));
+    static const char *const fits[4] = {"h.1", "h.1.", "h.1.attn", "h.1.attn."};
+    for (int i = 0; i < 4; i++) {
+        mha_load_options opt = {.layout = i % 2 ? MHA_LAYOUT_GPT2 : MHA_LAYOUT_AUTO, .n_heads = 3, .prefix = fits[i]};
+        CHECK_OK(mha_layer_from_tensors(&L, t, &opt));
+        check_layer_matches(L, &f);
+        mha_layer_free(L);
+        L = NULL;
+    }
+    mha_load_options two = {.n_heads = 3, .prefix = "h"};
+    CHECK_STATUS(mha_layer_from_tensors(&L, t, &two), MHA_E_FORMAT);
+    CHECK_ERROR_MENTIONS("3 layers lie inside prefix 'h' ('h.0.attn.', 'h.1.attn.', 'h.10.attn.')");
+    two.prefix = NULL;
+    CHECK_STATUS(mha_layer_from_tensors(&L, t, &two), MHA_E_FORMAT);
+    CHECK_ERROR_MENTIONS("--prefix");
+    two.prefix = "h.1.at"; /* not a module of the file */
+    CHECK_STATUS(mha_layer_from_tensors(&L, t, &two), MHA_E_FORMAT);
+    CHECK_ERROR_MENTIONS("inside prefix 'h.1.at'");
+    mha_tensors_free(t);
+    CHECK_OK(mha_tensors_create(&t)); /* one block alone: no prefix needed */
+    add_gpt2_block(t, "", &f.w, 0);
+    mha_load_options one = {.n_heads = 3};
+    CHECK_OK(mha_layer_from_tensors(&L, t, &one));
     check_layer_matches(L, &f);
     mha_layer_free(L);
     mha_tensors_free(t);
-    free(ca), free(cb);
     fixture_free(&f);
 }
 

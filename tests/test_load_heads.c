@@ -81,6 +81,7 @@ static void write_layout(const char *path, const naive_weights *w, mha_layout la
         memcpy(fb + qk + kk, w->b_v, sizeof(float) * vv);
         put(t, "c_attn.weight", fused, D, 3 * D), put(t, "c_attn.bias", fb, 3 * D, 0);
         put(t, "c_proj.weight", w->w_o, ov, D), put(t, "c_proj.bias", w->b_o, D, 0);
+        put(t, "mlp.c_proj.weight", to, D, ov); /* a GPT-2 block's MLP: not the attention's c_proj */
         break;
     case MHA_LAYOUT_MEGATRON: { /* rows per kv group g: [q heads of g, k_g, v_g] */
         const int rep = h / hkv;

@@ -34,7 +34,7 @@ typedef struct {
      .help = "key/value heads h_kv; default from the metadata or the shapes", .min = 1,         \
      .max = 4096},                                                                             \
     {.name = "--prefix", .kind = MHA_ARG_STRING, .dest = &(ck).prefix, .metavar = "P",          \
-     .help = "tensor-name prefix of the layer, e.g. model.layers.0.self_attn."}
+     .help = "the layer's module: its path or one holding only it, e.g. model.layers.0 or h.0.attn."}
 
 /* Loads path (ck->weights unless path is given) as a layer. */
 int cli_load_layer(const char *cmd, mha_layer **L, const cli_ckpt *ck, const char *path);

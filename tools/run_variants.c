@@ -10,16 +10,23 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* The tensor name (with the layer's prefix when given, else any name
- * ending in it) of the checkpoint t; NULL when absent. */
+/* The tensor `name` of the checkpoint t: prefix+name, else the first one
+ * ending in "."name inside the module prefix names (NULL: anywhere; "a.b"
+ * and "a.b." both mean module a.b), as the loader finds the layer; NULL
+ * when absent. */
 static const mha_array *tensor(const mha_tensors *t, const char *prefix, const char *name) {
     char full[512];
     snprintf(full, sizeof full, "%s%s", prefix ? prefix : "", name);
     const mha_array *a = mha_tensors_get(t, full);
-    for (int i = 0; !a && !prefix && i < mha_tensors_count(t); i++) {
+    size_t lp = prefix ? strlen(prefix) : 0;
+    const size_t ls = strlen(name);
+    if (lp && prefix[lp - 1] == '.') lp--;
+    for (int i = 0; !a && i < mha_tensors_count(t); i++) {
         const char *n = mha_tensors_name(t, i);
-        size_t ln = strlen(n), ls = strlen(name);
-        if (ln > ls && n[ln - ls - 1] == '.' && strcmp(n + ln - ls, name) == 0) a = mha_tensors_get(t, n);
+        const size_t ln = strlen(n);
+        if (ln > ls && n[ln - ls - 1] == '.' && strcmp(n + ln - ls, name) == 0 &&
+            (!lp || (ln > lp && memcmp(n, prefix, lp) == 0 && n[lp] == '.')))
+            a = mha_tensors_get(t, n);
     }
     return a;
 }

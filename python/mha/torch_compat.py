@@ -35,14 +35,21 @@ def _numpy(v):
     return np.asarray(v)
 
 
-def _find_prefix(keys):
-    """The unique prefix before 'out_proj.weight' ('' for a bare module)."""
+def _find_prefix(keys, prefix=None):
+    """The path before the one 'out_proj.weight' inside module prefix
+    (None: anywhere; '': the top level; 'layers.0' and 'layers.0.' both mean module
+    layers.0 and all in it): '' for a bare module, 'layers.0.self_attn.'
+    for prefix 'layers.0' of a TransformerEncoder's state dict."""
+    if prefix is not None and (prefix == "" or prefix + "out_proj.weight" in keys):
+        return prefix  # '': the bare module's entries, all of them
+    inside = prefix.rstrip(".") + "." if prefix else ""
     hits = [k[: -len("out_proj.weight")] for k in keys if k.endswith("out_proj.weight")]
-    hits = [p for p in hits if p == "" or p.endswith(".")]
+    hits = [p for p in hits if (p == "" or p.endswith(".")) and p.startswith(inside)]
     if len(hits) != 1:
+        where = f" inside prefix {prefix!r}" if prefix else ""
         raise ArgumentError(
-            f"state dict has {len(hits)} '*out_proj.weight' entries {hits}; expected one "
-            "(pass prefix= to choose a layer, e.g. prefix='layers.0.self_attn.')")
+            f"state dict has {len(hits)} '*out_proj.weight' entries{where} {hits}; expected one "
+            "(pass prefix= to choose a layer, e.g. prefix='layers.0.self_attn.' or 'layers.0')")
     return hits[0]
 
 
@@ -55,12 +62,13 @@ def from_torch_state_dict(state_dict, num_heads, *, kdim=None, vdim=None, add_ze
     num_heads, add_zero_attn and batch_first are module settings a state
     dict does not record; kdim/vdim are read from the weights and, if given,
     checked. bias and add_bias_kv follow from which tensors are present.
-    prefix selects one layer of a larger state dict (found when unique).
+    prefix selects one layer of a larger state dict: the attention's own
+    path or a module holding only it ('layers.3'); found when unique.
     """
     from .layer import Layer
     cls = cls or Layer
     sd = {k: v for k, v in state_dict.items()}
-    prefix = _find_prefix(sd) if prefix is None else prefix
+    prefix = _find_prefix(sd, prefix)
     own = {k[len(prefix):]: _numpy(v) for k, v in sd.items() if k.startswith(prefix)}
     unknown = sorted(set(own) - set(_TORCH_KEYS))
     if unknown:

@@ -109,9 +109,22 @@ static inline int mha_io_real(const mha_array *a) { return a->f && a->dtype != M
  * its dtype (for int8: where int8 weights do load) (layouts.c). */
 mha_status mha_io_want_real(const mha_array *a, const char *name);
 
-/* Whether a tensor name is prefix+suffix (prefix given), or suffix itself
- * or ends in "." suffix (no prefix) (layouts.c). */
+/* Whether a tensor name is prefix+suffix (prefix given, "" too), or suffix
+ * itself or ends in "." suffix (prefix NULL) (layouts.c). */
 int mha_io_name_fits(const char *name, const char *prefix, const char *suffix);
+
+/* The layout whose tensors lie inside the module prefix (NULL or "":
+ * anywhere), as mha_layout_detect (layouts.c). */
+mha_status mha_io_detect(mha_layout *out, const mha_tensors *t, const char *prefix);
+
+/* o->prefix becomes the path of the one attention layer of o->layout
+ * inside the module it names (NULL or "": anywhere), written to buf:
+ * "h.0.attn." for "h.0" in a GPT-2 checkpoint, whose MLP's
+ * "h.0.mlp.c_proj.weight" also ends in "c_proj.weight". When no layer
+ * fits, o->prefix stays (NULL for "") and the layout's lookups name
+ * what is missing; several layers inside a given prefix: MHA_E_FORMAT
+ * listing them (without a prefix the lookups list the tensors). */
+mha_status mha_io_layer_path(mha_load_options *o, char *buf, size_t cap, const mha_tensors *t);
 
 /* Today's variants in a checkpoint (variants_meta.c). read: the settings
  * from the metadata into c (n_heads, n_kv_heads, d_k already set) and

@@ -32,11 +32,11 @@ mha_status mha_layout_parse(mha_layout *out, const char *name) {
 
 /* ------------------------------------------------------------ name lookup */
 
-/* Whether name is prefix+suffix (prefix given), or suffix itself or ends in
- * "." suffix (no prefix). */
+/* Whether name is prefix+suffix (prefix given, "" included: a layer at the
+ * top level), or suffix itself or ends in "." suffix (prefix NULL). */
 int mha_io_name_fits(const char *name, const char *prefix, const char *suffix) {
     size_t n = strlen(name), s = strlen(suffix);
-    if (prefix && *prefix) {
+    if (prefix) {
         size_t p = strlen(prefix);
         return n == p + s && memcmp(name, prefix, p) == 0 && strcmp(name + p, suffix) == 0;
     }
@@ -44,9 +44,25 @@ int mha_io_name_fits(const char *name, const char *prefix, const char *suffix) {
     return n == s || name[n - s - 1] == '.';
 }
 
-static int count_fits(const mha_tensors *t, const char *prefix, const char *suffix) {
+/* Whether name is <path>suffix with path empty or ending in '.', and that
+ * path inside the module prefix names (NULL or "": anywhere; "h.0" and
+ * "h.0." both mean module h.0 and everything in it). *path_len: the
+ * path's length. */
+static int fits_under(const char *name, const char *prefix, const char *suffix, size_t *path_len) {
+    if (!mha_io_name_fits(name, NULL, suffix)) return 0;
+    const size_t len = strlen(name) - strlen(suffix);
+    *path_len = len;
+    if (!prefix || !*prefix) return 1;
+    size_t p = strlen(prefix);
+    if (prefix[p - 1] == '.') p--;
+    return len > p && memcmp(name, prefix, p) == 0 && name[p] == '.';
+}
+
+/* How many tensors fit suffix inside the module prefix (fits_under). */
+static int count_under(const mha_tensors *t, const char *prefix, const char *suffix) {
     int c = 0;
-    for (int i = 0; i < t->n; i++) c += mha_io_name_fits(t->items[i].name, prefix, suffix);
+    size_t len;
+    for (int i = 0; i < t->n; i++) c += fits_under(t->items[i].name, prefix, suffix, &len);
     return c;
 }
 
@@ -104,13 +120,13 @@ static int fits_signature(const mha_tensors *t, const char *prefix, const signat
     for (int alt = 0; alt < 2; alt++) {
         if (!s->sig[alt][0]) continue;
         int ok = 1;
-        for (int k = 0; k < 4 && s->sig[alt][k]; k++) ok &= count_fits(t, prefix, s->sig[alt][k]) > 0;
+        for (int k = 0; k < 4 && s->sig[alt][k]; k++) ok &= count_under(t, prefix, s->sig[alt][k]) > 0;
         if (ok) return 1;
     }
     return 0;
 }
 
-static mha_status detect(mha_layout *out, const mha_tensors *t, const char *prefix) {
+mha_status mha_io_detect(mha_layout *out, const mha_tensors *t, const char *prefix) {
     int n = 0;
     mha_layout found = MHA_LAYOUT_AUTO;
     char list[256] = "";
@@ -134,15 +150,57 @@ static mha_status detect(mha_layout *out, const mha_tensors *t, const char *pref
     for (int i = 0; i < t->n && used < sizeof names; i++)
         used += (size_t)snprintf(names + used, sizeof names - used, "%s%.40s", i ? ", " : "",
                                  t->items[i].name);
-    return mha_fail(MHA_E_FORMAT, "no layout fits the tensor names (%s); expected native (w_q, "
+    char inside[96] = ""; /* a prefix that matched nothing is the likelier mistake */
+    if (prefix && *prefix) snprintf(inside, sizeof inside, " inside prefix '%.60s'", prefix);
+    return mha_fail(MHA_E_FORMAT, "no layout fits the tensor names%s (%s); expected native (w_q, "
                     "w_k, w_v, w_o), torch (in_proj_weight, out_proj.weight), hf "
                     "(q_proj.weight, ...), gpt2 (c_attn.weight, c_proj.weight) or megatron "
-                    "(query_key_value.weight, dense.weight)", names);
+                    "(query_key_value.weight, dense.weight)", inside, names);
 }
 
 mha_status mha_layout_detect(mha_layout *out, const mha_tensors *t) {
     if (!out || !t) return mha_fail(MHA_E_ARG, "mha_layout_detect: NULL argument");
-    return detect(out, t, NULL);
+    return mha_io_detect(out, t, NULL);
+}
+
+/* One tensor per attention layer in each layout: its path names the layer. */
+static const char *anchor_of(mha_layout l) {
+    switch (l) {
+    case MHA_LAYOUT_NATIVE: return "w_q";
+    case MHA_LAYOUT_TORCH: return "out_proj.weight";
+    case MHA_LAYOUT_HF: return "q_proj.weight";
+    case MHA_LAYOUT_GPT2: return "c_attn.weight";
+    case MHA_LAYOUT_MEGATRON: return "query_key_value.weight";
+    default: return NULL;
+    }
+}
+
+mha_status mha_io_layer_path(mha_load_options *o, char *buf, size_t cap, const mha_tensors *t) {
+    const char *prefix = o->prefix && *o->prefix ? o->prefix : NULL, *anchor = anchor_of(o->layout);
+    o->prefix = prefix;
+    if (!anchor) return MHA_OK;
+    int hits = 0;
+    char list[256] = "";
+    size_t used = 0, len, first = 0;
+    const char *first_name = NULL;
+    for (int i = 0; i < t->n; i++) {
+        const char *name = t->items[i].name;
+        if (!fits_under(name, prefix, anchor, &len)) continue;
+        if (!hits) first_name = name, first = len;
+        if (used < sizeof list)
+            used += (size_t)snprintf(list + used, sizeof list - used, "%s'%.*s'", hits ? ", " : "",
+                                     (int)(len < 60 ? len : 60), name);
+        hits++;
+    }
+    if (hits == 1 && first < cap) { /* exactly this layer's tensors from here on */
+        memcpy(buf, first_name, first);
+        buf[first] = 0;
+        o->prefix = buf;
+    }
+    if (hits > 1 && prefix) /* without a prefix, the layout's lookups list the tensors */
+        return mha_fail(MHA_E_FORMAT, "%s layout: %d layers lie inside prefix '%.60s' (%s); expected one: pass "
+                        "the prefix of one of them (--prefix)", mha_layout_name(o->layout), hits, prefix, list);
+    return MHA_OK;
 }
 
 /* --------------------------------------------------------- shape checks */
@@ -640,7 +698,9 @@ mha_status mha_layer_from_tensors(mha_layer **out, const mha_tensors *t,
         return mha_fail(MHA_E_ARG, "n_heads = %d, n_kv_heads = %d; expected >= 0 (0: from the file)",
                         o.n_heads, o.n_kv_heads);
     mha_status s;
-    if (o.layout == MHA_LAYOUT_AUTO && (s = detect(&o.layout, t, o.prefix))) return s;
+    char path[512];
+    if (o.layout == MHA_LAYOUT_AUTO && (s = mha_io_detect(&o.layout, t, o.prefix))) return s;
+    if ((s = mha_io_layer_path(&o, path, sizeof path, t))) return s;
     if (o.layout == MHA_LAYOUT_TORCH) return load_torch(out, t, &o);
     staged st;
     memset(&st, 0, sizeof st);

@@ -30,6 +30,8 @@ typedef struct {
     part o;          /* W_O: trans 0 = (h*d_v, D) head rows; 1 = (D, h*d_v) head columns */
     const mha_array *b_o, *bias_k, *bias_v;
     int hf;          /* QK-norm tensors named q_norm.weight / k_norm.weight */
+    const char *prefix; /* the layer's own path (mha_io_layer_path): in path, or NULL */
+    char path[512];
 } source;
 
 static size_t head_at(const part *p, int i, int d) {
@@ -87,7 +89,6 @@ static mha_status describe(source *src, const mha_tensors *t, const mha_load_opt
     const mha_array *a[6] = {NULL};
     int h, hkv, E;
     mha_status s;
-    memset(src, 0, sizeof *src);
     if ((s = meta_int(&h, o->n_heads, t, "n_heads")) || (s = meta_int(&hkv, o->n_kv_heads, t, "n_kv_heads")) ||
         (s = meta_int(&c->add_zero_attn, 0, t, "add_zero_attn")))
         return s;
@@ -343,10 +344,14 @@ static mha_status narrow(mha_tensors **out, const source *src, const mha_tensors
 static mha_status open_source(mha_tensors **t, source *src, const char *path, const mha_load_options *opt) {
     mha_load_options o = {0};
     if (opt) o = *opt;
+    memset(src, 0, sizeof *src);
     mha_status s = mha_safetensors_map(t, path, MHA_IO_ALLOW_NONFINITE);
     if (s) return s;
-    if (o.layout == MHA_LAYOUT_AUTO && (s = mha_layout_detect(&o.layout, *t))) return s;
-    return describe(src, *t, &o);
+    if (o.layout == MHA_LAYOUT_AUTO && (s = mha_io_detect(&o.layout, *t, o.prefix))) return s;
+    if ((s = mha_io_layer_path(&o, src->path, sizeof src->path, *t))) return s;
+    if ((s = describe(src, *t, &o))) return s;
+    src->prefix = o.prefix;
+    return MHA_OK;
 }
 
 static mha_status with_path(mha_status s, const char *path) {
@@ -380,7 +385,7 @@ mha_status mha_layer_load_heads(mha_layer **out, const char *path, const mha_loa
         s = mha_fail(MHA_E_ARG, "heads [%d, %d) of h=%d with %d query heads per kv head; expected whole kv groups, "
                      "or heads inside one group", first, first + n, h, group);
     const int g0 = s ? 0 : first / group, g = s ? 0 : (first + n - 1) / group - g0 + 1;
-    if (!s) s = narrow(&nt, &src, t, opt ? opt->prefix : NULL, first, n, g0, g);
+    if (!s) s = narrow(&nt, &src, t, src.prefix, first, n, g0, g);
     mha_load_options native = {.layout = MHA_LAYOUT_NATIVE};
     if (!s) s = mha_layer_from_tensors(out, nt, &native);
     if (!s && range->labels) { /* the file's labels of these heads: W_Q, W_O, W_K, W_V */

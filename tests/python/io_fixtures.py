@@ -103,6 +103,14 @@ def make(d):
     wm = weights(D, h, h, dh)  # GPT-2 has no GQA
     write_safetensors(d + "/mha_native.safetensors", wm, native_meta(h, h, dh))
     write_safetensors(d + "/gpt2.safetensors", gpt2(wm))
+    # a whole GPT-2 model's names: blocks h.0 (other weights) and h.1 (wm),
+    # each with an MLP whose c_proj.weight also ends in "c_proj.weight"
+    model = {"wte.weight": rand(50, D), "wpe.weight": rand(T, D)}
+    for b, wb in enumerate([weights(D, h, h, dh), wm]):
+        model.update({k.replace("h.0.", f"h.{b}."): v for k, v in gpt2(wb).items()})
+        model[f"h.{b}.attn.bias"] = np.tril(np.ones((1, 1, T, T), np.float32))  # GPT-2's causal buffer
+        model[f"h.{b}.mlp.c_fc.weight"], model[f"h.{b}.mlp.c_proj.weight"] = rand(D, 4 * D), rand(4 * D, D)
+    write_safetensors(d + "/gpt2_model.safetensors", model)
     # the weights as numpy arrays, for tests/mha_oracle.py (never read by libmha)
     np.savez(d + "/weights_gqa.npz", **w)
     np.savez(d + "/weights_mha.npz", **wm)

@@ -178,6 +178,23 @@ def test_qwen3_norm_names_sinks_softcap_and_native_round_trip(tmp_path):
     np.testing.assert_allclose(run(tmp_path, "--weights", native, "--softcap", 2.5), want_plain, atol=2e-5)
 
 
+
+def test_prefix_names_a_decoder_layer(tmp_path):
+    """Two Qwen 3-style layers in one file: --prefix model.layers.1 (the
+    decoder layer, no final dot) picks layer 1's attention, its norms and
+    its --sinks tensor, not layer 0's."""
+    rng = np.random.default_rng(35)
+    layers = [normed_checkpoint(tmp_path, rng, f"l{i}.safetensors", f"model.layers.{i}.self_attn.", (8, 8), None,
+                                {"sinks": rng.uniform(-1, 2, 4)}) for i in range(2)]
+    _, w, x, ws = layers[1]
+    model = {**layers[0][3], **ws, "model.layers.1.mlp.down_proj.weight": rng.uniform(-.4, .4, (D, 64)).astype(np.float32)}
+    path = tmp_path / "model.safetensors"
+    write_safetensors(path, model, {"rope": "halves", "rope_theta": 1e6})
+    want = torch_attention(w, x[None], 4, 2, 8, rope=(8, 1e6, False), qk_norm=1e-6,
+                           sinks=ws["model.layers.1.self_attn.sinks"])[0]
+    got = run(tmp_path, "--weights", path, "--heads", 4, "--prefix", "model.layers.1", "--sinks", "sinks")
+    np.testing.assert_allclose(got, want, atol=2e-5)
+
 def test_native_metadata_keeps_every_variant(tmp_path):
     """A layer with every variant saved by the binding (native layout)
     loads with `mha run` and gives the binding's forward; labels_s kept."""

@@ -601,6 +601,24 @@ def test_state_dict_with_prefix_and_torch_tensors(request):
     check_paths(request, lambda p: layer.torch_forward(x, path=p), want)
 
 
+
+def test_state_dict_prefix_may_name_the_block(request):
+    """prefix= may name the encoder layer that holds the attention
+    ('layers.1'), with or without the final dot, as well as the attention's
+    own path; a prefix holding two attention layers is refused naming them."""
+    torch.manual_seed(19)
+    enc = torch.nn.TransformerEncoder(
+        torch.nn.TransformerEncoderLayer(16, 4, dim_feedforward=8, batch_first=True), 2).eval()
+    with torch.no_grad():
+        enc.layers[1].self_attn.in_proj_weight.mul_(-1.5)  # the two layers differ
+    x = inputs(np.random.default_rng(19), 2, 5, 16, True)
+    want = run_torch(enc.layers[1].self_attn, x)
+    for prefix in ("layers.1", "layers.1.", "layers.1.self_attn", "layers.1.self_attn."):
+        layer = mha.from_torch_state_dict(enc.state_dict(), 4, batch_first=True, prefix=prefix)
+        check_paths(request, lambda p: layer.torch_forward(x, path=p), want)
+    with pytest.raises(mha.ArgumentError, match=r"2 .* inside prefix 'layers' \['layers.0.self_attn.', 'layers.1.self_attn.'\]"):
+        mha.from_torch_state_dict(enc.state_dict(), 4, prefix="layers")
+
 def test_state_dict_errors_name_the_tensor():
     m = torch_module(8, 2, seed=18)
     sd = state_dict(m)
