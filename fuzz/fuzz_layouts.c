@@ -12,7 +12,9 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-static const char *const prefixes[4] = {NULL, "", "model.layers.0.self_attn.", "h.0.attn."};
+/* exact layer paths, and modules holding layers (mha_io_layer_path) */
+static const char *const prefixes[8] = {NULL, "", "model.layers.0.self_attn.", "h.0.attn.", "h.0", "model.layers.0",
+                                        "h", "h.0.attn"};
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size < 2) return 0;
@@ -20,7 +22,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     o.layout = (mha_layout)(data[0] % 6); /* AUTO, NATIVE, TORCH, HF, GPT2, MEGATRON */
     o.n_heads = (data[0] >> 3) % 5;        /* 0 = from the metadata */
     o.n_kv_heads = data[1] % 3;
-    o.prefix = prefixes[(data[1] >> 2) % 4];
+    o.prefix = prefixes[(data[1] >> 2) % 8];
     mha_tensors *t = NULL;
     if (mha_safetensors_parse(&t, data + 2, size - 2, "fuzz.safetensors", 0) != MHA_OK) {
         if (t || !mha_last_error()[0]) abort();
