@@ -691,6 +691,16 @@ MHA_API mha_status mha_safetensors_parse(mha_tensors **out, const void *buf, siz
                                  const char *name, unsigned flags);
 /* Writes every tensor (floating ones as F32) with the metadata. */
 MHA_API mha_status mha_safetensors_write(const char *path, const mha_tensors *t);
+/* The tensors of a checkpoint path: a safetensors file (as
+ * mha_safetensors_read), or a Hugging Face sharded checkpoint's index
+ * ("*.safetensors.index.json", {"weight_map": {tensor: shard file}}, the
+ * shards beside it). From an index only the one attention layer inside
+ * prefix is read (prefix as mha_load_options.prefix; NULL: the only
+ * layer), from the shards that hold its tensors, with the first one's
+ * metadata; several layers inside prefix, a shard outside the index's
+ * directory or lacking a tensor the index places there: MHA_E_FORMAT.
+ * mha_layer_load and mha_layer_load_heads accept an index too. */
+MHA_API mha_status mha_checkpoint_read(mha_tensors **out, const char *path, const char *prefix, unsigned flags);
 
 /* Checkpoint layouts (tensor names matched on their suffix, so a prefix such
  * as "model.layers.0.self_attn." is allowed when it is unique):

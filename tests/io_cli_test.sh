@@ -91,6 +91,12 @@ for p in h.1 h.1. h.1.attn h.1.attn.; do
 done
 run run --weights $T/gpt2_model.safetensors --heads 4 --prefix h --input $T/x.npy --output $T/y_gpt2_h.npy
 expect_error 1 "2 layers lie inside prefix 'h' ('h.0.attn.', 'h.1.attn.')"
+# the same model in two shards with an index (block 1's attention split between them)
+run run --weights $T/gpt2.safetensors.index.json --heads 4 --prefix h.1 --input $T/x.npy --output $T/y_gpt2_index.npy
+expect_ok
+oracle $T/y_gpt2_index.npy mha
+run run --weights $T/gpt2.safetensors.index.json --heads 4 --input $T/x.npy --output $T/y_gpt2_index2.npy
+expect_error 1 "weight_map has several attention layers ('h.0.attn.', 'h.1.attn.')"
 
 # --- convert then run equals running the source -------------------------------
 for l in hf megatron; do

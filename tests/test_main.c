@@ -47,6 +47,7 @@ static const test_area_fn areas[] = {
     tests_merge_edges,
     tests_lse_fast,
     tests_load_heads,
+    tests_shards,
     tests_weights,
     tests_weights_isa,
     tests_decode_stream_isa,

@@ -21,7 +21,8 @@ typedef struct {
 #define CLI_LAYOUT_CHOICES "auto|native|torch|hf|gpt2|megatron"
 #define CLI_CKPT_ARGS(ck, weights_required)                                                   \
     {.name = "--weights", .kind = MHA_ARG_STRING, .dest = &(ck).weights, .metavar = "W",        \
-     .help = "checkpoint (.safetensors)", .required = (weights_required)},                      \
+     .help = "checkpoint (.safetensors, or a sharded one's .safetensors.index.json)",               \
+     .required = (weights_required)},                                                            \
     CLI_LAYOUT_ARGS(ck, "--layout")
 #define CLI_LAYOUT_ARGS(ck, layout_flag)                                                      \
     {.name = layout_flag, .kind = MHA_ARG_STRING, .dest = &(ck).layout, .metavar = "L",          \

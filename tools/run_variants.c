@@ -188,7 +188,7 @@ int cli_apply_variants(mha_layer **L, cli_fwd *f, cli_variant_flags *vf, const c
     if (vf->softcap) c.softcap = (float)vf->softcap;
     mha_tensors *t = NULL;
     if (vf->sinks || (vf->qk_norm && !c.qk_norm)) {
-        mha_status s = mha_safetensors_read(&t, weights, 0);
+        mha_status s = mha_checkpoint_read(&t, weights, prefix, 0);
         if (s) return cli_fail("run", s);
     }
     if (vf->sinks) {

@@ -113,6 +113,16 @@ mha_status mha_io_want_real(const mha_array *a, const char *name);
  * itself or ends in "." suffix (prefix NULL) (layouts.c). */
 int mha_io_name_fits(const char *name, const char *prefix, const char *suffix);
 
+/* Whether name is <path>suffix with path empty or ending in '.', and that
+ * path inside the module prefix names (NULL or "": anywhere; "h.0" and
+ * "h.0." both mean module h.0 and everything in it). *path_len: the
+ * path's length (layouts.c). */
+int mha_io_name_inside(const char *name, const char *prefix, const char *suffix, size_t *path_len);
+
+/* Whether path names a sharded checkpoint's index ("*.index.json";
+ * mha_checkpoint_read reads it) (shards.c). */
+int mha_io_is_index(const char *path);
+
 /* The layout whose tensors lie inside the module prefix (NULL or "":
  * anywhere), as mha_layout_detect (layouts.c). */
 mha_status mha_io_detect(mha_layout *out, const mha_tensors *t, const char *prefix);

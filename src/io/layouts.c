@@ -44,11 +44,7 @@ int mha_io_name_fits(const char *name, const char *prefix, const char *suffix) {
     return n == s || name[n - s - 1] == '.';
 }
 
-/* Whether name is <path>suffix with path empty or ending in '.', and that
- * path inside the module prefix names (NULL or "": anywhere; "h.0" and
- * "h.0." both mean module h.0 and everything in it). *path_len: the
- * path's length. */
-static int fits_under(const char *name, const char *prefix, const char *suffix, size_t *path_len) {
+int mha_io_name_inside(const char *name, const char *prefix, const char *suffix, size_t *path_len) {
     if (!mha_io_name_fits(name, NULL, suffix)) return 0;
     const size_t len = strlen(name) - strlen(suffix);
     *path_len = len;
@@ -62,7 +58,7 @@ static int fits_under(const char *name, const char *prefix, const char *suffix, 
 static int count_under(const mha_tensors *t, const char *prefix, const char *suffix) {
     int c = 0;
     size_t len;
-    for (int i = 0; i < t->n; i++) c += fits_under(t->items[i].name, prefix, suffix, &len);
+    for (int i = 0; i < t->n; i++) c += mha_io_name_inside(t->items[i].name, prefix, suffix, &len);
     return c;
 }
 
@@ -185,7 +181,7 @@ mha_status mha_io_layer_path(mha_load_options *o, char *buf, size_t cap, const m
     const char *first_name = NULL;
     for (int i = 0; i < t->n; i++) {
         const char *name = t->items[i].name;
-        if (!fits_under(name, prefix, anchor, &len)) continue;
+        if (!mha_io_name_inside(name, prefix, anchor, &len)) continue;
         if (!hits) first_name = name, first = len;
         if (used < sizeof list)
             used += (size_t)snprintf(list + used, sizeof list - used, "%s'%.*s'", hits ? ", " : "",
@@ -780,7 +776,8 @@ mha_status mha_layer_load(mha_layer **out, const char *path, const mha_load_opti
     /* The float32 tensors borrow the file's mapping: the layouts read the
      * file's bytes directly, and the mapping is gone when this returns. */
     mha_tensors *t;
-    mha_status s = mha_safetensors_map(&t, path, 0);
+    mha_status s = mha_io_is_index(path) ? mha_checkpoint_read(&t, path, opt ? opt->prefix : NULL, 0)
+                                         : mha_safetensors_map(&t, path, 0);
     if (s) return s;
     s = mha_layer_from_tensors(out, t, opt);
     mha_tensors_free(t);

@@ -111,6 +111,16 @@ def make(d):
         model[f"h.{b}.attn.bias"] = np.tril(np.ones((1, 1, T, T), np.float32))  # GPT-2's causal buffer
         model[f"h.{b}.mlp.c_fc.weight"], model[f"h.{b}.mlp.c_proj.weight"] = rand(D, 4 * D), rand(4 * D, D)
     write_safetensors(d + "/gpt2_model.safetensors", model)
+    # the same model sharded as Hugging Face saves large ones: block 1's
+    # attention split between the two shards, an index naming each
+    # tensor's shard
+    names = list(model)
+    cut = names.index("h.1.attn.c_proj.weight")
+    shard = {"gpt2-00001-of-00002.safetensors": names[:cut], "gpt2-00002-of-00002.safetensors": names[cut:]}
+    for f, ns in shard.items():
+        write_safetensors(d + "/" + f, {n: model[n] for n in ns}, {"format": "pt"})
+    with open(d + "/gpt2.safetensors.index.json", "w") as f:
+        json.dump({"metadata": {"total_size": 0}, "weight_map": {n: f for f, ns in shard.items() for n in ns}}, f)
     # the weights as numpy arrays, for tests/mha_oracle.py (never read by libmha)
     np.savez(d + "/weights_gqa.npz", **w)
     np.savez(d + "/weights_mha.npz", **wm)
