@@ -692,7 +692,8 @@ MHA_API mha_status mha_safetensors_parse(mha_tensors **out, const void *buf, siz
 /* Writes every tensor (floating ones as F32) with the metadata. */
 MHA_API mha_status mha_safetensors_write(const char *path, const mha_tensors *t);
 /* The tensors of a checkpoint path: a safetensors file (as
- * mha_safetensors_read), or a Hugging Face sharded checkpoint's index
+ * mha_safetensors_read; with a prefix, only the tensors whose names start
+ * with it are decoded and kept), or a Hugging Face sharded checkpoint's index
  * ("*.safetensors.index.json", {"weight_map": {tensor: shard file}}, the
  * shards beside it). From an index only the one attention layer inside
  * prefix is read (prefix as mha_load_options.prefix; NULL: the only

@@ -3,6 +3,7 @@
  * them, loads as the same layer as one file holding every tensor (load,
  * load_config, load_heads); hostile indexes get errors naming the
  * problem. Legend: D = d_model, h, h_kv, d = d_k = d_v. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -185,7 +186,43 @@ static void shards_hostile_indexes(void) {
     CHECK(t == NULL);
 }
 
+/* Loading one layer decodes and checks that layer's tensors only: a NaN
+ * in layer 0 does not stop layer 1 (file or index), and still stops
+ * layer 0 itself. */
+static void shards_other_layers_not_decoded(void) {
+    write_model();
+    char p[160];
+    file_at(p, sizeof p, "whole.safetensors");
+    mha_tensors *t = NULL;
+    CHECK_OK(mha_safetensors_read(&t, p, 0));
+    if (!t) return;
+    mha_array q = *mha_tensors_get(t, "model.layers.0.self_attn.q_proj.weight");
+    q.f[4] = NAN;
+    file_at(p, sizeof p, "nan.safetensors");
+    CHECK_OK(mha_safetensors_write(p, t));
+    mha_tensors_free(t);
+    write_text("nan.safetensors.index.json",
+               "{\"weight_map\": {\"model.layers.0.self_attn.q_proj.weight\": \"nan.safetensors\", "
+               "\"model.layers.1.self_attn.q_proj.weight\": \"nan.safetensors\", "
+               "\"model.layers.1.self_attn.k_proj.weight\": \"nan.safetensors\", "
+               "\"model.layers.1.self_attn.v_proj.weight\": \"nan.safetensors\", "
+               "\"model.layers.1.self_attn.o_proj.weight\": \"nan.safetensors\"}}");
+    static const char *const files[2] = {"nan.safetensors", "nan.safetensors.index.json"};
+    for (int i = 0; i < 2; i++) {
+        file_at(p, sizeof p, files[i]);
+        mha_layer *L = NULL;
+        mha_load_options o = {.n_heads = H, .prefix = "model.layers.1"};
+        CHECK_OK(mha_layer_load(&L, p, &o));
+        mha_layer_free(L);
+        L = NULL;
+        o.prefix = "model.layers.0";
+        CHECK_STATUS(mha_layer_load(&L, p, &o), MHA_E_NONFINITE);
+        CHECK_ERROR_MENTIONS("model.layers.0.self_attn.q_proj.weight");
+    }
+}
+
 static const test_case cases[] = {
+    {"shards_other_layers_not_decoded", shards_other_layers_not_decoded},
     {"shards_layer_split_across_files", shards_layer_split_across_files},
     {"shards_hostile_indexes", shards_hostile_indexes},
 };

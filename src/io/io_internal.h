@@ -82,6 +82,15 @@ mha_status mha_array_check(const mha_array *a, unsigned flags, const char *what,
  * is mapped makes a read of a borrowed array fault. */
 mha_status mha_safetensors_map(mha_tensors **out, const char *path, unsigned flags);
 
+/* mha_safetensors_map / _read of only the tensors whose names start with
+ * `only` without its final '.' (NULL or "": all): one layer of a larger
+ * checkpoint ("model.layers.3") without decoding or checking the others
+ * (a bf16 model is otherwise widened whole); when no name starts with
+ * it, all of them (the caller's error then lists them). The header is
+ * validated whole (safetensors.c). */
+mha_status mha_io_map_only(mha_tensors **out, const char *path, unsigned flags, const char *only);
+mha_status mha_io_read_only(mha_tensors **out, const char *path, unsigned flags, const char *only);
+
 /* An output file written atomically (outfile.c): open creates a temporary
  * next to path; write appends; commit flushes, fsyncs and renames it over
  * path; abort (and a failed commit) removes it. Until commit succeeds an

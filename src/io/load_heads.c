@@ -346,7 +346,7 @@ static mha_status open_source(mha_tensors **t, source *src, const char *path, co
     if (opt) o = *opt;
     memset(src, 0, sizeof *src);
     mha_status s = mha_io_is_index(path) ? mha_checkpoint_read(t, path, o.prefix, MHA_IO_ALLOW_NONFINITE)
-                                         : mha_safetensors_map(t, path, MHA_IO_ALLOW_NONFINITE);
+                                         : mha_io_map_only(t, path, MHA_IO_ALLOW_NONFINITE, o.prefix);
     if (s) return s;
     if (o.layout == MHA_LAYOUT_AUTO && (s = mha_io_detect(&o.layout, *t, o.prefix))) return s;
     if ((s = mha_io_layer_path(&o, src->path, sizeof src->path, *t))) return s;

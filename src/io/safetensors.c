@@ -189,9 +189,11 @@ static mha_status st_take(mha_tensors *t, const st_entry *e, const unsigned char
 }
 
 /* Parses buf[0..len); with borrow (the mapping buf lies in), float32 data
- * is borrowed instead of copied (st_take). */
+ * is borrowed instead of copied (st_take). only (NULL: every tensor): the
+ * tensors whose names start with it, without its final '.', are the only
+ * ones decoded and checked; the header is validated whole. */
 static mha_status st_parse(mha_tensors **out, const void *buf, size_t len, const char *name,
-                           unsigned flags, const mha_file_map *borrow) {
+                           unsigned flags, const mha_file_map *borrow, const char *only) {
     if (!out || (!buf && len)) return mha_fail(MHA_E_ARG, "mha_safetensors_parse: NULL argument");
     *out = NULL;
     const char *file = name ? name : "<memory>";
@@ -256,7 +258,10 @@ static mha_status st_parse(mha_tensors **out, const void *buf, size_t len, const
     if ((s = check_extents(e, ne, buf_len, file))) goto done;
     /* every check passed: now decode */
     const unsigned char *data = b + 8 + n;
-    for (int i = 0; i < ne && !s; i++) s = st_take(t, &e[i], data + e[i].begin, borrow, flags, file);
+    size_t keep = only ? strlen(only) : 0;
+    if (keep && only[keep - 1] == '.') keep--;
+    for (int i = 0; i < ne && !s; i++)
+        if (!keep || strncmp(e[i].name, only, keep) == 0) s = st_take(t, &e[i], data + e[i].begin, borrow, flags, file);
 done:
     free(e);
     json_decref(root); /* after the loop: e[].name points into root */
@@ -270,19 +275,20 @@ done:
 
 mha_status mha_safetensors_parse(mha_tensors **out, const void *buf, size_t len,
                                  const char *name, unsigned flags) {
-    return st_parse(out, buf, len, name, flags, NULL);
+    return st_parse(out, buf, len, name, flags, NULL, NULL);
 }
 
 /* Maps path and parses it, borrowing (borrow = 1) or copying the data; the
  * size is checked again once every byte was read, and a borrowing set takes
  * the mapping. */
-static mha_status st_read_mapped(mha_tensors **out, const char *path, unsigned flags, int borrow) {
+static mha_status st_read_mapped(mha_tensors **out, const char *path, unsigned flags, int borrow,
+                                 const char *only) {
     if (!out || !path) return mha_fail(MHA_E_ARG, "mha_safetensors_read: NULL argument");
     *out = NULL;
     mha_file_map m;
     mha_status s = mha_map_open(&m, path);
     if (s) return s;
-    s = st_parse(out, m.p, m.len, path, flags, borrow ? &m : NULL);
+    s = st_parse(out, m.p, m.len, path, flags, borrow ? &m : NULL, only);
     if (!s && (s = mha_map_check(&m, path))) {
         mha_tensors_free(*out);
         *out = NULL;
@@ -293,11 +299,28 @@ static mha_status st_read_mapped(mha_tensors **out, const char *path, unsigned f
 }
 
 mha_status mha_safetensors_read(mha_tensors **out, const char *path, unsigned flags) {
-    return st_read_mapped(out, path, flags, 0);
+    return st_read_mapped(out, path, flags, 0, NULL);
 }
 
 mha_status mha_safetensors_map(mha_tensors **out, const char *path, unsigned flags) {
-    return st_read_mapped(out, path, flags, 1);
+    return st_read_mapped(out, path, flags, 1, NULL);
+}
+
+/* No tensor starting with `only`: every tensor, so that the caller's
+ * error can list the file's names. */
+static mha_status read_only(mha_tensors **out, const char *path, unsigned flags, int borrow, const char *only) {
+    mha_status s = st_read_mapped(out, path, flags, borrow, only && *only ? only : NULL);
+    if (s || !only || !*only || (*out)->n) return s;
+    mha_tensors_free(*out);
+    return st_read_mapped(out, path, flags, borrow, NULL);
+}
+
+mha_status mha_io_map_only(mha_tensors **out, const char *path, unsigned flags, const char *only) {
+    return read_only(out, path, flags, 1, only);
+}
+
+mha_status mha_io_read_only(mha_tensors **out, const char *path, unsigned flags, const char *only) {
+    return read_only(out, path, flags, 0, only);
 }
 
 /* Dtype written for an item: floating data as F32, except BF16 marked

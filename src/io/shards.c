@@ -65,7 +65,7 @@ static mha_status copy_shard(mha_tensors *out, json_t *map, const char *dir, con
     if ((size_t)snprintf(full, sizeof full, "%s%s", dir, file) >= sizeof full)
         return mha_fail(MHA_E_ARG, "shard path '%.60s...' is too long", full);
     mha_tensors *shard = NULL;
-    mha_status s = mha_safetensors_map(&shard, full, flags);
+    mha_status s = mha_io_map_only(&shard, full, flags, path); /* the layer's tensors alone */
     const char *name;
     json_t *v;
     json_object_foreach(map, name, v) {
@@ -134,7 +134,7 @@ static mha_status read_index(mha_tensors *out, const char *index, const char *pr
 mha_status mha_checkpoint_read(mha_tensors **out, const char *path, const char *prefix, unsigned flags) {
     if (!out || !path) return mha_fail(MHA_E_ARG, "mha_checkpoint_read: NULL argument");
     *out = NULL;
-    if (!mha_io_is_index(path)) return mha_safetensors_read(out, path, flags);
+    if (!mha_io_is_index(path)) return mha_io_read_only(out, path, flags, prefix);
     mha_status s = mha_tensors_create(out);
     if (!s) s = read_index(*out, path, prefix, flags);
     if (s) {
