@@ -57,6 +57,8 @@ typedef struct {
     int fd;
 } mha_file_map;
 mha_status mha_map_open(mha_file_map *m, const char *path);
+/* The same without populating the mapping: pages are read as touched. */
+mha_status mha_map_open_lazy(mha_file_map *m, const char *path);
 mha_status mha_map_check(const mha_file_map *m, const char *path);
 void mha_map_close(mha_file_map *m);
 

@@ -1,7 +1,9 @@
 /* map.c — a whole regular file mapped read-only, for the readers in src/io.
  * Mapping instead of reading saves one full copy of the file and the page
  * faults of a fresh buffer; MAP_POPULATE maps the page-cache pages in one
- * pass instead of one fault per 4 KiB page.
+ * pass instead of one fault per 4 KiB page. A reader that needs a small
+ * part of a large file (one layer of a model) maps it lazily instead:
+ * populating would read every byte of the file.
  *
  * A mapping can fault (SIGBUS) when another process truncates the file while
  * it is mapped; no library can prevent that, so the readers shrink the
@@ -18,7 +20,7 @@
 
 #include "io/io_internal.h"
 
-mha_status mha_map_open(mha_file_map *m, const char *path) {
+static mha_status map_open(mha_file_map *m, const char *path, int populate) {
     memset(m, 0, sizeof *m);
     m->fd = -1;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -39,7 +41,7 @@ mha_status mha_map_open(mha_file_map *m, const char *path) {
     m->len = (size_t)st.st_size;
     m->fd = fd;
     if (m->len == 0) return MHA_OK; /* nothing to map; readers see len 0 */
-    void *p = mmap(NULL, m->len, PROT_READ, MAP_PRIVATE | MAP_POPULATE, fd, 0);
+    void *p = mmap(NULL, m->len, PROT_READ, MAP_PRIVATE | (populate ? MAP_POPULATE : 0), fd, 0);
     if (p == MAP_FAILED) {
         int e = errno;
         mha_map_close(m);
@@ -49,6 +51,10 @@ mha_status mha_map_open(mha_file_map *m, const char *path) {
     m->p = p;
     return MHA_OK;
 }
+
+mha_status mha_map_open(mha_file_map *m, const char *path) { return map_open(m, path, 1); }
+
+mha_status mha_map_open_lazy(mha_file_map *m, const char *path) { return map_open(m, path, 0); }
 
 mha_status mha_map_check(const mha_file_map *m, const char *path) {
     struct stat st;

@@ -286,7 +286,7 @@ static mha_status st_read_mapped(mha_tensors **out, const char *path, unsigned f
     if (!out || !path) return mha_fail(MHA_E_ARG, "mha_safetensors_read: NULL argument");
     *out = NULL;
     mha_file_map m;
-    mha_status s = mha_map_open(&m, path);
+    mha_status s = only ? mha_map_open_lazy(&m, path) : mha_map_open(&m, path); /* one layer: its pages only */
     if (s) return s;
     s = st_parse(out, m.p, m.len, path, flags, borrow ? &m : NULL, only);
     if (!s && (s = mha_map_check(&m, path))) {
