@@ -532,6 +532,48 @@ static void test_layout_hf_gqa(void) {
     fixture_free(&f);
 }
 
+/* Phi-3's fused qkv_proj.weight: rows of every query head, then every kv
+ * head's K, then V ([Q; K; V], (out, in)), o_proj.weight; GQA with d_k =
+ * d_v, h_kv from the rows. With and without biases (qkv_proj.bias). */
+static void test_layout_hf_fused_qkv(void) {
+    fixture f;
+    fixture_make(&f, 8, 6, 2, 3, 3, 1, 212);
+    const mha_config *c = &f.w.cfg;
+    const int D = c->d_model, nq = c->n_heads * c->d_k, nk = c->n_kv_heads * c->d_k;
+    float *q = transpose(f.w.w_q, D, nq), *k = transpose(f.w.w_k, D, nk), *v = transpose(f.w.w_v, D, nk),
+          *o = transpose(f.w.w_o, nq, D);
+    float *qkv = naive_alloc_floats((size_t)(nq + 2 * nk) * D), *b = naive_alloc_floats((size_t)(nq + 2 * nk));
+    memcpy(qkv, q, sizeof(float) * nq * D), memcpy(qkv + (size_t)nq * D, k, sizeof(float) * nk * D);
+    memcpy(qkv + (size_t)(nq + nk) * D, v, sizeof(float) * nk * D);
+    memcpy(b, f.w.b_q, sizeof(float) * nq), memcpy(b + nq, f.w.b_k, sizeof(float) * nk);
+    memcpy(b + nq + nk, f.w.b_v, sizeof(float) * nk);
+    for (int bias = 1; bias >= 0; bias--) {
+        mha_tensors *t;
+        CHECK_OK(mha_tensors_create(&t));
+        add2(t, "model.layers.0.self_attn.qkv_proj.weight", qkv, nq + 2 * nk, D);
+        add2(t, "model.layers.0.self_attn.o_proj.weight", o, D, nq);
+        add2(t, "model.layers.0.mlp.gate_up_proj.weight", qkv, nq + 2 * nk, D);
+        if (bias) add1(t, "model.layers.0.self_attn.qkv_proj.bias", b, nq + 2 * nk);
+        if (bias) add1(t, "model.layers.0.self_attn.o_proj.bias", f.w.b_o, D);
+        mha_layout det;
+        CHECK_OK(mha_layout_detect(&det, t));
+        CHECK_INT(det, MHA_LAYOUT_HF);
+        mha_layer *L = NULL;
+        mha_load_options opt = {.n_heads = 6, .prefix = "model.layers.0"};
+        CHECK_OK(mha_layer_from_tensors(&L, t, &opt));
+        if (bias) check_layer_matches(L, &f);
+        if (L) CHECK_INT(mha_layer_config(L)->bias, bias);
+        mha_layer_free(L);
+        L = NULL;
+        opt.n_kv_heads = 3; /* 30 rows are not (6 + 2*3)*3 */
+        CHECK_STATUS(mha_layer_from_tensors(&L, t, &opt), MHA_E_SHAPE);
+        CHECK_ERROR_MENTIONS("qkv_proj.weight");
+        mha_tensors_free(t);
+    }
+    free(q), free(k), free(v), free(o), free(qkv), free(b);
+    fixture_free(&f);
+}
+
 /* A GPT-2 block's tensors under path: attention (c_attn Conv1D (in, out),
  * columns [Q | K | V]; c_proj) and the MLP, whose c_proj.weight also ends
  * in "c_proj.weight". decoy: the weights times -1 (another layer). */
@@ -933,6 +975,7 @@ static const test_case cases[] = {
     {"io_st_refuses_bad_files", test_st_refuses_bad_files},
     {"io_layout_native_round_trip", test_layout_native_round_trip},
     {"io_layout_hf_gqa", test_layout_hf_gqa},
+    {"io_layout_hf_fused_qkv", test_layout_hf_fused_qkv},
     {"io_layout_gpt2", test_layout_gpt2},
     {"io_layout_megatron_gqa", test_layout_megatron_gqa},
     {"io_layout_torch_via_converter", test_layout_torch_via_converter},

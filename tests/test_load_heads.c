@@ -195,6 +195,49 @@ static void load_heads_every_layout(void) {
     one_layout(MHA_LAYOUT_GPT2, "gpt2.safetensors", t, mha_P, 3);
 }
 
+/* Phi-3's fused qkv_proj.weight ([Q; K; V] rows) under a decoder layer's
+ * path, found by --prefix naming the layer: each shard's blocks are the
+ * full layer's. */
+static void load_heads_hf_fused_qkv(void) {
+    uint64_t seed = 1621;
+    mha_config c = naive_resolve(naive_config(10, 8, 4, 3, 3, 1));
+    naive_weights w;
+    naive_weights_random(&w, &c, &seed, 0.6f);
+    const int D = 10, nq = 24, nk = 12;
+    float *tq = transposed(w.w_q, D, nq), *tk = transposed(w.w_k, D, nk), *tv = transposed(w.w_v, D, nk),
+          *to = transposed(w.w_o, nq, D);
+    float *qkv = naive_alloc_floats((size_t)(nq + 2 * nk) * D), *b = naive_alloc_floats((size_t)(nq + 2 * nk));
+    memcpy(qkv, tq, sizeof(float) * nq * D), memcpy(qkv + (size_t)nq * D, tk, sizeof(float) * nk * D);
+    memcpy(qkv + (size_t)(nq + nk) * D, tv, sizeof(float) * nk * D);
+    memcpy(b, w.b_q, sizeof(float) * nq), memcpy(b + nq, w.b_k, sizeof(float) * nk), memcpy(b + nq + nk, w.b_v, sizeof(float) * nk);
+    mha_tensors *t;
+    CHECK_OK(mha_tensors_create(&t));
+    put(t, "model.layers.2.self_attn.qkv_proj.weight", qkv, nq + 2 * nk, D), put(t, "model.layers.2.self_attn.qkv_proj.bias", b, nq + 2 * nk, 0);
+    put(t, "model.layers.2.self_attn.o_proj.weight", to, D, nq), put(t, "model.layers.2.self_attn.o_proj.bias", w.b_o, D, 0);
+    put_int(t, "n_heads", 8);
+    char p[128];
+    snprintf(p, sizeof p, "%s", path_of("phi3.safetensors"));
+    CHECK_OK(mha_safetensors_write(p, t));
+    mha_tensors_free(t);
+    mha_layer *full = NULL, *want = naive_make_layer(&w);
+    mha_load_options o = {.prefix = "model.layers.2"};
+    CHECK_OK(mha_layer_load(&full, p, &o));
+    if (full && want) {
+        mha_weights a, e;
+        mha_layer_get_weights(full, &a), mha_layer_get_weights(want, &e);
+        CHECK(!memcmp(a.w_k, e.w_k, sizeof(float) * D * nk) && !memcmp(a.w_v, e.w_v, sizeof(float) * D * nk) &&
+              !memcmp(a.b_v, e.b_v, sizeof(float) * nk) && !memcmp(a.w_o, e.w_o, sizeof(float) * nq * D));
+    }
+    const int Ps[3] = {1, 2, 4};
+    for (int i = 0; full && i < 3; i++) { /* check_shards loads without a prefix: the file has one layer */
+        check_shards(p, full, Ps[i], "hf fused qkv");
+    }
+    mha_layer_free(full), mha_layer_free(want);
+    naive_weights_free(&w);
+    free(tq), free(tk), free(tv), free(to), free(qkv), free(b);
+    unlink(p);
+}
+
 /* Head 5's W_Q column block and W_O row block hold NaN: heads 0..3 load,
  * heads 4..7 are refused naming the tensor, the whole layer too. */
 static void load_heads_reads_only_its_heads(void) {
@@ -275,6 +318,7 @@ static void load_heads_labels_and_ranges(void) {
 
 static const test_case cases[] = {
     {"load_heads_every_layout", load_heads_every_layout},
+    {"load_heads_hf_fused_qkv", load_heads_hf_fused_qkv},
     {"load_heads_reads_only_its_heads", load_heads_reads_only_its_heads},
     {"load_heads_labels_and_ranges", load_heads_labels_and_ranges},
 };

@@ -104,8 +104,8 @@ static const signature signatures[] = {
      {{"in_proj_weight", "out_proj.weight", NULL}, {"q_proj_weight", "k_proj_weight", "v_proj_weight", "out_proj.weight"}},
      "in_proj_weight or q/k/v_proj_weight, out_proj.weight"},
     {MHA_LAYOUT_HF,
-     {{"q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight"}, {NULL}},
-     "q_proj/k_proj/v_proj/o_proj.weight"},
+     {{"q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight"}, {"qkv_proj.weight", "o_proj.weight", NULL}},
+     "q_proj/k_proj/v_proj/o_proj.weight or qkv_proj/o_proj.weight"},
     {MHA_LAYOUT_GPT2, {{"c_attn.weight", "c_proj.weight", NULL}, {NULL}}, "c_attn.weight, c_proj.weight"},
     {MHA_LAYOUT_MEGATRON, {{"query_key_value.weight", "dense.weight", NULL}, {NULL}},
      "query_key_value.weight, dense.weight"},
@@ -150,7 +150,7 @@ mha_status mha_io_detect(mha_layout *out, const mha_tensors *t, const char *pref
     if (prefix && *prefix) snprintf(inside, sizeof inside, " inside prefix '%.60s'", prefix);
     return mha_fail(MHA_E_FORMAT, "no layout fits the tensor names%s (%s); expected native (w_q, "
                     "w_k, w_v, w_o), torch (in_proj_weight, out_proj.weight), hf "
-                    "(q_proj.weight, ...), gpt2 (c_attn.weight, c_proj.weight) or megatron "
+                    "(q_proj.weight, ... or qkv_proj.weight), gpt2 (c_attn.weight, c_proj.weight) or megatron "
                     "(query_key_value.weight, dense.weight)", inside, names);
 }
 
@@ -175,6 +175,7 @@ mha_status mha_io_layer_path(mha_load_options *o, char *buf, size_t cap, const m
     const char *prefix = o->prefix && *o->prefix ? o->prefix : NULL, *anchor = anchor_of(o->layout);
     o->prefix = prefix;
     if (!anchor) return MHA_OK;
+    if (o->layout == MHA_LAYOUT_HF && !count_under(t, prefix, anchor)) anchor = "qkv_proj.weight"; /* Phi-3 */
     int hits = 0;
     char list[256] = "";
     size_t used = 0, len, first = 0;
@@ -468,10 +469,54 @@ static mha_status load_native(staged *st, const mha_tensors *t, const mha_load_o
 
 /* ------------------------------------------------------------------- hf */
 
+/* Phi-3's fused qkv_proj.weight ((h + 2*h_kv)*d, d_model) (out, in): the
+ * rows of every query head, then every kv head's K, then V (not
+ * interleaved per group as megatron's), [+ qkv_proj.bias]; d_k = d_v. */
+static mha_status load_hf_fused(staged *st, const mha_tensors *t, const mha_load_options *o, const mha_array *qkv) {
+    const char *P = o->prefix, *L = "hf";
+    const mha_array *out, *bqkv;
+    mha_status s;
+    if ((s = find(&out, t, P, "o_proj.weight", 1, L)) || (s = find(&bqkv, t, P, "qkv_proj.bias", 0, L))) return s;
+    if ((s = want_matrix(qkv, "qkv_proj.weight")) || (s = want_matrix(out, "o_proj.weight"))) return s;
+    mha_config *c = &st->cfg;
+    int h, hkv, d = 0;
+    if ((s = pick(&h, o->n_heads, t, "n_heads")) || (s = pick(&hkv, o->n_kv_heads, t, "n_kv_heads"))) return s;
+    if (!h) return mha_fail(MHA_E_ARG, "hf layout: the number of heads is not in the file; pass --heads");
+    if ((s = divide(&d, out->shape[1], h, "heads", "o_proj.weight columns"))) return s;
+    const int rows = qkv->shape[0];
+    if (!hkv && rows % d == 0 && rows / d > h && (rows / d - h) % 2 == 0) hkv = (rows / d - h) / 2;
+    if (hkv <= 0 || h % hkv)
+        return mha_fail(MHA_E_SHAPE, "tensor 'qkv_proj.weight' has %d rows; expected (h + 2*h_kv)*d with h = %d, "
+                        "d = %d and h_kv dividing h", rows, h, d);
+    c->n_heads = h, c->n_kv_heads = hkv, c->d_k = c->d_v = d;
+    c->d_model = c->d_kv_in = qkv->shape[1];
+    const int nq = h * d, nk = hkv * d;
+    if ((s = want_shape(qkv, "qkv_proj.weight", 2, nq + 2 * nk, c->d_model, "((h + 2*h_kv)*d, d_model)")) ||
+        (s = want_shape(out, "o_proj.weight", 2, c->d_model, nq, "(d_model, h*d)")) ||
+        (bqkv && (s = want_shape(bqkv, "qkv_proj.bias", 1, nq + 2 * nk, 0, "((h + 2*h_kv)*d)"))))
+        return s;
+    if ((s = staged_alloc(st))) return s;
+    put_rows_t(st->w[S_WQ], nq, 0, qkv->f, c->d_model, 0, nq);
+    put_rows_t(st->w[S_WK], nk, 0, qkv->f, c->d_model, nq, nk);
+    put_rows_t(st->w[S_WV], nk, 0, qkv->f, c->d_model, nq + nk, nk);
+    put_rows_t(st->w[S_WO], c->d_model, 0, out->f, nq, 0, c->d_model);
+    int any = bqkv != NULL;
+    if (bqkv) {
+        memcpy(st->w[S_BQ], bqkv->f, sizeof(float) * (size_t)nq);
+        memcpy(st->w[S_BK], bqkv->f + nq, sizeof(float) * (size_t)nk);
+        memcpy(st->w[S_BV], bqkv->f + nq + nk, sizeof(float) * (size_t)nk);
+    }
+    if ((s = opt_bias(st->w[S_BO], &any, t, P, "o_proj.bias", c->d_model, L, "(d_model)"))) return s;
+    c->bias = any;
+    return mha_io_variants_read(c, st->var, t, P, 1);
+}
+
 static mha_status load_hf(staged *st, const mha_tensors *t, const mha_load_options *o) {
     const char *P = o->prefix, *L = "hf";
     const mha_array *q, *k, *v, *out;
     mha_status s;
+    if ((s = find(&q, t, P, "q_proj.weight", 0, L))) return s;
+    if (!q && ((s = find(&k, t, P, "qkv_proj.weight", 0, L)) || k)) return s ? s : load_hf_fused(st, t, o, k);
     if ((s = find(&q, t, P, "q_proj.weight", 1, L)) || (s = find(&k, t, P, "k_proj.weight", 1, L)) ||
         (s = find(&v, t, P, "v_proj.weight", 1, L)) || (s = find(&out, t, P, "o_proj.weight", 1, L)))
         return s;

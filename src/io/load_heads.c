@@ -118,6 +118,22 @@ static mha_status describe(source *src, const mha_tensors *t, const mha_load_opt
         break;
     case MHA_LAYOUT_HF: /* *_proj.weight (out, in) */
         src->hf = 1;
+        if ((s = find(&a[0], t, P, "q_proj.weight", 0))) return s;
+        if (!a[0] && ((s = find(&a[0], t, P, "qkv_proj.weight", 0)) || a[0])) { /* Phi-3: rows [Q; K; V], d_k = d_v */
+            if (s || (s = find(&a[3], t, P, "o_proj.weight", 1)) || (s = find(&a[4], t, P, "qkv_proj.bias", 0)) ||
+                (s = find(&src->b_o, t, P, "o_proj.bias", 0)))
+                return s;
+            if (a[0]->rank != 2 || a[3]->rank != 2) return mha_fail(MHA_E_SHAPE, "hf layout: qkv_proj.weight and o_proj.weight must be matrices");
+            int d;
+            if ((s = split(&d, a[3]->shape[1], h, "o_proj.weight columns"))) return s;
+            if (!hkv && a[0]->shape[0] % d == 0 && (a[0]->shape[0] / d - h) % 2 == 0) hkv = (a[0]->shape[0] / d - h) / 2;
+            if (hkv <= 0 || h % hkv) return mha_fail(MHA_E_SHAPE, "hf layout: %d kv heads do not divide %d heads", hkv, h);
+            c->d_model = c->d_kv_in = c->d_v_in = a[0]->shape[1], c->d_k = c->d_v = d;
+            src->w[0] = plain(a[0], 1, 0, d), src->w[1] = plain(a[0], 1, h * d, d), src->w[2] = plain(a[0], 1, (h + hkv) * d, d);
+            src->o = plain(a[3], 1, 0, d);
+            for (int i = 0; i < 3; i++) src->b[i] = plain(a[4], 0, i ? (h + (i - 1) * hkv) * d : 0, d);
+            break;
+        }
         if ((s = find(&a[0], t, P, "q_proj.weight", 1)) || (s = find(&a[1], t, P, "k_proj.weight", 1)) ||
             (s = find(&a[2], t, P, "v_proj.weight", 1)) || (s = find(&a[3], t, P, "o_proj.weight", 1)) ||
             (s = find(&a[4], t, P, "q_proj.bias", 0)) || (s = find(&a[5], t, P, "k_proj.bias", 0)))
@@ -213,8 +229,7 @@ static mha_status describe(source *src, const mha_tensors *t, const mha_load_opt
     const int heads[3] = {h, hkv, hkv}, dims[3] = {c->d_k, c->d_k, c->d_v}, need[3] = {qk, kk, vv};
     for (int i = 0; i < 3; i++) { /* the last head's block ends inside the tensor */
         size_t end = head_at(&w[i], heads[i] - 1, dims[i]) + dims[i];
-        if (end > (size_t)rows[i] || (o->layout != MHA_LAYOUT_TORCH && o->layout != MHA_LAYOUT_GPT2 &&
-                                      o->layout != MHA_LAYOUT_MEGATRON && rows[i] != need[i]))
+        if (end > (size_t)rows[i] || (w[0].a != w[1].a && rows[i] != need[i])) /* a fused tensor holds Q, K, V */
             return mha_fail(MHA_E_SHAPE, "%s: %d heads of width %d need %zu %s; the tensor has %d", i ? (i == 1 ? "W_K" : "W_V") : "W_Q",
                             heads[i], dims[i], end, w[i].trans ? "rows" : "columns", rows[i]);
         if (src->b[i].a && head_at(&src->b[i], heads[i] - 1, dims[i]) + dims[i] > src->b[i].a->count)

@@ -98,6 +98,11 @@ def make(d):
     w = weights(D, h, h_kv, dh)
     write_safetensors(d + "/native.safetensors", w, native_meta(h, h_kv, dh))
     write_safetensors(d + "/hf.safetensors", hf(w))
+    fused = hf(w)  # Phi-3: q, k, v rows stacked in one qkv_proj
+    P = "model.layers.0.self_attn."
+    fused[P + "qkv_proj.weight"] = np.concatenate([fused.pop(P + n + "_proj.weight") for n in "qkv"])
+    fused[P + "qkv_proj.bias"] = np.concatenate([fused.pop(P + n + "_proj.bias") for n in "qkv"])
+    write_safetensors(d + "/phi3.safetensors", fused)
     mg = megatron(w, h, h_kv, dh)
     write_safetensors(d + "/megatron.safetensors", mg)
     wm = weights(D, h, h, dh)  # GPT-2 has no GQA
