@@ -77,6 +77,9 @@ oracle $T/y_hf.npy gqa
 run run --weights $T/phi3.safetensors --heads 4 --input $T/x.npy --output $T/y_phi3.npy
 expect_ok
 oracle $T/y_phi3.npy gqa
+run run --weights $T/opt.safetensors --heads 4 --input $T/x.npy --output $T/y_opt.npy
+expect_ok
+oracle $T/y_opt.npy gqa
 run run --weights $T/megatron.safetensors --layout megatron --heads 4 --input $T/x.npy --output $T/y_mg.npy
 expect_ok
 oracle $T/y_mg.npy gqa

@@ -532,6 +532,47 @@ static void test_layout_hf_gqa(void) {
     fixture_free(&f);
 }
 
+/* OPT / BART / Whisper / GPT-J names: q_proj, k_proj, v_proj and
+ * out_proj (not o_proj); Whisper's k_proj has no bias (zero), the others
+ * do. An encoder-decoder layer's two attentions are told apart by prefix. */
+static void test_layout_hf_out_proj(void) {
+    fixture f;
+    fixture_make(&f, 8, 4, 4, 2, 2, 1, 222);
+    const mha_config *c = &f.w.cfg;
+    const int D = c->d_model, n = c->n_heads * c->d_k;
+    memset(f.w.b_k, 0, sizeof(float) * (size_t)n); /* what a missing k_proj.bias means */
+    float *w[4] = {transpose(f.w.w_q, D, n), transpose(f.w.w_k, D, n), transpose(f.w.w_v, D, n),
+                   transpose(f.w.w_o, n, D)};
+    const float *b[4] = {f.w.b_q, NULL, f.w.b_v, f.w.b_o};
+    static const char *const proj[4] = {"q_proj", "k_proj", "v_proj", "out_proj"};
+    static const char *const attn[2] = {"model.decoder.layers.0.self_attn.", "model.decoder.layers.0.encoder_attn."};
+    mha_tensors *t;
+    CHECK_OK(mha_tensors_create(&t));
+    char name[96];
+    for (int a = 0; a < 2; a++)
+        for (int m = 0; m < 4; m++) {
+            snprintf(name, sizeof name, "%s%s.weight", attn[a], proj[m]);
+            add2(t, name, a ? w[3 - m] : w[m], m == 3 ? D : n, m == 3 ? n : D); /* encoder_attn: other weights */
+            snprintf(name, sizeof name, "%s%s.bias", attn[a], proj[m]);
+            if (b[m]) add1(t, name, b[m], m == 3 ? D : n);
+        }
+    mha_layout det;
+    CHECK_OK(mha_layout_detect(&det, t));
+    CHECK_INT(det, MHA_LAYOUT_HF);
+    mha_layer *L = NULL;
+    mha_load_options opt = {.n_heads = 4, .prefix = "model.decoder.layers.0.self_attn"};
+    CHECK_OK(mha_layer_from_tensors(&L, t, &opt));
+    check_layer_matches(L, &f);
+    mha_layer_free(L);
+    L = NULL;
+    opt.prefix = "model.decoder.layers.0";
+    CHECK_STATUS(mha_layer_from_tensors(&L, t, &opt), MHA_E_FORMAT);
+    CHECK_ERROR_MENTIONS("2 layers lie inside prefix 'model.decoder.layers.0'");
+    mha_tensors_free(t);
+    for (int m = 0; m < 4; m++) free(w[m]);
+    fixture_free(&f);
+}
+
 /* Phi-3's fused qkv_proj.weight: rows of every query head, then every kv
  * head's K, then V ([Q; K; V], (out, in)), o_proj.weight; GQA with d_k =
  * d_v, h_kv from the rows. With and without biases (qkv_proj.bias). */
@@ -975,6 +1016,7 @@ static const test_case cases[] = {
     {"io_st_refuses_bad_files", test_st_refuses_bad_files},
     {"io_layout_native_round_trip", test_layout_native_round_trip},
     {"io_layout_hf_gqa", test_layout_hf_gqa},
+    {"io_layout_hf_out_proj", test_layout_hf_out_proj},
     {"io_layout_hf_fused_qkv", test_layout_hf_fused_qkv},
     {"io_layout_gpt2", test_layout_gpt2},
     {"io_layout_megatron_gqa", test_layout_megatron_gqa},

@@ -130,6 +130,12 @@ int mha_io_name_fits(const char *name, const char *prefix, const char *suffix);
  * path's length (layouts.c). */
 int mha_io_name_inside(const char *name, const char *prefix, const char *suffix, size_t *path_len);
 
+/* The hf layout's output projection in the layer at prefix (exact, as
+ * mha_io_name_fits): "o_proj" (Llama, Mistral, Qwen, Phi-3), or
+ * "out_proj" (OPT, BART, Whisper, GPT-J, CLIP) when only that is there
+ * (layouts.c). */
+const char *mha_io_hf_out(const mha_tensors *t, const char *prefix);
+
 /* Whether path names a sharded checkpoint's index ("*.index.json";
  * mha_checkpoint_read reads it) (shards.c). */
 int mha_io_is_index(const char *path);

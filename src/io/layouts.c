@@ -62,6 +62,15 @@ static int count_under(const mha_tensors *t, const char *prefix, const char *suf
     return c;
 }
 
+const char *mha_io_hf_out(const mha_tensors *t, const char *prefix) {
+    int o = 0, out = 0;
+    for (int i = 0; i < t->n; i++) {
+        o |= mha_io_name_fits(t->items[i].name, prefix, "o_proj.weight");
+        out |= mha_io_name_fits(t->items[i].name, prefix, "out_proj.weight");
+    }
+    return !o && out ? "out_proj" : "o_proj";
+}
+
 /* The one tensor fitting suffix; NULL when absent (an error if required);
  * several fits are an error that lists them and asks for a prefix. */
 static mha_status find(const mha_array **out, const mha_tensors *t, const char *prefix,
@@ -104,7 +113,7 @@ static const signature signatures[] = {
      {{"in_proj_weight", "out_proj.weight", NULL}, {"q_proj_weight", "k_proj_weight", "v_proj_weight", "out_proj.weight"}},
      "in_proj_weight or q/k/v_proj_weight, out_proj.weight"},
     {MHA_LAYOUT_HF,
-     {{"q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight"}, {"qkv_proj.weight", "o_proj.weight", NULL}},
+     {{"q_proj.weight", "k_proj.weight", "v_proj.weight", NULL}, {"qkv_proj.weight", "o_proj.weight", NULL}},
      "q_proj/k_proj/v_proj/o_proj.weight or qkv_proj/o_proj.weight"},
     {MHA_LAYOUT_GPT2, {{"c_attn.weight", "c_proj.weight", NULL}, {NULL}}, "c_attn.weight, c_proj.weight"},
     {MHA_LAYOUT_MEGATRON, {{"query_key_value.weight", "dense.weight", NULL}, {NULL}},
@@ -515,13 +524,15 @@ static mha_status load_hf(staged *st, const mha_tensors *t, const mha_load_optio
     const char *P = o->prefix, *L = "hf";
     const mha_array *q, *k, *v, *out;
     mha_status s;
+    char ow[24], ob[24]; /* o_proj, or out_proj (OPT, BART, Whisper, GPT-J, CLIP) */
+    snprintf(ow, sizeof ow, "%s.weight", mha_io_hf_out(t, P)), snprintf(ob, sizeof ob, "%s.bias", mha_io_hf_out(t, P));
     if ((s = find(&q, t, P, "q_proj.weight", 0, L))) return s;
     if (!q && ((s = find(&k, t, P, "qkv_proj.weight", 0, L)) || k)) return s ? s : load_hf_fused(st, t, o, k);
     if ((s = find(&q, t, P, "q_proj.weight", 1, L)) || (s = find(&k, t, P, "k_proj.weight", 1, L)) ||
-        (s = find(&v, t, P, "v_proj.weight", 1, L)) || (s = find(&out, t, P, "o_proj.weight", 1, L)))
+        (s = find(&v, t, P, "v_proj.weight", 1, L)) || (s = find(&out, t, P, ow, 1, L)))
         return s;
     if ((s = want_matrix(q, "q_proj.weight")) || (s = want_matrix(k, "k_proj.weight")) ||
-        (s = want_matrix(v, "v_proj.weight")) || (s = want_matrix(out, "o_proj.weight")))
+        (s = want_matrix(v, "v_proj.weight")) || (s = want_matrix(out, ow)))
         return s;
     mha_config *c = &st->cfg;
     int h, hkv;
@@ -538,7 +549,7 @@ static mha_status load_hf(staged *st, const mha_tensors *t, const mha_load_optio
     if ((s = divide(&c->d_v, v->shape[0], hkv, "kv heads", "v_proj.weight rows"))) return s;
     if ((s = want_shape(k, "k_proj.weight", 2, hkv * c->d_k, c->d_kv_in, "(h_kv*d_k, d_kv_in)")) ||
         (s = want_shape(v, "v_proj.weight", 2, hkv * c->d_v, c->d_kv_in, "(h_kv*d_v, d_kv_in)")) ||
-        (s = want_shape(out, "o_proj.weight", 2, c->d_model, h * c->d_v, "(d_model, h*d_v)")))
+        (s = want_shape(out, ow, 2, c->d_model, h * c->d_v, "(d_model, h*d_v)")))
         return s;
     if ((s = staged_alloc(st))) return s;
     put_rows_t(st->w[S_WQ], h * c->d_k, 0, q->f, c->d_model, 0, h * c->d_k);
@@ -549,7 +560,7 @@ static mha_status load_hf(staged *st, const mha_tensors *t, const mha_load_optio
     if ((s = opt_bias(st->w[S_BQ], &any, t, P, "q_proj.bias", h * c->d_k, L, "(h*d_k)")) ||
         (s = opt_bias(st->w[S_BK], &any, t, P, "k_proj.bias", hkv * c->d_k, L, "(h_kv*d_k)")) ||
         (s = opt_bias(st->w[S_BV], &any, t, P, "v_proj.bias", hkv * c->d_v, L, "(h_kv*d_v)")) ||
-        (s = opt_bias(st->w[S_BO], &any, t, P, "o_proj.bias", c->d_model, L, "(d_model)")))
+        (s = opt_bias(st->w[S_BO], &any, t, P, ob, c->d_model, L, "(d_model)")))
         return s;
     c->bias = any;
     return mha_io_variants_read(c, st->var, t, P, 1);

@@ -134,8 +134,10 @@ static mha_status describe(source *src, const mha_tensors *t, const mha_load_opt
             for (int i = 0; i < 3; i++) src->b[i] = plain(a[4], 0, i ? (h + (i - 1) * hkv) * d : 0, d);
             break;
         }
+        char ow[24], ob[24]; /* o_proj, or out_proj (OPT, BART, Whisper, GPT-J, CLIP) */
+        snprintf(ow, sizeof ow, "%s.weight", mha_io_hf_out(t, P)), snprintf(ob, sizeof ob, "%s.bias", mha_io_hf_out(t, P));
         if ((s = find(&a[0], t, P, "q_proj.weight", 1)) || (s = find(&a[1], t, P, "k_proj.weight", 1)) ||
-            (s = find(&a[2], t, P, "v_proj.weight", 1)) || (s = find(&a[3], t, P, "o_proj.weight", 1)) ||
+            (s = find(&a[2], t, P, "v_proj.weight", 1)) || (s = find(&a[3], t, P, ow, 1)) ||
             (s = find(&a[4], t, P, "q_proj.bias", 0)) || (s = find(&a[5], t, P, "k_proj.bias", 0)))
             return s;
         if (a[0]->rank != 2 || a[1]->rank != 2 || a[2]->rank != 2 || a[3]->rank != 2)
@@ -147,7 +149,7 @@ static mha_status describe(source *src, const mha_tensors *t, const mha_load_opt
         src->w[0] = plain(a[0], 1, 0, c->d_k), src->w[1] = plain(a[1], 1, 0, c->d_k), src->w[2] = plain(a[2], 1, 0, c->d_v);
         src->o = plain(a[3], 1, 0, c->d_v);
         src->b[0] = plain(a[4], 0, 0, c->d_k), src->b[1] = plain(a[5], 0, 0, c->d_k);
-        if ((s = find(&a[4], t, P, "v_proj.bias", 0)) || (s = find(&src->b_o, t, P, "o_proj.bias", 0))) return s;
+        if ((s = find(&a[4], t, P, "v_proj.bias", 0)) || (s = find(&src->b_o, t, P, ob, 0))) return s;
         src->b[2] = plain(a[4], 0, 0, c->d_v);
         break;
     case MHA_LAYOUT_TORCH: /* nn.MultiheadAttention: (out, in), d_k = d_v = E/h, no GQA */

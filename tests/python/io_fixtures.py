@@ -103,6 +103,8 @@ def make(d):
     fused[P + "qkv_proj.weight"] = np.concatenate([fused.pop(P + n + "_proj.weight") for n in "qkv"])
     fused[P + "qkv_proj.bias"] = np.concatenate([fused.pop(P + n + "_proj.bias") for n in "qkv"])
     write_safetensors(d + "/phi3.safetensors", fused)
+    # OPT / BART / Whisper / GPT-J name the output projection out_proj
+    write_safetensors(d + "/opt.safetensors", {k.replace("o_proj", "out_proj"): v for k, v in hf(w).items()})
     mg = megatron(w, h, h_kv, dh)
     write_safetensors(d + "/megatron.safetensors", mg)
     wm = weights(D, h, h, dh)  # GPT-2 has no GQA
