@@ -450,8 +450,10 @@ class Layer(COwner):
     @classmethod
     def load(cls, path, layout="auto", n_heads=0, n_kv_heads=0, prefix=None):
         """mha_layer_load: a safetensors checkpoint in the native, torch, hf,
-        gpt2 or megatron layout ('auto' detects it from the tensor names);
-        n_heads/n_kv_heads 0 = from the file; prefix selects one layer."""
+        gpt2 or megatron layout ('auto' detects it from the tensor names),
+        or a sharded checkpoint's *.safetensors.index.json; n_heads /
+        n_kv_heads 0 = from the file; prefix: the layer's module
+        ('model.layers.3' or its attention's own path)."""
         opt = _lib.LoadOptions(_enum("layout", layout, _lib.LAYOUTS), c_int("n_heads", n_heads, 0),
                                c_int("n_kv_heads", n_kv_heads, 0),
                                None if prefix is None else str(prefix).encode())

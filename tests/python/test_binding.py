@@ -294,6 +294,36 @@ def test_save_load_keeps_weights_and_labels(tmp_path):
         mha.Layer.load(path, layout="keras")
 
 
+
+def test_load_a_sharded_checkpoint_by_its_index(tmp_path):
+    """Layer.load of model.safetensors.index.json with the decoder layer as
+    prefix: layer 1's attention, split between two shards, loads as from
+    one file; the index's shard names may not leave its directory."""
+    import json
+    from io_helpers import write_safetensors
+    rng = np.random.default_rng(8)
+    D, h, h_kv, d = 16, 4, 2, 4
+    t = {}
+    for lay in range(2):
+        p = f"model.layers.{lay}.self_attn."
+        t.update({p + "q_proj.weight": rng.uniform(-.5, .5, (h * d, D)), p + "k_proj.weight": rng.uniform(-.5, .5, (h_kv * d, D)),
+                  p + "v_proj.weight": rng.uniform(-.5, .5, (h_kv * d, D)), p + "o_proj.weight": rng.uniform(-.5, .5, (D, h * d))})
+    t = {k: v.astype(np.float32) for k, v in t.items()}
+    names = list(t)
+    shards = {"model-00001-of-00002.safetensors": names[:6], "model-00002-of-00002.safetensors": names[6:]}
+    for f, ns in shards.items():
+        write_safetensors(tmp_path / f, {n: t[n] for n in ns})
+    index = tmp_path / "model.safetensors.index.json"
+    index.write_text(json.dumps({"weight_map": {n: f for f, ns in shards.items() for n in ns}}))
+    write_safetensors(tmp_path / "whole.safetensors", t)
+    x = rng.standard_normal((2, 5, D)).astype(np.float32)
+    got = mha.Layer.load(index, n_heads=h, prefix="model.layers.1").forward(x, causal=True)
+    want = mha.Layer.load(tmp_path / "whole.safetensors", n_heads=h, prefix="model.layers.1").forward(x, causal=True)
+    assert np.array_equal(got, want)
+    index.write_text(json.dumps({"weight_map": {n: "../" + f for f, ns in shards.items() for n in ns}}))
+    with pytest.raises(mha.MhaError, match="beside the index"):
+        mha.Layer.load(index, n_heads=h, prefix="model.layers.1")
+
 # ------------------------------------------------------------- errors
 
 def test_errors_carry_the_library_message():
