@@ -702,6 +702,12 @@ MHA_API mha_status mha_safetensors_write(const char *path, const mha_tensors *t)
  * directory or lacking a tensor the index places there: MHA_E_FORMAT.
  * mha_layer_load and mha_layer_load_heads accept an index too. */
 MHA_API mha_status mha_checkpoint_read(mha_tensors **out, const char *path, const char *prefix, unsigned flags);
+/* The checkpoint file a path names: the path itself, or for a directory
+ * (Hugging Face's save_pretrained) its model.safetensors, else its
+ * model.safetensors.index.json (MHA_E_IO when it holds neither). Written
+ * to out (cap bytes). mha_checkpoint_read, mha_layer_load,
+ * mha_layer_load_config and mha_layer_load_heads resolve their path so. */
+MHA_API mha_status mha_checkpoint_resolve(char *out, size_t cap, const char *path);
 
 /* Checkpoint layouts (tensor names matched on their suffix, so a prefix such
  * as "model.layers.0.self_attn." is allowed when it is unique):

@@ -221,7 +221,47 @@ static void shards_other_layers_not_decoded(void) {
     }
 }
 
+/* save_pretrained's directory: its model.safetensors, else its index;
+ * a directory with neither is refused naming both. */
+static void shards_directory(void) {
+    write_model();
+    char d[160], p[200], resolved[256];
+    file_at(d, sizeof d, "saved");
+    mkdir(d, 0700);
+    CHECK_STATUS(mha_checkpoint_resolve(resolved, sizeof resolved, d), MHA_E_IO);
+    CHECK_ERROR_MENTIONS("neither model.safetensors nor model.safetensors.index.json");
+    mha_layer *L = NULL;
+    mha_load_options o = {.n_heads = H, .prefix = "model.layers.1"};
+    CHECK_STATUS(mha_layer_load(&L, d, &o), MHA_E_IO);
+    float want[T * D], got[T * D];
+    forward_of(want, "whole.safetensors", "model.layers.1");
+    /* an index inside the directory, naming shards beside it */
+    static const char *const shard[2] = {"model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"};
+    for (int i = 0; i < 2; i++) {
+        char from[200];
+        file_at(from, sizeof from, shard[i]);
+        snprintf(p, sizeof p, "%s/%s", d, shard[i]);
+        CHECK(link(from, p) == 0);
+    }
+    file_at(p, sizeof p, "model.safetensors.index.json");
+    char to[200];
+    snprintf(to, sizeof to, "%s/model.safetensors.index.json", d);
+    CHECK(link(p, to) == 0);
+    CHECK_OK(mha_checkpoint_resolve(resolved, sizeof resolved, d));
+    CHECK(strcmp(resolved, to) == 0);
+    if (forward_of(got, "saved", "model.layers.1")) CHECK(memcmp(got, want, sizeof got) == 0);
+    /* model.safetensors comes first */
+    file_at(p, sizeof p, "whole.safetensors");
+    snprintf(to, sizeof to, "%s/model.safetensors", d);
+    CHECK(link(p, to) == 0);
+    CHECK_OK(mha_checkpoint_resolve(resolved, sizeof resolved, d));
+    CHECK(strcmp(resolved, to) == 0);
+    if (forward_of(got, "saved/", "model.layers.1")) CHECK(memcmp(got, want, sizeof got) == 0);
+    CHECK_STATUS(mha_checkpoint_resolve(resolved, 4, d), MHA_E_ARG);
+}
+
 static const test_case cases[] = {
+    {"shards_directory", shards_directory},
     {"shards_other_layers_not_decoded", shards_other_layers_not_decoded},
     {"shards_layer_split_across_files", shards_layer_split_across_files},
     {"shards_hostile_indexes", shards_hostile_indexes},

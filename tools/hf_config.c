@@ -10,20 +10,32 @@
 #include <string.h>
 #include <unistd.h>
 
+/* The JSON object of a sharded checkpoint's index whose keys name its
+ * tensors (weight_map), or NULL. */
+static json_t *index_names(const char *path) {
+    const size_t n = strlen(path), s = strlen(".index.json");
+    json_t *root = n > s && strcmp(path + n - s, ".index.json") == 0 ? json_load_file(path, 0, NULL) : NULL;
+    json_t *map = json_incref(json_object_get(root, "weight_map"));
+    json_decref(root);
+    return map;
+}
+
 /* The tensor names of the safetensors header of path (8-byte little-endian
- * length, then JSON), each with a 1-float placeholder: all that layout
- * detection reads, without reading the weights. NULL when the header does
- * not parse; the load then reports why. */
+ * length, then JSON), or of a sharded checkpoint's index, each with a
+ * 1-float placeholder: all that layout detection reads, without reading
+ * the weights. NULL when the header does not parse; the load then
+ * reports why. */
 static mha_tensors *header_names(const char *path) {
-    FILE *f = fopen(path, "rb");
+    json_t *root = index_names(path);
+    FILE *f = root ? NULL : fopen(path, "rb");
     unsigned char len8[8];
     uint64_t n = 0;
-    if (!f) return NULL;
-    if (fread(len8, 1, 8, f) == 8)
+    if (!f && !root) return NULL;
+    if (f && fread(len8, 1, 8, f) == 8)
         for (int i = 7; i >= 0; i--) n = n << 8 | len8[i];
     char *buf = n && n <= ((uint64_t)100 << 20) ? malloc((size_t)n) : NULL;
-    json_t *root = buf && fread(buf, 1, (size_t)n, f) == n ? json_loadb(buf, (size_t)n, 0, NULL) : NULL;
-    fclose(f);
+    if (f) root = buf && fread(buf, 1, (size_t)n, f) == n ? json_loadb(buf, (size_t)n, 0, NULL) : NULL;
+    if (f) fclose(f);
     free(buf);
     mha_tensors *t = NULL;
     const char *key;
@@ -109,6 +121,9 @@ static int rope_scaling(const char *cmd, json_t *root, char *spec, size_t size) 
 int cli_hf_config_read(cli_hf_config *c, const char *cmd, const cli_ckpt *ck, const char *path) {
     memset(c, 0, sizeof *c);
     if (!path) path = ck->weights;
+    char resolved[4096]; /* a directory: the model.safetensors (or index) inside, beside its config.json */
+    if (!path || mha_checkpoint_resolve(resolved, sizeof resolved, path)) return 0; /* the load says why */
+    path = resolved;
     char file[4096];
     const char *slash = path ? strrchr(path, '/') : NULL;
     const int dir = slash ? (int)(slash - path + 1) : 0;

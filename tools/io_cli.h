@@ -21,7 +21,7 @@ typedef struct {
 #define CLI_LAYOUT_CHOICES "auto|native|torch|hf|gpt2|megatron"
 #define CLI_CKPT_ARGS(ck, weights_required)                                                   \
     {.name = "--weights", .kind = MHA_ARG_STRING, .dest = &(ck).weights, .metavar = "W",        \
-     .help = "checkpoint (.safetensors, or a sharded one's .safetensors.index.json)",               \
+     .help = "checkpoint: .safetensors, a sharded one's .index.json, or a save_pretrained directory",\
      .required = (weights_required)},                                                            \
     CLI_LAYOUT_ARGS(ck, "--layout")
 #define CLI_LAYOUT_ARGS(ck, layout_flag)                                                      \

@@ -362,7 +362,11 @@ static mha_status open_source(mha_tensors **t, source *src, const char *path, co
     mha_load_options o = {0};
     if (opt) o = *opt;
     memset(src, 0, sizeof *src);
-    mha_status s = mha_io_is_index(path) ? mha_checkpoint_read(t, path, o.prefix, MHA_IO_ALLOW_NONFINITE)
+    char file[4096]; /* a directory: its model.safetensors or index */
+    mha_status s = mha_checkpoint_resolve(file, sizeof file, path);
+    if (s) return s;
+    path = file;
+    s = mha_io_is_index(path) ? mha_checkpoint_read(t, path, o.prefix, MHA_IO_ALLOW_NONFINITE)
                                          : mha_io_map_only(t, path, MHA_IO_ALLOW_NONFINITE, o.prefix);
     if (s) return s;
     if (o.layout == MHA_LAYOUT_AUTO && (s = mha_io_detect(&o.layout, *t, o.prefix))) return s;

@@ -131,9 +131,37 @@ static mha_status read_index(mha_tensors *out, const char *index, const char *pr
     return s;
 }
 
+mha_status mha_checkpoint_resolve(char *out, size_t cap, const char *path) {
+    if (!out || !cap || !path) return mha_fail(MHA_E_ARG, "mha_checkpoint_resolve: NULL argument");
+    struct stat st;
+    const char *name = NULL;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) { /* save_pretrained's directory */
+        static const char *const inside[2] = {"model.safetensors", "model.safetensors.index.json"};
+        char file[4096];
+        const size_t n = strlen(path);
+        for (int i = 0; i < 2 && !name; i++) {
+            snprintf(file, sizeof file, "%s%s%s", path, n && path[n - 1] == '/' ? "" : "/", inside[i]);
+            if (stat(file, &st) == 0 && S_ISREG(st.st_mode)) name = file;
+        }
+        if (!name)
+            return mha_fail(MHA_E_IO, "directory '%.200s' holds neither model.safetensors nor "
+                            "model.safetensors.index.json; expected a checkpoint file or such a directory", path);
+        if (strlen(name) >= cap) return mha_fail(MHA_E_ARG, "path '%.60s...' is too long", name);
+        memcpy(out, name, strlen(name) + 1);
+        return MHA_OK;
+    }
+    if (strlen(path) >= cap) return mha_fail(MHA_E_ARG, "path '%.60s...' is too long", path);
+    memcpy(out, path, strlen(path) + 1);
+    return MHA_OK;
+}
+
 mha_status mha_checkpoint_read(mha_tensors **out, const char *path, const char *prefix, unsigned flags) {
     if (!out || !path) return mha_fail(MHA_E_ARG, "mha_checkpoint_read: NULL argument");
     *out = NULL;
+    char file[4096];
+    mha_status s0 = mha_checkpoint_resolve(file, sizeof file, path);
+    if (s0) return s0;
+    path = file;
     if (!mha_io_is_index(path)) return mha_io_read_only(out, path, flags, prefix);
     mha_status s = mha_tensors_create(out);
     if (!s) s = read_index(*out, path, prefix, flags);

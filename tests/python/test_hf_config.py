@@ -48,6 +48,26 @@ def test_llama3_config_alone_reproduces_torch(tmp_path):
                                    tmp_path / "p.npy"), want, atol=3e-5)
 
 
+
+def test_directory_and_sharded_index_read_config(tmp_path):
+    """save_pretrained's directory (--weights DIR: its model.safetensors)
+    and a sharded checkpoint's index take config.json beside them: no
+    --heads, no rope flag, the same Y as the single file."""
+    import shutil
+    path, w, x, pos = checkpoint(tmp_path, rope_theta=500000.0, rope_scaling=LLAMA3)
+    want = run(tmp_path, "--weights", path, "--positions", tmp_path / "p.npy")
+    d = tmp_path / "saved"
+    d.mkdir()
+    shutil.copy(path, d / "model.safetensors")
+    shutil.copy(tmp_path / "config.json", d / "config.json")
+    np.testing.assert_array_equal(run(tmp_path, "--weights", d, "--positions", tmp_path / "p.npy"), want)
+    names = ["model.layers.0.self_attn.%s_proj.weight" % n for n in "qkvo"]
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {n: path.name for n in names}}))
+    np.testing.assert_array_equal(run(tmp_path, "--weights", tmp_path / "model.safetensors.index.json",
+                                      "--positions", tmp_path / "p.npy"), want)
+    torchless = torch_attention(w, x[None], 4, 2, 8, pos=pos, rope=(8, 500000.0, False))[0]
+    assert np.abs(want - torchless).max() > 1e-3  # the config's llama3 scaling was applied
+
 def test_flags_override_config(tmp_path):
     path, w, x, pos = checkpoint(tmp_path, rope_theta=500000.0, rope_scaling=LLAMA3)
     flags = ("--weights", path, "--positions", tmp_path / "p.npy")
