@@ -371,7 +371,7 @@ checks=$((checks + 1))
 run run --weights $T/native.safetensors --input $T/x.npy --output $T
 expect_error 1 "cannot write --output '$T': it is a directory"
 run run --weights $T --input $T/x.npy --output $T/y.npy
-expect_error 1 "it is a directory; expected a regular file"
+expect_error 1 "directory '$T' holds neither model.safetensors nor model.safetensors.index.json"
 checks=$((checks + 1))
 grep -q "allocate" "$tmp/err" && fail "$last: tried to allocate a directory's size"
 checks=$((checks + 1))
