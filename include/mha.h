@@ -716,7 +716,9 @@ MHA_API mha_status mha_checkpoint_resolve(char *out, size_t cap, const char *pat
  *            and labels_q/labels_k/labels_v/labels_o ("3,1,2,0").
  *   torch    nn.MultiheadAttention state dict (converted by convert_torch.c).
  *   hf       q_proj/k_proj/v_proj/o_proj.weight (out,in) [+ .bias], GQA (or
- *            out_proj for o_proj: OPT, BART, Whisper, GPT-J); or
+ *            out_proj for o_proj: OPT, BART, Whisper, GPT-J; BERT's
+ *            self.query/key/value + output.dense, ViT's attention.query ...,
+ *            DistilBERT's q_lin ... out_lin); or
  *            Phi-3's qkv_proj.weight ((h+2*h_kv)*d, d_model) = rows [Q; K; V]
  *            [+ qkv_proj.bias] with o_proj.weight (d_k = d_v).
  *   gpt2     c_attn.weight (d_model,3E) Conv1D (in,out) + c_attn.bias,

@@ -573,6 +573,65 @@ static void test_layout_hf_out_proj(void) {
     fixture_free(&f);
 }
 
+/* Encoder models' names, a whole layer each (attention, its LayerNorm,
+ * the FFN whose output.dense.weight also ends like the attention's):
+ * BERT (attention.self.query ... attention.output.dense), ViT
+ * (attention.attention.query ...), DistilBERT (attention.q_lin ...
+ * out_lin). --prefix names the encoder layer; layer 0 holds other
+ * weights. */
+static void test_layout_hf_encoders(void) {
+    fixture f;
+    fixture_make(&f, 8, 2, 2, 4, 4, 1, 232);
+    const mha_config *c = &f.w.cfg;
+    const int D = c->d_model, n = c->n_heads * c->d_k; /* D = n = 8 */
+    float *w[4] = {transpose(f.w.w_q, D, n), transpose(f.w.w_k, D, n), transpose(f.w.w_v, D, n),
+                   transpose(f.w.w_o, n, D)};
+    const float *b[4] = {f.w.b_q, f.w.b_k, f.w.b_v, f.w.b_o};
+    static const struct {
+        const char *layer, *names[4], *extra;
+    } models[3] = {
+        {"bert.encoder.layer.%d.", {"attention.self.query", "attention.self.key", "attention.self.value",
+                                    "attention.output.dense"}, "output.dense"},
+        {"vit.encoder.layer.%d.", {"attention.attention.query", "attention.attention.key", "attention.attention.value",
+                                   "attention.output.dense"}, "output.dense"},
+        {"distilbert.transformer.layer.%d.", {"attention.q_lin", "attention.k_lin", "attention.v_lin", "attention.out_lin"},
+         "ffn.lin2"},
+    };
+    for (int m = 0; m < 3; m++) {
+        mha_tensors *t;
+        CHECK_OK(mha_tensors_create(&t));
+        char layer[64], name[128];
+        for (int l = 0; l < 2; l++) {
+            snprintf(layer, sizeof layer, models[m].layer, l);
+            for (int p = 0; p < 4; p++) {
+                snprintf(name, sizeof name, "%s%s.weight", layer, models[m].names[p]);
+                add2(t, name, w[l ? p : 3 - p], D, n); /* layer 0: other weights */
+                snprintf(name, sizeof name, "%s%s.bias", layer, models[m].names[p]);
+                add1(t, name, b[p], D);
+            }
+            snprintf(name, sizeof name, "%s%s.weight", layer, models[m].extra);
+            add2(t, name, w[0], D, n);
+            snprintf(name, sizeof name, "%sattention.output.LayerNorm.weight", layer);
+            add1(t, name, b[0], D);
+        }
+        mha_layout det;
+        CHECK_OK(mha_layout_detect(&det, t));
+        CHECK_INT(det, MHA_LAYOUT_HF);
+        snprintf(layer, sizeof layer, models[m].layer, 1);
+        mha_layer *L = NULL;
+        mha_load_options opt = {.n_heads = 2, .prefix = layer};
+        CHECK_OK(mha_layer_from_tensors(&L, t, &opt));
+        check_layer_matches(L, &f);
+        mha_layer_free(L);
+        L = NULL;
+        opt.prefix = NULL; /* two layers */
+        CHECK_STATUS(mha_layer_from_tensors(&L, t, &opt), MHA_E_FORMAT);
+        mha_tensors_free(t);
+    }
+    for (int p = 0; p < 4; p++) free(w[p]);
+    fixture_free(&f);
+}
+
 /* Phi-3's fused qkv_proj.weight: rows of every query head, then every kv
  * head's K, then V ([Q; K; V], (out, in)), o_proj.weight; GQA with d_k =
  * d_v, h_kv from the rows. With and without biases (qkv_proj.bias). */
@@ -1017,6 +1076,7 @@ static const test_case cases[] = {
     {"io_layout_native_round_trip", test_layout_native_round_trip},
     {"io_layout_hf_gqa", test_layout_hf_gqa},
     {"io_layout_hf_out_proj", test_layout_hf_out_proj},
+    {"io_layout_hf_encoders", test_layout_hf_encoders},
     {"io_layout_hf_fused_qkv", test_layout_hf_fused_qkv},
     {"io_layout_gpt2", test_layout_gpt2},
     {"io_layout_megatron_gqa", test_layout_megatron_gqa},

@@ -238,6 +238,44 @@ static void load_heads_hf_fused_qkv(void) {
     unlink(p);
 }
 
+/* BERT's names (attention.self.query ... attention.output.dense) beside
+ * the FFN's output.dense: shards of the attention named by its layer. */
+static void load_heads_bert_names(void) {
+    uint64_t seed = 1631;
+    mha_config c = naive_resolve(naive_config(8, 4, 4, 2, 2, 1));
+    naive_weights w;
+    naive_weights_random(&w, &c, &seed, 0.6f);
+    float *tw[4] = {transposed(w.w_q, 8, 8), transposed(w.w_k, 8, 8), transposed(w.w_v, 8, 8), transposed(w.w_o, 8, 8)};
+    const float *tb[4] = {w.b_q, w.b_k, w.b_v, w.b_o};
+    static const char *const names[4] = {"self.query", "self.key", "self.value", "output.dense"};
+    mha_tensors *t;
+    CHECK_OK(mha_tensors_create(&t));
+    char name[96];
+    for (int m = 0; m < 4; m++) {
+        snprintf(name, sizeof name, "encoder.layer.0.attention.%s.weight", names[m]), put(t, name, tw[m], 8, 8);
+        snprintf(name, sizeof name, "encoder.layer.0.attention.%s.bias", names[m]), put(t, name, tb[m], 8, 0);
+    }
+    put(t, "encoder.layer.0.output.dense.weight", tw[0], 8, 8), put_int(t, "n_heads", 4);
+    char p[128];
+    snprintf(p, sizeof p, "%s", path_of("bert.safetensors"));
+    CHECK_OK(mha_safetensors_write(p, t));
+    mha_tensors_free(t);
+    mha_layer *full = NULL;
+    CHECK_OK(mha_layer_load(&full, p, NULL));
+    const int Ps[2] = {2, 4};
+    for (int i = 0; full && i < 2; i++) check_shards(p, full, Ps[i], "bert names");
+    mha_layer *want = naive_make_layer(&w);
+    if (full && want) {
+        mha_weights a, e;
+        mha_layer_get_weights(full, &a), mha_layer_get_weights(want, &e);
+        CHECK(!memcmp(a.w_o, e.w_o, sizeof(float) * 64) && !memcmp(a.b_k, e.b_k, sizeof(float) * 8));
+    }
+    mha_layer_free(full), mha_layer_free(want);
+    naive_weights_free(&w);
+    for (int m = 0; m < 4; m++) free(tw[m]);
+    unlink(p);
+}
+
 /* Head 5's W_Q column block and W_O row block hold NaN: heads 0..3 load,
  * heads 4..7 are refused naming the tensor, the whole layer too. */
 static void load_heads_reads_only_its_heads(void) {
@@ -319,6 +357,7 @@ static void load_heads_labels_and_ranges(void) {
 static const test_case cases[] = {
     {"load_heads_every_layout", load_heads_every_layout},
     {"load_heads_hf_fused_qkv", load_heads_hf_fused_qkv},
+    {"load_heads_bert_names", load_heads_bert_names},
     {"load_heads_reads_only_its_heads", load_heads_reads_only_its_heads},
     {"load_heads_labels_and_ranges", load_heads_labels_and_ranges},
 };

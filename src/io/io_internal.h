@@ -130,11 +130,18 @@ int mha_io_name_fits(const char *name, const char *prefix, const char *suffix);
  * path's length (layouts.c). */
 int mha_io_name_inside(const char *name, const char *prefix, const char *suffix, size_t *path_len);
 
-/* The hf layout's output projection in the layer at prefix (exact, as
- * mha_io_name_fits): "o_proj" (Llama, Mistral, Qwen, Phi-3), or
- * "out_proj" (OPT, BART, Whisper, GPT-J, CLIP) when only that is there
- * (layouts.c). */
-const char *mha_io_hf_out(const mha_tensors *t, const char *prefix);
+/* The module names of an hf layer's Q, K, V and O projections, relative
+ * to the layer's path (+ ".weight", ".bias"). */
+typedef struct {
+    const char *q, *k, *v, *o;
+} mha_hf_names;
+
+/* The naming scheme of the hf layer at prefix (exact, as
+ * mha_io_name_fits): q_proj ... o_proj (Llama), ... out_proj (OPT, BART,
+ * Whisper, GPT-J), self.query ... output.dense (BERT), attention.query ...
+ * output.dense (ViT), q_lin ... out_lin (DistilBERT); the first whose Q
+ * and O weights are there, else Llama's (for the errors) (layouts.c). */
+const mha_hf_names *mha_io_hf_names(const mha_tensors *t, const char *prefix);
 
 /* Whether path names a sharded checkpoint's index ("*.index.json";
  * mha_checkpoint_read reads it) (shards.c). */

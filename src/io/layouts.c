@@ -62,13 +62,27 @@ static int count_under(const mha_tensors *t, const char *prefix, const char *suf
     return c;
 }
 
-const char *mha_io_hf_out(const mha_tensors *t, const char *prefix) {
-    int o = 0, out = 0;
-    for (int i = 0; i < t->n; i++) {
-        o |= mha_io_name_fits(t->items[i].name, prefix, "o_proj.weight");
-        out |= mha_io_name_fits(t->items[i].name, prefix, "out_proj.weight");
+/* The hf naming schemes: the module names of Q, K, V and O (+ .weight,
+ * .bias) in the attention layer. */
+static const mha_hf_names hf_schemes[] = {
+    {"q_proj", "k_proj", "v_proj", "o_proj"},                               /* Llama, Mistral, Qwen, Gemma */
+    {"q_proj", "k_proj", "v_proj", "out_proj"},                             /* OPT, BART, Whisper, GPT-J, CLIP */
+    {"self.query", "self.key", "self.value", "output.dense"},               /* BERT, RoBERTa, ELECTRA */
+    {"attention.query", "attention.key", "attention.value", "output.dense"}, /* ViT, DeiT */
+    {"q_lin", "k_lin", "v_lin", "out_lin"},                                 /* DistilBERT */
+};
+#define N_HF_SCHEMES ((int)(sizeof hf_schemes / sizeof hf_schemes[0]))
+
+const mha_hf_names *mha_io_hf_names(const mha_tensors *t, const char *prefix) {
+    char q[48], o[48];
+    for (int k = 0; k < N_HF_SCHEMES; k++) {
+        snprintf(q, sizeof q, "%s.weight", hf_schemes[k].q), snprintf(o, sizeof o, "%s.weight", hf_schemes[k].o);
+        int has_q = 0, has_o = 0;
+        for (int i = 0; i < t->n; i++)
+            has_q |= mha_io_name_fits(t->items[i].name, prefix, q), has_o |= mha_io_name_fits(t->items[i].name, prefix, o);
+        if (has_q && has_o) return &hf_schemes[k];
     }
-    return !o && out ? "out_proj" : "o_proj";
+    return &hf_schemes[0]; /* its names then appear in the errors */
 }
 
 /* The one tensor fitting suffix; NULL when absent (an error if required);
@@ -103,7 +117,7 @@ static mha_status find(const mha_array **out, const mha_tensors *t, const char *
 /* Tensors whose presence identifies each layout (any one alternative). */
 typedef struct {
     mha_layout layout;
-    const char *sig[2][4]; /* alternatives, each a NULL-terminated list */
+    const char *sig[5][4]; /* alternatives, each a NULL-terminated list */
     const char *describe;
 } signature;
 
@@ -112,8 +126,12 @@ static const signature signatures[] = {
     {MHA_LAYOUT_TORCH,
      {{"in_proj_weight", "out_proj.weight", NULL}, {"q_proj_weight", "k_proj_weight", "v_proj_weight", "out_proj.weight"}},
      "in_proj_weight or q/k/v_proj_weight, out_proj.weight"},
-    {MHA_LAYOUT_HF,
-     {{"q_proj.weight", "k_proj.weight", "v_proj.weight", NULL}, {"qkv_proj.weight", "o_proj.weight", NULL}},
+    {MHA_LAYOUT_HF, /* the schemes of hf_schemes, and Phi-3's fused qkv_proj */
+     {{"q_proj.weight", "k_proj.weight", "v_proj.weight", NULL},
+      {"qkv_proj.weight", "o_proj.weight", NULL},
+      {"self.query.weight", "self.key.weight", "self.value.weight", "output.dense.weight"},
+      {"attention.query.weight", "attention.key.weight", "attention.value.weight", "output.dense.weight"},
+      {"q_lin.weight", "k_lin.weight", "v_lin.weight", "out_lin.weight"}},
      "q_proj/k_proj/v_proj/o_proj.weight or qkv_proj/o_proj.weight"},
     {MHA_LAYOUT_GPT2, {{"c_attn.weight", "c_proj.weight", NULL}, {NULL}}, "c_attn.weight, c_proj.weight"},
     {MHA_LAYOUT_MEGATRON, {{"query_key_value.weight", "dense.weight", NULL}, {NULL}},
@@ -122,7 +140,7 @@ static const signature signatures[] = {
 #define N_SIGNATURES ((int)(sizeof signatures / sizeof signatures[0]))
 
 static int fits_signature(const mha_tensors *t, const char *prefix, const signature *s) {
-    for (int alt = 0; alt < 2; alt++) {
+    for (int alt = 0; alt < 5; alt++) {
         if (!s->sig[alt][0]) continue;
         int ok = 1;
         for (int k = 0; k < 4 && s->sig[alt][k]; k++) ok &= count_under(t, prefix, s->sig[alt][k]) > 0;
@@ -159,7 +177,7 @@ mha_status mha_io_detect(mha_layout *out, const mha_tensors *t, const char *pref
     if (prefix && *prefix) snprintf(inside, sizeof inside, " inside prefix '%.60s'", prefix);
     return mha_fail(MHA_E_FORMAT, "no layout fits the tensor names%s (%s); expected native (w_q, "
                     "w_k, w_v, w_o), torch (in_proj_weight, out_proj.weight), hf "
-                    "(q_proj.weight, ... or qkv_proj.weight), gpt2 (c_attn.weight, c_proj.weight) or megatron "
+                    "(q_proj.weight, ..., qkv_proj.weight, self.query.weight, ...), gpt2 (c_attn.weight, c_proj.weight) or megatron "
                     "(query_key_value.weight, dense.weight)", inside, names);
 }
 
@@ -184,7 +202,10 @@ mha_status mha_io_layer_path(mha_load_options *o, char *buf, size_t cap, const m
     const char *prefix = o->prefix && *o->prefix ? o->prefix : NULL, *anchor = anchor_of(o->layout);
     o->prefix = prefix;
     if (!anchor) return MHA_OK;
-    if (o->layout == MHA_LAYOUT_HF && !count_under(t, prefix, anchor)) anchor = "qkv_proj.weight"; /* Phi-3 */
+    static const char *const hf_anchors[] = {"qkv_proj.weight", "self.query.weight", "attention.query.weight",
+                                             "q_lin.weight"}; /* Phi-3, BERT, ViT, DistilBERT */
+    for (int i = 0; o->layout == MHA_LAYOUT_HF && i < 4 && !count_under(t, prefix, anchor); i++) anchor = hf_anchors[i];
+    if (o->layout == MHA_LAYOUT_HF && !count_under(t, prefix, anchor)) anchor = "q_proj.weight";
     int hits = 0;
     char list[256] = "";
     size_t used = 0, len, first = 0;
@@ -524,15 +545,17 @@ static mha_status load_hf(staged *st, const mha_tensors *t, const mha_load_optio
     const char *P = o->prefix, *L = "hf";
     const mha_array *q, *k, *v, *out;
     mha_status s;
-    char ow[24], ob[24]; /* o_proj, or out_proj (OPT, BART, Whisper, GPT-J, CLIP) */
-    snprintf(ow, sizeof ow, "%s.weight", mha_io_hf_out(t, P)), snprintf(ob, sizeof ob, "%s.bias", mha_io_hf_out(t, P));
-    if ((s = find(&q, t, P, "q_proj.weight", 0, L))) return s;
+    const mha_hf_names *hn = mha_io_hf_names(t, P);
+    char w[4][48], b[4][48]; /* q, k, v, o: .weight and .bias */
+    const char *const base[4] = {hn->q, hn->k, hn->v, hn->o};
+    for (int m = 0; m < 4; m++) snprintf(w[m], sizeof w[m], "%s.weight", base[m]), snprintf(b[m], sizeof b[m], "%s.bias", base[m]);
+    if ((s = find(&q, t, P, w[0], 0, L))) return s;
     if (!q && ((s = find(&k, t, P, "qkv_proj.weight", 0, L)) || k)) return s ? s : load_hf_fused(st, t, o, k);
-    if ((s = find(&q, t, P, "q_proj.weight", 1, L)) || (s = find(&k, t, P, "k_proj.weight", 1, L)) ||
-        (s = find(&v, t, P, "v_proj.weight", 1, L)) || (s = find(&out, t, P, ow, 1, L)))
+    if ((s = find(&q, t, P, w[0], 1, L)) || (s = find(&k, t, P, w[1], 1, L)) || (s = find(&v, t, P, w[2], 1, L)) ||
+        (s = find(&out, t, P, w[3], 1, L)))
         return s;
-    if ((s = want_matrix(q, "q_proj.weight")) || (s = want_matrix(k, "k_proj.weight")) ||
-        (s = want_matrix(v, "v_proj.weight")) || (s = want_matrix(out, ow)))
+    if ((s = want_matrix(q, w[0])) || (s = want_matrix(k, w[1])) || (s = want_matrix(v, w[2])) ||
+        (s = want_matrix(out, w[3])))
         return s;
     mha_config *c = &st->cfg;
     int h, hkv;
@@ -542,14 +565,14 @@ static mha_status load_hf(staged *st, const mha_tensors *t, const mha_load_optio
     c->n_heads = h;
     c->d_model = q->shape[1];
     c->d_kv_in = k->shape[1];
-    if ((s = divide(&c->d_k, q->shape[0], h, "heads", "q_proj.weight rows"))) return s;
-    if (!hkv && (s = divide(&hkv, k->shape[0], c->d_k, "d_k-wide kv heads", "k_proj.weight rows")))
+    if ((s = divide(&c->d_k, q->shape[0], h, "heads", w[0]))) return s;
+    if (!hkv && (s = divide(&hkv, k->shape[0], c->d_k, "d_k-wide kv heads", w[1])))
         return s;
     c->n_kv_heads = hkv;
-    if ((s = divide(&c->d_v, v->shape[0], hkv, "kv heads", "v_proj.weight rows"))) return s;
-    if ((s = want_shape(k, "k_proj.weight", 2, hkv * c->d_k, c->d_kv_in, "(h_kv*d_k, d_kv_in)")) ||
-        (s = want_shape(v, "v_proj.weight", 2, hkv * c->d_v, c->d_kv_in, "(h_kv*d_v, d_kv_in)")) ||
-        (s = want_shape(out, ow, 2, c->d_model, h * c->d_v, "(d_model, h*d_v)")))
+    if ((s = divide(&c->d_v, v->shape[0], hkv, "kv heads", w[2]))) return s;
+    if ((s = want_shape(k, w[1], 2, hkv * c->d_k, c->d_kv_in, "(h_kv*d_k, d_kv_in)")) ||
+        (s = want_shape(v, w[2], 2, hkv * c->d_v, c->d_kv_in, "(h_kv*d_v, d_kv_in)")) ||
+        (s = want_shape(out, w[3], 2, c->d_model, h * c->d_v, "(d_model, h*d_v)")))
         return s;
     if ((s = staged_alloc(st))) return s;
     put_rows_t(st->w[S_WQ], h * c->d_k, 0, q->f, c->d_model, 0, h * c->d_k);
@@ -557,10 +580,10 @@ static mha_status load_hf(staged *st, const mha_tensors *t, const mha_load_optio
     put_rows_t(st->w[S_WV], hkv * c->d_v, 0, v->f, c->d_kv_in, 0, hkv * c->d_v);
     put_rows_t(st->w[S_WO], c->d_model, 0, out->f, h * c->d_v, 0, c->d_model);
     int any = 0;
-    if ((s = opt_bias(st->w[S_BQ], &any, t, P, "q_proj.bias", h * c->d_k, L, "(h*d_k)")) ||
-        (s = opt_bias(st->w[S_BK], &any, t, P, "k_proj.bias", hkv * c->d_k, L, "(h_kv*d_k)")) ||
-        (s = opt_bias(st->w[S_BV], &any, t, P, "v_proj.bias", hkv * c->d_v, L, "(h_kv*d_v)")) ||
-        (s = opt_bias(st->w[S_BO], &any, t, P, ob, c->d_model, L, "(d_model)")))
+    if ((s = opt_bias(st->w[S_BQ], &any, t, P, b[0], h * c->d_k, L, "(h*d_k)")) ||
+        (s = opt_bias(st->w[S_BK], &any, t, P, b[1], hkv * c->d_k, L, "(h_kv*d_k)")) ||
+        (s = opt_bias(st->w[S_BV], &any, t, P, b[2], hkv * c->d_v, L, "(h_kv*d_v)")) ||
+        (s = opt_bias(st->w[S_BO], &any, t, P, b[3], c->d_model, L, "(d_model)")))
         return s;
     c->bias = any;
     return mha_io_variants_read(c, st->var, t, P, 1);

@@ -118,7 +118,11 @@ static mha_status describe(source *src, const mha_tensors *t, const mha_load_opt
         break;
     case MHA_LAYOUT_HF: /* *_proj.weight (out, in) */
         src->hf = 1;
-        if ((s = find(&a[0], t, P, "q_proj.weight", 0))) return s;
+        const mha_hf_names *hn = mha_io_hf_names(t, P);
+        char w[4][48], b[4][48]; /* q, k, v, o: .weight and .bias */
+        const char *const base[4] = {hn->q, hn->k, hn->v, hn->o};
+        for (int m = 0; m < 4; m++) snprintf(w[m], sizeof w[m], "%s.weight", base[m]), snprintf(b[m], sizeof b[m], "%s.bias", base[m]);
+        if ((s = find(&a[0], t, P, w[0], 0))) return s;
         if (!a[0] && ((s = find(&a[0], t, P, "qkv_proj.weight", 0)) || a[0])) { /* Phi-3: rows [Q; K; V], d_k = d_v */
             if (s || (s = find(&a[3], t, P, "o_proj.weight", 1)) || (s = find(&a[4], t, P, "qkv_proj.bias", 0)) ||
                 (s = find(&src->b_o, t, P, "o_proj.bias", 0)))
@@ -134,22 +138,19 @@ static mha_status describe(source *src, const mha_tensors *t, const mha_load_opt
             for (int i = 0; i < 3; i++) src->b[i] = plain(a[4], 0, i ? (h + (i - 1) * hkv) * d : 0, d);
             break;
         }
-        char ow[24], ob[24]; /* o_proj, or out_proj (OPT, BART, Whisper, GPT-J, CLIP) */
-        snprintf(ow, sizeof ow, "%s.weight", mha_io_hf_out(t, P)), snprintf(ob, sizeof ob, "%s.bias", mha_io_hf_out(t, P));
-        if ((s = find(&a[0], t, P, "q_proj.weight", 1)) || (s = find(&a[1], t, P, "k_proj.weight", 1)) ||
-            (s = find(&a[2], t, P, "v_proj.weight", 1)) || (s = find(&a[3], t, P, ow, 1)) ||
-            (s = find(&a[4], t, P, "q_proj.bias", 0)) || (s = find(&a[5], t, P, "k_proj.bias", 0)))
+        if ((s = find(&a[0], t, P, w[0], 1)) || (s = find(&a[1], t, P, w[1], 1)) || (s = find(&a[2], t, P, w[2], 1)) ||
+            (s = find(&a[3], t, P, w[3], 1)) || (s = find(&a[4], t, P, b[0], 0)) || (s = find(&a[5], t, P, b[1], 0)))
             return s;
         if (a[0]->rank != 2 || a[1]->rank != 2 || a[2]->rank != 2 || a[3]->rank != 2)
             return mha_fail(MHA_E_SHAPE, "hf layout: the four *_proj.weight must be matrices");
         c->d_model = a[0]->shape[1], c->d_kv_in = c->d_v_in = a[1]->shape[1];
-        if ((s = split(&c->d_k, a[0]->shape[0], h, "q_proj.weight rows"))) return s;
-        if (!hkv && (s = split(&hkv, a[1]->shape[0], c->d_k, "k_proj.weight rows (d_k each)"))) return s;
-        if ((s = split(&c->d_v, a[2]->shape[0], hkv, "v_proj.weight rows"))) return s;
+        if ((s = split(&c->d_k, a[0]->shape[0], h, w[0]))) return s;
+        if (!hkv && (s = split(&hkv, a[1]->shape[0], c->d_k, w[1]))) return s;
+        if ((s = split(&c->d_v, a[2]->shape[0], hkv, w[2]))) return s;
         src->w[0] = plain(a[0], 1, 0, c->d_k), src->w[1] = plain(a[1], 1, 0, c->d_k), src->w[2] = plain(a[2], 1, 0, c->d_v);
         src->o = plain(a[3], 1, 0, c->d_v);
         src->b[0] = plain(a[4], 0, 0, c->d_k), src->b[1] = plain(a[5], 0, 0, c->d_k);
-        if ((s = find(&a[4], t, P, "v_proj.bias", 0)) || (s = find(&src->b_o, t, P, ob, 0))) return s;
+        if ((s = find(&a[4], t, P, b[2], 0)) || (s = find(&src->b_o, t, P, b[3], 0))) return s;
         src->b[2] = plain(a[4], 0, 0, c->d_v);
         break;
     case MHA_LAYOUT_TORCH: /* nn.MultiheadAttention: (out, in), d_k = d_v = E/h, no GQA */
