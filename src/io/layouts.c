@@ -54,7 +54,7 @@ int mha_io_name_inside(const char *name, const char *prefix, const char *suffix,
     return len > p && memcmp(name, prefix, p) == 0 && name[p] == '.';
 }
 
-/* How many tensors fit suffix inside the module prefix (fits_under). */
+/* How many tensors fit suffix inside the module prefix (mha_io_name_inside). */
 static int count_under(const mha_tensors *t, const char *prefix, const char *suffix) {
     int c = 0;
     size_t len;
@@ -132,7 +132,7 @@ static const signature signatures[] = {
       {"self.query.weight", "self.key.weight", "self.value.weight", "output.dense.weight"},
       {"attention.query.weight", "attention.key.weight", "attention.value.weight", "output.dense.weight"},
       {"q_lin.weight", "k_lin.weight", "v_lin.weight", "out_lin.weight"}},
-     "q_proj/k_proj/v_proj/o_proj.weight or qkv_proj/o_proj.weight"},
+     "q/k/v/o projections under Hugging Face's names, or qkv_proj/o_proj.weight"},
     {MHA_LAYOUT_GPT2, {{"c_attn.weight", "c_proj.weight", NULL}, {NULL}}, "c_attn.weight, c_proj.weight"},
     {MHA_LAYOUT_MEGATRON, {{"query_key_value.weight", "dense.weight", NULL}, {NULL}},
      "query_key_value.weight, dense.weight"},
@@ -177,8 +177,8 @@ mha_status mha_io_detect(mha_layout *out, const mha_tensors *t, const char *pref
     if (prefix && *prefix) snprintf(inside, sizeof inside, " inside prefix '%.60s'", prefix);
     return mha_fail(MHA_E_FORMAT, "no layout fits the tensor names%s (%s); expected native (w_q, "
                     "w_k, w_v, w_o), torch (in_proj_weight, out_proj.weight), hf "
-                    "(q_proj.weight, ..., qkv_proj.weight, self.query.weight, ...), gpt2 (c_attn.weight, c_proj.weight) or megatron "
-                    "(query_key_value.weight, dense.weight)", inside, names);
+                    "(q_proj.weight, ..., qkv_proj.weight, self.query.weight, ...), gpt2 (c_attn.weight, "
+                    "c_proj.weight) or megatron (query_key_value.weight, dense.weight)", inside, names);
 }
 
 mha_status mha_layout_detect(mha_layout *out, const mha_tensors *t) {
@@ -202,10 +202,12 @@ mha_status mha_io_layer_path(mha_load_options *o, char *buf, size_t cap, const m
     const char *prefix = o->prefix && *o->prefix ? o->prefix : NULL, *anchor = anchor_of(o->layout);
     o->prefix = prefix;
     if (!anchor) return MHA_OK;
-    static const char *const hf_anchors[] = {"qkv_proj.weight", "self.query.weight", "attention.query.weight",
-                                             "q_lin.weight"}; /* Phi-3, BERT, ViT, DistilBERT */
-    for (int i = 0; o->layout == MHA_LAYOUT_HF && i < 4 && !count_under(t, prefix, anchor); i++) anchor = hf_anchors[i];
-    if (o->layout == MHA_LAYOUT_HF && !count_under(t, prefix, anchor)) anchor = "q_proj.weight";
+    char hf_q[48]; /* hf: the first naming scheme's Q weight, else Phi-3's fused qkv_proj, present */
+    for (int k = 0; o->layout == MHA_LAYOUT_HF && k <= N_HF_SCHEMES && !count_under(t, prefix, anchor); k++) {
+        snprintf(hf_q, sizeof hf_q, "%s.weight", k < N_HF_SCHEMES ? hf_schemes[k].q : "qkv_proj");
+        anchor = hf_q;
+    }
+    if (!count_under(t, prefix, anchor)) anchor = anchor_of(o->layout); /* none: the loader names what is missing */
     int hits = 0;
     char list[256] = "";
     size_t used = 0, len, first = 0;
