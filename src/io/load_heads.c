@@ -116,7 +116,7 @@ static mha_status describe(source *src, const mha_tensors *t, const mha_load_opt
             (s = find(&src->bias_v, t, P, "bias_v", 0)))
             return s;
         break;
-    case MHA_LAYOUT_HF: /* *_proj.weight (out, in) */
+    case MHA_LAYOUT_HF: { /* *_proj.weight (out, in) */
         src->hf = 1;
         const mha_hf_names *hn = mha_io_hf_names(t, P);
         char w[4][48], b[4][48]; /* q, k, v, o: .weight and .bias */
@@ -153,6 +153,7 @@ static mha_status describe(source *src, const mha_tensors *t, const mha_load_opt
         if ((s = find(&a[4], t, P, b[2], 0)) || (s = find(&src->b_o, t, P, b[3], 0))) return s;
         src->b[2] = plain(a[4], 0, 0, c->d_v);
         break;
+    }
     case MHA_LAYOUT_TORCH: /* nn.MultiheadAttention: (out, in), d_k = d_v = E/h, no GQA */
         if ((s = find(&a[3], t, P, "out_proj.weight", 1)) || (s = find(&a[0], t, P, "in_proj_weight", 0)) ||
             (s = find(&a[4], t, P, "in_proj_bias", 0)) || (s = find(&src->b_o, t, P, "out_proj.bias", 0)) ||
@@ -368,7 +369,7 @@ static mha_status open_source(mha_tensors **t, source *src, const char *path, co
     if (s) return s;
     path = file;
     s = mha_io_is_index(path) ? mha_checkpoint_read(t, path, o.prefix, MHA_IO_ALLOW_NONFINITE)
-                                         : mha_io_map_only(t, path, MHA_IO_ALLOW_NONFINITE, o.prefix);
+                              : mha_io_map_only(t, path, MHA_IO_ALLOW_NONFINITE, o.prefix);
     if (s) return s;
     if (o.layout == MHA_LAYOUT_AUTO && (s = mha_io_detect(&o.layout, *t, o.prefix))) return s;
     if ((s = mha_io_layer_path(&o, src->path, sizeof src->path, *t))) return s;
