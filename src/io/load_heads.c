@@ -83,6 +83,17 @@ static mha_status split(int *q, long total, int by, const char *what) {
 
 /* ------------------------------------------------------------- layouts */
 
+/* A fused Q/K/V tensor of (h + 2*h_kv)*d rows and W_O (out, in) of h*d
+ * columns: d from W_O, h_kv from the rows unless given (megatron, Phi-3). */
+static mha_status fused_dims(int *d, int *hkv, const mha_array *fused, const mha_array *out, int h, const char *layout) {
+    if (fused->rank != 2 || out->rank != 2) return mha_fail(MHA_E_SHAPE, "%s layout: weights must be matrices", layout);
+    mha_status s = split(d, out->shape[1], h, "W_O columns");
+    if (s) return s;
+    if (!*hkv && fused->shape[0] % *d == 0 && (fused->shape[0] / *d - h) % 2 == 0) *hkv = (fused->shape[0] / *d - h) / 2;
+    if (*hkv <= 0 || h % *hkv) return mha_fail(MHA_E_SHAPE, "%s layout: %d kv heads do not divide %d heads", layout, *hkv, h);
+    return MHA_OK;
+}
+
 static mha_status describe(source *src, const mha_tensors *t, const mha_load_options *o) {
     const char *P = o->prefix;
     mha_config *c = &src->c;
@@ -127,11 +138,8 @@ static mha_status describe(source *src, const mha_tensors *t, const mha_load_opt
             if (s || (s = find(&a[3], t, P, "o_proj.weight", 1)) || (s = find(&a[4], t, P, "qkv_proj.bias", 0)) ||
                 (s = find(&src->b_o, t, P, "o_proj.bias", 0)))
                 return s;
-            if (a[0]->rank != 2 || a[3]->rank != 2) return mha_fail(MHA_E_SHAPE, "hf layout: qkv_proj.weight and o_proj.weight must be matrices");
             int d;
-            if ((s = split(&d, a[3]->shape[1], h, "o_proj.weight columns"))) return s;
-            if (!hkv && a[0]->shape[0] % d == 0 && (a[0]->shape[0] / d - h) % 2 == 0) hkv = (a[0]->shape[0] / d - h) / 2;
-            if (hkv <= 0 || h % hkv) return mha_fail(MHA_E_SHAPE, "hf layout: %d kv heads do not divide %d heads", hkv, h);
+            if ((s = fused_dims(&d, &hkv, a[0], a[3], h, "hf"))) return s;
             c->d_model = c->d_kv_in = c->d_v_in = a[0]->shape[1], c->d_k = c->d_v = d;
             src->w[0] = plain(a[0], 1, 0, d), src->w[1] = plain(a[0], 1, h * d, d), src->w[2] = plain(a[0], 1, (h + hkv) * d, d);
             src->o = plain(a[3], 1, 0, d);
@@ -199,11 +207,8 @@ static mha_status describe(source *src, const mha_tensors *t, const mha_load_opt
         if ((s = find(&a[0], t, P, "query_key_value.weight", 1)) || (s = find(&a[3], t, P, "dense.weight", 1)) ||
             (s = find(&a[4], t, P, "query_key_value.bias", 0)) || (s = find(&src->b_o, t, P, "dense.bias", 0)))
             return s;
-        if (a[0]->rank != 2 || a[3]->rank != 2) return mha_fail(MHA_E_SHAPE, "megatron layout: weights must be matrices");
         int d;
-        if ((s = split(&d, a[3]->shape[1], h, "dense.weight columns"))) return s;
-        if (!hkv && a[0]->shape[0] % d == 0 && (a[0]->shape[0] / d - h) % 2 == 0) hkv = (a[0]->shape[0] / d - h) / 2;
-        if (hkv <= 0 || h % hkv) return mha_fail(MHA_E_SHAPE, "megatron layout: %d kv heads do not divide %d heads", hkv, h);
+        if ((s = fused_dims(&d, &hkv, a[0], a[3], h, "megatron"))) return s;
         c->d_model = c->d_kv_in = c->d_v_in = a[0]->shape[1], c->d_k = c->d_v = d;
         const int rep = h / hkv, gs = (rep + 2) * d;
         src->w[0] = (part){a[0], 1, 0, rep, gs}, src->w[1] = (part){a[0], 1, rep * d, 1, gs};
