@@ -1,7 +1,8 @@
 /* hf_config.h — the config.json Hugging Face stores beside model.safetensors:
- * head counts and the rotary settings (rope_theta, rope_scaling,
- * partial_rotary_factor, head_dim) as defaults of an `hf` checkpoint's
- * flags (docs/VARIANTS.md). Unknown keys are ignored. */
+ * head counts, the rotary settings (rope_theta, rope_scaling,
+ * partial_rotary_factor, head_dim), the soft-cap and the score scale as
+ * defaults of an `hf` checkpoint's flags (docs/VARIANTS.md). Unknown keys
+ * are ignored. */
 #ifndef MHA_TOOLS_HF_CONFIG_H
 #define MHA_TOOLS_HF_CONFIG_H
 
@@ -14,6 +15,9 @@ typedef struct {
     double rope_theta;         /* rope_theta (rotary_emb_base); 0 = absent         */
     long long rope_dim;        /* partial_rotary_factor (rotary_pct) x head_dim; 0 = whole */
     char rope_scale[512];      /* rope_scaling as a --rope-scale spec; "" = none   */
+    double softcap;            /* attn_logit_softcapping (Gemma 2); 0 = absent     */
+    double scale;              /* query_pre_attn_scalar^-1/2 (Gemma 2, 3), or
+                                  attention_multiplier (Granite); 0 = 1/sqrt(d_k) */
 } cli_hf_config;
 
 /* Reads config.json from the directory of path (ck->weights when NULL)

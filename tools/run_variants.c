@@ -169,7 +169,9 @@ int cli_apply_variants(mha_layer **L, cli_fwd *f, cli_variant_flags *vf, const c
     const double theta = vf->rope_theta ? vf->rope_theta : hc.rope_theta;
     const long long rope_dim = vf->rope_dim ? vf->rope_dim : hc.rope_dim;
     const char *rope_scale = vf->rope_scale ? vf->rope_scale : hc.rope_scale[0] ? hc.rope_scale : NULL;
-    if (!rope && !theta && !rope_dim && !rope_scale && !vf->alibi && !vf->softcap && !vf->sinks && !vf->qk_norm)
+    const double softcap = vf->softcap ? vf->softcap : hc.softcap;
+    f->opt.scale = (float)(vf->scale ? vf->scale : hc.scale); /* 0: 1/sqrt(d_k) */
+    if (!rope && !theta && !rope_dim && !rope_scale && !vf->alibi && !softcap && !vf->sinks && !vf->qk_norm)
         return apply_options(f, vf);
     mha_config c = *mha_layer_config(*L);
     if (hc.head_dim && hc.head_dim != c.d_k)
@@ -185,7 +187,7 @@ int cli_apply_variants(mha_layer **L, cli_fwd *f, cli_variant_flags *vf, const c
     if (rope_dim) c.rope.dim = (int)rope_dim;
     if (rope_scale && (rc = parse_rope_scale(&c.rope, rope_scale))) return rc;
     if (vf->alibi) c.alibi = 1;
-    if (vf->softcap) c.softcap = (float)vf->softcap;
+    if (softcap) c.softcap = (float)softcap;
     mha_tensors *t = NULL;
     if (vf->sinks || (vf->qk_norm && !c.qk_norm)) {
         mha_status s = mha_checkpoint_read(&t, weights, prefix, 0);

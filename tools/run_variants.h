@@ -8,7 +8,7 @@
 
 typedef struct {
     const char *rope, *positions, *sinks, *qk_norm, *rope_scale;
-    double rope_theta, softcap;
+    double rope_theta, softcap, scale;
     long long rope_dim, window, sink_tokens;
     int alibi;
     int *pos; /* (B,T) read from --positions, owned */
@@ -40,6 +40,9 @@ typedef struct {
      .help = "ALiBi biases with the paper's slopes (or the checkpoint's alibi_slopes)"},              \
     {.name = "--softcap", .kind = MHA_ARG_DOUBLE, .dest = &(vf).softcap, .metavar = "C",              \
      .help = "soft-cap the scores: C tanh(s / C) (Gemma 2)", .dmin = 1e-6, .dmax = 1e30},             \
+    {.name = "--scale", .kind = MHA_ARG_DOUBLE, .dest = &(vf).scale, .metavar = "S",                  \
+     .help = "the scores' scale, q.k * S (default 1/sqrt(d_k); Gemma 2: query_pre_attn_scalar^-1/2)",  \
+     .dmin = 1e-30, .dmax = 1e30},                                                                    \
     {.name = "--sinks", .kind = MHA_ARG_STRING, .dest = &(vf).sinks, .metavar = "NAME",               \
      .help = "tensor of the checkpoint holding (h) sink logits (gpt-oss)"},                          \
     {.name = "--qk-norm", .kind = MHA_ARG_STRING, .dest = &(vf).qk_norm, .metavar = "KIND",           \
@@ -47,9 +50,10 @@ typedef struct {
              "checkpoint)", .choices = "rms|layer"}
 
 /* Rebuilds *L with the flags' variants (the checkpoint ck for --sinks
- * and the norm weights; for an hf checkpoint, the rotary settings of the
- * config.json beside it where no flag gives them), reads --positions and
- * sets --window and --sink-tokens in f->opt. Returns an exit code; *L is
+ * and the norm weights; for an hf checkpoint, the rotary settings, the
+ * soft-cap and the scale of the config.json beside it where no flag gives
+ * them), reads --positions and sets --window, --sink-tokens and --scale
+ * in f->opt. Returns an exit code; *L is
  * unchanged on failure. */
 int cli_apply_variants(mha_layer **L, cli_fwd *f, cli_variant_flags *vf, const cli_ckpt *ck);
 void cli_variants_free(cli_variant_flags *vf);

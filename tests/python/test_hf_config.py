@@ -68,6 +68,28 @@ def test_directory_and_sharded_index_read_config(tmp_path):
     torchless = torch_attention(w, x[None], 4, 2, 8, pos=pos, rope=(8, 500000.0, False))[0]
     assert np.abs(want - torchless).max() > 1e-3  # the config's llama3 scaling was applied
 
+
+def test_gemma2_scale_and_softcap_from_config(tmp_path):
+    """Gemma 2's config.json: the scores are scaled by
+    query_pre_attn_scalar^-1/2 (not head_dim's) and soft-capped at
+    attn_logit_softcapping; --scale and --softcap override them;
+    Granite's attention_multiplier is the scale itself."""
+    path, w, x, pos = checkpoint(tmp_path, rope_theta=10000.0, query_pre_attn_scalar=20, attn_logit_softcapping=2.0)
+    flags = ("--weights", path, "--positions", tmp_path / "p.npy")
+    rope = (8, 10000.0, False)
+    want = torch_attention(w, x[None], 4, 2, 8, pos=pos, rope=rope, softcap=2.0, scale=20 ** -0.5)[0]
+    np.testing.assert_allclose(run(tmp_path, *flags), want, atol=3e-5)
+    plain = torch_attention(w, x[None], 4, 2, 8, pos=pos, rope=rope, softcap=2.0)[0]
+    assert np.abs(want - plain).max() > 1e-3  # the scale matters
+    over = torch_attention(w, x[None], 4, 2, 8, pos=pos, rope=rope, softcap=5.0, scale=0.3)[0]
+    np.testing.assert_allclose(run(tmp_path, *flags, "--scale", 0.3, "--softcap", 5), over, atol=3e-5)
+    path, w, x, pos = checkpoint(tmp_path, rope_theta=10000.0, attention_multiplier=0.0625)
+    want = torch_attention(w, x[None], 4, 2, 8, pos=pos, rope=rope, scale=0.0625)[0]
+    np.testing.assert_allclose(run(tmp_path, *flags), want, atol=3e-5)
+    checkpoint(tmp_path, query_pre_attn_scalar=-4)
+    with pytest.raises(AssertionError, match="query_pre_attn_scalar"):
+        run(tmp_path, *flags)
+
 def test_flags_override_config(tmp_path):
     path, w, x, pos = checkpoint(tmp_path, rope_theta=500000.0, rope_scaling=LLAMA3)
     flags = ("--weights", path, "--positions", tmp_path / "p.npy")

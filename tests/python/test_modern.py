@@ -60,7 +60,7 @@ def rms_norm(x, w, eps):
 
 
 def torch_attention(w, x, h, h_kv, d_k, pos=None, rope=None, slopes=None, softcap=0.0, sinks=None,
-                    qk_norm=None, streaming=None, qk_norm_whole=None):
+                    qk_norm=None, streaming=None, qk_norm_whole=None, scale=None):
     """Causal self-attention in float64. w: (in, out) weights as mha stores them."""
     t = {k: torch.tensor(v, dtype=torch.float64) for k, v in w.items()}
     x = torch.tensor(x, dtype=torch.float64)
@@ -79,7 +79,7 @@ def torch_attention(w, x, h, h_kv, d_k, pos=None, rope=None, slopes=None, softca
         k = apply_rope(k, pos, *rope)
     k = k.repeat_interleave(h // h_kv, dim=1)
     v = v.repeat_interleave(h // h_kv, dim=1)
-    s = q @ k.transpose(-1, -2) / math.sqrt(d_k)
+    s = q @ k.transpose(-1, -2) * (1 / math.sqrt(d_k) if scale is None else scale)
     if softcap:  # Gemma 2
         s = softcap * torch.tanh(s / softcap)
     if slopes is not None:  # BLOOM: + slope * key position (a constant per row apart)

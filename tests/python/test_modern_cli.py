@@ -157,6 +157,16 @@ def test_bloom_style_fused_qkv_alibi(tmp_path):
     assert np.abs(plain - want).max() > 1e-3  # without --alibi it differs
 
 
+
+def test_scale_flag(tmp_path):
+    """--scale S replaces 1/sqrt(d_k) (with and without other variants)."""
+    path, w, x = llama_checkpoint(tmp_path)
+    want = torch_attention(w, x[None], 4, 2, 8, scale=0.25)[0]
+    np.testing.assert_allclose(run(tmp_path, "--weights", path, "--heads", 4, "--scale", 0.25), want, atol=2e-5)
+    want = torch_attention(w, x[None], 4, 2, 8, rope=(8, 10000.0, False), softcap=3.0, scale=0.5)[0]
+    got = run(tmp_path, "--weights", path, "--heads", 4, "--rope", "halves", "--softcap", 3, "--scale", 0.5)
+    np.testing.assert_allclose(got, want, atol=2e-5)
+
 def test_qwen3_norm_names_sinks_softcap_and_native_round_trip(tmp_path):
     """q_norm.weight / k_norm.weight (Qwen 3 names: RMS QK-norm shared by
     the heads), rotary settings in the metadata, --softcap and --sinks from
