@@ -722,7 +722,9 @@ MHA_API mha_status mha_checkpoint_resolve(char *out, size_t cap, const char *pat
  *            Phi-3's qkv_proj.weight ((h+2*h_kv)*d, d_model) = rows [Q; K; V]
  *            [+ qkv_proj.bias] with o_proj.weight (d_k = d_v).
  *   gpt2     c_attn.weight (d_model,3E) Conv1D (in,out) + c_attn.bias,
- *            c_proj.weight (E,d_model) + c_proj.bias.
+ *            c_proj.weight (E,d_model) + c_proj.bias; GPT-BigCode's
+ *            nn.Linear c_attn ((h+2*h_kv)*d, d_model) (more rows than
+ *            columns) holds megatron's rows, c_proj (d_model, E).
  *   megatron query_key_value.weight ((h+2*h_kv)*d_k, d_model) (out,in), rows
  *            per kv group g: [q heads of g, k_g, v_g]; dense.weight (out,in). */
 typedef enum {

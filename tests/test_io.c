@@ -799,6 +799,37 @@ static void test_layout_megatron_gqa(void) {
     fixture_free(&f);
 }
 
+/* GPT-BigCode (StarCoder): GPT-2's names, but nn.Linear (out, in): c_attn
+ * holds megatron's rows per kv group, MQA ([all q heads; k; v]) or one
+ * group per head; c_proj is W_O^T. Beside the block's MLP (c_proj.weight
+ * there too), found by --prefix naming the block. */
+static void test_layout_gpt_bigcode(void) {
+    for (int mqa = 1; mqa >= 0; mqa--) {
+        fixture f;
+        fixture_make(&f, 8, 4, mqa ? 1 : 4, 2, 2, 1, 414);
+        const mha_config *c = &f.w.cfg;
+        float *bq, *m = megatron_fused(&f.w, &bq);
+        float *proj = transpose(f.w.w_o, c->n_heads * c->d_v, c->d_model);
+        const int rows = (c->n_heads + 2 * c->n_kv_heads) * c->d_k, E = c->n_heads * c->d_v;
+        mha_tensors *t;
+        CHECK_OK(mha_tensors_create(&t));
+        add2(t, "transformer.h.0.attn.c_attn.weight", m, rows, c->d_model);
+        add1(t, "transformer.h.0.attn.c_attn.bias", bq, rows);
+        add2(t, "transformer.h.0.attn.c_proj.weight", proj, c->d_model, E);
+        add1(t, "transformer.h.0.attn.c_proj.bias", f.w.b_o, c->d_model);
+        add2(t, "transformer.h.0.mlp.c_proj.weight", proj, c->d_model, E);
+        mha_layer *L = NULL;
+        mha_load_options opt = {.n_heads = 4, .prefix = "transformer.h.0"};
+        CHECK_OK(mha_layer_from_tensors(&L, t, &opt)); /* h_kv from the rows */
+        if (L) CHECK_INT(mha_layer_config(L)->n_kv_heads, c->n_kv_heads);
+        check_layer_matches(L, &f);
+        mha_layer_free(L);
+        mha_tensors_free(t);
+        free(m), free(bq), free(proj);
+        fixture_free(&f);
+    }
+}
+
 static void test_layout_torch_via_converter(void) {
     fixture f;
     fixture_make(&f, 8, 2, 2, 4, 4, 1, 505);
@@ -1079,6 +1110,7 @@ static const test_case cases[] = {
     {"io_layout_hf_encoders", test_layout_hf_encoders},
     {"io_layout_hf_fused_qkv", test_layout_hf_fused_qkv},
     {"io_layout_gpt2", test_layout_gpt2},
+    {"io_layout_gpt_bigcode", test_layout_gpt_bigcode},
     {"io_layout_megatron_gqa", test_layout_megatron_gqa},
     {"io_layout_torch_via_converter", test_layout_torch_via_converter},
     {"io_layout_detection", test_layout_detection},

@@ -183,6 +183,22 @@ static void one_layout(mha_layout layout, const char *file, mha_config c, const 
     unlink(p);
 }
 
+/* write_layout's megatron tensors under GPT-BigCode's names (nn.Linear
+ * c_attn / c_proj), beside an MLP c_proj. */
+static void write_bigcode(const char *path, const naive_weights *w) {
+    write_layout(path, w, MHA_LAYOUT_MEGATRON);
+    mha_tensors *t = NULL, *b;
+    CHECK_OK(mha_safetensors_read(&t, path, 0));
+    CHECK_OK(mha_tensors_create(&b));
+    static const char *const from[4] = {"query_key_value.weight", "query_key_value.bias", "dense.weight", "dense.bias"};
+    static const char *const to[4] = {"attn.c_attn.weight", "attn.c_attn.bias", "attn.c_proj.weight", "attn.c_proj.bias"};
+    for (int i = 0; t && i < 4; i++) CHECK_OK(mha_tensors_add(b, to[i], mha_tensors_get(t, from[i])));
+    if (t) CHECK_OK(mha_tensors_add(b, "mlp.c_proj.weight", mha_tensors_get(t, "dense.weight")));
+    put_int(b, "n_heads", w->cfg.n_heads);
+    CHECK_OK(mha_safetensors_write(path, b));
+    mha_tensors_free(t), mha_tensors_free(b);
+}
+
 static void load_heads_every_layout(void) {
     const int gqa_P[] = {1, 2, 4, 8}, mha_P[] = {1, 2, 4};
     mha_config g = naive_resolve(naive_config(10, 8, 4, 3, 2, 1)); /* GQA, d_k != d_v */
@@ -193,6 +209,24 @@ static void load_heads_every_layout(void) {
     mha_config t = naive_resolve(naive_config(8, 4, 4, 2, 2, 1)); /* torch, gpt2: E = D */
     one_layout(MHA_LAYOUT_TORCH, "torch.safetensors", t, mha_P, 3);
     one_layout(MHA_LAYOUT_GPT2, "gpt2.safetensors", t, mha_P, 3);
+    /* GPT-BigCode, MQA: the gpt2 names with megatron's rows */
+    uint64_t seed = 1641;
+    mha_config q = naive_resolve(naive_config(8, 4, 1, 2, 2, 1));
+    naive_weights w;
+    naive_weights_random(&w, &q, &seed, 0.6f);
+    char p[128];
+    snprintf(p, sizeof p, "%s", path_of("bigcode.safetensors"));
+    write_bigcode(p, &w);
+    mha_layer *full = NULL, *want = naive_make_layer(&w);
+    CHECK_OK(mha_layer_load(&full, p, NULL));
+    if (full && want) {
+        mha_weights a, e;
+        mha_layer_get_weights(full, &a), mha_layer_get_weights(want, &e);
+        CHECK(!memcmp(a.w_k, e.w_k, sizeof(float) * 8 * 2) && !memcmp(a.w_o, e.w_o, sizeof(float) * 8 * 8));
+    }
+    for (int i = 0; full && i < 3; i++) check_shards(p, full, mha_P[i], "gpt-bigcode");
+    mha_layer_free(full), mha_layer_free(want);
+    naive_weights_free(&w);
 }
 
 /* Phi-3's fused qkv_proj.weight ([Q; K; V] rows) under a decoder layer's

@@ -591,6 +591,75 @@ static mha_status load_hf(staged *st, const mha_tensors *t, const mha_load_optio
     return mha_io_variants_read(c, st->var, t, P, 1);
 }
 
+/* ------------------------------------------------------------- megatron */
+
+/* Megatron's fused ((h + 2 h_kv) d, d_model) rows per kv group g: [q heads
+ * g*n_rep .. (g+1)*n_rep-1, k_g, v_g], each d rows (out, in), under the
+ * names qkv (query_key_value) and out (dense);
+ * GPT-BigCode's nn.Linear c_attn / c_proj are the same rows (MQA: all q
+ * heads, k, v; else per head q, k, v). */
+static mha_status load_fused_groups(staged *st, const mha_tensors *t, const mha_load_options *o, const char *qkv_name,
+                                    const char *out_name, const char *L) {
+    const char *P = o->prefix;
+    const mha_array *qkv, *dense, *bqkv;
+    mha_status s;
+    char wq[48], bq[48], wo[48], bo[48];
+    snprintf(wq, sizeof wq, "%s.weight", qkv_name), snprintf(bq, sizeof bq, "%s.bias", qkv_name);
+    snprintf(wo, sizeof wo, "%s.weight", out_name), snprintf(bo, sizeof bo, "%s.bias", out_name);
+    if ((s = find(&qkv, t, P, wq, 1, L)) || (s = find(&dense, t, P, wo, 1, L)) || (s = find(&bqkv, t, P, bq, 0, L)))
+        return s;
+    if ((s = want_matrix(qkv, wq)) || (s = want_matrix(dense, wo))) return s;
+    mha_config *c = &st->cfg;
+    int h, hkv, d = 0;
+    if ((s = pick(&h, o->n_heads, t, "n_heads")) || (s = pick(&hkv, o->n_kv_heads, t, "n_kv_heads")))
+        return s;
+    if (!h) return mha_fail(MHA_E_ARG, "%s layout: the number of heads is not in the file; pass --heads", L);
+    c->d_model = qkv->shape[1];
+    c->d_kv_in = c->d_model;
+    if ((s = divide(&d, dense->shape[1], h, "heads", wo))) return s;
+    int rows = qkv->shape[0];
+    if (!hkv) {
+        if (rows % d || (rows / d - h) <= 0 || (rows / d - h) % 2)
+            return mha_fail(MHA_E_SHAPE, "tensor '%s' has %d rows; expected "
+                            "(h + 2*h_kv)*d with h = %d, d = %d", wq, rows, h, d);
+        hkv = (rows / d - h) / 2;
+    }
+    if (hkv <= 0 || h % hkv)
+        return mha_fail(MHA_E_SHAPE, "%s layout: %d kv heads do not divide %d heads", L, hkv, h);
+    c->n_heads = h;
+    c->n_kv_heads = hkv;
+    c->d_k = c->d_v = d;
+    if ((s = want_shape(qkv, wq, 2, (h + 2 * hkv) * d, c->d_model,
+                        "((h + 2*h_kv)*d, d_model)")) ||
+        (s = want_shape(dense, wo, 2, c->d_model, h * d, "(d_model, h*d)")))
+        return s;
+    if (bqkv && (s = want_shape(bqkv, bq, 1, (h + 2 * hkv) * d, 0,
+                                "((h + 2*h_kv)*d)")))
+        return s;
+    if ((s = staged_alloc(st))) return s;
+    int rep = h / hkv, group_rows = (rep + 2) * d;
+    for (int g = 0; g < hkv; g++) {
+        int r0 = g * group_rows;
+        put_rows_t(st->w[S_WQ], h * d, g * rep * d, qkv->f, c->d_model, r0, rep * d);
+        put_rows_t(st->w[S_WK], hkv * d, g * d, qkv->f, c->d_model, r0 + rep * d, d);
+        put_rows_t(st->w[S_WV], hkv * d, g * d, qkv->f, c->d_model, r0 + (rep + 1) * d, d);
+        if (bqkv) {
+            memcpy(st->w[S_BQ] + (size_t)g * rep * d, bqkv->f + r0, (size_t)rep * d * sizeof(float));
+            memcpy(st->w[S_BK] + (size_t)g * d, bqkv->f + r0 + rep * d, (size_t)d * sizeof(float));
+            memcpy(st->w[S_BV] + (size_t)g * d, bqkv->f + r0 + (rep + 1) * d, (size_t)d * sizeof(float));
+        }
+    }
+    put_rows_t(st->w[S_WO], c->d_model, 0, dense->f, h * d, 0, c->d_model);
+    int any = bqkv != NULL;
+    s = opt_bias(st->w[S_BO], &any, t, P, bo, c->d_model, L, "(d_model)");
+    c->bias = any;
+    return s;
+}
+
+static mha_status load_megatron(staged *st, const mha_tensors *t, const mha_load_options *o) {
+    return load_fused_groups(st, t, o, "query_key_value", "dense", "megatron");
+}
+
 /* ----------------------------------------------------------------- gpt2 */
 
 static mha_status load_gpt2(staged *st, const mha_tensors *t, const mha_load_options *o) {
@@ -601,6 +670,8 @@ static mha_status load_gpt2(staged *st, const mha_tensors *t, const mha_load_opt
         (s = find(&ba, t, P, "c_attn.bias", 0, L)) || (s = find(&bp, t, P, "c_proj.bias", 0, L)))
         return s;
     if ((s = want_matrix(ca, "c_attn.weight")) || (s = want_matrix(cp, "c_proj.weight"))) return s;
+    if (ca->shape[0] > ca->shape[1]) /* nn.Linear (out, in), GPT-BigCode: Conv1D's (D, 3E) has more columns */
+        return load_fused_groups(st, t, o, "c_attn", "c_proj", "gpt2 (GPT-BigCode)");
     mha_config *c = &st->cfg;
     int h, hkv;
     if ((s = pick(&h, o->n_heads, t, "n_heads")) || (s = pick(&hkv, o->n_kv_heads, t, "n_kv_heads")))
@@ -633,67 +704,6 @@ static mha_status load_gpt2(staged *st, const mha_tensors *t, const mha_load_opt
     }
     c->bias = ba || bp;
     return MHA_OK;
-}
-
-/* ------------------------------------------------------------- megatron */
-
-/* Row block of kv group g inside the fused ((h + 2 h_kv) d, d_model)
- * weight: [q heads g*n_rep .. (g+1)*n_rep-1, k_g, v_g], each d rows. */
-static mha_status load_megatron(staged *st, const mha_tensors *t, const mha_load_options *o) {
-    const char *P = o->prefix, *L = "megatron";
-    const mha_array *qkv, *dense, *bqkv;
-    mha_status s;
-    if ((s = find(&qkv, t, P, "query_key_value.weight", 1, L)) ||
-        (s = find(&dense, t, P, "dense.weight", 1, L)) ||
-        (s = find(&bqkv, t, P, "query_key_value.bias", 0, L)))
-        return s;
-    if ((s = want_matrix(qkv, "query_key_value.weight")) || (s = want_matrix(dense, "dense.weight")))
-        return s;
-    mha_config *c = &st->cfg;
-    int h, hkv, d = 0;
-    if ((s = pick(&h, o->n_heads, t, "n_heads")) || (s = pick(&hkv, o->n_kv_heads, t, "n_kv_heads")))
-        return s;
-    if (!h) return mha_fail(MHA_E_ARG, "megatron layout: the number of heads is not in the file; pass --heads");
-    c->d_model = qkv->shape[1];
-    c->d_kv_in = c->d_model;
-    if ((s = divide(&d, dense->shape[1], h, "heads", "dense.weight columns"))) return s;
-    int rows = qkv->shape[0];
-    if (!hkv) {
-        if (rows % d || (rows / d - h) <= 0 || (rows / d - h) % 2)
-            return mha_fail(MHA_E_SHAPE, "tensor 'query_key_value.weight' has %d rows; expected "
-                            "(h + 2*h_kv)*d with h = %d, d = %d", rows, h, d);
-        hkv = (rows / d - h) / 2;
-    }
-    if (hkv <= 0 || h % hkv)
-        return mha_fail(MHA_E_SHAPE, "megatron layout: %d kv heads do not divide %d heads", hkv, h);
-    c->n_heads = h;
-    c->n_kv_heads = hkv;
-    c->d_k = c->d_v = d;
-    if ((s = want_shape(qkv, "query_key_value.weight", 2, (h + 2 * hkv) * d, c->d_model,
-                        "((h + 2*h_kv)*d, d_model)")) ||
-        (s = want_shape(dense, "dense.weight", 2, c->d_model, h * d, "(d_model, h*d)")))
-        return s;
-    if (bqkv && (s = want_shape(bqkv, "query_key_value.bias", 1, (h + 2 * hkv) * d, 0,
-                                "((h + 2*h_kv)*d)")))
-        return s;
-    if ((s = staged_alloc(st))) return s;
-    int rep = h / hkv, group_rows = (rep + 2) * d;
-    for (int g = 0; g < hkv; g++) {
-        int r0 = g * group_rows;
-        put_rows_t(st->w[S_WQ], h * d, g * rep * d, qkv->f, c->d_model, r0, rep * d);
-        put_rows_t(st->w[S_WK], hkv * d, g * d, qkv->f, c->d_model, r0 + rep * d, d);
-        put_rows_t(st->w[S_WV], hkv * d, g * d, qkv->f, c->d_model, r0 + (rep + 1) * d, d);
-        if (bqkv) {
-            memcpy(st->w[S_BQ] + (size_t)g * rep * d, bqkv->f + r0, (size_t)rep * d * sizeof(float));
-            memcpy(st->w[S_BK] + (size_t)g * d, bqkv->f + r0 + rep * d, (size_t)d * sizeof(float));
-            memcpy(st->w[S_BV] + (size_t)g * d, bqkv->f + r0 + (rep + 1) * d, (size_t)d * sizeof(float));
-        }
-    }
-    put_rows_t(st->w[S_WO], c->d_model, 0, dense->f, h * d, 0, c->d_model);
-    int any = bqkv != NULL;
-    s = opt_bias(st->w[S_BO], &any, t, P, "dense.bias", c->d_model, L, "(d_model)");
-    c->bias = any;
-    return s;
 }
 
 /* ---------------------------------------------------------------- torch */

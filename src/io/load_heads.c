@@ -94,6 +94,24 @@ static mha_status fused_dims(int *d, int *hkv, const mha_array *fused, const mha
     return MHA_OK;
 }
 
+/* a[0]: fused rows per kv group g [q heads of g, k_g, v_g] (out, in) as
+ * megatron and GPT-BigCode store them, a[3]: W_O (out, in), a[4]: the
+ * fused bias or NULL. */
+static mha_status fused_groups(source *src, const mha_array *const *a, int h, int *hkv, const char *bias,
+                               const char *layout) {
+    mha_config *c = &src->c;
+    int d;
+    mha_status s = fused_dims(&d, hkv, a[0], a[3], h, layout);
+    if (s) return s;
+    c->d_model = c->d_kv_in = c->d_v_in = a[0]->shape[1], c->d_k = c->d_v = d;
+    const int rep = h / *hkv, gs = (rep + 2) * d;
+    src->w[0] = (part){a[0], 1, 0, rep, gs}, src->w[1] = (part){a[0], 1, rep * d, 1, gs};
+    src->w[2] = (part){a[0], 1, (rep + 1) * d, 1, gs};
+    for (int i = 0; a[4] && i < 3; i++) src->b[i] = src->w[i], src->b[i].a = a[4], src->b[i].trans = 0;
+    src->o = plain(a[3], 1, 0, d);
+    return want(a[4], bias, (h + 2 * *hkv) * d, 0);
+}
+
 static mha_status describe(source *src, const mha_tensors *t, const mha_load_options *o) {
     const char *P = o->prefix;
     mha_config *c = &src->c;
@@ -193,6 +211,10 @@ static mha_status describe(source *src, const mha_tensors *t, const mha_load_opt
         if ((s = find(&a[0], t, P, "c_attn.weight", 1)) || (s = find(&a[3], t, P, "c_proj.weight", 1)) ||
             (s = find(&a[4], t, P, "c_attn.bias", 0)) || (s = find(&src->b_o, t, P, "c_proj.bias", 0)))
             return s;
+        if (a[0]->rank == 2 && a[0]->shape[0] > a[0]->shape[1]) { /* nn.Linear (out, in): GPT-BigCode */
+            if ((s = fused_groups(src, a, h, &hkv, "c_attn.bias", "gpt2 (GPT-BigCode)"))) return s;
+            break;
+        }
         if (a[0]->rank != 2 || a[0]->shape[1] % 3) return mha_fail(MHA_E_SHAPE, "gpt2 layout: c_attn.weight must be (d_model, 3E)");
         if (hkv && hkv != h) return mha_fail(MHA_E_ARG, "gpt2 layout has one kv head per head; got n_kv_heads = %d", hkv);
         E = a[0]->shape[1] / 3, hkv = h, c->d_model = c->d_kv_in = c->d_v_in = a[0]->shape[0];
@@ -203,21 +225,12 @@ static mha_status describe(source *src, const mha_tensors *t, const mha_load_opt
         if ((s = want(a[4], "c_attn.bias", 3 * E, 0))) return s;
         src->o = plain(a[3], 0, 0, c->d_v);
         break;
-    case MHA_LAYOUT_MEGATRON: { /* fused rows per kv group: [q heads of g, k_g, v_g] */
+    case MHA_LAYOUT_MEGATRON: /* fused rows per kv group: [q heads of g, k_g, v_g] */
         if ((s = find(&a[0], t, P, "query_key_value.weight", 1)) || (s = find(&a[3], t, P, "dense.weight", 1)) ||
-            (s = find(&a[4], t, P, "query_key_value.bias", 0)) || (s = find(&src->b_o, t, P, "dense.bias", 0)))
+            (s = find(&a[4], t, P, "query_key_value.bias", 0)) || (s = find(&src->b_o, t, P, "dense.bias", 0)) ||
+            (s = fused_groups(src, a, h, &hkv, "query_key_value.bias", "megatron")))
             return s;
-        int d;
-        if ((s = fused_dims(&d, &hkv, a[0], a[3], h, "megatron"))) return s;
-        c->d_model = c->d_kv_in = c->d_v_in = a[0]->shape[1], c->d_k = c->d_v = d;
-        const int rep = h / hkv, gs = (rep + 2) * d;
-        src->w[0] = (part){a[0], 1, 0, rep, gs}, src->w[1] = (part){a[0], 1, rep * d, 1, gs};
-        src->w[2] = (part){a[0], 1, (rep + 1) * d, 1, gs};
-        for (int i = 0; a[4] && i < 3; i++) src->b[i] = src->w[i], src->b[i].a = a[4], src->b[i].trans = 0;
-        if ((s = want(a[4], "query_key_value.bias", (h + 2 * hkv) * d, 0))) return s;
-        src->o = plain(a[3], 1, 0, d);
         break;
-    }
     default: return mha_fail(MHA_E_ARG, "layout %d is not one of mha_layout", (int)o->layout);
     }
     c->n_kv_heads = hkv;
