@@ -160,6 +160,26 @@ static void check_shards(const char *path, const mha_layer *full, int P, const c
     free(x), free(y), free(sum), free(yf);
 }
 
+/* The file at p loads as w's layer, every weight and bias bit for bit,
+ * and its shards for each P of Ps are blocks of it (check_shards). */
+static void check_file_layer(const char *p, const naive_weights *w, const int *Ps, int nP, const char *what) {
+    const mha_config *c = &w->cfg;
+    mha_layer *full = NULL, *want = naive_make_layer(w);
+    CHECK_OK(mha_layer_load(&full, p, NULL));
+    if (full && want) {
+        mha_weights a, e;
+        mha_layer_get_weights(full, &a), mha_layer_get_weights(want, &e);
+        const int D = c->d_model, h = c->n_heads, g = c->n_kv_heads, dk = c->d_k, dv = c->d_v;
+        int same = !memcmp(a.w_q, e.w_q, sizeof(float) * D * h * dk) && !memcmp(a.w_k, e.w_k, sizeof(float) * D * g * dk) &&
+                   !memcmp(a.w_v, e.w_v, sizeof(float) * D * g * dv) && !memcmp(a.w_o, e.w_o, sizeof(float) * h * dv * D);
+        same &= !memcmp(a.b_q, e.b_q, sizeof(float) * h * dk) && !memcmp(a.b_k, e.b_k, sizeof(float) * g * dk) &&
+                !memcmp(a.b_v, e.b_v, sizeof(float) * g * dv) && !memcmp(a.b_o, e.b_o, sizeof(float) * D);
+        if (!same) test_report(__FILE__, __LINE__, "%s: the loaded layer differs from the written weights", what);
+    }
+    for (int i = 0; full && i < nP; i++) check_shards(p, full, Ps[i], what);
+    mha_layer_free(full), mha_layer_free(want);
+}
+
 static void one_layout(mha_layout layout, const char *file, mha_config c, const int *Ps, int nP) {
     uint64_t seed = 1601 + (uint64_t)layout;
     naive_weights w;
@@ -217,15 +237,7 @@ static void load_heads_every_layout(void) {
     char p[128];
     snprintf(p, sizeof p, "%s", path_of("bigcode.safetensors"));
     write_bigcode(p, &w);
-    mha_layer *full = NULL, *want = naive_make_layer(&w);
-    CHECK_OK(mha_layer_load(&full, p, NULL));
-    if (full && want) {
-        mha_weights a, e;
-        mha_layer_get_weights(full, &a), mha_layer_get_weights(want, &e);
-        CHECK(!memcmp(a.w_k, e.w_k, sizeof(float) * 8 * 2) && !memcmp(a.w_o, e.w_o, sizeof(float) * 8 * 8));
-    }
-    for (int i = 0; full && i < 3; i++) check_shards(p, full, mha_P[i], "gpt-bigcode");
-    mha_layer_free(full), mha_layer_free(want);
+    check_file_layer(p, &w, mha_P, 3, "gpt-bigcode");
     naive_weights_free(&w);
 }
 
@@ -253,20 +265,12 @@ static void load_heads_hf_fused_qkv(void) {
     snprintf(p, sizeof p, "%s", path_of("phi3.safetensors"));
     CHECK_OK(mha_safetensors_write(p, t));
     mha_tensors_free(t);
-    mha_layer *full = NULL, *want = naive_make_layer(&w);
+    mha_layer *full = NULL; /* found by the decoder layer's path */
     mha_load_options o = {.prefix = "model.layers.2"};
     CHECK_OK(mha_layer_load(&full, p, &o));
-    if (full && want) {
-        mha_weights a, e;
-        mha_layer_get_weights(full, &a), mha_layer_get_weights(want, &e);
-        CHECK(!memcmp(a.w_k, e.w_k, sizeof(float) * D * nk) && !memcmp(a.w_v, e.w_v, sizeof(float) * D * nk) &&
-              !memcmp(a.b_v, e.b_v, sizeof(float) * nk) && !memcmp(a.w_o, e.w_o, sizeof(float) * nq * D));
-    }
+    mha_layer_free(full);
     const int Ps[3] = {1, 2, 4};
-    for (int i = 0; full && i < 3; i++) { /* check_shards loads without a prefix: the file has one layer */
-        check_shards(p, full, Ps[i], "hf fused qkv");
-    }
-    mha_layer_free(full), mha_layer_free(want);
+    check_file_layer(p, &w, Ps, 3, "hf fused qkv");
     naive_weights_free(&w);
     free(tq), free(tk), free(tv), free(to), free(qkv), free(b);
     unlink(p);
@@ -294,17 +298,8 @@ static void load_heads_bert_names(void) {
     snprintf(p, sizeof p, "%s", path_of("bert.safetensors"));
     CHECK_OK(mha_safetensors_write(p, t));
     mha_tensors_free(t);
-    mha_layer *full = NULL;
-    CHECK_OK(mha_layer_load(&full, p, NULL));
     const int Ps[2] = {2, 4};
-    for (int i = 0; full && i < 2; i++) check_shards(p, full, Ps[i], "bert names");
-    mha_layer *want = naive_make_layer(&w);
-    if (full && want) {
-        mha_weights a, e;
-        mha_layer_get_weights(full, &a), mha_layer_get_weights(want, &e);
-        CHECK(!memcmp(a.w_o, e.w_o, sizeof(float) * 64) && !memcmp(a.b_k, e.b_k, sizeof(float) * 8));
-    }
-    mha_layer_free(full), mha_layer_free(want);
+    check_file_layer(p, &w, Ps, 2, "bert names");
     naive_weights_free(&w);
     for (int m = 0; m < 4; m++) free(tw[m]);
     unlink(p);
