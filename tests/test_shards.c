@@ -142,6 +142,9 @@ static void shards_layer_split_across_files(void) {
     CHECK_INT(mha_tensors_count(t), 4);
     CHECK(t && mha_tensors_meta(t, "format") && strcmp(mha_tensors_meta(t, "format"), "pt") == 0);
     mha_tensors_free(t);
+    CHECK_STATUS(mha_layer_load_config(&c, p, &(mha_load_options){.n_heads = H, .prefix = "model"}), MHA_E_FORMAT);
+    CHECK(strstr(mha_last_error(), "model.safetensors.index.json: weight_map") != NULL); /* the path once */
+    CHECK(strstr(mha_last_error(), "index.json: /") == NULL);
     o.prefix = "model"; /* two layers inside */
     CHECK_STATUS(mha_layer_load(&whole, p, &o), MHA_E_FORMAT);
     CHECK_ERROR_MENTIONS("several attention layers inside prefix 'model' ('model.layers.0.self_attn.', "

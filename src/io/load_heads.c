@@ -400,6 +400,8 @@ static mha_status with_path(mha_status s, const char *path) {
     if (!s) return s;
     char msg[400];
     snprintf(msg, sizeof msg, "%s", mha_last_error());
+    const size_t n = strlen(path);
+    if (!strncmp(msg, path, n) && msg[n] == ':') return s; /* named already (an index's reader) */
     return mha_fail(s, "%s: %s", path, msg);
 }
 
