@@ -102,7 +102,7 @@ run run --weights $T/gpt2.safetensors.index.json --heads 4 --prefix h.1 --input 
 expect_ok
 oracle $T/y_gpt2_index.npy mha
 run run --weights $T/gpt2.safetensors.index.json --heads 4 --input $T/x.npy --output $T/y_gpt2_index2.npy
-expect_error 1 "weight_map has several attention layers ('h.0.attn.', 'h.1.attn.')"
+expect_error 1 "weight_map has 2 attention layers ('h.0.attn.', 'h.1.attn.')"
 
 # --- convert then run equals running the source -------------------------------
 for l in hf megatron; do

@@ -143,11 +143,11 @@ static void shards_layer_split_across_files(void) {
     CHECK(t && mha_tensors_meta(t, "format") && strcmp(mha_tensors_meta(t, "format"), "pt") == 0);
     mha_tensors_free(t);
     CHECK_STATUS(mha_layer_load_config(&c, p, &(mha_load_options){.n_heads = H, .prefix = "model"}), MHA_E_FORMAT);
-    CHECK(strstr(mha_last_error(), "model.safetensors.index.json: weight_map") != NULL); /* the path once */
+    CHECK(strstr(mha_last_error(), "model.safetensors.index.json: weight_map has 2") != NULL); /* the path once */
     CHECK(strstr(mha_last_error(), "index.json: /") == NULL);
     o.prefix = "model"; /* two layers inside */
     CHECK_STATUS(mha_layer_load(&whole, p, &o), MHA_E_FORMAT);
-    CHECK_ERROR_MENTIONS("several attention layers inside prefix 'model' ('model.layers.0.self_attn.', "
+    CHECK_ERROR_MENTIONS("2 attention layers inside prefix 'model' ('model.layers.0.self_attn.', "
                          "'model.layers.1.self_attn.')");
     o.prefix = "model.layers.2";
     CHECK_STATUS(mha_layer_load(&whole, p, &o), MHA_E_FORMAT);
@@ -171,6 +171,9 @@ static void shards_hostile_indexes(void) {
         {"{\"weight_map\": {}}", "no attention layer", MHA_E_FORMAT},
         {"{\"weight_map\": {\"a\": \"x\", \"a\": \"y\"}}", "expected a sharded checkpoint's JSON index", MHA_E_FORMAT},
         {"not json", "expected a sharded checkpoint's JSON index", MHA_E_FORMAT},
+        /* OPT's layers hold two anchors each (q_proj, out_proj): still two layers */
+        {"{\"weight_map\": {\"l.0.q_proj.weight\": \"a\", \"l.0.out_proj.weight\": \"a\", \"l.1.q_proj.weight\": "
+         "\"a\", \"l.1.out_proj.weight\": \"a\"}}", "2 attention layers ('l.0.', 'l.1.')", MHA_E_FORMAT},
     };
     char p[160];
     file_at(p, sizeof p, "bad.index.json");

@@ -33,13 +33,16 @@ static const char *const anchors[] = {"w_q",           "out_proj.weight",   "q_p
 static mha_status find_layer(char *path, size_t cap, json_t *map, const char *prefix) {
     int layers = 0;
     char list[256] = "";
-    size_t used = 0, len;
-    const char *name;
+    size_t used = 0, len, seen_len[16];
+    const char *name, *seen[16]; /* the first layers' paths (name, length): one layer may hold two anchors */
     json_t *v;
     json_object_foreach(map, name, v) {
         for (int a = 0; a < N_ANCHORS; a++) {
             if (!mha_io_name_inside(name, prefix, anchors[a], &len)) continue;
-            if (layers && strlen(path) == len && strncmp(path, name, len) == 0) continue; /* the same layer */
+            int known = 0;
+            for (int i = 0; i < layers && i < 16; i++) known |= seen_len[i] == len && !strncmp(seen[i], name, len);
+            if (known) continue;
+            if (layers < 16) seen[layers] = name, seen_len[layers] = len;
             if (!layers++) {
                 if (len >= cap) return mha_fail(MHA_E_FORMAT, "tensor name '%.60s...' is too long", name);
                 memcpy(path, name, len), path[len] = 0;
@@ -56,8 +59,8 @@ static mha_status find_layer(char *path, size_t cap, json_t *map, const char *pr
                         "w_q, out_proj.weight, q_proj.weight, qkv_proj.weight, c_attn.weight, self.query.weight, "
                         "attention.query.weight, q_lin.weight or query_key_value.weight",
                         *in ? " inside prefix '" : "", in, *in ? "'" : "");
-    return mha_fail(MHA_E_FORMAT, "weight_map has several attention layers%s%.60s%s (%s); expected one: pass the "
-                    "prefix of one of them (--prefix)", *in ? " inside prefix '" : "", in, *in ? "'" : "", list);
+    return mha_fail(MHA_E_FORMAT, "weight_map has %d attention layers%s%.60s%s (%s); expected one: pass the "
+                    "prefix of one of them (--prefix)", layers, *in ? " inside prefix '" : "", in, *in ? "'" : "", list);
 }
 
 /* Copies the tensors of layer `path` that map to shard `file` from it. */
