@@ -147,6 +147,11 @@ const mha_hf_names *mha_io_hf_names(const mha_tensors *t, const char *prefix);
  * mha_checkpoint_read reads it) (shards.c). */
 int mha_io_is_index(const char *path);
 
+/* mha_checkpoint_read for the loaders: a file's tensors borrowed from its
+ * lazy mapping (mha_io_map_only) instead of copied; a directory resolved,
+ * an index's layer copied out of its shards (shards.c). */
+mha_status mha_io_checkpoint_map(mha_tensors **out, const char *path, const char *prefix, unsigned flags);
+
 /* The layout whose tensors lie inside the module prefix (NULL or "":
  * anywhere), as mha_layout_detect (layouts.c). */
 mha_status mha_io_detect(mha_layout *out, const mha_tensors *t, const char *prefix);

@@ -867,12 +867,7 @@ mha_status mha_layer_load(mha_layer **out, const char *path, const mha_load_opti
     /* The float32 tensors borrow the file's mapping: the layouts read the
      * file's bytes directly, and the mapping is gone when this returns. */
     mha_tensors *t;
-    char file[4096]; /* a directory: its model.safetensors or index */
-    mha_status s = mha_checkpoint_resolve(file, sizeof file, path);
-    if (s) return s;
-    path = file;
-    s = mha_io_is_index(path) ? mha_checkpoint_read(&t, path, opt ? opt->prefix : NULL, 0)
-                              : mha_io_map_only(&t, path, 0, opt ? opt->prefix : NULL);
+    mha_status s = mha_io_checkpoint_map(&t, path, opt ? opt->prefix : NULL, 0);
     if (s) return s;
     s = mha_layer_from_tensors(out, t, opt);
     mha_tensors_free(t);

@@ -382,12 +382,7 @@ static mha_status open_source(mha_tensors **t, source *src, const char *path, co
     mha_load_options o = {0};
     if (opt) o = *opt;
     memset(src, 0, sizeof *src);
-    char file[4096]; /* a directory: its model.safetensors or index */
-    mha_status s = mha_checkpoint_resolve(file, sizeof file, path);
-    if (s) return s;
-    path = file;
-    s = mha_io_is_index(path) ? mha_checkpoint_read(t, path, o.prefix, MHA_IO_ALLOW_NONFINITE)
-                              : mha_io_map_only(t, path, MHA_IO_ALLOW_NONFINITE, o.prefix);
+    mha_status s = mha_io_checkpoint_map(t, path, o.prefix, MHA_IO_ALLOW_NONFINITE);
     if (s) return s;
     if (o.layout == MHA_LAYOUT_AUTO && (s = mha_io_detect(&o.layout, *t, o.prefix))) return s;
     if ((s = mha_io_layer_path(&o, src->path, sizeof src->path, *t))) return s;

@@ -160,22 +160,35 @@ mha_status mha_checkpoint_resolve(char *out, size_t cap, const char *path) {
     return MHA_OK;
 }
 
-mha_status mha_checkpoint_read(mha_tensors **out, const char *path, const char *prefix, unsigned flags) {
-    if (!out || !path) return mha_fail(MHA_E_ARG, "mha_checkpoint_read: NULL argument");
-    *out = NULL;
+/* The tensors of checkpoint path (a file, an index or a directory): a
+ * file's are borrowed from its mapping (borrow) or copied, an index's
+ * layer is always copied out of its shards. */
+static mha_status open_checkpoint(mha_tensors **out, const char *path, const char *prefix, unsigned flags,
+                                  int borrow) {
     char file[4096];
-    mha_status s0 = mha_checkpoint_resolve(file, sizeof file, path);
-    if (s0) return s0;
-    path = file;
-    if (!mha_io_is_index(path)) return mha_io_read_only(out, path, flags, prefix);
-    mha_status s = mha_tensors_create(out);
-    if (!s) s = read_index(*out, path, prefix, flags);
+    mha_status s = mha_checkpoint_resolve(file, sizeof file, path);
+    if (s) return s;
+    if (!mha_io_is_index(file))
+        return borrow ? mha_io_map_only(out, file, flags, prefix) : mha_io_read_only(out, file, flags, prefix);
+    s = mha_tensors_create(out);
+    if (!s) s = read_index(*out, file, prefix, flags);
     if (s) {
         mha_tensors_free(*out);
         *out = NULL;
         char msg[400];
         snprintf(msg, sizeof msg, "%s", mha_last_error());
-        return mha_fail(s, "%s: %s", path, msg);
+        return mha_fail(s, "%s: %s", file, msg);
     }
     return MHA_OK;
+}
+
+mha_status mha_checkpoint_read(mha_tensors **out, const char *path, const char *prefix, unsigned flags) {
+    if (!out || !path) return mha_fail(MHA_E_ARG, "mha_checkpoint_read: NULL argument");
+    *out = NULL;
+    return open_checkpoint(out, path, prefix, flags, 0);
+}
+
+mha_status mha_io_checkpoint_map(mha_tensors **out, const char *path, const char *prefix, unsigned flags) {
+    *out = NULL;
+    return open_checkpoint(out, path, prefix, flags, 1);
 }
