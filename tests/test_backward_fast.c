@@ -359,6 +359,13 @@ static void run_options(void) {
     check_fast(&f, "d_k 32 cross causal");
     naive_bw_case_free(&f);
 
+    /* a wide layer: the projection products run several K chunks (d_model
+     * and the widths past backward_gemm.c's 256) and row blocks (300 rows
+     * past its 288) */
+    naive_bw_case_make(&f, naive_config(272, 4, 2, 0, 0, 1), 1, 300, 300, 0, 0, 1319);
+    check_fast(&f, "wide layer, GQA");
+    naive_bw_case_free(&f);
+
     const int B = 2, T = 40, S = 120, h = 2;
     naive_bw_case_make(&f, naive_config(8, h, 0, 0, 0, 1), B, T, S, 1, 0, 1306);
     uint8_t *keep = malloc((size_t)B * h * T * S), key_keep[2 * 120];

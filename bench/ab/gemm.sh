@@ -13,6 +13,7 @@ if [ -f "$base" ]; then cp "$base" "$out/old_gemm.c"; else git show "$base":src/
 F="-std=c11 -O2 -g -fopenmp -Iinclude -Isrc -Ibench -D_DEFAULT_SOURCE"
 R="-Dmha_gemm=mha_gemm_old -Dmha_pack=mha_pack_old -Dmha_pack_from=mha_pack_from_old"
 R="$R -Dmha_gemm_scratch_allocations=mha_gemm_scratch_allocations_old"
+R="$R -Dmha_gemm_scratch_take=mha_gemm_scratch_take_old -Dmha_gemm_scratch_give=mha_gemm_scratch_give_old"
 cc $F $R -Dmha_packed_free=mha_packed_free_old -c "$out/old_gemm.c" -o "$out/old_gemm.o"
 cc $F -c bench/ab/gemm.c -o "$out/ab_gemm.o"
 cc $F -mavx512f -c bench/machine_avx512.c -o "$out/machine_avx512.o"

@@ -5,6 +5,7 @@
 #include <math.h>
 
 #include "kernels/backward_kernels.h"
+#include "kernels/kernels.h"
 #include "kernels/avx512_micro.h"
 
 /* c (rows, 16P) [+]= a b: 12-row tiles, then a 6-row tile for a last 6
@@ -114,4 +115,5 @@ static void pack_panels_avx512(float *dst, const float *src, size_t ld, int n, i
 }
 
 const mha_backward_kernels mha_backward_kernels_avx512 = {"avx512", scores_rows_avx512, probs_ds_avx512, accumulate_tn_avx512, 12, 32,
-                                                          gemm_tile_avx512, pack_panels_avx512};
+                                                          gemm_tile_avx512, pack_panels_avx512,
+                                                          mha_pack_a6_avx512};

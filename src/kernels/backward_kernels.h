@@ -56,6 +56,11 @@ typedef struct mha_backward_kernels {
      * dst[(i/16)*16d + e*16 + i%16]; rows n.. of the last panel zero. A
      * copy: every ISA gives the same bits. */
     void (*pack_panels)(float *dst, const float *src, size_t ld, int n, int d);
+
+    /* rows (<= 6) rows of a (row stride lda) -> out (kn, 6): element (i, k)
+     * at out[k*6 + i], rows past `rows` zero (the prefill table's pack_a6).
+     * A copy; NULL: backward_gemm.c's portable loop. */
+    void (*pack_a6)(float *out, const float *a, size_t lda, int rows, int kn);
 } mha_backward_kernels;
 
 /* The portable pack_panels (scalar_backward.c), which the AVX2 table shares. */

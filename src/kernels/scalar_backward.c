@@ -59,4 +59,4 @@ void mha_bwd_pack_panels_scalar(float *dst, const float *src, size_t ld, int n, 
 }
 
 const mha_backward_kernels mha_backward_kernels_scalar = {"scalar", scores_rows_scalar, probs_ds_scalar, accumulate_tn_scalar, 6, 16,
-                                                          gemm_tile_scalar, mha_bwd_pack_panels_scalar};
+                                                          gemm_tile_scalar, mha_bwd_pack_panels_scalar, NULL};
