@@ -138,7 +138,7 @@ mha_status mha_bwd_saved_make(mha_bwd_saved *sv, const mha_exec *ex, const mha_l
      * it the transposing copy of the keys (a copy: the same bits on every
      * ISA, and the portable one took 4% of a P2 backward on a Zen 4) */
     const mha_kernels *kern = mha_exec_prefill(ex);
-    const mha_backward_kernels *bk = mha_exec_backward(ex);
+    const mha_backward_kernels *bwd = mha_exec_backward(ex);
     const int nt = ex->n_threads, h = c->n_heads, h_kv = c->n_kv_heads, d_k = c->d_k, d_v = c->d_v;
     const int Sx = mha_total_keys(c, S);
     const size_t qw = (size_t)h * d_k, kw = (size_t)h_kv * d_k, vw = (size_t)h_kv * d_v, zw = (size_t)h * d_v;
@@ -167,7 +167,7 @@ mha_status mha_bwd_saved_make(mha_bwd_saved *sv, const mha_exec *ex, const mha_l
                               B, T, S, Sx, sv->scale};
     if ((s = mha_fast_check_scores(sv->q, sv->k, c, B, T, Sx, sv->scale, who))) goto fail;
     long masked = 0;
-    if ((s = mha_bwd_attention_forward(&att, kern, bk, nt, &masked))) goto fail;
+    if ((s = mha_bwd_attention_forward(&att, kern, bwd, nt, &masked))) goto fail;
     if (masked && opt->masked_row == MHA_MASKED_ROW_NAN) {
         s = mha_fail(MHA_E_UNSUPPORTED, "%s: %ld query rows have no allowed key under "
                      "MHA_MASKED_ROW_NAN; expected MHA_MASKED_ROW_ZERO (or the reference backward)", who, masked);
