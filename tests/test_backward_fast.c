@@ -15,6 +15,7 @@
 #include "core/core.h"
 #include "compute/exec.h"
 #include "forward/backward.h"
+#include "forward/backward_fast.h"
 #include "kernels/kernels.h"
 #include "naive.h"
 #include "tests.h"
@@ -543,6 +544,23 @@ static void check_backward_kernels(const char *env, const mha_isa *want) {
     } else if (tr.prefill != want->prefill || tr.backward != want->backward) {
         test_report(__FILE__, __LINE__, "MHA_KERNELS=%s: backward ran %s/%s; want %s", env ? env : "(unset)",
                     tr.prefill ? tr.prefill->name : "-", tr.backward ? tr.backward->name : "-", want->name);
+    }
+    if (want && f.L) { /* pass 2 alone (from a saved pass 1, as the tape runs it) asks the exec too */
+        mha_exec quiet = ex;
+        quiet.trace = NULL;
+        mha_bwd_saved sv;
+        CHECK_OK(mha_bwd_saved_make(&sv, &quiet, f.L, f.x, f.x, f.x, f.B, f.T, f.S, &f.opt, 0, "test"));
+        mha_exec_trace pass2 = {0};
+        ex.trace = &pass2;
+        grads g2;
+        grads_alloc(&g2, &f.w.cfg, f.B, f.T, f.S, 0, 0);
+        mha_gradients view2 = grads_view(&g2);
+        CHECK_OK(mha_bwd_from_saved(&ex, f.L, &view2, f.dy, &sv, f.x, f.x, f.x, &f.opt, 0));
+        if (pass2.backward != want->backward)
+            test_report(__FILE__, __LINE__, "MHA_KERNELS=%s: pass 2 ran backward table %s; want %s",
+                        env ? env : "(unset)", pass2.backward ? pass2.backward->name : "-", want->name);
+        grads_free(&g2);
+        mha_bwd_saved_free(&sv);
     }
     grads_free(&g);
     naive_bw_case_free(&f);
