@@ -35,14 +35,10 @@ static void pack_a(float *dst, mha_view a, int m0, int mc, int k0, int kc,
             bk->pack_a6(dst, src, a.rs, rows, kc);
         } else if (a.rs == 1 && rows == MHA_MR) {
             for (int k = 0; k < kc; k++) memcpy(dst + (size_t)k * MHA_MR, src + (size_t)k * a.cs, sizeof(float) * MHA_MR);
-        } else if (a.rs == 1 || a.cs == 1) {
+        } else { /* any strides: the last micro-panel, and a row-major a without pack_a6 */
             for (int k = 0; k < kc; k++)
                 for (int i = 0; i < MHA_MR; i++)
                     dst[(size_t)k * MHA_MR + i] = i < rows ? src[(size_t)k * a.cs + (size_t)i * a.rs] : 0.0f;
-        } else {
-            for (int i = 0; i < MHA_MR; i++)
-                for (int k = 0; k < kc; k++)
-                    dst[(size_t)k * MHA_MR + i] = i < rows ? src[(size_t)i * a.rs + (size_t)k * a.cs] : 0.0f;
         }
     }
 }
@@ -64,8 +60,6 @@ static void pack_b(float *dst, mha_view b, int k0, int kc, int n0, int nc,
             float *out = dst + (size_t)k * MHA_NR;
             if (b.cs == 1 && n == MHA_NR) /* a constant size: vector moves, not rep movs */
                 memcpy(out, src, sizeof(float) * MHA_NR);
-            else if (b.cs == 1)
-                memcpy(out, src, sizeof(float) * n);
             else
                 for (int j = 0; j < n; j++) out[j] = src[(size_t)j * b.cs];
             for (int j = n; j < MHA_NR; j++) out[j] = 0.0f;
