@@ -669,9 +669,10 @@ static void test_long_context_folds(void) {
 
 /* ------------------------------------------------- prefetch policy */
 
-/* The Intel and the Zen prefetch tuning (decode.c) give the same bits:
- * MHA (one row: Zen prefetches fp32 too), GQA (4 rows), MQA (grouped),
- * fp32 / fp16 / int8, a cache of several chunks, 1 and 2 threads. */
+/* The Intel and the Zen prefetch tunings, into L1 or L2 (decode.c), give
+ * the same bits: MHA (one row: Zen prefetches fp32 too), GQA (4 rows),
+ * MQA (grouped), fp32 / fp16 / int8, a cache of several chunks, 1 and 2
+ * threads. */
 static void test_prefetch_policy_bits(void) {
     for (int v = 0; v < 6; v++) {
         const int h_kv = v % 3 == 0 ? 8 : v % 3 == 1 ? 2 : 1;
@@ -681,13 +682,14 @@ static void test_prefetch_policy_bits(void) {
         uint64_t seed = 43;
         size_t ny = (size_t)f.B * f.T * f.D;
         float *x = dyadic(naive_random_floats(ny, &seed, -1.0f, 1.0f), ny);
-        float *y[4];
+        float *y[6];
         int steps[] = {290, 1, 1, 1, 4, 1, 1, 1};
         mha_decode_set_min_parallel_work(0.0);
-        for (int r = 0; r < 4; r++) { /* policy r % 2, r / 2 + 1 threads */
+        const int policy[3] = {MHA_DECODE_PF_INTEL, MHA_DECODE_PF_ZEN, MHA_DECODE_PF_ZEN_L2};
+        for (int r = 0; r < 6; r++) { /* policy r % 3, r / 3 + 1 threads */
             y[r] = naive_alloc_floats(ny);
-            mha_decode_force_prefetch_policy(r % 2 ? MHA_DECODE_PF_ZEN : MHA_DECODE_PF_INTEL);
-            mha_set_num_threads(r / 2 + 1);
+            mha_decode_force_prefetch_policy(policy[r % 3]);
+            mha_set_num_threads(r / 3 + 1);
             mha_cache *c = NULL;
             CHECK_OK(mha_cache_create(&c, f.L, f.B, f.T, dt, 0));
             if (c) run_cached(y[r], NULL, &f, c, x, steps, 8, NULL);
@@ -696,15 +698,16 @@ static void test_prefetch_policy_bits(void) {
         mha_decode_force_prefetch_policy(-1);
         mha_set_num_threads(0);
         mha_decode_set_min_parallel_work(262144.0);
-        for (int r = 1; r < 4; r++) CHECK(memcmp(y[0], y[r], ny * sizeof(float)) == 0);
-        for (int r = 0; r < 4; r++) free(y[r]);
+        for (int r = 1; r < 6; r++) CHECK(memcmp(y[0], y[r], ny * sizeof(float)) == 0);
+        for (int r = 0; r < 6; r++) free(y[r]);
         free(x);
         fixture_free(&f);
     }
 }
 
 /* The policy follows the CPU: Zen on AMD family 0x17 (Zen) and later,
- * the Intel tuning elsewhere (read here from CPUID independently). */
+ * into L2 where the L1D holds less than 48 KiB (Zen 1-4), the Intel
+ * tuning elsewhere (read here from CPUID independently). */
 static void test_prefetch_policy_cpu(void) {
     int want = MHA_DECODE_PF_INTEL;
 #if defined(__x86_64__) || defined(__i386__)
@@ -714,12 +717,17 @@ static void test_prefetch_policy_cpu(void) {
     if (strcmp(vendor, "AuthenticAMD") == 0 && __get_cpuid(1, &a, &b, &c, &d)) {
         const unsigned base = (a >> 8) & 0xf, fam = base + (base == 0xf ? (a >> 20) & 0xff : 0);
         want = fam >= 0x17 ? MHA_DECODE_PF_ZEN : MHA_DECODE_PF_INTEL;
+        unsigned l1d_kib = 0;
+        if (__get_cpuid(0x80000005, &a, &b, &c, &d)) l1d_kib = (c >> 24) & 0xff;
+        if (want == MHA_DECODE_PF_ZEN && l1d_kib > 0 && l1d_kib < 48) want = MHA_DECODE_PF_ZEN_L2;
     }
 #endif
     mha_decode_force_prefetch_policy(-1);
     CHECK(mha_decode_prefetch_policy() == want);
     mha_decode_force_prefetch_policy(MHA_DECODE_PF_ZEN);
     CHECK(mha_decode_prefetch_policy() == MHA_DECODE_PF_ZEN);
+    mha_decode_force_prefetch_policy(MHA_DECODE_PF_ZEN_L2);
+    CHECK(mha_decode_prefetch_policy() == MHA_DECODE_PF_ZEN_L2);
     mha_decode_force_prefetch_policy(MHA_DECODE_PF_INTEL);
     CHECK(mha_decode_prefetch_policy() == MHA_DECODE_PF_INTEL);
     mha_decode_force_prefetch_policy(-1);
@@ -727,7 +735,8 @@ static void test_prefetch_policy_cpu(void) {
 
 /* The AVX-512 kernels walk a prefetch stream: one line per loop step
  * with per = 1 (one row, d 64, 128 keys: the scores 2 x 64 steps, the
- * values 128), stopping at its end, and report where they stopped. */
+ * values 128), stopping at its end, and report where they stopped;
+ * into L1 or L2 alike. */
 static void test_prefetch_stream(void) {
     if (!mha_cpu_has_avx512()) SKIP(TEST_SKIP_ISA, "avx512f", "no AVX-512: no prefetch stream");
     const mha_decode_kernels *kr = &mha_decode_kernels_avx512;
@@ -735,13 +744,15 @@ static void test_prefetch_stream(void) {
     static char buf[64 * 1024] __attribute__((aligned(64)));
     float *q = naive_alloc_floats(D), *k = naive_alloc_floats((size_t)N * D), *s = naive_alloc_floats(N);
     float *acc = naive_alloc_floats(D);
-    kr->prefetch_stream(buf, buf + sizeof buf, 1);
-    kr->scores(s, N, q, D, k, 1, N, D);
-    CHECK(kr->prefetch_stream(buf, buf + sizeof buf, 1) == buf + 64 * 2 * D);
-    kr->accumulate(acc, D, s, N, k, 1, N, D);
-    CHECK(kr->prefetch_stream(buf, buf + 4096, 1) == buf + 64 * N);
-    kr->scores(s, N, q, D, k, 1, N, D); /* 128 steps, 64 lines */
-    CHECK(kr->prefetch_stream(NULL, NULL, 0) == buf + 4096);
+    for (int l2 = 0; l2 < 2; l2++) {
+        kr->prefetch_stream(buf, buf + sizeof buf, 1, l2);
+        kr->scores(s, N, q, D, k, 1, N, D);
+        CHECK(kr->prefetch_stream(buf, buf + sizeof buf, 1, l2) == buf + 64 * 2 * D);
+        kr->accumulate(acc, D, s, N, k, 1, N, D);
+        CHECK(kr->prefetch_stream(buf, buf + 4096, 1, l2) == buf + 64 * N);
+        kr->scores(s, N, q, D, k, 1, N, D); /* 128 steps, 64 lines */
+        CHECK(kr->prefetch_stream(NULL, NULL, 0, l2) == buf + 4096);
+    }
     free(q), free(k), free(s), free(acc);
 }
 

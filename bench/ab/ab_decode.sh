@@ -15,9 +15,14 @@ mkdir -p $out
 CC="cc -std=c11 -O2 -g -fopenmp -Iinclude -Isrc -Ibench -D_DEFAULT_SOURCE"
 AVX512="-mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -mf16c"
 git show "$rev:src/cache/decode.c" > $out/decode_old.c
+# the old files see REV's decode_kernels.h (the table's entry points may
+# differ in their parameters): -iquote comes before -I for "..." includes
+mkdir -p $out/old_inc/kernels
+git show "$rev:src/kernels/decode_kernels.h" > $out/old_inc/kernels/decode_kernels.h
+OLD_INC="-iquote $out/old_inc"
 git show "$rev:src/kernels/avx512_decode.c" > $out/avx512_decode_old.c
 # (the prefetch policy's functions renamed too, where REV has them)
-$CC -Dmha_decode_attend=mha_decode_attend_old -Dmha_decode_prefetch_policy=mha_decode_prefetch_policy_old \
+$CC $OLD_INC -Dmha_decode_attend=mha_decode_attend_old -Dmha_decode_prefetch_policy=mha_decode_prefetch_policy_old \
     -Dmha_decode_force_prefetch_policy=mha_decode_force_prefetch_policy_old -c $out/decode_old.c -o $out/decode_old.o
 # NEW_CFLAGS (environment): extra flags for the new decode.c only (-D knobs)
 $CC ${NEW_CFLAGS:-} -Dmha_decode_attend=mha_decode_attend_new -c src/cache/decode.c -o $out/decode_new.o
@@ -27,10 +32,10 @@ ren="-Dmha_scores_t_avx512=mha_scores_t_avx512_old -Dmha_softmax_t_avx512=mha_so
      -Dmha_merge_t_avx512=mha_merge_t_avx512_old"
 grouped_old=
 if git show "$rev:src/kernels/avx512_decode_grouped.c" > $out/avx512_decode_grouped_old.c 2>/dev/null; then
-  $CC $AVX512 $ren -c $out/avx512_decode_grouped_old.c -o $out/avx512_decode_grouped_old.o
+  $CC $OLD_INC $AVX512 $ren -c $out/avx512_decode_grouped_old.c -o $out/avx512_decode_grouped_old.o
   grouped_old="$ren"; extra=$out/avx512_decode_grouped_old.o
 fi
-$CC $AVX512 $grouped_old -Dmha_decode_kernels_avx512=mha_decode_kernels_avx512_old -c $out/avx512_decode_old.c \
+$CC $OLD_INC $AVX512 $grouped_old -Dmha_decode_kernels_avx512=mha_decode_kernels_avx512_old -c $out/avx512_decode_old.c \
     -o $out/avx512_decode_old.o
 # the library's objects (those whose source still exists) but its decode.o,
 # whose entry point the harness provides

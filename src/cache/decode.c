@@ -71,7 +71,7 @@ typedef struct {
     float *z, *stats;
     const int *n, *row0;
     int t0, n_rep;
-    int policy; /* MHA_DECODE_PF_INTEL or _ZEN (mha_decode_prefetch_policy) */
+    int policy; /* MHA_DECODE_PF_INTEL, _ZEN or _ZEN_L2 (mha_decode_prefetch_policy) */
 } decode_call;
 
 static int row_position(const decode_call *dc, int b, int i) {
@@ -155,22 +155,31 @@ static void gather_queries(float *qt, float *qtt, const decode_call *dc, const u
                           * (one chunk ahead: 2 gave nothing; 5 pieces, the
                           * scores cut in two: no gain, round 7) */
 
-/* One software prefetch into all cache levels. Written as an asm
- * statement: GCC 12 finds a function whose only effect is
- * __builtin_prefetch "looping pure" and deletes the calls to it (which
- * it did to the whole-chunk prefetch this replaced: it never ran). */
-static inline void prefetch_line(const char *p) {
+/* One software prefetch into all cache levels, or into L2 and below
+ * (to_l2). Written as an asm statement: GCC 12 finds a function whose
+ * only effect is __builtin_prefetch "looping pure" and deletes the calls
+ * to it (which it did to the whole-chunk prefetch this replaced: it never
+ * ran). */
+static inline void prefetch_line(const char *p, int to_l2) {
 #if defined(__x86_64__) || defined(__i386__)
-    __asm__ volatile("prefetcht0 %0" : : "m"(*p));
+    if (to_l2) __asm__ volatile("prefetcht1 %0" : : "m"(*p));
+    else __asm__ volatile("prefetcht0 %0" : : "m"(*p));
 #else
-    __builtin_prefetch(p, 0, 3);
+    __builtin_prefetch(p, 0, to_l2 ? 2 : 3);
 #endif
 }
 
 /* ------------------------------------------------ prefetch by CPU */
 
 /* Which prefetch tuning the calls use: DECODE_PF_INTEL (the Xeon's of
- * rounds 6-7) or DECODE_PF_ZEN (AMD Zen, round 8); see unit_prefetches.
+ * rounds 6-7) or DECODE_PF_ZEN (AMD Zen, round 8; see unit_prefetches),
+ * whose requests go into L2 (DECODE_PF_ZEN_L2) where the L1D holds 32
+ * KiB (Zen 1-4; CPUID 0x80000005 gives its size): the chunk requested
+ * ahead (up to 64 KiB, 128 keys of fp32 K and V) is twice such an L1D,
+ * and requests into it evicted the lines of the chunk being computed
+ * (Zen 4, cold, 2 threads: the cache's attention 1.2-1.5x faster into
+ * L2; bench/LIMITS.md, round 15). Zen 5's 48 KiB L1D keeps the round-8
+ * tuning it was measured with.
  * forced_policy < 0: by CPUID, probed once (CPUID traps to the hypervisor
  * in a VM: microseconds). No choice changes bits: a prefetch only moves
  * bytes between cache levels. */
@@ -183,7 +192,9 @@ static int cpu_policy(void) {
     const int amd = b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u; /* "AuthenticAMD" */
     if (!amd || !__get_cpuid(1, &a, &b, &c, &d)) return MHA_DECODE_PF_INTEL;
     const unsigned family = ((a >> 8) & 0xf) == 0xf ? 0xf + ((a >> 20) & 0xff) : (a >> 8) & 0xf;
-    return family >= 0x17 ? MHA_DECODE_PF_ZEN : MHA_DECODE_PF_INTEL; /* Zen 1 on */
+    if (family < 0x17) return MHA_DECODE_PF_INTEL; /* before Zen */
+    if (__get_cpuid(0x80000005, &a, &b, &c, &d) && c >> 24 < 48) return MHA_DECODE_PF_ZEN_L2;
+    return MHA_DECODE_PF_ZEN;
 #else
     return MHA_DECODE_PF_INTEL;
 #endif
@@ -212,7 +223,7 @@ int mha_decode_prefetch_policy(void) {
  * cold read, one thread); its requests make it 0.78-0.85x (round 8). */
 static int unit_prefetches(const decode_call *dc, const unit *u) {
     const mha_cache *c = dc->c;
-    if (dc->policy == MHA_DECODE_PF_ZEN) return !unit_grouped(dc, u);
+    if (dc->policy != MHA_DECODE_PF_INTEL) return !unit_grouped(dc, u);
     return !unit_grouped(dc, u) && (u->i1 - u->i0 > 1 || c->kt != MHA_CACHE_F32 || c->vt != MHA_CACHE_F32);
 }
 
@@ -229,19 +240,19 @@ static const next_chunk no_next = {0, -1};
 
 /* Piece `part` of PREFETCH_PARTS of the K/V bytes (and the int8 scales)
  * of chunk nx. */
-static void prefetch_part(const mha_cache *c, const next_chunk *nx, int part) {
+static void prefetch_part(const mha_cache *c, const next_chunk *nx, int part, int to_l2) {
     const size_t kv = nx->kv;
     const int s0 = nx->s0;
     if (s0 < 0 || s0 >= c->slots) return;
     const char *p = (const char *)c->data + mha_cache_chunk_byte(c, kv, s0);
     size_t bytes = (size_t)MHA_DECODE_CHUNK * ((size_t)c->d_k * c->ek + (size_t)c->d_v * c->ev);
     for (size_t o = bytes * part / PREFETCH_PARTS / 64 * 64; o < bytes * (part + 1) / PREFETCH_PARTS; o += 64)
-        prefetch_line(p + o);
+        prefetch_line(p + o, to_l2);
     if (!c->scales) return;
     const char *sp = (const char *)(c->scales + mha_cache_ks_off(c, kv, s0));
     bytes = sizeof(float) * MHA_DECODE_CHUNK * (size_t)(c->nbk + c->nbv);
     for (size_t o = bytes * part / PREFETCH_PARTS / 64 * 64; o < bytes * (part + 1) / PREFETCH_PARTS; o += 64)
-        prefetch_line(sp + o);
+        prefetch_line(sp + o, to_l2);
 }
 
 /* The requests of chunk nx at prefetch point `part` (of PREFETCH_PARTS,
@@ -256,8 +267,9 @@ static void prefetch_part(const mha_cache *c, const next_chunk *nx, int part) {
  * the bursts: bench/LIMITS.md, round 8. */
 static void prefetch_point(const decode_call *dc, const next_chunk *nx, int part, int m, int nk) {
     const mha_cache *c = dc->c;
-    if (dc->policy != MHA_DECODE_PF_ZEN || !dc->kr->prefetch_stream) {
-        prefetch_part(c, nx, part);
+    const int to_l2 = dc->policy == MHA_DECODE_PF_ZEN_L2;
+    if (dc->policy == MHA_DECODE_PF_INTEL || !dc->kr->prefetch_stream) {
+        prefetch_part(c, nx, part, to_l2);
         return;
     }
     if (part != 0 && part != PREFETCH_PARTS - 1) return;
@@ -270,15 +282,15 @@ static void prefetch_point(const decode_call *dc, const next_chunk *nx, int part
                              (g + r) * (size_t)nk * ((c->d_v + 63) / 64);
         const size_t per = bytes / 64 / steps;
         if (!live) return;
-        dc->kr->prefetch_stream(p, p + bytes, per > 0 ? (int)per : 1);
+        dc->kr->prefetch_stream(p, p + bytes, per > 0 ? (int)per : 1, to_l2);
         if (!c->scales) return;
         const char *sp = (const char *)(c->scales + mha_cache_ks_off(c, nx->kv, nx->s0));
         for (size_t o = 0; o < sizeof(float) * MHA_DECODE_CHUNK * (size_t)(c->nbk + c->nbv); o += 64)
-            prefetch_line(sp + o);
+            prefetch_line(sp + o, to_l2);
         return;
     }
-    const char *rest = dc->kr->prefetch_stream(NULL, NULL, 0);
-    for (; live && rest && rest < p + bytes; rest += 64) prefetch_line(rest);
+    const char *rest = dc->kr->prefetch_stream(NULL, NULL, 0, to_l2);
+    for (; live && rest && rest < p + bytes; rest += 64) prefetch_line(rest, to_l2);
 }
 
 /* Soft-cap, then ALiBi, on the scores w->s of the m rows and nk keys whose
@@ -765,7 +777,7 @@ mha_status mha_decode_attend(const mha_exec *ex, float *z, float *stats, const m
      * of 8 chunks handed out in turn left every 8th chunk of a thread
      * unrequested, cold, at 2 threads; bench/LIMITS.md, round 8). Out of
      * memory: the dynamic schedule. */
-    if (pl.parts && pl.nth > 1 && dc.policy == MHA_DECODE_PF_ZEN)
+    if (pl.parts && pl.nth > 1 && dc.policy != MHA_DECODE_PF_INTEL)
         pl.ranges = mha_task_ranges_new((long)pl.n_tasks, pl.nth);
 #pragma omp parallel num_threads(pl.nth)
     {

@@ -26,21 +26,25 @@
  * thread-local access per call, none per step). */
 typedef struct {
     const char *cur, *end;
-    int per;
+    int per, to_l2;
 } pf_stream;
 
 static _Thread_local pf_stream pf_tls;
 
-static const char *prefetch_stream_avx512(const char *p, const char *end, int per) {
+static const char *prefetch_stream_avx512(const char *p, const char *end, int per, int to_l2) {
     const char *was = pf_tls.cur;
-    pf_tls.cur = p, pf_tls.end = end, pf_tls.per = per;
+    pf_tls.cur = p, pf_tls.end = end, pf_tls.per = per, pf_tls.to_l2 = to_l2;
     return was;
 }
 
-/* One step: up to ps->per lines of the stream. */
+/* One step: up to ps->per lines of the stream, into L1 (t0) or L2 (t1). */
 INLINE void pf_step(pf_stream *ps) {
-    for (int i = 0; i < ps->per && ps->cur < ps->end; i++, ps->cur += 64)
-        __asm__ volatile("prefetcht0 %0" : : "m"(*ps->cur));
+    if (ps->to_l2)
+        for (int i = 0; i < ps->per && ps->cur < ps->end; i++, ps->cur += 64)
+            __asm__ volatile("prefetcht1 %0" : : "m"(*ps->cur));
+    else
+        for (int i = 0; i < ps->per && ps->cur < ps->end; i++, ps->cur += 64)
+            __asm__ volatile("prefetcht0 %0" : : "m"(*ps->cur));
 }
 #define UNROLL _Pragma("GCC unroll 8")
 

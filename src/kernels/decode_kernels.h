@@ -138,12 +138,12 @@ typedef struct {
     void (*merge_t)(float *run, const float *part, int m, int dv);
     /* ---- spread prefetch (decode.c on AMD Zen, round 8): the row-major
      * kernels above (scores*, accumulate*) that this thread calls next
-     * request the lines of [p, end) into L1, `per` lines per step of
+     * request the lines of [p, end) into L1 (into L2 with to_l2), `per` lines per step of
      * their inner loops, in order; returns where the previous stream
      * stopped (the caller requests the rest; its end is the caller's to
      * keep). p = end = NULL stops the stream. Only moves bytes between
      * cache levels: no bits change. NULL in a table: no stream. */
-    const char *(*prefetch_stream)(const char *p, const char *end, int per);
+    const char *(*prefetch_stream)(const char *p, const char *end, int per, int to_l2);
 } mha_decode_kernels;
 
 extern const mha_decode_kernels mha_decode_kernels_scalar;
@@ -179,9 +179,10 @@ void mha_accumulate_t_avx512(float *acc, int ldacc, const float *pt, int ldt, co
 void mha_from_q8_avx512(float *dst, const int8_t *src, const float *scale, size_t rows, int d, int lanes);
 void mha_merge_t_avx512(float *run, const float *part, int m, int dv);
 /* The decode attention's prefetch tuning (src/cache/decode.c): the Intel
- * Xeon's (rounds 6-7) or AMD Zen's (round 8), chosen by CPUID; forcing
- * one (tests, A/B; < 0: by CPUID again) changes no bits. */
-enum { MHA_DECODE_PF_INTEL = 0, MHA_DECODE_PF_ZEN = 1 };
+ * Xeon's (rounds 6-7), AMD Zen's (round 8) or Zen's into L2 (a 32 KiB
+ * L1D, Zen 4: round 15), chosen by CPUID; forcing one (tests, A/B; < 0:
+ * by CPUID again) changes no bits. */
+enum { MHA_DECODE_PF_INTEL = 0, MHA_DECODE_PF_ZEN = 1, MHA_DECODE_PF_ZEN_L2 = 2 };
 int mha_decode_prefetch_policy(void);
 void mha_decode_force_prefetch_policy(int policy);
 #endif /* MHA_DECODE_KERNELS_H */
