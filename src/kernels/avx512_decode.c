@@ -37,14 +37,18 @@ static const char *prefetch_stream_avx512(const char *p, const char *end, int pe
     return was;
 }
 
-/* One step: up to ps->per lines of the stream, into L1 (t0) or L2 (t1). */
+/* Up to ps->per lines of the stream, into L1 (t0) or L2 (t1, l2 a
+ * constant in each inlined copy). */
+INLINE void pf_lines(pf_stream *ps, const int l2) {
+    for (int i = 0; i < ps->per && ps->cur < ps->end; i++, ps->cur += 64)
+        if (l2) __asm__ volatile("prefetcht1 %0" : : "m"(*ps->cur));
+        else __asm__ volatile("prefetcht0 %0" : : "m"(*ps->cur));
+}
+
+/* One step of the stream (the branch is the same for a whole call). */
 INLINE void pf_step(pf_stream *ps) {
-    if (ps->to_l2)
-        for (int i = 0; i < ps->per && ps->cur < ps->end; i++, ps->cur += 64)
-            __asm__ volatile("prefetcht1 %0" : : "m"(*ps->cur));
-    else
-        for (int i = 0; i < ps->per && ps->cur < ps->end; i++, ps->cur += 64)
-            __asm__ volatile("prefetcht0 %0" : : "m"(*ps->cur));
+    if (ps->to_l2) pf_lines(ps, 1);
+    else pf_lines(ps, 0);
 }
 #define UNROLL _Pragma("GCC unroll 8")
 
