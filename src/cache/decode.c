@@ -255,16 +255,29 @@ static void prefetch_part(const mha_cache *c, const next_chunk *nx, int part, in
         prefetch_line(sp + o, to_l2);
 }
 
+/* Tiles of the AVX-512 scores kernel (scores_impl) over np panels of 8
+ * keys for a group of 4 rows or for one row: one prefetch step per dim
+ * each. */
+static size_t score_tiles(int np, int four_rows) {
+    int t, r;
+    if (four_rows) t = np / 6, r = np % 6, t += r / 4, r %= 4; /* 6, 4, 2, 1 panels (4 rows) */
+    else t = np / 8, r = np % 8;                               /* 8, 2, 1 panels (one row)  */
+    return (size_t)(t + r / 2 + r % 2);
+}
+
 /* The requests of chunk nx at prefetch point `part` (of PREFETCH_PARTS,
  * the first before the scores, the last after the values) of a chunk of
  * m rows and nk keys. Zen, with a table that has a stream: the K/V bytes
  * spread over this chunk's kernels (prefetch_stream), as many lines per
- * step as there are lines per step of their loops (the AVX-512 kernels'
- * tiles: the scores one step per dim per 32 keys of 4 rows, per 64 keys
- * of one row; the values one per key per 64 columns of each), at least
- * one, the rest after the values; the int8 scales (a few lines) at once.
- * Else the four bursts (the Xeon's tuning). Cold, one thread, against
- * the bursts: bench/LIMITS.md, round 8. */
+ * step as there are lines per step of their loops, to the nearest (the
+ * AVX-512 kernels' tiles: score_tiles, and the values one step per key
+ * per 64 columns of each row group), at least one, the rest after the
+ * values; the int8 scales (a few lines) at once. Counting the scores of
+ * 4 rows in tiles of 32 keys (they run 48) and rounding down left a third
+ * of an fp16 chunk of 4 rows for the end (9% of a hot call's samples);
+ * rounding up instead made fp32 GQA slower (round 15). Else the four
+ * bursts (the Xeon's tuning). Cold, one thread, against the bursts:
+ * bench/LIMITS.md, round 8. */
 static void prefetch_point(const decode_call *dc, const next_chunk *nx, int part, int m, int nk) {
     const mha_cache *c = dc->c;
     const int to_l2 = dc->policy == MHA_DECODE_PF_ZEN_L2;
@@ -278,9 +291,10 @@ static void prefetch_point(const decode_call *dc, const next_chunk *nx, int part
     const char *p = live ? (const char *)c->data + mha_cache_chunk_byte(c, nx->kv, nx->s0) : NULL;
     if (part == 0) {
         const size_t g = (size_t)m / 4, r = (size_t)m % 4; /* 4-row groups, single rows */
-        const size_t steps = (g * (size_t)(nk + 31) / 32 + r * (size_t)(nk + 63) / 64) * c->d_k +
+        const int np = (nk + MHA_KPANEL - 1) / MHA_KPANEL;
+        const size_t steps = (g * score_tiles(np, 1) + r * score_tiles(np, 0)) * c->d_k +
                              (g + r) * (size_t)nk * ((c->d_v + 63) / 64);
-        const size_t per = bytes / 64 / steps;
+        const size_t per = (bytes / 64 + steps / 2) / steps;
         if (!live) return;
         dc->kr->prefetch_stream(p, p + bytes, per > 0 ? (int)per : 1, to_l2);
         if (!c->scales) return;
