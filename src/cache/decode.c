@@ -177,9 +177,9 @@ static inline void prefetch_line(const char *p, int to_l2) {
  * KiB (Zen 1-4; CPUID 0x80000005 gives its size): the chunk requested
  * ahead (up to 64 KiB, 128 keys of fp32 K and V) is twice such an L1D,
  * and requests into it evicted the lines of the chunk being computed
- * (Zen 4, cold, 2 threads: the cache's attention 1.2-1.5x faster into
- * L2; bench/LIMITS.md, round 15). Zen 5's 48 KiB L1D keeps the round-8
- * tuning it was measured with.
+ * (Zen 4, cold, 2 threads: the attention in 0.70-0.94x the time with
+ * requests into L2; bench/LIMITS.md, round 15). Zen 5's 48 KiB L1D (or
+ * a size the CPU does not report) keeps the round-8 tuning.
  * forced_policy < 0: by CPUID, probed once (CPUID traps to the hypervisor
  * in a VM: microseconds). No choice changes bits: a prefetch only moves
  * bytes between cache levels. */
@@ -193,8 +193,8 @@ static int cpu_policy(void) {
     if (!amd || !__get_cpuid(1, &a, &b, &c, &d)) return MHA_DECODE_PF_INTEL;
     const unsigned family = ((a >> 8) & 0xf) == 0xf ? 0xf + ((a >> 20) & 0xff) : (a >> 8) & 0xf;
     if (family < 0x17) return MHA_DECODE_PF_INTEL; /* before Zen */
-    if (__get_cpuid(0x80000005, &a, &b, &c, &d) && c >> 24 < 48) return MHA_DECODE_PF_ZEN_L2;
-    return MHA_DECODE_PF_ZEN;
+    const unsigned l1d_kib = __get_cpuid(0x80000005, &a, &b, &c, &d) ? c >> 24 : 0; /* 0: not reported */
+    return l1d_kib > 0 && l1d_kib < 48 ? MHA_DECODE_PF_ZEN_L2 : MHA_DECODE_PF_ZEN;
 #else
     return MHA_DECODE_PF_INTEL;
 #endif

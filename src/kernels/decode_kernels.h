@@ -138,11 +138,12 @@ typedef struct {
     void (*merge_t)(float *run, const float *part, int m, int dv);
     /* ---- spread prefetch (decode.c on AMD Zen, round 8): the row-major
      * kernels above (scores*, accumulate*) that this thread calls next
-     * request the lines of [p, end) into L1 (into L2 with to_l2), `per` lines per step of
-     * their inner loops, in order; returns where the previous stream
-     * stopped (the caller requests the rest; its end is the caller's to
-     * keep). p = end = NULL stops the stream. Only moves bytes between
-     * cache levels: no bits change. NULL in a table: no stream. */
+     * request the lines of [p, end) into L1 (into L2 alone with to_l2),
+     * `per` lines per step of their inner loops, in order; returns where
+     * the previous stream stopped (the caller requests the rest; its end
+     * is the caller's to keep). p = end = NULL stops the stream. Only
+     * moves bytes between cache levels: no bits change. NULL in a table:
+     * no stream. */
     const char *(*prefetch_stream)(const char *p, const char *end, int per, int to_l2);
 } mha_decode_kernels;
 
