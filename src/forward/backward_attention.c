@@ -49,6 +49,11 @@ typedef struct {
     float *m, *l, *alpha, *ones; /* (BQ)                                       */
     int *tlo, *thi;   /* (BQ) [lo, hi] relative to the key block               */
     float *keyadd;    /* (BK) per-key padding term (-inf: masked)              */
+    /* pass 1: one kv head's K^T panels and V rows, key blocks packed as
+     * first used (head_cache) */
+    float *head_kt, *head_vr; /* (Sx16/16, d_k, 16), (Sx, dv16)                 */
+    char *head_done;          /* (Sx/BK) which key blocks are packed           */
+    long head_of;             /* 1 + b * h_kv + g of the head held; 0: none     */
 } scratch;
 
 static void *alloc64(size_t floats) { return aligned_alloc(64, (floats * sizeof(float) + 63) / 64 * 64); }
@@ -80,7 +85,7 @@ static int scratch_init(scratch *w, const mha_config *c, int T) {
 static void scratch_free(scratch *w) {
     free(w->qs), free(w->qr), free(w->zr), free(w->lse), free(w->dq), free(w->kt);
     free(w->vt), free(w->kr), free(w->acck), free(w->accv), free(w->s), free(w->dp), free(w->m);
-    free(w->keyadd), free(w->lo);
+    free(w->keyadd), free(w->lo), free(w->head_kt), free(w->head_vr), free(w->head_done);
 }
 
 /* ------------------------------------------------------------ packing */
@@ -177,28 +182,54 @@ static void mask_tile(scratch *w, const mha_bwd_attn *a, int b, int r, int i0, i
         for (int j = 0; j < extra; j++) w->s[(size_t)i * BK + j] += w->keyadd[j];
 }
 
-/* K_j^T (and V_j^T or V_j rows) of batch b, kv head g, keys j0.. (nj),
- * with bk's transposing copy (the portable one when bk is NULL). Pass 2
- * reads K_j's rows where they are (keys_in_place) when d_k is a multiple
- * of 16, else from w->kr. */
+/* K_j^T into kt and V_j^T into vt (panels), V_j into vr (rows; NULL:
+ * none) and, unless NULL, K_j into kr (rows) of batch b, kv head g, keys
+ * j0.. (nj), with bk's transposing copy (the portable one when bk is
+ * NULL). Pass 1 reads K_j^T and V_j's rows; pass 2 K_j^T, V_j^T, and K_j's
+ * rows where they are (keys_in_place) when d_k is a multiple of 16, else
+ * from w->kr. */
 static int keys_in_place(const mha_config *c) { return c->d_k % 16 == 0; }
-static void load_keys(scratch *w, const mha_bwd_attn *a, const mha_backward_kernels *bk, int b, int g, int j0,
-                      int nj, int v_rows) {
+static void load_keys(float *kt, float *vt, float *vr, float *kr, const mha_bwd_attn *a,
+                      const mha_backward_kernels *bk, int b, int g, int j0, int nj) {
     const mha_config *c = a->cfg;
     void (*pack_panels)(float *, const float *, size_t, int, int) = bk ? bk->pack_panels : mha_bwd_pack_panels_scalar;
     const size_t kw = (size_t)c->n_kv_heads * c->d_k, vw = (size_t)c->n_kv_heads * c->d_v;
     const float *k = a->k + ((size_t)b * a->Sx + j0) * kw + (size_t)g * c->d_k;
     const float *v = a->v + ((size_t)b * a->Sx + j0) * vw + (size_t)g * c->d_v;
-    pack_panels(w->kt, k, kw, nj, c->d_k);
-    if (v_rows) {
-        pack_rows(w->kr, v, vw, nj, nj, c->d_v, 1.0f);
-        return;
-    }
-    pack_panels(w->vt, v, vw, nj, c->d_v);
-    if (!keys_in_place(c)) pack_rows(w->kr, k, kw, nj, nj, c->d_k, 1.0f);
+    pack_panels(kt, k, kw, nj, c->d_k);
+    if (vt) pack_panels(vt, v, vw, nj, c->d_v);
+    if (vr) pack_rows(vr, v, vw, nj, nj, c->d_v, 1.0f);
+    if (kr) pack_rows(kr, k, kw, nj, nj, c->d_k, 1.0f);
 }
 
 /* ------------------------------------------------------------- pass 1 */
+
+/* Pass 1 packed every key block once per query block and head (3-4% of a
+ * P1 or P2 backward's samples on the Zen 4, round 15): a thread keeps the
+ * last kv head it used, each key block packed the first time one of its
+ * query blocks needs it (the tasks of one head follow each other). At
+ * most HEAD_CACHE_MAX_BYTES per thread (the memory bound of the backward
+ * allows no copy of all of K and V); above it, or out of memory, 0:
+ * the block is packed for this tile alone. */
+#define HEAD_CACHE_MAX_BYTES ((size_t)32 << 20)
+static int head_cache(scratch *w, const mha_bwd_attn *a, int b, int g) {
+    const mha_config *c = a->cfg;
+    const size_t sx16 = (size_t)round16(a->Sx), nk = sx16 * c->d_k, nv = (size_t)a->Sx * round16(c->d_v);
+    const long of = 1 + (long)b * c->n_kv_heads + g;
+    if ((nk + nv) * sizeof(float) > HEAD_CACHE_MAX_BYTES) return 0;
+    if (!w->head_kt) {
+        w->head_kt = alloc64(nk), w->head_vr = alloc64(nv);
+        w->head_done = malloc((size_t)(a->Sx + BK - 1) / BK);
+        if (!w->head_kt || !w->head_vr || !w->head_done) {
+            free(w->head_kt), free(w->head_vr), free(w->head_done);
+            w->head_kt = w->head_vr = NULL, w->head_done = NULL;
+            return 0;
+        }
+        w->head_of = 0;
+    }
+    if (w->head_of != of) memset(w->head_done, 0, (size_t)(a->Sx + BK - 1) / BK), w->head_of = of;
+    return 1;
+}
 
 static long forward_task(scratch *w, const mha_bwd_attn *a, const mha_kernels *kern, const mha_backward_kernels *bk,
                          int b, int r, int i0) {
@@ -210,15 +241,19 @@ static long forward_task(scratch *w, const mha_bwd_attn *a, const mha_kernels *k
     row_intervals(w, a, 0, i0, n, rows6);
     for (int i = 0; i < rows6; i++) w->m[i] = -INFINITY, w->l[i] = 0.0f;
     memset(w->acck, 0, sizeof(float) * rows6 * dv16);
+    const int cached = head_cache(w, a, b, g);
     for (int j0 = 0; j0 < a->Sx; j0 += BK) {
         const int nj = a->Sx - j0 < BK ? a->Sx - j0 : BK, extra = clampi(a->S - j0, 0, nj);
         int bounded;
         if (!tile_live(w, a, 0, n, rows6, j0, nj, &bounded)) continue;
-        load_keys(w, a, bk, b, g, j0, nj, 1);
-        kern->attn_scores(w->s, BK, w->qs, w->kt, d_k, rows6, (nj + 15) / 16);
+        float *kt = w->kt, *vr = w->kr; /* K_j^T panels, V_j rows */
+        if (cached) kt = w->head_kt + (size_t)j0 * d_k, vr = w->head_vr + (size_t)j0 * dv16;
+        if (!cached || !w->head_done[j0 / BK]) load_keys(kt, NULL, vr, NULL, a, bk, b, g, j0, nj);
+        if (cached) w->head_done[j0 / BK] = 1;
+        kern->attn_scores(w->s, BK, w->qs, kt, d_k, rows6, (nj + 15) / 16);
         if (general) mask_tile(w, a, b, r, i0, n, j0, extra);
         kern->attn_softmax(w->s, BK, w->m, w->l, w->alpha, bounded ? w->tlo : NULL, w->thi, extra, rows6, nj);
-        kern->attn_pv(w->acck, dv16, w->s, BK, w->kr, dv16, w->alpha, rows6, nj, dv16);
+        kern->attn_pv(w->acck, dv16, w->s, BK, vr, dv16, w->alpha, rows6, nj, dv16);
     }
     // --- Z = O / l, lse = m + log l; a row with no allowed key: Z = 0, lse = +inf
     long masked = 0;
@@ -288,7 +323,7 @@ static void backward_task(scratch *w, const mha_bwd_attn *a, const float *dd, co
             }
             int bounded;
             if (!tile_live(w, a, i0, n, rows6, j0, nj, &bounded)) continue;
-            if (!loaded) load_keys(w, a, bk, b, g, j0, nj, 0), loaded = 1;
+            if (!loaded) load_keys(w->kt, w->vt, NULL, keys_in_place(c) ? NULL : w->kr, a, bk, b, g, j0, nj), loaded = 1;
             bk->scores_rows(w->s, BK, w->qr + (size_t)i0 * dk16, dk16, w->kt, d_k, rows6, np);  /* S  */
             bk->scores_rows(w->dp, BK, w->zr + (size_t)i0 * dv16, dv16, w->vt, d_v, rows6, np); /* dP */
             if (general) mask_tile(w, a, b, r, i0, n, j0, extra);
