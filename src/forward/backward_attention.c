@@ -182,12 +182,11 @@ static void mask_tile(scratch *w, const mha_bwd_attn *a, int b, int r, int i0, i
         for (int j = 0; j < extra; j++) w->s[(size_t)i * BK + j] += w->keyadd[j];
 }
 
-/* K_j^T into kt and V_j^T into vt (panels), V_j into vr (rows; NULL:
- * none) and, unless NULL, K_j into kr (rows) of batch b, kv head g, keys
- * j0.. (nj), with bk's transposing copy (the portable one when bk is
- * NULL). Pass 1 reads K_j^T and V_j's rows; pass 2 K_j^T, V_j^T, and K_j's
- * rows where they are (keys_in_place) when d_k is a multiple of 16, else
- * from w->kr. */
+/* Of batch b, kv head g, keys j0.. (nj): K_j^T into kt and V_j^T into vt
+ * (panels), V_j into vr and K_j into kr (rows); vt, vr, kr NULL: not
+ * wanted. bk's transposing copy (the portable one when bk is NULL). Pass 1
+ * reads K_j^T and V_j's rows; pass 2 K_j^T, V_j^T, and K_j's rows where
+ * they are (keys_in_place) when d_k is a multiple of 16, else from w->kr. */
 static int keys_in_place(const mha_config *c) { return c->d_k % 16 == 0; }
 static void load_keys(float *kt, float *vt, float *vr, float *kr, const mha_bwd_attn *a,
                       const mha_backward_kernels *bk, int b, int g, int j0, int nj) {
