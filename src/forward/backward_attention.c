@@ -214,11 +214,12 @@ static void load_keys(float *kt, float *vt, float *vr, float *kr, const mha_bwd_
 static int head_cache(scratch *w, const mha_bwd_attn *a, int b, int g) {
     const mha_config *c = a->cfg;
     const size_t sx16 = (size_t)round16(a->Sx), nk = sx16 * c->d_k, nv = (size_t)a->Sx * round16(c->d_v);
+    const size_t nkb = (size_t)(a->Sx + BK - 1) / BK;
     const long of = 1 + (long)b * c->n_kv_heads + g;
     if ((nk + nv) * sizeof(float) > HEAD_CACHE_MAX_BYTES) return 0;
     if (!w->head_kt) {
         w->head_kt = alloc64(nk), w->head_vr = alloc64(nv);
-        w->head_done = malloc((size_t)(a->Sx + BK - 1) / BK);
+        w->head_done = malloc(nkb);
         if (!w->head_kt || !w->head_vr || !w->head_done) {
             free(w->head_kt), free(w->head_vr), free(w->head_done);
             w->head_kt = w->head_vr = NULL, w->head_done = NULL;
@@ -226,7 +227,7 @@ static int head_cache(scratch *w, const mha_bwd_attn *a, int b, int g) {
         }
         w->head_of = 0;
     }
-    if (w->head_of != of) memset(w->head_done, 0, (size_t)(a->Sx + BK - 1) / BK), w->head_of = of;
+    if (w->head_of != of) memset(w->head_done, 0, nkb), w->head_of = of;
     return 1;
 }
 
