@@ -343,8 +343,9 @@ static void test_alloc_large_whole_huge_pages(void) {
     if (!p) return;
 #if !defined(__SANITIZE_ADDRESS__)
     /* the whole block is advised, its last partial 2 MiB too */
-    if (thp_on_request() && huge_advised_at((uintptr_t)p) >= 0) { /* madvise sets no flag without THP */
-        CHECK_INT(huge_advised_at((uintptr_t)p), 1);
+    const int advised = huge_advised_at((uintptr_t)p);
+    if (thp_on_request() && advised >= 0) { /* madvise sets no flag without THP */
+        CHECK_INT(advised, 1);
         CHECK_INT(huge_advised_at((uintptr_t)p + bytes - 1), 1);
     }
     struct rusage before, after;
