@@ -468,6 +468,36 @@ static void backward_fast_threads_bit_identical(void) {
     naive_bw_case_free(&f);
 }
 
+/* Pass 1 keeps each kv head's packed keys per thread below a cap (32 MiB)
+ * and packs a longer head's keys tile by tile: both give the same bits
+ * (cap 0 forces the tile-by-tile path that only S > 65536 keys reach at
+ * d_k 64). GQA, causal from the bottom right, three key blocks, two
+ * threads. */
+static void backward_fast_head_cache_fallback_bits(void) {
+    mha_config c = naive_config(24, 6, 2, 8, 8, 1);
+    fixture f;
+    naive_bw_case_make(&f, c, 2, 110, 200, 1, 0, 4242);
+    f.opt.causal = 1, f.opt.align = MHA_ALIGN_BOTTOM_RIGHT;
+    const int saved = mha_get_num_threads();
+    mha_set_num_threads(2);
+    grads kept, tiled;
+    CHECK_OK(fx_backward(&f, &kept, MHA_PATH_FAST));
+    mha_bwd_force_head_cache_cap(0);
+    CHECK_OK(fx_backward(&f, &tiled, MHA_PATH_FAST));
+    mha_bwd_force_head_cache_cap(-1);
+    mha_set_num_threads(saved);
+    double total = 0.0;
+    for (int i = 0; i < G_N; i++) {
+        if (!kept.t[i]) continue;
+        if (memcmp(kept.t[i], tiled.t[i], kept.n[i] * sizeof(float)) != 0)
+            test_report(__FILE__, __LINE__, "%s differs with the head cache off", grad_names[i]);
+        for (size_t e = 0; e < kept.n[i]; e++) total += fabs(kept.t[i][e]);
+    }
+    CHECK(total > 1.0); /* real gradients, not zeros */
+    grads_free(&kept), grads_free(&tiled);
+    naive_bw_case_free(&f);
+}
+
 /* MHA_MASKED_ROW_NAN with a fully masked row: FAST refuses with
  * MHA_E_UNSUPPORTED and writes nothing; AUTO falls back to the reference,
  * whose NaN reaches dW_O. */
@@ -694,6 +724,7 @@ static void tape_memory_peak(void) { memory_peak(1); }
 static const test_case isa_cases[] = {
     {"backward_fast_options", backward_fast_options},
     {"backward_fast_threads_bit_identical", backward_fast_threads_bit_identical},
+    {"backward_fast_head_cache_fallback_bits", backward_fast_head_cache_fallback_bits},
 };
 
 const test_case *tests_backward_fast_isa(size_t *count) {

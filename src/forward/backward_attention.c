@@ -17,6 +17,7 @@
  * Legend: see backward_fast.h; i query, j key, e a head column;
  * dk16 / dv16 = d_k / d_v rounded up to 16, Tp = T rounded up to BQ. */
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -211,12 +212,17 @@ static void load_keys(float *kt, float *vt, float *vr, float *kr, const mha_bwd_
  * allows no copy of all of K and V); above it, or out of memory, 0:
  * the block is packed for this tile alone. */
 #define HEAD_CACHE_MAX_BYTES ((size_t)32 << 20)
+static _Atomic long forced_head_cache_cap = -1; /* tests: < 0 keeps the cap above */
+
+void mha_bwd_force_head_cache_cap(long bytes) { atomic_store(&forced_head_cache_cap, bytes); }
+
 static int head_cache(scratch *w, const mha_bwd_attn *a, int b, int g) {
     const mha_config *c = a->cfg;
     const size_t sx16 = (size_t)round16(a->Sx), nk = sx16 * c->d_k, nv = (size_t)a->Sx * round16(c->d_v);
     const size_t nkb = (size_t)(a->Sx + BK - 1) / BK;
     const long of = 1 + (long)b * c->n_kv_heads + g;
-    if ((nk + nv) * sizeof(float) > HEAD_CACHE_MAX_BYTES) return 0;
+    const long forced = atomic_load(&forced_head_cache_cap);
+    if ((nk + nv) * sizeof(float) > (forced < 0 ? HEAD_CACHE_MAX_BYTES : (size_t)forced)) return 0;
     if (!w->head_kt) {
         w->head_kt = alloc64(nk), w->head_vr = alloc64(nv);
         w->head_done = malloc(nkb);

@@ -61,6 +61,11 @@ mha_status mha_fast_check_scores(const float *q, const float *k, const mha_confi
 mha_status mha_bwd_attention_forward(const mha_bwd_attn *a, const mha_kernels *kern,
                                      const mha_backward_kernels *bk, int n_threads, long *masked_rows);
 
+/* Tests: pass 1 keeps a kv head's packed keys per thread when they take
+ * at most `bytes` (< 0: the built-in cap, 32 MiB); 0 packs every tile's
+ * keys for that tile alone, the path of heads too long to keep. */
+void mha_bwd_force_head_cache_cap(long bytes);
+
 /* Pass 2: D = rowsum(dZ * Z), then per (batch, head) task the key blocks
  * in order, and for each the query blocks in order: the probabilities
  * recomputed from lse and FlashAttention-2's five tile products
