@@ -6,6 +6,9 @@
  * Where the AVX2 kernels make the same FMA chains (GEMM tiles, scores,
  * p v, exp, decode scores/accumulate/projections) the bits must agree.
  * Legend: m x n tile, K inner size, d = d_k, dv = d_v. */
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
 #include <float.h>
 #include <math.h>
 #include <stdlib.h>
@@ -280,6 +283,58 @@ static void test_isa_decode_kernels(void) {
     }
 }
 
+/* The AVX-512 projection streams (fp32 for 1-4 rows, bf16 and int8 for
+ * one) give the scalar table's bits with y updated whole or in 256-bit
+ * halves (forced both ways, column tails of every kind), and the halves
+ * are chosen on Zen 4 alone: AMD family 0x19 with AVX-512 (read here from
+ * CPUID independently). */
+static void test_isa_stream_halves(void) {
+    if (!have()) return;
+    int want = 0;
+#if defined(__x86_64__) || defined(__i386__)
+    unsigned a, b, c, d;
+    char vendor[13] = {0};
+    if (__get_cpuid(0, &a, &b, &c, &d)) memcpy(vendor, &b, 4), memcpy(vendor + 4, &d, 4), memcpy(vendor + 8, &c, 4);
+    if (strcmp(vendor, "AuthenticAMD") == 0 && __get_cpuid(1, &a, &b, &c, &d)) {
+        const unsigned base = (a >> 8) & 0xf, fam = base + (base == 0xf ? (a >> 20) & 0xff : 0);
+        want = fam == 0x19;
+    }
+#endif
+    mha_force_halves_512(-1);
+    CHECK_INT(mha_cpu_halves_512(), want);
+    const mha_decode_kernels *x5 = &mha_decode_kernels_avx512, *sc = &mha_decode_kernels_scalar;
+    enum { K = 37, LD = 160 };
+    const int ns[] = {7, 16, 93, 150};
+    uint64_t seed = 4711;
+    float *x = naive_random_floats(4 * LD, &seed, -2.0f, 2.0f), *wf = naive_random_floats((size_t)K * LD, &seed, -1, 1);
+    float *scale = naive_random_floats(LD, &seed, 0.001f, 0.01f), *y0 = naive_random_floats(4 * LD, &seed, -1, 1);
+    float *y1 = naive_alloc_floats(4 * LD), *y2 = naive_alloc_floats(4 * LD);
+    uint16_t wb[K * LD]; /* (K, LD) bf16: the high halves of wf */
+    int8_t wi[K * LD];   /* (K, LD) int8 */
+    for (int e = 0; e < K * LD; e++) memcpy(&wb[e], (char *)&wf[e] + 2, 2), wi[e] = (int8_t)lrintf(wf[e] * 127.0f);
+    for (int halves = 0; halves < 2; halves++) {
+        mha_force_halves_512(halves);
+        CHECK_INT(mha_cpu_halves_512(), halves);
+        for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++)
+            for (int kind = 0; kind < 6; kind++) { /* fp32 rows 1-4, then bf16 and int8 one row */
+                const int n = ns[i], m = kind < 4 ? kind + 1 : 1;
+                memcpy(y1, y0, sizeof(float) * 4 * LD), memcpy(y2, y0, sizeof(float) * 4 * LD);
+                if (kind < 4) x5->gemm_stream(y1, LD, x, LD, wf, LD, m, K, n), sc->gemm_stream(y2, LD, x, LD, wf, LD, m, K, n);
+                else if (kind == 4)
+                    x5->gemm_stream_bf16(y1, LD, x, LD, wb, LD, 1, K, n), sc->gemm_stream_bf16(y2, LD, x, LD, wb, LD, 1, K, n);
+                else /* one scale group: 32 rows */
+                    x5->gemm_stream_i8(y1, LD, x, LD, wi, LD, scale, 1, 32, n),
+                        sc->gemm_stream_i8(y2, LD, x, LD, wi, LD, scale, 1, 32, n);
+                if (memcmp(y1, y2, sizeof(float) * 4 * LD) != 0)
+                    test_report(__FILE__, __LINE__, "stream kind %d, %d rows, n %d, halves %d: not the scalar bits", kind,
+                                m, n, halves);
+                CHECK(memcmp(y1 + (size_t)(m - 1) * LD, y0 + (size_t)(m - 1) * LD, sizeof(float) * n) != 0);
+            }
+    }
+    mha_force_halves_512(-1);
+    free(x), free(wf), free(scale), free(y0), free(y1), free(y2);
+}
+
 /* binary16: every half converts to the scalar kernel's float; floats (all
  * specials, every 4099th bit pattern, tails of every length) round to
  * the scalar kernel's bits. */
@@ -470,6 +525,7 @@ static const test_case cases[] = {
     {"isa_exp_every_float", test_isa_exp_every_float},
     {"isa_decode_kernels", test_isa_decode_kernels},
     {"isa_f16_conversion", test_isa_f16_conversion},
+    {"isa_stream_halves", test_isa_stream_halves},
     {"isa_variant_kernels", test_isa_variant_kernels},
     {"isa_softmax_flush", test_isa_softmax_flush},
     {"isa_pack_q", test_isa_pack_q},

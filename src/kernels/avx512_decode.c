@@ -12,6 +12,7 @@
 
 #include "kernels/decode_kernels.h"
 #include "kernels/avx512_micro.h"
+#include "kernels/kernels.h"
 
 #define INLINE MHA_AVX512_INLINE
 
@@ -425,10 +426,11 @@ static void accumulate_q8_avx512(float *acc, int ldacc, const float *p, int ldp,
  * weights are read in address order, one stream (a task's rows are one
  * contiguous run). Four rows of w per pass (four streams at the row
  * stride) read a cold matrix at ~70% of the rate of one stream on Zen 5;
- * the extra y loads and stores cost nothing at memory speed. Each y
- * element's additions stay in the order of k. */
+ * the extra y loads and stores cost nothing at memory speed, if made in
+ * 256-bit halves on Zen 4 (mha_fma_into_avx512). Each y element's
+ * additions stay in the order of k. */
 INLINE void stream_rows(float *y, int ldy, const float *x, int ldx, const float *w, int ldw, const int m, int k,
-                        int n) {
+                        int n, const int halves) {
     for (int kk = 0; kk < k; kk++) {
         const float *wk = w + (size_t)kk * ldw;
         __m512 xb[4];
@@ -438,10 +440,7 @@ INLINE void stream_rows(float *y, int ldy, const float *x, int ldx, const float 
         for (; j + 16 <= n; j += 16) {
             const __m512 wv = _mm512_loadu_ps(wk + j);
             UNROLL
-            for (int r = 0; r < m; r++) {
-                float *yr = y + (size_t)r * ldy + j;
-                _mm512_storeu_ps(yr, _mm512_fmadd_ps(xb[r], wv, _mm512_loadu_ps(yr)));
-            }
+            for (int r = 0; r < m; r++) mha_fma_into_avx512(y + (size_t)r * ldy + j, xb[r], wv, 0, halves);
         }
         if (j < n) {
             const __mmask16 km = mha_mask16(n - j);
@@ -457,14 +456,19 @@ INLINE void stream_rows(float *y, int ldy, const float *x, int ldx, const float 
 
 static void gemm_stream_avx512(float *y, int ldy, const float *x, int ldx, const float *w, int ldw,
                                int m, int k, int n) {
-    for (int r = 0; r < m; r += 4) { /* rows a constant in each copy: xb in registers */
+    const int halves = mha_cpu_halves_512();
+    for (int r = 0; r < m; r += 4) { /* rows and halves constants in each copy: xb in registers */
         float *yr = y + (size_t)r * ldy;
         const float *xr = x + (size_t)r * ldx;
-        switch (m - r) {
-        case 1: stream_rows(yr, ldy, xr, ldx, w, ldw, 1, k, n); break;
-        case 2: stream_rows(yr, ldy, xr, ldx, w, ldw, 2, k, n); break;
-        case 3: stream_rows(yr, ldy, xr, ldx, w, ldw, 3, k, n); break;
-        default: stream_rows(yr, ldy, xr, ldx, w, ldw, 4, k, n); break;
+        switch ((m - r < 4 ? m - r : 4) * 2 + halves) {
+        case 2: stream_rows(yr, ldy, xr, ldx, w, ldw, 1, k, n, 0); break;
+        case 3: stream_rows(yr, ldy, xr, ldx, w, ldw, 1, k, n, 1); break;
+        case 4: stream_rows(yr, ldy, xr, ldx, w, ldw, 2, k, n, 0); break;
+        case 5: stream_rows(yr, ldy, xr, ldx, w, ldw, 2, k, n, 1); break;
+        case 6: stream_rows(yr, ldy, xr, ldx, w, ldw, 3, k, n, 0); break;
+        case 7: stream_rows(yr, ldy, xr, ldx, w, ldw, 3, k, n, 1); break;
+        case 8: stream_rows(yr, ldy, xr, ldx, w, ldw, 4, k, n, 0); break;
+        default: stream_rows(yr, ldy, xr, ldx, w, ldw, 4, k, n, 1); break;
         }
     }
 }

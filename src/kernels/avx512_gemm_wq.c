@@ -18,6 +18,7 @@
 
 #include "kernels/avx512_micro.h"
 #include "kernels/decode_kernels.h"
+#include "kernels/kernels.h"
 
 #define ROWS 32 /* weight rows per block: 64 columns of them stay in L1 */
 #define RB 4    /* rows of x per register block: 16 accumulators       */
@@ -134,14 +135,12 @@ static inline __attribute__((always_inline)) void stream(float *y, int ldy, cons
 
 /* y (c) [+]= x w (k, c) at columns j.. (i8: into s, from 0 at row 0); full
  * vectors unmasked (a masked store that a later masked load reads back is
- * slow on Zen), the tail masked. */
+ * slow on Zen) and in 256-bit halves where the CPU splits 512-bit
+ * operations (mha_fma_into_avx512), the tail masked. */
 static inline __attribute__((always_inline)) void sweep_row(float *y, __m512 xb, const void *wk, int n, const int i8,
-                                                            int first) {
+                                                            int first, const int halves) {
     int j = 0;
-    for (; j + 16 <= n; j += 16) {
-        const __m512 a = first ? _mm512_setzero_ps() : _mm512_loadu_ps(y + j);
-        _mm512_storeu_ps(y + j, _mm512_fmadd_ps(xb, widen16(wk, j, 0xffff, i8), a));
-    }
+    for (; j + 16 <= n; j += 16) mha_fma_into_avx512(y + j, xb, widen16(wk, j, 0xffff, i8), first, halves);
     if (j < n) {
         const __mmask16 km = mha_mask16(n - j);
         const __m512 a = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(km, y + j);
@@ -149,16 +148,18 @@ static inline __attribute__((always_inline)) void sweep_row(float *y, __m512 xb,
     }
 }
 
-static void sweep_bf16(float *y, const float *x, const uint16_t *w, int ldw, int k, int n) {
-    for (int kk = 0; kk < k; kk++) sweep_row(y, _mm512_set1_ps(x[kk]), w + (size_t)kk * ldw, n, 0, 0);
+static inline __attribute__((always_inline)) void sweep_bf16(float *y, const float *x, const uint16_t *w, int ldw,
+                                                             int k, int n, const int halves) {
+    for (int kk = 0; kk < k; kk++) sweep_row(y, _mm512_set1_ps(x[kk]), w + (size_t)kk * ldw, n, 0, 0, halves);
 }
 
-static void sweep_i8(float *y, const float *x, const int8_t *w, int ldw, const float *scale, int k, int n) {
+static inline __attribute__((always_inline)) void sweep_i8(float *y, const float *x, const int8_t *w, int ldw,
+                                                           const float *scale, int k, int n, const int halves) {
     float s[SW]; /* (c) group sums of the columns j0.. */
     for (int j0 = 0; j0 < n; j0 += SW) {
         const int c = n - j0 < SW ? n - j0 : SW;
-        sweep_row(s, _mm512_set1_ps(x[0]), w + j0, c, 1, 1);
-        for (int kk = 1; kk < k; kk++) sweep_row(s, _mm512_set1_ps(x[kk]), w + (size_t)kk * ldw + j0, c, 1, 0);
+        sweep_row(s, _mm512_set1_ps(x[0]), w + j0, c, 1, 1, halves);
+        for (int kk = 1; kk < k; kk++) sweep_row(s, _mm512_set1_ps(x[kk]), w + (size_t)kk * ldw + j0, c, 1, 0, halves);
         int j = 0;
         for (; j + 16 <= c; j += 16)
             _mm512_storeu_ps(y + j0 + j, _mm512_fmadd_ps(_mm512_loadu_ps(s + j), _mm512_loadu_ps(scale + j0 + j),
@@ -175,12 +176,14 @@ static void sweep_i8(float *y, const float *x, const int8_t *w, int ldw, const f
 
 void mha_gemm_stream_bf16_avx512(float *y, int ldy, const float *x, int ldx, const uint16_t *w, int ldw, int m,
                                  int k, int n) {
-    if (m == 1) sweep_bf16(y, x, w, ldw, k, n);
+    if (m == 1 && mha_cpu_halves_512()) sweep_bf16(y, x, w, ldw, k, n, 1);
+    else if (m == 1) sweep_bf16(y, x, w, ldw, k, n, 0);
     else stream(y, ldy, x, ldx, w, ldw, NULL, m, k, n, 0);
 }
 
 void mha_gemm_stream_i8_avx512(float *y, int ldy, const float *x, int ldx, const int8_t *w, int ldw,
                                const float *scale, int m, int k, int n) {
-    if (m == 1 && k > 0) sweep_i8(y, x, w, ldw, scale, k, n);
+    if (m == 1 && k > 0 && mha_cpu_halves_512()) sweep_i8(y, x, w, ldw, scale, k, n, 1);
+    else if (m == 1 && k > 0) sweep_i8(y, x, w, ldw, scale, k, n, 0);
     else stream(y, ldy, x, ldx, w, ldw, scale, m, k, n, 1);
 }

@@ -51,6 +51,25 @@ MHA_AVX512_INLINE __mmask16 mha_mask16(int live) {
     return live >= 16 ? (__mmask16)0xffff : live <= 0 ? (__mmask16)0 : (__mmask16)((1u << live) - 1u);
 }
 
+/* y[0..16) = fma(xb, wv, y) (xb: one value in every lane; from 0 instead
+ * of y when first): one 512-bit
+ * load and store of y, or two 256-bit halves (halves, a constant at each
+ * call site). A decode stream adds each weight row into y, which stays in
+ * L1; on Zen 4 (mha_cpu_halves_512) that 512-bit read-modify-write held
+ * the weight stream beside it to 0.6-0.7x of a plain read of the same
+ * bytes, one thread, where the halves stream at the read's rate
+ * (bench/LIMITS.md, round 16). The same FMA on every element: the same
+ * bits either way. */
+MHA_AVX512_INLINE void mha_fma_into_avx512(float *y, __m512 xb, __m512 wv, int first, const int halves) {
+    if (!halves) {
+        _mm512_storeu_ps(y, _mm512_fmadd_ps(xb, wv, first ? _mm512_setzero_ps() : _mm512_loadu_ps(y)));
+        return;
+    }
+    const __m256 x2 = _mm512_castps512_ps256(xb), z = _mm256_setzero_ps();
+    _mm256_storeu_ps(y, _mm256_fmadd_ps(x2, _mm512_castps512_ps256(wv), first ? z : _mm256_loadu_ps(y)));
+    _mm256_storeu_ps(y + 8, _mm256_fmadd_ps(x2, _mm512_extractf32x8_ps(wv, 1), first ? z : _mm256_loadu_ps(y + 8)));
+}
+
 /* c (m, n) = [row_scale[i] * c +] a (R, K) b (K, 16P) [+ bias (16P)],
  * m <= R, n <= 16P; only (m, n) of c is read or written (masked stores),
  * and only the panels that hold live columns are read. Each c element is
