@@ -52,14 +52,14 @@ MHA_AVX512_INLINE __mmask16 mha_mask16(int live) {
 }
 
 /* y[0..16) = fma(xb, wv, y) (xb: one value in every lane; from 0 instead
- * of y when first): one 512-bit
- * load and store of y, or two 256-bit halves (halves, a constant at each
- * call site). A decode stream adds each weight row into y, which stays in
- * L1; on Zen 4 (mha_cpu_halves_512) the step's projections streamed cold
- * in 0.83-0.94x the time (fp32, 2 threads; int8 0.65-0.98x, 1 thread
+ * of y when first): one 512-bit load and store of y, or two 256-bit
+ * halves (halves, a constant at each call site). A decode stream adds
+ * each weight row into y, which stays in L1; on Zen 4
+ * (mha_cpu_halves_512) the step's projections streamed cold in
+ * 0.83-0.94x the time (fp32, 2 threads; int8 0.65-0.98x, 1 thread
  * 0.51-0.79x) with the halves (bench/ab/ab_gemv.sh; bench/LIMITS.md,
- * round 16). Why is not settled: one loop over a single matrix showed
- * no such gap. The same FMA on every element: the same bits either way. */
+ * round 16). Why is not settled: one loop over a single matrix showed no
+ * such gap. The same FMA on every element: the same bits either way. */
 MHA_AVX512_INLINE void mha_fma_into_avx512(float *y, __m512 xb, __m512 wv, int first, const int halves) {
     if (!halves) {
         _mm512_storeu_ps(y, _mm512_fmadd_ps(xb, wv, first ? _mm512_setzero_ps() : _mm512_loadu_ps(y)));
