@@ -709,18 +709,11 @@ static void test_prefetch_policy_bits(void) {
  * into L2 where the L1D holds less than 48 KiB (Zen 1-4), the Intel
  * tuning elsewhere (read here from CPUID independently). */
 static void test_prefetch_policy_cpu(void) {
-    int want = MHA_DECODE_PF_INTEL;
+    int want = test_amd_family() >= 0x17 ? MHA_DECODE_PF_ZEN : MHA_DECODE_PF_INTEL;
 #if defined(__x86_64__) || defined(__i386__)
-    unsigned a, b, c, d;
-    char vendor[13] = {0};
-    if (__get_cpuid(0, &a, &b, &c, &d)) memcpy(vendor, &b, 4), memcpy(vendor + 4, &d, 4), memcpy(vendor + 8, &c, 4);
-    if (strcmp(vendor, "AuthenticAMD") == 0 && __get_cpuid(1, &a, &b, &c, &d)) {
-        const unsigned base = (a >> 8) & 0xf, fam = base + (base == 0xf ? (a >> 20) & 0xff : 0);
-        want = fam >= 0x17 ? MHA_DECODE_PF_ZEN : MHA_DECODE_PF_INTEL;
-        unsigned l1d_kib = 0;
-        if (__get_cpuid(0x80000005, &a, &b, &c, &d)) l1d_kib = (c >> 24) & 0xff;
-        if (want == MHA_DECODE_PF_ZEN && l1d_kib > 0 && l1d_kib < 48) want = MHA_DECODE_PF_ZEN_L2;
-    }
+    unsigned a, b, c, d, l1d_kib = 0;
+    if (want == MHA_DECODE_PF_ZEN && __get_cpuid(0x80000005, &a, &b, &c, &d)) l1d_kib = (c >> 24) & 0xff;
+    if (l1d_kib > 0 && l1d_kib < 48) want = MHA_DECODE_PF_ZEN_L2;
 #endif
     mha_decode_force_prefetch_policy(-1);
     CHECK(mha_decode_prefetch_policy() == want);

@@ -6,9 +6,6 @@
  * Where the AVX2 kernels make the same FMA chains (GEMM tiles, scores,
  * p v, exp, decode scores/accumulate/projections) the bits must agree.
  * Legend: m x n tile, K inner size, d = d_k, dv = d_v. */
-#if defined(__x86_64__) || defined(__i386__)
-#include <cpuid.h>
-#endif
 #include <float.h>
 #include <math.h>
 #include <stdlib.h>
@@ -31,6 +28,7 @@ static void test_isa_detect(void) {
               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
               __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
     CHECK_INT(mha_cpu_has_avx512(), gcc);
+    CHECK_INT((int)mha_cpu_amd_family(), (int)test_amd_family());
     mha_kernels_force(NULL);
     const char *env = getenv("MHA_KERNELS");
     if (!env || !*env) {
@@ -290,18 +288,8 @@ static void test_isa_decode_kernels(void) {
  * CPUID independently). */
 static void test_isa_stream_halves(void) {
     if (!have()) return;
-    int want = 0;
-#if defined(__x86_64__) || defined(__i386__)
-    unsigned a, b, c, d;
-    char vendor[13] = {0};
-    if (__get_cpuid(0, &a, &b, &c, &d)) memcpy(vendor, &b, 4), memcpy(vendor + 4, &d, 4), memcpy(vendor + 8, &c, 4);
-    if (strcmp(vendor, "AuthenticAMD") == 0 && __get_cpuid(1, &a, &b, &c, &d)) {
-        const unsigned base = (a >> 8) & 0xf, fam = base + (base == 0xf ? (a >> 20) & 0xff : 0);
-        want = fam == 0x19;
-    }
-#endif
     mha_force_halves_512(-1);
-    CHECK_INT(mha_cpu_halves_512(), want);
+    CHECK_INT(mha_cpu_halves_512(), test_amd_family() == 0x19);
     const mha_decode_kernels *x5 = &mha_decode_kernels_avx512, *sc = &mha_decode_kernels_scalar;
     enum { K = 37, LD = 160 };
     const int ns[] = {7, 16, 93, 150};

@@ -3,6 +3,9 @@
  * skip that CI must not accept (see test_skip in test_util.h) when CI=true,
  * and when the optional name filter (a substring) matches no test.
  * MHA_TEST_FAIL_FAST=1 stops at the first failing test. */
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -137,6 +140,19 @@ double test_max_abs_diff(const float *a, const float *b, size_t n) {
         if (d > m) m = d;
     }
     return m;
+}
+
+unsigned test_amd_family(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    unsigned a, b, c, d;
+    char vendor[13] = {0};
+    if (__get_cpuid(0, &a, &b, &c, &d)) memcpy(vendor, &b, 4), memcpy(vendor + 4, &d, 4), memcpy(vendor + 8, &c, 4);
+    if (strcmp(vendor, "AuthenticAMD") != 0 || !__get_cpuid(1, &a, &b, &c, &d)) return 0;
+    const unsigned base = (a >> 8) & 0xf;
+    return base + (base == 0xf ? (a >> 20) & 0xff : 0);
+#else
+    return 0;
+#endif
 }
 
 void test_fill_uniform(float *p, size_t n, uint64_t *seed, float lo, float hi) {

@@ -88,6 +88,9 @@ void test_report(const char *file, int line, const char *fmt, ...)
 
 /* Max |a - b| over n entries; NaN in either gives INFINITY. */
 double test_max_abs_diff(const float *a, const float *b, size_t n);
+/* The CPU's family on AMD (CPUID leaf 1 with the extended family), 0 on
+ * any other vendor: read here, independently of the library's probes. */
+unsigned test_amd_family(void);
 /* Deterministic uniform floats in [lo, hi) from a 64-bit seed. */
 void test_fill_uniform(float *p, size_t n, uint64_t *seed, float lo, float hi);
 /* Peak resident set of this process in bytes since the last reset

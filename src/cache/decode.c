@@ -188,10 +188,7 @@ static _Atomic int forced_policy = -1, probed_policy = -1;
 static int cpu_policy(void) {
 #if defined(__x86_64__) || defined(__i386__)
     unsigned a, b, c, d;
-    if (!__get_cpuid(0, &a, &b, &c, &d)) return MHA_DECODE_PF_INTEL;
-    const int amd = b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u; /* "AuthenticAMD" */
-    if (!amd || !__get_cpuid(1, &a, &b, &c, &d)) return MHA_DECODE_PF_INTEL;
-    const unsigned family = ((a >> 8) & 0xf) == 0xf ? 0xf + ((a >> 20) & 0xff) : (a >> 8) & 0xf;
+    const unsigned family = mha_cpu_amd_family(); /* 0: not AMD */
     if (family < 0x17) return MHA_DECODE_PF_INTEL; /* before Zen */
     const unsigned l1d_kib = __get_cpuid(0x80000005, &a, &b, &c, &d) ? c >> 24 : 0; /* 0: not reported */
     return l1d_kib > 0 && l1d_kib < 48 ? MHA_DECODE_PF_ZEN_L2 : MHA_DECODE_PF_ZEN;

@@ -57,20 +57,21 @@ static int cpu_has(int feature) {
 int mha_cpu_has_avx2(void) { return cpu_has(CPU_AVX2); }
 int mha_cpu_has_avx512(void) { return cpu_has(CPU_AVX512); }
 
-/* AMD family 0x19 (Zen 3 and 4) with AVX-512 is Zen 4, whose 512-bit
- * datapaths are 256 bits wide; Zen 5 (0x1a) and Intel's are whole. */
-static int cpu_splits_512(void) {
+unsigned mha_cpu_amd_family(void) {
 #if defined(__x86_64__) || defined(__i386__)
     unsigned a, b, c, d;
-    if (!mha_cpu_has_avx512() || !__get_cpuid(0, &a, &b, &c, &d)) return 0;
+    if (!__get_cpuid(0, &a, &b, &c, &d)) return 0;
     const int amd = b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u; /* "AuthenticAMD" */
     if (!amd || !__get_cpuid(1, &a, &b, &c, &d)) return 0;
-    const unsigned family = ((a >> 8) & 0xf) == 0xf ? 0xf + ((a >> 20) & 0xff) : (a >> 8) & 0xf;
-    return family == 0x19;
+    return ((a >> 8) & 0xf) == 0xf ? 0xf + ((a >> 20) & 0xff) : (a >> 8) & 0xf;
 #else
     return 0;
 #endif
 }
+
+/* AMD family 0x19 (Zen 3 and 4) with AVX-512 is Zen 4, whose 512-bit
+ * datapaths are 256 bits wide; Zen 5 (0x1a) and Intel's are whole. */
+static int cpu_splits_512(void) { return mha_cpu_has_avx512() && mha_cpu_amd_family() == 0x19; }
 
 static _Atomic int forced_halves = -1, probed_halves = -1;
 

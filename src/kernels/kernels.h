@@ -204,6 +204,9 @@ int mha_cpu_has_avx2(void);
 /* 1 when it can run the avx512 tables (the avx2 ones, AVX-512 F/BW/VL/DQ,
  * opmask and zmm state saved: XCR0 bits 5-7). */
 int mha_cpu_has_avx512(void);
+/* The CPU's family (CPUID leaf 1, extended family added) on AMD; 0 on
+ * any other vendor or where CPUID is missing. */
+unsigned mha_cpu_amd_family(void);
 /* 1 when the CPU runs a 512-bit operation as two 256-bit halves (AMD Zen
  * 4: family 0x19 with AVX-512). The AVX-512 decode streams then update
  * their y rows 256 bits at a time (mha_fma_into_avx512); tests and A/B
