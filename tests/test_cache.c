@@ -12,10 +12,8 @@
  *    Truncating instead of rounding moves y by about 1 x the effect, so it
  *    fails (tests/mutants: f16_*_truncates).
  * Legend: B sequences, T tokens, h, h_kv heads, d_k, d_v, d_model. */
-#if defined(__x86_64__) || defined(__i386__)
-#include <cpuid.h>
-#endif
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -669,8 +667,8 @@ static void test_long_context_folds(void) {
 
 /* ------------------------------------------------- prefetch policy */
 
-/* The Intel and the Zen prefetch tunings, into L1 or L2 (decode.c), give
- * the same bits: MHA (one row: Zen prefetches fp32 too), GQA (4 rows),
+/* The bursts and the stream prefetch tunings, into L1 or L2 (decode.c),
+ * give the same bits: MHA (one row: the stream prefetches fp32 too), GQA (4 rows),
  * MQA (grouped), fp32 / fp16 / int8, a cache of several chunks, 1 and 2
  * threads. */
 static void test_prefetch_policy_bits(void) {
@@ -685,7 +683,7 @@ static void test_prefetch_policy_bits(void) {
         float *y[6];
         int steps[] = {290, 1, 1, 1, 4, 1, 1, 1};
         mha_decode_set_min_parallel_work(0.0);
-        const int policy[3] = {MHA_DECODE_PF_INTEL, MHA_DECODE_PF_ZEN, MHA_DECODE_PF_ZEN_L2};
+        const int policy[3] = {MHA_DECODE_PF_BURSTS, MHA_DECODE_PF_STREAM, MHA_DECODE_PF_STREAM_L2};
         for (int r = 0; r < 6; r++) { /* policy r % 3, r / 3 + 1 threads */
             y[r] = naive_alloc_floats(ny);
             mha_decode_force_prefetch_policy(policy[r % 3]);
@@ -705,24 +703,44 @@ static void test_prefetch_policy_bits(void) {
     }
 }
 
-/* The policy follows the CPU: Zen on AMD family 0x17 (Zen) and later,
- * into L2 where the L1D holds less than 48 KiB (Zen 1-4), the Intel
- * tuning elsewhere (read here from CPUID independently). */
+/* The L1D of CPU 0 in KiB as Linux's sysfs reports it (index entries of
+ * level 1, type Data), 0 where it does not: a source apart from the
+ * library's CPUID reading. */
+static unsigned sysfs_l1d_kib(void) {
+    for (int i = 0; i < 8; i++) {
+        char path[96], level[16] = "", type[32] = "", size[32] = "";
+        const char *field[3] = {"level", "type", "size"};
+        char *out[3] = {level, type, size};
+        for (int f = 0; f < 3; f++) {
+            snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/%s", i, field[f]);
+            FILE *fp = fopen(path, "r");
+            if (!fp) return 0;
+            if (!fgets(out[f], 16, fp)) out[f][0] = 0;
+            fclose(fp);
+        }
+        if (atoi(level) == 1 && strncmp(type, "Data", 4) == 0) return (unsigned)atoi(size); /* "48K" */
+    }
+    return 0;
+}
+
+/* The policy follows the CPU: the bursts on AMD before Zen (family
+ * 0x17), else the stream, into L2 where the L1D holds less than 48 KiB
+ * (family from CPUID and the L1D from sysfs, read here apart from the
+ * library; the library's L1D reading is checked against sysfs too). */
 static void test_prefetch_policy_cpu(void) {
-    int want = test_amd_family() >= 0x17 ? MHA_DECODE_PF_ZEN : MHA_DECODE_PF_INTEL;
-#if defined(__x86_64__) || defined(__i386__)
-    unsigned a, b, c, d, l1d_kib = 0;
-    if (want == MHA_DECODE_PF_ZEN && __get_cpuid(0x80000005, &a, &b, &c, &d)) l1d_kib = (c >> 24) & 0xff;
-    if (l1d_kib > 0 && l1d_kib < 48) want = MHA_DECODE_PF_ZEN_L2;
-#endif
+    const unsigned family = test_amd_family(), l1d_kib = sysfs_l1d_kib();
+    if (l1d_kib > 0) CHECK(mha_cpu_l1d_kib() == l1d_kib);
+    int want = l1d_kib > 0 && l1d_kib < 48 ? MHA_DECODE_PF_STREAM_L2 : MHA_DECODE_PF_STREAM;
+    if (family > 0 && family < 0x17) want = MHA_DECODE_PF_BURSTS;
+    if (l1d_kib == 0 && mha_cpu_l1d_kib() > 0) want = mha_decode_prefetch_policy(); /* no sysfs: nothing to compare */
     mha_decode_force_prefetch_policy(-1);
     CHECK(mha_decode_prefetch_policy() == want);
-    mha_decode_force_prefetch_policy(MHA_DECODE_PF_ZEN);
-    CHECK(mha_decode_prefetch_policy() == MHA_DECODE_PF_ZEN);
-    mha_decode_force_prefetch_policy(MHA_DECODE_PF_ZEN_L2);
-    CHECK(mha_decode_prefetch_policy() == MHA_DECODE_PF_ZEN_L2);
-    mha_decode_force_prefetch_policy(MHA_DECODE_PF_INTEL);
-    CHECK(mha_decode_prefetch_policy() == MHA_DECODE_PF_INTEL);
+    mha_decode_force_prefetch_policy(MHA_DECODE_PF_STREAM);
+    CHECK(mha_decode_prefetch_policy() == MHA_DECODE_PF_STREAM);
+    mha_decode_force_prefetch_policy(MHA_DECODE_PF_STREAM_L2);
+    CHECK(mha_decode_prefetch_policy() == MHA_DECODE_PF_STREAM_L2);
+    mha_decode_force_prefetch_policy(MHA_DECODE_PF_BURSTS);
+    CHECK(mha_decode_prefetch_policy() == MHA_DECODE_PF_BURSTS);
     mha_decode_force_prefetch_policy(-1);
 }
 

@@ -71,7 +71,7 @@ typedef struct {
     float *z, *stats;
     const int *n, *row0;
     int t0, n_rep;
-    int policy; /* MHA_DECODE_PF_INTEL, _ZEN or _ZEN_L2 (mha_decode_prefetch_policy) */
+    int policy; /* MHA_DECODE_PF_BURSTS, _ZEN or _ZEN_L2 (mha_decode_prefetch_policy) */
 } decode_call;
 
 static int row_position(const decode_call *dc, int b, int i) {
@@ -171,30 +171,29 @@ static inline void prefetch_line(const char *p, int to_l2) {
 
 /* ------------------------------------------------ prefetch by CPU */
 
-/* Which prefetch tuning the calls use: DECODE_PF_INTEL (the Xeon's of
- * rounds 6-7) or DECODE_PF_ZEN (AMD Zen, round 8; see unit_prefetches),
- * whose requests go into L2 (DECODE_PF_ZEN_L2) where the L1D holds 32
- * KiB (Zen 1-4; CPUID 0x80000005 gives its size): the chunk requested
- * ahead (up to 64 KiB, 128 keys of fp32 K and V) is twice such an L1D,
- * and requests into it evicted the lines of the chunk being computed
- * (Zen 4, cold, 2 threads: the attention in 0.70-0.94x the time with
- * requests into L2; bench/LIMITS.md, round 15). Zen 5's 48 KiB L1D (or
- * a size the CPU does not report) keeps the round-8 tuning.
- * forced_policy < 0: by CPUID, probed once (CPUID traps to the hypervisor
- * in a VM: microseconds). No choice changes bits: a prefetch only moves
- * bytes between cache levels. */
+/* Which prefetch tuning the calls use. DECODE_PF_STREAM (round 8, AMD
+ * Zen 5): the next chunk's bytes requested a line per loop step of this
+ * chunk's kernels (unit_prefetches, prefetch_point); DECODE_PF_STREAM_L2:
+ * the same into L2, where the L1D holds less than 48 KiB (Zen 1-4; Intel
+ * before Ice Lake by analogy, not measured): the
+ * chunk requested ahead (up to 64 KiB, 128 keys of fp32 K and V) is twice
+ * such an L1D, and requests into it evicted the lines of the chunk being
+ * computed (Zen 4, cold, 2 threads: 0.70-0.94x the time into L2; round
+ * 15). DECODE_PF_BURSTS (the Xeon's of rounds 6-7): four bursts per
+ * chunk, one-row fp32 units left to the hardware prefetchers. The stream
+ * won on an Intel Xeon too (48 KiB L1D, cold, 2 threads: 0.68-0.84x the
+ * bursts' time; bench/LIMITS.md, round 17), so every CPU streams; only
+ * AMD before Zen keeps the bursts (not measured since). An L1D the CPU
+ * does not report keeps the L1 stream. forced_policy < 0: by CPUID,
+ * probed once (CPUID traps to the hypervisor in a VM: microseconds). No
+ * choice changes bits: a prefetch only moves bytes between cache levels. */
 static _Atomic int forced_policy = -1, probed_policy = -1;
 
 static int cpu_policy(void) {
-#if defined(__x86_64__) || defined(__i386__)
-    unsigned a, b, c, d;
     const unsigned family = mha_cpu_amd_family(); /* 0: not AMD */
-    if (family < 0x17) return MHA_DECODE_PF_INTEL; /* before Zen */
-    const unsigned l1d_kib = __get_cpuid(0x80000005, &a, &b, &c, &d) ? c >> 24 : 0; /* 0: not reported */
-    return l1d_kib > 0 && l1d_kib < 48 ? MHA_DECODE_PF_ZEN_L2 : MHA_DECODE_PF_ZEN;
-#else
-    return MHA_DECODE_PF_INTEL;
-#endif
+    if (family > 0 && family < 0x17) return MHA_DECODE_PF_BURSTS; /* AMD before Zen */
+    const unsigned l1d_kib = mha_cpu_l1d_kib(); /* 0: not reported */
+    return l1d_kib > 0 && l1d_kib < 48 ? MHA_DECODE_PF_STREAM_L2 : MHA_DECODE_PF_STREAM;
 }
 
 void mha_decode_force_prefetch_policy(int policy) { atomic_store(&forced_policy, policy); }
@@ -216,11 +215,15 @@ int mha_decode_prefetch_policy(void) {
  * and int8, 1.06-1.10x for fp32 with 4 rows. fp32 read by one row (MHA) is
  * memory-bound with the hardware prefetchers alone, and the extra requests
  * cost it 7%, the grouped kernels (MQA) with int8 5% (bench/LIMITS.md,
- * round 6): on the Xeon. On Zen 5 one-row fp32 adds up too (56% of the
- * cold read, one thread); its requests make it 0.78-0.85x (round 8). */
+ * round 6): on the Xeon, with the bursts. With the stream one-row fp32
+ * adds up too (Zen 5: 56% of the cold read, one thread); its requests
+ * make it 0.78-0.85x (round 8), on the Xeon of round 17 0.97-1.02x. A
+ * table without a stream (AVX2, scalar) requests in bursts whatever the
+ * policy, and one-row fp32 then keeps the bursts' rule (on that Xeon,
+ * AVX2 with one-row fp32 requests: 1.11-1.13x slower). */
 static int unit_prefetches(const decode_call *dc, const unit *u) {
     const mha_cache *c = dc->c;
-    if (dc->policy != MHA_DECODE_PF_INTEL) return !unit_grouped(dc, u);
+    if (dc->policy != MHA_DECODE_PF_BURSTS && dc->kr->prefetch_stream) return !unit_grouped(dc, u);
     return !unit_grouped(dc, u) && (u->i1 - u->i0 > 1 || c->kt != MHA_CACHE_F32 || c->vt != MHA_CACHE_F32);
 }
 
@@ -264,7 +267,8 @@ static size_t score_tiles(int np, int four_rows) {
 
 /* The requests of chunk nx at prefetch point `part` (of PREFETCH_PARTS,
  * the first before the scores, the last after the values) of a chunk of
- * m rows and nk keys. Zen, with a table that has a stream: the K/V bytes
+ * m rows and nk keys. The stream policies, with a table that has a
+ * stream: the K/V bytes
  * spread over this chunk's kernels (prefetch_stream), as many lines per
  * step as there are lines per step of their loops, to the nearest (the
  * AVX-512 kernels' tiles: score_tiles, and the values one step per key
@@ -273,12 +277,12 @@ static size_t score_tiles(int np, int four_rows) {
  * 4 rows in tiles of 32 keys (they run 48) and rounding down left a third
  * of an fp16 chunk of 4 rows for the end (9% of a hot call's samples);
  * rounding up instead made fp32 GQA slower (round 15). Else the four
- * bursts (the Xeon's tuning). Cold, one thread, against the bursts:
+ * bursts (the tuning of rounds 6-7). Cold, one thread, against the bursts:
  * bench/LIMITS.md, round 8. */
 static void prefetch_point(const decode_call *dc, const next_chunk *nx, int part, int m, int nk) {
     const mha_cache *c = dc->c;
-    const int to_l2 = dc->policy == MHA_DECODE_PF_ZEN_L2;
-    if (dc->policy == MHA_DECODE_PF_INTEL || !dc->kr->prefetch_stream) {
+    const int to_l2 = dc->policy == MHA_DECODE_PF_STREAM_L2;
+    if (dc->policy == MHA_DECODE_PF_BURSTS || !dc->kr->prefetch_stream) {
         prefetch_part(c, nx, part, to_l2);
         return;
     }
@@ -624,7 +628,7 @@ typedef struct {
     size_t parts_floats;     /* floats of the partials (0: units whole)    */
     int nth;
     int run;                 /* split tasks per scheduling run (below)     */
-    mha_task_ranges *ranges; /* Zen: split tasks in one run per thread     */
+    mha_task_ranges *ranges; /* stream: split tasks in one run per thread  */
 } decode_plan;
 
 static void plan_free(decode_plan *pl) {
@@ -784,11 +788,11 @@ mha_status mha_decode_attend(const mha_exec *ex, float *z, float *stats, const m
     run = run < 1 ? 1 : run > 8 ? 8 : run;
     run = run / group < 1 ? 1 : run / group;
     pl.run = run;
-    /* Zen: each thread streams one contiguous run of the split tasks (runs
+    /* Streams: each thread reads one contiguous run of the split tasks (runs
      * of 8 chunks handed out in turn left every 8th chunk of a thread
      * unrequested, cold, at 2 threads; bench/LIMITS.md, round 8). Out of
      * memory: the dynamic schedule. */
-    if (pl.parts && pl.nth > 1 && dc.policy != MHA_DECODE_PF_INTEL)
+    if (pl.parts && pl.nth > 1 && dc.policy != MHA_DECODE_PF_BURSTS)
         pl.ranges = mha_task_ranges_new((long)pl.n_tasks, pl.nth);
 #pragma omp parallel num_threads(pl.nth)
     {

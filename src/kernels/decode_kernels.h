@@ -179,11 +179,12 @@ void mha_accumulate_t_avx512(float *acc, int ldacc, const float *pt, int ldt, co
                              int kind, float *buf, int m, int n, int dv);
 void mha_from_q8_avx512(float *dst, const int8_t *src, const float *scale, size_t rows, int d, int lanes);
 void mha_merge_t_avx512(float *run, const float *part, int m, int dv);
-/* The decode attention's prefetch tuning (src/cache/decode.c): the Intel
- * Xeon's (rounds 6-7), AMD Zen's (round 8) or Zen's into L2 (a 32 KiB
- * L1D, Zen 4: round 15), chosen by CPUID; forcing one (tests, A/B; < 0:
+/* The decode attention's prefetch tuning (src/cache/decode.c): four
+ * bursts per chunk (the Xeon's of rounds 6-7), a stream spread over the
+ * kernels' loop steps (round 8), or that stream into L2 (an L1D under 48
+ * KiB, Zen 4: round 15), chosen by CPUID; forcing one (tests, A/B; < 0:
  * by CPUID again) changes no bits. */
-enum { MHA_DECODE_PF_INTEL = 0, MHA_DECODE_PF_ZEN = 1, MHA_DECODE_PF_ZEN_L2 = 2 };
+enum { MHA_DECODE_PF_BURSTS = 0, MHA_DECODE_PF_STREAM = 1, MHA_DECODE_PF_STREAM_L2 = 2 };
 int mha_decode_prefetch_policy(void);
 void mha_decode_force_prefetch_policy(int policy);
 #endif /* MHA_DECODE_KERNELS_H */

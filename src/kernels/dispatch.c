@@ -69,6 +69,22 @@ unsigned mha_cpu_amd_family(void) {
 #endif
 }
 
+unsigned mha_cpu_l1d_kib(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    unsigned a, b, c, d;
+    if (mha_cpu_amd_family()) return __get_cpuid(0x80000005, &a, &b, &c, &d) ? c >> 24 : 0;
+    if (!__get_cpuid(0, &a, &b, &c, &d) || a < 4) return 0;
+    for (unsigned i = 0; i < 16; i++) { /* leaf 4: one cache per subleaf, type 0 ends the list */
+        __cpuid_count(4, i, a, b, c, d);
+        const unsigned type = a & 0x1f, level = (a >> 5) & 0x7;
+        if (type == 0) break;
+        if (type == 1 && level == 1) /* ways x partitions x line x sets */
+            return (unsigned)(((b >> 22) + 1ull) * (((b >> 12) & 0x3ff) + 1) * ((b & 0xfff) + 1) * (c + 1ull) / 1024);
+    }
+#endif
+    return 0;
+}
+
 /* AMD family 0x19 (Zen 3 and 4) with AVX-512 is Zen 4, whose 512-bit
  * datapaths are 256 bits wide; Zen 5 (0x1a) and Intel's are whole. */
 static int cpu_splits_512(void) { return mha_cpu_has_avx512() && mha_cpu_amd_family() == 0x19; }

@@ -207,6 +207,9 @@ int mha_cpu_has_avx512(void);
 /* The CPU's family (CPUID leaf 1, extended family added) on AMD; 0 on
  * any other vendor or where CPUID is missing. */
 unsigned mha_cpu_amd_family(void);
+/* The L1 data cache of one core in KiB (AMD: CPUID 0x80000005; others:
+ * the level-1 data entry of leaf 4); 0 where the CPU does not say. */
+unsigned mha_cpu_l1d_kib(void);
 /* 1 when the CPU runs a 512-bit operation as two 256-bit halves (AMD Zen
  * 4: family 0x19 with AVX-512). The AVX-512 decode streams then update
  * their y rows 256 bits at a time (mha_fma_into_avx512); tests and A/B
