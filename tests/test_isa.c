@@ -283,13 +283,16 @@ static void test_isa_decode_kernels(void) {
 
 /* The AVX-512 projection streams (fp32 for 1-4 rows, bf16 and int8 for
  * one) give the scalar table's bits with y updated whole or in 256-bit
- * halves (forced both ways, column tails of every kind), and the halves
- * are chosen on Zen 4 alone: AMD family 0x19 with AVX-512 (read here from
- * CPUID independently). */
+ * halves, and bf16 / int8 as a row sweep or as tiles (each forced both
+ * ways, column tails of every kind); the halves are chosen on Zen 4
+ * alone (AMD family 0x19 with AVX-512), the sweep on AMD Zen (family
+ * 0x17 on): read here from CPUID independently. */
 static void test_isa_stream_halves(void) {
     if (!have()) return;
     mha_force_halves_512(-1);
+    mha_force_row_sweep(-1);
     CHECK_INT(mha_cpu_halves_512(), test_amd_family() == 0x19);
+    CHECK_INT(mha_cpu_row_sweep(), test_amd_family() >= 0x17);
     const mha_decode_kernels *x5 = &mha_decode_kernels_avx512, *sc = &mha_decode_kernels_scalar;
     enum { K = 37, LD = 160 };
     const int ns[] = {7, 16, 93, 150};
@@ -300,9 +303,12 @@ static void test_isa_stream_halves(void) {
     uint16_t wb[K * LD]; /* (K, LD) bf16: the high halves of wf */
     int8_t wi[K * LD];   /* (K, LD) int8 */
     for (int e = 0; e < K * LD; e++) memcpy(&wb[e], (char *)&wf[e] + 2, 2), wi[e] = (int8_t)lrintf(wf[e] * 127.0f);
-    for (int halves = 0; halves < 2; halves++) {
+    for (int form = 0; form < 4; form++) {
+        const int halves = form & 1, sweep = form >> 1;
         mha_force_halves_512(halves);
+        mha_force_row_sweep(sweep);
         CHECK_INT(mha_cpu_halves_512(), halves);
+        CHECK_INT(mha_cpu_row_sweep(), sweep);
         for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++)
             for (int kind = 0; kind < 6; kind++) { /* fp32 rows 1-4, then bf16 and int8 one row */
                 const int n = ns[i], m = kind < 4 ? kind + 1 : 1;
@@ -314,12 +320,13 @@ static void test_isa_stream_halves(void) {
                     x5->gemm_stream_i8(y1, LD, x, LD, wi, LD, scale, 1, 32, n),
                         sc->gemm_stream_i8(y2, LD, x, LD, wi, LD, scale, 1, 32, n);
                 if (memcmp(y1, y2, sizeof(float) * 4 * LD) != 0)
-                    test_report(__FILE__, __LINE__, "stream kind %d, %d rows, n %d, halves %d: not the scalar bits", kind,
-                                m, n, halves);
+                    test_report(__FILE__, __LINE__, "stream kind %d, %d rows, n %d, halves %d, sweep %d: not the scalar bits",
+                                kind, m, n, halves, sweep);
                 CHECK(memcmp(y1 + (size_t)(m - 1) * LD, y0 + (size_t)(m - 1) * LD, sizeof(float) * n) != 0);
             }
     }
     mha_force_halves_512(-1);
+    mha_force_row_sweep(-1);
     free(x), free(wf), free(scale), free(y0), free(y1), free(y2);
 }
 

@@ -535,7 +535,8 @@ static void test_file_f32_unchanged(void) {
  * 1 to 17 rows (register blocks of 4 and their remainders), widths with
  * every column tail (64-, 16- and 8-wide vectors, masked and scalar
  * tails) and row strides past the width; and m rows at once give the
- * bits of m one-row calls (the weights are shared, not the sums). */
+ * bits of m one-row calls (the weights are shared, not the sums), with
+ * one row taken as tiles and as a sweep (mha_force_row_sweep). */
 static void test_stream_kernels_rows(void) {
     const mha_decode_kernels *tab[3] = {&mha_decode_kernels_scalar, &mha_decode_kernels_avx2,
                                         &mha_decode_kernels_avx512};
@@ -554,7 +555,9 @@ static void test_stream_kernels_rows(void) {
     }
     float *y[3], *y1 = naive_alloc_floats((size_t)17 * ld);
     for (int t = 0; t < 3; t++) y[t] = naive_alloc_floats((size_t)17 * ld);
-    for (int i8 = 0; i8 < 2; i8++)
+    for (int form = 0; form < 4; form++) { /* int8 or bf16; one row as tiles or as a sweep */
+        const int i8 = form & 1;
+        mha_force_row_sweep(form >> 1);
         for (size_t a = 0; a < sizeof ms / sizeof ms[0]; a++)
             for (size_t b = 0; b < sizeof ns / sizeof ns[0]; b++) {
                 const int m = ms[a], n = ns[b], k = i8 ? 32 : K; /* int8: one scale group */
@@ -575,6 +578,8 @@ static void test_stream_kernels_rows(void) {
                 }
                 CHECK(memcmp(y[0], y0, sizeof(float) * n) != 0); /* the kernel did write */
             }
+    }
+    mha_force_row_sweep(-1);
     free(x), free(wf), free(sc), free(y0), free(wb), free(wi), free(y1);
     for (int t = 0; t < 3; t++) free(y[t]);
 }

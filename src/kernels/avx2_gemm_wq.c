@@ -16,6 +16,7 @@
 
 #include "base/bf16.h"
 #include "kernels/decode_kernels.h"
+#include "kernels/kernels.h"
 
 #define ROWS 32 /* weight rows per block: 16 columns of them stay in L1 */
 #define RB 4    /* rows of x per register block: 8 accumulators        */
@@ -153,12 +154,12 @@ static void sweep_i8(float *y, const float *x, const int8_t *w, int ldw, const f
 
 void mha_gemm_stream_bf16_avx2(float *y, int ldy, const float *x, int ldx, const uint16_t *w, int ldw, int m,
                                int k, int n) {
-    if (m == 1) sweep_bf16(y, x, w, ldw, k, n);
+    if (m == 1 && mha_cpu_row_sweep()) sweep_bf16(y, x, w, ldw, k, n);
     else stream(y, ldy, x, ldx, w, ldw, NULL, m, k, n, 0);
 }
 
 void mha_gemm_stream_i8_avx2(float *y, int ldy, const float *x, int ldx, const int8_t *w, int ldw,
                              const float *scale, int m, int k, int n) {
-    if (m == 1 && k > 0) sweep_i8(y, x, w, ldw, scale, k, n);
+    if (m == 1 && k > 0 && mha_cpu_row_sweep()) sweep_i8(y, x, w, ldw, scale, k, n);
     else stream(y, ldy, x, ldx, w, ldw, scale, m, k, n, 1);
 }

@@ -122,11 +122,13 @@ static inline __attribute__((always_inline)) void stream(float *y, int ldy, cons
     }
 }
 
-/* The one-row stream (m = 1): one weight row at a time across all n
- * columns, so the weights are read in address order, one stream (a
- * task's rows are contiguous). The 32-row tiles read 32 rows at once
- * (32 streams at the row stride), which Zen 5 fetches cold at about half
- * the rate of one stream even with the request ahead. Each y element
+/* The one-row sweep (m = 1, on AMD Zen: mha_cpu_row_sweep): one weight
+ * row at a time across all n columns, so the weights are read in address
+ * order, one stream (a task's rows are contiguous). The 32-row tiles read
+ * 32 rows at once (32 streams at the row stride), which Zen 5 fetches
+ * cold at about half the rate of one stream even with the request ahead;
+ * an Intel Xeon fetches them with the request ahead faster than the
+ * sweep (bench/LIMITS.md, round 17), and keeps the tiles. Each y element
  * gets the tiles' additions in the same order:
  *   bf16: y = fma(x_k, w_k, y) for k in order;
  *   int8: s = 0, s = fma(x_k, w_k, s) over the call's rows (one scale
@@ -176,14 +178,16 @@ static inline __attribute__((always_inline)) void sweep_i8(float *y, const float
 
 void mha_gemm_stream_bf16_avx512(float *y, int ldy, const float *x, int ldx, const uint16_t *w, int ldw, int m,
                                  int k, int n) {
-    if (m == 1 && mha_cpu_halves_512()) sweep_bf16(y, x, w, ldw, k, n, 1);
-    else if (m == 1) sweep_bf16(y, x, w, ldw, k, n, 0);
+    const int sweep = m == 1 && mha_cpu_row_sweep();
+    if (sweep && mha_cpu_halves_512()) sweep_bf16(y, x, w, ldw, k, n, 1);
+    else if (sweep) sweep_bf16(y, x, w, ldw, k, n, 0);
     else stream(y, ldy, x, ldx, w, ldw, NULL, m, k, n, 0);
 }
 
 void mha_gemm_stream_i8_avx512(float *y, int ldy, const float *x, int ldx, const int8_t *w, int ldw,
                                const float *scale, int m, int k, int n) {
-    if (m == 1 && k > 0 && mha_cpu_halves_512()) sweep_i8(y, x, w, ldw, scale, k, n, 1);
-    else if (m == 1 && k > 0) sweep_i8(y, x, w, ldw, scale, k, n, 0);
+    const int sweep = m == 1 && k > 0 && mha_cpu_row_sweep();
+    if (sweep && mha_cpu_halves_512()) sweep_i8(y, x, w, ldw, scale, k, n, 1);
+    else if (sweep) sweep_i8(y, x, w, ldw, scale, k, n, 0);
     else stream(y, ldy, x, ldx, w, ldw, scale, m, k, n, 1);
 }
