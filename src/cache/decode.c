@@ -71,7 +71,7 @@ typedef struct {
     float *z, *stats;
     const int *n, *row0;
     int t0, n_rep;
-    int policy; /* MHA_DECODE_PF_BURSTS, _ZEN or _ZEN_L2 (mha_decode_prefetch_policy) */
+    int policy; /* MHA_DECODE_PF_BURSTS, _STREAM or _STREAM_L2 (mha_decode_prefetch_policy) */
 } decode_call;
 
 static int row_position(const decode_call *dc, int b, int i) {
@@ -173,20 +173,19 @@ static inline void prefetch_line(const char *p, int to_l2) {
 
 /* Which prefetch tuning the calls use. DECODE_PF_STREAM (round 8, AMD
  * Zen 5): the next chunk's bytes requested a line per loop step of this
- * chunk's kernels (unit_prefetches, prefetch_point); DECODE_PF_STREAM_L2:
+ * chunk's kernels (unit_prefetches, prefetch_point). DECODE_PF_STREAM_L2:
  * the same into L2, where the L1D holds less than 48 KiB (Zen 1-4; Intel
- * before Ice Lake by analogy, not measured): the
- * chunk requested ahead (up to 64 KiB, 128 keys of fp32 K and V) is twice
- * such an L1D, and requests into it evicted the lines of the chunk being
- * computed (Zen 4, cold, 2 threads: 0.70-0.94x the time into L2; round
- * 15). DECODE_PF_BURSTS (the Xeon's of rounds 6-7): four bursts per
- * chunk, one-row fp32 units left to the hardware prefetchers. The stream
- * won on an Intel Xeon too (48 KiB L1D, cold, 2 threads: 0.68-0.84x the
- * bursts' time; bench/LIMITS.md, round 17), so every CPU streams; only
- * AMD before Zen keeps the bursts (not measured since). An L1D the CPU
- * does not report keeps the L1 stream. forced_policy < 0: by CPUID,
- * probed once (CPUID traps to the hypervisor in a VM: microseconds). No
- * choice changes bits: a prefetch only moves bytes between cache levels. */
+ * before Ice Lake by analogy, not measured): the chunk requested ahead
+ * (up to 64 KiB, 128 keys of fp32 K and V) is twice such an L1D, and
+ * requests into it evicted the lines of the chunk being computed (Zen 4,
+ * cold, 2 threads: 0.70-0.94x the time into L2; round 15).
+ * DECODE_PF_BURSTS (the Xeon's of rounds 6-7): four bursts per chunk,
+ * one-row fp32 units left to the hardware prefetchers. The stream won on
+ * an Intel Xeon too (48 KiB L1D, cold, 2 threads: 0.67-0.83x the bursts'
+ * time; bench/LIMITS.md, round 17), so every CPU streams; only AMD before
+ * Zen keeps the bursts (not measured since). An L1D the CPU does not
+ * report keeps the L1 stream. Probed once (mha_probed_once); no choice
+ * changes bits: a prefetch only moves bytes between cache levels. */
 static _Atomic int forced_policy = -1, probed_policy = -1;
 
 static int cpu_policy(void) {
@@ -198,13 +197,7 @@ static int cpu_policy(void) {
 
 void mha_decode_force_prefetch_policy(int policy) { atomic_store(&forced_policy, policy); }
 
-int mha_decode_prefetch_policy(void) {
-    const int f = atomic_load(&forced_policy);
-    if (f >= 0) return f;
-    int p = atomic_load_explicit(&probed_policy, memory_order_relaxed);
-    if (p < 0) atomic_store_explicit(&probed_policy, p = cpu_policy(), memory_order_relaxed);
-    return p;
-}
+int mha_decode_prefetch_policy(void) { return mha_probed_once(&forced_policy, &probed_policy, cpu_policy); }
 
 /* Whether unit u prefetches its chunks. A cold chunk (a decode
  * step of a multi-layer model finds its cache evicted by the other
@@ -268,17 +261,17 @@ static size_t score_tiles(int np, int four_rows) {
 /* The requests of chunk nx at prefetch point `part` (of PREFETCH_PARTS,
  * the first before the scores, the last after the values) of a chunk of
  * m rows and nk keys. The stream policies, with a table that has a
- * stream: the K/V bytes
- * spread over this chunk's kernels (prefetch_stream), as many lines per
- * step as there are lines per step of their loops, to the nearest (the
- * AVX-512 kernels' tiles: score_tiles, and the values one step per key
- * per 64 columns of each row group), at least one, the rest after the
- * values; the int8 scales (a few lines) at once. Counting the scores of
- * 4 rows in tiles of 32 keys (they run 48) and rounding down left a third
- * of an fp16 chunk of 4 rows for the end (9% of a hot call's samples);
- * rounding up instead made fp32 GQA slower (round 15). Else the four
- * bursts (the tuning of rounds 6-7). Cold, one thread, against the bursts:
- * bench/LIMITS.md, round 8. */
+ * stream: the K/V bytes spread over this chunk's kernels
+ * (prefetch_stream), as many lines per step as there are lines per step
+ * of their loops, to the nearest (the AVX-512 kernels' tiles:
+ * score_tiles, and the values one step per key per 64 columns of each
+ * row group), at least one, the rest after the values; the int8 scales
+ * (a few lines) at once. Counting the scores of 4 rows in tiles of 32
+ * keys (they run 48) and rounding down left a third of an fp16 chunk of
+ * 4 rows for the end (9% of a hot call's samples); rounding up instead
+ * made fp32 GQA slower (round 15). Else the four bursts (the tuning of
+ * rounds 6-7). Cold, one thread, against the bursts: bench/LIMITS.md,
+ * round 8. */
 static void prefetch_point(const decode_call *dc, const next_chunk *nx, int part, int m, int nk) {
     const mha_cache *c = dc->c;
     const int to_l2 = dc->policy == MHA_DECODE_PF_STREAM_L2;

@@ -85,9 +85,7 @@ unsigned mha_cpu_l1d_kib(void) {
     return 0;
 }
 
-/* The probe's answer, or the forced one (>= 0): probed once, CPUID traps
- * to the hypervisor in a VM (microseconds). */
-static int probed_once(_Atomic int *forced, _Atomic int *probed, int (*probe)(void)) {
+int mha_probed_once(_Atomic int *forced, _Atomic int *probed, int (*probe)(void)) {
     const int f = atomic_load(forced);
     if (f >= 0) return f;
     int p = atomic_load_explicit(probed, memory_order_relaxed);
@@ -103,7 +101,7 @@ static _Atomic int forced_halves = -1, probed_halves = -1;
 
 void mha_force_halves_512(int halves) { atomic_store(&forced_halves, halves); }
 
-int mha_cpu_halves_512(void) { return probed_once(&forced_halves, &probed_halves, cpu_splits_512); }
+int mha_cpu_halves_512(void) { return mha_probed_once(&forced_halves, &probed_halves, cpu_splits_512); }
 
 /* AMD Zen streams one weight row at a time fastest (Zen 5, round 8: 0.54-
  * 0.66x the tiles' cold time for bf16 / int8; Zen 4 likewise, round 16);
@@ -115,7 +113,8 @@ static _Atomic int forced_sweep = -1, probed_sweep = -1;
 
 void mha_force_row_sweep(int sweep) { atomic_store(&forced_sweep, sweep); }
 
-int mha_cpu_row_sweep(void) { return probed_once(&forced_sweep, &probed_sweep, cpu_sweeps_rows); }
+int mha_cpu_row_sweep(void) { return mha_probed_once(&forced_sweep, &probed_sweep, cpu_sweeps_rows); }
+
 static int always(void) { return 1; }
 
 /* ------------------------------------------------------- the ISA table */

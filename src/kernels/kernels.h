@@ -210,6 +210,10 @@ unsigned mha_cpu_amd_family(void);
 /* The L1 data cache of one core in KiB (AMD: CPUID 0x80000005; others:
  * the level-1 data entry of leaf 4); 0 where the CPU does not say. */
 unsigned mha_cpu_l1d_kib(void);
+/* A CPU choice: *forced when >= 0 (tests, A/B runs), else probe()'s
+ * answer, asked once and kept in *probed (CPUID traps to the hypervisor
+ * in a VM: microseconds a call). Both start at -1. */
+int mha_probed_once(_Atomic int *forced, _Atomic int *probed, int (*probe)(void));
 /* 1 when the CPU runs a 512-bit operation as two 256-bit halves (AMD Zen
  * 4: family 0x19 with AVX-512). The AVX-512 decode streams then update
  * their y rows 256 bits at a time (mha_fma_into_avx512); tests and A/B
