@@ -668,9 +668,9 @@ static void test_long_context_folds(void) {
 /* ------------------------------------------------- prefetch policy */
 
 /* The bursts and the stream prefetch tunings, into L1 or L2 (decode.c),
- * give the same bits: MHA (one row: the stream prefetches fp32 too), GQA (4 rows),
- * MQA (grouped), fp32 / fp16 / int8, a cache of several chunks, 1 and 2
- * threads. */
+ * give the same bits: MHA (one row: the stream prefetches fp32 too), GQA
+ * (4 rows), MQA (grouped), fp32 / fp16 / int8, a cache of several chunks,
+ * 1 and 2 threads. */
 static void test_prefetch_policy_bits(void) {
     for (int v = 0; v < 6; v++) {
         const int h_kv = v % 3 == 0 ? 8 : v % 3 == 1 ? 2 : 1;
