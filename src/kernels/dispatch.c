@@ -105,8 +105,9 @@ int mha_cpu_halves_512(void) { return mha_probed_once(&forced_halves, &probed_ha
 
 /* AMD Zen streams one weight row at a time fastest (Zen 5, round 8: 0.54-
  * 0.66x the tiles' cold time for bf16 / int8; Zen 4 likewise, round 16);
- * on an Intel Xeon the tiles with their requests ahead are 0.63-0.68x
- * (bf16) and 0.88-0.90x (int8) the sweep's time (round 17). */
+ * on an Intel Xeon the tiles with their requests ahead are 0.63-0.70x
+ * (bf16) and 0.86-0.90x (int8) the sweep's cold time in two runs
+ * (round 17). */
 static int cpu_sweeps_rows(void) { return mha_cpu_amd_family() >= 0x17; }
 
 static _Atomic int forced_sweep = -1, probed_sweep = -1;

@@ -221,10 +221,10 @@ int mha_probed_once(_Atomic int *forced, _Atomic int *probed, int (*probe)(void)
  * bits. */
 int mha_cpu_halves_512(void);
 void mha_force_halves_512(int halves);
-/* 1 when the AVX-512 bf16 / int8 decode streams take one x row as a
- * sweep of whole weight rows in address order (AMD Zen), 0 for the
- * register tiles that request the weights ahead (others); forced either
- * way by tests and A/B runs (< 0: by CPUID again): the same bits. */
+/* 1 when the bf16 / int8 decode streams (AVX-512 and AVX2) take one x
+ * row as a sweep of whole weight rows in address order (AMD Zen), 0 for
+ * the register tiles that request the weights ahead (others); forced
+ * either way by tests and A/B runs (< 0: by CPUID again): the same bits. */
 int mha_cpu_row_sweep(void);
 void mha_force_row_sweep(int sweep);
 
