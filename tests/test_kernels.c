@@ -2,7 +2,8 @@
  * tile at every edge size and stride, the packed-projection driver with
  * each output layout, the vector exp's ulp error against exp() in
  * double over the range the softmax uses, and the softmax's own exp
- * (kernels.h: MHA_SOFTMAX_EXP_*) through attn_softmax; the driver's
+ * (kernels.h: MHA_SOFTMAX_EXP_*) through attn_softmax; the fast path's
+ * range check (key norms, |V| within a limit); the driver's
  * scratch is kept between calls (no page faults once warm). Every kernel table is tested
  * (avx2 and avx512 only where the CPU has them).
  * Legend: m x n tile (<= 6 x 16), K inner size, M rows, N columns. */
@@ -258,12 +259,79 @@ static void test_kernels_softmax_exp_ulp(void) {
     free(s), free(x);
 }
 
+/* The range check's loops (kernels.h: key_norm_max, all_within) of every
+ * table against plain loops written here: the largest squared key norm
+ * bit for bit (each key summed in e order in double) for 1-9 panels
+ * (the vector kernels take 4 or 2 panels at a time, then one) and widths
+ * 1-67, NaN when one key holds a NaN (in a first, middle and last panel
+ * and lane), +inf for an infinite key; all_within at every length 0-150
+ * with the one offending element at each place, at exactly the limit
+ * (within) and one ulp past it, -limit, NaN and -inf. */
+static void test_kernels_range_check(void) {
+    const int nt = n_tables();
+    enum { MAXP = 9, MAXD = 67, MAXN = 150 };
+    float *kt = malloc(sizeof(float) * MAXP * MAXD * 16), x[MAXN];
+    uint64_t seed = 17;
+    for (int t = 0; t < nt; t++) {
+        double (*norm)(const float *, int, int) = mha_key_norm_max_get(tables[t]);
+        int (*within)(const float *, size_t, float) = mha_all_within_get(tables[t]);
+        for (int n16 = 1; n16 <= MAXP; n16++)
+            for (int d_k = 1; d_k <= MAXD; d_k += d_k < 8 ? 1 : 29) {
+                const int n = n16 * d_k * 16;
+                test_fill_uniform(kt, (size_t)n, &seed, -3.0f, 3.0f);
+                double want = 0.0;
+                for (int key = 0; key < n16 * 16; key++) {
+                    double sq = 0.0;
+                    for (int e = 0; e < d_k; e++) {
+                        const double v = kt[(key / 16) * d_k * 16 + e * 16 + key % 16];
+                        sq += v * v;
+                    }
+                    if (sq > want) want = sq;
+                }
+                const double got = norm(kt, n16, d_k);
+                if (got != want)
+                    test_report(__FILE__, __LINE__, "%s key_norm_max n16=%d d_k=%d: %.17g, want %.17g",
+                                tables[t]->name, n16, d_k, got, want);
+                const int at[3] = {0, n / 2 + 5 < n ? n / 2 + 5 : n - 1, n - 1};
+                for (int w = 0; w < 3; w++) {
+                    const float keep = kt[at[w]];
+                    kt[at[w]] = NAN;
+                    if (!isnan(norm(kt, n16, d_k)))
+                        test_report(__FILE__, __LINE__, "%s key_norm_max n16=%d d_k=%d: NaN at %d not reported",
+                                    tables[t]->name, n16, d_k, at[w]);
+                    kt[at[w]] = -INFINITY;
+                    CHECK(norm(kt, n16, d_k) == INFINITY);
+                    kt[at[w]] = keep;
+                }
+            }
+        const float lim = 2.5f, past = nextafterf(lim, INFINITY);
+        const float bad[4] = {past, -past, NAN, -INFINITY};
+        for (int n = 0; n <= MAXN; n++) {
+            test_fill_uniform(x, (size_t)n, &seed, -lim, lim);
+            if (n) x[n - 1] = lim, x[0] = -lim;
+            if (!within(x, (size_t)n, lim))
+                test_report(__FILE__, __LINE__, "%s all_within n=%d: values within the limit refused", tables[t]->name, n);
+            for (int i = 0; i < n; i++)
+                for (int b = 0; b < 4; b++) {
+                    const float keep = x[i];
+                    x[i] = bad[b];
+                    if (within(x, (size_t)n, lim))
+                        test_report(__FILE__, __LINE__, "%s all_within n=%d: %g at %d not caught", tables[t]->name, n,
+                                    (double)bad[b], i);
+                    x[i] = keep;
+                }
+        }
+    }
+    free(kt);
+}
+
 static const test_case cases[] = {
     {"kernels_sgemm_edges", test_kernels_sgemm_edges},
     {"kernels_gemm_driver", test_kernels_gemm_driver},
     {"kernels_gemm_scratch_kept", test_kernels_gemm_scratch_kept},
     {"kernels_vexp_ulp", test_kernels_vexp_ulp},
     {"kernels_softmax_exp_ulp", test_kernels_softmax_exp_ulp},
+    {"kernels_range_check", test_kernels_range_check},
 };
 
 const test_case *tests_kernels(size_t *count) {

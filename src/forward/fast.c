@@ -186,36 +186,21 @@ static mha_status transform_qk(const fast_plan *p, const mha_layer *L, const mha
     return MHA_OK;
 }
 
-/* Largest L2 norm of the keys in one (S_pad/16, d_k, 16) panel block. */
-static double max_key_norm(const float *kt, int S_pad, int d_k) {
-    double best = 0.0;
-    for (int j0 = 0; j0 < S_pad; j0 += 16) {
-        double sq[16] = {0};
-        const float *panel = kt + (size_t)(j0 / 16) * d_k * 16;
-        for (int e = 0; e < d_k; e++)
-            for (int l = 0; l < 16; l++) sq[l] += (double)panel[e * 16 + l] * panel[e * 16 + l];
-        for (int l = 0; l < 16; l++) best = sq[l] > best || isnan(sq[l]) ? sq[l] : best;
-    }
-    return sqrt(best);
-}
-
 // --- check the fp32 range: |scale q.k| <= MHA_FAST_SCORE_LIMIT, finite V
-static mha_status check_range(const fast_plan *p, int nt) {
+static mha_status check_range(const fast_plan *p, const mha_kernels *kern, int nt) {
     const mha_config *c = p->c;
     const int h = c->n_heads, h_kv = c->n_kv_heads, d_k = c->d_k, T = p->T;
     const long n_bg = (long)p->B * h_kv, n_br = (long)p->B * h;
     double *kmax = malloc(sizeof(double) * (size_t)(n_bg + 2 * n_br)), *qmax = kmax + n_bg, *qarg = qmax + n_br;
     if (!kmax) return mha_fail(MHA_E_NOMEM, "fast path: no memory for the range check");
     const float v_limit = FLT_MAX / (float)p->S_tot; /* sum of S_tot weighted values */
+    double (*key_norm_max)(const float *, int, int) = mha_key_norm_max_get(kern);
+    int (*all_within)(const float *, size_t, float) = mha_all_within_get(kern);
     int v_ok = 1;
 #pragma omp parallel for schedule(static) num_threads(nt) reduction(&& : v_ok)
-    for (long bg = 0; bg < n_bg; bg++) {
-        kmax[bg] = max_key_norm(p->kt + bg * p->S_pad * d_k, p->S_pad, d_k);
-        const float *vb = p->v + bg * p->S_pad * p->ldv;
-        int bad = 0; /* NaN compares false: counted as bad */
-#pragma omp simd reduction(| : bad)
-        for (size_t i = 0; i < (size_t)p->S_pad * p->ldv; i++) bad |= !(fabsf(vb[i]) <= v_limit);
-        v_ok = v_ok && !bad;
+    for (long bg = 0; bg < n_bg; bg++) { /* the largest |k| of the block (S_pad/16, d_k, 16); V finite */
+        kmax[bg] = sqrt(key_norm_max(p->kt + bg * p->S_pad * d_k, p->S_pad / 16, d_k));
+        v_ok = all_within(p->v + bg * p->S_pad * p->ldv, (size_t)p->S_pad * p->ldv, v_limit) && v_ok;
     }
 #pragma omp parallel for schedule(static) num_threads(nt)
     for (long br = 0; br < n_br; br++) {
@@ -294,7 +279,7 @@ mha_status mha_forward_fast(const mha_exec *ex, const mha_layer *L, float *y, co
     if (s) goto done;
     fill_padding(&p, L);
     if ((s = project(&p, L, x, k_src, v_src, kern, nt)) || (s = transform_qk(&p, L, opt, k_src == x, nt)) ||
-        (s = check_range(&p, nt)))
+        (s = check_range(&p, kern, nt)))
         goto done;
 
     // --- attend: Z^(r) = softmax(scale Q^(r) K^(g)^T + mask) V^(g), into Z

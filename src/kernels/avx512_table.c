@@ -1,7 +1,8 @@
 /* avx512_table.c — the avx512 kernel table (kernels.h): the entries of
  * avx512_gemm.c, avx512_attention.c (with the ALiBi tile and the query
  * packing), avx512_exp.c and avx512_softcap.c, with the 12x32 tile, the
- * input packing and the transposed store for the projection driver.
+ * input packing and the transposed store for the projection driver,
+ * and avx512_range.c's range check.
  * Data only; used after mha_cpu_has_avx512(). */
 #include "kernels/kernels.h"
 
@@ -20,4 +21,6 @@ const mha_kernels mha_kernels_avx512 = {
     .sgemm_tile = mha_sgemm_avx512_12x32,
     .pack_a6 = mha_pack_a6_avx512,
     .store_t16 = mha_store_t16_avx512,
+    .key_norm_max = mha_key_norm_max_avx512,
+    .all_within = mha_all_within_avx512,
 };

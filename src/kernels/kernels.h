@@ -111,6 +111,16 @@ typedef struct mha_kernels {
      * src[i*lds + j] for i < rows <= 16, j < n <= 16. NULL: the driver's
      * element loop (the same values). */
     void (*store_t16)(float *dst, const size_t *coff, const float *src, size_t lds, int rows, int n);
+
+    /* The fast path's fp32 range check (forward/fast.c), a read of K and V
+     * that every forward pays. key_norm_max: the largest squared L2 norm
+     * of the keys in n16 panels (n16, d_k, 16) of K^T, each key's sum of
+     * squares in double over e in order (products of floats are exact in
+     * double, so every table gives the same bits); NaN when any key's is
+     * NaN. all_within: 1 when every |x[i]| <= limit (NaN fails), else 0.
+     * NULL: the scalar table's loops. */
+    double (*key_norm_max)(const float *kt, int n16, int d_k);
+    int (*all_within)(const float *x, size_t n, float limit);
 } mha_kernels;
 
 /* The softcap kernel of table k, the scalar one when k has none. */
@@ -119,6 +129,9 @@ void (*mha_attn_softcap_get(const mha_kernels *k))(float *, size_t, float, int, 
 void (*mha_attn_alibi_get(const mha_kernels *k))(float *, size_t, const int *, const int *, float, int, int);
 /* The query packing of table k, the scalar one when k has none. */
 void (*mha_attn_pack_q_get(const mha_kernels *k))(float *, const float *, size_t, float, int, int, int);
+/* The range check's loops of table k, the scalar ones when k has none. */
+double (*mha_key_norm_max_get(const mha_kernels *k))(const float *, int, int);
+int (*mha_all_within_get(const mha_kernels *k))(const float *, size_t, float);
 
 extern const mha_kernels mha_kernels_scalar;
 extern const mha_kernels mha_kernels_avx2;
@@ -137,6 +150,8 @@ void mha_attn_pv_avx2(float *o, size_t ldo, const float *p, size_t ldp, const fl
                       size_t ldv, const float *alpha, int rows, int nk, int dv16);
 void mha_vexp_avx2(float *y, const float *x, size_t n);
 void mha_attn_softcap_avx2(float *s, size_t lds, float cap, int rows, int cols);
+double mha_key_norm_max_avx2(const float *kt, int n16, int d_k);
+int mha_all_within_avx2(const float *x, size_t n, float limit);
 
 /* The avx512 table's entries (avx512_*.c); call them only after
  * mha_cpu_has_avx512(). */
@@ -161,6 +176,8 @@ void mha_attn_alibi_avx512(float *s, size_t lds, const int *qpos, const int *kpo
                            int rows, int cols);
 void mha_attn_pack_q_avx512(float *dst, const float *src, size_t src_rs, float scale, int rows, int rows6,
                             int d_k);
+double mha_key_norm_max_avx512(const float *kt, int n16, int d_k);
+int mha_all_within_avx512(const float *x, size_t n, float limit);
 
 /* ------------------------------------------------------- the chooser */
 

@@ -104,7 +104,34 @@ void (*mha_attn_pack_q_get(const mha_kernels *k))(float *, const float *, size_t
     return k->attn_pack_q ? k->attn_pack_q : pack_q_scalar;
 }
 
+static double key_norm_max_scalar(const float *kt, int n16, int d_k) {
+    double best = 0.0;
+    for (int j = 0; j < n16; j++) {
+        double sq[16] = {0};
+        const float *panel = kt + (size_t)j * d_k * 16;
+        for (int e = 0; e < d_k; e++)
+            for (int l = 0; l < 16; l++) sq[l] += (double)panel[e * 16 + l] * panel[e * 16 + l];
+        for (int l = 0; l < 16; l++) best = sq[l] > best || isnan(sq[l]) ? sq[l] : best; /* NaN sticks */
+    }
+    return best;
+}
+
+double (*mha_key_norm_max_get(const mha_kernels *k))(const float *, int, int) {
+    return k->key_norm_max ? k->key_norm_max : key_norm_max_scalar;
+}
+
+static int all_within_scalar(const float *x, size_t n, float limit) {
+    int bad = 0; /* NaN compares false: counted as bad */
+#pragma omp simd reduction(| : bad)
+    for (size_t i = 0; i < n; i++) bad |= !(fabsf(x[i]) <= limit);
+    return !bad;
+}
+
+int (*mha_all_within_get(const mha_kernels *k))(const float *, size_t, float) {
+    return k->all_within ? k->all_within : all_within_scalar;
+}
+
 const mha_kernels mha_kernels_scalar = {
     "scalar", sgemm_scalar_6x16, scores_scalar, softmax_scalar, pv_scalar, vexp_scalar, softcap_scalar,
-    alibi_scalar, pack_q_scalar, 6, 1, NULL, NULL, NULL,
+    alibi_scalar, pack_q_scalar, 6, 1, NULL, NULL, NULL, key_norm_max_scalar, all_within_scalar,
 };
