@@ -147,9 +147,9 @@ mha_status mha_bwd_saved_make(mha_bwd_saved *sv, const mha_exec *ex, const mha_l
                           calloc((size_t)B * Sx * kw, sizeof(float)),   // (B,Sx,kw)
                           calloc((size_t)B * Sx * vw, sizeof(float)),   // (B,Sx,vw)
                           malloc(sizeof(float) * rows * zq),            // (B,T,zw)
-                          malloc(sizeof(float) * (size_t)B * h * T),    // (B,h,T)
+                          malloc(sizeof(float) * (size_t)B * h * T * 2), // (B,h,T) twice
                           B, T, S, Sx,
-                          opt->scale != 0.0f ? opt->scale : (float)(1.0 / sqrt((double)d_k))};
+                          opt->scale != 0.0f ? opt->scale : (float)(1.0 / sqrt((double)d_k)), NULL};
     if (!sv->q || !sv->k || !sv->v || !sv->z || !sv->lse) {
         mha_bwd_saved_free(sv);
         return mha_fail(MHA_E_NOMEM, "%s: no memory for Q, K, V, Z (B=%d T=%d S=%d)", who, B, T, S);
@@ -163,8 +163,9 @@ mha_status mha_bwd_saved_make(mha_bwd_saved *sv, const mha_exec *ex, const mha_l
     }
 
     // --- Z^(r) = softmax(scale Q^(r) K^(g)^T + mask) V^(g) and lse
+    if (sv->lse) sv->row_max = sv->lse + (size_t)B * h * T;
     const mha_bwd_attn att = {c, opt, sv->q, sv->k, sv->v, sv->z, sv->lse, NULL, NULL, NULL, NULL,
-                              B, T, S, Sx, sv->scale};
+                              B, T, S, Sx, sv->scale, sv->row_max};
     if ((s = mha_fast_check_scores(sv->q, sv->k, c, B, T, Sx, sv->scale, who))) goto fail;
     long masked = 0;
     if ((s = mha_bwd_attention_forward(&att, kern, bwd, nt, &masked))) goto fail;
@@ -232,7 +233,8 @@ mha_status mha_bwd_from_saved(const mha_exec *ex, const mha_layer *L, const mha_
         intervene_backward(dz, &opt->interventions[r], r, h, rows, d_v);
 
     // --- attention: dQ, dK, dV (kv heads sum their group), D = rowsum(dZ * Z)
-    const mha_bwd_attn att = {c, opt, sv->q, sv->k, sv->v, sv->z, sv->lse, dz, dq, dk, dv, B, T, S, Sx, sv->scale};
+    const mha_bwd_attn att = {c,  opt, sv->q, sv->k, sv->v, sv->z,     sv->lse,    dz, dq, dk, dv,
+                              B,  T,   S,     Sx,    sv->scale, sv->row_max};
     if ((s = mha_bwd_attention_backward(&att, kern, bk, nt))) goto done;
 
     // --- projections; a source that is x (or the key source) adds its

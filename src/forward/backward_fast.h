@@ -46,6 +46,13 @@ typedef struct {
     float *dv;       /* (B,Sx,vw)                                         */
     int B, T, S, Sx;
     float scale;
+    float *row_max;  /* (B,h,T) or NULL. Given: pass 1 writes each row's max
+                        score m here and lse = log l (the sum relative to
+                        m), and pass 2 (which needs it) takes P = exp((s -
+                        m) - log l). m + log l rounded to fp32 loses up to
+                        half an ulp of m (5e-4 at |s| = 1e4), an error that
+                        size in every P of the row and in the gradients.
+                        NULL: lse = m + log l (mha_attend_lse).           */
 } mha_bwd_attn;
 
 /* The fast path's fp32 range rule (mha.h) on q (B,T,qw) and k (B,Sx,kw):
@@ -85,9 +92,11 @@ typedef struct {
     float *v;   /* (B,Sx,vw)                                               */
     float *z;   /* (B,T,zw): Z before the interventions (room for
                    (B,T,qw) when made with dq_room)                        */
-    float *lse; /* (B,h,T): +inf for a row with no allowed key             */
+    float *lse; /* (B,h,T): log l of each row (+inf: no allowed key), then
+                   row_max (B,h,T) in the same block (mha_bwd_attn)        */
     int B, T, S, Sx;
     float scale; /* the options' scale, resolved                           */
+    float *row_max; /* (B,h,T): lse + B*h*T                                */
 } mha_bwd_saved;
 
 /* sv from validated arguments (sources resolved): the projections on the

@@ -14,14 +14,14 @@ static void scores_rows_avx2(float *s, size_t lds, const float *a, size_t lda, c
                                      b + (size_t)p * K * 16, 16, NULL, NULL, K, 6, 16);
 }
 
-static void probs_ds_avx2(float *s, float *dp, size_t lds, const float *lse, const float *dd,
+static void probs_ds_avx2(float *s, float *dp, size_t lds, const float *lse, const float *m, const float *dd,
                           float scale, const int *lo, const int *hi, int extra, int rows, int cols) {
     const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     const __m256 vscale = _mm256_set1_ps(scale);
     const int nv = (cols + 15) / 16 * 2; /* the rounded-up width, 8 per vector */
     for (int i = 0; i < rows; i++) {
         float *sr = s + (size_t)i * lds, *dr = dp + (size_t)i * lds;
-        const __m256 vl = _mm256_set1_ps(lse[i]), vd = _mm256_set1_ps(dd[i]);
+        const __m256 vl = _mm256_set1_ps(lse[i]), vm = _mm256_set1_ps(m[i]), vd = _mm256_set1_ps(dd[i]);
         /* allowed: j < cols, and lo <= j <= hi or j >= extra (as lo-1 < j < hi+1) */
         const __m256i vcols = _mm256_set1_epi32(cols);
         const __m256i vlo = _mm256_set1_epi32(lo ? lo[i] - 1 : -1), vhi = _mm256_set1_epi32(lo ? hi[i] + 1 : cols);
@@ -31,7 +31,7 @@ static void probs_ds_avx2(float *s, float *dp, size_t lds, const float *lse, con
             const __m256i band = _mm256_and_si256(_mm256_cmpgt_epi32(j, vlo), _mm256_cmpgt_epi32(vhi, j));
             const __m256i in = _mm256_and_si256(_mm256_cmpgt_epi32(vcols, j), _mm256_or_si256(band, _mm256_cmpgt_epi32(j, vex)));
             const __m256 keep = _mm256_castsi256_ps(in);
-            const __m256 p = _mm256_and_ps(keep, mha_exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(sr + 8 * v), vl)));
+            const __m256 p = _mm256_and_ps(keep, mha_exp_avx2(_mm256_sub_ps(_mm256_sub_ps(_mm256_loadu_ps(sr + 8 * v), vm), vl)));
             const __m256 ds = _mm256_mul_ps(_mm256_mul_ps(vscale, p), _mm256_sub_ps(_mm256_loadu_ps(dr + 8 * v), vd));
             _mm256_storeu_ps(sr + 8 * v, p);
             _mm256_storeu_ps(dr + 8 * v, _mm256_and_ps(keep, ds));

@@ -34,14 +34,14 @@ static void scores_rows_avx512(float *s, size_t lds, const float *a, size_t lda,
     if (p < np) row_pass(s + 16 * p, lds, a, a_ps, lda, 1, b + p * b_ps, b_ps, 16, NULL, K, rows, 1);
 }
 
-static void probs_ds_avx512(float *s, float *dp, size_t lds, const float *lse, const float *dd,
+static void probs_ds_avx512(float *s, float *dp, size_t lds, const float *lse, const float *m, const float *dd,
                             float scale, const int *lo, const int *hi, int extra, int rows, int cols) {
     const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     const __m512 vscale = _mm512_set1_ps(scale);
     const int nv = (cols + 15) / 16;
     for (int i = 0; i < rows; i++) {
         float *sr = s + (size_t)i * lds, *dr = dp + (size_t)i * lds;
-        const __m512 vl = _mm512_set1_ps(lse[i]), vd = _mm512_set1_ps(dd[i]);
+        const __m512 vl = _mm512_set1_ps(lse[i]), vm = _mm512_set1_ps(m[i]), vd = _mm512_set1_ps(dd[i]);
         for (int v = 0; v < nv; v++) {
             __mmask16 in = mha_mask16(cols - 16 * v);
             if (lo) {
@@ -50,7 +50,7 @@ static void probs_ds_avx512(float *s, float *dp, size_t lds, const float *lse, c
                                        _mm512_cmple_epi32_mask(j, _mm512_set1_epi32(hi[i]));
                 in &= band | _mm512_cmpge_epi32_mask(j, _mm512_set1_epi32(extra));
             }
-            const __m512 p = _mm512_maskz_mov_ps(in, mha_exp_avx512(_mm512_sub_ps(_mm512_loadu_ps(sr + 16 * v), vl)));
+            const __m512 p = _mm512_maskz_mov_ps(in, mha_exp_avx512(_mm512_sub_ps(_mm512_sub_ps(_mm512_loadu_ps(sr + 16 * v), vm), vl)));
             const __m512 ds = _mm512_mul_ps(_mm512_mul_ps(vscale, p), _mm512_sub_ps(_mm512_loadu_ps(dr + 16 * v), vd));
             _mm512_storeu_ps(sr + 16 * v, p);
             _mm512_storeu_ps(dr + 16 * v, _mm512_maskz_mov_ps(in, ds));

@@ -27,10 +27,10 @@ typedef struct mha_backward_kernels {
      * (rows, cols) holds dZ V^T. Column j of row i is allowed when j < cols
      * and, when lo != NULL, lo[i] <= j <= hi[i] or j >= extra (the rule of
      * attn_softmax). Then
-     *   s  <- P  = exp(s - lse[i])             (0 where not allowed),
+     *   s  <- P  = exp((s - m[i]) - lse[i])    (0 where not allowed),
      *   dp <- dS = scale * P * (dp - dd[i])    (0 where not allowed),
      * and columns cols.. of the rounded-up width become 0. */
-    void (*probs_ds)(float *s, float *dp, size_t lds, const float *lse, const float *dd,
+    void (*probs_ds)(float *s, float *dp, size_t lds, const float *lse, const float *m, const float *dd,
                      float scale, const int *lo, const int *hi, int extra, int rows, int cols);
 
     /* c (rows, d16) += a^T b: a (K, rows) with element (k, i) at

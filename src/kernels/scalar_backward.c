@@ -15,14 +15,14 @@ static void scores_rows_scalar(float *s, size_t lds, const float *a, size_t lda,
         }
 }
 
-static void probs_ds_scalar(float *s, float *dp, size_t lds, const float *lse, const float *dd,
+static void probs_ds_scalar(float *s, float *dp, size_t lds, const float *lse, const float *m, const float *dd,
                             float scale, const int *lo, const int *hi, int extra, int rows, int cols) {
     const int width = (cols + 15) / 16 * 16;
     for (int i = 0; i < rows; i++) {
         float *sr = s + (size_t)i * lds, *dr = dp + (size_t)i * lds;
         for (int j = 0; j < width; j++) {
             const int allowed = j < cols && (!lo || (j >= lo[i] && j <= hi[i]) || j >= extra);
-            const float p = allowed ? expf(sr[j] - lse[i]) : 0.0f;
+            const float p = allowed ? expf((sr[j] - m[i]) - lse[i]) : 0.0f;
             dr[j] = allowed ? scale * p * (dr[j] - dd[i]) : 0.0f;
             sr[j] = p;
         }
