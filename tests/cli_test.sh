@@ -260,6 +260,12 @@ run shapes --d-model 8 --heads 2 768
 expect_error 2 "mha shapes: " "unexpected argument '768'"
 run shapes --d-model 8 --heads 2 --no-bias=yes
 expect_error 2 "mha shapes: " "--no-bias takes no value"
+# "-h" as a flag's value is that value, not a request for help
+run shapes --d-model -h --heads 2
+expect_error 2 "mha shapes: " "--d-model expects an integer in [1, 1048576], got '-h'"
+run shapes --heads 2 --d-model 8 -h
+expect_ok
+has "usage: mha shapes"
 
 # usage errors found by the library (mha_config_resolve)
 run shapes --d-model 768 --heads 10

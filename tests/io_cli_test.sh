@@ -485,7 +485,36 @@ expect_error 2 "--layout"
 run convert --from hf --heads 4 --to torch $T/hf.safetensors $T/o.safetensors
 expect_error 2 "--to"
 run audit --weights $T/native.safetensors --input $T/x.npy --reference $T/x2d.npy
-expect_error 2 "reference"
+expect_error 2 "reference is float32 of shape (6, 16); expected Y's shape (2, 6, 16)"
+run run --weights $T/native.safetensors --input $T/x.npy --output $T/y.npy --grad-output $T/dy_bad.npy --save-attribution $T/a.npy
+expect_error 1 "dY is float32 of shape (2, 6, 15); expected float (B, T, d_model) = (2, 6, 16)"
+run run --weights $T/nheads_0.safetensors --input $T/x.npy --output $T/y.npy
+expect_error 1 "metadata n_heads = '0'; expected a positive integer"
+run run --weights $T/u8_wq.safetensors --input $T/x.npy --output $T/y.npy
+expect_error 1 "tensor 'w_q' is uint8; expected a floating dtype"
+# B * h computed in 64 bits: 1048577 * 4096 heads does not wrap to 4096
+run run --weights $T/wide_heads.safetensors --input $T/x_wide_batch.npy --output $T/y.npy --attn-mask $T/mask_wrap.npy
+expect_error 1 "attn_mask has shape (4096, 1, 1); expected (T, S) = (1, 1) or (B*h, T, S) = (4294971392, 1, 1)"
+
+# --- output paths: through a symbolic link, and names near NAME_MAX ---------
+cp $T/y_native.npy $T/link_target.npy
+ln -s link_target.npy $T/link.npy
+run run --weights $T/mha_native.safetensors --input $T/x.npy --output $T/link.npy
+expect_ok
+checks=$((checks + 1))
+[ -L $T/link.npy ] || fail "$last: the symbolic link output was replaced by a file"
+cmp -s $T/link_target.npy $T/y_native.npy && fail "$last: the link's target was not rewritten"
+ln -s missing_target.npy $T/dangling.npy
+run run --weights $T/native.safetensors --input $T/x.npy --output $T/dangling.npy
+expect_error 1 "--output '$T/dangling.npy': it is a symbolic link whose target cannot be resolved"
+checks=$((checks + 1))
+[ -e $T/missing_target.npy ] && fail "$last: wrote through a dangling link"
+long=$(printf '%0250d' 0).st # 253 bytes: a legal name, whose temporaries must be legal too
+run convert --to native --heads 4 $T/hf.safetensors "$T/$long"
+expect_ok
+checks=$((checks + 1))
+[ -f "$T/$long" ] || fail "$last: the 253-byte output name was not written"
+[ -z "$(find $T -name '.*.part' -o -name '.*.tmp')" ] || fail "$last: temporaries left behind"
 
 echo "io_cli_test: $checks checks, $fails failures"
 [ "$fails" -eq 0 ]

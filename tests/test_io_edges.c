@@ -3,8 +3,10 @@
  * message naming what was wrong; every dtype decodes to values written
  * down here from the IEEE encodings (not from the library's codecs); the
  * writers refuse bad arrays and round-trip every dtype they write. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "tests.h"
@@ -202,6 +204,40 @@ static void test_npy_dtypes_decode(void) {
 
 static void tmp_path(char *p, size_t cap, const char *name) {
     snprintf(p, cap, TMP_DIR "/mha-io-edges-%d-%s", (int)getpid(), name);
+}
+
+/* A symbolic link output is written through (the link stays, its target
+ * gets the bytes; a dangling one is refused), and a 253-byte name, legal,
+ * keeps its temporary's name legal too. */
+static void test_npy_write_link_and_long_name(void) {
+    char target[256], link_path[256], dangling[256], name[300];
+    tmp_path(target, sizeof target, "target.npy");
+    tmp_path(link_path, sizeof link_path, "link.npy");
+    tmp_path(dangling, sizeof dangling, "dangling.npy");
+    const float f[2] = {1, 2};
+    const int shape[1] = {2};
+    CHECK_OK(mha_npy_write_f32(target, f, 1, shape));
+    unlink(link_path), unlink(dangling);
+    CHECK(symlink(target, link_path) == 0);
+    const float g[3] = {3, 4, 5};
+    const int shape3[1] = {3};
+    CHECK_OK(mha_npy_write_f32(link_path, g, 1, shape3));
+    struct stat st;
+    CHECK(lstat(link_path, &st) == 0 && S_ISLNK(st.st_mode));
+    mha_array a = {0};
+    CHECK_OK(mha_npy_read(&a, target, 0));
+    CHECK(a.f && a.count == 3 && a.f[2] == 5);
+    mha_array_free(&a);
+    CHECK(symlink("no-such-target.npy", dangling) == 0);
+    CHECK_STATUS(mha_npy_write_f32(dangling, g, 1, shape3), MHA_E_IO);
+    CHECK_ERROR_MENTIONS("symbolic link whose target cannot be resolved");
+    unlink(target), unlink(link_path), unlink(dangling);
+    int n = snprintf(name, sizeof name, TMP_DIR "/"), k = snprintf(name + n, 32, "mha-io-edges-%d-", (int)getpid());
+    memset(name + n + k, 'a', (size_t)(250 - k));
+    memcpy(name + n + 250, ".st", 4); /* a 253-byte name */
+    CHECK_OK(mha_npy_write_f32(name, f, 1, shape));
+    CHECK(stat(name, &st) == 0);
+    unlink(name);
 }
 
 static void test_npy_write_edges(void) {
@@ -501,6 +537,7 @@ static const test_case cases[] = {
     {"npy_preamble_errors", test_npy_preamble_errors},
     {"npy_dtypes_decode", test_npy_dtypes_decode},
     {"npy_write_edges", test_npy_write_edges},
+    {"npy_write_link_and_long_name", test_npy_write_link_and_long_name},
     {"safetensors_header_errors", test_safetensors_header_errors},
     {"safetensors_preamble_errors", test_safetensors_preamble_errors},
     {"safetensors_every_dtype", test_safetensors_every_dtype},

@@ -227,6 +227,39 @@ static void shards_other_layers_not_decoded(void) {
     }
 }
 
+/* A prefix names whole components: "model.layers.1" (final dot or not)
+ * is not "model.layers.10", whose NaN is then never decoded; the torch
+ * layout's lookups join prefix and name with that dot. */
+static void shards_prefix_whole_components(void) {
+    mha_tensors *all;
+    CHECK_OK(mha_tensors_create(&all));
+    layer_tensors(all, 1, 2103), layer_tensors(all, 10, 2104);
+    const mha_array *q10 = mha_tensors_get(all, "model.layers.10.self_attn.q_proj.weight");
+    if (q10) q10->f[0] = NAN;
+    char p[160];
+    file_at(p, sizeof p, "layers_1_10.safetensors");
+    CHECK_OK(mha_safetensors_write(p, all));
+    mha_tensors_free(all);
+    static const char *const prefixes[2] = {"model.layers.1", "model.layers.1."};
+    for (int i = 0; i < 2; i++) {
+        mha_tensors *t = NULL;
+        CHECK_OK(mha_checkpoint_read(&t, p, prefixes[i], 0));
+        CHECK_INT(mha_tensors_count(t), 5); /* layer 1's attention and MLP */
+        CHECK(t && !mha_tensors_get(t, "model.layers.10.self_attn.q_proj.weight"));
+        mha_tensors_free(t);
+        mha_layer *L = NULL;
+        mha_load_options o = {.n_heads = H, .prefix = prefixes[i]};
+        CHECK_OK(mha_layer_load(&L, p, &o));
+        mha_layer_free(L);
+    }
+    write_model(); /* no NaN: the torch lookup's own message */
+    file_at(p, sizeof p, "whole.safetensors");
+    mha_layer *L = NULL;
+    mha_load_options o = {.layout = MHA_LAYOUT_TORCH, .n_heads = H, .prefix = "model.layers.1"};
+    CHECK_STATUS(mha_layer_load(&L, p, &o), MHA_E_FORMAT);
+    CHECK_ERROR_MENTIONS("no tensor named 'model.layers.1.out_proj.weight'");
+}
+
 /* save_pretrained's directory: its model.safetensors, else its index;
  * a directory with neither is refused naming both. */
 static void shards_directory(void) {
@@ -269,6 +302,7 @@ static void shards_directory(void) {
 static const test_case cases[] = {
     {"shards_directory", shards_directory},
     {"shards_other_layers_not_decoded", shards_other_layers_not_decoded},
+    {"shards_prefix_whole_components", shards_prefix_whole_components},
     {"shards_layer_split_across_files", shards_layer_split_across_files},
     {"shards_hostile_indexes", shards_hostile_indexes},
 };

@@ -125,6 +125,9 @@ int mha_args_parse(mha_command_spec *spec, int argc, char **argv,
             mha_args_print_help(spec);
             return MHA_EXIT_OK;
         }
+        /* a flag's value, "-h" included, is a value: skip it as the parse below takes it */
+        const mha_arg *a = strncmp(s, "--", 2) == 0 && !strchr(s, '=') ? find(spec, s, strlen(s)) : NULL;
+        if (a && a->kind != MHA_ARG_SWITCH && i + 1 < argc && strncmp(argv[i + 1], "--", 2) != 0) i++;
     }
     for (int i = 1; i < argc; i++) {
         const char *s = argv[i];

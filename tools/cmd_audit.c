@@ -275,9 +275,10 @@ int cmd_audit(int argc, char **argv) {
         goto done;
     }
     if (!yref.f || yref.count != ny || yref.shape[yref.rank ? yref.rank - 1 : 0] != dm) {
-        rc = mha_cmd_error(CMD, MHA_EXIT_RUNTIME, "%s: reference has %zu values; expected Y's "
-                           "shape (%s%d, %d, %d)", ref, yref.count, f.batched ? "" : "1 x ",
-                           f.B, f.T, dm);
+        char got[96];
+        rc = mha_cmd_error(CMD, MHA_EXIT_RUNTIME, "%s: reference is %s of shape %s; expected Y's "
+                           "shape (%s%d, %d, %d)", ref, mha_dtype_name(yref.dtype),
+                           cli_shape_str(&yref, got, sizeof got), f.batched ? "" : "1 x ", f.B, f.T, dm);
         goto done;
     }
     rc = MHA_EXIT_RUNTIME;
@@ -310,8 +311,8 @@ int cmd_audit(int argc, char **argv) {
     if (cap_rows < 1) cap_rows = 1;
     if (rows > cap_rows) rows = cap_rows;
     if (rows * dm < (size_t)h * h)
-        printf("note: %zu values for %d unknowns; the fit may be underdetermined (use more tokens)\n",
-               rows * dm, h * h);
+        printf("note: %zu values for %zu unknowns; the fit may be underdetermined (use more tokens)\n",
+               rows * dm, (size_t)h * h);
     if (!(target = cli_alloc(CMD, rows * dm))) goto done;
     for (size_t i = 0; i < rows * dm; i++) target[i] = yref.f[i] - (w.b_o ? w.b_o[i % dm] : 0.0f);
 

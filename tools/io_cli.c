@@ -136,9 +136,10 @@ static int attn_mask(const char *cmd, cli_fwd *f, const mha_config *c, const cha
     if (s) return cli_fail(cmd, s);
     mha_array *m = &f->am;
     int T = f->T, S = f->S, batch = 1, heads = 1;
+    const long long bh = (long long)f->B * c->n_heads; /* in int it can wrap to a legal size */
     if (m->rank == 2 && m->shape[0] == T && m->shape[1] == S) {
         /* broadcast over batch and heads */
-    } else if (m->rank == 3 && m->shape[0] == f->B * c->n_heads && m->shape[1] == T &&
+    } else if (m->rank == 3 && m->shape[0] == bh && m->shape[1] == T &&
                m->shape[2] == S) {
         batch = f->B;
         heads = c->n_heads;
@@ -146,8 +147,8 @@ static int attn_mask(const char *cmd, cli_fwd *f, const mha_config *c, const cha
         char got[96];
         return mha_cmd_error(cmd, MHA_EXIT_RUNTIME,
                              "%s: attn_mask has shape %s; expected (T, S) = (%d, %d) or "
-                             "(B*h, T, S) = (%d, %d, %d)",
-                             path, cli_shape_str(m, got, sizeof got), T, S, f->B * c->n_heads, T, S);
+                             "(B*h, T, S) = (%lld, %d, %d)",
+                             path, cli_shape_str(m, got, sizeof got), T, S, bh, T, S);
     }
     if (m->f) {
         f->opt.additive_mask = (mha_mask){m->f, batch, heads};

@@ -18,11 +18,11 @@ void cli_outputs_init(cli_outputs *o, const char *cmd) {
 }
 
 void cli_outputs_input(cli_outputs *o, const char *flag, const char *const *path) {
-    if (o->n_in < CLI_MAX_FILES) o->in[o->n_in++] = (cli_file){flag, path, NULL};
+    if (o->n_in < CLI_MAX_FILES) o->in[o->n_in++] = (cli_file){flag, path, NULL, NULL};
 }
 
 void cli_outputs_output(cli_outputs *o, const char *flag, const char *const *path) {
-    if (o->n_out < CLI_MAX_FILES) o->out[o->n_out++] = (cli_file){flag, path, NULL};
+    if (o->n_out < CLI_MAX_FILES) o->out[o->n_out++] = (cli_file){flag, path, NULL, NULL};
 }
 
 /* What makes two paths one file: device and inode when it exists, else
@@ -85,17 +85,32 @@ static int same_file(const file_id *a, const file_id *b) {
     return a->resolved[0] && strcmp(a->resolved, b->resolved) == 0;
 }
 
-/* Temporary names differ by process and by call. */
+/* Where the output's rename goes: the path, or what a symbolic link names
+ * (a rename over the link would replace the link itself). */
+static const char *destination(const cli_file *f) { return f->target ? f->target : *f->path; }
+
+/* Temporary names differ by process and by call; the copied name is cut
+ * short so that a legal output name gives a legal temporary name. */
 static int reserve(const cli_outputs *o, cli_file *f) {
     static unsigned serial;
-    const char *path = *f->path, *slash = strrchr(path, '/');
-    size_t n = strlen(path), dir = slash ? (size_t)(slash - path + 1) : 0;
+    const char *path = *f->path;
+    struct stat st;
+    if (lstat(path, &st) == 0 && S_ISLNK(st.st_mode) && !(f->target = realpath(path, NULL)))
+        return mha_cmd_error(o->cmd, MHA_EXIT_RUNTIME,
+                             "cannot write %s '%s': it is a symbolic link whose target cannot be "
+                             "resolved (%s); expected a link to an existing file",
+                             f->flag, path, strerror(errno));
+    const char *dest = destination(f), *slash = strrchr(dest, '/');
+    size_t n = strlen(dest), dir = slash ? (size_t)(slash - dest + 1) : 0, base = n - dir;
     f->tmp = malloc(n + 64);
     if (!f->tmp) return mha_cmd_error(o->cmd, MHA_EXIT_RUNTIME, "out of memory");
     int fd = -1;
     for (int attempt = 0; attempt < 100 && fd < 0; attempt++) {
-        snprintf(f->tmp, n + 64, "%.*s.%s.mha-%ld-%u.part", (int)dir, path, path + dir,
-                 (long)getpid(), serial++);
+        char suffix[64];
+        snprintf(suffix, sizeof suffix, ".mha-%ld-%u.part", (long)getpid(), serial++);
+        size_t room = NAME_MAX - 1 - strlen(suffix);
+        snprintf(f->tmp, n + 64, "%.*s.%.*s%s", (int)dir, dest, (int)(base < room ? base : room),
+                 dest + dir, suffix);
         fd = open(f->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
         if (fd < 0 && errno != EEXIST) break;
     }
@@ -114,7 +129,8 @@ static void remove_temporaries(cli_outputs *o) {
     for (int i = 0; i < o->n_out; i++) {
         if (o->out[i].tmp) unlink(o->out[i].tmp);
         free(o->out[i].tmp);
-        o->out[i].tmp = NULL;
+        free(o->out[i].target);
+        o->out[i].tmp = o->out[i].target = NULL;
     }
 }
 
@@ -188,11 +204,11 @@ int cli_outputs_finish(cli_outputs *o, int rc) {
     for (int i = 0; i < o->n_out && rc == 0; i++) {
         cli_file *f = &o->out[i];
         if (!f->tmp) continue;
-        if (rename(f->tmp, *f->path) != 0)
+        if (rename(f->tmp, destination(f)) != 0)
             rc = mha_cmd_error(o->cmd, MHA_EXIT_RUNTIME, "cannot write %s '%s': %s", f->flag,
                                *f->path, strerror(errno));
         else {
-            sync_dir_of(*f->path);
+            sync_dir_of(destination(f));
             free(f->tmp);
             f->tmp = NULL;
         }

@@ -6,7 +6,8 @@
  * output that is the same file as an input or as another output (device
  * and inode when the file exists, the resolved path otherwise), a
  * directory, a device, or a path whose directory is missing, and reserves
- * one temporary file next to each output. The command writes each output
+ * one temporary file next to each output (next to the file it names, for a
+ * symbolic link: the link stays). The command writes each output
  * to its temporary (cli_outputs_tmp); cli_outputs_finish renames them all
  * over their targets when the command succeeded, and removes them all
  * when it failed, so a failed command leaves every existing file as it was.
@@ -22,6 +23,7 @@ typedef struct {
     const char *flag;         /* "--output", or "OUT" for a positional   */
     const char *const *path;  /* where the parser puts the path          */
     char *tmp;                /* the reserved temporary (outputs only)   */
+    char *target;             /* what a symbolic link output names, or NULL */
 } cli_file;
 
 typedef struct {

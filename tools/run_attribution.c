@@ -21,11 +21,13 @@ int run_attribution(float **attribution, const char *grad_path, const char *save
     int rank = f->batched ? 3 : 2, rc = MHA_EXIT_OK;
     if (!dy.f || dy.rank != rank || (f->batched && dy.shape[0] != f->B) || dy.shape[rank - 2] != f->T ||
         dy.shape[rank - 1] != c->d_model) {
+        char got[96];
+        cli_shape_str(&dy, got, sizeof got);
         rc = f->batched
-                 ? mha_cmd_error("run", MHA_EXIT_RUNTIME, "%s: dY is %s of rank %d; expected float (B, T, d_model) = (%d, %d, %d), Y's shape",
-                                 grad_path, mha_dtype_name(dy.dtype), dy.rank, f->B, f->T, c->d_model)
-                 : mha_cmd_error("run", MHA_EXIT_RUNTIME, "%s: dY is %s of rank %d; expected float (T, d_model) = (%d, %d), Y's shape",
-                                 grad_path, mha_dtype_name(dy.dtype), dy.rank, f->T, c->d_model);
+                 ? mha_cmd_error("run", MHA_EXIT_RUNTIME, "%s: dY is %s of shape %s; expected float (B, T, d_model) = (%d, %d, %d), Y's shape",
+                                 grad_path, mha_dtype_name(dy.dtype), got, f->B, f->T, c->d_model)
+                 : mha_cmd_error("run", MHA_EXIT_RUNTIME, "%s: dY is %s of shape %s; expected float (T, d_model) = (%d, %d), Y's shape",
+                                 grad_path, mha_dtype_name(dy.dtype), got, f->T, c->d_model);
         goto done;
     }
     if (!(*attribution = cli_alloc("run", (size_t)c->n_heads * f->B * f->T))) {

@@ -96,12 +96,14 @@ mha_status mha_io_read_only(mha_tensors **out, const char *path, unsigned flags,
 /* An output file written atomically (outfile.c): open creates a temporary
  * next to path; write appends; commit flushes, fsyncs and renames it over
  * path; abort (and a failed commit) removes it. Until commit succeeds an
- * existing file at path is untouched. */
+ * existing file at path is untouched. A path that is a symbolic link is
+ * written through: the link stays, the file it names gets the bytes. */
 struct mha_out_file {
     FILE *f;
     int fd;
     char *tmp;        /* the temporary's path */
-    const char *path; /* the target */
+    const char *path; /* the target, as given (messages name it) */
+    char *target;     /* the file a symbolic link path names, or NULL */
 };
 mha_status mha_out_open(mha_out_file *o, const char *path);
 mha_status mha_out_write(mha_out_file *o, const void *p, size_t n);
@@ -160,8 +162,8 @@ mha_status mha_io_detect(mha_layout *out, const mha_tensors *t, const char *pref
  * inside the module it names (NULL or "": anywhere), written to buf:
  * "h.0.attn." for "h.0" in a GPT-2 checkpoint, whose MLP's
  * "h.0.mlp.c_proj.weight" also ends in "c_proj.weight". When no layer
- * fits, o->prefix stays (NULL for "") and the layout's lookups name
- * what is missing; several layers inside a given prefix: MHA_E_FORMAT
+ * fits, o->prefix stays (NULL for ""; given without its final '.', it
+ * gets one in buf) and the layout's lookups name what is missing; several layers inside a given prefix: MHA_E_FORMAT
  * listing them (without a prefix the lookups list the tensors). */
 mha_status mha_io_layer_path(mha_load_options *o, char *buf, size_t cap, const mha_tensors *t);
 

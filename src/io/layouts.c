@@ -226,6 +226,12 @@ mha_status mha_io_layer_path(mha_load_options *o, char *buf, size_t cap, const m
         buf[first] = 0;
         o->prefix = buf;
     }
+    size_t p = prefix ? strlen(prefix) : 0;
+    if (!hits && p && prefix[p - 1] != '.' && p + 1 < cap) { /* a module: its tensors are prefix "." name */
+        memcpy(buf, prefix, p);
+        memcpy(buf + p, ".", 2);
+        o->prefix = buf;
+    }
     if (hits > 1 && prefix) /* without a prefix, the layout's lookups list the tensors */
         return mha_fail(MHA_E_FORMAT, "%s layout: %d layers lie inside prefix '%.60s' (%s); expected one: pass "
                         "the prefix of one of them (--prefix)", mha_layout_name(o->layout), hits, prefix, list);
@@ -240,7 +246,16 @@ mha_status mha_io_want_real(const mha_array *a, const char *name) {
         return mha_fail(MHA_E_FORMAT, "tensor '%s' is int8; expected a floating dtype (only a native file's "
                         "w_q, w_k, w_v, w_o may be int8, with weights_dtype = int8 in its metadata and their "
                         "w_*_scale tensors: docs/WEIGHTS.md)", name);
-    return mha_fail(MHA_E_FORMAT, "tensor '%s' is %s; expected a floating dtype", name, mha_dtype_name(a->dtype));
+    return mha_fail(MHA_E_FORMAT, "tensor '%s' is %s; expected a floating dtype (F32, F16 or BF16)", name,
+                    mha_dtype_name(a->dtype));
+}
+
+/* "(d0, d1)" of a into got (64 bytes). */
+static const char *shape_str(const mha_array *a, char *got) {
+    size_t u = (size_t)snprintf(got, 64, "(");
+    for (int i = 0; i < a->rank; i++) u += (size_t)snprintf(got + u, 64 - u, "%s%d", i ? ", " : "", a->shape[i]);
+    snprintf(got + u, 64 - u, "%s)", a->rank == 1 ? "," : "");
+    return got;
 }
 
 /* i8: the tensor may be I8 (a native file's declared int8 weights, whose
@@ -249,11 +264,8 @@ static mha_status want_shape_of(const mha_array *a, const char *name, int rank, 
                                 int i8) {
     int ok = a->rank == rank && a->shape[0] == d0 && (rank < 2 || a->shape[1] == d1);
     if (ok) return i8 && a->f ? MHA_OK : mha_io_want_real(a, name);
-    char got[64] = "(";
-    size_t u = 1;
-    for (int i = 0; i < a->rank; i++)
-        u += (size_t)snprintf(got + u, sizeof got - u, "%s%d", i ? ", " : "", a->shape[i]);
-    snprintf(got + u, sizeof got - u, "%s)", a->rank == 1 ? "," : "");
+    char got[64];
+    shape_str(a, got);
     if (rank == 1)
         return mha_fail(MHA_E_SHAPE, "tensor '%s' has shape %s; expected %s = (%d,)", name, got,
                         what, d0);
@@ -267,10 +279,11 @@ static mha_status want_shape(const mha_array *a, const char *name, int rank, int
 }
 
 static mha_status want_matrix_of(const mha_array *a, const char *name, int i8) {
-    if (a->rank != 2 || !a->f || a->shape[0] < 1 || a->shape[1] < 1)
-        return mha_fail(MHA_E_SHAPE, "tensor '%s' has rank %d; expected a non-empty floating "
-                        "matrix", name, a->rank);
-    return i8 ? MHA_OK : mha_io_want_real(a, name);
+    char got[64];
+    if (a->rank != 2 || a->shape[0] < 1 || a->shape[1] < 1)
+        return mha_fail(MHA_E_SHAPE, "tensor '%s' has shape %s; expected a non-empty matrix", name,
+                        shape_str(a, got));
+    return i8 && a->f ? MHA_OK : mha_io_want_real(a, name); /* the dtype, named */
 }
 
 static mha_status want_matrix(const mha_array *a, const char *name) { return want_matrix_of(a, name, 0); }
@@ -300,6 +313,15 @@ static mha_status pick(int *out, int opt, const mha_tensors *t, const char *key)
                         key, opt, m);
     *out = opt ? opt : m;
     return MHA_OK;
+}
+
+/* pick for n_heads: a metadata "0" is a bad value, not a missing one. */
+static mha_status pick_heads(int *out, int opt, const mha_tensors *t) {
+    mha_status s = pick(out, opt, t, "n_heads");
+    if (!s && !*out && mha_tensors_meta(t, "n_heads"))
+        return mha_fail(MHA_E_FORMAT, "metadata n_heads = '%.40s'; expected a positive integer (or pass --heads)",
+                        mha_tensors_meta(t, "n_heads"));
+    return s;
 }
 
 static mha_status divide(int *q, int total, int by, const char *what, const char *tensor) {
@@ -449,7 +471,7 @@ static mha_status load_native(staged *st, const mha_tensors *t, const mha_load_o
         return s;
     mha_config *c = &st->cfg;
     int h, hkv, dk, dv;
-    if ((s = pick(&h, o->n_heads, t, "n_heads")) || (s = pick(&hkv, o->n_kv_heads, t, "n_kv_heads")) ||
+    if ((s = pick_heads(&h, o->n_heads, t)) || (s = pick(&hkv, o->n_kv_heads, t, "n_kv_heads")) ||
         (s = meta_int(&dk, t, "d_k")) || (s = meta_int(&dv, t, "d_v")))
         return s;
     if (!h) return mha_fail(MHA_E_FORMAT, "native layout: metadata n_heads is missing; pass --heads");
@@ -512,7 +534,7 @@ static mha_status load_hf_fused(staged *st, const mha_tensors *t, const mha_load
     if ((s = want_matrix(qkv, "qkv_proj.weight")) || (s = want_matrix(out, "o_proj.weight"))) return s;
     mha_config *c = &st->cfg;
     int h, hkv, d = 0;
-    if ((s = pick(&h, o->n_heads, t, "n_heads")) || (s = pick(&hkv, o->n_kv_heads, t, "n_kv_heads"))) return s;
+    if ((s = pick_heads(&h, o->n_heads, t)) || (s = pick(&hkv, o->n_kv_heads, t, "n_kv_heads"))) return s;
     if (!h) return mha_fail(MHA_E_ARG, "hf layout: the number of heads is not in the file; pass --heads");
     if ((s = divide(&d, out->shape[1], h, "heads", "o_proj.weight columns"))) return s;
     const int rows = qkv->shape[0];
@@ -561,7 +583,7 @@ static mha_status load_hf(staged *st, const mha_tensors *t, const mha_load_optio
         return s;
     mha_config *c = &st->cfg;
     int h, hkv;
-    if ((s = pick(&h, o->n_heads, t, "n_heads")) || (s = pick(&hkv, o->n_kv_heads, t, "n_kv_heads")))
+    if ((s = pick_heads(&h, o->n_heads, t)) || (s = pick(&hkv, o->n_kv_heads, t, "n_kv_heads")))
         return s;
     if (!h) return mha_fail(MHA_E_ARG, "hf layout: the number of heads is not in the file; pass --heads");
     c->n_heads = h;
@@ -611,7 +633,7 @@ static mha_status load_fused_groups(staged *st, const mha_tensors *t, const mha_
     if ((s = want_matrix(qkv, wq)) || (s = want_matrix(dense, wo))) return s;
     mha_config *c = &st->cfg;
     int h, hkv, d = 0;
-    if ((s = pick(&h, o->n_heads, t, "n_heads")) || (s = pick(&hkv, o->n_kv_heads, t, "n_kv_heads")))
+    if ((s = pick_heads(&h, o->n_heads, t)) || (s = pick(&hkv, o->n_kv_heads, t, "n_kv_heads")))
         return s;
     if (!h) return mha_fail(MHA_E_ARG, "%s layout: the number of heads is not in the file; pass --heads", L);
     c->d_model = qkv->shape[1];
@@ -674,7 +696,7 @@ static mha_status load_gpt2(staged *st, const mha_tensors *t, const mha_load_opt
         return load_fused_groups(st, t, o, "c_attn", "c_proj", "gpt2 (GPT-BigCode)");
     mha_config *c = &st->cfg;
     int h, hkv;
-    if ((s = pick(&h, o->n_heads, t, "n_heads")) || (s = pick(&hkv, o->n_kv_heads, t, "n_kv_heads")))
+    if ((s = pick_heads(&h, o->n_heads, t)) || (s = pick(&hkv, o->n_kv_heads, t, "n_kv_heads")))
         return s;
     if (!h) return mha_fail(MHA_E_ARG, "gpt2 layout: the number of heads is not in the file; pass --heads");
     if (hkv && hkv != h)
@@ -722,7 +744,7 @@ static mha_status load_torch(mha_layer **out, const mha_tensors *t, const mha_lo
     if ((s = want_matrix(ow, "out_proj.weight"))) return s;
     int E = ow->shape[0], h, hkv, zero_attn;
     if ((s = want_shape(ow, "out_proj.weight", 2, E, E, "(E, E)"))) return s;
-    if ((s = pick(&h, o->n_heads, t, "n_heads")) || (s = pick(&hkv, o->n_kv_heads, t, "n_kv_heads")) ||
+    if ((s = pick_heads(&h, o->n_heads, t)) || (s = pick(&hkv, o->n_kv_heads, t, "n_kv_heads")) ||
         (s = meta_int(&zero_attn, t, "add_zero_attn")))
         return s;
     if (!h) return mha_fail(MHA_E_ARG, "torch layout: the number of heads is not in the file; pass --heads");

@@ -6,6 +6,8 @@
 #define _GNU_SOURCE /* sync_file_range (Linux); without it, no early writeback */
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -20,37 +22,52 @@ static unsigned long next_serial(void) {
     return __atomic_fetch_add(&serial, 1, __ATOMIC_RELAXED);
 }
 
+/* "<dir>/.<base><suffix>" for dest into out (cap >= strlen(dest) + 64),
+ * base cut short so that a legal name with the suffix stays a legal name. */
+static void temp_name(char *out, size_t cap, const char *dest, const char *suffix) {
+    const char *slash = strrchr(dest, '/');
+    size_t dir = slash ? (size_t)(slash - dest + 1) : 0, base = strlen(dest + dir);
+    const size_t room = NAME_MAX - 1 - strlen(suffix);
+    if (base > room) base = room;
+    snprintf(out, cap, "%.*s.%.*s%s", (int)dir, dest, (int)base, dest + dir, suffix);
+}
+
 mha_status mha_out_open(mha_out_file *o, const char *path) {
     memset(o, 0, sizeof *o);
     o->fd = -1;
     o->path = path;
     struct stat st;
+    /* a rename over a link would replace the link: write over what it names */
+    if (lstat(path, &st) == 0 && S_ISLNK(st.st_mode) && !(o->target = realpath(path, NULL)))
+        return mha_fail(MHA_E_IO, "cannot write '%s': it is a symbolic link whose target cannot be "
+                        "resolved (%s); expected a link to an existing file", path, strerror(errno));
+    const char *dest = o->target ? o->target : path;
+    mha_status s = MHA_OK;
     if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
-        return mha_fail(MHA_E_IO, "cannot write '%s': it is a directory; expected a file path",
-                        path);
+        s = mha_fail(MHA_E_IO, "cannot write '%s': it is a directory; expected a file path", path);
     /* the rename would replace a device or a pipe with a regular file */
-    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode))
-        return mha_fail(MHA_E_IO,
-                        "cannot write '%s': it exists and is not a regular file (a device or a "
-                        "pipe); expected a file path",
-                        path);
-    size_t n = strlen(path);
-    o->tmp = malloc(n + 64);
-    if (!o->tmp) return mha_fail(MHA_E_NOMEM, "cannot allocate a file name for '%s'", path);
-    const char *slash = strrchr(path, '/');
-    size_t dir = slash ? (size_t)(slash - path + 1) : 0;
-    for (int attempt = 0; attempt < 100; attempt++) {
+    else if (stat(path, &st) == 0 && !S_ISREG(st.st_mode))
+        s = mha_fail(MHA_E_IO,
+                     "cannot write '%s': it exists and is not a regular file (a device or a "
+                     "pipe); expected a file path",
+                     path);
+    size_t n = strlen(dest);
+    if (!s && !(o->tmp = malloc(n + 64)))
+        s = mha_fail(MHA_E_NOMEM, "cannot allocate a file name for '%s'", path);
+    for (int attempt = 0; !s && attempt < 100; attempt++) {
         /* "<dir>/.<base>.<pid>-<serial>.tmp": hidden, next to the target */
-        snprintf(o->tmp, n + 64, "%.*s.%s.%ld-%lu.tmp", (int)dir, path, path + dir,
-                 (long)getpid(), next_serial());
+        char suffix[64];
+        snprintf(suffix, sizeof suffix, ".%ld-%lu.tmp", (long)getpid(), next_serial());
+        temp_name(o->tmp, n + 64, dest, suffix);
         o->fd = open(o->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
         if (o->fd >= 0 || errno != EEXIST) break;
     }
-    if (o->fd < 0) {
-        int e = errno;
+    if (!s && o->fd < 0) s = mha_fail(MHA_E_IO, "cannot write '%s': %s", path, strerror(errno));
+    if (s) {
         free(o->tmp);
-        o->tmp = NULL;
-        return mha_fail(MHA_E_IO, "cannot write '%s': %s", path, strerror(e));
+        free(o->target);
+        o->tmp = o->target = NULL;
+        return s;
     }
     o->f = fdopen(o->fd, "wb");
     if (!o->f) {
@@ -89,6 +106,7 @@ void mha_out_abort(mha_out_file *o) {
     else if (o->fd >= 0) close(o->fd);
     if (o->tmp) unlink(o->tmp);
     free(o->tmp);
+    free(o->target);
     memset(o, 0, sizeof *o);
     o->fd = -1;
 }
@@ -117,8 +135,9 @@ mha_status mha_out_commit(mha_out_file *o) {
     o->f = NULL; /* closed here, whatever happens */
     o->fd = -1;
     if (fclose(f) != 0 && ok) step = "close", ok = 0, e = errno;
-    if (ok && rename(o->tmp, o->path) != 0) step = "rename", ok = 0, e = errno;
-    if (ok) sync_dir(o->path);
+    const char *dest = o->target ? o->target : o->path;
+    if (ok && rename(o->tmp, dest) != 0) step = "rename", ok = 0, e = errno;
+    if (ok) sync_dir(dest);
     if (!ok) {
         const char *path = o->path;
         mha_out_abort(o);
@@ -126,6 +145,7 @@ mha_status mha_out_commit(mha_out_file *o) {
                         path, step, strerror(e));
     }
     free(o->tmp);
+    free(o->target);
     memset(o, 0, sizeof *o);
     o->fd = -1;
     return MHA_OK;

@@ -190,8 +190,8 @@ static mha_status st_take(mha_tensors *t, const st_entry *e, const unsigned char
 
 /* Parses buf[0..len); with borrow (the mapping buf lies in), float32 data
  * is borrowed instead of copied (st_take). only (NULL: every tensor): the
- * tensors whose names start with it, without its final '.', are the only
- * ones decoded and checked; the header is validated whole. */
+ * tensors inside that module (named only, without its final '.', then '.')
+ * are the only ones decoded and checked; the header is validated whole. */
 static mha_status st_parse(mha_tensors **out, const void *buf, size_t len, const char *name,
                            unsigned flags, const mha_file_map *borrow, const char *only) {
     if (!out || (!buf && len)) return mha_fail(MHA_E_ARG, "mha_safetensors_parse: NULL argument");
@@ -260,8 +260,9 @@ static mha_status st_parse(mha_tensors **out, const void *buf, size_t len, const
     const unsigned char *data = b + 8 + n;
     size_t keep = only ? strlen(only) : 0;
     if (keep && only[keep - 1] == '.') keep--;
-    for (int i = 0; i < ne && !s; i++)
-        if (!keep || strncmp(e[i].name, only, keep) == 0) s = st_take(t, &e[i], data + e[i].begin, borrow, flags, file);
+    for (int i = 0; i < ne && !s; i++) /* whole components: "layers.1" is not "layers.10" */
+        if (!keep || (strncmp(e[i].name, only, keep) == 0 && e[i].name[keep] == '.'))
+            s = st_take(t, &e[i], data + e[i].begin, borrow, flags, file);
 done:
     free(e);
     json_decref(root); /* after the loop: e[].name points into root */

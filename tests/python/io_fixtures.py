@@ -189,6 +189,18 @@ def make(d):
     q = "model.layers.0.self_attn.q_proj.weight"
     i8[q] = np.clip(np.round(i8[q] * 127), -127, 127).astype(np.int8)
     write_safetensors(d + "/hf_int8.safetensors", i8)
+    # metadata n_heads "0" (a bad value, not a missing one); a uint8 w_q
+    write_safetensors(d + "/nheads_0.safetensors", w, dict(native_meta(h, h_kv, dh), n_heads="0"))
+    u8 = dict(w)
+    u8["w_q"] = np.zeros(w["w_q"].shape, np.uint8)
+    write_safetensors(d + "/u8_wq.safetensors", u8, native_meta(h, h_kv, dh))
+    # B * h = 1048577 * 4096 wraps a 32-bit int to 4096: a (4096, 1, 1)
+    # attn_mask must still be refused
+    wide = {"w_q": rand(1, 4096), "w_k": rand(1, 4096), "w_v": rand(1, 4096), "w_o": rand(4096, 1)}
+    write_safetensors(d + "/wide_heads.safetensors", wide, {"n_heads": "4096"})
+    np.save(d + "/x_wide_batch.npy", np.zeros((1048577, 1, 1), np.float32))
+    np.save(d + "/mask_wrap.npy", np.zeros((4096, 1, 1), bool))
+    np.save(d + "/dy_bad.npy", np.zeros((B, T, D - 1), np.float32))
 
 
 def main():
