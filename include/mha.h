@@ -744,7 +744,9 @@ MHA_API mha_status mha_layout_parse(mha_layout *out, const char *name);
 MHA_API mha_status mha_layout_detect(mha_layout *out, const mha_tensors *t);
 
 /* What the file does not say. n_heads / n_kv_heads: 0 = from the metadata
- * (or, for n_kv_heads, from the shapes); prefix: NULL or "" = any unique
+ * (or, for n_kv_heads, from the shapes); add_zero_attn: 1 = the layer
+ * appends a zero key/value row (torch's add_zero_attn=True, which a
+ * state_dict does not record), 0 = as the file's metadata says; prefix: NULL or "" = any unique
  * layer; else the module holding the one layer: its own path
  * ("model.layers.0.self_attn.") or an enclosing one, final dot optional
  * ("model.layers.0"); the layer's tensors are then read from its path only
@@ -754,6 +756,7 @@ typedef struct {
     int n_heads;
     int n_kv_heads;
     const char *prefix;
+    int add_zero_attn;
 } mha_load_options;
 
 /* Builds a layer from tensors in the given layout (AUTO detects). Shapes are

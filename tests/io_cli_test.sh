@@ -516,5 +516,20 @@ checks=$((checks + 1))
 [ -f "$T/$long" ] || fail "$last: the 253-byte output name was not written"
 [ -z "$(find $T -name '.*.part' -o -name '.*.tmp')" ] || fail "$last: temporaries left behind"
 
+# --zero-attn: the zero key/value row a state_dict does not record (the
+# library's parity with torch is tests/python/test_parity.py's)
+run run --weights $T/hf.safetensors --heads 4 --zero-attn --input $T/x.npy --output $T/y_zero.npy
+expect_ok
+run run --weights $T/hf.safetensors --heads 4 --input $T/x.npy --output $T/y_nozero.npy
+expect_ok
+checks=$((checks + 1))
+"$PY" -c "
+import numpy as np, sys
+a=np.load('$T/y_zero.npy'); b=np.load('$T/y_nozero.npy')
+sys.exit(0 if a.shape == b.shape and np.isfinite(a).all() and np.abs(a - b).max() > 1e-3 else 1)" ||
+    fail "--zero-attn: Y should change (an extra zero key dilutes every row)"
+run run --help
+expect_out "--zero-attn"
+
 echo "io_cli_test: $checks checks, $fails failures"
 [ "$fails" -eq 0 ]

@@ -251,12 +251,62 @@ static void test_layout_torch_damaged(void) {
     free(ipw), free(ipb), free(ow), free(ob);
 }
 
+/* mha_load_options.add_zero_attn (CLI --zero-attn): a state_dict does not
+ * record torch's add_zero_attn, so the caller says it. The torch layout
+ * given the option is the layer mha_layer_from_torch makes with
+ * add_zero_attn = 1 (the same forward bits), a different layer from the
+ * plain load; a native file (the plain layer saved) takes it too; any
+ * value but 0 and 1 is refused naming it. */
+static void test_layout_zero_attn_option(void) {
+    uint64_t seed = 506;
+    enum { E = 6, H = 2, T = 3 };
+    float *ipw = naive_random_floats((size_t)3 * E * E, &seed, -0.5f, 0.5f);
+    float *ipb = naive_random_floats((size_t)3 * E, &seed, -0.5f, 0.5f);
+    float *ow = naive_random_floats((size_t)E * E, &seed, -0.5f, 0.5f);
+    float *ob = naive_random_floats((size_t)E, &seed, -0.5f, 0.5f);
+    float *x = naive_random_floats((size_t)T * E, &seed, -1.0f, 1.0f), y[3][T * E];
+    mha_tensors *t = NULL, *nat = NULL;
+    CHECK_OK(mha_tensors_create(&t));
+    add(t, "attn.in_proj_weight", ipw, 2, 3 * E, E);
+    add(t, "attn.in_proj_bias", ipb, 1, 3 * E, 0);
+    add(t, "attn.out_proj.weight", ow, 2, E, E);
+    add(t, "attn.out_proj.bias", ob, 1, E, 0);
+    mha_torch_weights tw = {.embed_dim = E, .num_heads = H, .add_zero_attn = 1, .in_proj_weight = ipw,
+                            .in_proj_bias = ipb, .out_proj_weight = ow, .out_proj_bias = ob};
+    mha_load_options opt = {.layout = MHA_LAYOUT_TORCH, .n_heads = H, .prefix = "attn."};
+    mha_layer *L[3] = {NULL, NULL, NULL}, *N = NULL;
+    CHECK_OK(mha_layer_from_tensors(&L[0], t, &opt));
+    opt.add_zero_attn = 1;
+    CHECK_OK(mha_layer_from_tensors(&L[1], t, &opt));
+    CHECK_OK(mha_layer_from_torch(&L[2], &tw));
+    const mha_options fo = mha_options_default();
+    for (int i = 0; i < 3; i++) CHECK_OK(L[i] ? mha_forward(L[i], y[i], NULL, x, NULL, 1, T, T, &fo) : MHA_E_ARG);
+    if (L[0] && L[1] && L[2]) {
+        CHECK_INT(mha_layer_config(L[0])->add_zero_attn, 0);
+        CHECK_INT(mha_layer_config(L[1])->add_zero_attn, 1);
+        CHECK(memcmp(y[1], y[2], sizeof y[1]) == 0);
+        CHECK(memcmp(y[0], y[1], sizeof y[0]) != 0);
+        CHECK_OK(mha_layer_to_tensors(&nat, L[0]));
+        mha_load_options no = {.layout = MHA_LAYOUT_NATIVE, .add_zero_attn = 1};
+        CHECK_OK(mha_layer_from_tensors(&N, nat, &no));
+        if (N) CHECK_INT(mha_layer_config(N)->add_zero_attn, 1);
+    }
+    opt.add_zero_attn = 2;
+    mha_layer *bad = NULL;
+    CHECK_STATUS(mha_layer_from_tensors(&bad, t, &opt), MHA_E_ARG);
+    CHECK_ERROR_MENTIONS("add_zero_attn = 2");
+    for (int i = 0; i < 3; i++) mha_layer_free(L[i]);
+    mha_layer_free(N), mha_tensors_free(nat), mha_tensors_free(t);
+    free(ipw), free(ipb), free(ow), free(ob), free(x);
+}
+
 static const test_case cases[] = {
     {"layout_native_damaged", test_layout_native_damaged},
     {"layout_hf_damaged", test_layout_hf_damaged},
     {"layout_gpt2_damaged", test_layout_gpt2_damaged},
     {"layout_megatron_damaged", test_layout_megatron_damaged},
     {"layout_torch_damaged", test_layout_torch_damaged},
+    {"layout_zero_attn_option", test_layout_zero_attn_option},
 };
 
 const test_case *tests_layout_errors(size_t *count) {

@@ -35,7 +35,8 @@ float *cli_alloc_out(const char *cmd, size_t n) {
 }
 
 mha_status cli_load_options(mha_load_options *o, const cli_ckpt *ck) {
-    *o = (mha_load_options){.n_heads = (int)ck->heads, .n_kv_heads = (int)ck->kv_heads, .prefix = ck->prefix};
+    *o = (mha_load_options){.n_heads = (int)ck->heads, .n_kv_heads = (int)ck->kv_heads, .prefix = ck->prefix,
+                            .add_zero_attn = ck->zero_attn};
     return mha_layout_parse(&o->layout, ck->layout ? ck->layout : "auto");
 }
 

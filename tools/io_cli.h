@@ -16,6 +16,7 @@ typedef struct {
     const char *layout;
     const char *prefix;
     long long heads, kv_heads;
+    int zero_attn;
 } cli_ckpt;
 
 #define CLI_LAYOUT_CHOICES "auto|native|torch|hf|gpt2|megatron"
@@ -35,7 +36,9 @@ typedef struct {
      .help = "key/value heads h_kv; default from the metadata or the shapes", .min = 1,         \
      .max = 4096},                                                                             \
     {.name = "--prefix", .kind = MHA_ARG_STRING, .dest = &(ck).prefix, .metavar = "P",          \
-     .help = "the layer's module: its path or one holding only it, e.g. model.layers.0 or h.0.attn."}
+     .help = "the layer's module: its path or one holding only it, e.g. model.layers.0 or h.0.attn."}, \
+    {.name = "--zero-attn", .kind = MHA_ARG_SWITCH, .dest = &(ck).zero_attn,                     \
+     .help = "the layer appends a zero key/value row (torch's add_zero_attn=True, which a state_dict does not record)"}
 
 /* Loads path (ck->weights unless path is given) as a layer. */
 int cli_load_layer(const char *cmd, mha_layer **L, const cli_ckpt *ck, const char *path);

@@ -448,15 +448,17 @@ class Layer(COwner):
 
     # ------------------------------------------------------------- files
     @classmethod
-    def load(cls, path, layout="auto", n_heads=0, n_kv_heads=0, prefix=None):
+    def load(cls, path, layout="auto", n_heads=0, n_kv_heads=0, prefix=None, add_zero_attn=False):
         """mha_layer_load: a safetensors checkpoint in the native, torch, hf,
         gpt2 or megatron layout ('auto' detects it from the tensor names),
         or a sharded checkpoint's *.safetensors.index.json; n_heads /
         n_kv_heads 0 = from the file; prefix: the layer's module
-        ('model.layers.3' or its attention's own path)."""
+        ('model.layers.3' or its attention's own path); add_zero_attn: the
+        layer appends a zero key/value row (torch's add_zero_attn=True,
+        which a state_dict does not record)."""
         opt = _lib.LoadOptions(_enum("layout", layout, _lib.LAYOUTS), c_int("n_heads", n_heads, 0),
                                c_int("n_kv_heads", n_kv_heads, 0),
-                               None if prefix is None else str(prefix).encode())
+                               None if prefix is None else str(prefix).encode(), 1 if add_zero_attn else 0)
         handle = _lib.LayerP()
         check(_L.mha_layer_load(ctypes.byref(handle), os.fsencode(path), ctypes.byref(opt)),
               "mha_layer_load")

@@ -750,7 +750,7 @@ static mha_status load_torch(mha_layer **out, const mha_tensors *t, const mha_lo
     if (!h) return mha_fail(MHA_E_ARG, "torch layout: the number of heads is not in the file; pass --heads");
     if (hkv && hkv != h)
         return mha_fail(MHA_E_ARG, "torch layout (nn.MultiheadAttention) has no GQA; got n_kv_heads = %d", hkv);
-    mha_torch_weights tw = {.embed_dim = E, .num_heads = h, .add_zero_attn = zero_attn,
+    mha_torch_weights tw = {.embed_dim = E, .num_heads = h, .add_zero_attn = zero_attn || o->add_zero_attn,
                             .out_proj_weight = ow->f};
     if (in_w) {
         if ((s = want_shape(in_w, "in_proj_weight", 2, 3 * E, E, "(3E, E)"))) return s;
@@ -806,6 +806,8 @@ mha_status mha_layer_from_tensors(mha_layer **out, const mha_tensors *t,
     if (o.n_heads < 0 || o.n_kv_heads < 0)
         return mha_fail(MHA_E_ARG, "n_heads = %d, n_kv_heads = %d; expected >= 0 (0: from the file)",
                         o.n_heads, o.n_kv_heads);
+    if (o.add_zero_attn != 0 && o.add_zero_attn != 1)
+        return mha_fail(MHA_E_ARG, "add_zero_attn = %d; expected 0 (as the file says) or 1", o.add_zero_attn);
     mha_status s;
     char path[512];
     if (o.layout == MHA_LAYOUT_AUTO && (s = mha_io_detect(&o.layout, t, o.prefix))) return s;
@@ -820,6 +822,7 @@ mha_status mha_layer_from_tensors(mha_layer **out, const mha_tensors *t,
     case MHA_LAYOUT_MEGATRON: s = load_megatron(&st, t, &o); break;
     default: s = mha_fail(MHA_E_ARG, "layout %d is not one of mha_layout", (int)o.layout);
     }
+    if (!s && o.add_zero_attn) st.cfg.add_zero_attn = 1;
     if (!s) s = staged_create(out, &st, t);
     staged_free(&st);
     return s;

@@ -121,6 +121,7 @@ static mha_status describe(source *src, const mha_tensors *t, const mha_load_opt
     if ((s = meta_int(&h, o->n_heads, t, "n_heads")) || (s = meta_int(&hkv, o->n_kv_heads, t, "n_kv_heads")) ||
         (s = meta_int(&c->add_zero_attn, 0, t, "add_zero_attn")))
         return s;
+    c->add_zero_attn |= o->add_zero_attn;
     if (!h && mha_tensors_meta(t, "n_heads")) /* a "0": a bad value, not a missing one */
         return mha_fail(MHA_E_FORMAT, "metadata n_heads = '%.40s'; expected a positive integer (or pass --heads)",
                         mha_tensors_meta(t, "n_heads"));

@@ -701,3 +701,26 @@ def test_torch_checkpoint_file_through_the_loader(request, tmp_path, add_bias_kv
         assert layer.config["d_v_in"] == (vdim or E)
         check_paths(request, lambda p: layer.torch_forward(q, mem, val, average_attn_weights=False, path=p),
                     want)
+
+
+def test_torch_state_dict_without_metadata_takes_add_zero_attn(tmp_path):
+    """A bare state dict (no metadata: torch does not record
+    add_zero_attn) of an add_zero_attn=True module: loaded plain it is a
+    different layer (its output differs from torch's); with
+    add_zero_attn=True (the CLI's --zero-attn) it is torch's layer."""
+    E, h, B, T = 16, 4, 2, 5
+    m = torch_module(E, h, add_zero_attn=True, batch_first=True, seed=21)
+    rng = np.random.default_rng(21)
+    q = inputs(rng, B, T, E, True)
+    want = run_torch(m, q, q, q, average_attn_weights=False)
+    path = tmp_path / "bare.safetensors"
+    _write_safetensors(path, state_dict(m), {})
+    plain = mha.Layer.load(path, layout="torch", n_heads=h)
+    zero = mha.Layer.load(path, layout="torch", n_heads=h, add_zero_attn=True)
+    assert plain.config["add_zero_attn"] == 0 and zero.config["add_zero_attn"] == 1
+    for layer in (plain, zero):
+        layer.batch_first = True
+    y_plain = plain.torch_forward(q, q, q, average_attn_weights=False)[0]
+    y_zero = zero.torch_forward(q, q, q, average_attn_weights=False)[0]
+    assert np.max(np.abs(np.asarray(y_plain) - want[0])) > 1e-3
+    np.testing.assert_allclose(y_zero, want[0], rtol=0, atol=1e-5)
