@@ -42,13 +42,14 @@ int main(int argc, char **argv) {
         opt.causal = c.causal;
         uint64_t seed = 42;
         float *q = bench_alloc(act), *k = bench_alloc(act), *v = bench_alloc(act), *z = bench_alloc(act);
-        float *dz = bench_alloc(act), *lse = bench_alloc((size_t)B * h * T);
+        const size_t nl = (size_t)B * h * T;
+        float *dz = bench_alloc(act), *lse = bench_alloc(2 * nl); /* log l, then the row max */
         float *dq[2], *dk[2], *dv[2];
         for (int i = 0; i < 2; i++) dq[i] = bench_alloc(act), dk[i] = bench_alloc(act), dv[i] = bench_alloc(act);
         bench_fill(q, act, &seed, -1.0f, 1.0f), bench_fill(k, act, &seed, -1.0f, 1.0f);
         bench_fill(v, act, &seed, -1.0f, 1.0f), bench_fill(dz, act, &seed, -1.0f, 1.0f);
-        mha_bwd_attn a[2] = {{&rc, &opt, q, k, v, z, lse, dz, dq[0], dk[0], dv[0], B, T, T, T, 1.0f / 8.0f},
-                             {&rc, &opt, q, k, v, z, lse, dz, dq[1], dk[1], dv[1], B, T, T, T, 1.0f / 8.0f}};
+        mha_bwd_attn a[2] = {{&rc, &opt, q, k, v, z, lse, dz, dq[0], dk[0], dv[0], B, T, T, T, 1.0f / 8.0f, lse + nl},
+                             {&rc, &opt, q, k, v, z, lse, dz, dq[1], dk[1], dv[1], B, T, T, T, 1.0f / 8.0f, lse + nl}};
         long masked;
         if (mha_bwd_attention_forward(&a[0], kern, NULL, 2, &masked)) return 1;
         const double pairs = (double)B * h * T * T * (c.causal ? 0.5 : 1.0), flops = 5.0 * 2.0 * pairs * d;
