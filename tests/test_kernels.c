@@ -273,8 +273,8 @@ static void test_kernels_range_check(void) {
     float *kt = malloc(sizeof(float) * MAXP * MAXD * 16), x[MAXN];
     uint64_t seed = 17;
     for (int t = 0; t < nt; t++) {
-        double (*norm)(const float *, int, int) = mha_key_norm_max_get(tables[t]);
-        int (*within)(const float *, size_t, float) = mha_all_within_get(tables[t]);
+        double (*norm)(const float *, int, int) = tables[t]->key_norm_max;
+        int (*within)(const float *, size_t, float) = tables[t]->all_within;
         for (int n16 = 1; n16 <= MAXP; n16++)
             for (int d_k = 1; d_k <= MAXD; d_k += d_k < 8 ? 1 : 29) {
                 const int n = n16 * d_k * 16;

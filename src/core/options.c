@@ -28,7 +28,7 @@ mha_options mha_options_default(void) {
  * reads 16 MiB of kv here), the element-wise one to name the first bad
  * element only when it fails. */
 static mha_status check_input(const float *p, size_t n, const char *name) {
-    if (mha_all_within_get(mha_isa_best()->prefill)(p, n, FLT_MAX)) return MHA_OK;
+    if (mha_isa_best()->prefill->all_within(p, n, FLT_MAX)) return MHA_OK;
     return mha_check_finite(p, n, name);
 }
 

@@ -194,13 +194,11 @@ static mha_status check_range(const fast_plan *p, const mha_kernels *kern, int n
     double *kmax = malloc(sizeof(double) * (size_t)(n_bg + 2 * n_br)), *qmax = kmax + n_bg, *qarg = qmax + n_br;
     if (!kmax) return mha_fail(MHA_E_NOMEM, "fast path: no memory for the range check");
     const float v_limit = FLT_MAX / (float)p->S_tot; /* sum of S_tot weighted values */
-    double (*key_norm_max)(const float *, int, int) = mha_key_norm_max_get(kern);
-    int (*all_within)(const float *, size_t, float) = mha_all_within_get(kern);
     int v_ok = 1;
 #pragma omp parallel for schedule(static) num_threads(nt) reduction(&& : v_ok)
     for (long bg = 0; bg < n_bg; bg++) { /* the largest |k| of the block (S_pad/16, d_k, 16); V finite */
-        kmax[bg] = sqrt(key_norm_max(p->kt + bg * p->S_pad * d_k, p->S_pad / 16, d_k));
-        v_ok = all_within(p->v + bg * p->S_pad * p->ldv, (size_t)p->S_pad * p->ldv, v_limit) && v_ok;
+        kmax[bg] = sqrt(kern->key_norm_max(p->kt + bg * p->S_pad * d_k, p->S_pad / 16, d_k));
+        v_ok = kern->all_within(p->v + bg * p->S_pad * p->ldv, (size_t)p->S_pad * p->ldv, v_limit) && v_ok;
     }
 #pragma omp parallel for schedule(static) num_threads(nt)
     for (long br = 0; br < n_br; br++) {

@@ -118,7 +118,7 @@ typedef struct mha_kernels {
      * squares in double over e in order (products of floats are exact in
      * double, so every table gives the same bits); NaN when any key's is
      * NaN. all_within: 1 when every |x[i]| <= limit (NaN fails), else 0.
-     * NULL: the scalar table's loops. */
+     * Every table has both. */
     double (*key_norm_max)(const float *kt, int n16, int d_k);
     int (*all_within)(const float *x, size_t n, float limit);
 } mha_kernels;
@@ -129,9 +129,6 @@ void (*mha_attn_softcap_get(const mha_kernels *k))(float *, size_t, float, int, 
 void (*mha_attn_alibi_get(const mha_kernels *k))(float *, size_t, const int *, const int *, float, int, int);
 /* The query packing of table k, the scalar one when k has none. */
 void (*mha_attn_pack_q_get(const mha_kernels *k))(float *, const float *, size_t, float, int, int, int);
-/* The range check's loops of table k, the scalar ones when k has none. */
-double (*mha_key_norm_max_get(const mha_kernels *k))(const float *, int, int);
-int (*mha_all_within_get(const mha_kernels *k))(const float *, size_t, float);
 
 extern const mha_kernels mha_kernels_scalar;
 extern const mha_kernels mha_kernels_avx2;

@@ -116,19 +116,11 @@ static double key_norm_max_scalar(const float *kt, int n16, int d_k) {
     return best;
 }
 
-double (*mha_key_norm_max_get(const mha_kernels *k))(const float *, int, int) {
-    return k->key_norm_max ? k->key_norm_max : key_norm_max_scalar;
-}
-
 static int all_within_scalar(const float *x, size_t n, float limit) {
     int bad = 0; /* NaN compares false: counted as bad */
 #pragma omp simd reduction(| : bad)
     for (size_t i = 0; i < n; i++) bad |= !(fabsf(x[i]) <= limit);
     return !bad;
-}
-
-int (*mha_all_within_get(const mha_kernels *k))(const float *, size_t, float) {
-    return k->all_within ? k->all_within : all_within_scalar;
 }
 
 const mha_kernels mha_kernels_scalar = {
