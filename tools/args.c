@@ -110,6 +110,12 @@ static mha_arg *find(mha_command_spec *spec, const char *name, size_t len) {
     return NULL;
 }
 
+/* argv[i + 1] is the value of the flag argv[i]: "--a --b" means --a's value
+ * was forgotten, not "--b" (the help scan and the parse agree on this). */
+static int value_follows(int argc, char **argv, int i) {
+    return i + 1 < argc && strncmp(argv[i + 1], "--", 2) != 0;
+}
+
 int mha_args_parse(mha_command_spec *spec, int argc, char **argv,
                    const char **positional, int *n_positional) {
     const char *cmd = spec->name;
@@ -127,7 +133,7 @@ int mha_args_parse(mha_command_spec *spec, int argc, char **argv,
         }
         /* a flag's value, "-h" included, is a value: skip it as the parse below takes it */
         const mha_arg *a = strncmp(s, "--", 2) == 0 && !strchr(s, '=') ? find(spec, s, strlen(s)) : NULL;
-        if (a && a->kind != MHA_ARG_SWITCH && i + 1 < argc && strncmp(argv[i + 1], "--", 2) != 0) i++;
+        if (a && a->kind != MHA_ARG_SWITCH && value_follows(argc, argv, i)) i++;
     }
     for (int i = 1; i < argc; i++) {
         const char *s = argv[i];
@@ -165,8 +171,7 @@ int mha_args_parse(mha_command_spec *spec, int argc, char **argv,
         } else if (eq) {
             v = eq + 1;
         } else {
-            /* "--a --b": the value of --a was forgotten, not "--b" */
-            if (i + 1 >= argc || strncmp(argv[i + 1], "--", 2) == 0)
+            if (!value_follows(argc, argv, i))
                 return mha_cmd_error(cmd, MHA_EXIT_USAGE, "%s needs a value (%s)", a->name, want);
             v = argv[++i];
         }

@@ -121,6 +121,9 @@ static inline int mha_io_real(const mha_array *a) { return a->f && a->dtype != M
 /* MHA_OK when tensor `name` holds real numbers, else MHA_E_FORMAT naming
  * its dtype (for int8: where int8 weights do load) (layouts.c). */
 mha_status mha_io_want_real(const mha_array *a, const char *name);
+/* MHA_E_FORMAT when the head count read is 0 but the metadata holds
+ * n_heads (a "0": a bad value, not a missing one), else MHA_OK. */
+mha_status mha_io_heads_not_zero(int h, const mha_tensors *t); /* layouts.c */
 
 /* Whether a tensor name is prefix+suffix (prefix given, "" too), or suffix
  * itself or ends in "." suffix (prefix NULL) (layouts.c). */

@@ -315,13 +315,17 @@ static mha_status pick(int *out, int opt, const mha_tensors *t, const char *key)
     return MHA_OK;
 }
 
+mha_status mha_io_heads_not_zero(int h, const mha_tensors *t) {
+    if (!h && mha_tensors_meta(t, "n_heads"))
+        return mha_fail(MHA_E_FORMAT, "metadata n_heads = '%.40s'; expected a positive integer (or pass --heads)",
+                        mha_tensors_meta(t, "n_heads"));
+    return MHA_OK;
+}
+
 /* pick for n_heads: a metadata "0" is a bad value, not a missing one. */
 static mha_status pick_heads(int *out, int opt, const mha_tensors *t) {
     mha_status s = pick(out, opt, t, "n_heads");
-    if (!s && !*out && mha_tensors_meta(t, "n_heads"))
-        return mha_fail(MHA_E_FORMAT, "metadata n_heads = '%.40s'; expected a positive integer (or pass --heads)",
-                        mha_tensors_meta(t, "n_heads"));
-    return s;
+    return s ? s : mha_io_heads_not_zero(*out, t);
 }
 
 static mha_status divide(int *q, int total, int by, const char *what, const char *tensor) {

@@ -122,9 +122,7 @@ static mha_status describe(source *src, const mha_tensors *t, const mha_load_opt
         (s = meta_int(&c->add_zero_attn, 0, t, "add_zero_attn")))
         return s;
     c->add_zero_attn |= o->add_zero_attn;
-    if (!h && mha_tensors_meta(t, "n_heads")) /* a "0": a bad value, not a missing one */
-        return mha_fail(MHA_E_FORMAT, "metadata n_heads = '%.40s'; expected a positive integer (or pass --heads)",
-                        mha_tensors_meta(t, "n_heads"));
+    if ((s = mha_io_heads_not_zero(h, t))) return s;
     if (!h) return mha_fail(MHA_E_ARG, "the number of heads is not in the file; pass --heads");
     c->n_heads = h;
     switch (o->layout) {
