@@ -58,6 +58,9 @@ AVX2_OBJ = $(filter $(BUILD)/src/kernels/avx2%,$(LIB_OBJ))
 AVX512_OBJ = $(filter $(BUILD)/src/kernels/avx512%,$(LIB_OBJ))
 $(AVX2_OBJ): CFLAGS += -mavx2 -mfma -mf16c
 $(AVX512_OBJ): CFLAGS += -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -mf16c
+# avx512_amx.c alone also gets the AMX tile instructions (run after
+# mha_cpu_has_amx_bf16()).
+$(BUILD)/src/kernels/avx512_amx.o: CFLAGS += -mamx-tile -mamx-bf16
 
 $(BUILD)/libmha.a: $(LIB_OBJ)
 	@rm -f $@

@@ -345,6 +345,26 @@ typedef struct {
                                  attention sinks. 0: none. The cached
                                  forward takes the cache's own count (0 or
                                  that count here)                        */
+    int bf16_matmul;          /* 1: the four projections multiply in bf16
+                                 (torch's autocast, or its float32 matmul
+                                 precision "medium"): their inputs (x, the
+                                 key and value sources, and the
+                                 concatenated heads Z after interventions)
+                                 are rounded to bfloat16, to nearest even;
+                                 the products (exact) are summed in fp32;
+                                 attention itself stays fp32. Needs a layer
+                                 with bf16 weights (mha_layer_convert_weights
+                                 (layer, MHA_W_BF16)), else MHA_E_ARG; an
+                                 input at or beyond bf16's range (|v| >=
+                                 0x1.ffp127) is MHA_E_NONFINITE. Runs on AMX
+                                 tiles (TDPBF16PS) where the CPU and the OS
+                                 allow them, else on the fp32 kernels with
+                                 the rounded inputs (the same sums up to
+                                 their order). mha_forward, _kv, _ctx and
+                                 mha_forward_lse; the other entries
+                                 (backward, training, the cached forward,
+                                 mha_attend_lse) refuse it (MHA_E_UNSUPPORTED).
+                                 0: fp32 (default)                       */
 } mha_options;
 
 MHA_API mha_options mha_options_default(void);

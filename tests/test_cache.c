@@ -805,7 +805,7 @@ static void test_prefill_branch_bits(void) {
         const mha_dst dst[3] = {{MHA_DST_ROWS, q, (size_t)wq, 0, 0, 0, 0},
                                 {MHA_DST_ROWS, kg, (size_t)wk, 0, 0, 0, 0},
                                 {MHA_DST_ROWS, v, (size_t)wv, 0, 0, 0, 0}};
-        const mha_gemm_args g = {dst, x, (size_t)D, f.T, pk, 0, 3, 0, D, 1};
+        const mha_gemm_args g = {dst, x, (size_t)D, f.T, pk, 0, 3, 0, D, 1, 0};
         CHECK_OK(mha_gemm(&g, mha_kernels_get(), 1));
     }
     mha_exec ex;

@@ -484,7 +484,7 @@ static void test_isa_gemm_blocks(void) {
                 {MHA_DST_HEADS_T, out[run][1], 0, 48, 8, ROWS, (size_t)RP * 48},
                 {MHA_DST_HEADS, out[run][2], 41, 40, 7, ROWS, (size_t)RP * 41},
             };
-            const mha_gemm_args g = {dst, a, LDA, M, &p, 0, 3, K0, KN, 1};
+            const mha_gemm_args g = {dst, a, LDA, M, &p, 0, 3, K0, KN, 1, 0};
             CHECK_OK(mha_gemm(&g, tab[run], run == 2 ? 2 : 1));
         }
         for (int run = 1; run < 3; run++)

@@ -114,7 +114,7 @@ static void test_kernels_gemm_driver(void) {
                         {MHA_DST_HEADS_T, outs[rep][1], 0, 5, 2, rows, (size_t)rp * 5},
                         {MHA_DST_HEADS, outs[rep][2], 8, 7, 5, rows, (size_t)rp * 8},
                     };
-                    const mha_gemm_args g = {dst, a, K + 1, M, &p, 0, 3, 0, K, 1};
+                    const mha_gemm_args g = {dst, a, K + 1, M, &p, 0, 3, 0, K, 1, 0};
                     CHECK_OK(mha_gemm(&g, tables[t], 1 + rep));
                 }
                 double err = 0.0;
@@ -165,7 +165,7 @@ static void test_kernels_gemm_scratch_kept(void) {
     const float *const wc[1] = {w}, *const bc[1] = {NULL};
     CHECK_OK(mha_pack(&p, K, 1, wc, bc, &N));
     const mha_dst dst = {MHA_DST_ROWS, y, (size_t)N, 0, 0, 0, 0};
-    const mha_gemm_args g = {&dst, a, (size_t)K, M, &p, 0, 1, 0, K, 1};
+    const mha_gemm_args g = {&dst, a, (size_t)K, M, &p, 0, 1, 0, K, 1, 0};
     const int nt = n_tables();
     for (int t = 0; t < nt; t++) {
         for (int i = 0; i < 3; i++) CHECK_OK(mha_gemm(&g, tables[t], 2)); /* warm: blocks, threads */

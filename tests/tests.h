@@ -46,5 +46,7 @@ const test_case *tests_shards(size_t *count);
 const test_case *tests_weights(size_t *count);     /* bf16 / int8 weights */
 const test_case *tests_weights_isa(size_t *count); /* ... on every ISA    */
 const test_case *tests_decode_stream_isa(size_t *count); /* projections' stream order, every ISA */
+const test_case *tests_bf16_matmul(size_t *count);     /* options.bf16_matmul: reference, refusals */
+const test_case *tests_bf16_matmul_isa(size_t *count); /* ... fast (AMX or not) on every ISA      */
 
 #endif

@@ -102,6 +102,7 @@ int cmd_run(int argc, char **argv) {
                *path = NULL, *masked = NULL, *v_input = NULL, *grad_output = NULL, *save_a = NULL,
                *wdtype = NULL;
     double max_gib = 0;
+    int bf16_matmul = 0;
     mha_arg args[] = {
         CLI_CKPT_ARGS(ck, 1),
         CLI_FWD_ARGS(ff),
@@ -120,6 +121,9 @@ int cmd_run(int argc, char **argv) {
         {.name = "--weights-dtype", .kind = MHA_ARG_STRING, .dest = &wdtype, .metavar = "T",
          .help = "run with W_Q, W_K, W_V, W_O rounded to bf16 or int8 (docs/WEIGHTS.md); "
                  "default: as loaded", .choices = "f32|bf16|int8"},
+        {.name = "--bf16-matmul", .kind = MHA_ARG_SWITCH, .dest = &bf16_matmul,
+         .help = "multiply the projections in bf16 (inputs rounded, fp32 sums; AMX tiles where the "
+                 "CPU has them): needs bf16 weights (--weights-dtype bf16; docs/WEIGHTS.md)"},
         CLI_VARIANT_ARGS(vf),
         CLI_MAX_OUTPUT_ARG(max_gib),
     };
@@ -180,6 +184,7 @@ int cmd_run(int argc, char **argv) {
                            : strcmp(path, "fast") == 0    ? MHA_PATH_FAST
                                                           : MHA_PATH_AUTO;
     if (masked && strcmp(masked, "nan") == 0) f.opt.masked_row = MHA_MASKED_ROW_NAN;
+    f.opt.bf16_matmul = bf16_matmul;
     if (ablate) {
         iv = calloc((size_t)h, sizeof *iv);
         rc = iv ? cli_parse_ablate(ablate, iv, h) : mha_cmd_error("run", 1, "out of memory");

@@ -59,7 +59,7 @@ int main(int argc, char **argv) {
             d2[s] = d1[s];
             d2[s].base = o2 + (d1[s].base - o1);
         }
-        const mha_gemm_args ga = {d1, x, (size_t)D, M, &p, 0, ns, 0, D, 1};
+        const mha_gemm_args ga = {d1, x, (size_t)D, M, &p, 0, ns, 0, D, 1, 0};
         mha_gemm_args gb = ga;
         gb.dst = d2;
         const double flops = 2.0 * M * (double)D * N;

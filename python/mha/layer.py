@@ -313,7 +313,7 @@ class Layer(COwner):
     def _options(self, c, B, T, S, keep, scale=0.0, causal=False, align="top_left",
                  window_left=None, window_right=None, keep_mask=None, additive_mask=None,
                  key_keep=None, key_additive=None, masked_row="zero", interventions=None,
-                 path="auto", positions=None, key_positions=None, sink_tokens=0):
+                 path="auto", positions=None, key_positions=None, sink_tokens=0, bf16_matmul=False):
         """mha_options from keyword arguments; arrays are appended to keep."""
         o = _L.mha_options_default()
         o.scale = c_float("scale", scale)
@@ -322,6 +322,7 @@ class Layer(COwner):
         o.window_left = window("window_left", window_left)
         o.window_right = window("window_right", window_right)
         o.sink_tokens = c_int("sink_tokens", sink_tokens, 0)  # StreamingLLM: kept besides window_left
+        o.bf16_matmul = c_flag("bf16_matmul", bf16_matmul)  # projections in bf16: needs bf16 weights
         h = c["n_heads"]
         for field, arr, conv in (("keep_mask", keep_mask, bools), ("additive_mask", additive_mask, floats)):
             if arr is None:
@@ -399,7 +400,9 @@ class Layer(COwner):
         window_left, window_right, keep_mask (bool/uint8, (T,S) or
         (B|1,h|1,T,S), True = may attend), additive_mask (float, same shapes),
         key_keep (B,S) (True = real key), key_additive (B,S), masked_row
-        ('zero'|'nan'), interventions, path ('auto'|'reference'|'fast').
+        ('zero'|'nan'), interventions, path ('auto'|'reference'|'fast'),
+        bf16_matmul (True: the projections multiply bf16-rounded inputs,
+        AMX tiles where the CPU has them; needs convert_weights("bf16")).
         capture: names among 'z' (B,T,h*d_v), 'contributions' (h,B,T,d_model),
         'probs' (B,h,T,S_total), or True for all; with it, returns (y, dict).
         """

@@ -25,4 +25,11 @@ static inline uint16_t mha_bf16_round_bits(float f) {
     return (uint16_t)(u >> 16);
 }
 
+/* The largest float that rounds to a finite bf16 value: 0x1.ffp127
+ * (halfway to the next power of two) and above round to infinity. */
+#define MHA_BF16_ROUNDS_FINITE 0x1.fefffep127f
+
+/* f rounded to bf16 and widened back (the value a bf16 operand holds). */
+static inline float mha_bf16_round(float f) { return mha_bf16_bits_to_float(mha_bf16_round_bits(f)); }
+
 #endif /* MHA_BASE_BF16_H */

@@ -72,7 +72,8 @@ static mha_status check_options(const mha_options *o, const mha_cache *c, const 
     if (o->sink_tokens != 0 && o->sink_tokens != c->n_sink)
         return mha_fail(MHA_E_ARG, "mha_forward_cached: options.sink_tokens=%d but the cache keeps %d; expected 0 "
                         "or %d (mha_cache_set_sink_tokens sets them)", o->sink_tokens, c->n_sink, c->n_sink);
-    mha_status s = mha_check_positions(&L->cfg, o, c->B, T, T);
+    mha_status s = mha_refuse_bf16_matmul(o, "mha_forward_cached");
+    if (!s) s = mha_check_positions(&L->cfg, o, c->B, T, T);
     if (s) return s;
     /* REPLACE values are (B,T,d_v), as in mha_forward */
     return mha_check_common_options(o, c->h, (size_t)c->B * T, c->d_v);
@@ -214,7 +215,7 @@ static mha_status project_qkv(const mha_exec *ex, const cached_plan *p, const mh
         const mha_dst dst[3] = {{MHA_DST_ROWS, p->q, (size_t)wq, 0, 0, 0, 0},
                                 {MHA_DST_ROWS, p->k, (size_t)wk, 0, 0, 0, 0},
                                 {MHA_DST_ROWS, p->v, (size_t)wv, 0, 0, 0, 0}};
-        const mha_gemm_args g = {dst, p->xc, (size_t)c->d_model, N, pk, 0, 3, 0, c->d_model, 1};
+        const mha_gemm_args g = {dst, p->xc, (size_t)c->d_model, N, pk, 0, 3, 0, c->d_model, 1, 0};
         return mha_gemm(&g, mha_exec_prefill(ex), mha_exec_threads_for(ex, (double)N * c->d_model * (wq + wk + wv)));
     }
     /* the weights in their stored form (fp32, bf16 or int8) */
@@ -313,7 +314,7 @@ static mha_status project_out(const mha_exec *ex, const cached_plan *p, const mh
     const mha_kernels *kern = mha_exec_prefill(ex);
     const int nt = mha_exec_threads_for(ex, (double)N * wz * D);
     mha_dst out = {MHA_DST_ROWS, p->yc, (size_t)D, 0, 0, 0, 0};
-    mha_gemm_args g = {&out, p->z, (size_t)wz, N, po, 0, 1, 0, wz, 1};
+    mha_gemm_args g = {&out, p->z, (size_t)wz, N, po, 0, 1, 0, wz, 1, 0};
     const mha_decode_gemm_job jo = mha_layer_decode_job(L, MHA_MAT_O, p->yc);
     mha_status s = stream_projections(L, N) ? mha_decode_gemm_many(ex, &jo, 1, p->z, N, wz) : mha_gemm(&g, kern, nt);
     g.kn = c->d_v, g.use_bias = 0; /* rows r*d_v .. of W_O, no bias */

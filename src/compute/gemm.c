@@ -17,9 +17,10 @@
 
 #include <pthread.h>
 
+#include "base/bf16.h"
+#include "base/internal.h"
 #include "compute/gemm.h"
 #include "compute/workspace.h"
-#include "base/internal.h"
 
 /* Rows per block: the (MC, K) packed input stays in L2; multiples of
  * every kernel's tile_rows (6, 12). A call whose packed weights exceed
@@ -37,6 +38,9 @@
 #define MHA_GEMM_KC 256
 #endif
 #define MHA_TILE_MAX_PANELS 2 /* the widest register tile of a kernel table */
+/* Rows per block on AMX tiles (a multiple of their 32): the (128, K) bf16
+ * block stays in L2. */
+#define MHA_GEMM_MC_AMX 128
 
 /* The threads' packed input blocks (and decode_gemm.c's partial sums),
  * kept between calls: a fresh block of (MC, K) floats faulted in about 80
@@ -126,8 +130,40 @@ mha_status mha_pack(mha_packed *p, int K, int n_sections, const float *const *w,
 void mha_packed_free(mha_packed *p) {
     free(p->panels);
     free(p->bias);
+    free(p->bf16);
     p->panels = p->bias = NULL;
+    p->bf16 = NULL;
 }
+
+mha_status mha_pack_bf16_pairs(mha_packed *p) {
+    free(p->bf16);
+    const int np = p->first_panel[p->n_sections], K = p->K, k32 = (int)mha_round_up((size_t)K, 32);
+    const size_t per = (size_t)k32 * MHA_NR; /* uint16 per pair panel */
+    p->k32 = k32;
+    p->bf16 = mha_alloc_large((size_t)(np + 1) * per * sizeof(uint16_t));
+    if (!p->bf16) return mha_fail(MHA_E_NOMEM, "fast path: cannot allocate %zu bf16 weights", (size_t)(np + 1) * per);
+    memset(p->bf16 + (size_t)np * per, 0, per * sizeof(uint16_t)); /* the extra panel */
+    for (int gp = 0; gp < np; gp++)
+        for (int kk = 0; kk < k32 / 2; kk++) {
+            uint16_t *row = p->bf16 + (size_t)gp * per + (size_t)kk * 2 * MHA_NR; /* (16, 2) */
+            for (int j = 0; j < MHA_NR; j++)
+                for (int e = 0; e < 2; e++) {
+                    const int k = 2 * kk + e;
+                    row[2 * j + e] = k < K ? mha_bf16_round_bits(mha_packed_panel(p, gp, k)[j]) : 0;
+                }
+        }
+    return MHA_OK;
+}
+
+/* options.bf16_matmul without AMX: n packed input values rounded to bf16
+ * (the fp32 kernels then sum the same exact products). */
+static void round_bf16(float *x, size_t n) {
+    for (size_t i = 0; i < n; i++) x[i] = mha_bf16_round(x[i]);
+}
+
+static _Atomic size_t amx_calls;
+
+size_t mha_gemm_amx_calls(void) { return amx_calls; }
 
 /* Offsets inside a head-split destination: column c of a section lands at
  * coff[c] + roff[row], with roff covering the rows of one task. Computed
@@ -214,12 +250,16 @@ mha_status mha_gemm(const mha_gemm_args *g, const mha_kernels *kern, int n_threa
     const mha_packed *p = g->p;
     const int M = g->M, s0 = g->s0, s1 = g->s1, k0 = g->k0, kn = g->kn, use_bias = g->use_bias;
     const int pb = p->first_panel[s0], np = p->first_panel[s1] - pb;
-    const int MC = (size_t)np * kn * MHA_NR * sizeof(float) > MHA_GEMM_BIG_B ? MHA_GEMM_MC_BIG : MHA_GEMM_MC;
+    /* bf16 on AMX: 32 x 32 tiles over all of K, the input block in bf16 */
+    const int amx = g->bf16 && p->bf16 && k0 == 0 && kn == p->K && kern->amx_tile && mha_cpu_has_amx_bf16();
+    const int k32 = p->k32;
+    const int MC = amx ? MHA_GEMM_MC_AMX
+                       : (size_t)np * kn * MHA_NR * sizeof(float) > MHA_GEMM_BIG_B ? MHA_GEMM_MC_BIG : MHA_GEMM_MC;
     const int nmb = (M + MC - 1) / MC;
     /* An accumulating tile runs K in blocks of about MHA_GEMM_KC, so the
      * B rows of one block stay in L1 across the row tiles; the 6x16
      * kernels (no accumulation) run all of K at once. */
-    const int nkb = kern->sgemm_tile ? (kn + MHA_GEMM_KC - 1) / MHA_GEMM_KC : 1;
+    const int nkb = kern->sgemm_tile && !amx ? (kn + MHA_GEMM_KC - 1) / MHA_GEMM_KC : 1;
     const int kc = nkb > 1 ? (kn + nkb - 1) / nkb : kn;
     /* Enough tasks that the dynamic schedule balances the threads to within
      * a few percent; few row blocks (small M) split the panels instead. */
@@ -231,12 +271,16 @@ mha_status mha_gemm(const mha_gemm_args *g, const mha_kernels *kern, int n_threa
     nchunk = (np + per - 1) / per;
     const int ntasks = nmb * nchunk;
     int failed = 0;
+    if (amx) amx_calls++;
 #pragma omp parallel num_threads(n_threads)
     {
-        float *buf = mha_gemm_scratch_take((size_t)MC * kn); /* packed input block */
+        /* packed input block: (MC, kn) fp32 micro-panels, or (MC, k32) bf16 rows */
+        float *buf = mha_gemm_scratch_take(amx ? (size_t)MC * k32 / 2 : (size_t)MC * kn);
+        uint16_t *buf16 = (uint16_t *)buf;
         /* the kernel's register tile: TR rows x TP panels (6 x 1 without a wide tile) */
-        const int TR = kern->sgemm_tile ? kern->tile_rows : MHA_MR;
-        const int TP = kern->sgemm_tile ? kern->tile_panels : 1;
+        const int TR = amx ? 32 : kern->sgemm_tile ? kern->tile_rows : MHA_MR;
+        const int TP = amx ? 2 : kern->sgemm_tile ? kern->tile_panels : 1;
+        if (amx) kern->amx_begin();
         const size_t ldt = (size_t)TP * MHA_NR;
         float tile[MHA_GEMM_MC_BIG * MHA_TILE_MAX_PANELS * MHA_NR]; /* (mc, ldt): tiles not stored in place */
         size_t roff[MHA_GEMM_MC_BIG], coff[MHA_TILE_MAX_PANELS * MHA_NR];
@@ -253,7 +297,12 @@ mha_status mha_gemm(const mha_gemm_args *g, const mha_kernels *kern, int n_threa
             const int m0 = (t / nchunk) * MC, c0 = pb + (t % nchunk) * per;
             const int mc = M - m0 < MC ? M - m0 : MC;
             const int c1 = c0 + per < pb + np ? c0 + per : pb + np;
-            if (m0 != packed_m0) pack_rows(buf, a, lda, m0, mc, kn, kern);
+            if (m0 != packed_m0 && amx)
+                kern->amx_pack_rows(buf16, a + (size_t)m0 * lda, lda, mc, (int)mha_round_up((size_t)mc, 32), kn, k32);
+            else if (m0 != packed_m0) {
+                pack_rows(buf, a, lda, m0, mc, kn, kern);
+                if (g->bf16) round_bf16(buf, mha_round_up((size_t)mc, MHA_MR) * kn);
+            }
             packed_m0 = m0;
             int s = s0, roff_of = -1; /* roff holds section roff_of's rows */
             for (int gp = c0, g; gp < c1; gp += g) {
@@ -287,7 +336,11 @@ mha_status mha_gemm(const mha_gemm_args *g, const mha_kernels *kern, int n_threa
                     for (int r = 0; r < mc; r += TR) {
                         const int m = mc - r < TR ? mc - r : TR;
                         const float *ap = buf + (size_t)r * kn + (size_t)kb * MHA_MR;
-                        if (kern->sgemm_tile)
+                        if (amx) {
+                            const uint16_t *b0 = p->bf16 + (size_t)gp * k32 * MHA_NR;
+                            kern->amx_tile(cptr[r / TR], ldc[r / TR], buf16 + (size_t)r * k32, (size_t)k32, b0,
+                                           b0 + (size_t)k32 * MHA_NR, bias, k32, m, n);
+                        } else if (kern->sgemm_tile)
                             kern->sgemm_tile(cptr[r / TR], ldc[r / TR], ap, (size_t)MHA_MR * kn,
                                              bp + (size_t)kb * MHA_PACK_LDB, b_ps, MHA_PACK_LDB,
                                              last ? bias : NULL, kk, m, n, kb > 0, r == 0 ? b_next : NULL);
@@ -313,6 +366,7 @@ mha_status mha_gemm(const mha_gemm_args *g, const mha_kernels *kern, int n_threa
                 }
             }
         }
+        if (amx) kern->amx_end();
         mha_gemm_scratch_give(buf);
     }
     if (failed)

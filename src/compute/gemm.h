@@ -22,6 +22,12 @@ typedef struct {
     int first_panel[MHA_PACK_MAX_SECTIONS + 1]; /* section s: panels [first[s], first[s+1]) */
     float *panels;                           /* (ceil(n_panels/2), K, 32), zero padded */
     float *bias;                             /* (n_panels, 16), zero padded    */
+    /* options.bf16_matmul on AMX (mha_pack_bf16_pairs): the same weights,
+     * exact in bf16, as pair panels (n_panels + 1, k32/2, 16, 2): panel
+     * gp's row kk holds rows 2kk and 2kk+1 of its 16 columns side by
+     * side, zero past K and in the extra last panel. NULL: not built. */
+    uint16_t *bf16;
+    int k32;                                 /* K rounded up to 32             */
 } mha_packed;
 
 #define MHA_PACK_LDB (2 * MHA_NR) /* floats between rows k and k+1 of a panel */
@@ -50,6 +56,11 @@ mha_status mha_pack_from(mha_packed *p, int K, int n_sections, const mha_pack_so
 mha_status mha_pack(mha_packed *p, int K, int n_sections, const float *const *w,
                     const float *const *b, const int *cols);
 void mha_packed_free(mha_packed *p);
+/* Builds p->bf16 from p's fp32 panels, whose values must all be exact in
+ * bf16 (a layer with MHA_W_BF16 weights): each is cut to its upper 16
+ * bits. MHA_E_NOMEM leaves p->bf16 NULL (the driver then runs the fp32
+ * kernels on rounded inputs). */
+mha_status mha_pack_bf16_pairs(mha_packed *p);
 
 /* Where a section's output column n of input row m goes. */
 typedef enum {
@@ -82,11 +93,18 @@ typedef struct {
     int s0, s1;           /* sections of p                         */
     int k0, kn;           /* rows of the packed weight             */
     int use_bias;
+    int bf16;             /* 1: a is rounded to bf16 first (options.bf16_matmul;
+                             the weights must be exact in bf16): AMX tiles
+                             when p->bf16, kern->amx_tile, the CPU allows
+                             them and k0 = 0, kn = K; else the fp32 kernels
+                             on the rounded input                  */
 } mha_gemm_args;
 
 /* Each output element is reduced by one thread in k order, so the result
  * does not depend on the thread count. */
 mha_status mha_gemm(const mha_gemm_args *g, const mha_kernels *kern, int n_threads);
+/* How many mha_gemm calls ran on AMX tiles so far (tests). */
+size_t mha_gemm_amx_calls(void);
 
 /* The compute folder's process-wide scratch pool (the threads' packed
  * input blocks, decode_gemm.c's partial sums): a 64-byte aligned block of

@@ -46,6 +46,9 @@ mha_status mha_head_intervene_rows(float *z, const mha_intervention *iv, int r, 
 /* The options every forward honours: finite scale, a known masked_row,
  * valid interventions for rows = B*T positions of width d_v. */
 mha_status mha_check_common_options(const mha_options *o, int h, size_t rows, int d_v);
+/* MHA_E_UNSUPPORTED naming who when o asks for bf16 projections (an
+ * entry that only has fp32 ones); MHA_OK for NULL or 0. */
+mha_status mha_refuse_bf16_matmul(const mha_options *o, const char *who);
 
 /* The keys [*lo, *hi] of 0..S-1 that causal and the windows allow for
  * query i (aligned as o->align says); *lo > *hi when none. The one

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/bf16.h"
 #include "core/core.h"
 #include "core/variants.h"
 #include "kernels/kernels.h"
@@ -76,7 +77,40 @@ mha_status mha_check_common_options(const mha_options *o, int h, size_t rows, in
         return mha_fail(MHA_E_NONFINITE, "options.scale=%g; expected finite (0 = 1/sqrt(d_k))", (double)o->scale);
     if (o->masked_row != MHA_MASKED_ROW_ZERO && o->masked_row != MHA_MASKED_ROW_NAN)
         return mha_fail(MHA_E_ARG, "options.masked_row=%d; expected MHA_MASKED_ROW_ZERO or MHA_MASKED_ROW_NAN", (int)o->masked_row);
+    if (o->bf16_matmul != 0 && o->bf16_matmul != 1)
+        return mha_fail(MHA_E_ARG, "options.bf16_matmul=%d; expected 0 (fp32) or 1 (bf16 projections)", o->bf16_matmul);
     return mha_check_interventions(o->interventions, h, rows, d_v);
+}
+
+mha_status mha_refuse_bf16_matmul(const mha_options *o, const char *who) {
+    if (!o || !o->bf16_matmul) return MHA_OK;
+    return mha_fail(MHA_E_UNSUPPORTED, "%s: options.bf16_matmul=%d is not supported here; expected 0 "
+                    "(bf16 projections run in mha_forward, _kv, _ctx and mha_forward_lse)", who, o->bf16_matmul);
+}
+
+/* An input of a bf16 projection rounds to a finite bf16 value. */
+static mha_status check_bf16_input(const float *p, size_t n, const char *name) {
+    if (mha_isa_best()->prefill->all_within(p, n, MHA_BF16_ROUNDS_FINITE)) return MHA_OK;
+    for (size_t i = 0; i < n; i++)
+        if (!(fabsf(p[i]) <= MHA_BF16_ROUNDS_FINITE))
+            return mha_fail(MHA_E_NONFINITE, "%s[%zu] = %g rounds to infinity in bf16 (options.bf16_matmul=1); "
+                            "expected |value| < 0x1.ffp127 (3.3961e38)", name, i, (double)p[i]);
+    return MHA_OK;
+}
+
+/* options.bf16_matmul: the layer's weights are bf16 and the projections'
+ * inputs round to finite bf16 values. */
+static mha_status check_bf16_request(const mha_layer *L, const float *x, const float *k_src, const float *v_src,
+                                     int B, int T, int S) {
+    const mha_config *c = &L->cfg;
+    if (mha_layer_weights_dtype(L) != MHA_W_BF16)
+        return mha_fail(MHA_E_ARG, "options.bf16_matmul=1 needs bf16 weights; this layer's are %s (convert them "
+                        "with mha_layer_convert_weights(layer, MHA_W_BF16), or `--weights-dtype bf16`)",
+                        mha_weight_dtype_name(mha_layer_weights_dtype(L)));
+    mha_status s = check_bf16_input(x, (size_t)B * T * c->d_model, "x");
+    if (!s && k_src != x) s = check_bf16_input(k_src, (size_t)B * S * c->d_kv_in, "kv");
+    if (!s && v_src != x && v_src != k_src) s = check_bf16_input(v_src, (size_t)B * S * c->d_v_in, "v_src");
+    return s;
 }
 
 mha_status mha_check_interventions(const mha_intervention *ivs, int h, size_t rows, int d_v) {
@@ -129,7 +163,8 @@ mha_status mha_forward_validate(const mha_layer *L, const float *y, const float 
     if (k_src != x && (s = check_input(k_src, (size_t)B * S * c->d_kv_in, "kv"))) return s;
     if (v_src != x && v_src != k_src && (s = check_input(v_src, (size_t)B * S * c->d_v_in, "v_src")))
         return s;
-    return mha_check_options(c, o, B, T, S);
+    if ((s = mha_check_options(c, o, B, T, S))) return s;
+    return o->bf16_matmul ? check_bf16_request(L, x, k_src, v_src, B, T, S) : MHA_OK;
 }
 
 

@@ -36,6 +36,15 @@ mha_status mha_fast_prepare_from(mha_layer *L, const mha_pack_source src[4]) {
         if (!s && f->split_v) s = mha_pack_from(&f->v, c->d_v_in, 1, src + 2, cols + 1);
     }
     if (!s) s = mha_pack_from(&f->o, c->n_heads * c->d_v, 1, src + 3, &c->d_model);
+    /* bf16 weights on a CPU with AMX: their pair panels for
+     * options.bf16_matmul (without them, out of memory, the GEMM rounds
+     * its input and runs the fp32 kernels: the same sums) */
+    if (!s && mha_layer_weights_dtype(L) == MHA_W_BF16 && mha_cpu_has_amx_bf16()) {
+        mha_packed *all[5] = {&f->qkv, &f->q, &f->kv, &f->v, &f->o};
+        for (int i = 0; i < 5; i++)
+            if (all[i]->panels) (void)mha_pack_bf16_pairs(all[i]);
+        mha_clear_error();
+    }
     L->fast = f;
     if (s) mha_fast_release(L);
     return s;

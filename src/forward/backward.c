@@ -39,7 +39,8 @@ mha_status mha_backward_validate(const mha_layer *L, const mha_gradients *g, con
     if (!dy) return mha_fail(MHA_E_ARG, "mha_backward: dy is NULL; expected (B,T,d_model) floats");
     /* NULL sources and options as in mha_forward_kv; dy stands in for y:
      * the forward's checks of shapes, sources, masks */
-    mha_status s = mha_forward_request(L, dy, x, k_src, v_src, opt, defaults, B, T, S);
+    mha_status s = mha_refuse_bf16_matmul(*opt, "mha_backward");
+    if (!s) s = mha_forward_request(L, dy, x, k_src, v_src, opt, defaults, B, T, S);
     if (s || (s = mha_check_finite(dy, (size_t)B * T * L->cfg.d_model, "dy"))) return s;
     return check_wanted(&L->cfg, g, x, *k_src, *v_src);
 }

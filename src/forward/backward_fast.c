@@ -43,16 +43,16 @@ static mha_status project(float *q, float *k, float *v, const mha_layer *L, cons
     const int self = k_src == x && v_src == x, shared_kv = k_src == v_src;
     /* Q (and K, V when they read x too) from x; then K and V from their sources */
     const mha_packed *pq = f->fused ? &f->qkv : &f->q;
-    mha_gemm_args a = {dst, x, (size_t)D, rows, pq, 0, f->fused && self ? 3 : 1, 0, D, 1};
+    mha_gemm_args a = {dst, x, (size_t)D, rows, pq, 0, f->fused && self ? 3 : 1, 0, D, 1, 0};
     mha_status s = mha_gemm(&a, kern, nt);
     if (s || (f->fused && self)) return s;
     const mha_packed *pk = f->fused ? &f->qkv : &f->kv;
     const int k_sec = f->fused ? 1 : 0, kin = f->fused ? D : Dk;
     const int v_with_k = shared_kv && !f->split_v;
-    a = (mha_gemm_args){dst + 1, k_src, (size_t)kin, krows, pk, k_sec, k_sec + (v_with_k ? 2 : 1), 0, kin, 1};
+    a = (mha_gemm_args){dst + 1, k_src, (size_t)kin, krows, pk, k_sec, k_sec + (v_with_k ? 2 : 1), 0, kin, 1, 0};
     if ((s = mha_gemm(&a, kern, nt)) || v_with_k) return s;
-    if (f->split_v) a = (mha_gemm_args){dst + 2, v_src, (size_t)Dv, krows, &f->v, 0, 1, 0, Dv, 1};
-    else a = (mha_gemm_args){dst + 2, v_src, (size_t)kin, krows, pk, k_sec + 1, k_sec + 2, 0, kin, 1};
+    if (f->split_v) a = (mha_gemm_args){dst + 2, v_src, (size_t)Dv, krows, &f->v, 0, 1, 0, Dv, 1, 0};
+    else a = (mha_gemm_args){dst + 2, v_src, (size_t)kin, krows, pk, k_sec + 1, k_sec + 2, 0, kin, 1, 0};
     return mha_gemm(&a, kern, nt);
 }
 

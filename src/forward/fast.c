@@ -74,7 +74,7 @@ static void fill_padding(const fast_plan *p, const mha_layer *L) {
 
 // --- project: Q = X W_Q + b_Q, K/V = Xkv W + b in attention's layouts
 static mha_status project(const fast_plan *p, const mha_layer *L, const float *x, const float *k_src,
-                          const float *v_src, const mha_kernels *kern, int nt) {
+                          const float *v_src, int bf16, const mha_kernels *kern, int nt) {
     const mha_config *c = p->c;
     const struct mha_fast_state *f = L->fast;
     const int B = p->B, T = p->T, S = p->S, D = c->d_model, din = c->d_kv_in, dvin = c->d_v_in;
@@ -86,16 +86,16 @@ static mha_status project(const fast_plan *p, const mha_layer *L, const float *x
     };
     /* Q (and K, V when they read x too) from x; then K and V from their sources */
     const mha_packed *pq = f->fused ? &f->qkv : &f->q;
-    mha_gemm_args g = {dst, x, (size_t)D, (int)p->rows, pq, 0, f->fused && self ? 3 : 1, 0, D, 1};
+    mha_gemm_args g = {dst, x, (size_t)D, (int)p->rows, pq, 0, f->fused && self ? 3 : 1, 0, D, 1, bf16};
     mha_status s = mha_gemm(&g, kern, nt);
     if (s || (f->fused && self)) return s;
     const mha_packed *pk = f->fused ? &f->qkv : &f->kv;
     const int k_sec = f->fused ? 1 : 0, kin = f->fused ? D : din;
     const int v_with_k = shared_kv && !f->split_v;
-    g = (mha_gemm_args){dst + 1, k_src, (size_t)kin, B * S, pk, k_sec, k_sec + (v_with_k ? 2 : 1), 0, kin, 1};
+    g = (mha_gemm_args){dst + 1, k_src, (size_t)kin, B * S, pk, k_sec, k_sec + (v_with_k ? 2 : 1), 0, kin, 1, bf16};
     if ((s = mha_gemm(&g, kern, nt)) || v_with_k) return s;
-    if (f->split_v) g = (mha_gemm_args){dst + 2, v_src, (size_t)dvin, B * S, &f->v, 0, 1, 0, dvin, 1};
-    else g = (mha_gemm_args){dst + 2, v_src, (size_t)kin, B * S, pk, k_sec + 1, k_sec + 2, 0, kin, 1};
+    if (f->split_v) g = (mha_gemm_args){dst + 2, v_src, (size_t)dvin, B * S, &f->v, 0, 1, 0, dvin, 1, bf16};
+    else g = (mha_gemm_args){dst + 2, v_src, (size_t)kin, B * S, pk, k_sec + 1, k_sec + 2, 0, kin, 1, bf16};
     return mha_gemm(&g, kern, nt);
 }
 
@@ -251,7 +251,7 @@ static mha_status project_out(const fast_plan *p, const mha_layer *L, float *y, 
     const int h = c->n_heads, d_v = c->d_v, D = c->d_model;
     const size_t rows = p->rows, zw = (size_t)h * d_v;
     mha_dst out = {MHA_DST_ROWS, NULL, (size_t)D, 0, 0, 0, 0};
-    mha_gemm_args g = {&out, NULL, zw, (int)rows, &L->fast->o, 0, 1, 0, d_v, 0};
+    mha_gemm_args g = {&out, NULL, zw, (int)rows, &L->fast->o, 0, 1, 0, d_v, 0, opt->bf16_matmul};
     mha_status s = MHA_OK;
     for (int r = 0; cap && cap->contributions && r < h && !s; r++) {
         out.base = cap->contributions + (size_t)r * rows * D;
@@ -261,7 +261,7 @@ static mha_status project_out(const fast_plan *p, const mha_layer *L, float *y, 
     }
     if (s) return s;
     out.base = y;
-    g = (mha_gemm_args){&out, p->z, zw, (int)rows, &L->fast->o, 0, 1, 0, (int)zw, 1};
+    g = (mha_gemm_args){&out, p->z, zw, (int)rows, &L->fast->o, 0, 1, 0, (int)zw, 1, opt->bf16_matmul};
     if ((s = mha_gemm(&g, kern, nt))) return s;
     return check_output(y, rows * D, "y", opt, nt);
 }
@@ -276,7 +276,7 @@ mha_status mha_forward_fast(const mha_exec *ex, const mha_layer *L, float *y, co
     mha_status s = plan(&p, L, cap, B, T, S, opt);
     if (s) goto done;
     fill_padding(&p, L);
-    if ((s = project(&p, L, x, k_src, v_src, kern, nt)) || (s = transform_qk(&p, L, opt, k_src == x, nt)) ||
+    if ((s = project(&p, L, x, k_src, v_src, opt->bf16_matmul, kern, nt)) || (s = transform_qk(&p, L, opt, k_src == x, nt)) ||
         (s = check_range(&p, kern, nt)))
         goto done;
 

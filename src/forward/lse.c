@@ -80,6 +80,7 @@ mha_status mha_attend_lse(const mha_config *cfg, float *z, float *lse, const flo
         return mha_fail(MHA_E_SHAPE, "mha_attend_lse: B=%d T=%d S=%d; expected all >= 1", B, T, S);
     if (opt->interventions)
         return mha_fail(MHA_E_ARG, "mha_attend_lse: options.interventions given; expected NULL (apply them to the merged Z)");
+    if ((s = mha_refuse_bf16_matmul(opt, "mha_attend_lse"))) return s;
     const size_t nq = (size_t)B * T * c.n_heads * c.d_k, nk = (size_t)B * S * c.n_kv_heads * c.d_k,
                  nv = (size_t)B * S * c.n_kv_heads * c.d_v, nz = (size_t)B * T * c.n_heads * c.d_v;
     if ((s = mha_check_finite(q, nq, "q")) || (s = mha_check_finite(k, nk, "k")) ||

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/bf16.h"
 #include "core/variants.h"
 #include "forward/forward.h"
 
@@ -18,6 +19,14 @@ void mha_linear_double(double *out, const float *in, const float *w, const float
             for (int i = 0; i < k; i++) acc += (double)in[t * k + i] * w[(size_t)i * n + o];
             out[t * n + o] = acc;
         }
+}
+
+/* options.bf16_matmul: a projection's input rounded to bf16 (n values;
+ * forward validation has checked that they round to finite ones). */
+static float *bf16_copy(const float *src, size_t n) {
+    float *r = malloc(n * sizeof(float));
+    for (size_t i = 0; r && i < n; i++) r[i] = mha_bf16_round(src[i]);
+    return r;
 }
 
 /* The interventions of mha.h applied to head r's block of z (rows, h*d). */
@@ -133,9 +142,20 @@ mha_status mha_forward_reference_lse(const mha_layer *L, float *y, const mha_cap
     double *k = calloc((size_t)B * Sx * kw, sizeof(double));   // (B,Sx,h_kv*d_k)
     double *v = calloc((size_t)B * Sx * vw, sizeof(double));   // (B,Sx,h_kv*d_v)
     double *z = malloc((size_t)B * T * zw * sizeof(double));   // (B,T,h*d_v)
-    if (!q || !k || !v || !z) {
-        free(q), free(k), free(v), free(z);
+    /* bf16 projections: x, k_src, v_src rounded (each source once) */
+    const int bf16 = opt->bf16_matmul;
+    float *xr = bf16 ? bf16_copy(x, (size_t)B * T * D) : NULL;                                 // (B,T,d_model)
+    float *kr = bf16 && k_src != x ? bf16_copy(k_src, (size_t)B * S * c->d_kv_in) : NULL;     // (B,S,d_kv_in)
+    float *vr = bf16 && v_src != x && v_src != k_src ? bf16_copy(v_src, (size_t)B * S * c->d_v_in) : NULL;
+    if (!q || !k || !v || !z || (bf16 && (!xr || (k_src != x && !kr) || (v_src != x && v_src != k_src && !vr)))) {
+        free(q), free(k), free(v), free(z), free(xr), free(kr), free(vr);
         return mha_fail(MHA_E_NOMEM, "reference forward: no memory for Q, K, V, Z (B=%d T=%d S=%d)", B, T, S);
+    }
+    const int keys_are_x = k_src == x;
+    if (bf16) {
+        const float *ks = k_src == x ? xr : kr;
+        v_src = v_src == x ? xr : v_src == k_src ? ks : vr;
+        k_src = ks, x = xr;
     }
 
     // --- projections: Q = X W_Q + b_Q; K = Xk W_K + b_K; V = Xv W_V + b_V; extra rows
@@ -152,12 +172,13 @@ mha_status mha_forward_reference_lse(const mha_layer *L, float *y, const mha_cap
     }
 
     // --- today's variants on q and k: QK-norm, then RoPE (extra keys never coexist with them)
-    mha_qk_transform_double(q, c, B, T, h, L->q_norm, opt, 0, k_src == x, T);
-    mha_qk_transform_double(k, c, B, S, h_kv, L->k_norm, opt, 1, k_src == x, T);
+    mha_qk_transform_double(q, c, B, T, h, L->q_norm, opt, 0, keys_are_x, T);
+    mha_qk_transform_double(k, c, B, S, h_kv, L->k_norm, opt, 1, keys_are_x, T);
 
     // --- attention: Z^(r) = softmax(softcap(scale * Q^(r) K^(g)^T) + alibi + mask, sink) V^(g)
-    const mha_head_terms ht = {L->alibi_slopes, L->sinks, k_src == x};
+    const mha_head_terms ht = {L->alibi_slopes, L->sinks, keys_are_x};
     mha_status s = mha_attend_reference(c, &ht, z, cap ? cap->probs : NULL, lse, q, k, v, B, T, S, opt);
+    free(xr), free(kr), free(vr);
     if (s) {
         free(q), free(k), free(v), free(z);
         return s;
@@ -169,6 +190,16 @@ mha_status mha_forward_reference_lse(const mha_layer *L, float *y, const mha_cap
         intervene_double(z, &opt->interventions[r], r, h, rows, d_v);
     if (cap && cap->z)
         for (size_t i = 0; i < rows * zw; i++) cap->z[i] = (float)z[i];
+    /* bf16 projections: W_O reads Z as fp32 rounded to bf16 */
+    for (size_t i = 0; bf16 && i < rows * zw; i++) {
+        const float zf = (float)z[i];
+        if (!(fabsf(zf) <= MHA_BF16_ROUNDS_FINITE) && !isnan(zf)) {
+            free(q), free(k), free(v), free(z);
+            return mha_fail(MHA_E_NONFINITE, "reference forward: Z[%zu] = %g rounds to infinity in bf16 "
+                            "(options.bf16_matmul=1); expected |Z| < 0x1.ffp127", i, (double)zf);
+        }
+        z[i] = mha_bf16_round(zf);
+    }
 
     // --- output projection: Y = Z W_O + b_O = sum_r Z^(r) W_O[r] + b_O
     for (size_t t = 0; t < rows; t++)

@@ -71,7 +71,8 @@ mha_status mha_forward_train(const mha_layer *L, float *y, mha_tape **tape, cons
     if (!tape) return mha_fail(MHA_E_ARG, "mha_forward_train: tape is NULL; expected where to put an mha_tape *");
     *tape = NULL;
     mha_options defaults;
-    mha_status s = mha_forward_request(L, y, x, &k_src, &v_src, &opt, &defaults, B, T, S);
+    mha_status s = mha_refuse_bf16_matmul(opt, "mha_forward_train");
+    if (!s) s = mha_forward_request(L, y, x, &k_src, &v_src, &opt, &defaults, B, T, S);
     if (s) return s;
     mha_exec ex;
     if ((s = mha_exec_resolve(&ex, NULL))) return s;
@@ -102,7 +103,7 @@ mha_status mha_forward_train(const mha_layer *L, float *y, mha_tape **tape, cons
     for (int r = 0; za && r < c->n_heads && !s; r++)
         s = mha_head_intervene(za, &opt->interventions[r], r, c->n_heads, (int)rows, c->d_v);
     const mha_dst out = {MHA_DST_ROWS, y, (size_t)c->d_model, 0, 0, 0, 0};
-    const mha_gemm_args g = {&out, za ? za : t->saved.z, zw, (int)rows, &L->fast->o, 0, 1, 0, (int)zw, 1};
+    const mha_gemm_args g = {&out, za ? za : t->saved.z, zw, (int)rows, &L->fast->o, 0, 1, 0, (int)zw, 1, 0};
     if (s || (s = mha_gemm(&g, mha_exec_prefill(&ex), ex.n_threads)) ||
         (s = check_y(y, rows * c->d_model)))
         goto fail;

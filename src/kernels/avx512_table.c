@@ -2,7 +2,8 @@
  * avx512_gemm.c, avx512_attention.c (with the ALiBi tile and the query
  * packing), avx512_exp.c and avx512_softcap.c, with the 12x32 tile, the
  * input packing and the transposed store for the projection driver,
- * and avx512_range.c's range check.
+ * avx512_range.c's range check, and avx512_amx.c's bf16 tiles (used
+ * only after mha_cpu_has_amx_bf16()).
  * Data only; used after mha_cpu_has_avx512(). */
 #include "kernels/kernels.h"
 
@@ -23,4 +24,8 @@ const mha_kernels mha_kernels_avx512 = {
     .store_t16 = mha_store_t16_avx512,
     .key_norm_max = mha_key_norm_max_avx512,
     .all_within = mha_all_within_avx512,
+    .amx_begin = mha_amx_begin_avx512,
+    .amx_end = mha_amx_end_avx512,
+    .amx_pack_rows = mha_amx_pack_rows_avx512,
+    .amx_tile = mha_amx_tile_avx512,
 };

@@ -11,6 +11,10 @@
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
 #endif
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 #include "base/internal.h"
 #include "kernels/kernels.h"
@@ -21,6 +25,7 @@ const mha_kernels mha_kernels_avx2 = {
     6, 1, NULL, /* the driver tiles with sgemm_6x16 */
     NULL, NULL, /* and packs and stores K^T with its portable loops */
     mha_key_norm_max_avx2, mha_all_within_avx2,
+    NULL, NULL, NULL, NULL, /* no AMX: bf16 projections round the fp32 kernels' input */
 };
 
 /* ------------------------------------------------------------ the CPU */
@@ -116,6 +121,30 @@ static _Atomic int forced_sweep = -1, probed_sweep = -1;
 void mha_force_row_sweep(int sweep) { atomic_store(&forced_sweep, sweep); }
 
 int mha_cpu_row_sweep(void) { return mha_probed_once(&forced_sweep, &probed_sweep, cpu_sweeps_rows); }
+
+/* AMX-BF16 for options.bf16_matmul: CPUID leaf 7 EDX bits 22 (AMX-BF16)
+ * and 24 (AMX-TILE), XCR0 bits 17-18 (tile configuration and data saved),
+ * then Linux's permission to use tile data (a process-wide request; the
+ * instructions fault without it). */
+static int cpu_amx_bf16(void) {
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__linux__)
+    unsigned a, b, c, d;
+    if (!mha_cpu_has_avx512() || !__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
+    if (((d >> 22) & 1) == 0 || ((d >> 24) & 1) == 0) return 0;
+    unsigned xlo, xhi;
+    __asm__ volatile("xgetbv" : "=a"(xlo), "=d"(xhi) : "c"(0));
+    if ((xlo & (3u << 17)) != (3u << 17)) return 0;
+    return syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) == 0;
+#else
+    return 0;
+#endif
+}
+
+static _Atomic int forced_amx = -1, probed_amx = -1;
+
+void mha_force_amx(int on) { atomic_store(&forced_amx, on > 0 ? -1 : on); }
+
+int mha_cpu_has_amx_bf16(void) { return mha_probed_once(&forced_amx, &probed_amx, cpu_amx_bf16); }
 
 static int always(void) { return 1; }
 

@@ -11,6 +11,7 @@
 #define MHA_KERNELS_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "mha.h"
 #include "kernels/decode_kernels.h"
@@ -121,6 +122,23 @@ typedef struct mha_kernels {
      * Every table has both. */
     double (*key_norm_max)(const float *kt, int n16, int d_k);
     int (*all_within)(const float *x, size_t n, float limit);
+
+    /* options.bf16_matmul on AMX tiles: the avx512 table's, run only after
+     * mha_cpu_has_amx_bf16(); NULL in the others (the driver then rounds
+     * its packed fp32 input instead). amx_begin / amx_end configure the
+     * calling thread's tiles and release them. amx_pack_rows: out (rows32,
+     * k32) bf16 = rows [0, rows) of a (row stride lda, kn floats each)
+     * rounded to nearest even (base/bf16.h's rounding), zero past kn and
+     * in rows [rows, rows32). amx_tile: c (m, n) = a b (+ bias), m, n <=
+     * 32: a (32, k32) bf16 at row stride lda, b0 / b1 the pair panels
+     * (k32/2, 16, 2) of columns 0-15 / 16-31 (b1 is read even when n <=
+     * 16), bias (n) or NULL. Each element: the fp32 sum of exact bf16
+     * products in TDPBF16PS's order (pairs of k, 32 k a step). */
+    void (*amx_begin)(void);
+    void (*amx_end)(void);
+    void (*amx_pack_rows)(uint16_t *out, const float *a, size_t lda, int rows, int rows32, int kn, int k32);
+    void (*amx_tile)(float *c, size_t ldc, const uint16_t *a, size_t lda, const uint16_t *b0,
+                     const uint16_t *b1, const float *bias, int k32, int m, int n);
 } mha_kernels;
 
 /* The softcap kernel of table k, the scalar one when k has none. */
@@ -175,6 +193,11 @@ void mha_attn_pack_q_avx512(float *dst, const float *src, size_t src_rs, float s
                             int d_k);
 double mha_key_norm_max_avx512(const float *kt, int n16, int d_k);
 int mha_all_within_avx512(const float *x, size_t n, float limit);
+void mha_amx_begin_avx512(void);
+void mha_amx_end_avx512(void);
+void mha_amx_pack_rows_avx512(uint16_t *out, const float *a, size_t lda, int rows, int rows32, int kn, int k32);
+void mha_amx_tile_avx512(float *c, size_t ldc, const uint16_t *a, size_t lda, const uint16_t *b0,
+                         const uint16_t *b1, const float *bias, int k32, int m, int n);
 
 /* ------------------------------------------------------- the chooser */
 
@@ -241,5 +264,13 @@ void mha_force_halves_512(int halves);
  * either way by tests and A/B runs (< 0: by CPUID again): the same bits. */
 int mha_cpu_row_sweep(void);
 void mha_force_row_sweep(int sweep);
+/* 1 when the avx512 table may run its AMX-BF16 entries: AVX-512, CPUID
+ * AMX-TILE and AMX-BF16, tile state saved (XCR0 bits 17-18) and the
+ * kernel's permission for it granted (Linux: arch_prctl
+ * ARCH_REQ_XCOMP_PERM, asked once). Tests and A/B runs force it off (0)
+ * to run the rounded fp32 kernels instead; 1 is honored only where the
+ * CPU has it; < 0: by the probe again. */
+int mha_cpu_has_amx_bf16(void);
+void mha_force_amx(int on);
 
 #endif /* MHA_KERNELS_H */

@@ -126,4 +126,5 @@ static int all_within_scalar(const float *x, size_t n, float limit) {
 const mha_kernels mha_kernels_scalar = {
     "scalar", sgemm_scalar_6x16, scores_scalar, softmax_scalar, pv_scalar, vexp_scalar, softcap_scalar,
     alibi_scalar, pack_q_scalar, 6, 1, NULL, NULL, NULL, key_norm_max_scalar, all_within_scalar,
+    NULL, NULL, NULL, NULL, /* no AMX */
 };

@@ -94,3 +94,73 @@ def test_cli_convert_and_run(tmp_path):
         want = mha.Layer.load(src)
         want.convert_weights(dt)
         np.testing.assert_array_equal(np.load(tmp_path / f), want.forward(x))
+
+
+def numpy_bf16_forward(w, x, h, causal):
+    """options.bf16_matmul by hand: x and Z rounded to bf16 (numpy's own
+    rounding above), the weights bf16 already, projections and attention
+    in float64, Z as float32 before its rounding."""
+    xr = bf16(x).astype(np.float64)
+    q = xr @ w["w_q"] + w["b_q"]
+    k = xr @ w["w_k"] + w["b_k"]
+    v = xr @ w["w_v"] + w["b_v"]
+    B, T, _ = x.shape
+    dk, dv = q.shape[-1] // h, v.shape[-1] // h
+    z = np.empty((B, T, h * dv))
+    for r in range(h):
+        s = q[..., r * dk:(r + 1) * dk] @ k[..., r * dk:(r + 1) * dk].transpose(0, 2, 1) / np.sqrt(dk)
+        if causal:
+            s = np.where(np.tril(np.ones((T, T), bool)), s, -np.inf)
+        p = np.exp(s - s.max(-1, keepdims=True))
+        z[..., r * dv:(r + 1) * dv] = (p / p.sum(-1, keepdims=True)) @ v[..., r * dv:(r + 1) * dv]
+    zr = bf16(z.astype(np.float32)).astype(np.float64)
+    return zr @ w["w_o"] + w["b_o"], z
+
+
+@pytest.mark.parametrize("path", ["reference", "fast"])
+def test_bf16_matmul_against_numpy(path):
+    rng = np.random.default_rng(12)
+    layer, _, _ = random_layer(rng, d_model=40, n_heads=4)
+    layer.convert_weights("bf16")
+    w = layer.weights()
+    x = rng.standard_normal((2, 9, 40)).astype(np.float32)
+    x[..., 3::11] *= 9.0  # outlier channels
+    y = layer.forward(x, causal=True, path=path, bf16_matmul=True)
+    want, z = numpy_bf16_forward(w, x, 4, causal=True)
+    # Z may land on the other bf16 neighbour where float32 sums differ in the last bit
+    flips = 4 * 2.0 ** -8 * np.abs(z).max() * np.abs(w["w_o"]).max()
+    assert np.abs(y - want).max() <= flips + 1e-5 * np.abs(want).max()
+    # the option changes the numbers: fp32 projections differ by more than that
+    y32 = layer.forward(x, causal=True, path=path)
+    assert np.abs(y32 - want).max() > 1e-3
+
+
+def test_bf16_matmul_refusals():
+    rng = np.random.default_rng(13)
+    layer, _, _ = random_layer(rng, d_model=16, n_heads=2)
+    x = rng.standard_normal((1, 3, 16)).astype(np.float32)
+    with pytest.raises(mha.ArgumentError, match="bf16 weights"):
+        layer.forward(x, bf16_matmul=True)
+    with pytest.raises(mha.ArgumentError, match="bf16_matmul"):
+        layer.forward(x, bf16_matmul=3)
+
+
+def test_cli_bf16_matmul(tmp_path):
+    if not os.path.exists(MHA_BIN):
+        pytest.skip("build/mha is not built")
+    rng = np.random.default_rng(14)
+    layer, _, _ = random_layer(rng, d_model=32, n_heads=4)
+    src = tmp_path / "a.safetensors"
+    layer.save(src)
+    x = rng.standard_normal((1, 7, 32)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    subprocess.run([MHA_BIN, "run", "--weights", str(src), "--input", str(tmp_path / "x.npy"), "--output",
+                    str(tmp_path / "y.npy"), "--weights-dtype", "bf16", "--bf16-matmul"], check=True,
+                   capture_output=True)
+    want = mha.Layer.load(src)
+    want.convert_weights("bf16")
+    np.testing.assert_array_equal(np.load(tmp_path / "y.npy"), want.forward(x, bf16_matmul=True))
+    # fp32 weights: refused, naming the fix, and no output written
+    r = subprocess.run([MHA_BIN, "run", "--weights", str(src), "--input", str(tmp_path / "x.npy"), "--output",
+                        str(tmp_path / "y2.npy"), "--bf16-matmul"], capture_output=True, text=True)
+    assert r.returncode != 0 and "bf16 weights" in r.stderr and not (tmp_path / "y2.npy").exists()

@@ -1,0 +1,234 @@
+/* test_bf16_matmul.c — options.bf16_matmul: projections on bf16 inputs.
+ *
+ * The reference is checked against numbers built here: the inputs rounded
+ * to bf16 by frexp/nearbyint (not the library's integer rounding), the
+ * reference's fp32 forward on them for Z, Z rounded the same way, and
+ * Y = Z W_O + b_O summed in double by the test. The fast path (AMX tiles
+ * where the CPU has them, else the fp32 kernels on rounded inputs) is
+ * checked against the reference on every ISA: Q, K, V differ only by the
+ * order of fp32 sums of exact products; Z may round to the other bf16
+ * neighbour where fast and reference Z differ in their last fp32 bit, so
+ * Y is held to a few such flips (2^-8 |Z| |W_O| each) and to the fp32
+ * order error. Refusals: fp32 weights, bad values, inputs bf16 cannot
+ * hold, and the entries that have no bf16 projections.
+ * Legend: B batch, T queries, S keys, D = d_model, h heads. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "compute/gemm.h"
+#include "kernels/kernels.h"
+#include "naive.h"
+#include "test_util.h"
+#include "tests.h"
+
+/* x rounded to bfloat16 (8 significant bits), ties to even. */
+static float bf16_of(float x) {
+    if (x == 0.0f) return x;
+    int e;
+    const double m = frexp((double)x, &e);
+    return (float)ldexp(nearbyint(ldexp(m, 8)), e - 8);
+}
+
+static float *rounded(const float *x, size_t n) {
+    float *r = naive_alloc_floats(n);
+    for (size_t i = 0; i < n; i++) r[i] = bf16_of(x[i]);
+    return r;
+}
+
+/* Activations with outlier channels (every 11th x9). */
+static float *activations(size_t rows, int width, uint64_t *seed) {
+    float *x = naive_random_floats(rows * width, seed, -1.0f, 1.0f);
+    for (size_t r = 0; r < rows; r++)
+        for (int c = 3; c < width; c += 11) x[r * width + c] *= 9.0f;
+    return x;
+}
+
+/* A bf16 layer of config c (random weights; the bf16 values in *w). */
+static mha_layer *bf16_layer(naive_weights *w, mha_config c, uint64_t seed) {
+    c = naive_resolve(c);
+    naive_weights_random(w, &c, &seed, 0.4f);
+    mha_layer *L = naive_make_layer(w);
+    CHECK_OK(mha_layer_convert_weights(L, MHA_W_BF16));
+    mha_weights v;
+    mha_layer_get_weights(L, &v); /* the rounded weights, for the expected Y */
+    memcpy(w->w_o, v.w_o, sizeof(float) * (size_t)c.n_heads * c.d_v * c.d_model);
+    return L;
+}
+
+static void test_reference(void) {
+    /* cross-attention with a separate value source: all three inputs round */
+    mha_config c = naive_config(24, 3, 3, 8, 6, 1);
+    c.d_kv_in = 20, c.d_v_in = 12;
+    naive_weights w;
+    mha_layer *L = bf16_layer(&w, c, 71);
+    const int B = 2, T = 5, S = 7, D = 24, zw = 3 * 6;
+    uint64_t seed = 5;
+    float *x = activations((size_t)B * T, D, &seed), *kv = activations((size_t)B * S, 20, &seed),
+          *vs = activations((size_t)B * S, 12, &seed);
+    float *xr = rounded(x, (size_t)B * T * D), *kvr = rounded(kv, (size_t)B * S * 20),
+          *vsr = rounded(vs, (size_t)B * S * 12);
+    float *y = naive_alloc_floats((size_t)B * T * D), *y32 = naive_alloc_floats((size_t)B * T * D),
+          *z = naive_alloc_floats((size_t)B * T * zw);
+    mha_options o = naive_ref_options();
+    const mha_capture cap = {.z = z};
+    CHECK_OK(mha_forward_kv(L, y32, &cap, xr, kvr, vsr, B, T, S, &o)); /* fp32 on rounded inputs */
+    o.bf16_matmul = 1;
+    CHECK_OK(mha_forward_kv(L, y, NULL, x, kv, vs, B, T, S, &o));
+    double worst = 0.0, effect = 0.0;
+    for (int t = 0; t < B * T; t++)
+        for (int j = 0; j < D; j++) {
+            double want = w.b_o[j];
+            for (int i = 0; i < zw; i++) want += (double)bf16_of(z[(size_t)t * zw + i]) * w.w_o[(size_t)i * D + j];
+            worst = fmax(worst, fabs(y[(size_t)t * D + j] - want) / (1.0 + fabs(want)));
+            effect = fmax(effect, fabs((double)y32[(size_t)t * D + j] - y[(size_t)t * D + j]));
+        }
+    if (!(worst <= 1e-6)) test_report(__FILE__, __LINE__, "reference bf16 Y off by %.3g (relative) from the hand-built one", worst);
+    CHECK(effect > 1e-4); /* Z's rounding shows in Y */
+    /* the plain fp32 forward on the unrounded inputs differs by more than fp32 noise */
+    o.bf16_matmul = 0;
+    CHECK_OK(mha_forward_kv(L, y32, NULL, x, kv, vs, B, T, S, &o));
+    CHECK(test_max_abs_diff(y, y32, (size_t)B * T * D) > 1e-3);
+    mha_layer_free(L), naive_weights_free(&w);
+    free(x), free(kv), free(vs), free(xr), free(kvr), free(vsr), free(y), free(y32), free(z);
+}
+
+static void test_refusals(void) {
+    naive_weights w;
+    mha_config c = naive_config(16, 2, 2, 0, 0, 1);
+    mha_layer *L = bf16_layer(&w, c, 3);
+    mha_layer *F = naive_make_layer(&w); /* fp32 weights */
+    const int B = 1, T = 3, D = 16;
+    uint64_t seed = 9;
+    float *x = activations((size_t)B * T, D, &seed), *y = naive_alloc_floats((size_t)B * T * D);
+    mha_options o = mha_options_default();
+    o.bf16_matmul = 1;
+    CHECK_STATUS(mha_forward(F, y, NULL, x, NULL, B, T, T, &o), MHA_E_ARG);
+    CHECK_ERROR_MENTIONS("bf16 weights");
+    o.bf16_matmul = 2;
+    CHECK_STATUS(mha_forward(L, y, NULL, x, NULL, B, T, T, &o), MHA_E_ARG);
+    CHECK_ERROR_MENTIONS("bf16_matmul=2");
+    o.bf16_matmul = 1;
+    CHECK_OK(mha_forward(L, y, NULL, x, NULL, B, T, T, &o));
+    x[7] = 0x1.ffp127f; /* finite in fp32, infinite in bf16 */
+    CHECK_STATUS(mha_forward(L, y, NULL, x, NULL, B, T, T, &o), MHA_E_NONFINITE);
+    CHECK_ERROR_MENTIONS("x[7]");
+    x[7] = 0x1.fefffep127f; /* the largest that rounds to a finite bf16: accepted by validation */
+    o.path = MHA_PATH_REFERENCE;
+    const mha_status big = mha_forward(L, y, NULL, x, NULL, B, T, T, &o);
+    CHECK(big == MHA_OK || big == MHA_E_NONFINITE); /* its products may overflow later, named */
+    x[7] = 0.5f;
+    /* the entries without bf16 projections */
+    float *g = naive_alloc_floats((size_t)16 * 16);
+    const mha_gradients grad = {.dx = g};
+    CHECK_STATUS(mha_backward(L, &grad, y, x, NULL, B, T, T, &o), MHA_E_UNSUPPORTED);
+    CHECK_ERROR_MENTIONS("bf16_matmul");
+    mha_tape *tape = NULL;
+    CHECK_STATUS(mha_forward_train(L, y, &tape, x, NULL, NULL, B, T, T, &o), MHA_E_UNSUPPORTED);
+    CHECK(tape == NULL);
+    mha_cache *cache = NULL;
+    CHECK_OK(mha_cache_create(&cache, L, B, 8, MHA_CACHE_F32, 0));
+    CHECK_STATUS(mha_forward_cached(L, cache, y, NULL, x, T, NULL, &o), MHA_E_UNSUPPORTED);
+    CHECK_ERROR_MENTIONS("mha_forward_cached");
+    mha_config hc = *mha_layer_config(L);
+    CHECK_STATUS(mha_attend_lse(&hc, y, NULL, x, x, x, 1, 1, 1, &o), MHA_E_UNSUPPORTED);
+    mha_cache_free(cache);
+    mha_layer_free(L), mha_layer_free(F), naive_weights_free(&w);
+    free(x), free(y), free(g);
+}
+
+/* One case on the forced ISA: fast (AMX or not) against the reference. */
+typedef struct {
+    mha_config c;
+    int B, T, S;
+    int cross;    /* 1: kv (and value) sources of their own */
+    int capture;  /* 1: per-head contributions (W_O row blocks: the rounded fp32 kernels) */
+} bcase;
+
+static void run_case(const bcase *k, int amx) {
+    naive_weights w;
+    mha_layer *L = bf16_layer(&w, k->c, 1000u + (uint64_t)k->T);
+    const mha_config *c = mha_layer_config(L);
+    const int B = k->B, T = k->T, S = k->cross ? k->S : k->T, D = c->d_model;
+    uint64_t seed = 77;
+    float *x = activations((size_t)B * T, D, &seed);
+    float *kv = k->cross ? activations((size_t)B * S, c->d_kv_in, &seed) : NULL;
+    float *vs = k->cross ? activations((size_t)B * S, c->d_v_in, &seed) : NULL;
+    const size_t ny = (size_t)B * T * D, nz = (size_t)B * T * c->n_heads * c->d_v;
+    float *yr = naive_alloc_floats(ny), *yf = naive_alloc_floats(ny), *y1 = naive_alloc_floats(ny),
+          *z = naive_alloc_floats(nz), *cr = k->capture ? naive_alloc_floats(ny * c->n_heads) : NULL,
+          *cf = k->capture ? naive_alloc_floats(ny * c->n_heads) : NULL;
+    mha_options o = naive_ref_options();
+    o.bf16_matmul = 1, o.causal = !k->cross;
+    mha_capture cap = {.z = z, .contributions = cr};
+    CHECK_OK(mha_forward_kv(L, yr, &cap, x, kv, vs, B, T, S, &o));
+    double zmax = 0.0, wmax = 0.0;
+    for (size_t i = 0; i < nz; i++) zmax = fmax(zmax, fabs(z[i]));
+    for (size_t i = 0; i < (size_t)c->n_heads * c->d_v * D; i++) wmax = fmax(wmax, fabs(w.w_o[i]));
+    o.path = MHA_PATH_FAST;
+    cap.contributions = cf;
+    const size_t before = mha_gemm_amx_calls();
+    CHECK_OK(mha_forward_kv(L, yf, &cap, x, kv, vs, B, T, S, &o));
+    const size_t ran = mha_gemm_amx_calls() - before;
+    /* AMX ran every whole-K projection (Q|K|V or Q, K, V and Y) when asked, none otherwise */
+    if (amx && ran < 2) test_report(__FILE__, __LINE__, "%zu projections ran on AMX; expected at least 2", ran);
+    if (!amx && ran) test_report(__FILE__, __LINE__, "%zu projections ran on AMX with it off", ran);
+    const double tol = 4.0 * 0x1p-8 * zmax * wmax + 2e-5 * (1.0 + zmax * wmax * c->n_heads * c->d_v);
+    const double err = test_max_abs_diff(yf, yr, ny);
+    if (!(err <= tol))
+        test_report(__FILE__, __LINE__, "%s%s fast Y differs from the reference by %.3g > %.3g (T=%d D=%d)",
+                    mha_kernels_get()->name, amx ? "+amx" : "", err, tol, T, D);
+    if (k->capture) {
+        const double ce = test_max_abs_diff(cf, cr, ny * c->n_heads);
+        if (!(ce <= tol)) test_report(__FILE__, __LINE__, "contributions differ by %.3g > %.3g", ce, tol);
+    }
+    /* each output element is one task's sum: the thread count changes no bit */
+    const int threads = mha_get_num_threads();
+    mha_set_num_threads(threads > 1 ? 1 : 2);
+    CHECK_OK(mha_forward_kv(L, y1, NULL, x, kv, vs, B, T, S, &o));
+    mha_set_num_threads(threads);
+    CHECK(memcmp(y1, yf, ny * sizeof(float)) == 0);
+    mha_layer_free(L), naive_weights_free(&w);
+    free(x), free(kv), free(vs), free(yr), free(yf), free(y1), free(z), free(cr), free(cf);
+}
+
+static void test_fast(void) {
+    bcase cases[5];
+    memset(cases, 0, sizeof cases);
+    /* fused Q|K|V, rows not a multiple of 32 */
+    cases[0] = (bcase){naive_config(64, 4, 4, 0, 0, 1), 2, 37, 0, 0, 0};
+    /* GQA, K = 80 (not a multiple of 32), odd panel counts */
+    cases[1] = (bcase){naive_config(80, 4, 2, 20, 12, 1), 1, 45, 0, 0, 0};
+    /* cross-attention with a value source of its own; several row blocks */
+    cases[2] = (bcase){naive_config(48, 2, 2, 24, 16, 1), 1, 300, 29, 1, 0};
+    cases[2].c.d_kv_in = 40, cases[2].c.d_v_in = 36;
+    /* contributions: W_O's row blocks (k0 > 0) run the rounded fp32 kernels */
+    cases[3] = (bcase){naive_config(32, 2, 2, 0, 0, 0), 2, 19, 0, 0, 1};
+    /* no bias, one row */
+    cases[4] = (bcase){naive_config(96, 3, 1, 0, 0, 0), 1, 1, 0, 0, 0};
+    const int has_amx = mha_kernels_get()->amx_tile && mha_cpu_has_amx_bf16();
+    for (int i = 0; i < 5; i++) {
+        run_case(&cases[i], has_amx);
+        if (!has_amx) continue;
+        mha_force_amx(0); /* the same ISA's fp32 kernels on rounded inputs */
+        run_case(&cases[i], 0);
+        mha_force_amx(-1);
+    }
+}
+
+const test_case *tests_bf16_matmul(size_t *count) {
+    static const test_case cases[] = {
+        {"bf16_matmul_reference", test_reference},
+        {"bf16_matmul_refusals", test_refusals},
+    };
+    *count = sizeof cases / sizeof cases[0];
+    return cases;
+}
+
+const test_case *tests_bf16_matmul_isa(size_t *count) {
+    static const test_case cases[] = {
+        {"bf16_matmul_fast", test_fast},
+    };
+    *count = sizeof cases / sizeof cases[0];
+    return cases;
+}
