@@ -59,6 +59,13 @@ void mha_amx_pack_rows_avx512(uint16_t *out, const float *a, size_t lda, int row
 
 void mha_amx_tile_avx512(float *c, size_t ldc, const uint16_t *a, size_t lda, const uint16_t *b0,
                          const uint16_t *b1, const float *bias, int k32, int m, int n) {
+    /* c's lines are written at the end: ask for them now, so their misses
+     * overlap the products instead of stalling the stores (a 32 x 32 block
+     * of a large Y touches 32 rows far apart) */
+    for (int i = 0; i < m; i++) {
+        __builtin_prefetch(c + (size_t)i * ldc, 1, 3);
+        if (n > 16) __builtin_prefetch(c + (size_t)i * ldc + 16, 1, 3);
+    }
     _tile_zero(0);
     _tile_zero(1);
     _tile_zero(2);
