@@ -216,6 +216,59 @@ static void test_fast(void) {
     }
 }
 
+/* mha_gemm with bf16 = 1 against double sums of the rounded input: the
+ * only difference is fp32's order of the exact products, <= K 2^-24
+ * sum|a w| per element; without the input's rounding the sums move by
+ * up to 2^-9 sum|a w|, which the second check requires to show. */
+static void test_gemm(void) {
+    enum { M = 45, K = 80, N0 = 40, N1 = 24 };
+    uint64_t seed = 17;
+    float *a = activations(M, K, &seed);
+    float *w0 = naive_random_floats((size_t)K * N0, &seed, -0.5f, 0.5f), *w1 = naive_random_floats((size_t)K * N1, &seed, -0.5f, 0.5f);
+    float *b0 = naive_random_floats(N0, &seed, -1.0f, 1.0f);
+    for (int i = 0; i < K * N0; i++) w0[i] = bf16_of(w0[i]);
+    for (int i = 0; i < K * N1; i++) w1[i] = bf16_of(w1[i]);
+    const float *ws[2] = {w0, w1}, *bs[2] = {b0, NULL};
+    const int cols[2] = {N0, N1};
+    mha_packed p;
+    CHECK_OK(mha_pack(&p, K, 2, ws, bs, cols));
+    const int amx = mha_kernels_get()->amx_tile && mha_cpu_has_amx_bf16();
+    if (amx) CHECK_OK(mha_pack_bf16_pairs(&p));
+    float *y0 = naive_alloc_floats((size_t)M * N0), *y1 = naive_alloc_floats((size_t)M * N1);
+    const mha_dst dst[2] = {{MHA_DST_ROWS, y0, N0, 0, 0, 0, 0}, {MHA_DST_ROWS, y1, N1, 0, 0, 0, 0}};
+    const mha_gemm_args g = {dst, a, K, M, &p, 0, 2, 0, K, 1, 1};
+    for (int pass = 0; pass <= amx; pass++) { /* with AMX where the CPU has it, then without */
+        const int on = amx && pass == 0;
+        mha_force_amx(on ? -1 : 0);
+        memset(y0, 0, sizeof(float) * M * N0), memset(y1, 0, sizeof(float) * M * N1);
+        const size_t before = mha_gemm_amx_calls();
+        CHECK_OK(mha_gemm(&g, mha_kernels_get(), 2));
+        CHECK_INT(mha_gemm_amx_calls() - before, on);
+        double worst = 0.0, moved = 0.0; /* in units of the element's bound */
+        for (int s = 0; s < 2; s++)
+            for (int m = 0; m < M; m++)
+                for (int n = 0; n < cols[s]; n++) {
+                    const float *w = ws[s];
+                    double want = bs[s] ? bs[s][n] : 0.0, plain = want, mag = fabs(want);
+                    for (int k = 0; k < K; k++) {
+                        want += (double)bf16_of(a[m * K + k]) * w[k * cols[s] + n];
+                        plain += (double)a[m * K + k] * w[k * cols[s] + n];
+                        mag += fabs((double)a[m * K + k] * w[k * cols[s] + n]);
+                    }
+                    const double got = (s ? y1 : y0)[m * cols[s] + n], bound = K * 0x1p-24 * mag + 1e-30;
+                    worst = fmax(worst, fabs(got - want) / bound);
+                    moved = fmax(moved, fabs(plain - want) / bound);
+                }
+        if (!(worst <= 1.0))
+            test_report(__FILE__, __LINE__, "%s%s: bf16 GEMM off by %.3g of its fp32 bound", mha_kernels_get()->name,
+                        on ? "+amx" : "", worst);
+        CHECK(moved > 4.0); /* the rounding is visible at this bound */
+    }
+    mha_force_amx(-1);
+    mha_packed_free(&p);
+    free(a), free(w0), free(w1), free(b0), free(y0), free(y1);
+}
+
 const test_case *tests_bf16_matmul(size_t *count) {
     static const test_case cases[] = {
         {"bf16_matmul_reference", test_reference},
@@ -227,6 +280,7 @@ const test_case *tests_bf16_matmul(size_t *count) {
 
 const test_case *tests_bf16_matmul_isa(size_t *count) {
     static const test_case cases[] = {
+        {"bf16_matmul_gemm", test_gemm},
         {"bf16_matmul_fast", test_fast},
     };
     *count = sizeof cases / sizeof cases[0];
