@@ -213,6 +213,7 @@ fuzz: $(SETUP_TEST)
 BENCH_OBJ = $(BENCH_SRC:%.c=$(BUILD)/%.o)
 $(BUILD)/bench/machine_avx2.o: CFLAGS += -mavx2 -mfma
 $(BUILD)/bench/machine_avx512.o: CFLAGS += -mavx512f
+$(BUILD)/bench/machine_amx.o: CFLAGS += -mamx-tile -mamx-bf16
 $(BENCH_OBJ): $(wildcard bench/*.h) | $(SETUP_TEST)
 $(BUILD)/bench_mha: $(BENCH_OBJ) $(BUILD)/libmha.a
 	$(CC) $(CFLAGS) -o $@ $(BENCH_OBJ) $(BUILD)/libmha.a $(LDLIBS) -lopenblas

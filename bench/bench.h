@@ -59,6 +59,9 @@ double bench_fma_peak_avx512(int threads, long iters, int reps, double *median_o
  * GFLOP/s per CPU-second of each of `threads` threads, times threads, so
  * that time other processes take from the cores does not count. */
 double bench_fma_peak_avx512_cpu(int threads);
+/* machine_amx.c: GFLOP/s of TDPBF16PS (AMX-BF16) on that many threads;
+ * 0 where the CPU or the OS has no AMX. */
+double bench_amx_peak_bf16(int threads, long iters, int reps, double *median_out);
 /* The timing loop both share (bench_util.c, built without ISA flags, so the
  * chains come as a pointer from the file built with them): GFLOP/s of
  * `threads` threads each running chains(iters), flops_per_iter flops per
@@ -91,6 +94,8 @@ typedef struct {
     int mha;        /* 1: time mha_forward and the fast path's parts         */
     const char *dump; /* non-NULL: write weights, inputs and mha_forward's
                          output there as raw float32 (for the ORT peer)  */
+    int bf16;         /* 1: bf16 weights and options.bf16_matmul (AMX where
+                         the CPU has it), mha_forward alone: impl=mha_bf16 */
 } bench_prefill_cfg;
 
 int bench_prefill(const bench_prefill_cfg *c);

@@ -73,15 +73,15 @@ int bench_fast_init(bench_fast *f, const bench_prefill_cfg *c, const mha_weights
     bench_gemm_case *g = f->gemm;
     if (!c->cross) {
         *g++ = (bench_gemm_case){"qkv", rows, D, cols[0] + cols[1] + cols[2],
-                                 {f->dst, x, (size_t)D, rows, &f->qkv, 0, 3, 0, D, 1}, kern, nt};
+                                 {f->dst, x, (size_t)D, rows, &f->qkv, 0, 3, 0, D, 1, 0}, kern, nt};
     } else {
-        *g++ = (bench_gemm_case){"q", rows, D, cols[0], {f->dst, x, (size_t)D, rows, &f->qkv, 0, 1, 0, D, 1},
+        *g++ = (bench_gemm_case){"q", rows, D, cols[0], {f->dst, x, (size_t)D, rows, &f->qkv, 0, 1, 0, D, 1, 0},
                                  kern, nt};
         *g++ = (bench_gemm_case){"kv", B * S, D, cols[1] + cols[2],
-                                 {f->dst + 1, kv, (size_t)D, B * S, &f->qkv, 1, 3, 0, D, 1}, kern, nt};
+                                 {f->dst + 1, kv, (size_t)D, B * S, &f->qkv, 1, 3, 0, D, 1, 0}, kern, nt};
     }
     *g++ = (bench_gemm_case){"o", rows, h * d_v, D,
-                             {&f->out, f->z, (size_t)h * d_v, rows, &f->o, 0, 1, 0, h * d_v, 1}, kern, nt};
+                             {&f->out, f->z, (size_t)h * d_v, rows, &f->o, 0, 1, 0, h * d_v, 1, 0}, kern, nt};
     f->n_gemm = (int)(g - f->gemm);
     return 0;
 }

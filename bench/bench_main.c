@@ -8,6 +8,8 @@
  *                     [--mha-only | --gemm-only (mha_gemm paired with OpenBLAS
  *                     sgemm; --reps: rounds)]
  *                     [--dump DIR (weights, inputs, output as raw float32)]
+ *                     [--bf16 (bf16 weights, options.bf16_matmul: the layer
+ *                     alone, impl=mha_bf16)]
  *
  * OpenBLAS's thread pool starts when the binary loads and its idle threads
  * compete with libmha's OpenMP threads on 2 cores (a 5-step decode ran
@@ -36,7 +38,7 @@ static void usage(void) {
             "  common:  --threads N (default 2)\n"
             "  machine: --fma-iters N --stream-mib 64,256,1024\n"
             "  prefill: --name NAME --B --T [--S] --d --h [--causal] [--reps] [--budget]\n"
-            "           [--mha-only | --gemm-only] [--dump DIR]\n"
+            "           [--mha-only | --gemm-only] [--dump DIR] [--bf16]\n"
             "  decode:  --d --h --h-kv --d-head --L [--B] [--fp16|--int8] [--v-fp16] [--weights f32|bf16|int8] [--steps] [--cold-rounds]\n");
     exit(2);
 }
@@ -77,6 +79,11 @@ static int cmd_machine(int argc, char **argv, int threads) {
         printf("RESULT kind=machine key=fma_avx512 threads=%d best_gflops=%.2f median_gflops=%.2f\n",
                threads, best, med);
     fflush(stdout);
+    best = bench_amx_peak_bf16(threads, iters / 32, 7, &med); /* one iteration: 64x the FMA loop's flops */
+    if (best > 0)
+        printf("RESULT kind=machine key=amx_bf16 threads=%d best_gflops=%.2f median_gflops=%.2f\n",
+               threads, best, med);
+    fflush(stdout);
     char buf[256];
     snprintf(buf, sizeof buf, "%s", mibs);
     for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
@@ -92,7 +99,7 @@ static int cmd_machine(int argc, char **argv, int threads) {
 }
 
 static int cmd_prefill(int argc, char **argv, int threads) {
-    bench_prefill_cfg c = {"custom", 1, 0, 0, 0, 0, 0, 0, 7, 20.0, threads, 1, 1, NULL};
+    bench_prefill_cfg c = {"custom", 1, 0, 0, 0, 0, 0, 0, 7, 20.0, threads, 1, 1, NULL, 0};
     for (int i = 2; i < argc; i++) {
         if (!strcmp(argv[i], "--threads")) c.threads = opt_int(argc, argv, &i);
         else if (!strcmp(argv[i], "--name")) c.name = opt_value(argc, argv, &i);
@@ -107,6 +114,7 @@ static int cmd_prefill(int argc, char **argv, int threads) {
         else if (!strcmp(argv[i], "--gemm-only")) c.mha = 0;
         else if (!strcmp(argv[i], "--mha-only")) c.blas = 0;
         else if (!strcmp(argv[i], "--dump")) c.dump = opt_value(argc, argv, &i);
+        else if (!strcmp(argv[i], "--bf16")) c.bf16 = 1, c.blas = 0;
         else usage();
     }
     if (c.B < 1 || c.T < 1 || c.d_model < 1 || c.h < 1 || (c.cross && c.S < 1)) usage();

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "bench.h"
+#include "kernels/kernels.h"
 #include "mha.h"
 
 /* ------------------------------------------------------- mha_forward */
@@ -62,14 +63,17 @@ static void bench_forward(const bench_prefill_cfg *c, const mha_weights *w, cons
     mha_set_num_threads(c->threads);
     mha_layer *layer = NULL;
     mha_status st = mha_layer_create(&layer, &cfg, w);
-    printf("RESULT kind=prefill impl=mha name=%s B=%d T=%d S=%d d_model=%d h=%d causal=%d cross=%d",
-           c->name, c->B, c->T, S, d, c->h, c->causal, c->cross);
+    if (!st && c->bf16) st = mha_layer_convert_weights(layer, MHA_W_BF16);
+    printf("RESULT kind=prefill impl=%s name=%s B=%d T=%d S=%d d_model=%d h=%d causal=%d cross=%d",
+           c->bf16 ? "mha_bf16" : "mha", c->name, c->B, c->T, S, d, c->h, c->causal, c->cross);
+    if (c->bf16) printf(" amx=%d", mha_cpu_has_amx_bf16());
     if (st != MHA_OK) {
         print_error(mha_last_error());
         printf(" status=%d\n", (int)st);
     } else {
         mha_options opt = mha_options_default();
         opt.causal = c->causal;
+        opt.bf16_matmul = c->bf16;
         forward_job j = {layer, y, x, kv, c->B, c->T, S, &opt, MHA_OK};
         const char *path = auto_path(&j);
         double t[256];
@@ -146,12 +150,12 @@ int bench_prefill(const bench_prefill_cfg *c) {
     if (kv) bench_fill(kv, (size_t)c->B * S * d, &seed, -1.0f, 1.0f);
 
     if (c->mha) bench_forward(c, &w, x, kv, y);
-    if (c->mha && c->dump) dump_case(c, &w, x, kv, y);
+    if (c->mha && c->dump && !c->bf16) dump_case(c, &w, x, kv, y);
 
     if (c->blas && bench_gemm_paired(c, &w, x, kv))
         printf("RESULT kind=gemm_pair name=%s error=\"%s\"\n", c->name, mha_last_error());
 
-    if (c->mha && bench_fast_parts(c, &w, x, kv))
+    if (c->mha && !c->bf16 && bench_fast_parts(c, &w, x, kv))
         printf("RESULT kind=attn_only impl=mha name=%s error=\"%s\"\n", c->name, mha_last_error());
 
     free(w_q); free(w_k); free(w_v); free(w_o);

@@ -80,10 +80,12 @@ def cmd_prefill(args):
     m = nn.MultiheadAttention(d, h, bias=True, batch_first=True).eval()
     x = torch.rand(B, T, d) * 2 - 1
     kv = torch.rand(B, S, d) * 2 - 1 if cross else x
+    if args.bf16:  # a bf16 model (weights, activations, outputs): oneDNN's bf16 kernels, AMX where the CPU has it
+        m, x, kv = m.to(torch.bfloat16), x.to(torch.bfloat16), kv.to(torch.bfloat16)
     kwargs = {"need_weights": False}
     if args.causal:
         # top-left alignment, as mha's default (same as bottom-right when S == T)
-        kwargs["attn_mask"] = torch.triu(torch.full((T, S), float("-inf")), diagonal=1)
+        kwargs["attn_mask"] = torch.triu(torch.full((T, S), float("-inf")), diagonal=1).to(x.dtype)
         if "is_causal" in inspect.signature(m.forward).parameters:
             kwargs["is_causal"] = True
 
@@ -96,7 +98,7 @@ def cmd_prefill(args):
     nonfinite = int((~torch.isfinite(y)).sum())
     native = used_native_mha(run)
     times = repeat(run, args.reps, args.budget)
-    print(f"RESULT kind=prefill impl=torch name={args.name} B={B} T={T} S={S} d_model={d} h={h} "
+    print(f"RESULT kind=prefill impl={'torch_bf16' if args.bf16 else 'torch'} name={args.name} B={B} T={T} S={S} d_model={d} h={h} "
           f"causal={int(args.causal)} cross={int(cross)} {times_fields('', times)} "
           f"nonfinite={nonfinite} torch_path={'native_mha' if native else 'composite'} "
           f"threads={torch.get_num_threads()} omp_wait={omp_wait()}")
@@ -250,6 +252,7 @@ def main():
         p.add_argument("--" + k, type=int, required=True)
     p.add_argument("--S", type=int, default=None)
     p.add_argument("--causal", action="store_true")
+    p.add_argument("--bf16", action="store_true", help="the module and inputs in bfloat16 (impl=torch_bf16)")
     p.add_argument("--reps", type=int, default=7)
     p.add_argument("--budget", type=float, default=20.0)
     p = sub.add_parser("backward")

@@ -313,6 +313,40 @@ def flops_prefill(r):
     return proj, attn
 
 
+def bf16_prefill_table(rows, peak_isa, amx_peak, notes):
+    """Prefill with bf16 weights and options.bf16_matmul (AMX where the CPU
+    has it) against libmha's fp32 layer, PyTorch's bf16 module and, for
+    scale, the fp32 peers. Roofline: the projections' FLOPs at the AMX
+    peak (the FMA peak without AMX) plus attention's at the FMA peak."""
+    body = []
+    for name in ("P1", "P2", "P3"):
+        b = one(rows, kind="prefill", impl="mha_bf16", name=name)
+        if not b:
+            continue
+        if "error" in b:
+            notes.append(f"{name}: bf16 prefill failed: {b['error']}")
+            continue
+        proj_f, attn_f = flops_prefill(b)
+        tb = med(times_of(rows, kind="prefill", impl="mha_bf16", name=name))
+        tm = med(times_of(rows, kind="prefill", impl="mha", name=name))
+        ttb = med(times_of(rows, kind="prefill", impl="torch_bf16", name=name))
+        tt, _ = best_torch_times(rows, name)
+        tt = med(tt)
+        to = med(times_of(rows, kind="prefill", impl="ort", name=name))
+        amx = b.get("amx") == "1"
+        proj_peak = amx_peak if amx and amx_peak else peak_isa
+        lroof = (proj_f / (proj_peak * 1e9) + attn_f / (peak_isa * 1e9)) if proj_peak and peak_isa else None
+        body.append([name, "AMX" if amx else "fp32 kernels", fmt_ms(tm), fmt_ms(tb),
+                     fmt(tm / tb if tm and tb else None, ".2f", suffix="x"), fmt_ms(lroof),
+                     fmt(lroof / tb * 100 if lroof and tb else None, ".0f", suffix="%"),
+                     fmt_ms(ttb), fmt(ttb / tb if ttb and tb else None, ".2f"),
+                     fmt(tt / tb if tt and tb else None, ".2f"), fmt(to / tb if to and tb else None, ".2f")])
+    if not body:
+        return "(not measured)"
+    return table(["config", "projections on", "mha fp32 ms", "mha bf16 ms", "speed-up", "roofline ms",
+                  "% roofline", "torch bf16 ms", "x torch bf16", "x torch fp32", "x ORT fp32"], body)
+
+
 def variants_section(rows, targets, notes):
     """Issue 13's variant overhead: bench_mha variants times mha_forward of
     one configuration with each variant on, interleaved with the plain
@@ -465,6 +499,8 @@ def main():
     peak = max(fma) if fma else None
     f512 = [num(r, "best_gflops") for r in find(rows, kind="machine", key="fma_avx512")]
     f512 = [v for v in f512 if v]
+    amx_peaks = [num(r, "best_gflops") for r in find(rows, kind="machine", key="amx_bf16")]
+    amx_peak = max([v for v in amx_peaks if v], default=None)
     # the ISA libmha's kernels ran with (bench_internal.c prints it) and its FMA peak
     isa = next((r["kernels"] for r in rows if r.get("kernels")), "avx2")
     peak_isa = max(f512) if isa == "avx512" and f512 else peak
@@ -515,6 +551,7 @@ def main():
     md.append(f"- AVX2 FMA (measured, {a.threads} threads, start and end of the run): "
               + (", ".join(f"{v:.1f}" for v in fma) + f" GFLOP/s -> peak {peak:.1f}" if fma else "n/a")
               + (f"; AVX-512 FMA: {max(f512):.1f} GFLOP/s" if f512 else "")
+              + (f"; AMX-BF16 (TDPBF16PS): {amx_peak:.1f} GFLOP/s" if amx_peak else "")
               + f". libmha's kernels: {isa}; '% peak' and the roofline use the {isa} peak"
               + (f" ({peak_isa:.1f} GFLOP/s)" if peak_isa else ""))
     ortv = next((r["ort_version"] for r in rows if r.get("ort_version")), None)
@@ -636,6 +673,7 @@ def main():
                      "attn-only ms", "attn GFLOP/s", "attn % peak", "attn roofline ms", "attn % roofline",
                      "ORT attn ms", "attn x ORT", "other ms"], body)
     gemm_tab = gemm_table(gbody, ob.get("corename") or gemm_auto_core(rows), isa)
+    bf16_tab = bf16_prefill_table(rows, peak_isa, amx_peak, notes)
 
     # ------------------------------------------------------------- decode
     dbody, dec_points, step_points = [], [], []
@@ -769,6 +807,8 @@ def main():
         notes.append(f"command failed (rc {e.get('rc')}): `{e.get('cmd')}`")
 
     md += ["## Prefill / encoder (issue 3)\n", pre_tab, "", "### Projection GEMMs\n", gemm_tab, "",
+           "### bf16 projections (issue 15: bf16 weights, options.bf16_matmul; torch: the module in bf16)\n",
+           bf16_tab, "",
            "### Attention variants (issue 13): whole forward, each variant alone, interleaved with plain\n",
            var_tab, "",
            "## Decode, one token per step at context L (issue 5)\n", dec_tab, "",

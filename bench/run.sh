@@ -216,6 +216,16 @@ for name in P1 P2 P3; do
         --reps $reps --budget $budget
     round=$((round + 1))
   done
+  # bf16 projections (issue 15): libmha's bf16 weights with
+  # options.bf16_matmul (AMX where the CPU has it) and PyTorch's module in
+  # bf16, next to each other
+  if [ "$mode" != gemm ]; then
+    # shellcheck disable=SC2086
+    run $solo "$bin" prefill --name $name $flags --reps $reps --budget $budget --threads $threads --bf16
+    # shellcheck disable=SC2086
+    run env -u OMP_WAIT_POLICY "$py" bench/peer_torch.py --threads $threads prefill --name $name $flags \
+        --reps $reps --budget $budget --bf16
+  fi
   # The projection GEMMs, mha_gemm paired with OpenBLAS in one process per
   # OpenBLAS kernel set: the one it picks for this CPU (0.3.21 picks old
   # ones on CPUs it does not know), its AVX2 (Haswell) and its AVX-512
