@@ -38,9 +38,12 @@
 #define MHA_GEMM_KC 256
 #endif
 #define MHA_TILE_MAX_PANELS 2 /* the widest register tile of a kernel table */
-/* Rows per block on AMX tiles (a multiple of their 32): the (128, K) bf16
- * block stays in L2. */
-#define MHA_GEMM_MC_AMX 128
+/* Rows per block on AMX tiles (a multiple of their 32). 64 against 128,
+ * interleaved runs on the Xeon (P1 Q|K|V, one thread): 202-265 against
+ * 174-216 GFLOP/s; P3 K|V on two threads 488-585 against 351-453; 32 in
+ * between: each block's output rows are written (and their lines
+ * fetched) sooner after the block starts. */
+#define MHA_GEMM_MC_AMX 64
 
 /* The threads' packed input blocks (and decode_gemm.c's partial sums),
  * kept between calls: a fresh block of (MC, K) floats faulted in about 80
