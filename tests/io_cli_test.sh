@@ -470,6 +470,12 @@ run run --weights $T/hf_int8.safetensors --heads 4 --input $T/x.npy --output $T/
 expect_error 1 "q_proj.weight' is int8; expected a floating dtype"
 run run --weights $T/native.safetensors --input $T/x_nan.npy --output $T/y.npy
 expect_error 1 "finite"
+# bf16 projections need bf16 weights; with them the run succeeds
+run run --weights $T/native.safetensors --input $T/x.npy --output $T/y_bf16mm.npy --bf16-matmul
+expect_error 1 "bf16 weights"
+[ -e $T/y_bf16mm.npy ] && fail "$last: wrote an output"
+run run --weights $T/native.safetensors --input $T/x.npy --output $T/y_bf16mm.npy --weights-dtype bf16 --bf16-matmul
+expect_ok
 run run --weights $T/native.safetensors --input $T/x_f64.npy --output $T/y.npy
 expect_error 1 "'<f8'"
 run run --weights $T/native.safetensors --input $T/x_fortran.npy --output $T/y.npy
