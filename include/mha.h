@@ -360,10 +360,11 @@ typedef struct {
                                  tiles (TDPBF16PS) where the CPU and the OS
                                  allow them, else on the fp32 kernels with
                                  the rounded inputs (the same sums up to
-                                 their order). mha_forward, _kv, _ctx and
-                                 mha_forward_lse; the other entries
-                                 (backward, training, the cached forward,
-                                 mha_attend_lse) refuse it (MHA_E_UNSUPPORTED).
+                                 their order). mha_forward, _kv, _ctx,
+                                 mha_forward_lse and the cached forward
+                                 (prefill and decode steps); the backward,
+                                 training and mha_attend_lse refuse it
+                                 (MHA_E_UNSUPPORTED).
                                  0: fp32 (default)                       */
 } mha_options;
 

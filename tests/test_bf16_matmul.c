@@ -10,7 +10,9 @@
  * neighbour where fast and reference Z differ in their last fp32 bit, so
  * Y is held to a few such flips (2^-8 |Z| |W_O| each) and to the fp32
  * order error. Refusals: fp32 weights, bad values, inputs bf16 cannot
- * hold, and the entries that have no bf16 projections.
+ * hold, and the entries that have no bf16 projections. The cached
+ * forward (prefill on the packed GEMM, decode steps on the weight
+ * streams) against the reference, stage by stage.
  * Legend: B batch, T queries, S keys, D = d_model, h heads. */
 #include <math.h>
 #include <stdlib.h>
@@ -127,9 +129,10 @@ static void test_refusals(void) {
     CHECK_STATUS(mha_forward_train(L, y, &tape, x, NULL, NULL, B, T, T, &o), MHA_E_UNSUPPORTED);
     CHECK(tape == NULL);
     mha_cache *cache = NULL;
-    CHECK_OK(mha_cache_create(&cache, L, B, 8, MHA_CACHE_F32, 0));
-    CHECK_STATUS(mha_forward_cached(L, cache, y, NULL, x, T, NULL, &o), MHA_E_UNSUPPORTED);
-    CHECK_ERROR_MENTIONS("mha_forward_cached");
+    CHECK_OK(mha_cache_create(&cache, F, B, 8, MHA_CACHE_F32, 0));
+    CHECK_STATUS(mha_forward_cached(F, cache, y, NULL, x, T, NULL, &o), MHA_E_ARG); /* fp32 weights */
+    CHECK_ERROR_MENTIONS("bf16 weights");
+    CHECK_INT(mha_cache_length(cache, 0), 0);
     mha_config hc = *mha_layer_config(L);
     CHECK_STATUS(mha_attend_lse(&hc, y, NULL, x, x, x, 1, 1, 1, &o), MHA_E_UNSUPPORTED);
     mha_cache_free(cache);
@@ -269,6 +272,71 @@ static void test_gemm(void) {
     free(a), free(w0), free(w1), free(b0), free(y0), free(y1);
 }
 
+/* The cached forward under bf16_matmul: a prefill of 30 tokens (the
+ * packed GEMM, AMX where the CPU has it) then 10 decode steps (the bf16
+ * weight streams on rounded rows). Two tight checks instead of one loose
+ * one: Z against the reference's Z (Q, K, V from the same rounded x: only
+ * fp32 order and attention rounding apart), and Y against bf16(Z) W_O +
+ * b_O summed here in double (the W_O stage's own rounding). */
+static void test_cached(void) {
+    enum { B = 2, T0 = 30, T = 40, D = 64, H = 4, HKV = 2 };
+    naive_weights w;
+    mha_layer *L = bf16_layer(&w, naive_config(D, H, HKV, 0, 0, 1), 91);
+    const mha_config *c = mha_layer_config(L);
+    const int zw = H * c->d_v;
+    uint64_t seed = 23;
+    float *x = activations((size_t)B * T, D, &seed);
+    float *yr = naive_alloc_floats((size_t)B * T * D), *zr = naive_alloc_floats((size_t)B * T * zw);
+    float *yc = naive_alloc_floats((size_t)B * T * D), *zc = naive_alloc_floats((size_t)B * T * zw);
+    mha_options o = naive_ref_options();
+    o.bf16_matmul = 1, o.causal = 1;
+    const mha_capture capr = {.z = zr};
+    CHECK_OK(mha_forward(L, yr, &capr, x, NULL, B, T, T, &o));
+    mha_cache *cache = NULL;
+    CHECK_OK(mha_cache_create(&cache, L, B, T, MHA_CACHE_F32, 0));
+    o = mha_options_default();
+    o.bf16_matmul = 1;
+    float *xs = naive_alloc_floats((size_t)B * T0 * D), *ys = naive_alloc_floats((size_t)B * T0 * D),
+          *zs = naive_alloc_floats((size_t)B * T0 * zw);
+    const size_t before = mha_gemm_amx_calls();
+    for (int t0 = 0; t0 < T; t0 += t0 ? 1 : T0) { /* one prefill, then single tokens */
+        const int n = t0 ? 1 : T0;
+        for (int b = 0; b < B; b++)
+            memcpy(xs + (size_t)b * n * D, x + ((size_t)b * T + t0) * D, sizeof(float) * n * D);
+        const mha_capture cap = {.z = zs};
+        CHECK_OK(mha_forward_cached(L, cache, ys, &cap, xs, n, NULL, &o));
+        for (int b = 0; b < B; b++) {
+            memcpy(yc + ((size_t)b * T + t0) * D, ys + (size_t)b * n * D, sizeof(float) * n * D);
+            memcpy(zc + ((size_t)b * T + t0) * zw, zs + (size_t)b * n * zw, sizeof(float) * n * zw);
+        }
+    }
+    if (mha_kernels_get()->amx_tile && mha_cpu_has_amx_bf16()) CHECK(mha_gemm_amx_calls() > before);
+    double zmax = 0.0, zerr = 0.0, yerr = 0.0; /* yerr: in units of each element's fp32 bound */
+    for (size_t i = 0; i < (size_t)B * T * zw; i++) zmax = fmax(zmax, fabs(zr[i]));
+    for (size_t i = 0; i < (size_t)B * T * zw; i++) zerr = fmax(zerr, fabs(zc[i] - zr[i]));
+    for (int t = 0; t < B * T; t++)
+        for (int j = 0; j < D; j++) {
+            double want = w.b_o[j], mag = fabs(want);
+            for (int i = 0; i < zw; i++) {
+                const double term = (double)bf16_of(zc[(size_t)t * zw + i]) * w.w_o[(size_t)i * D + j];
+                want += term, mag += fabs(term);
+            }
+            yerr = fmax(yerr, fabs(yc[(size_t)t * D + j] - want) / (2.0 * zw * 0x1p-24 * mag + 1e-30));
+        }
+    if (!(zerr <= 2e-5 * (1.0 + zmax)))
+        test_report(__FILE__, __LINE__, "%s: cached Z differs from the reference's by %.3g", mha_kernels_get()->name, zerr);
+    if (!(yerr <= 1.0))
+        test_report(__FILE__, __LINE__, "%s: cached Y off bf16(Z) W_O + b_O by %.3g of its fp32 bound",
+                    mha_kernels_get()->name, yerr);
+    /* and Y as a whole against the reference: a few Z flips at most */
+    double wmax = 0.0;
+    for (int i = 0; i < zw * D; i++) wmax = fmax(wmax, fabs(w.w_o[i]));
+    CHECK(test_max_abs_diff(yc, yr, (size_t)B * T * D) <= 4.0 * 0x1p-8 * zmax * wmax + 1e-4);
+    mha_cache_free(cache);
+    mha_layer_free(L), naive_weights_free(&w);
+    free(x), free(yr), free(zr), free(yc), free(zc), free(xs), free(ys), free(zs);
+}
+
 const test_case *tests_bf16_matmul(size_t *count) {
     static const test_case cases[] = {
         {"bf16_matmul_reference", test_reference},
@@ -282,6 +350,7 @@ const test_case *tests_bf16_matmul_isa(size_t *count) {
     static const test_case cases[] = {
         {"bf16_matmul_gemm", test_gemm},
         {"bf16_matmul_fast", test_fast},
+        {"bf16_matmul_cached", test_cached},
     };
     *count = sizeof cases / sizeof cases[0];
     return cases;

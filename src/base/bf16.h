@@ -32,4 +32,10 @@ static inline uint16_t mha_bf16_round_bits(float f) {
 /* f rounded to bf16 and widened back (the value a bf16 operand holds). */
 static inline float mha_bf16_round(float f) { return mha_bf16_bits_to_float(mha_bf16_round_bits(f)); }
 
+/* dst (n) = src (n) rounded to bf16 (dst may be src): the operands of a
+ * bf16 product (options.bf16_matmul) where no AMX packing rounds them. */
+static inline void mha_bf16_round_array(float *dst, const float *src, size_t n) {
+    for (size_t i = 0; i < n; i++) dst[i] = mha_bf16_round(src[i]);
+}
+
 #endif /* MHA_BASE_BF16_H */

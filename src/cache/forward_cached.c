@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/bf16.h"
 #include "cache/cache_internal.h"
 #include "core/variants.h"
 #include "core/weight_store.h"
@@ -72,11 +73,10 @@ static mha_status check_options(const mha_options *o, const mha_cache *c, const 
     if (o->sink_tokens != 0 && o->sink_tokens != c->n_sink)
         return mha_fail(MHA_E_ARG, "mha_forward_cached: options.sink_tokens=%d but the cache keeps %d; expected 0 "
                         "or %d (mha_cache_set_sink_tokens sets them)", o->sink_tokens, c->n_sink, c->n_sink);
-    mha_status s = mha_refuse_bf16_matmul(o, "mha_forward_cached");
-    if (!s) s = mha_check_positions(&L->cfg, o, c->B, T, T);
-    if (s) return s;
+    mha_status s = mha_check_positions(&L->cfg, o, c->B, T, T);
     /* REPLACE values are (B,T,d_v), as in mha_forward */
-    return mha_check_common_options(o, c->h, (size_t)c->B * T, c->d_v);
+    if (!s) s = mha_check_common_options(o, c->h, (size_t)c->B * T, c->d_v);
+    return !s && o->bf16_matmul ? mha_check_bf16_weights(L) : s;
 }
 
 /* ------------------------------------------------------- the plan */
@@ -94,6 +94,7 @@ typedef struct {
     float *stats;         /* (N, h, 2) row max and sum, when probs are captured */
     float *cc;            /* (h, N, d_model) contributions, when captured   */
     int nan_rows;         /* masked_row NAN: NaN rows of y are expected     */
+    int bf16;             /* options.bf16_matmul: projections of bf16 inputs */
 } cached_plan;
 
 static void plan_free(cached_plan *p) {
@@ -113,6 +114,8 @@ static mha_status validate(cached_plan *p, const mha_layer *L, mha_cache *c, con
             s = mha_fail(MHA_E_ARG, "mha_forward_cached: n_new[%d]=%d; expected 0..T=%d", b, p->n[b], p->T);
         else
             s = mha_check_finite(x + (size_t)b * p->T * c->d_model, (size_t)p->n[b] * c->d_model, "x");
+        if (!s && p->bf16)
+            s = mha_check_bf16_input(x + (size_t)b * p->T * c->d_model, (size_t)p->n[b] * c->d_model, "x");
         p->N += p->n[b];
     }
     /* without a window everything must fit; a ring takes pieces */
@@ -204,6 +207,18 @@ static int stream_projections(const mha_layer *L, int N) {
     return N < MHA_PREFILL_MIN_ROWS || (mha_layer_weights_dtype(L) != MHA_W_F32 && N <= MHA_DECODE_COMPACT_MAX_ROWS);
 }
 
+/* The stream of decode_gemm.c over the n-wide rows a (N, n), rounded to
+ * bf16 first under options.bf16_matmul (the packed GEMM rounds its own). */
+static mha_status stream(const mha_exec *ex, const mha_decode_gemm_job *jobs, int n_jobs, const float *a, int N,
+                         int n, int bf16) {
+    float *r = bf16 ? malloc(sizeof(float) * (size_t)N * n) : NULL; /* (N, n) */
+    if (bf16 && !r) return mha_fail(MHA_E_NOMEM, "mha_forward_cached: no memory for %d rounded rows", N);
+    if (r) mha_bf16_round_array(r, a, (size_t)N * n);
+    mha_status s = mha_decode_gemm_many(ex, jobs, n_jobs, r ? r : a, N, n);
+    free(r);
+    return s;
+}
+
 /* q (N, h*d_k), k (N, h_kv*d_k), v (N, h_kv*d_v) = x (N, d_model) W + b,
  * on the stream or the packed GEMM (stream_projections; the same split
  * for W_O below). */
@@ -215,13 +230,13 @@ static mha_status project_qkv(const mha_exec *ex, const cached_plan *p, const mh
         const mha_dst dst[3] = {{MHA_DST_ROWS, p->q, (size_t)wq, 0, 0, 0, 0},
                                 {MHA_DST_ROWS, p->k, (size_t)wk, 0, 0, 0, 0},
                                 {MHA_DST_ROWS, p->v, (size_t)wv, 0, 0, 0, 0}};
-        const mha_gemm_args g = {dst, p->xc, (size_t)c->d_model, N, pk, 0, 3, 0, c->d_model, 1, 0};
+        const mha_gemm_args g = {dst, p->xc, (size_t)c->d_model, N, pk, 0, 3, 0, c->d_model, 1, p->bf16};
         return mha_gemm(&g, mha_exec_prefill(ex), mha_exec_threads_for(ex, (double)N * c->d_model * (wq + wk + wv)));
     }
     /* the weights in their stored form (fp32, bf16 or int8) */
     mha_decode_gemm_job qkv[3] = {mha_layer_decode_job(L, MHA_MAT_Q, p->q), mha_layer_decode_job(L, MHA_MAT_K, p->k),
                                   mha_layer_decode_job(L, MHA_MAT_V, p->v)};
-    return mha_decode_gemm_many(ex, qkv, 3, p->xc, N, c->d_model);
+    return stream(ex, qkv, 3, p->xc, N, c->d_model, p->bf16);
 }
 
 // --- variants on the new q and k: QK-norm, then RoPE at each row's
@@ -314,9 +329,9 @@ static mha_status project_out(const mha_exec *ex, const cached_plan *p, const mh
     const mha_kernels *kern = mha_exec_prefill(ex);
     const int nt = mha_exec_threads_for(ex, (double)N * wz * D);
     mha_dst out = {MHA_DST_ROWS, p->yc, (size_t)D, 0, 0, 0, 0};
-    mha_gemm_args g = {&out, p->z, (size_t)wz, N, po, 0, 1, 0, wz, 1, 0};
+    mha_gemm_args g = {&out, p->z, (size_t)wz, N, po, 0, 1, 0, wz, 1, p->bf16};
     const mha_decode_gemm_job jo = mha_layer_decode_job(L, MHA_MAT_O, p->yc);
-    mha_status s = stream_projections(L, N) ? mha_decode_gemm_many(ex, &jo, 1, p->z, N, wz) : mha_gemm(&g, kern, nt);
+    mha_status s = stream_projections(L, N) ? stream(ex, &jo, 1, p->z, N, wz, p->bf16) : mha_gemm(&g, kern, nt);
     g.kn = c->d_v, g.use_bias = 0; /* rows r*d_v .. of W_O, no bias */
     for (int r = 0; p->cc && r < c->h && !s; r++) {
         out.base = p->cc + (size_t)r * N * D;
@@ -380,7 +395,7 @@ static mha_decode_opts decode_opts(const mha_exec *ex, const mha_layer *L, const
 static mha_status forward_cached_exec(const mha_exec *ex, const mha_layer *L, mha_cache *c, float *y,
                                       const mha_capture *cap, const float *x, int T, const int *n_new,
                                       const mha_options *opt) {
-    cached_plan p = {.B = c->B, .T = T};
+    cached_plan p = {.B = c->B, .T = T, .bf16 = opt->bf16_matmul};
     mha_status s = (p.n = malloc(sizeof(int) * 3 * c->B)) ? MHA_OK
                    : mha_fail(MHA_E_NOMEM, "mha_forward_cached: no memory");
     if (!s) p.row0 = p.n + c->B, p.np = p.n + 2 * c->B, p.xc = (float *)x, p.yc = y;

@@ -158,12 +158,6 @@ mha_status mha_pack_bf16_pairs(mha_packed *p) {
     return MHA_OK;
 }
 
-/* options.bf16_matmul without AMX: n packed input values rounded to bf16
- * (the fp32 kernels then sum the same exact products). */
-static void round_bf16(float *x, size_t n) {
-    for (size_t i = 0; i < n; i++) x[i] = mha_bf16_round(x[i]);
-}
-
 static _Atomic size_t amx_calls;
 
 size_t mha_gemm_amx_calls(void) { return amx_calls; }
@@ -304,7 +298,8 @@ mha_status mha_gemm(const mha_gemm_args *g, const mha_kernels *kern, int n_threa
                 kern->amx_pack_rows(buf16, a + (size_t)m0 * lda, lda, mc, (int)mha_round_up((size_t)mc, 32), kn, k32);
             else if (m0 != packed_m0) {
                 pack_rows(buf, a, lda, m0, mc, kn, kern);
-                if (g->bf16) round_bf16(buf, mha_round_up((size_t)mc, MHA_MR) * kn);
+                /* bf16 without AMX: the fp32 kernels then sum the same exact products */
+                if (g->bf16) mha_bf16_round_array(buf, buf, mha_round_up((size_t)mc, MHA_MR) * kn);
             }
             packed_m0 = m0;
             int s = s0, roff_of = -1; /* roff holds section roff_of's rows */

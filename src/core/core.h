@@ -49,6 +49,11 @@ mha_status mha_check_common_options(const mha_options *o, int h, size_t rows, in
 /* MHA_E_UNSUPPORTED naming who when o asks for bf16 projections (an
  * entry that only has fp32 ones); MHA_OK for NULL or 0. */
 mha_status mha_refuse_bf16_matmul(const mha_options *o, const char *who);
+/* options.bf16_matmul's conditions: the layer's weights are bf16
+ * (MHA_E_ARG naming the fix); an input's n values round to finite bf16
+ * ones (MHA_E_NONFINITE naming the first that does not). */
+mha_status mha_check_bf16_weights(const mha_layer *L);
+mha_status mha_check_bf16_input(const float *p, size_t n, const char *name);
 
 /* The keys [*lo, *hi] of 0..S-1 that causal and the windows allow for
  * query i (aligned as o->align says); *lo > *hi when none. The one

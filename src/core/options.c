@@ -85,11 +85,11 @@ mha_status mha_check_common_options(const mha_options *o, int h, size_t rows, in
 mha_status mha_refuse_bf16_matmul(const mha_options *o, const char *who) {
     if (!o || !o->bf16_matmul) return MHA_OK;
     return mha_fail(MHA_E_UNSUPPORTED, "%s: options.bf16_matmul=%d is not supported here; expected 0 "
-                    "(bf16 projections run in mha_forward, _kv, _ctx and mha_forward_lse)", who, o->bf16_matmul);
+                    "(bf16 projections run in mha_forward*, mha_forward_lse and mha_forward_cached*)", who,
+                    o->bf16_matmul);
 }
 
-/* An input of a bf16 projection rounds to a finite bf16 value. */
-static mha_status check_bf16_input(const float *p, size_t n, const char *name) {
+mha_status mha_check_bf16_input(const float *p, size_t n, const char *name) {
     if (mha_isa_best()->prefill->all_within(p, n, MHA_BF16_ROUNDS_FINITE)) return MHA_OK;
     for (size_t i = 0; i < n; i++)
         if (!(fabsf(p[i]) <= MHA_BF16_ROUNDS_FINITE))
@@ -98,18 +98,22 @@ static mha_status check_bf16_input(const float *p, size_t n, const char *name) {
     return MHA_OK;
 }
 
+mha_status mha_check_bf16_weights(const mha_layer *L) {
+    if (mha_layer_weights_dtype(L) == MHA_W_BF16) return MHA_OK;
+    return mha_fail(MHA_E_ARG, "options.bf16_matmul=1 needs bf16 weights; this layer's are %s (convert them "
+                    "with mha_layer_convert_weights(layer, MHA_W_BF16), or `--weights-dtype bf16`)",
+                    mha_weight_dtype_name(mha_layer_weights_dtype(L)));
+}
+
 /* options.bf16_matmul: the layer's weights are bf16 and the projections'
  * inputs round to finite bf16 values. */
 static mha_status check_bf16_request(const mha_layer *L, const float *x, const float *k_src, const float *v_src,
                                      int B, int T, int S) {
     const mha_config *c = &L->cfg;
-    if (mha_layer_weights_dtype(L) != MHA_W_BF16)
-        return mha_fail(MHA_E_ARG, "options.bf16_matmul=1 needs bf16 weights; this layer's are %s (convert them "
-                        "with mha_layer_convert_weights(layer, MHA_W_BF16), or `--weights-dtype bf16`)",
-                        mha_weight_dtype_name(mha_layer_weights_dtype(L)));
-    mha_status s = check_bf16_input(x, (size_t)B * T * c->d_model, "x");
-    if (!s && k_src != x) s = check_bf16_input(k_src, (size_t)B * S * c->d_kv_in, "kv");
-    if (!s && v_src != x && v_src != k_src) s = check_bf16_input(v_src, (size_t)B * S * c->d_v_in, "v_src");
+    mha_status s = mha_check_bf16_weights(L);
+    if (!s) s = mha_check_bf16_input(x, (size_t)B * T * c->d_model, "x");
+    if (!s && k_src != x) s = mha_check_bf16_input(k_src, (size_t)B * S * c->d_kv_in, "kv");
+    if (!s && v_src != x && v_src != k_src) s = mha_check_bf16_input(v_src, (size_t)B * S * c->d_v_in, "v_src");
     return s;
 }
 

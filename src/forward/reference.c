@@ -25,7 +25,7 @@ void mha_linear_double(double *out, const float *in, const float *w, const float
  * forward validation has checked that they round to finite ones). */
 static float *bf16_copy(const float *src, size_t n) {
     float *r = malloc(n * sizeof(float));
-    for (size_t i = 0; r && i < n; i++) r[i] = mha_bf16_round(src[i]);
+    if (r) mha_bf16_round_array(r, src, n);
     return r;
 }
 
