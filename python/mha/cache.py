@@ -13,7 +13,7 @@ import numpy as np
 from . import _lib
 from ._owner import COwner
 from ._arrays import _shape_str, floats, fptr, ints
-from ._check import INT_MAX, c_float, c_int, names as capture_names
+from ._check import INT_MAX, c_flag, c_float, c_int, names as capture_names
 from .errors import ArgumentError, MhaError, ShapeError, check as _check_status
 from .layer import Layer, _enum, _positions, window as window_arg
 
@@ -214,7 +214,7 @@ class Cache(COwner):
 
     # ---------------------------------------------------------- forward
     def forward(self, layer=None, x=None, n_new=None, *, capture=(), interventions=None,
-                window_left=None, scale=0.0, masked_row="zero", positions=None):
+                window_left=None, scale=0.0, masked_row="zero", positions=None, bf16_matmul=False):
         """y (B,T,d_model) for x (B,T,d_model) of up to T new tokens per
         sequence (mha_forward_cached); (T,d_model) in and out when batch is 1.
 
@@ -229,6 +229,8 @@ class Cache(COwner):
         positions: None (each token at its cache position) or (B,T) ints
         ((T,) when x is (T,d_model)): each new token's position for RoPE
         and ALiBi (the cache keeps it with the token's K).
+        bf16_matmul: the projections multiply bf16-rounded inputs, as in
+        Layer.forward (the layer's weights must be bf16).
         capture: names among 'z' (B,T,h*d_v), 'contributions'
         (h,B,T,d_model), 'probs' (B,h,T,capacity+extra: column s is cache
         slot s, then the add_bias_kv / add_zero_attn keys), or True for
@@ -252,6 +254,7 @@ class Cache(COwner):
         o.align = _lib.ALIGN["bottom_right"]
         o.window_left = window_arg("window_left", window_left)
         o.masked_row = _enum("masked_row", masked_row, _lib.MASKED_ROW)
+        o.bf16_matmul = c_flag("bf16_matmul", bf16_matmul)
         if interventions is not None:
             if squeezed:  # ('replace', (T,d_v)) rows like x's
                 interventions = _batch_replace(interventions)

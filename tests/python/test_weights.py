@@ -164,3 +164,21 @@ def test_cli_bf16_matmul(tmp_path):
     r = subprocess.run([MHA_BIN, "run", "--weights", str(src), "--input", str(tmp_path / "x.npy"), "--output",
                         str(tmp_path / "y2.npy"), "--bf16-matmul"], capture_output=True, text=True)
     assert r.returncode != 0 and "bf16 weights" in r.stderr and not (tmp_path / "y2.npy").exists()
+
+
+def test_cache_bf16_matmul_matches_forward():
+    """A prefill then decode steps through the cache with bf16_matmul equal
+    the whole causal forward's, but for Z elements on the other bf16
+    neighbour; and without bf16 weights the cache refuses it."""
+    rng = np.random.default_rng(15)
+    layer, _, _ = random_layer(rng, d_model=32, n_heads=4, n_kv_heads=2)
+    x = rng.standard_normal((1, 12, 32)).astype(np.float32)
+    with pytest.raises(mha.ArgumentError, match="bf16 weights"):
+        mha.Cache(layer, batch=1, capacity=12).forward(x[:, :4], bf16_matmul=True)
+    layer.convert_weights("bf16")
+    want, cap = layer.forward(x, causal=True, path="reference", bf16_matmul=True, capture=["z"])
+    cache = mha.Cache(layer, batch=1, capacity=12)
+    got = [cache.forward(x[:, :8], bf16_matmul=True)] + [cache.forward(x[:, t:t + 1], bf16_matmul=True)
+                                                       for t in range(8, 12)]
+    flips = 4 * 2.0 ** -8 * np.abs(cap["z"]).max() * np.abs(layer.weights()["w_o"]).max()
+    assert np.abs(np.concatenate(got, axis=1) - want).max() <= flips + 1e-5
