@@ -244,6 +244,8 @@ run run --weights $T/native.safetensors --input $T/x.npy --output $T/y.npy --abl
 expect_error 2 "unknown operation"
 run run --weights $T/native.safetensors --input $T/x.npy --output $T/y.npy --ablate 1=zero,1=mean
 expect_error 2 "given twice"
+run run --weights $T/native.safetensors --input $T/x.npy --output $T/y.npy --ablate 1=keep,1=zero
+expect_error 2 "head 1 is given twice"
 
 # --- attribution: head r's Z.dZ of <dY, Y> is exactly <dY, Y - Y(r zeroed)> -----
 "$PY" -c "import numpy as np; np.save('$T/dy.npy', np.random.default_rng(5).standard_normal((2,6,16)).astype(np.float32))"
@@ -496,6 +498,10 @@ run run --weights $T/native.safetensors --input $T/x.npy --output $T/y.npy --gra
 expect_error 1 "dY is float32 of shape (2, 6, 15); expected float (B, T, d_model) = (2, 6, 16)"
 run run --weights $T/nheads_0.safetensors --input $T/x.npy --output $T/y.npy
 expect_error 1 "metadata n_heads = '0'; expected a positive integer"
+run run --weights $T/nheads_space.safetensors --input $T/x.npy --output $T/y.npy
+expect_error 1 "metadata n_heads = ' 4'; expected a non-negative integer (digits only)"
+run run --weights $T/nheads_plus.safetensors --input $T/x.npy --output $T/y.npy
+expect_error 1 "metadata n_heads = '+4'"
 run run --weights $T/u8_wq.safetensors --input $T/x.npy --output $T/y.npy
 expect_error 1 "tensor 'w_q' is uint8; expected a floating dtype"
 # B * h computed in 64 bits: 1048577 * 4096 heads does not wrap to 4096

@@ -18,9 +18,8 @@
 #include "run_variants.h"
 #include "run_attribution.h"
 
-/* "2=zero,5=scale:0.5,7=mean" -> iv[h] (head positions, 0-based). */
-int cli_parse_ablate(const char *spec, mha_intervention *iv, int h) {
-    const char *p = spec;
+/* The HEAD=OP items of spec into iv; seen marks the heads given. */
+static int parse_ablate_ops(const char *p, mha_intervention *iv, int h, unsigned char *seen) {
     while (*p) {
         char *end;
         errno = 0;
@@ -56,13 +55,22 @@ int cli_parse_ablate(const char *spec, mha_intervention *iv, int h) {
                                  "--ablate: unknown operation '%.*s' for head %ld; expected zero, mean, "
                                  "scale:F or keep", (int)(n < 20 ? n : 20), p, r);
         }
-        if (iv[r].op != MHA_HEAD_KEEP)
+        if (seen[r]++)
             return mha_cmd_error("run", MHA_EXIT_USAGE, "--ablate: head %ld is given twice", r);
         iv[r] = v;
         p += n;
         if (*p == ',') p++;
     }
     return MHA_EXIT_OK;
+}
+
+/* "2=zero,5=scale:0.5,7=mean" -> iv[h] (head positions, 0-based). */
+int cli_parse_ablate(const char *spec, mha_intervention *iv, int h) {
+    unsigned char *seen = calloc((size_t)h, 1); /* (h): heads given so far, keep included */
+    if (!seen) return mha_cmd_error("run", MHA_EXIT_RUNTIME, "out of memory");
+    int rc = parse_ablate_ops(spec, iv, h, seen);
+    free(seen);
+    return rc;
 }
 
 /* --v-input: (S, d_v_in) or (B, S, d_v_in), batched like X, S rows as the

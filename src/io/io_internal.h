@@ -124,6 +124,9 @@ mha_status mha_io_want_real(const mha_array *a, const char *name);
 /* MHA_E_FORMAT when the head count read is 0 but the metadata holds
  * n_heads (a "0": a bad value, not a missing one), else MHA_OK. */
 mha_status mha_io_heads_not_zero(int h, const mha_tensors *t); /* layouts.c */
+/* The metadata integer key (digits only, <= INT_MAX), 0 when absent;
+ * MHA_E_FORMAT naming a bad value (layouts.c). */
+mha_status mha_io_meta_int(int *out, const mha_tensors *t, const char *key);
 
 /* Whether a tensor name is prefix+suffix (prefix given, "" too), or suffix
  * itself or ends in "." suffix (prefix NULL) (layouts.c). */

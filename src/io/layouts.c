@@ -3,6 +3,7 @@
  * d_model, d_kv_in, d_v_in; see mha.h). Each reader checks every tensor's
  * shape against the layout before copying, and names the tensor and the
  * expected shape when it does not fit. */
+#include <ctype.h>
 #include <errno.h>
 #include <limits.h>
 #include <stdio.h>
@@ -288,25 +289,26 @@ static mha_status want_matrix_of(const mha_array *a, const char *name, int i8) {
 
 static mha_status want_matrix(const mha_array *a, const char *name) { return want_matrix_of(a, name, 0); }
 
-/* An integer metadata value; 0 and MHA_OK when absent. */
-static mha_status meta_int(int *out, const mha_tensors *t, const char *key) {
+mha_status mha_io_meta_int(int *out, const mha_tensors *t, const char *key) {
     *out = 0;
     const char *v = mha_tensors_meta(t, key);
     if (!v) return MHA_OK;
     char *end;
     errno = 0;
     long x = strtol(v, &end, 10);
-    if (errno || end == v || *end || x < 0 || x > INT_MAX)
-        return mha_fail(MHA_E_FORMAT, "metadata %s = '%.40s'; expected a non-negative integer",
+    /* digits only: strtol alone would take " 4" and "+4" */
+    if (!isdigit((unsigned char)v[0]) || errno || *end || x > INT_MAX)
+        return mha_fail(MHA_E_FORMAT, "metadata %s = '%.40s'; expected a non-negative integer (digits only)",
                         key, v);
     *out = (int)x;
     return MHA_OK;
 }
 
+
 /* Picks n from the option, else metadata, else 0; both given must agree. */
 static mha_status pick(int *out, int opt, const mha_tensors *t, const char *key) {
     int m;
-    mha_status s = meta_int(&m, t, key);
+    mha_status s = mha_io_meta_int(&m, t, key);
     if (s) return s;
     if (opt && m && opt != m)
         return mha_fail(MHA_E_ARG, "%s = %d was requested but the checkpoint metadata says %d",
@@ -476,7 +478,7 @@ static mha_status load_native(staged *st, const mha_tensors *t, const mha_load_o
     mha_config *c = &st->cfg;
     int h, hkv, dk, dv;
     if ((s = pick_heads(&h, o->n_heads, t)) || (s = pick(&hkv, o->n_kv_heads, t, "n_kv_heads")) ||
-        (s = meta_int(&dk, t, "d_k")) || (s = meta_int(&dv, t, "d_v")))
+        (s = mha_io_meta_int(&dk, t, "d_k")) || (s = mha_io_meta_int(&dv, t, "d_v")))
         return s;
     if (!h) return mha_fail(MHA_E_FORMAT, "native layout: metadata n_heads is missing; pass --heads");
     c->d_model = wq->shape[0];
@@ -494,7 +496,7 @@ static mha_status load_native(staged *st, const mha_tensors *t, const mha_load_o
     if (dv && dv != c->d_v)
         return mha_fail(MHA_E_SHAPE, "metadata d_v = %d but w_o has %d rows per head", dv, c->d_v);
     int zero_attn;
-    if ((s = meta_int(&zero_attn, t, "add_zero_attn"))) return s;
+    if ((s = mha_io_meta_int(&zero_attn, t, "add_zero_attn"))) return s;
     c->add_zero_attn = zero_attn;
     if ((s = want_shape_of(wk, "w_k", 2, c->d_kv_in, hkv * c->d_k, "(d_kv_in, h_kv*d_k)", i8)) ||
         (s = want_shape_of(wv, "w_v", 2, c->d_v_in, hkv * c->d_v, "(d_v_in, h_kv*d_v)", i8)) ||
@@ -749,7 +751,7 @@ static mha_status load_torch(mha_layer **out, const mha_tensors *t, const mha_lo
     int E = ow->shape[0], h, hkv, zero_attn;
     if ((s = want_shape(ow, "out_proj.weight", 2, E, E, "(E, E)"))) return s;
     if ((s = pick_heads(&h, o->n_heads, t)) || (s = pick(&hkv, o->n_kv_heads, t, "n_kv_heads")) ||
-        (s = meta_int(&zero_attn, t, "add_zero_attn")))
+        (s = mha_io_meta_int(&zero_attn, t, "add_zero_attn")))
         return s;
     if (!h) return mha_fail(MHA_E_ARG, "torch layout: the number of heads is not in the file; pass --heads");
     if (hkv && hkv != h)

@@ -62,15 +62,12 @@ static mha_status want(const mha_array *a, const char *name, int d0, int d1) {
 }
 
 static mha_status meta_int(int *out, int given, const mha_tensors *t, const char *key) {
-    const char *v = mha_tensors_meta(t, key);
-    char *end;
-    errno = 0;
-    long x = v ? strtol(v, &end, 10) : 0;
-    if (v && (errno || end == v || *end || x < 0 || x > INT_MAX))
-        return mha_fail(MHA_E_FORMAT, "metadata %s = '%.40s'; expected a non-negative integer", key, v);
+    int x;
+    mha_status s = mha_io_meta_int(&x, t, key);
+    if (s) return s;
     if (given && x && given != x)
-        return mha_fail(MHA_E_ARG, "%s = %d was requested but the checkpoint metadata says %ld", key, given, x);
-    *out = given ? given : (int)x;
+        return mha_fail(MHA_E_ARG, "%s = %d was requested but the checkpoint metadata says %d", key, given, x);
+    *out = given ? given : x;
     return MHA_OK;
 }
 
