@@ -44,6 +44,8 @@
  * between: each block's output rows are written (and their lines
  * fetched) sooner after the block starts. */
 #define MHA_GEMM_MC_AMX 64
+_Static_assert(MHA_GEMM_MC_AMX % 32 == 0 && MHA_GEMM_MC_AMX <= MHA_GEMM_MC_BIG,
+               "the driver's per-thread tile and offset arrays hold MHA_GEMM_MC_BIG rows");
 
 /* The threads' packed input blocks (and decode_gemm.c's partial sums),
  * kept between calls: a fresh block of (MC, K) floats faulted in about 80
