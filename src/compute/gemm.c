@@ -10,6 +10,10 @@
  * every output element is one task's fp32 sum in k order (thread-count
  * free). Tiles go straight to their destination where its columns are
  * contiguous (rows, or one head of one batch), else through a buffer.
+ * bf16 products (options.bf16_matmul) take the same tasks and stores on
+ * AMX tiles: the row block packed as bf16 rows, 32 x 32 tiles over all of
+ * K against the weight's bf16 pair panels (mha_pack_bf16_pairs); without
+ * AMX the packed fp32 input is rounded and the fp32 kernels run.
  * Legend: M input rows, K input width, N output columns, MC rows per
  * block, KC inputs per K block. */
 #include <stdlib.h>

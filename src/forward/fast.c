@@ -276,8 +276,8 @@ mha_status mha_forward_fast(const mha_exec *ex, const mha_layer *L, float *y, co
     mha_status s = plan(&p, L, cap, B, T, S, opt);
     if (s) goto done;
     fill_padding(&p, L);
-    if ((s = project(&p, L, x, k_src, v_src, opt->bf16_matmul, kern, nt)) || (s = transform_qk(&p, L, opt, k_src == x, nt)) ||
-        (s = check_range(&p, kern, nt)))
+    if ((s = project(&p, L, x, k_src, v_src, opt->bf16_matmul, kern, nt)) ||
+        (s = transform_qk(&p, L, opt, k_src == x, nt)) || (s = check_range(&p, kern, nt)))
         goto done;
 
     // --- attend: Z^(r) = softmax(scale Q^(r) K^(g)^T + mask) V^(g), into Z

@@ -267,9 +267,9 @@ void mha_force_row_sweep(int sweep);
 /* 1 when the avx512 table may run its AMX-BF16 entries: AVX-512, CPUID
  * AMX-TILE and AMX-BF16, tile state saved (XCR0 bits 17-18) and the
  * kernel's permission for it granted (Linux: arch_prctl
- * ARCH_REQ_XCOMP_PERM, asked once). Tests and A/B runs force it off (0)
- * to run the rounded fp32 kernels instead; 1 is honored only where the
- * CPU has it; < 0: by the probe again. */
+ * ARCH_REQ_XCOMP_PERM, asked once). Tests and A/B runs force it off
+ * (mha_force_amx(0)) to run the rounded fp32 kernels instead; any other
+ * value returns to the probe's answer. */
 int mha_cpu_has_amx_bf16(void);
 void mha_force_amx(int on);
 
