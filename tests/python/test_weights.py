@@ -74,15 +74,22 @@ def test_unknown_dtype_refused():
     assert layer.weights_dtype == "f32"
 
 
-def test_cli_convert_and_run(tmp_path):
+def saved_layer(tmp_path, seed, d_model, T):
+    """A random fp32 layer saved as a.safetensors and an input x.npy (1,T,d_model)
+    in tmp_path, for the CLI; skips when build/mha is missing."""
     if not os.path.exists(MHA_BIN):
         pytest.skip("build/mha is not built")
-    rng = np.random.default_rng(4)
-    layer, w, _ = random_layer(rng, d_model=16, n_heads=4)
+    rng = np.random.default_rng(seed)
+    layer, _, _ = random_layer(rng, d_model=d_model, n_heads=4)
     src = tmp_path / "a.safetensors"
     layer.save(src)
-    x = rng.standard_normal((1, 6, 16)).astype(np.float32)
+    x = rng.standard_normal((1, T, d_model)).astype(np.float32)
     np.save(tmp_path / "x.npy", x)
+    return src, x
+
+
+def test_cli_convert_and_run(tmp_path):
+    src, x = saved_layer(tmp_path, 4, 16, 6)
     out8 = tmp_path / "a8.safetensors"
     subprocess.run([MHA_BIN, "convert", "--from", "native", "--to", "native", "--to-dtype", "int8",
                     str(src), str(out8)], check=True, capture_output=True)
@@ -146,14 +153,7 @@ def test_bf16_matmul_refusals():
 
 
 def test_cli_bf16_matmul(tmp_path):
-    if not os.path.exists(MHA_BIN):
-        pytest.skip("build/mha is not built")
-    rng = np.random.default_rng(14)
-    layer, _, _ = random_layer(rng, d_model=32, n_heads=4)
-    src = tmp_path / "a.safetensors"
-    layer.save(src)
-    x = rng.standard_normal((1, 7, 32)).astype(np.float32)
-    np.save(tmp_path / "x.npy", x)
+    src, x = saved_layer(tmp_path, 14, 32, 7)
     subprocess.run([MHA_BIN, "run", "--weights", str(src), "--input", str(tmp_path / "x.npy"), "--output",
                     str(tmp_path / "y.npy"), "--weights-dtype", "bf16", "--bf16-matmul"], check=True,
                    capture_output=True)
