@@ -35,6 +35,7 @@ for f in $(ls src/*.c src/*/*.c); do
     isa=""
     case "$f" in
         src/kernels/avx2*) isa="-mavx2 -mfma -mf16c" ;;
+        src/kernels/avx512_amx*) isa="-mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -mf16c -mamx-tile -mamx-bf16" ;;
         src/kernels/avx512*) isa="-mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -mf16c" ;;
     esac
     [ "$o" -nt "$f" ] && [ "$o" -nt "$newest_h" ] || "$CLANG" $(echo "$flags" | sed 's/fuzzer,/fuzzer-no-link,/') -fopenmp $isa \
