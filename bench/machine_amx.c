@@ -1,28 +1,20 @@
 /* machine_amx.c — AMX-BF16 throughput (TDPBF16PS), the ceiling of the
  * bf16 projections (options.bf16_matmul) on a CPU that has AMX: four
  * independent 16x16 fp32 accumulator tiles fed by two A and two B tiles
- * loaded once, as the library's 32x32 tile runs them. Built with
- * -mamx-tile -mamx-bf16; run only after mha_cpu_has_amx_bf16() (CPUID,
- * XCR0 and the kernel's permission, which that call asks for). */
+ * loaded once, as the library's 32x32 tile runs them (configured by its
+ * amx_begin). Built with -mamx-tile -mamx-bf16; run only after
+ * mha_cpu_has_amx_bf16() (CPUID, XCR0 and the kernel's permission, which
+ * that call asks for). */
 #include <immintrin.h>
 #include <stdint.h>
 
 #include "bench.h"
 #include "kernels/kernels.h"
 
-typedef struct {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} amx_config;
-
-static const _Alignas(64) amx_config config = {
-    .palette = 1, .colsb = {64, 64, 64, 64, 64, 64, 64, 64}, .rows = {16, 16, 16, 16, 16, 16, 16, 16}};
-
 static float amx_chains(long iters) {
     static _Alignas(64) uint16_t ones[16 * 32]; /* bf16 tiles of small values */
     for (int i = 0; i < 16 * 32; i++) ones[i] = 0x3c00; /* 2^-7 */
-    _tile_loadconfig(&config);
+    mha_kernels_avx512.amx_begin(); /* the library's tile configuration */
     _tile_zero(0);
     _tile_zero(1);
     _tile_zero(2);
@@ -39,7 +31,7 @@ static float amx_chains(long iters) {
     }
     _Alignas(64) float out[16 * 16];
     _tile_stored(0, out, 64);
-    _tile_release();
+    mha_kernels_avx512.amx_end();
     return out[0];
 }
 
