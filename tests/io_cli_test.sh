@@ -498,6 +498,10 @@ run run --weights $T/native.safetensors --input $T/x.npy --output $T/y.npy --gra
 expect_error 1 "dY is float32 of shape (2, 6, 15); expected float (B, T, d_model) = (2, 6, 16)"
 run run --weights $T/nheads_0.safetensors --input $T/x.npy --output $T/y.npy
 expect_error 1 "metadata n_heads = '0'; expected a positive integer"
+for key in n_kv_heads d_k d_v; do
+  run run --weights $T/${key}_0.safetensors --input $T/x.npy --output $T/y.npy
+  expect_error 1 "metadata $key = '0'; expected a positive integer (or no $key at all)"
+done
 run run --weights $T/nheads_space.safetensors --input $T/x.npy --output $T/y.npy
 expect_error 1 "metadata n_heads = ' 4'; expected a non-negative integer (digits only)"
 run run --weights $T/nheads_plus.safetensors --input $T/x.npy --output $T/y.npy

@@ -299,7 +299,40 @@ static void shards_directory(void) {
     CHECK_STATUS(mha_checkpoint_resolve(resolved, 4, d), MHA_E_ARG);
 }
 
+/* A layer whose path is 600 bytes long (over the 511 an index once took)
+ * loads from an index as from the single file, to the same Y. */
+static void shards_long_layer_path(void) {
+    mha_tensors *one, *all;
+    CHECK_OK(mha_tensors_create(&one));
+    CHECK_OK(mha_tensors_create(&all));
+    layer_tensors(one, 0, 2105);
+    char path[601], name[700];
+    memset(path, 'a', 600), path[600] = 0;
+    const size_t cap = 64 * 1024;
+    char *index = malloc(cap);
+    if (!index) return;
+    snprintf(index, cap, "{\"weight_map\": {");
+    for (int i = 0; i < mha_tensors_count(one); i++) {
+        const char *old = mha_tensors_name(one, i); /* model.layers.0.<rest> */
+        snprintf(name, sizeof name, "%s%s", path, old + strlen("model.layers.0"));
+        CHECK_OK(mha_tensors_add(all, name, mha_tensors_get(one, old)));
+        snprintf(index + strlen(index), cap - strlen(index), "%s\"%s\": \"long.safetensors\"", i ? ", " : "", name);
+    }
+    strcat(index, "}}");
+    char p[160];
+    file_at(p, sizeof p, "long.safetensors");
+    CHECK_OK(mha_safetensors_write(p, all));
+    write_text("long.safetensors.index.json", index);
+    float a[T * D], b[T * D];
+    if (forward_of(a, "long.safetensors.index.json", NULL) && forward_of(b, "long.safetensors", NULL))
+        CHECK(memcmp(a, b, sizeof a) == 0);
+    free(index);
+    mha_tensors_free(one);
+    mha_tensors_free(all);
+}
+
 static const test_case cases[] = {
+    {"shards_long_layer_path", shards_long_layer_path},
     {"shards_directory", shards_directory},
     {"shards_other_layers_not_decoded", shards_other_layers_not_decoded},
     {"shards_prefix_whole_components", shards_prefix_whole_components},

@@ -155,8 +155,9 @@ int cli_hf_config_read(cli_hf_config *c, const char *cmd, const cli_ckpt *ck, co
     if (pre) c->scale = 1.0 / sqrt(pre);
     json_decref(root);
     if (rc) return rc;
-    c->heads = (long long)heads, c->kv_heads = (long long)kv;
+    c->heads = (long long)heads, c->kv_heads = (long long)kv, c->hidden = (long long)hidden;
     c->head_dim = hd ? (long long)hd : heads && hidden ? (long long)(hidden / heads) : 0;
+    c->head_dim_derived = !hd && c->head_dim;
     c->rope_theta = theta;
     if (part && part < 1) {
         const double r = part * (double)c->head_dim;
@@ -166,5 +167,18 @@ int cli_hf_config_read(cli_hf_config *c, const char *cmd, const cli_ckpt *ck, co
         c->rope_dim = (long long)r;
     }
     c->found = 1;
+    return 0;
+}
+
+int cli_hf_config_check(const cli_hf_config *hc, const char *cmd, const mha_config *c) {
+    if (!hc->found) return 0;
+    if (hc->hidden && hc->hidden != c->d_model)
+        return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: hidden_size %lld; expected the checkpoint's "
+                             "d_model = %d (is it the config of another model?)", hc->hidden, c->d_model);
+    if (hc->head_dim && hc->head_dim != c->d_k)
+        return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: %s %lld; expected the checkpoint's d_k = %d (is it "
+                             "the config of another model?)",
+                             hc->head_dim_derived ? "hidden_size / num_attention_heads" : "head_dim", hc->head_dim,
+                             c->d_k);
     return 0;
 }

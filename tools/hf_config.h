@@ -12,6 +12,8 @@ typedef struct {
     int found;                 /* a config.json beside an hf checkpoint was read   */
     long long heads, kv_heads; /* num_attention_heads, num_key_value_heads; 0 = absent */
     long long head_dim;        /* head_dim, else hidden_size / heads; 0 = unknown  */
+    long long hidden;          /* hidden_size; 0 = absent                          */
+    int head_dim_derived;      /* head_dim is hidden_size / heads (no head_dim key) */
     double rope_theta;         /* rope_theta (rotary_emb_base); 0 = absent         */
     long long rope_dim;        /* partial_rotary_factor (rotary_pct) x head_dim; 0 = whole */
     char rope_scale[512];      /* rope_scaling as a --rope-scale spec; "" = none   */
@@ -26,5 +28,10 @@ typedef struct {
  * code after printing "mha <cmd>: config.json: KEY ...; expected ..." for
  * malformed JSON or a value of the wrong type or range. */
 int cli_hf_config_read(cli_hf_config *c, const char *cmd, const cli_ckpt *ck, const char *path);
+
+/* 0 when the config read agrees with the loaded layer c (hidden_size =
+ * d_model, head_dim = d_k), else an exit code after printing which key
+ * contradicts the checkpoint: the file belongs to another model. */
+int cli_hf_config_check(const cli_hf_config *hc, const char *cmd, const mha_config *c);
 
 #endif /* MHA_TOOLS_HF_CONFIG_H */

@@ -49,7 +49,9 @@ int cli_load_layer(const char *cmd, mha_layer **L, const cli_ckpt *ck, const cha
     if (!s && hc.found && !o.n_heads) o.n_heads = (int)hc.heads; /* --heads wins over config.json */
     if (!s && hc.found && !o.n_kv_heads) o.n_kv_heads = (int)hc.kv_heads;
     if (!s) s = mha_layer_load(L, path ? path : ck->weights, &o);
-    return s ? cli_fail(cmd, s) : MHA_EXIT_OK;
+    if (s) return cli_fail(cmd, s);
+    if ((rc = cli_hf_config_check(&hc, cmd, mha_layer_config(*L)))) mha_layer_free(*L), *L = NULL;
+    return rc;
 }
 
 int cli_parse_load(mha_layer **L, const char **pos, mha_command_spec *spec, const cli_ckpt *ck,

@@ -174,9 +174,6 @@ int cli_apply_variants(mha_layer **L, cli_fwd *f, cli_variant_flags *vf, const c
     if (!rope && !theta && !rope_dim && !rope_scale && !vf->alibi && !softcap && !vf->sinks && !vf->qk_norm)
         return apply_options(f, vf);
     mha_config c = *mha_layer_config(*L);
-    if (hc.head_dim && hc.head_dim != c.d_k)
-        return mha_cmd_error("run", MHA_EXIT_RUNTIME, "config.json: head_dim %lld; expected the checkpoint's d_k = "
-                             "%d", hc.head_dim, c.d_k);
     mha_weights w;
     mha_layer_get_weights(*L, &w);
     if (rope) c.rope.pairing = strcmp(rope, "halves") == 0 ? MHA_ROPE_HALVES : MHA_ROPE_INTERLEAVED;

@@ -121,12 +121,15 @@ static inline int mha_io_real(const mha_array *a) { return a->f && a->dtype != M
 /* MHA_OK when tensor `name` holds real numbers, else MHA_E_FORMAT naming
  * its dtype (for int8: where int8 weights do load) (layouts.c). */
 mha_status mha_io_want_real(const mha_array *a, const char *name);
-/* MHA_E_FORMAT when the head count read is 0 but the metadata holds
- * n_heads (a "0": a bad value, not a missing one), else MHA_OK. */
-mha_status mha_io_heads_not_zero(int h, const mha_tensors *t); /* layouts.c */
 /* The metadata integer key (digits only, <= INT_MAX), 0 when absent;
  * MHA_E_FORMAT naming a bad value (layouts.c). */
 mha_status mha_io_meta_int(int *out, const mha_tensors *t, const char *key);
+/* The same for a size (n_heads, n_kv_heads, d_k, d_v): a "0" present is
+ * MHA_E_FORMAT, not a missing value (layouts.c). */
+mha_status mha_io_meta_count(int *out, const mha_tensors *t, const char *key);
+/* A count from the load option opt, else the metadata, else 0; both given
+ * must agree (MHA_E_ARG) (layouts.c). */
+mha_status mha_io_meta_pick(int *out, int opt, const mha_tensors *t, const char *key);
 
 /* Whether a tensor name is prefix+suffix (prefix given, "" too), or suffix
  * itself or ends in "." suffix (prefix NULL) (layouts.c). */

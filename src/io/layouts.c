@@ -305,10 +305,17 @@ mha_status mha_io_meta_int(int *out, const mha_tensors *t, const char *key) {
 }
 
 
-/* Picks n from the option, else metadata, else 0; both given must agree. */
-static mha_status pick(int *out, int opt, const mha_tensors *t, const char *key) {
+mha_status mha_io_meta_count(int *out, const mha_tensors *t, const char *key) {
+    mha_status s = mha_io_meta_int(out, t, key);
+    if (!s && !*out && mha_tensors_meta(t, key)) /* a "0" is a bad value, not a missing one */
+        return mha_fail(MHA_E_FORMAT, "metadata %s = '%.40s'; expected a positive integer (or no %s at all)", key,
+                        mha_tensors_meta(t, key), key);
+    return s;
+}
+
+mha_status mha_io_meta_pick(int *out, int opt, const mha_tensors *t, const char *key) {
     int m;
-    mha_status s = mha_io_meta_int(&m, t, key);
+    mha_status s = mha_io_meta_count(&m, t, key);
     if (s) return s;
     if (opt && m && opt != m)
         return mha_fail(MHA_E_ARG, "%s = %d was requested but the checkpoint metadata says %d",
@@ -317,17 +324,10 @@ static mha_status pick(int *out, int opt, const mha_tensors *t, const char *key)
     return MHA_OK;
 }
 
-mha_status mha_io_heads_not_zero(int h, const mha_tensors *t) {
-    if (!h && mha_tensors_meta(t, "n_heads"))
-        return mha_fail(MHA_E_FORMAT, "metadata n_heads = '%.40s'; expected a positive integer (or pass --heads)",
-                        mha_tensors_meta(t, "n_heads"));
-    return MHA_OK;
-}
-
-/* pick for n_heads: a metadata "0" is a bad value, not a missing one. */
-static mha_status pick_heads(int *out, int opt, const mha_tensors *t) {
-    mha_status s = pick(out, opt, t, "n_heads");
-    return s ? s : mha_io_heads_not_zero(*out, t);
+/* n_heads and n_kv_heads: each from the load options, else the metadata, else 0. */
+static mha_status pick_heads(int *h, int *hkv, const mha_load_options *o, const mha_tensors *t) {
+    mha_status s = mha_io_meta_pick(h, o->n_heads, t, "n_heads");
+    return s ? s : mha_io_meta_pick(hkv, o->n_kv_heads, t, "n_kv_heads");
 }
 
 static mha_status divide(int *q, int total, int by, const char *what, const char *tensor) {
@@ -477,8 +477,8 @@ static mha_status load_native(staged *st, const mha_tensors *t, const mha_load_o
         return s;
     mha_config *c = &st->cfg;
     int h, hkv, dk, dv;
-    if ((s = pick_heads(&h, o->n_heads, t)) || (s = pick(&hkv, o->n_kv_heads, t, "n_kv_heads")) ||
-        (s = mha_io_meta_int(&dk, t, "d_k")) || (s = mha_io_meta_int(&dv, t, "d_v")))
+    if ((s = pick_heads(&h, &hkv, o, t)) ||
+        (s = mha_io_meta_count(&dk, t, "d_k")) || (s = mha_io_meta_count(&dv, t, "d_v")))
         return s;
     if (!h) return mha_fail(MHA_E_FORMAT, "native layout: metadata n_heads is missing; pass --heads");
     c->d_model = wq->shape[0];
@@ -540,7 +540,7 @@ static mha_status load_hf_fused(staged *st, const mha_tensors *t, const mha_load
     if ((s = want_matrix(qkv, "qkv_proj.weight")) || (s = want_matrix(out, "o_proj.weight"))) return s;
     mha_config *c = &st->cfg;
     int h, hkv, d = 0;
-    if ((s = pick_heads(&h, o->n_heads, t)) || (s = pick(&hkv, o->n_kv_heads, t, "n_kv_heads"))) return s;
+    if ((s = pick_heads(&h, &hkv, o, t))) return s;
     if (!h) return mha_fail(MHA_E_ARG, "hf layout: the number of heads is not in the file; pass --heads");
     if ((s = divide(&d, out->shape[1], h, "heads", "o_proj.weight columns"))) return s;
     const int rows = qkv->shape[0];
@@ -589,7 +589,7 @@ static mha_status load_hf(staged *st, const mha_tensors *t, const mha_load_optio
         return s;
     mha_config *c = &st->cfg;
     int h, hkv;
-    if ((s = pick_heads(&h, o->n_heads, t)) || (s = pick(&hkv, o->n_kv_heads, t, "n_kv_heads")))
+    if ((s = pick_heads(&h, &hkv, o, t)))
         return s;
     if (!h) return mha_fail(MHA_E_ARG, "hf layout: the number of heads is not in the file; pass --heads");
     c->n_heads = h;
@@ -639,7 +639,7 @@ static mha_status load_fused_groups(staged *st, const mha_tensors *t, const mha_
     if ((s = want_matrix(qkv, wq)) || (s = want_matrix(dense, wo))) return s;
     mha_config *c = &st->cfg;
     int h, hkv, d = 0;
-    if ((s = pick_heads(&h, o->n_heads, t)) || (s = pick(&hkv, o->n_kv_heads, t, "n_kv_heads")))
+    if ((s = pick_heads(&h, &hkv, o, t)))
         return s;
     if (!h) return mha_fail(MHA_E_ARG, "%s layout: the number of heads is not in the file; pass --heads", L);
     c->d_model = qkv->shape[1];
@@ -702,7 +702,7 @@ static mha_status load_gpt2(staged *st, const mha_tensors *t, const mha_load_opt
         return load_fused_groups(st, t, o, "c_attn", "c_proj", "gpt2 (GPT-BigCode)");
     mha_config *c = &st->cfg;
     int h, hkv;
-    if ((s = pick_heads(&h, o->n_heads, t)) || (s = pick(&hkv, o->n_kv_heads, t, "n_kv_heads")))
+    if ((s = pick_heads(&h, &hkv, o, t)))
         return s;
     if (!h) return mha_fail(MHA_E_ARG, "gpt2 layout: the number of heads is not in the file; pass --heads");
     if (hkv && hkv != h)
@@ -750,7 +750,7 @@ static mha_status load_torch(mha_layer **out, const mha_tensors *t, const mha_lo
     if ((s = want_matrix(ow, "out_proj.weight"))) return s;
     int E = ow->shape[0], h, hkv, zero_attn;
     if ((s = want_shape(ow, "out_proj.weight", 2, E, E, "(E, E)"))) return s;
-    if ((s = pick_heads(&h, o->n_heads, t)) || (s = pick(&hkv, o->n_kv_heads, t, "n_kv_heads")) ||
+    if ((s = pick_heads(&h, &hkv, o, t)) ||
         (s = mha_io_meta_int(&zero_attn, t, "add_zero_attn")))
         return s;
     if (!h) return mha_fail(MHA_E_ARG, "torch layout: the number of heads is not in the file; pass --heads");
@@ -815,7 +815,7 @@ mha_status mha_layer_from_tensors(mha_layer **out, const mha_tensors *t,
     if (o.add_zero_attn != 0 && o.add_zero_attn != 1)
         return mha_fail(MHA_E_ARG, "add_zero_attn = %d; expected 0 (as the file says) or 1", o.add_zero_attn);
     mha_status s;
-    char path[512];
+    char path[4096];
     if (o.layout == MHA_LAYOUT_AUTO && (s = mha_io_detect(&o.layout, t, o.prefix))) return s;
     if ((s = mha_io_layer_path(&o, path, sizeof path, t))) return s;
     if (o.layout == MHA_LAYOUT_TORCH) return load_torch(out, t, &o);

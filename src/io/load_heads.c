@@ -31,7 +31,7 @@ typedef struct {
     const mha_array *b_o, *bias_k, *bias_v;
     int hf;          /* QK-norm tensors named q_norm.weight / k_norm.weight */
     const char *prefix; /* the layer's own path (mha_io_layer_path): in path, or NULL */
-    char path[512];
+    char path[4096];
 } source;
 
 static size_t head_at(const part *p, int i, int d) {
@@ -59,16 +59,6 @@ static mha_status want(const mha_array *a, const char *name, int d0, int d1) {
     if (d1 ? a->rank == 2 && a->shape[0] == d0 && a->shape[1] == d1 : a->count == (size_t)d0) return MHA_OK;
     return mha_fail(MHA_E_SHAPE, "tensor '%s' has %zu elements (rank %d, dim 0 = %d); expected (%d%s%d)", name,
                     a->count, a->rank, a->rank ? a->shape[0] : 0, d0, d1 ? ", " : ",", d1 ? d1 : 0);
-}
-
-static mha_status meta_int(int *out, int given, const mha_tensors *t, const char *key) {
-    int x;
-    mha_status s = mha_io_meta_int(&x, t, key);
-    if (s) return s;
-    if (given && x && given != x)
-        return mha_fail(MHA_E_ARG, "%s = %d was requested but the checkpoint metadata says %d", key, given, x);
-    *out = given ? given : x;
-    return MHA_OK;
 }
 
 static mha_status split(int *q, long total, int by, const char *what) {
@@ -115,11 +105,10 @@ static mha_status describe(source *src, const mha_tensors *t, const mha_load_opt
     const mha_array *a[6] = {NULL};
     int h, hkv, E;
     mha_status s;
-    if ((s = meta_int(&h, o->n_heads, t, "n_heads")) || (s = meta_int(&hkv, o->n_kv_heads, t, "n_kv_heads")) ||
-        (s = meta_int(&c->add_zero_attn, 0, t, "add_zero_attn")))
+    if ((s = mha_io_meta_pick(&h, o->n_heads, t, "n_heads")) || (s = mha_io_meta_pick(&hkv, o->n_kv_heads, t, "n_kv_heads")) ||
+        (s = mha_io_meta_int(&c->add_zero_attn, t, "add_zero_attn")))
         return s;
     c->add_zero_attn |= o->add_zero_attn;
-    if ((s = mha_io_heads_not_zero(h, t))) return s;
     if (!h) return mha_fail(MHA_E_ARG, "the number of heads is not in the file; pass --heads");
     c->n_heads = h;
     switch (o->layout) {

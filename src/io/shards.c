@@ -110,7 +110,7 @@ static mha_status read_index(mha_tensors *out, const char *index, const char *pr
     json_t *root = json_load_file(index, JSON_REJECT_DUPLICATES, &jerr);
     if (!root) return mha_fail(MHA_E_FORMAT, "line %d: %s; expected a sharded checkpoint's JSON index", jerr.line, jerr.text);
     json_t *map = json_object_get(root, "weight_map");
-    char path[512], dir[4096] = "";
+    char path[4096], dir[4096] = "";
     const char *slash = strrchr(index, '/');
     if (slash && (size_t)(slash - index + 1) < sizeof dir) memcpy(dir, index, (size_t)(slash - index + 1));
     mha_status s = json_is_object(map) ? MHA_OK

@@ -191,6 +191,8 @@ def make(d):
     write_safetensors(d + "/hf_int8.safetensors", i8)
     # metadata n_heads "0" (a bad value, not a missing one); a uint8 w_q
     write_safetensors(d + "/nheads_0.safetensors", w, dict(native_meta(h, h_kv, dh), n_heads="0"))
+    for key in ("n_kv_heads", "d_k", "d_v"):  # sizes as well: "0" was read as absent
+        write_safetensors(d + f"/{key}_0.safetensors", w, {**native_meta(h, h_kv, dh), key: "0"})
     for name, v in (("space", " 4"), ("plus", "+4")):  # strtol would take both
         write_safetensors(d + f"/nheads_{name}.safetensors", w, dict(native_meta(h, h_kv, dh), n_heads=v))
     u8 = dict(w)

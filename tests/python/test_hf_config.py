@@ -130,10 +130,16 @@ def test_partial_rotary_and_yarn_defaults(tmp_path):
     ({"num_attention_heads": 4.5}, "num_attention_heads is out of range; expected an integer"),
     ({"rope_theta": 10000.0, "partial_rotary_factor": 0.3}, "partial_rotary_factor 0.3 of head_dim 8"),
     ({"rope_theta": 10000.0, "head_dim": 16, "hidden_size": None}, "head_dim 16; expected the checkpoint's d_k = 8"),
+    # the file of another model: refused at load, with or without rotary settings
+    ({"head_dim": 16, "hidden_size": None}, "head_dim 16; expected the checkpoint's d_k = 8"),
+    ({"hidden_size": 64}, "hidden_size 64; expected the checkpoint's d_model = 32"),
+    ({"num_attention_heads": 2, "head_dim": None},
+     "hidden_size / num_attention_heads 16; expected the checkpoint's d_k = 8"),
 ])
 def test_bad_config_refused_naming_the_key(tmp_path, config, message):
     path, _, _, _ = checkpoint(tmp_path, **config)
-    if config.get("head_dim") == 16:  # heads from the flags: the load must reach the head_dim check
+    if config.get("head_dim") == 16 or config.get("num_attention_heads") == 2:
+        # heads from the flags: the load must reach the head_dim check
         config_heads = ("--heads", 4, "--kv-heads", 2)
     else:
         config_heads = ()
