@@ -477,8 +477,8 @@ static mha_status load_native(staged *st, const mha_tensors *t, const mha_load_o
         return s;
     mha_config *c = &st->cfg;
     int h, hkv, dk, dv;
-    if ((s = pick_heads(&h, &hkv, o, t)) ||
-        (s = mha_io_meta_count(&dk, t, "d_k")) || (s = mha_io_meta_count(&dv, t, "d_v")))
+    if ((s = pick_heads(&h, &hkv, o, t)) || (s = mha_io_meta_count(&dk, t, "d_k")) ||
+        (s = mha_io_meta_count(&dv, t, "d_v")))
         return s;
     if (!h) return mha_fail(MHA_E_FORMAT, "native layout: metadata n_heads is missing; pass --heads");
     c->d_model = wq->shape[0];
