@@ -399,7 +399,9 @@ MHA_API mha_status mha_forward_kv(const mha_layer *layer, float *y, const mha_ca
 /* The process default of the number of threads of every forward (0:
  * OpenMP's default, OMP_NUM_THREADS). An atomic: it may be set while other
  * threads compute; a call reads it once, at its start. Results never
- * depend on the thread count. */
+ * depend on the thread count. n above 4 per processor (at least 64) is
+ * taken as that many: libgomp exit()s the process when it cannot create
+ * the threads. */
 MHA_API void mha_set_num_threads(int n);
 MHA_API int mha_get_num_threads(void);
 
@@ -459,7 +461,8 @@ MHA_API mha_status mha_attention_merge(float *z, float *lse, const float *const 
 typedef struct mha_context mha_context;
 MHA_API mha_status mha_context_create(mha_context **out);
 MHA_API void mha_context_free(mha_context *ctx);
-/* n >= 1 threads, or 0 for the process default. */
+/* n threads (1 .. 4 per processor, at least 64; more: MHA_E_ARG), or 0
+ * for the process default. */
 MHA_API mha_status mha_context_set_num_threads(mha_context *ctx, int n);
 /* MHA_E_ARG for an unknown name or kernels this machine cannot run. */
 MHA_API mha_status mha_context_set_kernels(mha_context *ctx, const char *name);

@@ -6,6 +6,7 @@
  * back, bad ranges are refused, and mha_layer_load_config reads the dims.
  * The files are written here, tensor by tensor, from the weights.
  * Legend: h, h_kv, d_k, d_v, D = d_model, E = h*d (torch, gpt2). */
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -377,6 +378,9 @@ static void load_heads_labels_and_ranges(void) {
     CHECK_STATUS(mha_layer_load_heads(&S, p, NULL, &across), MHA_E_ARG);
     CHECK_ERROR_MENTIONS("whole kv groups");
     CHECK_STATUS(mha_layer_load_heads(&S, p, NULL, &out), MHA_E_ARG);
+    mha_head_range wraps = {.first = INT_MAX, .count = 2}; /* first + count overflows int */
+    CHECK_STATUS(mha_layer_load_heads(&S, p, NULL, &wraps), MHA_E_ARG);
+    CHECK_ERROR_MENTIONS("first=2147483647 count=2 of h=8");
     CHECK_STATUS(mha_layer_load_heads(&S, path_of("missing.safetensors"), NULL, &rg), MHA_E_IO);
     naive_weights_free(&w);
     unlink(p);

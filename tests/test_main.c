@@ -51,6 +51,7 @@ static const test_area_fn areas[] = {
     tests_lse_fast,
     tests_load_heads,
     tests_shards,
+    tests_hostile_api,
     tests_weights,
     tests_weights_isa,
     tests_decode_stream_isa,

@@ -43,6 +43,7 @@ const test_case *tests_merge_edges(size_t *count);
 const test_case *tests_lse_fast(size_t *count);
 const test_case *tests_load_heads(size_t *count);
 const test_case *tests_shards(size_t *count);
+const test_case *tests_hostile_api(size_t *count);
 const test_case *tests_weights(size_t *count);     /* bf16 / int8 weights */
 const test_case *tests_weights_isa(size_t *count); /* ... on every ISA    */
 const test_case *tests_decode_stream_isa(size_t *count); /* projections' stream order, every ISA */

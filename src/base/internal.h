@@ -86,6 +86,17 @@ void mha_advise_huge(void *p, size_t bytes);
 /* Checks that n floats are finite; names the tensor and first bad index. */
 mha_status mha_check_finite(const float *p, size_t n, const char *name);
 
+/* The most elements of one tensor a call accepts (2^40 floats: 4 TiB).
+ * Larger size products are wrapped arithmetic in the caller, not a real
+ * tensor, and indexing them would run off the caller's buffers. */
+#define MHA_MAX_ELEMENTS ((size_t)1 << 40)
+/* Whether a * b * c * d (each >= 1; pass 1 for unused factors) is at
+ * most MHA_MAX_ELEMENTS, computed without overflow. */
+static inline int mha_elements_fit(size_t a, size_t b, size_t c, size_t d) {
+    const size_t m = MHA_MAX_ELEMENTS;
+    return a <= m && b <= m / a && c <= m / (a * b) && d <= m / (a * b * c);
+}
+
 /* Non-finite values mha_first_nonfinite lets through. */
 #define MHA_SCAN_ALLOW_NAN 1u     /* the NaN mode's fully masked rows    */
 #define MHA_SCAN_ALLOW_NEG_INF 2u /* "forbid" in additive masks and files */

@@ -5,6 +5,7 @@
  * Legend: B sequences, T rows per sequence, h heads, h_kv kv heads,
  * d_k, d_v, d_model; slots = capacity rounded up to MHA_DECODE_CHUNK
  * (128 keys, whole chunks). */
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,14 +30,17 @@ static size_t slot_bytes(mha_cache_dtype kt, mha_cache_dtype vt, int d_k, int d_
 }
 
 /* whole chunks: a kv head's chunks then form one contiguous stream */
-static int round_slots(int capacity) { return (int)mha_round_up((size_t)capacity, MHA_DECODE_CHUNK); }
+static size_t round_slots(int capacity) { return mha_round_up((size_t)capacity, MHA_DECODE_CHUNK); }
 
 size_t mha_cache_bytes_for_kv(const mha_config *cfg, int batch, int capacity, mha_cache_dtype k_dtype,
                               mha_cache_dtype v_dtype) {
     mha_config c;
     if (!cfg || batch < 1 || capacity < 1 || !dtype_ok(k_dtype) || !dtype_ok(v_dtype)) return 0;
     if (mha_config_resolve(&c, cfg) != MHA_OK) return 0;
-    return (size_t)batch * c.n_kv_heads * (size_t)round_slots(capacity) * slot_bytes(k_dtype, v_dtype, c.d_k, c.d_v);
+    const size_t slots = round_slots(capacity), row = slot_bytes(k_dtype, v_dtype, c.d_k, c.d_v);
+    if (slots > INT_MAX || !mha_elements_fit((size_t)batch, (size_t)c.n_kv_heads, slots, row))
+        return 0; /* more than mha_cache_create allows: no such cache */
+    return (size_t)batch * c.n_kv_heads * slots * row;
 }
 
 size_t mha_cache_bytes_for(const mha_config *cfg, int batch, int capacity, mha_cache_dtype dtype) {
@@ -80,14 +84,14 @@ static mha_status cache_create(mha_cache **out, const mha_layer *L, int batch, i
         return mha_fail(MHA_E_SHAPE,
                         "%s: d_v_in=%d != d_model=%d; a KV cache serves causal "
                         "self-attention (values from the same tokens)", fn, cf->d_v_in, cf->d_model);
-    int slots = round_slots(capacity);
-    size_t blocks = (size_t)batch * cf->n_kv_heads, slot = slot_bytes(kt, vt, cf->d_k, cf->d_v);
-    if ((size_t)slots > ((size_t)1 << 40) / blocks / slot)
+    const size_t slots = round_slots(capacity), blocks = (size_t)batch * cf->n_kv_heads,
+                 slot = slot_bytes(kt, vt, cf->d_k, cf->d_v);
+    if (slots > INT_MAX || !mha_elements_fit(blocks, slots, slot, 1))
         return mha_fail(MHA_E_NOMEM, "%s: batch=%d capacity=%d is too large", fn, batch, capacity);
 
     mha_cache *c = calloc(1, sizeof *c);
     if (!c) return mha_fail(MHA_E_NOMEM, "%s: no memory", fn);
-    c->B = batch, c->cap = capacity, c->slots = slots, c->window = window;
+    c->B = batch, c->cap = capacity, c->slots = (int)slots, c->window = window;
     c->h = cf->n_heads, c->h_kv = cf->n_kv_heads, c->d_k = cf->d_k, c->d_v = cf->d_v;
     c->d_model = cf->d_model, c->kt = kt, c->vt = vt, c->ek = cache_elt(kt), c->ev = cache_elt(vt);
     c->nbk = kt == MHA_CACHE_I8 ? q8_blocks(cf->d_k) : 0;
@@ -282,11 +286,27 @@ void mha_cache_store(const mha_exec *ex, mha_cache *c, const float *k, const flo
 static mha_status counts(int *n, int *row0, const mha_cache *c, int T, const int *n_new,
                          const char *fn) {
     if (T < 1) return mha_fail(MHA_E_ARG, "%s: T=%d; expected >= 1", fn, T);
+    if ((long long)c->B * T > INT_MAX) /* row0[b] = b*T must not wrap */
+        return mha_fail(MHA_E_ARG, "%s: T=%d with %d sequences; expected B*T <= %d", fn, T, c->B, INT_MAX);
     for (int b = 0; b < c->B; b++) {
         n[b] = n_new ? n_new[b] : T;
         row0[b] = b * T;
         if (n[b] < 0 || n[b] > T)
             return mha_fail(MHA_E_ARG, "%s: n_new[%d]=%d; expected 0..T=%d", fn, b, n[b], T);
+    }
+    return MHA_OK;
+}
+
+/* MHA_OK when the rows a call reads of a (B, T, width) input are finite:
+ * rows row0[b] .. row0[b] + n[b] - 1 (the rest may be anything). */
+static mha_status rows_finite(const float *a, const mha_cache *c, const int *n, const int *row0, int width,
+                              const char *name) {
+    for (int b = 0; b < c->B; b++) {
+        const size_t first = (size_t)row0[b] * width, count = (size_t)n[b] * width;
+        const size_t i = mha_first_nonfinite(a + first, count, 0);
+        if (i < count)
+            return mha_fail(MHA_E_NONFINITE, "%s[%zu] = %g (sequence %d); expected a finite number", name, first + i,
+                            (double)a[first + i], b);
     }
     return MHA_OK;
 }
@@ -313,6 +333,8 @@ mha_status mha_cache_append(mha_cache *c, const float *k, const float *v, int T,
     int *n = malloc(sizeof(int) * 2 * c->B);
     if (!n) return mha_fail(MHA_E_NOMEM, "mha_cache_append: no memory");
     mha_status s = counts(n, n + c->B, c, T, n_new, "mha_cache_append");
+    if (!s) s = rows_finite(k, c, n, n + c->B, c->h_kv * c->d_k, "mha_cache_append: k");
+    if (!s) s = rows_finite(v, c, n, n + c->B, c->h_kv * c->d_v, "mha_cache_append: v");
     if (!s) s = mha_cache_check_room(c, n, "mha_cache_append");
     mha_exec ex;
     if (!s) s = mha_exec_resolve(&ex, NULL);
@@ -329,6 +351,7 @@ mha_status mha_cache_attend(const mha_cache *c, float *z, const float *q, int T,
     int *n = malloc(sizeof(int) * 2 * c->B);
     if (!n) return mha_fail(MHA_E_NOMEM, "mha_cache_attend: no memory");
     mha_status s = counts(n, n + c->B, c, T, n_new, "mha_cache_attend");
+    if (!s) s = rows_finite(q, c, n, n + c->B, c->h * c->d_k, "mha_cache_attend: q");
     for (int b = 0; b < c->B && !s; b++) {
         int first = c->len[b] - n[b];
         int need = c->window ? first - (c->window - 1) : 0;

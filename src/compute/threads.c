@@ -2,6 +2,7 @@
  * else the process defaults. The defaults are atomics, so setting them
  * never races with running calls; a call reads them once, at its start.
  * Also the public context object (mha.h). */
+#include <limits.h>
 #include <omp.h>
 
 #include <stdatomic.h>
@@ -19,7 +20,18 @@ struct mha_context {
 static atomic_int num_threads;                      /* 0: OpenMP's default */
 static _Atomic double min_parallel_work = 262144.0; /* multiply-adds (~30 us) */
 
-void mha_set_num_threads(int n) { atomic_store(&num_threads, n > 0 ? n : 0); }
+/* The most threads a call asks OpenMP for: 4 per processor, at least 64.
+ * Results never depend on the count, and a count far beyond the machine
+ * makes libgomp print and exit() when it cannot create the threads. */
+static int max_threads(void) {
+    const int procs = omp_get_num_procs();
+    return procs > 16 ? (procs < INT_MAX / 4 ? 4 * procs : INT_MAX) : 64;
+}
+
+void mha_set_num_threads(int n) {
+    const int cap = max_threads();
+    atomic_store(&num_threads, n > 0 ? (n < cap ? n : cap) : 0);
+}
 
 int mha_get_num_threads(void) {
     int n = atomic_load(&num_threads);
@@ -59,7 +71,9 @@ void mha_context_free(mha_context *ctx) { free(ctx); }
 
 mha_status mha_context_set_num_threads(mha_context *ctx, int n) {
     if (!ctx) return mha_fail(MHA_E_ARG, "mha_context_set_num_threads: context is NULL");
-    if (n < 0) return mha_fail(MHA_E_ARG, "mha_context_set_num_threads: n=%d; expected >= 1 or 0 (default)", n);
+    if (n < 0 || n > max_threads())
+        return mha_fail(MHA_E_ARG, "mha_context_set_num_threads: n=%d; expected 1..%d (4 per processor, at least "
+                        "64) or 0 (default)", n, max_threads());
     ctx->n_threads = n;
     return MHA_OK;
 }

@@ -10,6 +10,9 @@
 static mha_status check_sizes(const char *fn, int n, int rows, int d) {
     if (n < 1 || rows < 1 || d < 1)
         return mha_fail(MHA_E_ARG, "%s: n=%d rows=%d d=%d; expected all >= 1", fn, n, rows, d);
+    if (!mha_elements_fit((size_t)n, (size_t)rows, (size_t)d, 1))
+        return mha_fail(MHA_E_ARG, "%s: n=%d rows=%d d=%d make more than 2^40 elements; expected sizes of real "
+                        "buffers", fn, n, rows, d);
     return MHA_OK;
 }
 
@@ -51,7 +54,9 @@ mha_status mha_project_out(float *y, const float *z, const float *w, const float
     // y is (rows, d_out), z is (rows, d_in), w is (d_in, d_out), b is (d_out)
     mha_status s = check_sizes("mha_project_out", 1, rows, d_in);
     if (s) return s;
-    if (d_out < 1) return mha_fail(MHA_E_ARG, "mha_project_out: d_out=%d; expected >= 1", d_out);
+    if (d_out < 1 || !mha_elements_fit((size_t)rows + (size_t)d_in, (size_t)d_out, 1, 1))
+        return mha_fail(MHA_E_ARG, "mha_project_out: d_out=%d with rows=%d d_in=%d; expected >= 1 and y, w "
+                        "of at most 2^40 elements", d_out, rows, d_in);
     if (!y || !z || !w) return mha_fail(MHA_E_ARG, "mha_project_out: NULL %s", !y ? "y" : !z ? "z" : "w");
     /* one row of sums, w read row by row (contiguous): each y element still
      * sums b then i = 0, 1, ... in double, as the textbook loop does */
@@ -75,7 +80,9 @@ mha_status mha_head_contributions(float *contrib, const float *z, const float *w
     // contrib is (n, rows, d_out); z is (rows, n*d); w is (n*d, d_out)
     mha_status s = check_sizes("mha_head_contributions", n, rows, d);
     if (s) return s;
-    if (d_out < 1) return mha_fail(MHA_E_ARG, "mha_head_contributions: d_out=%d; expected >= 1", d_out);
+    if (d_out < 1 || !mha_elements_fit((size_t)n, (size_t)rows + (size_t)d, (size_t)d_out, 1))
+        return mha_fail(MHA_E_ARG, "mha_head_contributions: d_out=%d with n=%d rows=%d d=%d; expected >= 1 and "
+                        "contributions, w of at most 2^40 elements", d_out, n, rows, d);
     if (!contrib || !z || !w)
         return mha_fail(MHA_E_ARG, "mha_head_contributions: NULL %s",
                         !contrib ? "contributions" : !z ? "z" : "w");

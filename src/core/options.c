@@ -15,7 +15,6 @@
 
 /* Bound on every tensor's element count, far above real use, so that size
  * arithmetic cannot overflow. */
-#define MHA_MAX_ELEMENTS ((size_t)1 << 40)
 
 mha_options mha_options_default(void) {
     mha_options o;

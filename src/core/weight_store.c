@@ -158,8 +158,9 @@ const char *mha_weight_dtype_name(mha_weight_dtype d) {
 }
 
 mha_status mha_weight_dtype_parse(mha_weight_dtype *out, const char *name) {
+    if (!out) return mha_fail(MHA_E_ARG, "mha_weight_dtype_parse: out is NULL");
     static const char *names[] = {"f32", "bf16", "int8"};
-    for (int i = 0; out && name && i < 3; i++)
+    for (int i = 0; name && i < 3; i++)
         if (strcmp(name, names[i]) == 0) return *out = (mha_weight_dtype)i, MHA_OK;
     return mha_fail(MHA_E_ARG, "weight dtype '%s' unknown; expected f32, bf16 or int8", name ? name : "(null)");
 }

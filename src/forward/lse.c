@@ -81,6 +81,11 @@ mha_status mha_attend_lse(const mha_config *cfg, float *z, float *lse, const flo
     if (opt->interventions)
         return mha_fail(MHA_E_ARG, "mha_attend_lse: options.interventions given; expected NULL (apply them to the merged Z)");
     if ((s = mha_refuse_bf16_matmul(opt, "mha_attend_lse"))) return s;
+    const size_t dq = (size_t)(c.d_k > c.d_v ? c.d_k : c.d_v), hq = (size_t)c.n_heads;
+    if (!mha_elements_fit((size_t)B, (size_t)(T > S ? T : S), hq, dq) ||
+        !mha_elements_fit((size_t)B, hq, (size_t)T, (size_t)S))
+        return mha_fail(MHA_E_SHAPE, "mha_attend_lse: B=%d T=%d S=%d with %d heads of width %zu make a tensor of "
+                        "more than 2^40 elements; expected sizes of real buffers", B, T, S, c.n_heads, dq);
     const size_t nq = (size_t)B * T * c.n_heads * c.d_k, nk = (size_t)B * S * c.n_kv_heads * c.d_k,
                  nv = (size_t)B * S * c.n_kv_heads * c.d_v, nz = (size_t)B * T * c.n_heads * c.d_v;
     if ((s = mha_check_finite(q, nq, "q")) || (s = mha_check_finite(k, nk, "k")) ||

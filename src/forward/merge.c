@@ -12,6 +12,9 @@ mha_status mha_attention_merge(float *z, float *lse, const float *const *z_parts
         return mha_fail(MHA_E_ARG, "mha_attention_merge: n=%d B=%d T=%d h=%d d_v=%d; expected all >= 1",
                         n, B, T, h, d_v);
     if (!z || !z_parts || !lse_parts) return mha_fail(MHA_E_ARG, "mha_attention_merge: NULL %s", !z ? "z" : !z_parts ? "z_parts" : "lse_parts");
+    if (!mha_elements_fit((size_t)B, (size_t)T, (size_t)h, (size_t)d_v))
+        return mha_fail(MHA_E_SHAPE, "mha_attention_merge: B=%d T=%d h=%d d_v=%d make Z of more than 2^40 "
+                        "elements; expected sizes of real buffers", B, T, h, d_v);
     const size_t rows = (size_t)B * h * T; /* lse entries per part */
     for (int p = 0; p < n; p++) {
         if (!z_parts[p] || !lse_parts[p])

@@ -408,10 +408,10 @@ mha_status mha_layer_load_heads(mha_layer **out, const char *path, const mha_loa
     mha_status s = open_source(&t, &src, path, opt);
     const int h = src.c.n_heads, hkv = src.c.n_kv_heads, group = s ? 1 : h / hkv;
     const int first = range->first, n = range->count;
-    if (!s && (first < 0 || n < 1 || first + n > h || (first % group && (first + n - 1) / group != first / group) ||
+    if (!s && (first < 0 || n < 1 || n > h || first > h - n || (first % group && (first + n - 1) / group != first / group) ||
                (n % group && (first + n - 1) / group != first / group)))
-        s = mha_fail(MHA_E_ARG, "heads [%d, %d) of h=%d with %d query heads per kv head; expected whole kv groups, "
-                     "or heads inside one group", first, first + n, h, group);
+        s = mha_fail(MHA_E_ARG, "heads first=%d count=%d of h=%d with %d query heads per kv head; expected a range "
+                     "inside 0..h-1 of whole kv groups, or heads inside one group", first, n, h, group);
     const int g0 = s ? 0 : first / group, g = s ? 0 : (first + n - 1) / group - g0 + 1;
     if (!s) s = narrow(&nt, &src, t, src.prefix, first, n, g0, g);
     mha_load_options native = {.layout = MHA_LAYOUT_NATIVE};

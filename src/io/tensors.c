@@ -138,6 +138,8 @@ mha_status mha_tensors_add(mha_tensors *t, const char *name, const mha_array *a)
         return mha_fail(MHA_E_ARG, "tensor '%s' has rank %d; expected 0..%d", name, a->rank,
                         MHA_ARRAY_MAX_RANK);
     if (is_integer(a)) return refuse_integer(name, a);
+    if (!mha_dtype_size(a->dtype))
+        return mha_fail(MHA_E_ARG, "tensor '%s' has dtype %d; expected one of mha_dtype", name, (int)a->dtype);
     mha_array c = *a;
     c.f = NULL;
     c.u8 = NULL;
