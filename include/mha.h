@@ -442,7 +442,8 @@ MHA_API mha_status mha_attend_lse(const mha_config *cfg, float *z, float *lse, c
  * part with lse = -inf (no allowed key) has weight 0 whatever its z holds
  * (0 or NaN); a row whose every part is -inf gets z = 0 and lse = -inf. z
  * and lse may be one of the parts (in place); lse may be NULL. A NaN or
- * +inf lse is MHA_E_NONFINITE (nothing written). */
+ * +inf lse, or a non-finite z in a row whose lse is finite, is
+ * MHA_E_NONFINITE (nothing written). */
 MHA_API mha_status mha_attention_merge(float *z, float *lse, const float *const *z_parts,
                                        const float *const *lse_parts, int n, int B, int T,
                                        int h, int d_v);

@@ -22,6 +22,12 @@ static void hostile_sizes_wrap(void) {
     CHECK_ERROR_MENTIONS("more than 2^40 elements");
     CHECK_STATUS(mha_attention_merge(buf, lse, zp, lp, 1, INT_MAX, INT_MAX, INT_MAX, INT_MAX), MHA_E_SHAPE);
     CHECK_OK(mha_attention_merge(buf, lse, zp, lp, 1, 1, 2, 2, 4)); /* a real size still runs */
+    buf[5] = NAN; /* (b 0, t 0, head 1) of a row with keys: refused */
+    CHECK_STATUS(mha_attention_merge(buf, lse, zp, lp, 1, 1, 2, 2, 4), MHA_E_NONFINITE);
+    CHECK_ERROR_MENTIONS("z_parts[0][5] = nan where its lse is finite");
+    lse[2] = -INFINITY; /* lse (B,h,T): head 1, t 0 has no key: its Z may hold anything */
+    CHECK_OK(mha_attention_merge(buf, lse, zp, lp, 1, 1, 2, 2, 4));
+    CHECK(buf[5] == 0.0f); /* a row without keys gets z = 0 */
 
     mha_config c = mha_config_default(16, 16);
     c.d_k = c.d_v = 1 << 20;
@@ -54,6 +60,8 @@ static void hostile_sizes_wrap(void) {
     CHECK_STATUS(mha_cache_append(C, buf, buf, 1 << 30, none), MHA_E_ARG); /* 3 * 2^30 rows wrap an int */
     CHECK_ERROR_MENTIONS("B*T");
     CHECK_STATUS(mha_cache_attend(C, buf, buf, 1 << 30, none, 0.0f), MHA_E_ARG);
+    CHECK_STATUS(mha_forward_cached(L, C, buf, NULL, buf, 1 << 30, none, NULL), MHA_E_ARG);
+    CHECK_ERROR_MENTIONS("mha_forward_cached: T=1073741824 with 3 sequences");
     mha_cache_free(C);
     mha_layer_free(L);
 }

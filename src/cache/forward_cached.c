@@ -15,6 +15,7 @@
  * h heads, h_kv kv heads, d_k, d_v, d_model.
  */
 #include <float.h>
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -425,6 +426,10 @@ mha_status mha_forward_cached_exec(const mha_exec *ex, const mha_layer *L, mha_c
         return mha_fail(MHA_E_ARG, "mha_forward_cached: NULL %s; expected (B,T,d_model) floats",
                         !L ? "layer" : !c ? "cache" : !y ? "y" : "x");
     if (T < 1) return mha_fail(MHA_E_ARG, "mha_forward_cached: T=%d; expected >= 1", T);
+    const size_t widest = (size_t)c->h * (size_t)(c->d_k > c->d_v ? c->d_k : c->d_v) + (size_t)c->d_model;
+    if ((long long)c->B * T > INT_MAX || !mha_elements_fit((size_t)c->B, (size_t)T, widest, 1))
+        return mha_fail(MHA_E_ARG, "mha_forward_cached: T=%d with %d sequences; expected B*T <= %d and (B,T,d_model) "
+                        "of at most 2^40 elements", T, c->B, INT_MAX);
     mha_options defaults = mha_options_default();
     if (!opt) opt = &defaults;
     mha_status s = check_cache_layer(c, L);

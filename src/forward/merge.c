@@ -23,6 +23,17 @@ mha_status mha_attention_merge(float *z, float *lse, const float *const *z_parts
             if (isnan(lse_parts[p][i]) || lse_parts[p][i] == INFINITY)
                 return mha_fail(MHA_E_NONFINITE, "mha_attention_merge: lse_parts[%d][%zu] = %g; expected finite or -inf",
                                 p, i, (double)lse_parts[p][i]);
+        /* a row with keys (finite lse) has a finite Z; one without may hold anything */
+        for (int b = 0; b < B; b++)
+            for (int r = 0; r < h; r++)
+                for (int t = 0; t < T; t++) {
+                    if (lse_parts[p][((size_t)b * h + r) * T + t] == -INFINITY) continue;
+                    const size_t zi = ((size_t)b * T + t) * h * d_v + (size_t)r * d_v; /* (B,T,h*d_v) */
+                    const size_t e = mha_first_nonfinite(z_parts[p] + zi, (size_t)d_v, 0);
+                    if (e < (size_t)d_v)
+                        return mha_fail(MHA_E_NONFINITE, "mha_attention_merge: z_parts[%d][%zu] = %g where its lse "
+                                        "is finite; expected a finite Z", p, zi + e, (double)z_parts[p][zi + e]);
+                }
     }
     double *w = malloc((size_t)n * sizeof(double)); // (n) weights of one row
     if (!w) return mha_fail(MHA_E_NOMEM, "mha_attention_merge: no memory for %d weights", n);
