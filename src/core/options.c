@@ -13,9 +13,6 @@
 #include "core/variants.h"
 #include "kernels/kernels.h"
 
-/* Bound on every tensor's element count, far above real use, so that size
- * arithmetic cannot overflow. */
-
 mha_options mha_options_default(void) {
     mha_options o;
     memset(&o, 0, sizeof o);
