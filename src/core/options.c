@@ -156,7 +156,8 @@ mha_status mha_forward_validate(const mha_layer *L, const float *y, const float 
     if (widest < (size_t)c->d_model) widest = (size_t)c->d_model;
     if (widest < (size_t)c->d_kv_in) widest = (size_t)c->d_kv_in;
     if (widest < (size_t)c->d_v_in) widest = (size_t)c->d_v_in;
-    if (big > MHA_MAX_ELEMENTS / widest || (size_t)T * S > MHA_MAX_ELEMENTS / (size_t)B / (size_t)c->n_heads)
+    if (!mha_elements_fit(big, widest, 1, 1) ||
+        !mha_elements_fit((size_t)B, (size_t)c->n_heads, (size_t)T, (size_t)S)) /* the (B,h,T,S) scores */
         return mha_fail(MHA_E_SHAPE, "mha_forward: B=%d T=%d S=%d is too large for this layer", B, T, S);
     mha_status s = check_input(x, (size_t)B * T * c->d_model, "x");
     if (s) return s;

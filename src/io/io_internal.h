@@ -127,9 +127,10 @@ mha_status mha_io_meta_int(int *out, const mha_tensors *t, const char *key);
 /* The same for a size (n_heads, n_kv_heads, d_k, d_v): a "0" present is
  * MHA_E_FORMAT, not a missing value (layouts.c). */
 mha_status mha_io_meta_count(int *out, const mha_tensors *t, const char *key);
-/* A count from the load option opt, else the metadata, else 0; both given
- * must agree (MHA_E_ARG) (layouts.c). */
-mha_status mha_io_meta_pick(int *out, int opt, const mha_tensors *t, const char *key);
+/* n_heads and n_kv_heads: each from the load options, else the metadata
+ * (mha_io_meta_count), else 0; option and metadata given must agree
+ * (MHA_E_ARG) (layouts.c). */
+mha_status mha_io_pick_heads(int *h, int *hkv, const mha_load_options *o, const mha_tensors *t);
 
 /* Whether a tensor name is prefix+suffix (prefix given, "" too), or suffix
  * itself or ends in "." suffix (prefix NULL) (layouts.c). */

@@ -313,7 +313,8 @@ mha_status mha_io_meta_count(int *out, const mha_tensors *t, const char *key) {
     return s;
 }
 
-mha_status mha_io_meta_pick(int *out, int opt, const mha_tensors *t, const char *key) {
+/* A count from the load option opt, else the metadata, else 0; both given must agree. */
+static mha_status pick(int *out, int opt, const mha_tensors *t, const char *key) {
     int m;
     mha_status s = mha_io_meta_count(&m, t, key);
     if (s) return s;
@@ -324,10 +325,9 @@ mha_status mha_io_meta_pick(int *out, int opt, const mha_tensors *t, const char 
     return MHA_OK;
 }
 
-/* n_heads and n_kv_heads: each from the load options, else the metadata, else 0. */
-static mha_status pick_heads(int *h, int *hkv, const mha_load_options *o, const mha_tensors *t) {
-    mha_status s = mha_io_meta_pick(h, o->n_heads, t, "n_heads");
-    return s ? s : mha_io_meta_pick(hkv, o->n_kv_heads, t, "n_kv_heads");
+mha_status mha_io_pick_heads(int *h, int *hkv, const mha_load_options *o, const mha_tensors *t) {
+    mha_status s = pick(h, o->n_heads, t, "n_heads");
+    return s ? s : pick(hkv, o->n_kv_heads, t, "n_kv_heads");
 }
 
 static mha_status divide(int *q, int total, int by, const char *what, const char *tensor) {
@@ -477,7 +477,7 @@ static mha_status load_native(staged *st, const mha_tensors *t, const mha_load_o
         return s;
     mha_config *c = &st->cfg;
     int h, hkv, dk, dv;
-    if ((s = pick_heads(&h, &hkv, o, t)) || (s = mha_io_meta_count(&dk, t, "d_k")) ||
+    if ((s = mha_io_pick_heads(&h, &hkv, o, t)) || (s = mha_io_meta_count(&dk, t, "d_k")) ||
         (s = mha_io_meta_count(&dv, t, "d_v")))
         return s;
     if (!h) return mha_fail(MHA_E_FORMAT, "native layout: metadata n_heads is missing; pass --heads");
@@ -540,7 +540,7 @@ static mha_status load_hf_fused(staged *st, const mha_tensors *t, const mha_load
     if ((s = want_matrix(qkv, "qkv_proj.weight")) || (s = want_matrix(out, "o_proj.weight"))) return s;
     mha_config *c = &st->cfg;
     int h, hkv, d = 0;
-    if ((s = pick_heads(&h, &hkv, o, t))) return s;
+    if ((s = mha_io_pick_heads(&h, &hkv, o, t))) return s;
     if (!h) return mha_fail(MHA_E_ARG, "hf layout: the number of heads is not in the file; pass --heads");
     if ((s = divide(&d, out->shape[1], h, "heads", "o_proj.weight columns"))) return s;
     const int rows = qkv->shape[0];
@@ -589,7 +589,7 @@ static mha_status load_hf(staged *st, const mha_tensors *t, const mha_load_optio
         return s;
     mha_config *c = &st->cfg;
     int h, hkv;
-    if ((s = pick_heads(&h, &hkv, o, t)))
+    if ((s = mha_io_pick_heads(&h, &hkv, o, t)))
         return s;
     if (!h) return mha_fail(MHA_E_ARG, "hf layout: the number of heads is not in the file; pass --heads");
     c->n_heads = h;
@@ -639,7 +639,7 @@ static mha_status load_fused_groups(staged *st, const mha_tensors *t, const mha_
     if ((s = want_matrix(qkv, wq)) || (s = want_matrix(dense, wo))) return s;
     mha_config *c = &st->cfg;
     int h, hkv, d = 0;
-    if ((s = pick_heads(&h, &hkv, o, t)))
+    if ((s = mha_io_pick_heads(&h, &hkv, o, t)))
         return s;
     if (!h) return mha_fail(MHA_E_ARG, "%s layout: the number of heads is not in the file; pass --heads", L);
     c->d_model = qkv->shape[1];
@@ -702,7 +702,7 @@ static mha_status load_gpt2(staged *st, const mha_tensors *t, const mha_load_opt
         return load_fused_groups(st, t, o, "c_attn", "c_proj", "gpt2 (GPT-BigCode)");
     mha_config *c = &st->cfg;
     int h, hkv;
-    if ((s = pick_heads(&h, &hkv, o, t)))
+    if ((s = mha_io_pick_heads(&h, &hkv, o, t)))
         return s;
     if (!h) return mha_fail(MHA_E_ARG, "gpt2 layout: the number of heads is not in the file; pass --heads");
     if (hkv && hkv != h)
@@ -750,7 +750,7 @@ static mha_status load_torch(mha_layer **out, const mha_tensors *t, const mha_lo
     if ((s = want_matrix(ow, "out_proj.weight"))) return s;
     int E = ow->shape[0], h, hkv, zero_attn;
     if ((s = want_shape(ow, "out_proj.weight", 2, E, E, "(E, E)"))) return s;
-    if ((s = pick_heads(&h, &hkv, o, t)) ||
+    if ((s = mha_io_pick_heads(&h, &hkv, o, t)) ||
         (s = mha_io_meta_int(&zero_attn, t, "add_zero_attn")))
         return s;
     if (!h) return mha_fail(MHA_E_ARG, "torch layout: the number of heads is not in the file; pass --heads");

@@ -105,9 +105,7 @@ static mha_status describe(source *src, const mha_tensors *t, const mha_load_opt
     const mha_array *a[6] = {NULL};
     int h, hkv, E;
     mha_status s;
-    if ((s = mha_io_meta_pick(&h, o->n_heads, t, "n_heads")) ||
-        (s = mha_io_meta_pick(&hkv, o->n_kv_heads, t, "n_kv_heads")) ||
-        (s = mha_io_meta_int(&c->add_zero_attn, t, "add_zero_attn")))
+    if ((s = mha_io_pick_heads(&h, &hkv, o, t)) || (s = mha_io_meta_int(&c->add_zero_attn, t, "add_zero_attn")))
         return s;
     c->add_zero_attn |= o->add_zero_attn;
     if (!h) return mha_fail(MHA_E_ARG, "the number of heads is not in the file; pass --heads");
