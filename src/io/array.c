@@ -105,14 +105,14 @@ mha_status mha_array_alloc(mha_array *out) {
 }
 
 mha_status mha_shape_count(size_t *count, const int *shape, int rank, size_t elem_size,
-                           const char *what) {
+                           const char *what, mha_status bad) {
     size_t n = 1;
     for (int i = 0; i < rank; i++) {
         if (shape[i] < 0)
-            return mha_fail(MHA_E_FORMAT, "%s: dimension %d is %d; expected >= 0", what, i,
+            return mha_fail(bad, "%s: dimension %d is %d; expected >= 0", what, i,
                             shape[i]);
         if (shape[i] != 0 && n > SIZE_MAX / 4 / elem_size / (size_t)shape[i])
-            return mha_fail(MHA_E_FORMAT, "%s: shape overflows the address space", what);
+            return mha_fail(bad, "%s: shape overflows the address space", what);
         n *= (size_t)shape[i];
     }
     *count = n;

@@ -30,9 +30,11 @@ static inline uint64_t mha_le64(const unsigned char *p) {
 /* Allocates out->f or out->u8 for out->count elements of out->dtype. */
 mha_status mha_array_alloc(mha_array *out);
 /* count = product of shape[0..rank), checked against overflow of both the
- * element count and count * elem_size; the message names `what`. */
+ * element count and count * elem_size; the message names `what`. A bad
+ * shape fails with `bad`: MHA_E_FORMAT where a file gave it, MHA_E_ARG where
+ * the caller did. */
 mha_status mha_shape_count(size_t *count, const int *shape, int rank, size_t elem_size,
-                           const char *what);
+                           const char *what, mha_status bad);
 /* Decodes count little-endian elements of a->dtype from src into a. For
  * floating dtypes checks finiteness according to flags (MHA_IO_*); BOOL
  * bytes must be 0 or 1. what/tensor name the place in messages. Large

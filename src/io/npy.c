@@ -180,7 +180,7 @@ mha_status mha_npy_parse(mha_array *out, const void *buf, size_t len, const char
     if (s) return s;
     for (int i = a.rank; i < MHA_ARRAY_MAX_RANK; i++) a.shape[i] = 1;
     size_t es = mha_dtype_size(a.dtype);
-    if ((s = mha_shape_count(&a.count, a.shape, a.rank, es, name))) return s;
+    if ((s = mha_shape_count(&a.count, a.shape, a.rank, es, name, MHA_E_FORMAT))) return s;
     size_t have = len - start - hlen, want = a.count * es;
     if (have < want)
         return mha_fail(MHA_E_FORMAT, "%s: truncated: %zu data bytes, expected %zu for %s %s",
@@ -228,7 +228,7 @@ mha_status mha_npy_write(const char *path, const mha_array *a) {
         return mha_fail(MHA_E_ARG, "%s: array has rank %d or no data; expected rank 0..%d",
                         path, a->rank, MHA_ARRAY_MAX_RANK);
     size_t count;
-    mha_status s = mha_shape_count(&count, a->shape, a->rank, 4, path);
+    mha_status s = mha_shape_count(&count, a->shape, a->rank, 4, path, MHA_E_ARG);
     if (s) return s;
     if (count != a->count)
         return mha_fail(MHA_E_ARG, "%s: array count %zu disagrees with its shape (%zu)", path,
@@ -270,7 +270,7 @@ mha_status mha_npy_write_f32(const char *path, const float *data, int rank, cons
                         MHA_ARRAY_MAX_RANK);
     mha_array a = {.dtype = MHA_DTYPE_F32, .rank = rank, .f = (float *)data};
     for (int i = 0; i < MHA_ARRAY_MAX_RANK; i++) a.shape[i] = i < rank ? shape[i] : 1;
-    mha_status s = mha_shape_count(&a.count, a.shape, rank, 4, path);
+    mha_status s = mha_shape_count(&a.count, a.shape, rank, 4, path, MHA_E_ARG);
     if (s) return s;
     return mha_npy_write(path, &a);
 }

@@ -143,7 +143,8 @@ mha_status mha_tensors_add(mha_tensors *t, const char *name, const mha_array *a)
     mha_array c = *a;
     c.f = NULL;
     c.u8 = NULL;
-    mha_status s = mha_shape_count(&c.count, c.shape, c.rank, mha_dtype_size(c.dtype), name);
+    mha_status s = mha_shape_count(&c.count, c.shape, c.rank, mha_dtype_size(c.dtype), name,
+                                  MHA_E_ARG);
     if (s) return s;
     if (c.count != a->count)
         return mha_fail(MHA_E_ARG, "tensor '%s': count %zu disagrees with its shape (%zu)", name,
@@ -171,7 +172,7 @@ mha_status mha_tensors_add_f32(mha_tensors *t, const char *name, const float *da
                         rank, MHA_ARRAY_MAX_RANK);
     mha_array a = {.dtype = MHA_DTYPE_F32, .rank = rank, .f = (float *)data};
     for (int i = 0; i < MHA_ARRAY_MAX_RANK; i++) a.shape[i] = i < rank ? shape[i] : 1;
-    mha_status s = mha_shape_count(&a.count, a.shape, rank, 4, name ? name : "?");
+    mha_status s = mha_shape_count(&a.count, a.shape, rank, 4, name ? name : "?", MHA_E_ARG);
     if (s) return s;
     return mha_tensors_add(t, name, &a);
 }
