@@ -7,7 +7,7 @@
 set -e
 core="gcc make libc6-dev libjansson-dev libpng-dev zlib1g-dev pkg-config"
 mpi="$core openmpi-bin libopenmpi-dev"
-test="$mpi python3 python3-numpy python3-pytest python3-torch python3-pip python3-setuptools python3-wheel libopenblas-dev clang libomp-dev gcovr"
+test="$mpi python3 python3-numpy python3-pytest python3-torch python3-pip python3-setuptools python3-wheel libopenblas-dev clang libomp-dev gcovr locales"
 bench="$test python3-onnx nodejs"
 case "${1:-core}" in
   core) want="$core" ;;
@@ -38,6 +38,13 @@ install $want
 if [ "${1:-core}" = test ] || [ "${1:-core}" = bench ]; then
   major=$(clang -dumpversion | cut -d. -f1)
   install "libclang-rt-$major-dev"
+fi
+# A decimal-comma locale: the test that numbers in files ignore the
+# caller's locale (tests/test_variants_io.c) runs a thread under de_DE.
+if [ "${1:-core}" = test ] || [ "${1:-core}" = bench ]; then
+  locale -a 2>/dev/null | grep -qi '^de_DE\.utf-\?8$' ||
+    $sudo localedef -i de_DE -f UTF-8 de_DE.UTF-8 ||
+    echo "setup.sh: localedef de_DE.UTF-8 failed; the locale test will say so" >&2
 fi
 # ONNX Runtime, the benchmark's peer: the npm package (CPU runtime inside),
 # pinned in bench/ort/package.json; --ignore-scripts because its install

@@ -2,9 +2,12 @@
  * (src/io/variants_meta.c): every setting and per-head tensor survives a
  * native round trip (the reloaded layer has the same config, the same
  * per-head tensors and the same Y bit for bit), the hf layout finds
- * Qwen 3's q_norm.weight / k_norm.weight, and every damaged metadata value
- * or tensor is refused with a message naming it.
+ * Qwen 3's q_norm.weight / k_norm.weight, every damaged metadata value
+ * or tensor is refused with a message naming it, and the numbers read the
+ * same under any locale.
  * Legend: d_model 8, h 4 heads, h_kv 2, d_k 4; B 1, T 5. */
+#include <locale.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -58,11 +61,10 @@ static int same_floats(const float *a, const float *b, size_t n) {
     return memcmp(a, b, n * sizeof(float)) == 0;
 }
 
-/* native round trip of L: same config, same per-head tensors, same Y bits */
-static void check_round_trip(const mha_layer *L) {
-    mha_tensors *t = NULL;
+/* t, read back as a native layer, is L: same config, same per-head
+ * tensors, same Y bits */
+static void check_reads_back(const mha_tensors *t, const mha_layer *L) {
     mha_layer *back = NULL;
-    CHECK_OK(mha_layer_to_tensors(&t, L));
     mha_load_options lo = {.layout = MHA_LAYOUT_NATIVE};
     CHECK_OK(mha_layer_from_tensors(&back, t, &lo));
     if (back) {
@@ -88,6 +90,13 @@ static void check_round_trip(const mha_layer *L) {
         CHECK(memcmp(y1, y2, sizeof y1) == 0);
     }
     mha_layer_free(back);
+}
+
+/* native round trip of L */
+static void check_round_trip(const mha_layer *L) {
+    mha_tensors *t = NULL;
+    CHECK_OK(mha_layer_to_tensors(&t, L));
+    if (t) check_reads_back(t, L);
     mha_tensors_free(t);
 }
 
@@ -114,6 +123,42 @@ static void test_variants_native_round_trip(void) {
         if (L) check_round_trip(L);
         mha_layer_free(L);
     }
+}
+
+/* Numbers in files do not follow the caller's locale: a layer written
+ * under a decimal-comma locale (de_DE, set for this thread alone) reads
+ * back under the C locale, and one written under C reads back under
+ * de_DE; the metadata says "1.25" either way. */
+static void test_variants_locale_independent(void) {
+    locale_t comma = newlocale(LC_NUMERIC_MASK, "de_DE.UTF-8", (locale_t)0);
+    if (!comma) SKIP(TEST_SKIP_DEPENDENCY, NULL, "no de_DE.UTF-8 locale (scripts/setup.sh test makes it)");
+    uint64_t seed = 73;
+    head_params p;
+    head_params_fill(&p, &seed);
+    mha_config c = base_config(); /* fractional theta, YaRN factors, eps, soft-cap */
+    c.rope = (mha_rope){MHA_ROPE_INTERLEAVED, 2, 10000.5, MHA_ROPE_SCALE_YARN, 4.0, 0, 0, 32, 16.0, 2.0, 1.25};
+    c.qk_norm = MHA_QK_NORM_RMS, c.qk_norm_eps = 1e-5f, c.softcap = 30.5f;
+    mha_layer *L = variant_layer(&c, &p, &seed);
+    mha_tensors *in_de = NULL, *in_c = NULL;
+    locale_t before = uselocale(comma);
+    char probe[8];
+    snprintf(probe, sizeof probe, "%.2f", 1.25);
+    CHECK(strcmp(probe, "1,25") == 0); /* the comma locale is in force */
+    if (L) CHECK_OK(mha_layer_to_tensors(&in_de, L));
+    uselocale(before);
+    if (L) CHECK_OK(mha_layer_to_tensors(&in_c, L));
+    if (in_de && in_c) {
+        const char *v = mha_tensors_meta(in_de, "rope_attn_factor");
+        CHECK(v && strcmp(v, "1.25") == 0);
+        check_reads_back(in_de, L); /* written under de_DE, read under C */
+        uselocale(comma);
+        check_reads_back(in_c, L); /* written under C, read under de_DE */
+        uselocale(before);
+    }
+    mha_tensors_free(in_de);
+    mha_tensors_free(in_c);
+    mha_layer_free(L);
+    freelocale(comma);
 }
 
 /* the native tensors of a layer with every variant, metadata entry `key`
@@ -270,6 +315,7 @@ static const test_case cases[] = {
     {"variants_native_round_trip", test_variants_native_round_trip},
     {"variants_native_refusals", test_variants_native_refusals},
     {"variants_hf_qk_norm", test_variants_hf_qk_norm},
+    {"variants_locale_independent", test_variants_locale_independent},
 };
 
 const test_case *tests_variants_io(size_t *count) {

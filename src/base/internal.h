@@ -97,6 +97,12 @@ static inline int mha_elements_fit(size_t a, size_t b, size_t c, size_t d) {
     return a <= m && b <= m / a && c <= m / (a * b) && d <= m / (a * b * c);
 }
 
+/* snprintf and strtod in the C locale whatever the calling thread's
+ * (numbers in files; base/c_locale.c). errno is strtod's. */
+int mha_c_snprintf(char *buf, size_t size, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+double mha_c_strtod(const char *s, char **end);
+
 /* Non-finite values mha_first_nonfinite lets through. */
 #define MHA_SCAN_ALLOW_NAN 1u     /* the NaN mode's fully masked rows    */
 #define MHA_SCAN_ALLOW_NEG_INF 2u /* "forbid" in additive masks and files */

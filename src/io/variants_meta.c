@@ -39,7 +39,7 @@ static mha_status meta_double(double *out, const mha_tensors *t, const char *key
     if (!v) return MHA_OK;
     char *end;
     errno = 0;
-    double x = strtod(v, &end);
+    double x = mha_c_strtod(v, &end);
     if (end == v || *end || errno || !isfinite(x))
         return mha_fail(MHA_E_FORMAT, "metadata %s = '%.40s'; expected a finite number", key, v);
     *out = x;
@@ -122,7 +122,7 @@ mha_status mha_io_variants_read(mha_config *c, float *w[4], const mha_tensors *t
 
 static mha_status put(mha_tensors *t, const char *key, const char *fmt, double v) {
     char buf[40];
-    snprintf(buf, sizeof buf, fmt, v);
+    mha_c_snprintf(buf, sizeof buf, fmt, v);
     return mha_tensors_set_meta(t, key, buf);
 }
 
