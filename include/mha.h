@@ -869,8 +869,9 @@ MHA_API mha_status mha_layer_from_torch(mha_layer **out, const mha_torch_weights
  * each holding K in panels of 8 keys, (16, d_k, 8), so the decode kernel's
  * 8-wide loads read one dim of 8 keys, then V as (128, d_v); a kv head is
  * one sequential stream. slots = capacity rounded up to a multiple of 128.
- * Storage fp32 or fp16 (IEEE binary16, round to nearest even, |K|,|V| must
- * stay below 65504); arithmetic is always fp32.
+ * Storage fp32 or fp16 (IEEE binary16, round to nearest even; an element
+ * of K or V of 65520 or more, which it would store as infinity, is refused
+ * with MHA_E_NONFINITE), or int8; arithmetic is always fp32.
  *
  * Positions: sequence b's tokens are numbered 0, 1, ... in the order they
  * were appended; mha_cache_length(cache, b) is the next position. Without a
@@ -885,7 +886,9 @@ MHA_API mha_status mha_layer_from_torch(mha_layer **out, const mha_torch_weights
  * remembers the K/V head labels it was filled with and refuses a layer
  * whose labels differ (MHA_E_CONTRACT) - after mha_layer_permute_heads on
  * a layer with a live cache, apply the same perm with
- * mha_cache_permute_heads and decoding continues with identical outputs. */
+ * mha_cache_permute_heads and decoding continues with the same outputs
+ * (up to rounding: W_O's rows are then summed in another order, as in
+ * mha_forward after a permutation). */
 
 typedef enum {
     MHA_CACHE_F32 = 0, /* 4 bytes per element */

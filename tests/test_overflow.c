@@ -197,11 +197,150 @@ static void test_overflow_output_first_index(void) {
     naive_weights_free(&w);
 }
 
+
+/* A layer (d_model 8, one head, d_k = d_v = 4) whose q reads x's first
+ * four dims and whose k and v read its last four (y = z in the first
+ * four): each token's query and key are set apart. */
+static mha_layer *split_layer(void) {
+    enum { D = 8, DK = 4 };
+    static float wq[D * DK], wk[D * DK], wo[DK * D];
+    memset(wq, 0, sizeof wq), memset(wk, 0, sizeof wk), memset(wo, 0, sizeof wo);
+    for (int i = 0; i < DK; i++) {
+        wq[(size_t)i * DK + i] = 1.0f;        /* q = x[0:4] */
+        wk[(size_t)(DK + i) * DK + i] = 1.0f; /* k = v = x[4:8] */
+        wo[(size_t)i * D + i] = 1.0f;
+    }
+    mha_config c = mha_config_default(D, 1);
+    c.d_k = c.d_v = DK, c.bias = 0;
+    const mha_weights w = {.w_q = wq, .w_k = wk, .w_v = wk, .w_o = wo};
+    mha_layer *L = NULL;
+    CHECK_OK(mha_layer_create(&L, &c, &w));
+    return L;
+}
+
+/* x (n, 8) of tokens: query magnitude q, key magnitude k, in dims 0 / 4 */
+static void split_tokens(float *x, int n, float q, float k) {
+    for (int t = 0; t < n; t++)
+        for (int e = 0; e < 8; e++) x[t * 8 + e] = e == 0 ? q : e == 4 ? k : 0.01f * (float)(t + e);
+}
+
+/* fp16 storage overflows at 65520: K or V that large is refused before
+ * anything is appended (it was stored as inf: a silently wrong Y for K,
+ * a stuck sequence for V); fp32 and int8 caches hold it. */
+static void test_overflow_cache_f16_range(void) {
+    mha_layer *L = split_layer();
+    if (!L) return;
+    float x[2 * 8], y[2 * 8];
+    split_tokens(x, 2, 1e-6f, 1.0f);
+    x[8 + 5] = 70000.0f; /* token 1's key and value, dim 1 */
+    const mha_cache_dtype kinds[3][2] = {{MHA_CACHE_F16, MHA_CACHE_F32}, {MHA_CACHE_F32, MHA_CACHE_F16},
+                                         {MHA_CACHE_F16, MHA_CACHE_F16}};
+    for (int i = 0; i < 3; i++) {
+        mha_cache *c = NULL;
+        CHECK_OK(mha_cache_create_kv(&c, L, 1, 8, kinds[i][0], kinds[i][1], 0));
+        if (!c) continue;
+        CHECK_STATUS(mha_forward_cached(L, c, y, NULL, x, 2, NULL, NULL), MHA_E_NONFINITE);
+        CHECK_ERROR_MENTIONS(kinds[i][0] == MHA_CACHE_F16 ? "K of sequence 0 kv head 0 reaches 70000" : "V of sequence 0");
+        CHECK_ERROR_MENTIONS("float16's largest 65504");
+        CHECK_INT(mha_cache_length(c, 0), 0);
+        x[8 + 5] = 65000.0f; /* below the limit: stored (as 64992) */
+        CHECK_OK(mha_forward_cached(L, c, y, NULL, x, 2, NULL, NULL));
+        CHECK(isfinite(y[8 + 1]) && fabsf(y[8 + 1]) > 1000.0f);
+        x[8 + 5] = 70000.0f;
+        mha_cache_free(c);
+    }
+    const mha_cache_dtype wide[2] = {MHA_CACHE_F32, MHA_CACHE_I8};
+    for (int i = 0; i < 2; i++) {
+        mha_cache *c = NULL;
+        CHECK_OK(mha_cache_create(&c, L, 1, 8, wide[i], 0));
+        if (c) CHECK_OK(mha_forward_cached(L, c, y, NULL, x, 2, NULL, NULL));
+        mha_cache_free(c);
+    }
+    /* the low-level append, the same rule */
+    mha_cache *c = NULL;
+    CHECK_OK(mha_cache_create(&c, L, 1, 8, MHA_CACHE_F16, 0));
+    float k[4] = {1, 2, -70000.0f, 4}, v[4] = {1, 2, 3, 4};
+    if (c) {
+        CHECK_STATUS(mha_cache_append(c, k, v, 1, NULL), MHA_E_NONFINITE);
+        CHECK_ERROR_MENTIONS("mha_cache_append: k[2] = -70000 (sequence 0) is beyond float16's largest 65504");
+        k[2] = -65000.0f;
+        CHECK_OK(mha_cache_append(c, k, v, 1, NULL));
+    }
+    mha_cache_free(c);
+    mha_layer_free(L);
+}
+
+/* The score bound counts the keys a query can still read: a large key
+ * rolled back by truncate, or left behind by the ring's window, no longer
+ * refuses a later query (kmax only grew since the last reset). */
+static void test_overflow_cache_bound_forgets(void) {
+    mha_layer *L = split_layer();
+    if (!L) return;
+    float x[6 * 8], y[8], y_fresh[8];
+    split_tokens(x, 6, 0.1f, 0.2f);
+    float outlier[8], query[8];
+    split_tokens(outlier, 1, 0.0f, 2000.0f); /* key 2000, query 0 */
+    split_tokens(query, 1, 400.0f, 0.3f);     /* |q| 400: 400 * 2000 / 2 past 131072 */
+    mha_cache *c = NULL, *fresh = NULL;
+    CHECK_OK(mha_cache_create(&c, L, 1, 8, MHA_CACHE_F32, 0));
+    CHECK_OK(mha_cache_create(&fresh, L, 1, 8, MHA_CACHE_F32, 0));
+    if (c && fresh) {
+        CHECK_OK(mha_forward_cached(L, c, y, NULL, x, 1, NULL, NULL));
+        CHECK_OK(mha_forward_cached(L, c, y, NULL, outlier, 1, NULL, NULL));
+        CHECK_STATUS(mha_forward_cached(L, c, y, NULL, query, 1, NULL, NULL), MHA_E_NONFINITE); /* a real excess */
+        CHECK_ERROR_MENTIONS("may reach");
+        CHECK_OK(mha_cache_truncate(c, 0, 1)); /* the outlier is rolled back */
+        CHECK_OK(mha_forward_cached(L, c, y, NULL, query, 1, NULL, NULL));
+        CHECK_OK(mha_forward_cached(L, fresh, y_fresh, NULL, x, 1, NULL, NULL));
+        CHECK_OK(mha_forward_cached(L, fresh, y_fresh, NULL, query, 1, NULL, NULL));
+        CHECK(memcmp(y, y_fresh, sizeof y) == 0); /* as if the outlier had never been */
+    }
+    mha_cache_free(c);
+    mha_cache_free(fresh);
+    /* a ring keeping 2 tokens: once the outlier has left it, the query runs */
+    CHECK_OK(mha_cache_create(&c, L, 1, 4, MHA_CACHE_F32, 2));
+    if (c) {
+        CHECK_OK(mha_forward_cached(L, c, y, NULL, outlier, 1, NULL, NULL));
+        CHECK_STATUS(mha_forward_cached(L, c, y, NULL, query, 1, NULL, NULL), MHA_E_NONFINITE);
+        CHECK_OK(mha_forward_cached(L, c, y, NULL, x, 1, NULL, NULL)); /* the outlier is now out of the window */
+        CHECK_OK(mha_forward_cached(L, c, y, NULL, query, 1, NULL, NULL));
+        mha_options o = naive_ref_options(); /* the same window through the uncached reference */
+        o.causal = 1, o.window_left = 1;
+        float seq[3 * 8], ys[3 * 8];
+        memcpy(seq, outlier, sizeof outlier), memcpy(seq + 8, x, 8 * sizeof(float)), memcpy(seq + 16, query, sizeof query);
+        CHECK_OK(mha_forward(L, ys, NULL, seq, NULL, 1, 3, 3, &o));
+        for (int e = 0; e < 8; e++) CHECK(fabsf(y[e] - ys[16 + e]) <= 1e-5f * (1.0f + fabsf(ys[16 + e])));
+    }
+    mha_cache_free(c);
+    mha_layer_free(L);
+}
+
+/* A NaN in sequence 1's rows is named at x's own index, with the sequence
+ * (not at its index within that sequence, which sequence 0 shares). */
+static void test_overflow_cache_x_index(void) {
+    mha_layer *L = split_layer();
+    mha_cache *c = NULL;
+    if (L) CHECK_OK(mha_cache_create(&c, L, 2, 8, MHA_CACHE_F32, 0));
+    if (c) {
+        float x[2 * 3 * 8], y[2 * 3 * 8];
+        split_tokens(x, 6, 0.1f, 0.2f);
+        x[1 * 24 + 1 * 8 + 3] = NAN; /* x[1, 1, 3]: index 35 */
+        CHECK_STATUS(mha_forward_cached(L, c, y, NULL, x, 3, NULL, NULL), MHA_E_NONFINITE);
+        CHECK_ERROR_MENTIONS("x[35] = nan (sequence 1)");
+        CHECK_INT(mha_cache_length(c, 0), 0);
+    }
+    mha_cache_free(c);
+    mha_layer_free(L);
+}
+
 static const test_case cases[] = {
     {"overflow_issue9", test_overflow_issue9},
     {"overflow_fuzz", test_overflow_fuzz},
     {"overflow_limit_border", test_overflow_limit_border},
     {"overflow_output_first_index", test_overflow_output_first_index},
+    {"overflow_cache_f16_range", test_overflow_cache_f16_range},
+    {"overflow_cache_bound_forgets", test_overflow_cache_bound_forgets},
+    {"overflow_cache_x_index", test_overflow_cache_x_index},
 };
 
 const test_case *tests_overflow(size_t *count) {

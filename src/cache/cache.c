@@ -181,6 +181,7 @@ mha_status mha_cache_truncate(mha_cache *c, int b, int new_len) {
                         new_len, b, c->len[b]);
     if (new_len == 0) {
         c->len[b] = c->lo[b] = 0;
+        for (int g = 0; g < c->h_kv; g++) c->kmax[(size_t)b * c->h_kv + g] = 0.0f;
         return MHA_OK;
     }
     /* the next token (position new_len) needs keys from new_len - (W-1) */
@@ -280,6 +281,31 @@ void mha_cache_store(const mha_exec *ex, mha_cache *c, const float *k, const flo
     }
 }
 
+double mha_cache_kmax_live(mha_cache *c, const mha_decode_kernels *kr, int b, int g) {
+    const size_t kv = mha_cache_kv_index(c, b, g);
+    const int first = c->window ? c->len[b] - (c->window - 1) : 0; /* the next query's oldest key */
+    double best = 0.0;
+    enum { SPAN = 64 };
+    int pos[SPAN];
+    for (int s0 = 0; s0 < c->cap; s0 += SPAN) {
+        const int n = c->cap - s0 < SPAN ? c->cap - s0 : SPAN;
+        mha_cache_slot_positions(pos, c, b, s0, n);
+        for (int i = 0; i < n; i++) {
+            if (pos[i] == INT_MIN || (pos[i] >= c->n_sink && pos[i] < first)) continue;
+            const size_t k0 = mha_cache_k_off(c, kv, s0 + i);
+            double sq = 0.0;
+            for (int d = 0; d < c->d_k; d++) {
+                const double e = mha_cache_key_at(c, kr, k0, kv, s0 + i, d);
+                sq += e * e;
+            }
+            if (sqrt(sq) > best) best = sqrt(sq);
+        }
+    }
+    float f = (float)best;
+    c->kmax[kv] = f < best ? nextafterf(f, INFINITY) : f; /* still a bound */
+    return best;
+}
+
 /* ------------------------------------------------- low-level entries */
 
 /* n_new (B entries or NULL) -> n, with range checks; row0[b] = b*T. */
@@ -297,16 +323,22 @@ static mha_status counts(int *n, int *row0, const mha_cache *c, int T, const int
     return MHA_OK;
 }
 
-/* MHA_OK when the rows a call reads of a (B, T, width) input are finite:
- * rows row0[b] .. row0[b] + n[b] - 1 (the rest may be anything). */
+/* MHA_OK when the rows a call reads of a (B, T, width) input are finite
+ * and, to be stored as dt, within its range: rows row0[b] .. row0[b] +
+ * n[b] - 1 (the rest may be anything). */
 static mha_status rows_finite(const float *a, const mha_cache *c, const int *n, const int *row0, int width,
-                              const char *name) {
+                              mha_cache_dtype dt, const char *name) {
     for (int b = 0; b < c->B; b++) {
         const size_t first = (size_t)row0[b] * width, count = (size_t)n[b] * width;
         const size_t i = mha_first_nonfinite(a + first, count, 0);
         if (i < count)
             return mha_fail(MHA_E_NONFINITE, "%s[%zu] = %g (sequence %d); expected a finite number", name, first + i,
                             (double)a[first + i], b);
+        for (size_t j = 0; dt == MHA_CACHE_F16 && j < count; j++)
+            if (mha_cache_f16_overflows(dt, fabsf(a[first + j])))
+                return mha_fail(MHA_E_NONFINITE, "%s[%zu] = %g (sequence %d) is beyond float16's largest 65504 (this "
+                                "cache stores it in float16); expected |value| < 65520, or an fp32 or int8 cache",
+                                name, first + j, (double)a[first + j], b);
     }
     return MHA_OK;
 }
@@ -333,8 +365,8 @@ mha_status mha_cache_append(mha_cache *c, const float *k, const float *v, int T,
     int *n = malloc(sizeof(int) * 2 * c->B);
     if (!n) return mha_fail(MHA_E_NOMEM, "mha_cache_append: no memory");
     mha_status s = counts(n, n + c->B, c, T, n_new, "mha_cache_append");
-    if (!s) s = rows_finite(k, c, n, n + c->B, c->h_kv * c->d_k, "mha_cache_append: k");
-    if (!s) s = rows_finite(v, c, n, n + c->B, c->h_kv * c->d_v, "mha_cache_append: v");
+    if (!s) s = rows_finite(k, c, n, n + c->B, c->h_kv * c->d_k, c->kt, "mha_cache_append: k");
+    if (!s) s = rows_finite(v, c, n, n + c->B, c->h_kv * c->d_v, c->vt, "mha_cache_append: v");
     if (!s) s = mha_cache_check_room(c, n, "mha_cache_append");
     mha_exec ex;
     if (!s) s = mha_exec_resolve(&ex, NULL);
@@ -351,7 +383,7 @@ mha_status mha_cache_attend(const mha_cache *c, float *z, const float *q, int T,
     int *n = malloc(sizeof(int) * 2 * c->B);
     if (!n) return mha_fail(MHA_E_NOMEM, "mha_cache_attend: no memory");
     mha_status s = counts(n, n + c->B, c, T, n_new, "mha_cache_attend");
-    if (!s) s = rows_finite(q, c, n, n + c->B, c->h * c->d_k, "mha_cache_attend: q");
+    if (!s) s = rows_finite(q, c, n, n + c->B, c->h * c->d_k, MHA_CACHE_F32, "mha_cache_attend: q");
     for (int b = 0; b < c->B && !s; b++) {
         int first = c->len[b] - n[b];
         int need = c->window ? first - (c->window - 1) : 0;

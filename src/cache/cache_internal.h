@@ -44,7 +44,8 @@ struct mha_cache {
     int *labels_k;       /* (h_kv) labels of the layer's K blocks it holds   */
     int *labels_v;       /* (h_kv)                                           */
     float *kmax;         /* (B*h_kv, by storage index) largest L2 norm of a
-                            key stored since the last reset: bounds scores  */
+                            key stored since the last reset: bounds scores
+                            (only grows: mha_cache_kmax_live tightens it)   */
     mha_workspace *ws;   /* the decode calls' scratch, kept from one call to
                             the next (decode.c)                             */
 };
@@ -98,6 +99,20 @@ static inline float mha_cache_key_at(const mha_cache *c, const mha_decode_kernel
     kr->from_f16(&f, (const uint16_t *)c->data + at, 1);
     return f;
 }
+
+/* Whether a finite magnitude m stored as dt would become infinity:
+ * float16 rounds |x| >= 65520 up to inf (65504 is its largest); fp32 and
+ * int8 (scaled per block) hold every finite float. */
+static inline int mha_cache_f16_overflows(mha_cache_dtype dt, double m) {
+    return dt == MHA_CACHE_F16 && !(m < 65520.0);
+}
+
+/* The largest L2 norm of the keys sequence b's kv head g holds that its
+ * next queries can read (positions >= len - (window-1), and the sinks), in
+ * double; stored into kmax (tightened: a key rolled back by truncate or
+ * left behind by the window no longer counts). The exact value behind a
+ * refusal that kmax alone would make. */
+double mha_cache_kmax_live(mha_cache *c, const mha_decode_kernels *kr, int b, int g);
 
 /* Slots of the ring that the positions past the sink tokens share. */
 static inline int mha_cache_ring(const mha_cache *c) { return c->cap - c->n_sink; }

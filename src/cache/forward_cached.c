@@ -17,6 +17,7 @@
 #include <float.h>
 #include <limits.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -105,6 +106,16 @@ static void plan_free(cached_plan *p) {
 }
 
 // --- validate: the counts n_new, finite x, room in the cache, labels
+
+/* The count elements of x from `first` that sequence b's new rows hold
+ * are finite; the message names x's own index and the sequence. */
+static mha_status x_rows_finite(const float *x, size_t first, size_t count, int b) {
+    const size_t i = mha_first_nonfinite(x + first, count, 0);
+    if (i < count)
+        return mha_fail(MHA_E_NONFINITE, "x[%zu] = %g (sequence %d); expected a finite number", first + i,
+                        (double)x[first + i], b);
+    return MHA_OK;
+}
 static mha_status validate(cached_plan *p, const mha_layer *L, mha_cache *c, const float *x,
                            const int *n_new) {
     mha_status s = MHA_OK;
@@ -114,9 +125,12 @@ static mha_status validate(cached_plan *p, const mha_layer *L, mha_cache *c, con
         if (p->n[b] < 0 || p->n[b] > p->T)
             s = mha_fail(MHA_E_ARG, "mha_forward_cached: n_new[%d]=%d; expected 0..T=%d", b, p->n[b], p->T);
         else
-            s = mha_check_finite(x + (size_t)b * p->T * c->d_model, (size_t)p->n[b] * c->d_model, "x");
-        if (!s && p->bf16)
-            s = mha_check_bf16_input(x + (size_t)b * p->T * c->d_model, (size_t)p->n[b] * c->d_model, "x");
+            s = x_rows_finite(x, (size_t)b * p->T * c->d_model, (size_t)p->n[b] * c->d_model, b);
+        if (!s && p->bf16) {
+            char name[64]; /* the index the check names counts from this sequence's first row */
+            snprintf(name, sizeof name, "x (sequence %d, from x[%zu])", b, (size_t)b * p->T * c->d_model);
+            s = mha_check_bf16_input(x + (size_t)b * p->T * c->d_model, (size_t)p->n[b] * c->d_model, name);
+        }
         p->N += p->n[b];
     }
     /* without a window everything must fit; a ring takes pieces */
@@ -269,34 +283,71 @@ static mha_status transform_qk(const cached_plan *p, const mha_layer *L, const m
     return MHA_OK;
 }
 
-// --- check the fp32 range before anything is stored: |scale q.k| within
+// --- check the range before anything is stored: K and V within what
+// their storage type holds (float16: below 65520), and |scale q.k| within
 // MHA_FAST_SCORE_LIMIT over the cached keys, the new ones and bias_k
-static mha_status check_range(const cached_plan *p, const mha_cache *c, const mha_layer *L, float scale) {
+
+/* Whether every new query of sequence b reading kv head g keeps its scores'
+ * bound |q| kmax |scale| within the limit; else *bad names the first that
+ * does not (head r, token t, its bound). */
+typedef struct { int r, t; double bound; } score_excess;
+static int scores_fit(const cached_plan *p, const mha_cache *c, int b, int g, double kmax, float scale,
+                      score_excess *bad) {
     const int n_rep = c->h / c->h_kv;
+    for (int i = 0; i < p->n[b] * n_rep; i++) {
+        const int t = i / n_rep, r = g * n_rep + i % n_rep;
+        const float *qr = p->q + ((size_t)p->row0[b] + t) * c->h * c->d_k + (size_t)r * c->d_k;
+        const double bound = sqrt(mha_sum_squares(qr, c->d_k)) * kmax * fabs(scale);
+        if (!(bound <= MHA_FAST_SCORE_LIMIT)) {
+            *bad = (score_excess){r, t, bound};
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* Largest |element| of the new rows of sequence b, kv head g, in a
+ * (N, h_kv, d) array. */
+static double new_rows_max(const cached_plan *p, const mha_cache *c, const float *a, int d, int b, int g) {
+    double m = 0.0;
+    for (int i = 0; i < p->n[b]; i++) {
+        const float *row = a + ((size_t)p->row0[b] + i) * c->h_kv * d + (size_t)g * d;
+        for (int e = 0; e < d; e++) m = fabs(row[e]) > m || isnan(row[e]) ? fabs(row[e]) : m;
+    }
+    return m;
+}
+
+static mha_status check_range(const mha_exec *ex, const cached_plan *p, mha_cache *c, const mha_layer *L,
+                              float scale) {
     for (int b = 0; b < p->B; b++)
         for (int g = 0; g < c->h_kv; g++) {
-            double kmax = c->kmax[mha_cache_kv_index(c, b, g)], vmax = 0.0;
+            double knew = 0.0; /* largest L2 norm of a new key (and bias_k) */
             for (int i = 0; i < p->n[b]; i++) {
                 const float *kr = p->k + ((size_t)p->row0[b] + i) * c->h_kv * c->d_k + (size_t)g * c->d_k;
-                const float *vr = p->v + ((size_t)p->row0[b] + i) * c->h_kv * c->d_v + (size_t)g * c->d_v;
                 const double kn = sqrt(mha_sum_squares(kr, c->d_k));
-                if (!(kn <= kmax)) kmax = kn;
-                for (int e = 0; e < c->d_v; e++) vmax = fabs(vr[e]) > vmax || isnan(vr[e]) ? fabs(vr[e]) : vmax;
+                if (!(kn <= knew)) knew = kn;
             }
             if (L->cfg.add_bias_kv) /* the extra key */
-                kmax = fmax(kmax, sqrt(mha_sum_squares(L->bias_k + (size_t)g * c->d_k, c->d_k)));
+                knew = fmax(knew, sqrt(mha_sum_squares(L->bias_k + (size_t)g * c->d_k, c->d_k)));
+            const double kabs = new_rows_max(p, c, p->k, c->d_k, b, g), vmax = new_rows_max(p, c, p->v, c->d_v, b, g);
+            const int k_over = mha_cache_f16_overflows(c->kt, kabs);
+            if (k_over || mha_cache_f16_overflows(c->vt, vmax))
+                return mha_fail(MHA_E_NONFINITE, "mha_forward_cached: %s of sequence %d kv head %d reaches %g, beyond "
+                                "float16's largest 65504 (this cache stores it in float16); nothing was appended; "
+                                "expected |%s| < 65520, or an fp32 or int8 cache", k_over ? "K" : "V", b, g,
+                                k_over ? kabs : vmax, k_over ? "K" : "V");
             if (!(vmax <= FLT_MAX / (c->cap + 2.0)))
                 return mha_fail(MHA_E_NONFINITE, "mha_forward_cached: V of sequence %d kv head %d reaches %g, "
                                 "beyond the fp32 range its weighted sums need; nothing was appended", b, g, vmax);
-            for (int i = 0; i < p->n[b] * n_rep; i++) {
-                const int t = i / n_rep, r = g * n_rep + i % n_rep;
-                const float *qr = p->q + ((size_t)p->row0[b] + t) * c->h * c->d_k + (size_t)r * c->d_k;
-                const double bound = sqrt(mha_sum_squares(qr, c->d_k)) * kmax * fabs(scale);
-                if (!(bound <= MHA_FAST_SCORE_LIMIT))
-                    return mha_fail(MHA_E_NONFINITE, "mha_forward_cached: scores of sequence %d head %d may reach "
-                                    "%.3g at new token %d, beyond the %g its fp32 softmax keeps accurate; "
-                                    "nothing was appended", b, r, bound, t, MHA_FAST_SCORE_LIMIT);
-            }
+            score_excess bad;
+            const double kmax = fmax(c->kmax[mha_cache_kv_index(c, b, g)], knew);
+            if (scores_fit(p, c, b, g, kmax, scale, &bad)) continue;
+            /* kmax only grows: the keys the queries can still read may be smaller */
+            const double live = fmax(mha_cache_kmax_live(c, mha_exec_decode(ex), b, g), knew);
+            if (!scores_fit(p, c, b, g, live, scale, &bad))
+                return mha_fail(MHA_E_NONFINITE, "mha_forward_cached: scores of sequence %d head %d may reach "
+                                "%.3g at new token %d, beyond the %g its fp32 softmax keeps accurate; "
+                                "nothing was appended", b, bad.r, bad.bound, bad.t, MHA_FAST_SCORE_LIMIT);
         }
     return MHA_OK;
 }
@@ -409,7 +460,7 @@ static mha_status forward_cached_exec(const mha_exec *ex, const mha_layer *L, mh
     const mha_decode_opts o = decode_opts(ex, L, c, opt);
     p.nan_rows = o.nan_rows;
     if (!(s = plan_buffers(&p, c, x, y, cap, opt)) && !(s = project_qkv(ex, &p, L, c)) && !(s = transform_qk(&p, L, c)) &&
-        !(s = check_range(&p, c, L, o.scale)) && !(s = attend_pieces(ex, &p, c, L, cap, &o))) {
+        !(s = check_range(ex, &p, c, L, o.scale)) && !(s = attend_pieces(ex, &p, c, L, cap, &o))) {
         for (int r = 0; opt->interventions && r < c->h && !s; r++)
             s = mha_head_intervene_rows(p.z, &opt->interventions[r], r, c->h, p.N, c->d_v, p.value_row);
         if (!s) s = project_out(ex, &p, L, c);
