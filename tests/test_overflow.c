@@ -312,6 +312,19 @@ static void test_overflow_cache_bound_forgets(void) {
         for (int e = 0; e < 8; e++) CHECK(fabsf(y[e] - ys[16 + e]) <= 1e-5f * (1.0f + fabsf(ys[16 + e])));
     }
     mha_cache_free(c);
+    /* a ring of 8 keeping 2: the bound left the outlier out, and a truncate
+     * brings it back into the window: refused again, not silently run */
+    CHECK_OK(mha_cache_create(&c, L, 1, 8, MHA_CACHE_F32, 2));
+    if (c) {
+        CHECK_OK(mha_forward_cached(L, c, y, NULL, x, 1, NULL, NULL));
+        CHECK_OK(mha_forward_cached(L, c, y, NULL, outlier, 1, NULL, NULL)); /* position 1 */
+        CHECK_OK(mha_forward_cached(L, c, y, NULL, x + 8, 1, NULL, NULL));
+        CHECK_OK(mha_forward_cached(L, c, y, NULL, query, 1, NULL, NULL)); /* reads positions 2, 3 */
+        CHECK_OK(mha_cache_truncate(c, 0, 2)); /* the next token reads positions 1, 2 */
+        CHECK_STATUS(mha_forward_cached(L, c, y, NULL, query, 1, NULL, NULL), MHA_E_NONFINITE);
+        CHECK_ERROR_MENTIONS("may reach");
+    }
+    mha_cache_free(c);
     mha_layer_free(L);
 }
 

@@ -195,6 +195,9 @@ mha_status mha_cache_truncate(mha_cache *c, int b, int new_len) {
                         "expected new_len >= %d or 0",
                         b, new_len, need, c->window, c->cap, c->n_sink, c->lo[b], c->lo[b] + c->window - 1);
     c->len[b] = new_len;
+    /* keys the score bound left out (behind the window) may be back in it:
+     * unknown until the next cached forward rescans them */
+    for (int g = 0; g < c->h_kv; g++) c->kmax[(size_t)b * c->h_kv + g] = INFINITY;
     return MHA_OK;
 }
 

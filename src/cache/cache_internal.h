@@ -45,7 +45,8 @@ struct mha_cache {
     int *labels_v;       /* (h_kv)                                           */
     float *kmax;         /* (B*h_kv, by storage index) largest L2 norm of a
                             key stored since the last reset: bounds scores
-                            (only grows: mha_cache_kmax_live tightens it)   */
+                            (only grows; mha_cache_kmax_live tightens it,
+                            truncate makes it unknown: +inf)                */
     mha_workspace *ws;   /* the decode calls' scratch, kept from one call to
                             the next (decode.c)                             */
 };
