@@ -195,9 +195,6 @@ mha_status mha_cache_truncate(mha_cache *c, int b, int new_len) {
                         "expected new_len >= %d or 0",
                         b, new_len, need, c->window, c->cap, c->n_sink, c->lo[b], c->lo[b] + c->window - 1);
     c->len[b] = new_len;
-    /* keys the score bound left out (behind the window) may be back in it:
-     * unknown until the next cached forward rescans them */
-    for (int g = 0; g < c->h_kv; g++) c->kmax[(size_t)b * c->h_kv + g] = INFINITY;
     return MHA_OK;
 }
 
@@ -286,7 +283,6 @@ void mha_cache_store(const mha_exec *ex, mha_cache *c, const float *k, const flo
 
 double mha_cache_kmax_live(mha_cache *c, const mha_decode_kernels *kr, int b, int g) {
     const size_t kv = mha_cache_kv_index(c, b, g);
-    const int first = c->window ? c->len[b] - (c->window - 1) : 0; /* the next query's oldest key */
     double best = 0.0;
     enum { SPAN = 64 };
     int pos[SPAN];
@@ -294,7 +290,7 @@ double mha_cache_kmax_live(mha_cache *c, const mha_decode_kernels *kr, int b, in
         const int n = c->cap - s0 < SPAN ? c->cap - s0 : SPAN;
         mha_cache_slot_positions(pos, c, b, s0, n);
         for (int i = 0; i < n; i++) {
-            if (pos[i] == INT_MIN || (pos[i] >= c->n_sink && pos[i] < first)) continue;
+            if (pos[i] == INT_MIN) continue; /* not a live key */
             const size_t k0 = mha_cache_k_off(c, kv, s0 + i);
             double sq = 0.0;
             for (int d = 0; d < c->d_k; d++) {

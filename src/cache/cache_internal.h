@@ -45,8 +45,7 @@ struct mha_cache {
     int *labels_v;       /* (h_kv)                                           */
     float *kmax;         /* (B*h_kv, by storage index) largest L2 norm of a
                             key stored since the last reset: bounds scores
-                            (only grows; mha_cache_kmax_live tightens it,
-                            truncate makes it unknown: +inf)                */
+                            (only grows: mha_cache_kmax_live tightens it)   */
     mha_workspace *ws;   /* the decode calls' scratch, kept from one call to
                             the next (decode.c)                             */
 };
@@ -108,11 +107,11 @@ static inline int mha_cache_f16_overflows(mha_cache_dtype dt, double m) {
     return dt == MHA_CACHE_F16 && !(m < 65520.0);
 }
 
-/* The largest L2 norm of the keys sequence b's kv head g holds that its
- * next queries can read (positions >= len - (window-1), and the sinks), in
- * double; stored into kmax (tightened: a key rolled back by truncate or
- * left behind by the window no longer counts). The exact value behind a
- * refusal that kmax alone would make. */
+/* The largest L2 norm of the keys sequence b's kv head g still holds (its
+ * live positions: a key rolled back by truncate or overwritten in the ring
+ * no longer counts), in double; stored into kmax. The exact value behind
+ * a refusal that kmax alone would make. Every live key counts, not only
+ * the window's: a truncate may bring a stored key back into the window. */
 double mha_cache_kmax_live(mha_cache *c, const mha_decode_kernels *kr, int b, int g);
 
 /* Slots of the ring that the positions past the sink tokens share. */
