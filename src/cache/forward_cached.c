@@ -342,7 +342,7 @@ static mha_status check_range(const mha_exec *ex, const cached_plan *p, mha_cach
             score_excess bad;
             const double kmax = fmax(c->kmax[mha_cache_kv_index(c, b, g)], knew);
             if (scores_fit(p, c, b, g, kmax, scale, &bad)) continue;
-            /* kmax only grows: the keys the queries can still read may be smaller */
+            /* kmax only grows: the keys the cache still holds may be smaller */
             const double live = fmax(mha_cache_kmax_live(c, mha_exec_decode(ex), b, g), knew);
             if (!scores_fit(p, c, b, g, live, scale, &bad))
                 return mha_fail(MHA_E_NONFINITE, "mha_forward_cached: scores of sequence %d head %d may reach "
