@@ -38,18 +38,19 @@ from io_helpers import write_safetensors
 d = sys.argv[1]
 rng = np.random.RandomState(77)
 r = lambda *s: rng.uniform(-0.5, 0.5, size=s).astype(np.float32)
-def layer(name, dm, h, hkv, dk, dv, din=None):
+def layer(name, dm, h, hkv, dk, dv, din=None, meta=None):
     din = din or dm
     w = {"w_q": r(dm, h * dk), "w_k": r(din, hkv * dk), "w_v": r(din, hkv * dv), "w_o": r(h * dv, dm),
          "b_q": r(h * dk), "b_k": r(hkv * dk), "b_v": r(hkv * dv), "b_o": r(dm)}
     lab = lambda n: ",".join(str(i) for i in range(n))
     write_safetensors("%s/%s.safetensors" % (d, name), w,
                       {"n_heads": h, "n_kv_heads": hkv, "d_k": dk, "d_v": dv, "labels_q": lab(h),
-                       "labels_k": lab(hkv), "labels_v": lab(hkv), "labels_o": lab(h)})
+                       "labels_k": lab(hkv), "labels_v": lab(hkv), "labels_o": lab(h), **(meta or {})})
 layer("mha", 24, 12, 12, 3, 2)          # P = 1, 2, 3, 4 split h = h_kv = 12
 layer("gqa", 16, 8, 4, 2, 3)            # P = 1, 2, 4: whole kv groups; P = 3: refused
 layer("mqa2", 16, 8, 2, 2, 2)           # P = 4: each rank a copy of its kv head
 layer("cross", 24, 12, 12, 3, 3, din=10)
+layer("alibi", 16, 8, 4, 2, 2, meta={"alibi": 1})   # the paper's slopes: no alibi_slopes tensor
 # hf layout (nn.Linear (out, in)) of a GQA layer, and a native one whose
 # head 5 has NaN in its W_Q columns: only the rank owning head 5 may fail
 w = {"q_proj.weight": r(16, 16), "k_proj.weight": r(8, 16), "v_proj.weight": r(12, 16), "o_proj.weight": r(16, 24),
@@ -182,6 +183,20 @@ for p in 2 4; do
     want=$((2 * 16 * 16 * 4)) cache=$((2 * (4 / p) * 128 * (2 + 3) * 4))
     [ "$(grep -c "sent_bytes=$want formula_bytes=$want .* cache_bytes=$cache\$" "$T/out")" -eq $p ] ||
         fail "$last: want sent_bytes=$want cache_bytes=$cache on $p ranks: $(cat "$T/out")"
+done
+
+# --- ALiBi with the paper's slopes (they depend on h): each shard gets its
+# global heads' slopes, not those of an h/P-head layer
+case_ alibi "2 4" "heads" alibi x16 --causal
+decode dec_alibi "2 4" alibi x16 3
+# --zero-attn, a load option the file does not record, reaches every shard
+# (Y, and the probabilities over S+1 keys)
+ref --weights "$T/mha.safetensors" --input "$T/x.npy" --output "$T/r.npy" --causal --zero-attn --save-probs "$T/rp.npy"
+for p in 2 4; do
+    mpi $p --split heads --weights "$T/mha.safetensors" --input "$T/x.npy" --output "$T/y.npy" --causal --zero-attn \
+        --save-probs "$T/p.npy"
+    expect_ok
+    close "$T/y.npy" "$T/r.npy"; close "$T/p.npy" "$T/rp.npy"
 done
 
 # --- captures: rank 0 assembles Z, contributions (and probs, heads only)

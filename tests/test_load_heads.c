@@ -337,6 +337,42 @@ static void load_heads_reads_only_its_heads(void) {
     unlink(p);
 }
 
+/* What the shard's own head count would change: ALiBi's default slopes
+ * (metadata alibi = 1, no tensor) are those of its global heads in the
+ * whole layer, and the add_zero_attn load option reaches the shard. */
+static void load_heads_default_slopes_and_zero_attn(void) {
+    uint64_t seed = 1631;
+    mha_config c = naive_resolve(naive_config(10, 8, 4, 3, 2, 1));
+    naive_weights w;
+    naive_weights_random(&w, &c, &seed, 0.6f);
+    char p[2][128];
+    for (int alibi = 0; alibi < 2; alibi++) {
+        mha_tensors *t;
+        CHECK_OK(mha_tensors_create(&t));
+        put(t, "w_q", w.w_q, 10, 24), put(t, "w_k", w.w_k, 10, 12), put(t, "w_v", w.w_v, 10, 8);
+        put(t, "w_o", w.w_o, 16, 10), put_int(t, "n_heads", 8), put_int(t, "n_kv_heads", 4);
+        if (alibi) put_int(t, "alibi", 1);
+        snprintf(p[alibi], sizeof p[alibi], "%s", path_of(alibi ? "alibi.safetensors" : "plain.safetensors"));
+        CHECK_OK(mha_safetensors_write(p[alibi], t));
+        mha_tensors_free(t);
+    }
+    mha_layer *L = NULL, *S = NULL;
+    mha_head_range rg = {.first = 4, .count = 2};
+    CHECK_OK(mha_layer_load(&L, p[1], NULL));
+    CHECK_OK(mha_layer_load_heads(&S, p[1], NULL, &rg));
+    mha_weights wf, ws;
+    mha_layer_get_weights(L, &wf), mha_layer_get_weights(S, &ws);
+    CHECK_INT(mha_layer_config(S)->alibi, 1);
+    for (int i = 0; i < 2; i++) CHECK(ws.alibi_slopes[i] == wf.alibi_slopes[4 + i]);
+    mha_layer_free(S);
+    mha_load_options zero = {.add_zero_attn = 1};
+    CHECK_OK(mha_layer_load_heads(&S, p[0], &zero, &rg));
+    CHECK_INT(mha_layer_config(S)->add_zero_attn, 1);
+    mha_layer_free(L), mha_layer_free(S);
+    naive_weights_free(&w);
+    unlink(p[0]), unlink(p[1]);
+}
+
 /* The file's labels of the shard's heads; ranges across kv groups refused. */
 static void load_heads_labels_and_ranges(void) {
     uint64_t seed = 1621;
@@ -393,6 +429,7 @@ static const test_case cases[] = {
     {"load_heads_bert_names", load_heads_bert_names},
     {"load_heads_reads_only_its_heads", load_heads_reads_only_its_heads},
     {"load_heads_labels_and_ranges", load_heads_labels_and_ranges},
+    {"load_heads_default_slopes_and_zero_attn", load_heads_default_slopes_and_zero_attn},
 };
 
 const test_case *tests_load_heads(size_t *count) {

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/variants.h"
 #include "io/io_internal.h"
 #include "io/tensors_internal.h"
 
@@ -309,6 +310,22 @@ static mha_status file_labels(int *out, const mha_tensors *t, const char *key, i
     return MHA_OK;
 }
 
+/* ALiBi with the paper's slopes (metadata alibi = 1, no alibi_slopes
+ * tensor): the default slopes depend on h, so the shard gets those of its
+ * global heads [first, first+n) of the whole layer, written as a tensor,
+ * as mha_mpi_shard_heads takes them from the whole layer's. */
+static mha_status default_slopes(mha_tensors *nt, const mha_tensors *t, int h, int first, int n) {
+    const char *v = mha_tensors_meta(t, "alibi"); /* a bad value is the native loader's to refuse */
+    mha_status s = MHA_OK;
+    if (!v || strtod(v, NULL) != 1.0 || mha_tensors_get(nt, "alibi_slopes")) return s;
+    float *all = malloc(sizeof(float) * (size_t)h), *p;
+    if (!all) return mha_fail(MHA_E_NOMEM, "no memory for %d ALiBi slopes", h);
+    mha_alibi_default_slopes(all, h);
+    if ((p = add(nt, "alibi_slopes", n, 0, &s))) memcpy(p, all + first, sizeof(float) * (size_t)n);
+    free(all);
+    return s;
+}
+
 /* The native tensor set of heads [first, first+n) and kv heads [g0, g0+g). */
 static mha_status narrow(mha_tensors **out, const source *src, const mha_tensors *t, const char *prefix,
                          int first, int n, int g0, int g) {
@@ -346,10 +363,13 @@ static mha_status narrow(mha_tensors **out, const source *src, const mha_tensors
             else memcpy(p, a->f, sizeof(float) * a->count);
         }
     }
-    // --- metadata: the file's, with this shard's head counts and no labels
+    if (!s) s = default_slopes(nt, t, c->n_heads, first, n);
+    // --- metadata: the file's, with this shard's head counts, no labels, and
+    //     add_zero_attn as the file and the load option say together
     for (int i = 0; i < t->n_meta && !s; i++) {
         const char *k = t->meta[i].key;
-        if (strncmp(k, "labels_", 7) && strcmp(k, "n_heads") && strcmp(k, "n_kv_heads") && strcmp(k, "d_k") && strcmp(k, "d_v"))
+        if (strncmp(k, "labels_", 7) && strcmp(k, "n_heads") && strcmp(k, "n_kv_heads") && strcmp(k, "d_k") &&
+            strcmp(k, "d_v") && strcmp(k, "add_zero_attn"))
             s = mha_tensors_set_meta(nt, k, t->meta[i].value);
     }
     char v[16];
@@ -357,6 +377,7 @@ static mha_status narrow(mha_tensors **out, const source *src, const mha_tensors
     if (!s) s = mha_tensors_set_meta(nt, "n_heads", v);
     snprintf(v, sizeof v, "%d", g);
     if (!s) s = mha_tensors_set_meta(nt, "n_kv_heads", v);
+    if (!s && c->add_zero_attn) s = mha_tensors_set_meta(nt, "add_zero_attn", "1");
     if (!s && src->hf && (mha_tensors_get(nt, "q_norm") || mha_tensors_get(nt, "k_norm")) && !mha_tensors_meta(t, "qk_norm"))
         s = mha_tensors_set_meta(nt, "qk_norm", "rms"); /* hf: a norm tensor means RMS QK-norm */
     return s;
