@@ -818,9 +818,11 @@ typedef struct {
  * Y without b_O, plus b_O. */
 MHA_API mha_status mha_layer_load_heads(mha_layer **out, const char *path, const mha_load_options *opt,
                                         mha_head_range *range);
-/* The layer's dims (h, h_kv, d_k, d_v, d_model, d_kv_in, d_v_in, bias,
- * add_bias_kv, add_zero_attn; not the variants) from the shapes and
- * metadata, without copying or checking any weight. */
+/* The layer's config (h, h_kv, d_k, d_v, d_model, d_kv_in, d_v_in, bias,
+ * add_bias_kv, add_zero_attn, and the variants: rope, alibi, softcap,
+ * sinks, qk_norm as mha_layer_load reads them) from the shapes, metadata
+ * and the small per-head variant tensors, without copying or checking any
+ * projection weight. */
 MHA_API mha_status mha_layer_load_config(mha_config *out, const char *path, const mha_load_options *opt);
 
 /* ---- PyTorch layout (src/convert_torch.c) ---- */

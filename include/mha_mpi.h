@@ -65,8 +65,11 @@ mha_status mha_mpi_check_same(MPI_Comm comm, const long long *v, int n, const ch
 /* ------------------------------------------------------- head parallel */
 
 /* The query heads [first, first + count) and kv heads [kv_first,
- * kv_first + kv_count) rank r of P owns for config c; MHA_E_SHAPE (on
- * this rank only: not collective) when P cannot split h and h_kv. */
+ * kv_first + kv_count) rank r of P owns for config c; on this rank only
+ * (not collective): MHA_E_SHAPE when P cannot split h and h_kv,
+ * MHA_E_UNSUPPORTED for a QK-norm over the whole width (qk_norm_whole)
+ * with P > 1 (each rank would normalize over its own heads only),
+ * MHA_E_ARG for a NULL pointer, P < 1 or rank outside 0..P-1. */
 typedef struct {
     int first, count, kv_first, kv_count;
 } mha_mpi_heads;

@@ -24,7 +24,18 @@ void mha_mpi_sum_partials(float *y, const float *yl, size_t rows, int D, const f
 }
 
 mha_status mha_mpi_heads_of(mha_mpi_heads *out, const mha_config *c, int rank, int P) {
+    if (!out || !c) return mha_mpi_fail(MHA_E_ARG, "mha_mpi_heads_of: NULL argument");
+    if (P < 1 || rank < 0 || rank >= P)
+        return mha_mpi_fail(MHA_E_ARG, "mha_mpi_heads_of: rank %d of P=%d; expected P >= 1 and 0 <= rank < P", rank, P);
     const int h = c->n_heads, h_kv = c->n_kv_heads;
+    if (h < 1 || h_kv < 1 || h % h_kv)
+        return mha_mpi_fail(MHA_E_ARG, "mha_mpi_heads_of: h=%d, h_kv=%d; expected h_kv >= 1 dividing h", h, h_kv);
+    /* OLMo 2's norm spans all h heads' q (and k): no rank holds them */
+    if (c->qk_norm != MHA_QK_NORM_NONE && c->qk_norm_whole && P > 1)
+        return mha_mpi_fail(MHA_E_UNSUPPORTED,
+                            "qk_norm_whole (a QK-norm over all %d heads' q and k, OLMo 2) needs every head's q and "
+                            "k, but a head split over P=%d ranks gives each rank h/P of them; expected a per-head "
+                            "or shared (d_k) QK-norm, or P = 1", h, P);
     if (h_kv % P == 0) { /* whole kv groups per rank */
         out->count = h / P, out->kv_count = h_kv / P;
         out->first = rank * out->count, out->kv_first = rank * out->kv_count;

@@ -38,10 +38,10 @@ from io_helpers import write_safetensors
 d = sys.argv[1]
 rng = np.random.RandomState(77)
 r = lambda *s: rng.uniform(-0.5, 0.5, size=s).astype(np.float32)
-def layer(name, dm, h, hkv, dk, dv, din=None, meta=None):
+def layer(name, dm, h, hkv, dk, dv, din=None, meta=None, extra=None):
     din = din or dm
     w = {"w_q": r(dm, h * dk), "w_k": r(din, hkv * dk), "w_v": r(din, hkv * dv), "w_o": r(h * dv, dm),
-         "b_q": r(h * dk), "b_k": r(hkv * dk), "b_v": r(hkv * dv), "b_o": r(dm)}
+         "b_q": r(h * dk), "b_k": r(hkv * dk), "b_v": r(hkv * dv), "b_o": r(dm), **(extra or {})}
     lab = lambda n: ",".join(str(i) for i in range(n))
     write_safetensors("%s/%s.safetensors" % (d, name), w,
                       {"n_heads": h, "n_kv_heads": hkv, "d_k": dk, "d_v": dv, "labels_q": lab(h),
@@ -51,6 +51,8 @@ layer("gqa", 16, 8, 4, 2, 3)            # P = 1, 2, 4: whole kv groups; P = 3: r
 layer("mqa2", 16, 8, 2, 2, 2)           # P = 4: each rank a copy of its kv head
 layer("cross", 24, 12, 12, 3, 3, din=10)
 layer("alibi", 16, 8, 4, 2, 2, meta={"alibi": 1})   # the paper's slopes: no alibi_slopes tensor
+layer("whole", 16, 4, 4, 4, 4, meta={"qk_norm": "rms", "qk_norm_per_head": 1, "qk_norm_whole": 1},
+      extra={"q_norm": 1 + r(4, 4), "k_norm": 1 + r(4, 4)})   # OLMo 2: one norm over all heads
 # hf layout (nn.Linear (out, in)) of a GQA layer, and a native one whose
 # head 5 has NaN in its W_Q columns: only the rank owning head 5 may fail
 w = {"q_proj.weight": r(16, 16), "k_proj.weight": r(8, 16), "v_proj.weight": r(12, 16), "o_proj.weight": r(16, 24),
@@ -259,6 +261,13 @@ mpi 2 --split heads --weights "$T/nan5.safetensors" --input "$T/x16.npy" --outpu
 expect_fail 2 "rank 1: .*w_q\[.*\] = nan"
 mpi 4 --split heads --weights "$T/nan5.safetensors" --input "$T/x16.npy" --output "$T/fo/y.npy"
 expect_fail 4 "rank 2: .*w_q\[.*\] = nan"
+# a QK-norm over the whole width needs every head: refused by the head
+# split (and decode) for P > 1, on every rank; P = 1 holds every head
+mpi 2 --split heads --weights "$T/whole.safetensors" --input "$T/x16.npy" --output "$T/fo/y.npy" --causal
+expect_fail 2 "qk_norm_whole .*needs every head"
+mpi 2 --decode 3 --weights "$T/whole.safetensors" --input "$T/x16.npy" --output "$T/fo/y.npy" --causal
+expect_fail 2 "qk_norm_whole .*needs every head"
+case_ whole1 "1" "heads" whole x16 --causal
 # --decode: usage errors (exit 2) on every rank
 mpi 2 --decode 3 --split sequence --weights "$T/mha.safetensors" --input "$T/x.npy" --output "$T/fo/y.npy" --causal
 expect_fail 2 "expected --split heads"

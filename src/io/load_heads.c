@@ -413,7 +413,10 @@ mha_status mha_layer_load_config(mha_config *out, const char *path, const mha_lo
     mha_tensors *t = NULL;
     source src;
     mha_status s = open_source(&t, &src, path, opt);
+    float *var[4] = {NULL}; /* the variants as the loader reads them: a split must know them all */
+    if (!s) s = mha_io_variants_read(&src.c, var, t, src.prefix, src.hf);
     if (!s) *out = src.c;
+    for (int i = 0; i < 4; i++) free(var[i]);
     mha_tensors_free(t);
     return with_path(s, path);
 }
