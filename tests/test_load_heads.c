@@ -331,6 +331,7 @@ static void load_heads_reads_only_its_heads(void) {
     mha_layer_free(L);
     CHECK_STATUS(mha_layer_load_heads(&L, p, NULL, &hi), MHA_E_NONFINITE);
     CHECK_ERROR_MENTIONS("w_q");
+    CHECK_ERROR_MENTIONS("shard of query heads 4..7 and kv heads 2..3 of the file"); /* whose index it is */
     CHECK(L == NULL);
     CHECK_STATUS(mha_layer_load(&L, p, NULL), MHA_E_NONFINITE);
     naive_weights_free(&w);

@@ -437,7 +437,12 @@ mha_status mha_layer_load_heads(mha_layer **out, const char *path, const mha_loa
     const int g0 = s ? 0 : first / group, g = s ? 0 : (first + n - 1) / group - g0 + 1;
     if (!s) s = narrow(&nt, &src, t, src.prefix, first, n, g0, g);
     mha_load_options native = {.layout = MHA_LAYOUT_NATIVE};
-    if (!s) s = mha_layer_from_tensors(out, nt, &native);
+    if (!s && (s = mha_layer_from_tensors(out, nt, &native)) == MHA_E_NONFINITE) { /* shard indices: say whose */
+        char msg[300];
+        snprintf(msg, sizeof msg, "%s", mha_last_error());
+        s = mha_fail(s, "%s (the index is into this shard of query heads %d..%d and kv heads %d..%d of the file)",
+                     msg, first, first + n - 1, g0, g0 + g - 1);
+    }
     if (!s && range->labels) { /* the file's labels of these heads: W_Q, W_O, W_K, W_V */
         int *lab = malloc(sizeof(int) * 2 * (size_t)(h + hkv));
         static const char *const keys[4] = {"labels_q", "labels_o", "labels_k", "labels_v"};
