@@ -87,7 +87,10 @@ $(BUILD)/libmha_mpi.a: $(MPI_LIB_OBJ)
 	ar rcs $@ $^
 $(BUILD)/mha-mpi: $(MPI_CLI_OBJ) $(BUILD)/libmha_mpi.a $(BUILD)/libmha.a
 	$(MPICC) $(CFLAGS) -o $@ $(MPI_CLI_OBJ) $(BUILD)/libmha_mpi.a $(BUILD)/libmha.a $(LDLIBS)
-mpi-build: $(BUILD)/libmha_mpi.a $(BUILD)/mha-mpi
+# the C API's hostile-argument test, run by tests/mpi_test.sh under mpirun
+$(BUILD)/mpi_api_test: tests/mpi/api_test.c $(BUILD)/libmha_mpi.a $(BUILD)/libmha.a
+	$(MPICC) $(CFLAGS_BASE) $(CFLAGS) -o $@ $< $(BUILD)/libmha_mpi.a $(BUILD)/libmha.a $(LDLIBS)
+mpi-build: $(BUILD)/libmha_mpi.a $(BUILD)/mha-mpi $(BUILD)/mpi_api_test
 mpi:
 	@mkdir -p $(BUILD) && sh scripts/setup.sh mpi
 	$(MAKE) mpi-build

@@ -59,7 +59,8 @@ mha_status mha_mpi_agree(MPI_Comm comm, mha_status local, const char *msg);
 
 /* Checks that every rank passed the same n integers (shapes, flags, a
  * checksum of the weights); MHA_E_SHAPE naming the first rank and entry
- * that differ from rank 0, on every rank. */
+ * that differ from rank 0, on every rank. n is 0..32 and the same on
+ * every rank, v and names are given when n > 0: else MHA_E_ARG. */
 mha_status mha_mpi_check_same(MPI_Comm comm, const long long *v, int n, const char *const *names);
 
 /* ------------------------------------------------------- head parallel */
@@ -100,7 +101,7 @@ mha_status mha_mpi_load_heads(mha_layer **local, mha_mpi_heads *heads, mha_confi
  * rank 0 only) gets Z (B,T,h*d_v), contributions (h,B,T,d_model) and
  * probs (B,h,T,S_total), assembled on rank 0; every rank must pass the
  * same non-NULL pattern (its own pointers are ignored off rank 0).
- * stats may be NULL. Collective. */
+ * stats may be NULL; local, heads, x, y NULL: MHA_E_ARG. Collective. */
 mha_status mha_mpi_forward_heads(const mha_layer *local, const mha_mpi_heads *heads,
                                  const float *b_o, float *y, const mha_capture *cap,
                                  const float *x, const float *kv, int B, int T, int S,
@@ -132,7 +133,11 @@ void mha_mpi_chunks_of(int start[2], int len[2], int n, int rank, int P);
  * keep/additive masks, masked_row, interventions (MEAN is averaged over
  * all ranks' rows). cap: z (B,T,h*d_v) and contributions (h,B,T,d_model)
  * assembled on rank 0; probs are MHA_E_UNSUPPORTED (use heads). Needs
- * T >= 2P and S >= 2P. Collective. */
+ * T >= 2P and S >= 2P. MHA_E_UNSUPPORTED, before any work, for a layer
+ * with RoPE, ALiBi, sinks or QK-norm (the ring attends projected q and
+ * k) and for options.sink_tokens or bf16_matmul; MHA_E_NONFINITE naming
+ * x[b][t][e] (or kv) for a NaN/Inf in this rank's rows; MHA_E_ARG for a
+ * NULL layer or x, or y on rank 0. Collective. */
 mha_status mha_mpi_forward_sequence(const mha_layer *layer, float *y, const mha_capture *cap,
                                     const float *x, const float *kv, int B, int T, int S,
                                     const mha_options *opt, MPI_Comm comm, mha_mpi_stats *stats);

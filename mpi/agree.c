@@ -45,12 +45,23 @@ mha_status mha_mpi_check_same(MPI_Comm comm, const long long *v, int n, const ch
     int rank, P;
     MPI_Comm_rank(comm, &rank);
     MPI_Comm_size(comm, &P);
-    long long ref[MHA_MPI_MAX_SAME];
-    if (n > MHA_MPI_MAX_SAME) n = MHA_MPI_MAX_SAME;
-    memcpy(ref, v, sizeof(long long) * (size_t)n);
-    MPI_Bcast(ref, n, MPI_LONG_LONG, 0, comm);
-    mha_status s = MHA_OK;
+    const int bad = n < 0 || n > MHA_MPI_MAX_SAME || (n > 0 && (!v || !names));
     char msg[256] = "";
+    if (bad)
+        snprintf(msg, sizeof msg, "mha_mpi_check_same: n = %d entries (v %s, names %s); expected 0..%d and both given",
+                 n, v ? "given" : "NULL", names ? "given" : "NULL", MHA_MPI_MAX_SAME);
+    mha_status s = mha_mpi_agree(comm, bad ? MHA_E_ARG : MHA_OK, msg);
+    if (s) return s;
+    /* every rank must pass the same n, or the broadcast below would not match */
+    int lo[2] = {n, -n}, got[2];
+    MPI_Allreduce(lo, got, 2, MPI_INT, MPI_MIN, comm);
+    if (got[0] != -got[1])
+        snprintf(msg, sizeof msg, "mha_mpi_check_same: n = %d here, but the ranks pass %d to %d; expected the same n on every rank",
+                 n, got[0], -got[1]);
+    if ((s = mha_mpi_agree(comm, *msg ? MHA_E_ARG : MHA_OK, msg))) return s;
+    long long ref[MHA_MPI_MAX_SAME];
+    if (n) memcpy(ref, v, sizeof(long long) * (size_t)n);
+    MPI_Bcast(ref, n, MPI_LONG_LONG, 0, comm);
     for (int i = 0; i < n && !s; i++)
         if (v[i] != ref[i]) {
             snprintf(msg, sizeof msg, "%s = %lld here but %lld on rank 0; expected every rank to be given the same checkpoint, inputs and flags",

@@ -14,12 +14,15 @@ mha_status mha_mpi_forward_cached_heads(const mha_layer *local, mha_cache *cache
     int P;
     MPI_Comm_size(comm, &P);
     double t0 = MPI_Wtime();
+    const int bad = !local || !cache || !hd || !x || !y;
+    mha_status s = mha_mpi_agree(comm, bad ? MHA_E_ARG : MHA_OK,
+                                 "mha_mpi_forward_cached_heads: NULL argument; expected local, cache, heads, x and y");
+    if (s) return s;
     const mha_config *c = mha_layer_config(local);
     const int D = c->d_model;
     const long long same[] = {B, T, D, hd->count, mha_cache_length(cache, 0)};
     const char *names[] = {"B", "T (new tokens)", "d_model", "heads per rank", "cached tokens"};
-    mha_status s = mha_mpi_check_same(comm, same, 5, names);
-    if (s) return s;
+    if ((s = mha_mpi_check_same(comm, same, 5, names))) return s;
     mha_options o = opt ? *opt : mha_options_default();
     if (o.interventions) o.interventions += hd->first; /* this rank's heads */
     const size_t rows = (size_t)B * T;

@@ -115,10 +115,13 @@ mha_status mha_mpi_shard_heads(mha_layer **local, mha_mpi_heads *hd, const mha_l
     int rank, P;
     MPI_Comm_rank(comm, &rank);
     MPI_Comm_size(comm, &P);
-    *local = NULL;
+    const int bad = !local || !hd || !full;
+    if (local) *local = NULL;
+    mha_status s = mha_mpi_agree(comm, bad ? MHA_E_ARG : MHA_OK, "mha_mpi_shard_heads: NULL argument; expected local, heads and full");
+    if (s) return s;
     char msg[512] = "";
     const mha_config *c = mha_layer_config(full);
-    mha_status s = mha_mpi_heads_of(hd, c, rank, P);
+    s = mha_mpi_heads_of(hd, c, rank, P);
     if ((s = mha_mpi_agree(comm, s, s ? mha_mpi_last_error() : NULL))) return s;
     {
         const int h = c->n_heads, h_kv = c->n_kv_heads;
@@ -259,14 +262,17 @@ mha_status mha_mpi_forward_heads(const mha_layer *local, const mha_mpi_heads *hd
     MPI_Comm_rank(comm, &rank);
     MPI_Comm_size(comm, &P);
     double t0 = MPI_Wtime();
+    const int bad = !local || !hd || !x || !y;
+    mha_status s = mha_mpi_agree(comm, bad ? MHA_E_ARG : MHA_OK,
+                                 "mha_mpi_forward_heads: NULL argument; expected local, heads, x and y");
+    if (s) return s;
     const mha_config *c = mha_layer_config(local);
     const int hl = hd->count, h = hl * P, D = c->d_model, d_v = c->d_v;
     const int S_tot = S + c->add_bias_kv + c->add_zero_attn;
     const int want_z = cap && cap->z, want_c = cap && cap->contributions, want_p = cap && cap->probs;
     const long long same[] = {B, T, S, D, h, hl, want_z, want_c, want_p, kv != NULL};
     const char *names[] = {"B", "T", "S", "d_model", "h", "heads per rank", "--save-z", "--save-contributions", "--save-probs", "--kv-input"};
-    mha_status s = mha_mpi_check_same(comm, same, 10, names);
-    if (s) return s;
+    if ((s = mha_mpi_check_same(comm, same, 10, names))) return s;
 
     // --- this rank's view of the options: its interventions and mask heads
     mha_options o = opt ? *opt : mha_options_default();

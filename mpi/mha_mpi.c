@@ -8,9 +8,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "hf_config.h"
 #include "io_cli.h"
 #include "mha_mpi.h"
 #include "outputs.h"
+#include "run_variants.h"
 
 /* Runs cli_fwd_open (and --ablate's parser) with stderr captured into
  * *text; off rank 0, help on stdout is dropped. */
@@ -62,6 +64,43 @@ static long long layer_checksum(const mha_layer *L) {
     return (long long)(hsh >> 1);
 }
 
+static long long hash_str(const char *v) {
+    return v ? (long long)(fnv(1469598103934665603ull, v, strlen(v)) >> 1) : -1;
+}
+
+/* The bytes of an input array (floats or bytes) as one checksum; -1: none. */
+static long long array_checksum(const mha_array *a) {
+    if (!a->f && !a->u8) return -1;
+    const void *p = a->f ? (const void *)a->f : (const void *)a->u8;
+    return (long long)(fnv(1469598103934665603ull, p, a->count * (a->f ? 4 : 1)) >> 1);
+}
+
+/* A checksum of the checkpoint file's bytes, read 1 MiB at a time: under
+ * the head split each rank reads only its heads' blocks, so only the whole
+ * file tells whether every rank was given the same weights. An index
+ * (sharded checkpoint) is hashed itself. -1: unreadable (the loader says
+ * why). */
+static long long file_checksum(const char *path) {
+    char file[4096];
+    FILE *fp = mha_checkpoint_resolve(file, sizeof file, path) ? NULL : fopen(file, "rb");
+    unsigned char *buf = fp ? malloc(1 << 20) : NULL;
+    unsigned long long hsh = 1469598103934665603ull;
+    size_t n;
+    while (buf && (n = fread(buf, 1, 1 << 20, fp)) > 0) {
+        size_t i = 0;
+        for (; i + 8 <= n; i += 8) { /* a word at a time: files are large */
+            unsigned long long w;
+            memcpy(&w, buf + i, 8);
+            hsh = (hsh ^ w) * 1099511628211ull;
+        }
+        hsh = fnv(hsh, buf + i, n - i);
+    }
+    const int ok = buf && !ferror(fp);
+    free(buf);
+    if (fp) fclose(fp);
+    return ok ? (long long)(hsh >> 1) : -1;
+}
+
 /* --decode N, head-parallel: the first T-N tokens of every sequence in
  * one prefill call, then the last N one at a time, each rank caching its
  * kv heads; y (B,T,d_model) gets every call's rows. st sums the calls. */
@@ -99,31 +138,119 @@ static int report(int rank, int code) {
     return code;
 }
 
+/* The flags of `mha-mpi run`. */
+typedef struct {
+    cli_ckpt ck;
+    cli_fwd_flags ff;
+    const char *output, *ablate, *save_z, *save_c, *save_p, *split, *masked;
+    int want_stats;
+    long long decode;
+} run_flags;
+
+/* Every flag that changes the result or the sequence of MPI calls, the
+ * same on every rank, agreed before any rank takes a branch on them (file
+ * contents are compared once read). */
+static mha_status agree_flags(const run_flags *r, MPI_Comm comm) {
+    const cli_fwd_flags *ff = &r->ff;
+    const long long same[] = {r->split && strcmp(r->split, "sequence") == 0, r->decode, r->want_stats,
+                              r->save_z != NULL, r->save_c != NULL, r->save_p != NULL, hash_str(ff->causal),
+                              hash_str(r->masked), hash_str(r->ablate), ff->kv_input != NULL,
+                              ff->attn_mask != NULL, ff->key_padding_mask != NULL, r->ck.zero_attn,
+                              r->ck.heads, r->ck.kv_heads, hash_str(r->ck.layout), hash_str(r->ck.prefix)};
+    const char *names[] = {"--split sequence", "--decode", "--stats", "--save-z given", "--save-contributions given",
+                           "--save-probs given", "checksum of --causal", "checksum of --masked-rows",
+                           "checksum of --ablate", "--kv-input given", "--attn-mask given",
+                           "--key-padding-mask given", "--zero-attn", "--heads", "--kv-heads",
+                           "checksum of --layout", "checksum of --prefix"};
+    return mha_mpi_check_same(comm, same, (int)(sizeof same / sizeof same[0]), names);
+}
+
+/* Parses argv on every rank (stderr captured, agreed). Returns -1 to go
+ * on, else the exit code: help (given to every rank: rank 0 prints it),
+ * or an agreed error already reported. */
+static int parse(run_flags *r, mha_command_spec *spec, cli_outputs *outs, int argc, char **argv, MPI_Comm comm) {
+    int rank;
+    MPI_Comm_rank(comm, &rank);
+    capture cap;
+    capture_begin(&cap, rank);
+    argv = cli_expand_causal(&argc, argv);
+    int rc = mha_args_parse(spec, argc, argv, NULL, NULL);
+    if (rc == MHA_ARGS_CONTINUE) rc = cli_outputs_check(outs) ? MHA_EXIT_USAGE : MHA_ARGS_CONTINUE;
+    capture_end(&cap);
+    const int failed = rc != MHA_ARGS_CONTINUE && rc != MHA_EXIT_OK, help = rc == MHA_EXIT_OK;
+    int code = failed ? rc : 0, all_help;
+    MPI_Allreduce(MPI_IN_PLACE, &code, 1, MPI_INT, MPI_MAX, comm);
+    MPI_Allreduce(&help, &all_help, 1, MPI_INT, MPI_MIN, comm);
+    mha_status s = mha_mpi_agree(comm, failed ? MHA_E_ARG : MHA_OK, cap.text);
+    free(cap.text);
+    if (s) return report(rank, code ? code : MHA_EXIT_RUNTIME);
+    if (all_help) return MHA_EXIT_OK; /* rank 0 printed it */
+    /* --help on some ranks only: the others would go on alone */
+    if (mha_mpi_agree(comm, help ? MHA_E_ARG : MHA_OK,
+                      "--help was given here but not on every rank; expected the same flags on every rank"))
+        return report(rank, MHA_EXIT_USAGE);
+    if (agree_flags(r, comm)) return report(rank, MHA_EXIT_USAGE);
+    return -1;
+}
+
+/* The layer as `mha run` loads it: the head counts of a config.json
+ * beside an hf checkpoint, then (after *f is read) its rotary settings,
+ * soft-cap and scale, applied to this rank's shard (heads) or the whole
+ * layer (sequence). The messages of the CLI's loaders land in stderr,
+ * which the caller captures. */
+static mha_status load_layer(mha_layer **layer, mha_mpi_heads *hd, mha_config *cfg, float **b_o,
+                             const run_flags *r, int heads, MPI_Comm comm, int rank) {
+    capture cap;
+    capture_begin(&cap, rank);
+    mha_load_options lo;
+    cli_hf_config hc;
+    mha_status s = cli_load_options(&lo, &r->ck);
+    if (!s && cli_hf_config_read(&hc, "run", &r->ck, NULL)) s = MHA_E_ARG;
+    if (!s && hc.found && !lo.n_heads) lo.n_heads = (int)hc.heads; /* --heads wins over config.json */
+    if (!s && hc.found && !lo.n_kv_heads) lo.n_kv_heads = (int)hc.kv_heads;
+    capture_end(&cap);
+    s = mha_mpi_agree(comm, s, s ? cap.text : NULL);
+    free(cap.text);
+    if (s) return s;
+    if (heads) {
+        s = mha_mpi_load_heads(layer, hd, cfg, b_o, r->ck.weights, &lo, comm);
+    } else {
+        s = mha_layer_load(layer, r->ck.weights, &lo);
+        if (!s) *cfg = *mha_layer_config(*layer);
+        s = mha_mpi_agree(comm, s, NULL);
+    }
+    if (s) return s;
+    capture_begin(&cap, rank);
+    s = cli_hf_config_check(&hc, "run", cfg) ? MHA_E_ARG : MHA_OK;
+    capture_end(&cap);
+    s = mha_mpi_agree(comm, s, s ? cap.text : NULL);
+    free(cap.text);
+    return s;
+}
+
 static int run(int argc, char **argv, MPI_Comm comm) {
     int rank, P;
     MPI_Comm_rank(comm, &rank);
     MPI_Comm_size(comm, &P);
-    cli_ckpt ck = {0};
-    cli_fwd_flags ff = {0};
-    const char *output = NULL, *ablate = NULL, *save_z = NULL, *save_c = NULL, *save_p = NULL,
-               *split = NULL, *masked = NULL;
-    int want_stats = 0;
-    long long decode = 0;
+    run_flags r;
+    memset(&r, 0, sizeof r);
+    cli_ckpt *ck = &r.ck;
+    cli_fwd_flags *ffp = &r.ff;
     mha_arg args[] = {
-        CLI_CKPT_ARGS(ck, 1),
-        CLI_FWD_ARGS(ff),
-        {.name = "--output", .kind = MHA_ARG_STRING, .dest = &output, .metavar = "Y.npy",
+        CLI_CKPT_ARGS(*ck, 1),
+        CLI_FWD_ARGS(*ffp),
+        {.name = "--output", .kind = MHA_ARG_STRING, .dest = &r.output, .metavar = "Y.npy",
          .help = "output Y, same rank as X (written by rank 0)", .required = 1},
-        {.name = "--split", .kind = MHA_ARG_STRING, .dest = &split, .metavar = "heads|sequence",
+        {.name = "--split", .kind = MHA_ARG_STRING, .dest = &r.split, .metavar = "heads|sequence",
          .help = "heads (each rank a block of heads; default) or sequence (ring attention)",
          .choices = "heads|sequence"},
-        {.name = "--stats", .kind = MHA_ARG_SWITCH, .dest = &want_stats,
+        {.name = "--stats", .kind = MHA_ARG_SWITCH, .dest = &r.want_stats,
          .help = "print each rank's bytes sent (and the formula's) and times"},
-        {.name = "--decode", .kind = MHA_ARG_INT, .dest = &decode, .metavar = "N",
+        {.name = "--decode", .kind = MHA_ARG_INT, .dest = &r.decode, .metavar = "N",
          .help = "KV-cache decode: prefill the first T-N tokens, then the last N one at a time "
                  "(causal self-attention, --split heads; each rank caches its kv heads)",
          .min = 1, .max = 1 << 30},
-        CLI_RUN_OUTPUT_ARGS(ablate, save_z, save_c, save_p, masked),
+        CLI_RUN_OUTPUT_ARGS(r.ablate, r.save_z, r.save_c, r.save_p, r.masked),
     };
     mha_command_spec spec = {
         .name = "run",
@@ -136,54 +263,46 @@ static int run(int argc, char **argv, MPI_Comm comm) {
         .n_args = (int)(sizeof args / sizeof args[0]),
     };
 
-    // --- parse, load, read inputs: on every rank, failures agreed
+    // --- parse, agree on the flags, load, read inputs: on every rank, failures agreed
     mha_layer *L = NULL;
     cli_fwd f;
+    memset(&f, 0, sizeof f);
     mha_intervention *iv = NULL;
     /* rank 0 writes the files: only it reserves their temporaries */
     cli_outputs outs;
     cli_outputs_init(&outs, "run");
-    cli_register_inputs(&outs, &ck, &ff);
+    cli_register_inputs(&outs, ck, ffp);
     if (rank == 0) {
-        cli_outputs_output(&outs, "--output", &output);
-        cli_outputs_output(&outs, "--save-z", &save_z);
-        cli_outputs_output(&outs, "--save-contributions", &save_c);
-        cli_outputs_output(&outs, "--save-probs", &save_p);
+        cli_outputs_output(&outs, "--output", &r.output);
+        cli_outputs_output(&outs, "--save-z", &r.save_z);
+        cli_outputs_output(&outs, "--save-contributions", &r.save_c);
+        cli_outputs_output(&outs, "--save-probs", &r.save_p);
     }
-    capture cap_text;
-    capture_begin(&cap_text, rank);
-    memset(&f, 0, sizeof f);
-    argv = cli_expand_causal(&argc, argv);
-    int rc = mha_args_parse(&spec, argc, argv, NULL, NULL);
-    if (rc == MHA_ARGS_CONTINUE) rc = cli_outputs_check(&outs) ? MHA_EXIT_USAGE : MHA_ARGS_CONTINUE;
-    capture_end(&cap_text);
-    int failed = rc != MHA_ARGS_CONTINUE && rc != MHA_EXIT_OK, code = failed ? rc : 0;
-    int help = rc == MHA_EXIT_OK, any_help;
-    MPI_Allreduce(MPI_IN_PLACE, &code, 1, MPI_INT, MPI_MAX, comm);
-    MPI_Allreduce(&help, &any_help, 1, MPI_INT, MPI_MAX, comm);
-    mha_status s = mha_mpi_agree(comm, failed ? MHA_E_ARG : MHA_OK, cap_text.text);
-    free(cap_text.text);
-    if (s) return report(rank, code ? code : MHA_EXIT_RUNTIME);
-    if (any_help) return help ? MHA_EXIT_OK : MHA_EXIT_USAGE; /* a rank that printed help stops them all */
+    int code = parse(&r, &spec, &outs, argc, argv, comm);
+    if (code >= 0) {
+        if (rank == 0) cli_outputs_finish(&outs, MHA_EXIT_RUNTIME); /* no temporary left */
+        return code;
+    }
+    const cli_fwd_flags ff = r.ff;
+    const char *output = r.output, *ablate = r.ablate, *save_z = r.save_z, *save_c = r.save_c, *save_p = r.save_p,
+               *masked = r.masked;
+    const long long decode = r.decode;
+    code = 0;
 
     // --- the layer: heads, this rank's shard straight from the file; sequence, all of it
-    const int heads = !split || strcmp(split, "heads") == 0;
+    const int heads = !r.split || strcmp(r.split, "heads") == 0;
     mha_layer *local = NULL;
     mha_mpi_heads hd;
     mha_config cfg;
     float *b_o = NULL;
-    mha_load_options lo;
-    s = mha_mpi_agree(comm, cli_load_options(&lo, &ck), NULL);
-    if (!s && heads) {
-        s = mha_mpi_load_heads(&local, &hd, &cfg, &b_o, ck.weights, &lo, comm);
-    } else if (!s) {
-        s = mha_layer_load(&L, ck.weights, &lo);
-        if (!s) cfg = *mha_layer_config(L);
-        s = mha_mpi_agree(comm, s, NULL);
-    }
-    // --- inputs, masks and --ablate against the layer's dims
+    mha_status s = load_layer(heads ? &local : &L, &hd, &cfg, &b_o, &r, heads, comm, rank);
+    // --- inputs, masks, config.json's variants and --ablate against the layer's dims
+    capture cap_text;
     capture_begin(&cap_text, rank);
-    rc = s ? MHA_EXIT_RUNTIME : cli_fwd_prepare_config("run", &f, &cfg, &ff);
+    int rc = s ? MHA_EXIT_RUNTIME : cli_fwd_prepare_config("run", &f, &cfg, &ff);
+    cli_variant_flags vf; /* none given: config.json's, as mha run applies them */
+    memset(&vf, 0, sizeof vf);
+    if (!s && !rc) rc = cli_apply_variants(heads ? &local : &L, &f, &vf, ck);
     if (!s && !rc && ablate) {
         iv = calloc((size_t)cfg.n_heads, sizeof *iv);
         rc = iv ? cli_parse_ablate(ablate, iv, cfg.n_heads) : mha_cmd_error("run", MHA_EXIT_RUNTIME, "out of memory");
@@ -200,20 +319,22 @@ static int run(int argc, char **argv, MPI_Comm comm) {
         cli_fwd_free(&f), mha_layer_free(L), mha_layer_free(local), free(b_o), free(iv);
         return report(rank, code ? code : MHA_EXIT_RUNTIME);
     }
+    if (L) cfg = *mha_layer_config(L);
     if (masked && strcmp(masked, "nan") == 0) f.opt.masked_row = MHA_MASKED_ROW_NAN;
     f.opt.interventions = iv;
 
     // --- the same checkpoint and inputs on every rank (heads: each rank
-    //     read other weights; b_O and the labels are what they share)
+    //     read other weights, so the file's bytes are compared)
     const mha_config *c = &cfg;
     unsigned long long in_sum = fnv(1469598103934665603ull, f.x.f, 4 * f.x.count);
     if (f.kv.f) in_sum = fnv(in_sum, f.kv.f, 4 * f.kv.count);
     const long long same[] = {c->d_model, c->n_heads, c->n_kv_heads, c->d_k, c->d_v, c->d_kv_in, c->bias,
-                              f.B, f.T, f.S, L ? layer_checksum(L) : (long long)(fnv(1469598103934665603ull, b_o, b_o ? 4 * (size_t)c->d_model : 0) >> 1),
-                              (long long)(in_sum >> 1)};
+                              f.B, f.T, f.S, L ? layer_checksum(L) : file_checksum(ck->weights),
+                              (long long)(in_sum >> 1), array_checksum(&f.am), array_checksum(&f.kp)};
     const char *names[] = {"d_model", "h", "h_kv", "d_k", "d_v", "d_kv_in", "bias", "B", "T", "S",
-                           heads ? "checksum of b_O" : "checksum of the weights", "checksum of the inputs"};
-    s = mha_mpi_check_same(comm, same, 12, names);
+                           heads ? "checksum of the checkpoint file" : "checksum of the weights",
+                           "checksum of the inputs", "checksum of --attn-mask", "checksum of --key-padding-mask"};
+    s = mha_mpi_check_same(comm, same, (int)(sizeof same / sizeof same[0]), names);
     if (!s && decode) { /* the same flags on every rank: each finds the same answer */
         char why[200] = "";
         if (!heads) snprintf(why, sizeof why, "--decode runs head-parallel; expected --split heads");
@@ -221,6 +342,10 @@ static int run(int argc, char **argv, MPI_Comm comm) {
         else if (ff.attn_mask || ff.key_padding_mask || save_z || save_c || save_p)
             snprintf(why, sizeof why, "--decode takes no masks and saves only --output; expected no --attn-mask, --key-padding-mask or --save-*");
         else if (decode > f.T) snprintf(why, sizeof why, "--decode %lld > T=%d tokens of --input; expected 1..%d", decode, f.T, f.T);
+        for (int i = 0; iv && !*why && i < cfg.n_heads; i++) /* a cached call sees only its new rows */
+            if (iv[i].op == MHA_HEAD_MEAN)
+                snprintf(why, sizeof why, "--decode with --ablate %d=mean: each call would average only its own new "
+                         "rows, not the sequence's; expected zero, scale or replace, or no --decode", i);
         if (*why) code = MHA_EXIT_USAGE;
         s = mha_mpi_agree(comm, *why ? MHA_E_ARG : MHA_OK, why);
     }
@@ -265,7 +390,7 @@ static int run(int argc, char **argv, MPI_Comm comm) {
         s = mha_mpi_agree(comm, wr ? MHA_E_IO : MHA_OK, rank == 0 ? cap_text.text : NULL);
         if (rank == 0) free(cap_text.text);
     }
-    if (!s && want_stats) { /* one line per rank, in rank order, from rank 0 */
+    if (!s && r.want_stats) { /* one line per rank, in rank order, from rank 0 */
         double mine[5] = {st.sent_bytes, st.formula_bytes, st.compute_s, st.total_s, st.cache_bytes}, *all = NULL;
         if (rank == 0) all = malloc(sizeof(double) * 5 * P);
         MPI_Gather(mine, 5, MPI_DOUBLE, all, 5, MPI_DOUBLE, 0, comm);

@@ -182,6 +182,38 @@ static mha_status intervene(float *z, const mha_intervention *ivs, int h, int d_
     return s;
 }
 
+/* What the ring cannot do for this layer and these options, in words a
+ * user of either the C API or `mha-mpi run` can act on; "" when none. The
+ * ring attends projected q and k (mha_attend_lse), so variants that act on
+ * q, k or a head's scores are not applied there. */
+static void ring_limits(char *msg, size_t cap, const mha_config *c, const mha_options *g) {
+    const char *what = c->rope.pairing ? "RoPE" : c->alibi ? "ALiBi" : c->sinks ? "attention sinks"
+                       : c->qk_norm ? "QK-norm" : NULL;
+    if (what)
+        snprintf(msg, cap, "--split sequence (mha_mpi_forward_sequence) does not support the layer's %s; expected "
+                 "--split heads (mha_mpi_forward_heads)", what);
+    else if (g->sink_tokens)
+        snprintf(msg, cap, "--split sequence (mha_mpi_forward_sequence): options.sink_tokens = %d is not supported; "
+                 "expected 0, or --split heads (mha_mpi_forward_heads)", g->sink_tokens);
+    else if (g->bf16_matmul)
+        snprintf(msg, cap, "--split sequence (mha_mpi_forward_sequence): options.bf16_matmul = %d is not supported "
+                 "(the ring projects in fp32); expected 0, or --split heads (mha_mpi_forward_heads)", g->bf16_matmul);
+}
+
+/* The first non-finite entry of this rank's rows of an input, named by
+ * its place in the whole (B, n, w) array; "" when all are finite. */
+static void check_rows(char *msg, size_t cap, const float *a, const char *name, int B, int n, int w,
+                       const int st[2], const int len[2]) {
+    for (int b = 0; b < B; b++)
+        for (int k = 0; k < 2; k++)
+            for (size_t i = (size_t)(b * (size_t)n + st[k]) * w; i < ((size_t)b * n + st[k] + len[k]) * w; i++)
+                if (!isfinite(a[i])) {
+                    snprintf(msg, cap, "%s[%d][%d][%d] = %g; expected finite inputs", name, b, (int)(i / w % n),
+                             (int)(i % w), a[i]);
+                    return;
+                }
+}
+
 mha_status mha_mpi_forward_sequence(const mha_layer *layer, float *y, const mha_capture *cap,
                                     const float *x, const float *kv, int B, int T, int S,
                                     const mha_options *opt, MPI_Comm comm, mha_mpi_stats *stats) {
@@ -189,6 +221,10 @@ mha_status mha_mpi_forward_sequence(const mha_layer *layer, float *y, const mha_
     MPI_Comm_rank(comm, &rank);
     MPI_Comm_size(comm, &P);
     double t0 = MPI_Wtime(), busy = 0.0;
+    const int bad = !layer || !x || (rank == 0 && !y);
+    mha_status s0 = mha_mpi_agree(comm, bad ? MHA_E_ARG : MHA_OK,
+                                  "mha_mpi_forward_sequence: layer or x is NULL, or y on rank 0; expected them given");
+    if (s0) return s0;
     const mha_options g = opt ? *opt : mha_options_default();
     const mha_config *c = mha_layer_config(layer);
     const int h = c->n_heads, h_kv = c->n_kv_heads, d_k = c->d_k, d_v = c->d_v, D = c->d_model;
@@ -211,12 +247,17 @@ mha_status mha_mpi_forward_sequence(const mha_layer *layer, float *y, const mha_
         s = MHA_E_SHAPE, snprintf(msg, sizeof msg, "self-attention with S=%d != T=%d; expected kv (B,S,d_kv_in)", S, T);
     else if (c->d_v_in != d_in)
         s = MHA_E_UNSUPPORTED, snprintf(msg, sizeof msg, "--split sequence needs one key/value source (d_v_in=%d, key source width %d)", c->d_v_in, d_in);
+    if (!s) ring_limits(msg, sizeof msg, c, &g);
+    if (!s && *msg) s = MHA_E_UNSUPPORTED;
     if ((s = mha_mpi_agree(comm, s, msg))) return s;
 
     // --- this rank's rows: query chunks qs/ql of T, key chunks ks/kl of S
     int qs[2], ql[2], ks[2], kl[2];
     mha_mpi_chunks_of(qs, ql, T, rank, P);
     mha_mpi_chunks_of(ks, kl, S, rank, P);
+    check_rows(msg, sizeof msg, x, "x", B, T, D, qs, ql);
+    if (!*msg && !self) check_rows(msg, sizeof msg, kv, "kv", B, S, d_in, ks, kl);
+    if ((s = mha_mpi_agree(comm, *msg ? MHA_E_NONFINITE : MHA_OK, msg))) return s;
     const int Tl = ql[0] + ql[1], qw = h * d_k, kw = h_kv * d_k, vw = h_kv * d_v, zw = h * d_v;
     size_t most = 0;
     for (int p = 0; p < P; p++)
@@ -288,8 +329,10 @@ mha_status mha_mpi_forward_sequence(const mha_layer *layer, float *y, const mha_
                     if (fail) s = mha_mpi_fail(MHA_E_NOMEM, "no memory for the masks of one tile");
                     if (!s && (s = mha_attend_lse(&ca, zt, lt, qc, kb, vb, B, ql[kq], ol[kk2], &t.o)))
                         s = mha_mpi_fail(s, "%s", mha_last_error());
-                    if (!s && (s = merge_into(zc, lc, zt, lt, B, ql[kq], h, d_v)))
-                        s = mha_mpi_fail(s, "%s", mha_last_error());
+                    if (!s && (s = merge_into(zc, lc, zt, lt, B, ql[kq], h, d_v))) /* an lse of +inf */
+                        s = mha_mpi_fail(s, "%s: the scores of a tile overflow fp32 (|q.k| x scale near 3.4e38) "
+                                         "in the ring's merge; expected smaller inputs or weights, or --split heads",
+                                         mha_last_error());
                 }
                 tile_free(&t);
                 qc += (size_t)B * ql[kq] * qw, zc += (size_t)B * ql[kq] * zw, lc += (size_t)B * h * ql[kq];

@@ -61,6 +61,15 @@ write_safetensors(d + "/hf.safetensors", w, {"n_heads": 8, "n_kv_heads": 4})
 w = {"w_q": r(16, 16), "w_k": r(16, 8), "w_v": r(16, 12), "w_o": r(24, 16)}
 w["w_q"][3, 5 * 2 + 1] = np.nan
 write_safetensors(d + "/nan5.safetensors", w, {"n_heads": 8, "n_kv_heads": 4})
+# an hf directory whose config.json gives the head counts, RoPE and the soft-cap
+import json, os
+os.mkdir(d + "/hfdir")
+write_safetensors(d + "/hfdir/model.safetensors",
+                  {"model.layers.0.self_attn.q_proj.weight": r(16, 16), "model.layers.0.self_attn.k_proj.weight": r(8, 16),
+                   "model.layers.0.self_attn.v_proj.weight": r(8, 16), "model.layers.0.self_attn.o_proj.weight": r(16, 16)})
+json.dump({"num_attention_heads": 4, "num_key_value_heads": 2, "hidden_size": 16, "rope_theta": 50.0,
+           "attn_logit_softcapping": 1.5}, open(d + "/hfdir/config.json", "w"))
+layer("mha_b", 24, 12, 12, 3, 2)          # mha's shapes, other weights
 np.save(d + "/x.npy", r(2, 16, 24))
 np.save(d + "/x16.npy", r(2, 16, 16))
 np.save(d + "/x1.npy", r(16, 24))         # unbatched
@@ -68,6 +77,9 @@ np.save(d + "/kv.npy", r(2, 12, 10))
 np.save(d + "/x_short.npy", r(2, 5, 24))
 kpm = np.zeros((2, 16), bool); kpm[0, 3] = kpm[0, 10:] = True; kpm[1, :2] = True
 np.save(d + "/kpm.npy", kpm)
+kpm[1, 5] = True
+np.save(d + "/kpm_b.npy", kpm)          # kpm with one more padded key
+np.save(d + "/x_huge.npy", np.full((1, 8, 24), 1e30, np.float32))
 np.save(d + "/kpm_cross.npy", np.arange(24).reshape(2, 12) % 5 == 1)
 np.save(d + "/am.npy", np.triu(np.ones((16, 16), bool), 1) | (np.arange(16)[None, :] == 7))
 PYEOF
@@ -169,6 +181,17 @@ case_ cross_pad "2 4" "heads sequence" cross x --kv-input "$T/kv.npy" --key-padd
 case_ ablate "2 3 4" "heads sequence" mha x --causal --ablate 1=zero,5=scale:0.5,7=mean
 case_ nanrows "2 4" "heads sequence" mha x --attn-mask "$T/am.npy" --key-padding-mask "$T/kpm.npy" --masked-rows nan
 
+# config.json beside an hf checkpoint: head counts, RoPE and soft-cap as mha run reads them
+ref --weights "$T/hfdir" --input "$T/x16.npy" --output "$T/r_hfdir.npy" --causal
+for p in 1 2; do
+    mpi $p --weights "$T/hfdir" --input "$T/x16.npy" --output "$T/y.npy" --causal
+    expect_ok
+    close "$T/y.npy" "$T/r_hfdir.npy"
+done
+mpi 2 --decode 4 --weights "$T/hfdir" --input "$T/x16.npy" --output "$T/y.npy" --causal
+expect_ok
+close "$T/y.npy" "$T/r_hfdir.npy"
+
 # --- KV-cache decode, head-parallel: prefill T-N tokens, decode N one at a
 # time; each rank caches its kv heads. Equals the causal forward of mha run.
 decode dec_mha "1 2 4" mha x 5
@@ -250,6 +273,42 @@ timeout 120 mpirun --oversubscribe -np 1 "$MPI" run --split sequence --weights "
     : -np 1 "$MPI" run --split sequence --weights "$T/mha.safetensors" --input "$T/x1.npy" --output "$T/fo/y.npy" >"$T/out" 2>"$T/err"
 rc=$? last="MPMD with a different input shape on rank 1"
 expect_fail 2 "B = 1 here but 2 on rank 0"
+# flags and file contents that differ between ranks: one agreed error on
+# every rank (never an MPI abort or a hang), and an existing output kept
+echo EXISTING >"$T/fo/keep.npy"
+mpmd() { # mpmd "FLAGS OF RANK 0" "FLAGS OF RANK 1"
+    timeout 120 mpirun --oversubscribe -np 1 "$MPI" run $1 : -np 1 "$MPI" run $2 >"$T/out" 2>"$T/err"
+    rc=$? last="MPMD: rank 0 '$1', rank 1 '$2'"
+}
+G="--weights $T/mha.safetensors --input $T/x.npy --output $T/fo/keep.npy --causal"
+mpmd "$G" "$G --decode 3"
+expect_fail 2 "rank 1: --decode = 3 here but 0 on rank 0"
+mpmd "$G --split heads" "$G --split sequence"
+expect_fail 2 "rank 1: --split sequence = 1 here but 0 on rank 0"
+mpmd "$G" "$G --stats"
+expect_fail 2 "rank 1: --stats = 1"
+mpmd "$G --ablate 1=zero" "$G --ablate 2=zero"
+expect_fail 2 "rank 1: checksum of --ablate"
+mpmd "$G" "$G --save-probs $T/fo/p.npy"
+expect_fail 2 "rank 1: --save-probs given"
+mpmd "$G" "--weights $T/mha.safetensors --input $T/x.npy --output $T/fo/keep.npy --causal bottom-right"
+expect_fail 2 "rank 1: checksum of --causal"
+mpmd "$G --key-padding-mask $T/kpm.npy" "$G --key-padding-mask $T/kpm_b.npy"
+expect_fail 2 "rank 1: checksum of --key-padding-mask"
+mpmd "$G" "--weights $T/mha_b.safetensors --input $T/x.npy --output $T/fo/keep.npy --causal"
+expect_fail 2 "rank 1: checksum of the checkpoint file"
+checks=$((checks + 1))
+[ "$(cat "$T/fo/keep.npy")" = EXISTING ] || fail "a failed run replaced an existing --output"
+rm -f "$T/fo/keep.npy"
+# --help on one rank only: an agreed usage error, printed by every rank
+mpmd "$G" "--help"
+expect_fail 2 "rank 1: --help was given here but not on every rank"
+[ "$rc" -eq 2 ] || fail "$last: exit $rc, want 2"
+# what the ring cannot do is refused before any work, in CLI terms
+mpi 2 --split sequence --weights "$T/hfdir" --input "$T/x16.npy" --output "$T/fo/y.npy" --causal
+expect_fail 2 "does not support the layer's RoPE; expected --split heads"
+mpi 2 --split sequence --weights "$T/mha.safetensors" --input "$T/x_huge.npy" --output "$T/fo/y.npy"
+expect_fail 2 "overflow fp32 .*expected smaller inputs or weights, or --split heads"
 # a failing allocation on rank 1 (test hook MHA_MPI_FAIL_ALLOC)
 for split in heads sequence; do
     MHA_MPI_FAIL_ALLOC=1 mpi 3 --split $split --weights "$T/mha.safetensors" --input "$T/x.npy" --output "$T/fo/y.npy"
@@ -276,8 +335,23 @@ mpi 2 --decode 17 --weights "$T/mha.safetensors" --input "$T/x.npy" --output "$T
 expect_fail 2 "expected 1..16"
 mpi 2 --decode 3 --weights "$T/mha.safetensors" --input "$T/x.npy" --output "$T/fo/y.npy"
 expect_fail 2 "expected --causal"
+mpi 2 --decode 3 --weights "$T/mha.safetensors" --input "$T/x.npy" --output "$T/fo/y.npy" --causal --ablate 2=mean
+expect_fail 2 "--decode with --ablate 2=mean"
+[ "$rc" -eq 2 ] || fail "$last: exit $rc, want 2"
 checks=$((checks + 1))
 [ -z "$(ls -A "$T/fo")" ] || fail "failed runs left files behind: $(ls -A "$T/fo")"
+
+# --- the C API given NULL pointers, P = 0, too many entries, options the
+# ring does not do, a NaN in x: statuses and messages, no crash
+if [ -x "$BUILD/mpi_api_test" ]; then
+    for p in 1 2; do
+        checks=$((checks + 1))
+        timeout 120 mpirun --oversubscribe -np $p "$BUILD/mpi_api_test" >"$T/out" 2>"$T/err" ||
+            fail "mpirun -np $p mpi_api_test: exit $?: $(head -c 600 "$T/err")"
+    done
+else
+    fail "$BUILD/mpi_api_test is missing (make mpi-build)"
+fi
 
 echo "mpi_test: $checks checks, $fails failed"
 [ "$fails" -eq 0 ]

@@ -1,0 +1,74 @@
+/* api_test.c — libmha_mpi's C API given hostile or unsupported arguments
+ * (run as `mpirun -np 2 build/mpi_api_test` by tests/mpi_test.sh): every
+ * call returns the same status on every rank, with a message, and none
+ * crashes or hangs. Legend: B, T, h, d_k, d_v, D = d_model. */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "mha_mpi.h"
+
+static int fails = 0, checks = 0, rank = 0;
+
+/* got == want, and on failure the call's line and message */
+static void expect(mha_status got, mha_status want, const char *mention, int line) {
+    checks++;
+    const char *msg = mha_mpi_last_error();
+    if (got != want || (mention && !strstr(msg, mention))) {
+        fprintf(stderr, "FAIL rank %d line %d: status %d, want %d; message '%s', want it to mention '%s'\n", rank,
+                line, (int)got, (int)want, msg, mention ? mention : "");
+        fails++;
+    }
+}
+#define EXPECT(call, want, mention) expect((call), (want), (mention), __LINE__)
+
+int main(int argc, char **argv) {
+    MPI_Init(&argc, &argv);
+    MPI_Comm comm = MPI_COMM_WORLD;
+    MPI_Comm_rank(comm, &rank);
+    enum { D = 8, H = 4, DK = 2, B = 1, T = 8 };
+    mha_config c = mha_config_default(D, H);
+    c.bias = 0;
+    float wq[D * H * DK], wk[D * H * DK], wv[D * H * DK], wo[H * DK * D], x[B * T * D], y[B * T * D];
+    for (int i = 0; i < D * H * DK; i++) wq[i] = wk[i] = wv[i] = wo[i] = (float)((i * 7 % 13) - 6) / 13.0f;
+    for (int i = 0; i < B * T * D; i++) x[i] = (float)((i * 5 % 11) - 5) / 11.0f;
+    mha_weights w = {.w_q = wq, .w_k = wk, .w_v = wv, .w_o = wo};
+    mha_layer *L = NULL, *local = NULL;
+    if (mha_layer_create(&L, &c, &w)) {
+        fprintf(stderr, "mpi_api_test: mha_layer_create: %s\n", mha_last_error());
+        MPI_Abort(comm, 1);
+    }
+    mha_mpi_heads hd;
+    // --- NULL pointers and impossible counts
+    EXPECT(mha_mpi_heads_of(&hd, &c, 0, 0), MHA_E_ARG, "P=0");
+    EXPECT(mha_mpi_heads_of(NULL, &c, 0, 2), MHA_E_ARG, "NULL");
+    EXPECT(mha_mpi_shard_heads(&local, &hd, NULL, comm), MHA_E_ARG, "NULL");
+    EXPECT(mha_mpi_shard_heads(&local, &hd, L, comm), MHA_OK, NULL);
+    EXPECT(mha_mpi_forward_heads(NULL, &hd, NULL, y, NULL, x, NULL, B, T, T, NULL, comm, NULL), MHA_E_ARG, "NULL");
+    EXPECT(mha_mpi_forward_heads(local, NULL, NULL, y, NULL, x, NULL, B, T, T, NULL, comm, NULL), MHA_E_ARG, "NULL");
+    EXPECT(mha_mpi_forward_heads(local, &hd, NULL, y, NULL, x, NULL, B, T, T, NULL, comm, NULL), MHA_OK, NULL);
+    EXPECT(mha_mpi_forward_sequence(NULL, y, NULL, x, NULL, B, T, T, NULL, comm, NULL), MHA_E_ARG, "NULL");
+    EXPECT(mha_mpi_forward_sequence(L, y, NULL, NULL, NULL, B, T, T, NULL, comm, NULL), MHA_E_ARG, "NULL");
+    EXPECT(mha_mpi_forward_sequence(L, NULL, NULL, x, NULL, B, T, T, NULL, comm, NULL), MHA_E_ARG, "NULL");
+    long long v[33] = {0};
+    const char *names[33] = {0};
+    EXPECT(mha_mpi_check_same(comm, v, 33, names), MHA_E_ARG, "expected 0..32");
+    int P;
+    MPI_Comm_size(comm, &P);
+    EXPECT(mha_mpi_check_same(comm, v, rank ? 2 : 3, names), P > 1 ? MHA_E_ARG : MHA_OK, P > 1 ? "the same n" : NULL);
+    // --- what the ring does not do: refused, not ignored
+    mha_options o = mha_options_default();
+    o.window_left = 2, o.sink_tokens = 1;
+    EXPECT(mha_mpi_forward_sequence(L, y, NULL, x, NULL, B, T, T, &o, comm, NULL), MHA_E_UNSUPPORTED, "sink_tokens");
+    o = mha_options_default();
+    o.bf16_matmul = 1;
+    EXPECT(mha_mpi_forward_sequence(L, y, NULL, x, NULL, B, T, T, &o, comm, NULL), MHA_E_UNSUPPORTED, "bf16_matmul");
+    x[5 * D + 3] = NAN; /* row 5: rank 1's chunk for P = 2, rank 0's for P = 1 */
+    EXPECT(mha_mpi_forward_sequence(L, y, NULL, x, NULL, B, T, T, NULL, comm, NULL), MHA_E_NONFINITE, "x[0][5][3]");
+    mha_layer_free(local), mha_layer_free(L);
+    if (rank == 0) printf("mpi_api_test: %d checks, %d failed\n", checks, fails);
+    int any = fails;
+    MPI_Allreduce(MPI_IN_PLACE, &any, 1, MPI_INT, MPI_MAX, comm);
+    MPI_Finalize();
+    return any ? 1 : 0;
+}
