@@ -33,7 +33,7 @@ SUITES = {
     "c": (["build/test_mha"], ["./build/test_mha"]),
     "cli": (["build/mha"], ["sh", "tests/cli_test.sh", "./build/mha"]),
     "io_cli": (["build/mha"], ["sh", "tests/io_cli_test.sh", "./build/mha"]),
-    "mpi": (["build/mha", "build/mha-mpi"], ["sh", "tests/mpi_test.sh", "./build"]),
+    "mpi": (["build/mha", "build/mha-mpi", "build/mpi_api_test"], ["sh", "tests/mpi_test.sh", "./build"]),
     "python": (["build/libmha.so", "build/mha"], [PYTHON, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
                                      "tests/python"]),
 }
