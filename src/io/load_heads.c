@@ -317,7 +317,7 @@ static mha_status file_labels(int *out, const mha_tensors *t, const char *key, i
 static mha_status default_slopes(mha_tensors *nt, const mha_tensors *t, int h, int first, int n) {
     const char *v = mha_tensors_meta(t, "alibi"); /* a bad value is the native loader's to refuse */
     mha_status s = MHA_OK;
-    if (!v || strtod(v, NULL) != 1.0 || mha_tensors_get(nt, "alibi_slopes")) return s;
+    if (!v || mha_c_strtod(v, NULL) != 1.0 || mha_tensors_get(nt, "alibi_slopes")) return s;
     float *all = malloc(sizeof(float) * (size_t)h), *p;
     if (!all) return mha_fail(MHA_E_NOMEM, "no memory for %d ALiBi slopes", h);
     mha_alibi_default_slopes(all, h);
