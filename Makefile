@@ -111,7 +111,7 @@ test-c: $(BUILD)/test_mha $(BUILD)/mha
 # in them and the suppressions could not see which library allocated).
 ASAN_OPT = -O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
 test-asan: $(SETUP_CORE)
-	$(MAKE) BUILD=build-asan OPT="$(ASAN_OPT)" build-asan/test_mha build-asan/mha $(if $(HAVE_MPI),build-asan/mha-mpi)
+	$(MAKE) BUILD=build-asan OPT="$(ASAN_OPT)" build-asan/test_mha build-asan/mha $(if $(HAVE_MPI),build-asan/mha-mpi build-asan/mpi_api_test)
 	ASAN_OPTIONS=detect_leaks=1 MHA_TEST_PARSE_LIMIT_S=5 ./build-asan/test_mha
 	ASAN_OPTIONS=detect_leaks=1 sh tests/cli_test.sh ./build-asan/mha
 	ASAN_OPTIONS=detect_leaks=1 sh tests/io_cli_test.sh ./build-asan/mha

@@ -154,6 +154,20 @@ decode() {
     done
 }
 
+# the C API given NULL pointers, P = 0, too many entries, options the
+# ring does not do, a NaN in x: statuses and messages, no crash
+api_test() {
+    if [ -x "$BUILD/mpi_api_test" ]; then
+        for p in 1 2; do
+            checks=$((checks + 1))
+            timeout 120 mpirun --oversubscribe -np $p "$BUILD/mpi_api_test" >"$T/out" 2>"$T/err" ||
+                fail "mpirun -np $p mpi_api_test: exit $?: $(head -c 600 "$T/err")"
+        done
+    else
+        fail "$BUILD/mpi_api_test is missing (make mpi-build)"
+    fi
+}
+
 # MHA_MPI_TEST_QUICK=1 (make test-asan): one small P=2 run of each path
 if [ -n "${MHA_MPI_TEST_QUICK:-}" ]; then
     case_ quick "2" "heads sequence" gqa x16 --causal --key-padding-mask "$T/kpm.npy"
@@ -163,6 +177,7 @@ if [ -n "${MHA_MPI_TEST_QUICK:-}" ]; then
     expect_ok
     mpi 2 --split sequence --weights "$T/missing.safetensors" --input "$T/x.npy" --output "$T/y.npy"
     expect_fail 2 "missing.safetensors"
+    api_test
     echo "mpi_test (quick): $checks checks, $fails failed"
     [ "$fails" -eq 0 ]
     exit
@@ -341,17 +356,7 @@ expect_fail 2 "--decode with --ablate 2=mean"
 checks=$((checks + 1))
 [ -z "$(ls -A "$T/fo")" ] || fail "failed runs left files behind: $(ls -A "$T/fo")"
 
-# --- the C API given NULL pointers, P = 0, too many entries, options the
-# ring does not do, a NaN in x: statuses and messages, no crash
-if [ -x "$BUILD/mpi_api_test" ]; then
-    for p in 1 2; do
-        checks=$((checks + 1))
-        timeout 120 mpirun --oversubscribe -np $p "$BUILD/mpi_api_test" >"$T/out" 2>"$T/err" ||
-            fail "mpirun -np $p mpi_api_test: exit $?: $(head -c 600 "$T/err")"
-    done
-else
-    fail "$BUILD/mpi_api_test is missing (make mpi-build)"
-fi
+api_test
 
 echo "mpi_test: $checks checks, $fails failed"
 [ "$fails" -eq 0 ]

@@ -276,7 +276,7 @@ static void test_overflow_cache_f16_range(void) {
 static void test_overflow_cache_bound_forgets(void) {
     mha_layer *L = split_layer();
     if (!L) return;
-    float x[6 * 8], y[8], y_fresh[8];
+    float x[6 * 8], y[6 * 8], y_fresh[8]; /* y: a call's T rows */
     split_tokens(x, 6, 0.1f, 0.2f);
     float outlier[8], query[8];
     split_tokens(outlier, 1, 0.0f, 2000.0f); /* key 2000, query 0 */
@@ -293,7 +293,7 @@ static void test_overflow_cache_bound_forgets(void) {
         CHECK_OK(mha_forward_cached(L, c, y, NULL, query, 1, NULL, NULL));
         CHECK_OK(mha_forward_cached(L, fresh, y_fresh, NULL, x, 1, NULL, NULL));
         CHECK_OK(mha_forward_cached(L, fresh, y_fresh, NULL, query, 1, NULL, NULL));
-        CHECK(memcmp(y, y_fresh, sizeof y) == 0); /* as if the outlier had never been */
+        CHECK(memcmp(y, y_fresh, sizeof y_fresh) == 0); /* as if the outlier had never been */
     }
     mha_cache_free(c);
     mha_cache_free(fresh);
