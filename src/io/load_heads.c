@@ -310,17 +310,16 @@ static mha_status file_labels(int *out, const mha_tensors *t, const char *key, i
     return MHA_OK;
 }
 
-/* ALiBi with the paper's slopes (metadata alibi = 1, no alibi_slopes
- * tensor): the default slopes depend on h, so the shard gets those of its
- * global heads [first, first+n) of the whole layer, written as a tensor,
- * as mha_mpi_shard_heads takes them from the whole layer's. */
-static mha_status default_slopes(mha_tensors *nt, const mha_tensors *t, int h, int first, int n) {
-    const char *v = mha_tensors_meta(t, "alibi"); /* a bad value is the native loader's to refuse */
+/* ALiBi with the paper's slopes (no alibi_slopes tensor): the default
+ * slopes depend on h, so the shard gets those of its global heads
+ * [first, first+n) of the whole layer, written as a tensor, as
+ * mha_mpi_shard_heads takes them from the whole layer's. */
+static mha_status default_slopes(mha_tensors *nt, const mha_config *c, int first, int n) {
     mha_status s = MHA_OK;
-    if (!v || mha_c_strtod(v, NULL) != 1.0 || mha_tensors_get(nt, "alibi_slopes")) return s;
-    float *all = malloc(sizeof(float) * (size_t)h), *p;
-    if (!all) return mha_fail(MHA_E_NOMEM, "no memory for %d ALiBi slopes", h);
-    mha_alibi_default_slopes(all, h);
+    if (!c->alibi || mha_tensors_get(nt, "alibi_slopes")) return s;
+    float *all = malloc(sizeof(float) * (size_t)c->n_heads), *p;
+    if (!all) return mha_fail(MHA_E_NOMEM, "no memory for %d ALiBi slopes", c->n_heads);
+    mha_alibi_default_slopes(all, c->n_heads);
     if ((p = add(nt, "alibi_slopes", n, 0, &s))) memcpy(p, all + first, sizeof(float) * (size_t)n);
     free(all);
     return s;
@@ -363,7 +362,7 @@ static mha_status narrow(mha_tensors **out, const source *src, const mha_tensors
             else memcpy(p, a->f, sizeof(float) * a->count);
         }
     }
-    if (!s) s = default_slopes(nt, t, c->n_heads, first, n);
+    if (!s) s = default_slopes(nt, c, first, n);
     // --- metadata: the file's, with this shard's head counts, no labels, and
     //     add_zero_attn as the file and the load option say together
     for (int i = 0; i < t->n_meta && !s; i++) {
@@ -396,7 +395,12 @@ static mha_status open_source(mha_tensors **t, source *src, const char *path, co
     if ((s = mha_io_layer_path(&o, src->path, sizeof src->path, *t))) return s;
     if ((s = describe(src, *t, &o))) return s;
     src->prefix = o.prefix;
-    return MHA_OK;
+    /* the variants as the loader reads them: a split must know them all
+     * (and a shard of a default-slopes ALiBi layer its global slopes) */
+    float *var[4] = {NULL};
+    s = mha_io_variants_read(&src->c, var, *t, src->prefix, src->hf);
+    for (int i = 0; i < 4; i++) free(var[i]);
+    return s;
 }
 
 static mha_status with_path(mha_status s, const char *path) {
@@ -413,10 +417,7 @@ mha_status mha_layer_load_config(mha_config *out, const char *path, const mha_lo
     mha_tensors *t = NULL;
     source src;
     mha_status s = open_source(&t, &src, path, opt);
-    float *var[4] = {NULL}; /* the variants as the loader reads them: a split must know them all */
-    if (!s) s = mha_io_variants_read(&src.c, var, t, src.prefix, src.hf);
     if (!s) *out = src.c;
-    for (int i = 0; i < 4; i++) free(var[i]);
     mha_tensors_free(t);
     return with_path(s, path);
 }
