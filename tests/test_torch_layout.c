@@ -395,16 +395,24 @@ static void torch_packing_matches_native(void) {
         }
         mha_layer *native = NULL;
         CHECK_OK(mha_layer_create(&native, &cfg, &w));
-        for (int th = 1; th <= 2 && native; th++) {
-            mha_set_num_threads(th);
-            mha_layer *L = NULL;
-            CHECK_OK(mha_layer_from_torch(&L, &tw));
-            if (L && !layers_equal(L, native)) {
-                printf("    form %d, %d thread(s): torch layout differs from native\n", form, th);
-                CHECK(0);
+        /* every kernel table the CPU runs: the packer's transposed store
+         * (avx512) and the element loops (avx2, scalar) give the same bytes */
+        const mha_kernels *tables[3] = {&mha_kernels_avx512, &mha_kernels_avx2, &mha_kernels_scalar};
+        const int can[3] = {mha_cpu_has_avx512(), mha_cpu_has_avx2(), 1};
+        for (int k = 0; k < 3; k++)
+            for (int th = 1; th <= 2 && native && can[k]; th++) {
+                mha_set_num_threads(th);
+                mha_kernels_force(tables[k]);
+                mha_layer *L = NULL;
+                CHECK_OK(mha_layer_from_torch(&L, &tw));
+                mha_kernels_force(NULL);
+                if (L && !layers_equal(L, native)) {
+                    printf("    form %d, %s, %d thread(s): torch layout differs from native\n", form,
+                           tables[k]->name, th);
+                    CHECK(0);
+                }
+                mha_layer_free(L);
             }
-            mha_layer_free(L);
-        }
         mha_layer_free(native);
         for (int p = 0; p < 4; p++) free(t[p]);
     }
@@ -412,11 +420,12 @@ static void torch_packing_matches_native(void) {
     free(ipw), free(ow), free(ipb), free(ob), free(bk), free(bv), free(qw), free(kw), free(vw);
 }
 
-/* The finiteness check rides on the transpose (and the bias copies): a
- * value anywhere, inside a full tile or on a ragged edge, is refused with
- * PyTorch's name and its index in PyTorch's (out, in) layout; the first in
- * attribute order wins. With 1 and 2 threads. */
-static void torch_nonfinite_named_after_one_pass(void) {
+/* The finiteness check rides on the copy out of the packed panels (and
+ * the bias copies): a value anywhere, inside a full panel or on a ragged
+ * edge, is refused with PyTorch's name and its index in PyTorch's (out, in)
+ * layout; the first in attribute order wins. With 1 and 2 threads, on
+ * every kernel table the CPU runs (each has its own all_within). */
+static void torch_nonfinite_named_once(void) {
     uint64_t seed = 78;
     const size_t e = BE;
     float *ipw = malloc(3 * e * e * 4), *ow = malloc(e * e * 4), *ipb = malloc(3 * e * 4),
@@ -467,6 +476,17 @@ static void torch_nonfinite_named_after_one_pass(void) {
         }
     mha_set_num_threads(saved);
     free(ipw), free(ow), free(ipb), free(bk), free(bv), free(kw);
+}
+
+static void torch_nonfinite_named_after_one_pass(void) {
+    const mha_kernels *tables[3] = {&mha_kernels_avx512, &mha_kernels_avx2, &mha_kernels_scalar};
+    const int can[3] = {mha_cpu_has_avx512(), mha_cpu_has_avx2(), 1};
+    for (int k = 0; k < 3; k++) {
+        if (!can[k]) continue;
+        mha_kernels_force(tables[k]);
+        torch_nonfinite_named_once();
+        mha_kernels_force(NULL);
+    }
 }
 
 static const test_case cases[] = {

@@ -16,6 +16,7 @@
  * AMX the packed fp32 input is rounded and the fp32 kernels run.
  * Legend: M input rows, K input width, N output columns, MC rows per
  * block, KC inputs per K block. */
+#include <float.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -83,10 +84,25 @@ static float *alloc_floats(size_t n) {
 
 /* Panel gp of section s: (K, 16) columns [col0, col0+16) of the section,
  * zero padded past its width, in the pair layout of mha_packed_panel. k
- * outer: from an (out, in) source, 16 rows of it stream in. */
-static void pack_panel(const mha_packed *p, int gp, const mha_pack_source *src, int cols, int col0) {
+ * outer: from an (out, in) source, 16 rows of it stream in, transposed
+ * 16 k at a time in registers where the kernels have a transposed store
+ * (the same bytes as the element loop). */
+static void pack_panel(const mha_packed *p, int gp, const mha_pack_source *src, int cols, int col0,
+                       const mha_kernels *kern) {
     const int live = cols - col0 < MHA_NR ? cols - col0 : MHA_NR;
     const float *w = src->w + (size_t)col0 * src->n_stride;
+    if (src->k_stride == 1 && kern->store_t16) { /* (out, in): 16 source rows of K floats */
+        size_t coff[MHA_NR]; /* panel row kk of a block: kk*MHA_PACK_LDB floats on */
+        for (int kk = 0; kk < MHA_NR; kk++) coff[kk] = (size_t)kk * MHA_PACK_LDB;
+        for (int k0 = 0; k0 < p->K; k0 += MHA_NR) {
+            const int nk = p->K - k0 < MHA_NR ? p->K - k0 : MHA_NR;
+            float *panel = mha_packed_panel(p, gp, k0);
+            if (live < MHA_NR) /* columns past the section's width: the store leaves them */
+                for (int kk = 0; kk < nk; kk++) memset(panel + coff[kk], 0, MHA_NR * sizeof(float));
+            kern->store_t16(panel, coff, w + k0, src->n_stride, live, nk);
+        }
+        return;
+    }
     for (int k = 0; k < p->K; k++) {
         float *panel = mha_packed_panel(p, gp, k); /* 16 columns of row k */
         const float *row = w + (size_t)k * src->k_stride;
@@ -115,11 +131,12 @@ mha_status mha_pack_from(mha_packed *p, int K, int n_sections, const mha_pack_so
     if (np % 2) /* the unused half of the last pair */
         for (int k = 0; k < K; k++) memset(mha_packed_panel(p, (int)np, k), 0, MHA_NR * sizeof(float));
     const int nt = (size_t)np * K * MHA_NR >= ((size_t)1 << 16) ? mha_get_num_threads() : 1;
+    const mha_kernels *kern = mha_kernels_get(); /* any table: the bytes are the same */
     for (int s = 0; s < n_sections; s++)
 #pragma omp parallel for schedule(static) num_threads(nt) /* panels are independent */
         for (int gp = p->first_panel[s]; gp < p->first_panel[s + 1]; gp++) {
             int col0 = (gp - p->first_panel[s]) * MHA_NR;
-            pack_panel(p, gp, &src[s], cols[s], col0);
+            pack_panel(p, gp, &src[s], cols[s], col0, kern);
             for (int j = 0; j < MHA_NR; j++) {
                 int c = col0 + j;
                 p->bias[(size_t)gp * MHA_NR + j] = (c < cols[s] && src[s].b) ? src[s].b[c] : 0.0f;
@@ -134,6 +151,23 @@ mha_status mha_pack(mha_packed *p, int K, int n_sections, const float *const *w,
     for (int s = 0; s < n_sections; s++)
         src[s] = (mha_pack_source){.w = w[s], .k_stride = (size_t)cols[s], .n_stride = 1, .b = b[s]};
     return mha_pack_from(p, K, n_sections, src, cols);
+}
+
+int mha_packed_unpack(const mha_packed *p, int s, float *dst, size_t ldd) {
+    const mha_kernels *kern = mha_kernels_get();
+    const int K = p->K, cols = p->cols[s], g0 = p->first_panel[s], g1 = p->first_panel[s + 1];
+    const int nt = (size_t)K * cols >= ((size_t)1 << 16) ? mha_get_num_threads() : 1;
+    int finite = 1;
+#pragma omp parallel for schedule(static) num_threads(nt) reduction(& : finite)
+    for (int k = 0; k < K; k++) { /* row k: 64 bytes of each panel, a sequential stream per pair */
+        float *row = dst + (size_t)k * ldd;
+        for (int gp = g0; gp < g1; gp++) {
+            const int col0 = (gp - g0) * MHA_NR, live = cols - col0 < MHA_NR ? cols - col0 : MHA_NR;
+            memcpy(row + col0, mha_packed_panel(p, gp, k), (size_t)live * sizeof(float));
+        }
+        finite &= kern->all_within(row, (size_t)cols, FLT_MAX); /* the row is in cache */
+    }
+    return finite;
 }
 
 void mha_packed_free(mha_packed *p) {

@@ -55,6 +55,12 @@ mha_status mha_pack_from(mha_packed *p, int K, int n_sections, const mha_pack_so
 /* Packs sections w[s] (K, cols[s]) row-major with biases b[s] (cols[s], NULL: 0). */
 mha_status mha_pack(mha_packed *p, int K, int n_sections, const float *const *w,
                     const float *const *b, const int *cols);
+/* dst (K, cols[s]) row-major, row stride ldd <- section s of p: the
+ * inverse of packing (copies: the source's bits). Rows are read as one
+ * sequential stream per pair, so this is the cheap way to get a weight
+ * that arrived transposed into (in, out) once it is packed. Returns 1 when
+ * every value is finite (NaN and Inf: 0). */
+int mha_packed_unpack(const mha_packed *p, int s, float *dst, size_t ldd);
 void mha_packed_free(mha_packed *p);
 /* Builds p->bf16 from p's fp32 panels, whose values must all be exact in
  * bf16 (a layer with MHA_W_BF16 weights): each is cut to its upper 16

@@ -11,44 +11,20 @@
  * q as (T, B*h, d_k)), and input features [r*d_v, (r+1)*d_v) of out_proj, so
  * no head reordering is needed: labels start as 0..h-1.
  *
- * One pass per copy, straight from the source: each weight is transposed
- * into the layer's own (in, out) tensor (checked for finiteness on the way)
- * and packed for the fast path from its (out, in) layout
- * (mha_fast_prepare_from), with no intermediate buffer, no zero fill and no
- * separate finiteness scan; the named scans run only to word an error.
- * One thread: packing on a second thread while this one transposes was
- * measured slower on the shared 2-core machine (bench/LOAD.md). */
+ * Two passes, no intermediate buffer: the weights are packed for the fast
+ * path straight from their (out, in) layout (mha_fast_prepare_from: 16
+ * source rows stream in, panel rows stream out), then the layer's own
+ * (in, out) tensors are copied out of the panels (mha_fast_unpack: one
+ * sequential stream per panel pair) and checked for finiteness on the way;
+ * the named scans run only to word an error. A direct (out, in) -> (in, out)
+ * transpose walks one side at a 4*in-byte stride: 4.5x slower than this on
+ * the P1 weights (bench/LOAD.md). */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/core.h"
-
-#define TILE 16 /* a 16x16 block: 16 source rows and 16 destination rows of one cache line each */
-
-/* dst (in, out) = src (out, in) transposed, a TILE x TILE block at a time
- * so that both sides move whole cache lines. Returns 1 when every element
- * is finite (an exponent of all ones is Inf or NaN), 0 otherwise. */
-static int transpose_out_in(float *dst, const float *src, int n_out, int n_in) {
-    uint32_t bad = 0;
-    /* the library's threads on a large matrix (a load's first pass over the weights) */
-    const int nt = (size_t)n_out * n_in >= ((size_t)1 << 16) ? mha_get_num_threads() : 1;
-#pragma omp parallel for schedule(static) num_threads(nt) reduction(| : bad)
-    for (int o0 = 0; o0 < n_out; o0 += TILE)
-        for (int i0 = 0; i0 < n_in; i0 += TILE) {
-            const int o1 = o0 + TILE < n_out ? o0 + TILE : n_out, i1 = i0 + TILE < n_in ? i0 + TILE : n_in;
-            for (int i = i0; i < i1; i++)
-                for (int o = o0; o < o1; o++) {
-                    float x = src[(size_t)o * n_in + i];
-                    uint32_t u;
-                    memcpy(&u, &x, sizeof u);
-                    bad |= (u & 0x7f800000u) == 0x7f800000u;
-                    dst[(size_t)i * n_out + o] = x;
-                }
-        }
-    return !bad;
-}
 
 /* Validates the module's sizes and which tensors are present; fills the
  * resolved kdim/vdim. Names PyTorch's attribute in every message. */
@@ -162,15 +138,7 @@ mha_status mha_layer_from_torch(mha_layer **out, const mha_torch_weights *tw) {
     /* bias_k/bias_v (1,1,E): the same E features as one key/value row */
     if (tw->bias_k) finite &= copy_bias(L->bias_k, tw->bias_k, e) & copy_bias(L->bias_v, tw->bias_v, e);
 
-    /* --- the layer's (in, out) copies, checked on the way */
-    finite &= transpose_out_in(L->w_q, wq, E, E) & transpose_out_in(L->w_k, wk, E, kdim) &
-              transpose_out_in(L->w_v, wv, E, vdim) & transpose_out_in(L->w_o, tw->out_proj_weight, E, E);
-    if (!finite) {
-        mha_layer_free(L);
-        s = check_torch_finite(tw, kdim, vdim);
-        return s ? s : mha_fail(MHA_E_NONFINITE, "torch layout: a weight is not finite");
-    }
-    /* --- the fast path's panels, packed from the same (out, in) sources:
+    /* --- the fast path's panels, packed from the (out, in) sources:
      * logical (in, out) element (k, n) is src[n*in + k] */
     const mha_pack_source src[4] = {
         {.w = wq, .k_stride = 1, .n_stride = e, .b = L->b_q},
@@ -181,6 +149,13 @@ mha_status mha_layer_from_torch(mha_layer **out, const mha_torch_weights *tw) {
     if ((s = mha_fast_prepare_from(L, src))) {
         mha_layer_free(L);
         return s;
+    }
+    /* --- the layer's (in, out) copies, out of the panels, checked on the way */
+    finite &= mha_fast_unpack(L);
+    if (!finite) {
+        mha_layer_free(L);
+        s = check_torch_finite(tw, kdim, vdim);
+        return s ? s : mha_fail(MHA_E_NONFINITE, "torch layout: a weight is not finite");
     }
     *out = L;
     return MHA_OK;

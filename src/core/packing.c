@@ -64,6 +64,19 @@ mha_status mha_fast_prepare(mha_layer *L) {
     return mha_fast_prepare_from(L, src);
 }
 
+int mha_fast_unpack(mha_layer *L) {
+    const mha_config *c = &L->cfg;
+    const struct mha_fast_state *f = L->fast;
+    const size_t nq = (size_t)c->n_heads * c->d_k, nk = (size_t)c->n_kv_heads * c->d_k,
+                 nv = (size_t)c->n_kv_heads * c->d_v;
+    int finite = mha_packed_unpack(&f->o, 0, L->w_o, (size_t)c->d_model);
+    if (f->fused)
+        return finite & mha_packed_unpack(&f->qkv, 0, L->w_q, nq) & mha_packed_unpack(&f->qkv, 1, L->w_k, nk) &
+               mha_packed_unpack(&f->qkv, 2, L->w_v, nv);
+    finite &= mha_packed_unpack(&f->q, 0, L->w_q, nq) & mha_packed_unpack(&f->kv, 0, L->w_k, nk);
+    return finite & (f->split_v ? mha_packed_unpack(&f->v, 0, L->w_v, nv) : mha_packed_unpack(&f->kv, 1, L->w_v, nv));
+}
+
 const mha_packed *mha_fast_packed_qkv(const mha_layer *L) {
     return L->fast && L->fast->fused ? &L->fast->qkv : NULL;
 }

@@ -29,6 +29,12 @@ mha_status mha_fast_prepare(mha_layer *L);
  * (in, out) copy, so the packed bits equal mha_fast_prepare's. */
 mha_status mha_fast_prepare_from(mha_layer *L, const mha_pack_source src[4]);
 void mha_fast_release(mha_layer *L);
+/* The inverse, after mha_fast_prepare_from: the layer's (in, out) W_Q,
+ * W_K, W_V, W_O copied out of its packed panels (a converter's weights
+ * that arrived as (out, in): packing reads them as 16 sequential rows,
+ * and this reads the panels sequentially, where a direct transpose walks
+ * one side at a stride). Returns 1 when every weight is finite. */
+int mha_fast_unpack(mha_layer *L);
 
 /* The fused W_Q | W_K | W_V matrix (sections 0, 1, 2) exists when
  * d_kv_in == d_v_in == d_model, which every cache layer has; NULL when the
