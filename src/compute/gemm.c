@@ -163,7 +163,10 @@ int mha_packed_unpack(const mha_packed *p, int s, float *dst, size_t ldd) {
         float *row = dst + (size_t)k * ldd;
         for (int gp = g0; gp < g1; gp++) {
             const int col0 = (gp - g0) * MHA_NR, live = cols - col0 < MHA_NR ? cols - col0 : MHA_NR;
-            memcpy(row + col0, mha_packed_panel(p, gp, k), (size_t)live * sizeof(float));
+            if (live == MHA_NR) /* a fixed size: one inlined 64-byte copy, not a call */
+                memcpy(row + col0, mha_packed_panel(p, gp, k), MHA_NR * sizeof(float));
+            else
+                memcpy(row + col0, mha_packed_panel(p, gp, k), (size_t)live * sizeof(float));
         }
         finite &= kern->all_within(row, (size_t)cols, FLT_MAX); /* the row is in cache */
     }
