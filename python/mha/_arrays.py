@@ -22,7 +22,29 @@ def _array(name, a):
     if getattr(a, "requires_grad", False):
         raise ArgumentError(f"{name} is a tensor that requires grad; the binding computes no "
                             f"gradients: pass {name}.detach() (or numpy data)")
+    return host(name, a)
+
+
+def host(name, a):
+    """A numpy array of a, where a may be a torch tensor (detached here;
+    torch is not imported). numpy has no bfloat16, so such a tensor is
+    widened to float32 (exact) rather than failing inside torch's .numpy();
+    a tensor off the CPU (meta, cuda) is refused naming it, since its data
+    is not in this process's memory."""
+    if _is_torch_tensor(a):
+        device = a.device.type
+        if device != "cpu":
+            raise ArgumentError(f"{name} is a tensor on device '{device}'; expected a CPU tensor "
+                                f"({name}.cpu()) or numpy data")
+        a = a.detach()
+        if str(a.dtype) == "torch.bfloat16":
+            a = a.float()
+        return a.numpy()
     return np.asarray(a)
+
+
+def _is_torch_tensor(a):
+    return type(a).__module__.split(".")[0] == "torch" and hasattr(a, "device") and hasattr(a, "detach")
 
 
 def floats(name, a, shape=None):
@@ -42,7 +64,9 @@ def floats(name, a, shape=None):
     if shape is not None:
         check_shape(name, arr.shape, shape)
     with np.errstate(over="ignore"):  # overflow is found and named below
-        out = np.ascontiguousarray(arr, dtype=np.float32)
+        # asarray, not ascontiguousarray: that one makes a 0-d array 1-d, so
+        # a scalar would be reported as shape (1,)
+        out = np.asarray(arr, dtype=np.float32, order="C")
     if arr.dtype.itemsize > 4:
         _check_no_overflow(name, arr, out)
     return out

@@ -13,7 +13,7 @@ import ctypes
 import numpy as np
 
 from . import _lib
-from ._arrays import floats
+from ._arrays import _array, floats, host
 from ._check import c_flag, c_int
 from .errors import ArgumentError, DTypeError, ShapeError, check
 
@@ -26,13 +26,12 @@ _TORCH_KEYS = {
 }
 
 
-def _numpy(v):
-    """A numpy array from a numpy array or anything with .detach() (a torch
-    tensor; a state dict's parameters are copied, so requires_grad does
-    not matter here), without importing torch."""
-    if hasattr(v, "detach"):
-        v = v.detach().cpu().numpy()
-    return np.asarray(v)
+def _numpy(name, v):
+    """A numpy array from a numpy array or a torch tensor (a state dict's
+    parameters are copied, so requires_grad does not matter here; bfloat16
+    is widened to float32, a tensor off the CPU is refused naming it),
+    without importing torch."""
+    return host(name, v)
 
 
 def _find_prefix(keys, prefix=None):
@@ -69,7 +68,7 @@ def from_torch_state_dict(state_dict, num_heads, *, kdim=None, vdim=None, add_ze
     cls = cls or Layer
     sd = {k: v for k, v in state_dict.items()}
     prefix = _find_prefix(sd, prefix)
-    own = {k[len(prefix):]: _numpy(v) for k, v in sd.items() if k.startswith(prefix)}
+    own = {k[len(prefix):]: _numpy(k, v) for k, v in sd.items() if k.startswith(prefix)}
     unknown = sorted(set(own) - set(_TORCH_KEYS))
     if unknown:
         raise ArgumentError(f"state dict entries {[prefix + u for u in unknown]} are not "
@@ -177,7 +176,7 @@ def torch_forward(layer, query, key=None, value=None, key_padding_mask=None, nee
     opts = dict(masked_row=masked_row, path=path, causal=c_flag("is_causal", is_causal), align="top_left")
 
     if attn_mask is not None:
-        m = np.asarray(attn_mask)
+        m = _array("attn_mask", attn_mask)  # refuses a mask that requires grad, as for query
         kind = _mask_kind("attn_mask", m)
         nb = B * h if batched else h
         if m.ndim == 2:
@@ -195,7 +194,7 @@ def torch_forward(layer, query, key=None, value=None, key_padding_mask=None, nee
         else:
             opts["additive_mask"] = m
     if key_padding_mask is not None:
-        p = np.asarray(key_padding_mask)
+        p = _array("key_padding_mask", key_padding_mask)
         kind = _mask_kind("key_padding_mask", p)
         want = (B, S) if batched else (S,)
         if p.shape != want:
