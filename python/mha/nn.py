@@ -62,8 +62,11 @@ def _forward_train(layer, xs, opts):
 
 
 def _np(t):
-    """A float32 C-contiguous numpy copy of a tensor (None stays None)."""
-    return None if t is None else np.ascontiguousarray(t.detach().cpu().numpy(), dtype=np.float32)
+    """A float32 C-contiguous numpy copy of a tensor (None stays None).
+    Always a copy: the inputs are kept in ctx until the backward, and a
+    float32 tensor's .numpy() shares its memory, so a caller refilling its
+    input buffer between forward and backward would change the gradients."""
+    return None if t is None else np.array(t.detach().cpu().numpy(), dtype=np.float32, order="C", copy=True)
 
 
 def _mask_options(attn_mask, key_padding_mask, is_causal, B, T, S, h):
@@ -74,7 +77,8 @@ def _mask_options(attn_mask, key_padding_mask, is_causal, B, T, S, h):
                             ("key_padding_mask", key_padding_mask, {(B, S): None})):
         if m is None:
             continue
-        m = m.detach().cpu()
+        _check_mask_tensor(name, m)
+        m = m.detach()
         if tuple(m.shape) not in shapes:
             raise ShapeError(f"{name} has shape {tuple(m.shape)}; expected one of {list(shapes)}")
         is_bool = m.dtype in (torch.bool, torch.uint8)
@@ -87,6 +91,30 @@ def _mask_options(attn_mask, key_padding_mask, is_causal, B, T, S, h):
         else:
             opts["key_keep" if is_bool else "key_additive"] = a
     return opts
+
+
+def _check_mask_tensor(name, m):
+    """A mask is a CPU tensor, as in torch; a float mask that requires grad
+    (a learned bias passed as attn_mask) is refused: the library computes
+    no gradient for masks, and detaching it would leave it untrained."""
+    if not isinstance(m, torch.Tensor):
+        raise TypeError(f"{name} is a {type(m).__name__}; expected a torch.Tensor (bool: True = not "
+                        "allowed, or float: added)")
+    if m.device.type != "cpu":
+        raise TypeError(f"{name} is on device '{m.device.type}'; expected a CPU tensor")
+    if m.requires_grad and torch.is_grad_enabled():
+        raise ArgumentError(f"{name} requires grad; mha.nn computes no gradient for masks: pass "
+                            f"{name}.detach() (or use torch.nn.MultiheadAttention to train it)")
+
+
+def _check_parameters(module):
+    """The parameters are float32 CPU tensors: the constructor refuses other
+    dtypes and devices, and .double(), .half() or .to('meta') must not
+    slip past it (the forward would compute in float32 from copies)."""
+    for name, p in module.named_parameters():
+        if p.dtype != torch.float32 or p.device.type != "cpu":
+            raise TypeError(f"parameter {name} is {p.dtype} on {p.device.type}; libmha computes in "
+                            "float32 on the CPU: expected torch.float32 on cpu (module.float().cpu())")
 
 
 class _Attention(torch.autograd.Function):
@@ -115,6 +143,15 @@ class _Attention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy, _dprobs):
+        # The gradients come from C and carry no graph. Grad mode is on in a
+        # backward only under create_graph=True (double backward, gradient
+        # penalties): refuse it, rather than return gradients that silently
+        # act as constants there (torch's once_differentiable catches only
+        # a dy that requires grad, not y.sum()'s constant one).
+        if torch.is_grad_enabled():
+            raise UnsupportedError("mha.nn.MultiheadAttention: backward with create_graph=True (double "
+                                   "backward) is not supported; expected first-order gradients only "
+                                   "(use torch.nn.MultiheadAttention for higher orders)")
         cfg, opts, _ = ctx.spec
         layer, (x, k_src, v_src) = ctx.layer, ctx.inputs
         has_k, has_v, has_bias, has_bias_kv = ctx.has
@@ -263,6 +300,7 @@ class MultiheadAttention(torch.nn.Module):
             if not isinstance(t, torch.Tensor) or t.dtype != torch.float32 or t.device.type != "cpu":
                 raise TypeError(f"{name} must be a float32 CPU tensor; got "
                                 f"{getattr(t, 'dtype', type(t).__name__)} on {getattr(t, 'device', '-')}")
+        _check_parameters(self)
         batched = query.dim() == 3
         if query.dim() not in (2, 3) or key.dim() != query.dim() or value.dim() != query.dim():
             raise ShapeError(f"query/key/value have {query.dim()}/{key.dim()}/{value.dim()} dims; "
@@ -277,6 +315,10 @@ class MultiheadAttention(torch.nn.Module):
         v_src = None if same_v else to_bte(value)
         B, T, S = x.shape[0], x.shape[1], (x if same_kv else k_src).shape[1]
         if not batched and key_padding_mask is not None:  # (S,) -> (1,S); a 3-D attn_mask is (h,L,S) = (B*h,L,S)
+            _check_mask_tensor("key_padding_mask", key_padding_mask)
+            if tuple(key_padding_mask.shape) != (S,):
+                raise ShapeError(f"key_padding_mask has shape {tuple(key_padding_mask.shape)}; "
+                                 f"expected (S,) = ({S},) for unbatched inputs")
             key_padding_mask = key_padding_mask.reshape(1, S)
         opts = _mask_options(attn_mask, key_padding_mask, is_causal, B, T, S, self.num_heads)
         opts["masked_row"] = self.masked_rows

@@ -1,6 +1,17 @@
 """Probes of the PyTorch side (mha.nn, torch_forward, the array helpers)
 that found defects: each test failed before its fix.
 
+- double backward (create_graph=True) returned gradients without a graph,
+  so a gradient penalty silently acted as a constant;
+- an input refilled in place between forward and backward changed the
+  gradients (the forward kept a view of the tensor, not a copy);
+- a float attn_mask that requires grad (a learned bias) was detached
+  silently: it never trained;
+- .double(), .half() or .to('meta') on the module slipped past the
+  constructor's float32/CPU rule (silent float32 compute, or torch's
+  own error deep inside);
+- masks that are not CPU tensors, and an unbatched key_padding_mask of
+  the wrong length, failed inside torch instead of naming the mask;
 - bfloat16 tensors (a bf16 state dict, bf16 inputs) and tensors off the
   CPU failed inside torch's .numpy(); a 0-d array was reported as (1,).
 """
@@ -40,7 +51,91 @@ def data(shape=(B, T, E), seed=1):
     return torch.randn(shape, generator=torch.Generator().manual_seed(seed))
 
 
-# ------------------------------------------------ torch tensors as arrays
+# ------------------------------------------------------------ autograd
+
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_double_backward_is_refused_not_silently_first_order(need_weights):
+    _, m = pair()
+    q = data().requires_grad_()
+    y, _ = m(q, q, q, need_weights=need_weights)
+    # y.sum(): a dy that does not require grad (once_differentiable misses it)
+    with pytest.raises(mha.UnsupportedError, match="create_graph"):
+        torch.autograd.grad(y.sum(), q, create_graph=True)
+
+
+def test_first_order_backward_still_works_after_the_refusal():
+    t, m = pair()
+    for mod in (t, m):
+        mod.zero_grad(set_to_none=True)
+        y, _ = mod(data(), data(), data())
+        y.pow(2).sum().backward()
+    assert torch.allclose(m.in_proj_weight.grad, t.in_proj_weight.grad, atol=1e-4)
+
+
+@pytest.mark.parametrize("need_weights", [False, True])  # stateless pair and tape
+def test_input_refilled_between_forward_and_backward_keeps_gradients(need_weights):
+    t, m = pair()
+    want = []
+    for mod in (t, m):
+        mod.zero_grad(set_to_none=True)
+        x = data()
+        y, _ = mod(x, x, x, need_weights=need_weights)
+        x.mul_(5.0)  # e.g. a preallocated batch buffer refilled before backward
+        y.sum().backward()
+        want.append(mod.in_proj_weight.grad.clone())
+    assert torch.allclose(want[1], want[0], atol=1e-4), "gradients read the refilled input"
+
+
+def test_mask_that_requires_grad_is_refused_in_training_accepted_under_no_grad():
+    _, m = pair()
+    x = data()
+    bias = torch.zeros(T, T, requires_grad=True)  # a learned additive bias
+    with pytest.raises(mha.ArgumentError, match="attn_mask requires grad"):
+        m(x, x, x, attn_mask=bias)
+    pad = torch.zeros(B, T, requires_grad=True)
+    with pytest.raises(mha.ArgumentError, match="key_padding_mask requires grad"):
+        m(x, x, x, key_padding_mask=pad)
+    with torch.no_grad():
+        y, _ = m(x, x, x, attn_mask=bias)
+    assert torch.allclose(y, m(x, x, x, attn_mask=bias.detach())[0])
+
+
+@pytest.mark.parametrize("convert", ["double", "half", "meta"])
+def test_parameters_converted_after_construction_are_refused(convert):
+    _, m = pair()
+    if convert == "meta":
+        m.to("meta")
+    else:
+        getattr(m, convert)()
+    x = data()
+    with pytest.raises(TypeError, match="parameter in_proj_weight .*expected torch.float32 on cpu"):
+        m(x, x, x)
+
+
+# ----------------------------------------------------------------- masks
+
+@pytest.mark.parametrize("mask", [np.zeros((T, T), dtype=bool), [[0.0] * T] * T],
+                         ids=["numpy", "list"])
+def test_mask_that_is_not_a_tensor_names_the_mask(mask):
+    _, m = pair()
+    x = data()
+    with pytest.raises(TypeError, match="attn_mask is a .*; expected a torch.Tensor"):
+        m(x, x, x, attn_mask=mask)
+
+
+def test_mask_off_the_cpu_names_the_device():
+    _, m = pair()
+    x = data()
+    with pytest.raises(TypeError, match="attn_mask is on device 'meta'"):
+        m(x, x, x, attn_mask=torch.zeros(T, T, device="meta"))
+
+
+def test_unbatched_key_padding_mask_of_wrong_length_is_a_shape_error():
+    _, m = pair()
+    x = data((T, E))
+    with pytest.raises(mha.ShapeError, match=r"key_padding_mask has shape \(6,\); expected \(S,\) = \(5,\)"):
+        m(x, x, x, key_padding_mask=torch.zeros(T + 1, dtype=torch.bool))
+
 
 def test_torch_forward_refuses_a_mask_that_requires_grad_with_the_bindings_error():
     t, _ = pair()
