@@ -14,7 +14,8 @@ refused (a fully masked query row in NaN mode, the default here; the
 reference path) and with need_weights (the tape forward captures no
 probabilities), the forward runs mha_forward_kv and the backward the
 stateless mha_backward_kv, which falls back to the double-accumulating
-reference backward itself.
+reference backward itself. First-order gradients only (create_graph=True
+is refused); masks get none (a mask that requires grad is refused).
 
 Legend: B batch (N in torch), T queries (L), S keys, E = embed_dim,
 h heads, h_kv kv heads, d = E / h per head.
