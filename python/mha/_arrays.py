@@ -57,10 +57,14 @@ def floats(name, a, shape=None):
     is not read as data by mistake. Python lists and numbers are converted
     (as float64, with the same range check)."""
     if isinstance(a, (list, tuple, int, float)):
-        a = np.asarray(a, dtype=np.float64)  # plain Python numbers carry no dtype to check
+        try:
+            a = np.asarray(a, dtype=np.float64)  # plain Python numbers carry no dtype to check
+        except (TypeError, ValueError) as e:  # strings, None, ragged nesting
+            raise DTypeError(f"{name} is a {type(a).__name__} that is not a (nested) list of real "
+                             f"numbers ({e}); expected a floating array") from None
     arr = _array(name, a)
     if not np.issubdtype(arr.dtype, np.floating):
-        raise DTypeError(f"{name} has dtype {arr.dtype}; expected a floating dtype (float32)")
+        raise DTypeError(f"{name} {_what(a, arr)}; expected a floating dtype (float32)")
     if shape is not None:
         check_shape(name, arr.shape, shape)
     with np.errstate(over="ignore"):  # overflow is found and named below
@@ -70,6 +74,14 @@ def floats(name, a, shape=None):
     if arr.dtype.itemsize > 4:
         _check_no_overflow(name, arr, out)
     return out
+
+
+def _what(given, arr):
+    """'has dtype D' for an array or tensor; for anything else (None, a
+    dict, a string) its type, which says more than numpy's dtype object."""
+    if hasattr(given, "dtype"):
+        return f"has dtype {arr.dtype}"
+    return f"is a {type(given).__name__} (numpy makes it dtype {arr.dtype})"
 
 
 def _check_no_overflow(name, wide, narrow):
@@ -87,7 +99,7 @@ def bools(name, a, shape=None):
     """a (bool or uint8) as a C-contiguous uint8 array of 0/1 values."""
     arr = _array(name, a)
     if arr.dtype != np.bool_ and arr.dtype != np.uint8:
-        raise DTypeError(f"{name} has dtype {arr.dtype}; expected bool or uint8")
+        raise DTypeError(f"{name} {_what(a, arr)}; expected bool or uint8")
     if shape is not None:
         check_shape(name, arr.shape, shape)
     return np.ascontiguousarray(arr != 0, dtype=np.uint8)

@@ -14,6 +14,8 @@ that found defects: each test failed before its fix.
   the wrong length, failed inside torch instead of naming the mask;
 - bfloat16 tensors (a bf16 state dict, bf16 inputs) and tensors off the
   CPU failed inside torch's .numpy(); a 0-d array was reported as (1,).
+- None, a dict or a string as an array was reported as 'dtype object'
+  (or numpy's bare ValueError for a list of strings).
 """
 import math
 
@@ -181,3 +183,13 @@ def test_scalar_input_reports_its_own_shape(scalar):
     layer = mha.Layer(E, H)
     with pytest.raises(mha.ShapeError, match=r"x has shape \(\); expected \(B,T,d_model=16\)"):
         layer.forward(scalar)
+
+
+@pytest.mark.parametrize("given, what", [(None, "x is a NoneType"), ({}, "x is a dict"),
+                                         ("abc", "x is a str"), ([[["a"]]], "x is a list that is not"),
+                                         ([[[1.0], [1.0, 2.0]]], "x is a list that is not")],
+                         ids=["None", "dict", "str", "list-of-str", "ragged"])
+def test_non_array_input_is_named_by_its_type(given, what):
+    layer = mha.Layer(E, H)
+    with pytest.raises(mha.DTypeError, match=what):
+        layer.forward(given)
