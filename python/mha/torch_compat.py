@@ -66,14 +66,20 @@ def from_torch_state_dict(state_dict, num_heads, *, kdim=None, vdim=None, add_ze
     """
     from .layer import Layer
     cls = cls or Layer
+    if not hasattr(state_dict, "items"):
+        raise ArgumentError(f"state_dict is a {type(state_dict).__name__}; expected a mapping of names to "
+                            "arrays (module.state_dict(), np.load('x.npz'))")
+    if prefix is not None and not isinstance(prefix, str):
+        raise ArgumentError(f"prefix={prefix!r}; expected None or a module path such as 'layers.3'")
     sd = {k: v for k, v in state_dict.items()}
     prefix = _find_prefix(sd, prefix)
-    own = {k[len(prefix):]: _numpy(k, v) for k, v in sd.items() if k.startswith(prefix)}
+    # None stands for an absent tensor (as a module's None parameter does)
+    own = {k[len(prefix):]: None if v is None else _numpy(k, v) for k, v in sd.items() if k.startswith(prefix)}
     unknown = sorted(set(own) - set(_TORCH_KEYS))
     if unknown:
         raise ArgumentError(f"state dict entries {[prefix + u for u in unknown]} are not "
                             f"nn.MultiheadAttention tensors; expected {list(_TORCH_KEYS)}")
-    if "out_proj.weight" not in own:
+    if own.get("out_proj.weight") is None:
         raise ArgumentError(f"state dict has no '{prefix}out_proj.weight'")
     ow = own["out_proj.weight"]
     if ow.ndim != 2 or ow.shape[0] != ow.shape[1]:

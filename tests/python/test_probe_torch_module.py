@@ -16,6 +16,9 @@ that found defects: each test failed before its fix.
   CPU failed inside torch's .numpy(); a 0-d array was reported as (1,).
 - None, a dict or a string as an array was reported as 'dtype object'
   (or numpy's bare ValueError for a list of strings).
+- from_torch_state_dict: a list or None as the state dict, or an int
+  prefix, failed with AttributeError/TypeError; an entry None was read as
+  an object array instead of an absent tensor.
 """
 import math
 
@@ -193,3 +196,22 @@ def test_non_array_input_is_named_by_its_type(given, what):
     layer = mha.Layer(E, H)
     with pytest.raises(mha.DTypeError, match=what):
         layer.forward(given)
+
+
+# ------------------------------------------------- from_torch_state_dict
+
+def test_state_dict_that_is_not_a_mapping_or_prefix_not_a_string_is_named():
+    t, _ = pair()
+    with pytest.raises(mha.ArgumentError, match="state_dict is a list; expected a mapping"):
+        mha.from_torch_state_dict(list(t.state_dict().items()), num_heads=H)
+    with pytest.raises(mha.ArgumentError, match="prefix=3; expected None or a module path"):
+        mha.from_torch_state_dict(t.state_dict(), num_heads=H, prefix=3)
+
+
+def test_state_dict_entry_none_means_absent_like_a_modules_none_parameter():
+    t, _ = pair(add_bias_kv=False)
+    sd = dict(t.state_dict(), bias_k=None, bias_v=None)
+    layer = mha.from_torch_state_dict(sd, num_heads=H)
+    assert layer.config["add_bias_kv"] == 0
+    with pytest.raises(mha.ArgumentError, match="no 'out_proj.weight'"):
+        mha.from_torch_state_dict(dict(sd, **{"out_proj.weight": None}), num_heads=H)
