@@ -27,6 +27,7 @@ import torch
 
 from . import _lib
 from ._arrays import floats, fptr
+from ._check import c_int
 from ._owner import COwner
 from .errors import ArgumentError, ShapeError, UnsupportedError, check
 from .layer import Layer
@@ -229,7 +230,8 @@ class MultiheadAttention(torch.nn.Module):
                              "expected device=None/'cpu', dtype=None/torch.float32")
         if embed_dim <= 0 or num_heads <= 0 or embed_dim % num_heads:
             raise ValueError(f"embed_dim={embed_dim} must be a positive multiple of num_heads={num_heads}")
-        h_kv = num_heads if num_kv_heads is None else int(num_kv_heads)
+        # an extension of ours, so the binding's integer rule: int(2.9) would quietly be 2
+        h_kv = num_heads if num_kv_heads is None else c_int("num_kv_heads", num_kv_heads, 1)
         if h_kv <= 0 or num_heads % h_kv:
             raise ValueError(f"num_kv_heads={num_kv_heads} must divide num_heads={num_heads}")
         if masked_rows not in ("nan", "zero"):

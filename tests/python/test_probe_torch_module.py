@@ -19,6 +19,8 @@ that found defects: each test failed before its fix.
 - from_torch_state_dict: a list or None as the state dict, or an int
   prefix, failed with AttributeError/TypeError; an entry None was read as
   an object array instead of an absent tensor.
+- mha.nn's num_kv_heads went through int(): 2.9 became 2, '2' and True
+  were accepted.
 """
 import math
 
@@ -215,3 +217,9 @@ def test_state_dict_entry_none_means_absent_like_a_modules_none_parameter():
     assert layer.config["add_bias_kv"] == 0
     with pytest.raises(mha.ArgumentError, match="no 'out_proj.weight'"):
         mha.from_torch_state_dict(dict(sd, **{"out_proj.weight": None}), num_heads=H)
+
+
+@pytest.mark.parametrize("bad", [2.9, "2", True, 0])
+def test_num_kv_heads_follows_the_bindings_integer_rule(bad):
+    with pytest.raises(mha.ArgumentError, match="num_kv_heads="):
+        mha.nn.MultiheadAttention(E, H, num_kv_heads=bad)
