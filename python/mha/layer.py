@@ -363,7 +363,8 @@ class Layer(COwner):
         {head: op}; op is None/'keep', 'zero', 'mean', ('scale', s) or
         ('replace', array (B,T,d_v))."""
         if isinstance(spec, dict):
-            bad = [r for r in spec if not (isinstance(r, (int, np.integer)) and 0 <= r < h)]
+            bad = [r for r in spec if isinstance(r, (bool, np.bool_))  # True is not head 1
+                   or not (isinstance(r, (int, np.integer)) and 0 <= r < h)]
             if bad:
                 raise ArgumentError(f"interventions keys {bad}; expected head positions 0..{h - 1}")
             items = [spec.get(r) for r in range(h)]
@@ -373,7 +374,10 @@ class Layer(COwner):
                 raise ShapeError(f"interventions has {len(items)} entries; expected h={h}")
         arr = (_lib.Intervention * h)()
         for r, it in enumerate(items):
-            op, arg = (it, None) if it is None or isinstance(it, str) else (it[0], it[1])
+            if not (it is None or isinstance(it, str) or (isinstance(it, (tuple, list)) and len(it) == 2)):
+                raise ArgumentError(f"interventions[{r}]={it!r}; expected None, 'keep', 'zero', 'mean', "
+                                    "('scale', s) or ('replace', array)")
+            op, arg = (it, None) if it is None or isinstance(it, str) else tuple(it)
             op = "keep" if op is None else op
             arr[r].op = _enum(f"interventions[{r}]", op, _lib.HEAD_OP)
             arr[r].scale = 1.0

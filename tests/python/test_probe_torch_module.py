@@ -21,6 +21,8 @@ that found defects: each test failed before its fix.
   an object array instead of an absent tensor.
 - mha.nn's num_kv_heads went through int(): 2.9 became 2, '2' and True
   were accepted.
+- interventions: {True: op} acted on head 1; ('scale',) was an
+  IndexError and ('scale', s, extra) dropped the extra silently.
 """
 import math
 
@@ -223,3 +225,18 @@ def test_state_dict_entry_none_means_absent_like_a_modules_none_parameter():
 def test_num_kv_heads_follows_the_bindings_integer_rule(bad):
     with pytest.raises(mha.ArgumentError, match="num_kv_heads="):
         mha.nn.MultiheadAttention(E, H, num_kv_heads=bad)
+
+
+# --------------------------------------------------------- interventions
+
+def test_intervention_key_true_is_not_head_one():
+    layer = mha.Layer(E, H)
+    with pytest.raises(mha.ArgumentError, match=r"interventions keys \[True\]"):
+        layer.forward(data().numpy(), interventions={True: "zero"})
+
+
+@pytest.mark.parametrize("op", [("scale",), ("scale", 1.0, 2.0), 3])
+def test_malformed_intervention_is_an_argument_error(op):
+    layer = mha.Layer(E, H)
+    with pytest.raises(mha.ArgumentError, match=r"interventions\[0\]="):
+        layer.forward(data().numpy(), interventions={0: op})
