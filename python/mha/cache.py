@@ -77,8 +77,12 @@ def cache_bytes_for(layer_or_config, batch, capacity, dtype="float32", v_dtype=N
     n = _L.mha_cache_bytes_for_kv(ctypes.byref(cfg), c_int("batch", batch, 0), c_int("capacity", capacity, 0),
                                   kt, vt)
     if n == 0:
+        # 0 also means a cache larger than mha_cache_create allows (batch * h_kv * slots * bytes
+        # per slot beyond 2^40)
         raise ArgumentError(f"mha_cache_bytes_for: batch={batch}, capacity={capacity} or the config is "
-                            "invalid; expected batch >= 1, capacity >= 1 and a valid config")
+                            "invalid, or the cache would exceed the size mha_cache_create allows "
+                            "(2^40 bytes); expected batch >= 1, capacity >= 1, a valid config and "
+                            "a smaller cache")
     return n
 
 

@@ -23,6 +23,8 @@ that found defects: each test failed before its fix.
   were accepted.
 - interventions: {True: op} acted on head 1; ('scale',) was an
   IndexError and ('scale', s, extra) dropped the extra silently.
+- cache_bytes_for of a too-large cache blamed batch/capacity ("expected
+  batch >= 1") when both were valid: the size limit was the reason.
 """
 import math
 
@@ -240,3 +242,11 @@ def test_malformed_intervention_is_an_argument_error(op):
     layer = mha.Layer(E, H)
     with pytest.raises(mha.ArgumentError, match=r"interventions\[0\]="):
         layer.forward(data().numpy(), interventions={0: op})
+
+
+# ------------------------------------------------------------------ cache
+
+def test_cache_bytes_for_beyond_the_size_limit_says_so():
+    layer = mha.Layer(E, H)
+    with pytest.raises(mha.ArgumentError, match="exceed the size mha_cache_create allows"):
+        mha.cache_bytes_for(layer, 2 ** 20, 2 ** 20)  # valid ints, 2^46 bytes
