@@ -465,7 +465,8 @@ class Layer(COwner):
         which a state_dict does not record)."""
         opt = _lib.LoadOptions(_enum("layout", layout, _lib.LAYOUTS), c_int("n_heads", n_heads, 0),
                                c_int("n_kv_heads", n_kv_heads, 0),
-                               None if prefix is None else str(prefix).encode(), 1 if add_zero_attn else 0)
+                               None if prefix is None else str(prefix).encode(),
+                               c_flag("add_zero_attn", add_zero_attn))
         handle = _lib.LayerP()
         check(_L.mha_layer_load(ctypes.byref(handle), os.fsencode(path), ctypes.byref(opt)),
               "mha_layer_load")

@@ -25,6 +25,8 @@ that found defects: each test failed before its fix.
   IndexError and ('scale', s, extra) dropped the extra silently.
 - cache_bytes_for of a too-large cache blamed batch/capacity ("expected
   batch >= 1") when both were valid: the size limit was the reason.
+- Layer.load took any truthy add_zero_attn ('no' meant True), against
+  the documented flag rule.
 """
 import math
 
@@ -250,3 +252,13 @@ def test_cache_bytes_for_beyond_the_size_limit_says_so():
     layer = mha.Layer(E, H)
     with pytest.raises(mha.ArgumentError, match="exceed the size mha_cache_create allows"):
         mha.cache_bytes_for(layer, 2 ** 20, 2 ** 20)  # valid ints, 2^46 bytes
+
+
+# ------------------------------------------------------------------ files
+
+def test_load_add_zero_attn_is_a_flag_not_any_truthy_value(tmp_path):
+    path = str(tmp_path / "layer.safetensors")
+    mha.Layer(E, H).save(path)
+    with pytest.raises(mha.ArgumentError, match="add_zero_attn='no'"):
+        mha.Layer.load(path, add_zero_attn="no")
+    assert mha.Layer.load(path, add_zero_attn=0).config["add_zero_attn"] == 0
