@@ -333,7 +333,8 @@ class MultiheadAttention(torch.nn.Module):
                                     self.out_proj.weight, b_q, b_k, b_v, self.out_proj.bias,
                                     self.bias_k, self.bias_v)
         if batched and not self.batch_first:
-            y = y.transpose(0, 1)
+            # contiguous, as torch's (L,N,E) output is: callers .view() it
+            y = y.transpose(0, 1).contiguous()
         if not batched:
             y = y[0]
         if not need_weights:

@@ -27,6 +27,9 @@ that found defects: each test failed before its fix.
   batch >= 1") when both were valid: the size limit was the reason.
 - Layer.load took any truthy add_zero_attn ('no' meant True), against
   the documented flag rule.
+- mha.nn's (L,N,E) output (batch_first=False, torch's default) was a
+  transposed view: out.view(L*N, E), fine on torch's contiguous output,
+  raised.
 """
 import math
 
@@ -262,3 +265,16 @@ def test_load_add_zero_attn_is_a_flag_not_any_truthy_value(tmp_path):
     with pytest.raises(mha.ArgumentError, match="add_zero_attn='no'"):
         mha.Layer.load(path, add_zero_attn="no")
     assert mha.Layer.load(path, add_zero_attn=0).config["add_zero_attn"] == 0
+
+
+# ------------------------------------------------------------ output layout
+
+def test_sequence_first_output_is_contiguous_like_torchs():
+    t = randomize(torch.nn.MultiheadAttention(E, H))  # batch_first=False, torch's default
+    m = mha.nn.MultiheadAttention(E, H)
+    m.load_state_dict(t.state_dict())
+    x = data((T, B, E))
+    want, _ = t(x, x, x)
+    got, _ = m(x, x, x)
+    assert want.is_contiguous() and got.is_contiguous()
+    assert torch.allclose(got.view(T * B, E), want.view(T * B, E), atol=1e-5)  # a common reshape
