@@ -31,6 +31,16 @@ def window(name, value):
     return -1 if value is None else c_int(name, value, -1, INT_MAX)
 
 
+def _c_path(name, value):
+    """os.fsencode(value) for a C string: an embedded NUL would end the C
+    string early, so 'out.st\\0x' would write 'out.st'. Refused, as
+    Python's open() refuses it."""
+    b = os.fsencode(value)
+    if b"\0" in b:
+        raise ArgumentError(f"{name}={value!r} holds a NUL character, where the C string would end; expected none")
+    return b
+
+
 def _block(block):
     return _enum("block", block.lower() if isinstance(block, str) else block, _lib.BLOCKS)
 
@@ -465,17 +475,17 @@ class Layer(COwner):
         which a state_dict does not record)."""
         opt = _lib.LoadOptions(_enum("layout", layout, _lib.LAYOUTS), c_int("n_heads", n_heads, 0),
                                c_int("n_kv_heads", n_kv_heads, 0),
-                               None if prefix is None else str(prefix).encode(),
+                               None if prefix is None else _c_path("prefix", str(prefix)),
                                c_flag("add_zero_attn", add_zero_attn))
         handle = _lib.LayerP()
-        check(_L.mha_layer_load(ctypes.byref(handle), os.fsencode(path), ctypes.byref(opt)),
+        check(_L.mha_layer_load(ctypes.byref(handle), _c_path("path", path), ctypes.byref(opt)),
               "mha_layer_load")
         return cls._adopt(handle)
 
     def save(self, path):
         """mha_layer_save: native safetensors with labels and dims in the metadata."""
         with self._borrow() as ptr:
-            check(_L.mha_layer_save(ptr, os.fsencode(path)), "mha_layer_save")
+            check(_L.mha_layer_save(ptr, _c_path("path", path)), "mha_layer_save")
 
     # ------------------------------------------------------ PyTorch side
     @classmethod

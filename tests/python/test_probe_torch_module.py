@@ -30,6 +30,8 @@ that found defects: each test failed before its fix.
 - mha.nn's (L,N,E) output (batch_first=False, torch's default) was a
   transposed view: out.view(L*N, E), fine on torch's contiguous output,
   raised.
+- Layer.save/load passed a path (and load a prefix) with an embedded NUL
+  to C, which stopped there: save('out\\0.st') wrote 'out'.
 """
 import math
 
@@ -278,3 +280,17 @@ def test_sequence_first_output_is_contiguous_like_torchs():
     got, _ = m(x, x, x)
     assert want.is_contiguous() and got.is_contiguous()
     assert torch.allclose(got.view(T * B, E), want.view(T * B, E), atol=1e-5)  # a common reshape
+
+
+def test_path_or_prefix_with_a_nul_is_refused_not_cut_short(tmp_path):
+    short = tmp_path / "layer"
+    layer = mha.Layer(E, H)
+    with pytest.raises(mha.ArgumentError, match="NUL"):
+        layer.save(str(short) + "\0.safetensors")
+    assert not short.exists(), "the C string ended at the NUL: another file was written"
+    path = str(tmp_path / "ok.safetensors")
+    layer.save(path)
+    with pytest.raises(mha.ArgumentError, match="NUL"):
+        mha.Layer.load(path + "\0x")
+    with pytest.raises(mha.ArgumentError, match="NUL"):
+        mha.Layer.load(path, prefix="layers.0\0.self_attn")
