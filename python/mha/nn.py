@@ -63,12 +63,16 @@ def _forward_train(layer, xs, opts):
     return y, tape, opt, keep
 
 
-def _np(t):
-    """A float32 C-contiguous numpy copy of a tensor (None stays None).
-    Always a copy: the inputs are kept in ctx until the backward, and a
-    float32 tensor's .numpy() shares its memory, so a caller refilling its
-    input buffer between forward and backward would change the gradients."""
-    return None if t is None else np.array(t.detach().cpu().numpy(), dtype=np.float32, order="C", copy=True)
+def _np(t, copy=False):
+    """A float32 C-contiguous numpy array of a tensor (None stays None);
+    it may share the tensor's memory unless copy. The forward's inputs are
+    copies: they are kept in ctx until the backward, and a caller refilling
+    its input buffer in between would otherwise change the gradients."""
+    if t is None:
+        return None
+    a = t.detach().cpu().numpy()
+    # np.array(copy=False) raises under numpy 2 where a copy is needed: asarray instead
+    return np.array(a, dtype=np.float32, order="C") if copy else np.asarray(a, dtype=np.float32, order="C")
 
 
 def _mask_options(attn_mask, key_padding_mask, is_causal, B, T, S, h):
@@ -130,7 +134,7 @@ class _Attention(torch.autograd.Function):
         cfg, opts, want_probs = spec
         layer = Layer(weights=_native_weights(w_q, w_k, w_v, w_o, b_q, b_k, b_v, b_o, bias_k, bias_v),
                       **cfg)
-        xs = [_np(x), _np(k_src), _np(v_src)]
+        xs = [_np(x, copy=True), _np(k_src, copy=True), _np(v_src, copy=True)]
         ctx.train = None if want_probs else _forward_train(layer, xs, opts)  # (y, tape, opt, keep)
         if ctx.train:
             y, probs = ctx.train[0], None
