@@ -178,6 +178,15 @@ class Layer(COwner):
             return self.config[name]
         raise AttributeError(name)
 
+    def __setattr__(self, name, value):
+        # The config lives in C; an attribute of that name would only shadow
+        # it here (layer.add_zero_attn = True, a torch module's habit, would
+        # read back True and change nothing).
+        if name in {n for n, _ in _lib.Config._fields_}:
+            raise AttributeError(f"{name} is part of the layer's config, fixed at creation; expected a "
+                                 f"new Layer (or from_torch_state_dict) with {name}={value!r}")
+        super().__setattr__(name, value)
+
     def __repr__(self):
         if not self._ptr:
             return "Layer(closed)"

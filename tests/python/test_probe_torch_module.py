@@ -32,6 +32,8 @@ that found defects: each test failed before its fix.
   raised.
 - Layer.save/load passed a path (and load a prefix) with an embedded NUL
   to C, which stopped there: save('out\\0.st') wrote 'out'.
+- layer.add_zero_attn = True (a torch module's habit) made a Python
+  attribute that read back True and changed nothing in C.
 """
 import math
 
@@ -294,3 +296,12 @@ def test_path_or_prefix_with_a_nul_is_refused_not_cut_short(tmp_path):
         mha.Layer.load(path + "\0x")
     with pytest.raises(mha.ArgumentError, match="NUL"):
         mha.Layer.load(path, prefix="layers.0\0.self_attn")
+
+
+def test_config_field_cannot_be_shadowed_by_an_attribute():
+    layer = mha.Layer(E, H)
+    with pytest.raises(AttributeError, match="add_zero_attn is part of the layer's config"):
+        layer.add_zero_attn = True  # on a torch module this would change the forward
+    assert layer.add_zero_attn == 0
+    layer.batch_first = True  # torch_forward's layout: an attribute of the binding, allowed
+    assert layer.batch_first is True
