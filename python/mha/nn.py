@@ -308,6 +308,9 @@ class MultiheadAttention(torch.nn.Module):
                 raise TypeError(f"{name} must be a float32 CPU tensor; got "
                                 f"{getattr(t, 'dtype', type(t).__name__)} on {getattr(t, 'device', '-')}")
         _check_parameters(self)
+        if self.dropout != 0.0 and self.training:  # torch's forward reads the attribute: set later, it counts
+            raise ValueError(f"dropout={self.dropout}: mha.nn.MultiheadAttention has no dropout; expected "
+                             "0.0 in training (apply torch.nn.Dropout outside the layer)")
         batched = query.dim() == 3
         if query.dim() not in (2, 3) or key.dim() != query.dim() or value.dim() != query.dim():
             raise ShapeError(f"query/key/value have {query.dim()}/{key.dim()}/{value.dim()} dims; "

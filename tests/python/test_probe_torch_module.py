@@ -34,6 +34,8 @@ that found defects: each test failed before its fix.
   to C, which stopped there: save('out\\0.st') wrote 'out'.
 - layer.add_zero_attn = True (a torch module's habit) made a Python
   attribute that read back True and changed nothing in C.
+- mha.nn: m.dropout = 0.1 after construction (torch's forward reads it)
+  was ignored silently in training.
 """
 import math
 
@@ -305,3 +307,13 @@ def test_config_field_cannot_be_shadowed_by_an_attribute():
     assert layer.add_zero_attn == 0
     layer.batch_first = True  # torch_forward's layout: an attribute of the binding, allowed
     assert layer.batch_first is True
+
+
+def test_dropout_set_after_construction_is_refused_in_training_like_in_the_constructor():
+    _, m = pair()
+    m.dropout = 0.1  # torch's module would apply it in training
+    x = data()
+    with pytest.raises(ValueError, match="dropout=0.1"):
+        m(x, x, x)
+    m.eval()  # torch applies no dropout in eval either
+    assert m(x, x, x)[0].shape == (B, T, E)
