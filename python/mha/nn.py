@@ -27,7 +27,7 @@ import torch
 
 from . import _lib
 from ._arrays import floats, fptr
-from ._check import c_int
+from ._check import c_flag, c_int
 from ._owner import COwner
 from .errors import ArgumentError, ShapeError, UnsupportedError, check
 from .layer import Layer
@@ -356,6 +356,7 @@ def head_attribution(layer, x, dy, kv=None, value=None, *, dz=False, **options):
     dZ (B,T,h*d_v) too when dz=True. x (B,T,d_model), dy like Y; kv, value
     and options as Layer.forward. Exactly the change of <dy, Y> when head r
     is zeroed (docs/BACKWARD.md)."""
+    dz = c_flag("dz", dz)  # a flag like every other: dz="no" is not True
     c, x, kv, value, B, T, S = layer._inputs(x, kv, value)
     keep = [x, kv, value]
     opt = layer._options(c, B, T, S, keep, **options)

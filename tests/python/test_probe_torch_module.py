@@ -36,6 +36,7 @@ that found defects: each test failed before its fix.
   attribute that read back True and changed nothing in C.
 - mha.nn: m.dropout = 0.1 after construction (torch's forward reads it)
   was ignored silently in training.
+- mha.nn.head_attribution took any truthy dz ('no' meant True).
 """
 import math
 
@@ -317,3 +318,11 @@ def test_dropout_set_after_construction_is_refused_in_training_like_in_the_const
         m(x, x, x)
     m.eval()  # torch applies no dropout in eval either
     assert m(x, x, x)[0].shape == (B, T, E)
+
+
+def test_head_attribution_dz_is_a_flag():
+    layer = mha.Layer(E, H)
+    x = data().numpy()
+    with pytest.raises(mha.ArgumentError, match="dz='no'"):
+        mha.nn.head_attribution(layer, x, x, dz="no")
+    assert mha.nn.head_attribution(layer, x, x, dz=0).shape == (H, B, T)
