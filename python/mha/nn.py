@@ -131,11 +131,12 @@ class _Attention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, spec, x, k_src, v_src, w_q, w_k, w_v, w_o, b_q, b_k, b_v, b_o, bias_k, bias_v):
         # x (B,T,E), k_src (B,S,kdim), v_src (B,S,vdim); w_* (out, in) as nn.Linear
-        cfg, opts, want_probs = spec
+        cfg, opts, want_probs, backward = spec
         layer = Layer(weights=_native_weights(w_q, w_k, w_v, w_o, b_q, b_k, b_v, b_o, bias_k, bias_v),
                       **cfg)
-        xs = [_np(x, copy=True), _np(k_src, copy=True), _np(v_src, copy=True)]
-        ctx.train = None if want_probs else _forward_train(layer, xs, opts)  # (y, tape, opt, keep)
+        xs = [_np(t, copy=backward) for t in (x, k_src, v_src)]  # kept for a backward: copies
+        # no backward to come (no_grad, inference, nothing requires grad): no tape to build
+        ctx.train = None if want_probs or not backward else _forward_train(layer, xs, opts)  # (y, tape, opt, keep)
         if ctx.train:
             y, probs = ctx.train[0], None
         else:
@@ -158,7 +159,7 @@ class _Attention(torch.autograd.Function):
             raise UnsupportedError("mha.nn.MultiheadAttention: backward with create_graph=True (double "
                                    "backward) is not supported; expected first-order gradients only "
                                    "(use torch.nn.MultiheadAttention for higher orders)")
-        cfg, opts, _ = ctx.spec
+        cfg, opts, _, _ = ctx.spec
         layer, (x, k_src, v_src) = ctx.layer, ctx.inputs
         has_k, has_v, has_bias, has_bias_kv = ctx.has
         c, x, k_src, v_src, B, T, S = layer._inputs(x, k_src, v_src)
@@ -336,7 +337,9 @@ class MultiheadAttention(torch.nn.Module):
                    d_kv_in=self.kdim, d_v_in=self.vdim, bias=self.in_proj_bias is not None,
                    add_bias_kv=self.bias_k is not None, add_zero_attn=self.add_zero_attn)
         (w_q, w_k, w_v), (b_q, b_k, b_v) = self._projections()
-        y, probs = _Attention.apply((cfg, opts, need_weights), x, k_src, v_src, w_q, w_k, w_v,
+        backward = torch.is_grad_enabled() and any(
+            t is not None and t.requires_grad for t in (x, k_src, v_src, *self.parameters()))
+        y, probs = _Attention.apply((cfg, opts, need_weights, backward), x, k_src, v_src, w_q, w_k, w_v,
                                     self.out_proj.weight, b_q, b_k, b_v, self.out_proj.bias,
                                     self.bias_k, self.bias_v)
         if batched and not self.batch_first:
