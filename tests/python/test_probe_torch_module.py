@@ -1,5 +1,6 @@
 """Probes of the PyTorch side (mha.nn, torch_forward, the array helpers)
-that found defects: each test failed before its fix.
+that found defects: each defect's test failed before its fix (a few guard
+that the working cases still work).
 
 - double backward (create_graph=True) returned gradients without a graph,
   so a gradient penalty silently acted as a constant;
