@@ -80,4 +80,6 @@ def check(status, call):
         return
     cls = _BY_STATUS.get(status, MhaError)
     msg = last_error() or status_str(status)
-    raise cls(f"{call}: {msg} ({status_str(status)})", status)
+    if not msg.startswith(call + ": "):  # most library messages already name their function
+        msg = f"{call}: {msg}"
+    raise cls(f"{msg} ({status_str(status)})", status)

@@ -38,6 +38,8 @@ that the working cases still work).
 - mha.nn: m.dropout = 0.1 after construction (torch's forward reads it)
   was ignored silently in training.
 - mha.nn.head_attribution took any truthy dz ('no' meant True).
+- errors read 'mha_forward: mha_forward: B=0 ...': the binding prefixed
+  the call's name to a message that already began with it.
 """
 import math
 
@@ -327,3 +329,12 @@ def test_head_attribution_dz_is_a_flag():
     with pytest.raises(mha.ArgumentError, match="dz='no'"):
         mha.nn.head_attribution(layer, x, x, dz="no")
     assert mha.nn.head_attribution(layer, x, x, dz=0).shape == (H, B, T)
+
+
+# ---------------------------------------------------------------- messages
+
+def test_library_message_is_not_prefixed_twice_with_its_function():
+    layer = mha.Layer(E, H)
+    with pytest.raises(mha.ShapeError) as err:
+        layer.forward(np.zeros((0, T, E), dtype=np.float32))
+    assert str(err.value).startswith("mha_forward: B=0 T=5 S=5; expected all >= 1"), str(err.value)
