@@ -14,23 +14,10 @@ from . import _lib
 from ._owner import COwner
 from ._arrays import _shape_str, floats, fptr, ints
 from ._check import INT_MAX, c_flag, c_float, c_int, names as capture_names
-from .errors import ArgumentError, MhaError, ShapeError, check as _check_status
+from .errors import ArgumentError, ShapeError, check
 from .layer import Layer, _enum, _positions, window as window_arg
 
 _L = _lib.lib
-
-
-def check(status, call):
-    """errors.check without a doubled prefix: the cache's C messages
-    already start with the function's name."""
-    try:
-        _check_status(status, call)
-    except MhaError as e:
-        prefix = f"{call}: {call}: "
-        if e.message.startswith(prefix):
-            e.message = e.message[len(call) + 2:]
-            e.args = (e.message,)
-        raise
 
 DTYPES = {"float32": _lib.CACHE_F32, "float16": _lib.CACHE_F16, "int8": _lib.CACHE_I8}
 _NAMES = {v: k for k, v in DTYPES.items()}
