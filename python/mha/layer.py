@@ -10,7 +10,7 @@ import os
 import numpy as np
 
 from . import _lib
-from ._arrays import bools, check_shape, floats, fptr, ints, u8ptr
+from ._arrays import bools, check_shape, floats, fptr, host, ints, u8ptr
 from ._check import INT_MAX, c_flag, c_float, c_int, names as capture_names
 from ._owner import COwner
 from .errors import ArgumentError, ShapeError, check
@@ -99,7 +99,7 @@ def _rope_struct(rope):
 def _positions(name, arr, shape):
     """A C-int (shape) array of token positions; floats, bools and values
     beyond a C int are refused (the library checks the range)."""
-    a = np.asarray(arr)
+    a = host(name, arr)  # torch tensors too; one off the CPU is refused naming it
     if not np.issubdtype(a.dtype, np.integer) or a.dtype == np.bool_:
         raise ArgumentError(f"{name} has dtype {a.dtype}; expected integers")
     if a.shape != shape:

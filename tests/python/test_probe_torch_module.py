@@ -338,3 +338,11 @@ def test_library_message_is_not_prefixed_twice_with_its_function():
     with pytest.raises(mha.ShapeError) as err:
         layer.forward(np.zeros((0, T, E), dtype=np.float32))
     assert str(err.value).startswith("mha_forward: B=0 T=5 S=5; expected all >= 1"), str(err.value)
+
+
+def test_positions_tensor_off_the_cpu_is_named():
+    layer = mha.Layer(E, H, rope={"pairing": "halves"})
+    x = np.zeros((1, 3, E), dtype=np.float32)
+    assert layer.forward(x, positions=torch.tensor([[0, 1, 2]])).shape == (1, 3, E)
+    with pytest.raises(mha.ArgumentError, match="positions is a tensor on device 'meta'"):
+        layer.forward(x, positions=torch.zeros(1, 3, dtype=torch.int64, device="meta"))
