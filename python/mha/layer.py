@@ -37,7 +37,8 @@ def _c_path(name, value):
     Python's open() refuses it."""
     b = os.fsencode(value)
     if b"\0" in b:
-        raise ArgumentError(f"{name}={value!r} holds a NUL character, where the C string would end; expected none")
+        raise ArgumentError(f"{name}={value!r} holds a NUL character, where the C string would end; "
+                            "expected none")
     return b
 
 

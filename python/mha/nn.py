@@ -135,8 +135,9 @@ class _Attention(torch.autograd.Function):
         layer = Layer(weights=_native_weights(w_q, w_k, w_v, w_o, b_q, b_k, b_v, b_o, bias_k, bias_v),
                       **cfg)
         xs = [_np(t, copy=backward) for t in (x, k_src, v_src)]  # kept for a backward: copies
-        # no backward to come (no_grad, inference, nothing requires grad): no tape to build
-        ctx.train = None if want_probs or not backward else _forward_train(layer, xs, opts)  # (y, tape, opt, keep)
+        # (y, tape, opt, keep); no backward to come (no_grad, inference, nothing
+        # requires grad): no tape to build
+        ctx.train = None if want_probs or not backward else _forward_train(layer, xs, opts)
         if ctx.train:
             y, probs = ctx.train[0], None
         else:
