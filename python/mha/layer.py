@@ -389,7 +389,13 @@ class Layer(COwner):
                 raise ArgumentError(f"interventions keys {bad}; expected head positions 0..{h - 1}")
             items = [spec.get(r) for r in range(h)]
         else:
-            items = list(spec)
+            try:
+                if isinstance(spec, str):  # list('zero') would be four one-letter ops
+                    raise TypeError
+                items = list(spec)
+            except TypeError:
+                raise ArgumentError(f"interventions={spec!r}; expected a list of h={h} ops or a dict "
+                                    "{head: op}") from None
             if len(items) != h:
                 raise ShapeError(f"interventions has {len(items)} entries; expected h={h}")
         arr = (_lib.Intervention * h)()

@@ -23,7 +23,8 @@ that the working cases still work).
 - mha.nn's num_kv_heads went through int(): 2.9 became 2, '2' and True
   were accepted.
 - interventions: {True: op} acted on head 1; ('scale',) was an
-  IndexError and ('scale', s, extra) dropped the extra silently.
+  IndexError and ('scale', s, extra) dropped the extra silently;
+  interventions=5 was a bare TypeError and 'zero' four one-letter ops.
 - cache_bytes_for of a too-large cache blamed batch/capacity ("expected
   batch >= 1") when both were valid: the size limit was the reason.
 - Layer.load took any truthy add_zero_attn ('no' meant True), against
@@ -346,3 +347,10 @@ def test_positions_tensor_off_the_cpu_is_named():
     assert layer.forward(x, positions=torch.tensor([[0, 1, 2]])).shape == (1, 3, E)
     with pytest.raises(mha.ArgumentError, match="positions is a tensor on device 'meta'"):
         layer.forward(x, positions=torch.zeros(1, 3, dtype=torch.int64, device="meta"))
+
+
+@pytest.mark.parametrize("spec", [5, 0.5, True, object(), "zero"], ids=["int", "float", "bool", "object", "str"])
+def test_interventions_that_are_not_a_list_or_dict_are_an_argument_error(spec):
+    layer = mha.Layer(E, H)
+    with pytest.raises(mha.ArgumentError, match="expected a list of h=4 ops or a dict"):
+        layer.forward(data().numpy(), interventions=spec)
