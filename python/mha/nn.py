@@ -338,11 +338,12 @@ class MultiheadAttention(torch.nn.Module):
                    d_kv_in=self.kdim, d_v_in=self.vdim, bias=self.in_proj_bias is not None,
                    add_bias_kv=self.bias_k is not None, add_zero_attn=self.add_zero_attn)
         (w_q, w_k, w_v), (b_q, b_k, b_v) = self._projections()
-        backward = torch.is_grad_enabled() and any(
-            t is not None and t.requires_grad for t in (x, k_src, v_src, *self.parameters()))
-        y, probs = _Attention.apply((cfg, opts, need_weights, backward), x, k_src, v_src, w_q, w_k, w_v,
-                                    self.out_proj.weight, b_q, b_k, b_v, self.out_proj.bias,
-                                    self.bias_k, self.bias_v)
+        args = (x, k_src, v_src, w_q, w_k, w_v, self.out_proj.weight, b_q, b_k, b_v, self.out_proj.bias,
+                self.bias_k, self.bias_v)
+        # whether autograd records this call (the tensors apply() sees, not self.parameters(): a
+        # functional_call or a parametrization passes others)
+        backward = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in args)
+        y, probs = _Attention.apply((cfg, opts, need_weights, backward), *args)
         if batched and not self.batch_first:
             # contiguous, as torch's (L,N,E) output is: callers .view() it
             y = y.transpose(0, 1).contiguous()

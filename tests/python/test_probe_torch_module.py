@@ -354,3 +354,22 @@ def test_interventions_that_are_not_a_list_or_dict_are_an_argument_error(spec):
     layer = mha.Layer(E, H)
     with pytest.raises(mha.ArgumentError, match="expected a list of h=4 ops or a dict"):
         layer.forward(data().numpy(), interventions=spec)
+
+
+def test_functional_call_weights_that_require_grad_keep_the_input_copy():
+    """The module's own parameters frozen, the weights passed through
+    functional_call (fast weights, meta-learning): autograd still records
+    the call, so the inputs must be copied for the backward."""
+    from torch.nn.utils.stateless import functional_call
+    t, m = pair()
+    for mod in (t, m):
+        for p in mod.parameters():
+            p.requires_grad_(False)
+    fast = {n: p.detach().clone().requires_grad_() for n, p in t.named_parameters()}
+    grads = []
+    for mod in (t, m):
+        x = data()
+        y, _ = functional_call(mod, fast, (x, x, x), {"need_weights": False})
+        x.mul_(5.0)  # refilled before backward
+        grads.append(torch.autograd.grad(y.sum(), fast["in_proj_weight"])[0])
+    assert torch.allclose(grads[1], grads[0], atol=1e-4)
