@@ -53,15 +53,18 @@ static mha_tensors *header_names(const char *path) {
     return t;
 }
 
-/* Whether the checkpoint at path loads in the hf layout. */
+/* Whether the checkpoint at path loads in a layout whose models keep a
+ * config.json beside it: hf, or megatron (GPT-NeoX, Falcon, BLOOM save
+ * query_key_value, and their rotary settings live only in config.json). */
 static int is_hf(const cli_ckpt *ck, const char *path) {
     mha_layout l;
     if (mha_layout_parse(&l, ck->layout ? ck->layout : "auto")) return 0;
-    if (l != MHA_LAYOUT_AUTO) return l == MHA_LAYOUT_HF;
-    mha_tensors *t = header_names(path);
-    int hf = t && !mha_layout_detect(&l, t) && l == MHA_LAYOUT_HF;
-    mha_tensors_free(t);
-    return hf;
+    if (l == MHA_LAYOUT_AUTO) {
+        mha_tensors *t = header_names(path);
+        if (!t || mha_layout_detect(&l, t)) l = MHA_LAYOUT_AUTO;
+        mha_tensors_free(t);
+    }
+    return l == MHA_LAYOUT_HF || l == MHA_LAYOUT_MEGATRON;
 }
 
 /* A number at key of obj into *dst when present: range lo..hi, whole
@@ -118,6 +121,56 @@ static int rope_scaling(const char *cmd, json_t *root, char *spec, size_t size) 
     return 0;
 }
 
+/* Whether model_type is one of names (a NULL-terminated list). */
+static int type_in(const char *type, const char *const *names) {
+    for (; type && *names; names++)
+        if (strcmp(type, *names) == 0) return 1;
+    return 0;
+}
+
+/* What model_type implies that no key of config.json says: these families
+ * always rotate q and k (Hugging Face's rope_theta defaults to 10000, and
+ * older Llama, Falcon and GPT-NeoX configs omit it), GPT-J rotates
+ * interleaved pairs of its first rotary_dim dims, BLOOM and Falcon with
+ * "alibi": true use ALiBi instead, and Gemma 3's q/k RMSNorm scales by
+ * 1 + weight (its weights are stored centred on 0). Without this a
+ * checkpoint ran silently without its position encoding. */
+static int family(cli_hf_config *c, const char *cmd, json_t *root) {
+    static const char *const rotary[] = {"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe",
+                                         "gemma", "gemma2", "gemma3", "gemma3_text", "phi3", "phimoe", "olmo", "olmo2",
+                                         "olmoe", "granite", "granitemoe", "starcoder2", "stablelm", "gpt_neox",
+                                         "gpt_oss", "falcon", NULL};
+    static const char *const gemma3[] = {"gemma3", "gemma3_text", NULL};
+    const char *type = json_string_value(json_object_get(root, "model_type"));
+    const int alibi = json_is_true(json_object_get(root, "alibi"));
+    c->alibi = type && (strcmp(type, "bloom") == 0 || (strcmp(type, "falcon") == 0 && alibi));
+    c->qk_norm_offset = type_in(type, gemma3);
+    if (type && strcmp(type, "gptj") == 0) {
+        double r = 0; /* null or absent: the whole head */
+        int rc = number(cmd, root, "", "rotary_dim", 2, 65536, 1, &r);
+        if (rc) return rc;
+        if ((long long)r % 2)
+            return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: rotary_dim is %g; expected an even number", r);
+        c->rope = "interleaved", c->rope_dim = (long long)r;
+    } else if (type_in(type, rotary) && !c->alibi)
+        c->rope = "halves";
+    return 0;
+}
+
+/* The head counts under the names the older configs use: GPT-J, BLOOM and
+ * the first Falcon configs say n_head (and GPT-J n_embd), Falcon's
+ * num_kv_heads (new_decoder_architecture) or multi_query (one kv head). */
+static int head_aliases(const char *cmd, json_t *root, double *heads, double *kv, double *hidden) {
+    int rc = *heads ? 0 : number(cmd, root, "", "n_head", 1, 4096, 1, heads);
+    if (!rc && !*hidden) rc = number(cmd, root, "", "n_embd", 1, 1 << 24, 1, hidden);
+    if (!rc && !*kv) rc = number(cmd, root, "", "num_kv_heads", 1, 4096, 1, kv);
+    const char *type = json_string_value(json_object_get(root, "model_type"));
+    if (!rc && !*kv && type && strcmp(type, "falcon") == 0 && json_is_true(json_object_get(root, "multi_query")) &&
+        !json_is_true(json_object_get(root, "new_decoder_architecture")))
+        *kv = 1;
+    return rc;
+}
+
 int cli_hf_config_read(cli_hf_config *c, const char *cmd, const cli_ckpt *ck, const char *path) {
     memset(c, 0, sizeof *c);
     if (!path) path = ck->weights;
@@ -143,6 +196,9 @@ int cli_hf_config_read(cli_hf_config *c, const char *cmd, const cli_ckpt *ck, co
     if (!rc) rc = number(cmd, root, "", "num_key_value_heads", 1, 4096, 1, &kv);
     if (!rc) rc = number(cmd, root, "", "head_dim", 1, 65536, 1, &hd);
     if (!rc) rc = number(cmd, root, "", "hidden_size", 1, 1 << 24, 1, &hidden);
+    if (!rc) rc = head_aliases(cmd, root, &heads, &kv, &hidden);
+    if (!rc) rc = number(cmd, root, "", "rms_norm_eps", 1e-30, 1, 0, &c->qk_norm_eps);
+    if (!rc) rc = family(c, cmd, root);
     if (!rc) rc = number(cmd, root, "", "rotary_emb_base", 1, 1e12, 0, &theta);
     if (!rc) rc = number(cmd, root, "", "rope_theta", 1, 1e12, 0, &theta);
     if (!rc) rc = number(cmd, root, "", "rotary_pct", 1e-9, 1, 0, &part);

@@ -20,10 +20,17 @@ typedef struct {
     double softcap;            /* attn_logit_softcapping (Gemma 2); 0 = absent     */
     double scale;              /* query_pre_attn_scalar^-1/2 (Gemma 2, 3), or
                                   attention_multiplier (Granite); 0 = 1/sqrt(d_k) */
+    const char *rope;          /* "halves" or "interleaved" when model_type names a
+                                  rotary family (GPT-J: interleaved) even without
+                                  rope_theta; NULL = as rope_theta says          */
+    int alibi;                 /* model_type bloom, or falcon with "alibi": true   */
+    double qk_norm_eps;        /* rms_norm_eps: the eps of the q/k RMSNorm; 0 = absent */
+    int qk_norm_offset;        /* Gemma 3: its RMSNorm scales by (1 + weight)      */
 } cli_hf_config;
 
 /* Reads config.json from the directory of path (ck->weights when NULL)
- * when the checkpoint is in the hf layout (--layout hf, or auto detected).
+ * when the checkpoint is in the hf or megatron layout (--layout, or auto
+ * detected: GPT-NeoX and Falcon keep query_key_value).
  * c->found = 0 when there is none or the layout is another. Returns an exit
  * code after printing "mha <cmd>: config.json: KEY ...; expected ..." for
  * malformed JSON or a value of the wrong type or range. */

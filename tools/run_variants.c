@@ -150,6 +150,21 @@ static int parse_rope_scale(mha_rope *r, const char *spec) {
     return 0;
 }
 
+/* Gemma 3's q/k RMSNorm multiplies by (1 + weight): its stored weights
+ * are centred on 0, so read as the layer's plain scales they would
+ * shrink q and k towards 0. w's norm weights become copies plus one in
+ * *buf (freed by the caller, after the layer is built); 0 or an exit code. */
+static int offset_norms(float **buf, const mha_config *c, mha_weights *w) {
+    const size_t nq = (size_t)c->d_k * (c->qk_norm_per_head ? (size_t)c->n_heads : 1);
+    const size_t nk = (size_t)c->d_k * (c->qk_norm_per_head ? (size_t)c->n_kv_heads : 1);
+    float *b = malloc(sizeof(float) * (nq + nk));
+    if (!b) return mha_cmd_error("run", MHA_EXIT_RUNTIME, "out of memory");
+    for (size_t i = 0; i < nq; i++) b[i] = 1.0f + w->q_norm[i];
+    for (size_t i = 0; i < nk; i++) b[nq + i] = 1.0f + w->k_norm[i];
+    w->q_norm = b, w->k_norm = b + nq, *buf = b;
+    return 0;
+}
+
 /* --window, --sink-tokens and --positions into f->opt */
 static int apply_options(cli_fwd *f, cli_variant_flags *vf) {
     if (vf->sink_tokens && !vf->window)
@@ -165,13 +180,15 @@ int cli_apply_variants(mha_layer **L, cli_fwd *f, cli_variant_flags *vf, const c
     cli_hf_config hc; /* the rotary settings of config.json, overridden by the flags */
     int rc = cli_hf_config_read(&hc, "run", ck, NULL);
     if (rc) return rc;
-    const char *rope = vf->rope ? vf->rope : hc.rope_theta ? "halves" : NULL; /* HF Llama's rotate_half */
+    const char *rope = vf->rope ? vf->rope : hc.rope ? hc.rope : hc.rope_theta ? "halves" : NULL; /* rotate_half */
     const double theta = vf->rope_theta ? vf->rope_theta : hc.rope_theta;
     const long long rope_dim = vf->rope_dim ? vf->rope_dim : hc.rope_dim;
     const char *rope_scale = vf->rope_scale ? vf->rope_scale : hc.rope_scale[0] ? hc.rope_scale : NULL;
     const double softcap = vf->softcap ? vf->softcap : hc.softcap;
     f->opt.scale = (float)(vf->scale ? vf->scale : hc.scale); /* 0: 1/sqrt(d_k) */
-    if (!rope && !theta && !rope_dim && !rope_scale && !vf->alibi && !softcap && !vf->sinks && !vf->qk_norm)
+    const int file_norm = mha_layer_config(*L)->qk_norm && (hc.qk_norm_eps || hc.qk_norm_offset);
+    if (!rope && !theta && !rope_dim && !rope_scale && !vf->alibi && !hc.alibi && !softcap && !vf->sinks &&
+        !vf->qk_norm && !file_norm)
         return apply_options(f, vf);
     mha_config c = *mha_layer_config(*L);
     mha_weights w;
@@ -183,7 +200,7 @@ int cli_apply_variants(mha_layer **L, cli_fwd *f, cli_variant_flags *vf, const c
     if (theta) c.rope.theta = theta;
     if (rope_dim) c.rope.dim = (int)rope_dim;
     if (rope_scale && (rc = parse_rope_scale(&c.rope, rope_scale))) return rc;
-    if (vf->alibi) c.alibi = 1;
+    if (vf->alibi || hc.alibi) c.alibi = 1;
     if (softcap) c.softcap = (float)softcap;
     mha_tensors *t = NULL;
     if (vf->sinks || (vf->qk_norm && !c.qk_norm)) {
@@ -204,6 +221,9 @@ int cli_apply_variants(mha_layer **L, cli_fwd *f, cli_variant_flags *vf, const c
         }
         c.qk_norm = strcmp(vf->qk_norm, "rms") == 0 ? MHA_QK_NORM_RMS : MHA_QK_NORM_LAYER;
     }
+    float *norms = NULL;
+    if (!rc && c.qk_norm && hc.qk_norm_eps) c.qk_norm_eps = (float)hc.qk_norm_eps; /* config.json's rms_norm_eps */
+    if (!rc && c.qk_norm && hc.qk_norm_offset) rc = offset_norms(&norms, &c, &w);
     mha_layer *n = NULL;
     if (!rc) {
         mha_status s = mha_layer_create(&n, &c, &w);
@@ -217,6 +237,7 @@ int cli_apply_variants(mha_layer **L, cli_fwd *f, cli_variant_flags *vf, const c
         if (s) rc = cli_fail("run", s), mha_layer_free(n);
     }
     mha_tensors_free(t);
+    free(norms);
     if (rc) return rc;
     mha_layer_free(*L);
     *L = n;

@@ -1,0 +1,148 @@
+"""Checkpoints saved the way Hugging Face architectures save them, with the
+config.json they ship, run by `mha run` with no flag but --prefix and
+--causal, against numpy written from each architecture's modeling code:
+what model_type implies (GPT-J's interleaved rotary_dim, GPT-NeoX's
+rotary_pct in a megatron-layout file, Falcon's multi_query without
+rope_theta, BLOOM's ALiBi, a Llama config without rope_theta) and the
+q/k RMSNorm's eps (rms_norm_eps) and Gemma 3's (1 + weight)."""
+import json
+
+import numpy as np
+import pytest
+
+from io_helpers import mha, write_safetensors
+
+T, D, H = 6, 32, 4
+
+
+def rnd(rs, *shape):
+    return (rs.randn(*shape) / np.sqrt(shape[-1])).astype(np.float32)
+
+
+def heads(a, n):
+    return a.reshape(a.shape[0], n, -1).transpose(1, 0, 2)
+
+
+def rotate(x, r, theta, pairing):
+    """RoPE of positions 0..T-1 on the first r dims: rotate_half (halves)
+    or GPT-J's rotate_every_two (interleaved)."""
+    f = np.outer(np.arange(x.shape[1]), 1.0 / theta ** (np.arange(0, r, 2) / r))
+    a, rest = x[..., :r], x[..., r:]
+    if pairing == "halves":
+        c, s = np.cos(np.concatenate([f, f], -1)), np.sin(np.concatenate([f, f], -1))
+        rot = np.concatenate([-a[..., r // 2:], a[..., :r // 2]], -1)
+    else:
+        c, s = np.repeat(np.cos(f), 2, -1), np.repeat(np.sin(f), 2, -1)
+        rot = np.stack([-a[..., 1::2], a[..., 0::2]], -1).reshape(a.shape)
+    return np.concatenate([a * c + rot * s, rest], -1)
+
+
+def attention(q, k, v, wo, bo=0.0, slopes=None):
+    """causal softmax attention of (h, T, d) heads, k/v repeated for GQA"""
+    k, v = np.repeat(k, q.shape[0] // k.shape[0], 0), np.repeat(v, q.shape[0] // v.shape[0], 0)
+    s = q @ k.transpose(0, 2, 1) / np.sqrt(q.shape[-1])
+    i, j = np.arange(T)[:, None], np.arange(T)[None]
+    if slopes is not None:
+        s = s - slopes[:, None, None] * (i - j)
+    s = np.where(j > i, -np.inf, s)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    z = (p / p.sum(-1, keepdims=True)) @ v
+    return z.transpose(1, 0, 2).reshape(T, -1) @ wo.T + bo
+
+
+def run(tmp_path, tensors, config, prefix, *flags):
+    write_safetensors(tmp_path / "model.safetensors", tensors)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    x = np.random.RandomState(9).randn(T, D).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    mha("run", "--weights", tmp_path, "--prefix", prefix, "--input", tmp_path / "x.npy",
+        "--output", tmp_path / "y.npy", "--causal", *flags)
+    return x.astype(np.float64), np.load(tmp_path / "y.npy")
+
+
+def per_head_rows(q, k, v, n):
+    """fused rows [q_h; k_h; v_h] per head (GPT-NeoX, BLOOM)"""
+    return np.concatenate([np.concatenate([a.reshape(n, -1, *a.shape[1:])[h] for a in (q, k, v)]) for h in range(n)])
+
+
+def test_gptj_config_rotary_dim_is_interleaved(tmp_path):
+    rs = np.random.RandomState(0)
+    wq, wk, wv, wo = (rnd(rs, D, D) for _ in range(4))
+    p = "transformer.h.0.attn."
+    t = {p + "q_proj.weight": wq, p + "k_proj.weight": wk, p + "v_proj.weight": wv, p + "out_proj.weight": wo}
+    cfg = {"model_type": "gptj", "n_embd": D, "n_head": H, "rotary_dim": 4, "n_positions": 64}
+    x, y = run(tmp_path, t, cfg, "transformer.h.0", "--heads", H)  # the flag a user passes: no rotary before
+    q, k = (rotate(heads(x @ w.T, H), 4, 10000.0, "interleaved") for w in (wq, wk))
+    np.testing.assert_allclose(y, attention(q, k, heads(x @ wv.T, H), wo), atol=2e-5)
+
+
+def test_gpt_neox_config_rotary_pct_in_megatron_layout(tmp_path):
+    rs = np.random.RandomState(1)
+    wq, wk, wv, wo = (rnd(rs, D, D) for _ in range(4))
+    bq, bk, bv, bo = (rnd(rs, 1, D)[0] for _ in range(4))
+    p = "gpt_neox.layers.0.attention."
+    t = {p + "query_key_value.weight": per_head_rows(wq, wk, wv, H),
+         p + "query_key_value.bias": per_head_rows(bq, bk, bv, H), p + "dense.weight": wo, p + "dense.bias": bo}
+    cfg = {"model_type": "gpt_neox", "hidden_size": D, "num_attention_heads": H, "rotary_pct": 0.25,
+           "rotary_emb_base": 10000}
+    x, y = run(tmp_path, t, cfg, "gpt_neox.layers.0", "--heads", H)
+    q, k = (rotate(heads(x @ w.T + b, H), 2, 10000.0, "halves") for w, b in ((wq, bq), (wk, bk)))
+    np.testing.assert_allclose(y, attention(q, k, heads(x @ wv.T + bv, H), wo, bo), atol=2e-5)
+
+
+def test_falcon_multi_query_config_without_rope_theta(tmp_path):
+    rs = np.random.RandomState(2)
+    wq, wk, wv, wo = rnd(rs, D, D), rnd(rs, D // H, D), rnd(rs, D // H, D), rnd(rs, D, D)
+    p = "transformer.h.0.self_attention."
+    t = {p + "query_key_value.weight": np.concatenate([wq, wk, wv]), p + "dense.weight": wo}
+    cfg = {"model_type": "falcon", "hidden_size": D, "n_head": H, "multi_query": True, "alibi": False,
+           "new_decoder_architecture": False, "bias": False}
+    x, y = run(tmp_path, t, cfg, "transformer.h.0")
+    q, k = rotate(heads(x @ wq.T, H), 8, 1e4, "halves"), rotate(heads(x @ wk.T, 1), 8, 1e4, "halves")
+    np.testing.assert_allclose(y, attention(q, k, heads(x @ wv.T, 1), wo), atol=2e-5)
+
+
+def test_bloom_config_means_alibi(tmp_path):
+    rs = np.random.RandomState(3)
+    wq, wk, wv, wo = (rnd(rs, D, D) for _ in range(4))
+    p = "h.0.self_attention."
+    t = {p + "query_key_value.weight": per_head_rows(wq, wk, wv, H), p + "dense.weight": wo}
+    x, y = run(tmp_path, t, {"model_type": "bloom", "hidden_size": D, "n_head": H}, "h.0", "--heads", H)
+    slopes = 2.0 ** (-8.0 * np.arange(1, H + 1) / H)
+    want = attention(heads(x @ wq.T, H), heads(x @ wk.T, H), heads(x @ wv.T, H), wo, slopes=slopes)
+    np.testing.assert_allclose(y, want, atol=2e-5)
+
+
+def llama(rs, norm=None):
+    p = "model.layers.0.self_attn."
+    w = {n: rnd(rs, D, D) for n in ("q", "k", "v", "o")}
+    t = {p + n + "_proj.weight": w[n] for n in w}
+    if norm is not None:
+        t[p + "q_norm.weight"], t[p + "k_norm.weight"] = norm
+    return w, t
+
+
+def test_llama_config_without_rope_theta_rotates(tmp_path):
+    """Older Llama configs have no rope_theta: Hugging Face's default 10000."""
+    w, t = llama(np.random.RandomState(4))
+    x, y = run(tmp_path, t, {"model_type": "llama", "hidden_size": D, "num_attention_heads": H}, "model.layers.0")
+    q, k = (rotate(heads(x @ w[n].T, H), 8, 1e4, "halves") for n in "qk")
+    np.testing.assert_allclose(y, attention(q, k, heads(x @ w["v"].T, H), w["o"]), atol=2e-5)
+
+
+def rms(a, w, eps):
+    return a / np.sqrt((a * a).mean(-1, keepdims=True) + eps) * w
+
+
+@pytest.mark.parametrize("model_type,offset,eps", [("qwen3", 1.0, 1e-1), ("gemma3_text", 0.0, 1e-6)])
+def test_qk_norm_eps_and_gemma3_one_plus_weight(tmp_path, model_type, offset, eps):
+    """Qwen 3 normalizes with config.json's rms_norm_eps; Gemma 3's stored
+    norm weights are offsets from 1 (Gemma3RMSNorm: x_normed * (1 + w))."""
+    rs = np.random.RandomState(5)
+    qn, kn = (rs.randn(D // H).astype(np.float32) * 0.3 for _ in range(2))
+    w, t = llama(rs, (qn + offset, kn + offset))
+    cfg = {"model_type": model_type, "hidden_size": D, "num_attention_heads": H, "head_dim": D // H,
+           "rope_theta": 1e4, "rms_norm_eps": eps}
+    x, y = run(tmp_path, t, cfg, "model.layers.0")
+    q, k = (rotate(rms(heads(x @ w[n].T, H), 1 + g, eps), 8, 1e4, "halves") for n, g in (("q", qn), ("k", kn)))
+    np.testing.assert_allclose(y, attention(q, k, heads(x @ w["v"].T, H), w["o"]), atol=2e-5)
