@@ -171,6 +171,71 @@ static int head_aliases(const char *cmd, json_t *root, double *heads, double *kv
     return rc;
 }
 
+/* The layer number in a prefix: its last all-digit component
+ * (model.layers.7.self_attn. -> 7), or -1 when it has none. */
+static long long layer_index(const char *prefix) {
+    long long n = -1;
+    for (const char *p = prefix; p && *p;) {
+        const size_t len = strcspn(p, ".");
+        if (len && len < 10 && strspn(p, "0123456789") == len) n = strtoll(p, NULL, 10);
+        p += len + (p[len] == '.');
+    }
+    return n;
+}
+
+/* Whether layer n attends through a sliding window, by the rule its family
+ * writes into config.json: layer_types[n] ("sliding_attention"), Gemma 3's
+ * sliding_window_pattern P (every P-th layer is global), Gemma 2 (even
+ * layers slide), Qwen 2/3 (use_sliding_window, from max_window_layers on),
+ * Mistral, Mixtral, Phi-3, Starcoder 2 (every layer); any other family
+ * ignores sliding_window. 1, 0, or -1 when it depends on n and n < 0. */
+static int slides(json_t *root, const char *type, long long n) {
+    static const char *const every[] = {"mistral", "mixtral", "phi3", "phimoe", "starcoder2", NULL};
+    static const char *const qwen[] = {"qwen2", "qwen2_moe", "qwen3", "qwen3_moe", NULL};
+    json_t *types = json_object_get(root, "layer_types"), *pattern = json_object_get(root, "sliding_window_pattern");
+    if (json_is_array(types) && json_array_size(types)) {
+        const char *first = json_string_value(json_array_get(types, 0)), *mine = NULL;
+        int same = 1;
+        for (size_t i = 0; i < json_array_size(types); i++) {
+            const char *t = json_string_value(json_array_get(types, i));
+            same = same && t && first && strcmp(t, first) == 0;
+            if ((long long)i == n) mine = t;
+        }
+        if (n < 0 && !same) return -1;
+        if (n < 0) mine = first;
+        return mine && strcmp(mine, "sliding_attention") == 0;
+    }
+    if (json_is_integer(pattern) && json_integer_value(pattern) > 0)
+        return n < 0 ? -1 : (n + 1) % json_integer_value(pattern) != 0;
+    if (type && strcmp(type, "gemma2") == 0) return n < 0 ? -1 : n % 2 == 0;
+    if (type_in(type, qwen)) {
+        if (!json_is_true(json_object_get(root, "use_sliding_window"))) return 0;
+        json_t *m = json_object_get(root, "max_window_layers");
+        return !json_is_number(m) ? 1 : n < 0 ? -1 : n >= (long long)json_number_value(m);
+    }
+    return type_in(type, every);
+}
+
+/* The window of the layer the prefix names (c->window) and, for Gemma 3's
+ * sliding layers, their own rotary base rope_local_base_freq (default
+ * 10000, into *theta) without the global layers' rope_scaling. Before this, a Gemma 2/3,
+ * Mistral or gpt-oss layer ran globally, and Gemma 3's local layers with
+ * the global theta: a wrong Y even for short inputs. */
+static int window(cli_hf_config *c, const char *cmd, json_t *root, const char *prefix, double *theta) {
+    double w = 0;
+    int rc = number(cmd, root, "", "sliding_window", 1, 1 << 30, 1, &w);
+    const char *type = json_string_value(json_object_get(root, "model_type"));
+    const int s = rc || !w ? 0 : slides(root, type, layer_index(prefix));
+    if (rc || !s) return rc;
+    c->window = s < 0 ? -1 : (long long)w;
+    if (s > 0 && c->qk_norm_offset) { /* Gemma 3: the local layers' rotary */
+        double local = 10000;
+        if ((rc = number(cmd, root, "", "rope_local_base_freq", 1, 1e12, 0, &local))) return rc;
+        *theta = local, c->rope_scale[0] = '\0';
+    }
+    return 0;
+}
+
 int cli_hf_config_read(cli_hf_config *c, const char *cmd, const cli_ckpt *ck, const char *path) {
     memset(c, 0, sizeof *c);
     if (!path) path = ck->weights;
@@ -209,6 +274,7 @@ int cli_hf_config_read(cli_hf_config *c, const char *cmd, const cli_ckpt *ck, co
     if (!rc) rc = number(cmd, root, "", "query_pre_attn_scalar", 1e-30, 1e30, 0, &pre);
     if (!rc) rc = number(cmd, root, "", "attention_multiplier", 1e-30, 1e30, 0, &c->scale);
     if (pre) c->scale = 1.0 / sqrt(pre);
+    if (!rc) rc = window(c, cmd, root, ck->prefix, &theta);
     json_decref(root);
     if (rc) return rc;
     c->heads = (long long)heads, c->kv_heads = (long long)kv, c->hidden = (long long)hidden;

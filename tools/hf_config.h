@@ -26,6 +26,10 @@ typedef struct {
     int alibi;                 /* model_type bloom, or falcon with "alibi": true   */
     double qk_norm_eps;        /* rms_norm_eps: the eps of the q/k RMSNorm; 0 = absent */
     int qk_norm_offset;        /* Gemma 3: its RMSNorm scales by (1 + weight)      */
+    long long window;          /* sliding_window when this layer slides (layer_types,
+                                  sliding_window_pattern, the family's rule); 0 =
+                                  global; -1 = the layers differ and --prefix
+                                  names none                                      */
 } cli_hf_config;
 
 /* Reads config.json from the directory of path (ck->weights when NULL)

@@ -180,6 +180,11 @@ int cli_apply_variants(mha_layer **L, cli_fwd *f, cli_variant_flags *vf, const c
     cli_hf_config hc; /* the rotary settings of config.json, overridden by the flags */
     int rc = cli_hf_config_read(&hc, "run", ck, NULL);
     if (rc) return rc;
+    if (hc.window < 0 && !vf->window)
+        return mha_cmd_error("run", MHA_EXIT_USAGE, "config.json: some layers attend through a sliding window of "
+                             "sliding_window keys and others globally, and --prefix names no layer; expected --prefix "
+                             "with the layer's number (model.layers.N), or --window W");
+    if (!vf->window && hc.window > 0) vf->window = hc.window; /* the layer's sliding_window; a flag wins */
     const char *rope = vf->rope ? vf->rope : hc.rope ? hc.rope : hc.rope_theta ? "halves" : NULL; /* rotate_half */
     const double theta = vf->rope_theta ? vf->rope_theta : hc.rope_theta;
     const long long rope_dim = vf->rope_dim ? vf->rope_dim : hc.rope_dim;

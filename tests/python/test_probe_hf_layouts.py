@@ -23,10 +23,10 @@ def heads(a, n):
     return a.reshape(a.shape[0], n, -1).transpose(1, 0, 2)
 
 
-def rotate(x, r, theta, pairing):
+def rotate(x, r, theta, pairing, factor=1.0):
     """RoPE of positions 0..T-1 on the first r dims: rotate_half (halves)
-    or GPT-J's rotate_every_two (interleaved)."""
-    f = np.outer(np.arange(x.shape[1]), 1.0 / theta ** (np.arange(0, r, 2) / r))
+    or GPT-J's rotate_every_two (interleaved); linear scaling by factor."""
+    f = np.outer(np.arange(x.shape[1]) / factor, 1.0 / theta ** (np.arange(0, r, 2) / r))
     a, rest = x[..., :r], x[..., r:]
     if pairing == "halves":
         c, s = np.cos(np.concatenate([f, f], -1)), np.sin(np.concatenate([f, f], -1))
@@ -146,3 +146,62 @@ def test_qk_norm_eps_and_gemma3_one_plus_weight(tmp_path, model_type, offset, ep
     x, y = run(tmp_path, t, cfg, "model.layers.0")
     q, k = (rotate(rms(heads(x @ w[n].T, H), 1 + g, eps), 8, 1e4, "halves") for n, g in (("q", qn), ("k", kn)))
     np.testing.assert_allclose(y, attention(q, k, heads(x @ w["v"].T, H), w["o"]), atol=2e-5)
+
+
+def windowed(q, k, v, wo, window):
+    """attention() with Hugging Face's sliding window: query i sees keys
+    i - window + 1 .. i"""
+    s = q @ np.repeat(k, q.shape[0] // k.shape[0], 0).transpose(0, 2, 1) / np.sqrt(q.shape[-1])
+    i, j = np.arange(T)[:, None], np.arange(T)[None]
+    s = np.where((j > i) | (j <= i - window), -np.inf, s)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    z = (p / p.sum(-1, keepdims=True)) @ np.repeat(v, q.shape[0] // v.shape[0], 0)
+    return z.transpose(1, 0, 2).reshape(T, -1) @ wo.T
+
+
+def two_layers(rs, norm=None):
+    w0, t = llama(rs, norm)
+    w1, t1 = llama(rs, norm)
+    t.update({k.replace("layers.0", "layers.1"): a for k, a in t1.items()})
+    return (w0, w1), t
+
+
+@pytest.mark.parametrize("layer", [0, 1])
+def test_sliding_window_per_layer_from_config(tmp_path, layer):
+    """Gemma 2 slides on even layers; Gemma 3 on all but every
+    sliding_window_pattern-th, with rope_local_base_freq and no
+    rope_scaling there; Mistral on all; gpt-oss by layer_types."""
+    rs = np.random.RandomState(6)
+    zero = np.zeros(D // H, np.float32)
+    ws, t = two_layers(rs, (zero, zero))
+    cases = [({"model_type": "gemma2"}, layer == 0, 1e4, 1),
+             ({"model_type": "gemma3_text", "sliding_window_pattern": 2, "rope_theta": 1e6,
+               "rope_local_base_freq": 1e4, "rope_scaling": {"rope_type": "linear", "factor": 8.0}},
+              layer == 0, 1e4 if layer == 0 else 1e6, 1 if layer == 0 else 8),
+             ({"model_type": "mistral"}, True, 1e4, 1),
+             ({"model_type": "gpt_oss", "layer_types": ["sliding_attention", "full_attention"]}, layer == 0, 1e4, 1)]
+    for extra, slides, theta, factor in cases:
+        cfg = {"hidden_size": D, "num_attention_heads": H, "head_dim": D // H, "rope_theta": 1e4, "sliding_window": 2}
+        cfg.update(extra)
+        # Gemma 3's q/k norm: zero offsets, so 1 + 0; the others have none
+        tt = t if extra["model_type"] == "gemma3_text" else {k: a for k, a in t.items() if "_norm" not in k}
+        x, y = run(tmp_path, tt, cfg, f"model.layers.{layer}")
+        w = ws[layer]
+        q, k = (heads(x @ w[n].T, H) for n in "qk")
+        if extra["model_type"] == "gemma3_text":
+            q, k = rms(q, 1.0, 1e-6), rms(k, 1.0, 1e-6)
+        q, k = (rotate(a, 8, theta, "halves", factor) for a in (q, k))
+        want = windowed(q, k, heads(x @ w["v"].T, H), w["o"], 2 if slides else T)
+        np.testing.assert_allclose(y, want, atol=2e-5, err_msg=str(extra))
+
+
+def test_sliding_layers_without_a_layer_number_are_refused(tmp_path):
+    _, t = llama(np.random.RandomState(7))
+    write_safetensors(tmp_path / "model.safetensors", t)
+    cfg = {"model_type": "gemma2", "hidden_size": D, "num_attention_heads": H, "rope_theta": 1e4, "sliding_window": 2}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    np.save(tmp_path / "x.npy", np.zeros((T, D), np.float32))
+    r = mha("run", "--weights", tmp_path, "--input", tmp_path / "x.npy", "--output", tmp_path / "y.npy", "--causal",
+            check=False)
+    assert r.returncode != 0 and "sliding_window" in r.stderr and "--prefix" in r.stderr, r.stderr
+    assert not (tmp_path / "y.npy").exists()
