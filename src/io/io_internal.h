@@ -161,6 +161,13 @@ const mha_hf_names *mha_io_hf_names(const mha_tensors *t, const char *prefix);
  * mha_checkpoint_read reads it) (shards.c). */
 int mha_io_is_index(const char *path);
 
+/* Loader-only flag of the readers (above the public MHA_IO_* bits): a
+ * tensor named *.masked_bias is not checked for finiteness. Older GPT-2,
+ * GPT-J, GPT-Neo and GPT-NeoX checkpoints store that causal-mask fill
+ * value (-1e9, -inf once saved in fp16) inside the attention module; no
+ * layout reads it, and refusing it refused the whole layer. */
+#define MHA_IO_UNCHECKED_FILL 0x100u
+
 /* mha_checkpoint_read for the loaders: a file's tensors borrowed from its
  * lazy mapping (mha_io_map_only) instead of copied; a directory resolved,
  * an index's layer copied out of its shards (shards.c). */

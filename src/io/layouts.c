@@ -898,7 +898,7 @@ mha_status mha_layer_load(mha_layer **out, const char *path, const mha_load_opti
     /* The float32 tensors borrow the file's mapping: the layouts read the
      * file's bytes directly, and the mapping is gone when this returns. */
     mha_tensors *t;
-    mha_status s = mha_io_checkpoint_map(&t, path, opt ? opt->prefix : NULL, 0);
+    mha_status s = mha_io_checkpoint_map(&t, path, opt ? opt->prefix : NULL, MHA_IO_UNCHECKED_FILL);
     if (s) return s;
     s = mha_layer_from_tensors(out, t, opt);
     mha_tensors_free(t);

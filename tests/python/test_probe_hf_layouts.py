@@ -205,3 +205,25 @@ def test_sliding_layers_without_a_layer_number_are_refused(tmp_path):
             check=False)
     assert r.returncode != 0 and "sliding_window" in r.stderr and "--prefix" in r.stderr, r.stderr
     assert not (tmp_path / "y.npy").exists()
+
+
+def test_gptj_fp16_masked_bias_buffer_is_not_a_weight(tmp_path):
+    """Older GPT-J / GPT-NeoX checkpoints store the buffers attn.bias (the
+    causal mask, bool) and attn.masked_bias (-1e9: -inf in fp16) inside the
+    attention module; the layer loads, and a NaN in a weight is still refused."""
+    rs = np.random.RandomState(8)
+    wq, wk, wv, wo = (rnd(rs, D, D).astype(np.float16) for _ in range(4))
+    p = "transformer.h.0.attn."
+    t = {p + "bias": np.tril(np.ones((1, 1, 8, 8), bool)), p + "masked_bias": np.array(-np.inf, np.float16),
+         p + "q_proj.weight": wq, p + "k_proj.weight": wk, p + "v_proj.weight": wv, p + "out_proj.weight": wo}
+    cfg = {"model_type": "gptj", "n_embd": D, "n_head": H, "rotary_dim": 4}
+    x, y = run(tmp_path, t, cfg, "transformer.h.0")
+    q, k = (rotate(heads(x @ w.T.astype(np.float64), H), 4, 10000.0, "interleaved") for w in (wq, wk))
+    np.testing.assert_allclose(y, attention(q, k, heads(x @ wv.T.astype(np.float64), H), wo.astype(np.float64)),
+                               atol=2e-5)
+    t[p + "q_proj.weight"] = wq.copy()
+    t[p + "q_proj.weight"][1, 2] = np.nan
+    write_safetensors(tmp_path / "model.safetensors", t)
+    r = mha("run", "--weights", tmp_path, "--prefix", "transformer.h.0", "--input", tmp_path / "x.npy",
+            "--output", tmp_path / "nan.npy", check=False)
+    assert r.returncode != 0 and "transformer.h.0.attn.q_proj.weight[34] = nan" in r.stderr, r.stderr
