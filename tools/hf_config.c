@@ -236,6 +236,18 @@ static int window(cli_hf_config *c, const char *cmd, json_t *root, const char *p
     return 0;
 }
 
+/* The part of config.json that describes the layer. Multimodal models
+ * (Gemma 3, LLaVA, Mistral 3, CLIP, SigLIP) keep their towers' settings
+ * in text_config and vision_config, not at the top level: a prefix naming
+ * a vision module (vision_model, vision_tower) reads vision_config, any
+ * other text_config, when the top level has no num_attention_heads. Read
+ * at the top level, a Gemma 3 checkpoint lost its theta, window and scale. */
+static json_t *sub_config(json_t *root, const char *prefix) {
+    if (json_object_get(root, "num_attention_heads")) return root;
+    json_t *sub = json_object_get(root, prefix && strstr(prefix, "vision") ? "vision_config" : "text_config");
+    return json_is_object(sub) ? sub : root;
+}
+
 int cli_hf_config_read(cli_hf_config *c, const char *cmd, const cli_ckpt *ck, const char *path) {
     memset(c, 0, sizeof *c);
     if (!path) path = ck->weights;
@@ -256,6 +268,8 @@ int cli_hf_config_read(cli_hf_config *c, const char *cmd, const cli_ckpt *ck, co
                     : mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "%s: line %d: %s; expected Hugging Face's config.json "
                                     "(JSON)", file, err.line, err.text);
     }
+    json_t *top = root;
+    root = sub_config(top, ck->prefix);
     double heads = 0, kv = 0, hd = 0, hidden = 0, theta = 0, part = 0;
     int rc = number(cmd, root, "", "num_attention_heads", 1, 4096, 1, &heads);
     if (!rc) rc = number(cmd, root, "", "num_key_value_heads", 1, 4096, 1, &kv);
@@ -275,7 +289,7 @@ int cli_hf_config_read(cli_hf_config *c, const char *cmd, const cli_ckpt *ck, co
     if (!rc) rc = number(cmd, root, "", "attention_multiplier", 1e-30, 1e30, 0, &c->scale);
     if (pre) c->scale = 1.0 / sqrt(pre);
     if (!rc) rc = window(c, cmd, root, ck->prefix, &theta);
-    json_decref(root);
+    json_decref(top);
     if (rc) return rc;
     c->heads = (long long)heads, c->kv_heads = (long long)kv, c->hidden = (long long)hidden;
     c->head_dim = hd ? (long long)hd : heads && hidden ? (long long)(hidden / heads) : 0;

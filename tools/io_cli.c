@@ -46,9 +46,17 @@ int cli_load_layer(const char *cmd, mha_layer **L, const cli_ckpt *ck, const cha
     cli_hf_config hc;
     int rc = s ? 0 : cli_hf_config_read(&hc, cmd, ck, path);
     if (rc) return rc;
+    const int from_config = !s && hc.found && ((!o.n_heads && hc.heads) || (!o.n_kv_heads && hc.kv_heads));
     if (!s && hc.found && !o.n_heads) o.n_heads = (int)hc.heads; /* --heads wins over config.json */
     if (!s && hc.found && !o.n_kv_heads) o.n_kv_heads = (int)hc.kv_heads;
     if (!s) s = mha_layer_load(L, path ? path : ck->weights, &o);
+    if (s == MHA_E_SHAPE && from_config) { /* the shapes refuse counts the user never typed: say where they came from */
+        char kv[48] = "";
+        if (o.n_kv_heads) snprintf(kv, sizeof kv, ", %d kv heads", o.n_kv_heads);
+        return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "%s (%d heads%s from the config.json beside the checkpoint: is "
+                             "it the config of another model? --heads and --kv-heads override it)", mha_last_error(),
+                             o.n_heads, kv);
+    }
     if (s) return cli_fail(cmd, s);
     if ((rc = cli_hf_config_check(&hc, cmd, mha_layer_config(*L)))) mha_layer_free(*L), *L = NULL;
     return rc;

@@ -113,9 +113,10 @@ def test_bloom_config_means_alibi(tmp_path):
     np.testing.assert_allclose(y, want, atol=2e-5)
 
 
-def llama(rs, norm=None):
+def llama(rs, norm=None, kv=H):
     p = "model.layers.0.self_attn."
-    w = {n: rnd(rs, D, D) for n in ("q", "k", "v", "o")}
+    w = {n: rnd(rs, D * (kv if n in "kv" else H) // H, D) for n in ("q", "k", "v")}
+    w["o"] = rnd(rs, D, D)
     t = {p + n + "_proj.weight": w[n] for n in w}
     if norm is not None:
         t[p + "q_norm.weight"], t[p + "k_norm.weight"] = norm
@@ -159,9 +160,9 @@ def windowed(q, k, v, wo, window):
     return z.transpose(1, 0, 2).reshape(T, -1) @ wo.T
 
 
-def two_layers(rs, norm=None):
-    w0, t = llama(rs, norm)
-    w1, t1 = llama(rs, norm)
+def two_layers(rs, norm=None, kv=H):
+    w0, t = llama(rs, norm, kv)
+    w1, t1 = llama(rs, norm, kv)
     t.update({k.replace("layers.0", "layers.1"): a for k, a in t1.items()})
     return (w0, w1), t
 
@@ -227,3 +228,39 @@ def test_gptj_fp16_masked_bias_buffer_is_not_a_weight(tmp_path):
     r = mha("run", "--weights", tmp_path, "--prefix", "transformer.h.0", "--input", tmp_path / "x.npy",
             "--output", tmp_path / "nan.npy", check=False)
     assert r.returncode != 0 and "transformer.h.0.attn.q_proj.weight[34] = nan" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("layer", [0, 1])
+def test_gemma3_multimodal_text_config(tmp_path, layer):
+    """Gemma 3 4B+ (and LLaVA, Mistral 3) nest the language model's settings
+    in text_config; its layers are language_model.model.layers.N."""
+    rs = np.random.RandomState(10)
+    qn, kn = (rs.randn(D // H).astype(np.float32) * 0.3 for _ in range(2))
+    ws, t = two_layers(rs, (qn, kn), kv=2)
+    t = {"language_model." + k: a for k, a in t.items()}
+    t["vision_tower.vision_model.encoder.layers.0.self_attn.q_proj.weight"] = rnd(rs, 48, 48)
+    text = {"model_type": "gemma3_text", "hidden_size": D, "num_attention_heads": H, "num_key_value_heads": 2,
+            "head_dim": D // H, "query_pre_attn_scalar": 2, "rope_theta": 1e6, "rope_local_base_freq": 1e4,
+            "sliding_window": 2, "sliding_window_pattern": 2, "rms_norm_eps": 1e-6}
+    cfg = {"model_type": "gemma3", "text_config": text,
+           "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 48, "num_attention_heads": 6}}
+    x, y = run(tmp_path, t, cfg, f"language_model.model.layers.{layer}")
+    w, theta = ws[layer], (1e4, 1e6)[layer]
+    q = rotate(rms(heads(x @ w["q"].T, H), 1 + qn, 1e-6), 8, theta, "halves")
+    k = rotate(rms(heads(x @ w["k"].T, 2), 1 + kn, 1e-6), 8, theta, "halves")
+    want = windowed(q * np.sqrt(8 / 2), k, heads(x @ w["v"].T, 2), w["o"], (2, T)[layer])
+    np.testing.assert_allclose(y, want, atol=2e-5)
+
+
+def test_head_count_of_another_models_config_names_config_json(tmp_path):
+    """A BERT-base config.json (12 heads) beside a 32-wide Llama layer: the
+    refusal says the 12 came from config.json, not from the user."""
+    _, t = llama(np.random.RandomState(11))
+    write_safetensors(tmp_path / "model.safetensors", t)
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert", "hidden_size": 768,
+                                                      "num_attention_heads": 12}))
+    np.save(tmp_path / "x.npy", np.zeros((T, D), np.float32))
+    np.save(tmp_path / "y.npy", np.ones(1, np.float32))
+    r = mha("run", "--weights", tmp_path, "--input", tmp_path / "x.npy", "--output", tmp_path / "y.npy", check=False)
+    assert r.returncode == 1 and "heads of 12" in r.stderr and "12 heads from the config.json" in r.stderr, r.stderr
+    assert np.load(tmp_path / "y.npy").tolist() == [1.0]
