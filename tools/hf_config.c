@@ -128,6 +128,9 @@ static int type_in(const char *type, const char *const *names) {
     return 0;
 }
 
+/* Falcon's model_type, and those of its first custom-code configs */
+static const char *const falcon[] = {"falcon", "RefinedWebModel", "RefinedWeb", NULL};
+
 /* What model_type implies that no key of config.json says: these families
  * always rotate q and k (Hugging Face's rope_theta defaults to 10000, and
  * older Llama, Falcon and GPT-NeoX configs omit it), GPT-J rotates
@@ -139,11 +142,11 @@ static int family(cli_hf_config *c, const char *cmd, json_t *root) {
     static const char *const rotary[] = {"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe",
                                          "gemma", "gemma2", "gemma3", "gemma3_text", "phi3", "phimoe", "olmo", "olmo2",
                                          "olmoe", "granite", "granitemoe", "starcoder2", "stablelm", "gpt_neox",
-                                         "gpt_oss", "falcon", NULL};
+                                         "gpt_oss", "falcon", "RefinedWebModel", "RefinedWeb", NULL};
     static const char *const gemma3[] = {"gemma3", "gemma3_text", NULL};
     const char *type = json_string_value(json_object_get(root, "model_type"));
     const int alibi = json_is_true(json_object_get(root, "alibi"));
-    c->alibi = type && (strcmp(type, "bloom") == 0 || (strcmp(type, "falcon") == 0 && alibi));
+    c->alibi = type && (strcmp(type, "bloom") == 0 || (type_in(type, falcon) && alibi));
     c->qk_norm_offset = type_in(type, gemma3);
     if (type && strcmp(type, "gptj") == 0) {
         double r = 0; /* null or absent: the whole head */
@@ -165,7 +168,7 @@ static int head_aliases(const char *cmd, json_t *root, double *heads, double *kv
     if (!rc && !*hidden) rc = number(cmd, root, "", "n_embd", 1, 1 << 24, 1, hidden);
     if (!rc && !*kv) rc = number(cmd, root, "", "num_kv_heads", 1, 4096, 1, kv);
     const char *type = json_string_value(json_object_get(root, "model_type"));
-    if (!rc && !*kv && type && strcmp(type, "falcon") == 0 && json_is_true(json_object_get(root, "multi_query")) &&
+    if (!rc && !*kv && type_in(type, falcon) && json_is_true(json_object_get(root, "multi_query")) &&
         !json_is_true(json_object_get(root, "new_decoder_architecture")))
         *kv = 1;
     return rc;

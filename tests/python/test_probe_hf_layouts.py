@@ -90,12 +90,13 @@ def test_gpt_neox_config_rotary_pct_in_megatron_layout(tmp_path):
     np.testing.assert_allclose(y, attention(q, k, heads(x @ wv.T + bv, H), wo, bo), atol=2e-5)
 
 
-def test_falcon_multi_query_config_without_rope_theta(tmp_path):
+@pytest.mark.parametrize("model_type", ["falcon", "RefinedWebModel"])  # the latter: Falcon's first configs
+def test_falcon_multi_query_config_without_rope_theta(tmp_path, model_type):
     rs = np.random.RandomState(2)
     wq, wk, wv, wo = rnd(rs, D, D), rnd(rs, D // H, D), rnd(rs, D // H, D), rnd(rs, D, D)
     p = "transformer.h.0.self_attention."
     t = {p + "query_key_value.weight": np.concatenate([wq, wk, wv]), p + "dense.weight": wo}
-    cfg = {"model_type": "falcon", "hidden_size": D, "n_head": H, "multi_query": True, "alibi": False,
+    cfg = {"model_type": model_type, "hidden_size": D, "n_head": H, "multi_query": True, "alibi": False,
            "new_decoder_architecture": False, "bias": False}
     x, y = run(tmp_path, t, cfg, "transformer.h.0")
     q, k = rotate(heads(x @ wq.T, H), 8, 1e4, "halves"), rotate(heads(x @ wk.T, 1), 8, 1e4, "halves")
