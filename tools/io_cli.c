@@ -50,7 +50,9 @@ int cli_load_layer(const char *cmd, mha_layer **L, const cli_ckpt *ck, const cha
     if (!s && hc.found && !o.n_heads) o.n_heads = (int)hc.heads; /* --heads wins over config.json */
     if (!s && hc.found && !o.n_kv_heads) o.n_kv_heads = (int)hc.kv_heads;
     if (!s) s = mha_layer_load(L, path ? path : ck->weights, &o);
-    if (s == MHA_E_SHAPE && from_config) { /* the shapes refuse counts the user never typed: say where they came from */
+    /* the shapes refuse head counts the user never typed: say where they came from (only then: a malformed
+     * tensor is refused as before) */
+    if (s == MHA_E_SHAPE && from_config && strstr(mha_last_error(), "do not split into")) {
         char kv[48] = "";
         if (o.n_kv_heads) snprintf(kv, sizeof kv, ", %d kv heads", o.n_kv_heads);
         return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "%s (%d heads%s from the config.json beside the checkpoint: is "

@@ -265,3 +265,10 @@ def test_head_count_of_another_models_config_names_config_json(tmp_path):
     r = mha("run", "--weights", tmp_path, "--input", tmp_path / "x.npy", "--output", tmp_path / "y.npy", check=False)
     assert r.returncode == 1 and "heads of 12" in r.stderr and "12 heads from the config.json" in r.stderr, r.stderr
     assert np.load(tmp_path / "y.npy").tolist() == [1.0]
+    # a malformed tensor beside a right config.json is the tensor's fault: no word of config.json
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": D,
+                                                      "num_attention_heads": H}))
+    t["model.layers.0.self_attn.o_proj.weight"] = np.zeros((16, 2 * D), np.float32)
+    write_safetensors(tmp_path / "model.safetensors", t)
+    r = mha("run", "--weights", tmp_path, "--input", tmp_path / "x.npy", "--output", tmp_path / "y.npy", check=False)
+    assert r.returncode == 1 and "has shape (16, 64)" in r.stderr and "config.json" not in r.stderr, r.stderr
