@@ -239,6 +239,21 @@ static int window(cli_hf_config *c, const char *cmd, json_t *root, const char *p
     return 0;
 }
 
+/* no_rope_layers (SmolLM 3, Llama 4): 1 where layer n rotates, 0 where it
+ * has no position encoding (NoPE). c->no_rope = 1 for a NoPE layer, -1
+ * when the entries differ and the prefix has no layer number. */
+static void nope(cli_hf_config *c, json_t *root, const char *prefix) {
+    json_t *a = json_object_get(root, "no_rope_layers");
+    const long long n = layer_index(prefix);
+    int mixed = 0, off = 0;
+    for (size_t i = 0; json_is_array(a) && i < json_array_size(a); i++) {
+        const int zero = json_is_number(json_array_get(a, i)) && json_number_value(json_array_get(a, i)) == 0;
+        mixed |= zero != (json_is_number(json_array_get(a, 0)) && json_number_value(json_array_get(a, 0)) == 0);
+        if ((long long)i == n || (n < 0 && i == 0)) off = zero;
+    }
+    c->no_rope = n < 0 && mixed ? -1 : off;
+}
+
 /* The part of config.json that describes the layer. Multimodal models
  * (Gemma 3, LLaVA, Mistral 3, CLIP, SigLIP) keep their towers' settings
  * in text_config and vision_config, not at the top level: a prefix naming
@@ -292,6 +307,8 @@ int cli_hf_config_read(cli_hf_config *c, const char *cmd, const cli_ckpt *ck, co
     if (!rc) rc = number(cmd, root, "", "attention_multiplier", 1e-30, 1e30, 0, &c->scale);
     if (pre) c->scale = 1.0 / sqrt(pre);
     if (!rc) rc = window(c, cmd, root, ck->prefix, &theta);
+    if (!rc) rc = number(cmd, root, "", "clip_qkv", 0, 1e30, 0, &c->clip_qkv);
+    if (!rc) nope(c, root, ck->prefix);
     json_decref(top);
     if (rc) return rc;
     c->heads = (long long)heads, c->kv_heads = (long long)kv, c->hidden = (long long)hidden;

@@ -185,6 +185,15 @@ int cli_apply_variants(mha_layer **L, cli_fwd *f, cli_variant_flags *vf, const c
                              "sliding_window keys and others globally, and --prefix names no layer; expected --prefix "
                              "with the layer's number (model.layers.N), or --window W");
     if (!vf->window && hc.window > 0) vf->window = hc.window; /* the layer's sliding_window; a flag wins */
+    if (hc.no_rope < 0 && !vf->rope)
+        return mha_cmd_error("run", MHA_EXIT_USAGE, "config.json: no_rope_layers gives some layers no rotary "
+                             "embedding, and --prefix names no layer; expected --prefix with the layer's number "
+                             "(model.layers.N)");
+    if (hc.clip_qkv) /* refused rather than run without it */
+        return mha_cmd_error("run", MHA_EXIT_RUNTIME, "config.json: clip_qkv is %g (OLMo clamps q, k and v to it); "
+                             "expected null: clamping the projections is not implemented", hc.clip_qkv);
+    if (hc.no_rope > 0) /* a NoPE layer: the file's rotary settings are not its own */
+        hc.rope = NULL, hc.rope_theta = 0, hc.rope_dim = 0, hc.rope_scale[0] = '\0';
     const char *rope = vf->rope ? vf->rope : hc.rope ? hc.rope : hc.rope_theta ? "halves" : NULL; /* rotate_half */
     const double theta = vf->rope_theta ? vf->rope_theta : hc.rope_theta;
     const long long rope_dim = vf->rope_dim ? vf->rope_dim : hc.rope_dim;

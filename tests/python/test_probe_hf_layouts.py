@@ -272,3 +272,24 @@ def test_head_count_of_another_models_config_names_config_json(tmp_path):
     write_safetensors(tmp_path / "model.safetensors", t)
     r = mha("run", "--weights", tmp_path, "--input", tmp_path / "x.npy", "--output", tmp_path / "y.npy", check=False)
     assert r.returncode == 1 and "has shape (16, 64)" in r.stderr and "config.json" not in r.stderr, r.stderr
+
+
+def test_no_rope_layers_and_clip_qkv(tmp_path):
+    """SmolLM 3's no_rope_layers: a 0 entry is a layer without rotary
+    (NoPE) despite rope_theta; OLMo's clip_qkv is refused, not ignored."""
+    rs = np.random.RandomState(12)
+    ws, t = two_layers(rs)
+    t = {k: a for k, a in t.items() if "_norm" not in k}
+    cfg = {"model_type": "smollm3", "hidden_size": D, "num_attention_heads": H, "rope_theta": 1e4,
+           "no_rope_layers": [1, 0]}
+    for layer in (0, 1):
+        x, y = run(tmp_path, t, cfg, f"model.layers.{layer}")
+        q, k = (heads(x @ ws[layer][n].T, H) for n in "qk")
+        if layer == 0:
+            q, k = rotate(q, 8, 1e4, "halves"), rotate(k, 8, 1e4, "halves")
+        np.testing.assert_allclose(y, attention(q, k, heads(x @ ws[layer]["v"].T, H), ws[layer]["o"]), atol=2e-5)
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "olmo", "hidden_size": D,
+                                                      "num_attention_heads": H, "rope_theta": 1e4, "clip_qkv": 8.0}))
+    r = mha("run", "--weights", tmp_path, "--prefix", "model.layers.0", "--input", tmp_path / "x.npy",
+            "--output", tmp_path / "clip.npy", check=False)
+    assert r.returncode == 1 and "clip_qkv is 8" in r.stderr and not (tmp_path / "clip.npy").exists(), r.stderr
