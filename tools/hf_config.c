@@ -226,7 +226,7 @@ static int slides(json_t *root, const char *type, long long n) {
  * the global theta: a wrong Y even for short inputs. */
 static int window(cli_hf_config *c, const char *cmd, json_t *root, const char *prefix, double *theta) {
     double w = 0;
-    int rc = number(cmd, root, "", "sliding_window", 1, 1 << 30, 1, &w);
+    int rc = number(cmd, root, "", "sliding_window", 0, 1 << 30, 1, &w); /* 0, like null: no window */
     const char *type = json_string_value(json_object_get(root, "model_type"));
     const int s = rc || !w ? 0 : slides(root, type, layer_index(prefix));
     if (rc || !s) return rc;

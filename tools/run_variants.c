@@ -156,7 +156,8 @@ static int parse_rope_scale(mha_rope *r, const char *spec) {
  * *buf (freed by the caller, after the layer is built); 0 or an exit code. */
 static int offset_norms(float **buf, const mha_config *c, mha_weights *w) {
     const size_t nq = (size_t)c->d_k * (c->qk_norm_per_head ? (size_t)c->n_heads : 1);
-    const size_t nk = (size_t)c->d_k * (c->qk_norm_per_head ? (size_t)c->n_kv_heads : 1);
+    const size_t hkv = (size_t)(c->n_kv_heads ? c->n_kv_heads : c->n_heads); /* 0 means h */
+    const size_t nk = (size_t)c->d_k * (c->qk_norm_per_head ? hkv : 1);
     float *b = malloc(sizeof(float) * (nq + nk));
     if (!b) return mha_cmd_error("run", MHA_EXIT_RUNTIME, "out of memory");
     for (size_t i = 0; i < nq; i++) b[i] = 1.0f + w->q_norm[i];
