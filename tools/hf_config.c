@@ -99,6 +99,10 @@ static int rope_scaling(const char *cmd, json_t *root, char *spec, size_t size) 
         return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: rope_scaling.rope_type is %s%s%s; expected "
                              "\"linear\", \"llama3\", \"yarn\" or \"default\"", kind ? "\"" : "",
                              kind ? kind : "missing or not a string", kind ? "\"" : "");
+    if (json_is_false(json_object_get(s, "truncate"))) /* gpt-oss: the ramp ends stay unrounded */
+        return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: rope_scaling.truncate is false; expected true "
+                             "or absent: YaRN with unrounded ramp ends (gpt-oss) is not implemented, and the "
+                             "rounded one differs by up to 5%% in the ramp's frequencies");
     static const char *const keys[] = {"factor", "low_freq_factor", "high_freq_factor",
                                        "original_max_position_embeddings", "beta_fast", "beta_slow",
                                        "attention_factor"};

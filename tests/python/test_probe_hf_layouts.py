@@ -293,3 +293,25 @@ def test_no_rope_layers_and_clip_qkv(tmp_path):
     r = mha("run", "--weights", tmp_path, "--prefix", "model.layers.0", "--input", tmp_path / "x.npy",
             "--output", tmp_path / "clip.npy", check=False)
     assert r.returncode == 1 and "clip_qkv is 8" in r.stderr and not (tmp_path / "clip.npy").exists(), r.stderr
+
+
+def test_yarn_without_truncation_is_refused(tmp_path):
+    """gpt-oss declares rope_scaling.truncate = false: Hugging Face then keeps
+    YaRN's ramp ends unrounded, which mha does not implement; refused, not
+    run with the rounded ramp."""
+    _, t = llama(np.random.RandomState(13))
+    write_safetensors(tmp_path / "model.safetensors", t)
+    yarn = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+            "original_max_position_embeddings": 4096, "truncate": False}
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt_oss", "hidden_size": D,
+                                                      "num_attention_heads": H, "rope_theta": 150000.0,
+                                                      "rope_scaling": yarn}))
+    np.save(tmp_path / "x.npy", np.zeros((T, D), np.float32))
+    r = mha("run", "--weights", tmp_path, "--input", tmp_path / "x.npy", "--output", tmp_path / "y.npy", check=False)
+    assert r.returncode == 1 and "rope_scaling.truncate is false" in r.stderr, r.stderr
+    assert not (tmp_path / "y.npy").exists()
+    yarn["truncate"] = True
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt_oss", "hidden_size": D,
+                                                      "num_attention_heads": H, "rope_theta": 150000.0,
+                                                      "rope_scaling": yarn}))
+    mha("run", "--weights", tmp_path, "--input", tmp_path / "x.npy", "--output", tmp_path / "y.npy")
