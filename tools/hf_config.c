@@ -165,13 +165,22 @@ static int family(cli_hf_config *c, const char *cmd, json_t *root) {
 }
 
 /* The head counts under the names the older configs use: GPT-J, BLOOM and
- * the first Falcon configs say n_head (and GPT-J n_embd), Falcon's
- * num_kv_heads (new_decoder_architecture) or multi_query (one kv head). */
-static int head_aliases(const char *cmd, json_t *root, double *heads, double *kv, double *hidden) {
+ * the first Falcon configs say n_head (and GPT-J n_embd), DistilBERT
+ * n_heads and dim, BART and Whisper encoder_/decoder_attention_heads (by
+ * the module the prefix names) and d_model, Falcon num_kv_heads
+ * (new_decoder_architecture) or multi_query (one kv head). */
+static int head_aliases(const char *cmd, json_t *root, const char *prefix, double *heads, double *kv,
+                        double *hidden) {
+    const char *side = prefix && strstr(prefix, "decoder") ? "decoder_attention_heads"
+                       : prefix && strstr(prefix, "encoder") ? "encoder_attention_heads" : NULL;
     int rc = *heads ? 0 : number(cmd, root, "", "n_head", 1, 4096, 1, heads);
+    if (!rc && !*heads) rc = number(cmd, root, "", "n_heads", 1, 4096, 1, heads);
+    if (!rc && !*heads && side) rc = number(cmd, root, "", side, 1, 4096, 1, heads);
     if (!rc && !*hidden) rc = number(cmd, root, "", "n_embd", 1, 1 << 24, 1, hidden);
-    if (!rc && !*kv) rc = number(cmd, root, "", "num_kv_heads", 1, 4096, 1, kv);
+    if (!rc && !*hidden) rc = number(cmd, root, "", "d_model", 1, 1 << 24, 1, hidden);
     const char *type = json_string_value(json_object_get(root, "model_type"));
+    if (!rc && !*hidden && type && strcmp(type, "distilbert") == 0) rc = number(cmd, root, "", "dim", 1, 1 << 24, 1, hidden);
+    if (!rc && !*kv) rc = number(cmd, root, "", "num_kv_heads", 1, 4096, 1, kv);
     if (!rc && !*kv && type_in(type, falcon) && json_is_true(json_object_get(root, "multi_query")) &&
         !json_is_true(json_object_get(root, "new_decoder_architecture")))
         *kv = 1;
@@ -297,7 +306,7 @@ int cli_hf_config_read(cli_hf_config *c, const char *cmd, const cli_ckpt *ck, co
     if (!rc) rc = number(cmd, root, "", "num_key_value_heads", 1, 4096, 1, &kv);
     if (!rc) rc = number(cmd, root, "", "head_dim", 1, 65536, 1, &hd);
     if (!rc) rc = number(cmd, root, "", "hidden_size", 1, 1 << 24, 1, &hidden);
-    if (!rc) rc = head_aliases(cmd, root, &heads, &kv, &hidden);
+    if (!rc) rc = head_aliases(cmd, root, ck->prefix, &heads, &kv, &hidden);
     if (!rc) rc = number(cmd, root, "", "rms_norm_eps", 1e-30, 1, 0, &c->qk_norm_eps);
     if (!rc) rc = family(c, cmd, root);
     if (!rc) rc = number(cmd, root, "", "rotary_emb_base", 1, 1e12, 0, &theta);

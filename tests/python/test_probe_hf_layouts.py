@@ -315,3 +315,21 @@ def test_yarn_without_truncation_is_refused(tmp_path):
                                                       "num_attention_heads": H, "rope_theta": 150000.0,
                                                       "rope_scaling": yarn}))
     mha("run", "--weights", tmp_path, "--input", tmp_path / "x.npy", "--output", tmp_path / "y.npy")
+
+
+@pytest.mark.parametrize("config,prefix", [
+    ({"model_type": "distilbert", "dim": D, "n_heads": H}, "distilbert.transformer.layer.0.attention"),
+    ({"model_type": "bart", "d_model": D, "encoder_attention_heads": H, "decoder_attention_heads": 2 * H},
+     "model.encoder.layers.0.self_attn"),
+    ({"model_type": "whisper", "d_model": D, "encoder_attention_heads": 2 * H, "decoder_attention_heads": H},
+     "model.decoder.layers.0.encoder_attn")])
+def test_encoder_head_count_names(tmp_path, config, prefix):
+    """DistilBERT's n_heads, BART's and Whisper's encoder_/decoder_attention_heads
+    (the side the prefix names) give the head count: no --heads needed."""
+    rs = np.random.RandomState(14)
+    names = ("q_lin", "k_lin", "v_lin", "out_lin") if "distil" in prefix else ("q_proj", "k_proj", "v_proj", "out_proj")
+    w = [rnd(rs, D, D) for _ in names]
+    t = {f"{prefix}.{n}.weight": a for n, a in zip(names, w)}
+    t.update({f"{prefix}.{n}.bias": np.zeros(D, np.float32) for n in names})
+    x, y = run(tmp_path, t, config, prefix)
+    np.testing.assert_allclose(y, attention(*(heads(x @ a.T, H) for a in w[:3]), w[3]), atol=2e-5)
