@@ -1,7 +1,8 @@
 /* hf_config.h — the config.json Hugging Face stores beside model.safetensors:
  * head counts, the rotary settings (rope_theta, rope_scaling,
- * partial_rotary_factor, head_dim), the soft-cap and the score scale as
- * defaults of an `hf` checkpoint's flags (docs/VARIANTS.md). Unknown keys
+ * partial_rotary_factor, head_dim), the soft-cap, the score scale, the
+ * layer's sliding window and what model_type implies, as defaults of an
+ * `hf` or `megatron` checkpoint's flags (docs/VARIANTS.md). Unknown keys
  * are ignored. */
 #ifndef MHA_TOOLS_HF_CONFIG_H
 #define MHA_TOOLS_HF_CONFIG_H
