@@ -42,7 +42,6 @@ that the working cases still work).
 - errors read 'mha_forward: mha_forward: B=0 ...': the binding prefixed
   the call's name to a message that already began with it.
 """
-import math
 
 import numpy as np
 import pytest
@@ -54,17 +53,13 @@ if torch is None:
 
 import mha  # noqa: E402
 import mha.nn  # noqa: E402
+from test_nn import randomize as randomize_nn  # noqa: E402
 
 E, H, B, T, S = 16, 4, 2, 5, 7
 
 
 def randomize(m, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in m.named_parameters():
-            bound = 1.0 if "bias" in name else 2.0 / math.sqrt(p.shape[-1])
-            p.copy_((torch.rand(p.shape, generator=gen) * 2 - 1) * bound)
-    return m
+    return randomize_nn(m, seed)  # test_nn's: every parameter random, biases too
 
 
 def pair(**kw):
