@@ -20,7 +20,6 @@
  * transpose walks one side at a 4*in-byte stride: 4.5x slower than this on
  * the P1 weights (bench/LOAD.md). */
 #include <math.h>
-#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
