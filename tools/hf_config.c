@@ -132,6 +132,11 @@ static int type_in(const char *type, const char *const *names) {
     return 0;
 }
 
+/* Cohere (Command R) and Cohere 2 (Command R7B): interleaved rotary; Cohere
+ * 2 rotates only its sliding layers (the global ones have no position
+ * encoding) */
+static const char *const cohere[] = {"cohere", "cohere2", NULL};
+
 /* Falcon's model_type, and those of its first custom-code configs */
 static const char *const falcon[] = {"falcon", "RefinedWebModel", "RefinedWeb", NULL};
 
@@ -152,7 +157,12 @@ static int family(cli_hf_config *c, const char *cmd, json_t *root) {
     const int alibi = json_is_true(json_object_get(root, "alibi"));
     c->alibi = type && (strcmp(type, "bloom") == 0 || (type_in(type, falcon) && alibi));
     c->qk_norm_offset = type_in(type, gemma3);
-    if (type && strcmp(type, "gptj") == 0) {
+    if (type_in(type, cohere) && json_is_true(json_object_get(root, "use_qk_norm")))
+        return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: use_qk_norm is true (Cohere's LayerNorm of q and "
+                             "k with a weight per head); expected false: that norm is not implemented");
+    if (type_in(type, cohere)) {
+        c->rope = "interleaved"; /* Cohere's rotate_half pairs dims 2i and 2i+1, as GPT-J's */
+    } else if (type && strcmp(type, "gptj") == 0) {
         double r = 0; /* null or absent: the whole head */
         int rc = number(cmd, root, "", "rotary_dim", 2, 65536, 1, &r);
         if (rc) return rc;
@@ -322,6 +332,13 @@ int cli_hf_config_read(cli_hf_config *c, const char *cmd, const cli_ckpt *ck, co
     if (!rc) rc = window(c, cmd, root, ck->prefix, &theta);
     if (!rc) rc = number(cmd, root, "", "clip_qkv", 0, 1e30, 0, &c->clip_qkv);
     if (!rc) nope(c, root, ck->prefix);
+    const char *type = json_string_value(json_object_get(root, "model_type"));
+    if (!rc && type && strcmp(type, "cohere2") == 0 &&
+        (json_object_get(root, "layer_types") || json_object_get(root, "sliding_window_pattern"))) {
+        /* NoPE on the global layers (-1: they differ and the prefix names no layer) */
+        const int s = slides(root, type, layer_index(ck->prefix));
+        c->no_rope = s < 0 ? -1 : !s;
+    }
     json_decref(top);
     if (rc) return rc;
     c->heads = (long long)heads, c->kv_heads = (long long)kv, c->hidden = (long long)hidden;

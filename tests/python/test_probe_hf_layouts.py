@@ -333,3 +333,28 @@ def test_encoder_head_count_names(tmp_path, config, prefix):
     t.update({f"{prefix}.{n}.bias": np.zeros(D, np.float32) for n in names})
     x, y = run(tmp_path, t, config, prefix)
     np.testing.assert_allclose(y, attention(*(heads(x @ a.T, H) for a in w[:3]), w[3]), atol=2e-5)
+
+
+@pytest.mark.parametrize("layer", [0, 3])
+def test_cohere_rotates_interleaved_and_cohere2_globals_have_no_rope(tmp_path, layer):
+    """Cohere's rotate_half pairs dims 2i and 2i+1 (GPT-J's pairing, the
+    whole head); Cohere 2 rotates and slides on all but every
+    sliding_window_pattern-th layer, whose attention is global without
+    position encoding; Cohere's per-head q/k LayerNorm is refused."""
+    rs = np.random.RandomState(14)
+    w, t = llama(rs, None, H)
+    t = {k.replace("layers.0", f"layers.{layer}"): a for k, a in t.items() if "_norm" not in k}
+    base = {"hidden_size": D, "num_attention_heads": H, "rope_theta": 1e4}
+    x, y = run(tmp_path, t, dict(base, model_type="cohere"), f"model.layers.{layer}")
+    q, k = (rotate(heads(x @ w[n].T, H), 8, 1e4, "interleaved") for n in "qk")
+    np.testing.assert_allclose(y, attention(q, k, heads(x @ w["v"].T, H), w["o"]), atol=2e-5)
+    cfg2 = dict(base, model_type="cohere2", sliding_window=2, sliding_window_pattern=4)
+    x, y = run(tmp_path, t, cfg2, f"model.layers.{layer}")
+    q, k = (heads(x @ w[n].T, H) for n in "qk")
+    if layer == 0:  # a sliding layer: rotated, window 2; layer 3 is global and NoPE
+        q, k = rotate(q, 8, 1e4, "interleaved"), rotate(k, 8, 1e4, "interleaved")
+    np.testing.assert_allclose(y, windowed(q, k, heads(x @ w["v"].T, H), w["o"], 2 if layer == 0 else T), atol=2e-5)
+    (tmp_path / "config.json").write_text(json.dumps(dict(base, model_type="cohere", use_qk_norm=True)))
+    r = mha("run", "--weights", tmp_path, "--prefix", f"model.layers.{layer}", "--input", tmp_path / "x.npy",
+            "--output", tmp_path / "norm.npy", check=False)
+    assert r.returncode == 1 and "use_qk_norm" in r.stderr and not (tmp_path / "norm.npy").exists(), r.stderr
