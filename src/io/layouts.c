@@ -378,8 +378,9 @@ static mha_status staged_alloc(staged *s) {
 static void put_rows_t(float *dst, int dst_cols, int c0, const float *src, int cols_src, int r0,
                        int n) {
     enum { BLK = 16 };
-    const int nt = (size_t)n * cols_src >= ((size_t)1 << 16) ? mha_get_num_threads() : 1;
-#pragma omp parallel for schedule(static) num_threads(nt)
+    /* OpenMP's team, as array.c's decodes (io/ does not reach compute/'s thread count) */
+    const int big = (size_t)n * cols_src >= ((size_t)1 << 16);
+#pragma omp parallel for schedule(static) if (big)
     for (int cb = 0; cb < cols_src; cb += BLK) /* dst rows cb .. cb+15 */
         for (int ib = 0; ib < n; ib += BLK) {
             const int c1 = cb + BLK < cols_src ? cb + BLK : cols_src, i1 = ib + BLK < n ? ib + BLK : n;
