@@ -147,13 +147,12 @@ static const char *const falcon[] = {"falcon", "RefinedWebModel", "RefinedWeb", 
  * "alibi": true use ALiBi instead, and Gemma 3's q/k RMSNorm scales by
  * 1 + weight (its weights are stored centred on 0). Without this a
  * checkpoint ran silently without its position encoding. */
-static int family(cli_hf_config *c, const char *cmd, json_t *root) {
+static int family(cli_hf_config *c, const char *cmd, json_t *root, const char *type) {
     static const char *const rotary[] = {"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe",
                                          "gemma", "gemma2", "gemma3", "gemma3_text", "phi3", "phimoe", "olmo", "olmo2",
                                          "olmoe", "granite", "granitemoe", "starcoder2", "stablelm", "gpt_neox",
                                          "gpt_oss", "falcon", "RefinedWebModel", "RefinedWeb", NULL};
     static const char *const gemma3[] = {"gemma3", "gemma3_text", NULL};
-    const char *type = json_string_value(json_object_get(root, "model_type"));
     const int alibi = json_is_true(json_object_get(root, "alibi"));
     c->alibi = type && (strcmp(type, "bloom") == 0 || (type_in(type, falcon) && alibi));
     c->qk_norm_offset = type_in(type, gemma3);
@@ -179,8 +178,8 @@ static int family(cli_hf_config *c, const char *cmd, json_t *root) {
  * n_heads and dim, BART and Whisper encoder_/decoder_attention_heads (by
  * the module the prefix names) and d_model, Falcon num_kv_heads
  * (new_decoder_architecture) or multi_query (one kv head). */
-static int head_aliases(const char *cmd, json_t *root, const char *prefix, double *heads, double *kv,
-                        double *hidden) {
+static int head_aliases(const char *cmd, json_t *root, const char *type, const char *prefix, double *heads,
+                        double *kv, double *hidden) {
     const char *side = prefix && strstr(prefix, "decoder") ? "decoder_attention_heads"
                        : prefix && strstr(prefix, "encoder") ? "encoder_attention_heads" : NULL;
     int rc = *heads ? 0 : number(cmd, root, "", "n_head", 1, 4096, 1, heads);
@@ -188,7 +187,6 @@ static int head_aliases(const char *cmd, json_t *root, const char *prefix, doubl
     if (!rc && !*heads && side) rc = number(cmd, root, "", side, 1, 4096, 1, heads);
     if (!rc && !*hidden) rc = number(cmd, root, "", "n_embd", 1, 1 << 24, 1, hidden);
     if (!rc && !*hidden) rc = number(cmd, root, "", "d_model", 1, 1 << 24, 1, hidden);
-    const char *type = json_string_value(json_object_get(root, "model_type"));
     if (!rc && !*hidden && type && strcmp(type, "distilbert") == 0) rc = number(cmd, root, "", "dim", 1, 1 << 24, 1, hidden);
     if (!rc && !*kv) rc = number(cmd, root, "", "num_kv_heads", 1, 4096, 1, kv);
     if (!rc && !*kv && type_in(type, falcon) && json_is_true(json_object_get(root, "multi_query")) &&
@@ -247,10 +245,10 @@ static int slides(json_t *root, const char *type, long long n) {
  * 10000, into *theta) without the global layers' rope_scaling. Before this, a Gemma 2/3,
  * Mistral or gpt-oss layer ran globally, and Gemma 3's local layers with
  * the global theta: a wrong Y even for short inputs. */
-static int window(cli_hf_config *c, const char *cmd, json_t *root, const char *prefix, double *theta) {
+static int window(cli_hf_config *c, const char *cmd, json_t *root, const char *type, const char *prefix,
+                  double *theta) {
     double w = 0;
     int rc = number(cmd, root, "", "sliding_window", 0, 1 << 30, 1, &w); /* 0, like null: no window */
-    const char *type = json_string_value(json_object_get(root, "model_type"));
     const int s = rc || !w ? 0 : slides(root, type, layer_index(prefix));
     if (rc || !s) return rc;
     c->window = s < 0 ? -1 : (long long)w;
@@ -312,13 +310,14 @@ int cli_hf_config_read(cli_hf_config *c, const char *cmd, const cli_ckpt *ck, co
     json_t *top = root;
     root = sub_config(top, ck->prefix);
     double heads = 0, kv = 0, hd = 0, hidden = 0, theta = 0, part = 0;
+    const char *type = json_string_value(json_object_get(root, "model_type")); /* what the family implies */
     int rc = number(cmd, root, "", "num_attention_heads", 1, 4096, 1, &heads);
     if (!rc) rc = number(cmd, root, "", "num_key_value_heads", 1, 4096, 1, &kv);
     if (!rc) rc = number(cmd, root, "", "head_dim", 1, 65536, 1, &hd);
     if (!rc) rc = number(cmd, root, "", "hidden_size", 1, 1 << 24, 1, &hidden);
-    if (!rc) rc = head_aliases(cmd, root, ck->prefix, &heads, &kv, &hidden);
+    if (!rc) rc = head_aliases(cmd, root, type, ck->prefix, &heads, &kv, &hidden);
     if (!rc) rc = number(cmd, root, "", "rms_norm_eps", 1e-30, 1, 0, &c->qk_norm_eps);
-    if (!rc) rc = family(c, cmd, root);
+    if (!rc) rc = family(c, cmd, root, type);
     if (!rc) rc = number(cmd, root, "", "rotary_emb_base", 1, 1e12, 0, &theta);
     if (!rc) rc = number(cmd, root, "", "rope_theta", 1, 1e12, 0, &theta);
     if (!rc) rc = number(cmd, root, "", "rotary_pct", 1e-9, 1, 0, &part);
@@ -329,10 +328,9 @@ int cli_hf_config_read(cli_hf_config *c, const char *cmd, const cli_ckpt *ck, co
     if (!rc) rc = number(cmd, root, "", "query_pre_attn_scalar", 1e-30, 1e30, 0, &pre);
     if (!rc) rc = number(cmd, root, "", "attention_multiplier", 1e-30, 1e30, 0, &c->scale);
     if (pre) c->scale = 1.0 / sqrt(pre);
-    if (!rc) rc = window(c, cmd, root, ck->prefix, &theta);
+    if (!rc) rc = window(c, cmd, root, type, ck->prefix, &theta);
     if (!rc) rc = number(cmd, root, "", "clip_qkv", 0, 1e30, 0, &c->clip_qkv);
     if (!rc) nope(c, root, ck->prefix);
-    const char *type = json_string_value(json_object_get(root, "model_type"));
     if (!rc && type && strcmp(type, "cohere2") == 0 &&
         (json_object_get(root, "layer_types") || json_object_get(root, "sliding_window_pattern"))) {
         /* NoPE on the global layers (-1: they differ and the prefix names no layer) */

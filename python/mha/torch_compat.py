@@ -26,14 +26,6 @@ _TORCH_KEYS = {
 }
 
 
-def _numpy(name, v):
-    """A numpy array from a numpy array or a torch tensor (a state dict's
-    parameters are copied, so requires_grad does not matter here; bfloat16
-    is widened to float32, a tensor off the CPU is refused naming it),
-    without importing torch."""
-    return host(name, v)
-
-
 def _find_prefix(keys, prefix=None):
     """The path before the one 'out_proj.weight' inside module prefix
     (None: anywhere; '': the top level; 'layers.0' and 'layers.0.' both mean module
@@ -73,8 +65,10 @@ def from_torch_state_dict(state_dict, num_heads, *, kdim=None, vdim=None, add_ze
         raise ArgumentError(f"prefix={prefix!r}; expected None or a module path such as 'layers.3'")
     sd = {k: v for k, v in state_dict.items()}
     prefix = _find_prefix(sd, prefix)
-    # None stands for an absent tensor (as a module's None parameter does)
-    own = {k[len(prefix):]: None if v is None else _numpy(k, v) for k, v in sd.items() if k.startswith(prefix)}
+    # None stands for an absent tensor (as a module's None parameter does); host(): numpy from a numpy
+    # array or a torch tensor (the parameters are copied, so requires_grad does not matter here;
+    # bfloat16 widened to float32, a tensor off the CPU refused naming it), without importing torch
+    own = {k[len(prefix):]: None if v is None else host(k, v) for k, v in sd.items() if k.startswith(prefix)}
     unknown = sorted(set(own) - set(_TORCH_KEYS))
     if unknown:
         raise ArgumentError(f"state dict entries {[prefix + u for u in unknown]} are not "
