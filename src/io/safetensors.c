@@ -172,7 +172,9 @@ static mha_status st_take(mha_tensors *t, const st_entry *e, const unsigned char
                           const mha_file_map *borrow, unsigned flags, const char *file) {
     mha_array a = e->a;
     mha_status s;
-    if ((flags & MHA_IO_UNCHECKED_FILL) && mha_io_name_fits(e->name, NULL, "masked_bias"))
+    const size_t n = strlen(e->name), f = strlen("masked_bias");
+    if ((flags & MHA_IO_UNCHECKED_FILL) && (n == f || (n > f && e->name[n - f - 1] == '.')) &&
+        strcmp(e->name + n - f, "masked_bias") == 0)
         flags |= MHA_IO_ALLOW_NONFINITE; /* a mask's fill value, never a weight (io_internal.h) */
     if (borrow && a.dtype == MHA_DTYPE_F32 && MHA_HOST_LE_F32 && a.count &&
         (uintptr_t)src % _Alignof(float) == 0) {
