@@ -28,8 +28,10 @@ install() {
   done
   [ -z "$missing" ] && return 0
   echo "setup.sh: installing$missing"
-  [ -n "$updated" ] || { $sudo apt-get update -qq; updated=1; }
-  $sudo apt-get install -y -qq --no-install-recommends $missing
+  # Another apt-get (a second make, a package manager) holds dpkg's lock:
+  # wait for it up to 10 minutes rather than fail at once.
+  [ -n "$updated" ] || { $sudo apt-get -o DPkg::Lock::Timeout=600 update -qq; updated=1; }
+  $sudo apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends $missing
 }
 
 install $want
