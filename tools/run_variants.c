@@ -212,6 +212,9 @@ int cli_apply_variants(mha_layer **L, cli_fwd *f, cli_variant_flags *vf, const c
     if ((theta || rope_dim || rope_scale) && !c.rope.pairing)
         return mha_cmd_error("run", MHA_EXIT_USAGE, "--rope-theta/--rope-dim/--rope-scale need --rope (or rotary "
                              "settings in the checkpoint)");
+    if (vf->rope_dim && (vf->rope_dim % 2 || vf->rope_dim > c.d_k)) /* named as the flag, before any work */
+        return mha_cmd_error("run", MHA_EXIT_USAGE, "--rope-dim is %lld; expected an even number in 2..%d (the "
+                             "layer's d_k)", vf->rope_dim, c.d_k);
     if (theta) c.rope.theta = theta;
     if (rope_dim) c.rope.dim = (int)rope_dim;
     if (rope_scale && (rc = parse_rope_scale(&c.rope, rope_scale))) return rc;

@@ -298,6 +298,22 @@ class MultiheadAttention(torch.nn.Module):
         bs = (None, None, None) if b is None else (b[:E], b[E:E + kvw], b[E + kvw:])
         return ws, bs
 
+    def _empty(self, args, B, T, S):
+        """torch's results for B = 0 or T = 0: y (B,T,E) and probs
+        (B,h,T,S') empty; y stays in the graph of every tensor in args, so
+        a backward gives them zero gradients as torch's does."""
+        x, k_src, v_src = args[:3]
+        for name, t, want in (("query", x, (B, T, self.embed_dim)), ("key", k_src, (B, S, self.kdim)),
+                              ("value", v_src, (B, S, self.vdim))):
+            if t is not None and tuple(t.shape) != want:  # batch-first view, as the library would say
+                raise ShapeError(f"{name} has shape {tuple(t.shape)} (batch first); expected {want}")
+        S_all = S + (self.bias_k is not None) + bool(self.add_zero_attn)
+        y = args[0].new_zeros(B, T, self.embed_dim)
+        anchor = [t.sum() * 0 for t in args if t is not None and t.requires_grad]
+        if anchor and torch.is_grad_enabled():
+            y = y + sum(anchor)
+        return y, args[0].new_zeros(B, self.num_heads, T, S_all)
+
     def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
                 average_attn_weights=True, is_causal=False):
         """(attn_output, attn_weights) as torch's: query (L,N,E) or (N,L,E)
@@ -343,7 +359,10 @@ class MultiheadAttention(torch.nn.Module):
         # whether autograd records this call (the tensors apply() sees, not self.parameters(): a
         # functional_call or a parametrization passes others)
         backward = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in args)
-        y, probs = _Attention.apply((cfg, opts, need_weights, backward), *args)
+        if B == 0 or T == 0:  # the library refuses empty inputs; torch returns empty results
+            y, probs = self._empty(args, B, T, S)
+        else:
+            y, probs = _Attention.apply((cfg, opts, need_weights, backward), *args)
         if batched and not self.batch_first:
             # contiguous, as torch's (L,N,E) output is: callers .view() it
             y = y.transpose(0, 1).contiguous()

@@ -205,15 +205,22 @@ def torch_forward(layer, query, key=None, value=None, key_padding_mask=None, nee
         else:
             opts["key_additive"] = p
 
-    if need_weights:
+    if B == 0 or T == 0:  # the library refuses empty inputs; torch returns empty results
+        c = layer._inputs(x, kv, vs)[0]  # the shapes still checked
+        S_all = S + bool(c["add_bias_kv"]) + bool(c["add_zero_attn"])
+        y, caps = np.zeros((B, T, c["d_model"]), np.float32), {"probs": np.zeros((B, h, T, S_all), np.float32)}
+    elif need_weights:
         y, caps = layer.forward(x, kv, vs, capture=("probs",), **opts)
+    else:
+        y, caps = layer.forward(x, kv, vs, **opts), None
+    if need_weights:
         w = caps["probs"]  # (B,h,T,S')
         if average_attn_weights:
             w = w.mean(axis=1, dtype=np.float64).astype(np.float32)
         if not batched:
             w = w[0]
     else:
-        y, w = layer.forward(x, kv, vs, **opts), None
+        w = None
     if not batched:
         y = y[0]
     elif not bf:

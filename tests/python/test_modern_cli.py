@@ -81,6 +81,17 @@ def test_llama_style_rope_flags(tmp_path):
         np.testing.assert_allclose(got, want, atol=2e-5, err_msg=str(dt))
 
 
+@pytest.mark.parametrize("dim", ["7", "10"])
+def test_rope_dim_flag_checked_against_d_k(tmp_path, dim):
+    """An odd --rope-dim, or one above the file's d_k (8), is a usage error
+    that names the flag, and no output appears."""
+    path, _, _ = llama_checkpoint(tmp_path)
+    p = mha("run", "--input", tmp_path / "x.npy", "--output", tmp_path / "y.npy", "--weights", path, "--heads", "4",
+            "--kv-heads", "2", "--rope", "halves", "--rope-dim", dim, check=False)
+    assert p.returncode == 2 and "--rope-dim is %s; expected an even number in 2..8" % dim in p.stderr, p.stderr
+    assert not (tmp_path / "y.npy").exists()
+
+
 def test_positions_shared_by_the_batch(tmp_path):
     """(T,) and (1, T) positions apply to every sequence of a (B, T, d) input:
     the same Y as the (B, T) array that repeats them; other spacings in

@@ -99,6 +99,18 @@ def test_self_attention(batch_first):
     check(t, m, q, k, v)
 
 
+@pytest.mark.parametrize("shapes", [((0, 3, 16), (0, 4, 16)), ((3, 0, 16), (3, 4, 16)), ((0, 16), (4, 16))],
+                         ids=["empty batch", "no queries", "unbatched, no queries"])
+def test_empty_inputs_give_empty_results_like_torch(shapes):
+    """B = 0 or T = 0 (the library refuses them) gives torch's empty output
+    and weights, and zero gradients for every input and parameter."""
+    t, m = pair(batch_first=True)
+    q, k, v = inputs(shapes[0], shapes[1], shapes[1], 4)
+    check(t, m, q, k, v)
+    with pytest.raises(mha.ShapeError, match="key has shape"):  # still checked against the query
+        m(q, torch.randn(5, *shapes[1][1:]) if len(shapes[1]) == 3 else torch.randn(4, 8), v)
+
+
 def test_distinct_query_key_value_tensors_same_width():
     t, m = pair()
     q, k, v = inputs((4, 2, 16), (6, 2, 16), (6, 2, 16), 2)

@@ -165,6 +165,23 @@ def test_unbatched_input(request):
                                                        average_attn_weights=False, path=p), want)
 
 
+@pytest.mark.parametrize("B,T,S", [(0, 3, 4), (2, 0, 4)], ids=["empty batch", "no queries"])
+@pytest.mark.parametrize("extra", [False, True], ids=["plain", "bias_kv+zero_attn"])
+def test_empty_inputs_give_empty_results_like_torch(request, B, T, S, extra):
+    """B = 0 or T = 0 (the library refuses them): torch's empty output and
+    weights, both averaged and per head; the key's shape still checked."""
+    m = torch_module(16, 2, batch_first=True, add_bias_kv=extra, add_zero_attn=extra, seed=5)
+    rng = np.random.default_rng(5)
+    x, kv = inputs(rng, B, T, 16, True), inputs(rng, B, S, 16, True)
+    layer = mha_from(m)
+    for average in (True, False):
+        want = run_torch(m, x, kv, kv, average_attn_weights=average) if B else (  # torch 1.13 fails at B = 0
+            np.zeros((0, T, 16), np.float32), np.zeros((0, T, S + 2 * extra) if average else (0, 2, T, S + 2 * extra)))
+        check_paths(request, lambda p: layer.torch_forward(x, kv, kv, average_attn_weights=average, path=p), want)
+    with pytest.raises(mha.ShapeError, match="kv has shape"):
+        layer.torch_forward(x, inputs(rng, B + 1, S, 16, True))
+
+
 def test_batch_first_from_layer_or_argument(request):
     m = torch_module(8, 2, batch_first=True, seed=4)
     x = inputs(np.random.default_rng(4), 2, 3, 8, True)
