@@ -29,7 +29,7 @@ SETUP_CORE = $(BUILD)/.setup-core
 SETUP_TEST = $(BUILD)/.setup-test
 SETUP_BENCH = $(BUILD)/.setup-bench
 
-.PHONY: all lib demo test test-c test-asan test-tsan test-python test-examples test-docs test-memory bench bench-load setup clean fuzz \
+.PHONY: all lib demo test test-c test-asan test-tsan test-archer test-python test-examples test-docs test-memory bench bench-load setup clean fuzz \
         check-layers check-exports test-install install uninstall mpi mpi-build \
         mutants mutants-ci coverage
 all: lib $(BUILD)/mha $(BUILD)/test_mha $(if $(HAVE_MPI),mpi-build)
@@ -126,6 +126,21 @@ test-tsan: $(SETUP_CORE)
 	$(MAKE) BUILD=build-tsan OPT="-O1 -fsanitize=thread -fno-omit-frame-pointer" build-tsan/test_mha
 	OMP_NUM_THREADS=1 TSAN_OPTIONS="halt_on_error=1 exitcode=66" ./build-tsan/test_mha concurrency
 
+# The whole C suite with OpenMP's own threads under ThreadSanitizer: clang
+# with LLVM's libomp and its Archer tool (libarcher.so tells TSan how
+# OpenMP synchronizes), two threads. gcc's libgomp is not instrumented,
+# which is why test-tsan runs one thread. ~5 minutes on two cores;
+# ARCHER_FILTER=NAME runs the tests whose names contain NAME.
+ARCHER_LIB = $(firstword $(wildcard /usr/lib/llvm-*/lib/libarcher.so))
+test-archer: $(SETUP_TEST)
+	@test -n "$(ARCHER_LIB)" || { echo "test-archer: no /usr/lib/llvm-*/lib/libarcher.so (Debian's libomp-dev; make setup)" >&2; exit 1; }
+	$(MAKE) CC=clang BUILD=build-archer OPT="-O1 -fsanitize=thread -fno-omit-frame-pointer" build-archer/test_mha
+	OMP_NUM_THREADS=2 OMP_TOOL_LIBRARIES=$(ARCHER_LIB) ARCHER_OPTIONS=verbose=1 MHA_TEST_PARSE_LIMIT_S=5 \
+	  TSAN_OPTIONS="halt_on_error=1 exitcode=66 ignore_noninstrumented_modules=1" \
+	  ./build-archer/test_mha $(ARCHER_FILTER) > build-archer/output.txt 2>&1; rc=$$?; cat build-archer/output.txt; \
+	  grep -q "Archer detected OpenMP application with TSan" build-archer/output.txt || \
+	  { echo "test-archer: Archer did not load ($(ARCHER_LIB)); the run proved nothing" >&2; exit 1; }; exit $$rc
+
 test-python: $(SETUP_TEST) lib $(BUILD)/mha
 	@if [ -n "$$(ls tests/python/test_*.py 2>/dev/null)" ]; then \
 	  $(PYTHON) -m pytest -q tests/python; fi
@@ -146,6 +161,7 @@ test: $(SETUP_TEST)
 	$(MAKE) test-c
 	$(MAKE) test-asan
 	$(MAKE) test-tsan
+	$(MAKE) test-archer
 	$(MAKE) test-python
 	$(MAKE) test-docs
 	$(MAKE) test-examples
@@ -261,4 +277,4 @@ bench-load: $(SETUP_TEST) $(BUILD)/mha $(BUILD)/bench_load_phases $(BUILD)/bench
 	$(PYTHON) bench/load/run.py $(BENCH_LOAD_ARGS)
 
 clean:
-	rm -rf build build-asan build-tsan build-cov
+	rm -rf build build-asan build-tsan build-archer build-cov

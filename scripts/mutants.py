@@ -34,6 +34,8 @@ SUITES = {
     "cli": (["build/mha"], ["sh", "tests/cli_test.sh", "./build/mha"]),
     "io_cli": (["build/mha"], ["sh", "tests/io_cli_test.sh", "./build/mha"]),
     "mpi": (["build/mha", "build/mha-mpi", "build/mpi_api_test"], ["sh", "tests/mpi_test.sh", "./build"]),
+    # OpenMP races: the fast forward's tests under TSan + Archer, two threads (clang builds its own tree)
+    "archer": ([], ["make", "--no-print-directory", "test-archer", "ARCHER_FILTER=fast_"]),
     "python": (["build/libmha.so", "build/mha"], [PYTHON, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
                                      "tests/python"]),
 }

@@ -708,7 +708,7 @@ static void backward_pack_panels_exact(void) {
  * AddressSanitizer, whose shadow memory and quarantine are not the
  * library's. */
 static void memory_peak(int with_tape) {
-#if defined(__SANITIZE_ADDRESS__)
+#if TEST_SANITIZED
     if (1) return;
 #endif
     const char *env = getenv("MHA_TEST_MEMORY_T");

@@ -213,7 +213,7 @@ static void test_workspace_concurrent(void) {
     mha_workspace_free(w);
 }
 
-#if !defined(__SANITIZE_ADDRESS__) /* ASan's allocator places and touches its blocks its own way */
+#if !TEST_SANITIZED /* ASan's allocator places and touches its blocks its own way */
 /* The line starting with key in /proc/self/smaps for the mapping holding
  * addr, into line (n bytes); 0 where the file, the mapping or the line is
  * not found. */
@@ -304,7 +304,7 @@ static void test_calloc_large_zeroed_huge(void) {
         for (size_t i = 0; i < bytes; i++) nonzero += p[i] != 0;
         CHECK_INT((long)nonzero, 0);
         memset(p, 1, bytes); /* touch every page */
-#if !defined(__SANITIZE_ADDRESS__)
+#if !TEST_SANITIZED
         if (thp_on_request() && huge_pages_free()) {
             long kb = huge_kb_at((uintptr_t)p + ((size_t)4 << 20));
             CHECK(kb >= 2048); /* at least one of the whole 2 MiB ranges */
@@ -341,7 +341,7 @@ static void test_alloc_large_whole_huge_pages(void) {
     p = mha_alloc_large(bytes);
     CHECK(p != NULL);
     if (!p) return;
-#if !defined(__SANITIZE_ADDRESS__)
+#if !TEST_SANITIZED
     /* the whole block is advised, its last partial 2 MiB too */
     const int advised = huge_advised_at((uintptr_t)p);
     if (thp_on_request() && advised >= 0) { /* madvise sets no flag without THP */

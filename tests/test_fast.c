@@ -641,8 +641,8 @@ static void test_fast_value_source(void) { run_value_source_cases(); }
  * AddressSanitizer, whose shadow memory and quarantine are not the
  * library's: a skip CI accepts, since the plain build runs it. */
 static void test_fast_memory_peak(void) {
-#if defined(__SANITIZE_ADDRESS__)
-    SKIP(TEST_SKIP_ALLOWED_IN_CI, NULL, "peak RSS is not measurable under AddressSanitizer");
+#if TEST_SANITIZED
+    SKIP(TEST_SKIP_ALLOWED_IN_CI, NULL, "peak RSS is not measurable under a sanitizer");
 #endif
     const char *env = getenv("MHA_TEST_MEMORY_T");
     const int T = env ? atoi(env) : 2048, D = 768;

@@ -10,6 +10,20 @@
 
 #include "mha.h"
 
+/* 1 in a sanitizer build, whose shadow memory and allocator are not the
+ * library's (peak-memory tests skip): gcc defines __SANITIZE_*__, clang
+ * answers __has_feature. */
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define TEST_SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define TEST_SANITIZED 1
+#endif
+#endif
+#ifndef TEST_SANITIZED
+#define TEST_SANITIZED 0
+#endif
+
 typedef void (*test_fn)(void);
 typedef struct {
     const char *name;
@@ -36,6 +50,8 @@ typedef enum { TEST_SKIP_ISA, TEST_SKIP_DEPENDENCY, TEST_SKIP_ALLOWED_IN_CI } te
 /* Marks the running test skipped; `isa` is a __builtin_cpu_supports name
  * (TEST_SKIP_ISA only, else NULL). The test then returns. */
 void test_skip(test_skip_kind kind, const char *isa, const char *reason);
+/* Whether the compiler's CPUID check finds `isa` (avx2, fma, f16c, avx512f). */
+int test_machine_has(const char *isa);
 #define SKIP(kind, isa, reason)                                                \
     do {                                                                       \
         test_skip((kind), (isa), (reason));                                    \
