@@ -39,6 +39,14 @@ typedef struct {
     float *add, *ka;
 } tile_opts;
 
+/* Whether query position p may attend key `key` by position alone: the
+ * statement of core/mask.c's rule (causal, the window, StreamingLLM's sink
+ * keys kept besides the left edge) on global positions. */
+static int pair_allowed(const mha_options *g, long p, long key) {
+    if ((g->causal && key > p) || (g->window_right >= 0 && key > p + g->window_right)) return 0;
+    return !(g->window_left >= 0 && key < p - g->window_left) || key < g->sink_tokens;
+}
+
 static int tile_make(tile_opts *t, const mha_options *g, int B, int T, int S, int i0, int Tc, int j0,
                      int Sc, int *fail) {
     memset(t, 0, sizeof *t);
@@ -48,9 +56,7 @@ static int tile_make(tile_opts *t, const mha_options *g, int B, int T, int S, in
     int any = 0, all = 1;
     for (int i = 0; i < Tc; i++)
         for (int j = 0; j < Sc; j++) {
-            long p = i0 + i + shift, key = j0 + j;
-            int ok = !(g->causal && key > p) && !(g->window_left >= 0 && key < p - g->window_left) &&
-                     !(g->window_right >= 0 && key > p + g->window_right);
+            int ok = pair_allowed(g, i0 + i + shift, j0 + j);
             any |= ok, all &= ok;
         }
     if (!any) return 0;
@@ -62,9 +68,7 @@ static int tile_make(tile_opts *t, const mha_options *g, int B, int T, int S, in
         for (int bh = 0; bh < Bm * Hm; bh++)
             for (int i = 0; i < Tc; i++)
                 for (int j = 0; j < Sc; j++) {
-                    long p = i0 + i + shift, key = j0 + j;
-                    int ok = !(g->causal && key > p) && !(g->window_left >= 0 && key < p - g->window_left) &&
-                             !(g->window_right >= 0 && key > p + g->window_right);
+                    int ok = pair_allowed(g, i0 + i + shift, j0 + j);
                     if (ok && km->data) ok = ((const uint8_t *)km->data)[((size_t)bh * T + i0 + i) * S + j0 + j] != 0;
                     t->keep[(size_t)bh * tile + (size_t)i * Sc + j] = (uint8_t)ok;
                 }
@@ -192,9 +196,6 @@ static void ring_limits(char *msg, size_t cap, const mha_config *c, const mha_op
     if (what)
         snprintf(msg, cap, "--split sequence (mha_mpi_forward_sequence) does not support the layer's %s; expected "
                  "--split heads (mha_mpi_forward_heads)", what);
-    else if (g->sink_tokens)
-        snprintf(msg, cap, "--split sequence (mha_mpi_forward_sequence): options.sink_tokens = %d is not supported; "
-                 "expected 0, or --split heads (mha_mpi_forward_heads)", g->sink_tokens);
     else if (g->bf16_matmul)
         snprintf(msg, cap, "--split sequence (mha_mpi_forward_sequence): options.bf16_matmul = %d is not supported "
                  "(the ring projects in fp32); expected 0, or --split heads (mha_mpi_forward_heads)", g->bf16_matmul);
@@ -232,11 +233,13 @@ mha_status mha_mpi_forward_sequence(const mha_layer *layer, float *y, const mha_
     const int want_z = cap && cap->z, want_c = cap && cap->contributions;
     const long long same[] = {B, T, S, D, h, h_kv, d_k, d_v, self, want_z, want_c, g.causal, (long long)g.align,
                               (long long)g.masked_row, g.keep_mask.data != NULL, g.additive_mask.data != NULL,
-                              g.key_keep != NULL, g.key_additive != NULL, g.interventions != NULL};
+                              g.key_keep != NULL, g.key_additive != NULL, g.interventions != NULL,
+                              g.window_left, g.window_right, g.sink_tokens};
     const char *names[] = {"B", "T", "S", "d_model", "h", "h_kv", "d_k", "d_v", "self-attention", "--save-z",
                            "--save-contributions", "causal", "causal alignment", "masked rows", "attn_mask (bool)",
-                           "attn_mask (float)", "key padding (bool)", "key padding (float)", "--ablate"};
-    mha_status s = mha_mpi_check_same(comm, same, 19, names);
+                           "attn_mask (float)", "key padding (bool)", "key padding (float)", "--ablate",
+                           "window_left", "window_right", "sink_tokens"};
+    mha_status s = mha_mpi_check_same(comm, same, (int)(sizeof same / sizeof same[0]), names);
     if (s) return s;
     char msg[512] = "";
     if (T < 2 * P || S < 2 * P)

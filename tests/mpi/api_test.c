@@ -56,10 +56,21 @@ int main(int argc, char **argv) {
     int P;
     MPI_Comm_size(comm, &P);
     EXPECT(mha_mpi_check_same(comm, v, rank ? 2 : 3, names), P > 1 ? MHA_E_ARG : MHA_OK, P > 1 ? "the same n" : NULL);
-    // --- what the ring does not do: refused, not ignored
+    // --- a window with a sink key on the ring: rank 0's y is mha_forward's
+    // (query 7 sees keys 5..7 and key 0, whose chunk is otherwise skipped)
     mha_options o = mha_options_default();
-    o.window_left = 2, o.sink_tokens = 1;
-    EXPECT(mha_mpi_forward_sequence(L, y, NULL, x, NULL, B, T, T, &o, comm, NULL), MHA_E_UNSUPPORTED, "sink_tokens");
+    o.causal = 1, o.window_left = 2, o.sink_tokens = 1;
+    float want[B * T * D];
+    EXPECT(mha_forward(L, want, NULL, x, NULL, B, T, T, &o), MHA_OK, NULL);
+    EXPECT(mha_mpi_forward_sequence(L, y, NULL, x, NULL, B, T, T, &o, comm, NULL), MHA_OK, NULL);
+    double err = 0.0;
+    for (int i = 0; rank == 0 && i < B * T * D; i++) err = fmax(err, fabs((double)y[i] - want[i]));
+    checks++;
+    if (err > 1e-5) fprintf(stderr, "FAIL rank %d: sink keys on the ring: max |y - mha_forward| = %g\n", rank, err), fails++;
+    o.window_left = rank ? 3 : 2; /* options differ between ranks: refused on every rank */
+    EXPECT(mha_mpi_forward_sequence(L, y, NULL, x, NULL, B, T, T, &o, comm, NULL), P > 1 ? MHA_E_SHAPE : MHA_OK,
+           P > 1 ? "window_left" : NULL);
+    // --- what the ring does not do: refused, not ignored
     o = mha_options_default();
     o.bf16_matmul = 1;
     EXPECT(mha_mpi_forward_sequence(L, y, NULL, x, NULL, B, T, T, &o, comm, NULL), MHA_E_UNSUPPORTED, "bf16_matmul");
