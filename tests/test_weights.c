@@ -473,6 +473,19 @@ static mha_tensors *int8_bias(mha_tensors *t) {
     return t;
 }
 
+/* codes the int8 rule never makes: refused, not cast (a float beyond
+ * int8 cast to int8_t is undefined; -128 exceeds 127 * scale) */
+static mha_tensors *set_code(mha_tensors *t, float code, const char *scale_name, float scale) {
+    ((mha_array *)mha_tensors_get(t, "w_q"))->f[0] = code;
+    if (scale_name) scale_data(t, scale_name)[0] = scale;
+    return t;
+}
+static mha_tensors *code_minus_128(mha_tensors *t) { return set_code(t, -128.0f, NULL, 0.0f); }
+static mha_tensors *code_beyond_int8(mha_tensors *t) { return set_code(t, 1000.0f, NULL, 0.0f); }
+static mha_tensors *code_fraction(mha_tensors *t) { return set_code(t, 0.5f, NULL, 0.0f); }
+static mha_tensors *code_with_zero_scale(mha_tensors *t) { return set_code(t, 5.0f, "w_q_scale", 0.0f); }
+static mha_tensors *code_overflows(mha_tensors *t) { return set_code(t, 127.0f, "w_q_scale", 1e38f); }
+
 static void test_file_refusals(void) {
     expect_refused("negative scale", "w_k_scale'[3] = -0.5", negative_scale);
     expect_refused("NaN scale", "w_v_scale'[0]", nan_scale);
@@ -483,6 +496,11 @@ static void test_file_refusals(void) {
     expect_refused("missing scale", "w_o_scale", missing_scale);
     expect_refused("int8 without weights_dtype", "'w_q' is int8", undeclared_int8);
     expect_refused("int8 bias", "'b_q' is int8", int8_bias);
+    expect_refused("code -128", "'w_q'[0][0] = -128", code_minus_128);
+    expect_refused("code 1000", "expected an integer in [-127, 127]", code_beyond_int8);
+    expect_refused("code 0.5", "'w_q'[0][0] = 0.5", code_fraction);
+    expect_refused("code with scale 0", "expected 0, as its scale is 0", code_with_zero_scale);
+    expect_refused("code * scale = inf", "q * scale is finite", code_overflows);
 }
 
 /* int8 weights in another layout (no scales can come with them): an

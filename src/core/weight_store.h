@@ -46,8 +46,8 @@ static inline int mha_wstore_group_of(int k, int seg) {
  * changes. */
 mha_status mha_wstore_build(mha_wstore **out, const mha_config *c, mha_weight_dtype dtype,
                             const float *const src[MHA_N_MATS]);
-/* An I8 store holding q[m] (K, N) (integers in [-128, 127], as float: a
- * file's I8 tensors) and scale[m] (groups, N) as given. */
+/* An I8 store holding q[m] (K, N) (integers in [-127, 127], as float: a
+ * file's I8 tensors, checked by the reader) and scale[m] (groups, N) as given. */
 mha_status mha_wstore_from_i8(mha_wstore **out, const mha_config *c, const float *const q[MHA_N_MATS],
                               const float *const scale[MHA_N_MATS]);
 void mha_wstore_free(mha_wstore *s);

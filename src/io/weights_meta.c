@@ -42,6 +42,29 @@ static mha_status read_scale(float **out, const mha_tensors *t, const char *pref
     return MHA_OK;
 }
 
+/* The codes of matrix m (K, N), I8 widened to float (or any float when
+ * the tensors were built in memory): integers in [-127, 127], the
+ * symmetric range the scales are defined for (-128 would exceed its
+ * group's max |w| = 127 * scale; a non-integer or one beyond int8 has no
+ * int8 form at all), and 0 wherever the scale is 0 (an all-zero group),
+ * and each code times its scale finite. */
+static mha_status check_codes(const mha_array *w, const float *scale, int m, int seg) {
+    const int K = w->shape[0], N = w->shape[1];
+    for (int k = 0; k < K; k++)
+        for (int j = 0; j < N; j++) {
+            const float q = w->f[(size_t)k * N + j];
+            const float sc = scale[(size_t)mha_wstore_group_of(k, seg) * N + j];
+            const char *why = !(q >= -127.0f && q <= 127.0f) || q != truncf(q) ? "an integer in [-127, 127]"
+                              : sc == 0.0f && q != 0.0f                       ? "0, as its scale is 0"
+                              : !isfinite(q * sc)                             ? "a code whose value q * scale is finite"
+                                                                              : NULL;
+            if (why)
+                return mha_fail(MHA_E_FORMAT, "tensor '%s'[%d][%d] = %g (scale %g in %s); expected %s", mat_names[m],
+                                k, j, (double)q, (double)sc, scale_names[m], why);
+        }
+    return MHA_OK;
+}
+
 mha_status mha_io_weights_read(mha_weight_dtype *dtype, float *scale[MHA_N_MATS], const mha_tensors *t,
                                const char *prefix, const mha_array *const w[MHA_N_MATS], const mha_config *c) {
     *dtype = MHA_W_F32;
@@ -59,7 +82,9 @@ mha_status mha_io_weights_read(mha_weight_dtype *dtype, float *scale[MHA_N_MATS]
     if (!lay || strcmp(lay, INT8_LAYOUT) != 0)
         return mha_fail(MHA_E_FORMAT, "metadata int8_scales = '%.40s'; expected '" INT8_LAYOUT "'",
                         lay ? lay : "(missing)");
-    for (int m = 0; m < MHA_N_MATS && !s; m++) s = read_scale(&scale[m], t, prefix, m, mha_wstore_groups(c, m), w[m]->shape[1]);
+    for (int m = 0; m < MHA_N_MATS && !s; m++)
+        if (!(s = read_scale(&scale[m], t, prefix, m, mha_wstore_groups(c, m), w[m]->shape[1])))
+            s = check_codes(w[m], scale[m], m, mha_wstore_segment(c, m));
     return s;
 }
 
