@@ -899,8 +899,9 @@ typedef enum {
      * key or value row (along d_k / d_v; a shorter last block when d is
      * not a multiple of 32): 1.125 bytes per element. Symmetric: scale =
      * max|x| / 127 over the block, q = x / scale rounded to nearest, ties
-     * to even; an all-zero block has scale 0 and q = 0. Dequantized
-     * (q * scale) on load, arithmetic in fp32. Error: docs/CACHE.md. */
+     * away from zero (roundf), clamped to +-127; an all-zero block has
+     * scale 0 and q = 0. Dequantized (q * scale) on load, arithmetic in
+     * fp32. Error: docs/CACHE.md. */
     MHA_CACHE_I8 = 2
 } mha_cache_dtype;
 

@@ -294,9 +294,10 @@ class Layer(COwner):
 
     def convert_weights(self, dtype):
         """mha_layer_convert_weights: store the projections as 'bf16' (round
-        to nearest even) or 'int8' (per output column, fp32 scales); 'f32'
-        keeps the rounded values in fp32. weights() then shows the stored
-        values; save/load keep the dtype (docs/WEIGHTS.md)."""
+        to nearest even) or 'int8' (symmetric, one fp32 scale per output
+        column and group of 32 inputs); 'f32' keeps the rounded values in
+        fp32. weights() then shows the stored values; save/load keep the
+        dtype (docs/WEIGHTS.md)."""
         code = _enum("dtype", dtype, _lib.WEIGHT_DTYPES)
         with self._borrow(exclusive=True) as ptr:
             check(_L.mha_layer_convert_weights(ptr, code), "mha_layer_convert_weights")
