@@ -472,6 +472,17 @@ run run --weights $T/hf_int8.safetensors --heads 4 --input $T/x.npy --output $T/
 expect_error 1 "q_proj.weight' is int8; expected a floating dtype"
 run run --weights $T/native.safetensors --input $T/x_nan.npy --output $T/y.npy
 expect_error 1 "finite"
+# an int8 checkpoint loads; one whose code is -128 (outside the symmetric
+# range) is refused by run and convert, and their outputs stay as they were
+run run --weights $T/native_int8.safetensors --input $T/x.npy --output $T/y_int8.npy
+expect_ok
+printf KEEP >$T/keep_int8
+for cmd in "run --weights $T/int8_code_128.safetensors --input $T/x.npy --output $T/keep_int8" \
+    "convert --from native --to native --to-dtype bf16 $T/int8_code_128.safetensors $T/keep_int8"; do
+    run $cmd
+    expect_error 1 "tensor 'w_k'[0][0] = -128 (scale 0.00787402 in w_k_scale); expected an integer in [-127, 127]"
+    [ "$(cat $T/keep_int8)" = KEEP ] || fail "$last: changed its output"
+done
 # bf16 projections need bf16 weights; with them the run succeeds
 run run --weights $T/native.safetensors --input $T/x.npy --output $T/y_bf16mm.npy --bf16-matmul
 expect_error 1 "bf16 weights"

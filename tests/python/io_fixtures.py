@@ -189,6 +189,18 @@ def make(d):
     q = "model.layers.0.self_attn.q_proj.weight"
     i8[q] = np.clip(np.round(i8[q] * 127), -127, 127).astype(np.int8)
     write_safetensors(d + "/hf_int8.safetensors", i8)
+    # a native int8 file (weights_dtype int8, scales (groups, N): one group
+    # of 32 inputs, W_O's restarting at each head's rows), valid; then with
+    # one code -128, outside the symmetric [-127, 127] the scales are for
+    i8n = dict(w)
+    for m, groups in (("w_q", 1), ("w_k", 1), ("w_v", 1), ("w_o", h)):
+        i8n[m] = np.clip(np.round(w[m] * 127), -127, 127).astype(np.int8)
+        i8n[m + "_scale"] = np.full((groups, w[m].shape[1]), 1 / 127, np.float32)
+    i8_meta = {**native_meta(h, h_kv, dh), "weights_dtype": "int8", "int8_scales": "per_32_inputs"}
+    write_safetensors(d + "/native_int8.safetensors", i8n, i8_meta)
+    i8n["w_k"] = i8n["w_k"].copy()
+    i8n["w_k"][0, 0] = -128
+    write_safetensors(d + "/int8_code_128.safetensors", i8n, i8_meta)
     # metadata n_heads "0" (a bad value, not a missing one); a uint8 w_q
     write_safetensors(d + "/nheads_0.safetensors", w, dict(native_meta(h, h_kv, dh), n_heads="0"))
     for key in ("n_kv_heads", "d_k", "d_v"):  # sizes as well: "0" was read as absent
