@@ -901,7 +901,8 @@ typedef enum {
      * max|x| / 127 over the block, q = x / scale rounded to nearest, ties
      * away from zero (roundf), clamped to +-127; an all-zero block has
      * scale 0 and q = 0. Dequantized (q * scale) on load, arithmetic in
-     * fp32. Error: docs/CACHE.md. */
+     * fp32; an element of FLT_MAX, which would read back as infinity, is
+     * refused (MHA_E_NONFINITE). Error: docs/CACHE.md. */
     MHA_CACHE_I8 = 2
 } mha_cache_dtype;
 

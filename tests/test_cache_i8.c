@@ -19,6 +19,7 @@
  *    fp32 cache's own error against the unquantized reference, doubled,
  *    plus e_q / 10 for such rare flips; again tol < e_q / 2 is checked.
  * Legend: B sequences, T tokens, h, h_kv heads, d_k, d_v, D = d_model. */
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -659,7 +660,53 @@ static void test_mixed_bytes(void) {
     mha_layer_free(f.L), naive_weights_free(&f.w);
 }
 
+/* ------------------------------------------------------- FLT_MAX */
+
+/* FLT_MAX reads back from int8 as 127 * (FLT_MAX / 127) = inf (the only
+ * finite float that does): refused before anything is stored, by append
+ * (V) and by the cached forward (K = b_k with W_Q = 0, so that no score
+ * bound refuses it first); an fp32 cache takes the same call. */
+static void test_flt_max(void) {
+    mha_config r = naive_resolve(naive_config(16, 2, 1, 8, 8, 1));
+    naive_weights w;
+    uint64_t seed = 21;
+    naive_weights_random(&w, &r, &seed, 0.3f);
+    memset(w.w_q, 0, sizeof(float) * 16 * 16), memset(w.b_q, 0, sizeof(float) * 16);
+    w.b_k[3] = FLT_MAX;
+    mha_layer *L = naive_make_layer(&w);
+    float *x = naive_random_floats(2 * 16, &seed, -1.0f, 1.0f), y[2 * 16]; /* x (2, 16): two tokens */
+    const mha_cache_dtype types[3][2] = {{MHA_CACHE_I8, MHA_CACHE_I8}, {MHA_CACHE_I8, MHA_CACHE_F16},
+                                         {MHA_CACHE_F32, MHA_CACHE_F32}};
+    for (int i = 0; i < 3; i++) {
+        mha_cache *c = NULL;
+        CHECK_OK(mha_cache_create_kv(&c, L, 1, 8, types[i][0], types[i][1], 0));
+        if (!c) continue;
+        const mha_status s = mha_forward_cached(L, c, y, NULL, x, 2, NULL, NULL);
+        if (i < 2) {
+            CHECK_INT(s, MHA_E_NONFINITE);
+            CHECK_ERROR_MENTIONS("K of sequence 0 kv head 0 reaches 3.40282e+38, which this cache's int8 reads back");
+            CHECK_INT(mha_cache_length(c, 0), 0);
+        } else {
+            CHECK_INT(s, MHA_OK);
+            CHECK(mha_first_nonfinite(y, 2 * 16, 0) == 2 * 16);
+        }
+        mha_cache_free(c);
+    }
+    float kv[8] = {1.0f, -2.0f, 0.5f, 0.0f, 3.0f, 1.0f, 1.0f, 1.0f}, big[8] = {1.0f, -FLT_MAX, 0.5f};
+    mha_cache *c = NULL;
+    CHECK_OK(mha_cache_create_kv(&c, L, 1, 8, MHA_CACHE_F32, MHA_CACHE_I8, 0));
+    if (c) {
+        CHECK_STATUS(mha_cache_append(c, kv, big, 1, NULL), MHA_E_NONFINITE);
+        CHECK_ERROR_MENTIONS("v[1] = -3.40282e+38 (sequence 0): this cache stores it in int8");
+        CHECK_INT(mha_cache_length(c, 0), 0);
+        CHECK_OK(mha_cache_append(c, big, kv, 1, NULL)); /* K is fp32 here */
+    }
+    mha_cache_free(c), mha_layer_free(L), naive_weights_free(&w);
+    free(x);
+}
+
 static const test_case cases[] = {
+    {"cache_i8_flt_max", test_flt_max},
     {"cache_i8_storage_format", test_storage_format},
     {"cache_i8_kernels_bits", test_kernels_bits},
     {"cache_i8_attend_mha", test_attend_mha},

@@ -338,6 +338,11 @@ static mha_status rows_finite(const float *a, const mha_cache *c, const int *n, 
                 return mha_fail(MHA_E_NONFINITE, "%s[%zu] = %g (sequence %d) is beyond float16's largest 65504 (this "
                                 "cache stores it in float16); expected |value| < 65520, or an fp32 or int8 cache",
                                 name, first + j, (double)a[first + j], b);
+        for (size_t j = 0; dt == MHA_CACHE_I8 && j < count; j++)
+            if (mha_cache_q8_overflows(dt, fabsf(a[first + j])))
+                return mha_fail(MHA_E_NONFINITE, "%s[%zu] = %g (sequence %d): this cache stores it in int8, which "
+                                "reads it back as 127 * (%g / 127) = inf; expected |value| < FLT_MAX, or an fp32 cache",
+                                name, first + j, (double)a[first + j], b, (double)a[first + j]);
     }
     return MHA_OK;
 }

@@ -7,6 +7,7 @@
 #define MHA_CACHE_INTERNAL_H
 
 #include <limits.h>
+#include <math.h>
 
 #include "compute/decode_gemm.h"
 #include "compute/workspace.h"
@@ -101,10 +102,17 @@ static inline float mha_cache_key_at(const mha_cache *c, const mha_decode_kernel
 }
 
 /* Whether a finite magnitude m stored as dt would become infinity:
- * float16 rounds |x| >= 65520 up to inf (65504 is its largest); fp32 and
- * int8 (scaled per block) hold every finite float. */
+ * float16 rounds |x| >= 65520 up to inf (65504 is its largest); fp32
+ * holds every finite float. */
 static inline int mha_cache_f16_overflows(mha_cache_dtype dt, double m) {
     return dt == MHA_CACHE_F16 && !(m < 65520.0);
+}
+
+/* The same for int8: a block whose largest magnitude is m reads back as
+ * 127 * (m / 127) in fp32, two roundings that pass FLT_MAX for m = FLT_MAX
+ * (every smaller float stays finite); the quantizer's own arithmetic. */
+static inline int mha_cache_q8_overflows(mha_cache_dtype dt, double m) {
+    return dt == MHA_CACHE_I8 && !isfinite(127.0f * ((float)m / 127.0f));
 }
 
 /* The largest L2 norm of the keys sequence b's kv head g still holds (its

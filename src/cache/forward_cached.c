@@ -336,6 +336,12 @@ static mha_status check_range(const mha_exec *ex, const cached_plan *p, mha_cach
                                 "float16's largest 65504 (this cache stores it in float16); nothing was appended; "
                                 "expected |%s| < 65520, or an fp32 or int8 cache", k_over ? "K" : "V", b, g,
                                 k_over ? kabs : vmax, k_over ? "K" : "V");
+            const int k_q8 = mha_cache_q8_overflows(c->kt, kabs);
+            if (k_q8 || mha_cache_q8_overflows(c->vt, vmax))
+                return mha_fail(MHA_E_NONFINITE, "mha_forward_cached: %s of sequence %d kv head %d reaches %g, which "
+                                "this cache's int8 reads back as 127 * (%g / 127) = inf; nothing was appended; "
+                                "expected |%s| < FLT_MAX, or an fp32 cache", k_q8 ? "K" : "V", b, g,
+                                k_q8 ? kabs : vmax, k_q8 ? kabs : vmax, k_q8 ? "K" : "V");
             if (!(vmax <= FLT_MAX / (c->cap + 2.0)))
                 return mha_fail(MHA_E_NONFINITE, "mha_forward_cached: V of sequence %d kv head %d reaches %g, "
                                 "beyond the fp32 range its weighted sums need; nothing was appended", b, g, vmax);
