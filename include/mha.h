@@ -225,7 +225,10 @@ MHA_API const mha_config *mha_layer_config(const mha_layer *layer);
  *         (float)q * scale[g][j]; an all-zero group has scale 0, q = 0.
  *         Groups run along d_model for W_Q, W_K, W_V and restart at each
  *         head's d_v rows of W_O (so they move with the heads); a
- *         segment's last group may be shorter. */
+ *         segment's last group may be shorter.
+ * A weight the type cannot hold is MHA_E_ARG: bf16 |w| >= 0x1.ffp127
+ * (rounds to infinity), int8 |w| = FLT_MAX (127 * (FLT_MAX / 127) rounds
+ * to infinity). */
 typedef enum {
     MHA_W_F32 = 0,  /* the default: fp32, unchanged                      */
     MHA_W_BF16 = 1, /* 2 bytes a weight                                  */

@@ -12,6 +12,7 @@
  * The accuracy of each type against the original fp32 layer is held to
  * the bounds of docs/WEIGHTS.md.
  * Legend: B batch, T tokens, h, h_kv heads, D = d_model. */
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -417,6 +418,28 @@ static void roundtrip(mha_weight_dtype dt) {
     remove(path);
     wcase_free(&f);
 }
+/* A weight of FLT_MAX reads back from int8 as 127 * (FLT_MAX / 127) =
+ * inf: the conversion is refused naming it, and the layer stays fp32 with
+ * its weights (the way bf16 refuses a weight that rounds to infinity). */
+static void test_int8_flt_max(void) {
+    mha_config r = naive_resolve(naive_config(32, 4, 2, 0, 0, 0));
+    naive_weights w;
+    uint64_t seed = 17;
+    naive_weights_random(&w, &r, &seed, 0.3f);
+    w.w_k[37] = -FLT_MAX;
+    mha_layer *L = naive_make_layer(&w);
+    CHECK_STATUS(mha_layer_convert_weights(L, MHA_W_I8), MHA_E_ARG);
+    CHECK_ERROR_MENTIONS("weights.w_k[37] = -3.40282e+38 reads back as infinity in int8");
+    CHECK_INT(mha_layer_weights_dtype(L), MHA_W_F32);
+    mha_weights v;
+    mha_layer_get_weights(L, &v);
+    CHECK(v.w_k[37] == -FLT_MAX && v.w_q[0] == w.w_q[0]);
+    w.w_k[37] = -nextafterf(FLT_MAX, 0.0f); /* the next float down is held */
+    CHECK_OK(mha_layer_set_weights(L, &(mha_weights){.w_q = w.w_q, .w_k = w.w_k, .w_v = w.w_v, .w_o = w.w_o}));
+    CHECK_OK(mha_layer_convert_weights(L, MHA_W_I8));
+    mha_layer_free(L), naive_weights_free(&w);
+}
+
 static void test_file_bf16(void) { roundtrip(MHA_W_BF16); }
 static void test_file_int8(void) { roundtrip(MHA_W_I8); }
 
@@ -609,6 +632,7 @@ const test_case *tests_weights(size_t *count) {
         {"weights_stream_kernels_rows", test_stream_kernels_rows},
         {"weights_accuracy_bf16", test_accuracy_bf16},
         {"weights_accuracy_int8", test_accuracy_int8},
+        {"weights_int8_flt_max", test_int8_flt_max},
         {"weights_file_bf16", test_file_bf16},
         {"weights_file_int8", test_file_int8},
         {"weights_file_refusals", test_file_refusals},

@@ -43,14 +43,17 @@ static mha_status to_bf16(uint16_t *dst, const float *w, size_t count, const cha
         dst[i] = mha_bf16_round_bits(w[i]);
         if ((dst[i] & 0x7fffu) == 0x7f80u)
             return mha_fail(MHA_E_ARG, "weights.%s[%zu] = %g rounds to infinity in bfloat16; expected "
-                            "|w| < 3.3961e38", name, i, (double)w[i]);
+                            "|w| < 0x1.ffp127 (3.3961775e38)", name, i, (double)w[i]);
     }
     return MHA_OK;
 }
 
 /* w (K, N) -> q (K, N) and scale (groups, N): per output column and
- * group of inputs, symmetric, the rule of mha.h (MHA_W_I8). */
-static void to_i8(int8_t *q, float *scale, const float *w, int K, int N, int seg, int groups) {
+ * group of inputs, symmetric, the rule of mha.h (MHA_W_I8). MHA_E_ARG for
+ * a group whose largest |w| reads back as infinity: 127 * (max / 127)
+ * rounds past FLT_MAX when max = FLT_MAX. */
+static mha_status to_i8(int8_t *q, float *scale, const float *w, int K, int N, int seg, int groups,
+                        const char *name) {
     for (size_t e = 0; e < (size_t)groups * N; e++) scale[e] = 0.0f;
     for (int k = 0; k < K; k++) /* max |w| of each (group, column) */
         for (int j = 0; j < N; j++) {
@@ -63,8 +66,13 @@ static void to_i8(int8_t *q, float *scale, const float *w, int K, int N, int seg
         for (int j = 0; j < N; j++) {
             float r = s[j] > 0.0f ? roundf(w[(size_t)k * N + j] / s[j]) : 0.0f; /* half away from 0 */
             q[(size_t)k * N + j] = (int8_t)(r > 127.0f ? 127 : r < -127.0f ? -127 : r);
+            if (!isfinite((float)q[(size_t)k * N + j] * s[j]))
+                return mha_fail(MHA_E_ARG, "weights.%s[%zu] = %g reads back as infinity in int8 (127 * (%g / 127)); "
+                                "expected |w| < FLT_MAX", name, (size_t)k * N + j, (double)w[(size_t)k * N + j],
+                                (double)w[(size_t)k * N + j]);
         }
     }
+    return MHA_OK;
 }
 
 mha_status mha_wstore_build(mha_wstore **out, const mha_config *c, mha_weight_dtype dtype,
@@ -85,9 +93,9 @@ mha_status mha_wstore_build(mha_wstore **out, const mha_config *c, mha_weight_dt
             const int groups = mha_wstore_groups(c, m);
             s->i8[m] = malloc(count + 1);
             s->scale[m] = malloc((size_t)groups * N * sizeof(float) + 1);
-            if (s->i8[m] && s->scale[m])
-                to_i8(s->i8[m], s->scale[m], src[m], K, N, mha_wstore_segment(c, m), groups);
-            else st = MHA_E_NOMEM;
+            st = s->i8[m] && s->scale[m] ? to_i8(s->i8[m], s->scale[m], src[m], K, N, mha_wstore_segment(c, m),
+                                                 groups, mat_name[m])
+                                          : MHA_E_NOMEM;
         }
         if (st) {
             mha_wstore_free(s);

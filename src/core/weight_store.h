@@ -42,7 +42,7 @@ static inline int mha_wstore_group_of(int k, int seg) {
 }
 
 /* A store of dtype for src[m] (rows, cols by mha_wstore_shape), or
- * MHA_E_ARG (a value bf16 cannot hold) / MHA_E_NOMEM; nothing else
+ * MHA_E_ARG (a value bf16 or int8 cannot hold) / MHA_E_NOMEM; nothing else
  * changes. */
 mha_status mha_wstore_build(mha_wstore **out, const mha_config *c, mha_weight_dtype dtype,
                             const float *const src[MHA_N_MATS]);
