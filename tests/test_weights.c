@@ -467,6 +467,12 @@ static mha_tensors *short_scale(mha_tensors *t) {
     ((mha_array *)mha_tensors_get(t, "w_q_scale"))->shape[1] = 31;
     return t;
 }
+/* the right 32 scales as a vector: the message shows the file's shape */
+static mha_tensors *rank1_scale(mha_tensors *t) {
+    mha_array *a = (mha_array *)mha_tensors_get(t, "w_q_scale");
+    a->rank = 1, a->shape[0] = 32, a->shape[1] = 1;
+    return t;
+}
 static mha_tensors *wrong_layout(mha_tensors *t) { mha_tensors_set_meta(t, "int8_scales", "per_output_column"); return t; }
 static mha_tensors *wrong_dtype(mha_tensors *t) {
     ((mha_array *)mha_tensors_get(t, "w_o"))->dtype = MHA_DTYPE_F32;
@@ -513,6 +519,7 @@ static void test_file_refusals(void) {
     expect_refused("negative scale", "w_k_scale'[3] = -0.5", negative_scale);
     expect_refused("NaN scale", "w_v_scale'[0]", nan_scale);
     expect_refused("short scale", "expected F32 (1, 32)", short_scale);
+    expect_refused("rank-1 scale", "'w_q_scale' is float32 of shape (32); expected F32 (1, 32)", rank1_scale);
     expect_refused("scale layout", "per_32_inputs", wrong_layout);
     expect_refused("tensor dtype", "'w_o' is float32", wrong_dtype);
     expect_refused("unknown dtype", "int4", unknown_dtype);

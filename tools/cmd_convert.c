@@ -15,7 +15,7 @@ int cmd_convert(int argc, char **argv) {
         {.name = "--to", .kind = MHA_ARG_STRING, .dest = &to, .metavar = "L",
          .help = "layout written (native)", .required = 1, .choices = "native"},
         {.name = "--to-dtype", .kind = MHA_ARG_STRING, .dest = &to_dtype, .metavar = "T",
-         .help = "store W_Q, W_K, W_V, W_O as bf16 or int8 (per-column scales); default: as loaded "
+         .help = "store W_Q, W_K, W_V, W_O as bf16 or int8 (a scale per column and 32 inputs); default: as loaded "
                  "(docs/WEIGHTS.md)", .choices = "f32|bf16|int8"},
     };
     mha_command_spec spec = {

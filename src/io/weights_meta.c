@@ -7,6 +7,7 @@
  * their files are as before.
  * Legend: K rows (inputs), N columns (outputs) of a matrix. */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -27,10 +28,14 @@ static mha_status read_scale(float **out, const mha_tensors *t, const char *pref
     if (!a)
         return mha_fail(MHA_E_FORMAT, "weights_dtype = int8 but tensor '%s' is missing; expected the F32 "
                         "scales of %s, (%d, %d)", scale_names[m], mat_names[m], G, N);
-    if (a->dtype != MHA_DTYPE_F32 || a->rank != 2 || a->shape[0] != G || a->shape[1] != N)
-        return mha_fail(MHA_E_FORMAT, "tensor '%s' is %s of rank %d, (%d, %d); expected F32 (%d, %d): one scale per "
-                        "group of 32 inputs and output column of %s", scale_names[m], mha_dtype_name(a->dtype),
-                        a->rank, a->shape[0], a->rank > 1 ? a->shape[1] : 0, G, N, mat_names[m]);
+    if (a->dtype != MHA_DTYPE_F32 || a->rank != 2 || a->shape[0] != G || a->shape[1] != N) {
+        char shape[64] = "(";
+        for (int i = 0; i < a->rank; i++) /* the file's shape, rank 0..4 */
+            snprintf(shape + strlen(shape), sizeof shape - strlen(shape), i ? ", %d" : "%d", a->shape[i]);
+        return mha_fail(MHA_E_FORMAT, "tensor '%s' is %s of shape %s); expected F32 (%d, %d): one scale per group of "
+                        "32 inputs and output column of %s", scale_names[m], mha_dtype_name(a->dtype), shape, G, N,
+                        mat_names[m]);
+    }
     const size_t n = (size_t)G * N;
     for (size_t j = 0; j < n; j++)
         if (!isfinite(a->f[j]) || a->f[j] < 0.0f)
