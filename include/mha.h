@@ -817,6 +817,8 @@ typedef struct {
  * mha_layer_load reads. Only those blocks are copied out of the mapped
  * file, and only they are checked: another head's NaN does not stop the
  * load (F32 tensors; other dtypes are decoded whole while mapped).
+ * A bf16 or int8 native file's shard keeps that dtype (int8: with its
+ * heads' scales), as mha_layer_load keeps it for the whole layer.
  * Y of the full layer = sum over a partition of the heads of each shard's
  * Y without b_O, plus b_O. */
 MHA_API mha_status mha_layer_load_heads(mha_layer **out, const char *path, const mha_load_options *opt,

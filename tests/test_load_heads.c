@@ -424,7 +424,38 @@ static void load_heads_labels_and_ranges(void) {
     rmdir(dir);
 }
 
+/* A bf16 or int8 native file (mha convert --to-dtype) loads by heads as
+ * it loads whole: each shard keeps the dtype, its weights are the full
+ * layer's blocks bit for bit (int8: the columns' scales, and W_O's
+ * per-head groups, d_v = 40 being two of them), its Y the full one's
+ * share. P = 4 puts heads of one kv group in different shards. */
+static void load_heads_compact_weights(void) {
+    const mha_weight_dtype types[2] = {MHA_W_BF16, MHA_W_I8};
+    for (int i = 0; i < 2; i++) {
+        mha_config c = naive_resolve(naive_config(48, 4, 2, 24, 40, 1));
+        uint64_t seed = 1777;
+        naive_weights w;
+        naive_weights_random(&w, &c, &seed, 0.6f);
+        mha_layer *L = naive_make_layer(&w), *full = NULL;
+        const char *path = path_of(i ? "int8.safetensors" : "bf16.safetensors");
+        CHECK_OK(mha_layer_convert_weights(L, types[i]));
+        CHECK_OK(mha_layer_save(L, path));
+        CHECK_OK(mha_layer_load(&full, path, NULL));
+        for (int P = 2; full && P <= 4; P += 2) {
+            check_shards(path, full, P, mha_weight_dtype_name(types[i]));
+            mha_head_range rg = {.first = 4 - 4 / P, .count = 4 / P};
+            mha_layer *S = NULL;
+            CHECK_OK(mha_layer_load_heads(&S, path, NULL, &rg));
+            CHECK_INT(mha_layer_weights_dtype(S), types[i]);
+            mha_layer_free(S);
+        }
+        mha_layer_free(full), mha_layer_free(L), naive_weights_free(&w);
+        unlink(path);
+    }
+}
+
 static const test_case cases[] = {
+    {"load_heads_compact_weights", load_heads_compact_weights},
     {"load_heads_every_layout", load_heads_every_layout},
     {"load_heads_hf_fused_qkv", load_heads_hf_fused_qkv},
     {"load_heads_bert_names", load_heads_bert_names},

@@ -43,8 +43,8 @@ static part plain(const mha_array *a, int trans, int base, int d) { return (part
 
 /* The one tensor named prefix+suffix (or ending in "."suffix); NULL when
  * absent, an error when required or ambiguous. */
-static mha_status find(const mha_array **out, const mha_tensors *t, const char *prefix, const char *suffix,
-                       int required) {
+static mha_status find_of(const mha_array **out, const mha_tensors *t, const char *prefix, const char *suffix,
+                          int required, int i8) {
     *out = NULL;
     for (int i = 0; i < t->n; i++) {
         if (!mha_io_name_fits(t->items[i].name, prefix, suffix)) continue;
@@ -52,7 +52,12 @@ static mha_status find(const mha_array **out, const mha_tensors *t, const char *
         *out = &t->items[i].a;
     }
     if (!*out && required) return mha_fail(MHA_E_FORMAT, "no tensor named '[prefix.]%s'", suffix);
-    return *out ? mha_io_want_real(*out, suffix) : MHA_OK;
+    return *out && !(i8 && (*out)->dtype == MHA_DTYPE_I8) ? mha_io_want_real(*out, suffix) : MHA_OK;
+}
+
+static mha_status find(const mha_array **out, const mha_tensors *t, const char *prefix, const char *suffix,
+                       int required) {
+    return find_of(out, t, prefix, suffix, required, 0);
 }
 
 static mha_status want(const mha_array *a, const char *name, int d0, int d1) {
@@ -113,8 +118,11 @@ static mha_status describe(source *src, const mha_tensors *t, const mha_load_opt
     c->n_heads = h;
     switch (o->layout) {
     case MHA_LAYOUT_NATIVE: /* w_* (in, out), w_o (h*d_v, D) */
-        if ((s = find(&a[0], t, P, "w_q", 1)) || (s = find(&a[1], t, P, "w_k", 1)) ||
-            (s = find(&a[2], t, P, "w_v", 1)) || (s = find(&a[3], t, P, "w_o", 1)))
+        /* int8 only where the metadata declares the weights' dtype, as
+         * mha_layer_load: the native loader then checks the shard */
+        const int i8 = mha_tensors_meta(t, "weights_dtype") != NULL;
+        if ((s = find_of(&a[0], t, P, "w_q", 1, i8)) || (s = find_of(&a[1], t, P, "w_k", 1, i8)) ||
+            (s = find_of(&a[2], t, P, "w_v", 1, i8)) || (s = find_of(&a[3], t, P, "w_o", 1, i8)))
             return s;
         if (a[0]->rank != 2 || a[1]->rank != 2 || a[2]->rank != 2 || a[3]->rank != 2)
             return mha_fail(MHA_E_SHAPE, "native layout: w_q, w_k, w_v, w_o must be matrices");
@@ -326,6 +334,38 @@ static mha_status default_slopes(mha_tensors *nt, const mha_config *c, int first
 }
 
 /* The native tensor set of heads [first, first+n) and kv heads [g0, g0+g). */
+/* A bf16 or int8 native file's shard keeps its stored form: the copied
+ * matrices keep the file's dtype (their floats are the bf16 values or the
+ * int8 codes) and each int8 scale tensor (groups, N) gives the shard's
+ * columns (W_Q, W_K, W_V: the heads' column blocks) or rows (W_O: each
+ * head's ceil(d_v/32) groups); a scale of another shape goes as it is, for
+ * the native loader to name. */
+static mha_status narrow_stored(mha_tensors *nt, const source *src, const mha_tensors *t, const char *prefix,
+                                int first, int n, int g0, int g) {
+    static const char *const wn[4] = {"w_q", "w_k", "w_v", "w_o"};
+    static const char *const sn[4] = {"w_q_scale", "w_k_scale", "w_v_scale", "w_o_scale"};
+    const mha_config *c = &src->c;
+    const int d[4] = {c->d_k, c->d_k, c->d_v, (c->d_v + 31) / 32}; /* W_O: scale rows per head */
+    const int h0[4] = {first, g0, g0, first}, cnt[4] = {n, g, g, n};
+    const int rows[4] = {(c->d_model + 31) / 32, (c->d_kv_in + 31) / 32, (c->d_v_in + 31) / 32, c->n_heads * d[3]};
+    const int cols[4] = {c->n_heads * c->d_k, c->n_kv_heads * c->d_k, c->n_kv_heads * c->d_v, c->d_model};
+    mha_status s = MHA_OK;
+    for (int m = 0; m < 4 && !s; m++) {
+        const mha_array *file = m < 3 ? src->w[m].a : src->o.a, *sc;
+        ((mha_array *)mha_tensors_get(nt, wn[m]))->dtype = file->dtype; /* the values are unchanged */
+        if (file->dtype != MHA_DTYPE_I8 || (s = find(&sc, t, prefix, sn[m], 0)) || !sc) continue;
+        if (sc->dtype != MHA_DTYPE_F32 || sc->rank != 2 || sc->shape[0] != rows[m] || sc->shape[1] != cols[m]) {
+            s = mha_tensors_add(nt, sn[m], sc);
+            continue;
+        }
+        const part pp = plain(sc, 0, 0, d[m]);
+        float *p;
+        if (m < 3 && (p = add(nt, sn[m], rows[m], cnt[m] * d[m], &s))) take_w(p, &pp, rows[m], h0[m], cnt[m], d[m]);
+        if (m == 3 && (p = add(nt, sn[m], cnt[m] * d[m], cols[m], &s))) take_o(p, &pp, cols[m], h0[m], cnt[m], d[m]);
+    }
+    return s;
+}
+
 static mha_status narrow(mha_tensors **out, const source *src, const mha_tensors *t, const char *prefix,
                          int first, int n, int g0, int g) {
     const mha_config *c = &src->c;
@@ -338,6 +378,7 @@ static mha_status narrow(mha_tensors **out, const source *src, const mha_tensors
     if ((p = add(nt, "w_k", c->d_kv_in, g * dk, &s))) take_w(p, &src->w[1], c->d_kv_in, g0, g, dk);
     if ((p = add(nt, "w_v", c->d_v_in, g * dv, &s))) take_w(p, &src->w[2], c->d_v_in, g0, g, dv);
     if ((p = add(nt, "w_o", n * dv, D, &s))) take_o(p, &src->o, D, first, n, dv);
+    if (!s) s = narrow_stored(nt, src, t, prefix, first, n, g0, g);
     static const char *const nb[3] = {"b_q", "b_k", "b_v"};
     for (int i = 0; i < 3; i++) {
         const int h0 = i ? g0 : first, cnt = i ? g : n, d = i == 2 ? dv : dk;
@@ -438,10 +479,10 @@ mha_status mha_layer_load_heads(mha_layer **out, const char *path, const mha_loa
     const int g0 = s ? 0 : first / group, g = s ? 0 : (first + n - 1) / group - g0 + 1;
     if (!s) s = narrow(&nt, &src, t, src.prefix, first, n, g0, g);
     mha_load_options native = {.layout = MHA_LAYOUT_NATIVE};
-    if (!s && (s = mha_layer_from_tensors(out, nt, &native)) == MHA_E_NONFINITE) { /* shard indices: say whose */
-        char msg[300];
+    if (!s && ((s = mha_layer_from_tensors(out, nt, &native)) == MHA_E_NONFINITE || s == MHA_E_FORMAT)) {
+        char msg[300]; /* the shard's indices and shapes: say whose */
         snprintf(msg, sizeof msg, "%s", mha_last_error());
-        s = mha_fail(s, "%s (the index is into this shard of query heads %d..%d and kv heads %d..%d of the file)",
+        s = mha_fail(s, "%s (indices and shapes are those of this shard of query heads %d..%d and kv heads %d..%d of the file)",
                      msg, first, first + n - 1, g0, g0 + g - 1);
     }
     if (!s && range->labels) { /* the file's labels of these heads: W_Q, W_O, W_K, W_V */
