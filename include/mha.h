@@ -564,7 +564,10 @@ typedef struct {
  * and for layers with rope, alibi, softcap, sinks or qk_norm (AUTO then
  * runs the reference).
  * Asking for a gradient the layer or the call has no tensor for (db_* of
- * a layer without bias, dk_src when k_src is NULL, ...) is MHA_E_ARG. */
+ * a layer without bias, dk_src when k_src is NULL, ...) is MHA_E_ARG, and
+ * so is a gradient array that overlaps another one or anything the call
+ * reads (x, k_src, v_src, dy, the masks, positions and REPLACE values:
+ * no in-place dx = x), named with what it overlaps. */
 MHA_API mha_status mha_backward_kv(const mha_layer *layer, const mha_gradients *grad, const float *dy,
                                    const float *x, const float *k_src, const float *v_src,
                                    int B, int T, int S, const mha_options *opt);

@@ -492,6 +492,42 @@ static void backward_errors(void) {
     naive_bw_case_free(&f);
 }
 
+/* A gradient written over an input (an in-place dx = x, dk_src = k_src,
+ * dx = dy) or over another gradient is refused on every path, naming both,
+ * before anything is written: the fast backward writes dx while the key
+ * and value paths still read x, which gave dW_V 100% off with status OK. */
+static void backward_overlapping_outputs_refused(void) {
+    bw_fixture f;
+    bw_make(&f, naive_config(8, 2, 1, 0, 0, 1), 2, 5, 5, 1, 0, 1216); /* keys from k_src (B,S,d_kv_in) */
+    bw_grads gr;
+    bw_grads_make(&gr, &f);
+    const size_t nx = (size_t)2 * 5 * 8;
+    float *x0 = malloc(nx * sizeof(float)), *dw_k = gr.g.dw_k, *dx = gr.g.dx, *dk = gr.g.dk_src;
+    memcpy(x0, f.x, nx * sizeof(float));
+    static const mha_path paths[] = {MHA_PATH_FAST, MHA_PATH_REFERENCE, MHA_PATH_AUTO};
+    for (int p = 0; p < 3; p++) {
+        f.opt.path = paths[p];
+        gr.g.dx = f.x; /* in place */
+        CHECK_STATUS(mha_backward_kv(f.L, &gr.g, f.dy, f.x, f.k_src, NULL, 2, 5, 5, &f.opt), MHA_E_ARG);
+        CHECK_ERROR_MENTIONS("grad.dx overlaps x");
+        CHECK_ARRAY_NEAR(f.x, x0, nx, 0.0); /* nothing written */
+        gr.g.dx = f.dy;
+        CHECK_STATUS(mha_backward_kv(f.L, &gr.g, f.dy, f.x, f.k_src, NULL, 2, 5, 5, &f.opt), MHA_E_ARG);
+        CHECK_ERROR_MENTIONS("overlaps dy");
+        gr.g.dx = dx, gr.g.dk_src = f.k_src + 3; /* partly */
+        CHECK_STATUS(mha_backward_kv(f.L, &gr.g, f.dy, f.x, f.k_src, NULL, 2, 5, 5, &f.opt), MHA_E_ARG);
+        CHECK_ERROR_MENTIONS("grad.dk_src overlaps k_src");
+        gr.g.dk_src = dk, gr.g.dw_k = gr.g.dw_q; /* one buffer for two gradients */
+        CHECK_STATUS(mha_backward_kv(f.L, &gr.g, f.dy, f.x, f.k_src, NULL, 2, 5, 5, &f.opt), MHA_E_ARG);
+        CHECK_ERROR_MENTIONS("grad.dw_q overlaps grad.dw_k");
+        gr.g.dw_k = dw_k;
+        CHECK_OK(mha_backward_kv(f.L, &gr.g, f.dy, f.x, f.k_src, NULL, 2, 5, 5, &f.opt)); /* apart: fine */
+    }
+    free(x0);
+    bw_grads_free(&gr);
+    naive_bw_case_free(&f);
+}
+
 /* ------------------------------------------------------------ attribution */
 
 /* attribution[r,b,t] = <dy, Y>[b,t] - <dy, Y with head r zeroed>[b,t],
@@ -560,6 +596,7 @@ static const test_case cases[] = {
     {"backward_fd_detects_wrong_gradient", backward_fd_detects_wrong_gradient},
     {"backward_partial_request", backward_partial_request},
     {"backward_errors", backward_errors},
+    {"backward_overlapping_outputs_refused", backward_overlapping_outputs_refused},
     {"attribution_equals_zero_ablation", attribution_equals_zero_ablation},
     {"attribution_errors", attribution_errors},
 };

@@ -4,6 +4,9 @@
  * returns MHA_E_UNSUPPORTED). Kernels and threads come from one mha_exec
  * (compute/exec.h), resolved at the entry like the forward's.
  * Legend: B, T, S, h, h_kv, d_k, d_v, d_model, d_kv_in, d_v_in (see mha.h). */
+#include <stdint.h>
+#include <string.h>
+
 #include "forward/backward.h"
 #include "core/variants.h"
 
@@ -32,6 +35,85 @@ static mha_status check_wanted(const mha_config *c, const mha_gradients *g, cons
     return MHA_OK;
 }
 
+/* One array of a backward call: its name and its bytes. */
+typedef struct {
+    const char *name;
+    const void *p;
+    size_t bytes;
+} span;
+
+static int spans_overlap(const span *a, const span *b) {
+    const uintptr_t a0 = (uintptr_t)a->p, b0 = (uintptr_t)b->p;
+    return a->p && b->p && a->bytes && b->bytes && a0 < b0 + b->bytes && b0 < a0 + a->bytes;
+}
+
+/* The gradient outputs (16 spans, in mha_gradients' order) of a request. */
+static void output_spans(span *o, const mha_config *c, const mha_gradients *g, int B, int T, int S) {
+    const size_t f = sizeof(float), qw = (size_t)c->n_heads * c->d_k, kw = (size_t)c->n_kv_heads * c->d_k;
+    const size_t vw = (size_t)c->n_kv_heads * c->d_v, zw = (size_t)c->n_heads * c->d_v;
+    const size_t qn = c->qk_norm_per_head ? qw : (size_t)c->d_k, kn = c->qk_norm_per_head ? kw : (size_t)c->d_k;
+    const span all[16] = {
+        {"dx", g->dx, (size_t)B * T * c->d_model * f},    {"dk_src", g->dk_src, (size_t)B * S * c->d_kv_in * f},
+        {"dv_src", g->dv_src, (size_t)B * S * c->d_v_in * f}, {"dw_q", g->dw_q, (size_t)c->d_model * qw * f},
+        {"dw_k", g->dw_k, (size_t)c->d_kv_in * kw * f},    {"dw_v", g->dw_v, (size_t)c->d_v_in * vw * f},
+        {"dw_o", g->dw_o, zw * c->d_model * f},            {"db_q", g->db_q, qw * f},
+        {"db_k", g->db_k, kw * f},                         {"db_v", g->db_v, vw * f},
+        {"db_o", g->db_o, (size_t)c->d_model * f},         {"dbias_k", g->dbias_k, kw * f},
+        {"dbias_v", g->dbias_v, vw * f},                   {"d_sinks", g->d_sinks, (size_t)c->n_heads * f},
+        {"d_q_norm", g->d_q_norm, qn * f},                 {"d_k_norm", g->d_k_norm, kn * f},
+    };
+    memcpy(o, all, sizeof all);
+}
+
+/* What the backward reads besides the layer (10 spans); absent ones are NULL. */
+static void input_spans(span *in, const mha_config *c, const float *dy, const float *x, const float *k_src,
+                        const float *v_src, const mha_options *o, int B, int T, int S) {
+    const size_t f = sizeof(float), ts = (size_t)T * S, bt = (size_t)B * T, bs = (size_t)B * S;
+    const span all[10] = {
+        {"x", x, bt * c->d_model * f},
+        {"k_src", k_src, bs * c->d_kv_in * f},
+        {"v_src", v_src, bs * c->d_v_in * f},
+        {"dy", dy, bt * c->d_model * f},
+        {"options.keep_mask", o->keep_mask.data, (size_t)o->keep_mask.batch * o->keep_mask.heads * ts},
+        {"options.additive_mask", o->additive_mask.data, (size_t)o->additive_mask.batch * o->additive_mask.heads * ts * f},
+        {"options.key_keep", o->key_keep, bs},
+        {"options.key_additive", o->key_additive, bs * f},
+        {"options.positions", o->positions, bt * sizeof(int)},
+        {"options.key_positions", o->key_positions, bs * sizeof(int)},
+    };
+    memcpy(in, all, sizeof all);
+}
+
+/* Gradients are written while the inputs are still read (the fast
+ * backward writes dx before the key and value paths read x), so an output
+ * that overlaps an input or another output would give silently wrong
+ * numbers: refused, naming both. */
+static mha_status check_disjoint(const mha_config *c, const mha_gradients *g, const float *dy, const float *x,
+                                 const float *k_src, const float *v_src, const mha_options *o, int B, int T,
+                                 int S) {
+    span out[16], in[10];
+    output_spans(out, c, g, B, T, S);
+    input_spans(in, c, dy, x, k_src, v_src, o, B, T, S);
+    for (int i = 0; i < 16; i++) {
+        for (int j = i + 1; j < 16; j++)
+            if (spans_overlap(&out[i], &out[j]))
+                return mha_fail(MHA_E_ARG, "mha_backward: grad.%s overlaps grad.%s; expected separate arrays "
+                                           "for the gradients", out[i].name, out[j].name);
+        for (int j = 0; j < 10; j++)
+            if (spans_overlap(&out[i], &in[j]))
+                return mha_fail(MHA_E_ARG, "mha_backward: grad.%s overlaps %s; expected gradients apart from "
+                                           "the inputs (they are read while the gradients are written)",
+                                out[i].name, in[j].name);
+        for (int r = 0; o->interventions && r < c->n_heads; r++) {
+            const span v = {"", o->interventions[r].value, (size_t)B * T * c->d_v * sizeof(float)};
+            if (o->interventions[r].op == MHA_HEAD_REPLACE && spans_overlap(&out[i], &v))
+                return mha_fail(MHA_E_ARG, "mha_backward: grad.%s overlaps interventions[%d].value; expected "
+                                           "gradients apart from the inputs", out[i].name, r);
+        }
+    }
+    return MHA_OK;
+}
+
 mha_status mha_backward_validate(const mha_layer *L, const mha_gradients *g, const float *dy, const float *x,
                                  const float **k_src, const float **v_src, const mha_options **opt,
                                  mha_options *defaults, int B, int T, int S) {
@@ -42,7 +124,8 @@ mha_status mha_backward_validate(const mha_layer *L, const mha_gradients *g, con
     mha_status s = mha_refuse_bf16_matmul(*opt, "mha_backward");
     if (!s) s = mha_forward_request(L, dy, x, k_src, v_src, opt, defaults, B, T, S);
     if (s || (s = mha_check_finite(dy, (size_t)B * T * L->cfg.d_model, "dy"))) return s;
-    return check_wanted(&L->cfg, g, x, *k_src, *v_src);
+    if ((s = check_wanted(&L->cfg, g, x, *k_src, *v_src))) return s;
+    return check_disjoint(&L->cfg, g, dy, x, *k_src, *v_src, *opt, B, T, S);
 }
 
 mha_status mha_backward_exec(const mha_exec *ex, const mha_layer *L, const mha_gradients *g, const float *dy,
