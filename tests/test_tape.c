@@ -119,6 +119,7 @@ static void tape_refuses_what_the_fast_backward_does_not_serve(void) {
     c.alibi = 1;
     naive_bw_case_make(&f, c, 1, 6, 6, 0, 0, 1403);
     if (f.L) check_refused(&f, "alibi=1");
+    if (f.L) check_refused(&f, "then mha_backward_kv"); /* what to run instead, not a path it already has */
     naive_bw_case_free(&f);
 }
 

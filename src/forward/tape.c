@@ -15,6 +15,7 @@
 #include "compute/gemm.h"
 #include "forward/backward.h"
 #include "forward/backward_fast.h"
+#include "core/variants.h"
 
 struct mha_tape {
     const mha_layer *layer; /* the forward's layer, and its config then */
@@ -84,6 +85,14 @@ mha_status mha_forward_train(const mha_layer *L, float *y, mha_tape **tape, cons
     if (opt->sink_tokens > 0)
         return mha_fail(MHA_E_UNSUPPORTED, "mha_forward_train: options.sink_tokens=%d has no fast backward; "
                         "expected 0 (else mha_forward_kv, then mha_backward_kv)", opt->sink_tokens);
+    /* said here: the fast backward's own refusal advises MHA_PATH_AUTO,
+       which a tape forward already has */
+    const mha_config *c = &L->cfg;
+    if (mha_variants_any(c))
+        return mha_fail(MHA_E_UNSUPPORTED, "mha_forward_train: rope=%d alibi=%d softcap=%g sinks=%d qk_norm=%d "
+                        "have no fast backward; expected a layer without them (else mha_forward_kv, then "
+                        "mha_backward_kv, which runs the reference backward)", (int)c->rope.pairing, c->alibi,
+                        (double)c->softcap, c->sinks, (int)c->qk_norm);
     mha_tape *t = calloc(1, sizeof *t);
     if (!t) return mha_fail(MHA_E_NOMEM, "mha_forward_train: no memory for the tape");
     *t = (mha_tape){L, L->cfg, *opt, k_src == x, v_src == x, v_src == k_src, {0}};
@@ -92,7 +101,6 @@ mha_status mha_forward_train(const mha_layer *L, float *y, mha_tape **tape, cons
         return s;
     }
     // --- Y = Z' W_O + b_O, Z' = Z after the interventions (what W_O reads)
-    const mha_config *c = &L->cfg;
     const size_t rows = (size_t)B * T, zw = (size_t)c->n_heads * c->d_v;
     float *za = NULL; /* (B,T,zw) */
     if (opt->interventions && !(za = malloc(sizeof(float) * rows * zw))) {
