@@ -562,7 +562,9 @@ typedef struct {
  * REFERENCE the double-accumulating reference backward. FAST returns
  * MHA_E_UNSUPPORTED for MHA_MASKED_ROW_NAN with a fully masked query row
  * and for layers with rope, alibi, softcap, sinks or qk_norm (AUTO then
- * runs the reference).
+ * runs the reference), and MHA_E_NONFINITE naming the gradient when its
+ * fp32 sums overflowed (dy near FLT_MAX; AUTO then runs the reference,
+ * whose gradients are Inf only where the exact value exceeds fp32).
  * Asking for a gradient the layer or the call has no tensor for (db_* of
  * a layer without bias, dk_src when k_src is NULL, ...) is MHA_E_ARG, and
  * so is a gradient array that overlaps another one or anything the call

@@ -571,6 +571,33 @@ static void backward_fast_unsupported_fallback(void) {
     naive_bw_case_free(&f);
 }
 
+/* dy near FLT_MAX: the fast backward's fp32 intermediates overflow where
+ * the double reference's do not. FAST and the tape refuse (MHA_E_NONFINITE
+ * naming the gradient) instead of returning Inf/NaN with status OK; AUTO
+ * recomputes with the reference and returns its bits. */
+static void backward_fast_overflow_fallback(void) {
+    fixture f;
+    naive_bw_case_make(&f, naive_config(8, 2, 1, 0, 0, 1), 1, 6, 6, 0, 0, 1315);
+    float big = 0.0f;
+    for (int i = 0; i < 6 * 8; i++) big = fmaxf(big, fabsf(f.dy[i]));
+    for (int i = 0; i < 6 * 8; i++) f.dy[i] *= 3e38f / big;
+    grads g, ref;
+    CHECK_STATUS(fx_backward(&f, &g, MHA_PATH_FAST), MHA_E_NONFINITE);
+    CHECK_ERROR_MENTIONS("overflowed");
+    grads_free(&g);
+    CHECK_STATUS(fx_backward_tape(&f, &g), MHA_E_NONFINITE);
+    CHECK_ERROR_MENTIONS("mha_backward_tape");
+    grads_free(&g);
+    CHECK_OK(fx_backward(&f, &g, MHA_PATH_AUTO));
+    CHECK_OK(fx_backward(&f, &ref, MHA_PATH_REFERENCE));
+    CHECK(isfinite(ref.t[G_DX][0])); /* the double reference still has a finite dx */
+    for (int i = 0; i < G_N; i++)
+        if (ref.t[i] && memcmp(ref.t[i], g.t[i], ref.n[i] * sizeof(float)) != 0)
+            test_report(__FILE__, __LINE__, "AUTO's %s is not the reference's", grad_names[i]);
+    grads_free(&g), grads_free(&ref);
+    naive_bw_case_free(&f);
+}
+
 /* AUTO runs the fast backward: its results are FAST's bit for bit. */
 static void backward_fast_is_auto(void) {
     fixture f;
@@ -777,6 +804,7 @@ static const test_case cases[] = {
     {"backward_pack_panels_exact", backward_pack_panels_exact},
     {"backward_fast_unsupported_fallback", backward_fast_unsupported_fallback},
     {"backward_fast_is_auto", backward_fast_is_auto},
+    {"backward_fast_overflow_fallback", backward_fast_overflow_fallback},
     {"backward_memory_peak", backward_memory_peak},
     {"tape_memory_peak", tape_memory_peak},
 };

@@ -179,14 +179,20 @@ class _Attention(torch.autograd.Function):
         g = {n: np.zeros(shapes[n], dtype=np.float32) for n in wanted}
         grads = _lib.Gradients(*(fptr(g.get(n)) for n in _lib.GRAD_NAMES))
         dy = floats("dy", _np(dy), (B, T, c["d_model"]))
+        st = None
         if ctx.train:
             with layer._borrow() as ptr, tape._borrow() as tp:
-                check(_L.mha_backward_tape(ptr, tp, ctypes.byref(grads), fptr(dy), fptr(x), fptr(k_src),
-                                           fptr(v_src), B, T, S, ctypes.byref(opt)), "mha_backward_tape")
-        else:
+                st = _L.mha_backward_tape(ptr, tp, ctypes.byref(grads), fptr(dy), fptr(x), fptr(k_src),
+                                          fptr(v_src), B, T, S, ctypes.byref(opt))
+        # no tape, or its fp32 sums overflowed (dy near FLT_MAX): the stateless
+        # backward, whose AUTO path recomputes in double (Inf only where exact)
+        if st is None or st == _lib.E_NONFINITE:
             with layer._borrow() as ptr:
-                check(_L.mha_backward_kv(ptr, ctypes.byref(grads), fptr(dy), fptr(x), fptr(k_src),
-                                         fptr(v_src), B, T, S, ctypes.byref(opt)), "mha_backward_kv")
+                st = _L.mha_backward_kv(ptr, ctypes.byref(grads), fptr(dy), fptr(x), fptr(k_src),
+                                        fptr(v_src), B, T, S, ctypes.byref(opt))
+            check(st, "mha_backward_kv")
+        else:
+            check(st, "mha_backward_tape")
         t = {n: torch.from_numpy(a) for n, a in g.items()}
         tr = {n: t[n].t().contiguous() for n in ("dw_q", "dw_k", "dw_v", "dw_o")}  # back to (out, in)
         kv_shape = (1, 1, -1)

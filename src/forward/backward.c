@@ -114,6 +114,22 @@ static mha_status check_disjoint(const mha_config *c, const mha_gradients *g, co
     return MHA_OK;
 }
 
+mha_status mha_backward_check_overflow(const mha_config *c, const mha_gradients *g, int B, int T, int S,
+                                       const char *who) {
+    span out[16];
+    output_spans(out, c, g, B, T, S);
+    for (int i = 0; i < 16; i++) {
+        const float *p = out[i].p;
+        const size_t n = out[i].bytes / sizeof(float), at = p ? mha_first_nonfinite(p, n, 0) : n;
+        if (at < n)
+            return mha_fail(MHA_E_NONFINITE, "%s: grad.%s[%zu] = %g overflowed its fp32 accumulation; expected "
+                            "finite gradients from finite inputs (mha_backward_kv on MHA_PATH_AUTO recomputes "
+                            "them in double)", who,
+                            out[i].name, at, (double)p[at]);
+    }
+    return MHA_OK;
+}
+
 mha_status mha_backward_validate(const mha_layer *L, const mha_gradients *g, const float *dy, const float *x,
                                  const float **k_src, const float **v_src, const mha_options **opt,
                                  mha_options *defaults, int B, int T, int S) {
@@ -143,7 +159,10 @@ mha_status mha_backward_exec(const mha_exec *ex, const mha_layer *L, const mha_g
     if (opt->path == MHA_PATH_REFERENCE || opt->sink_tokens > 0 || (opt->path == MHA_PATH_AUTO && ex->reference))
         return mha_backward_reference(L, g, dy, x, k_src, v_src, B, T, S, opt);
     s = mha_backward_fast(ex, L, g, dy, x, k_src, v_src, B, T, S, opt);
-    if (s == MHA_E_UNSUPPORTED && opt->path == MHA_PATH_AUTO) {
+    /* fp32 intermediates (dZ, dP, the projections' sums) may overflow where
+       the double reference does not: never an Inf or NaN with status OK */
+    if (!s) s = mha_backward_check_overflow(&L->cfg, g, B, T, S, "fast backward");
+    if ((s == MHA_E_UNSUPPORTED || s == MHA_E_NONFINITE) && opt->path == MHA_PATH_AUTO) {
         mha_clear_error();
         return mha_backward_reference(L, g, dy, x, k_src, v_src, B, T, S, opt);
     }

@@ -29,6 +29,11 @@ mha_status mha_backward_validate(const mha_layer *L, const mha_gradients *g, con
                                  const float **k_src, const float **v_src, const mha_options **opt,
                                  mha_options *defaults, int B, int T, int S);
 
+/* MHA_E_NONFINITE naming the first Inf or NaN among the gradients g wrote
+ * (fp32 overflow: the fast backward serves no fully masked NaN-mode row). */
+mha_status mha_backward_check_overflow(const mha_config *c, const mha_gradients *g, int B, int T, int S,
+                                       const char *who);
+
 /* mha_backward_kv on a resolved exec: its kernels (prefill and backward
  * tables), threads and MHA_KERNELS=reference choice (tests pass one with a
  * trace, as mha_forward_exec). */

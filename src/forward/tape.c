@@ -157,7 +157,8 @@ mha_status mha_backward_tape(const mha_layer *L, const mha_tape *tape, const mha
     mha_exec ex;
     if ((s = mha_exec_resolve(&ex, NULL))) return s;
     mha_clear_error();
-    return mha_bwd_from_saved(&ex, L, g, dy, sv, x, k_src, v_src, opt, 0); /* 0: the tape stays as it is */
+    if ((s = mha_bwd_from_saved(&ex, L, g, dy, sv, x, k_src, v_src, opt, 0))) return s; /* 0: the tape stays */
+    return mha_backward_check_overflow(&L->cfg, g, B, T, S, "mha_backward_tape");
 }
 
 void mha_tape_free(mha_tape *tape) {

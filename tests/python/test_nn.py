@@ -191,6 +191,27 @@ def test_tape_refused_falls_back_to_stateless():
     assert torch.isnan(yt).all()
 
 
+def test_overflowing_tape_backward_falls_back_to_the_reference():
+    """dy near FLT_MAX: the tape's fp32 sums overflow (the fast backward gave
+    NaN in every element of dx with status OK); the backward reruns the
+    stateless pair, whose AUTO path recomputes in double: query's gradient
+    is finite and torch float64's."""
+    t, m = pair(E=32, h=4, batch_first=True)
+    g = torch.Generator().manual_seed(12)
+    q = torch.randn((2, 20, 32), generator=g)
+    dy = torch.randn((2, 20, 32), generator=g)
+    dy = dy / dy.abs().max() * 3e38
+    leaf = q.clone().requires_grad_()
+    y, _ = m(leaf, leaf, leaf, need_weights=False)
+    assert y.grad_fn.train is not None  # the tape path
+    y.backward(dy)
+    q64 = q.double().requires_grad_()
+    y64, _ = t.double()(q64, q64, q64, need_weights=False)
+    y64.backward(dy.double())
+    assert torch.isfinite(leaf.grad).all()
+    close(leaf.grad.double(), q64.grad, 1e-5, "query.grad")
+
+
 def test_is_causal_equals_torch_triu_mask():
     t, m = pair(batch_first=True)
     q, k, v = inputs((2, 5, 16), None, None, 9, self_attn=True)
