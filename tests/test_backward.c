@@ -482,6 +482,12 @@ static void backward_errors(void) {
     CHECK_ERROR_MENTIONS("dk_src");
     g.dk_src = NULL;
     CHECK_STATUS(mha_backward(f.L, &g, f.dy, f.x, NULL, 1, 2, 3, NULL), MHA_E_SHAPE);
+    CHECK_ERROR_MENTIONS("mha_backward: self-attention"); /* the entry called, not mha_forward */
+    CHECK_STATUS(mha_backward(NULL, &g, f.dy, f.x, NULL, 1, 2, 2, NULL), MHA_E_ARG);
+    CHECK_ERROR_MENTIONS("mha_backward: layer is NULL");
+    mha_tape *tape = NULL;
+    CHECK_STATUS(mha_forward_train(f.L, f.y, &tape, f.x, NULL, NULL, 0, 2, 2, NULL), MHA_E_SHAPE);
+    CHECK_ERROR_MENTIONS("mha_forward_train: B=0");
     f.dy[3] = NAN;
     CHECK_STATUS(mha_backward(f.L, &g, f.dy, f.x, NULL, 1, 2, 2, NULL), MHA_E_NONFINITE);
     CHECK_ERROR_MENTIONS("dy[3]");

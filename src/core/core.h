@@ -62,8 +62,9 @@ mha_status mha_check_bf16_input(const float *p, size_t n, const char *name);
  * between the sinks and the window need mha_mask_key. */
 void mha_mask_interval(const mha_options *o, int i, int T, int S, int *lo, int *hi);
 
-/* Validates the arguments of one forward pass against the layer. */
-mha_status mha_forward_validate(const mha_layer *L, const float *y, const float *x,
+/* Validates the arguments of one forward pass against the layer; messages
+ * start with who (the public entry: "mha_forward", "mha_backward", ...). */
+mha_status mha_forward_validate(const char *who, const mha_layer *L, const float *y, const float *x,
                                 const float *k_src, const float *v_src, int B, int T, int S,
                                 const mha_options *opt);
 
@@ -71,9 +72,9 @@ mha_status mha_forward_validate(const mha_layer *L, const float *y, const float 
  * filled here; k_src NULL: x; v_src NULL: k_src), then validated as above
  * (out stands for Y, (B,T,d_model)). Shared by every entry that takes a
  * forward request: mha_forward, mha_forward_lse, mha_backward. */
-mha_status mha_forward_request(const mha_layer *L, const float *out, const float *x, const float **k_src,
-                               const float **v_src, const mha_options **opt, mha_options *defaults, int B,
-                               int T, int S);
+mha_status mha_forward_request(const char *who, const mha_layer *L, const float *out, const float *x,
+                               const float **k_src, const float **v_src, const mha_options **opt,
+                               mha_options *defaults, int B, int T, int S);
 
 /* Whether query i may attend original key j (0 <= j < S) of batch b, head r,
  * counting causal, window, keep masks and key padding, and the additive

@@ -131,25 +131,25 @@ mha_status mha_check_interventions(const mha_intervention *ivs, int h, size_t ro
     return MHA_OK;
 }
 
-mha_status mha_forward_validate(const mha_layer *L, const float *y, const float *x, const float *k_src,
-                                const float *v_src, int B, int T, int S, const mha_options *o) {
-    if (!L) return mha_fail(MHA_E_ARG, "mha_forward: layer is NULL");
-    if (!y) return mha_fail(MHA_E_ARG, "mha_forward: y is NULL; expected (B,T,d_model) floats");
-    if (!x) return mha_fail(MHA_E_ARG, "mha_forward: x is NULL; expected (B,T,d_model) floats");
+mha_status mha_forward_validate(const char *who, const mha_layer *L, const float *y, const float *x,
+                                const float *k_src, const float *v_src, int B, int T, int S, const mha_options *o) {
+    if (!L) return mha_fail(MHA_E_ARG, "%s: layer is NULL", who);
+    if (!y) return mha_fail(MHA_E_ARG, "%s: y is NULL; expected (B,T,d_model) floats", who);
+    if (!x) return mha_fail(MHA_E_ARG, "%s: x is NULL; expected (B,T,d_model) floats", who);
     const mha_config *c = &L->cfg;
     if (B < 1 || T < 1 || S < 1)
-        return mha_fail(MHA_E_SHAPE, "mha_forward: B=%d T=%d S=%d; expected all >= 1", B, T, S);
+        return mha_fail(MHA_E_SHAPE, "%s: B=%d T=%d S=%d; expected all >= 1", who, B, T, S);
     /* A source that is x must have x's length and width. */
     if ((k_src == x || v_src == x) && S != T)
-        return mha_fail(MHA_E_SHAPE, "mha_forward: self-attention (kv NULL) with S=%d != T=%d; pass kv (B,S,d_kv_in) or S=T", S, T);
+        return mha_fail(MHA_E_SHAPE, "%s: self-attention (kv NULL) with S=%d != T=%d; pass kv (B,S,d_kv_in) or S=T", who, S, T);
     if (k_src == x && c->d_kv_in != c->d_model)
-        return mha_fail(MHA_E_SHAPE, "mha_forward: kv is NULL but d_kv_in=%d != d_model=%d; pass kv (B,S,%d)",
+        return mha_fail(MHA_E_SHAPE, "%s: kv is NULL but d_kv_in=%d != d_model=%d; pass kv (B,S,%d)", who,
                         c->d_kv_in, c->d_model, c->d_kv_in);
     if (v_src == x && c->d_v_in != c->d_model)
-        return mha_fail(MHA_E_SHAPE, "mha_forward: the value source is x but d_v_in=%d != d_model=%d; pass v_src (B,S,%d)",
+        return mha_fail(MHA_E_SHAPE, "%s: the value source is x but d_v_in=%d != d_model=%d; pass v_src (B,S,%d)", who,
                         c->d_v_in, c->d_model, c->d_v_in);
     if (v_src == k_src && c->d_v_in != c->d_kv_in)
-        return mha_fail(MHA_E_SHAPE, "mha_forward: one key/value source but d_v_in=%d != d_kv_in=%d; pass v_src (B,S,%d) to mha_forward_kv",
+        return mha_fail(MHA_E_SHAPE, "%s: one key/value source but d_v_in=%d != d_kv_in=%d; pass v_src (B,S,%d) to mha_forward_kv", who,
                         c->d_v_in, c->d_kv_in, c->d_v_in);
     size_t big = (size_t)B * T > (size_t)B * S ? (size_t)B * T : (size_t)B * S;
     size_t widest = (size_t)c->n_heads * (c->d_k > c->d_v ? c->d_k : c->d_v);
@@ -158,7 +158,7 @@ mha_status mha_forward_validate(const mha_layer *L, const float *y, const float 
     if (widest < (size_t)c->d_v_in) widest = (size_t)c->d_v_in;
     if (!mha_elements_fit(big, widest, 1, 1) ||
         !mha_elements_fit((size_t)B, (size_t)c->n_heads, (size_t)T, (size_t)S)) /* the (B,h,T,S) scores */
-        return mha_fail(MHA_E_SHAPE, "mha_forward: B=%d T=%d S=%d is too large for this layer", B, T, S);
+        return mha_fail(MHA_E_SHAPE, "%s: B=%d T=%d S=%d is too large for this layer", who, B, T, S);
     mha_status s = check_input(x, (size_t)B * T * c->d_model, "x");
     if (s) return s;
     if (k_src != x && (s = check_input(k_src, (size_t)B * S * c->d_kv_in, "kv"))) return s;
@@ -169,11 +169,11 @@ mha_status mha_forward_validate(const mha_layer *L, const float *y, const float 
 }
 
 
-mha_status mha_forward_request(const mha_layer *L, const float *out, const float *x, const float **k_src,
-                               const float **v_src, const mha_options **opt, mha_options *defaults, int B,
-                               int T, int S) {
+mha_status mha_forward_request(const char *who, const mha_layer *L, const float *out, const float *x,
+                               const float **k_src, const float **v_src, const mha_options **opt,
+                               mha_options *defaults, int B, int T, int S) {
     if (!*opt) *defaults = mha_options_default(), *opt = defaults;
     if (!*k_src) *k_src = x;
     if (!*v_src) *v_src = *k_src;
-    return mha_forward_validate(L, out, x, *k_src, *v_src, B, T, S, *opt);
+    return mha_forward_validate(who, L, out, x, *k_src, *v_src, B, T, S, *opt);
 }

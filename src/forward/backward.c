@@ -138,7 +138,7 @@ mha_status mha_backward_validate(const mha_layer *L, const mha_gradients *g, con
     /* NULL sources and options as in mha_forward_kv; dy stands in for y:
      * the forward's checks of shapes, sources, masks */
     mha_status s = mha_refuse_bf16_matmul(*opt, "mha_backward");
-    if (!s) s = mha_forward_request(L, dy, x, k_src, v_src, opt, defaults, B, T, S);
+    if (!s) s = mha_forward_request("mha_backward", L, dy, x, k_src, v_src, opt, defaults, B, T, S);
     if (s || (s = mha_check_finite(dy, (size_t)B * T * L->cfg.d_model, "dy"))) return s;
     if ((s = check_wanted(&L->cfg, g, x, *k_src, *v_src))) return s;
     return check_disjoint(&L->cfg, g, dy, x, *k_src, *v_src, *opt, B, T, S);

@@ -11,7 +11,7 @@ mha_status mha_forward_exec(const mha_exec *ex, const mha_layer *L, float *y, co
                             const float *x, const float *k_src, const float *v_src, int B, int T,
                             int S, const mha_options *opt) {
     mha_options defaults;
-    mha_status s = mha_forward_request(L, y, x, &k_src, &v_src, &opt, &defaults, B, T, S);
+    mha_status s = mha_forward_request("mha_forward", L, y, x, &k_src, &v_src, &opt, &defaults, B, T, S);
     if (s) return s;
     mha_clear_error();
     if (opt->path == MHA_PATH_REFERENCE || (opt->path == MHA_PATH_AUTO && ex->reference))
