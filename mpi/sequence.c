@@ -250,6 +250,8 @@ mha_status mha_mpi_forward_sequence(const mha_layer *layer, float *y, const mha_
         s = MHA_E_SHAPE, snprintf(msg, sizeof msg, "self-attention with S=%d != T=%d; expected kv (B,S,d_kv_in)", S, T);
     else if (c->d_v_in != d_in)
         s = MHA_E_UNSUPPORTED, snprintf(msg, sizeof msg, "--split sequence needs one key/value source (d_v_in=%d, key source width %d)", c->d_v_in, d_in);
+    else if (g.sink_tokens < 0 || (g.sink_tokens > 0 && g.window_left < 0)) /* mha_forward's rule */
+        s = MHA_E_ARG, snprintf(msg, sizeof msg, "options.sink_tokens=%d with window_left=%d; expected 0, or > 0 with a window (window_left >= 0)", g.sink_tokens, g.window_left);
     if (!s) ring_limits(msg, sizeof msg, c, &g);
     if (!s && *msg) s = MHA_E_UNSUPPORTED;
     if ((s = mha_mpi_agree(comm, s, msg))) return s;

@@ -67,6 +67,8 @@ int main(int argc, char **argv) {
     for (int i = 0; rank == 0 && i < B * T * D; i++) err = fmax(err, fabs((double)y[i] - want[i]));
     checks++;
     if (err > 1e-5) fprintf(stderr, "FAIL rank %d: sink keys on the ring: max |y - mha_forward| = %g\n", rank, err), fails++;
+    o.window_left = -1; /* sink keys without a window: refused as mha_forward refuses them */
+    EXPECT(mha_mpi_forward_sequence(L, y, NULL, x, NULL, B, T, T, &o, comm, NULL), MHA_E_ARG, "sink_tokens=1");
     o.window_left = rank ? 3 : 2; /* options differ between ranks: refused on every rank */
     EXPECT(mha_mpi_forward_sequence(L, y, NULL, x, NULL, B, T, T, &o, comm, NULL), P > 1 ? MHA_E_SHAPE : MHA_OK,
            P > 1 ? "window_left" : NULL);
