@@ -116,11 +116,11 @@ static mha_status describe(source *src, const mha_tensors *t, const mha_load_opt
     c->add_zero_attn |= o->add_zero_attn;
     if (!h) return mha_fail(MHA_E_ARG, "the number of heads is not in the file; pass --heads");
     c->n_heads = h;
+    /* native int8 only where the metadata declares the weights' dtype, as
+     * mha_layer_load: the native loader then checks the shard */
+    const int i8 = mha_tensors_meta(t, "weights_dtype") != NULL;
     switch (o->layout) {
     case MHA_LAYOUT_NATIVE: /* w_* (in, out), w_o (h*d_v, D) */
-        /* int8 only where the metadata declares the weights' dtype, as
-         * mha_layer_load: the native loader then checks the shard */
-        const int i8 = mha_tensors_meta(t, "weights_dtype") != NULL;
         if ((s = find_of(&a[0], t, P, "w_q", 1, i8)) || (s = find_of(&a[1], t, P, "w_k", 1, i8)) ||
             (s = find_of(&a[2], t, P, "w_v", 1, i8)) || (s = find_of(&a[3], t, P, "w_o", 1, i8)))
             return s;
