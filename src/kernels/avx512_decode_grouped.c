@@ -313,8 +313,14 @@ INLINE void from_q8_blocks(float *dst, const int8_t *src, const float *scale, si
 
 void mha_from_q8_avx512(float *dst, const int8_t *src, const float *scale, size_t rows, int d, int lanes) {
     const int nb = (d + MHA_Q8_BLOCK - 1) / MHA_Q8_BLOCK;
-    if (d % MHA_Q8_BLOCK == 0 && lanes == MHA_KPANEL) return from_q8_blocks(dst, src, scale, rows, nb, MHA_KPANEL);
-    if (d % MHA_Q8_BLOCK == 0 && lanes == 1) return from_q8_blocks(dst, src, scale, rows, nb, 1);
+    if (d % MHA_Q8_BLOCK == 0 && lanes == MHA_KPANEL) { /* the lane count a constant in each inlined copy */
+        from_q8_blocks(dst, src, scale, rows, nb, MHA_KPANEL);
+        return;
+    }
+    if (d % MHA_Q8_BLOCK == 0 && lanes == 1) {
+        from_q8_blocks(dst, src, scale, rows, nb, 1);
+        return;
+    }
     const int step = lanes == MHA_KPANEL ? 2 : lanes == 1 ? 16 : 0; /* dims per zmm */
     for (size_t r = 0; r < rows; r++)
         for (int b = 0; b < nb; b++) { /* blocks outermost: one scale vector per block */
