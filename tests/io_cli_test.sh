@@ -312,6 +312,12 @@ checks=$((checks + 1))
 [ "$rc" -eq 1 ] || fail "audit scaled: exit $rc"
 expect_out "not a permutation"
 grep -q '^fix:' "$tmp/out" && fail "audit scaled: printed a fix"
+# a disagreeing ALiBi-slope label is named as such (audit's table of block
+# names had four entries and read past it for MHA_BLOCK_S)
+run audit --weights $T/alibi_s.safetensors --input $T/x.npy --reference $T/y_native.npy
+checks=$((checks + 1))
+[ "$rc" -eq 1 ] || fail "audit alibi_s: exit $rc, want 1"
+expect_out "labels: disagree: score parameter (ALiBi slope, sink) block at position 0 has label 1, expected 0"
 
 # --- plot -------------------------------------------------------------------
 run plot --weights $T/native.safetensors --input $T/x.npy --causal --out $T/attn.png

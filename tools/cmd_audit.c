@@ -207,9 +207,10 @@ static void fixed_name(char *out, size_t cap, const char *path) {
 static void print_labels_check(const mha_layer *L) {
     mha_contract_report rep;
     mha_status s = mha_layer_check_contract(L, NULL, NULL, 0, 0, 0, NULL, &rep);
-    static const char *const kind[4] = {"W_Q", "W_K", "W_V", "W_O"};
+    /* one name per mha_block: a layer with ALiBi or sinks reports MHA_BLOCK_S */
+    static const char *const kind[] = {"W_Q", "W_K", "W_V", "W_O", "score parameter (ALiBi slope, sink)"};
     if (s == MHA_OK) printf("labels: consistent (the file's head labels agree block by block)\n");
-    else if (s == MHA_E_CONTRACT)
+    else if (s == MHA_E_CONTRACT && (int)rep.bad_block >= 0 && (int)rep.bad_block < (int)(sizeof kind / sizeof *kind))
         printf("labels: disagree: %s block at position %d has label %d, expected %d\n",
                kind[rep.bad_block], rep.bad_position, rep.found_label, rep.expected_label);
     else printf("labels: not checked (%s)\n", mha_last_error());
