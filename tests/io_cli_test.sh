@@ -318,6 +318,36 @@ run audit --weights $T/alibi_s.safetensors --input $T/x.npy --reference $T/y_nat
 checks=$((checks + 1))
 [ "$rc" -eq 1 ] || fail "audit alibi_s: exit $rc, want 1"
 expect_out "labels: disagree: score parameter (ALiBi slope, sink) block at position 0 has label 1, expected 0"
+# identical heads: several orders fit exactly; the audit says it cannot tell
+# (it said "no reordering ... explains the mismatch") and prints no fix
+run run --weights $T/twin.safetensors --input $T/x.npy --output $T/y_twin.npy
+expect_ok
+run permute --block o --order 1,2,0,3 $T/twin.safetensors $T/twin_bad.safetensors
+expect_ok
+run audit --weights $T/twin_bad.safetensors --input $T/x.npy --reference $T/y_twin.npy
+checks=$((checks + 1))
+[ "$rc" -eq 1 ] || fail "audit twin_bad: exit $rc, want 1"
+expect_out "positions 0, 1 can hold several blocks"
+expect_out "cannot tell: a reordering fits the reference"
+grep -q '^fix:' "$tmp/out" && fail "audit twin_bad: printed a fix"
+grep -q 'no reordering' "$tmp/out" && fail "audit twin_bad: says no reordering explains an exact fit"
+# a head that contributes nothing (zero W_O rows) moved: its position is the
+# one left over, and the repair is found (it was "not a permutation")
+run run --weights $T/silent.safetensors --input $T/x.npy --output $T/y_silent.npy
+expect_ok
+run permute --block o --order 3,0,1,2 $T/silent.safetensors $T/silent_bad.safetensors
+expect_ok
+run audit --weights $T/silent_bad.safetensors --input $T/x.npy --reference $T/y_silent.npy
+checks=$((checks + 1))
+[ "$rc" -eq 1 ] || fail "audit silent_bad: exit $rc, want 1"
+expect_out "fix: mha permute --block o --order 1,2,3,0 --relabel"
+fix=$(grep '^fix: ' "$tmp/out" | sed 's/^fix: mha //')
+# shellcheck disable=SC2086
+run $fix
+expect_ok
+run audit --weights $T/silent_bad_fixed.safetensors --input $T/x.npy --reference $T/y_silent.npy
+expect_ok
+expect_out "labels: consistent"
 
 # --- plot -------------------------------------------------------------------
 run plot --weights $T/native.safetensors --input $T/x.npy --causal --out $T/attn.png

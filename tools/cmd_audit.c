@@ -113,7 +113,47 @@ typedef struct {
     double *coef;     /* (n, n): c[p][b] */
     double residual;  /* ||target - fit|| / ||target|| */
     int *perm;        /* read off coef, or NULL when not a permutation */
+    int n_unclear;    /* positions whose row of c is not one 1 and zeros */
+    int unclear[8];   /* the first of them */
+    int completed;    /* the one unclear position given the block left, or -1 */
 } fit_result;
+
+/* Reads a permutation off c (n, n): a row that is one 1 and zeros (within
+ * 0.25) names its block. A position whose head contributes nothing on this
+ * input (a zero head, or a zero W_O block) has a row of zeros: when it is
+ * the only unclear one, the block no other position took is its block.
+ * Rows shared by heads that are identical on this input split their
+ * weight (0.5, 0.5): no single order can be read off, and perm stays NULL
+ * with the unclear positions listed. */
+static void read_permutation(fit_result *fr, int n) {
+    int *perm = malloc((size_t)n * sizeof *perm), *used = calloc((size_t)n, sizeof *used);
+    int ok = perm && used;
+    fr->n_unclear = 0;
+    fr->completed = -1;
+    for (int p = 0; p < n && ok; p++) {
+        const double *c = fr->coef + (size_t)p * n;
+        int best = 0, clean = 1;
+        for (int b = 1; b < n; b++)
+            if (c[b] > c[best]) best = b;
+        for (int b = 0; b < n; b++) clean &= fabs(c[b] - (b == best)) < 0.25;
+        if (clean && !used[best]) {
+            used[best] = 1;
+            perm[p] = best;
+            continue;
+        }
+        if (fr->n_unclear < 8) fr->unclear[fr->n_unclear] = p;
+        fr->n_unclear++;
+    }
+    if (ok && fr->n_unclear == 1) {
+        int p = fr->unclear[0];
+        for (int b = 0; b < n; b++)
+            if (!used[b]) perm[p] = b;
+        fr->completed = p;
+    }
+    free(used);
+    if (ok && fr->n_unclear <= 1) fr->perm = perm;
+    else free(perm);
+}
 
 /* Builds T[p][b] from n forward passes (a cyclic shift k pairs every
  * position p with block (p+k) % n at once) and fits the target. */
@@ -171,21 +211,7 @@ static int fit_hypothesis(const hypothesis *H, const mha_layer *L, const cli_fwd
         tt += (double)target[e] * target[e];
     }
     out->residual = sqrt(rr / (tt > 0 ? tt : 1));
-    /* a permutation: one coefficient near 1 per row and column, rest near 0 */
-    int *perm = malloc((size_t)n * sizeof *perm), *used = calloc((size_t)n, sizeof *used);
-    int ok = perm && used;
-    for (int p = 0; p < n && ok; p++) {
-        int best = 0;
-        for (int b = 1; b < n; b++)
-            if (out->coef[p * n + b] > out->coef[p * n + best]) best = b;
-        for (int b = 0; b < n; b++)
-            ok &= fabs(out->coef[p * n + b] - (b == best)) < 0.25;
-        ok &= !used[best];
-        if (ok) used[best] = 1, perm[p] = best;
-    }
-    free(used);
-    if (ok) out->perm = perm;
-    else free(perm);
+    read_permutation(out, n);
     rc = MHA_EXIT_OK;
 done:
     free(terms);
@@ -195,6 +221,14 @@ done:
     free(A);
     free(rhs);
     return rc;
+}
+
+/* The fit is exact but no single permutation can be read off it. */
+static void print_unclear(const fit_result *fr) {
+    printf("fits, but not as one permutation: position%s", fr->n_unclear > 1 ? "s" : "");
+    for (int i = 0; i < fr->n_unclear && i < 8; i++) printf("%s %d", i ? "," : "", fr->unclear[i]);
+    printf("%s can hold several blocks (their heads are identical on this input)\n",
+           fr->n_unclear > 8 ? ", ..." : "");
 }
 
 /* "w.safetensors" -> "w_fixed.safetensors" */
@@ -317,7 +351,7 @@ int cmd_audit(int argc, char **argv) {
     if (!(target = cli_alloc(CMD, rows * dm))) goto done;
     for (size_t i = 0; i < rows * dm; i++) target[i] = yref.f[i] - (w.b_o ? w.b_o[i % dm] : 0.0f);
 
-    int found = 0;
+    int found = 0, ambiguous = 0;
     for (int k = 0; k < N_HYPS && !found; k++) {
         const hypothesis *H = &hyps[k];
         int n = H->per_kv ? c->n_kv_heads : h;
@@ -340,6 +374,9 @@ int cmd_audit(int argc, char **argv) {
             printf("identity pairing, coefficients %.3g .. %.3g (%s)\n", lo, hi,
                    hi - lo < 1e-3 && fabs(lo - 1) > 1e-3 ? "a uniform rescaling, not an order mistake"
                                                          : "not an order mistake");
+        } else if (!fr.perm && fr.residual <= 1e-3) {
+            print_unclear(&fr);
+            ambiguous = 1;
         } else if (!fr.perm || fr.residual > 1e-3) {
             printf("%s\n", !fr.perm ? "not a permutation" : "poor fit");
         } else {
@@ -348,6 +385,9 @@ int cmd_audit(int argc, char **argv) {
             for (int p = 0; p < n && u < sizeof order - 16; p++)
                 u += (size_t)snprintf(order + u, sizeof order - u, "%s%d", p ? "," : "", fr.perm[p]);
             printf("permutation %s\n", order);
+            if (fr.completed >= 0)
+                printf("  (position %d contributes nothing on this input; it takes block %d, the one left)\n",
+                       fr.completed, fr.perm[fr.completed]);
             mha_layer *F = NULL;
             s = permuted(&F, L, H, fr.perm);
             if (!s) s = mha_forward(F, y, NULL, f.x.f, f.kv.f, f.B, f.T, f.S, &f.opt);
@@ -390,7 +430,11 @@ int cmd_audit(int argc, char **argv) {
         free(fr.coef);
         free(fr.perm);
     }
-    if (!found)
+    if (!found && ambiguous)
+        printf("cannot tell: a reordering fits the reference, but heads that are identical on this input "
+               "make several orders fit equally; no repair is printed (audit with another input, or "
+               "compare those heads' weights)\n");
+    else if (!found)
         printf("not a permutation: no reordering of W_O, W_Q or K/V blocks explains the "
                "mismatch (check the input, masks, scale and the weights themselves)\n");
     rc = AUDIT_MISMATCH;

@@ -158,6 +158,16 @@ def make(d):
     slopes = np.array([0.5, 0.25, 0.125, 0.0625], np.float32)
     write_safetensors(d + "/alibi_s.safetensors", dict(w, alibi_slopes=slopes[[1, 0, 2, 3]]),
                       dict(native_meta(h, h_kv, dh), alibi="1", labels_s="1,0,2,3"))
+    # twin: query heads 0 and 1 identical (one kv group), so Z^(0) = Z^(1)
+    twin = dict(w)
+    twin["w_q"], twin["b_q"] = w["w_q"].copy(), w["b_q"].copy()
+    twin["w_q"][:, dh:2 * dh], twin["b_q"][dh:2 * dh] = w["w_q"][:, :dh], w["b_q"][:dh]
+    write_safetensors(d + "/twin.safetensors", twin, native_meta(h, h_kv, dh))
+    # silent: head 3's W_O rows are zero, so it contributes nothing
+    silent = dict(w)
+    silent["w_o"] = w["w_o"].copy()
+    silent["w_o"][3 * dh:] = 0
+    write_safetensors(d + "/silent.safetensors", silent, native_meta(h, h_kv, dh))
     # bad files
     good = open(d + "/native.safetensors", "rb").read()
     open(d + "/truncated.safetensors", "wb").write(good[:len(good) - 10])
