@@ -318,6 +318,23 @@ run audit --weights $T/alibi_s.safetensors --input $T/x.npy --reference $T/y_nat
 checks=$((checks + 1))
 [ "$rc" -eq 1 ] || fail "audit alibi_s: exit $rc, want 1"
 expect_out "labels: disagree: score parameter (ALiBi slope, sink) block at position 0 has label 1, expected 0"
+# ... and the slopes moved alone are found and repaired (--block s)
+run run --weights $T/alibi.safetensors --input $T/x.npy --output $T/y_alibi.npy
+expect_ok
+run audit --weights $T/alibi_s.safetensors --input $T/x.npy --reference $T/y_alibi.npy
+checks=$((checks + 1))
+[ "$rc" -eq 1 ] || fail "audit alibi_s vs y_alibi: exit $rc, want 1"
+expect_out "fix: mha permute --block s --order 1,0,2,3 --relabel"
+fix=$(grep '^fix: ' "$tmp/out" | sed 's/^fix: mha //')
+# shellcheck disable=SC2086
+run $fix
+expect_ok
+run audit --weights $T/alibi_s_fixed.safetensors --input $T/x.npy --reference $T/y_alibi.npy
+expect_ok
+expect_out "labels: consistent"
+run permute --block s --order 1,0,2,3 $T/native.safetensors $T/no_slopes.safetensors
+expect_error 2 "has no ALiBi slopes or sinks"
+[ ! -e $T/no_slopes.safetensors ] || fail "a refused permute --block s wrote its output"
 # identical heads: several orders fit exactly; the audit says it cannot tell
 # (it said "no reordering ... explains the mismatch") and prints no fix
 run run --weights $T/twin.safetensors --input $T/x.npy --output $T/y_twin.npy

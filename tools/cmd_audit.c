@@ -43,6 +43,7 @@ static const hypothesis hyps[] = {
     {"kv", "W_K and W_V column blocks (kv heads)", {MHA_BLOCK_K, MHA_BLOCK_V}, 2, 1},
     {"k", "W_K column blocks", {MHA_BLOCK_K}, 1, 1},
     {"v", "W_V column blocks", {MHA_BLOCK_V}, 1, 1},
+    {"s", "score parameters (ALiBi slopes, sinks)", {MHA_BLOCK_S}, 1, 0},
 };
 #define N_HYPS ((int)(sizeof hyps / sizeof hyps[0]))
 
@@ -227,7 +228,7 @@ done:
 static void print_unclear(const fit_result *fr) {
     printf("fits, but not as one permutation: position%s", fr->n_unclear > 1 ? "s" : "");
     for (int i = 0; i < fr->n_unclear && i < 8; i++) printf("%s %d", i ? "," : "", fr->unclear[i]);
-    printf("%s can hold several blocks (their heads are identical on this input)\n",
+    printf("%s can hold several blocks (their terms are identical, or nearly, on this input)\n",
            fr->n_unclear > 8 ? ", ..." : "");
 }
 
@@ -355,7 +356,7 @@ int cmd_audit(int argc, char **argv) {
     for (int k = 0; k < N_HYPS && !found; k++) {
         const hypothesis *H = &hyps[k];
         int n = H->per_kv ? c->n_kv_heads : h;
-        if (n < 2) continue;
+        if (n < 2 || (H->kinds[0] == MHA_BLOCK_S && !c->alibi && !c->sinks)) continue;
         if (n > 32) { /* (n*n)^2 normal equations: keep the fit small */
             printf("fit %-36s skipped: %d blocks (the fit handles up to 32)\n", H->what, n);
             continue;
@@ -431,11 +432,11 @@ int cmd_audit(int argc, char **argv) {
         free(fr.perm);
     }
     if (!found && ambiguous)
-        printf("cannot tell: a reordering fits the reference, but heads that are identical on this input "
-               "make several orders fit equally; no repair is printed (audit with another input, or "
-               "compare those heads' weights)\n");
+        printf("cannot tell: a reordering fits the reference, but blocks whose terms are identical (or "
+               "nearly) on this input make several orders fit; no repair is printed (audit with another "
+               "input, or compare those heads' weights)\n");
     else if (!found)
-        printf("not a permutation: no reordering of W_O, W_Q or K/V blocks explains the "
+        printf("not a permutation: no reordering of W_O, W_Q, K/V blocks or score parameters explains the "
                "mismatch (check the input, masks, scale and the weights themselves)\n");
     rc = AUDIT_MISMATCH;
     reported = 1;

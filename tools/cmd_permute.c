@@ -1,7 +1,7 @@
 /* cmd_permute.c — `mha permute --order 3,1,2,0 [--block B] IN OUT`.
  * Default (--block all): a consistent head permutation, moving W_Q/W_K/W_V
  * column blocks, biases, W_O row blocks and labels together, so Y is
- * unchanged. --block q|k|v|kv|o moves one kind of block only: the repair
+ * unchanged. --block q|k|v|kv|o|s moves one kind of block only: the repair
  * (or the mistake) of a broken conversion, printed by `mha audit`. */
 #include <errno.h>
 #include <stdio.h>
@@ -44,6 +44,8 @@ static mha_status relabel(mha_layer *L, const char *block) {
         if (!(s = mha_layer_labels(L, MHA_BLOCK_V, lab))) s = mha_layer_set_labels(L, MHA_BLOCK_K, lab);
     } else if (!s && strcmp(block, "v") == 0) {
         if (!(s = mha_layer_labels(L, MHA_BLOCK_K, lab))) s = mha_layer_set_labels(L, MHA_BLOCK_V, lab);
+    } else if (!s && strcmp(block, "s") == 0) {
+        if (!(s = mha_layer_labels(L, MHA_BLOCK_Q, lab))) s = mha_layer_set_labels(L, MHA_BLOCK_S, lab);
     } else if (!s && strcmp(block, "kv") == 0) {
         /* kv head g pairs with query heads g*rep..: label = their label / rep */
         if (!(s = mha_layer_labels(L, MHA_BLOCK_Q, lab))) {
@@ -66,8 +68,8 @@ int cmd_permute(int argc, char **argv) {
         {.name = "--order", .kind = MHA_ARG_STRING, .dest = &order, .metavar = "P",
          .help = "new head i is old head P[i], e.g. 3,1,2,0", .required = 1},
         {.name = "--block", .kind = MHA_ARG_STRING, .dest = &block, .metavar = "B",
-         .help = "all (default, Y unchanged) or one side only: q, k, v, kv, o",
-         .choices = "all|q|k|v|kv|o"},
+         .help = "all (default, Y unchanged) or one side only: q, k, v, kv, o, s (ALiBi slopes and sinks)",
+         .choices = "all|q|k|v|kv|o|s"},
         {.name = "--relabel", .kind = MHA_ARG_SWITCH, .dest = &do_relabel,
          .help = "after a one-sided move, give the moved blocks the labels of the blocks they now pair with"},
     };
@@ -76,7 +78,7 @@ int cmd_permute(int argc, char **argv) {
         .summary = "Permute the heads of a checkpoint and write it in the native layout, with\n"
                    "the head labels moved along.",
         .details = "--block all (default) moves every block of a head together: the output Y is\n"
-                   "unchanged. --block q|k|v|kv|o moves one kind only (h entries for q and o,\n"
+                   "unchanged. --block q|k|v|kv|o|s moves one kind only (h entries for q, o and s,\n"
                    "h_kv for k, v and kv): it changes Y, and is how `mha audit` repairs a\n"
                    "checkpoint whose blocks were written out of order.\n\n"
                    "example: mha permute --order 1,0,2,3 attn.safetensors attn_perm.safetensors\n",
@@ -104,11 +106,16 @@ int cmd_permute(int argc, char **argv) {
         return cli_outputs_finish(&outs, mha_cmd_error("permute", MHA_EXIT_RUNTIME, "out of memory"));
     }
     rc = parse_order(order, perm, n);
+    /* every layer has S labels, but only ALiBi slopes and sinks move with them */
+    if (!rc && strcmp(block, "s") == 0 && !c->alibi && !c->sinks)
+        rc = mha_cmd_error("permute", MHA_EXIT_USAGE, "--block s: %s has no ALiBi slopes or sinks; "
+                           "expected a layer with them (--block s moves only those)", pos[0]);
     mha_status s = MHA_OK;
     if (!rc) {
         if (strcmp(block, "all") == 0) s = mha_layer_permute_heads(L, perm);
         else if (strcmp(block, "q") == 0) s = mha_layer_permute_block(L, MHA_BLOCK_Q, perm);
         else if (strcmp(block, "o") == 0) s = mha_layer_permute_block(L, MHA_BLOCK_O, perm);
+        else if (strcmp(block, "s") == 0) s = mha_layer_permute_block(L, MHA_BLOCK_S, perm);
         else {
             if (strcmp(block, "v") != 0) s = mha_layer_permute_block(L, MHA_BLOCK_K, perm);
             if (!s && strcmp(block, "k") != 0) s = mha_layer_permute_block(L, MHA_BLOCK_V, perm);

@@ -156,6 +156,8 @@ def make(d):
     write_safetensors(d + "/scaled.safetensors", scaled, native_meta(h, h_kv, dh))
     # ALiBi slopes of heads 0 and 1 swapped alone: labels_s disagrees with labels_q
     slopes = np.array([0.5, 0.25, 0.125, 0.0625], np.float32)
+    write_safetensors(d + "/alibi.safetensors", dict(w, alibi_slopes=slopes),
+                      dict(native_meta(h, h_kv, dh), alibi="1", labels_s="0,1,2,3"))
     write_safetensors(d + "/alibi_s.safetensors", dict(w, alibi_slopes=slopes[[1, 0, 2, 3]]),
                       dict(native_meta(h, h_kv, dh), alibi="1", labels_s="1,0,2,3"))
     # twin: query heads 0 and 1 identical (one kv group), so Z^(0) = Z^(1)
