@@ -610,6 +610,19 @@ sys.exit(0 if a.shape == b.shape and np.isfinite(a).all() and np.abs(a - b).max(
     fail "--zero-attn: Y should change (an extra zero key dilutes every row)"
 run run --help
 expect_out "--zero-attn"
+# audit's repair keeps --zero-attn: without it `mha permute` writes a native
+# file without the zero row, another layer (Y 0.2 off here)
+run audit --weights $T/hf_bad_o.safetensors --heads 4 --zero-attn --input $T/x.npy --reference $T/y_zero.npy
+checks=$((checks + 1))
+[ "$rc" -eq 1 ] || fail "audit hf_bad_o: exit $rc, want 1"
+expect_out "fix: mha permute --heads 4 --zero-attn --block o --order 1,0,2,3 --relabel"
+fix=$(grep '^fix: ' "$tmp/out" | sed 's/^fix: mha //')
+# shellcheck disable=SC2086
+run $fix
+expect_ok
+run run --weights $T/hf_bad_o_fixed.safetensors --input $T/x.npy --output $T/y_zero_fixed.npy
+expect_ok
+close $T/y_zero_fixed.npy $T/y_zero.npy
 
 echo "io_cli_test: $checks checks, $fails failures"
 [ "$fails" -eq 0 ]

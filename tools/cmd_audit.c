@@ -239,6 +239,22 @@ static void fixed_name(char *out, size_t cap, const char *path) {
     snprintf(out, cap, "%.*s_fixed%s", (int)(dot - path), path, dot);
 }
 
+/* The `mha permute` that repairs the file: the checkpoint flags the audit
+ * loaded it with, so the native file written is the same layer. */
+static void print_fix(const cli_ckpt *ck, const hypothesis *H, const char *order) {
+    char out[4096];
+    fixed_name(out, sizeof out, ck->weights);
+    printf("fix: mha permute");
+    if (ck->layout) printf(" --layout %s", ck->layout);
+    if (ck->heads) printf(" --heads %lld", ck->heads);
+    if (ck->kv_heads) printf(" --kv-heads %lld", ck->kv_heads);
+    if (ck->prefix) printf(" --prefix %s", ck->prefix);
+    /* a state dict does not record add_zero_attn: without the flag the
+       repaired native file would be another layer */
+    if (ck->zero_attn) printf(" --zero-attn");
+    printf(" --block %s --order %s --relabel %s %s\n", H->flag, order, ck->weights, out);
+}
+
 static void print_labels_check(const mha_layer *L) {
     mha_contract_report rep;
     mha_status s = mha_layer_check_contract(L, NULL, NULL, 0, 0, 0, NULL, &rep);
@@ -415,15 +431,7 @@ int cmd_audit(int argc, char **argv) {
                         printf("\n");
                     }
                 }
-                char out[1024], extra[256] = "";
-                fixed_name(out, sizeof out, ck.weights);
-                size_t e = 0;
-                if (ck.layout) e += (size_t)snprintf(extra + e, sizeof extra - e, " --layout %s", ck.layout);
-                if (ck.heads) e += (size_t)snprintf(extra + e, sizeof extra - e, " --heads %lld", ck.heads);
-                if (ck.kv_heads) e += (size_t)snprintf(extra + e, sizeof extra - e, " --kv-heads %lld", ck.kv_heads);
-                if (ck.prefix) snprintf(extra + e, sizeof extra - e, " --prefix %s", ck.prefix);
-                printf("fix: mha permute%s --block %s --order %s --relabel %s %s\n", extra, H->flag,
-                       order, ck.weights, out);
+                print_fix(&ck, H, order);
             } else {
                 printf("  rejected: with that order max |Y - Y_ref| = %.3g\n", err2);
             }

@@ -98,6 +98,9 @@ def make(d):
     w = weights(D, h, h_kv, dh)
     write_safetensors(d + "/native.safetensors", w, native_meta(h, h_kv, dh))
     write_safetensors(d + "/hf.safetensors", hf(w))
+    # hf with W_O's row blocks 0 and 1 swapped (o_proj's column blocks)
+    bad_o = dict(w, w_o=w["w_o"].reshape(h, dh, D)[[1, 0, 2, 3]].reshape(h * dh, D))
+    write_safetensors(d + "/hf_bad_o.safetensors", hf(bad_o))
     fused = hf(w)  # Phi-3: q, k, v rows stacked in one qkv_proj
     P = "model.layers.0.self_attn."
     fused[P + "qkv_proj.weight"] = np.concatenate([fused.pop(P + n + "_proj.weight") for n in "qkv"])
