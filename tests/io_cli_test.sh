@@ -623,6 +623,25 @@ expect_ok
 run run --weights $T/hf_bad_o_fixed.safetensors --input $T/x.npy --output $T/y_zero_fixed.npy
 expect_ok
 close $T/y_zero_fixed.npy $T/y_zero.npy
+# ... and the variant flags: without --sinks `mha permute` wrote a native
+# file that had lost the sink logits (run with --sinks it was refused, run
+# without it computed another layer)
+run run --weights $T/hf_sinks.safetensors --heads 4 --sinks sinks --input $T/x.npy --output $T/y_sinks.npy
+expect_ok
+run audit --weights $T/hf_sinks_bad_o.safetensors --heads 4 --sinks sinks --input $T/x.npy --reference $T/y_sinks.npy
+checks=$((checks + 1))
+[ "$rc" -eq 1 ] || fail "audit hf_sinks_bad_o: exit $rc, want 1"
+expect_out "fix: mha permute --heads 4 --sinks sinks --block o --order 1,0,2,3 --relabel"
+fix=$(grep '^fix: ' "$tmp/out" | sed 's/^fix: mha //')
+# shellcheck disable=SC2086
+run $fix
+expect_ok
+run run --weights $T/hf_sinks_bad_o_fixed.safetensors --input $T/x.npy --output $T/y_sinks_fixed.npy
+expect_ok
+close $T/y_sinks_fixed.npy $T/y_sinks.npy
+run permute --heads 4 --sinks no_such --order 1,0,2,3 $T/hf_sinks.safetensors $T/no_sinks.safetensors
+expect_error 1 "no tensor no_such"
+[ ! -e $T/no_sinks.safetensors ] || fail "a refused permute --sinks wrote its output"
 
 echo "io_cli_test: $checks checks, $fails failures"
 [ "$fails" -eq 0 ]

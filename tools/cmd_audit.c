@@ -241,7 +241,7 @@ static void fixed_name(char *out, size_t cap, const char *path) {
 
 /* The `mha permute` that repairs the file: the checkpoint flags the audit
  * loaded it with, so the native file written is the same layer. */
-static void print_fix(const cli_ckpt *ck, const hypothesis *H, const char *order) {
+static void print_fix(const cli_ckpt *ck, const cli_variant_flags *vf, const hypothesis *H, const char *order) {
     char out[4096];
     fixed_name(out, sizeof out, ck->weights);
     printf("fix: mha permute");
@@ -252,6 +252,16 @@ static void print_fix(const cli_ckpt *ck, const hypothesis *H, const char *order
     /* a state dict does not record add_zero_attn: without the flag the
        repaired native file would be another layer */
     if (ck->zero_attn) printf(" --zero-attn");
+    /* and the variants that make the layer: --sinks and --qk-norm read
+       tensors the native file keeps only when the layer has them */
+    if (vf->rope) printf(" --rope %s", vf->rope);
+    if (vf->rope_theta) printf(" --rope-theta %.17g", vf->rope_theta);
+    if (vf->rope_dim) printf(" --rope-dim %lld", vf->rope_dim);
+    if (vf->rope_scale) printf(" --rope-scale %s", vf->rope_scale);
+    if (vf->alibi) printf(" --alibi");
+    if (vf->softcap) printf(" --softcap %.17g", vf->softcap);
+    if (vf->sinks) printf(" --sinks %s", vf->sinks);
+    if (vf->qk_norm) printf(" --qk-norm %s", vf->qk_norm);
     printf(" --block %s --order %s --relabel %s %s\n", H->flag, order, ck->weights, out);
 }
 
@@ -431,7 +441,7 @@ int cmd_audit(int argc, char **argv) {
                         printf("\n");
                     }
                 }
-                print_fix(&ck, H, order);
+                print_fix(&ck, &vf, H, order);
             } else {
                 printf("  rejected: with that order max |Y - Y_ref| = %.3g\n", err2);
             }

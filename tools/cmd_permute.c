@@ -10,6 +10,7 @@
 
 #include "commands.h"
 #include "io_cli.h"
+#include "run_variants.h"
 
 /* "3,1,2,0" -> perm[n]; exactly n entries. */
 static int parse_order(const char *s, int *perm, int n) {
@@ -63,8 +64,10 @@ int cmd_permute(int argc, char **argv) {
     cli_ckpt ck = {0};
     const char *order = NULL, *block = NULL;
     int do_relabel = 0;
+    cli_variant_flags vf = {0};
     mha_arg args[] = {
         CLI_LAYOUT_ARGS(ck, "--layout"),
+        CLI_LAYER_VARIANT_ARGS(vf),
         {.name = "--order", .kind = MHA_ARG_STRING, .dest = &order, .metavar = "P",
          .help = "new head i is old head P[i], e.g. 3,1,2,0", .required = 1},
         {.name = "--block", .kind = MHA_ARG_STRING, .dest = &block, .metavar = "B",
@@ -96,6 +99,15 @@ int cmd_permute(int argc, char **argv) {
     mha_layer *L;
     int rc = cli_parse_load(&L, pos, &spec, &ck, &outs, argc, argv);
     if (rc != MHA_ARGS_CONTINUE) return rc;
+    /* the variants a state dict does not record (--sinks, --qk-norm tensors,
+       --alibi, RoPE), so the native file written is the layer that runs */
+    cli_fwd unused = {0};
+    cli_ckpt in = ck;
+    in.weights = pos[0]; /* the checkpoint is IN, not --weights */
+    if ((rc = cli_apply_variants(&L, &unused, &vf, &in))) {
+        mha_layer_free(L);
+        return cli_outputs_finish(&outs, rc);
+    }
     const mha_config *c = mha_layer_config(L);
     if (!block) block = "all";
     int kv = strcmp(block, "k") == 0 || strcmp(block, "v") == 0 || strcmp(block, "kv") == 0;

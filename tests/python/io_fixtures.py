@@ -101,6 +101,10 @@ def make(d):
     # hf with W_O's row blocks 0 and 1 swapped (o_proj's column blocks)
     bad_o = dict(w, w_o=w["w_o"].reshape(h, dh, D)[[1, 0, 2, 3]].reshape(h * dh, D))
     write_safetensors(d + "/hf_bad_o.safetensors", hf(bad_o))
+    # gpt-oss-style sink logits beside the hf names, good and with W_O's blocks swapped
+    sinks = {"model.layers.0.self_attn.sinks": np.array([1.5, -1.0, 0.5, 2.0], np.float32)}
+    write_safetensors(d + "/hf_sinks.safetensors", dict(hf(w), **sinks))
+    write_safetensors(d + "/hf_sinks_bad_o.safetensors", dict(hf(bad_o), **sinks))
     fused = hf(w)  # Phi-3: q, k, v rows stacked in one qkv_proj
     P = "model.layers.0.self_attn."
     fused[P + "qkv_proj.weight"] = np.concatenate([fused.pop(P + n + "_proj.weight") for n in "qkv"])
