@@ -100,11 +100,15 @@ int cmd_permute(int argc, char **argv) {
     int rc = cli_parse_load(&L, pos, &spec, &ck, &outs, argc, argv);
     if (rc != MHA_ARGS_CONTINUE) return rc;
     /* the variants a state dict does not record (--sinks, --qk-norm tensors,
-       --alibi, RoPE), so the native file written is the layer that runs */
+       --alibi, RoPE), so the native file written is the layer that runs;
+       only when asked, as config.json's forward settings (a per-layer
+       sliding window) are no concern of a permutation */
+    const int variants = vf.rope || vf.rope_theta || vf.rope_dim || vf.rope_scale || vf.alibi ||
+                         vf.softcap || vf.sinks || vf.qk_norm;
     cli_fwd unused = {0};
     cli_ckpt in = ck;
     in.weights = pos[0]; /* the checkpoint is IN, not --weights */
-    if ((rc = cli_apply_variants(&L, &unused, &vf, &in))) {
+    if (variants && (rc = cli_apply_variants(&L, &unused, &vf, &in))) {
         mha_layer_free(L);
         return cli_outputs_finish(&outs, rc);
     }
