@@ -287,6 +287,19 @@ audit_case() { # NAME CORRUPT_ARGS... ; corrupts native with `mha permute`, audi
     expect_ok
     expect_out "labels: consistent"
 }
+# audit_fix NAME WANT AUDIT_ARGS...: the audit finds the mismatch (exit 1),
+# prints the fix line WANT, and that `mha permute` runs
+audit_fix() {
+    name=$1 want=$2; shift 2
+    run audit "$@"
+    checks=$((checks + 1))
+    [ "$rc" -eq 1 ] || fail "audit $name: exit $rc, want 1"
+    expect_out "$want"
+    fix=$(grep '^fix: ' "$tmp/out" | sed 's/^fix: mha //')
+    # shellcheck disable=SC2086
+    run $fix
+    expect_ok
+}
 want_fix="--block o --order 1,0,2,3"
 audit_case bad_o --block o --order 1,0,2,3
 want_fix="--block q --order 3,0,1,2"
@@ -321,14 +334,8 @@ expect_out "labels: disagree: score parameter (ALiBi slope, sink) block at posit
 # ... and the slopes moved alone are found and repaired (--block s)
 run run --weights $T/alibi.safetensors --input $T/x.npy --output $T/y_alibi.npy
 expect_ok
-run audit --weights $T/alibi_s.safetensors --input $T/x.npy --reference $T/y_alibi.npy
-checks=$((checks + 1))
-[ "$rc" -eq 1 ] || fail "audit alibi_s vs y_alibi: exit $rc, want 1"
-expect_out "fix: mha permute --block s --order 1,0,2,3 --relabel"
-fix=$(grep '^fix: ' "$tmp/out" | sed 's/^fix: mha //')
-# shellcheck disable=SC2086
-run $fix
-expect_ok
+audit_fix "alibi_s vs y_alibi" "fix: mha permute --block s --order 1,0,2,3 --relabel" \
+    --weights $T/alibi_s.safetensors --input $T/x.npy --reference $T/y_alibi.npy
 run audit --weights $T/alibi_s_fixed.safetensors --input $T/x.npy --reference $T/y_alibi.npy
 expect_ok
 expect_out "labels: consistent"
@@ -354,14 +361,8 @@ run run --weights $T/silent.safetensors --input $T/x.npy --output $T/y_silent.np
 expect_ok
 run permute --block o --order 3,0,1,2 $T/silent.safetensors $T/silent_bad.safetensors
 expect_ok
-run audit --weights $T/silent_bad.safetensors --input $T/x.npy --reference $T/y_silent.npy
-checks=$((checks + 1))
-[ "$rc" -eq 1 ] || fail "audit silent_bad: exit $rc, want 1"
-expect_out "fix: mha permute --block o --order 1,2,3,0 --relabel"
-fix=$(grep '^fix: ' "$tmp/out" | sed 's/^fix: mha //')
-# shellcheck disable=SC2086
-run $fix
-expect_ok
+audit_fix silent_bad "fix: mha permute --block o --order 1,2,3,0 --relabel" \
+    --weights $T/silent_bad.safetensors --input $T/x.npy --reference $T/y_silent.npy
 run audit --weights $T/silent_bad_fixed.safetensors --input $T/x.npy --reference $T/y_silent.npy
 expect_ok
 expect_out "labels: consistent"
@@ -612,14 +613,8 @@ run run --help
 expect_out "--zero-attn"
 # audit's repair keeps --zero-attn: without it `mha permute` writes a native
 # file without the zero row, another layer (Y 0.2 off here)
-run audit --weights $T/hf_bad_o.safetensors --heads 4 --zero-attn --input $T/x.npy --reference $T/y_zero.npy
-checks=$((checks + 1))
-[ "$rc" -eq 1 ] || fail "audit hf_bad_o: exit $rc, want 1"
-expect_out "fix: mha permute --heads 4 --zero-attn --block o --order 1,0,2,3 --relabel"
-fix=$(grep '^fix: ' "$tmp/out" | sed 's/^fix: mha //')
-# shellcheck disable=SC2086
-run $fix
-expect_ok
+audit_fix hf_bad_o "fix: mha permute --heads 4 --zero-attn --block o --order 1,0,2,3 --relabel" \
+    --weights $T/hf_bad_o.safetensors --heads 4 --zero-attn --input $T/x.npy --reference $T/y_zero.npy
 run run --weights $T/hf_bad_o_fixed.safetensors --input $T/x.npy --output $T/y_zero_fixed.npy
 expect_ok
 close $T/y_zero_fixed.npy $T/y_zero.npy
@@ -628,14 +623,8 @@ close $T/y_zero_fixed.npy $T/y_zero.npy
 # without it computed another layer)
 run run --weights $T/hf_sinks.safetensors --heads 4 --sinks sinks --input $T/x.npy --output $T/y_sinks.npy
 expect_ok
-run audit --weights $T/hf_sinks_bad_o.safetensors --heads 4 --sinks sinks --input $T/x.npy --reference $T/y_sinks.npy
-checks=$((checks + 1))
-[ "$rc" -eq 1 ] || fail "audit hf_sinks_bad_o: exit $rc, want 1"
-expect_out "fix: mha permute --heads 4 --sinks sinks --block o --order 1,0,2,3 --relabel"
-fix=$(grep '^fix: ' "$tmp/out" | sed 's/^fix: mha //')
-# shellcheck disable=SC2086
-run $fix
-expect_ok
+audit_fix hf_sinks_bad_o "fix: mha permute --heads 4 --sinks sinks --block o --order 1,0,2,3 --relabel" \
+    --weights $T/hf_sinks_bad_o.safetensors --heads 4 --sinks sinks --input $T/x.npy --reference $T/y_sinks.npy
 run run --weights $T/hf_sinks_bad_o_fixed.safetensors --input $T/x.npy --output $T/y_sinks_fixed.npy
 expect_ok
 close $T/y_sinks_fixed.npy $T/y_sinks.npy
