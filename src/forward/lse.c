@@ -15,7 +15,7 @@ mha_status mha_forward_lse(const mha_layer *L, float *y, const mha_capture *cap,
                            const float *x, const float *k_src, const float *v_src, int B, int T,
                            int S, const mha_options *opt) {
     mha_options defaults;
-    mha_status s = mha_forward_request("mha_forward", L, y, x, &k_src, &v_src, &opt, &defaults, B, T, S);
+    mha_status s = mha_forward_request("mha_forward_lse", L, y, x, &k_src, &v_src, &opt, &defaults, B, T, S);
     if (s) return s;
     if (!lse) return mha_fail(MHA_E_ARG, "mha_forward_lse: lse is NULL; expected (B,h,T) floats");
     mha_clear_error();

@@ -333,7 +333,6 @@ static mha_status default_slopes(mha_tensors *nt, const mha_config *c, int first
     return s;
 }
 
-/* The native tensor set of heads [first, first+n) and kv heads [g0, g0+g). */
 /* A bf16 or int8 native file's shard keeps its stored form: the copied
  * matrices keep the file's dtype (their floats are the bf16 values or the
  * int8 codes) and each int8 scale tensor (groups, N) gives the shard's
@@ -366,6 +365,7 @@ static mha_status narrow_stored(mha_tensors *nt, const source *src, const mha_te
     return s;
 }
 
+/* The native tensor set of heads [first, first+n) and kv heads [g0, g0+g). */
 static mha_status narrow(mha_tensors **out, const source *src, const mha_tensors *t, const char *prefix,
                          int first, int n, int g0, int g) {
     const mha_config *c = &src->c;
