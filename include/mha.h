@@ -416,10 +416,10 @@ MHA_API int mha_get_num_threads(void);
  * built (src/forward/lse.c, src/forward/merge.c). mha_forward_lse and
  * mha_attention_merge run in double (the reference); mha_attend_lse
  * follows options.path: AUTO and FAST run the fast path's tiled online
- * softmax in fp32 (the fast backward's first pass), AUTO falling back to
- * the reference for softcap or scores beyond the fast range (FAST then
- * returns MHA_E_UNSUPPORTED); MHA_KERNELS=reference and REFERENCE run the
- * double reference. */
+ * softmax in fp32 (the fast backward's first pass, softcap included), AUTO
+ * falling back to the reference for scores beyond the fast range (FAST
+ * then returns MHA_E_UNSUPPORTED); MHA_KERNELS=reference and REFERENCE run
+ * the double reference. */
 
 /* mha_forward_kv (y, cap, sources and options as there) that also writes
  * lse (B,h,T): lse[b,r,i] = log sum_j exp(scale q_i . k_j + additive_ij)
@@ -559,10 +559,13 @@ typedef struct {
  * opt (NULL sources mean what they mean there). dy (B,T,d_model) must be
  * finite. opt->path: AUTO and FAST run the fast fp32 backward
  * (FlashAttention-2 tiles, no (T,S) buffer, thread-count independent);
- * REFERENCE the double-accumulating reference backward. FAST returns
+ * REFERENCE the double-accumulating reference backward. Both serve the
+ * variants (rope, alibi, softcap, sinks, qk_norm: the fast one applies
+ * QK-norm and RoPE to its recomputed Q, K and their transposes to dQ, dK,
+ * ALiBi, softcap and the sinks inside its tiles). FAST returns
  * MHA_E_UNSUPPORTED for MHA_MASKED_ROW_NAN with a fully masked query row
- * and for layers with rope, alibi, softcap, sinks or qk_norm (AUTO then
- * runs the reference), and MHA_E_NONFINITE naming the gradient when its
+ * and for options.sink_tokens (AUTO then runs the reference), and
+ * MHA_E_NONFINITE naming the gradient when its
  * fp32 sums overflowed (dy near FLT_MAX; AUTO then runs the reference,
  * whose gradients are Inf only where the exact value exceeds fp32).
  * Asking for a gradient the layer or the call has no tensor for (db_* of
@@ -599,10 +602,11 @@ typedef struct mha_tape mha_tape;
  * backward's own tiles, so that the tape backward is mha_backward_kv's
  * bit for bit. MHA_E_UNSUPPORTED (nothing written, *tape NULL) where the
  * fast backward does not serve the request: opt->path REFERENCE (or AUTO
- * under MHA_KERNELS=reference), layers with rope, alibi, softcap, sinks
- * or qk_norm, options.sink_tokens, MHA_MASKED_ROW_NAN with a fully masked
- * row, scores beyond MHA_FAST_SCORE_LIMIT; the caller then runs
- * mha_forward_kv and mha_backward_kv (which fall back themselves).
+ * under MHA_KERNELS=reference), options.sink_tokens, MHA_MASKED_ROW_NAN
+ * with a fully masked row, scores beyond MHA_FAST_SCORE_LIMIT; the caller
+ * then runs mha_forward_kv and mha_backward_kv (which fall back
+ * themselves). Layers with variants keep a tape too (and the Q, K before
+ * QK-norm when they have it).
  * MHA_E_NONFINITE when y overflows fp32 (*tape NULL). */
 MHA_API mha_status mha_forward_train(const mha_layer *layer, float *y, mha_tape **tape, const float *x,
                                      const float *k_src, const float *v_src, int B, int T, int S,

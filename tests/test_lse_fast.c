@@ -2,8 +2,9 @@
  * online softmax) against its double reference: z and lse within the
  * tolerance rule (fast error <= 2 x naive fp32 error + 1e-6, the naive
  * fp32 attention written here), across tiles (T, S > 96), GQA, causal,
- * windows, padding, (T,S) masks and fully masked rows; bit-identical for
- * 1 and 2 threads; softcap and out-of-range scores go to the reference.
+ * windows, padding, (T,S) masks, fully masked rows and softcap;
+ * bit-identical for 1 and 2 threads; out-of-range scores go to the
+ * reference.
  * Legend: B, T, S, h, h_kv, d_k, d_v (see mha.h). */
 #include <stdlib.h>
 #include <string.h>
@@ -14,8 +15,9 @@
 enum { B_ = 2, T_ = 130, S_ = 200, H_ = 4, HKV_ = 2, DK_ = 16, DV_ = 8 };
 
 /* z (B,T,h*d_v), lse (B,h,T) in fp32: two-pass softmax per row with the
- * tests' own mask rule (naive_key_allowed); -inf lse (z 0) when no key. */
-static void naive32_attend(float *z, float *lse, const float *q, const float *k, const float *v,
+ * tests' own mask rule (naive_key_allowed); -inf lse (z 0) when no key;
+ * scores cap tanh(s / cap) when cap != 0 (Gemma 2's soft-capping). */
+static void naive32_attend(float *z, float *lse, const float *q, const float *k, const float *v, float cap,
                            const mha_options *o) {
     const float scale = 1.0f / sqrtf((float)DK_);
     float s[S_];
@@ -32,7 +34,9 @@ static void naive32_attend(float *z, float *lse, const float *q, const float *k,
                     const float *kj = k + ((size_t)b * S_ + j) * HKV_ * DK_ + g * DK_;
                     float dot = 0.0f;
                     for (int e = 0; e < DK_; e++) dot += qi[e] * kj[e];
-                    s[j] = scale * dot + (float)add;
+                    s[j] = scale * dot;
+                    if (cap != 0.0f) s[j] = cap * tanhf(s[j] / cap);
+                    s[j] += (float)add;
                     if (s[j] > m) m = s[j];
                 }
                 for (int e = 0; e < DV_; e++) zi[e] = 0.0f;
@@ -90,7 +94,7 @@ static void check_case(const fixture *f, const char *what, mha_options o) {
     CHECK_OK(mha_attend_lse(&f->c, zf, lf, f->q, f->k, f->v, B_, T_, S_, &o));
     o.path = MHA_PATH_REFERENCE;
     CHECK_OK(mha_attend_lse(&f->c, zr, lr, f->q, f->k, f->v, B_, T_, S_, &o));
-    naive32_attend(zn, ln, f->q, f->k, f->v, &o);
+    naive32_attend(zn, ln, f->q, f->k, f->v, f->c.softcap, &o);
     if (o.masked_row == MHA_MASKED_ROW_NAN) /* the naive one writes 0: compare z where a key exists */
         for (size_t i = 0; i < nz; i++)
             if (isnan(zr[i])) zn[i] = NAN;
@@ -122,6 +126,10 @@ static void lse_fast_matches_reference(void) {
     o = mha_options_default();
     o.window_left = 20, o.window_right = 5, o.additive_mask = (mha_mask){f.add, 1, 1};
     check_case(&f, "window + additive (T,S) mask", o);
+    f.c.softcap = 0.3f; /* scores reach ~1.5: well into tanh's curve */
+    o = mha_options_default();
+    o.causal = 1, o.key_keep = f.keep;
+    check_case(&f, "softcap, causal + padding", o);
     fixture_free(&f);
 }
 
@@ -161,19 +169,19 @@ static void lse_fast_thread_count_free(void) {
     fixture_free(&f);
 }
 
-/* softcap and scores beyond the fast range: FAST refuses, AUTO gives the
- * reference's bits. */
+/* scores beyond the fast range: FAST refuses, AUTO gives the reference's
+ * bits. */
 static void lse_fast_falls_back(void) {
     fixture f;
     fixture_make(&f, 1503);
     two_outputs t = two_alloc();
     mha_options o = mha_options_default();
     for (int round = 0; round < 2; round++) {
-        if (round == 0) f.c.softcap = 5.0f;
-        else f.c.softcap = 0.0f, f.q[0] = 3e5f; /* one row's scores beyond MHA_FAST_SCORE_LIMIT */
+        f.c.softcap = round == 0 ? 0.0f : 5.0f; /* softcap is no way around the range rule */
+        f.q[0] = 3e5f;                           /* one row's scores beyond MHA_FAST_SCORE_LIMIT */
         o.path = MHA_PATH_FAST;
         CHECK_STATUS(mha_attend_lse(&f.c, t.z[0], t.l[0], f.q, f.k, f.v, B_, T_, S_, &o), MHA_E_UNSUPPORTED);
-        CHECK_ERROR_MENTIONS(round == 0 ? "softcap" : "beyond");
+        CHECK_ERROR_MENTIONS("beyond");
         o.path = MHA_PATH_AUTO;
         CHECK_OK(mha_attend_lse(&f.c, t.z[0], t.l[0], f.q, f.k, f.v, B_, T_, S_, &o));
         o.path = MHA_PATH_REFERENCE;

@@ -41,6 +41,7 @@ static const test_area_fn areas[] = {
     tests_merge,
     tests_backward_fast,
     tests_backward_fast_isa,
+    tests_backward_variants_isa,
     tests_tape,
     tests_tape_isa,
     tests_variants_io,
@@ -65,7 +66,8 @@ static const test_area_fn areas[] = {
  * stay checked against the reference on every ISA
  * (MHA_TEST_ISA in main narrows it). */
 static const test_area_fn per_isa_areas[] = {tests_fast, tests_cache, tests_cache_i8, tests_lse_fast,
-                                             tests_backward_fast_isa, tests_tape_isa, tests_weights_isa,
+                                             tests_backward_fast_isa, tests_backward_variants_isa, tests_tape_isa,
+                                             tests_weights_isa,
                                              tests_decode_stream_isa, tests_bf16_matmul_isa};
 
 static int run_per_isa(test_area_fn area) {

@@ -114,13 +114,6 @@ static void tape_refuses_what_the_fast_backward_does_not_serve(void) {
     else unsetenv("MHA_KERNELS");
     free(saved);
     naive_bw_case_free(&f);
-
-    mha_config c = naive_config(8, 2, 0, 0, 0, 1);
-    c.alibi = 1;
-    naive_bw_case_make(&f, c, 1, 6, 6, 0, 0, 1403);
-    if (f.L) check_refused(&f, "alibi=1");
-    if (f.L) check_refused(&f, "then mha_backward_kv"); /* what to run instead, not a path it already has */
-    naive_bw_case_free(&f);
 }
 
 /* The backward refuses a tape that is not its forward's, naming what

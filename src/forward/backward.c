@@ -150,7 +150,6 @@ mha_status mha_backward_exec(const mha_exec *ex, const mha_layer *L, const mha_g
     mha_options defaults;
     mha_status s = mha_backward_validate(L, g, dy, x, &k_src, &v_src, &opt, &defaults, B, T, S);
     if (s) return s;
-    /* rope, sinks, qk_norm, alibi, softcap: the reference backward only (FAST refuses, AUTO falls back) */
     mha_clear_error();
     /* MHA_KERNELS=reference (ex->reference) forces the oracle under AUTO, as in mha_forward */
     if (opt->sink_tokens > 0 && opt->path == MHA_PATH_FAST) /* its tiles take the window as one interval */

@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/variants.h"
 #include "forward/backward_fast.h"
 
 #ifndef BQ
@@ -51,6 +52,8 @@ typedef struct {
     float *m, *l, *alpha, *ones; /* (BQ)                                       */
     int *tlo, *thi;   /* (BQ) [lo, hi] relative to the key block               */
     float *keyadd;    /* (BK) per-key padding term (-inf: masked)              */
+    float *dcap;      /* (BQ, BK) softcap's derivative 1 - tanh^2 (softcap only) */
+    int *qpos, *kpos; /* (Tp) query and (BK) key positions (ALiBi)             */
     /* pass 1: one kv head's K^T panels and V rows, key blocks packed as
      * first used (head_cache) */
     float *head_kt, *head_vr; /* (Sx16/16, d_k, 16), (Sx, dv16)                 */
@@ -67,15 +70,17 @@ static int scratch_init(scratch *w, const mha_config *c, int T) {
     const size_t tp = (size_t)(T + BQ - 1) / BQ * BQ;
     memset(w, 0, sizeof *w);
     float **p[] = {&w->qs, &w->qr, &w->zr, &w->lse, &w->dq, &w->kt, &w->vt, &w->kr,
-                   &w->acck, &w->accv, &w->s, &w->dp, &w->m, &w->keyadd};
+                   &w->acck, &w->accv, &w->s, &w->dp, &w->m, &w->keyadd, &w->dcap};
     const size_t n[] = {(size_t)BQ * d_k, tp * dk16, tp * dv16, tp * 3, tp * dk16, (size_t)BK * d_k,
                         (size_t)BK * d_v, (size_t)BK * dmax, (size_t)(BK > BQ ? BK : BQ) * dmax,
-                        (size_t)BK * dv16, (size_t)BQ * BK, (size_t)BQ * BK, (size_t)BQ * 4, BK};
+                        (size_t)BK * dv16, (size_t)BQ * BK, (size_t)BQ * BK, (size_t)BQ * 4, BK,
+                        c->softcap != 0.0f ? (size_t)BQ * BK : 1};
     int ok = 1;
     for (size_t i = 0; i < sizeof n / sizeof n[0]; i++) ok &= (*p[i] = alloc64(n[i])) != NULL;
-    w->lo = malloc(sizeof(int) * (tp * 2 + BQ * 2));
+    w->lo = malloc(sizeof(int) * (tp * 3 + BQ * 2 + BK));
     if (!ok || !w->lo) return 0;
     w->dd = w->lse + tp, w->rm = w->dd + tp, w->hi = w->lo + tp, w->tlo = w->hi + tp, w->thi = w->tlo + BQ;
+    w->qpos = w->thi + BQ, w->kpos = w->qpos + tp;
     w->l = w->m + BQ, w->alpha = w->l + BQ, w->ones = w->alpha + BQ;
     for (int i = 0; i < BQ; i++) w->ones[i] = 1.0f;
     /* the transposed products read up to 6 columns past a tile's keys (the
@@ -87,7 +92,7 @@ static int scratch_init(scratch *w, const mha_config *c, int T) {
 static void scratch_free(scratch *w) {
     free(w->qs), free(w->qr), free(w->zr), free(w->lse), free(w->dq), free(w->kt);
     free(w->vt), free(w->kr), free(w->acck), free(w->accv), free(w->s), free(w->dp), free(w->m);
-    free(w->keyadd), free(w->lo), free(w->head_kt), free(w->head_vr), free(w->head_done);
+    free(w->keyadd), free(w->dcap), free(w->lo), free(w->head_kt), free(w->head_vr), free(w->head_done);
 }
 
 /* ------------------------------------------------------------ packing */
@@ -184,6 +189,28 @@ static void mask_tile(scratch *w, const mha_bwd_attn *a, int b, int r, int i0, i
         for (int j = 0; j < extra; j++) w->s[(size_t)i * BK + j] += w->keyadd[j];
 }
 
+/* The variants inside the softmax on the scores s (rows6, nj) of query
+ * rows with positions qpos (n) and keys j0..: softcap, then ALiBi, as the
+ * forward's tiles (attention.c), with the same kernels. want_dcap: also
+ * w->dcap = d(cap tanh(u / cap))/du = 1 - tanh^2 for pass 2's dS. */
+static void score_variants(scratch *w, const mha_bwd_attn *a, const mha_kernels *kern, int b, int r,
+                           const int *qpos, int n, int rows6, int j0, int nj, int want_dcap) {
+    const mha_config *c = a->cfg;
+    if (c->softcap != 0.0f) {
+        const float cap = c->softcap;
+        mha_attn_softcap_get(kern)(w->s, BK, cap, rows6, nj);
+        for (int i = 0; want_dcap && i < rows6; i++)
+            for (int j = 0; j < nj; j++) {
+                const float th = w->s[(size_t)i * BK + j] / cap;
+                w->dcap[(size_t)i * BK + j] = 1.0f - th * th;
+            }
+    }
+    if (c->alibi) {
+        for (int j = 0; j < nj; j++) w->kpos[j] = mha_key_position(a->opt, a->keys_are_x, b, j0 + j, a->S);
+        mha_attn_alibi_get(kern)(w->s, BK, qpos, w->kpos, a->alibi_slopes[r], n, nj);
+    }
+}
+
 /* Of batch b, kv head g, keys j0.. (nj): K_j^T into kt and V_j^T into vt
  * (panels), V_j into vr and K_j into kr (rows); vt, vr, kr NULL: not
  * wanted. bk's transposing copy (the portable one when bk is NULL). Pass 1
@@ -247,6 +274,7 @@ static long forward_task(scratch *w, const mha_bwd_attn *a, const mha_kernels *k
                d_k, a->scale);
     row_intervals(w, a, 0, i0, n, rows6);
     for (int i = 0; i < rows6; i++) w->m[i] = -INFINITY, w->l[i] = 0.0f;
+    for (int i = 0; c->alibi && i < n; i++) w->qpos[i] = mha_query_position(a->opt, b, i0 + i, a->T);
     memset(w->acck, 0, sizeof(float) * rows6 * dv16);
     const int cached = head_cache(w, a, b, g);
     for (int j0 = 0; j0 < a->Sx; j0 += BK) {
@@ -258,11 +286,15 @@ static long forward_task(scratch *w, const mha_bwd_attn *a, const mha_kernels *k
         if (!cached || !w->head_done[j0 / BK]) load_keys(kt, NULL, vr, NULL, a, bk, b, g, j0, nj);
         if (cached) w->head_done[j0 / BK] = 1;
         kern->attn_scores(w->s, BK, w->qs, kt, d_k, rows6, (nj + 15) / 16);
+        score_variants(w, a, kern, b, r, w->qpos, n, rows6, j0, nj, 0);
         if (general) mask_tile(w, a, b, r, i0, n, j0, extra);
         kern->attn_softmax(w->s, BK, w->m, w->l, w->alpha, bounded ? w->tlo : NULL, w->thi, extra, rows6, nj);
         kern->attn_pv(w->acck, dv16, w->s, BK, vr, dv16, w->alpha, rows6, nj, dv16);
     }
-    // --- Z = O / l; m and log l (row_max), else lse = m + log l; a row with no allowed key: Z = 0, lse = +inf
+    // --- Z = O / l; m and log l (row_max), else lse = m + log l; a row with no allowed key: Z = 0, lse = +inf;
+    //     a sink adds exp(sink_r - m) to the sum of a row that has keys (as attention.c)
+    for (int i = 0; c->sinks && i < n; i++)
+        if (w->l[i] != 0.0f) w->l[i] += expf(a->sinks[r] - w->m[i]);
     long masked = 0;
     for (int i = 0; i < n; i++) {
         float *zrow = a->z + ((size_t)b * a->T + i0 + i) * h * d_v + (size_t)r * d_v;
@@ -312,6 +344,14 @@ static void backward_task(scratch *w, const mha_bwd_attn *a, const float *dd, co
         const int n = T - i0 < BQ ? T - i0 : BQ;
         row_intervals(w, a, i0, i0, n, round6(n));
     }
+    for (int i = 0; c->alibi && i < T; i++) w->qpos[i] = mha_query_position(a->opt, b, i, T);
+    // --- the sink's share p_sink = exp(sink_r - m - log l) of each row; its dP is 0: dl/dsink_r = -sum p_sink D
+    if (c->sinks) {
+        double acc = 0.0;
+        for (int i = 0; i < T; i++)
+            if (w->lse[i] != INFINITY) acc += exp((double)a->sinks[r] - w->rm[i] - w->lse[i]) * w->dd[i];
+        a->d_sinks_part[(size_t)b * h + r] = (float)-acc;
+    }
     memset(w->dq, 0, sizeof(float) * (size_t)T6 * dk16);
     for (int j0 = 0; j0 < a->Sx; j0 += BK) {
         const int nj = a->Sx - j0 < BK ? a->Sx - j0 : BK, nj6 = round6(nj), np = (nj + 15) / 16;
@@ -336,9 +376,12 @@ static void backward_task(scratch *w, const mha_bwd_attn *a, const float *dd, co
             if (!loaded) load_keys(w->kt, w->vt, NULL, keys_in_place(c) ? NULL : w->kr, a, bk, b, g, j0, nj), loaded = 1;
             bk->scores_rows(w->s, BK, w->qr + (size_t)i0 * dk16, dk16, w->kt, d_k, rows6, np);  /* S  */
             bk->scores_rows(w->dp, BK, w->zr + (size_t)i0 * dv16, dv16, w->vt, d_v, rows6, np); /* dP */
+            score_variants(w, a, kern, b, r, w->qpos + i0, n, rows6, j0, nj, 1);
             if (general) mask_tile(w, a, b, r, i0, n, j0, extra);
             bk->probs_ds(w->s, w->dp, BK, w->lse + i0, w->rm + i0, w->dd + i0, 1.0f, bounded ? w->tlo : NULL, w->thi,
                          extra, rows6, nj);
+            for (int i = 0; c->softcap != 0.0f && i < rows6; i++) /* dS of the raw score: times softcap' */
+                for (int j = 0; j < nj; j++) w->dp[(size_t)i * BK + j] *= w->dcap[(size_t)i * BK + j];
             bk->accumulate_tn(w->accv, dv16, w->s, BK, w->zr + (size_t)i0 * dv16, dv16, nj6, rows6, dv16);
             bk->accumulate_tn(w->acck, dk16, w->dp, BK, w->qr + (size_t)i0 * dk16, dk16, nj6, rows6, dk16);
             kern->attn_pv(w->dq + (size_t)i0 * dk16, dk16, w->dp, BK, in_place ? k + (size_t)j0 * kw : w->kr,

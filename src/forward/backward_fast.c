@@ -6,8 +6,10 @@
  * projections (backward_gemm.c's strided products). Everything the
  * reference backward does, without a (T,S) buffer; each output element is
  * reduced by one thread in a fixed order.
+ * The variants: QK-norm and RoPE on the recomputed Q, K and their backward
+ * on dQ, dK (backward_qk.c); ALiBi, softcap and sinks in the attention's
+ * tiles (backward_attention.c), dl/dsink from each row's sink share.
  * Unsupported (MHA_E_UNSUPPORTED, AUTO then runs the reference): a layer
- * with rope, alibi, softcap, sinks or qk_norm (the reference backward has them), a layer
  * without packed weights, sizes beyond int indexing, scores beyond
  * MHA_FAST_SCORE_LIMIT (the forward's fp32 range rule), and
  * MHA_MASKED_ROW_NAN with a fully masked row (the reference spreads its
@@ -111,10 +113,6 @@ static void extra_row_sum(float *dbias, const float *d, int B, int S, int Sx, si
 static mha_status fast_supported(const mha_layer *L, int B, int T, int S, const char *who) {
     const mha_config *c = &L->cfg;
     if (!L->fast) return mha_fail(MHA_E_UNSUPPORTED, "%s: the layer's packed weights are missing", who);
-    if (mha_variants_any(c)) /* rope, alibi, softcap, sinks, qk_norm */
-        return mha_fail(MHA_E_UNSUPPORTED, "%s: rope=%d alibi=%d softcap=%g sinks=%d qk_norm=%d "
-                        "have a reference backward only; expected MHA_PATH_AUTO or _REFERENCE for this layer",
-                        who, (int)c->rope.pairing, c->alibi, (double)c->softcap, c->sinks, (int)c->qk_norm);
     const int Sx = mha_total_keys(c, S);
     if ((size_t)B * T > (size_t)INT_MAX / 2 || (size_t)B * Sx > (size_t)INT_MAX / 2)
         return mha_fail(MHA_E_UNSUPPORTED, "%s: B*T=%zu or B*S=%zu rows exceed its int indexing", who,
@@ -123,7 +121,7 @@ static mha_status fast_supported(const mha_layer *L, int B, int T, int S, const 
 }
 
 void mha_bwd_saved_free(mha_bwd_saved *sv) {
-    free(sv->q), free(sv->k), free(sv->v), free(sv->z), free(sv->lse);
+    free(sv->q), free(sv->k), free(sv->v), free(sv->z), free(sv->lse), free(sv->q_pre), free(sv->k_pre);
     memset(sv, 0, sizeof *sv);
 }
 
@@ -149,7 +147,7 @@ mha_status mha_bwd_saved_make(mha_bwd_saved *sv, const mha_exec *ex, const mha_l
                           malloc(sizeof(float) * rows * zq),            // (B,T,zw)
                           malloc(sizeof(float) * (size_t)B * h * T * 2), // (B,h,T) twice
                           B, T, S, Sx,
-                          opt->scale != 0.0f ? opt->scale : (float)(1.0 / sqrt((double)d_k)), NULL};
+                          opt->scale != 0.0f ? opt->scale : (float)(1.0 / sqrt((double)d_k)), NULL, NULL, NULL};
     if (!sv->q || !sv->k || !sv->v || !sv->z || !sv->lse) {
         mha_bwd_saved_free(sv);
         return mha_fail(MHA_E_NOMEM, "%s: no memory for Q, K, V, Z (B=%d T=%d S=%d)", who, B, T, S);
@@ -161,11 +159,14 @@ mha_status mha_bwd_saved_make(mha_bwd_saved *sv, const mha_exec *ex, const mha_l
         memcpy(sv->k + ((size_t)b * Sx + S) * kw, L->bias_k, sizeof(float) * kw);
         memcpy(sv->v + ((size_t)b * Sx + S) * vw, L->bias_v, sizeof(float) * vw);
     }
+    // --- Q, K <- RoPE(norm(Q)), RoPE(norm(K)) (variants have no extra keys: Sx = S)
+    if ((s = mha_bwd_qk_forward(sv, L, opt, k_src == x, nt))) goto fail;
 
     // --- Z^(r) = softmax(scale Q^(r) K^(g)^T + mask) V^(g) and lse
     if (sv->lse) sv->row_max = sv->lse + (size_t)B * h * T;
-    const mha_bwd_attn att = {c, opt, sv->q, sv->k, sv->v, sv->z, sv->lse, NULL, NULL, NULL, NULL,
-                              B, T, S, Sx, sv->scale, sv->row_max};
+    const mha_bwd_attn att = {c,  opt, sv->q, sv->k, sv->v, sv->z,     sv->lse,    NULL, NULL, NULL, NULL,
+                              B,  T,   S,     Sx,    sv->scale, sv->row_max, L->alibi_slopes, L->sinks, k_src == x,
+                              NULL};
     if ((s = mha_fast_check_scores(sv->q, sv->k, c, B, T, Sx, sv->scale, who))) goto fail;
     long masked = 0;
     if ((s = mha_bwd_attention_forward(&att, kern, bwd, nt, &masked))) goto fail;
@@ -191,7 +192,8 @@ mha_status mha_bwd_from_saved(const mha_exec *ex, const mha_layer *L, const mha_
     const size_t qw = (size_t)h * d_k, kw = (size_t)h_kv * d_k, vw = (size_t)h_kv * d_v, zw = (size_t)h * d_v;
     const size_t rows = (size_t)B * T;
     const int want_qkv = g->dx || g->dk_src || g->dv_src || g->dw_q || g->dw_k || g->dw_v || g->db_q ||
-                         g->db_k || g->db_v || g->dbias_k || g->dbias_v;
+                         g->db_k || g->db_v || g->dbias_k || g->dbias_v || g->d_sinks || g->d_q_norm ||
+                         g->d_k_norm;
     /* overwrite: dq reuses z's buffer, dk and dv overwrite k and v (the
      * stateless backward); else they are buffers of their own and sv stays */
     float *dz = malloc(sizeof(float) * rows * zw);                               // (B,T,zw)
@@ -199,8 +201,9 @@ mha_status mha_bwd_from_saved(const mha_exec *ex, const mha_layer *L, const mha_
     float *dk = overwrite ? sv->k : malloc(sizeof(float) * (size_t)B * Sx * kw); // (B,Sx,kw)
     float *dv = overwrite ? sv->v : malloc(sizeof(float) * (size_t)B * Sx * vw); // (B,Sx,vw)
     float *z_after = NULL;                                                       // (B,T,zw) with interventions
+    float *dsink = c->sinks ? malloc(sizeof(float) * (size_t)B * h) : NULL;      // (B,h) shares of dl/dsink
     mha_status s = MHA_OK;
-    if (!dz || !dq || !dk || !dv) {
+    if (!dz || !dq || !dk || !dv || (c->sinks && !dsink)) {
         s = mha_fail(MHA_E_NOMEM, "fast backward: no memory for dZ, dQ, dK, dV (B=%d T=%d S=%d)", B, T, S);
         goto done;
     }
@@ -234,8 +237,17 @@ mha_status mha_bwd_from_saved(const mha_exec *ex, const mha_layer *L, const mha_
 
     // --- attention: dQ, dK, dV (kv heads sum their group), D = rowsum(dZ * Z)
     const mha_bwd_attn att = {c,  opt, sv->q, sv->k, sv->v, sv->z,     sv->lse,    dz, dq, dk, dv,
-                              B,  T,   S,     Sx,    sv->scale, sv->row_max};
+                              B,  T,   S,     Sx,    sv->scale, sv->row_max, L->alibi_slopes, L->sinks, k_src == x,
+                              dsink};
     if ((s = mha_bwd_attention_backward(&att, kern, bk, nt))) goto done;
+    for (int r = 0; g->d_sinks && r < h; r++) { /* the batches' shares in order */
+        double acc = 0.0;
+        for (int b = 0; b < B; b++) acc += dsink[(size_t)b * h + r];
+        g->d_sinks[r] = (float)acc;
+    }
+
+    // --- RoPE, then QK-norm, backward: dQ, dK before them; the norm weights' gradients
+    if ((s = mha_bwd_qk_backward(dq, dk, g->d_q_norm, g->d_k_norm, sv, L, opt, k_src == x, nt))) goto done;
 
     // --- projections; a source that is x (or the key source) adds its
     //     path's gradient to that tensor's
@@ -251,7 +263,7 @@ mha_status mha_bwd_from_saved(const mha_exec *ex, const mha_layer *L, const mha_
     if (g->dbias_v) extra_row_sum(g->dbias_v, dv, B, S, Sx, vw);
 
 done:
-    free(dz), free(z_after);
+    free(dz), free(z_after), free(dsink);
     if (!overwrite) free(dq), free(dk), free(dv);
     return s;
 }

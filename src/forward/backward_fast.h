@@ -53,6 +53,12 @@ typedef struct {
                         half an ulp of m (5e-4 at |s| = 1e4), an error that
                         size in every P of the row and in the gradients.
                         NULL: lse = m + log l (mha_attend_lse).           */
+    /* the variants inside the softmax (cfg->alibi, softcap, sinks): */
+    const float *alibi_slopes; /* (h) when cfg->alibi                     */
+    const float *sinks;        /* (h) when cfg->sinks                     */
+    int keys_are_x;            /* keys take the query positions (ALiBi)   */
+    float *d_sinks_part;       /* (B,h): pass 2 writes each (b, r)'s share
+                                  of dl/dsink_r (when cfg->sinks)         */
 } mha_bwd_attn;
 
 /* The fast path's fp32 range rule (mha.h) on q (B,T,qw) and k (B,Sx,kw):
@@ -97,13 +103,16 @@ typedef struct {
     int B, T, S, Sx;
     float scale; /* the options' scale, resolved                           */
     float *row_max; /* (B,h,T): lse + B*h*T                                */
+    float *q_pre; /* (B,T,qw) Q before QK-norm (NULL without qk_norm): q
+                     holds norm then RoPE of it, what attention reads      */
+    float *k_pre; /* (B,Sx,kw) K before QK-norm, likewise                  */
 } mha_bwd_saved;
 
 /* sv from validated arguments (sources resolved): the projections on the
- * packed weights, the bias_kv row, the fp32 range rule and pass 1.
+ * packed weights, the bias_kv row, QK-norm and RoPE (backward_qk.c), the
+ * fp32 range rule and pass 1 (ALiBi, softcap and sinks in its tiles).
  * MHA_E_UNSUPPORTED (naming `who`, nothing kept) for what the fast
- * backward does not serve: no packed weights, the variants (rope, alibi,
- * softcap, sinks, qk_norm), int overflow, scores beyond
+ * backward does not serve: no packed weights, int overflow, scores beyond
  * MHA_FAST_SCORE_LIMIT, MHA_MASKED_ROW_NAN with a fully masked row. */
 mha_status mha_bwd_saved_make(mha_bwd_saved *sv, const mha_exec *ex, const mha_layer *L, const float *x,
                               const float *k_src, const float *v_src, int B, int T, int S,
@@ -117,5 +126,20 @@ void mha_bwd_saved_free(mha_bwd_saved *sv);
 mha_status mha_bwd_from_saved(const mha_exec *ex, const mha_layer *L, const mha_gradients *g, const float *dy,
                               const mha_bwd_saved *sv, const float *x, const float *k_src,
                               const float *v_src, const mha_options *opt, int overwrite);
+
+/* QK-norm then RoPE on sv->q (B,T,qw) and sv->k (B,S,kw) in place, as
+ * the fast forward applies them (mha_qk_transform: the same fp32 bits),
+ * keeping the pre-norm rows in sv->q_pre, sv->k_pre when config.qk_norm.
+ * keys_are_x: the keys take the query positions. (backward_qk.c) */
+mha_status mha_bwd_qk_forward(mha_bwd_saved *sv, const mha_layer *L, const mha_options *opt, int keys_are_x,
+                              int n_threads);
+
+/* Their backward, in place on dq (B,T,qw) and dk (B,S,kw): RoPE's
+ * transpose, then the norm's backward (double per row) from sv's pre-norm
+ * rows; d_q_norm, d_k_norm (as the weights; NULL: not wanted) summed over
+ * fixed chunks of rows in order, so the bits do not depend on the thread
+ * count. (backward_qk.c) */
+mha_status mha_bwd_qk_backward(float *dq, float *dk, float *d_q_norm, float *d_k_norm, const mha_bwd_saved *sv,
+                               const mha_layer *L, const mha_options *opt, int keys_are_x, int n_threads);
 
 #endif /* MHA_BACKWARD_FAST_H */

@@ -93,10 +93,7 @@ mha_status mha_attend_lse(const mha_config *cfg, float *z, float *lse, const flo
         return s;
     mha_exec ex;
     if ((s = mha_exec_resolve(&ex, NULL))) return s;
-    if (opt->path == MHA_PATH_FAST && c.softcap != 0.0f)
-        return mha_fail(MHA_E_UNSUPPORTED, "mha_attend_lse: softcap=%g has no fast path; expected "
-                        "MHA_PATH_AUTO or MHA_PATH_REFERENCE", (double)c.softcap);
-    if (opt->path == MHA_PATH_FAST || (opt->path == MHA_PATH_AUTO && !ex.reference && c.softcap == 0.0f)) {
+    if (opt->path == MHA_PATH_FAST || (opt->path == MHA_PATH_AUTO && !ex.reference)) {
         mha_clear_error();
         s = attend_lse_fast(&ex, &c, z, lse, q, k, v, B, T, S, opt);
         if (s != MHA_E_UNSUPPORTED || opt->path == MHA_PATH_FAST) return s;

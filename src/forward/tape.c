@@ -85,14 +85,7 @@ mha_status mha_forward_train(const mha_layer *L, float *y, mha_tape **tape, cons
     if (opt->sink_tokens > 0)
         return mha_fail(MHA_E_UNSUPPORTED, "mha_forward_train: options.sink_tokens=%d has no fast backward; "
                         "expected 0 (else mha_forward_kv, then mha_backward_kv)", opt->sink_tokens);
-    /* said here: the fast backward's own refusal advises MHA_PATH_AUTO,
-       which a tape forward already has */
     const mha_config *c = &L->cfg;
-    if (mha_variants_any(c))
-        return mha_fail(MHA_E_UNSUPPORTED, "mha_forward_train: rope=%d alibi=%d softcap=%g sinks=%d qk_norm=%d "
-                        "have no fast backward; expected a layer without them (else mha_forward_kv, then "
-                        "mha_backward_kv, which runs the reference backward)", (int)c->rope.pairing, c->alibi,
-                        (double)c->softcap, c->sinks, (int)c->qk_norm);
     mha_tape *t = calloc(1, sizeof *t);
     if (!t) return mha_fail(MHA_E_NOMEM, "mha_forward_train: no memory for the tape");
     *t = (mha_tape){L, L->cfg, *opt, k_src == x, v_src == x, v_src == k_src, {0}};

@@ -1,0 +1,233 @@
+/* test_backward_variants.c — the fast backward of today's variants (RoPE,
+ * ALiBi, softcap, sinks, QK-norm; alone and together, with GQA/MQA, cross
+ * attention, windows, padding masks, explicit positions, query and key
+ * tiles beyond one block) against the reference backward (double,
+ * itself checked against finite differences in test_backward.c), on
+ * every kernel ISA (per_isa_areas in test_main.c).
+ * Tolerance per gradient tensor: max|fast - ref| <= REL * (the largest
+ * |ref| of that tensor) + 1e-6. REL = 1e-5: these cases stay within
+ * 1.1e-6 of it on every ISA (measured), and a dropped term (the softcap's
+ * derivative, a sink's gradient, RoPE's transpose, a norm's mean) costs
+ * 1e-2 or more. Also: the tape's bits are the stateless
+ * backward's, 1 and 2 threads give the same bits, and AUTO is the fast
+ * path (no fallback to the reference).
+ * Legend: B, T, S, h, h_kv, d_k, d_v, D = d_model. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/kernels.h"
+#include "naive.h"
+#include "tests.h"
+
+#define REL 1e-5
+
+/* The 16 gradients, in mha_gradients' order. */
+enum { NG = 16 };
+static const char *const names[NG] = {"dx",   "dk_src", "dv_src", "dw_q", "dw_k", "dw_v",
+                                      "dw_o", "db_q",   "db_k",   "db_v", "db_o", "dbias_k",
+                                      "dbias_v", "d_sinks", "d_q_norm", "d_k_norm"};
+
+typedef struct {
+    float *t[NG]; /* NULL: the layer or the call has none */
+    size_t n[NG];
+} grads;
+
+static float **slot(mha_gradients *g, int i) {
+    float **m[NG] = {&g->dx,   &g->dk_src, &g->dv_src, &g->dw_q,    &g->dw_k,    &g->dw_v,
+                     &g->dw_o, &g->db_q,   &g->db_k,   &g->db_v,    &g->db_o,    &g->dbias_k,
+                     &g->dbias_v, &g->d_sinks, &g->d_q_norm, &g->d_k_norm};
+    return m[i];
+}
+
+static void grads_alloc(grads *g, const naive_bw_case *f) {
+    const mha_config *c = &f->w.cfg;
+    const size_t h = (size_t)c->n_heads, hk = (size_t)c->n_kv_heads, qw = h * c->d_k, kw = hk * c->d_k;
+    const size_t vw = hk * c->d_v, zw = h * c->d_v, norm = c->qk_norm != MHA_QK_NORM_NONE;
+    const size_t n[NG] = {(size_t)f->B * f->T * c->d_model, f->k_src ? (size_t)f->B * f->S * c->d_kv_in : 0,
+                          f->v_src ? (size_t)f->B * f->S * c->d_v_in : 0, (size_t)c->d_model * qw,
+                          (size_t)c->d_kv_in * kw, (size_t)c->d_v_in * vw, zw * c->d_model,
+                          c->bias ? qw : 0, c->bias ? kw : 0, c->bias ? vw : 0, c->bias ? (size_t)c->d_model : 0,
+                          0, 0, c->sinks ? h : 0, norm ? (c->qk_norm_per_head ? qw : (size_t)c->d_k) : 0,
+                          norm ? (c->qk_norm_per_head ? kw : (size_t)c->d_k) : 0};
+    for (int i = 0; i < NG; i++) g->n[i] = n[i], g->t[i] = n[i] ? naive_alloc_floats(n[i]) : NULL;
+}
+
+static void grads_free(grads *g) {
+    for (int i = 0; i < NG; i++) free(g->t[i]);
+}
+
+static mha_gradients view(const grads *g) {
+    mha_gradients v;
+    memset(&v, 0, sizeof v);
+    for (int i = 0; i < NG; i++) *slot(&v, i) = g->t[i];
+    return v;
+}
+
+static mha_status run(naive_bw_case *f, grads *g, mha_path path) {
+    grads_alloc(g, f);
+    const mha_gradients v = view(g);
+    mha_options o = f->opt;
+    o.path = path;
+    return mha_backward_kv(f->L, &v, f->dy, f->x, f->k_src, f->v_src, f->B, f->T, f->S, &o);
+}
+
+/* mha_forward_train then mha_backward_tape; y into f->y. */
+static mha_status run_tape(naive_bw_case *f, grads *g) {
+    grads_alloc(g, f);
+    const mha_gradients v = view(g);
+    mha_tape *tape = NULL;
+    mha_status s = mha_forward_train(f->L, f->y, &tape, f->x, f->k_src, f->v_src, f->B, f->T, f->S, &f->opt);
+    if (!s) s = mha_backward_tape(f->L, tape, &v, f->dy, f->x, f->k_src, f->v_src, f->B, f->T, f->S, &f->opt);
+    mha_tape_free(tape);
+    return s;
+}
+
+/* Fast (FAST and AUTO), tape and reference of one case, within the rule. */
+static void check_case(naive_bw_case *f, const char *what) {
+    if (!f->L) return;
+    grads ref, fast, aut, tape;
+    CHECK_OK(run(f, &ref, MHA_PATH_REFERENCE));
+    CHECK_OK(run(f, &fast, MHA_PATH_FAST));
+    CHECK_OK(run(f, &aut, MHA_PATH_AUTO));
+    CHECK_OK(run_tape(f, &tape));
+    // --- the tape's y: the fast forward's, within its own error
+    const size_t ny = (size_t)f->B * f->T * f->w.cfg.d_model;
+    float *y_fast = naive_alloc_floats(ny);
+    mha_options o = f->opt;
+    o.path = MHA_PATH_FAST;
+    CHECK_OK(mha_forward_kv(f->L, y_fast, NULL, f->x, f->k_src, f->v_src, f->B, f->T, f->S, &o));
+    double ey = 0.0, my = 0.0;
+    for (size_t i = 0; i < ny; i++) ey = fmax(ey, fabs((double)f->y[i] - y_fast[i])), my = fmax(my, fabs(y_fast[i]));
+    if (!(ey <= 1e-5 * my + 1e-6))
+        test_report(__FILE__, __LINE__, "%s: the tape forward's y is %.3g from the fast forward's (max|y| %.3g, "
+                    "kernels=%s)", what, ey, my, mha_kernels_get()->name);
+    free(y_fast);
+    double total = 0.0;
+    for (int i = 0; i < NG; i++) {
+        if (!ref.t[i]) continue;
+        if (memcmp(fast.t[i], aut.t[i], ref.n[i] * sizeof(float)) || memcmp(fast.t[i], tape.t[i], ref.n[i] * sizeof(float)))
+            test_report(__FILE__, __LINE__, "%s: %s differs between FAST, AUTO and the tape (kernels=%s)", what,
+                        names[i], mha_kernels_get()->name);
+        double err = 0.0, big = 0.0;
+        for (size_t e = 0; e < ref.n[i]; e++) {
+            err = fmax(err, fabs((double)fast.t[i][e] - ref.t[i][e]));
+            big = fmax(big, fabs((double)ref.t[i][e]));
+        }
+        total += big;
+        if (getenv("MHA_TEST_VERBOSE")) printf("    %s %s: rel %.3g (max %.3g)\n", what, names[i], err / big, big);
+        if (!(err <= REL * big + 1e-6))
+            test_report(__FILE__, __LINE__, "%s: %s max|fast-ref| = %.3g > %g * %.3g + 1e-6 (B=%d T=%d S=%d "
+                        "kernels=%s)", what, names[i], err, REL, big, f->B, f->T, f->S, mha_kernels_get()->name);
+    }
+    CHECK(total > 1e-3); /* real gradients, not zeros */
+    grads_free(&ref), grads_free(&fast), grads_free(&aut), grads_free(&tape);
+}
+
+typedef struct {
+    const char *what;
+    int d_model, h, h_kv, d_k, d_v;
+    int B, T, S, cross;          /* cross: keys and values from their own sources */
+    int rope;                    /* 0 none, 1 halves, 2 interleaved (partial: dim d_k/2) */
+    int alibi, sinks, norm;      /* norm: 0 none, 1 RMS shared, 2 LayerNorm per head, 3 RMS whole */
+    float softcap;
+    int causal, window, positions, padding;
+} variant_case;
+
+static const variant_case variant_cases[] = {
+    {"rope halves", 32, 4, 0, 0, 0, 2, 7, 7, 0, 1, 0, 0, 0, 0.0f, 1, 0, 0, 0},
+    {"rope interleaved partial, positions", 24, 2, 0, 12, 8, 2, 5, 5, 0, 2, 0, 0, 0, 0.0f, 0, 0, 1, 0},
+    {"alibi causal", 16, 4, 2, 0, 0, 2, 9, 9, 0, 0, 1, 0, 0, 0.0f, 1, 0, 0, 0},
+    {"alibi cross, key positions", 16, 4, 0, 0, 0, 1, 4, 7, 1, 0, 1, 0, 0, 0.0f, 0, 0, 1, 0},
+    {"softcap", 16, 2, 0, 0, 0, 2, 6, 6, 0, 0, 0, 0, 0, 0.5f, 0, 0, 0, 0},
+    {"sinks, padding", 16, 4, 0, 0, 0, 2, 5, 5, 0, 0, 0, 1, 0, 0.0f, 0, 0, 0, 1},
+    {"qk-norm rms shared", 16, 2, 0, 0, 0, 1, 6, 6, 0, 0, 0, 0, 1, 0.0f, 1, 0, 0, 0},
+    {"qk-norm layernorm per head, d_k 6", 12, 2, 0, 6, 10, 2, 4, 6, 1, 0, 0, 0, 2, 0.0f, 0, 0, 0, 0},
+    {"qk-norm whole, gqa", 16, 4, 2, 0, 0, 1, 5, 5, 0, 0, 0, 0, 3, 0.0f, 1, 0, 0, 0},
+    {"everything, gqa, window", 32, 4, 2, 0, 0, 2, 11, 11, 0, 1, 1, 1, 2, 1.5f, 1, 4, 0, 0},
+    {"everything, mqa, long", 48, 4, 1, 20, 12, 1, 130, 150, 1, 1, 1, 1, 1, 3.0f, 0, 0, 1, 1},
+};
+
+static void make_case(naive_bw_case *f, const variant_case *v, uint64_t seed) {
+    mha_config c = naive_config(v->d_model, v->h, v->h_kv, v->d_k, v->d_v, 1);
+    const int d_k = v->d_k ? v->d_k : v->d_model / v->h;
+    if (v->rope) {
+        c.rope.pairing = v->rope == 1 ? MHA_ROPE_HALVES : MHA_ROPE_INTERLEAVED;
+        c.rope.dim = v->rope == 2 ? d_k / 2 / 2 * 2 : 0, c.rope.theta = 500.0f;
+    }
+    c.alibi = v->alibi, c.sinks = v->sinks, c.softcap = v->softcap;
+    if (v->norm) {
+        c.qk_norm = v->norm == 2 ? MHA_QK_NORM_LAYER : MHA_QK_NORM_RMS;
+        c.qk_norm_per_head = v->norm >= 2, c.qk_norm_whole = v->norm == 3, c.qk_norm_eps = 1e-5f;
+    }
+    naive_bw_case_make(f, c, v->B, v->T, v->S, v->cross, v->cross, seed);
+    f->opt = mha_options_default();
+    f->opt.causal = v->causal, f->opt.window_left = v->window ? v->window : -1;
+}
+
+/* positions (B,T) and key positions (B,S), shuffled and spread out; the
+ * padding mask (B,S) drops every third key of batch 0 and every key of
+ * batch 1 (rows with no key: zero output, zero gradient, no sink share). */
+static void case_arrays(naive_bw_case *f, const variant_case *v, int **pos, int **kpos, uint8_t **keep) {
+    *pos = *kpos = NULL, *keep = NULL;
+    if (v->positions) {
+        *pos = malloc(sizeof(int) * (size_t)v->B * v->T), *kpos = malloc(sizeof(int) * (size_t)v->B * v->S);
+        for (int i = 0; i < v->B * v->T; i++) (*pos)[i] = (i * 37) % 101 + 1000 * (i % 3);
+        for (int i = 0; i < v->B * v->S; i++) (*kpos)[i] = (i * 53) % 89;
+        f->opt.positions = *pos;
+        f->opt.key_positions = v->cross ? *kpos : NULL;
+    }
+    if (v->padding) {
+        *keep = malloc((size_t)v->B * v->S);
+        for (int i = 0; i < v->B * v->S; i++) (*keep)[i] = i % 3 != 1;
+        for (int j = 0; v->B > 1 && j < v->S; j++) (*keep)[v->S + j] = 0;
+        f->opt.key_keep = *keep;
+    }
+}
+
+static void backward_variants_fast_matches_reference(void) {
+    for (size_t i = 0; i < sizeof variant_cases / sizeof variant_cases[0]; i++) {
+        const variant_case *v = &variant_cases[i];
+        naive_bw_case f;
+        make_case(&f, v, 4100 + i);
+        int *pos, *kpos;
+        uint8_t *keep;
+        case_arrays(&f, v, &pos, &kpos, &keep);
+        check_case(&f, v->what);
+        free(pos), free(kpos), free(keep);
+        naive_bw_case_free(&f);
+    }
+}
+
+/* The biggest case on 1 and 2 threads: the same bits. */
+static void backward_variants_threads_bit_identical(void) {
+    const variant_case *v = &variant_cases[sizeof variant_cases / sizeof variant_cases[0] - 1];
+    naive_bw_case f;
+    make_case(&f, v, 4200);
+    int *pos, *kpos;
+    uint8_t *keep;
+    case_arrays(&f, v, &pos, &kpos, &keep);
+    const int saved = mha_get_num_threads();
+    grads one, two;
+    mha_set_num_threads(1);
+    CHECK_OK(run(&f, &one, MHA_PATH_FAST));
+    mha_set_num_threads(2);
+    CHECK_OK(run(&f, &two, MHA_PATH_FAST));
+    mha_set_num_threads(saved);
+    for (int i = 0; i < NG; i++)
+        if (one.t[i] && memcmp(one.t[i], two.t[i], one.n[i] * sizeof(float)))
+            test_report(__FILE__, __LINE__, "%s differs between 1 and 2 threads (kernels=%s)", names[i],
+                        mha_kernels_get()->name);
+    grads_free(&one), grads_free(&two);
+    free(pos), free(kpos), free(keep);
+    naive_bw_case_free(&f);
+}
+
+static const test_case isa_cases[] = {
+    {"backward_variants_fast_matches_reference", backward_variants_fast_matches_reference},
+    {"backward_variants_threads_bit_identical", backward_variants_threads_bit_identical},
+};
+
+const test_case *tests_backward_variants_isa(size_t *count) {
+    *count = sizeof isa_cases / sizeof isa_cases[0];
+    return isa_cases;
+}
