@@ -75,11 +75,16 @@ def _np(t, copy=False):
     return np.array(a, dtype=np.float32, order="C") if copy else np.asarray(a, dtype=np.float32, order="C")
 
 
-def _mask_options(attn_mask, key_padding_mask, is_causal, B, T, S, h):
+def _mask_options(attn_mask, key_padding_mask, is_causal, B, T, S, h, four_d=False):
     """PyTorch's masks as Layer.forward options (bool True = NOT allowed in
-    torch, True = may attend in mha; float masks are added in both)."""
+    torch, True = may attend in mha; float masks are added in both).
+    four_d: attn_mask may also be (B|1, h|1, T, S), Hugging Face's shape
+    (torch.nn.MultiheadAttention refuses it, so mha.nn's does)."""
     opts = {"causal": bool(is_causal)}
-    for name, m, shapes in (("attn_mask", attn_mask, {(T, S): (1, 1), (B * h, T, S): (B, h)}),
+    attn_shapes = {(T, S): (1, 1), (B * h, T, S): (B, h)}
+    if four_d:
+        attn_shapes.update({(b, r, T, S): (b, r) for b in (1, B) for r in (1, h)})
+    for name, m, shapes in (("attn_mask", attn_mask, attn_shapes),
                             ("key_padding_mask", key_padding_mask, {(B, S): None})):
         if m is None:
             continue
@@ -123,6 +128,94 @@ def _check_parameters(module):
                             "float32 on the CPU: expected torch.float32 on cpu (module.float().cpu())")
 
 
+def _check_inputs(**tensors):
+    """Each input is a float32 CPU tensor (None: not given)."""
+    for name, t in tensors.items():
+        if t is None:
+            continue
+        if not isinstance(t, torch.Tensor) or t.dtype != torch.float32 or t.device.type != "cpu":
+            raise TypeError(f"{name} must be a float32 CPU tensor; got "
+                            f"{getattr(t, 'dtype', type(t).__name__)} on {getattr(t, 'device', '-')}")
+
+
+def _zeros_in_graph(like, shape, tensors):
+    """Zeros of shape (the result of an empty batch) that stay in the graph
+    of every tensor that requires grad, so a backward gives them zero
+    gradients, as torch's layers do."""
+    y = like.new_zeros(shape)
+    anchor = [t.sum() * 0 for t in tensors if t is not None and t.requires_grad]
+    if anchor and torch.is_grad_enabled():
+        y = y + sum(anchor)
+    return y
+
+
+def _refuse_double_backward(who, instead):
+    """The gradients come from C and carry no graph. Grad mode is on in a
+    backward only under create_graph=True (double backward, gradient
+    penalties): refuse it, rather than return gradients that silently act
+    as constants there (torch's once_differentiable catches only a dy that
+    requires grad, not y.sum()'s constant one)."""
+    if torch.is_grad_enabled():
+        raise UnsupportedError(f"{who}: backward with create_graph=True (double backward) is not "
+                               f"supported; expected first-order gradients only (use {instead} for "
+                               "higher orders)")
+
+
+def _forward_arrays(layer, xs, opts, want_probs, backward):
+    """(y, probs or None, train) of layer on xs = [x, k_src, v_src] (numpy).
+    train: mha_forward_train's (y, tape, opt, keep) when a backward is to
+    come and the tape is granted; None otherwise (no backward: nothing to
+    keep; want_probs: the tape captures no probabilities; refused: the
+    stateless pair)."""
+    train = None if want_probs or not backward else _forward_train(layer, xs, opts)
+    if train:
+        return train[0], None, train
+    out = layer.forward(*xs, capture=("probs",) if want_probs else (), **opts)
+    y, probs = (out[0], out[1]["probs"]) if want_probs else (out, None)
+    return y, probs, None
+
+
+def _backward_arrays(ctx, opts, dy, wanted):
+    """{name: gradient} (numpy, the library's layout) of <dy, y> for the
+    names in wanted (among _lib.GRAD_NAMES): mha_backward_tape from the
+    forward's tape, else (no tape, or its fp32 sums overflowed) the
+    stateless mha_backward_kv. ctx holds the forward's layer, inputs
+    [x, k_src, v_src] and train (_forward_arrays'); opts its options."""
+    layer, (x, k_src, v_src) = ctx.layer, ctx.inputs
+    c, x, k_src, v_src, B, T, S = layer._inputs(x, k_src, v_src)
+    if ctx.train:  # the forward's own options and arrays: the tape compares them
+        _, tape, opt, keep = ctx.train
+        x, k_src, v_src = keep[:3]
+    else:
+        keep = []
+        opt = layer._options(c, B, T, S, keep, **opts)
+    shapes = _grad_shapes(c, B, T, S)
+    g = {n: np.zeros(shapes[n], dtype=np.float32) for n in wanted}
+    grads = _lib.Gradients(*(fptr(g.get(n)) for n in _lib.GRAD_NAMES))
+    dy = floats("dy", _np(dy), (B, T, c["d_model"]))
+    st = None
+    if ctx.train:
+        with layer._borrow() as ptr, tape._borrow() as tp:
+            st = _L.mha_backward_tape(ptr, tp, ctypes.byref(grads), fptr(dy), fptr(x), fptr(k_src),
+                                      fptr(v_src), B, T, S, ctypes.byref(opt))
+    # no tape, or its fp32 sums overflowed (dy near FLT_MAX): the stateless
+    # backward, whose AUTO path recomputes in double (Inf only where exact)
+    if st is None or st == _lib.E_NONFINITE:
+        with layer._borrow() as ptr:
+            st = _L.mha_backward_kv(ptr, ctypes.byref(grads), fptr(dy), fptr(x), fptr(k_src),
+                                    fptr(v_src), B, T, S, ctypes.byref(opt))
+        check(st, "mha_backward_kv")
+    else:
+        check(st, "mha_backward_tape")
+    return g
+
+
+def _torch_gradients(g):
+    """The library's gradients as tensors in torch's layout: dw_* (in, out)
+    back to (out, in) as nn.Linear's weights."""
+    return {n: torch.from_numpy(a.T.copy() if n.startswith("dw_") else a) for n, a in g.items()}
+
+
 class _Attention(torch.autograd.Function):
     """Y, probs = layer(x, k_src, v_src) with torch-layout weights (out, in).
     k_src None: keys from x; v_src None: values from the key source. The
@@ -132,17 +225,11 @@ class _Attention(torch.autograd.Function):
     def forward(ctx, spec, x, k_src, v_src, w_q, w_k, w_v, w_o, b_q, b_k, b_v, b_o, bias_k, bias_v):
         # x (B,T,E), k_src (B,S,kdim), v_src (B,S,vdim); w_* (out, in) as nn.Linear
         cfg, opts, want_probs, backward = spec
-        layer = Layer(weights=_native_weights(w_q, w_k, w_v, w_o, b_q, b_k, b_v, b_o, bias_k, bias_v),
-                      **cfg)
+        tensors = (w_q, w_k, w_v, w_o, b_q, b_k, b_v, b_o, bias_k, bias_v)
+        layer = Layer(weights=_library_weights(dict(zip(_TORCH_ORDER, tensors))), **cfg)
         xs = [_np(t, copy=backward) for t in (x, k_src, v_src)]  # kept for a backward: copies
-        # (y, tape, opt, keep); no backward to come (no_grad, inference, nothing
-        # requires grad): no tape to build
-        ctx.train = None if want_probs or not backward else _forward_train(layer, xs, opts)
-        if ctx.train:
-            y, probs = ctx.train[0], None
-        else:
-            out = layer.forward(*xs, capture=("probs",) if want_probs else (), **opts)
-            y, probs = (out[0], out[1]["probs"]) if want_probs else (out, None)
+        # no backward to come (no_grad, inference, nothing requires grad): no tape to build
+        y, probs, ctx.train = _forward_arrays(layer, xs, opts, want_probs, backward)
         ctx.spec, ctx.layer, ctx.inputs = spec, layer, xs
         ctx.has = [t is not None for t in (k_src, v_src, b_q, bias_k)]
         probs_t = torch.from_numpy(probs) if want_probs else x.new_zeros(0)
@@ -151,70 +238,41 @@ class _Attention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy, _dprobs):
-        # The gradients come from C and carry no graph. Grad mode is on in a
-        # backward only under create_graph=True (double backward, gradient
-        # penalties): refuse it, rather than return gradients that silently
-        # act as constants there (torch's once_differentiable catches only
-        # a dy that requires grad, not y.sum()'s constant one).
-        if torch.is_grad_enabled():
-            raise UnsupportedError("mha.nn.MultiheadAttention: backward with create_graph=True (double "
-                                   "backward) is not supported; expected first-order gradients only "
-                                   "(use torch.nn.MultiheadAttention for higher orders)")
-        cfg, opts, _, _ = ctx.spec
-        layer, (x, k_src, v_src) = ctx.layer, ctx.inputs
+        _refuse_double_backward("mha.nn.MultiheadAttention", "torch.nn.MultiheadAttention")
+        _, opts, _, _ = ctx.spec
         has_k, has_v, has_bias, has_bias_kv = ctx.has
-        c, x, k_src, v_src, B, T, S = layer._inputs(x, k_src, v_src)
-        if ctx.train:  # the forward's own options and arrays: the tape compares them
-            _, tape, opt, keep = ctx.train
-            x, k_src, v_src = keep[:3]
-        else:
-            keep = []
-            opt = layer._options(c, B, T, S, keep, **opts)
-        shapes = _grad_shapes(c, B, T, S)
         wanted = {"dx", "dw_q", "dw_k", "dw_v", "dw_o"}
         wanted |= {"dk_src"} if has_k else set()
         wanted |= {"dv_src"} if has_v else set()
         wanted |= {"db_q", "db_k", "db_v", "db_o"} if has_bias else set()
         wanted |= {"dbias_k", "dbias_v"} if has_bias_kv else set()
-        g = {n: np.zeros(shapes[n], dtype=np.float32) for n in wanted}
-        grads = _lib.Gradients(*(fptr(g.get(n)) for n in _lib.GRAD_NAMES))
-        dy = floats("dy", _np(dy), (B, T, c["d_model"]))
-        st = None
-        if ctx.train:
-            with layer._borrow() as ptr, tape._borrow() as tp:
-                st = _L.mha_backward_tape(ptr, tp, ctypes.byref(grads), fptr(dy), fptr(x), fptr(k_src),
-                                          fptr(v_src), B, T, S, ctypes.byref(opt))
-        # no tape, or its fp32 sums overflowed (dy near FLT_MAX): the stateless
-        # backward, whose AUTO path recomputes in double (Inf only where exact)
-        if st is None or st == _lib.E_NONFINITE:
-            with layer._borrow() as ptr:
-                st = _L.mha_backward_kv(ptr, ctypes.byref(grads), fptr(dy), fptr(x), fptr(k_src),
-                                        fptr(v_src), B, T, S, ctypes.byref(opt))
-            check(st, "mha_backward_kv")
-        else:
-            check(st, "mha_backward_tape")
-        t = {n: torch.from_numpy(a) for n, a in g.items()}
-        tr = {n: t[n].t().contiguous() for n in ("dw_q", "dw_k", "dw_v", "dw_o")}  # back to (out, in)
+        t = _torch_gradients(_backward_arrays(ctx, opts, dy, wanted))
         kv_shape = (1, 1, -1)
-        return (None, t["dx"], t.get("dk_src"), t.get("dv_src"), tr["dw_q"], tr["dw_k"], tr["dw_v"],
-                tr["dw_o"], t.get("db_q"), t.get("db_k"), t.get("db_v"), t.get("db_o"),
+        return (None, t["dx"], t.get("dk_src"), t.get("dv_src"), t["dw_q"], t["dw_k"], t["dw_v"],
+                t["dw_o"], t.get("db_q"), t.get("db_k"), t.get("db_v"), t.get("db_o"),
                 t["dbias_k"].reshape(kv_shape) if has_bias_kv else None,
                 t["dbias_v"].reshape(kv_shape) if has_bias_kv else None)
 
 
-def _native_weights(w_q, w_k, w_v, w_o, b_q, b_k, b_v, b_o, bias_k, bias_v):
-    """torch layout (out, in) -> the library's (in, out)."""
-    w = {"w_q": w_q.t(), "w_k": w_k.t(), "w_v": w_v.t(), "w_o": w_o.t(), "b_q": b_q, "b_k": b_k,
-         "b_v": b_v, "b_o": b_o, "bias_k": bias_k, "bias_v": bias_v}
-    return {n: _np(a).reshape(-1) if n.startswith("b") else _np(a) for n, a in w.items() if a is not None}
+_TORCH_ORDER = ("w_q", "w_k", "w_v", "w_o", "b_q", "b_k", "b_v", "b_o", "bias_k", "bias_v")
+
+
+def _library_weights(tensors):
+    """{name: tensor} of the library's weight names, w_* in torch's layout
+    (out, in) -> numpy arrays as mha_weights holds them: w_* (in, out),
+    every other tensor flat. None entries are left out."""
+    return {n: _np(a.t()) if n.startswith("w_") else _np(a).reshape(-1)
+            for n, a in tensors.items() if a is not None}
 
 
 def _grad_shapes(c, B, T, S):
     h, g, dk, dv, E = c["n_heads"], c["n_kv_heads"], c["d_k"], c["d_v"], c["d_model"]
+    per_head = c["qk_norm_per_head"]  # whole-width norms have per-head weights too
     return {"dx": (B, T, E), "dk_src": (B, S, c["d_kv_in"]), "dv_src": (B, S, c["d_v_in"]),
             "dw_q": (E, h * dk), "dw_k": (c["d_kv_in"], g * dk), "dw_v": (c["d_v_in"], g * dv),
             "dw_o": (h * dv, E), "db_q": (h * dk,), "db_k": (g * dk,), "db_v": (g * dv,), "db_o": (E,),
-            "dbias_k": (g * dk,), "dbias_v": (g * dv,)}
+            "dbias_k": (g * dk,), "dbias_v": (g * dv,), "d_sinks": (h,),
+            "d_q_norm": (h * dk if per_head else dk,), "d_k_norm": (g * dk if per_head else dk,)}
 
 
 class MultiheadAttention(torch.nn.Module):
@@ -314,10 +372,7 @@ class MultiheadAttention(torch.nn.Module):
             if t is not None and tuple(t.shape) != want:  # batch-first view, as the library would say
                 raise ShapeError(f"{name} has shape {tuple(t.shape)} (batch first); expected {want}")
         S_all = S + (self.bias_k is not None) + bool(self.add_zero_attn)
-        y = args[0].new_zeros(B, T, self.embed_dim)
-        anchor = [t.sum() * 0 for t in args if t is not None and t.requires_grad]
-        if anchor and torch.is_grad_enabled():
-            y = y + sum(anchor)
+        y = _zeros_in_graph(args[0], (B, T, self.embed_dim), args)
         return y, args[0].new_zeros(B, self.num_heads, T, S_all)
 
     def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
@@ -327,10 +382,7 @@ class MultiheadAttention(torch.nn.Module):
         (S,N,vdim) likewise. attn_weights (N,L,S') averaged over heads or
         (N,h,L,S'), S' = S + add_bias_kv + add_zero_attn; None without
         need_weights. is_causal: query i may not see key j > i."""
-        for name, t in (("query", query), ("key", key), ("value", value)):
-            if not isinstance(t, torch.Tensor) or t.dtype != torch.float32 or t.device.type != "cpu":
-                raise TypeError(f"{name} must be a float32 CPU tensor; got "
-                                f"{getattr(t, 'dtype', type(t).__name__)} on {getattr(t, 'device', '-')}")
+        _check_inputs(query=query, key=key, value=value)
         _check_parameters(self)
         if self.dropout != 0.0 and self.training:  # torch's forward reads the attribute: set later, it counts
             raise ValueError(f"dropout={self.dropout}: mha.nn.MultiheadAttention has no dropout; expected "
