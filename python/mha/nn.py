@@ -17,6 +17,9 @@ stateless mha_backward_kv, which falls back to the double-accumulating
 reference backward itself. First-order gradients only (create_graph=True
 is refused); masks get none (a mask that requires grad is refused).
 
+mha.nn.Attention (nn_modern.py) is today's attention layer (RoPE, ALiBi,
+soft-capping, sinks, QK-norm) on the same forward and backward helpers.
+
 Legend: B batch (N in torch), T queries (L), S keys, E = embed_dim,
 h heads, h_kv kv heads, d = E / h per head.
 """
@@ -450,3 +453,7 @@ def head_attribution(layer, x, dy, kv=None, value=None, *, dz=False, **options):
                                       fptr(kv), fptr(value), B, T, S, ctypes.byref(opt)),
               "mha_head_attribution")
     return (attr, dz_arr) if dz else attr
+
+
+# today's attention layer (RoPE, ALiBi, softcap, sinks, QK-norm), built on the helpers above
+from .nn_modern import Attention  # noqa: E402
