@@ -238,7 +238,10 @@ def test_cross_attention_with_its_own_width_and_positions():
 
 def test_explicit_positions_self_attention():
     pos = torch.tensor([[10, 11, 12, 13, 14, 15], [0, 1, 2, 3, 100, 101]])
-    check(variant_kw(**ALL), T=6, causal=True, positions=pos)
+    m, y = check(variant_kw(**ALL), T=6, causal=True, positions=pos)
+    # kv=x is self-attention: the keys take the queries' positions (not 0..S-1)
+    x = torch.randn(2, 6, 32)
+    assert torch.equal(m(x, x, causal=True, positions=pos), m(x, causal=True, positions=pos))
 
 
 def test_padding_masks_bool_and_float():
