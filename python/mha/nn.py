@@ -456,4 +456,4 @@ def head_attribution(layer, x, dy, kv=None, value=None, *, dz=False, **options):
 
 
 # today's attention layer (RoPE, ALiBi, softcap, sinks, QK-norm), built on the helpers above
-from .nn_modern import Attention  # noqa: E402
+from .nn_modern import Attention  # noqa: E402,F401  (mha.nn.Attention)

@@ -33,6 +33,8 @@ no change here. fp32 on the CPU; first-order gradients only.
 Legend: B batch, T queries, S keys, d_model, h heads, h_kv kv heads,
 d = head_dim (d_k = d_v), kv_dim the width of a cross-attention source.
 """
+import copy
+
 import torch
 
 from ._check import c_flag, c_float, c_int
@@ -140,8 +142,8 @@ class Attention(torch.nn.Module):
         # the library judges the combination (rope dim, divisors, softcap >= 0, ...) on a layer of
         # the same heads and widths 1 (no d_model-sized zeros); it also gives ALiBi's default slopes
         probe = Layer(1, h, n_kv_heads=h_kv, d_k=d, d_v=d, d_kv_in=1, bias=bias is not False, **variants)
-        self.layer_config = dict(d_model=d_model, n_heads=h, n_kv_heads=h_kv, d_k=d, d_v=d, d_kv_in=kv_dim,
-                                 bias=bias is not False, **variants)
+        self._config = dict(d_model=d_model, n_heads=h, n_kv_heads=h_kv, d_k=d, d_v=d, d_kv_in=kv_dim,
+                            bias=bias is not False, **variants)
         self.d_model, self.n_heads, self.n_kv_heads, self.head_dim, self.kv_dim = d_model, h, h_kv, d, kv_dim
         self.bias, self.scale, self.masked_rows = bias, scale, masked_rows
         self.q_proj = torch.nn.Linear(d_model, h * d, bias=bias is not False)
@@ -163,8 +165,14 @@ class Attention(torch.nn.Module):
         else:
             self.register_buffer("alibi_slopes", None)
 
+    @property
+    def config(self):
+        """The mha.Layer arguments this module runs with (a copy: the
+        parameters' shapes were made for them, so they are fixed)."""
+        return copy.deepcopy(self._config)
+
     def extra_repr(self):
-        c = self.layer_config
+        c = self._config
         variants = "".join(f", {k}={c[k]!r}" for k in ("rope", "alibi", "softcap", "sinks", "qk_norm")
                            if c[k] not in (None, 0, "none"))
         return (f"d_model={self.d_model}, n_heads={self.n_heads}, n_kv_heads={self.n_kv_heads}, "
@@ -214,11 +222,13 @@ class Attention(torch.nn.Module):
         # whether autograd records this call (the tensors apply() sees)
         backward = torch.is_grad_enabled() and any(t is not None and t.requires_grad
                                                    for t in (x, kv) + weights)
-        return _Function.apply((self.layer_config, opts, backward), x, kv, *weights)
+        return _Function.apply((self._config, opts, backward), x, kv, *weights)
 
     def to_layer(self):
         """An mha.Layer with a copy of the current weights (for the KV cache,
-        mha.Layer.save, the contract checks); forward options as here."""
+        mha.Layer.save, the contract checks). Its forward takes the library's
+        options: pass scale=attn.scale when set (masked_row 'zero' is its
+        default too; window W is window_left=W-1; masks True = may attend)."""
         _check_parameters(self)
         like = self.q_proj.weight
-        return Layer(weights=_library_weights(dict(zip(_NAMES, self._weights(like)))), **self.layer_config)
+        return Layer(weights=_library_weights(dict(zip(_NAMES, self._weights(like)))), **self._config)
