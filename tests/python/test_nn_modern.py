@@ -40,7 +40,7 @@ def layer_norm(x, w, eps):  # LayerNorm over the last dim, weight only (no bias)
 
 
 def oracle(p, kw, x, kv=None, causal=False, window=None, positions=None, key_positions=None,
-           key_padding_mask=None, attn_mask=None, align="top_left"):
+           key_padding_mask=None, attn_mask=None, align="top_left", sink_tokens=0):
     """y (B,T,d_model) in float64 from p (the module's state_dict names ->
     float64 tensors) and the constructor's arguments kw."""
     h = kw["n_heads"]
@@ -93,7 +93,7 @@ def oracle(p, kw, x, kv=None, causal=False, window=None, positions=None, key_pos
     if causal:
         allowed &= j <= i
     if window is not None:  # Mistral: the last `window` keys, the query's own included
-        allowed &= j > i - window
+        allowed &= (j > i - window) | (j < sink_tokens)  # StreamingLLM keeps the first sink_tokens
     if key_padding_mask is not None:
         if key_padding_mask.dtype == torch.bool:
             allowed &= ~key_padding_mask[:, None, None, :]
@@ -234,6 +234,10 @@ def test_cross_attention_with_its_own_width_and_positions():
     kpos = torch.arange(9).expand(2, 9) * 2
     check(kw, T=5, S=9, positions=pos, key_positions=kpos)
     check(kw, T=5, S=9, causal=True, align="bottom_right")
+
+
+def test_window_with_streaming_llm_sink_tokens():
+    check(variant_kw(**ALL), T=9, causal=True, window=3, sink_tokens=2)
 
 
 def test_explicit_positions_self_attention():
