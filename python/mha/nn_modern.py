@@ -24,11 +24,11 @@ alibi_slopes (h) is a buffer: saved and loaded, not trained (the library's
 backward gives no slope gradient).
 
 Autograd: mha_forward_train keeps a tape and mha_backward_tape reads it
-where the library grants one; where it answers MHA_E_UNSUPPORTED (today
-every layer with a variant) mha_forward_kv and the stateless
-mha_backward_kv (the double-accumulating reference backward for the
-variants). A library that later grants tapes for variants is taken with
-no change here. fp32 on the CPU; first-order gradients only.
+(the fast fp32 backward, variants included); where the library answers
+MHA_E_UNSUPPORTED (sink_tokens, NaN mode with a fully masked row, scores
+beyond the fast range) mha_forward_kv and the stateless mha_backward_kv,
+whose AUTO path falls back to the double-accumulating reference itself.
+fp32 on the CPU; first-order gradients only.
 
 Legend: B batch, T queries, S keys, d_model, h heads, h_kv kv heads,
 d = head_dim (d_k = d_v), kv_dim the width of a cross-attention source.
