@@ -564,9 +564,8 @@ typedef struct {
  * QK-norm and RoPE to its recomputed Q, K and their transposes to dQ, dK,
  * ALiBi, softcap and the sinks inside its tiles). FAST returns
  * MHA_E_UNSUPPORTED for MHA_MASKED_ROW_NAN with a fully masked query row
- * and for options.sink_tokens (AUTO then runs the reference), and
- * MHA_E_NONFINITE naming the gradient when its
- * fp32 sums overflowed (dy near FLT_MAX; AUTO then runs the reference,
+ * (AUTO then runs the reference), and MHA_E_NONFINITE naming the gradient
+ * when its fp32 sums overflowed (dy near FLT_MAX; AUTO then runs the reference,
  * whose gradients are Inf only where the exact value exceeds fp32).
  * Asking for a gradient the layer or the call has no tensor for (db_* of
  * a layer without bias, dk_src when k_src is NULL, ...) is MHA_E_ARG, and
@@ -602,11 +601,11 @@ typedef struct mha_tape mha_tape;
  * backward's own tiles, so that the tape backward is mha_backward_kv's
  * bit for bit. MHA_E_UNSUPPORTED (nothing written, *tape NULL) where the
  * fast backward does not serve the request: opt->path REFERENCE (or AUTO
- * under MHA_KERNELS=reference), options.sink_tokens, MHA_MASKED_ROW_NAN
- * with a fully masked row, scores beyond MHA_FAST_SCORE_LIMIT; the caller
- * then runs mha_forward_kv and mha_backward_kv (which fall back
- * themselves). Layers with variants keep a tape too (and the Q, K before
- * QK-norm when they have it).
+ * under MHA_KERNELS=reference), MHA_MASKED_ROW_NAN with a fully masked
+ * row, scores beyond MHA_FAST_SCORE_LIMIT; the caller then runs
+ * mha_forward_kv and mha_backward_kv (which fall back themselves). Layers
+ * with variants keep a tape too (and the Q, K before QK-norm when they
+ * have it).
  * MHA_E_NONFINITE when y overflows fp32 (*tape NULL). */
 MHA_API mha_status mha_forward_train(const mha_layer *layer, float *y, mha_tape **tape, const float *x,
                                      const float *k_src, const float *v_src, int B, int T, int S,

@@ -1,7 +1,7 @@
 /* test_backward_variants.c — the fast backward of today's variants (RoPE,
  * ALiBi, softcap, sinks, QK-norm; alone and together, with GQA/MQA, cross
- * attention, windows, padding masks, explicit positions, query and key
- * tiles beyond one block) against the reference backward (double,
+ * attention, windows, StreamingLLM's sink tokens, padding masks, explicit
+ * positions, query and key tiles beyond one block) against the reference backward (double,
  * itself checked against finite differences in test_backward.c), on
  * every kernel ISA (per_isa_areas in test_main.c).
  * Tolerance per gradient tensor: max|fast - ref| <= REL * (the largest
@@ -131,20 +131,22 @@ typedef struct {
     int alibi, sinks, norm;      /* norm: 0 none, 1 RMS shared, 2 LayerNorm per head, 3 RMS whole */
     float softcap;
     int causal, window, positions, padding;
+    int sink_tokens;             /* StreamingLLM's kept first keys (with a window) */
 } variant_case;
 
 static const variant_case variant_cases[] = {
-    {"rope halves", 32, 4, 0, 0, 0, 2, 7, 7, 0, 1, 0, 0, 0, 0.0f, 1, 0, 0, 0},
-    {"rope interleaved partial, positions", 24, 2, 0, 12, 8, 2, 5, 5, 0, 2, 0, 0, 0, 0.0f, 0, 0, 1, 0},
-    {"alibi causal", 16, 4, 2, 0, 0, 2, 9, 9, 0, 0, 1, 0, 0, 0.0f, 1, 0, 0, 0},
-    {"alibi cross, key positions", 16, 4, 0, 0, 0, 1, 4, 7, 1, 0, 1, 0, 0, 0.0f, 0, 0, 1, 0},
-    {"softcap", 16, 2, 0, 0, 0, 2, 6, 6, 0, 0, 0, 0, 0, 0.5f, 0, 0, 0, 0},
-    {"sinks, padding", 16, 4, 0, 0, 0, 2, 5, 5, 0, 0, 0, 1, 0, 0.0f, 0, 0, 0, 1},
-    {"qk-norm rms shared", 16, 2, 0, 0, 0, 1, 6, 6, 0, 0, 0, 0, 1, 0.0f, 1, 0, 0, 0},
-    {"qk-norm layernorm per head, d_k 6", 12, 2, 0, 6, 10, 2, 4, 6, 1, 0, 0, 0, 2, 0.0f, 0, 0, 0, 0},
-    {"qk-norm whole, gqa", 16, 4, 2, 0, 0, 1, 5, 5, 0, 0, 0, 0, 3, 0.0f, 1, 0, 0, 0},
-    {"everything, gqa, window", 32, 4, 2, 0, 0, 2, 11, 11, 0, 1, 1, 1, 2, 1.5f, 1, 4, 0, 0},
-    {"everything, mqa, long", 48, 4, 1, 20, 12, 1, 130, 150, 1, 1, 1, 1, 1, 3.0f, 0, 0, 1, 1},
+    {"rope halves", 32, 4, 0, 0, 0, 2, 7, 7, 0, 1, 0, 0, 0, 0.0f, 1, 0, 0, 0, 0},
+    {"rope interleaved partial, positions", 24, 2, 0, 12, 8, 2, 5, 5, 0, 2, 0, 0, 0, 0.0f, 0, 0, 1, 0, 0},
+    {"alibi causal", 16, 4, 2, 0, 0, 2, 9, 9, 0, 0, 1, 0, 0, 0.0f, 1, 0, 0, 0, 0},
+    {"alibi cross, key positions", 16, 4, 0, 0, 0, 1, 4, 7, 1, 0, 1, 0, 0, 0.0f, 0, 0, 1, 0, 0},
+    {"softcap", 16, 2, 0, 0, 0, 2, 6, 6, 0, 0, 0, 0, 0, 0.5f, 0, 0, 0, 0, 0},
+    {"sinks, padding", 16, 4, 0, 0, 0, 2, 5, 5, 0, 0, 0, 1, 0, 0.0f, 0, 0, 0, 1, 0},
+    {"qk-norm rms shared", 16, 2, 0, 0, 0, 1, 6, 6, 0, 0, 0, 0, 1, 0.0f, 1, 0, 0, 0, 0},
+    {"qk-norm layernorm per head, d_k 6", 12, 2, 0, 6, 10, 2, 4, 6, 1, 0, 0, 0, 2, 0.0f, 0, 0, 0, 0, 0},
+    {"qk-norm whole, gqa", 16, 4, 2, 0, 0, 1, 5, 5, 0, 0, 0, 0, 3, 0.0f, 1, 0, 0, 0, 0},
+    {"everything, gqa, window", 32, 4, 2, 0, 0, 2, 11, 11, 0, 1, 1, 1, 2, 1.5f, 1, 4, 0, 0, 2},
+    {"sink tokens, window, tiles", 32, 4, 2, 0, 0, 1, 130, 130, 0, 1, 0, 0, 0, 0.0f, 1, 20, 0, 0, 4},
+    {"everything, mqa, long", 48, 4, 1, 20, 12, 1, 130, 150, 1, 1, 1, 1, 1, 3.0f, 0, 0, 1, 1, 0},
 };
 
 static void make_case(naive_bw_case *f, const variant_case *v, uint64_t seed) {
@@ -162,6 +164,7 @@ static void make_case(naive_bw_case *f, const variant_case *v, uint64_t seed) {
     naive_bw_case_make(f, c, v->B, v->T, v->S, v->cross, v->cross, seed);
     f->opt = mha_options_default();
     f->opt.causal = v->causal, f->opt.window_left = v->window ? v->window : -1;
+    f->opt.sink_tokens = v->sink_tokens;
 }
 
 /* positions (B,T) and key positions (B,S), shuffled and spread out; the

@@ -103,8 +103,6 @@ static void tape_refuses_what_the_fast_backward_does_not_serve(void) {
     check_refused(&f, "MHA_MASKED_ROW_NAN");
     f.opt = mha_options_default(), f.opt.scale = 1e5f;
     check_refused(&f, "scores");
-    f.opt = mha_options_default(), f.opt.window_left = 2, f.opt.sink_tokens = 1;
-    check_refused(&f, "sink_tokens");
     f.opt = mha_options_default();
     const char *old = getenv("MHA_KERNELS");
     char *saved = old ? strdup(old) : NULL;

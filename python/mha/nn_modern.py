@@ -25,8 +25,8 @@ backward gives no slope gradient).
 
 Autograd: mha_forward_train keeps a tape and mha_backward_tape reads it
 (the fast fp32 backward, variants included); where the library answers
-MHA_E_UNSUPPORTED (sink_tokens, NaN mode with a fully masked row, scores
-beyond the fast range) mha_forward_kv and the stateless mha_backward_kv,
+MHA_E_UNSUPPORTED (NaN mode with a fully masked row, scores beyond the
+fast range) mha_forward_kv and the stateless mha_backward_kv,
 whose AUTO path falls back to the double-accumulating reference itself.
 fp32 on the CPU; first-order gradients only.
 

@@ -152,10 +152,7 @@ mha_status mha_backward_exec(const mha_exec *ex, const mha_layer *L, const mha_g
     if (s) return s;
     mha_clear_error();
     /* MHA_KERNELS=reference (ex->reference) forces the oracle under AUTO, as in mha_forward */
-    if (opt->sink_tokens > 0 && opt->path == MHA_PATH_FAST) /* its tiles take the window as one interval */
-        return mha_fail(MHA_E_UNSUPPORTED, "mha_backward: options.sink_tokens=%d on the fast path; expected "
-                        "MHA_PATH_AUTO or MHA_PATH_REFERENCE (the reference backward)", opt->sink_tokens);
-    if (opt->path == MHA_PATH_REFERENCE || opt->sink_tokens > 0 || (opt->path == MHA_PATH_AUTO && ex->reference))
+    if (opt->path == MHA_PATH_REFERENCE || (opt->path == MHA_PATH_AUTO && ex->reference))
         return mha_backward_reference(L, g, dy, x, k_src, v_src, B, T, S, opt);
     s = mha_backward_fast(ex, L, g, dy, x, k_src, v_src, B, T, S, opt);
     /* fp32 intermediates (dZ, dP, the projections' sums) may overflow where

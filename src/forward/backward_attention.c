@@ -138,7 +138,7 @@ static void pack_rows(float *dst, const float *src, size_t ld, int n, int rows, 
 /* -------------------------------------------------------------- masks */
 
 static int has_general_mask(const mha_options *o) {
-    return o->keep_mask.data || o->additive_mask.data || o->key_keep || o->key_additive;
+    return o->keep_mask.data || o->additive_mask.data || o->key_keep || o->key_additive || o->sink_tokens > 0;
 }
 
 /* w->lo, w->hi from index at: query rows i0.. (n of them; the padding
@@ -167,11 +167,12 @@ static int tile_live(scratch *w, const mha_bwd_attn *a, int at, int n, int rows6
 
 /* The masks beyond causal/window (which the kernels apply from the
  * intervals) on the scores s (BQ, BK) of rows i0.. (n), original keys
- * j0..j0+extra-1: (T,S) masks element by element through mha_mask_key,
+ * j0..j0+extra-1: (T,S) masks and sink tokens (the interval is the hull
+ * of the sinks and the window) element by element through mha_mask_key,
  * the per-key padding masks as one vector. */
 static void mask_tile(scratch *w, const mha_bwd_attn *a, int b, int r, int i0, int n, int j0, int extra) {
     const mha_options *o = a->opt;
-    if (o->keep_mask.data || o->additive_mask.data) {
+    if (o->keep_mask.data || o->additive_mask.data || o->sink_tokens > 0) {
         for (int i = 0; i < n; i++)
             for (int j = 0; j < extra; j++) {
                 double add;

@@ -82,9 +82,6 @@ mha_status mha_forward_train(const mha_layer *L, float *y, mha_tape **tape, cons
         return mha_fail(MHA_E_UNSUPPORTED, "mha_forward_train: the %s runs the reference, which keeps no "
                         "tape; expected MHA_PATH_AUTO or _FAST (else mha_forward_kv, then mha_backward_kv)",
                         opt->path == MHA_PATH_REFERENCE ? "options' path" : "environment (MHA_KERNELS=reference)");
-    if (opt->sink_tokens > 0)
-        return mha_fail(MHA_E_UNSUPPORTED, "mha_forward_train: options.sink_tokens=%d has no fast backward; "
-                        "expected 0 (else mha_forward_kv, then mha_backward_kv)", opt->sink_tokens);
     const mha_config *c = &L->cfg;
     mha_tape *t = calloc(1, sizeof *t);
     if (!t) return mha_fail(MHA_E_NOMEM, "mha_forward_train: no memory for the tape");

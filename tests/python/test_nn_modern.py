@@ -311,7 +311,7 @@ def test_input_without_grad_and_frozen_parameters():
 @pytest.mark.parametrize("kw", [variant_kw(), variant_kw(**ALL)], ids=["plain", "all variants"])
 def test_tape_taken_where_granted_and_fallback_gives_the_same_gradients(monkeypatch, kw):
     """A layer gets a tape (mha_forward_train), variants included; refusing
-    it (as the library does for sink_tokens) runs the stateless pair: the
+    it (as the library does for NaN-mode masked rows) runs the stateless pair: the
     same gradients, the fast backward's bits both ways."""
     m = make(3, **kw)
     x = torch.randn(2, 6, 32)
