@@ -120,6 +120,10 @@ int bench_backward(const bench_prefill_cfg *c);
  * softcap, sinks) against the plain layer, interleaved, c's shape. */
 int bench_variants(const bench_prefill_cfg *c);
 
+/* The same for mha_backward (every gradient the layer has), with RMS
+ * QK-norm as a sixth variant (RESULT kind=variant_backward). */
+int bench_variants_backward(const bench_prefill_cfg *c);
+
 typedef struct {
     int d_model, h, h_kv, d_head, L, B;
     int fp16;       /* cache storage: 0 fp32, 1 fp16 */

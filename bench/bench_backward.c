@@ -142,11 +142,11 @@ int bench_backward(const bench_prefill_cfg *c) {
      * does (the values drift between runs but stay finite, the cost does not
      * change); the tape's pass 2 reads a Z and lse made once and writes
      * buffers of their own, as mha_backward_tape does */
-    const mha_bwd_attn a = {&rc, &opt, q, k, v, z, lse, dz, z, k, v, B, T, T, T, 1.0f / 8.0f, lse + nl};
+    const mha_bwd_attn a = {&rc, &opt, q, k, v, z, lse, dz, z, k, v, B, T, T, T, 1.0f / 8.0f, lse + nl, NULL, NULL, 0, NULL};
     float *q2 = bench_alloc(act), *k2 = bench_alloc(act), *v2 = bench_alloc(act), *z2 = bench_alloc(act);
     float *lse2 = bench_alloc(2 * nl);
     memcpy(q2, q, act * sizeof(float)), memcpy(k2, k, act * sizeof(float)), memcpy(v2, v, act * sizeof(float));
-    const mha_bwd_attn a2 = {&rc, &opt, q2, k2, v2, z2, lse2, dz, dq, dk, dv, B, T, T, T, 1.0f / 8.0f, lse2 + nl};
+    const mha_bwd_attn a2 = {&rc, &opt, q2, k2, v2, z2, lse2, dz, dq, dk, dv, B, T, T, T, 1.0f / 8.0f, lse2 + nl, NULL, NULL, 0, NULL};
     mha_exec ex;
     if (mha_exec_resolve(&ex, NULL)) ex.isa = mha_isa_best();
     attn_job aj = {&a, mha_exec_prefill(&ex), mha_exec_backward(&ex), c->threads}, aj2 = aj;

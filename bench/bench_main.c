@@ -22,6 +22,8 @@
  *   bench_mha variants --name P2 --B 1 --T 4096 --d 768 --h 12 --causal
  *                     (bench_variants.c: RoPE, ALiBi, softcap, sinks vs
  *                     plain, interleaved; prefill's options, self-attention)
+ *   bench_mha variants-backward --name P2 ... (the same for mha_backward,
+ *                     QK-norm too)
  *   bench_mha decode  --d 2048 --h 32 --h-kv 8 --d-head 64 --L 4096
  *                     [--fp16 | --int8] [--v-fp16] [--steps 20] [--cold-rounds 9]
  */
@@ -34,7 +36,7 @@
 
 static void usage(void) {
     fprintf(stderr,
-            "usage: bench_mha machine|prefill|backward|variants|decode [options]\n"
+            "usage: bench_mha machine|prefill|backward|variants|variants-backward|decode [options]\n"
             "  common:  --threads N (default 2)\n"
             "  machine: --fma-iters N --stream-mib 64,256,1024\n"
             "  prefill: --name NAME --B --T [--S] --d --h [--causal] [--reps] [--budget]\n"
@@ -128,6 +130,7 @@ static int cmd_prefill(int argc, char **argv, int threads) {
     }
     if (!strcmp(argv[1], "backward")) return c.cross ? (usage(), 2) : bench_backward(&c);
     if (!strcmp(argv[1], "variants")) return c.cross ? (usage(), 2) : bench_variants(&c);
+    if (!strcmp(argv[1], "variants-backward")) return c.cross ? (usage(), 2) : bench_variants_backward(&c);
     return bench_prefill(&c);
 }
 
@@ -163,7 +166,8 @@ int main(int argc, char **argv) {
     if (env && atoi(env) > 0) threads = atoi(env);
     if (argc < 2) usage();
     if (!strcmp(argv[1], "machine")) return cmd_machine(argc, argv, threads);
-    if (!strcmp(argv[1], "prefill") || !strcmp(argv[1], "backward") || !strcmp(argv[1], "variants"))
+    if (!strcmp(argv[1], "prefill") || !strcmp(argv[1], "backward") || !strcmp(argv[1], "variants") ||
+        !strcmp(argv[1], "variants-backward"))
         return cmd_prefill(argc, argv, threads);
     if (!strcmp(argv[1], "decode")) return cmd_decode(argc, argv, threads);
     usage();

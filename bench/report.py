@@ -100,6 +100,10 @@ same run.sh call; the rounds of a configuration alternate mha and torch):
   theta 10000), ALiBi (default slopes), softcap (50) and sinks, one layer
   each from the same weights, round by round with the plain layer;
   overhead = fastest variant run / fastest plain run - 1.
+  `bench_mha variants-backward` does the same for mha_backward (the fast
+  backward; every gradient the layer has, dsinks and the QK-norm weights'
+  included) on P1, with RMS QK-norm (weights shared by the heads) as a
+  sixth variant.
 - decode, hot and cold: the step and attention alone are timed hot
   (repeated, as the torch peer is: the cache and the weights may stay in
   the last-level cache between calls; the GB/s and "x torch" columns) and
@@ -347,31 +351,34 @@ def bf16_prefill_table(rows, peak_isa, amx_peak, notes):
                   "% roofline", "torch bf16 ms", "x torch bf16", "x torch fp32", "x ORT fp32"], body)
 
 
-def variants_section(rows, targets, notes):
+def variants_section(rows, targets, notes, kind="variant"):
     """Issue 13's variant overhead: bench_mha variants times mha_forward of
     one configuration with each variant on, interleaved with the plain
     layer (one run of each per round). Overhead = the variant's fastest run
     over plain's fastest run - 1 (the target's measure); the median of the
-    per-round ratios is shown beside it (both see the same load)."""
-    vrows = find(rows, kind="variant", impl="mha")
+    per-round ratios is shown beside it (both see the same load). kind
+    "variant_backward": bench_mha variants-backward's mha_backward (no
+    target of its own; the forward's 10% is the yardstick)."""
+    vrows = find(rows, kind=kind, impl="mha")
     if not vrows:
         return "(not measured in this run)"
     body, worst = [], None
     for name in sorted({r["name"] for r in vrows}):
-        base = one(rows, kind="variant", impl="mha", name=name, variant="plain")
-        bt = times_of([base], kind="variant") if base else []
-        for r in find(rows, kind="variant", impl="mha", name=name):
+        base = one(rows, kind=kind, impl="mha", name=name, variant="plain")
+        bt = times_of([base], kind=kind) if base else []
+        for r in find(rows, kind=kind, impl="mha", name=name):
             if r.get("error"):
-                notes.append(f"variants {name} {r.get('variant')}: {r['error']}")
+                notes.append(f"{kind} {name} {r.get('variant')}: {r['error']}")
                 continue
-            t = times_of([r], kind="variant")
+            t = times_of([r], kind=kind)
             over = min(t) / min(bt) - 1 if t and bt else None
             paired = med([a / b for a, b in zip(t, bt)]) - 1 if t and bt else None
             shape = f"B={r['B']} T={r['T']} d={r['d_model']} h={r['h']}" + (" causal" if r.get("causal") == "1" else "")
             body.append([name, shape, r["variant"], fmt_ms(med(t)), fmt_ms(min(t) if t else None), len(t),
                          fmt(over * 100 if over is not None else None, "+.1f", suffix="%"),
                          fmt(paired * 100 if paired is not None else None, "+.1f", suffix="%")])
-            if r["variant"] != "plain" and name == "P2" and over is not None and (worst is None or over > worst[0]):
+            if kind == "variant" and r["variant"] != "plain" and name == "P2" and over is not None and \
+                    (worst is None or over > worst[0]):
                 worst = (over, r["variant"])
     if worst:
         targets.append(["variant overhead <= 10% on P2 (RoPE, ALiBi, softcap, sinks; the worst)",
@@ -794,6 +801,7 @@ def main():
                         fmt(worst_x, ".2f", suffix="x"), verdict(worst_x, 3)])
     bwd_tab = backward_section(rows, peak, max(f512) if f512 else None, targets)
     var_tab = variants_section(rows, targets, notes)
+    var_bwd_tab = variants_section(rows, targets, notes, kind="variant_backward")
     if quality:
         for t_ in targets:
             if t_[2] in ("met", "NOT met"):
@@ -817,6 +825,8 @@ def main():
            "### bf16 / int8 weights (issue 15), fp32 cache\n", wdec_tab, "",
            "## Memory (issue 3)\n", memory_line(rows), "",
            "## Backward, training step of one layer (issue 12)\n", bwd_tab, "",
+           "### Attention variants on the backward: mha_backward (every gradient), each variant alone, "
+           "interleaved with plain\n", var_bwd_tab, "",
            "## Targets\n" + ("\n(--quick shapes: the issues' targets are stated for the full shapes "
                               "and do not apply here.)\n" if a.mode == "quick" else ""), tgt_tab, ""]
     if notes:

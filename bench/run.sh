@@ -272,6 +272,9 @@ done
 # plain one in one process (report.py: overhead target <= 10%).
 # shellcheck disable=SC2086
 [ "$mode" = gemm ] || run $solo "$bin" variants --name P2 $P2 --reps $((reps * 2)) --budget $((budget * 2)) --threads $threads --mha-only
+# the same for the fast backward (every variant's gradients, QK-norm too), on P1
+# shellcheck disable=SC2086
+[ "$mode" = gemm ] || run $solo "$bin" variants-backward --name P1 $P1 --reps $reps --budget $((budget * 2)) --threads $threads --mha-only
 
 # ---------------------------------------------------- decode (issue 5)
 # torch and mha alternate per (cache dtype, h_kv) group of contexts. torch
