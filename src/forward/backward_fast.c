@@ -25,7 +25,6 @@
 #include "compute/gemm.h"
 #include "forward/backward.h"
 #include "forward/backward_fast.h"
-#include "core/variants.h"
 
 /* Q (B,T,qw), K (B,Sx,kw), V (B,Sx,vw) from the packed weights, as the
  * fast forward projects them; keys S.. of each batch are left alone. */

@@ -15,7 +15,6 @@
 #include "compute/gemm.h"
 #include "forward/backward.h"
 #include "forward/backward_fast.h"
-#include "core/variants.h"
 
 struct mha_tape {
     const mha_layer *layer; /* the forward's layer, and its config then */
