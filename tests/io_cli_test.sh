@@ -339,6 +339,19 @@ audit_fix "alibi_s vs y_alibi" "fix: mha permute --block s --order 1,0,2,3 --rel
 run audit --weights $T/alibi_s_fixed.safetensors --input $T/x.npy --reference $T/y_alibi.npy
 expect_ok
 expect_out "labels: consistent"
+# a file name with a space and a quote: the printed fix is one shell line
+# that runs as printed (the names quoted as shell words)
+cp $T/alibi_s.safetensors "$T/slopes it's.safetensors"
+run audit --weights "$T/slopes it's.safetensors" --input $T/x.npy --reference $T/y_alibi.npy
+checks=$((checks + 1))
+[ "$rc" -eq 1 ] || fail "audit of a quoted name: exit $rc, want 1"
+expect_out "--relabel '$T/slopes it'\\''s.safetensors' '$T/slopes it'\\''s_fixed.safetensors'"
+fix=$(grep '^fix: ' "$tmp/out" | sed 's/^fix: mha //')
+eval "set -- $fix"
+run "$@"
+expect_ok
+checks=$((checks + 1))
+[ -f "$T/slopes it's_fixed.safetensors" ] || fail "the printed fix did not write 'slopes it''s_fixed.safetensors'"
 run permute --block s --order 1,0,2,3 $T/native.safetensors $T/no_slopes.safetensors
 expect_error 2 "has no ALiBi slopes or sinks"
 [ ! -e $T/no_slopes.safetensors ] || fail "a refused permute --block s wrote its output"

@@ -239,30 +239,50 @@ static void fixed_name(char *out, size_t cap, const char *path) {
     snprintf(out, cap, "%.*s_fixed%s", (int)(dot - path), path, dot);
 }
 
+/* " FLAG VALUE" with VALUE as a POSIX shell word: as it is when it holds
+ * only characters no shell treats specially, else in single quotes (a
+ * quote inside as '\''), so that the printed line pastes into a shell
+ * whatever the file is called. */
+static void print_flag(const char *flag, const char *value) {
+    printf(" %s%s", flag, *flag ? " " : "");
+    const int plain = *value && strspn(value, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                              "0123456789_./:=,@%+-") == strlen(value);
+    if (plain) {
+        fputs(value, stdout);
+        return;
+    }
+    putchar('\'');
+    for (const char *c = value; *c; c++)
+        if (*c == '\'') fputs("'\\''", stdout);
+        else putchar(*c);
+    putchar('\'');
+}
+
 /* The `mha permute` that repairs the file: the checkpoint flags the audit
  * loaded it with, so the native file written is the same layer. */
 static void print_fix(const cli_ckpt *ck, const cli_variant_flags *vf, const hypothesis *H, const char *order) {
     char out[4096];
     fixed_name(out, sizeof out, ck->weights);
     printf("fix: mha permute");
-    if (ck->layout) printf(" --layout %s", ck->layout);
+    if (ck->layout) print_flag("--layout", ck->layout);
     if (ck->heads) printf(" --heads %lld", ck->heads);
     if (ck->kv_heads) printf(" --kv-heads %lld", ck->kv_heads);
-    if (ck->prefix) printf(" --prefix %s", ck->prefix);
+    if (ck->prefix) print_flag("--prefix", ck->prefix);
     /* a state dict does not record add_zero_attn: without the flag the
        repaired native file would be another layer */
     if (ck->zero_attn) printf(" --zero-attn");
     /* and the variants that make the layer: --sinks and --qk-norm read
        tensors the native file keeps only when the layer has them */
-    if (vf->rope) printf(" --rope %s", vf->rope);
+    if (vf->rope) print_flag("--rope", vf->rope);
     if (vf->rope_theta) printf(" --rope-theta %.17g", vf->rope_theta);
     if (vf->rope_dim) printf(" --rope-dim %lld", vf->rope_dim);
-    if (vf->rope_scale) printf(" --rope-scale %s", vf->rope_scale);
+    if (vf->rope_scale) print_flag("--rope-scale", vf->rope_scale);
     if (vf->alibi) printf(" --alibi");
     if (vf->softcap) printf(" --softcap %.17g", vf->softcap);
-    if (vf->sinks) printf(" --sinks %s", vf->sinks);
-    if (vf->qk_norm) printf(" --qk-norm %s", vf->qk_norm);
-    printf(" --block %s --order %s --relabel %s %s\n", H->flag, order, ck->weights, out);
+    if (vf->sinks) print_flag("--sinks", vf->sinks);
+    if (vf->qk_norm) print_flag("--qk-norm", vf->qk_norm);
+    printf(" --block %s --order %s --relabel", H->flag, order);
+    print_flag("", ck->weights), print_flag("", out), putchar('\n');
 }
 
 static void print_labels_check(const mha_layer *L) {
