@@ -354,6 +354,12 @@ checks=$((checks + 1))
 [ -f "$T/slopes it's_fixed.safetensors" ] || fail "the printed fix did not write 'slopes it''s_fixed.safetensors'"
 run permute --block s --order 1,0,2,3 $T/native.safetensors $T/no_slopes.safetensors
 expect_error 2 "has no ALiBi slopes or sinks"
+# the variant flags' errors name the command that took them
+run permute --block o --order 1,0,2,3 --rope halves --rope-scale bogus $T/native.safetensors $T/bad_scale.safetensors
+expect_error 2 "mha permute: --rope-scale 'bogus'"
+[ ! -e $T/bad_scale.safetensors ] || fail "a refused permute --rope-scale wrote its output"
+run audit --weights $T/native.safetensors --input $T/x.npy --reference $T/y_native.npy --rope halves --rope-dim 3
+expect_error 2 "mha audit: --rope-dim is 3"
 [ ! -e $T/no_slopes.safetensors ] || fail "a refused permute --block s wrote its output"
 # identical heads: several orders fit exactly; the audit says it cannot tell
 # (it said "no reordering ... explains the mismatch") and prints no fix

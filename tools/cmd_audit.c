@@ -336,7 +336,7 @@ int cmd_audit(int argc, char **argv) {
     int rc = cli_fwd_open(&L, &f, &spec, &ck, &ff, NULL, argc, argv);
     if (rc != MHA_ARGS_CONTINUE) return rc == MHA_EXIT_OK ? AUDIT_MATCH : AUDIT_ERROR;
     int reported = 0; /* the audit ran to its verdict */
-    if ((rc = cli_apply_variants(&L, &f, &vf, &ck))) {
+    if ((rc = cli_apply_variants("audit", &L, &f, &vf, &ck))) {
         cli_variants_free(&vf);
         cli_fwd_free(&f);
         mha_layer_free(L);

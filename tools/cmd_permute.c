@@ -108,7 +108,7 @@ int cmd_permute(int argc, char **argv) {
     cli_fwd unused = {0};
     cli_ckpt in = ck;
     in.weights = pos[0]; /* the checkpoint is IN, not --weights */
-    if (variants && (rc = cli_apply_variants(&L, &unused, &vf, &in))) {
+    if (variants && (rc = cli_apply_variants("permute", &L, &unused, &vf, &in))) {
         mha_layer_free(L);
         return cli_outputs_finish(&outs, rc);
     }

@@ -173,7 +173,7 @@ int cmd_run(int argc, char **argv) {
     mha_capture cap = {0};
     mha_intervention *iv = NULL;
     mha_array v = {0};
-    if ((rc = cli_apply_variants(&L, &f, &vf, &ck))) goto done;
+    if ((rc = cli_apply_variants("run", &L, &f, &vf, &ck))) goto done;
     mha_weight_dtype wd;
     if (wdtype && (mha_weight_dtype_parse(&wd, wdtype) || mha_layer_convert_weights(L, wd))) {
         rc = mha_cmd_error("run", MHA_EXIT_RUNTIME, "--weights-dtype %s: %s", wdtype, mha_last_error());

@@ -1,4 +1,5 @@
-/* run_variants.c — `mha run` flags for today's attention variants: the
+/* run_variants.c — `mha run` flags for today's attention variants (also
+ * taken by `mha audit` and `mha permute`, whose errors name them): the
  * loaded layer is rebuilt with its config changed and the per-head tensors
  * the flags name read from the checkpoint; --positions becomes
  * options.positions. */
@@ -32,13 +33,13 @@ static const mha_array *tensor(const mha_tensors *t, const char *prefix, const c
 }
 
 /* A float tensor of exactly n elements, or an error naming it. */
-static int want(const char *what, const mha_array *a, const char *name, size_t n) {
-    if (!a) return mha_cmd_error("run", MHA_EXIT_RUNTIME, "%s: the checkpoint has no tensor %s", what, name);
+static int want(const char *cmd, const char *what, const mha_array *a, const char *name, size_t n) {
+    if (!a) return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "%s: the checkpoint has no tensor %s", what, name);
     if (!a->f || a->dtype == MHA_DTYPE_I8) /* int8: quantized values, meaningless without scales */
-        return mha_cmd_error("run", MHA_EXIT_RUNTIME, "%s: tensor %s is %s; expected %zu floats (F32, F16 or BF16)",
+        return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "%s: tensor %s is %s; expected %zu floats (F32, F16 or BF16)",
                              what, name, a->dtype == MHA_DTYPE_I8 ? "int8" : "not floating point", n);
     if (a->count != n)
-        return mha_cmd_error("run", MHA_EXIT_RUNTIME, "%s: tensor %s has %zu elements; expected %zu floats", what,
+        return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "%s: tensor %s has %zu elements; expected %zu floats", what,
                              name, a->count, n);
     return MHA_EXIT_OK;
 }
@@ -51,29 +52,29 @@ static int want(const char *what, const mha_array *a, const char *name, size_t n
  * (int32/int64) or whole numbers stored as float (float32/float16: exact
  * to 2^24), each in 0..2^30; anything else is refused naming the file,
  * index and value. */
-static int read_positions(cli_fwd *f, cli_variant_flags *vf) {
+static int read_positions(const char *cmd, cli_fwd *f, cli_variant_flags *vf) {
     mha_array a = {0};
     mha_status s = mha_npy_read(&a, vf->positions, MHA_IO_INTEGERS);
-    if (s) return cli_fail("run", s);
+    if (s) return cli_fail(cmd, s);
     int rc = MHA_EXIT_OK;
     const int shared = (a.rank == 1 && a.shape[0] == f->T) || (a.rank == 2 && a.shape[0] == 1 && a.shape[1] == f->T);
     const int ok = shared || (a.rank == 2 && a.shape[0] == f->B && a.shape[1] == f->T);
     if ((!a.f && !a.i64) || !ok) {
         char shape[64];
-        rc = mha_cmd_error("run", MHA_EXIT_RUNTIME, "%s: positions are %s of shape %s; expected integers (int32, "
+        rc = mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "%s: positions are %s of shape %s; expected integers (int32, "
                            "int64) or whole numbers (float32) of shape (T,) = (%d,), (1, T) or (B, T) = (%d, %d)",
                            vf->positions, mha_dtype_name(a.dtype), cli_shape_str(&a, shape, sizeof shape), f->T, f->B,
                            f->T);
     }
     const size_t n = (size_t)f->B * f->T; /* a shared row is repeated for every sequence */
-    if (!rc && !(vf->pos = malloc(sizeof(int) * n))) rc = mha_cmd_error("run", MHA_EXIT_RUNTIME, "out of memory");
+    if (!rc && !(vf->pos = malloc(sizeof(int) * n))) rc = mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "out of memory");
     for (size_t i = 0; !rc && i < a.count; i++) {
         const double v = a.i64 ? (double)a.i64[i] : (double)a.f[i];
         const int whole = a.i64 || (v == (double)(long long)v && v <= (double)(1 << 24));
         if (!(v >= 0 && v <= CLI_MAX_POSITION) || !whole) {
-            rc = a.i64 ? mha_cmd_error("run", MHA_EXIT_RUNTIME, "%s: position %lld at index %zu; expected an "
+            rc = a.i64 ? mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "%s: position %lld at index %zu; expected an "
                                        "integer in 0..2^30", vf->positions, (long long)a.i64[i], i)
-                       : mha_cmd_error("run", MHA_EXIT_RUNTIME, "%s: position %g at index %zu; expected a whole "
+                       : mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "%s: position %g at index %zu; expected a whole "
                                        "number in 0..2^24 (or save integers)", vf->positions, v, i);
             break;
         }
@@ -85,7 +86,7 @@ static int read_positions(cli_fwd *f, cli_variant_flags *vf) {
 }
 
 /* One key=value of --rope-scale into r; 0 or an exit code. */
-static int scale_param(mha_rope *r, const char *kv, size_t len) {
+static int scale_param(const char *cmd, mha_rope *r, const char *kv, size_t len) {
     static const char *const keys[] = {"factor", "low_freq_factor", "high_freq_factor",
                                        "original_max_position_embeddings", "beta_fast", "beta_slow",
                                        "attention_factor"};
@@ -100,27 +101,27 @@ static int scale_param(mha_rope *r, const char *kv, size_t len) {
         memcpy(num, eq + 1, n), num[n] = '\0';
         double v = strtod(num, &end);
         if (*end || !(v > 0 && v <= 1e9))
-            return mha_cmd_error("run", MHA_EXIT_USAGE, "--rope-scale: %s=%s; expected a number > 0", keys[i], num);
+            return mha_cmd_error(cmd, MHA_EXIT_USAGE, "--rope-scale: %s=%s; expected a number > 0", keys[i], num);
         if (i == 3 && v != (double)(int)v)
-            return mha_cmd_error("run", MHA_EXIT_USAGE, "--rope-scale: %s=%s; expected a whole number", keys[i], num);
+            return mha_cmd_error(cmd, MHA_EXIT_USAGE, "--rope-scale: %s=%s; expected a whole number", keys[i], num);
         if (i == 3) r->original_max_positions = (int)v;
         else *dst[i] = v;
         return 0;
     }
-    return mha_cmd_error("run", MHA_EXIT_USAGE, "--rope-scale: '%.*s'; expected KEY=NUMBER with KEY among factor, "
+    return mha_cmd_error(cmd, MHA_EXIT_USAGE, "--rope-scale: '%.*s'; expected KEY=NUMBER with KEY among factor, "
                          "low_freq_factor, high_freq_factor, original_max_position_embeddings, beta_fast, beta_slow, "
                          "attention_factor", (int)len, kv);
 }
 
 /* --rope-scale: "F" (linear), or KIND:key=value,... with KIND linear,
  * llama3 or yarn and the keys of Hugging Face's rope_scaling. */
-static int parse_rope_scale(mha_rope *r, const char *spec) {
+static int parse_rope_scale(const char *cmd, mha_rope *r, const char *spec) {
     static const char *const kinds[] = {"linear", "llama3", "yarn"};
     char *end;
     double f = strtod(spec, &end);
     if (end != spec && !*end) {
         if (!(f >= 1 && f <= 1e6))
-            return mha_cmd_error("run", MHA_EXIT_USAGE, "--rope-scale %s; expected a factor in 1..1e6", spec);
+            return mha_cmd_error(cmd, MHA_EXIT_USAGE, "--rope-scale %s; expected a factor in 1..1e6", spec);
         r->scaling = MHA_ROPE_SCALE_LINEAR, r->factor = f;
         return 0;
     }
@@ -129,7 +130,7 @@ static int parse_rope_scale(mha_rope *r, const char *spec) {
     for (int i = 0; i < 3 && colon; i++)
         if (strlen(kinds[i]) == (size_t)(colon - spec) && strncmp(spec, kinds[i], (size_t)(colon - spec)) == 0) kind = i;
     if (kind < 0)
-        return mha_cmd_error("run", MHA_EXIT_USAGE, "--rope-scale '%s'; expected F, linear:factor=F, "
+        return mha_cmd_error(cmd, MHA_EXIT_USAGE, "--rope-scale '%s'; expected F, linear:factor=F, "
                              "llama3:factor=F,... or yarn:factor=F,... (see --help)", spec);
     mha_rope z = {0};
     z.pairing = r->pairing, z.dim = r->dim, z.theta = r->theta;
@@ -138,14 +139,14 @@ static int parse_rope_scale(mha_rope *r, const char *spec) {
     for (const char *p = colon + 1; *p;) {
         const char *comma = strchr(p, ',');
         size_t len = comma ? (size_t)(comma - p) : strlen(p);
-        int rc = scale_param(r, p, len);
+        int rc = scale_param(cmd, r, p, len);
         if (rc) return rc;
         p += len + (comma ? 1 : 0);
     }
     if (r->factor == 0)
-        return mha_cmd_error("run", MHA_EXIT_USAGE, "--rope-scale %s: factor missing; expected factor=F", spec);
+        return mha_cmd_error(cmd, MHA_EXIT_USAGE, "--rope-scale %s: factor missing; expected factor=F", spec);
     if (kind > 0 && r->original_max_positions == 0)
-        return mha_cmd_error("run", MHA_EXIT_USAGE, "--rope-scale %s: original_max_position_embeddings missing; "
+        return mha_cmd_error(cmd, MHA_EXIT_USAGE, "--rope-scale %s: original_max_position_embeddings missing; "
                              "expected the pre-training context length", spec);
     return 0;
 }
@@ -154,12 +155,12 @@ static int parse_rope_scale(mha_rope *r, const char *spec) {
  * are centred on 0, so read as the layer's plain scales they would
  * shrink q and k towards 0. w's norm weights become copies plus one in
  * *buf (freed by the caller, after the layer is built); 0 or an exit code. */
-static int offset_norms(float **buf, const mha_config *c, mha_weights *w) {
+static int offset_norms(const char *cmd, float **buf, const mha_config *c, mha_weights *w) {
     const size_t nq = (size_t)c->d_k * (c->qk_norm_per_head ? (size_t)c->n_heads : 1);
     const size_t hkv = (size_t)(c->n_kv_heads ? c->n_kv_heads : c->n_heads); /* 0 means h */
     const size_t nk = (size_t)c->d_k * (c->qk_norm_per_head ? hkv : 1);
     float *b = malloc(sizeof(float) * (nq + nk));
-    if (!b) return mha_cmd_error("run", MHA_EXIT_RUNTIME, "out of memory");
+    if (!b) return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "out of memory");
     for (size_t i = 0; i < nq; i++) b[i] = 1.0f + w->q_norm[i];
     for (size_t i = 0; i < nk; i++) b[nq + i] = 1.0f + w->k_norm[i];
     w->q_norm = b, w->k_norm = b + nq, *buf = b;
@@ -167,31 +168,31 @@ static int offset_norms(float **buf, const mha_config *c, mha_weights *w) {
 }
 
 /* --window, --sink-tokens and --positions into f->opt */
-static int apply_options(cli_fwd *f, cli_variant_flags *vf) {
+static int apply_options(const char *cmd, cli_fwd *f, cli_variant_flags *vf) {
     if (vf->sink_tokens && !vf->window)
-        return mha_cmd_error("run", MHA_EXIT_USAGE, "--sink-tokens needs --window W (the sinks are kept "
+        return mha_cmd_error(cmd, MHA_EXIT_USAGE, "--sink-tokens needs --window W (the sinks are kept "
                              "besides a window)");
     if (vf->window) f->opt.window_left = (int)(vf->window - 1);
     f->opt.sink_tokens = (int)vf->sink_tokens;
-    return vf->positions ? read_positions(f, vf) : MHA_EXIT_OK;
+    return vf->positions ? read_positions(cmd, f, vf) : MHA_EXIT_OK;
 }
 
-int cli_apply_variants(mha_layer **L, cli_fwd *f, cli_variant_flags *vf, const cli_ckpt *ck) {
+int cli_apply_variants(const char *cmd, mha_layer **L, cli_fwd *f, cli_variant_flags *vf, const cli_ckpt *ck) {
     const char *weights = ck->weights, *prefix = ck->prefix;
     cli_hf_config hc; /* the rotary settings of config.json, overridden by the flags */
-    int rc = cli_hf_config_read(&hc, "run", ck, NULL);
+    int rc = cli_hf_config_read(&hc, cmd, ck, NULL);
     if (rc) return rc;
     if (hc.window < 0 && !vf->window)
-        return mha_cmd_error("run", MHA_EXIT_USAGE, "config.json: some layers attend through a sliding window of "
+        return mha_cmd_error(cmd, MHA_EXIT_USAGE, "config.json: some layers attend through a sliding window of "
                              "sliding_window keys and others globally, and --prefix names no layer; expected --prefix "
                              "with the layer's number (model.layers.N), or --window W");
     if (!vf->window && hc.window > 0) vf->window = hc.window; /* the layer's sliding_window; a flag wins */
     if (hc.no_rope < 0 && !vf->rope)
-        return mha_cmd_error("run", MHA_EXIT_USAGE, "config.json: no_rope_layers gives some layers no rotary "
+        return mha_cmd_error(cmd, MHA_EXIT_USAGE, "config.json: no_rope_layers gives some layers no rotary "
                              "embedding, and --prefix names no layer; expected --prefix with the layer's number "
                              "(model.layers.N)");
     if (hc.clip_qkv) /* refused rather than run without it */
-        return mha_cmd_error("run", MHA_EXIT_RUNTIME, "config.json: clip_qkv is %g (OLMo clamps q, k and v to it); "
+        return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: clip_qkv is %g (OLMo clamps q, k and v to it); "
                              "expected null: clamping the projections is not implemented", hc.clip_qkv);
     if (hc.no_rope > 0) /* a NoPE layer: the file's rotary settings are not its own */
         hc.rope = NULL, hc.rope_theta = 0, hc.rope_dim = 0, hc.rope_scale[0] = '\0';
@@ -204,44 +205,44 @@ int cli_apply_variants(mha_layer **L, cli_fwd *f, cli_variant_flags *vf, const c
     const int file_norm = mha_layer_config(*L)->qk_norm && (hc.qk_norm_eps || hc.qk_norm_offset);
     if (!rope && !theta && !rope_dim && !rope_scale && !vf->alibi && !hc.alibi && !softcap && !vf->sinks &&
         !vf->qk_norm && !file_norm)
-        return apply_options(f, vf);
+        return apply_options(cmd, f, vf);
     mha_config c = *mha_layer_config(*L);
     mha_weights w;
     mha_layer_get_weights(*L, &w);
     if (rope) c.rope.pairing = strcmp(rope, "halves") == 0 ? MHA_ROPE_HALVES : MHA_ROPE_INTERLEAVED;
     if ((theta || rope_dim || rope_scale) && !c.rope.pairing)
-        return mha_cmd_error("run", MHA_EXIT_USAGE, "--rope-theta/--rope-dim/--rope-scale need --rope (or rotary "
+        return mha_cmd_error(cmd, MHA_EXIT_USAGE, "--rope-theta/--rope-dim/--rope-scale need --rope (or rotary "
                              "settings in the checkpoint)");
     if (vf->rope_dim && (vf->rope_dim % 2 || vf->rope_dim > c.d_k)) /* named as the flag, before any work */
-        return mha_cmd_error("run", MHA_EXIT_USAGE, "--rope-dim is %lld; expected an even number in 2..%d (the "
+        return mha_cmd_error(cmd, MHA_EXIT_USAGE, "--rope-dim is %lld; expected an even number in 2..%d (the "
                              "layer's d_k)", vf->rope_dim, c.d_k);
     if (theta) c.rope.theta = theta;
     if (rope_dim) c.rope.dim = (int)rope_dim;
-    if (rope_scale && (rc = parse_rope_scale(&c.rope, rope_scale))) return rc;
+    if (rope_scale && (rc = parse_rope_scale(cmd, &c.rope, rope_scale))) return rc;
     if (vf->alibi || hc.alibi) c.alibi = 1;
     if (softcap) c.softcap = (float)softcap;
     mha_tensors *t = NULL;
     if (vf->sinks || (vf->qk_norm && !c.qk_norm)) {
         mha_status s = mha_checkpoint_read(&t, weights, prefix, 0);
-        if (s) return cli_fail("run", s);
+        if (s) return cli_fail(cmd, s);
     }
     if (vf->sinks) {
         const mha_array *a = tensor(t, prefix, vf->sinks);
-        if (!(rc = want("--sinks", a, vf->sinks, (size_t)c.n_heads))) c.sinks = 1, w.sinks = a->f;
+        if (!(rc = want(cmd, "--sinks", a, vf->sinks, (size_t)c.n_heads))) c.sinks = 1, w.sinks = a->f;
     }
     if (!rc && vf->qk_norm) {
         if (!c.qk_norm) { /* Qwen 3 names, then native ones; shared (d_k) weights */
             const mha_array *q = tensor(t, prefix, "q_norm.weight"), *k = tensor(t, prefix, "k_norm.weight");
             const char *qn = "q_norm.weight", *kn = "k_norm.weight";
             if (!q) q = tensor(t, prefix, "q_norm"), k = tensor(t, prefix, "k_norm"), qn = "q_norm", kn = "k_norm";
-            if (!(rc = want("--qk-norm", q, qn, (size_t)c.d_k)) && !(rc = want("--qk-norm", k, kn, (size_t)c.d_k)))
+            if (!(rc = want(cmd, "--qk-norm", q, qn, (size_t)c.d_k)) && !(rc = want(cmd, "--qk-norm", k, kn, (size_t)c.d_k)))
                 w.q_norm = q->f, w.k_norm = k->f, c.qk_norm_per_head = 0;
         }
         c.qk_norm = strcmp(vf->qk_norm, "rms") == 0 ? MHA_QK_NORM_RMS : MHA_QK_NORM_LAYER;
     }
     float *norms = NULL;
     if (!rc && c.qk_norm && hc.qk_norm_eps) c.qk_norm_eps = (float)hc.qk_norm_eps; /* config.json's rms_norm_eps */
-    if (!rc && c.qk_norm && hc.qk_norm_offset) rc = offset_norms(&norms, &c, &w);
+    if (!rc && c.qk_norm && hc.qk_norm_offset) rc = offset_norms(cmd, &norms, &c, &w);
     mha_layer *n = NULL;
     if (!rc) {
         mha_status s = mha_layer_create(&n, &c, &w);
@@ -252,14 +253,14 @@ int cli_apply_variants(mha_layer **L, cli_fwd *f, cli_variant_flags *vf, const c
             s = mha_layer_labels(*L, (mha_block)b, lab);
             if (!s) s = mha_layer_set_labels(n, (mha_block)b, lab);
         }
-        if (s) rc = cli_fail("run", s), mha_layer_free(n);
+        if (s) rc = cli_fail(cmd, s), mha_layer_free(n);
     }
     mha_tensors_free(t);
     free(norms);
     if (rc) return rc;
     mha_layer_free(*L);
     *L = n;
-    return apply_options(f, vf);
+    return apply_options(cmd, f, vf);
 }
 
 void cli_variants_free(cli_variant_flags *vf) {

@@ -59,9 +59,9 @@ typedef struct {
  * and the norm weights; for an hf checkpoint, the rotary settings, the
  * soft-cap and the scale of the config.json beside it where no flag gives
  * them), reads --positions and sets --window, --sink-tokens and --scale
- * in f->opt. Returns an exit code; *L is
+ * in f->opt. Returns an exit code, errors named as `mha cmd`; *L is
  * unchanged on failure. */
-int cli_apply_variants(mha_layer **L, cli_fwd *f, cli_variant_flags *vf, const cli_ckpt *ck);
+int cli_apply_variants(const char *cmd, mha_layer **L, cli_fwd *f, cli_variant_flags *vf, const cli_ckpt *ck);
 void cli_variants_free(cli_variant_flags *vf);
 
 #endif /* MHA_TOOLS_RUN_VARIANTS_H */
