@@ -133,6 +133,10 @@ run permute --order 0,0,1,2 $T/native.safetensors $T/x.safetensors
 expect_error 2 "perm"
 run permute --order 0,1,2 $T/native.safetensors $T/x.safetensors
 expect_error 2 "4 comma-separated"
+for order in " 1,0,2,3" "1,+0,2,3" "1,0,2,3," "1,0,2, 3"; do
+    run permute --order "$order" $T/native.safetensors $T/x.safetensors
+    expect_error 2 "4 comma-separated"
+done
 
 # --- inputs: unbatched, float16, cross-attention, masks -----------------------
 run run --weights $T/native.safetensors --input $T/x2d.npy --output $T/y2d.npy --save-probs $T/p2d.npy
@@ -246,6 +250,12 @@ run run --weights $T/native.safetensors --input $T/x.npy --output $T/y.npy --abl
 expect_error 2 "given twice"
 run run --weights $T/native.safetensors --input $T/x.npy --output $T/y.npy --ablate 1=keep,1=zero
 expect_error 2 "head 1 is given twice"
+for spec in " 1=zero" "+1=zero" "1=zero,+2=mean" "1=zero, 2=mean"; do
+    run run --weights $T/native.safetensors --input $T/x.npy --output $T/y.npy --ablate "$spec"
+    expect_error 2 "expected HEAD=OP"
+done
+run run --weights $T/native.safetensors --input $T/x.npy --output $T/y.npy --ablate 1=zero,
+expect_error 2 "a ',' ends the list"
 
 # --- attribution: head r's Z.dZ of <dY, Y> is exactly <dY, Y - Y(r zeroed)> -----
 "$PY" -c "import numpy as np; np.save('$T/dy.npy', np.random.default_rng(5).standard_normal((2,6,16)).astype(np.float32))"

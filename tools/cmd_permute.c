@@ -3,6 +3,7 @@
  * column blocks, biases, W_O row blocks and labels together, so Y is
  * unchanged. --block q|k|v|kv|o|s moves one kind of block only: the repair
  * (or the mistake) of a broken conversion, printed by `mha audit`. */
+#include <ctype.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,14 +13,15 @@
 #include "io_cli.h"
 #include "run_variants.h"
 
-/* "3,1,2,0" -> perm[n]; exactly n entries. */
+/* "3,1,2,0" -> perm[n]; exactly n entries, digits only (strtol alone
+ * would also take " 1" and "+1"). */
 static int parse_order(const char *s, int *perm, int n) {
     const char *p = s;
     for (int i = 0; i < n; i++) {
         char *end;
         errno = 0;
         long v = strtol(p, &end, 10);
-        if (end == p || errno || v < 0 || v >= n || (i + 1 < n ? *end != ',' : *end != '\0'))
+        if (!isdigit((unsigned char)*p) || end == p || errno || v < 0 || v >= n || (i + 1 < n ? *end != ',' : *end != '\0'))
             return mha_cmd_error("permute", MHA_EXIT_USAGE,
                                  "--order '%.60s': expected %d comma-separated head indices 0..%d",
                                  s, n, n - 1);

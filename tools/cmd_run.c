@@ -24,7 +24,7 @@ static int parse_ablate_ops(const char *p, mha_intervention *iv, int h, unsigned
         char *end;
         errno = 0;
         long r = strtol(p, &end, 10);
-        if (end == p || errno || *end != '=')
+        if (!isdigit((unsigned char)*p) || end == p || errno || *end != '=') /* not " 2" or "+2" */
             return mha_cmd_error("run", MHA_EXIT_USAGE,
                                  "--ablate: expected HEAD=OP at '%.20s' (e.g. 2=zero,5=scale:0.5,7=mean)", p);
         if (r < 0 || r >= h)
@@ -59,7 +59,8 @@ static int parse_ablate_ops(const char *p, mha_intervention *iv, int h, unsigned
             return mha_cmd_error("run", MHA_EXIT_USAGE, "--ablate: head %ld is given twice", r);
         iv[r] = v;
         p += n;
-        if (*p == ',') p++;
+        if (*p == ',' && !*++p)
+            return mha_cmd_error("run", MHA_EXIT_USAGE, "--ablate: a ',' ends the list; expected HEAD=OP after it");
     }
     return MHA_EXIT_OK;
 }
