@@ -127,7 +127,12 @@ def u8ptr(a):
 
 
 def ints(name, seq, n):
-    """A ctypes int array of exactly n integers, each within a C int."""
+    """A ctypes int array of exactly n integers, each within a C int. A
+    list or tuple's elements go through c_int one by one: numpy would turn
+    [True, 0, 3, 2] into integers, but a bool is no head index."""
+    if isinstance(seq, (list, tuple)):
+        for i, v in enumerate(seq):
+            c_int(f"{name}[{i}]", v, INT_MIN, INT_MAX)
     arr = _array(name, seq)
     if arr.ndim != 1 or arr.shape[0] != n or not np.issubdtype(arr.dtype, np.integer):
         raise ShapeError(f"{name} is {arr.tolist()!r}; expected {n} integers")

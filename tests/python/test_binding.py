@@ -265,6 +265,14 @@ def test_labels_permutation_and_contract():
         layer.set_labels("q", [0, 0, 1, 2])
     with pytest.raises(mha.ArgumentError, match="block"):
         layer.labels("x")
+    # a bool is no head index, even where numpy would make the list integers
+    before = layer.labels("q")
+    for bad in ([True, False, 3, 2], (2, 3, False, True)):
+        with pytest.raises(mha.ArgumentError, match=r"perm\[\d\]=(True|False) is a bool"):
+            layer.permute_heads(bad)
+    with pytest.raises(mha.ArgumentError, match=r"labels\[0\]=True is a bool"):
+        layer.set_labels("q", [True, 0, 2, 3])
+    assert layer.labels("q") == before
 
 
 def test_weights_round_trip():
