@@ -387,6 +387,25 @@ def variants_section(rows, targets, notes, kind="variant"):
                   "overhead vs plain (min)", "overhead (median of paired ratios)"], body)
 
 
+def nn_modern_section(rows):
+    """bench/nn_modern_step.py: forward + backward of one layer with RoPE,
+    RMS QK-norm and GQA, causal, from PyTorch: mha.nn.Attention (libmha's
+    tape) and the same layer written in PyTorch, alternating round by
+    round after checking they agree."""
+    body = []
+    for r in find(rows, kind="nn_modern_step", impl="mha"):
+        t = one(rows, kind="nn_modern_step", impl="torch", B=r["B"], T=r["T"], d_model=r["d_model"])
+        if not t:
+            continue
+        body.append([f"B={r['B']} T={r['T']} d={r['d_model']} h={r['h']} h_kv={r['h_kv']}",
+                     fmt_ms(num(t, "median_s")), fmt_ms(num(r, "median_s")),
+                     fmt(num(t, "median_s") / num(r, "median_s"), ".2f", suffix="x"),
+                     fmt(num(t, "min_s") / num(r, "min_s"), ".2f", suffix="x")])
+    if not body:
+        return "(not measured in this run)"
+    return table(["shape", "torch ms (median)", "mha.nn ms (median)", "x torch (median)", "x torch (min)"], body)
+
+
 # OpenBLAS kernels of the --gemm-only processes: OPENBLAS_CORETYPE (the
 # gemm_pair line's openblas=) and how the GEMM table names them.
 GEMM_CORES = (("auto", None), ("Haswell", "AVX2"), ("SkylakeX", "AVX-512"))
@@ -802,6 +821,7 @@ def main():
     bwd_tab = backward_section(rows, peak, max(f512) if f512 else None, targets)
     var_tab = variants_section(rows, targets, notes)
     var_bwd_tab = variants_section(rows, targets, notes, kind="variant_backward")
+    nn_tab = nn_modern_section(rows)
     if quality:
         for t_ in targets:
             if t_[2] in ("met", "NOT met"):
@@ -827,6 +847,8 @@ def main():
            "## Backward, training step of one layer (issue 12)\n", bwd_tab, "",
            "### Attention variants on the backward: mha_backward (every gradient), each variant alone, "
            "interleaved with plain\n", var_bwd_tab, "",
+           "### Today's layer trained from PyTorch: mha.nn.Attention against the layer in PyTorch\n",
+           nn_tab, "",
            "## Targets\n" + ("\n(--quick shapes: the issues' targets are stated for the full shapes "
                               "and do not apply here.)\n" if a.mode == "quick" else ""), tgt_tab, ""]
     if notes:

@@ -275,6 +275,10 @@ done
 # the same for the fast backward (every variant's gradients, QK-norm too), on P1
 # shellcheck disable=SC2086
 [ "$mode" = gemm ] || run $solo "$bin" variants-backward --name P1 $P1 --reps $reps --budget $((budget * 2)) --threads $threads --mha-only
+# today's layer trained from PyTorch: mha.nn.Attention against the same
+# layer written in PyTorch (RoPE, RMS QK-norm, GQA h_kv 4, causal), P1's shape
+# shellcheck disable=SC2086
+[ "$mode" = gemm ] || run env OMP_WAIT_POLICY=passive "$py" bench/nn_modern_step.py $P1 --rounds $reps --threads $threads
 
 # ---------------------------------------------------- decode (issue 5)
 # torch and mha alternate per (cache dtype, h_kv) group of contexts. torch
