@@ -46,7 +46,9 @@
  *
  * Numbers: the fast path and the cached forward compute in fp32. A call
  * whose scaled scores may exceed MHA_FAST_SCORE_LIMIT = 131072 in magnitude
- * (bounded by |scale| |q| |k|, L2 norms), whose V is too large to sum, or
+ * (bounded by |scale| |q| |k|, L2 norms; with ALiBi also each row's
+ * largest score, which a query far from every key it may attend pushes
+ * far below zero), whose V is too large to sum, or
  * whose output overflows fp32 is never answered with a silently wrong
  * number: MHA_PATH_AUTO recomputes it with the reference (double),
  * MHA_PATH_FAST and mha_forward_cached return MHA_E_NONFINITE naming the

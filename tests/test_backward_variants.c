@@ -225,9 +225,59 @@ static void backward_variants_threads_bit_identical(void) {
     naive_bw_case_free(&f);
 }
 
+/* ALiBi whose nearest allowed key is far (queries at positions near 2^30,
+ * keys at 0..S-1, cross-attention): every score of a row is about
+ * -slope 2^30, where fp32 keeps no bit of the differences the softmax
+ * needs. The |scale q.k| range rule does not see ALiBi's term, so the
+ * row maxima are checked too: FAST and the tape refuse
+ * (MHA_E_UNSUPPORTED), AUTO's backward and forward are the reference's,
+ * and a layer with the same positions but slopes small enough keeps the
+ * fast path. */
+static void backward_variants_alibi_far_keys_refused(void) {
+    const variant_case v = {"alibi far keys", 16, 4, 2, 0, 0, 2, 6, 9, 1, 0, 1, 0, 0, 0.0f, 0, 0, 0, 0, 0};
+    naive_bw_case f;
+    make_case(&f, &v, 4300);
+    int *pos = malloc(sizeof(int) * (size_t)v.B * v.T), *kpos = malloc(sizeof(int) * (size_t)v.B * v.S);
+    for (int i = 0; i < v.B * v.T; i++) pos[i] = (1 << 30) - 3 * (i % v.T);
+    for (int i = 0; i < v.B * v.S; i++) kpos[i] = i % v.S;
+    f.opt.positions = pos, f.opt.key_positions = kpos;
+    grads ref, fast, aut, tape;
+    CHECK_OK(run(&f, &ref, MHA_PATH_REFERENCE));
+    CHECK(run(&f, &fast, MHA_PATH_FAST) == MHA_E_UNSUPPORTED);
+    CHECK(strstr(mha_last_error(), "ALiBi") != NULL);
+    CHECK(run_tape(&f, &tape) == MHA_E_UNSUPPORTED);
+    CHECK_OK(run(&f, &aut, MHA_PATH_AUTO));
+    for (int i = 0; i < NG; i++)
+        if (ref.t[i] && memcmp(ref.t[i], aut.t[i], ref.n[i] * sizeof(float)))
+            test_report(__FILE__, __LINE__, "alibi far keys: AUTO's %s is not the reference's (kernels=%s)",
+                        names[i], mha_kernels_get()->name);
+    // --- the forward: FAST refuses, AUTO gives the reference's y
+    const size_t ny = (size_t)v.B * v.T * v.d_model;
+    float *y_ref = naive_alloc_floats(ny), *y_auto = naive_alloc_floats(ny);
+    mha_options o = f.opt;
+    o.path = MHA_PATH_REFERENCE;
+    CHECK_OK(mha_forward_kv(f.L, y_ref, NULL, f.x, f.k_src, f.v_src, v.B, v.T, v.S, &o));
+    o.path = MHA_PATH_FAST;
+    CHECK(mha_forward_kv(f.L, y_auto, NULL, f.x, f.k_src, f.v_src, v.B, v.T, v.S, &o) == MHA_E_NONFINITE);
+    o.path = MHA_PATH_AUTO;
+    CHECK_OK(mha_forward_kv(f.L, y_auto, NULL, f.x, f.k_src, f.v_src, v.B, v.T, v.S, &o));
+    CHECK(memcmp(y_ref, y_auto, ny * sizeof(float)) == 0);
+    free(y_ref), free(y_auto);
+    grads_free(&ref), grads_free(&fast), grads_free(&aut), grads_free(&tape);
+    // --- slopes 1e-9: scores within the range, the fast path serves the same positions
+    float slopes[4] = {1e-9f, 2e-9f, 3e-9f, 4e-9f};
+    mha_weights w = naive_weights_view(&f.w);
+    w.alibi_slopes = slopes;
+    CHECK_OK(mha_layer_set_weights(f.L, &w));
+    check_case(&f, "alibi far keys, small slopes");
+    free(pos), free(kpos);
+    naive_bw_case_free(&f);
+}
+
 static const test_case isa_cases[] = {
     {"backward_variants_fast_matches_reference", backward_variants_fast_matches_reference},
     {"backward_variants_threads_bit_identical", backward_variants_threads_bit_identical},
+    {"backward_variants_alibi_far_keys_refused", backward_variants_alibi_far_keys_refused},
 };
 
 const test_case *tests_backward_variants_isa(size_t *count) {

@@ -188,6 +188,12 @@ static void attend_task(const mha_attn_args *a, const mha_kernels *k, scratch *w
     // --- Z^(r) = o / l into position-major Z; a row with no key: 0 or NaN;
     //     a sink adds exp(sink_r - m) to the sum of a row that has keys
     const float fill = o->masked_row == MHA_MASKED_ROW_NAN ? NAN : 0.0f;
+    for (int i = 0; c->alibi && a->alibi_far && i < rows; i++) /* a row far from its keys: beyond the range */
+        if (w->l[i] != 0.0f && !(fabsf(w->m[i]) <= MHA_FAST_SCORE_LIMIT)) {
+#pragma omp atomic write
+            *a->alibi_far = 1;
+            break;
+        }
     for (int i = 0; c->sinks && i < rows; i++)
         if (w->l[i] != 0.0f) w->l[i] += expf(a->sinks[r] - w->m[i]);
     for (int i = 0; i < rows; i++) {

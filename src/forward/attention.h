@@ -25,6 +25,9 @@ typedef struct {
     const float *alibi_slopes; /* (h) */
     const float *sinks;        /* (h) */
     int keys_are_x;            /* key positions default to the queries'    */
+    int *alibi_far;            /* ALiBi: set to 1 when a row's largest score
+                                  exceeds MHA_FAST_SCORE_LIMIT (NULL: not
+                                  checked)                                 */
 } mha_attn_args;
 
 /* Z^(r) = softmax(softcap(scale * Q^(r) K^(g)^T) + alibi + mask, sink) V^(g)

@@ -119,6 +119,26 @@ static mha_status fast_supported(const mha_layer *L, int B, int T, int S, const 
     return MHA_OK;
 }
 
+/* ALiBi's term -slope |p_i - p_j| is outside the |scale q.k| bound of
+ * mha_fast_check_scores: a query far from every key it may attend
+ * (positions, key_positions) has all its scores far below zero, where fp32
+ * keeps too few bits of their differences for the softmax. The range rule
+ * then applies to each row's largest score (pass 1's row_max, 0 for a row
+ * with no key): beyond it MHA_E_UNSUPPORTED, and AUTO runs the reference. */
+static mha_status check_alibi_rows(const mha_bwd_saved *sv, const mha_config *c, const char *who) {
+    const size_t n = (size_t)sv->B * c->n_heads * sv->T;
+    for (size_t at = 0; at < n; at++)
+        if (!(fabsf(sv->row_max[at]) <= MHA_FAST_SCORE_LIMIT)) {
+            const size_t br = at / (size_t)sv->T;
+            return mha_fail(MHA_E_UNSUPPORTED, "%s: with ALiBi the largest score of batch %zu head %zu query "
+                            "%zu is %.3g (the query is far from every key it may attend), beyond the %g its "
+                            "fp32 softmax keeps accurate; expected MHA_PATH_AUTO or _REFERENCE for such inputs",
+                            who, br / (size_t)c->n_heads, br % (size_t)c->n_heads, at % (size_t)sv->T,
+                            (double)sv->row_max[at], MHA_FAST_SCORE_LIMIT);
+        }
+    return MHA_OK;
+}
+
 void mha_bwd_saved_free(mha_bwd_saved *sv) {
     free(sv->q), free(sv->k), free(sv->v), free(sv->z), free(sv->lse), free(sv->q_pre), free(sv->k_pre);
     memset(sv, 0, sizeof *sv);
@@ -174,6 +194,7 @@ mha_status mha_bwd_saved_make(mha_bwd_saved *sv, const mha_exec *ex, const mha_l
                      "MHA_MASKED_ROW_NAN; expected MHA_MASKED_ROW_ZERO (or the reference backward)", who, masked);
         goto fail;
     }
+    if (c->alibi && (s = check_alibi_rows(sv, c, who))) goto fail;
     return MHA_OK;
 fail:
     mha_bwd_saved_free(sv);

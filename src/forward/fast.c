@@ -281,11 +281,18 @@ mha_status mha_forward_fast(const mha_exec *ex, const mha_layer *L, float *y, co
         goto done;
 
     // --- attend: Z^(r) = softmax(scale Q^(r) K^(g)^T + mask) V^(g), into Z
+    int alibi_far = 0; /* ALiBi's term is outside check_range's bound: each row's max is checked */
     const mha_attn_args att = {
         p.c, opt, p.q, p.kt, p.v, p.z, cap ? cap->probs : NULL, B, T, S, p.S_tot, p.S_pad, p.ldv, p.scale, 1,
-        L->alibi_slopes, L->sinks, k_src == x,
+        L->alibi_slopes, L->sinks, k_src == x, &alibi_far,
     };
     if ((s = mha_attention(&att, kern, nt))) goto done;
+    if (alibi_far) {
+        s = mha_fail(MHA_E_NONFINITE, "fast path: with ALiBi a query far from every key it may attend "
+                     "(positions, key_positions) has scores beyond the %g its fp32 softmax keeps accurate; %s",
+                     MHA_FAST_SCORE_LIMIT, MHA_FAST_RANGE_HINT);
+        goto done;
+    }
 
     // --- intervene on Z^(r), before W_O reads them
     for (int r = 0; opt->interventions && r < p.c->n_heads && !s; r++)
