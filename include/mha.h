@@ -199,6 +199,12 @@ typedef struct {
     const float *k_norm; /* (d_k) or (h_kv, d_k) per head                  */
 } mha_weights;
 
+/* slopes (n_heads) = the paper's ALiBi slopes for a layer of n_heads
+ * heads, the default of weights.alibi_slopes. A layer split by heads
+ * (a shard of heads first..first+n-1) takes slopes + first of the whole
+ * layer's, not those of an n-head layer. MHA_E_ARG for NULL or n_heads < 1. */
+MHA_API mha_status mha_alibi_slopes(float *slopes, int n_heads);
+
 typedef struct mha_layer mha_layer;
 
 /* Creates a layer and copies the weights; w == NULL gives all-zero weights.

@@ -302,6 +302,7 @@ static int run(int argc, char **argv, MPI_Comm comm) {
     int rc = s ? MHA_EXIT_RUNTIME : cli_fwd_prepare_config("run", &f, &cfg, &ff);
     cli_variant_flags vf; /* none given: config.json's, as mha run applies them */
     memset(&vf, 0, sizeof vf);
+    if (heads && !s) vf.shard_first = hd.first, vf.shard_of_heads = cfg.n_heads; /* ALiBi's slopes are global */
     if (!s && !rc) rc = cli_apply_variants("run", heads ? &local : &L, &f, &vf, ck);
     if (!s && !rc && ablate) {
         iv = calloc((size_t)cfg.n_heads, sizeof *iv);

@@ -69,6 +69,11 @@ write_safetensors(d + "/hfdir/model.safetensors",
                    "model.layers.0.self_attn.v_proj.weight": r(8, 16), "model.layers.0.self_attn.o_proj.weight": r(16, 16)})
 json.dump({"num_attention_heads": 4, "num_key_value_heads": 2, "hidden_size": 16, "rope_theta": 50.0,
            "attn_logit_softcapping": 1.5}, open(d + "/hfdir/config.json", "w"))
+# a BLOOM directory: config.json turns ALiBi on (the paper's slopes of all 8 heads)
+os.mkdir(d + "/bloomdir")
+write_safetensors(d + "/bloomdir/model.safetensors",
+                  {"model.layers.0.self_attn.%s_proj.weight" % n: r(16, 16) for n in "qkvo"})
+json.dump({"model_type": "bloom", "n_head": 8, "hidden_size": 16}, open(d + "/bloomdir/config.json", "w"))
 layer("mha_b", 24, 12, 12, 3, 2)          # mha's shapes, other weights
 np.save(d + "/x.npy", r(2, 16, 24))
 np.save(d + "/x16.npy", r(2, 16, 16))
@@ -206,6 +211,17 @@ done
 mpi 2 --decode 4 --weights "$T/hfdir" --input "$T/x16.npy" --output "$T/y.npy" --causal
 expect_ok
 close "$T/y.npy" "$T/r_hfdir.npy"
+# ALiBi from config.json (BLOOM): each shard takes its global heads' slopes
+# (a shard given the default slopes of an h/P-head layer was 0.1 off)
+ref --weights "$T/bloomdir" --input "$T/x16.npy" --output "$T/r_bloom.npy" --causal
+for p in 2 4; do
+    mpi $p --split heads --weights "$T/bloomdir" --input "$T/x16.npy" --output "$T/y.npy" --causal
+    expect_ok
+    close "$T/y.npy" "$T/r_bloom.npy"
+    mpi $p --decode 3 --weights "$T/bloomdir" --input "$T/x16.npy" --output "$T/y.npy" --causal
+    expect_ok
+    close "$T/y.npy" "$T/r_bloom.npy"
+done
 
 # --- KV-cache decode, head-parallel: prefill T-N tokens, decode N one at a
 # time; each rank caches its kv heads. Equals the causal forward of mha run.

@@ -319,8 +319,19 @@ static void modern_alibi_default_slopes(void) {
         double want[n];
         bloom_slopes(want, n);
         for (int i = 0; i < n; i++) CHECK_NEAR(w.alibi_slopes[i], want[i], 1e-7 * want[i]);
+        float pub[40]; /* the public mha_alibi_slopes gives the layer's bits */
+        CHECK_OK(mha_alibi_slopes(pub, n));
+        CHECK(memcmp(pub, w.alibi_slopes, sizeof(float) * (size_t)n) == 0);
         mha_layer_free(L);
     }
+    float s6[6]; /* by hand: 4 heads' 2^-2, 2^-4, 2^-6, 2^-8, then 8 heads' odd ones 2^-1, 2^-3 */
+    CHECK_OK(mha_alibi_slopes(s6, 6));
+    const float want6[6] = {0.25f, 0.0625f, 0.015625f, 0.00390625f, 0.5f, 0.125f};
+    CHECK(memcmp(s6, want6, sizeof s6) == 0);
+    CHECK_STATUS(mha_alibi_slopes(NULL, 4), MHA_E_ARG);
+    CHECK_ERROR_MENTIONS("slopes is NULL");
+    CHECK_STATUS(mha_alibi_slopes(s6, 0), MHA_E_ARG);
+    CHECK_ERROR_MENTIONS("n_heads=0");
 }
 
 /* llama3 and YaRN frequencies against their published formulas, one

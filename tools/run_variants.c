@@ -221,10 +221,20 @@ int cli_apply_variants(const char *cmd, mha_layer **L, cli_fwd *f, cli_variant_f
     if (rope_scale && (rc = parse_rope_scale(cmd, &c.rope, rope_scale))) return rc;
     if (vf->alibi || hc.alibi) c.alibi = 1;
     if (softcap) c.softcap = (float)softcap;
+    float *slopes = NULL; /* (shard_of_heads): a shard's heads take the whole layer's default slopes */
+    if (c.alibi && !w.alibi_slopes && vf->shard_of_heads > c.n_heads) {
+        if (!(slopes = malloc(sizeof(float) * (size_t)vf->shard_of_heads)))
+            return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "out of memory");
+        mha_alibi_slopes(slopes, vf->shard_of_heads);
+        w.alibi_slopes = slopes + vf->shard_first;
+    }
     mha_tensors *t = NULL;
     if (vf->sinks || (vf->qk_norm && !c.qk_norm)) {
         mha_status s = mha_checkpoint_read(&t, weights, prefix, 0);
-        if (s) return cli_fail(cmd, s);
+        if (s) {
+            free(slopes);
+            return cli_fail(cmd, s);
+        }
     }
     if (vf->sinks) {
         const mha_array *a = tensor(t, prefix, vf->sinks);
@@ -256,7 +266,7 @@ int cli_apply_variants(const char *cmd, mha_layer **L, cli_fwd *f, cli_variant_f
         if (s) rc = cli_fail(cmd, s), mha_layer_free(n);
     }
     mha_tensors_free(t);
-    free(norms);
+    free(norms), free(slopes);
     if (rc) return rc;
     mha_layer_free(*L);
     *L = n;

@@ -12,6 +12,10 @@ typedef struct {
     long long rope_dim, window, sink_tokens;
     int alibi;
     int *pos; /* (B,T) read from --positions, owned */
+    /* a layer split by heads (mha-mpi --split heads): the shard's first
+       global head and the whole layer's h, whose default ALiBi slopes the
+       shard's heads take; 0 0: the whole layer */
+    int shard_first, shard_of_heads;
 } cli_variant_flags;
 
 /* Flags that make the layer (kept by a native file); `mha permute` takes these. */

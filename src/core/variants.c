@@ -105,6 +105,13 @@ void mha_alibi_default_slopes(float *slopes, int n) {
     for (int r = p; r < n; r++) slopes[r] = (float)exp2(-8.0 * (2 * (r - p) + 1) / (2 * p));
 }
 
+mha_status mha_alibi_slopes(float *slopes, int n_heads) {
+    if (!slopes) return mha_fail(MHA_E_ARG, "mha_alibi_slopes: slopes is NULL; expected (n_heads) floats");
+    if (n_heads < 1) return mha_fail(MHA_E_ARG, "mha_alibi_slopes: n_heads=%d; expected >= 1", n_heads);
+    mha_alibi_default_slopes(slopes, n_heads);
+    return MHA_OK;
+}
+
 void mha_rope_frequencies(double *inv_freq, double *mscale, const mha_config *c) {
     const mha_rope *rp = &c->rope;
     const int r = rp->dim, half = r / 2;
