@@ -243,12 +243,9 @@ def test_cross_attention_with_its_own_width_and_positions():
 
 
 
-def test_alibi_queries_far_from_every_key(monkeypatch):
-    """ALiBi with the queries near position 2^30 and the keys at 0..S-1:
-    every score of a row is about -slope 2^30, beyond what fp32 resolves.
-    The library refuses the tape there (the fast path's range rule checks
-    each row's largest score) and the stateless backward's AUTO runs the
-    reference: y and every gradient are the oracle's (before: 130% off)."""
+def tape_spy(monkeypatch):
+    """A list that gets, per forward that builds a graph, whether the
+    library granted a tape (mha_forward_train) or refused it."""
     granted = []
     real = mha.nn._forward_train
 
@@ -257,10 +254,21 @@ def test_alibi_queries_far_from_every_key(monkeypatch):
         granted.append(out is not None)
         return out
     monkeypatch.setattr(mha.nn, "_forward_train", spy)
+    return granted
+
+
+def test_alibi_queries_far_from_every_key(monkeypatch):
+    """ALiBi with the queries near position 2^30 and the keys at 0..S-1:
+    every score of a row is about -slope 2^30, beyond what fp32 resolves.
+    The library refuses the tape there (the fast path's range rule checks
+    each row's largest score) and the stateless backward's AUTO runs the
+    reference: y and every gradient are the oracle's (before: 130% off)."""
+    granted = tape_spy(monkeypatch)
     pos = 2 ** 30 - torch.arange(5).expand(2, 5) * 3
     kpos = torch.arange(9).expand(2, 9)
     check(variant_kw(kv_dim=20, alibi=True), T=5, S=9, positions=pos, key_positions=kpos)
     assert granted == [False]
+
 
 def test_window_with_streaming_llm_sink_tokens():
     check(variant_kw(**ALL), T=9, causal=True, window=3, sink_tokens=2)
@@ -353,14 +361,7 @@ def test_variant_layers_get_a_tape(monkeypatch):
     """The library grants a tape to a layer with every variant (its fast
     backward serves them), and the gradients from it are right (check()
     compares them with the oracle)."""
-    granted = []
-    real = mha.nn._forward_train
-
-    def spy(*a):
-        out = real(*a)
-        granted.append(out is not None)
-        return out
-    monkeypatch.setattr(mha.nn, "_forward_train", spy)
+    granted = tape_spy(monkeypatch)
     check(variant_kw(**ALL), causal=True)
     assert granted and all(granted)
 
