@@ -294,7 +294,10 @@ typedef enum {
 
 typedef enum {
     MHA_MASKED_ROW_ZERO = 0, /* a query that may attend to no key gets Z = 0 */
-    MHA_MASKED_ROW_NAN = 1   /* ... gets NaN, as PyTorch's softmax does      */
+    MHA_MASKED_ROW_NAN = 1   /* ... gets NaN, as PyTorch's softmax does; with
+                                config.sinks Z = 0 in both modes (the sink
+                                takes all the weight: PyTorch's softmax over
+                                the scores and the sink logit, as gpt-oss) */
 } mha_masked_row;
 
 typedef enum {

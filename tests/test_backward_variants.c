@@ -274,7 +274,43 @@ static void backward_variants_alibi_far_keys_refused(void) {
     naive_bw_case_free(&f);
 }
 
+/* A layer with sinks under MHA_MASKED_ROW_NAN: a query with no allowed key
+ * puts all its weight on the sink, so Z = 0 there as in ZERO mode (torch's
+ * softmax over the scores and the sink logit, gpt-oss) and nothing is NaN:
+ * y's rows of batch 1 (every key padded) are b_O on the reference and
+ * fast paths, and the fast backward serves the call (not refused as a
+ * NaN-mode masked row) within the rule. */
+static void backward_variants_sinks_nan_mode_rows_are_zero(void) {
+    const variant_case *v = &variant_cases[5]; /* sinks, padding: batch 1 has no key */
+    naive_bw_case f;
+    make_case(&f, v, 4300);
+    int *pos, *kpos;
+    uint8_t *keep;
+    case_arrays(&f, v, &pos, &kpos, &keep);
+    f.opt.masked_row = MHA_MASKED_ROW_NAN;
+    const int D = f.w.cfg.d_model;
+    float *y = naive_alloc_floats((size_t)f.B * f.T * D);
+    for (int path = 0; f.L && path < 2; path++) {
+        mha_options o = f.opt;
+        o.path = path ? MHA_PATH_FAST : MHA_PATH_REFERENCE;
+        CHECK_OK(mha_forward(f.L, y, NULL, f.x, NULL, f.B, f.T, f.T, &o));
+        double off = 0.0;
+        for (int t = 0; t < f.T; t++)
+            for (int e = 0; e < D; e++) {
+                const double d = fabs((double)y[((size_t)f.T + t) * D + e] - f.w.b_o[e]);
+                if (!(d <= off)) off = d; /* NaN kept */
+            }
+        if (!(off <= 1e-6))
+            test_report(__FILE__, __LINE__, "%s: y of a query with no key is %.3g from b_O (want Z = 0; NaN: %d)",
+                        path ? "fast" : "reference", off, off != off);
+    }
+    check_case(&f, "sinks, NaN mode, rows with no key");
+    free(y), free(pos), free(kpos), free(keep);
+    naive_bw_case_free(&f);
+}
+
 static const test_case isa_cases[] = {
+    {"backward_variants_sinks_nan_mode_rows_are_zero", backward_variants_sinks_nan_mode_rows_are_zero},
     {"backward_variants_fast_matches_reference", backward_variants_fast_matches_reference},
     {"backward_variants_threads_bit_identical", backward_variants_threads_bit_identical},
     {"backward_variants_alibi_far_keys_refused", backward_variants_alibi_far_keys_refused},

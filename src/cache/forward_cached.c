@@ -447,7 +447,7 @@ static mha_decode_opts decode_opts(const mha_exec *ex, const mha_layer *L, const
                              L->cfg.alibi ? L->alibi_slopes : NULL, L->cfg.sinks ? L->sinks : NULL,
                              mha_exec_prefill(ex), opt->window_left,
                              extra ? L->bias_k : NULL, extra ? L->bias_v : NULL, L->cfg.add_zero_attn,
-                             opt->masked_row == MHA_MASKED_ROW_NAN};
+                             opt->masked_row == MHA_MASKED_ROW_NAN && !L->cfg.sinks}; /* sink: 0 */
 }
 
 static mha_status forward_cached_exec(const mha_exec *ex, const mha_layer *L, mha_cache *c, float *y,

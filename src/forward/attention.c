@@ -185,9 +185,10 @@ static void attend_task(const mha_attn_args *a, const mha_kernels *k, scratch *w
         k->attn_pv(w->o, ldv, w->s, MHA_ATT_BC, v + (size_t)j0 * ldv, ldv, w->alpha, rows6, nc, ldv);
     }
 
-    // --- Z^(r) = o / l into position-major Z; a row with no key: 0 or NaN;
-    //     a sink adds exp(sink_r - m) to the sum of a row that has keys
-    const float fill = o->masked_row == MHA_MASKED_ROW_NAN ? NAN : 0.0f;
+    // --- Z^(r) = o / l into position-major Z; a row with no key: 0 or NaN
+    //     (0 with sinks: the sink takes all the weight); a sink adds
+    //     exp(sink_r - m) to the sum of a row that has keys
+    const float fill = o->masked_row == MHA_MASKED_ROW_NAN && !c->sinks ? NAN : 0.0f;
     for (int i = 0; c->alibi && a->alibi_far && i < rows; i++) /* a row far from its keys: beyond the range */
         if (w->l[i] != 0.0f && !(fabsf(w->m[i]) <= MHA_FAST_SCORE_LIMIT)) {
 #pragma omp atomic write

@@ -119,10 +119,10 @@ static void prob_row(double *p, double *dcap, double *p_sink, const double *qi, 
         p[j] += add;
         if (p[j] > max) max = p[j];
     }
-    if (max == -INFINITY) {
-        double fill = opt->masked_row == MHA_MASKED_ROW_NAN ? NAN : 0.0;
+    if (max == -INFINITY) { /* with a sink: p = 0 and the sink's share 1, in either mode */
+        double fill = opt->masked_row == MHA_MASKED_ROW_NAN && !c->sinks ? NAN : 0.0;
         for (int j = 0; j < Sx; j++) p[j] = fill;
-        *p_sink = fill;
+        *p_sink = c->sinks ? 1.0 : fill;
         return;
     }
     /* a sink joins the denominator: exp(sink_r), no value */

@@ -99,8 +99,8 @@ mha_status mha_attend_reference(const mha_config *c, const mha_head_terms *ht, d
                 }
                 float *prow = probs ? probs + (((size_t)b * h + r) * T + i) * Sx : NULL;
                 float *lrow = lse ? lse + ((size_t)b * h + r) * T + i : NULL;
-                if (max == -INFINITY) { /* no key allowed: zero or NaN row */
-                    double fill = opt->masked_row == MHA_MASKED_ROW_NAN ? NAN : 0.0;
+                if (max == -INFINITY) { /* no key allowed: zero or NaN row (zero with a sink: it takes all) */
+                    double fill = opt->masked_row == MHA_MASKED_ROW_NAN && !sinks ? NAN : 0.0;
                     for (int e = 0; e < d_v; e++) zi[e] = fill;
                     for (int j = 0; prow && j < Sx; j++) prow[j] = (float)fill;
                     if (lrow) *lrow = -INFINITY;

@@ -310,7 +310,8 @@ def test_one_query_and_head_dim_not_a_multiple_of_16():
 
 def test_nan_rows_and_zero_rows():
     """masked_rows='nan': a query with no key gives NaN (torch's softmax);
-    'zero': zero before o_proj (y = o_proj's bias) and zero gradient."""
+    'zero': zero before o_proj (y = o_proj's bias) and zero gradient; with
+    sinks zero in either mode."""
     pad = torch.tensor([[True, True, True, False, False]])
     m = make(1, **variant_kw(rope={"pairing": "halves"}, bias=True, masked_rows="nan"))
     x = torch.randn(1, 5, 32)
@@ -322,6 +323,15 @@ def test_nan_rows_and_zero_rows():
     assert torch.allclose(y[0, :3], z.o_proj.bias.detach().expand(3, 32), rtol=0, atol=1e-6)
     y.sum().backward()
     assert torch.count_nonzero(xz.grad[0, :3]) == 0 and torch.count_nonzero(xz.grad[0, 3:]) > 0
+    # with sinks a query with no key puts all its weight on the sink: zero in
+    # both modes (torch's softmax over the scores and the sink logit)
+    s = make(1, **variant_kw(rope={"pairing": "halves"}, bias=True, sinks=True, masked_rows="nan"))
+    xs = x.clone().requires_grad_()
+    y = s(xs, causal=True, key_padding_mask=pad)
+    assert torch.allclose(y[0, :3], s.o_proj.bias.detach().expand(3, 32), rtol=0, atol=1e-6)
+    y.sum().backward()
+    assert torch.isfinite(xs.grad).all() and torch.isfinite(s.sinks.grad).all()
+    assert torch.count_nonzero(xs.grad[0, :3]) == 0
 
 
 def test_input_without_grad_and_frozen_parameters():
