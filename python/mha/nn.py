@@ -98,7 +98,10 @@ def _mask_options(attn_mask, key_padding_mask, is_causal, B, T, S, h, four_d=Fal
         is_bool = m.dtype in (torch.bool, torch.uint8)
         if not is_bool and not m.dtype.is_floating_point:
             raise ArgumentError(f"{name} has dtype {m.dtype}; expected bool (True = not allowed) or float (added)")
-        a = (m == 0).numpy() if is_bool else m.to(torch.float32).numpy()
+        # a float32 mask would be shared with the caller: copied when a
+        # backward may come, so refilling it before backward() (as the
+        # inputs, see _np) cannot change the gradients
+        a = (m == 0).numpy() if is_bool else m.to(torch.float32, copy=torch.is_grad_enabled()).numpy()
         if name == "attn_mask":
             a = a.reshape(*shapes[tuple(m.shape)], T, S)
             opts["keep_mask" if is_bool else "additive_mask"] = a

@@ -145,6 +145,27 @@ def test_key_padding_masks_bool_and_float():
     check(t, m, q, k, v, key_padding_mask=torch.randn(2, 6))
 
 
+def test_float_mask_refilled_before_backward_keeps_the_gradients():
+    """A float32 mask refilled in place between forward and backward (a
+    reused buffer) does not change the gradients: the forward's mask is
+    the one differentiated, as with the inputs."""
+    t, m = pair(batch_first=True)
+    q, _, _ = inputs((2, 4, 16), (2, 4, 16), (2, 4, 16), 9)
+    grads = []
+    for refill in (False, True):
+        mask = torch.randn(4, 4, generator=torch.Generator().manual_seed(3))
+        pad = torch.randn(2, 4, generator=torch.Generator().manual_seed(4))
+        m.zero_grad(set_to_none=True)
+        x = q.clone().requires_grad_()
+        y, _ = m(x, x, x, attn_mask=mask, key_padding_mask=pad)
+        if refill:
+            mask.fill_(-5.0), pad.fill_(3.0)
+        y.sum().backward()
+        grads.append([x.grad] + [p.grad for p in m.parameters()])
+    for a, b in zip(*grads):
+        assert torch.equal(a, b)
+
+
 def test_attn_masks_2d_bool_3d_float():
     t, m = pair()
     q, k, v = inputs((4, 2, 16), (6, 2, 16), (6, 2, 16), 7)
