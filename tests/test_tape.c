@@ -135,9 +135,13 @@ static void tape_misuse_errors(void) {
     CHECK_STATUS(mha_backward_tape(f.L, NULL, g, f.dy, f.x, f.k_src, NULL, B, T, S, &f.opt), MHA_E_ARG);
     CHECK_ERROR_MENTIONS("tape is NULL");
     CHECK_STATUS(mha_backward_tape(f.L, tape, NULL, f.dy, f.x, f.k_src, NULL, B, T, S, &f.opt), MHA_E_ARG);
-    CHECK_ERROR_MENTIONS("grad is NULL");
+    CHECK_ERROR_MENTIONS("mha_backward_tape: grad is NULL"); /* the call's own name */
     CHECK_STATUS(mha_backward_tape(f.L, tape, g, NULL, f.x, f.k_src, NULL, B, T, S, &f.opt), MHA_E_ARG);
-    CHECK_ERROR_MENTIONS("dy is NULL");
+    CHECK_ERROR_MENTIONS("mha_backward_tape: dy is NULL");
+    mha_gradients in_place = *g;
+    in_place.dx = f.x;
+    CHECK_STATUS(mha_backward_tape(f.L, tape, &in_place, f.dy, f.x, f.k_src, NULL, B, T, S, &f.opt), MHA_E_ARG);
+    CHECK_ERROR_MENTIONS("mha_backward_tape: grad.dx overlaps x");
     CHECK_STATUS(mha_backward_tape(other.L, tape, g, f.dy, f.x, f.k_src, NULL, B, T, S, &f.opt), MHA_E_ARG);
     CHECK_ERROR_MENTIONS("another layer");
     CHECK_STATUS(mha_backward_tape(f.L, tape, g, f.dy, f.x, f.k_src, NULL, B, T - 1, S, &f.opt), MHA_E_ARG);

@@ -12,25 +12,25 @@
 
 /* A gradient the call has no tensor for is refused, so a forgotten flag or
  * an aliased source is caught instead of silently left unwritten. */
-static mha_status check_wanted(const mha_config *c, const mha_gradients *g, const float *x,
+static mha_status check_wanted(const char *who, const mha_config *c, const mha_gradients *g, const float *x,
                                const float *k_src, const float *v_src) {
     if (!c->bias && (g->db_q || g->db_k || g->db_v || g->db_o))
-        return mha_fail(MHA_E_ARG, "mha_backward: db_%s given but the layer has no bias (config.bias=0); expected NULL",
+        return mha_fail(MHA_E_ARG, "%s: db_%s given but the layer has no bias (config.bias=0); expected NULL", who,
                         g->db_q ? "q" : g->db_k ? "k" : g->db_v ? "v" : "o");
     if (!c->add_bias_kv && (g->dbias_k || g->dbias_v))
-        return mha_fail(MHA_E_ARG, "mha_backward: dbias_%s given but config.add_bias_kv=0; expected NULL",
+        return mha_fail(MHA_E_ARG, "%s: dbias_%s given but config.add_bias_kv=0; expected NULL", who,
                         g->dbias_k ? "k" : "v");
     if (!c->sinks && g->d_sinks)
-        return mha_fail(MHA_E_ARG, "mha_backward: d_sinks given but config.sinks=0; expected NULL");
+        return mha_fail(MHA_E_ARG, "%s: d_sinks given but config.sinks=0; expected NULL", who);
     if (c->qk_norm == MHA_QK_NORM_NONE && (g->d_q_norm || g->d_k_norm))
-        return mha_fail(MHA_E_ARG, "mha_backward: d_%s_norm given but config.qk_norm is none; expected NULL",
+        return mha_fail(MHA_E_ARG, "%s: d_%s_norm given but config.qk_norm is none; expected NULL", who,
                         g->d_q_norm ? "q" : "k");
     if (g->dk_src && k_src == x)
-        return mha_fail(MHA_E_ARG, "mha_backward: dk_src given but the key source is x (kv NULL); "
-                                   "its gradient is part of dx; expected dk_src NULL");
+        return mha_fail(MHA_E_ARG, "%s: dk_src given but the key source is x (kv NULL); "
+                                   "its gradient is part of dx; expected dk_src NULL", who);
     if (g->dv_src && (v_src == x || v_src == k_src))
-        return mha_fail(MHA_E_ARG, "mha_backward: dv_src given but the value source is %s; its gradient is part of %s; "
-                                   "expected dv_src NULL", v_src == x ? "x" : "the key source",
+        return mha_fail(MHA_E_ARG, "%s: dv_src given but the value source is %s; its gradient is part of %s; "
+                                   "expected dv_src NULL", who, v_src == x ? "x" : "the key source",
                         v_src == x ? "dx" : "dk_src");
     return MHA_OK;
 }
@@ -88,27 +88,27 @@ static void input_spans(span *in, const mha_config *c, const float *dy, const fl
  * backward writes dx before the key and value paths read x), so an output
  * that overlaps an input or another output would give silently wrong
  * numbers: refused, naming both. */
-static mha_status check_disjoint(const mha_config *c, const mha_gradients *g, const float *dy, const float *x,
-                                 const float *k_src, const float *v_src, const mha_options *o, int B, int T,
-                                 int S) {
+static mha_status check_disjoint(const char *who, const mha_config *c, const mha_gradients *g, const float *dy,
+                                 const float *x, const float *k_src, const float *v_src, const mha_options *o,
+                                 int B, int T, int S) {
     span out[16], in[10];
     output_spans(out, c, g, B, T, S);
     input_spans(in, c, dy, x, k_src, v_src, o, B, T, S);
     for (int i = 0; i < 16; i++) {
         for (int j = i + 1; j < 16; j++)
             if (spans_overlap(&out[i], &out[j]))
-                return mha_fail(MHA_E_ARG, "mha_backward: grad.%s overlaps grad.%s; expected separate arrays "
-                                           "for the gradients", out[i].name, out[j].name);
+                return mha_fail(MHA_E_ARG, "%s: grad.%s overlaps grad.%s; expected separate arrays "
+                                           "for the gradients", who, out[i].name, out[j].name);
         for (int j = 0; j < 10; j++)
             if (spans_overlap(&out[i], &in[j]))
-                return mha_fail(MHA_E_ARG, "mha_backward: grad.%s overlaps %s; expected gradients apart from "
-                                           "the inputs (they are read while the gradients are written)",
+                return mha_fail(MHA_E_ARG, "%s: grad.%s overlaps %s; expected gradients apart from "
+                                           "the inputs (they are read while the gradients are written)", who,
                                 out[i].name, in[j].name);
         for (int r = 0; o->interventions && r < c->n_heads; r++) {
             const span v = {"", o->interventions[r].value, (size_t)B * T * c->d_v * sizeof(float)};
             if (o->interventions[r].op == MHA_HEAD_REPLACE && spans_overlap(&out[i], &v))
-                return mha_fail(MHA_E_ARG, "mha_backward: grad.%s overlaps interventions[%d].value; expected "
-                                           "gradients apart from the inputs", out[i].name, r);
+                return mha_fail(MHA_E_ARG, "%s: grad.%s overlaps interventions[%d].value; expected "
+                                           "gradients apart from the inputs", who, out[i].name, r);
         }
     }
     return MHA_OK;
@@ -130,25 +130,25 @@ mha_status mha_backward_check_overflow(const mha_config *c, const mha_gradients 
     return MHA_OK;
 }
 
-mha_status mha_backward_validate(const mha_layer *L, const mha_gradients *g, const float *dy, const float *x,
-                                 const float **k_src, const float **v_src, const mha_options **opt,
+mha_status mha_backward_validate(const char *who, const mha_layer *L, const mha_gradients *g, const float *dy,
+                                 const float *x, const float **k_src, const float **v_src, const mha_options **opt,
                                  mha_options *defaults, int B, int T, int S) {
-    if (!g) return mha_fail(MHA_E_ARG, "mha_backward: grad is NULL; expected an mha_gradients (NULL members = not wanted)");
-    if (!dy) return mha_fail(MHA_E_ARG, "mha_backward: dy is NULL; expected (B,T,d_model) floats");
+    if (!g) return mha_fail(MHA_E_ARG, "%s: grad is NULL; expected an mha_gradients (NULL members = not wanted)", who);
+    if (!dy) return mha_fail(MHA_E_ARG, "%s: dy is NULL; expected (B,T,d_model) floats", who);
     /* NULL sources and options as in mha_forward_kv; dy stands in for y:
      * the forward's checks of shapes, sources, masks */
-    mha_status s = mha_refuse_bf16_matmul(*opt, "mha_backward");
-    if (!s) s = mha_forward_request("mha_backward", L, dy, x, k_src, v_src, opt, defaults, B, T, S);
+    mha_status s = mha_refuse_bf16_matmul(*opt, who);
+    if (!s) s = mha_forward_request(who, L, dy, x, k_src, v_src, opt, defaults, B, T, S);
     if (s || (s = mha_check_finite(dy, (size_t)B * T * L->cfg.d_model, "dy"))) return s;
-    if ((s = check_wanted(&L->cfg, g, x, *k_src, *v_src))) return s;
-    return check_disjoint(&L->cfg, g, dy, x, *k_src, *v_src, *opt, B, T, S);
+    if ((s = check_wanted(who, &L->cfg, g, x, *k_src, *v_src))) return s;
+    return check_disjoint(who, &L->cfg, g, dy, x, *k_src, *v_src, *opt, B, T, S);
 }
 
 mha_status mha_backward_exec(const mha_exec *ex, const mha_layer *L, const mha_gradients *g, const float *dy,
                              const float *x, const float *k_src, const float *v_src, int B, int T, int S,
                              const mha_options *opt) {
     mha_options defaults;
-    mha_status s = mha_backward_validate(L, g, dy, x, &k_src, &v_src, &opt, &defaults, B, T, S);
+    mha_status s = mha_backward_validate("mha_backward", L, g, dy, x, &k_src, &v_src, &opt, &defaults, B, T, S);
     if (s) return s;
     mha_clear_error();
     /* MHA_KERNELS=reference (ex->reference) forces the oracle under AUTO, as in mha_forward */

@@ -22,10 +22,11 @@ mha_status mha_backward_fast(const mha_exec *ex, const mha_layer *L, const mha_g
                              int B, int T, int S, const mha_options *opt);
 
 /* The checks of one backward request (mha_backward_kv's and
- * mha_backward_tape's): grad and dy given, dy finite, the forward's checks
- * of shapes, sources and masks, no gradient without a tensor; resolves the
- * NULL sources and options as mha_forward_request. */
-mha_status mha_backward_validate(const mha_layer *L, const mha_gradients *g, const float *dy, const float *x,
+ * mha_backward_tape's, errors named as `who`): grad and dy given, dy
+ * finite, the forward's checks of shapes, sources and masks, no gradient
+ * without a tensor; resolves the NULL sources and options as
+ * mha_forward_request. */
+mha_status mha_backward_validate(const char *who, const mha_layer *L, const mha_gradients *g, const float *dy, const float *x,
                                  const float **k_src, const float **v_src, const mha_options **opt,
                                  mha_options *defaults, int B, int T, int S);
 

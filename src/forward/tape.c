@@ -135,7 +135,7 @@ mha_status mha_backward_tape(const mha_layer *L, const mha_tape *tape, const mha
                         "options given to mha_forward_train", what);
     /* the checks of mha_backward_kv (shapes, dy finite, wanted gradients) */
     mha_options defaults;
-    mha_status s = mha_backward_validate(L, g, dy, x, &k_src, &v_src, &opt, &defaults, B, T, S);
+    mha_status s = mha_backward_validate("mha_backward_tape", L, g, dy, x, &k_src, &v_src, &opt, &defaults, B, T, S);
     if (s) return s;
     const int k_is_x = k_src == x, v_is_x = v_src == x, v_is_k = v_src == k_src;
     if (k_is_x != tape->k_is_x || v_is_x != tape->v_is_x || v_is_k != tape->v_is_k)
