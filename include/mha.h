@@ -53,7 +53,11 @@
  * number: MHA_PATH_AUTO recomputes it with the reference (double),
  * MHA_PATH_FAST and mha_forward_cached return MHA_E_NONFINITE naming the
  * batch, head and row (the cached forward before appending anything,
- * except for an overflowing output).
+ * except for an overflowing output). Additive masks are added in fp32 as
+ * PyTorch adds them: a row whose every allowed key carries a large finite
+ * term (-1e9; Hugging Face's finfo.min) gets fp32's result, near-uniform
+ * weights as in torch, where the double reference keeps the scores'
+ * differences; give such keys -inf or a false keep bit to mask them.
  */
 #ifndef MHA_H
 #define MHA_H
