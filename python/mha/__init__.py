@@ -31,7 +31,7 @@ from .torch_compat import from_torch_state_dict, torch_forward
 __all__ = [
     "Layer", "ContractReport", "Cache", "cache_bytes_for", "from_torch_state_dict", "torch_forward",
     "concat_heads", "split_heads", "project_out", "head_contributions", "head_intervene",
-    "set_num_threads", "get_num_threads", "status_str", "last_error",
+    "set_num_threads", "get_num_threads", "status_str", "last_error", "alibi_slopes",
     "MhaError", "ArgumentError", "ShapeError", "DTypeError", "OutOfMemoryError", "ContractError",
     "NonFiniteError", "FileError", "FormatError", "UnsupportedError",
 ]
@@ -46,6 +46,17 @@ def set_num_threads(n):
 
 def get_num_threads():
     return _L.mha_get_num_threads()
+
+
+def alibi_slopes(n_heads):
+    """(n_heads,) float32: the ALiBi paper's slopes of an n_heads-head
+    layer, the default of a layer's alibi_slopes (a shard of heads
+    first..first+n takes alibi_slopes(h)[first:first+n], not
+    alibi_slopes(n))."""
+    n = c_int("n_heads", n_heads, 1)
+    out = np.empty(n, dtype=np.float32)
+    check(_L.mha_alibi_slopes(fptr(out), n), "mha_alibi_slopes")
+    return out
 
 
 # ------------------------------------------------- the seed steps, standalone

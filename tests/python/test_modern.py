@@ -142,8 +142,15 @@ def test_bloom_style_alibi(h):
     w = random_weights(rng, h, h, d_k)
     layer = mha.Layer(D, h, d_k=d_k, bias=False, weights=w, alibi=True)
     np.testing.assert_allclose(layer.weights()["alibi_slopes"], alibi_slopes(h), rtol=1e-7)
+    assert np.array_equal(mha.alibi_slopes(h), layer.weights()["alibi_slopes"])  # the public function's bits
     x = rng.uniform(-1, 1, (B, T, D)).astype(np.float32)
     check_paths(layer, x, torch_attention(w, x, h, h, d_k, slopes=alibi_slopes(h)))
+
+
+def test_alibi_slopes_refuses_no_heads():
+    for bad in (0, -1, 2.0, True):
+        with pytest.raises(mha.ArgumentError, match="n_heads"):
+            mha.alibi_slopes(bad)
 
 
 def test_gemma2_softcap_and_gpt_oss_sinks():
