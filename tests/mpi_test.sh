@@ -74,6 +74,14 @@ os.mkdir(d + "/bloomdir")
 write_safetensors(d + "/bloomdir/model.safetensors",
                   {"model.layers.0.self_attn.%s_proj.weight" % n: r(16, 16) for n in "qkvo"})
 json.dump({"model_type": "bloom", "n_head": 8, "hidden_size": 16}, open(d + "/bloomdir/config.json", "w"))
+# an OLMo 2 directory: q_norm.weight (h*d_k) and k_norm.weight (h_kv*d_k), one
+# RMSNorm over the whole width (the hf names say so by their length)
+os.mkdir(d + "/olmo2dir")
+write_safetensors(d + "/olmo2dir/model.safetensors",
+                  {**{"model.layers.0.self_attn.%s_proj.weight" % n: r(16, 16) for n in "qkvo"},
+                   "model.layers.0.self_attn.q_norm.weight": 1 + r(16), "model.layers.0.self_attn.k_norm.weight": 1 + r(16)})
+json.dump({"model_type": "olmo2", "num_attention_heads": 4, "num_key_value_heads": 4, "hidden_size": 16,
+           "rope_theta": 500.0, "rms_norm_eps": 1e-6}, open(d + "/olmo2dir/config.json", "w"))
 layer("mha_b", 24, 12, 12, 3, 2)          # mha's shapes, other weights
 np.save(d + "/x.npy", r(2, 16, 24))
 np.save(d + "/x16.npy", r(2, 16, 16))
@@ -358,6 +366,17 @@ expect_fail 2 "qk_norm_whole .*needs every head"
 mpi 2 --decode 3 --weights "$T/whole.safetensors" --input "$T/x16.npy" --output "$T/fo/y.npy" --causal
 expect_fail 2 "qk_norm_whole .*needs every head"
 case_ whole1 "1" "heads" whole x16 --causal
+# the same from an hf directory (OLMo 2): the shard of P = 1 keeps the
+# whole-width norm (it read the (h*d_k) weights as per-head ones: 0.6 off)
+ref --weights "$T/olmo2dir" --input "$T/x16.npy" --output "$T/r_olmo2.npy" --causal
+mpi 1 --split heads --weights "$T/olmo2dir" --input "$T/x16.npy" --output "$T/y.npy" --causal
+expect_ok
+close "$T/y.npy" "$T/r_olmo2.npy"
+mpi 1 --decode 3 --weights "$T/olmo2dir" --input "$T/x16.npy" --output "$T/y.npy" --causal
+expect_ok
+close "$T/y.npy" "$T/r_olmo2.npy"
+mpi 2 --split heads --weights "$T/olmo2dir" --input "$T/x16.npy" --output "$T/fo/y.npy" --causal
+expect_fail 2 "qk_norm_whole .*needs every head"
 # --decode: usage errors (exit 2) on every rank
 mpi 2 --decode 3 --split sequence --weights "$T/mha.safetensors" --input "$T/x.npy" --output "$T/fo/y.npy" --causal
 expect_fail 2 "expected --split heads"

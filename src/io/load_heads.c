@@ -420,6 +420,11 @@ static mha_status narrow(mha_tensors **out, const source *src, const mha_tensors
     if (!s && c->add_zero_attn) s = mha_tensors_set_meta(nt, "add_zero_attn", "1");
     if (!s && src->hf && (mha_tensors_get(nt, "q_norm") || mha_tensors_get(nt, "k_norm")) && !mha_tensors_meta(t, "qk_norm"))
         s = mha_tensors_set_meta(nt, "qk_norm", "rms"); /* hf: a norm tensor means RMS QK-norm */
+    /* hf: (h*d_k) norm weights are one norm over the whole width (OLMo 2);
+     * the native shard would read them as per-head weights without this
+     * (P = 1, the only head split that takes it: Y 0.6 off, silently) */
+    if (!s && src->hf && c->qk_norm_whole && !mha_tensors_meta(t, "qk_norm_whole"))
+        s = mha_tensors_set_meta(nt, "qk_norm_whole", "1");
     return s;
 }
 
