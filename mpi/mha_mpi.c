@@ -64,6 +64,31 @@ static long long layer_checksum(const mha_layer *L) {
     return (long long)(hsh >> 1);
 }
 
+/* The settings that config.json (or the file's metadata) gives the layer and
+ * the call besides the weights: RoPE, ALiBi, soft-cap, sinks, QK-norm,
+ * extra keys, the score scale and the window; hc, config.json as read here.
+ * Each rank reads its own config.json, and the weights' checksums do not
+ * see it: a rank given another rope_theta, soft-cap or window ran silently
+ * with it. The shard's per-head tensors (slopes, sinks, norms) are not
+ * hashed: they differ between ranks by design, and come from the file. */
+static long long variant_checksum(const mha_layer *L, const mha_options *o, const cli_hf_config *hc) {
+    const mha_config *c = mha_layer_config(L);
+    const mha_rope *r = &c->rope;
+    const double d[] = {r->theta, r->factor, r->low_freq_factor, r->high_freq_factor, r->beta_fast, r->beta_slow,
+                        r->attn_factor, c->softcap, c->qk_norm_eps, o->scale, hc->rope_theta, hc->softcap,
+                        hc->scale, hc->qk_norm_eps, hc->clip_qkv};
+    const long long n[] = {r->pairing, r->dim, r->scaling, r->original_max_positions, c->alibi, c->sinks,
+                           c->qk_norm, c->qk_norm_per_head, c->qk_norm_whole, c->add_bias_kv, c->add_zero_attn,
+                           o->window_left, o->window_right, o->sink_tokens, o->align, hc->found, hc->heads,
+                           hc->kv_heads, hc->head_dim, hc->hidden, hc->rope_dim, hc->alibi, hc->qk_norm_offset,
+                           hc->window, hc->no_rope};
+    unsigned long long hsh = fnv(1469598103934665603ull, d, sizeof d);
+    hsh = fnv(hsh, n, sizeof n);
+    hsh = fnv(hsh, hc->rope_scale, strlen(hc->rope_scale));
+    hsh = fnv(hsh, hc->rope ? hc->rope : "-", strlen(hc->rope ? hc->rope : "-"));
+    return (long long)(hsh >> 1);
+}
+
 static long long hash_str(const char *v) {
     return v ? (long long)(fnv(1469598103934665603ull, v, strlen(v)) >> 1) : -1;
 }
@@ -329,12 +354,17 @@ static int run(int argc, char **argv, MPI_Comm comm) {
     const mha_config *c = &cfg;
     unsigned long long in_sum = fnv(1469598103934665603ull, f.x.f, 4 * f.x.count);
     if (f.kv.f) in_sum = fnv(in_sum, f.kv.f, 4 * f.kv.count);
+    cli_hf_config hc; /* read once more (it succeeded in load_layer): its values, compared */
+    if (cli_hf_config_read(&hc, "run", ck, NULL)) memset(&hc, 0, sizeof hc);
     const long long same[] = {c->d_model, c->n_heads, c->n_kv_heads, c->d_k, c->d_v, c->d_kv_in, c->bias,
                               f.B, f.T, f.S, L ? layer_checksum(L) : file_checksum(ck->weights),
-                              (long long)(in_sum >> 1), array_checksum(&f.am), array_checksum(&f.kp)};
+                              (long long)(in_sum >> 1), array_checksum(&f.am), array_checksum(&f.kp),
+                              variant_checksum(L ? L : local, &f.opt, &hc)};
     const char *names[] = {"d_model", "h", "h_kv", "d_k", "d_v", "d_kv_in", "bias", "B", "T", "S",
                            heads ? "checksum of the checkpoint file" : "checksum of the weights",
-                           "checksum of the inputs", "checksum of --attn-mask", "checksum of --key-padding-mask"};
+                           "checksum of the inputs", "checksum of --attn-mask", "checksum of --key-padding-mask",
+                           "checksum of the variants (config.json beside the checkpoint, or the file's metadata: "
+                           "RoPE, ALiBi, soft-cap, QK-norm, scale, window)"};
     s = mha_mpi_check_same(comm, same, (int)(sizeof same / sizeof same[0]), names);
     if (!s && decode) { /* the same flags on every rank: each finds the same answer */
         char why[200] = "";

@@ -74,6 +74,18 @@ os.mkdir(d + "/bloomdir")
 write_safetensors(d + "/bloomdir/model.safetensors",
                   {"model.layers.0.self_attn.%s_proj.weight" % n: r(16, 16) for n in "qkvo"})
 json.dump({"model_type": "bloom", "n_head": 8, "hidden_size": 16}, open(d + "/bloomdir/config.json", "w"))
+# the same weights beside config.json files that differ (one per rank, MPMD):
+# the ranks must compare what config.json gives the layer, not only the file
+import shutil
+shutil.copytree(d + "/hfdir", d + "/hfdir_theta")
+json.dump({"num_attention_heads": 4, "num_key_value_heads": 2, "hidden_size": 16, "rope_theta": 60.0,
+           "attn_logit_softcapping": 1.5}, open(d + "/hfdir_theta/config.json", "w"))
+shutil.copytree(d + "/hfdir", d + "/capdir")
+json.dump({"num_attention_heads": 4, "num_key_value_heads": 2, "hidden_size": 16, "attn_logit_softcapping": 1.5},
+          open(d + "/capdir/config.json", "w"))
+shutil.copytree(d + "/hfdir", d + "/capdir_b")
+json.dump({"num_attention_heads": 4, "num_key_value_heads": 2, "hidden_size": 16, "attn_logit_softcapping": 0.5},
+          open(d + "/capdir_b/config.json", "w"))
 # an OLMo 2 directory: q_norm.weight (h*d_k) and k_norm.weight (h_kv*d_k), one
 # RMSNorm over the whole width (the hf names say so by their length)
 os.mkdir(d + "/olmo2dir")
@@ -336,6 +348,15 @@ mpmd "$G --key-padding-mask $T/kpm.npy" "$G --key-padding-mask $T/kpm_b.npy"
 expect_fail 2 "rank 1: checksum of --key-padding-mask"
 mpmd "$G" "--weights $T/mha_b.safetensors --input $T/x.npy --output $T/fo/keep.npy --causal"
 expect_fail 2 "rank 1: checksum of the checkpoint file"
+# the same file beside another config.json (rope_theta; soft-cap under the
+# ring): each rank ran silently with its own settings before
+H="--input $T/x16.npy --output $T/fo/keep.npy --causal"
+mpmd "--weights $T/hfdir $H" "--weights $T/hfdir_theta $H"
+expect_fail 2 "rank 1: checksum of the variants (config.json"
+mpmd "--weights $T/hfdir $H --decode 3" "--weights $T/hfdir_theta $H --decode 3"
+expect_fail 2 "rank 1: checksum of the variants (config.json"
+mpmd "--split sequence --weights $T/capdir $H" "--split sequence --weights $T/capdir_b $H"
+expect_fail 2 "rank 1: checksum of the variants (config.json"
 checks=$((checks + 1))
 [ "$(cat "$T/fo/keep.npy")" = EXISTING ] || fail "a failed run replaced an existing --output"
 rm -f "$T/fo/keep.npy"
