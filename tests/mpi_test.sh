@@ -86,6 +86,14 @@ json.dump({"num_attention_heads": 4, "num_key_value_heads": 2, "hidden_size": 16
 shutil.copytree(d + "/hfdir", d + "/capdir_b")
 json.dump({"num_attention_heads": 4, "num_key_value_heads": 2, "hidden_size": 16, "attn_logit_softcapping": 0.5},
           open(d + "/capdir_b/config.json", "w"))
+# a gpt-oss directory: every layer has (h) sink logits in self_attn.sinks
+os.mkdir(d + "/ossdir")
+write_safetensors(d + "/ossdir/model.safetensors",
+                  {"model.layers.0.self_attn.q_proj.weight": r(16, 16), "model.layers.0.self_attn.k_proj.weight": r(8, 16),
+                   "model.layers.0.self_attn.v_proj.weight": r(8, 16), "model.layers.0.self_attn.o_proj.weight": r(16, 16),
+                   "model.layers.0.self_attn.sinks": 4 * r(4)})
+json.dump({"model_type": "gpt_oss", "num_attention_heads": 4, "num_key_value_heads": 2, "hidden_size": 16,
+           "head_dim": 4, "rope_theta": 150000.0}, open(d + "/ossdir/config.json", "w"))
 # an OLMo 2 directory: q_norm.weight (h*d_k) and k_norm.weight (h_kv*d_k), one
 # RMSNorm over the whole width (the hf names say so by their length)
 os.mkdir(d + "/olmo2dir")
@@ -242,6 +250,21 @@ for p in 2 4; do
     expect_ok
     close "$T/y.npy" "$T/r_bloom.npy"
 done
+# gpt-oss's sinks from config.json (model_type gpt_oss): mha run takes them
+# as --sinks sinks would, and each shard its heads' entries (both ran
+# without them, silently; mha-mpi has no --sinks)
+ref --weights "$T/ossdir" --input "$T/x16.npy" --output "$T/r_oss.npy" --causal --sinks sinks
+ref --weights "$T/ossdir" --input "$T/x16.npy" --output "$T/r_oss_cfg.npy" --causal
+last="mha run on a gpt-oss directory without --sinks"
+close "$T/r_oss_cfg.npy" "$T/r_oss.npy"
+for p in 1 2 4; do
+    mpi $p --split heads --weights "$T/ossdir" --input "$T/x16.npy" --output "$T/y.npy" --causal
+    expect_ok
+    close "$T/y.npy" "$T/r_oss.npy"
+done
+mpi 2 --decode 3 --weights "$T/ossdir" --input "$T/x16.npy" --output "$T/y.npy" --causal
+expect_ok
+close "$T/y.npy" "$T/r_oss.npy"
 
 # --- KV-cache decode, head-parallel: prefill T-N tokens, decode N one at a
 # time; each rank caches its kv heads. Equals the causal forward of mha run.

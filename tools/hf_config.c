@@ -156,6 +156,7 @@ static int family(cli_hf_config *c, const char *cmd, json_t *root, const char *t
     const int alibi = json_is_true(json_object_get(root, "alibi"));
     c->alibi = type && (strcmp(type, "bloom") == 0 || (type_in(type, falcon) && alibi));
     c->qk_norm_offset = type_in(type, gemma3);
+    c->sinks = type && strcmp(type, "gpt_oss") == 0; /* every gpt-oss layer has them; ignored, Y was silently off */
     if (type_in(type, cohere) && json_is_true(json_object_get(root, "use_qk_norm")))
         return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: use_qk_norm is true (Cohere's LayerNorm of q and "
                              "k with a weight per head); expected false: that norm is not implemented");

@@ -27,6 +27,8 @@ typedef struct {
     int alibi;                 /* model_type bloom, or falcon with "alibi": true   */
     double qk_norm_eps;        /* rms_norm_eps: the eps of the q/k RMSNorm; 0 = absent */
     int qk_norm_offset;        /* Gemma 3: its RMSNorm scales by (1 + weight)      */
+    int sinks;                 /* gpt_oss: the module's "sinks" tensor, when it has
+                                  one, holds the (h) sink logits (as --sinks sinks) */
     long long window;          /* sliding_window when this layer slides (layer_types,
                                   sliding_window_pattern, the family's rule); 0 =
                                   global; -1 = the layers differ and --prefix

@@ -203,8 +203,9 @@ int cli_apply_variants(const char *cmd, mha_layer **L, cli_fwd *f, cli_variant_f
     const double softcap = vf->softcap ? vf->softcap : hc.softcap;
     f->opt.scale = (float)(vf->scale ? vf->scale : hc.scale); /* 0: 1/sqrt(d_k) */
     const int file_norm = mha_layer_config(*L)->qk_norm && (hc.qk_norm_eps || hc.qk_norm_offset);
+    const int file_sinks = hc.sinks && !vf->sinks && !mha_layer_config(*L)->sinks; /* gpt-oss's, unless --sinks */
     if (!rope && !theta && !rope_dim && !rope_scale && !vf->alibi && !hc.alibi && !softcap && !vf->sinks &&
-        !vf->qk_norm && !file_norm)
+        !vf->qk_norm && !file_norm && !file_sinks)
         return apply_options(cmd, f, vf);
     mha_config c = *mha_layer_config(*L);
     mha_weights w;
@@ -229,16 +230,20 @@ int cli_apply_variants(const char *cmd, mha_layer **L, cli_fwd *f, cli_variant_f
         w.alibi_slopes = slopes + vf->shard_first;
     }
     mha_tensors *t = NULL;
-    if (vf->sinks || (vf->qk_norm && !c.qk_norm)) {
+    if (vf->sinks || file_sinks || (vf->qk_norm && !c.qk_norm)) {
         mha_status s = mha_checkpoint_read(&t, weights, prefix, 0);
         if (s) {
             free(slopes);
             return cli_fail(cmd, s);
         }
     }
-    if (vf->sinks) {
-        const mha_array *a = tensor(t, prefix, vf->sinks);
-        if (!(rc = want(cmd, "--sinks", a, vf->sinks, (size_t)c.n_heads))) c.sinks = 1, w.sinks = a->f;
+    const char *sinks = vf->sinks ? vf->sinks : file_sinks && tensor(t, prefix, "sinks") ? "sinks" : NULL;
+    if (sinks) { /* (shard_of_heads): a shard's heads take their entries of the whole layer's (h) */
+        const mha_array *a = tensor(t, prefix, sinks);
+        const int shard = vf->shard_of_heads > c.n_heads;
+        const size_t n = (size_t)(shard ? vf->shard_of_heads : c.n_heads);
+        if (!(rc = want(cmd, vf->sinks ? "--sinks" : "config.json (model_type gpt_oss)", a, sinks, n)))
+            c.sinks = 1, w.sinks = a->f + (shard ? vf->shard_first : 0);
     }
     if (!rc && vf->qk_norm) {
         if (!c.qk_norm) { /* Qwen 3 names, then native ones; shared (d_k) weights */
