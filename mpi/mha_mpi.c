@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <jansson.h>
+
 #include "hf_config.h"
 #include "io_cli.h"
 #include "mha_mpi.h"
@@ -100,29 +102,59 @@ static long long array_checksum(const mha_array *a) {
     return (long long)(fnv(1469598103934665603ull, p, a->count * (a->f ? 4 : 1)) >> 1);
 }
 
-/* A checksum of the checkpoint file's bytes, read 1 MiB at a time: under
- * the head split each rank reads only its heads' blocks, so only the whole
- * file tells whether every rank was given the same weights. An index
- * (sharded checkpoint) is hashed itself. -1: unreadable (the loader says
- * why). */
-static long long file_checksum(const char *path) {
-    char file[4096];
-    FILE *fp = mha_checkpoint_resolve(file, sizeof file, path) ? NULL : fopen(file, "rb");
+/* The bytes of the file at path into *hsh, read 1 MiB at a time; 0 when
+ * it could not be read. */
+static int hash_file(unsigned long long *hsh, const char *path) {
+    FILE *fp = fopen(path, "rb");
     unsigned char *buf = fp ? malloc(1 << 20) : NULL;
-    unsigned long long hsh = 1469598103934665603ull;
     size_t n;
     while (buf && (n = fread(buf, 1, 1 << 20, fp)) > 0) {
         size_t i = 0;
         for (; i + 8 <= n; i += 8) { /* a word at a time: files are large */
             unsigned long long w;
             memcpy(&w, buf + i, 8);
-            hsh = (hsh ^ w) * 1099511628211ull;
+            *hsh = (*hsh ^ w) * 1099511628211ull;
         }
-        hsh = fnv(hsh, buf + i, n - i);
+        *hsh = fnv(*hsh, buf + i, n - i);
     }
     const int ok = buf && !ferror(fp);
     free(buf);
     if (fp) fclose(fp);
+    return ok;
+}
+
+static int by_name(const void *a, const void *b) {
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* A checksum of the checkpoint file's bytes: under the head split each
+ * rank reads only its heads' blocks, so only the whole file tells whether
+ * every rank was given the same weights. An index (sharded checkpoint) is
+ * hashed with every shard file its weight_map names, once each, in name
+ * order (the index alone did not see a rank given other shard files: Y
+ * silently off). -1: unreadable (the loader says why). */
+static long long file_checksum(const char *path) {
+    char file[4096];
+    unsigned long long hsh = 1469598103934665603ull;
+    if (mha_checkpoint_resolve(file, sizeof file, path) || !hash_file(&hsh, file)) return -1;
+    const size_t n = strlen(file), s = strlen(".index.json");
+    if (n <= s || strcmp(file + n - s, ".index.json") != 0) return (long long)(hsh >> 1);
+    json_t *root = json_load_file(file, 0, NULL), *map = json_object_get(root, "weight_map"), *v;
+    const char *key, **names = malloc(sizeof *names * (json_object_size(map) + 1));
+    size_t k = 0;
+    int ok = names != NULL;
+    json_object_foreach(map, key, v) if (ok && json_is_string(v)) names[k++] = json_string_value(v);
+    if (ok) qsort(names, k, sizeof *names, by_name);
+    const char *slash = strrchr(file, '/');
+    const int dir = slash ? (int)(slash - file + 1) : 0;
+    for (size_t i = 0; ok && i < k; i++) {
+        char shard[8192];
+        if (i && strcmp(names[i], names[i - 1]) == 0) continue;
+        ok = snprintf(shard, sizeof shard, "%.*s%s", dir, file, names[i]) < (int)sizeof shard &&
+             hash_file(&hsh, shard);
+    }
+    free(names);
+    json_decref(root);
     return ok ? (long long)(hsh >> 1) : -1;
 }
 

@@ -86,6 +86,21 @@ json.dump({"num_attention_heads": 4, "num_key_value_heads": 2, "hidden_size": 16
 shutil.copytree(d + "/hfdir", d + "/capdir_b")
 json.dump({"num_attention_heads": 4, "num_key_value_heads": 2, "hidden_size": 16, "attn_logit_softcapping": 0.5},
           open(d + "/capdir_b/config.json", "w"))
+# a sharded checkpoint (index + two files), and one whose second file
+# holds other weights under the same index
+wq, wk = r(16, 16), r(8, 16)
+for name, scale in (("shdir", 1.0), ("shdir_b", 1.5)):
+    os.mkdir(d + "/" + name)
+    write_safetensors(d + "/%s/model-00001-of-00002.safetensors" % name,
+                      {"model.layers.0.self_attn.q_proj.weight": wq, "model.layers.0.self_attn.k_proj.weight": wk})
+    rs = np.random.RandomState(5)
+    write_safetensors(d + "/%s/model-00002-of-00002.safetensors" % name,
+                      {"model.layers.0.self_attn.%s_proj.weight" % n: scale * rs.uniform(-0.5, 0.5, (8 if n == "v" else 16, 16)).astype(np.float32)
+                       for n in "vo"})
+    json.dump({"weight_map": {"model.layers.0.self_attn.%s_proj.weight" % n: "model-0000%d-of-00002.safetensors" % (1 if n in "qk" else 2)
+                              for n in "qkvo"}}, open(d + "/%s/model.safetensors.index.json" % name, "w"))
+    json.dump({"num_attention_heads": 4, "num_key_value_heads": 2, "hidden_size": 16, "rope_theta": 50.0},
+              open(d + "/%s/config.json" % name, "w"))
 # a gpt-oss directory: every layer has (h) sink logits in self_attn.sinks
 os.mkdir(d + "/ossdir")
 write_safetensors(d + "/ossdir/model.safetensors",
@@ -250,6 +265,13 @@ for p in 2 4; do
     expect_ok
     close "$T/y.npy" "$T/r_bloom.npy"
 done
+# a sharded checkpoint: each rank reads its heads through the index
+ref --weights "$T/shdir" --input "$T/x16.npy" --output "$T/r_sh.npy" --causal
+for p in 1 2; do
+    mpi $p --split heads --weights "$T/shdir" --input "$T/x16.npy" --output "$T/y.npy" --causal
+    expect_ok
+    close "$T/y.npy" "$T/r_sh.npy"
+done
 # gpt-oss's sinks from config.json (model_type gpt_oss): mha run takes them
 # as --sinks sinks would, and each shard its heads' entries (both ran
 # without them, silently; mha-mpi has no --sinks)
@@ -371,9 +393,13 @@ mpmd "$G --key-padding-mask $T/kpm.npy" "$G --key-padding-mask $T/kpm_b.npy"
 expect_fail 2 "rank 1: checksum of --key-padding-mask"
 mpmd "$G" "--weights $T/mha_b.safetensors --input $T/x.npy --output $T/fo/keep.npy --causal"
 expect_fail 2 "rank 1: checksum of the checkpoint file"
+H="--input $T/x16.npy --output $T/fo/keep.npy --causal"
+# the same index over other shard files: the files are compared, not only
+# the index (each rank ran with its own shard files' heads, silently)
+mpmd "--weights $T/shdir $H" "--weights $T/shdir_b $H"
+expect_fail 2 "rank 1: checksum of the checkpoint file"
 # the same file beside another config.json (rope_theta; soft-cap under the
 # ring): each rank ran silently with its own settings before
-H="--input $T/x16.npy --output $T/fo/keep.npy --causal"
 mpmd "--weights $T/hfdir $H" "--weights $T/hfdir_theta $H"
 expect_fail 2 "rank 1: checksum of the variants (config.json"
 mpmd "--weights $T/hfdir $H --decode 3" "--weights $T/hfdir_theta $H --decode 3"
