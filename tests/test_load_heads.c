@@ -374,6 +374,49 @@ static void load_heads_default_slopes_and_zero_attn(void) {
     unlink(p[0]), unlink(p[1]);
 }
 
+/* An hf file's (h*d_k) q_norm.weight and (h_kv*d_k) k_norm.weight are one
+ * RMSNorm over the whole width (OLMo 2): the shard of every head keeps it
+ * whole and gives the full layer's Y (it read them as per-head weights). */
+static void load_heads_hf_whole_norm(void) {
+    uint64_t seed = 1637;
+    mha_config c = naive_resolve(naive_config(8, 4, 4, 2, 2, 0));
+    naive_weights w;
+    naive_weights_random(&w, &c, &seed, 0.6f);
+    float *tw[4] = {transposed(w.w_q, 8, 8), transposed(w.w_k, 8, 8), transposed(w.w_v, 8, 8), transposed(w.w_o, 8, 8)};
+    float *norm = naive_random_floats(16, &seed, 0.5f, 1.5f);
+    static const char *const names[4] = {"q_proj", "k_proj", "v_proj", "o_proj"};
+    mha_tensors *t;
+    CHECK_OK(mha_tensors_create(&t));
+    char name[64];
+    for (int i = 0; i < 4; i++) snprintf(name, sizeof name, "self_attn.%s.weight", names[i]), put(t, name, tw[i], 8, 8);
+    put(t, "self_attn.q_norm.weight", norm, 8, 0), put(t, "self_attn.k_norm.weight", norm + 8, 8, 0);
+    put_int(t, "n_heads", 4);
+    char p[128];
+    snprintf(p, sizeof p, "%s", path_of("olmo2.safetensors"));
+    CHECK_OK(mha_safetensors_write(p, t));
+    mha_tensors_free(t);
+    mha_layer *full = NULL, *S = NULL;
+    mha_head_range rg = {.first = 0, .count = 4};
+    CHECK_OK(mha_layer_load(&full, p, NULL));
+    CHECK_OK(mha_layer_load_heads(&S, p, NULL, &rg));
+    if (full && S) {
+        CHECK_INT(mha_layer_config(full)->qk_norm_whole, 1);
+        CHECK_INT(mha_layer_config(S)->qk_norm_whole, 1);
+        float *x = naive_random_floats(2 * 5 * 8, &seed, -1.0f, 1.0f), ya[80], yb[80];
+        mha_options o = mha_options_default();
+        CHECK_OK(mha_forward(full, ya, NULL, x, NULL, 2, 5, 5, &o));
+        CHECK_OK(mha_forward(S, yb, NULL, x, NULL, 2, 5, 5, &o));
+        double worst = 0.0;
+        for (int i = 0; i < 80; i++) worst = fmax(worst, fabs((double)ya[i] - yb[i]));
+        if (!(worst <= 1e-6)) test_report(__FILE__, __LINE__, "hf whole-width norm: the shard of every head is %.3g off", worst);
+        free(x);
+    }
+    mha_layer_free(full), mha_layer_free(S);
+    for (int i = 0; i < 4; i++) free(tw[i]);
+    free(norm), naive_weights_free(&w);
+    unlink(p);
+}
+
 /* The file's labels of the shard's heads; ranges across kv groups refused. */
 static void load_heads_labels_and_ranges(void) {
     uint64_t seed = 1621;
@@ -462,6 +505,7 @@ static const test_case cases[] = {
     {"load_heads_reads_only_its_heads", load_heads_reads_only_its_heads},
     {"load_heads_labels_and_ranges", load_heads_labels_and_ranges},
     {"load_heads_default_slopes_and_zero_attn", load_heads_default_slopes_and_zero_attn},
+    {"load_heads_hf_whole_norm", load_heads_hf_whole_norm},
 };
 
 const test_case *tests_load_heads(size_t *count) {
