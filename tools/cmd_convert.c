@@ -1,11 +1,14 @@
 /* cmd_convert.c — `mha convert --from L --to native IN OUT`: reads a
  * checkpoint in any supported layout and writes the library's native
- * layout, (in, out) weights with n_heads, n_kv_heads, d_k, d_v and the head
- * labels in the metadata, so later commands need no flags. */
+ * layout, (in, out) weights with n_heads, n_kv_heads, d_k, d_v, the head
+ * labels and the variants (what a config.json beside an hf checkpoint
+ * gives the layer: RoPE, ALiBi, soft-cap, sinks, QK-norm) in the metadata,
+ * so later commands need no flags. */
 #include <stdio.h>
 
 #include "commands.h"
 #include "io_cli.h"
+#include "run_variants.h"
 
 int cmd_convert(int argc, char **argv) {
     cli_ckpt ck = {0};
@@ -22,7 +25,10 @@ int cmd_convert(int argc, char **argv) {
         .name = "convert",
         .summary = "Convert a checkpoint (torch, hf, gpt2, megatron or native) into the native\n"
                    "layout: (in, out) weights, head dimensions and labels in the metadata.",
-        .details = "Running the converted file gives the same Y as running the source.\n\n"
+        .details = "Running the converted file gives the same Y as running the source: the layer's\n"
+                   "variants that a config.json beside an hf checkpoint gives (RoPE, ALiBi, soft-cap,\n"
+                   "sinks, QK-norm) are written into it; its sliding window and score scale are options\n"
+                   "of a call, which convert prints to pass to mha run.\n\n"
                    "example: mha convert --from hf --heads 8 --kv-heads 2 llama_attn.safetensors "
                    "attn.safetensors\n",
         .args = args,
@@ -39,6 +45,16 @@ int cmd_convert(int argc, char **argv) {
     mha_layer *L;
     int rc = cli_parse_load(&L, pos, &spec, &ck, &outs, argc, argv);
     if (rc != MHA_ARGS_CONTINUE) return rc;
+    // --- config.json's variants into the layer, as mha run applies them (else the file is another layer)
+    cli_variant_flags vf = {0};
+    cli_fwd call = {0}; /* the call options config.json gives: printed, a native file keeps none */
+    call.opt = mha_options_default();
+    cli_ckpt in = ck;
+    in.weights = pos[0]; /* the checkpoint is IN, not --weights */
+    if ((rc = cli_apply_variants("convert", &L, &call, &vf, &in))) {
+        mha_layer_free(L);
+        return cli_outputs_finish(&outs, rc);
+    }
     mha_weight_dtype wd = MHA_W_F32;
     mha_status s = to_dtype ? mha_weight_dtype_parse(&wd, to_dtype) : MHA_OK;
     if (!s && to_dtype) s = mha_layer_convert_weights(L, wd);
@@ -56,7 +72,14 @@ int cmd_convert(int argc, char **argv) {
                pos[1], c->d_model, c->n_heads, c->n_kv_heads, c->d_k, c->d_v, c->d_kv_in, c->bias,
                mha_layer_weights_dtype(L) ? " weights=" : "",
                mha_layer_weights_dtype(L) ? mha_weight_dtype_name(mha_layer_weights_dtype(L)) : "");
+        if (call.opt.window_left >= 0 || call.opt.scale != 0.0f) {
+            printf("note: config.json gives call options a native file does not keep; run it with");
+            if (call.opt.window_left >= 0) printf(" --window %d", call.opt.window_left + 1);
+            if (call.opt.scale != 0.0f) printf(" --scale %.9g", (double)call.opt.scale);
+            printf(" for the source's Y\n");
+        }
     }
+    cli_variants_free(&vf);
     mha_layer_free(L);
     return cli_outputs_finish(&outs, rc);
 }

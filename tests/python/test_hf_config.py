@@ -90,6 +90,26 @@ def test_gemma2_scale_and_softcap_from_config(tmp_path):
     with pytest.raises(AssertionError, match="query_pre_attn_scalar"):
         run(tmp_path, *flags)
 
+def test_convert_keeps_what_config_gives_the_layer(tmp_path):
+    """mha convert of an hf checkpoint writes config.json's RoPE (llama3
+    scaling) and soft-cap into the native file: running it gives the
+    source's Y without the config (before: the rotary settings were lost,
+    Y 0.1 off, silently). The score scale and a sliding window are call
+    options a native file does not keep: convert prints them, and the
+    native file run with them gives the source's Y."""
+    path, w, x, pos = checkpoint(tmp_path, model_type="mistral", rope_theta=500000.0, rope_scaling=LLAMA3,
+                                 attn_logit_softcapping=2.0, query_pre_attn_scalar=20, sliding_window=5)
+    want = run(tmp_path, "--weights", path, "--positions", tmp_path / "p.npy")
+    native = tmp_path / "native.safetensors"
+    out = mha("convert", "--from", "hf", "--to", "native", path, native).stdout
+    assert "run it with --window 5 --scale 0.223606795 for the source's Y" in out
+    (tmp_path / "config.json").unlink()  # the native file alone
+    got = run(tmp_path, "--weights", native, "--positions", tmp_path / "p.npy", "--window", 5, "--scale", 0.223606795)
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
+    plain = run(tmp_path, "--weights", native, "--positions", tmp_path / "p.npy")
+    assert np.abs(plain - want).max() > 1e-3  # the call options matter, and are the user's to pass
+
+
 def test_flags_override_config(tmp_path):
     path, w, x, pos = checkpoint(tmp_path, rope_theta=500000.0, rope_scaling=LLAMA3)
     flags = ("--weights", path, "--positions", tmp_path / "p.npy")
@@ -155,10 +175,11 @@ def test_malformed_json_refused_and_other_layouts_ignore_it(tmp_path):
     (tmp_path / "config.json").write_text('{"rope_theta": 500000,')
     r = mha("run", "--weights", path, "--input", tmp_path / "x.npy", "--output", tmp_path / "y.npy", check=False)
     assert r.returncode == 1 and "config.json: line 1:" in r.stderr and "expected Hugging Face" in r.stderr, r.stderr
-    # a native file beside the same config.json is not an hf checkpoint: no rope from the file
+    # a native file beside a config.json is not an hf checkpoint: no rope from the file
     native = tmp_path / "native.safetensors"
-    (tmp_path / "config.json").write_text('{"rope_theta": 500000}')
+    (tmp_path / "config.json").unlink()  # (convert would write its rope into the native file)
     mha("convert", "--from", "hf", "--heads", 4, "--to", "native", path, native)
+    (tmp_path / "config.json").write_text('{"rope_theta": 500000}')
     want = torch_attention(w, x[None], 4, 2, 8)[0]
     np.testing.assert_allclose(run(tmp_path, "--weights", native), want, atol=3e-5)
 
