@@ -12,9 +12,11 @@
 
 int cmd_convert(int argc, char **argv) {
     cli_ckpt ck = {0};
+    cli_variant_flags vf = {0};
     const char *to = NULL, *to_dtype = NULL;
     mha_arg args[] = {
         CLI_LAYOUT_ARGS(ck, "--from"),
+        CLI_LAYER_VARIANT_ARGS(vf),
         {.name = "--to", .kind = MHA_ARG_STRING, .dest = &to, .metavar = "L",
          .help = "layout written (native)", .required = 1, .choices = "native"},
         {.name = "--to-dtype", .kind = MHA_ARG_STRING, .dest = &to_dtype, .metavar = "T",
@@ -27,8 +29,9 @@ int cmd_convert(int argc, char **argv) {
                    "layout: (in, out) weights, head dimensions and labels in the metadata.",
         .details = "Running the converted file gives the same Y as running the source: the layer's\n"
                    "variants that a config.json beside an hf checkpoint gives (RoPE, ALiBi, soft-cap,\n"
-                   "sinks, QK-norm) are written into it; its sliding window and score scale are options\n"
-                   "of a call, which convert prints to pass to mha run.\n\n"
+                   "sinks, QK-norm) are written into it, and so are the variant flags' (as mha run and\n"
+                   "mha permute take them); config.json's sliding window and score scale are options of\n"
+                   "a call, which convert prints to pass to mha run.\n\n"
                    "example: mha convert --from hf --heads 8 --kv-heads 2 llama_attn.safetensors "
                    "attn.safetensors\n",
         .args = args,
@@ -45,8 +48,8 @@ int cmd_convert(int argc, char **argv) {
     mha_layer *L;
     int rc = cli_parse_load(&L, pos, &spec, &ck, &outs, argc, argv);
     if (rc != MHA_ARGS_CONTINUE) return rc;
-    // --- config.json's variants into the layer, as mha run applies them (else the file is another layer)
-    cli_variant_flags vf = {0};
+    // --- the variant flags and config.json's variants into the layer, as mha run applies them (else
+    //     the file is another layer)
     cli_fwd call = {0}; /* the call options config.json gives: printed, a native file keeps none */
     call.opt = mha_options_default();
     cli_ckpt in = ck;
