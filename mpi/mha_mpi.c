@@ -199,6 +199,7 @@ static int report(int rank, int code) {
 typedef struct {
     cli_ckpt ck;
     cli_fwd_flags ff;
+    cli_variant_flags vf; /* mha run's variant flags; compared across ranks after they apply */
     const char *output, *ablate, *save_z, *save_c, *save_p, *split, *masked;
     int want_stats;
     long long decode;
@@ -308,6 +309,7 @@ static int run(int argc, char **argv, MPI_Comm comm) {
                  "(causal self-attention, --split heads; each rank caches its kv heads)",
          .min = 1, .max = 1 << 30},
         CLI_RUN_OUTPUT_ARGS(r.ablate, r.save_z, r.save_c, r.save_p, r.masked),
+        CLI_VARIANT_ARGS(r.vf),
     };
     mha_command_spec spec = {
         .name = "run",
@@ -357,8 +359,7 @@ static int run(int argc, char **argv, MPI_Comm comm) {
     capture cap_text;
     capture_begin(&cap_text, rank);
     int rc = s ? MHA_EXIT_RUNTIME : cli_fwd_prepare_config("run", &f, &cfg, &ff);
-    cli_variant_flags vf; /* none given: config.json's, as mha run applies them */
-    memset(&vf, 0, sizeof vf);
+    cli_variant_flags vf = r.vf; /* the flags, then config.json's, as mha run applies them */
     if (heads && !s) vf.shard_first = hd.first, vf.shard_of_heads = cfg.n_heads; /* ALiBi's slopes are global */
     if (!s && !rc) rc = cli_apply_variants("run", heads ? &local : &L, &f, &vf, ck);
     if (!s && !rc && ablate) {
@@ -374,7 +375,7 @@ static int run(int argc, char **argv, MPI_Comm comm) {
     free(cap_text.text);
     if (s) {
         if (rank == 0) cli_outputs_finish(&outs, MHA_EXIT_RUNTIME);
-        cli_fwd_free(&f), mha_layer_free(L), mha_layer_free(local), free(b_o), free(iv);
+        cli_fwd_free(&f), cli_variants_free(&vf), mha_layer_free(L), mha_layer_free(local), free(b_o), free(iv);
         return report(rank, code ? code : MHA_EXIT_RUNTIME);
     }
     if (L) cfg = *mha_layer_config(L);
@@ -391,12 +392,14 @@ static int run(int argc, char **argv, MPI_Comm comm) {
     const long long same[] = {c->d_model, c->n_heads, c->n_kv_heads, c->d_k, c->d_v, c->d_kv_in, c->bias,
                               f.B, f.T, f.S, L ? layer_checksum(L) : file_checksum(ck->weights),
                               (long long)(in_sum >> 1), array_checksum(&f.am), array_checksum(&f.kp),
-                              variant_checksum(L ? L : local, &f.opt, &hc)};
+                              variant_checksum(L ? L : local, &f.opt, &hc),
+                              f.opt.positions ? (long long)(fnv(1469598103934665603ull, f.opt.positions,
+                                                                sizeof(int) * (size_t)f.B * f.T) >> 1) : -1};
     const char *names[] = {"d_model", "h", "h_kv", "d_k", "d_v", "d_kv_in", "bias", "B", "T", "S",
                            heads ? "checksum of the checkpoint file" : "checksum of the weights",
                            "checksum of the inputs", "checksum of --attn-mask", "checksum of --key-padding-mask",
                            "checksum of the variants (config.json beside the checkpoint, or the file's metadata: "
-                           "RoPE, ALiBi, soft-cap, QK-norm, scale, window)"};
+                           "RoPE, ALiBi, soft-cap, QK-norm, scale, window)", "checksum of --positions"};
     s = mha_mpi_check_same(comm, same, (int)(sizeof same / sizeof same[0]), names);
     if (!s && decode) { /* the same flags on every rank: each finds the same answer */
         char why[200] = "";
@@ -472,7 +475,7 @@ static int run(int argc, char **argv, MPI_Comm comm) {
     if (rank == 0) free(cap.z), free(cap.contributions), free(cap.probs);
     if (s && rank == 0) cli_outputs_finish(&outs, MHA_EXIT_RUNTIME); /* no temporary left */
     free(y), free(iv), free(b_o);
-    cli_fwd_free(&f);
+    cli_fwd_free(&f), cli_variants_free(&vf);
     mha_layer_free(L), mha_layer_free(local);
     return s ? report(rank, code ? code : MHA_EXIT_RUNTIME) : MHA_EXIT_OK;
 }

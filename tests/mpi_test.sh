@@ -120,6 +120,7 @@ json.dump({"model_type": "olmo2", "num_attention_heads": 4, "num_key_value_heads
 layer("mha_b", 24, 12, 12, 3, 2)          # mha's shapes, other weights
 np.save(d + "/x.npy", r(2, 16, 24))
 np.save(d + "/x16.npy", r(2, 16, 16))
+np.save(d + "/pos16.npy", (np.arange(16) * 7 + 3).astype(np.int64))   # --positions, shared by both sequences
 np.save(d + "/x1.npy", r(16, 24))         # unbatched
 np.save(d + "/kv.npy", r(2, 12, 10))
 np.save(d + "/x_short.npy", r(2, 5, 24))
@@ -310,6 +311,14 @@ done
 # global heads' slopes, not those of an h/P-head layer
 case_ alibi "2 4" "heads" alibi x16 --causal
 decode dec_alibi "2 4" alibi x16 3
+# mha run's variant flags: those that make the layer (--split heads; the
+# ring refuses RoPE and ALiBi) and those of a call (both splits)
+case_ vflags "2 4" "heads" gqa x16 --causal --rope halves --rope-theta 500 --softcap 2 --alibi
+decode dec_vflags "2 4" gqa x16 3 --rope interleaved --softcap 2 --alibi
+case_ vpos "2 4" "heads" gqa x16 --causal --rope halves --positions "$T/pos16.npy"
+case_ vcall "2 4" "heads sequence" gqa x16 --causal --window 5 --sink-tokens 2 --scale 0.3
+mpi 2 --split sequence --weights "$T/gqa.safetensors" --input "$T/x16.npy" --output "$T/y.npy" --rope halves
+expect_fail 2 "does not support the layer's RoPE"
 # --zero-attn, a load option the file does not record, reaches every shard
 # (Y, and the probabilities over S+1 keys)
 ref --weights "$T/mha.safetensors" --input "$T/x.npy" --output "$T/r.npy" --causal --zero-attn --save-probs "$T/rp.npy"
