@@ -3,6 +3,7 @@
  * Legend: h heads, d_k, r = rope.dim rotated dims (pairs i < r/2). */
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "core/variants.h"
 
@@ -168,6 +169,46 @@ float *mha_rope_table(const mha_config *c, const int *pos, int n) {
             tab[((size_t)n + t) * half + i] = (float)(sin(a) * mscale);
         }
     return tab;
+}
+
+void mha_rope_rows_free(mha_rope_rows *rr) {
+    free(rr->tab), free(rr->qrow);
+    rr->tab = NULL, rr->qrow = rr->krow = NULL;
+}
+
+mha_status mha_rope_rows_make(mha_rope_rows *rr, const mha_config *c, const mha_options *opt, int keys_are_x,
+                              int B, int T, int S, const char *who) {
+    memset(rr, 0, sizeof *rr);
+    if (c->rope.pairing == MHA_ROPE_NONE) return MHA_OK;
+    const int explicit_pos = opt->positions || opt->key_positions;
+    const size_t nq = (size_t)B * T, nk = (size_t)B * S;
+    rr->qrow = malloc(sizeof(int) * (nq + nk)); /* then the positions, when explicit */
+    int *pos = explicit_pos ? malloc(sizeof(int) * (nq + nk)) : NULL;
+    if (!rr->qrow || (explicit_pos && !pos)) {
+        free(pos), mha_rope_rows_free(rr);
+        return mha_fail(MHA_E_NOMEM, "%s: no memory for the rotary rows (B=%d T=%d S=%d)", who, B, T, S);
+    }
+    rr->krow = rr->qrow + nq;
+    for (int b = 0; b < B; b++) {
+        for (int t = 0; t < T; t++) {
+            const size_t i = (size_t)b * T + t;
+            rr->qrow[i] = explicit_pos ? (int)i : t;
+            if (pos) pos[i] = mha_query_position(opt, b, t, T);
+        }
+        for (int j = 0; j < S; j++) {
+            const size_t i = (size_t)b * S + j;
+            rr->krow[i] = explicit_pos ? (int)(nq + i) : j;
+            if (pos) pos[nq + i] = mha_key_position(opt, keys_are_x, b, j, S);
+        }
+    }
+    rr->n = explicit_pos ? (int)(nq + nk) : (T > S ? T : S);
+    rr->tab = mha_rope_table(c, pos, rr->n);
+    free(pos);
+    if (!rr->tab) {
+        mha_rope_rows_free(rr);
+        return mha_fail(MHA_E_NOMEM, "%s: no memory for the rotary table (%d positions)", who, rr->n);
+    }
+    return MHA_OK;
 }
 
 void mha_rope_rotate_double(double *x, const mha_config *c, const double *inv_freq, double mscale, int pos,

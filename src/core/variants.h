@@ -35,6 +35,20 @@ typedef struct {
  * each; pos NULL means positions 0..n-1. NULL when out of memory. */
 float *mha_rope_table(const mha_config *c, const int *pos, int n);
 
+/* The rotary table of one call and each projection row's row in it:
+ * explicit positions (options.positions or key_positions) give every
+ * query and key row a table row of its own (queries b*T + t, keys
+ * B*T + b*S + j), else the rows are the positions 0..max(T, S)-1. All
+ * NULL for a layer without RoPE; out of memory: MHA_E_NOMEM naming who. */
+typedef struct {
+    float *tab;       /* cos (n, r/2) | sin (n, r/2), mha_rope_table      */
+    int n;            /* table rows                                       */
+    int *qrow, *krow; /* (B*T), (B*S): the table row of each query, key   */
+} mha_rope_rows;
+mha_status mha_rope_rows_make(mha_rope_rows *rr, const mha_config *c, const mha_options *opt, int keys_are_x,
+                              int B, int T, int S, const char *who);
+void mha_rope_rows_free(mha_rope_rows *rr);
+
 /* RoPE of one head row x (d_k) at position pos in double: pair i (dims
  * i, i + r/2 for halves; 2i, 2i+1 interleaved) rotated by pos * inv_freq[i]
  * and scaled by mscale (YaRN); dims >= r untouched. transpose: R^T instead

@@ -15,53 +15,6 @@
 #include "forward/backward_fast.h"
 #include "core/variants.h"
 
-/* The rotary table for the call's positions and each row's table row:
- * explicit positions give every query and key row its own table row
- * (queries b*T + t, keys B*T + b*S + j), else rows are positions 0..
- * max(T, S)-1, as fast.c builds it. *qrow (B*T), *krow (B*S). */
-typedef struct {
-    float *tab;       /* cos (n, r/2) | sin (n, r/2), mha_rope_table      */
-    int n;            /* table rows                                       */
-    int *qrow, *krow; /* (B*T), (B*S): one block                          */
-} rope_rows;
-
-static void rope_rows_free(rope_rows *rr) { free(rr->tab), free(rr->qrow), rr->tab = NULL, rr->qrow = NULL; }
-
-static mha_status rope_rows_make(rope_rows *rr, const mha_config *c, const mha_options *opt, int keys_are_x,
-                                 int B, int T, int S) {
-    memset(rr, 0, sizeof *rr);
-    if (c->rope.pairing == MHA_ROPE_NONE) return MHA_OK;
-    const int explicit_pos = opt->positions || opt->key_positions;
-    const size_t nq = (size_t)B * T, nk = (size_t)B * S;
-    rr->qrow = malloc(sizeof(int) * (nq + nk)); /* then the positions, when explicit */
-    int *pos = explicit_pos ? malloc(sizeof(int) * (nq + nk)) : NULL;
-    if (!rr->qrow || (explicit_pos && !pos)) {
-        free(pos), rope_rows_free(rr);
-        return mha_fail(MHA_E_NOMEM, "fast backward: no memory for the rotary rows (B=%d T=%d S=%d)", B, T, S);
-    }
-    rr->krow = rr->qrow + nq;
-    for (int b = 0; b < B; b++) {
-        for (int t = 0; t < T; t++) {
-            const size_t i = (size_t)b * T + t;
-            rr->qrow[i] = explicit_pos ? (int)i : t;
-            if (pos) pos[i] = mha_query_position(opt, b, t, T);
-        }
-        for (int j = 0; j < S; j++) {
-            const size_t i = (size_t)b * S + j;
-            rr->krow[i] = explicit_pos ? (int)(nq + i) : j;
-            if (pos) pos[nq + i] = mha_key_position(opt, keys_are_x, b, j, S);
-        }
-    }
-    rr->n = explicit_pos ? (int)(nq + nk) : (T > S ? T : S);
-    rr->tab = mha_rope_table(c, pos, rr->n);
-    free(pos);
-    if (!rr->tab) {
-        rope_rows_free(rr);
-        return mha_fail(MHA_E_NOMEM, "fast backward: no memory for the rotary table (%d positions)", rr->n);
-    }
-    return MHA_OK;
-}
-
 /* (mean, 1/sqrt(var + eps)) of each of n rows of width w (qk_norm_whole):
  * the sums in the order fast.c's whole_norm_stats takes them. */
 static void whole_stats(double *st, const float *m, size_t n, size_t w, const mha_config *c, int nt) {
@@ -79,7 +32,7 @@ static void whole_stats(double *st, const float *m, size_t n, size_t w, const mh
 /* One projection's rows m (B, n, heads*d_k) in place: norm with weights w
  * (NULL: none), then RoPE with table rows rows_of (B*n; NULL: none). */
 static mha_status transform(float *m, const mha_config *c, int B, int n, int heads, const float *w,
-                            const rope_rows *rr, const int *rows_of, int nt) {
+                            const mha_rope_rows *rr, const int *rows_of, int nt) {
     const int d_k = c->d_k;
     const size_t width = (size_t)heads * d_k, nrows = (size_t)B * n;
     double *st = w && c->qk_norm_whole ? malloc(sizeof(double) * 2 * nrows) : NULL; /* (B*n, 2) */
@@ -112,11 +65,11 @@ mha_status mha_bwd_qk_forward(mha_bwd_saved *sv, const mha_layer *L, const mha_o
                             T, S);
         memcpy(sv->q_pre, sv->q, sizeof(float) * nq), memcpy(sv->k_pre, sv->k, sizeof(float) * nk);
     }
-    rope_rows rr;
-    mha_status s = rope_rows_make(&rr, c, opt, keys_are_x, B, T, S);
+    mha_rope_rows rr;
+    mha_status s = mha_rope_rows_make(&rr, c, opt, keys_are_x, B, T, S, "fast backward");
     if (!s) s = transform(sv->q, c, B, T, c->n_heads, norm ? L->q_norm : NULL, &rr, rr.qrow, nt);
     if (!s) s = transform(sv->k, c, B, S, c->n_kv_heads, norm ? L->k_norm : NULL, &rr, rr.krow, nt);
-    rope_rows_free(&rr);
+    mha_rope_rows_free(&rr);
     return s;
 }
 
@@ -160,7 +113,7 @@ static void norm_row_backward(float *dy, double *dw, const float *x, const float
 /* Backward of transform() on dm (B, n, heads*d_k) in place from the
  * pre-norm rows pre; dw (as w; NULL: not wanted). */
 static mha_status transform_backward(float *dm, float *dw, const float *pre, const mha_config *c, int B, int n,
-                                     int heads, const float *w, const rope_rows *rr, const int *rows_of, int nt) {
+                                     int heads, const float *w, const mha_rope_rows *rr, const int *rows_of, int nt) {
     const int d_k = c->d_k, half = c->rope.dim / 2;
     const size_t width = (size_t)heads * d_k, nrows = (size_t)B * n;
     const int whole = c->qk_norm_whole, shared = w && !c->qk_norm_per_head; /* whole implies per head */
@@ -204,14 +157,14 @@ mha_status mha_bwd_qk_backward(float *dq, float *dk, float *d_q_norm, float *d_k
     const mha_config *c = &L->cfg;
     const int norm = c->qk_norm != MHA_QK_NORM_NONE, B = sv->B, T = sv->T, S = sv->S;
     if (!norm && c->rope.pairing == MHA_ROPE_NONE) return MHA_OK;
-    rope_rows rr;
-    mha_status s = rope_rows_make(&rr, c, opt, keys_are_x, B, T, S);
+    mha_rope_rows rr;
+    mha_status s = mha_rope_rows_make(&rr, c, opt, keys_are_x, B, T, S, "fast backward");
     if (!s)
         s = transform_backward(dq, d_q_norm, sv->q_pre, c, B, T, c->n_heads, norm ? L->q_norm : NULL, &rr, rr.qrow,
                                nt);
     if (!s)
         s = transform_backward(dk, d_k_norm, sv->k_pre, c, B, S, c->n_kv_heads, norm ? L->k_norm : NULL, &rr,
                                rr.krow, nt);
-    rope_rows_free(&rr);
+    mha_rope_rows_free(&rr);
     return s;
 }

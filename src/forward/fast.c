@@ -130,36 +130,12 @@ static mha_status transform_qk(const fast_plan *p, const mha_layer *L, const mha
     const int B = p->B, T = p->T, S = p->S, h = c->n_heads, h_kv = c->n_kv_heads, d_k = c->d_k;
     const int rope = c->rope.pairing != MHA_ROPE_NONE, norm = c->qk_norm != MHA_QK_NORM_NONE;
     if (!rope && !norm) return MHA_OK;
-    /* table rows: positions 0..max(T,S)-1, or each row's own position
-       (queries rows 0..B*T-1, keys after them) when positions are given */
-    const int explicit_pos = opt->positions || opt->key_positions;
-    const int n_tab = explicit_pos ? B * (T + S) : (T > S ? T : S);
-    int *pos = explicit_pos ? malloc(sizeof(int) * (size_t)n_tab) : NULL;
-    if (explicit_pos && !pos) return mha_fail(MHA_E_NOMEM, "fast path: no memory for the positions");
-    for (int b = 0; pos && b < B; b++) {
-        for (int t = 0; t < T; t++) pos[(size_t)b * T + t] = mha_query_position(opt, b, t, T);
-        for (int j = 0; j < S; j++) pos[(size_t)B * T + (size_t)b * S + j] = mha_key_position(opt, keys_are_x, b, j, S);
-    }
-    float *tab = rope ? mha_rope_table(c, pos, n_tab) : NULL;
-    if (rope && !tab) {
-        free(pos);
-        return mha_fail(MHA_E_NOMEM, "fast path: no memory for the rotary table (%d positions)", n_tab);
-    }
-    /* tab_row of row t of batch b: b*T + t (keys: B*T + b*S + j) or t */
-    int *rows = malloc(sizeof(int) * (size_t)(T > S ? T : S) * 2 * (size_t)(explicit_pos ? B : 1));
-    if (!rows) {
-        free(pos), free(tab);
-        return mha_fail(MHA_E_NOMEM, "fast path: no memory for the rotary rows");
-    }
-    const size_t per_b = (size_t)(T > S ? T : S) * 2;
-    for (int b = 0; b < (explicit_pos ? B : 1); b++)
-        for (int t = 0; t < (T > S ? T : S); t++) {
-            rows[b * per_b + t] = explicit_pos ? b * T + t : t;
-            rows[b * per_b + per_b / 2 + t] = explicit_pos ? B * T + b * S + t : t;
-        }
+    mha_rope_rows rr; /* the table and each query's and key's row in it */
+    mha_status s = mha_rope_rows_make(&rr, c, opt, keys_are_x, B, T, S, "fast path");
+    if (s) return s;
     double *st = c->qk_norm_whole ? whole_norm_stats(p) : NULL; /* (B*(T+S), 2) */
     if (c->qk_norm_whole && !st) {
-        free(pos), free(tab), free(rows);
+        mha_rope_rows_free(&rr);
         return mha_fail(MHA_E_NOMEM, "fast path: no memory for the q/k norm statistics");
     }
     const long nq = (long)B * h, nk = (long)B * h_kv;
@@ -169,20 +145,21 @@ static mha_status transform_qk(const fast_plan *p, const mha_layer *L, const mha
         const long bh = key ? u - nq : u;
         const int b = (int)(bh / (key ? h_kv : h)), head = (int)(bh % (key ? h_kv : h));
         const float *nw = !norm ? NULL : (key ? L->k_norm : L->q_norm) + (c->qk_norm_per_head ? (size_t)head * d_k : 0);
-        const int *tr = rows + (explicit_pos ? b * per_b : 0) + (key ? per_b / 2 : 0);
         if (!key) { /* (B,h,T,d_k): contiguous rows */
             mha_head_rows hr = {p->q + (size_t)bh * T * d_k, (size_t)d_k, 1};
-            mha_qk_transform(c, hr, T, nw, st ? st + 2 * (size_t)b * T : NULL, tab, n_tab, tr);
+            mha_qk_transform(c, hr, T, nw, st ? st + 2 * (size_t)b * T : NULL, rr.tab, rr.n,
+                             rr.qrow ? rr.qrow + (size_t)b * T : NULL);
             continue;
         }
         float *kb = p->kt + (size_t)bh * p->S_pad * d_k; /* (S_pad/16, d_k, 16) panels */
         for (int j0 = 0; j0 < S; j0 += 16) {
             mha_head_rows hr = {kb + (size_t)(j0 / 16) * d_k * 16, 1, 16};
             mha_qk_transform(c, hr, S - j0 < 16 ? S - j0 : 16, nw,
-                             st ? st + 2 * ((size_t)B * T + (size_t)b * S + j0) : NULL, tab, n_tab, tr + j0);
+                             st ? st + 2 * ((size_t)B * T + (size_t)b * S + j0) : NULL, rr.tab, rr.n,
+                             rr.krow ? rr.krow + (size_t)b * S + j0 : NULL);
         }
     }
-    free(pos), free(tab), free(rows), free(st);
+    mha_rope_rows_free(&rr), free(st);
     return MHA_OK;
 }
 
