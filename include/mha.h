@@ -119,24 +119,51 @@ typedef enum {
     MHA_ROPE_SCALE_LINEAR = 1, /* positions divided by factor                        */
     MHA_ROPE_SCALE_LLAMA3 = 2, /* Llama 3.1: low frequencies / factor, high kept,
                                   a linear blend between                            */
-    MHA_ROPE_SCALE_YARN = 3    /* YaRN: ramp between interpolation and extrapolation
+    MHA_ROPE_SCALE_YARN = 3,   /* YaRN: ramp between interpolation and extrapolation
                                   by wavelength, cos/sin times attn_factor          */
+    MHA_ROPE_SCALE_DYNAMIC = 4, /* dynamic NTK: a call whose positions reach past
+                                  original_max_positions L (seq = largest + 1)
+                                  rotates with theta (factor seq/L - factor + 1)^(r/(r-2)) */
+    MHA_ROPE_SCALE_LONGROPE = 5 /* LongRoPE (Phi-3 128k, Phi-3.5, Phi-4-mini):
+                                  inv_freq_i = theta^(-2i/r) / ext_i, ext the
+                                  long_factor when the call's positions reach
+                                  past L, else short_factor; cos/sin times
+                                  attn_factor in every call                      */
 } mha_rope_scaling;
 
-/* Rotary position embedding of q and k (after QK-norm, before the scores). */
+/* The most rotated pairs (rope.dim / 2) a LongRoPE layer may have. */
+#define MHA_ROPE_MAX_PAIRS 128
+
+/* Rotary position embedding of q and k (after QK-norm, before the scores).
+ * Dynamic and LongRoPE scaling depend on the call, as in Hugging Face:
+ * seq = 1 + the largest position among its queries and keys (options.
+ * positions / key_positions, else 0..T-1 and 0..S-1; a cached call: its new
+ * rows, whose positions continue the cache) picks the frequencies of every
+ * row of that call, and the KV cache keeps keys rotated as their own call
+ * rotated them. */
 typedef struct {
     mha_rope_pairing pairing;
     int dim;                  /* rotated dims per head (partial rotary): even,
                                  <= d_k; 0 means d_k; the rest pass unchanged */
     double theta;             /* base; 0 means 10000                          */
     mha_rope_scaling scaling;
-    double factor;            /* >= 1: linear, llama3, yarn                   */
+    double factor;            /* >= 1: linear, llama3, yarn, dynamic;
+                                 longrope: the context's growth
+                                 (max_position_embeddings / L; 0 means 1),
+                                 only for attn_factor's default            */
     double low_freq_factor;   /* llama3; 0 means 1                            */
     double high_freq_factor;  /* llama3; 0 means 4 (> low_freq_factor)        */
-    int original_max_positions; /* llama3, yarn: the pre-training context   */
+    int original_max_positions; /* llama3, yarn, longrope: the pre-training
+                                 context L; dynamic: the context beyond
+                                 which it scales (max_position_embeddings) */
     double beta_fast;         /* yarn; 0 means 32                             */
     double beta_slow;         /* yarn; 0 means 1                              */
-    double attn_factor;       /* yarn; 0 means 0.1 ln(factor) + 1             */
+    double attn_factor;       /* yarn; 0 means 0.1 ln(factor) + 1;
+                                 longrope: 0 means sqrt(1 + ln(factor) / ln(L))
+                                 (1 when factor is 1)                      */
+    float short_factor[MHA_ROPE_MAX_PAIRS]; /* longrope: ext_i of pairs i < dim/2
+                                 when every position of the call is < L    */
+    float long_factor[MHA_ROPE_MAX_PAIRS];  /* longrope: ext_i otherwise     */
 } mha_rope;
 
 typedef enum {

@@ -86,6 +86,8 @@ static long long variant_checksum(const mha_layer *L, const mha_options *o, cons
                            hc->window, hc->no_rope};
     unsigned long long hsh = fnv(1469598103934665603ull, d, sizeof d);
     hsh = fnv(hsh, n, sizeof n);
+    hsh = fnv(hsh, r->short_factor, sizeof r->short_factor); /* LongRoPE's lists (a --rope-scale flag's too) */
+    hsh = fnv(hsh, r->long_factor, sizeof r->long_factor);
     hsh = fnv(hsh, hc->rope_scale, strlen(hc->rope_scale));
     hsh = fnv(hsh, hc->rope ? hc->rope : "-", strlen(hc->rope ? hc->rope : "-"));
     return (long long)(hsh >> 1);

@@ -201,6 +201,32 @@ static void backward_variants_fast_matches_reference(void) {
     }
 }
 
+/* Dynamic NTK and LongRoPE (per-pair factors, partial rotary): the
+ * backward's recomputed rows take the frequencies of the forward's call
+ * (T 40 past L 16, and T 12 within; explicit positions past L). */
+static void backward_variants_rope_scalings(void) {
+    for (int k = 0; k < 6; k++) {
+        mha_config c = naive_config(32, 4, 2, 0, 0, 1);
+        c.rope.pairing = k % 2 ? MHA_ROPE_INTERLEAVED : MHA_ROPE_HALVES, c.rope.theta = 500.0;
+        c.rope.original_max_positions = 16, c.rope.factor = 4.0;
+        c.rope.scaling = k < 3 ? MHA_ROPE_SCALE_DYNAMIC : MHA_ROPE_SCALE_LONGROPE;
+        if (k >= 3) {
+            c.rope.dim = 6;
+            for (int i = 0; i < 3; i++) c.rope.short_factor[i] = 1.0f + 0.5f * i, c.rope.long_factor[i] = 2.0f + 5.0f * i;
+        }
+        const int T = k % 3 == 0 ? 12 : k % 3 == 1 ? 40 : 5;
+        naive_bw_case f;
+        naive_bw_case_make(&f, c, 2, T, T, 0, 0, 4300 + k);
+        f.opt = mha_options_default();
+        f.opt.causal = 1;
+        int pos[10];
+        for (int i = 0; i < 10; i++) pos[i] = 30 + 3 * i; /* seq 58 > L */
+        if (T == 5) f.opt.positions = pos;
+        check_case(&f, k < 3 ? "rope dynamic" : "rope longrope");
+        naive_bw_case_free(&f);
+    }
+}
+
 /* The biggest case on 1 and 2 threads: the same bits. */
 static void backward_variants_threads_bit_identical(void) {
     const variant_case *v = &variant_cases[sizeof variant_cases / sizeof variant_cases[0] - 1];
@@ -312,6 +338,7 @@ static void backward_variants_sinks_nan_mode_rows_are_zero(void) {
 static const test_case isa_cases[] = {
     {"backward_variants_sinks_nan_mode_rows_are_zero", backward_variants_sinks_nan_mode_rows_are_zero},
     {"backward_variants_fast_matches_reference", backward_variants_fast_matches_reference},
+    {"backward_variants_rope_scalings", backward_variants_rope_scalings},
     {"backward_variants_threads_bit_identical", backward_variants_threads_bit_identical},
     {"backward_variants_alibi_far_keys_refused", backward_variants_alibi_far_keys_refused},
 };

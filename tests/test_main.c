@@ -58,6 +58,8 @@ static const test_area_fn areas[] = {
     tests_decode_stream_isa,
     tests_bf16_matmul,
     tests_bf16_matmul_isa,
+    tests_rope_scaling,
+    tests_rope_scaling_isa,
 };
 
 /* Areas whose every case runs once per kernel ISA this CPU has (the table
@@ -68,7 +70,8 @@ static const test_area_fn areas[] = {
 static const test_area_fn per_isa_areas[] = {tests_fast, tests_cache, tests_cache_i8, tests_lse_fast,
                                              tests_backward_fast_isa, tests_backward_variants_isa, tests_tape_isa,
                                              tests_weights_isa,
-                                             tests_decode_stream_isa, tests_bf16_matmul_isa};
+                                             tests_decode_stream_isa, tests_bf16_matmul_isa,
+                                             tests_rope_scaling_isa};
 
 static int run_per_isa(test_area_fn area) {
     for (size_t i = 0; i < sizeof per_isa_areas / sizeof per_isa_areas[0]; i++)

@@ -344,7 +344,7 @@ static void modern_rope_scaling_by_hand(void) {
     mha_config r;
     CHECK_OK(mha_config_resolve(&r, &c));
     double f[4], ms;
-    mha_rope_frequencies(f, &ms, &r);
+    mha_rope_frequencies(f, &ms, &r, 0);
     CHECK_NEAR(f[0], 1.0, 1e-15);   /* 6.28 < 256: kept */
     CHECK_NEAR(f[1], 0.1, 1e-15);   /* 62.8 < 256: kept */
     const double sm = (1024 / (2 * M_PI / 0.01) - 1) / (4 - 1); /* 628 between: blended */
@@ -353,7 +353,7 @@ static void modern_rope_scaling_by_hand(void) {
     CHECK_NEAR(ms, 1.0, 0);
     c.rope.scaling = MHA_ROPE_SCALE_YARN, c.rope.original_max_positions = 64, c.rope.factor = 4;
     CHECK_OK(mha_config_resolve(&r, &c));
-    mha_rope_frequencies(f, &ms, &r);
+    mha_rope_frequencies(f, &ms, &r, 0);
     /* correction dims: 8 ln(64/(2 pi rot)) / (2 ln 10000): rot 32 -> -0.50 (floor -1 -> 0),
        rot 1 -> 1.008 (ceil 2); ramp (i - 0) / 2 clamped: 0, 1/2, 1, 1 */
     const double base[4] = {1, 0.1, 0.01, 0.001};

@@ -75,6 +75,8 @@ static void check_reads_back(const mha_tensors *t, const mha_layer *L) {
         CHECK(a->rope.original_max_positions == b->rope.original_max_positions);
         CHECK(a->rope.beta_fast == b->rope.beta_fast && a->rope.beta_slow == b->rope.beta_slow &&
               a->rope.attn_factor == b->rope.attn_factor);
+        CHECK(memcmp(a->rope.short_factor, b->rope.short_factor, sizeof a->rope.short_factor) == 0 &&
+              memcmp(a->rope.long_factor, b->rope.long_factor, sizeof a->rope.long_factor) == 0);
         CHECK(a->alibi == b->alibi && a->sinks == b->sinks && a->softcap == b->softcap);
         CHECK(a->qk_norm == b->qk_norm && a->qk_norm_per_head == b->qk_norm_per_head &&
               a->qk_norm_eps == b->qk_norm_eps);
@@ -104,21 +106,26 @@ static void test_variants_native_round_trip(void) {
     uint64_t seed = 71;
     head_params p;
     head_params_fill(&p, &seed);
-    mha_config c[5];
-    for (int i = 0; i < 5; i++) c[i] = base_config();
+    mha_config c[7];
+    for (int i = 0; i < 7; i++) c[i] = base_config();
     /* Llama 3.1-like: halves, theta 500000, llama3 scaling */
-    c[0].rope = (mha_rope){MHA_ROPE_HALVES, 0, 500000.0, MHA_ROPE_SCALE_LLAMA3, 8.0, 1.0, 4.0, 64, 0, 0, 0};
+    c[0].rope = (mha_rope){MHA_ROPE_HALVES, 0, 500000.0, MHA_ROPE_SCALE_LLAMA3, 8.0, 1.0, 4.0, 64, 0, 0, 0, {0}, {0}};
     /* GPT-J-like partial interleaved with YaRN, shared RMS QK-norm */
-    c[1].rope = (mha_rope){MHA_ROPE_INTERLEAVED, 2, 10000.0, MHA_ROPE_SCALE_YARN, 4.0, 0, 0, 32, 16.0, 2.0, 1.25};
+    c[1].rope = (mha_rope){MHA_ROPE_INTERLEAVED, 2, 10000.0, MHA_ROPE_SCALE_YARN, 4.0, 0, 0, 32, 16.0, 2.0, 1.25, {0}, {0}};
     c[1].qk_norm = MHA_QK_NORM_RMS, c[1].qk_norm_eps = 1e-5f;
     /* BLOOM-like ALiBi with Gemma 2 soft-capping */
     c[2].alibi = 1, c[2].softcap = 30.0f;
     /* gpt-oss-like sinks with per-head LayerNorm QK-norm and linear RoPE */
     c[3].sinks = 1, c[3].qk_norm = MHA_QK_NORM_LAYER, c[3].qk_norm_per_head = 1;
-    c[3].rope = (mha_rope){MHA_ROPE_HALVES, 0, 0.0, MHA_ROPE_SCALE_LINEAR, 2.0, 0, 0, 0, 0, 0, 0};
+    c[3].rope = (mha_rope){MHA_ROPE_HALVES, 0, 0.0, MHA_ROPE_SCALE_LINEAR, 2.0, 0, 0, 0, 0, 0, 0, {0}, {0}};
     /* everything at once (ALiBi and RoPE may coexist in the API) */
     c[4] = c[3], c[4].alibi = 1, c[4].softcap = 5.0f;
-    for (int i = 0; i < 5; i++) {
+    /* Phi-3-like LongRoPE (factors that need all 9 digits) and dynamic NTK */
+    c[5].rope = (mha_rope){MHA_ROPE_HALVES, 0, 10000.0, MHA_ROPE_SCALE_LONGROPE, 32.0, 0, 0, 4, 0, 0, 0, {0}, {0}};
+    for (int i = 0; i < DK / 2; i++)
+        c[5].rope.short_factor[i] = 1.0f + 0.1234567f * i, c[5].rope.long_factor[i] = 1.0f / 3.0f + 7.0f * i;
+    c[6].rope = (mha_rope){MHA_ROPE_INTERLEAVED, 0, 500.0, MHA_ROPE_SCALE_DYNAMIC, 2.0, 0, 0, 4, 0, 0, 0, {0}, {0}};
+    for (int i = 0; i < 7; i++) {
         mha_layer *L = variant_layer(&c[i], &p, &seed);
         if (L) check_round_trip(L);
         mha_layer_free(L);
@@ -136,7 +143,7 @@ static void test_variants_locale_independent(void) {
     head_params p;
     head_params_fill(&p, &seed);
     mha_config c = base_config(); /* fractional theta, YaRN factors, eps, soft-cap */
-    c.rope = (mha_rope){MHA_ROPE_INTERLEAVED, 2, 10000.5, MHA_ROPE_SCALE_YARN, 4.0, 0, 0, 32, 16.0, 2.0, 1.25};
+    c.rope = (mha_rope){MHA_ROPE_INTERLEAVED, 2, 10000.5, MHA_ROPE_SCALE_YARN, 4.0, 0, 0, 32, 16.0, 2.0, 1.25, {0}, {0}};
     c.qk_norm = MHA_QK_NORM_RMS, c.qk_norm_eps = 1e-5f, c.softcap = 30.5f;
     mha_layer *L = variant_layer(&c, &p, &seed);
     mha_tensors *in_de = NULL, *in_c = NULL;
@@ -198,12 +205,22 @@ static void test_variants_native_refusals(void) {
     head_params p;
     head_params_fill(&p, &seed);
     mha_config c = base_config();
-    c.rope = (mha_rope){MHA_ROPE_HALVES, 0, 10000.0, MHA_ROPE_SCALE_YARN, 4.0, 0, 0, 32, 0, 0, 0};
+    c.rope = (mha_rope){MHA_ROPE_HALVES, 0, 10000.0, MHA_ROPE_SCALE_YARN, 4.0, 0, 0, 32, 0, 0, 0, {0}, {0}};
     c.alibi = 1, c.sinks = 1, c.qk_norm = MHA_QK_NORM_RMS, c.qk_norm_per_head = 1;
     mha_layer *L = variant_layer(&c, &p, &seed);
     if (!L) return;
     expect_refused(L, "rope", "sideways", NULL, MHA_E_FORMAT, "metadata rope = 'sideways'; expected halves or interleaved");
-    expect_refused(L, "rope_scaling", "ntk", NULL, MHA_E_FORMAT, "expected none, linear, llama3 or yarn");
+    expect_refused(L, "rope_scaling", "ntk", NULL, MHA_E_FORMAT, "expected none, linear, llama3, yarn, dynamic or "
+                   "longrope");
+    expect_refused(L, "rope_short_factor", "1,2,x", NULL, MHA_E_FORMAT, "metadata rope_short_factor: item 2 is not a "
+                   "finite number");
+    char many[4 * (MHA_ROPE_MAX_PAIRS + 1) + 1] = "";
+    for (int i = 0; i <= MHA_ROPE_MAX_PAIRS; i++) strcat(many, i ? ",1.5" : "1.5");
+    expect_refused(L, "rope_long_factor", many, NULL, MHA_E_FORMAT, "item 128 is one too many");
+    expect_refused(L, "rope_long_factor", "1,,2", NULL, MHA_E_FORMAT, "rope_long_factor: item 1 is not a finite");
+    /* factors with another scaling: the library's rule, named */
+    expect_refused(L, "rope_short_factor", "1,2", NULL, MHA_E_ARG, "rope.short_factor/long_factor[0] set with "
+                   "rope.scaling=3");
     expect_refused(L, "qk_norm", "batch", NULL, MHA_E_FORMAT, "expected none, rms or layer");
     expect_refused(L, "rope_theta", "1e5x", NULL, MHA_E_FORMAT, "metadata rope_theta = '1e5x'; expected a finite number");
     expect_refused(L, "rope_factor", "inf", NULL, MHA_E_FORMAT, "rope_factor = 'inf'; expected a finite number");

@@ -50,5 +50,7 @@ const test_case *tests_weights_isa(size_t *count); /* ... on every ISA    */
 const test_case *tests_decode_stream_isa(size_t *count); /* projections' stream order, every ISA */
 const test_case *tests_bf16_matmul(size_t *count);     /* options.bf16_matmul: reference, refusals */
 const test_case *tests_bf16_matmul_isa(size_t *count); /* ... fast (AMX or not) on every ISA      */
+const test_case *tests_rope_scaling(size_t *count);     /* dynamic NTK, LongRoPE: by hand, refusals */
+const test_case *tests_rope_scaling_isa(size_t *count); /* ... fast, cache vs reference, every ISA   */
 
 #endif

@@ -82,23 +82,78 @@ static int number(const char *cmd, json_t *obj, const char *where, const char *k
     return 0;
 }
 
-/* rope_scaling: {"rope_type" (or "type"): linear|llama3|yarn|default,
- * factor, ...} as a --rope-scale spec; max_pos is the top-level
- * max_position_embeddings, YaRN's default original context. */
+/* Whether model_type is one of names (a NULL-terminated list). */
+static int type_in(const char *type, const char *const *names) {
+    for (; type && *names; names++)
+        if (strcmp(type, *names) == 0) return 1;
+    return 0;
+}
+
+/* LongRoPE's rope_scaling.short_factor and long_factor: lists of one
+ * number > 0 per rotated pair, appended to spec as ",KEY=A:B:..." (the
+ * library checks their length against the rotated dims). */
+static int factor_lists(const char *cmd, json_t *s, char *spec, size_t size, size_t *n) {
+    static const char *const keys[] = {"short_factor", "long_factor"};
+    for (int k = 0; k < 2; k++) {
+        json_t *a = json_object_get(s, keys[k]);
+        if (!json_is_array(a) || json_array_size(a) == 0 || json_array_size(a) > MHA_ROPE_MAX_PAIRS)
+            return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: rope_scaling.%s is %s; expected a list of "
+                                 "1..%d numbers > 0, one per rotated pair (LongRoPE)", keys[k],
+                                 !a ? "missing" : json_is_array(a) ? "of another length" : "not a list",
+                                 MHA_ROPE_MAX_PAIRS);
+        *n += (size_t)snprintf(spec + *n, size - *n, ",%s=", keys[k]);
+        for (size_t i = 0; i < json_array_size(a); i++) {
+            json_t *v = json_array_get(a, i);
+            const double x = json_is_number(v) ? json_number_value(v) : NAN;
+            if (!(x > 0 && x <= 1e9))
+                return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: rope_scaling.%s[%zu] is %s; expected a "
+                                     "number in (0, 1e9]", keys[k], i, json_is_number(v) ? "out of range" :
+                                     "not a number");
+            *n += (size_t)snprintf(spec + *n, size - *n, "%s%.9g", i ? ":" : "", x);
+        }
+    }
+    return 0;
+}
+
+/* LongRoPE's context: Phi-3 keeps the pre-training length L at the top
+ * level as original_max_position_embeddings, and then the growth factor is
+ * max_position_embeddings / L, as Hugging Face reads it; else L is
+ * rope_scaling's original_max_position_embeddings or max_position_embeddings. */
+static int longrope_context(const char *cmd, json_t *root, double v[7]) {
+    double top = 0, max_pos = 0;
+    int rc = number(cmd, root, "", "original_max_position_embeddings", 1, 1 << 30, 1, &top);
+    if (!rc) rc = number(cmd, root, "", "max_position_embeddings", 1, 1 << 30, 1, &max_pos);
+    if (rc) return rc;
+    if (top > 0) {
+        v[3] = top;
+        if (max_pos > 0) v[0] = max_pos > top ? max_pos / top : 1.0;
+    } else if (v[3] == 0) {
+        v[3] = max_pos;
+    }
+    return 0;
+}
+
+/* rope_scaling: {"rope_type" (or "type"): linear|llama3|yarn|dynamic|
+ * longrope (or Phi-3's first name, su)|default, factor, ...} as a
+ * --rope-scale spec; the top-level max_position_embeddings is YaRN's
+ * default original context and dynamic's (Hugging Face reads no other). */
 static int rope_scaling(const char *cmd, json_t *root, char *spec, size_t size) {
     json_t *s = json_object_get(root, "rope_scaling");
     if (!s || json_is_null(s)) return 0;
     if (!json_is_object(s))
         return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: rope_scaling is not an object; expected "
-                             "{\"rope_type\": \"linear\"|\"llama3\"|\"yarn\", \"factor\": F, ...} or null");
+                             "{\"rope_type\": \"linear\"|\"llama3\"|\"yarn\"|\"dynamic\"|\"longrope\", \"factor\": F, "
+                             "...} or null");
     json_t *type = json_object_get(s, "rope_type");
     if (!type) type = json_object_get(s, "type");
     const char *kind = json_string_value(type);
     if (kind && strcmp(kind, "default") == 0) return 0;
-    if (!kind || (strcmp(kind, "linear") && strcmp(kind, "llama3") && strcmp(kind, "yarn")))
+    if (kind && strcmp(kind, "su") == 0) kind = "longrope"; /* Phi-3's first configs */
+    static const char *const kinds[] = {"linear", "llama3", "yarn", "dynamic", "longrope", NULL};
+    if (!type_in(kind, kinds))
         return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: rope_scaling.rope_type is %s%s%s; expected "
-                             "\"linear\", \"llama3\", \"yarn\" or \"default\"", kind ? "\"" : "",
-                             kind ? kind : "missing or not a string", kind ? "\"" : "");
+                             "\"linear\", \"llama3\", \"yarn\", \"dynamic\", \"longrope\" or \"default\"",
+                             kind ? "\"" : "", kind ? kind : "missing or not a string", kind ? "\"" : "");
     if (json_is_false(json_object_get(s, "truncate"))) /* gpt-oss: the ramp ends stay unrounded */
         return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: rope_scaling.truncate is false; expected true "
                              "or absent: YaRN with unrounded ramp ends (gpt-oss) is not implemented, and the "
@@ -106,31 +161,31 @@ static int rope_scaling(const char *cmd, json_t *root, char *spec, size_t size) 
     static const char *const keys[] = {"factor", "low_freq_factor", "high_freq_factor",
                                        "original_max_position_embeddings", "beta_fast", "beta_slow",
                                        "attention_factor"};
+    const int yarn = strcmp(kind, "yarn") == 0, dynamic = strcmp(kind, "dynamic") == 0;
+    const int longrope = strcmp(kind, "longrope") == 0;
     double v[7] = {0};
     int rc = 0;
     for (int i = 0; !rc && i < 7; i++)
         rc = number(cmd, s, "rope_scaling.", keys[i], i == 0 ? 1 : 1e-9, i == 3 ? 1 << 30 : 1e9, i == 3, &v[i]);
-    if (!rc && v[3] == 0 && strcmp(kind, "yarn") == 0) /* as Hugging Face: the model's context */
+    if (!rc && dynamic) v[3] = 0; /* Hugging Face scales past max_position_embeddings only */
+    if (!rc && v[3] == 0 && (yarn || dynamic)) /* as Hugging Face: the model's context */
         rc = number(cmd, root, "", "max_position_embeddings", 1, 1 << 30, 1, &v[3]);
+    if (!rc && longrope) rc = longrope_context(cmd, root, v);
     if (rc) return rc;
-    if (v[0] == 0)
+    if (v[0] == 0 && !longrope)
         return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: rope_scaling.factor missing; expected a "
                              "number >= 1");
     if (strcmp(kind, "linear") && v[3] == 0)
-        return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: rope_scaling.original_max_position_embeddings "
-                             "missing; expected the pre-training context length");
+        return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: %s missing; expected the %s",
+                             dynamic || longrope ? "max_position_embeddings" : "rope_scaling.original_max_position_embeddings",
+                             dynamic ? "context beyond which dynamic NTK scales" : "pre-training context length");
     size_t n = (size_t)snprintf(spec, size, "%s:", kind);
     for (int i = 0; i < 7; i++)
-        if (v[i] != 0) n += (size_t)snprintf(spec + n, size - n, "%s%s=%.17g", i ? "," : "", keys[i], v[i]);
-    return 0;
+        if (v[i] != 0) n += (size_t)snprintf(spec + n, size - n, "%s%s=%.17g", n > strlen(kind) + 1 ? "," : "",
+                                             keys[i], v[i]);
+    return longrope ? factor_lists(cmd, s, spec, size, &n) : 0;
 }
 
-/* Whether model_type is one of names (a NULL-terminated list). */
-static int type_in(const char *type, const char *const *names) {
-    for (; type && *names; names++)
-        if (strcmp(type, *names) == 0) return 1;
-    return 0;
-}
 
 /* Cohere (Command R) and Cohere 2 (Command R7B): interleaved rotary; Cohere
  * 2 rotates only its sliding layers (the global ones have no position

@@ -17,7 +17,8 @@ typedef struct {
     int head_dim_derived;      /* head_dim is hidden_size / heads (no head_dim key) */
     double rope_theta;         /* rope_theta (rotary_emb_base); 0 = absent         */
     long long rope_dim;        /* partial_rotary_factor (rotary_pct) x head_dim; 0 = whole */
-    char rope_scale[512];      /* rope_scaling as a --rope-scale spec; "" = none   */
+    char rope_scale[8192];     /* rope_scaling as a --rope-scale spec; "" = none
+                                  (LongRoPE's two lists of up to 128 factors)     */
     double softcap;            /* attn_logit_softcapping (Gemma 2); 0 = absent     */
     double scale;              /* query_pre_attn_scalar^-1/2 (Gemma 2, 3), or
                                   attention_multiplier (Granite); 0 = 1/sqrt(d_k) */

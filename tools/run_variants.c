@@ -85,8 +85,42 @@ static int read_positions(const char *cmd, cli_fwd *f, cli_variant_flags *vf) {
     return rc;
 }
 
+/* LongRoPE's short_factor=A:B:... or long_factor=... (one factor per
+ * rotated pair, ':' between them) into r; -1 when kv is neither key,
+ * else 0 or an exit code. */
+static int scale_factors(const char *cmd, mha_rope *r, const char *kv, size_t len) {
+    static const char *const keys[] = {"short_factor", "long_factor"};
+    for (int k = 0; k < 2; k++) {
+        const size_t kl = strlen(keys[k]);
+        if (len <= kl || strncmp(kv, keys[k], kl) || kv[kl] != '=') continue;
+        float *dst = k ? r->long_factor : r->short_factor;
+        memset(dst, 0, sizeof(float) * MHA_ROPE_MAX_PAIRS);
+        const char *p = kv + kl + 1, *stop = kv + len;
+        for (int i = 0;; i++) {
+            char num[64], *end;
+            const char *sep = memchr(p, ':', (size_t)(stop - p));
+            const size_t n = (size_t)((sep ? sep : stop) - p);
+            if (i == MHA_ROPE_MAX_PAIRS || n == 0 || n >= sizeof num)
+                return mha_cmd_error(cmd, MHA_EXIT_USAGE, "--rope-scale: %s item %d %s; expected 1..%d numbers "
+                                     "> 0 separated by ':'", keys[k], i, i == MHA_ROPE_MAX_PAIRS ? "is one too many"
+                                     : n ? "is too long" : "is empty", MHA_ROPE_MAX_PAIRS);
+            memcpy(num, p, n), num[n] = '\0';
+            const double v = strtod(num, &end);
+            if (*end || !(v > 0 && v <= 1e9))
+                return mha_cmd_error(cmd, MHA_EXIT_USAGE, "--rope-scale: %s item %d is %s; expected a number > 0",
+                                     keys[k], i, num);
+            dst[i] = (float)v;
+            if (!sep) return 0;
+            p = sep + 1;
+        }
+    }
+    return -1;
+}
+
 /* One key=value of --rope-scale into r; 0 or an exit code. */
 static int scale_param(const char *cmd, mha_rope *r, const char *kv, size_t len) {
+    const int list = scale_factors(cmd, r, kv, len);
+    if (list >= 0) return list;
     static const char *const keys[] = {"factor", "low_freq_factor", "high_freq_factor",
                                        "original_max_position_embeddings", "beta_fast", "beta_slow",
                                        "attention_factor"};
@@ -110,13 +144,16 @@ static int scale_param(const char *cmd, mha_rope *r, const char *kv, size_t len)
     }
     return mha_cmd_error(cmd, MHA_EXIT_USAGE, "--rope-scale: '%.*s'; expected KEY=NUMBER with KEY among factor, "
                          "low_freq_factor, high_freq_factor, original_max_position_embeddings, beta_fast, beta_slow, "
-                         "attention_factor", (int)len, kv);
+                         "attention_factor, or short_factor=A:B:..., long_factor=A:B:...", (int)len, kv);
 }
 
 /* --rope-scale: "F" (linear), or KIND:key=value,... with KIND linear,
- * llama3 or yarn and the keys of Hugging Face's rope_scaling. */
+ * llama3, yarn, dynamic or longrope and the keys of Hugging Face's
+ * rope_scaling. */
 static int parse_rope_scale(const char *cmd, mha_rope *r, const char *spec) {
-    static const char *const kinds[] = {"linear", "llama3", "yarn"};
+    static const char *const kinds[] = {"linear", "llama3", "yarn", "dynamic", "longrope"};
+    static const mha_rope_scaling kind_scaling[] = {MHA_ROPE_SCALE_LINEAR, MHA_ROPE_SCALE_LLAMA3, MHA_ROPE_SCALE_YARN,
+                                                    MHA_ROPE_SCALE_DYNAMIC, MHA_ROPE_SCALE_LONGROPE};
     char *end;
     double f = strtod(spec, &end);
     if (end != spec && !*end) {
@@ -127,15 +164,16 @@ static int parse_rope_scale(const char *cmd, mha_rope *r, const char *spec) {
     }
     const char *colon = strchr(spec, ':');
     int kind = -1;
-    for (int i = 0; i < 3 && colon; i++)
+    for (int i = 0; i < 5 && colon; i++)
         if (strlen(kinds[i]) == (size_t)(colon - spec) && strncmp(spec, kinds[i], (size_t)(colon - spec)) == 0) kind = i;
     if (kind < 0)
-        return mha_cmd_error(cmd, MHA_EXIT_USAGE, "--rope-scale '%s'; expected F, linear:factor=F, "
-                             "llama3:factor=F,... or yarn:factor=F,... (see --help)", spec);
+        return mha_cmd_error(cmd, MHA_EXIT_USAGE, "--rope-scale '%.200s'; expected F, linear:factor=F, "
+                             "llama3:factor=F,..., yarn:factor=F,..., dynamic:factor=F,... or "
+                             "longrope:short_factor=...,long_factor=...,... (see --help)", spec);
     mha_rope z = {0};
     z.pairing = r->pairing, z.dim = r->dim, z.theta = r->theta;
     *r = z; /* the kind's defaults: 0 = the mha_rope documented default */
-    r->scaling = kind == 0 ? MHA_ROPE_SCALE_LINEAR : kind == 1 ? MHA_ROPE_SCALE_LLAMA3 : MHA_ROPE_SCALE_YARN;
+    r->scaling = kind_scaling[kind];
     for (const char *p = colon + 1; *p;) {
         const char *comma = strchr(p, ',');
         size_t len = comma ? (size_t)(comma - p) : strlen(p);
@@ -143,11 +181,16 @@ static int parse_rope_scale(const char *cmd, mha_rope *r, const char *spec) {
         if (rc) return rc;
         p += len + (comma ? 1 : 0);
     }
-    if (r->factor == 0)
-        return mha_cmd_error(cmd, MHA_EXIT_USAGE, "--rope-scale %s: factor missing; expected factor=F", spec);
+    const int longrope = r->scaling == MHA_ROPE_SCALE_LONGROPE;
+    if (r->factor == 0 && !longrope)
+        return mha_cmd_error(cmd, MHA_EXIT_USAGE, "--rope-scale %.200s: factor missing; expected factor=F", spec);
     if (kind > 0 && r->original_max_positions == 0)
-        return mha_cmd_error(cmd, MHA_EXIT_USAGE, "--rope-scale %s: original_max_position_embeddings missing; "
-                             "expected the pre-training context length", spec);
+        return mha_cmd_error(cmd, MHA_EXIT_USAGE, "--rope-scale %.200s: original_max_position_embeddings missing; "
+                             "expected the %s", spec, r->scaling == MHA_ROPE_SCALE_DYNAMIC ? "context beyond which it "
+                             "scales (max_position_embeddings)" : "pre-training context length");
+    if (longrope && (!r->short_factor[0] || !r->long_factor[0]))
+        return mha_cmd_error(cmd, MHA_EXIT_USAGE, "--rope-scale %.200s: %s missing; expected one factor per rotated "
+                             "pair, A:B:...", spec, r->short_factor[0] ? "long_factor" : "short_factor");
     return 0;
 }
 

@@ -31,7 +31,10 @@ typedef struct {
      .help = "position scaling as checkpoints declare it (rope_scaling of config.json): F or "      \
              "linear:factor=F (positions / F); llama3:factor=F,low_freq_factor=L,high_freq_factor=H," \
              "original_max_position_embeddings=N; yarn:factor=F,original_max_position_embeddings=N" \
-             "[,beta_fast=B,beta_slow=B,attention_factor=A]"},                                      \
+             "[,beta_fast=B,beta_slow=B,attention_factor=A]; dynamic:factor=F,"                      \
+             "original_max_position_embeddings=N (NTK, N = max_position_embeddings); longrope:"     \
+             "short_factor=A:B:...,long_factor=A:B:...,original_max_position_embeddings=N"          \
+             "[,factor=F,attention_factor=A] (Phi-3)"},                                             \
     {.name = "--alibi", .kind = MHA_ARG_SWITCH, .dest = &(vf).alibi,                                \
      .help = "ALiBi biases with the paper's slopes (or the checkpoint's alibi_slopes)"},            \
     {.name = "--softcap", .kind = MHA_ARG_DOUBLE, .dest = &(vf).softcap, .metavar = "C",            \

@@ -82,7 +82,8 @@ OK, E_ARG, E_SHAPE, E_NOMEM, E_CONTRACT, E_NONFINITE, E_IO, E_FORMAT, E_UNSUPPOR
 
 BLOCKS = {"q": 0, "k": 1, "v": 2, "o": 3, "s": 4}
 ROPE_PAIRING = {"none": 0, "halves": 1, "interleaved": 2}
-ROPE_SCALING = {"none": 0, "linear": 1, "llama3": 2, "yarn": 3}
+ROPE_SCALING = {"none": 0, "linear": 1, "llama3": 2, "yarn": 3, "dynamic": 4, "longrope": 5}
+ROPE_MAX_PAIRS = 128  # MHA_ROPE_MAX_PAIRS
 QK_NORM = {"none": 0, "rms": 1, "layer": 2}
 ALIGN = {"top_left": 0, "bottom_right": 1}
 MASKED_ROW = {"zero": 0, "nan": 1}
@@ -94,7 +95,8 @@ class Rope(Structure):
     _fields_ = [("pairing", c_int), ("dim", c_int), ("theta", c_double), ("scaling", c_int),
                 ("factor", c_double), ("low_freq_factor", c_double), ("high_freq_factor", c_double),
                 ("original_max_positions", c_int), ("beta_fast", c_double), ("beta_slow", c_double),
-                ("attn_factor", c_double)]
+                ("attn_factor", c_double), ("short_factor", c_float * ROPE_MAX_PAIRS),
+                ("long_factor", c_float * ROPE_MAX_PAIRS)]
 
 
 class Config(Structure):

@@ -69,9 +69,10 @@ class ContractReport:
 
 def _rope_struct(rope):
     """mha_rope from None or a dict: pairing ('halves'|'interleaved'), dim,
-    theta, scaling ('none'|'linear'|'llama3'|'yarn'), factor,
-    low_freq_factor, high_freq_factor, original_max_positions, beta_fast,
-    beta_slow, attn_factor (0 = the library's defaults)."""
+    theta, scaling ('none'|'linear'|'llama3'|'yarn'|'dynamic'|'longrope'),
+    factor, low_freq_factor, high_freq_factor, original_max_positions,
+    beta_fast, beta_slow, attn_factor (0 = the library's defaults);
+    short_factor, long_factor: LongRoPE's lists, one factor per rotated pair."""
     r = _lib.Rope()
     if rope is None:
         return r
@@ -89,12 +90,34 @@ def _rope_struct(rope):
             v = _enum("rope.pairing", v, _lib.ROPE_PAIRING)
         elif name == "scaling":
             v = _enum("rope.scaling", v, _lib.ROPE_SCALING)
+        elif name in ("short_factor", "long_factor"):
+            v = _factor_list(f"rope.{name}", v)
         elif ctype is ctypes.c_int:
             v = c_int(f"rope.{name}", v, 0)
         else:
             v = c_float(f"rope.{name}", v)
         setattr(r, name, v)
     return r
+
+
+def _factor_list(name, v):
+    """LongRoPE's factors: a list of up to ROPE_MAX_PAIRS numbers (the
+    library checks that it has one per rotated pair and each is > 0; an
+    empty list is the other scalings' none)."""
+    bad = isinstance(v, (str, bytes)) or not hasattr(v, "__iter__")
+    items = [] if bad else list(v)
+    if bad or any(isinstance(x, (bool, str, bytes)) for x in items):
+        raise ArgumentError(f"{name}={v!r}; expected a list of numbers, one per rotated pair")
+    try:
+        vals = [float(x) for x in items]
+    except (TypeError, ValueError):
+        raise ArgumentError(f"{name}={v!r}; expected a list of numbers, one per rotated pair") from None
+    if len(vals) > _lib.ROPE_MAX_PAIRS:
+        raise ArgumentError(f"{name} has {len(vals)} items; expected at most {_lib.ROPE_MAX_PAIRS}, "
+                            "one per rotated pair")
+    arr = (ctypes.c_float * _lib.ROPE_MAX_PAIRS)()
+    arr[:len(vals)] = vals
+    return arr
 
 
 def _positions(name, arr, shape):
@@ -171,6 +194,9 @@ class Layer(COwner):
             out["rope"] = {n: getattr(c.rope, n) for n, _ in _lib.Rope._fields_}
             for field, table in (("pairing", _lib.ROPE_PAIRING), ("scaling", _lib.ROPE_SCALING)):
                 out["rope"][field] = {v: k for k, v in table.items()}[out["rope"][field]]
+            pairs = c.rope.dim // 2 if out["rope"]["scaling"] == "longrope" else 0
+            for field in ("short_factor", "long_factor"):  # the rotated pairs' factors
+                out["rope"][field] = list(getattr(c.rope, field))[:pairs]
             out["qk_norm"] = {v: k for k, v in _lib.QK_NORM.items()}[out["qk_norm"]]
             return out
 

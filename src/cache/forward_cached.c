@@ -260,7 +260,10 @@ static mha_status transform_qk(const cached_plan *p, const mha_layer *L, const m
     const mha_config *f = &L->cfg;
     const int rope = f->rope.pairing != MHA_ROPE_NONE, norm = f->qk_norm != MHA_QK_NORM_NONE;
     if (!rope && !norm) return MHA_OK;
-    float *tab = rope ? mha_rope_table(f, p->pos, p->N) : NULL; /* rows: the packed rows */
+    long long seq = 0; /* the call's length: its new rows' largest position + 1 (dynamic, LongRoPE) */
+    for (int i = 0; i < p->N; i++)
+        if (p->pos[i] >= seq) seq = (long long)p->pos[i] + 1;
+    float *tab = rope ? mha_rope_table(f, p->pos, p->N, seq) : NULL; /* rows: the packed rows */
     double *st = f->qk_norm_whole ? malloc(sizeof(double) * 4 * (size_t)p->N) : NULL; /* (2, N, 2): q, k */
     if ((rope && !tab) || (f->qk_norm_whole && !st)) {
         free(tab);

@@ -18,14 +18,49 @@ static mha_status check_positive(const char *name, double v) {
     return MHA_OK;
 }
 
+/* LongRoPE: a factor per rotated pair in short_factor and long_factor
+ * (finite, > 0; 0 beyond dim/2, so a list of another length is caught),
+ * the pre-training context L, attn_factor's default from factor. */
+static mha_status resolve_longrope(mha_rope *r) {
+    const int half = r->dim / 2;
+    if (half > MHA_ROPE_MAX_PAIRS)
+        return mha_fail(MHA_E_ARG, "rope.dim=%d with longrope; expected at most %d rotated dims (MHA_ROPE_MAX_PAIRS "
+                        "factors)", r->dim, 2 * MHA_ROPE_MAX_PAIRS);
+    for (int k = 0; k < 2; k++) {
+        const float *f = k ? r->long_factor : r->short_factor;
+        const char *name = k ? "long_factor" : "short_factor";
+        for (int i = 0; i < MHA_ROPE_MAX_PAIRS; i++) {
+            if (i < half && (!(f[i] > 0.0f) || !isfinite(f[i])))
+                return mha_fail(MHA_E_ARG, "rope.%s[%d]=%g; expected a finite factor > 0 for each of the dim/2=%d "
+                                "rotated pairs", name, i, (double)f[i], half);
+            if (i >= half && f[i] != 0.0f)
+                return mha_fail(MHA_E_ARG, "rope.%s[%d]=%g; expected 0 beyond the dim/2=%d rotated pairs (a list "
+                                "of %d factors for rope.dim=%d)", name, i, (double)f[i], half, half, r->dim);
+        }
+    }
+    if (r->factor == 0.0) r->factor = 1.0;
+    if (!(r->factor >= 1.0) || !isfinite(r->factor))
+        return mha_fail(MHA_E_ARG, "rope.factor=%g; expected a finite number >= 1 (0 means 1) for longrope",
+                        r->factor);
+    if (r->original_max_positions < 1 || (r->factor > 1.0 && r->original_max_positions < 2))
+        return mha_fail(MHA_E_ARG, "rope.original_max_positions=%d; expected the pre-training context length "
+                        "(>= %d) for longrope", r->original_max_positions, r->factor > 1.0 ? 2 : 1);
+    if (r->attn_factor == 0.0)
+        r->attn_factor = r->factor > 1.0 ? sqrt(1.0 + log(r->factor) / log(r->original_max_positions)) : 1.0;
+    return check_positive("rope.attn_factor", r->attn_factor);
+}
+
 static mha_status resolve_rope(mha_config *c) {
     mha_rope *r = &c->rope;
     if ((int)r->pairing < MHA_ROPE_NONE || (int)r->pairing > MHA_ROPE_INTERLEAVED)
         return mha_fail(MHA_E_ARG, "rope.pairing=%d; expected MHA_ROPE_NONE, _HALVES or _INTERLEAVED", (int)r->pairing);
+    int ext_set = -1; /* the first pair with a LongRoPE factor set */
+    for (int i = 0; i < MHA_ROPE_MAX_PAIRS && ext_set < 0; i++)
+        if (r->short_factor[i] != 0.0f || r->long_factor[i] != 0.0f) ext_set = i;
     if (r->pairing == MHA_ROPE_NONE) {
         if (r->dim || r->theta != 0.0 || r->scaling || r->factor != 0.0 || r->low_freq_factor != 0.0 ||
             r->high_freq_factor != 0.0 || r->original_max_positions || r->beta_fast != 0.0 ||
-            r->beta_slow != 0.0 || r->attn_factor != 0.0)
+            r->beta_slow != 0.0 || r->attn_factor != 0.0 || ext_set >= 0)
             return mha_fail(MHA_E_ARG, "rope parameters are set but rope.pairing is MHA_ROPE_NONE; "
                             "expected a pairing (halves or interleaved) or all rope fields 0");
         return MHA_OK;
@@ -36,8 +71,13 @@ static mha_status resolve_rope(mha_config *c) {
     if (r->theta == 0.0) r->theta = 10000.0;
     mha_status s;
     if ((s = check_positive("rope.theta", r->theta))) return s;
-    if ((int)r->scaling < MHA_ROPE_SCALE_NONE || (int)r->scaling > MHA_ROPE_SCALE_YARN)
-        return mha_fail(MHA_E_ARG, "rope.scaling=%d; expected none, linear, llama3 or yarn", (int)r->scaling);
+    if ((int)r->scaling < MHA_ROPE_SCALE_NONE || (int)r->scaling > MHA_ROPE_SCALE_LONGROPE)
+        return mha_fail(MHA_E_ARG, "rope.scaling=%d; expected none, linear, llama3, yarn, dynamic or longrope",
+                        (int)r->scaling);
+    if (r->scaling == MHA_ROPE_SCALE_LONGROPE) return resolve_longrope(r);
+    if (ext_set >= 0)
+        return mha_fail(MHA_E_ARG, "rope.short_factor/long_factor[%d] set with rope.scaling=%d; expected them only "
+                        "with MHA_ROPE_SCALE_LONGROPE (all 0 otherwise)", ext_set, (int)r->scaling);
     if (r->scaling == MHA_ROPE_SCALE_NONE) {
         if (r->factor != 0.0 && r->factor != 1.0)
             return mha_fail(MHA_E_ARG, "rope.factor=%g without a rope.scaling; expected a scaling "
@@ -49,7 +89,13 @@ static mha_status resolve_rope(mha_config *c) {
     if (r->scaling == MHA_ROPE_SCALE_LINEAR) return MHA_OK;
     if (r->original_max_positions < 1)
         return mha_fail(MHA_E_ARG, "rope.original_max_positions=%d; expected the pre-training context "
-                        "length (>= 1) for llama3 and yarn scaling", r->original_max_positions);
+                        "length (>= 1) for llama3, yarn and dynamic scaling", r->original_max_positions);
+    if (r->scaling == MHA_ROPE_SCALE_DYNAMIC) {
+        if (r->dim < 4) /* the base's exponent r/(r-2) */
+            return mha_fail(MHA_E_ARG, "rope.dim=%d with dynamic scaling; expected >= 4 (its base grows by a "
+                            "power r/(r-2))", r->dim);
+        return MHA_OK;
+    }
     if (r->scaling == MHA_ROPE_SCALE_LLAMA3) {
         if (r->low_freq_factor == 0.0) r->low_freq_factor = 1.0;
         if (r->high_freq_factor == 0.0) r->high_freq_factor = 4.0;
@@ -113,12 +159,23 @@ mha_status mha_alibi_slopes(float *slopes, int n_heads) {
     return MHA_OK;
 }
 
-void mha_rope_frequencies(double *inv_freq, double *mscale, const mha_config *c) {
+void mha_rope_frequencies(double *inv_freq, double *mscale, const mha_config *c, long long seq) {
     const mha_rope *rp = &c->rope;
     const int r = rp->dim, half = r / 2;
+    const long long L = rp->original_max_positions;
+    double theta = rp->theta;
+    if (rp->scaling == MHA_ROPE_SCALE_DYNAMIC && seq > L) /* NTK: a larger base for a longer call */
+        theta *= pow(rp->factor * (double)seq / (double)L - (rp->factor - 1.0), r / (r - 2.0));
     *mscale = 1.0;
-    for (int i = 0; i < half; i++) inv_freq[i] = pow(rp->theta, -2.0 * i / r);
+    for (int i = 0; i < half; i++) inv_freq[i] = pow(theta, -2.0 * i / r);
     switch (rp->scaling) {
+    case MHA_ROPE_SCALE_DYNAMIC: break;
+    case MHA_ROPE_SCALE_LONGROPE: { /* searched factors per pair, the long ones past L */
+        const float *ext = seq > L ? rp->long_factor : rp->short_factor;
+        for (int i = 0; i < half; i++) inv_freq[i] /= ext[i];
+        *mscale = rp->attn_factor;
+        break;
+    }
     case MHA_ROPE_SCALE_NONE: break;
     case MHA_ROPE_SCALE_LINEAR: /* position / factor */
         for (int i = 0; i < half; i++) inv_freq[i] /= rp->factor;
@@ -156,10 +213,28 @@ void mha_rope_frequencies(double *inv_freq, double *mscale, const mha_config *c)
     }
 }
 
-float *mha_rope_table(const mha_config *c, const int *pos, int n) {
+long long mha_rope_call_length(const mha_options *opt, int keys_are_x, int B, int T, int S) {
+    long long last = (T > S ? T : S) - 1;
+    if (opt->positions || opt->key_positions) {
+        last = -1;
+        for (int b = 0; b < B; b++) {
+            for (int t = 0; t < T; t++) {
+                const int p = mha_query_position(opt, b, t, T);
+                if (p > last) last = p;
+            }
+            for (int j = 0; j < S; j++) {
+                const int p = mha_key_position(opt, keys_are_x, b, j, S);
+                if (p > last) last = p;
+            }
+        }
+    }
+    return last + 1;
+}
+
+float *mha_rope_table(const mha_config *c, const int *pos, int n, long long seq) {
     const int half = c->rope.dim / 2;
     double inv_freq[half > 0 ? half : 1], mscale;
-    mha_rope_frequencies(inv_freq, &mscale, c);
+    mha_rope_frequencies(inv_freq, &mscale, c, seq);
     float *tab = malloc(sizeof(float) * 2 * (size_t)n * half + 1); /* cos (n, r/2) | sin (n, r/2) */
     if (!tab) return NULL;
     for (int t = 0; t < n; t++)
@@ -202,7 +277,7 @@ mha_status mha_rope_rows_make(mha_rope_rows *rr, const mha_config *c, const mha_
         }
     }
     rr->n = explicit_pos ? (int)(nq + nk) : (T > S ? T : S);
-    rr->tab = mha_rope_table(c, pos, rr->n);
+    rr->tab = mha_rope_table(c, pos, rr->n, mha_rope_call_length(opt, keys_are_x, B, T, S));
     free(pos);
     if (!rr->tab) {
         mha_rope_rows_free(rr);
@@ -238,10 +313,10 @@ static void norm_double(double *x, int d, const float *w, mha_qk_norm kind, doub
 }
 
 void mha_qk_transform_double(double *m, const mha_config *c, int B, int n, int heads, const float *w,
-                             const mha_options *opt, int keys, int keys_are_x, int T) {
+                             const mha_options *opt, int keys, int keys_are_x, int T, long long seq) {
     const int d = c->d_k, half = c->rope.dim / 2;
     double inv_freq[half > 0 ? half : 1], mscale = 1.0;
-    if (c->rope.pairing != MHA_ROPE_NONE) mha_rope_frequencies(inv_freq, &mscale, c);
+    if (c->rope.pairing != MHA_ROPE_NONE) mha_rope_frequencies(inv_freq, &mscale, c, seq);
     for (int b = 0; b < B; b++)
         for (int t = 0; t < n; t++) {
             if (c->qk_norm_whole) /* OLMo 2: one norm over all heads of the token, weights (heads*d) */

@@ -22,8 +22,15 @@ void mha_alibi_default_slopes(float *slopes, int n);
 
 /* The rotation frequency of each pair i < r/2 (inv_freq (r/2)) after the
  * config's scaling, and the factor cos/sin are multiplied by (1 but for
- * YaRN). The one statement of the scaling formulas, in double. */
-void mha_rope_frequencies(double *inv_freq, double *mscale, const mha_config *c);
+ * YaRN and LongRoPE), for a call of length seq (mha_rope_call_length:
+ * dynamic and LongRoPE depend on it). The one statement of the scaling
+ * formulas, in double. */
+void mha_rope_frequencies(double *inv_freq, double *mscale, const mha_config *c, long long seq);
+
+/* 1 + the largest position among a call's B*T queries and B*S keys
+ * (options.positions / key_positions, else 0..T-1 and 0..S-1): the
+ * sequence length Hugging Face's dynamic and LongRoPE scalings read. */
+long long mha_rope_call_length(const mha_options *opt, int keys_are_x, int B, int T, int S);
 
 /* Element (t, e) of a head row block is x[t*row_stride + e*elt_stride]. */
 typedef struct {
@@ -32,8 +39,9 @@ typedef struct {
 } mha_head_rows;
 
 /* cos and sin of pos * inv_freq times mscale for n positions: (n, r/2)
- * each; pos NULL means positions 0..n-1. NULL when out of memory. */
-float *mha_rope_table(const mha_config *c, const int *pos, int n);
+ * each; pos NULL means positions 0..n-1; the frequencies of a call of
+ * length seq. NULL when out of memory. */
+float *mha_rope_table(const mha_config *c, const int *pos, int n, long long seq);
 
 /* The rotary table of one call and each projection row's row in it:
  * explicit positions (options.positions or key_positions) give every
@@ -59,9 +67,10 @@ void mha_rope_rotate_double(double *x, const mha_config *c, const double *inv_fr
 /* In double, on the rows m (B, n, heads*d_k) of one projection: QK-norm
  * with weights w (when config.qk_norm), then RoPE (when config.rope) at
  * the query positions (keys 0; T queries) or the key positions (keys 1;
- * keys_are_x: the keys are x, so they take the query positions). */
+ * keys_are_x: the keys are x, so they take the query positions), with
+ * the frequencies of a call of length seq (mha_rope_call_length). */
 void mha_qk_transform_double(double *m, const mha_config *c, int B, int n, int heads, const float *w,
-                             const mha_options *opt, int keys, int keys_are_x, int T);
+                             const mha_options *opt, int keys, int keys_are_x, int T, long long seq);
 
 /* st = (mean, 1/sqrt(var + eps)) of a row of `width` values from their
  * sum and sum of squares (RMS: mean 0, var = mean square): the statistics
@@ -75,8 +84,6 @@ void mha_qk_norm_stats(double st[2], const mha_config *c, double sum, double sum
  * (qk_norm_whole) instead of the head's own. */
 void mha_qk_transform(const mha_config *c, mha_head_rows rows, int n, const float *w, const double *stats,
                       const float *table, int tab_n, const int *tab_row);
-
-#endif /* MHA_CORE_VARIANTS_H */
 
 /* Largest position accepted in options.positions (angles stay exact in
  * double, distances in int). */
@@ -97,3 +104,5 @@ static inline int mha_key_position(const mha_options *o, int keys_are_x, int b, 
  * 0 <= p <= MHA_MAX_POSITION, and given only for a layer with rope or
  * alibi. */
 mha_status mha_check_positions(const mha_config *c, const mha_options *o, int B, int T, int S);
+
+#endif /* MHA_CORE_VARIANTS_H */

@@ -32,12 +32,13 @@ static void linear_backward(double *din, double *dw, double *db, const float *in
 }
 
 /* RoPE (transpose 0) or its transpose (1) on every head of the rows
- * m (B, n, heads*d_k) of q (keys 0) or k (keys 1), at the forward's positions. */
+ * m (B, n, heads*d_k) of q (keys 0) or k (keys 1), at the forward's positions
+ * and frequencies (a call of length seq). */
 static void rope_heads(double *m, const mha_config *c, int B, int n, int heads, const mha_options *opt, int keys,
-                       int keys_are_x, int T, int transpose) {
+                       int keys_are_x, int T, long long seq, int transpose) {
     const int half = c->rope.dim / 2;
     double inv_freq[half > 0 ? half : 1], mscale;
-    mha_rope_frequencies(inv_freq, &mscale, c);
+    mha_rope_frequencies(inv_freq, &mscale, c, seq);
     for (int b = 0; b < B; b++)
         for (int t = 0; t < n; t++) {
             const int pos = keys ? mha_key_position(opt, keys_are_x, b, t, n) : mha_query_position(opt, b, t, T);
@@ -218,8 +219,9 @@ mha_status mha_backward_reference(const mha_layer *L, const mha_gradients *g, co
         memcpy(qpre, q, rows * qw * sizeof(double));
         memcpy(kpre, k, (size_t)B * Sx * kw * sizeof(double));
     }
-    mha_qk_transform_double(q, c, B, T, h, L->q_norm, opt, 0, k_src == x, T);
-    mha_qk_transform_double(k, c, B, S, h_kv, L->k_norm, opt, 1, k_src == x, T);
+    const long long seq = mha_rope_call_length(opt, k_src == x, B, T, S);
+    mha_qk_transform_double(q, c, B, T, h, L->q_norm, opt, 0, k_src == x, T, seq);
+    mha_qk_transform_double(k, c, B, S, h_kv, L->k_norm, opt, 1, k_src == x, T, seq);
     // --- recompute: Z^(r) = P V^(g), then the interventions (what W_O reads)
     for (int b = 0; b < B; b++)
         for (int r = 0; r < h; r++)
@@ -301,8 +303,8 @@ mha_status mha_backward_reference(const mha_layer *L, const mha_gradients *g, co
 
     // --- RoPE: Q_rot = Q R (per row), so dQ = dQ_rot R^T; the same for K
     if (c->rope.pairing != MHA_ROPE_NONE) {
-        rope_heads(dq, c, B, T, h, opt, 0, k_src == x, T, 1);
-        rope_heads(dk, c, B, S, h_kv, opt, 1, k_src == x, T, 1);
+        rope_heads(dq, c, B, T, h, opt, 0, k_src == x, T, seq, 1);
+        rope_heads(dk, c, B, S, h_kv, opt, 1, k_src == x, T, seq, 1);
     }
     // --- QK-norm: Q_n = norm(Q) w_q_norm, the same for K
     if (norm) {

@@ -172,8 +172,9 @@ mha_status mha_forward_reference_lse(const mha_layer *L, float *y, const mha_cap
     }
 
     // --- today's variants on q and k: QK-norm, then RoPE (extra keys never coexist with them)
-    mha_qk_transform_double(q, c, B, T, h, L->q_norm, opt, 0, keys_are_x, T);
-    mha_qk_transform_double(k, c, B, S, h_kv, L->k_norm, opt, 1, keys_are_x, T);
+    const long long seq = mha_rope_call_length(opt, keys_are_x, B, T, S); /* dynamic, LongRoPE */
+    mha_qk_transform_double(q, c, B, T, h, L->q_norm, opt, 0, keys_are_x, T, seq);
+    mha_qk_transform_double(k, c, B, S, h_kv, L->k_norm, opt, 1, keys_are_x, T, seq);
 
     // --- attention: Z^(r) = softmax(softcap(scale * Q^(r) K^(g)^T) + alibi + mask, sink) V^(g)
     const mha_head_terms ht = {L->alibi_slopes, L->sinks, keys_are_x};

@@ -14,7 +14,7 @@
 #include "io/tensors_internal.h"
 
 static const char *const pairing_names[] = {"none", "halves", "interleaved"};
-static const char *const scaling_names[] = {"none", "linear", "llama3", "yarn"};
+static const char *const scaling_names[] = {"none", "linear", "llama3", "yarn", "dynamic", "longrope"};
 static const char *const norm_names[] = {"none", "rms", "layer"};
 
 /* index of value v among names (n), or -1 */
@@ -55,6 +55,25 @@ static mha_status meta_flag(int *out, const mha_tensors *t, const char *key) {
     return s;
 }
 
+/* A comma-separated list of at most n finite floats (absent: out unchanged;
+ * shorter: the rest 0): LongRoPE's factors per rotated pair. */
+static mha_status meta_floats(float *out, int n, const mha_tensors *t, const char *key) {
+    const char *v = mha_tensors_meta(t, key);
+    if (!v) return MHA_OK;
+    memset(out, 0, sizeof(float) * (size_t)n);
+    for (int i = 0;; i++) {
+        char *end;
+        errno = 0;
+        const double x = mha_c_strtod(v, &end);
+        if (i == n || end == v || errno || !isfinite(x) || fabs(x) > 3e38 || (*end && *end != ','))
+            return mha_fail(MHA_E_FORMAT, "metadata %s: item %d %s; expected at most %d finite numbers separated "
+                            "by commas", key, i, i == n ? "is one too many" : "is not a finite number", n);
+        out[i] = (float)x;
+        if (!*end) return MHA_OK;
+        v = end + 1;
+    }
+}
+
 /* A copy of tensor a (count floats) checked against n1 (or n2 when > 0). */
 static mha_status take(float **dst, const mha_array *a, const char *name, size_t n1, size_t n2, const char *want) {
     mha_status s = mha_io_want_real(a, name);
@@ -73,7 +92,10 @@ mha_status mha_io_variants_read(mha_config *c, float *w[4], const mha_tensors *t
     double dim = 0, sc = 0, eps = 0, per_head = 0;
     mha_status s;
     if ((s = meta_choice(&pairing, t, "rope", pairing_names, 3, "halves or interleaved")) ||
-        (s = meta_choice(&scaling, t, "rope_scaling", scaling_names, 4, "none, linear, llama3 or yarn")) ||
+        (s = meta_choice(&scaling, t, "rope_scaling", scaling_names, 6,
+                         "none, linear, llama3, yarn, dynamic or longrope")) ||
+        (s = meta_floats(r->short_factor, MHA_ROPE_MAX_PAIRS, t, "rope_short_factor")) ||
+        (s = meta_floats(r->long_factor, MHA_ROPE_MAX_PAIRS, t, "rope_long_factor")) ||
         (s = meta_choice(&norm, t, "qk_norm", norm_names, 3, "none, rms or layer")) ||
         (s = meta_double(&dim, t, "rope_dim")) || (s = meta_double(&r->theta, t, "rope_theta")) ||
         (s = meta_double(&r->factor, t, "rope_factor")) ||
@@ -126,6 +148,18 @@ static mha_status put(mha_tensors *t, const char *key, const char *fmt, double v
     return mha_tensors_set_meta(t, key, buf);
 }
 
+/* n floats as "%.9g" items separated by commas (each reads back exactly) */
+static mha_status put_floats(mha_tensors *t, const char *key, const float *v, int n) {
+    char *buf = malloc(24 * (size_t)n + 1);
+    if (!buf) return mha_fail(MHA_E_NOMEM, "no memory for metadata %s", key);
+    size_t len = 0;
+    for (int i = 0; i < n; i++) len += (size_t)mha_c_snprintf(buf + len, 24, "%s%.9g", i ? "," : "", (double)v[i]);
+    buf[len] = '\0';
+    mha_status s = mha_tensors_set_meta(t, key, buf);
+    free(buf);
+    return s;
+}
+
 mha_status mha_io_variants_write(mha_tensors *t, const mha_layer *L) {
     const mha_config *c = mha_layer_config(L);
     const mha_rope *r = &c->rope;
@@ -142,6 +176,8 @@ mha_status mha_io_variants_write(mha_tensors *t, const mha_layer *L) {
         const double vals[7] = {r->factor, r->low_freq_factor, r->high_freq_factor, r->original_max_positions,
                                 r->beta_fast, r->beta_slow, r->attn_factor};
         for (int i = 0; i < 7 && !s && r->scaling; i++) s = put(t, keys[i], "%.17g", vals[i]);
+        if (!s && r->scaling == MHA_ROPE_SCALE_LONGROPE) s = put_floats(t, "rope_short_factor", r->short_factor, r->dim / 2);
+        if (!s && r->scaling == MHA_ROPE_SCALE_LONGROPE) s = put_floats(t, "rope_long_factor", r->long_factor, r->dim / 2);
     }
     const int h = c->n_heads, hkv = c->n_kv_heads, dk = c->d_k;
     if (!s && c->alibi) s = put(t, "alibi", "%.0f", 1);

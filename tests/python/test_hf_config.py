@@ -137,8 +137,10 @@ def test_partial_rotary_and_yarn_defaults(tmp_path):
 
 
 @pytest.mark.parametrize("config, message", [
+    ({"rope_theta": 500000.0, "rope_scaling": {"rope_type": "ntk", "factor": 2.0}},
+     "rope_scaling.rope_type is \"ntk\"; expected \"linear\", \"llama3\", \"yarn\", \"dynamic\""),
     ({"rope_theta": 500000.0, "rope_scaling": {"rope_type": "dynamic", "factor": 2.0}},
-     "rope_scaling.rope_type is \"dynamic\"; expected \"linear\", \"llama3\", \"yarn\""),
+     "max_position_embeddings missing; expected the context beyond which dynamic NTK scales"),
     ({"rope_theta": 500000.0, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}},
      "rope_scaling.original_max_position_embeddings missing"),
     ({"rope_theta": 500000.0, "rope_scaling": {"rope_type": "linear", "factor": "2"}},
