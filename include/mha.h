@@ -411,6 +411,13 @@ typedef struct {
                                  training and mha_attend_lse refuse it
                                  (MHA_E_UNSUPPORTED).
                                  0: fp32 (default)                       */
+    int chunk_size;           /* 0: none; C > 0: chunked attention (Llama 4's
+                                 attention_chunk_size): query i and key j
+                                 attend each other only inside one chunk
+                                 of C, floor(aligned i / C) = floor(j / C)
+                                 (the cached forward: the tokens' cache
+                                 positions); combines with causal and the
+                                 windows, not with sink_tokens            */
 } mha_options;
 
 MHA_API mha_options mha_options_default(void);

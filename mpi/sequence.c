@@ -40,10 +40,12 @@ typedef struct {
 } tile_opts;
 
 /* Whether query position p may attend key `key` by position alone: the
- * statement of core/mask.c's rule (causal, the window, StreamingLLM's sink
- * keys kept besides the left edge) on global positions. */
+ * statement of core/mask.c's rule (causal, the window, the chunk,
+ * StreamingLLM's sink keys kept besides the left edge) on global positions. */
 static int pair_allowed(const mha_options *g, long p, long key) {
     if ((g->causal && key > p) || (g->window_right >= 0 && key > p + g->window_right)) return 0;
+    const long C = g->chunk_size; /* Llama 4: one chunk (floor division: p may be < 0) */
+    if (C > 0 && (p >= 0 ? p / C : -((-p + C - 1) / C)) != key / C) return 0;
     return !(g->window_left >= 0 && key < p - g->window_left) || key < g->sink_tokens;
 }
 
@@ -234,11 +236,11 @@ mha_status mha_mpi_forward_sequence(const mha_layer *layer, float *y, const mha_
     const long long same[] = {B, T, S, D, h, h_kv, d_k, d_v, self, want_z, want_c, g.causal, (long long)g.align,
                               (long long)g.masked_row, g.keep_mask.data != NULL, g.additive_mask.data != NULL,
                               g.key_keep != NULL, g.key_additive != NULL, g.interventions != NULL,
-                              g.window_left, g.window_right, g.sink_tokens};
+                              g.window_left, g.window_right, g.sink_tokens, g.chunk_size};
     const char *names[] = {"B", "T", "S", "d_model", "h", "h_kv", "d_k", "d_v", "self-attention", "--save-z",
                            "--save-contributions", "causal", "causal alignment", "masked rows", "attn_mask (bool)",
                            "attn_mask (float)", "key padding (bool)", "key padding (float)", "--ablate",
-                           "window_left", "window_right", "sink_tokens"};
+                           "window_left", "window_right", "sink_tokens", "chunk_size"};
     mha_status s = mha_mpi_check_same(comm, same, (int)(sizeof same / sizeof same[0]), names);
     if (s) return s;
     char msg[512] = "";
@@ -252,6 +254,8 @@ mha_status mha_mpi_forward_sequence(const mha_layer *layer, float *y, const mha_
         s = MHA_E_UNSUPPORTED, snprintf(msg, sizeof msg, "--split sequence needs one key/value source (d_v_in=%d, key source width %d)", c->d_v_in, d_in);
     else if (g.sink_tokens < 0 || (g.sink_tokens > 0 && g.window_left < 0)) /* mha_forward's rule */
         s = MHA_E_ARG, snprintf(msg, sizeof msg, "options.sink_tokens=%d with window_left=%d; expected 0, or > 0 with a window (window_left >= 0)", g.sink_tokens, g.window_left);
+    else if (g.chunk_size < 0 || (g.chunk_size > 0 && g.sink_tokens > 0))
+        s = MHA_E_ARG, snprintf(msg, sizeof msg, "options.chunk_size=%d with sink_tokens=%d; expected 0 (none), or > 0 without sink tokens", g.chunk_size, g.sink_tokens);
     if (!s) ring_limits(msg, sizeof msg, c, &g);
     if (!s && *msg) s = MHA_E_UNSUPPORTED;
     if ((s = mha_mpi_agree(comm, s, msg))) return s;

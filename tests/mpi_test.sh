@@ -317,6 +317,9 @@ case_ vflags "2 4" "heads" gqa x16 --causal --rope halves --rope-theta 500 --sof
 decode dec_vflags "2 4" gqa x16 3 --rope interleaved --softcap 2 --alibi
 case_ vpos "2 4" "heads" gqa x16 --causal --rope halves --positions "$T/pos16.npy"
 case_ vcall "2 4" "heads sequence" gqa x16 --causal --window 5 --sink-tokens 2 --scale 0.3
+# Llama 4's chunked attention: the ring's tiles by global position, the shards' caches by cache position
+case_ vchunk "2 4" "heads sequence" gqa x16 --causal --chunk 3
+decode dec_chunk "2 4" gqa x16 3 --chunk 3
 mpi 2 --split sequence --weights "$T/gqa.safetensors" --input "$T/x16.npy" --output "$T/y.npy" --rope halves
 expect_fail 2 "does not support the layer's RoPE"
 # --zero-attn, a load option the file does not record, reaches every shard

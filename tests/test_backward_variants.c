@@ -203,7 +203,8 @@ static void backward_variants_fast_matches_reference(void) {
 
 /* Dynamic NTK and LongRoPE (per-pair factors, partial rotary): the
  * backward's recomputed rows take the frequencies of the forward's call
- * (T 40 past L 16, and T 12 within; explicit positions past L). */
+ * (T 40 past L 16, and T 12 within; explicit positions past L); two of
+ * them chunked (options.chunk_size 8: the rows' intervals). */
 static void backward_variants_rope_scalings(void) {
     for (int k = 0; k < 6; k++) {
         mha_config c = naive_config(32, 4, 2, 0, 0, 1);
@@ -222,6 +223,7 @@ static void backward_variants_rope_scalings(void) {
         int pos[10];
         for (int i = 0; i < 10; i++) pos[i] = 30 + 3 * i; /* seq 58 > L */
         if (T == 5) f.opt.positions = pos;
+        if (k == 1 || k == 4) f.opt.chunk_size = 8; /* Llama 4's chunked attention, too */
         check_case(&f, k < 3 ? "rope dynamic" : "rope longrope");
         naive_bw_case_free(&f);
     }

@@ -52,5 +52,7 @@ const test_case *tests_bf16_matmul(size_t *count);     /* options.bf16_matmul: r
 const test_case *tests_bf16_matmul_isa(size_t *count); /* ... fast (AMX or not) on every ISA      */
 const test_case *tests_rope_scaling(size_t *count);     /* dynamic NTK, LongRoPE: by hand, refusals */
 const test_case *tests_rope_scaling_isa(size_t *count); /* ... fast, cache vs reference, every ISA   */
+const test_case *tests_chunked(size_t *count);          /* options.chunk_size: refusals, the tape   */
+const test_case *tests_chunked_isa(size_t *count);      /* ... against a hand mask, cache, every ISA */
 
 #endif

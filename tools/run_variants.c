@@ -210,12 +210,16 @@ static int offset_norms(const char *cmd, float **buf, const mha_config *c, mha_w
     return 0;
 }
 
-/* --window, --sink-tokens and --positions into f->opt */
+/* --window, --chunk, --sink-tokens and --positions into f->opt */
 static int apply_options(const char *cmd, cli_fwd *f, cli_variant_flags *vf) {
     if (vf->sink_tokens && !vf->window)
         return mha_cmd_error(cmd, MHA_EXIT_USAGE, "--sink-tokens needs --window W (the sinks are kept "
                              "besides a window)");
+    if (vf->sink_tokens && vf->chunk)
+        return mha_cmd_error(cmd, MHA_EXIT_USAGE, "--sink-tokens with --chunk; expected one of them (sink "
+                             "tokens are kept besides a window, not a chunk)");
     if (vf->window) f->opt.window_left = (int)(vf->window - 1);
+    if (vf->chunk) f->opt.chunk_size = (int)vf->chunk;
     f->opt.sink_tokens = (int)vf->sink_tokens;
     return vf->positions ? read_positions(cmd, f, vf) : MHA_EXIT_OK;
 }

@@ -9,7 +9,7 @@
 typedef struct {
     const char *rope, *positions, *sinks, *qk_norm, *rope_scale;
     double rope_theta, softcap, scale;
-    long long rope_dim, window, sink_tokens;
+    long long rope_dim, window, sink_tokens, chunk;
     int alibi;
     int *pos; /* (B,T) read from --positions, owned */
     /* a layer split by heads (mha-mpi --split heads): the shard's first
@@ -53,6 +53,9 @@ typedef struct {
     {.name = "--window", .kind = MHA_ARG_INT, .dest = &(vf).window, .metavar = "W",                 \
      .help = "each query attends the last W key positions up to its own (window_left = W - 1)",     \
      .min = 1, .max = 1 << 30},                                                                     \
+    {.name = "--chunk", .kind = MHA_ARG_INT, .dest = &(vf).chunk, .metavar = "C",                   \
+     .help = "chunked attention (Llama 4's attention_chunk_size): query and key only inside one "  \
+             "chunk of C positions", .min = 1, .max = 1 << 30},                                      \
     {.name = "--sink-tokens", .kind = MHA_ARG_INT, .dest = &(vf).sink_tokens, .metavar = "N",       \
      .help = "with --window: the first N keys are attended as well (StreamingLLM)", .min = 1,       \
      .max = 1 << 30},                                                                               \
@@ -65,7 +68,7 @@ typedef struct {
 /* Rebuilds *L with the flags' variants (the checkpoint ck for --sinks
  * and the norm weights; for an hf checkpoint, the rotary settings, the
  * soft-cap and the scale of the config.json beside it where no flag gives
- * them), reads --positions and sets --window, --sink-tokens and --scale
+ * them), reads --positions and sets --window, --chunk, --sink-tokens and --scale
  * in f->opt. Returns an exit code, errors named as `mha cmd`; *L is
  * unchanged on failure. */
 int cli_apply_variants(const char *cmd, mha_layer **L, cli_fwd *f, cli_variant_flags *vf, const cli_ckpt *ck);

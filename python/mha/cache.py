@@ -205,7 +205,7 @@ class Cache(COwner):
 
     # ---------------------------------------------------------- forward
     def forward(self, layer=None, x=None, n_new=None, *, capture=(), interventions=None,
-                window_left=None, scale=0.0, masked_row="zero", positions=None, bf16_matmul=False):
+                window_left=None, scale=0.0, masked_row="zero", positions=None, bf16_matmul=False, chunk_size=0):
         """y (B,T,d_model) for x (B,T,d_model) of up to T new tokens per
         sequence (mha_forward_cached); (T,d_model) in and out when batch is 1.
 
@@ -213,7 +213,8 @@ class Cache(COwner):
         n_new: None (all T rows), an int, or B ints; sequence b uses rows
         0..n_new[b]-1 and its other rows of y and the captures are 0.
         Each new token attends every cached position <= its own (causal,
-        bottom-right aligned); window_left further limits it (combined with
+        bottom-right aligned); chunk_size C > 0 keeps it inside its chunk
+        of C cache positions (Llama 4); window_left further limits it (combined with
         the cache's window). scale (0: 1/sqrt(d_k)), masked_row and
         interventions as in Layer.forward ('mean' averages over this
         call's new rows; ('replace', value) takes value (B,T,d_v)).
@@ -244,6 +245,7 @@ class Cache(COwner):
         o.causal = 1
         o.align = _lib.ALIGN["bottom_right"]
         o.window_left = window_arg("window_left", window_left)
+        o.chunk_size = c_int("chunk_size", chunk_size, 0)
         o.masked_row = _enum("masked_row", masked_row, _lib.MASKED_ROW)
         o.bf16_matmul = c_flag("bf16_matmul", bf16_matmul)
         if interventions is not None:

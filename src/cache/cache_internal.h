@@ -155,10 +155,13 @@ static inline void mha_cache_slot_positions(int *pos, const mha_cache *c, int b,
 }
 
 /* First position a query at position p of sequence b attends: the oldest
- * stored, within the tighter of the cache's window and left (< 0: none). */
-static inline int mha_cache_first_key(const mha_cache *c, int b, int p, int left) {
+ * stored, within the tighter of the cache's window and left (< 0: none),
+ * and inside p's chunk of `chunk` positions (0: none; options.chunk_size). */
+static inline int mha_cache_first_key(const mha_cache *c, int b, int p, int left, int chunk) {
     if (c->window && (left < 0 || left > c->window - 1)) left = c->window - 1;
-    return left >= 0 && p - left > c->lo[b] ? p - left : c->lo[b];
+    int first = left >= 0 && p - left > c->lo[b] ? p - left : c->lo[b];
+    if (chunk > 0 && p - p % chunk > first) first = p - p % chunk;
+    return first;
 }
 
 /* Whether a query at position p, whose window starts at `first`, attends
@@ -181,6 +184,8 @@ typedef struct {
     const mha_kernels *prefill; /* its attn_softcap (softcap != 0)            */
     int left;             /* <0: unbounded; else keys p >= position - left
                              (the cache's own window applies as well)         */
+    int chunk;            /* 0: none; else keys in the query's chunk of that
+                             many positions (options.chunk_size)              */
     const float *extra_k; /* (h_kv, d_k) appended key (add_bias_kv) or NULL  */
     const float *extra_v; /* (h_kv, d_v)                                      */
     int zero_attn;        /* 1: a zero key/value row after everything         */

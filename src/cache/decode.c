@@ -466,7 +466,7 @@ static void chunk_partial(float *part, scratch *w, const decode_call *dc, const 
         if (pj > pmax) pmax = pj;
     }
     for (int i = 0; i < m; i++) {
-        int p = row_position(dc, u->b, u->i0 + i), lo = mha_cache_first_key(dc->c, u->b, p, dc->o->left);
+        int p = row_position(dc, u->b, u->i0 + i), lo = mha_cache_first_key(dc->c, u->b, p, dc->o->left, dc->o->chunk);
         if (!holes && pmin >= lo && pmax <= p) continue;
         float *row = w->s + (size_t)i * rs;
         for (int j = 0; j < nk; j++) {
@@ -648,7 +648,7 @@ static int plan_units(decode_plan *pl, const decode_call *dc) {
             for (int i0 = 0; i0 < rows; i0 += QTILE) {
                 unit *u = &pl->units[nu++];
                 u->b = b, u->g = g, u->i0 = i0, u->i1 = i0 + QTILE < rows ? i0 + QTILE : rows;
-                u->ulo = mha_cache_first_key(c, b, row_position(dc, b, u->i0), dc->o->left);
+                u->ulo = mha_cache_first_key(c, b, row_position(dc, b, u->i0), dc->o->left, dc->o->chunk);
                 u->uhi = row_position(dc, b, u->i1 - 1);
                 u->first = (int)pl->n_chunks, u->count = 0;
                 for (int ch = 0; ch < nch; ch++)

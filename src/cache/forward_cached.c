@@ -72,6 +72,9 @@ static mha_status check_options(const mha_options *o, const mha_cache *c, const 
     if (o->key_positions)
         return mha_fail(MHA_E_UNSUPPORTED, "mha_forward_cached: options.key_positions is not supported with a "
                         "KV cache (each cached key keeps the position it was stored with); expected NULL");
+    if (o->chunk_size < 0 || (o->chunk_size > 0 && (c->n_sink > 0 || o->sink_tokens > 0)))
+        return mha_fail(MHA_E_ARG, "mha_forward_cached: options.chunk_size=%d with a cache keeping %d sink tokens; "
+                        "expected 0 (none), or > 0 on a cache without sink tokens", o->chunk_size, c->n_sink);
     if (o->sink_tokens != 0 && o->sink_tokens != c->n_sink)
         return mha_fail(MHA_E_ARG, "mha_forward_cached: options.sink_tokens=%d but the cache keeps %d; expected 0 "
                         "or %d (mha_cache_set_sink_tokens sets them)", o->sink_tokens, c->n_sink, c->n_sink);
@@ -179,7 +182,7 @@ static mha_status capture_probs(const mha_exec *ex, float *probs, const mha_cach
         mha_cache_slot_positions(spos, c, b, 0, c->cap);
         for (int i = 0; i < np[b]; i++) {
             int t = t0 + i, p = c->len[b] - np[b] + i;
-            int first = mha_cache_first_key(c, b, p, o->left), pu = mha_cache_user_position(c, b, mha_cache_slot_of(c, p));
+            int first = mha_cache_first_key(c, b, p, o->left, o->chunk), pu = mha_cache_user_position(c, b, mha_cache_slot_of(c, p));
             for (int r = 0; r < c->h; r++) {
                 int g = r / n_rep;
                 size_t row = (size_t)row0[b] + t;
@@ -449,8 +452,8 @@ static mha_decode_opts decode_opts(const mha_exec *ex, const mha_layer *L, const
     return (mha_decode_opts){opt->scale != 0.0f ? opt->scale : 1.0f / sqrtf((float)c->d_k), L->cfg.softcap,
                              L->cfg.alibi ? L->alibi_slopes : NULL, L->cfg.sinks ? L->sinks : NULL,
                              mha_exec_prefill(ex), opt->window_left,
-                             extra ? L->bias_k : NULL, extra ? L->bias_v : NULL, L->cfg.add_zero_attn,
-                             opt->masked_row == MHA_MASKED_ROW_NAN && !L->cfg.sinks}; /* sink: 0 */
+                             opt->chunk_size, extra ? L->bias_k : NULL, extra ? L->bias_v : NULL,
+                             L->cfg.add_zero_attn, opt->masked_row == MHA_MASKED_ROW_NAN && !L->cfg.sinks}; /* sink: 0 */
 }
 
 static mha_status forward_cached_exec(const mha_exec *ex, const mha_layer *L, mha_cache *c, float *y,

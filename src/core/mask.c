@@ -4,7 +4,7 @@
 
 #include "core/core.h"
 
-/* The keys [*a, *z] that causal and the windows allow for query i. */
+/* The keys [*a, *z] that causal, the windows and the chunk allow for query i. */
 static void window_interval(const mha_options *o, int i, int T, int S, long *lo, long *hi) {
     /* aligned position of query i on the key axis */
     long p = (long)i + (o->align == MHA_ALIGN_BOTTOM_RIGHT ? (long)S - T : 0);
@@ -12,6 +12,11 @@ static void window_interval(const mha_options *o, int i, int T, int S, long *lo,
     if (o->causal && p < z) z = p;
     if (o->window_left >= 0 && p - o->window_left > a) a = p - o->window_left;
     if (o->window_right >= 0 && p + o->window_right < z) z = p + o->window_right;
+    if (o->chunk_size > 0) { /* the aligned query's chunk [c0, c0 + C) (floor: p may be < 0) */
+        const long C = o->chunk_size, c0 = (p >= 0 ? p / C : -((-p + C - 1) / C)) * C;
+        if (c0 > a) a = c0;
+        if (c0 + C - 1 < z) z = c0 + C - 1;
+    }
     *lo = a > S ? S : a, *hi = z < -1 ? -1 : z;
 }
 

@@ -56,6 +56,9 @@ mha_status mha_check_options(const mha_config *c, const mha_options *o, int B, i
     if (o->sink_tokens < 0 || (o->sink_tokens > 0 && o->window_left < 0))
         return mha_fail(MHA_E_ARG, "options.sink_tokens=%d with window_left=%d; expected 0, or > 0 with a "
                         "window (window_left >= 0)", o->sink_tokens, o->window_left);
+    if (o->chunk_size < 0 || (o->chunk_size > 0 && o->sink_tokens > 0))
+        return mha_fail(MHA_E_ARG, "options.chunk_size=%d with sink_tokens=%d; expected 0 (none), or > 0 "
+                        "without sink tokens", o->chunk_size, o->sink_tokens);
     if ((s = check_mask(&o->keep_mask, "keep_mask", B, c->n_heads)) ||
         (s = check_mask(&o->additive_mask, "additive_mask", B, c->n_heads)))
         return s;
