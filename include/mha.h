@@ -198,6 +198,12 @@ typedef struct {
     int qk_norm_whole; /* 1: one norm over a token's whole q (h*d_k) and
                           whole k (h_kv*d_k), all heads together (OLMo 2),
                           with per-head weights (qk_norm_per_head = 1)  */
+    float clip_qkv;    /* 0: none; > 0: every element of Q, K and V (after
+                          the projections and their biases, before QK-norm
+                          and RoPE) clamped to [-clip_qkv, clip_qkv] (OLMo 1,
+                          DBRX, MPT); a KV cache stores the clamped K, V.
+                          Negative, NaN or inf: MHA_E_ARG. Like the other
+                          variants, not with add_bias_kv / add_zero_attn */
 } mha_config;
 
 /* A config for d_model and h with every other field at its default. */

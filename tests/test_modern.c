@@ -108,6 +108,12 @@ static void oracle(double *y, const modern_case *m, const float *x, int B, int T
             v[(size_t)bt * hk * dv + o] = rnd(fp32, a);
         }
         const int p = pos ? pos[bt] : bt % T;
+        if (c->clip_qkv > 0) { /* OLMo 1, DBRX, MPT: q, k, v = .clamp(min=-clip_qkv, max=clip_qkv) */
+            double *rows[3] = {q + (size_t)bt * h * dk, k + (size_t)bt * hk * dk, v + (size_t)bt * hk * dv};
+            const int width[3] = {h * dk, hk * dk, hk * dv};
+            for (int a = 0; a < 3; a++)
+                for (int e = 0; e < width[a]; e++) rows[a][e] = fmin(fmax(rows[a][e], -c->clip_qkv), c->clip_qkv);
+        }
         if (c->qk_norm_whole) { /* OLMo 2: RMSNorm of the token's whole q (h*d_k) and k (h_kv*d_k) */
             oracle_norm(q + (size_t)bt * h * dk, h * dk, m->qn, c->qk_norm, c->qk_norm_eps);
             oracle_norm(k + (size_t)bt * hk * dk, hk * dk, m->kn, c->qk_norm, c->qk_norm_eps);
@@ -218,6 +224,9 @@ mha_config modern_variant_config(int i) {
     case 9: c.n_heads = 6, c.d_k = 4, c.alibi = 1, c.sinks = 1, c.softcap = 2.0f; break; /* 6 heads: non-power-of-two slopes */
     case 11: c.n_kv_heads = 2, c.rope.pairing = MHA_ROPE_HALVES, c.qk_norm = MHA_QK_NORM_RMS, /* OLMo 2 */
              c.qk_norm_per_head = 1, c.qk_norm_whole = 1; break;
+    case 12: c.clip_qkv = 0.5f; break; /* about half of Q, K, V clamped */
+    case 13: c.n_kv_heads = 2, c.rope.pairing = MHA_ROPE_HALVES, c.clip_qkv = 0.6f, /* DBRX: GQA, RoPE */
+             c.qk_norm = MHA_QK_NORM_RMS; break; /* and a norm: the clamp comes first */
     default: c.n_kv_heads = 2, c.rope.pairing = MHA_ROPE_HALVES, c.rope.dim = 6, c.qk_norm = MHA_QK_NORM_RMS,
              c.qk_norm_per_head = 1, c.sinks = 1, c.softcap = 3.0f; break;
     }
@@ -514,7 +523,7 @@ static void modern_softcap_kernel_accuracy(void) {
 
 static void modern_permute_and_contract(void) {
     modern_case m;
-    mha_config c = modern_variant_config(MODERN_N_CONFIGS - 1); /* GQA, rope, per-head norms, sinks */
+    mha_config c = modern_variant_config(10); /* GQA, rope, per-head norms, sinks */
     c.alibi = 1;
     case_make(&m, c, 42);
     mha_layer *L = case_layer(&m);
@@ -548,8 +557,56 @@ static void modern_permute_and_contract(void) {
 
 /* ---------------------------------------------------------- errors */
 
+/* clip_qkv = 2, d_model = d_k = 1, W = 1, b_Q = b_K = b_V = 0.5, b_O = 0,
+ * scale 1, causal: x = (1, 3, -3) projects to (1.5, 3.5, -2.5), clamped
+ * to (1.5, 2, -2) for q, k and v alike. Query 1: scores 2 * 1.5 = 3 and
+ * 2 * 2 = 4; query 2: -3, -4, 4. Both paths, and the cache (prefill 1,
+ * then one token at a time), which must store the clamped K and V. */
+static void modern_clip_qkv_by_hand(void) {
+    const float one = 1.0f, half = 0.5f, zero = 0.0f, x[3] = {1, 3, -3};
+    mha_config c = mha_config_default(1, 1);
+    c.clip_qkv = 2.0f;
+    mha_weights w = {.w_q = &one, .w_k = &one, .w_v = &one, .w_o = &one,
+                     .b_q = &half, .b_k = &half, .b_v = &half, .b_o = &zero};
+    mha_layer *L = NULL;
+    CHECK_OK(mha_layer_create(&L, &c, &w));
+    if (!L) return;
+    const double e3 = exp(3.0), e4 = exp(4.0), em3 = exp(-3.0), em4 = exp(-4.0);
+    const double want[3] = {1.5, (1.5 * e3 + 2 * e4) / (e3 + e4),
+                            (1.5 * em3 + 2 * em4 - 2 * e4) / (em3 + em4 + e4)};
+    for (int path = MHA_PATH_REFERENCE; path <= MHA_PATH_FAST; path++) {
+        float y[3] = {0};
+        mha_options o = naive_ref_options();
+        o.scale = 1.0f, o.causal = 1, o.path = (mha_path)path;
+        CHECK_OK(mha_forward(L, y, NULL, x, NULL, 1, 3, 3, &o));
+        for (int t = 0; t < 3; t++) CHECK_NEAR(y[t], want[t], 2e-6);
+    }
+    mha_cache *kc = NULL;
+    CHECK_OK(mha_cache_create(&kc, L, 1, 3, MHA_CACHE_F32, 0));
+    mha_options o = mha_options_default();
+    o.scale = 1.0f;
+    for (int t = 0; kc && t < 3; t++) {
+        float y = 0;
+        CHECK_OK(mha_forward_cached(L, kc, &y, NULL, x + t, 1, NULL, &o));
+        CHECK_NEAR(y, want[t], 2e-6);
+    }
+    mha_cache_free(kc);
+    mha_layer_free(L);
+}
+
 static void modern_errors(void) {
     mha_config c = mha_config_default(16, 2), r;
+    /* clip_qkv: negative, NaN, inf refused naming it; not with PyTorch's extra keys */
+    const float bad_clip[3] = {-1.0f, NAN, INFINITY};
+    for (int i = 0; i < 3; i++) {
+        c.clip_qkv = bad_clip[i];
+        CHECK_STATUS(mha_config_resolve(&r, &c), MHA_E_ARG);
+        CHECK_ERROR_MENTIONS("clip_qkv=");
+    }
+    c.clip_qkv = 8.0f, c.add_zero_attn = 1;
+    CHECK_STATUS(mha_config_resolve(&r, &c), MHA_E_ARG);
+    CHECK_ERROR_MENTIONS("clip_qkv");
+    c = mha_config_default(16, 2);
     c.rope.pairing = MHA_ROPE_HALVES, c.rope.dim = 5;
     CHECK_STATUS(mha_config_resolve(&r, &c), MHA_E_ARG);
     CHECK_ERROR_MENTIONS("rope.dim=5");
@@ -610,6 +667,7 @@ static const test_case cases[] = {
     {"modern_softcap_kernel_accuracy", modern_softcap_kernel_accuracy},
     {"modern_permute_and_contract", modern_permute_and_contract},
     {"modern_cache_storage_vs_oracle", modern_cache_storage_vs_oracle},
+    {"modern_clip_qkv_by_hand", modern_clip_qkv_by_hand},
     {"modern_errors", modern_errors},
 };
 

@@ -15,7 +15,7 @@ const test_case *tests_modern_cache(size_t *count);
 /* test_modern.c's variant configurations (0 .. MODERN_N_CONFIGS - 1),
  * shared with test_modern_cache.c. */
 mha_config modern_variant_config(int i);
-#define MODERN_N_CONFIGS 12
+#define MODERN_N_CONFIGS 14
 const test_case *tests_errors(size_t *count);
 const test_case *tests_fast(size_t *count);
 const test_case *tests_kernels(size_t *count);

@@ -155,7 +155,7 @@ class Layer(COwner):
     def __init__(self, d_model, n_heads, n_kv_heads=0, d_k=0, d_v=0, d_kv_in=0, bias=True,
                  add_bias_kv=False, add_zero_attn=False, weights=None, d_v_in=0, *, rope=None,
                  alibi=False, softcap=0.0, sinks=False, qk_norm="none", qk_norm_per_head=False,
-                 qk_norm_eps=0.0, qk_norm_whole=False):
+                 qk_norm_eps=0.0, qk_norm_whole=False, clip_qkv=0.0):
         cfg = _lib.Config(c_int("d_model", d_model, 1), c_int("n_heads", n_heads, 1),
                           c_int("n_kv_heads", n_kv_heads, 0), c_int("d_k", d_k, 0), c_int("d_v", d_v, 0),
                           c_int("d_kv_in", d_kv_in, 0), c_flag("bias", bias),
@@ -164,7 +164,8 @@ class Layer(COwner):
                           c_float("softcap", softcap), c_flag("sinks", sinks),
                           _enum("qk_norm", qk_norm, _lib.QK_NORM),
                           c_flag("qk_norm_per_head", qk_norm_per_head or qk_norm_whole),
-                          c_float("qk_norm_eps", qk_norm_eps), c_flag("qk_norm_whole", qk_norm_whole))
+                          c_float("qk_norm_eps", qk_norm_eps), c_flag("qk_norm_whole", qk_norm_whole),
+                          c_float("clip_qkv", 0.0 if clip_qkv is None else clip_qkv))
         resolved = _lib.Config()
         check(_L.mha_config_resolve(ctypes.byref(resolved), ctypes.byref(cfg)), "mha_config_resolve")
         handle = _lib.LayerP()

@@ -6,6 +6,7 @@
  *                                 (decode_gemm.c for one row, or up to
  *                                 16 with bf16/int8 weights; the fast
  *                                 path's packed mha_gemm for more)
+ *   clip_qkv, QK-norm, RoPE       on the new q, k (v: clip only)
  *   append K, V; attend           Z (N, h*d_v)   (decode.c, by pieces when
  *                                 a ring must not overwrite needed keys)
  *   intervene                     Z^(r) per opt->interventions
@@ -257,6 +258,19 @@ static mha_status project_qkv(const mha_exec *ex, const cached_plan *p, const mh
     return stream(ex, qkv, 3, p->xc, N, c->d_model, p->bf16);
 }
 
+// --- clip_qkv: the new q, k, v clamped to [-c, c] before anything else
+// reads them (the cache stores the clamped K and V)
+static mha_status clip_qkv(const mha_exec *ex, const cached_plan *p, const mha_layer *L, const mha_cache *c) {
+    const float clip = L->cfg.clip_qkv;
+    if (clip == 0.0f) return MHA_OK;
+    const size_t N = (size_t)p->N;
+    const int nt = mha_exec_threads_for(ex, (double)N * (c->h + 2 * c->h_kv) * c->d_k);
+    mha_clip(p->q, N * c->h * c->d_k, clip, nt);
+    mha_clip(p->k, N * c->h_kv * c->d_k, clip, nt);
+    mha_clip(p->v, N * c->h_kv * c->d_v, clip, nt);
+    return MHA_OK;
+}
+
 // --- variants on the new q and k: QK-norm, then RoPE at each row's
 // position (the cache stores rotated K), as the fast path does
 static mha_status transform_qk(const cached_plan *p, const mha_layer *L, const mha_cache *c) {
@@ -471,7 +485,8 @@ static mha_status forward_cached_exec(const mha_exec *ex, const mha_layer *L, mh
     }
     const mha_decode_opts o = decode_opts(ex, L, c, opt);
     p.nan_rows = o.nan_rows;
-    if (!(s = plan_buffers(&p, c, x, y, cap, opt)) && !(s = project_qkv(ex, &p, L, c)) && !(s = transform_qk(&p, L, c)) &&
+    if (!(s = plan_buffers(&p, c, x, y, cap, opt)) && !(s = project_qkv(ex, &p, L, c)) && !(s = clip_qkv(ex, &p, L, c)) &&
+        !(s = transform_qk(&p, L, c)) &&
         !(s = check_range(ex, &p, c, L, o.scale)) && !(s = attend_pieces(ex, &p, c, L, cap, &o))) {
         for (int r = 0; opt->interventions && r < c->h && !s; r++)
             s = mha_head_intervene_rows(p.z, &opt->interventions[r], r, c->h, p.N, c->d_v, p.value_row);

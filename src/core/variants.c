@@ -9,7 +9,7 @@
 
 int mha_variants_any(const mha_config *c) {
     return c->rope.pairing != MHA_ROPE_NONE || c->alibi || c->softcap != 0.0f || c->sinks ||
-           c->qk_norm != MHA_QK_NORM_NONE;
+           c->qk_norm != MHA_QK_NORM_NONE || c->clip_qkv != 0.0f;
 }
 
 static mha_status check_positive(const char *name, double v) {
@@ -122,6 +122,8 @@ mha_status mha_variants_resolve(mha_config *c) {
     if (c->sinks != 0 && c->sinks != 1) return mha_fail(MHA_E_ARG, "sinks=%d; expected 0 or 1", c->sinks);
     if (!(c->softcap >= 0.0f) || !isfinite(c->softcap))
         return mha_fail(MHA_E_ARG, "softcap=%g; expected 0 (none) or a finite cap > 0", (double)c->softcap);
+    if (!(c->clip_qkv >= 0.0f) || !isfinite(c->clip_qkv))
+        return mha_fail(MHA_E_ARG, "clip_qkv=%g; expected 0 (none) or a finite bound > 0", (double)c->clip_qkv);
     if ((int)c->qk_norm < MHA_QK_NORM_NONE || (int)c->qk_norm > MHA_QK_NORM_LAYER)
         return mha_fail(MHA_E_ARG, "qk_norm=%d; expected MHA_QK_NORM_NONE, _RMS or _LAYER", (int)c->qk_norm);
     if (c->qk_norm_per_head != 0 && c->qk_norm_per_head != 1)
@@ -139,7 +141,7 @@ mha_status mha_variants_resolve(mha_config *c) {
         if ((s = check_positive("qk_norm_eps", c->qk_norm_eps))) return s;
     }
     if (mha_variants_any(c) && (c->add_bias_kv || c->add_zero_attn))
-        return mha_fail(MHA_E_ARG, "add_bias_kv/add_zero_attn with rope, alibi, softcap, sinks or qk_norm; "
+        return mha_fail(MHA_E_ARG, "add_bias_kv/add_zero_attn with rope, alibi, softcap, sinks, qk_norm or clip_qkv; "
                         "expected PyTorch's extra keys only with the plain layer (they have no position)");
     return MHA_OK;
 }
@@ -394,4 +396,14 @@ mha_status mha_check_positions(const mha_config *c, const mha_options *o, int B,
     if (o->positions) s = check_position_array(o->positions, (size_t)B * T, "positions");
     if (!s && o->key_positions) s = check_position_array(o->key_positions, (size_t)B * S, "key_positions");
     return s;
+}
+
+void mha_clip_double(double *a, size_t n, double clip) {
+    for (size_t i = 0; i < n; i++) a[i] = a[i] < -clip ? -clip : a[i] > clip ? clip : a[i];
+}
+
+void mha_clip(float *a, size_t n, float clip, int n_threads) {
+    n_threads = n >= ((size_t)1 << 16) ? n_threads : 1;
+#pragma omp parallel for simd schedule(static) num_threads(n_threads)
+    for (size_t i = 0; i < n; i++) a[i] = a[i] < -clip ? -clip : a[i] > clip ? clip : a[i];
 }

@@ -12,7 +12,7 @@
  * validates them against the resolved widths. */
 mha_status mha_variants_resolve(mha_config *c);
 
-/* 1 when any variant is on (rope, alibi, softcap, sinks, qk_norm). */
+/* 1 when any variant is on (rope, alibi, softcap, sinks, qk_norm, clip_qkv). */
 int mha_variants_any(const mha_config *c);
 
 /* The paper's ALiBi slopes for n heads into slopes (n): for n a power of
@@ -84,6 +84,12 @@ void mha_qk_norm_stats(double st[2], const mha_config *c, double sum, double sum
  * (qk_norm_whole) instead of the head's own. */
 void mha_qk_transform(const mha_config *c, mha_head_rows rows, int n, const float *w, const double *stats,
                       const float *table, int tab_n, const int *tab_row);
+
+/* clip_qkv (OLMo 1, DBRX, MPT): the n values of a projection clamped in
+ * place to [-clip, clip], torch's clamp(min=-clip, max=clip) (a NaN stays
+ * NaN). clip > 0; callers skip the call when config.clip_qkv is 0. */
+void mha_clip_double(double *a, size_t n, double clip);
+void mha_clip(float *a, size_t n, float clip, int n_threads);
 
 /* Largest position accepted in options.positions (angles stay exact in
  * double, distances in int). */

@@ -99,6 +99,17 @@ static mha_status project(const fast_plan *p, const mha_layer *L, const float *x
     return mha_gemm(&g, kern, nt);
 }
 
+// --- clip_qkv: Q, K, V clamped to [-c, c], padding included (zeros stay
+// zero: clip_qkv has no extra keys); nothing at all when clip_qkv is 0
+static void clip_qkv(const fast_plan *p, int nt) {
+    const mha_config *c = p->c;
+    if (c->clip_qkv == 0.0f) return;
+    const size_t kv = (size_t)p->B * c->n_kv_heads * p->S_pad;
+    mha_clip(p->q, p->rows * c->n_heads * c->d_k, c->clip_qkv, nt);
+    mha_clip(p->kt, kv * c->d_k, c->clip_qkv, nt);
+    mha_clip(p->v, kv * p->ldv, c->clip_qkv, nt);
+}
+
 /* qk_norm_whole (OLMo 2): st (B*T, 2) for q (B,h,T,d_k) and (B*S, 2) for
  * the keys in (S_pad/16, d_k, 16) panels per (b, kv head): each token's
  * mha_qk_norm_stats over all its heads, summed in double in a fixed order. */
@@ -253,9 +264,9 @@ mha_status mha_forward_fast(const mha_exec *ex, const mha_layer *L, float *y, co
     mha_status s = plan(&p, L, cap, B, T, S, opt);
     if (s) goto done;
     fill_padding(&p, L);
-    if ((s = project(&p, L, x, k_src, v_src, opt->bf16_matmul, kern, nt)) ||
-        (s = transform_qk(&p, L, opt, k_src == x, nt)) || (s = check_range(&p, kern, nt)))
-        goto done;
+    if ((s = project(&p, L, x, k_src, v_src, opt->bf16_matmul, kern, nt))) goto done;
+    clip_qkv(&p, nt);
+    if ((s = transform_qk(&p, L, opt, k_src == x, nt)) || (s = check_range(&p, kern, nt))) goto done;
 
     // --- attend: Z^(r) = softmax(scale Q^(r) K^(g)^T + mask) V^(g), into Z
     int alibi_far = 0; /* ALiBi's term is outside check_range's bound: each row's max is checked */

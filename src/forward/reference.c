@@ -171,6 +171,13 @@ mha_status mha_forward_reference_lse(const mha_layer *L, float *y, const mha_cap
         }
     }
 
+    // --- clip_qkv: Q, K, V clamped to [-c, c] (extra keys never coexist with it: Sx = S)
+    if (c->clip_qkv != 0.0f) {
+        mha_clip_double(q, (size_t)B * T * qw, c->clip_qkv);
+        mha_clip_double(k, (size_t)B * Sx * kw, c->clip_qkv);
+        mha_clip_double(v, (size_t)B * Sx * vw, c->clip_qkv);
+    }
+
     // --- today's variants on q and k: QK-norm, then RoPE (extra keys never coexist with them)
     const long long seq = mha_rope_call_length(opt, keys_are_x, B, T, S); /* dynamic, LongRoPE */
     mha_qk_transform_double(q, c, B, T, h, L->q_norm, opt, 0, keys_are_x, T, seq);
