@@ -407,6 +407,116 @@ static void backward_fd_qk_norm(void) {
     naive_bw_case_free(&f);
 }
 
+/* The sources and the Q, K, V weights and biases rounded to multiples of
+ * 1/2: every projection is a multiple of 1/4, 1/8 from a clip_qkv bound
+ * of 5/8 (a step of 2 FD_STEP moves it by at most 2 FD_STEP |x| = 1/32). */
+static void bw_grid(bw_fixture *f) {
+    const mha_config *c = &f->w.cfg;
+    const size_t qw = (size_t)c->n_heads * c->d_k, kw = (size_t)c->n_kv_heads * c->d_k,
+                 vw = (size_t)c->n_kv_heads * c->d_v;
+    float *t[8] = {f->x, f->k_src, f->v_src, f->w.w_q, f->w.w_k, f->w.w_v, f->w.b_q, f->w.b_k};
+    const size_t n[8] = {(size_t)f->B * f->T * c->d_model, (size_t)f->B * f->S * c->d_kv_in,
+                         (size_t)f->B * f->S * c->d_v_in, (size_t)c->d_model * qw, (size_t)c->d_kv_in * kw,
+                         (size_t)c->d_v_in * vw, qw, kw};
+    for (int a = 0; a < 8; a++)
+        for (size_t i = 0; t[a] && i < n[a]; i++) t[a][i] = roundf(t[a][i] * 2.0f) / 2.0f;
+    for (size_t i = 0; i < vw; i++) f->w.b_v[i] = roundf(f->w.b_v[i] * 2.0f) / 2.0f;
+    mha_weights view = naive_weights_view(&f->w);
+    if (f->L) CHECK_OK(mha_layer_set_weights(f->L, &view));
+}
+
+/* clip_qkv: Q, K, V clamped to [-c, c] after the projections; the
+ * gradient passes where the projection was within and is 0 outside, so
+ * dW and db of the projections take the masked gradient. On bw_grid's
+ * values with c = 5/8 no difference step crosses a bound, and some of Q,
+ * K and V are clamped (checked); self and cross attention, with RoPE and
+ * QK-norm after the clamp (OLMo 1, DBRX). */
+static void backward_fd_clip_qkv(void) {
+    bw_fixture f;
+    mha_config c = naive_config(8, 4, 2, 4, 0, 1);
+    c.clip_qkv = 0.625f;
+    for (int round = 0; round < 2; round++) {
+        if (round) c.rope.pairing = MHA_ROPE_HALVES, c.qk_norm = MHA_QK_NORM_RMS;
+        bw_make(&f, c, 2, 3, round ? 4 : 3, round, round, 1261 + round);
+        f.opt.causal = !round;
+        bw_grid(&f);
+        /* the clamp matters: y differs from the same layer without it */
+        mha_config off = f.w.cfg;
+        off.clip_qkv = 0.0f;
+        mha_weights view = naive_weights_view(&f.w);
+        mha_layer *L0 = NULL;
+        CHECK_OK(mha_layer_create(&L0, &off, &view));
+        const size_t ny = (size_t)f.B * f.T * c.d_model;
+        float *y0 = naive_alloc_floats(ny), *y1 = naive_alloc_floats(ny);
+        if (L0 && f.L) {
+            CHECK_OK(mha_forward_kv(L0, y0, NULL, f.x, f.k_src, f.v_src, f.B, f.T, f.S, &f.opt));
+            CHECK_OK(mha_forward_kv(f.L, y1, NULL, f.x, f.k_src, f.v_src, f.B, f.T, f.S, &f.opt));
+            double d = 0.0;
+            for (size_t i = 0; i < ny; i++) d = fmax(d, fabs((double)y0[i] - y1[i]));
+            CHECK(d > 1e-2);
+        }
+        free(y0), free(y1);
+        mha_layer_free(L0);
+        bw_run(&f);
+        if (!round) bw_check_fast_serves(&f);
+        naive_bw_case_free(&f);
+    }
+}
+
+/* torch's clamp passes the gradient at the bounds (min <= x <= max): a
+ * clip_qkv equal to the largest |Q|, |K| or |V| (bw_grid's values: exact
+ * in fp32) clamps nothing, so y and every gradient, reference and fast,
+ * are those of the same layer without the clamp, although some entries
+ * sit on a bound. */
+static void backward_clip_qkv_bounds_pass(void) {
+    bw_fixture f;
+    mha_config c = naive_config(8, 4, 2, 4, 0, 1);
+    c.clip_qkv = 1.0f; /* replaced below by the largest |projection| */
+    bw_make(&f, c, 2, 3, 3, 0, 0, 1263);
+    if (!f.L) return;
+    bw_grid(&f);
+    const mha_config *r = &f.w.cfg;
+    const int D = r->d_model, qw = r->n_heads * r->d_k, kw = r->n_kv_heads * r->d_k;
+    double big = 0.0;
+    for (int t = 0; t < f.B * f.T; t++) {
+        const float *mats[3] = {f.w.w_q, f.w.w_k, f.w.w_v}, *bias[3] = {f.w.b_q, f.w.b_k, f.w.b_v};
+        const int width[3] = {qw, kw, kw};
+        for (int m = 0; m < 3; m++)
+            for (int o = 0; o < width[m]; o++) {
+                double a = bias[m][o];
+                for (int i = 0; i < D; i++) a += (double)f.x[(size_t)t * D + i] * mats[m][(size_t)i * width[m] + o];
+                big = fmax(big, fabs(a));
+            }
+    }
+    mha_config on = *r, off = *r;
+    on.clip_qkv = (float)big, off.clip_qkv = 0.0f;
+    CHECK(on.clip_qkv == big && big > 0.0);
+    mha_weights view = naive_weights_view(&f.w);
+    mha_layer *L_on = NULL, *L_off = NULL;
+    CHECK_OK(mha_layer_create(&L_on, &on, &view));
+    CHECK_OK(mha_layer_create(&L_off, &off, &view));
+    for (int path = MHA_PATH_REFERENCE; L_on && L_off && path <= MHA_PATH_FAST; path++) {
+        mha_options o = f.opt;
+        o.causal = 1, o.path = (mha_path)path;
+        bw_grads a, b;
+        mha_layer *saved = f.L;
+        f.L = L_on, bw_grads_make(&a, &f);
+        CHECK_OK(mha_backward_kv(L_on, &a.g, f.dy, f.x, NULL, NULL, f.B, f.T, f.S, &o));
+        f.L = L_off, bw_grads_make(&b, &f);
+        CHECK_OK(mha_backward_kv(L_off, &b.g, f.dy, f.x, NULL, NULL, f.B, f.T, f.S, &o));
+        f.L = saved;
+        const size_t n[5] = {(size_t)f.B * f.T * D, (size_t)D * qw, (size_t)D * kw, (size_t)D * kw, (size_t)qw};
+        const float *ga[5] = {a.g.dx, a.g.dw_q, a.g.dw_k, a.g.dw_v, a.g.db_q}, *gb[5] = {b.g.dx, b.g.dw_q, b.g.dw_k, b.g.dw_v, b.g.db_q};
+        for (int i = 0; i < 5; i++)
+            if (memcmp(ga[i], gb[i], n[i] * sizeof(float)))
+                test_report(__FILE__, __LINE__, "path %d: gradient %d with clip_qkv = max |projection| = %g "
+                            "differs from the unclamped layer's", path, i, big);
+        bw_grads_free(&a), bw_grads_free(&b);
+    }
+    mha_layer_free(L_on), mha_layer_free(L_off);
+    naive_bw_case_free(&f);
+}
+
 static void backward_fully_masked_row(void) {
     bw_fixture f;
     const int B = 1, T = 3, S = 4;
@@ -592,6 +702,8 @@ static const test_case cases[] = {
     {"backward_fd_rope", backward_fd_rope},
     {"backward_fd_sinks", backward_fd_sinks},
     {"backward_fd_qk_norm", backward_fd_qk_norm},
+    {"backward_fd_clip_qkv", backward_fd_clip_qkv},
+    {"backward_clip_qkv_bounds_pass", backward_clip_qkv_bounds_pass},
     {"backward_fully_masked_row", backward_fully_masked_row},
     {"backward_fd_detects_wrong_gradient", backward_fd_detects_wrong_gradient},
     {"backward_partial_request", backward_partial_request},

@@ -3,7 +3,8 @@
  * attention, windows, StreamingLLM's sink tokens, padding masks, explicit
  * positions, query and key tiles beyond one block) against the reference backward (double,
  * itself checked against finite differences in test_backward.c), on
- * every kernel ISA (per_isa_areas in test_main.c).
+ * every kernel ISA (per_isa_areas in test_main.c); clip_qkv's clamp and its
+ * masked gradient too (OLMo 1, DBRX).
  * Tolerance per gradient tensor: max|fast - ref| <= REL * (the largest
  * |ref| of that tensor) + 1e-6. REL = 1e-5: these cases stay within
  * 1.1e-6 of it on every ISA (measured), and a dropped term (the softcap's
@@ -132,21 +133,24 @@ typedef struct {
     float softcap;
     int causal, window, positions, padding;
     int sink_tokens;             /* StreamingLLM's kept first keys (with a window) */
+    float clip_qkv;              /* 0: none; about half of Q, K, V clamped at 0.5 */
 } variant_case;
 
 static const variant_case variant_cases[] = {
-    {"rope halves", 32, 4, 0, 0, 0, 2, 7, 7, 0, 1, 0, 0, 0, 0.0f, 1, 0, 0, 0, 0},
-    {"rope interleaved partial, positions", 24, 2, 0, 12, 8, 2, 5, 5, 0, 2, 0, 0, 0, 0.0f, 0, 0, 1, 0, 0},
-    {"alibi causal", 16, 4, 2, 0, 0, 2, 9, 9, 0, 0, 1, 0, 0, 0.0f, 1, 0, 0, 0, 0},
-    {"alibi cross, key positions", 16, 4, 0, 0, 0, 1, 4, 7, 1, 0, 1, 0, 0, 0.0f, 0, 0, 1, 0, 0},
-    {"softcap", 16, 2, 0, 0, 0, 2, 6, 6, 0, 0, 0, 0, 0, 0.5f, 0, 0, 0, 0, 0},
-    {"sinks, padding", 16, 4, 0, 0, 0, 2, 5, 5, 0, 0, 0, 1, 0, 0.0f, 0, 0, 0, 1, 0},
-    {"qk-norm rms shared", 16, 2, 0, 0, 0, 1, 6, 6, 0, 0, 0, 0, 1, 0.0f, 1, 0, 0, 0, 0},
-    {"qk-norm layernorm per head, d_k 6", 12, 2, 0, 6, 10, 2, 4, 6, 1, 0, 0, 0, 2, 0.0f, 0, 0, 0, 0, 0},
-    {"qk-norm whole, gqa", 16, 4, 2, 0, 0, 1, 5, 5, 0, 0, 0, 0, 3, 0.0f, 1, 0, 0, 0, 0},
-    {"everything, gqa, window", 32, 4, 2, 0, 0, 2, 11, 11, 0, 1, 1, 1, 2, 1.5f, 1, 4, 0, 0, 2},
-    {"sink tokens, window, tiles", 32, 4, 2, 0, 0, 1, 130, 130, 0, 1, 0, 0, 0, 0.0f, 1, 20, 0, 0, 4},
-    {"everything, mqa, long", 48, 4, 1, 20, 12, 1, 130, 150, 1, 1, 1, 1, 1, 3.0f, 0, 0, 1, 1, 0},
+    {"rope halves", 32, 4, 0, 0, 0, 2, 7, 7, 0, 1, 0, 0, 0, 0.0f, 1, 0, 0, 0, 0, 0.0f},
+    {"rope interleaved partial, positions", 24, 2, 0, 12, 8, 2, 5, 5, 0, 2, 0, 0, 0, 0.0f, 0, 0, 1, 0, 0, 0.0f},
+    {"alibi causal", 16, 4, 2, 0, 0, 2, 9, 9, 0, 0, 1, 0, 0, 0.0f, 1, 0, 0, 0, 0, 0.0f},
+    {"alibi cross, key positions", 16, 4, 0, 0, 0, 1, 4, 7, 1, 0, 1, 0, 0, 0.0f, 0, 0, 1, 0, 0, 0.0f},
+    {"softcap", 16, 2, 0, 0, 0, 2, 6, 6, 0, 0, 0, 0, 0, 0.5f, 0, 0, 0, 0, 0, 0.0f},
+    {"sinks, padding", 16, 4, 0, 0, 0, 2, 5, 5, 0, 0, 0, 1, 0, 0.0f, 0, 0, 0, 1, 0, 0.0f},
+    {"qk-norm rms shared", 16, 2, 0, 0, 0, 1, 6, 6, 0, 0, 0, 0, 1, 0.0f, 1, 0, 0, 0, 0, 0.0f},
+    {"qk-norm layernorm per head, d_k 6", 12, 2, 0, 6, 10, 2, 4, 6, 1, 0, 0, 0, 2, 0.0f, 0, 0, 0, 0, 0, 0.0f},
+    {"qk-norm whole, gqa", 16, 4, 2, 0, 0, 1, 5, 5, 0, 0, 0, 0, 3, 0.0f, 1, 0, 0, 0, 0, 0.0f},
+    {"clip_qkv, causal", 16, 4, 0, 0, 0, 2, 6, 6, 0, 0, 0, 0, 0, 0.0f, 1, 0, 0, 0, 0, 0.5f},
+    {"clip_qkv, rope, qk-norm, gqa, cross", 16, 4, 2, 0, 0, 2, 5, 7, 1, 1, 0, 0, 1, 0.0f, 0, 0, 0, 0, 0, 0.6f},
+    {"everything, gqa, window", 32, 4, 2, 0, 0, 2, 11, 11, 0, 1, 1, 1, 2, 1.5f, 1, 4, 0, 0, 2, 0.0f},
+    {"sink tokens, window, tiles", 32, 4, 2, 0, 0, 1, 130, 130, 0, 1, 0, 0, 0, 0.0f, 1, 20, 0, 0, 4, 0.0f},
+    {"everything, mqa, long", 48, 4, 1, 20, 12, 1, 130, 150, 1, 1, 1, 1, 1, 3.0f, 0, 0, 1, 1, 0, 1.0f},
 };
 
 static void make_case(naive_bw_case *f, const variant_case *v, uint64_t seed) {
@@ -156,7 +160,7 @@ static void make_case(naive_bw_case *f, const variant_case *v, uint64_t seed) {
         c.rope.pairing = v->rope == 1 ? MHA_ROPE_HALVES : MHA_ROPE_INTERLEAVED;
         c.rope.dim = v->rope == 2 ? d_k / 2 / 2 * 2 : 0, c.rope.theta = 500.0f;
     }
-    c.alibi = v->alibi, c.sinks = v->sinks, c.softcap = v->softcap;
+    c.alibi = v->alibi, c.sinks = v->sinks, c.softcap = v->softcap, c.clip_qkv = v->clip_qkv;
     if (v->norm) {
         c.qk_norm = v->norm == 2 ? MHA_QK_NORM_LAYER : MHA_QK_NORM_RMS;
         c.qk_norm_per_head = v->norm >= 2, c.qk_norm_whole = v->norm == 3, c.qk_norm_eps = 1e-5f;
@@ -262,7 +266,7 @@ static void backward_variants_threads_bit_identical(void) {
  * and a layer with the same positions but slopes small enough keeps the
  * fast path. */
 static void backward_variants_alibi_far_keys_refused(void) {
-    const variant_case v = {"alibi far keys", 16, 4, 2, 0, 0, 2, 6, 9, 1, 0, 1, 0, 0, 0.0f, 0, 0, 0, 0, 0};
+    const variant_case v = {"alibi far keys", 16, 4, 2, 0, 0, 2, 6, 9, 1, 0, 1, 0, 0, 0.0f, 0, 0, 0, 0, 0, 0.0f};
     naive_bw_case f;
     make_case(&f, &v, 4300);
     int *pos = malloc(sizeof(int) * (size_t)v.B * v.T), *kpos = malloc(sizeof(int) * (size_t)v.B * v.S);

@@ -108,6 +108,25 @@ static void extra_row_sum(float *dbias, const float *d, int B, int S, int Sx, si
         for (size_t e = 0; e < n; e++) dbias[e] += d[((size_t)b * Sx + S) * n + e];
 }
 
+/* clip_qkv: a (n) clamped to [-clip, clip] in place, in (n) = 1 where it
+ * was within (torch's clamp passes the gradient at the bounds too). */
+static void clip_keep(float *a, unsigned char *in, size_t n, float clip, int nt) {
+    nt = n >= ((size_t)1 << 16) ? nt : 1;
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (size_t i = 0; i < n; i++) {
+        in[i] = a[i] >= -clip && a[i] <= clip;
+        a[i] = a[i] < -clip ? -clip : a[i] > clip ? clip : a[i];
+    }
+}
+
+/* The clamp's backward: d (n) zeroed where the projection was outside. */
+static void clip_backward(float *d, const unsigned char *in, size_t n, int nt) {
+    nt = n >= ((size_t)1 << 16) ? nt : 1;
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (size_t i = 0; i < n; i++)
+        if (!in[i]) d[i] = 0.0f;
+}
+
 /* The checks every fast backward makes before it computes anything. */
 static mha_status fast_supported(const mha_layer *L, int B, int T, int S, const char *who) {
     const mha_config *c = &L->cfg;
@@ -141,6 +160,7 @@ static mha_status check_alibi_rows(const mha_bwd_saved *sv, const mha_config *c,
 
 void mha_bwd_saved_free(mha_bwd_saved *sv) {
     free(sv->q), free(sv->k), free(sv->v), free(sv->z), free(sv->lse), free(sv->q_pre), free(sv->k_pre);
+    free(sv->clip_in);
     memset(sv, 0, sizeof *sv);
 }
 
@@ -166,7 +186,7 @@ mha_status mha_bwd_saved_make(mha_bwd_saved *sv, const mha_exec *ex, const mha_l
                           malloc(sizeof(float) * rows * zq),            // (B,T,zw)
                           malloc(sizeof(float) * (size_t)B * h * T * 2), // (B,h,T) twice
                           B, T, S, Sx,
-                          opt->scale != 0.0f ? opt->scale : (float)(1.0 / sqrt((double)d_k)), NULL, NULL, NULL};
+                          opt->scale != 0.0f ? opt->scale : (float)(1.0 / sqrt((double)d_k)), NULL, NULL, NULL, NULL};
     if (!sv->q || !sv->k || !sv->v || !sv->z || !sv->lse) {
         mha_bwd_saved_free(sv);
         return mha_fail(MHA_E_NOMEM, "%s: no memory for Q, K, V, Z (B=%d T=%d S=%d)", who, B, T, S);
@@ -177,6 +197,17 @@ mha_status mha_bwd_saved_make(mha_bwd_saved *sv, const mha_exec *ex, const mha_l
     for (int b = 0; c->add_bias_kv && b < B; b++) {
         memcpy(sv->k + ((size_t)b * Sx + S) * kw, L->bias_k, sizeof(float) * kw);
         memcpy(sv->v + ((size_t)b * Sx + S) * vw, L->bias_v, sizeof(float) * vw);
+    }
+    // --- clip_qkv: Q, K, V <- clamp(., -c, c), keeping where each was within (variants: Sx = S)
+    if (c->clip_qkv != 0.0f) {
+        const size_t nq = rows * qw, nk = (size_t)B * Sx * kw, nv = (size_t)B * Sx * vw;
+        if (!(sv->clip_in = malloc(nq + nk + nv))) {
+            s = mha_fail(MHA_E_NOMEM, "%s: no memory for clip_qkv's masks (B=%d T=%d S=%d)", who, B, T, S);
+            goto fail;
+        }
+        clip_keep(sv->q, sv->clip_in, nq, c->clip_qkv, nt);
+        clip_keep(sv->k, sv->clip_in + nq, nk, c->clip_qkv, nt);
+        clip_keep(sv->v, sv->clip_in + nq + nk, nv, c->clip_qkv, nt);
     }
     // --- Q, K <- RoPE(norm(Q)), RoPE(norm(K)) (variants have no extra keys: Sx = S)
     if ((s = mha_bwd_qk_forward(sv, L, opt, k_src == x, nt))) goto fail;
@@ -268,6 +299,13 @@ mha_status mha_bwd_from_saved(const mha_exec *ex, const mha_layer *L, const mha_
 
     // --- RoPE, then QK-norm, backward: dQ, dK before them; the norm weights' gradients
     if ((s = mha_bwd_qk_backward(dq, dk, g->d_q_norm, g->d_k_norm, sv, L, opt, k_src == x, nt))) goto done;
+    // --- clip_qkv: the clamp passes dQ, dK, dV where the projection was within [-c, c]
+    if (sv->clip_in) {
+        const size_t nq = rows * qw, nk = (size_t)B * Sx * kw;
+        clip_backward(dq, sv->clip_in, nq, nt);
+        clip_backward(dk, sv->clip_in + nq, nk, nt);
+        clip_backward(dv, sv->clip_in + nq + nk, (size_t)B * Sx * vw, nt);
+    }
 
     // --- projections; a source that is x (or the key source) adds its
     //     path's gradient to that tensor's

@@ -106,6 +106,9 @@ typedef struct {
     float *q_pre; /* (B,T,qw) Q before QK-norm (NULL without qk_norm): q
                      holds norm then RoPE of it, what attention reads      */
     float *k_pre; /* (B,Sx,kw) K before QK-norm, likewise                  */
+    unsigned char *clip_in; /* clip_qkv only (else NULL): 1 where the projection
+                     was within [-c, c] (the clamp passes the gradient), q's
+                     (B,T,qw) then k's (B,Sx,kw) then v's (B,Sx,vw)        */
 } mha_bwd_saved;
 
 /* sv from validated arguments (sources resolved): the projections on the

@@ -156,6 +156,12 @@ static void intervene_backward(double *dz, const mha_intervention *iv, int r, in
     }
 }
 
+/* The clamp's backward: d (n) zeroed where raw (n) is outside [-clip, clip]. */
+static void clip_backward(double *d, const double *raw, size_t n, double clip) {
+    for (size_t i = 0; i < n; i++)
+        if (!(raw[i] >= -clip && raw[i] <= clip)) d[i] = 0.0;
+}
+
 /* Rounds n doubles (sum of up to three arrays; NULL terms are skipped) into out. */
 static void store(float *out, const double *a, const double *b, const double *c, size_t n) {
     for (size_t i = 0; out && i < n; i++)
@@ -174,6 +180,7 @@ mha_status mha_backward_reference(const mha_layer *L, const mha_gradients *g, co
     const int norm = c->qk_norm != MHA_QK_NORM_NONE;
     const size_t qn = !norm ? 0 : c->qk_norm_per_head ? qw : (size_t)d_k; /* q_norm's size */
     const size_t kn = !norm ? 0 : c->qk_norm_per_head ? kw : (size_t)d_k; /* k_norm's size */
+    const double clip = c->clip_qkv;
 
     /* Every buffer in double; the d-prefixed ones are gradients (zeroed). */
     size_t n_of[] = {
@@ -183,7 +190,8 @@ mha_status mha_backward_reference(const mha_layer *L, const mha_gradients *g, co
         (size_t)D * qw, (size_t)Dk * kw, (size_t)Dv * vw, zw * D,        /* dwq dwk dwv dwo */
         qw, kw, vw, (size_t)D, (size_t)Sx, (size_t)Sx, (size_t)Sx,        /* dbq dbk dbv dbo p dp dcap */
         (size_t)h, rows * qw, (size_t)B * Sx * kw,                        /* dsink qpre kpre */
-        qn, kn                                                            /* dq_norm dk_norm */
+        qn, kn,                                                           /* dq_norm dk_norm */
+        clip ? rows * qw : 0, clip ? (size_t)B * Sx * kw : 0, clip ? (size_t)B * Sx * vw : 0, /* qraw kraw vraw */
     };
     enum { NBUF = sizeof n_of / sizeof n_of[0] };
     double *buf[NBUF];
@@ -198,6 +206,7 @@ mha_status mha_backward_reference(const mha_layer *L, const mha_gradients *g, co
     double *dsink = buf[22], p_sink = 0.0;                // (h); the sink's share of one row
     double *qpre = buf[23], *kpre = buf[24];              // as q, k: before QK-norm (qk_norm only)
     double *dqn = buf[25], *dkn = buf[26];                // (qn) (kn): as q_norm, k_norm
+    double *qraw = buf[27], *kraw = buf[28], *vraw = buf[29]; // as q, k, v: before the clamp (clip_qkv only)
     mha_status s = MHA_OK;
     if (!ok) {
         s = mha_fail(MHA_E_NOMEM, "reference backward: no memory for the double buffers (B=%d T=%d S=%d)", B, T, S);
@@ -213,6 +222,15 @@ mha_status mha_backward_reference(const mha_layer *L, const mha_gradients *g, co
             for (size_t e = 0; e < kw; e++) k[((size_t)b * Sx + S) * kw + e] = L->bias_k[e];
             for (size_t e = 0; e < vw; e++) v[((size_t)b * Sx + S) * vw + e] = L->bias_v[e];
         }
+    }
+    // --- recompute: Q, K, V <- clamp(., -c, c) (clip_qkv; no extra keys with variants: Sx = S)
+    if (clip != 0.0) {
+        memcpy(qraw, q, rows * qw * sizeof(double));
+        memcpy(kraw, k, (size_t)B * Sx * kw * sizeof(double));
+        memcpy(vraw, v, (size_t)B * Sx * vw * sizeof(double));
+        mha_clip_double(q, rows * qw, clip);
+        mha_clip_double(k, (size_t)B * Sx * kw, clip);
+        mha_clip_double(v, (size_t)B * Sx * vw, clip);
     }
     // --- recompute: Q, K <- RoPE(norm(Q)), RoPE(norm(K)) (no extra keys with variants: Sx = S)
     if (norm) {
@@ -310,6 +328,12 @@ mha_status mha_backward_reference(const mha_layer *L, const mha_gradients *g, co
     if (norm) {
         norm_backward(dq, dqn, qpre, L->q_norm, c, rows, h);
         norm_backward(dk, dkn, kpre, L->k_norm, c, (size_t)B * S, h_kv);
+    }
+    // --- Q_c = clamp(Q, -c, c): dQ = dQ_c where -c <= Q <= c (torch passes the bounds), else 0; K, V alike
+    if (clip != 0.0) {
+        clip_backward(dq, qraw, rows * qw, clip);
+        clip_backward(dk, kraw, (size_t)B * Sx * kw, clip);
+        clip_backward(dv, vraw, (size_t)B * Sx * vw, clip);
     }
     // --- projections: Q = X W_Q + b_Q, K = Xk W_K + b_K, V = Xv W_V + b_V;
     //     the extra key S is bias_k / bias_v, the zero key passes nothing
