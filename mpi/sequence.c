@@ -22,6 +22,13 @@ void mha_mpi_chunks_of(int start[2], int len[2], int n, int rank, int P) {
     }
 }
 
+/* clip_qkv: q (nq) and the K/V block (nkv) clamped to [-clip, clip], as
+ * mha_forward clamps its projections (torch's clamp). */
+static void clip_rows(float *q, size_t nq, float *kv, size_t nkv, float clip) {
+    for (size_t i = 0; i < nq; i++) q[i] = q[i] < -clip ? -clip : q[i] > clip ? clip : q[i];
+    for (size_t i = 0; i < nkv; i++) kv[i] = kv[i] < -clip ? -clip : kv[i] > clip ? clip : kv[i];
+}
+
 /* dst (B, len, w) = rows [start, start+len) of src (B, n, w). */
 static void take_rows(float *dst, const float *src, int B, int n, int start, int len, int w) {
     for (int b = 0; b < B; b++)
@@ -304,6 +311,8 @@ mha_status mha_mpi_forward_sequence(const mha_layer *layer, float *y, const mha_
         if (!s) s = mha_project_out(vk, rowbuf, w.w_v, w.b_v, B * kl[k], d_in, vw);
         kk += (size_t)B * kl[k] * kw, vk += (size_t)B * kl[k] * vw;
     }
+    if (c->clip_qkv != 0.0f) /* OLMo 1, DBRX, MPT: this rank's Q, K, V clamped before they travel */
+        clip_rows(q, rows * qw, blk[0], (size_t)B * (kl[0] + kl[1]) * (kw + vw), c->clip_qkv);
     for (size_t i = 0; i < rows * zw; i++) z[i] = 0.0f;
     for (size_t i = 0; i < (size_t)B * h * Tl; i++) lse[i] = -INFINITY;
     busy += MPI_Wtime() - tc;
@@ -312,7 +321,7 @@ mha_status mha_mpi_forward_sequence(const mha_layer *layer, float *y, const mha_
 
     // --- the ring: attend the block in hand while the next one arrives
     mha_config ca = *c;
-    ca.add_bias_kv = ca.add_zero_attn = 0;
+    ca.add_bias_kv = ca.add_zero_attn = 0, ca.clip_qkv = 0.0f; /* clamped above */
     const int right = (rank + 1) % P, left = (rank + P - 1) % P;
     double sent = 0.0;
     for (int step = 0; step < P; step++) {

@@ -118,17 +118,25 @@ run run --weights $T/conv_gpt2.safetensors --input $T/x.npy --output $T/y_conv_g
 expect_ok
 oracle $T/y_conv_gpt2.npy mha
 # the layer's variant flags are written into the native file: it runs as `mha run` with them
-run convert --from native --to native --rope halves --rope-theta 500 --softcap 2 --alibi $T/native.safetensors \
-    $T/conv_var.safetensors
+run convert --from native --to native --rope halves --rope-theta 500 --softcap 2 --alibi --clip-qkv 0.25 \
+    $T/native.safetensors $T/conv_var.safetensors
 expect_ok
-[ "$(fx meta $T/conv_var.safetensors rope)" = halves ] && [ "$(fx meta $T/conv_var.safetensors softcap)" = 2 ] ||
-    fail "convert --rope halves --softcap 2: metadata rope '$(fx meta $T/conv_var.safetensors rope)'"
+[ "$(fx meta $T/conv_var.safetensors rope)" = halves ] && [ "$(fx meta $T/conv_var.safetensors softcap)" = 2 ] &&
+    [ "$(fx meta $T/conv_var.safetensors clip_qkv)" = 0.25 ] ||
+    fail "convert --rope halves --softcap 2 --clip-qkv 0.25: metadata rope '$(fx meta $T/conv_var.safetensors rope)'" \
+        "clip_qkv '$(fx meta $T/conv_var.safetensors clip_qkv)'"
 run run --weights $T/native.safetensors --input $T/x.npy --output $T/y_var_flags.npy --rope halves --rope-theta 500 \
-    --softcap 2 --alibi
+    --softcap 2 --alibi --clip-qkv 0.25
 expect_ok
 run run --weights $T/conv_var.safetensors --input $T/x.npy --output $T/y_var_file.npy
 expect_ok
 close $T/y_var_file.npy $T/y_var_flags.npy
+# the clamp matters here: without it Y is another
+run run --weights $T/native.safetensors --input $T/x.npy --output $T/y_var_noclip.npy --rope halves --rope-theta 500 \
+    --softcap 2 --alibi
+expect_ok
+checks=$((checks + 1))
+fx close $T/y_var_noclip.npy $T/y_var_flags.npy >/dev/null 2>&1 && fail "--clip-qkv 0.25 left Y unchanged"
 
 # --- consistent permutation: same Y, labels moved -----------------------------
 run permute --order 2,3,0,1 $T/native.safetensors $T/perm.safetensors

@@ -322,6 +322,19 @@ case_ vchunk "2 4" "heads sequence" gqa x16 --causal --chunk 3
 decode dec_chunk "2 4" gqa x16 3 --chunk 3
 mpi 2 --split sequence --weights "$T/gqa.safetensors" --input "$T/x16.npy" --output "$T/y.npy" --rope halves
 expect_fail 2 "does not support the layer's RoPE"
+# clip_qkv (OLMo 1, DBRX, MPT): --clip-qkv on both splits (the ring clamps
+# each rank's projections) and decode; a native file that declares it,
+# whose metadata every rank's shard reads (--split heads loads its heads
+# from the file); the clamp changes Y here
+case_ vclip "2 4" "heads sequence" gqa x16 --causal --clip-qkv 0.2
+decode dec_vclip "2 4" gqa x16 3 --clip-qkv 0.2
+"$MHA" convert --from native --to native --clip-qkv 0.2 "$T/gqa.safetensors" "$T/gqa_clip.safetensors" \
+    >"$T/out" 2>&1 || fail "mha convert --clip-qkv 0.2: $(cat "$T/out")"
+case_ fclip "2 4" "heads sequence" gqa_clip x16 --causal
+last="clip_qkv file vs flag" close "$T/r_fclip.npy" "$T/r_vclip.npy"
+checks=$((checks + 1))
+"$PY" -c "import sys, numpy as np; sys.exit(int(np.abs(np.load(sys.argv[1]) - np.load(sys.argv[2])).max() < 1e-3))" \
+    "$T/r_vclip.npy" "$T/r_gqa.npy" || fail "--clip-qkv 0.2 left mha run's Y unchanged"
 # --zero-attn, a load option the file does not record, reaches every shard
 # (Y, and the probabilities over S+1 keys)
 ref --weights "$T/mha.safetensors" --input "$T/x.npy" --output "$T/r.npy" --causal --zero-attn --save-probs "$T/rp.npy"

@@ -78,6 +78,7 @@ static void check_reads_back(const mha_tensors *t, const mha_layer *L) {
         CHECK(memcmp(a->rope.short_factor, b->rope.short_factor, sizeof a->rope.short_factor) == 0 &&
               memcmp(a->rope.long_factor, b->rope.long_factor, sizeof a->rope.long_factor) == 0);
         CHECK(a->alibi == b->alibi && a->sinks == b->sinks && a->softcap == b->softcap);
+        CHECK(a->clip_qkv == b->clip_qkv);
         CHECK(a->qk_norm == b->qk_norm && a->qk_norm_per_head == b->qk_norm_per_head &&
               a->qk_norm_eps == b->qk_norm_eps);
         mha_weights wa, wb;
@@ -106,8 +107,8 @@ static void test_variants_native_round_trip(void) {
     uint64_t seed = 71;
     head_params p;
     head_params_fill(&p, &seed);
-    mha_config c[7];
-    for (int i = 0; i < 7; i++) c[i] = base_config();
+    mha_config c[8];
+    for (int i = 0; i < 8; i++) c[i] = base_config();
     /* Llama 3.1-like: halves, theta 500000, llama3 scaling */
     c[0].rope = (mha_rope){MHA_ROPE_HALVES, 0, 500000.0, MHA_ROPE_SCALE_LLAMA3, 8.0, 1.0, 4.0, 64, 0, 0, 0, {0}, {0}};
     /* GPT-J-like partial interleaved with YaRN, shared RMS QK-norm */
@@ -125,7 +126,9 @@ static void test_variants_native_round_trip(void) {
     for (int i = 0; i < DK / 2; i++)
         c[5].rope.short_factor[i] = 1.0f + 0.1234567f * i, c[5].rope.long_factor[i] = 1.0f / 3.0f + 7.0f * i;
     c[6].rope = (mha_rope){MHA_ROPE_INTERLEAVED, 0, 500.0, MHA_ROPE_SCALE_DYNAMIC, 2.0, 0, 0, 4, 0, 0, 0, {0}, {0}};
-    for (int i = 0; i < 7; i++) {
+    /* OLMo 1 / DBRX: clip_qkv with RoPE (a bound with no short decimal form) */
+    c[7].clip_qkv = 0.3f, c[7].rope.pairing = MHA_ROPE_HALVES;
+    for (int i = 0; i < 8; i++) {
         mha_layer *L = variant_layer(&c[i], &p, &seed);
         if (L) check_round_trip(L);
         mha_layer_free(L);
@@ -227,6 +230,9 @@ static void test_variants_native_refusals(void) {
     expect_refused(L, "alibi", "2", NULL, MHA_E_FORMAT, "metadata alibi = '2'; expected 0 or 1");
     expect_refused(L, "rope_dim", "-2", NULL, MHA_E_FORMAT, "is negative or too large");
     expect_refused(L, "softcap", "-1", NULL, MHA_E_FORMAT, "is negative or too large");
+    expect_refused(L, "clip_qkv", "-1", NULL, MHA_E_FORMAT, "metadata clip_qkv = '-1'; expected 0 (none) or the bound");
+    expect_refused(L, "clip_qkv", "nan", NULL, MHA_E_FORMAT, "metadata clip_qkv = 'nan'; expected a finite number");
+    expect_refused(L, "clip_qkv", "1e39", NULL, MHA_E_FORMAT, "metadata clip_qkv = '1e39'; expected 0 (none)");
     expect_refused(L, "sinks", "1", "sinks", MHA_E_FORMAT, "metadata sinks = 1 but the checkpoint has no sinks tensor");
     expect_refused(L, "qk_norm", "rms", "k_norm", MHA_E_FORMAT, "qk_norm is set but the checkpoint lacks k_norm");
     /* a per-head tensor of the wrong size */

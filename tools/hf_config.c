@@ -385,7 +385,9 @@ int cli_hf_config_read(cli_hf_config *c, const char *cmd, const cli_ckpt *ck, co
     if (!rc) rc = number(cmd, root, "", "attention_multiplier", 1e-30, 1e30, 0, &c->scale);
     if (pre) c->scale = 1.0 / sqrt(pre);
     if (!rc) rc = window(c, cmd, root, type, ck->prefix, &theta);
-    if (!rc) rc = number(cmd, root, "", "clip_qkv", 0, 1e30, 0, &c->clip_qkv);
+    if (!rc) rc = number(cmd, root, "", "clip_qkv", 1e-30, 1e30, 0, &c->clip_qkv); /* OLMo 1 */
+    json_t *attn_cfg = json_object_get(root, "attn_config"); /* DBRX, MPT: attn_config.clip_qkv */
+    if (!rc && json_is_object(attn_cfg)) rc = number(cmd, attn_cfg, "attn_config.", "clip_qkv", 1e-30, 1e30, 0, &c->clip_qkv);
     if (!rc) nope(c, root, ck->prefix);
     if (!rc && type && strcmp(type, "cohere2") == 0 &&
         (json_object_get(root, "layer_types") || json_object_get(root, "sliding_window_pattern"))) {

@@ -37,7 +37,7 @@ typedef struct {
     int no_rope;               /* no_rope_layers[n] = 0 (SmolLM 3, Llama 4): this
                                   layer has no rotary, whatever rope_theta says; -1 =
                                   the layers differ and --prefix names none       */
-    double clip_qkv;           /* OLMo's clip_qkv (not implemented: run refuses it); 0 = null */
+    double clip_qkv;           /* clip_qkv (OLMo 1; DBRX, MPT: attn_config's) = --clip-qkv; 0 = null */
 } cli_hf_config;
 
 /* Reads config.json from the directory of path (ck->weights when NULL)

@@ -238,9 +238,6 @@ int cli_apply_variants(const char *cmd, mha_layer **L, cli_fwd *f, cli_variant_f
         return mha_cmd_error(cmd, MHA_EXIT_USAGE, "config.json: no_rope_layers gives some layers no rotary "
                              "embedding, and --prefix names no layer; expected --prefix with the layer's number "
                              "(model.layers.N)");
-    if (hc.clip_qkv) /* refused rather than run without it */
-        return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: clip_qkv is %g (OLMo clamps q, k and v to it); "
-                             "expected null: clamping the projections is not implemented", hc.clip_qkv);
     if (hc.no_rope > 0) /* a NoPE layer: the file's rotary settings are not its own */
         hc.rope = NULL, hc.rope_theta = 0, hc.rope_dim = 0, hc.rope_scale[0] = '\0';
     const char *rope = vf->rope ? vf->rope : hc.rope ? hc.rope : hc.rope_theta ? "halves" : NULL; /* rotate_half */
@@ -248,11 +245,12 @@ int cli_apply_variants(const char *cmd, mha_layer **L, cli_fwd *f, cli_variant_f
     const long long rope_dim = vf->rope_dim ? vf->rope_dim : hc.rope_dim;
     const char *rope_scale = vf->rope_scale ? vf->rope_scale : hc.rope_scale[0] ? hc.rope_scale : NULL;
     const double softcap = vf->softcap ? vf->softcap : hc.softcap;
+    const double clip_qkv = vf->clip_qkv ? vf->clip_qkv : hc.clip_qkv; /* OLMo 1, DBRX, MPT */
     f->opt.scale = (float)(vf->scale ? vf->scale : hc.scale); /* 0: 1/sqrt(d_k) */
     const int file_norm = mha_layer_config(*L)->qk_norm && (hc.qk_norm_eps || hc.qk_norm_offset);
     const int file_sinks = hc.sinks && !vf->sinks && !mha_layer_config(*L)->sinks; /* gpt-oss's, unless --sinks */
     if (!rope && !theta && !rope_dim && !rope_scale && !vf->alibi && !hc.alibi && !softcap && !vf->sinks &&
-        !vf->qk_norm && !file_norm && !file_sinks)
+        !vf->qk_norm && !file_norm && !file_sinks && !clip_qkv)
         return apply_options(cmd, f, vf);
     mha_config c = *mha_layer_config(*L);
     mha_weights w;
@@ -269,6 +267,7 @@ int cli_apply_variants(const char *cmd, mha_layer **L, cli_fwd *f, cli_variant_f
     if (rope_scale && (rc = parse_rope_scale(cmd, &c.rope, rope_scale))) return rc;
     if (vf->alibi || hc.alibi) c.alibi = 1;
     if (softcap) c.softcap = (float)softcap;
+    if (clip_qkv) c.clip_qkv = (float)clip_qkv;
     float *slopes = NULL; /* (shard_of_heads): a shard's heads take the whole layer's default slopes */
     if (c.alibi && !w.alibi_slopes && vf->shard_of_heads > c.n_heads) {
         if (!(slopes = malloc(sizeof(float) * (size_t)vf->shard_of_heads)))

@@ -1,5 +1,5 @@
 /* run_variants.h — `mha run` flags for today's attention variants: RoPE,
- * positions, ALiBi, soft-capping, sinks and QK-norm on top of what the
+ * positions, ALiBi, soft-capping, sinks, QK-norm and clip_qkv on top of what the
  * checkpoint's metadata already declares (docs/VARIANTS.md). */
 #ifndef MHA_TOOLS_RUN_VARIANTS_H
 #define MHA_TOOLS_RUN_VARIANTS_H
@@ -8,7 +8,7 @@
 
 typedef struct {
     const char *rope, *positions, *sinks, *qk_norm, *rope_scale;
-    double rope_theta, softcap, scale;
+    double rope_theta, softcap, scale, clip_qkv;
     long long rope_dim, window, sink_tokens, chunk;
     int alibi;
     int *pos; /* (B,T) read from --positions, owned */
@@ -39,6 +39,9 @@ typedef struct {
      .help = "ALiBi biases with the paper's slopes (or the checkpoint's alibi_slopes)"},            \
     {.name = "--softcap", .kind = MHA_ARG_DOUBLE, .dest = &(vf).softcap, .metavar = "C",            \
      .help = "soft-cap the scores: C tanh(s / C) (Gemma 2)", .dmin = 1e-6, .dmax = 1e30},           \
+    {.name = "--clip-qkv", .kind = MHA_ARG_DOUBLE, .dest = &(vf).clip_qkv, .metavar = "C",          \
+     .help = "clamp Q, K and V to [-C, C] after the projections (OLMo 1, DBRX, MPT: clip_qkv)",     \
+     .dmin = 1e-30, .dmax = 1e30},                                                                  \
     {.name = "--sinks", .kind = MHA_ARG_STRING, .dest = &(vf).sinks, .metavar = "NAME",             \
      .help = "tensor of the checkpoint holding (h) sink logits (gpt-oss)"},                         \
     {.name = "--qk-norm", .kind = MHA_ARG_STRING, .dest = &(vf).qk_norm, .metavar = "KIND",         \

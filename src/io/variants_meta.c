@@ -89,7 +89,7 @@ static mha_status take(float **dst, const mha_array *a, const char *name, size_t
 mha_status mha_io_variants_read(mha_config *c, float *w[4], const mha_tensors *t, const char *prefix, int hf) {
     mha_rope *r = &c->rope;
     int pairing = 0, scaling = 0, norm = 0, omp = r->original_max_positions;
-    double dim = 0, sc = 0, eps = 0, per_head = 0;
+    double dim = 0, sc = 0, eps = 0, per_head = 0, clip = 0;
     mha_status s;
     if ((s = meta_choice(&pairing, t, "rope", pairing_names, 3, "halves or interleaved")) ||
         (s = meta_choice(&scaling, t, "rope_scaling", scaling_names, 6,
@@ -104,6 +104,7 @@ mha_status mha_io_variants_read(mha_config *c, float *w[4], const mha_tensors *t
         (s = meta_double(&r->beta_fast, t, "rope_beta_fast")) || (s = meta_double(&r->beta_slow, t, "rope_beta_slow")) ||
         (s = meta_double(&r->attn_factor, t, "rope_attn_factor")) || (s = meta_double(&sc, t, "softcap")) ||
         (s = meta_double(&eps, t, "qk_norm_eps")) || (s = meta_double(&per_head, t, "qk_norm_per_head")) ||
+        (s = meta_double(&clip, t, "clip_qkv")) ||
         (s = meta_flag(&c->alibi, t, "alibi")) || (s = meta_flag(&c->sinks, t, "sinks")) ||
         (s = meta_flag(&c->qk_norm_whole, t, "qk_norm_whole")))
         return s;
@@ -112,6 +113,10 @@ mha_status mha_io_variants_read(mha_config *c, float *w[4], const mha_tensors *t
     if (dim < 0 || dim > 1e6 || o < 0 || o > 1e9 || sc < 0 || eps < 0)
         return mha_fail(MHA_E_FORMAT, "metadata rope_dim, rope_original_max_positions, softcap or qk_norm_eps "
                         "is negative or too large; expected the values mha_config takes");
+    if (clip < 0 || clip > 3e38)
+        return mha_fail(MHA_E_FORMAT, "metadata clip_qkv = '%.40s'; expected 0 (none) or the bound c > 0 "
+                        "Q, K and V are clamped to", mha_tensors_meta(t, "clip_qkv"));
+    c->clip_qkv = (float)clip;
     r->pairing = (mha_rope_pairing)pairing, r->scaling = (mha_rope_scaling)scaling, r->dim = (int)dim;
     r->original_max_positions = (int)o, c->softcap = (float)sc, c->qk_norm_eps = (float)eps;
     c->qk_norm = (mha_qk_norm)norm, c->qk_norm_per_head = per_head != 0;
@@ -185,6 +190,7 @@ mha_status mha_io_variants_write(mha_tensors *t, const mha_layer *L) {
     if (!s && c->sinks) s = put(t, "sinks", "%.0f", 1);
     if (!s && c->sinks) s = mha_tensors_add_f32(t, "sinks", w.sinks, 1, &h);
     if (!s && c->softcap != 0.0f) s = put(t, "softcap", "%.9g", c->softcap);
+    if (!s && c->clip_qkv != 0.0f) s = put(t, "clip_qkv", "%.9g", c->clip_qkv);
     if (!s && c->qk_norm) {
         s = mha_tensors_set_meta(t, "qk_norm", norm_names[c->qk_norm]);
         if (!s) s = put(t, "qk_norm_per_head", "%.0f", c->qk_norm_per_head);

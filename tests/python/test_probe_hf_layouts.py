@@ -4,7 +4,8 @@ config.json they ship, run by `mha run` with no flag but --prefix and
 what model_type implies (GPT-J's interleaved rotary_dim, GPT-NeoX's
 rotary_pct in a megatron-layout file, Falcon's multi_query without
 rope_theta, BLOOM's ALiBi, a Llama config without rope_theta) and the
-q/k RMSNorm's eps (rms_norm_eps) and Gemma 3's (1 + weight)."""
+q/k RMSNorm's eps (rms_norm_eps) and Gemma 3's (1 + weight); OLMo 1's,
+DBRX's and MPT's clip_qkv."""
 import json
 
 import numpy as np
@@ -274,9 +275,9 @@ def test_head_count_of_another_models_config_names_config_json(tmp_path):
     assert r.returncode == 1 and "has shape (16, 64)" in r.stderr and "config.json" not in r.stderr, r.stderr
 
 
-def test_no_rope_layers_and_clip_qkv(tmp_path):
+def test_no_rope_layers(tmp_path):
     """SmolLM 3's no_rope_layers: a 0 entry is a layer without rotary
-    (NoPE) despite rope_theta; OLMo's clip_qkv is refused, not ignored."""
+    (NoPE) despite rope_theta."""
     rs = np.random.RandomState(12)
     ws, t = two_layers(rs)
     t = {k: a for k, a in t.items() if "_norm" not in k}
@@ -288,11 +289,48 @@ def test_no_rope_layers_and_clip_qkv(tmp_path):
         if layer == 0:
             q, k = rotate(q, 8, 1e4, "halves"), rotate(k, 8, 1e4, "halves")
         np.testing.assert_allclose(y, attention(q, k, heads(x @ ws[layer]["v"].T, H), ws[layer]["o"]), atol=2e-5)
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "olmo", "hidden_size": D,
-                                                      "num_attention_heads": H, "rope_theta": 1e4, "clip_qkv": 8.0}))
-    r = mha("run", "--weights", tmp_path, "--prefix", "model.layers.0", "--input", tmp_path / "x.npy",
-            "--output", tmp_path / "clip.npy", check=False)
-    assert r.returncode == 1 and "clip_qkv is 8" in r.stderr and not (tmp_path / "clip.npy").exists(), r.stderr
+
+
+def test_clip_qkv_olmo_top_level_and_mpt_dbrx_attn_config(tmp_path):
+    """OLMo 1's clip_qkv (top level) and DBRX's / MPT's attn_config.clip_qkv:
+    q, k, v = (x W^T).clamp(-c, c) before RoPE (modeling_olmo, modeling_dbrx);
+    about half the projections are clamped here. --clip-qkv overrides the
+    file; a bound that is not > 0 is refused naming the key."""
+    rs = np.random.RandomState(14)
+    w, t = llama(rs)
+    c = 0.5
+    x, y = run(tmp_path, t, {"model_type": "olmo", "hidden_size": D, "num_attention_heads": H, "rope_theta": 1e4,
+                             "clip_qkv": c}, "model.layers.0")
+    q, k, v = (np.clip(heads(x @ w[n].T, H), -c, c) for n in "qkv")
+    assert 0.3 < np.mean(np.abs(heads(x @ w["q"].T, H)) > c) < 0.8
+    want = attention(rotate(q, 8, 1e4, "halves"), rotate(k, 8, 1e4, "halves"), v, w["o"])
+    np.testing.assert_allclose(y, want, atol=2e-5)
+    unclamped = attention(*(rotate(heads(x @ w[n].T, H), 8, 1e4, "halves") for n in "qk"), heads(x @ w["v"].T, H),
+                          w["o"])
+    assert np.abs(want - unclamped).max() > 1e-2
+    # mha convert writes it into the native file, which runs without config.json
+    mha("convert", "--from", "hf", "--prefix", "model.layers.0", "--to", "native", tmp_path / "model.safetensors",
+        tmp_path / "olmo.safetensors")
+    mha("run", "--weights", tmp_path / "olmo.safetensors", "--input", tmp_path / "x.npy", "--output",
+        tmp_path / "y_native.npy", "--causal")
+    np.testing.assert_allclose(np.load(tmp_path / "y_native.npy"), want, atol=2e-5)
+    # DBRX / MPT keep it in attn_config (no rotary here: the file gives no theta)
+    x, y = run(tmp_path, t, {"model_type": "mpt", "d_model": D, "n_heads": H, "attn_config": {"clip_qkv": c}},
+               "model.layers.0")
+    q, k, v = (np.clip(heads(x @ w[n].T, H), -c, c) for n in "qkv")
+    np.testing.assert_allclose(y, attention(q, k, v, w["o"]), atol=2e-5)
+    # the flag wins over the file
+    x, y = run(tmp_path, t, {"model_type": "mpt", "d_model": D, "n_heads": H, "attn_config": {"clip_qkv": c}},
+               "model.layers.0", "--clip-qkv", 0.25)
+    q, k, v = (np.clip(heads(x @ w[n].T, H), -0.25, 0.25) for n in "qkv")
+    np.testing.assert_allclose(y, attention(q, k, v, w["o"]), atol=2e-5)
+    for cfg, key in (({"clip_qkv": 0}, "clip_qkv is out of range"),
+                     ({"attn_config": {"clip_qkv": -1.0}}, "attn_config.clip_qkv is out of range"),
+                     ({"attn_config": {"clip_qkv": "8"}}, "attn_config.clip_qkv is not a number")):
+        (tmp_path / "config.json").write_text(json.dumps({"hidden_size": D, "num_attention_heads": H, **cfg}))
+        r = mha("run", "--weights", tmp_path, "--prefix", "model.layers.0", "--input", tmp_path / "x.npy",
+                "--output", tmp_path / "clip.npy", check=False)
+        assert r.returncode == 1 and key in r.stderr and not (tmp_path / "clip.npy").exists(), r.stderr
 
 
 def test_yarn_without_truncation_is_refused(tmp_path):
