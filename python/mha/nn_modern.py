@@ -13,8 +13,10 @@ mha.Layer's: pairing 'halves' (HF Llama's rotate_half) or 'interleaved'
 (softcap=c: c tanh(s/c), Gemma 2), sinks (sinks=True: one learned logit
 per head in each softmax denominator, gpt-oss), QK-norm (qk_norm='rms' or
 'layer', over each head's d_k with shared (d_k) weights, or per head;
-qk_norm_whole: over a token's whole q and k, OLMo 2), GQA / MQA
-(n_kv_heads), cross-attention (kv), and Gemma 2's scale.
+qk_norm_whole: over a token's whole q and k, OLMo 2), the projections'
+clamp (clip_qkv=c: q, k, v = (x W^T + b).clamp(-c, c) before QK-norm and
+RoPE, OLMo 1 / DBRX / MPT; its gradient passes at the bounds, as torch's
+clamp), GQA / MQA (n_kv_heads), cross-attention (kv), and Gemma 2's scale.
 
 Parameters carry Hugging Face's names, so a Llama/Qwen/gpt-oss attention's
 state_dict loads with load_state_dict: q_proj, k_proj, v_proj, o_proj
@@ -95,7 +97,7 @@ class Attention(torch.nn.Module):
     Attention(d_model, n_heads, n_kv_heads=None, head_dim=None, bias=False, *,
               kv_dim=None, rope=None, alibi=False, softcap=0.0, sinks=False,
               qk_norm='none', qk_norm_per_head=False, qk_norm_eps=1e-6,
-              qk_norm_whole=False, scale=None, masked_rows='zero')
+              qk_norm_whole=False, clip_qkv=None, scale=None, masked_rows='zero')
 
     head_dim: d (None: d_model / n_heads); bias: True (q, k, v and o
     biases), False, or 'qkv' (Qwen 2: q, k, v only); kv_dim: width of a
@@ -110,8 +112,8 @@ class Attention(torch.nn.Module):
 
     def __init__(self, d_model, n_heads, n_kv_heads=None, head_dim=None, bias=False, *, kv_dim=None,
                  rope=None, alibi=False, softcap=0.0, sinks=False, qk_norm="none", qk_norm_per_head=False,
-                 qk_norm_eps=1e-6, qk_norm_whole=False, scale=None, masked_rows="zero", device=None,
-                 dtype=None):
+                 qk_norm_eps=1e-6, qk_norm_whole=False, clip_qkv=None, scale=None, masked_rows="zero",
+                 device=None, dtype=None):
         super().__init__()
         if dtype not in (None, torch.float32) or (device is not None and torch.device(device).type != "cpu"):
             raise ValueError(f"device={device}, dtype={dtype}: libmha computes in float32 on the CPU; "
@@ -132,13 +134,16 @@ class Attention(torch.nn.Module):
             raise ArgumentError(f"masked_rows={masked_rows!r}; expected 'zero' or 'nan'")
         if qk_norm != "none" and not c_float("qk_norm_eps", qk_norm_eps) > 0:  # the library reads 0 as 1e-6
             raise ArgumentError(f"qk_norm_eps={qk_norm_eps!r}; expected a number > 0")
+        if clip_qkv is not None and not c_float("clip_qkv", clip_qkv) > 0:  # the library reads 0 as none
+            raise ArgumentError(f"clip_qkv={clip_qkv!r}; expected None (no clamp) or a number > 0")
         if scale is not None and not c_float("scale", scale) > 0:
             raise ArgumentError(f"scale={scale!r}; expected None (1/sqrt(head_dim)) or a number > 0")
         variants = dict(rope=None if rope is None else dict(rope), alibi=c_flag("alibi", alibi),
                         softcap=c_float("softcap", softcap), sinks=c_flag("sinks", sinks),
                         qk_norm=_QK_NORM[qk_norm], qk_norm_per_head=c_flag("qk_norm_per_head", qk_norm_per_head),
                         qk_norm_eps=c_float("qk_norm_eps", qk_norm_eps) if qk_norm != "none" else 0.0,
-                        qk_norm_whole=c_flag("qk_norm_whole", qk_norm_whole))
+                        qk_norm_whole=c_flag("qk_norm_whole", qk_norm_whole),
+                        clip_qkv=0.0 if clip_qkv is None else c_float("clip_qkv", clip_qkv))
         # the library judges the combination (rope dim, divisors, softcap >= 0, ...) on a layer of
         # the same heads and widths 1 (no d_model-sized zeros); it also gives ALiBi's default slopes
         probe = Layer(1, h, n_kv_heads=h_kv, d_k=d, d_v=d, d_kv_in=1, bias=bias is not False, **variants)
@@ -173,7 +178,7 @@ class Attention(torch.nn.Module):
 
     def extra_repr(self):
         c = self._config
-        variants = "".join(f", {k}={c[k]!r}" for k in ("rope", "alibi", "softcap", "sinks", "qk_norm")
+        variants = "".join(f", {k}={c[k]!r}" for k in ("rope", "alibi", "softcap", "sinks", "qk_norm", "clip_qkv")
                            if c[k] not in (None, 0, "none"))
         return (f"d_model={self.d_model}, n_heads={self.n_heads}, n_kv_heads={self.n_kv_heads}, "
                 f"head_dim={self.head_dim}, bias={self.bias!r}{variants}")

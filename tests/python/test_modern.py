@@ -60,17 +60,19 @@ def rms_norm(x, w, eps):
 
 
 def torch_attention(w, x, h, h_kv, d_k, pos=None, rope=None, slopes=None, softcap=0.0, sinks=None,
-                    qk_norm=None, streaming=None, qk_norm_whole=None, scale=None):
+                    qk_norm=None, streaming=None, qk_norm_whole=None, scale=None, clip=None):
     """Causal self-attention in float64. w: (in, out) weights as mha stores them."""
     t = {k: torch.tensor(v, dtype=torch.float64) for k, v in w.items()}
     x = torch.tensor(x, dtype=torch.float64)
     Bn, Tn, _ = x.shape
-    q, k = x @ t["w_q"], x @ t["w_k"]
+    q, k, v = x @ t["w_q"], x @ t["w_k"], x @ t["w_v"]
+    if clip is not None:  # OLMo 1 / DBRX / MPT: q, k, v = .clamp(min=-clip_qkv, max=clip_qkv)
+        q, k, v = q.clamp(min=-clip, max=clip), k.clamp(min=-clip, max=clip), v.clamp(min=-clip, max=clip)
     if qk_norm_whole is not None:  # OLMo 2: RMSNorm over the whole projection, before the heads split
         q, k = rms_norm(q, t["q_norm"], qk_norm_whole), rms_norm(k, t["k_norm"], qk_norm_whole)
     q = q.view(Bn, Tn, h, d_k).transpose(1, 2)
     k = k.view(Bn, Tn, h_kv, d_k).transpose(1, 2)
-    v = (x @ t["w_v"]).view(Bn, Tn, h_kv, -1).transpose(1, 2)
+    v = v.view(Bn, Tn, h_kv, -1).transpose(1, 2)
     if qk_norm is not None:  # Qwen 3: RMSNorm over each head's d_k, one weight shared by the heads
         q, k = rms_norm(q, t["q_norm"], qk_norm), rms_norm(k, t["k_norm"], qk_norm)
     pos = torch.arange(Tn).expand(Bn, Tn) if pos is None else torch.tensor(pos)
@@ -174,6 +176,18 @@ def test_qwen3_style_qk_rmsnorm_with_rope():
     check_paths(layer, x, torch_attention(w, x, 4, 2, 8, rope=(8, 1000000.0, False), qk_norm=1e-6))
 
 
+def test_olmo1_dbrx_clip_qkv():
+    """clip_qkv clamps q, k and v (bias included) before RoPE; both paths
+    equal torch's clamp, which changes y here (about half are clamped)."""
+    layer, w, h_kv, targs, rng = family_layer("olmo1_dbrx", 21)
+    x = rng.uniform(-1, 1, (B, T, D)).astype(np.float32)
+    assert 0.3 < np.mean(np.abs(x @ w["w_q"]) > 0.5) < 0.7
+    want = torch_attention(w, x, 4, h_kv, 8, **targs)
+    check_paths(layer, x, want)
+    assert np.abs(want - torch_attention(w, x, 4, h_kv, 8, rope=targs["rope"])).max() > 1e-2
+    assert layer.config["clip_qkv"] == 0.5
+
+
 def test_permuted_heads_keep_y_and_s_labels_travel():
     rng = np.random.default_rng(6)
     w = random_weights(rng, 4, 4, 8, sinks=rng.uniform(-1, 1, 4))
@@ -212,6 +226,8 @@ FAMILIES = {  # layer arguments, torch_attention arguments, extra weights
               dict(rope=(8, 1e6, False), qk_norm=1e-6)),
     "olmo2": (dict(n_kv_heads=2, qk_norm="rms", qk_norm_whole=True, rope={"pairing": "halves", "theta": 500000}),
               dict(rope=(8, 500000.0, False), qk_norm_whole=1e-6)),
+    "olmo1_dbrx": (dict(n_kv_heads=2, clip_qkv=0.5, rope={"pairing": "halves", "theta": 10000}),
+                   dict(rope=(8, 10000.0, False), clip=0.5)),  # about half of q, k, v clamped
 }
 
 

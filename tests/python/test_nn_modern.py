@@ -60,6 +60,9 @@ def oracle(p, kw, x, kv=None, causal=False, window=None, positions=None, key_pos
         b = p.get(name + ".bias")
         return a @ p[name + ".weight"].T + (0 if b is None else b)
     q, k, v = linear("q_proj", x), linear("k_proj", src), linear("v_proj", src)  # (B,T|S,heads*d)
+    if kw.get("clip_qkv"):  # OLMo 1 / DBRX / MPT: q, k, v clamped before the norms and RoPE
+        c = kw["clip_qkv"]
+        q, k, v = q.clamp(min=-c, max=c), k.clamp(min=-c, max=c), v.clamp(min=-c, max=c)
     norm = {"rms": rms_norm, "layer": layer_norm, "layernorm": layer_norm}.get(kw.get("qk_norm", "none"))
     eps = kw.get("qk_norm_eps", 1e-6)
     if norm and kw.get("qk_norm_whole"):  # OLMo 2: over all heads' q (h*d), before the split
@@ -213,6 +216,7 @@ VARIANTS = {
     "bias": dict(bias=True),
     "bias_qkv": dict(bias="qkv"),
     "scale": dict(scale=0.2),
+    "clip_qkv": dict(clip_qkv=0.6, bias=True),  # about half of q, k, v clamped
 }
 
 
@@ -226,6 +230,19 @@ def test_each_variant_alone(name):
                          ids=["causal", "window", "bidirectional"])
 def test_all_variants_together(h_kv, call):
     check(variant_kw(h_kv=h_kv, **ALL), **call)
+
+
+@pytest.mark.parametrize("h_kv", [4, 2], ids=["MHA", "GQA"])
+def test_clip_qkv_with_the_other_variants_and_cross_attention(h_kv):
+    """OLMo 1 / DBRX (clip_qkv with RoPE, GQA) and every variant with it,
+    self and cross attention: y and all gradients against torch's clamp
+    (whose gradient is 0 where a projection was clamped)."""
+    kw = variant_kw(h_kv=h_kv, **dict(ALL, clip_qkv=0.6))
+    m, _ = check(kw, causal=True, window=3)
+    with torch.no_grad():  # the clamp matters: a good share of the projections is beyond 0.6
+        x = torch.randn(2, 7, 32, generator=torch.Generator().manual_seed(1))
+        assert 0.2 < (m.q_proj(x).abs() > 0.6).double().mean().item() < 0.8
+    check(dict(kw, kv_dim=24), S=9)
 
 
 def test_all_variants_olmo2_whole_width_layernorm_interleaved():
@@ -482,6 +499,9 @@ def test_an_optimizer_step_reduces_the_loss():
     (dict(bias="qk"), mha.ArgumentError, "bias='qk'"),
     (dict(masked_rows="inf"), mha.ArgumentError, "masked_rows"),
     (dict(scale=-1.0), mha.ArgumentError, "scale"),
+    (dict(clip_qkv=0.0), mha.ArgumentError, "clip_qkv=0.0; expected None"),
+    (dict(clip_qkv=-2.0), mha.ArgumentError, "clip_qkv=-2.0"),
+    (dict(clip_qkv=float("inf")), mha.ArgumentError, "clip_qkv=inf"),
     (dict(head_dim=None, d_model=30), ValueError, "d_model=30 is not a multiple of n_heads=4"),
     (dict(dtype=torch.float64), ValueError, "float32"),
     (dict(alibi="yes"), mha.ArgumentError, "alibi"),
