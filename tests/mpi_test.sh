@@ -431,6 +431,10 @@ mpmd "--weights $T/hfdir $H --decode 3" "--weights $T/hfdir_theta $H --decode 3"
 expect_fail 2 "rank 1: checksum of the variants (config.json"
 mpmd "--split sequence --weights $T/capdir $H" "--split sequence --weights $T/capdir_b $H"
 expect_fail 2 "rank 1: checksum of the variants (config.json"
+# clip_qkv that differs between ranks (here by the flag; config.json's or
+# the file's alike): the layer's clip_qkv is part of the variants' checksum
+mpmd "$G --clip-qkv 0.2" "$G --clip-qkv 0.3"
+expect_fail 2 "rank 1: checksum of the variants (config.json"
 checks=$((checks + 1))
 [ "$(cat "$T/fo/keep.npy")" = EXISTING ] || fail "a failed run replaced an existing --output"
 rm -f "$T/fo/keep.npy"
