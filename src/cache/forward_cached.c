@@ -465,9 +465,9 @@ static mha_decode_opts decode_opts(const mha_exec *ex, const mha_layer *L, const
     const int extra = L->cfg.add_bias_kv;
     return (mha_decode_opts){opt->scale != 0.0f ? opt->scale : 1.0f / sqrtf((float)c->d_k), L->cfg.softcap,
                              L->cfg.alibi ? L->alibi_slopes : NULL, L->cfg.sinks ? L->sinks : NULL,
-                             mha_exec_prefill(ex), opt->window_left,
-                             opt->chunk_size, extra ? L->bias_k : NULL, extra ? L->bias_v : NULL,
-                             L->cfg.add_zero_attn, opt->masked_row == MHA_MASKED_ROW_NAN && !L->cfg.sinks}; /* sink: 0 */
+                             mha_exec_prefill(ex), opt->window_left, opt->chunk_size,
+                             extra ? L->bias_k : NULL, extra ? L->bias_v : NULL, L->cfg.add_zero_attn,
+                             opt->masked_row == MHA_MASKED_ROW_NAN && !L->cfg.sinks}; /* sink: 0 */
 }
 
 static mha_status forward_cached_exec(const mha_exec *ex, const mha_layer *L, mha_cache *c, float *y,
