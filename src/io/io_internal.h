@@ -193,6 +193,20 @@ mha_status mha_io_layer_path(mha_load_options *o, char *buf, size_t cap, const m
  * q_norm.weight / k_norm.weight and their presence means RMS QK-norm.
  * write: the layer's settings and tensors into t. */
 mha_status mha_io_variants_read(mha_config *c, float *w[4], const mha_tensors *t, const char *prefix, int hf);
+
+/* StableLM's q/k LayerNorm, one nn.LayerNorm(d_k, bias=False) per head:
+ * which = "q" or "k", tensors <which>_layernorm.norms.N.weight (d_k) for
+ * N < heads inside prefix, gathered into a malloc'd (heads, d_k) in *out
+ * (NULL when the module has none). A set of another size, a norm of
+ * another width or any other q/k norm the loaders do not read (a LayerNorm
+ * with bias: Phi, Persimmon) is MHA_E_FORMAT naming it, rather than a
+ * layer that runs without it. */
+mha_status mha_io_per_head_norms(float **out, const mha_tensors *t, const char *prefix, const char *which, int heads,
+                                 int d_k);
+/* MHA_E_FORMAT naming the first q/k norm tensor inside prefix that no
+ * reader takes (q_layernorm.weight/.bias, q_norm.bias, their k ones): a
+ * LayerNorm with bias (Phi's qk_layernorm, Persimmon, MPT's qk_ln). */
+mha_status mha_io_refuse_unread_norms(const mha_tensors *t, const char *prefix);
 mha_status mha_io_variants_write(mha_tensors *t, const mha_layer *L);
 
 /* bf16 / int8 projection weights in a native checkpoint (weights_meta.c).

@@ -71,6 +71,7 @@ static const mha_hf_names hf_schemes[] = {
     {"self.query", "self.key", "self.value", "output.dense"},               /* BERT, RoBERTa, ELECTRA */
     {"attention.query", "attention.key", "attention.value", "output.dense"}, /* ViT, DeiT */
     {"q_lin", "k_lin", "v_lin", "out_lin"},                                 /* DistilBERT */
+    {"q_proj", "k_proj", "v_proj", "dense"},                                /* Phi-1.5, Phi-2 */
 };
 #define N_HF_SCHEMES ((int)(sizeof hf_schemes / sizeof hf_schemes[0]))
 
@@ -133,6 +134,7 @@ static const signature signatures[] = {
       {"self.query.weight", "self.key.weight", "self.value.weight", "output.dense.weight"},
       {"attention.query.weight", "attention.key.weight", "attention.value.weight", "output.dense.weight"},
       {"q_lin.weight", "k_lin.weight", "v_lin.weight", "out_lin.weight"}},
+     /* (Phi's q_proj .. dense is the first alternative's) */
      "q/k/v/o projections under Hugging Face's names, or qkv_proj/o_proj.weight"},
     {MHA_LAYOUT_GPT2, {{"c_attn.weight", "c_proj.weight", NULL}, {NULL}}, "c_attn.weight, c_proj.weight"},
     {MHA_LAYOUT_MEGATRON, {{"query_key_value.weight", "dense.weight", NULL}, {NULL}},
@@ -829,6 +831,7 @@ mha_status mha_layer_from_tensors(mha_layer **out, const mha_tensors *t,
     char path[4096];
     if (o.layout == MHA_LAYOUT_AUTO && (s = mha_io_detect(&o.layout, t, o.prefix))) return s;
     if ((s = mha_io_layer_path(&o, path, sizeof path, t))) return s;
+    if (o.layout != MHA_LAYOUT_NATIVE && (s = mha_io_refuse_unread_norms(t, o.prefix))) return s;
     if (o.layout == MHA_LAYOUT_TORCH) return load_torch(out, t, &o);
     staged st;
     memset(&st, 0, sizeof st);

@@ -403,6 +403,14 @@ static mha_status narrow(mha_tensors **out, const source *src, const mha_tensors
             else memcpy(p, a->f, sizeof(float) * a->count);
         }
     }
+    for (int i = 2; i < 4 && !s && src->hf && c->qk_norm == MHA_QK_NORM_LAYER && !mha_tensors_get(nt, nv[i]); i++) {
+        float *all = NULL; /* StableLM's per-head norms: this shard's rows of the gathered (heads, d_k) */
+        const int h0 = i == 3 ? g0 : first, cnt = i == 3 ? g : n;
+        s = mha_io_per_head_norms(&all, t, prefix, i == 2 ? "q" : "k", i == 3 ? c->n_kv_heads : c->n_heads, dk);
+        if (!s && all && (p = add(nt, nv[i], cnt * dk, 0, &s)))
+            memcpy(p, all + (size_t)h0 * dk, sizeof(float) * (size_t)cnt * dk);
+        free(all);
+    }
     if (!s) s = default_slopes(nt, c, first, n);
     // --- metadata: the file's, with this shard's head counts, no labels, and
     //     add_zero_attn as the file and the load option say together
@@ -419,7 +427,13 @@ static mha_status narrow(mha_tensors **out, const source *src, const mha_tensors
     if (!s) s = mha_tensors_set_meta(nt, "n_kv_heads", v);
     if (!s && c->add_zero_attn) s = mha_tensors_set_meta(nt, "add_zero_attn", "1");
     if (!s && src->hf && (mha_tensors_get(nt, "q_norm") || mha_tensors_get(nt, "k_norm")) && !mha_tensors_meta(t, "qk_norm"))
-        s = mha_tensors_set_meta(nt, "qk_norm", "rms"); /* hf: a norm tensor means RMS QK-norm */
+        s = mha_tensors_set_meta(nt, "qk_norm", c->qk_norm == MHA_QK_NORM_LAYER ? "layer" : "rms"); /* hf: q_norm.weight
+                                                   means RMS QK-norm, StableLM's norms.N a LayerNorm per head */
+    if (!s && src->hf && c->qk_norm == MHA_QK_NORM_LAYER && !mha_tensors_meta(t, "qk_norm_eps")) {
+        char e[32];
+        snprintf(e, sizeof e, "%.9g", c->qk_norm_eps);
+        if (!(s = mha_tensors_set_meta(nt, "qk_norm_eps", e))) s = mha_tensors_set_meta(nt, "qk_norm_per_head", "1");
+    }
     /* hf: (h*d_k) norm weights are one norm over the whole width (OLMo 2);
      * the native shard would read them as per-head weights without this
      * (P = 1, the only head split that takes it: Y 0.6 off, silently) */
@@ -439,6 +453,7 @@ static mha_status open_source(mha_tensors **t, source *src, const char *path, co
     if (s) return s;
     if (o.layout == MHA_LAYOUT_AUTO && (s = mha_io_detect(&o.layout, *t, o.prefix))) return s;
     if ((s = mha_io_layer_path(&o, src->path, sizeof src->path, *t))) return s;
+    if (o.layout != MHA_LAYOUT_NATIVE && (s = mha_io_refuse_unread_norms(*t, o.prefix))) return s;
     if ((s = describe(src, *t, &o))) return s;
     src->prefix = o.prefix;
     /* the variants as the loader reads them: a split must know them all

@@ -2,7 +2,9 @@
  * settings as metadata keys (native and hf read the same keys) and the
  * per-head tensors (native: alibi_slopes, sinks, q_norm, k_norm; hf:
  * q_norm.weight, k_norm.weight as Qwen 3 stores them, (d_k), or as
- * OLMo 2 does, (h*d_k) and (h_kv*d_k): a norm over the whole width).
+ * OLMo 2 does, (h*d_k) and (h_kv*d_k): a norm over the whole width; as
+ * Cohere does, (h, d_k) and (h_kv, d_k): a LayerNorm of each head; and
+ * StableLM's q_layernorm.norms.N.weight, a LayerNorm of each head).
  * Legend: h heads, h_kv kv heads, d_k. */
 #include <errno.h>
 #include <math.h>
@@ -86,6 +88,50 @@ static mha_status take(float **dst, const mha_array *a, const char *name, size_t
     return MHA_OK;
 }
 
+mha_status mha_io_refuse_unread_norms(const mha_tensors *t, const char *prefix) {
+    static const char *const names[] = {"q_layernorm.weight", "q_layernorm.bias", "k_layernorm.weight",
+                                        "k_layernorm.bias", "q_norm.bias", "k_norm.bias"};
+    for (int i = 0; i < mha_tensors_count(t); i++)
+        for (int k = 0; k < 6; k++)
+            if (mha_io_name_fits(mha_tensors_name(t, i), prefix, names[k]))
+                return mha_fail(MHA_E_FORMAT, "tensor %.80s: a q/k LayerNorm %s (Phi's qk_layernorm, Persimmon, "
+                                "MPT's qk_ln); expected none: a norm of q and k with a bias is not implemented, "
+                                "and the layer would run without it", mha_tensors_name(t, i),
+                                k % 2 || k >= 4 ? "with a bias" : "of one (d_k) weight and bias");
+    return MHA_OK;
+}
+
+mha_status mha_io_per_head_norms(float **out, const mha_tensors *t, const char *prefix, const char *which, int heads,
+                                 int dk) {
+    *out = NULL;
+    char name[64];
+    int found = 0; /* how many norms.N of this module exist, N counted from 0 */
+    for (;; found++) {
+        const mha_array *a = NULL;
+        snprintf(name, sizeof name, "%s_layernorm.norms.%d.weight", which, found);
+        for (int j = 0; j < mha_tensors_count(t) && !a; j++)
+            if (mha_io_name_fits(mha_tensors_name(t, j), prefix, name)) a = mha_tensors_get(t, mha_tensors_name(t, j));
+        if (!a) break;
+        mha_status s = mha_io_want_real(a, name);
+        if (!s && (a->count != (size_t)dk || a->rank != 1))
+            s = mha_fail(MHA_E_SHAPE, "tensor %s has %zu elements of rank %d; expected (d_k) = (%d,)", name,
+                         a->count, a->rank, dk);
+        if (!s && found < heads && !*out && !(*out = malloc(sizeof(float) * (size_t)heads * dk)))
+            s = mha_fail(MHA_E_NOMEM, "no memory for %s_layernorm", which);
+        if (s) {
+            free(*out), *out = NULL;
+            return s;
+        }
+        if (found < heads) memcpy(*out + (size_t)found * dk, a->f, sizeof(float) * (size_t)dk);
+    }
+    if (found && found != heads) {
+        free(*out), *out = NULL;
+        return mha_fail(MHA_E_SHAPE, "%s_layernorm.norms holds %d per-head norms; expected one per %s head (%d)",
+                        which, found, *which == 'q' ? "query" : "kv", heads);
+    }
+    return MHA_OK;
+}
+
 mha_status mha_io_variants_read(mha_config *c, float *w[4], const mha_tensors *t, const char *prefix, int hf) {
     mha_rope *r = &c->rope;
     int pairing = 0, scaling = 0, norm = 0, omp = r->original_max_positions;
@@ -122,14 +168,26 @@ mha_status mha_io_variants_read(mha_config *c, float *w[4], const mha_tensors *t
     c->qk_norm = (mha_qk_norm)norm, c->qk_norm_per_head = per_head != 0;
     const int h = c->n_heads, hkv = c->n_kv_heads ? c->n_kv_heads : h, dk = c->d_k;
     const char *names[4] = {"alibi_slopes", "sinks", hf ? "q_norm.weight" : "q_norm", hf ? "k_norm.weight" : "k_norm"};
+    for (int i = 2; hf && i < 4; i++) { /* StableLM: a LayerNorm (d_k, no bias) per head */
+        if ((s = mha_io_per_head_norms(&w[i], t, prefix, i == 2 ? "q" : "k", i == 2 ? h : hkv, dk))) return s;
+        if (!w[i]) continue;
+        if (!c->qk_norm) c->qk_norm = MHA_QK_NORM_LAYER;
+        c->qk_norm_per_head = 1;
+        if (!mha_tensors_meta(t, "qk_norm_eps") && c->qk_norm_eps == 0) c->qk_norm_eps = 1e-5f; /* StableLmConfig's layer_norm_eps */
+        names[i] = i == 2 ? "q_layernorm.norms" : "k_layernorm.norms";
+    }
     for (int i = 0; i < 4; i++) {
         const mha_array *a = NULL;
         for (int j = 0; j < mha_tensors_count(t) && !a; j++)
             if (mha_io_name_fits(mha_tensors_name(t, j), prefix, names[i])) a = mha_tensors_get(t, mha_tensors_name(t, j));
-        if (!a) continue;
-        if (hf && i >= 2 && !c->qk_norm) c->qk_norm = MHA_QK_NORM_RMS; /* Qwen 3 / Gemma 3: RMSNorm */
-        if (i == 2 && hf && a->count == (size_t)h * dk && dk != 0 && h > 1)
-            c->qk_norm_whole = 1; /* OLMo 2: one norm over the whole projection, (h*d_k) weights */
+        if (!a || w[i]) continue;
+        /* Qwen 3 / Gemma 3: RMSNorm; Cohere's (h, d_k) of rank 2: its LayerNorm of each head */
+        const int cohere = i == 2 && a->rank == 2 && h > 1 && a->shape[0] == h && a->shape[1] == dk;
+        if (hf && i >= 2 && !c->qk_norm) c->qk_norm = cohere ? MHA_QK_NORM_LAYER : MHA_QK_NORM_RMS;
+        if (hf && cohere && c->qk_norm == MHA_QK_NORM_LAYER && !mha_tensors_meta(t, "qk_norm_eps"))
+            c->qk_norm_eps = 1e-5f; /* CohereConfig's layer_norm_eps */
+        /* OLMo 2: one norm over the whole projection, (h*d_k) weights of rank 1 */
+        if (i == 2 && hf && a->count == (size_t)h * dk && dk != 0 && h > 1 && a->rank == 1) c->qk_norm_whole = 1;
         if (i >= 2 && a->count == (size_t)(i == 2 ? h : hkv) * dk && (i == 2 ? h : hkv) > 1) c->qk_norm_per_head = 1;
         if ((i == 0 && !c->alibi) || (i == 1 && !c->sinks) || (i >= 2 && !c->qk_norm)) continue;
         size_t per = (size_t)(i == 2 ? h : hkv) * dk;
