@@ -64,8 +64,13 @@ static int is_hf(const cli_ckpt *ck, const char *path) {
         if (!t || mha_layout_detect(&l, t)) l = MHA_LAYOUT_AUTO;
         mha_tensors_free(t);
     }
-    return l == MHA_LAYOUT_HF || l == MHA_LAYOUT_MEGATRON;
+    return l == MHA_LAYOUT_HF || l == MHA_LAYOUT_MEGATRON ? 1 : l == MHA_LAYOUT_GPT2 ? 2 : 0;
 }
+
+/* The families saved under GPT-2's names (c_attn, c_proj) whose config.json
+ * a gpt2 checkpoint reads: Jais (ALiBi, its score scale) and Qwen 1 (whose
+ * c_attn is refused); GPT-2's and GPT-BigCode's are ignored as before. */
+static const char *const gpt2_named[] = {"jais", "qwen", NULL};
 
 /* A number at key of obj into *dst when present: range lo..hi, whole
  * when asked. 0 or an exit code naming the key. */
@@ -203,18 +208,38 @@ static const char *const falcon[] = {"falcon", "RefinedWebModel", "RefinedWeb", 
  * 1 + weight (its weights are stored centred on 0). Without this a
  * checkpoint ran silently without its position encoding. */
 static int family(cli_hf_config *c, const char *cmd, json_t *root, const char *type) {
+    static const char *const layer_norms[] = {"cohere", "cohere2", "stablelm", NULL};
     static const char *const rotary[] = {"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe",
                                          "gemma", "gemma2", "gemma3", "gemma3_text", "phi3", "phimoe", "olmo", "olmo2",
-                                         "olmoe", "granite", "granitemoe", "starcoder2", "stablelm", "gpt_neox",
+                                         "olmoe", "granite", "granitemoe", "starcoder2", "stablelm", "gpt_neox", "phi",
                                          "gpt_oss", "falcon", "RefinedWebModel", "RefinedWeb", NULL};
     static const char *const gemma3[] = {"gemma3", "gemma3_text", NULL};
     const int alibi = json_is_true(json_object_get(root, "alibi"));
     c->alibi = type && (strcmp(type, "bloom") == 0 || (type_in(type, falcon) && alibi));
     c->qk_norm_offset = type_in(type, gemma3);
     c->sinks = type && strcmp(type, "gpt_oss") == 0; /* every gpt-oss layer has them; ignored, Y was silently off */
-    if (type_in(type, cohere) && json_is_true(json_object_get(root, "use_qk_norm")))
-        return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: use_qk_norm is true (Cohere's LayerNorm of q and "
-                             "k with a weight per head); expected false: that norm is not implemented");
+    if (type && strcmp(type, "chatglm") == 0) /* its query_key_value would be read with megatron's rows */
+        return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: model_type chatglm: its query_key_value holds "
+                             "[all q; all k; all v] blocks and rotates half of each head in pairs (2i, 2i+1); "
+                             "expected megatron's rows per kv group: ChatGLM is not supported");
+    if (type && strcmp(type, "qwen") == 0) /* the gpt2 layout would read GPT-BigCode's per-head rows */
+        return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: model_type qwen (Qwen 1): its c_attn holds [q; k; "
+                             "v] blocks, which the gpt2 layout reads as GPT-BigCode's rows [q; k; v] per head; "
+                             "expected another model_type: Qwen 1 is not supported");
+    if (type && strcmp(type, "jais") == 0) {
+        json_t *pe = json_object_get(root, "position_embedding_type"), *as = json_object_get(root, "alibi_scaling");
+        if (as && !json_is_null(as))
+            return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: alibi_scaling is set (Jais's ALiBi scaled "
+                                 "past its training length); expected null: it is not implemented");
+        c->alibi = pe && json_string_value(pe) && strcmp(json_string_value(pe), "alibi") == 0;
+    }
+    if (type && strcmp(type, "gpt_neo") == 0) c->scale = 1.0; /* GPT-Neo does not scale q.k */
+    if (type_in(type, layer_norms)) { /* their q/k LayerNorm's eps */
+        c->qk_norm_eps = 1e-5;
+        int rc = number(cmd, root, "", "layer_norm_eps", 1e-30, 1, 0, &c->qk_norm_eps);
+        if (rc) return rc;
+    }
+    c->qk_norm_layer = type_in(type, cohere) && json_is_true(json_object_get(root, "use_qk_norm"));
     if (type_in(type, cohere)) {
         c->rope = "interleaved"; /* Cohere's rotate_half pairs dims 2i and 2i+1, as GPT-J's */
     } else if (type && strcmp(type, "gptj") == 0) {
@@ -240,6 +265,7 @@ static int head_aliases(const char *cmd, json_t *root, const char *type, const c
                        : prefix && strstr(prefix, "encoder") ? "encoder_attention_heads" : NULL;
     int rc = *heads ? 0 : number(cmd, root, "", "n_head", 1, 4096, 1, heads);
     if (!rc && !*heads) rc = number(cmd, root, "", "n_heads", 1, 4096, 1, heads);
+    if (!rc && !*heads && type && strcmp(type, "gpt_neo") == 0) rc = number(cmd, root, "", "num_heads", 1, 4096, 1, heads);
     if (!rc && !*heads && side) rc = number(cmd, root, "", side, 1, 4096, 1, heads);
     if (!rc && !*hidden) rc = number(cmd, root, "", "n_embd", 1, 1 << 24, 1, hidden);
     if (!rc && !*hidden) rc = number(cmd, root, "", "d_model", 1, 1 << 24, 1, hidden);
@@ -269,6 +295,31 @@ static long long layer_index(const char *prefix) {
  * layers slide), Qwen 2/3 (use_sliding_window, from max_window_layers on),
  * Mistral, Mixtral, Phi-3, Starcoder 2 (every layer); any other family
  * ignores sliding_window. 1, 0, or -1 when it depends on n and n < 0. */
+/* GPT-Neo: whether layer n is "local" in attention_layers, else in
+ * attention_types [[["global", "local"], repeats], ...] expanded; -1 when
+ * the layers differ and n < 0. */
+static int neo_local(json_t *root, long long n) {
+    json_t *layers = json_object_get(root, "attention_layers"), *types = json_object_get(root, "attention_types");
+    long long i = 0;
+    int mine = 0, any = 0, all = 1;
+    for (size_t k = 0; json_is_array(layers) && k < json_array_size(layers); k++, i++) {
+        const char *s = json_string_value(json_array_get(layers, k));
+        const int local = s && strcmp(s, "local") == 0;
+        any |= local, all &= local, mine |= i == n && local;
+    }
+    for (size_t k = 0; !json_is_array(layers) && json_is_array(types) && k < json_array_size(types); k++) {
+        json_t *pair = json_array_get(types, k), *kinds = json_array_get(pair, 0);
+        const long long reps = json_is_integer(json_array_get(pair, 1)) ? json_integer_value(json_array_get(pair, 1)) : 0;
+        for (long long r = 0; r < reps && r < 1 << 20; r++)
+            for (size_t m = 0; json_is_array(kinds) && m < json_array_size(kinds); m++, i++) {
+                const char *s = json_string_value(json_array_get(kinds, m));
+                const int local = s && strcmp(s, "local") == 0;
+                any |= local, all &= local, mine |= i == n && local;
+            }
+    }
+    return n < 0 ? (any && !all ? -1 : any) : mine;
+}
+
 static int slides(json_t *root, const char *type, long long n) {
     static const char *const every[] = {"mistral", "mixtral", "phi3", "phimoe", "starcoder2", NULL};
     static const char *const qwen[] = {"qwen2", "qwen2_moe", "qwen3", "qwen3_moe", NULL};
@@ -285,6 +336,7 @@ static int slides(json_t *root, const char *type, long long n) {
         if (n < 0) mine = first;
         return mine && strcmp(mine, "sliding_attention") == 0;
     }
+    if (type && strcmp(type, "gpt_neo") == 0) return neo_local(root, n);
     if (json_is_integer(pattern) && json_integer_value(pattern) > 0)
         return n < 0 ? -1 : (n + 1) % json_integer_value(pattern) != 0;
     if (type && strcmp(type, "gemma2") == 0) return n < 0 ? -1 : n % 2 == 0;
@@ -304,7 +356,9 @@ static int slides(json_t *root, const char *type, long long n) {
 static int window(cli_hf_config *c, const char *cmd, json_t *root, const char *type, const char *prefix,
                   double *theta) {
     double w = 0;
-    int rc = number(cmd, root, "", "sliding_window", 0, 1 << 30, 1, &w); /* 0, like null: no window */
+    const int neo = type && strcmp(type, "gpt_neo") == 0; /* its local layers' window_size, default 256 */
+    if (neo) w = 256;
+    int rc = number(cmd, root, "", neo ? "window_size" : "sliding_window", 0, 1 << 30, 1, &w); /* 0, like null: no window */
     const int s = rc || !w ? 0 : slides(root, type, layer_index(prefix));
     if (rc || !s) return rc;
     c->window = s < 0 ? -1 : (long long)w;
@@ -353,7 +407,8 @@ int cli_hf_config_read(cli_hf_config *c, const char *cmd, const cli_ckpt *ck, co
     const char *slash = path ? strrchr(path, '/') : NULL;
     const int dir = slash ? (int)(slash - path + 1) : 0;
     if (!path || snprintf(file, sizeof file, "%.*sconfig.json", dir, path) >= (int)sizeof file) return 0;
-    if (access(file, F_OK) != 0 || !is_hf(ck, path)) return 0;
+    const int kind = access(file, F_OK) != 0 ? 0 : is_hf(ck, path);
+    if (!kind) return 0;
     json_error_t err;
     json_t *root = json_load_file(file, 0, &err);
     if (!root || !json_is_object(root)) {
@@ -367,6 +422,10 @@ int cli_hf_config_read(cli_hf_config *c, const char *cmd, const cli_ckpt *ck, co
     root = sub_config(top, ck->prefix);
     double heads = 0, kv = 0, hd = 0, hidden = 0, theta = 0, part = 0;
     const char *type = json_string_value(json_object_get(root, "model_type")); /* what the family implies */
+    if (kind == 2 && !type_in(type, gpt2_named)) { /* GPT-2, GPT-BigCode: as before, not read */
+        json_decref(top);
+        return 0;
+    }
     int rc = number(cmd, root, "", "num_attention_heads", 1, 4096, 1, &heads);
     if (!rc) rc = number(cmd, root, "", "num_key_value_heads", 1, 4096, 1, &kv);
     if (!rc) rc = number(cmd, root, "", "head_dim", 1, 65536, 1, &hd);
@@ -395,12 +454,14 @@ int cli_hf_config_read(cli_hf_config *c, const char *cmd, const cli_ckpt *ck, co
         const int s = slides(root, type, layer_index(ck->prefix));
         c->no_rope = s < 0 ? -1 : !s;
     }
+    const int jais_by_d = type && strcmp(type, "jais") == 0 && json_is_true(json_object_get(root, "mup_scale_qk_dot_by_d"));
     json_decref(top);
     if (rc) return rc;
     c->heads = (long long)heads, c->kv_heads = (long long)kv, c->hidden = (long long)hidden;
     c->head_dim = hd ? (long long)hd : heads && hidden ? (long long)(hidden / heads) : 0;
     c->head_dim_derived = !hd && c->head_dim;
     c->rope_theta = theta;
+    if (jais_by_d && c->head_dim) c->scale = 1.0 / (double)c->head_dim; /* Jais (muP): q.k / d, not / sqrt(d) */
     if (part && part < 1) {
         const double r = part * (double)c->head_dim;
         if (!c->head_dim || r != floor(r) || (long long)r % 2 || r < 2)

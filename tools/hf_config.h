@@ -26,8 +26,11 @@ typedef struct {
                                   rotary family (GPT-J: interleaved) even without
                                   rope_theta; NULL = as rope_theta says          */
     int alibi;                 /* model_type bloom, or falcon with "alibi": true   */
-    double qk_norm_eps;        /* rms_norm_eps: the eps of the q/k RMSNorm; 0 = absent */
+    double qk_norm_eps;        /* rms_norm_eps: the eps of the q/k RMSNorm (Cohere,
+                                  StableLM: layer_norm_eps of their LayerNorm); 0 = absent */
     int qk_norm_offset;        /* Gemma 3: its RMSNorm scales by (1 + weight)      */
+    int qk_norm_layer;         /* Cohere's use_qk_norm: the (h, d_k) q/k norms are a
+                                  LayerNorm of each head (eps layer_norm_eps)     */
     int sinks;                 /* gpt_oss: the module's "sinks" tensor, when it has
                                   one, holds the (h) sink logits (as --sinks sinks) */
     long long window;          /* sliding_window when this layer slides (layer_types,
