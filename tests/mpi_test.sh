@@ -117,6 +117,22 @@ write_safetensors(d + "/olmo2dir/model.safetensors",
                    "model.layers.0.self_attn.q_norm.weight": 1 + r(16), "model.layers.0.self_attn.k_norm.weight": 1 + r(16)})
 json.dump({"model_type": "olmo2", "num_attention_heads": 4, "num_key_value_heads": 4, "hidden_size": 16,
            "rope_theta": 500.0, "rms_norm_eps": 1e-6}, open(d + "/olmo2dir/config.json", "w"))
+# StableLM 2 and Cohere directories: a LayerNorm of each head, StableLM's
+# as one tensor per head (q_layernorm.norms.N.weight), Cohere's (h, d_k)
+for name, cfg in (("slmdir", {"model_type": "stablelm", "qk_layernorm": True, "partial_rotary_factor": 0.5,
+                              "layer_norm_eps": 0.1}),
+                  ("coheredir", {"model_type": "cohere", "use_qk_norm": True, "layer_norm_eps": 0.1})):
+    os.mkdir(d + "/" + name)
+    t = {"model.layers.0.self_attn.%s_proj.weight" % n: r(8 if n in "kv" else 16, 16) for n in "qkvo"}
+    p = "model.layers.0.self_attn."
+    if name == "slmdir":
+        t.update({p + "q_layernorm.norms.%d.weight" % i: 1 + r(4) for i in range(4)})
+        t.update({p + "k_layernorm.norms.%d.weight" % i: 1 + r(4) for i in range(2)})
+    else:
+        t[p + "q_norm.weight"], t[p + "k_norm.weight"] = 1 + r(4, 4), 1 + r(2, 4)
+    write_safetensors(d + "/%s/model.safetensors" % name, t)
+    json.dump(dict(cfg, num_attention_heads=4, num_key_value_heads=2, hidden_size=16, rope_theta=50.0),
+              open(d + "/%s/config.json" % name, "w"))
 layer("mha_b", 24, 12, 12, 3, 2)          # mha's shapes, other weights
 np.save(d + "/x.npy", r(2, 16, 24))
 np.save(d + "/x16.npy", r(2, 16, 16))
@@ -476,6 +492,16 @@ expect_ok
 close "$T/y.npy" "$T/r_olmo2.npy"
 mpi 2 --split heads --weights "$T/olmo2dir" --input "$T/x16.npy" --output "$T/fo/y.npy" --causal
 expect_fail 2 "qk_norm_whole .*needs every head"
+# StableLM's and Cohere's LayerNorm of each head travels with the head
+# (the shard dropped StableLM's norms.N tensors before it read them)
+for dir in slmdir coheredir; do
+    ref --weights "$T/$dir" --prefix model.layers.0 --input "$T/x16.npy" --output "$T/r_$dir.npy" --causal
+    for np_ in 2 4; do
+        mpi $np_ --split heads --weights "$T/$dir" --prefix model.layers.0 --input "$T/x16.npy" --output "$T/y.npy" --causal
+        expect_ok
+        close "$T/y.npy" "$T/r_$dir.npy"
+    done
+done
 # --decode: usage errors (exit 2) on every rank
 mpi 2 --decode 3 --split sequence --weights "$T/mha.safetensors" --input "$T/x.npy" --output "$T/fo/y.npy" --causal
 expect_fail 2 "expected --split heads"

@@ -29,8 +29,9 @@ typedef struct {
     double qk_norm_eps;        /* rms_norm_eps: the eps of the q/k RMSNorm (Cohere,
                                   StableLM: layer_norm_eps of their LayerNorm); 0 = absent */
     int qk_norm_offset;        /* Gemma 3: its RMSNorm scales by (1 + weight)      */
-    int qk_norm_layer;         /* Cohere's use_qk_norm: the (h, d_k) q/k norms are a
-                                  LayerNorm of each head (eps layer_norm_eps)     */
+    int qk_norm_layer;         /* Cohere's use_qk_norm: the checkpoint must hold its
+                                  (h, d_k) q/k norms (a LayerNorm of each head,
+                                  eps layer_norm_eps, as the loader reads them)   */
     int sinks;                 /* gpt_oss: the module's "sinks" tensor, when it has
                                   one, holds the (h) sink logits (as --sinks sinks) */
     long long window;          /* sliding_window when this layer slides (layer_types,

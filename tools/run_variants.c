@@ -247,10 +247,11 @@ int cli_apply_variants(const char *cmd, mha_layer **L, cli_fwd *f, cli_variant_f
     const double softcap = vf->softcap ? vf->softcap : hc.softcap;
     const double clip_qkv = vf->clip_qkv ? vf->clip_qkv : hc.clip_qkv; /* OLMo 1, DBRX, MPT */
     f->opt.scale = (float)(vf->scale ? vf->scale : hc.scale); /* 0: 1/sqrt(d_k) */
-    if (hc.qk_norm_layer && !mha_layer_config(*L)->qk_norm)
+    if (hc.qk_norm_layer && mha_layer_config(*L)->qk_norm != MHA_QK_NORM_LAYER) /* the loader reads Cohere's (h, d_k) */
         return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: use_qk_norm is true; expected the checkpoint's "
-                             "q_norm.weight (h, d_k) and k_norm.weight (h_kv, d_k) beside it: none found");
-    const int file_norm = mha_layer_config(*L)->qk_norm && (hc.qk_norm_eps || hc.qk_norm_offset || hc.qk_norm_layer);
+                             "q_norm.weight (h, d_k) and k_norm.weight (h_kv, d_k), Cohere's LayerNorm of each "
+                             "head: not found");
+    const int file_norm = mha_layer_config(*L)->qk_norm && (hc.qk_norm_eps || hc.qk_norm_offset);
     const int file_sinks = hc.sinks && !vf->sinks && !mha_layer_config(*L)->sinks; /* gpt-oss's, unless --sinks */
     if (!rope && !theta && !rope_dim && !rope_scale && !vf->alibi && !hc.alibi && !softcap && !vf->sinks &&
         !vf->qk_norm && !file_norm && !file_sinks && !clip_qkv)
@@ -305,7 +306,6 @@ int cli_apply_variants(const char *cmd, mha_layer **L, cli_fwd *f, cli_variant_f
         c.qk_norm = strcmp(vf->qk_norm, "rms") == 0 ? MHA_QK_NORM_RMS : MHA_QK_NORM_LAYER;
     }
     float *norms = NULL;
-    if (!rc && c.qk_norm && hc.qk_norm_layer && !vf->qk_norm) c.qk_norm = MHA_QK_NORM_LAYER; /* Cohere's CohereLayerNorm */
     if (!rc && c.qk_norm && hc.qk_norm_eps) c.qk_norm_eps = (float)hc.qk_norm_eps; /* config.json's rms_norm_eps */
     if (!rc && c.qk_norm && hc.qk_norm_offset) rc = offset_norms(cmd, &norms, &c, &w);
     mha_layer *n = NULL;

@@ -106,9 +106,11 @@ def test_phi2_dense_bias_partial_rotary(tmp_path):
     w, b, t = phi(np.random.RandomState(0), D, H)
     cfg = {"model_type": "phi", "hidden_size": D, "num_attention_heads": H, "num_key_value_heads": H,
            "partial_rotary_factor": 0.4, "rope_theta": 10000.0, "qk_layernorm": False, "layer_norm_eps": 1e-5}
-    x, y = run(tmp_path, t, cfg, "model.layers.0", D)
-    q, k, v = (heads(x @ w[n].T + b[n], H) for n in ("q_proj", "k_proj", "v_proj"))
-    close(y, attention(rotate(q, 4, 1e4, "halves"), rotate(k, 4, 1e4, "halves"), v, w["dense"], b["dense"]))
+    q, k, v = (heads(save(tmp_path, t, cfg, D) @ w[n].T + b[n], H) for n in ("q_proj", "k_proj", "v_proj"))
+    want = attention(rotate(q, 4, 1e4, "halves"), rotate(k, 4, 1e4, "halves"), v, w["dense"], b["dense"])
+    close(run(tmp_path, t, cfg, "model.layers.0", D)[1], want)
+    del cfg["rope_theta"]  # PhiConfig's default 10000: the family rotates without the key
+    close(run(tmp_path, t, cfg, "model.layers.0", D)[1], want)
 
 
 def test_phi_qk_layernorm_with_bias_is_refused(tmp_path):
@@ -148,6 +150,9 @@ def test_cohere_use_qk_norm_is_a_per_head_layer_norm(tmp_path):
     q = rotate(layer_norm(heads(x @ w["q_proj"].T, H), qn[:, None], eps), 8, 1e4, "interleaved")
     k = rotate(layer_norm(heads(x @ w["k_proj"].T, G), kn[:, None], eps), 8, 1e4, "interleaved")
     close(y, attention(q, k, heads(x @ w["v_proj"].T, G), w["o_proj"]))
+    del t[p + "q_norm.weight"], t[p + "k_norm.weight"]  # use_qk_norm without the norms: refused
+    _, r = run(tmp_path, t, cfg, "model.layers.0", D, check=False)
+    refused(r, tmp_path, "use_qk_norm")
 
 
 def stablelm(rs, D, H, G, prefix="model.layers.0.self_attn."):
@@ -326,6 +331,10 @@ def test_library_load_reads_the_per_head_layer_norms(tmp_path):
     D, H, G = 64, 4, 2
     rs = np.random.RandomState(12)
     w, b, t, qn, kn = stablelm(rs, D, H, G)
+    for n in ("q_proj", "k_proj"):  # small q and k: the eps (1e-5, not the library's 1e-6) matters
+        p = "model.layers.0.self_attn." + n
+        w[n], b[n] = w[n] * 0.003, b[n] * 0.003
+        t[p + ".weight"], t[p + ".bias"] = w[n], b[n]
     write_safetensors(tmp_path / "slm.safetensors", t)
     x = np.random.RandomState(13).randn(1, T, D).astype(np.float32)
     L = lib.Layer.load(tmp_path / "slm.safetensors", n_heads=H)
