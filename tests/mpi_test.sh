@@ -133,6 +133,12 @@ for name, cfg in (("slmdir", {"model_type": "stablelm", "qk_layernorm": True, "p
     write_safetensors(d + "/%s/model.safetensors" % name, t)
     json.dump(dict(cfg, num_attention_heads=4, num_key_value_heads=2, hidden_size=16, rope_theta=50.0),
               open(d + "/%s/config.json" % name, "w"))
+# an InternLM2 directory: wqkv holds megatron's rows per kv group, wo
+os.mkdir(d + "/interndir")
+write_safetensors(d + "/interndir/model.safetensors", {"model.layers.0.attention.wqkv.weight": r(32, 16),
+                  "model.layers.0.attention.wqkv.bias": r(32), "model.layers.0.attention.wo.weight": r(16, 16)})
+json.dump({"model_type": "internlm2", "num_attention_heads": 4, "num_key_value_heads": 2, "hidden_size": 16,
+           "rope_theta": 50.0}, open(d + "/interndir/config.json", "w"))
 layer("mha_b", 24, 12, 12, 3, 2)          # mha's shapes, other weights
 np.save(d + "/x.npy", r(2, 16, 24))
 np.save(d + "/x16.npy", r(2, 16, 16))
@@ -493,8 +499,9 @@ close "$T/y.npy" "$T/r_olmo2.npy"
 mpi 2 --split heads --weights "$T/olmo2dir" --input "$T/x16.npy" --output "$T/fo/y.npy" --causal
 expect_fail 2 "qk_norm_whole .*needs every head"
 # StableLM's and Cohere's LayerNorm of each head travels with the head
-# (the shard dropped StableLM's norms.N tensors before it read them)
-for dir in slmdir coheredir; do
+# (the shard dropped StableLM's norms.N tensors before it read them);
+# InternLM2's wqkv rows per kv group as megatron's
+for dir in slmdir coheredir interndir; do
     ref --weights "$T/$dir" --prefix model.layers.0 --input "$T/x16.npy" --output "$T/r_$dir.npy" --causal
     for np_ in 2 4; do
         mpi $np_ --split heads --weights "$T/$dir" --prefix model.layers.0 --input "$T/x16.npy" --output "$T/y.npy" --causal

@@ -212,7 +212,7 @@ static int family(cli_hf_config *c, const char *cmd, json_t *root, const char *t
     static const char *const rotary[] = {"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe",
                                          "gemma", "gemma2", "gemma3", "gemma3_text", "phi3", "phimoe", "olmo", "olmo2",
                                          "olmoe", "granite", "granitemoe", "starcoder2", "stablelm", "gpt_neox", "phi",
-                                         "gpt_oss", "falcon", "RefinedWebModel", "RefinedWeb", NULL};
+                                         "internlm2", "gpt_oss", "falcon", "RefinedWebModel", "RefinedWeb", NULL};
     static const char *const gemma3[] = {"gemma3", "gemma3_text", NULL};
     const int alibi = json_is_true(json_object_get(root, "alibi"));
     c->alibi = type && (strcmp(type, "bloom") == 0 || (type_in(type, falcon) && alibi));

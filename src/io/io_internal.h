@@ -144,6 +144,11 @@ int mha_io_name_fits(const char *name, const char *prefix, const char *suffix);
  * path's length (layouts.c). */
 int mha_io_name_inside(const char *name, const char *prefix, const char *suffix, size_t *path_len);
 
+/* The megatron layout's fused projection inside prefix: "query_key_value"
+ * (GPT-NeoX, Falcon, BLOOM; output "dense") or InternLM2's "wqkv" (output
+ * "wo"), the same rows per kv group (layouts.c). */
+const char *mha_io_megatron_qkv(const mha_tensors *t, const char *prefix);
+
 /* The module names of an hf layer's Q, K, V and O projections, relative
  * to the layer's path (+ ".weight", ".bias"). */
 typedef struct {

@@ -137,8 +137,8 @@ static const signature signatures[] = {
      /* (Phi's q_proj .. dense is the first alternative's) */
      "q/k/v/o projections under Hugging Face's names, or qkv_proj/o_proj.weight"},
     {MHA_LAYOUT_GPT2, {{"c_attn.weight", "c_proj.weight", NULL}, {NULL}}, "c_attn.weight, c_proj.weight"},
-    {MHA_LAYOUT_MEGATRON, {{"query_key_value.weight", "dense.weight", NULL}, {NULL}},
-     "query_key_value.weight, dense.weight"},
+    {MHA_LAYOUT_MEGATRON, {{"query_key_value.weight", "dense.weight", NULL}, {"wqkv.weight", "wo.weight", NULL}},
+     "query_key_value.weight, dense.weight (InternLM2: wqkv, wo)"},
 };
 #define N_SIGNATURES ((int)(sizeof signatures / sizeof signatures[0]))
 
@@ -181,7 +181,8 @@ mha_status mha_io_detect(mha_layout *out, const mha_tensors *t, const char *pref
     return mha_fail(MHA_E_FORMAT, "no layout fits the tensor names%s (%s); expected native (w_q, "
                     "w_k, w_v, w_o), torch (in_proj_weight, out_proj.weight), hf "
                     "(q_proj.weight, ..., qkv_proj.weight, self.query.weight, ...), gpt2 (c_attn.weight, "
-                    "c_proj.weight) or megatron (query_key_value.weight, dense.weight)", inside, names);
+                    "c_proj.weight) or megatron (query_key_value.weight, dense.weight; wqkv.weight, wo.weight)",
+                    inside, names);
 }
 
 mha_status mha_layout_detect(mha_layout *out, const mha_tensors *t) {
@@ -210,6 +211,7 @@ mha_status mha_io_layer_path(mha_load_options *o, char *buf, size_t cap, const m
         snprintf(hf_q, sizeof hf_q, "%s.weight", k < N_HF_SCHEMES ? hf_schemes[k].q : "qkv_proj");
         anchor = hf_q;
     }
+    if (o->layout == MHA_LAYOUT_MEGATRON && !count_under(t, prefix, anchor)) anchor = "wqkv.weight"; /* InternLM2 */
     if (!count_under(t, prefix, anchor)) anchor = anchor_of(o->layout); /* none: the loader names what is missing */
     int hits = 0;
     char list[256] = "";
@@ -697,8 +699,17 @@ static mha_status load_fused_groups(staged *st, const mha_tensors *t, const mha_
     return s;
 }
 
+const char *mha_io_megatron_qkv(const mha_tensors *t, const char *prefix) {
+    for (int i = 0; i < t->n; i++)
+        if (mha_io_name_fits(t->items[i].name, prefix, "query_key_value.weight")) return "query_key_value";
+    for (int i = 0; i < t->n; i++)
+        if (mha_io_name_fits(t->items[i].name, prefix, "wqkv.weight")) return "wqkv";
+    return "query_key_value"; /* its names then appear in the errors */
+}
+
 static mha_status load_megatron(staged *st, const mha_tensors *t, const mha_load_options *o) {
-    return load_fused_groups(st, t, o, "query_key_value", "dense", "megatron");
+    const char *qkv = mha_io_megatron_qkv(t, o->prefix);
+    return load_fused_groups(st, t, o, qkv, strcmp(qkv, "wqkv") ? "dense" : "wo", "megatron");
 }
 
 /* ----------------------------------------------------------------- gpt2 */

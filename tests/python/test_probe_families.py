@@ -299,6 +299,31 @@ def test_starcoder2_bias_gqa_sliding_window(tmp_path):
     close(y, attention(q, k, heads(x @ w["v_proj"].T + b["v_proj"], G), w["o_proj"], bo, window=W))
 
 
+@pytest.mark.parametrize("bias", [False, True])
+def test_internlm2_wqkv_rows_per_kv_group(tmp_path, bias):
+    """InternLM2: wqkv's rows per kv group g are [the q heads of g, k_g,
+    v_g] (its rearrange "(h gs d)", gs = 2 + h / h_kv), megatron's; wo; no
+    rope_theta key means Hugging Face's 10000, rotate_half."""
+    D, H, G = 32, 4, 2
+    rs = np.random.RandomState(14)
+    d, rep = D // H, H // G
+    wq, wk, wv, wo = rnd(rs, D, D), rnd(rs, G * d, D), rnd(rs, G * d, D), rnd(rs, D, D)
+    bq, bk, bv = (rnd(rs, 1, n)[0] * bias for n in (D, G * d, G * d))
+    rows = np.concatenate([np.concatenate([wq[g * rep * d:(g + 1) * rep * d], wk[g * d:(g + 1) * d],
+                                           wv[g * d:(g + 1) * d]]) for g in range(G)])
+    brows = np.concatenate([np.concatenate([bq[g * rep * d:(g + 1) * rep * d], bk[g * d:(g + 1) * d],
+                                            bv[g * d:(g + 1) * d]]) for g in range(G)])
+    p = "model.layers.1.attention."
+    t = {p + "wqkv.weight": rows, p + "wo.weight": wo}
+    if bias:
+        t[p + "wqkv.bias"], t[p + "wo.bias"] = brows, np.zeros(D, np.float32)
+    cfg = {"model_type": "internlm2", "hidden_size": D, "num_attention_heads": H, "num_key_value_heads": G,
+           "bias": bias}
+    x, y = run(tmp_path, t, cfg, "model.layers.1", D)
+    q, k = rotate(heads(x @ wq.T + bq, H), d, 1e4, "halves"), rotate(heads(x @ wk.T + bk, G), d, 1e4, "halves")
+    close(y, attention(q, k, heads(x @ wv.T + bv, G), wo))
+
+
 # --------------------------------------------- layouts no reader takes
 
 
@@ -307,8 +332,6 @@ def test_starcoder2_bias_gqa_sliding_window(tmp_path):
      {"model_type": "mpt", "d_model": 32, "n_heads": 4, "attn_config": {"alibi": True, "alibi_bias_max": 8}}),
     ("dbrx", "transformer.blocks.0.norm_attn_norm.attn.", {"Wqkv.weight": (64, 32), "out_proj.weight": (32, 32)},
      {"model_type": "dbrx", "d_model": 32, "n_heads": 4, "attn_config": {"kv_n_heads": 2, "rope_theta": 5e5}}),
-    ("internlm2", "model.layers.0.attention.", {"wqkv.weight": (64, 32), "wo.weight": (32, 32)},
-     {"model_type": "internlm2", "hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2}),
     ("baichuan", "model.layers.0.self_attn.", {"W_pack.weight": (96, 32), "o_proj.weight": (32, 32)},
      {"model_type": "baichuan", "hidden_size": 32, "num_attention_heads": 4}),
     ("codegen", "transformer.h.0.attn.", {"qkv_proj.weight": (96, 32), "out_proj.weight": (32, 32)},
