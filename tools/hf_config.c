@@ -209,10 +209,13 @@ static const char *const falcon[] = {"falcon", "RefinedWebModel", "RefinedWeb", 
  * checkpoint ran silently without its position encoding. */
 static int family(cli_hf_config *c, const char *cmd, json_t *root, const char *type) {
     static const char *const layer_norms[] = {"cohere", "cohere2", "stablelm", NULL};
+    /* Phi-1.5 / Phi-2 as first published (custom code): mixer.Wqkv, rotate_half on rotary_dim dims */
+    static const char *const phi_msft[] = {"phi-msft", "mixformer-sequential", NULL};
+    c->position_unknown = type && strcmp(type, "baichuan") == 0; /* 7B rotates, 13B uses ALiBi: not in config.json */
     static const char *const rotary[] = {"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe",
                                          "gemma", "gemma2", "gemma3", "gemma3_text", "phi3", "phimoe", "olmo", "olmo2",
                                          "olmoe", "granite", "granitemoe", "starcoder2", "stablelm", "gpt_neox", "phi",
-                                         "internlm2", "gpt_oss", "falcon", "RefinedWebModel", "RefinedWeb", NULL};
+                                         "internlm2", "dbrx", "gpt_oss", "falcon", "RefinedWebModel", "RefinedWeb", NULL};
     static const char *const gemma3[] = {"gemma3", "gemma3_text", NULL};
     const int alibi = json_is_true(json_object_get(root, "alibi"));
     c->alibi = type && (strcmp(type, "bloom") == 0 || (type_in(type, falcon) && alibi));
@@ -242,13 +245,13 @@ static int family(cli_hf_config *c, const char *cmd, json_t *root, const char *t
     c->qk_norm_layer = type_in(type, cohere) && json_is_true(json_object_get(root, "use_qk_norm"));
     if (type_in(type, cohere)) {
         c->rope = "interleaved"; /* Cohere's rotate_half pairs dims 2i and 2i+1, as GPT-J's */
-    } else if (type && strcmp(type, "gptj") == 0) {
+    } else if (type && (strcmp(type, "gptj") == 0 || type_in(type, phi_msft))) {
         double r = 0; /* null or absent: the whole head */
         int rc = number(cmd, root, "", "rotary_dim", 2, 65536, 1, &r);
         if (rc) return rc;
         if ((long long)r % 2)
             return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: rotary_dim is %g; expected an even number", r);
-        c->rope = "interleaved", c->rope_dim = (long long)r;
+        c->rope = strcmp(type, "gptj") == 0 ? "interleaved" : "halves", c->rope_dim = (long long)r;
     } else if (type_in(type, rotary) && !c->alibi)
         c->rope = "halves";
     return 0;
@@ -275,6 +278,35 @@ static int head_aliases(const char *cmd, json_t *root, const char *type, const c
         !json_is_true(json_object_get(root, "new_decoder_architecture")))
         *kv = 1;
     return rc;
+}
+
+/* MPT's and DBRX's attn_config: DBRX's kv_n_heads and rope_theta (into
+ * *kv, *theta), MPT's alibi (with alibi_bias_max 8, whose slopes are the
+ * paper's), softmax_scale, and either's clip_qkv; MPT's qk_ln (a LayerNorm
+ * with bias of the whole q and k), another alibi_bias_max and llm-foundry's
+ * rope are refused. */
+static int attn_config(cli_hf_config *c, const char *cmd, json_t *root, const char *type, double *kv, double *theta) {
+    json_t *a = json_object_get(root, "attn_config");
+    const int mpt = type && strcmp(type, "mpt") == 0;
+    if (!json_is_object(a) || !(mpt || (type && strcmp(type, "dbrx") == 0))) return 0;
+    double bias_max = 8;
+    int rc = number(cmd, a, "attn_config.", "kv_n_heads", 1, 4096, 1, kv);
+    if (!rc && !mpt) rc = number(cmd, a, "attn_config.", "rope_theta", 1, 1e12, 0, theta);
+    if (!rc && !c->clip_qkv) rc = number(cmd, a, "attn_config.", "clip_qkv", 1e-30, 1e30, 0, &c->clip_qkv);
+    if (!rc && mpt) rc = number(cmd, a, "attn_config.", "softmax_scale", 1e-30, 1e30, 0, &c->scale);
+    if (!rc && mpt) rc = number(cmd, a, "attn_config.", "alibi_bias_max", 1e-9, 1e9, 0, &bias_max);
+    if (rc || !mpt) return rc;
+    if (json_is_true(json_object_get(a, "qk_ln")))
+        return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: attn_config.qk_ln is true (MPT's LayerNorm with "
+                             "bias of q and k); expected false: it is not implemented");
+    if (json_is_true(json_object_get(a, "rope")))
+        return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: attn_config.rope is true; expected false: "
+                             "llm-foundry's rotary settings are not read");
+    c->alibi = json_is_true(json_object_get(a, "alibi"));
+    if (c->alibi && bias_max != 8)
+        return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: attn_config.alibi_bias_max is %g; expected 8: "
+                             "other ALiBi slopes than the paper's are not implemented", bias_max);
+    return 0;
 }
 
 /* The layer number in a prefix: its last all-digit component
@@ -445,8 +477,7 @@ int cli_hf_config_read(cli_hf_config *c, const char *cmd, const cli_ckpt *ck, co
     if (pre) c->scale = 1.0 / sqrt(pre);
     if (!rc) rc = window(c, cmd, root, type, ck->prefix, &theta);
     if (!rc) rc = number(cmd, root, "", "clip_qkv", 1e-30, 1e30, 0, &c->clip_qkv); /* OLMo 1 */
-    json_t *attn_cfg = json_object_get(root, "attn_config"); /* DBRX, MPT: attn_config.clip_qkv */
-    if (!rc && json_is_object(attn_cfg)) rc = number(cmd, attn_cfg, "attn_config.", "clip_qkv", 1e-30, 1e30, 0, &c->clip_qkv);
+    if (!rc) rc = attn_config(c, cmd, root, type, &kv, &theta); /* DBRX, MPT: attn_config.clip_qkv too */
     if (!rc) nope(c, root, ck->prefix);
     if (!rc && type && strcmp(type, "cohere2") == 0 &&
         (json_object_get(root, "layer_types") || json_object_get(root, "sliding_window_pattern"))) {

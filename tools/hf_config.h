@@ -41,6 +41,8 @@ typedef struct {
     int no_rope;               /* no_rope_layers[n] = 0 (SmolLM 3, Llama 4): this
                                   layer has no rotary, whatever rope_theta says; -1 =
                                   the layers differ and --prefix names none       */
+    int position_unknown;      /* Baichuan: 7B rotates, 13B uses ALiBi, and config.json
+                                  does not say which: run asks for --rope or --alibi */
     double clip_qkv;           /* clip_qkv (OLMo 1; DBRX, MPT: attn_config's) = --clip-qkv; 0 = null */
 } cli_hf_config;
 

@@ -247,6 +247,10 @@ int cli_apply_variants(const char *cmd, mha_layer **L, cli_fwd *f, cli_variant_f
     const double softcap = vf->softcap ? vf->softcap : hc.softcap;
     const double clip_qkv = vf->clip_qkv ? vf->clip_qkv : hc.clip_qkv; /* OLMo 1, DBRX, MPT */
     f->opt.scale = (float)(vf->scale ? vf->scale : hc.scale); /* 0: 1/sqrt(d_k) */
+    if (hc.position_unknown && !vf->rope && !vf->alibi)
+        return mha_cmd_error(cmd, MHA_EXIT_USAGE, "config.json: model_type baichuan does not say how the layer "
+                             "encodes positions (Baichuan 7B rotates, 13B uses ALiBi); expected --rope halves or "
+                             "--alibi");
     if (hc.qk_norm_layer && mha_layer_config(*L)->qk_norm != MHA_QK_NORM_LAYER) /* the loader reads Cohere's (h, d_k) */
         return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: use_qk_norm is true; expected the checkpoint's "
                              "q_norm.weight (h, d_k) and k_norm.weight (h_kv, d_k), Cohere's LayerNorm of each "

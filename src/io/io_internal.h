@@ -144,6 +144,16 @@ int mha_io_name_fits(const char *name, const char *prefix, const char *suffix);
  * path's length (layouts.c). */
 int mha_io_name_inside(const char *name, const char *prefix, const char *suffix, size_t *path_len);
 
+/* A fused [Q; K; V] projection of the hf layout, rows [every q head;
+ * every k head; every v head] (out, in), and its output projection:
+ * Phi-3's qkv_proj / o_proj, Baichuan's W_pack / o_proj, MPT's and DBRX's
+ * Wqkv / out_proj. mha_io_hf_fused: the one whose qkv weight lies inside
+ * prefix, or NULL (layouts.c). */
+typedef struct {
+    const char *qkv, *o;
+} mha_hf_fused_names;
+const mha_hf_fused_names *mha_io_hf_fused(const mha_tensors *t, const char *prefix);
+
 /* The megatron layout's fused projection inside prefix: "query_key_value"
  * (GPT-NeoX, Falcon, BLOOM; output "dense") or InternLM2's "wqkv" (output
  * "wo"), the same rows per kv group (layouts.c). */

@@ -75,6 +75,23 @@ static const mha_hf_names hf_schemes[] = {
 };
 #define N_HF_SCHEMES ((int)(sizeof hf_schemes / sizeof hf_schemes[0]))
 
+static const mha_hf_fused_names hf_fused[] = {
+    {"qkv_proj", "o_proj"}, /* Phi-3 (CodeGen's qkv_proj with out_proj is another order: not read) */
+    {"W_pack", "o_proj"},   /* Baichuan */
+    {"Wqkv", "out_proj"},   /* MPT, DBRX */
+};
+#define N_HF_FUSED ((int)(sizeof hf_fused / sizeof hf_fused[0]))
+
+const mha_hf_fused_names *mha_io_hf_fused(const mha_tensors *t, const char *prefix) {
+    char q[48];
+    for (int k = 0; k < N_HF_FUSED; k++) {
+        snprintf(q, sizeof q, "%s.weight", hf_fused[k].qkv);
+        for (int i = 0; i < t->n; i++)
+            if (mha_io_name_fits(t->items[i].name, prefix, q)) return &hf_fused[k];
+    }
+    return NULL;
+}
+
 const mha_hf_names *mha_io_hf_names(const mha_tensors *t, const char *prefix) {
     char q[48], o[48];
     for (int k = 0; k < N_HF_SCHEMES; k++) {
@@ -119,7 +136,7 @@ static mha_status find(const mha_array **out, const mha_tensors *t, const char *
 /* Tensors whose presence identifies each layout (any one alternative). */
 typedef struct {
     mha_layout layout;
-    const char *sig[5][4]; /* alternatives, each a NULL-terminated list */
+    const char *sig[7][4]; /* alternatives, each a NULL-terminated list */
     const char *describe;
 } signature;
 
@@ -133,9 +150,11 @@ static const signature signatures[] = {
       {"qkv_proj.weight", "o_proj.weight", NULL},
       {"self.query.weight", "self.key.weight", "self.value.weight", "output.dense.weight"},
       {"attention.query.weight", "attention.key.weight", "attention.value.weight", "output.dense.weight"},
-      {"q_lin.weight", "k_lin.weight", "v_lin.weight", "out_lin.weight"}},
+      {"q_lin.weight", "k_lin.weight", "v_lin.weight", "out_lin.weight"},
+      {"W_pack.weight", "o_proj.weight", NULL},
+      {"Wqkv.weight", "out_proj.weight", NULL}},
      /* (Phi's q_proj .. dense is the first alternative's) */
-     "q/k/v/o projections under Hugging Face's names, or qkv_proj/o_proj.weight"},
+     "q/k/v/o projections under Hugging Face's names, or a fused qkv_proj, W_pack, Wqkv with o_proj, out_proj"},
     {MHA_LAYOUT_GPT2, {{"c_attn.weight", "c_proj.weight", NULL}, {NULL}}, "c_attn.weight, c_proj.weight"},
     {MHA_LAYOUT_MEGATRON, {{"query_key_value.weight", "dense.weight", NULL}, {"wqkv.weight", "wo.weight", NULL}},
      "query_key_value.weight, dense.weight (InternLM2: wqkv, wo)"},
@@ -143,7 +162,7 @@ static const signature signatures[] = {
 #define N_SIGNATURES ((int)(sizeof signatures / sizeof signatures[0]))
 
 static int fits_signature(const mha_tensors *t, const char *prefix, const signature *s) {
-    for (int alt = 0; alt < 5; alt++) {
+    for (int alt = 0; alt < 7; alt++) {
         if (!s->sig[alt][0]) continue;
         int ok = 1;
         for (int k = 0; k < 4 && s->sig[alt][k]; k++) ok &= count_under(t, prefix, s->sig[alt][k]) > 0;
@@ -180,7 +199,8 @@ mha_status mha_io_detect(mha_layout *out, const mha_tensors *t, const char *pref
     if (prefix && *prefix) snprintf(inside, sizeof inside, " inside prefix '%.60s'", prefix);
     return mha_fail(MHA_E_FORMAT, "no layout fits the tensor names%s (%s); expected native (w_q, "
                     "w_k, w_v, w_o), torch (in_proj_weight, out_proj.weight), hf "
-                    "(q_proj.weight, ..., qkv_proj.weight, self.query.weight, ...), gpt2 (c_attn.weight, "
+                    "(q_proj.weight, ..., qkv_proj.weight, W_pack.weight, Wqkv.weight, self.query.weight, ...), "
+                    "gpt2 (c_attn.weight, "
                     "c_proj.weight) or megatron (query_key_value.weight, dense.weight; wqkv.weight, wo.weight)",
                     inside, names);
 }
@@ -206,9 +226,9 @@ mha_status mha_io_layer_path(mha_load_options *o, char *buf, size_t cap, const m
     const char *prefix = o->prefix && *o->prefix ? o->prefix : NULL, *anchor = anchor_of(o->layout);
     o->prefix = prefix;
     if (!anchor) return MHA_OK;
-    char hf_q[48]; /* hf: the first naming scheme's Q weight, else Phi-3's fused qkv_proj, present */
-    for (int k = 0; o->layout == MHA_LAYOUT_HF && k <= N_HF_SCHEMES && !count_under(t, prefix, anchor); k++) {
-        snprintf(hf_q, sizeof hf_q, "%s.weight", k < N_HF_SCHEMES ? hf_schemes[k].q : "qkv_proj");
+    char hf_q[48]; /* hf: the first naming scheme's Q weight, else a fused one (Phi-3, Baichuan, MPT), present */
+    for (int k = 0; o->layout == MHA_LAYOUT_HF && k < N_HF_SCHEMES + N_HF_FUSED && !count_under(t, prefix, anchor); k++) {
+        snprintf(hf_q, sizeof hf_q, "%s.weight", k < N_HF_SCHEMES ? hf_schemes[k].q : hf_fused[k - N_HF_SCHEMES].qkv);
         anchor = hf_q;
     }
     if (o->layout == MHA_LAYOUT_MEGATRON && !count_under(t, prefix, anchor)) anchor = "wqkv.weight"; /* InternLM2 */
@@ -544,31 +564,37 @@ static mha_status load_native(staged *st, const mha_tensors *t, const mha_load_o
 
 /* ------------------------------------------------------------------- hf */
 
-/* Phi-3's fused qkv_proj.weight ((h + 2*h_kv)*d, d_model) (out, in): the
- * rows of every query head, then every kv head's K, then V (not
- * interleaved per group as megatron's), [+ qkv_proj.bias]; d_k = d_v. */
-static mha_status load_hf_fused(staged *st, const mha_tensors *t, const mha_load_options *o, const mha_array *qkv) {
+/* A fused qkv weight ((h + 2*h_kv)*d, d_model) (out, in) (Phi-3's
+ * qkv_proj, Baichuan's W_pack, MPT's Wqkv): the rows of every query head,
+ * then every kv head's K, then V (not interleaved per group as
+ * megatron's), [+ its bias]; d_k = d_v. */
+static mha_status load_hf_fused(staged *st, const mha_tensors *t, const mha_load_options *o,
+                                const mha_hf_fused_names *fn) {
     const char *P = o->prefix, *L = "hf";
-    const mha_array *out, *bqkv;
+    const mha_array *qkv, *out, *bqkv;
     mha_status s;
-    if ((s = find(&out, t, P, "o_proj.weight", 1, L)) || (s = find(&bqkv, t, P, "qkv_proj.bias", 0, L))) return s;
-    if ((s = want_matrix(qkv, "qkv_proj.weight")) || (s = want_matrix(out, "o_proj.weight"))) return s;
+    char wq[48], bq[48], wo[48], bo[48];
+    snprintf(wq, sizeof wq, "%s.weight", fn->qkv), snprintf(bq, sizeof bq, "%s.bias", fn->qkv);
+    snprintf(wo, sizeof wo, "%s.weight", fn->o), snprintf(bo, sizeof bo, "%s.bias", fn->o);
+    if ((s = find(&qkv, t, P, wq, 1, L)) || (s = find(&out, t, P, wo, 1, L)) || (s = find(&bqkv, t, P, bq, 0, L)))
+        return s;
+    if ((s = want_matrix(qkv, wq)) || (s = want_matrix(out, wo))) return s;
     mha_config *c = &st->cfg;
     int h, hkv, d = 0;
     if ((s = mha_io_pick_heads(&h, &hkv, o, t))) return s;
     if (!h) return mha_fail(MHA_E_ARG, "hf layout: the number of heads is not in the file; pass --heads");
-    if ((s = divide(&d, out->shape[1], h, "heads", "o_proj.weight columns"))) return s;
+    if ((s = divide(&d, out->shape[1], h, "heads", wo))) return s;
     const int rows = qkv->shape[0];
     if (!hkv && rows % d == 0 && rows / d > h && (rows / d - h) % 2 == 0) hkv = (rows / d - h) / 2;
     if (hkv <= 0 || h % hkv)
-        return mha_fail(MHA_E_SHAPE, "tensor 'qkv_proj.weight' has %d rows; expected (h + 2*h_kv)*d with h = %d, "
-                        "d = %d and h_kv dividing h", rows, h, d);
+        return mha_fail(MHA_E_SHAPE, "tensor '%s' has %d rows; expected (h + 2*h_kv)*d with h = %d, "
+                        "d = %d and h_kv dividing h", wq, rows, h, d);
     c->n_heads = h, c->n_kv_heads = hkv, c->d_k = c->d_v = d;
     c->d_model = c->d_kv_in = qkv->shape[1];
     const int nq = h * d, nk = hkv * d;
-    if ((s = want_shape(qkv, "qkv_proj.weight", 2, nq + 2 * nk, c->d_model, "((h + 2*h_kv)*d, d_model)")) ||
-        (s = want_shape(out, "o_proj.weight", 2, c->d_model, nq, "(d_model, h*d)")) ||
-        (bqkv && (s = want_shape(bqkv, "qkv_proj.bias", 1, nq + 2 * nk, 0, "((h + 2*h_kv)*d)"))))
+    if ((s = want_shape(qkv, wq, 2, nq + 2 * nk, c->d_model, "((h + 2*h_kv)*d, d_model)")) ||
+        (s = want_shape(out, wo, 2, c->d_model, nq, "(d_model, h*d)")) ||
+        (bqkv && (s = want_shape(bqkv, bq, 1, nq + 2 * nk, 0, "((h + 2*h_kv)*d)"))))
         return s;
     if ((s = staged_alloc(st))) return s;
     put_rows_t(st->w[S_WQ], nq, 0, qkv->f, c->d_model, 0, nq);
@@ -581,7 +607,7 @@ static mha_status load_hf_fused(staged *st, const mha_tensors *t, const mha_load
         memcpy(st->w[S_BK], bqkv->f + nq, sizeof(float) * (size_t)nk);
         memcpy(st->w[S_BV], bqkv->f + nq + nk, sizeof(float) * (size_t)nk);
     }
-    if ((s = opt_bias(st->w[S_BO], &any, t, P, "o_proj.bias", c->d_model, L, "(d_model)"))) return s;
+    if ((s = opt_bias(st->w[S_BO], &any, t, P, bo, c->d_model, L, "(d_model)"))) return s;
     c->bias = any;
     return mha_io_variants_read(c, st->var, t, P, 1);
 }
@@ -595,7 +621,8 @@ static mha_status load_hf(staged *st, const mha_tensors *t, const mha_load_optio
     const char *const base[4] = {hn->q, hn->k, hn->v, hn->o};
     for (int m = 0; m < 4; m++) snprintf(w[m], sizeof w[m], "%s.weight", base[m]), snprintf(b[m], sizeof b[m], "%s.bias", base[m]);
     if ((s = find(&q, t, P, w[0], 0, L))) return s;
-    if (!q && ((s = find(&k, t, P, "qkv_proj.weight", 0, L)) || k)) return s ? s : load_hf_fused(st, t, o, k);
+    const mha_hf_fused_names *fn = q ? NULL : mha_io_hf_fused(t, P);
+    if (fn) return load_hf_fused(st, t, o, fn);
     if ((s = find(&q, t, P, w[0], 1, L)) || (s = find(&k, t, P, w[1], 1, L)) || (s = find(&v, t, P, w[2], 1, L)) ||
         (s = find(&out, t, P, w[3], 1, L)))
         return s;

@@ -148,9 +148,13 @@ static mha_status describe(source *src, const mha_tensors *t, const mha_load_opt
         const char *const base[4] = {hn->q, hn->k, hn->v, hn->o};
         for (int m = 0; m < 4; m++) snprintf(w[m], sizeof w[m], "%s.weight", base[m]), snprintf(b[m], sizeof b[m], "%s.bias", base[m]);
         if ((s = find(&a[0], t, P, w[0], 0))) return s;
-        if (!a[0] && ((s = find(&a[0], t, P, "qkv_proj.weight", 0)) || a[0])) { /* Phi-3: rows [Q; K; V], d_k = d_v */
-            if (s || (s = find(&a[3], t, P, "o_proj.weight", 1)) || (s = find(&a[4], t, P, "qkv_proj.bias", 0)) ||
-                (s = find(&src->b_o, t, P, "o_proj.bias", 0)))
+        const mha_hf_fused_names *fn = a[0] ? NULL : mha_io_hf_fused(t, P);
+        if (fn) { /* Phi-3, Baichuan, MPT: rows [Q; K; V], d_k = d_v */
+            char fw[4][48];
+            snprintf(fw[0], 48, "%s.weight", fn->qkv), snprintf(fw[1], 48, "%s.bias", fn->qkv);
+            snprintf(fw[2], 48, "%s.weight", fn->o), snprintf(fw[3], 48, "%s.bias", fn->o);
+            if ((s = find(&a[0], t, P, fw[0], 1)) || (s = find(&a[3], t, P, fw[2], 1)) ||
+                (s = find(&a[4], t, P, fw[1], 0)) || (s = find(&src->b_o, t, P, fw[3], 0)))
                 return s;
             int d;
             if ((s = fused_dims(&d, &hkv, a[0], a[3], h, "hf"))) return s;

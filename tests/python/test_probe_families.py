@@ -327,13 +327,86 @@ def test_internlm2_wqkv_rows_per_kv_group(tmp_path, bias):
 # --------------------------------------------- layouts no reader takes
 
 
+def fused(rs, D, H, G):
+    """[every q head; every k head; every v head] rows (out, in): Phi-3's
+    qkv_proj, Baichuan's W_pack, MPT's and DBRX's Wqkv"""
+    d = D // H
+    wq, wk, wv, wo = rnd(rs, D, D), rnd(rs, G * d, D), rnd(rs, G * d, D), rnd(rs, D, D)
+    return (wq, wk, wv, wo), np.concatenate([wq, wk, wv])
+
+
+@pytest.mark.parametrize("scale", [None, 0.2])
+def test_mpt_wqkv_alibi_softmax_scale(tmp_path, scale):
+    """MPT: Wqkv [q; k; v] and out_proj (no_bias), ALiBi from
+    attn_config (alibi_bias_max 8: the paper's slopes), softmax_scale;
+    qk_ln and another alibi_bias_max refused; clip_qkv refused as OLMo's."""
+    D, H = 32, 4
+    (wq, wk, wv, wo), qkv = fused(np.random.RandomState(15), D, H, H)
+    p = "transformer.blocks.0.attn."
+    t = {p + "Wqkv.weight": qkv, p + "out_proj.weight": wo}
+    ac = {"alibi": True, "alibi_bias_max": 8, "qk_ln": False, "clip_qkv": None, "softmax_scale": scale,
+          "attn_type": "multihead_attention"}
+    cfg = {"model_type": "mpt", "d_model": D, "n_heads": H, "no_bias": True, "attn_config": ac}
+    x, y = run(tmp_path, t, cfg, "transformer.blocks.0", D)
+    slopes = 2.0 ** (-8.0 * np.arange(1, H + 1) / H)
+    close(y, attention(*(heads(x @ w.T, H) for w in (wq, wk, wv)), wo, scale=scale, slopes=slopes))
+    for bad, word in (({"qk_ln": True}, "qk_ln"), ({"alibi_bias_max": 16}, "alibi_bias_max"),
+                      ({"clip_qkv": 6.0}, "clip_qkv")):
+        _, r = run(tmp_path, t, dict(cfg, attn_config=dict(ac, **bad)), "transformer.blocks.0", D, check=False)
+        refused(r, tmp_path, word)
+
+
+def test_dbrx_wqkv_gqa_rope_theta_in_attn_config(tmp_path):
+    """DBRX: Wqkv [q; k; v] with attn_config.kv_n_heads kv heads, out_proj,
+    rotate_half with attn_config.rope_theta; its clip_qkv refused."""
+    D, H, G = 32, 4, 2
+    (wq, wk, wv, wo), qkv = fused(np.random.RandomState(16), D, H, G)
+    p = "transformer.blocks.0.norm_attn_norm.attn."
+    t = {p + "Wqkv.weight": qkv, p + "out_proj.weight": wo}
+    ac = {"kv_n_heads": G, "rope_theta": 5e5, "clip_qkv": None}
+    cfg = {"model_type": "dbrx", "d_model": D, "n_heads": H, "attn_config": ac}
+    x, y = run(tmp_path, t, cfg, "transformer.blocks.0", D)
+    q, k = rotate(heads(x @ wq.T, H), 8, 5e5, "halves"), rotate(heads(x @ wk.T, G), 8, 5e5, "halves")
+    close(y, attention(q, k, heads(x @ wv.T, G), wo))
+    _, r = run(tmp_path, t, dict(cfg, attn_config=dict(ac, clip_qkv=8.0)), "transformer.blocks.0", D, check=False)
+    refused(r, tmp_path, "clip_qkv")
+
+
+def test_baichuan_w_pack_needs_the_position_encoding_named(tmp_path):
+    """Baichuan: W_pack [q; k; v], o_proj; config.json does not say whether
+    the layer rotates (7B) or uses ALiBi (13B): refused without --rope or
+    --alibi, then each as that model computes it."""
+    D, H = 32, 4
+    (wq, wk, wv, wo), qkv = fused(np.random.RandomState(17), D, H, H)
+    p = "model.layers.0.self_attn."
+    t = {p + "W_pack.weight": qkv, p + "o_proj.weight": wo}
+    cfg = {"model_type": "baichuan", "hidden_size": D, "num_attention_heads": H}
+    _, r = run(tmp_path, t, cfg, "model.layers.0", D, check=False)
+    refused(r, tmp_path, "baichuan", "--alibi")
+    x, y = run(tmp_path, t, cfg, "model.layers.0", D, "--rope", "halves")
+    q, k = (rotate(heads(x @ w.T, H), 8, 1e4, "halves") for w in (wq, wk))
+    close(y, attention(q, k, heads(x @ wv.T, H), wo))
+    x, y = run(tmp_path, t, cfg, "model.layers.0", D, "--alibi")
+    slopes = 2.0 ** (-8.0 * np.arange(1, H + 1) / H)
+    close(y, attention(*(heads(x @ w.T, H) for w in (wq, wk, wv)), wo, slopes=slopes))
+
+
+def test_phi_msft_mixer_wqkv_rotary_dim(tmp_path):
+    """Phi-2 as first published (model_type phi-msft): mixer.Wqkv [q; k; v]
+    and mixer.out_proj with biases, rotate_half on rotary_dim dims."""
+    D, H = 40, 4
+    rs = np.random.RandomState(18)
+    (wq, wk, wv, wo), qkv = fused(rs, D, H, H)
+    bqkv, bo = rnd(rs, 1, 3 * D)[0], rnd(rs, 1, D)[0]
+    p = "transformer.h.0.mixer."
+    t = {p + "Wqkv.weight": qkv, p + "Wqkv.bias": bqkv, p + "out_proj.weight": wo, p + "out_proj.bias": bo}
+    cfg = {"model_type": "phi-msft", "n_embd": D, "n_head": H, "rotary_dim": 4}
+    x, y = run(tmp_path, t, cfg, "transformer.h.0", D)
+    q, k, v = (heads(x @ w.T + bqkv[i * D:(i + 1) * D], H) for i, w in enumerate((wq, wk, wv)))
+    close(y, attention(rotate(q, 4, 1e4, "halves"), rotate(k, 4, 1e4, "halves"), v, wo, bo))
+
+
 @pytest.mark.parametrize("family,prefix,names,config", [
-    ("mpt", "transformer.blocks.0.attn.", {"Wqkv.weight": (96, 32), "out_proj.weight": (32, 32)},
-     {"model_type": "mpt", "d_model": 32, "n_heads": 4, "attn_config": {"alibi": True, "alibi_bias_max": 8}}),
-    ("dbrx", "transformer.blocks.0.norm_attn_norm.attn.", {"Wqkv.weight": (64, 32), "out_proj.weight": (32, 32)},
-     {"model_type": "dbrx", "d_model": 32, "n_heads": 4, "attn_config": {"kv_n_heads": 2, "rope_theta": 5e5}}),
-    ("baichuan", "model.layers.0.self_attn.", {"W_pack.weight": (96, 32), "o_proj.weight": (32, 32)},
-     {"model_type": "baichuan", "hidden_size": 32, "num_attention_heads": 4}),
     ("codegen", "transformer.h.0.attn.", {"qkv_proj.weight": (96, 32), "out_proj.weight": (32, 32)},
      {"model_type": "codegen", "n_embd": 32, "n_head": 4, "rotary_dim": 4}),
 ])
