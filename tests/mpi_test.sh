@@ -139,6 +139,12 @@ write_safetensors(d + "/interndir/model.safetensors", {"model.layers.0.attention
                   "model.layers.0.attention.wqkv.bias": r(32), "model.layers.0.attention.wo.weight": r(16, 16)})
 json.dump({"model_type": "internlm2", "num_attention_heads": 4, "num_key_value_heads": 2, "hidden_size": 16,
            "rope_theta": 50.0}, open(d + "/interndir/config.json", "w"))
+# an MPT directory: Wqkv rows [q; k; v], out_proj, ALiBi from attn_config
+os.mkdir(d + "/mptdir")
+write_safetensors(d + "/mptdir/model.safetensors", {"transformer.blocks.0.attn.Wqkv.weight": r(48, 16),
+                  "transformer.blocks.0.attn.out_proj.weight": r(16, 16)})
+json.dump({"model_type": "mpt", "n_heads": 4, "d_model": 16, "attn_config": {"alibi": True, "alibi_bias_max": 8}},
+          open(d + "/mptdir/config.json", "w"))
 layer("mha_b", 24, 12, 12, 3, 2)          # mha's shapes, other weights
 np.save(d + "/x.npy", r(2, 16, 24))
 np.save(d + "/x16.npy", r(2, 16, 16))
@@ -501,10 +507,10 @@ expect_fail 2 "qk_norm_whole .*needs every head"
 # StableLM's and Cohere's LayerNorm of each head travels with the head
 # (the shard dropped StableLM's norms.N tensors before it read them);
 # InternLM2's wqkv rows per kv group as megatron's
-for dir in slmdir coheredir interndir; do
-    ref --weights "$T/$dir" --prefix model.layers.0 --input "$T/x16.npy" --output "$T/r_$dir.npy" --causal
+for dir in slmdir coheredir interndir mptdir; do
+    ref --weights "$T/$dir" --input "$T/x16.npy" --output "$T/r_$dir.npy" --causal
     for np_ in 2 4; do
-        mpi $np_ --split heads --weights "$T/$dir" --prefix model.layers.0 --input "$T/x16.npy" --output "$T/y.npy" --causal
+        mpi $np_ --split heads --weights "$T/$dir" --input "$T/x16.npy" --output "$T/y.npy" --causal
         expect_ok
         close "$T/y.npy" "$T/r_$dir.npy"
     done
