@@ -485,14 +485,16 @@ int cli_hf_config_read(cli_hf_config *c, const char *cmd, const cli_ckpt *ck, co
         const int s = slides(root, type, layer_index(ck->prefix));
         c->no_rope = s < 0 ? -1 : !s;
     }
-    const int jais_by_d = type && strcmp(type, "jais") == 0 && json_is_true(json_object_get(root, "mup_scale_qk_dot_by_d"));
+    const int jais = type && strcmp(type, "jais") == 0;
+    const int jais_by_d = jais && json_is_true(json_object_get(root, "mup_scale_qk_dot_by_d"));
+    if (jais && json_is_false(json_object_get(root, "scale_attn_weights"))) c->scale = 1.0; /* q.k unscaled */
     json_decref(top);
     if (rc) return rc;
     c->heads = (long long)heads, c->kv_heads = (long long)kv, c->hidden = (long long)hidden;
     c->head_dim = hd ? (long long)hd : heads && hidden ? (long long)(hidden / heads) : 0;
     c->head_dim_derived = !hd && c->head_dim;
     c->rope_theta = theta;
-    if (jais_by_d && c->head_dim) c->scale = 1.0 / (double)c->head_dim; /* Jais (muP): q.k / d, not / sqrt(d) */
+    if (jais_by_d && c->head_dim && c->scale != 1.0) c->scale = 1.0 / (double)c->head_dim; /* Jais (muP): q.k / d */
     if (part && part < 1) {
         const double r = part * (double)c->head_dim;
         if (!c->head_dim || r != floor(r) || (long long)r % 2 || r < 2)

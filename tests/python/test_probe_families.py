@@ -249,23 +249,26 @@ def test_qwen1_c_attn_blocks_not_read_as_gpt_bigcode(tmp_path):
         refused(r, tmp_path, "qwen")
 
 
-def test_jais_alibi_and_scale_by_d(tmp_path):
+@pytest.mark.parametrize("scaled", [True, False])
+def test_jais_alibi_and_scale_by_d(tmp_path, scaled):
     """Jais: GPT-2's Conv1D c_attn / c_proj (with biases), ALiBi
     (position_embedding_type alibi) and, with mup_scale_qk_dot_by_d, the
-    scores divided by d instead of sqrt(d)."""
+    scores divided by d instead of sqrt(d) (not at all with
+    scale_attn_weights false)."""
     D, H = 32, 4
     rs = np.random.RandomState(7)
     p = "transformer.h.0.attn."
     ca, ba, cp, bp = rnd(rs, D, 3 * D), rnd(rs, 1, 3 * D)[0], rnd(rs, D, D), rnd(rs, 1, D)[0]
     t = {p + "c_attn.weight": ca, p + "c_attn.bias": ba, p + "c_proj.weight": cp, p + "c_proj.bias": bp}
     cfg = {"model_type": "jais", "n_embd": D, "n_head": H, "position_embedding_type": "alibi",
-           "mup_scale_qk_dot_by_d": True, "scale_attn_weights": True}
+           "mup_scale_qk_dot_by_d": True, "scale_attn_weights": scaled}
     x, r = run(tmp_path, t, cfg, "transformer.h.0", D, "--heads", H, check=False)
     assert r.returncode == 0, r.stderr
     qkv = x @ ca + ba
     q, k, v = (heads(qkv[:, i * D:(i + 1) * D], H) for i in range(3))
     slopes = 2.0 ** (-8.0 * np.arange(1, H + 1) / H)
-    close(np.load(tmp_path / "y.npy"), attention(q, k, v, cp.T, bp, scale=1.0 / (D // H), slopes=slopes))
+    close(np.load(tmp_path / "y.npy"), attention(q, k, v, cp.T, bp, scale=1.0 / (D // H) if scaled else 1.0,
+                                                 slopes=slopes))
 
 
 def test_chatglm_query_key_value_blocks_are_refused(tmp_path):
