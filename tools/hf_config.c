@@ -215,7 +215,8 @@ static int family(cli_hf_config *c, const char *cmd, json_t *root, const char *t
     static const char *const rotary[] = {"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe",
                                          "gemma", "gemma2", "gemma3", "gemma3_text", "phi3", "phimoe", "olmo", "olmo2",
                                          "olmoe", "granite", "granitemoe", "starcoder2", "stablelm", "gpt_neox", "phi",
-                                         "internlm2", "dbrx", "gpt_oss", "falcon", "RefinedWebModel", "RefinedWeb", NULL};
+                                         "internlm2", "dbrx", "gpt_oss", "falcon", "RefinedWebModel", "RefinedWeb",
+                                         NULL};
     static const char *const gemma3[] = {"gemma3", "gemma3_text", NULL};
     const int alibi = json_is_true(json_object_get(root, "alibi"));
     c->alibi = type && (strcmp(type, "bloom") == 0 || (type_in(type, falcon) && alibi));
@@ -268,7 +269,8 @@ static int head_aliases(const char *cmd, json_t *root, const char *type, const c
                        : prefix && strstr(prefix, "encoder") ? "encoder_attention_heads" : NULL;
     int rc = *heads ? 0 : number(cmd, root, "", "n_head", 1, 4096, 1, heads);
     if (!rc && !*heads) rc = number(cmd, root, "", "n_heads", 1, 4096, 1, heads);
-    if (!rc && !*heads && type && strcmp(type, "gpt_neo") == 0) rc = number(cmd, root, "", "num_heads", 1, 4096, 1, heads);
+    if (!rc && !*heads && type && strcmp(type, "gpt_neo") == 0)
+        rc = number(cmd, root, "", "num_heads", 1, 4096, 1, heads);
     if (!rc && !*heads && side) rc = number(cmd, root, "", side, 1, 4096, 1, heads);
     if (!rc && !*hidden) rc = number(cmd, root, "", "n_embd", 1, 1 << 24, 1, hidden);
     if (!rc && !*hidden) rc = number(cmd, root, "", "d_model", 1, 1 << 24, 1, hidden);
@@ -341,7 +343,8 @@ static int neo_local(json_t *root, long long n) {
     }
     for (size_t k = 0; !json_is_array(layers) && json_is_array(types) && k < json_array_size(types); k++) {
         json_t *pair = json_array_get(types, k), *kinds = json_array_get(pair, 0);
-        const long long reps = json_is_integer(json_array_get(pair, 1)) ? json_integer_value(json_array_get(pair, 1)) : 0;
+        json_t *count = json_array_get(pair, 1);
+        const long long reps = json_is_integer(count) ? json_integer_value(count) : 0;
         for (long long r = 0; r < reps && r < 1 << 20; r++)
             for (size_t m = 0; json_is_array(kinds) && m < json_array_size(kinds); m++, i++) {
                 const char *s = json_string_value(json_array_get(kinds, m));
@@ -390,7 +393,8 @@ static int window(cli_hf_config *c, const char *cmd, json_t *root, const char *t
     double w = 0;
     const int neo = type && strcmp(type, "gpt_neo") == 0; /* its local layers' window_size, default 256 */
     if (neo) w = 256;
-    int rc = number(cmd, root, "", neo ? "window_size" : "sliding_window", 0, 1 << 30, 1, &w); /* 0, like null: no window */
+    /* 0, like null: no window */
+    int rc = number(cmd, root, "", neo ? "window_size" : "sliding_window", 0, 1 << 30, 1, &w);
     const int s = rc || !w ? 0 : slides(root, type, layer_index(prefix));
     if (rc || !s) return rc;
     c->window = s < 0 ? -1 : (long long)w;

@@ -227,7 +227,8 @@ mha_status mha_io_layer_path(mha_load_options *o, char *buf, size_t cap, const m
     o->prefix = prefix;
     if (!anchor) return MHA_OK;
     char hf_q[48]; /* hf: the first naming scheme's Q weight, else a fused one (Phi-3, Baichuan, MPT), present */
-    for (int k = 0; o->layout == MHA_LAYOUT_HF && k < N_HF_SCHEMES + N_HF_FUSED && !count_under(t, prefix, anchor); k++) {
+    for (int k = 0; o->layout == MHA_LAYOUT_HF && k < N_HF_SCHEMES + N_HF_FUSED && !count_under(t, prefix, anchor);
+         k++) {
         snprintf(hf_q, sizeof hf_q, "%s.weight", k < N_HF_SCHEMES ? hf_schemes[k].q : hf_fused[k - N_HF_SCHEMES].qkv);
         anchor = hf_q;
     }

@@ -227,7 +227,8 @@ static mha_status describe(source *src, const mha_tensors *t, const mha_load_opt
         break;
     case MHA_LAYOUT_MEGATRON: { /* fused rows per kv group: [q heads of g, k_g, v_g]; InternLM2: wqkv, wo */
         const int intern = strcmp(mha_io_megatron_qkv(t, P), "wqkv") == 0;
-        const char *qw = intern ? "wqkv.weight" : "query_key_value.weight", *qb = intern ? "wqkv.bias" : "query_key_value.bias";
+        const char *qw = intern ? "wqkv.weight" : "query_key_value.weight";
+        const char *qb = intern ? "wqkv.bias" : "query_key_value.bias";
         if ((s = find(&a[0], t, P, qw, 1)) || (s = find(&a[3], t, P, intern ? "wo.weight" : "dense.weight", 1)) ||
             (s = find(&a[4], t, P, qb, 0)) || (s = find(&src->b_o, t, P, intern ? "wo.bias" : "dense.bias", 0)) ||
             (s = fused_groups(src, a, h, &hkv, qb, "megatron")))

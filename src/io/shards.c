@@ -57,7 +57,8 @@ static mha_status find_layer(char *path, size_t cap, json_t *map, const char *pr
     if (!layers)
         return mha_fail(MHA_E_FORMAT, "weight_map has no attention layer%s%.60s%s; expected a tensor ending in "
                         "w_q, out_proj.weight, q_proj.weight, qkv_proj.weight, c_attn.weight, self.query.weight, "
-                        "attention.query.weight, q_lin.weight, query_key_value.weight, wqkv.weight, W_pack.weight or Wqkv.weight",
+                        "attention.query.weight, q_lin.weight, query_key_value.weight, wqkv.weight, W_pack.weight "
+                        "or Wqkv.weight",
                         *in ? " inside prefix '" : "", in, *in ? "'" : "");
     return mha_fail(MHA_E_FORMAT, "weight_map has %d attention layers%s%.60s%s (%s); expected one: pass the "
                     "prefix of one of them (--prefix)", layers, *in ? " inside prefix '" : "", in, *in ? "'" : "", list);

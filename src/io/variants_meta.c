@@ -174,7 +174,8 @@ mha_status mha_io_variants_read(mha_config *c, float *w[4], const mha_tensors *t
         if (!w[i]) continue;
         if (!c->qk_norm) c->qk_norm = MHA_QK_NORM_LAYER;
         c->qk_norm_per_head = 1;
-        if (!mha_tensors_meta(t, "qk_norm_eps") && c->qk_norm_eps == 0) c->qk_norm_eps = 1e-5f; /* StableLmConfig's layer_norm_eps */
+        if (!mha_tensors_meta(t, "qk_norm_eps") && c->qk_norm_eps == 0)
+            c->qk_norm_eps = 1e-5f; /* StableLmConfig's layer_norm_eps */
         names[i] = i == 2 ? "q_layernorm.norms" : "k_layernorm.norms";
     }
     for (int i = 0; i < 4; i++) {
