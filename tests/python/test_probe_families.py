@@ -342,7 +342,8 @@ def fused(rs, D, H, G):
 def test_mpt_wqkv_alibi_softmax_scale(tmp_path, scale):
     """MPT: Wqkv [q; k; v] and out_proj (no_bias), ALiBi from
     attn_config (alibi_bias_max 8: the paper's slopes), softmax_scale;
-    qk_ln and another alibi_bias_max refused; clip_qkv refused as OLMo's."""
+    qk_ln and another alibi_bias_max refused; attn_config.clip_qkv clamps
+    q, k, v as OLMo's does (half the projections' largest value here)."""
     D, H = 32, 4
     (wq, wk, wv, wo), qkv = fused(np.random.RandomState(15), D, H, H)
     p = "transformer.blocks.0.attn."
@@ -354,14 +355,19 @@ def test_mpt_wqkv_alibi_softmax_scale(tmp_path, scale):
     slopes = 2.0 ** (-8.0 * np.arange(1, H + 1) / H)
     close(y, attention(*(heads(x @ w.T, H) for w in (wq, wk, wv)), wo, scale=scale, slopes=slopes))
     for bad, word in (({"qk_ln": True}, "qk_ln"), ({"alibi_bias_max": 16}, "alibi_bias_max"),
-                      ({"clip_qkv": 6.0}, "clip_qkv")):
+                      ({"clip_qkv": 0}, "clip_qkv")):
         _, r = run(tmp_path, t, dict(cfg, attn_config=dict(ac, **bad)), "transformer.blocks.0", D, check=False)
         refused(r, tmp_path, word)
+    c = 0.5 * max(np.abs(x @ w.T).max() for w in (wq, wk, wv))
+    _, y = run(tmp_path, t, dict(cfg, attn_config=dict(ac, clip_qkv=c)), "transformer.blocks.0", D)
+    clamped = (heads(np.clip(x @ w.T, -c, c), H) for w in (wq, wk, wv))
+    close(y, attention(*clamped, wo, scale=scale, slopes=slopes))
 
 
 def test_dbrx_wqkv_gqa_rope_theta_in_attn_config(tmp_path):
     """DBRX: Wqkv [q; k; v] with attn_config.kv_n_heads kv heads, out_proj,
-    rotate_half with attn_config.rope_theta; its clip_qkv refused."""
+    rotate_half with attn_config.rope_theta; its clip_qkv (8 in DBRX's
+    configs) clamps q, k, v before the rotation."""
     D, H, G = 32, 4, 2
     (wq, wk, wv, wo), qkv = fused(np.random.RandomState(16), D, H, G)
     p = "transformer.blocks.0.norm_attn_norm.attn."
@@ -371,8 +377,10 @@ def test_dbrx_wqkv_gqa_rope_theta_in_attn_config(tmp_path):
     x, y = run(tmp_path, t, cfg, "transformer.blocks.0", D)
     q, k = rotate(heads(x @ wq.T, H), 8, 5e5, "halves"), rotate(heads(x @ wk.T, G), 8, 5e5, "halves")
     close(y, attention(q, k, heads(x @ wv.T, G), wo))
-    _, r = run(tmp_path, t, dict(cfg, attn_config=dict(ac, clip_qkv=8.0)), "transformer.blocks.0", D, check=False)
-    refused(r, tmp_path, "clip_qkv")
+    c = 0.5 * max(np.abs(x @ w.T).max() for w in (wq, wk, wv))
+    _, y = run(tmp_path, t, dict(cfg, attn_config=dict(ac, clip_qkv=c)), "transformer.blocks.0", D)
+    q, k = (rotate(heads(np.clip(x @ w.T, -c, c), n), 8, 5e5, "halves") for w, n in ((wq, H), (wk, G)))
+    close(y, attention(q, k, heads(np.clip(x @ wv.T, -c, c), G), wo))
 
 
 def test_baichuan_w_pack_needs_the_position_encoding_named(tmp_path):

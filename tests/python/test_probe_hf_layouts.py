@@ -325,8 +325,8 @@ def test_clip_qkv_olmo_top_level_and_mpt_dbrx_attn_config(tmp_path):
     q, k, v = (np.clip(heads(x @ w[n].T, H), -0.25, 0.25) for n in "qkv")
     np.testing.assert_allclose(y, attention(q, k, v, w["o"]), atol=2e-5)
     for cfg, key in (({"clip_qkv": 0}, "clip_qkv is out of range"),
-                     ({"attn_config": {"clip_qkv": -1.0}}, "attn_config.clip_qkv is out of range"),
-                     ({"attn_config": {"clip_qkv": "8"}}, "attn_config.clip_qkv is not a number")):
+                     ({"model_type": "mpt", "attn_config": {"clip_qkv": -1.0}}, "attn_config.clip_qkv is out of range"),
+                     ({"model_type": "dbrx", "attn_config": {"clip_qkv": "8"}}, "attn_config.clip_qkv is not a number")):
         (tmp_path / "config.json").write_text(json.dumps({"hidden_size": D, "num_attention_heads": H, **cfg}))
         r = mha("run", "--weights", tmp_path, "--prefix", "model.layers.0", "--input", tmp_path / "x.npy",
                 "--output", tmp_path / "clip.npy", check=False)
