@@ -196,6 +196,7 @@ static int rope_scaling(const char *cmd, json_t *root, char *spec, size_t size) 
  * 2 rotates only its sliding layers (the global ones have no position
  * encoding) */
 static const char *const cohere[] = {"cohere", "cohere2", NULL};
+static const char *const llama4[] = {"llama4", "llama4_text", NULL};
 
 /* Falcon's model_type, and those of its first custom-code configs */
 static const char *const falcon[] = {"falcon", "RefinedWebModel", "RefinedWeb", NULL};
@@ -244,8 +245,8 @@ static int family(cli_hf_config *c, const char *cmd, json_t *root, const char *t
         if (rc) return rc;
     }
     c->qk_norm_layer = type_in(type, cohere) && json_is_true(json_object_get(root, "use_qk_norm"));
-    if (type_in(type, cohere)) {
-        c->rope = "interleaved"; /* Cohere's rotate_half pairs dims 2i and 2i+1, as GPT-J's */
+    if (type_in(type, cohere) || type_in(type, llama4)) {
+        c->rope = "interleaved"; /* Cohere's rotate_half, Llama 4's complex product: pairs 2i, 2i+1 as GPT-J's */
     } else if (type && (strcmp(type, "gptj") == 0 || type_in(type, phi_msft))) {
         double r = 0; /* null or absent: the whole head */
         int rc = number(cmd, root, "", "rotary_dim", 2, 65536, 1, &r);
@@ -308,6 +309,44 @@ static int attn_config(cli_hf_config *c, const char *cmd, json_t *root, const ch
     if (c->alibi && bias_max != 8)
         return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: attn_config.alibi_bias_max is %g; expected 8: "
                              "other ALiBi slopes than the paper's are not implemented", bias_max);
+    return 0;
+}
+
+/* Llama 4 (iRoPE): the layers without rotary (no_rope_layers[n] = 0; an
+ * absent or empty list: every no_rope_layer_interval-th, default 4) attend
+ * globally, with attn_temperature_tuning (default true) scaling queries
+ * at positions >= floor_scale - 1 (default 8192); the others rotate
+ * (interleaved), divide q and k by their RMS when use_qk_norm (default
+ * true) and attend inside chunks of attention_chunk_size (default 8192;
+ * layer_types, when given, names the chunked_attention layers). n: the
+ * layer's number, -1 when --prefix names none (then -1 where layers differ). */
+static int llama4_layer(cli_hf_config *c, const char *cmd, json_t *root, long long n) {
+    json_t *a = json_object_get(root, "no_rope_layers"), *types = json_object_get(root, "layer_types");
+    double interval = 4, chunk = 8192, floor_scale = 8192;
+    int rc = number(cmd, root, "", "no_rope_layer_interval", 1, 1 << 20, 1, &interval);
+    if (!rc) rc = number(cmd, root, "", "attention_chunk_size", 1, 1 << 30, 1, &chunk);
+    if (!rc) rc = number(cmd, root, "", "floor_scale", 1, 1 << 30, 0, &floor_scale);
+    if (rc) return rc;
+    if (!json_is_array(a) || json_array_size(a) == 0) /* Hugging Face's default list */
+        c->no_rope = n < 0 ? (interval > 1 ? -1 : 1) : (n + 1) % (long long)interval == 0;
+    json_t *cs = json_object_get(root, "attention_chunk_size");
+    if (cs && json_is_null(cs)) chunk = 0; /* null: full attention everywhere */
+    int chunked = c->no_rope < 0 ? -1 : !c->no_rope;
+    if (json_is_array(types) && json_array_size(types)) {
+        int any = 0, all = 1, mine = 0;
+        for (size_t i = 0; i < json_array_size(types); i++) {
+            const char *t = json_string_value(json_array_get(types, i));
+            const int ch = t && strcmp(t, "chunked_attention") == 0;
+            any |= ch, all &= ch;
+            if ((long long)i == n) mine = ch;
+        }
+        chunked = n >= 0 ? mine : any == all ? all : -1;
+    }
+    c->chunk = !chunk || !chunked ? 0 : chunked < 0 ? -1 : (long long)chunk;
+    json_t *qn = json_object_get(root, "use_qk_norm"), *tt = json_object_get(root, "attn_temperature_tuning");
+    c->qk_l2_norm = c->no_rope == 0 && !json_is_false(qn) && !json_is_null(qn); /* default true */
+    if (c->no_rope == 1 && !json_is_false(tt) && !json_is_null(tt)) c->temperature_floor = floor_scale;
+    if (c->qk_l2_norm && !c->qk_norm_eps) c->qk_norm_eps = 1e-5; /* Llama4TextConfig's rms_norm_eps */
     return 0;
 }
 
@@ -483,6 +522,7 @@ int cli_hf_config_read(cli_hf_config *c, const char *cmd, const cli_ckpt *ck, co
     if (!rc) rc = number(cmd, root, "", "clip_qkv", 1e-30, 1e30, 0, &c->clip_qkv); /* OLMo 1 */
     if (!rc) rc = attn_config(c, cmd, root, type, &kv, &theta); /* DBRX, MPT: attn_config.clip_qkv too */
     if (!rc) nope(c, root, ck->prefix);
+    if (!rc && type_in(type, llama4)) rc = llama4_layer(c, cmd, root, layer_index(ck->prefix));
     if (!rc && type && strcmp(type, "cohere2") == 0 &&
         (json_object_get(root, "layer_types") || json_object_get(root, "sliding_window_pattern"))) {
         /* NoPE on the global layers (-1: they differ and the prefix names no layer) */

@@ -44,6 +44,15 @@ typedef struct {
     int position_unknown;      /* Baichuan: 7B rotates, 13B uses ALiBi, and config.json
                                   does not say which: run asks for --rope or --alibi */
     double clip_qkv;           /* clip_qkv (OLMo 1; DBRX, MPT: attn_config's) = --clip-qkv; 0 = null */
+    /* Llama 4 (model_type llama4, llama4_text) on the layer --prefix names: */
+    long long chunk;           /* attention_chunk_size on a chunked_attention layer
+                                  (= --chunk); 0 = none; -1 = the layers differ and
+                                  --prefix names none                             */
+    int qk_l2_norm;            /* use_qk_norm on a rotary layer: q and k divided by
+                                  their RMS (no weight, eps rms_norm_eps)         */
+    double temperature_floor;  /* attn_temperature_tuning on a NoPE layer: its
+                                  floor_scale (queries at positions >= it - 1 are
+                                  scaled: not implemented, refused); 0 = none     */
 } cli_hf_config;
 
 /* Reads config.json from the directory of path (ck->weights when NULL)

@@ -224,6 +224,35 @@ static int apply_options(const char *cmd, cli_fwd *f, cli_variant_flags *vf) {
     return vf->positions ? read_positions(cmd, f, vf) : MHA_EXIT_OK;
 }
 
+/* Llama 4's L2 norm of q and k on its rotary layers (Llama4TextL2Norm:
+ * x / sqrt(mean x^2 + eps), no weight): RMS QK-norm with shared weights of
+ * ones in *buf (freed by the caller, after the layer is built). */
+static int unit_norms(const char *cmd, float **buf, mha_config *c, mha_weights *w) {
+    if (!(*buf = malloc(sizeof(float) * (size_t)c->d_k))) return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "out of memory");
+    for (int i = 0; i < c->d_k; i++) (*buf)[i] = 1.0f;
+    c->qk_norm = MHA_QK_NORM_RMS, c->qk_norm_per_head = 0, c->qk_norm_whole = 0;
+    w->q_norm = w->k_norm = *buf;
+    return 0;
+}
+
+/* apply_options, then Llama 4's attn_temperature_tuning on a NoPE layer:
+ * queries at positions p with p + 1 >= floor_scale are scaled by
+ * 1 + attn_scale log(1 + floor((p + 1) / floor_scale)), which the layer
+ * does not do: refused there (below it the scale is 1, exactly). */
+static int finish_options(const char *cmd, cli_fwd *f, cli_variant_flags *vf, const cli_hf_config *hc) {
+    int rc = apply_options(cmd, f, vf);
+    if (rc || hc->temperature_floor <= 0) return rc;
+    long long last = f->T - 1;
+    for (size_t i = 0; f->opt.positions && i < (size_t)f->B * f->T; i++)
+        if (f->opt.positions[i] > last) last = f->opt.positions[i];
+    if ((double)last + 1 >= hc->temperature_floor)
+        return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: attn_temperature_tuning scales the queries of this "
+                             "NoPE layer from position %.0f on (floor_scale), and the input reaches position %lld; "
+                             "expected positions below %.0f: the tuning is not implemented",
+                             hc->temperature_floor - 1, last, hc->temperature_floor - 1);
+    return 0;
+}
+
 int cli_apply_variants(const char *cmd, mha_layer **L, cli_fwd *f, cli_variant_flags *vf, const cli_ckpt *ck) {
     const char *weights = ck->weights, *prefix = ck->prefix;
     cli_hf_config hc; /* the rotary settings of config.json, overridden by the flags */
@@ -234,6 +263,11 @@ int cli_apply_variants(const char *cmd, mha_layer **L, cli_fwd *f, cli_variant_f
                              "sliding_window keys and others globally, and --prefix names no layer; expected --prefix "
                              "with the layer's number (model.layers.N), or --window W");
     if (!vf->window && hc.window > 0) vf->window = hc.window; /* the layer's sliding_window; a flag wins */
+    if (hc.chunk < 0 && !vf->chunk)
+        return mha_cmd_error(cmd, MHA_EXIT_USAGE, "config.json: some layers attend inside chunks of "
+                             "attention_chunk_size keys and others globally (Llama 4), and --prefix names no layer; "
+                             "expected --prefix with the layer's number (model.layers.N), or --chunk C");
+    if (!vf->chunk && hc.chunk > 0) vf->chunk = hc.chunk; /* Llama 4's chunked layers; a flag wins */
     if (hc.no_rope < 0 && !vf->rope)
         return mha_cmd_error(cmd, MHA_EXIT_USAGE, "config.json: no_rope_layers gives some layers no rotary "
                              "embedding, and --prefix names no layer; expected --prefix with the layer's number "
@@ -256,10 +290,11 @@ int cli_apply_variants(const char *cmd, mha_layer **L, cli_fwd *f, cli_variant_f
                              "q_norm.weight (h, d_k) and k_norm.weight (h_kv, d_k), Cohere's LayerNorm of each "
                              "head: not found");
     const int file_norm = mha_layer_config(*L)->qk_norm && (hc.qk_norm_eps || hc.qk_norm_offset);
+    const int l2_norm = hc.qk_l2_norm && !vf->qk_norm && !mha_layer_config(*L)->qk_norm; /* Llama 4 */
     const int file_sinks = hc.sinks && !vf->sinks && !mha_layer_config(*L)->sinks; /* gpt-oss's, unless --sinks */
     if (!rope && !theta && !rope_dim && !rope_scale && !vf->alibi && !hc.alibi && !softcap && !vf->sinks &&
-        !vf->qk_norm && !file_norm && !file_sinks && !clip_qkv)
-        return apply_options(cmd, f, vf);
+        !vf->qk_norm && !file_norm && !file_sinks && !clip_qkv && !l2_norm)
+        return finish_options(cmd, f, vf, &hc);
     mha_config c = *mha_layer_config(*L);
     mha_weights w;
     mha_layer_get_weights(*L, &w);
@@ -310,6 +345,7 @@ int cli_apply_variants(const char *cmd, mha_layer **L, cli_fwd *f, cli_variant_f
         c.qk_norm = strcmp(vf->qk_norm, "rms") == 0 ? MHA_QK_NORM_RMS : MHA_QK_NORM_LAYER;
     }
     float *norms = NULL;
+    if (!rc && l2_norm) rc = unit_norms(cmd, &norms, &c, &w);
     if (!rc && c.qk_norm && hc.qk_norm_eps) c.qk_norm_eps = (float)hc.qk_norm_eps; /* config.json's rms_norm_eps */
     if (!rc && c.qk_norm && hc.qk_norm_offset) rc = offset_norms(cmd, &norms, &c, &w);
     mha_layer *n = NULL;
@@ -329,7 +365,7 @@ int cli_apply_variants(const char *cmd, mha_layer **L, cli_fwd *f, cli_variant_f
     if (rc) return rc;
     mha_layer_free(*L);
     *L = n;
-    return apply_options(cmd, f, vf);
+    return finish_options(cmd, f, vf, &hc);
 }
 
 void cli_variants_free(cli_variant_flags *vf) {

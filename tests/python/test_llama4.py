@@ -1,0 +1,116 @@
+"""Llama 4's attention layers (model_type llama4 / llama4_text, iRoPE)
+through `mha run` and config.json alone, against a float64 oracle written
+from Hugging Face's modeling_llama4: the rotary layers rotate q and k as
+complex numbers of adjacent pairs (interleaved), then divide them by their
+RMS (Llama4TextL2Norm, use_qk_norm, eps rms_norm_eps) and attend inside
+chunks of attention_chunk_size (the chunked causal mask); every
+no_rope_layer_interval-th layer (or no_rope_layers' zeros) has no rotary
+and attends globally, its queries scaled by attn_temperature_tuning from
+position floor_scale - 1 on, which is refused. Before: rotate_half, no
+norm and no chunk, silently."""
+import json
+import math
+
+import numpy as np
+import pytest
+
+from conftest import TORCH_SKIP_REASON, torch
+from io_helpers import mha, write_safetensors
+
+if torch is None:
+    pytest.skip(TORCH_SKIP_REASON, allow_module_level=True)
+
+D, H, HKV, DK, T = 32, 4, 2, 8, 13
+
+
+def checkpoint(tmp_path, layer, nested=False, **text):
+    """A Llama 4 layer `layer` (q/k/v/o_proj under model.layers.N.self_attn)
+    with config.json; nested: the multimodal file's text_config."""
+    rng = np.random.default_rng(40 + layer)
+    w = {n: rng.uniform(-.4, .4, s).astype(np.float32)
+         for n, s in (("q", (H * DK, D)), ("k", (HKV * DK, D)), ("v", (HKV * DK, D)), ("o", (D, H * DK)))}
+    pre = "language_model.model.layers.%d.self_attn." % layer if nested else "model.layers.%d.self_attn." % layer
+    write_safetensors(tmp_path / "model.safetensors", {pre + n + "_proj.weight": a for n, a in w.items()})
+    cfg = {"model_type": "llama4_text", "hidden_size": D, "num_attention_heads": H, "num_key_value_heads": HKV,
+           "head_dim": DK, "rope_theta": 500000.0, "rms_norm_eps": 1e-5, "num_hidden_layers": 8,
+           "attention_chunk_size": 4, **text}
+    if nested:
+        cfg = {"model_type": "llama4", "text_config": cfg, "vision_config": {"model_type": "llama4_vision_model"}}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    x = np.random.default_rng(7).uniform(-1, 1, (T, D)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    return w, x, pre.rsplit(".self_attn.", 1)[0]
+
+
+def oracle(w, x, rope, chunk, qk_norm, eps=1e-5, theta=500000.0):
+    """Llama4TextAttention's forward for one sequence, float64."""
+    t = {n: torch.tensor(a, dtype=torch.float64) for n, a in w.items()}
+    xs = torch.tensor(x, dtype=torch.float64)
+    q = (xs @ t["q"].T).view(T, H, DK)
+    k = (xs @ t["k"].T).view(T, HKV, DK)
+    v = (xs @ t["v"].T).view(T, HKV, DK)
+    if rope:  # apply_rotary_emb: view_as_complex of (..., DK/2, 2) times e^(i pos f)
+        inv = 1.0 / theta ** (torch.arange(0, DK, 2, dtype=torch.float64) / DK)
+        cis = torch.polar(torch.ones(T, DK // 2, dtype=torch.float64), torch.arange(T)[:, None] * inv)
+        q = torch.view_as_real(torch.view_as_complex(q.reshape(T, H, DK // 2, 2)) * cis[:, None]).flatten(2)
+        k = torch.view_as_real(torch.view_as_complex(k.reshape(T, HKV, DK // 2, 2)) * cis[:, None]).flatten(2)
+    if qk_norm:  # Llama4TextL2Norm, after the rotation
+        q = q * torch.rsqrt(q.pow(2).mean(-1, keepdim=True) + eps)
+        k = k * torch.rsqrt(k.pow(2).mean(-1, keepdim=True) + eps)
+    k, v = k.repeat_interleave(H // HKV, 1), v.repeat_interleave(H // HKV, 1)
+    s = torch.einsum("ihd,jhd->hij", q, k) / math.sqrt(DK)
+    i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
+    allowed = (j <= i) & ((i // chunk == j // chunk) if chunk else True)
+    s = s.masked_fill(~allowed, float("-inf"))
+    z = torch.einsum("hij,jhd->ihd", torch.softmax(s, -1), v).reshape(T, H * DK)
+    return (z @ t["o"].T).numpy()
+
+
+def run(tmp_path, prefix, *flags, check=True):
+    out = tmp_path / "y.npy"
+    out.unlink(missing_ok=True)
+    r = mha("run", "--weights", tmp_path / "model.safetensors", "--prefix", prefix, "--input", tmp_path / "x.npy",
+            "--output", out, "--causal", *flags, check=check)
+    return np.load(out) if check else r
+
+
+@pytest.mark.parametrize("nested", [False, True])
+def test_rotary_layer_interleaved_l2_norm_chunked(tmp_path, nested):
+    w, x, prefix = checkpoint(tmp_path, 0, nested)
+    got = run(tmp_path, prefix)
+    want = oracle(w, x, rope=True, chunk=4, qk_norm=True)
+    np.testing.assert_allclose(got, want, atol=2e-5 * np.abs(want).max())
+    for wrong in (oracle(w, x, rope=True, chunk=0, qk_norm=True), oracle(w, x, rope=True, chunk=4, qk_norm=False)):
+        assert np.abs(wrong - want).max() > 1e-3  # each part matters at this size
+
+
+def test_nope_layer_global_and_temperature_refused_past_floor(tmp_path):
+    """Layer 3 (interval 4): no rotary, no norm, global attention; with
+    positions reaching floor_scale - 1 the tuning would scale q: refused."""
+    w, x, prefix = checkpoint(tmp_path, 3, floor_scale=64)
+    got = run(tmp_path, prefix)
+    np.testing.assert_allclose(got, oracle(w, x, rope=False, chunk=0, qk_norm=False), atol=2e-5)
+    checkpoint(tmp_path, 3, floor_scale=8)  # T 13: the last query at 12 >= 7
+    r = run(tmp_path, prefix, check=False)
+    assert r.returncode == 1 and "attn_temperature_tuning" in r.stderr and "position 7 on" in r.stderr, r.stderr
+    assert not (tmp_path / "y.npy").exists()
+    checkpoint(tmp_path, 3, floor_scale=8, attn_temperature_tuning=False)
+    np.testing.assert_allclose(run(tmp_path, prefix), got, atol=0)  # off: nothing to refuse
+
+
+def test_config_keys_choose_the_layers(tmp_path):
+    """no_rope_layers and layer_types as the config gives them; use_qk_norm
+    false (Maverick); attention_chunk_size null; --chunk and --qk-norm
+    flags win; a prefix without a layer number is asked for."""
+    w, x, prefix = checkpoint(tmp_path, 1, no_rope_layers=[1, 0, 1, 1, 1, 1, 1, 1])
+    np.testing.assert_allclose(run(tmp_path, prefix), oracle(w, x, rope=False, chunk=0, qk_norm=False), atol=2e-5)
+    w, x, prefix = checkpoint(tmp_path, 1, use_qk_norm=False,
+                              layer_types=["full_attention"] * 8)
+    np.testing.assert_allclose(run(tmp_path, prefix), oracle(w, x, rope=True, chunk=0, qk_norm=False), atol=2e-5)
+    w, x, prefix = checkpoint(tmp_path, 2, attention_chunk_size=None)
+    np.testing.assert_allclose(run(tmp_path, prefix), oracle(w, x, rope=True, chunk=0, qk_norm=True), atol=2e-5)
+    np.testing.assert_allclose(run(tmp_path, prefix, "--chunk", 3), oracle(w, x, rope=True, chunk=3, qk_norm=True),
+                               atol=2e-5)
+    r = mha("run", "--weights", tmp_path / "model.safetensors", "--input", tmp_path / "x.npy",
+            "--output", tmp_path / "y.npy", "--causal", check=False)
+    assert r.returncode != 0 and "--prefix" in r.stderr, r.stderr
