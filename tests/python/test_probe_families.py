@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from io_helpers import mha, write_safetensors
+from test_probe_hf_layouts import rotate  # RoPE at positions 0..T-1, halves or interleaved
 
 T = 7
 
@@ -21,20 +22,6 @@ def rnd(rs, *shape):
 
 def heads(a, n):
     return a.reshape(a.shape[0], n, -1).transpose(1, 0, 2)
-
-
-def rotate(x, r, theta, pairing):
-    """RoPE at positions 0..T-1 on the first r dims of each head: halves
-    (rotate_half) or interleaved (pairs 2i, 2i+1)."""
-    f = np.outer(np.arange(x.shape[1]), 1.0 / theta ** (np.arange(0, r, 2) / r))
-    a, rest = x[..., :r], x[..., r:]
-    if pairing == "halves":
-        c, s = np.cos(np.concatenate([f, f], -1)), np.sin(np.concatenate([f, f], -1))
-        rot = np.concatenate([-a[..., r // 2:], a[..., :r // 2]], -1)
-    else:
-        c, s = np.repeat(np.cos(f), 2, -1), np.repeat(np.sin(f), 2, -1)
-        rot = np.stack([-a[..., 1::2], a[..., 0::2]], -1).reshape(a.shape)
-    return np.concatenate([a * c + rot * s, rest], -1)
 
 
 def layer_norm(a, w, eps):
