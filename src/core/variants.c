@@ -404,6 +404,6 @@ void mha_clip_double(double *a, size_t n, double clip) {
 
 void mha_clip(float *a, size_t n, float clip, int n_threads) {
     n_threads = n >= ((size_t)1 << 16) ? n_threads : 1;
-#pragma omp parallel for simd schedule(static) num_threads(n_threads)
+#pragma omp parallel for schedule(static) num_threads(n_threads)
     for (size_t i = 0; i < n; i++) a[i] = a[i] < -clip ? -clip : a[i] > clip ? clip : a[i];
 }
