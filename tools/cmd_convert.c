@@ -30,8 +30,8 @@ int cmd_convert(int argc, char **argv) {
         .details = "Running the converted file gives the same Y as running the source: the layer's\n"
                    "variants that a config.json beside an hf checkpoint gives (RoPE, ALiBi, soft-cap,\n"
                    "sinks, QK-norm) are written into it, and so are the variant flags' (as mha run and\n"
-                   "mha permute take them); config.json's sliding window and score scale are options of\n"
-                   "a call, which convert prints to pass to mha run.\n\n"
+                   "mha permute take them); config.json's sliding window, chunk (Llama 4) and score scale\n"
+                   "are options of a call, which convert prints to pass to mha run.\n\n"
                    "example: mha convert --from hf --heads 8 --kv-heads 2 llama_attn.safetensors "
                    "attn.safetensors\n",
         .args = args,
@@ -75,9 +75,10 @@ int cmd_convert(int argc, char **argv) {
                pos[1], c->d_model, c->n_heads, c->n_kv_heads, c->d_k, c->d_v, c->d_kv_in, c->bias,
                mha_layer_weights_dtype(L) ? " weights=" : "",
                mha_layer_weights_dtype(L) ? mha_weight_dtype_name(mha_layer_weights_dtype(L)) : "");
-        if (call.opt.window_left >= 0 || call.opt.scale != 0.0f) {
+        if (call.opt.window_left >= 0 || call.opt.chunk_size > 0 || call.opt.scale != 0.0f) {
             printf("note: config.json gives call options a native file does not keep; run it with");
             if (call.opt.window_left >= 0) printf(" --window %d", call.opt.window_left + 1);
+            if (call.opt.chunk_size > 0) printf(" --chunk %d", call.opt.chunk_size);
             if (call.opt.scale != 0.0f) printf(" --scale %.9g", (double)call.opt.scale);
             printf(" for the source's Y\n");
         }

@@ -82,6 +82,15 @@ def test_rotary_layer_interleaved_l2_norm_chunked(tmp_path, nested):
     np.testing.assert_allclose(got, want, atol=2e-5 * np.abs(want).max())
     for wrong in (oracle(w, x, rope=True, chunk=0, qk_norm=True), oracle(w, x, rope=True, chunk=4, qk_norm=False)):
         assert np.abs(wrong - want).max() > 1e-3  # each part matters at this size
+    # mha convert keeps the rotation and the norm in the native file and prints the chunk, a call option
+    native = tmp_path / "native.safetensors"
+    out = mha("convert", "--from", "hf", "--prefix", prefix, "--to", "native", tmp_path / "model.safetensors",
+              native).stdout
+    assert "run it with --chunk 4 for the source's Y" in out, out
+    (tmp_path / "config.json").unlink()
+    mha("run", "--weights", native, "--input", tmp_path / "x.npy", "--output", tmp_path / "n.npy", "--causal",
+              "--chunk", 4)
+    np.testing.assert_allclose(np.load(tmp_path / "n.npy"), want, atol=2e-5 * np.abs(want).max())
 
 
 def test_nope_layer_global_and_temperature_refused_past_floor(tmp_path):
