@@ -518,7 +518,9 @@ class Layer(COwner):
         n_kv_heads 0 = from the file; prefix: the layer's module
         ('model.layers.3' or its attention's own path); add_zero_attn: the
         layer appends a zero key/value row (torch's add_zero_attn=True,
-        which a state_dict does not record)."""
+        which a state_dict does not record). A config.json beside an hf
+        checkpoint is not read: `mha convert` writes its settings (RoPE,
+        soft-cap, clip_qkv, ...) into a native file this loads whole."""
         opt = _lib.LoadOptions(_enum("layout", layout, _lib.LAYOUTS), c_int("n_heads", n_heads, 0),
                                c_int("n_kv_heads", n_kv_heads, 0),
                                None if prefix is None else _c_path("prefix", str(prefix)),
