@@ -39,14 +39,18 @@ def c_flag(name, value):
 
 def c_float(name, value):
     """A real number that float32 holds without overflow (a finite value
-    beyond +-3.4e38 would become inf); NaN and inf pass through for the
-    library to judge."""
+    beyond +-3.4e38 would become inf) or underflow (a non-zero value below
+    float32's smallest would become 0, which the library reads as none or
+    the default); NaN and inf pass through for the library to judge."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
         raise ArgumentError(f"{name}={value!r} is a {type(value).__name__}; expected a real number")
     v = float(value)
     if np.isfinite(v) and abs(v) > FLOAT32_MAX:
         raise ArgumentError(f"{name}={v!r} is beyond float32's range; expected |{name}| <= "
                             f"{FLOAT32_MAX:.8g}")
+    if v != 0 and np.float32(v) == 0:  # it would reach the library as 0: "none" or "the default"
+        raise ArgumentError(f"{name}={v!r} rounds to 0 in float32; expected 0 or |{name}| >= "
+                            f"{float(np.finfo(np.float32).smallest_subnormal):.3g}")
     return v
 
 

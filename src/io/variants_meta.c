@@ -160,9 +160,17 @@ mha_status mha_io_variants_read(mha_config *c, float *w[4], const mha_tensors *t
     if (dim < 0 || dim > 1e6 || o < 0 || o > 1e9 || sc < 0 || eps < 0)
         return mha_fail(MHA_E_FORMAT, "metadata rope_dim, rope_original_max_positions, softcap or qk_norm_eps "
                         "is negative or too large; expected the values mha_config takes");
-    if (clip < 0 || clip > 3e38)
+    if (dim != floor(dim) || o != floor(o)) /* an int field: 4096.7 is no context length */
+        return mha_fail(MHA_E_FORMAT, "metadata %s = '%.40s' is not a whole number; expected an integer",
+                        dim != floor(dim) ? "rope_dim" : "rope_original_max_positions",
+                        mha_tensors_meta(t, dim != floor(dim) ? "rope_dim" : "rope_original_max_positions"));
+    /* float fields: a value below float's smallest would become 0, read as none or the default */
+    if ((sc > 0 && (float)sc == 0.0f) || (eps > 0 && (float)eps == 0.0f))
+        return mha_fail(MHA_E_FORMAT, "metadata softcap or qk_norm_eps is > 0 but rounds to 0 in float; expected "
+                        "0 (none, the default) or a value >= 1.4e-45");
+    if (clip < 0 || clip > 3e38 || (clip > 0 && (float)clip == 0.0f))
         return mha_fail(MHA_E_FORMAT, "metadata clip_qkv = '%.40s'; expected 0 (none) or the bound c > 0 "
-                        "Q, K and V are clamped to", mha_tensors_meta(t, "clip_qkv"));
+                        "(at least float's 1.4e-45) Q, K and V are clamped to", mha_tensors_meta(t, "clip_qkv"));
     c->clip_qkv = (float)clip;
     r->pairing = (mha_rope_pairing)pairing, r->scaling = (mha_rope_scaling)scaling, r->dim = (int)dim;
     r->original_max_positions = (int)o, c->softcap = (float)sc, c->qk_norm_eps = (float)eps;
