@@ -172,13 +172,20 @@ static mha_status run_decode(const mha_layer *local, const mha_mpi_heads *hd, co
     mha_status s = mha_cache_create(&cache, local, B, T, MHA_CACHE_F32, 0);
     if ((s = mha_mpi_agree(comm, s, s ? mha_last_error() : NULL))) return s;
     float *xs = malloc(sizeof(float) * (size_t)B * most * D), *ys = malloc(sizeof(float) * (size_t)B * most * D);
-    s = mha_mpi_agree(comm, xs && ys ? MHA_OK : MHA_E_NOMEM, "no memory for one decode step's rows");
+    /* --positions (B,T): each call reads (B,n), its own columns [t, t+n) */
+    int *ps = f->opt.positions ? malloc(sizeof(int) * (size_t)B * most) : NULL;
+    s = mha_mpi_agree(comm, xs && ys && (ps || !f->opt.positions) ? MHA_OK : MHA_E_NOMEM,
+                      "no memory for one decode step's rows");
+    mha_options o = f->opt;
+    o.positions = ps;
     for (int t = 0; !s && t < T;) {
         const int n = t == 0 && T0 > 0 ? T0 : 1; /* (B,n,D) rows [t, t+n) */
-        for (int b = 0; b < B; b++)
+        for (int b = 0; b < B; b++) {
             memcpy(xs + (size_t)b * n * D, f->x.f + ((size_t)b * T + t) * D, sizeof(float) * (size_t)n * D);
+            if (ps) memcpy(ps + (size_t)b * n, f->opt.positions + (size_t)b * T + t, sizeof(int) * (size_t)n);
+        }
         mha_mpi_stats one = {0};
-        s = mha_mpi_forward_cached_heads(local, cache, hd, b_o, ys, xs, B, n, &f->opt, comm, &one);
+        s = mha_mpi_forward_cached_heads(local, cache, hd, b_o, ys, xs, B, n, &o, comm, &one);
         for (int b = 0; !s && b < B; b++)
             memcpy(y + ((size_t)b * T + t) * D, ys + (size_t)b * n * D, sizeof(float) * (size_t)n * D);
         st->sent_bytes += one.sent_bytes, st->formula_bytes += one.formula_bytes, st->compute_s += one.compute_s;
@@ -186,7 +193,7 @@ static mha_status run_decode(const mha_layer *local, const mha_mpi_heads *hd, co
         t += n;
     }
     st->total_s = MPI_Wtime() - t0;
-    free(xs), free(ys);
+    free(xs), free(ys), free(ps);
     mha_cache_free(cache);
     return s;
 }

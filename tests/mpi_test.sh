@@ -149,6 +149,7 @@ layer("mha_b", 24, 12, 12, 3, 2)          # mha's shapes, other weights
 np.save(d + "/x.npy", r(2, 16, 24))
 np.save(d + "/x16.npy", r(2, 16, 16))
 np.save(d + "/pos16.npy", (np.arange(16) * 7 + 3).astype(np.int64))   # --positions, shared by both sequences
+np.save(d + "/pos2x16.npy", np.stack([np.arange(16) * 7 + 3, np.arange(16) * 2 + 40]).astype(np.int64))  # (B,T)
 np.save(d + "/x1.npy", r(16, 24))         # unbatched
 np.save(d + "/kv.npy", r(2, 12, 10))
 np.save(d + "/x_short.npy", r(2, 5, 24))
@@ -344,6 +345,12 @@ decode dec_alibi "2 4" alibi x16 3
 case_ vflags "2 4" "heads" gqa x16 --causal --rope halves --rope-theta 500 --softcap 2 --alibi
 decode dec_vflags "2 4" gqa x16 3 --rope interleaved --softcap 2 --alibi
 case_ vpos "2 4" "heads" gqa x16 --causal --rope halves --positions "$T/pos16.npy"
+# --decode with --positions (B,T): each call takes its own columns (before, every call read the
+# (B,T) array as its (B,n) one: the prefill's rows from the wrong places, each step position [b])
+decode dec_vpos "2 4" gqa x16 3 --rope halves --positions "$T/pos2x16.npy"
+decode dec_vpos_alibi "2" gqa x16 5 --alibi --positions "$T/pos2x16.npy"
+decode dec_vpos_longrope "2" gqa x16 4 --rope halves --positions "$T/pos2x16.npy" \
+    --rope-scale longrope:original_max_position_embeddings=30,factor=4,short_factor=2,long_factor=7
 case_ vcall "2 4" "heads sequence" gqa x16 --causal --window 5 --sink-tokens 2 --scale 0.3
 # Llama 4's chunked attention: the ring's tiles by global position, the shards' caches by cache position
 case_ vchunk "2 4" "heads sequence" gqa x16 --causal --chunk 3
