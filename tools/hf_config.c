@@ -142,7 +142,7 @@ static int longrope_context(const char *cmd, json_t *root, double v[7]) {
  * longrope (or Phi-3's first name, su)|default, factor, ...} as a
  * --rope-scale spec; the top-level max_position_embeddings is YaRN's
  * default original context and dynamic's (Hugging Face reads no other). */
-static int rope_scaling(const char *cmd, json_t *root, char *spec, size_t size) {
+static int rope_scaling(const char *cmd, json_t *root, const char *model_type, char *spec, size_t size) {
     json_t *s = json_object_get(root, "rope_scaling");
     if (!s || json_is_null(s)) return 0;
     if (!json_is_object(s))
@@ -176,6 +176,16 @@ static int rope_scaling(const char *cmd, json_t *root, char *spec, size_t size) 
     if (!rc && v[3] == 0 && (yarn || dynamic)) /* as Hugging Face: the model's context */
         rc = number(cmd, root, "", "max_position_embeddings", 1, 1 << 30, 1, &v[3]);
     if (!rc && longrope) rc = longrope_context(cmd, root, v);
+    if (!rc && longrope && model_type && strcmp(model_type, "phimoe") == 0) { /* Phi-3.5-MoE: cos, sin times its mscale */
+        double ms[2] = {0, 0};
+        rc = number(cmd, s, "rope_scaling.", "short_mscale", 1e-9, 1e9, 0, &ms[0]);
+        if (!rc) rc = number(cmd, s, "rope_scaling.", "long_mscale", 1e-9, 1e9, 0, &ms[1]);
+        if (!rc && ms[0] != ms[1])
+            return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: rope_scaling.short_mscale = %g and "
+                                 "long_mscale = %g differ (or one is missing); expected both equal or both "
+                                 "absent: one attention factor per layer is implemented", ms[0], ms[1]);
+        if (!rc && ms[0] > 0) v[6] = ms[0]; /* PhimoeRotaryEmbedding: the mscale wins over attention_factor */
+    }
     if (rc) return rc;
     if (v[0] == 0 && !longrope)
         return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: rope_scaling.factor missing; expected a "
@@ -512,7 +522,7 @@ int cli_hf_config_read(cli_hf_config *c, const char *cmd, const cli_ckpt *ck, co
     if (!rc) rc = number(cmd, root, "", "rope_theta", 1, 1e12, 0, &theta);
     if (!rc) rc = number(cmd, root, "", "rotary_pct", 1e-9, 1, 0, &part);
     if (!rc) rc = number(cmd, root, "", "partial_rotary_factor", 1e-9, 1, 0, &part);
-    if (!rc) rc = rope_scaling(cmd, root, c->rope_scale, sizeof c->rope_scale);
+    if (!rc) rc = rope_scaling(cmd, root, type, c->rope_scale, sizeof c->rope_scale);
     double pre = 0; /* Gemma 2: the scores are scaled by query_pre_attn_scalar^-1/2, not head_dim's */
     if (!rc) rc = number(cmd, root, "", "attn_logit_softcapping", 1e-6, 1e30, 0, &c->softcap);
     if (!rc) rc = number(cmd, root, "", "query_pre_attn_scalar", 1e-30, 1e30, 0, &pre);

@@ -83,3 +83,66 @@ def test_native_metadata_that_would_change_silently_is_refused(tmp_path, longrop
     assert r.returncode != 0 and message in r.stderr, r.stderr
     with pytest.raises(mha.MhaError, match=message.split(" = ")[0].split(" or ")[0]):
         mha.Layer.load(str(bad))
+
+
+def _longrope_oracle(w, x, pos, H, G, dk, theta, short, long, L, mscale):
+    """float64 numpy of Hugging Face's longrope attention (rotate_half on
+    every dim, cos and sin times mscale), causal, one sequence."""
+    seq = int(pos.max()) + 1
+    ext = np.array(long if seq > L else short)
+    inv = 1.0 / (ext * theta ** (np.arange(0, dk, 2) / dk))
+    ang = pos[:, None] * inv[None]
+    cos, sin = np.cos(np.concatenate([ang, ang], -1)) * mscale, np.sin(np.concatenate([ang, ang], -1)) * mscale
+
+    def rot(m, n):
+        m = m.reshape(len(x), n, dk)
+        half = np.concatenate([-m[..., dk // 2:], m[..., :dk // 2]], -1)
+        return m * cos[:, None] + half * sin[:, None]
+    q, k, v = rot(x @ w["q"].T, H), rot(x @ w["k"].T, G), (x @ w["v"].T).reshape(len(x), G, dk)
+    z = np.zeros((len(x), H, dk))
+    for r in range(H):
+        s = q[:, r] @ k[:, r // (H // G)].T / np.sqrt(dk)
+        s = np.where(np.arange(len(x))[None] > np.arange(len(x))[:, None], -np.inf, s)
+        p = np.exp(s - s.max(-1, keepdims=True))
+        z[:, r] = (p / p.sum(-1, keepdims=True)) @ v[:, r // (H // G)]
+    return z.reshape(len(x), -1) @ w["o"].T
+
+
+@pytest.mark.parametrize("top", [12, 400])
+def test_phimoe_longrope_mscale(tmp_path, top):
+    """Phi-3.5-MoE (model_type phimoe) scales cos and sin by rope_scaling's
+    short_mscale / long_mscale (PhimoeRotaryEmbedding), 1.2432 in its
+    config, not by sqrt(1 + ln(factor) / ln(L)) = 1.1902: the scores were
+    off by (1.2432/1.1902)^2 = 9%. Equal mscales are applied, unequal ones
+    refused (one attention factor per layer)."""
+    from io_helpers import write_safetensors
+    rng = np.random.default_rng(6)
+    D, H, G, dk = 32, 4, 2, 8
+    w = {n: rng.uniform(-.5, .5, (G * dk if n in "kv" else D, D)) for n in "qkvo"}
+    p = "model.layers.0.self_attn."
+    write_safetensors(tmp_path / "model.safetensors", {p + n + "_proj.weight": w[n].astype(np.float32) for n in w})
+    short, long = [1.0, 1.1, 1.3, 2.0], [1.0, 4.0, 9.0, 30.0]
+    rs = {"type": "longrope", "short_factor": short, "long_factor": long, "short_mscale": 1.243163121016122,
+          "long_mscale": 1.243163121016122, "original_max_position_embeddings": 16}
+    cfg = {"model_type": "phimoe", "hidden_size": D, "num_attention_heads": H, "num_key_value_heads": G,
+           "rope_theta": 100.0, "max_position_embeddings": 512, "original_max_position_embeddings": 16,
+           "rope_scaling": rs}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    x = rng.uniform(-1, 1, (9, D)).astype(np.float32)
+    pos = np.arange(9) * (top // 8)
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "p.npy", pos.astype(np.int64))
+    args = ("run", "--weights", tmp_path, "--prefix", "model.layers.0", "--input", tmp_path / "x.npy",
+            "--output", tmp_path / "y.npy", "--causal", "--positions", tmp_path / "p.npy")
+    mha_cli(*args)
+    want = _longrope_oracle(w, x.astype(np.float64), pos, H, G, dk, 100.0, short, long, 16, 1.243163121016122)
+    np.testing.assert_allclose(np.load(tmp_path / "y.npy"), want, atol=3e-5)
+    # Phi-3 (model_type phi3) has no mscale: Hugging Face's Phi3 ignores the keys, and so does mha
+    (tmp_path / "config.json").write_text(json.dumps(dict(cfg, model_type="phi3")))
+    mha_cli(*args)
+    want = _longrope_oracle(w, x.astype(np.float64), pos, H, G, dk, 100.0, short, long, 16,
+                            np.sqrt(1 + np.log(32) / np.log(16)))
+    np.testing.assert_allclose(np.load(tmp_path / "y.npy"), want, atol=3e-5)
+    (tmp_path / "config.json").write_text(json.dumps(dict(cfg, rope_scaling=dict(rs, long_mscale=1.5))))
+    r = mha_cli(*args, check=False)
+    assert r.returncode != 0 and "short_mscale = 1.24316 and long_mscale = 1.5 differ" in r.stderr, r.stderr
