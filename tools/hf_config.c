@@ -301,7 +301,11 @@ static int head_aliases(const char *cmd, json_t *root, const char *type, const c
 static int attn_config(cli_hf_config *c, const char *cmd, json_t *root, const char *type, double *kv, double *theta) {
     json_t *a = json_object_get(root, "attn_config");
     const int mpt = type && strcmp(type, "mpt") == 0;
-    if (!json_is_object(a) || !(mpt || (type && strcmp(type, "dbrx") == 0))) return 0;
+    if (!(mpt || (type && strcmp(type, "dbrx") == 0))) return 0;
+    if (a && !json_is_null(a) && !json_is_object(a)) /* else its kv heads, ALiBi, clamp were silently dropped */
+        return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: attn_config is not an object; expected %s's "
+                             "{\"kv_n_heads\": G, \"clip_qkv\": C, ...} or null", type);
+    if (!json_is_object(a)) return 0;
     double bias_max = 8;
     int rc = number(cmd, a, "attn_config.", "kv_n_heads", 1, 4096, 1, kv);
     if (!rc && !mpt) rc = number(cmd, a, "attn_config.", "rope_theta", 1, 1e12, 0, theta);

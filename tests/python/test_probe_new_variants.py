@@ -146,3 +146,27 @@ def test_phimoe_longrope_mscale(tmp_path, top):
     (tmp_path / "config.json").write_text(json.dumps(dict(cfg, rope_scaling=dict(rs, long_mscale=1.5))))
     r = mha_cli(*args, check=False)
     assert r.returncode != 0 and "short_mscale = 1.24316 and long_mscale = 1.5 differ" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("attn_config", ["alibi", [1], 3])
+def test_mpt_attn_config_not_an_object_is_refused(tmp_path, attn_config):
+    """MPT's / DBRX's attn_config holds ALiBi, kv_n_heads and clip_qkv; a
+    malformed one (not an object) was skipped, so the layer ran without
+    ALiBi or the clamp, exit 0. null still means the defaults."""
+    from io_helpers import write_safetensors
+    rng = np.random.default_rng(8)
+    p = "transformer.blocks.0.attn."
+    write_safetensors(tmp_path / "model.safetensors",
+                      {p + "Wqkv.weight": rng.uniform(-.3, .3, (48, 16)).astype(np.float32),
+                       p + "out_proj.weight": rng.uniform(-.3, .3, (16, 16)).astype(np.float32)})
+    np.save(tmp_path / "x.npy", rng.uniform(-1, 1, (5, 16)).astype(np.float32))
+    args = ("run", "--weights", tmp_path, "--prefix", "transformer.blocks.0", "--input", tmp_path / "x.npy",
+            "--output", tmp_path / "y.npy", "--causal")
+    cfg = {"model_type": "mpt", "d_model": 16, "n_heads": 4}
+    (tmp_path / "config.json").write_text(json.dumps(dict(cfg, attn_config=None)))
+    mha_cli(*args)
+    (tmp_path / "y.npy").unlink()
+    (tmp_path / "config.json").write_text(json.dumps(dict(cfg, attn_config=attn_config)))
+    r = mha_cli(*args, check=False)
+    assert r.returncode != 0 and "attn_config is not an object" in r.stderr, r.stderr
+    assert not (tmp_path / "y.npy").exists()
