@@ -176,6 +176,14 @@ static int rope_scaling(const char *cmd, json_t *root, const char *model_type, c
     if (!rc && v[3] == 0 && (yarn || dynamic)) /* as Hugging Face: the model's context */
         rc = number(cmd, root, "", "max_position_embeddings", 1, 1 << 30, 1, &v[3]);
     if (!rc && longrope) rc = longrope_context(cmd, root, v);
+    if (!rc && yarn && v[6] == 0) { /* Hugging Face: mscale and mscale_all_dim (both set) give the ratio */
+        double m = 0, all = 0;
+        rc = number(cmd, s, "rope_scaling.", "mscale", 0, 1e9, 0, &m); /* 0: unset, as None */
+        if (!rc) rc = number(cmd, s, "rope_scaling.", "mscale_all_dim", 0, 1e9, 0, &all);
+        if (!rc && m > 0 && all > 0 && v[0] > 1) /* get_mscale(factor, m) / get_mscale(factor, all) */
+            v[6] = (0.1 * m * log(v[0]) + 1.0) / (0.1 * all * log(v[0]) + 1.0);
+        else if (!rc && m > 0 && all > 0) v[6] = 1.0; /* factor 1: both 1 */
+    }
     if (!rc && longrope && model_type && strcmp(model_type, "phimoe") == 0) { /* Phi-3.5-MoE: cos, sin times its mscale */
         double ms[2] = {0, 0};
         rc = number(cmd, s, "rope_scaling.", "short_mscale", 1e-9, 1e9, 0, &ms[0]);

@@ -170,3 +170,44 @@ def test_mpt_attn_config_not_an_object_is_refused(tmp_path, attn_config):
     r = mha_cli(*args, check=False)
     assert r.returncode != 0 and "attn_config is not an object" in r.stderr, r.stderr
     assert not (tmp_path / "y.npy").exists()
+
+
+@pytest.mark.parametrize("mscale, mscale_all_dim, attn", [(0.707, 0.707, 1.0), (1.0, 0.5, None), (1.0, 0, None)])
+def test_yarn_mscale_and_mscale_all_dim(tmp_path, mscale, mscale_all_dim, attn):
+    """YaRN's rope_scaling with mscale and mscale_all_dim both set (DeepSeek-
+    style configs) has Hugging Face's attention factor get_mscale(factor,
+    mscale) / get_mscale(factor, mscale_all_dim), 1 when they are equal; it
+    ran 0.1 ln(factor) + 1 (1.37 for factor 40: scores x 1.87). One of them
+    unset (0 or absent): the default, as Hugging Face."""
+    from io_helpers import write_safetensors
+    rng = np.random.default_rng(9)
+    p = "model.layers.0.self_attn."
+    write_safetensors(tmp_path / "model.safetensors",
+                      {p + n + "_proj.weight": rng.uniform(-.3, .3, (8 if n in "kv" else 16, 16)).astype(np.float32)
+                       for n in "qkvo"})
+    np.save(tmp_path / "x.npy", rng.uniform(-1, 1, (7, 16)).astype(np.float32))
+    yarn = {"rope_type": "yarn", "factor": 40.0, "original_max_position_embeddings": 64, "mscale": mscale,
+            "mscale_all_dim": mscale_all_dim}
+    cfg = {"model_type": "llama", "hidden_size": 16, "num_attention_heads": 4, "num_key_value_heads": 2,
+           "rope_theta": 100.0, "max_position_embeddings": 2560, "rope_scaling": yarn}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+
+    def run(*flags, weights=tmp_path):
+        mha_cli("run", "--weights", weights, "--input", tmp_path / "x.npy", "--output", tmp_path / "y.npy",
+                "--causal", *flags)
+        return np.load(tmp_path / "y.npy")
+    got = run()
+    (tmp_path / "config.json").unlink()
+    flags = ("--heads", 4, "--rope", "halves", "--rope-theta", 100)
+    spec = "yarn:factor=40,original_max_position_embeddings=64"
+    default = run(*flags, "--rope-scale", spec, weights=tmp_path / "model.safetensors")
+    if attn is None:
+        want = default
+        ratio = (0.1 * mscale * np.log(40) + 1) / (0.1 * mscale_all_dim * np.log(40) + 1)
+        if mscale_all_dim:
+            want = run(*flags, "--rope-scale", f"{spec},attention_factor={ratio!r}",
+                       weights=tmp_path / "model.safetensors")
+    else:
+        want = run(*flags, "--rope-scale", f"{spec},attention_factor={attn}", weights=tmp_path / "model.safetensors")
+        assert np.abs(want - default).max() > 1e-3  # the factor matters here
+    np.testing.assert_allclose(got, want, atol=1e-6)
