@@ -245,6 +245,10 @@ static int family(cli_hf_config *c, const char *cmd, json_t *root, const char *t
         return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: model_type chatglm: its query_key_value holds "
                              "[all q; all k; all v] blocks and rotates half of each head in pairs (2i, 2i+1); "
                              "expected megatron's rows per kv group: ChatGLM is not supported");
+    if (type && strcmp(type, "llama4_vision_model") == 0) /* its 2-D rotary over image patches */
+        return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: model_type llama4_vision_model (Llama 4's vision "
+                             "encoder) rotates q and k by the patches' 2-D positions; expected a text layer "
+                             "(--prefix language_model.model.layers.N): the vision encoder is not supported");
     if (type && strcmp(type, "qwen") == 0) /* the gpt2 layout would read GPT-BigCode's per-head rows */
         return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: model_type qwen (Qwen 1): its c_attn holds [q; k; "
                              "v] blocks, which the gpt2 layout reads as GPT-BigCode's rows [q; k; v] per head; "

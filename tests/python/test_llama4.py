@@ -123,3 +123,20 @@ def test_config_keys_choose_the_layers(tmp_path):
     r = mha("run", "--weights", tmp_path / "model.safetensors", "--input", tmp_path / "x.npy",
             "--output", tmp_path / "y.npy", "--causal", check=False)
     assert r.returncode != 0 and "--prefix" in r.stderr, r.stderr
+
+
+def test_vision_encoder_refused(tmp_path):
+    """The multimodal file's vision tower (vision_config, model_type
+    llama4_vision_model) rotates by 2-D patch positions: refused by name."""
+    rng = np.random.default_rng(3)
+    pre = "vision_model.model.layers.0.self_attn."
+    write_safetensors(tmp_path / "model.safetensors", {pre + n + "_proj.weight": rng.uniform(-.4, .4, (D, D)).astype(
+        np.float32) for n in "qkvo"})
+    (tmp_path / "config.json").write_text(json.dumps({
+        "model_type": "llama4", "text_config": {"model_type": "llama4_text", "hidden_size": D,
+                                                "num_attention_heads": H},
+        "vision_config": {"model_type": "llama4_vision_model", "hidden_size": D, "num_attention_heads": H}}))
+    np.save(tmp_path / "x.npy", np.zeros((T, D), np.float32))
+    r = mha("run", "--weights", tmp_path / "model.safetensors", "--prefix", "vision_model.model.layers.0",
+            "--input", tmp_path / "x.npy", "--output", tmp_path / "y.npy", check=False)
+    assert r.returncode == 1 and "llama4_vision_model" in r.stderr and not (tmp_path / "y.npy").exists(), r.stderr
