@@ -174,12 +174,22 @@ static int parse_rope_scale(const char *cmd, mha_rope *r, const char *spec) {
     z.pairing = r->pairing, z.dim = r->dim, z.theta = r->theta;
     *r = z; /* the kind's defaults: 0 = the mha_rope documented default */
     r->scaling = kind_scaling[kind];
-    for (const char *p = colon + 1; *p;) {
+    char seen[16][40]; /* the keys given so far: a second one would silently win */
+    int n_seen = 0;
+    for (const char *p = colon + 1;;) { /* an empty item (",,", a trailing ",") is scale_param's error */
         const char *comma = strchr(p, ',');
-        size_t len = comma ? (size_t)(comma - p) : strlen(p);
+        const size_t len = comma ? (size_t)(comma - p) : strlen(p);
+        const char *eq = memchr(p, '=', len);
+        const size_t kl = eq ? (size_t)(eq - p) : len;
+        for (int i = 0; i < n_seen; i++)
+            if (strlen(seen[i]) == kl && strncmp(seen[i], p, kl) == 0)
+                return mha_cmd_error(cmd, MHA_EXIT_USAGE, "--rope-scale: %.*s is given twice; expected each key "
+                                     "once", (int)kl, p);
+        if (n_seen < 16 && kl < sizeof seen[0]) memcpy(seen[n_seen], p, kl), seen[n_seen++][kl] = '\0';
         int rc = scale_param(cmd, r, p, len);
         if (rc) return rc;
-        p += len + (comma ? 1 : 0);
+        if (!comma) break;
+        p = comma + 1;
     }
     const int longrope = r->scaling == MHA_ROPE_SCALE_LONGROPE;
     if (r->factor == 0 && !longrope)

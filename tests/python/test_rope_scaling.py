@@ -261,6 +261,10 @@ def test_config_refusals(tmp_path, scaling, message):
     ("longrope:original_max_position_embeddings=4,short_factor=1::3,long_factor=1", "short_factor item 1 is empty"),
     ("longrope:original_max_position_embeddings=4,short_factor=1:x,long_factor=1", "item 1 is x"),
     ("dynamic:factor=2", "original_max_position_embeddings missing"),
+    ("yarn:factor=2,original_max_position_embeddings=64,factor=4", "factor is given twice"),
+    ("longrope:short_factor=1:2:3:4,long_factor=1:2:3:4,original_max_position_embeddings=4,short_factor=1:1:1:1",
+     "short_factor is given twice"),
+    ("linear:factor=2,", "--rope-scale: ''; expected KEY=NUMBER"),
 ])
 def test_flag_refusals(tmp_path, spec, message):
     path, w, x = llama_checkpoint(tmp_path)
