@@ -88,6 +88,28 @@ static double max_rel(const float *a, const float *b, size_t n) {
     return err / big;
 }
 
+/* The worst max_rel over the reference and the fast path between layers
+ * a and b of one shape (the same seeded weights) on one input (B 2, T
+ * rows, positions pos or NULL; b's call takes scale_b); *path_out: the
+ * path of the worst (1 fast). */
+static double worst_of_paths(const mha_config *a, const mha_config *b, uint64_t weights_seed, uint64_t x_seed, int T,
+                             const int *pos, float scale_b, int *path_out) {
+    mha_layer *La = layer_of(a, weights_seed), *Lb = layer_of(b, weights_seed);
+    const size_t n = (size_t)2 * T * D;
+    float *x = naive_random_floats(n, &x_seed, -1, 1), *ya = naive_alloc_floats(n), *yb = naive_alloc_floats(n);
+    double worst = La && Lb ? 0.0 : INFINITY;
+    for (int path = 0; La && Lb && path < 2; path++) {
+        const mha_path pa = path ? MHA_PATH_FAST : MHA_PATH_REFERENCE;
+        forward(La, ya, x, T, pos, pa, 0);
+        forward(Lb, yb, x, T, pos, pa, scale_b);
+        const double e = max_rel(ya, yb, n);
+        if (!(e <= worst)) worst = e, *path_out = path;
+    }
+    free(x), free(ya), free(yb);
+    mha_layer_free(La), mha_layer_free(Lb);
+    return worst;
+}
+
 /* Dynamic NTK is plain RoPE with theta (factor seq/L - factor + 1)^(r/(r-2))
  * times larger for a call of length seq > L, and plain RoPE at or below L:
  * T 12 (within), T 40 (past), T 5 at positions up to 99 (seq 100). */
@@ -102,21 +124,11 @@ static void rope_scaling_dynamic_is_ntk_theta(void) {
             for (int i = 0; i < 2 * T && k == 2; i++) pos[i] = 99 - 7 * (i % T) - (i / T);
             const double seq = k == 2 ? 100 : T;
             if (seq > CTX) p.rope.theta = 100.0 * pow(4.0 * seq / CTX - 3.0, r / (r - 2.0));
-            mha_layer *Ld = layer_of(&c, 11), *Lp = layer_of(&p, 11);
-            const size_t n = (size_t)2 * T * D;
-            uint64_t seed = 12 + k;
-            float *x = naive_random_floats(n, &seed, -1, 1), *yd = naive_alloc_floats(n), *yp = naive_alloc_floats(n);
-            for (int path = 0; Ld && Lp && path < 2; path++) {
-                const mha_path pa = path ? MHA_PATH_FAST : MHA_PATH_REFERENCE;
-                forward(Ld, yd, x, T, k == 2 ? pos : NULL, pa, 0);
-                forward(Lp, yp, x, T, k == 2 ? pos : NULL, pa, 0);
-                const double e = max_rel(yd, yp, n);
-                if (!(e < 2e-6))
-                    test_report(__FILE__, __LINE__, "dynamic r %d T %d %s: %.3g from the NTK-theta layer", r, T,
-                                path ? "fast" : "reference", e);
-            }
-            free(x), free(yd), free(yp);
-            mha_layer_free(Ld), mha_layer_free(Lp);
+            int path = 0;
+            const double e = worst_of_paths(&c, &p, 11, 12 + k, T, k == 2 ? pos : NULL, 0, &path);
+            if (!(e < 2e-6))
+                test_report(__FILE__, __LINE__, "dynamic r %d T %d %s: %.3g from the NTK-theta layer", r, T,
+                            path ? "fast" : "reference", e);
         }
 }
 
@@ -133,21 +145,11 @@ static void rope_scaling_longrope_constant_is_linear(void) {
         for (int i = 0; i < DK / 2; i++) c.rope.short_factor[i] = cs, c.rope.long_factor[i] = cl;
         p.rope.factor = T > CTX ? cl : cs, p.rope.original_max_positions = 0;
         const double a = sqrt(1.0 + log(8.0) / log((double)CTX));
-        mha_layer *Ll = layer_of(&c, 21), *Lp = layer_of(&p, 21);
-        const size_t n = (size_t)2 * T * D;
-        uint64_t seed = 22 + k;
-        float *x = naive_random_floats(n, &seed, -1, 1), *yl = naive_alloc_floats(n), *yp = naive_alloc_floats(n);
-        for (int path = 0; Ll && Lp && path < 2; path++) {
-            const mha_path pa = path ? MHA_PATH_FAST : MHA_PATH_REFERENCE;
-            forward(Ll, yl, x, T, NULL, pa, 0);
-            forward(Lp, yp, x, T, NULL, pa, (float)(a * a / sqrt((double)DK)));
-            const double e = max_rel(yl, yp, n);
-            if (!(e < 2e-6))
-                test_report(__FILE__, __LINE__, "longrope T %d %s: %.3g from linear scaling by %g with scale "
-                            "a^2/sqrt(d_k)", T, path ? "fast" : "reference", e, (double)p.rope.factor);
-        }
-        free(x), free(yl), free(yp);
-        mha_layer_free(Ll), mha_layer_free(Lp);
+        int path = 0;
+        const double e = worst_of_paths(&c, &p, 21, 22 + k, T, NULL, (float)(a * a / sqrt((double)DK)), &path);
+        if (!(e < 2e-6))
+            test_report(__FILE__, __LINE__, "longrope T %d %s: %.3g from linear scaling by %g with scale "
+                        "a^2/sqrt(d_k)", T, path ? "fast" : "reference", e, (double)p.rope.factor);
     }
 }
 
