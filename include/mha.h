@@ -204,6 +204,16 @@ typedef struct {
                           DBRX, MPT); a KV cache stores the clamped K, V.
                           Negative, NaN or inf: MHA_E_ARG. Like the other
                           variants, not with add_bias_kv / add_zero_attn */
+    /* Llama 4's attention temperature (attn_temperature_tuning, on its
+       layers without RoPE): the query at position p is multiplied by
+       1 + temperature_scale * ln(1 + floor((p + 1) / temperature_floor)),
+       after QK-norm and RoPE (its scores grow with the context; keys and
+       values untouched). Positions as RoPE's: options.positions, else
+       0..T-1; the cache's positions in a cached forward. temperature_floor
+       0: none (then temperature_scale 0); else >= 1 (Llama 4: 8192, its
+       floor_scale) with a finite temperature_scale > 0 (Llama 4: 0.1). */
+    int temperature_floor;
+    float temperature_scale;
 } mha_config;
 
 /* A config for d_model and h with every other field at its default. */

@@ -68,7 +68,7 @@ static long long layer_checksum(const mha_layer *L) {
 
 /* The settings that config.json (or the file's metadata) gives the layer and
  * the call besides the weights: RoPE, ALiBi, soft-cap, sinks, QK-norm, clip_qkv,
- * extra keys, the score scale and the window; hc, config.json as read here.
+ * the query temperature, extra keys, the score scale and the window; hc, config.json as read here.
  * Each rank reads its own config.json, and the weights' checksums do not
  * see it: a rank given another rope_theta, soft-cap or window ran silently
  * with it. The shard's per-head tensors (slopes, sinks, norms) are not
@@ -78,8 +78,9 @@ static long long variant_checksum(const mha_layer *L, const mha_options *o, cons
     const mha_rope *r = &c->rope;
     const double d[] = {r->theta, r->factor, r->low_freq_factor, r->high_freq_factor, r->beta_fast, r->beta_slow,
                         r->attn_factor, c->softcap, c->qk_norm_eps, o->scale, hc->rope_theta, hc->softcap,
-                        hc->scale, hc->qk_norm_eps, hc->clip_qkv, c->clip_qkv};
+                        hc->scale, hc->qk_norm_eps, hc->clip_qkv, c->clip_qkv, c->temperature_scale};
     const long long n[] = {r->pairing, r->dim, r->scaling, r->original_max_positions, c->alibi, c->sinks,
+                           c->temperature_floor,
                            c->qk_norm, c->qk_norm_per_head, c->qk_norm_whole, c->add_bias_kv, c->add_zero_attn,
                            o->window_left, o->window_right, o->sink_tokens, o->chunk_size, o->align, hc->found, hc->heads,
                            hc->kv_heads, hc->head_dim, hc->hidden, hc->rope_dim, hc->alibi, hc->qk_norm_offset,

@@ -201,7 +201,7 @@ static mha_status intervene(float *z, const mha_intervention *ivs, int h, int d_
  * q, k or a head's scores are not applied there. */
 static void ring_limits(char *msg, size_t cap, const mha_config *c, const mha_options *g) {
     const char *what = c->rope.pairing ? "RoPE" : c->alibi ? "ALiBi" : c->sinks ? "attention sinks"
-                       : c->qk_norm ? "QK-norm" : NULL;
+                       : c->qk_norm ? "QK-norm" : c->temperature_floor ? "query temperature" : NULL;
     if (what)
         snprintf(msg, cap, "--split sequence (mha_mpi_forward_sequence) does not support the layer's %s; expected "
                  "--split heads (mha_mpi_forward_heads)", what);

@@ -370,6 +370,16 @@ last="clip_qkv file vs flag" close "$T/r_fclip.npy" "$T/r_vclip.npy"
 checks=$((checks + 1))
 "$PY" -c "import sys, numpy as np; sys.exit(int(np.abs(np.load(sys.argv[1]) - np.load(sys.argv[2])).max() < 1e-3))" \
     "$T/r_vclip.npy" "$T/r_gqa.npy" || fail "--clip-qkv 0.2 left mha run's Y unchanged"
+# Llama 4's query temperature: each shard's layer scales its queries (by
+# --positions too, in decode); the ring refuses it; the temperature changes Y
+case_ vtemp "2 4" "heads" gqa x16 --causal --attn-temperature 3,0.4
+decode dec_temp "2 4" gqa x16 3 --attn-temperature 3,0.4 --positions "$T/pos2x16.npy"
+checks=$((checks + 1))
+"$PY" -c "import sys, numpy as np; sys.exit(int(np.abs(np.load(sys.argv[1]) - np.load(sys.argv[2])).max() < 1e-3))" \
+    "$T/r_vtemp.npy" "$T/r_gqa.npy" || fail "--attn-temperature 3,0.4 left mha run's Y unchanged"
+mpi 2 --split sequence --weights "$T/gqa.safetensors" --input "$T/x16.npy" --output "$T/y.npy" \
+    --attn-temperature 3,0.4
+expect_fail 2 "does not support the layer's query temperature"
 # --zero-attn, a load option the file does not record, reaches every shard
 # (Y, and the probabilities over S+1 keys)
 ref --weights "$T/mha.safetensors" --input "$T/x.npy" --output "$T/r.npy" --causal --zero-attn --save-probs "$T/rp.npy"
@@ -469,6 +479,8 @@ expect_fail 2 "rank 1: checksum of the variants (config.json"
 # clip_qkv that differs between ranks (here by the flag; config.json's or
 # the file's alike): the layer's clip_qkv is part of the variants' checksum
 mpmd "$G --clip-qkv 0.2" "$G --clip-qkv 0.3"
+expect_fail 2 "rank 1: checksum of the variants (config.json"
+mpmd "$G --attn-temperature 3,0.4" "$G --attn-temperature 3,0.5"
 expect_fail 2 "rank 1: checksum of the variants (config.json"
 checks=$((checks + 1))
 [ "$(cat "$T/fo/keep.npy")" = EXISTING ] || fail "a failed run replaced an existing --output"

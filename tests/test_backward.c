@@ -352,6 +352,27 @@ static void backward_fd_rope(void) {
     naive_bw_case_free(&f);
 }
 
+/* Llama 4's query temperature: dQ before it is s(p) dQ after it, row by
+ * row; a NoPE GQA layer whose positions (floor 2) give three factors, and
+ * one with RoPE and an RMS QK-norm before the temperature at explicit
+ * positions (factors 1.5 to 2.4 at scale 0.5). */
+static void backward_fd_temperature(void) {
+    bw_fixture f;
+    mha_config c = naive_config(8, 4, 2, 4, 0, 1);
+    c.temperature_floor = 2, c.temperature_scale = 0.5f;
+    bw_make(&f, c, 2, 5, 5, 0, 0, 1241);
+    f.opt.causal = 1;
+    bw_run(&f);
+    bw_check_fast_serves(&f);
+    naive_bw_case_free(&f);
+    c.rope.pairing = MHA_ROPE_HALVES, c.qk_norm = MHA_QK_NORM_RMS;
+    bw_make(&f, c, 2, 3, 4, 1, 0, 1242);
+    const int pos[2 * 3] = {5, 1, 9, 0, 7, 30}, kpos[2 * 4] = {2, 8, 4, 6, 1, 0, 11, 3};
+    f.opt.positions = pos, f.opt.key_positions = kpos;
+    bw_run(&f);
+    naive_bw_case_free(&f);
+}
+
 /* Sinks: dS unchanged in form (the sink has no dP), and
  * dsink_r = -sum over rows of p_sink * rowsum(P * dP), checked by finite
  * differences of the sink logits; GQA, causal, padded keys, with RoPE. */
@@ -703,6 +724,7 @@ static const test_case cases[] = {
     {"backward_fd_sinks", backward_fd_sinks},
     {"backward_fd_qk_norm", backward_fd_qk_norm},
     {"backward_fd_clip_qkv", backward_fd_clip_qkv},
+    {"backward_fd_temperature", backward_fd_temperature},
     {"backward_clip_qkv_bounds_pass", backward_clip_qkv_bounds_pass},
     {"backward_fully_masked_row", backward_fully_masked_row},
     {"backward_fd_detects_wrong_gradient", backward_fd_detects_wrong_gradient},

@@ -233,6 +233,31 @@ static void backward_variants_rope_scalings(void) {
     }
 }
 
+/* Llama 4's query temperature (floor 4, scale 0.3: T 40's queries see
+ * eleven factors): alone on a GQA NoPE layer as Llama 4 has it, with RoPE,
+ * a whole-width QK-norm and explicit positions past 1000, and cross-attention. */
+static void backward_variants_temperature(void) {
+    for (int k = 0; k < 3; k++) {
+        mha_config c = naive_config(32, 4, 2, 0, 0, k == 1); /* b_K's gradient is 0 but for RoPE, norm: no bias */
+        c.temperature_floor = 4, c.temperature_scale = 0.3f;
+        if (k == 1) {
+            c.rope.pairing = MHA_ROPE_HALVES, c.rope.theta = 500.0;
+            c.qk_norm = MHA_QK_NORM_RMS, c.qk_norm_per_head = 1, c.qk_norm_whole = 1;
+        }
+        const int T = k == 1 ? 7 : 40, S = k == 2 ? 23 : T;
+        naive_bw_case f;
+        naive_bw_case_make(&f, c, 2, T, S, k == 2, k == 2, 4400 + k);
+        f.opt = mha_options_default();
+        f.opt.causal = k != 2;
+        int pos[2 * 7];
+        for (int i = 0; i < 2 * 7; i++) pos[i] = 1000 + 37 * i;
+        if (k == 1) f.opt.positions = pos;
+        check_case(&f, k == 0 ? "temperature" : k == 1 ? "temperature, rope, whole qk-norm, positions"
+                                                       : "temperature, cross");
+        naive_bw_case_free(&f);
+    }
+}
+
 /* The biggest case on 1 and 2 threads: the same bits. */
 static void backward_variants_threads_bit_identical(void) {
     const variant_case *v = &variant_cases[sizeof variant_cases / sizeof variant_cases[0] - 1];
@@ -345,6 +370,7 @@ static const test_case isa_cases[] = {
     {"backward_variants_sinks_nan_mode_rows_are_zero", backward_variants_sinks_nan_mode_rows_are_zero},
     {"backward_variants_fast_matches_reference", backward_variants_fast_matches_reference},
     {"backward_variants_rope_scalings", backward_variants_rope_scalings},
+    {"backward_variants_temperature", backward_variants_temperature},
     {"backward_variants_threads_bit_identical", backward_variants_threads_bit_identical},
     {"backward_variants_alibi_far_keys_refused", backward_variants_alibi_far_keys_refused},
 };

@@ -28,7 +28,7 @@ static void test_attend_lse_argument_errors(void) {
     bad = cfg;
     bad.alibi = 1;
     CHECK_STATUS(mha_attend_lse(&bad, z, lse, q, k, v, B_, T_, S_, NULL), MHA_E_UNSUPPORTED);
-    CHECK_ERROR_MENTIONS("alibi=1 sinks=0 rope=0 qk_norm=0 clip_qkv=0; expected none");
+    CHECK_ERROR_MENTIONS("alibi=1 sinks=0 rope=0 qk_norm=0 clip_qkv=0 temperature_floor=0; expected none");
     bad = cfg;
     bad.clip_qkv = 2.0f; /* the clamp belongs to the projections: refused, not ignored */
     CHECK_STATUS(mha_attend_lse(&bad, z, lse, q, k, v, B_, T_, S_, NULL), MHA_E_UNSUPPORTED);

@@ -280,6 +280,7 @@ static void print_fix(const cli_ckpt *ck, const cli_variant_flags *vf, const hyp
     if (vf->alibi) printf(" --alibi");
     if (vf->softcap) printf(" --softcap %.17g", vf->softcap);
     if (vf->clip_qkv) printf(" --clip-qkv %.17g", vf->clip_qkv);
+    if (vf->temperature) print_flag("--attn-temperature", vf->temperature);
     if (vf->sinks) print_flag("--sinks", vf->sinks);
     if (vf->qk_norm) print_flag("--qk-norm", vf->qk_norm);
     printf(" --block %s --order %s --relabel", H->flag, order);

@@ -106,7 +106,7 @@ int cmd_permute(int argc, char **argv) {
        only when asked, as config.json's forward settings (a per-layer
        sliding window) are no concern of a permutation */
     const int variants = vf.rope || vf.rope_theta || vf.rope_dim || vf.rope_scale || vf.alibi ||
-                         vf.softcap || vf.sinks || vf.qk_norm || vf.clip_qkv;
+                         vf.softcap || vf.sinks || vf.qk_norm || vf.clip_qkv || vf.temperature;
     cli_fwd unused = {0};
     cli_ckpt in = ck;
     in.weights = pos[0]; /* the checkpoint is IN, not --weights */

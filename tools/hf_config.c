@@ -340,18 +340,20 @@ static int attn_config(cli_hf_config *c, const char *cmd, json_t *root, const ch
 
 /* Llama 4 (iRoPE): the layers without rotary (no_rope_layers[n] = 0; an
  * absent or empty list: every no_rope_layer_interval-th, default 4) attend
- * globally, with attn_temperature_tuning (default true) scaling queries
- * at positions >= floor_scale - 1 (default 8192); the others rotate
+ * globally, with attn_temperature_tuning (default true) scaling the query
+ * at position p by 1 + attn_scale ln(1 + floor((p + 1) / floor_scale))
+ * (defaults 0.1 and 8192: 1 below position 8191); the others rotate
  * (interleaved), divide q and k by their RMS when use_qk_norm (default
  * true) and attend inside chunks of attention_chunk_size (default 8192;
  * layer_types, when given, names the chunked_attention layers). n: the
  * layer's number, -1 when --prefix names none (then -1 where layers differ). */
 static int llama4_layer(cli_hf_config *c, const char *cmd, json_t *root, long long n) {
     json_t *a = json_object_get(root, "no_rope_layers"), *types = json_object_get(root, "layer_types");
-    double interval = 4, chunk = 8192, floor_scale = 8192;
+    double interval = 4, chunk = 8192, floor_scale = 8192, attn_scale = 0.1;
     int rc = number(cmd, root, "", "no_rope_layer_interval", 1, 1 << 20, 1, &interval);
     if (!rc) rc = number(cmd, root, "", "attention_chunk_size", 1, 1 << 30, 1, &chunk);
-    if (!rc) rc = number(cmd, root, "", "floor_scale", 1, 1 << 30, 0, &floor_scale);
+    if (!rc) rc = number(cmd, root, "", "floor_scale", 1, 1 << 30, 1, &floor_scale);
+    if (!rc) rc = number(cmd, root, "", "attn_scale", 1e-30, 1e30, 0, &attn_scale);
     if (rc) return rc;
     if (!json_is_array(a) || json_array_size(a) == 0) /* Hugging Face's default list */
         c->no_rope = n < 0 ? (interval > 1 ? -1 : 1) : (n + 1) % (long long)interval == 0;
@@ -371,7 +373,9 @@ static int llama4_layer(cli_hf_config *c, const char *cmd, json_t *root, long lo
     c->chunk = !chunk || !chunked ? 0 : chunked < 0 ? -1 : (long long)chunk;
     json_t *qn = json_object_get(root, "use_qk_norm"), *tt = json_object_get(root, "attn_temperature_tuning");
     c->qk_l2_norm = c->no_rope == 0 && !json_is_false(qn) && !json_is_null(qn); /* default true */
-    if (c->no_rope == 1 && !json_is_false(tt) && !json_is_null(tt)) c->temperature_floor = floor_scale;
+    /* Hugging Face tests the value's truth: absent is true, false, null and 0 are off */
+    const int tuning = !tt || json_is_true(tt) || (json_is_number(tt) && json_number_value(tt) != 0);
+    if (c->no_rope == 1 && tuning) c->temperature_floor = floor_scale, c->temperature_scale = attn_scale;
     if (c->qk_l2_norm && !c->qk_norm_eps) c->qk_norm_eps = 1e-5; /* Llama4TextConfig's rms_norm_eps */
     return 0;
 }

@@ -51,8 +51,9 @@ typedef struct {
     int qk_l2_norm;            /* use_qk_norm on a rotary layer: q and k divided by
                                   their RMS (no weight, eps rms_norm_eps)         */
     double temperature_floor;  /* attn_temperature_tuning on a NoPE layer: its
-                                  floor_scale (queries at positions >= it - 1 are
-                                  scaled: not implemented, refused); 0 = none     */
+                                  floor_scale (the query temperature's floor,
+                                  = --attn-temperature); 0 = none                 */
+    double temperature_scale;  /* ... and its attn_scale                          */
 } cli_hf_config;
 
 /* Reads config.json from the directory of path (ck->weights when NULL)

@@ -8,6 +8,7 @@
 #include "hf_config.h"
 
 #include <stdio.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -245,21 +246,18 @@ static int unit_norms(const char *cmd, float **buf, mha_config *c, mha_weights *
     return 0;
 }
 
-/* apply_options, then Llama 4's attn_temperature_tuning on a NoPE layer:
- * queries at positions p with p + 1 >= floor_scale are scaled by
- * 1 + attn_scale log(1 + floor((p + 1) / floor_scale)), which the layer
- * does not do: refused there (below it the scale is 1, exactly). */
-static int finish_options(const char *cmd, cli_fwd *f, cli_variant_flags *vf, const cli_hf_config *hc) {
-    int rc = apply_options(cmd, f, vf);
-    if (rc || hc->temperature_floor <= 0) return rc;
-    long long last = f->T - 1;
-    for (size_t i = 0; f->opt.positions && i < (size_t)f->B * f->T; i++)
-        if (f->opt.positions[i] > last) last = f->opt.positions[i];
-    if ((double)last + 1 >= hc->temperature_floor)
-        return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: attn_temperature_tuning scales the queries of this "
-                             "NoPE layer from position %.0f on (floor_scale), and the input reaches position %lld; "
-                             "expected positions below %.0f: the tuning is not implemented",
-                             hc->temperature_floor - 1, last, hc->temperature_floor - 1);
+/* --attn-temperature FLOOR,SCALE: a whole floor in 1..2^30 and a scale
+ * > 0 that float keeps (Llama 4: 8192,0.1) into *floor_out, *scale_out. */
+static int parse_temperature(const char *cmd, const char *spec, double *floor_out, double *scale_out) {
+    char *end = NULL;
+    const double fl = strtod(spec, &end);
+    const char *comma = end;
+    const double sc = *comma == ',' ? strtod(comma + 1, &end) : NAN;
+    if (end == comma + 1 || *end || !(fl >= 1 && fl <= (1 << 30)) || fl != floor(fl) || !(sc > 0 && sc <= 1e30) ||
+        (float)sc == 0.0f)
+        return mha_cmd_error(cmd, MHA_EXIT_USAGE, "--attn-temperature '%.200s'; expected FLOOR,SCALE with a whole "
+                             "FLOOR in 1..2^30 and a SCALE > 0 (Llama 4: 8192,0.1)", spec);
+    *floor_out = fl, *scale_out = sc;
     return 0;
 }
 
@@ -290,6 +288,8 @@ int cli_apply_variants(const char *cmd, mha_layer **L, cli_fwd *f, cli_variant_f
     const char *rope_scale = vf->rope_scale ? vf->rope_scale : hc.rope_scale[0] ? hc.rope_scale : NULL;
     const double softcap = vf->softcap ? vf->softcap : hc.softcap;
     const double clip_qkv = vf->clip_qkv ? vf->clip_qkv : hc.clip_qkv; /* OLMo 1, DBRX, MPT */
+    double t_floor = hc.temperature_floor, t_scale = hc.temperature_scale; /* Llama 4's NoPE layers; a flag wins */
+    if (vf->temperature && (rc = parse_temperature(cmd, vf->temperature, &t_floor, &t_scale))) return rc;
     f->opt.scale = (float)(vf->scale ? vf->scale : hc.scale); /* 0: 1/sqrt(d_k) */
     if (hc.position_unknown && !vf->rope && !vf->alibi)
         return mha_cmd_error(cmd, MHA_EXIT_USAGE, "config.json: model_type baichuan does not say how the layer "
@@ -303,8 +303,8 @@ int cli_apply_variants(const char *cmd, mha_layer **L, cli_fwd *f, cli_variant_f
     const int l2_norm = hc.qk_l2_norm && !vf->qk_norm && !mha_layer_config(*L)->qk_norm; /* Llama 4 */
     const int file_sinks = hc.sinks && !vf->sinks && !mha_layer_config(*L)->sinks; /* gpt-oss's, unless --sinks */
     if (!rope && !theta && !rope_dim && !rope_scale && !vf->alibi && !hc.alibi && !softcap && !vf->sinks &&
-        !vf->qk_norm && !file_norm && !file_sinks && !clip_qkv && !l2_norm)
-        return finish_options(cmd, f, vf, &hc);
+        !vf->qk_norm && !file_norm && !file_sinks && !clip_qkv && !l2_norm && !t_floor)
+        return apply_options(cmd, f, vf);
     mha_config c = *mha_layer_config(*L);
     mha_weights w;
     mha_layer_get_weights(*L, &w);
@@ -321,6 +321,7 @@ int cli_apply_variants(const char *cmd, mha_layer **L, cli_fwd *f, cli_variant_f
     if (vf->alibi || hc.alibi) c.alibi = 1;
     if (softcap) c.softcap = (float)softcap;
     if (clip_qkv) c.clip_qkv = (float)clip_qkv;
+    if (t_floor) c.temperature_floor = (int)t_floor, c.temperature_scale = (float)t_scale;
     float *slopes = NULL; /* (shard_of_heads): a shard's heads take the whole layer's default slopes */
     if (c.alibi && !w.alibi_slopes && vf->shard_of_heads > c.n_heads) {
         if (!(slopes = malloc(sizeof(float) * (size_t)vf->shard_of_heads)))
@@ -375,7 +376,7 @@ int cli_apply_variants(const char *cmd, mha_layer **L, cli_fwd *f, cli_variant_f
     if (rc) return rc;
     mha_layer_free(*L);
     *L = n;
-    return finish_options(cmd, f, vf, &hc);
+    return apply_options(cmd, f, vf);
 }
 
 void cli_variants_free(cli_variant_flags *vf) {

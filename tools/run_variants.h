@@ -1,5 +1,6 @@
 /* run_variants.h — `mha run` flags for today's attention variants: RoPE,
- * positions, ALiBi, soft-capping, sinks, QK-norm and clip_qkv on top of what the
+ * positions, ALiBi, soft-capping, sinks, QK-norm, clip_qkv and Llama 4's query
+ * temperature on top of what the
  * checkpoint's metadata already declares (docs/VARIANTS.md). */
 #ifndef MHA_TOOLS_RUN_VARIANTS_H
 #define MHA_TOOLS_RUN_VARIANTS_H
@@ -7,7 +8,7 @@
 #include "io_cli.h"
 
 typedef struct {
-    const char *rope, *positions, *sinks, *qk_norm, *rope_scale;
+    const char *rope, *positions, *sinks, *qk_norm, *rope_scale, *temperature;
     double rope_theta, softcap, scale, clip_qkv;
     long long rope_dim, window, sink_tokens, chunk;
     int alibi;
@@ -42,6 +43,9 @@ typedef struct {
     {.name = "--clip-qkv", .kind = MHA_ARG_DOUBLE, .dest = &(vf).clip_qkv, .metavar = "C",          \
      .help = "clamp Q, K and V to [-C, C] after the projections (OLMo 1, DBRX, MPT: clip_qkv)",     \
      .dmin = 1e-30, .dmax = 1e30},                                                                  \
+    {.name = "--attn-temperature", .kind = MHA_ARG_STRING, .dest = &(vf).temperature,              \
+     .metavar = "FLOOR,SCALE", .help = "scale the query at position p by 1 + SCALE ln(1 + "         \
+     "floor((p + 1) / FLOOR)) (Llama 4's attn_temperature_tuning: floor_scale, attn_scale)"},       \
     {.name = "--sinks", .kind = MHA_ARG_STRING, .dest = &(vf).sinks, .metavar = "NAME",             \
      .help = "tensor of the checkpoint holding (h) sink logits (gpt-oss)"},                         \
     {.name = "--qk-norm", .kind = MHA_ARG_STRING, .dest = &(vf).qk_norm, .metavar = "KIND",         \

@@ -105,7 +105,8 @@ class Config(Structure):
                 ("add_bias_kv", c_int), ("add_zero_attn", c_int), ("d_v_in", c_int),
                 ("rope", Rope), ("alibi", c_int), ("softcap", c_float), ("sinks", c_int),
                 ("qk_norm", c_int), ("qk_norm_per_head", c_int), ("qk_norm_eps", c_float),
-                ("qk_norm_whole", c_int), ("clip_qkv", c_float)]
+                ("qk_norm_whole", c_int), ("clip_qkv", c_float), ("temperature_floor", c_int),
+                ("temperature_scale", c_float)]
 
 
 # the config fields of the plain layer's shape (the rest are today's variants)

@@ -67,6 +67,18 @@ class ContractReport:
                 f"message={self.message!r})")
 
 
+def _temperature(temperature):
+    """Llama 4's query temperature as (floor, scale) C values: None is
+    (0, 0.0), none; else a pair (floor_scale, attn_scale), the library
+    judging the values."""
+    if temperature is None:
+        return 0, 0.0
+    if isinstance(temperature, (str, bytes)) or not hasattr(temperature, "__len__") or len(temperature) != 2:
+        raise ArgumentError(f"temperature={temperature!r}; expected None or (floor_scale, attn_scale), "
+                            "e.g. (8192, 0.1) (Llama 4)")
+    return c_int("temperature floor_scale", temperature[0], 0), c_float("temperature attn_scale", temperature[1])
+
+
 def _rope_struct(rope):
     """mha_rope from None or a dict: pairing ('halves'|'interleaved'), dim,
     theta, scaling ('none'|'linear'|'llama3'|'yarn'|'dynamic'|'longrope'),
@@ -155,7 +167,7 @@ class Layer(COwner):
     def __init__(self, d_model, n_heads, n_kv_heads=0, d_k=0, d_v=0, d_kv_in=0, bias=True,
                  add_bias_kv=False, add_zero_attn=False, weights=None, d_v_in=0, *, rope=None,
                  alibi=False, softcap=0.0, sinks=False, qk_norm="none", qk_norm_per_head=False,
-                 qk_norm_eps=0.0, qk_norm_whole=False, clip_qkv=0.0):
+                 qk_norm_eps=0.0, qk_norm_whole=False, clip_qkv=0.0, temperature=None):
         cfg = _lib.Config(c_int("d_model", d_model, 1), c_int("n_heads", n_heads, 1),
                           c_int("n_kv_heads", n_kv_heads, 0), c_int("d_k", d_k, 0), c_int("d_v", d_v, 0),
                           c_int("d_kv_in", d_kv_in, 0), c_flag("bias", bias),
@@ -165,7 +177,7 @@ class Layer(COwner):
                           _enum("qk_norm", qk_norm, _lib.QK_NORM),
                           c_flag("qk_norm_per_head", qk_norm_per_head or qk_norm_whole),
                           c_float("qk_norm_eps", qk_norm_eps), c_flag("qk_norm_whole", qk_norm_whole),
-                          c_float("clip_qkv", 0.0 if clip_qkv is None else clip_qkv))
+                          c_float("clip_qkv", 0.0 if clip_qkv is None else clip_qkv), *_temperature(temperature))
         resolved = _lib.Config()
         check(_L.mha_config_resolve(ctypes.byref(resolved), ctypes.byref(cfg)), "mha_config_resolve")
         handle = _lib.LayerP()

@@ -16,7 +16,10 @@ per head in each softmax denominator, gpt-oss), QK-norm (qk_norm='rms' or
 qk_norm_whole: over a token's whole q and k, OLMo 2), the projections'
 clamp (clip_qkv=c: q, k, v = (x W^T + b).clamp(-c, c) before QK-norm and
 RoPE, OLMo 1 / DBRX / MPT; its gradient passes at the bounds, as torch's
-clamp), GQA / MQA (n_kv_heads), cross-attention (kv), and Gemma 2's scale.
+clamp), Llama 4's query temperature (temperature=(floor_scale, attn_scale):
+the query at position p times 1 + attn_scale ln(1 + floor((p + 1) /
+floor_scale)), last), GQA / MQA (n_kv_heads), cross-attention (kv), and
+Gemma 2's scale.
 
 Parameters carry Hugging Face's names, so a Llama/Qwen/gpt-oss attention's
 state_dict loads with load_state_dict: q_proj, k_proj, v_proj, o_proj
@@ -41,7 +44,7 @@ import torch
 
 from ._check import c_flag, c_float, c_int
 from .errors import ArgumentError, ShapeError
-from .layer import Layer
+from .layer import Layer, _temperature
 from .nn import (_backward_arrays, _check_inputs, _check_parameters, _forward_arrays, _library_weights,
                  _mask_options, _np, _refuse_double_backward, _torch_gradients, _zeros_in_graph)
 
@@ -97,7 +100,8 @@ class Attention(torch.nn.Module):
     Attention(d_model, n_heads, n_kv_heads=None, head_dim=None, bias=False, *,
               kv_dim=None, rope=None, alibi=False, softcap=0.0, sinks=False,
               qk_norm='none', qk_norm_per_head=False, qk_norm_eps=1e-6,
-              qk_norm_whole=False, clip_qkv=None, scale=None, masked_rows='zero')
+              qk_norm_whole=False, clip_qkv=None, temperature=None, scale=None,
+              masked_rows='zero')
 
     head_dim: d (None: d_model / n_heads); bias: True (q, k, v and o
     biases), False, or 'qkv' (Qwen 2: q, k, v only); kv_dim: width of a
@@ -112,7 +116,8 @@ class Attention(torch.nn.Module):
 
     def __init__(self, d_model, n_heads, n_kv_heads=None, head_dim=None, bias=False, *, kv_dim=None,
                  rope=None, alibi=False, softcap=0.0, sinks=False, qk_norm="none", qk_norm_per_head=False,
-                 qk_norm_eps=1e-6, qk_norm_whole=False, clip_qkv=None, scale=None, masked_rows="zero",
+                 qk_norm_eps=1e-6, qk_norm_whole=False, clip_qkv=None, temperature=None, scale=None,
+                 masked_rows="zero",
                  device=None, dtype=None):
         super().__init__()
         if dtype not in (None, torch.float32) or (device is not None and torch.device(device).type != "cpu"):
@@ -143,7 +148,8 @@ class Attention(torch.nn.Module):
                         qk_norm=_QK_NORM[qk_norm], qk_norm_per_head=c_flag("qk_norm_per_head", qk_norm_per_head),
                         qk_norm_eps=c_float("qk_norm_eps", qk_norm_eps) if qk_norm != "none" else 0.0,
                         qk_norm_whole=c_flag("qk_norm_whole", qk_norm_whole),
-                        clip_qkv=0.0 if clip_qkv is None else c_float("clip_qkv", clip_qkv))
+                        clip_qkv=0.0 if clip_qkv is None else c_float("clip_qkv", clip_qkv),
+                        temperature=None if temperature is None else _temperature(temperature))
         # the library judges the combination (rope dim, divisors, softcap >= 0, ...) on a layer of
         # the same heads and widths 1 (no d_model-sized zeros); it also gives ALiBi's default slopes
         probe = Layer(1, h, n_kv_heads=h_kv, d_k=d, d_v=d, d_kv_in=1, bias=bias is not False, **variants)
@@ -178,7 +184,8 @@ class Attention(torch.nn.Module):
 
     def extra_repr(self):
         c = self._config
-        variants = "".join(f", {k}={c[k]!r}" for k in ("rope", "alibi", "softcap", "sinks", "qk_norm", "clip_qkv")
+        variants = "".join(f", {k}={c[k]!r}" for k in ("rope", "alibi", "softcap", "sinks", "qk_norm", "clip_qkv",
+                                                        "temperature")
                            if c[k] not in (None, 0, "none"))
         return (f"d_model={self.d_model}, n_heads={self.n_heads}, n_kv_heads={self.n_kv_heads}, "
                 f"head_dim={self.head_dim}, bias={self.bias!r}{variants}")

@@ -6,7 +6,8 @@
  *                                 (decode_gemm.c for one row, or up to
  *                                 16 with bf16/int8 weights; the fast
  *                                 path's packed mha_gemm for more)
- *   clip_qkv, QK-norm, RoPE       on the new q, k (v: clip only)
+ *   clip_qkv, QK-norm, RoPE       on the new q, k (v: clip only); then
+ *   the query temperature         on the new q
  *   append K, V; attend           Z (N, h*d_v)   (decode.c, by pieces when
  *                                 a ring must not overwrite needed keys)
  *   intervene                     Z^(r) per opt->interventions
@@ -276,16 +277,18 @@ static mha_status clip_qkv(const mha_exec *ex, const cached_plan *p, const mha_l
 static mha_status transform_qk(const cached_plan *p, const mha_layer *L, const mha_cache *c) {
     const mha_config *f = &L->cfg;
     const int rope = f->rope.pairing != MHA_ROPE_NONE, norm = f->qk_norm != MHA_QK_NORM_NONE;
-    if (!rope && !norm) return MHA_OK;
+    if (!rope && !norm && f->temperature_floor == 0) return MHA_OK;
     long long seq = 0; /* the call's length: its new rows' largest position + 1 (dynamic, LongRoPE) */
     for (int i = 0; i < p->N; i++)
         if (p->pos[i] >= seq) seq = (long long)p->pos[i] + 1;
     float *tab = rope ? mha_rope_table(f, p->pos, p->N, seq) : NULL; /* rows: the packed rows */
     double *st = f->qk_norm_whole ? malloc(sizeof(double) * 4 * (size_t)p->N) : NULL; /* (2, N, 2): q, k */
-    if ((rope && !tab) || (f->qk_norm_whole && !st)) {
-        free(tab);
+    float *temp = f->temperature_floor ? malloc(sizeof(float) * (size_t)p->N) : NULL; /* (N) queries' temperatures */
+    if ((rope && !tab) || (f->qk_norm_whole && !st) || (f->temperature_floor && !temp)) {
+        free(tab), free(st), free(temp);
         return mha_fail(MHA_E_NOMEM, "mha_forward_cached: no memory for the rotary table");
     }
+    for (int i = 0; temp && i < p->N; i++) temp[i] = (float)mha_query_temperature(f, p->pos[i]);
     for (int i = 0; st && i < 2 * p->N; i++) { /* OLMo 2: each row's stats over all heads */
         const int key = i >= p->N, width = (key ? c->h_kv : c->h) * c->d_k;
         const float *x = (key ? p->k : p->q) + (size_t)(key ? i - p->N : i) * width;
@@ -297,9 +300,10 @@ static mha_status transform_qk(const cached_plan *p, const mha_layer *L, const m
         const int key = r >= c->h, head = key ? r - c->h : r, width = key ? c->h_kv : c->h;
         const float *nw = !norm ? NULL : (key ? L->k_norm : L->q_norm) + (f->qk_norm_per_head ? (size_t)head * c->d_k : 0);
         mha_head_rows hr = {(key ? p->k : p->q) + (size_t)head * c->d_k, (size_t)width * c->d_k, 1};
-        mha_qk_transform(f, hr, p->N, nw, st ? st + (key ? 2 * (size_t)p->N : 0) : NULL, tab, p->N, NULL);
+        mha_qk_transform(f, hr, p->N, nw, st ? st + (key ? 2 * (size_t)p->N : 0) : NULL, tab, p->N, NULL,
+                         key ? NULL : temp);
     }
-    free(tab), free(st);
+    free(tab), free(st), free(temp);
     return MHA_OK;
 }
 

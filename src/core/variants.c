@@ -9,7 +9,12 @@
 
 int mha_variants_any(const mha_config *c) {
     return c->rope.pairing != MHA_ROPE_NONE || c->alibi || c->softcap != 0.0f || c->sinks ||
-           c->qk_norm != MHA_QK_NORM_NONE || c->clip_qkv != 0.0f;
+           c->qk_norm != MHA_QK_NORM_NONE || c->clip_qkv != 0.0f || c->temperature_floor != 0;
+}
+
+double mha_query_temperature(const mha_config *c, int pos) {
+    if (c->temperature_floor == 0) return 1.0;
+    return 1.0 + c->temperature_scale * log1p(floor(((double)pos + 1.0) / c->temperature_floor));
 }
 
 static mha_status check_positive(const char *name, double v) {
@@ -124,6 +129,11 @@ mha_status mha_variants_resolve(mha_config *c) {
         return mha_fail(MHA_E_ARG, "softcap=%g; expected 0 (none) or a finite cap > 0", (double)c->softcap);
     if (!(c->clip_qkv >= 0.0f) || !isfinite(c->clip_qkv))
         return mha_fail(MHA_E_ARG, "clip_qkv=%g; expected 0 (none) or a finite bound > 0", (double)c->clip_qkv);
+    if (c->temperature_floor < 0 || (c->temperature_floor == 0 && c->temperature_scale != 0.0f) ||
+        (c->temperature_floor > 0 && (!(c->temperature_scale > 0.0f) || !isfinite(c->temperature_scale))))
+        return mha_fail(MHA_E_ARG, "temperature_floor=%d temperature_scale=%g; expected both 0 (none), or a floor "
+                        ">= 1 with a finite scale > 0 (Llama 4: 8192 and 0.1)", c->temperature_floor,
+                        (double)c->temperature_scale);
     if ((int)c->qk_norm < MHA_QK_NORM_NONE || (int)c->qk_norm > MHA_QK_NORM_LAYER)
         return mha_fail(MHA_E_ARG, "qk_norm=%d; expected MHA_QK_NORM_NONE, _RMS or _LAYER", (int)c->qk_norm);
     if (c->qk_norm_per_head != 0 && c->qk_norm_per_head != 1)
@@ -141,7 +151,7 @@ mha_status mha_variants_resolve(mha_config *c) {
         if ((s = check_positive("qk_norm_eps", c->qk_norm_eps))) return s;
     }
     if (mha_variants_any(c) && (c->add_bias_kv || c->add_zero_attn))
-        return mha_fail(MHA_E_ARG, "add_bias_kv/add_zero_attn with rope, alibi, softcap, sinks, qk_norm or clip_qkv; "
+        return mha_fail(MHA_E_ARG, "add_bias_kv/add_zero_attn with rope, alibi, softcap, sinks, qk_norm, clip_qkv or a temperature; "
                         "expected PyTorch's extra keys only with the plain layer (they have no position)");
     return MHA_OK;
 }
@@ -248,6 +258,18 @@ float *mha_rope_table(const mha_config *c, const int *pos, int n, long long seq)
     return tab;
 }
 
+mha_status mha_query_temperatures(float **scales, const mha_config *c, const mha_options *opt, int B, int T,
+                                  const char *who) {
+    *scales = NULL;
+    if (c->temperature_floor == 0) return MHA_OK;
+    float *s = malloc(sizeof(float) * (size_t)B * T + 1);
+    if (!s) return mha_fail(MHA_E_NOMEM, "%s: no memory for the queries' temperatures (B=%d T=%d)", who, B, T);
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++) s[(size_t)b * T + t] = (float)mha_query_temperature(c, mha_query_position(opt, b, t, T));
+    *scales = s;
+    return MHA_OK;
+}
+
 void mha_rope_rows_free(mha_rope_rows *rr) {
     free(rr->tab), free(rr->qrow);
     rr->tab = NULL, rr->qrow = rr->krow = NULL;
@@ -327,9 +349,11 @@ void mha_qk_transform_double(double *m, const mha_config *c, int B, int n, int h
                 double *x = m + (((size_t)b * n + t) * heads + r) * d;
                 if (c->qk_norm != MHA_QK_NORM_NONE && !c->qk_norm_whole)
                     norm_double(x, d, w + (c->qk_norm_per_head ? (size_t)r * d : 0), c->qk_norm, c->qk_norm_eps);
-                if (c->rope.pairing == MHA_ROPE_NONE) continue;
                 const int pos = keys ? mha_key_position(opt, keys_are_x, b, t, n) : mha_query_position(opt, b, t, T);
-                mha_rope_rotate_double(x, c, inv_freq, mscale, pos, 0);
+                if (c->rope.pairing != MHA_ROPE_NONE) mha_rope_rotate_double(x, c, inv_freq, mscale, pos, 0);
+                if (keys || c->temperature_floor == 0) continue;
+                const double s = mha_query_temperature(c, pos); /* Llama 4: last, on queries only */
+                for (int e = 0; e < d; e++) x[e] *= s;
             }
         }
 }
@@ -358,7 +382,7 @@ static void norm_row(float *x, size_t st, int d, const float *w, mha_qk_norm kin
 }
 
 void mha_qk_transform(const mha_config *c, mha_head_rows rows, int n, const float *w, const double *stats,
-                      const float *table, int tab_n, const int *tab_row) {
+                      const float *table, int tab_n, const int *tab_row, const float *row_scale) {
     const int half = c->rope.dim / 2, d = c->d_k;
     const size_t st = rows.elt_stride;
     /* halves pair dims i and i + r/2; interleaved 2i and 2i+1 */
@@ -367,15 +391,15 @@ void mha_qk_transform(const mha_config *c, mha_head_rows rows, int n, const floa
     for (int t = 0; t < n; t++) {
         float *x = rows.x + (size_t)t * rows.row_stride;
         if (w) norm_row(x, st, d, w, c->qk_norm, c->qk_norm_eps, stats ? stats + 2 * (size_t)t : NULL);
-        if (!table) continue;
         const size_t tr = (size_t)(tab_row ? tab_row[t] : t);
-        const float *cs = table + tr * half, *sn = table + ((size_t)tab_n + tr) * half;
-        for (int i = 0; i < half; i++) {
+        const float *cs = table ? table + tr * half : NULL, *sn = table ? table + ((size_t)tab_n + tr) * half : NULL;
+        for (int i = 0; table && i < half; i++) {
             float *pa = x + i * a_step * st, *pb = x + (i * a_step + b_off) * st;
             const float a = *pa, b = *pb;
             *pa = a * cs[i] - b * sn[i];
             *pb = b * cs[i] + a * sn[i];
         }
+        for (int e = 0; row_scale && e < d; e++) x[e * st] *= row_scale[t]; /* the query temperature, last */
     }
 }
 
@@ -389,9 +413,9 @@ static mha_status check_position_array(const int *p, size_t n, const char *name)
 
 mha_status mha_check_positions(const mha_config *c, const mha_options *o, int B, int T, int S) {
     if (!o->positions && !o->key_positions) return MHA_OK;
-    if (c->rope.pairing == MHA_ROPE_NONE && !c->alibi)
-        return mha_fail(MHA_E_ARG, "options.positions/key_positions given but the layer has neither rope "
-                        "nor alibi; expected NULL");
+    if (c->rope.pairing == MHA_ROPE_NONE && !c->alibi && c->temperature_floor == 0)
+        return mha_fail(MHA_E_ARG, "options.positions/key_positions given but the layer has neither rope, "
+                        "alibi nor a query temperature; expected NULL");
     mha_status s = MHA_OK;
     if (o->positions) s = check_position_array(o->positions, (size_t)B * T, "positions");
     if (!s && o->key_positions) s = check_position_array(o->key_positions, (size_t)B * S, "key_positions");

@@ -32,6 +32,16 @@ void mha_rope_frequencies(double *inv_freq, double *mscale, const mha_config *c,
  * sequence length Hugging Face's dynamic and LongRoPE scalings read. */
 long long mha_rope_call_length(const mha_options *opt, int keys_are_x, int B, int T, int S);
 
+/* Llama 4's query temperature at position pos: 1 + temperature_scale *
+ * ln(1 + floor((pos + 1) / temperature_floor)); 1 when the layer has none. */
+double mha_query_temperature(const mha_config *c, int pos);
+
+/* *scales (B*T) <- the temperature of each query of a call (positions
+ * options.positions, else 0..T-1); NULL for a layer without one.
+ * MHA_E_NOMEM naming who. */
+mha_status mha_query_temperatures(float **scales, const mha_config *c, const mha_options *opt, int B, int T,
+                                  const char *who);
+
 /* Element (t, e) of a head row block is x[t*row_stride + e*elt_stride]. */
 typedef struct {
     float *x;
@@ -65,7 +75,8 @@ void mha_rope_rotate_double(double *x, const mha_config *c, const double *inv_fr
                             int transpose);
 
 /* In double, on the rows m (B, n, heads*d_k) of one projection: QK-norm
- * with weights w (when config.qk_norm), then RoPE (when config.rope) at
+ * with weights w (when config.qk_norm), then RoPE (when config.rope), then
+ * on queries the temperature (when config.temperature_floor), at
  * the query positions (keys 0; T queries) or the key positions (keys 1;
  * keys_are_x: the keys are x, so they take the query positions), with
  * the frequencies of a call of length seq (mha_rope_call_length). */
@@ -78,12 +89,13 @@ void mha_qk_transform_double(double *m, const mha_config *c, int B, int n, int h
 void mha_qk_norm_stats(double st[2], const mha_config *c, double sum, double sumsq, int width);
 
 /* In place on n rows of one head (d_k wide): norm with weight w (d_k;
- * NULL: no norm) then RoPE with table rows tab_row[t] (NULL: rows 0..n-1)
- * of the table for tab_n positions (NULL table: no RoPE). stats (n, 2),
+ * NULL: no norm), RoPE with table rows tab_row[t] (NULL: rows 0..n-1)
+ * of the table for tab_n positions (NULL table: no RoPE), then row t times
+ * row_scale[t] (n; NULL: none; the queries' temperature). stats (n, 2),
  * when not NULL, are each row's mha_qk_norm_stats over the whole width
  * (qk_norm_whole) instead of the head's own. */
 void mha_qk_transform(const mha_config *c, mha_head_rows rows, int n, const float *w, const double *stats,
-                      const float *table, int tab_n, const int *tab_row);
+                      const float *table, int tab_n, const int *tab_row, const float *row_scale);
 
 /* clip_qkv (OLMo 1, DBRX, MPT): the n values of a projection clamped in
  * place to [-clip, clip], torch's clamp(min=-clip, max=clip) (a NaN stays

@@ -30,9 +30,10 @@ static void whole_stats(double *st, const float *m, size_t n, size_t w, const mh
 }
 
 /* One projection's rows m (B, n, heads*d_k) in place: norm with weights w
- * (NULL: none), then RoPE with table rows rows_of (B*n; NULL: none). */
+ * (NULL: none), RoPE with table rows rows_of (B*n; NULL: none), then each
+ * row times temp (B*n; NULL: none; the queries' temperature). */
 static mha_status transform(float *m, const mha_config *c, int B, int n, int heads, const float *w,
-                            const mha_rope_rows *rr, const int *rows_of, int nt) {
+                            const mha_rope_rows *rr, const int *rows_of, const float *temp, int nt) {
     const int d_k = c->d_k;
     const size_t width = (size_t)heads * d_k, nrows = (size_t)B * n;
     double *st = w && c->qk_norm_whole ? malloc(sizeof(double) * 2 * nrows) : NULL; /* (B*n, 2) */
@@ -46,7 +47,7 @@ static mha_status transform(float *m, const mha_config *c, int B, int n, int hea
         const float *nw = w ? w + (c->qk_norm_per_head ? (size_t)r * d_k : 0) : NULL;
         const mha_head_rows hr = {m + (size_t)b * n * width + (size_t)r * d_k, width, 1};
         mha_qk_transform(c, hr, n, nw, st ? st + 2 * (size_t)b * n : NULL, rr->tab, rr->n,
-                         rows_of ? rows_of + (size_t)b * n : NULL);
+                         rows_of ? rows_of + (size_t)b * n : NULL, temp ? temp + (size_t)b * n : NULL);
     }
     free(st);
     return MHA_OK;
@@ -56,7 +57,7 @@ mha_status mha_bwd_qk_forward(mha_bwd_saved *sv, const mha_layer *L, const mha_o
                               int nt) {
     const mha_config *c = &L->cfg;
     const int norm = c->qk_norm != MHA_QK_NORM_NONE, B = sv->B, T = sv->T, S = sv->S;
-    if (!norm && c->rope.pairing == MHA_ROPE_NONE) return MHA_OK;
+    if (!norm && c->rope.pairing == MHA_ROPE_NONE && c->temperature_floor == 0) return MHA_OK;
     const size_t nq = (size_t)B * T * c->n_heads * c->d_k, nk = (size_t)B * S * c->n_kv_heads * c->d_k;
     if (norm) {
         sv->q_pre = malloc(sizeof(float) * nq), sv->k_pre = malloc(sizeof(float) * nk);
@@ -66,10 +67,12 @@ mha_status mha_bwd_qk_forward(mha_bwd_saved *sv, const mha_layer *L, const mha_o
         memcpy(sv->q_pre, sv->q, sizeof(float) * nq), memcpy(sv->k_pre, sv->k, sizeof(float) * nk);
     }
     mha_rope_rows rr;
+    float *temp = NULL; /* (B*T) */
     mha_status s = mha_rope_rows_make(&rr, c, opt, keys_are_x, B, T, S, "fast backward");
-    if (!s) s = transform(sv->q, c, B, T, c->n_heads, norm ? L->q_norm : NULL, &rr, rr.qrow, nt);
-    if (!s) s = transform(sv->k, c, B, S, c->n_kv_heads, norm ? L->k_norm : NULL, &rr, rr.krow, nt);
-    mha_rope_rows_free(&rr);
+    if (!s) s = mha_query_temperatures(&temp, c, opt, B, T, "fast backward");
+    if (!s) s = transform(sv->q, c, B, T, c->n_heads, norm ? L->q_norm : NULL, &rr, rr.qrow, temp, nt);
+    if (!s) s = transform(sv->k, c, B, S, c->n_kv_heads, norm ? L->k_norm : NULL, &rr, rr.krow, NULL, nt);
+    mha_rope_rows_free(&rr), free(temp);
     return s;
 }
 
@@ -113,7 +116,8 @@ static void norm_row_backward(float *dy, double *dw, const float *x, const float
 /* Backward of transform() on dm (B, n, heads*d_k) in place from the
  * pre-norm rows pre; dw (as w; NULL: not wanted). */
 static mha_status transform_backward(float *dm, float *dw, const float *pre, const mha_config *c, int B, int n,
-                                     int heads, const float *w, const mha_rope_rows *rr, const int *rows_of, int nt) {
+                                     int heads, const float *w, const mha_rope_rows *rr, const int *rows_of,
+                                     const float *temp, int nt) {
     const int d_k = c->d_k, half = c->rope.dim / 2;
     const size_t width = (size_t)heads * d_k, nrows = (size_t)B * n;
     const int whole = c->qk_norm_whole, shared = w && !c->qk_norm_per_head; /* whole implies per head */
@@ -126,6 +130,7 @@ static mha_status transform_backward(float *dm, float *dw, const float *pre, con
         double *pw = part ? part + (size_t)ch * nw : NULL;
         for (size_t t = nrows * ch / chunks; t < nrows * (ch + 1) / chunks; t++) {
             float *row = dm + t * width;
+            for (size_t e = 0; temp && e < width; e++) row[e] *= temp[t]; /* a scalar per row: its own backward */
             if (rr->tab) {
                 const size_t tr = (size_t)rows_of[t];
                 const float *cs = rr->tab + tr * half, *sn = rr->tab + ((size_t)rr->n + tr) * half;
@@ -156,15 +161,17 @@ mha_status mha_bwd_qk_backward(float *dq, float *dk, float *d_q_norm, float *d_k
                                const mha_layer *L, const mha_options *opt, int keys_are_x, int nt) {
     const mha_config *c = &L->cfg;
     const int norm = c->qk_norm != MHA_QK_NORM_NONE, B = sv->B, T = sv->T, S = sv->S;
-    if (!norm && c->rope.pairing == MHA_ROPE_NONE) return MHA_OK;
+    if (!norm && c->rope.pairing == MHA_ROPE_NONE && c->temperature_floor == 0) return MHA_OK;
     mha_rope_rows rr;
+    float *temp = NULL; /* (B*T) */
     mha_status s = mha_rope_rows_make(&rr, c, opt, keys_are_x, B, T, S, "fast backward");
+    if (!s) s = mha_query_temperatures(&temp, c, opt, B, T, "fast backward");
     if (!s)
         s = transform_backward(dq, d_q_norm, sv->q_pre, c, B, T, c->n_heads, norm ? L->q_norm : NULL, &rr, rr.qrow,
-                               nt);
+                               temp, nt);
     if (!s)
         s = transform_backward(dk, d_k_norm, sv->k_pre, c, B, S, c->n_kv_heads, norm ? L->k_norm : NULL, &rr,
-                               rr.krow, nt);
-    mha_rope_rows_free(&rr);
+                               rr.krow, NULL, nt);
+    mha_rope_rows_free(&rr), free(temp);
     return s;
 }

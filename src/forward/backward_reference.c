@@ -319,6 +319,12 @@ mha_status mha_backward_reference(const mha_layer *L, const mha_gradients *g, co
             }
         }
 
+    // --- query temperature: Q_t = s(pos) Q_rot per row, so dQ_rot = s dQ_t
+    for (int b = 0; c->temperature_floor && b < B; b++)
+        for (int i = 0; i < T; i++) {
+            const double ts = mha_query_temperature(c, mha_query_position(opt, b, i, T));
+            for (size_t e = 0; e < qw; e++) dq[((size_t)b * T + i) * qw + e] *= ts;
+        }
     // --- RoPE: Q_rot = Q R (per row), so dQ = dQ_rot R^T; the same for K
     if (c->rope.pairing != MHA_ROPE_NONE) {
         rope_heads(dq, c, B, T, h, opt, 0, k_src == x, T, seq, 1);

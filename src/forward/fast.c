@@ -140,13 +140,15 @@ static mha_status transform_qk(const fast_plan *p, const mha_layer *L, const mha
     const mha_config *c = p->c;
     const int B = p->B, T = p->T, S = p->S, h = c->n_heads, h_kv = c->n_kv_heads, d_k = c->d_k;
     const int rope = c->rope.pairing != MHA_ROPE_NONE, norm = c->qk_norm != MHA_QK_NORM_NONE;
-    if (!rope && !norm) return MHA_OK;
+    if (!rope && !norm && c->temperature_floor == 0) return MHA_OK;
     mha_rope_rows rr; /* the table and each query's and key's row in it */
+    float *temp;      /* (B*T) the queries' temperatures, or NULL */
     mha_status s = mha_rope_rows_make(&rr, c, opt, keys_are_x, B, T, S, "fast path");
+    if (!s && (s = mha_query_temperatures(&temp, c, opt, B, T, "fast path"))) mha_rope_rows_free(&rr);
     if (s) return s;
     double *st = c->qk_norm_whole ? whole_norm_stats(p) : NULL; /* (B*(T+S), 2) */
     if (c->qk_norm_whole && !st) {
-        mha_rope_rows_free(&rr);
+        mha_rope_rows_free(&rr), free(temp);
         return mha_fail(MHA_E_NOMEM, "fast path: no memory for the q/k norm statistics");
     }
     const long nq = (long)B * h, nk = (long)B * h_kv;
@@ -159,7 +161,7 @@ static mha_status transform_qk(const fast_plan *p, const mha_layer *L, const mha
         if (!key) { /* (B,h,T,d_k): contiguous rows */
             mha_head_rows hr = {p->q + (size_t)bh * T * d_k, (size_t)d_k, 1};
             mha_qk_transform(c, hr, T, nw, st ? st + 2 * (size_t)b * T : NULL, rr.tab, rr.n,
-                             rr.qrow ? rr.qrow + (size_t)b * T : NULL);
+                             rr.qrow ? rr.qrow + (size_t)b * T : NULL, temp ? temp + (size_t)b * T : NULL);
             continue;
         }
         float *kb = p->kt + (size_t)bh * p->S_pad * d_k; /* (S_pad/16, d_k, 16) panels */
@@ -167,10 +169,10 @@ static mha_status transform_qk(const fast_plan *p, const mha_layer *L, const mha
             mha_head_rows hr = {kb + (size_t)(j0 / 16) * d_k * 16, 1, 16};
             mha_qk_transform(c, hr, S - j0 < 16 ? S - j0 : 16, nw,
                              st ? st + 2 * ((size_t)B * T + (size_t)b * S + j0) : NULL, rr.tab, rr.n,
-                             rr.krow ? rr.krow + (size_t)b * S + j0 : NULL);
+                             rr.krow ? rr.krow + (size_t)b * S + j0 : NULL, NULL);
         }
     }
-    mha_rope_rows_free(&rr), free(st);
+    mha_rope_rows_free(&rr), free(st), free(temp);
     return MHA_OK;
 }
 

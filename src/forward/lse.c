@@ -70,11 +70,12 @@ mha_status mha_attend_lse(const mha_config *cfg, float *z, float *lse, const flo
         return mha_fail(MHA_E_ARG, "mha_attend_lse: add_bias_kv=%d add_zero_attn=%d; expected 0 (pass the extra rows in k and v)",
                         c.add_bias_kv, c.add_zero_attn);
     if (c.alibi || c.sinks || c.rope.pairing != MHA_ROPE_NONE || c.qk_norm != MHA_QK_NORM_NONE ||
-        c.clip_qkv != 0.0f)
+        c.clip_qkv != 0.0f || c.temperature_floor != 0)
         return mha_fail(MHA_E_UNSUPPORTED,
-                        "mha_attend_lse: alibi=%d sinks=%d rope=%d qk_norm=%d clip_qkv=%g; expected none (they "
-                        "are layer parameters: clamp q, k, v and apply QK-norm and RoPE before the call)",
-                        c.alibi, c.sinks, (int)c.rope.pairing, (int)c.qk_norm, (double)c.clip_qkv);
+                        "mha_attend_lse: alibi=%d sinks=%d rope=%d qk_norm=%d clip_qkv=%g temperature_floor=%d; "
+                        "expected none (they are layer parameters: clamp q, k, v and apply QK-norm, RoPE and the "
+                        "query temperature before the call)", c.alibi, c.sinks, (int)c.rope.pairing,
+                        (int)c.qk_norm, (double)c.clip_qkv, c.temperature_floor);
     if (!z || !q || !k || !v)
         return mha_fail(MHA_E_ARG, "mha_attend_lse: %s is NULL", !z ? "z" : !q ? "q" : !k ? "k" : "v");
     if (B < 1 || T < 1 || S < 1)

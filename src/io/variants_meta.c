@@ -136,7 +136,7 @@ mha_status mha_io_per_head_norms(float **out, const mha_tensors *t, const char *
 mha_status mha_io_variants_read(mha_config *c, float *w[4], const mha_tensors *t, const char *prefix, int hf) {
     mha_rope *r = &c->rope;
     int pairing = 0, scaling = 0, norm = 0, omp = r->original_max_positions;
-    double dim = 0, sc = 0, eps = 0, per_head = 0, clip = 0;
+    double dim = 0, sc = 0, eps = 0, per_head = 0, clip = 0, tfloor = 0, tscale = 0;
     mha_status s;
     if ((s = meta_choice(&pairing, t, "rope", pairing_names, 3, "halves or interleaved")) ||
         (s = meta_choice(&scaling, t, "rope_scaling", scaling_names, 6,
@@ -151,7 +151,8 @@ mha_status mha_io_variants_read(mha_config *c, float *w[4], const mha_tensors *t
         (s = meta_double(&r->beta_fast, t, "rope_beta_fast")) || (s = meta_double(&r->beta_slow, t, "rope_beta_slow")) ||
         (s = meta_double(&r->attn_factor, t, "rope_attn_factor")) || (s = meta_double(&sc, t, "softcap")) ||
         (s = meta_double(&eps, t, "qk_norm_eps")) || (s = meta_double(&per_head, t, "qk_norm_per_head")) ||
-        (s = meta_double(&clip, t, "clip_qkv")) ||
+        (s = meta_double(&clip, t, "clip_qkv")) || (s = meta_double(&tfloor, t, "temperature_floor")) ||
+        (s = meta_double(&tscale, t, "temperature_scale")) ||
         (s = meta_flag(&c->alibi, t, "alibi")) || (s = meta_flag(&c->sinks, t, "sinks")) ||
         (s = meta_flag(&c->qk_norm_whole, t, "qk_norm_whole")))
         return s;
@@ -172,6 +173,14 @@ mha_status mha_io_variants_read(mha_config *c, float *w[4], const mha_tensors *t
         return mha_fail(MHA_E_FORMAT, "metadata clip_qkv = '%.40s'; expected 0 (none) or the bound c > 0 "
                         "(at least float's 1.4e-45) Q, K and V are clamped to", mha_tensors_meta(t, "clip_qkv"));
     c->clip_qkv = (float)clip;
+    /* Llama 4's query temperature: both or neither, a whole floor, a scale float keeps */
+    if (tfloor < 0 || tfloor > (1 << 30) || tfloor != floor(tfloor) || (tfloor > 0) != (tscale != 0) ||
+        !(tscale >= 0 && tscale < 3e38) || (tscale > 0 && (float)tscale == 0.0f))
+        return mha_fail(MHA_E_FORMAT, "metadata temperature_floor = '%.40s', temperature_scale = '%.40s'; expected "
+                        "both absent (none), or a whole floor in 1..2^30 with a scale > 0 (Llama 4: 8192 and 0.1)",
+                        mha_tensors_meta(t, "temperature_floor") ? mha_tensors_meta(t, "temperature_floor") : "",
+                        mha_tensors_meta(t, "temperature_scale") ? mha_tensors_meta(t, "temperature_scale") : "");
+    c->temperature_floor = (int)tfloor, c->temperature_scale = (float)tscale;
     r->pairing = (mha_rope_pairing)pairing, r->scaling = (mha_rope_scaling)scaling, r->dim = (int)dim;
     r->original_max_positions = (int)o, c->softcap = (float)sc, c->qk_norm_eps = (float)eps;
     c->qk_norm = (mha_qk_norm)norm, c->qk_norm_per_head = per_head != 0;
@@ -259,6 +268,8 @@ mha_status mha_io_variants_write(mha_tensors *t, const mha_layer *L) {
     if (!s && c->sinks) s = mha_tensors_add_f32(t, "sinks", w.sinks, 1, &h);
     if (!s && c->softcap != 0.0f) s = put(t, "softcap", "%.9g", c->softcap);
     if (!s && c->clip_qkv != 0.0f) s = put(t, "clip_qkv", "%.9g", c->clip_qkv);
+    if (!s && c->temperature_floor) s = put(t, "temperature_floor", "%.0f", c->temperature_floor);
+    if (!s && c->temperature_floor) s = put(t, "temperature_scale", "%.9g", c->temperature_scale);
     if (!s && c->qk_norm) {
         s = mha_tensors_set_meta(t, "qk_norm", norm_names[c->qk_norm]);
         if (!s) s = put(t, "qk_norm_per_head", "%.0f", c->qk_norm_per_head);

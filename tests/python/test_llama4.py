@@ -5,9 +5,10 @@ complex numbers of adjacent pairs (interleaved), then divide them by their
 RMS (Llama4TextL2Norm, use_qk_norm, eps rms_norm_eps) and attend inside
 chunks of attention_chunk_size (the chunked causal mask); every
 no_rope_layer_interval-th layer (or no_rope_layers' zeros) has no rotary
-and attends globally, its queries scaled by attn_temperature_tuning from
-position floor_scale - 1 on, which is refused. Before: rotate_half, no
-norm and no chunk, silently."""
+and attends globally, its queries scaled by attn_temperature_tuning (1 +
+attn_scale ln(1 + floor((p + 1) / floor_scale)) at position p). Before:
+rotate_half, no norm and no chunk, silently; then the tuning refused from
+position floor_scale - 1 on."""
 import json
 import math
 
@@ -42,8 +43,10 @@ def checkpoint(tmp_path, layer, nested=False, **text):
     return w, x, pre.rsplit(".self_attn.", 1)[0]
 
 
-def oracle(w, x, rope, chunk, qk_norm, eps=1e-5, theta=500000.0):
-    """Llama4TextAttention's forward for one sequence, float64."""
+def oracle(w, x, rope, chunk, qk_norm, eps=1e-5, theta=500000.0, temperature=None, positions=None):
+    """Llama4TextAttention's forward for one sequence, float64;
+    temperature: (floor_scale, attn_scale) of a NoPE layer's tuning, at
+    the queries' cache positions (arange(T), or `positions`)."""
     t = {n: torch.tensor(a, dtype=torch.float64) for n, a in w.items()}
     xs = torch.tensor(x, dtype=torch.float64)
     q = (xs @ t["q"].T).view(T, H, DK)
@@ -57,6 +60,10 @@ def oracle(w, x, rope, chunk, qk_norm, eps=1e-5, theta=500000.0):
     if qk_norm:  # Llama4TextL2Norm, after the rotation
         q = q * torch.rsqrt(q.pow(2).mean(-1, keepdim=True) + eps)
         k = k * torch.rsqrt(k.pow(2).mean(-1, keepdim=True) + eps)
+    if temperature:  # as Hugging Face computes it, in float32
+        cache_position = torch.arange(T) if positions is None else torch.tensor(positions)
+        scales = torch.log1p(torch.floor((cache_position.float() + 1.0) / temperature[0])) * temperature[1] + 1.0
+        q = q * scales.to(torch.float64)[:, None, None]
     k, v = k.repeat_interleave(H // HKV, 1), v.repeat_interleave(H // HKV, 1)
     s = torch.einsum("ihd,jhd->hij", q, k) / math.sqrt(DK)
     i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
@@ -93,18 +100,51 @@ def test_rotary_layer_interleaved_l2_norm_chunked(tmp_path, nested):
     np.testing.assert_allclose(np.load(tmp_path / "n.npy"), want, atol=2e-5 * np.abs(want).max())
 
 
-def test_nope_layer_global_and_temperature_refused_past_floor(tmp_path):
-    """Layer 3 (interval 4): no rotary, no norm, global attention; with
-    positions reaching floor_scale - 1 the tuning would scale q: refused."""
+def test_nope_layer_global_with_temperature(tmp_path):
+    """Layer 3 (interval 4): no rotary, no norm, global attention, and
+    the queries' temperature: floor_scale 64 leaves T 13's queries at 1;
+    floor_scale 4 gives them four factors (to 1 + 0.1 ln 4, and with
+    attn_scale 0.5 to 1.69); off by false or 0; --attn-temperature wins
+    over config.json; --positions set the factors; mha convert keeps it."""
     w, x, prefix = checkpoint(tmp_path, 3, floor_scale=64)
-    got = run(tmp_path, prefix)
-    np.testing.assert_allclose(got, oracle(w, x, rope=False, chunk=0, qk_norm=False), atol=2e-5)
-    checkpoint(tmp_path, 3, floor_scale=8)  # T 13: the last query at 12 >= 7
-    r = run(tmp_path, prefix, check=False)
-    assert r.returncode == 1 and "attn_temperature_tuning" in r.stderr and "position 7 on" in r.stderr, r.stderr
+    plain = oracle(w, x, rope=False, chunk=0, qk_norm=False)
+    np.testing.assert_allclose(run(tmp_path, prefix), plain, atol=2e-5)
+    for text, temp in (({}, (4, 0.1)), ({"attn_scale": 0.5}, (4, 0.5))):
+        checkpoint(tmp_path, 3, floor_scale=4, **text)
+        want = oracle(w, x, rope=False, chunk=0, qk_norm=False, temperature=temp)
+        assert np.abs(want - plain).max() > 1e-3
+        np.testing.assert_allclose(run(tmp_path, prefix), want, atol=2e-6 * np.abs(want).max())
+    for off in (False, 0):
+        checkpoint(tmp_path, 3, floor_scale=4, attn_scale=0.5, attn_temperature_tuning=off)
+        np.testing.assert_allclose(run(tmp_path, prefix), plain, atol=2e-5)
+    # the flag: on a layer config.json leaves plain, and over config.json's own
+    want = oracle(w, x, rope=False, chunk=0, qk_norm=False, temperature=(3, 0.25))
+    np.testing.assert_allclose(run(tmp_path, prefix, "--attn-temperature", "3,0.25"), want,
+                               atol=2e-6 * np.abs(want).max())
+    checkpoint(tmp_path, 3, floor_scale=4)
+    np.testing.assert_allclose(run(tmp_path, prefix, "--attn-temperature", "3,0.25"), want,
+                               atol=2e-6 * np.abs(want).max())
+    # explicit positions choose each query's factor (Hugging Face's cache_position)
+    pos = np.array([0, 40, 3, 7, 100, 2, 9, 15, 30, 1, 63, 64, 5], dtype=np.int32)
+    np.save(tmp_path / "p.npy", pos)
+    want = oracle(w, x, rope=False, chunk=0, qk_norm=False, temperature=(4, 0.1), positions=pos)
+    np.testing.assert_allclose(run(tmp_path, prefix, "--positions", tmp_path / "p.npy"), want,
+                               atol=2e-6 * np.abs(want).max())
+    # a native file keeps the temperature in its metadata
+    native = tmp_path / "native.safetensors"
+    mha("convert", "--from", "hf", "--prefix", prefix, "--to", "native", tmp_path / "model.safetensors", native)
+    (tmp_path / "config.json").unlink()
+    mha("run", "--weights", native, "--input", tmp_path / "x.npy", "--output", tmp_path / "n.npy", "--causal")
+    want = oracle(w, x, rope=False, chunk=0, qk_norm=False, temperature=(4, 0.1))
+    np.testing.assert_allclose(np.load(tmp_path / "n.npy"), want, atol=2e-6 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("spec", ["4", "4,", "0,0.1", "4.5,0.1", "4,0", "4,-1", "4,nan", "4,1e-60", "4,0.1,2", "x,1"])
+def test_temperature_flag_refused(tmp_path, spec):
+    _, _, prefix = checkpoint(tmp_path, 3, floor_scale=64)
+    r = run(tmp_path, prefix, "--attn-temperature", spec, check=False)
+    assert r.returncode == 2 and "--attn-temperature '%s'; expected FLOOR,SCALE" % spec in r.stderr, r.stderr
     assert not (tmp_path / "y.npy").exists()
-    checkpoint(tmp_path, 3, floor_scale=8, attn_temperature_tuning=False)
-    np.testing.assert_allclose(run(tmp_path, prefix), got, atol=0)  # off: nothing to refuse
 
 
 def test_config_keys_choose_the_layers(tmp_path):

@@ -88,6 +88,9 @@ def oracle(p, kw, x, kv=None, causal=False, window=None, positions=None, key_pos
         inter = rope["pairing"] == "interleaved"
         q = apply_rope(q, pq, dim, theta, inter, inv_freq)
         k = apply_rope(k, pk, dim, theta, inter, inv_freq)
+    if kw.get("temperature"):  # Llama 4: q at position p times 1 + a ln(1 + floor((p + 1) / F)), last
+        F, a = kw["temperature"]
+        q = q * (1 + a * torch.log1p(torch.floor((pq.double() + 1) / F)))[:, None, :, None]
     k, v = k.repeat_interleave(h // h_kv, dim=1), v.repeat_interleave(h // h_kv, dim=1)  # kv head r // (h/h_kv)
     s = q @ k.transpose(-1, -2) * (kw.get("scale") or 1 / math.sqrt(d))  # (B,h,T,S)
     if kw.get("softcap"):  # Gemma 2
@@ -217,6 +220,7 @@ VARIANTS = {
     "bias_qkv": dict(bias="qkv"),
     "scale": dict(scale=0.2),
     "clip_qkv": dict(clip_qkv=0.6, bias=True),  # about half of q, k, v clamped
+    "temperature": dict(temperature=(2, 0.5), bias=True),  # Llama 4's NoPE layers: T 7 sees four factors
 }
 
 
@@ -243,6 +247,18 @@ def test_clip_qkv_with_the_other_variants_and_cross_attention(h_kv):
         x = torch.randn(2, 7, 32, generator=torch.Generator().manual_seed(1))
         assert 0.2 < (m.q_proj(x).abs() > 0.6).double().mean().item() < 0.8
     check(dict(kw, kv_dim=24), S=9)
+
+
+@pytest.mark.parametrize("h_kv", [4, 1], ids=["MHA", "MQA"])
+def test_temperature_with_the_other_variants_positions_and_cross_attention(h_kv):
+    """Llama 4's query temperature after QK-norm and RoPE, with every
+    variant; explicit positions past several floors choose the factors;
+    cross-attention (the keys untouched)."""
+    kw = variant_kw(h_kv=h_kv, **dict(ALL, temperature=(3, 0.4)))
+    check(kw, causal=True)
+    pos = torch.tensor([[0, 5, 11, 2, 40, 3, 8], [100, 1, 2, 3, 4, 5, 6]])
+    check(kw, positions=pos)
+    check(dict(kw, kv_dim=24), S=9, positions=pos)
 
 
 def test_all_variants_olmo2_whole_width_layernorm_interleaved():
