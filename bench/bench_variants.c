@@ -3,7 +3,7 @@
  * mha_forward (default options, MHA_PATH_AUTO) of one configuration, P2 in
  * run.sh; `bench_mha variants-backward`: the same for mha_backward (the
  * fast backward, every gradient the layer has: dx, dW_*, db_*, dsinks,
- * the QK-norm weights'); clip_qkv in both, QK-norm in the backward's
+ * the QK-norm weights'); clip_qkv and the query temperature in both, QK-norm in the backward's
  * alone. One layer per variant from the same weights; the layers run interleaved (plain, rope, alibi,
  * ..., plain, ...) so that all see the same spells of load from other
  * processes, and report.py compares each with plain on the fastest runs
@@ -15,14 +15,16 @@
 
 #include "bench.h"
 
-enum { N_VARIANTS = 7 };
+enum { N_VARIANTS = 8 };
 static const char *const variant_names[N_VARIANTS] = {"plain", "rope", "alibi", "softcap", "sinks", "clip",
-                                                      "qknorm"};
+                                                      "temp", "qknorm"};
 
 /* The config of variant v: each switched on alone, with the settings
  * today's checkpoints use (RoPE halves over all of d_k, theta 10000;
  * ALiBi's default slopes; Gemma 2's attention cap 50; a sink per head;
- * Qwen 3's RMS QK-norm, weights shared by the heads; DBRX's clip_qkv 8). */
+ * Qwen 3's RMS QK-norm, weights shared by the heads; DBRX's clip_qkv 8;
+ * Llama 4's query temperature with a floor of 64 instead of 8192, so that
+ * the benchmark's queries see several factors). */
 static mha_config variant_config(int d_model, int h, int v) {
     mha_config c = mha_config_default(d_model, h);
     c.bias = 1; /* as bench_prefill's layer */
@@ -31,7 +33,8 @@ static mha_config variant_config(int d_model, int h, int v) {
     if (v == 3) c.softcap = 50.0f;
     if (v == 4) c.sinks = 1;
     if (v == 5) c.clip_qkv = 8.0f;
-    if (v == 6) c.qk_norm = MHA_QK_NORM_RMS;
+    if (v == 6) c.temperature_floor = 64, c.temperature_scale = 0.1f;
+    if (v == 7) c.qk_norm = MHA_QK_NORM_RMS;
     return c;
 }
 
@@ -126,7 +129,7 @@ static int time_rounds(const call_args *a, int (*call)(const call_args *, int), 
 
 int bench_variants(const bench_prefill_cfg *c) {
     variant_set s = {0};
-    int ok = set_make(&s, c, N_VARIANTS - 1); /* the forward's table: the four of issue 13 and clip_qkv */
+    int ok = set_make(&s, c, N_VARIANTS - 1); /* the forward's table: the four of issue 13, clip_qkv, temperature */
     const call_args a = {&s, c, NULL, {0}};
     if (ok) ok = time_rounds(&a, run_forward, N_VARIANTS - 1, "variant");
     else printf("RESULT kind=variant impl=mha name=%s error=\"%s\"\n", c->name, mha_last_error());

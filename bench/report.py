@@ -103,7 +103,8 @@ same run.sh call; the rounds of a configuration alternate mha and torch):
   `bench_mha variants-backward` does the same for mha_backward (the fast
   backward; every gradient the layer has, dsinks and the QK-norm weights'
   included) on P1, with RMS QK-norm (weights shared by the heads) as a
-  sixth variant; clip_qkv (8, DBRX's) is one more in both.
+  sixth variant; clip_qkv (8, DBRX's) and Llama 4's query temperature
+  (floor 64, scale 0.1) are two more in both.
 - decode, hot and cold: the step and attention alone are timed hot
   (repeated, as the torch peer is: the cache and the weights may stay in
   the last-level cache between calls; the GB/s and "x torch" columns) and
