@@ -55,7 +55,9 @@ static mha_tensors *header_names(const char *path) {
 
 /* Whether the checkpoint at path loads in a layout whose models keep a
  * config.json beside it: hf, or megatron (GPT-NeoX, Falcon, BLOOM save
- * query_key_value, and their rotary settings live only in config.json). */
+ * query_key_value, and their rotary settings live only in config.json);
+ * 2: gpt2; 3: no layout fits its names (the load will fail: config.json
+ * may still name an unsupported family, e.g. DeepSeek's MLA). */
 static int is_hf(const cli_ckpt *ck, const char *path) {
     mha_layout l;
     if (mha_layout_parse(&l, ck->layout ? ck->layout : "auto")) return 0;
@@ -64,6 +66,7 @@ static int is_hf(const cli_ckpt *ck, const char *path) {
         if (!t || mha_layout_detect(&l, t)) l = MHA_LAYOUT_AUTO;
         mha_tensors_free(t);
     }
+    if (l == MHA_LAYOUT_AUTO) return 3;
     return l == MHA_LAYOUT_HF || l == MHA_LAYOUT_MEGATRON ? 1 : l == MHA_LAYOUT_GPT2 ? 2 : 0;
 }
 
@@ -97,13 +100,13 @@ static int type_in(const char *type, const char *const *names) {
 /* LongRoPE's rope_scaling.short_factor and long_factor: lists of one
  * number > 0 per rotated pair, appended to spec as ",KEY=A:B:..." (the
  * library checks their length against the rotated dims). */
-static int factor_lists(const char *cmd, json_t *s, char *spec, size_t size, size_t *n) {
+static int factor_lists(const char *cmd, json_t *s, const char *where, char *spec, size_t size, size_t *n) {
     static const char *const keys[] = {"short_factor", "long_factor"};
     for (int k = 0; k < 2; k++) {
         json_t *a = json_object_get(s, keys[k]);
         if (!json_is_array(a) || json_array_size(a) == 0 || json_array_size(a) > MHA_ROPE_MAX_PAIRS)
-            return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: rope_scaling.%s is %s; expected a list of "
-                                 "1..%d numbers > 0, one per rotated pair (LongRoPE)", keys[k],
+            return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: %s%s is %s; expected a list of "
+                                 "1..%d numbers > 0, one per rotated pair (LongRoPE)", where, keys[k],
                                  !a ? "missing" : json_is_array(a) ? "of another length" : "not a list",
                                  MHA_ROPE_MAX_PAIRS);
         *n += (size_t)snprintf(spec + *n, size - *n, ",%s=", keys[k]);
@@ -111,8 +114,8 @@ static int factor_lists(const char *cmd, json_t *s, char *spec, size_t size, siz
             json_t *v = json_array_get(a, i);
             const double x = json_is_number(v) ? json_number_value(v) : NAN;
             if (!(x > 0 && x <= 1e9))
-                return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: rope_scaling.%s[%zu] is %s; expected a "
-                                     "number in (0, 1e9]", keys[k], i, json_is_number(v) ? "out of range" :
+                return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: %s%s[%zu] is %s; expected a "
+                                     "number in (0, 1e9]", where, keys[k], i, json_is_number(v) ? "out of range" :
                                      "not a number");
             *n += (size_t)snprintf(spec + *n, size - *n, "%s%.9g", i ? ":" : "", x);
         }
@@ -142,27 +145,29 @@ static int longrope_context(const char *cmd, json_t *root, double v[7]) {
  * longrope (or Phi-3's first name, su)|default, factor, ...} as a
  * --rope-scale spec; the top-level max_position_embeddings is YaRN's
  * default original context and dynamic's (Hugging Face reads no other). */
-static int rope_scaling(const char *cmd, json_t *root, const char *model_type, char *spec, size_t size) {
-    json_t *s = json_object_get(root, "rope_scaling");
+static int rope_scaling(const char *cmd, json_t *root, json_t *s, const char *where, const char *model_type,
+                        char *spec, size_t size) {
     if (!s || json_is_null(s)) return 0;
     if (!json_is_object(s))
-        return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: rope_scaling is not an object; expected "
+        return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: %.*s is not an object; expected "
                              "{\"rope_type\": \"linear\"|\"llama3\"|\"yarn\"|\"dynamic\"|\"longrope\", \"factor\": F, "
-                             "...} or null");
+                             "...} or null", (int)strlen(where) - 1, where);
     json_t *type = json_object_get(s, "rope_type");
     if (!type) type = json_object_get(s, "type");
     const char *kind = json_string_value(type);
-    if (kind && strcmp(kind, "default") == 0) return 0;
+    /* Qwen2-VL's multimodal rotary (Hugging Face reads it as default): one position per token, as every
+     * input here has, rotates its three sections alike, i.e. plain RoPE */
+    if (kind && (strcmp(kind, "default") == 0 || strcmp(kind, "mrope") == 0)) return 0;
     if (kind && strcmp(kind, "su") == 0) kind = "longrope"; /* Phi-3's first configs */
     static const char *const kinds[] = {"linear", "llama3", "yarn", "dynamic", "longrope", NULL};
     if (!type_in(kind, kinds))
-        return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: rope_scaling.rope_type is %s%s%s; expected "
-                             "\"linear\", \"llama3\", \"yarn\", \"dynamic\", \"longrope\" or \"default\"",
+        return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: %srope_type is %s%s%s; expected "
+                             "\"linear\", \"llama3\", \"yarn\", \"dynamic\", \"longrope\" or \"default\"", where,
                              kind ? "\"" : "", kind ? kind : "missing or not a string", kind ? "\"" : "");
     if (json_is_false(json_object_get(s, "truncate"))) /* gpt-oss: the ramp ends stay unrounded */
-        return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: rope_scaling.truncate is false; expected true "
+        return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: %struncate is false; expected true "
                              "or absent: YaRN with unrounded ramp ends (gpt-oss) is not implemented, and the "
-                             "rounded one differs by up to 5%% in the ramp's frequencies");
+                             "rounded one differs by up to 5%% in the ramp's frequencies", where);
     static const char *const keys[] = {"factor", "low_freq_factor", "high_freq_factor",
                                        "original_max_position_embeddings", "beta_fast", "beta_slow",
                                        "attention_factor"};
@@ -171,44 +176,79 @@ static int rope_scaling(const char *cmd, json_t *root, const char *model_type, c
     double v[7] = {0};
     int rc = 0;
     for (int i = 0; !rc && i < 7; i++)
-        rc = number(cmd, s, "rope_scaling.", keys[i], i == 0 ? 1 : 1e-9, i == 3 ? 1 << 30 : 1e9, i == 3, &v[i]);
+        rc = number(cmd, s, where, keys[i], i == 0 ? 1 : 1e-9, i == 3 ? 1 << 30 : 1e9, i == 3, &v[i]);
     if (!rc && dynamic) v[3] = 0; /* Hugging Face scales past max_position_embeddings only */
     if (!rc && v[3] == 0 && (yarn || dynamic)) /* as Hugging Face: the model's context */
         rc = number(cmd, root, "", "max_position_embeddings", 1, 1 << 30, 1, &v[3]);
     if (!rc && longrope) rc = longrope_context(cmd, root, v);
     if (!rc && yarn && v[6] == 0) { /* Hugging Face: mscale and mscale_all_dim (both set) give the ratio */
         double m = 0, all = 0;
-        rc = number(cmd, s, "rope_scaling.", "mscale", 0, 1e9, 0, &m); /* 0: unset, as None */
-        if (!rc) rc = number(cmd, s, "rope_scaling.", "mscale_all_dim", 0, 1e9, 0, &all);
+        rc = number(cmd, s, where, "mscale", 0, 1e9, 0, &m); /* 0: unset, as None */
+        if (!rc) rc = number(cmd, s, where, "mscale_all_dim", 0, 1e9, 0, &all);
         if (!rc && m > 0 && all > 0 && v[0] > 1) /* get_mscale(factor, m) / get_mscale(factor, all) */
             v[6] = (0.1 * m * log(v[0]) + 1.0) / (0.1 * all * log(v[0]) + 1.0);
         else if (!rc && m > 0 && all > 0) v[6] = 1.0; /* factor 1: both 1 */
     }
     if (!rc && longrope && model_type && strcmp(model_type, "phimoe") == 0) { /* Phi-3.5-MoE: cos, sin times its mscale */
         double ms[2] = {0, 0};
-        rc = number(cmd, s, "rope_scaling.", "short_mscale", 1e-9, 1e9, 0, &ms[0]);
-        if (!rc) rc = number(cmd, s, "rope_scaling.", "long_mscale", 1e-9, 1e9, 0, &ms[1]);
+        rc = number(cmd, s, where, "short_mscale", 1e-9, 1e9, 0, &ms[0]);
+        if (!rc) rc = number(cmd, s, where, "long_mscale", 1e-9, 1e9, 0, &ms[1]);
         if (!rc && ms[0] != ms[1])
-            return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: rope_scaling.short_mscale = %g and "
+            return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: %sshort_mscale = %g and "
                                  "long_mscale = %g differ (or one is missing); expected both equal or both "
-                                 "absent: one attention factor per layer is implemented", ms[0], ms[1]);
+                                 "absent: one attention factor per layer is implemented", where, ms[0], ms[1]);
         if (!rc && ms[0] > 0) v[6] = ms[0]; /* PhimoeRotaryEmbedding: the mscale wins over attention_factor */
     }
     if (rc) return rc;
     if (v[0] == 0 && !longrope)
-        return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: rope_scaling.factor missing; expected a "
-                             "number >= 1");
+        return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: %sfactor missing; expected a "
+                             "number >= 1", where);
     if (strcmp(kind, "linear") && v[3] == 0)
-        return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: %s missing; expected the %s",
-                             dynamic || longrope ? "max_position_embeddings" : "rope_scaling.original_max_position_embeddings",
+        return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: %s%s missing; expected the %s",
+                             dynamic || longrope ? "" : where,
+                             dynamic || longrope ? "max_position_embeddings" : "original_max_position_embeddings",
                              dynamic ? "context beyond which dynamic NTK scales" : "pre-training context length");
     size_t n = (size_t)snprintf(spec, size, "%s:", kind);
     for (int i = 0; i < 7; i++)
         if (v[i] != 0) n += (size_t)snprintf(spec + n, size - n, "%s%s=%.17g", n > strlen(kind) + 1 ? "," : "",
                                              keys[i], v[i]);
-    return longrope ? factor_lists(cmd, s, spec, size, &n) : 0;
+    return longrope ? factor_lists(cmd, s, where, spec, size, &n) : 0;
 }
 
+static int slides(json_t *root, const char *type, long long n);
+static long long layer_index(const char *prefix);
+
+/* Transformers 5 saves rope_theta, partial_rotary_factor and the scaling's
+ * keys together in rope_parameters: one object, or one per layer type
+ * ({"full_attention": {...}, "sliding_attention": {...}}: Gemma 3). *rp:
+ * the layer's (NULL: none), where: its name for messages; *typed: per
+ * layer type. Before, such a file's rope_theta was not read: Hugging
+ * Face's 10000 (or no rotary at all) ran instead, silently. */
+static int rope_parameters(const char *cmd, json_t *root, const char *type, const char *prefix, json_t **rp,
+                           char *where, size_t size, int *typed) {
+    json_t *a = json_object_get(root, "rope_parameters");
+    *rp = NULL, *typed = 0;
+    snprintf(where, size, "rope_parameters.");
+    if (!a || json_is_null(a)) return 0;
+    if (!json_is_object(a))
+        return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: rope_parameters is not an object; expected "
+                             "{\"rope_type\": ..., \"rope_theta\": ...}, one per layer type, or null");
+    if (!json_is_object(json_object_get(a, "full_attention")) && !json_is_object(json_object_get(a, "sliding_attention"))) {
+        *rp = a;
+        return 0;
+    }
+    const int s = slides(root, type, layer_index(prefix));
+    const char *kind = s ? "sliding_attention" : "full_attention";
+    if (s < 0)
+        return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: rope_parameters differ per layer type, and "
+                             "--prefix names no layer; expected --prefix with the layer's number (model.layers.N)");
+    if (!json_is_object(*rp = json_object_get(a, kind)))
+        return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: rope_parameters has no object \"%s\" for this "
+                             "layer; expected one per layer type", kind);
+    snprintf(where, size, "rope_parameters.%s.", kind);
+    *typed = 1;
+    return 0;
+}
 
 /* Cohere (Command R) and Cohere 2 (Command R7B): interleaved rotary; Cohere
  * 2 rotates only its sliding layers (the global ones have no position
@@ -218,6 +258,49 @@ static const char *const llama4[] = {"llama4", "llama4_text", NULL};
 
 /* Falcon's model_type, and those of its first custom-code configs */
 static const char *const falcon[] = {"falcon", "RefinedWebModel", "RefinedWeb", NULL};
+
+/* Families whose attention the layer cannot express, which would otherwise
+ * load under Llama's names and run silently wrong: refused by model_type
+ * or by the key that says so. Also read when no layout fits the tensor
+ * names (MLA's), so that the refusal names the family. */
+static int unsupported(const char *cmd, json_t *root, const char *type) {
+    static const char *const mla[] = {"deepseek_v2", "deepseek_v3", "kimi_k2", "minicpm3", NULL};
+    static const char *const gemma3n[] = {"gemma3n", "gemma3n_text", NULL};
+    static const char *const zamba[] = {"zamba", "zamba2", NULL};
+    static const char *const hunyuan[] = {"hunyuan_v1_dense", "hunyuan_v1_moe", NULL};
+    const char *t = type ? type : "(none)";
+    json_t *lora = json_object_get(root, "kv_lora_rank"), *s = json_object_get(root, "rope_scaling");
+    if (type_in(type, mla) || json_is_number(lora))
+        return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: model_type %s has kv_lora_rank: multi-head latent "
+                             "attention (DeepSeek V2/V3's MLA: K and V from a shared latent, kv_b_proj, and a separate "
+                             "rotary part of qk_rope_head_dim dims); expected q/k/v projections per head: MLA is not "
+                             "supported", t);
+    if ((type && strcmp(type, "qwen3_next") == 0) || json_is_true(json_object_get(root, "attn_output_gate")) ||
+        json_is_true(json_object_get(root, "headwise_attn_output_gate")))
+        return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: model_type %s: gated attention (attn_output_gate: "
+                             "q_proj also emits a gate, and sigmoid(gate) multiplies the heads' output before "
+                             "o_proj); expected no gate: it is not supported", t);
+    if (type && strcmp(type, "phi3small") == 0)
+        return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: model_type phi3small (Phi-3-small): blocksparse "
+                             "attention on most layers and muP's scores / head_dim; expected a dense layer: "
+                             "Phi-3-small is not supported");
+    if (type_in(type, gemma3n))
+        return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: model_type %s (Gemma 3n): its v_norm (an RMSNorm "
+                             "of v), unscaled scores and layers reusing another layer's K and V; expected none of "
+                             "them: Gemma 3n is not supported", t);
+    if (type_in(type, zamba))
+        return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: model_type %s: its shared attention block reads "
+                             "[hidden; embeddings] (twice the width) with LoRA adapters per use; expected a layer of "
+                             "its own: %s is not supported", t, t);
+    if (type_in(type, hunyuan) && json_is_true(json_object_get(root, "use_qk_norm")))
+        return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: use_qk_norm is true (Hunyuan's query_layernorm / "
+                             "key_layernorm, applied after the rotary, whose per-dim weights do not commute with it); "
+                             "expected false: a q/k norm after RoPE is not implemented");
+    if (json_is_object(s) && json_object_get(s, "alpha")) /* Hunyuan's NTK-alpha: base x alpha^(d/(d-2)) */
+        return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: rope_scaling.alpha is set (NTK-alpha scaling of "
+                             "the rotary base); expected no alpha: it is not implemented");
+    return 0;
+}
 
 /* What model_type implies that no key of config.json says: these families
  * always rotate q and k (Hugging Face's rope_theta defaults to 10000, and
@@ -230,6 +313,8 @@ static int family(cli_hf_config *c, const char *cmd, json_t *root, const char *t
     static const char *const layer_norms[] = {"cohere", "cohere2", "stablelm", NULL};
     /* Phi-1.5 / Phi-2 as first published (custom code): mixer.Wqkv, rotate_half on rotary_dim dims */
     static const char *const phi_msft[] = {"phi-msft", "mixformer-sequential", NULL};
+    const int bad = unsupported(cmd, root, type);
+    if (bad) return bad;
     c->position_unknown = type && strcmp(type, "baichuan") == 0; /* 7B rotates, 13B uses ALiBi: not in config.json */
     static const char *const rotary[] = {"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe",
                                          "gemma", "gemma2", "gemma3", "gemma3_text", "phi3", "phimoe", "olmo", "olmo2",
@@ -278,6 +363,10 @@ static int family(cli_hf_config *c, const char *cmd, json_t *root, const char *t
         c->rope = strcmp(type, "gptj") == 0 ? "interleaved" : "halves", c->rope_dim = (long long)r;
     } else if (type_in(type, rotary) && !c->alibi)
         c->rope = "halves";
+    /* GLM-4 (4V), ERNIE 4.5, Helium: cos, sin repeat_interleave'd, rotate_half of pairs (2i, 2i+1): GPT-J's */
+    static const char *const glm_pairs[] = {"glm", "glm4", "glm4v", "glm4v_text", "glm4v_moe", "glm4v_moe_text",
+                                            "ernie4_5", "ernie4_5_moe", "helium", NULL};
+    if (type_in(type, glm_pairs)) c->rope = "interleaved";
     return 0;
 }
 
@@ -467,7 +556,8 @@ static int window(cli_hf_config *c, const char *cmd, json_t *root, const char *t
     const int s = rc || !w ? 0 : slides(root, type, layer_index(prefix));
     if (rc || !s) return rc;
     c->window = s < 0 ? -1 : (long long)w;
-    if (s > 0 && c->qk_norm_offset) { /* Gemma 3: the local layers' rotary */
+    if (s > 0 && type && strcmp(type, "olmo3") == 0) c->rope_scale[0] = '\0'; /* OLMo 3: default RoPE there */
+    if (s > 0 && c->qk_norm_offset && theta) { /* Gemma 3: the local layers' rotary (NULL: rope_parameters') */
         double local = 10000;
         if ((rc = number(cmd, root, "", "rope_local_base_freq", 1, 1e12, 0, &local))) return rc;
         *theta = local, c->rope_scale[0] = '\0';
@@ -516,6 +606,10 @@ int cli_hf_config_read(cli_hf_config *c, const char *cmd, const cli_ckpt *ck, co
     if (!kind) return 0;
     json_error_t err;
     json_t *root = json_load_file(file, 0, &err);
+    if (kind == 3 && !json_is_object(root)) { /* the load says why the checkpoint does not fit */
+        json_decref(root);
+        return 0;
+    }
     if (!root || !json_is_object(root)) {
         json_decref(root);
         return root ? mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "%s: not a JSON object; expected Hugging Face's "
@@ -527,9 +621,10 @@ int cli_hf_config_read(cli_hf_config *c, const char *cmd, const cli_ckpt *ck, co
     root = sub_config(top, ck->prefix);
     double heads = 0, kv = 0, hd = 0, hidden = 0, theta = 0, part = 0;
     const char *type = json_string_value(json_object_get(root, "model_type")); /* what the family implies */
-    if (kind == 2 && !type_in(type, gpt2_named)) { /* GPT-2, GPT-BigCode: as before, not read */
+    if ((kind == 2 && !type_in(type, gpt2_named)) || kind == 3) { /* GPT-2, GPT-BigCode: as before, not read */
+        const int rc = kind == 3 ? unsupported(cmd, root, type) : 0; /* no layout: name the family if refused */
         json_decref(top);
-        return 0;
+        return rc;
     }
     int rc = number(cmd, root, "", "num_attention_heads", 1, 4096, 1, &heads);
     if (!rc) rc = number(cmd, root, "", "num_key_value_heads", 1, 4096, 1, &kv);
@@ -542,13 +637,20 @@ int cli_hf_config_read(cli_hf_config *c, const char *cmd, const cli_ckpt *ck, co
     if (!rc) rc = number(cmd, root, "", "rope_theta", 1, 1e12, 0, &theta);
     if (!rc) rc = number(cmd, root, "", "rotary_pct", 1e-9, 1, 0, &part);
     if (!rc) rc = number(cmd, root, "", "partial_rotary_factor", 1e-9, 1, 0, &part);
-    if (!rc) rc = rope_scaling(cmd, root, type, c->rope_scale, sizeof c->rope_scale);
+    json_t *rp = NULL; /* transformers 5's rope_parameters win over the older keys */
+    char where[64];
+    int typed = 0;
+    if (!rc) rc = rope_parameters(cmd, root, type, ck->prefix, &rp, where, sizeof where, &typed);
+    if (!rc && rp) rc = number(cmd, rp, where, "rope_theta", 1, 1e12, 0, &theta);
+    if (!rc && rp) rc = number(cmd, rp, where, "partial_rotary_factor", 1e-9, 1, 0, &part);
+    if (!rc) rc = rope_scaling(cmd, root, rp ? rp : json_object_get(root, "rope_scaling"), rp ? where : "rope_scaling.",
+                               type, c->rope_scale, sizeof c->rope_scale);
     double pre = 0; /* Gemma 2: the scores are scaled by query_pre_attn_scalar^-1/2, not head_dim's */
     if (!rc) rc = number(cmd, root, "", "attn_logit_softcapping", 1e-6, 1e30, 0, &c->softcap);
     if (!rc) rc = number(cmd, root, "", "query_pre_attn_scalar", 1e-30, 1e30, 0, &pre);
     if (!rc) rc = number(cmd, root, "", "attention_multiplier", 1e-30, 1e30, 0, &c->scale);
     if (pre) c->scale = 1.0 / sqrt(pre);
-    if (!rc) rc = window(c, cmd, root, type, ck->prefix, &theta);
+    if (!rc) rc = window(c, cmd, root, type, ck->prefix, typed ? NULL : &theta);
     if (!rc) rc = number(cmd, root, "", "clip_qkv", 1e-30, 1e30, 0, &c->clip_qkv); /* OLMo 1 */
     if (!rc) rc = attn_config(c, cmd, root, type, &kv, &theta); /* DBRX, MPT: attn_config.clip_qkv too */
     if (!rc) nope(c, root, ck->prefix);
@@ -559,6 +661,16 @@ int cli_hf_config_read(cli_hf_config *c, const char *cmd, const cli_ckpt *ck, co
         const int s = slides(root, type, layer_index(ck->prefix));
         c->no_rope = s < 0 ? -1 : !s;
     }
+    /* EXAONE 4: with a sliding_window, only the sliding layers rotate (global NoPE, Exaone4Attention) */
+    if (!rc && type && strcmp(type, "exaone4") == 0 && json_is_number(json_object_get(root, "sliding_window"))) {
+        const int s = slides(root, type, layer_index(ck->prefix));
+        c->no_rope = s < 0 ? -1 : !s;
+    }
+    json_t *pe = json_object_get(root, "position_embedding_type"); /* Granite 4's "nope": no rotary at all */
+    if (!rc && json_is_string(pe) && strcmp(json_string_value(pe), "nope") == 0) c->no_rope = 1;
+    double key_mult = 0; /* Falcon-H1 multiplies k by it: the scores, RoPE being linear */
+    if (!rc && type && strcmp(type, "falcon_h1") == 0)
+        rc = number(cmd, root, "", "key_multiplier", 1e-30, 1e30, 0, &key_mult);
     const int jais = type && strcmp(type, "jais") == 0;
     const int jais_by_d = jais && json_is_true(json_object_get(root, "mup_scale_qk_dot_by_d"));
     if (jais && json_is_false(json_object_get(root, "scale_attn_weights"))) c->scale = 1.0; /* q.k unscaled */
@@ -569,6 +681,7 @@ int cli_hf_config_read(cli_hf_config *c, const char *cmd, const cli_ckpt *ck, co
     c->head_dim_derived = !hd && c->head_dim;
     c->rope_theta = theta;
     if (jais_by_d && c->head_dim && c->scale != 1.0) c->scale = 1.0 / (double)c->head_dim; /* Jais (muP): q.k / d */
+    if (key_mult && c->head_dim) c->scale = (c->scale ? c->scale : 1.0 / sqrt((double)c->head_dim)) * key_mult;
     if (part && part < 1) {
         const double r = part * (double)c->head_dim;
         if (!c->head_dim || r != floor(r) || (long long)r % 2 || r < 2)
