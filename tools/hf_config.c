@@ -268,6 +268,7 @@ static int unsupported(const char *cmd, json_t *root, const char *type) {
     static const char *const gemma3n[] = {"gemma3n", "gemma3n_text", NULL};
     static const char *const zamba[] = {"zamba", "zamba2", NULL};
     static const char *const hunyuan[] = {"hunyuan_v1_dense", "hunyuan_v1_moe", NULL};
+    static const char *const t5[] = {"t5", "mt5", "umt5", "longt5", "switch_transformers", NULL};
     const char *t = type ? type : "(none)";
     json_t *lora = json_object_get(root, "kv_lora_rank"), *s = json_object_get(root, "rope_scaling");
     if (type_in(type, mla) || json_is_number(lora))
@@ -292,6 +293,14 @@ static int unsupported(const char *cmd, json_t *root, const char *type) {
         return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: model_type %s: its shared attention block reads "
                              "[hidden; embeddings] (twice the width) with LoRA adapters per use; expected a layer of "
                              "its own: %s is not supported", t, t);
+    if (type_in(type, t5))
+        return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: model_type %s: T5's learned relative position "
+                             "bias (relative_attention_bias, bucketed) on unscaled scores; expected another "
+                             "position encoding: %s is not supported", t, t);
+    if (type && strcmp(type, "t5gemma") == 0) /* the layers' keys live in its encoder / decoder objects */
+        return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: model_type t5gemma keeps each stack's settings "
+                             "(rotary, window, soft-cap, scale) in \"encoder\" and \"decoder\", which are not read; "
+                             "expected a decoder-only config: T5Gemma is not supported");
     if (type_in(type, hunyuan) && json_is_true(json_object_get(root, "use_qk_norm")))
         return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: use_qk_norm is true (Hunyuan's query_layernorm / "
                              "key_layernorm, applied after the rotary, whose per-dim weights do not commute with it); "
@@ -311,8 +320,9 @@ static int unsupported(const char *cmd, json_t *root, const char *type) {
  * checkpoint ran silently without its position encoding. */
 static int family(cli_hf_config *c, const char *cmd, json_t *root, const char *type) {
     static const char *const layer_norms[] = {"cohere", "cohere2", "stablelm", NULL};
-    /* Phi-1.5 / Phi-2 as first published (custom code): mixer.Wqkv, rotate_half on rotary_dim dims */
-    static const char *const phi_msft[] = {"phi-msft", "mixformer-sequential", NULL};
+    /* rotate_half on rotary_dim dims: Phi-1.5 / Phi-2 as first published (custom code: mixer.Wqkv) and
+     * MiniMax M2 (rotary_dim 64 of head_dim 128; before, the whole head rotated, silently) */
+    static const char *const phi_msft[] = {"phi-msft", "mixformer-sequential", "minimax_m2", NULL};
     const int bad = unsupported(cmd, root, type);
     if (bad) return bad;
     c->position_unknown = type && strcmp(type, "baichuan") == 0; /* 7B rotates, 13B uses ALiBi: not in config.json */
@@ -530,6 +540,11 @@ static int slides(json_t *root, const char *type, long long n) {
         return mine && strcmp(mine, "sliding_attention") == 0;
     }
     if (type && strcmp(type, "gpt_neo") == 0) return neo_local(root, n);
+    const char *letters = json_string_value(pattern); /* EXAONE 4: "LLLG", layer n slides at an L */
+    if (letters && *letters && strspn(letters, "LG") == strlen(letters)) {
+        const int uniform = !strchr(letters, 'G') || !strchr(letters, 'L');
+        return n < 0 ? (uniform ? letters[0] == 'L' : -1) : letters[n % (long long)strlen(letters)] == 'L';
+    }
     if (json_is_integer(pattern) && json_integer_value(pattern) > 0)
         return n < 0 ? -1 : (n + 1) % json_integer_value(pattern) != 0;
     if (type && strcmp(type, "gemma2") == 0) return n < 0 ? -1 : n % 2 == 0;
@@ -643,6 +658,12 @@ int cli_hf_config_read(cli_hf_config *c, const char *cmd, const cli_ckpt *ck, co
     if (!rc) rc = rope_parameters(cmd, root, type, ck->prefix, &rp, where, sizeof where, &typed);
     if (!rc && rp) rc = number(cmd, rp, where, "rope_theta", 1, 1e12, 0, &theta);
     if (!rc && rp) rc = number(cmd, rp, where, "partial_rotary_factor", 1e-9, 1, 0, &part);
+    double beta = 0; /* Ministral 3: q x (1 + beta ln(1 + floor(p / original_max_position_embeddings))) */
+    if (!rc && rp) rc = number(cmd, rp, where, "llama_4_scaling_beta", 0, 1e9, 0, &beta);
+    if (!rc && beta > 0)
+        rc = mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: %sllama_4_scaling_beta is %g (Ministral 3 scales "
+                           "the queries by position from original_max_position_embeddings on); expected 0 or "
+                           "absent: it is not implemented", where, beta);
     if (!rc) rc = rope_scaling(cmd, root, rp ? rp : json_object_get(root, "rope_scaling"), rp ? where : "rope_scaling.",
                                type, c->rope_scale, sizeof c->rope_scale);
     double pre = 0; /* Gemma 2: the scores are scaled by query_pre_attn_scalar^-1/2, not head_dim's */

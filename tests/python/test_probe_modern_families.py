@@ -108,6 +108,10 @@ def test_exaone4_global_layers_have_no_rope(tmp_path, layer):
     if layer == 0:
         q, k = rotate(q, 8, 1e6, "halves"), rotate(k, 8, 1e6, "halves")
     close(y, attention(q, k, v, w["o_proj"], window=W if layer == 0 else None))
+    # without layer_types, the letters of sliding_window_pattern say it (EXAONE 4's own code: L slides)
+    del cfg["layer_types"]
+    close(run(tmp_path, t, cfg, "model.layers.%d" % layer, D)[1], attention(q, k, v, w["o_proj"],
+                                                                            window=W if layer == 0 else None))
     # EXAONE 4.0 1.2B: no sliding_window, every layer global and rotated
     cfg.update(sliding_window=None, sliding_window_pattern=None, layer_types=["full_attention"] * 4)
     x, y = run(tmp_path, t, cfg, "model.layers.%d" % layer, D)
@@ -299,6 +303,12 @@ def test_rope_parameters_of_transformers_5(tmp_path):
     _, want = run(tmp_path, t, legacy, "model.layers.0", D)
     cfg = dict(base, model_type="llama", max_position_embeddings=16, rope_parameters=dict(yarn, rope_theta=5e5))
     close(run(tmp_path, t, cfg, "model.layers.0", D)[1], want)
+    # Ministral 3 scales its queries by position past original_max_position_embeddings: refused
+    _, r = run(tmp_path, t, dict(cfg, model_type="ministral3", rope_parameters=dict(
+        cfg["rope_parameters"], llama_4_scaling_beta=0.1)), "model.layers.0", D, check=False)
+    refused(r, tmp_path, "llama_4_scaling_beta")
+    zero = dict(cfg, model_type="ministral3", rope_parameters=dict(cfg["rope_parameters"], llama_4_scaling_beta=0))
+    close(run(tmp_path, t, zero, "model.layers.0", D)[1], want)
     cfg["rope_parameters"]["factor"] = "4"
     _, r = run(tmp_path, t, cfg, "model.layers.0", D, check=False)
     refused(r, tmp_path, "rope_parameters.factor is not a number")
@@ -344,3 +354,74 @@ def test_mrope_of_text_positions_is_plain_rope(tmp_path, model_type, pairing):
     r = 16 if model_type == "qwen2_vl" else 8
     q, k, v = qkv(x, *wb, H, G)
     close(y, attention(rotate(q, r, 1e6, pairing), rotate(k, r, 1e6, pairing), v, wb[0]["o_proj"]))
+
+
+# ------------------------------------------------------- what already fits
+
+
+@pytest.mark.parametrize("model_type,extra,norms,bias,r,window", [
+    ("seed_oss", {"attention_bias": True, "attention_out_bias": False, "rope_theta": 1e7}, None, True, 8, None),
+    ("apertus", {"qk_norm": True, "rope_theta": 1e7}, "head", False, 8, None),  # RMSNorm of each head
+    ("arcee", {"rope_theta": 1e7}, None, False, 8, None),
+    ("ministral", {"rope_theta": 1e7, "sliding_window": 3, "layer_types": ["sliding_attention", "full_attention"]},
+     None, False, 8, 3),
+    ("bamba", {"rope_theta": 1e7, "partial_rotary_factor": 0.5, "attn_layer_indices": [0]}, None, False, 4, None),
+    ("jamba", {"attn_layer_period": 1, "attn_layer_offset": 0}, None, False, 0, None),  # no rotary at all
+    ("smollm3", {"rope_theta": 1e7, "no_rope_layers": [1, 1, 1, 0]}, None, False, 8, None),
+])
+def test_families_that_already_fit(tmp_path, model_type, extra, norms, bias, r, window):
+    """Llama-like 2025 families read generically: Seed-OSS (q/k/v biases),
+    Apertus (q/k RMSNorm), Arcee, Ministral (layer_types' sliding
+    layers), Bamba (rotate_half on half the head), Jamba (no rotary),
+    SmolLM 3 (a rotary layer of no_rope_layers)."""
+    D, H, G = 32, 4, 2
+    (wb,), t = layers(np.random.RandomState(35), 1, D, H, G, bias=bias, norms=norms)
+    cfg = dict({"model_type": model_type, "hidden_size": D, "num_attention_heads": H, "num_key_value_heads": G,
+                "rms_norm_eps": 1e-5}, **extra)
+    x, y = run(tmp_path, t, cfg, "model.layers.0", D)
+    w = wb[0]
+    q, k, v = qkv(x, *wb, H, G)
+    if norms:
+        q, k = rms(q, w["qn"], 1e-5), rms(k, w["kn"], 1e-5)
+    if r:
+        q, k = rotate(q, r, 1e7, "halves"), rotate(k, r, 1e7, "halves")
+    close(y, attention(q, k, v, w["o_proj"], window=window))
+
+
+def test_minimax_m2_rotary_dim_and_whole_width_norm(tmp_path):
+    """MiniMax M2: rotate_half on rotary_dim (64 of head_dim 128: 4 of 8
+    here) dims, after q_norm / k_norm over the whole projection
+    (qk_norm_type per_layer, OLMo 2's). Before: the whole head rotated."""
+    D, H, G, eps = 32, 4, 2, 1e-6
+    (wb,), t = layers(np.random.RandomState(36), 1, D, H, G, norms="whole")
+    cfg = {"model_type": "minimax_m2", "hidden_size": D, "num_attention_heads": H, "num_key_value_heads": G,
+           "head_dim": D // H, "rotary_dim": 4, "rope_theta": 5e6, "use_qk_norm": True, "qk_norm_type": "per_layer",
+           "rms_norm_eps": eps}
+    x, y = run(tmp_path, t, cfg, "model.layers.0", D)
+    w = wb[0]
+    q, k = heads(rms(x @ w["q_proj"].T, w["qn"], eps), H), heads(rms(x @ w["k_proj"].T, w["kn"], eps), G)
+    close(y, attention(rotate(q, 4, 5e6, "halves"), rotate(k, 4, 5e6, "halves"), heads(x @ w["v_proj"].T, G),
+                       w["o_proj"]))
+
+
+def test_t5_and_t5gemma_are_refused_by_name(tmp_path):
+    """T5 (SelfAttention.q/k/v/o: no layout fits them) adds a bucketed
+    relative position bias to unscaled scores: named, not "no layout
+    fits". T5Gemma's Gemma-named layers keep their rotary, window and
+    soft-cap in config.json's "encoder" / "decoder", which are not read:
+    it asked for --heads, and with it ran with none of them."""
+    D, H = 32, 4
+    rs = np.random.RandomState(37)
+    p = "encoder.block.0.layer.0.SelfAttention."
+    t = {p + n + ".weight": rnd(rs, D, D) for n in "qkvo"}
+    t[p + "relative_attention_bias.weight"] = rnd(rs, 32, H)
+    cfg = {"model_type": "t5", "d_model": D, "num_heads": H, "d_kv": D // H, "relative_attention_num_buckets": 32}
+    _, r = run(tmp_path, t, cfg, "encoder.block.0.layer.0", D, check=False)
+    refused(r, tmp_path, "model_type t5", "relative_attention_bias")
+    _, t = layers(rs, 1, D, H, H)
+    t = {k.replace("model.layers", "model.encoder.layers"): a for k, a in t.items()}
+    module = {"hidden_size": D, "num_attention_heads": H, "num_key_value_heads": H, "head_dim": D // H,
+              "rope_theta": 1e4, "sliding_window": 3, "attn_logit_softcapping": 50.0, "query_pre_attn_scalar": 8}
+    cfg = {"model_type": "t5gemma", "encoder": module, "decoder": module}
+    _, r = run(tmp_path, t, cfg, "model.encoder.layers.0", D, check=False)
+    refused(r, tmp_path, "model_type t5gemma")
