@@ -305,9 +305,11 @@ static int unsupported(const char *cmd, json_t *root, const char *type) {
         return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: use_qk_norm is true (Hunyuan's query_layernorm / "
                              "key_layernorm, applied after the rotary, whose per-dim weights do not commute with it); "
                              "expected false: a q/k norm after RoPE is not implemented");
-    if (json_is_object(s) && json_object_get(s, "alpha")) /* Hunyuan's NTK-alpha: base x alpha^(d/(d-2)) */
-        return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: rope_scaling.alpha is set (NTK-alpha scaling of "
-                             "the rotary base); expected no alpha: it is not implemented");
+    json_t *p = json_object_get(root, "rope_parameters"); /* transformers 5 keeps it there */
+    if ((json_is_object(s) && json_object_get(s, "alpha")) || (json_is_object(p) && json_object_get(p, "alpha")))
+        return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: %s.alpha is set (Hunyuan's NTK-alpha scaling of "
+                             "the rotary base); expected no alpha: it is not implemented",
+                             json_is_object(s) && json_object_get(s, "alpha") ? "rope_scaling" : "rope_parameters");
     return 0;
 }
 

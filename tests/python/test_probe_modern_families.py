@@ -173,7 +173,10 @@ def test_hunyuan_qk_norm_after_rope_and_ntk_alpha_are_refused(tmp_path):
     _, r = run(tmp_path, t, cfg, "model.layers.0", D, check=False)
     refused(r, tmp_path, "use_qk_norm")
     _, r = run(tmp_path, t, dict(cfg, use_qk_norm=False), "model.layers.0", D, check=False)
-    refused(r, tmp_path, "alpha")
+    refused(r, tmp_path, "rope_scaling.alpha")
+    v5 = dict(cfg, use_qk_norm=False, rope_scaling=None, rope_parameters=dict(cfg["rope_scaling"], rope_theta=1e4))
+    _, r = run(tmp_path, t, v5, "model.layers.0", D, check=False)
+    refused(r, tmp_path, "rope_parameters.alpha")
     del t[p + "query_layernorm.weight"], t[p + "key_layernorm.weight"]
     x, y = run(tmp_path, t, dict(cfg, use_qk_norm=False, rope_scaling=None, model_type="hunyuan_v1_moe"),
                "model.layers.0", D)
