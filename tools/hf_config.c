@@ -126,8 +126,10 @@ static int factor_lists(const char *cmd, json_t *s, const char *where, char *spe
 /* LongRoPE's context: Phi-3 keeps the pre-training length L at the top
  * level as original_max_position_embeddings, and then the growth factor is
  * max_position_embeddings / L, as Hugging Face reads it; else L is
- * rope_scaling's original_max_position_embeddings or max_position_embeddings. */
-static int longrope_context(const char *cmd, json_t *root, double v[7]) {
+ * rope_scaling's original_max_position_embeddings or max_position_embeddings.
+ * Transformers 5 (params: rope_parameters) keeps L there, and without a
+ * factor takes max_position_embeddings / L as well. */
+static int longrope_context(const char *cmd, json_t *root, double v[7], int params) {
     double top = 0, max_pos = 0;
     int rc = number(cmd, root, "", "original_max_position_embeddings", 1, 1 << 30, 1, &top);
     if (!rc) rc = number(cmd, root, "", "max_position_embeddings", 1, 1 << 30, 1, &max_pos);
@@ -137,6 +139,8 @@ static int longrope_context(const char *cmd, json_t *root, double v[7]) {
         if (max_pos > 0) v[0] = max_pos > top ? max_pos / top : 1.0;
     } else if (v[3] == 0) {
         v[3] = max_pos;
+    } else if (params && v[0] == 0 && max_pos > 0) {
+        v[0] = max_pos > v[3] ? max_pos / v[3] : 1.0;
     }
     return 0;
 }
@@ -180,7 +184,7 @@ static int rope_scaling(const char *cmd, json_t *root, json_t *s, const char *wh
     if (!rc && dynamic) v[3] = 0; /* Hugging Face scales past max_position_embeddings only */
     if (!rc && v[3] == 0 && (yarn || dynamic)) /* as Hugging Face: the model's context */
         rc = number(cmd, root, "", "max_position_embeddings", 1, 1 << 30, 1, &v[3]);
-    if (!rc && longrope) rc = longrope_context(cmd, root, v);
+    if (!rc && longrope) rc = longrope_context(cmd, root, v, strncmp(where, "rope_parameters", 15) == 0);
     if (!rc && yarn && v[6] == 0) { /* Hugging Face: mscale and mscale_all_dim (both set) give the ratio */
         double m = 0, all = 0;
         rc = number(cmd, s, where, "mscale", 0, 1e9, 0, &m); /* 0: unset, as None */

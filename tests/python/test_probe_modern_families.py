@@ -312,6 +312,15 @@ def test_rope_parameters_of_transformers_5(tmp_path):
     refused(r, tmp_path, "llama_4_scaling_beta")
     zero = dict(cfg, model_type="ministral3", rope_parameters=dict(cfg["rope_parameters"], llama_4_scaling_beta=0))
     close(run(tmp_path, t, zero, "model.layers.0", D)[1], want)
+    # LongRoPE (Phi-3): transformers 5 keeps the pre-training length in rope_parameters and, without a
+    # factor, grows it by max_position_embeddings / L, as the older top-level key did (attention factor)
+    lists = {"short_factor": [1.0, 1.5, 2.0, 3.0], "long_factor": [2.0, 3.0, 5.0, 8.0]}
+    legacy = dict(base, model_type="phi3", rope_theta=1e4, max_position_embeddings=16,
+                  original_max_position_embeddings=4, rope_scaling=dict(lists, type="longrope"))
+    _, want = run(tmp_path, t, legacy, "model.layers.0", D)
+    v5 = dict(base, model_type="phi3", max_position_embeddings=16, rope_parameters=dict(
+        lists, rope_type="longrope", rope_theta=1e4, original_max_position_embeddings=4))
+    close(run(tmp_path, t, v5, "model.layers.0", D)[1], want)
     cfg["rope_parameters"]["factor"] = "4"
     _, r = run(tmp_path, t, cfg, "model.layers.0", D, check=False)
     refused(r, tmp_path, "rope_parameters.factor is not a number")
