@@ -172,6 +172,11 @@ typedef enum {
     MHA_QK_NORM_LAYER = 2 /* (x - mean) / sqrt(var + eps) * w   (no bias)           */
 } mha_qk_norm;
 
+typedef enum {
+    MHA_TEMPERATURE_LLAMA4 = 0,    /* floor((p + 1) / F): Llama 4's attn_temperature_tuning  */
+    MHA_TEMPERATURE_MINISTRAL3 = 1 /* floor(p / F): Ministral 3's llama_4_scaling_beta       */
+} mha_temperature_rule;
+
 typedef struct {
     int d_model;       /* model width (input X and output Y)                 */
     int n_heads;       /* h                                                  */
@@ -208,12 +213,17 @@ typedef struct {
        layers without RoPE): the query at position p is multiplied by
        1 + temperature_scale * ln(1 + floor((p + 1) / temperature_floor)),
        after QK-norm and RoPE (its scores grow with the context; keys and
-       values untouched). Positions as RoPE's: options.positions, else
-       0..T-1; the cache's positions in a cached forward. temperature_floor
-       0: none (then temperature_scale 0); else >= 1 (Llama 4: 8192, its
-       floor_scale) with a finite temperature_scale > 0 (Llama 4: 0.1). */
+       values untouched); with temperature_rule MHA_TEMPERATURE_MINISTRAL3
+       floor(p / temperature_floor) instead (Ministral 3, every layer).
+       Positions as RoPE's: options.positions, else 0..T-1; the cache's
+       positions in a cached forward. temperature_floor 0: none (then
+       temperature_scale 0 and the rule LLAMA4); else >= 1 (Llama 4: 8192,
+       its floor_scale; Ministral 3: original_max_position_embeddings)
+       with a finite temperature_scale > 0 (Llama 4: 0.1; Ministral 3:
+       llama_4_scaling_beta). */
     int temperature_floor;
     float temperature_scale;
+    mha_temperature_rule temperature_rule;
 } mha_config;
 
 /* A config for d_model and h with every other field at its default. */

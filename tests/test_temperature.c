@@ -19,21 +19,26 @@
 
 enum { D = 32, H = 4, HKV = 2, DK = D / H };
 
-/* s(p) by hand, in double */
-static double temperature(int F, double a, int p) { return 1.0 + a * log(1.0 + floor((p + 1.0) / F)); }
+/* s(p) by hand, in double; Ministral 3's rule: floor(p / F) */
+static double temperature(int F, double a, int p, int ministral) {
+    return 1.0 + a * log(1.0 + floor((p + (ministral ? 0.0 : 1.0)) / F));
+}
 
 typedef struct {
     const char *what;
     int norm, rope, alibi, causal, positions, cross; /* positions: explicit, spread past several floors */
     float softcap;
+    int ministral; /* MHA_TEMPERATURE_MINISTRAL3: floor(p / F) */
 } temp_case;
 
 static const temp_case temp_cases[] = {
-    {"Llama 4 NoPE layer, GQA, causal", 0, 0, 0, 1, 0, 0, 0.0f},
-    {"explicit positions", 0, 0, 0, 0, 1, 0, 0.0f},
-    {"RoPE and RMS QK-norm (the order: norm, RoPE, temperature)", 1, 1, 0, 1, 0, 0, 0.0f},
-    {"ALiBi and softcap (the bias is not scaled)", 0, 0, 1, 1, 1, 0, 4.0f},
-    {"cross-attention", 0, 0, 0, 0, 0, 1, 0.0f},
+    {"Llama 4 NoPE layer, GQA, causal", 0, 0, 0, 1, 0, 0, 0.0f, 0},
+    {"explicit positions", 0, 0, 0, 0, 1, 0, 0.0f, 0},
+    {"RoPE and RMS QK-norm (the order: norm, RoPE, temperature)", 1, 1, 0, 1, 0, 0, 0.0f, 0},
+    {"ALiBi and softcap (the bias is not scaled)", 0, 0, 1, 1, 1, 0, 4.0f, 0},
+    {"cross-attention", 0, 0, 0, 0, 0, 1, 0.0f, 0},
+    {"Ministral 3's rule, RoPE", 0, 1, 0, 1, 0, 0, 0.0f, 1},
+    {"Ministral 3's rule, explicit positions", 0, 0, 0, 0, 1, 0, 0.0f, 1},
 };
 
 /* the layer of a case from weights w; temperature F, a (0: none), and
@@ -41,6 +46,7 @@ static const temp_case temp_cases[] = {
 static mha_layer *case_layer(const temp_case *k, const naive_weights *w, int F, float a, double s) {
     mha_config c = w->cfg;
     c.temperature_floor = F, c.temperature_scale = a;
+    c.temperature_rule = F && k->ministral ? MHA_TEMPERATURE_MINISTRAL3 : MHA_TEMPERATURE_LLAMA4;
     naive_weights m = *w;
     const size_t nq = (size_t)D * H * DK;
     float *wq = malloc(sizeof(float) * nq), *bq = malloc(sizeof(float) * H * DK), *qn = malloc(sizeof(float) * DK);
@@ -91,7 +97,7 @@ static void temperature_matches_scaled_queries(void) {
         for (int b = 0; b < B; b++)
             for (int t = 0; t < T; t++) {
                 const int p = k->positions ? pos[b * T + t] : t;
-                mha_layer *P = case_layer(k, &w, 0, 0.0f, temperature(F, a, p));
+                mha_layer *P = case_layer(k, &w, 0, 0.0f, temperature(F, a, p, k->ministral));
                 if (P) CHECK_OK(mha_forward(P, row, NULL, x, kv, B, T, S, &po));
                 memcpy(want + ((size_t)b * T + t) * D, row + ((size_t)b * T + t) * D, sizeof(float) * D);
                 mha_layer_free(P);
@@ -172,6 +178,13 @@ static void temperature_refusals(void) {
     expect_config_refused(8192, NAN, 0, "temperature_scale=nan");
     expect_config_refused(8192, 0.1f, 1, "add_bias_kv/add_zero_attn with rope, alibi, softcap, sinks, qk_norm, "
                           "clip_qkv or a temperature");
+    mha_config rc = naive_config(D, H, 0, 0, 0, 1), rout;
+    rc.temperature_rule = MHA_TEMPERATURE_MINISTRAL3; /* a rule without a floor */
+    CHECK_STATUS(mha_config_resolve(&rout, &rc), MHA_E_ARG);
+    CHECK_ERROR_MENTIONS("temperature_rule=1 with temperature_floor=0");
+    rc.temperature_floor = 4, rc.temperature_scale = 0.1f, rc.temperature_rule = (mha_temperature_rule)2;
+    CHECK_STATUS(mha_config_resolve(&rout, &rc), MHA_E_ARG);
+    CHECK_ERROR_MENTIONS("temperature_rule=2");
     /* mha_attend_lse takes projected q: the temperature is the caller's */
     mha_config c = naive_config(D, H, 0, 0, 0, 1);
     c.temperature_floor = 4, c.temperature_scale = 0.1f;

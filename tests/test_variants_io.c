@@ -79,7 +79,8 @@ static void check_reads_back(const mha_tensors *t, const mha_layer *L) {
               memcmp(a->rope.long_factor, b->rope.long_factor, sizeof a->rope.long_factor) == 0);
         CHECK(a->alibi == b->alibi && a->sinks == b->sinks && a->softcap == b->softcap);
         CHECK(a->clip_qkv == b->clip_qkv);
-        CHECK(a->temperature_floor == b->temperature_floor && a->temperature_scale == b->temperature_scale);
+        CHECK(a->temperature_floor == b->temperature_floor && a->temperature_scale == b->temperature_scale &&
+              a->temperature_rule == b->temperature_rule);
         CHECK(a->qk_norm == b->qk_norm && a->qk_norm_per_head == b->qk_norm_per_head &&
               a->qk_norm_eps == b->qk_norm_eps);
         mha_weights wa, wb;
@@ -108,8 +109,8 @@ static void test_variants_native_round_trip(void) {
     uint64_t seed = 71;
     head_params p;
     head_params_fill(&p, &seed);
-    mha_config c[9];
-    for (int i = 0; i < 9; i++) c[i] = base_config();
+    mha_config c[10];
+    for (int i = 0; i < 10; i++) c[i] = base_config();
     /* Llama 3.1-like: halves, theta 500000, llama3 scaling */
     c[0].rope = (mha_rope){MHA_ROPE_HALVES, 0, 500000.0, MHA_ROPE_SCALE_LLAMA3, 8.0, 1.0, 4.0, 64, 0, 0, 0, {0}, {0}};
     /* GPT-J-like partial interleaved with YaRN, shared RMS QK-norm */
@@ -131,7 +132,9 @@ static void test_variants_native_round_trip(void) {
     c[7].clip_qkv = 0.3f, c[7].rope.pairing = MHA_ROPE_HALVES;
     /* Llama 4's NoPE layer: the query temperature (a floor of 2 so T's queries see three factors) */
     c[8].temperature_floor = 2, c[8].temperature_scale = 0.1f;
-    for (int i = 0; i < 9; i++) {
+    /* Ministral 3's: every layer rotates, the rule floor(p / F) */
+    c[9] = c[8], c[9].temperature_rule = MHA_TEMPERATURE_MINISTRAL3, c[9].rope.pairing = MHA_ROPE_HALVES;
+    for (int i = 0; i < 10; i++) {
         mha_layer *L = variant_layer(&c[i], &p, &seed);
         if (L) check_round_trip(L);
         mha_layer_free(L);
@@ -239,6 +242,8 @@ static void test_variants_native_refusals(void) {
     expect_refused(L, "temperature_floor", "8192", NULL, MHA_E_FORMAT, "metadata temperature_floor = '8192', "
                    "temperature_scale = ''; expected both absent (none)");
     expect_refused(L, "temperature_scale", "0.1", NULL, MHA_E_FORMAT, "temperature_floor = '', temperature_scale = '0.1'");
+    expect_refused(L, "temperature_rule", "qwen", NULL, MHA_E_FORMAT, "metadata temperature_rule = 'qwen'; expected "
+                   "llama4 or ministral3");
     mha_tensors *tt = spoiled(L, "temperature_floor", "8192.5", NULL);
     mha_layer *tback = NULL;
     mha_load_options nlo = {.layout = MHA_LAYOUT_NATIVE};

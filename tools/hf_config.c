@@ -664,12 +664,19 @@ int cli_hf_config_read(cli_hf_config *c, const char *cmd, const cli_ckpt *ck, co
     if (!rc) rc = rope_parameters(cmd, root, type, ck->prefix, &rp, where, sizeof where, &typed);
     if (!rc && rp) rc = number(cmd, rp, where, "rope_theta", 1, 1e12, 0, &theta);
     if (!rc && rp) rc = number(cmd, rp, where, "partial_rotary_factor", 1e-9, 1, 0, &part);
-    double beta = 0; /* Ministral 3: q x (1 + beta ln(1 + floor(p / original_max_position_embeddings))) */
-    if (!rc && rp) rc = number(cmd, rp, where, "llama_4_scaling_beta", 0, 1e9, 0, &beta);
-    if (!rc && beta > 0)
-        rc = mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: %sllama_4_scaling_beta is %g (Ministral 3 scales "
-                           "the queries by position from original_max_position_embeddings on); expected 0 or "
-                           "absent: it is not implemented", where, beta);
+    /* Ministral 3: q x (1 + beta ln(1 + floor(p / original_max_position_embeddings))), in rope_parameters
+       or (transformers 4) rope_scaling */
+    double beta = 0, orig = 0;
+    json_t *rs = rp ? rp : json_object_get(root, "rope_scaling");
+    const char *rs_where = rp ? where : "rope_scaling.";
+    if (!json_is_object(rs)) rs = NULL;
+    if (!rc && rs) rc = number(cmd, rs, rs_where, "llama_4_scaling_beta", 0, 1e9, 0, &beta);
+    if (!rc && rs && beta > 0) rc = number(cmd, rs, rs_where, "original_max_position_embeddings", 1, 1 << 30, 1, &orig);
+    if (!rc && beta > 0 && !orig)
+        rc = mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: %sllama_4_scaling_beta is %g but "
+                           "original_max_position_embeddings is missing; expected the length from which Ministral 3 "
+                           "scales the queries", rs_where, beta);
+    if (!rc && beta > 0) c->temperature_floor = orig, c->temperature_scale = beta, c->temperature_rule = 1;
     if (!rc) rc = rope_scaling(cmd, root, rp ? rp : json_object_get(root, "rope_scaling"), rp ? where : "rope_scaling.",
                                type, c->rope_scale, sizeof c->rope_scale);
     double pre = 0; /* Gemma 2: the scores are scaled by query_pre_attn_scalar^-1/2, not head_dim's */

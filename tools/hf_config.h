@@ -54,6 +54,8 @@ typedef struct {
                                   floor_scale (the query temperature's floor,
                                   = --attn-temperature); 0 = none                 */
     double temperature_scale;  /* ... and its attn_scale                          */
+    int temperature_rule;      /* 1: Ministral 3's llama_4_scaling_beta (its floor
+                                  original_max_position_embeddings, floor(p / F)) */
 } cli_hf_config;
 
 /* Reads config.json from the directory of path (ck->weights when NULL)

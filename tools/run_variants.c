@@ -246,18 +246,25 @@ static int unit_norms(const char *cmd, float **buf, mha_config *c, mha_weights *
     return 0;
 }
 
-/* --attn-temperature FLOOR,SCALE: a whole floor in 1..2^30 and a scale
- * > 0 that float keeps (Llama 4: 8192,0.1) into *floor_out, *scale_out. */
-static int parse_temperature(const char *cmd, const char *spec, double *floor_out, double *scale_out) {
+/* --attn-temperature FLOOR,SCALE[,RULE]: a whole floor in 1..2^30, a
+ * scale > 0 that float keeps, the rule llama4 (the default) or ministral3
+ * (Llama 4: 8192,0.1) into *floor_out, *scale_out, *rule_out. */
+static int parse_temperature(const char *cmd, const char *spec, double *floor_out, double *scale_out,
+                             int *rule_out) {
     char *end = NULL;
     const double fl = strtod(spec, &end);
     const char *comma = end;
     const double sc = *comma == ',' ? strtod(comma + 1, &end) : NAN;
-    if (end == comma + 1 || *end || !(fl >= 1 && fl <= (1 << 30)) || fl != floor(fl) || !(sc > 0 && sc <= 1e30) ||
+    int rule = 0, ok = end != comma + 1;
+    if (ok && *end == ',') { /* the rule's name, the last item */
+        rule = strcmp(end + 1, "llama4") == 0 ? 0 : strcmp(end + 1, "ministral3") == 0 ? 1 : -1;
+        end += strlen(end);
+    }
+    if (!ok || *end || rule < 0 || !(fl >= 1 && fl <= (1 << 30)) || fl != floor(fl) || !(sc > 0 && sc <= 1e30) ||
         (float)sc == 0.0f)
-        return mha_cmd_error(cmd, MHA_EXIT_USAGE, "--attn-temperature '%.200s'; expected FLOOR,SCALE with a whole "
-                             "FLOOR in 1..2^30 and a SCALE > 0 (Llama 4: 8192,0.1)", spec);
-    *floor_out = fl, *scale_out = sc;
+        return mha_cmd_error(cmd, MHA_EXIT_USAGE, "--attn-temperature '%.200s'; expected FLOOR,SCALE[,llama4|"
+                             "ministral3] with a whole FLOOR in 1..2^30 and a SCALE > 0 (Llama 4: 8192,0.1)", spec);
+    *floor_out = fl, *scale_out = sc, *rule_out = rule;
     return 0;
 }
 
@@ -288,8 +295,10 @@ int cli_apply_variants(const char *cmd, mha_layer **L, cli_fwd *f, cli_variant_f
     const char *rope_scale = vf->rope_scale ? vf->rope_scale : hc.rope_scale[0] ? hc.rope_scale : NULL;
     const double softcap = vf->softcap ? vf->softcap : hc.softcap;
     const double clip_qkv = vf->clip_qkv ? vf->clip_qkv : hc.clip_qkv; /* OLMo 1, DBRX, MPT */
-    double t_floor = hc.temperature_floor, t_scale = hc.temperature_scale; /* Llama 4's NoPE layers; a flag wins */
-    if (vf->temperature && (rc = parse_temperature(cmd, vf->temperature, &t_floor, &t_scale))) return rc;
+    /* Llama 4's NoPE layers, Ministral 3's; a flag wins */
+    double t_floor = hc.temperature_floor, t_scale = hc.temperature_scale;
+    int t_rule = hc.temperature_rule;
+    if (vf->temperature && (rc = parse_temperature(cmd, vf->temperature, &t_floor, &t_scale, &t_rule))) return rc;
     f->opt.scale = (float)(vf->scale ? vf->scale : hc.scale); /* 0: 1/sqrt(d_k) */
     if (hc.position_unknown && !vf->rope && !vf->alibi)
         return mha_cmd_error(cmd, MHA_EXIT_USAGE, "config.json: model_type baichuan does not say how the layer "
@@ -322,6 +331,7 @@ int cli_apply_variants(const char *cmd, mha_layer **L, cli_fwd *f, cli_variant_f
     if (softcap) c.softcap = (float)softcap;
     if (clip_qkv) c.clip_qkv = (float)clip_qkv;
     if (t_floor) c.temperature_floor = (int)t_floor, c.temperature_scale = (float)t_scale;
+    if (t_floor) c.temperature_rule = (mha_temperature_rule)t_rule;
     float *slopes = NULL; /* (shard_of_heads): a shard's heads take the whole layer's default slopes */
     if (c.alibi && !w.alibi_slopes && vf->shard_of_heads > c.n_heads) {
         if (!(slopes = malloc(sizeof(float) * (size_t)vf->shard_of_heads)))

@@ -44,8 +44,9 @@ typedef struct {
      .help = "clamp Q, K and V to [-C, C] after the projections (OLMo 1, DBRX, MPT: clip_qkv)",     \
      .dmin = 1e-30, .dmax = 1e30},                                                                  \
     {.name = "--attn-temperature", .kind = MHA_ARG_STRING, .dest = &(vf).temperature,              \
-     .metavar = "FLOOR,SCALE", .help = "scale the query at position p by 1 + SCALE ln(1 + "         \
-     "floor((p + 1) / FLOOR)) (Llama 4's attn_temperature_tuning: floor_scale, attn_scale)"},       \
+     .metavar = "FLOOR,SCALE[,RULE]", .help = "scale the query at position p by 1 + SCALE ln(1 + "  \
+     "floor((p + 1) / FLOOR)) (Llama 4's attn_temperature_tuning: floor_scale, attn_scale); RULE "  \
+     "ministral3: floor(p / FLOOR) (Ministral 3's llama_4_scaling_beta)"},                          \
     {.name = "--sinks", .kind = MHA_ARG_STRING, .dest = &(vf).sinks, .metavar = "NAME",             \
      .help = "tensor of the checkpoint holding (h) sink logits (gpt-oss)"},                         \
     {.name = "--qk-norm", .kind = MHA_ARG_STRING, .dest = &(vf).qk_norm, .metavar = "KIND",         \

@@ -84,6 +84,7 @@ BLOCKS = {"q": 0, "k": 1, "v": 2, "o": 3, "s": 4}
 ROPE_PAIRING = {"none": 0, "halves": 1, "interleaved": 2}
 ROPE_SCALING = {"none": 0, "linear": 1, "llama3": 2, "yarn": 3, "dynamic": 4, "longrope": 5}
 ROPE_MAX_PAIRS = 128  # MHA_ROPE_MAX_PAIRS
+TEMPERATURE_RULE = {"llama4": 0, "ministral3": 1}
 QK_NORM = {"none": 0, "rms": 1, "layer": 2}
 ALIGN = {"top_left": 0, "bottom_right": 1}
 MASKED_ROW = {"zero": 0, "nan": 1}
@@ -106,7 +107,7 @@ class Config(Structure):
                 ("rope", Rope), ("alibi", c_int), ("softcap", c_float), ("sinks", c_int),
                 ("qk_norm", c_int), ("qk_norm_per_head", c_int), ("qk_norm_eps", c_float),
                 ("qk_norm_whole", c_int), ("clip_qkv", c_float), ("temperature_floor", c_int),
-                ("temperature_scale", c_float)]
+                ("temperature_scale", c_float), ("temperature_rule", c_int)]
 
 
 # the config fields of the plain layer's shape (the rest are today's variants)

@@ -68,15 +68,19 @@ class ContractReport:
 
 
 def _temperature(temperature):
-    """Llama 4's query temperature as (floor, scale) C values: None is
-    (0, 0.0), none; else a pair (floor_scale, attn_scale), the library
-    judging the values."""
+    """Llama 4's query temperature as (floor, scale, rule) C values: None
+    is (0, 0.0, 0), none; else (floor_scale, attn_scale) or (floor, scale,
+    rule) with rule 'llama4' (floor((p + 1) / F), the default) or
+    'ministral3' (floor(p / F)), the library judging the values."""
     if temperature is None:
-        return 0, 0.0
-    if isinstance(temperature, (str, bytes)) or not hasattr(temperature, "__len__") or len(temperature) != 2:
-        raise ArgumentError(f"temperature={temperature!r}; expected None or (floor_scale, attn_scale), "
-                            "e.g. (8192, 0.1) (Llama 4)")
-    return c_int("temperature floor_scale", temperature[0], 0), c_float("temperature attn_scale", temperature[1])
+        return 0, 0.0, 0
+    if isinstance(temperature, (str, bytes)) or not hasattr(temperature, "__len__") or \
+            len(temperature) not in (2, 3):
+        raise ArgumentError(f"temperature={temperature!r}; expected None, (floor_scale, attn_scale), e.g. "
+                            "(8192, 0.1) (Llama 4), or (floor, scale, 'llama4' | 'ministral3')")
+    rule = _enum("temperature rule", temperature[2], _lib.TEMPERATURE_RULE) if len(temperature) == 3 else 0
+    return (c_int("temperature floor_scale", temperature[0], 0), c_float("temperature attn_scale", temperature[1]),
+            rule)
 
 
 def _rope_struct(rope):
@@ -211,6 +215,7 @@ class Layer(COwner):
             for field in ("short_factor", "long_factor"):  # the rotated pairs' factors
                 out["rope"][field] = list(getattr(c.rope, field))[:pairs]
             out["qk_norm"] = {v: k for k, v in _lib.QK_NORM.items()}[out["qk_norm"]]
+            out["temperature_rule"] = {v: k for k, v in _lib.TEMPERATURE_RULE.items()}[out["temperature_rule"]]
             return out
 
     def __getattr__(self, name):

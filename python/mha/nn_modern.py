@@ -58,6 +58,12 @@ _GRAD = {"x": "dx", "kv": "dk_src", "w_q": "dw_q", "w_k": "dw_k", "w_v": "dw_v",
 _QK_NORM = {"none": "none", "rms": "rms", "layer": "layer", "layernorm": "layer"}
 
 
+def _named_temperature(temperature):
+    """(floor, scale, rule name) of a temperature argument, checked."""
+    floor, scale, rule = _temperature(temperature)
+    return floor, scale, ("llama4", "ministral3")[rule]
+
+
 class _Function(torch.autograd.Function):
     """y = attention(x, kv) with the weights of _NAMES (w_* (out, in) as
     nn.Linear; None where the layer has no such tensor). kv None: keys and
@@ -149,7 +155,7 @@ class Attention(torch.nn.Module):
                         qk_norm_eps=c_float("qk_norm_eps", qk_norm_eps) if qk_norm != "none" else 0.0,
                         qk_norm_whole=c_flag("qk_norm_whole", qk_norm_whole),
                         clip_qkv=0.0 if clip_qkv is None else c_float("clip_qkv", clip_qkv),
-                        temperature=None if temperature is None else _temperature(temperature))
+                        temperature=None if temperature is None else _named_temperature(temperature))
         # the library judges the combination (rope dim, divisors, softcap >= 0, ...) on a layer of
         # the same heads and widths 1 (no d_model-sized zeros); it also gives ALiBi's default slopes
         probe = Layer(1, h, n_kv_heads=h_kv, d_k=d, d_v=d, d_kv_in=1, bias=bias is not False, **variants)

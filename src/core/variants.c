@@ -14,7 +14,8 @@ int mha_variants_any(const mha_config *c) {
 
 double mha_query_temperature(const mha_config *c, int pos) {
     if (c->temperature_floor == 0) return 1.0;
-    return 1.0 + c->temperature_scale * log1p(floor(((double)pos + 1.0) / c->temperature_floor));
+    const double p = c->temperature_rule == MHA_TEMPERATURE_MINISTRAL3 ? (double)pos : (double)pos + 1.0;
+    return 1.0 + c->temperature_scale * log1p(floor(p / c->temperature_floor));
 }
 
 static mha_status check_positive(const char *name, double v) {
@@ -134,6 +135,10 @@ mha_status mha_variants_resolve(mha_config *c) {
         return mha_fail(MHA_E_ARG, "temperature_floor=%d temperature_scale=%g; expected both 0 (none), or a floor "
                         ">= 1 with a finite scale > 0 (Llama 4: 8192 and 0.1)", c->temperature_floor,
                         (double)c->temperature_scale);
+    if ((int)c->temperature_rule < MHA_TEMPERATURE_LLAMA4 || (int)c->temperature_rule > MHA_TEMPERATURE_MINISTRAL3 ||
+        (c->temperature_rule != MHA_TEMPERATURE_LLAMA4 && c->temperature_floor == 0))
+        return mha_fail(MHA_E_ARG, "temperature_rule=%d with temperature_floor=%d; expected MHA_TEMPERATURE_LLAMA4, "
+                        "or _MINISTRAL3 with a floor", (int)c->temperature_rule, c->temperature_floor);
     if ((int)c->qk_norm < MHA_QK_NORM_NONE || (int)c->qk_norm > MHA_QK_NORM_LAYER)
         return mha_fail(MHA_E_ARG, "qk_norm=%d; expected MHA_QK_NORM_NONE, _RMS or _LAYER", (int)c->qk_norm);
     if (c->qk_norm_per_head != 0 && c->qk_norm_per_head != 1)

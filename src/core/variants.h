@@ -33,7 +33,8 @@ void mha_rope_frequencies(double *inv_freq, double *mscale, const mha_config *c,
 long long mha_rope_call_length(const mha_options *opt, int keys_are_x, int B, int T, int S);
 
 /* Llama 4's query temperature at position pos: 1 + temperature_scale *
- * ln(1 + floor((pos + 1) / temperature_floor)); 1 when the layer has none. */
+ * ln(1 + floor((pos + 1) / temperature_floor)) (Ministral 3's rule:
+ * floor(pos / temperature_floor)); 1 when the layer has none. */
 double mha_query_temperature(const mha_config *c, int pos);
 
 /* *scales (B*T) <- the temperature of each query of a call (positions

@@ -18,6 +18,7 @@
 static const char *const pairing_names[] = {"none", "halves", "interleaved"};
 static const char *const scaling_names[] = {"none", "linear", "llama3", "yarn", "dynamic", "longrope"};
 static const char *const norm_names[] = {"none", "rms", "layer"};
+static const char *const temperature_rule_names[] = {"llama4", "ministral3"};
 
 /* index of value v among names (n), or -1 */
 static int pick_name(const char *v, const char *const *names, int n) {
@@ -135,7 +136,7 @@ mha_status mha_io_per_head_norms(float **out, const mha_tensors *t, const char *
 
 mha_status mha_io_variants_read(mha_config *c, float *w[4], const mha_tensors *t, const char *prefix, int hf) {
     mha_rope *r = &c->rope;
-    int pairing = 0, scaling = 0, norm = 0, omp = r->original_max_positions;
+    int pairing = 0, scaling = 0, norm = 0, omp = r->original_max_positions, rule = 0;
     double dim = 0, sc = 0, eps = 0, per_head = 0, clip = 0, tfloor = 0, tscale = 0;
     mha_status s;
     if ((s = meta_choice(&pairing, t, "rope", pairing_names, 3, "halves or interleaved")) ||
@@ -144,6 +145,7 @@ mha_status mha_io_variants_read(mha_config *c, float *w[4], const mha_tensors *t
         (s = meta_floats(r->short_factor, MHA_ROPE_MAX_PAIRS, t, "rope_short_factor")) ||
         (s = meta_floats(r->long_factor, MHA_ROPE_MAX_PAIRS, t, "rope_long_factor")) ||
         (s = meta_choice(&norm, t, "qk_norm", norm_names, 3, "none, rms or layer")) ||
+        (s = meta_choice(&rule, t, "temperature_rule", temperature_rule_names, 2, "llama4 or ministral3")) ||
         (s = meta_double(&dim, t, "rope_dim")) || (s = meta_double(&r->theta, t, "rope_theta")) ||
         (s = meta_double(&r->factor, t, "rope_factor")) ||
         (s = meta_double(&r->low_freq_factor, t, "rope_low_freq_factor")) ||
@@ -181,6 +183,7 @@ mha_status mha_io_variants_read(mha_config *c, float *w[4], const mha_tensors *t
                         mha_tensors_meta(t, "temperature_floor") ? mha_tensors_meta(t, "temperature_floor") : "",
                         mha_tensors_meta(t, "temperature_scale") ? mha_tensors_meta(t, "temperature_scale") : "");
     c->temperature_floor = (int)tfloor, c->temperature_scale = (float)tscale;
+    c->temperature_rule = (mha_temperature_rule)rule; /* without a floor: the library's rule names it */
     r->pairing = (mha_rope_pairing)pairing, r->scaling = (mha_rope_scaling)scaling, r->dim = (int)dim;
     r->original_max_positions = (int)o, c->softcap = (float)sc, c->qk_norm_eps = (float)eps;
     c->qk_norm = (mha_qk_norm)norm, c->qk_norm_per_head = per_head != 0;
@@ -270,6 +273,7 @@ mha_status mha_io_variants_write(mha_tensors *t, const mha_layer *L) {
     if (!s && c->clip_qkv != 0.0f) s = put(t, "clip_qkv", "%.9g", c->clip_qkv);
     if (!s && c->temperature_floor) s = put(t, "temperature_floor", "%.0f", c->temperature_floor);
     if (!s && c->temperature_floor) s = put(t, "temperature_scale", "%.9g", c->temperature_scale);
+    if (!s && c->temperature_rule) s = mha_tensors_set_meta(t, "temperature_rule", temperature_rule_names[c->temperature_rule]);
     if (!s && c->qk_norm) {
         s = mha_tensors_set_meta(t, "qk_norm", norm_names[c->qk_norm]);
         if (!s) s = put(t, "qk_norm_per_head", "%.0f", c->qk_norm_per_head);

@@ -62,7 +62,8 @@ def oracle(w, x, rope, chunk, qk_norm, eps=1e-5, theta=500000.0, temperature=Non
         k = k * torch.rsqrt(k.pow(2).mean(-1, keepdim=True) + eps)
     if temperature:  # as Hugging Face computes it, in float32
         cache_position = torch.arange(T) if positions is None else torch.tensor(positions)
-        scales = torch.log1p(torch.floor((cache_position.float() + 1.0) / temperature[0])) * temperature[1] + 1.0
+        shift = 0.0 if temperature[2:] == ("ministral3",) else 1.0  # Ministral 3: floor(p / L)
+        scales = torch.log1p(torch.floor((cache_position.float() + shift) / temperature[0])) * temperature[1] + 1.0
         q = q * scales.to(torch.float64)[:, None, None]
     k, v = k.repeat_interleave(H // HKV, 1), v.repeat_interleave(H // HKV, 1)
     s = torch.einsum("ihd,jhd->hij", q, k) / math.sqrt(DK)
@@ -124,6 +125,11 @@ def test_nope_layer_global_with_temperature(tmp_path):
     checkpoint(tmp_path, 3, floor_scale=4)
     np.testing.assert_allclose(run(tmp_path, prefix, "--attn-temperature", "3,0.25"), want,
                                atol=2e-6 * np.abs(want).max())
+    np.testing.assert_allclose(run(tmp_path, prefix, "--attn-temperature", "3,0.25,llama4"), want,
+                               atol=2e-6 * np.abs(want).max())
+    want = oracle(w, x, rope=False, chunk=0, qk_norm=False, temperature=(3, 0.25, "ministral3"))
+    np.testing.assert_allclose(run(tmp_path, prefix, "--attn-temperature", "3,0.25,ministral3"), want,
+                               atol=2e-6 * np.abs(want).max())
     # explicit positions choose each query's factor (Hugging Face's cache_position)
     pos = np.array([0, 40, 3, 7, 100, 2, 9, 15, 30, 1, 63, 64, 5], dtype=np.int32)
     np.save(tmp_path / "p.npy", pos)
@@ -139,11 +145,13 @@ def test_nope_layer_global_with_temperature(tmp_path):
     np.testing.assert_allclose(np.load(tmp_path / "n.npy"), want, atol=2e-6 * np.abs(want).max())
 
 
-@pytest.mark.parametrize("spec", ["4", "4,", "0,0.1", "4.5,0.1", "4,0", "4,-1", "4,nan", "4,1e-60", "4,0.1,2", "x,1"])
+@pytest.mark.parametrize("spec", ["4", "4,", "0,0.1", "4.5,0.1", "4,0", "4,-1", "4,nan", "4,1e-60", "4,0.1,2", "x,1",
+                                  "4,0.1,qwen", "4,0.1,", "4,0.1,ministral3,1"])
 def test_temperature_flag_refused(tmp_path, spec):
     _, _, prefix = checkpoint(tmp_path, 3, floor_scale=64)
     r = run(tmp_path, prefix, "--attn-temperature", spec, check=False)
-    assert r.returncode == 2 and "--attn-temperature '%s'; expected FLOOR,SCALE" % spec in r.stderr, r.stderr
+    assert r.returncode == 2 and "--attn-temperature '%s'; expected FLOOR,SCALE[,llama4|ministral3]" % spec in r.stderr, \
+        r.stderr
     assert not (tmp_path / "y.npy").exists()
 
 

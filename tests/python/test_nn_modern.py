@@ -89,8 +89,9 @@ def oracle(p, kw, x, kv=None, causal=False, window=None, positions=None, key_pos
         q = apply_rope(q, pq, dim, theta, inter, inv_freq)
         k = apply_rope(k, pk, dim, theta, inter, inv_freq)
     if kw.get("temperature"):  # Llama 4: q at position p times 1 + a ln(1 + floor((p + 1) / F)), last
-        F, a = kw["temperature"]
-        q = q * (1 + a * torch.log1p(torch.floor((pq.double() + 1) / F)))[:, None, :, None]
+        F, a = kw["temperature"][:2]
+        shift = 0 if kw["temperature"][2:] == ("ministral3",) else 1  # Ministral 3: floor(p / F)
+        q = q * (1 + a * torch.log1p(torch.floor((pq.double() + shift) / F)))[:, None, :, None]
     k, v = k.repeat_interleave(h // h_kv, dim=1), v.repeat_interleave(h // h_kv, dim=1)  # kv head r // (h/h_kv)
     s = q @ k.transpose(-1, -2) * (kw.get("scale") or 1 / math.sqrt(d))  # (B,h,T,S)
     if kw.get("softcap"):  # Gemma 2
@@ -221,6 +222,7 @@ VARIANTS = {
     "scale": dict(scale=0.2),
     "clip_qkv": dict(clip_qkv=0.6, bias=True),  # about half of q, k, v clamped
     "temperature": dict(temperature=(2, 0.5), bias=True),  # Llama 4's NoPE layers: T 7 sees four factors
+    "temperature_ministral3": dict(rope={"pairing": "halves"}, temperature=(2, 0.5, "ministral3")),
 }
 
 

@@ -306,10 +306,7 @@ def test_rope_parameters_of_transformers_5(tmp_path):
     _, want = run(tmp_path, t, legacy, "model.layers.0", D)
     cfg = dict(base, model_type="llama", max_position_embeddings=16, rope_parameters=dict(yarn, rope_theta=5e5))
     close(run(tmp_path, t, cfg, "model.layers.0", D)[1], want)
-    # Ministral 3 scales its queries by position past original_max_position_embeddings: refused
-    _, r = run(tmp_path, t, dict(cfg, model_type="ministral3", rope_parameters=dict(
-        cfg["rope_parameters"], llama_4_scaling_beta=0.1)), "model.layers.0", D, check=False)
-    refused(r, tmp_path, "llama_4_scaling_beta")
+    # Ministral 3's llama_4_scaling_beta 0: nothing (its scaling: test_ministral3_llama_4_scaling_beta)
     zero = dict(cfg, model_type="ministral3", rope_parameters=dict(cfg["rope_parameters"], llama_4_scaling_beta=0))
     close(run(tmp_path, t, zero, "model.layers.0", D)[1], want)
     # LongRoPE (Phi-3): transformers 5 keeps the pre-training length in rope_parameters and, without a
@@ -324,6 +321,35 @@ def test_rope_parameters_of_transformers_5(tmp_path):
     cfg["rope_parameters"]["factor"] = "4"
     _, r = run(tmp_path, t, cfg, "model.layers.0", D, check=False)
     refused(r, tmp_path, "rope_parameters.factor is not a number")
+
+
+@pytest.mark.parametrize("where", ["rope_parameters", "rope_scaling"])
+def test_ministral3_llama_4_scaling_beta(tmp_path, where):
+    """Ministral 3 multiplies its rotated queries at position p by 1 + beta
+    ln(1 + floor(p / original_max_position_embeddings)) (Llama 4's
+    temperature at p, not p + 1); transformers 5 saves it in rope_parameters,
+    older files in rope_scaling. L 2 here: T 7's queries see four factors.
+    Before: refused (and before that run unscaled, silently)."""
+    D, H, G = 32, 4, 2
+    (wb,), t = layers(np.random.RandomState(31), 1, D, H, G)
+    rope = {"rope_type": "default", "rope_theta": 1e6, "llama_4_scaling_beta": 0.3,
+            "original_max_position_embeddings": 2}
+    base = {"model_type": "ministral3", "hidden_size": D, "num_attention_heads": H, "num_key_value_heads": G,
+            "head_dim": D // H}
+    cfg = dict(base, rope_parameters=rope) if where == "rope_parameters" else \
+        dict(base, rope_theta=1e6, rope_scaling={k: v for k, v in rope.items() if k != "rope_theta"})
+    x, y = run(tmp_path, t, cfg, "model.layers.0", D)
+    q, k, v = qkv(x, *wb, H, G)
+    scale = 1 + 0.3 * np.log(1 + np.floor(np.arange(T) / 2.0))  # (T,)
+    want = attention(rotate(q, 8, 1e6, "halves") * scale[None, :, None], rotate(k, 8, 1e6, "halves"), v,
+                     wb[0]["o_proj"])
+    close(y, want)
+    plain = attention(rotate(q, 8, 1e6, "halves"), rotate(k, 8, 1e6, "halves"), v, wb[0]["o_proj"])
+    assert np.abs(plain - want).max() > 1e-2  # the scaling matters at this size
+    del rope["original_max_position_embeddings"]
+    cfg = dict(base, rope_parameters=rope)
+    _, r = run(tmp_path, t, cfg, "model.layers.0", D, check=False)
+    refused(r, tmp_path, "llama_4_scaling_beta is 0.3 but original_max_position_embeddings is missing")
 
 
 @pytest.mark.parametrize("layer", [0, 1])
