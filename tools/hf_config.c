@@ -588,10 +588,18 @@ static int window(cli_hf_config *c, const char *cmd, json_t *root, const char *t
 
 /* no_rope_layers (SmolLM 3, Llama 4): 1 where layer n rotates, 0 where it
  * has no position encoding (NoPE). c->no_rope = 1 for a NoPE layer, -1
- * when the entries differ and the prefix has no layer number. */
-static void nope(cli_hf_config *c, json_t *root, const char *prefix) {
+ * when the entries differ and the prefix has no layer number. SmolLM 3
+ * without the list: every no_rope_layer_interval-th layer (default 4,
+ * counted from 1) is NoPE, the list its config class makes. */
+static int nope(cli_hf_config *c, const char *cmd, json_t *root, const char *type, const char *prefix) {
     json_t *a = json_object_get(root, "no_rope_layers");
     const long long n = layer_index(prefix);
+    if (type && strcmp(type, "smollm3") == 0 && (!json_is_array(a) || !json_array_size(a))) {
+        double interval = 4;
+        int rc = number(cmd, root, "", "no_rope_layer_interval", 1, 1 << 20, 1, &interval);
+        if (!rc) c->no_rope = n < 0 ? (interval > 1 ? -1 : 1) : (n + 1) % (long long)interval == 0;
+        return rc;
+    }
     int mixed = 0, off = 0;
     for (size_t i = 0; json_is_array(a) && i < json_array_size(a); i++) {
         const int zero = json_is_number(json_array_get(a, i)) && json_number_value(json_array_get(a, i)) == 0;
@@ -599,6 +607,7 @@ static void nope(cli_hf_config *c, json_t *root, const char *prefix) {
         if ((long long)i == n || (n < 0 && i == 0)) off = zero;
     }
     c->no_rope = n < 0 && mixed ? -1 : off;
+    return 0;
 }
 
 /* The part of config.json that describes the layer. Multimodal models
@@ -687,7 +696,7 @@ int cli_hf_config_read(cli_hf_config *c, const char *cmd, const cli_ckpt *ck, co
     if (!rc) rc = window(c, cmd, root, type, ck->prefix, typed ? NULL : &theta);
     if (!rc) rc = number(cmd, root, "", "clip_qkv", 1e-30, 1e30, 0, &c->clip_qkv); /* OLMo 1 */
     if (!rc) rc = attn_config(c, cmd, root, type, &kv, &theta); /* DBRX, MPT: attn_config.clip_qkv too */
-    if (!rc) nope(c, root, ck->prefix);
+    if (!rc) rc = nope(c, cmd, root, type, ck->prefix);
     if (!rc && type_in(type, llama4)) rc = llama4_layer(c, cmd, root, layer_index(ck->prefix));
     if (!rc && type && strcmp(type, "cohere2") == 0 &&
         (json_object_get(root, "layer_types") || json_object_get(root, "sliding_window_pattern"))) {

@@ -426,6 +426,24 @@ def test_families_that_already_fit(tmp_path, model_type, extra, norms, bias, r, 
     close(y, attention(q, k, v, w["o_proj"], window=window))
 
 
+@pytest.mark.parametrize("layer,interval", [(3, None), (2, None), (1, 2), (0, 2)])
+def test_smollm3_default_nope_layers(tmp_path, layer, interval):
+    """SmolLM 3 without no_rope_layers: its config class makes the list,
+    NoPE at every no_rope_layer_interval-th layer (default 4) counted from
+    1 (layers 3, 7, ...). Before: every layer rotated, silently."""
+    D, H, G = 32, 4, 2
+    wbs, t = layers(np.random.RandomState(37), 4, D, H, G)
+    cfg = {"model_type": "smollm3", "hidden_size": D, "num_attention_heads": H, "num_key_value_heads": G,
+           "rope_theta": 1e7, "num_hidden_layers": 4}
+    if interval:
+        cfg["no_rope_layer_interval"] = interval
+    x, y = run(tmp_path, t, cfg, "model.layers.%d" % layer, D)
+    q, k, v = qkv(x, *wbs[layer], H, G)
+    if (layer + 1) % (interval or 4):
+        q, k = rotate(q, 8, 1e7, "halves"), rotate(k, 8, 1e7, "halves")
+    close(y, attention(q, k, v, wbs[layer][0]["o_proj"]))
+
+
 def test_minimax_m2_rotary_dim_and_whole_width_norm(tmp_path):
     """MiniMax M2: rotate_half on rotary_dim (64 of head_dim 128: 4 of 8
     here) dims, after q_norm / k_norm over the whole projection
