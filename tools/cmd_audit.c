@@ -19,6 +19,7 @@
 #include "audit_rope.h"
 #include "commands.h"
 #include "io_cli.h"
+#include "permute_proj.h"
 #include "run_variants.h"
 
 #define CMD "audit"
@@ -35,15 +36,23 @@ typedef struct {
     mha_block kinds[2]; /* block kinds moved together */
     int n_kinds;
     int per_kv;         /* positions are kv heads */
+    int proj;           /* Q, K move without their per-head QK-norm rows
+                           (only for layers that have them) */
 } hypothesis;
 
+/* q, k and kv move a per-head QK-norm with its blocks (a head's whole
+ * query or key side); q-proj, k-proj and kv-proj leave it, as a
+ * conversion that wrote q_proj out of order and q_norm right does. */
 static const hypothesis hyps[] = {
-    {"o", "W_O row blocks", {MHA_BLOCK_O}, 1, 0},
-    {"q", "W_Q column blocks (and b_Q)", {MHA_BLOCK_Q}, 1, 0},
-    {"kv", "W_K and W_V column blocks (kv heads)", {MHA_BLOCK_K, MHA_BLOCK_V}, 2, 1},
-    {"k", "W_K column blocks", {MHA_BLOCK_K}, 1, 1},
-    {"v", "W_V column blocks", {MHA_BLOCK_V}, 1, 1},
-    {"s", "score parameters (ALiBi slopes, sinks)", {MHA_BLOCK_S}, 1, 0},
+    {"o", "W_O row blocks", {MHA_BLOCK_O}, 1, 0, 0},
+    {"q", "W_Q column blocks (and b_Q)", {MHA_BLOCK_Q}, 1, 0, 0},
+    {"q-proj", "W_Q column blocks alone (q_norm kept)", {MHA_BLOCK_Q}, 1, 0, 1},
+    {"kv", "W_K and W_V column blocks (kv heads)", {MHA_BLOCK_K, MHA_BLOCK_V}, 2, 1, 0},
+    {"kv-proj", "W_K, W_V column blocks alone (k_norm kept)", {MHA_BLOCK_K, MHA_BLOCK_V}, 2, 1, 1},
+    {"k", "W_K column blocks", {MHA_BLOCK_K}, 1, 1, 0},
+    {"k-proj", "W_K column blocks alone (k_norm kept)", {MHA_BLOCK_K}, 1, 1, 1},
+    {"v", "W_V column blocks", {MHA_BLOCK_V}, 1, 1, 0},
+    {"s", "score parameters (ALiBi slopes, sinks)", {MHA_BLOCK_S}, 1, 0, 0},
 };
 #define N_HYPS ((int)(sizeof hyps / sizeof hyps[0]))
 
@@ -60,7 +69,8 @@ static mha_status clone_layer(mha_layer **out, const mha_layer *L) {
 /* A copy of L with the hypothesis' blocks permuted by perm (n entries). */
 static mha_status permuted(mha_layer **out, const mha_layer *L, const hypothesis *H, const int *perm) {
     mha_status s = clone_layer(out, L);
-    for (int k = 0; k < H->n_kinds && !s; k++) s = mha_layer_permute_block(*out, H->kinds[k], perm);
+    for (int k = 0; k < H->n_kinds && !s; k++)
+        s = H->proj ? cli_permute_proj(out, H->kinds[k], perm) : mha_layer_permute_block(*out, H->kinds[k], perm);
     return s;
 }
 
@@ -480,6 +490,7 @@ int cmd_audit(int argc, char **argv) {
         const hypothesis *H = &hyps[k];
         int n = H->per_kv ? c->n_kv_heads : h;
         if (n < 2 || (H->kinds[0] == MHA_BLOCK_S && !c->alibi && !c->sinks)) continue;
+        if (H->proj && (c->qk_norm == MHA_QK_NORM_NONE || !c->qk_norm_per_head)) continue; /* = q, kv, k */
         if (n > 32) { /* (n*n)^2 normal equations: keep the fit small */
             printf("fit %-36s skipped: %d blocks (the fit handles up to 32)\n", H->what, n);
             continue;

@@ -2,7 +2,9 @@
  * Default (--block all): a consistent head permutation, moving W_Q/W_K/W_V
  * column blocks, biases, W_O row blocks and labels together, so Y is
  * unchanged. --block q|k|v|kv|o|s moves one kind of block only: the repair
- * (or the mistake) of a broken conversion, printed by `mha audit`. */
+ * (or the mistake) of a broken conversion, printed by `mha audit`;
+ * q-proj|k-proj|kv-proj the same without the per-head QK-norm rows, which
+ * q, k and kv move with their blocks. */
 #include <ctype.h>
 #include <errno.h>
 #include <stdio.h>
@@ -11,6 +13,7 @@
 
 #include "commands.h"
 #include "io_cli.h"
+#include "permute_proj.h"
 #include "run_variants.h"
 
 /* "3,1,2,0" -> perm[n]; exactly n entries, digits only (strtol alone
@@ -73,8 +76,9 @@ int cmd_permute(int argc, char **argv) {
         {.name = "--order", .kind = MHA_ARG_STRING, .dest = &order, .metavar = "P",
          .help = "new head i is old head P[i], e.g. 3,1,2,0", .required = 1},
         {.name = "--block", .kind = MHA_ARG_STRING, .dest = &block, .metavar = "B",
-         .help = "all (default, Y unchanged) or one side only: q, k, v, kv, o, s (ALiBi slopes and sinks)",
-         .choices = "all|q|k|v|kv|o|s"},
+         .help = "all (default, Y unchanged) or one side only: q, k, v, kv, o, s (ALiBi slopes and sinks); "
+                 "q-proj, k-proj, kv-proj: as q, k, kv but the per-head QK-norm weights stay",
+         .choices = "all|q|k|v|kv|o|s|q-proj|k-proj|kv-proj"},
         {.name = "--relabel", .kind = MHA_ARG_SWITCH, .dest = &do_relabel,
          .help = "after a one-sided move, give the moved blocks the labels of the blocks they now pair with"},
     };
@@ -85,7 +89,9 @@ int cmd_permute(int argc, char **argv) {
         .details = "--block all (default) moves every block of a head together: the output Y is\n"
                    "unchanged. --block q|k|v|kv|o|s moves one kind only (h entries for q, o and s,\n"
                    "h_kv for k, v and kv): it changes Y, and is how `mha audit` repairs a\n"
-                   "checkpoint whose blocks were written out of order.\n\n"
+                   "checkpoint whose blocks were written out of order. q, k and kv move a\n"
+                   "layer's per-head QK-norm weights with their blocks; q-proj, k-proj and\n"
+                   "kv-proj leave them (a q_proj written out of order, its q_norm right).\n\n"
                    "example: mha permute --order 1,0,2,3 attn.safetensors attn_perm.safetensors\n",
         .args = args,
         .n_args = (int)(sizeof args / sizeof args[0]),
@@ -116,7 +122,12 @@ int cmd_permute(int argc, char **argv) {
     }
     const mha_config *c = mha_layer_config(L);
     if (!block) block = "all";
-    int kv = strcmp(block, "k") == 0 || strcmp(block, "v") == 0 || strcmp(block, "kv") == 0;
+    /* q-proj, k-proj, kv-proj: q, k, kv with the per-head norms kept */
+    const size_t bl = strlen(block);
+    const int proj = bl > 5 && strcmp(block + bl - 5, "-proj") == 0;
+    char kind[8];
+    snprintf(kind, sizeof kind, "%.*s", (int)(proj ? bl - 5 : bl), block);
+    int kv = strcmp(kind, "k") == 0 || strcmp(kind, "v") == 0 || strcmp(kind, "kv") == 0;
     int n = kv ? c->n_kv_heads : c->n_heads;
     int *perm = malloc((size_t)n * sizeof *perm);
     if (!perm) {
@@ -130,15 +141,16 @@ int cmd_permute(int argc, char **argv) {
                            "expected a layer with them (--block s moves only those)", pos[0]);
     mha_status s = MHA_OK;
     if (!rc) {
-        if (strcmp(block, "all") == 0) s = mha_layer_permute_heads(L, perm);
-        else if (strcmp(block, "q") == 0) s = mha_layer_permute_block(L, MHA_BLOCK_Q, perm);
-        else if (strcmp(block, "o") == 0) s = mha_layer_permute_block(L, MHA_BLOCK_O, perm);
-        else if (strcmp(block, "s") == 0) s = mha_layer_permute_block(L, MHA_BLOCK_S, perm);
+        if (strcmp(kind, "all") == 0) s = mha_layer_permute_heads(L, perm);
+        else if (strcmp(kind, "q") == 0) s = proj ? cli_permute_proj(&L, MHA_BLOCK_Q, perm) : mha_layer_permute_block(L, MHA_BLOCK_Q, perm);
+        else if (strcmp(kind, "o") == 0) s = mha_layer_permute_block(L, MHA_BLOCK_O, perm);
+        else if (strcmp(kind, "s") == 0) s = mha_layer_permute_block(L, MHA_BLOCK_S, perm);
         else {
-            if (strcmp(block, "v") != 0) s = mha_layer_permute_block(L, MHA_BLOCK_K, perm);
-            if (!s && strcmp(block, "k") != 0) s = mha_layer_permute_block(L, MHA_BLOCK_V, perm);
+            if (strcmp(kind, "v") != 0)
+                s = proj ? cli_permute_proj(&L, MHA_BLOCK_K, perm) : mha_layer_permute_block(L, MHA_BLOCK_K, perm);
+            if (!s && strcmp(kind, "k") != 0) s = mha_layer_permute_block(L, MHA_BLOCK_V, perm);
         }
-        if (!s && do_relabel) s = relabel(L, block);
+        if (!s && do_relabel) s = relabel(L, kind);
         if (!s) s = mha_layer_save(L, cli_outputs_tmp(&outs, "OUT"));
         if (s) {
             /* a bad permutation is the user's argument: exit 2 */

@@ -573,3 +573,84 @@ def test_audit_identical_heads_still_ambiguous(tmp_path):
     p = mha_cli("audit", "--weights", tmp_path / "w.safetensors", "--input", tmp_path / "x.npy",
                 "--reference", tmp_path / "y.npy", check=False)
     assert p.returncode == 1 and "fix:" not in p.stdout, p.stdout
+
+
+def _per_head_norm_cases(n, min_kv=1):
+    out = []
+    for seed in range(400):
+        rng, cfg, W, x, opt = _case(seed)
+        if cfg.get("qk") and cfg["per_head"] and cfg["h"] >= 2 and cfg["hk"] >= min_kv:
+            out.append(seed)
+        if len(out) == n:
+            return out
+    return out
+
+
+def _move_proj(M, cfg, W, which, sw):
+    """A conversion that wrote q_proj (or k_proj) out of order, its norm right."""
+    h, hk, dk = cfg["h"], cfg["hk"], cfg["dk"]
+    n = h if which == "q" else hk
+    W2 = M.weights()
+    W2[f"w_{which}"] = W2[f"w_{which}"].reshape(cfg["D"], n, dk)[:, sw].reshape(cfg["D"], n * dk)
+    if f"b_{which}" in W2:
+        W2[f"b_{which}"] = W2[f"b_{which}"].reshape(n, dk)[sw].reshape(-1)
+    M.set_weights(W2)
+
+
+@pytest.mark.parametrize("seed", _per_head_norm_cases(12))
+def test_audit_finds_w_q_swap_with_per_head_norms(tmp_path, seed):
+    """W_Q's column blocks (and b_Q) out of order, the per-head q_norm
+    right: audit tried only moves that take q_norm along (Q's blocks) and
+    said "not a permutation: no reordering of W_O, W_Q ... explains the
+    mismatch" for 113 of 113 such cases. Now it fits W_Q alone and prints
+    `--block q-proj`, which repairs the file."""
+    rng, cfg, W, x, opt = _case(seed)
+    h = cfg["h"]
+    a, b = sorted(np.random.default_rng(seed).choice(h, 2, replace=False))
+    sw = list(range(h))
+    sw[a], sw[b] = sw[b], sw[a]
+    p, x, y = _audit_broken(tmp_path, cfg, W, lambda M: _move_proj(M, cfg, W, "q", sw), seed=seed)
+    fix = _apply_fix(tmp_path, p, x, y)
+    assert "--block q-proj" in fix or "--block o" in fix, p.stdout  # within a kv group W_O's swap is the same Y
+
+
+@pytest.mark.parametrize("seed", _per_head_norm_cases(6, min_kv=2))
+def test_audit_finds_w_k_swap_with_per_head_norms(tmp_path, seed):
+    rng, cfg, W, x, opt = _case(seed)
+    hk = cfg["hk"]
+    a, b = sorted(np.random.default_rng(seed).choice(hk, 2, replace=False))
+    sw = list(range(hk))
+    sw[a], sw[b] = sw[b], sw[a]
+    p, x, y = _audit_broken(tmp_path, cfg, W, lambda M: _move_proj(M, cfg, W, "k", sw), seed=seed)
+    fix = _apply_fix(tmp_path, p, x, y)
+    assert "--block k-proj" in fix, p.stdout
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16", "int8"])
+@pytest.mark.parametrize("block", ["q-proj", "k-proj", "kv-proj"])
+def test_permute_proj_blocks_keep_the_norms(tmp_path, block, dtype):
+    cfg = dict(h=4, hk=2, dk=4, dv=4, D=8, bias=True, qk="rms", per_head=True, whole=False)
+    W = random_weights(np.random.default_rng(7), cfg)
+    L = make_layer(cfg, W)
+    if dtype != "f32":
+        L.convert_weights(dtype)
+    src = tmp_path / "a.safetensors"
+    L.save(str(src))
+    n = cfg["h"] if block == "q-proj" else cfg["hk"]
+    sw = [1, 0] + list(range(2, n))
+    mha_cli("permute", "--block", block, "--order", ",".join(map(str, sw)), src, tmp_path / "b.safetensors")
+    M = mha.Layer.load(str(tmp_path / "b.safetensors"))
+    assert M.weights_dtype == dtype
+    w0, w1 = L.weights(), M.weights()
+    np.testing.assert_array_equal(w1["q_norm"], w0["q_norm"])
+    np.testing.assert_array_equal(w1["k_norm"], w0["k_norm"])
+    moved = {"q-proj": ["w_q", "b_q"], "k-proj": ["w_k", "b_k"], "kv-proj": ["w_k", "b_k", "w_v", "b_v"]}[block]
+    for name in moved:
+        d = cfg["dk"]
+        a = w0[name].reshape(*w0[name].shape[:-1], n, d)[..., sw, :].reshape(w0[name].shape)
+        np.testing.assert_allclose(w1[name], a, rtol=1e-6 if dtype == "int8" else 0, err_msg=name)
+    for name in set(w0) - set(moved) - {"q_norm", "k_norm"}:
+        np.testing.assert_allclose(w1[name], w0[name], rtol=1e-6 if dtype == "int8" else 0, err_msg=name)
+    kind = "q" if block == "q-proj" else "k"
+    assert M.labels(kind) == sw
+    assert not M.check_contract().ok  # a one-sided move, as --block q
