@@ -903,7 +903,8 @@ typedef struct {
  * A bf16 or int8 native file's shard keeps that dtype (int8: with its
  * heads' scales), as mha_layer_load keeps it for the whole layer.
  * Y of the full layer = sum over a partition of the heads of each shard's
- * Y without b_O, plus b_O. */
+ * Y without b_O, plus b_O. A layer with qk_norm_whole (one norm over all
+ * heads) loads only whole (count = h; else MHA_E_UNSUPPORTED). */
 MHA_API mha_status mha_layer_load_heads(mha_layer **out, const char *path, const mha_load_options *opt,
                                         mha_head_range *range);
 /* The layer's config (h, h_kv, d_k, d_v, d_model, d_kv_in, d_v_in, bias,

@@ -417,6 +417,31 @@ static void load_heads_hf_whole_norm(void) {
     unlink(p);
 }
 
+/* A whole-width QK-norm (OLMo 2) spans every head: a shard of some heads
+ * normalized over those alone and loaded, its Y then 0.27 off the full
+ * layer's share (max |Y| 1.2, h = 4 in two shards); now refused, and the
+ * shard of every head still loads. */
+static void load_heads_whole_norm_split_refused(void) {
+    uint64_t seed = 1901;
+    mha_config c = mha_config_default(8, 4);
+    c.n_kv_heads = 2, c.bias = 0, c.qk_norm = MHA_QK_NORM_RMS, c.qk_norm_per_head = 1, c.qk_norm_whole = 1;
+    float *m = naive_random_floats(8 * 8 * 2 + 8 * 4 * 2, &seed, -0.6f, 0.6f); /* W_Q, W_O (8, 8); W_K, W_V (8, 4) */
+    float *q_norm = naive_random_floats(8, &seed, 0.5f, 1.5f), *k_norm = naive_random_floats(4, &seed, 0.5f, 1.5f);
+    mha_weights w = {.w_q = m, .w_o = m + 64, .w_k = m + 128, .w_v = m + 160, .q_norm = q_norm, .k_norm = k_norm};
+    mha_layer *L = NULL, *S = NULL;
+    CHECK_OK(mha_layer_create(&L, &c, &w));
+    const char *p = path_of("whole.safetensors");
+    if (L) CHECK_OK(mha_layer_save(L, p));
+    mha_head_range half = {.first = 2, .count = 2}, all = {.first = 0, .count = 4};
+    CHECK_STATUS(mha_layer_load_heads(&S, p, NULL, &half), MHA_E_UNSUPPORTED);
+    CHECK_ERROR_MENTIONS("qk_norm_whole");
+    CHECK(S == NULL);
+    CHECK_OK(mha_layer_load_heads(&S, p, NULL, &all));
+    mha_layer_free(S), mha_layer_free(L);
+    free(m), free(q_norm), free(k_norm);
+    unlink(p);
+}
+
 /* The file's labels of the shard's heads; ranges across kv groups refused. */
 static void load_heads_labels_and_ranges(void) {
     uint64_t seed = 1621;
@@ -506,6 +531,7 @@ static const test_case cases[] = {
     {"load_heads_labels_and_ranges", load_heads_labels_and_ranges},
     {"load_heads_default_slopes_and_zero_attn", load_heads_default_slopes_and_zero_attn},
     {"load_heads_hf_whole_norm", load_heads_hf_whole_norm},
+    {"load_heads_whole_norm_split_refused", load_heads_whole_norm_split_refused},
 };
 
 const test_case *tests_load_heads(size_t *count) {

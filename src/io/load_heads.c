@@ -504,6 +504,12 @@ mha_status mha_layer_load_heads(mha_layer **out, const char *path, const mha_loa
                (n % group && (first + n - 1) / group != first / group)))
         s = mha_fail(MHA_E_ARG, "heads first=%d count=%d of h=%d with %d query heads per kv head; expected a range "
                      "inside 0..h-1 of whole kv groups, or heads inside one group", first, n, h, group);
+    /* OLMo 2's norm spans every head's q (and k): a shard of some heads
+     * would normalize over those alone, and the shards' sum is not Y */
+    if (!s && src.c.qk_norm != MHA_QK_NORM_NONE && src.c.qk_norm_whole && n < h)
+        s = mha_fail(MHA_E_UNSUPPORTED, "heads first=%d count=%d of h=%d: the layer's qk_norm_whole (one QK-norm "
+                     "over all %d heads' q and k, OLMo 2) needs every head in one shard; expected count=%d, or a "
+                     "layer with a per-head or shared (d_k) QK-norm", first, n, h, h, h);
     const int g0 = s ? 0 : first / group, g = s ? 0 : (first + n - 1) / group - g0 + 1;
     if (!s) s = narrow(&nt, &src, t, src.prefix, first, n, g0, g);
     mha_load_options native = {.layout = MHA_LAYOUT_NATIVE};
