@@ -12,6 +12,7 @@
  * again; the command printed is the `mha permute` that repairs the file.
  * Legend: B, T, S, h, h_kv, d_model (see mha.h). */
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -180,23 +181,9 @@ static double perm_cost(const double *G, const double *rhs, double tt, const int
     return c;
 }
 
-/* The terms of one position under different blocks can be nearly parallel
- * (a sink logit or an ALiBi slope rescales a head's output row by row), so
- * the fit spreads its weight over them and no permutation can be read off
- * c although one pairing reproduces the target exactly. Then search the
- * pairings themselves: from the identity, apply the transposition that
- * lowers ||target - sum_p T[p][perm p]|| most until none does. Accepted
- * only when the relative residual is <= 1e-3 and every single
- * transposition of the result fits 10x worse in residual (else heads
- * identical on this input make the order ambiguous, which the caller
- * reports as before). */
-static void search_permutation(fit_result *fr, const double *G, const double *rhs, double tt, int n) {
-    int *perm = malloc((size_t)n * sizeof *perm);
-    if (!perm || !(tt > 0)) {
-        free(perm);
-        return;
-    }
-    for (int p = 0; p < n; p++) perm[p] = p;
+/* Descends from perm by transpositions: each step applies the one that
+ * lowers the cost most, until none does. Returns the cost reached. */
+static double descend(int *perm, const double *G, const double *rhs, double tt, int n) {
     double cost = perm_cost(G, rhs, tt, perm, n);
     for (int step = 0; step < n * n; step++) {
         int ba = -1, bb = -1;
@@ -213,6 +200,62 @@ static void search_permutation(fit_result *fr, const double *G, const double *rh
         int t = perm[ba];
         perm[ba] = perm[bb], perm[bb] = t, cost = best;
     }
+    return cost;
+}
+
+/* The start that pairs each position with the block whose term alone
+ * explains most of the target (2 <T, target> - ||T||^2), greedily. */
+static void greedy_start(int *perm, const double *G, const double *rhs, int n) {
+    const int m = n * n;
+    unsigned char *used_p = calloc((size_t)n, 1), *used_b = calloc((size_t)n, 1);
+    for (int p = 0; p < n; p++) perm[p] = p;
+    for (int k = 0; used_p && used_b && k < n; k++) {
+        int bp = -1, bb = -1;
+        double best = -INFINITY;
+        for (int p = 0; p < n; p++)
+            for (int b = 0; b < n; b++) {
+                const int i = p * n + b;
+                const double v = 2 * rhs[i] - G[(size_t)i * m + i];
+                if (!used_p[p] && !used_b[b] && v > best) best = v, bp = p, bb = b;
+            }
+        used_p[bp] = used_b[bb] = 1, perm[bp] = bb;
+    }
+    free(used_p), free(used_b);
+}
+
+/* The terms of one position under different blocks can be nearly parallel
+ * (a sink logit or an ALiBi slope rescales a head's output row by row), so
+ * the fit spreads its weight over them and no permutation can be read off
+ * c although one pairing reproduces the target exactly. Then search the
+ * pairings themselves: descend by transpositions from the identity, from
+ * the greedy start and from 16 fixed pseudo-random orders, and keep the
+ * best. Accepted only when its relative residual is <= 1e-3 and every
+ * single transposition of it fits 10x worse in residual (else heads
+ * identical on this input make the order ambiguous, which the caller
+ * reports as before). */
+static void search_permutation(fit_result *fr, const double *G, const double *rhs, double tt, int n) {
+    int *perm = malloc((size_t)n * sizeof *perm), *cand = malloc((size_t)n * sizeof *cand);
+    if (!perm || !cand || !(tt > 0)) {
+        free(perm), free(cand);
+        return;
+    }
+    double cost = INFINITY;
+    uint64_t state = 0x9e3779b97f4a7c15u; /* fixed: the audit's output does not vary run to run */
+    for (int start = 0; start < 18; start++) {
+        if (start == 0)
+            for (int p = 0; p < n; p++) cand[p] = p;
+        else if (start == 1)
+            greedy_start(cand, G, rhs, n);
+        else
+            for (int p = 0; p < n; p++) { /* Fisher-Yates on an LCG */
+                state = state * 6364136223846793005u + 1442695040888963407u;
+                const int q = (int)((state >> 33) % (uint64_t)(p + 1));
+                cand[p] = cand[q], cand[q] = p;
+            }
+        const double c = descend(cand, G, rhs, tt, n);
+        if (c < cost) cost = c, memcpy(perm, cand, (size_t)n * sizeof *perm);
+    }
+    free(cand);
     const double limit = 100 * fmax(cost, 0) + 1e-14 * tt; /* squared residuals */
     int unique = cost <= 1e-6 * tt;
     for (int a = 0; unique && a < n; a++)

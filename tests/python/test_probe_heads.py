@@ -654,3 +654,16 @@ def test_permute_proj_blocks_keep_the_norms(tmp_path, block, dtype):
     kind = "q" if block == "q-proj" else "k"
     assert M.labels(kind) == sw
     assert not M.check_contract().ok  # a one-sided move, as --block q
+
+
+def test_audit_finds_a_sink_derangement(tmp_path):
+    """Nine sink logits, eight of them in another head's place: the
+    descent from the identity alone stopped in a local minimum ("cannot
+    tell"); the greedy and fixed pseudo-random starts reach the order."""
+    rng, cfg, W, x, opt = _case(86)
+    sw = [0, 2, 7, 1, 5, 6, 3, 8, 4]
+    assert cfg["h"] == 9 and cfg.get("sinks")
+    p, x, y = _audit_broken(tmp_path, cfg, W, lambda M: M.permute_block("s", sw), seed=0)
+    fix = _apply_fix(tmp_path, p, x, y)
+    inv = [sw.index(i) for i in range(9)]  # the repair undoes sw
+    assert "--block s --order " + ",".join(map(str, inv)) in fix, p.stdout
