@@ -410,6 +410,9 @@ run run --weights $T/silent.safetensors --input $T/x.npy --output $T/y_silent.np
 expect_ok
 run permute --block o --order 3,0,1,2 $T/silent.safetensors $T/silent_bad.safetensors
 expect_ok
+# read off the fit (the pairing search would find it too, without saying why)
+run audit --weights $T/silent_bad.safetensors --input $T/x.npy --reference $T/y_silent.npy
+expect_out "contributes nothing on this input; it takes block"
 audit_fix silent_bad "fix: mha permute --block o --order 1,2,3,0 --relabel" \
     --weights $T/silent_bad.safetensors --input $T/x.npy --reference $T/y_silent.npy
 run audit --weights $T/silent_bad_fixed.safetensors --input $T/x.npy --reference $T/y_silent.npy

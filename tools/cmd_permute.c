@@ -142,7 +142,8 @@ int cmd_permute(int argc, char **argv) {
     mha_status s = MHA_OK;
     if (!rc) {
         if (strcmp(kind, "all") == 0) s = mha_layer_permute_heads(L, perm);
-        else if (strcmp(kind, "q") == 0) s = proj ? cli_permute_proj(&L, MHA_BLOCK_Q, perm) : mha_layer_permute_block(L, MHA_BLOCK_Q, perm);
+        else if (strcmp(kind, "q") == 0)
+            s = proj ? cli_permute_proj(&L, MHA_BLOCK_Q, perm) : mha_layer_permute_block(L, MHA_BLOCK_Q, perm);
         else if (strcmp(kind, "o") == 0) s = mha_layer_permute_block(L, MHA_BLOCK_O, perm);
         else if (strcmp(kind, "s") == 0) s = mha_layer_permute_block(L, MHA_BLOCK_S, perm);
         else {
