@@ -667,3 +667,15 @@ def test_audit_finds_a_sink_derangement(tmp_path):
     fix = _apply_fix(tmp_path, p, x, y)
     inv = [sw.index(i) for i in range(9)]  # the repair undoes sw
     assert "--block s --order " + ",".join(map(str, inv)) in fix, p.stdout
+
+
+@pytest.mark.parametrize("seed", _per_head_norm_cases(3, min_kv=2))
+def test_audit_finds_kv_swap_with_per_head_k_norm(tmp_path, seed):
+    rng, cfg, W, x, opt = _case(seed)
+    sw = [1, 0] + list(range(2, cfg["hk"]))
+
+    def move(M):
+        _move_proj(M, cfg, W, "k", sw)
+        M.permute_block("v", sw)
+    p, x, y = _audit_broken(tmp_path, cfg, W, move, seed=seed)
+    assert "--block kv-proj" in _apply_fix(tmp_path, p, x, y), p.stdout
