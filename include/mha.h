@@ -690,7 +690,8 @@ MHA_API mha_status mha_forward_train(const mha_layer *layer, float *y, mha_tape 
  * mha_forward_train, without recomputing the forward: dy (B,T,d_model)
  * finite; layer, x, k_src, v_src, B, T, S and opt as given to that
  * forward. MHA_E_ARG naming the difference for a tape of another layer
- * (or a layer of another config), another B, T or S, sources shared
+ * (or a layer of another config, or whose weights changed since the
+ * forward: set, permuted or converted), another B, T or S, sources shared
  * differently (keys from x vs k_src, values from the key source vs
  * v_src) or options that differ from the forward's (masks and
  * interventions compared by pointer); gradient members as

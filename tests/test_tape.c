@@ -188,9 +188,41 @@ const test_case *tests_tape_isa(size_t *count) {
     return isa_cases;
 }
 
+/* A tape is the layer's as it was: after a permutation, new weights or a
+ * weight dtype between mha_forward_train and mha_backward_tape, the tape's
+ * Q, K, V and Z are another layer's (its gradients would be those of the
+ * old weights, silently); each is refused, and a new forward serves again.
+ * A permutation that moves nothing counts too (the layer cannot tell). */
+static void tape_refused_after_the_weights_change(void) {
+    naive_bw_case f;
+    naive_bw_case_make(&f, naive_config(8, 2, 0, 0, 0, 1), 1, 6, 6, 0, 0, 1406);
+    if (!f.L) return;
+    const int B = f.B, T = f.T, S = f.S, swap[2] = {1, 0};
+    const mha_weights w = naive_weights_view(&f.w); /* the case's first weights, apart from the layer's */
+    for (int change = 0; change < 4; change++) {
+        mha_tape *tape = NULL;
+        CHECK_OK(mha_forward_train(f.L, f.y, &tape, f.x, NULL, NULL, B, T, S, &f.opt));
+        grad_set gs;
+        grad_set_make(&gs, &f.w.cfg, B, T, S, 0);
+        if (change == 0) CHECK_OK(mha_layer_permute_heads(f.L, swap));
+        if (change == 1) CHECK_OK(mha_layer_permute_block(f.L, MHA_BLOCK_O, swap));
+        if (change == 2) CHECK_OK(mha_layer_set_weights(f.L, &w));
+        if (change == 3) CHECK_OK(mha_layer_convert_weights(f.L, MHA_W_BF16));
+        CHECK_STATUS(mha_backward_tape(f.L, tape, &gs.g, f.dy, f.x, NULL, NULL, B, T, S, &f.opt), MHA_E_ARG);
+        CHECK_ERROR_MENTIONS("the layer's weights changed since mha_forward_train");
+        mha_tape_free(tape);
+        CHECK_OK(mha_forward_train(f.L, f.y, &tape, f.x, NULL, NULL, B, T, S, &f.opt)); /* a new tape serves */
+        CHECK_OK(mha_backward_tape(f.L, tape, &gs.g, f.dy, f.x, NULL, NULL, B, T, S, &f.opt));
+        mha_tape_free(tape);
+        free(gs.block);
+    }
+    naive_bw_case_free(&f);
+}
+
 static const test_case cases[] = {
     {"tape_refuses_what_the_fast_backward_does_not_serve", tape_refuses_what_the_fast_backward_does_not_serve},
     {"tape_misuse_errors", tape_misuse_errors},
+    {"tape_refused_after_the_weights_change", tape_refused_after_the_weights_change},
 };
 
 const test_case *tests_tape(size_t *count) {

@@ -35,6 +35,10 @@ struct mha_layer {
                                     the next call; freed with the layer      */
     struct mha_wstore *wstore;   /* NULL: fp32 weights; else their bf16/int8
                                     form, w_q..w_o holding its exact values */
+    unsigned long long version;  /* a number no other state of any layer of
+                                    the process had: new at every change of
+                                    the weights (mha_fast_prepare_from); a
+                                    tape compares it */
 };
 
 /* GQA: query head r reads kv head r / (h / h_kv). Stated once, used everywhere. */

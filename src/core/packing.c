@@ -2,9 +2,14 @@
  * rebuilt whenever the weights change (create, set, permute) and released
  * with the layer. The fast forward and the cached forward read them.
  * Legend: h, h_kv, d_k, d_v, d_model, d_kv_in, d_v_in (see mha.h). */
+#include <stdatomic.h>
 #include <stdlib.h>
 
 #include "core/packing.h"
+
+/* the last layer version handed out (process-wide, so that a layer freed
+ * and another made at the same address do not share one) */
+static atomic_ullong last_version;
 
 void mha_fast_release(mha_layer *L) {
     if (!L || !L->fast) return;
@@ -18,6 +23,7 @@ void mha_fast_release(mha_layer *L) {
 }
 
 mha_status mha_fast_prepare_from(mha_layer *L, const mha_pack_source src[4]) {
+    L->version = atomic_fetch_add(&last_version, 1) + 1; /* every change of the weights passes here */
     mha_fast_release(L);
     const mha_config *c = &L->cfg;
     struct mha_fast_state *f = calloc(1, sizeof *f);

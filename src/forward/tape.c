@@ -17,8 +17,9 @@
 #include "forward/backward_fast.h"
 
 struct mha_tape {
-    const mha_layer *layer; /* the forward's layer, and its config then */
+    const mha_layer *layer; /* the forward's layer, its config and version then */
     mha_config cfg;
+    unsigned long long version;
     mha_options opt;        /* resolved (NULL = the defaults)           */
     int k_is_x, v_is_x, v_is_k; /* which sources were one tensor        */
     mha_bwd_saved saved;    /* q, k, v, z, lse; B, T, S                 */
@@ -85,7 +86,7 @@ mha_status mha_forward_train(const mha_layer *L, float *y, mha_tape **tape, cons
     const mha_config *c = &L->cfg;
     mha_tape *t = calloc(1, sizeof *t);
     if (!t) return mha_fail(MHA_E_NOMEM, "mha_forward_train: no memory for the tape");
-    *t = (mha_tape){L, L->cfg, *opt, k_src == x, v_src == x, v_src == k_src, {0}};
+    *t = (mha_tape){L, L->cfg, L->version, *opt, k_src == x, v_src == x, v_src == k_src, {0}};
     if ((s = mha_bwd_saved_make(&t->saved, &ex, L, x, k_src, v_src, B, T, S, opt, 0, "mha_forward_train"))) {
         free(t);
         return s;
@@ -125,6 +126,10 @@ mha_status mha_backward_tape(const mha_layer *L, const mha_tape *tape, const mha
         return mha_fail(MHA_E_ARG, "mha_backward_tape: the tape was made by another layer%s%s%s; expected "
                         "the layer given to mha_forward_train", *what ? " (its config differs in " : "",
                         what, *what ? ")" : "");
+    if (L->version != tape->version) /* its Q, K, V, Z are another layer's */
+        return mha_fail(MHA_E_ARG, "mha_backward_tape: the layer's weights changed since mha_forward_train "
+                        "(mha_layer_set_weights, _permute_heads, _permute_block or _convert_weights); expected "
+                        "them unchanged, or a new mha_forward_train");
     const mha_bwd_saved *sv = &tape->saved;
     if (B != sv->B || T != sv->T || S != sv->S)
         return mha_fail(MHA_E_ARG, "mha_backward_tape: B=%d T=%d S=%d; expected the forward's B=%d T=%d S=%d",
