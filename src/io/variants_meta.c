@@ -93,13 +93,23 @@ mha_status mha_io_refuse_unread_norms(const mha_tensors *t, const char *prefix) 
     static const char *const names[] = {"q_layernorm.weight", "q_layernorm.bias", "k_layernorm.weight",
                                         "k_layernorm.bias", "q_norm.bias", "k_norm.bias", "q_ln.weight", "q_ln.bias",
                                         "k_ln.weight", "k_ln.bias"};
+    int biased = 0; /* a bias beside the weights: Phi's, Persimmon's, MPT's LayerNorm */
+    for (int i = 0; i < mha_tensors_count(t); i++)
+        for (int k = 0; k < 10; k++)
+            biased |= strstr(names[k], ".bias") && mha_io_name_fits(mha_tensors_name(t, i), prefix, names[k]);
     for (int i = 0; i < mha_tensors_count(t); i++)
         for (int k = 0; k < 10; k++)
             if (mha_io_name_fits(mha_tensors_name(t, i), prefix, names[k]))
-                return mha_fail(MHA_E_FORMAT, "tensor %.80s: a q/k LayerNorm %s (Phi's qk_layernorm, Persimmon, "
-                                "MPT's qk_ln); expected none: a norm of q and k with a bias is not implemented, "
-                                "and the layer would run without it", mha_tensors_name(t, i),
-                                k % 2 || k == 4 || k == 5 ? "with a bias" : "of one weight and bias");
+                return biased ? mha_fail(MHA_E_FORMAT, "tensor %.80s: a q/k LayerNorm %s (Phi's qk_layernorm, "
+                                         "Persimmon, MPT's qk_ln); expected none: a norm of q and k with a bias "
+                                         "is not implemented, and the layer would run without it",
+                                         mha_tensors_name(t, i), k % 2 || k == 4 || k == 5 ? "with a bias"
+                                                                                            : "of one weight and bias")
+                              : mha_fail(MHA_E_FORMAT, "tensor %.80s: a q/k norm weight without a bias under a "
+                                         "name whose kind this layout does not know (LFM2's RMSNorm of each "
+                                         "head); expected q_norm.weight / k_norm.weight (Qwen 3's RMSNorm) or "
+                                         "none: it is not read, and the layer would run without it",
+                                         mha_tensors_name(t, i));
     return MHA_OK;
 }
 
