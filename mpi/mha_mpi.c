@@ -341,6 +341,7 @@ static int run(int argc, char **argv, MPI_Comm comm) {
     cli_outputs outs;
     cli_outputs_init(&outs, "run");
     cli_register_inputs(&outs, ck, ffp);
+    cli_outputs_input(&outs, "--positions", &r.vf.positions);
     if (rank == 0) {
         cli_outputs_output(&outs, "--output", &r.output);
         cli_outputs_output(&outs, "--save-z", &r.save_z);

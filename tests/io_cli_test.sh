@@ -519,7 +519,7 @@ limited 1 permute --order 1,0,3,2 $T/native.safetensors $T/conv_old.safetensors
 expect_error 1 "File too large"
 unchanged conv_old.safetensors
 limited 1 plot --weights $T/native.safetensors --input $T/x.npy --out $T/old.png --contrib-out $T/old_c.png
-expect_error 1 "cannot write --out: Write Error: File too large"
+expect_error 1 "cannot write --out '$T/old.png': Write Error: File too large; the file is unchanged"
 unchanged old.png
 checks=$((checks + 1))
 [ "$(entries)" -eq "$n0" ] || fail "failed writes left files: $(new_entries)"
@@ -683,6 +683,76 @@ close $T/y_sinks_fixed.npy $T/y_sinks.npy
 run permute --heads 4 --sinks no_such --order 1,0,2,3 $T/hf_sinks.safetensors $T/no_sinks.safetensors
 expect_error 1 "no tensor no_such"
 [ ! -e $T/no_sinks.safetensors ] || fail "a refused permute --sinks wrote its output"
+
+# --- the files a checkpoint is read from are inputs too ----------------------
+# A directory's model.safetensors, an index's shards and the config.json
+# beside them were not compared with the outputs: `run --weights DIR
+# --output DIR/model.safetensors` replaced the checkpoint with Y (exit 0).
+C=$T/ckdir
+mkdir "$C" && cp $T/native.safetensors "$C/model.safetensors" && cp $T/native.safetensors $T/.keep/ck_model
+printf '{"model_type": "llama"}' >"$C/config.json" && cp "$C/config.json" $T/.keep/ck_config
+cp $T/gpt2-00002-of-00002.safetensors $T/.keep/ck_shard
+ck_kept() { # every file of the three checkpoints as it was
+    checks=$((checks + 1))
+    cmp -s "$C/model.safetensors" $T/.keep/ck_model && cmp -s "$C/config.json" $T/.keep/ck_config &&
+        cmp -s $T/gpt2-00002-of-00002.safetensors $T/.keep/ck_shard || fail "$last: replaced a checkpoint's file"
+    [ -z "$(find $T -name '.*.part' -o -name '.*.tmp')" ] || fail "$last: temporaries left behind"
+}
+run run --weights "$C" --input $T/x.npy --output "$C/model.safetensors"
+expect_error 2 "--output '$C/model.safetensors' is the same file as '$C/model.safetensors', read from --weights '$C'"
+ck_kept
+run convert --to native "$C" "$C/./model.safetensors"
+expect_error 2 "read from IN '$C'"
+ck_kept
+run plot --weights "$C" --input $T/x.npy --out $T/ck.png --contrib-out "$C/config.json"
+expect_error 2 "--contrib-out '$C/config.json' is the same file as '$C/config.json', read from --weights '$C'"
+ck_kept
+run permute --order 1,0,2,3 "$C/model.safetensors" "$C/config.json"
+expect_error 2 "read from IN '$C/model.safetensors'"
+ck_kept
+run run --weights $T/gpt2.safetensors.index.json --heads 4 --prefix h.1 --input $T/x.npy --output $T/y_ck.npy \
+    --save-z $T/gpt2-00002-of-00002.safetensors
+expect_error 2 "--save-z '$T/gpt2-00002-of-00002.safetensors' is the same file as '$T/gpt2-00002-of-00002.safetensors', read from --weights"
+ck_kept
+checks=$((checks + 1))
+[ -e $T/y_ck.npy ] && fail "$last: wrote --output though --save-z was refused"
+# ... while a file beside them that is not one of them stays writable
+run run --weights "$C" --input $T/x.npy --output "$C/y.npy"
+expect_ok
+ck_kept
+
+# --- a pipe as an input: refused, not waited on ------------------------------
+# Opening a FIFO to read waits for a writer: `run --input FIFO` (and
+# --weights, audit's --reference) hung forever (the library's readers:
+# test_io_edges.c).
+if mkfifo $T/fifo.npy 2>/dev/null; then
+    for args in "run --weights $T/native.safetensors --input $T/fifo.npy --output $T/y_fifo.npy" \
+        "run --weights $T/fifo.npy --input $T/x.npy --output $T/y_fifo.npy" \
+        "convert --to native $T/fifo.npy $T/c_fifo.safetensors" \
+        "audit --weights $T/native.safetensors --input $T/x.npy --reference $T/fifo.npy"; do
+        timeout 20 "$MHA" $args >"$tmp/out" 2>"$tmp/err"
+        rc=$?
+        last="mha $args"
+        want=1
+        case $args in audit*) want=2 ;; esac
+        [ "$rc" -eq 124 ] && echo "timed out: waited on the pipe" >"$tmp/err"
+        expect_error $want "it is not a regular file (a pipe or a device); expected a file"
+    done
+else
+    echo "io_cli_test: SKIPPED the pipe cases: mkfifo is not permitted here" >&2
+fi
+
+# --- plot's derived --contrib-out keeps a long path whole --------------------
+# The name was built in 1024 bytes: an --out of 1100 bytes wrote the
+# contributions to a file named by the first 1023 (exit 0).
+L=$T/long
+for i in 1 2 3 4 5 6 7 8 9; do L=$L/$(printf '%0120d' $i); done
+mkdir -p "$L"
+run plot --weights $T/native.safetensors --input $T/x.npy --out "$L/attn.png"
+expect_ok
+checks=$((checks + 1))
+[ -f "$L/attn_contrib.png" ] || fail "$last: no $L/attn_contrib.png"
+[ "$(find $T/long -type f | wc -l)" -eq 2 ] || fail "$last: wrote elsewhere: $(find $T/long -type f | tail -c 300)"
 
 echo "io_cli_test: $checks checks, $fails failures"
 [ "$fails" -eq 0 ]

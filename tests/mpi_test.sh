@@ -429,6 +429,14 @@ mpi 3 --split sequence --weights "$T/mha.safetensors" --input "$T/x_short.npy" -
 expect_fail 3 "T >= 6"
 mpi 2 --split heads --weights "$T/missing.safetensors" --input "$T/x.npy" --output "$T/fo/y.npy"
 expect_fail 2 "missing.safetensors"
+# --positions is an input too: an output naming it was not compared with
+# it (the run replaced the positions with Y, exit 0)
+cp "$T/pos16.npy" "$T/pos_in.npy" && cp "$T/pos16.npy" "$T/pos_keep.npy"
+mpi 2 --split heads --weights "$T/gqa.safetensors" --input "$T/x16.npy" --causal --rope halves \
+    --positions "$T/pos_in.npy" --output "$T/pos_in.npy"
+expect_fail 2 "--output '$T/pos_in.npy' is the same file as --positions"
+checks=$((checks + 1))
+cmp -s "$T/pos_in.npy" "$T/pos_keep.npy" || fail "$last: replaced the positions"
 # one rank given another file (MPMD): caught on rank 1, reported by both
 timeout 120 mpirun --oversubscribe -np 1 "$MPI" run --weights "$T/mha.safetensors" --input "$T/x.npy" --output "$T/fo/y.npy" \
     : -np 1 "$MPI" run --weights "$T/mha.safetensors" --input "$T/nope.npy" --output "$T/fo/y.npy" >"$T/out" 2>"$T/err"

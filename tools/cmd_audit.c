@@ -463,7 +463,13 @@ int cmd_audit(int argc, char **argv) {
     };
     mha_layer *L;
     cli_fwd f;
-    int rc = cli_fwd_open(&L, &f, &spec, &ck, &ff, NULL, argc, argv);
+    /* no outputs: registered for the input checks only (a pipe would block the read) */
+    cli_outputs ins;
+    cli_outputs_init(&ins, CMD);
+    cli_register_inputs(&ins, &ck, &ff);
+    cli_outputs_input(&ins, "--reference", &ref);
+    cli_outputs_input(&ins, "--positions", &vf.positions);
+    int rc = cli_fwd_open(&L, &f, &spec, &ck, &ff, &ins, argc, argv);
     if (rc != MHA_ARGS_CONTINUE) return rc == MHA_EXIT_OK ? AUDIT_MATCH : AUDIT_ERROR;
     int reported = 0; /* the audit ran to its verdict */
     if ((rc = cli_apply_variants("audit", &L, &f, &vf, &ck))) {

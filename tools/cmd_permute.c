@@ -102,7 +102,7 @@ int cmd_permute(int argc, char **argv) {
     const char *pos[2] = {NULL, NULL};
     cli_outputs outs;
     cli_outputs_init(&outs, "permute");
-    cli_outputs_input(&outs, "IN", &pos[0]);
+    cli_outputs_checkpoint(&outs, "IN", &pos[0]);
     cli_outputs_output(&outs, "OUT", &pos[1]);
     mha_layer *L;
     int rc = cli_parse_load(&L, pos, &spec, &ck, &outs, argc, argv);

@@ -35,7 +35,8 @@ static void colorbar(canvas *cv, int x, int y, int w, const char *lo, const char
 static int save(canvas *cv, const cli_outputs *outs, const char *flag) {
     char err[256];
     if (canvas_write_png(cv, cli_outputs_tmp(outs, flag), err, sizeof err))
-        return mha_cmd_error(CMD, MHA_EXIT_RUNTIME, "cannot write %s: %s", flag, err);
+        return mha_cmd_error(CMD, MHA_EXIT_RUNTIME, "cannot write %s '%s': %s; the file is unchanged", flag,
+                             cli_outputs_path(outs, flag), err);
     return MHA_EXIT_OK;
 }
 
@@ -43,7 +44,7 @@ static int save(canvas *cv, const cli_outputs *outs, const char *flag) {
 typedef struct {
     const char *const *out;
     const char **contrib_out;
-    char buf[1024];
+    char *buf; /* as long as the name needs: a cut name would be another file */
 } default_name;
 
 static void derive_contrib_out(void *ctx) {
@@ -51,7 +52,9 @@ static void derive_contrib_out(void *ctx) {
     if (*d->contrib_out || !*d->out) return;
     const char *out = *d->out, *dot = strrchr(out, '.'), *slash = strrchr(out, '/');
     if (!dot || (slash && dot < slash)) dot = out + strlen(out);
-    snprintf(d->buf, sizeof d->buf, "%.*s_contrib.png", (int)(dot - out), out);
+    const size_t cap = (size_t)(dot - out) + sizeof "_contrib.png";
+    if (!(d->buf = malloc(cap))) return; /* no name: reported after the parse */
+    snprintf(d->buf, cap, "%.*s_contrib.png", (int)(dot - out), out);
     *d->contrib_out = d->buf;
 }
 
@@ -176,7 +179,10 @@ int cmd_plot(int argc, char **argv) {
     mha_layer *L;
     cli_fwd f;
     int rc = cli_fwd_open(&L, &f, &spec, &ck, &ff, &outs, argc, argv);
-    if (rc != MHA_ARGS_CONTINUE) return rc;
+    if (rc != MHA_ARGS_CONTINUE) {
+        free(dn.buf);
+        return rc;
+    }
 
     float *y = NULL, *norms = NULL;
     mha_capture cap = {0};
@@ -197,6 +203,10 @@ int cmd_plot(int argc, char **argv) {
         (rc = cli_check_output_size(CMD, "the captures together", np + nc + (double)rows * dm, limit)))
         goto done;
     rc = MHA_EXIT_RUNTIME;
+    if (!contrib_out) {
+        rc = mha_cmd_error(CMD, MHA_EXIT_RUNTIME, "out of memory");
+        goto done;
+    }
     if (!(y = cli_alloc(CMD, rows * dm)) || !(cap.probs = cli_alloc(CMD, (size_t)h * rows * St)) ||
         !(cap.contributions = cli_alloc(CMD, (size_t)h * rows * dm)) ||
         !(norms = cli_alloc(CMD, (size_t)h * T)) || !(labels = malloc((size_t)h * sizeof *labels)))
@@ -224,5 +234,7 @@ done:
     free(cap.contributions);
     cli_fwd_free(&f);
     mha_layer_free(L);
-    return cli_outputs_finish(&outs, rc);
+    rc = cli_outputs_finish(&outs, rc);
+    free(dn.buf);
+    return rc;
 }

@@ -77,7 +77,7 @@ int cli_parse_load(mha_layer **L, const char **pos, mha_command_spec *spec, cons
 }
 
 void cli_register_inputs(cli_outputs *outs, const cli_ckpt *ck, const cli_fwd_flags *ff) {
-    cli_outputs_input(outs, "--weights", &ck->weights);
+    cli_outputs_checkpoint(outs, "--weights", &ck->weights);
     if (!ff) return;
     cli_outputs_input(outs, "--input", &ff->input);
     cli_outputs_input(outs, "--kv-input", &ff->kv_input);

@@ -10,7 +10,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <jansson.h>
+
 #include "args.h"
+#include "mha.h"
 
 void cli_outputs_init(cli_outputs *o, const char *cmd) {
     memset(o, 0, sizeof *o);
@@ -18,17 +21,22 @@ void cli_outputs_init(cli_outputs *o, const char *cmd) {
 }
 
 void cli_outputs_input(cli_outputs *o, const char *flag, const char *const *path) {
-    if (o->n_in < CLI_MAX_FILES) o->in[o->n_in++] = (cli_file){flag, path, NULL, NULL};
+    if (o->n_in < CLI_MAX_FILES) o->in[o->n_in++] = (cli_file){flag, path, NULL, NULL, 0};
+}
+
+void cli_outputs_checkpoint(cli_outputs *o, const char *flag, const char *const *path) {
+    if (o->n_in < CLI_MAX_FILES) o->in[o->n_in++] = (cli_file){flag, path, NULL, NULL, 1};
 }
 
 void cli_outputs_output(cli_outputs *o, const char *flag, const char *const *path) {
-    if (o->n_out < CLI_MAX_FILES) o->out[o->n_out++] = (cli_file){flag, path, NULL, NULL};
+    if (o->n_out < CLI_MAX_FILES) o->out[o->n_out++] = (cli_file){flag, path, NULL, NULL, 0};
 }
 
 /* What makes two paths one file: device and inode when it exists, else
  * the real path of its directory plus its own name. */
 typedef struct {
     int exists;
+    mode_t mode;
     dev_t dev;
     ino_t ino;
     char resolved[PATH_MAX + 256];
@@ -50,6 +58,7 @@ static int identify(const cli_outputs *o, const cli_file *f, file_id *id, int ou
     memset(id, 0, sizeof *id);
     if (stat(path, &st) == 0) {
         id->exists = 1;
+        id->mode = st.st_mode;
         id->dev = st.st_dev;
         id->ino = st.st_ino;
         if (output && S_ISDIR(st.st_mode))
@@ -134,35 +143,134 @@ static void remove_temporaries(cli_outputs *o) {
     }
 }
 
+/* A file a checkpoint input is read from besides its own path. */
+typedef struct {
+    file_id id;
+    char *path;
+    int from; /* the index of the checkpoint input in o->in */
+} extra_file;
+
+typedef struct {
+    extra_file *v;
+    int n, cap;
+} extra_list;
+
+static void extras_free(extra_list *x) {
+    for (int i = 0; i < x->n; i++) free(x->v[i].path);
+    free(x->v);
+    memset(x, 0, sizeof *x);
+}
+
+/* Adds path when it exists and is not listed yet; 0, or -1 out of memory. */
+static int extras_add(extra_list *x, const char *path, int from) {
+    struct stat st;
+    if (stat(path, &st) != 0) return 0; /* what is missing replaces nothing; the load reports it */
+    for (int i = 0; i < x->n; i++)
+        if (strcmp(x->v[i].path, path) == 0) return 0;
+    if (x->n == x->cap) {
+        int cap = x->cap ? 2 * x->cap : 8;
+        extra_file *v = realloc(x->v, sizeof *v * (size_t)cap);
+        if (!v) return -1;
+        x->v = v, x->cap = cap;
+    }
+    extra_file *e = &x->v[x->n];
+    memset(e, 0, sizeof *e);
+    if (!(e->path = strdup(path))) return -1;
+    e->from = from;
+    x->n++;
+    return 0;
+}
+
+/* The files checkpoint input j is read from: what a directory names (its
+ * model.safetensors or index), the config.json beside that file, and the
+ * shards an index names (each shard file once). What cannot be resolved
+ * or parsed adds nothing: the load reports it. 0, or -1 out of memory. */
+static int checkpoint_files(const cli_outputs *o, int j, extra_list *x) {
+    const char *path = *o->in[j].path;
+    char file[PATH_MAX], dir[PATH_MAX], name[2 * PATH_MAX];
+    if (mha_checkpoint_resolve(file, sizeof file, path) != MHA_OK) return 0;
+    if (strcmp(file, path) != 0 && extras_add(x, file, j)) return -1;
+    const char *slash = strrchr(file, '/');
+    snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - file + 1) : 0, file);
+    snprintf(name, sizeof name, "%sconfig.json", dir);
+    if (extras_add(x, name, j)) return -1;
+    const size_t n = strlen(file), s = strlen(".index.json");
+    struct stat st;
+    if (n <= s || strcmp(file + n - s, ".index.json") != 0 || stat(file, &st) != 0 || !S_ISREG(st.st_mode) ||
+        st.st_size > ((off_t)64 << 20)) /* the library's bound on an index */
+        return 0;
+    json_t *root = json_load_file(file, 0, NULL), *map = json_object_get(root, "weight_map"), *v;
+    const char *key;
+    int rc = 0;
+    json_object_foreach(map, key, v) {
+        const char *shard = json_string_value(v);
+        if (!shard || !*shard || strchr(shard, '/')) continue; /* refused by the load */
+        snprintf(name, sizeof name, "%s%s", dir, shard);
+        if ((rc = extras_add(x, name, j))) break;
+    }
+    json_decref(root);
+    return rc;
+}
+
+/* Refuses an input that exists but is not a regular file or a directory
+ * (a pipe would block the read); 0 or the exit code. */
+static int check_readable(const cli_outputs *o, const char *flag, const char *path, const file_id *id) {
+    if (!id->exists || S_ISREG(id->mode) || S_ISDIR(id->mode)) return 0;
+    return mha_cmd_error(o->cmd, MHA_EXIT_RUNTIME,
+                         "cannot read %s '%s': it is not a regular file (a pipe or a device); expected "
+                         "a file",
+                         flag, path);
+}
+
 int cli_outputs_check(cli_outputs *o) {
     if (o->after_parse) o->after_parse(o->ctx);
     file_id in[CLI_MAX_FILES], out[CLI_MAX_FILES];
-    for (int j = 0; j < o->n_in; j++) {
+    extra_list x = {0};
+    int rc = 0;
+    for (int j = 0; j < o->n_in && !rc; j++) {
         in[j].exists = 0;
         in[j].resolved[0] = '\0';
-        if (*o->in[j].path) identify(o, &o->in[j], &in[j], 0);
+        if (!*o->in[j].path) continue;
+        identify(o, &o->in[j], &in[j], 0);
+        rc = check_readable(o, o->in[j].flag, *o->in[j].path, &in[j]);
+        if (!rc && o->in[j].checkpoint && checkpoint_files(o, j, &x))
+            rc = mha_cmd_error(o->cmd, MHA_EXIT_RUNTIME, "out of memory");
     }
-    for (int i = 0; i < o->n_out; i++) {
+    for (int k = 0; k < x.n && !rc; k++) {
+        identify(o, &(cli_file){o->in[x.v[k].from].flag, (const char *const *)&x.v[k].path, NULL, NULL, 0},
+                 &x.v[k].id, 0);
+        rc = check_readable(o, o->in[x.v[k].from].flag, x.v[k].path, &x.v[k].id);
+    }
+    for (int i = 0; i < o->n_out && !rc; i++) {
         const cli_file *f = &o->out[i];
         if (!*f->path) continue;
-        int rc = identify(o, f, &out[i], 1);
-        if (rc) return rc;
-        for (int j = 0; j < o->n_in; j++)
+        if ((rc = identify(o, f, &out[i], 1))) break;
+        for (int j = 0; j < o->n_in && !rc; j++)
             if (*o->in[j].path && same_file(&out[i], &in[j]))
-                return mha_cmd_error(o->cmd, MHA_EXIT_USAGE,
-                                     "%s '%s' is the same file as %s '%s'; an output must not "
-                                     "replace an input (choose another path)",
-                                     f->flag, *f->path, o->in[j].flag, *o->in[j].path);
-        for (int j = 0; j < i; j++)
+                rc = mha_cmd_error(o->cmd, MHA_EXIT_USAGE,
+                                   "%s '%s' is the same file as %s '%s'; an output must not "
+                                   "replace an input (choose another path)",
+                                   f->flag, *f->path, o->in[j].flag, *o->in[j].path);
+        /* a file the checkpoint is read from: a directory's model.safetensors, a shard, config.json */
+        for (int k = 0; k < x.n && !rc; k++)
+            if (same_file(&out[i], &x.v[k].id))
+                rc = mha_cmd_error(o->cmd, MHA_EXIT_USAGE,
+                                   "%s '%s' is the same file as '%s', read from %s '%s'; an output "
+                                   "must not replace an input (choose another path)",
+                                   f->flag, *f->path, x.v[k].path, o->in[x.v[k].from].flag,
+                                   *o->in[x.v[k].from].path);
+        for (int j = 0; j < i && !rc; j++)
             if (*o->out[j].path && same_file(&out[i], &out[j]))
-                return mha_cmd_error(o->cmd, MHA_EXIT_USAGE,
-                                     "%s '%s' is the same file as %s '%s'; each output needs "
-                                     "its own path",
-                                     f->flag, *f->path, o->out[j].flag, *o->out[j].path);
+                rc = mha_cmd_error(o->cmd, MHA_EXIT_USAGE,
+                                   "%s '%s' is the same file as %s '%s'; each output needs "
+                                   "its own path",
+                                   f->flag, *f->path, o->out[j].flag, *o->out[j].path);
     }
+    extras_free(&x);
+    if (rc) return rc;
     for (int i = 0; i < o->n_out; i++) {
         if (!*o->out[i].path) continue;
-        int rc = reserve(o, &o->out[i]);
+        rc = reserve(o, &o->out[i]);
         if (rc) {
             remove_temporaries(o);
             return rc;
@@ -174,6 +282,12 @@ int cli_outputs_check(cli_outputs *o) {
 const char *cli_outputs_tmp(const cli_outputs *o, const char *flag) {
     for (int i = 0; i < o->n_out; i++)
         if (strcmp(o->out[i].flag, flag) == 0) return o->out[i].tmp;
+    return NULL;
+}
+
+const char *cli_outputs_path(const cli_outputs *o, const char *flag) {
+    for (int i = 0; i < o->n_out; i++)
+        if (strcmp(o->out[i].flag, flag) == 0) return *o->out[i].path;
     return NULL;
 }
 

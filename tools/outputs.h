@@ -24,6 +24,7 @@ typedef struct {
     const char *const *path;  /* where the parser puts the path          */
     char *tmp;                /* the reserved temporary (outputs only)   */
     char *target;             /* what a symbolic link output names, or NULL */
+    int checkpoint;           /* an input read as a checkpoint (below)   */
 } cli_file;
 
 typedef struct {
@@ -40,13 +41,22 @@ void cli_outputs_init(cli_outputs *o, const char *cmd);
 /* Register a flag (a NULL *path after parsing means "not given"). */
 void cli_outputs_input(cli_outputs *o, const char *flag, const char *const *path);
 void cli_outputs_output(cli_outputs *o, const char *flag, const char *const *path);
+/* An input that names a checkpoint: besides the path itself, the files it
+ * is read from count as inputs too (a directory's model.safetensors or
+ * index, an index's shards, the config.json beside them), so that no
+ * output replaces one of them. */
+void cli_outputs_checkpoint(cli_outputs *o, const char *flag, const char *const *path);
 
 /* The checks and reservations above; returns 0 or an exit code after
  * printing one line (2 for a conflict between flags, 1 for a file
- * problem), with nothing left on disk. */
+ * problem), with nothing left on disk. An input that exists but is
+ * neither a regular file nor a directory (a pipe, a device) is refused
+ * too (1): opening a pipe to read it would wait for a writer forever. */
 int cli_outputs_check(cli_outputs *o);
 /* The temporary to write for the output registered under flag. */
 const char *cli_outputs_tmp(const cli_outputs *o, const char *flag);
+/* The path the user gave for that output (for messages). */
+const char *cli_outputs_path(const cli_outputs *o, const char *flag);
 /* Prints "mha <cmd>: cannot write FLAG: MESSAGE" for a failed write to
  * flag's temporary, naming the target where msg names the temporary;
  * returns exit code 1. */
