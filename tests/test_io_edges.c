@@ -532,6 +532,37 @@ static void test_safetensors_every_dtype(void) {
     }
 }
 
+/* A pipe is refused at once by every reader (opening one to read waited
+ * for a writer forever), and an empty output name before any file is
+ * made (its temporary went to the working directory). alarm() turns a
+ * reader that blocks again into a failure instead of a hung suite. */
+static void test_pipe_and_empty_name(void) {
+    char fifo[256], index[256];
+    tmp_path(fifo, sizeof fifo, "fifo.npy");
+    tmp_path(index, sizeof index, "fifo.safetensors.index.json");
+    unlink(fifo), unlink(index);
+    if (mkfifo(fifo, 0600) != 0 || mkfifo(index, 0600) != 0) {
+        fprintf(stderr, "test_io_edges: SKIPPED the pipe cases: mkfifo is not permitted here\n");
+    } else {
+        alarm(60);
+        mha_array a = {0};
+        CHECK_STATUS(mha_npy_read(&a, fifo, 0), MHA_E_IO);
+        CHECK_ERROR_MENTIONS("not a regular file");
+        mha_tensors *t = NULL;
+        CHECK_STATUS(mha_safetensors_read(&t, fifo, 0), MHA_E_IO);
+        CHECK_ERROR_MENTIONS("not a regular file");
+        mha_layer *L = NULL;
+        CHECK_STATUS(mha_layer_load(&L, index, NULL), MHA_E_IO);
+        CHECK_ERROR_MENTIONS("not a regular file");
+        alarm(0);
+    }
+    unlink(fifo), unlink(index);
+    const float f[1] = {1};
+    const int shape[1] = {1};
+    CHECK_STATUS(mha_npy_write_f32("", f, 1, shape), MHA_E_ARG);
+    CHECK_ERROR_MENTIONS("an empty file name");
+}
+
 static const test_case cases[] = {
     {"npy_header_errors", test_npy_header_errors},
     {"npy_preamble_errors", test_npy_preamble_errors},
@@ -541,6 +572,7 @@ static const test_case cases[] = {
     {"safetensors_header_errors", test_safetensors_header_errors},
     {"safetensors_preamble_errors", test_safetensors_preamble_errors},
     {"safetensors_every_dtype", test_safetensors_every_dtype},
+    {"pipe_and_empty_name", test_pipe_and_empty_name},
 };
 
 const test_case *tests_io_edges(size_t *count) {

@@ -23,7 +23,9 @@
 static mha_status map_open(mha_file_map *m, const char *path, int populate) {
     memset(m, 0, sizeof *m);
     m->fd = -1;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: opening a pipe would otherwise wait for a writer forever;
+     * it changes nothing for a regular file, the only kind read below */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) return mha_fail(MHA_E_IO, "cannot open '%s': %s", path, strerror(errno));
     struct stat st;
     int stat_ok = fstat(fd, &st) == 0;

@@ -36,6 +36,8 @@ mha_status mha_out_open(mha_out_file *o, const char *path) {
     memset(o, 0, sizeof *o);
     o->fd = -1;
     o->path = path;
+    if (!*path) /* else the temporary would go to the working directory and the rename fail */
+        return mha_fail(MHA_E_ARG, "cannot write '': an empty file name; expected a path");
     struct stat st;
     /* a rename over a link would replace the link: write over what it names */
     if (lstat(path, &st) == 0 && S_ISLNK(st.st_mode) && !(o->target = realpath(path, NULL)))

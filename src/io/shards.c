@@ -6,6 +6,7 @@
  * copied out of the shards that hold them, so a layer split across two
  * shards loads and the other layers' bytes are never decoded beyond what
  * mapping a shard costs. */
+#include <errno.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -103,7 +104,9 @@ static mha_status check_files(json_t *map, const char *path) {
 
 static mha_status read_index(mha_tensors *out, const char *index, const char *prefix, unsigned flags) {
     struct stat st;
-    if (stat(index, &st) != 0) return mha_fail(MHA_E_IO, "cannot open '%s'", index);
+    if (stat(index, &st) != 0) return mha_fail(MHA_E_IO, "cannot open '%s': %s", index, strerror(errno));
+    if (!S_ISREG(st.st_mode)) /* a pipe would block the read below */
+        return mha_fail(MHA_E_IO, "cannot read '%s': not a regular file; expected a regular file", index);
     if ((long long)st.st_size > INDEX_MAX_BYTES)
         return mha_fail(MHA_E_FORMAT, "index of %lld bytes; expected at most %lld", (long long)st.st_size,
                         INDEX_MAX_BYTES);
