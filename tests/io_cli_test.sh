@@ -754,5 +754,18 @@ checks=$((checks + 1))
 [ -f "$L/attn_contrib.png" ] || fail "$last: no $L/attn_contrib.png"
 [ "$(find $T/long -type f | wc -l)" -eq 2 ] || fail "$last: wrote elsewhere: $(find $T/long -type f | tail -c 300)"
 
+# --- a file name with a newline or an escape: still one line of error ---------
+# Paths were printed raw: a newline in a name split the message in two,
+# an escape sequence reached the terminal.
+run run --weights $T/native.safetensors --input $T/x.npy --output "$T/no
+dir/y.npy"
+expect_error 1 "cannot write --output '$T/no?dir/y.npy': directory '$T/no?dir': No such file or directory"
+esc=$(printf '%s/e\033[31m.npy' "$T")
+run run --weights $T/native.safetensors --input $T/x.npy --output "$esc" --save-z "$esc"
+expect_error 2 "--save-z '$T/e?[31m.npy' is the same file as --output '$T/e?[31m.npy'"
+run run --weights "$T/w
+x.safetensors" --input $T/x.npy --output $T/y.npy
+expect_error 1 "cannot open '$T/w?x.safetensors': No such file or directory"
+
 echo "io_cli_test: $checks checks, $fails failures"
 [ "$fails" -eq 0 ]

@@ -15,8 +15,24 @@ int mha_cmd_error(const char *cmd, int code, const char *fmt, ...) {
     va_list ap;
     fprintf(stderr, "mha %s: ", cmd);
     va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
+    int n = vsnprintf(NULL, 0, fmt, ap);
     va_end(ap);
+    char *msg = n >= 0 ? malloc((size_t)n + 1) : NULL;
+    if (msg) {
+        va_start(ap, fmt);
+        vsnprintf(msg, (size_t)n + 1, fmt, ap);
+        va_end(ap);
+        /* a file name may hold a newline or an escape sequence: the
+         * message stays one line, and the terminal's state untouched */
+        for (char *c = msg; *c; c++)
+            if ((unsigned char)*c < 0x20 || *c == 0x7f) *c = '?';
+        fputs(msg, stderr);
+        free(msg);
+    } else {
+        va_start(ap, fmt);
+        vfprintf(stderr, fmt, ap);
+        va_end(ap);
+    }
     fputc('\n', stderr);
     return code;
 }
