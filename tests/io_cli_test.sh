@@ -767,5 +767,38 @@ run run --weights "$T/w
 x.safetensors" --input $T/x.npy --output $T/y.npy
 expect_error 1 "cannot open '$T/w?x.safetensors': No such file or directory"
 
+# --- an interrupted command leaves no temporary behind ---------------------
+# The temporaries are reserved before the load: SIGTERM or SIGHUP during the
+# work (Ctrl-C alike; a background job of sh ignores SIGINT, so it is not
+# sent here) left them in the output's directory, and a file size limit
+# without `trap '' XFSZ` killed the process mid-write, leaving a partial one.
+"$PY" -c "import numpy as np; np.save('$T/x_long.npy', np.random.RandomState(2).randn(1, 4000, 16).astype(np.float32))"
+printf OLD >$T/sig_y.npy
+cp $T/sig_y.npy $T/.keep/sig_y.npy
+for sig in TERM HUP; do
+    "$MHA" run --weights $T/native.safetensors --input $T/x_long.npy --output $T/sig_y.npy --save-z $T/sig_z.npy \
+        --path reference >"$tmp/out" 2>"$tmp/err" & # about a second of work (small outputs)
+    pid=$!
+    i=0 # wait until the temporaries exist (at most 10 s), then interrupt the work
+    while [ -z "$(find $T -maxdepth 1 -name '.sig_z.npy.*')" ] && [ $i -lt 500 ]; do sleep 0.02; i=$((i + 1)); done
+    kill -$sig $pid
+    { wait $pid; } 2>/dev/null # without the shell's "Terminated"
+    rc=$?
+    last="mha run ... (SIG$sig during the work)"
+    checks=$((checks + 1))
+    [ "$rc" -gt 128 ] || fail "$last: exit $rc, want death by the signal (the run finished before it?)"
+    [ -z "$(find $T -maxdepth 1 -name '.sig_*')" ] || fail "$last: left $(find $T -maxdepth 1 -name '.sig_*')"
+    [ -e $T/sig_z.npy ] && fail "$last: wrote --save-z"
+    unchanged sig_y.npy
+done
+(ulimit -f 1; exec "$MHA" run --weights $T/native.safetensors --input $T/x.npy --output $T/sig_y.npy) \
+    >"$tmp/out" 2>"$tmp/err"
+rc=$?
+last="mha run under ulimit -f 1 (SIGXFSZ not trapped)"
+expect_error 1 "cannot write '$T/sig_y.npy' (flush failed): File too large; the file is unchanged"
+unchanged sig_y.npy
+checks=$((checks + 1))
+[ -z "$(find $T -maxdepth 1 -name '.sig_*')" ] || fail "$last: left $(find $T -maxdepth 1 -name '.sig_*')"
+
 echo "io_cli_test: $checks checks, $fails failures"
 [ "$fails" -eq 0 ]

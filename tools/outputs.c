@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -98,6 +99,48 @@ static int same_file(const file_id *a, const file_id *b) {
  * (a rename over the link would replace the link itself). */
 static const char *destination(const cli_file *f) { return f->target ? f->target : *f->path; }
 
+/* Interruptions. A signal that ends the process (Ctrl-C, kill, a closed
+ * terminal) would leave the reserved temporaries behind: the handler
+ * removes them first. Once the outputs are being written (the first
+ * cli_outputs_tmp) it only notes the signal: the library's writer has a
+ * temporary of its own in flight, and the renames are all or none;
+ * cli_outputs_finish then removes every temporary and ends the process
+ * with that signal. The handler runs on whichever thread the kernel picks,
+ * so it touches only these flags and unlink(). */
+static char *volatile pending[CLI_MAX_FILES]; /* the temporaries on disk */
+static volatile sig_atomic_t writing, deferred;
+static const int ending_signals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
+
+static void on_ending_signal(int sig) {
+    if (writing) {
+        deferred = sig;
+        return;
+    }
+    for (int i = 0; i < CLI_MAX_FILES; i++)
+        if (pending[i]) unlink(pending[i]);
+    signal(sig, SIG_DFL);
+    raise(sig); /* delivered when the handler returns: the process ends as it would have */
+}
+
+static void catch_ending_signals(void) {
+    static int done;
+    if (done) return;
+    done = 1;
+    for (size_t k = 0; k < sizeof ending_signals / sizeof ending_signals[0]; k++) {
+        struct sigaction old, sa;
+        if (sigaction(ending_signals[k], NULL, &old) == 0 && old.sa_handler == SIG_IGN)
+            continue; /* ignored by the caller (nohup): stays ignored */
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = on_ending_signal;
+        sa.sa_flags = SA_RESTART;
+        sigemptyset(&sa.sa_mask);
+        sigaction(ending_signals[k], &sa, NULL);
+    }
+    /* over a file size limit a write fails with EFBIG (an error naming the
+     * file, temporaries removed) instead of killing the process mid-write */
+    signal(SIGXFSZ, SIG_IGN);
+}
+
 /* Temporary names differ by process and by call; the copied name is cut
  * short so that a legal output name gives a legal temporary name. */
 static int reserve(const cli_outputs *o, cli_file *f) {
@@ -136,6 +179,7 @@ static int reserve(const cli_outputs *o, cli_file *f) {
 
 static void remove_temporaries(cli_outputs *o) {
     for (int i = 0; i < o->n_out; i++) {
+        pending[i] = NULL;
         if (o->out[i].tmp) unlink(o->out[i].tmp);
         free(o->out[i].tmp);
         free(o->out[i].target);
@@ -268,6 +312,7 @@ int cli_outputs_check(cli_outputs *o) {
     }
     extras_free(&x);
     if (rc) return rc;
+    if (o->n_out) catch_ending_signals();
     for (int i = 0; i < o->n_out; i++) {
         if (!*o->out[i].path) continue;
         rc = reserve(o, &o->out[i]);
@@ -275,11 +320,13 @@ int cli_outputs_check(cli_outputs *o) {
             remove_temporaries(o);
             return rc;
         }
+        pending[i] = o->out[i].tmp;
     }
     return 0;
 }
 
 const char *cli_outputs_tmp(const cli_outputs *o, const char *flag) {
+    writing = 1; /* from here an interruption is acted on in cli_outputs_finish */
     for (int i = 0; i < o->n_out; i++)
         if (strcmp(o->out[i].flag, flag) == 0) return o->out[i].tmp;
     return NULL;
@@ -312,6 +359,9 @@ static void sync_dir_of(const char *path) {
 }
 
 int cli_outputs_finish(cli_outputs *o, int rc) {
+    writing = 1; /* an interruption now waits until the renames are all done or none */
+    /* interrupted while the outputs were written: a failed command, nothing replaced */
+    if (deferred && rc == 0) rc = MHA_EXIT_RUNTIME;
     /* Every temporary is complete and fsync'ed before the first rename, so
      * only a rename itself can still fail (in one directory it does not
      * for lack of space). */
@@ -323,11 +373,20 @@ int cli_outputs_finish(cli_outputs *o, int rc) {
                                *f->path, strerror(errno));
         else {
             sync_dir_of(destination(f));
+            pending[i] = NULL;
             free(f->tmp);
             f->tmp = NULL;
         }
     }
     remove_temporaries(o);
+    writing = 0;
+    if (deferred) {
+        const int sig = deferred;
+        mha_cmd_error(o->cmd, MHA_EXIT_RUNTIME, "interrupted (signal %d) while writing; no output was replaced",
+                      sig);
+        signal(sig, SIG_DFL);
+        raise(sig);
+    }
     return rc;
 }
 

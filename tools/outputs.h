@@ -11,6 +11,11 @@
  * to its temporary (cli_outputs_tmp); cli_outputs_finish renames them all
  * over their targets when the command succeeded, and removes them all
  * when it failed, so a failed command leaves every existing file as it was.
+ * A signal that ends the process (SIGINT, SIGTERM, SIGHUP, SIGQUIT) removes
+ * the temporaries first; once the outputs are being written (the first
+ * cli_outputs_tmp) it is held until cli_outputs_finish, which then removes
+ * them all instead of renaming and ends the process with it. SIGXFSZ is
+ * ignored, so a file size limit is an error (EFBIG) like any other.
  */
 #ifndef MHA_TOOLS_OUTPUTS_H
 #define MHA_TOOLS_OUTPUTS_H
