@@ -800,5 +800,18 @@ unchanged sig_y.npy
 checks=$((checks + 1))
 [ -z "$(find $T -maxdepth 1 -name '.sig_*')" ] || fail "$last: left $(find $T -maxdepth 1 -name '.sig_*')"
 
+# --- a replaced output keeps its permissions ---------------------------------
+# The temporary was created 0666 & ~umask: a private 0600 output came back
+# 0644, readable by everyone, after the command replaced it.
+printf OLD >$T/mode_y.npy && chmod 600 $T/mode_y.npy
+run run --weights $T/native.safetensors --input $T/x.npy --output $T/mode_y.npy
+expect_ok
+printf OLD >$T/mode_c.safetensors && chmod 640 $T/mode_c.safetensors
+run convert --to native $T/native.safetensors $T/mode_c.safetensors
+expect_ok
+checks=$((checks + 1))
+[ "$(stat -c %a $T/mode_y.npy) $(stat -c %a $T/mode_c.safetensors)" = "600 640" ] ||
+    fail "replaced outputs changed their permissions: $(stat -c '%a %n' $T/mode_y.npy $T/mode_c.safetensors)"
+
 echo "io_cli_test: $checks checks, $fails failures"
 [ "$fails" -eq 0 ]

@@ -563,6 +563,21 @@ static void test_pipe_and_empty_name(void) {
     CHECK_ERROR_MENTIONS("an empty file name");
 }
 
+/* A replaced file keeps its permission bits (the temporary was created
+ * 0666 & ~umask: a private 0600 file came back readable by all). */
+static void test_write_keeps_mode(void) {
+    char p[256];
+    tmp_path(p, sizeof p, "mode.npy");
+    const float f[1] = {1};
+    const int shape[1] = {1};
+    CHECK_OK(mha_npy_write_f32(p, f, 1, shape));
+    CHECK(chmod(p, 0600) == 0);
+    CHECK_OK(mha_npy_write_f32(p, f, 1, shape));
+    struct stat st;
+    CHECK(stat(p, &st) == 0 && (st.st_mode & 0777) == 0600);
+    unlink(p);
+}
+
 static const test_case cases[] = {
     {"npy_header_errors", test_npy_header_errors},
     {"npy_preamble_errors", test_npy_preamble_errors},
@@ -573,6 +588,7 @@ static const test_case cases[] = {
     {"safetensors_preamble_errors", test_safetensors_preamble_errors},
     {"safetensors_every_dtype", test_safetensors_every_dtype},
     {"pipe_and_empty_name", test_pipe_and_empty_name},
+    {"write_keeps_mode", test_write_keeps_mode},
 };
 
 const test_case *tests_io_edges(size_t *count) {
