@@ -812,6 +812,16 @@ expect_ok
 checks=$((checks + 1))
 [ "$(stat -c %a $T/mode_y.npy) $(stat -c %a $T/mode_c.safetensors)" = "600 640" ] ||
     fail "replaced outputs changed their permissions: $(stat -c '%a %n' $T/mode_y.npy $T/mode_c.safetensors)"
+# ... and, run by root, its owner (a user's file came back owned by root)
+if [ "$(id -u)" -eq 0 ] && chown 65534:65534 $T/mode_y.npy 2>/dev/null; then
+    run run --weights $T/native.safetensors --input $T/x.npy --output $T/mode_y.npy --causal
+    expect_ok
+    checks=$((checks + 1))
+    [ "$(stat -c %u:%g $T/mode_y.npy)" = 65534:65534 ] ||
+        fail "$last: the replaced output's owner became $(stat -c %u:%g $T/mode_y.npy)"
+else
+    echo "io_cli_test: SKIPPED the owner case: it needs root (chown)" >&2
+fi
 
 echo "io_cli_test: $checks checks, $fails failures"
 [ "$fails" -eq 0 ]

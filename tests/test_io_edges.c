@@ -563,8 +563,9 @@ static void test_pipe_and_empty_name(void) {
     CHECK_ERROR_MENTIONS("an empty file name");
 }
 
-/* A replaced file keeps its permission bits (the temporary was created
- * 0666 & ~umask: a private 0600 file came back readable by all). */
+/* A replaced file keeps its permission bits and owner (the temporary was
+ * created 0666 & ~umask by the writer: a private 0600 file came back
+ * readable by all, a user's file replaced by root owned by root). */
 static void test_write_keeps_mode(void) {
     char p[256];
     tmp_path(p, sizeof p, "mode.npy");
@@ -575,6 +576,13 @@ static void test_write_keeps_mode(void) {
     CHECK_OK(mha_npy_write_f32(p, f, 1, shape));
     struct stat st;
     CHECK(stat(p, &st) == 0 && (st.st_mode & 0777) == 0600);
+    /* and its owner, when root replaces another user's file */
+    if (getuid() == 0 && chown(p, 65534, 65534) == 0) {
+        CHECK_OK(mha_npy_write_f32(p, f, 1, shape));
+        CHECK(stat(p, &st) == 0 && st.st_uid == 65534 && st.st_gid == 65534);
+    } else {
+        fprintf(stderr, "test_io_edges: SKIPPED the owner case of write_keeps_mode: it needs root\n");
+    }
     unlink(p);
 }
 

@@ -173,9 +173,13 @@ static int reserve(const cli_outputs *o, cli_file *f) {
         return mha_cmd_error(o->cmd, MHA_EXIT_RUNTIME, "cannot write %s '%s': %s", f->flag, path,
                              strerror(e));
     }
-    /* a replaced file keeps its permissions (the library's writer copies
-     * them from this temporary); best effort */
-    if (stat(dest, &st) == 0 && S_ISREG(st.st_mode)) (void)fchmod(fd, st.st_mode & 0777);
+    /* a replaced file keeps its owner and permissions (the library's
+     * writer copies them from this temporary); best effort */
+    if (stat(dest, &st) == 0 && S_ISREG(st.st_mode)) {
+        if (fchown(fd, st.st_uid, st.st_gid) != 0) { /* only root gives files away: stays ours */
+        }
+        (void)fchmod(fd, st.st_mode & 0777);
+    }
     close(fd);
     return 0;
 }

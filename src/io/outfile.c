@@ -65,9 +65,14 @@ mha_status mha_out_open(mha_out_file *o, const char *path) {
         if (o->fd >= 0 || errno != EEXIST) break;
     }
     if (!s && o->fd < 0) s = mha_fail(MHA_E_IO, "cannot write '%s': %s", path, strerror(errno));
-    /* a replaced file keeps its permissions (a private 0600 file would
-     * otherwise come back readable by all); best effort */
-    if (!s && stat(dest, &st) == 0 && S_ISREG(st.st_mode)) (void)fchmod(o->fd, st.st_mode & 0777);
+    /* a replaced file keeps its owner and permissions (a private 0600 file
+     * would otherwise come back readable by all, a user's file run over by
+     * root owned by root); best effort */
+    if (!s && stat(dest, &st) == 0 && S_ISREG(st.st_mode)) {
+        if (fchown(o->fd, st.st_uid, st.st_gid) != 0) { /* only root gives files away: stays ours */
+        }
+        (void)fchmod(o->fd, st.st_mode & 0777);
+    }
     if (s) {
         free(o->tmp);
         free(o->target);
