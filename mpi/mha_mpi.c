@@ -243,7 +243,10 @@ static int parse(run_flags *r, mha_command_spec *spec, cli_outputs *outs, int ar
     capture_begin(&cap, rank);
     argv = cli_expand_causal(&argc, argv);
     int rc = mha_args_parse(spec, argc, argv, NULL, NULL);
-    if (rc == MHA_ARGS_CONTINUE) rc = cli_outputs_check(outs) ? MHA_EXIT_USAGE : MHA_ARGS_CONTINUE;
+    if (rc == MHA_ARGS_CONTINUE) { /* its own code, as mha run's: 1 a file problem, 2 a conflict of flags */
+        const int c = cli_outputs_check(outs);
+        if (c) rc = c;
+    }
     capture_end(&cap);
     const int failed = rc != MHA_ARGS_CONTINUE && rc != MHA_EXIT_OK, help = rc == MHA_EXIT_OK;
     int code = failed ? rc : 0, all_help;

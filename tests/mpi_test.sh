@@ -437,6 +437,12 @@ mpi 2 --split heads --weights "$T/gqa.safetensors" --input "$T/x16.npy" --causal
 expect_fail 2 "--output '$T/pos_in.npy' is the same file as --positions"
 checks=$((checks + 1))
 cmp -s "$T/pos_in.npy" "$T/pos_keep.npy" || fail "$last: replaced the positions"
+# a file problem found before the load exits 1, as in mha run (it was 2,
+# the code of a usage error, whatever the problem)
+mpi 2 --split heads --weights "$T/gqa.safetensors" --input "$T/x16.npy" --output "$T/fo"
+expect_fail 2 "cannot write --output '$T/fo': it is a directory"
+checks=$((checks + 1))
+[ "$rc" -eq 1 ] || fail "$last: exit $rc, want 1 (a file problem)"
 # one rank given another file (MPMD): caught on rank 1, reported by both
 timeout 120 mpirun --oversubscribe -np 1 "$MPI" run --weights "$T/mha.safetensors" --input "$T/x.npy" --output "$T/fo/y.npy" \
     : -np 1 "$MPI" run --weights "$T/mha.safetensors" --input "$T/nope.npy" --output "$T/fo/y.npy" >"$T/out" 2>"$T/err"
