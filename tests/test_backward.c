@@ -355,7 +355,7 @@ static void backward_fd_rope(void) {
 /* Llama 4's query temperature: dQ before it is s(p) dQ after it, row by
  * row; a NoPE GQA layer whose positions (floor 2) give three factors, and
  * one with RoPE and an RMS QK-norm before the temperature at explicit
- * positions (factors 1.5 to 2.4 at scale 0.5). */
+ * positions (factors 1 to 2.4 at scale 0.5). */
 static void backward_fd_temperature(void) {
     bw_fixture f;
     mha_config c = naive_config(8, 4, 2, 4, 0, 1);
