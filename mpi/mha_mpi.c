@@ -80,7 +80,7 @@ static long long variant_checksum(const mha_layer *L, const mha_options *o, cons
                         r->attn_factor, c->softcap, c->qk_norm_eps, o->scale, hc->rope_theta, hc->softcap,
                         hc->scale, hc->qk_norm_eps, hc->clip_qkv, c->clip_qkv, c->temperature_scale};
     const long long n[] = {r->pairing, r->dim, r->scaling, r->original_max_positions, c->alibi, c->sinks,
-                           c->temperature_floor,
+                           c->temperature_floor, c->temperature_rule,
                            c->qk_norm, c->qk_norm_per_head, c->qk_norm_whole, c->add_bias_kv, c->add_zero_attn,
                            o->window_left, o->window_right, o->sink_tokens, o->chunk_size, o->align, hc->found, hc->heads,
                            hc->kv_heads, hc->head_dim, hc->hidden, hc->rope_dim, hc->alibi, hc->qk_norm_offset,

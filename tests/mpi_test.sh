@@ -496,6 +496,10 @@ mpmd "$G --clip-qkv 0.2" "$G --clip-qkv 0.3"
 expect_fail 2 "rank 1: checksum of the variants (config.json"
 mpmd "$G --attn-temperature 3,0.4" "$G --attn-temperature 3,0.5"
 expect_fail 2 "rank 1: checksum of the variants (config.json"
+# the rule alone (Llama 4's floor((p + 1) / F), Ministral 3's floor(p / F)):
+# before, the ranks ran silently, each head group with its own rule
+mpmd "$G --attn-temperature 3,0.4" "$G --attn-temperature 3,0.4,ministral3"
+expect_fail 2 "rank 1: checksum of the variants (config.json"
 checks=$((checks + 1))
 [ "$(cat "$T/fo/keep.npy")" = EXISTING ] || fail "a failed run replaced an existing --output"
 rm -f "$T/fo/keep.npy"
