@@ -74,8 +74,7 @@ def _temperature(temperature):
     'ministral3' (floor(p / F)), the library judging the values."""
     if temperature is None:
         return 0, 0.0, 0
-    if isinstance(temperature, (str, bytes)) or not hasattr(temperature, "__len__") or \
-            len(temperature) not in (2, 3):
+    if not isinstance(temperature, (tuple, list)) or len(temperature) not in (2, 3):  # a dict, a set: no items
         raise ArgumentError(f"temperature={temperature!r}; expected None, (floor_scale, attn_scale), e.g. "
                             "(8192, 0.1) (Llama 4), or (floor, scale, 'llama4' | 'ministral3')")
     rule = _enum("temperature rule", temperature[2], _lib.TEMPERATURE_RULE) if len(temperature) == 3 else 0

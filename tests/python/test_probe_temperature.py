@@ -561,6 +561,9 @@ def test_ministral3_config(tmp_path, where):
     ((4, 0.1, "qwen"), "rule"), ((4, 0.1, 2), "rule"), ((4, 0.1, True), "rule"), ((4,), "expected"), ((4, 0.1, "llama4", 1), "expected"),
     ("4,0.1", "expected"), (4, "expected"), ((1 << 31, 0.1), "floor_scale"), ((4, 1e-60), "rounds to 0"),
     ((4, 1e39), "float32"), ((4, "0.1"), "attn_scale"),
+    # before: a dict raised KeyError: 0 and a set TypeError (not subscriptable), from inside the binding
+    ({"floor": 4, "scale": 0.1}, "expected None, \\(floor_scale, attn_scale\\)"),
+    ({4, 0.1}, "expected None, \\(floor_scale, attn_scale\\)"), ({0: 4, 1: 0.1}, "expected None"),
 ])
 def test_bad_python_temperature(temp, match):
     with pytest.raises((mha.ArgumentError, mha.MhaError), match=match):
@@ -728,3 +731,49 @@ def test_ministral3_config_values_refused(tmp_path, rope, message):
                 tmp_path / "x.npy", "--output", tmp_path / "y.npy", "--causal", check=False)
     assert r.returncode != 0 and message in r.stderr, (r.returncode, r.stderr)
     assert not (tmp_path / "y.npy").exists()
+
+
+def yarn_inv_freq(dim, theta, factor, orig, beta_fast=32.0, beta_slow=1.0):
+    """Hugging Face's _compute_yarn_parameters' frequencies (truncate true)."""
+    def corr(n):
+        return dim * math.log(orig / (n * 2 * math.pi)) / (2 * math.log(theta))
+    lo, hi = max(math.floor(corr(beta_fast)), 0), min(math.ceil(corr(beta_slow)), dim - 1)
+    if lo == hi:
+        hi += 0.001
+    ramp = np.clip((np.arange(dim // 2) - lo) / (hi - lo), 0, 1)
+    extra = 1 - ramp  # the share of the unscaled frequency
+    pos = theta ** (np.arange(0, dim, 2, dtype=np.float64) / dim)
+    return (1 / (factor * pos)) * (1 - extra) + (1 / pos) * extra
+
+
+def test_ministral3_realistic_yarn_config(tmp_path):
+    """Ministral 3's own rope_parameters (yarn, mscale = mscale_all_dim = 1:
+    attention factor 1, llama_4_scaling_beta), nested in mistral3's
+    text_config, small lengths so that both the YaRN ramp and the
+    temperature act within T 12."""
+    rope = {"rope_type": "yarn", "type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4,
+            "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0, "rope_theta": 1e6,
+            "llama_4_scaling_beta": 0.5}
+    prefix, p, kw = _ministral_checkpoint(tmp_path, {"rope_parameters": rope, "max_position_embeddings": 16},
+                                          nested=True)
+    x = np.random.default_rng(6).uniform(-1, 1, (12, 16)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    out = tmp_path / "y.npy"
+    mha_cli("run", "--weights", tmp_path / "model.safetensors", "--prefix", prefix, "--input", tmp_path / "x.npy",
+            "--output", out, "--causal")
+    d, h, g, T = 4, 4, 2, 12
+    xs = x.astype(np.float64)
+    q = (xs @ p["q_proj.weight"].T).reshape(T, h, d).transpose(1, 0, 2)[None]
+    k = (xs @ p["k_proj.weight"].T).reshape(T, g, d).transpose(1, 0, 2)[None]
+    v = (xs @ p["v_proj.weight"].T).reshape(T, g, d).transpose(1, 0, 2)[None]
+    inv = yarn_inv_freq(d, 1e6, 4.0, 4)
+    pos = np.arange(T)[None]
+    q, k = rotate(q, pos, {"pairing": "halves"}, inv, 1.0), rotate(k, pos, {"pairing": "halves"}, inv, 1.0)
+    q = q * factor(pos, (4, 0.5, "ministral3"))[:, None, :, None]
+    k, v = np.repeat(k, 2, axis=1), np.repeat(v, 2, axis=1)
+    s = q @ k.transpose(0, 1, 3, 2) / math.sqrt(d)
+    s = np.where(np.tril(np.ones((T, T), bool)), s, -np.inf)
+    e = np.exp(s - s.max(-1, keepdims=True))
+    z = (e / e.sum(-1, keepdims=True)) @ v
+    want = z[0].transpose(1, 0, 2).reshape(T, h * d) @ p["o_proj.weight"].T
+    close(np.load(out), want, "ministral3 yarn", 2e-5)
