@@ -479,6 +479,9 @@ static int llama4_layer(cli_hf_config *c, const char *cmd, json_t *root, long lo
     json_t *qn = json_object_get(root, "use_qk_norm"), *tt = json_object_get(root, "attn_temperature_tuning");
     c->qk_l2_norm = c->no_rope == 0 && !json_is_false(qn) && !json_is_null(qn); /* default true */
     /* Hugging Face tests the value's truth: absent is true, false, null and 0 are off */
+    if (tt && !json_is_boolean(tt) && !json_is_number(tt) && !json_is_null(tt)) /* "false" is true in Python */
+        return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: attn_temperature_tuning is not a boolean; "
+                             "expected true or false (absent: true, Llama 4's default)");
     const int tuning = !tt || json_is_true(tt) || (json_is_number(tt) && json_number_value(tt) != 0);
     if (c->no_rope == 1 && tuning) c->temperature_floor = floor_scale, c->temperature_scale = attn_scale;
     if (c->qk_l2_norm && !c->qk_norm_eps) c->qk_norm_eps = 1e-5; /* Llama4TextConfig's rms_norm_eps */

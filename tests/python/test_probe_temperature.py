@@ -696,6 +696,10 @@ def test_cache_random_variants(kernels):
     ({"floor_scale": 0}, "floor_scale"), ({"floor_scale": 4.5}, "floor_scale"), ({"floor_scale": -4}, "floor_scale"),
     ({"floor_scale": "4"}, "floor_scale"), ({"attn_scale": 0}, "attn_scale"), ({"attn_scale": -0.1}, "attn_scale"),
     ({"attn_scale": "0.1"}, "attn_scale"), ({"floor_scale": 1e12}, "floor_scale"),
+    # before: a string (even "true") turned the temperature off silently; Python's truth of "false" is true
+    ({"attn_temperature_tuning": "true", "floor_scale": 2}, "attn_temperature_tuning is not a boolean"),
+    ({"attn_temperature_tuning": "false", "floor_scale": 2}, "attn_temperature_tuning is not a boolean"),
+    ({"attn_temperature_tuning": [1], "floor_scale": 2}, "attn_temperature_tuning is not a boolean"),
 ])
 def test_llama4_config_values_refused(tmp_path, text, message):
     """A NoPE layer's temperature keys out of range or of the wrong type:
