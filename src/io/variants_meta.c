@@ -7,6 +7,7 @@
  * StableLM's q_layernorm.norms.N.weight, a LayerNorm of each head).
  * Legend: h heads, h_kv kv heads, d_k. */
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -185,11 +186,13 @@ mha_status mha_io_variants_read(mha_config *c, float *w[4], const mha_tensors *t
         return mha_fail(MHA_E_FORMAT, "metadata clip_qkv = '%.40s'; expected 0 (none) or the bound c > 0 "
                         "(at least float's 1.4e-45) Q, K and V are clamped to", mha_tensors_meta(t, "clip_qkv"));
     c->clip_qkv = (float)clip;
-    /* Llama 4's query temperature: both or neither, a whole floor, a scale float keeps */
-    if (tfloor < 0 || tfloor > (1 << 30) || tfloor != floor(tfloor) || (tfloor > 0) != (tscale != 0) ||
-        !(tscale >= 0 && tscale < 3e38) || (tscale > 0 && (float)tscale == 0.0f))
+    /* Llama 4's query temperature: both or neither, a whole floor, a scale float keeps; the
+       config's whole range (floor up to INT_MAX, scale up to float's largest, 3.40282347e38 as
+       "%.9g" writes it), so that every layer mha_layer_save writes loads */
+    if (tfloor < 0 || tfloor > INT_MAX || tfloor != floor(tfloor) || (tfloor > 0) != (tscale != 0) ||
+        !(tscale >= 0 && tscale <= 3.40282347e38) || (tscale > 0 && (float)tscale == 0.0f))
         return mha_fail(MHA_E_FORMAT, "metadata temperature_floor = '%.40s', temperature_scale = '%.40s'; expected "
-                        "both absent (none), or a whole floor in 1..2^30 with a scale > 0 (Llama 4: 8192 and 0.1)",
+                        "both absent (none), or a whole floor in 1..2147483647 with a scale > 0 (Llama 4: 8192 and 0.1)",
                         mha_tensors_meta(t, "temperature_floor") ? mha_tensors_meta(t, "temperature_floor") : "",
                         mha_tensors_meta(t, "temperature_scale") ? mha_tensors_meta(t, "temperature_scale") : "");
     c->temperature_floor = (int)tfloor, c->temperature_scale = (float)tscale;

@@ -508,6 +508,29 @@ def test_native_round_trip_and_cli(tmp_path):
         close(np.load(out), want, "native cli flag", 2e-5)
 
 
+@pytest.mark.parametrize("temp", [(MAXPOS + 1, 0.5), (2 ** 31 - 1, 0.5, "ministral3"), (1, 3.3e38),
+                                  (7, float(np.finfo(np.float32).max))])
+def test_save_load_the_configs_extremes(tmp_path, temp):
+    """What the config takes, a file keeps: before, Layer.save wrote a
+    floor above 2^30 or a scale of 3e38 and more that mha_layer_load then
+    refused as malformed (temperature_floor in 1..2^30, scale < 3e38)."""
+    layer = make(5, d_model=8, n_heads=2, bias=True, temperature=temp).to_layer()
+    path = tmp_path / "n.safetensors"
+    layer.save(str(path))
+    back = mha.Layer.load(str(path)).config
+    want = layer.config
+    for k in ("temperature_floor", "temperature_scale", "temperature_rule"):
+        assert back[k] == want[k], (k, back[k], want[k])
+    x = np.random.default_rng(2).uniform(-1, 1, (1, 5, 8)).astype(np.float32)
+    pos = np.array([[0, 1, MAXPOS - 1, MAXPOS - 1, MAXPOS]], np.int32)
+    np.testing.assert_array_equal(mha.Layer.load(str(path)).forward(x, causal=True, positions=pos),
+                                  layer.forward(x, causal=True, positions=pos))
+    bad = tmp_path / "bad.safetensors"
+    _edit_metadata(path, bad, (), temperature_floor=str(2 ** 31))  # beyond any int: still refused
+    with pytest.raises(mha.FormatError, match="temperature_floor = '2147483648'"):
+        mha.Layer.load(str(bad))
+
+
 def _ministral_checkpoint(tmp_path, cfg_extra, nested=False):
     D, H, G, d = 16, 4, 2, 4
     rng = np.random.default_rng(8)
