@@ -804,3 +804,26 @@ def test_ministral3_realistic_yarn_config(tmp_path):
     z = (e / e.sum(-1, keepdims=True)) @ v
     want = z[0].transpose(1, 0, 2).reshape(T, h * d) @ p["o_proj.weight"].T
     close(np.load(out), want, "ministral3 yarn", 2e-5)
+
+
+@pytest.mark.parametrize("nested", [False, True])
+def test_llama4_transformers5_placement(tmp_path, nested):
+    """Llama 4 as transformers 5 writes it (rope_parameters with llama3
+    scaling instead of rope_theta / rope_scaling): the NoPE layer (3 of
+    interval 4) drops the rotation, attends globally and scales its
+    queries by floor_scale 3 / attn_scale 0.7; --attn-temperature wins."""
+    from test_llama4 import checkpoint
+    v5 = {"rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0, "low_freq_factor": 1.0,
+                              "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+          "floor_scale": 3, "attn_scale": 0.7, "attention_chunk_size": 4}
+    w, x, prefix = checkpoint(tmp_path, 3, nested, **v5)
+    cfg = (tmp_path / "config.json").read_text()
+    assert "rope_parameters" in cfg
+    p = {n + "_proj.weight": a.astype(np.float64) for n, a in w.items()}
+    kw = dict(d_model=32, n_heads=4, n_kv_heads=2, head_dim=8, temperature=(3, 0.7))
+    out = tmp_path / "y.npy"
+    for flags, temp in (((), (3, 0.7)), (("--attn-temperature", "2,0.4,ministral3"), (2, 0.4, "ministral3"))):
+        mha_cli("run", "--weights", tmp_path / "model.safetensors", "--prefix", prefix, "--input", tmp_path / "x.npy",
+                "--output", out, "--causal", *flags)
+        want = oracle(p, dict(kw, temperature=temp), x[None].astype(np.float64), causal=True)[0]
+        close(np.load(out), want, "llama4 v5", 2e-5)
