@@ -6,6 +6,7 @@
  * or tensor is refused with a message naming it, and the numbers read the
  * same under any locale.
  * Legend: d_model 8, h 4 heads, h_kv 2, d_k 4; B 1, T 5. */
+#include <float.h>
 #include <locale.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -109,8 +110,8 @@ static void test_variants_native_round_trip(void) {
     uint64_t seed = 71;
     head_params p;
     head_params_fill(&p, &seed);
-    mha_config c[10];
-    for (int i = 0; i < 10; i++) c[i] = base_config();
+    mha_config c[11];
+    for (int i = 0; i < 11; i++) c[i] = base_config();
     /* Llama 3.1-like: halves, theta 500000, llama3 scaling */
     c[0].rope = (mha_rope){MHA_ROPE_HALVES, 0, 500000.0, MHA_ROPE_SCALE_LLAMA3, 8.0, 1.0, 4.0, 64, 0, 0, 0, {0}, {0}};
     /* GPT-J-like partial interleaved with YaRN, shared RMS QK-norm */
@@ -134,7 +135,9 @@ static void test_variants_native_round_trip(void) {
     c[8].temperature_floor = 2, c[8].temperature_scale = 0.1f;
     /* Ministral 3's: every layer rotates, the rule floor(p / F) */
     c[9] = c[8], c[9].temperature_rule = MHA_TEMPERATURE_MINISTRAL3, c[9].rope.pairing = MHA_ROPE_HALVES;
-    for (int i = 0; i < 10; i++) {
+    /* the largest bound float holds: written as 3.40282347e+38, read back (it was refused above 3e38) */
+    c[10].clip_qkv = FLT_MAX;
+    for (int i = 0; i < 11; i++) {
         mha_layer *L = variant_layer(&c[i], &p, &seed);
         if (L) check_round_trip(L);
         mha_layer_free(L);

@@ -170,7 +170,14 @@ class Layer(COwner):
     def __init__(self, d_model, n_heads, n_kv_heads=0, d_k=0, d_v=0, d_kv_in=0, bias=True,
                  add_bias_kv=False, add_zero_attn=False, weights=None, d_v_in=0, *, rope=None,
                  alibi=False, softcap=0.0, sinks=False, qk_norm="none", qk_norm_per_head=False,
-                 qk_norm_eps=0.0, qk_norm_whole=False, clip_qkv=0.0, temperature=None):
+                 qk_norm_eps=0.0, qk_norm_whole=False, clip_qkv=0.0, temperature=None, temperature_floor=0,
+                 temperature_scale=0.0, temperature_rule="llama4"):
+        if temperature_floor or temperature_scale or temperature_rule not in ("llama4", 0):
+            # the fields of Layer.config, so that Layer(**other.config) makes the same layer
+            if temperature is not None:
+                raise ArgumentError("temperature= and temperature_floor/_scale/_rule given together; expected one "
+                                    "of them")
+            temperature = (temperature_floor, temperature_scale, temperature_rule)
         cfg = _lib.Config(c_int("d_model", d_model, 1), c_int("n_heads", n_heads, 1),
                           c_int("n_kv_heads", n_kv_heads, 0), c_int("d_k", d_k, 0), c_int("d_v", d_v, 0),
                           c_int("d_kv_in", d_kv_in, 0), c_flag("bias", bias),

@@ -182,7 +182,7 @@ mha_status mha_io_variants_read(mha_config *c, float *w[4], const mha_tensors *t
     if ((sc > 0 && (float)sc == 0.0f) || (eps > 0 && (float)eps == 0.0f))
         return mha_fail(MHA_E_FORMAT, "metadata softcap or qk_norm_eps is > 0 but rounds to 0 in float; expected "
                         "0 (none, the default) or a value >= 1.4e-45");
-    if (clip < 0 || clip > 3e38 || (clip > 0 && (float)clip == 0.0f))
+    if (clip < 0 || clip > 3.40282347e38 || (clip > 0 && (float)clip == 0.0f)) /* float's largest as %.9g prints it */
         return mha_fail(MHA_E_FORMAT, "metadata clip_qkv = '%.40s'; expected 0 (none) or the bound c > 0 "
                         "(at least float's 1.4e-45) Q, K and V are clamped to", mha_tensors_meta(t, "clip_qkv"));
     c->clip_qkv = (float)clip;

@@ -827,3 +827,17 @@ def test_llama4_transformers5_placement(tmp_path, nested):
                 "--output", out, "--causal", *flags)
         want = oracle(p, dict(kw, temperature=temp), x[None].astype(np.float64), causal=True)[0]
         close(np.load(out), want, "llama4 v5", 2e-5)
+
+
+@pytest.mark.parametrize("temp", [None, (4, 0.25), (3, 0.5, "ministral3")])
+def test_layer_from_another_layers_config(temp):
+    """Layer(**other.config) makes the same layer: config gives the
+    temperature as its three fields (temperature_floor, _scale, _rule),
+    which the constructor takes as well as temperature=; both together
+    are refused. Before: TypeError on temperature_floor for every layer."""
+    a = mha.Layer(16, 4, n_kv_heads=2, rope={"pairing": "halves"}, temperature=temp)
+    b = mha.Layer(**a.config)
+    assert b.config == a.config
+    if temp:
+        with pytest.raises(mha.ArgumentError, match="given together"):
+            mha.Layer(16, 4, temperature=temp, temperature_floor=temp[0], temperature_scale=temp[1])
