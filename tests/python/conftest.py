@@ -113,3 +113,25 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
                           "(checked through MHA_PATH_AUTO's reference fallback instead)")
         for m in reasons:
             tr.write_line(f"  {m}")
+
+
+def _kernel_sets():
+    """The kernel sets this CPU runs (MHA_KERNELS values): the reference,
+    scalar, and the SIMD ones its flags allow."""
+    flags = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
+    ks = ["reference", "scalar"]
+    if " avx2" in flags and " fma" in flags:
+        ks.append("avx2")
+    if " avx512f" in flags:
+        ks.append("avx512")
+    return ks
+
+
+KERNELS = _kernel_sets()
+
+
+@pytest.fixture(params=KERNELS)
+def kernels(request, monkeypatch):
+    """Each test run once per kernel set (MHA_KERNELS is read at every call)."""
+    monkeypatch.setenv("MHA_KERNELS", request.param)
+    return request.param

@@ -22,25 +22,6 @@ import mha
 from io_helpers import mha as mha_cli
 
 
-def _kernels():
-    flags = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
-    ks = ["reference", "scalar"]
-    if " avx2" in flags and " fma" in flags:
-        ks.append("avx2")
-    if " avx512f" in flags:
-        ks.append("avx512")
-    return ks
-
-
-KERNELS = _kernels()
-
-
-@pytest.fixture(params=KERNELS)
-def kernels(request, monkeypatch):
-    monkeypatch.setenv("MHA_KERNELS", request.param)  # read at every call
-    return request.param
-
-
 # ------------------------------------------------------------------ oracle
 
 def default_slopes(n):

@@ -34,29 +34,11 @@ if torch is None:
 import mha  # noqa: E402
 import mha.nn  # noqa: E402
 from io_helpers import mha as mha_cli, write_safetensors  # noqa: E402
+from test_nn_modern import make  # noqa: E402  (every parameter random, none hiding)
 
 CASES = int(os.environ.get("PROBE_CASES", "3"))
 MAXPOS = 1 << 30
 WORST = {}
-
-
-def _kernels():
-    flags = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
-    ks = ["reference", "scalar"]
-    if " avx2" in flags and " fma" in flags:
-        ks.append("avx2")
-    if " avx512f" in flags:
-        ks.append("avx512")
-    return ks
-
-
-KERNELS = _kernels()
-
-
-@pytest.fixture(params=KERNELS)
-def kernels(request, monkeypatch):
-    monkeypatch.setenv("MHA_KERNELS", request.param)
-    return request.param
 
 
 # ------------------------------------------------------------------ oracle
@@ -106,79 +88,12 @@ def rotate(x, pos, rope, inv, att):
 
 def oracle(p, kw, x, kv=None, causal=False, window=None, positions=None, key_positions=None, chunk=0):
     """y (B,T,d_model), float64 numpy, from the module's parameters p
-    (name -> float64 numpy) and its constructor arguments kw."""
-    h, h_kv = kw["n_heads"], kw.get("n_kv_heads") or kw["n_heads"]
-    d = kw.get("head_dim") or kw["d_model"] // h
-    B, T = x.shape[:2]
-    src = x if kv is None else kv
-    S = src.shape[1]
-
-    def lin(n, a):
-        b = p.get(n + ".bias")
-        return a @ p[n + ".weight"].T + (0 if b is None else b)
-    q, k, v = lin("q_proj", x), lin("k_proj", src), lin("v_proj", src)
-    if kw.get("clip_qkv"):
-        c = kw["clip_qkv"]
-        q, k, v = np.clip(q, -c, c), np.clip(k, -c, c), np.clip(v, -c, c)
-    q = q.reshape(B, T, h, d).transpose(0, 2, 1, 3)
-    k = k.reshape(B, S, h_kv, d).transpose(0, 2, 1, 3)
-    v = v.reshape(B, S, h_kv, d).transpose(0, 2, 1, 3)
-    if kw.get("qk_norm") == "rms":
-        eps = kw.get("qk_norm_eps", 1e-6)
-        q = q / np.sqrt((q * q).mean(-1, keepdims=True) + eps) * p["q_norm.weight"]
-        k = k / np.sqrt((k * k).mean(-1, keepdims=True) + eps) * p["k_norm.weight"]
-    pq = np.broadcast_to(np.arange(T), (B, T)) if positions is None else np.asarray(positions, np.int64)
-    if key_positions is not None:
-        pk = np.asarray(key_positions, np.int64)
-    else:
-        pk = pq if kv is None else np.broadcast_to(np.arange(S), (B, S))
-    if kw.get("rope"):
-        seq = int(max(pq.max(), pk.max())) + 1
-        inv, att = rope_freqs(kw["rope"], d, seq)
-        q, k = rotate(q, pq, kw["rope"], inv, att), rotate(k, pk, kw["rope"], inv, att)
-    if kw.get("temperature"):
-        q = q * factor(pq, kw["temperature"])[:, None, :, None]
-    g = h // h_kv
-    k, v = np.repeat(k, g, axis=1), np.repeat(v, g, axis=1)
-    s = q @ k.transpose(0, 1, 3, 2) / math.sqrt(d)
-    if kw.get("softcap"):
-        s = kw["softcap"] * np.tanh(s / kw["softcap"])
-    if kw.get("alibi"):
-        dist = np.abs(pq[:, None, :, None] - pk[:, None, None, :]).astype(np.float64)
-        s = s - p["alibi_slopes"][None, :, None, None] * dist
-    i, j = np.arange(T)[:, None], np.arange(S)[None, :]
-    ok = np.ones((T, S), bool)
-    if causal:
-        ok &= j <= i
-    if window:
-        ok &= j > i - window
-    if chunk:
-        ok &= (i // chunk) == (j // chunk)
-    s = np.where(ok, s, -np.inf)
-    if kw.get("sinks"):
-        s = np.concatenate([s, np.broadcast_to(p["sinks"][None, :, None, None], (B, h, T, 1))], -1)
-    m = s.max(-1, keepdims=True)
-    e = np.exp(s - m)
-    prob = e / e.sum(-1, keepdims=True)
-    if kw.get("sinks"):
-        prob = prob[..., :-1]
-    z = (prob @ v).transpose(0, 2, 1, 3).reshape(B, T, h * d)
-    return lin("o_proj", z)
-
-
-def make(seed, **kw):
-    m = mha.nn.Attention(**kw)
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, t in m.named_parameters():
-            u = torch.rand(t.shape, generator=gen) * 2 - 1
-            if name.endswith("norm.weight"):
-                t.copy_(1 + 0.5 * u)
-            elif name == "sinks":
-                t.copy_(1.5 * u)
-            else:
-                t.copy_(u * (1.0 if name.endswith("bias") else 2.0 / math.sqrt(t.shape[-1])))
-    return m
+    (name -> float64 numpy) and its constructor arguments kw: the torch
+    oracle below on float64 tensors without gradients."""
+    tp = {n: torch.from_numpy(np.asarray(a, np.float64)) for n, a in p.items()}
+    return torch_oracle(tp, kw, torch.from_numpy(np.asarray(x, np.float64)),
+                        None if kv is None else torch.from_numpy(np.asarray(kv, np.float64)), causal=causal,
+                        window=window, positions=positions, key_positions=key_positions, chunk=chunk).numpy()
 
 
 def params(m):
