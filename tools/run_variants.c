@@ -330,8 +330,9 @@ int cli_apply_variants(const char *cmd, mha_layer **L, cli_fwd *f, cli_variant_f
     if (vf->alibi || hc.alibi) c.alibi = 1;
     if (softcap) c.softcap = (float)softcap;
     if (clip_qkv) c.clip_qkv = (float)clip_qkv;
-    if (t_floor) c.temperature_floor = (int)t_floor, c.temperature_scale = (float)t_scale;
-    if (t_floor) c.temperature_rule = (mha_temperature_rule)t_rule;
+    if (t_floor)
+        c.temperature_floor = (int)t_floor, c.temperature_scale = (float)t_scale,
+        c.temperature_rule = (mha_temperature_rule)t_rule;
     float *slopes = NULL; /* (shard_of_heads): a shard's heads take the whole layer's default slopes */
     if (c.alibi && !w.alibi_slopes && vf->shard_of_heads > c.n_heads) {
         if (!(slopes = malloc(sizeof(float) * (size_t)vf->shard_of_heads)))

@@ -44,6 +44,7 @@ import torch
 
 from ._check import c_flag, c_float, c_int
 from .errors import ArgumentError, ShapeError
+from . import _lib
 from .layer import Layer, _temperature
 from .nn import (_backward_arrays, _check_inputs, _check_parameters, _forward_arrays, _library_weights,
                  _mask_options, _np, _refuse_double_backward, _torch_gradients, _zeros_in_graph)
@@ -61,7 +62,7 @@ _QK_NORM = {"none": "none", "rms": "rms", "layer": "layer", "layernorm": "layer"
 def _named_temperature(temperature):
     """(floor, scale, rule name) of a temperature argument, checked."""
     floor, scale, rule = _temperature(temperature)
-    return floor, scale, ("llama4", "ministral3")[rule]
+    return floor, scale, {v: k for k, v in _lib.TEMPERATURE_RULE.items()}[rule]
 
 
 class _Function(torch.autograd.Function):

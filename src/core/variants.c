@@ -396,13 +396,15 @@ void mha_qk_transform(const mha_config *c, mha_head_rows rows, int n, const floa
     for (int t = 0; t < n; t++) {
         float *x = rows.x + (size_t)t * rows.row_stride;
         if (w) norm_row(x, st, d, w, c->qk_norm, c->qk_norm_eps, stats ? stats + 2 * (size_t)t : NULL);
-        const size_t tr = (size_t)(tab_row ? tab_row[t] : t);
-        const float *cs = table ? table + tr * half : NULL, *sn = table ? table + ((size_t)tab_n + tr) * half : NULL;
-        for (int i = 0; table && i < half; i++) {
-            float *pa = x + i * a_step * st, *pb = x + (i * a_step + b_off) * st;
-            const float a = *pa, b = *pb;
-            *pa = a * cs[i] - b * sn[i];
-            *pb = b * cs[i] + a * sn[i];
+        if (table) {
+            const size_t tr = (size_t)(tab_row ? tab_row[t] : t);
+            const float *cs = table + tr * half, *sn = table + ((size_t)tab_n + tr) * half;
+            for (int i = 0; i < half; i++) {
+                float *pa = x + i * a_step * st, *pb = x + (i * a_step + b_off) * st;
+                const float a = *pa, b = *pb;
+                *pa = a * cs[i] - b * sn[i];
+                *pb = b * cs[i] + a * sn[i];
+            }
         }
         for (int e = 0; row_scale && e < d; e++) x[e * st] *= row_scale[t]; /* the query temperature, last */
     }

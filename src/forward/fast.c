@@ -142,7 +142,7 @@ static mha_status transform_qk(const fast_plan *p, const mha_layer *L, const mha
     const int rope = c->rope.pairing != MHA_ROPE_NONE, norm = c->qk_norm != MHA_QK_NORM_NONE;
     if (!rope && !norm && c->temperature_floor == 0) return MHA_OK;
     mha_rope_rows rr; /* the table and each query's and key's row in it */
-    float *temp;      /* (B*T) the queries' temperatures, or NULL */
+    float *temp = NULL; /* (B*T) the queries' temperatures, or NULL */
     mha_status s = mha_rope_rows_make(&rr, c, opt, keys_are_x, B, T, S, "fast path");
     if (!s && (s = mha_query_temperatures(&temp, c, opt, B, T, "fast path"))) mha_rope_rows_free(&rr);
     if (s) return s;
