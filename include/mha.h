@@ -37,7 +37,7 @@
  *   mha_layer_permute_block, mha_layer_free.
  * - A cache is used by one call at a time: mha_forward_cached*,
  *   mha_cache_append, mha_cache_reset, mha_cache_truncate,
- *   mha_cache_permute_heads and mha_cache_free mutate it;
+ *   mha_cache_permute_heads, mha_cache_reorder and mha_cache_free mutate it;
  *   mha_cache_attend, mha_cache_length and mha_cache_bytes only read it
  *   and may run concurrently with each other.
  * - Process-wide settings are atomics read once at a call's start
@@ -1048,6 +1048,13 @@ MHA_API mha_status mha_cache_truncate(mha_cache *cache, int b, int new_len);
  * the layer's (perm: h entries, new head i = old head perm[i], groups kept
  * whole under GQA). O(h_kv): the storage is addressed through an index. */
 MHA_API mha_status mha_cache_permute_heads(mha_cache *cache, const int *perm);
+/* Beam search: sequence b of the cache becomes what sequence src[b] was
+ * (src: B entries in 0..B-1, repeats allowed: a beam kept twice, another
+ * dropped), with its keys, values, length and positions, as Hugging
+ * Face's reorder_cache(beam_idx) does. Copies the moved sequences' K/V
+ * storage (O(bytes of those sequences)); MHA_E_NOMEM leaves the cache as
+ * it was. */
+MHA_API mha_status mha_cache_reorder(mha_cache *cache, const int *src);
 
 /* Prefill and decode in one entry. x (B, T, d_model) holds up to T new
  * tokens per sequence: sequence b uses rows 0 .. n_new[b]-1 (n_new may be

@@ -48,6 +48,7 @@ static const test_area_fn areas[] = {
     tests_io_edges,
     tests_compute_edges,
     tests_cache_edges,
+    tests_cache_reorder,
     tests_merge_edges,
     tests_lse_fast,
     tests_load_heads,

@@ -177,6 +177,14 @@ class Cache(COwner):
         with self._borrow(exclusive=True) as ptr:
             check(_L.mha_cache_permute_heads(ptr, arr), "mha_cache_permute_heads")
 
+    def reorder(self, beam_idx):
+        """Beam search: sequence b becomes what sequence beam_idx[b] was (its
+        keys, values, length and positions; batch entries in 0..batch-1,
+        repeats allowed), as Hugging Face's reorder_cache(beam_idx)."""
+        arr = ints("beam_idx", beam_idx, self.batch)
+        with self._borrow(exclusive=True) as ptr:
+            check(_L.mha_cache_reorder(ptr, arr), "mha_cache_reorder")
+
     # ------------------------------------------------------------ inputs
     def _rows(self, name, a, width, width_name):
         """a (B,T,width), or (T,width) when batch is 1 -> (array (B,T,width), T, squeezed)."""

@@ -212,6 +212,75 @@ mha_status mha_cache_permute_heads(mha_cache *c, const int *perm) {
     return s;
 }
 
+/* ---------------------------------------------------------- reorder */
+
+/* Bytes of sequence b's storage in data (its h_kv kv heads are blocks
+ * b*h_kv .. b*h_kv + h_kv - 1 whatever the head permutation) and floats
+ * of its int8 scales: each sequence is one contiguous span of each. */
+static size_t row_data_bytes(const mha_cache *c) {
+    return (size_t)c->h_kv * c->slots * ((size_t)c->d_k * c->ek + (size_t)c->d_v * c->ev);
+}
+static size_t row_scale_floats(const mha_cache *c) {
+    return (size_t)c->h_kv * c->slots * (size_t)(c->nbk + c->nbv);
+}
+
+/* Copies sequence `from`'s whole state (K/V, scales, slot positions, key
+ * norms; not len / lo) from the arrays given to sequence `to` of c. */
+static void row_copy(mha_cache *c, int to, const char *data, const float *scales, const int *upos,
+                     const float *kmax, size_t from) {
+    const size_t rd = row_data_bytes(c), rs = row_scale_floats(c);
+    memcpy((char *)c->data + (size_t)to * rd, data + from * rd, rd);
+    if (c->scales) memcpy(c->scales + (size_t)to * rs, scales + from * rs, rs * sizeof(float));
+    memcpy(c->upos + (size_t)to * c->cap, upos + from * c->cap, sizeof(int) * (size_t)c->cap);
+    memcpy(c->kmax + (size_t)to * c->h_kv, kmax + from * c->h_kv, sizeof(float) * (size_t)c->h_kv);
+}
+
+/* Beam search: new sequence b = old sequence src[b]. Only the sequences
+ * that are overwritten while another still reads them are saved first,
+ * and everything is allocated before anything moves (out of memory
+ * leaves the cache as it was). */
+mha_status mha_cache_reorder(mha_cache *c, const int *src) {
+    if (!c || !src) return mha_fail(MHA_E_ARG, "mha_cache_reorder: NULL %s", c ? "src" : "cache");
+    for (int b = 0; b < c->B; b++)
+        if (src[b] < 0 || src[b] >= c->B)
+            return mha_fail(MHA_E_ARG, "mha_cache_reorder: src[%d]=%d; expected a sequence 0..%d", b, src[b],
+                            c->B - 1);
+    /* slot[r]: where old sequence r is saved (-1: read in place) */
+    int *slot = malloc(sizeof(int) * 3 * (size_t)c->B), *len = slot + c->B, *lo = len + c->B;
+    if (!slot) return mha_fail(MHA_E_NOMEM, "mha_cache_reorder: no memory");
+    size_t n_saved = 0;
+    for (int r = 0; r < c->B; r++) slot[r] = -1;
+    for (int b = 0; b < c->B; b++) {
+        const int r = src[b];
+        if (r != b && src[r] != r && slot[r] < 0) slot[r] = (int)n_saved++;
+    }
+    const size_t rd = row_data_bytes(c), rs = row_scale_floats(c);
+    char *data = n_saved ? malloc(n_saved * rd) : NULL;
+    float *scales = n_saved && c->scales ? malloc(n_saved * rs * sizeof(float)) : NULL;
+    int *upos = n_saved ? malloc(n_saved * sizeof(int) * (size_t)c->cap) : NULL;
+    float *kmax = n_saved ? malloc(n_saved * sizeof(float) * (size_t)c->h_kv) : NULL;
+    if (n_saved && (!data || (c->scales && !scales) || !upos || !kmax)) {
+        free(slot), free(data), free(scales), free(upos), free(kmax);
+        return mha_fail(MHA_E_NOMEM, "mha_cache_reorder: no memory to save %zu of %d sequences (%zu bytes)",
+                        n_saved, c->B, n_saved * (rd + rs * sizeof(float)));
+    }
+    memcpy(len, c->len, sizeof(int) * (size_t)c->B);
+    memcpy(lo, c->lo, sizeof(int) * (size_t)c->B);
+    mha_cache saved = *c; /* the saved sequences, addressed as sequences 0 .. n_saved-1 */
+    saved.data = data, saved.scales = scales, saved.upos = upos, saved.kmax = kmax;
+    for (int r = 0; r < c->B; r++)
+        if (slot[r] >= 0) row_copy(&saved, slot[r], c->data, c->scales, c->upos, c->kmax, (size_t)r);
+    for (int b = 0; b < c->B; b++) {
+        const int r = src[b];
+        if (r == b) continue;
+        if (slot[r] >= 0) row_copy(c, b, data, scales, upos, kmax, (size_t)slot[r]);
+        else row_copy(c, b, c->data, c->scales, c->upos, c->kmax, (size_t)r);
+        c->len[b] = len[r], c->lo[b] = lo[r];
+    }
+    free(slot), free(data), free(scales), free(upos), free(kmax);
+    return MHA_OK;
+}
+
 /* ---------------------------------------------------------- storing */
 
 /* x (d) -> q (d, stride qs) int8 with one scale per block of

@@ -226,6 +226,49 @@ def test_truncate_then_continue_as_if_the_rolled_back_tokens_never_came():
     assert cache.lengths() == [0, 0]
 
 
+@pytest.mark.parametrize("name", ["gqa", "mqa"])
+def test_beam_search_reorder_follows_each_beams_history(name):
+    """Beam search: each step reorders the beams (repeats, drops, a cycle)
+    and appends one token per beam; every beam's output is the causal
+    forward of the history it now has (tracked here, not by the cache)."""
+    rng = np.random.default_rng(17)
+    layer, _, c = random_layer(rng, **CONFIGS[name])
+    D, B = c["d_model"], 3
+    hist = [rng.standard_normal((n, D)).astype(np.float32) for n in (6, 4, 5)]
+    cache = mha.Cache(layer, batch=B, capacity=16, dtype="float32")
+    x = np.zeros((B, 6, D), np.float32)
+    for b in range(B):
+        x[b, :len(hist[b])] = hist[b]
+    cache.forward(layer, x, n_new=[len(h) for h in hist])
+    for beam_idx in ([1, 2, 0], [0, 0, 2], np.array([2, 2, 1]), (1, 0, 1)):
+        cache.reorder(beam_idx)
+        hist = [hist[int(i)] for i in beam_idx]
+        assert cache.lengths() == [len(h) for h in hist]
+        tok = rng.standard_normal((B, 1, D)).astype(np.float32)
+        y = cache.forward(layer, tok)
+        hist = [np.concatenate([h, tok[b]]) for b, h in enumerate(hist)]
+        for b in range(B):
+            assert_close(y[b, 0], reference(layer, hist[b][None])[0, -1], f"beam {b} after {beam_idx}")
+
+
+def test_reorder_refuses_bad_beam_indices_and_keeps_the_cache():
+    rng = np.random.default_rng(3)
+    layer, _, c = random_layer(rng, **CONFIGS["mha"])
+    cache = mha.Cache(layer, batch=2, capacity=8)
+    cache.forward(layer, rng.standard_normal((2, 3, c["d_model"])).astype(np.float32), n_new=[3, 1])
+    with pytest.raises(mha.ArgumentError, match=r"src\[1\]=2; expected a sequence 0..1"):
+        cache.reorder([0, 2])
+    with pytest.raises(mha.ShapeError, match="expected 2 integers"):
+        cache.reorder([0, 1, 1])
+    with pytest.raises(mha.ArgumentError, match="is a float; expected an integer"):
+        cache.reorder([0.0, 1.0])
+    with pytest.raises(mha.ArgumentError):
+        cache.reorder([True, 0])
+    assert cache.lengths() == [3, 1]
+    cache.reorder([1, 1])
+    assert cache.lengths() == [1, 1]
+
+
 # ----------------------------------------------------------------- windows
 
 def test_sliding_window_ring_equals_forward_with_window_left():
