@@ -21,7 +21,7 @@ import numpy as np
 from . import _lib
 from ._arrays import floats, fptr, ints
 from ._check import c_int
-from .errors import (ArgumentError, ContractError, DTypeError, FileError, FormatError, MhaError,
+from .errors import (ArgumentError, ConfigNotAppliedWarning, ContractError, DTypeError, FileError, FormatError, MhaError,
                      NonFiniteError, OutOfMemoryError, ShapeError, UnsupportedError, check,
                      last_error, status_str)
 from .cache import Cache, cache_bytes_for
@@ -33,7 +33,7 @@ __all__ = [
     "concat_heads", "split_heads", "project_out", "head_contributions", "head_intervene",
     "set_num_threads", "get_num_threads", "status_str", "last_error", "alibi_slopes",
     "MhaError", "ArgumentError", "ShapeError", "DTypeError", "OutOfMemoryError", "ContractError",
-    "NonFiniteError", "FileError", "FormatError", "UnsupportedError",
+    "NonFiniteError", "FileError", "FormatError", "UnsupportedError", "ConfigNotAppliedWarning",
 ]
 
 _L = _lib.lib

@@ -221,6 +221,7 @@ _sig("mha_head_intervene", c_int, F32P, POINTER(Intervention), c_int, c_int, c_i
 _sig("mha_layer_from_torch", c_int, POINTER(LayerP), POINTER(TorchWeights))
 _sig("mha_layer_load", c_int, POINTER(LayerP), c_char_p, POINTER(LoadOptions))
 _sig("mha_layer_save", c_int, LayerP, c_char_p)
+_sig("mha_checkpoint_resolve", c_int, c_char_p, c_size_t, c_char_p)
 
 # projection weight storage (mha_weight_dtype)
 WEIGHT_DTYPES = {"f32": 0, "bf16": 1, "int8": 2}

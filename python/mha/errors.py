@@ -40,6 +40,11 @@ class OutOfMemoryError(MhaError, MemoryError):
     status = _lib.E_NOMEM
 
 
+class ConfigNotAppliedWarning(UserWarning):
+    """Layer.load found a Hugging Face config.json beside the checkpoint,
+    whose settings (RoPE, windows, ...) it does not apply."""
+
+
 class ContractError(MhaError):
     status = _lib.E_CONTRACT
 

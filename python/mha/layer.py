@@ -13,7 +13,7 @@ from . import _lib
 from ._arrays import bools, check_shape, floats, fptr, host, ints, u8ptr
 from ._check import INT_MAX, c_flag, c_float, c_int, names as capture_names
 from ._owner import COwner
-from .errors import ArgumentError, ShapeError, check
+from .errors import ArgumentError, ConfigNotAppliedWarning, ShapeError, check
 
 _L = _lib.lib
 
@@ -40,6 +40,49 @@ def _c_path(name, value):
         raise ArgumentError(f"{name}={value!r} holds a NUL character, where the C string would end; "
                             "expected none")
     return b
+
+
+def _tensor_names(path):
+    """The tensor names of a resolved checkpoint: a safetensors header
+    (8-byte little-endian length, then JSON) or an index's weight_map; ()
+    when they cannot be read (the load has already succeeded, so this
+    only decides whether to warn)."""
+    import json
+    try:
+        if path.endswith(".index.json"):
+            with open(path, "rb") as f:
+                return tuple(json.load(f).get("weight_map", {}))
+        with open(path, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            return tuple(k for k in json.loads(f.read(min(n, 100 << 20))) if k != "__metadata__")
+    except (OSError, ValueError, AttributeError):
+        return ()
+
+
+def _unapplied_config(path, layout):
+    """The config.json beside a Hugging Face style checkpoint (hf, megatron,
+    gpt2 names) that mha_layer_load does not read, or None: a native file
+    holds its settings in its metadata, a torch state dict has none."""
+    buf = ctypes.create_string_buffer(4096)
+    if _L.mha_checkpoint_resolve(buf, len(buf), _c_path("path", path)):
+        return None
+    resolved = os.fsdecode(buf.value)
+    config = os.path.join(os.path.dirname(resolved), "config.json")
+    if layout in ("native", "torch") or not os.path.isfile(config):
+        return None
+    if layout == "auto":
+        names = _tensor_names(resolved)
+        if any(n == "w_q" or n.endswith(".w_q") or n.endswith("in_proj_weight") for n in names):
+            return None
+    return config
+
+
+def _config_message(config, path):
+    return (f"Layer.load: {config} lies beside this checkpoint and is not read here: the settings it "
+            f"holds (rotary embedding, sliding window, soft-cap, QK-norm eps, clip_qkv, ...) are not in "
+            f"the layer; expected `mha convert {path} OUT.safetensors --to native` (with --prefix for one "
+            f"layer), which writes them into a native file Layer.load reads whole, or `mha run`, which "
+            f"applies them (config_json='ignore' loads the weights alone without this warning)")
 
 
 def _block(block):
@@ -534,7 +577,8 @@ class Layer(COwner):
 
     # ------------------------------------------------------------- files
     @classmethod
-    def load(cls, path, layout="auto", n_heads=0, n_kv_heads=0, prefix=None, add_zero_attn=False):
+    def load(cls, path, layout="auto", n_heads=0, n_kv_heads=0, prefix=None, add_zero_attn=False,
+             config_json="warn"):
         """mha_layer_load: a safetensors checkpoint in the native, torch, hf,
         gpt2 or megatron layout ('auto' detects it from the tensor names),
         or a sharded checkpoint's *.safetensors.index.json; n_heads /
@@ -543,14 +587,25 @@ class Layer(COwner):
         layer appends a zero key/value row (torch's add_zero_attn=True,
         which a state_dict does not record). A config.json beside an hf
         checkpoint is not read: `mha convert` writes its settings (RoPE,
-        soft-cap, clip_qkv, ...) into a native file this loads whole."""
+        soft-cap, clip_qkv, ...) into a native file this loads whole, and
+        `mha run` applies them. config_json: what to do when such a file
+        lies beside the checkpoint: 'warn' (a ConfigNotAppliedWarning),
+        'error' (ArgumentError, nothing loaded) or 'ignore'."""
+        if config_json not in ("warn", "error", "ignore"):
+            raise ArgumentError(f"config_json={config_json!r}; expected 'warn', 'error' or 'ignore'")
         opt = _lib.LoadOptions(_enum("layout", layout, _lib.LAYOUTS), c_int("n_heads", n_heads, 0),
                                c_int("n_kv_heads", n_kv_heads, 0),
                                None if prefix is None else _c_path("prefix", str(prefix)),
                                c_flag("add_zero_attn", add_zero_attn))
         handle = _lib.LayerP()
+        config = None if config_json == "ignore" else _unapplied_config(path, layout)
+        if config and config_json == "error":
+            raise ArgumentError(_config_message(config, path))
         check(_L.mha_layer_load(ctypes.byref(handle), _c_path("path", path), ctypes.byref(opt)),
               "mha_layer_load")
+        if config:
+            import warnings
+            warnings.warn(_config_message(config, path), ConfigNotAppliedWarning, stacklevel=2)
         return cls._adopt(handle)
 
     def save(self, path):

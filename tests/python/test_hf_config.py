@@ -199,3 +199,49 @@ def test_audit_reads_config(tmp_path):
     r = audit(torch_attention(w, x[None], 4, 2, 8, rope=(8, 500000.0, True))[0])
     assert r.returncode == 1 and "rotary convention mismatch" in r.stdout and "--rope interleaved" in r.stdout, \
         r.stdout + r.stderr
+
+
+def test_layer_load_warns_that_it_does_not_apply_config_json(tmp_path):
+    """mha.Layer.load reads the weights alone; with a config.json beside an
+    hf checkpoint (file, directory, sharded index) it warns, naming the file
+    and the commands that apply it (before: a Llama layer loaded without its
+    RoPE, silently); 'error' refuses, 'ignore' is silent; a native file or a
+    checkpoint without config.json loads without a word."""
+    import shutil
+    import warnings
+
+    import mha as mha_binding
+    path, w, x, pos = checkpoint(tmp_path, rope_theta=500000.0)
+    d = tmp_path / "saved"
+    d.mkdir()
+    shutil.copy(path, d / "model.safetensors")
+    shutil.copy(tmp_path / "config.json", d / "config.json")
+    names = ["model.layers.0.self_attn.%s_proj.weight" % n for n in "qkvo"]
+    index = tmp_path / "model.safetensors.index.json"
+    index.write_text(json.dumps({"weight_map": {n: path.name for n in names}}))
+    for where, layout in ((path, "auto"), (path, "hf"), (d, "auto"), (index, "auto")):
+        with pytest.warns(mha_binding.ConfigNotAppliedWarning, match=r"config.json lies beside this checkpoint "
+                          r"and is not read here.*mha convert .* OUT.safetensors --to native"):
+            layer = mha_binding.Layer.load(where, layout=layout, n_heads=4)
+        np.testing.assert_array_equal(layer.weights()["w_q"], w["w_q"])  # the weights, without RoPE
+        assert layer.config["rope"]["pairing"] == "none"
+        with pytest.raises(mha_binding.ArgumentError, match="config.json lies beside"):
+            mha_binding.Layer.load(where, layout=layout, n_heads=4, config_json="error")
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            mha_binding.Layer.load(where, layout=layout, n_heads=4, config_json="ignore")
+    with pytest.raises(mha_binding.ArgumentError, match="config_json='always'; expected 'warn', 'error' or 'ignore'"):
+        mha_binding.Layer.load(path, n_heads=4, config_json="always")
+    # the advice works: convert writes the config's RoPE into a native file (here beside config.json)
+    native = tmp_path / "native.safetensors"
+    mha("convert", path, native, "--to", "native")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        layer = mha_binding.Layer.load(native)
+    assert layer.config["rope"]["theta"] == 500000.0
+    want = run(tmp_path, "--weights", path)
+    np.testing.assert_allclose(layer.forward(x[None], causal=True)[0], want, rtol=0, atol=2e-6)
+    (tmp_path / "config.json").unlink()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        mha_binding.Layer.load(path, n_heads=4)
