@@ -1009,6 +1009,28 @@ MHA_API mha_status mha_cache_create(mha_cache **out, const mha_layer *layer, int
  * dtype. Each side keeps its type's error bound (docs/CACHE.md). */
 MHA_API mha_status mha_cache_create_kv(mha_cache **out, const mha_layer *layer, int batch, int capacity,
                                        mha_cache_dtype k_dtype, mha_cache_dtype v_dtype, int window);
+/* Cross-attention (encoder-decoder decoding: Whisper, BART, Marian): a
+ * cache holding the K and V of an encoder's output (the "memory"), which
+ * mha_cache_set_memory projects once per input; then every
+ * mha_forward_cached call on it attends each of its T queries per
+ * sequence to all of that sequence's memory keys (not causal; nothing is
+ * appended), as mha_forward(layer, .., kv, v_src, B, T, S, opt) with
+ * options.key_keep marking each sequence's first s_len[b] keys, and
+ * add_bias_kv / add_zero_attn keys after them. The layer may read kv of
+ * its own width (d_kv_in, d_v_in); it may not have RoPE, ALiBi or a query
+ * temperature (MHA_E_UNSUPPORTED: they need positions), and calls on the
+ * memory refuse window_left, chunk_size and positions. mha_cache_append
+ * is refused; mha_cache_attend attends the whole memory; reorder (beam
+ * search), permute_heads, reset, length and bytes work as on any cache. */
+MHA_API mha_status mha_cache_create_cross(mha_cache **out, const mha_layer *layer, int batch, int capacity,
+                                          mha_cache_dtype k_dtype, mha_cache_dtype v_dtype);
+/* Projects kv (B, S, d_kv_in) and v_src (B, S, d_v_in; NULL: kv) with the
+ * layer's W_K, W_V and biases (clip_qkv and the key norm as its forward
+ * applies them) and stores sequence b's first s_len[b] rows (s_len NULL:
+ * all S; 1 <= s_len[b] <= S <= capacity), replacing what the memory held
+ * and adopting the layer's K/V head labels. Errors leave it as it was. */
+MHA_API mha_status mha_cache_set_memory(mha_cache *cache, const mha_layer *layer, const float *kv,
+                                        const float *v_src, int S, const int *s_len);
 /* StreamingLLM: the first n_sink positions of every sequence of a
  * windowed cache are never evicted, and every query attends them besides
  * its window (as options.sink_tokens = n_sink with window_left = W - 1).

@@ -103,7 +103,8 @@ class Cache(COwner):
     _free_name = "mha_cache_free"
     _kind = "cache"
 
-    def __init__(self, layer, batch=1, capacity=1024, dtype="float32", window=0, v_dtype=None, sink_tokens=0):
+    def __init__(self, layer, batch=1, capacity=1024, dtype="float32", window=0, v_dtype=None, sink_tokens=0,
+                 cross=False):
         if not isinstance(layer, Layer):
             raise ArgumentError(f"layer is a {type(layer).__name__}; expected a mha.Layer")
         kt = _dtype(dtype)
@@ -111,10 +112,18 @@ class Cache(COwner):
         batch, capacity = c_int("batch", batch, 0), c_int("capacity", capacity, 0)
         window = c_int("window", window, 0)
         sink_tokens = c_int("sink_tokens", sink_tokens, 0)
+        cross = c_flag("cross", cross)
+        if cross and (window or sink_tokens):
+            raise ArgumentError(f"cross=True with window={window}, sink_tokens={sink_tokens}; expected 0 for both "
+                                "(every query attends the whole memory)")
         handle = ctypes.c_void_p()
         with layer._borrow() as layer_ptr:
-            check(_L.mha_cache_create_kv(ctypes.byref(handle), layer_ptr, batch, capacity, kt, vt, window),
-                  "mha_cache_create_kv")
+            if cross:
+                check(_L.mha_cache_create_cross(ctypes.byref(handle), layer_ptr, batch, capacity, kt, vt),
+                      "mha_cache_create_cross")
+            else:
+                check(_L.mha_cache_create_kv(ctypes.byref(handle), layer_ptr, batch, capacity, kt, vt, window),
+                      "mha_cache_create_kv")
         if sink_tokens:
             status = _L.mha_cache_set_sink_tokens(handle, sink_tokens)
             if status:
@@ -123,10 +132,11 @@ class Cache(COwner):
         self._ptr = handle
         self.layer = layer
         self.batch, self.capacity, self.window, self.sink_tokens = batch, capacity, window, sink_tokens
+        self.cross = bool(cross)
         self.dtype, self.v_dtype = _NAMES[kt], _NAMES[vt]  # K's type (and V's unless v_dtype), V's
         c = layer.config
         self._shape = {k: c[k] for k in ("d_model", "n_heads", "n_kv_heads", "d_k", "d_v",
-                                         "add_bias_kv", "add_zero_attn")}
+                                         "add_bias_kv", "add_zero_attn", "d_kv_in", "d_v_in")}
 
     bytes_for = staticmethod(cache_bytes_for)
 
@@ -136,8 +146,9 @@ class Cache(COwner):
         if not self._ptr:
             return "Cache(closed)"
         vt = "" if self.v_dtype == self.dtype else f", v_dtype={self.v_dtype!r}"
-        return (f"Cache(batch={self.batch}, capacity={self.capacity}, dtype={self.dtype!r}{vt}, "
-                f"window={self.window}, lengths={self.lengths()}, bytes={self.bytes})")
+        kind = ", cross=True" if self.cross else f", window={self.window}"
+        return (f"Cache(batch={self.batch}, capacity={self.capacity}, dtype={self.dtype!r}{vt}"
+                f"{kind}, lengths={self.lengths()}, bytes={self.bytes})")
 
     # ------------------------------------------------------------- state
     @property
@@ -286,6 +297,30 @@ class Cache(COwner):
         return (y, caps) if names else y
 
     __call__ = forward
+
+    # ------------------------------------------ cross-attention memory
+    def set_memory(self, kv, v=None, lengths=None, layer=None):
+        """A cross-attention cache (cross=True) takes the encoder's output
+        kv (B,S,d_kv_in) (and v (B,S,d_v_in) when values come from another
+        source) projected by the layer's W_K, W_V (mha_cache_set_memory);
+        lengths: None (all S rows) or B ints in 1..S, sequence b's first
+        lengths[b] rows (the rest is padding). It replaces what the memory
+        held; then forward(x) attends each query to all of its sequence's
+        memory (not causal; nothing is appended), as
+        Layer.forward(x, kv, v, key_padding_mask=...) would. (S,d_kv_in)
+        is accepted when batch is 1."""
+        layer = self.layer if layer is None else layer
+        if not isinstance(layer, Layer):
+            raise ArgumentError(f"layer is a {type(layer).__name__}; expected a mha.Layer")
+        s = layer.config
+        kv, S, _ = self._rows("kv", kv, s["d_kv_in"], "d_kv_in")
+        if v is not None:
+            v, Sv, _ = self._rows("v", v, s["d_v_in"], "d_v_in")
+            if Sv != S:
+                raise ShapeError(f"v has {Sv} rows per sequence; expected S={S} like kv")
+        n = None if lengths is None else ints("lengths", lengths, self.batch)
+        with layer._borrow() as layer_ptr, self._borrow(exclusive=True) as ptr:
+            check(_L.mha_cache_set_memory(ptr, layer_ptr, fptr(kv), fptr(v), S, n), "mha_cache_set_memory")
 
     # ------------------------------------------------- the two halves
     def append(self, k, v, n_new=None):

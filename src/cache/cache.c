@@ -61,7 +61,7 @@ void mha_cache_free(mha_cache *c) {
 
 /* mha_cache_create and mha_cache_create_kv; fn names the entry in errors. */
 static mha_status cache_create(mha_cache **out, const mha_layer *L, int batch, int capacity, mha_cache_dtype kt,
-                               mha_cache_dtype vt, int window, const char *fn) {
+                               mha_cache_dtype vt, int window, int cross, const char *fn) {
     if (!out) return mha_fail(MHA_E_ARG, "%s: out is NULL", fn);
     *out = NULL;
     if (!L) return mha_fail(MHA_E_ARG, "%s: layer is NULL", fn);
@@ -76,11 +76,16 @@ static mha_status cache_create(mha_cache **out, const mha_layer *L, int batch, i
     if (window < 0 || window > capacity)
         return mha_fail(MHA_E_ARG, "%s: window=%d; expected 0 (none) or 1..capacity=%d", fn,
                         window, capacity);
-    if (cf->d_kv_in != cf->d_model)
+    if (cross && (cf->rope.pairing != MHA_ROPE_NONE || cf->alibi || cf->temperature_floor))
+        return mha_fail(MHA_E_UNSUPPORTED, "%s: the layer has %s, which needs the keys' positions relative to the "
+                        "queries; expected a cross-attention layer without RoPE, ALiBi or a query temperature "
+                        "(encoder-decoder layers add positions before attention)", fn,
+                        cf->rope.pairing != MHA_ROPE_NONE ? "RoPE" : cf->alibi ? "ALiBi" : "a query temperature");
+    if (!cross && cf->d_kv_in != cf->d_model)
         return mha_fail(MHA_E_SHAPE,
                         "%s: d_kv_in=%d != d_model=%d; a KV cache serves causal "
                         "self-attention (keys from the same tokens)", fn, cf->d_kv_in, cf->d_model);
-    if (cf->d_v_in != cf->d_model)
+    if (!cross && cf->d_v_in != cf->d_model)
         return mha_fail(MHA_E_SHAPE,
                         "%s: d_v_in=%d != d_model=%d; a KV cache serves causal "
                         "self-attention (values from the same tokens)", fn, cf->d_v_in, cf->d_model);
@@ -94,6 +99,7 @@ static mha_status cache_create(mha_cache **out, const mha_layer *L, int batch, i
     c->B = batch, c->cap = capacity, c->slots = (int)slots, c->window = window;
     c->h = cf->n_heads, c->h_kv = cf->n_kv_heads, c->d_k = cf->d_k, c->d_v = cf->d_v;
     c->d_model = cf->d_model, c->kt = kt, c->vt = vt, c->ek = cache_elt(kt), c->ev = cache_elt(vt);
+    c->cross = cross, c->d_kv_in = cf->d_kv_in, c->d_v_in = cf->d_v_in;
     c->nbk = kt == MHA_CACHE_I8 ? q8_blocks(cf->d_k) : 0;
     c->nbv = vt == MHA_CACHE_I8 ? q8_blocks(cf->d_v) : 0;
     /* zeroed: slots never written hold finite numbers, so a weight of
@@ -123,12 +129,17 @@ static mha_status cache_create(mha_cache **out, const mha_layer *L, int batch, i
 
 mha_status mha_cache_create(mha_cache **out, const mha_layer *L, int batch, int capacity, mha_cache_dtype dtype,
                             int window) {
-    return cache_create(out, L, batch, capacity, dtype, dtype, window, "mha_cache_create");
+    return cache_create(out, L, batch, capacity, dtype, dtype, window, 0, "mha_cache_create");
 }
 
 mha_status mha_cache_create_kv(mha_cache **out, const mha_layer *L, int batch, int capacity,
                                mha_cache_dtype k_dtype, mha_cache_dtype v_dtype, int window) {
-    return cache_create(out, L, batch, capacity, k_dtype, v_dtype, window, "mha_cache_create_kv");
+    return cache_create(out, L, batch, capacity, k_dtype, v_dtype, window, 0, "mha_cache_create_kv");
+}
+
+mha_status mha_cache_create_cross(mha_cache **out, const mha_layer *L, int batch, int capacity,
+                                  mha_cache_dtype k_dtype, mha_cache_dtype v_dtype) {
+    return cache_create(out, L, batch, capacity, k_dtype, v_dtype, 0, 1, "mha_cache_create_cross");
 }
 
 mha_status mha_cache_set_sink_tokens(mha_cache *c, int n_sink) {
@@ -435,6 +446,9 @@ mha_status mha_cache_check_room(const mha_cache *c, const int *n, const char *fn
 mha_status mha_cache_append(mha_cache *c, const float *k, const float *v, int T, const int *n_new) {
     if (!c || !k || !v)
         return mha_fail(MHA_E_ARG, "mha_cache_append: NULL %s", !c ? "cache" : !k ? "k" : "v");
+    if (c->cross)
+        return mha_fail(MHA_E_ARG, "mha_cache_append: the cache is a cross-attention memory; expected "
+                        "mha_cache_set_memory, which replaces it whole");
     int *n = malloc(sizeof(int) * 2 * c->B);
     if (!n) return mha_fail(MHA_E_NOMEM, "mha_cache_append: no memory");
     mha_status s = counts(n, n + c->B, c, T, n_new, "mha_cache_append");
@@ -458,7 +472,7 @@ mha_status mha_cache_attend(const mha_cache *c, float *z, const float *q, int T,
     mha_status s = counts(n, n + c->B, c, T, n_new, "mha_cache_attend");
     if (!s) s = rows_finite(q, c, n, n + c->B, c->h * c->d_k, MHA_CACHE_F32, "mha_cache_attend: q");
     for (int b = 0; b < c->B && !s; b++) {
-        int first = c->len[b] - n[b];
+        int first = c->cross ? (n[b] && !c->len[b] ? -1 : 0) : c->len[b] - n[b]; /* a memory: any queries */
         int need = c->window ? first - (c->window - 1) : 0;
         if (need < c->n_sink) need = c->n_sink; /* never evicted */
         if (first < 0)

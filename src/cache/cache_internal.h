@@ -26,6 +26,11 @@ struct mha_cache {
                             0..n_sink-1 (StreamingLLM); the rest share the
                             ring of slots n_sink..cap-1                     */
     int h, h_kv, d_k, d_v, d_model;
+    int cross;           /* 1: cross-attention memory (mha_cache_create_cross):
+                            K/V of an encoder's output set whole by
+                            mha_cache_set_memory; every query attends all of
+                            its sequence's keys, nothing is appended        */
+    int d_kv_in, d_v_in; /* the key / value source widths it was made for   */
     mha_cache_dtype kt, vt; /* storage type of K and of V (may differ)     */
     size_t ek, ev;       /* bytes of one K / V element: 4, 2 or 1 (int8)     */
     void *data;          /* (B, h_kv, slots/CHUNK) chunks, each one
@@ -170,6 +175,13 @@ static inline int mha_cache_attends(const mha_cache *c, int pj, int first, int p
     return pj != INT_MIN && pj <= p && (pj >= first || pj < c->n_sink);
 }
 
+/* The position of query i of the n[b] newest of sequence b: causal, the
+ * newest keys; in a cross-attention memory every query stands after all
+ * of its sequence's keys (so it attends each of them). */
+static inline int mha_cache_query_position(const mha_cache *c, int b, int n, int i) {
+    return c->cross ? c->len[b] - 1 : c->len[b] - n + i;
+}
+
 /* The position slot s of sequence b was stored with. */
 static inline int mha_cache_user_position(const mha_cache *c, int b, int s) {
     return c->upos[(size_t)b * c->cap + s];
@@ -214,6 +226,10 @@ mha_status mha_cache_check_room(const mha_cache *c, const int *n, const char *fn
  * Runs on ex's decode kernels and threads. Returns MHA_E_NOMEM or MHA_OK. */
 mha_status mha_decode_attend(const mha_exec *ex, float *z, float *stats, const mha_cache *c, const float *q,
                              const int *row0, int t0, const int *n, const mha_decode_opts *o);
+
+/* MHA_E_SHAPE unless the layer has the shape the cache was made for
+ * (d_model, heads, d_k, d_v, d_kv_in, d_v_in); fn names the entry. */
+mha_status mha_cache_check_layer(const mha_cache *c, const mha_layer *L, const char *fn);
 
 /* mha_forward_cached on a resolved exec (tests pass one with a trace). */
 mha_status mha_forward_cached_exec(const mha_exec *ex, const mha_layer *L, mha_cache *c, float *y,

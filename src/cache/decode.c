@@ -75,7 +75,7 @@ typedef struct {
 } decode_call;
 
 static int row_position(const decode_call *dc, int b, int i) {
-    return dc->c->len[b] - dc->n[b] + i / dc->n_rep;
+    return mha_cache_query_position(dc->c, b, dc->n[b], i / dc->n_rep);
 }
 
 /* Whether chunk ch overlaps the slots of positions [ulo, uhi] or of the

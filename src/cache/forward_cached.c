@@ -30,16 +30,18 @@
 
 /* ------------------------------------------------------- validation */
 
-static mha_status check_cache_layer(const mha_cache *c, const mha_layer *L) {
+mha_status mha_cache_check_layer(const mha_cache *c, const mha_layer *L, const char *fn) {
     const mha_config *f = &L->cfg;
     if (c->d_model != f->d_model || c->h != f->n_heads || c->h_kv != f->n_kv_heads ||
-        c->d_k != f->d_k || c->d_v != f->d_v || f->d_kv_in != f->d_model || f->d_v_in != f->d_model)
+        c->d_k != f->d_k || c->d_v != f->d_v || f->d_kv_in != c->d_kv_in || f->d_v_in != c->d_v_in)
         return mha_fail(MHA_E_SHAPE,
-                        "mha_forward_cached: cache made for d_model=%d h=%d h_kv=%d d_k=%d d_v=%d, "
+                        "%s: cache made for d_model=%d h=%d h_kv=%d d_k=%d d_v=%d d_kv_in=%d d_v_in=%d, "
                         "layer has d_model=%d h=%d h_kv=%d d_k=%d d_v=%d d_kv_in=%d d_v_in=%d; expected "
-                        "the same shape (and d_kv_in = d_v_in = d_model)", c->d_model, c->h, c->h_kv,
-                        c->d_k, c->d_v, f->d_model, f->n_heads, f->n_kv_heads, f->d_k, f->d_v,
-                        f->d_kv_in, f->d_v_in);
+                        "the same shape", fn, c->d_model, c->h, c->h_kv, c->d_k, c->d_v, c->d_kv_in, c->d_v_in,
+                        f->d_model, f->n_heads, f->n_kv_heads, f->d_k, f->d_v, f->d_kv_in, f->d_v_in);
+    if (c->cross && (f->rope.pairing != MHA_ROPE_NONE || f->alibi || f->temperature_floor))
+        return mha_fail(MHA_E_UNSUPPORTED, "%s: a cross-attention memory with a layer that has RoPE, ALiBi or a "
+                        "query temperature (they need the keys' positions); expected a layer without them", fn);
     return MHA_OK;
 }
 
@@ -80,6 +82,11 @@ static mha_status check_options(const mha_options *o, const mha_cache *c, const 
     if (o->sink_tokens != 0 && o->sink_tokens != c->n_sink)
         return mha_fail(MHA_E_ARG, "mha_forward_cached: options.sink_tokens=%d but the cache keeps %d; expected 0 "
                         "or %d (mha_cache_set_sink_tokens sets them)", o->sink_tokens, c->n_sink, c->n_sink);
+    if (c->cross && (o->window_left >= 0 || o->chunk_size > 0 || o->positions))
+        return mha_fail(MHA_E_ARG, "mha_forward_cached: options.%s on a cross-attention memory, whose keys have no "
+                        "order relative to the queries (every query attends all of them); expected %s",
+                        o->window_left >= 0 ? "window_left" : o->chunk_size > 0 ? "chunk_size" : "positions",
+                        o->window_left >= 0 ? "-1" : o->chunk_size > 0 ? "0" : "NULL");
     mha_status s = mha_check_positions(&L->cfg, o, c->B, T, T);
     /* REPLACE values are (B,T,d_v), as in mha_forward */
     if (!s) s = mha_check_common_options(o, c->h, (size_t)c->B * T, c->d_v);
@@ -138,8 +145,13 @@ static mha_status validate(cached_plan *p, const mha_layer *L, mha_cache *c, con
         }
         p->N += p->n[b];
     }
-    /* without a window everything must fit; a ring takes pieces */
-    if (!s && !c->window) s = mha_cache_check_room(c, p->n, "mha_forward_cached");
+    /* without a window everything must fit; a ring takes pieces; a memory
+     * appends nothing but must be set */
+    for (int b = 0; !s && c->cross && b < p->B; b++)
+        if (p->n[b] && !c->len[b])
+            s = mha_fail(MHA_E_ARG, "mha_forward_cached: sequence %d of the cross-attention memory is empty; expected "
+                         "mha_cache_set_memory first", b);
+    if (!s && !c->window && !c->cross) s = mha_cache_check_room(c, p->n, "mha_forward_cached");
     return s ? s : check_labels(c, L);
 }
 
@@ -152,11 +164,12 @@ static mha_status plan_buffers(cached_plan *p, const mha_cache *c, const float *
     p->yc = packed ? malloc(sizeof(float) * N * D) : y;
     p->value_row = malloc(sizeof(size_t) * N);
     p->pos = malloc(sizeof(int) * N);
-    p->q = malloc(sizeof(float) * N * c->h * c->d_k), p->k = malloc(sizeof(float) * N * c->h_kv * c->d_k);
-    p->v = malloc(sizeof(float) * N * c->h_kv * c->d_v), p->z = malloc(sizeof(float) * N * c->h * c->d_v);
+    p->q = malloc(sizeof(float) * N * c->h * c->d_k), p->z = malloc(sizeof(float) * N * c->h * c->d_v);
+    if (!c->cross) /* a memory's K and V are stored already */
+        p->k = malloc(sizeof(float) * N * c->h_kv * c->d_k), p->v = malloc(sizeof(float) * N * c->h_kv * c->d_v);
     p->stats = cap && cap->probs ? malloc(sizeof(float) * N * c->h * 2) : NULL;
     p->cc = cap && cap->contributions ? malloc(sizeof(float) * c->h * N * D) : NULL;
-    if (!p->xc || !p->yc || !p->value_row || !p->pos || !p->q || !p->k || !p->v || !p->z ||
+    if (!p->xc || !p->yc || !p->value_row || !p->pos || !p->q || (!c->cross && (!p->k || !p->v)) || !p->z ||
         (cap && cap->probs && !p->stats) || (cap && cap->contributions && !p->cc))
         return mha_fail(MHA_E_NOMEM, "mha_forward_cached: no memory for %d rows", p->N);
     for (int b = 0; b < p->B; b++)
@@ -183,7 +196,7 @@ static mha_status capture_probs(const mha_exec *ex, float *probs, const mha_cach
     for (int b = 0; b < c->B; b++) {
         mha_cache_slot_positions(spos, c, b, 0, c->cap);
         for (int i = 0; i < np[b]; i++) {
-            int t = t0 + i, p = c->len[b] - np[b] + i;
+            int t = t0 + i, p = mha_cache_query_position(c, b, np[b], i);
             int first = mha_cache_first_key(c, b, p, o->left, o->chunk), pu = mha_cache_user_position(c, b, mha_cache_slot_of(c, p));
             for (int r = 0; r < c->h; r++) {
                 int g = r / n_rep;
@@ -245,6 +258,14 @@ static mha_status stream(const mha_exec *ex, const mha_decode_gemm_job *jobs, in
 static mha_status project_qkv(const mha_exec *ex, const cached_plan *p, const mha_layer *L,
                               const mha_cache *c) {
     const int wq = c->h * c->d_k, wk = c->h_kv * c->d_k, wv = c->h_kv * c->d_v, N = p->N;
+    if (c->cross) { /* the queries alone: K and V are the memory's */
+        const mha_dst dq = {MHA_DST_ROWS, p->q, (size_t)wq, 0, 0, 0, 0};
+        const mha_packed *pq = stream_projections(L, N) ? NULL : mha_fast_packed_q(L);
+        const mha_gemm_args g = {&dq, p->xc, (size_t)c->d_model, N, pq, 0, 1, 0, c->d_model, 1, p->bf16};
+        const mha_decode_gemm_job jq = mha_layer_decode_job(L, MHA_MAT_Q, p->q);
+        return pq ? mha_gemm(&g, mha_exec_prefill(ex), mha_exec_threads_for(ex, (double)N * c->d_model * wq))
+                  : stream(ex, &jq, 1, p->xc, N, c->d_model, p->bf16);
+    }
     const mha_packed *pk = stream_projections(L, N) ? NULL : mha_fast_packed_qkv(L);
     if (pk) {
         const mha_dst dst[3] = {{MHA_DST_ROWS, p->q, (size_t)wq, 0, 0, 0, 0},
@@ -267,6 +288,7 @@ static mha_status clip_qkv(const mha_exec *ex, const cached_plan *p, const mha_l
     const size_t N = (size_t)p->N;
     const int nt = mha_exec_threads_for(ex, (double)N * (c->h + 2 * c->h_kv) * c->d_k);
     mha_clip(p->q, N * c->h * c->d_k, clip, nt);
+    if (c->cross) return MHA_OK; /* the memory's K, V were clamped when it was set */
     mha_clip(p->k, N * c->h_kv * c->d_k, clip, nt);
     mha_clip(p->v, N * c->h_kv * c->d_v, clip, nt);
     return MHA_OK;
@@ -289,14 +311,15 @@ static mha_status transform_qk(const cached_plan *p, const mha_layer *L, const m
         return mha_fail(MHA_E_NOMEM, "mha_forward_cached: no memory for the rotary table");
     }
     for (int i = 0; temp && i < p->N; i++) temp[i] = (float)mha_query_temperature(f, p->pos[i]);
-    for (int i = 0; st && i < 2 * p->N; i++) { /* OLMo 2: each row's stats over all heads */
+    const int sides = c->cross ? 1 : 2; /* q, and k unless a memory holds the keys */
+    for (int i = 0; st && i < sides * p->N; i++) { /* OLMo 2: each row's stats over all heads */
         const int key = i >= p->N, width = (key ? c->h_kv : c->h) * c->d_k;
         const float *x = (key ? p->k : p->q) + (size_t)(key ? i - p->N : i) * width;
         double sum = 0.0, sq = 0.0;
         for (int e = 0; e < width; e++) sum += x[e], sq += (double)x[e] * x[e];
         mha_qk_norm_stats(st + 2 * (size_t)i, f, sum, sq, width);
     }
-    for (int r = 0; r < c->h + c->h_kv; r++) {
+    for (int r = 0; r < c->h + (sides - 1) * c->h_kv; r++) {
         const int key = r >= c->h, head = key ? r - c->h : r, width = key ? c->h_kv : c->h;
         const float *nw = !norm ? NULL : (key ? L->k_norm : L->q_norm) + (f->qk_norm_per_head ? (size_t)head * c->d_k : 0);
         mha_head_rows hr = {(key ? p->k : p->q) + (size_t)head * c->d_k, (size_t)width * c->d_k, 1};
@@ -346,14 +369,15 @@ static mha_status check_range(const mha_exec *ex, const cached_plan *p, mha_cach
     for (int b = 0; b < p->B; b++)
         for (int g = 0; g < c->h_kv; g++) {
             double knew = 0.0; /* largest L2 norm of a new key (and bias_k) */
-            for (int i = 0; i < p->n[b]; i++) {
+            for (int i = 0; !c->cross && i < p->n[b]; i++) {
                 const float *kr = p->k + ((size_t)p->row0[b] + i) * c->h_kv * c->d_k + (size_t)g * c->d_k;
                 const double kn = sqrt(mha_sum_squares(kr, c->d_k));
                 if (!(kn <= knew)) knew = kn;
             }
             if (L->cfg.add_bias_kv) /* the extra key */
                 knew = fmax(knew, sqrt(mha_sum_squares(L->bias_k + (size_t)g * c->d_k, c->d_k)));
-            const double kabs = new_rows_max(p, c, p->k, c->d_k, b, g), vmax = new_rows_max(p, c, p->v, c->d_v, b, g);
+            const double kabs = c->cross ? 0.0 : new_rows_max(p, c, p->k, c->d_k, b, g); /* a memory: checked when set */
+            const double vmax = c->cross ? 0.0 : new_rows_max(p, c, p->v, c->d_v, b, g);
             const int k_over = mha_cache_f16_overflows(c->kt, kabs);
             if (k_over || mha_cache_f16_overflows(c->vt, vmax))
                 return mha_fail(MHA_E_NONFINITE, "mha_forward_cached: %s of sequence %d kv head %d reaches %g, beyond "
@@ -394,7 +418,7 @@ static mha_status attend_pieces(const mha_exec *ex, cached_plan *p, mha_cache *c
             any |= p->np[b] > 0;
         }
         if (!any) break;
-        mha_cache_store(ex, c, p->k, p->v, p->pos, p->row0, t0, p->np);
+        if (!c->cross) mha_cache_store(ex, c, p->k, p->v, p->pos, p->row0, t0, p->np);
         s = mha_decode_attend(ex, p->z, p->stats, c, p->q, p->row0, t0, p->np, o);
         if (!s && p->stats) s = capture_probs(ex, cap->probs, c, L, p->q, p->stats, p->row0, t0, p->np, p->T, o);
     }
@@ -514,7 +538,7 @@ mha_status mha_forward_cached_exec(const mha_exec *ex, const mha_layer *L, mha_c
                         "of at most 2^40 elements", T, c->B, INT_MAX);
     mha_options defaults = mha_options_default();
     if (!opt) opt = &defaults;
-    mha_status s = check_cache_layer(c, L);
+    mha_status s = mha_cache_check_layer(c, L, "mha_forward_cached");
     if (!s) s = check_options(opt, c, L, T);
     return s ? s : forward_cached_exec(ex, L, c, y, cap, x, T, n_new, opt);
 }

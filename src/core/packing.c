@@ -87,6 +87,10 @@ const mha_packed *mha_fast_packed_qkv(const mha_layer *L) {
     return L->fast && L->fast->fused ? &L->fast->qkv : NULL;
 }
 
+const mha_packed *mha_fast_packed_q(const mha_layer *L) {
+    return !L->fast ? NULL : L->fast->fused ? &L->fast->qkv : &L->fast->q;
+}
+
 const mha_packed *mha_fast_packed_o(const mha_layer *L) {
     return L->fast ? &L->fast->o : NULL;
 }

@@ -40,6 +40,9 @@ int mha_fast_unpack(mha_layer *L);
  * d_kv_in == d_v_in == d_model, which every cache layer has; NULL when the
  * layer has no fast state or no fused packing. W_O: NULL without state. */
 const mha_packed *mha_fast_packed_qkv(const mha_layer *L);
+/* W_Q alone: section 0 of the fused matrix, or its own (NULL without
+ * state); a cross-attention memory's queries. */
+const mha_packed *mha_fast_packed_q(const mha_layer *L);
 const mha_packed *mha_fast_packed_o(const mha_layer *L);
 
 #endif /* MHA_CORE_PACKING_H */

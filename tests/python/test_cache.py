@@ -172,6 +172,68 @@ def test_decode_equals_torch_multihead_attention_with_causal_mask():
     assert err <= TOL32 * scale, f"vs torch: max abs error {err:.3g} > {TOL32:g} x {scale:.3g}"
 
 
+@pytest.mark.parametrize("extras", [False, True])
+def test_cross_attention_memory_equals_torch_multihead_attention(extras):
+    """Encoder-decoder decoding: the decoder's cross-attention keeps the
+    encoder output's K and V (mha.Cache(cross=True).set_memory) and each
+    step's queries attend all of it; torch.nn.MultiheadAttention with
+    kdim / vdim, a key_padding_mask for each sequence's padding and
+    (extras) add_bias_kv / add_zero_attn recomputes K and V every call."""
+    torch = require("torch")
+    E, h, B, S, T, kdim, vdim = 32, 4, 3, 9, 4, 40, 24
+    lengths = [9, 3, 6]
+    torch.manual_seed(7)
+    m = torch.nn.MultiheadAttention(E, h, batch_first=True, kdim=kdim, vdim=vdim,
+                                    add_bias_kv=extras, add_zero_attn=extras)
+    gen = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            bound = 1.0 if "bias" in name else 2.0 / np.sqrt(p.shape[-1])
+            p.copy_((torch.rand(p.shape, generator=gen) * 2 - 1) * bound)
+    m.eval()
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((B, T, E)).astype(np.float32)
+    mem_k = rng.standard_normal((B, S, kdim)).astype(np.float32)
+    mem_v = rng.standard_normal((B, S, vdim)).astype(np.float32)
+    pad = torch.tensor([[j >= n for j in range(S)] for n in lengths])  # True = padding
+    want = m(torch.from_numpy(x), torch.from_numpy(mem_k), torch.from_numpy(mem_v), key_padding_mask=pad,
+             need_weights=False)[0].detach().numpy()
+    sd = {k: v.detach().numpy().copy() for k, v in m.state_dict().items()}
+    layer = mha.from_torch_state_dict(sd, num_heads=h, batch_first=True, add_zero_attn=extras)
+    for b, n in enumerate(lengths):
+        mem_k[b, n:] = np.nan  # padding rows are never read
+    with mha.Cache(layer, batch=B, capacity=16, cross=True) as cache:
+        cache.set_memory(mem_k, mem_v, lengths=lengths)
+        assert cache.lengths() == lengths
+        steps = np.concatenate([cache.forward(x[:, t:t + 1]) for t in range(T)], axis=1)
+        whole = cache.forward(x)
+    for got, what in ((steps, "one query a step"), (whole, "T queries")):
+        assert_close(got, want, f"cross memory vs torch, {what}")
+
+
+def test_cross_memory_refusals():
+    rng = np.random.default_rng(9)
+    layer, _, c = random_layer(rng, **CONFIGS["gqa"])
+    with pytest.raises(mha.ArgumentError, match="cross=True with window=4"):
+        mha.Cache(layer, batch=1, capacity=8, cross=True, window=4)
+    rope = mha.Layer(d_model=32, n_heads=4, rope=dict(pairing="halves"))
+    with pytest.raises(mha.UnsupportedError, match="the layer has RoPE"):
+        mha.Cache(rope, batch=1, capacity=8, cross=True)
+    cache = mha.Cache(layer, batch=2, capacity=8, cross=True)
+    x = rng.standard_normal((2, 1, c["d_model"])).astype(np.float32)
+    with pytest.raises(mha.ArgumentError, match="memory is empty; expected mha_cache_set_memory first"):
+        cache.forward(x)
+    with pytest.raises(mha.ShapeError, match=r"kv has shape \(2,9,31\)"):
+        cache.set_memory(np.zeros((2, 9, 31), np.float32))
+    with pytest.raises(mha.ArgumentError, match="S=9; expected 1..capacity=8"):
+        cache.set_memory(np.zeros((2, 9, 32), np.float32))
+    with pytest.raises(mha.ArgumentError, match="cross-attention memory"):
+        cache.append(np.zeros((2, 1, 8), np.float32), np.zeros((2, 1, 8), np.float32))
+    self_cache = mha.Cache(layer, batch=2, capacity=8)
+    with pytest.raises(mha.ArgumentError, match="expected one made by mha_cache_create_cross"):
+        self_cache.set_memory(np.zeros((2, 3, 32), np.float32))
+
+
 # ------------------------------------------------------------ ragged batches
 
 def test_ragged_n_new_each_sequence_matches_its_own_forward():
