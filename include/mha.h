@@ -37,7 +37,8 @@
  *   mha_layer_permute_block, mha_layer_free.
  * - A cache is used by one call at a time: mha_forward_cached*,
  *   mha_cache_append, mha_cache_reset, mha_cache_truncate,
- *   mha_cache_permute_heads, mha_cache_reorder and mha_cache_free mutate it;
+ *   mha_cache_permute_heads, mha_cache_reorder, mha_cache_set_memory and
+ *   mha_cache_free mutate it;
  *   mha_cache_attend, mha_cache_length and mha_cache_bytes only read it
  *   and may run concurrently with each other.
  * - Process-wide settings are atomics read once at a call's start

@@ -155,6 +155,10 @@ mha_status mha_cache_set_memory(mha_cache *c, const mha_layer *L, const float *k
                         "expected the (B,S,d_v_in) value source", c->d_v_in, c->d_kv_in);
     if (S < 1 || S > c->cap)
         return mha_fail(MHA_E_ARG, "mha_cache_set_memory: S=%d; expected 1..capacity=%d", S, c->cap);
+    const int widest = c->d_kv_in > c->d_v_in ? c->d_kv_in : c->d_v_in;
+    if (!mha_elements_fit((size_t)c->B, (size_t)S, (size_t)widest, sizeof(float)))
+        return mha_fail(MHA_E_ARG, "mha_cache_set_memory: (B=%d, S=%d, %d) floats exceed the address space; "
+                        "expected a smaller memory", c->B, S, widest);
     memory_rows m = {0};
     mha_exec ex;
     s = gather(&m, c, kv, v_src ? v_src : kv, S, s_len);
