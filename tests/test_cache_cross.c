@@ -90,6 +90,22 @@ static void memory_matches_reference(const cross_case *cc) {
         CHECK_ARRAY_NEAR(y, yref, ny, bound(cc) * scale);
         for (int b = 0; b < B; b++) CHECK_INT(mha_cache_length(c, b), S_LEN[b]);
     }
+    /* the probabilities: memory column j is slot j, the extra keys at capacity, capacity+1 */
+    const int ex = cc->extras * 2, wr = S + ex, wc = S + 3 + ex;
+    float *pr = naive_alloc_floats((size_t)B * cc->h * T * wr), *pc = naive_alloc_floats((size_t)B * cc->h * T * wc);
+    mha_capture capr = {.probs = pr}, capc = {.probs = pc};
+    if (c) {
+        CHECK_OK(mha_forward_kv(L, yref, &capr, x, kv_ref, cc->d_v_in ? vs : kv_ref, B, T, S, &o));
+        CHECK_OK(mha_forward_cached(L, c, y, &capc, x, T, NULL, NULL));
+        double worst = 0.0;
+        for (size_t row = 0; row < (size_t)B * cc->h * T; row++)
+            for (int j = 0; j < wc; j++) {
+                const double want = j < S ? pr[row * wr + j] : j >= S + 3 ? pr[row * wr + S + (j - S - 3)] : 0.0;
+                worst = fmax(worst, fabs(pc[row * wc + j] - want));
+            }
+        CHECK(worst <= bound(cc) * 10); /* probabilities are at most 1 */
+    }
+    free(pr), free(pc);
     mha_context_free(ctx);
     mha_cache_free(c), mha_layer_free(L), naive_weights_free(&w);
     free(x), free(kv), free(kv_ref), free(yref), free(y), free(y1);

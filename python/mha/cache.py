@@ -232,7 +232,8 @@ class Cache(COwner):
         n_new: None (all T rows), an int, or B ints; sequence b uses rows
         0..n_new[b]-1 and its other rows of y and the captures are 0.
         Each new token attends every cached position <= its own (causal,
-        bottom-right aligned); chunk_size C > 0 keeps it inside its chunk
+        bottom-right aligned; on a cross=True cache: every memory row of its
+        sequence, nothing appended); chunk_size C > 0 keeps it inside its chunk
         of C cache positions (Llama 4); window_left further limits it (combined with
         the cache's window). scale (0: 1/sqrt(d_k)), masked_row and
         interventions as in Layer.forward ('mean' averages over this
