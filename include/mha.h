@@ -39,8 +39,8 @@
  *   mha_cache_append, mha_cache_reset, mha_cache_truncate,
  *   mha_cache_permute_heads, mha_cache_reorder, mha_cache_set_memory and
  *   mha_cache_free mutate it;
- *   mha_cache_attend, mha_cache_length and mha_cache_bytes only read it
- *   and may run concurrently with each other.
+ *   mha_cache_attend, mha_cache_length, mha_cache_bytes and mha_cache_clone
+ *   only read it and may run concurrently with each other.
  * - Process-wide settings are atomics read once at a call's start
  *   (mha_set_num_threads) or per call (MHA_KERNELS: do not setenv while
  *   other threads run); an mha_context (below) chooses per call instead.
@@ -1078,6 +1078,12 @@ MHA_API mha_status mha_cache_permute_heads(mha_cache *cache, const int *perm);
  * storage (O(bytes of those sequences)); MHA_E_NOMEM leaves the cache as
  * it was. */
 MHA_API mha_status mha_cache_reorder(mha_cache *cache, const int *src);
+/* A new cache holding what src holds (every sequence's keys, values,
+ * positions and length; its shape, types, window, sink tokens, head order
+ * and cross-attention memory), independent of it from then on: a prompt's
+ * cache computed once and continued by several requests. Free it with
+ * mha_cache_free. */
+MHA_API mha_status mha_cache_clone(mha_cache **out, const mha_cache *src);
 
 /* Prefill and decode in one entry. x (B, T, d_model) holds up to T new
  * tokens per sequence: sequence b uses rows 0 .. n_new[b]-1 (n_new may be

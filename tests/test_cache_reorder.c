@@ -1,4 +1,5 @@
-/* test_cache_reorder.c — mha_cache_reorder (beam search) against an
+/* test_cache_reorder.c — mha_cache_reorder (beam search) and
+ * mha_cache_clone (a prompt's cache continued twice) against an
  * oracle that needs no reorder: a second cache fed, for each sequence b,
  * the whole history of the sequence src[b] it becomes (its prompt and
  * its steps) and then the same next steps. Each sequence's decode runs
@@ -100,6 +101,65 @@ static void reorder_matches_fresh_cache(const reorder_case *rc) {
     free(prompt), free(before), free(after), free(xr), free(y), free(ya), free(yb);
 }
 
+/* A clone continues on its own: the source, freed at once, and the clone
+ * each decode other tokens and give the bits of a fresh cache fed the same
+ * history (prompt, steps, then their own tokens). */
+static void clone_continues_on_its_own(const reorder_case *rc) {
+    naive_weights w;
+    mha_layer *L = case_layer(rc, &w, 29);
+    uint64_t seed = 8;
+    const int n_prompt[B] = {9, 2, 6, 4}, ident[B] = {0, 1, 2, 3};
+    float *prompt = naive_random_floats((size_t)B * T0 * D, &seed, -1, 1);                /* (B, T0, D) */
+    float *steps = naive_random_floats((size_t)(STEPS_BEFORE + 2 * STEPS_AFTER) * B * D, &seed, -1, 1); /* (steps, B, 1, D) */
+    float *y = naive_alloc_floats((size_t)B * T0 * D);
+    float *got = naive_alloc_floats((size_t)2 * STEPS_AFTER * B * D), *want = naive_alloc_floats((size_t)2 * STEPS_AFTER * B * D);
+    static const int perm[H] = {2, 3, 0, 1};
+    mha_cache *src = L ? case_cache(rc, L) : NULL, *clone = NULL;
+    if (src && rc->permute) { /* the source's storage index follows the layer's new order */
+        CHECK_OK(mha_layer_permute_heads(L, perm));
+        CHECK_OK(mha_cache_permute_heads(src, perm));
+    }
+    for (int side = 0; src && side < 2; side++) { /* side 0: the source, 1: the clone */
+        mha_cache *o = case_cache(rc, L);
+        if (!o) break;
+        CHECK_OK(step(rc, L, o, y, prompt, T0, n_prompt, ident));
+        for (int s = 0; s < STEPS_BEFORE; s++) CHECK_OK(step(rc, L, o, y, steps + (size_t)s * B * D, 1, NULL, ident));
+        for (int s = 0; s < STEPS_AFTER; s++) {
+            const float *x = steps + (size_t)(STEPS_BEFORE + side * STEPS_AFTER + s) * B * D;
+            CHECK_OK(step(rc, L, o, want + ((size_t)side * STEPS_AFTER + s) * B * D, x, 1, NULL, ident));
+        }
+        mha_cache_free(o);
+    }
+    if (src) {
+        CHECK_OK(step(rc, L, src, y, prompt, T0, n_prompt, ident));
+        for (int s = 0; s < STEPS_BEFORE; s++) CHECK_OK(step(rc, L, src, y, steps + (size_t)s * B * D, 1, NULL, ident));
+        CHECK_OK(mha_cache_clone(&clone, src));
+        for (int s = 0; s < STEPS_AFTER; s++) /* the source goes on, then is freed */
+            CHECK_OK(step(rc, L, src, got + (size_t)s * B * D, steps + (size_t)(STEPS_BEFORE + s) * B * D, 1, NULL, ident));
+        mha_cache_free(src);
+        for (int s = 0; clone && s < STEPS_AFTER; s++)
+            CHECK_OK(step(rc, L, clone, got + ((size_t)STEPS_AFTER + s) * B * D,
+                          steps + (size_t)(STEPS_BEFORE + STEPS_AFTER + s) * B * D, 1, NULL, ident));
+        CHECK(clone && mha_cache_bytes(clone) > 0);
+        CHECK_ARRAY_NEAR(got, want, (size_t)2 * STEPS_AFTER * B * D, 0.0);
+    }
+    CHECK_STATUS(mha_cache_clone(NULL, clone), MHA_E_ARG);
+    mha_cache *none = (mha_cache *)&w;
+    CHECK_STATUS(mha_cache_clone(&none, NULL), MHA_E_ARG);
+    CHECK(none == NULL);
+    mha_cache_free(clone), mha_layer_free(L), naive_weights_free(&w);
+    free(prompt), free(steps), free(y), free(got), free(want);
+}
+
+static void test_clone_int8_permuted_heads(void) {
+    reorder_case rc = {MHA_CACHE_I8, MHA_CACHE_F16, 2, 40, 0, 0, 0, 1, 1, 1};
+    clone_continues_on_its_own(&rc);
+}
+static void test_clone_ring_with_sinks_alibi(void) {
+    reorder_case rc = {MHA_CACHE_F32, MHA_CACHE_I8, 2, 8, 5, 2, 1, 0, 1, 0};
+    clone_continues_on_its_own(&rc);
+}
+
 static void test_reorder_fp32(void) {
     reorder_case rc = {MHA_CACHE_F32, MHA_CACHE_F32, 4, 40, 0, 0, 0, 0, 0, 0};
     reorder_matches_fresh_cache(&rc);
@@ -190,6 +250,8 @@ static const test_case cases[] = {
     {"cache_reorder_ring_with_sinks", test_reorder_ring_with_sinks},
     {"cache_reorder_refusals", test_reorder_refusals},
     {"cache_reorder_carries_the_key_bound", test_reorder_carries_the_key_bound},
+    {"cache_clone_int8_permuted_heads", test_clone_int8_permuted_heads},
+    {"cache_clone_ring_with_sinks_alibi", test_clone_ring_with_sinks_alibi},
 };
 
 const test_case *tests_cache_reorder(size_t *count) {

@@ -241,6 +241,7 @@ _sig("mha_cache_truncate", c_int, CacheP, c_int, c_int)
 _sig("mha_cache_set_sink_tokens", c_int, CacheP, c_int)
 _sig("mha_cache_permute_heads", c_int, CacheP, INTP)
 _sig("mha_cache_reorder", c_int, CacheP, INTP)
+_sig("mha_cache_clone", c_int, POINTER(CacheP), CacheP)
 _sig("mha_cache_create_cross", c_int, POINTER(CacheP), LayerP, c_int, c_int, c_int, c_int)
 _sig("mha_cache_set_memory", c_int, CacheP, LayerP, F32P, F32P, c_int, INTP)
 _sig("mha_forward_cached", c_int, LayerP, CacheP, F32P, POINTER(Capture), F32P, c_int, INTP,

@@ -188,6 +188,25 @@ class Cache(COwner):
         with self._borrow(exclusive=True) as ptr:
             check(_L.mha_cache_permute_heads(ptr, arr), "mha_cache_permute_heads")
 
+    def copy(self):
+        """A new Cache holding what this one holds (mha_cache_clone),
+        independent of it from then on: a prompt's cache computed once and
+        continued by several requests. copy.copy and copy.deepcopy give the
+        same (the layer is shared, not copied)."""
+        handle = ctypes.c_void_p()
+        with self._borrow() as ptr:
+            check(_L.mha_cache_clone(ctypes.byref(handle), ptr), "mha_cache_clone")
+        other = Cache.__new__(Cache)
+        other.__dict__.update({k: v for k, v in self.__dict__.items() if not k.startswith("_")})
+        other._shape = dict(self._shape)
+        other._ptr = handle
+        return other
+
+    __copy__ = copy
+
+    def __deepcopy__(self, memo):
+        return self.copy()
+
     def reorder(self, beam_idx):
         """Beam search: sequence b becomes what sequence beam_idx[b] was (its
         keys, values, length and positions; batch entries in 0..batch-1,

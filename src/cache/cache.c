@@ -292,6 +292,37 @@ mha_status mha_cache_reorder(mha_cache *c, const int *src) {
     return MHA_OK;
 }
 
+/* ------------------------------------------------------------ clone */
+
+mha_status mha_cache_clone(mha_cache **out, const mha_cache *src) {
+    if (!out) return mha_fail(MHA_E_ARG, "mha_cache_clone: out is NULL");
+    *out = NULL;
+    if (!src) return mha_fail(MHA_E_ARG, "mha_cache_clone: src is NULL");
+    mha_cache *c = calloc(1, sizeof *c);
+    if (!c) return mha_fail(MHA_E_NOMEM, "mha_cache_clone: no memory");
+    *c = *src; /* the shape and settings; every array is the clone's own */
+    const size_t rows = (size_t)src->B, blocks = rows * src->h_kv, hk = (size_t)src->h_kv;
+    c->data = mha_calloc_large(rows, row_data_bytes(src));
+    c->scales = src->scales ? mha_calloc_large(rows, row_scale_floats(src) * sizeof(float)) : NULL;
+    c->len = malloc(sizeof(int) * rows), c->lo = malloc(sizeof(int) * rows);
+    c->upos = malloc(sizeof(int) * rows * src->cap), c->kmax = malloc(sizeof(float) * blocks);
+    c->phys = malloc(sizeof(int) * hk), c->labels_k = malloc(sizeof(int) * hk), c->labels_v = malloc(sizeof(int) * hk);
+    c->ws = mha_workspace_create(); /* scratch is per cache, never shared */
+    if (!c->data || (src->scales && !c->scales) || !c->len || !c->lo || !c->upos || !c->kmax || !c->phys ||
+        !c->labels_k || !c->labels_v || !c->ws) {
+        mha_cache_free(c);
+        return mha_fail(MHA_E_NOMEM, "mha_cache_clone: no memory for %zu bytes of K/V", mha_cache_bytes(src));
+    }
+    memcpy(c->data, src->data, rows * row_data_bytes(src));
+    if (src->scales) memcpy(c->scales, src->scales, rows * row_scale_floats(src) * sizeof(float));
+    memcpy(c->len, src->len, sizeof(int) * rows), memcpy(c->lo, src->lo, sizeof(int) * rows);
+    memcpy(c->upos, src->upos, sizeof(int) * rows * src->cap), memcpy(c->kmax, src->kmax, sizeof(float) * blocks);
+    memcpy(c->phys, src->phys, sizeof(int) * hk), memcpy(c->labels_k, src->labels_k, sizeof(int) * hk);
+    memcpy(c->labels_v, src->labels_v, sizeof(int) * hk);
+    *out = c;
+    return MHA_OK;
+}
+
 /* ---------------------------------------------------------- storing */
 
 /* x (d) -> q (d, stride qs) int8 with one scale per block of

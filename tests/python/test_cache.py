@@ -313,6 +313,32 @@ def test_beam_search_reorder_follows_each_beams_history(name):
             assert_close(y[b, 0], reference(layer, hist[b][None])[0, -1], f"beam {b} after {beam_idx}")
 
 
+def test_copy_continues_on_its_own():
+    """A prompt's cache computed once, then continued by two requests: the
+    copy (Cache.copy, copy.copy, copy.deepcopy) and the source each follow
+    their own history, also after the source is closed."""
+    import copy
+    rng = np.random.default_rng(21)
+    layer, _, c = random_layer(rng, **CONFIGS["gqa"])
+    D = c["d_model"]
+    prompt = rng.standard_normal((2, 5, D)).astype(np.float32)
+    cache = mha.Cache(layer, batch=2, capacity=12, dtype="float16")
+    cache.forward(layer, prompt)
+    for make in (lambda k: k.copy(), copy.copy, copy.deepcopy):
+        twin = make(cache)
+        assert twin.lengths() == [5, 5] and twin.dtype == "float16" and twin._ptr != cache._ptr
+        a, b = (rng.standard_normal((2, 1, D)).astype(np.float32) for _ in range(2))
+        ya, yb = cache.forward(layer, a), twin.forward(layer, b)
+        for tok, y in ((a, ya), (b, yb)):
+            want = reference(layer, np.concatenate([prompt, tok], axis=1))[:, -1:]
+            assert_close(y, want, "copy", tol=2e-2)  # fp16 K/V
+        cache.truncate(0, 5), cache.truncate(1, 5)
+    twin = cache.copy()
+    cache.close()
+    y = twin.forward(layer, prompt[:, :1])
+    assert np.isfinite(y).all() and twin.lengths() == [6, 6]
+
+
 def test_reorder_refuses_bad_beam_indices_and_keeps_the_cache():
     rng = np.random.default_rng(3)
     layer, _, c = random_layer(rng, **CONFIGS["mha"])
