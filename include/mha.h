@@ -445,6 +445,25 @@ typedef struct {
                                  (the cached forward: the tokens' cache
                                  positions); combines with causal and the
                                  windows, not with sink_tokens            */
+    const int *cu_seqlens;    /* NULL: none; else (n_seqs + 1) ints 0 =
+                                 cu[0] < cu[1] < ... < cu[n_seqs] = T:
+                                 packed sequences (FlashAttention's
+                                 varlen cu_seqlens, training on packed
+                                 documents): rows cu[s] .. cu[s+1]-1 of
+                                 every batch row are sequence s, and query
+                                 i attends key j only when both are in one
+                                 sequence. Self-attention lengths (S = T);
+                                 combines with causal (within each
+                                 sequence), the windows and every variant,
+                                 not with sink_tokens or chunk_size.
+                                 RoPE and ALiBi read position differences,
+                                 the same whether positions restart per
+                                 sequence or not; give options.positions
+                                 restarting at each cu[s] where absolute
+                                 positions matter (the query temperature,
+                                 dynamic NTK / LongRoPE's call length).
+                                 The cached forward and the ring refuse it */
+    int n_seqs;               /* entries of cu_seqlens minus one (>= 1)   */
 } mha_options;
 
 MHA_API mha_options mha_options_default(void);

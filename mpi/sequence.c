@@ -208,6 +208,10 @@ static void ring_limits(char *msg, size_t cap, const mha_config *c, const mha_op
     else if (g->bf16_matmul)
         snprintf(msg, cap, "--split sequence (mha_mpi_forward_sequence): options.bf16_matmul = %d is not supported "
                  "(the ring projects in fp32); expected 0, or --split heads (mha_mpi_forward_heads)", g->bf16_matmul);
+    else if (g->cu_seqlens || g->n_seqs)
+        snprintf(msg, cap, "--split sequence (mha_mpi_forward_sequence): options.cu_seqlens (packed sequences) is not "
+                 "supported (the ring cuts the rows by position); expected NULL, or --split heads "
+                 "(mha_mpi_forward_heads)");
 }
 
 /* The first non-finite entry of this rank's rows of an input, named by

@@ -66,6 +66,8 @@ static const test_area_fn areas[] = {
     tests_chunked_isa,
     tests_temperature,
     tests_temperature_isa,
+    tests_packed,
+    tests_packed_isa,
 };
 
 /* Areas whose every case runs once per kernel ISA this CPU has (the table
@@ -77,7 +79,8 @@ static const test_area_fn per_isa_areas[] = {tests_fast, tests_cache, tests_cach
                                              tests_backward_fast_isa, tests_backward_variants_isa, tests_tape_isa,
                                              tests_weights_isa,
                                              tests_decode_stream_isa, tests_bf16_matmul_isa,
-                                             tests_rope_scaling_isa, tests_chunked_isa, tests_temperature_isa};
+                                             tests_rope_scaling_isa, tests_chunked_isa, tests_temperature_isa,
+                                             tests_packed_isa};
 
 static int run_per_isa(test_area_fn area) {
     for (size_t i = 0; i < sizeof per_isa_areas / sizeof per_isa_areas[0]; i++)

@@ -56,6 +56,8 @@ const test_case *tests_rope_scaling(size_t *count);     /* dynamic NTK, LongRoPE
 const test_case *tests_rope_scaling_isa(size_t *count); /* ... fast, cache vs reference, every ISA   */
 const test_case *tests_chunked(size_t *count);          /* options.chunk_size: refusals, the tape   */
 const test_case *tests_chunked_isa(size_t *count);      /* ... against a hand mask, cache, every ISA */
+const test_case *tests_packed(size_t *count);           /* options.cu_seqlens: refusals             */
+const test_case *tests_packed_isa(size_t *count);       /* ... against a hand mask and alone, every ISA */
 const test_case *tests_temperature(size_t *count);      /* Llama 4's query temperature: refusals     */
 const test_case *tests_temperature_isa(size_t *count);  /* ... against scaled queries, cache, every ISA */
 

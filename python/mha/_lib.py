@@ -137,7 +137,8 @@ class Options(Structure):
                 ("key_keep", POINTER(c_uint8)), ("key_additive", F32P),
                 ("masked_row", c_int), ("interventions", POINTER(Intervention)),
                 ("path", c_int), ("positions", POINTER(c_int)), ("key_positions", POINTER(c_int)),
-                ("sink_tokens", c_int), ("bf16_matmul", c_int), ("chunk_size", c_int)]
+                ("sink_tokens", c_int), ("bf16_matmul", c_int), ("chunk_size", c_int),
+                ("cu_seqlens", POINTER(c_int)), ("n_seqs", c_int)]
 
 
 class Capture(Structure):

@@ -428,7 +428,7 @@ class Layer(COwner):
                  window_left=None, window_right=None, keep_mask=None, additive_mask=None,
                  key_keep=None, key_additive=None, masked_row="zero", interventions=None,
                  path="auto", positions=None, key_positions=None, sink_tokens=0, bf16_matmul=False,
-                 chunk_size=0):
+                 chunk_size=0, cu_seqlens=None):
         """mha_options from keyword arguments; arrays are appended to keep."""
         o = _L.mha_options_default()
         o.scale = c_float("scale", scale)
@@ -471,6 +471,14 @@ class Layer(COwner):
                 a = _positions(field, arr, shape)
                 keep.append(a)
                 setattr(o, field, a.ctypes.data_as(ctypes.POINTER(ctypes.c_int)))
+        if cu_seqlens is not None:  # packed sequences: boundaries 0 = cu[0] < ... < cu[n] = T
+            n = np.size(cu_seqlens)
+            if np.ndim(cu_seqlens) != 1 or n < 2:
+                raise ShapeError(f"cu_seqlens is {np.asarray(cu_seqlens).tolist()!r}; expected n + 1 >= 2 "
+                                 f"boundaries 0 = cu[0] < ... < cu[n] = T={T}")
+            a = ints("cu_seqlens", cu_seqlens, n)
+            keep.append(a)
+            o.cu_seqlens, o.n_seqs = a, n - 1
         return o
 
     @staticmethod
@@ -528,7 +536,10 @@ class Layer(COwner):
         key_keep (B,S) (True = real key), key_additive (B,S), masked_row
         ('zero'|'nan'), interventions, path ('auto'|'reference'|'fast'),
         bf16_matmul (True: the projections multiply bf16-rounded inputs,
-        AMX tiles where the CPU has them; needs convert_weights("bf16")).
+        AMX tiles where the CPU has them; needs convert_weights("bf16")),
+        cu_seqlens (packed sequences, FlashAttention's varlen: n + 1 ints
+        0 = cu[0] < ... < cu[n] = T; rows cu[s]..cu[s+1]-1 of every batch
+        row attend only each other; self-attention).
         capture: names among 'z' (B,T,h*d_v), 'contributions' (h,B,T,d_model),
         'probs' (B,h,T,S_total), or True for all; with it, returns (y, dict).
         """

@@ -208,7 +208,8 @@ class Attention(torch.nn.Module):
                 None if self.k_norm is None else self.k_norm.weight, self.alibi_slopes)
 
     def forward(self, x, kv=None, *, causal=False, window=None, positions=None, key_positions=None,
-                key_padding_mask=None, attn_mask=None, align="top_left", sink_tokens=0, chunk_size=0):
+                key_padding_mask=None, attn_mask=None, align="top_left", sink_tokens=0, chunk_size=0,
+                cu_seqlens=None):
         """y (B,T,d_model) from x (B,T,d_model) and kv (B,S,kv_dim) (None: x).
 
         causal: key j hidden from query i > j (align 'bottom_right' lines
@@ -217,7 +218,10 @@ class Attention(torch.nn.Module):
         is bounded by causal); sink_tokens n: with a window, the first n
         keys stay visible (StreamingLLM); chunk_size C: query i and key j
         only inside one chunk of C (Llama 4's chunked attention, by index
-        like the window). positions (B,T) / key_positions
+        like the window); cu_seqlens (n + 1 ints 0 = cu[0] < ... < cu[n] = T):
+        packed sequences (FlashAttention's varlen), rows cu[s]..cu[s+1]-1
+        attend only each other (positions: give each sequence's from 0
+        where absolute positions matter). positions (B,T) / key_positions
         (B,S): integer token positions for RoPE and ALiBi (default 0..T-1;
         keys: the queries' when kv is None, else 0..S-1). Masks as torch's:
         key_padding_mask (B,S), attn_mask (T,S), (B*h,T,S) or
@@ -237,7 +241,7 @@ class Attention(torch.nn.Module):
         opts.update(masked_row=self.masked_rows, scale=self.scale or 0.0, align=align,
                     window_left=None if window is None else c_int("window", window, 1) - 1,
                     positions=positions, key_positions=key_positions, sink_tokens=sink_tokens,
-                    chunk_size=chunk_size)
+                    chunk_size=chunk_size, cu_seqlens=cu_seqlens)
         weights = self._weights(x)
         if B == 0 or T == 0:  # the library refuses empty inputs: empty output, zero gradients
             return _zeros_in_graph(x, (B, T, self.d_model), (x, kv) + weights)

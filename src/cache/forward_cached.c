@@ -73,6 +73,9 @@ static mha_status check_options(const mha_options *o, const mha_cache *c, const 
                         "over the cached tokens; use mha_forward for arbitrary masks)",
                         o->keep_mask.data ? "keep_mask" : o->additive_mask.data ? "additive_mask"
                         : o->key_keep ? "key_keep" : "key_additive");
+    if (o->cu_seqlens || o->n_seqs)
+        return mha_fail(MHA_E_UNSUPPORTED, "mha_forward_cached: options.cu_seqlens is not supported with a KV cache "
+                        "(its sequences are the cache's batch rows); expected NULL");
     if (o->key_positions)
         return mha_fail(MHA_E_UNSUPPORTED, "mha_forward_cached: options.key_positions is not supported with a "
                         "KV cache (each cached key keeps the position it was stored with); expected NULL");

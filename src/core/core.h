@@ -37,6 +37,9 @@ mha_status mha_check_interventions(const mha_intervention *ivs, int h, size_t ro
 /* Validates options (scale, flags, mask shapes and values, interventions)
  * for a (B,T,S) request of config c; part of mha_forward_validate. */
 mha_status mha_check_options(const mha_config *c, const mha_options *o, int B, int T, int S);
+/* options.cu_seqlens / n_seqs: both or neither, S = T, 0 = cu[0] < ... <
+ * cu[n_seqs] = T, no sink_tokens or chunk_size (part of mha_check_options). */
+mha_status mha_check_cu_seqlens(const mha_options *o, int T, int S);
 
 /* mha_head_intervene (mha.h) with REPLACE reading value row value_row[t]
  * for z row t (NULL: row t): the cached forward packs its rows. */

@@ -17,6 +17,16 @@ static void window_interval(const mha_options *o, int i, int T, int S, long *lo,
         if (c0 > a) a = c0;
         if (c0 + C - 1 < z) z = c0 + C - 1;
     }
+    if (o->cu_seqlens) { /* packed sequences (S = T): the query's own, [cu[s], cu[s+1]) */
+        int lo_s = 0, hi_s = o->n_seqs - 1; /* the last s with cu[s] <= i */
+        while (lo_s < hi_s) {
+            const int mid = (lo_s + hi_s + 1) / 2;
+            if (o->cu_seqlens[mid] <= i) lo_s = mid;
+            else hi_s = mid - 1;
+        }
+        if (o->cu_seqlens[lo_s] > a) a = o->cu_seqlens[lo_s];
+        if (o->cu_seqlens[lo_s + 1] - 1 < z) z = o->cu_seqlens[lo_s + 1] - 1;
+    }
     *lo = a > S ? S : a, *hi = z < -1 ? -1 : z;
 }
 

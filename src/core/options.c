@@ -46,6 +46,28 @@ static mha_status check_mask(const mha_mask *m, const char *name, int B, int h) 
     return MHA_OK;
 }
 
+mha_status mha_check_cu_seqlens(const mha_options *o, int T, int S) {
+    if (!o->cu_seqlens && o->n_seqs == 0) return MHA_OK;
+    if (!o->cu_seqlens || o->n_seqs < 1)
+        return mha_fail(MHA_E_ARG, "options.cu_seqlens is %s with n_seqs=%d; expected both (n_seqs >= 1) or neither",
+                        o->cu_seqlens ? "given" : "NULL", o->n_seqs);
+    if (S != T)
+        return mha_fail(MHA_E_ARG, "options.cu_seqlens with T=%d queries and S=%d keys; expected packed "
+                        "self-attention sequences (S = T)", T, S);
+    if (o->sink_tokens > 0 || o->chunk_size > 0)
+        return mha_fail(MHA_E_ARG, "options.cu_seqlens with %s; expected 0 (they would cut across the packed "
+                        "sequences)", o->sink_tokens > 0 ? "sink_tokens" : "chunk_size");
+    const int *cu = o->cu_seqlens, n = o->n_seqs;
+    if (n > T || cu[0] != 0 || cu[n] != T)
+        return mha_fail(MHA_E_ARG, "options.cu_seqlens[0]=%d, [n_seqs=%d]=%d; expected 0 and T=%d (n_seqs <= T)",
+                        cu[0], n, n <= T ? cu[n] : -1, T);
+    for (int s = 0; s < n; s++)
+        if (cu[s + 1] <= cu[s])
+            return mha_fail(MHA_E_ARG, "options.cu_seqlens[%d]=%d after [%d]=%d; expected strictly increasing "
+                            "boundaries (every sequence at least one row)", s + 1, cu[s + 1], s, cu[s]);
+    return MHA_OK;
+}
+
 mha_status mha_check_options(const mha_config *c, const mha_options *o, int B, int T, int S) {
     mha_status s;
     if (o->causal != 0 && o->causal != 1) return mha_fail(MHA_E_ARG, "options.causal=%d; expected 0 or 1", o->causal);
@@ -56,6 +78,7 @@ mha_status mha_check_options(const mha_config *c, const mha_options *o, int B, i
     if (o->sink_tokens < 0 || (o->sink_tokens > 0 && o->window_left < 0))
         return mha_fail(MHA_E_ARG, "options.sink_tokens=%d with window_left=%d; expected 0, or > 0 with a "
                         "window (window_left >= 0)", o->sink_tokens, o->window_left);
+    if ((s = mha_check_cu_seqlens(o, T, S))) return s;
     if (o->chunk_size < 0 || (o->chunk_size > 0 && o->sink_tokens > 0))
         return mha_fail(MHA_E_ARG, "options.chunk_size=%d with sink_tokens=%d; expected 0 (none), or > 0 "
                         "without sink tokens", o->chunk_size, o->sink_tokens);

@@ -1,0 +1,94 @@
+"""Packed sequences (cu_seqlens, FlashAttention's varlen): one call over
+rows cu[s]..cu[s+1]-1 of several sequences gives what each sequence gives
+alone, forward (mha.Layer, both paths, every kernel set) and backward
+(mha.nn.Attention's gradients are the sums of the separate calls'). The
+oracle is the library's own call on each sequence alone, which needs no
+statement of the packing; tests/test_packed.c also checks the hand-written
+block mask."""
+import numpy as np
+import pytest
+
+from conftest import TORCH_SKIP_REASON, torch
+
+import mha  # noqa: E402
+
+CU = [0, 5, 6, 13, 20]
+
+
+def random_layer(seed, **cfg):
+    layer = mha.Layer(**cfg)
+    rng = np.random.default_rng(seed)
+    w = {k: rng.uniform(-0.5, 0.5, v.shape).astype(np.float32) for k, v in layer.weights().items()}
+    layer.set_weights(w)
+    return layer
+
+
+def alone(layer, x, positions=None, **opt):
+    """Each sequence of CU run as its own call, rows back in place."""
+    ys = []
+    for s in range(len(CU) - 1):
+        a, b = CU[s], CU[s + 1]
+        kw = dict(opt) if positions is None else dict(opt, positions=positions[:, a:b])
+        ys.append(layer.forward(x[:, a:b], **kw))
+    return np.concatenate(ys, axis=1)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("path", ["reference", "fast"])
+def test_layer_packed_equals_each_sequence_alone(causal, path, kernels):
+    layer = random_layer(3, d_model=32, n_heads=4, n_kv_heads=2, rope={"pairing": "halves", "theta": 1000.0},
+                         softcap=4.0)
+    x = np.random.default_rng(4).standard_normal((2, CU[-1], 32)).astype(np.float32)
+    pos = np.concatenate([np.arange(CU[s + 1] - CU[s]) for s in range(len(CU) - 1)])[None].repeat(2, 0)
+    got = layer.forward(x, causal=causal, path=path, cu_seqlens=CU, positions=pos)
+    want = alone(layer, x, positions=pos, causal=causal, path=path)
+    scale = np.abs(want).max()
+    assert np.abs(got - want).max() <= 2e-6 * scale, f"packed vs alone: {np.abs(got - want).max():.3g}"
+    whole = layer.forward(x, causal=causal, path=path, positions=pos)
+    assert np.abs(whole - want).max() > 1e-3  # without cu_seqlens the sequences see each other
+
+
+def test_bad_boundaries_are_refused_naming_them():
+    layer = random_layer(1, d_model=16, n_heads=2)
+    x = np.zeros((1, 6, 16), np.float32)
+    for cu, says in (([0, 3, 3, 6], r"cu_seqlens\[2\]=3 after \[1\]=3; expected strictly increasing"),
+                     ([0, 3, 5], r"\[n_seqs=2\]=5; expected 0 and T=6"),
+                     ([1, 6], r"cu_seqlens\[0\]=1"),):
+        with pytest.raises(mha.ArgumentError, match=says):
+            layer.forward(x, cu_seqlens=cu)
+    with pytest.raises(mha.ShapeError, match="expected n \\+ 1 >= 2 boundaries"):
+        layer.forward(x, cu_seqlens=[0])
+    with pytest.raises(mha.ArgumentError, match="expected packed self-attention sequences"):
+        layer.forward(x, np.zeros((1, 4, 16), np.float32), cu_seqlens=[0, 6])
+
+
+@pytest.mark.skipif(torch is None, reason=TORCH_SKIP_REASON or "torch")
+def test_attention_module_gradients_are_the_sums_of_the_sequences():
+    """Training on packed documents: mha.nn.Attention (Llama / Qwen 3 style:
+    RoPE, RMS QK-norm, GQA, sinks) over the packed rows; y and every
+    gradient equal those of the sequences run one by one (positions
+    restarting at each sequence's start in both)."""
+    import mha.nn
+    torch.manual_seed(0)
+    m = mha.nn.Attention(32, 4, n_kv_heads=2, head_dim=8, rope={"pairing": "halves", "theta": 10000.0},
+                         qk_norm="rms", sinks=True, bias=True)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.uniform_(-0.4, 0.4)
+    x = torch.randn(2, CU[-1], 32)
+    pos = torch.cat([torch.arange(CU[s + 1] - CU[s]) for s in range(len(CU) - 1)]).repeat(2, 1)
+    dy = torch.randn(2, CU[-1], 32)
+
+    def grads(run):
+        m.zero_grad()
+        xx = x.clone().requires_grad_(True)
+        y = run(xx)
+        (y * dy).sum().backward()
+        return [y.detach(), xx.grad] + [p.grad.clone() for p in m.parameters()]
+
+    packed = grads(lambda xx: m(xx, causal=True, positions=pos, cu_seqlens=CU))
+    parts = grads(lambda xx: torch.cat([m(xx[:, CU[s]:CU[s + 1]], causal=True, positions=pos[:, CU[s]:CU[s + 1]])
+                                        for s in range(len(CU) - 1)], dim=1))
+    for i, (a, b) in enumerate(zip(packed, parts)):
+        err = (a - b).abs().max().item() / max(b.abs().max().item(), 1e-30)
+        assert err <= 1e-5, f"tensor {i}: packed vs one by one {err:.3g}"
