@@ -201,7 +201,9 @@ static mha_status run_decode(const mha_layer *local, const mha_mpi_heads *hd, co
 
 /* Prints the agreed error on this rank and returns the exit code. */
 static int report(int rank, int code) {
-    fprintf(stderr, "mha-mpi run: [rank %d] %s\n", rank, mha_mpi_last_error());
+    char msg[1024]; /* as the CLI's errors: one line, whatever a file name holds */
+    snprintf(msg, sizeof msg, "%s", mha_mpi_last_error());
+    fprintf(stderr, "mha-mpi run: [rank %d] %s\n", rank, mha_one_line(msg));
     return code;
 }
 

@@ -429,6 +429,17 @@ mpi 3 --split sequence --weights "$T/mha.safetensors" --input "$T/x_short.npy" -
 expect_fail 3 "T >= 6"
 mpi 2 --split heads --weights "$T/missing.safetensors" --input "$T/x.npy" --output "$T/fo/y.npy"
 expect_fail 2 "missing.safetensors"
+# a file name with a newline or an escape: one line per rank, as the CLI's
+# errors (the rank reports printed the library's message raw: a newline
+# split it, an escape sequence reached the terminal)
+mpi 2 --split heads --weights "$T/w
+x.safetensors" --input "$T/x.npy" --output "$T/fo/y.npy"
+expect_fail 2 "rank 0: .*cannot open '$T/w?x.safetensors'"
+esc=$(printf '%s/e\033[31m.safetensors' "$T")
+mpi 2 --split sequence --weights "$esc" --input "$T/x.npy" --output "$T/fo/y.npy"
+expect_fail 2 "cannot open '$T/e?\[31m.safetensors'"
+checks=$((checks + 1))
+! grep -q "$(printf '\033')" "$T/err" || fail "$last: an escape reached stderr"
 # --positions is an input too: an output naming it was not compared with
 # it (the run replaced the positions with Y, exit 0)
 cp "$T/pos16.npy" "$T/pos_in.npy" && cp "$T/pos16.npy" "$T/pos_keep.npy"

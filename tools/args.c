@@ -11,6 +11,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* A file name may hold a newline or an escape sequence: the message
+ * stays one line, and the terminal's state untouched. */
+char *mha_one_line(char *msg) {
+    for (char *c = msg; *c; c++)
+        if ((unsigned char)*c < 0x20 || *c == 0x7f) *c = '?';
+    return msg;
+}
+
 int mha_cmd_error(const char *cmd, int code, const char *fmt, ...) {
     va_list ap;
     fprintf(stderr, "mha %s: ", cmd);
@@ -22,11 +30,7 @@ int mha_cmd_error(const char *cmd, int code, const char *fmt, ...) {
         va_start(ap, fmt);
         vsnprintf(msg, (size_t)n + 1, fmt, ap);
         va_end(ap);
-        /* a file name may hold a newline or an escape sequence: the
-         * message stays one line, and the terminal's state untouched */
-        for (char *c = msg; *c; c++)
-            if ((unsigned char)*c < 0x20 || *c == 0x7f) *c = '?';
-        fputs(msg, stderr);
+        fputs(mha_one_line(msg), stderr);
         free(msg);
     } else {
         va_start(ap, fmt);

@@ -65,6 +65,11 @@ int mha_args_parse(mha_command_spec *spec, int argc, char **argv,
 /* Prints the help of a command on stdout. */
 void mha_args_print_help(const mha_command_spec *spec);
 
+/* Replaces every control character of msg (newline, escape, DEL) with
+ * '?' in place, so that a message quoting a file name stays one line and
+ * sends the terminal nothing; returns msg. mha_cmd_error applies it. */
+char *mha_one_line(char *msg);
+
 /* Prints "mha <cmd>: <message>\n" on stderr and returns code — for errors
  * found after parsing (e.g. a library validation message). */
 int mha_cmd_error(const char *cmd, int code, const char *fmt, ...)
