@@ -912,6 +912,9 @@ typedef struct {
                                the file's labels (metadata labels_*; i when
                                absent) of the shard's W_Q and W_O blocks
                                (count each), then W_K and W_V (kv_count)  */
+    int *s_labels;          /* out, may be NULL: count ints, the file's
+                               labels_s of the shard's heads (the labels of
+                               their ALiBi slopes and sinks; i when absent) */
 } mha_head_range;
 
 /* The layer of those heads alone (h = count, h_kv = kv_count, identity

@@ -61,13 +61,17 @@ static void take_columns(float *dst, const float *src, int rows, int N, int firs
 
 /* The contract's label rule on this rank's heads only: q, o hold the
  * labels of its query heads (hd->count), k, v of its kv heads
- * (hd->kv_count); group = h / h_kv. */
-static mha_status check_shard_labels(const int *q, const int *o, const int *k, const int *v,
+ * (hd->kv_count); sl, NULL or the labels of its heads' score parameters
+ * (ALiBi slopes, sinks: given when the layer has them), as src/contract.c
+ * reads them; group = h / h_kv. */
+static mha_status check_shard_labels(const int *q, const int *o, const int *k, const int *v, const int *sl,
                                      const mha_mpi_heads *hd, int group, char *msg, size_t cap) {
     for (int j = 0; j < hd->count; j++) {
         const int i = hd->first + j, g = i / group, gl = g - hd->kv_first;
         if (q[j] != o[j])
             return snprintf(msg, cap, "head contract broken in this rank's shard: W_O row block %d has label %d; expected %d (the label of W_Q column block %d)", i, o[j], q[j], i), MHA_E_CONTRACT;
+        if (sl && sl[j] != q[j])
+            return snprintf(msg, cap, "head contract broken in this rank's shard: the score parameters (ALiBi slope, sink) of head %d have label %d; expected %d (the label of W_Q column block %d)", i, sl[j], q[j], i), MHA_E_CONTRACT;
         if (k[gl] != v[gl])
             return snprintf(msg, cap, "head contract broken in this rank's shard: W_V column block %d has label %d; expected %d (the label of W_K column block %d)", g, v[gl], k[gl], g), MHA_E_CONTRACT;
         if (q[j] / group != k[gl])
@@ -101,11 +105,11 @@ static mha_status check_gathered_labels(const int *mine, const mha_mpi_heads *hd
     return gathered_ok ? MHA_OK : MHA_E_CONTRACT;
 }
 
-/* Both label checks, agreed: q, o, k, v as check_shard_labels. */
-static mha_status check_labels(const int *q, const int *o, const int *k, const int *v, const mha_mpi_heads *hd,
-                               int h, int h_kv, MPI_Comm comm) {
+/* Both label checks, agreed: q, o, k, v, sl as check_shard_labels. */
+static mha_status check_labels(const int *q, const int *o, const int *k, const int *v, const int *sl,
+                               const mha_mpi_heads *hd, int h, int h_kv, MPI_Comm comm) {
     char msg[512] = "";
-    mha_status s = check_shard_labels(q, o, k, v, hd, h / h_kv, msg, sizeof msg);
+    mha_status s = check_shard_labels(q, o, k, v, sl, hd, h / h_kv, msg, sizeof msg);
     if ((s = mha_mpi_agree(comm, s, msg))) return s;
     s = check_gathered_labels(q, hd, h, comm, msg, sizeof msg);
     return mha_mpi_agree(comm, s, msg);
@@ -125,11 +129,14 @@ mha_status mha_mpi_shard_heads(mha_layer **local, mha_mpi_heads *hd, const mha_l
     if ((s = mha_mpi_agree(comm, s, s ? mha_mpi_last_error() : NULL))) return s;
     {
         const int h = c->n_heads, h_kv = c->n_kv_heads;
-        int *lab = malloc(sizeof(int) * (size_t)(2 * h + 2 * h_kv)), *q = lab, *o = q + h, *k = o + h, *v = k + h_kv;
+        int *lab = malloc(sizeof(int) * (size_t)(3 * h + 2 * h_kv)), *q = lab, *o = q + h, *k = o + h, *v = k + h_kv,
+            *sl = v + h_kv;
         if ((s = mha_mpi_agree(comm, lab ? MHA_OK : MHA_E_NOMEM, "no memory for the labels"))) return free(lab), s;
         mha_layer_labels(full, MHA_BLOCK_Q, q), mha_layer_labels(full, MHA_BLOCK_O, o);
         mha_layer_labels(full, MHA_BLOCK_K, k), mha_layer_labels(full, MHA_BLOCK_V, v);
-        s = check_labels(q + hd->first, o + hd->first, k + hd->kv_first, v + hd->kv_first, hd, h, h_kv, comm);
+        mha_layer_labels(full, MHA_BLOCK_S, sl);
+        s = check_labels(q + hd->first, o + hd->first, k + hd->kv_first, v + hd->kv_first,
+                         c->alibi || c->sinks ? sl + hd->first : NULL, hd, h, h_kv, comm);
         free(lab);
         if (s) return s;
     }
@@ -196,8 +203,9 @@ mha_status mha_mpi_load_heads(mha_layer **local, mha_mpi_heads *hd, mha_config *
     if ((s = mha_mpi_agree(comm, s, s ? mha_mpi_last_error() : NULL))) return s;
 
     // --- this rank's heads, straight from the file, with the file's labels
-    int *lab = mha_mpi_alloc_fault(comm) ? NULL : malloc(sizeof(int) * 2 * (size_t)(hd->count + hd->kv_count));
-    mha_head_range rg = {.first = hd->first, .count = hd->count, .labels = lab};
+    int *lab = mha_mpi_alloc_fault(comm) ? NULL : malloc(sizeof(int) * (3 * (size_t)hd->count + 2 * (size_t)hd->kv_count));
+    mha_head_range rg = {.first = hd->first, .count = hd->count, .labels = lab,
+                         .s_labels = lab ? lab + 2 * (hd->count + hd->kv_count) : NULL};
     mha_layer *shard = NULL;
     s = lab ? mha_layer_load_heads(&shard, path, opt, &rg) : MHA_E_NOMEM;
     if (!s && (rg.kv_first != hd->kv_first || rg.kv_count != hd->kv_count))
@@ -206,7 +214,8 @@ mha_status mha_mpi_load_heads(mha_layer **local, mha_mpi_heads *hd, mha_config *
     else if (s) mha_mpi_fail(s, "%s", lab ? mha_last_error() : "no memory for this rank's labels");
     if (!(s = mha_mpi_agree(comm, s, s ? mha_mpi_last_error() : NULL))) {
         const int n = hd->count, g = hd->kv_count;
-        s = check_labels(lab, lab + n, lab + 2 * n, lab + 2 * n + g, hd, cfg->n_heads, cfg->n_kv_heads, comm);
+        s = check_labels(lab, lab + n, lab + 2 * n, lab + 2 * n + g, cfg->alibi || cfg->sinks ? rg.s_labels : NULL, hd,
+                         cfg->n_heads, cfg->n_kv_heads, comm);
     }
     free(lab);
 

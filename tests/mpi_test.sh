@@ -340,6 +340,26 @@ done
 # global heads' slopes, not those of an h/P-head layer
 case_ alibi "2 4" "heads" alibi x16 --causal
 decode dec_alibi "2 4" alibi x16 3
+# the labels of the slopes (and sinks) are the contract's too: a file whose
+# slopes alone were moved (mha permute --block s) ran silently, each rank
+# with its heads' slopes out of order (Q/O, K/V labels were compared);
+# the same file with every block moved runs
+"$MHA" permute --block s --order 1,0,2,3,4,5,6,7 "$T/alibi.safetensors" "$T/alibi_s.safetensors" >/dev/null &&
+    "$MHA" permute --order 1,0,2,3,4,5,6,7 "$T/alibi.safetensors" "$T/alibi_all.safetensors" >/dev/null &&
+    "$MHA" permute --block s --order 0,1,3,2 --sinks sinks "$T/ossdir" "$T/oss_s.safetensors" >/dev/null ||
+    fail "mha permute of the ALiBi and sinks fixtures"
+for p in 1 2; do
+    mpi $p --split heads --weights "$T/alibi_s.safetensors" --input "$T/x16.npy" --output "$T/y_s.npy" --causal
+    expect_fail $p "rank 0: head contract broken in this rank's shard: the score parameters (ALiBi slope, sink) of head 0 have label 1; expected 0"
+done
+mpi 4 --decode 3 --weights "$T/oss_s.safetensors" --input "$T/x16.npy" --output "$T/y_s.npy" --causal
+expect_fail 4 "rank 2: head contract broken in this rank's shard: the score parameters (ALiBi slope, sink) of head 2 have label 3; expected 2"
+checks=$((checks + 1))
+[ ! -e "$T/y_s.npy" ] || fail "a refused run wrote $T/y_s.npy"
+ref --weights "$T/alibi_all.safetensors" --input "$T/x16.npy" --output "$T/r_alibi_all.npy" --causal
+mpi 2 --split heads --weights "$T/alibi_all.safetensors" --input "$T/x16.npy" --output "$T/y.npy" --causal
+expect_ok
+close "$T/y.npy" "$T/r_alibi_all.npy"
 # mha run's variant flags: those that make the layer (--split heads; the
 # ring refuses RoPE and ALiBi) and those of a call (both splits)
 case_ vflags "2 4" "heads" gqa x16 --causal --rope halves --rope-theta 500 --softcap 2 --alibi

@@ -519,14 +519,15 @@ mha_status mha_layer_load_heads(mha_layer **out, const char *path, const mha_loa
         s = mha_fail(s, "%s (indices and shapes are those of this shard of query heads %d..%d and kv heads %d..%d of the file)",
                      msg, first, first + n - 1, g0, g0 + g - 1);
     }
-    if (!s && range->labels) { /* the file's labels of these heads: W_Q, W_O, W_K, W_V */
+    if (!s && (range->labels || range->s_labels)) { /* the file's labels of these heads: W_Q, W_O, W_K, W_V, S */
         int *lab = malloc(sizeof(int) * 2 * (size_t)(h + hkv));
-        static const char *const keys[4] = {"labels_q", "labels_o", "labels_k", "labels_v"};
+        static const char *const keys[5] = {"labels_q", "labels_o", "labels_k", "labels_v", "labels_s"};
         if (!lab) s = mha_fail(MHA_E_NOMEM, "no memory for %d labels", 2 * (h + hkv));
-        for (int b = 0, at = 0; b < 4 && !s; b++) {
-            const int kv = b >= 2, cnt = kv ? g : n;
-            if (!(s = file_labels(lab, t, keys[b], kv ? hkv : h)))
-                memcpy(range->labels + at, lab + (kv ? g0 : first), sizeof(int) * (size_t)cnt);
+        for (int b = 0, at = 0; b < 5 && !s; b++) {
+            const int kv = b == 2 || b == 3, cnt = kv ? g : n;
+            int *dst = b == 4 ? range->s_labels : range->labels ? range->labels + at : NULL;
+            if (dst && !(s = file_labels(lab, t, keys[b], kv ? hkv : h)))
+                memcpy(dst, lab + (kv ? g0 : first), sizeof(int) * (size_t)cnt);
             at += cnt;
         }
         free(lab);
