@@ -336,11 +336,14 @@ MHA_API mha_status mha_layer_set_labels(mha_layer *layer, mha_block block, const
  * entries, a permutation of 0..h-1). Moves W_Q/W_K/W_V column blocks, their
  * biases, W_O row blocks and all labels together, so Y is unchanged.
  * Under GQA, the heads of each new kv group must come from one old kv group;
- * the kv heads then move by the induced permutation. Others: MHA_E_ARG. */
+ * the kv heads then move by the induced permutation. Others: MHA_E_ARG.
+ * All or nothing: out of memory (MHA_E_NOMEM; it needs one row of scratch
+ * and room to repack the weights beside the old packing) leaves the layer
+ * exactly as it was, weights, labels and outputs. */
 MHA_API mha_status mha_layer_permute_heads(mha_layer *layer, const int *perm);
 /* One-sided permutation of a single block kind (h or h_kv entries): the
  * mistake a broken checkpoint conversion makes. Y changes and the contract
- * check reports the disagreeing labels. */
+ * check reports the disagreeing labels. All or nothing, as above. */
 MHA_API mha_status mha_layer_permute_block(mha_layer *layer, mha_block block, const int *perm);
 
 /* --------------------------------------------------------- forward options */

@@ -1,9 +1,12 @@
 /* test_permute.c — the head-order contract: consistent permutations leave Y
  * unchanged (MHA h = 12, GQA group-preserving), one-sided permutations
  * change Y and fail the contract check, labels travel with the blocks. */
+#include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/internal.h" /* mha_alloc_large_fail_in */
 #include "naive.h"
 #include "tests.h"
 
@@ -301,6 +304,131 @@ static void permute_identity_is_noop(void) {
     fixture_free(&f);
 }
 
+/* ---- a permutation that runs out of memory leaves the layer as it was */
+
+/* What a caller sees of a layer: its tensors and metadata (every weight,
+ * the compact forms, the labels) and Y of both paths. */
+typedef struct {
+    mha_tensors *t;
+    float *y_ref, *y_fast; /* (B,T,d_model) */
+} layer_view;
+
+static void view_take(layer_view *v, const mha_layer *L, const float *x, int B, int T) {
+    const size_t ny = (size_t)B * T * mha_layer_config(L)->d_model;
+    mha_options o = mha_options_default();
+    v->y_ref = naive_alloc_floats(ny), v->y_fast = naive_alloc_floats(ny);
+    CHECK_OK(mha_layer_to_tensors(&v->t, L));
+    o.path = MHA_PATH_REFERENCE;
+    CHECK_OK(mha_forward_kv(L, v->y_ref, NULL, x, x + ny, x + 2 * ny, B, T, T, &o)); /* x: 3 (B,T,d_model) */
+    o.path = MHA_PATH_FAST;
+    CHECK_OK(mha_forward_kv(L, v->y_fast, NULL, x, x + ny, x + 2 * ny, B, T, T, &o));
+}
+
+static void view_free(layer_view *v) {
+    mha_tensors_free(v->t);
+    free(v->y_ref), free(v->y_fast);
+}
+
+/* 1 when a and b hold the same bits everywhere. */
+static int view_same(const layer_view *a, const layer_view *b, size_t ny) {
+    if (memcmp(a->y_ref, b->y_ref, ny * sizeof(float)) || memcmp(a->y_fast, b->y_fast, ny * sizeof(float)))
+        return 0;
+    const int n = mha_tensors_count(a->t), m = mha_tensors_meta_count(a->t);
+    if (n != mha_tensors_count(b->t) || m != mha_tensors_meta_count(b->t)) return 0;
+    for (int i = 0; i < n; i++) {
+        const char *name = mha_tensors_name(a->t, i);
+        const mha_array *p = mha_tensors_get(a->t, name), *q = mha_tensors_get(b->t, name);
+        if (!q || p->dtype != q->dtype || p->count != q->count) return 0;
+        if ((p->f && memcmp(p->f, q->f, p->count * sizeof(float))) || (p->u8 && memcmp(p->u8, q->u8, p->count)))
+            return 0;
+    }
+    for (int i = 0; i < m; i++) {
+        const char *key = mha_tensors_meta_key(a->t, i), *w = mha_tensors_meta(b->t, key);
+        if (!w || strcmp(mha_tensors_meta(a->t, key), w) != 0) return 0;
+    }
+    return 1;
+}
+
+/* A GQA layer with biases and every per-head array: ALiBi slopes, sinks,
+ * per-head QK-norm; or, when cross, cross-attention widths and PyTorch's
+ * bias_k/bias_v (extra keys take no variants). Stored as dtype. */
+static mha_layer *oom_layer(int cross, mha_weight_dtype dtype, uint64_t seed) {
+    mha_config c = mha_config_default(16, 8), r;
+    c.n_kv_heads = 2, c.d_k = 4, c.d_v = 3;
+    if (cross) c.d_kv_in = 12, c.d_v_in = 10, c.add_bias_kv = 1;
+    else c.alibi = 1, c.sinks = 1, c.qk_norm = MHA_QK_NORM_RMS, c.qk_norm_per_head = 1;
+    if (mha_config_resolve(&r, &c)) {
+        fprintf(stderr, "    %s\n", mha_last_error());
+        return NULL;
+    }
+    const int D = r.d_model, h = r.n_heads, hk = r.n_kv_heads, dk = r.d_k, dv = r.d_v;
+    float *a[14] = {
+        naive_random_floats((size_t)D * h * dk, &seed, -0.5f, 0.5f), naive_random_floats((size_t)r.d_kv_in * hk * dk, &seed, -0.5f, 0.5f),
+        naive_random_floats((size_t)r.d_v_in * hk * dv, &seed, -0.5f, 0.5f), naive_random_floats((size_t)h * dv * D, &seed, -0.5f, 0.5f),
+        naive_random_floats((size_t)h * dk, &seed, -0.5f, 0.5f), naive_random_floats((size_t)hk * dk, &seed, -0.5f, 0.5f),
+        naive_random_floats((size_t)hk * dv, &seed, -0.5f, 0.5f), naive_random_floats((size_t)D, &seed, -0.5f, 0.5f),
+        naive_random_floats((size_t)hk * dk, &seed, -0.5f, 0.5f), naive_random_floats((size_t)hk * dv, &seed, -0.5f, 0.5f),
+        naive_random_floats((size_t)h, &seed, 0.1f, 1.0f), naive_random_floats((size_t)h, &seed, -1.0f, 2.0f),
+        naive_random_floats((size_t)h * dk, &seed, 0.5f, 1.5f), naive_random_floats((size_t)hk * dk, &seed, 0.5f, 1.5f)};
+    const mha_weights w = {a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], cross ? a[8] : NULL, cross ? a[9] : NULL,
+                           cross ? NULL : a[10], cross ? NULL : a[11], cross ? NULL : a[12], cross ? NULL : a[13]};
+    mha_layer *L = NULL;
+    CHECK_OK(mha_layer_create(&L, &r, &w));
+    if (L && dtype != MHA_W_F32) CHECK_OK(mha_layer_convert_weights(L, dtype));
+    for (int i = 0; i < 14; i++) free(a[i]);
+    return L;
+}
+
+/* Fails the first, second, ... large allocation of a permutation until it
+ * succeeds: each failure must leave the layer bit-identical to before
+ * (tensors, labels, Y of both paths); the permutation must succeed in the
+ * end. block < 0: mha_layer_permute_heads. */
+static void oom_permute(int cross, mha_weight_dtype dtype, int block, const int *perm, uint64_t seed) {
+    mha_layer *L = oom_layer(cross, dtype, seed);
+    CHECK(L != NULL);
+    if (!L) return;
+    const mha_config *c = mha_layer_config(L);
+    const int B = 2, T = 5;
+    const size_t ny = (size_t)B * T * c->d_model;
+    float *x = naive_random_floats(3 * ny, &seed, -1.0f, 1.0f); /* X, the keys' and the values' source */
+    layer_view before;
+    view_take(&before, L, x, B, T);
+    mha_status s = MHA_E_NOMEM;
+    int fails = 0;
+    for (int n = 1; n < 64 && s == MHA_E_NOMEM; n++) {
+        atomic_store(&mha_alloc_large_fail_in, n);
+        s = block < 0 ? mha_layer_permute_heads(L, perm) : mha_layer_permute_block(L, (mha_block)block, perm);
+        atomic_store(&mha_alloc_large_fail_in, 0);
+        if (s != MHA_E_NOMEM) break;
+        fails++;
+        layer_view after;
+        view_take(&after, L, x, B, T);
+        if (!view_same(&before, &after, ny)) {
+            fprintf(stderr, "    permutation failing at large allocation %d changed the layer\n", n);
+            CHECK(0);
+        }
+        view_free(&after);
+    }
+    CHECK_OK(s);
+    CHECK(fails >= 2); /* the scratch and at least one packed matrix */
+    if (block < 0) check_labels(L, MHA_BLOCK_S, perm, c->n_heads); /* it did move, in the end */
+    view_free(&before);
+    free(x);
+    mha_layer_free(L);
+}
+
+static void permute_out_of_memory_leaves_layer(void) {
+    const int perm[8] = {2, 3, 0, 1, 7, 6, 5, 4}, kv[2] = {1, 0};
+    oom_permute(0, MHA_W_F32, -1, perm, 301);
+    oom_permute(1, MHA_W_F32, -1, perm, 302); /* unfused packing: Q, KV, V apart */
+    oom_permute(0, MHA_W_I8, -1, perm, 303);  /* the compact weights and their scales */
+    oom_permute(0, MHA_W_BF16, -1, perm, 304);
+    oom_permute(0, MHA_W_F32, MHA_BLOCK_O, perm, 305);
+    oom_permute(0, MHA_W_I8, MHA_BLOCK_K, kv, 306);
+    oom_permute(0, MHA_W_F32, MHA_BLOCK_S, perm, 307);
+    oom_permute(1, MHA_W_BF16, MHA_BLOCK_V, kv, 308);
+}
+
 static const test_case cases[] = {
     {"permute_h12_leaves_y", permute_h12_leaves_y},
     {"permute_moves_weight_blocks", permute_moves_weight_blocks},
@@ -314,6 +442,7 @@ static const test_case cases[] = {
     {"permute_k_and_v_together_fails_on_k", permute_k_and_v_together_fails_on_k},
     {"permute_labels_travel", permute_labels_travel},
     {"permute_identity_is_noop", permute_identity_is_noop},
+    {"permute_out_of_memory_leaves_layer", permute_out_of_memory_leaves_layer},
 };
 
 const test_case *tests_permute(size_t *count) {

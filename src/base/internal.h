@@ -73,6 +73,10 @@ void mha_clear_error(void);
  * free(); 2 MiB or more: backed by huge pages where the kernel allows
  * (memory.c). NULL when out of memory. */
 void *mha_alloc_large(size_t bytes);
+/* Test hook: set to n > 0, the n-th mha_alloc_large from then on returns
+ * NULL, once, as when memory runs out (tests/test_permute.c makes each
+ * allocation of a permutation fail in turn). 0, the default: none fails. */
+extern _Atomic int mha_alloc_large_fail_in;
 
 /* A zeroed, 64-byte aligned block of n * size bytes (the KV cache);
  * from 512 KiB on a fresh mapping of whole 2 MiB pages marked for huge

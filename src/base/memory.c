@@ -16,6 +16,7 @@
  * touched (and clears it, touching it again), whose 4 KiB pages a
  * later madvise does not turn into huge ones; a 34 MiB calloc in the
  * test suite came back from the heap with no huge page. */
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <sys/mman.h>
@@ -35,7 +36,12 @@ void mha_advise_huge(void *p, size_t bytes) {
 #endif
 }
 
+_Atomic int mha_alloc_large_fail_in;
+
 void *mha_alloc_large(size_t bytes) {
+    if (atomic_load_explicit(&mha_alloc_large_fail_in, memory_order_relaxed) > 0 &&
+        atomic_fetch_sub(&mha_alloc_large_fail_in, 1) == 1)
+        return NULL; /* the test hook's turn */
     if (bytes < HUGE_MIN) return aligned_alloc(64, mha_round_up(bytes ? bytes : 1, 64));
     /* whole huge pages: the tail of a block would fault per 4 KiB page */
     const size_t whole = mha_round_up(bytes, HUGE_PAGE);

@@ -350,8 +350,8 @@ mha_status mha_layer_set_labels(mha_layer *L, mha_block b, const int *labels) {
 /* --------------------------------------------------------- permutation */
 
 /* Column blocks of fp32 w (rows, n*width); new block i = old block perm[i]. */
-static mha_status permute_column_blocks(float *w, int rows, int n, int width, const int *perm) {
-    return mha_permute_column_blocks(w, sizeof(float), rows, n, width, perm);
+static void permute_column_blocks(float *w, int rows, int n, int width, const int *perm, void *tmp) {
+    mha_permute_column_blocks(w, sizeof(float), rows, n, width, perm, tmp);
 }
 
 static void permute_labels(int *labels, int n, const int *perm) {
@@ -360,50 +360,85 @@ static void permute_labels(int *labels, int n, const int *perm) {
     memcpy(labels, tmp, (size_t)n * sizeof(int));
 }
 
-/* Moves one block kind without touching the others. W_O's row blocks are
- * column blocks of a single row of length h*d_v*d_model. */
-static mha_status permute_one(mha_layer *L, mha_block b, const int *perm) {
+/* The bytes of the longest row permute_one moves for block kind b: W_O's
+ * row blocks are one row of h*d_v*d_model (the compact forms' rows are no
+ * longer than the fp32 ones). */
+static size_t permute_row_bytes(const mha_layer *L, mha_block b) {
     const mha_config *c = &L->cfg;
-    int n = block_count(L, b);
-    mha_status s = MHA_OK;
+    const size_t n = (size_t)block_count(L, b);
     switch (b) {
     case MHA_BLOCK_Q:
-        if (!(s = permute_column_blocks(L->w_q, c->d_model, n, c->d_k, perm)) &&
-            !(s = mha_wstore_permute(L, MHA_MAT_Q, c->d_model, n, c->d_k, perm)) &&
-            !(s = permute_column_blocks(L->b_q, 1, n, c->d_k, perm)) && c->qk_norm_per_head)
-            s = permute_column_blocks(L->q_norm, 1, n, c->d_k, perm);
+    case MHA_BLOCK_K: return n * c->d_k * sizeof(float);
+    case MHA_BLOCK_V: return n * c->d_v * sizeof(float);
+    case MHA_BLOCK_O: return n * c->d_v * c->d_model * sizeof(float);
+    default: return n * sizeof(float);
+    }
+}
+
+/* Moves one block kind without touching the others, through tmp
+ * (permute_row_bytes of b): nothing here allocates, so a move is never
+ * left half done. W_O's row blocks are column blocks of a single row of
+ * length h*d_v*d_model. */
+static void permute_one(mha_layer *L, mha_block b, const int *perm, void *tmp) {
+    const mha_config *c = &L->cfg;
+    int n = block_count(L, b);
+    switch (b) {
+    case MHA_BLOCK_Q:
+        permute_column_blocks(L->w_q, c->d_model, n, c->d_k, perm, tmp);
+        mha_wstore_permute(L, MHA_MAT_Q, c->d_model, n, c->d_k, perm, tmp);
+        permute_column_blocks(L->b_q, 1, n, c->d_k, perm, tmp);
+        if (c->qk_norm_per_head) permute_column_blocks(L->q_norm, 1, n, c->d_k, perm, tmp);
         break;
     case MHA_BLOCK_K:
-        if (!(s = permute_column_blocks(L->w_k, c->d_kv_in, n, c->d_k, perm)) &&
-            !(s = mha_wstore_permute(L, MHA_MAT_K, c->d_kv_in, n, c->d_k, perm)) &&
-            !(s = permute_column_blocks(L->b_k, 1, n, c->d_k, perm)) &&
-            !(s = permute_column_blocks(L->bias_k, 1, n, c->d_k, perm)) && c->qk_norm_per_head)
-            s = permute_column_blocks(L->k_norm, 1, n, c->d_k, perm);
+        permute_column_blocks(L->w_k, c->d_kv_in, n, c->d_k, perm, tmp);
+        mha_wstore_permute(L, MHA_MAT_K, c->d_kv_in, n, c->d_k, perm, tmp);
+        permute_column_blocks(L->b_k, 1, n, c->d_k, perm, tmp);
+        permute_column_blocks(L->bias_k, 1, n, c->d_k, perm, tmp);
+        if (c->qk_norm_per_head) permute_column_blocks(L->k_norm, 1, n, c->d_k, perm, tmp);
         break;
     case MHA_BLOCK_S:
-        if (!(s = permute_column_blocks(L->alibi_slopes, 1, n, 1, perm)))
-            s = permute_column_blocks(L->sinks, 1, n, 1, perm);
+        permute_column_blocks(L->alibi_slopes, 1, n, 1, perm, tmp);
+        permute_column_blocks(L->sinks, 1, n, 1, perm, tmp);
         break;
     case MHA_BLOCK_V:
-        if (!(s = permute_column_blocks(L->w_v, c->d_v_in, n, c->d_v, perm)) &&
-            !(s = mha_wstore_permute(L, MHA_MAT_V, c->d_v_in, n, c->d_v, perm)) &&
-            !(s = permute_column_blocks(L->b_v, 1, n, c->d_v, perm)))
-            s = permute_column_blocks(L->bias_v, 1, n, c->d_v, perm);
+        permute_column_blocks(L->w_v, c->d_v_in, n, c->d_v, perm, tmp);
+        mha_wstore_permute(L, MHA_MAT_V, c->d_v_in, n, c->d_v, perm, tmp);
+        permute_column_blocks(L->b_v, 1, n, c->d_v, perm, tmp);
+        permute_column_blocks(L->bias_v, 1, n, c->d_v, perm, tmp);
         break;
     case MHA_BLOCK_O:
-        if (!(s = permute_column_blocks(L->w_o, 1, n, c->d_v * c->d_model, perm)))
-            s = mha_wstore_permute(L, MHA_MAT_O, 1, n, c->d_v * c->d_model, perm);
+        permute_column_blocks(L->w_o, 1, n, c->d_v * c->d_model, perm, tmp);
+        mha_wstore_permute(L, MHA_MAT_O, 1, n, c->d_v * c->d_model, perm, tmp);
         break;
     }
-    if (!s) permute_labels(L->labels[b], n, perm);
+    permute_labels(L->labels[b], n, perm);
+}
+
+/* Moves the block kinds kinds[0..n) by perms[k] as one transaction: the
+ * scratch first, then the moves (which cannot fail), then the packed
+ * weights built beside the old ones; when that fails, the moves are undone
+ * by the inverse permutations, so a failure leaves the layer as it was. */
+static mha_status permute_blocks(mha_layer *L, const mha_block *kinds, const int *const *perms, int n) {
+    size_t bytes = 0;
+    for (int k = 0; k < n; k++)
+        if (permute_row_bytes(L, kinds[k]) > bytes) bytes = permute_row_bytes(L, kinds[k]);
+    void *tmp = mha_alloc_large(bytes);
+    if (!tmp) return mha_fail(MHA_E_NOMEM, "no memory to permute head blocks (%zu bytes); the layer is unchanged", bytes);
+    for (int k = 0; k < n; k++) permute_one(L, kinds[k], perms[k], tmp);
+    mha_status s = mha_fast_replace(L);
+    for (int k = n - 1; s && k >= 0; k--) {
+        int inv[MHA_MAX_HEADS];
+        const int m = block_count(L, kinds[k]);
+        for (int i = 0; i < m; i++) inv[perms[k][i]] = i;
+        permute_one(L, kinds[k], inv, tmp);
+    }
+    free(tmp);
     return s;
 }
 
 mha_status mha_layer_permute_block(mha_layer *L, mha_block b, const int *perm) {
     mha_status s = check_block_permutation(L, b, perm, "mha_layer_permute_block", "perm");
-    if (s) return s;
-    if ((s = permute_one(L, b, perm))) return s;
-    return mha_fast_prepare(L);
+    return s ? s : permute_blocks(L, &b, &perm, 1);
 }
 
 mha_status mha_kv_perm_from_heads(int *kv_perm, const int *perm, int h, int h_kv) {
@@ -432,9 +467,7 @@ mha_status mha_layer_permute_heads(mha_layer *L, const int *perm) {
     int kv_perm[MHA_MAX_HEADS];
     mha_status s = mha_kv_perm_from_heads(kv_perm, perm, L->cfg.n_heads, L->cfg.n_kv_heads);
     if (s) return s;
-    if ((s = permute_one(L, MHA_BLOCK_Q, perm)) || (s = permute_one(L, MHA_BLOCK_O, perm)) ||
-        (s = permute_one(L, MHA_BLOCK_S, perm)) ||
-        (s = permute_one(L, MHA_BLOCK_K, kv_perm)) || (s = permute_one(L, MHA_BLOCK_V, kv_perm)))
-        return s;
-    return mha_fast_prepare(L);
+    const mha_block kinds[5] = {MHA_BLOCK_Q, MHA_BLOCK_O, MHA_BLOCK_S, MHA_BLOCK_K, MHA_BLOCK_V};
+    const int *const perms[5] = {perm, perm, perm, kv_perm, kv_perm};
+    return permute_blocks(L, kinds, perms, 5);
 }

@@ -11,22 +11,27 @@
  * and another made at the same address do not share one) */
 static atomic_ullong last_version;
 
+static void state_free(struct mha_fast_state *f) {
+    if (!f) return;
+    mha_packed_free(&f->qkv);
+    mha_packed_free(&f->q);
+    mha_packed_free(&f->kv);
+    mha_packed_free(&f->v);
+    mha_packed_free(&f->o);
+    free(f);
+}
+
 void mha_fast_release(mha_layer *L) {
-    if (!L || !L->fast) return;
-    mha_packed_free(&L->fast->qkv);
-    mha_packed_free(&L->fast->q);
-    mha_packed_free(&L->fast->kv);
-    mha_packed_free(&L->fast->v);
-    mha_packed_free(&L->fast->o);
-    free(L->fast);
+    if (!L) return;
+    state_free(L->fast);
     L->fast = NULL;
 }
 
-mha_status mha_fast_prepare_from(mha_layer *L, const mha_pack_source src[4]) {
-    L->version = atomic_fetch_add(&last_version, 1) + 1; /* every change of the weights passes here */
-    mha_fast_release(L);
+/* A new packed state of src for L's config, L left untouched. */
+static mha_status build(struct mha_fast_state **out, const mha_layer *L, const mha_pack_source src[4]) {
     const mha_config *c = &L->cfg;
     struct mha_fast_state *f = calloc(1, sizeof *f);
+    *out = NULL;
     if (!f) return mha_fail(MHA_E_NOMEM, "fast path: cannot allocate its state");
     const int nq = c->n_heads * c->d_k, nk = c->n_kv_heads * c->d_k, nv = c->n_kv_heads * c->d_v;
     mha_status s;
@@ -51,23 +56,44 @@ mha_status mha_fast_prepare_from(mha_layer *L, const mha_pack_source src[4]) {
             if (all[i]->panels) (void)mha_pack_bf16_pairs(all[i]);
         mha_clear_error();
     }
-    L->fast = f;
-    if (s) mha_fast_release(L);
+    if (s) state_free(f);
+    else *out = f;
     return s;
 }
 
-mha_status mha_fast_prepare(mha_layer *L) {
+mha_status mha_fast_prepare_from(mha_layer *L, const mha_pack_source src[4]) {
+    L->version = atomic_fetch_add(&last_version, 1) + 1; /* every change of the weights passes here */
+    mha_fast_release(L); /* first: the old panels' memory is the new ones' */
+    return build(&L->fast, L, src);
+}
+
+/* The layer's own (in, out) row-major weights as a packing source. */
+static void own_source(const mha_layer *L, mha_pack_source src[4]) {
     const mha_config *c = &L->cfg;
     const size_t nq = (size_t)c->n_heads * c->d_k, nk = (size_t)c->n_kv_heads * c->d_k,
                  nv = (size_t)c->n_kv_heads * c->d_v;
-    /* the layer's own (in, out) row-major weights */
-    const mha_pack_source src[4] = {
-        {.w = L->w_q, .k_stride = nq, .n_stride = 1, .b = L->b_q},
-        {.w = L->w_k, .k_stride = nk, .n_stride = 1, .b = L->b_k},
-        {.w = L->w_v, .k_stride = nv, .n_stride = 1, .b = L->b_v},
-        {.w = L->w_o, .k_stride = (size_t)c->d_model, .n_stride = 1, .b = L->b_o},
-    };
+    src[0] = (mha_pack_source){.w = L->w_q, .k_stride = nq, .n_stride = 1, .b = L->b_q};
+    src[1] = (mha_pack_source){.w = L->w_k, .k_stride = nk, .n_stride = 1, .b = L->b_k};
+    src[2] = (mha_pack_source){.w = L->w_v, .k_stride = nv, .n_stride = 1, .b = L->b_v};
+    src[3] = (mha_pack_source){.w = L->w_o, .k_stride = (size_t)c->d_model, .n_stride = 1, .b = L->b_o};
+}
+
+mha_status mha_fast_prepare(mha_layer *L) {
+    mha_pack_source src[4];
+    own_source(L, src);
     return mha_fast_prepare_from(L, src);
+}
+
+mha_status mha_fast_replace(mha_layer *L) {
+    mha_pack_source src[4];
+    own_source(L, src);
+    struct mha_fast_state *f;
+    mha_status s = build(&f, L, src);
+    if (s) return s; /* the old panels and version stay */
+    mha_fast_release(L);
+    L->fast = f;
+    L->version = atomic_fetch_add(&last_version, 1) + 1;
+    return MHA_OK;
 }
 
 int mha_fast_unpack(mha_layer *L) {

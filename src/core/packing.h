@@ -28,6 +28,10 @@ mha_status mha_fast_prepare(mha_layer *L);
  * W_O with their biases, each holding the same numbers as the layer's
  * (in, out) copy, so the packed bits equal mha_fast_prepare's. */
 mha_status mha_fast_prepare_from(mha_layer *L, const mha_pack_source src[4]);
+/* mha_fast_prepare as a transaction (a permutation's last step): the new
+ * panels are built beside the old ones, which stay, with the layer's
+ * version, when that fails (out of memory: both at once must fit). */
+mha_status mha_fast_replace(mha_layer *L);
 void mha_fast_release(mha_layer *L);
 /* The inverse, after mha_fast_prepare_from: the layer's (in, out) W_Q,
  * W_K, W_V, W_O copied out of its packed panels (a converter's weights

@@ -197,30 +197,29 @@ mha_status mha_layer_convert_weights(mha_layer *L, mha_weight_dtype dtype) {
 
 /* ------------------------------------------------------- permutation */
 
-mha_status mha_permute_column_blocks(void *w, size_t elem, int rows, int n, int width, const int *perm) {
+void mha_permute_column_blocks(void *w, size_t elem, int rows, int n, int width, const int *perm, void *tmp) {
     const size_t row_len = (size_t)n * width * elem, blk = (size_t)width * elem;
-    unsigned char *tmp = malloc(row_len ? row_len : 1);
-    if (!tmp) return mha_fail(MHA_E_NOMEM, "no memory to permute head blocks");
+    unsigned char *t = tmp;
     for (int r = 0; r < rows; r++) {
         unsigned char *row = (unsigned char *)w + (size_t)r * row_len;
-        for (int i = 0; i < n; i++) memcpy(tmp + (size_t)i * blk, row + (size_t)perm[i] * blk, blk);
-        memcpy(row, tmp, row_len);
+        for (int i = 0; i < n; i++) memcpy(t + (size_t)i * blk, row + (size_t)perm[i] * blk, blk);
+        memcpy(row, t, row_len);
     }
-    free(tmp);
-    return MHA_OK;
 }
 
-mha_status mha_wstore_permute(mha_layer *L, int m, int rows, int n, int width, const int *perm) {
+void mha_wstore_permute(mha_layer *L, int m, int rows, int n, int width, const int *perm, void *tmp) {
     mha_wstore *s = L->wstore;
-    if (!s) return MHA_OK;
-    if (s->dtype == MHA_W_BF16) return mha_permute_column_blocks(s->bf16[m], 2, rows, n, width, perm);
-    mha_status st = mha_permute_column_blocks(s->i8[m], 1, rows, n, width, perm);
+    if (!s) return;
+    if (s->dtype == MHA_W_BF16) {
+        mha_permute_column_blocks(s->bf16[m], 2, rows, n, width, perm, tmp);
+        return;
+    }
+    mha_permute_column_blocks(s->i8[m], 1, rows, n, width, perm, tmp);
     const int groups = mha_wstore_groups(&L->cfg, m);
-    if (st) return st;
     if (m != MHA_MAT_O) /* (groups, N): the columns' blocks */
-        return mha_permute_column_blocks(s->scale[m], sizeof(float), groups, n, width, perm);
-    /* W_O: each head's groups, groups/h whole rows of d_model scales */
-    return mha_permute_column_blocks(s->scale[m], sizeof(float), 1, n, groups / n * L->cfg.d_model, perm);
+        mha_permute_column_blocks(s->scale[m], sizeof(float), groups, n, width, perm, tmp);
+    else /* W_O: each head's groups, groups/h whole rows of d_model scales */
+        mha_permute_column_blocks(s->scale[m], sizeof(float), 1, n, groups / n * L->cfg.d_model, perm, tmp);
 }
 
 /* ------------------------------------------------------------ decode */

@@ -59,12 +59,15 @@ void mha_wstore_dequantize(const mha_wstore *s, const mha_config *c, float *cons
 mha_status mha_layer_adopt_wstore(mha_layer *L, mha_wstore *s);
 
 /* Column blocks of w (rows, n*width) of elem-byte elements: new block i =
- * old block perm[i]. Shared by the fp32 and the compact weights. */
-mha_status mha_permute_column_blocks(void *w, size_t elem, int rows, int n, int width, const int *perm);
+ * old block perm[i], through tmp (one row: n*width*elem bytes, given by the
+ * caller, so that a move cannot fail half done). Shared by the fp32 and the
+ * compact weights. */
+void mha_permute_column_blocks(void *w, size_t elem, int rows, int n, int width, const int *perm, void *tmp);
 /* Applies the same column-block move to L's compact matrix m (a no-op
  * for fp32): rows and width as for the fp32 matrix; int8 scales move with
- * their columns (W_Q, W_K, W_V) or with their head's rows (W_O: rows = 1). */
-mha_status mha_wstore_permute(mha_layer *L, int m, int rows, int n, int width, const int *perm);
+ * their columns (W_Q, W_K, W_V) or with their head's rows (W_O: rows = 1).
+ * tmp: n*width*4 bytes, as for the fp32 matrix (no row here is longer). */
+void mha_wstore_permute(mha_layer *L, int m, int rows, int n, int width, const int *perm, void *tmp);
 
 /* The decode projection job of matrix m: y (rows, N) from the layer's
  * weights in their stored form, with its bias. */
