@@ -153,6 +153,18 @@ run permute --order 0,0,1,2 $T/native.safetensors $T/x.safetensors
 expect_error 2 "perm"
 run permute --order 0,1,2 $T/native.safetensors $T/x.safetensors
 expect_error 2 "4 comma-separated"
+# an empty positional argument names no file: refused by name (it was an
+# open's "No such file or directory", for IN and for OUT alike)
+run convert --from native --to native $T/native.safetensors ""
+expect_error 2 "the OUT argument is empty (''); expected a file path"
+run convert --from native --to native "" $T/x.safetensors
+expect_error 2 "the IN argument is empty (''); expected a file path"
+run permute --order 1,0,2,3 $T/native.safetensors ""
+expect_error 2 "the OUT argument is empty"
+run permute --order 1,0,2,3 "" $T/x.safetensors
+expect_error 2 "the IN argument is empty"
+checks=$((checks + 1))
+[ ! -e $T/x.safetensors ] || fail "an empty argument wrote $T/x.safetensors"
 for order in " 1,0,2,3" "1,+0,2,3" "1,0,2,3," "1,0,2, 3"; do
     run permute --order "$order" $T/native.safetensors $T/x.safetensors
     expect_error 2 "4 comma-separated"

@@ -130,6 +130,15 @@ static mha_arg *find(mha_command_spec *spec, const char *name, size_t len) {
     return NULL;
 }
 
+/* The name of positional argument k: word k of spec->positional ("IN OUT"
+ * -> "IN", "OUT"), its last word beyond them. */
+static const char *positional_name(const mha_command_spec *spec, int k, char *out, size_t cap) {
+    const char *p = spec->positional ? spec->positional : "positional";
+    for (int i = 0; i < k && strchr(p, ' '); i++) p = strchr(p, ' ') + 1;
+    snprintf(out, cap, "%.*s", (int)strcspn(p, " "), p);
+    return out;
+}
+
 /* argv[i + 1] is the value of the flag argv[i]: "--a --b" means --a's value
  * was forgotten, not "--b" (the help scan and the parse agree on this). */
 static int value_follows(int argc, char **argv, int i) {
@@ -167,6 +176,12 @@ int mha_args_parse(mha_command_spec *spec, int argc, char **argv,
                                          quote(s, q), cmd);
                 return mha_cmd_error(cmd, MHA_EXIT_USAGE, "unexpected argument '%s' (expected at most %d %s)",
                                      quote(s, q), spec->max_positional, spec->positional ? spec->positional : "arguments");
+            }
+            /* every positional argument names a file: "" would be an open's ENOENT */
+            if (!*s) {
+                char name[48];
+                return mha_cmd_error(cmd, MHA_EXIT_USAGE, "the %s argument is empty (''); expected a file path",
+                                     positional_name(spec, npos, name, sizeof name));
             }
             if (positional) positional[npos] = s;
             npos++;
