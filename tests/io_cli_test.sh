@@ -540,6 +540,13 @@ run run --weights $T/native.safetensors --input $T/x.npy --output $T/new_y.npy -
 expect_error 2 "--save-probs would hold 1.07e-06 GiB (288 float32 values), above the limit of 1e-06 GiB; raise it with --max-output-gib"
 run plot --weights $T/native.safetensors --input $T/x.npy --out $T/new_a.png --max-output-gib 1e-7
 expect_error 2 "above the limit of 1e-07 GiB"
+# plot's canvases count too, before the forward: the captures here are 5 KB,
+# the heatmaps' canvas 540 KB (3 bytes a pixel), which a limit that passed
+# the captures rendered and wrote anyway
+run plot --weights $T/native.safetensors --input $T/x.npy --out $T/new_a.png --max-output-gib 1e-4
+expect_error 2 "--out's canvas (418 x 431 RGB pixels) would hold 0.000503 GiB (540474 bytes), above the limit of 0.0001 GiB"
+run plot --weights $T/native.safetensors --input $T/x.npy --out $T/new_a.png --max-output-gib 5.05e-4
+expect_error 2 "the captures and a canvas together would hold 0.000508 GiB (545466 bytes)"
 checks=$((checks + 1))
 [ "$(entries)" -eq "$n0" ] || fail "refused sizes left files: $(new_entries)"
 

@@ -58,21 +58,43 @@ static void derive_contrib_out(void *ctx) {
     *d->contrib_out = d->buf;
 }
 
+/* Where plot_probs draws: the size of each heatmap pixel, the grid of h
+ * cells, the canvas W x H. Computed before the forward too, so that the
+ * canvas counts against --max-output-gib with the captures. */
+typedef struct {
+    int px, hw, hh, cols, rows, cell_w, cell_h, top, pad;
+    long long W, H; /* the canvas; long long: a grid of long rows passes int */
+} probs_layout;
+
+static probs_layout probs_layout_of(int h, int T, int St, const char *title) {
+    probs_layout l;
+    l.px = clampi(160 / (T > St ? T : St), 1, 24), l.hw = St * l.px, l.hh = T * l.px;
+    l.cols = (int)ceil(sqrt((double)h)), l.rows = (h + l.cols - 1) / l.cols;
+    l.cell_w = l.hw;
+    const int lab_w = canvas_text_width("head 0000 label 0000", 1);
+    if (lab_w > l.cell_w) l.cell_w = lab_w;
+    l.cell_w += 16;
+    l.cell_h = l.hh + 12 + 14, l.top = 12 + 14 + 6 + 7 + 12, l.pad = 12;
+    l.W = l.pad * 2 + (long long)l.cols * l.cell_w;
+    const long long min_w = canvas_text_width(title, 2) + 3 * l.pad;
+    if (l.W < min_w) l.W = min_w;
+    if (l.W < 260) l.W = 260;
+    l.H = l.top + (long long)l.rows * l.cell_h + 40;
+    return l;
+}
+
+static void probs_title(char *title, size_t cap, int b) {
+    snprintf(title, cap, "attention probabilities, batch %d", b);
+}
+
 /* probs (h, T, St) of one batch element. */
 static int plot_probs(const cli_outputs *outs, const float *probs, const int *labels, int h, int T, int St,
                       int b) {
-    int px = clampi(160 / (T > St ? T : St), 1, 24), hw = St * px, hh = T * px;
-    int cols = (int)ceil(sqrt((double)h)), rows = (h + cols - 1) / cols;
     char title[128];
-    snprintf(title, sizeof title, "attention probabilities, batch %d", b);
-    int cell_w = hw, lab_w = canvas_text_width("head 0000 label 0000", 1);
-    if (lab_w > cell_w) cell_w = lab_w;
-    cell_w += 16;
-    int cell_h = hh + 12 + 14, top = 12 + 14 + 6 + 7 + 12, pad = 12;
-    int W = pad * 2 + cols * cell_w, min_w = canvas_text_width(title, 2) + 3 * pad;
-    if (W < min_w) W = min_w;
-    if (W < 260) W = 260;
-    int H = top + rows * cell_h + 40;
+    probs_title(title, sizeof title, b);
+    const probs_layout l = probs_layout_of(h, T, St, title);
+    const int px = l.px, hw = l.hw, hh = l.hh, cols = l.cols, cell_w = l.cell_w, cell_h = l.cell_h, top = l.top,
+              pad = l.pad, W = (int)l.W, H = (int)l.H;
     canvas cv;
     if (canvas_init(&cv, W, H)) return mha_cmd_error(CMD, MHA_EXIT_RUNTIME, "out of memory");
     canvas_text(&cv, pad, 12, 2, title, BLACK);
@@ -97,18 +119,36 @@ static int plot_probs(const cli_outputs *outs, const float *probs, const int *la
     return rc;
 }
 
+/* Where plot_norms draws (as probs_layout). */
+typedef struct {
+    int pw, ph, pad, left, top;
+    long long W, H;
+} norms_layout;
+
+static norms_layout norms_layout_of(int h, int T, const char *title) {
+    norms_layout l;
+    l.pw = clampi(480 / T, 2, 32), l.ph = 16, l.pad = 12;
+    l.left = l.pad + canvas_text_width("head 0000 label 0000", 1) + 8;
+    l.W = l.left + (long long)T * l.pw + l.pad;
+    const long long min_w = canvas_text_width(title, 1) + 3 * l.pad;
+    if (l.W < min_w) l.W = min_w;
+    if (l.W < 260) l.W = 260;
+    l.top = 12 + 7 + 6 + 7 + 10, l.H = l.top + (long long)h * l.ph + 12 + 7 + 48;
+    return l;
+}
+
+static void norms_title(char *title, size_t cap, int b) {
+    snprintf(title, cap, "head contribution norm |z_r w_o[r]| per position, batch %d", b);
+}
+
 /* norms (h, T) of one batch element. */
 static int plot_norms(const cli_outputs *outs, const float *norms, const int *labels, int h, int T, int b) {
     float mx = 0;
     for (size_t i = 0; i < (size_t)h * T; i++) mx = fmaxf(mx, norms[i]);
-    int pw = clampi(480 / T, 2, 32), ph = 16, pad = 12;
-    int left = pad + canvas_text_width("head 0000 label 0000", 1) + 8;
     char title[128];
-    snprintf(title, sizeof title, "head contribution norm |z_r w_o[r]| per position, batch %d", b);
-    int W = left + T * pw + pad, min_w = canvas_text_width(title, 1) + 3 * pad;
-    if (W < min_w) W = min_w;
-    if (W < 260) W = 260;
-    int top = 12 + 7 + 6 + 7 + 10, H = top + h * ph + 12 + 7 + 48;
+    norms_title(title, sizeof title, b);
+    const norms_layout l = norms_layout_of(h, T, title);
+    const int pw = l.pw, ph = l.ph, pad = l.pad, left = l.left, top = l.top, W = (int)l.W, H = (int)l.H;
     canvas cv;
     if (canvas_init(&cv, W, H)) return mha_cmd_error(CMD, MHA_EXIT_RUNTIME, "out of memory");
     canvas_text(&cv, pad, 12, 1, title, BLACK);
@@ -162,8 +202,9 @@ int cmd_plot(int argc, char **argv) {
                    "contribution norm ||Z^(r) W_O[r]|| per query position.",
         .details = "Both PNGs are written to temporary files and renamed over their targets\n"
                    "only when both are complete: a failed plot leaves existing files as they\n"
-                   "were. --max-output-gib bounds the captures held in memory (probabilities\n"
-                   "and contributions of every batch element).\n\n"
+                   "were. --max-output-gib bounds what is held in memory: the captures\n"
+                   "(probabilities and contributions of every batch element) and each\n"
+                   "PNG's canvas (3 bytes a pixel), refused before the forward.\n\n"
                    "example: mha plot --weights attn.safetensors --input x.npy --causal --out attn.png\n",
         .args = args,
         .n_args = (int)(sizeof args / sizeof args[0]),
@@ -198,9 +239,20 @@ int cmd_plot(int argc, char **argv) {
     size_t rows = (size_t)B * T;
     double limit = max_gib > 0 ? max_gib : cli_default_output_limit_gib();
     double np = (double)h * rows * St, nc = (double)h * rows * dm;
+    /* the canvases (RGB, 3 bytes a pixel), one at a time beside the captures */
+    char title[128], what_p[96], what_c[96];
+    probs_title(title, sizeof title, b);
+    const probs_layout lp = probs_layout_of(h, T, St, title);
+    norms_title(title, sizeof title, b);
+    const norms_layout ln = norms_layout_of(h, T, title);
+    const double cp = 3.0 * (double)lp.W * (double)lp.H, cn = 3.0 * (double)ln.W * (double)ln.H;
+    snprintf(what_p, sizeof what_p, "--out's canvas (%lld x %lld RGB pixels)", lp.W, lp.H);
+    snprintf(what_c, sizeof what_c, "--contrib-out's canvas (%lld x %lld RGB pixels)", ln.W, ln.H);
     if ((rc = cli_check_output_size(CMD, "the attention probabilities (B,h,T,S)", np, limit)) ||
         (rc = cli_check_output_size(CMD, "the contributions (h,B,T,d_model)", nc, limit)) ||
-        (rc = cli_check_output_size(CMD, "the captures together", np + nc + (double)rows * dm, limit)))
+        (rc = cli_check_output_bytes(CMD, what_p, cp, limit)) || (rc = cli_check_output_bytes(CMD, what_c, cn, limit)) ||
+        (rc = cli_check_output_bytes(CMD, "the captures and a canvas together",
+                                     4.0 * (np + nc + (double)rows * dm) + (cp > cn ? cp : cn), limit)))
         goto done;
     rc = MHA_EXIT_RUNTIME;
     if (!contrib_out) {

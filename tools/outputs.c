@@ -411,3 +411,12 @@ int cli_check_output_size(const char *cmd, const char *what, double floats, doub
                          "GiB; raise it with --max-output-gib or use fewer tokens",
                          what, gib, floats, limit_gib);
 }
+
+int cli_check_output_bytes(const char *cmd, const char *what, double bytes, double limit_gib) {
+    double gib = bytes / (1024.0 * 1024.0 * 1024.0);
+    if (gib <= limit_gib) return 0;
+    return mha_cmd_error(cmd, MHA_EXIT_USAGE,
+                         "%s would hold %.3g GiB (%.0f bytes), above the limit of %.3g GiB; raise it with "
+                         "--max-output-gib or use fewer tokens",
+                         what, gib, bytes, limit_gib);
+}

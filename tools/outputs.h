@@ -78,6 +78,8 @@ double cli_default_output_limit_gib(void);
 /* Refuses (exit 2, naming --max-output-gib and the size in GiB) an output
  * of `floats` float32 values above limit_gib; what names the flag. */
 int cli_check_output_size(const char *cmd, const char *what, double floats, double limit_gib);
+/* The same for an output of `bytes` bytes (a PNG's canvas). */
+int cli_check_output_bytes(const char *cmd, const char *what, double bytes, double limit_gib);
 
 #define CLI_MAX_OUTPUT_ARG(var)                                                                \
     {.name = "--max-output-gib", .kind = MHA_ARG_DOUBLE, .dest = &(var), .metavar = "G",        \
