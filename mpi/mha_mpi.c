@@ -245,6 +245,17 @@ static int parse(run_flags *r, mha_command_spec *spec, cli_outputs *outs, int ar
     capture_begin(&cap, rank);
     argv = cli_expand_causal(&argc, argv);
     int rc = mha_args_parse(spec, argc, argv, NULL, NULL);
+    /* mha run writes an array to standard output ("-"); here that would be
+     * mpirun's forwarding of rank 0's output, through a terminal of its own
+     * (which turns each \n into \r\n): refused on every rank, by name */
+    const char *const out_flags[4] = {"--output", "--save-z", "--save-contributions", "--save-probs"};
+    const char *const out_paths[4] = {r->output, r->save_z, r->save_c, r->save_p};
+    for (int i = 0; i < 4 && rc == MHA_ARGS_CONTINUE; i++)
+        if (out_paths[i] && strcmp(out_paths[i], "-") == 0)
+            rc = mha_cmd_error("run", MHA_EXIT_USAGE,
+                               "%s '-': mha-mpi writes no output to standard output (mpirun passes rank 0's "
+                               "through a terminal, which changes the bytes); expected a file path",
+                               out_flags[i]);
     if (rc == MHA_ARGS_CONTINUE) { /* its own code, as mha run's: 1 a file problem, 2 a conflict of flags */
         const int c = cli_outputs_check(outs);
         if (c) rc = c;

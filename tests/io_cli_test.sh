@@ -550,6 +550,63 @@ expect_error 2 "the captures and a canvas together would hold 0.000508 GiB (5454
 checks=$((checks + 1))
 [ "$(entries)" -eq "$n0" ] || fail "refused sizes left files: $(new_entries)"
 
+# --- '-': standard output for mha run's arrays, refused elsewhere ---------------
+# '-' wrote a file named '-'. An array goes to standard output whole, only
+# after the command succeeded; the summary line then goes to stderr.
+run run --weights $T/native.safetensors --input $T/x.npy --output $T/y_dash_file.npy
+run run --weights $T/native.safetensors --input $T/x.npy --output -
+expect_ok
+checks=$((checks + 1))
+cmp -s "$tmp/out" $T/y_dash_file.npy || fail "$last: stdout is not the .npy of Y"
+grep -q "^wrote standard output: 2 x 6 x 16" "$tmp/err" || fail "$last: no summary on stderr: $(cat "$tmp/err")"
+run run --weights $T/native.safetensors --input $T/x.npy --output $T/y_dash2.npy --save-probs -
+expect_ok
+cp "$tmp/out" $T/p_stdout.npy
+run run --weights $T/native.safetensors --input $T/x.npy --output $T/y_dash3.npy --save-probs $T/p_dash.npy
+checks=$((checks + 1))
+cmp -s $T/p_stdout.npy $T/p_dash.npy || fail "--save-probs -: stdout is not the .npy of P"
+[ ! -e "$T/-" ] || fail "'-' wrote a file named '-'"
+# a failure writes nothing there: before the work, or while writing a file
+run run --weights $T/native.safetensors --input $T/x.npy --output - --ablate 9=zero
+expect_error 2 "--ablate: head 9 is out of range"
+checks=$((checks + 1))
+[ ! -s "$tmp/out" ] || fail "$last: wrote to stdout"
+limited 1 run --weights $T/native.safetensors --input $T/x.npy --output - --save-probs $T/p_big.npy
+expect_error 1 "File too large"
+checks=$((checks + 1))
+[ ! -s "$tmp/out" ] && [ ! -e $T/p_big.npy ] || fail "$last: wrote stdout or P"
+# one output at most, never a terminal or a closed stream; a reader that
+# goes away is an error, and then no file is replaced
+run run --weights $T/native.safetensors --input $T/x.npy --output - --save-z -
+expect_error 2 "--output '-' and --save-z '-' both name standard output; expected at most one output there"
+"$MHA" run --weights $T/native.safetensors --input $T/x.npy --output - >&- 2>"$tmp/err"
+rc=$? last="mha run --output - (stdout closed)"
+expect_error 2 "--output '-': standard output is closed"
+if command -v script >/dev/null 2>&1; then
+    script -qec "$MHA run --weights $T/native.safetensors --input $T/x.npy --output -" /dev/null >"$tmp/tty" 2>&1
+    rc=$?
+    checks=$((checks + 1))
+    [ "$rc" -eq 2 ] && grep -q "standard output is a terminal" "$tmp/tty" || fail "--output - to a terminal: exit $rc: $(cat "$tmp/tty")"
+fi
+"$PY" -c "import numpy as np; np.save('$T/x_pipe.npy', np.random.RandomState(4).randn(1, 1100, 16).astype(np.float32))"
+printf OLD >$T/z_pipe.npy
+{ "$MHA" run --weights $T/native.safetensors --input $T/x_pipe.npy --output - --save-z $T/z_pipe.npy 2>"$tmp/err"; echo $? >"$tmp/rc"; } | :
+rc=$(cat "$tmp/rc") last="mha run --output - | : (70 KB into a closed pipe)"
+expect_error 1 "cannot write --output to standard output: Broken pipe; no file was replaced"
+checks=$((checks + 1))
+[ "$(cat $T/z_pipe.npy)" = OLD ] || fail "$last: replaced --save-z"
+# a checkpoint or a PNG is no stream: refused by name (./- is a file)
+run convert --from native --to native $T/native.safetensors -
+expect_error 2 "OUT '-': standard output takes only a .npy array (the outputs of mha run); expected a file path for OUT"
+run permute --order 1,0,3,2 $T/native.safetensors -
+expect_error 2 "OUT '-': standard output takes only a .npy array"
+run plot --weights $T/native.safetensors --input $T/x.npy --out -
+expect_error 2 "--out '-': standard output takes only a .npy array"
+run plot --weights $T/native.safetensors --input $T/x.npy --out $T/dash.png --contrib-out -
+expect_error 2 "--contrib-out '-': standard output takes only a .npy array"
+checks=$((checks + 1))
+[ ! -e "$T/-" ] && [ ! -e $T/dash.png ] || fail "a refused '-' wrote a file"
+
 # --- numbers and messages ------------------------------------------------------
 # a scale written out in 34 digits is 1e33, not truncated to 1e30
 run run --weights $T/native.safetensors --input $T/x.npy --output $T/y_s1.npy --ablate 1=scale:1000000000000000000000000000000000

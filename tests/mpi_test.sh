@@ -474,6 +474,13 @@ mpi 2 --split heads --weights "$T/gqa.safetensors" --input "$T/x16.npy" --output
 expect_fail 2 "cannot write --output '$T/fo': it is a directory"
 checks=$((checks + 1))
 [ "$rc" -eq 1 ] || fail "$last: exit $rc, want 1 (a file problem)"
+# '-' is no file name here: mha run writes an array to standard output,
+# mha-mpi refuses it on every rank (rank 0 wrote a file named '-'; mpirun
+# forwards rank 0's output through a terminal, which changes bytes)
+mpi 2 --split heads --weights "$T/gqa.safetensors" --input "$T/x16.npy" --output "$T/fo/y.npy" --save-z -
+expect_fail 2 "--save-z '-': mha-mpi writes no output to standard output"
+checks=$((checks + 1))
+[ "$rc" -eq 2 ] && [ ! -e ./- ] || fail "$last: exit $rc (want 2), or a file named '-'"
 # one rank given another file (MPMD): caught on rank 1, reported by both
 timeout 120 mpirun --oversubscribe -np 1 "$MPI" run --weights "$T/mha.safetensors" --input "$T/x.npy" --output "$T/fo/y.npy" \
     : -np 1 "$MPI" run --weights "$T/mha.safetensors" --input "$T/nope.npy" --output "$T/fo/y.npy" >"$T/out" 2>"$T/err"

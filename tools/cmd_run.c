@@ -148,7 +148,8 @@ int cmd_run(int argc, char **argv) {
                    "Every output is written to a temporary file next to it and renamed over\n"
                    "the target only when the whole command succeeded: a failed run leaves\n"
                    "every existing file as it was. An output may not be an input or another\n"
-                   "output.\n\n"
+                   "output. One output may be '-', standard output (not a terminal): written\n"
+                   "there only when the command succeeded; the summary line goes to stderr.\n\n"
                    "example: mha run --weights attn.safetensors --input x.npy --output y.npy \\\n"
                    "           --causal --ablate 1=zero --save-contributions c.npy\n",
         .args = args,
@@ -158,12 +159,12 @@ int cmd_run(int argc, char **argv) {
     cli_outputs_init(&outs, "run");
     cli_register_inputs(&outs, &ck, &ff);
     cli_outputs_input(&outs, "--v-input", &v_input);
-    cli_outputs_output(&outs, "--output", &output);
-    cli_outputs_output(&outs, "--save-z", &save_z);
-    cli_outputs_output(&outs, "--save-contributions", &save_c);
-    cli_outputs_output(&outs, "--save-probs", &save_p);
+    cli_outputs_array(&outs, "--output", &output);
+    cli_outputs_array(&outs, "--save-z", &save_z);
+    cli_outputs_array(&outs, "--save-contributions", &save_c);
+    cli_outputs_array(&outs, "--save-probs", &save_p);
     cli_outputs_input(&outs, "--grad-output", &grad_output);
-    cli_outputs_output(&outs, "--save-attribution", &save_a);
+    cli_outputs_array(&outs, "--save-attribution", &save_a);
     cli_outputs_input(&outs, "--positions", &vf.positions);
     mha_layer *L;
     cli_fwd f;
@@ -246,7 +247,8 @@ int cmd_run(int argc, char **argv) {
     if (k) sa[1] = T;
     if (attr && (rc = cli_save(&outs, "--save-attribution", attr, 3 - k, sa))) goto done;
     if ((rc = cli_outputs_finish(&outs, MHA_EXIT_OK))) goto done;
-    printf("wrote %s: %s%d x %d x %d (h=%d, h_kv=%d, d_k=%d, d_v=%d)\n", output,
+    fprintf(cli_outputs_report(&outs), "wrote %s: %s%d x %d x %d (h=%d, h_kv=%d, d_k=%d, d_v=%d)\n",
+            strcmp(output, "-") ? output : "standard output",
            f.batched ? "" : "unbatched ", B, T, dm, h, c->n_kv_heads, c->d_k, c->d_v);
 done:
     free(y);

@@ -22,15 +22,45 @@ void cli_outputs_init(cli_outputs *o, const char *cmd) {
 }
 
 void cli_outputs_input(cli_outputs *o, const char *flag, const char *const *path) {
-    if (o->n_in < CLI_MAX_FILES) o->in[o->n_in++] = (cli_file){flag, path, NULL, NULL, 0};
+    if (o->n_in < CLI_MAX_FILES) o->in[o->n_in++] = (cli_file){.flag = flag, .path = path};
 }
 
 void cli_outputs_checkpoint(cli_outputs *o, const char *flag, const char *const *path) {
-    if (o->n_in < CLI_MAX_FILES) o->in[o->n_in++] = (cli_file){flag, path, NULL, NULL, 1};
+    if (o->n_in < CLI_MAX_FILES) o->in[o->n_in++] = (cli_file){.flag = flag, .path = path, .checkpoint = 1};
 }
 
 void cli_outputs_output(cli_outputs *o, const char *flag, const char *const *path) {
-    if (o->n_out < CLI_MAX_FILES) o->out[o->n_out++] = (cli_file){flag, path, NULL, NULL, 0};
+    if (o->n_out < CLI_MAX_FILES) o->out[o->n_out++] = (cli_file){.flag = flag, .path = path};
+}
+
+void cli_outputs_array(cli_outputs *o, const char *flag, const char *const *path) {
+    if (o->n_out < CLI_MAX_FILES) o->out[o->n_out++] = (cli_file){.flag = flag, .path = path, .may_stream = 1};
+}
+
+/* "-" as an output: standard output where the output allows it (one array,
+ * once, not to a terminal or a closed stream); 0 or the exit code. *first:
+ * the output that took it before, or NULL. */
+static int check_stream(const cli_outputs *o, cli_file *f, const cli_file **first) {
+    if (!f->may_stream)
+        return mha_cmd_error(o->cmd, MHA_EXIT_USAGE,
+                             "%s '-': standard output takes only a .npy array (the outputs of mha run); "
+                             "expected a file path for %s (./- names a file called '-')",
+                             f->flag, f->flag);
+    if (*first)
+        return mha_cmd_error(o->cmd, MHA_EXIT_USAGE,
+                             "%s '-' and %s '-' both name standard output; expected at most one output there",
+                             (*first)->flag, f->flag);
+    if (fcntl(STDOUT_FILENO, F_GETFD) < 0) /* a file opened later would take its place */
+        return mha_cmd_error(o->cmd, MHA_EXIT_USAGE, "%s '-': standard output is closed; expected it open",
+                             f->flag);
+    if (isatty(STDOUT_FILENO))
+        return mha_cmd_error(o->cmd, MHA_EXIT_USAGE,
+                             "%s '-': standard output is a terminal; expected it redirected to a file or a "
+                             "pipe (> y.npy), or a file path",
+                             f->flag);
+    f->stream = 1;
+    *first = f;
+    return 0;
 }
 
 /* What makes two paths one file: device and inode when it exists, else
@@ -147,6 +177,24 @@ static int reserve(const cli_outputs *o, cli_file *f) {
     static unsigned serial;
     const char *path = *f->path;
     struct stat st;
+    if (f->stream) { /* beside nothing: in the temporary directory */
+        const char *dir = getenv("TMPDIR");
+        if (!dir || !*dir) dir = "/tmp";
+        f->tmp = malloc(strlen(dir) + 32);
+        if (!f->tmp) return mha_cmd_error(o->cmd, MHA_EXIT_RUNTIME, "out of memory");
+        sprintf(f->tmp, "%s/mha-stdout-XXXXXX", dir);
+        int fd = mkstemp(f->tmp);
+        if (fd < 0) {
+            const int e = errno;
+            mha_cmd_error(o->cmd, MHA_EXIT_RUNTIME, "cannot write %s '-': a temporary file in '%s': %s", f->flag,
+                          dir, strerror(e));
+            free(f->tmp);
+            f->tmp = NULL;
+            return MHA_EXIT_RUNTIME;
+        }
+        close(fd);
+        return 0;
+    }
     if (lstat(path, &st) == 0 && S_ISLNK(st.st_mode) && !(f->target = realpath(path, NULL)))
         return mha_cmd_error(o->cmd, MHA_EXIT_RUNTIME,
                              "cannot write %s '%s': it is a symbolic link whose target cannot be "
@@ -288,13 +336,21 @@ int cli_outputs_check(cli_outputs *o) {
             rc = mha_cmd_error(o->cmd, MHA_EXIT_RUNTIME, "out of memory");
     }
     for (int k = 0; k < x.n && !rc; k++) {
-        identify(o, &(cli_file){o->in[x.v[k].from].flag, (const char *const *)&x.v[k].path, NULL, NULL, 0},
+        identify(o, &(cli_file){.flag = o->in[x.v[k].from].flag, .path = (const char *const *)&x.v[k].path},
                  &x.v[k].id, 0);
         rc = check_readable(o, o->in[x.v[k].from].flag, x.v[k].path, &x.v[k].id);
     }
+    const cli_file *stream = NULL;
     for (int i = 0; i < o->n_out && !rc; i++) {
-        const cli_file *f = &o->out[i];
+        cli_file *f = &o->out[i];
+        out[i].exists = 0;
+        out[i].resolved[0] = '\0';
+        f->stream = 0;
         if (!*f->path) continue;
+        if (strcmp(*f->path, "-") == 0) { /* no file: nothing to compare */
+            rc = check_stream(o, f, &stream);
+            continue;
+        }
         if ((rc = identify(o, f, &out[i], 1))) break;
         for (int j = 0; j < o->n_in && !rc; j++)
             if (*o->in[j].path && same_file(&out[i], &in[j]))
@@ -320,6 +376,8 @@ int cli_outputs_check(cli_outputs *o) {
     extras_free(&x);
     if (rc) return rc;
     if (o->n_out) catch_ending_signals();
+    /* a reader that goes away (| head): EPIPE, an error with the temporaries removed, not a kill */
+    if (stream) signal(SIGPIPE, SIG_IGN);
     for (int i = 0; i < o->n_out; i++) {
         if (!*o->out[i].path) continue;
         rc = reserve(o, &o->out[i]);
@@ -365,6 +423,28 @@ static void sync_dir_of(const char *path) {
     close(fd);
 }
 
+/* The stream's temporary onto standard output, flushed; 0 or the exit code. */
+static int copy_to_stdout(const cli_outputs *o, const cli_file *f) {
+    FILE *in = fopen(f->tmp, "rb");
+    char buf[1 << 16];
+    size_t n;
+    int e = in ? 0 : errno;
+    while (!e && (n = fread(buf, 1, sizeof buf, in)) > 0)
+        if (fwrite(buf, 1, n, stdout) != n) e = errno ? errno : EIO;
+    if (!e && in && ferror(in)) e = errno ? errno : EIO;
+    if (!e && fflush(stdout) != 0) e = errno ? errno : EIO;
+    if (in) fclose(in);
+    if (!e) return 0;
+    return mha_cmd_error(o->cmd, MHA_EXIT_RUNTIME, "cannot write %s to standard output: %s; no file was replaced",
+                         f->flag, strerror(e));
+}
+
+FILE *cli_outputs_report(const cli_outputs *o) {
+    for (int i = 0; i < o->n_out; i++)
+        if (o->out[i].stream) return stderr;
+    return stdout;
+}
+
 int cli_outputs_finish(cli_outputs *o, int rc) {
     writing = 1; /* an interruption now waits until the renames are all done or none */
     /* interrupted while the outputs were written: a failed command, nothing replaced */
@@ -372,9 +452,12 @@ int cli_outputs_finish(cli_outputs *o, int rc) {
     /* Every temporary is complete and fsync'ed before the first rename, so
      * only a rename itself can still fail (in one directory it does not
      * for lack of space). */
+    /* standard output first: a reader that fails it leaves every file as it was */
+    for (int i = 0; i < o->n_out && rc == 0; i++)
+        if (o->out[i].stream && o->out[i].tmp) rc = copy_to_stdout(o, &o->out[i]);
     for (int i = 0; i < o->n_out && rc == 0; i++) {
         cli_file *f = &o->out[i];
-        if (!f->tmp) continue;
+        if (!f->tmp || f->stream) continue;
         if (rename(f->tmp, destination(f)) != 0)
             rc = mha_cmd_error(o->cmd, MHA_EXIT_RUNTIME, "cannot write %s '%s': %s", f->flag,
                                *f->path, strerror(errno));

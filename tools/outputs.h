@@ -11,6 +11,13 @@
  * to its temporary (cli_outputs_tmp); cli_outputs_finish renames them all
  * over their targets when the command succeeded, and removes them all
  * when it failed, so a failed command leaves every existing file as it was.
+ * An output registered with cli_outputs_array may be "-", standard output:
+ * it is written to a temporary file (in $TMPDIR, else /tmp) like the others
+ * and copied to standard output by cli_outputs_finish, before the renames,
+ * only when the command succeeded, so a failed command writes nothing
+ * there either. At most one output may be "-", and not when standard
+ * output is a terminal; any other output refuses "-" (a file named "-"
+ * is "./-").
  * A signal that ends the process (SIGINT, SIGTERM, SIGHUP, SIGQUIT) removes
  * the temporaries first; once the outputs are being written (the first
  * cli_outputs_tmp) it is held until cli_outputs_finish, which then removes
@@ -21,6 +28,7 @@
 #define MHA_TOOLS_OUTPUTS_H
 
 #include <stddef.h>
+#include <stdio.h>
 
 #define CLI_MAX_FILES 12
 
@@ -30,6 +38,8 @@ typedef struct {
     char *tmp;                /* the reserved temporary (outputs only)   */
     char *target;             /* what a symbolic link output names, or NULL */
     int checkpoint;           /* an input read as a checkpoint (below)   */
+    int may_stream;           /* an output that may be "-" (an array)    */
+    int stream;               /* it is "-": standard output              */
 } cli_file;
 
 typedef struct {
@@ -46,6 +56,8 @@ void cli_outputs_init(cli_outputs *o, const char *cmd);
 /* Register a flag (a NULL *path after parsing means "not given"). */
 void cli_outputs_input(cli_outputs *o, const char *flag, const char *const *path);
 void cli_outputs_output(cli_outputs *o, const char *flag, const char *const *path);
+/* An output of one .npy array: "-" writes it to standard output. */
+void cli_outputs_array(cli_outputs *o, const char *flag, const char *const *path);
 /* An input that names a checkpoint: besides the path itself, the files it
  * is read from count as inputs too (a directory's model.safetensors or
  * index, an index's shards, the config.json beside them), so that no
@@ -70,6 +82,9 @@ int cli_outputs_write_error(const cli_outputs *o, const char *flag, const char *
  * reported and returned); otherwise removes every temporary. Returns the
  * command's exit code. */
 int cli_outputs_finish(cli_outputs *o, int rc);
+/* Where a command prints its summary ("wrote ..."): stdout, or stderr when
+ * an output goes to standard output (the array alone is written there). */
+FILE *cli_outputs_report(const cli_outputs *o);
 
 /* --- sizes, checked before the work --- */
 
