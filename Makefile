@@ -150,9 +150,12 @@ test-python: $(SETUP_TEST) lib $(BUILD)/mha
 test-docs: $(SETUP_TEST) $(BUILD)/mha
 	$(PYTHON) tests/docs_test.py
 
-# examples/train_reverse.py: mha.nn trains and follows torch's loss curve (~10 s).
+# examples/train_reverse.py: mha.nn trains and follows torch's loss curve (~10 s);
+# examples/beam_search_decoder.py: beam search with the KV cache's reorder and
+# a cross-attention memory gives torch's beams (~2 s).
 test-examples: $(SETUP_TEST) lib
 	$(PYTHON) examples/train_reverse.py
+	$(PYTHON) examples/beam_search_decoder.py
 
 test: $(SETUP_TEST)
 	$(MAKE) all $(BUILD)/bench_mha
