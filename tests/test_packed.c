@@ -108,6 +108,25 @@ static void packed_matches_hand_mask_and_alone(void) {
                 }
             const double e = rel_err(got, alone, ny);
             if (!(e <= 2e-6)) test_report(__FILE__, __LINE__, "case %zu: %.3g from the sequences run alone", n, e);
+            /* mha_forward_lse: the same y, and each row's log-sum-exp that of its sequence alone */
+            float *lse = naive_alloc_floats((size_t)B * H * k->T), *lse1 = naive_alloc_floats((size_t)B * H * k->T);
+            o.path = MHA_PATH_AUTO;
+            CHECK_OK(mha_forward_lse(L, got, NULL, lse, x, NULL, NULL, B, k->T, k->T, &o));
+            CHECK(rel_err(got, alone, ny) <= 2e-6);
+            for (int b = 0; b < B; b++)
+                for (int s = 0; s < k->n; s++) {
+                    const int len = k->cu[s + 1] - k->cu[s];
+                    float part[H * 130];
+                    mha_options a = case_options(k);
+                    if (positioned) a.positions = pos + b * k->T + k->cu[s];
+                    CHECK_OK(mha_forward_lse(L, alone, NULL, part, x + ((size_t)b * k->T + k->cu[s]) * D, NULL, NULL, 1,
+                                             len, len, &a));
+                    for (int r = 0; r < H; r++)
+                        for (int i = 0; i < len; i++)
+                            lse1[((size_t)b * H + r) * k->T + k->cu[s] + i] = part[(size_t)r * len + i];
+                }
+            CHECK(rel_err(lse, lse1, (size_t)B * H * k->T) <= 2e-6);
+            free(lse), free(lse1);
             if (k->n > 1) { /* the packing matters */
                 o.cu_seqlens = NULL, o.n_seqs = 0;
                 CHECK_OK(mha_forward(L, got, NULL, x, NULL, B, k->T, k->T, &o));
