@@ -31,6 +31,12 @@ static double bound(const cross_case *cc) {
     return worst == MHA_CACHE_I8 ? 3e-2 : worst == MHA_CACHE_F16 ? 3e-3 : 2e-6;
 }
 
+static double rel_err_f(const float *got, const float *want, size_t n) {
+    double err = 0, big = 0;
+    for (size_t i = 0; i < n; i++) err = fmax(err, fabs((double)got[i] - want[i])), big = fmax(big, fabs(want[i]));
+    return err / (big + 1e-30);
+}
+
 static mha_layer *case_layer(const cross_case *cc, naive_weights *w) {
     mha_config c = naive_config(cc->D, cc->h, cc->h_kv, 8, 8, 1);
     c.d_kv_in = cc->d_kv_in, c.d_v_in = cc->d_v_in ? cc->d_v_in : cc->d_kv_in;
@@ -89,6 +95,25 @@ static void memory_matches_reference(const cross_case *cc) {
         }
         CHECK_ARRAY_NEAR(y, yref, ny, bound(cc) * scale);
         for (int b = 0; b < B; b++) CHECK_INT(mha_cache_length(c, b), S_LEN[b]);
+    }
+    /* the low-level entry: mha_cache_attend of the projected queries is the z the forward captures
+     * (no extra keys there: only for layers without them) */
+    if (c && !cc->extras && cc->wdt == MHA_W_F32 && !cc->rms_norm && cc->clip == 0.0f && cc->softcap == 0.0f &&
+        !cc->sinks) {
+        const int wq = cc->h * 8, wz = cc->h * 8;
+        float *q = naive_alloc_floats((size_t)B * T * wq), *z = naive_alloc_floats((size_t)B * T * wz);
+        float *zc = naive_alloc_floats((size_t)B * T * wz);
+        for (int r = 0; r < B * T; r++) /* q = x W_Q + b_Q, in double */
+            for (int j = 0; j < wq; j++) {
+                double acc = w.b_q ? w.b_q[j] : 0.0;
+                for (int e = 0; e < cc->D; e++) acc += (double)x[(size_t)r * cc->D + e] * w.w_q[(size_t)e * wq + j];
+                q[(size_t)r * wq + j] = (float)acc;
+            }
+        mha_capture cz = {.z = zc};
+        CHECK_OK(mha_forward_cached(L, c, y, &cz, x, T, NULL, NULL));
+        CHECK_OK(mha_cache_attend(c, z, q, T, NULL, 0.0f));
+        CHECK(rel_err_f(z, zc, (size_t)B * T * wz) <= 1e-5);
+        free(q), free(z), free(zc);
     }
     /* the probabilities: memory column j is slot j, the extra keys at capacity, capacity+1 */
     const int ex = cc->extras * 2, wr = S + ex, wc = S + 3 + ex;
