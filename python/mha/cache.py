@@ -359,7 +359,8 @@ class Cache(COwner):
     def attend(self, q, n_new=None, scale=0.0):
         """z (B,T,h*d_v) of queries q (B,T,h*d_k) at the last n_new[b]
         appended positions of each sequence (mha_cache_attend; causal, the
-        cache's window, no extra keys); scale 0 means 1/sqrt(d_k). Rows
+        cache's window, no extra keys; on a cross=True cache every query
+        attends its sequence's whole memory); scale 0 means 1/sqrt(d_k). Rows
         past n_new[b] of z are 0. (T,..) in and out when batch is 1."""
         s = self._shape
         q, T, squeezed = self._rows("q", q, s["n_heads"] * s["d_k"], "h*d_k")
