@@ -95,11 +95,10 @@ def mha_decoder(self_attn, cross_attn, emb, memory):
         logits = torch.from_numpy(h[:, 0] @ e.T * 2)
         return torch.log_softmax(logits, dim=-1).double().numpy()
 
-    def reorder(beam_idx):
-        cache.reorder(beam_idx)
-        mem.reorder(beam_idx)  # every beam's memory is the same input's; reordered all the same
-
-    return next_logprobs, reorder
+    # the beams of one input share its memory: only the self-attention cache
+    # follows them (a batch of inputs would reorder the memory too, whose rows
+    # then move as the beams do)
+    return next_logprobs, cache.reorder
 
 
 def main():
