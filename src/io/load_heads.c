@@ -129,6 +129,11 @@ static mha_status describe(source *src, const mha_tensors *t, const mha_load_opt
         c->d_model = a[0]->shape[0], c->d_kv_in = a[1]->shape[0], c->d_v_in = a[2]->shape[0];
         if ((s = split(&c->d_k, a[0]->shape[1], h, "w_q columns")) || (s = split(&c->d_v, a[3]->shape[0], h, "w_o rows")))
             return s;
+        int mk, mv; /* the metadata's head widths must be the tensors', as mha_layer_load requires */
+        if ((s = mha_io_meta_count(&mk, t, "d_k")) || (s = mha_io_meta_count(&mv, t, "d_v"))) return s;
+        if ((mk && mk != c->d_k) || (mv && mv != c->d_v))
+            return mha_fail(MHA_E_SHAPE, "metadata d_k = %d, d_v = %d but w_q has %d columns and w_o %d rows per head",
+                            mk, mv, c->d_k, c->d_v);
         if (!hkv && (s = split(&hkv, a[1]->shape[1], c->d_k, "w_k columns (d_k wide)"))) return s;
         src->w[0] = plain(a[0], 0, 0, c->d_k), src->w[1] = plain(a[1], 0, 0, c->d_k), src->w[2] = plain(a[2], 0, 0, c->d_v);
         src->o = plain(a[3], 0, 0, c->d_v);
