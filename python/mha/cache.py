@@ -23,15 +23,16 @@ DTYPES = {"float32": _lib.CACHE_F32, "float16": _lib.CACHE_F16, "int8": _lib.CAC
 _NAMES = {v: k for k, v in DTYPES.items()}
 
 
-def _dtype(dtype):
+def _dtype(dtype, arg="dtype"):
     """'float32' | 'float16' | 'int8' (or the numpy dtypes) -> mha_cache_dtype.
-    int8: per-32 blocks with an fp32 scale each (docs/CACHE.md)."""
+    int8: per-32 blocks with an fp32 scale each (docs/CACHE.md). arg: the
+    argument's name for the error (dtype or v_dtype)."""
     try:
         name = np.dtype(dtype).name
     except TypeError:
         name = None
     if name not in DTYPES:
-        raise ArgumentError(f"dtype={dtype!r}; expected 'float32', 'float16' or 'int8'")
+        raise ArgumentError(f"{arg}={dtype!r}; expected 'float32', 'float16' or 'int8'")
     return DTYPES[name]
 
 
@@ -60,7 +61,7 @@ def cache_bytes_for(layer_or_config, batch, capacity, dtype="float32", v_dtype=N
     one type, and capacity is a multiple of 128)."""
     cfg = _config_of(layer_or_config)
     kt = _dtype(dtype)
-    vt = kt if v_dtype is None else _dtype(v_dtype)
+    vt = kt if v_dtype is None else _dtype(v_dtype, "v_dtype")
     n = _L.mha_cache_bytes_for_kv(ctypes.byref(cfg), c_int("batch", batch, 0), c_int("capacity", capacity, 0),
                                   kt, vt)
     if n == 0:
@@ -108,7 +109,7 @@ class Cache(COwner):
         if not isinstance(layer, Layer):
             raise ArgumentError(f"layer is a {type(layer).__name__}; expected a mha.Layer")
         kt = _dtype(dtype)
-        vt = kt if v_dtype is None else _dtype(v_dtype)
+        vt = kt if v_dtype is None else _dtype(v_dtype, "v_dtype")
         batch, capacity = c_int("batch", batch, 0), c_int("capacity", capacity, 0)
         window = c_int("window", window, 0)
         sink_tokens = c_int("sink_tokens", sink_tokens, 0)
