@@ -350,8 +350,8 @@ static mha_status default_slopes(mha_tensors *nt, const mha_config *c, int first
  * matrices keep the file's dtype (their floats are the bf16 values or the
  * int8 codes) and each int8 scale tensor (groups, N) gives the shard's
  * columns (W_Q, W_K, W_V: the heads' column blocks) or rows (W_O: each
- * head's ceil(d_v/32) groups); a scale of another shape goes as it is, for
- * the native loader to name. */
+ * head's ceil(d_v/32) groups); a scale of another shape, or beside weights
+ * that are not int8, goes as it is, for the native loader to name. */
 static mha_status narrow_stored(mha_tensors *nt, const source *src, const mha_tensors *t, const char *prefix,
                                 int first, int n, int g0, int g) {
     static const char *const wn[4] = {"w_q", "w_k", "w_v", "w_o"};
@@ -365,8 +365,9 @@ static mha_status narrow_stored(mha_tensors *nt, const source *src, const mha_te
     for (int m = 0; m < 4 && !s; m++) {
         const mha_array *file = m < 3 ? src->w[m].a : src->o.a, *sc;
         ((mha_array *)mha_tensors_get(nt, wn[m]))->dtype = file->dtype; /* the values are unchanged */
-        if (file->dtype != MHA_DTYPE_I8 || (s = find(&sc, t, prefix, sn[m], 0)) || !sc) continue;
-        if (sc->dtype != MHA_DTYPE_F32 || sc->rank != 2 || sc->shape[0] != rows[m] || sc->shape[1] != cols[m]) {
+        if ((s = find(&sc, t, prefix, sn[m], 0)) || !sc) continue;
+        if (file->dtype != MHA_DTYPE_I8 || sc->dtype != MHA_DTYPE_F32 || sc->rank != 2 || sc->shape[0] != rows[m] ||
+            sc->shape[1] != cols[m]) {
             s = mha_tensors_add(nt, sn[m], sc);
             continue;
         }

@@ -19,12 +19,17 @@ static const char *const mat_names[MHA_N_MATS] = {"w_q", "w_k", "w_v", "w_o"};
 static const char *const scale_names[MHA_N_MATS] = {"w_q_scale", "w_k_scale", "w_v_scale", "w_o_scale"};
 #define INT8_LAYOUT "per_32_inputs"
 
+/* The scale tensor of matrix m inside the layer's prefix, or NULL. */
+static const mha_array *find_scale(const mha_tensors *t, const char *prefix, int m) {
+    for (int j = 0; j < mha_tensors_count(t); j++)
+        if (mha_io_name_fits(mha_tensors_name(t, j), prefix, scale_names[m])) return mha_tensors_get(t, mha_tensors_name(t, j));
+    return NULL;
+}
+
 /* The scales of matrix m: an F32 (G, N) tensor of finite values >= 0,
  * copied into a new array. */
 static mha_status read_scale(float **out, const mha_tensors *t, const char *prefix, int m, int G, int N) {
-    const mha_array *a = NULL;
-    for (int j = 0; j < mha_tensors_count(t) && !a; j++)
-        if (mha_io_name_fits(mha_tensors_name(t, j), prefix, scale_names[m])) a = mha_tensors_get(t, mha_tensors_name(t, j));
+    const mha_array *a = find_scale(t, prefix, m);
     if (!a)
         return mha_fail(MHA_E_FORMAT, "weights_dtype = int8 but tensor '%s' is missing; expected the F32 "
                         "scales of %s, (%d, %d)", scale_names[m], mat_names[m], G, N);
@@ -70,11 +75,23 @@ static mha_status check_codes(const mha_array *w, const float *scale, int m, int
     return MHA_OK;
 }
 
+/* Scales beside weights that are not int8: integer codes written as floats
+ * with their scales but without weights_dtype = int8 would otherwise load
+ * as weights about 1/scale times too large. */
+static mha_status no_stray_scales(const mha_tensors *t, const char *prefix, const char *dtype) {
+    for (int m = 0; m < MHA_N_MATS; m++)
+        if (find_scale(t, prefix, m))
+            return mha_fail(MHA_E_FORMAT, "tensor '%s' (int8 scales of %s) in a file whose weights_dtype is %s; "
+                            "expected no scales, or weights_dtype = int8 with I8 weights", scale_names[m],
+                            mat_names[m], dtype);
+    return MHA_OK;
+}
+
 mha_status mha_io_weights_read(mha_weight_dtype *dtype, float *scale[MHA_N_MATS], const mha_tensors *t,
                                const char *prefix, const mha_array *const w[MHA_N_MATS], const mha_config *c) {
     *dtype = MHA_W_F32;
     const char *v = mha_tensors_meta(t, "weights_dtype");
-    if (!v) return MHA_OK; /* fp32 (any floating dtype in the file, widened) */
+    if (!v) return no_stray_scales(t, prefix, "absent (fp32)"); /* any floating dtype in the file, widened */
     mha_status s = mha_weight_dtype_parse(dtype, v);
     if (s) return mha_fail(MHA_E_FORMAT, "metadata weights_dtype = '%.20s'; expected f32, bf16 or int8", v);
     const mha_dtype want = *dtype == MHA_W_BF16 ? MHA_DTYPE_BF16 : *dtype == MHA_W_I8 ? MHA_DTYPE_I8 : MHA_DTYPE_F32;
@@ -82,7 +99,7 @@ mha_status mha_io_weights_read(mha_weight_dtype *dtype, float *scale[MHA_N_MATS]
         if (w[m]->dtype != want)
             return mha_fail(MHA_E_FORMAT, "tensor '%s' is %s but metadata weights_dtype = %s; expected %s",
                             mat_names[m], mha_dtype_name(w[m]->dtype), v, mha_dtype_name(want));
-    if (*dtype != MHA_W_I8) return MHA_OK;
+    if (*dtype != MHA_W_I8) return no_stray_scales(t, prefix, v);
     const char *lay = mha_tensors_meta(t, "int8_scales");
     if (!lay || strcmp(lay, INT8_LAYOUT) != 0)
         return mha_fail(MHA_E_FORMAT, "metadata int8_scales = '%.40s'; expected '" INT8_LAYOUT "'",
