@@ -49,10 +49,12 @@
  * whose scaled scores may exceed MHA_FAST_SCORE_LIMIT = 131072 in magnitude
  * (bounded by |scale| |q| |k|, L2 norms; with ALiBi also each row's
  * largest score, which a query far from every key it may attend pushes
- * far below zero), whose V is too large to sum, or
+ * far below zero), whose V is too large to sum, whose query against an
+ * int8 K exceeds FLT_MAX / (254 sqrt(min(d_k, 32))) in norm (the int8
+ * kernels sum q times codes before a block's scale), or
  * whose output overflows fp32 is never answered with a silently wrong
  * number: MHA_PATH_AUTO recomputes it with the reference (double),
- * MHA_PATH_FAST and mha_forward_cached return MHA_E_NONFINITE naming the
+ * MHA_PATH_FAST, mha_forward_cached and mha_cache_attend return MHA_E_NONFINITE naming the
  * batch, head and row (the cached forward before appending anything,
  * except for an overflowing output). Additive masks are added in fp32 as
  * PyTorch adds them: a row whose every allowed key carries a large finite
@@ -1151,7 +1153,9 @@ MHA_API mha_status mha_forward_cached_ctx(const mha_context *ctx, const mha_laye
  * all T); a windowed cache accepts at most capacity - window + 1 rows per
  * call. attend: z (B,T,h*d_v) for queries q (B,T,h*d_k) of the last
  * n_new[b] appended positions of each sequence (rows past n_new[b] of z
- * untouched), scale 0 meaning 1/sqrt(d_k); no extra keys, no options. */
+ * untouched), scale 0 meaning 1/sqrt(d_k); no extra keys, no options;
+ * the cached forward's range rule ("Numbers" above): MHA_E_NONFINITE
+ * naming the sequence and kv head, z untouched. */
 MHA_API mha_status mha_cache_append(mha_cache *cache, const float *k, const float *v, int T,
                             const int *n_new);
 MHA_API mha_status mha_cache_attend(const mha_cache *cache, float *z, const float *q, int T,

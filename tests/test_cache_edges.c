@@ -234,10 +234,88 @@ static void test_cache_ring_window_edges(void) {
     mha_layer_free(L);
 }
 
+/* The low-level attend keeps mha_forward_cached's range rule: scores
+ * beyond the fp32 softmax's limit are refused, and so are queries whose
+ * int8 block sums (before the block's scale: tiny keys, huge queries, a
+ * small score) would overflow fp32 — a wrong, finite z before; an fp32
+ * cache of the same numbers is fine. */
+static void test_cache_attend_range(void) {
+    mha_layer *L = gqa_layer();
+    if (!L) return;
+    float k[2 * DK], v[2 * DK], q[H * DK], z[H * DK];
+    for (int i = 0; i < 2 * DK; i++) k[i] = 1.0f, v[i] = 0.5f;
+    for (int i = 0; i < H * DK; i++) q[i] = 1e6f;
+    mha_cache *c = NULL;
+    CHECK_OK(mha_cache_create(&c, L, 1, 8, MHA_CACHE_F32, 0));
+    if (c) {
+        CHECK_OK(mha_cache_append(c, k, v, 2, NULL));
+        CHECK_STATUS(mha_cache_attend(c, z, q, 1, NULL, 0), MHA_E_NONFINITE);
+        CHECK_ERROR_MENTIONS("mha_cache_attend: scores of sequence 0 kv head 0 may reach");
+        for (int i = 0; i < H * DK; i++) q[i] = 1.0f;
+        CHECK_OK(mha_cache_attend(c, z, q, 1, NULL, 0));
+    }
+    mha_cache_free(c);
+    for (int dt = 0; dt < 2; dt++) { /* scores of 4e3 (q 1e37, keys ~1e-33): the int8 block sums overflow */
+        for (int i = 0; i < 2 * DK; i++) k[i] = 1e-33f * (float)(i % 3 + 1), v[i] = 0.5f;
+        for (int i = 0; i < H * DK; i++) q[i] = 1e37f;
+        c = NULL;
+        CHECK_OK(mha_cache_create(&c, L, 1, 8, dt ? MHA_CACHE_I8 : MHA_CACHE_F32, 0));
+        if (!c) continue;
+        CHECK_OK(mha_cache_append(c, k, v, 2, NULL));
+        if (dt) {
+            CHECK_STATUS(mha_cache_attend(c, z, q, 1, NULL, 0), MHA_E_NONFINITE);
+            CHECK_ERROR_MENTIONS("this cache's int8 keys sum q times codes up to 127 before their block scale");
+        } else { /* the fp32 cache holds these products: every value is 0.5 */
+            CHECK_OK(mha_cache_attend(c, z, q, 1, NULL, 0));
+            CHECK(fabsf(z[0] - 0.5f) < 1e-6f && fabsf(z[H * DK - 1] - 0.5f) < 1e-6f);
+        }
+        mha_cache_free(c);
+    }
+    mha_layer_free(L);
+}
+
+/* The same rule in the cached forward: q = 1e37 from x's dim 0, keys
+ * 1e-33 from dim 1 (scores 4e3 at scale 1/sqrt(4)... within the limit):
+ * an int8 K refuses the step, nothing appended; an fp32 K computes it. */
+static void test_cached_forward_q8_query_limit(void) {
+    mha_config cfg = mha_config_default(DM, H);
+    cfg.n_kv_heads = HKV, cfg.bias = 0;
+    float wq[DM * H * DK] = {0}, wk[DM * HKV * DK] = {0}, wv[DM * HKV * DK] = {0}, wo[H * DK * DM] = {0};
+    for (int j = 0; j < H * DK; j++) wq[j] = 1.0f;                       /* row 0: q = x0 */
+    for (int j = 0; j < HKV * DK; j++) wk[1 * HKV * DK + j] = 1.0f; /* row 1: k = x1 */
+    for (int j = 0; j < HKV * DK; j++) wv[2 * HKV * DK + j] = 1.0f;       /* row 2: v = x2 */
+    for (int i = 0; i < H * DK && i < DM; i++) wo[i * DM + i] = 1.0f;
+    const mha_weights w = {.w_q = wq, .w_k = wk, .w_v = wv, .w_o = wo};
+    mha_layer *L = NULL;
+    CHECK_OK(mha_layer_create(&L, &cfg, &w));
+    float x[2 * DM] = {0}, y[2 * DM];
+    x[1] = 1e-33f, x[2] = 0.5f;                 /* token 0: a tiny key */
+    x[DM] = 1e37f, x[DM + 1] = 1e-33f, x[DM + 2] = 0.5f; /* token 1: a huge query */
+    for (int dt = 0; L && dt < 2; dt++) {
+        mha_cache *c = NULL;
+        CHECK_OK(mha_cache_create(&c, L, 1, 8, dt ? MHA_CACHE_I8 : MHA_CACHE_F32, 0));
+        if (!c) continue;
+        CHECK_OK(mha_forward_cached(L, c, y, NULL, x, 1, NULL, NULL));
+        const mha_status s = mha_forward_cached(L, c, y, NULL, x + DM, 1, NULL, NULL);
+        if (dt) {
+            CHECK_STATUS(s, MHA_E_NONFINITE);
+            CHECK_ERROR_MENTIONS("is beyond what this cache's int8 keys hold");
+            CHECK_INT(mha_cache_length(c, 0), 1);
+        } else {
+            CHECK_OK(s);
+            CHECK(fabsf(y[0] - 0.5f) < 1e-5f); /* z = v = 0.5 through W_O's identity */
+        }
+        mha_cache_free(c);
+    }
+    mha_layer_free(L);
+}
+
 static const test_case cases[] = {
     {"cache_edges_argument_errors", test_cache_argument_errors},
     {"cache_edges_attend_matches_oracle", test_cache_attend_matches_oracle},
     {"cache_edges_ring_window", test_cache_ring_window_edges},
+    {"cache_edges_attend_range", test_cache_attend_range},
+    {"cache_edges_forward_q8_query_limit", test_cached_forward_q8_query_limit},
 };
 
 const test_case *tests_cache_edges(size_t *count) {

@@ -393,6 +393,13 @@ void mha_cache_store(const mha_exec *ex, mha_cache *c, const float *k, const flo
 }
 
 double mha_cache_kmax_live(mha_cache *c, const mha_decode_kernels *kr, int b, int g) {
+    const double best = mha_cache_kmax_scan(c, kr, b, g);
+    float f = (float)best;
+    c->kmax[mha_cache_kv_index(c, b, g)] = f < best ? nextafterf(f, INFINITY) : f; /* still a bound */
+    return best;
+}
+
+double mha_cache_kmax_scan(const mha_cache *c, const mha_decode_kernels *kr, int b, int g) {
     const size_t kv = mha_cache_kv_index(c, b, g);
     double best = 0.0;
     enum { SPAN = 64 };
@@ -411,8 +418,6 @@ double mha_cache_kmax_live(mha_cache *c, const mha_decode_kernels *kr, int b, in
             if (sqrt(sq) > best) best = sqrt(sq);
         }
     }
-    float f = (float)best;
-    c->kmax[kv] = f < best ? nextafterf(f, INFINITY) : f; /* still a bound */
     return best;
 }
 
@@ -493,6 +498,35 @@ mha_status mha_cache_append(mha_cache *c, const float *k, const float *v, int T,
     return s;
 }
 
+/* The queries' scores within MHA_FAST_SCORE_LIMIT, as mha_forward_cached
+ * checks them: |q| times the largest key norm the cache holds times
+ * |scale| (the stored bound, else the live keys' norm scanned again); and
+ * |q| within what an int8 K's block sums hold. */
+static mha_status attend_scores_fit(const mha_cache *c, const mha_decode_kernels *kr, const float *q, const int *n,
+                                    const int *row0, float scale) {
+    const int n_rep = c->h / c->h_kv;
+    for (int b = 0; b < c->B; b++)
+        for (int g = 0; g < c->h_kv; g++) {
+            double qmax = 0.0; /* largest |q| of the kv group's query rows */
+            for (int t = 0; t < n[b]; t++)
+                for (int r = g * n_rep; r < (g + 1) * n_rep; r++)
+                    qmax = fmax(qmax, sqrt(mha_sum_squares(q + ((size_t)row0[b] + t) * c->h * c->d_k +
+                                                           (size_t)r * c->d_k, c->d_k)));
+            if (!(qmax <= mha_cache_q8_query_limit(c)))
+                return mha_fail(MHA_E_NONFINITE, "mha_cache_attend: a query of sequence %d kv head %d has norm %.3g; "
+                                "this cache's int8 keys sum q times codes up to 127 before their block scale, which fp32 "
+                                "holds for norms up to %.3g; expected smaller queries, or an fp16 / fp32 K", b, g,
+                                qmax, mha_cache_q8_query_limit(c));
+            double bound = qmax * c->kmax[mha_cache_kv_index(c, b, g)] * fabs(scale);
+            if (!(bound <= MHA_FAST_SCORE_LIMIT)) bound = qmax * mha_cache_kmax_scan(c, kr, b, g) * fabs(scale);
+            if (!(bound <= MHA_FAST_SCORE_LIMIT))
+                return mha_fail(MHA_E_NONFINITE, "mha_cache_attend: scores of sequence %d kv head %d may reach %.3g, "
+                                "beyond the %g its fp32 softmax keeps accurate; expected smaller q, keys or scale", b, g,
+                                bound, MHA_FAST_SCORE_LIMIT);
+        }
+    return MHA_OK;
+}
+
 mha_status mha_cache_attend(const mha_cache *c, float *z, const float *q, int T, const int *n_new,
                             float scale) {
     if (!c || !z || !q)
@@ -515,8 +549,10 @@ mha_status mha_cache_attend(const mha_cache *c, float *z, const float *q, int T,
     }
     mha_exec ex;
     if (!s) s = mha_exec_resolve(&ex, NULL);
+    const float sc = scale != 0.0f ? scale : 1.0f / sqrtf((float)c->d_k);
+    if (!s) s = attend_scores_fit(c, mha_exec_decode(&ex), q, n, n + c->B, sc);
     if (!s) {
-        mha_decode_opts o = {.scale = scale != 0.0f ? scale : 1.0f / sqrtf((float)c->d_k), .left = -1};
+        mha_decode_opts o = {.scale = sc, .left = -1};
         s = mha_decode_attend(&ex, z, NULL, c, q, n + c->B, 0, n, &o);
     }
     free(n);

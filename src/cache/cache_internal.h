@@ -6,6 +6,7 @@
 #ifndef MHA_CACHE_INTERNAL_H
 #define MHA_CACHE_INTERNAL_H
 
+#include <float.h>
 #include <limits.h>
 #include <math.h>
 
@@ -126,6 +127,8 @@ static inline int mha_cache_q8_overflows(mha_cache_dtype dt, double m) {
  * a refusal that kmax alone would make. Every live key counts, not only
  * the window's: a truncate may bring a stored key back into the window. */
 double mha_cache_kmax_live(mha_cache *c, const mha_decode_kernels *kr, int b, int g);
+/* The same norm without storing it (a reader's, e.g. mha_cache_attend). */
+double mha_cache_kmax_scan(const mha_cache *c, const mha_decode_kernels *kr, int b, int g);
 
 /* Slots of the ring that the positions past the sink tokens share. */
 static inline int mha_cache_ring(const mha_cache *c) { return c->cap - c->n_sink; }
@@ -180,6 +183,15 @@ static inline int mha_cache_attends(const mha_cache *c, int pj, int first, int p
  * of its sequence's keys (so it attends each of them). */
 static inline int mha_cache_query_position(const mha_cache *c, int b, int n, int i) {
     return c->cross ? c->len[b] - 1 : c->len[b] - n + i;
+}
+
+/* The largest query norm an int8 K lets through: its decode kernels sum
+ * q . codes over a block of MHA_Q8_BLOCK dims (codes up to 127) before the
+ * block's scale, a sum fp32 must hold whatever the scale (tiny keys give
+ * tiny scales: the score's bound cannot see it); INFINITY for other K. */
+static inline double mha_cache_q8_query_limit(const mha_cache *c) {
+    const int w = c->d_k < MHA_Q8_BLOCK ? c->d_k : MHA_Q8_BLOCK;
+    return c->kt == MHA_CACHE_I8 ? FLT_MAX / (2.0 * 127.0 * sqrt((double)w)) : INFINITY;
 }
 
 /* The position slot s of sequence b was stored with. */

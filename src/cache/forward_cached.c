@@ -347,8 +347,8 @@ static int scores_fit(const cached_plan *p, const mha_cache *c, int b, int g, do
     for (int i = 0; i < p->n[b] * n_rep; i++) {
         const int t = i / n_rep, r = g * n_rep + i % n_rep;
         const float *qr = p->q + ((size_t)p->row0[b] + t) * c->h * c->d_k + (size_t)r * c->d_k;
-        const double bound = sqrt(mha_sum_squares(qr, c->d_k)) * kmax * fabs(scale);
-        if (!(bound <= MHA_FAST_SCORE_LIMIT)) {
+        const double qn = sqrt(mha_sum_squares(qr, c->d_k)), bound = qn * kmax * fabs(scale);
+        if (!(bound <= MHA_FAST_SCORE_LIMIT) || !(qn <= mha_cache_q8_query_limit(c))) {
             *bad = (score_excess){r, t, bound};
             return 0;
         }
@@ -401,6 +401,11 @@ static mha_status check_range(const mha_exec *ex, const cached_plan *p, mha_cach
             if (scores_fit(p, c, b, g, kmax, scale, &bad)) continue;
             /* kmax only grows: the keys the cache still holds may be smaller */
             const double live = fmax(mha_cache_kmax_live(c, mha_exec_decode(ex), b, g), knew);
+            if (!scores_fit(p, c, b, g, live, scale, &bad) && bad.bound <= MHA_FAST_SCORE_LIMIT)
+                return mha_fail(MHA_E_NONFINITE, "mha_forward_cached: the query of sequence %d head %d at new token %d "
+                                "is beyond what this cache's int8 keys hold (their block sums of q times codes up to "
+                                "127 overflow fp32 past a norm of %.3g); nothing was appended; expected smaller "
+                                "queries, or an fp16 / fp32 K", b, bad.r, bad.t, mha_cache_q8_query_limit(c));
             if (!scores_fit(p, c, b, g, live, scale, &bad))
                 return mha_fail(MHA_E_NONFINITE, "mha_forward_cached: scores of sequence %d head %d may reach "
                                 "%.3g at new token %d, beyond the %g its fp32 softmax keeps accurate; "
