@@ -472,11 +472,15 @@ class Layer(COwner):
                 keep.append(a)
                 setattr(o, field, a.ctypes.data_as(ctypes.POINTER(ctypes.c_int)))
         if cu_seqlens is not None:  # packed sequences: boundaries 0 = cu[0] < ... < cu[n] = T
-            n = np.size(cu_seqlens)
-            if np.ndim(cu_seqlens) != 1 or n < 2:
-                raise ShapeError(f"cu_seqlens is {np.asarray(cu_seqlens).tolist()!r}; expected n + 1 >= 2 "
+            # a list's elements are judged one by one by ints(); anything else is made an array
+            # first: np.size of a torch tensor (FlashAttention's int32 cu_seqlens) is its .size method
+            seq = list(cu_seqlens) if isinstance(cu_seqlens, (list, tuple)) else host("cu_seqlens", cu_seqlens)
+            n = len(seq) if isinstance(seq, list) else seq.size
+            if (not isinstance(seq, list) and seq.ndim != 1) or n < 2:
+                shown = seq if isinstance(seq, list) else seq.tolist()
+                raise ShapeError(f"cu_seqlens is {shown!r}; expected n + 1 >= 2 "
                                  f"boundaries 0 = cu[0] < ... < cu[n] = T={T}")
-            a = ints("cu_seqlens", cu_seqlens, n)
+            a = ints("cu_seqlens", seq, n)
             keep.append(a)
             o.cu_seqlens, o.n_seqs = a, n - 1
         return o
@@ -538,8 +542,9 @@ class Layer(COwner):
         bf16_matmul (True: the projections multiply bf16-rounded inputs,
         AMX tiles where the CPU has them; needs convert_weights("bf16")),
         cu_seqlens (packed sequences, FlashAttention's varlen: n + 1 ints
-        0 = cu[0] < ... < cu[n] = T; rows cu[s]..cu[s+1]-1 of every batch
-        row attend only each other; self-attention).
+        0 = cu[0] < ... < cu[n] = T, a list, an integer numpy array or a CPU
+        integer torch tensor; rows cu[s]..cu[s+1]-1 of every batch row
+        attend only each other; self-attention).
         capture: names among 'z' (B,T,h*d_v), 'contributions' (h,B,T,d_model),
         'probs' (B,h,T,S_total), or True for all; with it, returns (y, dict).
         """

@@ -92,3 +92,25 @@ def test_attention_module_gradients_are_the_sums_of_the_sequences():
     for i, (a, b) in enumerate(zip(packed, parts)):
         err = (a - b).abs().max().item() / max(b.abs().max().item(), 1e-30)
         assert err <= 1e-5, f"tensor {i}: packed vs one by one {err:.3g}"
+
+
+@pytest.mark.skipif(torch is None, reason=TORCH_SKIP_REASON or "torch")
+def test_torch_tensor_boundaries_as_flash_attention_passes_them():
+    """FlashAttention's varlen API takes cu_seqlens as an int32 tensor: Layer.forward and
+    nn.Attention take one (np.size of a tensor is its .size method: a TypeError comparing a
+    method with 2 before); float or 2-D tensors and nested lists are refused naming cu_seqlens."""
+    layer = random_layer(2, d_model=16, n_heads=2)
+    x = np.random.default_rng(5).standard_normal((2, CU[-1], 16)).astype(np.float32)
+    want = layer.forward(x, causal=True, cu_seqlens=CU)
+    for dtype in (torch.int32, torch.int64):
+        got = layer.forward(x, causal=True, cu_seqlens=torch.tensor(CU, dtype=dtype))
+        assert np.array_equal(got, want)
+    att = mha.nn.Attention(16, 2)
+    xt = torch.from_numpy(x).requires_grad_()
+    y = att(xt, causal=True, cu_seqlens=torch.tensor(CU, dtype=torch.int32))
+    assert torch.equal(y, att(xt, causal=True, cu_seqlens=CU))
+    for bad, says in ((torch.tensor([0.0, 20.0]), "expected 2 integers"),
+                      (torch.tensor([[0, 20]]), "expected n \\+ 1 >= 2 boundaries"),
+                      ([[0, 5], [20]], r"cu_seqlens\[0\]=\[0, 5\] is a list")):
+        with pytest.raises((mha.ShapeError, mha.ArgumentError), match=says):
+            layer.forward(x, cu_seqlens=bad)
