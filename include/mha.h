@@ -1056,7 +1056,10 @@ MHA_API mha_status mha_cache_create_cross(mha_cache **out, const mha_layer *laye
  * layer's W_K, W_V and biases (clip_qkv and the key norm as its forward
  * applies them) and stores sequence b's first s_len[b] rows (s_len NULL:
  * all S; 1 <= s_len[b] <= S <= capacity), replacing what the memory held
- * and adopting the layer's K/V head labels. Errors leave it as it was.
+ * and adopting the layer's K/V head labels. Errors leave it as it was; a
+ * non-finite kv element, or a row whose K or V the storage cannot hold
+ * (fp32 overflow, float16's 65520, V beyond FLT_MAX / (capacity + 2)), is
+ * MHA_E_NONFINITE naming its sequence and memory row.
  * The projections run in fp32 (options.bf16_matmul of later calls rounds
  * their queries' inputs only). */
 MHA_API mha_status mha_cache_set_memory(mha_cache *cache, const mha_layer *layer, const float *kv,

@@ -209,6 +209,20 @@ static void test_cross_refusals(void) {
         if (fresh) CHECK_OK(mha_forward_cached(L, fresh, yr, NULL, x, T, NULL, NULL));
         CHECK(memcmp(y2, yr, sizeof(float) * B * T * 32) == 0);
         mha_cache_free(fresh), free(kr), free(yr);
+        /* a finite memory row whose projection the storage cannot hold: refused naming that row */
+        float *big = naive_alloc_floats((size_t)B * S * 32);
+        memcpy(big, kv, sizeof(float) * B * S * 32);
+        big[(1 * S + 2) * 32 + 5] = 3e38f; /* V about 1e38: beyond FLT_MAX / (capacity + 2) */
+        CHECK_STATUS(mha_cache_set_memory(c, L, big, NULL, S, NULL), MHA_E_NONFINITE);
+        CHECK_ERROR_MENTIONS("(sequence 1, memory row 2, kv head");
+        mha_cache *half = NULL;
+        CHECK_OK(mha_cache_create_cross(&half, L, B, S, MHA_CACHE_F16, MHA_CACHE_F16));
+        big[(1 * S + 2) * 32 + 5] = 0.0f, big[(2 * S + 6) * 32 + 1] = 1e6f; /* K beyond float16's 65520 */
+        if (half) CHECK_STATUS(mha_cache_set_memory(half, L, big, NULL, S, NULL), MHA_E_NONFINITE);
+        CHECK_ERROR_MENTIONS("K at sequence 2, memory row 6, kv head");
+        CHECK_OK(mha_forward_cached(L, c, y, NULL, x, T, NULL, NULL));
+        CHECK(memcmp(y, y2, sizeof(float) * B * T * 32) == 0); /* the refusals kept the memory */
+        mha_cache_free(half), free(big);
     }
     /* layers whose scores need positions */
     mha_layer *R = NULL;

@@ -14,6 +14,7 @@
  * h_kv kv heads, d_k, d_v. */
 #include <float.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -81,24 +82,45 @@ static mha_status transform(const memory_rows *m, const mha_layer *L, const mha_
     return MHA_OK;
 }
 
+/* Where element i of the packed K (side 0) or V (side 1) lies, written
+ * as "sequence b, memory row j, kv head g" into buf: the refusals below
+ * name the row of kv to look at. */
+static const char *locate(char *buf, size_t size, const memory_rows *m, const mha_cache *c, size_t i, int side) {
+    const int d = side ? c->d_v : c->d_k;
+    const size_t width = (size_t)c->h_kv * d, r = i / width;
+    int b = 0;
+    while (b + 1 < c->B && (size_t)m->row0[b + 1] <= r) b++;
+    snprintf(buf, size, "sequence %d, memory row %d, kv head %d", b, (int)(r - (size_t)m->row0[b]),
+             (int)((i % width) / (size_t)d));
+    return buf;
+}
+
 /* K and V within what their storage types hold, and V's weighted sums
  * within fp32 (as mha_forward_cached checks its new rows). */
 static mha_status check_range(const memory_rows *m, const mha_cache *c) {
     const size_t nk = (size_t)m->N * c->h_kv * c->d_k, nv = (size_t)m->N * c->h_kv * c->d_v;
     double kabs = 0.0, vmax = 0.0;
-    for (size_t i = 0; i < nk; i++) kabs = fabs(m->k[i]) > kabs || isnan(m->k[i]) ? fabs(m->k[i]) : kabs;
-    for (size_t i = 0; i < nv; i++) vmax = fabs(m->v[i]) > vmax || isnan(m->v[i]) ? fabs(m->v[i]) : vmax;
-    if (!(kabs <= FLT_MAX) || !(vmax <= FLT_MAX))
-        return mha_fail(MHA_E_NONFINITE, "mha_cache_set_memory: the projected %s overflowed fp32; nothing was "
-                        "stored; expected kv rows whose projections stay finite", !(kabs <= FLT_MAX) ? "K" : "V");
-    if (mha_cache_f16_overflows(c->kt, kabs) || mha_cache_f16_overflows(c->vt, vmax) ||
-        mha_cache_q8_overflows(c->kt, kabs) || mha_cache_q8_overflows(c->vt, vmax))
+    size_t ki = 0, vi = 0; /* where each is reached (the first NaN counts as the largest) */
+    for (size_t i = 0; i < nk && !isnan(kabs); i++)
+        if (fabs(m->k[i]) > kabs || isnan(m->k[i])) kabs = fabs(m->k[i]), ki = i;
+    for (size_t i = 0; i < nv && !isnan(vmax); i++)
+        if (fabs(m->v[i]) > vmax || isnan(m->v[i])) vmax = fabs(m->v[i]), vi = i;
+    char at[96];
+    if (!(kabs <= FLT_MAX) || !(vmax <= FLT_MAX)) {
+        const int side = !(kabs <= FLT_MAX) ? 0 : 1;
+        return mha_fail(MHA_E_NONFINITE, "mha_cache_set_memory: the projected %s overflowed fp32 (%s); nothing was "
+                        "stored; expected kv rows whose projections stay finite", side ? "V" : "K",
+                        locate(at, sizeof at, m, c, side ? vi : ki, side));
+    }
+    const int k_over = mha_cache_f16_overflows(c->kt, kabs) || mha_cache_q8_overflows(c->kt, kabs);
+    if (k_over || mha_cache_f16_overflows(c->vt, vmax) || mha_cache_q8_overflows(c->vt, vmax))
         return mha_fail(MHA_E_NONFINITE, "mha_cache_set_memory: K reaches %g and V %g, beyond what this cache's "
-                        "storage holds (float16: below 65520); nothing was stored; expected smaller memory rows, "
-                        "or an fp32 cache", kabs, vmax);
+                        "storage holds (float16: below 65520), %s at %s; nothing was stored; expected smaller "
+                        "memory rows, or an fp32 cache", kabs, vmax, k_over ? "K" : "V",
+                        locate(at, sizeof at, m, c, k_over ? ki : vi, !k_over));
     if (!(vmax <= FLT_MAX / (c->cap + 2.0)))
-        return mha_fail(MHA_E_NONFINITE, "mha_cache_set_memory: V reaches %g, beyond the fp32 range its weighted "
-                        "sums need; nothing was stored", vmax);
+        return mha_fail(MHA_E_NONFINITE, "mha_cache_set_memory: V reaches %g (%s), beyond the fp32 range its "
+                        "weighted sums need; nothing was stored", vmax, locate(at, sizeof at, m, c, vi, 1));
     return MHA_OK;
 }
 
