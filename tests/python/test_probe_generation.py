@@ -612,6 +612,13 @@ def test_cross_clone_reorder_and_threads():
     cl2 = cl.copy()
     cl.close()
     assert np.array_equal(cl2.forward(layer, x[[2, 2, 1]]), y2)
+    permuted = mha.Layer(**layer.config)  # a permuted layer reads a permuted copy's memory
+    permuted.set_weights(layer.weights())
+    permuted.permute_heads([2, 3, 0, 1])
+    cl3 = cl2.copy()
+    cl3.permute_heads([2, 3, 0, 1])
+    assert rel(cl3.forward(permuted, x[[2, 2, 1]]), y2) < 1e-5
+    assert np.array_equal(cl2.forward(layer, x[[2, 2, 1]]), y2)
     # two threads, one layer, two caches
     caches = [cache.copy() for _ in range(2)]
     want = cache.forward(layer, x)
@@ -760,15 +767,19 @@ def test_packed_every_kernel_set_every_variant(kernels_set, monkeypatch):
 
 @pytest.mark.parametrize("scaling", ["dynamic", "longrope"])
 def test_packed_call_length_rope_with_restarting_positions(scaling):
-    """Equal sequences past L: the call's length is each sequence's, so packed = alone."""
+    """Equal sequences with positions restarting: the call's length is each sequence's, so packed =
+    alone; the row's absolute positions give another length, and other numbers (docs/VARIANTS.md)."""
     rng = np.random.default_rng(9700)
     rope = {"pairing": "halves", "scaling": scaling, "factor": 4.0, "original_max_positions": 6}
     if scaling == "longrope":
         rope.update(short_factor=[1.0, 1.5, 2.0, 3.0], long_factor=[2.0, 3.0, 5.0, 8.0])
     layer = random_layer(rng, d_model=16, n_heads=2, rope=rope)
-    cu = [0, 11, 22, 33]
-    x = rng.standard_normal((2, 33, 16)).astype(np.float32)
-    pos = np.stack([restarting(cu, 33)] * 2)
+    # dynamic: sequences past L (the base follows the call's length); LongRoPE: sequences within L
+    # (short factors), which the whole row's absolute positions would take past L (long ones)
+    n = 11 if scaling == "dynamic" else 5
+    cu = [0, n, 2 * n, 3 * n]
+    x = rng.standard_normal((2, 3 * n, 16)).astype(np.float32)
+    pos = np.stack([restarting(cu, 3 * n)] * 2)
     for path in ("reference", "fast"):
         y = layer.forward(x, causal=True, cu_seqlens=cu, positions=pos, path=path)
         for a, e in zip(cu[:-1], cu[1:]):
@@ -776,6 +787,8 @@ def test_packed_call_length_rope_with_restarting_positions(scaling):
             err = rel(y[:, a:e], ya)
             note(f"packed {scaling}", err)
             assert err < 2e-5
+        absolute = layer.forward(x, causal=True, cu_seqlens=cu, path=path)  # the call's length is then 3n
+        assert rel(absolute[:, n:], y[:, n:]) > 1e-3
 
 
 def torch_oracle_y(x, Wq, Wk, Wv, Wo, bq, bk, bv, bo, sinks, allow, h, g, softcap):
