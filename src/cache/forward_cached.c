@@ -401,15 +401,16 @@ static mha_status check_range(const mha_exec *ex, const cached_plan *p, mha_cach
             if (scores_fit(p, c, b, g, kmax, scale, &bad)) continue;
             /* kmax only grows: the keys the cache still holds may be smaller */
             const double live = fmax(mha_cache_kmax_live(c, mha_exec_decode(ex), b, g), knew);
-            if (!scores_fit(p, c, b, g, live, scale, &bad) && bad.bound <= MHA_FAST_SCORE_LIMIT)
+            if (scores_fit(p, c, b, g, live, scale, &bad)) continue;
+            const char *kept = c->cross ? "the memory is unchanged" : "nothing was appended";
+            if (bad.bound <= MHA_FAST_SCORE_LIMIT) /* the score fits: the query's norm is what an int8 K cannot hold */
                 return mha_fail(MHA_E_NONFINITE, "mha_forward_cached: the query of sequence %d head %d at new token %d "
                                 "is beyond what this cache's int8 keys hold (their block sums of q times codes up to "
-                                "127 overflow fp32 past a norm of %.3g); nothing was appended; expected smaller "
-                                "queries, or an fp16 / fp32 K", b, bad.r, bad.t, mha_cache_q8_query_limit(c));
-            if (!scores_fit(p, c, b, g, live, scale, &bad))
-                return mha_fail(MHA_E_NONFINITE, "mha_forward_cached: scores of sequence %d head %d may reach "
-                                "%.3g at new token %d, beyond the %g its fp32 softmax keeps accurate; "
-                                "nothing was appended", b, bad.r, bad.bound, bad.t, MHA_FAST_SCORE_LIMIT);
+                                "127 overflow fp32 past a norm of %.3g); %s; expected smaller queries, or an fp16 / "
+                                "fp32 K", b, bad.r, bad.t, mha_cache_q8_query_limit(c), kept);
+            return mha_fail(MHA_E_NONFINITE, "mha_forward_cached: scores of sequence %d head %d may reach %.3g at new "
+                            "token %d, beyond the %g its fp32 softmax keeps accurate; %s", b, bad.r, bad.bound, bad.t,
+                            MHA_FAST_SCORE_LIMIT, kept);
         }
     return MHA_OK;
 }
