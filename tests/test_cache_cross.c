@@ -174,6 +174,9 @@ static void test_cross_refusals(void) {
     if (c && self) {
         CHECK_STATUS(mha_forward_cached(L, c, y, NULL, x, T, NULL, NULL), MHA_E_ARG);
         CHECK_ERROR_MENTIONS("sequence 0 of the cross-attention memory is empty");
+        float q0[B * 4 * 8] = {0}, z0[B * 4 * 8];
+        CHECK_STATUS(mha_cache_attend(c, z0, q0, 1, NULL, 0.0f), MHA_E_ARG);
+        CHECK_ERROR_MENTIONS("holds 0 tokens; expected mha_cache_set_memory first");
         CHECK_STATUS(mha_cache_set_memory(self, L, kv, NULL, S, NULL), MHA_E_ARG);
         CHECK_ERROR_MENTIONS("expected one made by mha_cache_create_cross");
         CHECK_STATUS(mha_cache_set_memory(c, L, kv, NULL, S + 1, NULL), MHA_E_ARG);

@@ -541,8 +541,8 @@ mha_status mha_cache_attend(const mha_cache *c, float *z, const float *q, int T,
         int need = c->window ? first - (c->window - 1) : 0;
         if (need < c->n_sink) need = c->n_sink; /* never evicted */
         if (first < 0)
-            s = mha_fail(MHA_E_ARG, "mha_cache_attend: n_new[%d]=%d but sequence %d holds %d tokens; "
-                         "append the queries' keys first", b, n[b], b, c->len[b]);
+            s = mha_fail(MHA_E_ARG, "mha_cache_attend: n_new[%d]=%d but sequence %d holds %d tokens; %s", b, n[b], b,
+                         c->len[b], c->cross ? "expected mha_cache_set_memory first" : "append the queries' keys first");
         else if ((need > 0 ? need : 0) < c->lo[b])
             s = mha_fail(MHA_E_ARG, "mha_cache_attend: the first of %d queries of sequence %d needs "
                          "position %d, already overwritten in the ring", n[b], b, need);
