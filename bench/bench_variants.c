@@ -96,8 +96,9 @@ static int run_forward(const call_args *a, int v) {
 static int run_backward(const call_args *a, int v) {
     const variant_set *s = a->s;
     mha_gradients g = a->grads;
-    if (v != 4) g.d_sinks = NULL;
-    if (v != 5) g.d_q_norm = g.d_k_norm = NULL;
+    const mha_config *c = mha_layer_config(s->L[v]); /* the gradients this variant's layer has */
+    if (!c->sinks) g.d_sinks = NULL;
+    if (!c->qk_norm) g.d_q_norm = g.d_k_norm = NULL;
     return mha_backward(s->L[v], &g, s->dy, s->x, NULL, a->c->B, a->c->T, a->c->T, &s->opt) == MHA_OK;
 }
 
