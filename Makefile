@@ -98,11 +98,12 @@ mpi:
 demo: $(BUILD)/mha
 	./$(BUILD)/mha demo
 
-test-c: $(BUILD)/test_mha $(BUILD)/mha
+test-c: $(BUILD)/test_mha $(BUILD)/mha $(BUILD)/bench_mha
 	./$(BUILD)/test_mha
 	sh tests/cli_test.sh ./$(BUILD)/mha
 	sh tests/io_cli_test.sh ./$(BUILD)/mha
 	sh tests/mpi_test.sh ./$(BUILD)
+	sh tests/bench_smoke.sh $(BUILD)
 
 # The C tests and the CLI suites under AddressSanitizer + UndefinedBehaviorSanitizer;
 # mha-mpi too (where mpicc exists) on mpi_test.sh's quick P=2 set, with
