@@ -245,3 +245,19 @@ def test_layer_load_warns_that_it_does_not_apply_config_json(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         mha_binding.Layer.load(path, n_heads=4)
+
+
+def test_layer_load_names_a_bad_file_before_the_config_beside_it(tmp_path):
+    """A malformed checkpoint with a config.json beside it is the loader's
+    to name (FormatError), in every config_json mode; the check of
+    config.json never reads the header in a way that raises first (before:
+    AttributeError from a header that is a JSON list)."""
+    import struct
+
+    import mha as mha_binding
+    (tmp_path / "config.json").write_text("{}")
+    for header in (b"[1,2]", b"5", b'{"a": 5}'):
+        (tmp_path / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header)
+        for mode in ("warn", "error", "ignore"):
+            with pytest.raises(mha_binding.FormatError, match="model.safetensors: header"):
+                mha_binding.Layer.load(tmp_path / "model.safetensors", n_heads=2, config_json=mode)
