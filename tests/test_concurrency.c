@@ -238,8 +238,74 @@ static void test_kernels_context(void) {
     mha_context_free(ctx);
 }
 
+/* The cache's readers at the same time on one cache: mha_cache_attend
+ * (two threads) and mha_cache_clone, each clone then decoding a token of
+ * its own (two threads); every result has the bits of the same call made
+ * alone beforehand, and the source is never written (its length stays). */
+typedef struct {
+    mha_cache *c;
+    const mha_layer *L;
+    const mha_context *ctx;
+    const float *q, *x; /* (B, 1, h*d_k) queries; (B, 1, D) a token */
+    float *out;         /* (B, 1, h*d_v) z, or (B, 1, D) y of the clone's step */
+    int clone, failed;
+} reader;
+
+static void *read_cache(void *arg) {
+    reader *r = arg;
+    for (int it = 0; it < 4 && !r->failed; it++) {
+        if (!r->clone) {
+            r->failed |= mha_cache_attend(r->c, r->out, r->q, 1, NULL, 0.0f) != MHA_OK;
+            continue;
+        }
+        mha_cache *copy = NULL;
+        r->failed |= mha_cache_clone(&copy, r->c) != MHA_OK;
+        if (copy) r->failed |= mha_forward_cached_ctx(r->ctx, r->L, copy, r->out, NULL, r->x, 1, NULL, NULL) != MHA_OK;
+        mha_cache_free(copy);
+    }
+    return NULL;
+}
+
+static void test_concurrency_cache_readers(void) {
+    naive_weights w;
+    mha_layer *L = make_layer(21, &w);
+    mha_context *ctx = NULL;
+    CHECK_OK(mha_context_create(&ctx));
+    CHECK_OK(mha_context_set_num_threads(ctx, 1));
+    uint64_t seed = 31;
+    const int hd = 4 * (D / 4);
+    float *x = naive_random_floats((size_t)B * T * D, &seed, -1, 1), *y = naive_alloc_floats((size_t)B * T * D);
+    float *q = naive_random_floats((size_t)B * hd, &seed, -1, 1), *tok = naive_random_floats((size_t)B * D, &seed, -1, 1);
+    mha_cache *c = NULL;
+    if (L) CHECK_OK(mha_cache_create(&c, L, B, T + 8, MHA_CACHE_I8, 0));
+    if (c) CHECK_OK(mha_forward_cached_ctx(ctx, L, c, y, NULL, x, T, NULL, NULL));
+    reader alone[N_THREADS], together[N_THREADS];
+    pthread_t th[N_THREADS];
+    for (int i = 0; c && i < N_THREADS; i++) {
+        const int clone = i % 2;
+        alone[i] = (reader){c, L, ctx, q, tok, naive_alloc_floats((size_t)B * (clone ? D : hd)), clone, 0};
+        together[i] = alone[i], together[i].out = naive_alloc_floats((size_t)B * (clone ? D : hd));
+        read_cache(&alone[i]);
+        CHECK(!alone[i].failed);
+    }
+    for (int i = 0; c && i < N_THREADS; i++) CHECK_INT(pthread_create(&th[i], NULL, read_cache, &together[i]), 0);
+    for (int i = 0; c && i < N_THREADS; i++) pthread_join(th[i], NULL);
+    for (int i = 0; c && i < N_THREADS; i++) {
+        const size_t n = (size_t)B * (together[i].clone ? D : hd);
+        CHECK(!together[i].failed);
+        if (memcmp(alone[i].out, together[i].out, sizeof(float) * n))
+            test_report(__FILE__, __LINE__, "reader %d (%s): results differ from the call made alone", i,
+                        together[i].clone ? "clone + step" : "attend");
+        free(alone[i].out), free(together[i].out);
+    }
+    for (int b = 0; c && b < B; b++) CHECK_INT(mha_cache_length(c, b), T); /* never written */
+    mha_cache_free(c), mha_context_free(ctx), mha_layer_free(L), naive_weights_free(&w);
+    free(x), free(y), free(q), free(tok);
+}
+
 static const test_case cases[] = {
     {"concurrency_one_layer", test_concurrency_one_layer},
+    {"concurrency_cache_readers", test_concurrency_cache_readers},
     {"concurrency_two_layers", test_concurrency_two_layers},
     {"kernels_env_every_path", test_kernels_env_every_path},
     {"kernels_context", test_kernels_context},
