@@ -32,6 +32,33 @@ static size_t slot_bytes(mha_cache_dtype kt, mha_cache_dtype vt, int d_k, int d_
 /* whole chunks: a kv head's chunks then form one contiguous stream */
 static size_t round_slots(int capacity) { return mha_round_up((size_t)capacity, MHA_DECODE_CHUNK); }
 
+/* Bytes of sequence b's storage in data (its h_kv kv heads are blocks
+ * b*h_kv .. b*h_kv + h_kv - 1 whatever the head permutation) and floats
+ * of its int8 scales: each sequence is one contiguous span of each. */
+static size_t row_data_bytes(const mha_cache *c) {
+    return (size_t)c->h_kv * c->slots * ((size_t)c->d_k * c->ek + (size_t)c->d_v * c->ev);
+}
+static size_t row_scale_floats(const mha_cache *c) {
+    return (size_t)c->h_kv * c->slots * (size_t)(c->nbk + c->nbv);
+}
+
+/* c's arrays for its shape (B, cap, slots, h_kv, types): K/V storage and
+ * scales zeroed (slots never written hold finite numbers, so a weight of
+ * exactly 0 on them, a masked key, contributes exactly 0; unwritten int8
+ * slots dequantize to 0), lengths, positions and key bounds zeroed, a
+ * workspace of its own. 0 when out of memory (mha_cache_free cleans up). */
+static int cache_arrays(mha_cache *c) {
+    const size_t rows = (size_t)c->B, hk = (size_t)c->h_kv;
+    c->data = mha_calloc_large(rows, row_data_bytes(c));
+    c->scales = c->nbk + c->nbv ? mha_calloc_large(rows, row_scale_floats(c) * sizeof(float)) : NULL;
+    c->len = calloc(rows, sizeof(int)), c->lo = calloc(rows, sizeof(int));
+    c->upos = calloc(rows * (size_t)c->cap, sizeof(int)), c->kmax = calloc(rows * hk, sizeof(float));
+    c->phys = malloc(sizeof(int) * hk), c->labels_k = malloc(sizeof(int) * hk), c->labels_v = malloc(sizeof(int) * hk);
+    c->ws = mha_workspace_create(); /* scratch is per cache, never shared */
+    return c->data && (!(c->nbk + c->nbv) || c->scales) && c->len && c->lo && c->upos && c->kmax && c->phys &&
+           c->labels_k && c->labels_v && c->ws;
+}
+
 size_t mha_cache_bytes_for_kv(const mha_config *cfg, int batch, int capacity, mha_cache_dtype k_dtype,
                               mha_cache_dtype v_dtype) {
     mha_config c;
@@ -102,21 +129,7 @@ static mha_status cache_create(mha_cache **out, const mha_layer *L, int batch, i
     c->cross = cross, c->d_kv_in = cf->d_kv_in, c->d_v_in = cf->d_v_in;
     c->nbk = kt == MHA_CACHE_I8 ? q8_blocks(cf->d_k) : 0;
     c->nbv = vt == MHA_CACHE_I8 ? q8_blocks(cf->d_v) : 0;
-    /* zeroed: slots never written hold finite numbers, so a weight of
-     * exactly 0 on them (masked keys) contributes exactly 0 */
-    c->data = mha_calloc_large(blocks * slots, (size_t)cf->d_k * c->ek + (size_t)cf->d_v * c->ev);
-    c->len = calloc((size_t)batch, sizeof(int));
-    c->lo = calloc((size_t)batch, sizeof(int));
-    c->upos = calloc((size_t)batch * capacity, sizeof(int));
-    c->phys = malloc(sizeof(int) * cf->n_kv_heads);
-    c->labels_k = malloc(sizeof(int) * cf->n_kv_heads);
-    c->labels_v = malloc(sizeof(int) * cf->n_kv_heads);
-    c->kmax = calloc(blocks, sizeof(float));
-    c->ws = mha_workspace_create();
-    if (c->nbk + c->nbv) /* zeroed as well: unwritten slots dequantize to 0 */
-        c->scales = mha_calloc_large(blocks * slots * (size_t)(c->nbk + c->nbv), sizeof(float));
-    if (!c->data || !c->len || !c->lo || !c->upos || !c->phys || !c->labels_k || !c->labels_v || !c->kmax || !c->ws ||
-        (c->nbk + c->nbv && !c->scales)) {
+    if (!cache_arrays(c)) {
         mha_cache_free(c);
         return mha_fail(MHA_E_NOMEM, "%s: no memory for %zu bytes of K/V", fn, blocks * slots * slot);
     }
@@ -225,16 +238,6 @@ mha_status mha_cache_permute_heads(mha_cache *c, const int *perm) {
 
 /* ---------------------------------------------------------- reorder */
 
-/* Bytes of sequence b's storage in data (its h_kv kv heads are blocks
- * b*h_kv .. b*h_kv + h_kv - 1 whatever the head permutation) and floats
- * of its int8 scales: each sequence is one contiguous span of each. */
-static size_t row_data_bytes(const mha_cache *c) {
-    return (size_t)c->h_kv * c->slots * ((size_t)c->d_k * c->ek + (size_t)c->d_v * c->ev);
-}
-static size_t row_scale_floats(const mha_cache *c) {
-    return (size_t)c->h_kv * c->slots * (size_t)(c->nbk + c->nbv);
-}
-
 /* Copies sequence `from`'s whole state (K/V, scales, slot positions, key
  * norms; not len / lo) from the arrays given to sequence `to` of c. */
 static void row_copy(mha_cache *c, int to, const char *data, const float *scales, const int *upos,
@@ -302,14 +305,7 @@ mha_status mha_cache_clone(mha_cache **out, const mha_cache *src) {
     if (!c) return mha_fail(MHA_E_NOMEM, "mha_cache_clone: no memory");
     *c = *src; /* the shape and settings; every array is the clone's own */
     const size_t rows = (size_t)src->B, blocks = rows * src->h_kv, hk = (size_t)src->h_kv;
-    c->data = mha_calloc_large(rows, row_data_bytes(src));
-    c->scales = src->scales ? mha_calloc_large(rows, row_scale_floats(src) * sizeof(float)) : NULL;
-    c->len = malloc(sizeof(int) * rows), c->lo = malloc(sizeof(int) * rows);
-    c->upos = malloc(sizeof(int) * rows * src->cap), c->kmax = malloc(sizeof(float) * blocks);
-    c->phys = malloc(sizeof(int) * hk), c->labels_k = malloc(sizeof(int) * hk), c->labels_v = malloc(sizeof(int) * hk);
-    c->ws = mha_workspace_create(); /* scratch is per cache, never shared */
-    if (!c->data || (src->scales && !c->scales) || !c->len || !c->lo || !c->upos || !c->kmax || !c->phys ||
-        !c->labels_k || !c->labels_v || !c->ws) {
+    if (!cache_arrays(c)) {
         mha_cache_free(c);
         return mha_fail(MHA_E_NOMEM, "mha_cache_clone: no memory for %zu bytes of K/V", mha_cache_bytes(src));
     }
