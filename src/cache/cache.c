@@ -494,31 +494,40 @@ mha_status mha_cache_append(mha_cache *c, const float *k, const float *v, int T,
     return s;
 }
 
-/* The queries' scores within MHA_FAST_SCORE_LIMIT, as mha_forward_cached
- * checks them: |q| times the largest key norm the cache holds times
- * |scale| (the stored bound, else the live keys' norm scanned again); and
- * |q| within what an int8 K's block sums hold. */
+int mha_cache_scores_fit(const mha_cache *c, const float *q, const int *row0, const int *n, int b, int g, double kmax,
+                         float scale, mha_score_excess *bad) {
+    const int n_rep = c->h / c->h_kv;
+    for (int i = 0; i < n[b] * n_rep; i++) {
+        const int t = i / n_rep, r = g * n_rep + i % n_rep;
+        const float *qr = q + ((size_t)row0[b] + t) * c->h * c->d_k + (size_t)r * c->d_k;
+        const double qn = sqrt(mha_sum_squares(qr, c->d_k)), bound = qn * kmax * fabs(scale);
+        if (!(bound <= MHA_FAST_SCORE_LIMIT) || !(qn <= mha_cache_q8_query_limit(c))) {
+            *bad = (mha_score_excess){r, t, qn, bound};
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* mha_cache_attend's queries under the range rule: the stored key bound
+ * first, else the live keys' norm scanned again without storing it (an
+ * attend only reads the cache). */
 static mha_status attend_scores_fit(const mha_cache *c, const mha_decode_kernels *kr, const float *q, const int *n,
                                     const int *row0, float scale) {
-    const int n_rep = c->h / c->h_kv;
     for (int b = 0; b < c->B; b++)
         for (int g = 0; g < c->h_kv; g++) {
-            double qmax = 0.0; /* largest |q| of the kv group's query rows */
-            for (int t = 0; t < n[b]; t++)
-                for (int r = g * n_rep; r < (g + 1) * n_rep; r++)
-                    qmax = fmax(qmax, sqrt(mha_sum_squares(q + ((size_t)row0[b] + t) * c->h * c->d_k +
-                                                           (size_t)r * c->d_k, c->d_k)));
-            if (!(qmax <= mha_cache_q8_query_limit(c)))
+            mha_score_excess bad;
+            if (mha_cache_scores_fit(c, q, row0, n, b, g, c->kmax[mha_cache_kv_index(c, b, g)], scale, &bad) ||
+                mha_cache_scores_fit(c, q, row0, n, b, g, mha_cache_kmax_scan(c, kr, b, g), scale, &bad))
+                continue;
+            if (bad.bound <= MHA_FAST_SCORE_LIMIT) /* the score fits: the query's norm is what an int8 K cannot hold */
                 return mha_fail(MHA_E_NONFINITE, "mha_cache_attend: a query of sequence %d kv head %d has norm %.3g; "
-                                "this cache's int8 keys sum q times codes up to 127 before their block scale, which fp32 "
-                                "holds for norms up to %.3g; expected smaller queries, or an fp16 / fp32 K", b, g,
-                                qmax, mha_cache_q8_query_limit(c));
-            double bound = qmax * c->kmax[mha_cache_kv_index(c, b, g)] * fabs(scale);
-            if (!(bound <= MHA_FAST_SCORE_LIMIT)) bound = qmax * mha_cache_kmax_scan(c, kr, b, g) * fabs(scale);
-            if (!(bound <= MHA_FAST_SCORE_LIMIT))
-                return mha_fail(MHA_E_NONFINITE, "mha_cache_attend: scores of sequence %d kv head %d may reach %.3g, "
-                                "beyond the %g its fp32 softmax keeps accurate; expected smaller q, keys or scale", b, g,
-                                bound, MHA_FAST_SCORE_LIMIT);
+                                "this cache's int8 keys sum q times codes up to 127 before their block scale, which "
+                                "fp32 holds for norms up to %.3g; expected smaller queries, or an fp16 / fp32 K", b, g,
+                                bad.norm, mha_cache_q8_query_limit(c));
+            return mha_fail(MHA_E_NONFINITE, "mha_cache_attend: scores of sequence %d kv head %d may reach %.3g, beyond "
+                            "the %g its fp32 softmax keeps accurate; expected smaller q, keys or scale", b, g,
+                            bad.bound, MHA_FAST_SCORE_LIMIT);
         }
     return MHA_OK;
 }

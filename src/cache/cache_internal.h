@@ -239,6 +239,16 @@ mha_status mha_cache_check_room(const mha_cache *c, const int *n, const char *fn
 mha_status mha_decode_attend(const mha_exec *ex, float *z, float *stats, const mha_cache *c, const float *q,
                              const int *row0, int t0, const int *n, const mha_decode_opts *o);
 
+/* The range rule of attending over the cache ("Numbers" in mha.h): whether
+ * every query of sequence b reading kv head g (q (rows, h*d_k), its rows
+ * row0[b] .. + n[b]-1) keeps its scores' bound |q| kmax |scale| within
+ * MHA_FAST_SCORE_LIMIT and its norm within mha_cache_q8_query_limit; else
+ * *bad names the first that does not (head r, query t, its norm and
+ * bound). mha_forward_cached and mha_cache_attend both ask it. */
+typedef struct { int r, t; double norm, bound; } mha_score_excess;
+int mha_cache_scores_fit(const mha_cache *c, const float *q, const int *row0, const int *n, int b, int g, double kmax,
+                         float scale, mha_score_excess *bad);
+
 /* MHA_E_SHAPE unless the layer has the shape the cache was made for
  * (d_model, heads, d_k, d_v, d_kv_in, d_v_in); fn names the entry. */
 mha_status mha_cache_check_layer(const mha_cache *c, const mha_layer *L, const char *fn);

@@ -337,24 +337,6 @@ static mha_status transform_qk(const cached_plan *p, const mha_layer *L, const m
 // their storage type holds (float16: below 65520), and |scale q.k| within
 // MHA_FAST_SCORE_LIMIT over the cached keys, the new ones and bias_k
 
-/* Whether every new query of sequence b reading kv head g keeps its scores'
- * bound |q| kmax |scale| within the limit; else *bad names the first that
- * does not (head r, token t, its bound). */
-typedef struct { int r, t; double bound; } score_excess;
-static int scores_fit(const cached_plan *p, const mha_cache *c, int b, int g, double kmax, float scale,
-                      score_excess *bad) {
-    const int n_rep = c->h / c->h_kv;
-    for (int i = 0; i < p->n[b] * n_rep; i++) {
-        const int t = i / n_rep, r = g * n_rep + i % n_rep;
-        const float *qr = p->q + ((size_t)p->row0[b] + t) * c->h * c->d_k + (size_t)r * c->d_k;
-        const double qn = sqrt(mha_sum_squares(qr, c->d_k)), bound = qn * kmax * fabs(scale);
-        if (!(bound <= MHA_FAST_SCORE_LIMIT) || !(qn <= mha_cache_q8_query_limit(c))) {
-            *bad = (score_excess){r, t, bound};
-            return 0;
-        }
-    }
-    return 1;
-}
 
 /* Largest |element| of the new rows of sequence b, kv head g, in a
  * (N, h_kv, d) array. */
@@ -396,12 +378,12 @@ static mha_status check_range(const mha_exec *ex, const cached_plan *p, mha_cach
             if (!(vmax <= FLT_MAX / (c->cap + 2.0)))
                 return mha_fail(MHA_E_NONFINITE, "mha_forward_cached: V of sequence %d kv head %d reaches %g, "
                                 "beyond the fp32 range its weighted sums need; nothing was appended", b, g, vmax);
-            score_excess bad;
+            mha_score_excess bad;
             const double kmax = fmax(c->kmax[mha_cache_kv_index(c, b, g)], knew);
-            if (scores_fit(p, c, b, g, kmax, scale, &bad)) continue;
+            if (mha_cache_scores_fit(c, p->q, p->row0, p->n, b, g, kmax, scale, &bad)) continue;
             /* kmax only grows: the keys the cache still holds may be smaller */
             const double live = fmax(mha_cache_kmax_live(c, mha_exec_decode(ex), b, g), knew);
-            if (scores_fit(p, c, b, g, live, scale, &bad)) continue;
+            if (mha_cache_scores_fit(c, p->q, p->row0, p->n, b, g, live, scale, &bad)) continue;
             const char *kept = c->cross ? "the memory is unchanged" : "nothing was appended";
             if (bad.bound <= MHA_FAST_SCORE_LIMIT) /* the score fits: the query's norm is what an int8 K cannot hold */
                 return mha_fail(MHA_E_NONFINITE, "mha_forward_cached: the query of sequence %d head %d at new token %d "
