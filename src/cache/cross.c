@@ -68,11 +68,7 @@ static mha_status transform(const memory_rows *m, const mha_layer *L, const mha_
     if (f->qk_norm == MHA_QK_NORM_NONE) return MHA_OK;
     double *st = f->qk_norm_whole ? malloc(sizeof(double) * 2 * N) : NULL; /* (N, 2) */
     if (f->qk_norm_whole && !st) return mha_fail(MHA_E_NOMEM, "mha_cache_set_memory: no memory for %zu rows", N);
-    for (size_t i = 0; st && i < N; i++) {
-        double sum = 0.0, sq = 0.0;
-        for (size_t e = 0; e < wk; e++) sum += m->k[i * wk + e], sq += (double)m->k[i * wk + e] * m->k[i * wk + e];
-        mha_qk_norm_stats(st + 2 * i, f, sum, sq, (int)wk);
-    }
+    if (st) mha_qk_norm_rows_stats(st, m->k, N, wk, f, 1);
     for (int g = 0; g < c->h_kv; g++) {
         const float *nw = L->k_norm + (f->qk_norm_per_head ? (size_t)g * c->d_k : 0);
         const mha_head_rows hr = {m->k + (size_t)g * c->d_k, wk, 1};

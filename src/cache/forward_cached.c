@@ -315,13 +315,9 @@ static mha_status transform_qk(const cached_plan *p, const mha_layer *L, const m
     }
     for (int i = 0; temp && i < p->N; i++) temp[i] = (float)mha_query_temperature(f, p->pos[i]);
     const int sides = c->cross ? 1 : 2; /* q, and k unless a memory holds the keys */
-    for (int i = 0; st && i < sides * p->N; i++) { /* OLMo 2: each row's stats over all heads */
-        const int key = i >= p->N, width = (key ? c->h_kv : c->h) * c->d_k;
-        const float *x = (key ? p->k : p->q) + (size_t)(key ? i - p->N : i) * width;
-        double sum = 0.0, sq = 0.0;
-        for (int e = 0; e < width; e++) sum += x[e], sq += (double)x[e] * x[e];
-        mha_qk_norm_stats(st + 2 * (size_t)i, f, sum, sq, width);
-    }
+    for (int key = 0; st && key < sides; key++) /* OLMo 2: each row's stats over all heads */
+        mha_qk_norm_rows_stats(st + (key ? 2 * (size_t)p->N : 0), key ? p->k : p->q, (size_t)p->N,
+                               (size_t)(key ? c->h_kv : c->h) * c->d_k, f, 1);
     for (int r = 0; r < c->h + (sides - 1) * c->h_kv; r++) {
         const int key = r >= c->h, head = key ? r - c->h : r, width = key ? c->h_kv : c->h;
         const float *nw = !norm ? NULL : (key ? L->k_norm : L->q_norm) + (f->qk_norm_per_head ? (size_t)head * c->d_k : 0);

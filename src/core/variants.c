@@ -369,6 +369,18 @@ void mha_qk_norm_stats(double st[2], const mha_config *c, double sum, double sum
     st[0] = mean, st[1] = 1.0 / sqrt((var > 0.0 ? var : 0.0) + c->qk_norm_eps);
 }
 
+void mha_qk_norm_rows_stats(double *st, const float *m, size_t n, size_t w, const mha_config *c, int nt) {
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (long t = 0; t < (long)n; t++) {
+        double sum = 0.0, sq = 0.0;
+        for (size_t e = 0; e < w; e++) {
+            const double x = m[(size_t)t * w + e];
+            sum += x, sq += x * x;
+        }
+        mha_qk_norm_stats(st + 2 * t, c, sum, sq, (int)w);
+    }
+}
+
 /* x (d_k, stride st) <- norm(x) * w, accumulating in double; st2 (mean,
  * 1/sqrt(var + eps)) of the whole row when given (qk_norm_whole). */
 static void norm_row(float *x, size_t st, int d, const float *w, mha_qk_norm kind, float eps, const double *st2) {

@@ -88,6 +88,10 @@ void mha_qk_transform_double(double *m, const mha_config *c, int B, int n, int h
  * sum and sum of squares (RMS: mean 0, var = mean square): the statistics
  * of qk_norm_whole, one per token over all heads. */
 void mha_qk_norm_stats(double st[2], const mha_config *c, double sum, double sumsq, int width);
+/* st (n, 2) = mha_qk_norm_stats of each of n contiguous rows m (n, w),
+ * summed in double in index order (fast.c's whole_norm_stats takes the
+ * same sums from its panels); nt threads. */
+void mha_qk_norm_rows_stats(double *st, const float *m, size_t n, size_t w, const mha_config *c, int nt);
 
 /* In place on n rows of one head (d_k wide): norm with weight w (d_k;
  * NULL: no norm), RoPE with table rows tab_row[t] (NULL: rows 0..n-1)

@@ -15,20 +15,6 @@
 #include "forward/backward_fast.h"
 #include "core/variants.h"
 
-/* (mean, 1/sqrt(var + eps)) of each of n rows of width w (qk_norm_whole):
- * the sums in the order fast.c's whole_norm_stats takes them. */
-static void whole_stats(double *st, const float *m, size_t n, size_t w, const mha_config *c, int nt) {
-#pragma omp parallel for schedule(static) num_threads(nt)
-    for (long t = 0; t < (long)n; t++) {
-        double sum = 0.0, sq = 0.0;
-        for (size_t e = 0; e < w; e++) {
-            const double x = m[(size_t)t * w + e];
-            sum += x, sq += x * x;
-        }
-        mha_qk_norm_stats(st + 2 * t, c, sum, sq, (int)w);
-    }
-}
-
 /* One projection's rows m (B, n, heads*d_k) in place: norm with weights w
  * (NULL: none), RoPE with table rows rows_of (B*n; NULL: none), then each
  * row times temp (B*n; NULL: none; the queries' temperature). */
@@ -39,7 +25,7 @@ static mha_status transform(float *m, const mha_config *c, int B, int n, int hea
     double *st = w && c->qk_norm_whole ? malloc(sizeof(double) * 2 * nrows) : NULL; /* (B*n, 2) */
     if (w && c->qk_norm_whole && !st)
         return mha_fail(MHA_E_NOMEM, "fast backward: no memory for the q/k norm statistics (%zu rows)", nrows);
-    if (st) whole_stats(st, m, nrows, width, c, nt);
+    if (st) mha_qk_norm_rows_stats(st, m, nrows, width, c, nt);
 #pragma omp parallel for schedule(static) num_threads(nt)
     for (long u = 0; u < (long)B * heads; u++) {
         const int b = (int)(u / heads), r = (int)(u % heads);
