@@ -31,12 +31,6 @@ static double bound(const cross_case *cc) {
     return worst == MHA_CACHE_I8 ? 3e-2 : worst == MHA_CACHE_F16 ? 3e-3 : 2e-6;
 }
 
-static double rel_err_f(const float *got, const float *want, size_t n) {
-    double err = 0, big = 0;
-    for (size_t i = 0; i < n; i++) err = fmax(err, fabs((double)got[i] - want[i])), big = fmax(big, fabs(want[i]));
-    return err / (big + 1e-30);
-}
-
 static mha_layer *case_layer(const cross_case *cc, naive_weights *w) {
     mha_config c = naive_config(cc->D, cc->h, cc->h_kv, 8, 8, 1);
     c.d_kv_in = cc->d_kv_in, c.d_v_in = cc->d_v_in ? cc->d_v_in : cc->d_kv_in;
@@ -112,7 +106,7 @@ static void memory_matches_reference(const cross_case *cc) {
         mha_capture cz = {.z = zc};
         CHECK_OK(mha_forward_cached(L, c, y, &cz, x, T, NULL, NULL));
         CHECK_OK(mha_cache_attend(c, z, q, T, NULL, 0.0f));
-        CHECK(rel_err_f(z, zc, (size_t)B * T * wz) <= 1e-5);
+        CHECK(test_max_rel_diff(z, zc, (size_t)B * T * wz) <= 1e-5);
         free(q), free(z), free(zc);
     }
     /* the probabilities: memory column j is slot j, the extra keys at capacity, capacity+1 */

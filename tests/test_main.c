@@ -164,6 +164,13 @@ double test_max_abs_diff(const float *a, const float *b, size_t n) {
     return m;
 }
 
+double test_max_rel_diff(const float *got, const float *want, size_t n) {
+    double big = 0.0;
+    for (size_t i = 0; i < n; i++) big = fmax(big, fabs((double)want[i]));
+    const double err = test_max_abs_diff(got, want, n);
+    return big > 0.0 ? err / big : err == 0.0 ? 0.0 : INFINITY;
+}
+
 unsigned test_amd_family(void) {
 #if defined(__x86_64__) || defined(__i386__)
     unsigned a, b, c, d;

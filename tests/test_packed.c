@@ -59,12 +59,6 @@ static mha_options case_options(const packed_case *k) {
     return o;
 }
 
-static double rel_err(const float *got, const float *want, size_t n) {
-    double err = 0, big = 0;
-    for (size_t i = 0; i < n; i++) err = fmax(err, fabs((double)got[i] - want[i])), big = fmax(big, fabs(want[i]));
-    return err / (big + 1e-30);
-}
-
 /* Both paths with cu_seqlens against the reference with the hand mask;
  * and against each sequence run alone (positions restarting, as the
  * packed call is given them). */
@@ -92,7 +86,7 @@ static void packed_matches_hand_mask_and_alone(void) {
             for (int path = 0; path < 2; path++) {
                 o.path = path ? MHA_PATH_FAST : MHA_PATH_REFERENCE;
                 CHECK_OK(mha_forward(L, got, NULL, x, NULL, B, k->T, k->T, &o));
-                const double e = rel_err(got, want, ny);
+                const double e = test_max_rel_diff(got, want, ny);
                 if (!(e <= 2e-6))
                     test_report(__FILE__, __LINE__, "case %zu %s: %.3g from the hand mask (kernels=%s)", n,
                                 path ? "fast" : "reference", e, mha_kernels_get()->name);
@@ -106,13 +100,13 @@ static void packed_matches_hand_mask_and_alone(void) {
                     if (positioned) a.positions = pos + b * k->T + k->cu[s];
                     CHECK_OK(mha_forward(L, alone + at, NULL, x + at, NULL, 1, len, len, &a));
                 }
-            const double e = rel_err(got, alone, ny);
+            const double e = test_max_rel_diff(got, alone, ny);
             if (!(e <= 2e-6)) test_report(__FILE__, __LINE__, "case %zu: %.3g from the sequences run alone", n, e);
             /* mha_forward_lse: the same y, and each row's log-sum-exp that of its sequence alone */
             float *lse = naive_alloc_floats((size_t)B * H * k->T), *lse1 = naive_alloc_floats((size_t)B * H * k->T);
             o.path = MHA_PATH_AUTO;
             CHECK_OK(mha_forward_lse(L, got, NULL, lse, x, NULL, NULL, B, k->T, k->T, &o));
-            CHECK(rel_err(got, alone, ny) <= 2e-6);
+            CHECK(test_max_rel_diff(got, alone, ny) <= 2e-6);
             for (int b = 0; b < B; b++)
                 for (int s = 0; s < k->n; s++) {
                     const int len = k->cu[s + 1] - k->cu[s];
@@ -125,7 +119,7 @@ static void packed_matches_hand_mask_and_alone(void) {
                         for (int i = 0; i < len; i++)
                             lse1[((size_t)b * H + r) * k->T + k->cu[s] + i] = part[(size_t)r * len + i];
                 }
-            CHECK(rel_err(lse, lse1, (size_t)B * H * k->T) <= 2e-6);
+            CHECK(test_max_rel_diff(lse, lse1, (size_t)B * H * k->T) <= 2e-6);
             free(lse), free(lse1);
             if (k->n > 1) { /* the packing matters */
                 o.cu_seqlens = NULL, o.n_seqs = 0;
@@ -177,7 +171,7 @@ static void packed_backward_matches_hand_mask(void) {
             CHECK_ERROR_MENTIONS("cu_seqlens");
             mha_tape_free(tape);
             for (int v = 1; v < 4; v++) {
-                const double ex = rel_err(dx[v], dx[0], ny), ew = rel_err(dwq[v], dwq[0], (size_t)D * D);
+                const double ex = test_max_rel_diff(dx[v], dx[0], ny), ew = test_max_rel_diff(dwq[v], dwq[0], (size_t)D * D);
                 if (!(ex <= 1e-5 && ew <= 1e-5))
                     test_report(__FILE__, __LINE__, "case %zu %s: dx %.3g, dW_Q %.3g from the hand mask (kernels=%s)",
                                 n, v == 1 ? "reference" : v == 2 ? "fast" : "tape", ex, ew, mha_kernels_get()->name);

@@ -82,13 +82,7 @@ static void forward(const mha_layer *L, float *y, const float *x, int T, const i
     CHECK_OK(mha_forward(L, y, NULL, x, NULL, 2, T, T, &o));
 }
 
-static double max_rel(const float *a, const float *b, size_t n) {
-    double err = 0, big = 0;
-    for (size_t i = 0; i < n; i++) err = fmax(err, fabs((double)a[i] - b[i])), big = fmax(big, fabs((double)b[i]));
-    return err / big;
-}
-
-/* The worst max_rel over the reference and the fast path between layers
+/* The worst test_max_rel_diff over the reference and the fast path between layers
  * a and b of one shape (the same seeded weights) on one input (B 2, T
  * rows, positions pos or NULL; b's call takes scale_b); *path_out: the
  * path of the worst (1 fast). */
@@ -102,7 +96,7 @@ static double worst_of_paths(const mha_config *a, const mha_config *b, uint64_t 
         const mha_path pa = path ? MHA_PATH_FAST : MHA_PATH_REFERENCE;
         forward(La, ya, x, T, pos, pa, 0);
         forward(Lb, yb, x, T, pos, pa, scale_b);
-        const double e = max_rel(ya, yb, n);
+        const double e = test_max_rel_diff(ya, yb, n);
         if (!(e <= worst)) worst = e, *path_out = path;
     }
     free(x), free(ya), free(yb);
@@ -178,7 +172,7 @@ static void rope_scaling_fast_and_cache_vs_reference(void) {
             o.causal = 1;
             if (cache) CHECK_OK(mha_forward_cached(L, cache, yc, NULL, x, T, NULL, &o));
             mha_cache_free(cache);
-            const double ef = max_rel(yf, yr, n), ec = max_rel(yc, yr, n);
+            const double ef = test_max_rel_diff(yf, yr, n), ec = test_max_rel_diff(yc, yr, n);
             if (!(ef < 2e-6) || !(ec < 2e-6))
                 test_report(__FILE__, __LINE__, "%s T %d: fast %.3g, cache %.3g from the reference (kernels=%s)",
                             k < 2 ? "longrope" : "dynamic", T, ef, ec, mha_kernels_get()->name);

@@ -104,6 +104,9 @@ void test_report(const char *file, int line, const char *fmt, ...)
 
 /* Max |a - b| over n entries; NaN in either gives INFINITY. */
 double test_max_abs_diff(const float *a, const float *b, size_t n);
+/* test_max_abs_diff(got, want) / max |want| (INFINITY for a NaN, or for a
+ * difference from an all-zero want). */
+double test_max_rel_diff(const float *got, const float *want, size_t n);
 /* The CPU's family on AMD (CPUID leaf 1 with the extended family), 0 on
  * any other vendor: read here, independently of the library's probes. */
 unsigned test_amd_family(void);
