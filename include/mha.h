@@ -1099,6 +1099,19 @@ MHA_API mha_status mha_cache_reset(mha_cache *cache, int b);
  * to drop rejected speculative tokens. A windowed cache refuses to go back
  * so far that the window of the next token would need overwritten slots. */
 MHA_API mha_status mha_cache_truncate(mha_cache *cache, int b, int new_len);
+/* Tree speculative decoding (Medusa, EAGLE, SpecInfer): after a tree of
+ * draft tokens was verified in one mha_forward_cached call (a keep_mask
+ * over its new tokens, see there), keeps the accepted path. Positions
+ * first + keep[i] (i < n_keep; keep strictly increasing, each in 0 ..
+ * length - first - 1) of sequence b move to positions first + i with
+ * their keys, values, int8 scales and the positions they were stored with
+ * (RoPE is already in a stored key; ALiBi reads the stored position);
+ * every other position >= first is dropped: the length becomes first +
+ * n_keep. n_keep = 0 is mha_cache_truncate(cache, b, first). Refused
+ * (MHA_E_ARG, nothing moved): a cross-attention memory, positions >= first
+ * no longer stored (the window evicted them), or a length whose next
+ * token's window needs evicted slots (mha_cache_truncate's rule). */
+MHA_API mha_status mha_cache_compact(mha_cache *cache, int b, int first, const int *keep, int n_keep);
 /* Moves the cache's kv heads as mha_layer_permute_heads(layer, perm) moves
  * the layer's (perm: h entries, new head i = old head perm[i], groups kept
  * whole under GQA). O(h_kv): the storage is addressed through an index. */
@@ -1128,8 +1141,18 @@ MHA_API mha_status mha_cache_clone(mha_cache **out, const mha_cache *src);
  * opt (may be NULL): scale, window_left (combined with the cache window),
  * masked_row and interventions apply as in mha_forward (MEAN averages over
  * the new rows of this call); causal, align and window_right are implied
- * (ignored); keep_mask, additive_mask, key_keep and key_additive give
+ * (ignored); additive_mask, key_keep and key_additive give
  * MHA_E_UNSUPPORTED; path is ignored (one implementation, fp32).
+ * keep_mask (batch 1 or B, heads 1, T, T) masks the call's new tokens
+ * among themselves (tree attention, to verify a tree of draft tokens in
+ * one call): new token i attends new token j <= i only where
+ * mask[b][i][j] is nonzero; the tokens cached before the call stay visible
+ * to all (within the windows). Order the tree's tokens parents first: a
+ * nonzero entry above the diagonal (j > i) is MHA_E_ARG, naming it; rows
+ * and columns past n_new[b] are not read. Give each token its depth as
+ * its position (positions: base + depth) for RoPE / ALiBi, and keep the
+ * accepted path with mha_cache_compact. Refused on a cross-attention
+ * memory.
  * cap (may be NULL): z (B,T,h*d_v) and contributions (h,B,T,d_model) as in
  * mha_forward; probs (B,h,T,capacity+extra): column s is cache slot s
  * (= position s without a window), the add_bias_kv / add_zero_attn keys

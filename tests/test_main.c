@@ -50,6 +50,7 @@ static const test_area_fn areas[] = {
     tests_cache_edges,
     tests_cache_reorder,
     tests_cache_cross,
+    tests_cache_tree,
     tests_merge_edges,
     tests_lse_fast,
     tests_load_heads,

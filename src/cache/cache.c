@@ -196,29 +196,93 @@ mha_status mha_cache_reset(mha_cache *c, int b) {
     return MHA_OK;
 }
 
-mha_status mha_cache_truncate(mha_cache *c, int b, int new_len) {
-    if (!c) return mha_fail(MHA_E_ARG, "mha_cache_truncate: cache is NULL");
-    if (b < 0 || b >= c->B)
-        return mha_fail(MHA_E_ARG, "mha_cache_truncate: sequence %d; expected 0..%d", b, c->B - 1);
+/* MHA_OK when sequence b may be rolled back to new_len tokens (fn names
+ * the caller): the window of the next token (position new_len) needs keys
+ * from new_len - (W-1), which the ring must still hold. */
+static mha_status check_rollback(const mha_cache *c, int b, int new_len, const char *fn) {
+    if (b < 0 || b >= c->B) return mha_fail(MHA_E_ARG, "%s: sequence %d; expected 0..%d", fn, b, c->B - 1);
     if (new_len < 0 || new_len > c->len[b])
-        return mha_fail(MHA_E_ARG, "mha_cache_truncate: new_len=%d for sequence %d; expected 0..%d (its length)",
-                        new_len, b, c->len[b]);
-    if (new_len == 0) {
-        c->len[b] = c->lo[b] = 0;
-        for (int g = 0; g < c->h_kv; g++) c->kmax[(size_t)b * c->h_kv + g] = 0.0f;
-        return MHA_OK;
-    }
-    /* the next token (position new_len) needs keys from new_len - (W-1) */
+        return mha_fail(MHA_E_ARG, "%s: new_len=%d for sequence %d; expected 0..%d (its length)", fn, new_len, b,
+                        c->len[b]);
     int need = c->window ? new_len - (c->window - 1) : 0;
     if (need < 0) need = 0;
     if (need < c->n_sink) need = c->n_sink; /* the sink tokens are never evicted */
-    if (need < c->lo[b])
+    if (new_len > 0 && need < c->lo[b])
         return mha_fail(MHA_E_ARG,
-                        "mha_cache_truncate: sequence %d to %d tokens needs position %d for its "
+                        "%s: sequence %d to %d tokens needs position %d for its "
                         "window of %d, but the ring (capacity %d, %d sink tokens) kept only positions >= %d; "
                         "expected new_len >= %d or 0",
-                        b, new_len, need, c->window, c->cap, c->n_sink, c->lo[b], c->lo[b] + c->window - 1);
+                        fn, b, new_len, need, c->window, c->cap, c->n_sink, c->lo[b], c->lo[b] + c->window - 1);
+    return MHA_OK;
+}
+
+/* Sequence b's length becomes new_len (checked); 0 empties it. */
+static void roll_back(mha_cache *c, int b, int new_len) {
     c->len[b] = new_len;
+    if (new_len > 0) return;
+    c->lo[b] = 0;
+    for (int g = 0; g < c->h_kv; g++) c->kmax[(size_t)b * c->h_kv + g] = 0.0f;
+}
+
+mha_status mha_cache_truncate(mha_cache *c, int b, int new_len) {
+    if (!c) return mha_fail(MHA_E_ARG, "mha_cache_truncate: cache is NULL");
+    mha_status s = check_rollback(c, b, new_len, "mha_cache_truncate");
+    if (!s) roll_back(c, b, new_len);
+    return s;
+}
+
+/* Slot `to` of sequence b's every kv head = slot `from`: the key (its
+ * panel lanes, stride 8), the value row, their int8 scales and the stored
+ * position. */
+static void slot_copy(mha_cache *c, int b, int to, int from) {
+    char *data = c->data;
+    for (int g = 0; g < c->h_kv; g++) {
+        const size_t kv = (size_t)b * c->h_kv + (size_t)g; /* every storage block of b */
+        const size_t kt = mha_cache_k_off(c, kv, to), kf = mha_cache_k_off(c, kv, from);
+        for (int d = 0; d < c->d_k; d++)
+            memcpy(data + (kt + (size_t)d * MHA_KPANEL) * c->ek, data + (kf + (size_t)d * MHA_KPANEL) * c->ek, c->ek);
+        memcpy(data + mha_cache_v_off(c, kv, to) * c->ev, data + mha_cache_v_off(c, kv, from) * c->ev,
+               (size_t)c->d_v * c->ev);
+        for (int k = 0; k < c->nbk; k++)
+            c->scales[mha_cache_ks_off(c, kv, to) + (size_t)k * MHA_KPANEL] =
+                c->scales[mha_cache_ks_off(c, kv, from) + (size_t)k * MHA_KPANEL];
+        if (c->nbv)
+            memcpy(c->scales + mha_cache_vs_off(c, kv, to), c->scales + mha_cache_vs_off(c, kv, from),
+                   sizeof(float) * (size_t)c->nbv);
+    }
+    c->upos[(size_t)b * c->cap + to] = c->upos[(size_t)b * c->cap + from];
+}
+
+mha_status mha_cache_compact(mha_cache *c, int b, int first, const int *keep, int n_keep) {
+    if (!c) return mha_fail(MHA_E_ARG, "mha_cache_compact: cache is NULL");
+    if (c->cross)
+        return mha_fail(MHA_E_ARG, "mha_cache_compact: a cross-attention memory has no appended tokens to keep; "
+                        "expected a self-attention cache");
+    if (b < 0 || b >= c->B) return mha_fail(MHA_E_ARG, "mha_cache_compact: sequence %d; expected 0..%d", b, c->B - 1);
+    if (first < 0 || first > c->len[b])
+        return mha_fail(MHA_E_ARG, "mha_cache_compact: first=%d for sequence %d; expected 0..%d (its length)", first, b,
+                        c->len[b]);
+    if (n_keep < 0 || n_keep > c->len[b] - first || (n_keep > 0 && !keep))
+        return mha_fail(MHA_E_ARG, "mha_cache_compact: n_keep=%d%s for sequence %d; expected 0..%d (its length %d "
+                        "minus first %d) indices", n_keep, n_keep > 0 && !keep ? " with keep NULL" : "", b,
+                        c->len[b] - first, c->len[b], first);
+    for (int i = 0; i < n_keep; i++)
+        if (keep[i] < (i ? keep[i - 1] + 1 : 0) || keep[i] >= c->len[b] - first)
+            return mha_fail(MHA_E_ARG, "mha_cache_compact: keep[%d]=%d; expected strictly increasing indices in "
+                            "%d..%d (positions first .. length-1 less first)", i, keep[i], i ? keep[i - 1] + 1 : 0,
+                            c->len[b] - first - 1);
+    /* every position from `first` on must still be stored to be moved */
+    if (n_keep > 0 && first < c->lo[b] && c->lo[b] > c->n_sink)
+        return mha_fail(MHA_E_ARG, "mha_cache_compact: sequence %d keeps only positions >= %d (its window "
+                        "evicted the older ones); expected first >= %d", b, c->lo[b], c->lo[b]);
+    mha_status s = check_rollback(c, b, first + n_keep, "mha_cache_compact");
+    if (s) return s;
+    /* in order: a target position is never after its source, and the
+     * positions from `first` on fit the ring, so no source is overwritten
+     * before it is read */
+    for (int i = 0; i < n_keep; i++)
+        if (keep[i] != i) slot_copy(c, b, mha_cache_slot_of(c, first + i), mha_cache_slot_of(c, first + keep[i]));
+    roll_back(c, b, first + n_keep);
     return MHA_OK;
 }
 

@@ -214,7 +214,20 @@ typedef struct {
     const float *extra_v; /* (h_kv, d_v)                                      */
     int zero_attn;        /* 1: a zero key/value row after everything         */
     int nan_rows;         /* 1: a row with no allowed key gets NaN, else 0    */
+    const uint8_t *tree;  /* NULL, or (tree_batch, tree_T, tree_T): the call's
+                             new tokens among themselves (options.keep_mask
+                             of the cached forward: tree attention)        */
+    int tree_T, tree_batch; /* tree_batch 1: one mask for every sequence    */
 } mha_decode_opts;
+
+/* Whether the tree mask lets the query at position p of sequence b attend
+ * the key at position pj <= p; base: the sequence's first position of the
+ * call (its length before it). Keys cached before the call are not masked. */
+static inline int mha_cache_tree_keeps(const mha_decode_opts *o, int b, int base, int p, int pj) {
+    if (!o->tree || pj < base) return 1;
+    const size_t row = (size_t)(o->tree_batch == 1 ? 0 : b) * o->tree_T + (size_t)(p - base);
+    return o->tree[row * o->tree_T + (size_t)(pj - base)] != 0;
+}
 
 /* Row arrays: sequence b's tokens are rows row0[b], row0[b]+1, ... of
  * k (rows, h_kv*d_k), v (rows, h_kv*d_v), q (rows, h*d_k), z (rows, h*d_v)

@@ -465,13 +465,16 @@ static void chunk_partial(float *part, scratch *w, const decode_call *dc, const 
         if (pj != INT_MIN && pj < pmin) pmin = pj;
         if (pj > pmax) pmax = pj;
     }
+    /* a tree mask (tree attention) among the call's new tokens, from base */
+    const int base = c->len[u->b] - dc->n[u->b] - dc->t0, tree = dc->o->tree && pmax >= base;
     for (int i = 0; i < m; i++) {
         int p = row_position(dc, u->b, u->i0 + i), lo = mha_cache_first_key(dc->c, u->b, p, dc->o->left, dc->o->chunk);
-        if (!holes && pmin >= lo && pmax <= p) continue;
+        if (!holes && !tree && pmin >= lo && pmax <= p) continue;
         float *row = w->s + (size_t)i * rs;
         for (int j = 0; j < nk; j++) {
             int pj = w->pos[jlo - cs + j];
-            if (!mha_cache_attends(c, pj, lo, p)) row[(size_t)j * ks] = -INFINITY;
+            if (!mha_cache_attends(c, pj, lo, p) || !mha_cache_tree_keeps(dc->o, u->b, base, p, pj))
+                row[(size_t)j * ks] = -INFINITY;
         }
     }
     if (grouped) {

@@ -67,12 +67,21 @@ static mha_status check_labels(mha_cache *c, const mha_layer *L) {
 }
 
 static mha_status check_options(const mha_options *o, const mha_cache *c, const mha_layer *L, int T) {
-    if (o->keep_mask.data || o->additive_mask.data || o->key_keep || o->key_additive)
+    if (o->additive_mask.data || o->key_keep || o->key_additive)
         return mha_fail(MHA_E_UNSUPPORTED,
                         "mha_forward_cached: %s is not supported with a KV cache (attention is causal "
-                        "over the cached tokens; use mha_forward for arbitrary masks)",
-                        o->keep_mask.data ? "keep_mask" : o->additive_mask.data ? "additive_mask"
-                        : o->key_keep ? "key_keep" : "key_additive");
+                        "over the cached tokens; keep_mask masks the new tokens among themselves; use "
+                        "mha_forward for arbitrary masks)",
+                        o->additive_mask.data ? "additive_mask" : o->key_keep ? "key_keep" : "key_additive");
+    if (o->keep_mask.data && c->cross)
+        return mha_fail(MHA_E_UNSUPPORTED, "mha_forward_cached: keep_mask on a cross-attention memory (a tree "
+                        "mask masks new tokens among themselves; a memory appends none); expected NULL");
+    if (o->keep_mask.data && (o->keep_mask.batch != 1 && o->keep_mask.batch != c->B))
+        return mha_fail(MHA_E_SHAPE, "mha_forward_cached: keep_mask.batch=%d; expected 1 (broadcast) or B=%d",
+                        o->keep_mask.batch, c->B);
+    if (o->keep_mask.data && o->keep_mask.heads != 1)
+        return mha_fail(MHA_E_SHAPE, "mha_forward_cached: keep_mask.heads=%d; expected 1 (one (T,T) tree mask "
+                        "of the new tokens for every head)", o->keep_mask.heads);
     if (o->cu_seqlens || o->n_seqs)
         return mha_fail(MHA_E_UNSUPPORTED, "mha_forward_cached: options.cu_seqlens is not supported with a KV cache "
                         "(its sequences are the cache's batch rows); expected NULL");
@@ -131,8 +140,26 @@ static mha_status x_rows_finite(const float *x, size_t first, size_t count, int 
                         (double)x[first + i], b);
     return MHA_OK;
 }
+/* A tree mask (options.keep_mask, (batch, T, T)) lets a new token attend
+ * only earlier new tokens: its causal position already hides later ones,
+ * so a nonzero entry above the diagonal is a tree given children first. */
+static mha_status tree_ordered(const mha_mask *m, const int *n, int B, int T) {
+    for (int b = 0; m->data && b < (m->batch == 1 ? 1 : B); b++) {
+        int nb = n[b];
+        for (int b2 = 1; m->batch == 1 && b2 < B; b2++) nb = n[b2] > nb ? n[b2] : nb;
+        const uint8_t *mb = (const uint8_t *)m->data + (size_t)b * T * T;
+        for (int i = 0; i < nb; i++)
+            for (int j = i + 1; j < nb; j++)
+                if (mb[(size_t)i * T + j])
+                    return mha_fail(MHA_E_ARG, "mha_forward_cached: keep_mask[%d][%d][%d] = %d lets new token %d "
+                                    "attend the later token %d; expected 0 above the diagonal (order the "
+                                    "tree's tokens parents first)", b, i, j, mb[(size_t)i * T + j], i, j);
+    }
+    return MHA_OK;
+}
+
 static mha_status validate(cached_plan *p, const mha_layer *L, mha_cache *c, const float *x,
-                           const int *n_new) {
+                           const int *n_new, const mha_options *opt) {
     mha_status s = MHA_OK;
     for (int b = 0; b < p->B && !s; b++) {
         p->n[b] = n_new ? n_new[b] : p->T;
@@ -155,6 +182,7 @@ static mha_status validate(cached_plan *p, const mha_layer *L, mha_cache *c, con
             s = mha_fail(MHA_E_ARG, "mha_forward_cached: sequence %d of the cross-attention memory is empty; expected "
                          "mha_cache_set_memory first", b);
     if (!s && !c->window && !c->cross) s = mha_cache_check_room(c, p->n, "mha_forward_cached");
+    if (!s) s = tree_ordered(&opt->keep_mask, p->n, p->B, p->T);
     return s ? s : check_labels(c, L);
 }
 
@@ -199,7 +227,7 @@ static mha_status capture_probs(const mha_exec *ex, float *probs, const mha_cach
     for (int b = 0; b < c->B; b++) {
         mha_cache_slot_positions(spos, c, b, 0, c->cap);
         for (int i = 0; i < np[b]; i++) {
-            int t = t0 + i, p = mha_cache_query_position(c, b, np[b], i);
+            int t = t0 + i, p = mha_cache_query_position(c, b, np[b], i), base = c->len[b] - np[b] - t0;
             int first = mha_cache_first_key(c, b, p, o->left, o->chunk), pu = mha_cache_user_position(c, b, mha_cache_slot_of(c, p));
             for (int r = 0; r < c->h; r++) {
                 int g = r / n_rep;
@@ -211,7 +239,7 @@ static mha_status capture_probs(const mha_exec *ex, float *probs, const mha_cach
                 for (int s = 0; s < c->cap; s++) {
                     int ps = spos[s];
                     pr[s] = 0.0f;
-                    if (!mha_cache_attends(c, ps, first, p)) continue;
+                    if (!mha_cache_attends(c, ps, first, p) || !mha_cache_tree_keeps(o, b, base, p, ps)) continue;
                     size_t k0 = mha_cache_k_off(c, kv, s);
                     float dot = 0.0f;
                     for (int d = 0; d < c->d_k; d++) dot = fmaf(qr[d], mha_cache_key_at(c, kr, k0, kv, s, d), dot);
@@ -476,13 +504,15 @@ static void zero_outputs(const mha_cache *c, const mha_layer *L, float *y, const
         memset(cap->probs, 0, sizeof(float) * rows * c->h * (size_t)(c->cap + L->cfg.add_bias_kv + L->cfg.add_zero_attn));
 }
 
-static mha_decode_opts decode_opts(const mha_exec *ex, const mha_layer *L, const mha_cache *c, const mha_options *opt) {
+static mha_decode_opts decode_opts(const mha_exec *ex, const mha_layer *L, const mha_cache *c, const mha_options *opt,
+                                   int T) {
     const int extra = L->cfg.add_bias_kv;
     return (mha_decode_opts){opt->scale != 0.0f ? opt->scale : 1.0f / sqrtf((float)c->d_k), L->cfg.softcap,
                              L->cfg.alibi ? L->alibi_slopes : NULL, L->cfg.sinks ? L->sinks : NULL,
                              mha_exec_prefill(ex), opt->window_left, opt->chunk_size,
                              extra ? L->bias_k : NULL, extra ? L->bias_v : NULL, L->cfg.add_zero_attn,
-                             opt->masked_row == MHA_MASKED_ROW_NAN && !L->cfg.sinks}; /* sink: 0 */
+                             opt->masked_row == MHA_MASKED_ROW_NAN && !L->cfg.sinks, /* sink: 0 */
+                             opt->keep_mask.data, T, opt->keep_mask.batch};
 }
 
 static mha_status forward_cached_exec(const mha_exec *ex, const mha_layer *L, mha_cache *c, float *y,
@@ -492,13 +522,13 @@ static mha_status forward_cached_exec(const mha_exec *ex, const mha_layer *L, mh
     mha_status s = (p.n = malloc(sizeof(int) * 3 * c->B)) ? MHA_OK
                    : mha_fail(MHA_E_NOMEM, "mha_forward_cached: no memory");
     if (!s) p.row0 = p.n + c->B, p.np = p.n + 2 * c->B, p.xc = (float *)x, p.yc = y;
-    if (!s) s = validate(&p, L, c, x, n_new);
+    if (!s) s = validate(&p, L, c, x, n_new, opt);
     if (!s && p.N == 0) zero_outputs(c, L, y, cap, T);
     if (s || p.N == 0) {
         free(p.n);
         return s;
     }
-    const mha_decode_opts o = decode_opts(ex, L, c, opt);
+    const mha_decode_opts o = decode_opts(ex, L, c, opt, T);
     p.nan_rows = o.nan_rows;
     if (!(s = plan_buffers(&p, c, x, y, cap, opt)) && !(s = project_qkv(ex, &p, L, c)) && !(s = clip_qkv(ex, &p, L, c)) &&
         !(s = transform_qk(&p, L, c)) &&

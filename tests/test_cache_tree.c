@@ -1,0 +1,336 @@
+/* test_cache_tree.c — tree speculative decoding on the KV cache: a tree of
+ * draft tokens verified in one mha_forward_cached call (options.keep_mask
+ * over the call's new tokens, each at its depth's position), then the
+ * accepted path kept with mha_cache_compact and decoding continued.
+ * Oracle: the reference path (mha_forward, path REFERENCE) over the whole
+ * token list with a (T,T) keep mask written out here by the rules (causal
+ * over the cache positions, the window and sink tokens, the tree's
+ * ancestors) and the same positions; each sequence alone. After the
+ * compaction, the reference of the prefix, the accepted path and the next
+ * token as one causal sequence.
+ * Legend: B sequences, P prefix tokens, N tree tokens, D = d_model. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "naive.h"
+#include "test_util.h"
+#include "tests.h"
+
+enum { B = 2, P = 10, N = 6, D = 32, H = 8 }; /* P + N = 16: the last tree token closes a K panel */
+
+/* Parents of the tree tokens of each sequence (-1: a root, child of the
+ * prefix's last token), parents first; depth from them. Sequence 1 uses
+ * only its first N_USED[1] tokens (n_new). */
+static const int PARENT[B][N] = {{-1, 0, 0, 1, 2, 4}, {-1, -1, 0, 1, 2, 3}};
+static const int N_USED[B] = {N, N - 1};
+/* The accepted path of each sequence (indices of tree tokens, root first). */
+static const int PATH[B][3] = {{0, 2, 4}, {1, 3, -1}};
+static const int PATH_LEN[B] = {3, 2};
+
+typedef struct {
+    int h_kv, cap, window, n_sink;
+    mha_cache_dtype kt, vt;
+    int rope, alibi;
+    int shared_mask; /* keep_mask.batch 1: sequence 0's tree for both */
+} tree_case;
+
+static int depth(int b, int i) {
+    int d = 0;
+    for (int p = PARENT[b][i]; p >= 0; p = PARENT[b][p]) d++;
+    return d;
+}
+
+static int is_ancestor_or_self(int b, int j, int i) {
+    for (int p = i; p >= 0; p = PARENT[b][p])
+        if (p == j) return 1;
+    return 0;
+}
+
+static double bound(const tree_case *tc) {
+    const mha_cache_dtype worst = tc->kt > tc->vt ? tc->kt : tc->vt;
+    return worst == MHA_CACHE_I8 ? 3e-2 : worst == MHA_CACHE_F16 ? 3e-3 : 2e-6;
+}
+
+/* Whether a token at cache position a attends the one at cache position
+ * c (both < T): causal, the cache's window, its sink tokens. */
+static int visible(const tree_case *tc, int a, int c) {
+    return c <= a && (!tc->window || a - c <= tc->window - 1 || c < tc->n_sink);
+}
+
+static int cfg_has_positions(const mha_layer *L) {
+    const mha_config *c = mha_layer_config(L);
+    return c->alibi || c->rope.dim > 0;
+}
+
+/* y_ref (T, D) of one sequence: x (T, D) with positions pos (T) and the
+ * keep mask (T, T) built by the caller. */
+static void reference(const mha_layer *L, double *scale, float *y_ref, const float *x, const int *pos,
+                      const uint8_t *keep, int T) {
+    mha_options o = naive_ref_options();
+    o.keep_mask = (mha_mask){keep, 1, 1};
+    o.positions = cfg_has_positions(L) ? pos : NULL;
+    CHECK_OK(mha_forward(L, y_ref, NULL, x, NULL, 1, T, T, &o));
+    for (int i = 0; i < T * D; i++) *scale = fmax(*scale, 1.0 + fabs(y_ref[i]));
+}
+
+static void tree_matches_reference(const tree_case *tc) {
+    mha_config cf = naive_config(D, H, tc->h_kv, 8, 8, 1);
+    cf.alibi = tc->alibi;
+    if (tc->rope) cf.rope.pairing = MHA_ROPE_HALVES, cf.rope.dim = 8, cf.rope.theta = 100.0;
+    cf = naive_resolve(cf);
+    naive_weights w;
+    uint64_t seed = 5;
+    naive_weights_random(&w, &cf, &seed, 0.5f);
+    mha_layer *L = naive_make_layer(&w);
+    float *xp = naive_random_floats((size_t)B * P * D, &seed, -1, 1);   /* (B, P, D) prefix */
+    float *xt = naive_random_floats((size_t)B * N * D, &seed, -1, 1);   /* (B, N, D) tree */
+    float *xn = naive_random_floats((size_t)B * D, &seed, -1, 1);       /* (B, 1, D) next */
+    float *yp = naive_alloc_floats((size_t)B * P * D), *yt = naive_alloc_floats((size_t)B * N * D);
+    float *yn = naive_alloc_floats((size_t)B * D);
+    uint8_t mask[B][N][N] = {{{0}}}; /* the tree masks of the cached call */
+    int tpos[B * N];                 /* (B, N) positions P + depth */
+    for (int b = 0; b < B; b++)
+        for (int i = 0; i < N; i++) {
+            const int tb = tc->shared_mask ? 0 : b;
+            for (int j = 0; j < N; j++) mask[b][i][j] = (uint8_t)is_ancestor_or_self(tb, j, i);
+            tpos[b * N + i] = P + depth(tb, i);
+        }
+    static const char *const sets[] = {"avx512", "avx2", "scalar"};
+    mha_context *ctx = NULL;
+    CHECK_OK(mha_context_create(&ctx));
+    for (int k = 0; L && ctx && k < 3; k++) {
+        if (mha_context_set_kernels(ctx, sets[k]) != MHA_OK) continue; /* not on this CPU */
+        mha_cache *c = NULL;
+        CHECK_OK(mha_cache_create_kv(&c, L, B, tc->cap, tc->kt, tc->vt, tc->window));
+        if (!c) break;
+        if (tc->n_sink) CHECK_OK(mha_cache_set_sink_tokens(c, tc->n_sink));
+        mha_options o = mha_options_default();
+        CHECK_OK(mha_forward_cached_ctx(ctx, L, c, yp, NULL, xp, P, NULL, &o));
+        o.keep_mask = (mha_mask){mask, tc->shared_mask ? 1 : B, 1};
+        o.positions = tc->rope || tc->alibi ? tpos : NULL; /* a layer without them refuses positions */
+        CHECK_OK(mha_forward_cached_ctx(ctx, L, c, yt, NULL, xt, N, N_USED, &o));
+        for (int b = 0; b < B; b++) {
+            const int tb = tc->shared_mask ? 0 : b, T = P + N_USED[b];
+            /* the tree call against the reference of prefix + tree */
+            float *x = naive_alloc_floats((size_t)(P + N + 1) * D), *yr = naive_alloc_floats((size_t)(P + N + 1) * D);
+            uint8_t *keep = calloc((size_t)(P + N + 1) * (P + N + 1), 1);
+            int pos[P + N + 1];
+            memcpy(x, xp + (size_t)b * P * D, sizeof(float) * P * D);
+            memcpy(x + (size_t)P * D, xt + (size_t)b * N * D, sizeof(float) * N_USED[b] * D);
+            for (int a = 0; a < T; a++) {
+                pos[a] = a < P ? a : tpos[b * N + a - P];
+                for (int e = 0; e < T; e++)
+                    keep[a * T + e] = (uint8_t)(visible(tc, a, e) && (a < P || e < P || is_ancestor_or_self(tb, e - P, a - P)));
+            }
+            double scale = 1.0;
+            reference(L, &scale, yr, x, pos, keep, T);
+            CHECK_ARRAY_NEAR(yt + (size_t)b * N * D, yr + (size_t)P * D, (size_t)N_USED[b] * D, bound(tc) * scale);
+            for (int t = N_USED[b]; t < N; t++) CHECK(yt[((size_t)b * N + t) * D] == 0.0f); /* past n_new */
+            /* keep the accepted path, then one more token after it */
+            int keep_idx[3], n_keep = PATH_LEN[tb];
+            for (int i = 0; i < n_keep; i++) keep_idx[i] = PATH[tb][i];
+            CHECK_OK(mha_cache_compact(c, b, P, keep_idx, n_keep));
+            CHECK_INT(mha_cache_length(c, b), P + n_keep);
+            const int Tn = P + n_keep + 1;
+            for (int i = 0; i < n_keep; i++) {
+                memcpy(x + (size_t)(P + i) * D, xt + ((size_t)b * N + keep_idx[i]) * D, sizeof(float) * D);
+                pos[P + i] = tpos[b * N + keep_idx[i]];
+                CHECK_INT(pos[P + i], P + i); /* a path from a root has depths 0, 1, ... */
+            }
+            memcpy(x + (size_t)(Tn - 1) * D, xn + (size_t)b * D, sizeof(float) * D);
+            pos[Tn - 1] = Tn - 1;
+            for (int a = 0; a < Tn; a++)
+                for (int e = 0; e < Tn; e++) keep[a * Tn + e] = (uint8_t)visible(tc, a, e);
+            scale = 1.0;
+            reference(L, &scale, yr, x, pos, keep, Tn);
+            memcpy(x, yr + (size_t)(Tn - 1) * D, sizeof(float) * D); /* the next token's reference row */
+            if (b == B - 1) { /* both sequences compacted: decode one token each */
+                mha_options on = mha_options_default();
+                CHECK_OK(mha_forward_cached_ctx(ctx, L, c, yn, NULL, xn, 1, NULL, &on));
+            }
+            memcpy(yr, x, sizeof(float) * D);
+            if (b == 0) memcpy(yp, yr, sizeof(float) * D); /* sequence 0's expected row, kept for later */
+            else {
+                CHECK_ARRAY_NEAR(yn, yp, (size_t)D, bound(tc) * scale);
+                CHECK_ARRAY_NEAR(yn + D, yr, (size_t)D, bound(tc) * scale);
+            }
+            free(x), free(yr), free(keep);
+        }
+        mha_cache_free(c);
+    }
+    mha_context_free(ctx);
+    mha_layer_free(L), naive_weights_free(&w);
+    free(xp), free(xt), free(xn), free(yp), free(yt), free(yn);
+}
+
+static void test_tree_plain(void) {
+    tree_case tc = {H, 32, 0, 0, MHA_CACHE_F32, MHA_CACHE_F32, 0, 0, 0};
+    tree_matches_reference(&tc);
+}
+/* GQA with RoPE: the tree's positions are its depths */
+static void test_tree_gqa_rope(void) {
+    tree_case tc = {2, 32, 0, 0, MHA_CACHE_F32, MHA_CACHE_F32, 1, 0, 0};
+    tree_matches_reference(&tc);
+}
+/* MQA (the grouped kernels), ALiBi distances from the stored positions, fp16 */
+static void test_tree_mqa_alibi_fp16(void) {
+    tree_case tc = {1, 32, 0, 0, MHA_CACHE_F16, MHA_CACHE_F16, 0, 1, 0};
+    tree_matches_reference(&tc);
+}
+/* int8 K/V, one mask for both sequences */
+static void test_tree_int8_shared_mask(void) {
+    tree_case tc = {4, 32, 0, 0, MHA_CACHE_I8, MHA_CACHE_I8, 1, 0, 1};
+    tree_matches_reference(&tc);
+}
+/* a ring that wraps inside the tree (capacity 12, window 8: the call runs
+ * in two pieces) with 2 sink tokens, RoPE */
+static void test_tree_ring_sinks(void) {
+    tree_case tc = {2, 12, 8, 2, MHA_CACHE_F32, MHA_CACHE_F16, 1, 0, 0};
+    tree_matches_reference(&tc);
+}
+
+/* The probabilities a tree call captures: zero where the tree hides a key,
+ * the reference's elsewhere (column = cache position). */
+static void test_tree_probs(void) {
+    mha_config cf = naive_resolve(naive_config(D, 4, 2, 8, 8, 1));
+    naive_weights w;
+    uint64_t seed = 9;
+    naive_weights_random(&w, &cf, &seed, 0.5f);
+    mha_layer *L = naive_make_layer(&w);
+    const int T = P + N, cap = 16;
+    float *x = naive_random_floats((size_t)T * D, &seed, -1, 1); /* (1, T, D) */
+    float *y = naive_alloc_floats((size_t)T * D), *pr = naive_alloc_floats((size_t)4 * T * T);
+    float *pc = naive_alloc_floats((size_t)4 * N * cap);
+    uint8_t mask[N][N], keep[P + N][P + N];
+    for (int i = 0; i < N; i++)
+        for (int j = 0; j < N; j++) mask[i][j] = (uint8_t)is_ancestor_or_self(0, j, i);
+    for (int a = 0; a < T; a++)
+        for (int e = 0; e < T; e++) keep[a][e] = (uint8_t)(e <= a && (a < P || e < P || mask[a - P][e - P]));
+    mha_options o = naive_ref_options();
+    o.keep_mask = (mha_mask){keep, 1, 1};
+    mha_capture cr = {.probs = pr}, cc = {.probs = pc};
+    mha_cache *c = NULL;
+    if (L) CHECK_OK(mha_forward(L, y, &cr, x, NULL, 1, T, T, &o));
+    if (L) CHECK_OK(mha_cache_create(&c, L, 1, cap, MHA_CACHE_F32, 0));
+    if (c) {
+        mha_options oc = mha_options_default();
+        CHECK_OK(mha_forward_cached(L, c, y, NULL, x, P, NULL, &oc));
+        oc.keep_mask = (mha_mask){mask, 1, 1};
+        CHECK_OK(mha_forward_cached(L, c, y, &cc, x + (size_t)P * D, N, NULL, &oc));
+        double worst = 0.0;
+        int hidden_zero = 1;
+        for (int r = 0; r < 4; r++)
+            for (int i = 0; i < N; i++)
+                for (int s = 0; s < cap; s++) {
+                    const float got = pc[((size_t)r * N + i) * cap + s];
+                    const float want = s < T ? pr[((size_t)r * T + P + i) * T + s] : 0.0f;
+                    worst = fmax(worst, fabs(got - want));
+                    if (s >= P && s < T && !mask[i][s - P]) hidden_zero &= got == 0.0f;
+                }
+        CHECK(worst <= 1e-5);
+        CHECK(hidden_zero);
+    }
+    mha_cache_free(c), mha_layer_free(L), naive_weights_free(&w);
+    free(x), free(y), free(pr), free(pc);
+}
+
+static void test_tree_refusals(void) {
+    mha_config cf = naive_resolve(naive_config(D, 4, 2, 8, 8, 1));
+    naive_weights w;
+    uint64_t seed = 3;
+    naive_weights_random(&w, &cf, &seed, 0.5f);
+    mha_layer *L = naive_make_layer(&w);
+    float *x = naive_random_floats((size_t)B * N * D, &seed, -1, 1), *y = naive_alloc_floats((size_t)B * N * D);
+    mha_cache *c = NULL, *ring = NULL, *cross = NULL;
+    if (L) CHECK_OK(mha_cache_create(&c, L, B, 32, MHA_CACHE_F32, 0));
+    if (!c) goto done;
+    uint8_t mask[B][N][N];
+    memset(mask, 0, sizeof mask);
+    for (int b = 0; b < B; b++)
+        for (int i = 0; i < N; i++) mask[b][i][i] = 1;
+    mha_options o = mha_options_default();
+    o.keep_mask = (mha_mask){mask, B, 1};
+    mask[1][2][4] = 1; /* above the diagonal: refused, nothing appended */
+    CHECK_STATUS(mha_forward_cached(L, c, y, NULL, x, N, NULL, &o), MHA_E_ARG);
+    CHECK_ERROR_MENTIONS("keep_mask[1][2][4] = 1");
+    CHECK_INT(mha_cache_length(c, 1), 0);
+    const int n_new[B] = {N, 4}; /* past n_new[1]: not read */
+    CHECK_OK(mha_forward_cached(L, c, y, NULL, x, N, n_new, &o));
+    mask[1][2][4] = 0;
+    o.keep_mask.heads = 4;
+    CHECK_STATUS(mha_forward_cached(L, c, y, NULL, x, N, NULL, &o), MHA_E_SHAPE);
+    CHECK_ERROR_MENTIONS("keep_mask.heads=4");
+    o.keep_mask = (mha_mask){mask, 3, 1};
+    CHECK_STATUS(mha_forward_cached(L, c, y, NULL, x, N, NULL, &o), MHA_E_SHAPE);
+    CHECK_ERROR_MENTIONS("keep_mask.batch=3");
+    o.keep_mask = (mha_mask){NULL, 1, 1};
+    uint8_t kk[B * N] = {0};
+    o.key_keep = kk;
+    CHECK_STATUS(mha_forward_cached(L, c, y, NULL, x, N, NULL, &o), MHA_E_UNSUPPORTED);
+    CHECK_ERROR_MENTIONS("key_keep is not supported");
+    /* compaction: lengths are 6 and 4 */
+    const int inc[3] = {0, 2, 1}, ok[2] = {1, 3}, past[1] = {4};
+    CHECK_STATUS(mha_cache_compact(c, 0, 2, inc, 3), MHA_E_ARG);
+    CHECK_ERROR_MENTIONS("keep[2]=1; expected strictly increasing");
+    CHECK_STATUS(mha_cache_compact(c, 1, 0, past, 1), MHA_E_ARG);
+    CHECK_ERROR_MENTIONS("keep[0]=4");
+    CHECK_STATUS(mha_cache_compact(c, 1, 5, ok, 0), MHA_E_ARG);
+    CHECK_ERROR_MENTIONS("first=5 for sequence 1; expected 0..4");
+    CHECK_STATUS(mha_cache_compact(c, 2, 0, ok, 1), MHA_E_ARG);
+    CHECK_STATUS(mha_cache_compact(c, 0, 2, NULL, 1), MHA_E_ARG);
+    CHECK_ERROR_MENTIONS("keep NULL");
+    CHECK_STATUS(mha_cache_compact(c, 0, 2, ok, 5), MHA_E_ARG);
+    CHECK_ERROR_MENTIONS("n_keep=5");
+    CHECK_STATUS(mha_cache_compact(NULL, 0, 0, ok, 1), MHA_E_ARG);
+    CHECK_INT(mha_cache_length(c, 0), N);
+    CHECK_OK(mha_cache_compact(c, 1, 0, ok, 2));
+    CHECK_INT(mha_cache_length(c, 1), 2);
+    CHECK_OK(mha_cache_compact(c, 0, 4, NULL, 0)); /* a truncate */
+    CHECK_INT(mha_cache_length(c, 0), 4);
+    /* a window that evicted the positions to move */
+    CHECK_OK(mha_cache_create(&ring, L, 1, 8, MHA_CACHE_F32, 4));
+    float *x12 = naive_random_floats((size_t)12 * D, &seed, -1, 1);
+    if (ring) {
+        CHECK_OK(mha_forward_cached(L, ring, y, NULL, x12, 6, NULL, NULL));
+        CHECK_OK(mha_forward_cached(L, ring, y, NULL, x12 + 6 * D, 6, NULL, NULL)); /* positions 4.. stored */
+        CHECK_STATUS(mha_cache_compact(ring, 0, 2, ok, 2), MHA_E_ARG);
+        CHECK_ERROR_MENTIONS("expected first >= 4");
+        CHECK_INT(mha_cache_length(ring, 0), 12);
+        CHECK_STATUS(mha_cache_compact(ring, 0, 4, ok, 1), MHA_E_ARG); /* the next window needs position 2 */
+        CHECK_ERROR_MENTIONS("mha_cache_compact: sequence 0 to 5 tokens needs position 2");
+        CHECK_OK(mha_cache_compact(ring, 0, 8, ok, 2));
+        CHECK_INT(mha_cache_length(ring, 0), 10);
+    }
+    free(x12);
+    /* a cross-attention memory */
+    CHECK_OK(mha_cache_create_cross(&cross, L, 1, 8, MHA_CACHE_F32, MHA_CACHE_F32));
+    if (cross) {
+        const int sl[1] = {3};
+        CHECK_OK(mha_cache_set_memory(cross, L, x, NULL, 3, sl));
+        CHECK_STATUS(mha_cache_compact(cross, 0, 0, ok, 1), MHA_E_ARG);
+        CHECK_ERROR_MENTIONS("cross-attention memory");
+        o = mha_options_default();
+        o.keep_mask = (mha_mask){mask, 1, 1};
+        CHECK_STATUS(mha_forward_cached(L, cross, y, NULL, x, 1, NULL, &o), MHA_E_UNSUPPORTED);
+        CHECK_ERROR_MENTIONS("keep_mask on a cross-attention memory");
+    }
+done:
+    mha_cache_free(c), mha_cache_free(ring), mha_cache_free(cross), mha_layer_free(L), naive_weights_free(&w);
+    free(x), free(y);
+}
+
+static const test_case cases[] = {
+    {"cache_tree_plain", test_tree_plain},
+    {"cache_tree_gqa_rope", test_tree_gqa_rope},
+    {"cache_tree_mqa_alibi_fp16", test_tree_mqa_alibi_fp16},
+    {"cache_tree_int8_shared_mask", test_tree_int8_shared_mask},
+    {"cache_tree_ring_sinks", test_tree_ring_sinks},
+    {"cache_tree_probs", test_tree_probs},
+    {"cache_tree_refusals", test_tree_refusals},
+};
+
+const test_case *tests_cache_tree(size_t *count) {
+    *count = sizeof cases / sizeof cases[0];
+    return cases;
+}
