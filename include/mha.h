@@ -36,7 +36,7 @@
  *   mha_layer_set_weights, mha_layer_set_labels, mha_layer_permute_heads,
  *   mha_layer_permute_block, mha_layer_free.
  * - A cache is used by one call at a time: mha_forward_cached*,
- *   mha_cache_append, mha_cache_reset, mha_cache_truncate,
+ *   mha_cache_append, mha_cache_reset, mha_cache_truncate, mha_cache_compact,
  *   mha_cache_permute_heads, mha_cache_reorder, mha_cache_set_memory and
  *   mha_cache_free mutate it;
  *   mha_cache_attend, mha_cache_length, mha_cache_bytes and mha_cache_clone

@@ -239,6 +239,7 @@ _sig("mha_cache_bytes_for_kv", c_size_t, POINTER(Config), c_int, c_int, c_int, c
 _sig("mha_cache_length", c_int, CacheP, c_int)
 _sig("mha_cache_reset", c_int, CacheP, c_int)
 _sig("mha_cache_truncate", c_int, CacheP, c_int, c_int)
+_sig("mha_cache_compact", c_int, CacheP, c_int, c_int, INTP, c_int)
 _sig("mha_cache_set_sink_tokens", c_int, CacheP, c_int)
 _sig("mha_cache_permute_heads", c_int, CacheP, INTP)
 _sig("mha_cache_reorder", c_int, CacheP, INTP)

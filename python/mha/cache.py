@@ -12,7 +12,7 @@ import numpy as np
 
 from . import _lib
 from ._owner import COwner
-from ._arrays import _shape_str, floats, fptr, ints
+from ._arrays import _shape_str, bools, floats, fptr, ints
 from ._check import INT_MAX, c_flag, c_float, c_int, names as capture_names
 from .errors import ArgumentError, ShapeError, check
 from .layer import Layer, _enum, _positions, window as window_arg
@@ -182,6 +182,22 @@ class Cache(COwner):
         with self._borrow(exclusive=True) as ptr:
             check(_L.mha_cache_truncate(ptr, b, n), "mha_cache_truncate")
 
+    def compact(self, b, first, keep):
+        """Tree speculative decoding: keeps the accepted path of a tree
+        verified with forward(..., keep_mask=): positions first + keep[i]
+        (keep strictly increasing, indices from first) of sequence b move
+        to positions first + i with their keys, values and stored
+        positions; every other position >= first is dropped, so the length
+        becomes first + len(keep) (mha_cache_compact)."""
+        b, first = c_int("b", b), c_int("first", first)
+        arr = np.asarray(keep)
+        if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
+            raise ShapeError(f"keep is {np.shape(keep)} of {arr.dtype}; expected a list of integer indices")
+        n = int(arr.size)
+        a = ints("keep", arr, n) if n else None
+        with self._borrow(exclusive=True) as ptr:
+            check(_L.mha_cache_compact(ptr, b, first, a, n), "mha_cache_compact")
+
     def permute_heads(self, perm):
         """The same perm as Layer.permute_heads (h entries, new head i = old
         head perm[i]); call it after permuting a layer with a live cache."""
@@ -244,7 +260,8 @@ class Cache(COwner):
 
     # ---------------------------------------------------------- forward
     def forward(self, layer=None, x=None, n_new=None, *, capture=(), interventions=None,
-                window_left=None, scale=0.0, masked_row="zero", positions=None, bf16_matmul=False, chunk_size=0):
+                window_left=None, scale=0.0, masked_row="zero", positions=None, bf16_matmul=False, chunk_size=0,
+                keep_mask=None):
         """y (B,T,d_model) for x (B,T,d_model) of up to T new tokens per
         sequence (mha_forward_cached); (T,d_model) in and out when batch is 1.
 
@@ -263,6 +280,12 @@ class Cache(COwner):
         and ALiBi (the cache keeps it with the token's K).
         bf16_matmul: the projections multiply bf16-rounded inputs, as in
         Layer.forward (the layer's weights must be bf16).
+        keep_mask: None, or bool (T,T) / (B,T,T) over this call's new tokens
+        (tree attention: verify a tree of draft tokens in one call): new
+        token i attends new token j <= i only where keep_mask[.., i, j];
+        the tokens cached before stay visible. Parents before children
+        (nothing above the diagonal); give each token base + depth as its
+        position, then keep the accepted path with compact().
         capture: names among 'z' (B,T,h*d_v), 'contributions'
         (h,B,T,d_model), 'probs' (B,h,T,capacity+extra: column s is cache
         slot s, then the add_bias_kv / add_zero_attn keys), or True for
@@ -298,6 +321,15 @@ class Cache(COwner):
             pa = _positions("positions", np.reshape(positions, (1, -1)) if squeezed else positions, (B, T))
             keep.append(pa)
             o.positions = pa.ctypes.data_as(ctypes.POINTER(ctypes.c_int))
+        if keep_mask is not None:
+            km = bools("keep_mask", keep_mask)
+            if km.ndim == 2:
+                km = km.reshape(1, *km.shape)
+            if km.ndim != 3 or km.shape[0] not in (1, B) or km.shape[1:] != (T, T):
+                raise ShapeError(f"keep_mask has shape {_shape_str(np.shape(keep_mask))}; expected (T={T},T={T}) "
+                                 f"or (B={B} or 1,T={T},T={T}) over the new tokens")
+            keep.append(km)
+            o.keep_mask = _lib.Mask(km.ctypes.data_as(ctypes.c_void_p), km.shape[0], 1)
         n = self._n_new(n_new, T)
         extra = s["add_bias_kv"] + s["add_zero_attn"]
         shapes = {"z": (B, T, h * s["d_v"]), "contributions": (h, B, T, s["d_model"]),
