@@ -157,6 +157,7 @@ test-docs: $(SETUP_TEST) $(BUILD)/mha
 test-examples: $(SETUP_TEST) lib
 	$(PYTHON) examples/train_reverse.py
 	$(PYTHON) examples/beam_search_decoder.py
+	$(PYTHON) examples/tree_speculative_decoding.py
 
 test: $(SETUP_TEST)
 	$(MAKE) all $(BUILD)/bench_mha
