@@ -1129,6 +1129,22 @@ MHA_API mha_status mha_cache_reorder(mha_cache *cache, const int *src);
  * cache computed once and continued by several requests. Free it with
  * mha_cache_free. */
 MHA_API mha_status mha_cache_clone(mha_cache **out, const mha_cache *src);
+/* Saves what the cache holds (every sequence's keys and values in their
+ * storage type, int8 scales, stored positions, lengths; its shape, types,
+ * window, sink tokens, head order, cross-attention memory) to a
+ * safetensors file at path, written whole or not at all (docs/CACHE.md
+ * "Saving a cache"): a prompt's cache computed once and loaded by later
+ * processes. Only reads the cache. */
+MHA_API mha_status mha_cache_save(const mha_cache *cache, const char *path);
+/* A new cache for layer holding what the file mha_cache_save wrote holds:
+ * decoding goes on as with the saved cache, to the bit. The layer must
+ * have the saved cache's shape (MHA_E_SHAPE otherwise) and variants a
+ * cross-attention memory allows; its head order is checked at the next
+ * call, as for any cache. A file that is not such a cache, or whose
+ * lengths, codes, scales or positions no cache could hold, is MHA_E_FORMAT
+ * naming the entry; a later format_version MHA_E_UNSUPPORTED. *out is
+ * NULL on error. */
+MHA_API mha_status mha_cache_load(mha_cache **out, const mha_layer *layer, const char *path);
 
 /* Prefill and decode in one entry. x (B, T, d_model) holds up to T new
  * tokens per sequence: sequence b uses rows 0 .. n_new[b]-1 (n_new may be

@@ -33,7 +33,7 @@ ALLOWED = {
     "core": ["base", "kernels", "compute"],
     "forward": ["base", "kernels", "compute", "core"],
     "cache": ["base", "kernels", "compute", "core", "forward"],
-    "io": ["base", "core"],
+    "io": ["base", "core", "cache"],
     "contract": ["base", "core", "forward", "cache"],
 }
 ORDER = ["base", "kernels", "compute", "core", "forward", "cache", "io", "contract"]

@@ -51,6 +51,7 @@ static const test_area_fn areas[] = {
     tests_cache_reorder,
     tests_cache_cross,
     tests_cache_tree,
+    tests_cache_file,
     tests_merge_edges,
     tests_lse_fast,
     tests_load_heads,

@@ -328,17 +328,19 @@ mha_status mha_io_read_only(mha_tensors **out, const char *path, unsigned flags,
     return read_only(out, path, flags, 0, only);
 }
 
-/* Dtype written for an item: floating data as F32, except BF16 marked
- * keep_dtype (rounded to nearest even) and I8 (the stored weights of a
+/* Dtype written for an item: floating data as F32, except BF16 and F16
+ * marked keep_dtype (rounded to nearest even; a KV cache's fp16 values
+ * exactly) and I8 (the stored weights of a
  * bf16 / int8 layer); bool and bytes as they are. */
 static mha_dtype file_dtype(const mha_named_array *it) {
     const mha_dtype d = it->a.dtype;
     if (d == MHA_DTYPE_BOOL || d == MHA_DTYPE_U8 || d == MHA_DTYPE_I8) return d;
-    return d == MHA_DTYPE_BF16 && it->keep_dtype ? d : MHA_DTYPE_F32;
+    return (d == MHA_DTYPE_BF16 || d == MHA_DTYPE_F16) && it->keep_dtype ? d : MHA_DTYPE_F32;
 }
 
 static const char *st_dtype_name(mha_dtype dt) {
     return dt == MHA_DTYPE_F32 ? "F32" : dt == MHA_DTYPE_BOOL ? "BOOL" : dt == MHA_DTYPE_BF16 ? "BF16"
+                                       : dt == MHA_DTYPE_F16 ? "F16"
                                        : dt == MHA_DTYPE_I8 ? "I8" : "U8";
 }
 

@@ -10,7 +10,8 @@ typedef struct {
     mha_array a;
     int borrowed; /* 1: a.f points into the set's mapping, not owned */
     int keep_dtype; /* written in a.dtype, not widened to F32: the BF16
-                       weights of a bf16 layer (weights_meta.c) */
+                       weights of a bf16 layer (weights_meta.c), a KV
+                       cache's F16 keys and values (cache_file.c) */
 } mha_named_array;
 
 typedef struct {
