@@ -607,6 +607,65 @@ expect_error 2 "--contrib-out '-': standard output takes only a .npy array"
 checks=$((checks + 1))
 [ ! -e "$T/-" ] && [ ! -e $T/dash.png ] || fail "a refused '-' wrote a file"
 
+# --- '-': standard input for one array input, refused for a checkpoint ---------
+# '-' read a file named '-' (here one holding another array, so Y differed):
+# it is standard input, read whole, for run's, audit's and plot's arrays
+"$PY" -c "import numpy as np; np.save('$T/-', np.ones((2, 6, 16), np.float32))" && mv "$T/-.npy" "$T/-"
+run run --weights $T/native.safetensors --input $T/x.npy --kv-input $T/kv.npy --output $T/y_in_file.npy
+mha_abs=$(cd "$(dirname "$MHA")" && pwd)/$(basename "$MHA")
+(cd $T && "$mha_abs" run --weights native.safetensors --input - --kv-input kv.npy --output y_in_dash.npy <x.npy) >"$tmp/out" 2>"$tmp/err"
+rc=$? last="mha run --input - < x.npy (beside a file named '-')"
+expect_ok
+checks=$((checks + 1))
+cmp -s $T/y_in_file.npy $T/y_in_dash.npy || fail "$last: Y differs from --input x.npy's"
+rm -f "$T/-"
+cat $T/kv.npy | "$MHA" run --weights $T/native.safetensors --input $T/x.npy --kv-input - --output - >$T/y_in_pipe.npy 2>"$tmp/err"
+rc=$? last="cat kv.npy | mha run --kv-input - --output -"
+expect_ok
+checks=$((checks + 1))
+cmp -s $T/y_in_file.npy $T/y_in_pipe.npy || fail "$last: Y differs from --kv-input kv.npy's"
+run run --weights $T/native.safetensors --input $T/x.npy --output $T/y_ref_in.npy
+run audit --weights $T/native.safetensors --input $T/x.npy --reference - <$T/y_ref_in.npy
+expect_ok
+expect_out "the checkpoint reproduces the reference"
+run plot --weights $T/native.safetensors --input - --out $T/in_dash.png <$T/x.npy
+expect_ok
+# refusals name standard input and the flag
+run run --weights $T/native.safetensors --input - --kv-input - --output $T/y_in2.npy <$T/x.npy
+expect_error 2 "--input '-' and --kv-input '-' both name standard input; expected at most one input there"
+run run --weights - --input $T/x.npy --output $T/y_in2.npy <$T/native.safetensors
+expect_error 2 "--weights '-': a checkpoint is mapped from its file, not read from standard input; expected a file path"
+run convert --to native - $T/in_dash.safetensors <$T/native.safetensors
+expect_error 2 "IN '-': a checkpoint is mapped from its file"
+run permute --order 1,0,3,2 - $T/in_dash.safetensors <$T/native.safetensors
+expect_error 2 "IN '-': a checkpoint is mapped from its file"
+run run --weights $T/native.safetensors --input - --output $T/y_in2.npy </dev/null
+expect_error 1 "standard input (--input -) is empty; expected a .npy array piped or redirected there"
+run run --weights $T/native.safetensors --input $T/x.npy --attn-mask - --output $T/y_in2.npy <$T/x.npy
+expect_error 1 "standard input (--attn-mask -): attn_mask has shape (2, 6, 16); expected (T, S)"
+(cat $T/x.npy; printf xy) | "$MHA" run --weights $T/native.safetensors --input - --output $T/y_in2.npy >"$tmp/out" 2>"$tmp/err"
+rc=$? last="mha run --input - (2 bytes after the array)"
+expect_error 1 "standard input (--input -): 2 trailing bytes after the 768 data bytes"
+# not a .npy array: refused after its first bytes, not read to the end
+yes | (ulimit -v 400000; "$MHA" run --weights $T/native.safetensors --input - --output $T/y_in2.npy) >"$tmp/out" 2>"$tmp/err"
+rc=$? last="yes | mha run --input -"
+expect_error 1 "standard input (--input -): not a .npy file"
+# an endless stream behind a .npy header stops where memory does, by name
+(head -c 128 $T/x.npy; cat /dev/zero) | (ulimit -v 400000; "$MHA" run --weights $T/native.safetensors --input - --output $T/y_in2.npy) >"$tmp/out" 2>"$tmp/err"
+rc=$? last="mha run --input - (an endless stream, ulimit -v 400000)"
+expect_error 1 "standard input (--input -): out of memory after"
+"$MHA" run --weights $T/native.safetensors --input - --output $T/y_in2.npy <&- >"$tmp/out" 2>"$tmp/err"
+rc=$? last="mha run --input - (stdin closed)"
+expect_error 2 "--input '-': standard input is closed; expected it open"
+if command -v script >/dev/null 2>&1; then
+    script -qec "$MHA run --weights $T/native.safetensors --input - --output $T/y_in2.npy" /dev/null >"$tmp/tty" 2>&1 </dev/null
+    rc=$?
+    checks=$((checks + 1))
+    [ "$rc" -eq 2 ] && grep -q "standard input is a terminal" "$tmp/tty" || fail "--input - from a terminal: exit $rc: $(cat "$tmp/tty")"
+fi
+checks=$((checks + 1))
+[ ! -e $T/y_in2.npy ] && [ ! -e $T/in_dash.safetensors ] && [ ! -e "$T/-" ] || fail "a refused '-' input wrote a file"
+
 # --- numbers and messages ------------------------------------------------------
 # a scale written out in 34 digits is 1e33, not truncated to 1e30
 run run --weights $T/native.safetensors --input $T/x.npy --output $T/y_s1.npy --ablate 1=scale:1000000000000000000000000000000000

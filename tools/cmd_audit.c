@@ -22,6 +22,7 @@
 #include "io_cli.h"
 #include "permute_proj.h"
 #include "run_variants.h"
+#include "stdin_npy.h"
 
 #define CMD "audit"
 /* audit's exit codes: 0 the checkpoint reproduces the reference, 1 it does
@@ -466,6 +467,7 @@ int cmd_audit(int argc, char **argv) {
     /* no outputs: registered for the input checks only (a pipe would block the read) */
     cli_outputs ins;
     cli_outputs_init(&ins, CMD);
+    ins.stdin_ok = 1; /* one array input may be "-" */
     cli_register_inputs(&ins, &ck, &ff);
     cli_outputs_input(&ins, "--reference", &ref);
     cli_outputs_input(&ins, "--positions", &vf.positions);
@@ -487,15 +489,12 @@ int cmd_audit(int argc, char **argv) {
      * workers left spinning between the many small passes */
     f.opt.path = MHA_PATH_REFERENCE;
     size_t all_rows = (size_t)f.B * f.T, ny = all_rows * dm;
-    mha_status s = mha_npy_read(&yref, ref, 0);
-    if (s) {
-        rc = cli_fail(CMD, s);
-        goto done;
-    }
+    if ((rc = cli_npy_read(CMD, &yref, ref, 0))) goto done;
+    mha_status s;
     if (!yref.f || yref.count != ny || yref.shape[yref.rank ? yref.rank - 1 : 0] != dm) {
         char got[96];
         rc = mha_cmd_error(CMD, MHA_EXIT_RUNTIME, "%s: reference is %s of shape %s; expected Y's "
-                           "shape (%s%d, %d, %d)", ref, mha_dtype_name(yref.dtype),
+                           "shape (%s%d, %d, %d)", cli_input_name(ref), mha_dtype_name(yref.dtype),
                            cli_shape_str(&yref, got, sizeof got), f.batched ? "" : "1 x ", f.B, f.T, dm);
         goto done;
     }

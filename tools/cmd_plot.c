@@ -212,6 +212,7 @@ int cmd_plot(int argc, char **argv) {
     default_name dn = {.out = &out, .contrib_out = &contrib_out};
     cli_outputs outs;
     cli_outputs_init(&outs, CMD);
+    outs.stdin_ok = 1; /* one array input may be "-" */
     cli_register_inputs(&outs, &ck, &ff);
     cli_outputs_output(&outs, "--out", &out);
     cli_outputs_output(&outs, "--contrib-out", &contrib_out);

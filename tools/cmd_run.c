@@ -17,6 +17,7 @@
 #include "io_cli.h"
 #include "run_variants.h"
 #include "run_attribution.h"
+#include "stdin_npy.h"
 
 /* The HEAD=OP items of spec into iv; seen marks the heads given. */
 static int parse_ablate_ops(const char *p, mha_intervention *iv, int h, unsigned char *seen) {
@@ -77,8 +78,9 @@ int cli_parse_ablate(const char *spec, mha_intervention *iv, int h) {
 /* --v-input: (S, d_v_in) or (B, S, d_v_in), batched like X, S rows as the
  * key source. */
 static int read_values(mha_array *v, const char *path, const cli_fwd *f, const mha_config *c) {
-    mha_status s = mha_npy_read(v, path, 0);
-    if (s) return cli_fail("run", s);
+    int rc = cli_npy_read("run", v, path, 0);
+    if (rc) return rc;
+    path = cli_input_name(path);
     int rank = f->batched ? 3 : 2;
     if (!v->f || v->rank != rank)
         return mha_cmd_error("run", MHA_EXIT_RUNTIME,
@@ -149,7 +151,10 @@ int cmd_run(int argc, char **argv) {
                    "the target only when the whole command succeeded: a failed run leaves\n"
                    "every existing file as it was. An output may not be an input or another\n"
                    "output. One output may be '-', standard output (not a terminal): written\n"
-                   "there only when the command succeeded; the summary line goes to stderr.\n\n"
+                   "there only when the command succeeded; the summary line goes to stderr.\n"
+                   "One input array (--input, --kv-input, --v-input, a mask, --positions,\n"
+                   "--grad-output) may be '-', standard input, read whole before the run;\n"
+                   "--weights may not (a checkpoint is mapped from its file).\n\n"
                    "example: mha run --weights attn.safetensors --input x.npy --output y.npy \\\n"
                    "           --causal --ablate 1=zero --save-contributions c.npy\n",
         .args = args,
@@ -157,6 +162,7 @@ int cmd_run(int argc, char **argv) {
     };
     cli_outputs outs;
     cli_outputs_init(&outs, "run");
+    outs.stdin_ok = 1; /* one array input may be "-" (stdin_npy.h) */
     cli_register_inputs(&outs, &ck, &ff);
     cli_outputs_input(&outs, "--v-input", &v_input);
     cli_outputs_array(&outs, "--output", &output);

@@ -5,6 +5,7 @@
 #include "io_cli.h"
 
 #include "hf_config.h"
+#include "stdin_npy.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -116,8 +117,9 @@ int cli_save(const cli_outputs *outs, const char *flag, const float *data, int r
 /* Reads a (rows, width) or (B, rows, width) float array. */
 static int read_tokens(const char *cmd, mha_array *a, const char *path, const char *what,
                        int width, const char *width_name, int *B, int *rows, int *batched) {
-    mha_status s = mha_npy_read(a, path, 0);
-    if (s) return cli_fail(cmd, s);
+    int rc = cli_npy_read(cmd, a, path, 0);
+    if (rc) return rc;
+    path = cli_input_name(path); /* "-": messages name standard input */
     if (!a->f || (a->rank != 2 && a->rank != 3))
         return mha_cmd_error(cmd, MHA_EXIT_RUNTIME,
                              "%s: %s is %s of rank %d; expected float (T, %s) or (B, T, %s)", path,
@@ -145,8 +147,9 @@ const char *cli_shape_str(const mha_array *m, char *buf, size_t cap) {
 
 /* nn.MultiheadAttention attn_mask: (T,S) or (B*h,T,S) [(h,T,S) unbatched]. */
 static int attn_mask(const char *cmd, cli_fwd *f, const mha_config *c, const char *path) {
-    mha_status s = mha_npy_read(&f->am, path, MHA_IO_ALLOW_NEG_INF);
-    if (s) return cli_fail(cmd, s);
+    int rc = cli_npy_read(cmd, &f->am, path, MHA_IO_ALLOW_NEG_INF);
+    if (rc) return rc;
+    path = cli_input_name(path);
     mha_array *m = &f->am;
     int T = f->T, S = f->S, batch = 1, heads = 1;
     const long long bh = (long long)f->B * c->n_heads; /* in int it can wrap to a legal size */
@@ -176,8 +179,9 @@ static int attn_mask(const char *cmd, cli_fwd *f, const mha_config *c, const cha
 
 /* nn.MultiheadAttention key_padding_mask: (B,S), or (S,) for unbatched X. */
 static int key_padding(const char *cmd, cli_fwd *f, const char *path) {
-    mha_status s = mha_npy_read(&f->kp, path, MHA_IO_ALLOW_NEG_INF);
-    if (s) return cli_fail(cmd, s);
+    int rc = cli_npy_read(cmd, &f->kp, path, MHA_IO_ALLOW_NEG_INF);
+    if (rc) return rc;
+    path = cli_input_name(path);
     mha_array *m = &f->kp;
     int ok = (m->rank == 2 && m->shape[0] == f->B && m->shape[1] == f->S) ||
              (m->rank == 1 && f->B == 1 && m->shape[0] == f->S);
@@ -217,7 +221,7 @@ int cli_fwd_prepare_config(const char *cmd, cli_fwd *f, const mha_config *c, con
         if (B2 != f->B || batched2 != f->batched)
             return mha_cmd_error(cmd, MHA_EXIT_RUNTIME,
                                  "%s: key/value input has batch %d%s; expected the input's batch %d%s",
-                                 ff->kv_input, B2, batched2 ? "" : " (unbatched)", f->B,
+                                 cli_input_name(ff->kv_input), B2, batched2 ? "" : " (unbatched)", f->B,
                                  f->batched ? "" : " (unbatched)");
     } else if (c->d_kv_in != c->d_model) {
         return mha_cmd_error(cmd, MHA_EXIT_USAGE,

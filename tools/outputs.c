@@ -15,6 +15,7 @@
 
 #include "args.h"
 #include "mha.h"
+#include "stdin_npy.h"
 
 void cli_outputs_init(cli_outputs *o, const char *cmd) {
     memset(o, 0, sizeof *o);
@@ -60,6 +61,39 @@ static int check_stream(const cli_outputs *o, cli_file *f, const cli_file **firs
                              f->flag);
     f->stream = 1;
     *first = f;
+    return 0;
+}
+
+/* "-" as an input: standard input, for one .npy array of a command that
+ * reads it (stdin_ok), not a terminal or a closed stream; never a
+ * checkpoint, which is mapped from its file. 0 or the exit code; *first:
+ * the input that took it before, or NULL. */
+static int check_stdin(const cli_outputs *o, cli_file *f, const cli_file **first) {
+    if (f->checkpoint)
+        return mha_cmd_error(o->cmd, MHA_EXIT_USAGE,
+                             "%s '-': a checkpoint is mapped from its file, not read from standard input; "
+                             "expected a file path (./- names a file called '-')",
+                             f->flag);
+    if (!o->stdin_ok)
+        return mha_cmd_error(o->cmd, MHA_EXIT_USAGE,
+                             "%s '-': this command reads no input from standard input; expected a file path "
+                             "(./- names a file called '-')",
+                             f->flag);
+    if (*first)
+        return mha_cmd_error(o->cmd, MHA_EXIT_USAGE,
+                             "%s '-' and %s '-' both name standard input; expected at most one input there",
+                             (*first)->flag, f->flag);
+    if (fcntl(STDIN_FILENO, F_GETFD) < 0) /* a file opened later would take its place */
+        return mha_cmd_error(o->cmd, MHA_EXIT_USAGE, "%s '-': standard input is closed; expected it open",
+                             f->flag);
+    if (isatty(STDIN_FILENO))
+        return mha_cmd_error(o->cmd, MHA_EXIT_USAGE,
+                             "%s '-': standard input is a terminal; expected a .npy array piped or redirected "
+                             "there (< x.npy), or a file path",
+                             f->flag);
+    f->stream = 1;
+    *first = f;
+    cli_stdin_claim(f->flag);
     return 0;
 }
 
@@ -326,10 +360,16 @@ int cli_outputs_check(cli_outputs *o) {
     file_id in[CLI_MAX_FILES], out[CLI_MAX_FILES];
     extra_list x = {0};
     int rc = 0;
+    const cli_file *from_stdin = NULL;
     for (int j = 0; j < o->n_in && !rc; j++) {
         in[j].exists = 0;
         in[j].resolved[0] = '\0';
+        o->in[j].stream = 0;
         if (!*o->in[j].path) continue;
+        if (strcmp(*o->in[j].path, "-") == 0) { /* no file: no output can be it */
+            rc = check_stdin(o, &o->in[j], &from_stdin);
+            continue;
+        }
         identify(o, &o->in[j], &in[j], 0);
         rc = check_readable(o, o->in[j].flag, *o->in[j].path, &in[j]);
         if (!rc && o->in[j].checkpoint && checkpoint_files(o, j, &x))

@@ -18,6 +18,11 @@
  * there either. At most one output may be "-", and not when standard
  * output is a terminal; any other output refuses "-" (a file named "-"
  * is "./-").
+ * An input may be "-", standard input, when the command sets stdin_ok:
+ * one .npy array input at most (stdin_npy.h reads it whole), and not when
+ * standard input is a terminal or closed; a checkpoint input refuses "-"
+ * (it is mapped from its file), and so does every input of a command
+ * without stdin_ok, by name (a file named "-" is "./-").
  * A signal that ends the process (SIGINT, SIGTERM, SIGHUP, SIGQUIT) removes
  * the temporaries first; once the outputs are being written (the first
  * cli_outputs_tmp) it is held until cli_outputs_finish, which then removes
@@ -39,13 +44,17 @@ typedef struct {
     char *target;             /* what a symbolic link output names, or NULL */
     int checkpoint;           /* an input read as a checkpoint (below)   */
     int may_stream;           /* an output that may be "-" (an array)    */
-    int stream;               /* it is "-": standard output              */
+    int stream;               /* it is "-": standard output (input: in)  */
 } cli_file;
 
 typedef struct {
     const char *cmd;
     cli_file in[CLI_MAX_FILES], out[CLI_MAX_FILES];
     int n_in, n_out;
+    /* The command reads an array input from standard input ("-"): run,
+     * audit and plot set it; mha-mpi's ranks do not (mpirun gives standard
+     * input to rank 0 alone). */
+    int stdin_ok;
     /* Called by cli_outputs_check before anything else, e.g. to derive a
      * default output name from a parsed flag. */
     void (*after_parse)(void *ctx);

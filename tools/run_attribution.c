@@ -5,6 +5,7 @@
 
 #include "commands.h"
 #include "run_attribution.h"
+#include "stdin_npy.h"
 
 int run_attribution(float **attribution, const char *grad_path, const char *save_path,
                     const mha_layer *L, const cli_fwd *f, const float *v_src) {
@@ -16,9 +17,11 @@ int run_attribution(float **attribution, const char *grad_path, const char *save
                              grad_path ? "save-attribution" : "grad-output");
     const mha_config *c = mha_layer_config(L);
     mha_array dy = {0};
-    mha_status s = mha_npy_read(&dy, grad_path, 0);
-    if (s) return cli_fail("run", s);
-    int rank = f->batched ? 3 : 2, rc = MHA_EXIT_OK;
+    int rc = cli_npy_read("run", &dy, grad_path, 0);
+    if (rc) return rc;
+    grad_path = cli_input_name(grad_path);
+    mha_status s;
+    int rank = f->batched ? 3 : 2;
     if (!dy.f || dy.rank != rank || (f->batched && dy.shape[0] != f->B) || dy.shape[rank - 2] != f->T ||
         dy.shape[rank - 1] != c->d_model) {
         char got[96];

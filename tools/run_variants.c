@@ -6,6 +6,7 @@
 #include "run_variants.h"
 
 #include "hf_config.h"
+#include "stdin_npy.h"
 
 #include <stdio.h>
 #include <math.h>
@@ -55,16 +56,16 @@ static int want(const char *cmd, const char *what, const mha_array *a, const cha
  * index and value. */
 static int read_positions(const char *cmd, cli_fwd *f, cli_variant_flags *vf) {
     mha_array a = {0};
-    mha_status s = mha_npy_read(&a, vf->positions, MHA_IO_INTEGERS);
-    if (s) return cli_fail(cmd, s);
-    int rc = MHA_EXIT_OK;
+    int rc = cli_npy_read(cmd, &a, vf->positions, MHA_IO_INTEGERS);
+    if (rc) return rc;
+    const char *name = cli_input_name(vf->positions); /* "-": standard input */
     const int shared = (a.rank == 1 && a.shape[0] == f->T) || (a.rank == 2 && a.shape[0] == 1 && a.shape[1] == f->T);
     const int ok = shared || (a.rank == 2 && a.shape[0] == f->B && a.shape[1] == f->T);
     if ((!a.f && !a.i64) || !ok) {
         char shape[64];
         rc = mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "%s: positions are %s of shape %s; expected integers (int32, "
                            "int64) or whole numbers (float32) of shape (T,) = (%d,), (1, T) or (B, T) = (%d, %d)",
-                           vf->positions, mha_dtype_name(a.dtype), cli_shape_str(&a, shape, sizeof shape), f->T, f->B,
+                           name, mha_dtype_name(a.dtype), cli_shape_str(&a, shape, sizeof shape), f->T, f->B,
                            f->T);
     }
     const size_t n = (size_t)f->B * f->T; /* a shared row is repeated for every sequence */
@@ -74,9 +75,9 @@ static int read_positions(const char *cmd, cli_fwd *f, cli_variant_flags *vf) {
         const int whole = a.i64 || (v == (double)(long long)v && v <= (double)(1 << 24));
         if (!(v >= 0 && v <= CLI_MAX_POSITION) || !whole) {
             rc = a.i64 ? mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "%s: position %lld at index %zu; expected an "
-                                       "integer in 0..2^30", vf->positions, (long long)a.i64[i], i)
+                                       "integer in 0..2^30", name, (long long)a.i64[i], i)
                        : mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "%s: position %g at index %zu; expected a whole "
-                                       "number in 0..2^24 (or save integers)", vf->positions, v, i);
+                                       "number in 0..2^24 (or save integers)", name, v, i);
             break;
         }
         for (size_t b = 0; b < (shared ? (size_t)f->B : 1); b++) vf->pos[b * (size_t)f->T + i] = (int)v;
