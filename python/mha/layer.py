@@ -192,6 +192,23 @@ def _positions(name, arr, shape):
     return np.ascontiguousarray(a, dtype=np.intc)
 
 
+def _cu_seqlens(cu_seqlens, T):
+    """The ctypes int array of packed-sequence boundaries (a list, a tuple,
+    an integer numpy array or torch tensor) of n + 1 >= 2 ints; ShapeError
+    (naming cu_seqlens) otherwise. Their rule, 0 = cu[0] < ... < cu[n] = T,
+    is the library's to check (mha.nn.Attention states it for an empty
+    input, which the library never sees)."""
+    # a list's elements are judged one by one by ints(); anything else is made an array
+    # first: np.size of a torch tensor (FlashAttention's int32 cu_seqlens) is its .size method
+    seq = list(cu_seqlens) if isinstance(cu_seqlens, (list, tuple)) else host("cu_seqlens", cu_seqlens)
+    n = len(seq) if isinstance(seq, list) else seq.size
+    if (not isinstance(seq, list) and seq.ndim != 1) or n < 2:
+        shown = seq if isinstance(seq, list) else seq.tolist()
+        raise ShapeError(f"cu_seqlens is {shown!r}; expected n + 1 >= 2 "
+                         f"boundaries 0 = cu[0] < ... < cu[n] = T={T}")
+    return ints("cu_seqlens", seq, n)
+
+
 class Layer(COwner):
     """A multi-head attention layer (a copy of the weights lives in C).
 
@@ -473,17 +490,9 @@ class Layer(COwner):
                 keep.append(a)
                 setattr(o, field, a.ctypes.data_as(ctypes.POINTER(ctypes.c_int)))
         if cu_seqlens is not None:  # packed sequences: boundaries 0 = cu[0] < ... < cu[n] = T
-            # a list's elements are judged one by one by ints(); anything else is made an array
-            # first: np.size of a torch tensor (FlashAttention's int32 cu_seqlens) is its .size method
-            seq = list(cu_seqlens) if isinstance(cu_seqlens, (list, tuple)) else host("cu_seqlens", cu_seqlens)
-            n = len(seq) if isinstance(seq, list) else seq.size
-            if (not isinstance(seq, list) and seq.ndim != 1) or n < 2:
-                shown = seq if isinstance(seq, list) else seq.tolist()
-                raise ShapeError(f"cu_seqlens is {shown!r}; expected n + 1 >= 2 "
-                                 f"boundaries 0 = cu[0] < ... < cu[n] = T={T}")
-            a = ints("cu_seqlens", seq, n)
+            a = _cu_seqlens(cu_seqlens, T)
             keep.append(a)
-            o.cu_seqlens, o.n_seqs = a, n - 1
+            o.cu_seqlens, o.n_seqs = a, len(a) - 1
         return o
 
     @staticmethod

@@ -45,7 +45,7 @@ import torch
 from ._check import c_flag, c_float, c_int
 from .errors import ArgumentError, ShapeError
 from . import _lib
-from .layer import Layer, _temperature
+from .layer import Layer, _cu_seqlens, _temperature
 from .nn import (_backward_arrays, _check_inputs, _check_parameters, _forward_arrays, _library_weights,
                  _mask_options, _np, _refuse_double_backward, _torch_gradients, _zeros_in_graph)
 
@@ -63,6 +63,32 @@ def _named_temperature(temperature):
     """(floor, scale, rule name) of a temperature argument, checked."""
     floor, scale, rule = _temperature(temperature)
     return floor, scale, {v: k for k, v in _lib.TEMPERATURE_RULE.items()}[rule]
+
+
+def _check_empty_cu_seqlens(cu_seqlens, T, S, sink_tokens, chunk_size):
+    """cu_seqlens of an empty input (B = 0 or T = 0), which the library never
+    sees (it refuses empty shapes: forward answers the zeros itself), judged
+    as mha_check_cu_seqlens (src/core/options.c) judges them for a non-empty
+    one: the same verdicts, in its words. At T = 0 none pass: n >= 1
+    sequences of at least one row each need T >= n."""
+    if cu_seqlens is None:
+        return
+    cu = list(_cu_seqlens(cu_seqlens, T))  # ShapeError for a bad type or shape, as for T > 0
+    n = len(cu) - 1
+    if S != T:
+        raise ArgumentError(f"options.cu_seqlens with T={T} queries and S={S} keys; expected packed "
+                            "self-attention sequences (S = T)")
+    if c_int("sink_tokens", sink_tokens, 0) > 0 or c_int("chunk_size", chunk_size, 0) > 0:
+        raise ArgumentError(f"options.cu_seqlens with {'sink_tokens' if sink_tokens > 0 else 'chunk_size'}; "
+                            "expected 0 (they would cut across the packed sequences)")
+    if n > T or cu[0] != 0 or cu[n] != T:
+        raise ArgumentError(f"options.cu_seqlens[0]={cu[0]}, [n_seqs={n}]={cu[n]}; expected 0 and T={T} "
+                            "(n_seqs <= T)" + ("; no sequence fits in T=0 rows: pass cu_seqlens=None "
+                                               "for an empty sequence dimension" if T == 0 else ""))
+    for s in range(n):
+        if cu[s + 1] <= cu[s]:
+            raise ArgumentError(f"options.cu_seqlens[{s + 1}]={cu[s + 1]} after [{s}]={cu[s]}; expected "
+                                "strictly increasing boundaries (every sequence at least one row)")
 
 
 class _Function(torch.autograd.Function):
@@ -221,7 +247,8 @@ class Attention(torch.nn.Module):
         like the window); cu_seqlens (n + 1 ints 0 = cu[0] < ... < cu[n] = T):
         packed sequences (FlashAttention's varlen), rows cu[s]..cu[s+1]-1
         attend only each other (positions: give each sequence's from 0
-        where absolute positions matter). positions (B,T) / key_positions
+        where absolute positions matter); checked for an empty input too
+        (B = 0 or T = 0: no boundaries fit T = 0, pass None). positions (B,T) / key_positions
         (B,S): integer token positions for RoPE and ALiBi (default 0..T-1;
         keys: the queries' when kv is None, else 0..S-1). Masks as torch's:
         key_padding_mask (B,S), attn_mask (T,S), (B*h,T,S) or
@@ -244,6 +271,7 @@ class Attention(torch.nn.Module):
                     chunk_size=chunk_size, cu_seqlens=cu_seqlens)
         weights = self._weights(x)
         if B == 0 or T == 0:  # the library refuses empty inputs: empty output, zero gradients
+            _check_empty_cu_seqlens(cu_seqlens, T, S, sink_tokens, chunk_size)  # as the library would
             return _zeros_in_graph(x, (B, T, self.d_model), (x, kv) + weights)
         # whether autograd records this call (the tensors apply() sees)
         backward = torch.is_grad_enabled() and any(t is not None and t.requires_grad

@@ -114,3 +114,56 @@ def test_torch_tensor_boundaries_as_flash_attention_passes_them():
                       ([[0, 5], [20]], r"cu_seqlens\[0\]=\[0, 5\] is a list")):
         with pytest.raises((mha.ShapeError, mha.ArgumentError), match=says):
             layer.forward(x, cu_seqlens=bad)
+
+
+EMPTY_BATCH_CASES = [[0, 3], [5], "abc", [[0]], [0], [1, 0], [0, 0], [0, -1], [0, 6], [0, 3, 6], [0, 3, 3, 6],
+                     [0, 5, 3, 6], [0, 2 ** 40], [0.0, 6.0], np.array([0, 3, 6], np.int64)]
+
+
+def _verdict(att, x, **kw):
+    """None when att accepts the call, else the exception."""
+    try:
+        att(x, **kw)
+    except mha.MhaError as e:
+        return e
+    return None
+
+
+@pytest.mark.skipif(torch is None, reason=TORCH_SKIP_REASON or "torch")
+@pytest.mark.parametrize("cu", EMPTY_BATCH_CASES + [dict(sink_tokens=1, window=2, causal=True), dict(chunk_size=2),
+                                                    dict(kv=4)], ids=str)
+def test_empty_batch_judges_cu_seqlens_as_the_library(cu):
+    """B = 0: mha.nn.Attention answers the empty output itself (the library refuses empty shapes),
+    and took any cu_seqlens silently; now each gets the verdict a one-row batch gets from the
+    library, in its words (the library's message holds the empty call's)."""
+    import mha.nn
+    att = mha.nn.Attention(16, 2)
+    kw = dict(cu, cu_seqlens=[0, 3, 6]) if isinstance(cu, dict) else dict(cu_seqlens=cu)
+    if "kv" in kw:  # S = 4 keys for T = 6 queries
+        got = [_verdict(att, torch.randn(b, 6, 16), kv=torch.randn(b, kw["kv"], 16), cu_seqlens=kw["cu_seqlens"])
+               for b in (0, 1)]
+    else:
+        got = [_verdict(att, torch.randn(b, 6, 16), **kw) for b in (0, 1)]
+    empty, library = got
+    assert type(empty) is type(library), (empty, library)
+    if library is not None:
+        assert str(empty) in str(library), (str(empty), str(library))
+
+
+@pytest.mark.skipif(torch is None, reason=TORCH_SKIP_REASON or "torch")
+def test_empty_sequence_dimension_refuses_every_cu_seqlens():
+    """T = 0: 0 = cu[0] < ... < cu[n] = T holds for no n >= 1 (each sequence has a row), so every
+    cu_seqlens is refused naming it (all were accepted); None still gives the empty output."""
+    import mha.nn
+    att = mha.nn.Attention(16, 2)
+    x = torch.randn(2, 0, 16, requires_grad=True)
+    for cu in ([0, 3], [0, 0], [0, 1, 2], torch.tensor([0, 3], dtype=torch.int32)):
+        with pytest.raises(mha.ArgumentError, match=r"cu_seqlens.*T=0.*pass cu_seqlens=None"):
+            att(x, cu_seqlens=cu)
+    for cu, says in (([0], "expected n \\+ 1 >= 2 boundaries"), ([[0, 3]], "cu_seqlens"), ("ab", "cu_seqlens")):
+        with pytest.raises(mha.ShapeError, match=says):
+            att(x, cu_seqlens=cu)
+    y = att(x)
+    assert y.shape == (2, 0, 16)
+    y.sum().backward()
+    assert x.grad.shape == x.shape
