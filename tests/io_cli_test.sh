@@ -666,6 +666,72 @@ fi
 checks=$((checks + 1))
 [ ! -e $T/y_in2.npy ] && [ ! -e $T/in_dash.safetensors ] && [ ! -e "$T/-" ] || fail "a refused '-' input wrote a file"
 
+# --- --cu-seqlens: packed sequences, each as if run alone -----------------------
+# mha run had no way to pass the library's cu_seqlens: rows 0..1 and 2..5 of
+# each batch row are two sequences here, and Y (and Z, the attribution) is
+# what each gives alone, causal or not; without the flag they see each other
+"$PY" - "$T" <<'EOF2' || fail "packed fixtures"
+import sys, numpy as np
+T = sys.argv[1]
+x = np.load(T + "/x.npy")
+np.save(T + "/x_seq0.npy", x[:, :2]), np.save(T + "/x_seq1.npy", x[:, 2:])
+dy = np.random.RandomState(7).randn(*x.shape).astype(np.float32)
+np.save(T + "/dy_packed.npy", dy), np.save(T + "/dy_seq0.npy", dy[:, :2]), np.save(T + "/dy_seq1.npy", dy[:, 2:])
+EOF2
+joined() { # OUT A B [AXIS]: A and B joined along T (axis -2; the attribution (h,B,T): -1)
+    "$PY" -c "import sys, numpy as np; np.save(sys.argv[1], np.concatenate([np.load(sys.argv[2]), np.load(sys.argv[3])], axis=int(sys.argv[4])))" "$1" "$2" "$3" "${4:--2}"
+}
+for causal in "" --causal; do
+    run run --weights $T/native.safetensors --input $T/x.npy --output $T/y_packed.npy --cu-seqlens 0,2,6 $causal \
+        --save-z $T/z_packed.npy --grad-output $T/dy_packed.npy --save-attribution $T/a_packed.npy
+    expect_ok
+    for s in 0 1; do
+        run run --weights $T/native.safetensors --input $T/x_seq$s.npy --output $T/y_seq$s.npy $causal \
+            --save-z $T/z_seq$s.npy --grad-output $T/dy_seq$s.npy --save-attribution $T/a_seq$s.npy
+        expect_ok
+    done
+    joined $T/y_alone.npy $T/y_seq0.npy $T/y_seq1.npy
+    joined $T/z_alone.npy $T/z_seq0.npy $T/z_seq1.npy
+    joined $T/a_alone.npy $T/a_seq0.npy $T/a_seq1.npy -1
+    last="mha run --cu-seqlens 0,2,6 $causal"
+    close $T/y_packed.npy $T/y_alone.npy 1e-5
+    close $T/z_packed.npy $T/z_alone.npy 1e-5
+    close $T/a_packed.npy $T/a_alone.npy 1e-5
+    run run --weights $T/native.safetensors --input $T/x.npy --output $T/y_unpacked.npy $causal
+    checks=$((checks + 1))
+    fx close $T/y_unpacked.npy $T/y_alone.npy 1e-3 >/dev/null && fail "$last: Y without --cu-seqlens is Y of the sequences alone"
+done
+# one sequence is the whole call; an unbatched X (T, d_model) packs the same way
+run run --weights $T/native.safetensors --input $T/x.npy --output $T/y_one_seq.npy --cu-seqlens 0,6
+expect_ok
+run run --weights $T/native.safetensors --input $T/x.npy --output $T/y_no_seq.npy
+close $T/y_one_seq.npy $T/y_no_seq.npy 1e-6
+"$PY" -c "import numpy as np; x = np.load('$T/x.npy')[1]; np.save('$T/x1_2d.npy', x); np.save('$T/x1_seq1.npy', x[2:])"
+run run --weights $T/native.safetensors --input $T/x1_2d.npy --output $T/y1_packed.npy --cu-seqlens 0,2,6
+expect_ok
+run run --weights $T/native.safetensors --input $T/x1_seq1.npy --output $T/y1_seq1.npy
+"$PY" -c "import numpy as np, sys; sys.exit(0 if np.allclose(np.load('$T/y1_packed.npy')[2:], np.load('$T/y1_seq1.npy'), atol=1e-5, rtol=0) else 1)" ||
+    fail "$last: unbatched packed rows 2..5 differ from the sequence alone"
+# refusals: the flag's own syntax (exit 2), the library's rule and combinations (its words, exit 1)
+run run --weights $T/native.safetensors --input $T/x.npy --output $T/y_cu_bad.npy --cu-seqlens 0
+expect_error 2 "--cu-seqlens '0': one boundary; expected at least two, 0 and T"
+for bad in 0,a,6 0,,6 0,6, "0, 6" +0,6 0,-2,6 0,99999999999; do
+    run run --weights $T/native.safetensors --input $T/x.npy --output $T/y_cu_bad.npy --cu-seqlens "$bad"
+    expect_error 2 "expected comma-separated whole numbers 0 = cu[0] < ... < cu[n] = T"
+done
+run run --weights $T/native.safetensors --input $T/x.npy --output $T/y_cu_bad.npy --cu-seqlens 0,3,3,6
+expect_error 1 "options.cu_seqlens[2]=3 after [1]=3; expected strictly increasing boundaries"
+run run --weights $T/native.safetensors --input $T/x.npy --output $T/y_cu_bad.npy --cu-seqlens 1,6
+expect_error 1 "options.cu_seqlens[0]=1, [n_seqs=1]=6; expected 0 and T=6"
+run run --weights $T/native.safetensors --input $T/x.npy --output $T/y_cu_bad.npy --cu-seqlens 0,5
+expect_error 1 "expected 0 and T=6"
+run run --weights $T/native.safetensors --input $T/x.npy --kv-input $T/kv.npy --output $T/y_cu_bad.npy --cu-seqlens 0,2,6
+expect_error 1 "options.cu_seqlens with T=6 queries and S=8 keys; expected packed self-attention sequences (S = T)"
+run run --weights $T/native.safetensors --input $T/x.npy --output $T/y_cu_bad.npy --cu-seqlens 0,2,6 --chunk 2
+expect_error 1 "options.cu_seqlens with chunk_size; expected 0"
+checks=$((checks + 1))
+[ ! -e $T/y_cu_bad.npy ] || fail "a refused --cu-seqlens wrote Y"
+
 # --- numbers and messages ------------------------------------------------------
 # a scale written out in 34 digits is 1e33, not truncated to 1e30
 run run --weights $T/native.safetensors --input $T/x.npy --output $T/y_s1.npy --ablate 1=scale:1000000000000000000000000000000000

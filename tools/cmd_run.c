@@ -6,6 +6,7 @@
  * gives outputs without the B axis. */
 #include <ctype.h>
 #include <errno.h>
+#include <limits.h>
 #if defined(__GLIBC__)
 #include <malloc.h>
 #endif
@@ -75,6 +76,40 @@ int cli_parse_ablate(const char *spec, mha_intervention *iv, int h) {
     return rc;
 }
 
+/* --cu-seqlens "0,5,12" -> *cu (malloc'ed, *n_seqs + 1 ints): whole numbers
+ * (digits only: strtol alone would take " 5" and "+5") up to INT_MAX, at
+ * least two. Their rule (0 = cu[0] < ... < cu[n] = T, S = T, no
+ * sink_tokens or chunk_size) is the library's: its refusal names it. */
+static int parse_cu_seqlens(const char *spec, int **cu, int *n_seqs) {
+    size_t n = 1;
+    for (const char *q = spec; *q; q++) n += *q == ',';
+    if (n < 2)
+        return mha_cmd_error("run", MHA_EXIT_USAGE,
+                             "--cu-seqlens '%.60s': one boundary; expected at least two, 0 and T (0,T: one sequence; "
+                             "0,5,12: rows 0..4 and 5..11)", spec);
+    if (n > (size_t)INT_MAX / 2 || !(*cu = malloc(n * sizeof **cu)))
+        return mha_cmd_error("run", MHA_EXIT_RUNTIME, "--cu-seqlens: out of memory for %zu boundaries", n);
+    const char *p = spec;
+    for (size_t i = 0; i < n; i++) {
+        char *end;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        if (!isdigit((unsigned char)*p) || end == p || errno || v > INT_MAX || (i + 1 < n ? *end != ',' : *end != '\0')) {
+            size_t len = strcspn(p, ",");
+            free(*cu);
+            *cu = NULL;
+            return mha_cmd_error("run", MHA_EXIT_USAGE,
+                                 "--cu-seqlens: boundary %zu is '%.*s'; expected comma-separated whole numbers "
+                                 "0 = cu[0] < ... < cu[n] = T (e.g. 0,5,12)",
+                                 i, (int)(len < 20 ? len : 20), p);
+        }
+        (*cu)[i] = (int)v;
+        p = end + 1;
+    }
+    *n_seqs = (int)n - 1;
+    return MHA_EXIT_OK;
+}
+
 /* --v-input: (S, d_v_in) or (B, S, d_v_in), batched like X, S rows as the
  * key source. */
 static int read_values(mha_array *v, const char *path, const cli_fwd *f, const mha_config *c) {
@@ -111,7 +146,7 @@ int cmd_run(int argc, char **argv) {
     cli_variant_flags vf = {0};
     const char *output = NULL, *ablate = NULL, *save_z = NULL, *save_c = NULL, *save_p = NULL,
                *path = NULL, *masked = NULL, *v_input = NULL, *grad_output = NULL, *save_a = NULL,
-               *wdtype = NULL;
+               *wdtype = NULL, *cu_spec = NULL;
     double max_gib = 0;
     int bf16_matmul = 0;
     mha_arg args[] = {
@@ -127,6 +162,9 @@ int cmd_run(int argc, char **argv) {
          .help = "dY, shaped like Y: the metric <dY, Y> for --save-attribution"},
         {.name = "--save-attribution", .kind = MHA_ARG_STRING, .dest = &save_a, .metavar = "A.npy",
          .help = "save each head's attribution Z^(r).dZ^(r) of <dY, Y>, (h,B,T) (docs/BACKWARD.md)"},
+        {.name = "--cu-seqlens", .kind = MHA_ARG_STRING, .dest = &cu_spec, .metavar = "0,T1,...,T",
+         .help = "packed sequences (FlashAttention's varlen cu_seqlens): rows cu[s]..cu[s+1]-1 of every "
+                 "batch row attend only each other; self-attention (docs/FILES.md)"},
         {.name = "--path", .kind = MHA_ARG_STRING, .dest = &path, .metavar = "P",
          .help = "auto (default), reference or fast", .choices = "auto|reference|fast"},
         {.name = "--weights-dtype", .kind = MHA_ARG_STRING, .dest = &wdtype, .metavar = "T",
@@ -146,7 +184,9 @@ int cmd_run(int argc, char **argv) {
                    "attention is NOT allowed; a float mask is added to the scaled scores.\n"
                    "Heads in --ablate are positions 0..h-1 of the loaded layer.\n"
                    "--v-input feeds W_V while --kv-input (or X) feeds W_K, as PyTorch's\n"
-                   "key and value; a layer whose d_v_in differs from d_kv_in needs it.\n\n"
+                   "key and value; a layer whose d_v_in differs from d_kv_in needs it.\n"
+                   "--cu-seqlens 0,5,12 packs sequences: rows 0..4 and 5..11 of every batch\n"
+                   "row attend only each other, as if each were run alone.\n\n"
                    "Every output is written to a temporary file next to it and renamed over\n"
                    "the target only when the whole command succeeded: a failed run leaves\n"
                    "every existing file as it was. An output may not be an input or another\n"
@@ -180,6 +220,7 @@ int cmd_run(int argc, char **argv) {
     float *y = NULL, *attr = NULL; /* (B,T,d_model), (h,B,T) */
     mha_capture cap = {0};
     mha_intervention *iv = NULL;
+    int *cu = NULL; /* (n_seqs + 1) boundaries of --cu-seqlens */
     mha_array v = {0};
     if ((rc = cli_apply_variants("run", &L, &f, &vf, &ck))) goto done;
     mha_weight_dtype wd;
@@ -201,6 +242,10 @@ int cmd_run(int argc, char **argv) {
                                                           : MHA_PATH_AUTO;
     if (masked && strcmp(masked, "nan") == 0) f.opt.masked_row = MHA_MASKED_ROW_NAN;
     f.opt.bf16_matmul = bf16_matmul;
+    if (cu_spec) {
+        if ((rc = parse_cu_seqlens(cu_spec, &cu, &f.opt.n_seqs))) goto done;
+        f.opt.cu_seqlens = cu;
+    }
     if (ablate) {
         iv = calloc((size_t)h, sizeof *iv);
         rc = iv ? cli_parse_ablate(ablate, iv, h) : mha_cmd_error("run", 1, "out of memory");
@@ -263,6 +308,7 @@ done:
     free(cap.contributions);
     free(cap.probs);
     free(iv);
+    free(cu);
     mha_array_free(&v);
     cli_variants_free(&vf);
     cli_fwd_free(&f);
