@@ -6,6 +6,7 @@
 #   safetensors  the safetensors reader and writer
 #   layouts      the checkpoint layout loaders over fuzzed safetensors
 #   args         the CLI flag parser (tools/args.c)
+#   cache        the KV cache file's reader (mha_cache_load) over fuzzed safetensors
 #   usage: sh fuzz/run.sh [SECONDS_TOTAL]   (default 60, split between targets)
 # Exits non-zero on any crash, leak, sanitizer report or build failure.
 set -e
@@ -43,8 +44,9 @@ for f in $(ls src/*.c src/*/*.c); do
     objs="$objs $o"
 done
 "$CLANG" $flags -fopenmp -o "$out/fuzz_layouts" fuzz/fuzz_layouts.c $objs -ljansson -lm
-targets="npy safetensors layouts args"
-per=$((total / 4))
+"$CLANG" $flags -fopenmp -o "$out/fuzz_cache" fuzz/fuzz_cache.c $objs -ljansson -lm
+targets="npy safetensors layouts args cache"
+per=$((total / 5))
 [ "$per" -ge 1 ] || per=1
 status=0
 for t in $targets; do
@@ -53,6 +55,7 @@ for t in $targets; do
     seeds="fuzz/corpus/$t"
     dict=""
     [ -f "fuzz/$t.dict" ] && dict="-dict=fuzz/$t.dict"
+    [ "$t" = cache ] && dict="-dict=fuzz/safetensors.dict"
     [ "$t" = args ] && dict="-close_fd_mask=3"
     echo "fuzz: $t for ${per}s"
     # new inputs go to the scratch corpus; the checked-in seeds stay as they are

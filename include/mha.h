@@ -39,7 +39,8 @@
  *   mha_cache_append, mha_cache_reset, mha_cache_truncate, mha_cache_compact,
  *   mha_cache_permute_heads, mha_cache_reorder, mha_cache_set_memory and
  *   mha_cache_free mutate it;
- *   mha_cache_attend, mha_cache_length, mha_cache_bytes and mha_cache_clone
+ *   mha_cache_attend, mha_cache_length, mha_cache_bytes, mha_cache_get_info,
+ *   mha_cache_save and mha_cache_clone
  *   only read it and may run concurrently with each other.
  * - Process-wide settings are atomics read once at a call's start
  *   (mha_set_num_threads) or per call (MHA_KERNELS: do not setenv while
@@ -1082,6 +1083,12 @@ MHA_API void mha_cache_free(mha_cache *cache);
  * capacity is a multiple of 128; the constant bookkeeping (a few hundred
  * bytes) is not counted. */
 MHA_API size_t mha_cache_bytes(const mha_cache *cache);
+/* What a cache was made with (one mha_cache_load returned, say). */
+typedef struct {
+    int batch, capacity, window, sink_tokens, cross;
+    mha_cache_dtype k_dtype, v_dtype;
+} mha_cache_info;
+MHA_API mha_status mha_cache_get_info(const mha_cache *cache, mha_cache_info *info);
 /* The same number for a config without creating a cache (0 when the
  * config, batch or capacity is invalid): for `mha shapes` and planning. */
 MHA_API size_t mha_cache_bytes_for(const mha_config *cfg, int batch, int capacity, mha_cache_dtype dtype);

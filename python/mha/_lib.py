@@ -145,6 +145,11 @@ class Capture(Structure):
     _fields_ = [("z", F32P), ("contributions", F32P), ("probs", F32P)]
 
 
+class CacheInfo(Structure):
+    _fields_ = [("batch", c_int), ("capacity", c_int), ("window", c_int), ("sink_tokens", c_int),
+                ("cross", c_int), ("k_dtype", c_int), ("v_dtype", c_int)]
+
+
 class ContractReport(Structure):
     _fields_ = [("labels_ok", c_int), ("bad_block", c_int), ("bad_position", c_int),
                 ("expected_label", c_int), ("found_label", c_int),
@@ -244,6 +249,9 @@ _sig("mha_cache_set_sink_tokens", c_int, CacheP, c_int)
 _sig("mha_cache_permute_heads", c_int, CacheP, INTP)
 _sig("mha_cache_reorder", c_int, CacheP, INTP)
 _sig("mha_cache_clone", c_int, POINTER(CacheP), CacheP)
+_sig("mha_cache_save", c_int, CacheP, c_char_p)
+_sig("mha_cache_get_info", c_int, CacheP, POINTER(CacheInfo))
+_sig("mha_cache_load", c_int, POINTER(CacheP), LayerP, c_char_p)
 _sig("mha_cache_create_cross", c_int, POINTER(CacheP), LayerP, c_int, c_int, c_int, c_int)
 _sig("mha_cache_set_memory", c_int, CacheP, LayerP, F32P, F32P, c_int, INTP)
 _sig("mha_forward_cached", c_int, LayerP, CacheP, F32P, POINTER(Capture), F32P, c_int, INTP,

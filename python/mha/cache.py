@@ -15,7 +15,7 @@ from ._owner import COwner
 from ._arrays import _shape_str, bools, floats, fptr, ints
 from ._check import INT_MAX, c_flag, c_float, c_int, names as capture_names
 from .errors import ArgumentError, ShapeError, check
-from .layer import Layer, _enum, _positions, window as window_arg
+from .layer import Layer, _c_path, _enum, _positions, window as window_arg
 
 _L = _lib.lib
 
@@ -223,6 +223,39 @@ class Cache(COwner):
 
     def __deepcopy__(self, memo):
         return self.copy()
+
+    def save(self, path):
+        """Writes what the cache holds (keys and values in their storage type,
+        positions, lengths, shape, window, sinks, head order, cross memory) to
+        a safetensors file, whole or not at all (mha_cache_save): a prompt's
+        cache computed once and loaded by later processes with Cache.load."""
+        with self._borrow() as ptr:
+            check(_L.mha_cache_save(ptr, _c_path("path", path)), "mha_cache_save")
+
+    @classmethod
+    def load(cls, path, layer):
+        """A Cache for layer holding what Cache.save wrote to path
+        (mha_cache_load): decoding continues as with the saved cache, to the
+        bit. The layer must have the saved cache's shape; a file that is not
+        such a cache raises FormatError naming the entry."""
+        if not isinstance(layer, Layer):
+            raise ArgumentError(f"layer is a {type(layer).__name__}; expected a mha.Layer")
+        handle = ctypes.c_void_p()
+        with layer._borrow() as layer_ptr:
+            check(_L.mha_cache_load(ctypes.byref(handle), layer_ptr, _c_path("path", path)), "mha_cache_load")
+        info = _lib.CacheInfo()
+        check(_L.mha_cache_get_info(handle, ctypes.byref(info)), "mha_cache_get_info")
+        self = cls.__new__(cls)
+        self._ptr = handle
+        self.layer = layer
+        self.batch, self.capacity, self.window, self.sink_tokens = (info.batch, info.capacity, info.window,
+                                                                    info.sink_tokens)
+        self.cross = bool(info.cross)
+        self.dtype, self.v_dtype = _NAMES[info.k_dtype], _NAMES[info.v_dtype]
+        c = layer.config
+        self._shape = {k: c[k] for k in ("d_model", "n_heads", "n_kv_heads", "d_k", "d_v",
+                                         "add_bias_kv", "add_zero_attn", "d_kv_in", "d_v_in")}
+        return self
 
     def reorder(self, beam_idx):
         """Beam search: sequence b becomes what sequence beam_idx[b] was (its

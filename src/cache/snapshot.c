@@ -19,6 +19,12 @@ void mha_cache_state_shape(mha_cache_state *s, const mha_cache *c) {
     s->d_kv_in = c->d_kv_in, s->d_v_in = c->d_v_in, s->kt = c->kt, s->vt = c->vt, s->nbk = c->nbk, s->nbv = c->nbv;
 }
 
+mha_status mha_cache_get_info(const mha_cache *c, mha_cache_info *info) {
+    if (!c || !info) return mha_fail(MHA_E_ARG, "mha_cache_get_info: NULL %s", c ? "info" : "cache");
+    *info = (mha_cache_info){c->B, c->cap, c->window, c->n_sink, c->cross, c->kt, c->vt};
+    return MHA_OK;
+}
+
 /* Element (row, e) of the storage at element offset at of type dt, as a
  * float (int8: the code). */
 static float stored(const void *data, mha_cache_dtype dt, size_t at) {

@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "cache/snapshot.h"
+#include "io/cache_file.h"
 #include "io/tensors_internal.h"
 
 #define CACHE_FORMAT "mha_cache"
@@ -225,8 +226,7 @@ static mha_status read_state(mha_cache_state *s, const mha_tensors *t, const cha
     return MHA_OK;
 }
 
-/* The cache the file describes, made for layer and filled. */
-static mha_status load_from(mha_cache **out, const mha_layer *layer, const mha_tensors *t, const char *path) {
+mha_status mha_cache_from_tensors(mha_cache **out, const mha_layer *layer, const mha_tensors *t, const char *path) {
     const char *fmt = mha_tensors_meta(t, "format"), *ver = mha_tensors_meta(t, "format_version");
     if (!fmt || strcmp(fmt, CACHE_FORMAT) != 0)
         return mha_fail(MHA_E_FORMAT, "%s: metadata format = '%.20s'; expected '%s' (a file mha_cache_save wrote)", path,
@@ -272,7 +272,7 @@ mha_status mha_cache_load(mha_cache **out, const mha_layer *layer, const char *p
     if (!layer || !path) return mha_fail(MHA_E_ARG, "mha_cache_load: NULL %s", layer ? "path" : "layer");
     mha_tensors *t = NULL;
     mha_status st = mha_safetensors_read(&t, path, 0);
-    if (!st) st = load_from(out, layer, t, path);
+    if (!st) st = mha_cache_from_tensors(out, layer, t, path);
     mha_tensors_free(t);
     return st;
 }
