@@ -228,6 +228,15 @@ typedef struct {
     int temperature_floor;
     float temperature_scale;
     mha_temperature_rule temperature_rule;
+    /* 1: gated attention (Qwen3-Next, Qwen 3.5: "attn_output_gate"): each
+       head's output is multiplied, element by element, by sigmoid(x W_G +
+       b_G) before W_O reads it — Z'^(r) = Z^(r) * sigmoid(G^(r)), G = x W_G
+       + b_G (h*d_v) from the query's input, W_G in weights.w_g; the
+       interventions, captures and contributions see Z'. Self-attention
+       forwards and the KV cache; training (the backward, the tape),
+       bf16 / int8 weights, mha-mpi and mha_layer_load_heads refuse it
+       (MHA_E_UNSUPPORTED). 0: none. */
+    int output_gate;
 } mha_config;
 
 /* A config for d_model and h with every other field at its default. */
@@ -258,6 +267,8 @@ typedef struct {
     const float *sinks;  /* (h) sink logits, config.sinks only             */
     const float *q_norm; /* (d_k) or (h, d_k) per head, config.qk_norm only */
     const float *k_norm; /* (d_k) or (h_kv, d_k) per head                  */
+    const float *w_g;    /* (d_model, h*d_v) output gate, config.output_gate only */
+    const float *b_g;    /* (h*d_v), output_gate with bias only              */
 } mha_weights;
 
 /* slopes (n_heads) = the paper's ALiBi slopes for a layer of n_heads

@@ -57,9 +57,9 @@ float naive_round_f16(float x) {
     return (float)copysign(ldexp(r, q), (double)x);
 }
 
-enum { N_WEIGHTS = 13 };
+enum { N_WEIGHTS = 15 };
 
-/* Sizes of the thirteen tensors, in naive_weights order. */
+/* Sizes of the fifteen tensors, in naive_weights order. */
 static void weight_sizes(const mha_config *c, size_t n[N_WEIGHTS]) {
     size_t h = (size_t)c->n_heads, hk = (size_t)c->n_kv_heads;
     n[0] = (size_t)c->d_model * h * c->d_k;
@@ -75,12 +75,14 @@ static void weight_sizes(const mha_config *c, size_t n[N_WEIGHTS]) {
     n[10] = c->sinks ? h : 0;
     n[11] = c->qk_norm == MHA_QK_NORM_NONE ? 0 : (c->qk_norm_per_head ? h : 1) * c->d_k;
     n[12] = c->qk_norm == MHA_QK_NORM_NONE ? 0 : (c->qk_norm_per_head ? hk : 1) * c->d_k;
+    n[13] = c->output_gate ? (size_t)c->d_model * h * c->d_v : 0;
+    n[14] = c->output_gate && c->bias ? h * c->d_v : 0;
 }
 
 static float **weight_slot(naive_weights *w, int i) {
     float **slots[N_WEIGHTS] = {&w->w_q, &w->w_k, &w->w_v, &w->w_o, &w->b_q, &w->b_k,
                                 &w->b_v, &w->b_o, &w->bias_k, &w->bias_v, &w->sinks,
-                                &w->q_norm, &w->k_norm};
+                                &w->q_norm, &w->k_norm, &w->w_g, &w->b_g};
     return slots[i];
 }
 
@@ -110,7 +112,8 @@ void naive_weights_free(naive_weights *w) {
 
 mha_weights naive_weights_view(const naive_weights *w) {
     mha_weights v = {w->w_q, w->w_k, w->w_v, w->w_o, w->b_q,
-                     w->b_k, w->b_v, w->b_o, w->bias_k, w->bias_v, NULL, w->sinks, w->q_norm, w->k_norm};
+                     w->b_k, w->b_v, w->b_o, w->bias_k, w->bias_v, NULL, w->sinks, w->q_norm, w->k_norm,
+                     w->w_g, w->b_g};
     return v;
 }
 
@@ -266,6 +269,14 @@ void naive_forward_kv(double *y, double *z_out, double *probs, const naive_weigh
                 }
             }
         }
+
+    /* --- the output gate (gated attention): Z *= sigmoid(x W_G + b_G) */
+    if (w->w_g) {
+        double *g = naive_alloc_doubles((size_t)B * T * h * dv); /* (B,T,h*d_v) */
+        naive_linear(g, x, w->w_g, w->b_g, B * T, dm, h * dv);
+        for (size_t i = 0; i < (size_t)B * T * h * dv; i++) z[i] *= 1.0 / (1.0 + exp(-g[i]));
+        free(g);
+    }
 
     /* --- interventions on Z^(r) before concatenation */
     for (int r = 0; o.interventions && r < h; r++) naive_intervene(z, &o.interventions[r], r, h, B * T, dv);

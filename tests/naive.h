@@ -30,6 +30,8 @@ typedef struct {
     float *sinks;  /* (h), cfg.sinks only */
     float *q_norm; /* (d_k) or (h*d_k) per head, cfg.qk_norm only */
     float *k_norm; /* (d_k) or (h_kv*d_k) per head                 */
+    float *w_g;    /* (d_model, h*d_v), cfg.output_gate only        */
+    float *b_g;    /* (h*d_v), output_gate with bias                */
 } naive_weights;
 
 /* Fills the 0 defaults of a config by the rules written in mha.h, without

@@ -52,6 +52,7 @@ static const test_area_fn areas[] = {
     tests_cache_cross,
     tests_cache_tree,
     tests_cache_file,
+    tests_gate,
     tests_merge_edges,
     tests_lse_fast,
     tests_load_heads,

@@ -371,7 +371,7 @@ static mha_layer *oom_layer(int cross, mha_weight_dtype dtype, uint64_t seed) {
         naive_random_floats((size_t)h, &seed, 0.1f, 1.0f), naive_random_floats((size_t)h, &seed, -1.0f, 2.0f),
         naive_random_floats((size_t)h * dk, &seed, 0.5f, 1.5f), naive_random_floats((size_t)hk * dk, &seed, 0.5f, 1.5f)};
     const mha_weights w = {a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], cross ? a[8] : NULL, cross ? a[9] : NULL,
-                           cross ? NULL : a[10], cross ? NULL : a[11], cross ? NULL : a[12], cross ? NULL : a[13]};
+                           cross ? NULL : a[10], cross ? NULL : a[11], cross ? NULL : a[12], cross ? NULL : a[13], NULL, NULL};
     mha_layer *L = NULL;
     CHECK_OK(mha_layer_create(&L, &r, &w));
     if (L && dtype != MHA_W_F32) CHECK_OK(mha_layer_convert_weights(L, dtype));

@@ -115,7 +115,7 @@ static void torch_forward_matches_hand_transposed(void) {
             wo[i * E + o] = ow[o * E + i];
         }
     mha_config cfg = mha_config_default(E, H);
-    mha_weights w = {wq, wk, wv, wo, ipb, ipb + E, ipb + 2 * E, ob, NULL, NULL, NULL, NULL, NULL, NULL};
+    mha_weights w = {wq, wk, wv, wo, ipb, ipb + E, ipb + 2 * E, ob, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
     mha_torch_weights tw = {.embed_dim = E, .num_heads = H, .in_proj_weight = ipw,
                             .in_proj_bias = ipb, .out_proj_weight = ow, .out_proj_bias = ob};
     mha_layer *a = NULL, *b = NULL;
@@ -171,7 +171,7 @@ static void torch_kdim_ne_vdim(void) {
     CHECK_INT(bad, 0);
     mha_config hc = mha_config_default(E, H);
     hc.d_kv_in = KD, hc.d_v_in = VD;
-    mha_weights hw = {wq, wk, wv, wo, ipb, ipb + E, ipb + 2 * E, ob, NULL, NULL, NULL, NULL, NULL, NULL};
+    mha_weights hw = {wq, wk, wv, wo, ipb, ipb + E, ipb + 2 * E, ob, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
     mha_layer *M = NULL;
     CHECK_OK(mha_layer_create(&M, &hc, &hw));
     if (M) {

@@ -44,6 +44,7 @@ const test_case *tests_cache_reorder(size_t *count);
 const test_case *tests_cache_cross(size_t *count);
 const test_case *tests_cache_tree(size_t *count);
 const test_case *tests_cache_file(size_t *count);
+const test_case *tests_gate(size_t *count);
 const test_case *tests_merge_edges(size_t *count);
 const test_case *tests_lse_fast(size_t *count);
 const test_case *tests_load_heads(size_t *count);

@@ -107,7 +107,7 @@ class Config(Structure):
                 ("rope", Rope), ("alibi", c_int), ("softcap", c_float), ("sinks", c_int),
                 ("qk_norm", c_int), ("qk_norm_per_head", c_int), ("qk_norm_eps", c_float),
                 ("qk_norm_whole", c_int), ("clip_qkv", c_float), ("temperature_floor", c_int),
-                ("temperature_scale", c_float), ("temperature_rule", c_int)]
+                ("temperature_scale", c_float), ("temperature_rule", c_int), ("output_gate", c_int)]
 
 
 # the config fields of the plain layer's shape (the rest are today's variants)
@@ -115,7 +115,7 @@ SHAPE_FIELDS = ("d_model", "n_heads", "n_kv_heads", "d_k", "d_v", "d_kv_in", "bi
                 "add_zero_attn", "d_v_in")
 
 WEIGHT_NAMES = ("w_q", "w_k", "w_v", "w_o", "b_q", "b_k", "b_v", "b_o", "bias_k", "bias_v",
-                "alibi_slopes", "sinks", "q_norm", "k_norm")
+                "alibi_slopes", "sinks", "q_norm", "k_norm", "w_g", "b_g")
 
 
 class Weights(Structure):

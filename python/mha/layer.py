@@ -232,7 +232,7 @@ class Layer(COwner):
                  add_bias_kv=False, add_zero_attn=False, weights=None, d_v_in=0, *, rope=None,
                  alibi=False, softcap=0.0, sinks=False, qk_norm="none", qk_norm_per_head=False,
                  qk_norm_eps=0.0, qk_norm_whole=False, clip_qkv=0.0, temperature=None, temperature_floor=0,
-                 temperature_scale=0.0, temperature_rule="llama4"):
+                 temperature_scale=0.0, temperature_rule="llama4", output_gate=False):
         if temperature_floor or temperature_scale or temperature_rule not in ("llama4", 0):
             # the fields of Layer.config, so that Layer(**other.config) makes the same layer
             if temperature is not None:
@@ -248,7 +248,8 @@ class Layer(COwner):
                           _enum("qk_norm", qk_norm, _lib.QK_NORM),
                           c_flag("qk_norm_per_head", qk_norm_per_head or qk_norm_whole),
                           c_float("qk_norm_eps", qk_norm_eps), c_flag("qk_norm_whole", qk_norm_whole),
-                          c_float("clip_qkv", 0.0 if clip_qkv is None else clip_qkv), *_temperature(temperature))
+                          c_float("clip_qkv", 0.0 if clip_qkv is None else clip_qkv), *_temperature(temperature),
+                          c_flag("output_gate", output_gate))
         resolved = _lib.Config()
         check(_L.mha_config_resolve(ctypes.byref(resolved), ctypes.byref(cfg)), "mha_config_resolve")
         handle = _lib.LayerP()
@@ -324,6 +325,9 @@ class Layer(COwner):
             per_head = c.qk_norm_per_head
             shapes["q_norm"] = (h * c.d_k,) if per_head else (c.d_k,)
             shapes["k_norm"] = (g * c.d_k,) if per_head else (c.d_k,)
+        if getattr(c, "output_gate", 0):  # gated attention: Z * sigmoid(x W_G + b_G)
+            shapes["w_g"] = (c.d_model, h * c.d_v)
+            shapes["b_g"] = (h * c.d_v,)
         return shapes
 
     @classmethod

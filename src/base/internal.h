@@ -29,6 +29,8 @@ struct mha_layer {
     float *sinks;     /* (h) sink logits, zeros when !sinks            */
     float *q_norm;    /* (d_k), or (h*d_k) when qk_norm_per_head; ones when !qk_norm */
     float *k_norm;    /* (d_k), or (h_kv*d_k)                          */
+    float *w_g;       /* (d_model, h*d_v) output gate, (0) without one */
+    float *b_g;       /* (h*d_v), zeros without bias; (0) without a gate */
     int *labels[MHA_N_BLOCKS]; /* by mha_block: h, h_kv, h_kv, h, h entries */
     struct mha_fast_state *fast; /* NULL until the fast path prepares it */
     struct mha_workspace *ws;    /* the fast path's Q, K, V, Z blocks, kept for

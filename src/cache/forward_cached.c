@@ -440,6 +440,17 @@ static mha_status attend_pieces(const mha_exec *ex, cached_plan *p, mha_cache *c
     return s;
 }
 
+/* gated attention: z (N, h*d_v) *= sigmoid(x W_G + b_G) of the new rows */
+static mha_status gate(const mha_exec *ex, const cached_plan *p, const mha_layer *L, const mha_cache *c) {
+    const size_t zw = (size_t)c->h * c->d_v, n = (size_t)p->N * zw;
+    float *g = malloc(sizeof(float) * n); /* (N, h*d_v) */
+    if (!g) return mha_fail(MHA_E_NOMEM, "mha_forward_cached: no memory for the output gate (%d rows)", p->N);
+    mha_status s = mha_decode_gemm(ex, g, p->xc, L->w_g, L->b_g, p->N, c->d_model, (int)zw);
+    for (size_t i = 0; !s && i < n; i++) p->z[i] *= 1.0f / (1.0f + expf(-g[i]));
+    free(g);
+    return s;
+}
+
 /* y (N, d_model) = z (N, h*d_v) W_O + b_O (the stream of decode_gemm.c
  * or the fast path's packed GEMM: stream_projections); cc (h, N, d_model),
  * when not NULL, = Z^(r) W_O[r] (no bias), on the packed GEMM. */
@@ -532,7 +543,8 @@ static mha_status forward_cached_exec(const mha_exec *ex, const mha_layer *L, mh
     p.nan_rows = o.nan_rows;
     if (!(s = plan_buffers(&p, c, x, y, cap, opt)) && !(s = project_qkv(ex, &p, L, c)) && !(s = clip_qkv(ex, &p, L, c)) &&
         !(s = transform_qk(&p, L, c)) &&
-        !(s = check_range(ex, &p, c, L, o.scale)) && !(s = attend_pieces(ex, &p, c, L, cap, &o))) {
+        !(s = check_range(ex, &p, c, L, o.scale)) && !(s = attend_pieces(ex, &p, c, L, cap, &o)) &&
+        !(s = L->cfg.output_gate ? gate(ex, &p, L, c) : MHA_OK)) {
         for (int r = 0; opt->interventions && r < c->h && !s; r++)
             s = mha_head_intervene_rows(p.z, &opt->interventions[r], r, c->h, p.N, c->d_v, p.value_row);
         if (!s) s = project_out(ex, &p, L, c);

@@ -77,7 +77,7 @@ mha_status mha_config_resolve(mha_config *out, const mha_config *in) {
         return mha_fail(MHA_E_ARG, "n_heads*d_k=%lld or n_heads*d_v=%lld is too large; expected <= %d",
                         (long long)c.n_heads * c.d_k, (long long)c.n_heads * c.d_v,
                         MHA_MAX_DIM * 16);
-    if ((s = mha_variants_resolve(&c))) return s;
+    if ((s = mha_variants_resolve(&c)) || (s = check_flag("output_gate", c.output_gate))) return s;
     *out = c;
     return MHA_OK;
 }
@@ -85,10 +85,10 @@ mha_status mha_config_resolve(mha_config *out, const mha_config *in) {
 /* ------------------------------------------------------------ weights */
 
 /* The tensors of a layer, by the mha_weights member order. */
-#define N_TENSORS 14
+#define N_TENSORS 16
 
 /* Which config switch a tensor belongs to (ALWAYS: every layer has it). */
-typedef enum { ALWAYS, BIAS, BIAS_KV, ALIBI, SINKS, QK_NORM } tensor_owner;
+typedef enum { ALWAYS, BIAS, BIAS_KV, ALIBI, SINKS, QK_NORM, GATE, GATE_BIAS } tensor_owner;
 
 typedef struct {
     const char *name;
@@ -97,7 +97,8 @@ typedef struct {
 } weight_shape;
 
 static const char *owner_flag(tensor_owner o) {
-    static const char *f[] = {"", "bias", "add_bias_kv", "alibi", "sinks", "qk_norm"};
+    static const char *f[] = {"", "bias", "add_bias_kv", "alibi", "sinks", "qk_norm", "output_gate",
+                              "output_gate with bias"};
     return f[o];
 }
 
@@ -109,6 +110,8 @@ static int owner_on(const mha_config *c, tensor_owner o) {
     case ALIBI: return c->alibi;
     case SINKS: return c->sinks;
     case QK_NORM: return c->qk_norm != MHA_QK_NORM_NONE;
+    case GATE: return c->output_gate;
+    case GATE_BIAS: return c->output_gate && c->bias;
     }
     return 0;
 }
@@ -124,6 +127,7 @@ static void weight_shapes(const mha_config *c, weight_shape ws[N_TENSORS]) {
         {"bias_k", gk, BIAS_KV}, {"bias_v", gv, BIAS_KV},
         {"alibi_slopes", (size_t)c->n_heads, ALIBI}, {"sinks", (size_t)c->n_heads, SINKS},
         {"q_norm", qn, QK_NORM}, {"k_norm", kn, QK_NORM},
+        {"w_g", c->output_gate ? (size_t)c->d_model * hv : 0, GATE}, {"b_g", c->output_gate ? hv : 0, GATE_BIAS},
     };
     memcpy(ws, t, sizeof t);
 }
@@ -131,20 +135,21 @@ static void weight_shapes(const mha_config *c, weight_shape ws[N_TENSORS]) {
 static float **layer_tensor(mha_layer *L, int i) {
     float **t[N_TENSORS] = {&L->w_q, &L->w_k, &L->w_v, &L->w_o, &L->b_q, &L->b_k, &L->b_v,
                             &L->b_o, &L->bias_k, &L->bias_v, &L->alibi_slopes, &L->sinks,
-                            &L->q_norm, &L->k_norm};
+                            &L->q_norm, &L->k_norm, &L->w_g, &L->b_g};
     return t[i];
 }
 
 static const float *weights_member(const mha_weights *w, int i) {
     const float *m[N_TENSORS] = {w->w_q, w->w_k, w->w_v, w->w_o, w->b_q, w->b_k, w->b_v,
                                  w->b_o, w->bias_k, w->bias_v, w->alibi_slopes, w->sinks,
-                                 w->q_norm, w->k_norm};
+                                 w->q_norm, w->k_norm, w->w_g, w->b_g};
     return m[i];
 }
 
 /* What a tensor not given holds: the default ALiBi slopes, unit norm
  * weights, zeros for the rest. */
 static void default_tensor(const mha_config *c, float *dst, const weight_shape *ws, int i) {
+    if (!ws->count) return;
     if (i == 10) /* alibi_slopes */ mha_alibi_default_slopes(dst, c->n_heads);
     else if (ws->owner == QK_NORM) for (size_t e = 0; e < ws->count; e++) dst[e] = 1.0f;
     else memset(dst, 0, ws->count * sizeof(float));
@@ -180,7 +185,7 @@ static void copy_weights(mha_layer *L, const mha_weights *w) {
     for (int i = 0; i < N_TENSORS; i++) {
         const float *src = w ? weights_member(w, i) : NULL;
         float *dst = *layer_tensor(L, i);
-        if (src) memcpy(dst, src, ws[i].count * sizeof(float));
+        if (src && ws[i].count) memcpy(dst, src, ws[i].count * sizeof(float));
         else default_tensor(&L->cfg, dst, &ws[i], i);
     }
 }
@@ -193,9 +198,9 @@ static mha_status layer_alloc(mha_layer **out, const mha_config *c) {
     weight_shape ws[N_TENSORS];
     weight_shapes(c, ws);
     int ok = 1;
-    for (int i = 0; i < N_TENSORS; i++) {
-        *layer_tensor(L, i) = mha_alloc_large(ws[i].count * sizeof(float));
-        ok = ok && *layer_tensor(L, i);
+    for (int i = 0; i < N_TENSORS; i++) { /* a tensor of no element (no gate) stays NULL */
+        *layer_tensor(L, i) = ws[i].count ? mha_alloc_large(ws[i].count * sizeof(float)) : NULL;
+        ok = ok && (*layer_tensor(L, i) || !ws[i].count);
     }
     L->ws = mha_workspace_create();
     ok = ok && L->ws;
@@ -284,6 +289,8 @@ void mha_layer_get_weights(const mha_layer *L, mha_weights *v) {
     v->sinks = c->sinks ? L->sinks : NULL;
     v->q_norm = c->qk_norm ? L->q_norm : NULL;
     v->k_norm = c->qk_norm ? L->k_norm : NULL;
+    v->w_g = c->output_gate ? L->w_g : NULL;
+    v->b_g = c->output_gate && c->bias ? L->b_g : NULL;
 }
 
 const mha_config *mha_layer_config(const mha_layer *L) { return L ? &L->cfg : NULL; }
@@ -367,7 +374,8 @@ static size_t permute_row_bytes(const mha_layer *L, mha_block b) {
     const mha_config *c = &L->cfg;
     const size_t n = (size_t)block_count(L, b);
     switch (b) {
-    case MHA_BLOCK_Q:
+    case MHA_BLOCK_Q: /* W_G's column blocks (d_v) move with the query heads */
+        return n * (c->output_gate && c->d_v > c->d_k ? c->d_v : c->d_k) * sizeof(float);
     case MHA_BLOCK_K: return n * c->d_k * sizeof(float);
     case MHA_BLOCK_V: return n * c->d_v * sizeof(float);
     case MHA_BLOCK_O: return n * c->d_v * c->d_model * sizeof(float);
@@ -388,6 +396,10 @@ static void permute_one(mha_layer *L, mha_block b, const int *perm, void *tmp) {
         mha_wstore_permute(L, MHA_MAT_Q, c->d_model, n, c->d_k, perm, tmp);
         permute_column_blocks(L->b_q, 1, n, c->d_k, perm, tmp);
         if (c->qk_norm_per_head) permute_column_blocks(L->q_norm, 1, n, c->d_k, perm, tmp);
+        if (c->output_gate) { /* head r's gate comes from its query's input, with it */
+            permute_column_blocks(L->w_g, c->d_model, n, c->d_v, perm, tmp);
+            permute_column_blocks(L->b_g, 1, n, c->d_v, perm, tmp);
+        }
         break;
     case MHA_BLOCK_K:
         permute_column_blocks(L->w_k, c->d_kv_in, n, c->d_k, perm, tmp);

@@ -18,6 +18,7 @@ static void state_free(struct mha_fast_state *f) {
     mha_packed_free(&f->kv);
     mha_packed_free(&f->v);
     mha_packed_free(&f->o);
+    mha_packed_free(&f->g);
     free(f);
 }
 
@@ -47,6 +48,11 @@ static mha_status build(struct mha_fast_state **out, const mha_layer *L, const m
         if (!s && f->split_v) s = mha_pack_from(&f->v, c->d_v_in, 1, src + 2, cols + 1);
     }
     if (!s) s = mha_pack_from(&f->o, c->n_heads * c->d_v, 1, src + 3, &c->d_model);
+    if (!s && c->output_gate) { /* the gate from the layer's own (in, out) W_G */
+        const int ng = c->n_heads * c->d_v;
+        const mha_pack_source g = {.w = L->w_g, .k_stride = (size_t)ng, .n_stride = 1, .b = L->b_g};
+        s = mha_pack_from(&f->g, c->d_model, 1, &g, &ng);
+    }
     /* bf16 weights on a CPU with AMX: their pair panels for
      * options.bf16_matmul (without them, out of memory, the GEMM rounds
      * its input and runs the fp32 kernels: the same sums) */
@@ -115,6 +121,10 @@ const mha_packed *mha_fast_packed_qkv(const mha_layer *L) {
 
 const mha_packed *mha_fast_packed_q(const mha_layer *L) {
     return !L->fast ? NULL : L->fast->fused ? &L->fast->qkv : &L->fast->q;
+}
+
+const mha_packed *mha_fast_packed_g(const mha_layer *L) {
+    return L->fast && L->cfg.output_gate ? &L->fast->g : NULL;
 }
 
 const mha_packed *mha_fast_packed_o(const mha_layer *L) {

@@ -18,6 +18,7 @@ struct mha_fast_state {
     mha_packed kv;   /* (d_kv_in, h_kv*d_k | h_kv*d_v), or K alone        */
     mha_packed v;    /* (d_v_in, h_kv*d_v) when split_v                   */
     mha_packed o;    /* (h*d_v, d_model)                                  */
+    mha_packed g;    /* (d_model, h*d_v) output gate W_G, b_G; empty without */
 };
 
 /* Called after the layer's weights change (create, set, permute) and on
@@ -48,5 +49,7 @@ const mha_packed *mha_fast_packed_qkv(const mha_layer *L);
  * state); a cross-attention memory's queries. */
 const mha_packed *mha_fast_packed_q(const mha_layer *L);
 const mha_packed *mha_fast_packed_o(const mha_layer *L);
+/* The packed output gate W_G (config.output_gate), or NULL. */
+const mha_packed *mha_fast_packed_g(const mha_layer *L);
 
 #endif /* MHA_CORE_PACKING_H */

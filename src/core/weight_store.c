@@ -182,6 +182,10 @@ mha_status mha_layer_convert_weights(mha_layer *L, mha_weight_dtype dtype) {
     if (dtype != MHA_W_F32 && dtype != MHA_W_BF16 && dtype != MHA_W_I8)
         return mha_fail(MHA_E_ARG, "mha_layer_convert_weights: dtype=%d; expected MHA_W_F32, MHA_W_BF16 or MHA_W_I8",
                         (int)dtype);
+    if (dtype != MHA_W_F32 && L->cfg.output_gate)
+        return mha_fail(MHA_E_UNSUPPORTED, "mha_layer_convert_weights: %s weights of a layer with an output gate "
+                        "(config.output_gate: W_G has no compact form); expected MHA_W_F32",
+                        mha_weight_dtype_name(dtype));
     if (dtype == MHA_W_F32) { /* the values already are the rounded ones */
         mha_wstore_free(L->wstore);
         L->wstore = NULL;

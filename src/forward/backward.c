@@ -139,6 +139,7 @@ mha_status mha_backward_validate(const char *who, const mha_layer *L, const mha_
      * the forward's checks of shapes, sources, masks */
     mha_status s = mha_refuse_bf16_matmul(*opt, who);
     if (!s) s = mha_forward_request(who, L, dy, x, k_src, v_src, opt, defaults, B, T, S);
+    if (!s) s = mha_refuse_output_gate(&L->cfg, who);
     if (s || (s = mha_check_finite(dy, (size_t)B * T * L->cfg.d_model, "dy"))) return s;
     if ((s = check_wanted(who, &L->cfg, g, x, *k_src, *v_src))) return s;
     return check_disjoint(who, &L->cfg, g, dy, x, *k_src, *v_src, *opt, B, T, S);

@@ -234,6 +234,24 @@ static mha_status check_output(const float *a, size_t n, const char *name, const
     return MHA_OK;
 }
 
+// --- gated attention: Z *= sigmoid(X W_G + b_G), element by element
+static mha_status gate(const fast_plan *p, const mha_layer *L, const float *x, const mha_kernels *kern, int nt) {
+    const size_t rows = p->rows, zw = (size_t)p->c->n_heads * p->c->d_v;
+    float *g = mha_alloc_large(rows * zw * sizeof(float)); /* (B,T,h*d_v) */
+    if (!g) return mha_fail(MHA_E_NOMEM, "fast path: no memory for the output gate (B*T=%zu rows)", rows);
+    const mha_dst out = {MHA_DST_ROWS, g, zw, 0, 0, 0, 0};
+    const mha_gemm_args a = {&out, x, (size_t)p->c->d_model, (int)rows, mha_fast_packed_g(L), 0, 1, 0,
+                             p->c->d_model, 1, 0};
+    mha_status s = mha_gemm(&a, kern, nt);
+    float *z = p->z;
+    if (!s) {
+#pragma omp parallel for schedule(static) num_threads(nt)
+        for (size_t i = 0; i < rows * zw; i++) z[i] *= 1.0f / (1.0f + expf(-g[i]));
+    }
+    free(g);
+    return s;
+}
+
 // --- project out: the contributions Z^(r) W_O[r] (captured) and Y = Z W_O + b_O
 static mha_status project_out(const fast_plan *p, const mha_layer *L, float *y, const mha_capture *cap,
                               const mha_options *opt, const mha_kernels *kern, int nt) {
@@ -283,6 +301,8 @@ mha_status mha_forward_fast(const mha_exec *ex, const mha_layer *L, float *y, co
                      MHA_FAST_SCORE_LIMIT, MHA_FAST_RANGE_HINT);
         goto done;
     }
+
+    if (p.c->output_gate && (s = gate(&p, L, x, kern, nt))) goto done;
 
     // --- intervene on Z^(r), before W_O reads them
     for (int r = 0; opt->interventions && r < p.c->n_heads && !s; r++)

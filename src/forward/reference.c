@@ -186,6 +186,15 @@ mha_status mha_forward_reference_lse(const mha_layer *L, float *y, const mha_cap
     // --- attention: Z^(r) = softmax(softcap(scale * Q^(r) K^(g)^T) + alibi + mask, sink) V^(g)
     const mha_head_terms ht = {L->alibi_slopes, L->sinks, keys_are_x};
     mha_status s = mha_attend_reference(c, &ht, z, cap ? cap->probs : NULL, lse, q, k, v, B, T, S, opt);
+    const size_t rows = (size_t)B * T;
+    // --- gated attention: Z^(r) *= sigmoid(X W_G + b_G)^(r), element by element
+    double *g = !s && c->output_gate ? malloc(rows * zw * sizeof(double)) : NULL; // (B,T,h*d_v)
+    if (!s && c->output_gate && !g) s = mha_fail(MHA_E_NOMEM, "reference forward: no memory for the gate (B=%d T=%d)", B, T);
+    if (g) {
+        mha_linear_double(g, x, L->w_g, L->b_g, rows, D, (int)zw);
+        for (size_t i = 0; i < rows * zw; i++) z[i] *= 1.0 / (1.0 + exp(-g[i]));
+        free(g);
+    }
     free(xr), free(kr), free(vr);
     if (s) {
         free(q), free(k), free(v), free(z);
@@ -193,7 +202,6 @@ mha_status mha_forward_reference_lse(const mha_layer *L, float *y, const mha_cap
     }
 
     // --- interventions on Z^(r), before concatenation is read by W_O
-    const size_t rows = (size_t)B * T;
     for (int r = 0; opt->interventions && r < h; r++)
         intervene_double(z, &opt->interventions[r], r, h, rows, d_v);
     if (cap && cap->z)

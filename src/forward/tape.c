@@ -75,6 +75,7 @@ mha_status mha_forward_train(const mha_layer *L, float *y, mha_tape **tape, cons
     mha_options defaults;
     mha_status s = mha_refuse_bf16_matmul(opt, "mha_forward_train");
     if (!s) s = mha_forward_request("mha_forward_train", L, y, x, &k_src, &v_src, &opt, &defaults, B, T, S);
+    if (!s) s = mha_refuse_output_gate(&L->cfg, "mha_forward_train");
     if (s) return s;
     mha_exec ex;
     if ((s = mha_exec_resolve(&ex, NULL))) return s;

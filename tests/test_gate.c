@@ -1,0 +1,213 @@
+/* test_gate.c — gated attention (config.output_gate: Z *= sigmoid(x W_G +
+ * b_G) before W_O, Qwen3-Next). The reference path against the second
+ * oracle (tests/naive.c, which gates in its own words), the fast path on
+ * every kernel set and the KV cache against the reference, the head
+ * permutation moving W_G with the query heads, and the refusals.
+ * Legend: B, T, S, D = d_model, h heads. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/internal.h"
+#include "naive.h"
+#include "test_util.h"
+#include "tests.h"
+
+enum { B = 2, T = 7, D = 32 };
+
+static mha_layer *gated(naive_weights *w, int h, int h_kv, int bias, int d_kv_in, uint64_t seed) {
+    mha_config c = naive_config(D, h, h_kv, 8, 8, bias);
+    c.output_gate = 1, c.d_kv_in = d_kv_in;
+    c = naive_resolve(c);
+    naive_weights_random(w, &c, &seed, 0.6f);
+    return naive_make_layer(w);
+}
+
+/* the reference and the fast path against the oracle; causal self-attention
+ * with an ablation, and cross-attention from another source */
+static void test_gate_against_oracle(void) {
+    static const struct {
+        int h, h_kv, bias, d_kv_in;
+    } cases[] = {{4, 4, 1, 0}, {4, 2, 0, 0}, {4, 1, 1, 24}};
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        naive_weights w;
+        mha_layer *L = gated(&w, cases[k].h, cases[k].h_kv, cases[k].bias, cases[k].d_kv_in, 3 + k);
+        uint64_t seed = 9;
+        const int S = cases[k].d_kv_in ? 5 : T, din = cases[k].d_kv_in ? cases[k].d_kv_in : D;
+        float *x = naive_random_floats((size_t)B * T * D, &seed, -1, 1);
+        float *kv = cases[k].d_kv_in ? naive_random_floats((size_t)B * S * din, &seed, -1, 1) : NULL;
+        mha_intervention iv[4] = {{0}};
+        iv[1].op = MHA_HEAD_ZERO;
+        for (int path = 0; L && path < 2; path++) {
+            mha_options o = path ? mha_options_default() : naive_ref_options();
+            o.causal = !cases[k].d_kv_in;
+            o.interventions = iv;
+            o.path = path ? MHA_PATH_FAST : MHA_PATH_REFERENCE;
+            const double err = naive_compare(L, &w, x, kv, B, T, S, &o);
+            CHECK(err <= (path ? 2e-5 : 1e-6));
+        }
+        /* the gate matters: the same weights without it differ */
+        mha_config plain = w.cfg;
+        plain.output_gate = 0;
+        mha_weights v = naive_weights_view(&w);
+        v.w_g = v.b_g = NULL;
+        mha_layer *P = NULL;
+        CHECK_OK(mha_layer_create(&P, &plain, &v));
+        float *y1 = naive_alloc_floats((size_t)B * T * D), *y2 = naive_alloc_floats((size_t)B * T * D);
+        if (L && P) {
+            CHECK_OK(mha_forward(L, y1, NULL, x, kv, B, T, S, NULL));
+            CHECK_OK(mha_forward(P, y2, NULL, x, kv, B, T, S, NULL));
+            CHECK(test_max_abs_diff(y1, y2, (size_t)B * T * D) > 1e-2);
+        }
+        mha_layer_free(P), mha_layer_free(L), naive_weights_free(&w);
+        free(x), free(kv), free(y1), free(y2);
+    }
+}
+
+/* every kernel set's fast path against the reference, with the captures */
+static void test_gate_fast_every_isa(void) {
+    naive_weights w;
+    mha_layer *L = gated(&w, 4, 2, 1, 0, 5);
+    uint64_t seed = 2;
+    const size_t ny = (size_t)B * T * D, nz = (size_t)B * T * 4 * 8, nc = 4 * ny;
+    float *x = naive_random_floats(ny, &seed, -1, 1);
+    float *yr = naive_alloc_floats(ny), *zr = naive_alloc_floats(nz), *cr = naive_alloc_floats(nc);
+    float *yf = naive_alloc_floats(ny), *zf = naive_alloc_floats(nz), *cf = naive_alloc_floats(nc);
+    mha_options o = naive_ref_options();
+    o.causal = 1;
+    mha_capture capr = {zr, cr, NULL}, capf = {zf, cf, NULL};
+    if (L) CHECK_OK(mha_forward(L, yr, &capr, x, NULL, B, T, T, &o));
+    static const char *const sets[] = {"avx512", "avx2", "scalar"};
+    mha_context *ctx = NULL;
+    CHECK_OK(mha_context_create(&ctx));
+    o.path = MHA_PATH_FAST;
+    for (int k = 0; L && ctx && k < 3; k++) {
+        if (mha_context_set_kernels(ctx, sets[k]) != MHA_OK) continue;
+        CHECK_OK(mha_forward_ctx(ctx, L, yf, &capf, x, NULL, NULL, B, T, T, &o));
+        CHECK_ARRAY_NEAR(yf, yr, ny, 2e-5);
+        CHECK_ARRAY_NEAR(zf, zr, nz, 2e-6);
+        CHECK_ARRAY_NEAR(cf, cr, nc, 2e-5);
+    }
+    /* out of memory at each large allocation in turn: NOMEM, or the right Y */
+    for (int n = 1; L && n <= 6; n++) {
+        memset(yf, 0, sizeof(float) * ny);
+        mha_alloc_large_fail_in = n;
+        const mha_status s = mha_forward(L, yf, NULL, x, NULL, B, T, T, &o);
+        mha_alloc_large_fail_in = 0;
+        CHECK(s == MHA_E_NOMEM || (s == MHA_OK && test_max_abs_diff(yf, yr, ny) <= 2e-5));
+    }
+    mha_context_free(ctx), mha_layer_free(L), naive_weights_free(&w);
+    free(x), free(yr), free(zr), free(cr), free(yf), free(zf), free(cf);
+}
+
+/* the KV cache (prefill, then one token at a time; fp32 and int8) against
+ * the reference's causal forward of the whole sequence */
+static void test_gate_cache(void) {
+    naive_weights w;
+    mha_layer *L = gated(&w, 4, 2, 1, 0, 7);
+    uint64_t seed = 4;
+    const size_t ny = (size_t)B * T * D;
+    float *x = naive_random_floats(ny, &seed, -1, 1), *yr = naive_alloc_floats(ny), *y = naive_alloc_floats(ny);
+    float *xs = naive_alloc_floats((size_t)B * D), *ys = naive_alloc_floats((size_t)B * D);
+    mha_options o = naive_ref_options();
+    o.causal = 1;
+    if (L) CHECK_OK(mha_forward(L, yr, NULL, x, NULL, B, T, T, &o));
+    for (int dt = 0; L && dt < 2; dt++) {
+        mha_cache *c = NULL;
+        CHECK_OK(mha_cache_create(&c, L, B, 16, dt ? MHA_CACHE_I8 : MHA_CACHE_F32, 0));
+        if (!c) break;
+        const int P = 4;
+        float *xp = naive_alloc_floats((size_t)B * P * D), *yp = naive_alloc_floats((size_t)B * P * D);
+        for (int b = 0; b < B; b++) memcpy(xp + (size_t)b * P * D, x + (size_t)b * T * D, sizeof(float) * P * D);
+        CHECK_OK(mha_forward_cached(L, c, yp, NULL, xp, P, NULL, NULL));
+        for (int b = 0; b < B; b++) memcpy(y + (size_t)b * T * D, yp + (size_t)b * P * D, sizeof(float) * P * D);
+        for (int t = P; t < T; t++) {
+            for (int b = 0; b < B; b++) memcpy(xs + (size_t)b * D, x + ((size_t)b * T + t) * D, sizeof(float) * D);
+            CHECK_OK(mha_forward_cached(L, c, ys, NULL, xs, 1, NULL, NULL));
+            for (int b = 0; b < B; b++) memcpy(y + ((size_t)b * T + t) * D, ys + (size_t)b * D, sizeof(float) * D);
+        }
+        CHECK_ARRAY_NEAR(y, yr, ny, dt ? 3e-2 : 2e-5);
+        free(xp), free(yp);
+        mha_cache_free(c);
+    }
+    mha_layer_free(L), naive_weights_free(&w);
+    free(x), free(yr), free(y), free(xs), free(ys);
+}
+
+/* permuting the heads moves each head's gate with its query: the same Y;
+ * moving the query block alone (gate with it, W_O not) breaks the contract */
+static void test_gate_permutation(void) {
+    naive_weights w;
+    mha_layer *L = gated(&w, 4, 2, 1, 0, 8);
+    uint64_t seed = 6;
+    const size_t ny = (size_t)B * T * D;
+    float *x = naive_random_floats(ny, &seed, -1, 1), *y0 = naive_alloc_floats(ny), *y1 = naive_alloc_floats(ny);
+    const int perm[4] = {2, 3, 0, 1};
+    if (L) {
+        CHECK_OK(mha_forward(L, y0, NULL, x, NULL, B, T, T, NULL));
+        CHECK_OK(mha_layer_permute_heads(L, perm));
+        CHECK_OK(mha_forward(L, y1, NULL, x, NULL, B, T, T, NULL));
+        CHECK_ARRAY_NEAR(y1, y0, ny, 2e-6);
+        mha_weights v;
+        mha_layer_get_weights(L, &v);
+        CHECK(v.w_g[2 * 8] == w.w_g[0]); /* head 0's first gate column is now head 2's */
+        const int swap[4] = {1, 0, 2, 3};
+        CHECK_OK(mha_layer_permute_block(L, MHA_BLOCK_O, swap));
+        CHECK_OK(mha_forward(L, y1, NULL, x, NULL, B, T, T, NULL));
+        CHECK(test_max_abs_diff(y1, y0, ny) > 1e-3);
+    }
+    mha_layer_free(L), naive_weights_free(&w);
+    free(x), free(y0), free(y1);
+}
+
+static void test_gate_refusals(void) {
+    naive_weights w;
+    mha_layer *L = gated(&w, 4, 4, 1, 0, 1);
+    mha_config c = w.cfg;
+    mha_weights v = naive_weights_view(&w);
+    mha_layer *R = NULL;
+    v.w_g = NULL;
+    CHECK_STATUS(mha_layer_create(&R, &c, &v), MHA_E_ARG);
+    CHECK_ERROR_MENTIONS("weights.w_g is NULL");
+    v = naive_weights_view(&w);
+    v.b_g = NULL;
+    CHECK_STATUS(mha_layer_create(&R, &c, &v), MHA_E_ARG);
+    CHECK_ERROR_MENTIONS("weights.b_g is NULL");
+    c.output_gate = 0;
+    v = naive_weights_view(&w);
+    v.b_g = NULL;
+    CHECK_STATUS(mha_layer_create(&R, &c, &v), MHA_E_ARG);
+    CHECK_ERROR_MENTIONS("weights.w_g is given but config.output_gate is off");
+    c.output_gate = 2;
+    CHECK_STATUS(mha_config_resolve(&c, &c), MHA_E_ARG);
+    CHECK_ERROR_MENTIONS("output_gate=2");
+    if (L) {
+        CHECK_STATUS(mha_layer_convert_weights(L, MHA_W_BF16), MHA_E_UNSUPPORTED);
+        CHECK_ERROR_MENTIONS("output gate");
+        uint64_t seed = 1;
+        float *x = naive_random_floats((size_t)T * D, &seed, -1, 1), *y = naive_alloc_floats((size_t)T * D);
+        float *dx = naive_alloc_floats((size_t)T * D);
+        mha_gradients g = {0};
+        g.dx = dx;
+        CHECK_STATUS(mha_backward(L, &g, y, x, NULL, 1, T, T, NULL), MHA_E_UNSUPPORTED);
+        CHECK_ERROR_MENTIONS("mha_backward: a layer with an output gate");
+        mha_tape *tape = NULL;
+        CHECK_STATUS(mha_forward_train(L, y, &tape, x, NULL, NULL, 1, T, T, NULL), MHA_E_UNSUPPORTED);
+        CHECK(tape == NULL);
+        free(x), free(y), free(dx);
+    }
+    mha_layer_free(L), naive_weights_free(&w);
+}
+
+static const test_case cases[] = {
+    {"gate_against_oracle", test_gate_against_oracle},
+    {"gate_fast_every_isa", test_gate_fast_every_isa},
+    {"gate_cache", test_gate_cache},
+    {"gate_permutation", test_gate_permutation},
+    {"gate_refusals", test_gate_refusals},
+};
+
+const test_case *tests_gate(size_t *count) {
+    *count = sizeof cases / sizeof cases[0];
+    return cases;
+}
