@@ -126,6 +126,9 @@ mha_status mha_mpi_shard_heads(mha_layer **local, mha_mpi_heads *hd, const mha_l
     char msg[512] = "";
     const mha_config *c = mha_layer_config(full);
     s = mha_mpi_heads_of(hd, c, rank, P);
+    if (!s && c->output_gate)
+        s = mha_mpi_fail(MHA_E_UNSUPPORTED, "mha_mpi_shard_heads: a layer with an output gate (config.output_gate, "
+                         "gated attention) is not sharded yet; expected a layer without one");
     if ((s = mha_mpi_agree(comm, s, s ? mha_mpi_last_error() : NULL))) return s;
     {
         const int h = c->n_heads, h_kv = c->n_kv_heads;

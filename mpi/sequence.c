@@ -255,7 +255,11 @@ mha_status mha_mpi_forward_sequence(const mha_layer *layer, float *y, const mha_
     mha_status s = mha_mpi_check_same(comm, same, (int)(sizeof same / sizeof same[0]), names);
     if (s) return s;
     char msg[512] = "";
-    if (T < 2 * P || S < 2 * P)
+    if (c->output_gate) /* this split projects and attends itself: the gate would be left out */
+        s = MHA_E_UNSUPPORTED, snprintf(msg, sizeof msg, "--split sequence: a layer with an output gate "
+                                        "(config.output_gate, gated attention) is not split by sequence; expected "
+                                        "--split heads or one rank");
+    else if (T < 2 * P || S < 2 * P)
         s = MHA_E_SHAPE, snprintf(msg, sizeof msg, "--split sequence over P=%d ranks cuts T=%d queries and S=%d keys into %d chunks; expected T >= %d and S >= %d", P, T, S, 2 * P, 2 * P, 2 * P);
     else if (cap && cap->probs)
         s = MHA_E_UNSUPPORTED, snprintf(msg, sizeof msg, "--split sequence does not capture attention probabilities (each rank sees one key block at a time); use --split heads");

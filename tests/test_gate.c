@@ -5,8 +5,10 @@
  * permutation moving W_G with the query heads, and the refusals.
  * Legend: B, T, S, D = d_model, h heads. */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "base/internal.h"
 #include "naive.h"
@@ -199,7 +201,58 @@ static void test_gate_refusals(void) {
     mha_layer_free(L), naive_weights_free(&w);
 }
 
+/* a native file keeps the gate (metadata output_gate, w_g, b_g); edited
+ * files refused; a shard of heads refuses a gated file */
+static void test_gate_file(void) {
+    naive_weights w;
+    mha_layer *L = gated(&w, 4, 2, 1, 0, 12), *R = NULL;
+    uint64_t seed = 3;
+    const size_t ny = (size_t)B * T * D;
+    float *x = naive_random_floats(ny, &seed, -1, 1), *y0 = naive_alloc_floats(ny), *y1 = naive_alloc_floats(ny);
+    mha_tensors *t = NULL;
+    if (L) CHECK_OK(mha_layer_to_tensors(&t, L));
+    if (!t) goto done;
+    CHECK(mha_tensors_meta(t, "output_gate") && strcmp(mha_tensors_meta(t, "output_gate"), "1") == 0);
+    const mha_load_options native = {.layout = MHA_LAYOUT_NATIVE};
+    CHECK_OK(mha_layer_from_tensors(&R, t, &native));
+    if (R) {
+        CHECK_OK(mha_forward(L, y0, NULL, x, NULL, B, T, T, NULL));
+        CHECK_OK(mha_forward(R, y1, NULL, x, NULL, B, T, T, NULL));
+        CHECK(memcmp(y0, y1, sizeof(float) * ny) == 0);
+    }
+    mha_layer_free(R), R = NULL;
+    /* the flag without its tensor, the tensor without its flag */
+    CHECK_OK(mha_tensors_set_meta(t, "output_gate", "0"));
+    CHECK_STATUS(mha_layer_from_tensors(&R, t, &native), MHA_E_FORMAT);
+    CHECK_ERROR_MENTIONS("tensor w_g without metadata output_gate = 1");
+    mha_tensors *u = NULL;
+    CHECK_OK(mha_tensors_create(&u));
+    for (int i = 0; u && i < mha_tensors_count(t); i++) {
+        const char *n = mha_tensors_name(t, i);
+        if (strcmp(n, "w_g") != 0) CHECK_OK(mha_tensors_add(u, n, mha_tensors_get(t, n)));
+    }
+    for (int i = 0; u && i < mha_tensors_meta_count(t); i++)
+        CHECK_OK(mha_tensors_set_meta(u, mha_tensors_meta_key(t, i), mha_tensors_meta(t, mha_tensors_meta_key(t, i))));
+    if (u) CHECK_OK(mha_tensors_set_meta(u, "output_gate", "1"));
+    if (u) CHECK_STATUS(mha_layer_from_tensors(&R, u, &native), MHA_E_FORMAT);
+    CHECK_ERROR_MENTIONS("metadata output_gate = 1 but the checkpoint has no w_g");
+    mha_tensors_free(u);
+    /* a shard of heads */
+    char path[64];
+    snprintf(path, sizeof path, "/tmp/mha_test_gate_%d.safetensors", (int)getpid());
+    CHECK_OK(mha_layer_save(L, path));
+    mha_head_range range = {.first = 0, .count = 2};
+    CHECK_STATUS(mha_layer_load_heads(&R, path, NULL, &range), MHA_E_UNSUPPORTED);
+    CHECK_ERROR_MENTIONS("output gate");
+    CHECK(R == NULL);
+    unlink(path);
+done:
+    mha_tensors_free(t), mha_layer_free(L), naive_weights_free(&w);
+    free(x), free(y0), free(y1);
+}
+
 static const test_case cases[] = {
+    {"gate_file", test_gate_file},
     {"gate_against_oracle", test_gate_against_oracle},
     {"gate_fast_every_isa", test_gate_fast_every_isa},
     {"gate_cache", test_gate_cache},

@@ -208,6 +208,11 @@ mha_status mha_io_layer_path(mha_load_options *o, char *buf, size_t cap, const m
  * q_norm.weight / k_norm.weight and their presence means RMS QK-norm.
  * write: the layer's settings and tensors into t. */
 mha_status mha_io_variants_read(mha_config *c, float *w[4], const mha_tensors *t, const char *prefix, int hf);
+/* The output gate of a native file (variants_meta.c): metadata output_gate
+ * (0 or 1) into c, and w_g (d_model, h*d_v), b_g (h*d_v, with biases) into
+ * g[0], g[1] (allocated); the config's shape and bias must be known. A
+ * tensor without the flag, or the flag without its tensors: MHA_E_FORMAT. */
+mha_status mha_io_gate_read(mha_config *c, float *g[2], const mha_tensors *t, const char *prefix);
 
 /* StableLM's q/k LayerNorm, one nn.LayerNorm(d_k, bias=False) per head:
  * which = "q" or "k", tensors <which>_layernorm.norms.N.weight (d_k) for

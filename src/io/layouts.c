@@ -370,6 +370,7 @@ typedef struct {
     mha_config cfg;
     float *w[10]; /* w_q w_k w_v w_o b_q b_k b_v b_o bias_k bias_v */
     float *var[4]; /* alibi_slopes sinks q_norm k_norm, or NULL (variants_meta.c) */
+    float *gate[2]; /* w_g b_g of a gated layer, or NULL */
     mha_weight_dtype wdtype; /* native: the stored weights' dtype (weights_meta.c) */
     float *scale[4];         /* int8: per-column scales of w_q..w_o; w[] holds q */
 } staged;
@@ -378,6 +379,7 @@ enum { S_WQ, S_WK, S_WV, S_WO, S_BQ, S_BK, S_BV, S_BO, S_BIASK, S_BIASV };
 static void staged_free(staged *s) {
     for (int i = 0; i < 10; i++) free(s->w[i]);
     for (int i = 0; i < 4; i++) free(s->var[i]), free(s->scale[i]);
+    free(s->gate[0]), free(s->gate[1]);
 }
 
 static mha_status staged_alloc(staged *s) {
@@ -460,7 +462,8 @@ static mha_status staged_create(mha_layer **out, staged *st, const mha_tensors *
     mha_weights w = {.w_q = st->w[S_WQ], .w_k = st->w[S_WK], .w_v = st->w[S_WV], .w_o = st->w[S_WO],
                      .b_q = st->w[S_BQ], .b_k = st->w[S_BK], .b_v = st->w[S_BV], .b_o = st->w[S_BO],
                      .bias_k = st->w[S_BIASK], .bias_v = st->w[S_BIASV], .alibi_slopes = st->var[0],
-                     .sinks = st->var[1], .q_norm = st->var[2], .k_norm = st->var[3]};
+                     .sinks = st->var[1], .q_norm = st->var[2], .k_norm = st->var[3], .w_g = st->gate[0],
+                     .b_g = st->gate[1]};
     if (!c.bias) w.b_q = w.b_k = w.b_v = w.b_o = NULL;
     if (!c.add_bias_kv) w.bias_k = w.bias_v = NULL;
     /* int8: the stored q and scales become the layer's store as they are */
@@ -560,7 +563,8 @@ static mha_status load_native(staged *st, const mha_tensors *t, const mha_load_o
                (s = opt_bias(st->w[S_BIASV], &any, t, P, "bias_v", hkv * c->d_v, L, "(h_kv*d_v)"))))
         return s;
     c->bias = any;
-    return mha_io_variants_read(c, st->var, t, P, 0);
+    if ((s = mha_io_variants_read(c, st->var, t, P, 0))) return s;
+    return mha_io_gate_read(c, st->gate, t, P);
 }
 
 /* ------------------------------------------------------------------- hf */

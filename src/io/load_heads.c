@@ -475,6 +475,11 @@ static mha_status open_source(mha_tensors **t, source *src, const char *path, co
     float *var[4] = {NULL};
     s = mha_io_variants_read(&src->c, var, *t, src->prefix, src->hf);
     for (int i = 0; i < 4; i++) free(var[i]);
+    const char *gate = mha_tensors_meta(*t, "output_gate");
+    if (!s && gate && strcmp(gate, "0") != 0)
+        s = mha_fail(MHA_E_UNSUPPORTED, "mha_layer_load_heads: the checkpoint's layer has an output gate (metadata "
+                     "output_gate, gated attention), which a shard of heads does not load yet; expected "
+                     "mha_layer_load of the whole layer");
     return s;
 }
 

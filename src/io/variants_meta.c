@@ -240,6 +240,32 @@ mha_status mha_io_variants_read(mha_config *c, float *w[4], const mha_tensors *t
     return MHA_OK;
 }
 
+mha_status mha_io_gate_read(mha_config *c, float *g[2], const mha_tensors *t, const char *prefix) {
+    mha_status s = meta_flag(&c->output_gate, t, "output_gate");
+    if (s) return s;
+    const size_t zw = (size_t)c->n_heads * c->d_v;
+    static const char *const names[2] = {"w_g", "b_g"};
+    for (int i = 0; i < 2; i++) {
+        const mha_array *a = NULL;
+        for (int j = 0; j < mha_tensors_count(t) && !a; j++)
+            if (mha_io_name_fits(mha_tensors_name(t, j), prefix, names[i])) a = mha_tensors_get(t, mha_tensors_name(t, j));
+        const int wanted = c->output_gate && (i == 0 || c->bias);
+        if (!a && wanted)
+            return mha_fail(MHA_E_FORMAT, "metadata output_gate = 1 but the checkpoint has no %s; expected %s",
+                            names[i], i ? "b_g (h*d_v): the layer has biases" : "w_g (d_model, h*d_v)");
+        if (a && !wanted)
+            return mha_fail(MHA_E_FORMAT, "tensor %s %s; expected it absent (or metadata output_gate = 1%s)", names[i],
+                            c->output_gate ? "beside a layer without biases" : "without metadata output_gate = 1",
+                            i ? " with biases" : "");
+        if (a && (s = take(&g[i], a, names[i], i ? zw : (size_t)c->d_model * zw, 0, i ? "(h*d_v)" : "(d_model, h*d_v)")))
+            return s;
+        if (a && i == 0 && (a->rank != 2 || a->shape[0] != c->d_model))
+            return mha_fail(MHA_E_SHAPE, "tensor w_g is (%d, %d) of rank %d; expected (d_model=%d, h*d_v=%zu)",
+                            a->shape[0], a->shape[1], a->rank, c->d_model, zw);
+    }
+    return MHA_OK;
+}
+
 static mha_status put(mha_tensors *t, const char *key, const char *fmt, double v) {
     char buf[40];
     mha_c_snprintf(buf, sizeof buf, fmt, v);
@@ -287,6 +313,12 @@ mha_status mha_io_variants_write(mha_tensors *t, const mha_layer *L) {
     if (!s && c->temperature_floor) s = put(t, "temperature_floor", "%.0f", c->temperature_floor);
     if (!s && c->temperature_floor) s = put(t, "temperature_scale", "%.9g", c->temperature_scale);
     if (!s && c->temperature_rule) s = mha_tensors_set_meta(t, "temperature_rule", temperature_rule_names[c->temperature_rule]);
+    if (!s && c->output_gate) { /* gated attention: W_G (d_model, h*d_v) and, with biases, b_G */
+        const int sg[2] = {c->d_model, c->n_heads * c->d_v};
+        s = put(t, "output_gate", "%.0f", 1);
+        if (!s) s = mha_tensors_add_f32(t, "w_g", w.w_g, 2, sg);
+        if (!s && c->bias) s = mha_tensors_add_f32(t, "b_g", w.b_g, 1, sg + 1);
+    }
     if (!s && c->qk_norm) {
         s = mha_tensors_set_meta(t, "qk_norm", norm_names[c->qk_norm]);
         if (!s) s = put(t, "qk_norm_per_head", "%.0f", c->qk_norm_per_head);
