@@ -906,6 +906,10 @@ typedef struct {
     int n_kv_heads;
     const char *prefix;
     int add_zero_attn;
+    int output_gate; /* 1: the hf layout's q_proj holds each head's query rows
+                        then its gate rows ((h*2*d, d_model): Qwen3-Next's
+                        attn_output_gate, which the names do not say):
+                        a gated layer (config.output_gate); 0: none */
 } mha_load_options;
 
 /* Builds a layer from tensors in the given layout (AUTO detects). Shapes are

@@ -292,6 +292,7 @@ static mha_status load_layer(mha_layer **layer, mha_mpi_heads *hd, mha_config *c
     if (!s && cli_hf_config_read(&hc, "run", &r->ck, NULL)) s = MHA_E_ARG;
     if (!s && hc.found && !lo.n_heads) lo.n_heads = (int)hc.heads; /* --heads wins over config.json */
     if (!s && hc.found && !lo.n_kv_heads) lo.n_kv_heads = (int)hc.kv_heads;
+    if (!s && hc.found) lo.output_gate = hc.output_gate; /* refused by name by the shard loader */
     capture_end(&cap);
     s = mha_mpi_agree(comm, s, s ? cap.text : NULL);
     free(cap.text);

@@ -280,11 +280,10 @@ static int unsupported(const char *cmd, json_t *root, const char *type) {
                              "attention (DeepSeek V2/V3's MLA: K and V from a shared latent, kv_b_proj, and a separate "
                              "rotary part of qk_rope_head_dim dims); expected q/k/v projections per head: MLA is not "
                              "supported", t);
-    if ((type && strcmp(type, "qwen3_next") == 0) || json_is_true(json_object_get(root, "attn_output_gate")) ||
-        json_is_true(json_object_get(root, "headwise_attn_output_gate")))
-        return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: model_type %s: gated attention (attn_output_gate: "
-                             "q_proj also emits a gate, and sigmoid(gate) multiplies the heads' output before "
-                             "o_proj); expected no gate: it is not supported", t);
+    if (json_is_true(json_object_get(root, "headwise_attn_output_gate")))
+        return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: model_type %s: headwise_attn_output_gate (one "
+                             "gate per head, not per element); expected the elementwise attn_output_gate: the "
+                             "headwise gate is not supported", t);
     if (type && strcmp(type, "phi3small") == 0)
         return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: model_type phi3small (Phi-3-small): blocksparse "
                              "attention on most layers and muP's scores / head_dim; expected a dense layer: "
@@ -336,11 +335,15 @@ static int family(cli_hf_config *c, const char *cmd, json_t *root, const char *t
                                          "gemma", "gemma2", "gemma3", "gemma3_text", "phi3", "phimoe", "olmo", "olmo2",
                                          "olmoe", "granite", "granitemoe", "starcoder2", "stablelm", "gpt_neox", "phi",
                                          "internlm2", "dbrx", "gpt_oss", "falcon", "RefinedWebModel", "RefinedWeb",
-                                         NULL};
-    static const char *const gemma3[] = {"gemma3", "gemma3_text", NULL};
+                                         "qwen3_next", NULL};
+    /* (1 + weight) RMSNorms: Gemma 3's, and Qwen3-Next's zero-centred ones */
+    static const char *const gemma3[] = {"gemma3", "gemma3_text", "qwen3_next", NULL};
     const int alibi = json_is_true(json_object_get(root, "alibi"));
     c->alibi = type && (strcmp(type, "bloom") == 0 || (type_in(type, falcon) && alibi));
     c->qk_norm_offset = type_in(type, gemma3);
+    /* Qwen3-Next: every full-attention layer gates its output (no key says so; attn_output_gate where given) */
+    json_t *gate = json_object_get(root, "attn_output_gate");
+    c->output_gate = json_is_boolean(gate) ? json_is_true(gate) : type && strcmp(type, "qwen3_next") == 0;
     c->sinks = type && strcmp(type, "gpt_oss") == 0; /* every gpt-oss layer has them; ignored, Y was silently off */
     if (type && strcmp(type, "chatglm") == 0) /* its query_key_value would be read with megatron's rows */
         return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: model_type chatglm: its query_key_value holds "

@@ -29,6 +29,8 @@ typedef struct {
     double qk_norm_eps;        /* rms_norm_eps: the eps of the q/k RMSNorm (Cohere,
                                   StableLM: layer_norm_eps of their LayerNorm); 0 = absent */
     int qk_norm_offset;        /* Gemma 3: its RMSNorm scales by (1 + weight)      */
+    int output_gate;           /* Qwen3-Next (attn_output_gate): q_proj holds each
+                                  head's query then its gate (a gated layer)      */
     int qk_norm_layer;         /* Cohere's use_qk_norm: the checkpoint must hold its
                                   (h, d_k) q/k norms (a LayerNorm of each head,
                                   eps layer_norm_eps, as the loader reads them)   */

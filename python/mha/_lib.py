@@ -174,7 +174,7 @@ LAYOUTS = {"auto": 0, "native": 1, "torch": 2, "hf": 3, "gpt2": 4, "megatron": 5
 
 class LoadOptions(Structure):
     _fields_ = [("layout", c_int), ("n_heads", c_int), ("n_kv_heads", c_int), ("prefix", c_char_p),
-                ("add_zero_attn", c_int)]
+                ("add_zero_attn", c_int), ("output_gate", c_int)]
 
 
 def _sig(name, restype, *argtypes):

@@ -608,7 +608,7 @@ class Layer(COwner):
     # ------------------------------------------------------------- files
     @classmethod
     def load(cls, path, layout="auto", n_heads=0, n_kv_heads=0, prefix=None, add_zero_attn=False,
-             config_json="warn"):
+             config_json="warn", output_gate=False):
         """mha_layer_load: a safetensors checkpoint in the native, torch, hf,
         gpt2 or megatron layout ('auto' detects it from the tensor names),
         or a sharded checkpoint's *.safetensors.index.json; n_heads /
@@ -620,13 +620,15 @@ class Layer(COwner):
         soft-cap, clip_qkv, ...) into a native file this loads whole, and
         `mha run` applies them. config_json: what to do when such a file
         lies beside the checkpoint: 'warn' (a ConfigNotAppliedWarning),
-        'error' (ArgumentError, nothing loaded) or 'ignore'."""
+        'error' (ArgumentError, nothing loaded) or 'ignore'. output_gate: the
+        hf q_proj holds each head's query then its gate (Qwen3-Next's
+        attn_output_gate): a gated layer (Layer(output_gate=True))."""
         if config_json not in ("warn", "error", "ignore"):
             raise ArgumentError(f"config_json={config_json!r}; expected 'warn', 'error' or 'ignore'")
         opt = _lib.LoadOptions(_enum("layout", layout, _lib.LAYOUTS), c_int("n_heads", n_heads, 0),
                                c_int("n_kv_heads", n_kv_heads, 0),
                                None if prefix is None else _c_path("prefix", str(prefix)),
-                               c_flag("add_zero_attn", add_zero_attn))
+                               c_flag("add_zero_attn", add_zero_attn), c_flag("output_gate", output_gate))
         handle = _lib.LayerP()
         check(_L.mha_layer_load(ctypes.byref(handle), _c_path("path", path), ctypes.byref(opt)),
               "mha_layer_load")  # first: a bad file is the loader's to name

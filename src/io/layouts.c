@@ -617,6 +617,45 @@ static mha_status load_hf_fused(staged *st, const mha_tensors *t, const mha_load
     return mha_io_variants_read(c, st->var, t, P, 1);
 }
 
+/* load_hf's copies for a gated q_proj (Qwen3-Next's attn_output_gate):
+ * rows [r*2d, r*2d + d) are head r's query, the next d its gate (d = d_k
+ * = d_v; its bias split alike); k, v, o as load_hf copies them. */
+static mha_status load_hf_gated(staged *st, const mha_tensors *t, const mha_load_options *o, const mha_array *q,
+                                const mha_array *k, const mha_array *v, const mha_array *out, const char (*b)[48]) {
+    mha_config *c = &st->cfg;
+    const char *P = o->prefix, *L = "hf";
+    const int h = c->n_heads, hkv = c->n_kv_heads, d = c->d_k, D = c->d_model;
+    c->output_gate = 1;
+    if (!(st->gate[0] = malloc(sizeof(float) * (size_t)D * h * d)))
+        return mha_fail(MHA_E_NOMEM, "hf layout: no memory for the output gate");
+    for (int r = 0; r < h; r++) {
+        put_rows_t(st->w[S_WQ], h * d, r * d, q->f, D, 2 * r * d, d);
+        put_rows_t(st->gate[0], h * d, r * d, q->f, D, 2 * r * d + d, d);
+    }
+    put_rows_t(st->w[S_WK], hkv * d, 0, k->f, c->d_kv_in, 0, hkv * d);
+    put_rows_t(st->w[S_WV], hkv * c->d_v, 0, v->f, c->d_kv_in, 0, hkv * c->d_v);
+    put_rows_t(st->w[S_WO], D, 0, out->f, h * c->d_v, 0, D);
+    const mha_array *bq;
+    mha_status s = find(&bq, t, P, b[0], 0, L);
+    if (s || (bq && (s = want_shape(bq, b[0], 1, 2 * h * d, 0, "(h*2*d_k): each head's query then gate bias"))))
+        return s;
+    int any = bq != NULL;
+    if (bq && !(st->gate[1] = malloc(sizeof(float) * (size_t)h * d)))
+        return mha_fail(MHA_E_NOMEM, "hf layout: no memory for the gate's bias");
+    for (int r = 0; bq && r < h; r++) {
+        memcpy(st->w[S_BQ] + (size_t)r * d, bq->f + (size_t)2 * r * d, sizeof(float) * (size_t)d);
+        memcpy(st->gate[1] + (size_t)r * d, bq->f + (size_t)(2 * r + 1) * d, sizeof(float) * (size_t)d);
+    }
+    if ((s = opt_bias(st->w[S_BK], &any, t, P, b[1], hkv * d, L, "(h_kv*d_k)")) ||
+        (s = opt_bias(st->w[S_BV], &any, t, P, b[2], hkv * c->d_v, L, "(h_kv*d_v)")) ||
+        (s = opt_bias(st->w[S_BO], &any, t, P, b[3], D, L, "(d_model)")))
+        return s;
+    c->bias = any;
+    if (any && !st->gate[1] && !(st->gate[1] = calloc((size_t)h * d, sizeof(float)))) /* a bias elsewhere: b_G = 0 */
+        return mha_fail(MHA_E_NOMEM, "hf layout: no memory for the gate's bias");
+    return mha_io_variants_read(c, st->var, t, P, 1);
+}
+
 static mha_status load_hf(staged *st, const mha_tensors *t, const mha_load_options *o) {
     const char *P = o->prefix, *L = "hf";
     const mha_array *q, *k, *v, *out;
@@ -627,6 +666,9 @@ static mha_status load_hf(staged *st, const mha_tensors *t, const mha_load_optio
     for (int m = 0; m < 4; m++) snprintf(w[m], sizeof w[m], "%s.weight", base[m]), snprintf(b[m], sizeof b[m], "%s.bias", base[m]);
     if ((s = find(&q, t, P, w[0], 0, L))) return s;
     const mha_hf_fused_names *fn = q ? NULL : mha_io_hf_fused(t, P);
+    if (fn && o->output_gate)
+        return mha_fail(MHA_E_UNSUPPORTED, "hf layout: output_gate with a fused %s.weight; expected q_proj holding "
+                        "each head's query then its gate (Qwen3-Next)", fn->qkv);
     if (fn) return load_hf_fused(st, t, o, fn);
     if ((s = find(&q, t, P, w[0], 1, L)) || (s = find(&k, t, P, w[1], 1, L)) || (s = find(&v, t, P, w[2], 1, L)) ||
         (s = find(&out, t, P, w[3], 1, L)))
@@ -642,16 +684,26 @@ static mha_status load_hf(staged *st, const mha_tensors *t, const mha_load_optio
     c->n_heads = h;
     c->d_model = q->shape[1];
     c->d_kv_in = k->shape[1];
-    if ((s = divide(&c->d_k, q->shape[0], h, "heads", w[0]))) return s;
+    const int gated = o->output_gate; /* Qwen3-Next: q_proj rows per head [query d_k; gate d_k] */
+    if ((s = divide(&c->d_k, q->shape[0], gated ? 2 * h : h, gated ? "heads' query and gate" : "heads", w[0])))
+        return s;
     if (!hkv && (s = divide(&hkv, k->shape[0], c->d_k, "d_k-wide kv heads", w[1])))
         return s;
     c->n_kv_heads = hkv;
+    if (gated && k->shape[0] != hkv * c->d_k)
+        return mha_fail(MHA_E_SHAPE, "hf layout: %s's %d rows read as %d heads' query and gate give d_k = %d, but %s "
+                        "has %d rows for %d kv heads; expected q_proj of h*2*head_dim rows (each head's query, then "
+                        "its gate: attn_output_gate)", w[0], q->shape[0], h, c->d_k, w[1], k->shape[0], hkv);
     if ((s = divide(&c->d_v, v->shape[0], hkv, "kv heads", w[2]))) return s;
     if ((s = want_shape(k, w[1], 2, hkv * c->d_k, c->d_kv_in, "(h_kv*d_k, d_kv_in)")) ||
         (s = want_shape(v, w[2], 2, hkv * c->d_v, c->d_kv_in, "(h_kv*d_v, d_kv_in)")) ||
         (s = want_shape(out, w[3], 2, c->d_model, h * c->d_v, "(d_model, h*d_v)")))
         return s;
+    if (gated && c->d_v != c->d_k)
+        return mha_fail(MHA_E_SHAPE, "hf layout: a gated q_proj of d_k = %d per head with d_v = %d; expected the "
+                        "gate as wide as each head's output (d_v = d_k)", c->d_k, c->d_v);
     if ((s = staged_alloc(st))) return s;
+    if (gated) return load_hf_gated(st, t, o, q, k, v, out, (const char (*)[48])b);
     put_rows_t(st->w[S_WQ], h * c->d_k, 0, q->f, c->d_model, 0, h * c->d_k);
     put_rows_t(st->w[S_WK], hkv * c->d_k, 0, k->f, c->d_kv_in, 0, hkv * c->d_k);
     put_rows_t(st->w[S_WV], hkv * c->d_v, 0, v->f, c->d_kv_in, 0, hkv * c->d_v);
@@ -870,11 +922,17 @@ mha_status mha_layer_from_tensors(mha_layer **out, const mha_tensors *t,
                         o.n_heads, o.n_kv_heads);
     if (o.add_zero_attn != 0 && o.add_zero_attn != 1)
         return mha_fail(MHA_E_ARG, "add_zero_attn = %d; expected 0 (as the file says) or 1", o.add_zero_attn);
+    if (o.output_gate != 0 && o.output_gate != 1)
+        return mha_fail(MHA_E_ARG, "output_gate = %d; expected 0 or 1 (the hf q_proj holds each head's gate)",
+                        o.output_gate);
     mha_status s;
     char path[4096];
     if (o.layout == MHA_LAYOUT_AUTO && (s = mha_io_detect(&o.layout, t, o.prefix))) return s;
     if ((s = mha_io_layer_path(&o, path, sizeof path, t))) return s;
     if (o.layout != MHA_LAYOUT_NATIVE && (s = mha_io_refuse_unread_norms(t, o.prefix))) return s;
+    if (o.output_gate && o.layout != MHA_LAYOUT_HF) /* a native file says it itself */
+        return mha_fail(MHA_E_ARG, "output_gate = 1 with the %s layout; expected the hf layout, whose q_proj holds "
+                        "each head's query then its gate (Qwen3-Next)", mha_layout_name(o.layout));
     if (o.layout == MHA_LAYOUT_TORCH) return load_torch(out, t, &o);
     staged st;
     memset(&st, 0, sizeof st);

@@ -506,6 +506,9 @@ mha_status mha_layer_load_heads(mha_layer **out, const char *path, const mha_loa
                                 mha_head_range *range) {
     if (!out || !path || !range) return mha_fail(MHA_E_ARG, "mha_layer_load_heads: NULL argument");
     *out = NULL;
+    if (opt && opt->output_gate)
+        return mha_fail(MHA_E_UNSUPPORTED, "mha_layer_load_heads: output_gate = 1 (a gated q_proj, Qwen3-Next): a "
+                        "shard of heads does not load an output gate yet; expected mha_layer_load of the whole layer");
     mha_tensors *t = NULL, *nt = NULL;
     source src;
     mha_status s = open_source(&t, &src, path, opt);

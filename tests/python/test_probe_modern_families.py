@@ -211,24 +211,48 @@ def test_multi_head_latent_attention_is_refused_by_name(tmp_path, model_type, q_
     refused(r, tmp_path, model_type, "latent")
 
 
-def test_qwen3_next_gated_attention_is_refused_by_name(tmp_path):
-    """Qwen3-Next: q_proj emits each head's query and a gate (2 x head_dim),
-    and the output is multiplied by sigmoid(gate) before o_proj; the layer
-    has no such gate. Any config.json with attn_output_gate true likewise."""
-    D, H, G, d = 32, 4, 2, 8
-    rs = np.random.RandomState(28)
-    p = P % 3
+def qwen3_next(rs, D, H, G, d, p):
     t = {p + "q_proj.weight": rnd(rs, 2 * H * d, D), p + "k_proj.weight": rnd(rs, G * d, D),
          p + "v_proj.weight": rnd(rs, G * d, D), p + "o_proj.weight": rnd(rs, D, H * d),
-         p + "q_norm.weight": np.zeros(d, np.float32), p + "k_norm.weight": np.zeros(d, np.float32)}
+         p + "q_norm.weight": (0.3 * rs.randn(d)).astype(np.float32),
+         p + "k_norm.weight": (0.3 * rs.randn(d)).astype(np.float32)}
     cfg = {"model_type": "qwen3_next", "hidden_size": D, "num_attention_heads": H, "num_key_value_heads": G,
-           "head_dim": d, "partial_rotary_factor": 0.25, "rope_theta": 1e7, "full_attention_interval": 4,
-           "layer_types": ["linear_attention"] * 3 + ["full_attention"]}
-    _, r = run(tmp_path, t, cfg, "model.layers.3", D, check=False)
-    refused(r, tmp_path, "qwen3_next")
+           "head_dim": d, "partial_rotary_factor": 0.25, "rope_theta": 1e4, "rms_norm_eps": 1e-6,
+           "full_attention_interval": 4, "layer_types": ["linear_attention"] * 3 + ["full_attention"]}
+    return t, cfg
+
+
+def test_qwen3_next_gated_attention(tmp_path):
+    """Qwen3-Next (Qwen3NextAttention): q_proj emits, per head, head_dim query
+    rows then head_dim gate rows; q/k RMSNorm with (1 + weight) (zero-centred);
+    rotate_half on partial_rotary_factor of each head; the heads' output times
+    sigmoid(gate) before o_proj. Numpy of that module, float64."""
+    D, H, G, d = 32, 4, 2, 16
+    rs = np.random.RandomState(28)
+    p = P % 3
+    t, cfg = qwen3_next(rs, D, H, G, d, p)
+    x, y = run(tmp_path, t, cfg, "model.layers.3", D)
+    qg = (x @ t[p + "q_proj.weight"].T.astype(np.float64)).reshape(T, H, 2 * d)
+    q, gate = qg[..., :d].transpose(1, 0, 2), qg[..., d:].reshape(T, H * d)
+    k = heads(x @ t[p + "k_proj.weight"].T.astype(np.float64), G)
+    v = heads(x @ t[p + "v_proj.weight"].T.astype(np.float64), G)
+    q, k = rms(q, 1.0 + t[p + "q_norm.weight"], 1e-6), rms(k, 1.0 + t[p + "k_norm.weight"], 1e-6)
+    q, k = rotate(q, d // 4, 1e4, "halves"), rotate(k, d // 4, 1e4, "halves")
+    kk, vv = np.repeat(k, H // G, 0), np.repeat(v, H // G, 0)
+    s = q @ kk.transpose(0, 2, 1) / np.sqrt(d)
+    s = np.where(np.arange(T)[None] > np.arange(T)[:, None], -np.inf, s)
+    pr = np.exp(s - s.max(-1, keepdims=True))
+    z = ((pr / pr.sum(-1, keepdims=True)) @ vv).transpose(1, 0, 2).reshape(T, H * d)
+    want = (z / (1.0 + np.exp(-gate))) @ t[p + "o_proj.weight"].T.astype(np.float64)
+    close(y, want)
+    # the same checkpoint read without its gate would be another layer: far from it
+    assert np.abs(want - (z @ t[p + "o_proj.weight"].T)).max() > 1e-2
+    # a config asking for the gate beside a q_proj without one; the headwise gate
     t[p + "q_proj.weight"] = t[p + "q_proj.weight"][:H * d]
     _, r = run(tmp_path, t, dict(cfg, model_type="qwen3", attn_output_gate=True), "model.layers.3", D, check=False)
-    refused(r, tmp_path, "attn_output_gate")
+    refused(r, tmp_path, "query and gate")
+    _, r = run(tmp_path, t, dict(cfg, headwise_attn_output_gate=True), "model.layers.3", D, check=False)
+    refused(r, tmp_path, "headwise_attn_output_gate")
 
 
 @pytest.mark.parametrize("model_type,word", [("phi3small", "blocksparse"), ("gemma3n_text", "v_norm"),
