@@ -241,6 +241,9 @@ static void test_gate_file(void) {
     char path[64];
     snprintf(path, sizeof path, "/tmp/mha_test_gate_%d.safetensors", (int)getpid());
     CHECK_OK(mha_layer_save(L, path));
+    mha_config lc;
+    CHECK_OK(mha_layer_load_config(&lc, path, NULL)); /* the config of a gated file says so */
+    CHECK_INT(lc.output_gate, 1);
     mha_head_range range = {.first = 0, .count = 2};
     CHECK_STATUS(mha_layer_load_heads(&R, path, NULL, &range), MHA_E_UNSUPPORTED);
     CHECK_ERROR_MENTIONS("output gate");

@@ -475,11 +475,8 @@ static mha_status open_source(mha_tensors **t, source *src, const char *path, co
     float *var[4] = {NULL};
     s = mha_io_variants_read(&src->c, var, *t, src->prefix, src->hf);
     for (int i = 0; i < 4; i++) free(var[i]);
-    const char *gate = mha_tensors_meta(*t, "output_gate");
-    if (!s && gate && strcmp(gate, "0") != 0)
-        s = mha_fail(MHA_E_UNSUPPORTED, "mha_layer_load_heads: the checkpoint's layer has an output gate (metadata "
-                     "output_gate, gated attention), which a shard of heads does not load yet; expected "
-                     "mha_layer_load of the whole layer");
+    const char *gate = mha_tensors_meta(*t, "output_gate"); /* native: the loader's own check reads its tensors */
+    if (!s && gate) src->c.output_gate = strcmp(gate, "0") != 0;
     return s;
 }
 
@@ -494,6 +491,9 @@ static mha_status with_path(mha_status s, const char *path) {
 
 mha_status mha_layer_load_config(mha_config *out, const char *path, const mha_load_options *opt) {
     if (!out || !path) return mha_fail(MHA_E_ARG, "mha_layer_load_config: NULL argument");
+    if (opt && opt->output_gate)
+        return mha_fail(MHA_E_UNSUPPORTED, "mha_layer_load_config: output_gate = 1 (a gated q_proj, Qwen3-Next) is "
+                        "not read here yet; expected mha_layer_load, then mha_layer_config");
     mha_tensors *t = NULL;
     source src;
     mha_status s = open_source(&t, &src, path, opt);
@@ -512,6 +512,10 @@ mha_status mha_layer_load_heads(mha_layer **out, const char *path, const mha_loa
     mha_tensors *t = NULL, *nt = NULL;
     source src;
     mha_status s = open_source(&t, &src, path, opt);
+    if (!s && src.c.output_gate)
+        s = mha_fail(MHA_E_UNSUPPORTED, "mha_layer_load_heads: the checkpoint's layer has an output gate (metadata "
+                     "output_gate, gated attention), which a shard of heads does not load yet; expected "
+                     "mha_layer_load of the whole layer");
     const int h = src.c.n_heads, hkv = src.c.n_kv_heads, group = s ? 1 : h / hkv;
     const int first = range->first, n = range->count;
     if (!s && (first < 0 || n < 1 || n > h || first > h - n || (first % group && (first + n - 1) / group != first / group) ||
