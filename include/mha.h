@@ -1185,9 +1185,15 @@ MHA_API mha_status mha_cache_load(mha_cache **out, const mha_layer *layer, const
  * among themselves (tree attention, to verify a tree of draft tokens in
  * one call): new token i attends new token j <= i only where
  * mask[b][i][j] is nonzero; the tokens cached before the call stay visible
- * to all (within the windows). Order the tree's tokens parents first: a
- * nonzero entry above the diagonal (j > i) is MHA_E_ARG, naming it; rows
- * and columns past n_new[b] are not read. Give each token its depth as
+ * to all (within the windows; a window, window_left and chunk_size count
+ * positions along each new token's own sequence: the cached tokens, then
+ * the new tokens its mask row keeps, so a draft after its siblings sees
+ * the prefix it would see on its path). On a ring, a call longer than
+ * capacity - sink tokens - window + 1 whose later tokens' windows need
+ * prefix keys that storing it overwrites is MHA_E_ARG, naming the token.
+ * Order the tree's tokens parents first: a nonzero entry above the
+ * diagonal (j > i) is MHA_E_ARG, naming it; rows and columns past
+ * n_new[b] are not read. Give each token its depth as
  * its position (positions: base + depth) for RoPE / ALiBi, and keep the
  * accepted path with mha_cache_compact. Refused on a cross-attention
  * memory.

@@ -52,8 +52,10 @@ static double bound(const tree_case *tc) {
     return worst == MHA_CACHE_I8 ? 3e-2 : worst == MHA_CACHE_F16 ? 3e-3 : 2e-6;
 }
 
-/* Whether a token at cache position a attends the one at cache position
- * c (both < T): causal, the cache's window, its sink tokens. */
+/* Whether a token at position a attends the one at position c (both <
+ * T): causal, the cache's window, its sink tokens. A tree token's
+ * position is its depth's, so its window reaches as far back along its
+ * path as a token decoded there would (its cache index counts siblings). */
 static int visible(const tree_case *tc, int a, int c) {
     return c <= a && (!tc->window || a - c <= tc->window - 1 || c < tc->n_sink);
 }
@@ -121,7 +123,9 @@ static void tree_matches_reference(const tree_case *tc) {
             for (int a = 0; a < T; a++) {
                 pos[a] = a < P ? a : tpos[b * N + a - P];
                 for (int e = 0; e < T; e++)
-                    keep[a * T + e] = (uint8_t)(visible(tc, a, e) && (a < P || e < P || is_ancestor_or_self(tb, e - P, a - P)));
+                    /* the window counts along the token's path: by positions (depths), not cache indices */
+                    keep[a * T + e] = (uint8_t)(e <= a && visible(tc, pos[a], pos[e]) &&
+                                                (a < P || e < P || is_ancestor_or_self(tb, e - P, a - P)));
             }
             double scale = 1.0;
             reference(L, &scale, yr, x, pos, keep, T);
@@ -183,11 +187,57 @@ static void test_tree_int8_shared_mask(void) {
     tree_case tc = {4, 32, 0, 0, MHA_CACHE_I8, MHA_CACHE_I8, 1, 0, 1};
     tree_matches_reference(&tc);
 }
-/* a ring that wraps inside the tree (capacity 12, window 8: the call runs
- * in two pieces) with 2 sink tokens, RoPE */
+/* a ring that wraps inside the tree (capacity 13 with 2 sink tokens and
+ * window 6: the tree's positions 10..15 reach ring slot 2 at 13; a tree
+ * call must fit one piece, capacity - sinks - window + 1 = 6) with RoPE:
+ * the window of a token after its siblings reaches further back than its
+ * cache index would */
 static void test_tree_ring_sinks(void) {
-    tree_case tc = {2, 12, 8, 2, MHA_CACHE_F32, MHA_CACHE_F16, 1, 0, 0};
+    tree_case tc = {2, 13, 6, 2, MHA_CACHE_F32, MHA_CACHE_F16, 1, 0, 0};
     tree_matches_reference(&tc);
+}
+
+/* A 40-token tree (MHA: 40 query rows per kv head, two units of the
+ * decode plan) on a window of 48 over a 60-token prefix: its late tokens
+ * are roots or their children, whose windows reach 47 positions before
+ * their depth, further back than the cache index of the second unit's
+ * first row: every prefix key they need is in the unit's key range. */
+static void test_tree_window_late_roots(void) {
+    enum { P2 = 60, N2 = 40, T2 = P2 + N2, W2 = 48 };
+    mha_config cf = naive_resolve(naive_config(D, H, H, 8, 8, 1));
+    naive_weights w;
+    uint64_t seed = 21;
+    naive_weights_random(&w, &cf, &seed, 0.5f);
+    mha_layer *L = naive_make_layer(&w);
+    float *x = naive_random_floats((size_t)T2 * D, &seed, -1, 1); /* (1, T2, D) prefix then tree */
+    float *y = naive_alloc_floats((size_t)T2 * D), *yr = naive_alloc_floats((size_t)T2 * D);
+    uint8_t *mask = calloc((size_t)N2 * N2, 1), *keep = calloc((size_t)T2 * T2, 1);
+    int parent[N2], pos[T2];
+    const tree_case tc = {H, 128, W2, 0, MHA_CACHE_F32, MHA_CACHE_F32, 0, 0, 0};
+    for (int i = 0; i < N2; i++) parent[i] = i < 20 ? i - 1 : i % 2 ? i - 1 : -1; /* a chain, then short branches */
+    for (int a = 0; a < T2; a++) {
+        int d = 0;
+        for (int q = a < P2 ? -1 : parent[a - P2]; q >= 0; q = parent[q]) d++;
+        pos[a] = a < P2 ? a : P2 + d;
+    }
+    for (int i = 0; i < N2; i++)
+        for (int q = i; q >= 0; q = parent[q]) mask[i * N2 + q] = 1;
+    for (int a = 0; a < T2; a++)
+        for (int e = 0; e <= a; e++)
+            keep[a * T2 + e] = (uint8_t)(visible(&tc, pos[a], pos[e]) && (a < P2 || e < P2 || mask[(a - P2) * N2 + e - P2]));
+    mha_cache *c = NULL;
+    if (L && mask && keep) CHECK_OK(mha_cache_create(&c, L, 1, tc.cap, MHA_CACHE_F32, W2));
+    if (c) {
+        double scale = 1.0;
+        reference(L, &scale, yr, x, pos, keep, T2);
+        mha_options o = mha_options_default();
+        CHECK_OK(mha_forward_cached(L, c, y, NULL, x, P2, NULL, &o));
+        o.keep_mask = (mha_mask){mask, 1, 1};
+        CHECK_OK(mha_forward_cached(L, c, y, NULL, x + (size_t)P2 * D, N2, NULL, &o));
+        CHECK_ARRAY_NEAR(y, yr + (size_t)P2 * D, (size_t)N2 * D, 2e-6 * scale);
+    }
+    mha_cache_free(c), mha_layer_free(L), naive_weights_free(&w);
+    free(x), free(y), free(yr), free(mask), free(keep);
 }
 
 /* The probabilities a tree call captures: zero where the tree hides a key,
@@ -301,6 +351,22 @@ static void test_tree_refusals(void) {
         CHECK_ERROR_MENTIONS("mha_cache_compact: sequence 0 to 5 tokens needs position 2");
         CHECK_OK(mha_cache_compact(ring, 0, 8, ok, 2));
         CHECK_INT(mha_cache_length(ring, 0), 10);
+        /* a tree in two pieces (ring 8, window 4: 5 tokens a piece): the root at
+         * new token 5 needs position 1 for its window, which storing the second
+         * piece overwrites; a chain's windows do not reach back: accepted */
+        uint8_t m6[6][6] = {{0}};
+        for (int i = 0; i < 5; i++)
+            for (int j = 0; j <= i; j++) m6[i][j] = 1;
+        m6[5][5] = 1;
+        CHECK_OK(mha_cache_reset(ring, -1));
+        CHECK_OK(mha_forward_cached(L, ring, y, NULL, x12, 4, NULL, NULL));
+        o = mha_options_default();
+        o.keep_mask = (mha_mask){m6, 1, 1};
+        CHECK_STATUS(mha_forward_cached(L, ring, y, NULL, x12 + 4 * D, 6, NULL, &o), MHA_E_ARG);
+        CHECK_ERROR_MENTIONS("new token 5 of sequence 0 sees 1 new tokens of the keep_mask and so needs position 1");
+        CHECK_INT(mha_cache_length(ring, 0), 4);
+        m6[5][4] = m6[5][3] = m6[5][2] = m6[5][1] = m6[5][0] = 1;
+        CHECK_OK(mha_forward_cached(L, ring, y, NULL, x12 + 4 * D, 6, NULL, &o));
     }
     free(x12);
     /* a cross-attention memory */
@@ -326,6 +392,7 @@ static const test_case cases[] = {
     {"cache_tree_mqa_alibi_fp16", test_tree_mqa_alibi_fp16},
     {"cache_tree_int8_shared_mask", test_tree_int8_shared_mask},
     {"cache_tree_ring_sinks", test_tree_ring_sinks},
+    {"cache_tree_window_late_roots", test_tree_window_late_roots},
     {"cache_tree_probs", test_tree_probs},
     {"cache_tree_refusals", test_tree_refusals},
 };

@@ -316,7 +316,9 @@ class Cache(COwner):
         keep_mask: None, or bool (T,T) / (B,T,T) over this call's new tokens
         (tree attention: verify a tree of draft tokens in one call): new
         token i attends new token j <= i only where keep_mask[.., i, j];
-        the tokens cached before stay visible. Parents before children
+        the tokens cached before stay visible (windows and chunk_size
+        count along each token's own sequence: the cached tokens, then
+        the new ones its row keeps). Parents before children
         (nothing above the diagonal); give each token base + depth as its
         position, then keep the accepted path with compact().
         capture: names among 'z' (B,T,h*d_v), 'contributions'

@@ -218,6 +218,11 @@ typedef struct {
                              new tokens among themselves (options.keep_mask
                              of the cached forward: tree attention)        */
     int tree_T, tree_batch; /* tree_batch 1: one mask for every sequence    */
+    const int *tree_rank; /* NULL, or (tree_batch, tree_T, tree_T) when a
+                             window or chunk applies to a tree: entry (t, j)
+                             counts the new tokens row t sees before j, so
+                             new token j stands at position base + (t, j)
+                             in the sequence t sees (mha_cache_tree_pos) */
 } mha_decode_opts;
 
 /* Whether the tree mask lets the query at position p of sequence b attend
@@ -227,6 +232,19 @@ static inline int mha_cache_tree_keeps(const mha_decode_opts *o, int b, int base
     if (!o->tree || pj < base) return 1;
     const size_t row = (size_t)(o->tree_batch == 1 ? 0 : b) * o->tree_T + (size_t)(p - base);
     return o->tree[row * o->tree_T + (size_t)(pj - base)] != 0;
+}
+
+/* The position of the key at cache position pj in the sequence the query
+ * at cache position p of sequence b sees (pj <= p, a key the tree keeps;
+ * pj == p: the query's own): the cached tokens, then the new tokens its
+ * tree row keeps, in order. A window or chunk counts positions along that
+ * sequence, so a token of a tree sees the tokens before the call that it
+ * would see on its path (its cache position counts its siblings too).
+ * Without tree_rank (no tree, or no window or chunk): pj. */
+static inline int mha_cache_tree_pos(const mha_decode_opts *o, int b, int base, int p, int pj) {
+    if (!o->tree_rank || pj < base) return pj;
+    const size_t row = (size_t)(o->tree_batch == 1 ? 0 : b) * o->tree_T + (size_t)(p - base);
+    return base + o->tree_rank[row * o->tree_T + (size_t)(pj - base)];
 }
 
 /* Row arrays: sequence b's tokens are rows row0[b], row0[b]+1, ... of

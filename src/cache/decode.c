@@ -468,12 +468,15 @@ static void chunk_partial(float *part, scratch *w, const decode_call *dc, const 
     /* a tree mask (tree attention) among the call's new tokens, from base */
     const int base = c->len[u->b] - dc->n[u->b] - dc->t0, tree = dc->o->tree && pmax >= base;
     for (int i = 0; i < m; i++) {
-        int p = row_position(dc, u->b, u->i0 + i), lo = mha_cache_first_key(dc->c, u->b, p, dc->o->left, dc->o->chunk);
+        /* pe: the row's position in the sequence it sees (p without a tree rank) */
+        const int p = row_position(dc, u->b, u->i0 + i), pe = mha_cache_tree_pos(dc->o, u->b, base, p, p);
+        const int lo = mha_cache_first_key(dc->c, u->b, pe, dc->o->left, dc->o->chunk);
         if (!holes && !tree && pmin >= lo && pmax <= p) continue;
         float *row = w->s + (size_t)i * rs;
         for (int j = 0; j < nk; j++) {
             int pj = w->pos[jlo - cs + j];
-            if (!mha_cache_attends(c, pj, lo, p) || !mha_cache_tree_keeps(dc->o, u->b, base, p, pj))
+            if (pj == INT_MIN || pj > p || !mha_cache_tree_keeps(dc->o, u->b, base, p, pj) ||
+                !mha_cache_attends(c, mha_cache_tree_pos(dc->o, u->b, base, p, pj), lo, pe))
                 row[(size_t)j * ks] = -INFINITY;
         }
     }
@@ -651,7 +654,9 @@ static int plan_units(decode_plan *pl, const decode_call *dc) {
             for (int i0 = 0; i0 < rows; i0 += QTILE) {
                 unit *u = &pl->units[nu++];
                 u->b = b, u->g = g, u->i0 = i0, u->i1 = i0 + QTILE < rows ? i0 + QTILE : rows;
-                u->ulo = mha_cache_first_key(c, b, row_position(dc, b, u->i0), dc->o->left, dc->o->chunk);
+                /* a tree's rows stand at least at the call's first position in the sequences they see */
+                const int p0 = dc->o->tree_rank ? c->len[b] - dc->n[b] - dc->t0 : row_position(dc, b, u->i0);
+                u->ulo = mha_cache_first_key(c, b, p0, dc->o->left, dc->o->chunk);
                 u->uhi = row_position(dc, b, u->i1 - 1);
                 u->first = (int)pl->n_chunks, u->count = 0;
                 for (int ch = 0; ch < nch; ch++)

@@ -119,13 +119,15 @@ typedef struct {
     float *q, *k, *v, *z; /* (N, h*d_k), (N, h_kv*d_k), (N, h_kv*d_v), (N, h*d_v) */
     float *stats;         /* (N, h, 2) row max and sum, when probs are captured */
     float *cc;            /* (h, N, d_model) contributions, when captured   */
+    int *trank;           /* NULL, or (keep_mask.batch, T, T) the tree's ranks
+                             (mha_decode_opts.tree_rank) under a window or chunk */
     int nan_rows;         /* masked_row NAN: NaN rows of y are expected     */
     int bf16;             /* options.bf16_matmul: projections of bf16 inputs */
 } cached_plan;
 
 static void plan_free(cached_plan *p) {
     free(p->n), free(p->pos), free(p->value_row), free(p->q), free(p->k), free(p->v), free(p->z);
-    free(p->stats), free(p->cc);
+    free(p->stats), free(p->cc), free(p->trank);
     if (p->N != p->B * p->T) free(p->xc), free(p->yc);
 }
 
@@ -158,6 +160,43 @@ static mha_status tree_ordered(const mha_mask *m, const int *n, int B, int T) {
     return MHA_OK;
 }
 
+/* Under a window, window_left or chunk_size, the ranks of a tree mask m
+ * ((batch, T, T)): trank[b][t][j] = nonzero entries of row t before
+ * column j (j <= t), the position past the call's base at which new token
+ * j stands in the sequence new token t sees (mha_cache_tree_pos). On a
+ * ring, a row whose window reaches further back than its cache position's
+ * (a tree token after its siblings) needs prefix keys that storing the
+ * call's later pieces may overwrite: refused, naming it. */
+static mha_status tree_ranks(cached_plan *p, const mha_cache *c, const mha_options *o) {
+    const mha_mask *m = &o->keep_mask;
+    if (!m->data || (!c->window && o->window_left < 0 && o->chunk_size <= 0)) return MHA_OK;
+    const int T = p->T, nb = m->batch == 1 ? 1 : p->B;
+    p->trank = malloc(sizeof(int) * (size_t)nb * T * T);
+    if (!p->trank) return mha_fail(MHA_E_NOMEM, "mha_forward_cached: no memory for the ranks of a %d-token tree", T);
+    for (size_t row = 0; row < (size_t)nb * T; row++) {
+        const uint8_t *mr = (const uint8_t *)m->data + row * T;
+        int *rr = p->trank + row * T, n = 0;
+        for (int j = 0; j <= (int)(row % T); j++) rr[j] = n, n += mr[j] != 0;
+    }
+    const int piece = c->window ? mha_cache_ring(c) - c->window + 1 : T;
+    for (int b = 0; c->window && b < p->B; b++)
+        for (int t = piece; t < p->n[b]; t++) { /* the first piece is stored whole before any row reads */
+            const int base = c->len[b], row = (m->batch == 1 ? 0 : b) * T + t;
+            const int pe = base + p->trank[(size_t)row * T + t], first = mha_cache_first_key(c, b, pe, o->window_left,
+                                                                                                o->chunk_size);
+            const int end = t - t % piece + piece < p->n[b] ? t - t % piece + piece : p->n[b]; /* its piece's end */
+            const int kept = base + end - mha_cache_ring(c); /* the oldest ring position left after storing it */
+            if ((first > c->n_sink ? first : c->n_sink) < kept)
+                return mha_fail(MHA_E_ARG, "mha_forward_cached: new token %d of sequence %d sees %d new tokens of the "
+                                "keep_mask and so needs position %d for its window, which storing the call's tokens "
+                                "up to %d in the ring (%d slots past %d sink tokens) overwrites; expected at most %d "
+                                "new tokens per call with a tree mask on this cache (capacity - sink tokens - window "
+                                "+ 1), or a larger capacity", t, b, pe - base + 1, first, base + end - 1,
+                                mha_cache_ring(c), c->n_sink, piece);
+        }
+    return MHA_OK;
+}
+
 static mha_status validate(cached_plan *p, const mha_layer *L, mha_cache *c, const float *x,
                            const int *n_new, const mha_options *opt) {
     mha_status s = MHA_OK;
@@ -183,6 +222,7 @@ static mha_status validate(cached_plan *p, const mha_layer *L, mha_cache *c, con
                          "mha_cache_set_memory first", b);
     if (!s && !c->window && !c->cross) s = mha_cache_check_room(c, p->n, "mha_forward_cached");
     if (!s) s = tree_ordered(&opt->keep_mask, p->n, p->B, p->T);
+    if (!s) s = tree_ranks(p, c, opt);
     return s ? s : check_labels(c, L);
 }
 
@@ -228,7 +268,8 @@ static mha_status capture_probs(const mha_exec *ex, float *probs, const mha_cach
         mha_cache_slot_positions(spos, c, b, 0, c->cap);
         for (int i = 0; i < np[b]; i++) {
             int t = t0 + i, p = mha_cache_query_position(c, b, np[b], i), base = c->len[b] - np[b] - t0;
-            int first = mha_cache_first_key(c, b, p, o->left, o->chunk), pu = mha_cache_user_position(c, b, mha_cache_slot_of(c, p));
+            const int pe = mha_cache_tree_pos(o, b, base, p, p); /* in the sequence it sees */
+            int first = mha_cache_first_key(c, b, pe, o->left, o->chunk), pu = mha_cache_user_position(c, b, mha_cache_slot_of(c, p));
             for (int r = 0; r < c->h; r++) {
                 int g = r / n_rep;
                 size_t row = (size_t)row0[b] + t;
@@ -239,7 +280,9 @@ static mha_status capture_probs(const mha_exec *ex, float *probs, const mha_cach
                 for (int s = 0; s < c->cap; s++) {
                     int ps = spos[s];
                     pr[s] = 0.0f;
-                    if (!mha_cache_attends(c, ps, first, p) || !mha_cache_tree_keeps(o, b, base, p, ps)) continue;
+                    if (ps == INT_MIN || ps > p || !mha_cache_tree_keeps(o, b, base, p, ps) ||
+                        !mha_cache_attends(c, mha_cache_tree_pos(o, b, base, p, ps), first, pe))
+                        continue;
                     size_t k0 = mha_cache_k_off(c, kv, s);
                     float dot = 0.0f;
                     for (int d = 0; d < c->d_k; d++) dot = fmaf(qr[d], mha_cache_key_at(c, kr, k0, kv, s, d), dot);
@@ -523,7 +566,7 @@ static mha_decode_opts decode_opts(const mha_exec *ex, const mha_layer *L, const
                              mha_exec_prefill(ex), opt->window_left, opt->chunk_size,
                              extra ? L->bias_k : NULL, extra ? L->bias_v : NULL, L->cfg.add_zero_attn,
                              opt->masked_row == MHA_MASKED_ROW_NAN && !L->cfg.sinks, /* sink: 0 */
-                             opt->keep_mask.data, T, opt->keep_mask.batch};
+                             opt->keep_mask.data, T, opt->keep_mask.batch, NULL};
 }
 
 static mha_status forward_cached_exec(const mha_exec *ex, const mha_layer *L, mha_cache *c, float *y,
@@ -536,10 +579,11 @@ static mha_status forward_cached_exec(const mha_exec *ex, const mha_layer *L, mh
     if (!s) s = validate(&p, L, c, x, n_new, opt);
     if (!s && p.N == 0) zero_outputs(c, L, y, cap, T);
     if (s || p.N == 0) {
-        free(p.n);
+        free(p.n), free(p.trank);
         return s;
     }
-    const mha_decode_opts o = decode_opts(ex, L, c, opt, T);
+    mha_decode_opts o = decode_opts(ex, L, c, opt, T);
+    o.tree_rank = p.trank;
     p.nan_rows = o.nan_rows;
     if (!(s = plan_buffers(&p, c, x, y, cap, opt)) && !(s = project_qkv(ex, &p, L, c)) && !(s = clip_qkv(ex, &p, L, c)) &&
         !(s = transform_qk(&p, L, c)) &&
