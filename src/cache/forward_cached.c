@@ -173,10 +173,15 @@ static mha_status tree_ranks(cached_plan *p, const mha_cache *c, const mha_optio
     const int T = p->T, nb = m->batch == 1 ? 1 : p->B;
     p->trank = malloc(sizeof(int) * (size_t)nb * T * T);
     if (!p->trank) return mha_fail(MHA_E_NOMEM, "mha_forward_cached: no memory for the ranks of a %d-token tree", T);
-    for (size_t row = 0; row < (size_t)nb * T; row++) {
-        const uint8_t *mr = (const uint8_t *)m->data + row * T;
-        int *rr = p->trank + row * T, n = 0;
-        for (int j = 0; j <= (int)(row % T); j++) rr[j] = n, n += mr[j] != 0;
+    for (int mb = 0; mb < nb; mb++) {
+        int rows = p->n[mb]; /* rows past n_new are not read: of a shared mask, past every sequence's */
+        for (int b = 1; nb == 1 && b < p->B; b++) rows = p->n[b] > rows ? p->n[b] : rows;
+        for (int t = 0; t < rows; t++) {
+            const size_t row = (size_t)mb * T + (size_t)t;
+            const uint8_t *mr = (const uint8_t *)m->data + row * T;
+            int *rr = p->trank + row * T, n = 0;
+            for (int j = 0; j <= t; j++) rr[j] = n, n += mr[j] != 0;
+        }
     }
     const int piece = c->window ? mha_cache_ring(c) - c->window + 1 : T;
     for (int b = 0; c->window && b < p->B; b++)
