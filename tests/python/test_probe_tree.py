@@ -14,7 +14,8 @@ depth). After compact(b, base, path) the path holds positions base,
 base+1, ... and decoding goes on over prefix + path.
 
 Covered: MHA / GQA / MQA, RoPE halves and interleaved (full and partial
-dim), ALiBi, softcap + attention sinks + QK-norm + clip_qkv,
+dim), ALiBi, Llama 4's query temperature, softcap + attention sinks +
+QK-norm + clip_qkv,
 add_bias_kv + add_zero_attn; windows and rings with sink tokens (trees
 that wrap the ring; trees longer than a ring piece: refused by name or
 answered right), window_left, chunk_size; per-sequence n_new; B > 1 with
@@ -115,6 +116,9 @@ class Oracle:
         y = y.reshape(rows, n, d).transpose(1, 0, 2)
         if which in "qk" and c["rope"]["pairing"] != "none":
             y = rope64(y, pos, c["rope"]["dim"], c["rope"]["theta"], c["rope"]["pairing"])
+        if which == "q" and c["temperature_floor"]:  # Llama 4: 1 + a log(1 + floor((p + 1) / F))
+            F, a = c["temperature_floor"], c["temperature_scale"]
+            y = y * (1 + a * np.log1p(np.floor((np.asarray(pos, np.float64) + 1) / F)))[None, :, None]
         return y
 
     def project(self, x, pos):
@@ -229,7 +233,7 @@ STORAGE = {("float32", None): 2e-5, ("float16", None): 4e-3, ("int8", None): 6e-
 # (one binary16 ulp, or one int8 code of its block)
 AS_STORED = {("float32", None): 2e-5, ("float16", None): 2e-3, ("int8", None): 6e-3, ("int8", "float16"): 6e-3,
              ("float16", "int8"): 6e-3}
-VARIANTS = ["plain", "rope_halves", "rope_interleaved", "rope_partial", "alibi", "modern", "extra"]
+VARIANTS = ["plain", "rope_halves", "rope_interleaved", "rope_partial", "alibi", "modern", "extra", "temperature"]
 
 
 def make_layer(rng, variant, h, g, d=8, d_model=None):
@@ -245,6 +249,8 @@ def make_layer(rng, variant, h, g, d=8, d_model=None):
                    clip_qkv=2.5, rope={"pairing": "halves", "theta": 50.0})
     elif variant == "extra":
         cfg.update(add_bias_kv=True, add_zero_attn=True)
+    elif variant == "temperature":  # Llama 4's NoPE layers: the query scaled by its position
+        cfg.update(temperature_floor=3, temperature_scale=0.4)
     layer = mha.Layer(**cfg)
     w = {k: rng.uniform(-0.7, 0.7, v.shape).astype(np.float32) for k, v in layer.weights().items()}
     if "alibi_slopes" in w:
@@ -282,7 +288,7 @@ def run_case(seed, storage, variant=None, shape=None):
     layer = make_layer(rng, variant, h, g)
     spec = Oracle(layer)
     D = layer.d_model
-    has_pos = variant.startswith("rope") or variant in ("alibi", "modern")
+    has_pos = variant.startswith("rope") or variant in ("alibi", "modern", "temperature")
     B = int(rng.integers(1, 4))
     window = int(rng.choice([0, 0, 5, 8, 40]))
     n_sink = int(rng.integers(0, 5)) if window else 0
@@ -661,3 +667,29 @@ def test_compaction_after_eviction_and_on_a_cross_cache(small):
     with pytest.raises(mha.MhaError, match="keep_mask on a cross-attention memory"):
         cr.forward(layer, xs[:2], keep_mask=np.eye(2, dtype=bool))
     assert cr.lengths() == [5]
+
+
+def test_thread_counts_give_the_same_bits():
+    """The decode split depends on the chunks alone: a 40-token tree on a
+    window of 48 (two decode units a kv head) and its compaction give the
+    same bits at 1 and 3 threads."""
+    rng = np.random.default_rng(12)
+    layer = make_layer(rng, "alibi", 4, 4)
+    x = rng.standard_normal((2, 140, layer.d_model)).astype(np.float32)
+    parent = [i - 1 if i < 20 or i % 2 else -1 for i in range(40)]
+    pos = np.array([[100 + d for d in depths(parent)]] * 2, np.int32)
+    before = mha.get_num_threads()
+    outs = []
+    try:
+        for nt in (1, 3):
+            mha.set_num_threads(nt)
+            c = mha.Cache(layer, batch=2, capacity=200, window=48, dtype="int8")
+            ys = [c.forward(x[:, :100]), c.forward(x[:, 100:], keep_mask=tree_mask(parent), positions=pos)]
+            c.compact(0, 100, path_to(parent, 39))
+            c.compact(1, 100, path_to(parent, 38))
+            ys.append(c.forward(x[:, :1]))
+            outs.append(ys)
+    finally:
+        mha.set_num_threads(before)
+    for a, b in zip(*outs):
+        assert np.array_equal(a, b)
