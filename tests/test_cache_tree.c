@@ -161,6 +161,32 @@ static void tree_matches_reference(const tree_case *tc) {
             }
             free(x), free(yr), free(keep);
         }
+        /* the same storage fed prefix + path directly: the compacted keys,
+         * values, int8 scales and positions are those the path's tokens
+         * store themselves (up to the projections' rounding): far tighter
+         * than the bound against the reference (an int8 key moved without
+         * its scales is within that bound) */
+        mha_cache *d = NULL;
+        CHECK_OK(mha_cache_create_kv(&d, L, B, tc->cap, tc->kt, tc->vt, tc->window));
+        float *xpath = naive_alloc_floats((size_t)B * 3 * D), *yd = naive_alloc_floats((size_t)B * P * D); /* P > 3, 1 */
+        if (d) {
+            int n_path[B];
+            for (int b = 0; b < B; b++) {
+                const int tb = tc->shared_mask ? 0 : b;
+                n_path[b] = PATH_LEN[tb];
+                for (int i = 0; i < n_path[b]; i++)
+                    memcpy(xpath + ((size_t)b * 3 + i) * D, xt + ((size_t)b * N + PATH[tb][i]) * D, sizeof(float) * D);
+            }
+            if (tc->n_sink) CHECK_OK(mha_cache_set_sink_tokens(d, tc->n_sink));
+            mha_options od = mha_options_default();
+            CHECK_OK(mha_forward_cached_ctx(ctx, L, d, yd, NULL, xp, P, NULL, &od));
+            CHECK_OK(mha_forward_cached_ctx(ctx, L, d, yd, NULL, xpath, 3, n_path, &od));
+            CHECK_OK(mha_forward_cached_ctx(ctx, L, d, yd, NULL, xn, 1, NULL, &od));
+            double s1 = 1.0;
+            for (int i = 0; i < B * D; i++) s1 = fmax(s1, fabs(yd[i]));
+            CHECK_ARRAY_NEAR(yn, yd, (size_t)B * D, 1e-5 * s1); /* measured: the same bits */
+        }
+        mha_cache_free(d), free(xpath), free(yd);
         mha_cache_free(c);
     }
     mha_context_free(ctx);
@@ -238,6 +264,69 @@ static void test_tree_window_late_roots(void) {
     }
     mha_cache_free(c), mha_layer_free(L), naive_weights_free(&w);
     free(x), free(y), free(yr), free(mask), free(keep);
+}
+
+/* Trees over several ring pieces that the ring can hold (found by a
+ * random search against numpy, tests/python/test_probe_tree.py): a row
+ * that sees only itself on a window of 1 (its window starts below the
+ * oldest stored cache position: only its own key), and rows whose path
+ * puts a later new token at a sink's position. The reference over prefix
+ * + tree with the mask written out by positions along each row's own
+ * sequence (the new tokens its row keeps, ranked). */
+static void test_tree_ring_pieces(void) {
+    enum { TM = 12 };
+    static const struct {
+        int window, n_sink, cap, P, T;
+        uint8_t m[8][8];
+    } cases[] = {
+        {1, 1, 3, 1, 4, {{0}, {1}, {1, 0, 1}, {0, 0, 0, 1}}},
+        {2, 2, 4, 1, 3, {{1}, {0, 1}, {0, 1, 1}}},
+        {2, 2, 5, 1, 4, {{1}, {1, 1}, {1, 1, 1}, {0, 0, 1, 1}}},
+    };
+    mha_config cf = naive_resolve(naive_config(D, 4, 2, 8, 8, 1));
+    naive_weights w;
+    uint64_t seed = 33;
+    naive_weights_random(&w, &cf, &seed, 0.5f);
+    mha_layer *L = naive_make_layer(&w);
+    float *x = naive_random_floats((size_t)TM * D, &seed, -1, 1), *y = naive_alloc_floats((size_t)TM * D);
+    float *yr = naive_alloc_floats((size_t)TM * D);
+    for (size_t k = 0; L && k < sizeof cases / sizeof cases[0]; k++) {
+        const int W = cases[k].window, ns = cases[k].n_sink, P = cases[k].P, T = cases[k].T, S = P + T;
+        uint8_t mask[8][8], keep[TM][TM] = {{0}};
+        int pos[TM];
+        for (int a = 0; a < S; a++) pos[a] = a;
+        for (int i = 0; i < T; i++) {
+            int rank[8], n = 0; /* new token j's position past P along row i's sequence */
+            for (int j = 0; j <= i; j++) mask[i][j] = cases[k].m[i][j], rank[j] = n, n += mask[i][j] != 0;
+            for (int j = i + 1; j < T; j++) mask[i][j] = 0;
+            const int pe = P + rank[i];
+            for (int e = 0; e < S; e++) {
+                const int ep = e < P ? e : P + rank[e - P];
+                keep[P + i][e] = (uint8_t)((e < P || (e - P <= i && mask[i][e - P])) && (ep > pe - W || ep < ns));
+            }
+        }
+        for (int a = 0; a < P; a++)
+            for (int e = 0; e <= a; e++) keep[a][e] = (uint8_t)(e > a - W || e < ns);
+        uint8_t *kc = malloc((size_t)S * S); /* (S, S) */
+        for (int a = 0; kc && a < S; a++) memcpy(kc + (size_t)a * S, keep[a], (size_t)S);
+        mha_cache *c = NULL;
+        CHECK_OK(mha_cache_create(&c, L, 1, cases[k].cap, MHA_CACHE_F32, W));
+        if (c && ns) CHECK_OK(mha_cache_set_sink_tokens(c, ns));
+        if (c && kc) {
+            double scale = 1.0;
+            reference(L, &scale, yr, x, pos, kc, S);
+            mha_options o = mha_options_default();
+            if (P) CHECK_OK(mha_forward_cached(L, c, y, NULL, x, P, NULL, &o));
+            uint8_t mt[8 * 8];
+            for (int i = 0; i < T; i++) memcpy(mt + (size_t)i * T, mask[i], (size_t)T);
+            o.keep_mask = (mha_mask){mt, 1, 1};
+            CHECK_OK(mha_forward_cached(L, c, y, NULL, x + (size_t)P * D, T, NULL, &o));
+            CHECK_ARRAY_NEAR(y, yr + (size_t)P * D, (size_t)T * D, 2e-6 * scale);
+        }
+        mha_cache_free(c), free(kc);
+    }
+    mha_layer_free(L), naive_weights_free(&w);
+    free(x), free(y), free(yr);
 }
 
 /* The probabilities a tree call captures: zero where the tree hides a key,
@@ -368,6 +457,24 @@ static void test_tree_refusals(void) {
         m6[5][4] = m6[5][3] = m6[5][2] = m6[5][1] = m6[5][0] = 1;
         CHECK_OK(mha_forward_cached(L, ring, y, NULL, x12 + 4 * D, 6, NULL, &o));
     }
+    /* a new token at a sink's position on its path, overwritten in the ring
+     * (capacity 5, 3 sinks, window 1: pieces of 2): new token 3 keeps 1, 2
+     * and itself after a 2-token prefix, so token 1 (cache position 3, a ring
+     * slot) stands at position 2 of its path, a sink; storing token 3 takes
+     * its slot */
+    mha_cache *sk = NULL;
+    CHECK_OK(mha_cache_create(&sk, L, 1, 5, MHA_CACHE_F32, 1));
+    if (sk) {
+        static const uint8_t m4[4][4] = {{1, 0, 0, 0}, {1, 1, 0, 0}, {1, 1, 1, 0}, {0, 1, 1, 1}};
+        CHECK_OK(mha_cache_set_sink_tokens(sk, 3));
+        CHECK_OK(mha_forward_cached(L, sk, y, NULL, x12, 2, NULL, NULL));
+        o = mha_options_default();
+        o.keep_mask = (mha_mask){m4, 1, 1};
+        CHECK_STATUS(mha_forward_cached(L, sk, y, NULL, x12 + 2 * D, 4, NULL, &o), MHA_E_ARG);
+        CHECK_ERROR_MENTIONS("new token 3 of sequence 0 sees 3 new tokens of the keep_mask and so needs position 3");
+        CHECK_INT(mha_cache_length(sk, 0), 2);
+    }
+    mha_cache_free(sk);
     free(x12);
     /* a cross-attention memory */
     CHECK_OK(mha_cache_create_cross(&cross, L, 1, 8, MHA_CACHE_F32, MHA_CACHE_F32));
@@ -393,6 +500,7 @@ static const test_case cases[] = {
     {"cache_tree_int8_shared_mask", test_tree_int8_shared_mask},
     {"cache_tree_ring_sinks", test_tree_ring_sinks},
     {"cache_tree_window_late_roots", test_tree_window_late_roots},
+    {"cache_tree_ring_pieces", test_tree_ring_pieces},
     {"cache_tree_probs", test_tree_probs},
     {"cache_tree_refusals", test_tree_refusals},
 };

@@ -162,14 +162,23 @@ static inline void mha_cache_slot_positions(int *pos, const mha_cache *c, int b,
     }
 }
 
+/* The first position of the window and chunk of a query at position p
+ * (INT_MIN: neither), whatever the cache still stores: also for positions
+ * along a tree token's own sequence (mha_cache_tree_pos), which sit below
+ * the cache positions that lo counts. */
+static inline int mha_cache_window_first(const mha_cache *c, int p, int left, int chunk) {
+    if (c->window && (left < 0 || left > c->window - 1)) left = c->window - 1;
+    int first = left >= 0 ? p - left : INT_MIN;
+    if (chunk > 0 && p - p % chunk > first) first = p - p % chunk;
+    return first;
+}
+
 /* First position a query at position p of sequence b attends: the oldest
  * stored, within the tighter of the cache's window and left (< 0: none),
  * and inside p's chunk of `chunk` positions (0: none; options.chunk_size). */
 static inline int mha_cache_first_key(const mha_cache *c, int b, int p, int left, int chunk) {
-    if (c->window && (left < 0 || left > c->window - 1)) left = c->window - 1;
-    int first = left >= 0 && p - left > c->lo[b] ? p - left : c->lo[b];
-    if (chunk > 0 && p - p % chunk > first) first = p - p % chunk;
-    return first;
+    const int first = mha_cache_window_first(c, p, left, chunk);
+    return first > c->lo[b] ? first : c->lo[b];
 }
 
 /* Whether a query at position p, whose window starts at `first`, attends
@@ -245,6 +254,15 @@ static inline int mha_cache_tree_pos(const mha_decode_opts *o, int b, int base, 
     if (!o->tree_rank || pj < base) return pj;
     const size_t row = (size_t)(o->tree_batch == 1 ? 0 : b) * o->tree_T + (size_t)(p - base);
     return base + o->tree_rank[row * o->tree_T + (size_t)(pj - base)];
+}
+
+/* The first position a query at pe (mha_cache_tree_pos of its own) of
+ * sequence b attends, for mha_cache_attends with the keys' tree
+ * positions: a tree row's is not clamped to the oldest stored cache
+ * position (a key no longer stored reads as INT_MIN anyway). */
+static inline int mha_cache_row_first(const mha_cache *c, const mha_decode_opts *o, int b, int pe) {
+    return o->tree_rank ? mha_cache_window_first(c, pe, o->left, o->chunk)
+                        : mha_cache_first_key(c, b, pe, o->left, o->chunk);
 }
 
 /* Row arrays: sequence b's tokens are rows row0[b], row0[b]+1, ... of

@@ -470,7 +470,7 @@ static void chunk_partial(float *part, scratch *w, const decode_call *dc, const 
     for (int i = 0; i < m; i++) {
         /* pe: the row's position in the sequence it sees (p without a tree rank) */
         const int p = row_position(dc, u->b, u->i0 + i), pe = mha_cache_tree_pos(dc->o, u->b, base, p, p);
-        const int lo = mha_cache_first_key(dc->c, u->b, pe, dc->o->left, dc->o->chunk);
+        const int lo = mha_cache_row_first(c, dc->o, u->b, pe);
         if (!holes && !tree && pmin >= lo && pmax <= p) continue;
         float *row = w->s + (size_t)i * rs;
         for (int j = 0; j < nk; j++) {

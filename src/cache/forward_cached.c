@@ -187,16 +187,25 @@ static mha_status tree_ranks(cached_plan *p, const mha_cache *c, const mha_optio
     for (int b = 0; c->window && b < p->B; b++)
         for (int t = piece; t < p->n[b]; t++) { /* the first piece is stored whole before any row reads */
             const int base = c->len[b], row = (m->batch == 1 ? 0 : b) * T + t;
-            const int pe = base + p->trank[(size_t)row * T + t], first = mha_cache_first_key(c, b, pe, o->window_left,
-                                                                                                o->chunk_size);
+            const int pe = base + p->trank[(size_t)row * T + t];
+            const int first = mha_cache_window_first(c, pe, o->window_left, o->chunk_size);
             const int end = t - t % piece + piece < p->n[b] ? t - t % piece + piece : p->n[b]; /* its piece's end */
             const int kept = base + end - mha_cache_ring(c); /* the oldest ring position left after storing it */
-            if ((first > c->n_sink ? first : c->n_sink) < kept)
+            /* the oldest ring position it attends: of the prefix, from its window's first on; of the new
+             * tokens it keeps, those in its window or at a sink's position on its path */
+            int need = first > c->n_sink ? first : c->n_sink;
+            if (need >= base) need = INT_MAX;
+            const uint8_t *mr = (const uint8_t *)m->data + (size_t)row * T;
+            for (int j = 0; j < t && need >= kept; j++) {
+                const int e = base + p->trank[(size_t)row * T + j];
+                if (mr[j] && (e >= first || e < c->n_sink) && base + j >= c->n_sink && base + j < need) need = base + j;
+            }
+            if (need < kept)
                 return mha_fail(MHA_E_ARG, "mha_forward_cached: new token %d of sequence %d sees %d new tokens of the "
-                                "keep_mask and so needs position %d for its window, which storing the call's tokens "
-                                "up to %d in the ring (%d slots past %d sink tokens) overwrites; expected at most %d "
-                                "new tokens per call with a tree mask on this cache (capacity - sink tokens - window "
-                                "+ 1), or a larger capacity", t, b, pe - base + 1, first, base + end - 1,
+                                "keep_mask and so needs position %d for its window or sink tokens, which storing the "
+                                "call's tokens up to %d in the ring (%d slots past %d sink tokens) overwrites; expected "
+                                "at most %d new tokens per call with a tree mask on this cache (capacity - sink tokens "
+                                "- window + 1), or a larger capacity", t, b, pe - base + 1, need, base + end - 1,
                                 mha_cache_ring(c), c->n_sink, piece);
         }
     return MHA_OK;
@@ -274,7 +283,7 @@ static mha_status capture_probs(const mha_exec *ex, float *probs, const mha_cach
         for (int i = 0; i < np[b]; i++) {
             int t = t0 + i, p = mha_cache_query_position(c, b, np[b], i), base = c->len[b] - np[b] - t0;
             const int pe = mha_cache_tree_pos(o, b, base, p, p); /* in the sequence it sees */
-            int first = mha_cache_first_key(c, b, pe, o->left, o->chunk), pu = mha_cache_user_position(c, b, mha_cache_slot_of(c, p));
+            int first = mha_cache_row_first(c, o, b, pe), pu = mha_cache_user_position(c, b, mha_cache_slot_of(c, p));
             for (int r = 0; r < c->h; r++) {
                 int g = r / n_rep;
                 size_t row = (size_t)row0[b] + t;

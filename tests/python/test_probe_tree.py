@@ -693,3 +693,51 @@ def test_thread_counts_give_the_same_bits():
         mha.set_num_threads(before)
     for a, b in zip(*outs):
         assert np.array_equal(a, b)
+
+
+def test_general_masks_on_tiny_rings():
+    """Random lower-triangular masks (diagonals on or off, not tree closures)
+    on rings of a few slots with sink tokens, window_left and chunk_size,
+    after a prefix: each call is answered as the oracle says (probabilities
+    too, without a window) or refused by name with nothing stored; on a
+    ring of window + sinks + T - 1 slots or more, never refused. Found the
+    defects of a new token at a sink's position on its path (overwritten
+    in a ring piece) and of a row's window start clamped to the oldest
+    stored cache position (its own key masked)."""
+    rng = np.random.default_rng(31)
+    layer = make_layer(rng, "alibi", 2, 1, 8, 16)
+    spec = Oracle(layer)
+    answered = 0
+    for _ in range(CASES * 40):
+        W = int(rng.integers(0, 6))
+        ns = int(rng.integers(0, 4)) if W else 0
+        T = int(rng.integers(1, 13))
+        roomy = rng.random() < 0.25
+        cap = (W + ns + (T - 1 if roomy else int(rng.integers(0, 4)))) if W else 40
+        left = int(rng.integers(0, 5)) if rng.random() < 0.3 else None
+        chunk = int(rng.integers(1, 6)) if not ns and rng.random() < 0.3 else 0
+        P = int(rng.integers(0, 9))
+        m = np.tril(rng.random((T, T)) < rng.uniform(0.2, 0.95))
+        if rng.random() < 0.7:
+            np.fill_diagonal(m, True)
+        x = rng.standard_normal((P + T, 16)).astype(np.float32)
+        c = mha.Cache(layer, capacity=max(cap, 1), window=W, sink_tokens=ns)
+        kw = dict(window_left=left, chunk_size=chunk)
+        if P:
+            c.forward(x[:P], **kw)
+        try:
+            y, cp = c.forward(x[P:], keep_mask=m, capture=["probs"], **kw)
+        except mha.ArgumentError as e:
+            assert W and not roomy and "new tokens per call with a tree mask" in str(e), str(e)
+            assert c.lengths() == [P]
+            continue
+        want, _, pr = spec.call(x[:P], range(P), x[P:], range(P, P + T), m, window=W, n_sink=ns, left=left,
+                                chunk=chunk)
+        what = dict(W=W, ns=ns, cap=cap, P=P, T=T, left=left, chunk=chunk, mask=m.astype(int).tolist())
+        assert rel(y, want) <= 2e-5, what
+        if not W:
+            full = np.zeros_like(cp["probs"])
+            full[:, :, :P + T] = pr
+            assert np.abs(full - cp["probs"]).max() <= 2e-5, what
+        answered += 1
+    assert answered >= CASES * 10
