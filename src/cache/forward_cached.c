@@ -19,6 +19,7 @@
 #include <float.h>
 #include <limits.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -171,7 +172,8 @@ static mha_status tree_ranks(cached_plan *p, const mha_cache *c, const mha_optio
     const mha_mask *m = &o->keep_mask;
     if (!m->data || (!c->window && o->window_left < 0 && o->chunk_size <= 0)) return MHA_OK;
     const int T = p->T, nb = m->batch == 1 ? 1 : p->B;
-    p->trank = malloc(sizeof(int) * (size_t)nb * T * T);
+    const size_t cells = (size_t)nb * T * T; /* nb*T <= INT_MAX: below 2^62, but its bytes may wrap */
+    p->trank = cells <= SIZE_MAX / sizeof(int) ? malloc(sizeof(int) * cells) : NULL;
     if (!p->trank) return mha_fail(MHA_E_NOMEM, "mha_forward_cached: no memory for the ranks of a %d-token tree", T);
     for (int mb = 0; mb < nb; mb++) {
         int rows = p->n[mb]; /* rows past n_new are not read: of a shared mask, past every sequence's */
