@@ -38,6 +38,25 @@ void cli_outputs_array(cli_outputs *o, const char *flag, const char *const *path
     if (o->n_out < CLI_MAX_FILES) o->out[o->n_out++] = (cli_file){.flag = flag, .path = path, .may_stream = 1};
 }
 
+/* The checks "-" takes on either side: one file there, not a closed
+ * stream, not a terminal; then f takes fd. `dir` is "output" or "input",
+ * `hint` where a redirection would put the data. 0 or the exit code. */
+static int take_std_stream(const cli_outputs *o, cli_file *f, const cli_file **first, int fd, const char *dir,
+                           const char *hint) {
+    const char *name = fd == STDOUT_FILENO ? "standard output" : "standard input";
+    if (*first)
+        return mha_cmd_error(o->cmd, MHA_EXIT_USAGE, "%s '-' and %s '-' both name %s; expected at most one %s there",
+                             (*first)->flag, f->flag, name, dir);
+    if (fcntl(fd, F_GETFD) < 0) /* a file opened later would take its place */
+        return mha_cmd_error(o->cmd, MHA_EXIT_USAGE, "%s '-': %s is closed; expected it open", f->flag, name);
+    if (isatty(fd))
+        return mha_cmd_error(o->cmd, MHA_EXIT_USAGE, "%s '-': %s is a terminal; expected %s, or a file path",
+                             f->flag, name, hint);
+    f->stream = 1;
+    *first = f;
+    return 0;
+}
+
 /* "-" as an output: standard output where the output allows it (one array,
  * once, not to a terminal or a closed stream); 0 or the exit code. *first:
  * the output that took it before, or NULL. */
@@ -47,21 +66,7 @@ static int check_stream(const cli_outputs *o, cli_file *f, const cli_file **firs
                              "%s '-': standard output takes only a .npy array (the outputs of mha run); "
                              "expected a file path for %s (./- names a file called '-')",
                              f->flag, f->flag);
-    if (*first)
-        return mha_cmd_error(o->cmd, MHA_EXIT_USAGE,
-                             "%s '-' and %s '-' both name standard output; expected at most one output there",
-                             (*first)->flag, f->flag);
-    if (fcntl(STDOUT_FILENO, F_GETFD) < 0) /* a file opened later would take its place */
-        return mha_cmd_error(o->cmd, MHA_EXIT_USAGE, "%s '-': standard output is closed; expected it open",
-                             f->flag);
-    if (isatty(STDOUT_FILENO))
-        return mha_cmd_error(o->cmd, MHA_EXIT_USAGE,
-                             "%s '-': standard output is a terminal; expected it redirected to a file or a "
-                             "pipe (> y.npy), or a file path",
-                             f->flag);
-    f->stream = 1;
-    *first = f;
-    return 0;
+    return take_std_stream(o, f, first, STDOUT_FILENO, "output", "it redirected to a file or a pipe (> y.npy)");
 }
 
 /* "-" as an input: standard input, for one .npy array of a command that
@@ -79,22 +84,9 @@ static int check_stdin(const cli_outputs *o, cli_file *f, const cli_file **first
                              "%s '-': this command reads no input from standard input; expected a file path "
                              "(./- names a file called '-')",
                              f->flag);
-    if (*first)
-        return mha_cmd_error(o->cmd, MHA_EXIT_USAGE,
-                             "%s '-' and %s '-' both name standard input; expected at most one input there",
-                             (*first)->flag, f->flag);
-    if (fcntl(STDIN_FILENO, F_GETFD) < 0) /* a file opened later would take its place */
-        return mha_cmd_error(o->cmd, MHA_EXIT_USAGE, "%s '-': standard input is closed; expected it open",
-                             f->flag);
-    if (isatty(STDIN_FILENO))
-        return mha_cmd_error(o->cmd, MHA_EXIT_USAGE,
-                             "%s '-': standard input is a terminal; expected a .npy array piped or redirected "
-                             "there (< x.npy), or a file path",
-                             f->flag);
-    f->stream = 1;
-    *first = f;
-    cli_stdin_claim(f->flag);
-    return 0;
+    const int rc = take_std_stream(o, f, first, STDIN_FILENO, "input", "a .npy array piped or redirected there (< x.npy)");
+    if (!rc) cli_stdin_claim(f->flag);
+    return rc;
 }
 
 /* What makes two paths one file: device and inode when it exists, else
