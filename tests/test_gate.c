@@ -132,6 +132,23 @@ static void test_gate_cache(void) {
         free(xp), free(yp);
         mha_cache_free(c);
     }
+    /* a cross-attention memory: the gate reads the queries' input */
+    mha_cache *m = NULL;
+    const int S = 5, s_len[B] = {5, 3};
+    float *kv = naive_random_floats((size_t)B * S * D, &seed, -1, 1);
+    uint8_t keep[B * 5];
+    for (int b = 0; b < B; b++)
+        for (int j = 0; j < S; j++) keep[b * S + j] = j < s_len[b];
+    mha_options ok = naive_ref_options();
+    ok.key_keep = keep;
+    if (L) CHECK_OK(mha_forward_kv(L, yr, NULL, x, kv, kv, B, T, S, &ok));
+    if (L) CHECK_OK(mha_cache_create_cross(&m, L, B, 8, MHA_CACHE_F32, MHA_CACHE_F32));
+    if (m) {
+        CHECK_OK(mha_cache_set_memory(m, L, kv, NULL, S, s_len));
+        CHECK_OK(mha_forward_cached(L, m, y, NULL, x, T, NULL, NULL));
+        CHECK_ARRAY_NEAR(y, yr, ny, 2e-5);
+    }
+    mha_cache_free(m), free(kv);
     mha_layer_free(L), naive_weights_free(&w);
     free(x), free(yr), free(y), free(xs), free(ys);
 }

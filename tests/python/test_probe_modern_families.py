@@ -247,6 +247,12 @@ def test_qwen3_next_gated_attention(tmp_path):
     close(y, want)
     # the same checkpoint read without its gate would be another layer: far from it
     assert np.abs(want - (z @ t[p + "o_proj.weight"].T)).max() > 1e-2
+    # `mha convert --to native` keeps the gate, the norms' offset and the rotary: the native file
+    # runs alone (no config.json) to the same Y; and in Python, Layer.load reads it whole
+    native = tmp_path / "native.safetensors"
+    mha("convert", "--prefix", "model.layers.3", tmp_path, native, "--to", "native")
+    mha("run", "--weights", native, "--input", tmp_path / "x.npy", "--output", tmp_path / "y2.npy", "--causal")
+    close(np.load(tmp_path / "y2.npy"), want)
     # a config asking for the gate beside a q_proj without one; the headwise gate
     t[p + "q_proj.weight"] = t[p + "q_proj.weight"][:H * d]
     _, r = run(tmp_path, t, dict(cfg, model_type="qwen3", attn_output_gate=True), "model.layers.3", D, check=False)
