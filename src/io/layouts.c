@@ -617,14 +617,13 @@ static mha_status load_hf_fused(staged *st, const mha_tensors *t, const mha_load
     return mha_io_variants_read(c, st->var, t, P, 1);
 }
 
-/* load_hf's copies for a gated q_proj (Qwen3-Next's attn_output_gate):
- * rows [r*2d, r*2d + d) are head r's query, the next d its gate (d = d_k
- * = d_v; its bias split alike); k, v, o as load_hf copies them. */
-static mha_status load_hf_gated(staged *st, const mha_tensors *t, const mha_load_options *o, const mha_array *q,
-                                const mha_array *k, const mha_array *v, const mha_array *out, const char (*b)[48]) {
+/* A gated q_proj (Qwen3-Next's attn_output_gate) into the staged W_Q and
+ * W_G: rows [r*2d, r*2d + d) are head r's query, the next d its gate (d =
+ * d_k = d_v), and its bias, when there is one, split alike (*any set). */
+static mha_status put_gated_q(staged *st, int *any, const mha_tensors *t, const char *P, const mha_array *q,
+                              const char *bias_name) {
     mha_config *c = &st->cfg;
-    const char *P = o->prefix, *L = "hf";
-    const int h = c->n_heads, hkv = c->n_kv_heads, d = c->d_k, D = c->d_model;
+    const int h = c->n_heads, d = c->d_k, D = c->d_model;
     c->output_gate = 1;
     if (!(st->gate[0] = malloc(sizeof(float) * (size_t)D * h * d)))
         return mha_fail(MHA_E_NOMEM, "hf layout: no memory for the output gate");
@@ -632,28 +631,18 @@ static mha_status load_hf_gated(staged *st, const mha_tensors *t, const mha_load
         put_rows_t(st->w[S_WQ], h * d, r * d, q->f, D, 2 * r * d, d);
         put_rows_t(st->gate[0], h * d, r * d, q->f, D, 2 * r * d + d, d);
     }
-    put_rows_t(st->w[S_WK], hkv * d, 0, k->f, c->d_kv_in, 0, hkv * d);
-    put_rows_t(st->w[S_WV], hkv * c->d_v, 0, v->f, c->d_kv_in, 0, hkv * c->d_v);
-    put_rows_t(st->w[S_WO], D, 0, out->f, h * c->d_v, 0, D);
     const mha_array *bq;
-    mha_status s = find(&bq, t, P, b[0], 0, L);
-    if (s || (bq && (s = want_shape(bq, b[0], 1, 2 * h * d, 0, "(h*2*d_k): each head's query then gate bias"))))
+    mha_status s = find(&bq, t, P, bias_name, 0, "hf");
+    if (s || (bq && (s = want_shape(bq, bias_name, 1, 2 * h * d, 0, "(h*2*d_k): each head's query then gate bias"))))
         return s;
-    int any = bq != NULL;
     if (bq && !(st->gate[1] = malloc(sizeof(float) * (size_t)h * d)))
         return mha_fail(MHA_E_NOMEM, "hf layout: no memory for the gate's bias");
     for (int r = 0; bq && r < h; r++) {
         memcpy(st->w[S_BQ] + (size_t)r * d, bq->f + (size_t)2 * r * d, sizeof(float) * (size_t)d);
         memcpy(st->gate[1] + (size_t)r * d, bq->f + (size_t)(2 * r + 1) * d, sizeof(float) * (size_t)d);
     }
-    if ((s = opt_bias(st->w[S_BK], &any, t, P, b[1], hkv * d, L, "(h_kv*d_k)")) ||
-        (s = opt_bias(st->w[S_BV], &any, t, P, b[2], hkv * c->d_v, L, "(h_kv*d_v)")) ||
-        (s = opt_bias(st->w[S_BO], &any, t, P, b[3], D, L, "(d_model)")))
-        return s;
-    c->bias = any;
-    if (any && !st->gate[1] && !(st->gate[1] = calloc((size_t)h * d, sizeof(float)))) /* a bias elsewhere: b_G = 0 */
-        return mha_fail(MHA_E_NOMEM, "hf layout: no memory for the gate's bias");
-    return mha_io_variants_read(c, st->var, t, P, 1);
+    *any |= bq != NULL;
+    return MHA_OK;
 }
 
 static mha_status load_hf(staged *st, const mha_tensors *t, const mha_load_options *o) {
@@ -703,18 +692,21 @@ static mha_status load_hf(staged *st, const mha_tensors *t, const mha_load_optio
         return mha_fail(MHA_E_SHAPE, "hf layout: a gated q_proj of d_k = %d per head with d_v = %d; expected the "
                         "gate as wide as each head's output (d_v = d_k)", c->d_k, c->d_v);
     if ((s = staged_alloc(st))) return s;
-    if (gated) return load_hf_gated(st, t, o, q, k, v, out, (const char (*)[48])b);
-    put_rows_t(st->w[S_WQ], h * c->d_k, 0, q->f, c->d_model, 0, h * c->d_k);
+    int any = 0;
+    if (gated) s = put_gated_q(st, &any, t, P, q, b[0]);
+    else put_rows_t(st->w[S_WQ], h * c->d_k, 0, q->f, c->d_model, 0, h * c->d_k);
     put_rows_t(st->w[S_WK], hkv * c->d_k, 0, k->f, c->d_kv_in, 0, hkv * c->d_k);
     put_rows_t(st->w[S_WV], hkv * c->d_v, 0, v->f, c->d_kv_in, 0, hkv * c->d_v);
     put_rows_t(st->w[S_WO], c->d_model, 0, out->f, h * c->d_v, 0, c->d_model);
-    int any = 0;
-    if ((s = opt_bias(st->w[S_BQ], &any, t, P, b[0], h * c->d_k, L, "(h*d_k)")) ||
+    if (s || (!gated && (s = opt_bias(st->w[S_BQ], &any, t, P, b[0], h * c->d_k, L, "(h*d_k)"))) ||
         (s = opt_bias(st->w[S_BK], &any, t, P, b[1], hkv * c->d_k, L, "(h_kv*d_k)")) ||
         (s = opt_bias(st->w[S_BV], &any, t, P, b[2], hkv * c->d_v, L, "(h_kv*d_v)")) ||
         (s = opt_bias(st->w[S_BO], &any, t, P, b[3], c->d_model, L, "(d_model)")))
         return s;
     c->bias = any;
+    /* a bias elsewhere and none in a gated q_proj: b_G = 0 */
+    if (gated && any && !st->gate[1] && !(st->gate[1] = calloc((size_t)h * c->d_k, sizeof(float))))
+        return mha_fail(MHA_E_NOMEM, "hf layout: no memory for the gate's bias");
     return mha_io_variants_read(c, st->var, t, P, 1);
 }
 

@@ -65,17 +65,23 @@ def test_gated_layer_cache_and_file(tmp_path):
     close(again.forward(x, causal=True), want)
 
 
-def test_hf_gated_q_proj_loads_with_output_gate(tmp_path):
-    """Qwen3-Next's q_proj: per head, d query rows then d gate rows (out, in)"""
+@pytest.mark.parametrize("bias", [False, True])
+def test_hf_gated_q_proj_loads_with_output_gate(tmp_path, bias):
+    """Qwen3-Next's q_proj: per head, d query rows then d gate rows (out, in),
+    and its bias (when the layer has biases) split alike"""
     rs = np.random.RandomState(7)
-    _, w = gated_layer(rs, bias=False)
+    _, w = gated_layer(rs, bias=bias)
     q = np.concatenate([np.stack([w["w_q"][:, r * d:(r + 1) * d].T, w["w_g"][:, r * d:(r + 1) * d].T])
                         .reshape(2 * d, D) for r in range(H)])
     from io_helpers import write_safetensors
     p = "model.layers.0.self_attn."
-    write_safetensors(tmp_path / "m.safetensors", {p + "q_proj.weight": q, p + "k_proj.weight": w["w_k"].T.copy(),
-                                                   p + "v_proj.weight": w["w_v"].T.copy(),
-                                                   p + "o_proj.weight": w["w_o"].T.copy()})
+    t = {p + "q_proj.weight": q, p + "k_proj.weight": w["w_k"].T.copy(), p + "v_proj.weight": w["w_v"].T.copy(),
+         p + "o_proj.weight": w["w_o"].T.copy()}
+    if bias:
+        t[p + "q_proj.bias"] = np.concatenate([np.concatenate([w["b_q"][r * d:(r + 1) * d], w["b_g"][r * d:(r + 1) * d]])
+                                               for r in range(H)])
+        t.update({p + "k_proj.bias": w["b_k"], p + "v_proj.bias": w["b_v"], p + "o_proj.bias": w["b_o"]})
+    write_safetensors(tmp_path / "m.safetensors", t)
     layer = mha.Layer.load(tmp_path / "m.safetensors", n_heads=H, n_kv_heads=G, output_gate=True)
     x = rs.randn(1, T, D).astype(np.float32)
     close(layer.forward(x, causal=True), oracle(w, x))
