@@ -505,7 +505,7 @@ static mha_status gate(const mha_exec *ex, const cached_plan *p, const mha_layer
     float *g = malloc(sizeof(float) * n); /* (N, h*d_v) */
     if (!g) return mha_fail(MHA_E_NOMEM, "mha_forward_cached: no memory for the output gate (%d rows)", p->N);
     mha_status s = mha_decode_gemm(ex, g, p->xc, L->w_g, L->b_g, p->N, c->d_model, (int)zw);
-    for (size_t i = 0; !s && i < n; i++) p->z[i] *= 1.0f / (1.0f + expf(-g[i]));
+    if (!s) mha_gate_apply(p->z, g, n, mha_exec_threads_for(ex, (double)n));
     free(g);
     return s;
 }

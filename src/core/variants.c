@@ -450,3 +450,9 @@ void mha_clip(float *a, size_t n, float clip, int n_threads) {
 #pragma omp parallel for schedule(static) num_threads(n_threads)
     for (size_t i = 0; i < n; i++) a[i] = a[i] < -clip ? -clip : a[i] > clip ? clip : a[i];
 }
+
+void mha_gate_apply(float *z, const float *g, size_t n, int n_threads) {
+    n_threads = n >= ((size_t)1 << 16) ? n_threads : 1;
+#pragma omp parallel for schedule(static) num_threads(n_threads)
+    for (size_t i = 0; i < n; i++) z[i] *= 1.0f / (1.0f + expf(-g[i]));
+}

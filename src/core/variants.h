@@ -108,6 +108,11 @@ void mha_qk_transform(const mha_config *c, mha_head_rows rows, int n, const floa
 void mha_clip_double(double *a, size_t n, double clip);
 void mha_clip(float *a, size_t n, float clip, int n_threads);
 
+/* Gated attention (config.output_gate) in fp32: z[i] *= sigmoid(g[i]) for
+ * the n values of Z and of the gate's logits G = x W_G + b_G (the fast
+ * path and the KV cache; the reference gates in double). */
+void mha_gate_apply(float *z, const float *g, size_t n, int n_threads);
+
 /* Largest position accepted in options.positions (angles stay exact in
  * double, distances in int). */
 #define MHA_MAX_POSITION (1 << 30)

@@ -243,11 +243,7 @@ static mha_status gate(const fast_plan *p, const mha_layer *L, const float *x, c
     const mha_gemm_args a = {&out, x, (size_t)p->c->d_model, (int)rows, mha_fast_packed_g(L), 0, 1, 0,
                              p->c->d_model, 1, 0};
     mha_status s = mha_gemm(&a, kern, nt);
-    float *z = p->z;
-    if (!s) {
-#pragma omp parallel for schedule(static) num_threads(nt)
-        for (size_t i = 0; i < rows * zw; i++) z[i] *= 1.0f / (1.0f + expf(-g[i]));
-    }
+    if (!s) mha_gate_apply(p->z, g, rows * zw, nt);
     free(g);
     return s;
 }
