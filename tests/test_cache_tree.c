@@ -440,6 +440,18 @@ static void test_tree_refusals(void) {
         CHECK_ERROR_MENTIONS("mha_cache_compact: sequence 0 to 5 tokens needs position 2");
         CHECK_OK(mha_cache_compact(ring, 0, 8, ok, 2));
         CHECK_INT(mha_cache_length(ring, 0), 10);
+        /* the sink tokens are never evicted: a ring of 8 slots with 4 sinks and a
+         * window of 3, holding positions 0..5 (oldest ring position 2), rolls
+         * back to 3 tokens, whose next window needs position 1: a sink */
+        mha_cache *sk = NULL;
+        CHECK_OK(mha_cache_create(&sk, L, 1, 8, MHA_CACHE_F32, 3));
+        if (sk) {
+            CHECK_OK(mha_cache_set_sink_tokens(sk, 4));
+            CHECK_OK(mha_forward_cached(L, sk, y, NULL, x12, 6, NULL, NULL));
+            CHECK_OK(mha_cache_truncate(sk, 0, 3));
+            CHECK_INT(mha_cache_length(sk, 0), 3);
+        }
+        mha_cache_free(sk);
         /* a tree in two pieces (ring 8, window 4: 5 tokens a piece): the root at
          * new token 5 needs position 1 for its window, which storing the second
          * piece overwrites; a chain's windows do not reach back: accepted */

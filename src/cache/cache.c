@@ -204,9 +204,7 @@ static mha_status check_rollback(const mha_cache *c, int b, int new_len, const c
     if (new_len < 0 || new_len > c->len[b])
         return mha_fail(MHA_E_ARG, "%s: new_len=%d for sequence %d; expected 0..%d (its length)", fn, new_len, b,
                         c->len[b]);
-    int need = c->window ? new_len - (c->window - 1) : 0;
-    if (need < 0) need = 0;
-    if (need < c->n_sink) need = c->n_sink; /* the sink tokens are never evicted */
+    const int need = mha_cache_next_needs(c, new_len);
     if (new_len > 0 && need < c->lo[b])
         return mha_fail(MHA_E_ARG,
                         "%s: sequence %d to %d tokens needs position %d for its "

@@ -203,6 +203,16 @@ static inline double mha_cache_q8_query_limit(const mha_cache *c) {
     return c->kt == MHA_CACHE_I8 ? FLT_MAX / (2.0 * 127.0 * sqrt((double)w)) : INFINITY;
 }
 
+/* The oldest position the next token of a sequence of len tokens still
+ * reads (its window's first, never below the sink tokens, which are never
+ * evicted): a length whose need lies below the oldest stored position is
+ * one no cache can continue (mha_cache_truncate, mha_cache_load). */
+static inline int mha_cache_next_needs(const mha_cache *c, int len) {
+    int need = c->window ? len - (c->window - 1) : 0;
+    if (need < 0) need = 0;
+    return need < c->n_sink ? c->n_sink : need;
+}
+
 /* The position slot s of sequence b was stored with. */
 static inline int mha_cache_user_position(const mha_cache *c, int b, int s) {
     return c->upos[(size_t)b * c->cap + s];

@@ -77,12 +77,9 @@ mha_status mha_cache_state_export(mha_cache_state *s, const mha_cache *c) {
 /* MHA_OK when length len and oldest position lo are a state the cache's
  * calls can reach (store, truncate, reset): positions past the sinks fit
  * the ring, and the next token's window needs none that is gone. */
-static mha_status check_lengths(const mha_cache_state *s, int b, const char *name) {
+static mha_status check_lengths(const mha_cache_state *s, const mha_cache *c, int b, const char *name) {
     const int len = s->len[b], lo = s->lo[b], ring = s->cap - s->n_sink;
-    const int first_ring = lo > s->n_sink ? lo : s->n_sink;
-    int need = s->window ? len - (s->window - 1) : 0;
-    if (need < s->n_sink) need = s->n_sink; /* the sink tokens are never evicted */
-    if (need < 0) need = 0;
+    const int first_ring = lo > s->n_sink ? lo : s->n_sink, need = mha_cache_next_needs(c, len);
     const int ok = len >= 0 && lo >= 0 && lo <= len && (s->window ? len - first_ring <= ring : lo == 0 && len <= s->cap) &&
                    (len == 0 || need >= lo);
     if (!ok)
@@ -158,7 +155,7 @@ static void put(mha_cache *c, const mha_cache_state *s, int b, int g, int slot) 
 
 mha_status mha_cache_state_import(mha_cache *c, const mha_cache_state *s, const char *name) {
     mha_status st = MHA_OK;
-    for (int b = 0; b < s->B && !st; b++) st = check_lengths(s, b, name);
+    for (int b = 0; b < s->B && !st; b++) st = check_lengths(s, c, b, name);
     for (int g = 0; g < s->h_kv && !st; g++) { /* each a permutation of the kv heads */
         int dup = 0;
         for (int e = 0; e < g; e++) dup |= s->labels_k[e] == s->labels_k[g] || s->labels_v[e] == s->labels_v[g];
