@@ -106,16 +106,16 @@ static int value_ok(mha_cache_dtype dt, float v) {
 }
 
 /* The first entry of a (B, h_kv, R, w) array in a live slot that type dt
- * cannot hold (scale: a block scale), or MHA_OK. */
-static mha_status check_values(const mha_cache_state *s, const mha_cache *c, const float *a, int w,
-                               mha_cache_dtype dt, int scale, const char *what, const char *name) {
-    int *live = malloc(sizeof(int) * (size_t)s->cap);
-    if (!live) return mha_fail(MHA_E_NOMEM, "%s: no memory", name);
+ * cannot hold (scale: a block scale), or MHA_OK; with positions, each
+ * sequence's negative stored positions after its entries (the first
+ * array's pass). live (B, R): the position each slot holds, INT_MIN none. */
+static mha_status check_values(const mha_cache_state *s, const int *live, const float *a, int w, mha_cache_dtype dt,
+                               int scale, int positions, const char *what, const char *name) {
     mha_status st = MHA_OK;
     for (int b = 0; b < s->B && !st; b++) {
-        mha_cache_slot_positions(live, c, b, 0, s->cap);
+        const int *lb = live + (size_t)b * s->cap;
         for (int slot = 0; slot < s->cap && !st; slot++)
-            for (int g = 0; live[slot] != INT_MIN && g < s->h_kv && !st; g++)
+            for (int g = 0; lb[slot] != INT_MIN && g < s->h_kv && !st; g++)
                 for (int e = 0; e < w && !st; e++) {
                     const float v = a[at4(s, b, g, slot, w, e)];
                     if (scale ? !(isfinite(v) && v >= 0.0f) : !value_ok(dt, v))
@@ -124,12 +124,11 @@ static mha_status check_values(const mha_cache_state *s, const mha_cache *c, con
                                       : dt == MHA_CACHE_I8 ? "an int8 code in -127..127"
                                       : dt == MHA_CACHE_F16 ? "a float16 value" : "a finite number");
                 }
-        for (int slot = 0; slot < s->cap && !st; slot++)
-            if (live[slot] != INT_MIN && s->pos[(size_t)b * s->cap + slot] < 0)
+        for (int slot = 0; positions && slot < s->cap && !st; slot++)
+            if (lb[slot] != INT_MIN && s->pos[(size_t)b * s->cap + slot] < 0)
                 st = mha_fail(MHA_E_FORMAT, "%s: positions[%d][%d] = %d; expected >= 0", name, b, slot,
                               s->pos[(size_t)b * s->cap + slot]);
     }
-    free(live);
     return st;
 }
 
@@ -164,25 +163,24 @@ mha_status mha_cache_state_import(mha_cache *c, const mha_cache_state *s, const 
                           "heads 0..%d", name, g, s->labels_k[g], g, s->labels_v[g], s->h_kv - 1);
     }
     if (st) return st;
-    /* the lengths decide which slots are live: set them, check, undo on error */
+    /* the lengths decide which slots are live: set them, find the live
+     * slots once, check, undo on error */
+    int *live = malloc(sizeof(int) * (size_t)s->B * s->cap + 1); /* (B, R) */
+    if (!live) return mha_fail(MHA_E_NOMEM, "%s: no memory", name);
     memcpy(c->len, s->len, sizeof(int) * s->B), memcpy(c->lo, s->lo, sizeof(int) * s->B);
-    st = check_values(s, c, s->k, s->d_k, s->kt, 0, "k", name);
-    if (!st) st = check_values(s, c, s->v, s->d_v, s->vt, 0, "v", name);
-    if (!st && s->nbk) st = check_values(s, c, s->k_scale, s->nbk, s->kt, 1, "k_scale", name);
-    if (!st && s->nbv) st = check_values(s, c, s->v_scale, s->nbv, s->vt, 1, "v_scale", name);
+    for (int b = 0; b < s->B; b++) mha_cache_slot_positions(live + (size_t)b * s->cap, c, b, 0, s->cap);
+    st = check_values(s, live, s->k, s->d_k, s->kt, 0, 1, "k", name);
+    if (!st) st = check_values(s, live, s->v, s->d_v, s->vt, 0, 0, "v", name);
+    if (!st && s->nbk) st = check_values(s, live, s->k_scale, s->nbk, s->kt, 1, 0, "k_scale", name);
+    if (!st && s->nbv) st = check_values(s, live, s->v_scale, s->nbv, s->vt, 1, 0, "v_scale", name);
     if (st) {
         memset(c->len, 0, sizeof(int) * s->B), memset(c->lo, 0, sizeof(int) * s->B);
+        free(live);
         return st;
     }
-    int *live = malloc(sizeof(int) * (size_t)s->cap);
-    if (!live) {
-        memset(c->len, 0, sizeof(int) * s->B), memset(c->lo, 0, sizeof(int) * s->B);
-        return mha_fail(MHA_E_NOMEM, "%s: no memory", name);
-    }
     for (int b = 0; b < s->B; b++) {
-        mha_cache_slot_positions(live, c, b, 0, s->cap);
         for (int slot = 0; slot < s->cap; slot++) {
-            if (live[slot] == INT_MIN) continue;
+            if (live[(size_t)b * s->cap + slot] == INT_MIN) continue;
             c->upos[(size_t)b * c->cap + slot] = s->pos[(size_t)b * s->cap + slot];
             for (int g = 0; g < s->h_kv; g++) put(c, s, b, g, slot);
         }
