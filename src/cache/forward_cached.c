@@ -143,13 +143,20 @@ static mha_status x_rows_finite(const float *x, size_t first, size_t count, int 
                         (double)x[first + i], b);
     return MHA_OK;
 }
+/* The rows of mask entry mb (batch 1: the one shared by every sequence)
+ * that are read: those below n_new of its sequence, or of any sequence. */
+static int tree_rows(const mha_mask *m, const int *n, int B, int mb) {
+    int rows = n[mb];
+    for (int b = 1; m->batch == 1 && b < B; b++) rows = n[b] > rows ? n[b] : rows;
+    return rows;
+}
+
 /* A tree mask (options.keep_mask, (batch, T, T)) lets a new token attend
  * only earlier new tokens: its causal position already hides later ones,
  * so a nonzero entry above the diagonal is a tree given children first. */
 static mha_status tree_ordered(const mha_mask *m, const int *n, int B, int T) {
     for (int b = 0; m->data && b < (m->batch == 1 ? 1 : B); b++) {
-        int nb = n[b];
-        for (int b2 = 1; m->batch == 1 && b2 < B; b2++) nb = n[b2] > nb ? n[b2] : nb;
+        const int nb = tree_rows(m, n, B, b);
         const uint8_t *mb = (const uint8_t *)m->data + (size_t)b * T * T;
         for (int i = 0; i < nb; i++)
             for (int j = i + 1; j < nb; j++)
@@ -176,8 +183,7 @@ static mha_status tree_ranks(cached_plan *p, const mha_cache *c, const mha_optio
     p->trank = cells <= SIZE_MAX / sizeof(int) ? malloc(sizeof(int) * cells) : NULL;
     if (!p->trank) return mha_fail(MHA_E_NOMEM, "mha_forward_cached: no memory for the ranks of a %d-token tree", T);
     for (int mb = 0; mb < nb; mb++) {
-        int rows = p->n[mb]; /* rows past n_new are not read: of a shared mask, past every sequence's */
-        for (int b = 1; nb == 1 && b < p->B; b++) rows = p->n[b] > rows ? p->n[b] : rows;
+        const int rows = tree_rows(m, p->n, p->B, mb);
         for (int t = 0; t < rows; t++) {
             const size_t row = (size_t)mb * T + (size_t)t;
             const uint8_t *mr = (const uint8_t *)m->data + row * T;
