@@ -233,9 +233,9 @@ typedef struct {
        b_G) before W_O reads it — Z'^(r) = Z^(r) * sigmoid(G^(r)), G = x W_G
        + b_G (h*d_v) from the query's input, W_G in weights.w_g; the
        interventions, captures and contributions see Z'. Self-attention
-       forwards and the KV cache; training (the backward, the tape),
-       bf16 / int8 weights, mha-mpi and mha_layer_load_heads refuse it
-       (MHA_E_UNSUPPORTED). 0: none. */
+       forwards, the KV cache and training (the backward and the tape:
+       grad.dw_g, db_g); bf16 / int8 weights, mha-mpi and
+       mha_layer_load_heads refuse it (MHA_E_UNSUPPORTED). 0: none. */
     int output_gate;
 } mha_config;
 
@@ -665,6 +665,8 @@ typedef struct {
     float *d_q_norm; /* as weights.q_norm: (d_k), or (h*d_k) per head;
                         only when config.qk_norm                          */
     float *d_k_norm; /* as weights.k_norm: (d_k), or (h_kv*d_k) per head  */
+    float *dw_g;     /* (d_model, h*d_v); only when config.output_gate     */
+    float *db_g;     /* (h*d_v); only when config.output_gate and bias     */
 } mha_gradients;
 
 /* Backward of mha_forward_kv with the same x, k_src, v_src, B, T, S and
@@ -674,7 +676,8 @@ typedef struct {
  * REFERENCE the double-accumulating reference backward. Both serve the
  * variants (rope, alibi, softcap, sinks, qk_norm: the fast one applies
  * QK-norm and RoPE to its recomputed Q, K and their transposes to dQ, dK,
- * ALiBi, softcap and the sinks inside its tiles). FAST returns
+ * ALiBi, softcap and the sinks inside its tiles), and the output gate
+ * (dl/dG = dl/dZ' * Z * sigmoid'(G), whose path adds to dx). FAST returns
  * MHA_E_UNSUPPORTED for MHA_MASKED_ROW_NAN with a fully masked query row
  * (AUTO then runs the reference), and MHA_E_NONFINITE naming the gradient
  * when its fp32 sums overflowed (dy near FLT_MAX; AUTO then runs the reference,

@@ -91,7 +91,7 @@ static double bw_check_tensor(bw_fixture *f, const bw_tensor *t, int report) {
 /* Gradient arrays for everything the fixture's layer and sources have. */
 typedef struct {
     mha_gradients g;
-    float *all[16];
+    float *all[18];
 } bw_grads;
 
 static float *bw_alloc(bw_grads *gr, int *k, size_t n) {
@@ -126,10 +126,12 @@ static void bw_grads_make(bw_grads *gr, const bw_fixture *f) {
         gr->g.d_q_norm = bw_alloc(gr, &k, (size_t)(c->qk_norm_per_head ? c->n_heads : 1) * c->d_k);
         gr->g.d_k_norm = bw_alloc(gr, &k, (size_t)(c->qk_norm_per_head ? c->n_kv_heads : 1) * c->d_k);
     }
+    if (c->output_gate) gr->g.dw_g = bw_alloc(gr, &k, (size_t)c->d_model * zw);
+    if (c->output_gate && c->bias) gr->g.db_g = bw_alloc(gr, &k, zw);
 }
 
 static void bw_grads_free(bw_grads *gr) {
-    for (int i = 0; i < 16; i++) free(gr->all[i]);
+    for (int i = 0; i < 18; i++) free(gr->all[i]);
 }
 
 /* The analytic backward, then every entry of every input and weight
@@ -156,6 +158,8 @@ static double bw_check_all(bw_fixture *f, bw_grads *gr, int report) {
         {"sinks", f->w.sinks, (size_t)c->n_heads, g->d_sinks, 1},
         {"q_norm", f->w.q_norm, (size_t)(c->qk_norm_per_head ? c->n_heads : 1) * c->d_k, g->d_q_norm, 1},
         {"k_norm", f->w.k_norm, (size_t)(c->qk_norm_per_head ? c->n_kv_heads : 1) * c->d_k, g->d_k_norm, 1},
+        {"w_g", f->w.w_g, (size_t)c->d_model * zw, g->dw_g, 1},
+        {"b_g", f->w.b_g, zw, g->db_g, 1},
     };
     double worst = -INFINITY;
     for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) {
@@ -297,6 +301,38 @@ static void bw_check_fast_serves(bw_fixture *f) {
     CHECK_OK(mha_backward_kv(f->L, &b.g, f->dy, f->x, f->k_src, f->v_src, f->B, f->T, f->S, &o));
     CHECK(memcmp(a.g.dx, b.g.dx, sizeof(float) * (size_t)f->B * f->T * f->w.cfg.d_model) == 0);
     bw_grads_free(&a), bw_grads_free(&b);
+}
+
+/* Gated attention (Qwen3-Next): Z' = Z * sigmoid(x W_G + b_G) before the
+ * interventions and W_O; self-attention with every intervention, GQA
+ * cross-attention from two sources without bias, and MQA with RoPE and
+ * QK-norm (Qwen3-Next's own combination). */
+static void backward_fd_output_gate(void) {
+    bw_fixture f;
+    mha_config c = naive_config(8, 4, 0, 2, 2, 1);
+    c.output_gate = 1;
+    bw_make(&f, c, 2, 3, 3, 0, 0, 1271);
+    float value[2 * 3 * 2]; // (B,T,d_v)
+    uint64_t seed = 11;
+    test_fill_uniform(value, 12, &seed, -1.0f, 1.0f);
+    mha_intervention iv[4] = {{MHA_HEAD_KEEP, 0, NULL}, {MHA_HEAD_SCALE, -1.5f, NULL},
+                              {MHA_HEAD_MEAN, 0, NULL}, {MHA_HEAD_REPLACE, 0, value}};
+    f.opt.interventions = iv;
+    f.opt.causal = 1;
+    bw_run(&f);
+    naive_bw_case_free(&f);
+    c = naive_config(8, 4, 2, 2, 3, 0);
+    c.output_gate = 1, c.d_kv_in = 5, c.d_v_in = 6;
+    bw_make(&f, c, 2, 3, 4, 1, 1, 1272);
+    bw_run(&f);
+    naive_bw_case_free(&f);
+    c = naive_config(8, 2, 1, 4, 4, 1);
+    c.output_gate = 1, c.qk_norm = MHA_QK_NORM_RMS, c.rope.pairing = MHA_ROPE_HALVES;
+    bw_make(&f, c, 1, 4, 4, 0, 0, 1273);
+    f.opt.causal = 1;
+    bw_run(&f);
+    bw_check_fast_serves(&f);
+    naive_bw_case_free(&f);
 }
 
 /* ALiBi (a constant bias: no gradient of its own) and soft-capping (dS
@@ -725,6 +761,7 @@ static const test_case cases[] = {
     {"backward_fd_qk_norm", backward_fd_qk_norm},
     {"backward_fd_clip_qkv", backward_fd_clip_qkv},
     {"backward_fd_temperature", backward_fd_temperature},
+    {"backward_fd_output_gate", backward_fd_output_gate},
     {"backward_clip_qkv_bounds_pass", backward_clip_qkv_bounds_pass},
     {"backward_fully_masked_row", backward_fully_masked_row},
     {"backward_fd_detects_wrong_gradient", backward_fd_detects_wrong_gradient},

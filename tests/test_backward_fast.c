@@ -762,7 +762,7 @@ static void memory_peak(int with_tape) {
     const size_t dd = (size_t)D * D;
     mha_gradients g = {dx, NULL, NULL, gw, gw + dd, gw + 2 * dd, gw + 3 * dd,
                        gw + 4 * dd, gw + 4 * dd + D, gw + 4 * dd + 2 * D, gw + 4 * dd + 3 * D,
-                       NULL, NULL, NULL, NULL, NULL};
+                       NULL, NULL, NULL, NULL, NULL, NULL, NULL};
     if (with_tape) {
         mha_tape *tape = NULL;
         CHECK_OK(mha_forward_train(L, y, &tape, x, NULL, NULL, 1, T, T, &o));

@@ -4,7 +4,7 @@
  * positions, query and key tiles beyond one block) against the reference backward (double,
  * itself checked against finite differences in test_backward.c), on
  * every kernel ISA (per_isa_areas in test_main.c); clip_qkv's clamp and its
- * masked gradient too (OLMo 1, DBRX).
+ * masked gradient too (OLMo 1, DBRX); the output gate (Qwen3-Next).
  * Tolerance per gradient tensor: max|fast - ref| <= REL * (the largest
  * |ref| of that tensor) + 1e-6. REL = 1e-5: these cases stay within
  * 1.1e-6 of it on every ISA (measured), and a dropped term (the softcap's
@@ -22,11 +22,11 @@
 
 #define REL 1e-5
 
-/* The 16 gradients, in mha_gradients' order. */
-enum { NG = 16 };
+/* The 18 gradients, in mha_gradients' order. */
+enum { NG = 18 };
 static const char *const names[NG] = {"dx",   "dk_src", "dv_src", "dw_q", "dw_k", "dw_v",
                                       "dw_o", "db_q",   "db_k",   "db_v", "db_o", "dbias_k",
-                                      "dbias_v", "d_sinks", "d_q_norm", "d_k_norm"};
+                                      "dbias_v", "d_sinks", "d_q_norm", "d_k_norm", "dw_g", "db_g"};
 
 typedef struct {
     float *t[NG]; /* NULL: the layer or the call has none */
@@ -36,7 +36,7 @@ typedef struct {
 static float **slot(mha_gradients *g, int i) {
     float **m[NG] = {&g->dx,   &g->dk_src, &g->dv_src, &g->dw_q,    &g->dw_k,    &g->dw_v,
                      &g->dw_o, &g->db_q,   &g->db_k,   &g->db_v,    &g->db_o,    &g->dbias_k,
-                     &g->dbias_v, &g->d_sinks, &g->d_q_norm, &g->d_k_norm};
+                     &g->dbias_v, &g->d_sinks, &g->d_q_norm, &g->d_k_norm, &g->dw_g, &g->db_g};
     return m[i];
 }
 
@@ -49,7 +49,8 @@ static void grads_alloc(grads *g, const naive_bw_case *f) {
                           (size_t)c->d_kv_in * kw, (size_t)c->d_v_in * vw, zw * c->d_model,
                           c->bias ? qw : 0, c->bias ? kw : 0, c->bias ? vw : 0, c->bias ? (size_t)c->d_model : 0,
                           0, 0, c->sinks ? h : 0, norm ? (c->qk_norm_per_head ? qw : (size_t)c->d_k) : 0,
-                          norm ? (c->qk_norm_per_head ? kw : (size_t)c->d_k) : 0};
+                          norm ? (c->qk_norm_per_head ? kw : (size_t)c->d_k) : 0,
+                          c->output_gate ? (size_t)c->d_model * zw : 0, c->output_gate && c->bias ? zw : 0};
     for (int i = 0; i < NG; i++) g->n[i] = n[i], g->t[i] = n[i] ? naive_alloc_floats(n[i]) : NULL;
 }
 
@@ -134,23 +135,27 @@ typedef struct {
     int causal, window, positions, padding;
     int sink_tokens;             /* StreamingLLM's kept first keys (with a window) */
     float clip_qkv;              /* 0: none; about half of Q, K, V clamped at 0.5 */
+    int gate;                    /* output_gate (Qwen3-Next) */
 } variant_case;
 
 static const variant_case variant_cases[] = {
-    {"rope halves", 32, 4, 0, 0, 0, 2, 7, 7, 0, 1, 0, 0, 0, 0.0f, 1, 0, 0, 0, 0, 0.0f},
-    {"rope interleaved partial, positions", 24, 2, 0, 12, 8, 2, 5, 5, 0, 2, 0, 0, 0, 0.0f, 0, 0, 1, 0, 0, 0.0f},
-    {"alibi causal", 16, 4, 2, 0, 0, 2, 9, 9, 0, 0, 1, 0, 0, 0.0f, 1, 0, 0, 0, 0, 0.0f},
-    {"alibi cross, key positions", 16, 4, 0, 0, 0, 1, 4, 7, 1, 0, 1, 0, 0, 0.0f, 0, 0, 1, 0, 0, 0.0f},
-    {"softcap", 16, 2, 0, 0, 0, 2, 6, 6, 0, 0, 0, 0, 0, 0.5f, 0, 0, 0, 0, 0, 0.0f},
-    {"sinks, padding", 16, 4, 0, 0, 0, 2, 5, 5, 0, 0, 0, 1, 0, 0.0f, 0, 0, 0, 1, 0, 0.0f},
-    {"qk-norm rms shared", 16, 2, 0, 0, 0, 1, 6, 6, 0, 0, 0, 0, 1, 0.0f, 1, 0, 0, 0, 0, 0.0f},
-    {"qk-norm layernorm per head, d_k 6", 12, 2, 0, 6, 10, 2, 4, 6, 1, 0, 0, 0, 2, 0.0f, 0, 0, 0, 0, 0, 0.0f},
-    {"qk-norm whole, gqa", 16, 4, 2, 0, 0, 1, 5, 5, 0, 0, 0, 0, 3, 0.0f, 1, 0, 0, 0, 0, 0.0f},
-    {"clip_qkv, causal", 16, 4, 0, 0, 0, 2, 6, 6, 0, 0, 0, 0, 0, 0.0f, 1, 0, 0, 0, 0, 0.5f},
-    {"clip_qkv, rope, qk-norm, gqa, cross", 16, 4, 2, 0, 0, 2, 5, 7, 1, 1, 0, 0, 1, 0.0f, 0, 0, 0, 0, 0, 0.6f},
-    {"everything, gqa, window", 32, 4, 2, 0, 0, 2, 11, 11, 0, 1, 1, 1, 2, 1.5f, 1, 4, 0, 0, 2, 0.0f},
-    {"sink tokens, window, tiles", 32, 4, 2, 0, 0, 1, 130, 130, 0, 1, 0, 0, 0, 0.0f, 1, 20, 0, 0, 4, 0.0f},
-    {"everything, mqa, long", 48, 4, 1, 20, 12, 1, 130, 150, 1, 1, 1, 1, 1, 3.0f, 0, 0, 1, 1, 0, 1.0f},
+    {"rope halves", 32, 4, 0, 0, 0, 2, 7, 7, 0, 1, 0, 0, 0, 0.0f, 1, 0, 0, 0, 0, 0.0f, 0},
+    {"rope interleaved partial, positions", 24, 2, 0, 12, 8, 2, 5, 5, 0, 2, 0, 0, 0, 0.0f, 0, 0, 1, 0, 0, 0.0f, 0},
+    {"alibi causal", 16, 4, 2, 0, 0, 2, 9, 9, 0, 0, 1, 0, 0, 0.0f, 1, 0, 0, 0, 0, 0.0f, 0},
+    {"alibi cross, key positions", 16, 4, 0, 0, 0, 1, 4, 7, 1, 0, 1, 0, 0, 0.0f, 0, 0, 1, 0, 0, 0.0f, 0},
+    {"softcap", 16, 2, 0, 0, 0, 2, 6, 6, 0, 0, 0, 0, 0, 0.5f, 0, 0, 0, 0, 0, 0.0f, 0},
+    {"sinks, padding", 16, 4, 0, 0, 0, 2, 5, 5, 0, 0, 0, 1, 0, 0.0f, 0, 0, 0, 1, 0, 0.0f, 0},
+    {"qk-norm rms shared", 16, 2, 0, 0, 0, 1, 6, 6, 0, 0, 0, 0, 1, 0.0f, 1, 0, 0, 0, 0, 0.0f, 0},
+    {"qk-norm layernorm per head, d_k 6", 12, 2, 0, 6, 10, 2, 4, 6, 1, 0, 0, 0, 2, 0.0f, 0, 0, 0, 0, 0, 0.0f, 0},
+    {"qk-norm whole, gqa", 16, 4, 2, 0, 0, 1, 5, 5, 0, 0, 0, 0, 3, 0.0f, 1, 0, 0, 0, 0, 0.0f, 0},
+    {"clip_qkv, causal", 16, 4, 0, 0, 0, 2, 6, 6, 0, 0, 0, 0, 0, 0.0f, 1, 0, 0, 0, 0, 0.5f, 0},
+    {"clip_qkv, rope, qk-norm, gqa, cross", 16, 4, 2, 0, 0, 2, 5, 7, 1, 1, 0, 0, 1, 0.0f, 0, 0, 0, 0, 0, 0.6f, 0},
+    {"everything, gqa, window", 32, 4, 2, 0, 0, 2, 11, 11, 0, 1, 1, 1, 2, 1.5f, 1, 4, 0, 0, 2, 0.0f, 0},
+    {"sink tokens, window, tiles", 32, 4, 2, 0, 0, 1, 130, 130, 0, 1, 0, 0, 0, 0.0f, 1, 20, 0, 0, 4, 0.0f, 0},
+    {"everything, mqa, long", 48, 4, 1, 20, 12, 1, 130, 150, 1, 1, 1, 1, 1, 3.0f, 0, 0, 1, 1, 0, 1.0f, 0},
+    {"output gate, causal", 16, 4, 0, 0, 0, 2, 6, 6, 0, 0, 0, 0, 0, 0.0f, 1, 0, 0, 0, 0, 0.0f, 1},
+    {"output gate, rope, qk-norm, gqa, cross (Qwen3-Next)", 32, 4, 2, 0, 0, 2, 5, 7, 1, 1, 0, 0, 1, 0.0f, 0, 0, 1, 0, 0, 0.0f, 1},
+    {"output gate, everything, mqa, long", 48, 4, 1, 20, 12, 1, 130, 150, 1, 1, 1, 1, 1, 3.0f, 0, 0, 1, 1, 0, 1.0f, 1},
 };
 
 static void make_case(naive_bw_case *f, const variant_case *v, uint64_t seed) {
@@ -161,6 +166,7 @@ static void make_case(naive_bw_case *f, const variant_case *v, uint64_t seed) {
         c.rope.dim = v->rope == 2 ? d_k / 2 / 2 * 2 : 0, c.rope.theta = 500.0f;
     }
     c.alibi = v->alibi, c.sinks = v->sinks, c.softcap = v->softcap, c.clip_qkv = v->clip_qkv;
+    c.output_gate = v->gate;
     if (v->norm) {
         c.qk_norm = v->norm == 2 ? MHA_QK_NORM_LAYER : MHA_QK_NORM_RMS;
         c.qk_norm_per_head = v->norm >= 2, c.qk_norm_whole = v->norm == 3, c.qk_norm_eps = 1e-5f;
@@ -282,6 +288,47 @@ static void backward_variants_threads_bit_identical(void) {
     naive_bw_case_free(&f);
 }
 
+/* Each gradient asked for alone is the whole request's, bit for bit, on
+ * FAST and the tape: what one gradient needs of the others' path (dZ
+ * times the gate for dW_Q alone; dl/dG for dW_G alone) is computed
+ * whichever are given. On the gated cross case and a sinks + QK-norm one. */
+static void backward_variants_partial_requests(void) {
+    const variant_case *cases[2] = {&variant_cases[sizeof variant_cases / sizeof variant_cases[0] - 2],
+                                    &variant_cases[11]};
+    for (int k = 0; k < 2; k++) {
+        naive_bw_case f;
+        make_case(&f, cases[k], 4500 + k);
+        int *pos, *kpos;
+        uint8_t *keep;
+        case_arrays(&f, cases[k], &pos, &kpos, &keep);
+        for (int tape = 0; tape < 2 && f.L; tape++) {
+            grads all;
+            CHECK_OK(tape ? run_tape(&f, &all) : run(&f, &all, MHA_PATH_FAST));
+            for (int i = 0; i < NG; i++) {
+                if (!all.t[i]) continue;
+                float *one = naive_alloc_floats(all.n[i]);
+                mha_gradients v;
+                memset(&v, 0, sizeof v);
+                *slot(&v, i) = one;
+                mha_options o = f.opt;
+                o.path = MHA_PATH_FAST;
+                mha_tape *t = NULL;
+                if (tape) CHECK_OK(mha_forward_train(f.L, f.y, &t, f.x, f.k_src, f.v_src, f.B, f.T, f.S, &o));
+                CHECK_OK(tape ? mha_backward_tape(f.L, t, &v, f.dy, f.x, f.k_src, f.v_src, f.B, f.T, f.S, &o)
+                              : mha_backward_kv(f.L, &v, f.dy, f.x, f.k_src, f.v_src, f.B, f.T, f.S, &o));
+                mha_tape_free(t);
+                if (memcmp(one, all.t[i], all.n[i] * sizeof(float)))
+                    test_report(__FILE__, __LINE__, "%s: %s alone differs from the whole request's (%s, kernels=%s)",
+                                cases[k]->what, names[i], tape ? "tape" : "fast", mha_kernels_get()->name);
+                free(one);
+            }
+            grads_free(&all);
+        }
+        free(pos), free(kpos), free(keep);
+        naive_bw_case_free(&f);
+    }
+}
+
 /* ALiBi whose nearest allowed key is far (queries at positions near 2^30,
  * keys at 0..S-1, cross-attention): every score of a row is about
  * -slope 2^30, where fp32 keeps no bit of the differences the softmax
@@ -291,7 +338,7 @@ static void backward_variants_threads_bit_identical(void) {
  * and a layer with the same positions but slopes small enough keeps the
  * fast path. */
 static void backward_variants_alibi_far_keys_refused(void) {
-    const variant_case v = {"alibi far keys", 16, 4, 2, 0, 0, 2, 6, 9, 1, 0, 1, 0, 0, 0.0f, 0, 0, 0, 0, 0, 0.0f};
+    const variant_case v = {"alibi far keys", 16, 4, 2, 0, 0, 2, 6, 9, 1, 0, 1, 0, 0, 0.0f, 0, 0, 0, 0, 0, 0.0f, 0};
     naive_bw_case f;
     make_case(&f, &v, 4300);
     int *pos = malloc(sizeof(int) * (size_t)v.B * v.T), *kpos = malloc(sizeof(int) * (size_t)v.B * v.S);
@@ -372,6 +419,7 @@ static const test_case isa_cases[] = {
     {"backward_variants_rope_scalings", backward_variants_rope_scalings},
     {"backward_variants_temperature", backward_variants_temperature},
     {"backward_variants_threads_bit_identical", backward_variants_threads_bit_identical},
+    {"backward_variants_partial_requests", backward_variants_partial_requests},
     {"backward_variants_alibi_far_keys_refused", backward_variants_alibi_far_keys_refused},
 };
 

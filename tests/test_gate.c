@@ -206,14 +206,27 @@ static void test_gate_refusals(void) {
         uint64_t seed = 1;
         float *x = naive_random_floats((size_t)T * D, &seed, -1, 1), *y = naive_alloc_floats((size_t)T * D);
         float *dx = naive_alloc_floats((size_t)T * D);
+        /* the backward: db_g of a gated layer without bias, dw_g or db_g of an ungated one */
+        naive_weights w0, w1;
+        mha_config plain = naive_resolve(naive_config(D, 4, 4, 8, 8, 1));
+        uint64_t s1 = 9;
+        naive_weights_random(&w1, &plain, &s1, 0.5f);
+        mha_layer *no_bias = gated(&w0, 4, 4, 0, 0, 2), *ungated = naive_make_layer(&w1);
+        float *dwg = naive_alloc_floats((size_t)D * 4 * 8);
         mha_gradients g = {0};
-        g.dx = dx;
-        CHECK_STATUS(mha_backward(L, &g, y, x, NULL, 1, T, T, NULL), MHA_E_UNSUPPORTED);
-        CHECK_ERROR_MENTIONS("mha_backward: a layer with an output gate");
-        mha_tape *tape = NULL;
-        CHECK_STATUS(mha_forward_train(L, y, &tape, x, NULL, NULL, 1, T, T, NULL), MHA_E_UNSUPPORTED);
-        CHECK(tape == NULL);
-        free(x), free(y), free(dx);
+        g.dx = dx, g.db_g = dwg;
+        CHECK_STATUS(mha_backward(no_bias, &g, y, x, NULL, 1, T, T, NULL), MHA_E_ARG);
+        CHECK_ERROR_MENTIONS("db_g given but the layer has no bias");
+        CHECK_STATUS(mha_backward(ungated, &g, y, x, NULL, 1, T, T, NULL), MHA_E_ARG);
+        CHECK_ERROR_MENTIONS("db_g given but config.output_gate=0");
+        g.db_g = NULL, g.dw_g = dwg;
+        CHECK_STATUS(mha_backward(ungated, &g, y, x, NULL, 1, T, T, NULL), MHA_E_ARG);
+        CHECK_ERROR_MENTIONS("dw_g given but config.output_gate=0");
+        g.dw_g = dx; /* overlapping dx */
+        CHECK_STATUS(mha_backward(L, &g, y, x, NULL, 1, T, T, NULL), MHA_E_ARG);
+        CHECK_ERROR_MENTIONS("grad.dx overlaps grad.dw_g");
+        mha_layer_free(no_bias), mha_layer_free(ungated), naive_weights_free(&w0), naive_weights_free(&w1);
+        free(x), free(y), free(dx), free(dwg);
     }
     mha_layer_free(L), naive_weights_free(&w);
 }

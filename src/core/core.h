@@ -52,9 +52,6 @@ mha_status mha_check_common_options(const mha_options *o, int h, size_t rows, in
 /* MHA_E_UNSUPPORTED naming who when o asks for bf16 projections (an
  * entry that only has fp32 ones); MHA_OK for NULL or 0. */
 mha_status mha_refuse_bf16_matmul(const mha_options *o, const char *who);
-/* MHA_E_UNSUPPORTED naming who for a layer with an output gate: the
- * training entries (backward, tape, attribution) do not differentiate it. */
-mha_status mha_refuse_output_gate(const mha_config *c, const char *who);
 /* options.bf16_matmul's conditions: the layer's weights are bf16
  * (MHA_E_ARG naming the fix); an input's n values round to finite bf16
  * ones (MHA_E_NONFINITE naming the first that does not). */

@@ -111,12 +111,6 @@ mha_status mha_refuse_bf16_matmul(const mha_options *o, const char *who) {
                     o->bf16_matmul);
 }
 
-mha_status mha_refuse_output_gate(const mha_config *c, const char *who) {
-    if (!c->output_gate) return MHA_OK;
-    return mha_fail(MHA_E_UNSUPPORTED, "%s: a layer with an output gate (config.output_gate, gated attention) has "
-                    "no backward yet; expected a layer without one (its forwards and KV cache run it)", who);
-}
-
 mha_status mha_check_bf16_input(const float *p, size_t n, const char *name) {
     if (mha_isa_best()->prefill->all_within(p, n, MHA_BF16_ROUNDS_FINITE)) return MHA_OK;
     for (size_t i = 0; i < n; i++)

@@ -451,6 +451,12 @@ void mha_clip(float *a, size_t n, float clip, int n_threads) {
     for (size_t i = 0; i < n; i++) a[i] = a[i] < -clip ? -clip : a[i] > clip ? clip : a[i];
 }
 
+void mha_gate_sigmoid(float *g, size_t n, int n_threads) {
+    n_threads = n >= ((size_t)1 << 16) ? n_threads : 1;
+#pragma omp parallel for schedule(static) num_threads(n_threads)
+    for (size_t i = 0; i < n; i++) g[i] = 1.0f / (1.0f + expf(-g[i]));
+}
+
 void mha_gate_apply(float *z, const float *g, size_t n, int n_threads) {
     n_threads = n >= ((size_t)1 << 16) ? n_threads : 1;
 #pragma omp parallel for schedule(static) num_threads(n_threads)

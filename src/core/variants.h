@@ -112,6 +112,9 @@ void mha_clip(float *a, size_t n, float clip, int n_threads);
  * the n values of Z and of the gate's logits G = x W_G + b_G (the fast
  * path and the KV cache; the reference gates in double). */
 void mha_gate_apply(float *z, const float *g, size_t n, int n_threads);
+/* g[i] = sigmoid(g[i]) in place, the factor mha_gate_apply multiplies by
+ * (the same bits): the fast backward keeps it. */
+void mha_gate_sigmoid(float *g, size_t n, int n_threads);
 
 /* Largest position accepted in options.positions (angles stay exact in
  * double, distances in int). */

@@ -25,6 +25,11 @@ static mha_status check_wanted(const char *who, const mha_config *c, const mha_g
     if (c->qk_norm == MHA_QK_NORM_NONE && (g->d_q_norm || g->d_k_norm))
         return mha_fail(MHA_E_ARG, "%s: d_%s_norm given but config.qk_norm is none; expected NULL", who,
                         g->d_q_norm ? "q" : "k");
+    if (!c->output_gate && (g->dw_g || g->db_g))
+        return mha_fail(MHA_E_ARG, "%s: d%s_g given but config.output_gate=0; expected NULL", who,
+                        g->dw_g ? "w" : "b");
+    if (!c->bias && g->db_g)
+        return mha_fail(MHA_E_ARG, "%s: db_g given but the layer has no bias (config.bias=0); expected NULL", who);
     if (g->dk_src && k_src == x)
         return mha_fail(MHA_E_ARG, "%s: dk_src given but the key source is x (kv NULL); "
                                    "its gradient is part of dx; expected dk_src NULL", who);
@@ -36,6 +41,7 @@ static mha_status check_wanted(const char *who, const mha_config *c, const mha_g
 }
 
 /* One array of a backward call: its name and its bytes. */
+enum { N_GRADS = 18 }; /* the members of mha_gradients */
 typedef struct {
     const char *name;
     const void *p;
@@ -47,12 +53,12 @@ static int spans_overlap(const span *a, const span *b) {
     return a->p && b->p && a->bytes && b->bytes && a0 < b0 + b->bytes && b0 < a0 + a->bytes;
 }
 
-/* The gradient outputs (16 spans, in mha_gradients' order) of a request. */
+/* The gradient outputs (N_GRADS spans, in mha_gradients' order) of a request. */
 static void output_spans(span *o, const mha_config *c, const mha_gradients *g, int B, int T, int S) {
     const size_t f = sizeof(float), qw = (size_t)c->n_heads * c->d_k, kw = (size_t)c->n_kv_heads * c->d_k;
     const size_t vw = (size_t)c->n_kv_heads * c->d_v, zw = (size_t)c->n_heads * c->d_v;
     const size_t qn = c->qk_norm_per_head ? qw : (size_t)c->d_k, kn = c->qk_norm_per_head ? kw : (size_t)c->d_k;
-    const span all[16] = {
+    const span all[N_GRADS] = {
         {"dx", g->dx, (size_t)B * T * c->d_model * f},    {"dk_src", g->dk_src, (size_t)B * S * c->d_kv_in * f},
         {"dv_src", g->dv_src, (size_t)B * S * c->d_v_in * f}, {"dw_q", g->dw_q, (size_t)c->d_model * qw * f},
         {"dw_k", g->dw_k, (size_t)c->d_kv_in * kw * f},    {"dw_v", g->dw_v, (size_t)c->d_v_in * vw * f},
@@ -61,6 +67,7 @@ static void output_spans(span *o, const mha_config *c, const mha_gradients *g, i
         {"db_o", g->db_o, (size_t)c->d_model * f},         {"dbias_k", g->dbias_k, kw * f},
         {"dbias_v", g->dbias_v, vw * f},                   {"d_sinks", g->d_sinks, (size_t)c->n_heads * f},
         {"d_q_norm", g->d_q_norm, qn * f},                 {"d_k_norm", g->d_k_norm, kn * f},
+        {"dw_g", g->dw_g, (size_t)c->d_model * zw * f},    {"db_g", g->db_g, zw * f},
     };
     memcpy(o, all, sizeof all);
 }
@@ -91,11 +98,11 @@ static void input_spans(span *in, const mha_config *c, const float *dy, const fl
 static mha_status check_disjoint(const char *who, const mha_config *c, const mha_gradients *g, const float *dy,
                                  const float *x, const float *k_src, const float *v_src, const mha_options *o,
                                  int B, int T, int S) {
-    span out[16], in[10];
+    span out[N_GRADS], in[10];
     output_spans(out, c, g, B, T, S);
     input_spans(in, c, dy, x, k_src, v_src, o, B, T, S);
-    for (int i = 0; i < 16; i++) {
-        for (int j = i + 1; j < 16; j++)
+    for (int i = 0; i < N_GRADS; i++) {
+        for (int j = i + 1; j < N_GRADS; j++)
             if (spans_overlap(&out[i], &out[j]))
                 return mha_fail(MHA_E_ARG, "%s: grad.%s overlaps grad.%s; expected separate arrays "
                                            "for the gradients", who, out[i].name, out[j].name);
@@ -116,9 +123,9 @@ static mha_status check_disjoint(const char *who, const mha_config *c, const mha
 
 mha_status mha_backward_check_overflow(const mha_config *c, const mha_gradients *g, int B, int T, int S,
                                        const char *who) {
-    span out[16];
+    span out[N_GRADS];
     output_spans(out, c, g, B, T, S);
-    for (int i = 0; i < 16; i++) {
+    for (int i = 0; i < N_GRADS; i++) {
         const float *p = out[i].p;
         const size_t n = out[i].bytes / sizeof(float), at = p ? mha_first_nonfinite(p, n, 0) : n;
         if (at < n)
@@ -139,7 +146,6 @@ mha_status mha_backward_validate(const char *who, const mha_layer *L, const mha_
      * the forward's checks of shapes, sources, masks */
     mha_status s = mha_refuse_bf16_matmul(*opt, who);
     if (!s) s = mha_forward_request(who, L, dy, x, k_src, v_src, opt, defaults, B, T, S);
-    if (!s) s = mha_refuse_output_gate(&L->cfg, who);
     if (s || (s = mha_check_finite(dy, (size_t)B * T * L->cfg.d_model, "dy"))) return s;
     if ((s = check_wanted(who, &L->cfg, g, x, *k_src, *v_src))) return s;
     return check_disjoint(who, &L->cfg, g, dy, x, *k_src, *v_src, *opt, B, T, S);

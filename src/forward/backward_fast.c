@@ -23,8 +23,10 @@
 #include <string.h>
 
 #include "compute/gemm.h"
+#include "core/variants.h"
 #include "forward/backward.h"
 #include "forward/backward_fast.h"
+#include "forward/forward.h"
 
 /* Q (B,T,qw), K (B,Sx,kw), V (B,Sx,vw) from the packed weights, as the
  * fast forward projects them; keys S.. of each batch are left alone. */
@@ -160,7 +162,7 @@ static mha_status check_alibi_rows(const mha_bwd_saved *sv, const mha_config *c,
 
 void mha_bwd_saved_free(mha_bwd_saved *sv) {
     free(sv->q), free(sv->k), free(sv->v), free(sv->z), free(sv->lse), free(sv->q_pre), free(sv->k_pre);
-    free(sv->clip_in);
+    free(sv->clip_in), free(sv->gate);
     memset(sv, 0, sizeof *sv);
 }
 
@@ -186,7 +188,7 @@ mha_status mha_bwd_saved_make(mha_bwd_saved *sv, const mha_exec *ex, const mha_l
                           malloc(sizeof(float) * rows * zq),            // (B,T,zw)
                           malloc(sizeof(float) * (size_t)B * h * T * 2), // (B,h,T) twice
                           B, T, S, Sx,
-                          opt->scale != 0.0f ? opt->scale : (float)(1.0 / sqrt((double)d_k)), NULL, NULL, NULL, NULL};
+                          opt->scale != 0.0f ? opt->scale : (float)(1.0 / sqrt((double)d_k)), NULL, NULL, NULL, NULL, NULL};
     if (!sv->q || !sv->k || !sv->v || !sv->z || !sv->lse) {
         mha_bwd_saved_free(sv);
         return mha_fail(MHA_E_NOMEM, "%s: no memory for Q, K, V, Z (B=%d T=%d S=%d)", who, B, T, S);
@@ -197,6 +199,15 @@ mha_status mha_bwd_saved_make(mha_bwd_saved *sv, const mha_exec *ex, const mha_l
     for (int b = 0; c->add_bias_kv && b < B; b++) {
         memcpy(sv->k + ((size_t)b * Sx + S) * kw, L->bias_k, sizeof(float) * kw);
         memcpy(sv->v + ((size_t)b * Sx + S) * vw, L->bias_v, sizeof(float) * vw);
+    }
+    // --- output_gate: sigmoid(X W_G + b_G), the factor of Z that W_O reads
+    if (c->output_gate) {
+        if (!(sv->gate = malloc(sizeof(float) * rows * zw))) {
+            s = mha_fail(MHA_E_NOMEM, "%s: no memory for the output gate (B=%d T=%d)", who, B, T);
+            goto fail;
+        }
+        if ((s = mha_fast_gate_logits(sv->gate, L, x, rows, kern, nt))) goto fail;
+        mha_gate_sigmoid(sv->gate, rows * zw, nt);
     }
     // --- clip_qkv: Q, K, V <- clamp(., -c, c), keeping where each was within (variants: Sx = S)
     if (c->clip_qkv != 0.0f) {
@@ -232,6 +243,37 @@ fail:
     return s;
 }
 
+mha_status mha_bwd_z_read(const float **zo, float **owned, const mha_bwd_saved *sv, const mha_layer *L,
+                          const mha_options *opt, const char *who) {
+    const mha_config *c = &L->cfg;
+    const size_t rows = (size_t)sv->B * sv->T, zw = (size_t)c->n_heads * c->d_v;
+    *zo = sv->z, *owned = NULL;
+    if (!opt->interventions && !sv->gate) return MHA_OK;
+    float *z = malloc(sizeof(float) * rows * zw); /* (B,T,zw) */
+    if (!z) return mha_fail(MHA_E_NOMEM, "%s: no memory for Z as W_O reads it (B*T=%zu)", who, rows);
+    for (size_t i = 0; i < rows * zw; i++) z[i] = sv->gate ? sv->z[i] * sv->gate[i] : sv->z[i];
+    mha_status s = MHA_OK;
+    for (int r = 0; opt->interventions && r < c->n_heads && !s; r++)
+        s = mha_head_intervene(z, &opt->interventions[r], r, c->n_heads, (int)rows, c->d_v);
+    if (s) {
+        free(z);
+        return s;
+    }
+    *zo = *owned = z;
+    return MHA_OK;
+}
+
+/* The gate's backward on dz (n) in place: Z' = Z s, so dG = dZ' Z s
+ * (1 - s) into dg (NULL: not wanted) and dZ = dZ' s. */
+static void gate_backward(float *dg, float *dz, const float *z, const float *s, size_t n, int nt) {
+    nt = n >= ((size_t)1 << 16) ? nt : 1;
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (size_t i = 0; i < n; i++) {
+        if (dg) dg[i] = dz[i] * z[i] * s[i] * (1.0f - s[i]);
+        dz[i] *= s[i];
+    }
+}
+
 mha_status mha_bwd_from_saved(const mha_exec *ex, const mha_layer *L, const mha_gradients *g, const float *dy,
                               const mha_bwd_saved *sv, const float *x, const float *k_src,
                               const float *v_src, const mha_options *opt, int overwrite) {
@@ -245,39 +287,32 @@ mha_status mha_bwd_from_saved(const mha_exec *ex, const mha_layer *L, const mha_
     const int want_qkv = g->dx || g->dk_src || g->dv_src || g->dw_q || g->dw_k || g->dw_v || g->db_q ||
                          g->db_k || g->db_v || g->dbias_k || g->dbias_v || g->d_sinks || g->d_q_norm ||
                          g->d_k_norm;
+    const int want_dgate = sv->gate && (g->dx || g->dw_g || g->db_g); /* dl/dG: its path's gradients */
     /* overwrite: dq reuses z's buffer, dk and dv overwrite k and v (the
      * stateless backward); else they are buffers of their own and sv stays */
     float *dz = malloc(sizeof(float) * rows * zw);                               // (B,T,zw)
     float *dq = overwrite ? sv->z : malloc(sizeof(float) * rows * qw);           // (B,T,qw)
     float *dk = overwrite ? sv->k : malloc(sizeof(float) * (size_t)B * Sx * kw); // (B,Sx,kw)
     float *dv = overwrite ? sv->v : malloc(sizeof(float) * (size_t)B * Sx * vw); // (B,Sx,vw)
-    float *z_after = NULL;                                                       // (B,T,zw) with interventions
+    float *z_after = NULL;                                                       // (B,T,zw) gated, intervened
+    float *dgate = want_dgate ? malloc(sizeof(float) * rows * zw) : NULL;        // (B,T,zw) dl/dG
     float *dsink = c->sinks ? malloc(sizeof(float) * (size_t)B * h) : NULL;      // (B,h) shares of dl/dsink
     mha_status s = MHA_OK;
-    if (!dz || !dq || !dk || !dv || (c->sinks && !dsink)) {
+    if (!dz || !dq || !dk || !dv || (c->sinks && !dsink) || (want_dgate && !dgate)) {
         s = mha_fail(MHA_E_NOMEM, "fast backward: no memory for dZ, dQ, dK, dV (B=%d T=%d S=%d)", B, T, S);
         goto done;
     }
 
-    // --- interventions on Z^(r): what W_O reads
+    // --- the gate, then the interventions, on Z^(r): what W_O reads
     const float *zo = sv->z;
-    if (opt->interventions && g->dw_o) {
-        if (!(z_after = malloc(sizeof(float) * rows * zw))) {
-            s = mha_fail(MHA_E_NOMEM, "fast backward: no memory for Z after the interventions (B*T=%zu)", rows);
-            goto done;
-        }
-        memcpy(z_after, sv->z, sizeof(float) * rows * zw);
-        for (int r = 0; r < h && !s; r++) s = mha_head_intervene(z_after, &opt->interventions[r], r, h, (int)rows, d_v);
-        if (s) goto done;
-        zo = z_after;
-    }
+    if (g->dw_o && (s = mha_bwd_z_read(&zo, &z_after, sv, L, opt, "fast backward"))) goto done;
 
     // --- Y = Z W_O + b_O: dW_O = Z^T dY, db_O = sum dY, dZ = dY W_O^T
     if (g->dw_o && (s = mha_gemm_strided(g->dw_o, (size_t)D, (mha_view){zo, 1, zw}, (mha_view){dy, (size_t)D, 1},
                                          (int)zw, D, (int)rows, 0, bk, nt)))
         goto done;
     if (g->db_o) mha_column_sums(g->db_o, dy, (size_t)D, rows, D, 0);
-    if (!want_qkv) goto done;
+    if (!want_qkv && !want_dgate) goto done;
     if ((s = mha_gemm_strided(dz, zw, (mha_view){dy, (size_t)D, 1}, (mha_view){L->w_o, 1, (size_t)D}, (int)rows,
                               (int)zw, D, 0, bk, nt)))
         goto done;
@@ -285,6 +320,15 @@ mha_status mha_bwd_from_saved(const mha_exec *ex, const mha_layer *L, const mha_
     // --- interventions: dZ before = dZ after through each head's function
     for (int r = 0; opt->interventions && r < h; r++)
         intervene_backward(dz, &opt->interventions[r], r, h, rows, d_v);
+
+    // --- Z' = Z * s, s = sigmoid(G): dG = dZ' Z s (1 - s), dZ = dZ' s; G = X W_G + b_G:
+    //     dW_G = X^T dG, db_G = sum dG (dX += dG W_G^T after the projections write dX)
+    const proj_grad pg = {x, L->w_g, dgate, 1, (int)rows, (int)rows, D, (int)zw};
+    if (sv->gate) {
+        gate_backward(dgate, dz, sv->z, sv->gate, rows * zw, nt);
+        if ((g->dw_g || g->db_g) && (s = proj_backward(g->dw_g, g->db_g, NULL, 0, &pg, bk, nt))) goto done;
+    }
+    if (!want_qkv) goto done;
 
     // --- attention: dQ, dK, dV (kv heads sum their group), D = rowsum(dZ * Z)
     const mha_bwd_attn att = {c,  opt, sv->q, sv->k, sv->v, sv->z,     sv->lse,    dz, dq, dk, dv,
@@ -319,9 +363,10 @@ mha_status mha_bwd_from_saved(const mha_exec *ex, const mha_layer *L, const mha_
     if ((s = proj_backward(g->dw_v, g->db_v, dv_into, v_src == x || v_src == k_src, &pv, bk, nt))) goto done;
     if (g->dbias_k) extra_row_sum(g->dbias_k, dk, B, S, Sx, kw);
     if (g->dbias_v) extra_row_sum(g->dbias_v, dv, B, S, Sx, vw);
+    if (want_dgate && g->dx) s = proj_backward(NULL, NULL, g->dx, 1, &pg, bk, nt);
 
 done:
-    free(dz), free(z_after), free(dsink);
+    free(dz), free(z_after), free(dgate), free(dsink);
     if (!overwrite) free(dq), free(dk), free(dv);
     return s;
 }

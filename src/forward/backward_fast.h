@@ -109,6 +109,8 @@ typedef struct {
     unsigned char *clip_in; /* clip_qkv only (else NULL): 1 where the projection
                      was within [-c, c] (the clamp passes the gradient), q's
                      (B,T,qw) then k's (B,Sx,kw) then v's (B,Sx,vw)        */
+    float *gate;  /* (B,T,zw) sigmoid(X W_G + b_G), config.output_gate only
+                     (else NULL): W_O reads Z * gate                       */
 } mha_bwd_saved;
 
 /* sv from validated arguments (sources resolved): the projections on the
@@ -122,7 +124,13 @@ mha_status mha_bwd_saved_make(mha_bwd_saved *sv, const mha_exec *ex, const mha_l
                               const mha_options *opt, int dq_room, const char *who);
 void mha_bwd_saved_free(mha_bwd_saved *sv);
 
-/* The fast backward from sv: W_O, interventions, attention (pass 2),
+/* *zo = Z as W_O reads it (B,T,zw): sv->z times the output gate, then
+ * the interventions; sv->z itself (*owned NULL) when there is neither,
+ * else a new array the caller frees (*owned). */
+mha_status mha_bwd_z_read(const float **zo, float **owned, const mha_bwd_saved *sv, const mha_layer *L,
+                          const mha_options *opt, const char *who);
+
+/* The fast backward from sv: W_O, the gate, interventions, attention (pass 2),
  * projections, into g. overwrite: dQ goes into sv->z (made with dq_room),
  * dK, dV into sv->k, sv->v (sv is spent); else sv is left as it was and
  * can serve another backward. Same bits either way. */

@@ -181,6 +181,7 @@ mha_status mha_backward_reference(const mha_layer *L, const mha_gradients *g, co
     const size_t qn = !norm ? 0 : c->qk_norm_per_head ? qw : (size_t)d_k; /* q_norm's size */
     const size_t kn = !norm ? 0 : c->qk_norm_per_head ? kw : (size_t)d_k; /* k_norm's size */
     const double clip = c->clip_qkv;
+    const int gate = c->output_gate;
 
     /* Every buffer in double; the d-prefixed ones are gradients (zeroed). */
     size_t n_of[] = {
@@ -192,6 +193,7 @@ mha_status mha_backward_reference(const mha_layer *L, const mha_gradients *g, co
         (size_t)h, rows * qw, (size_t)B * Sx * kw,                        /* dsink qpre kpre */
         qn, kn,                                                           /* dq_norm dk_norm */
         clip ? rows * qw : 0, clip ? (size_t)B * Sx * kw : 0, clip ? (size_t)B * Sx * vw : 0, /* qraw kraw vraw */
+        gate ? rows * zw : 0, gate ? rows * zw : 0, gate ? (size_t)D * zw : 0, gate ? zw : 0, /* sg za dwg dbg */
     };
     enum { NBUF = sizeof n_of / sizeof n_of[0] };
     double *buf[NBUF];
@@ -207,6 +209,8 @@ mha_status mha_backward_reference(const mha_layer *L, const mha_gradients *g, co
     double *qpre = buf[23], *kpre = buf[24];              // as q, k: before QK-norm (qk_norm only)
     double *dqn = buf[25], *dkn = buf[26];                // (qn) (kn): as q_norm, k_norm
     double *qraw = buf[27], *kraw = buf[28], *vraw = buf[29]; // as q, k, v: before the clamp (clip_qkv only)
+    double *sg = buf[30], *za = buf[31];                      // (B,T,zw): sigmoid(G), Z before it (output_gate)
+    double *dwg = buf[32], *dbg = buf[33];                    // (D,zw) (zw): as w_g, b_g
     mha_status s = MHA_OK;
     if (!ok) {
         s = mha_fail(MHA_E_NOMEM, "reference backward: no memory for the double buffers (B=%d T=%d S=%d)", B, T, S);
@@ -251,6 +255,12 @@ mha_status mha_backward_reference(const mha_layer *L, const mha_gradients *g, co
                 for (int j = 0; j < Sx; j++)
                     for (int e = 0; e < d_v; e++) z[t * zw + (size_t)r * d_v + e] += p[j] * vb[j * vw + e];
             }
+    // --- recompute: Z' = Z * sigmoid(G), G = X W_G + b_G (output_gate), before the interventions
+    if (gate) {
+        mha_linear_double(sg, x, L->w_g, L->b_g, rows, D, (int)zw);
+        memcpy(za, z, rows * zw * sizeof(double));
+        for (size_t i = 0; i < rows * zw; i++) z[i] *= (sg[i] = 1.0 / (1.0 + exp(-sg[i])));
+    }
     for (int r = 0; opt->interventions && r < h; r++) {
         const mha_intervention *iv = &opt->interventions[r];
         for (size_t t = 0; t < rows; t++) {
@@ -283,6 +293,16 @@ mha_status mha_backward_reference(const mha_layer *L, const mha_gradients *g, co
     // --- interventions: dZ before = dZ after through each head's function
     for (int r = 0; opt->interventions && r < h; r++)
         intervene_backward(dz, &opt->interventions[r], r, h, rows, d_v);
+
+    // --- Z' = Z * s, s = sigmoid(G): dG = dZ' * Z * s (1 - s) (kept in za), dZ = dZ' * s;
+    //     G = X W_G + b_G: dW_G = X^T dG, db_G = sum dG, dX += dG W_G^T
+    if (gate) {
+        for (size_t i = 0; i < rows * zw; i++) {
+            za[i] *= dz[i] * sg[i] * (1.0 - sg[i]);
+            dz[i] *= sg[i];
+        }
+        linear_backward(dxq, dwg, dbg, x, L->w_g, za, rows, D, (int)zw);
+    }
 
     // --- Z^(r) = P V^(g), P = softmax(scale * Q^(r) K^(g)^T + mask, sink):
     //     dV += P^T dZ; dP = dZ V^T; dS = P * (dP - rowsum(P * dP)) * softcap';
@@ -377,6 +397,8 @@ mha_status mha_backward_reference(const mha_layer *L, const mha_gradients *g, co
     store(g->d_sinks, dsink, NULL, NULL, (size_t)h);
     store(g->d_q_norm, dqn, NULL, NULL, qn);
     store(g->d_k_norm, dkn, NULL, NULL, kn);
+    store(g->dw_g, dwg, NULL, NULL, (size_t)D * zw);
+    store(g->db_g, dbg, NULL, NULL, zw);
 done:
     for (int i = 0; i < NBUF; i++) free(buf[i]);
     return s;

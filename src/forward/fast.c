@@ -234,15 +234,20 @@ static mha_status check_output(const float *a, size_t n, const char *name, const
     return MHA_OK;
 }
 
+mha_status mha_fast_gate_logits(float *g, const mha_layer *L, const float *x, size_t rows, const mha_kernels *kern,
+                                int nt) {
+    const mha_config *c = &L->cfg;
+    const mha_dst out = {MHA_DST_ROWS, g, (size_t)c->n_heads * c->d_v, 0, 0, 0, 0};
+    const mha_gemm_args a = {&out, x, (size_t)c->d_model, (int)rows, mha_fast_packed_g(L), 0, 1, 0, c->d_model, 1, 0};
+    return mha_gemm(&a, kern, nt);
+}
+
 // --- gated attention: Z *= sigmoid(X W_G + b_G), element by element
 static mha_status gate(const fast_plan *p, const mha_layer *L, const float *x, const mha_kernels *kern, int nt) {
     const size_t rows = p->rows, zw = (size_t)p->c->n_heads * p->c->d_v;
     float *g = mha_alloc_large(rows * zw * sizeof(float)); /* (B,T,h*d_v) */
     if (!g) return mha_fail(MHA_E_NOMEM, "fast path: no memory for the output gate (B*T=%zu rows)", rows);
-    const mha_dst out = {MHA_DST_ROWS, g, zw, 0, 0, 0, 0};
-    const mha_gemm_args a = {&out, x, (size_t)p->c->d_model, (int)rows, mha_fast_packed_g(L), 0, 1, 0,
-                             p->c->d_model, 1, 0};
-    mha_status s = mha_gemm(&a, kern, nt);
+    mha_status s = mha_fast_gate_logits(g, L, x, rows, kern, nt);
     if (!s) mha_gate_apply(p->z, g, rows * zw, nt);
     free(g);
     return s;

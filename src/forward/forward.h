@@ -50,6 +50,12 @@ mha_status mha_forward_fast(const mha_exec *ex, const mha_layer *L, float *y,
                             const mha_capture *cap, const float *x, const float *k_src,
                             const float *v_src, int B, int T, int S, const mha_options *opt);
 
+/* The output gate's logits g (rows, h*d_v) = x (rows, d_model) W_G + b_G
+ * on the layer's packed W_G (config.output_gate), as the fast forward
+ * computes them. */
+mha_status mha_fast_gate_logits(float *g, const mha_layer *L, const float *x, size_t rows, const mha_kernels *kern,
+                                int nt);
+
 /* mha_forward_kv on a resolved exec (tests pass one with a trace). */
 mha_status mha_forward_exec(const mha_exec *ex, const mha_layer *L, float *y,
                             const mha_capture *cap, const float *x, const float *k_src,

@@ -1,5 +1,6 @@
 /* tape.c — training: a forward that keeps what the fast backward reads
- * (mha_bwd_saved: Q, K, V, Z before the interventions, lse), and the
+ * (mha_bwd_saved: Q, K, V, Z before the gate and the interventions, the
+ * gate, lse), and the
  * backward that starts from it instead of recomputing the projections and
  * pass 1 (FlashAttention-2's split of the work). The kept state is the one
  * the stateless fast backward makes for itself (backward_fast.c), so both
@@ -75,7 +76,6 @@ mha_status mha_forward_train(const mha_layer *L, float *y, mha_tape **tape, cons
     mha_options defaults;
     mha_status s = mha_refuse_bf16_matmul(opt, "mha_forward_train");
     if (!s) s = mha_forward_request("mha_forward_train", L, y, x, &k_src, &v_src, &opt, &defaults, B, T, S);
-    if (!s) s = mha_refuse_output_gate(&L->cfg, "mha_forward_train");
     if (s) return s;
     mha_exec ex;
     if ((s = mha_exec_resolve(&ex, NULL))) return s;
@@ -92,19 +92,14 @@ mha_status mha_forward_train(const mha_layer *L, float *y, mha_tape **tape, cons
         free(t);
         return s;
     }
-    // --- Y = Z' W_O + b_O, Z' = Z after the interventions (what W_O reads)
+    // --- Y = Z' W_O + b_O, Z' = Z times the output gate, after the interventions (what W_O reads)
     const size_t rows = (size_t)B * T, zw = (size_t)c->n_heads * c->d_v;
-    float *za = NULL; /* (B,T,zw) */
-    if (opt->interventions && !(za = malloc(sizeof(float) * rows * zw))) {
-        s = mha_fail(MHA_E_NOMEM, "mha_forward_train: no memory for Z after the interventions (B*T=%zu)", rows);
-        goto fail;
-    }
-    if (za) memcpy(za, t->saved.z, sizeof(float) * rows * zw);
-    for (int r = 0; za && r < c->n_heads && !s; r++)
-        s = mha_head_intervene(za, &opt->interventions[r], r, c->n_heads, (int)rows, c->d_v);
+    const float *zo;
+    float *za = NULL; /* (B,T,zw) when Z' is not the tape's Z */
+    if ((s = mha_bwd_z_read(&zo, &za, &t->saved, L, opt, "mha_forward_train"))) goto fail;
     const mha_dst out = {MHA_DST_ROWS, y, (size_t)c->d_model, 0, 0, 0, 0};
-    const mha_gemm_args g = {&out, za ? za : t->saved.z, zw, (int)rows, &L->fast->o, 0, 1, 0, (int)zw, 1, 0};
-    if (s || (s = mha_gemm(&g, mha_exec_prefill(&ex), ex.n_threads)) ||
+    const mha_gemm_args g = {&out, zo, zw, (int)rows, &L->fast->o, 0, 1, 0, (int)zw, 1, 0};
+    if ((s = mha_gemm(&g, mha_exec_prefill(&ex), ex.n_threads)) ||
         (s = check_y(y, rows * c->d_model)))
         goto fail;
     free(za);
