@@ -261,7 +261,7 @@ _sig("mha_cache_attend", c_int, CacheP, F32P, F32P, c_int, INTP, c_float)
 
 # ------------------------------- backward and attribution (mha.h; mha.nn)
 GRAD_NAMES = ("dx", "dk_src", "dv_src", "dw_q", "dw_k", "dw_v", "dw_o", "db_q", "db_k", "db_v",
-              "db_o", "dbias_k", "dbias_v", "d_sinks", "d_q_norm", "d_k_norm")
+              "db_o", "dbias_k", "dbias_v", "d_sinks", "d_q_norm", "d_k_norm", "dw_g", "db_g")
 
 
 class Gradients(Structure):

@@ -278,7 +278,8 @@ def _grad_shapes(c, B, T, S):
             "dw_q": (E, h * dk), "dw_k": (c["d_kv_in"], g * dk), "dw_v": (c["d_v_in"], g * dv),
             "dw_o": (h * dv, E), "db_q": (h * dk,), "db_k": (g * dk,), "db_v": (g * dv,), "db_o": (E,),
             "dbias_k": (g * dk,), "dbias_v": (g * dv,), "d_sinks": (h,),
-            "d_q_norm": (h * dk if per_head else dk,), "d_k_norm": (g * dk if per_head else dk,)}
+            "d_q_norm": (h * dk if per_head else dk,), "d_k_norm": (g * dk if per_head else dk,),
+            "dw_g": (E, h * dv), "db_g": (h * dv,)}
 
 
 class MultiheadAttention(torch.nn.Module):

@@ -51,11 +51,11 @@ from .nn import (_backward_arrays, _check_inputs, _check_parameters, _forward_ar
 
 # the weights the Function receives, in order, by the library's names
 _NAMES = ("w_q", "w_k", "w_v", "w_o", "b_q", "b_k", "b_v", "b_o", "sinks", "q_norm", "k_norm",
-          "alibi_slopes")
+          "alibi_slopes", "w_g", "b_g")
 # the gradient of each input (alibi_slopes has none)
 _GRAD = {"x": "dx", "kv": "dk_src", "w_q": "dw_q", "w_k": "dw_k", "w_v": "dw_v", "w_o": "dw_o",
          "b_q": "db_q", "b_k": "db_k", "b_v": "db_v", "b_o": "db_o", "sinks": "d_sinks",
-         "q_norm": "d_q_norm", "k_norm": "d_k_norm"}
+         "q_norm": "d_q_norm", "k_norm": "d_k_norm", "w_g": "dw_g", "b_g": "db_g"}
 _QK_NORM = {"none": "none", "rms": "rms", "layer": "layer", "layernorm": "layer"}
 
 
@@ -134,14 +134,19 @@ class Attention(torch.nn.Module):
               kv_dim=None, rope=None, alibi=False, softcap=0.0, sinks=False,
               qk_norm='none', qk_norm_per_head=False, qk_norm_eps=1e-6,
               qk_norm_whole=False, clip_qkv=None, temperature=None, scale=None,
-              masked_rows='zero')
+              output_gate=False, masked_rows='zero')
 
     head_dim: d (None: d_model / n_heads); bias: True (q, k, v and o
     biases), False, or 'qkv' (Qwen 2: q, k, v only); kv_dim: width of a
     cross-attention source (None: d_model); scale: the scores' factor
     (None: 1/sqrt(d); Gemma 2: query_pre_attn_scalar^-1/2); masked_rows:
     what a query that may attend no key gives, 'zero' (zero output before
-    o_proj, zero gradient) or 'nan' (torch's softmax). The variants'
+    o_proj, zero gradient) or 'nan' (torch's softmax); output_gate: gated
+    attention (Qwen3-Next, Qwen 3.5): q_proj is (2*n_heads*d, d_model),
+    each head's d query rows then its d gate rows as Qwen3NextAttention
+    holds them, and each head's output is multiplied by sigmoid(gate)
+    before o_proj (the library's w_q and w_g are views of q_proj: one
+    parameter, one gradient). The variants'
     arguments are mha.Layer's. Initialization: nn.Linear's for the
     projections, ones for the norms, zeros for the sinks, the ALiBi paper's
     slopes (BLOOM's rule).
@@ -150,7 +155,7 @@ class Attention(torch.nn.Module):
     def __init__(self, d_model, n_heads, n_kv_heads=None, head_dim=None, bias=False, *, kv_dim=None,
                  rope=None, alibi=False, softcap=0.0, sinks=False, qk_norm="none", qk_norm_per_head=False,
                  qk_norm_eps=1e-6, qk_norm_whole=False, clip_qkv=None, temperature=None, scale=None,
-                 masked_rows="zero",
+                 output_gate=False, masked_rows="zero",
                  device=None, dtype=None):
         super().__init__()
         if dtype not in (None, torch.float32) or (device is not None and torch.device(device).type != "cpu"):
@@ -182,7 +187,8 @@ class Attention(torch.nn.Module):
                         qk_norm_eps=c_float("qk_norm_eps", qk_norm_eps) if qk_norm != "none" else 0.0,
                         qk_norm_whole=c_flag("qk_norm_whole", qk_norm_whole),
                         clip_qkv=0.0 if clip_qkv is None else c_float("clip_qkv", clip_qkv),
-                        temperature=None if temperature is None else _named_temperature(temperature))
+                        temperature=None if temperature is None else _named_temperature(temperature),
+                        output_gate=c_flag("output_gate", output_gate))
         # the library judges the combination (rope dim, divisors, softcap >= 0, ...) on a layer of
         # the same heads and widths 1 (no d_model-sized zeros); it also gives ALiBi's default slopes
         probe = Layer(1, h, n_kv_heads=h_kv, d_k=d, d_v=d, d_kv_in=1, bias=bias is not False, **variants)
@@ -190,7 +196,8 @@ class Attention(torch.nn.Module):
                             bias=bias is not False, **variants)
         self.d_model, self.n_heads, self.n_kv_heads, self.head_dim, self.kv_dim = d_model, h, h_kv, d, kv_dim
         self.bias, self.scale, self.masked_rows = bias, scale, masked_rows
-        self.q_proj = torch.nn.Linear(d_model, h * d, bias=bias is not False)
+        gate = 2 if variants["output_gate"] else 1  # Qwen3-Next: each head's query, then its gate
+        self.q_proj = torch.nn.Linear(d_model, gate * h * d, bias=bias is not False)
         self.k_proj = torch.nn.Linear(kv_dim, h_kv * d, bias=bias is not False)
         self.v_proj = torch.nn.Linear(kv_dim, h_kv * d, bias=bias is not False)
         self.o_proj = torch.nn.Linear(h * d, d_model, bias=bias is True)
@@ -218,20 +225,29 @@ class Attention(torch.nn.Module):
     def extra_repr(self):
         c = self._config
         variants = "".join(f", {k}={c[k]!r}" for k in ("rope", "alibi", "softcap", "sinks", "qk_norm", "clip_qkv",
-                                                        "temperature")
+                                                        "temperature", "output_gate")
                            if c[k] not in (None, 0, "none"))
         return (f"d_model={self.d_model}, n_heads={self.n_heads}, n_kv_heads={self.n_kv_heads}, "
                 f"head_dim={self.head_dim}, bias={self.bias!r}{variants}")
 
     def _weights(self, like):
-        """The tensors of _NAMES (None where absent); b_o zeros for bias='qkv'."""
+        """The tensors of _NAMES (None where absent); b_o zeros for bias='qkv';
+        w_q, w_g (and b_q, b_g) the query and gate rows of a gated q_proj
+        (views: autograd takes their gradients back into q_proj)."""
         b_o = self.o_proj.bias
         if self.bias == "qkv":
             b_o = like.new_zeros(self.d_model)  # the library's biases come as four; o's is a constant
-        return (self.q_proj.weight, self.k_proj.weight, self.v_proj.weight, self.o_proj.weight,
-                self.q_proj.bias, self.k_proj.bias, self.v_proj.bias, b_o, self.sinks,
+        w_q, b_q, w_g, b_g = self.q_proj.weight, self.q_proj.bias, None, None
+        if self._config["output_gate"]:
+            h, d = self.n_heads, self.head_dim
+            rows = w_q.view(h, 2, d, self.d_model)  # (h, query|gate, d, d_model)
+            w_q, w_g = rows[:, 0].reshape(h * d, -1), rows[:, 1].reshape(h * d, -1)
+            if b_q is not None:
+                b_q, b_g = b_q.view(h, 2, d)[:, 0].reshape(-1), b_q.view(h, 2, d)[:, 1].reshape(-1)
+        return (w_q, self.k_proj.weight, self.v_proj.weight, self.o_proj.weight,
+                b_q, self.k_proj.bias, self.v_proj.bias, b_o, self.sinks,
                 None if self.q_norm is None else self.q_norm.weight,
-                None if self.k_norm is None else self.k_norm.weight, self.alibi_slopes)
+                None if self.k_norm is None else self.k_norm.weight, self.alibi_slopes, w_g, b_g)
 
     def forward(self, x, kv=None, *, causal=False, window=None, positions=None, key_positions=None,
                 key_padding_mask=None, attn_mask=None, align="top_left", sink_tokens=0, chunk_size=0,

@@ -90,7 +90,7 @@ def test_hf_gated_q_proj_loads_with_output_gate(tmp_path, bias):
         mha.Layer.load(tmp_path / "n.safetensors", output_gate=True)
 
 
-def test_gated_layer_refuses_training_and_compact_weights():
+def test_gated_layer_refuses_compact_weights():
     layer, _ = gated_layer(np.random.RandomState(1))
     with pytest.raises(mha.UnsupportedError, match="output gate"):
         layer.convert_weights("bf16")

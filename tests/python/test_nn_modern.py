@@ -60,6 +60,8 @@ def oracle(p, kw, x, kv=None, causal=False, window=None, positions=None, key_pos
         b = p.get(name + ".bias")
         return a @ p[name + ".weight"].T + (0 if b is None else b)
     q, k, v = linear("q_proj", x), linear("k_proj", src), linear("v_proj", src)  # (B,T|S,heads*d)
+    if kw.get("output_gate"):  # Qwen3-Next: q_proj gives each head's query then its gate (B,T,h,2d)
+        q, gate = (t.reshape(B, T, h * d) for t in q.view(B, T, h, 2 * d).chunk(2, dim=-1))
     if kw.get("clip_qkv"):  # OLMo 1 / DBRX / MPT: q, k, v clamped before the norms and RoPE
         c = kw["clip_qkv"]
         q, k, v = q.clamp(min=-c, max=c), k.clamp(min=-c, max=c), v.clamp(min=-c, max=c)
@@ -127,6 +129,8 @@ def oracle(p, kw, x, kv=None, causal=False, window=None, positions=None, key_pos
         prob = torch.softmax(s, dim=-1)
     prob = prob * row_any  # masked_rows='zero': a query with no key gives Z = 0
     z = (prob @ v).transpose(1, 2).reshape(B, T, h * d)
+    if kw.get("output_gate"):
+        z = z * torch.sigmoid(gate)
     return linear("o_proj", z)
 
 
@@ -236,6 +240,33 @@ def test_each_variant_alone(name):
                          ids=["causal", "window", "bidirectional"])
 def test_all_variants_together(h_kv, call):
     check(variant_kw(h_kv=h_kv, **ALL), **call)
+
+
+@pytest.mark.parametrize("bias", [False, True, "qkv"])
+@pytest.mark.parametrize("h_kv", [4, 2, 1])
+def test_output_gate_qwen3_next(bias, h_kv):
+    """Gated attention as Qwen3NextAttention computes it (q_proj's rows per
+    head: query then gate; Z * sigmoid(gate) before o_proj), with its RMS
+    QK-norm and partial rotary, causal; every gradient, q_proj's holding
+    both the query's and the gate's."""
+    kw = variant_kw(h_kv=h_kv, bias=bias, output_gate=True, qk_norm="rms",
+                    rope={"pairing": "halves", "theta": 10000.0, "dim": 4})
+    m, _ = check(kw, causal=True)
+    assert m.q_proj.weight.shape == (2 * 4 * 8, 32)
+
+
+def test_output_gate_with_every_variant_and_cross_attention():
+    check(variant_kw(output_gate=True, kv_dim=24, **ALL), S=9)
+
+
+def test_output_gate_module_runs_as_its_layer():
+    """to_layer() of a gated module is a gated mha.Layer with the same y."""
+    m = make(3, **variant_kw(output_gate=True, bias=True))
+    x = torch.randn(2, 5, 32)
+    layer = m.to_layer()
+    assert layer.weights()["w_g"].shape == (32, 4 * 8)
+    y = m(x).detach().numpy()
+    np.testing.assert_allclose(layer.forward(x.numpy()), y, rtol=0, atol=1e-6)
 
 
 @pytest.mark.parametrize("h_kv", [4, 2], ids=["MHA", "GQA"])
