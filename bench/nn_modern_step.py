@@ -9,7 +9,10 @@ forward + backward of <dy, y>, the two implementations alternating round by
 round, and prints one RESULT line each and their ratio.
 
     OMP_NUM_THREADS=2 /usr/bin/python3 bench/nn_modern_step.py [--B 4 --T 512 --d 768 --h 12 --h-kv 4]
-                                                                [--rounds 7] [--threads 2]
+                                                                [--rounds 7] [--threads 2] [--gate 1]
+
+--gate 1: gated attention as Qwen3NextAttention writes it (q_proj gives
+each head's query then its gate; Z * sigmoid(gate) before o_proj).
 
 torch 1.13 has no fused attention for this layer on the CPU, so the torch
 side is what a model's own attention module runs. Legend: B batch, T
@@ -30,11 +33,11 @@ import mha.nn  # noqa: E402
 class TorchAttention(torch.nn.Module):
     """The layer in plain PyTorch, parameters named as mha.nn.Attention's."""
 
-    def __init__(self, d, h, h_kv, theta, eps):
+    def __init__(self, d, h, h_kv, theta, eps, gate):
         super().__init__()
         hd = d // h
-        self.h, self.h_kv, self.hd, self.theta, self.eps = h, h_kv, hd, theta, eps
-        self.q_proj = torch.nn.Linear(d, h * hd, bias=False)
+        self.h, self.h_kv, self.hd, self.theta, self.eps, self.gate = h, h_kv, hd, theta, eps, gate
+        self.q_proj = torch.nn.Linear(d, (2 if gate else 1) * h * hd, bias=False)
         self.k_proj = torch.nn.Linear(d, h_kv * hd, bias=False)
         self.v_proj = torch.nn.Linear(d, h_kv * hd, bias=False)
         self.o_proj = torch.nn.Linear(h * hd, d, bias=False)
@@ -56,7 +59,11 @@ class TorchAttention(torch.nn.Module):
 
     def forward(self, x):  # x (B,T,d) -> (B,T,d)
         B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, self.h, self.hd).transpose(1, 2)  # (B,h,T,hd)
+        q = self.q_proj(x).view(B, T, self.h, -1)  # (B,T,h,hd), or (B,T,h,2hd): query then gate
+        if self.gate:
+            q, g = q.chunk(2, dim=-1)
+            g = g.reshape(B, T, self.h * self.hd)  # (B,T,h*hd) the gate's logits
+        q = q.transpose(1, 2)  # (B,h,T,hd)
         k = self.k_proj(x).view(B, T, self.h_kv, self.hd).transpose(1, 2)  # (B,h_kv,T,hd)
         v = self.v_proj(x).view(B, T, self.h_kv, self.hd).transpose(1, 2)
         q, k = self.rope(self.norm(q, self.q_norm.weight)), self.rope(self.norm(k, self.k_norm.weight))
@@ -65,7 +72,7 @@ class TorchAttention(torch.nn.Module):
         s = q @ k.transpose(-1, -2) / self.hd ** 0.5  # (B,h,T,T)
         s = s.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
         z = (s.softmax(-1) @ v).transpose(1, 2).reshape(B, T, self.h * self.hd)
-        return self.o_proj(z)
+        return self.o_proj(z * torch.sigmoid(g) if self.gate else z)
 
 
 def step(m, x, dy):
@@ -79,17 +86,18 @@ def step(m, x, dy):
 
 def main():
     ap = argparse.ArgumentParser()
-    for name, v in (("B", 4), ("T", 512), ("d", 768), ("h", 12), ("h-kv", 4), ("rounds", 7), ("threads", 2)):
+    for name, v in (("B", 4), ("T", 512), ("d", 768), ("h", 12), ("h-kv", 4), ("rounds", 7), ("threads", 2),
+                    ("gate", 0)):
         ap.add_argument("--" + name, type=int, default=v)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
     theta, eps = 10000.0, 1e-6
-    ref = TorchAttention(a.d, a.h, a.h_kv, theta, eps)
+    ref = TorchAttention(a.d, a.h, a.h_kv, theta, eps, a.gate)
     with torch.no_grad():
         ref.q_norm.weight.uniform_(0.5, 1.5), ref.k_norm.weight.uniform_(0.5, 1.5)
     ours = mha.nn.Attention(a.d, a.h, a.h_kv, rope=dict(pairing="halves", theta=theta), qk_norm="rms",
-                            qk_norm_eps=eps)
+                            qk_norm_eps=eps, output_gate=bool(a.gate))
     ours.load_state_dict(ref.state_dict())
     x = torch.randn(a.B, a.T, a.d, requires_grad=True)
     dy = torch.randn(a.B, a.T, a.d)
@@ -105,11 +113,12 @@ def main():
             t0 = time.perf_counter()
             step(m, x, dy)
             t[name].append(time.perf_counter() - t0)
-    shape = f"B={a.B} T={a.T} d_model={a.d} h={a.h} h_kv={a.h_kv} threads={a.threads}"
+    shape = f"B={a.B} T={a.T} d_model={a.d} h={a.h} h_kv={a.h_kv} threads={a.threads} gate={a.gate}"
     for name in t:
         print(f"RESULT kind=nn_modern_step impl={name} {shape} median_s={statistics.median(t[name]):.6f} "
               f"min_s={min(t[name]):.6f} runs={a.rounds}")
-    print(f"mha.nn.Attention vs torch (forward + backward, RoPE + RMS QK-norm + GQA, causal): "
+    print(f"mha.nn.Attention vs torch (forward + backward, RoPE + RMS QK-norm + GQA{' + output gate' * a.gate}, "
+          "causal): "
           f"{statistics.median(t['torch']) / statistics.median(t['mha']):.2f}x (median), "
           f"{min(t['torch']) / min(t['mha']):.2f}x (min); worst relative difference {max(errs):.2g}")
 
