@@ -481,6 +481,25 @@ typedef struct {
                                  dynamic NTK / LongRoPE's call length).
                                  The cached forward and the ring refuse it */
     int n_seqs;               /* entries of cu_seqlens minus one (>= 1)   */
+    float dropout_p;          /* 0: none; 0 < p < 1: attention dropout for
+                                 training (torch's nn.MultiheadAttention
+                                 dropout, Hugging Face's attention_dropout):
+                                 each probability P[b,r,i,j] (after the
+                                 softmax, before V) is zeroed with
+                                 probability p and the kept ones scaled by
+                                 1 / (1 - p); captured probabilities are
+                                 the dropped ones, as torch returns them.
+                                 The draw is a function of dropout_seed and
+                                 (b, r, i, j) alone (a counter-based hash:
+                                 mha_dropout_keep), so the reference, the
+                                 fast path on any ISA and thread count, the
+                                 tape and the backward drop the same
+                                 entries. The KV cache's forwards,
+                                 mha_forward_lse and mha_attend_lse refuse
+                                 it (MHA_E_UNSUPPORTED)                  */
+    unsigned long long dropout_seed; /* the draw's seed: a new one for each
+                                 training step (the same for a forward
+                                 and its backward)                        */
 } mha_options;
 
 MHA_API mha_options mha_options_default(void);

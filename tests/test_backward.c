@@ -303,6 +303,34 @@ static void bw_check_fast_serves(bw_fixture *f) {
     bw_grads_free(&a), bw_grads_free(&b);
 }
 
+/* Attention dropout (options.dropout_p, one seed): the drawn entries are
+ * constants of the loss, so finite differences see the dropped layer:
+ * causal self-attention with an intervention, GQA cross-attention with
+ * the bias_kv and zero keys, sinks with ALiBi. */
+static void backward_fd_dropout(void) {
+    bw_fixture f;
+    bw_make(&f, naive_config(8, 4, 0, 2, 2, 1), 2, 4, 4, 0, 0, 1281);
+    mha_intervention iv[4] = {{MHA_HEAD_KEEP, 0, NULL}, {MHA_HEAD_SCALE, -1.5f, NULL}, {MHA_HEAD_KEEP, 0, NULL},
+                              {MHA_HEAD_KEEP, 0, NULL}};
+    f.opt.interventions = iv;
+    f.opt.causal = 1, f.opt.dropout_p = 0.3f, f.opt.dropout_seed = 77;
+    bw_run(&f);
+    naive_bw_case_free(&f);
+    mha_config c = naive_config(8, 4, 2, 2, 2, 1);
+    c.add_bias_kv = c.add_zero_attn = 1, c.d_kv_in = 5;
+    bw_make(&f, c, 2, 3, 4, 1, 0, 1282);
+    f.opt.dropout_p = 0.5f, f.opt.dropout_seed = 78;
+    bw_run(&f);
+    naive_bw_case_free(&f);
+    c = naive_config(8, 2, 1, 4, 4, 1);
+    c.sinks = c.alibi = 1;
+    bw_make(&f, c, 1, 5, 5, 0, 0, 1283);
+    f.opt.causal = 1, f.opt.dropout_p = 0.2f, f.opt.dropout_seed = 79;
+    bw_run(&f);
+    bw_check_fast_serves(&f);
+    naive_bw_case_free(&f);
+}
+
 /* Gated attention (Qwen3-Next): Z' = Z * sigmoid(x W_G + b_G) before the
  * interventions and W_O; self-attention with every intervention, GQA
  * cross-attention from two sources without bias, and MQA with RoPE and
@@ -762,6 +790,7 @@ static const test_case cases[] = {
     {"backward_fd_clip_qkv", backward_fd_clip_qkv},
     {"backward_fd_temperature", backward_fd_temperature},
     {"backward_fd_output_gate", backward_fd_output_gate},
+    {"backward_fd_dropout", backward_fd_dropout},
     {"backward_clip_qkv_bounds_pass", backward_clip_qkv_bounds_pass},
     {"backward_fully_masked_row", backward_fully_masked_row},
     {"backward_fd_detects_wrong_gradient", backward_fd_detects_wrong_gradient},

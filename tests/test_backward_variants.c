@@ -13,6 +13,7 @@
  * backward's, 1 and 2 threads give the same bits, and AUTO is the fast
  * path (no fallback to the reference).
  * Legend: B, T, S, h, h_kv, d_k, d_v, D = d_model. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -288,6 +289,29 @@ static void backward_variants_threads_bit_identical(void) {
     naive_bw_case_free(&f);
 }
 
+/* Attention dropout (options.dropout_p) on the fast backward and the tape
+ * against the reference: a plain causal layer, GQA cross-attention with
+ * RoPE and QK-norm, every variant with a window and sink tokens, and the
+ * long MQA case (query and key tiles beyond one block). */
+static void backward_variants_dropout(void) {
+    const size_t n = sizeof variant_cases / sizeof variant_cases[0];
+    const size_t which[] = {9, 10, 11, 12, n - 2, n - 4};
+    for (size_t k = 0; k < sizeof which / sizeof which[0]; k++) {
+        const variant_case *v = &variant_cases[which[k]];
+        naive_bw_case f;
+        make_case(&f, v, 4600 + k);
+        int *pos, *kpos;
+        uint8_t *keep;
+        case_arrays(&f, v, &pos, &kpos, &keep);
+        f.opt.dropout_p = 0.1f + 0.15f * (float)k, f.opt.dropout_seed = 0xfeedull * (k + 1);
+        char what[128];
+        snprintf(what, sizeof what, "dropout %.2f, %s", (double)f.opt.dropout_p, v->what);
+        check_case(&f, what);
+        free(pos), free(kpos), free(keep);
+        naive_bw_case_free(&f);
+    }
+}
+
 /* Each gradient asked for alone is the whole request's, bit for bit, on
  * FAST and the tape: what one gradient needs of the others' path (dZ
  * times the gate for dW_Q alone; dl/dG for dW_G alone) is computed
@@ -420,6 +444,7 @@ static const test_case isa_cases[] = {
     {"backward_variants_temperature", backward_variants_temperature},
     {"backward_variants_threads_bit_identical", backward_variants_threads_bit_identical},
     {"backward_variants_partial_requests", backward_variants_partial_requests},
+    {"backward_variants_dropout", backward_variants_dropout},
     {"backward_variants_alibi_far_keys_refused", backward_variants_alibi_far_keys_refused},
 };
 

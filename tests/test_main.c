@@ -42,6 +42,8 @@ static const test_area_fn areas[] = {
     tests_backward_fast,
     tests_backward_fast_isa,
     tests_backward_variants_isa,
+    tests_dropout,
+    tests_dropout_isa,
     tests_tape,
     tests_tape_isa,
     tests_variants_io,
@@ -80,6 +82,7 @@ static const test_area_fn areas[] = {
  * (MHA_TEST_ISA in main narrows it). */
 static const test_area_fn per_isa_areas[] = {tests_fast, tests_cache, tests_cache_i8, tests_lse_fast,
                                              tests_backward_fast_isa, tests_backward_variants_isa, tests_tape_isa,
+                                             tests_dropout_isa,
                                              tests_weights_isa,
                                              tests_decode_stream_isa, tests_bf16_matmul_isa,
                                              tests_rope_scaling_isa, tests_chunked_isa, tests_temperature_isa,

@@ -155,6 +155,12 @@ static void tape_misuse_errors(void) {
     o = f.opt, o.path = MHA_PATH_REFERENCE;
     CHECK_STATUS(mha_backward_tape(f.L, tape, g, f.dy, f.x, f.k_src, NULL, B, T, S, &o), MHA_E_ARG);
     CHECK_ERROR_MENTIONS("options.path");
+    o = f.opt, o.dropout_seed = 5; /* another step's dropout draw: another forward */
+    CHECK_STATUS(mha_backward_tape(f.L, tape, g, f.dy, f.x, f.k_src, NULL, B, T, S, &o), MHA_E_ARG);
+    CHECK_ERROR_MENTIONS("options.dropout_seed");
+    o = f.opt, o.dropout_p = 0.25f;
+    CHECK_STATUS(mha_backward_tape(f.L, tape, g, f.dy, f.x, f.k_src, NULL, B, T, S, &o), MHA_E_ARG);
+    CHECK_ERROR_MENTIONS("options.dropout_p");
     /* values from a source apart where the forward read them from the keys' */
     CHECK_STATUS(mha_backward_tape(f.L, tape, g, f.dy, f.x, f.k_src, other.k_src, B, T, S, &f.opt), MHA_E_ARG);
     CHECK_ERROR_MENTIONS("values from v_src");

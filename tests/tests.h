@@ -34,6 +34,8 @@ const test_case *tests_merge(size_t *count);
 const test_case *tests_backward_fast(size_t *count);
 const test_case *tests_backward_fast_isa(size_t *count);
 const test_case *tests_backward_variants_isa(size_t *count); /* variants, fast vs reference */
+const test_case *tests_dropout(size_t *count);     /* attention dropout: the draw, refusals */
+const test_case *tests_dropout_isa(size_t *count); /* ... fast vs reference, every ISA     */
 const test_case *tests_tape(size_t *count);     /* training forward + tape */
 const test_case *tests_tape_isa(size_t *count); /* ... on every ISA        */
 const test_case *tests_variants_io(size_t *count);

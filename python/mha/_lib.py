@@ -138,7 +138,8 @@ class Options(Structure):
                 ("masked_row", c_int), ("interventions", POINTER(Intervention)),
                 ("path", c_int), ("positions", POINTER(c_int)), ("key_positions", POINTER(c_int)),
                 ("sink_tokens", c_int), ("bf16_matmul", c_int), ("chunk_size", c_int),
-                ("cu_seqlens", POINTER(c_int)), ("n_seqs", c_int)]
+                ("cu_seqlens", POINTER(c_int)), ("n_seqs", c_int),
+                ("dropout_p", c_float), ("dropout_seed", ctypes.c_ulonglong)]
 
 
 class Capture(Structure):

@@ -450,7 +450,7 @@ class Layer(COwner):
                  window_left=None, window_right=None, keep_mask=None, additive_mask=None,
                  key_keep=None, key_additive=None, masked_row="zero", interventions=None,
                  path="auto", positions=None, key_positions=None, sink_tokens=0, bf16_matmul=False,
-                 chunk_size=0, cu_seqlens=None):
+                 chunk_size=0, cu_seqlens=None, dropout_p=0.0, dropout_seed=0):
         """mha_options from keyword arguments; arrays are appended to keep."""
         o = _L.mha_options_default()
         o.scale = c_float("scale", scale)
@@ -461,6 +461,8 @@ class Layer(COwner):
         o.sink_tokens = c_int("sink_tokens", sink_tokens, 0)  # StreamingLLM: kept besides window_left
         o.bf16_matmul = c_flag("bf16_matmul", bf16_matmul)  # projections in bf16: needs bf16 weights
         o.chunk_size = c_int("chunk_size", chunk_size, 0)  # Llama 4: attention inside chunks of that many
+        o.dropout_p = c_float("dropout_p", dropout_p)  # attention dropout (training); the library judges 0 <= p < 1
+        o.dropout_seed = c_int("dropout_seed", dropout_seed, 0, 2 ** 64 - 1)
         h = c["n_heads"]
         for field, arr, conv in (("keep_mask", keep_mask, bools), ("additive_mask", additive_mask, floats)):
             if arr is None:

@@ -216,6 +216,22 @@ def _backward_arrays(ctx, opts, dy, wanted):
     return g
 
 
+def _check_dropout(p):
+    """dropout as the library takes it: a real number 0 <= p < 1."""
+    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p < 1.0:
+        raise ValueError(f"dropout={p!r}; expected a number 0 <= dropout < 1 (attention dropout on the "
+                         "probabilities in training; 0: none)")
+
+
+def _dropout_options(p, training):
+    """The options of attention dropout for one call: none in eval mode; in
+    training p and a seed drawn from torch's generator (torch.manual_seed
+    makes a run repeatable; a forward and its backward share the seed)."""
+    if not training or p == 0.0:
+        return {}
+    return {"dropout_p": float(p), "dropout_seed": int(torch.randint(0, 2 ** 62, (1,)).item())}
+
+
 def _torch_gradients(g):
     """The library's gradients as tensors in torch's layout: dw_* (in, out)
     back to (out, in) as nn.Linear's weights."""
@@ -285,7 +301,7 @@ def _grad_shapes(c, B, T, S):
 class MultiheadAttention(torch.nn.Module):
     """torch.nn.MultiheadAttention computed by libmha (forward and backward).
 
-    Same constructor arguments (dropout must be 0.0), same parameter names
+    Same constructor arguments, same parameter names
     and shapes (load_state_dict works both ways), same forward arguments
     and results. Extra: num_kv_heads (GQA/MQA: h_kv kv heads shared by
     groups of h / h_kv query heads; then k/v_proj_weight are (h_kv*d, kdim)
@@ -299,9 +315,7 @@ class MultiheadAttention(torch.nn.Module):
                  add_zero_attn=False, kdim=None, vdim=None, batch_first=False, device=None, dtype=None,
                  *, num_kv_heads=None, masked_rows="nan"):
         super().__init__()
-        if dropout != 0.0:
-            raise ValueError(f"dropout={dropout}: mha.nn.MultiheadAttention has no dropout; expected 0.0 "
-                             "(apply torch.nn.Dropout outside the layer)")
+        _check_dropout(dropout)
         if dtype not in (None, torch.float32) or (device is not None and torch.device(device).type != "cpu"):
             raise ValueError(f"device={device}, dtype={dtype}: libmha computes in float32 on the CPU; "
                              "expected device=None/'cpu', dtype=None/torch.float32")
@@ -317,7 +331,7 @@ class MultiheadAttention(torch.nn.Module):
         self.kdim = embed_dim if kdim is None else kdim
         self.vdim = embed_dim if vdim is None else vdim
         self.head_dim = embed_dim // num_heads
-        self.dropout, self.batch_first, self.add_zero_attn = 0.0, batch_first, add_zero_attn
+        self.dropout, self.batch_first, self.add_zero_attn = float(dropout), batch_first, add_zero_attn
         self.masked_rows = masked_rows
         kv_width = h_kv * self.head_dim
         self._qkv_same_embed_dim = self.kdim == embed_dim and self.vdim == embed_dim and h_kv == num_heads
@@ -391,9 +405,7 @@ class MultiheadAttention(torch.nn.Module):
         need_weights. is_causal: query i may not see key j > i."""
         _check_inputs(query=query, key=key, value=value)
         _check_parameters(self)
-        if self.dropout != 0.0 and self.training:  # torch's forward reads the attribute: set later, it counts
-            raise ValueError(f"dropout={self.dropout}: mha.nn.MultiheadAttention has no dropout; expected "
-                             "0.0 in training (apply torch.nn.Dropout outside the layer)")
+        _check_dropout(self.dropout)  # torch's forward reads the attribute: set later, it counts
         batched = query.dim() == 3
         if query.dim() not in (2, 3) or key.dim() != query.dim() or value.dim() != query.dim():
             raise ShapeError(f"query/key/value have {query.dim()}/{key.dim()}/{value.dim()} dims; "
@@ -415,6 +427,7 @@ class MultiheadAttention(torch.nn.Module):
             key_padding_mask = key_padding_mask.reshape(1, S)
         opts = _mask_options(attn_mask, key_padding_mask, is_causal, B, T, S, self.num_heads)
         opts["masked_row"] = self.masked_rows
+        opts.update(_dropout_options(self.dropout, self.training))
         cfg = dict(d_model=self.embed_dim, n_heads=self.num_heads, n_kv_heads=self.num_kv_heads,
                    d_kv_in=self.kdim, d_v_in=self.vdim, bias=self.in_proj_bias is not None,
                    add_bias_kv=self.bias_k is not None, add_zero_attn=self.add_zero_attn)

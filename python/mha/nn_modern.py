@@ -46,8 +46,9 @@ from ._check import c_flag, c_float, c_int
 from .errors import ArgumentError, ShapeError
 from . import _lib
 from .layer import Layer, _cu_seqlens, _temperature
-from .nn import (_backward_arrays, _check_inputs, _check_parameters, _forward_arrays, _library_weights,
-                 _mask_options, _np, _refuse_double_backward, _torch_gradients, _zeros_in_graph)
+from .nn import (_backward_arrays, _check_dropout, _check_inputs, _check_parameters, _dropout_options,
+                 _forward_arrays, _library_weights, _mask_options, _np, _refuse_double_backward,
+                 _torch_gradients, _zeros_in_graph)
 
 # the weights the Function receives, in order, by the library's names
 _NAMES = ("w_q", "w_k", "w_v", "w_o", "b_q", "b_k", "b_v", "b_o", "sinks", "q_norm", "k_norm",
@@ -134,7 +135,7 @@ class Attention(torch.nn.Module):
               kv_dim=None, rope=None, alibi=False, softcap=0.0, sinks=False,
               qk_norm='none', qk_norm_per_head=False, qk_norm_eps=1e-6,
               qk_norm_whole=False, clip_qkv=None, temperature=None, scale=None,
-              output_gate=False, masked_rows='zero')
+              output_gate=False, dropout=0.0, masked_rows='zero')
 
     head_dim: d (None: d_model / n_heads); bias: True (q, k, v and o
     biases), False, or 'qkv' (Qwen 2: q, k, v only); kv_dim: width of a
@@ -146,7 +147,10 @@ class Attention(torch.nn.Module):
     each head's d query rows then its d gate rows as Qwen3NextAttention
     holds them, and each head's output is multiplied by sigmoid(gate)
     before o_proj (the library's w_q and w_g are views of q_proj: one
-    parameter, one gradient). The variants'
+    parameter, one gradient); dropout: attention dropout on the
+    probabilities in training mode (Hugging Face's attention_dropout;
+    none in eval mode), drawn by the library from a seed that torch's
+    generator gives each call. The variants'
     arguments are mha.Layer's. Initialization: nn.Linear's for the
     projections, ones for the norms, zeros for the sinks, the ALiBi paper's
     slopes (BLOOM's rule).
@@ -155,7 +159,7 @@ class Attention(torch.nn.Module):
     def __init__(self, d_model, n_heads, n_kv_heads=None, head_dim=None, bias=False, *, kv_dim=None,
                  rope=None, alibi=False, softcap=0.0, sinks=False, qk_norm="none", qk_norm_per_head=False,
                  qk_norm_eps=1e-6, qk_norm_whole=False, clip_qkv=None, temperature=None, scale=None,
-                 output_gate=False, masked_rows="zero",
+                 output_gate=False, dropout=0.0, masked_rows="zero",
                  device=None, dtype=None):
         super().__init__()
         if dtype not in (None, torch.float32) or (device is not None and torch.device(device).type != "cpu"):
@@ -175,6 +179,7 @@ class Attention(torch.nn.Module):
             raise ArgumentError(f"qk_norm={qk_norm!r}; expected one of {', '.join(_QK_NORM)}")
         if masked_rows not in ("zero", "nan"):
             raise ArgumentError(f"masked_rows={masked_rows!r}; expected 'zero' or 'nan'")
+        _check_dropout(dropout)
         if qk_norm != "none" and not c_float("qk_norm_eps", qk_norm_eps) > 0:  # the library reads 0 as 1e-6
             raise ArgumentError(f"qk_norm_eps={qk_norm_eps!r}; expected a number > 0")
         if clip_qkv is not None and not c_float("clip_qkv", clip_qkv) > 0:  # the library reads 0 as none
@@ -195,7 +200,7 @@ class Attention(torch.nn.Module):
         self._config = dict(d_model=d_model, n_heads=h, n_kv_heads=h_kv, d_k=d, d_v=d, d_kv_in=kv_dim,
                             bias=bias is not False, **variants)
         self.d_model, self.n_heads, self.n_kv_heads, self.head_dim, self.kv_dim = d_model, h, h_kv, d, kv_dim
-        self.bias, self.scale, self.masked_rows = bias, scale, masked_rows
+        self.bias, self.scale, self.masked_rows, self.dropout = bias, scale, masked_rows, float(dropout)
         gate = 2 if variants["output_gate"] else 1  # Qwen3-Next: each head's query, then its gate
         self.q_proj = torch.nn.Linear(d_model, gate * h * d, bias=bias is not False)
         self.k_proj = torch.nn.Linear(kv_dim, h_kv * d, bias=bias is not False)
@@ -285,6 +290,8 @@ class Attention(torch.nn.Module):
                     window_left=None if window is None else c_int("window", window, 1) - 1,
                     positions=positions, key_positions=key_positions, sink_tokens=sink_tokens,
                     chunk_size=chunk_size, cu_seqlens=cu_seqlens)
+        _check_dropout(self.dropout)  # the attribute may be set after construction
+        opts.update(_dropout_options(self.dropout, self.training))
         weights = self._weights(x)
         if B == 0 or T == 0:  # the library refuses empty inputs: empty output, zero gradients
             _check_empty_cu_seqlens(cu_seqlens, T, S, sink_tokens, chunk_size)  # as the library would

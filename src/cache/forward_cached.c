@@ -103,6 +103,7 @@ static mha_status check_options(const mha_options *o, const mha_cache *c, const 
     mha_status s = mha_check_positions(&L->cfg, o, c->B, T, T);
     /* REPLACE values are (B,T,d_v), as in mha_forward */
     if (!s) s = mha_check_common_options(o, c->h, (size_t)c->B * T, c->d_v);
+    if (!s) s = mha_refuse_dropout(o, "mha_forward_cached");
     return !s && o->bf16_matmul ? mha_check_bf16_weights(L) : s;
 }
 

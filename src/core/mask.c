@@ -1,6 +1,8 @@
 /* mask.c — which keys a query may attend: the one statement of the mask
- * semantics, shared by the reference and the fast path's general tiles. */
+ * semantics, shared by the reference and the fast path's general tiles;
+ * and attention dropout's draw, which keys of a row it drops. */
 #include <math.h>
+#include <stdint.h>
 
 #include "core/core.h"
 
@@ -63,4 +65,29 @@ int mha_mask_key(const mha_options *o, int b, int r, int i, int j, int T, int S,
     /* -inf forbids exactly like a false keep bit, so fully masked rows are
      * detected the same way for both kinds of mask. */
     return isinf(*additive) ? 0 : 1;
+}
+
+/* The top 32 bits of splitmix64's finalizer at step `index` of the Weyl
+ * sequence from seed: a counter-based draw, the same whoever asks and in
+ * whatever order (tiles, threads, ISAs). */
+static uint32_t dropout_bits(unsigned long long seed, uint64_t index) {
+    uint64_t x = seed + (index + 1) * 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return (uint32_t)((x ^ (x >> 31)) >> 32);
+}
+
+/* p 2^32 rounded down: the draws below it are dropped (0 < p < 1). */
+static uint32_t dropout_threshold(float p) { return (uint32_t)((double)p * 4294967296.0); }
+
+int mha_dropout_keep(const mha_options *o, int h, int T, int Sx, int b, int r, int i, int j) {
+    const uint64_t at = (((uint64_t)b * h + r) * T + i) * Sx + j;
+    return o->dropout_p <= 0.0f || dropout_bits(o->dropout_seed, at) >= dropout_threshold(o->dropout_p);
+}
+
+void mha_dropout_row(float *p, int n, const mha_options *o, int h, int T, int Sx, int b, int r, int i, int j0) {
+    const uint64_t at = (((uint64_t)b * h + r) * T + i) * Sx + j0;
+    const uint32_t cut = dropout_threshold(o->dropout_p);
+    const float keep = 1.0f / (1.0f - o->dropout_p);
+    for (int j = 0; j < n; j++) p[j] *= dropout_bits(o->dropout_seed, at + j) >= cut ? keep : 0.0f;
 }

@@ -97,6 +97,8 @@ mha_status mha_check_options(const mha_config *c, const mha_options *o, int B, i
 mha_status mha_check_common_options(const mha_options *o, int h, size_t rows, int d_v) {
     if (!isfinite(o->scale))
         return mha_fail(MHA_E_NONFINITE, "options.scale=%g; expected finite (0 = 1/sqrt(d_k))", (double)o->scale);
+    if (!(o->dropout_p >= 0.0f && o->dropout_p < 1.0f))
+        return mha_fail(MHA_E_ARG, "options.dropout_p=%g; expected 0 <= p < 1 (0: no dropout)", (double)o->dropout_p);
     if (o->masked_row != MHA_MASKED_ROW_ZERO && o->masked_row != MHA_MASKED_ROW_NAN)
         return mha_fail(MHA_E_ARG, "options.masked_row=%d; expected MHA_MASKED_ROW_ZERO or MHA_MASKED_ROW_NAN", (int)o->masked_row);
     if (o->bf16_matmul != 0 && o->bf16_matmul != 1)
@@ -109,6 +111,13 @@ mha_status mha_refuse_bf16_matmul(const mha_options *o, const char *who) {
     return mha_fail(MHA_E_UNSUPPORTED, "%s: options.bf16_matmul=%d is not supported here; expected 0 "
                     "(bf16 projections run in mha_forward*, mha_forward_lse and mha_forward_cached*)", who,
                     o->bf16_matmul);
+}
+
+mha_status mha_refuse_dropout(const mha_options *o, const char *who) {
+    if (!o || o->dropout_p == 0.0f) return MHA_OK;
+    return mha_fail(MHA_E_UNSUPPORTED, "%s: options.dropout_p=%g is not supported here; expected 0 (attention "
+                    "dropout runs in mha_forward*, mha_forward_train and the backward: training)", who,
+                    (double)o->dropout_p);
 }
 
 mha_status mha_check_bf16_input(const float *p, size_t n, const char *name) {

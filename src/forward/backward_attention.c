@@ -290,6 +290,8 @@ static long forward_task(scratch *w, const mha_bwd_attn *a, const mha_kernels *k
         score_variants(w, a, kern, b, r, w->qpos, n, rows6, j0, nj, 0);
         if (general) mask_tile(w, a, b, r, i0, n, j0, extra);
         kern->attn_softmax(w->s, BK, w->m, w->l, w->alpha, bounded ? w->tlo : NULL, w->thi, extra, rows6, nj);
+        for (int i = 0; a->opt->dropout_p > 0.0f && i < n; i++) /* after the row sums: P' = dropout(P) */
+            mha_dropout_row(w->s + (size_t)i * BK, nj, a->opt, h, a->T, a->Sx, b, r, i0 + i, j0);
         kern->attn_pv(w->acck, dv16, w->s, BK, vr, dv16, w->alpha, rows6, nj, dv16);
     }
     // --- Z = O / l; m and log l (row_max), else lse = m + log l; a row with no allowed key: Z = 0, lse = +inf;
@@ -325,7 +327,7 @@ static void backward_task(scratch *w, const mha_bwd_attn *a, const float *dd, co
     const mha_config *c = a->cfg;
     const int h = c->n_heads, g = mha_kv_head(c, r), d_k = c->d_k, d_v = c->d_v;
     const int dk16 = round16(d_k), dv16 = round16(d_v), T = a->T, T6 = round6(T);
-    const int tp = (T + BQ - 1) / BQ * BQ, general = has_general_mask(a->opt);
+    const int tp = (T + BQ - 1) / BQ * BQ, general = has_general_mask(a->opt), drop = a->opt->dropout_p > 0.0f;
     const size_t qw = (size_t)h * d_k, zw = (size_t)h * d_v, row0 = ((size_t)b * h + r) * T;
     const float *q = a->q + (size_t)b * T * qw + (size_t)r * d_k, *dz = a->dz + (size_t)b * T * zw + (size_t)r * d_v;
     const size_t kw = (size_t)c->n_kv_heads * d_k, vw = (size_t)c->n_kv_heads * d_v;
@@ -379,8 +381,12 @@ static void backward_task(scratch *w, const mha_bwd_attn *a, const float *dd, co
             bk->scores_rows(w->dp, BK, w->zr + (size_t)i0 * dv16, dv16, w->vt, d_v, rows6, np); /* dP */
             score_variants(w, a, kern, b, r, w->qpos + i0, n, rows6, j0, nj, 1);
             if (general) mask_tile(w, a, b, r, i0, n, j0, extra);
+            for (int i = 0; drop && i < n; i++) /* dropout: dl/dP = (dZ V^T) m */
+                mha_dropout_row(w->dp + (size_t)i * BK, nj, a->opt, h, T, a->Sx, b, r, i0 + i, j0);
             bk->probs_ds(w->s, w->dp, BK, w->lse + i0, w->rm + i0, w->dd + i0, 1.0f, bounded ? w->tlo : NULL, w->thi,
                          extra, rows6, nj);
+            for (int i = 0; drop && i < n; i++) /* dV reads P' = P m */
+                mha_dropout_row(w->s + (size_t)i * BK, nj, a->opt, h, T, a->Sx, b, r, i0 + i, j0);
             for (int i = 0; c->softcap != 0.0f && i < rows6; i++) /* dS of the raw score: times softcap' */
                 for (int j = 0; j < nj; j++) w->dp[(size_t)i * BK + j] *= w->dcap[(size_t)i * BK + j];
             bk->accumulate_tn(w->accv, dv16, w->s, BK, w->zr + (size_t)i0 * dv16, dv16, nj6, rows6, dv16);

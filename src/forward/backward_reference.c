@@ -134,6 +134,14 @@ static void prob_row(double *p, double *dcap, double *p_sink, const double *qi, 
     *p_sink /= sum;
 }
 
+/* Attention dropout's factor of probability (b, r, i, j): P' = P m with m
+ * 0 (dropped) or 1 / (1 - p) (kept), as mha_dropout_keep draws it; 1
+ * without dropout. */
+static double dropout(const mha_options *o, int h, int T, int Sx, int b, int r, int i, int j) {
+    if (o->dropout_p <= 0.0f) return 1.0;
+    return mha_dropout_keep(o, h, T, Sx, b, r, i, j) ? 1.0 / (1.0 - (double)o->dropout_p) : 0.0;
+}
+
 /* Backward of the intervention on head r's block of dz (rows, h*d), in
  * place: d(Z_after)/d(Z_before) as the functions of mha.h. */
 static void intervene_backward(double *dz, const mha_intervention *iv, int r, int h, size_t rows, int d) {
@@ -244,7 +252,7 @@ mha_status mha_backward_reference(const mha_layer *L, const mha_gradients *g, co
     const long long seq = mha_rope_call_length(opt, k_src == x, B, T, S);
     mha_qk_transform_double(q, c, B, T, h, L->q_norm, opt, 0, k_src == x, T, seq);
     mha_qk_transform_double(k, c, B, S, h_kv, L->k_norm, opt, 1, k_src == x, T, seq);
-    // --- recompute: Z^(r) = P V^(g), then the interventions (what W_O reads)
+    // --- recompute: Z^(r) = dropout(P) V^(g), then the gate and the interventions (what W_O reads)
     for (int b = 0; b < B; b++)
         for (int r = 0; r < h; r++)
             for (int i = 0; i < T; i++) {
@@ -253,7 +261,8 @@ mha_status mha_backward_reference(const mha_layer *L, const mha_gradients *g, co
                 prob_row(p, dcap, &p_sink, q + t * qw + (size_t)r * d_k, k + (size_t)b * Sx * kw, L, k_src == x,
                          opt, scale, b, r, i, T, S);
                 for (int j = 0; j < Sx; j++)
-                    for (int e = 0; e < d_v; e++) z[t * zw + (size_t)r * d_v + e] += p[j] * vb[j * vw + e];
+                    for (int e = 0; e < d_v; e++)
+                        z[t * zw + (size_t)r * d_v + e] += p[j] * dropout(opt, h, T, Sx, b, r, i, j) * vb[j * vw + e];
             }
     // --- recompute: Z' = Z * sigmoid(G), G = X W_G + b_G (output_gate), before the interventions
     if (gate) {
@@ -304,8 +313,8 @@ mha_status mha_backward_reference(const mha_layer *L, const mha_gradients *g, co
         linear_backward(dxq, dwg, dbg, x, L->w_g, za, rows, D, (int)zw);
     }
 
-    // --- Z^(r) = P V^(g), P = softmax(scale * Q^(r) K^(g)^T + mask, sink):
-    //     dV += P^T dZ; dP = dZ V^T; dS = P * (dP - rowsum(P * dP)) * softcap';
+    // --- Z^(r) = P' V^(g), P' = dropout(P) = P m, P = softmax(scale * Q^(r) K^(g)^T + mask, sink):
+    //     dV += P'^T dZ; dP = (dZ V^T) m; dS = P * (dP - rowsum(P * dP)) * softcap';
     //     the sink has no value (its dP is 0): dsink_r -= p_sink * rowsum(P * dP);
     //     dQ = scale * dS K; dK += scale * dS^T Q   (kv heads sum their group)
     for (int b = 0; b < B; b++)
@@ -320,13 +329,14 @@ mha_status mha_backward_reference(const mha_layer *L, const mha_gradients *g, co
                 prob_row(p, dcap, &p_sink, qi, kb, L, k_src == x, opt, scale, b, r, i, T, S);
                 double rowsum = 0.0;
                 for (int j = 0; j < Sx; j++) {
+                    const double m = dropout(opt, h, T, Sx, b, r, i, j); /* P' = P m */
                     double acc = 0.0;
                     for (int e = 0; e < d_v; e++) {
                         acc += dzi[e] * vb[j * vw + vg + e];
-                        dvb[j * vw + vg + e] += p[j] * dzi[e];
+                        dvb[j * vw + vg + e] += p[j] * m * dzi[e];
                     }
-                    dp[j] = acc;
-                    rowsum += p[j] * acc;
+                    dp[j] = acc * m; /* dl/dP = dl/dP' m */
+                    rowsum += p[j] * dp[j];
                 }
                 dsink[r] -= p_sink * rowsum;
                 for (int j = 0; j < Sx; j++) {

@@ -16,6 +16,7 @@ mha_status mha_forward_lse(const mha_layer *L, float *y, const mha_capture *cap,
                            int S, const mha_options *opt) {
     mha_options defaults;
     mha_status s = mha_forward_request("mha_forward_lse", L, y, x, &k_src, &v_src, &opt, &defaults, B, T, S);
+    if (!s) s = mha_refuse_dropout(opt, "mha_forward_lse"); /* its Z merges with other key blocks' */
     if (s) return s;
     if (!lse) return mha_fail(MHA_E_ARG, "mha_forward_lse: lse is NULL; expected (B,h,T) floats");
     mha_clear_error();
@@ -82,7 +83,7 @@ mha_status mha_attend_lse(const mha_config *cfg, float *z, float *lse, const flo
         return mha_fail(MHA_E_SHAPE, "mha_attend_lse: B=%d T=%d S=%d; expected all >= 1", B, T, S);
     if (opt->interventions)
         return mha_fail(MHA_E_ARG, "mha_attend_lse: options.interventions given; expected NULL (apply them to the merged Z)");
-    if ((s = mha_refuse_bf16_matmul(opt, "mha_attend_lse"))) return s;
+    if ((s = mha_refuse_bf16_matmul(opt, "mha_attend_lse")) || (s = mha_refuse_dropout(opt, "mha_attend_lse"))) return s;
     const size_t dq = (size_t)(c.d_k > c.d_v ? c.d_k : c.d_v), hq = (size_t)c.n_heads;
     if (!mha_elements_fit((size_t)B, (size_t)(T > S ? T : S), hq, dq) ||
         !mha_elements_fit((size_t)B, hq, (size_t)T, (size_t)S))

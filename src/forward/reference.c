@@ -67,6 +67,7 @@ mha_status mha_attend_reference(const mha_config *c, const mha_head_terms *ht, d
     const size_t qw = (size_t)h * d_k, kw = (size_t)c->n_kv_heads * d_k,
                  vw = (size_t)c->n_kv_heads * d_v, zw = (size_t)h * d_v;
     const double scale = opt->scale != 0.0f ? opt->scale : 1.0 / sqrt((double)d_k);
+    const double keep = 1.0 / (1.0 - (double)opt->dropout_p); /* a kept probability's factor under dropout */
     double *score = malloc((size_t)Sx * sizeof(double)); // (Sx) one query row
     int *allowed = malloc((size_t)Sx * sizeof(int));     // (Sx)
     if (!score || !allowed) {
@@ -74,7 +75,7 @@ mha_status mha_attend_reference(const mha_config *c, const mha_head_terms *ht, d
         return mha_fail(MHA_E_NOMEM, "reference attention: no memory for one score row (S=%d)", Sx);
     }
 
-    // --- Z^(r) = softmax(softcap(scale * Q^(r) K^(g)^T) + alibi + mask, sink) V^(g)
+    // --- Z^(r) = dropout(softmax(softcap(scale * Q^(r) K^(g)^T) + alibi + mask, sink)) V^(g)
     for (int b = 0; b < B; b++)
         for (int r = 0; r < h; r++) {
             const int g = mha_kv_head(c, r);
@@ -117,6 +118,8 @@ mha_status mha_attend_reference(const mha_config *c, const mha_head_terms *ht, d
                 for (int e = 0; e < d_v; e++) zi[e] = 0.0;
                 for (int j = 0; j < Sx; j++) {
                     double p = score[j] / sum;
+                    if (opt->dropout_p > 0.0f) /* dropout after the softmax: dropped 0, kept 1 / (1 - p) */
+                        p = mha_dropout_keep(opt, h, T, Sx, b, r, i, j) ? p * keep : 0.0;
                     if (prow) prow[j] = (float)p;
                     if (p == 0.0) continue;
                     const double *vj = v + ((size_t)b * Sx + j) * vw + (size_t)g * d_v;

@@ -43,6 +43,7 @@ static const member option_members[] = {
     MEMBER(mha_options, masked_row),    MEMBER(mha_options, interventions), MEMBER(mha_options, path),
     MEMBER(mha_options, positions),     MEMBER(mha_options, key_positions), MEMBER(mha_options, sink_tokens),
     MEMBER(mha_options, chunk_size),    MEMBER(mha_options, cu_seqlens),   MEMBER(mha_options, n_seqs),
+    MEMBER(mha_options, dropout_p),     MEMBER(mha_options, dropout_seed),
 };
 static const member config_members[] = {
     MEMBER(mha_config, d_model), MEMBER(mha_config, n_heads), MEMBER(mha_config, n_kv_heads),

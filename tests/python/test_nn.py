@@ -309,7 +309,7 @@ def test_state_dict_round_trip_both_ways():
 
 def test_refusals():
     with pytest.raises(ValueError, match="dropout"):
-        mha.nn.MultiheadAttention(16, 4, dropout=0.1)
+        mha.nn.MultiheadAttention(16, 4, dropout=1.0)  # test_dropout.py: 0 <= dropout < 1 is attention dropout
     with pytest.raises(ValueError, match="num_kv_heads"):
         mha.nn.MultiheadAttention(16, 4, num_kv_heads=3)
     with pytest.raises(ValueError, match="float32"):

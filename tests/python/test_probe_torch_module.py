@@ -36,7 +36,7 @@ that the working cases still work).
   to C, which stopped there: save('out\\0.st') wrote 'out'.
 - layer.add_zero_attn = True (a torch module's habit) made a Python
   attribute that read back True and changed nothing in C.
-- mha.nn: m.dropout = 0.1 after construction (torch's forward reads it)
+- mha.nn: m.dropout = 0.1 after construction (torch's forward reads it: applied in training)
   was ignored silently in training.
 - mha.nn.head_attribution took any truthy dz ('no' meant True).
 - errors read 'mha_forward: mha_forward: B=0 ...': the binding prefixed
@@ -309,14 +309,19 @@ def test_config_field_cannot_be_shadowed_by_an_attribute():
     assert layer.batch_first is True
 
 
-def test_dropout_set_after_construction_is_refused_in_training_like_in_the_constructor():
+def test_dropout_set_after_construction_counts_in_training_like_in_the_constructor():
     _, m = pair()
-    m.dropout = 0.1  # torch's module would apply it in training
     x = data()
-    with pytest.raises(ValueError, match="dropout=0.1"):
-        m(x, x, x)
-    m.eval()  # torch applies no dropout in eval either
-    assert m(x, x, x)[0].shape == (B, T, E)
+    with torch.no_grad():
+        y_plain = m(x, x, x)[0]
+        m.dropout = 0.1  # torch's module applies it in training, read at each forward
+        assert not torch.allclose(m(x, x, x)[0], y_plain)
+        m.eval()  # torch applies no dropout in eval
+        assert torch.equal(m(x, x, x)[0], y_plain)
+        m.train()
+        m.dropout = 1.5
+        with pytest.raises(ValueError, match="dropout=1.5"):
+            m(x, x, x)
 
 
 def test_head_attribution_dz_is_a_flag():
