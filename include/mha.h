@@ -490,8 +490,8 @@ typedef struct {
                                  1 / (1 - p); captured probabilities are
                                  the dropped ones, as torch returns them.
                                  The draw is a function of dropout_seed and
-                                 (b, r, i, j) alone (a counter-based hash:
-                                 mha_dropout_keep), so the reference, the
+                                 (b, r, i, j) alone (a counter-based hash,
+                                 docs/BACKWARD.md), so the reference, the
                                  fast path on any ISA and thread count, the
                                  tape and the backward drop the same
                                  entries. The KV cache's forwards,

@@ -87,15 +87,14 @@ int mha_mask_key(const mha_options *opt, int b, int r, int i, int j, int T, int 
                  double *additive);
 
 /* Attention dropout (options.dropout_p): whether probability (b, r, i, j)
- * of a call with h heads, T queries and Sx keys is kept, from a hash of
- * dropout_seed and the entry's index ((b h + r) T + i) Sx + j (splitmix64's
- * finalizer on a Weyl sequence): its top 32 bits at or above p 2^32.
- * The one statement of the draw: the reference, the fast tiles and the
- * backward all call it. */
-int mha_dropout_keep(const mha_options *o, int h, int T, int Sx, int b, int r, int i, int j);
+ * of a call with h heads and T queries is kept, from a hash of
+ * dropout_seed, the row (b h + r) T + i and the key j (mask.c): 32 bits at
+ * or above p 2^32. The one statement of the draw: the reference, the fast
+ * tiles and the backward all call it. */
+int mha_dropout_keep(const mha_options *o, int h, int T, int b, int r, int i, int j);
 /* p[j] *= 1 / (1 - dropout_p) where mha_dropout_keep(.., j0 + j), else 0,
  * for j < n: one row of a fast tile (query i of batch b, head r). */
-void mha_dropout_row(float *p, int n, const mha_options *o, int h, int T, int Sx, int b, int r, int i, int j0);
+void mha_dropout_row(float *p, int n, const mha_options *o, int h, int T, int b, int r, int i, int j0);
 /* MHA_E_UNSUPPORTED naming who when o asks for dropout (an entry without
  * it: the KV cache, the lse forwards); MHA_OK for NULL or 0. */
 mha_status mha_refuse_dropout(const mha_options *o, const char *who);

@@ -183,7 +183,7 @@ static void attend_task(const mha_attn_args *a, const mha_kernels *k, scratch *w
         k->attn_softmax(w->s, MHA_ATT_BC, w->m, w->l, w->alpha, bounded ? w->tlo : NULL, w->thi,
                         extra, rows6, nc);
         for (int i = 0; o->dropout_p > 0.0f && i < rows; i++) /* after the row sums: P' = dropout(P) */
-            mha_dropout_row(w->s + (size_t)i * MHA_ATT_BC, nc, o, h, T, S_tot, b, r, i0 + i, j0);
+            mha_dropout_row(w->s + (size_t)i * MHA_ATT_BC, nc, o, h, T, b, r, i0 + i, j0);
         k->attn_pv(w->o, ldv, w->s, MHA_ATT_BC, v + (size_t)j0 * ldv, ldv, w->alpha, rows6, nc, ldv);
     }
 
@@ -212,7 +212,7 @@ static void attend_task(const mha_attn_args *a, const mha_kernels *k, scratch *w
 #pragma omp simd /* -O2 leaves this loop scalar; it was ~4% of P1's attention */
         for (int e = 0; e < d_v; e++) zrow[e] = orow[e] * inv;
         for (int j = 0; prow && j < S_tot; j++) prow[j] = expf(prow[j] - w->m[i]) * inv;
-        if (prow && o->dropout_p > 0.0f) mha_dropout_row(prow, S_tot, o, h, T, S_tot, b, r, i0 + i, 0);
+        if (prow && o->dropout_p > 0.0f) mha_dropout_row(prow, S_tot, o, h, T, b, r, i0 + i, 0);
     }
 }
 

@@ -291,7 +291,7 @@ static long forward_task(scratch *w, const mha_bwd_attn *a, const mha_kernels *k
         if (general) mask_tile(w, a, b, r, i0, n, j0, extra);
         kern->attn_softmax(w->s, BK, w->m, w->l, w->alpha, bounded ? w->tlo : NULL, w->thi, extra, rows6, nj);
         for (int i = 0; a->opt->dropout_p > 0.0f && i < n; i++) /* after the row sums: P' = dropout(P) */
-            mha_dropout_row(w->s + (size_t)i * BK, nj, a->opt, h, a->T, a->Sx, b, r, i0 + i, j0);
+            mha_dropout_row(w->s + (size_t)i * BK, nj, a->opt, h, a->T, b, r, i0 + i, j0);
         kern->attn_pv(w->acck, dv16, w->s, BK, vr, dv16, w->alpha, rows6, nj, dv16);
     }
     // --- Z = O / l; m and log l (row_max), else lse = m + log l; a row with no allowed key: Z = 0, lse = +inf;
@@ -382,11 +382,11 @@ static void backward_task(scratch *w, const mha_bwd_attn *a, const float *dd, co
             score_variants(w, a, kern, b, r, w->qpos + i0, n, rows6, j0, nj, 1);
             if (general) mask_tile(w, a, b, r, i0, n, j0, extra);
             for (int i = 0; drop && i < n; i++) /* dropout: dl/dP = (dZ V^T) m */
-                mha_dropout_row(w->dp + (size_t)i * BK, nj, a->opt, h, T, a->Sx, b, r, i0 + i, j0);
+                mha_dropout_row(w->dp + (size_t)i * BK, nj, a->opt, h, T, b, r, i0 + i, j0);
             bk->probs_ds(w->s, w->dp, BK, w->lse + i0, w->rm + i0, w->dd + i0, 1.0f, bounded ? w->tlo : NULL, w->thi,
                          extra, rows6, nj);
             for (int i = 0; drop && i < n; i++) /* dV reads P' = P m */
-                mha_dropout_row(w->s + (size_t)i * BK, nj, a->opt, h, T, a->Sx, b, r, i0 + i, j0);
+                mha_dropout_row(w->s + (size_t)i * BK, nj, a->opt, h, T, b, r, i0 + i, j0);
             for (int i = 0; c->softcap != 0.0f && i < rows6; i++) /* dS of the raw score: times softcap' */
                 for (int j = 0; j < nj; j++) w->dp[(size_t)i * BK + j] *= w->dcap[(size_t)i * BK + j];
             bk->accumulate_tn(w->accv, dv16, w->s, BK, w->zr + (size_t)i0 * dv16, dv16, nj6, rows6, dv16);

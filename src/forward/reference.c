@@ -119,7 +119,7 @@ mha_status mha_attend_reference(const mha_config *c, const mha_head_terms *ht, d
                 for (int j = 0; j < Sx; j++) {
                     double p = score[j] / sum;
                     if (opt->dropout_p > 0.0f) /* dropout after the softmax: dropped 0, kept 1 / (1 - p) */
-                        p = mha_dropout_keep(opt, h, T, Sx, b, r, i, j) ? p * keep : 0.0;
+                        p = mha_dropout_keep(opt, h, T, b, r, i, j) ? p * keep : 0.0;
                     if (prow) prow[j] = (float)p;
                     if (p == 0.0) continue;
                     const double *vj = v + ((size_t)b * Sx + j) * vw + (size_t)g * d_v;

@@ -1,12 +1,13 @@
 """Attention dropout (options.dropout_p, dropout_seed; mha.nn modules'
 dropout in training mode) against an oracle that draws the dropped entries
 itself: the documented draw (include/mha.h, src/core/mask.c) written here
-again in numpy — splitmix64's finalizer at step index + 1 of the Weyl
-sequence from the seed, index ((b h + r) T + i) Sx + j, kept when its top
-32 bits are at or above floor(p 2^32) — and a float64 torch layer that
-multiplies its softmax by that mask / (1 - p). Then y, the captured
-probabilities and every gradient agree; eval mode is torch's own module;
-torch.manual_seed makes a training step repeatable.
+again in numpy — per query row (b, r, i) a key of 32 bits, the top half of
+splitmix64's finalizer at step row + 1 of the Weyl sequence from the seed
+(row = (b h + r) T + i); per key j murmur3's 32-bit finalizer of key +
+j 0x9E3779B9, kept when at or above floor(p 2^32) — and a float64 torch
+layer that multiplies its softmax by that mask / (1 - p). Then y, the
+captured probabilities and every gradient agree; eval mode is torch's own
+module; torch.manual_seed makes a training step repeatable.
 """
 import math
 
@@ -26,13 +27,18 @@ SEED_HIGH = 2 ** 62  # the modules draw their seed as torch.randint(0, 2**62)
 
 def keep_mask(seed, p, B, h, T, Sx):
     """(B,h,T,Sx) bool: the entries the library keeps, drawn independently of it."""
-    idx = np.arange(B * h * T * Sx, dtype=np.uint64)
+    u32 = np.uint32
     with np.errstate(over="ignore"):
-        x = np.uint64(seed) + (idx + np.uint64(1)) * np.uint64(0x9E3779B97F4A7C15)
+        row = np.arange(B * h * T, dtype=np.uint64)
+        x = np.uint64(seed) + (row + np.uint64(1)) * np.uint64(0x9E3779B97F4A7C15)
         x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
         x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    bits = (x ^ (x >> np.uint64(31))) >> np.uint64(32)
-    cut = np.uint64(math.floor(float(np.float32(p)) * 2.0 ** 32))
+        key = ((x ^ (x >> np.uint64(31))) >> np.uint64(32)).astype(u32)  # (B*h*T,)
+        y = key[:, None] + np.arange(Sx, dtype=u32)[None, :] * u32(0x9E3779B9)
+        y = (y ^ (y >> u32(16))) * u32(0x85EBCA6B)
+        y = (y ^ (y >> u32(13))) * u32(0xC2B2AE35)
+    bits = y ^ (y >> u32(16))
+    cut = np.uint32(math.floor(float(np.float32(p)) * 2.0 ** 32))
     return (bits >= cut).reshape(B, h, T, Sx)
 
 
