@@ -158,6 +158,7 @@ test-examples: $(SETUP_TEST) lib
 	$(PYTHON) examples/train_reverse.py
 	$(PYTHON) examples/beam_search_decoder.py
 	$(PYTHON) examples/tree_speculative_decoding.py
+	$(PYTHON) examples/train_gated_dropout.py
 
 test: $(SETUP_TEST)
 	$(MAKE) all $(BUILD)/bench_mha
