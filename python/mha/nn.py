@@ -24,6 +24,7 @@ Legend: B batch (N in torch), T queries (L), S keys, E = embed_dim,
 h heads, h_kv kv heads, d = E / h per head.
 """
 import ctypes
+import numbers
 
 import numpy as np
 import torch
@@ -218,7 +219,7 @@ def _backward_arrays(ctx, opts, dy, wanted):
 
 def _check_dropout(p):
     """dropout as the library takes it: a real number 0 <= p < 1."""
-    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p < 1.0:
+    if isinstance(p, (bool, np.bool_)) or not isinstance(p, numbers.Real) or not 0.0 <= p < 1.0:
         raise ValueError(f"dropout={p!r}; expected a number 0 <= dropout < 1 (attention dropout on the "
                          "probabilities in training; 0: none)")
 

@@ -165,7 +165,12 @@ def test_attention_module_dropout():
     assert xm.grad is not None and torch.isfinite(xm.grad).all()
 
 
-@pytest.mark.parametrize("p", [1.0, -0.1, 1.5, "0.1", True])
+def test_dropout_of_any_real_type():
+    for p in (np.float32(0.25), np.float64(0.25), 0, torch.tensor(0.25).item()):
+        assert mha.nn.MultiheadAttention(16, 4, dropout=p).dropout == float(p)
+
+
+@pytest.mark.parametrize("p", [1.0, -0.1, 1.5, "0.1", True, float("nan"), np.bool_(True)])
 def test_bad_dropout_is_named(p):
     with pytest.raises(ValueError, match="dropout="):
         mha.nn.MultiheadAttention(16, 4, dropout=p)
