@@ -234,8 +234,9 @@ typedef struct {
        + b_G (h*d_v) from the query's input, W_G in weights.w_g; the
        interventions, captures and contributions see Z'. Self-attention
        forwards, the KV cache and training (the backward and the tape:
-       grad.dw_g, db_g); bf16 / int8 weights, mha-mpi and
-       mha_layer_load_heads refuse it (MHA_E_UNSUPPORTED). 0: none. */
+       grad.dw_g, db_g), bf16 / int8 weights (W_G stored like
+       W_Q); options.bf16_matmul, mha-mpi and mha_layer_load_heads
+       refuse it (MHA_E_UNSUPPORTED). 0: none. */
     int output_gate;
 } mha_config;
 
@@ -303,7 +304,8 @@ MHA_API const mha_config *mha_layer_config(const mha_layer *layer);
  *         scale[g][j] = max over the group of |w[k][j]| / 127, q =
  *         round(w / scale) half away from zero in [-127, 127], the value
  *         (float)q * scale[g][j]; an all-zero group has scale 0, q = 0.
- *         Groups run along d_model for W_Q, W_K, W_V and restart at each
+ *         Groups run along d_model for W_Q, W_K, W_V (and a gated
+ *         layer's W_G) and restart at each
  *         head's d_v rows of W_O (so they move with the heads); a
  *         segment's last group may be shorter.
  * A weight the type cannot hold is MHA_E_ARG: bf16 |w| >= 0x1.ffp127

@@ -201,8 +201,6 @@ static void test_gate_refusals(void) {
     CHECK_STATUS(mha_config_resolve(&c, &c), MHA_E_ARG);
     CHECK_ERROR_MENTIONS("output_gate=2");
     if (L) {
-        CHECK_STATUS(mha_layer_convert_weights(L, MHA_W_BF16), MHA_E_UNSUPPORTED);
-        CHECK_ERROR_MENTIONS("output gate");
         uint64_t seed = 1;
         float *x = naive_random_floats((size_t)T * D, &seed, -1, 1), *y = naive_alloc_floats((size_t)T * D);
         float *dx = naive_alloc_floats((size_t)T * D);
@@ -229,6 +227,95 @@ static void test_gate_refusals(void) {
         free(x), free(y), free(dx), free(dwg);
     }
     mha_layer_free(L), naive_weights_free(&w);
+}
+
+/* Decodes x (B,T,D) one token at a time after a prefill of 3 on a
+ * fresh fp32 cache of L: y (B,T,D). The steps stream the layer's
+ * weights in their stored form (bf16, int8: W_G too). */
+static void decode_all(const mha_layer *L, float *y, const float *x) {
+    mha_cache *c = NULL;
+    CHECK_OK(mha_cache_create(&c, L, B, 16, MHA_CACHE_F32, 0));
+    float *xs = naive_alloc_floats((size_t)B * T * D), *ys = naive_alloc_floats((size_t)B * T * D);
+    for (int t0 = 0, n = 3; c && t0 < T; t0 += n, n = 1) {
+        for (int b = 0; b < B; b++)
+            memcpy(xs + (size_t)b * n * D, x + ((size_t)b * T + t0) * D, sizeof(float) * n * D);
+        CHECK_OK(mha_forward_cached(L, c, ys, NULL, xs, n, NULL, NULL));
+        for (int b = 0; b < B; b++)
+            memcpy(y + ((size_t)b * T + t0) * D, ys + (size_t)b * n * D, sizeof(float) * n * D);
+    }
+    mha_cache_free(c), free(xs), free(ys);
+}
+
+/* bf16 and int8 weights of a gated layer: W_G is stored like W_Q (int8:
+ * one scale per column and group of 32 inputs), its fp32 copy holds the
+ * stored values, decode steps stream it, head permutations move it, files
+ * keep it; options.bf16_matmul is refused (the gate has no bf16 product) */
+static void test_gate_compact_weights(void) {
+    for (int k = 0; k < 2; k++) {
+        const mha_weight_dtype dt = k ? MHA_W_I8 : MHA_W_BF16;
+        naive_weights w;
+        mha_layer *L = gated(&w, 4, 2, 1, 0, 21 + k), *F = NULL, *R = NULL;
+        uint64_t seed = 6;
+        const size_t ny = (size_t)B * T * D, ng = (size_t)D * 4 * 8;
+        float *x = naive_random_floats(ny, &seed, -1, 1), *yr = naive_alloc_floats(ny), *yd = naive_alloc_floats(ny);
+        float *y2 = naive_alloc_floats(ny);
+        if (!L) goto next;
+        CHECK_OK(mha_layer_convert_weights(L, dt));
+        CHECK_INT(mha_layer_weights_dtype(L), dt);
+        mha_weights v;
+        mha_layer_get_weights(L, &v);
+        double moved = 0.0; /* W_G took the stored values: rounded, not the fp32 ones */
+        int on_grid = 1;
+        for (size_t i = 0; i < ng; i++) {
+            moved = fmax(moved, fabs(v.w_g[i] - w.w_g[i]));
+            uint32_t bits;
+            memcpy(&bits, &v.w_g[i], 4);
+            if (!k && (bits & 0xffffu)) on_grid = 0;
+        }
+        CHECK(moved > 0.0 && moved < (k ? 0.6 / 127 : 0.6 / 128));
+        CHECK(on_grid);
+        /* an fp32 layer of the stored values: the same Y, and the decode steps of the compact layer */
+        CHECK_OK(mha_layer_create(&F, mha_layer_config(L), &v));
+        mha_options o = naive_ref_options();
+        o.causal = 1;
+        if (F) CHECK_OK(mha_forward(F, yr, NULL, x, NULL, B, T, T, &o));
+        CHECK_OK(mha_forward(L, y2, NULL, x, NULL, B, T, T, &o));
+        CHECK(memcmp(y2, yr, sizeof(float) * ny) == 0);
+        decode_all(L, yd, x);
+        CHECK_ARRAY_NEAR(yd, yr, ny, 2e-5);
+        /* heads permuted: W_G's stored columns (and int8 scales) move with the queries */
+        const int perm[4] = {3, 2, 0, 1}; /* whole kv groups, reversed inside one */
+        CHECK_OK(mha_layer_permute_heads(L, perm));
+        decode_all(L, yd, x);
+        CHECK_ARRAY_NEAR(yd, yr, ny, 2e-5);
+        /* a native file keeps the dtype, W_G included, and the values */
+        char path[64];
+        snprintf(path, sizeof path, "/tmp/mha_test_gate_w%d_%d.safetensors", k, (int)getpid());
+        CHECK_OK(mha_layer_save(L, path));
+        mha_tensors *t = NULL;
+        CHECK_OK(mha_safetensors_read(&t, path, 0));
+        if (t) {
+            const mha_array *g = mha_tensors_get(t, "w_g");
+            CHECK(g && g->dtype == (k ? MHA_DTYPE_I8 : MHA_DTYPE_BF16));
+            CHECK((mha_tensors_get(t, "w_g_scale") != NULL) == k);
+        }
+        mha_tensors_free(t);
+        CHECK_OK(mha_layer_load(&R, path, NULL));
+        if (R) {
+            CHECK_INT(mha_layer_weights_dtype(R), dt);
+            CHECK_OK(mha_forward(R, y2, NULL, x, NULL, B, T, T, &o));
+            CHECK_ARRAY_NEAR(y2, yr, ny, 1e-6);
+            decode_all(R, yd, x);
+            CHECK_ARRAY_NEAR(yd, yr, ny, 2e-5);
+        }
+        unlink(path);
+        o.bf16_matmul = 1, o.path = MHA_PATH_AUTO;
+        CHECK_STATUS(mha_forward(L, y2, NULL, x, NULL, B, T, T, &o), k ? MHA_E_UNSUPPORTED : MHA_E_UNSUPPORTED);
+        CHECK_ERROR_MENTIONS("bf16_matmul=1 with an output gate");
+    next:
+        mha_layer_free(L), mha_layer_free(F), mha_layer_free(R), naive_weights_free(&w);
+        free(x), free(yr), free(yd), free(y2);
+    }
 }
 
 /* a native file keeps the gate (metadata output_gate, w_g, b_g); edited
@@ -291,6 +378,7 @@ static const test_case cases[] = {
     {"gate_cache", test_gate_cache},
     {"gate_permutation", test_gate_permutation},
     {"gate_refusals", test_gate_refusals},
+    {"gate_compact_weights", test_gate_compact_weights},
 };
 
 const test_case *tests_gate(size_t *count) {

@@ -511,7 +511,8 @@ static mha_status gate(const mha_exec *ex, const cached_plan *p, const mha_layer
     const size_t zw = (size_t)c->h * c->d_v, n = (size_t)p->N * zw;
     float *g = malloc(sizeof(float) * n); /* (N, h*d_v) */
     if (!g) return mha_fail(MHA_E_NOMEM, "mha_forward_cached: no memory for the output gate (%d rows)", p->N);
-    mha_status s = mha_decode_gemm(ex, g, p->xc, L->w_g, L->b_g, p->N, c->d_model, (int)zw);
+    const mha_decode_gemm_job job = mha_layer_decode_job(L, MHA_MAT_G, g); /* W_G as stored: fp32, bf16, int8 */
+    mha_status s = mha_decode_gemm_many(ex, &job, 1, p->xc, p->N, c->d_model);
     if (!s) mha_gate_apply(p->z, g, n, mha_exec_threads_for(ex, (double)n));
     free(g);
     return s;

@@ -266,7 +266,7 @@ mha_status mha_layer_set_weights(mha_layer *L, const mha_weights *w) {
     /* bf16 / int8 layers keep their dtype: the new weights are converted
      * before anything changes, so a refused value leaves the layer as is */
     mha_wstore *store = NULL;
-    const float *const src[MHA_N_MATS] = {w->w_q, w->w_k, w->w_v, w->w_o};
+    const float *const src[MHA_N_MATS] = {w->w_q, w->w_k, w->w_v, w->w_o, w->w_g};
     if (L->wstore && (s = mha_wstore_build(&store, &L->cfg, L->wstore->dtype, src))) return s;
     copy_weights(L, w);
     return L->wstore ? mha_layer_adopt_wstore(L, store) : mha_fast_prepare(L);
@@ -398,6 +398,7 @@ static void permute_one(mha_layer *L, mha_block b, const int *perm, void *tmp) {
         if (c->qk_norm_per_head) permute_column_blocks(L->q_norm, 1, n, c->d_k, perm, tmp);
         if (c->output_gate) { /* head r's gate comes from its query's input, with it */
             permute_column_blocks(L->w_g, c->d_model, n, c->d_v, perm, tmp);
+            mha_wstore_permute(L, MHA_MAT_G, c->d_model, n, c->d_v, perm, tmp);
             permute_column_blocks(L->b_g, 1, n, c->d_v, perm, tmp);
         }
         break;

@@ -130,6 +130,10 @@ mha_status mha_check_bf16_input(const float *p, size_t n, const char *name) {
 }
 
 mha_status mha_check_bf16_weights(const mha_layer *L) {
+    if (L->cfg.output_gate) /* the gate's product runs in fp32 on every path: no bf16 form of it to match */
+        return mha_fail(MHA_E_UNSUPPORTED, "options.bf16_matmul=1 with an output gate (config.output_gate): the "
+                        "gate's projection has no bf16 product; expected bf16_matmul=0 (bf16 weights still serve "
+                        "the fp32 products)");
     if (mha_layer_weights_dtype(L) == MHA_W_BF16) return MHA_OK;
     return mha_fail(MHA_E_ARG, "options.bf16_matmul=1 needs bf16 weights; this layer's are %s (convert them "
                     "with mha_layer_convert_weights(layer, MHA_W_BF16), or `--weights-dtype bf16`)",

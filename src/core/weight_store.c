@@ -10,14 +10,16 @@
 #include "core/core.h"
 #include "core/weight_store.h"
 
-static const char *mat_name[MHA_N_MATS] = {"w_q", "w_k", "w_v", "w_o"};
+static const char *mat_name[MHA_N_MATS] = {"w_q", "w_k", "w_v", "w_o", "w_g"};
 
 void mha_wstore_shape(const mha_config *c, int m, int *rows, int *cols) {
-    const int in[MHA_N_MATS] = {c->d_model, c->d_kv_in, c->d_v_in, c->n_heads * c->d_v};
+    const int in[MHA_N_MATS] = {c->d_model, c->d_kv_in, c->d_v_in, c->n_heads * c->d_v, c->d_model};
     const int out[MHA_N_MATS] = {c->n_heads * c->d_k, c->n_kv_heads * c->d_k, c->n_kv_heads * c->d_v,
-                                 c->d_model};
+                                 c->d_model, c->output_gate ? c->n_heads * c->d_v : 0};
     *rows = in[m], *cols = out[m];
 }
+
+int mha_wstore_has(const mha_config *c, int m) { return m != MHA_MAT_G || c->output_gate; }
 
 int mha_wstore_segment(const mha_config *c, int m) {
     int K, N;
@@ -82,6 +84,7 @@ mha_status mha_wstore_build(mha_wstore **out, const mha_config *c, mha_weight_dt
     if (!s) return mha_fail(MHA_E_NOMEM, "no memory for the %s weights", mha_weight_dtype_name(dtype));
     s->dtype = dtype;
     for (int m = 0; m < MHA_N_MATS; m++) {
+        if (!mha_wstore_has(c, m)) continue;
         int K, N;
         mha_wstore_shape(c, m, &K, &N);
         size_t count = (size_t)K * N;
@@ -114,6 +117,7 @@ mha_status mha_wstore_from_i8(mha_wstore **out, const mha_config *c, const float
     mha_wstore *s = calloc(1, sizeof *s);
     int ok = s != NULL;
     for (int m = 0; ok && m < MHA_N_MATS; m++) {
+        if (!mha_wstore_has(c, m)) continue;
         int K, N;
         mha_wstore_shape(c, m, &K, &N);
         const size_t ns = (size_t)mha_wstore_groups(c, m) * N;
@@ -134,6 +138,7 @@ mha_status mha_wstore_from_i8(mha_wstore **out, const mha_config *c, const float
 
 void mha_wstore_dequantize(const mha_wstore *s, const mha_config *c, float *const dst[MHA_N_MATS]) {
     for (int m = 0; m < MHA_N_MATS; m++) {
+        if (!mha_wstore_has(c, m)) continue;
         int K, N, seg = mha_wstore_segment(c, m);
         mha_wstore_shape(c, m, &K, &N);
         for (int k = 0; k < K; k++) {
@@ -147,7 +152,7 @@ void mha_wstore_dequantize(const mha_wstore *s, const mha_config *c, float *cons
 }
 
 static float *const *layer_mats(mha_layer *L, float *m[MHA_N_MATS]) {
-    m[0] = L->w_q, m[1] = L->w_k, m[2] = L->w_v, m[3] = L->w_o;
+    m[0] = L->w_q, m[1] = L->w_k, m[2] = L->w_v, m[3] = L->w_o, m[4] = L->w_g;
     return m;
 }
 
@@ -182,10 +187,6 @@ mha_status mha_layer_convert_weights(mha_layer *L, mha_weight_dtype dtype) {
     if (dtype != MHA_W_F32 && dtype != MHA_W_BF16 && dtype != MHA_W_I8)
         return mha_fail(MHA_E_ARG, "mha_layer_convert_weights: dtype=%d; expected MHA_W_F32, MHA_W_BF16 or MHA_W_I8",
                         (int)dtype);
-    if (dtype != MHA_W_F32 && L->cfg.output_gate)
-        return mha_fail(MHA_E_UNSUPPORTED, "mha_layer_convert_weights: %s weights of a layer with an output gate "
-                        "(config.output_gate: W_G has no compact form); expected MHA_W_F32",
-                        mha_weight_dtype_name(dtype));
     if (dtype == MHA_W_F32) { /* the values already are the rounded ones */
         mha_wstore_free(L->wstore);
         L->wstore = NULL;
@@ -193,7 +194,7 @@ mha_status mha_layer_convert_weights(mha_layer *L, mha_weight_dtype dtype) {
     }
     float *m[MHA_N_MATS];
     layer_mats(L, m);
-    const float *const src[MHA_N_MATS] = {m[0], m[1], m[2], m[3]};
+    const float *const src[MHA_N_MATS] = {m[0], m[1], m[2], m[3], m[4]};
     mha_wstore *s;
     mha_status st = mha_wstore_build(&s, &L->cfg, dtype, src);
     return st ? st : mha_layer_adopt_wstore(L, s);
@@ -229,8 +230,8 @@ void mha_wstore_permute(mha_layer *L, int m, int rows, int n, int width, const i
 /* ------------------------------------------------------------ decode */
 
 mha_decode_gemm_job mha_layer_decode_job(const mha_layer *L, int m, float *y) {
-    const float *w[MHA_N_MATS] = {L->w_q, L->w_k, L->w_v, L->w_o};
-    const float *b[MHA_N_MATS] = {L->b_q, L->b_k, L->b_v, L->b_o};
+    const float *w[MHA_N_MATS] = {L->w_q, L->w_k, L->w_v, L->w_o, L->w_g};
+    const float *b[MHA_N_MATS] = {L->b_q, L->b_k, L->b_v, L->b_o, L->b_g};
     int K, N;
     mha_wstore_shape(&L->cfg, m, &K, &N);
     mha_decode_gemm_job j = {y, w[m], b[m], N, NULL, NULL, NULL, 0};

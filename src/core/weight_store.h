@@ -1,9 +1,10 @@
 /* weight_store.h — projection weights stored in bf16 or int8
  * (weight_store.c, MHA_W_BF16 / MHA_W_I8 in mha.h).
  *
- * The layer keeps two forms of W_Q, W_K, W_V and W_O: the compact one
+ * The layer keeps two forms of W_Q, W_K, W_V, W_O (and W_G of a gated
+ * layer, config.output_gate): the compact one
  * here, which the decode projections stream (a decode step reads every
- * weight once: fewer bytes, a faster step), and the fp32 arrays w_q..w_o,
+ * weight once: fewer bytes, a faster step), and the fp32 arrays w_q..w_g,
  * which hold exactly the values the compact form represents. The
  * reference, the backward and the packed prefill GEMM read those, so every
  * path computes with the same weights and the fast paths are tested
@@ -15,7 +16,7 @@
 #include "base/internal.h"
 #include "compute/decode_gemm.h"
 
-enum { MHA_MAT_Q = 0, MHA_MAT_K = 1, MHA_MAT_V = 2, MHA_MAT_O = 3, MHA_N_MATS = 4 };
+enum { MHA_MAT_Q = 0, MHA_MAT_K = 1, MHA_MAT_V = 2, MHA_MAT_O = 3, MHA_MAT_G = 4, MHA_N_MATS = 5 };
 
 typedef struct mha_wstore {
     mha_weight_dtype dtype;      /* MHA_W_BF16 or MHA_W_I8                    */
@@ -26,13 +27,17 @@ typedef struct mha_wstore {
 
 /* int8 scales: one per output column and group of MHA_W_I8_GROUP inputs.
  * Groups tile each segment of a matrix's rows: the whole K for W_Q, W_K,
- * W_V; each head's d_v rows for W_O, so that a head's scales move with
+ * W_V, W_G; each head's d_v rows for W_O, so that a head's scales move with
  * its row block (mha_layer_permute_heads). A segment's last group may be
  * shorter. */
 #define MHA_W_I8_GROUP 32
 
-/* Rows and columns of matrix m of a layer config. */
+/* Rows and columns of matrix m of a layer config (W_G: 0 columns
+ * without config.output_gate). */
 void mha_wstore_shape(const mha_config *c, int m, int *rows, int *cols);
+/* Whether the layer has matrix m: every one but W_G, and W_G with
+ * config.output_gate. */
+int mha_wstore_has(const mha_config *c, int m);
 /* The rows of one segment of matrix m, and its number of scale rows. */
 int mha_wstore_segment(const mha_config *c, int m);
 int mha_wstore_groups(const mha_config *c, int m);
@@ -54,7 +59,7 @@ void mha_wstore_free(mha_wstore *s);
 /* dst[m] (rows, cols) = the values store s represents. */
 void mha_wstore_dequantize(const mha_wstore *s, const mha_config *c, float *const dst[MHA_N_MATS]);
 
-/* Installs s (owned from now on, NULL: fp32) in L: w_q..w_o get its
+/* Installs s (owned from now on, NULL: fp32) in L: w_q..w_g get its
  * values, the packed weights are rebuilt. */
 mha_status mha_layer_adopt_wstore(mha_layer *L, mha_wstore *s);
 
@@ -65,7 +70,7 @@ mha_status mha_layer_adopt_wstore(mha_layer *L, mha_wstore *s);
 void mha_permute_column_blocks(void *w, size_t elem, int rows, int n, int width, const int *perm, void *tmp);
 /* Applies the same column-block move to L's compact matrix m (a no-op
  * for fp32): rows and width as for the fp32 matrix; int8 scales move with
- * their columns (W_Q, W_K, W_V) or with their head's rows (W_O: rows = 1).
+ * their columns (W_Q, W_K, W_V, W_G) or with their head's rows (W_O: rows = 1).
  * tmp: n*width*4 bytes, as for the fp32 matrix (no row here is longer). */
 void mha_wstore_permute(mha_layer *L, int m, int rows, int n, int width, const int *perm, void *tmp);
 

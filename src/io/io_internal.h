@@ -7,6 +7,7 @@
 #include <stdio.h>
 
 #include "base/internal.h"
+#include "core/weight_store.h"
 
 /* Bytes of one element of dt in a file. */
 size_t mha_dtype_size(mha_dtype dt);
@@ -211,8 +212,10 @@ mha_status mha_io_variants_read(mha_config *c, float *w[4], const mha_tensors *t
 /* The output gate of a native file (variants_meta.c): metadata output_gate
  * (0 or 1) into c, and w_g (d_model, h*d_v), b_g (h*d_v, with biases) into
  * g[0], g[1] (allocated); the config's shape and bias must be known. A
- * tensor without the flag, or the flag without its tensors: MHA_E_FORMAT. */
-mha_status mha_io_gate_read(mha_config *c, float *g[2], const mha_tensors *t, const char *prefix);
+ * tensor without the flag, or the flag without its tensors: MHA_E_FORMAT.
+ * i8_codes: an int8 file's w_g holds codes (weights_meta.c checked them
+ * with their scales), copied as they are. */
+mha_status mha_io_gate_read(mha_config *c, float *g[2], const mha_tensors *t, const char *prefix, int i8_codes);
 
 /* StableLM's q/k LayerNorm, one nn.LayerNorm(d_k, bias=False) per head:
  * which = "q" or "k", tensors <which>_layernorm.norms.N.weight (d_k) for
@@ -231,11 +234,12 @@ mha_status mha_io_variants_write(mha_tensors *t, const mha_layer *L);
 
 /* bf16 / int8 projection weights in a native checkpoint (weights_meta.c).
  * read: the dtype the metadata records (MHA_W_F32 without it), checked
- * against the dtypes of w (w_q..w_o, as found), and for int8 the scales
- * (new arrays in scale[], the caller frees them); write: w_q..w_o in the
- * layer's dtype, the scales and the metadata. */
-mha_status mha_io_weights_read(mha_weight_dtype *dtype, float *scale[4], const mha_tensors *t, const char *prefix,
-                               const mha_array *const w[4], const mha_config *c);
+ * against the dtypes of w (w_q..w_o, and w_g or NULL, as found), and for
+ * int8 the scales (new arrays in scale[], the caller frees them); write:
+ * w_q..w_o (and a gated layer's w_g) in the layer's dtype, the scales and
+ * the metadata. */
+mha_status mha_io_weights_read(mha_weight_dtype *dtype, float *scale[MHA_N_MATS], const mha_tensors *t,
+                               const char *prefix, const mha_array *const w[MHA_N_MATS], const mha_config *c);
 mha_status mha_io_weights_write(mha_tensors *t, const mha_layer *L);
 
 #endif /* MHA_IO_INTERNAL_H */

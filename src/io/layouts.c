@@ -270,7 +270,7 @@ mha_status mha_io_want_real(const mha_array *a, const char *name) {
     if (mha_io_real(a)) return MHA_OK;
     if (a->dtype == MHA_DTYPE_I8)
         return mha_fail(MHA_E_FORMAT, "tensor '%s' is int8; expected a floating dtype (only a native file's "
-                        "w_q, w_k, w_v, w_o may be int8, with weights_dtype = int8 in its metadata and their "
+                        "w_q, w_k, w_v, w_o, w_g may be int8, with weights_dtype = int8 in its metadata and their "
                         "w_*_scale tensors: docs/WEIGHTS.md)", name);
     return mha_fail(MHA_E_FORMAT, "tensor '%s' is %s; expected a floating dtype (F32, F16 or BF16)", name,
                     mha_dtype_name(a->dtype));
@@ -372,13 +372,14 @@ typedef struct {
     float *var[4]; /* alibi_slopes sinks q_norm k_norm, or NULL (variants_meta.c) */
     float *gate[2]; /* w_g b_g of a gated layer, or NULL */
     mha_weight_dtype wdtype; /* native: the stored weights' dtype (weights_meta.c) */
-    float *scale[4];         /* int8: per-column scales of w_q..w_o; w[] holds q */
+    float *scale[MHA_N_MATS]; /* int8: per-column scales of w_q..w_o, w_g; w[], gate[0] hold q */
 } staged;
 enum { S_WQ, S_WK, S_WV, S_WO, S_BQ, S_BK, S_BV, S_BO, S_BIASK, S_BIASV };
 
 static void staged_free(staged *s) {
     for (int i = 0; i < 10; i++) free(s->w[i]);
-    for (int i = 0; i < 4; i++) free(s->var[i]), free(s->scale[i]);
+    for (int i = 0; i < 4; i++) free(s->var[i]);
+    for (int i = 0; i < MHA_N_MATS; i++) free(s->scale[i]);
     free(s->gate[0]), free(s->gate[1]);
 }
 
@@ -469,9 +470,10 @@ static mha_status staged_create(mha_layer **out, staged *st, const mha_tensors *
     /* int8: the stored q and scales become the layer's store as they are */
     mha_wstore *store = NULL;
     if (st->wdtype == MHA_W_I8) {
-        const float *const q[4] = {st->w[S_WQ], st->w[S_WK], st->w[S_WV], st->w[S_WO]};
+        const float *const q[MHA_N_MATS] = {st->w[S_WQ], st->w[S_WK], st->w[S_WV], st->w[S_WO], st->gate[0]};
+        float *const val[MHA_N_MATS] = {st->w[S_WQ], st->w[S_WK], st->w[S_WV], st->w[S_WO], st->gate[0]};
         if ((s = mha_wstore_from_i8(&store, &c, q, (const float *const *)st->scale))) return s;
-        mha_wstore_dequantize(store, &c, st->w); /* w_q..w_o: the values q * scale */
+        mha_wstore_dequantize(store, &c, val); /* w_q..w_o, w_g: the values q * scale */
     }
     if ((s = mha_layer_create(out, &c, &w))) {
         mha_wstore_free(store);
@@ -502,10 +504,11 @@ static mha_status opt_bias(float *dst, int *any, const mha_tensors *t, const cha
 
 static mha_status load_native(staged *st, const mha_tensors *t, const mha_load_options *o) {
     const char *P = o->prefix, *L = "native";
-    const mha_array *wq, *wk, *wv, *wo;
+    const mha_array *wq, *wk, *wv, *wo, *wg;
     mha_status s;
     if ((s = find(&wq, t, P, "w_q", 1, L)) || (s = find(&wk, t, P, "w_k", 1, L)) ||
-        (s = find(&wv, t, P, "w_v", 1, L)) || (s = find(&wo, t, P, "w_o", 1, L)))
+        (s = find(&wv, t, P, "w_v", 1, L)) || (s = find(&wo, t, P, "w_o", 1, L)) ||
+        (s = find(&wg, t, P, "w_g", 0, L)))
         return s;
     /* int8 matrices only in a file whose metadata declares its weights'
      * dtype: weights_meta.c then checks each matrix against it and reads
@@ -541,7 +544,8 @@ static mha_status load_native(staged *st, const mha_tensors *t, const mha_load_o
         (s = want_shape_of(wv, "w_v", 2, c->d_v_in, hkv * c->d_v, "(d_v_in, h_kv*d_v)", i8)) ||
         (s = want_shape_of(wo, "w_o", 2, h * c->d_v, c->d_model, "(h*d_v, d_model)", i8)))
         return s;
-    const mha_array *const mats[4] = {wq, wk, wv, wo};
+    if (wg && (s = want_matrix_of(wg, "w_g", i8))) return s;
+    const mha_array *const mats[MHA_N_MATS] = {wq, wk, wv, wo, wg}; /* wg: a gated layer's, or NULL */
     if ((s = mha_io_weights_read(&st->wdtype, st->scale, t, P, mats, c))) return s;
     const mha_array *bk, *bv;
     if ((s = find(&bk, t, P, "bias_k", 0, L)) || (s = find(&bv, t, P, "bias_v", 0, L))) return s;
@@ -564,7 +568,7 @@ static mha_status load_native(staged *st, const mha_tensors *t, const mha_load_o
         return s;
     c->bias = any;
     if ((s = mha_io_variants_read(c, st->var, t, P, 0))) return s;
-    return mha_io_gate_read(c, st->gate, t, P);
+    return mha_io_gate_read(c, st->gate, t, P, st->wdtype == MHA_W_I8);
 }
 
 /* ------------------------------------------------------------------- hf */

@@ -240,7 +240,7 @@ mha_status mha_io_variants_read(mha_config *c, float *w[4], const mha_tensors *t
     return MHA_OK;
 }
 
-mha_status mha_io_gate_read(mha_config *c, float *g[2], const mha_tensors *t, const char *prefix) {
+mha_status mha_io_gate_read(mha_config *c, float *g[2], const mha_tensors *t, const char *prefix, int i8_codes) {
     mha_status s = meta_flag(&c->output_gate, t, "output_gate");
     if (s) return s;
     const size_t zw = (size_t)c->n_heads * c->d_v;
@@ -257,7 +257,11 @@ mha_status mha_io_gate_read(mha_config *c, float *g[2], const mha_tensors *t, co
             return mha_fail(MHA_E_FORMAT, "tensor %s %s; expected it absent (or metadata output_gate = 1%s)", names[i],
                             c->output_gate ? "beside a layer without biases" : "without metadata output_gate = 1",
                             i ? " with biases" : "");
-        if (a && (s = take(&g[i], a, names[i], i ? zw : (size_t)c->d_model * zw, 0, i ? "(h*d_v)" : "(d_model, h*d_v)")))
+        const mha_array codes = a && i == 0 && i8_codes && a->dtype == MHA_DTYPE_I8 ? (mha_array){.dtype = MHA_DTYPE_F32,
+                                .rank = a->rank, .shape = {a->shape[0], a->shape[1], 1, 1}, .count = a->count, .f = a->f}
+                                                                                  : (mha_array){0};
+        if (a && (s = take(&g[i], codes.f ? &codes : a, names[i], i ? zw : (size_t)c->d_model * zw, 0,
+                           i ? "(h*d_v)" : "(d_model, h*d_v)")))
             return s;
         if (a && i == 0 && (a->rank != 2 || a->shape[0] != c->d_model))
             return mha_fail(MHA_E_SHAPE, "tensor w_g is (%d, %d) of rank %d; expected (d_model=%d, h*d_v=%zu)",
@@ -316,8 +320,7 @@ mha_status mha_io_variants_write(mha_tensors *t, const mha_layer *L) {
     if (!s && c->output_gate) { /* gated attention: W_G (d_model, h*d_v) and, with biases, b_G */
         const int sg[2] = {c->d_model, c->n_heads * c->d_v};
         s = put(t, "output_gate", "%.0f", 1);
-        if (!s) s = mha_tensors_add_f32(t, "w_g", w.w_g, 2, sg);
-        if (!s && c->bias) s = mha_tensors_add_f32(t, "b_g", w.b_g, 1, sg + 1);
+        if (!s && c->bias) s = mha_tensors_add_f32(t, "b_g", w.b_g, 1, sg + 1); /* w_g: weights_meta.c, in its dtype */
     }
     if (!s && c->qk_norm) {
         s = mha_tensors_set_meta(t, "qk_norm", norm_names[c->qk_norm]);

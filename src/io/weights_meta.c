@@ -1,6 +1,7 @@
 /* weights_meta.c — bf16 / int8 projection weights in a native checkpoint
- * (docs/FILES.md): W_Q..W_O as BF16 tensors, or as I8 tensors with F32
- * scale tensors w_q_scale .. w_o_scale (groups, N), one per output column
+ * (docs/FILES.md): W_Q..W_O (and a gated layer's W_G) as BF16 tensors, or
+ * as I8 tensors with F32 scale tensors w_q_scale .. w_o_scale, w_g_scale
+ * (groups, N), one per output column
  * and group of 32 inputs (W_O: groups restart at each head's d_v rows);
  * the metadata weights_dtype ("bf16", "int8") and int8_scales
  * ("per_32_inputs") record the layout. fp32 layers write neither, so
@@ -15,8 +16,8 @@
 #include "io/io_internal.h"
 #include "io/tensors_internal.h"
 
-static const char *const mat_names[MHA_N_MATS] = {"w_q", "w_k", "w_v", "w_o"};
-static const char *const scale_names[MHA_N_MATS] = {"w_q_scale", "w_k_scale", "w_v_scale", "w_o_scale"};
+static const char *const mat_names[MHA_N_MATS] = {"w_q", "w_k", "w_v", "w_o", "w_g"};
+static const char *const scale_names[MHA_N_MATS] = {"w_q_scale", "w_k_scale", "w_v_scale", "w_o_scale", "w_g_scale"};
 #define INT8_LAYOUT "per_32_inputs"
 
 /* The scale tensor of matrix m inside the layer's prefix, or NULL. */
@@ -96,7 +97,7 @@ mha_status mha_io_weights_read(mha_weight_dtype *dtype, float *scale[MHA_N_MATS]
     if (s) return mha_fail(MHA_E_FORMAT, "metadata weights_dtype = '%.20s'; expected f32, bf16 or int8", v);
     const mha_dtype want = *dtype == MHA_W_BF16 ? MHA_DTYPE_BF16 : *dtype == MHA_W_I8 ? MHA_DTYPE_I8 : MHA_DTYPE_F32;
     for (int m = 0; m < MHA_N_MATS; m++)
-        if (w[m]->dtype != want)
+        if (w[m] && w[m]->dtype != want)
             return mha_fail(MHA_E_FORMAT, "tensor '%s' is %s but metadata weights_dtype = %s; expected %s",
                             mat_names[m], mha_dtype_name(w[m]->dtype), v, mha_dtype_name(want));
     if (*dtype != MHA_W_I8) return no_stray_scales(t, prefix, v);
@@ -104,9 +105,16 @@ mha_status mha_io_weights_read(mha_weight_dtype *dtype, float *scale[MHA_N_MATS]
     if (!lay || strcmp(lay, INT8_LAYOUT) != 0)
         return mha_fail(MHA_E_FORMAT, "metadata int8_scales = '%.40s'; expected '" INT8_LAYOUT "'",
                         lay ? lay : "(missing)");
-    for (int m = 0; m < MHA_N_MATS && !s; m++)
+    for (int m = 0; m < MHA_N_MATS && !s; m++) {
+        if (!w[m]) { /* no w_g: its scales would be stray */
+            if (find_scale(t, prefix, m))
+                s = mha_fail(MHA_E_FORMAT, "tensor '%s' without %s; expected both or neither", scale_names[m],
+                             mat_names[m]);
+            continue;
+        }
         if (!(s = read_scale(&scale[m], t, prefix, m, mha_wstore_groups(c, m), w[m]->shape[1])))
             s = check_codes(w[m], scale[m], m, mha_wstore_segment(c, m));
+    }
     return s;
 }
 
@@ -115,9 +123,10 @@ mha_status mha_io_weights_write(mha_tensors *t, const mha_layer *L) {
     const mha_wstore *st = L->wstore;
     mha_weights w;
     mha_layer_get_weights(L, &w);
-    const float *val[MHA_N_MATS] = {w.w_q, w.w_k, w.w_v, w.w_o};
+    const float *val[MHA_N_MATS] = {w.w_q, w.w_k, w.w_v, w.w_o, w.w_g};
     mha_status s = MHA_OK;
     for (int m = 0; m < MHA_N_MATS && !s; m++) {
+        if (!mha_wstore_has(c, m)) continue;
         int K, N;
         mha_wstore_shape(c, m, &K, &N);
         const size_t count = (size_t)K * N;

@@ -90,10 +90,28 @@ def test_hf_gated_q_proj_loads_with_output_gate(tmp_path, bias):
         mha.Layer.load(tmp_path / "n.safetensors", output_gate=True)
 
 
-def test_gated_layer_refuses_compact_weights():
-    layer, _ = gated_layer(np.random.RandomState(1))
-    with pytest.raises(mha.UnsupportedError, match="output gate"):
-        layer.convert_weights("bf16")
+@pytest.mark.parametrize("dtype", ["bf16", "int8"])
+def test_gated_layer_with_compact_weights(tmp_path, dtype):
+    """W_G is stored like the other projections: the oracle on the stored
+    values (the layer's weights()), decode steps and a saved file agree."""
+    layer, w = gated_layer(np.random.RandomState(1))
+    layer.convert_weights(dtype)
+    stored = {k: v.astype(np.float32) for k, v in layer.weights().items() if k in w}
+    assert 0 < np.abs(stored["w_g"] - w["w_g"]).max() < 0.05  # W_G rounded too
+    x = np.random.RandomState(2).randn(1, T, D).astype(np.float32)
+    close(layer.forward(x, causal=True), oracle(stored, x))
+    cache = mha.Cache(layer, 1, T)
+    steps = np.concatenate([cache.forward(x[:, t:t + 1]) for t in range(T)], axis=1)
+    close(steps, oracle(stored, x))
+    layer.save(tmp_path / "g.safetensors")
+    again = mha.Layer.load(tmp_path / "g.safetensors")
+    assert again.weights_dtype == dtype
+    close(again.forward(x, causal=True), oracle(stored, x))
+    with pytest.raises(mha.UnsupportedError, match="bf16_matmul=1 with an output gate"):
+        layer.forward(x, bf16_matmul=True)
+
+
+def test_gated_layer_refusals():
     with pytest.raises(mha.ArgumentError, match="weights.w_g is NULL"):
         mha.Layer(D, H, output_gate=True, weights={"w_q": np.zeros((D, D), np.float32),
                                                     "w_k": np.zeros((D, D), np.float32),
