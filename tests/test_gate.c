@@ -309,6 +309,24 @@ static void test_gate_compact_weights(void) {
             CHECK_ARRAY_NEAR(yd, yr, ny, 2e-5);
         }
         unlink(path);
+        if (k) { /* an ungated int8 file with a w_g_scale: refused, not ignored */
+            mha_config pc = naive_resolve(naive_config(D, 4, 2, 8, 8, 1));
+            naive_weights pw;
+            uint64_t s2 = 3;
+            naive_weights_random(&pw, &pc, &s2, 0.5f);
+            mha_layer *P = naive_make_layer(&pw), *Q = NULL;
+            mha_tensors *pt = NULL;
+            const int gs[2] = {1, 32};
+            const mha_load_options native = {.layout = MHA_LAYOUT_NATIVE};
+            if (P && !mha_layer_convert_weights(P, MHA_W_I8) && !mha_layer_to_tensors(&pt, P) &&
+                !mha_tensors_add_f32(pt, "w_g_scale", pw.w_q, 2, gs)) {
+                CHECK_STATUS(mha_layer_from_tensors(&Q, pt, &native), MHA_E_FORMAT);
+                CHECK_ERROR_MENTIONS("tensor 'w_g_scale' without w_g");
+            } else {
+                CHECK(0);
+            }
+            mha_tensors_free(pt), mha_layer_free(P), mha_layer_free(Q), naive_weights_free(&pw);
+        }
         o.bf16_matmul = 1, o.path = MHA_PATH_AUTO;
         CHECK_STATUS(mha_forward(L, y2, NULL, x, NULL, B, T, T, &o), k ? MHA_E_UNSUPPORTED : MHA_E_UNSUPPORTED);
         CHECK_ERROR_MENTIONS("bf16_matmul=1 with an output gate");
