@@ -170,7 +170,7 @@ class TorchWeights(Structure):
 missing = []  # C functions this libmha.so lacks (an older or partial build)
 
 
-LAYOUTS = {"auto": 0, "native": 1, "torch": 2, "hf": 3, "gpt2": 4, "megatron": 5}
+LAYOUTS = {"auto": 0, "native": 1, "torch": 2, "hf": 3, "gpt2": 4, "megatron": 5, "codegen": 6}
 
 
 class LoadOptions(Structure):
