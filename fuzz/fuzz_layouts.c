@@ -19,7 +19,7 @@ static const char *const prefixes[8] = {NULL, "", "model.layers.0.self_attn.", "
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size < 2) return 0;
     mha_load_options o = {0};
-    o.layout = (mha_layout)(data[0] % 6); /* AUTO, NATIVE, TORCH, HF, GPT2, MEGATRON */
+    o.layout = (mha_layout)(data[0] % 7); /* AUTO, NATIVE, TORCH, HF, GPT2, MEGATRON, CODEGEN */
     o.n_heads = (data[0] >> 3) % 5;        /* 0 = from the metadata */
     o.n_kv_heads = data[1] % 3;
     o.prefix = prefixes[(data[1] >> 2) % 8];

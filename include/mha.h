@@ -899,18 +899,26 @@ MHA_API mha_status mha_checkpoint_resolve(char *out, size_t cap, const char *pat
  *            nn.Linear c_attn ((h+2*h_kv)*d, d_model) (more rows than
  *            columns) holds megatron's rows, c_proj (d_model, E).
  *   megatron query_key_value.weight ((h+2*h_kv)*d_k, d_model) (out,in), rows
- *            per kv group g: [q heads of g, k_g, v_g]; dense.weight (out,in). */
+ *            per kv group g: [q heads of g, k_g, v_g]; dense.weight (out,in).
+ *   codegen  CodeGen's qkv_proj.weight (3E, E) (out,in): 4 row blocks (its
+ *            mp_num), block b = [q; v; k] of heads b*h/4 .. (b+1)*h/4-1;
+ *            out_proj.weight (E, E); no biases. Never detected (OpenELM
+ *            keeps the same names for other rows): named only.
+ * hf also reads Qwen 1's nn.Linear c_attn / c_proj and ChatGLM's
+ * query_key_value / dense as rows [Q; K; V] when named (auto detects
+ * these names as gpt2's and megatron's rows). */
 typedef enum {
     MHA_LAYOUT_AUTO = 0, /* detect from the tensor names                 */
     MHA_LAYOUT_NATIVE = 1,
     MHA_LAYOUT_TORCH = 2,
     MHA_LAYOUT_HF = 3,
     MHA_LAYOUT_GPT2 = 4,
-    MHA_LAYOUT_MEGATRON = 5
+    MHA_LAYOUT_MEGATRON = 5,
+    MHA_LAYOUT_CODEGEN = 6
 } mha_layout;
 
 MHA_API const char *mha_layout_name(mha_layout l); /* "native", ... */
-/* Parses "auto", "native", "torch", "hf", "gpt2", "megatron". */
+/* Parses "auto", "native", "torch", "hf", "gpt2", "megatron", "codegen". */
 MHA_API mha_status mha_layout_parse(mha_layout *out, const char *name);
 /* Detects the layout from the tensor names; when several or none fit, fails
  * with MHA_E_FORMAT and a message listing the candidates. */

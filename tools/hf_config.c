@@ -67,13 +67,38 @@ static int is_hf(const cli_ckpt *ck, const char *path) {
         mha_tensors_free(t);
     }
     if (l == MHA_LAYOUT_AUTO) return 3;
-    return l == MHA_LAYOUT_HF || l == MHA_LAYOUT_MEGATRON ? 1 : l == MHA_LAYOUT_GPT2 ? 2 : 0;
+    return l == MHA_LAYOUT_HF || l == MHA_LAYOUT_MEGATRON || l == MHA_LAYOUT_CODEGEN ? 1 : l == MHA_LAYOUT_GPT2 ? 2 : 0;
 }
 
 /* The families saved under GPT-2's names (c_attn, c_proj) whose config.json
  * a gpt2 checkpoint reads: Jais (ALiBi, its score scale) and Qwen 1 (whose
- * c_attn is refused); GPT-2's and GPT-BigCode's are ignored as before. */
+ * c_attn the hf layout reads); GPT-2's and GPT-BigCode's are ignored as
+ * before. */
 static const char *const gpt2_named[] = {"jais", "qwen", NULL};
+
+/* The layout a family's config.json names where its tensor names would be
+ * read as another family's rows, or fit no layout: Qwen 1's nn.Linear
+ * c_attn and ChatGLM 2/3's query_key_value (multi_query_attention) hold
+ * [q; k; v] blocks, the hf layout's (auto reads GPT-BigCode's and
+ * megatron's rows from these names); ChatGLM without multi-query keeps
+ * megatron's [q, k, v] per head; CodeGen's qkv_proj its own blocks
+ * (codegen). --layout naming another is refused. */
+static int family_layout(cli_hf_config *c, const char *cmd, json_t *root, const char *type, const char *flag) {
+    const int glm = type && strcmp(type, "chatglm") == 0;
+    const char *want = type && strcmp(type, "qwen") == 0 ? "hf"
+                       : glm ? (json_is_true(json_object_get(root, "multi_query_attention")) ? "hf" : "megatron")
+                       : type && strcmp(type, "codegen") == 0 ? "codegen" : NULL;
+    if (glm && json_is_true(json_object_get(root, "position_encoding_2d"))) /* ChatGLM-6B, the first */
+        return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: model_type chatglm with position_encoding_2d "
+                             "(ChatGLM-6B: two rotary halves, by token and by block position); expected ChatGLM 2 / "
+                             "3 (no position_encoding_2d): the 2-D rotary is not supported");
+    if (want && flag && strcmp(flag, "auto") && strcmp(flag, want))
+        return mha_cmd_error(cmd, MHA_EXIT_USAGE, "config.json: model_type %s keeps its attention in the %s layout's "
+                             "rows, which --layout %s reads otherwise; expected --layout %s or auto", type, want, flag,
+                             want);
+    c->layout = want;
+    return 0;
+}
 
 /* A number at key of obj into *dst when present: range lo..hi, whole
  * when asked. 0 or an exit code naming the key. */
@@ -316,6 +341,19 @@ static int unsupported(const char *cmd, json_t *root, const char *type) {
     return 0;
 }
 
+/* Qwen 1 past seq_length: use_dynamic_ntk raises the rotary base by an
+ * NTK alpha of the key count, use_logn_attn scales each query by
+ * log_seq_length(position + 1) (QWenConfig: both on unless false, and
+ * seq_length 2048); neither acts up to seq_length keys. c->long_context:
+ * that length, which `run` does not exceed; 0: no such rule. */
+static int qwen1_long(cli_hf_config *c, const char *cmd, json_t *root) {
+    double len = 2048;
+    int rc = number(cmd, root, "", "seq_length", 1, 1 << 30, 1, &len);
+    if (!json_is_false(json_object_get(root, "use_dynamic_ntk")) || !json_is_false(json_object_get(root, "use_logn_attn")))
+        c->long_context = (long long)len;
+    return rc;
+}
+
 /* What model_type implies that no key of config.json says: these families
  * always rotate q and k (Hugging Face's rope_theta defaults to 10000, and
  * older Llama, Falcon and GPT-NeoX configs omit it), GPT-J rotates
@@ -335,7 +373,7 @@ static int family(cli_hf_config *c, const char *cmd, json_t *root, const char *t
                                          "gemma", "gemma2", "gemma3", "gemma3_text", "phi3", "phimoe", "olmo", "olmo2",
                                          "olmoe", "granite", "granitemoe", "starcoder2", "stablelm", "gpt_neox", "phi",
                                          "internlm2", "dbrx", "gpt_oss", "falcon", "RefinedWebModel", "RefinedWeb",
-                                         "qwen3_next", NULL};
+                                         "qwen3_next", "qwen", NULL};
     /* (1 + weight) RMSNorms: Gemma 3's, and Qwen3-Next's zero-centred ones */
     static const char *const gemma3[] = {"gemma3", "gemma3_text", "qwen3_next", NULL};
     const int alibi = json_is_true(json_object_get(root, "alibi"));
@@ -345,18 +383,10 @@ static int family(cli_hf_config *c, const char *cmd, json_t *root, const char *t
     json_t *gate = json_object_get(root, "attn_output_gate");
     c->output_gate = json_is_boolean(gate) ? json_is_true(gate) : type && strcmp(type, "qwen3_next") == 0;
     c->sinks = type && strcmp(type, "gpt_oss") == 0; /* every gpt-oss layer has them; ignored, Y was silently off */
-    if (type && strcmp(type, "chatglm") == 0) /* its query_key_value would be read with megatron's rows */
-        return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: model_type chatglm: its query_key_value holds "
-                             "[all q; all k; all v] blocks and rotates half of each head in pairs (2i, 2i+1); "
-                             "expected megatron's rows per kv group: ChatGLM is not supported");
     if (type && strcmp(type, "llama4_vision_model") == 0) /* its 2-D rotary over image patches */
         return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: model_type llama4_vision_model (Llama 4's vision "
                              "encoder) rotates q and k by the patches' 2-D positions; expected a text layer "
                              "(--prefix language_model.model.layers.N): the vision encoder is not supported");
-    if (type && strcmp(type, "qwen") == 0) /* the gpt2 layout would read GPT-BigCode's per-head rows */
-        return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: model_type qwen (Qwen 1): its c_attn holds [q; k; "
-                             "v] blocks, which the gpt2 layout reads as GPT-BigCode's rows [q; k; v] per head; "
-                             "expected another model_type: Qwen 1 is not supported");
     if (type && strcmp(type, "jais") == 0) {
         json_t *pe = json_object_get(root, "position_embedding_type"), *as = json_object_get(root, "alibi_scaling");
         if (as && !json_is_null(as))
@@ -373,18 +403,19 @@ static int family(cli_hf_config *c, const char *cmd, json_t *root, const char *t
     c->qk_norm_layer = type_in(type, cohere) && json_is_true(json_object_get(root, "use_qk_norm"));
     if (type_in(type, cohere) || type_in(type, llama4)) {
         c->rope = "interleaved"; /* Cohere's rotate_half, Llama 4's complex product: pairs 2i, 2i+1 as GPT-J's */
-    } else if (type && (strcmp(type, "gptj") == 0 || type_in(type, phi_msft))) {
+    } else if (type && (strcmp(type, "gptj") == 0 || strcmp(type, "codegen") == 0 || type_in(type, phi_msft))) {
         double r = 0; /* null or absent: the whole head */
         int rc = number(cmd, root, "", "rotary_dim", 2, 65536, 1, &r);
         if (rc) return rc;
         if ((long long)r % 2)
             return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: rotary_dim is %g; expected an even number", r);
-        c->rope = strcmp(type, "gptj") == 0 ? "interleaved" : "halves", c->rope_dim = (long long)r;
+        c->rope = type_in(type, phi_msft) ? "halves" : "interleaved", c->rope_dim = (long long)r; /* GPT-J, CodeGen */
     } else if (type_in(type, rotary) && !c->alibi)
         c->rope = "halves";
     /* GLM-4 (4V), ERNIE 4.5, Helium: cos, sin repeat_interleave'd, rotate_half of pairs (2i, 2i+1): GPT-J's */
+    /* ChatGLM 2/3 (chatglm) too, on the first half of each head (its RotaryEmbedding(head_dim / 2)) */
     static const char *const glm_pairs[] = {"glm", "glm4", "glm4v", "glm4v_text", "glm4v_moe", "glm4v_moe_text",
-                                            "ernie4_5", "ernie4_5_moe", "helium", NULL};
+                                            "ernie4_5", "ernie4_5_moe", "helium", "chatglm", NULL};
     if (type_in(type, glm_pairs)) c->rope = "interleaved";
     return 0;
 }
@@ -657,7 +688,9 @@ int cli_hf_config_read(cli_hf_config *c, const char *cmd, const cli_ckpt *ck, co
     root = sub_config(top, ck->prefix);
     double heads = 0, kv = 0, hd = 0, hidden = 0, theta = 0, part = 0;
     const char *type = json_string_value(json_object_get(root, "model_type")); /* what the family implies */
-    if ((kind == 2 && !type_in(type, gpt2_named)) || kind == 3) { /* GPT-2, GPT-BigCode: as before, not read */
+    static const char *const unnamed[] = {"codegen", NULL}; /* no layout is detected from its names */
+    if ((kind == 2 && !type_in(type, gpt2_named)) || (kind == 3 && !type_in(type, unnamed))) {
+        /* GPT-2, GPT-BigCode: as before, not read */
         const int rc = kind == 3 ? unsupported(cmd, root, type) : 0; /* no layout: name the family if refused */
         json_decref(top);
         return rc;
@@ -667,12 +700,23 @@ int cli_hf_config_read(cli_hf_config *c, const char *cmd, const cli_ckpt *ck, co
     if (!rc) rc = number(cmd, root, "", "head_dim", 1, 65536, 1, &hd);
     if (!rc) rc = number(cmd, root, "", "hidden_size", 1, 1 << 24, 1, &hidden);
     if (!rc) rc = head_aliases(cmd, root, type, ck->prefix, &heads, &kv, &hidden);
+    if (!rc) rc = family_layout(c, cmd, root, type, ck->layout);
+    const int glm = type && strcmp(type, "chatglm") == 0, qwen1 = type && strcmp(type, "qwen") == 0;
+    if (!rc && (glm || qwen1) && !hd) rc = number(cmd, root, "", "kv_channels", 1, 65536, 1, &hd); /* head dim */
+    if (!rc && glm && json_is_true(json_object_get(root, "multi_query_attention")) && !kv)
+        rc = number(cmd, root, "", "multi_query_group_num", 1, 4096, 1, &kv);
     if (!rc) rc = number(cmd, root, "", "rms_norm_eps", 1e-30, 1, 0, &c->qk_norm_eps);
     if (!rc) rc = family(c, cmd, root, type);
     if (!rc) rc = number(cmd, root, "", "rotary_emb_base", 1, 1e12, 0, &theta);
     if (!rc) rc = number(cmd, root, "", "rope_theta", 1, 1e12, 0, &theta);
     if (!rc) rc = number(cmd, root, "", "rotary_pct", 1e-9, 1, 0, &part);
     if (!rc) rc = number(cmd, root, "", "partial_rotary_factor", 1e-9, 1, 0, &part);
+    if (!rc && glm) { /* ChatGLM 2/3: RotaryEmbedding(head_dim / 2), base 10000 * rope_ratio */
+        double ratio = 1;
+        rc = number(cmd, root, "", "rope_ratio", 1e-9, 1e8, 0, &ratio);
+        theta = 10000.0 * ratio, part = 0.5;
+    }
+    if (!rc && qwen1) rc = qwen1_long(c, cmd, root);
     json_t *rp = NULL; /* transformers 5's rope_parameters win over the older keys */
     char where[64];
     int typed = 0;
@@ -734,8 +778,9 @@ int cli_hf_config_read(cli_hf_config *c, const char *cmd, const cli_ckpt *ck, co
     if (part && part < 1) {
         const double r = part * (double)c->head_dim;
         if (!c->head_dim || r != floor(r) || (long long)r % 2 || r < 2)
-            return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: partial_rotary_factor %g of head_dim %lld "
-                                 "gives %g rotated dims; expected an even whole number >= 2", part, c->head_dim, r);
+            return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: %s %g of head_dim %lld gives %g rotated dims; "
+                                 "expected an even whole number >= 2", glm ? "model_type chatglm's rotary share" :
+                                 "partial_rotary_factor", part, c->head_dim, r);
         c->rope_dim = (long long)r;
     }
     c->found = 1;

@@ -58,11 +58,18 @@ typedef struct {
     double temperature_scale;  /* ... and its attn_scale                          */
     int temperature_rule;      /* 1: Ministral 3's llama_4_scaling_beta (its floor
                                   original_max_position_embeddings, floor(p / F)) */
+    const char *layout;        /* the layout model_type implies where the names would
+                                  be read as another's rows: "hf" (Qwen 1's c_attn,
+                                  ChatGLM's multi-query query_key_value), "megatron"
+                                  (ChatGLM without it), "codegen"; NULL = as detected */
+    long long long_context;    /* Qwen 1: seq_length, past which its dynamic NTK and
+                                  logn query scaling act (not implemented); 0 = none */
 } cli_hf_config;
 
 /* Reads config.json from the directory of path (ck->weights when NULL)
- * when the checkpoint is in the hf or megatron layout (--layout, or auto
- * detected: GPT-NeoX and Falcon keep query_key_value).
+ * when the checkpoint is in the hf, megatron or codegen layout (--layout, or
+ * auto detected: GPT-NeoX and Falcon keep query_key_value; a gpt2 one for
+ * Jais and Qwen 1, and CodeGen's, whose names fit no layout, by model_type).
  * c->found = 0 when there is none or the layout is another. Returns an exit
  * code after printing "mha <cmd>: config.json: KEY ...; expected ..." for
  * malformed JSON or a value of the wrong type or range. */

@@ -51,6 +51,7 @@ int cli_load_layer(const char *cmd, mha_layer **L, const cli_ckpt *ck, const cha
     if (!s && hc.found && !o.n_heads) o.n_heads = (int)hc.heads; /* --heads wins over config.json */
     if (!s && hc.found && !o.n_kv_heads) o.n_kv_heads = (int)hc.kv_heads;
     if (!s && hc.found) o.output_gate = hc.output_gate; /* Qwen3-Next: q_proj holds the gate */
+    if (!s && hc.found && hc.layout) s = mha_layout_parse(&o.layout, hc.layout); /* Qwen 1, ChatGLM, CodeGen */
     if (!s) s = mha_layer_load(L, path ? path : ck->weights, &o);
     /* the shapes refuse head counts the user never typed: say where they came from (only then: a malformed
      * tensor is refused as before) */

@@ -19,7 +19,7 @@ typedef struct {
     int zero_attn;
 } cli_ckpt;
 
-#define CLI_LAYOUT_CHOICES "auto|native|torch|hf|gpt2|megatron"
+#define CLI_LAYOUT_CHOICES "auto|native|torch|hf|gpt2|megatron|codegen"
 #define CLI_CKPT_ARGS(ck, weights_required)                                                   \
     {.name = "--weights", .kind = MHA_ARG_STRING, .dest = &(ck).weights, .metavar = "W",        \
      .help = "checkpoint: .safetensors, a sharded one's .index.json, or a save_pretrained directory",\

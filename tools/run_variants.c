@@ -274,6 +274,11 @@ int cli_apply_variants(const char *cmd, mha_layer **L, cli_fwd *f, cli_variant_f
     cli_hf_config hc; /* the rotary settings of config.json, overridden by the flags */
     int rc = cli_hf_config_read(&hc, cmd, ck, NULL);
     if (rc) return rc;
+    if (hc.long_context && f->S > hc.long_context) /* Qwen 1: nothing of it acts up to seq_length keys */
+        return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: model_type qwen: %d keys exceed seq_length %lld, "
+                             "past which Qwen 1 raises its rotary base (use_dynamic_ntk) and scales the queries by "
+                             "log(position) (use_logn_attn); expected at most %lld keys, or both false: neither is "
+                             "implemented", f->S, hc.long_context, hc.long_context);
     if (hc.window < 0 && !vf->window)
         return mha_cmd_error(cmd, MHA_EXIT_USAGE, "config.json: some layers attend through a sliding window of "
                              "sliding_window keys and others globally, and --prefix names no layer; expected --prefix "

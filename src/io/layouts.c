@@ -14,8 +14,8 @@
 #include "io/io_internal.h"
 #include "io/tensors_internal.h"
 
-static const char *const layout_names[] = {"auto", "native", "torch", "hf", "gpt2", "megatron"};
-#define N_LAYOUTS 6
+static const char *const layout_names[] = {"auto", "native", "torch", "hf", "gpt2", "megatron", "codegen"};
+#define N_LAYOUTS 7
 
 const char *mha_layout_name(mha_layout l) {
     return (l >= 0 && (int)l < N_LAYOUTS) ? layout_names[l] : "unknown";
@@ -27,8 +27,8 @@ mha_status mha_layout_parse(mha_layout *out, const char *name) {
             *out = (mha_layout)i;
             return MHA_OK;
         }
-    return mha_fail(MHA_E_ARG, "unknown layout '%.40s'; expected auto, native, torch, hf, gpt2 "
-                    "or megatron", name ? name : "(null)");
+    return mha_fail(MHA_E_ARG, "unknown layout '%.40s'; expected auto, native, torch, hf, gpt2, "
+                    "megatron or codegen", name ? name : "(null)");
 }
 
 /* ------------------------------------------------------------ name lookup */
@@ -76,9 +76,12 @@ static const mha_hf_names hf_schemes[] = {
 #define N_HF_SCHEMES ((int)(sizeof hf_schemes / sizeof hf_schemes[0]))
 
 static const mha_hf_fused_names hf_fused[] = {
-    {"qkv_proj", "o_proj"}, /* Phi-3 (CodeGen's qkv_proj with out_proj is another order: not read) */
-    {"W_pack", "o_proj"},   /* Baichuan */
-    {"Wqkv", "out_proj"},   /* MPT, DBRX */
+    {"qkv_proj", "o_proj"},        /* Phi-3 (CodeGen's qkv_proj with out_proj: the codegen layout) */
+    {"W_pack", "o_proj"},          /* Baichuan */
+    {"Wqkv", "out_proj"},          /* MPT, DBRX */
+    /* Named only (--layout hf; auto reads these names as gpt2's and megatron's rows): */
+    {"c_attn", "c_proj"},          /* Qwen 1 (nn.Linear c_attn) */
+    {"query_key_value", "dense"},  /* ChatGLM 2 / 3, GLM-4 (model_type chatglm) */
 };
 #define N_HF_FUSED ((int)(sizeof hf_fused / sizeof hf_fused[0]))
 
@@ -190,6 +193,9 @@ mha_status mha_io_detect(mha_layout *out, const mha_tensors *t, const char *pref
     if (n > 1)
         return mha_fail(MHA_E_FORMAT, "the tensor names fit several layouts (candidates: %s); "
                         "pass --layout to choose", list);
+    if (count_under(t, prefix, "qkv_proj.weight") && count_under(t, prefix, "out_proj.weight"))
+        return mha_fail(MHA_E_FORMAT, "qkv_proj.weight with out_proj.weight fit no layout by their names (CodeGen's "
+                        "mp_num blocks of [q; v; k], OpenELM's [q; k; v]); expected --layout codegen for CodeGen");
     char names[200] = "";
     used = 0;
     for (int i = 0; i < t->n && used < sizeof names; i++)
@@ -218,6 +224,7 @@ static const char *anchor_of(mha_layout l) {
     case MHA_LAYOUT_HF: return "q_proj.weight";
     case MHA_LAYOUT_GPT2: return "c_attn.weight";
     case MHA_LAYOUT_MEGATRON: return "query_key_value.weight";
+    case MHA_LAYOUT_CODEGEN: return "qkv_proj.weight";
     default: return NULL;
     }
 }
@@ -792,6 +799,54 @@ static mha_status load_megatron(staged *st, const mha_tensors *t, const mha_load
     return load_fused_groups(st, t, o, qkv, strcmp(qkv, "wqkv") ? "dense" : "wo", "megatron");
 }
 
+/* -------------------------------------------------------------- codegen */
+
+/* CodeGen's qkv_proj ((3E, E), (out, in)): its rows are mp_num = 4 blocks
+ * (the TPU cores it was trained on), block b = [q; v; k] of the heads
+ * b*h/4 .. (b+1)*h/4 - 1, each part E/4 rows; out_proj (E, E). Neither has
+ * a bias. Only by name (--layout codegen): OpenELM keeps the same two
+ * names for rows [every q head; every k; every v]. */
+static mha_status load_codegen(staged *st, const mha_tensors *t, const mha_load_options *o) {
+    enum { MP = 4 }; /* CodeGenAttention's mp_num, fixed in its code */
+    const char *P = o->prefix, *L = "codegen";
+    const mha_array *qkv, *out, *bias[2];
+    mha_status s;
+    if ((s = find(&qkv, t, P, "qkv_proj.weight", 1, L)) || (s = find(&out, t, P, "out_proj.weight", 1, L)) ||
+        (s = find(&bias[0], t, P, "qkv_proj.bias", 0, L)) || (s = find(&bias[1], t, P, "out_proj.bias", 0, L)))
+        return s;
+    if (bias[0] || bias[1]) /* its blocks would have to be guessed */
+        return mha_fail(MHA_E_FORMAT, "codegen layout: tensor '%s' is present; expected none: CodeGen's qkv_proj "
+                        "and out_proj have no bias", bias[0] ? "qkv_proj.bias" : "out_proj.bias");
+    if ((s = want_matrix(qkv, "qkv_proj.weight")) || (s = want_matrix(out, "out_proj.weight"))) return s;
+    mha_config *c = &st->cfg;
+    int h, hkv, d = 0;
+    if ((s = mha_io_pick_heads(&h, &hkv, o, t))) return s;
+    if (!h) return mha_fail(MHA_E_ARG, "codegen layout: the number of heads is not in the file; pass --heads");
+    if (hkv && hkv != h)
+        return mha_fail(MHA_E_ARG, "codegen layout has one kv head per head; got n_kv_heads = %d", hkv);
+    if (h % MP)
+        return mha_fail(MHA_E_SHAPE, "codegen layout: %d heads do not split into qkv_proj's mp_num = %d blocks; "
+                        "expected a multiple of %d heads", h, MP, MP);
+    const int E = qkv->shape[1];
+    if ((s = divide(&d, E, h, "heads", "qkv_proj.weight"))) return s;
+    if ((s = want_shape(qkv, "qkv_proj.weight", 2, 3 * E, E, "(3E, E)")) ||
+        (s = want_shape(out, "out_proj.weight", 2, E, E, "(E, E)")))
+        return s;
+    c->d_model = c->d_kv_in = E;
+    c->n_heads = c->n_kv_heads = h;
+    c->d_k = c->d_v = d;
+    if ((s = staged_alloc(st))) return s;
+    const int part = E / MP; /* rows of one block's q (v, k): its h/4 heads */
+    for (int b = 0; b < MP; b++) {
+        const int r0 = b * 3 * part;
+        put_rows_t(st->w[S_WQ], E, b * part, qkv->f, E, r0, part);
+        put_rows_t(st->w[S_WV], E, b * part, qkv->f, E, r0 + part, part);
+        put_rows_t(st->w[S_WK], E, b * part, qkv->f, E, r0 + 2 * part, part);
+    }
+    put_rows_t(st->w[S_WO], E, 0, out->f, E, 0, E);
+    return MHA_OK;
+}
+
 /* ----------------------------------------------------------------- gpt2 */
 
 static mha_status load_gpt2(staged *st, const mha_tensors *t, const mha_load_options *o) {
@@ -937,6 +992,7 @@ mha_status mha_layer_from_tensors(mha_layer **out, const mha_tensors *t,
     case MHA_LAYOUT_HF: s = load_hf(&st, t, &o); break;
     case MHA_LAYOUT_GPT2: s = load_gpt2(&st, t, &o); break;
     case MHA_LAYOUT_MEGATRON: s = load_megatron(&st, t, &o); break;
+    case MHA_LAYOUT_CODEGEN: s = load_codegen(&st, t, &o); break;
     default: s = mha_fail(MHA_E_ARG, "layout %d is not one of mha_layout", (int)o.layout);
     }
     if (!s && o.add_zero_attn) st.cfg.add_zero_attn = 1;

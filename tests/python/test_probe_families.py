@@ -258,17 +258,7 @@ def test_jais_alibi_and_scale_by_d(tmp_path, scaled):
                                                  slopes=slopes))
 
 
-def test_chatglm_query_key_value_blocks_are_refused(tmp_path):
-    """ChatGLM 2/3: query_key_value holds [all q; all k; all v] blocks
-    (multi_query_group_num kv heads), not megatron's rows per kv group."""
-    D, H, G = 32, 4, 2
-    rs = np.random.RandomState(8)
-    p = "transformer.encoder.layers.0.self_attention."
-    t = {p + "query_key_value.weight": rnd(rs, (H + 2 * G) * D // H, D), p + "dense.weight": rnd(rs, D, D)}
-    cfg = {"model_type": "chatglm", "hidden_size": D, "num_attention_heads": H, "kv_channels": D // H,
-           "multi_query_attention": True, "multi_query_group_num": G, "rope_ratio": 1}
-    _, r = run(tmp_path, t, cfg, "transformer.encoder.layers.0", D, check=False)
-    refused(r, tmp_path, "chatglm")
+# ChatGLM 2/3's query_key_value blocks (refused here before): test_families_more.py
 
 
 # ------------------------------------------------------- what already fits
@@ -404,15 +394,7 @@ def test_phi_msft_mixer_wqkv_rotary_dim(tmp_path):
     close(y, attention(rotate(q, 4, 1e4, "halves"), rotate(k, 4, 1e4, "halves"), v, wo, bo))
 
 
-@pytest.mark.parametrize("family,prefix,names,config", [
-    ("codegen", "transformer.h.0.attn.", {"qkv_proj.weight": (96, 32), "out_proj.weight": (32, 32)},
-     {"model_type": "codegen", "n_embd": 32, "n_head": 4, "rotary_dim": 4}),
-])
-def test_families_without_a_reader_are_refused(tmp_path, family, prefix, names, config):
-    rs = np.random.RandomState(11)
-    t = {prefix + n: rnd(rs, *s) for n, s in names.items()}
-    _, r = run(tmp_path, t, config, prefix.rstrip("."), 32, "--heads", 4, check=False)
-    refused(r, tmp_path)
+# CodeGen's qkv_proj blocks (refused here before): test_families_more.py
 
 
 def test_library_load_reads_the_per_head_layer_norms(tmp_path):
