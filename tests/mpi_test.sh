@@ -86,6 +86,14 @@ json.dump({"num_attention_heads": 4, "num_key_value_heads": 2, "hidden_size": 16
 shutil.copytree(d + "/hfdir", d + "/capdir_b")
 json.dump({"num_attention_heads": 4, "num_key_value_heads": 2, "hidden_size": 16, "attn_logit_softcapping": 0.5},
           open(d + "/capdir_b/config.json", "w"))
+# ChatGLM 2/3: query_key_value holds [q; k; v] blocks, which its config.json names (the hf layout)
+os.mkdir(d + "/glmdir")
+g = "transformer.encoder.layers.0.self_attention."
+write_safetensors(d + "/glmdir/model.safetensors", {g + "query_key_value.weight": r(32, 16),
+                                                    g + "query_key_value.bias": r(32), g + "dense.weight": r(16, 16)})
+json.dump({"model_type": "chatglm", "hidden_size": 16, "num_attention_heads": 4, "kv_channels": 4,
+           "multi_query_attention": True, "multi_query_group_num": 2, "rope_ratio": 2},
+          open(d + "/glmdir/config.json", "w"))
 # a sharded checkpoint (index + two files), and one whose second file
 # holds other weights under the same index
 wq, wk = r(16, 16), r(8, 16)
@@ -284,6 +292,11 @@ done
 mpi 2 --decode 4 --weights "$T/hfdir" --input "$T/x16.npy" --output "$T/y.npy" --causal
 expect_ok
 close "$T/y.npy" "$T/r_hfdir.npy"
+# ChatGLM: every rank's shard reads the blocks config.json names (before: megatron's rows per group)
+ref --weights "$T/glmdir" --input "$T/x16.npy" --output "$T/r_glm.npy" --causal
+mpi 2 --split heads --weights "$T/glmdir" --input "$T/x16.npy" --output "$T/y.npy" --causal
+expect_ok
+close "$T/y.npy" "$T/r_glm.npy"
 # ALiBi from config.json (BLOOM): each shard takes its global heads' slopes
 # (a shard given the default slopes of an h/P-head layer was 0.1 off)
 ref --weights "$T/bloomdir" --input "$T/x16.npy" --output "$T/r_bloom.npy" --causal

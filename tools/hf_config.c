@@ -83,11 +83,15 @@ static const char *const gpt2_named[] = {"jais", "qwen", NULL};
  * megatron's rows from these names); ChatGLM without multi-query keeps
  * megatron's [q, k, v] per head; CodeGen's qkv_proj its own blocks
  * (codegen). --layout naming another is refused. */
+static const char *family_layout_name(json_t *root, const char *type) {
+    if (type && strcmp(type, "chatglm") == 0)
+        return json_is_true(json_object_get(root, "multi_query_attention")) ? "hf" : "megatron";
+    return type && strcmp(type, "qwen") == 0 ? "hf" : type && strcmp(type, "codegen") == 0 ? "codegen" : NULL;
+}
+
 static int family_layout(cli_hf_config *c, const char *cmd, json_t *root, const char *type, const char *flag) {
     const int glm = type && strcmp(type, "chatglm") == 0;
-    const char *want = type && strcmp(type, "qwen") == 0 ? "hf"
-                       : glm ? (json_is_true(json_object_get(root, "multi_query_attention")) ? "hf" : "megatron")
-                       : type && strcmp(type, "codegen") == 0 ? "codegen" : NULL;
+    const char *want = family_layout_name(root, type);
     if (glm && json_is_true(json_object_get(root, "position_encoding_2d"))) /* ChatGLM-6B, the first */
         return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: model_type chatglm with position_encoding_2d "
                              "(ChatGLM-6B: two rotary halves, by token and by block position); expected ChatGLM 2 / "
@@ -785,6 +789,20 @@ int cli_hf_config_read(cli_hf_config *c, const char *cmd, const cli_ckpt *ck, co
     }
     c->found = 1;
     return 0;
+}
+
+const char *cli_hf_config_layout(const cli_ckpt *ck, const char *path) {
+    char resolved[4096], file[4096];
+    if (!path || mha_checkpoint_resolve(resolved, sizeof resolved, path)) return NULL;
+    const char *slash = strrchr(resolved, '/');
+    const int dir = slash ? (int)(slash - resolved + 1) : 0;
+    if (snprintf(file, sizeof file, "%.*sconfig.json", dir, resolved) >= (int)sizeof file || access(file, F_OK) != 0 ||
+        !is_hf(ck, resolved))
+        return NULL;
+    json_t *top = json_load_file(file, 0, NULL), *root = json_is_object(top) ? sub_config(top, ck->prefix) : NULL;
+    const char *l = root ? family_layout_name(root, json_string_value(json_object_get(root, "model_type"))) : NULL;
+    json_decref(top);
+    return l; /* a static string */
 }
 
 int cli_hf_config_check(const cli_hf_config *hc, const char *cmd, const mha_config *c) {

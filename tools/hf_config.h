@@ -75,6 +75,12 @@ typedef struct {
  * malformed JSON or a value of the wrong type or range. */
 int cli_hf_config_read(cli_hf_config *c, const char *cmd, const cli_ckpt *ck, const char *path);
 
+/* The layout config.json's model_type names for the checkpoint at path
+ * (c->layout of cli_hf_config_read, without its checks or messages: Qwen 1,
+ * ChatGLM, CodeGen), or NULL. cli_load_options applies it, so that every
+ * loader of a command (mha-mpi's head shards too) reads their rows. */
+const char *cli_hf_config_layout(const cli_ckpt *ck, const char *path);
+
 /* 0 when the config read agrees with the loaded layer c (hidden_size =
  * d_model, head_dim = d_k), else an exit code after printing which key
  * contradicts the checkpoint: the file belongs to another model. */

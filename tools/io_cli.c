@@ -38,7 +38,10 @@ float *cli_alloc_out(const char *cmd, size_t n) {
 mha_status cli_load_options(mha_load_options *o, const cli_ckpt *ck) {
     *o = (mha_load_options){.n_heads = (int)ck->heads, .n_kv_heads = (int)ck->kv_heads, .prefix = ck->prefix,
                             .add_zero_attn = ck->zero_attn};
-    return mha_layout_parse(&o->layout, ck->layout ? ck->layout : "auto");
+    mha_status s = mha_layout_parse(&o->layout, ck->layout ? ck->layout : "auto");
+    /* Qwen 1, ChatGLM, CodeGen: config.json names the layout (a --layout naming another: cli_hf_config_read) */
+    const char *family = s || o->layout != MHA_LAYOUT_AUTO ? NULL : cli_hf_config_layout(ck, ck->weights);
+    return family ? mha_layout_parse(&o->layout, family) : s;
 }
 
 int cli_load_layer(const char *cmd, mha_layer **L, const cli_ckpt *ck, const char *path) {

@@ -42,7 +42,9 @@ typedef struct {
 
 /* Loads path (ck->weights unless path is given) as a layer. */
 int cli_load_layer(const char *cmd, mha_layer **L, const cli_ckpt *ck, const char *path);
-/* The load options the checkpoint flags give (MHA_E_ARG: a bad --layout). */
+/* The load options the checkpoint flags give (MHA_E_ARG: a bad --layout); with
+ * --layout auto, the layout config.json's model_type names (Qwen 1, ChatGLM,
+ * CodeGen: cli_hf_config_layout). */
 mha_status cli_load_options(mha_load_options *o, const cli_ckpt *ck);
 
 /* The opening of every checkpoint command: parses argv against spec
