@@ -25,7 +25,7 @@ int cmd_convert(int argc, char **argv) {
     };
     mha_command_spec spec = {
         .name = "convert",
-        .summary = "Convert a checkpoint (torch, hf, gpt2, megatron or native) into the native\n"
+        .summary = "Convert a checkpoint (torch, hf, gpt2, megatron, codegen or native) into the native\n"
                    "layout: (in, out) weights, head dimensions and labels in the metadata.",
         .details = "Running the converted file gives the same Y as running the source: the layer's\n"
                    "variants that a config.json beside an hf checkpoint gives (RoPE, ALiBi, soft-cap,\n"

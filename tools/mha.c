@@ -17,7 +17,7 @@ static const mha_command commands[] = {
     {"demo", cmd_demo, "walk through the seeds' worked examples, computed by the library"},
     {"shapes", cmd_shapes, "tensor shapes, parameter count, FLOPs and KV-cache size of a layer"},
     {"run", cmd_run, "run a checkpoint on a .npy input; masks, ablations, captures"},
-    {"convert", cmd_convert, "convert a torch/hf/gpt2/megatron checkpoint to the native layout"},
+    {"convert", cmd_convert, "convert a torch/hf/gpt2/megatron/codegen checkpoint to the native layout"},
     {"permute", cmd_permute, "permute the heads (or one block kind) of a checkpoint"},
     {"audit", cmd_audit, "check a checkpoint against a reference output; find head-order fixes"},
     {"plot", cmd_plot, "PNG heatmaps of attention per head and head contribution norms"},

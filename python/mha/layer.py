@@ -612,7 +612,8 @@ class Layer(COwner):
     def load(cls, path, layout="auto", n_heads=0, n_kv_heads=0, prefix=None, add_zero_attn=False,
              config_json="warn", output_gate=False):
         """mha_layer_load: a safetensors checkpoint in the native, torch, hf,
-        gpt2 or megatron layout ('auto' detects it from the tensor names),
+        gpt2, megatron or codegen layout ('auto' detects all but codegen,
+        whose qkv_proj names OpenELM shares, from the tensor names),
         or a sharded checkpoint's *.safetensors.index.json; n_heads /
         n_kv_heads 0 = from the file; prefix: the layer's module
         ('model.layers.3' or its attention's own path); add_zero_attn: the
