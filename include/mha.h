@@ -99,6 +99,11 @@ typedef enum {
 MHA_API const char *mha_status_str(mha_status s);
 /* Message of the last failing call on this thread ("" when none). */
 MHA_API const char *mha_last_error(void);
+/* sizeof(type) of a public struct as this library was built ("mha_options",
+ * "mha_config", "mha_gradients", ... by its type name), 0 for a name it does
+ * not know: a binding that declares the structs itself checks them against
+ * the library it loaded (a library of another version may have grown one). */
+MHA_API size_t mha_struct_size(const char *name);
 
 /* ---------------------------------------------------------- configuration */
 

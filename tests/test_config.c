@@ -243,7 +243,23 @@ static void forward_batches_independent(void) {
     free(x);
 }
 
+/* the library's struct sizes (what bindings check against their own
+ * declarations) are the header's, and unknown names give 0 */
+static void struct_sizes_are_the_headers(void) {
+    CHECK(mha_struct_size("mha_options") == sizeof(mha_options));
+    CHECK(mha_struct_size("mha_config") == sizeof(mha_config));
+    CHECK(mha_struct_size("mha_weights") == sizeof(mha_weights));
+    CHECK(mha_struct_size("mha_gradients") == sizeof(mha_gradients));
+    CHECK(mha_struct_size("mha_load_options") == sizeof(mha_load_options));
+    CHECK(mha_struct_size("mha_cache_info") == sizeof(mha_cache_info));
+    CHECK(mha_struct_size("mha_torch_weights") == sizeof(mha_torch_weights));
+    CHECK(mha_struct_size("mha_rope") == sizeof(mha_rope));
+    CHECK(mha_struct_size("mha_layer") == 0); /* opaque */
+    CHECK(mha_struct_size("") == 0 && mha_struct_size(NULL) == 0 && mha_struct_size("mha_option") == 0);
+}
+
 static const test_case cases[] = {
+    {"config_struct_sizes_are_the_headers", struct_sizes_are_the_headers},
     {"config_default_and_resolve", config_default_and_resolve},
     {"config_resolve_keeps_explicit_fields", config_resolve_keeps_explicit_fields},
     {"config_explicit_dk_needs_no_divisibility", config_explicit_dk_needs_no_divisibility},

@@ -280,3 +280,27 @@ _sig("mha_backward_tape", c_int, LayerP, TapeP, POINTER(Gradients), F32P, F32P, 
 _sig("mha_tape_free", None, TapeP)
 _sig("mha_head_attribution", c_int, LayerP, F32P, F32P, F32P, F32P, F32P, F32P, c_int, c_int, c_int,
      POINTER(Options))
+
+# ------------------------------------------- the structs, against the library's
+_sig("mha_struct_size", c_size_t, c_char_p)
+STRUCTS = {"mha_rope": Rope, "mha_config": Config, "mha_weights": Weights, "mha_intervention": Intervention,
+           "mha_mask": Mask, "mha_options": Options, "mha_capture": Capture, "mha_cache_info": CacheInfo,
+           "mha_contract_report": ContractReport, "mha_torch_weights": TorchWeights,
+           "mha_load_options": LoadOptions, "mha_gradients": Gradients}
+
+
+def check_struct_sizes(size_of):
+    """ImportError naming the first struct whose size differs between these
+    declarations and the library (size_of: name -> its sizeof there, 0 for
+    a name it does not know): a library of another version, whose calls
+    would read or write past the binding's structs."""
+    for name, cls in STRUCTS.items():
+        theirs = size_of(name)
+        if theirs != ctypes.sizeof(cls):
+            raise ImportError(f"mha: {lib._name} declares {name} as {theirs} bytes, this binding as "
+                              f"{ctypes.sizeof(cls)}: the library is of another version; expected the "
+                              "libmha.so built from this source (`make lib`, or MHA_LIBRARY=its path)")
+
+
+if "mha_struct_size" not in missing:  # an older build lacks it: its missing calls name themselves
+    check_struct_sizes(lambda name: lib.mha_struct_size(name.encode()))

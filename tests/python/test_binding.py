@@ -1,6 +1,8 @@
 """The Python binding without torch: every option of the C API through
 numpy, checked against a float64 numpy oracle written here from the math
 in mha.h, and the error path (exceptions carrying mha_last_error())."""
+import ctypes
+
 import pytest
 
 from conftest import require
@@ -421,3 +423,15 @@ def test_the_binding_uses_only_functions_declared_public_in_mha_h():
     bound = set(re.findall(r'_sig\("(mha_\w+)"', src))
     assert len(bound) > 30, bound
     assert bound <= public, f"not declared MHA_API in mha.h: {sorted(bound - public)}"
+
+
+def test_struct_sizes_checked_against_the_library():
+    """Every struct the binding declares has the library's size; a library
+    whose structs differ (another version) is refused by name at import."""
+    from mha import _lib
+    for name, cls in _lib.STRUCTS.items():
+        assert _lib.lib.mha_struct_size(name.encode()) == ctypes.sizeof(cls), name
+    _lib.check_struct_sizes(lambda name: _lib.lib.mha_struct_size(name.encode()))  # no error: the same
+    grown = lambda name: ctypes.sizeof(_lib.STRUCTS[name]) + (8 if name == "mha_options" else 0)  # noqa: E731
+    with pytest.raises(ImportError, match="declares mha_options as .* bytes, this binding as .* another version"):
+        _lib.check_struct_sizes(grown)
