@@ -976,8 +976,9 @@ typedef struct {
 } mha_head_range;
 
 /* The layer of those heads alone (h = count, h_kv = kv_count, identity
- * labels): their column blocks of W_Q, W_K, W_V and biases, row blocks of
- * W_O, per-head variant tensors, and b_O, bias_k, bias_v as the file has
+ * labels): their column blocks of W_Q, W_K, W_V and biases (and of a
+ * gated layer's W_G and b_G: native w_g / b_g, or the gate rows of an hf
+ * q_proj with opt->output_gate), row blocks of W_O, per-head variant tensors, and b_O, bias_k, bias_v as the file has
  * them (bias_k, bias_v: the shard's kv heads), for every layout
  * mha_layer_load reads. Only those blocks are copied out of the mapped
  * file, and only they are checked: another head's NaN does not stop the

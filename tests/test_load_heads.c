@@ -112,9 +112,11 @@ static void write_layout(const char *path, const naive_weights *w, mha_layout la
     free(tq), free(tk), free(tv), free(to), free(fused), free(fb);
 }
 
-/* Every shard of P ranks: its weights are the full layer's blocks of its
- * heads, bit for bit; the shards' Y without b_O sum to the full Y. */
-static void check_shards(const char *path, const mha_layer *full, int P, const char *what) {
+/* Every shard of P ranks (loaded with opt): its weights are the full
+ * layer's blocks of its heads, bit for bit (a gated layer's W_G and b_G
+ * too); the shards' Y without b_O sum to the full Y. */
+static void check_shards_opt(const char *path, const mha_load_options *opt, const mha_layer *full, int P,
+                             const char *what) {
     const mha_config *c = mha_layer_config(full);
     const int h = c->n_heads, hkv = c->n_kv_heads, dk = c->d_k, dv = c->d_v, D = c->d_model, n = h / P;
     mha_weights fw;
@@ -130,7 +132,7 @@ static void check_shards(const char *path, const mha_layer *full, int P, const c
     for (int r = 0; r < P; r++) {
         mha_head_range rg = {.first = r * n, .count = n};
         mha_layer *L = NULL;
-        CHECK_OK(mha_layer_load_heads(&L, path, NULL, &rg));
+        CHECK_OK(mha_layer_load_heads(&L, path, opt, &rg));
         if (!L) continue;
         const int g0 = rg.kv_first, g = rg.kv_count;
         CHECK_INT(mha_layer_config(L)->n_heads, n);
@@ -146,19 +148,30 @@ static void check_shards(const char *path, const mha_layer *full, int P, const c
             same &= !memcmp(sw.w_v + (size_t)row * g * dv, fw.w_v + (size_t)row * hkv * dv + (size_t)g0 * dv, sizeof(float) * g * dv);
         }
         same &= !memcmp(sw.w_o, fw.w_o + (size_t)r * n * dv * D, sizeof(float) * n * dv * D);
-        same &= !memcmp(sw.b_q, fw.b_q + r * n * dk, sizeof(float) * n * dk);
-        same &= !memcmp(sw.b_k, fw.b_k + g0 * dk, sizeof(float) * g * dk);
-        same &= !memcmp(sw.b_v, fw.b_v + g0 * dv, sizeof(float) * g * dv);
-        same &= !memcmp(sw.b_o, fw.b_o, sizeof(float) * D);
+        CHECK_INT(mha_layer_config(L)->bias, c->bias);
+        if (c->bias && sw.b_q) {
+            same &= !memcmp(sw.b_q, fw.b_q + r * n * dk, sizeof(float) * n * dk);
+            same &= !memcmp(sw.b_k, fw.b_k + g0 * dk, sizeof(float) * g * dk);
+            same &= !memcmp(sw.b_v, fw.b_v + g0 * dv, sizeof(float) * g * dv);
+            same &= !memcmp(sw.b_o, fw.b_o, sizeof(float) * D);
+        }
+        CHECK_INT(mha_layer_config(L)->output_gate, c->output_gate);
+        for (int row = 0; c->output_gate && sw.w_g && row < D; row++) /* W_G: the heads' column blocks, as W_Q's */
+            same &= !memcmp(sw.w_g + (size_t)row * n * dv, fw.w_g + (size_t)row * h * dv + (size_t)r * n * dv, sizeof(float) * n * dv);
+        if (c->output_gate && c->bias && sw.b_g) same &= !memcmp(sw.b_g, fw.b_g + r * n * dv, sizeof(float) * n * dv);
         if (!same) test_report(__FILE__, __LINE__, "%s, P=%d: shard %d differs from the full layer's blocks", what, P, r);
         CHECK_OK(mha_forward(L, y, NULL, x, NULL, B, T, T, &o));
-        for (size_t i = 0; i < (size_t)B * T * D; i++) sum[i] += y[i] - (r ? fw.b_o[i % D] : 0.0f);
+        for (size_t i = 0; i < (size_t)B * T * D; i++) sum[i] += y[i] - (r && fw.b_o ? fw.b_o[i % D] : 0.0f);
         mha_layer_free(L);
     }
     double worst = 0.0;
     for (size_t i = 0; i < (size_t)B * T * D; i++) worst = fmax(worst, fabs((double)sum[i] - yf[i]));
     if (!(worst <= 1e-5)) test_report(__FILE__, __LINE__, "%s, P=%d: shards sum to Y within %.3g", what, P, worst);
     free(x), free(y), free(sum), free(yf);
+}
+
+static void check_shards(const char *path, const mha_layer *full, int P, const char *what) {
+    check_shards_opt(path, NULL, full, P, what);
 }
 
 /* The file at p loads as w's layer, every weight and bias bit for bit,
@@ -492,6 +505,118 @@ static void load_heads_labels_and_ranges(void) {
     rmdir(dir);
 }
 
+/* A gated q_proj (Qwen3-Next: each head's d query rows, then its d gate
+ * rows; the bias alike) beside k/v/o_proj, from w; q_bias 0 leaves the
+ * q_proj's bias out (the gate's bias is then 0). */
+static void write_hf_gated(const char *path, const naive_weights *w, int q_bias) {
+    const mha_config *c = &w->cfg;
+    const int h = c->n_heads, hkv = c->n_kv_heads, d = c->d_k, D = c->d_model;
+    mha_tensors *t;
+    CHECK_OK(mha_tensors_create(&t));
+    put_int(t, "n_heads", h), put_int(t, "n_kv_heads", hkv);
+    float *tq = transposed(w->w_q, D, h * d), *tg = transposed(w->w_g, D, h * d), *tk = transposed(w->w_k, D, hkv * d),
+          *tv = transposed(w->w_v, D, hkv * d), *to = transposed(w->w_o, h * d, D);
+    float *q = naive_alloc_floats((size_t)2 * h * d * D), *bq = naive_alloc_floats((size_t)2 * h * d);
+    for (int r = 0; r < h; r++) {
+        memcpy(q + (size_t)2 * r * d * D, tq + (size_t)r * d * D, sizeof(float) * d * D);
+        memcpy(q + (size_t)(2 * r + 1) * d * D, tg + (size_t)r * d * D, sizeof(float) * d * D);
+        if (c->bias) memcpy(bq + 2 * r * d, w->b_q + r * d, sizeof(float) * d), memcpy(bq + (2 * r + 1) * d, w->b_g + r * d, sizeof(float) * d);
+    }
+    put(t, "q_proj.weight", q, 2 * h * d, D), put(t, "k_proj.weight", tk, hkv * d, D);
+    put(t, "v_proj.weight", tv, hkv * d, D), put(t, "o_proj.weight", to, D, h * d);
+    if (c->bias && q_bias) put(t, "q_proj.bias", bq, 2 * h * d, 0);
+    if (c->bias) put(t, "k_proj.bias", w->b_k, hkv * d, 0), put(t, "v_proj.bias", w->b_v, hkv * d, 0), put(t, "o_proj.bias", w->b_o, D, 0);
+    CHECK_OK(mha_safetensors_write(path, t));
+    mha_tensors_free(t);
+    free(tq), free(tg), free(tk), free(tv), free(to), free(q), free(bq);
+}
+
+/* Gated attention (config.output_gate) by heads: a native file (w_g, b_g,
+ * metadata output_gate; also with its heads permuted) and an hf q_proj
+ * holding each head's gate (mha_load_options.output_gate), MHA and GQA,
+ * with and without biases: every shard holds W_G's and b_G's blocks of its
+ * heads and the shards' Y sum to the whole layer's (before, both were
+ * refused). A gated fused qkv and the gate flag with another layout stay
+ * refused, as mha_layer_load refuses them. */
+static void load_heads_gated(void) {
+    static const struct {
+        int h, hkv, dk, dv, bias, permute;
+    } cases[] = {{4, 4, 3, 3, 1, 0}, {8, 2, 3, 3, 0, 0}, {8, 4, 3, 2, 1, 0}, {8, 4, 3, 3, 1, 1}};
+    const int Ps[] = {1, 2, 4};
+    const mha_load_options gate_opt = {.layout = MHA_LAYOUT_HF, .output_gate = 1};
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        uint64_t seed = 1811 + k;
+        mha_config c = naive_config(10, cases[k].h, cases[k].hkv, cases[k].dk, cases[k].dv, cases[k].bias);
+        c.output_gate = 1;
+        c = naive_resolve(c);
+        naive_weights w;
+        naive_weights_random(&w, &c, &seed, 0.6f);
+        char p[128], what[64];
+        // --- native: the file's w_g, b_g and metadata (in the file's head order)
+        mha_layer *L = naive_make_layer(&w), *full = NULL;
+        const int perm[8] = {2, 3, 0, 1, 6, 7, 4, 5}; /* whole kv groups swapped */
+        if (L && cases[k].permute) CHECK_OK(mha_layer_permute_heads(L, perm));
+        snprintf(p, sizeof p, "%s", path_of("gated.safetensors"));
+        if (L) CHECK_OK(mha_layer_save(L, p));
+        mha_layer_free(L);
+        mha_config got;
+        CHECK_OK(mha_layer_load_config(&got, p, NULL));
+        CHECK_INT(got.output_gate, 1);
+        CHECK_OK(mha_layer_load(&full, p, NULL));
+        snprintf(what, sizeof what, "gated native h=%d h_kv=%d bias=%d", c.n_heads, c.n_kv_heads, c.bias);
+        for (int i = 0; full && i < 3; i++) check_shards(p, full, Ps[i], what);
+        mha_layer_free(full), full = NULL;
+        unlink(p);
+        // --- hf: the gate's rows inside q_proj (d_k = d_v only); q_proj's bias left out once
+        for (int q_bias = 1; c.d_k == c.d_v && q_bias >= (c.bias ? 0 : 1); q_bias--) {
+            snprintf(p, sizeof p, "%s", path_of("gated_hf.safetensors"));
+            write_hf_gated(p, &w, q_bias);
+            CHECK_OK(mha_layer_load_config(&got, p, &gate_opt));
+            CHECK_INT(got.output_gate, 1);
+            CHECK_INT(got.d_k, c.d_k);
+            CHECK_INT(got.n_kv_heads, c.n_kv_heads);
+            CHECK_OK(mha_layer_load(&full, p, &gate_opt));
+            mha_weights fw;
+            if (full) mha_layer_get_weights(full, &fw);
+            if (full && q_bias) /* the whole layer is w's: the shards are compared with it */
+                CHECK(!memcmp(fw.w_g, w.w_g, sizeof(float) * c.d_model * c.n_heads * c.d_v) &&
+                      !memcmp(fw.w_q, w.w_q, sizeof(float) * c.d_model * c.n_heads * c.d_k));
+            snprintf(what, sizeof what, "gated hf h=%d h_kv=%d bias=%d q_bias=%d", c.n_heads, c.n_kv_heads, c.bias, q_bias);
+            for (int i = 0; full && i < 3; i++) check_shards_opt(p, &gate_opt, full, Ps[i], what);
+            mha_layer_free(full), full = NULL;
+            unlink(p);
+        }
+        naive_weights_free(&w);
+    }
+    // --- what stays refused
+    uint64_t seed = 1821;
+    mha_config c = naive_resolve(naive_config(8, 4, 4, 2, 2, 1));
+    naive_weights w;
+    naive_weights_random(&w, &c, &seed, 0.6f);
+    char p[128];
+    snprintf(p, sizeof p, "%s", path_of("gated_refused.safetensors"));
+    mha_tensors *t;
+    CHECK_OK(mha_tensors_create(&t));
+    float *fused = naive_random_floats((size_t)3 * 8 * 8, &seed, -1, 1), *o = naive_random_floats(64, &seed, -1, 1);
+    put(t, "qkv_proj.weight", fused, 24, 8), put(t, "o_proj.weight", o, 8, 8), put_int(t, "n_heads", 4);
+    CHECK_OK(mha_safetensors_write(p, t));
+    mha_tensors_free(t);
+    mha_head_range rg = {.first = 0, .count = 2};
+    mha_layer *S = NULL;
+    CHECK_STATUS(mha_layer_load_heads(&S, p, &gate_opt, &rg), MHA_E_UNSUPPORTED);
+    CHECK_ERROR_MENTIONS("output_gate with a fused qkv_proj.weight");
+    write_layout(p, &w, MHA_LAYOUT_NATIVE);
+    mha_load_options bad = {.layout = MHA_LAYOUT_NATIVE, .output_gate = 1};
+    CHECK_STATUS(mha_layer_load_heads(&S, p, &bad, &rg), MHA_E_ARG);
+    CHECK_ERROR_MENTIONS("output_gate = 1 with the native layout");
+    bad.output_gate = 2;
+    CHECK_STATUS(mha_layer_load_config(&c, p, &bad), MHA_E_ARG);
+    CHECK_ERROR_MENTIONS("output_gate = 2");
+    CHECK(S == NULL);
+    free(fused), free(o), naive_weights_free(&w);
+    unlink(p);
+}
+
 /* A bf16 or int8 native file (mha convert --to-dtype) loads by heads as
  * it loads whole: each shard keeps the dtype, its weights are the full
  * layer's blocks bit for bit (int8: the columns' scales, and W_O's
@@ -528,6 +653,7 @@ static const test_case cases[] = {
     {"load_heads_hf_fused_qkv", load_heads_hf_fused_qkv},
     {"load_heads_bert_names", load_heads_bert_names},
     {"load_heads_reads_only_its_heads", load_heads_reads_only_its_heads},
+    {"load_heads_gated", load_heads_gated},
     {"load_heads_labels_and_ranges", load_heads_labels_and_ranges},
     {"load_heads_default_slopes_and_zero_attn", load_heads_default_slopes_and_zero_attn},
     {"load_heads_hf_whole_norm", load_heads_hf_whole_norm},

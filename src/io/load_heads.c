@@ -1,6 +1,7 @@
 /* load_heads.c — a shard of a checkpoint: query heads [first, first+count)
  * and the kv heads they read, copied straight from the file's mapping
- * (column blocks of W_Q/W_K/W_V and their biases, row blocks of W_O), so
+ * (column blocks of W_Q/W_K/W_V and their biases, of a gated layer's W_G
+ * and b_G, row blocks of W_O), so
  * no buffer ever holds the whole layer and the other heads' bytes are
  * never checked or copied. Each layout says where head i's block starts;
  * the blocks become a native tensor set of count heads, which the native
@@ -29,6 +30,8 @@ typedef struct {
     mha_config c;
     part w[3], b[3]; /* Q, K, V weights and biases */
     part o;          /* W_O: trans 0 = (h*d_v, D) head rows; 1 = (D, h*d_v) head columns */
+    part g, bg;      /* W_G and b_G of a gated layer: d_v-wide blocks by query head (absent: .a NULL) */
+    int hf_gate;     /* hf q_proj rows per head [query d; gate d] (mha_load_options.output_gate) */
     const mha_array *b_o, *bias_k, *bias_v;
     int hf;          /* QK-norm tensors named q_norm.weight / k_norm.weight */
     const char *prefix; /* the layer's own path (mha_io_layer_path): in path, or NULL */
@@ -143,8 +146,11 @@ static mha_status describe(source *src, const mha_tensors *t, const mha_load_opt
             src->b[i] = plain(a[4], 0, 0, i ? (i == 1 ? c->d_k : c->d_v) : c->d_k);
         }
         if ((s = find(&src->b_o, t, P, "b_o", 0)) || (s = find(&src->bias_k, t, P, "bias_k", 0)) ||
-            (s = find(&src->bias_v, t, P, "bias_v", 0)))
+            (s = find(&src->bias_v, t, P, "bias_v", 0)) || (s = find(&a[5], t, P, "w_g", 0)) ||
+            (s = find(&a[4], t, P, "b_g", 0)))
             return s;
+        src->g = plain(a[5], 0, 0, c->d_v), src->bg = plain(a[4], 0, 0, c->d_v); /* as W_Q's, d_v wide */
+        if ((s = want(a[5], "w_g", c->d_model, h * c->d_v)) || (s = want(a[4], "b_g", h * c->d_v, 0))) return s;
         break;
     case MHA_LAYOUT_HF: { /* *_proj.weight (out, in) */
         src->hf = 1;
@@ -154,6 +160,9 @@ static mha_status describe(source *src, const mha_tensors *t, const mha_load_opt
         for (int m = 0; m < 4; m++) snprintf(w[m], sizeof w[m], "%s.weight", base[m]), snprintf(b[m], sizeof b[m], "%s.bias", base[m]);
         if ((s = find(&a[0], t, P, w[0], 0))) return s;
         const mha_hf_fused_names *fn = a[0] ? NULL : mha_io_hf_fused(t, P);
+        if (fn && o->output_gate)
+            return mha_fail(MHA_E_UNSUPPORTED, "hf layout: output_gate with a fused %s.weight; expected q_proj "
+                            "holding each head's query then its gate (Qwen3-Next)", fn->qkv);
         if (fn) { /* Phi-3, Baichuan, MPT: rows [Q; K; V], d_k = d_v */
             char fw[4][48];
             snprintf(fw[0], 48, "%s.weight", fn->qkv), snprintf(fw[1], 48, "%s.bias", fn->qkv);
@@ -175,12 +184,22 @@ static mha_status describe(source *src, const mha_tensors *t, const mha_load_opt
         if (a[0]->rank != 2 || a[1]->rank != 2 || a[2]->rank != 2 || a[3]->rank != 2)
             return mha_fail(MHA_E_SHAPE, "hf layout: the four *_proj.weight must be matrices");
         c->d_model = a[0]->shape[1], c->d_kv_in = c->d_v_in = a[1]->shape[1];
-        if ((s = split(&c->d_k, a[0]->shape[0], h, w[0]))) return s;
+        const int gated = src->hf_gate = c->output_gate = o->output_gate; /* Qwen3-Next */
+        if ((s = split(&c->d_k, a[0]->shape[0], gated ? 2 * h : h, w[0]))) return s;
         if (!hkv && (s = split(&hkv, a[1]->shape[0], c->d_k, w[1]))) return s;
         if ((s = split(&c->d_v, a[2]->shape[0], hkv, w[2]))) return s;
-        src->w[0] = plain(a[0], 1, 0, c->d_k), src->w[1] = plain(a[1], 1, 0, c->d_k), src->w[2] = plain(a[2], 1, 0, c->d_v);
+        if (gated && (a[1]->shape[0] != hkv * c->d_k || c->d_v != c->d_k))
+            return mha_fail(MHA_E_SHAPE, "hf layout: %s's %d rows read as %d heads' query and gate give d_k = %d, "
+                            "but %s has %d rows and %s %d for %d kv heads; expected q_proj of h*2*head_dim rows "
+                            "(each head's query, then its gate: attn_output_gate) and d_v = d_k", w[0],
+                            a[0]->shape[0], h, c->d_k, w[1], a[1]->shape[0], w[2], a[2]->shape[0], hkv);
+        /* gated: head i's query rows start at 2*i*d, its gate's d rows later */
+        const int qs = gated ? 2 * c->d_k : c->d_k;
+        src->w[0] = (part){a[0], 1, 0, 1, qs}, src->w[1] = plain(a[1], 1, 0, c->d_k), src->w[2] = plain(a[2], 1, 0, c->d_v);
         src->o = plain(a[3], 1, 0, c->d_v);
-        src->b[0] = plain(a[4], 0, 0, c->d_k), src->b[1] = plain(a[5], 0, 0, c->d_k);
+        src->b[0] = (part){a[4], 0, 0, 1, qs}, src->b[1] = plain(a[5], 0, 0, c->d_k);
+        if (gated) src->g = (part){a[0], 1, c->d_k, 1, qs}, src->bg = (part){a[4], 0, c->d_k, 1, qs};
+        if (gated && (s = want(a[4], b[0], 2 * h * c->d_k, 0))) return s;
         if ((s = find(&a[4], t, P, b[2], 0)) || (s = find(&src->b_o, t, P, b[3], 0))) return s;
         src->b[2] = plain(a[4], 0, 0, c->d_v);
         break;
@@ -257,7 +276,8 @@ static mha_status describe(source *src, const mha_tensors *t, const mha_load_opt
         return s;
     const int rows[3] = {w[0].trans ? w[0].a->shape[0] : w[0].a->shape[1], w[1].trans ? w[1].a->shape[0] : w[1].a->shape[1],
                          w[2].trans ? w[2].a->shape[0] : w[2].a->shape[1]};
-    const int heads[3] = {h, hkv, hkv}, dims[3] = {c->d_k, c->d_k, c->d_v}, need[3] = {qk, kk, vv};
+    const int heads[3] = {h, hkv, hkv}, dims[3] = {c->d_k, c->d_k, c->d_v};
+    const int need[3] = {src->hf_gate ? 2 * qk : qk, kk, vv}; /* a gated q_proj holds the gate's rows too */
     for (int i = 0; i < 3; i++) { /* the last head's block ends inside the tensor */
         size_t end = head_at(&w[i], heads[i] - 1, dims[i]) + dims[i];
         if (end > (size_t)rows[i] || (w[0].a != w[1].a && rows[i] != need[i])) /* a fused tensor holds Q, K, V */
@@ -399,6 +419,12 @@ static mha_status narrow(mha_tensors **out, const source *src, const mha_tensors
         if (src->b[i].a && (p = add(nt, nb[i], cnt * d, 0, &s))) take_b(p, &src->b[i], h0, cnt, d);
     }
     if (src->b_o && (p = add(nt, "b_o", D, 0, &s))) memcpy(p, src->b_o->f, sizeof(float) * (size_t)D);
+    // --- the gate: W_G's and b_G's blocks of the query heads, as W_Q's
+    if (src->g.a && (p = add(nt, "w_g", D, n * dv, &s))) take_w(p, &src->g, D, first, n, dv);
+    if (src->bg.a && (p = add(nt, "b_g", n * dv, 0, &s))) take_b(p, &src->bg, first, n, dv);
+    /* hf: a bias elsewhere and none in the gated q_proj is b_G = 0, as mha_layer_load reads it */
+    if (src->hf_gate && !src->bg.a && c->bias && (p = add(nt, "b_g", n * dv, 0, &s))) memset(p, 0, sizeof(float) * (size_t)n * dv);
+    if (!s && src->hf_gate) s = mha_tensors_set_meta(nt, "output_gate", "1");
     const part bk = plain(src->bias_k, 0, 0, dk), bv = plain(src->bias_v, 0, 0, dv);
     if (src->bias_k && (p = add(nt, "bias_k", g * dk, 0, &s))) take_b(p, &bk, g0, g, dk);
     if (src->bias_v && (p = add(nt, "bias_v", g * dv, 0, &s))) take_b(p, &bv, g0, g, dv);
@@ -463,9 +489,15 @@ static mha_status open_source(mha_tensors **t, source *src, const char *path, co
     mha_load_options o = {0};
     if (opt) o = *opt;
     memset(src, 0, sizeof *src);
+    if (o.output_gate != 0 && o.output_gate != 1) /* mha_layer_load's checks, before the file */
+        return mha_fail(MHA_E_ARG, "output_gate = %d; expected 0 or 1 (the hf q_proj holds each head's gate)",
+                        o.output_gate);
     mha_status s = mha_io_checkpoint_map(t, path, o.prefix, MHA_IO_ALLOW_NONFINITE);
     if (s) return s;
     if (o.layout == MHA_LAYOUT_AUTO && (s = mha_io_detect(&o.layout, *t, o.prefix))) return s;
+    if (o.output_gate && o.layout != MHA_LAYOUT_HF) /* a native file says it itself */
+        return mha_fail(MHA_E_ARG, "output_gate = 1 with the %s layout; expected the hf layout, whose q_proj holds "
+                        "each head's query then its gate (Qwen3-Next)", mha_layout_name(o.layout));
     if ((s = mha_io_layer_path(&o, src->path, sizeof src->path, *t))) return s;
     if (o.layout != MHA_LAYOUT_NATIVE && (s = mha_io_refuse_unread_norms(*t, o.prefix))) return s;
     if ((s = describe(src, *t, &o))) return s;
@@ -475,8 +507,8 @@ static mha_status open_source(mha_tensors **t, source *src, const char *path, co
     float *var[4] = {NULL};
     s = mha_io_variants_read(&src->c, var, *t, src->prefix, src->hf);
     for (int i = 0; i < 4; i++) free(var[i]);
-    const char *gate = mha_tensors_meta(*t, "output_gate"); /* native: the loader's own check reads its tensors */
-    if (!s && gate) src->c.output_gate = strcmp(gate, "0") != 0;
+    const char *gate = mha_tensors_meta(*t, "output_gate"); /* native: the shard's loader checks it against w_g */
+    if (!s && gate && !src->hf_gate) src->c.output_gate = strcmp(gate, "0") != 0;
     return s;
 }
 
@@ -491,9 +523,6 @@ static mha_status with_path(mha_status s, const char *path) {
 
 mha_status mha_layer_load_config(mha_config *out, const char *path, const mha_load_options *opt) {
     if (!out || !path) return mha_fail(MHA_E_ARG, "mha_layer_load_config: NULL argument");
-    if (opt && opt->output_gate)
-        return mha_fail(MHA_E_UNSUPPORTED, "mha_layer_load_config: output_gate = 1 (a gated q_proj, Qwen3-Next) is "
-                        "not read here yet; expected mha_layer_load, then mha_layer_config");
     mha_tensors *t = NULL;
     source src;
     mha_status s = open_source(&t, &src, path, opt);
@@ -506,16 +535,9 @@ mha_status mha_layer_load_heads(mha_layer **out, const char *path, const mha_loa
                                 mha_head_range *range) {
     if (!out || !path || !range) return mha_fail(MHA_E_ARG, "mha_layer_load_heads: NULL argument");
     *out = NULL;
-    if (opt && opt->output_gate)
-        return mha_fail(MHA_E_UNSUPPORTED, "mha_layer_load_heads: output_gate = 1 (a gated q_proj, Qwen3-Next): a "
-                        "shard of heads does not load an output gate yet; expected mha_layer_load of the whole layer");
     mha_tensors *t = NULL, *nt = NULL;
     source src;
     mha_status s = open_source(&t, &src, path, opt);
-    if (!s && src.c.output_gate)
-        s = mha_fail(MHA_E_UNSUPPORTED, "mha_layer_load_heads: the checkpoint's layer has an output gate (metadata "
-                     "output_gate, gated attention), which a shard of heads does not load yet; expected "
-                     "mha_layer_load of the whole layer");
     const int h = src.c.n_heads, hkv = src.c.n_kv_heads, group = s ? 1 : h / hkv;
     const int first = range->first, n = range->count;
     if (!s && (first < 0 || n < 1 || n > h || first > h - n || (first % group && (first + n - 1) / group != first / group) ||
