@@ -77,7 +77,8 @@ typedef struct {
 mha_status mha_mpi_heads_of(mha_mpi_heads *out, const mha_config *c, int rank, int P);
 
 /* Builds this rank's shard of full: its heads' column blocks of W_Q, W_K,
- * W_V, biases and bias_k/bias_v, its row blocks of W_O and a zero b_O (the
+ * W_V, biases and bias_k/bias_v (and of W_G, b_G: a gated layer's gate of
+ * head i is computed with its W_Q block), its row blocks of W_O and a zero b_O (the
  * caller adds b_O once after the sum). Checks the shard's labels with the
  * contract's rule (Q and O labels equal, K and V equal, query label q in
  * kv label q / (h/h_kv)), then the gathered labels across ranks.
@@ -131,7 +132,8 @@ void mha_mpi_chunks_of(int start[2], int len[2], int n, int rank, int P);
  * of x and kv. Every rank holds the whole layer. Supported options:
  * scale, causal (both alignments), key padding (key_keep, key_additive),
  * keep/additive masks, masked_row, interventions (MEAN is averaged over
- * all ranks' rows). cap: z (B,T,h*d_v) and contributions (h,B,T,d_model)
+ * all ranks' rows); a gated layer (config.output_gate) gates each rank's
+ * rows with its rows of x. cap: z (B,T,h*d_v) and contributions (h,B,T,d_model)
  * assembled on rank 0; probs are MHA_E_UNSUPPORTED (use heads). Needs
  * T >= 2P and S >= 2P. MHA_E_UNSUPPORTED, before any work, for a layer
  * with RoPE, ALiBi, sinks or QK-norm (the ring attends projected q and

@@ -1,7 +1,9 @@
 /* heads.c — head-parallel attention (Megatron-LM's tensor parallelism as
  * the head contract states it): rank r keeps its heads' column blocks of
- * W_Q/W_K/W_V and row blocks of W_O, computes Y_r = sum over its heads of
- * Z^(i) W_O[i], and Y = sum_r Y_r + b_O after one MPI_Allreduce.
+ * W_Q/W_K/W_V (and W_G, b_G of a gated layer) and row blocks of W_O,
+ * computes Y_r = sum over its heads of Z^(i) W_O[i] (Z^(i) gated by
+ * sigmoid(x W_G[i] + b_G[i]) when the layer has the gate), and Y = sum_r
+ * Y_r + b_O after one MPI_Allreduce.
  * Legend: B, T, S, S_tot = S + extra keys, h, h_kv, hl = h/P and
  * gl kv heads per rank, d_k, d_v, d_model = D, d_kv_in. */
 #include <stdio.h>
@@ -126,9 +128,6 @@ mha_status mha_mpi_shard_heads(mha_layer **local, mha_mpi_heads *hd, const mha_l
     char msg[512] = "";
     const mha_config *c = mha_layer_config(full);
     s = mha_mpi_heads_of(hd, c, rank, P);
-    if (!s && c->output_gate)
-        s = mha_mpi_fail(MHA_E_UNSUPPORTED, "mha_mpi_shard_heads: a layer with an output gate (config.output_gate, "
-                         "gated attention) is not sharded yet; expected a layer without one");
     if ((s = mha_mpi_agree(comm, s, s ? mha_mpi_last_error() : NULL))) return s;
     {
         const int h = c->n_heads, h_kv = c->n_kv_heads;
@@ -144,7 +143,8 @@ mha_status mha_mpi_shard_heads(mha_layer **local, mha_mpi_heads *hd, const mha_l
         if (s) return s;
     }
 
-    // --- this rank's blocks: columns of W_Q/W_K/W_V, rows of W_O
+    // --- this rank's blocks: columns of W_Q/W_K/W_V (and of W_G: head i's
+    //     gate reads the query's input, as its W_Q block), rows of W_O
     const int hl = hd->count, gl = hd->kv_count, d_k = c->d_k, d_v = c->d_v, D = c->d_model;
     mha_weights w;
     mha_layer_get_weights(full, &w);
@@ -153,14 +153,16 @@ mha_status mha_mpi_shard_heads(mha_layer **local, mha_mpi_heads *hd, const mha_l
     const size_t nq = (size_t)D * hl * d_k, nk = (size_t)c->d_kv_in * gl * d_k,
                  nv = (size_t)c->d_v_in * gl * d_v, no = (size_t)hl * d_v * D;
     const size_t nb = (size_t)hl * d_k + (size_t)gl * (d_k + d_v) * 2 + D;
-    float *buf = mha_mpi_alloc_fault(comm) ? NULL : malloc(sizeof(float) * (nq + nk + nv + no + nb));
+    const size_t ng = c->output_gate ? ((size_t)D + 1) * hl * d_v : 0; /* W_G (D, hl*d_v), b_G (hl*d_v) */
+    const size_t total = nq + nk + nv + no + nb + ng;
+    float *buf = mha_mpi_alloc_fault(comm) ? NULL : malloc(sizeof(float) * total);
     if (!buf) {
         s = MHA_E_NOMEM;
-        snprintf(msg, sizeof msg, "no memory for this rank's shard of the layer (%zu floats)", nq + nk + nv + no + nb);
+        snprintf(msg, sizeof msg, "no memory for this rank's shard of the layer (%zu floats)", total);
     } else {
         float *wq = buf, *wk = wq + nq, *wv = wk + nk, *wo = wv + nv, *bq = wo + no, *bk = bq + (size_t)hl * d_k,
               *bv = bk + (size_t)gl * d_k, *bias_k = bv + (size_t)gl * d_v, *bias_v = bias_k + (size_t)gl * d_k,
-              *bo = bias_v + (size_t)gl * d_v;
+              *bo = bias_v + (size_t)gl * d_v, *wg = bo + D, *bg = wg + (size_t)D * hl * d_v;
         take_columns(wq, w.w_q, D, c->n_heads, hd->first, hl, d_k);
         take_columns(wk, w.w_k, c->d_kv_in, c->n_kv_heads, hd->kv_first, gl, d_k);
         take_columns(wv, w.w_v, c->d_v_in, c->n_kv_heads, hd->kv_first, gl, d_v);
@@ -179,6 +181,11 @@ mha_status mha_mpi_shard_heads(mha_layer **local, mha_mpi_heads *hd, const mha_l
             take_columns(bk, w.b_k, 1, c->n_kv_heads, hd->kv_first, gl, d_k);
             take_columns(bv, w.b_v, 1, c->n_kv_heads, hd->kv_first, gl, d_v);
             lw.b_q = bq, lw.b_k = bk, lw.b_v = bv, lw.b_o = bo;
+        }
+        if (c->output_gate) {
+            take_columns(wg, w.w_g, D, c->n_heads, hd->first, hl, d_v);
+            lw.w_g = wg;
+            if (c->bias) take_columns(bg, w.b_g, 1, c->n_heads, hd->first, hl, d_v), lw.b_g = bg;
         }
         if (c->add_bias_kv) {
             take_columns(bias_k, w.bias_k, 1, c->n_kv_heads, hd->kv_first, gl, d_k);

@@ -63,11 +63,12 @@ static long long layer_checksum(const mha_layer *L) {
     hsh = fnv(hsh, w.w_v, 4 * c->d_v_in * v), hsh = fnv(hsh, w.w_o, 4 * (size_t)c->n_heads * c->d_v * c->d_model);
     hsh = fnv(hsh, w.b_q, 4 * q), hsh = fnv(hsh, w.b_k, 4 * k), hsh = fnv(hsh, w.b_v, 4 * v);
     hsh = fnv(hsh, w.b_o, 4 * (size_t)c->d_model);
+    hsh = fnv(hsh, w.w_g, 4 * c->d_model * (size_t)c->n_heads * c->d_v), hsh = fnv(hsh, w.b_g, 4 * (size_t)c->n_heads * c->d_v);
     return (long long)(hsh >> 1);
 }
 
 /* The settings that config.json (or the file's metadata) gives the layer and
- * the call besides the weights: RoPE, ALiBi, soft-cap, sinks, QK-norm, clip_qkv,
+ * the call besides the weights: RoPE, ALiBi, soft-cap, sinks, QK-norm, the output gate, clip_qkv,
  * the query temperature, extra keys, the score scale and the window; hc, config.json as read here.
  * Each rank reads its own config.json, and the weights' checksums do not
  * see it: a rank given another rope_theta, soft-cap or window ran silently
@@ -84,7 +85,7 @@ static long long variant_checksum(const mha_layer *L, const mha_options *o, cons
                            c->qk_norm, c->qk_norm_per_head, c->qk_norm_whole, c->add_bias_kv, c->add_zero_attn,
                            o->window_left, o->window_right, o->sink_tokens, o->chunk_size, o->align, hc->found, hc->heads,
                            hc->kv_heads, hc->head_dim, hc->hidden, hc->rope_dim, hc->alibi, hc->qk_norm_offset,
-                           hc->window, hc->no_rope};
+                           hc->window, hc->no_rope, c->output_gate, hc->output_gate};
     unsigned long long hsh = fnv(1469598103934665603ull, d, sizeof d);
     hsh = fnv(hsh, n, sizeof n);
     hsh = fnv(hsh, r->short_factor, sizeof r->short_factor); /* LongRoPE's lists (a --rope-scale flag's too) */
@@ -292,7 +293,7 @@ static mha_status load_layer(mha_layer **layer, mha_mpi_heads *hd, mha_config *c
     if (!s && cli_hf_config_read(&hc, "run", &r->ck, NULL)) s = MHA_E_ARG;
     if (!s && hc.found && !lo.n_heads) lo.n_heads = (int)hc.heads; /* --heads wins over config.json */
     if (!s && hc.found && !lo.n_kv_heads) lo.n_kv_heads = (int)hc.kv_heads;
-    if (!s && hc.found) lo.output_gate = hc.output_gate; /* refused by name by the shard loader */
+    if (!s && hc.found) lo.output_gate = hc.output_gate; /* Qwen3-Next: q_proj holds each head's gate */
     capture_end(&cap);
     s = mha_mpi_agree(comm, s, s ? cap.text : NULL);
     free(cap.text);

@@ -195,6 +195,24 @@ static mha_status intervene(float *z, const mha_intervention *ivs, int h, int d_
     return s;
 }
 
+/* Gated attention on this rank's rows: z (B, Tl, zw) *= sigmoid(x_r W_G
+ * + b_G), x_r (B, Tl, D) the rank's rows of x (its query chunks qs/ql),
+ * each row gated by its own query's input. */
+static mha_status gate_rows(float *z, const float *x, const mha_weights *w, int B, int T, int D, int zw,
+                            const int qs[2], const int ql[2]) {
+    const int Tl = ql[0] + ql[1];
+    const size_t rows = (size_t)B * Tl;
+    float *xr = malloc(sizeof(float) * rows * D), *gt = malloc(sizeof(float) * rows * zw); // (B,Tl,D), (B,Tl,zw)
+    mha_status s = xr && gt ? MHA_OK : mha_mpi_fail(MHA_E_NOMEM, "no memory for the output gate of %zu rows", rows);
+    for (int b = 0; !s && b < B; b++)
+        for (int k = 0, off = 0; k < 2; off += ql[k], k++)
+            memcpy(xr + ((size_t)b * Tl + off) * D, x + ((size_t)b * T + qs[k]) * D, sizeof(float) * (size_t)ql[k] * D);
+    if (!s && (s = mha_project_out(gt, xr, w->w_g, w->b_g, (int)rows, D, zw))) s = mha_mpi_fail(s, "%s", mha_last_error());
+    for (size_t i = 0; !s && i < rows * zw; i++) z[i] *= 1.0f / (1.0f + expf(-gt[i]));
+    free(xr), free(gt);
+    return s;
+}
+
 /* What the ring cannot do for this layer and these options, in words a
  * user of either the C API or `mha-mpi run` can act on; "" when none. The
  * ring attends projected q and k (mha_attend_lse), so variants that act on
@@ -255,11 +273,7 @@ mha_status mha_mpi_forward_sequence(const mha_layer *layer, float *y, const mha_
     mha_status s = mha_mpi_check_same(comm, same, (int)(sizeof same / sizeof same[0]), names);
     if (s) return s;
     char msg[512] = "";
-    if (c->output_gate) /* this split projects and attends itself: the gate would be left out */
-        s = MHA_E_UNSUPPORTED, snprintf(msg, sizeof msg, "--split sequence: a layer with an output gate "
-                                        "(config.output_gate, gated attention) is not split by sequence; expected "
-                                        "--split heads or one rank");
-    else if (T < 2 * P || S < 2 * P)
+    if (T < 2 * P || S < 2 * P)
         s = MHA_E_SHAPE, snprintf(msg, sizeof msg, "--split sequence over P=%d ranks cuts T=%d queries and S=%d keys into %d chunks; expected T >= %d and S >= %d", P, T, S, 2 * P, 2 * P, 2 * P);
     else if (cap && cap->probs)
         s = MHA_E_UNSUPPORTED, snprintf(msg, sizeof msg, "--split sequence does not capture attention probabilities (each rank sees one key block at a time); use --split heads");
@@ -405,6 +419,12 @@ mha_status mha_mpi_forward_sequence(const mha_layer *layer, float *y, const mha_
                         if (lc[((size_t)b * h + r) * ql[k] + i] == -INFINITY)
                             for (int e = 0; e < d_v; e++) dst[(size_t)r * d_v + e] = NAN;
                 }
+    }
+    if (c->output_gate) { /* before the interventions, as mha_forward; agreed: MEAN's allreduce follows */
+        tc = MPI_Wtime();
+        s = gate_rows(zl, x, &w, B, T, D, zw, qs, ql);
+        busy += MPI_Wtime() - tc;
+        if ((s = mha_mpi_agree(comm, s, s ? mha_mpi_last_error() : NULL))) return free(buf), s;
     }
     if (g.interventions)
         s = intervene(zl, g.interventions, h, d_v, B, T, Tl, qs, ql, comm);

@@ -154,6 +154,33 @@ write_safetensors(d + "/mptdir/model.safetensors", {"transformer.blocks.0.attn.W
 json.dump({"model_type": "mpt", "n_heads": 4, "d_model": 16, "attn_config": {"alibi": True, "alibi_bias_max": 8}},
           open(d + "/mptdir/config.json", "w"))
 layer("mha_b", 24, 12, 12, 3, 2)          # mha's shapes, other weights
+# gated attention (output_gate: Z^(r) *= sigmoid(x W_G + b_G)^(r) before W_O):
+# native files with w_g (and b_g beside biases), an hf directory whose
+# q_proj holds each head's query then gate rows (config.json's attn_output_gate)
+def gated(name, dm, h, hkv, dk, dv, bias, din=None):
+    din = din or dm
+    w = {"w_q": r(dm, h * dk), "w_k": r(din, hkv * dk), "w_v": r(din, hkv * dv), "w_o": r(h * dv, dm),
+         "w_g": r(dm, h * dv)}
+    if bias:
+        w.update({"b_q": r(h * dk), "b_k": r(hkv * dk), "b_v": r(hkv * dv), "b_o": r(dm), "b_g": r(h * dv)})
+    write_safetensors("%s/%s.safetensors" % (d, name), w,
+                      {"n_heads": h, "n_kv_heads": hkv, "d_k": dk, "d_v": dv, "output_gate": 1})
+    return w
+w = gated("gmha", 24, 6, 6, 3, 2, True)  # P = 1, 2, 3
+write_safetensors(d + "/gmha_plain.safetensors", {k: v for k, v in w.items() if k not in ("w_g", "b_g")},
+                  {"n_heads": 6, "n_kv_heads": 6, "d_k": 3, "d_v": 2})
+gated("ggqa", 16, 8, 4, 2, 3, False)    # P = 1, 2, 4; P = 3 refused
+gated("gcross", 24, 6, 6, 3, 3, True, din=10)
+w = gated("gseq", 24, 6, 6, 3, 2, True)
+w["w_g"] = w["w_g"] + 0.25               # gseq_b: gseq's weights but W_G
+write_safetensors(d + "/gseq_b.safetensors", w, {"n_heads": 6, "n_kv_heads": 6, "d_k": 3, "d_v": 2, "output_gate": 1})
+os.mkdir(d + "/gatedir")
+gq = r(4 * 2 * 4, 16)                    # rows per head: 4 query rows, then 4 gate rows
+write_safetensors(d + "/gatedir/model.safetensors",
+                  {"model.layers.0.self_attn.q_proj.weight": gq, "model.layers.0.self_attn.k_proj.weight": r(8, 16),
+                   "model.layers.0.self_attn.v_proj.weight": r(8, 16), "model.layers.0.self_attn.o_proj.weight": r(16, 16)})
+json.dump({"num_attention_heads": 4, "num_key_value_heads": 2, "hidden_size": 16, "head_dim": 4,
+           "attn_output_gate": True}, open(d + "/gatedir/config.json", "w"))
 np.save(d + "/x.npy", r(2, 16, 24))
 np.save(d + "/x16.npy", r(2, 16, 16))
 np.save(d + "/pos16.npy", (np.arange(16) * 7 + 3).astype(np.int64))   # --positions, shared by both sequences
@@ -258,6 +285,8 @@ api_test() {
 if [ -n "${MHA_MPI_TEST_QUICK:-}" ]; then
     case_ quick "2" "heads sequence" gqa x16 --causal --key-padding-mask "$T/kpm.npy"
     decode quick_dec "2" gqa x16 5
+    case_ quick_gate "2" "heads sequence" gmha x --causal
+    decode quick_gate_dec "2" gmha x 5
     mpi 2 --split heads --weights "$T/gqa.safetensors" --input "$T/x16.npy" --output "$T/y.npy" --causal \
         --save-z "$T/z.npy" --save-probs "$T/p.npy"
     expect_ok
@@ -281,6 +310,49 @@ case_ cross "2 3 4" "heads sequence" cross x --kv-input "$T/kv.npy" --causal bot
 case_ cross_pad "2 4" "heads sequence" cross x --kv-input "$T/kv.npy" --key-padding-mask "$T/kpm_cross.npy"
 case_ ablate "2 3 4" "heads sequence" mha x --causal --ablate 1=zero,5=scale:0.5,7=mean
 case_ nanrows "2 4" "heads sequence" mha x --attn-mask "$T/am.npy" --key-padding-mask "$T/kpm.npy" --masked-rows nan
+
+# --- gated attention (output_gate): each shard gates its heads with its
+# column blocks of W_G (and b_G); the ring gates its own query rows before
+# W_O. Both refused the layer before. MHA with biases over P = 1, 2, 3, GQA
+# without over P = 1, 2, 4, cross-attention, ablations (after the gate),
+# the captured Z (gated), decode; heads permuted in the file
+case_ gate_mha "1 2 3" "heads sequence" gmha x --causal
+case_ gate_gqa "1 2 4" "heads sequence" ggqa x16 --causal
+case_ gate_cross "2 3" "heads sequence" gcross x --kv-input "$T/kv.npy"
+case_ gate_ablate "2 3" "heads sequence" gmha x --causal --ablate 1=zero,4=mean
+ref --weights "$T/gmha.safetensors" --input "$T/x.npy" --output "$T/r.npy" --causal --save-z "$T/rz.npy" \
+    --save-contributions "$T/rc.npy"
+for split in heads sequence; do
+    mpi 2 --split $split --weights "$T/gmha.safetensors" --input "$T/x.npy" --output "$T/y.npy" --causal \
+        --save-z "$T/z.npy" --save-contributions "$T/c.npy"
+    expect_ok
+    close "$T/y.npy" "$T/r.npy"; close "$T/z.npy" "$T/rz.npy"; close "$T/c.npy" "$T/rc.npy"
+done
+decode dec_gate_mha "1 2 3" gmha x 5
+decode dec_gate_gqa "2 4" ggqa x16 3
+"$MHA" permute --order 2,3,0,1,6,7,4,5 "$T/ggqa.safetensors" "$T/ggqa_perm.safetensors" >"$T/out" 2>&1 ||
+    fail "mha permute of a gated layer: $(cat "$T/out")"
+case_ gate_perm "2 4" "heads sequence" ggqa_perm x16 --causal
+last="a gated layer with its heads permuted" close "$T/r_gate_perm.npy" "$T/r_gate_gqa.npy"
+decode dec_gate_perm "2" ggqa_perm x16 4
+# hf: q_proj rows per head [query; gate], read as config.json's attn_output_gate says
+ref --weights "$T/gatedir" --input "$T/x16.npy" --output "$T/r_gatedir.npy" --causal
+for p in 1 2 4; do
+    mpi $p --split heads --weights "$T/gatedir" --input "$T/x16.npy" --output "$T/y.npy" --causal
+    expect_ok
+    close "$T/y.npy" "$T/r_gatedir.npy"
+done
+mpi 2 --split sequence --weights "$T/gatedir" --input "$T/x16.npy" --output "$T/y.npy" --causal
+expect_ok
+close "$T/y.npy" "$T/r_gatedir.npy"
+mpi 2 --decode 5 --weights "$T/gatedir" --input "$T/x16.npy" --output "$T/y.npy" --causal
+expect_ok
+close "$T/y.npy" "$T/r_gatedir.npy"
+# the gate changes Y here: gmha_plain is gmha without W_G and b_G
+ref --weights "$T/gmha_plain.safetensors" --input "$T/x.npy" --output "$T/r_gmha_plain.npy" --causal
+checks=$((checks + 1))
+"$PY" -c "import sys, numpy as np; sys.exit(int(np.abs(np.load(sys.argv[1]) - np.load(sys.argv[2])).max() < 1e-2))" \
+    "$T/r_gmha_plain.npy" "$T/r_gate_mha.npy" || fail "the gate left mha run's Y of gmha unchanged"
 
 # config.json beside an hf checkpoint: head counts, RoPE and soft-cap as mha run reads them
 ref --weights "$T/hfdir" --input "$T/x16.npy" --output "$T/r_hfdir.npy" --causal
@@ -533,6 +605,14 @@ H="--input $T/x16.npy --output $T/fo/keep.npy --causal"
 # the index (each rank ran with its own shard files' heads, silently)
 mpmd "--weights $T/shdir $H" "--weights $T/shdir_b $H"
 expect_fail 2 "rank 1: checksum of the checkpoint file"
+# the ring's ranks hold the whole layer: its W_G is compared too (gseq_b
+# differs from gseq in W_G alone)
+mpmd "--split sequence --weights $T/gseq.safetensors --input $T/x.npy --output $T/fo/keep.npy --causal" \
+     "--split sequence --weights $T/gseq_b.safetensors --input $T/x.npy --output $T/fo/keep.npy --causal"
+expect_fail 2 "rank 1: checksum of the weights"
+# a gated GQA layer that P = 3 cannot split: the head split's refusal
+mpi 3 --split heads --weights "$T/ggqa.safetensors" --input "$T/x16.npy" --output "$T/fo/y.npy" --causal
+expect_fail 3 "h_kv=4"
 # the same file beside another config.json (rope_theta; soft-cap under the
 # ring): each rank ran silently with its own settings before
 mpmd "--weights $T/hfdir $H" "--weights $T/hfdir_theta $H"

@@ -22,6 +22,50 @@ static void expect(mha_status got, mha_status want, const char *mention, int lin
 }
 #define EXPECT(call, want, mention) expect((call), (want), (mention), __LINE__)
 
+/* max |y - want| over rank 0's y (B,T,D) above 1e-5: one failure naming what */
+static void expect_close(const float *y, const float *want, size_t n, const char *what) {
+    double err = 0.0;
+    for (size_t i = 0; rank == 0 && i < n; i++) err = fmax(err, fabs((double)y[i] - want[i]));
+    checks++;
+    if (!(err <= 1e-5)) fprintf(stderr, "FAIL rank %d: %s: max |y - mha_forward| = %g\n", rank, what, err), fails++;
+}
+
+/* Gated attention (config.output_gate), GQA with biases: the head split
+ * of a layer in memory (mha_mpi_shard_heads: each shard takes W_G's and
+ * b_G's column blocks of its heads), with its heads permuted first (W_G
+ * moves with W_Q), and the ring (each rank gates its own rows), against
+ * the single-process mha_forward of the unpermuted layer. */
+static void gated(MPI_Comm comm) {
+    enum { D = 8, H = 4, G = 2, DK = 2, B = 2, T = 8 };
+    mha_config c = mha_config_default(D, H);
+    c.n_kv_heads = G, c.output_gate = 1; /* bias on: b_G too */
+    static float wq[D * H * DK], wk[D * G * DK], wv[D * G * DK], wo[H * DK * D], wg[D * H * DK], bq[H * DK],
+        bk[G * DK], bv[G * DK], bo[D], bg[H * DK], x[B * T * D], y[B * T * D], want[B * T * D];
+    float *const all[] = {wq, wk, wv, wo, wg, bq, bk, bv, bo, bg, x};
+    const size_t n[] = {D * H * DK, D * G * DK, D * G * DK, H * DK * D, D * H * DK, H * DK, G * DK, G * DK, D, H * DK, B * T * D};
+    for (int a = 0, k = 0; a < 11; a++)
+        for (size_t i = 0; i < n[a]; i++, k++) all[a][i] = (float)((k * 37 % 23) - 11) / 17.0f;
+    mha_weights w = {.w_q = wq, .w_k = wk, .w_v = wv, .w_o = wo, .w_g = wg, .b_q = bq, .b_k = bk, .b_v = bv,
+                     .b_o = bo, .b_g = bg};
+    mha_layer *L = NULL, *local = NULL;
+    mha_options o = mha_options_default();
+    o.causal = 1;
+    EXPECT(mha_layer_create(&L, &c, &w), MHA_OK, NULL);
+    if (!L) return;
+    EXPECT(mha_forward(L, want, NULL, x, NULL, B, T, T, &o), MHA_OK, NULL);
+    const int perm[H] = {2, 3, 0, 1}; /* the kv groups swapped, whole */
+    EXPECT(mha_layer_permute_heads(L, perm), MHA_OK, NULL);
+    mha_mpi_heads hd;
+    EXPECT(mha_mpi_shard_heads(&local, &hd, L, comm), MHA_OK, NULL);
+    memset(y, 0, sizeof y);
+    EXPECT(mha_mpi_forward_heads(local, &hd, bo, y, NULL, x, NULL, B, T, T, &o, comm, NULL), MHA_OK, NULL);
+    expect_close(y, want, B * T * D, "gated layer, permuted heads, split by heads");
+    memset(y, 0, sizeof y);
+    EXPECT(mha_mpi_forward_sequence(L, y, NULL, x, NULL, B, T, T, &o, comm, NULL), MHA_OK, NULL);
+    expect_close(y, want, B * T * D, "gated layer split by sequence");
+    mha_layer_free(local), mha_layer_free(L);
+}
+
 int main(int argc, char **argv) {
     MPI_Init(&argc, &argv);
     MPI_Comm comm = MPI_COMM_WORLD;
@@ -83,6 +127,7 @@ int main(int argc, char **argv) {
     x[5 * D + 3] = NAN; /* row 5: rank 1's chunk for P = 2, rank 0's for P = 1 */
     EXPECT(mha_mpi_forward_sequence(L, y, NULL, x, NULL, B, T, T, NULL, comm, NULL), MHA_E_NONFINITE, "x[0][5][3]");
     mha_layer_free(local), mha_layer_free(L);
+    gated(comm);
     if (rank == 0) printf("mpi_api_test: %d checks, %d failed\n", checks, fails);
     int any = fails;
     MPI_Allreduce(MPI_IN_PLACE, &any, 1, MPI_INT, MPI_MAX, comm);
