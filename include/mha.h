@@ -240,8 +240,9 @@ typedef struct {
        interventions, captures and contributions see Z'. Self-attention
        forwards, the KV cache and training (the backward and the tape:
        grad.dw_g, db_g), bf16 / int8 weights (W_G stored like
-       W_Q); options.bf16_matmul, mha-mpi and mha_layer_load_heads
-       refuse it (MHA_E_UNSUPPORTED). 0: none. */
+       W_Q), mha-mpi (heads, sequence, decode) and
+       mha_layer_load_heads; options.bf16_matmul refuses it
+       (MHA_E_UNSUPPORTED). 0: none. */
     int output_gate;
 } mha_config;
 

@@ -292,6 +292,11 @@ mha_status mha_mpi_forward_heads(const mha_layer *local, const mha_mpi_heads *hd
     const long long same[] = {B, T, S, D, h, hl, want_z, want_c, want_p, kv != NULL};
     const char *names[] = {"B", "T", "S", "d_model", "h", "heads per rank", "--save-z", "--save-contributions", "--save-probs", "--kv-input"};
     if ((s = mha_mpi_check_same(comm, same, 10, names))) return s;
+    /* dropout's draw is a function of the whole layer's head index: a shard would draw another */
+    if ((s = mha_mpi_agree(comm, opt && opt->dropout_p != 0.0f ? MHA_E_UNSUPPORTED : MHA_OK,
+                           "mha_mpi_forward_heads: options.dropout_p is not supported (training's dropout draws "
+                           "by the whole layer's heads); expected 0")))
+        return s;
 
     // --- this rank's view of the options: its interventions and mask heads
     mha_options o = opt ? *opt : mha_options_default();

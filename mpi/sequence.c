@@ -226,6 +226,9 @@ static void ring_limits(char *msg, size_t cap, const mha_config *c, const mha_op
     else if (g->bf16_matmul)
         snprintf(msg, cap, "--split sequence (mha_mpi_forward_sequence): options.bf16_matmul = %d is not supported "
                  "(the ring projects in fp32); expected 0, or --split heads (mha_mpi_forward_heads)", g->bf16_matmul);
+    else if (g->dropout_p != 0.0f)
+        snprintf(msg, cap, "--split sequence (mha_mpi_forward_sequence): options.dropout_p = %g is not supported "
+                 "(training's dropout draws by the whole layer's rows); expected 0", (double)g->dropout_p);
     else if (g->cu_seqlens || g->n_seqs)
         snprintf(msg, cap, "--split sequence (mha_mpi_forward_sequence): options.cu_seqlens (packed sequences) is not "
                  "supported (the ring cuts the rows by position); expected NULL, or --split heads "

@@ -124,6 +124,11 @@ int main(int argc, char **argv) {
     o = mha_options_default();
     o.cu_seqlens = cu, o.n_seqs = 2;
     EXPECT(mha_mpi_forward_sequence(L, y, NULL, x, NULL, B, T, T, &o, comm, NULL), MHA_E_UNSUPPORTED, "cu_seqlens");
+    o = mha_options_default(); /* training's dropout: its draw is by the whole layer's head and row */
+    o.dropout_p = 0.1f;
+    EXPECT(mha_mpi_forward_sequence(L, y, NULL, x, NULL, B, T, T, &o, comm, NULL), MHA_E_UNSUPPORTED, "dropout_p");
+    EXPECT(mha_mpi_forward_heads(local, &hd, NULL, y, NULL, x, NULL, B, T, T, &o, comm, NULL), MHA_E_UNSUPPORTED,
+           "dropout_p");
     x[5 * D + 3] = NAN; /* row 5: rank 1's chunk for P = 2, rank 0's for P = 1 */
     EXPECT(mha_mpi_forward_sequence(L, y, NULL, x, NULL, B, T, T, NULL, comm, NULL), MHA_E_NONFINITE, "x[0][5][3]");
     mha_layer_free(local), mha_layer_free(L);
