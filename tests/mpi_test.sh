@@ -94,6 +94,11 @@ write_safetensors(d + "/glmdir/model.safetensors", {g + "query_key_value.weight"
 json.dump({"model_type": "chatglm", "hidden_size": 16, "num_attention_heads": 4, "kv_channels": 4,
            "multi_query_attention": True, "multi_query_group_num": 2, "rope_ratio": 2},
           open(d + "/glmdir/config.json", "w"))
+# CodeGen: qkv_proj's 4 row blocks [q; v; k] (the codegen layout, which config.json names), 8 heads of 2
+os.mkdir(d + "/cgdir")
+g = "transformer.h.0.attn."
+write_safetensors(d + "/cgdir/model.safetensors", {g + "qkv_proj.weight": r(48, 16), g + "out_proj.weight": r(16, 16)})
+json.dump({"model_type": "codegen", "n_embd": 16, "n_head": 8, "rotary_dim": 2}, open(d + "/cgdir/config.json", "w"))
 # a sharded checkpoint (index + two files), and one whose second file
 # holds other weights under the same index
 wq, wk = r(16, 16), r(8, 16)
@@ -369,6 +374,14 @@ ref --weights "$T/glmdir" --input "$T/x16.npy" --output "$T/r_glm.npy" --causal
 mpi 2 --split heads --weights "$T/glmdir" --input "$T/x16.npy" --output "$T/y.npy" --causal
 expect_ok
 close "$T/y.npy" "$T/r_glm.npy"
+# CodeGen: each shard's heads from their blocks of qkv_proj, inside one block (8 ranks: 1 head), a
+# whole block (4) and across blocks (2); before, the shard loader refused the layout
+ref --weights "$T/cgdir" --input "$T/x16.npy" --output "$T/r_cg.npy" --causal
+for p in 2 4 8; do
+    mpi $p --split heads --weights "$T/cgdir" --input "$T/x16.npy" --output "$T/y.npy" --causal
+    expect_ok
+    close "$T/y.npy" "$T/r_cg.npy"
+done
 # ALiBi from config.json (BLOOM): each shard takes its global heads' slopes
 # (a shard given the default slopes of an h/P-head layer was 0.1 off)
 ref --weights "$T/bloomdir" --input "$T/x16.npy" --output "$T/r_bloom.npy" --causal

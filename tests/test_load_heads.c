@@ -647,7 +647,68 @@ static void load_heads_compact_weights(void) {
     }
 }
 
+/* CodeGen's qkv_proj (3E, E): 4 row blocks [q; v; k] of h/4 heads each,
+ * out_proj (E, E), no biases; the layout is named, never detected (OpenELM
+ * shares the names). Each shard's blocks are the whole layer's, over 1, 2,
+ * 4 and 8 ranks (a shard inside one block, a whole block, blocks across);
+ * h not a multiple of 4 and a bias are refused by name. */
+static void load_heads_codegen(void) {
+    enum { D = 16, H = 8, DH = 2, MP = 4 };
+    mha_config c = naive_resolve(naive_config(D, H, H, DH, DH, 0));
+    naive_weights w;
+    uint64_t seed = 1661;
+    naive_weights_random(&w, &c, &seed, 0.6f);
+    float *tq = transposed(w.w_q, D, D), *tk = transposed(w.w_k, D, D), *tv = transposed(w.w_v, D, D);
+    float *to = transposed(w.w_o, D, D), *qkv = naive_alloc_floats((size_t)3 * D * D);
+    const int part = D / MP; /* rows of one block's q (v, k) */
+    for (int b = 0; b < MP; b++) {
+        memcpy(qkv + (size_t)(3 * b) * part * D, tq + (size_t)b * part * D, sizeof(float) * part * D);
+        memcpy(qkv + (size_t)(3 * b + 1) * part * D, tv + (size_t)b * part * D, sizeof(float) * part * D);
+        memcpy(qkv + (size_t)(3 * b + 2) * part * D, tk + (size_t)b * part * D, sizeof(float) * part * D);
+    }
+    mha_tensors *t = NULL;
+    CHECK_OK(mha_tensors_create(&t));
+    char p[128];
+    snprintf(p, sizeof p, "%s", path_of("codegen.safetensors"));
+    if (t) {
+        put_int(t, "n_heads", H);
+        put(t, "attn.qkv_proj.weight", qkv, 3 * D, D), put(t, "attn.out_proj.weight", to, D, D);
+        CHECK_OK(mha_safetensors_write(p, t));
+    }
+    const mha_load_options opt = {.layout = MHA_LAYOUT_CODEGEN};
+    mha_layer *full = NULL, *R = NULL;
+    CHECK_OK(mha_layer_load(&full, p, &opt));
+    if (full) {
+        mha_weights a;
+        mha_layer_get_weights(full, &a);
+        CHECK(!memcmp(a.w_q, w.w_q, sizeof(float) * D * D) && !memcmp(a.w_k, w.w_k, sizeof(float) * D * D) &&
+              !memcmp(a.w_v, w.w_v, sizeof(float) * D * D) && !memcmp(a.w_o, w.w_o, sizeof(float) * D * D));
+    }
+    const int Ps[] = {1, 2, 4, 8};
+    for (int i = 0; full && i < 4; i++) check_shards_opt(p, &opt, full, Ps[i], "codegen");
+    mha_head_range range = {.first = 0, .count = 2};
+    if (t) {
+        put(t, "attn.qkv_proj.bias", qkv, 3 * D, 0);
+        CHECK_OK(mha_safetensors_write(p, t));
+        CHECK_STATUS(mha_layer_load_heads(&R, p, &opt, &range), MHA_E_FORMAT);
+        CHECK_ERROR_MENTIONS("tensor 'qkv_proj.bias' is present");
+    }
+    mha_tensors_free(t), t = NULL;
+    CHECK_OK(mha_tensors_create(&t)); /* 6 heads of 2 on d_model 12: no 4 blocks of whole heads */
+    if (t) {
+        put(t, "attn.qkv_proj.weight", qkv, 36, 12), put(t, "attn.out_proj.weight", to, 12, 12);
+        CHECK_OK(mha_safetensors_write(p, t));
+        const mha_load_options six = {.layout = MHA_LAYOUT_CODEGEN, .n_heads = 6};
+        CHECK_STATUS(mha_layer_load_heads(&R, p, &six, &range), MHA_E_SHAPE);
+        CHECK_ERROR_MENTIONS("codegen layout: 6 heads do not split into qkv_proj's mp_num = 4 blocks");
+    }
+    CHECK(R == NULL);
+    mha_tensors_free(t), mha_layer_free(full), naive_weights_free(&w);
+    free(tq), free(tk), free(tv), free(to), free(qkv);
+}
+
 static const test_case cases[] = {
+    {"load_heads_codegen", load_heads_codegen},
     {"load_heads_compact_weights", load_heads_compact_weights},
     {"load_heads_every_layout", load_heads_every_layout},
     {"load_heads_hf_fused_qkv", load_heads_hf_fused_qkv},

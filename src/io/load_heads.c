@@ -259,6 +259,31 @@ static mha_status describe(source *src, const mha_tensors *t, const mha_load_opt
             return s;
         break;
     }
+    case MHA_LAYOUT_CODEGEN: { /* qkv_proj (3E, E): 4 row blocks [q; v; k] of h/4 heads each; out_proj (E, E) */
+        enum { MP = 4 };       /* CodeGenAttention's mp_num (layouts.c: load_codegen) */
+        const mha_array *bq, *bo;
+        if ((s = find(&a[0], t, P, "qkv_proj.weight", 1)) || (s = find(&a[3], t, P, "out_proj.weight", 1)) ||
+            (s = find(&bq, t, P, "qkv_proj.bias", 0)) || (s = find(&bo, t, P, "out_proj.bias", 0)))
+            return s;
+        if (bq || bo)
+            return mha_fail(MHA_E_FORMAT, "codegen layout: tensor '%s' is present; expected none: CodeGen's qkv_proj "
+                            "and out_proj have no bias", bq ? "qkv_proj.bias" : "out_proj.bias");
+        if (hkv && hkv != h) return mha_fail(MHA_E_ARG, "codegen layout has one kv head per head; got n_kv_heads = %d", hkv);
+        if (h % MP)
+            return mha_fail(MHA_E_SHAPE, "codegen layout: %d heads do not split into qkv_proj's mp_num = %d blocks; "
+                            "expected a multiple of %d heads", h, MP, MP);
+        if (a[0]->rank != 2 || a[3]->rank != 2) return mha_fail(MHA_E_SHAPE, "codegen layout: weights must be matrices");
+        E = a[0]->shape[1], hkv = h, c->d_model = c->d_kv_in = c->d_v_in = E;
+        if ((s = split(&c->d_k, E, h, "qkv_proj.weight columns")) || (s = want(a[0], "qkv_proj.weight", 3 * E, E)))
+            return s;
+        c->d_v = c->d_k;
+        const int per = h / MP, block = 3 * per * c->d_k; /* a block's heads, its rows */
+        src->w[0] = (part){a[0], 1, 0, per, block};                 /* q: the block's first part */
+        src->w[1] = (part){a[0], 1, 2 * per * c->d_k, per, block};  /* k: its third */
+        src->w[2] = (part){a[0], 1, per * c->d_k, per, block};      /* v: its second */
+        src->o = plain(a[3], 1, 0, c->d_v);
+        break;
+    }
     default: return mha_fail(MHA_E_ARG, "layout %d is not one of mha_layout", (int)o->layout);
     }
     c->n_kv_heads = hkv;
