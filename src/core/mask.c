@@ -67,20 +67,29 @@ int mha_mask_key(const mha_options *o, int b, int r, int i, int j, int T, int S,
     return isinf(*additive) ? 0 : 1;
 }
 
-/* The draw of one query row (b, r, i): 32 bits of splitmix64's finalizer
- * at step row + 1 of the Weyl sequence from seed (row = (b h + r) T + i),
- * then per key j murmur3's 32-bit finalizer of row key + j * 0x9E3779B9:
+/* The draw of one query row (b, r, i): splitmix64's finalizer at step
+ * row + 1 of the Weyl sequence from seed (row = (b h + r) T + i); its top
+ * 32 bits start the row's own Weyl sequence, its low 32 bits (made odd)
+ * step it, and key j draws murmur3's 32-bit finalizer of start + j step:
  * counter-based, so the same whoever asks and in whatever order (tiles,
- * threads, ISAs); 32-bit lanes, so a row's keys vectorize. */
-static uint32_t dropout_row_key(unsigned long long seed, uint64_t row) {
+ * threads, ISAs); 32-bit lanes, so a row's keys vectorize. A step per
+ * row: with one constant step each row's draw was a window of one
+ * 2^32-long sequence, and rows starting fewer than S steps apart dropped
+ * the same keys, shifted. */
+typedef struct {
+    uint32_t start, step;
+} dropout_key;
+
+static dropout_key dropout_row_key(unsigned long long seed, uint64_t row) {
     uint64_t x = seed + (row + 1) * 0x9E3779B97F4A7C15ull;
     x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
     x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-    return (uint32_t)((x ^ (x >> 31)) >> 32);
+    x ^= x >> 31;
+    return (dropout_key){(uint32_t)(x >> 32), (uint32_t)x | 1u};
 }
 
-static inline uint32_t dropout_bits(uint32_t key, uint32_t j) {
-    uint32_t x = key + j * 0x9E3779B9u;
+static inline uint32_t dropout_bits(dropout_key key, uint32_t j) {
+    uint32_t x = key.start + j * key.step;
     x = (x ^ (x >> 16)) * 0x85EBCA6Bu;
     x = (x ^ (x >> 13)) * 0xC2B2AE35u;
     return x ^ (x >> 16);
@@ -90,12 +99,12 @@ static inline uint32_t dropout_bits(uint32_t key, uint32_t j) {
 static uint32_t dropout_threshold(float p) { return (uint32_t)((double)p * 4294967296.0); }
 
 int mha_dropout_keep(const mha_options *o, int h, int T, int b, int r, int i, int j) {
-    const uint32_t key = dropout_row_key(o->dropout_seed, ((uint64_t)b * h + r) * T + i);
+    const dropout_key key = dropout_row_key(o->dropout_seed, ((uint64_t)b * h + r) * T + i);
     return o->dropout_p <= 0.0f || dropout_bits(key, (uint32_t)j) >= dropout_threshold(o->dropout_p);
 }
 
 void mha_dropout_row(float *p, int n, const mha_options *o, int h, int T, int b, int r, int i, int j0) {
-    const uint32_t key = dropout_row_key(o->dropout_seed, ((uint64_t)b * h + r) * T + i);
+    const dropout_key key = dropout_row_key(o->dropout_seed, ((uint64_t)b * h + r) * T + i);
     const uint32_t cut = dropout_threshold(o->dropout_p);
     const float keep = 1.0f / (1.0f - o->dropout_p);
 #pragma omp simd

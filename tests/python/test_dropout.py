@@ -1,10 +1,11 @@
 """Attention dropout (options.dropout_p, dropout_seed; mha.nn modules'
 dropout in training mode) against an oracle that draws the dropped entries
 itself: the documented draw (include/mha.h, src/core/mask.c) written here
-again in numpy — per query row (b, r, i) a key of 32 bits, the top half of
-splitmix64's finalizer at step row + 1 of the Weyl sequence from the seed
-(row = (b h + r) T + i); per key j murmur3's 32-bit finalizer of key +
-j 0x9E3779B9, kept when at or above floor(p 2^32) — and a float64 torch
+again in numpy — per query row (b, r, i) splitmix64's finalizer at step
+row + 1 of the Weyl sequence from the seed (row = (b h + r) T + i), its top
+half the row's start, its low half (odd) the row's step; per key j
+murmur3's 32-bit finalizer of start + j step, kept when at or above
+floor(p 2^32) — and a float64 torch
 layer that multiplies its softmax by that mask / (1 - p). Then y, the
 captured probabilities and every gradient agree; eval mode is torch's own
 module; torch.manual_seed makes a training step repeatable.
@@ -33,8 +34,10 @@ def keep_mask(seed, p, B, h, T, Sx):
         x = np.uint64(seed) + (row + np.uint64(1)) * np.uint64(0x9E3779B97F4A7C15)
         x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
         x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        key = ((x ^ (x >> np.uint64(31))) >> np.uint64(32)).astype(u32)  # (B*h*T,)
-        y = key[:, None] + np.arange(Sx, dtype=u32)[None, :] * u32(0x9E3779B9)
+        x = x ^ (x >> np.uint64(31))
+        start = (x >> np.uint64(32)).astype(u32)  # (B*h*T,)
+        step = (x & np.uint64(0xFFFFFFFF)).astype(u32) | u32(1)
+        y = start[:, None] + np.arange(Sx, dtype=u32)[None, :] * step[:, None]
         y = (y ^ (y >> u32(16))) * u32(0x85EBCA6B)
         y = (y ^ (y >> u32(13))) * u32(0xC2B2AE35)
     bits = y ^ (y >> u32(16))
