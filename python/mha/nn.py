@@ -218,10 +218,12 @@ def _backward_arrays(ctx, opts, dy, wanted):
 
 
 def _check_dropout(p):
-    """dropout as the library takes it: a real number 0 <= p < 1."""
-    if isinstance(p, (bool, np.bool_)) or not isinstance(p, numbers.Real) or not 0.0 <= p < 1.0:
-        raise ValueError(f"dropout={p!r}; expected a number 0 <= dropout < 1 (attention dropout on the "
-                         "probabilities in training; 0: none)")
+    """dropout as the library takes it: a real number 0 <= p < 1, also in
+    float32 (options.dropout_p: 1 - 1e-9 rounds to 1)."""
+    if (isinstance(p, (bool, np.bool_)) or not isinstance(p, numbers.Real) or not 0.0 <= p < 1.0
+            or np.float32(p) >= 1.0):
+        raise ValueError(f"dropout={p!r}; expected a number 0 <= dropout < 1 in float32 (attention dropout "
+                         "on the probabilities in training; 0: none)")
 
 
 def _dropout_options(p, training):

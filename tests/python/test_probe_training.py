@@ -374,3 +374,21 @@ def test_mean_over_seeds_is_the_undropped_layer():
     err = np.abs(ys.mean(0) - y0)
     se = ys.std(0) / math.sqrt(n)
     assert (err < 5 * se + 1e-6).all(), (err / se).max()
+
+
+# ---------------------------------------------------------------- the modules' dropout argument
+@pytest.mark.parametrize("p", [1 - 1e-9, 1 - 2 ** -26])
+def test_dropout_that_rounds_to_one_refused_at_construction(p):
+    """options.dropout_p is a float: 1 - 1e-9 is 1 there. The modules took
+    it, then every training forward failed in the library ('dropout_p=1')."""
+    for make in (lambda: mha.nn.MultiheadAttention(16, 4, dropout=p), lambda: mha.nn.Attention(16, 4, dropout=p)):
+        with pytest.raises(ValueError, match="dropout="):
+            make()
+
+
+def test_dropout_just_below_one_in_float32_trains():
+    p = float(np.nextafter(np.float32(1), np.float32(0)))  # 1 - 2^-24: the largest the library takes
+    m = mha.nn.Attention(16, 4, dropout=p)
+    x = torch.randn(1, 4, 16, requires_grad=True)
+    m(x, causal=True).sum().backward()
+    assert torch.isfinite(x.grad).all()
