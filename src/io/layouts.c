@@ -551,7 +551,8 @@ static mha_status load_native(staged *st, const mha_tensors *t, const mha_load_o
         (s = want_shape_of(wv, "w_v", 2, c->d_v_in, hkv * c->d_v, "(d_v_in, h_kv*d_v)", i8)) ||
         (s = want_shape_of(wo, "w_o", 2, h * c->d_v, c->d_model, "(h*d_v, d_model)", i8)))
         return s;
-    if (wg && (s = want_matrix_of(wg, "w_g", i8))) return s;
+    /* w_g's shape before weights_meta.c reads its int8 codes by the config's groups */
+    if (wg && (s = want_shape_of(wg, "w_g", 2, c->d_model, h * c->d_v, "(d_model, h*d_v)", i8))) return s;
     const mha_array *const mats[MHA_N_MATS] = {wq, wk, wv, wo, wg}; /* wg: a gated layer's, or NULL */
     if ((s = mha_io_weights_read(&st->wdtype, st->scale, t, P, mats, c))) return s;
     const mha_array *bk, *bv;

@@ -392,3 +392,210 @@ def test_dropout_just_below_one_in_float32_trains():
     x = torch.randn(1, 4, 16, requires_grad=True)
     m(x, causal=True).sum().backward()
     assert torch.isfinite(x.grad).all()
+
+
+def test_multihead_paths_agree_on_the_draw():
+    """training: need_weights (stateless), the tape (grad, no weights) and
+    no_grad draw the same entries; the weights returned are eval's
+    probabilities times keep / (1 - p) with keep the documented draw, over
+    the bias_k / zero-attention columns too, under GQA cross-attention
+    with a padding mask and a causal mask"""
+    m = mha.nn.MultiheadAttention(16, 4, dropout=0.35, batch_first=True, kdim=12, vdim=10, num_kv_heads=2,
+                                  add_bias_kv=True, add_zero_attn=True)
+    randomized(m, 2)
+    gen = torch.Generator().manual_seed(3)
+    B, T, S = 2, 7, 9
+    q, k, v = torch.randn(B, T, 16, generator=gen), torch.randn(B, S, 12, generator=gen), torch.randn(B, S, 10, generator=gen)
+    kpm = torch.zeros(B, S, dtype=torch.bool)
+    kpm[1, 4:] = True
+    am = torch.ones(T, S, dtype=torch.bool).triu(1)
+    kw = dict(key_padding_mask=kpm, attn_mask=am, average_attn_weights=False)
+    m.eval()
+    with torch.no_grad():
+        y_eval, w_eval = m(q, k, v, **kw)
+    m.train()
+    outs = []
+    for mode in ("weights", "tape", "no_grad"):
+        qq = q.clone().requires_grad_(mode != "no_grad")
+        torch.manual_seed(21)
+        with torch.set_grad_enabled(mode != "no_grad"):
+            y, w = m(qq, k, v, need_weights=mode == "weights", **kw)
+        outs.append(y.detach())
+        if mode == "weights":
+            keep = keep_of(module_seed(21), 0.35, B, 4, T, S + 2)
+            want = w_eval.double() * torch.from_numpy(keep) / (1 - float(np.float32(0.35)))
+            assert torch.allclose(w.double(), want, atol=1e-6, rtol=1e-5)
+    assert torch.allclose(outs[0], outs[1], atol=1e-5) and torch.allclose(outs[0], outs[2], atol=1e-5)
+    assert not torch.allclose(outs[0], y_eval, atol=1e-3)
+
+
+# ---------------------------------------------------------------- gated layers in bf16 / int8
+def gated_numpy(w, x, causal=True, h=4, g=2, d=8):
+    """y of a gated layer (weights w in the library's (in, out) layout) in float64"""
+    f = {k: v.astype(np.float64) for k, v in w.items()}
+    B, T, _ = x.shape
+    x = x.astype(np.float64)
+    q = (x @ f["w_q"] + f.get("b_q", 0)).reshape(B, T, h, d)
+    k = np.repeat((x @ f["w_k"] + f.get("b_k", 0)).reshape(B, T, g, d), h // g, 2)
+    v = np.repeat((x @ f["w_v"] + f.get("b_v", 0)).reshape(B, T, g, d), h // g, 2)
+    s = np.einsum("bthe,bshe->bhts", q, k) / math.sqrt(d)
+    if causal:
+        s = np.where(np.arange(T)[None] > np.arange(T)[:, None], -np.inf, s)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    z = np.einsum("bhts,bshe->bthe", p / p.sum(-1, keepdims=True), v).reshape(B, T, h * d)
+    z = z / (1 + np.exp(-(x @ f["w_g"] + f.get("b_g", 0))))
+    return z @ f["w_o"] + f.get("b_o", 0)
+
+
+def compact_gated(dtype, seed=1):
+    layer = plain_layer(seed, gate=True, d_in=40)  # d_model 40: two int8 groups, the second partial
+    layer.convert_weights(dtype)
+    return layer
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "int8"])
+def test_compact_gated_layer_permute_save_load_cache(tmp_path, dtype):
+    layer = compact_gated(dtype)
+    stored = layer.weights()
+    x = np.random.RandomState(3).randn(2, 9, 40).astype(np.float32)
+    want = gated_numpy(stored, x)
+    assert np.abs(layer.forward(x, causal=True) - want).max() < 2e-5 * max(1, np.abs(want).max())
+    # head permutation inside each kv group and of the groups: the same function
+    perm = [3, 2, 1, 0]
+    layer.permute_heads(perm)
+    pw = layer.weights()
+    cols = np.concatenate([np.arange(r * 8, r * 8 + 8) for r in perm])
+    assert np.array_equal(pw["w_g"], stored["w_g"][:, cols]) and np.array_equal(pw["b_g"], stored["b_g"][cols])
+    assert layer.weights_dtype == dtype
+    assert np.abs(layer.forward(x, causal=True) - want).max() < 2e-5 * max(1, np.abs(want).max())
+    layer.save(tmp_path / "g.safetensors")
+    again = mha.Layer.load(tmp_path / "g.safetensors")
+    assert again.weights_dtype == dtype
+    for n, a in pw.items():
+        assert np.array_equal(again.weights()[n], a), n
+    cache = mha.Cache(again, 2, 16)
+    steps = [cache.forward(x[:, :4])] + [cache.forward(x[:, t:t + 1]) for t in range(4, 9)]
+    got = np.concatenate(steps, 1)
+    assert np.abs(got - want).max() < 2e-5 * max(1, np.abs(want).max())
+
+
+def read_raw(path):
+    """{name: (dtype, shape, bytes)}, metadata of a safetensors file"""
+    import json
+    import struct
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        hdr = json.loads(f.read(n))
+        data = f.read()
+    meta = hdr.pop("__metadata__", {})
+    return {k: (v["dtype"], v["shape"], data[v["data_offsets"][0]:v["data_offsets"][1]]) for k, v in hdr.items()}, meta
+
+
+def write_raw(path, tensors, meta):
+    import json
+    import struct
+    header, blobs, pos = {"__metadata__": meta}, [], 0
+    for k, (dt, sh, b) in tensors.items():
+        header[k] = {"dtype": dt, "shape": list(sh), "data_offsets": [pos, pos + len(b)]}
+        blobs.append(b)
+        pos += len(b)
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+
+
+def bf16_bytes(a):
+    return (np.asarray(a, np.float32).view(np.uint32) >> 16).astype(np.uint16).tobytes()
+
+
+def i8_file(tmp_path):
+    layer = compact_gated("int8")
+    layer.save(tmp_path / "ok.safetensors")
+    return read_raw(tmp_path / "ok.safetensors")
+
+
+def hostile_int8(tmp_path, name):
+    """an int8 gated file with one defect (the name says which)"""
+    t, meta = i8_file(tmp_path)
+    dt, (K, N), codes = t["w_g"]
+    q = np.frombuffer(codes, np.int8).reshape(K, N).copy()
+    scale = np.frombuffer(t["w_g_scale"][2], np.float32).reshape(t["w_g_scale"][1]).copy()
+    if name == "code_-128":
+        q[37, 5] = -128
+        t["w_g"] = ("I8", (K, N), q.tobytes())
+    elif name == "code_beside_zero_scale":
+        q[0:32, 3] = 0
+        q[7, 3] = 4
+        scale[0, 3] = 0
+        t["w_g"], t["w_g_scale"] = ("I8", (K, N), q.tobytes()), ("F32", scale.shape, scale.tobytes())
+    elif name == "scale_nan":
+        scale[1, 2] = np.nan
+        t["w_g_scale"] = ("F32", scale.shape, scale.tobytes())
+    elif name == "scale_negative":
+        scale[0, 0] = -scale[0, 0]
+        t["w_g_scale"] = ("F32", scale.shape, scale.tobytes())
+    elif name == "scale_shape":
+        t["w_g_scale"] = ("F32", (1, N), scale[:1].tobytes())
+    elif name == "scale_f16":
+        t["w_g_scale"] = ("F16", scale.shape, scale.astype(np.float16).tobytes())
+    elif name == "scale_missing":
+        del t["w_g_scale"]
+    elif name == "w_g_bf16":
+        t["w_g"] = ("BF16", (K, N), bf16_bytes(q * 0.01))
+    elif name == "w_g_f32":
+        t["w_g"] = ("F32", (K, N), (q * 0.01).astype(np.float32).tobytes())
+    elif name == "w_g_tall":  # more rows than d_model: its codes read scales past the config's groups
+        t["w_g"] = ("I8", (K * 64, 1), bytes(K * 64))
+        t["w_g_scale"] = ("F32", (2, 1), np.ones(2, np.float32).tobytes())
+    elif name == "w_g_wide":
+        t["w_g"] = ("I8", (K, N + 8), np.zeros((K, N + 8), np.int8).tobytes())
+        t["w_g_scale"] = ("F32", (2, N + 8), np.ones((2, N + 8), np.float32).tobytes())
+    elif name == "w_g_rank1":
+        t["w_g"] = ("I8", (K * N,), q.tobytes())
+    elif name == "b_g_missing":
+        del t["b_g"]
+    elif name == "no_gate_flag":
+        del meta["output_gate"]
+    path = tmp_path / f"{name}.safetensors"
+    write_raw(path, t, meta)
+    return path
+
+
+@pytest.mark.parametrize("name,error,words", [
+    ("code_-128", mha.FormatError, r"'w_g'\[37\]\[5\] = -128"),
+    ("code_beside_zero_scale", mha.FormatError, r"'w_g'\[7\]\[3\] = 4 \(scale 0"),
+    ("scale_nan", mha.NonFiniteError, r"w_g_scale\[\d+\] = nan"),  # the file reader's check
+    ("scale_negative", mha.FormatError, r"w_g_scale'\[0\] = -"),
+    ("scale_shape", mha.FormatError, r"'w_g_scale' is float32 of shape \(1, 32\); expected F32 \(2, 32\)"),
+    ("scale_f16", mha.FormatError, r"'w_g_scale' is float16 of shape \(2, 32\); expected F32"),
+    ("scale_missing", mha.FormatError, r"'w_g_scale' is missing"),
+    ("w_g_bf16", mha.FormatError, r"'w_g' is bfloat16 but metadata weights_dtype = int8"),
+    ("w_g_f32", mha.FormatError, r"'w_g' is float32 but metadata weights_dtype = int8"),
+    ("w_g_tall", mha.ShapeError, r"'w_g' has shape \(2560, 1\); expected \(d_model, h\*d_v\) = \(40, 32\)"),
+    ("w_g_wide", mha.ShapeError, r"'w_g' has shape \(40, 40\); expected \(d_model, h\*d_v\) = \(40, 32\)"),
+    ("w_g_rank1", mha.ShapeError, r"'w_g' has shape \(1280,\); expected \(d_model, h\*d_v\)"),
+    ("b_g_missing", mha.FormatError, r"b_g"),
+    ("no_gate_flag", mha.FormatError, r"w_g"),
+])
+def test_hostile_int8_gate_files_refused_by_name(tmp_path, name, error, words):
+    with pytest.raises(error, match=words):
+        mha.Layer.load(hostile_int8(tmp_path, name))
+
+
+def test_gate_in_other_dtypes_of_an_fp32_file(tmp_path):
+    """an fp32 file (no weights_dtype) widens a BF16 w_g; an I8 w_g there
+    (codes without their scales' metadata) is refused by name"""
+    layer = plain_layer(4, gate=True, d_in=40)
+    layer.save(tmp_path / "f.safetensors")
+    t, meta = read_raw(tmp_path / "f.safetensors")
+    K, N = t["w_g"][1]
+    wg = np.frombuffer(t["w_g"][2], np.float32).reshape(K, N)
+    t["w_g"] = ("BF16", (K, N), bf16_bytes(wg))
+    write_raw(tmp_path / "b.safetensors", t, meta)
+    got = mha.Layer.load(tmp_path / "b.safetensors").weights()["w_g"]
+    assert np.array_equal(got, (wg.view(np.uint32) & 0xFFFF0000).view(np.float32))
+    t["w_g"] = ("I8", (K, N), np.zeros((K, N), np.int8).tobytes())
+    write_raw(tmp_path / "i.safetensors", t, meta)
+    with pytest.raises(mha.FormatError, match="'w_g' is int8; expected a floating dtype"):
+        mha.Layer.load(tmp_path / "i.safetensors")
