@@ -21,8 +21,24 @@ the draw's i is the row's index in the packed batch row, not in its
 document), fully masked rows, with and without dropout, on the tape's path
 and the stateless one (need_weights / masked_rows='nan').
 
-What was found is listed at the end of this docstring (each test failed
-before its fix).
+Found (each test failed before its fix):
+- the draw stepped every row's keys by one constant, so each row's mask was
+  a window of one 2^32-long sequence: rows starting fewer than S steps
+  apart dropped the same keys shifted (seed 271867: (head 3, query 2)
+  dropped (head 0, query 1)'s keys 15 to the left, 49 of 64; at B h T =
+  10^6 rows of 4096 keys 86% of the rows shared such a run). Now each row
+  steps by its own odd number (test_no_two_rows_drop_the_same_keys_shifted);
+- the modules took dropout=1-1e-9, which is 1 as options.dropout_p's float:
+  every training forward then failed in the library;
+- an int8 native file whose w_g had more rows than d_model had its codes
+  checked against scales past the config's groups (a heap read out of
+  bounds) before its shape was refused.
+Also probed, no defect: compact (bf16 / int8) gated layers permuted, saved,
+loaded and decoded; hostile int8 gate files refused by name; interventions
+and head_attribution on the gated, dropped Z; the reference fallback past
+the fast score range; Qwen 1 (kv_channels * heads != hidden_size, c_proj's
+bias), ChatGLM (MQA, no qkv bias, a dense bias, rotary over 2 dims) and
+CodeGen (1, 3 and 4 heads per mp block) against numpy.
 
 Legend: B batch, T queries, S keys, h heads, g kv heads, d head dim.
 """
@@ -75,15 +91,20 @@ def module_seed(torch_seed):
 
 
 # ---------------------------------------------------------------- the layer in float64
-def allowed_mask(B, h, T, S, causal=False, window=None, kpm=None, attn_mask=None, cu=None):
+def allowed_mask(B, h, T, S, causal=False, window=None, kpm=None, attn_mask=None, cu=None, align="top_left",
+                 sink_tokens=0, chunk_size=0):
     """(B,h,T,S) bool: query i may attend key j (torch's conventions:
-    kpm / bool attn_mask True = not allowed); window W: j > i - W."""
-    i, j = np.arange(T)[:, None], np.arange(S)[None]
+    kpm / bool attn_mask True = not allowed); window W: j > i - W, except
+    the first sink_tokens keys; align bottom_right: query i sits at key
+    position i + S - T; chunk C: i and j in one chunk of C."""
+    i, j = np.arange(T)[:, None] + (S - T if align == "bottom_right" else 0), np.arange(S)[None]
     a = np.ones((B, h, T, S), bool)
     if causal:
         a &= j <= i
     if window is not None:
-        a &= j > i - window
+        a &= (j > i - window) | (j < sink_tokens)
+    if chunk_size:
+        a &= i // chunk_size == j // chunk_size
     if kpm is not None:
         a &= ~np.asarray(kpm, bool)[:, None, None, :]
     if attn_mask is not None:
@@ -112,6 +133,8 @@ def oracle(m, x, kv=None, *, allowed, keep=None, p=0.0, nan_rows=False):
     k = lin(src, "k_proj").view(B, S, g, d).transpose(1, 2).repeat_interleave(h // g, 1)
     v = lin(src, "v_proj").view(B, S, g, d).transpose(1, 2).repeat_interleave(h // g, 1)
     s = q @ k.transpose(-1, -2) / math.sqrt(d)
+    if m.config["softcap"]:
+        s = m.config["softcap"] * torch.tanh(s / m.config["softcap"])
     al = torch.from_numpy(np.broadcast_to(allowed, s.shape).copy())
     s = s.masked_fill(~al, -math.inf)
     mx = s.amax(-1, keepdim=True).detach()
@@ -168,6 +191,9 @@ CASES = {  # name: (Attention kwargs, forward kwargs, cross S or None)
     "packed_sinks": (dict(sinks=True, bias=True), dict(cu_seqlens=[0, 5, 11]), None),
     "masked_row_zero": (dict(n_kv_heads=2, bias=True), dict(attn_mask="row"), None),
     "masked_row_sinks": (dict(n_kv_heads=2, sinks=True), dict(attn_mask="row"), None),
+    "cross_bottom_right": (dict(n_kv_heads=1, bias=True), dict(causal=True, align="bottom_right"), 8),  # rows 0-2 see no key
+    "window_sink_tokens": (dict(n_kv_heads=2, softcap=3.0), dict(causal=True, window=3, sink_tokens=2), None),
+    "chunked": (dict(n_kv_heads=4, sinks=True, softcap=2.0), dict(causal=True, chunk_size=4), None),
 }
 
 
@@ -195,7 +221,8 @@ def allowed_for(fw, B, h, T, S):
     return allowed_mask(B, h, T, S, causal=fw.get("causal", False), window=fw.get("window"),
                         kpm=None if fw.get("key_padding_mask") is None else fw["key_padding_mask"].numpy(),
                         attn_mask=None if fw.get("attn_mask") is None else fw["attn_mask"].numpy(),
-                        cu=fw.get("cu_seqlens"))
+                        cu=fw.get("cu_seqlens"), align=fw.get("align", "top_left"),
+                        sink_tokens=fw.get("sink_tokens", 0), chunk_size=fw.get("chunk_size", 0))
 
 
 @pytest.mark.parametrize("p", [0.0, 0.3])
@@ -599,3 +626,168 @@ def test_gate_in_other_dtypes_of_an_fp32_file(tmp_path):
     write_raw(tmp_path / "i.safetensors", t, meta)
     with pytest.raises(mha.FormatError, match="'w_g' is int8; expected a floating dtype"):
         mha.Layer.load(tmp_path / "i.safetensors")
+
+
+# ---------------------------------------------------------------- Qwen 1, ChatGLM, CodeGen: odd shapes
+def _families():
+    import test_families_more as fm
+    import test_probe_families as pf
+    from test_probe_hf_layouts import rotate
+    return fm, pf, rotate
+
+
+def test_qwen1_kv_channels_not_hidden_over_heads(tmp_path):
+    """QWenAttention: projection_size = kv_channels * heads, which need not
+    be hidden_size: c_attn (3 h kv, E), c_proj (E, h kv)"""
+    fm, pf, rotate = _families()
+    D, H, d = 32, 4, 12
+    rs = np.random.RandomState(41)
+    w, b, wo = pf.rnd(rs, 3 * H * d, D), pf.rnd(rs, 1, 3 * H * d)[0], pf.rnd(rs, D, H * d)
+    t = {fm.QP + "c_attn.weight": w, fm.QP + "c_attn.bias": b, fm.QP + "c_proj.weight": wo}
+    cfg = {"model_type": "qwen", "hidden_size": D, "num_attention_heads": H, "kv_channels": d,
+           "rotary_emb_base": 10000, "rotary_pct": 0.5, "seq_length": 64, "no_bias": True}
+    x, y = pf.run(tmp_path, t, cfg, "transformer.h.0", D)
+    q, k, v = np.split(x @ w.T + b, 3, axis=-1)
+    q, k, v = pf.heads(q, H), pf.heads(k, H), pf.heads(v, H)
+    pf.close(y, pf.attention(rotate(q, 6, 1e4, "halves"), rotate(k, 6, 1e4, "halves"), v, wo))
+
+
+@pytest.mark.parametrize("D,H,G,d,qkv_bias,dense_bias", [
+    (48, 4, 1, 16, True, False),   # MQA, kv_channels * heads (64) != hidden_size (48)
+    (32, 4, 4, 8, False, True),    # as many groups as heads, a dense bias, no qkv bias
+    (40, 8, 2, 4, True, True),     # rotary over 2 dims of 4
+])
+def test_chatglm_odd_shapes(tmp_path, D, H, G, d, qkv_bias, dense_bias):
+    fm, pf, rotate = _families()
+    rs = np.random.RandomState(42)
+    w, b, wo = pf.rnd(rs, (H + 2 * G) * d, D), pf.rnd(rs, 1, (H + 2 * G) * d)[0] * qkv_bias, pf.rnd(rs, D, H * d)
+    bo = pf.rnd(rs, 1, D)[0] * dense_bias
+    t = {fm.GP + "query_key_value.weight": w, fm.GP + "dense.weight": wo}
+    if qkv_bias:
+        t[fm.GP + "query_key_value.bias"] = b
+    if dense_bias:
+        t[fm.GP + "dense.bias"] = bo
+    cfg = fm.glm_cfg(D, H, G, d, add_qkv_bias=qkv_bias, add_bias_linear=dense_bias)
+    x, y = pf.run(tmp_path, t, cfg, "transformer.encoder.layers.0", D)
+    q, k, v = np.split(x @ w.T + b, [H * d, (H + G) * d], axis=-1)
+    q, k, v = pf.heads(q, H), pf.heads(k, G), pf.heads(v, G)
+    pf.close(y, pf.attention(rotate(q, d // 2, 2e4, "interleaved"), rotate(k, d // 2, 2e4, "interleaved"), v, wo,
+                             bo))
+
+
+@pytest.mark.parametrize("D,H,rotary_dim", [(32, 4, 8), (96, 12, 4), (128, 16, None)])
+def test_codegen_odd_shapes(tmp_path, D, H, rotary_dim):
+    """one head per mp block, three per block, four per block with the whole head rotated"""
+    fm, pf, rotate = _families()
+    rs = np.random.RandomState(43)
+    w, wo = pf.rnd(rs, 3 * D, D), pf.rnd(rs, D, D)
+    t = {fm.CP + "qkv_proj.weight": w, fm.CP + "out_proj.weight": wo}
+    cfg = {"model_type": "codegen", "n_embd": D, "n_head": H, "rotary_dim": rotary_dim, "n_positions": 64}
+    x, y = pf.run(tmp_path, t, cfg, "transformer.h.0", D)
+    q, k, v = fm.codegen_qkv(x, w, H)
+    r = rotary_dim or D // H
+    pf.close(y, pf.attention(rotate(q, r, 1e4, "interleaved"), rotate(k, r, 1e4, "interleaved"), v, wo))
+
+
+# ---------------------------------------------------------------- gate and dropout with interventions
+def test_interventions_and_attribution_see_the_gated_dropped_z():
+    """docs/VARIANTS.md: interventions, captures and contributions see the
+    gated Z. So, under one dropout draw: 'replace' puts the value itself
+    (not value * gate) before W_O, 'scale' s scales the gated Z, and
+    head_attribution[r] = <dy, Y> - <dy, Y with head r zeroed>."""
+    layer = plain_layer(12, gate=True)
+    w = {n: a.astype(np.float64) for n, a in layer.weights().items()}
+    rs = np.random.RandomState(13)
+    x = rs.randn(2, 10, 16).astype(np.float32)
+    opts = dict(causal=True, window_left=5, dropout_p=0.25, dropout_seed=2 ** 64 - 3)
+    y, cap = layer.forward(x, capture=("z", "contributions"), **opts)
+    z = cap["z"].astype(np.float64)  # (B,T,h*d): gated and dropped
+    assert np.allclose(z @ w["w_o"] + w["b_o"], y, atol=2e-5)
+    assert np.allclose(cap["contributions"].sum(0) + w["b_o"], y, atol=2e-5)
+    val = rs.randn(2, 10, 8).astype(np.float32)
+    y_rep = layer.forward(x, interventions={1: ("replace", val), 2: ("scale", -0.5)}, **opts)
+    z2 = z.copy()
+    z2[..., 8:16] = val
+    z2[..., 16:24] *= -0.5
+    assert np.allclose(y_rep, z2 @ w["w_o"] + w["b_o"], atol=2e-5)
+    dy = rs.randn(*y.shape).astype(np.float32)
+    attr = mha.nn.head_attribution(layer, x, dy, **opts)
+    for r in range(4):
+        y0 = layer.forward(x, interventions={r: "zero"}, **opts)
+        want = (dy.astype(np.float64) * (y.astype(np.float64) - y0)).sum(-1)
+        assert np.allclose(attr[r], want, atol=1e-4), r
+
+
+def test_gate_and_dropout_past_the_fast_score_range():
+    """scores beyond the fast path's range (|s| > 131072): the forward and
+    backward fall back to the reference, which must draw and gate alike"""
+    m = randomized(mha.nn.Attention(16, 4, n_kv_heads=2, output_gate=True, dropout=0.5, bias=True), 14)
+    with torch.no_grad():
+        m.q_proj.weight.mul_(300)
+        m.k_proj.weight.mul_(300)
+    x = torch.randn(2, 9, 16, generator=torch.Generator().manual_seed(15))
+    keep = keep_of(module_seed(16), 0.5, 2, 4, 9, 9)
+    y64, P, x64, _ = oracle(m, x, allowed=allowed_mask(2, 4, 9, 9, causal=True), keep=keep, p=0.5)
+    s_max = 0
+    with torch.no_grad():
+        q = torch.chunk(m.q_proj(x).view(2, 9, 4, 8), 2, -1)[0]
+        k = m.k_proj(x).view(2, 9, 2, 4).repeat_interleave(2, 2)
+        s_max = (torch.einsum("bthe,bshe->bhts", q, k) / math.sqrt(4)).abs().max().item()
+    assert s_max > 131072
+    xs = x.clone().requires_grad_()
+    torch.manual_seed(16)
+    check_grads(m, xs, None, m(xs, causal=True), y64, P, x64, None, atol=5e-4)
+
+
+def test_qwen1_c_proj_bias_when_no_bias_false(tmp_path):
+    """QWenAttention: c_proj = nn.Linear(..., bias=not config.no_bias)"""
+    fm, pf, rotate = _families()
+    D, H = 32, 4
+    rs = np.random.RandomState(44)
+    w, b, wo, bo = pf.rnd(rs, 3 * D, D), pf.rnd(rs, 1, 3 * D)[0], pf.rnd(rs, D, D), pf.rnd(rs, 1, D)[0]
+    t = {fm.QP + "c_attn.weight": w, fm.QP + "c_attn.bias": b, fm.QP + "c_proj.weight": wo, fm.QP + "c_proj.bias": bo}
+    cfg = {"model_type": "qwen", "hidden_size": D, "num_attention_heads": H, "kv_channels": D // H,
+           "rotary_emb_base": 10000, "seq_length": 64, "no_bias": False}
+    x, y = pf.run(tmp_path, t, cfg, "transformer.h.0", D)
+    q, k, v = np.split(x @ w.T + b, 3, axis=-1)
+    q, k, v = pf.heads(q, H), pf.heads(k, H), pf.heads(v, H)
+    pf.close(y, pf.attention(rotate(q, 8, 1e4, "halves"), rotate(k, 8, 1e4, "halves"), v, wo, bo))
+
+
+def test_multihead_gqa_cross_extra_keys_dropout_gradients():
+    """mha.nn.MultiheadAttention in training (the tape): GQA, kdim / vdim,
+    bias_k / bias_v then the zero key (columns S, S + 1, never padded),
+    a padding mask and a causal mask, dropout 0.35: y and every gradient
+    against torch's semantics in float64 with the documented draw"""
+    h, g, d, B, T, S = 4, 2, 4, 2, 7, 9
+    m = randomized(mha.nn.MultiheadAttention(16, h, dropout=0.35, batch_first=True, kdim=12, vdim=10,
+                                             num_kv_heads=g, add_bias_kv=True, add_zero_attn=True), 2)
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = torch.randn(B, T, 16, generator=gen), torch.randn(B, S, 12, generator=gen), torch.randn(B, S, 10, generator=gen)
+    kpm = torch.zeros(B, S, dtype=torch.bool)
+    kpm[1, 4:] = True
+    am = torch.ones(T, S, dtype=torch.bool).triu(1)
+    P = {n: t.detach().double().requires_grad_() for n, t in m.named_parameters()}
+    q64, k64, v64 = (t.double().requires_grad_() for t in (q, k, v))
+    bq, bk, bv = P["in_proj_bias"].split([h * d, g * d, g * d])
+    Q = (q64 @ P["q_proj_weight"].T + bq).view(B, T, h, d).transpose(1, 2)
+    K = torch.cat([k64 @ P["k_proj_weight"].T + bk, P["bias_k"].expand(B, 1, g * d), q64.new_zeros(B, 1, g * d)], 1)
+    V = torch.cat([v64 @ P["v_proj_weight"].T + bv, P["bias_v"].expand(B, 1, g * d), q64.new_zeros(B, 1, g * d)], 1)
+    K = K.view(B, S + 2, g, d).transpose(1, 2).repeat_interleave(h // g, 1)
+    V = V.view(B, S + 2, g, d).transpose(1, 2).repeat_interleave(h // g, 1)
+    hide = torch.cat([am[None].expand(B, T, S) | kpm[:, None], torch.zeros(B, T, 2, dtype=torch.bool)], -1)
+    s = (Q @ K.transpose(-1, -2) / math.sqrt(d)).masked_fill(hide[:, None], -math.inf)
+    keep = torch.from_numpy(keep_of(module_seed(5), 0.35, B, h, T, S + 2))
+    probs = torch.softmax(s, -1) * keep / (1 - float(np.float32(0.35)))
+    y64 = ((probs @ V).transpose(1, 2).reshape(B, T, h * d)) @ P["out_proj.weight"].T + P["out_proj.bias"]
+    qs, ks, vs = (t.clone().requires_grad_() for t in (q, k, v))
+    torch.manual_seed(5)
+    y, _ = m(qs, ks, vs, key_padding_mask=kpm, attn_mask=am, need_weights=False)
+    assert torch.allclose(y.double(), y64, atol=2e-5, rtol=0)
+    dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(6))
+    (y * dy).sum().backward()
+    (y64 * dy.double()).sum().backward()
+    for a, b in ((qs, q64), (ks, k64), (vs, v64)):
+        assert torch.allclose(a.grad.double(), b.grad, atol=2e-5, rtol=0)
+    for n, t in m.named_parameters():
+        assert torch.allclose(t.grad.double(), P[n].grad, atol=2e-5, rtol=0), n
