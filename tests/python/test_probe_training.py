@@ -791,3 +791,23 @@ def test_multihead_gqa_cross_extra_keys_dropout_gradients():
         assert torch.allclose(a.grad.double(), b.grad, atol=2e-5, rtol=0)
     for n, t in m.named_parameters():
         assert torch.allclose(t.grad.double(), P[n].grad, atol=2e-5, rtol=0), n
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_activation_checkpointing_redraws_the_same_mask(reentrant):
+    """torch.utils.checkpoint recomputes the forward in the backward with
+    torch's RNG state restored: the seed, hence the draw, must be the
+    forward's, so the gradients equal those without checkpointing"""
+    from torch.utils.checkpoint import checkpoint
+    m = randomized(mha.nn.Attention(16, 4, n_kv_heads=2, output_gate=True, dropout=0.4, bias=True), 17)
+    x = torch.randn(2, 8, 16, generator=torch.Generator().manual_seed(18))
+    grads = []
+    for ckpt in (False, True):
+        m.zero_grad()
+        xs = x.clone().requires_grad_()
+        torch.manual_seed(19)
+        y = checkpoint(lambda t: m(t, causal=True), xs, use_reentrant=reentrant) if ckpt else m(xs, causal=True)
+        (y * torch.arange(y.numel()).view(y.shape).sin()).sum().backward()
+        grads.append([xs.grad.clone()] + [p.grad.clone() for p in m.parameters()])
+    for a, b in zip(*grads):
+        assert torch.allclose(a, b, atol=1e-6), (a - b).abs().max()
