@@ -326,6 +326,28 @@ static void test_gate_compact_weights(void) {
                 CHECK(0);
             }
             mha_tensors_free(pt), mha_layer_free(P), mha_layer_free(Q), naive_weights_free(&pw);
+            /* an int8 gated file whose w_g has more rows than d_model (its scales too): refused by
+             * shape before any code is checked against a scale row the config has not (ASan: no read
+             * past the scales) */
+            mha_tensors *src = NULL, *bad = NULL;
+            CHECK_OK(mha_layer_to_tensors(&src, L));
+            CHECK_OK(mha_tensors_create(&bad));
+            const int tall[2] = {4 * D, 1}, sc[2] = {1, 1};
+            float *codes = naive_alloc_floats((size_t)4 * D), one = 1.0f;
+            for (int i = 0; src && bad && i < mha_tensors_count(src); i++) {
+                const char *n = mha_tensors_name(src, i);
+                if (strcmp(n, "w_g") && strcmp(n, "w_g_scale")) CHECK_OK(mha_tensors_add(bad, n, mha_tensors_get(src, n)));
+            }
+            for (int i = 0; src && bad && i < mha_tensors_meta_count(src); i++)
+                CHECK_OK(mha_tensors_set_meta(bad, mha_tensors_meta_key(src, i),
+                                              mha_tensors_meta(src, mha_tensors_meta_key(src, i))));
+            const mha_array tall_codes = {.dtype = MHA_DTYPE_I8, .rank = 2, .shape = {tall[0], tall[1], 1, 1},
+                                          .count = (size_t)tall[0] * tall[1], .f = codes};
+            if (bad && !mha_tensors_add(bad, "w_g", &tall_codes) && !mha_tensors_add_f32(bad, "w_g_scale", &one, 2, sc)) {
+                CHECK_STATUS(mha_layer_from_tensors(&Q, bad, &native), MHA_E_SHAPE);
+                CHECK_ERROR_MENTIONS("tensor 'w_g' has shape");
+            }
+            mha_tensors_free(src), mha_tensors_free(bad), free(codes);
         }
         o.bf16_matmul = 1, o.path = MHA_PATH_AUTO;
         CHECK_STATUS(mha_forward(L, y2, NULL, x, NULL, B, T, T, &o), k ? MHA_E_UNSUPPORTED : MHA_E_UNSUPPORTED);
