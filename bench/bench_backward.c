@@ -107,7 +107,7 @@ int bench_backward(const bench_prefill_cfg *c) {
     opt.causal = c->causal;
     mha_gradients g = {dx, NULL, NULL, gw, gw + dd, gw + 2 * dd, gw + 3 * dd,
                        gw + 4 * dd, gw + 4 * dd + D, gw + 4 * dd + 2 * D, gw + 4 * dd + 3 * D,
-                       NULL, NULL, NULL, NULL, NULL};
+                       NULL, NULL, NULL, NULL, NULL, NULL, NULL};
     static double t[4 * MAX_RUNS];
     const int runs = c->reps < MAX_RUNS ? c->reps : MAX_RUNS;
     mha_tape *tape = NULL;
