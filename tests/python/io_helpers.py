@@ -15,22 +15,30 @@ _DT = {np.dtype(np.float32): "F32", np.dtype(np.float16): "F16", np.dtype(np.boo
        np.dtype(np.uint8): "U8", np.dtype(np.int8): "I8"}
 
 
-def write_safetensors(path, tensors, metadata=None):
-    """tensors: dict name -> numpy array (float32/float16/bool/uint8/int8)."""
+def write_safetensors_raw(path, entries, metadata=None):
+    """entries: dict name -> (dtype string as the format names it, shape,
+    bytes): any dtype (BF16, a wrong one, a lying shape), for hostile files;
+    metadata: dict of strings, or None for no __metadata__."""
     header, blobs, pos = {}, [], 0
-    if metadata:
-        header["__metadata__"] = {k: str(v) for k, v in metadata.items()}
-    for name, a in tensors.items():
-        a = np.ascontiguousarray(a)
-        b = a.astype(a.dtype.newbyteorder("<")).tobytes()
-        header[name] = {"dtype": _DT[a.dtype], "shape": list(a.shape),
-                        "data_offsets": [pos, pos + len(b)]}
+    if metadata is not None:
+        header["__metadata__"] = metadata
+    for name, (dtype, shape, b) in entries.items():
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [pos, pos + len(b)]}
         blobs.append(b)
         pos += len(b)
     h = json.dumps(header).encode()
     h += b" " * (-len(h) % 8)
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+
+
+def write_safetensors(path, tensors, metadata=None):
+    """tensors: dict name -> numpy array (float32/float16/bool/uint8/int8)."""
+    entries = {}
+    for name, a in tensors.items():
+        a = np.ascontiguousarray(a)
+        entries[name] = (_DT[a.dtype], a.shape, a.astype(a.dtype.newbyteorder("<")).tobytes())
+    write_safetensors_raw(path, entries, {k: str(v) for k, v in metadata.items()} if metadata else None)
 
 
 def read_safetensors_header(path):

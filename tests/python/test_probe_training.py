@@ -54,6 +54,7 @@ if torch is None:
 
 import mha  # noqa: E402
 import mha.nn  # noqa: E402
+from io_helpers import write_safetensors_raw  # noqa: E402
 
 M64 = (1 << 64) - 1
 
@@ -518,20 +519,6 @@ def read_raw(path):
     return {k: (v["dtype"], v["shape"], data[v["data_offsets"][0]:v["data_offsets"][1]]) for k, v in hdr.items()}, meta
 
 
-def write_raw(path, tensors, meta):
-    import json
-    import struct
-    header, blobs, pos = {"__metadata__": meta}, [], 0
-    for k, (dt, sh, b) in tensors.items():
-        header[k] = {"dtype": dt, "shape": list(sh), "data_offsets": [pos, pos + len(b)]}
-        blobs.append(b)
-        pos += len(b)
-    h = json.dumps(header).encode()
-    h += b" " * (-len(h) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
-
-
 def bf16_bytes(a):
     return (np.asarray(a, np.float32).view(np.uint32) >> 16).astype(np.uint16).tobytes()
 
@@ -585,7 +572,7 @@ def hostile_int8(tmp_path, name):
     elif name == "no_gate_flag":
         del meta["output_gate"]
     path = tmp_path / f"{name}.safetensors"
-    write_raw(path, t, meta)
+    write_safetensors_raw(path, t, meta)
     return path
 
 
@@ -619,11 +606,11 @@ def test_gate_in_other_dtypes_of_an_fp32_file(tmp_path):
     K, N = t["w_g"][1]
     wg = np.frombuffer(t["w_g"][2], np.float32).reshape(K, N)
     t["w_g"] = ("BF16", (K, N), bf16_bytes(wg))
-    write_raw(tmp_path / "b.safetensors", t, meta)
+    write_safetensors_raw(tmp_path / "b.safetensors", t, meta)
     got = mha.Layer.load(tmp_path / "b.safetensors").weights()["w_g"]
     assert np.array_equal(got, (wg.view(np.uint32) & 0xFFFF0000).view(np.float32))
     t["w_g"] = ("I8", (K, N), np.zeros((K, N), np.int8).tobytes())
-    write_raw(tmp_path / "i.safetensors", t, meta)
+    write_safetensors_raw(tmp_path / "i.safetensors", t, meta)
     with pytest.raises(mha.FormatError, match="'w_g' is int8; expected a floating dtype"):
         mha.Layer.load(tmp_path / "i.safetensors")
 
