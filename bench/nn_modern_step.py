@@ -13,6 +13,9 @@ round, and prints one RESULT line each and their ratio.
 
 --gate 1: gated attention as Qwen3NextAttention writes it (q_proj gives
 each head's query then its gate; Z * sigmoid(gate) before o_proj).
+--dropout p: attention dropout in training mode on both sides (torch's
+F.dropout on the probabilities; the library's own seeded draw): the two
+draw different entries, so the same-numbers check runs in eval mode.
 
 torch 1.13 has no fused attention for this layer on the CPU, so the torch
 side is what a model's own attention module runs. Legend: B batch, T
@@ -33,10 +36,11 @@ import mha.nn  # noqa: E402
 class TorchAttention(torch.nn.Module):
     """The layer in plain PyTorch, parameters named as mha.nn.Attention's."""
 
-    def __init__(self, d, h, h_kv, theta, eps, gate):
+    def __init__(self, d, h, h_kv, theta, eps, gate, dropout):
         super().__init__()
         hd = d // h
         self.h, self.h_kv, self.hd, self.theta, self.eps, self.gate = h, h_kv, hd, theta, eps, gate
+        self.dropout = dropout
         self.q_proj = torch.nn.Linear(d, (2 if gate else 1) * h * hd, bias=False)
         self.k_proj = torch.nn.Linear(d, h_kv * hd, bias=False)
         self.v_proj = torch.nn.Linear(d, h_kv * hd, bias=False)
@@ -71,7 +75,8 @@ class TorchAttention(torch.nn.Module):
         k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
         s = q @ k.transpose(-1, -2) / self.hd ** 0.5  # (B,h,T,T)
         s = s.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
-        z = (s.softmax(-1) @ v).transpose(1, 2).reshape(B, T, self.h * self.hd)
+        p = torch.nn.functional.dropout(s.softmax(-1), self.dropout, self.training)
+        z = (p @ v).transpose(1, 2).reshape(B, T, self.h * self.hd)
         return self.o_proj(z * torch.sigmoid(g) if self.gate else z)
 
 
@@ -89,20 +94,23 @@ def main():
     for name, v in (("B", 4), ("T", 512), ("d", 768), ("h", 12), ("h-kv", 4), ("rounds", 7), ("threads", 2),
                     ("gate", 0)):
         ap.add_argument("--" + name, type=int, default=v)
+    ap.add_argument("--dropout", type=float, default=0.0)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
     theta, eps = 10000.0, 1e-6
-    ref = TorchAttention(a.d, a.h, a.h_kv, theta, eps, a.gate)
+    ref = TorchAttention(a.d, a.h, a.h_kv, theta, eps, a.gate, a.dropout)
     with torch.no_grad():
         ref.q_norm.weight.uniform_(0.5, 1.5), ref.k_norm.weight.uniform_(0.5, 1.5)
     ours = mha.nn.Attention(a.d, a.h, a.h_kv, rope=dict(pairing="halves", theta=theta), qk_norm="rms",
-                            qk_norm_eps=eps, output_gate=bool(a.gate))
+                            qk_norm_eps=eps, output_gate=bool(a.gate), dropout=a.dropout)
     ours.load_state_dict(ref.state_dict())
     x = torch.randn(a.B, a.T, a.d, requires_grad=True)
     dy = torch.randn(a.B, a.T, a.d)
-    # --- the same numbers first
+    # --- the same numbers first (in eval mode: no dropout, whose draws differ)
+    ref.eval(), ours.eval()
     (y0, g0), (y1, g1) = step(ref, x, dy), step(ours, x, dy)
+    ref.train(), ours.train()
     errs = [(float((p - q).abs().max()) / max(float(p.abs().max()), 1e-30)) for p, q in zip([y0] + g0, [y1] + g1)]
     if max(errs) > 1e-4:
         sys.exit(f"nn_modern_step: mha.nn.Attention and the torch layer differ (worst relative {max(errs):.3g})")
@@ -113,12 +121,13 @@ def main():
             t0 = time.perf_counter()
             step(m, x, dy)
             t[name].append(time.perf_counter() - t0)
-    shape = f"B={a.B} T={a.T} d_model={a.d} h={a.h} h_kv={a.h_kv} threads={a.threads} gate={a.gate}"
+    shape = (f"B={a.B} T={a.T} d_model={a.d} h={a.h} h_kv={a.h_kv} threads={a.threads} gate={a.gate} "
+             f"dropout={a.dropout}")
     for name in t:
         print(f"RESULT kind=nn_modern_step impl={name} {shape} median_s={statistics.median(t[name]):.6f} "
               f"min_s={min(t[name]):.6f} runs={a.rounds}")
-    print(f"mha.nn.Attention vs torch (forward + backward, RoPE + RMS QK-norm + GQA{' + output gate' * a.gate}, "
-          "causal): "
+    print(f"mha.nn.Attention vs torch (forward + backward, RoPE + RMS QK-norm + GQA{' + output gate' * a.gate}"
+          f"{f' + dropout {a.dropout}' * (a.dropout > 0)}, causal): "
           f"{statistics.median(t['torch']) / statistics.median(t['mha']):.2f}x (median), "
           f"{min(t['torch']) / min(t['mha']):.2f}x (min); worst relative difference {max(errs):.2g}")
 
