@@ -3,8 +3,10 @@
  * per-head tensors (native: alibi_slopes, sinks, q_norm, k_norm; hf:
  * q_norm.weight, k_norm.weight as Qwen 3 stores them, (d_k), or as
  * OLMo 2 does, (h*d_k) and (h_kv*d_k): a norm over the whole width; as
- * Cohere does, (h, d_k) and (h_kv, d_k): a LayerNorm of each head; and
- * StableLM's q_layernorm.norms.N.weight, a LayerNorm of each head).
+ * Cohere does, (h, d_k) and (h_kv, d_k): a LayerNorm of each head;
+ * StableLM's q_layernorm.norms.N.weight, a LayerNorm of each head; and
+ * LFM2's q_layernorm.weight / k_layernorm.weight, Qwen 3's RMSNorm under
+ * other names).
  * Legend: h heads, h_kv kv heads, d_k. */
 #include <errno.h>
 #include <limits.h>
@@ -99,7 +101,7 @@ mha_status mha_io_refuse_unread_norms(const mha_tensors *t, const char *prefix) 
         for (int k = 0; k < 10; k++)
             biased |= strstr(names[k], ".bias") && mha_io_name_fits(mha_tensors_name(t, i), prefix, names[k]);
     for (int i = 0; i < mha_tensors_count(t); i++)
-        for (int k = 0; k < 10; k++)
+        for (int k = biased ? 0 : 4; k < 10; k++) /* unbiased q/k_layernorm.weight: LFM2's, read */
             if (mha_io_name_fits(mha_tensors_name(t, i), prefix, names[k]))
                 return biased ? mha_fail(MHA_E_FORMAT, "tensor %.80s: a q/k LayerNorm %s (Phi's qk_layernorm, "
                                          "Persimmon, MPT's qk_ln); expected none: a norm of q and k with a bias "
@@ -107,10 +109,10 @@ mha_status mha_io_refuse_unread_norms(const mha_tensors *t, const char *prefix) 
                                          mha_tensors_name(t, i), k % 2 || k == 4 || k == 5 ? "with a bias"
                                                                                             : "of one weight and bias")
                               : mha_fail(MHA_E_FORMAT, "tensor %.80s: a q/k norm weight without a bias under a "
-                                         "name whose kind this layout does not know (LFM2's RMSNorm of each "
-                                         "head); expected q_norm.weight / k_norm.weight (Qwen 3's RMSNorm) or "
-                                         "none: it is not read, and the layer would run without it",
-                                         mha_tensors_name(t, i));
+                                         "name whose kind this layout does not know; expected q_norm.weight / "
+                                         "k_norm.weight (Qwen 3's RMSNorm), q_layernorm.weight / "
+                                         "k_layernorm.weight (LFM2's) or none: it is not read, and the layer "
+                                         "would run without it", mha_tensors_name(t, i));
     return MHA_OK;
 }
 
@@ -215,6 +217,12 @@ mha_status mha_io_variants_read(mha_config *c, float *w[4], const mha_tensors *t
         const mha_array *a = NULL;
         for (int j = 0; j < mha_tensors_count(t) && !a; j++)
             if (mha_io_name_fits(mha_tensors_name(t, j), prefix, names[i])) a = mha_tensors_get(t, mha_tensors_name(t, j));
+        /* LFM2: q_layernorm.weight / k_layernorm.weight, an RMSNorm of each head without a bias (a
+         * biased one, Phi's LayerNorm, is refused before: mha_io_refuse_unread_norms) */
+        const char *lfm2 = i == 2 ? "q_layernorm.weight" : "k_layernorm.weight";
+        for (int j = 0; hf && i >= 2 && !a && !w[i] && j < mha_tensors_count(t); j++)
+            if (mha_io_name_fits(mha_tensors_name(t, j), prefix, lfm2))
+                a = mha_tensors_get(t, mha_tensors_name(t, j)), names[i] = lfm2;
         if (!a || w[i]) continue;
         /* Qwen 3 / Gemma 3: RMSNorm; Cohere's (h, d_k) of rank 2: its LayerNorm of each head */
         const int cohere = i == 2 && a->rank == 2 && h > 1 && a->shape[0] == h && a->shape[1] == dk;

@@ -225,3 +225,43 @@ def test_codegen_refusals_named(tmp_path):
     t[CP + "out_proj.weight"] = rnd(rs, D, D - 4)
     _, r = run(tmp_path, t, cfg, "transformer.h.0", D, check=False)
     refused(r, tmp_path, "out_proj.weight")
+
+
+# -------------------------------------------------------------------- LFM2
+
+def rms_heads(a, w, eps):
+    """Lfm2RMSNorm of each head's (T, d) rows: x / sqrt(mean(x^2) + eps) * w"""
+    return a / np.sqrt((a.astype(np.float64) ** 2).mean(-1, keepdims=True) + eps) * w
+
+
+@pytest.mark.parametrize("G", [4, 2, 1])
+def test_lfm2_attention_layer(tmp_path, G):
+    """LFM2 (model_type lfm2, Lfm2Attention): q/k/v_proj and out_proj without
+    bias, q_layernorm / k_layernorm an RMSNorm of each head (d weights, no
+    bias, norm_eps) before rotate_half RoPE on the whole head (rope_theta).
+    Before: refused as a norm of unknown kind. The conv layers have no
+    attention: --prefix names a full_attention layer."""
+    D, H, d = 32, 4, 8
+    rs = np.random.RandomState(41 + G)
+    p = "model.layers.2.self_attn."
+    wq, wk, wv, wo = rnd(rs, H * d, D), rnd(rs, G * d, D), rnd(rs, G * d, D), rnd(rs, D, H * d)
+    qn, kn = (1 + 0.3 * rs.randn(d)).astype(np.float32), (1 + 0.3 * rs.randn(d)).astype(np.float32)
+    t = {p + "q_proj.weight": wq, p + "k_proj.weight": wk, p + "v_proj.weight": wv, p + "out_proj.weight": wo,
+         p + "q_layernorm.weight": qn, p + "k_layernorm.weight": kn,
+         "model.layers.0.conv.in_proj.weight": rnd(rs, 3 * D, D)}  # a short-conv layer beside it
+    cfg = {"model_type": "lfm2", "hidden_size": D, "num_attention_heads": H, "num_key_value_heads": G,
+           "rope_theta": 1e6, "norm_eps": 1e-3, "layer_types": ["conv", "conv", "full_attention"]}
+    x, y = run(tmp_path, t, cfg, "model.layers.2", D)
+    q = rms_heads(heads(x @ wq.T.astype(np.float64), H), qn, 1e-3)
+    k = rms_heads(heads(x @ wk.T.astype(np.float64), G), kn, 1e-3)
+    v = heads(x @ wv.T.astype(np.float64), G)
+    want = attention(rotate(q, d, 1e6, "halves"), rotate(k, d, 1e6, "halves"), v, wo)
+    close(y, want)
+    # the norm matters (eps 1e-3 against the library's default too): without it, another layer
+    nonorm = attention(rotate(heads(x @ wq.T.astype(np.float64), H), d, 1e6, "halves"),
+                       rotate(heads(x @ wk.T.astype(np.float64), G), d, 1e6, "halves"), v, wo)
+    assert np.abs(want - nonorm).max() > 1e-2
+    # a biased q_layernorm (Phi's LayerNorm) stays refused
+    t[p + "q_layernorm.bias"] = np.zeros(d, np.float32)
+    _, r = run(tmp_path, t, cfg, "model.layers.2", D, check=False)
+    refused(r, tmp_path, "q_layernorm", "with a bias")
