@@ -265,3 +265,26 @@ def test_lfm2_attention_layer(tmp_path, G):
     t[p + "q_layernorm.bias"] = np.zeros(d, np.float32)
     _, r = run(tmp_path, t, cfg, "model.layers.2", D, check=False)
     refused(r, tmp_path, "q_layernorm", "with a bias")
+
+
+# -------------------------------------------------------------- Nemotron-H
+
+@pytest.mark.parametrize("theta", [None, 10000])
+def test_nemotron_h_attention_has_no_rotary(tmp_path, theta):
+    """Nemotron-H (model_type nemotron_h, NemotronHAttention): GQA with no
+    positional embedding (its Mamba layers order the tokens), under
+    backbone.layers.N.mixer. A rope_theta in config.json rotates nothing:
+    before, mha run applied it (1.7 off)."""
+    D, H, G, d = 32, 4, 2, 16
+    rs = np.random.RandomState(51)
+    p = "backbone.layers.3.mixer."
+    wq, wk, wv, wo = rnd(rs, H * d, D), rnd(rs, G * d, D), rnd(rs, G * d, D), rnd(rs, D, H * d)
+    t = {p + "q_proj.weight": wq, p + "k_proj.weight": wk, p + "v_proj.weight": wv, p + "o_proj.weight": wo,
+         "backbone.layers.0.mixer.in_proj.weight": rnd(rs, 8, D)}  # a Mamba layer beside it
+    cfg = {"model_type": "nemotron_h", "hidden_size": D, "num_attention_heads": H, "num_key_value_heads": G,
+           "head_dim": d, "hybrid_override_pattern": "M-M*"}
+    if theta:
+        cfg["rope_theta"] = theta
+    x, y = run(tmp_path, t, cfg, "backbone.layers.3.mixer", D)
+    close(y, attention(heads(x @ wq.T.astype(np.float64), H), heads(x @ wk.T.astype(np.float64), G),
+                       heads(x @ wv.T.astype(np.float64), G), wo))
