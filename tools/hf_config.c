@@ -767,9 +767,11 @@ int cli_hf_config_read(cli_hf_config *c, const char *cmd, const cli_ckpt *ck, co
     }
     json_t *pe = json_object_get(root, "position_embedding_type"); /* Granite 4's "nope": no rotary at all */
     if (!rc && json_is_string(pe) && strcmp(json_string_value(pe), "nope") == 0) c->no_rope = 1;
-    /* Nemotron-H (NemotronHAttention): GQA without positional embeddings, its Mamba layers order the
-     * tokens; a rope_theta in its config.json rotates nothing (before: rotary applied, 1.7 off) */
-    if (!rc && type && strcmp(type, "nemotron_h") == 0) c->no_rope = 1;
+    /* Nemotron-H (NemotronHAttention) and Jamba (JambaAttention, which it extends): GQA without
+     * positional embeddings, their Mamba layers order the tokens; a rope_theta in config.json rotates
+     * nothing (before: rotary applied, 1.7 off) */
+    static const char *const nope_types[] = {"nemotron_h", "jamba", NULL};
+    if (!rc && type_in(type, nope_types)) c->no_rope = 1;
     double key_mult = 0; /* Falcon-H1 multiplies k by it: the scores, RoPE being linear */
     if (!rc && type && strcmp(type, "falcon_h1") == 0)
         rc = number(cmd, root, "", "key_multiplier", 1e-30, 1e30, 0, &key_mult);

@@ -269,8 +269,9 @@ def test_lfm2_attention_layer(tmp_path, G):
 
 # -------------------------------------------------------------- Nemotron-H
 
+@pytest.mark.parametrize("model_type", ["nemotron_h", "jamba"])
 @pytest.mark.parametrize("theta", [None, 10000])
-def test_nemotron_h_attention_has_no_rotary(tmp_path, theta):
+def test_nemotron_h_attention_has_no_rotary(tmp_path, theta, model_type):
     """Nemotron-H (model_type nemotron_h, NemotronHAttention): GQA with no
     positional embedding (its Mamba layers order the tokens), under
     backbone.layers.N.mixer. A rope_theta in config.json rotates nothing:
@@ -281,8 +282,8 @@ def test_nemotron_h_attention_has_no_rotary(tmp_path, theta):
     wq, wk, wv, wo = rnd(rs, H * d, D), rnd(rs, G * d, D), rnd(rs, G * d, D), rnd(rs, D, H * d)
     t = {p + "q_proj.weight": wq, p + "k_proj.weight": wk, p + "v_proj.weight": wv, p + "o_proj.weight": wo,
          "backbone.layers.0.mixer.in_proj.weight": rnd(rs, 8, D)}  # a Mamba layer beside it
-    cfg = {"model_type": "nemotron_h", "hidden_size": D, "num_attention_heads": H, "num_key_value_heads": G,
-           "head_dim": d, "hybrid_override_pattern": "M-M*"}
+    cfg = {"model_type": model_type, "hidden_size": D, "num_attention_heads": H, "num_key_value_heads": G,
+           "head_dim": d, "hybrid_override_pattern": "M-M*"}  # Jamba (JambaAttention, which Nemotron-H's extends)
     if theta:
         cfg["rope_theta"] = theta
     x, y = run(tmp_path, t, cfg, "backbone.layers.3.mixer", D)
