@@ -729,6 +729,9 @@ int cli_hf_config_read(cli_hf_config *c, const char *cmd, const cli_ckpt *ck, co
     if (!rc) rc = rope_parameters(cmd, root, type, ck->prefix, &rp, where, sizeof where, &typed);
     if (!rc && rp) rc = number(cmd, rp, where, "rope_theta", 1, 1e12, 0, &theta);
     if (!rc && rp) rc = number(cmd, rp, where, "partial_rotary_factor", 1e-9, 1, 0, &part);
+    /* Bamba: BambaConfig sets partial_rotary_factor to 0.5 whatever config.json says (its attn_rotary_emb
+     * is half the head): before, a config.json without the key rotated the whole head */
+    if (!rc && type && strcmp(type, "bamba") == 0) part = 0.5;
     /* Ministral 3: q x (1 + beta ln(1 + floor(p / original_max_position_embeddings))), in rope_parameters
        or (transformers 4) rope_scaling */
     double beta = 0, orig = 0;

@@ -289,3 +289,26 @@ def test_nemotron_h_attention_has_no_rotary(tmp_path, theta, model_type):
     x, y = run(tmp_path, t, cfg, "backbone.layers.3.mixer", D)
     close(y, attention(heads(x @ wq.T.astype(np.float64), H), heads(x @ wk.T.astype(np.float64), G),
                        heads(x @ wv.T.astype(np.float64), G), wo))
+
+
+# -------------------------------------------------------------------- Bamba
+
+@pytest.mark.parametrize("factor", [None, 1.0])
+def test_bamba_rotates_half_of_each_head(tmp_path, factor):
+    """Bamba (model_type bamba): BambaConfig sets partial_rotary_factor to
+    0.5 whatever config.json says (rotate_half on the first half of each
+    head, rope_theta), its attention's GQA otherwise Llama's. Before, a
+    config.json without the key (or saying 1.0) rotated the whole head."""
+    D, H, G, d = 32, 4, 2, 8  # head_dim = hidden_size / heads (no head_dim key)
+    rs = np.random.RandomState(61)
+    p = "model.layers.1.self_attn."
+    wq, wk, wv, wo = rnd(rs, H * d, D), rnd(rs, G * d, D), rnd(rs, G * d, D), rnd(rs, D, H * d)
+    t = {p + "q_proj.weight": wq, p + "k_proj.weight": wk, p + "v_proj.weight": wv, p + "o_proj.weight": wo}
+    cfg = {"model_type": "bamba", "hidden_size": D, "num_attention_heads": H, "num_key_value_heads": G,
+           "rope_theta": 1e4, "attn_rotary_emb": d // 2, "attn_layer_indices": [1]}
+    if factor:
+        cfg["partial_rotary_factor"] = factor
+    x, y = run(tmp_path, t, cfg, "model.layers.1", D)
+    q, k = heads(x @ wq.T.astype(np.float64), H), heads(x @ wk.T.astype(np.float64), G)
+    close(y, attention(rotate(q, d // 2, 1e4, "halves"), rotate(k, d // 2, 1e4, "halves"),
+                       heads(x @ wv.T.astype(np.float64), G), wo))
