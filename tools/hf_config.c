@@ -249,6 +249,15 @@ static int rope_scaling(const char *cmd, json_t *root, json_t *s, const char *wh
 }
 
 static int slides(json_t *root, const char *type, long long n);
+
+/* The share of each head a family rotates when config.json names none
+ * (partial_rotary_factor / rotary_pct absent): its config class's
+ * default; 0: the whole head. */
+static double default_share(const char *type) {
+    static const char *const quarter[] = {"stablelm", "gpt_neox", NULL};
+    static const char *const half[] = {"phi", "persimmon", "nemotron", "glm", "glm4", "glm4_moe", NULL};
+    return type_in(type, quarter) ? 0.25 : type_in(type, half) ? 0.5 : 0;
+}
 static long long layer_index(const char *prefix);
 
 /* Transformers 5 saves rope_theta, partial_rotary_factor and the scaling's
@@ -377,7 +386,8 @@ static int family(cli_hf_config *c, const char *cmd, json_t *root, const char *t
                                          "gemma", "gemma2", "gemma3", "gemma3_text", "phi3", "phimoe", "olmo", "olmo2",
                                          "olmoe", "granite", "granitemoe", "starcoder2", "stablelm", "gpt_neox", "phi",
                                          "internlm2", "dbrx", "gpt_oss", "falcon", "RefinedWebModel", "RefinedWeb",
-                                         "qwen3_next", "qwen", NULL};
+                                         "qwen3_next", "qwen", "nemotron", "persimmon", "glm", "glm4",
+                                         "glm4_moe", NULL};
     /* (1 + weight) RMSNorms: Gemma 3's, and Qwen3-Next's zero-centred ones */
     static const char *const gemma3[] = {"gemma3", "gemma3_text", "qwen3_next", NULL};
     const int alibi = json_is_true(json_object_get(root, "alibi"));
@@ -732,6 +742,11 @@ int cli_hf_config_read(cli_hf_config *c, const char *cmd, const cli_ckpt *ck, co
     /* Bamba: BambaConfig sets partial_rotary_factor to 0.5 whatever config.json says (its attn_rotary_emb
      * is half the head): before, a config.json without the key rotated the whole head */
     if (!rc && type && strcmp(type, "bamba") == 0) part = 0.5;
+    /* Absent from config.json, the rotated share is the config class's default: StableLmConfig 0.25,
+     * GPTNeoXConfig rotary_pct 0.25, PhiConfig, PersimmonConfig, NemotronConfig, GlmConfig, Glm4Config,
+     * Glm4MoeConfig 0.5 (before: the whole head rotated, silently) */
+    if (!rc && !part) part = default_share(type);
+    if (!rc && !theta && type && strcmp(type, "persimmon") == 0) theta = 25000; /* PersimmonConfig's rope_theta */
     /* Ministral 3: q x (1 + beta ln(1 + floor(p / original_max_position_embeddings))), in rope_parameters
        or (transformers 4) rope_scaling */
     double beta = 0, orig = 0;
@@ -751,6 +766,10 @@ int cli_hf_config_read(cli_hf_config *c, const char *cmd, const cli_ckpt *ck, co
     if (!rc) rc = number(cmd, root, "", "attn_logit_softcapping", 1e-6, 1e30, 0, &c->softcap);
     if (!rc) rc = number(cmd, root, "", "query_pre_attn_scalar", 1e-30, 1e30, 0, &pre);
     if (!rc) rc = number(cmd, root, "", "attention_multiplier", 1e-30, 1e30, 0, &c->scale);
+    /* Granite's attention scales q.k by attention_multiplier alone, whose config classes' default is 1.0:
+     * absent, the scores are unscaled (before: 1/sqrt(head_dim), silently) */
+    static const char *const granite[] = {"granite", "granitemoe", "granitemoeshared", "granitemoehybrid", NULL};
+    if (!rc && type_in(type, granite) && !json_is_number(json_object_get(root, "attention_multiplier"))) c->scale = 1.0;
     if (pre) c->scale = 1.0 / sqrt(pre);
     if (!rc) rc = window(c, cmd, root, type, ck->prefix, typed ? NULL : &theta);
     if (!rc) rc = number(cmd, root, "", "clip_qkv", 1e-30, 1e30, 0, &c->clip_qkv); /* OLMo 1 */
@@ -770,6 +789,11 @@ int cli_hf_config_read(cli_hf_config *c, const char *cmd, const cli_ckpt *ck, co
     }
     json_t *pe = json_object_get(root, "position_embedding_type"); /* Granite 4's "nope": no rotary at all */
     if (!rc && json_is_string(pe) && strcmp(json_string_value(pe), "nope") == 0) c->no_rope = 1;
+    /* GraniteMoeHybridModel builds its rotary only for position_embedding_type "rope"; null or absent (the
+     * config class's default None) is NoPE, though rope_theta is written (before: rotated, silently) */
+    if (!rc && type && strcmp(type, "granitemoehybrid") == 0 &&
+        !(json_is_string(pe) && strcmp(json_string_value(pe), "rope") == 0))
+        c->no_rope = 1;
     /* Nemotron-H (NemotronHAttention) and Jamba (JambaAttention, which it extends): GQA without
      * positional embeddings, their Mamba layers order the tokens; a rope_theta in config.json rotates
      * nothing (before: rotary applied, 1.7 off) */

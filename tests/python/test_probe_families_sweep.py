@@ -1,0 +1,97 @@
+"""Sweep of Hugging Face families through `mha run`'s config.json reader
+for what their config class or modeling code decides that config.json may
+not say: each small checkpoint under Llama's names (q/k/v/o_proj), its
+config.json with the family's keys (the minimal ones, and those its config
+class writes), run with --prefix and --causal only, against a float64
+numpy oracle written from the family's attention forward."""
+import numpy as np
+import pytest
+
+from test_probe_families import attention, close, heads, llama_like, run
+from test_probe_hf_layouts import rotate  # RoPE at positions 0..T-1, halves or interleaved
+
+D, H, G, d = 32, 4, 2, 8
+
+
+def layer(tmp_path, cfg, seed=0, prefix="model.layers.0"):
+    """(y of `mha run`, q, k, v as (h, T, d) float64, o_proj) of a GQA layer"""
+    w, _, t = llama_like(np.random.RandomState(seed), D, H, G, p=prefix + ".self_attn.")
+    cfg = dict({"hidden_size": D, "num_attention_heads": H, "num_key_value_heads": G}, **cfg)
+    x, y = run(tmp_path, t, cfg, prefix, D)
+    q, k, v = (heads(x @ w[n].T.astype(np.float64), m) for n, m in (("q_proj", H), ("k_proj", G), ("v_proj", G)))
+    return y, q, k, v, w["o_proj"]
+
+
+def roped(q, k, r, theta, pairing="halves"):
+    return rotate(q, r, theta, pairing), rotate(k, r, theta, pairing)
+
+
+# ------------------------------------------- defaults of the config classes
+
+
+@pytest.mark.parametrize("model_type,share,theta,pairing", [
+    ("stablelm", 0.25, 1e4, "halves"),   # StableLmConfig(partial_rotary_factor=0.25)
+    ("gpt_neox", 0.25, 1e4, "halves"),   # GPTNeoXConfig(rotary_pct=0.25)
+    ("phi", 0.5, 1e4, "halves"),         # PhiConfig(partial_rotary_factor=0.5)
+    ("nemotron", 0.5, 1e4, "halves"),    # NemotronConfig(partial_rotary_factor=0.5, rope_theta 10000)
+    ("persimmon", 0.5, 25000, "halves"),  # PersimmonConfig(partial_rotary_factor=0.5, rope_theta=25000)
+    ("glm", 0.5, 1e4, "interleaved"),    # GlmConfig(partial_rotary_factor=0.5)
+    ("glm4", 0.5, 1e4, "interleaved"),
+    ("glm4_moe", 0.5, 1e4, "halves"),
+])
+def test_rotated_share_and_theta_default_to_the_config_class(tmp_path, model_type, share, theta, pairing):
+    """A config.json without partial_rotary_factor (rotary_pct) or
+    rope_theta takes its config class's defaults, as Hugging Face loads
+    it. Before, the whole head rotated (and Nemotron, Persimmon, GLM
+    without rope_theta did not rotate at all): 0.2 to 1.1 off."""
+    y, q, k, v, wo = layer(tmp_path, {"model_type": model_type})
+    close(y, attention(*roped(q, k, int(d * share), theta, pairing), v, wo))
+    # the key, where given, still wins
+    y, q, k, v, wo = layer(tmp_path, {"model_type": model_type, "partial_rotary_factor": 1.0, "rotary_pct": 1.0,
+                                      "rope_theta": 5e3})
+    close(y, attention(*roped(q, k, d, 5e3, pairing), v, wo))
+
+
+# ------------------------------------------------------------------ Granite
+
+
+@pytest.mark.parametrize("pe", ["absent", None, "rope", "nope"])
+def test_granitemoehybrid_rotates_only_with_position_embedding_type_rope(tmp_path, pe):
+    """Granite 4 (granitemoehybrid): GraniteMoeHybridModel builds its
+    rotary only when position_embedding_type is "rope"; null or absent
+    (the class's default None) is NoPE, though the config class writes
+    rope_theta 10000. Scores scaled by attention_multiplier. Before, null
+    or absent rotated, silently (0.5 off)."""
+    cfg = {"model_type": "granitemoehybrid", "rope_theta": 10000.0, "attention_multiplier": 0.1,
+           "layer_types": ["attention"]}
+    if pe != "absent":
+        cfg["position_embedding_type"] = pe
+    y, q, k, v, wo = layer(tmp_path, cfg)
+    if pe == "rope":
+        q, k = roped(q, k, d, 1e4)
+    close(y, attention(q, k, v, wo, scale=0.1))
+
+
+@pytest.mark.parametrize("model_type", ["granite", "granitemoe", "granitemoeshared", "granitemoehybrid"])
+def test_granite_without_attention_multiplier_is_unscaled(tmp_path, model_type):
+    """Granite's attention scales q.k by attention_multiplier alone (its
+    config classes' default 1.0), never by 1/sqrt(head_dim): without the
+    key the scores are unscaled. Before: 1/sqrt(head_dim), 1.05 off."""
+    cfg = {"model_type": model_type, "rope_theta": 1e4, "position_embedding_type": "rope"}
+    y, q, k, v, wo = layer(tmp_path, cfg)
+    close(y, attention(*roped(q, k, d, 1e4), v, wo, scale=1.0))
+    y, q, k, v, wo = layer(tmp_path, dict(cfg, attention_multiplier=0.05))
+    close(y, attention(*roped(q, k, d, 1e4), v, wo, scale=0.05))
+
+
+# ------------------------------------------- families found right: guards
+
+
+@pytest.mark.parametrize("model_type", ["seed_oss", "arcee", "apertus", "hunyuan_v1_dense", "internlm3",
+                                        "mistral", "mixtral", "starcoder2", "olmo2", "qwen3"])
+def test_llama_like_families_rotate_the_whole_head(tmp_path, model_type):
+    """Families whose attention is Llama's GQA with rotate_half on the
+    whole head at rope_theta (their biases and q/k norms, absent here,
+    are read from the checkpoint): they ran right and must stay so."""
+    y, q, k, v, wo = layer(tmp_path, {"model_type": model_type, "rope_theta": 5e5})
+    close(y, attention(*roped(q, k, d, 5e5), v, wo))
