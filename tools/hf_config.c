@@ -387,7 +387,7 @@ static int family(cli_hf_config *c, const char *cmd, json_t *root, const char *t
                                          "olmoe", "granite", "granitemoe", "starcoder2", "stablelm", "gpt_neox", "phi",
                                          "internlm2", "dbrx", "gpt_oss", "falcon", "RefinedWebModel", "RefinedWeb",
                                          "qwen3_next", "qwen", "nemotron", "persimmon", "glm", "glm4",
-                                         "glm4_moe", NULL};
+                                         "glm4_moe", "minimax", NULL};
     /* (1 + weight) RMSNorms: Gemma 3's, and Qwen3-Next's zero-centred ones */
     static const char *const gemma3[] = {"gemma3", "gemma3_text", "qwen3_next", NULL};
     const int alibi = json_is_true(json_object_get(root, "alibi"));
@@ -582,6 +582,9 @@ static int neo_local(json_t *root, long long n) {
 
 static int slides(json_t *root, const char *type, long long n) {
     static const char *const every[] = {"mistral", "mixtral", "phi3", "phimoe", "starcoder2", NULL};
+    /* MiniMax: MiniMaxModel gives every full_attention layer (its layer_types say full_attention or
+     * linear_attention, never sliding_attention) the sliding mask when sliding_window is set */
+    if (type && strcmp(type, "minimax") == 0) return 1;
     static const char *const qwen[] = {"qwen2", "qwen2_moe", "qwen3", "qwen3_moe", NULL};
     json_t *types = json_object_get(root, "layer_types"), *pattern = json_object_get(root, "sliding_window_pattern");
     if (json_is_array(types) && json_array_size(types)) {
@@ -661,6 +664,21 @@ static int nope(cli_hf_config *c, const char *cmd, json_t *root, const char *typ
     return 0;
 }
 
+/* A layer that layer_types names "linear_attention" (MiniMax's lightning
+ * attention: a decayed linear attention with an RMSNorm and an output gate
+ * under qkv_proj / out_proj; Qwen3-Next's Gated DeltaNet) is no softmax
+ * attention: refused by name, whatever layout its names would fit. */
+static int linear_layer(const char *cmd, json_t *root, const char *type, const char *prefix) {
+    json_t *types = json_object_get(root, "layer_types");
+    const long long n = layer_index(prefix);
+    const char *t = n >= 0 && json_is_array(types) ? json_string_value(json_array_get(types, (size_t)n)) : NULL;
+    if (!t || strcmp(t, "linear_attention") != 0) return 0;
+    return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: layer_types[%lld] is \"linear_attention\" (model_type "
+                         "%s: a linear attention without softmax, e.g. MiniMax's lightning attention); expected a "
+                         "full_attention or sliding_attention layer: linear attention is not supported", n,
+                         type ? type : "(none)");
+}
+
 /* The part of config.json that describes the layer. Multimodal models
  * (Gemma 3, LLaVA, Mistral 3, CLIP, SigLIP) keep their towers' settings
  * in text_config and vision_config, not at the top level: a prefix naming
@@ -703,6 +721,11 @@ int cli_hf_config_read(cli_hf_config *c, const char *cmd, const cli_ckpt *ck, co
     double heads = 0, kv = 0, hd = 0, hidden = 0, theta = 0, part = 0;
     const char *type = json_string_value(json_object_get(root, "model_type")); /* what the family implies */
     static const char *const unnamed[] = {"codegen", NULL}; /* no layout is detected from its names */
+    const int linear = linear_layer(cmd, root, type, ck->prefix);
+    if (linear) {
+        json_decref(top);
+        return linear;
+    }
     if ((kind == 2 && !type_in(type, gpt2_named)) || (kind == 3 && !type_in(type, unnamed))) {
         /* GPT-2, GPT-BigCode: as before, not read */
         const int rc = kind == 3 ? unsupported(cmd, root, type) : 0; /* no layout: name the family if refused */
@@ -747,6 +770,7 @@ int cli_hf_config_read(cli_hf_config *c, const char *cmd, const cli_ckpt *ck, co
      * Glm4MoeConfig 0.5 (before: the whole head rotated, silently) */
     if (!rc && !part) part = default_share(type);
     if (!rc && !theta && type && strcmp(type, "persimmon") == 0) theta = 25000; /* PersimmonConfig's rope_theta */
+    if (!rc && !theta && type && strcmp(type, "minimax") == 0) theta = 1e6; /* MiniMaxConfig's default_theta */
     /* Ministral 3: q x (1 + beta ln(1 + floor(p / original_max_position_embeddings))), in rope_parameters
        or (transformers 4) rope_scaling */
     double beta = 0, orig = 0;

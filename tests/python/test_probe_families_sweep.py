@@ -7,7 +7,7 @@ numpy oracle written from the family's attention forward."""
 import numpy as np
 import pytest
 
-from test_probe_families import attention, close, heads, llama_like, run
+from test_probe_families import attention, close, heads, llama_like, refused, rnd, run
 from test_probe_hf_layouts import rotate  # RoPE at positions 0..T-1, halves or interleaved
 
 D, H, G, d = 32, 4, 2, 8
@@ -82,6 +82,40 @@ def test_granite_without_attention_multiplier_is_unscaled(tmp_path, model_type):
     close(y, attention(*roped(q, k, d, 1e4), v, wo, scale=1.0))
     y, q, k, v, wo = layer(tmp_path, dict(cfg, attention_multiplier=0.05))
     close(y, attention(*roped(q, k, d, 1e4), v, wo, scale=0.05))
+
+
+# ------------------------------------------------------------------ MiniMax
+
+
+def test_minimax_softmax_layers_rotate_at_1e6_and_slide(tmp_path):
+    """MiniMax (minimax): its full_attention layers are Mixtral's
+    (MiniMaxAttention), rotated at MiniMaxConfig's default_theta 1e6
+    without rope_theta (before: not rotated, 1.4 off), through the sliding
+    mask on every full_attention layer when sliding_window is set
+    (MiniMaxModel; before: global, as its layer_types name no
+    sliding_attention, 1.6 off)."""
+    types = ["full_attention", "linear_attention"]
+    y, q, k, v, wo = layer(tmp_path, {"model_type": "minimax", "layer_types": types})
+    close(y, attention(*roped(q, k, d, 1e6), v, wo))
+    y, q, k, v, wo = layer(tmp_path, {"model_type": "minimax", "layer_types": types, "rope_theta": 5e3,
+                                      "sliding_window": 3})
+    close(y, attention(*roped(q, k, d, 5e3), v, wo, window=3))
+
+
+@pytest.mark.parametrize("flags", [(), ("--layout", "codegen")])
+def test_minimax_lightning_layer_is_refused_by_name(tmp_path, flags):
+    """A layer_types "linear_attention" layer (MiniMax's lightning
+    attention: qkv_proj, out_proj, output_gate, norm; a decayed linear
+    attention, no softmax) is refused naming it, also under a layout its
+    names would fit (before: --layout codegen ran it as CodeGen's)."""
+    rs = np.random.RandomState(3)
+    p = "model.layers.1.self_attn."
+    t = {p + "qkv_proj.weight": rnd(rs, 3 * D, D), p + "out_proj.weight": rnd(rs, D, D),
+         p + "output_gate.weight": rnd(rs, D, D), p + "norm.weight": np.ones(D, np.float32)}
+    cfg = {"model_type": "minimax", "hidden_size": D, "num_attention_heads": H, "num_key_value_heads": H,
+           "layer_types": ["full_attention", "linear_attention"]}
+    _, r = run(tmp_path, t, cfg, "model.layers.1", D, *flags, check=False)
+    refused(r, tmp_path, "linear_attention", "minimax")
 
 
 # ------------------------------------------- families found right: guards
