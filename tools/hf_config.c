@@ -250,6 +250,9 @@ static int rope_scaling(const char *cmd, json_t *root, json_t *s, const char *wh
 
 static int slides(json_t *root, const char *type, long long n);
 
+/* Gemma 3's text model_type (gemma3: the same keys, read at the top level) */
+static const char *const gemma3_text[] = {"gemma3", "gemma3_text", NULL};
+
 /* The share of each head a family rotates when config.json names none
  * (partial_rotary_factor / rotary_pct absent): its config class's
  * default; 0: the whole head. */
@@ -607,6 +610,7 @@ static int slides(json_t *root, const char *type, long long n) {
     }
     if (json_is_integer(pattern) && json_integer_value(pattern) > 0)
         return n < 0 ? -1 : (n + 1) % json_integer_value(pattern) != 0;
+    if (type_in(type, gemma3_text) && !pattern) return n < 0 ? -1 : (n + 1) % 6 != 0; /* Gemma3TextConfig's 6 */
     if (type && strcmp(type, "gemma2") == 0) return n < 0 ? -1 : n % 2 == 0;
     if (type_in(type, qwen)) {
         if (!json_is_true(json_object_get(root, "use_sliding_window"))) return 0;
@@ -626,6 +630,8 @@ static int window(cli_hf_config *c, const char *cmd, json_t *root, const char *t
     double w = 0;
     const int neo = type && strcmp(type, "gpt_neo") == 0; /* its local layers' window_size, default 256 */
     if (neo) w = 256;
+    if ((type_in(type, gemma3_text) || (type && strcmp(type, "gemma2") == 0)) && !json_object_get(root, "sliding_window"))
+        w = 4096; /* Gemma2Config's, Gemma3TextConfig's default; null: none */
     /* 0, like null: no window */
     int rc = number(cmd, root, "", neo ? "window_size" : "sliding_window", 0, 1 << 30, 1, &w);
     const int s = rc || !w ? 0 : slides(root, type, layer_index(prefix));
@@ -737,6 +743,16 @@ int cli_hf_config_read(cli_hf_config *c, const char *cmd, const cli_ckpt *ck, co
     if (!rc) rc = number(cmd, root, "", "head_dim", 1, 65536, 1, &hd);
     if (!rc) rc = number(cmd, root, "", "hidden_size", 1, 1 << 24, 1, &hidden);
     if (!rc) rc = head_aliases(cmd, root, type, ck->prefix, &heads, &kv, &hidden);
+    /* Gemma 2 / 3: Gemma 3's multimodal config.json (4B and up) writes into text_config only the keys
+     * that differ from Gemma3TextConfig's defaults; Gemma2Config's are the same: 8 heads, 4 kv heads of
+     * head_dim 256 (not hidden_size / heads), rope_theta (1e6 for Gemma 3), query_pre_attn_scalar 256,
+     * sliding_window 4096, Gemma 3's sliding_window_pattern 6, Gemma 2's soft-cap 50. Before, a
+     * Gemma 3 4B ran with rope_theta 10000, its local layers globally and with the global rotary. */
+    const int gemma2 = type && strcmp(type, "gemma2") == 0, gemma3 = type_in(type, gemma3_text);
+    if (!rc && (gemma2 || gemma3) && !heads && !json_object_get(root, "num_attention_heads")) heads = 8;
+    if (!rc && (gemma2 || gemma3) && !kv && !json_object_get(root, "num_key_value_heads")) kv = 4;
+    const int hd_default = !rc && (gemma2 || gemma3) && !hd && !json_object_get(root, "head_dim");
+    if (hd_default) hd = 256;
     if (!rc) rc = family_layout(c, cmd, root, type, ck->layout);
     const int glm = type && strcmp(type, "chatglm") == 0, qwen1 = type && strcmp(type, "qwen") == 0;
     if (!rc && (glm || qwen1) && !hd) rc = number(cmd, root, "", "kv_channels", 1, 65536, 1, &hd); /* head dim */
@@ -786,7 +802,10 @@ int cli_hf_config_read(cli_hf_config *c, const char *cmd, const cli_ckpt *ck, co
     if (!rc && beta > 0) c->temperature_floor = orig, c->temperature_scale = beta, c->temperature_rule = 1;
     if (!rc) rc = rope_scaling(cmd, root, rp ? rp : json_object_get(root, "rope_scaling"), rp ? where : "rope_scaling.",
                                type, c->rope_scale, sizeof c->rope_scale);
-    double pre = 0; /* Gemma 2: the scores are scaled by query_pre_attn_scalar^-1/2, not head_dim's */
+    /* Gemma 2: the scores are scaled by query_pre_attn_scalar^-1/2, not head_dim's (absent: 256) */
+    double pre = (gemma2 || gemma3) && !json_object_get(root, "query_pre_attn_scalar") ? 256 : 0;
+    if (gemma2 && !json_object_get(root, "attn_logit_softcapping")) c->softcap = 50; /* null: none */
+    if (!rc && gemma3 && !theta && !rp) theta = 1e6; /* Gemma3TextConfig's rope_theta */
     if (!rc) rc = number(cmd, root, "", "attn_logit_softcapping", 1e-6, 1e30, 0, &c->softcap);
     if (!rc) rc = number(cmd, root, "", "query_pre_attn_scalar", 1e-30, 1e30, 0, &pre);
     if (!rc) rc = number(cmd, root, "", "attention_multiplier", 1e-30, 1e30, 0, &c->scale);
@@ -833,7 +852,7 @@ int cli_hf_config_read(cli_hf_config *c, const char *cmd, const cli_ckpt *ck, co
     if (rc) return rc;
     c->heads = (long long)heads, c->kv_heads = (long long)kv, c->hidden = (long long)hidden;
     c->head_dim = hd ? (long long)hd : heads && hidden ? (long long)(hidden / heads) : 0;
-    c->head_dim_derived = !hd && c->head_dim;
+    c->head_dim_derived = hd_default ? 2 : !hd && c->head_dim;
     c->rope_theta = theta;
     if (jais_by_d && c->head_dim && c->scale != 1.0) c->scale = 1.0 / (double)c->head_dim; /* Jais (muP): q.k / d */
     if (key_mult && c->head_dim) c->scale = (c->scale ? c->scale : 1.0 / sqrt((double)c->head_dim)) * key_mult;
@@ -871,6 +890,7 @@ int cli_hf_config_check(const cli_hf_config *hc, const char *cmd, const mha_conf
     if (hc->head_dim && hc->head_dim != c->d_k)
         return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: %s %lld; expected the checkpoint's d_k = %d (is it "
                              "the config of another model?)",
+                             hc->head_dim_derived == 2 ? "head_dim (absent: Gemma's default)" :
                              hc->head_dim_derived ? "hidden_size / num_attention_heads" : "head_dim", hc->head_dim,
                              c->d_k);
     return 0;

@@ -14,7 +14,8 @@ typedef struct {
     long long heads, kv_heads; /* num_attention_heads, num_key_value_heads; 0 = absent */
     long long head_dim;        /* head_dim, else hidden_size / heads; 0 = unknown  */
     long long hidden;          /* hidden_size; 0 = absent                          */
-    int head_dim_derived;      /* head_dim is hidden_size / heads (no head_dim key) */
+    int head_dim_derived;      /* head_dim is hidden_size / heads (no head_dim key);
+                                  2: the family's default (Gemma 2 / 3: 256)      */
     double rope_theta;         /* rope_theta (rotary_emb_base); 0 = absent         */
     long long rope_dim;        /* partial_rotary_factor (rotary_pct) x head_dim; 0 = whole */
     char rope_scale[8192];     /* rope_scaling as a --rope-scale spec; "" = none

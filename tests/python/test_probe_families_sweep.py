@@ -7,7 +7,7 @@ numpy oracle written from the family's attention forward."""
 import numpy as np
 import pytest
 
-from test_probe_families import attention, close, heads, llama_like, refused, rnd, run
+from test_probe_families import T, attention, close, heads, llama_like, refused, rnd, run
 from test_probe_hf_layouts import rotate  # RoPE at positions 0..T-1, halves or interleaved
 
 D, H, G, d = 32, 4, 2, 8
@@ -82,6 +82,78 @@ def test_granite_without_attention_multiplier_is_unscaled(tmp_path, model_type):
     close(y, attention(*roped(q, k, d, 1e4), v, wo, scale=1.0))
     y, q, k, v, wo = layer(tmp_path, dict(cfg, attention_multiplier=0.05))
     close(y, attention(*roped(q, k, d, 1e4), v, wo, scale=0.05))
+
+
+# --------------------------------------------------------- Gemma 2 / Gemma 3
+
+
+def gemma_layer(tmp_path, cfg, layer, norms, prefix="language_model.model.layers.%d"):
+    """a layer of Gemma's default shape (8 heads, 4 kv heads of 256 dims) on a 64-wide input:
+    (x, y, q, k, v, o_proj), q and k after Gemma 3's (1 + weight) RMSNorm when norms"""
+    rs = np.random.RandomState(5)
+    Dg, Hg, Gg, dg = 64, 8, 4, 256
+    p = prefix % layer + ".self_attn."
+    w = {"q": 3 * rnd(rs, Hg * dg, Dg), "k": 3 * rnd(rs, Gg * dg, Dg), "v": rnd(rs, Gg * dg, Dg), "o": rnd(rs, Dg, Hg * dg)}
+    t = {p + "q_proj.weight": w["q"], p + "k_proj.weight": w["k"], p + "v_proj.weight": w["v"], p + "o_proj.weight": w["o"]}
+    qn, kn = (0.3 * rs.randn(dg)).astype(np.float32), (0.3 * rs.randn(dg)).astype(np.float32)
+    if norms:
+        t[p + "q_norm.weight"], t[p + "k_norm.weight"] = qn, kn
+    x, y = run(tmp_path, t, cfg, prefix % layer, Dg)
+    q, k = heads(x @ w["q"].T.astype(np.float64), Hg), heads(x @ w["k"].T.astype(np.float64), Gg)
+    if norms:
+        q, k = (a / np.sqrt((a * a).mean(-1, keepdims=True) + 1e-6) * (1 + n) for a, n in ((q, qn), (k, kn)))
+    return y, q, k, heads(x @ w["v"].T.astype(np.float64), Gg), w["o"]
+
+
+@pytest.mark.parametrize("layer", [0, 5])
+def test_gemma3_multimodal_text_config_of_diffs_takes_the_class_defaults(tmp_path, layer):
+    """Gemma 3 4B's config.json keeps in text_config only what differs from
+    Gemma3TextConfig: hidden_size, rope_scaling (linear 8), sliding_window,
+    no heads, head_dim, rope_theta, query_pre_attn_scalar or
+    sliding_window_pattern. Its defaults: 8 heads, 4 kv heads of 256 dims,
+    global layers (every 6th) at rope_theta 1e6 with the scaling, local ones
+    at rope_local_base_freq 10000 without it through the window, scores /
+    sqrt(256). Before: refused for --heads, and with it the local layers ran
+    globally with the global rotary (1.4 off), the global ones at 10000."""
+    text = {"hidden_size": 64, "intermediate_size": 128, "model_type": "gemma3_text", "num_hidden_layers": 34,
+            "rope_scaling": {"factor": 8.0, "rope_type": "linear"}, "sliding_window": 3}
+    cfg = {"model_type": "gemma3", "text_config": text, "vision_config": {"model_type": "siglip_vision_model"}}
+    y, q, k, v, wo = gemma_layer(tmp_path, cfg, layer, True)
+    local = layer != 5
+    theta, factor = (1e4, 1.0) if local else (1e6, 8.0)
+    q, k = rotate(q, 256, theta, "halves", factor), rotate(k, 256, theta, "halves", factor)
+    close(y, attention(q, k, v, wo, scale=256 ** -0.5, window=3 if local else None))
+    # without sliding_window (Gemma3TextConfig's 4096 keys: all 7 here), layer 0 still rotates as a local one
+    del text["sliding_window"]
+    if local:
+        close(gemma_layer(tmp_path, cfg, layer, True)[0], attention(q, k, v, wo, scale=256 ** -0.5))
+
+
+def softcapped(q, k, v, wo, cap, scale):
+    """causal GQA attention with Gemma 2's cap * tanh(scores / cap)"""
+    kk, vv = np.repeat(k, q.shape[0] // k.shape[0], 0), np.repeat(v, q.shape[0] // v.shape[0], 0)
+    s = cap * np.tanh(q @ kk.transpose(0, 2, 1) * scale / cap)
+    s = np.where(np.arange(T)[None] > np.arange(T)[:, None], -np.inf, s)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    return ((p / p.sum(-1, keepdims=True)) @ vv).transpose(1, 0, 2).reshape(T, -1) @ wo.T
+
+
+def test_gemma2_minimal_config_takes_the_class_defaults(tmp_path):
+    """Gemma2Config's defaults where config.json is silent: 8 heads, 4 kv
+    heads of 256 dims, rope_theta 10000, scores / sqrt(query_pre_attn_scalar
+    256) soft-capped at 50 (null: no cap). Before: 1/sqrt(head_dim) and no
+    cap."""
+    cfg = {"model_type": "gemma2", "hidden_size": 64}
+    y, q, k, v, wo = gemma_layer(tmp_path, cfg, 1, False, "model.layers.%d")
+    q, k = rotate(q, 256, 1e4, "halves"), rotate(k, 256, 1e4, "halves")
+    close(y, softcapped(q, k, v, wo, 50.0, 256 ** -0.5))
+    assert np.abs(softcapped(q, k, v, wo, 50.0, 256 ** -0.5) - attention(q, k, v, wo, scale=256 ** -0.5)).max() > 1e-3
+    y, *_ = gemma_layer(tmp_path, dict(cfg, attn_logit_softcapping=None, query_pre_attn_scalar=64), 1, False,
+                        "model.layers.%d")
+    close(y, attention(q, k, v, wo, scale=64 ** -0.5))
+    # a head_dim of 8 keeps the scores / sqrt(256) of query_pre_attn_scalar's default
+    y, q, k, v, wo = layer(tmp_path, {"model_type": "gemma2", "head_dim": d, "attn_logit_softcapping": None})
+    close(y, attention(*roped(q, k, d, 1e4), v, wo, scale=256 ** -0.5))
 
 
 # ------------------------------------------------------------------ MiniMax

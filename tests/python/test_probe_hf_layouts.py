@@ -145,7 +145,7 @@ def test_qk_norm_eps_and_gemma3_one_plus_weight(tmp_path, model_type, offset, ep
     qn, kn = (rs.randn(D // H).astype(np.float32) * 0.3 for _ in range(2))
     w, t = llama(rs, (qn + offset, kn + offset))
     cfg = {"model_type": model_type, "hidden_size": D, "num_attention_heads": H, "head_dim": D // H,
-           "rope_theta": 1e4, "rms_norm_eps": eps}
+           "rope_theta": 1e4, "rms_norm_eps": eps, "query_pre_attn_scalar": D // H, "sliding_window": None}
     x, y = run(tmp_path, t, cfg, "model.layers.0")
     q, k = (rotate(rms(heads(x @ w[n].T, H), 1 + g, eps), 8, 1e4, "halves") for n, g in (("q", qn), ("k", kn)))
     np.testing.assert_allclose(y, attention(q, k, heads(x @ w["v"].T, H), w["o"]), atol=2e-5)
@@ -177,8 +177,10 @@ def test_sliding_window_per_layer_from_config(tmp_path, layer):
     rs = np.random.RandomState(6)
     zero = np.zeros(D // H, np.float32)
     ws, t = two_layers(rs, (zero, zero))
-    cases = [({"model_type": "gemma2"}, layer == 0, 1e4, 1),
-             ({"model_type": "gemma3_text", "sliding_window_pattern": 2, "rope_theta": 1e6,
+    # (query_pre_attn_scalar = head_dim and no soft-cap: else their config classes' 256 and 50)
+    cases = [({"model_type": "gemma2", "query_pre_attn_scalar": D // H, "attn_logit_softcapping": None}, layer == 0,
+              1e4, 1),
+             ({"model_type": "gemma3_text", "sliding_window_pattern": 2, "rope_theta": 1e6, "query_pre_attn_scalar": D // H,
                "rope_local_base_freq": 1e4, "rope_scaling": {"rope_type": "linear", "factor": 8.0}},
               layer == 0, 1e4 if layer == 0 else 1e6, 1 if layer == 0 else 8),
              ({"model_type": "mistral"}, True, 1e4, 1),
@@ -201,7 +203,8 @@ def test_sliding_window_per_layer_from_config(tmp_path, layer):
 def test_sliding_layers_without_a_layer_number_are_refused(tmp_path):
     _, t = llama(np.random.RandomState(7))
     write_safetensors(tmp_path / "model.safetensors", t)
-    cfg = {"model_type": "gemma2", "hidden_size": D, "num_attention_heads": H, "rope_theta": 1e4, "sliding_window": 2}
+    cfg = {"model_type": "gemma2", "hidden_size": D, "num_attention_heads": H, "head_dim": D // H, "rope_theta": 1e4,
+           "sliding_window": 2}
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     np.save(tmp_path / "x.npy", np.zeros((T, D), np.float32))
     r = mha("run", "--weights", tmp_path, "--input", tmp_path / "x.npy", "--output", tmp_path / "y.npy", "--causal",
