@@ -257,7 +257,7 @@ static const char *const gemma3_text[] = {"gemma3", "gemma3_text", NULL};
  * (partial_rotary_factor / rotary_pct absent): its config class's
  * default; 0: the whole head. */
 static double default_share(const char *type) {
-    static const char *const quarter[] = {"stablelm", "gpt_neox", NULL};
+    static const char *const quarter[] = {"stablelm", "stablelm_epoch", "gpt_neox", NULL};
     static const char *const half[] = {"phi", "persimmon", "nemotron", "glm", "glm4", "glm4_moe", NULL};
     return type_in(type, quarter) ? 0.25 : type_in(type, half) ? 0.5 : 0;
 }
@@ -390,7 +390,7 @@ static int family(cli_hf_config *c, const char *cmd, json_t *root, const char *t
                                          "olmoe", "granite", "granitemoe", "starcoder2", "stablelm", "gpt_neox", "phi",
                                          "internlm2", "dbrx", "gpt_oss", "falcon", "RefinedWebModel", "RefinedWeb",
                                          "qwen3_next", "qwen", "nemotron", "persimmon", "glm", "glm4",
-                                         "glm4_moe", "minimax", NULL};
+                                         "glm4_moe", "minimax", "stablelm_epoch", NULL};
     /* (1 + weight) RMSNorms: Gemma 3's, and Qwen3-Next's zero-centred ones */
     static const char *const gemma3[] = {"gemma3", "gemma3_text", "qwen3_next", NULL};
     const int alibi = json_is_true(json_object_get(root, "alibi"));
@@ -766,6 +766,10 @@ int cli_hf_config_read(cli_hf_config *c, const char *cmd, const cli_ckpt *ck, co
     if (!rc) rc = number(cmd, root, "", "rope_theta", 1, 1e12, 0, &theta);
     if (!rc) rc = number(cmd, root, "", "rotary_pct", 1e-9, 1, 0, &part);
     if (!rc) rc = number(cmd, root, "", "partial_rotary_factor", 1e-9, 1, 0, &part);
+    /* StableLM's first custom code (stablelm_epoch: StableLM-3B-4E1T, Zephyr 3B, StableLM 2's first
+     * configs) rotates rope_pct of each head (rotary_ndims); before, the whole head rotated */
+    if (!rc && !part && type && strcmp(type, "stablelm_epoch") == 0)
+        rc = number(cmd, root, "", "rope_pct", 1e-9, 1, 0, &part);
     if (!rc && glm) { /* ChatGLM 2/3: RotaryEmbedding(head_dim / 2), base 10000 * rope_ratio */
         double ratio = 1;
         rc = number(cmd, root, "", "rope_ratio", 1e-9, 1e8, 0, &ratio);

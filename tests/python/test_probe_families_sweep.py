@@ -52,6 +52,18 @@ def test_rotated_share_and_theta_default_to_the_config_class(tmp_path, model_typ
     close(y, attention(*roped(q, k, d, 5e3, pairing), v, wo))
 
 
+@pytest.mark.parametrize("pct", [0.25, 0.5, None])
+def test_stablelm_epoch_rotates_rope_pct_of_each_head(tmp_path, pct):
+    """StableLM's first custom code (model_type stablelm_epoch: StableLM-3B-
+    4E1T, StableLM Zephyr 3B): rotary_ndims = head_dim x rope_pct (default
+    0.25), rotate_half at rope_theta. Before: the whole head, 0.7 off."""
+    cfg = {"model_type": "stablelm_epoch", "rope_theta": 1e4, "norm_eps": 1e-5, "use_qkv_bias": False}
+    if pct:
+        cfg["rope_pct"] = pct
+    y, q, k, v, wo = layer(tmp_path, cfg)
+    close(y, attention(*roped(q, k, int(d * (pct or 0.25)), 1e4), v, wo))
+
+
 # ------------------------------------------------------------------ Granite
 
 
