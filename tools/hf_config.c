@@ -86,6 +86,8 @@ static const char *const gpt2_named[] = {"jais", "qwen", NULL};
 static const char *family_layout_name(json_t *root, const char *type) {
     if (type && strcmp(type, "chatglm") == 0)
         return json_is_true(json_object_get(root, "multi_query_attention")) ? "hf" : "megatron";
+    /* Ling / Bailing (bailing_moe): query_key_value holds [h*d q; g*d k; g*d v] blocks, ChatGLM's */
+    if (type && strcmp(type, "bailing_moe") == 0) return "hf";
     return type && strcmp(type, "qwen") == 0 ? "hf" : type && strcmp(type, "codegen") == 0 ? "codegen" : NULL;
 }
 
@@ -349,6 +351,11 @@ static int unsupported(const char *cmd, json_t *root, const char *type) {
         return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: use_qk_norm is true (Hunyuan's query_layernorm / "
                              "key_layernorm, applied after the rotary, whose per-dim weights do not commute with it); "
                              "expected false: a q/k norm after RoPE is not implemented");
+    if (type && strcmp(type, "bailing_moe") == 0 && json_is_true(json_object_get(root, "use_qk_norm")))
+        return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: model_type bailing_moe with use_qk_norm true "
+                             "(Ling's query_layernorm / key_layernorm, an RMSNorm of each head before the rotary): "
+                             "those tensor names are not read, the layer would run without them; expected "
+                             "use_qk_norm false: not supported");
     json_t *p = json_object_get(root, "rope_parameters"); /* transformers 5 keeps it there */
     if ((json_is_object(s) && json_object_get(s, "alpha")) || (json_is_object(p) && json_object_get(p, "alpha")))
         return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: %s.alpha is set (Hunyuan's NTK-alpha scaling of "
@@ -390,7 +397,7 @@ static int family(cli_hf_config *c, const char *cmd, json_t *root, const char *t
                                          "olmoe", "granite", "granitemoe", "starcoder2", "stablelm", "gpt_neox", "phi",
                                          "internlm2", "dbrx", "gpt_oss", "falcon", "RefinedWebModel", "RefinedWeb",
                                          "qwen3_next", "qwen", "nemotron", "persimmon", "glm", "glm4",
-                                         "glm4_moe", "minimax", "stablelm_epoch", NULL};
+                                         "glm4_moe", "minimax", "stablelm_epoch", "bailing_moe", NULL};
     /* (1 + weight) RMSNorms: Gemma 3's, and Qwen3-Next's zero-centred ones */
     static const char *const gemma3[] = {"gemma3", "gemma3_text", "qwen3_next", NULL};
     const int alibi = json_is_true(json_object_get(root, "alibi"));
@@ -791,6 +798,9 @@ int cli_hf_config_read(cli_hf_config *c, const char *cmd, const cli_ckpt *ck, co
     if (!rc && !part) part = default_share(type);
     if (!rc && !theta && type && strcmp(type, "persimmon") == 0) theta = 25000; /* PersimmonConfig's rope_theta */
     if (!rc && !theta && type && strcmp(type, "minimax") == 0) theta = 1e6; /* MiniMaxConfig's default_theta */
+    double ling_dims = 0; /* Ling (bailing_moe): rotary_dim, else partial_rotary_factor of the head */
+    if (!rc && type && strcmp(type, "bailing_moe") == 0 && !part)
+        rc = number(cmd, root, "", "rotary_dim", 2, 65536, 1, &ling_dims);
     /* Ministral 3: q x (1 + beta ln(1 + floor(p / original_max_position_embeddings))), in rope_parameters
        or (transformers 4) rope_scaling */
     double beta = 0, orig = 0;
@@ -860,6 +870,7 @@ int cli_hf_config_read(cli_hf_config *c, const char *cmd, const cli_ckpt *ck, co
     c->rope_theta = theta;
     if (jais_by_d && c->head_dim && c->scale != 1.0) c->scale = 1.0 / (double)c->head_dim; /* Jais (muP): q.k / d */
     if (key_mult && c->head_dim) c->scale = (c->scale ? c->scale : 1.0 / sqrt((double)c->head_dim)) * key_mult;
+    if (ling_dims && !part && c->head_dim) part = ling_dims / (double)c->head_dim;
     if (part && part < 1) {
         const double r = part * (double)c->head_dim;
         if (!c->head_dim || r != floor(r) || (long long)r % 2 || r < 2)

@@ -202,6 +202,34 @@ def test_minimax_lightning_layer_is_refused_by_name(tmp_path, flags):
     refused(r, tmp_path, "linear_attention", "minimax")
 
 
+# ---------------------------------------------------------- Ling (Bailing)
+
+
+@pytest.mark.parametrize("rotary", [{"partial_rotary_factor": 0.5}, {"rotary_dim": 4}])
+def test_ling_query_key_value_blocks(tmp_path, rotary):
+    """Ling / Bailing (bailing_moe, BailingMoeAttention): query_key_value's
+    rows are [h*d q; g*d k; g*d v] blocks (ChatGLM's), rotate_half on
+    rotary_dim (else partial_rotary_factor x head_dim) dims at rope_theta,
+    dense the output. Before: read as megatron's per-head [q, k, v] rows
+    (3.1 off); --layout megatron is refused; use_qk_norm true (its
+    query_layernorm, whose names are not read) is refused by name."""
+    G2 = 2
+    rs = np.random.RandomState(9)
+    p = "model.layers.0.attention."
+    w, wo = rnd(rs, (H + 2 * G2) * d, D), rnd(rs, D, H * d)
+    t = {p + "query_key_value.weight": w, p + "dense.weight": wo}
+    cfg = dict({"model_type": "bailing_moe", "hidden_size": D, "num_attention_heads": H, "num_key_value_heads": G2,
+                "rope_theta": 6e5, "use_qk_norm": False, "use_qkv_bias": False, "rms_norm_eps": 1e-6}, **rotary)
+    x, y = run(tmp_path, t, cfg, "model.layers.0", D)
+    q, k, v = np.split(x @ w.T.astype(np.float64), [H * d, (H + G2) * d], -1)
+    close(y, attention(*roped(heads(q, H), heads(k, G2), 4, 6e5), heads(v, G2), wo))
+    _, r = run(tmp_path, t, cfg, "model.layers.0", D, "--layout", "megatron", check=False)
+    refused(r, tmp_path, "--layout megatron", "bailing_moe")
+    t[p + "query_layernorm.weight"] = t[p + "key_layernorm.weight"] = np.ones(d, np.float32)
+    _, r = run(tmp_path, t, dict(cfg, use_qk_norm=True), "model.layers.0", D, check=False)
+    refused(r, tmp_path, "bailing_moe", "query_layernorm")
+
+
 # ------------------------------------------- families found right: guards
 
 
