@@ -351,6 +351,11 @@ static int unsupported(const char *cmd, json_t *root, const char *type) {
         return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: use_qk_norm is true (Hunyuan's query_layernorm / "
                              "key_layernorm, applied after the rotary, whose per-dim weights do not commute with it); "
                              "expected false: a q/k norm after RoPE is not implemented");
+    if (type && strcmp(type, "bitnet") == 0) /* BitNetAttention: Llama's, then attn_sub_norm before o_proj */
+        return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: model_type bitnet (BitNet b1.58): its attn_sub_norm "
+                             "(an RMSNorm of the heads' output before o_proj) and BitLinear's ternary weights and "
+                             "8-bit activations; expected neither: BitNet is not supported (before, it ran as Llama's "
+                             "layer without them)");
     if (type && strcmp(type, "bailing_moe") == 0 && json_is_true(json_object_get(root, "use_qk_norm")))
         return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: model_type bailing_moe with use_qk_norm true "
                              "(Ling's query_layernorm / key_layernorm, an RMSNorm of each head before the rotary): "

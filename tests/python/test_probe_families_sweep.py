@@ -230,6 +230,22 @@ def test_ling_query_key_value_blocks(tmp_path, rotary):
     refused(r, tmp_path, "bailing_moe", "query_layernorm")
 
 
+# ------------------------------------------------------------------- BitNet
+
+
+def test_bitnet_is_refused_by_name(tmp_path):
+    """BitNet b1.58 (bitnet, BitNetAttention): Llama's attention with an
+    RMSNorm of the heads' output before o_proj (attn_sub_norm) and BitLinear
+    projections (ternary weights, 8-bit activations), none expressible:
+    refused by name. Before, its bf16 checkpoint ran as a Llama layer."""
+    w, _, t = llama_like(np.random.RandomState(4), D, H, G)
+    t["model.layers.0.self_attn.attn_sub_norm.weight"] = np.ones(D, np.float32)
+    cfg = {"model_type": "bitnet", "hidden_size": D, "num_attention_heads": H, "num_key_value_heads": G,
+           "rope_theta": 5e5}
+    _, r = run(tmp_path, t, cfg, "model.layers.0", D, check=False)
+    refused(r, tmp_path, "bitnet", "attn_sub_norm")
+
+
 # ------------------------------------------- families found right: guards
 
 
