@@ -254,6 +254,8 @@ static int slides(json_t *root, const char *type, long long n);
 
 /* Gemma 3's text model_type (gemma3: the same keys, read at the top level) */
 static const char *const gemma3_text[] = {"gemma3", "gemma3_text", NULL};
+/* Families whose config class, without layer_types, makes every 4th layer global */
+static const char *const every_fourth[] = {"cohere2", "olmo3", NULL};
 
 /* The share of each head a family rotates when config.json names none
  * (partial_rotary_factor / rotary_pct absent): its config class's
@@ -402,7 +404,8 @@ static int family(cli_hf_config *c, const char *cmd, json_t *root, const char *t
                                          "olmoe", "granite", "granitemoe", "starcoder2", "stablelm", "gpt_neox", "phi",
                                          "internlm2", "dbrx", "gpt_oss", "falcon", "RefinedWebModel", "RefinedWeb",
                                          "qwen3_next", "qwen", "nemotron", "persimmon", "glm", "glm4",
-                                         "glm4_moe", "minimax", "stablelm_epoch", "bailing_moe", NULL};
+                                         "glm4_moe", "minimax", "stablelm_epoch", "bailing_moe", "olmo3",
+                                         NULL};
     /* (1 + weight) RMSNorms: Gemma 3's, and Qwen3-Next's zero-centred ones */
     static const char *const gemma3[] = {"gemma3", "gemma3_text", "qwen3_next", NULL};
     const int alibi = json_is_true(json_object_get(root, "alibi"));
@@ -623,6 +626,8 @@ static int slides(json_t *root, const char *type, long long n) {
     if (json_is_integer(pattern) && json_integer_value(pattern) > 0)
         return n < 0 ? -1 : (n + 1) % json_integer_value(pattern) != 0;
     if (type_in(type, gemma3_text) && !pattern) return n < 0 ? -1 : (n + 1) % 6 != 0; /* Gemma3TextConfig's 6 */
+    /* Cohere2Config (sliding_window_pattern 4) and Olmo3Config: every 4th layer global by default */
+    if (type_in(type, every_fourth) && !pattern) return n < 0 ? -1 : (n + 1) % 4 != 0;
     if (type && strcmp(type, "gemma2") == 0) return n < 0 ? -1 : n % 2 == 0;
     if (type_in(type, qwen)) {
         if (!json_is_true(json_object_get(root, "use_sliding_window"))) return 0;
@@ -642,8 +647,9 @@ static int window(cli_hf_config *c, const char *cmd, json_t *root, const char *t
     double w = 0;
     const int neo = type && strcmp(type, "gpt_neo") == 0; /* its local layers' window_size, default 256 */
     if (neo) w = 256;
-    if ((type_in(type, gemma3_text) || (type && strcmp(type, "gemma2") == 0)) && !json_object_get(root, "sliding_window"))
-        w = 4096; /* Gemma2Config's, Gemma3TextConfig's default; null: none */
+    if ((type_in(type, gemma3_text) || type_in(type, every_fourth) || (type && strcmp(type, "gemma2") == 0)) &&
+        !json_object_get(root, "sliding_window"))
+        w = 4096; /* Gemma2Config's, Gemma3TextConfig's, Cohere2Config's, Olmo3Config's default; null: none */
     /* 0, like null: no window */
     int rc = number(cmd, root, "", neo ? "window_size" : "sliding_window", 0, 1 << 30, 1, &w);
     const int s = rc || !w ? 0 : slides(root, type, layer_index(prefix));
@@ -803,6 +809,7 @@ int cli_hf_config_read(cli_hf_config *c, const char *cmd, const cli_ckpt *ck, co
     if (!rc && !part) part = default_share(type);
     if (!rc && !theta && type && strcmp(type, "persimmon") == 0) theta = 25000; /* PersimmonConfig's rope_theta */
     if (!rc && !theta && type && strcmp(type, "minimax") == 0) theta = 1e6; /* MiniMaxConfig's default_theta */
+    if (!rc && !theta && !rp && type && strcmp(type, "olmo3") == 0) theta = 5e5; /* Olmo3Config's default_theta */
     double ling_dims = 0; /* Ling (bailing_moe): rotary_dim, else partial_rotary_factor of the head */
     if (!rc && type && strcmp(type, "bailing_moe") == 0 && !part)
         rc = number(cmd, root, "", "rotary_dim", 2, 65536, 1, &ling_dims);
@@ -838,8 +845,7 @@ int cli_hf_config_read(cli_hf_config *c, const char *cmd, const cli_ckpt *ck, co
     if (!rc) rc = attn_config(c, cmd, root, type, &kv, &theta); /* DBRX, MPT: attn_config.clip_qkv too */
     if (!rc) rc = nope(c, cmd, root, type, ck->prefix);
     if (!rc && type_in(type, llama4)) rc = llama4_layer(c, cmd, root, layer_index(ck->prefix));
-    if (!rc && type && strcmp(type, "cohere2") == 0 &&
-        (json_object_get(root, "layer_types") || json_object_get(root, "sliding_window_pattern"))) {
+    if (!rc && type && strcmp(type, "cohere2") == 0) { /* without either key, Cohere2Config's pattern 4 */
         /* NoPE on the global layers (-1: they differ and the prefix names no layer) */
         const int s = slides(root, type, layer_index(ck->prefix));
         c->no_rope = s < 0 ? -1 : !s;

@@ -22,6 +22,11 @@ def layer(tmp_path, cfg, seed=0, prefix="model.layers.0"):
     return y, q, k, v, w["o_proj"]
 
 
+def layer_at(tmp_path, cfg, n):
+    """layer() of the layer numbered n (model.layers.n)"""
+    return layer(tmp_path, cfg, prefix="model.layers.%d" % n)
+
+
 def roped(q, k, r, theta, pairing="halves"):
     return rotate(q, r, theta, pairing), rotate(k, r, theta, pairing)
 
@@ -166,6 +171,33 @@ def test_gemma2_minimal_config_takes_the_class_defaults(tmp_path):
     # a head_dim of 8 keeps the scores / sqrt(256) of query_pre_attn_scalar's default
     y, q, k, v, wo = layer(tmp_path, {"model_type": "gemma2", "head_dim": d, "attn_logit_softcapping": None})
     close(y, attention(*roped(q, k, d, 1e4), v, wo, scale=256 ** -0.5))
+
+
+# ------------------------------------------------------ Cohere 2 and OLMo 3
+
+
+@pytest.mark.parametrize("layer", [0, 3])
+def test_cohere2_without_pattern_keys_has_every_fourth_layer_global_nope(tmp_path, layer):
+    """Command R7B (cohere2) without layer_types or sliding_window_pattern:
+    Cohere2Config's pattern 4 (and sliding_window 4096) makes every 4th
+    layer global, with no position encoding; the others rotate interleaved.
+    Before: every layer rotated (layer 3 0.4 off)."""
+    y, q, k, v, wo = layer_at(tmp_path, {"model_type": "cohere2", "rope_theta": 5e4}, layer)
+    if layer == 0:
+        q, k = roped(q, k, d, 5e4, "interleaved")
+    close(y, attention(q, k, v, wo))
+
+
+@pytest.mark.parametrize("layer", [0, 3])
+def test_olmo3_minimal_config_takes_the_class_defaults(tmp_path, layer):
+    """OLMo 3 (olmo3) without rope_theta or layer_types: Olmo3Config's
+    default_theta 5e5 and every 4th layer full (with rope_scaling), the
+    others sliding (4096 keys, plain RoPE). Before: no rotary at all
+    without rope_theta, and the sliding layers took rope_scaling."""
+    cfg = {"model_type": "olmo3", "rope_scaling": {"rope_type": "linear", "factor": 4.0}}
+    y, q, k, v, wo = layer_at(tmp_path, cfg, layer)
+    f = 4.0 if layer == 3 else 1.0
+    close(y, attention(rotate(q, d, 5e5, "halves", f), rotate(k, d, 5e5, "halves", f), v, wo))
 
 
 # ------------------------------------------------------------------ MiniMax
