@@ -86,13 +86,15 @@ mha_status mha_forward_request(const char *who, const mha_layer *L, const float 
 int mha_mask_key(const mha_options *opt, int b, int r, int i, int j, int T, int S,
                  double *additive);
 
-/* Attention dropout (options.dropout_p): whether probability (b, r, i, j)
- * of a call with h heads and T queries is kept, from a hash of
- * dropout_seed, the row (b h + r) T + i and the key j (mask.c): 32 bits at
- * or above p 2^32. The one statement of the draw: the reference, the fast
- * tiles and the backward all call it. */
-int mha_dropout_keep(const mha_options *o, int h, int T, int b, int r, int i, int j);
-/* p[j] *= 1 / (1 - dropout_p) where mha_dropout_keep(.., j0 + j), else 0,
+/* Attention dropout (options.dropout_p): the factor m of probability
+ * (b, r, i, j) of a call with h heads and T queries, P' = P m, in double:
+ * 1 / (1 - p) where the draw keeps it, 0 where it drops it, 1 without
+ * dropout. The draw is a hash of dropout_seed, the row (b h + r) T + i and
+ * the key j (mask.c): 32 bits at or above p 2^32. The one statement of
+ * the draw: the reference forward and backward call this, the fast tiles
+ * and the backward mha_dropout_row. */
+double mha_dropout_factor(const mha_options *o, int h, int T, int b, int r, int i, int j);
+/* p[j] *= 1 / (1 - dropout_p) where the draw keeps (.., j0 + j), else 0,
  * for j < n: one row of a fast tile (query i of batch b, head r). */
 void mha_dropout_row(float *p, int n, const mha_options *o, int h, int T, int b, int r, int i, int j0);
 /* MHA_E_UNSUPPORTED naming who when o asks for dropout (an entry without

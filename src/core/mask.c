@@ -98,9 +98,10 @@ static inline uint32_t dropout_bits(dropout_key key, uint32_t j) {
 /* p 2^32 rounded down: the draws below it are dropped (0 < p < 1). */
 static uint32_t dropout_threshold(float p) { return (uint32_t)((double)p * 4294967296.0); }
 
-int mha_dropout_keep(const mha_options *o, int h, int T, int b, int r, int i, int j) {
+double mha_dropout_factor(const mha_options *o, int h, int T, int b, int r, int i, int j) {
+    if (o->dropout_p <= 0.0f) return 1.0;
     const dropout_key key = dropout_row_key(o->dropout_seed, ((uint64_t)b * h + r) * T + i);
-    return o->dropout_p <= 0.0f || dropout_bits(key, (uint32_t)j) >= dropout_threshold(o->dropout_p);
+    return dropout_bits(key, (uint32_t)j) >= dropout_threshold(o->dropout_p) ? 1.0 / (1.0 - (double)o->dropout_p) : 0.0;
 }
 
 void mha_dropout_row(float *p, int n, const mha_options *o, int h, int T, int b, int r, int i, int j0) {

@@ -134,14 +134,6 @@ static void prob_row(double *p, double *dcap, double *p_sink, const double *qi, 
     *p_sink /= sum;
 }
 
-/* Attention dropout's factor of probability (b, r, i, j): P' = P m with m
- * 0 (dropped) or 1 / (1 - p) (kept), as mha_dropout_keep draws it; 1
- * without dropout. */
-static double dropout(const mha_options *o, int h, int T, int b, int r, int i, int j) {
-    if (o->dropout_p <= 0.0f) return 1.0;
-    return mha_dropout_keep(o, h, T, b, r, i, j) ? 1.0 / (1.0 - (double)o->dropout_p) : 0.0;
-}
-
 /* Backward of the intervention on head r's block of dz (rows, h*d), in
  * place: d(Z_after)/d(Z_before) as the functions of mha.h. */
 static void intervene_backward(double *dz, const mha_intervention *iv, int r, int h, size_t rows, int d) {
@@ -262,7 +254,7 @@ mha_status mha_backward_reference(const mha_layer *L, const mha_gradients *g, co
                          opt, scale, b, r, i, T, S);
                 for (int j = 0; j < Sx; j++)
                     for (int e = 0; e < d_v; e++)
-                        z[t * zw + (size_t)r * d_v + e] += p[j] * dropout(opt, h, T, b, r, i, j) * vb[j * vw + e];
+                        z[t * zw + (size_t)r * d_v + e] += p[j] * mha_dropout_factor(opt, h, T, b, r, i, j) * vb[j * vw + e];
             }
     // --- recompute: Z' = Z * sigmoid(G), G = X W_G + b_G (output_gate), before the interventions
     if (gate) {
@@ -329,7 +321,7 @@ mha_status mha_backward_reference(const mha_layer *L, const mha_gradients *g, co
                 prob_row(p, dcap, &p_sink, qi, kb, L, k_src == x, opt, scale, b, r, i, T, S);
                 double rowsum = 0.0;
                 for (int j = 0; j < Sx; j++) {
-                    const double m = dropout(opt, h, T, b, r, i, j); /* P' = P m */
+                    const double m = mha_dropout_factor(opt, h, T, b, r, i, j); /* P' = P m */
                     double acc = 0.0;
                     for (int e = 0; e < d_v; e++) {
                         acc += dzi[e] * vb[j * vw + vg + e];

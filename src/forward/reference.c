@@ -67,7 +67,6 @@ mha_status mha_attend_reference(const mha_config *c, const mha_head_terms *ht, d
     const size_t qw = (size_t)h * d_k, kw = (size_t)c->n_kv_heads * d_k,
                  vw = (size_t)c->n_kv_heads * d_v, zw = (size_t)h * d_v;
     const double scale = opt->scale != 0.0f ? opt->scale : 1.0 / sqrt((double)d_k);
-    const double keep = 1.0 / (1.0 - (double)opt->dropout_p); /* a kept probability's factor under dropout */
     double *score = malloc((size_t)Sx * sizeof(double)); // (Sx) one query row
     int *allowed = malloc((size_t)Sx * sizeof(int));     // (Sx)
     if (!score || !allowed) {
@@ -119,7 +118,7 @@ mha_status mha_attend_reference(const mha_config *c, const mha_head_terms *ht, d
                 for (int j = 0; j < Sx; j++) {
                     double p = score[j] / sum;
                     if (opt->dropout_p > 0.0f) /* dropout after the softmax: dropped 0, kept 1 / (1 - p) */
-                        p = mha_dropout_keep(opt, h, T, b, r, i, j) ? p * keep : 0.0;
+                        p *= mha_dropout_factor(opt, h, T, b, r, i, j);
                     if (prow) prow[j] = (float)p;
                     if (p == 0.0) continue;
                     const double *vj = v + ((size_t)b * Sx + j) * vw + (size_t)g * d_v;
