@@ -28,6 +28,7 @@
 #include "cache/cache_internal.h"
 #include "core/variants.h"
 #include "core/weight_store.h"
+#include "forward/forward.h"
 
 /* ------------------------------------------------------- validation */
 
@@ -514,12 +515,11 @@ static mha_status gate(const mha_exec *ex, const cached_plan *p, const mha_layer
     /* few rows: the stream of W_G as stored (fp32, bf16, int8); many (a
      * prefill): the packed GEMM, as project_qkv (the stream's tile mode
      * took 3-5x as long) */
-    const mha_packed *pg = stream_projections(L, p->N) ? NULL : mha_fast_packed_g(L);
-    const mha_dst dg = {MHA_DST_ROWS, g, zw, 0, 0, 0, 0};
-    const mha_gemm_args a = {&dg, p->xc, (size_t)c->d_model, p->N, pg, 0, 1, 0, c->d_model, 1, 0};
+    const int packed = !stream_projections(L, p->N) && mha_fast_packed_g(L);
     const mha_decode_gemm_job job = mha_layer_decode_job(L, MHA_MAT_G, g);
-    mha_status s = pg ? mha_gemm(&a, mha_exec_prefill(ex), mha_exec_threads_for(ex, (double)n * c->d_model))
-                      : mha_decode_gemm_many(ex, &job, 1, p->xc, p->N, c->d_model);
+    mha_status s = packed ? mha_fast_gate_logits(g, L, p->xc, (size_t)p->N, mha_exec_prefill(ex),
+                                                 mha_exec_threads_for(ex, (double)n * c->d_model))
+                          : mha_decode_gemm_many(ex, &job, 1, p->xc, p->N, c->d_model);
     if (!s) mha_gate_apply(p->z, g, n, mha_exec_threads_for(ex, (double)n));
     free(g);
     return s;
