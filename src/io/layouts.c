@@ -477,10 +477,10 @@ static mha_status staged_create(mha_layer **out, staged *st, const mha_tensors *
     /* int8: the stored q and scales become the layer's store as they are */
     mha_wstore *store = NULL;
     if (st->wdtype == MHA_W_I8) {
-        const float *const q[MHA_N_MATS] = {st->w[S_WQ], st->w[S_WK], st->w[S_WV], st->w[S_WO], st->gate[0]};
+        /* w_q..w_o, w_g: the codes q, then (dequantized in place) the values q * scale */
         float *const val[MHA_N_MATS] = {st->w[S_WQ], st->w[S_WK], st->w[S_WV], st->w[S_WO], st->gate[0]};
-        if ((s = mha_wstore_from_i8(&store, &c, q, (const float *const *)st->scale))) return s;
-        mha_wstore_dequantize(store, &c, val); /* w_q..w_o, w_g: the values q * scale */
+        if ((s = mha_wstore_from_i8(&store, &c, (const float *const *)val, (const float *const *)st->scale))) return s;
+        mha_wstore_dequantize(store, &c, val);
     }
     if ((s = mha_layer_create(out, &c, &w))) {
         mha_wstore_free(store);
