@@ -2,7 +2,8 @@
  * tile at every edge size and stride, the packed-projection driver with
  * each output layout, the vector exp's ulp error against exp() in
  * double over the range the softmax uses, and the softmax's own exp
- * (kernels.h: MHA_SOFTMAX_EXP_*) through attn_softmax; the fast path's
+ * (kernels.h: MHA_SOFTMAX_EXP_*) through attn_softmax; the driver's
+ * input packing and transposed store against their loops; the fast path's
  * range check (key norms, |V| within a limit); the driver's
  * scratch is kept between calls (no page faults once warm). Every kernel table is tested
  * (avx2 and avx512 only where the CPU has them).
@@ -325,8 +326,59 @@ static void test_kernels_range_check(void) {
     free(kt);
 }
 
+/* Every table's pack_a6 and store_t16 (where it has them) against the
+ * loops their contracts state: the same bytes at every row count (1-6 and
+ * 1-16), width 1-45 and column count 1-16, rows past `rows` zero, and not
+ * one float written outside its place (sentinels around out and between
+ * dst's columns, whose offsets are scattered and unordered as K^T's). */
+static void test_kernels_pack_store(void) {
+    const int nt = n_tables();
+    enum { LDA = 53, MAXK = 45, LDS = 19, GAP = 23 };
+    uint64_t seed = 29;
+    float a[6 * LDA], src[16 * LDS], out[MAXK * 6 + 16], dst[16 * GAP + 8];
+    test_fill_uniform(a, 6 * LDA, &seed, -1.0f, 1.0f);
+    test_fill_uniform(src, 16 * LDS, &seed, -1.0f, 1.0f);
+    const float sentinel = -7.25f;
+    int checked = 0;
+    for (int t = 0; t < nt; t++) {
+        const mha_kernels *k = tables[t];
+        for (int rows = 1; k->pack_a6 && rows <= 6; rows++)
+            for (int kn = 1; kn <= MAXK; kn++) {
+                for (size_t i = 0; i < sizeof out / sizeof out[0]; i++) out[i] = sentinel;
+                k->pack_a6(out, a, LDA, rows, kn);
+                int ok = 1;
+                for (int kk = 0; kk < kn; kk++)
+                    for (int i = 0; i < 6; i++) {
+                        const float want = i < rows ? a[i * LDA + kk] : 0.0f;
+                        ok &= memcmp(&out[kk * 6 + i], &want, sizeof want) == 0;
+                    }
+                for (size_t i = (size_t)kn * 6; i < sizeof out / sizeof out[0]; i++) ok &= out[i] == sentinel;
+                if (!ok) test_report(__FILE__, __LINE__, "%s pack_a6 rows=%d kn=%d: wrong bytes", k->name, rows, kn);
+                checked++;
+            }
+        for (int rows = 1; k->store_t16 && rows <= 16; rows++)
+            for (int n = 1; n <= 16; n++) {
+                size_t coff[16];
+                for (int j = 0; j < 16; j++) coff[j] = (size_t)((j * 7) % 16) * GAP; /* a permutation of the columns */
+                for (size_t i = 0; i < sizeof dst / sizeof dst[0]; i++) dst[i] = sentinel;
+                k->store_t16(dst, coff, src, LDS, rows, n);
+                int ok = 1;
+                for (int j = 0; j < 16; j++)
+                    for (int i = 0; i < GAP; i++) {
+                        const float got = dst[coff[j] + (size_t)i];
+                        ok &= j < n && i < rows ? memcmp(&got, &src[i * LDS + j], sizeof got) == 0 : got == sentinel;
+                    }
+                if (!ok) test_report(__FILE__, __LINE__, "%s store_t16 rows=%d n=%d: wrong bytes", k->name, rows, n);
+                checked++;
+            }
+    }
+    /* the vector tables have both (the scalar one runs the driver's loops) */
+    CHECK(checked == (nt - 1) * (6 * MAXK + 16 * 16));
+}
+
 static const test_case cases[] = {
     {"kernels_sgemm_edges", test_kernels_sgemm_edges},
+    {"kernels_pack_store", test_kernels_pack_store},
     {"kernels_gemm_driver", test_kernels_gemm_driver},
     {"kernels_gemm_scratch_kept", test_kernels_gemm_scratch_kept},
     {"kernels_vexp_ulp", test_kernels_vexp_ulp},

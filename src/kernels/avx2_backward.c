@@ -4,6 +4,7 @@
 #include <math.h>
 
 #include "kernels/backward_kernels.h"
+#include "kernels/kernels.h"
 #include "kernels/avx2_micro.h"
 
 static void scores_rows_avx2(float *s, size_t lds, const float *a, size_t lda, const float *b, int K,
@@ -55,4 +56,4 @@ static void gemm_tile_avx2(float *c, size_t ldc, const float *a, const float *b,
 }
 
 const mha_backward_kernels mha_backward_kernels_avx2 = {"avx2", scores_rows_avx2, probs_ds_avx2, accumulate_tn_avx2, 6, 16,
-                                                        gemm_tile_avx2, mha_bwd_pack_panels_scalar, NULL};
+                                                        gemm_tile_avx2, mha_bwd_pack_panels_scalar, mha_pack_a6_avx2};
