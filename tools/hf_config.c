@@ -74,7 +74,15 @@ static int is_hf(const cli_ckpt *ck, const char *path) {
  * a gpt2 checkpoint reads: Jais (ALiBi, its score scale) and Qwen 1 (whose
  * c_attn the hf layout reads); GPT-2's and GPT-BigCode's are ignored as
  * before. */
+/* Whether model_type is one of names (a NULL-terminated list). */
+static int type_in(const char *type, const char *const *names) {
+    for (; type && *names; names++)
+        if (strcmp(type, *names) == 0) return 1;
+    return 0;
+}
+
 static const char *const gpt2_named[] = {"jais", "qwen", NULL};
+static const char *const ling[] = {"bailing_moe", "bailing_moe_v2", NULL}; /* Ling 1.x, Ling 2.0 */
 
 /* The layout a family's config.json names where its tensor names would be
  * read as another family's rows, or fit no layout: Qwen 1's nn.Linear
@@ -86,8 +94,9 @@ static const char *const gpt2_named[] = {"jais", "qwen", NULL};
 static const char *family_layout_name(json_t *root, const char *type) {
     if (type && strcmp(type, "chatglm") == 0)
         return json_is_true(json_object_get(root, "multi_query_attention")) ? "hf" : "megatron";
-    /* Ling / Bailing (bailing_moe): query_key_value holds [h*d q; g*d k; g*d v] blocks, ChatGLM's */
-    if (type && strcmp(type, "bailing_moe") == 0) return "hf";
+    /* Ling / Bailing (bailing_moe; Ling 2.0: bailing_moe_v2): query_key_value holds [h*d q; g*d k; g*d v]
+     * blocks, ChatGLM's */
+    if (type_in(type, ling)) return "hf";
     return type && strcmp(type, "qwen") == 0 ? "hf" : type && strcmp(type, "codegen") == 0 ? "codegen" : NULL;
 }
 
@@ -118,13 +127,6 @@ static int number(const char *cmd, json_t *obj, const char *where, const char *k
                              json_is_number(v) ? "out of range" : "not a number", whole ? "an integer" : "a number",
                              lo, hi);
     *dst = x;
-    return 0;
-}
-
-/* Whether model_type is one of names (a NULL-terminated list). */
-static int type_in(const char *type, const char *const *names) {
-    for (; type && *names; names++)
-        if (strcmp(type, *names) == 0) return 1;
     return 0;
 }
 
@@ -358,11 +360,6 @@ static int unsupported(const char *cmd, json_t *root, const char *type) {
                              "(an RMSNorm of the heads' output before o_proj) and BitLinear's ternary weights and "
                              "8-bit activations; expected neither: BitNet is not supported (before, it ran as Llama's "
                              "layer without them)");
-    if (type && strcmp(type, "bailing_moe") == 0 && json_is_true(json_object_get(root, "use_qk_norm")))
-        return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: model_type bailing_moe with use_qk_norm true "
-                             "(Ling's query_layernorm / key_layernorm, an RMSNorm of each head before the rotary): "
-                             "those tensor names are not read, the layer would run without them; expected "
-                             "use_qk_norm false: not supported");
     json_t *p = json_object_get(root, "rope_parameters"); /* transformers 5 keeps it there */
     if ((json_is_object(s) && json_object_get(s, "alpha")) || (json_is_object(p) && json_object_get(p, "alpha")))
         return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: %s.alpha is set (Hunyuan's NTK-alpha scaling of "
@@ -404,7 +401,7 @@ static int family(cli_hf_config *c, const char *cmd, json_t *root, const char *t
                                          "olmoe", "granite", "granitemoe", "starcoder2", "stablelm", "gpt_neox", "phi",
                                          "internlm2", "dbrx", "gpt_oss", "falcon", "RefinedWebModel", "RefinedWeb",
                                          "qwen3_next", "qwen", "nemotron", "persimmon", "glm", "glm4",
-                                         "glm4_moe", "minimax", "stablelm_epoch", "bailing_moe", "olmo3",
+                                         "glm4_moe", "minimax", "stablelm_epoch", "bailing_moe", "bailing_moe_v2", "olmo3",
                                          NULL};
     /* (1 + weight) RMSNorms: Gemma 3's, and Qwen3-Next's zero-centred ones */
     static const char *const gemma3[] = {"gemma3", "gemma3_text", "qwen3_next", NULL};
@@ -433,6 +430,10 @@ static int family(cli_hf_config *c, const char *cmd, json_t *root, const char *t
         if (rc) return rc;
     }
     c->qk_norm_layer = type_in(type, cohere) && json_is_true(json_object_get(root, "use_qk_norm"));
+    /* Ling's use_qk_norm: query_layernorm / key_layernorm, an RMSNorm (d_k, eps rms_norm_eps) of each head
+     * before the rotary, which the loader reads as Qwen 3's q_norm / k_norm (before: refused by name; Ling
+     * 2.0 (bailing_moe_v2) ran without them, silently) */
+    c->qk_norm_rms = type_in(type, ling) && json_is_true(json_object_get(root, "use_qk_norm"));
     if (type_in(type, cohere) || type_in(type, llama4)) {
         c->rope = "interleaved"; /* Cohere's rotate_half, Llama 4's complex product: pairs 2i, 2i+1 as GPT-J's */
     } else if (type && (strcmp(type, "gptj") == 0 || strcmp(type, "codegen") == 0 || type_in(type, phi_msft))) {
@@ -810,8 +811,8 @@ int cli_hf_config_read(cli_hf_config *c, const char *cmd, const cli_ckpt *ck, co
     if (!rc && !theta && type && strcmp(type, "persimmon") == 0) theta = 25000; /* PersimmonConfig's rope_theta */
     if (!rc && !theta && type && strcmp(type, "minimax") == 0) theta = 1e6; /* MiniMaxConfig's default_theta */
     if (!rc && !theta && !rp && type && strcmp(type, "olmo3") == 0) theta = 5e5; /* Olmo3Config's default_theta */
-    double ling_dims = 0; /* Ling (bailing_moe): rotary_dim, else partial_rotary_factor of the head */
-    if (!rc && type && strcmp(type, "bailing_moe") == 0 && !part)
+    double ling_dims = 0; /* Ling (bailing_moe, bailing_moe_v2): rotary_dim, else partial_rotary_factor of the head */
+    if (!rc && type_in(type, ling) && !part)
         rc = number(cmd, root, "", "rotary_dim", 2, 65536, 1, &ling_dims);
     /* Ministral 3: q x (1 + beta ln(1 + floor(p / original_max_position_embeddings))), in rope_parameters
        or (transformers 4) rope_scaling */

@@ -35,6 +35,10 @@ typedef struct {
     int qk_norm_layer;         /* Cohere's use_qk_norm: the checkpoint must hold its
                                   (h, d_k) q/k norms (a LayerNorm of each head,
                                   eps layer_norm_eps, as the loader reads them)   */
+    int qk_norm_rms;           /* Ling's use_qk_norm: the checkpoint must hold its
+                                  query_layernorm / key_layernorm (d_k), an RMSNorm
+                                  of each head before the rotary, as the loader
+                                  reads them                                      */
     int sinks;                 /* gpt_oss: the module's "sinks" tensor, when it has
                                   one, holds the (h) sink logits (as --sinks sinks) */
     long long window;          /* sliding_window when this layer slides (layer_types,

@@ -314,6 +314,10 @@ int cli_apply_variants(const char *cmd, mha_layer **L, cli_fwd *f, cli_variant_f
         return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: use_qk_norm is true; expected the checkpoint's "
                              "q_norm.weight (h, d_k) and k_norm.weight (h_kv, d_k), Cohere's LayerNorm of each "
                              "head: not found");
+    if (hc.qk_norm_rms && mha_layer_config(*L)->qk_norm != MHA_QK_NORM_RMS) /* the loader reads Ling's names */
+        return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: use_qk_norm is true; expected the checkpoint's "
+                             "query_layernorm.weight and key_layernorm.weight (d_k), Ling's RMSNorm of each head: "
+                             "not found");
     const int file_norm = mha_layer_config(*L)->qk_norm && (hc.qk_norm_eps || hc.qk_norm_offset);
     const int l2_norm = hc.qk_l2_norm && !vf->qk_norm && !mha_layer_config(*L)->qk_norm; /* Llama 4 */
     const int file_sinks = hc.sinks && !vf->sinks && !mha_layer_config(*L)->sinks; /* gpt-oss's, unless --sinks */

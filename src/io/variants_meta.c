@@ -5,7 +5,8 @@
  * OLMo 2 does, (h*d_k) and (h_kv*d_k): a norm over the whole width; as
  * Cohere does, (h, d_k) and (h_kv, d_k): a LayerNorm of each head;
  * StableLM's q_layernorm.norms.N.weight, a LayerNorm of each head; and
- * LFM2's q_layernorm.weight / k_layernorm.weight, Qwen 3's RMSNorm under
+ * LFM2's q_layernorm.weight / k_layernorm.weight and Ling's
+ * query_layernorm.weight / key_layernorm.weight, Qwen 3's RMSNorm under
  * other names).
  * Legend: h heads, h_kv kv heads, d_k. */
 #include <errno.h>
@@ -111,7 +112,8 @@ mha_status mha_io_refuse_unread_norms(const mha_tensors *t, const char *prefix) 
                               : mha_fail(MHA_E_FORMAT, "tensor %.80s: a q/k norm weight without a bias under a "
                                          "name whose kind this layout does not know; expected q_norm.weight / "
                                          "k_norm.weight (Qwen 3's RMSNorm), q_layernorm.weight / "
-                                         "k_layernorm.weight (LFM2's) or none: it is not read, and the layer "
+                                         "k_layernorm.weight (LFM2's), query_layernorm.weight / "
+                                         "key_layernorm.weight (Ling's) or none: it is not read, and the layer "
                                          "would run without it", mha_tensors_name(t, i));
     return MHA_OK;
 }
@@ -217,12 +219,15 @@ mha_status mha_io_variants_read(mha_config *c, float *w[4], const mha_tensors *t
         const mha_array *a = NULL;
         for (int j = 0; j < mha_tensors_count(t) && !a; j++)
             if (mha_io_name_fits(mha_tensors_name(t, j), prefix, names[i])) a = mha_tensors_get(t, mha_tensors_name(t, j));
-        /* LFM2: q_layernorm.weight / k_layernorm.weight, an RMSNorm of each head without a bias (a
-         * biased one, Phi's LayerNorm, is refused before: mha_io_refuse_unread_norms) */
-        const char *lfm2 = i == 2 ? "q_layernorm.weight" : "k_layernorm.weight";
-        for (int j = 0; hf && i >= 2 && !a && !w[i] && j < mha_tensors_count(t); j++)
-            if (mha_io_name_fits(mha_tensors_name(t, j), prefix, lfm2))
-                a = mha_tensors_get(t, mha_tensors_name(t, j)), names[i] = lfm2;
+        /* LFM2: q_layernorm.weight / k_layernorm.weight, and Ling (Bailing): query_layernorm.weight /
+         * key_layernorm.weight: an RMSNorm of each head without a bias, before the rotary (a biased
+         * one, Phi's LayerNorm, is refused before: mha_io_refuse_unread_norms; Hunyuan's, after the
+         * rotary, by `mha run` from its config.json) */
+        const char *const alias[2][2] = {{"q_layernorm.weight", "query_layernorm.weight"},
+                                         {"k_layernorm.weight", "key_layernorm.weight"}};
+        for (int j = 0; hf && i >= 2 && !a && !w[i] && j < 2 * mha_tensors_count(t); j++)
+            if (mha_io_name_fits(mha_tensors_name(t, j / 2), prefix, alias[i - 2][j % 2]))
+                a = mha_tensors_get(t, mha_tensors_name(t, j / 2)), names[i] = alias[i - 2][j % 2];
         if (!a || w[i]) continue;
         /* Qwen 3 / Gemma 3: RMSNorm; Cohere's (h, d_k) of rank 2: its LayerNorm of each head */
         const int cohere = i == 2 && a->rank == 2 && h > 1 && a->shape[0] == h && a->shape[1] == dk;

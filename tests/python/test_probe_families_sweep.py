@@ -243,8 +243,7 @@ def test_ling_query_key_value_blocks(tmp_path, rotary):
     rows are [h*d q; g*d k; g*d v] blocks (ChatGLM's), rotate_half on
     rotary_dim (else partial_rotary_factor x head_dim) dims at rope_theta,
     dense the output. Before: read as megatron's per-head [q, k, v] rows
-    (3.1 off); --layout megatron is refused; use_qk_norm true (its
-    query_layernorm, whose names are not read) is refused by name."""
+    (3.1 off); --layout megatron is refused."""
     G2 = 2
     rs = np.random.RandomState(9)
     p = "model.layers.0.attention."
@@ -257,9 +256,45 @@ def test_ling_query_key_value_blocks(tmp_path, rotary):
     close(y, attention(*roped(heads(q, H), heads(k, G2), 4, 6e5), heads(v, G2), wo))
     _, r = run(tmp_path, t, cfg, "model.layers.0", D, "--layout", "megatron", check=False)
     refused(r, tmp_path, "--layout megatron", "bailing_moe")
-    t[p + "query_layernorm.weight"] = t[p + "key_layernorm.weight"] = np.ones(d, np.float32)
-    _, r = run(tmp_path, t, dict(cfg, use_qk_norm=True), "model.layers.0", D, check=False)
-    refused(r, tmp_path, "bailing_moe", "query_layernorm")
+
+
+def rms_norm(a, w, eps):
+    """Ling's RMSNorm of each head's vector: a / sqrt(mean(a^2) + eps) * w"""
+    return a / np.sqrt((a * a).mean(-1, keepdims=True) + eps) * w
+
+
+@pytest.mark.parametrize("model_type", ["bailing_moe", "bailing_moe_v2"])
+def test_ling_query_key_layernorm(tmp_path, model_type):
+    """Ling with use_qk_norm (Ling 1.5 / Ring, bailing_moe; every Ling 2.0
+    checkpoint, bailing_moe_v2: Ling-mini-2.0, Ling-flash-2.0, Ling-1T):
+    query_layernorm / key_layernorm, an RMSNorm (d_k weights, eps
+    rms_norm_eps) of each head after query_key_value's split and before
+    rotate_half on partial_rotary_factor x head_dim dims. Before, the first
+    was refused by name and the second ran without its norms, silently.
+    use_qk_norm true without the tensors is refused; use_qk_norm false
+    with a checkpoint without the norms runs the plain rotary layer."""
+    G2, eps = 2, 1e-5
+    rs = np.random.RandomState(11)
+    p = "model.layers.0.attention."
+    w, wo = rnd(rs, (H + 2 * G2) * d, D), rnd(rs, D, H * d)
+    wq, wk = (1 + 0.5 * rs.randn(d)).astype(np.float32), (1 + 0.5 * rs.randn(d)).astype(np.float32)
+    t = {p + "query_key_value.weight": w, p + "dense.weight": wo,
+         p + "query_layernorm.weight": wq, p + "key_layernorm.weight": wk}
+    cfg = {"model_type": model_type, "hidden_size": D, "num_attention_heads": H, "num_key_value_heads": G2,
+           "head_dim": d, "rope_theta": 6e5, "partial_rotary_factor": 0.5, "use_qk_norm": True,
+           "use_qkv_bias": False, "use_bias": False, "rms_norm_eps": eps}
+    x, y = run(tmp_path, t, cfg, "model.layers.0", D)
+    q, k, v = np.split(x @ w.T.astype(np.float64), [H * d, (H + G2) * d], -1)
+    q, k = rms_norm(heads(q, H), wq, eps), rms_norm(heads(k, G2), wk, eps)
+    close(y, attention(*roped(q, k, d // 2, 6e5), heads(v, G2), wo))
+    # without its norm tensors: refused by name
+    t2 = {n: a for n, a in t.items() if "layernorm" not in n}
+    _, r = run(tmp_path, t2, cfg, "model.layers.0", D, check=False)
+    refused(r, tmp_path, "use_qk_norm", "query_layernorm.weight")
+    # use_qk_norm false, no norms: the plain rotary layer
+    x, y = run(tmp_path, t2, dict(cfg, use_qk_norm=False), "model.layers.0", D)
+    q, k, v = np.split(x @ w.T.astype(np.float64), [H * d, (H + G2) * d], -1)
+    close(y, attention(*roped(heads(q, H), heads(k, G2), d // 2, 6e5), heads(v, G2), wo))
 
 
 # ------------------------------------------------------------------- BitNet
