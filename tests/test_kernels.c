@@ -327,7 +327,7 @@ static void test_kernels_range_check(void) {
 }
 
 /* Every table's pack_a6 and store_t16 (where it has them) against the
- * loops their contracts state: the same bytes at every row count (1-6 and
+ * loops their contracts state, and its attn_pack_q against the scalar one: the same bytes at every row count (1-6 and
  * 1-16), width 1-45 and column count 1-16, rows past `rows` zero, and not
  * one float written outside its place (sentinels around out and between
  * dst's columns, whose offsets are scattered and unordered as K^T's). */
@@ -374,6 +374,26 @@ static void test_kernels_pack_store(void) {
     }
     /* the vector tables have both (the scalar one runs the driver's loops) */
     CHECK(checked == (nt - 1) * (6 * MAXK + 16 * 16));
+    /* the attention's query packing: every table's against the scalar one,
+     * rows 1-13 in 6-row groups (and one more group of zeros), a scale that
+     * rounds (0.3), d_k 1-45 */
+    enum { MAXR = 13, LDQ = 47, CAP = 3 * 6 * MAXK + 16 };
+    float *q = malloc(sizeof(float) * MAXR * LDQ), *want = malloc(sizeof(float) * CAP), *got = malloc(sizeof(float) * CAP);
+    test_fill_uniform(q, (size_t)MAXR * LDQ, &seed, -2.0f, 2.0f);
+    void (*ref)(float *, const float *, size_t, float, int, int, int) = mha_attn_pack_q_get(&mha_kernels_scalar);
+    for (int t = 0; t < nt; t++)
+        for (int rows = 1; rows <= MAXR; rows++)
+            for (int d_k = 1; d_k <= MAXK; d_k += d_k < 9 ? 1 : 6) {
+                const int rows6 = (rows + 5) / 6 * 6 + (rows % 2 ? 6 : 0);
+                if ((size_t)rows6 * d_k > (size_t)3 * 6 * MAXK) continue;
+                for (int i = 0; i < CAP; i++) want[i] = got[i] = sentinel;
+                ref(want, q, LDQ, 0.3f, rows, rows6, d_k);
+                mha_attn_pack_q_get(tables[t])(got, q, LDQ, 0.3f, rows, rows6, d_k);
+                if (memcmp(want, got, sizeof(float) * CAP) != 0)
+                    test_report(__FILE__, __LINE__, "%s attn_pack_q rows=%d rows6=%d d_k=%d: not the scalar bytes",
+                                tables[t]->name, rows, rows6, d_k);
+            }
+    free(q), free(want), free(got);
 }
 
 static const test_case cases[] = {
