@@ -17,22 +17,31 @@ static inline __m256i lanes_below(int live) {
 
 /* r[i] (8 rows of 8) -> r[j] = column j: pairs of rows interleaved, then
  * quads, then the 128-bit lanes exchanged (24 shuffles). */
-static inline void transpose8(__m256 r[8]) {
+static inline __attribute__((always_inline)) void transpose8(__m256 r[8]) {
     __m256 t[8], u[8];
+#pragma GCC unroll 8
     for (int i = 0; i < 8; i += 2) {
         t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);     /* columns 0 1 | 4 5 of rows i, i+1 */
         t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]); /* columns 2 3 | 6 7 */
     }
+#pragma GCC unroll 8
     for (int q = 0; q < 8; q += 4) { /* u[q + c]: column c | c + 4 of rows q .. q+3 */
         u[q] = _mm256_shuffle_ps(t[q], t[q + 2], 0x44);
         u[q + 1] = _mm256_shuffle_ps(t[q], t[q + 2], 0xee);
         u[q + 2] = _mm256_shuffle_ps(t[q + 1], t[q + 3], 0x44);
         u[q + 3] = _mm256_shuffle_ps(t[q + 1], t[q + 3], 0xee);
     }
+#pragma GCC unroll 8
     for (int c = 0; c < 4; c++) {
         r[c] = _mm256_permute2f128_ps(u[c], u[4 + c], 0x20);
         r[c + 4] = _mm256_permute2f128_ps(u[c], u[4 + c], 0x31);
     }
+}
+
+/* The first 6 floats of v at p (4 + 2): nothing past p + 6 is written. */
+static inline void store6(float *p, __m256 v) {
+    _mm_storeu_ps(p, _mm256_castps256_ps128(v));
+    _mm_storel_pi((__m64 *)(p + 4), _mm256_extractf128_ps(v, 1));
 }
 
 /* rows (<= 6) rows of a (row stride lda) -> out (kn, 6), times scale when
@@ -47,16 +56,21 @@ static inline __attribute__((always_inline)) void pack6(float *out, const float 
         const int live = kn - k < 8 ? kn - k : 8;
         const __m256i mk = lanes_below(live);
         __m256 r[8];
+#pragma GCC unroll 8
         for (int i = 0; i < 8; i++) {
             r[i] = i < rows ? _mm256_maskload_ps(a + (size_t)i * lda + k, mk) : _mm256_setzero_ps();
             if (scaled && i < rows) r[i] = _mm256_mul_ps(vs, r[i]);
         }
         transpose8(r);
         float *o = out + (size_t)k * MHA_MR;
+        if (live == 8) { /* constant indices: r stays in registers */
+#pragma GCC unroll 8
+            for (int j = 0; j < 7; j++) _mm256_storeu_ps(o + (size_t)j * MHA_MR, r[j]);
+            store6(o + 7 * MHA_MR, r[7]);
+            continue;
+        }
         for (int j = 0; j + 1 < live; j++) _mm256_storeu_ps(o + (size_t)j * MHA_MR, r[j]);
-        float *last = o + (size_t)(live - 1) * MHA_MR;
-        _mm_storeu_ps(last, _mm256_castps256_ps128(r[live - 1]));
-        _mm_storel_pi((__m64 *)(last + 4), _mm256_extractf128_ps(r[live - 1], 1));
+        store6(o + (size_t)(live - 1) * MHA_MR, r[live - 1]);
     }
 }
 
@@ -87,9 +101,15 @@ void mha_store_t16_avx2(float *dst, const size_t *coff, const float *src, size_t
             const int nj = n - j0 < 8 ? n - j0 : 8;
             const __m256i mj = lanes_below(nj);
             __m256 r[8];
+#pragma GCC unroll 8
             for (int i = 0; i < 8; i++)
                 r[i] = i < ni ? _mm256_maskload_ps(src + (size_t)(i0 + i) * lds + j0, mj) : _mm256_setzero_ps();
             transpose8(r);
+            if (ni == 8 && nj == 8) { /* constant indices: r stays in registers */
+#pragma GCC unroll 8
+                for (int j = 0; j < 8; j++) _mm256_storeu_ps(dst + coff[j0 + j] + i0, r[j]);
+                continue;
+            }
             for (int j = 0; j < nj; j++) {
                 float *d = dst + coff[j0 + j] + i0;
                 if (ni == 8) _mm256_storeu_ps(d, r[j]);
