@@ -396,8 +396,38 @@ static void test_kernels_pack_store(void) {
     free(q), free(want), free(got);
 }
 
+/* Every table's ALiBi tile against the scalar one: the same bits for
+ * distances up to 2^30 both ways and every column count 1-37 (masked
+ * tails), nothing past cols touched. */
+static void test_kernels_alibi_tables(void) {
+    const int nt = n_tables();
+    enum { ROWS = 4, COLS = 37, LDS = 48 };
+    int qpos[ROWS] = {0, 1000, 1 << 30, 7}, kpos[LDS];
+    for (int j = 0; j < LDS; j++) kpos[j] = j % 3 == 0 ? (1 << 30) - j : j * 37;
+    uint64_t seed = 95;
+    float *a = naive_random_floats(ROWS * LDS, &seed, -4, 4), *b = naive_alloc_floats(ROWS * LDS);
+    float *c = naive_alloc_floats(ROWS * LDS);
+    void (*ref)(float *, size_t, const int *, const int *, float, int, int) = mha_attn_alibi_get(&mha_kernels_scalar);
+    for (int t = 0; t < nt; t++)
+        for (int cols = 1; cols <= COLS; cols++) {
+            memcpy(b, a, sizeof(float) * ROWS * LDS), memcpy(c, a, sizeof(float) * ROWS * LDS);
+            mha_attn_alibi_get(tables[t])(b, LDS, qpos, kpos, 0.0625f, ROWS, cols);
+            ref(c, LDS, qpos, kpos, 0.0625f, ROWS, cols);
+            int ok = memcmp(b, c, sizeof(float) * ROWS * LDS) == 0;
+            for (int i = 0; i < ROWS; i++) /* the columns past cols as they were */
+                ok &= memcmp(b + i * LDS + cols, a + i * LDS + cols, sizeof(float) * (LDS - cols)) == 0;
+            if (!ok) test_report(__FILE__, __LINE__, "%s alibi cols=%d: not the scalar bits", tables[t]->name, cols);
+        }
+    /* a far key: the bias itself, not only agreement */
+    memcpy(b, a, sizeof(float) * ROWS * LDS);
+    mha_attn_alibi_get(tables[nt - 1])(b, LDS, qpos, kpos, 0.0625f, ROWS, COLS);
+    CHECK(b[3 * LDS + 3] == a[3 * LDS + 3] - 0.0625f * (float)((1 << 30) - 3 - 7));
+    free(a), free(b), free(c);
+}
+
 static const test_case cases[] = {
     {"kernels_sgemm_edges", test_kernels_sgemm_edges},
+    {"kernels_alibi_tables", test_kernels_alibi_tables},
     {"kernels_pack_store", test_kernels_pack_store},
     {"kernels_gemm_driver", test_kernels_gemm_driver},
     {"kernels_gemm_scratch_kept", test_kernels_gemm_scratch_kept},

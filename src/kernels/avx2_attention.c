@@ -1,5 +1,6 @@
 /* avx2_attention.c — the three steps of one flash-attention tile (AVX2+FMA):
- * scores s = q k^T, the online-softmax update, and o = alpha o + p v.
+ * scores s = q k^T, the online-softmax update, and o = alpha o + p v; and
+ * the ALiBi bias of a tile.
  * attention.c drives the tiles; the contracts are in kernels.h. */
 #include <math.h>
 
@@ -106,6 +107,30 @@ void mha_attn_softmax_avx2(float *s, size_t lds, float *m, float *l, float *alph
             sum0 = _mm256_add_ps(sum0, p0);
         }
         l[i] = alpha[i] * l[i] + mha_hsum8_avx2(_mm256_add_ps(sum0, sum1));
+    }
+}
+
+/* ALiBi on a tile (kernels.h: attn_alibi), 8 keys per vector: the
+ * distance exact in int32, one fp32 product, one fp32 subtraction, the
+ * scalar kernel's bits; the last vector masked to cols. The scalar loop
+ * cost a P2 forward 19% on the Zen 3 (bench/LIMITS.md, round 30). */
+void mha_attn_alibi_avx2(float *s, size_t lds, const int *qpos, const int *kpos, float slope, int rows,
+                         int cols) {
+    const __m256 vs = _mm256_set1_ps(slope);
+    const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    for (int i = 0; i < rows; i++) {
+        float *r = s + (size_t)i * lds;
+        const __m256i pi = _mm256_set1_epi32(qpos[i]);
+        int j = 0;
+        for (; j + 8 <= cols; j += 8) {
+            const __m256i d = _mm256_abs_epi32(_mm256_sub_epi32(pi, _mm256_loadu_si256((const __m256i *)(kpos + j))));
+            _mm256_storeu_ps(r + j, _mm256_sub_ps(_mm256_loadu_ps(r + j), _mm256_mul_ps(vs, _mm256_cvtepi32_ps(d))));
+        }
+        if (j < cols) {
+            const __m256i k = _mm256_cmpgt_epi32(_mm256_set1_epi32(cols - j), iota);
+            const __m256i d = _mm256_abs_epi32(_mm256_sub_epi32(pi, _mm256_maskload_epi32(kpos + j, k)));
+            _mm256_maskstore_ps(r + j, k, _mm256_sub_ps(_mm256_maskload_ps(r + j, k), _mm256_mul_ps(vs, _mm256_cvtepi32_ps(d))));
+        }
     }
 }
 

@@ -21,7 +21,7 @@
 
 const mha_kernels mha_kernels_avx2 = {
     "avx2", mha_sgemm_avx2_6x16, mha_attn_scores_avx2, mha_attn_softmax_avx2,
-    mha_attn_pv_avx2, mha_vexp_avx2, mha_attn_softcap_avx2, NULL, mha_attn_pack_q_avx2, /* alibi: scalar */
+    mha_attn_pv_avx2, mha_vexp_avx2, mha_attn_softcap_avx2, mha_attn_alibi_avx2, mha_attn_pack_q_avx2,
     6, 1, NULL, /* the driver tiles with sgemm_6x16 */
     mha_pack_a6_avx2, mha_store_t16_avx2,
     mha_key_norm_max_avx2, mha_all_within_avx2,
