@@ -38,6 +38,14 @@ static inline __attribute__((always_inline)) void transpose8(__m256 r[8]) {
     }
 }
 
+/* r[i] = the lanes `cols` of row i at p + i*stride for i < rows, zeros
+ * below (masked-out lanes are not read). */
+static inline __attribute__((always_inline)) void load_rows8(__m256 r[8], const float *p, size_t stride, int rows,
+                                                             __m256i cols) {
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++) r[i] = i < rows ? _mm256_maskload_ps(p + (size_t)i * stride, cols) : _mm256_setzero_ps();
+}
+
 /* The first 6 floats of v at p (4 + 2): nothing past p + 6 is written. */
 static inline void store6(float *p, __m256 v) {
     _mm_storeu_ps(p, _mm256_castps256_ps128(v));
@@ -54,13 +62,11 @@ static inline __attribute__((always_inline)) void pack6(float *out, const float 
     const __m256 vs = _mm256_set1_ps(scale);
     for (int k = 0; k < kn; k += 8) {
         const int live = kn - k < 8 ? kn - k : 8;
-        const __m256i mk = lanes_below(live);
         __m256 r[8];
+        load_rows8(r, a + k, lda, rows, lanes_below(live));
 #pragma GCC unroll 8
-        for (int i = 0; i < 8; i++) {
-            r[i] = i < rows ? _mm256_maskload_ps(a + (size_t)i * lda + k, mk) : _mm256_setzero_ps();
+        for (int i = 0; i < 8; i++)
             if (scaled && i < rows) r[i] = _mm256_mul_ps(vs, r[i]);
-        }
         transpose8(r);
         float *o = out + (size_t)k * MHA_MR;
         if (live == 8) { /* constant indices: r stays in registers */
@@ -99,11 +105,8 @@ void mha_store_t16_avx2(float *dst, const size_t *coff, const float *src, size_t
         const __m256i mi = lanes_below(ni);
         for (int j0 = 0; j0 < n; j0 += 8) {
             const int nj = n - j0 < 8 ? n - j0 : 8;
-            const __m256i mj = lanes_below(nj);
             __m256 r[8];
-#pragma GCC unroll 8
-            for (int i = 0; i < 8; i++)
-                r[i] = i < ni ? _mm256_maskload_ps(src + (size_t)(i0 + i) * lds + j0, mj) : _mm256_setzero_ps();
+            load_rows8(r, src + (size_t)i0 * lds + j0, lds, ni, lanes_below(nj));
             transpose8(r);
             if (ni == 8 && nj == 8) { /* constant indices: r stays in registers */
 #pragma GCC unroll 8
