@@ -331,6 +331,12 @@ static int unsupported(const char *cmd, json_t *root, const char *type) {
         return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: model_type %s: headwise_attn_output_gate (one "
                              "gate per head, not per element); expected the elementwise attn_output_gate: the "
                              "headwise gate is not supported", t);
+    /* Doge (DogeAttention): a per-key bias exp(A softplus(dt_proj(v))) added to the scores, and past
+     * keep_window_size keys only the top-k keys kept; under q/k/v/o_proj it ran as Llama's layer, silently */
+    if (type && strcmp(type, "doge") == 0)
+        return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: model_type doge (Doge's dynamic mask attention: "
+                             "a bias per key from dt_proj of the values and A, and the top keep_window_size keys "
+                             "kept); expected softmax attention without a data-dependent mask: Doge is not supported");
     if (type && strcmp(type, "phi3small") == 0)
         return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: model_type phi3small (Phi-3-small): blocksparse "
                              "attention on most layers and muP's scores / head_dim; expected a dense layer: "
@@ -434,6 +440,11 @@ static int family(cli_hf_config *c, const char *cmd, json_t *root, const char *t
      * before the rotary, which the loader reads as Qwen 3's q_norm / k_norm (before: refused by name; Ling
      * 2.0 (bailing_moe_v2) ran without them, silently) */
     c->qk_norm_rms = type_in(type, ling) && json_is_true(json_object_get(root, "use_qk_norm"));
+    /* Hunyuan: HunYuanDenseV1Attention / HunYuanMoEV1Attention apply query_layernorm / key_layernorm after
+     * the rotary whatever config.json says (the classes have no use_qk_norm); without the key, the loader read
+     * the tensors as Ling's norm before the rotary (0.6 off, silently): run refuses a layer that loaded them */
+    static const char *const hunyuan[] = {"hunyuan_v1_dense", "hunyuan_v1_moe", NULL};
+    c->qk_norm_after_rope = type_in(type, hunyuan);
     if (type_in(type, cohere) || type_in(type, llama4)) {
         c->rope = "interleaved"; /* Cohere's rotate_half, Llama 4's complex product: pairs 2i, 2i+1 as GPT-J's */
     } else if (type && (strcmp(type, "gptj") == 0 || strcmp(type, "codegen") == 0 || type_in(type, phi_msft))) {

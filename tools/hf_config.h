@@ -39,6 +39,8 @@ typedef struct {
                                   query_layernorm / key_layernorm (d_k), an RMSNorm
                                   of each head before the rotary, as the loader
                                   reads them                                      */
+    int qk_norm_after_rope;    /* Hunyuan: a q/k norm the checkpoint holds is applied
+                                  after the rotary (refused when loaded)          */
     int sinks;                 /* gpt_oss: the module's "sinks" tensor, when it has
                                   one, holds the (h) sink logits (as --sinks sinks) */
     long long window;          /* sliding_window when this layer slides (layer_types,

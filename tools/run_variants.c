@@ -318,6 +318,10 @@ int cli_apply_variants(const char *cmd, mha_layer **L, cli_fwd *f, cli_variant_f
         return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: use_qk_norm is true; expected the checkpoint's "
                              "query_layernorm.weight and key_layernorm.weight (d_k), Ling's RMSNorm of each head: "
                              "not found");
+    if (hc.qk_norm_after_rope && mha_layer_config(*L)->qk_norm) /* Hunyuan: after the rotary, per-dim weights */
+        return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: Hunyuan (hunyuan_v1_dense / _moe): the checkpoint holds "
+                             "query_layernorm / key_layernorm, which Hunyuan applies after the rotary (whatever "
+                             "use_qk_norm says); expected no q/k norm: a q/k norm after RoPE is not implemented");
     const int file_norm = mha_layer_config(*L)->qk_norm && (hc.qk_norm_eps || hc.qk_norm_offset);
     const int l2_norm = hc.qk_l2_norm && !vf->qk_norm && !mha_layer_config(*L)->qk_norm; /* Llama 4 */
     const int file_sinks = hc.sinks && !vf->sinks && !mha_layer_config(*L)->sinks; /* gpt-oss's, unless --sinks */

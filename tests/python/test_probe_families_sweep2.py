@@ -1,0 +1,63 @@
+"""Second sweep of Hugging Face families through `mha run`'s config.json
+reader: each small checkpoint under its family's names, its config.json
+with the family's keys, run with --prefix and --causal only, against a
+float64 numpy oracle written from the family's attention forward, or
+refused by name where the layer cannot express it."""
+import numpy as np
+import pytest
+
+from test_probe_families import attention, close, heads, llama_like, refused, rnd, run
+from test_probe_families_sweep import D, G, H, d, layer, roped
+
+
+def rms(a, w, eps):
+    """an RMSNorm of each head's vector"""
+    return a / np.sqrt((a * a).mean(-1, keepdims=True) + eps) * w
+
+
+# ------------------------------------------------------------------ Hunyuan
+
+
+@pytest.mark.parametrize("model_type", ["hunyuan_v1_dense", "hunyuan_v1_moe"])
+@pytest.mark.parametrize("key", ["absent", False])
+def test_hunyuan_norm_tensors_after_rope_are_refused_without_use_qk_norm(tmp_path, model_type, key):
+    """HunYuanDenseV1Attention / HunYuanMoEV1Attention apply query_layernorm
+    / key_layernorm (an RMSNorm of each head, per-dim weights) after the
+    rotary, always: the classes have no use_qk_norm. A checkpoint holding
+    them under a config.json without use_qk_norm (or false) was read with
+    Ling's norm before the rotary, silently (0.59 off): refused by name."""
+    rs = np.random.RandomState(3)
+    w, _, t = llama_like(rs, D, H, G)
+    p = "model.layers.0.self_attn."
+    wq, wk = (1 + 0.5 * rs.randn(d)).astype(np.float32), (1 + 0.5 * rs.randn(d)).astype(np.float32)
+    t[p + "query_layernorm.weight"], t[p + "key_layernorm.weight"] = wq, wk
+    cfg = {"model_type": model_type, "hidden_size": D, "num_attention_heads": H, "num_key_value_heads": G,
+           "head_dim": d, "rope_theta": 1e4, "rms_norm_eps": 1e-5}
+    if key != "absent":
+        cfg["use_qk_norm"] = key
+    _, r = run(tmp_path, t, cfg, "model.layers.0", D, check=False)
+    refused(r, tmp_path, "query_layernorm", "after the rotary")
+    # without the tensors: Llama's layer, as before
+    t = {n: a for n, a in t.items() if "layernorm" not in n}
+    x, y = run(tmp_path, t, cfg, "model.layers.0", D)
+    q, k, v = (heads(x @ w[n].T.astype(np.float64), m) for n, m in (("q_proj", H), ("k_proj", G), ("v_proj", G)))
+    close(y, attention(*roped(q, k, d, 1e4), v, w["o_proj"]))
+
+
+# --------------------------------------------------------------------- Doge
+
+
+def test_doge_dynamic_mask_attention_is_refused_by_name(tmp_path):
+    """Doge (DogeAttention): the scores get a bias per key,
+    exp(A softplus(dt_proj(v))), and past keep_window_size keys only the
+    top ones are kept: a data-dependent mask the layer cannot express.
+    Before, its q/k/v/o_proj ran as Llama's layer, exit 0."""
+    rs = np.random.RandomState(3)
+    _, _, t = llama_like(rs, D, H, G)
+    p = "model.layers.0.self_attn."
+    t[p + "A"] = rs.randn(G).astype(np.float32)
+    t[p + "dt_proj.weight"] = rnd(rs, G, G * d)
+    cfg = {"model_type": "doge", "hidden_size": D, "num_attention_heads": H, "num_key_value_heads": G,
+           "rope_theta": 1e4, "keep_window_size": 2048}
+    _, r = run(tmp_path, t, cfg, "model.layers.0", D, check=False)
+    refused(r, tmp_path, "doge", "dt_proj")
