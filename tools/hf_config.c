@@ -264,7 +264,9 @@ static const char *const every_fourth[] = {"cohere2", "olmo3", NULL};
  * default; 0: the whole head. */
 static double default_share(const char *type) {
     static const char *const quarter[] = {"stablelm", "stablelm_epoch", "gpt_neox", NULL};
-    static const char *const half[] = {"phi", "persimmon", "nemotron", "glm", "glm4", "glm4_moe", NULL};
+    /* GLM-4.5V's text model (glm4v_moe_text: Glm4vMoeTextConfig, a Glm4MoeConfig) too */
+    static const char *const half[] = {"phi", "persimmon", "nemotron", "glm", "glm4", "glm4_moe",
+                                       "glm4v_moe", "glm4v_moe_text", NULL};
     return type_in(type, quarter) ? 0.25 : type_in(type, half) ? 0.5 : 0;
 }
 static long long layer_index(const char *prefix);
@@ -408,7 +410,7 @@ static int family(cli_hf_config *c, const char *cmd, json_t *root, const char *t
                                          "internlm2", "dbrx", "gpt_oss", "falcon", "RefinedWebModel", "RefinedWeb",
                                          "qwen3_next", "qwen", "nemotron", "persimmon", "glm", "glm4",
                                          "glm4_moe", "minimax", "stablelm_epoch", "bailing_moe", "bailing_moe_v2", "olmo3",
-                                         NULL};
+                                         "glm4v_moe_text", "glm4v_moe", NULL};
     /* (1 + weight) RMSNorms: Gemma 3's, and Qwen3-Next's zero-centred ones */
     static const char *const gemma3[] = {"gemma3", "gemma3_text", "qwen3_next", NULL};
     const int alibi = json_is_true(json_object_get(root, "alibi"));
@@ -457,9 +459,11 @@ static int family(cli_hf_config *c, const char *cmd, json_t *root, const char *t
     } else if (type_in(type, rotary) && !c->alibi)
         c->rope = "halves";
     /* GLM-4 (4V), ERNIE 4.5, Helium: cos, sin repeat_interleave'd, rotate_half of pairs (2i, 2i+1): GPT-J's */
-    /* ChatGLM 2/3 (chatglm) too, on the first half of each head (its RotaryEmbedding(head_dim / 2)) */
-    static const char *const glm_pairs[] = {"glm", "glm4", "glm4v", "glm4v_text", "glm4v_moe", "glm4v_moe_text",
-                                            "ernie4_5", "ernie4_5_moe", "helium", "chatglm", NULL};
+    /* ChatGLM 2/3 (chatglm) too, on the first half of each head (its RotaryEmbedding(head_dim / 2)). Not
+     * GLM-4.5V (glm4v_moe, glm4v_moe_text): Glm4vMoeTextAttention keeps rotate_half on cat(freqs, freqs), as
+     * GLM-4.5 (before: interleaved, 0.8 off) */
+    static const char *const glm_pairs[] = {"glm", "glm4", "glm4v", "glm4v_text", "ernie4_5", "ernie4_5_moe",
+                                            "helium", "chatglm", NULL};
     if (type_in(type, glm_pairs)) c->rope = "interleaved";
     return 0;
 }

@@ -61,3 +61,28 @@ def test_doge_dynamic_mask_attention_is_refused_by_name(tmp_path):
            "rope_theta": 1e4, "keep_window_size": 2048}
     _, r = run(tmp_path, t, cfg, "model.layers.0", D, check=False)
     refused(r, tmp_path, "doge", "dt_proj")
+
+
+# ----------------------------------------------------- GLM-4.5V's text model
+
+
+@pytest.mark.parametrize("model_type", ["glm4v_moe", "glm4v_moe_text"])
+@pytest.mark.parametrize("share", [None, 0.5, 1.0])
+def test_glm4v_moe_text_rotates_halves_of_the_first_half(tmp_path, model_type, share):
+    """GLM-4.5V (glm4v_moe; its text_config glm4v_moe_text): Glm4vMoeTextAttention
+    rotates with rotate_half (cos, sin of cat(freqs, freqs)) the first
+    partial_rotary_factor x head_dim dims (Glm4vMoeTextConfig, a
+    Glm4MoeConfig: default 0.5), as GLM-4.5 (glm4_moe) does; GLM-4.1V
+    (glm4v) alone pairs dims 2i, 2i+1. Before: interleaved pairs, and the
+    whole head without the key (0.8 off)."""
+    text = {"model_type": "glm4v_moe_text", "hidden_size": D, "num_attention_heads": H, "num_key_value_heads": G,
+            "head_dim": d, "rope_theta": 1e4, "attention_bias": False,
+            "rope_scaling": {"rope_type": "default", "mrope_section": [1, 1, 0]}}
+    if share:
+        text["partial_rotary_factor"] = share
+    cfg = text if model_type == "glm4v_moe_text" else {"model_type": "glm4v_moe", "text_config": text,
+                                                        "vision_config": {"model_type": "glm4v_moe_vision"}}
+    w, _, t = llama_like(np.random.RandomState(6), D, H, G, p="model.language_model.layers.0.self_attn.")
+    x, y = run(tmp_path, t, cfg, "model.language_model.layers.0", D)
+    q, k, v = (heads(x @ w[n].T.astype(np.float64), m) for n, m in (("q_proj", H), ("k_proj", G), ("v_proj", G)))
+    close(y, attention(*roped(q, k, int(d * (share or 0.5)), 1e4, "halves"), v, w["o_proj"]))
