@@ -793,7 +793,10 @@ int cli_hf_config_read(cli_hf_config *c, const char *cmd, const cli_ckpt *ck, co
     if (!rc && glm && json_is_true(json_object_get(root, "multi_query_attention")) && !kv)
         rc = number(cmd, root, "", "multi_query_group_num", 1, 4096, 1, &kv);
     if (!rc) rc = number(cmd, root, "", "rms_norm_eps", 1e-30, 1, 0, &c->qk_norm_eps);
-    if (!rc && type && strcmp(type, "lfm2") == 0) /* LFM2: its q/k_layernorm's eps (Lfm2Config's norm_eps) */
+    /* LFM2: its q/k_layernorm's eps (Lfm2Config's norm_eps); LFM2-MoE's Lfm2MoeAttention is LFM2's, eps
+     * Lfm2MoeConfig's norm_eps (before: not read for lfm2_moe, the loader's eps ran) */
+    static const char *const lfm2[] = {"lfm2", "lfm2_moe", NULL};
+    if (!rc && type_in(type, lfm2))
         rc = number(cmd, root, "", "norm_eps", 1e-30, 1, 0, &c->qk_norm_eps);
     if (!rc) rc = family(c, cmd, root, type);
     if (!rc) rc = number(cmd, root, "", "rotary_emb_base", 1, 1e12, 0, &theta);

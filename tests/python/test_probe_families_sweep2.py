@@ -86,3 +86,27 @@ def test_glm4v_moe_text_rotates_halves_of_the_first_half(tmp_path, model_type, s
     x, y = run(tmp_path, t, cfg, "model.language_model.layers.0", D)
     q, k, v = (heads(x @ w[n].T.astype(np.float64), m) for n, m in (("q_proj", H), ("k_proj", G), ("v_proj", G)))
     close(y, attention(*roped(q, k, int(d * (share or 0.5)), 1e4, "halves"), v, w["o_proj"]))
+
+
+# ------------------------------------------------------------------ LFM2-MoE
+
+
+@pytest.mark.parametrize("model_type", ["lfm2", "lfm2_moe"])
+def test_lfm2_moe_qk_layernorm_takes_norm_eps(tmp_path, model_type):
+    """LFM2-MoE (lfm2_moe, Lfm2MoeAttention: LFM2's): q_layernorm /
+    k_layernorm, an RMSNorm of each head before the rotary with eps
+    norm_eps (Lfm2MoeConfig has no rms_norm_eps). Before, lfm2_moe's
+    norm_eps was not read (the loader's eps ran instead; 0.45 off at a
+    norm_eps of 0.5)."""
+    eps = 0.5
+    rs = np.random.RandomState(12)
+    p = "model.layers.0.self_attn."
+    w, _, t = llama_like(rs, D, H, G, p=p)
+    t[p + "out_proj.weight"] = t.pop(p + "o_proj.weight")
+    wq, wk = (1 + 0.5 * rs.randn(d)).astype(np.float32), (1 + 0.5 * rs.randn(d)).astype(np.float32)
+    t[p + "q_layernorm.weight"], t[p + "k_layernorm.weight"] = wq, wk
+    cfg = {"model_type": model_type, "hidden_size": D, "num_attention_heads": H, "num_key_value_heads": G,
+           "rope_theta": 1e6, "norm_eps": eps, "layer_types": ["full_attention"]}
+    x, y = run(tmp_path, t, cfg, "model.layers.0", D)
+    q, k, v = (heads(x @ w[n].T.astype(np.float64), m) for n, m in (("q_proj", H), ("k_proj", G), ("v_proj", G)))
+    close(y, attention(*roped(rms(q, wq, eps), rms(k, wk, eps), d, 1e6), v, w["o_proj"]))
