@@ -719,6 +719,31 @@ static int linear_layer(const char *cmd, json_t *root, const char *type, const c
                          type ? type : "(none)");
 }
 
+/* GPT-2 (GPT2Attention) divides the scores by sqrt(head_dim) only with
+ * scale_attn_weights (default true), and by layer_idx + 1 with
+ * scale_attn_by_inverse_layer_idx (Stanford CRFM's GPT-2 runs write true);
+ * GPT-BigCode (GPTBigCodeAttention) reads scale_attn_weights alike. Into
+ * c->scale, head_dim being n_embd / n_head. Before, a gpt2 checkpoint's
+ * config.json was not read: 1/sqrt(head_dim) always, silently. */
+static int gpt2_scale(cli_hf_config *c, const char *cmd, json_t *root, const char *prefix) {
+    const int weights = !json_is_false(json_object_get(root, "scale_attn_weights"));
+    const int inverse = json_is_true(json_object_get(root, "scale_attn_by_inverse_layer_idx"));
+    const long long n = layer_index(prefix);
+    double heads = 0, width = 0;
+    if (weights && !inverse) return 0;
+    if (inverse && n < 0)
+        return mha_cmd_error(cmd, MHA_EXIT_USAGE, "config.json: scale_attn_by_inverse_layer_idx is true (GPT-2 "
+                             "divides the scores by the layer's number + 1), and --prefix names no layer; expected "
+                             "--prefix with the layer's number (transformer.h.N)");
+    int rc = number(cmd, root, "", "n_head", 1, 4096, 1, &heads);
+    if (!rc) rc = number(cmd, root, "", "n_embd", 1, 1 << 24, 1, &width);
+    if (!rc && weights && !(heads && width))
+        rc = mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: n_embd or n_head missing; expected both, whose "
+                           "ratio is the head_dim that scale_attn_weights divides the scores by the root of");
+    if (!rc) c->scale = (weights ? 1.0 / sqrt(width / heads) : 1.0) / (inverse ? (double)(n + 1) : 1.0);
+    return rc;
+}
+
 /* The part of config.json that describes the layer. Multimodal models
  * (Gemma 3, LLaVA, Mistral 3, CLIP, SigLIP) keep their towers' settings
  * in text_config and vision_config, not at the top level: a prefix naming
@@ -767,8 +792,9 @@ int cli_hf_config_read(cli_hf_config *c, const char *cmd, const cli_ckpt *ck, co
         return linear;
     }
     if ((kind == 2 && !type_in(type, gpt2_named)) || (kind == 3 && !type_in(type, unnamed))) {
-        /* GPT-2, GPT-BigCode: as before, not read */
-        const int rc = kind == 3 ? unsupported(cmd, root, type) : 0; /* no layout: name the family if refused */
+        /* GPT-2, GPT-BigCode: only their score scale is read */
+        /* no layout: name the family if refused; GPT-2's, GPT-BigCode's score scale */
+        const int rc = kind == 3 ? unsupported(cmd, root, type) : gpt2_scale(c, cmd, root, ck->prefix);
         json_decref(top);
         return rc;
     }

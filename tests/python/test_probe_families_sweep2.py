@@ -110,3 +110,46 @@ def test_lfm2_moe_qk_layernorm_takes_norm_eps(tmp_path, model_type):
     x, y = run(tmp_path, t, cfg, "model.layers.0", D)
     q, k, v = (heads(x @ w[n].T.astype(np.float64), m) for n, m in (("q_proj", H), ("k_proj", G), ("v_proj", G)))
     close(y, attention(*roped(rms(q, wq, eps), rms(k, wk, eps), d, 1e6), v, w["o_proj"]))
+
+
+# ---------------------------------------------------- GPT-2's score scalings
+
+
+def gpt2_layer(tmp_path, cfg, n, *flags, check=True):
+    """(x, y or the CompletedProcess, q, k, v, c_proj, its bias) of GPT-2's Conv1D c_attn / c_proj at layer n"""
+    rs = np.random.RandomState(8)
+    p = "transformer.h.%d.attn." % n
+    ca, ba, cp, bp = 3 * rnd(rs, D, 3 * D), rnd(rs, 1, 3 * D)[0], rnd(rs, D, D), rnd(rs, 1, D)[0]
+    t = {p + "c_attn.weight": ca, p + "c_attn.bias": ba, p + "c_proj.weight": cp, p + "c_proj.bias": bp}
+    x, y = run(tmp_path, t, cfg, "transformer.h.%d" % n, D, "--heads", H, *flags, check=check)
+    qkv = x @ ca.astype(np.float64) + ba
+    q, k, v = (heads(qkv[:, i * D:(i + 1) * D], H) for i in range(3))
+    return x, y, q, k, v, cp.T, bp
+
+
+@pytest.mark.parametrize("model_type", ["gpt2", "gpt_bigcode", None])
+@pytest.mark.parametrize("weights,inverse", [(True, True), (False, False), (False, True), (True, False)])
+def test_gpt2_scale_attn_weights_and_inverse_layer_idx(tmp_path, model_type, weights, inverse):
+    """GPT-2 (GPT2Attention): the scores are divided by sqrt(head_dim) only
+    with scale_attn_weights (default true), and by layer_idx + 1 with
+    scale_attn_by_inverse_layer_idx (Stanford CRFM's GPT-2 runs write
+    true); GPT-BigCode reads scale_attn_weights alike. Before, GPT-2's
+    config.json was not read at all: 1/sqrt(head_dim) always (0.5 off at
+    layer 3)."""
+    cfg = {"n_embd": D, "n_head": H, "scale_attn_weights": weights, "scale_attn_by_inverse_layer_idx": inverse}
+    if model_type:
+        cfg["model_type"] = model_type
+    _, y, q, k, v, wo, bo = gpt2_layer(tmp_path, cfg, 3)
+    scale = (1 / np.sqrt(d) if weights else 1.0) / (4.0 if inverse else 1.0)
+    close(y, attention(q, k, v, wo, bo, scale=scale))
+
+
+def test_gpt2_inverse_layer_idx_needs_the_layer_number(tmp_path):
+    """scale_attn_by_inverse_layer_idx without a layer number in --prefix:
+    refused, naming what is expected (before: run unscaled by it)."""
+    rs = np.random.RandomState(8)
+    p = "transformer.last.attn."
+    t = {p + "c_attn.weight": rnd(rs, D, 3 * D), p + "c_proj.weight": rnd(rs, D, D)}
+    cfg = {"model_type": "gpt2", "n_embd": D, "n_head": H, "scale_attn_by_inverse_layer_idx": True}
+    _, r = run(tmp_path, t, cfg, "transformer.last", D, "--heads", H, check=False)
+    refused(r, tmp_path, "scale_attn_by_inverse_layer_idx", "--prefix")
