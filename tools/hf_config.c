@@ -634,6 +634,14 @@ static int slides(json_t *root, const char *type, long long n) {
         return mine && strcmp(mine, "sliding_attention") == 0;
     }
     if (type && strcmp(type, "gpt_neo") == 0) return neo_local(root, n);
+    /* dots.llm1 (Dots1Config, without layer_types): the layers from max_window_layers (default 62) on slide
+     * whenever sliding_window is set; it has no use_sliding_window (before: every layer global, silently) */
+    if (type && strcmp(type, "dots1") == 0) {
+        json_t *m = json_object_get(root, "max_window_layers"), *l = json_object_get(root, "num_hidden_layers");
+        const long long from = json_is_integer(m) ? json_integer_value(m) : 62;
+        const long long layers = json_is_integer(l) ? json_integer_value(l) : 62;
+        return from >= layers ? 0 : from <= 0 ? 1 : n < 0 ? -1 : n >= from;
+    }
     const char *letters = json_string_value(pattern); /* EXAONE 4: "LLLG", layer n slides at an L */
     if (letters && *letters && strspn(letters, "LG") == strlen(letters)) {
         const int uniform = !strchr(letters, 'G') || !strchr(letters, 'L');

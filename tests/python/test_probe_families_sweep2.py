@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from test_probe_families import attention, close, heads, llama_like, refused, rnd, run
-from test_probe_families_sweep import D, G, H, d, layer, roped
+from test_probe_families_sweep import D, G, H, d, layer, layer_at, roped
 
 
 def rms(a, w, eps):
@@ -153,3 +153,21 @@ def test_gpt2_inverse_layer_idx_needs_the_layer_number(tmp_path):
     cfg = {"model_type": "gpt2", "n_embd": D, "n_head": H, "scale_attn_by_inverse_layer_idx": True}
     _, r = run(tmp_path, t, cfg, "transformer.last", D, "--heads", H, check=False)
     refused(r, tmp_path, "scale_attn_by_inverse_layer_idx", "--prefix")
+
+
+# ---------------------------------------------------------------- dots.llm1
+
+
+@pytest.mark.parametrize("n", [0, 1])
+@pytest.mark.parametrize("keys", [{"max_window_layers": 1, "num_hidden_layers": 2}, {}])
+def test_dots1_layers_from_max_window_layers_slide(tmp_path, n, keys):
+    """dots.llm1 (dots1): Dots1Config without layer_types makes the layers
+    from max_window_layers (default 62, of num_hidden_layers default 62) on
+    sliding_attention whenever sliding_window is set (no
+    use_sliding_window); Dots1Attention is Qwen 3's (q_norm / k_norm, read
+    from the checkpoint, absent here). Before: every layer global (1.6 off
+    on layer 1)."""
+    cfg = dict({"model_type": "dots1", "rope_theta": 1e4, "sliding_window": 3}, **keys)
+    y, q, k, v, wo = layer_at(tmp_path, cfg, n)
+    window = 3 if keys and n >= 1 else None
+    close(y, attention(*roped(q, k, d, 1e4), v, wo, window=window))
