@@ -898,6 +898,18 @@ int cli_hf_config_read(cli_hf_config *c, const char *cmd, const cli_ckpt *ck, co
     if (!rc) rc = attn_config(c, cmd, root, type, &kv, &theta); /* DBRX, MPT: attn_config.clip_qkv too */
     if (!rc) rc = nope(c, cmd, root, type, ck->prefix);
     if (!rc && type_in(type, llama4)) rc = llama4_layer(c, cmd, root, layer_index(ck->prefix));
+    /* Llama 3.2 Vision (mllama_text_model): the layers of cross_attention_layers (MllamaTextConfig's default
+     * 3, 8, ..., 38) are MllamaTextCrossAttention: k and v from the vision states (--kv-input), q_norm /
+     * k_norm, and no rotary (before: rotated as the self-attention layers, silently) */
+    if (!rc && type && strcmp(type, "mllama_text_model") == 0) {
+        json_t *x = json_object_get(root, "cross_attention_layers");
+        const long long n = layer_index(ck->prefix);
+        int cross = 0;
+        for (size_t i = 0; json_is_array(x) && i < json_array_size(x); i++)
+            cross |= json_is_integer(json_array_get(x, i)) && json_integer_value(json_array_get(x, i)) == n;
+        if (!json_is_array(x)) cross = n >= 3 && n <= 38 && (n - 3) % 5 == 0;
+        if (cross || (n < 0 && (!json_is_array(x) || json_array_size(x)))) c->no_rope = n < 0 ? -1 : 1;
+    }
     if (!rc && type && strcmp(type, "cohere2") == 0) { /* without either key, Cohere2Config's pattern 4 */
         /* NoPE on the global layers (-1: they differ and the prefix names no layer) */
         const int s = slides(root, type, layer_index(ck->prefix));

@@ -171,3 +171,41 @@ def test_dots1_layers_from_max_window_layers_slide(tmp_path, n, keys):
     y, q, k, v, wo = layer_at(tmp_path, cfg, n)
     window = 3 if keys and n >= 1 else None
     close(y, attention(*roped(q, k, d, 1e4), v, wo, window=window))
+
+
+# ------------------------------------------------- Llama 3.2 Vision (Mllama)
+
+
+@pytest.mark.parametrize("listed", [True, False])
+def test_mllama_cross_attention_layers_do_not_rotate(tmp_path, listed):
+    """Llama 3.2 Vision (mllama; text_config mllama_text_model): the layers
+    of cross_attention_layers (MllamaTextConfig's default 3, 8, ..., 38)
+    are MllamaTextCrossAttention: q from the text, k and v from the vision
+    states (--kv-input), each head RMS-normed (q_norm, k_norm), and no
+    rotary; the other layers rotate at rope_theta. Before, a cross layer
+    rotated q and k (1.8 off)."""
+    from io_helpers import mha
+    rs = np.random.RandomState(13)
+    p = "model.language_model.layers.3.cross_attn."
+    w, _, t = llama_like(rs, D, H, G, p=p)
+    qn, kn = (1 + 0.5 * rs.randn(d)).astype(np.float32), (1 + 0.5 * rs.randn(d)).astype(np.float32)
+    t[p + "q_norm.weight"], t[p + "k_norm.weight"] = qn, kn
+    text = {"model_type": "mllama_text_model", "hidden_size": D, "num_attention_heads": H, "num_key_value_heads": G,
+            "rope_theta": 5e5, "rms_norm_eps": 1e-5}
+    if listed:
+        text["cross_attention_layers"] = [3]
+    cfg = {"model_type": "mllama", "text_config": text, "vision_config": {"model_type": "mllama_vision_model"}}
+    x, _ = run(tmp_path, t, cfg, "model.language_model.layers.3.cross_attn", D, check=False)
+    kv = np.random.RandomState(14).randn(5, D).astype(np.float32)
+    np.save(tmp_path / "kv.npy", kv)
+    mha("run", "--weights", tmp_path, "--prefix", "model.language_model.layers.3.cross_attn", "--input",
+        tmp_path / "x.npy", "--kv-input", tmp_path / "kv.npy", "--output", tmp_path / "y.npy")
+    y = np.load(tmp_path / "y.npy")
+    kv = kv.astype(np.float64)
+    q = rms(heads(x @ w["q_proj"].T, H), qn, 1e-5)
+    k, v = rms(heads(kv @ w["k_proj"].T, G), kn, 1e-5), heads(kv @ w["v_proj"].T, G)
+    kk, vv = np.repeat(k, H // G, 0), np.repeat(v, H // G, 0)
+    s = q @ kk.transpose(0, 2, 1) / np.sqrt(d)
+    pr = np.exp(s - s.max(-1, keepdims=True))
+    z = (pr / pr.sum(-1, keepdims=True)) @ vv
+    close(y, z.transpose(1, 0, 2).reshape(x.shape[0], -1) @ w["o_proj"].T)
