@@ -209,3 +209,50 @@ def test_mllama_cross_attention_layers_do_not_rotate(tmp_path, listed):
     pr = np.exp(s - s.max(-1, keepdims=True))
     z = (pr / pr.sum(-1, keepdims=True)) @ vv
     close(y, z.transpose(1, 0, 2).reshape(x.shape[0], -1) @ w["o_proj"].T)
+
+
+# ------------------------------------------- families found right: guards
+
+
+def test_seed_oss_biases_and_out_bias(tmp_path):
+    """Seed-OSS (seed_oss, SeedOssAttention): q/k/v biases (attention_bias)
+    and o_proj's (attention_out_bias), read from the checkpoint; Llama's
+    rotary at rope_theta. Ran right; must stay so."""
+    rs = np.random.RandomState(1)
+    w, b, t = llama_like(rs, D, H, G, bias=True)
+    bo = rnd(rs, 1, D)[0]
+    t["model.layers.0.self_attn.o_proj.bias"] = bo
+    cfg = {"model_type": "seed_oss", "hidden_size": D, "num_attention_heads": H, "num_key_value_heads": G,
+           "head_dim": d, "rope_theta": 1e7, "attention_bias": True, "attention_out_bias": True}
+    x, y = run(tmp_path, t, cfg, "model.layers.0", D)
+    q, k, v = (heads(x @ w[n].T.astype(np.float64) + b[n], m) for n, m in (("q_proj", H), ("k_proj", G), ("v_proj", G)))
+    close(y, attention(*roped(q, k, d, 1e7), v, w["o_proj"], bo))
+
+
+def test_flex_olmo_norms_the_whole_projection(tmp_path):
+    """FlexOlmo (flex_olmo, OLMo 2's attention): q_norm / k_norm RMS-normalize
+    the whole q and k projections (h*d, g*d), then the rotary. Ran right."""
+    rs = np.random.RandomState(2)
+    w, _, t = llama_like(rs, D, H, G)
+    p = "model.layers.0.self_attn."
+    qn, kn = (1 + 0.5 * rs.randn(H * d)).astype(np.float32), (1 + 0.5 * rs.randn(G * d)).astype(np.float32)
+    t[p + "q_norm.weight"], t[p + "k_norm.weight"] = qn, kn
+    cfg = {"model_type": "flex_olmo", "hidden_size": D, "num_attention_heads": H, "num_key_value_heads": G,
+           "rope_theta": 5e5, "rms_norm_eps": 1e-6}
+    x, y = run(tmp_path, t, cfg, "model.layers.0", D)
+    q, k = heads(rms(x @ w["q_proj"].T, qn, 1e-6), H), heads(rms(x @ w["k_proj"].T, kn, 1e-6), G)
+    close(y, attention(*roped(q, k, d, 5e5), heads(x @ w["v_proj"].T, G), w["o_proj"]))
+
+
+def test_exaone_custom_code_names(tmp_path):
+    """EXAONE 3 / 3.5 (exaone, custom code): transformer.h.N.attn.attention's
+    q/k/v_proj and out_proj, Llama's rotary at rope_theta. Ran right."""
+    rs = np.random.RandomState(3)
+    p = "transformer.h.0.attn.attention."
+    w, _, t = llama_like(rs, D, H, G, p=p)
+    t[p + "out_proj.weight"] = t.pop(p + "o_proj.weight")
+    cfg = {"model_type": "exaone", "hidden_size": D, "num_attention_heads": H, "num_key_value_heads": G,
+           "rope_theta": 1e6, "rope_scaling": None, "layer_norm_epsilon": 1e-5}
+    x, y = run(tmp_path, t, cfg, "transformer.h.0.attn.attention", D)
+    q, k, v = (heads(x @ w[n].T.astype(np.float64), m) for n, m in (("q_proj", H), ("k_proj", G), ("v_proj", G)))
+    close(y, attention(*roped(q, k, d, 1e6), v, w["o_proj"]))
