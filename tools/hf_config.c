@@ -800,8 +800,7 @@ int cli_hf_config_read(cli_hf_config *c, const char *cmd, const cli_ckpt *ck, co
         return linear;
     }
     if ((kind == 2 && !type_in(type, gpt2_named)) || (kind == 3 && !type_in(type, unnamed))) {
-        /* GPT-2, GPT-BigCode: only their score scale is read */
-        /* no layout: name the family if refused; GPT-2's, GPT-BigCode's score scale */
+        /* GPT-2, GPT-BigCode: only their score scale is read; no layout: name the family if refused */
         const int rc = kind == 3 ? unsupported(cmd, root, type) : gpt2_scale(c, cmd, root, ck->prefix);
         json_decref(top);
         return rc;
