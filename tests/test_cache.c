@@ -1010,7 +1010,7 @@ static void test_kernels_agree(void) {
  * dv = 72 (a 4-vector column tile, then a masked one); d = 45; fp16
  * storage widened inside the kernels. (int8: cache_i8_attend_mqa32.) */
 static void test_grouped_kernels(void) {
-    if (!mha_cpu_has_avx512()) SKIP(TEST_SKIP_ISA, "avx512", "this CPU has no AVX-512");
+    if (!mha_cpu_has_avx512()) SKIP(TEST_SKIP_ISA, "avx512f", "this CPU has no AVX-512");
     const mha_decode_kernels *g = &mha_decode_kernels_avx512, *s = &mha_decode_kernels_scalar;
     enum { N = 40, D = 45, DV = 72, LDT = 32 };
     uint64_t seed = 61;
