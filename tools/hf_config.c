@@ -70,10 +70,6 @@ static int is_hf(const cli_ckpt *ck, const char *path) {
     return l == MHA_LAYOUT_HF || l == MHA_LAYOUT_MEGATRON || l == MHA_LAYOUT_CODEGEN ? 1 : l == MHA_LAYOUT_GPT2 ? 2 : 0;
 }
 
-/* The families saved under GPT-2's names (c_attn, c_proj) whose config.json
- * a gpt2 checkpoint reads: Jais (ALiBi, its score scale) and Qwen 1 (whose
- * c_attn the hf layout reads); GPT-2's and GPT-BigCode's are ignored as
- * before. */
 /* Whether model_type is one of names (a NULL-terminated list). */
 static int type_in(const char *type, const char *const *names) {
     for (; type && *names; names++)
@@ -81,8 +77,13 @@ static int type_in(const char *type, const char *const *names) {
     return 0;
 }
 
+/* The families saved under GPT-2's names (c_attn, c_proj) whose config.json
+ * a gpt2 checkpoint reads whole: Jais (ALiBi, its score scale) and Qwen 1
+ * (whose c_attn the hf layout reads); of GPT-2's and GPT-BigCode's only the
+ * score scale is read (gpt2_scale). */
 static const char *const gpt2_named[] = {"jais", "qwen", NULL};
 static const char *const ling[] = {"bailing_moe", "bailing_moe_v2", NULL}; /* Ling 1.x, Ling 2.0 */
+static const char *const hunyuan[] = {"hunyuan_v1_dense", "hunyuan_v1_moe", NULL};
 
 /* The layout a family's config.json names where its tensor names would be
  * read as another family's rows, or fit no layout: Qwen 1's nn.Linear
@@ -320,7 +321,6 @@ static int unsupported(const char *cmd, json_t *root, const char *type) {
     static const char *const mla[] = {"deepseek_v2", "deepseek_v3", "kimi_k2", "minicpm3", NULL};
     static const char *const gemma3n[] = {"gemma3n", "gemma3n_text", NULL};
     static const char *const zamba[] = {"zamba", "zamba2", NULL};
-    static const char *const hunyuan[] = {"hunyuan_v1_dense", "hunyuan_v1_moe", NULL};
     static const char *const t5[] = {"t5", "mt5", "umt5", "longt5", "switch_transformers", NULL};
     const char *t = type ? type : "(none)";
     json_t *lora = json_object_get(root, "kv_lora_rank"), *s = json_object_get(root, "rope_scaling");
@@ -445,7 +445,6 @@ static int family(cli_hf_config *c, const char *cmd, json_t *root, const char *t
     /* Hunyuan: HunYuanDenseV1Attention / HunYuanMoEV1Attention apply query_layernorm / key_layernorm after
      * the rotary whatever config.json says (the classes have no use_qk_norm); without the key, the loader read
      * the tensors as Ling's norm before the rotary (0.6 off, silently): run refuses a layer that loaded them */
-    static const char *const hunyuan[] = {"hunyuan_v1_dense", "hunyuan_v1_moe", NULL};
     c->qk_norm_after_rope = type_in(type, hunyuan);
     if (type_in(type, cohere) || type_in(type, llama4)) {
         c->rope = "interleaved"; /* Cohere's rotate_half, Llama 4's complex product: pairs 2i, 2i+1 as GPT-J's */
