@@ -138,6 +138,9 @@ mha_status mha_io_pick_heads(int *h, int *hkv, const mha_load_options *o, const 
 /* Whether a tensor name is prefix+suffix (prefix given, "" too), or suffix
  * itself or ends in "." suffix (prefix NULL) (layouts.c). */
 int mha_io_name_fits(const char *name, const char *prefix, const char *suffix);
+/* The first tensor of t whose name fits prefix and suffix as above, or
+ * NULL (layouts.c). */
+const mha_array *mha_io_find(const mha_tensors *t, const char *prefix, const char *suffix);
 
 /* Whether name is <path>suffix with path empty or ending in '.', and that
  * path inside the module prefix names (NULL or "": anywhere; "h.0" and

@@ -45,6 +45,12 @@ int mha_io_name_fits(const char *name, const char *prefix, const char *suffix) {
     return n == s || name[n - s - 1] == '.';
 }
 
+const mha_array *mha_io_find(const mha_tensors *t, const char *prefix, const char *suffix) {
+    for (int j = 0; j < mha_tensors_count(t); j++)
+        if (mha_io_name_fits(mha_tensors_name(t, j), prefix, suffix)) return mha_tensors_get(t, mha_tensors_name(t, j));
+    return NULL;
+}
+
 int mha_io_name_inside(const char *name, const char *prefix, const char *suffix, size_t *path_len) {
     if (!mha_io_name_fits(name, NULL, suffix)) return 0;
     const size_t len = strlen(name) - strlen(suffix);

@@ -124,10 +124,8 @@ mha_status mha_io_per_head_norms(float **out, const mha_tensors *t, const char *
     char name[64];
     int found = 0; /* how many norms.N of this module exist, N counted from 0 */
     for (;; found++) {
-        const mha_array *a = NULL;
         snprintf(name, sizeof name, "%s_layernorm.norms.%d.weight", which, found);
-        for (int j = 0; j < mha_tensors_count(t) && !a; j++)
-            if (mha_io_name_fits(mha_tensors_name(t, j), prefix, name)) a = mha_tensors_get(t, mha_tensors_name(t, j));
+        const mha_array *a = mha_io_find(t, prefix, name);
         if (!a) break;
         mha_status s = mha_io_want_real(a, name);
         if (!s && (a->count != (size_t)dk || a->rank != 1))
@@ -216,18 +214,15 @@ mha_status mha_io_variants_read(mha_config *c, float *w[4], const mha_tensors *t
         names[i] = i == 2 ? "q_layernorm.norms" : "k_layernorm.norms";
     }
     for (int i = 0; i < 4; i++) {
-        const mha_array *a = NULL;
-        for (int j = 0; j < mha_tensors_count(t) && !a; j++)
-            if (mha_io_name_fits(mha_tensors_name(t, j), prefix, names[i])) a = mha_tensors_get(t, mha_tensors_name(t, j));
+        const mha_array *a = mha_io_find(t, prefix, names[i]);
         /* LFM2: q_layernorm.weight / k_layernorm.weight, and Ling (Bailing): query_layernorm.weight /
          * key_layernorm.weight: an RMSNorm of each head without a bias, before the rotary (a biased
          * one, Phi's LayerNorm, is refused before: mha_io_refuse_unread_norms; Hunyuan's, after the
          * rotary, by `mha run` from its config.json) */
         const char *const alias[2][2] = {{"q_layernorm.weight", "query_layernorm.weight"},
                                          {"k_layernorm.weight", "key_layernorm.weight"}};
-        for (int j = 0; hf && i >= 2 && !a && !w[i] && j < 2 * mha_tensors_count(t); j++)
-            if (mha_io_name_fits(mha_tensors_name(t, j / 2), prefix, alias[i - 2][j % 2]))
-                a = mha_tensors_get(t, mha_tensors_name(t, j / 2)), names[i] = alias[i - 2][j % 2];
+        for (int k = 0; hf && i >= 2 && !a && !w[i] && k < 2; k++)
+            if ((a = mha_io_find(t, prefix, alias[i - 2][k]))) names[i] = alias[i - 2][k];
         if (!a || w[i]) continue;
         /* Qwen 3 / Gemma 3: RMSNorm; Cohere's (h, d_k) of rank 2: its LayerNorm of each head */
         const int cohere = i == 2 && a->rank == 2 && h > 1 && a->shape[0] == h && a->shape[1] == dk;
@@ -259,9 +254,7 @@ mha_status mha_io_gate_read(mha_config *c, float *g[2], const mha_tensors *t, co
     const size_t zw = (size_t)c->n_heads * c->d_v;
     static const char *const names[2] = {"w_g", "b_g"};
     for (int i = 0; i < 2; i++) {
-        const mha_array *a = NULL;
-        for (int j = 0; j < mha_tensors_count(t) && !a; j++)
-            if (mha_io_name_fits(mha_tensors_name(t, j), prefix, names[i])) a = mha_tensors_get(t, mha_tensors_name(t, j));
+        const mha_array *a = mha_io_find(t, prefix, names[i]);
         const int wanted = c->output_gate && (i == 0 || c->bias);
         if (!a && wanted)
             return mha_fail(MHA_E_FORMAT, "metadata output_gate = 1 but the checkpoint has no %s; expected %s",

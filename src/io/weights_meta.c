@@ -22,9 +22,7 @@ static const char *const scale_names[MHA_N_MATS] = {"w_q_scale", "w_k_scale", "w
 
 /* The scale tensor of matrix m inside the layer's prefix, or NULL. */
 static const mha_array *find_scale(const mha_tensors *t, const char *prefix, int m) {
-    for (int j = 0; j < mha_tensors_count(t); j++)
-        if (mha_io_name_fits(mha_tensors_name(t, j), prefix, scale_names[m])) return mha_tensors_get(t, mha_tensors_name(t, j));
-    return NULL;
+    return mha_io_find(t, prefix, scale_names[m]);
 }
 
 /* The scales of matrix m: an F32 (G, N) tensor of finite values >= 0,
