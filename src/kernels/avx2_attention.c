@@ -117,7 +117,6 @@ void mha_attn_softmax_avx2(float *s, size_t lds, float *m, float *l, float *alph
 void mha_attn_alibi_avx2(float *s, size_t lds, const int *qpos, const int *kpos, float slope, int rows,
                          int cols) {
     const __m256 vs = _mm256_set1_ps(slope);
-    const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     for (int i = 0; i < rows; i++) {
         float *r = s + (size_t)i * lds;
         const __m256i pi = _mm256_set1_epi32(qpos[i]);
@@ -127,7 +126,7 @@ void mha_attn_alibi_avx2(float *s, size_t lds, const int *qpos, const int *kpos,
             _mm256_storeu_ps(r + j, _mm256_sub_ps(_mm256_loadu_ps(r + j), _mm256_mul_ps(vs, _mm256_cvtepi32_ps(d))));
         }
         if (j < cols) {
-            const __m256i k = _mm256_cmpgt_epi32(_mm256_set1_epi32(cols - j), iota);
+            const __m256i k = mha_lanes_below_avx2(cols - j);
             const __m256i d = _mm256_abs_epi32(_mm256_sub_epi32(pi, _mm256_maskload_epi32(kpos + j, k)));
             _mm256_maskstore_ps(r + j, k, _mm256_sub_ps(_mm256_maskload_ps(r + j, k), _mm256_mul_ps(vs, _mm256_cvtepi32_ps(d))));
         }

@@ -1,7 +1,6 @@
-/* avx2_micro.h — the 6x16 FMA register tile, the vector exp and the
- * horizontal max/sum, inlined into the avx2*.c kernel files (the only ones
- * built with -mavx2 -mfma). Included by avx2_gemm.c, avx2_attention.c,
- * avx2_decode.c and avx2_exp.c only. */
+/* avx2_micro.h — the 6x16 FMA register tile, the vector exp, the
+ * horizontal max/sum and the tail mask, inlined into the avx2*.c kernel
+ * files (the only ones built with -mavx2 -mfma), which alone include it. */
 #ifndef MHA_AVX2_MICRO_H
 #define MHA_AVX2_MICRO_H
 
@@ -35,6 +34,12 @@ static inline __m256 mha_exp_avx2(__m256 x) {
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
     __m256i e = _mm256_slli_epi32(_mm256_castps_si256(t), 23);
     return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+/* Lanes j < live of 8 set: the mask of maskload / maskstore, which neither
+ * read nor write the other lanes (a tail of live < 8 elements). */
+static inline __m256i mha_lanes_below_avx2(int live) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(live), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
 
 /* max and sum of the 8 lanes of v: halves, then pairs, then the last two. */

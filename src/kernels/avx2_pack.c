@@ -8,12 +8,7 @@
 #include <immintrin.h>
 
 #include "kernels/kernels.h"
-
-/* Lanes j < live of 8 set (maskload / maskstore neither read nor write
- * the others). */
-static inline __m256i lanes_below(int live) {
-    return _mm256_cmpgt_epi32(_mm256_set1_epi32(live), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-}
+#include "kernels/avx2_micro.h"
 
 /* r[i] (8 rows of 8) -> r[j] = column j: pairs of rows interleaved, then
  * quads, then the 128-bit lanes exchanged (24 shuffles). */
@@ -63,7 +58,7 @@ static inline __attribute__((always_inline)) void pack6(float *out, const float 
     for (int k = 0; k < kn; k += 8) {
         const int live = kn - k < 8 ? kn - k : 8;
         __m256 r[8];
-        load_rows8(r, a + k, lda, rows, lanes_below(live));
+        load_rows8(r, a + k, lda, rows, mha_lanes_below_avx2(live));
 #pragma GCC unroll 8
         for (int i = 0; i < 8; i++)
             if (scaled && i < rows) r[i] = _mm256_mul_ps(vs, r[i]);
@@ -102,11 +97,11 @@ void mha_attn_pack_q_avx2(float *dst, const float *src, size_t src_rs, float sca
 void mha_store_t16_avx2(float *dst, const size_t *coff, const float *src, size_t lds, int rows, int n) {
     for (int i0 = 0; i0 < rows; i0 += 8) {
         const int ni = rows - i0 < 8 ? rows - i0 : 8;
-        const __m256i mi = lanes_below(ni);
+        const __m256i mi = mha_lanes_below_avx2(ni);
         for (int j0 = 0; j0 < n; j0 += 8) {
             const int nj = n - j0 < 8 ? n - j0 : 8;
             __m256 r[8];
-            load_rows8(r, src + (size_t)i0 * lds + j0, lds, ni, lanes_below(nj));
+            load_rows8(r, src + (size_t)i0 * lds + j0, lds, ni, mha_lanes_below_avx2(nj));
             transpose8(r);
             if (ni == 8 && nj == 8) { /* constant indices: r stays in registers */
 #pragma GCC unroll 8
