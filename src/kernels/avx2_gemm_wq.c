@@ -117,33 +117,56 @@ static inline __attribute__((always_inline)) void stream(float *y, int ldy, cons
     }
 }
 
-/* The one-row stream (m = 1), as in avx512_gemm_wq.c: one weight row at
- * a time across all n columns (the weights in address order, one stream)
- * in the tiles' order of additions (int8: the group sums s from 0, SW
- * columns at a time, then y = fma(s, scale, y)); tails with fmaf. */
+/* The one-row stream (m = 1), as in avx512_gemm_wq.c: the weight rows in
+ * address order across all n columns, SR rows per pass (SR streams at the
+ * row stride, each read in order), in the tiles' order of additions:
+ * per column, a = fma(x_k, w_k, a) for k in order (int8: the group sums
+ * s from 0, SW columns at a time, then y = fma(s, scale, y)); tails with
+ * fmaf. SR rows per pass load and store y once for SR rows' weights. */
 #define SW 4096 /* int8 group sums on the stack: 16 KiB */
+#define SR 4    /* weight rows per pass */
 
-static inline __attribute__((always_inline)) void sweep_row(float *y, float xs, const void *wk, int n, const int i8,
-                                                            int first) {
-    const __m256 xb = _mm256_set1_ps(xs);
+/* y (n) [+]= sum over r < nr of x[r] w[r * ldw + ..] in r order (first:
+ * from 0); nr <= SR is a constant at every call. */
+static inline __attribute__((always_inline)) void sweep_rows(float *y, const float *x, const void *wk, size_t ldw,
+                                                             int n, const int i8, int first, const int nr) {
+    __m256 xb[SR];
+#pragma GCC unroll 4
+    for (int r = 0; r < nr; r++) xb[r] = _mm256_set1_ps(x[r]);
     int j = 0;
     for (; j + 8 <= n; j += 8) {
-        const __m256 a = first ? _mm256_setzero_ps() : _mm256_loadu_ps(y + j);
-        _mm256_storeu_ps(y + j, _mm256_fmadd_ps(xb, widen8(wk, j, i8), a));
+        __m256 a = first ? _mm256_setzero_ps() : _mm256_loadu_ps(y + j);
+#pragma GCC unroll 4
+        for (int r = 0; r < nr; r++) a = _mm256_fmadd_ps(xb[r], widen8(wk, r * ldw + j, i8), a);
+        _mm256_storeu_ps(y + j, a);
     }
-    for (; j < n; j++) y[j] = fmaf(xs, widen1(wk, j, i8), first ? 0.0f : y[j]);
+    for (; j < n; j++) {
+        float a = first ? 0.0f : y[j];
+        for (int r = 0; r < nr; r++) a = fmaf(x[r], widen1(wk, r * ldw + j, i8), a);
+        y[j] = a;
+    }
+}
+
+/* y (n) [+]= x (k) w (k, n), SR rows a pass, the last < SR one at a time */
+static inline __attribute__((always_inline)) void sweep(float *y, const float *x, const void *w, int ldw, int k,
+                                                        int n, const int i8, int first) {
+    const size_t esz = i8 ? 1 : 2;
+    int kk = 0;
+    for (; kk + SR <= k; kk += SR, first = 0)
+        sweep_rows(y, x + kk, (const char *)w + kk * (size_t)ldw * esz, (size_t)ldw, n, i8, first, SR);
+    for (; kk < k; kk++, first = 0)
+        sweep_rows(y, x + kk, (const char *)w + kk * (size_t)ldw * esz, (size_t)ldw, n, i8, first, 1);
 }
 
 static void sweep_bf16(float *y, const float *x, const uint16_t *w, int ldw, int k, int n) {
-    for (int kk = 0; kk < k; kk++) sweep_row(y, x[kk], w + (size_t)kk * ldw, n, 0, 0);
+    sweep(y, x, w, ldw, k, n, 0, 0);
 }
 
 static void sweep_i8(float *y, const float *x, const int8_t *w, int ldw, const float *scale, int k, int n) {
     float s[SW]; /* (c) group sums of the columns j0.. */
     for (int j0 = 0; j0 < n; j0 += SW) {
         const int c = n - j0 < SW ? n - j0 : SW;
-        sweep_row(s, x[0], w + j0, c, 1, 1);
-        for (int kk = 1; kk < k; kk++) sweep_row(s, x[kk], w + (size_t)kk * ldw + j0, c, 1, 0);
+        sweep(s, x, w + j0, ldw, k, c, 1, 1);
         int j = 0;
         for (; j + 8 <= c; j += 8)
             _mm256_storeu_ps(y + j0 + j, _mm256_fmadd_ps(_mm256_loadu_ps(s + j), _mm256_loadu_ps(scale + j0 + j),
