@@ -125,6 +125,9 @@ static inline __attribute__((always_inline)) void stream(float *y, int ldy, cons
  * fmaf. SR rows per pass load and store y once for SR rows' weights. */
 #define SW 4096 /* int8 group sums on the stack: 16 KiB */
 #define SR 4    /* weight rows per pass */
+#ifndef PF_ROWS
+#define PF_ROWS 4
+#endif
 
 /* y (n) [+]= sum over r < nr of x[r] w[r * ldw + ..] in r order (first:
  * from 0); nr <= SR is a constant at every call. */
@@ -134,7 +137,14 @@ static inline __attribute__((always_inline)) void sweep_rows(float *y, const flo
 #pragma GCC unroll 4
     for (int r = 0; r < nr; r++) xb[r] = _mm256_set1_ps(x[r]);
     int j = 0;
+    const size_t esz = i8 ? 1 : 2;
     for (; j + 8 <= n; j += 8) {
+#if PF_ROWS
+        if (nr == SR && (j * esz) % 64 == 0)
+#pragma GCC unroll 4
+            for (int r = 0; r < SR; r++)
+                _mm_prefetch((const char *)wk + ((PF_ROWS + r) * ldw + j) * esz, _MM_HINT_T0);
+#endif
         __m256 a = first ? _mm256_setzero_ps() : _mm256_loadu_ps(y + j);
 #pragma GCC unroll 4
         for (int r = 0; r < nr; r++) a = _mm256_fmadd_ps(xb[r], widen8(wk, r * ldw + j, i8), a);
