@@ -8,18 +8,20 @@
  * is computed here with fmaf; the library must give exactly those bits
  * whatever its task split: on 1, 2 and 5 threads (2 and 5 split the wide
  * job's columns into 512- and 256-wide tasks, 5 with a short last one),
- * with one row (the one-row sweeps) and several (the tiles).
+ * with one row (the one-row sweeps, forced on and off) and several (the
+ * tiles).
  * Legend: m rows, k inputs, n outputs. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "compute/decode_gemm.h"
+#include "kernels/kernels.h"
 #include "naive.h"
 #include "test_util.h"
 #include "tests.h"
 
-enum { K = 300, NJ = 3, KB = 256, GRP = 32 };
+enum { K = 301, NJ = 3, KB = 256, GRP = 32 }; /* 256 + 45 rows: a block and a group end off the sweeps' 4-row passes */
 static const int widths[NJ] = {1000, 64, 130}; /* one wide job, two narrow (K, V of a GQA layer) */
 
 /* The weight element w (e, j) as the kernels see it (fp32). */
@@ -103,10 +105,11 @@ static void check_type(int type, int m) {
     make_jobs(jobs, type, &seed);
     float *x = naive_random_floats((size_t)m * K, &seed, -1.0f, 1.0f);
     static const int threads[3] = {1, 2, 5};
-    for (int t = 0; t < 3; t++) {
+    for (int t = 0; t < 6; t++) { /* each thread count with the one-row sweeps forced off and on */
+        mha_force_row_sweep(t / 3);
         mha_exec ex;
         CHECK_OK(mha_exec_resolve(&ex, NULL));
-        ex.min_parallel_work = 0.0, ex.n_threads = threads[t];
+        ex.min_parallel_work = 0.0, ex.n_threads = threads[t % 3];
         for (int i = 0; i < NJ; i++) {
             free(jobs[i].y);
             jobs[i].y = naive_alloc_floats((size_t)m * jobs[i].n);
@@ -119,6 +122,7 @@ static void check_type(int type, int m) {
             free(want);
         }
     }
+    mha_force_row_sweep(-1);
     free(x);
     free_jobs(jobs);
 }

@@ -10,6 +10,7 @@
 
 #include "kernels/decode_kernels.h"
 #include "kernels/avx2_micro.h"
+#include "kernels/kernels.h"
 
 #define INLINE static inline __attribute__((always_inline))
 /* the tiles' loops over rows and vectors have constant trip counts; fully
@@ -294,8 +295,43 @@ static inline __attribute__((always_inline)) void stream_rows(float *y, int ldy,
     }
 }
 
+/* m = 1 on AMD Zen (mha_cpu_row_sweep): 4 weight rows per pass, y loaded
+ * and stored once per pass, the next pass's lines requested a pass ahead
+ * (the same additions per column): 0.83-0.99x the one-row passes' cold
+ * time of a decode step's projections on a Zen 3, one thread (bench/ab/
+ * ab_gemv.sh; bench/LIMITS.md round 31). */
+static void stream_one_row(float *y, const float *x, const float *w, int ldw, int k, int n) {
+    int kk = 0;
+    for (; kk + 4 <= k; kk += 4) {
+        const float *wk = w + (size_t)kk * ldw;
+        __m256 xb[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) xb[r] = _mm256_set1_ps(x[kk + r]);
+        int j = 0;
+        for (; j + 8 <= n; j += 8) {
+            if (j % 16 == 0)
+#pragma GCC unroll 4
+                for (int r = 0; r < 4; r++) _mm_prefetch((const char *)(wk + (size_t)(4 + r) * ldw + j), _MM_HINT_T0);
+            __m256 a = _mm256_loadu_ps(y + j);
+#pragma GCC unroll 4
+            for (int r = 0; r < 4; r++) a = _mm256_fmadd_ps(xb[r], _mm256_loadu_ps(wk + (size_t)r * ldw + j), a);
+            _mm256_storeu_ps(y + j, a);
+        }
+        for (; j < n; j++) {
+            float a = y[j];
+            for (int r = 0; r < 4; r++) a = fmaf(x[kk + r], wk[(size_t)r * ldw + j], a);
+            y[j] = a;
+        }
+    }
+    if (kk < k) stream_rows(y, 0, x + kk, 0, w + (size_t)kk * ldw, ldw, 1, k - kk, n);
+}
+
 static void gemm_stream_avx2(float *y, int ldy, const float *x, int ldx, const float *w, int ldw,
                              int m, int k, int n) {
+    if (m == 1 && mha_cpu_row_sweep()) {
+        stream_one_row(y, x, w, ldw, k, n);
+        return;
+    }
     for (int r = 0; r < m; r += 4) { /* rows a constant in each copy: xb in registers */
         float *yr = y + (size_t)r * ldy;
         const float *xr = x + (size_t)r * ldx;
