@@ -647,6 +647,39 @@ static void load_heads_compact_weights(void) {
     }
 }
 
+/* A gated layer's bf16 or int8 native file loads by heads too: w_g is
+ * stored like w_q (int8: its codes and a w_g_scale of one scale per column
+ * and group of 32 inputs), so a shard takes its heads' columns of both.
+ * d_model 50 (groups of 32 + 18 rows), d_v 33, GQA h/h_kv = 3; shards of
+ * a kv group and of single heads. (Before: the shard loader read w_g as a
+ * float tensor and refused the file, 'w_g' is int8 / float32.) */
+static void load_heads_compact_gated(void) {
+    const mha_weight_dtype types[2] = {MHA_W_BF16, MHA_W_I8};
+    for (int i = 0; i < 2; i++) {
+        mha_config c = naive_config(50, 6, 2, 5, 33, 1);
+        c.output_gate = 1;
+        c = naive_resolve(c);
+        uint64_t seed = 1779;
+        naive_weights w;
+        naive_weights_random(&w, &c, &seed, 0.6f);
+        mha_layer *L = naive_make_layer(&w), *full = NULL;
+        const char *path = path_of(i ? "gated_int8.safetensors" : "gated_bf16.safetensors");
+        CHECK_OK(mha_layer_convert_weights(L, types[i]));
+        CHECK_OK(mha_layer_save(L, path));
+        CHECK_OK(mha_layer_load(&full, path, NULL));
+        for (int P = 2; full && P <= 6; P += 4) {
+            check_shards(path, full, P, i ? "gated int8" : "gated bf16");
+            mha_head_range rg = {.first = 6 - 6 / P, .count = 6 / P};
+            mha_layer *S = NULL;
+            CHECK_OK(mha_layer_load_heads(&S, path, NULL, &rg));
+            CHECK_INT(mha_layer_weights_dtype(S), types[i]);
+            mha_layer_free(S);
+        }
+        mha_layer_free(full), mha_layer_free(L), naive_weights_free(&w);
+        unlink(path);
+    }
+}
+
 /* CodeGen's qkv_proj (3E, E): 4 row blocks [q; v; k] of h/4 heads each,
  * out_proj (E, E), no biases; the layout is named, never detected (OpenELM
  * shares the names). Each shard's blocks are the whole layer's, over 1, 2,
@@ -710,6 +743,7 @@ static void load_heads_codegen(void) {
 static const test_case cases[] = {
     {"load_heads_codegen", load_heads_codegen},
     {"load_heads_compact_weights", load_heads_compact_weights},
+    {"load_heads_compact_gated", load_heads_compact_gated},
     {"load_heads_every_layout", load_heads_every_layout},
     {"load_heads_hf_fused_qkv", load_heads_hf_fused_qkv},
     {"load_heads_bert_names", load_heads_bert_names},

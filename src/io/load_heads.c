@@ -146,7 +146,7 @@ static mha_status describe(source *src, const mha_tensors *t, const mha_load_opt
             src->b[i] = plain(a[4], 0, 0, i ? (i == 1 ? c->d_k : c->d_v) : c->d_k);
         }
         if ((s = find(&src->b_o, t, P, "b_o", 0)) || (s = find(&src->bias_k, t, P, "bias_k", 0)) ||
-            (s = find(&src->bias_v, t, P, "bias_v", 0)) || (s = find(&a[5], t, P, "w_g", 0)) ||
+            (s = find(&src->bias_v, t, P, "bias_v", 0)) || (s = find_of(&a[5], t, P, "w_g", 0, i8)) ||
             (s = find(&a[4], t, P, "b_g", 0)))
             return s;
         src->g = plain(a[5], 0, 0, c->d_v), src->bg = plain(a[4], 0, 0, c->d_v); /* as W_Q's, d_v wide */
@@ -394,31 +394,36 @@ static mha_status default_slopes(mha_tensors *nt, const mha_config *c, int first
 /* A bf16 or int8 native file's shard keeps its stored form: the copied
  * matrices keep the file's dtype (their floats are the bf16 values or the
  * int8 codes) and each int8 scale tensor (groups, N) gives the shard's
- * columns (W_Q, W_K, W_V: the heads' column blocks) or rows (W_O: each
- * head's ceil(d_v/32) groups); a scale of another shape, or beside weights
- * that are not int8, goes as it is, for the native loader to name. */
+ * columns (W_Q, W_K, W_V and a gated layer's W_G: the heads' column
+ * blocks) or rows (W_O: each head's ceil(d_v/32) groups); a scale of
+ * another shape, beside weights that are not int8 or without its matrix
+ * (w_g_scale of an ungated file), goes as it is, for the native loader
+ * to name. */
 static mha_status narrow_stored(mha_tensors *nt, const source *src, const mha_tensors *t, const char *prefix,
                                 int first, int n, int g0, int g) {
-    static const char *const wn[4] = {"w_q", "w_k", "w_v", "w_o"};
-    static const char *const sn[4] = {"w_q_scale", "w_k_scale", "w_v_scale", "w_o_scale"};
+    static const char *const wn[5] = {"w_q", "w_k", "w_v", "w_o", "w_g"};
+    static const char *const sn[5] = {"w_q_scale", "w_k_scale", "w_v_scale", "w_o_scale", "w_g_scale"};
     const mha_config *c = &src->c;
-    const int d[4] = {c->d_k, c->d_k, c->d_v, (c->d_v + 31) / 32}; /* W_O: scale rows per head */
-    const int h0[4] = {first, g0, g0, first}, cnt[4] = {n, g, g, n};
-    const int rows[4] = {(c->d_model + 31) / 32, (c->d_kv_in + 31) / 32, (c->d_v_in + 31) / 32, c->n_heads * d[3]};
-    const int cols[4] = {c->n_heads * c->d_k, c->n_kv_heads * c->d_k, c->n_kv_heads * c->d_v, c->d_model};
+    const int d[5] = {c->d_k, c->d_k, c->d_v, (c->d_v + 31) / 32, c->d_v}; /* W_O: scale rows per head */
+    const int h0[5] = {first, g0, g0, first, first}, cnt[5] = {n, g, g, n, n};
+    const int rows[5] = {(c->d_model + 31) / 32, (c->d_kv_in + 31) / 32, (c->d_v_in + 31) / 32, c->n_heads * d[3],
+                         (c->d_model + 31) / 32};
+    const int cols[5] = {c->n_heads * c->d_k, c->n_kv_heads * c->d_k, c->n_kv_heads * c->d_v, c->d_model,
+                         c->n_heads * c->d_v};
     mha_status s = MHA_OK;
-    for (int m = 0; m < 4 && !s; m++) {
-        const mha_array *file = m < 3 ? src->w[m].a : src->o.a, *sc;
-        ((mha_array *)mha_tensors_get(nt, wn[m]))->dtype = file->dtype; /* the values are unchanged */
+    for (int m = 0; m < 5 && !s; m++) {
+        const mha_array *file = m < 3 ? src->w[m].a : m == 3 ? src->o.a : src->g.a, *sc;
+        mha_array *shard = (mha_array *)mha_tensors_get(nt, wn[m]);
+        if (file && shard) shard->dtype = file->dtype; /* the values are unchanged */
         if ((s = find(&sc, t, prefix, sn[m], 0)) || !sc) continue;
-        if (file->dtype != MHA_DTYPE_I8 || sc->dtype != MHA_DTYPE_F32 || sc->rank != 2 || sc->shape[0] != rows[m] ||
-            sc->shape[1] != cols[m]) {
+        if (!file || !shard || file->dtype != MHA_DTYPE_I8 || sc->dtype != MHA_DTYPE_F32 || sc->rank != 2 ||
+            sc->shape[0] != rows[m] || sc->shape[1] != cols[m]) {
             s = mha_tensors_add(nt, sn[m], sc);
             continue;
         }
         const part pp = plain(sc, 0, 0, d[m]);
         float *p;
-        if (m < 3 && (p = add(nt, sn[m], rows[m], cnt[m] * d[m], &s))) take_w(p, &pp, rows[m], h0[m], cnt[m], d[m]);
+        if (m != 3 && (p = add(nt, sn[m], rows[m], cnt[m] * d[m], &s))) take_w(p, &pp, rows[m], h0[m], cnt[m], d[m]);
         if (m == 3 && (p = add(nt, sn[m], cnt[m] * d[m], cols[m], &s))) take_o(p, &pp, cols[m], h0[m], cnt[m], d[m]);
     }
     return s;
@@ -437,7 +442,6 @@ static mha_status narrow(mha_tensors **out, const source *src, const mha_tensors
     if ((p = add(nt, "w_k", c->d_kv_in, g * dk, &s))) take_w(p, &src->w[1], c->d_kv_in, g0, g, dk);
     if ((p = add(nt, "w_v", c->d_v_in, g * dv, &s))) take_w(p, &src->w[2], c->d_v_in, g0, g, dv);
     if ((p = add(nt, "w_o", n * dv, D, &s))) take_o(p, &src->o, D, first, n, dv);
-    if (!s) s = narrow_stored(nt, src, t, prefix, first, n, g0, g);
     static const char *const nb[3] = {"b_q", "b_k", "b_v"};
     for (int i = 0; i < 3; i++) {
         const int h0 = i ? g0 : first, cnt = i ? g : n, d = i == 2 ? dv : dk;
@@ -450,6 +454,7 @@ static mha_status narrow(mha_tensors **out, const source *src, const mha_tensors
     /* hf: a bias elsewhere and none in the gated q_proj is b_G = 0, as mha_layer_load reads it */
     if (src->hf_gate && !src->bg.a && c->bias && (p = add(nt, "b_g", n * dv, 0, &s))) memset(p, 0, sizeof(float) * (size_t)n * dv);
     if (!s && src->hf_gate) s = mha_tensors_set_meta(nt, "output_gate", "1");
+    if (!s) s = narrow_stored(nt, src, t, prefix, first, n, g0, g); /* after w_g */
     const part bk = plain(src->bias_k, 0, 0, dk), bv = plain(src->bias_v, 0, 0, dv);
     if (src->bias_k && (p = add(nt, "bias_k", g * dk, 0, &s))) take_b(p, &bk, g0, g, dk);
     if (src->bias_v && (p = add(nt, "bias_v", g * dv, 0, &s))) take_b(p, &bv, g0, g, dv);
