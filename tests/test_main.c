@@ -63,6 +63,8 @@ static const test_area_fn areas[] = {
     tests_weights,
     tests_weights_isa,
     tests_decode_stream_isa,
+    tests_compact_shapes,
+    tests_compact_shapes_isa,
     tests_bf16_matmul,
     tests_bf16_matmul_isa,
     tests_rope_scaling,
@@ -84,7 +86,8 @@ static const test_area_fn per_isa_areas[] = {tests_fast, tests_cache, tests_cach
                                              tests_backward_fast_isa, tests_backward_variants_isa, tests_tape_isa,
                                              tests_dropout_isa,
                                              tests_weights_isa,
-                                             tests_decode_stream_isa, tests_bf16_matmul_isa,
+                                             tests_decode_stream_isa, tests_compact_shapes_isa,
+                                             tests_bf16_matmul_isa,
                                              tests_rope_scaling_isa, tests_chunked_isa, tests_temperature_isa,
                                              tests_packed_isa};
 

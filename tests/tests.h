@@ -55,6 +55,8 @@ const test_case *tests_hostile_api(size_t *count);
 const test_case *tests_weights(size_t *count);     /* bf16 / int8 weights */
 const test_case *tests_weights_isa(size_t *count); /* ... on every ISA    */
 const test_case *tests_decode_stream_isa(size_t *count); /* projections' stream order, every ISA */
+const test_case *tests_compact_shapes(size_t *count);     /* compact storage, awkward shapes: files, permutations */
+const test_case *tests_compact_shapes_isa(size_t *count); /* ... paths, decode, caches on every ISA */
 const test_case *tests_bf16_matmul(size_t *count);     /* options.bf16_matmul: reference, refusals */
 const test_case *tests_bf16_matmul_isa(size_t *count); /* ... fast (AMX or not) on every ISA      */
 const test_case *tests_rope_scaling(size_t *count);     /* dynamic NTK, LongRoPE: by hand, refusals */
