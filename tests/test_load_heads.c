@@ -651,8 +651,9 @@ static void load_heads_compact_weights(void) {
  * stored like w_q (int8: its codes and a w_g_scale of one scale per column
  * and group of 32 inputs), so a shard takes its heads' columns of both.
  * d_model 50 (groups of 32 + 18 rows), d_v 33, GQA h/h_kv = 3; shards of
- * a kv group and of single heads. (Before: the shard loader read w_g as a
- * float tensor and refused the file, 'w_g' is int8 / float32.) */
+ * a kv group and of single heads; mha_layer_load_config reads it too.
+ * (Before: both read w_g as a float tensor and refused the file, 'w_g' is
+ * int8 / float32.) */
 static void load_heads_compact_gated(void) {
     const mha_weight_dtype types[2] = {MHA_W_BF16, MHA_W_I8};
     for (int i = 0; i < 2; i++) {
@@ -667,6 +668,10 @@ static void load_heads_compact_gated(void) {
         CHECK_OK(mha_layer_convert_weights(L, types[i]));
         CHECK_OK(mha_layer_save(L, path));
         CHECK_OK(mha_layer_load(&full, path, NULL));
+        mha_config got; /* the same description: mha-mpi reads it before the shards */
+        CHECK_OK(mha_layer_load_config(&got, path, NULL));
+        CHECK_INT(got.output_gate, 1);
+        CHECK_INT(got.d_v, 33);
         for (int P = 2; full && P <= 6; P += 4) {
             check_shards(path, full, P, i ? "gated int8" : "gated bf16");
             mha_head_range rg = {.first = 6 - 6 / P, .count = 6 / P};
