@@ -81,8 +81,9 @@ mha_status mha_mpi_heads_of(mha_mpi_heads *out, const mha_config *c, int rank, i
  * head i is computed with its W_Q block), its row blocks of W_O and a zero b_O (the
  * caller adds b_O once after the sum). Checks the shard's labels with the
  * contract's rule (Q and O labels equal, K and V equal, query label q in
- * kv label q / (h/h_kv)), then the gathered labels across ranks.
- * Collective. */
+ * kv label q / (h/h_kv)), then the gathered labels across ranks. A
+ * bf16 / int8 layer's shard keeps that storage, its stored values the
+ * layer's bit for bit. Collective. */
 mha_status mha_mpi_shard_heads(mha_layer **local, mha_mpi_heads *heads, const mha_layer *full,
                                MPI_Comm comm);
 

@@ -193,6 +193,12 @@ mha_status mha_mpi_shard_heads(mha_layer **local, mha_mpi_heads *hd, const mha_l
             lw.bias_k = bias_k, lw.bias_v = bias_v;
         }
         s = mha_layer_create(local, &lc, &lw);
+        /* a bf16 / int8 layer's shard in the same storage: its blocks are
+         * the stored values, whose conversion gives them back exactly
+         * (int8 groups restart at each head's W_O rows, as in the full
+         * layer) */
+        const mha_weight_dtype dt = mha_layer_weights_dtype(full);
+        if (!s && dt != MHA_W_F32) s = mha_layer_convert_weights(*local, dt);
         if (s) snprintf(msg, sizeof msg, "%s", mha_last_error());
         free(buf);
     }

@@ -66,6 +66,58 @@ static void gated(MPI_Comm comm) {
     mha_layer_free(local), mha_layer_free(L);
 }
 
+/* A bf16 / int8 layer (gated, GQA, biases) split by heads in memory: each
+ * shard keeps the layer's storage type (mha_mpi_shard_heads once gave an
+ * fp32 shard: the same values, twice or four times the bytes), and the
+ * heads' sum is mha_forward of the converted layer. */
+static void compact(MPI_Comm comm) {
+    enum { D = 48, H = 4, G = 2, DK = 12, B = 1, T = 6 }; /* d_k = D / H */
+    mha_config c = mha_config_default(D, H);
+    c.n_kv_heads = G, c.output_gate = 1;
+    static float wq[D * H * DK], wk[D * G * DK], wv[D * G * DK], wo[H * DK * D], wg[D * H * DK], bq[H * DK],
+        bk[G * DK], bv[G * DK], bo[D], bg[H * DK], x[B * T * D], y[B * T * D], want[B * T * D];
+    float *const all[] = {wq, wk, wv, wo, wg, bq, bk, bv, bo, bg, x};
+    const size_t n[] = {D * H * DK, D * G * DK, D * G * DK, H * DK * D, D * H * DK, H * DK, G * DK, G * DK, D, H * DK, B * T * D};
+    for (int a = 0, k = 0; a < 11; a++)
+        for (size_t i = 0; i < n[a]; i++, k++) all[a][i] = (float)((k * 41 % 29) - 14) / 23.0f;
+    mha_weights w = {.w_q = wq, .w_k = wk, .w_v = wv, .w_o = wo, .w_g = wg, .b_q = bq, .b_k = bk, .b_v = bv,
+                     .b_o = bo, .b_g = bg};
+    const mha_weight_dtype types[2] = {MHA_W_BF16, MHA_W_I8};
+    for (int t = 0; t < 2; t++) {
+        mha_layer *L = NULL, *local = NULL;
+        EXPECT(mha_layer_create(&L, &c, &w), MHA_OK, NULL);
+        if (!L) return;
+        EXPECT(mha_layer_convert_weights(L, types[t]), MHA_OK, NULL);
+        EXPECT(mha_forward(L, want, NULL, x, NULL, B, T, T, NULL), MHA_OK, NULL);
+        mha_mpi_heads hd;
+        EXPECT(mha_mpi_shard_heads(&local, &hd, L, comm), MHA_OK, NULL);
+        checks++;
+        if (!local || mha_layer_weights_dtype(local) != types[t])
+            fprintf(stderr, "FAIL rank %d: the %s layer's shard is stored as %s\n", rank,
+                    mha_weight_dtype_name(types[t]), local ? mha_weight_dtype_name(mha_layer_weights_dtype(local)) : "-"),
+                fails++;
+        /* the shard's stored values are the full layer's, bit for bit:
+         * W_Q's and W_G's columns, W_O's rows of this rank's heads */
+        mha_weights fw, lw;
+        mha_layer_get_weights(L, &fw);
+        int same = local != NULL;
+        if (local) mha_layer_get_weights(local, &lw);
+        for (int r = 0; same && r < D; r++)
+            same = !memcmp(lw.w_q + (size_t)r * hd.count * DK, fw.w_q + (size_t)r * H * DK + (size_t)hd.first * DK,
+                           sizeof(float) * hd.count * DK) &&
+                   !memcmp(lw.w_g + (size_t)r * hd.count * DK, fw.w_g + (size_t)r * H * DK + (size_t)hd.first * DK,
+                           sizeof(float) * hd.count * DK);
+        same = same && !memcmp(lw.w_o, fw.w_o + (size_t)hd.first * DK * D, sizeof(float) * hd.count * DK * D);
+        checks++;
+        if (!same) fprintf(stderr, "FAIL rank %d: the %s shard's W_Q / W_G / W_O are not the layer's stored values\n",
+                           rank, mha_weight_dtype_name(types[t])), fails++;
+        memset(y, 0, sizeof y);
+        EXPECT(mha_mpi_forward_heads(local, &hd, bo, y, NULL, x, NULL, B, T, T, NULL, comm, NULL), MHA_OK, NULL);
+        expect_close(y, want, B * T * D, types[t] == MHA_W_I8 ? "int8 layer split by heads" : "bf16 layer split by heads");
+        mha_layer_free(local), mha_layer_free(L);
+    }
+}
+
 int main(int argc, char **argv) {
     MPI_Init(&argc, &argv);
     MPI_Comm comm = MPI_COMM_WORLD;
@@ -133,6 +185,7 @@ int main(int argc, char **argv) {
     EXPECT(mha_mpi_forward_sequence(L, y, NULL, x, NULL, B, T, T, NULL, comm, NULL), MHA_E_NONFINITE, "x[0][5][3]");
     mha_layer_free(local), mha_layer_free(L);
     gated(comm);
+    compact(comm);
     if (rank == 0) printf("mpi_api_test: %d checks, %d failed\n", checks, fails);
     int any = fails;
     MPI_Allreduce(MPI_IN_PLACE, &any, 1, MPI_INT, MPI_MAX, comm);
