@@ -326,20 +326,37 @@ static void test_variants_hf_qk_norm(void) {
     mha_layer_free(L);
     mha_tensors_free(t);
     /* OLMo 2: q_norm over the whole projection (h*d_k), k_norm (h_kv*d_k):
-     * loads as qk_norm_whole; a (d_k) k_norm beside it is refused */
+     * loads as qk_norm_whole; a (d_k) k_norm beside it is refused; a (d_k)
+     * q_norm beside a per-kv-head k_norm is refused too (before, its d_k
+     * floats were read as h*d_k: a heap over-read); Ling's names with a
+     * bias are refused (before, the bias went unread) */
     float bigk[HKV * DK];
     test_fill_uniform(bigk, HKV * DK, &seed, 0.5f, 1.5f);
     const int sbigk = HKV * DK;
-    for (int pass = 0; pass < 2; pass++) {
+    for (int pass = 0; pass < 4; pass++) {
         CHECK_OK(mha_tensors_create(&t));
         CHECK_OK(mha_tensors_add_f32(t, "self_attn.q_proj.weight", q, 2, sq));
         CHECK_OK(mha_tensors_add_f32(t, "self_attn.k_proj.weight", k, 2, sk));
         CHECK_OK(mha_tensors_add_f32(t, "self_attn.v_proj.weight", v, 2, sk));
         CHECK_OK(mha_tensors_add_f32(t, "self_attn.o_proj.weight", o, 2, so));
-        CHECK_OK(mha_tensors_add_f32(t, "self_attn.q_norm.weight", big, 1, &sbig));
-        CHECK_OK(mha_tensors_add_f32(t, "self_attn.k_norm.weight", pass ? kn : bigk, 1, pass ? &sn : &sbigk));
+        if (pass == 3) { /* Ling's names, a LayerNorm's bias beside them */
+            CHECK_OK(mha_tensors_add_f32(t, "self_attn.query_layernorm.weight", qn, 1, &sn));
+            CHECK_OK(mha_tensors_add_f32(t, "self_attn.key_layernorm.weight", kn, 1, &sn));
+            CHECK_OK(mha_tensors_add_f32(t, "self_attn.key_layernorm.bias", kn, 1, &sn));
+        } else {
+            CHECK_OK(mha_tensors_add_f32(t, "self_attn.q_norm.weight", pass == 2 ? qn : big, 1, pass == 2 ? &sn : &sbig));
+            CHECK_OK(mha_tensors_add_f32(t, "self_attn.k_norm.weight", pass == 1 ? kn : bigk, 1, pass == 1 ? &sn : &sbigk));
+        }
         L = NULL;
-        if (pass) {
+        if (pass == 3) {
+            CHECK_STATUS(mha_layer_from_tensors(&L, t, &lo), MHA_E_FORMAT);
+            CHECK_ERROR_MENTIONS("a q/k LayerNorm of one weight and bias");
+            CHECK(L == NULL);
+        } else if (pass == 2) {
+            CHECK_STATUS(mha_layer_from_tensors(&L, t, &lo), MHA_E_SHAPE);
+            CHECK_ERROR_MENTIONS("q_norm.weight has 4 elements");
+            CHECK(L == NULL);
+        } else if (pass) {
             CHECK_STATUS(mha_layer_from_tensors(&L, t, &lo), MHA_E_SHAPE);
             CHECK_ERROR_MENTIONS("k_norm.weight");
             CHECK(L == NULL);

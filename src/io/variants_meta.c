@@ -94,21 +94,25 @@ static mha_status take(float **dst, const mha_array *a, const char *name, size_t
 }
 
 mha_status mha_io_refuse_unread_norms(const mha_tensors *t, const char *prefix) {
+    /* the first 8 are read when no bias is beside them (LFM2's and Ling's RMSNorm); a bias under Ling's
+     * names went unread, the layer running without it (before, query_/key_layernorm.bias were not listed) */
     static const char *const names[] = {"q_layernorm.weight", "q_layernorm.bias", "k_layernorm.weight",
-                                        "k_layernorm.bias", "q_norm.bias", "k_norm.bias", "q_ln.weight", "q_ln.bias",
-                                        "k_ln.weight", "k_ln.bias"};
+                                        "k_layernorm.bias", "query_layernorm.weight", "query_layernorm.bias",
+                                        "key_layernorm.weight", "key_layernorm.bias", "q_norm.bias", "k_norm.bias",
+                                        "q_ln.weight", "q_ln.bias", "k_ln.weight", "k_ln.bias"};
+    enum { READ = 8, N = sizeof names / sizeof *names };
     int biased = 0; /* a bias beside the weights: Phi's, Persimmon's, MPT's LayerNorm */
     for (int i = 0; i < mha_tensors_count(t); i++)
-        for (int k = 0; k < 10; k++)
+        for (int k = 0; k < N; k++)
             biased |= strstr(names[k], ".bias") && mha_io_name_fits(mha_tensors_name(t, i), prefix, names[k]);
     for (int i = 0; i < mha_tensors_count(t); i++)
-        for (int k = biased ? 0 : 4; k < 10; k++) /* unbiased q/k_layernorm.weight: LFM2's, read */
+        for (int k = biased ? 0 : READ; k < N; k++) /* unbiased q/k_layernorm.weight: LFM2's, read */
             if (mha_io_name_fits(mha_tensors_name(t, i), prefix, names[k]))
                 return biased ? mha_fail(MHA_E_FORMAT, "tensor %.80s: a q/k LayerNorm %s (Phi's qk_layernorm, "
                                          "Persimmon, MPT's qk_ln); expected none: a norm of q and k with a bias "
                                          "is not implemented, and the layer would run without it",
-                                         mha_tensors_name(t, i), k % 2 || k == 4 || k == 5 ? "with a bias"
-                                                                                            : "of one weight and bias")
+                                         mha_tensors_name(t, i), strstr(names[k], ".bias") ? "with a bias"
+                                                                                           : "of one weight and bias")
                               : mha_fail(MHA_E_FORMAT, "tensor %.80s: a q/k norm weight without a bias under a "
                                          "name whose kind this layout does not know; expected q_norm.weight / "
                                          "k_norm.weight (Qwen 3's RMSNorm), q_layernorm.weight / "
@@ -213,6 +217,7 @@ mha_status mha_io_variants_read(mha_config *c, float *w[4], const mha_tensors *t
             c->qk_norm_eps = 1e-5f; /* StableLmConfig's layer_norm_eps */
         names[i] = i == 2 ? "q_layernorm.norms" : "k_layernorm.norms";
     }
+    const mha_array *found[4] = {NULL, NULL, NULL, NULL};
     for (int i = 0; i < 4; i++) {
         const mha_array *a = mha_io_find(t, prefix, names[i]);
         /* LFM2: q_layernorm.weight / k_layernorm.weight, and Ling (Bailing): query_layernorm.weight /
@@ -232,7 +237,13 @@ mha_status mha_io_variants_read(mha_config *c, float *w[4], const mha_tensors *t
         /* OLMo 2: one norm over the whole projection, (h*d_k) weights of rank 1 */
         if (i == 2 && hf && a->count == (size_t)h * dk && dk != 0 && h > 1 && a->rank == 1) c->qk_norm_whole = 1;
         if (i >= 2 && a->count == (size_t)(i == 2 ? h : hkv) * dk && (i == 2 ? h : hkv) > 1) c->qk_norm_per_head = 1;
-        if ((i == 0 && !c->alibi) || (i == 1 && !c->sinks) || (i >= 2 && !c->qk_norm)) continue;
+        found[i] = a;
+    }
+    /* taken once both norms had their say on qk_norm_per_head: k's (h_kv*d_k) makes q's (h, d_k) too (before,
+     * a (d_k) q norm taken first was then read as h*d_k floats) */
+    for (int i = 0; i < 4; i++) {
+        const mha_array *a = found[i];
+        if (!a || (i == 0 && !c->alibi) || (i == 1 && !c->sinks) || (i >= 2 && !c->qk_norm)) continue;
         size_t per = (size_t)(i == 2 ? h : hkv) * dk;
         s = i < 2 ? take(&w[i], a, names[i], (size_t)h, 0, "(h) per head")
                   : take(&w[i], a, names[i], c->qk_norm_per_head ? per : (size_t)dk, 0,
