@@ -637,7 +637,7 @@ static int slides(json_t *root, const char *type, long long n) {
      * whenever sliding_window is set; it has no use_sliding_window (before: every layer global, silently) */
     if (type && strcmp(type, "dots1") == 0) {
         json_t *m = json_object_get(root, "max_window_layers"), *l = json_object_get(root, "num_hidden_layers");
-        const long long from = json_is_integer(m) ? json_integer_value(m) : 62;
+        const long long from = json_is_number(m) ? (long long)json_number_value(m) : 62; /* whole: layer_lists */
         const long long layers = json_is_integer(l) ? json_integer_value(l) : 62;
         return from >= layers ? 0 : from <= 0 ? 1 : n < 0 ? -1 : n >= from;
     }
@@ -692,6 +692,12 @@ static int window(cli_hf_config *c, const char *cmd, json_t *root, const char *t
  * when the entries differ and the prefix has no layer number. SmolLM 3
  * without the list: every no_rope_layer_interval-th layer (default 4,
  * counted from 1) is NoPE, the list its config class makes. */
+/* An entry of no_rope_layers that turns the rotary off: 0 or false (Python's
+ * truth; before, false rotated) */
+static int off_entry(json_t *e) {
+    return json_is_false(e) || (json_is_number(e) && json_number_value(e) == 0);
+}
+
 static int nope(cli_hf_config *c, const char *cmd, json_t *root, const char *type, const char *prefix) {
     json_t *a = json_object_get(root, "no_rope_layers");
     const long long n = layer_index(prefix);
@@ -703,12 +709,45 @@ static int nope(cli_hf_config *c, const char *cmd, json_t *root, const char *typ
     }
     int mixed = 0, off = 0;
     for (size_t i = 0; json_is_array(a) && i < json_array_size(a); i++) {
-        const int zero = json_is_number(json_array_get(a, i)) && json_number_value(json_array_get(a, i)) == 0;
-        mixed |= zero != (json_is_number(json_array_get(a, 0)) && json_number_value(json_array_get(a, 0)) == 0);
+        const int zero = off_entry(json_array_get(a, i)); /* layer_lists checked: numbers or bools */
+        mixed |= zero != off_entry(json_array_get(a, 0));
         if ((long long)i == n || (n < 0 && i == 0)) off = zero;
     }
     c->no_rope = n < 0 && mixed ? -1 : off;
     return 0;
+}
+
+/* The per-layer keys, checked before any is read: layer_types a list of
+ * one string per layer, no_rope_layers one 1 (rotary) or 0 (none) per layer
+ * (a bool as Python reads it), each holding the layer --prefix names, and
+ * max_window_layers a whole number. Before, a list shorter than the layer's
+ * number, an entry of another type or a fractional max_window_layers read
+ * as some other layer kind, silently (HF's configs index the lists by the
+ * layer, and compare the layer with max_window_layers exactly). */
+static int layer_lists(const char *cmd, json_t *root, const char *prefix) {
+    static const char *const keys[2] = {"layer_types", "no_rope_layers"};
+    static const char *const want[2] = {"string (\"full_attention\", \"sliding_attention\", ...)",
+                                        "1 (rotary) or 0 (no position encoding)"};
+    const long long n = layer_index(prefix);
+    for (int k = 0; k < 2; k++) {
+        json_t *a = json_object_get(root, keys[k]);
+        if (!a || json_is_null(a)) continue;
+        if (!json_is_array(a))
+            return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: %s is not a list; expected one %s per layer, "
+                                 "or null", keys[k], want[k]);
+        for (size_t i = 0; i < json_array_size(a); i++) {
+            json_t *e = json_array_get(a, i);
+            if (k == 0 ? !json_is_string(e) : !json_is_number(e) && !json_is_boolean(e))
+                return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: %s[%zu] is not %s; expected %s%s", keys[k],
+                                     i, k == 0 ? "a string" : "a number", k == 0 ? "a " : "", want[k]);
+        }
+        if (json_array_size(a) && n >= (long long)json_array_size(a))
+            return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: %s has %zu entries, and --prefix names layer "
+                                 "%lld; expected one per layer (is it the config of another model?)", keys[k],
+                                 json_array_size(a), n);
+    }
+    double m = 0;
+    return number(cmd, root, "", "max_window_layers", 0, 1 << 30, 1, &m);
 }
 
 /* A layer that layer_types names "linear_attention" (MiniMax's lightning
@@ -793,7 +832,8 @@ int cli_hf_config_read(cli_hf_config *c, const char *cmd, const cli_ckpt *ck, co
     double heads = 0, kv = 0, hd = 0, hidden = 0, theta = 0, part = 0;
     const char *type = json_string_value(json_object_get(root, "model_type")); /* what the family implies */
     static const char *const unnamed[] = {"codegen", NULL}; /* no layout is detected from its names */
-    const int linear = linear_layer(cmd, root, type, ck->prefix);
+    int linear = layer_lists(cmd, root, ck->prefix);
+    if (!linear) linear = linear_layer(cmd, root, type, ck->prefix);
     if (linear) {
         json_decref(top);
         return linear;

@@ -89,3 +89,74 @@ def test_ling_named_norm_with_bias_refused(tmp_path, norm):
         mha.Layer.load(path, n_heads=H, n_kv_heads=G, config_json="ignore")
     refused_by_cli(tmp_path, path, ["layernorm", "with a bias" if norm == "key_layernorm" else "bias"],
                    "--heads", H, "--kv-heads", G)
+
+
+# ------------------------------------------- config.json's per-layer keys
+
+def config_checkpoint(tmp_path, layer=5, **config):
+    """An hf layer at model.layers.<layer> with config.json beside it."""
+    path = tmp_path / "model.safetensors"
+    write_safetensors(path, hf_layer(prefix="model.layers.%d.self_attn." % layer))
+    base = {"model_type": "llama", "hidden_size": D, "num_attention_heads": H, "num_key_value_heads": G,
+            "head_dim": DK, "rope_theta": 10000.0}
+    base.update(config)
+    (tmp_path / "config.json").write_text(json.dumps(base))
+    return path
+
+
+def run_layer(tmp_path, path, layer=5):
+    x = tmp_path / "x.npy"
+    np.save(x, np.random.default_rng(3).standard_normal((1, 12, D)).astype(np.float32))
+    y = tmp_path / "y.npy"
+    if y.exists():
+        y.unlink()
+    r = run_cli("run", "--weights", path, "--prefix", "model.layers.%d" % layer, "--input", x, "--output", y,
+                "--causal")
+    return r, (np.load(y) if r.returncode == 0 else None)
+
+
+@pytest.mark.parametrize("key,value,words", [
+    # shorter than the layer's number: before, layer 5 read as full attention (exit 0)
+    ("layer_types", ["sliding_attention"] * 3, ["layer_types has 3 entries", "layer 5", "one per layer"]),
+    ("layer_types", ["sliding_attention"] * 5 + [None], ["layer_types[5] is not a string"]),
+    ("layer_types", [0, 1, 2, 3, 4, 5], ["layer_types[0] is not a string"]),
+    ("layer_types", "sliding_attention", ["layer_types is not a list"]),
+    # before, layer 5 rotated (HF indexes the list by the layer: an IndexError there)
+    ("no_rope_layers", [1, 1, 1], ["no_rope_layers has 3 entries", "layer 5"]),
+    ("no_rope_layers", ["1"] * 6, ["no_rope_layers[0] is not a number", "1 (rotary) or 0"]),
+    ("no_rope_layers", 1, ["no_rope_layers is not a list"]),
+    # before: (long long) of 2.5 made layer 2 slide (Qwen2: 2 >= 2.5 is false); 1e300 made every layer slide
+    ("max_window_layers", 2.5, ["max_window_layers is out of range", "integer"]),
+    ("max_window_layers", 1e300, ["max_window_layers is out of range"]),
+])
+def test_per_layer_keys_of_the_wrong_length_or_type(tmp_path, key, value, words):
+    t = {"no_rope_layers": "smollm3", "max_window_layers": "qwen2"}.get(key, "mistral")
+    path = config_checkpoint(tmp_path, model_type=t, sliding_window=4, use_sliding_window=True, **{key: value})
+    r, _ = run_layer(tmp_path, path)
+    assert r.returncode == 1 and "config.json: " in r.stderr, r.stderr
+    for w in words:
+        assert w in r.stderr, (w, r.stderr)
+    assert not (tmp_path / "y.npy").exists()
+
+
+def test_no_rope_layers_false_is_nope(tmp_path):
+    """no_rope_layers [true, ..., false]: SmolLM 3 and Llama 4 test the
+    entry's truth, so false is NoPE as 0 is. Before: false rotated (only a
+    number 0 was read as off), silently."""
+    outs = {}
+    for name, lst in (("zero", [1] * 5 + [0]), ("false", [True] * 5 + [False]), ("one", [1] * 6)):
+        r, outs[name] = run_layer(tmp_path, config_checkpoint(tmp_path, model_type="smollm3", no_rope_layers=lst))
+        assert r.returncode == 0, r.stderr
+    np.testing.assert_array_equal(outs["false"], outs["zero"])
+    assert np.abs(outs["one"] - outs["zero"]).max() > 1e-3  # the rotary matters at these positions
+
+
+def test_layer_types_in_range_still_read(tmp_path):
+    """A list holding the layer is read at its index (sliding vs full)."""
+    full = config_checkpoint(tmp_path, model_type="mistral", sliding_window=2, layer_types=["full_attention"] * 6)
+    _, y_full = run_layer(tmp_path, full)
+    slide = config_checkpoint(tmp_path, model_type="mistral", sliding_window=2,
+                              layer_types=["full_attention"] * 5 + ["sliding_attention"])
+    _, y_slide = run_layer(tmp_path, slide)
+    assert y_full is not None and y_slide is not None
+    assert np.abs(y_full - y_slide).max() > 1e-3
