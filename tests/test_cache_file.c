@@ -231,6 +231,14 @@ static void e_scale(mha_tensors *t, const char *n, mha_array *a) {
     (void)t;
     if (n && strcmp(n, "v_scale") == 0) a->f[1] = -0.5f;
 }
+static void e_scale_overflow(mha_tensors *t, const char *n, mha_array *a) {
+    (void)t;
+    if (n && strcmp(n, "k_scale") == 0) a->f[0] = 3e38f; /* its block holds a code of 127: 127 x 3e38 = inf */
+}
+static void e_scale_zero(mha_tensors *t, const char *n, mha_array *a) {
+    (void)t;
+    if (n && strcmp(n, "v_scale") == 0) a->f[0] = 0.0f; /* under the block's codes, one of them +-127 */
+}
 static void e_position(mha_tensors *t, const char *n, mha_array *a) {
     (void)t;
     if (n && strcmp(n, "positions") == 0) memset(a->u8 + 4 * 2, 0xff, 4); /* slot 2 of sequence 0: -1 */
@@ -269,6 +277,9 @@ static void test_file_refusals(void) {
         {e_code, MHA_E_FORMAT, "k[0][0][0][3] = -128; expected an int8 code in -127..127"},
         {e_scale, MHA_E_FORMAT, "v_scale[0][0][1][0] = -0.5; expected a finite scale >= 0"},
         {e_position, MHA_E_FORMAT, "positions[0][2] = -1; expected >= 0"},
+        /* before, both loaded: the next call overflowed (V: after appending) */
+        {e_scale_overflow, MHA_E_FORMAT, "(k_scale[0][0][0][0]); expected a code whose value code * scale is finite"},
+        {e_scale_zero, MHA_E_FORMAT, "(v_scale[0][0][0][0]); expected 0, as its scale is 0"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         rewrite(good, cases[i].edit);

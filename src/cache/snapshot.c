@@ -132,6 +132,28 @@ static mha_status check_values(const mha_cache_state *s, const int *live, const 
     return st;
 }
 
+/* int8 (a, codes of width w, with their scales sc, nb blocks of MHA_Q8_BLOCK
+ * per row): in each live slot every code times its block's scale finite, and
+ * 0 under a 0 scale, as the cache's quantizer stores them (scale = max|x| /
+ * 127, q = 0 when it is 0; values whose 127 * scale overflows refused).
+ * Before, a file's 127 x 3e38 loaded, and the next call found the overflow
+ * (for V after appending its K/V). */
+static mha_status check_products(const mha_cache_state *s, const int *live, const float *a, const float *sc, int w,
+                                 int nb, const char *what, const char *name) {
+    for (int b = 0; b < s->B; b++)
+        for (int slot = 0; slot < s->cap; slot++)
+            for (int g = 0; live[(size_t)b * s->cap + slot] != INT_MIN && g < s->h_kv; g++)
+                for (int e = 0; e < w; e++) {
+                    const float q = a[at4(s, b, g, slot, w, e)], k = sc[at4(s, b, g, slot, nb, e / MHA_Q8_BLOCK)];
+                    if ((k == 0.0f && q != 0.0f) || !isfinite(q * k))
+                        return mha_fail(MHA_E_FORMAT, "%s: %s[%d][%d][%d][%d] = %g with scale %g (%s_scale[%d][%d][%d]"
+                                        "[%d]); expected %s", name, what, b, g, slot, e, (double)q, (double)k, what, b,
+                                        g, slot, e / MHA_Q8_BLOCK, k == 0.0f ? "0, as its scale is 0"
+                                                                       : "a code whose value code * scale is finite");
+                }
+    return MHA_OK;
+}
+
 /* Writes element e of (b, g, slot) from the state into c's storage. */
 static void put(mha_cache *c, const mha_cache_state *s, int b, int g, int slot) {
     const size_t kv = mha_cache_kv_index(c, b, g), k0 = mha_cache_k_off(c, kv, slot), v0 = mha_cache_v_off(c, kv, slot);
@@ -173,6 +195,8 @@ mha_status mha_cache_state_import(mha_cache *c, const mha_cache_state *s, const 
     if (!st) st = check_values(s, live, s->v, s->d_v, s->vt, 0, 0, "v", name);
     if (!st && s->nbk) st = check_values(s, live, s->k_scale, s->nbk, s->kt, 1, 0, "k_scale", name);
     if (!st && s->nbv) st = check_values(s, live, s->v_scale, s->nbv, s->vt, 1, 0, "v_scale", name);
+    if (!st && s->nbk) st = check_products(s, live, s->k, s->k_scale, s->d_k, s->nbk, "k", name);
+    if (!st && s->nbv) st = check_products(s, live, s->v, s->v_scale, s->d_v, s->nbv, "v", name);
     if (st) {
         memset(c->len, 0, sizeof(int) * s->B), memset(c->lo, 0, sizeof(int) * s->B);
         free(live);
