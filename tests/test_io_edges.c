@@ -390,7 +390,7 @@ static void test_safetensors_header_errors(void) {
         {"{\"a\":{\"dtype\":\"U8\",\"shape\":[2147483648],\"data_offsets\":[0,1]}}", 1, MHA_E_FORMAT,
          "shape[0] is not an integer"},
         {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2147483647,2147483647,2147483647],\"data_offsets\":[0,1]}}",
-         1, MHA_E_FORMAT, "shape overflows the address space"},
+         1, MHA_E_FORMAT, "tensor 'a': shape overflows the address space; expected at most"},
         {"{\"a\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0]}}", 1, MHA_E_FORMAT,
          "data_offsets must be [begin, end]"},
         {"{\"a\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1,2]}}", 1, MHA_E_FORMAT, "data_offsets must be"},

@@ -112,7 +112,8 @@ mha_status mha_shape_count(size_t *count, const int *shape, int rank, size_t ele
             return mha_fail(bad, "%s: dimension %d is %d; expected >= 0", what, i,
                             shape[i]);
         if (shape[i] != 0 && n > SIZE_MAX / 4 / elem_size / (size_t)shape[i])
-            return mha_fail(bad, "%s: shape overflows the address space", what);
+            return mha_fail(bad, "%s: shape overflows the address space; expected at most %zu bytes in all", what,
+                            SIZE_MAX / 4);
         n *= (size_t)shape[i];
     }
     *count = n;

@@ -91,7 +91,9 @@ static mha_status parse_entry(st_entry *e, json_t *v, const char *file) {
         e->a.shape[i] = (int)json_integer_value(d);
     }
     size_t es = mha_dtype_size(e->a.dtype);
-    if ((s = mha_shape_count(&e->a.count, e->a.shape, e->a.rank, es, file, MHA_E_FORMAT))) return s;
+    char what[320]; /* the message names the tensor (before: the file alone) */
+    snprintf(what, sizeof what, "%.200s: tensor '%.80s'", file, e->name);
+    if ((s = mha_shape_count(&e->a.count, e->a.shape, e->a.rank, es, what, MHA_E_FORMAT))) return s;
     json_t *b = json_array_get(off, 0), *en = json_array_get(off, 1);
     if (json_array_size(off) != 2 || !json_is_integer(b) || !json_is_integer(en) ||
         json_integer_value(b) < 0 || json_integer_value(en) < 0)
