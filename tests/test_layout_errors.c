@@ -138,6 +138,18 @@ static void test_layout_native_damaged(void) {
             mha_tensors_free(p);
         }
     }
+    /* kv heads that fit an int but no head count: refused before any h_kv * d_k (2^30 * 3 overflowed int,
+     * undefined, and the message spoke of a negative column count); 3 does not divide 4 either */
+    static const char *kv[] = {"1073741824", "3", "8"};
+    for (size_t v = 0; t && v < sizeof kv / sizeof kv[0]; v++) {
+        mha_tensors *p = perturbed(t, -1, -1, 0, "n_kv_heads", kv[v]);
+        mha_layer *L2 = NULL;
+        CHECK_STATUS(mha_layer_from_tensors(&L2, p, &opt), MHA_E_SHAPE);
+        CHECK_ERROR_MENTIONS("do not split into n_kv_heads = ");
+        CHECK_ERROR_MENTIONS(kv[v]);
+        mha_layer_free(L2);
+        mha_tensors_free(p);
+    }
     mha_tensors_free(t);
     mha_layer_free(L);
     naive_weights_free(&w);

@@ -365,7 +365,13 @@ static mha_status pick(int *out, int opt, const mha_tensors *t, const char *key)
 
 mha_status mha_io_pick_heads(int *h, int *hkv, const mha_load_options *o, const mha_tensors *t) {
     mha_status s = pick(h, o->n_heads, t, "n_heads");
-    return s ? s : pick(hkv, o->n_kv_heads, t, "n_kv_heads");
+    if (!s) s = pick(hkv, o->n_kv_heads, t, "n_kv_heads");
+    /* before the layouts multiply it by a head width: a metadata n_kv_heads of 2^30 overflowed int
+     * (undefined; a message about (d_kv_in, 0) columns) */
+    if (!s && *h && *hkv && *h % *hkv) /* (kv heads above h leave a remainder too) */
+        return mha_fail(MHA_E_SHAPE, "n_heads = %d do not split into n_kv_heads = %d groups; expected n_kv_heads "
+                        "dividing n_heads (each kv head serves n_heads / n_kv_heads query heads)", *h, *hkv);
+    return s;
 }
 
 static mha_status divide(int *q, int total, int by, const char *what, const char *tensor) {

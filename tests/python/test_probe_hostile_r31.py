@@ -160,3 +160,32 @@ def test_layer_types_in_range_still_read(tmp_path):
     _, y_slide = run_layer(tmp_path, slide)
     assert y_full is not None and y_slide is not None
     assert np.abs(y_full - y_slide).max() > 1e-3
+
+
+# ------------------------------------------------------- head counts
+
+@pytest.mark.parametrize("kv", ["1073741824", "2147483647", "3", "8"])
+def test_metadata_kv_heads_that_divide_no_head_count(tmp_path, kv):
+    """A native file whose n_kv_heads fits an int but divides no head
+    count. Before: 2^30 kv heads times d_k overflowed int (undefined; UBSan
+    stops the ASan build) and the message spoke of (d_kv_in, 0) columns;
+    3 and 8 were refused by w_k's shape, not by name. Now MHA_E_SHAPE
+    naming both counts, before any product."""
+    rng = np.random.default_rng(1)
+    w = {m: (rng.standard_normal(s) * 0.2).astype(np.float32)
+         for m, s in (("w_q", (D, H * DK)), ("w_k", (D, H * DK)), ("w_v", (D, H * DK)), ("w_o", (H * DK, D)))}
+    path = tmp_path / "n.safetensors"
+    write_safetensors(path, w, {"n_heads": str(H), "n_kv_heads": kv})
+    with pytest.raises(mha.ShapeError, match="n_heads = 4 do not split into n_kv_heads = %s groups" % kv):
+        mha.Layer.load(path)
+    refused_by_cli(tmp_path, path, ["n_kv_heads = %s" % kv, "dividing n_heads"])
+
+
+def test_config_kv_heads_not_dividing_names_config(tmp_path):
+    """config.json's num_key_value_heads 4096 beside 4 heads: refused naming
+    the counts and that config.json gave them."""
+    path = config_checkpoint(tmp_path, num_key_value_heads=4096)
+    r, _ = run_layer(tmp_path, path)
+    assert r.returncode == 1, r.stderr
+    for w in ("n_kv_heads = 4096", "from the config.json beside the checkpoint"):
+        assert w in r.stderr, r.stderr
