@@ -189,3 +189,62 @@ def test_config_kv_heads_not_dividing_names_config(tmp_path):
     assert r.returncode == 1, r.stderr
     for w in ("n_kv_heads = 4096", "from the config.json beside the checkpoint"):
         assert w in r.stderr, r.stderr
+
+
+# ------------------------------------- found right: kept as regressions
+
+def _int8(a):
+    """per-column int8 codes of a (K, N) and their (ceil(K/32), N) scales."""
+    K = a.shape[0]
+    sc = np.stack([np.abs(a[g:g + 32]).max(0) / 127 for g in range(0, K, 32)]).astype(np.float32)
+    q = np.concatenate([np.round(a[g:g + 32] / sc[g // 32]) for g in range(0, K, 32)])
+    return q.astype(np.int8), sc
+
+
+@pytest.mark.parametrize("case,words", [
+    ("no w_g_scale", ["w_g_scale", "missing", "(1, 32)"]),
+    ("w_g_scale (2, 32)", ["w_g_scale", "(2, 32)", "expected F32 (1, 32)"]),
+    ("w_g F32", ["w_g", "int8"]),
+])
+def test_gated_int8_file_refusals(tmp_path, case, words):
+    """An int8 native file of a gated layer (output_gate = 1, w_g with its
+    w_g_scale): a missing or misshapen scale, or a w_g whose dtype is not
+    the file's, is refused naming w_g's tensors (found right)."""
+    rng = np.random.default_rng(2)
+    e, d = {}, 32
+    for m, s in (("w_q", (d, d)), ("w_k", (d, d)), ("w_v", (d, d)), ("w_o", (d, d)), ("w_g", (d, d))):
+        a = (rng.standard_normal(s) * 0.2).astype(np.float32)
+        if m == "w_o":  # groups restart at each head's d_v = 8 rows: 4 groups
+            q, sc = zip(*(_int8(a[r:r + 8]) for r in range(0, d, 8)))
+            q, sc = np.concatenate(q), np.concatenate(sc)
+        else:
+            q, sc = _int8(a)
+        e[m] = ("I8", q.shape, q.tobytes())
+        e[m + "_scale"] = ("F32", sc.shape, sc.astype("<f4").tobytes())
+    if case == "no w_g_scale":
+        del e["w_g_scale"]
+    elif case == "w_g_scale (2, 32)":
+        e["w_g_scale"] = ("F32", (2, 32), np.ones((2, 32), "<f4").tobytes())
+    else:
+        e["w_g"] = ("F32", (d, d), np.zeros((d, d), "<f4").tobytes())
+    path = tmp_path / "g8.safetensors"
+    meta = {"n_heads": "4", "output_gate": "1", "weights_dtype": "int8", "int8_scales": "per_32_inputs"}
+    write_safetensors_raw(path, e, meta)
+    with pytest.raises(mha.FormatError) as err:
+        mha.Layer.load(path)
+    for w in words:
+        assert w in str(err.value), (w, str(err.value))
+    refused_by_cli(tmp_path, path, words[:1])
+
+
+def test_dropout_p_outside_0_1_refused():
+    """options.dropout_p NaN, negative, 1: MHA_E_ARG naming the value and
+    the range on both paths (found right)."""
+    rng = np.random.default_rng(4)
+    w = {m: (rng.standard_normal((D, D)) * 0.3).astype(np.float32) for m in ("w_q", "w_k", "w_v", "w_o")}
+    layer = mha.Layer(D, H, bias=False, weights=w)
+    x = rng.standard_normal((1, 5, D)).astype(np.float32)
+    for p in (float("nan"), -0.1, 1.0):
+        for path in ("reference", "fast"):
+            with pytest.raises(mha.ArgumentError, match=r"dropout_p=.*expected 0 <= p < 1"):
+                layer.forward(x, dropout_p=p, path=path)
