@@ -248,3 +248,22 @@ def test_dropout_p_outside_0_1_refused():
         for path in ("reference", "fast"):
             with pytest.raises(mha.ArgumentError, match=r"dropout_p=.*expected 0 <= p < 1"):
                 layer.forward(x, dropout_p=p, path=path)
+
+
+@pytest.mark.parametrize("key,value,words", [
+    # before: layer 5 of a 2-layer list read as global (exit 0)
+    ("attention_layers", ["global", "local"], ["attention_layers gives 2 layers", "layer 5"]),
+    ("attention_types", [[["global", "local"], 1]], ["attention_types gives 2 layers", "layer 5"]),
+    ("attention_layers", ["global"] * 5 + [1], ["attention_layers holds an entry of another type"]),
+    ("attention_types", [[["global", "local"], "3"]], ["attention_types holds an entry of another type"]),
+])
+def test_gpt_neo_layer_lists_of_the_wrong_length_or_type(tmp_path, key, value, words):
+    """GPT-Neo's per-layer kinds follow layer_types' rule: a list that does
+    not hold the layer --prefix names, or an entry of another type, is
+    refused by name (GPTNeoConfig requires one kind per layer)."""
+    path = config_checkpoint(tmp_path, model_type="gpt_neo", window_size=4, **{key: value})
+    r, _ = run_layer(tmp_path, path)
+    assert r.returncode == 1 and "config.json: GPT-Neo's " in r.stderr, r.stderr
+    for w in words:
+        assert w in r.stderr, (w, r.stderr)
+    assert not (tmp_path / "y.npy").exists()
