@@ -218,6 +218,7 @@ mha_status mha_io_variants_read(mha_config *c, float *w[4], const mha_tensors *t
         names[i] = i == 2 ? "q_layernorm.norms" : "k_layernorm.norms";
     }
     const mha_array *found[4] = {NULL, NULL, NULL, NULL};
+    int family = -1; /* the alias names a norm was found under (LFM2's 0, Ling's 1), for the message below */
     for (int i = 0; i < 4; i++) {
         const mha_array *a = mha_io_find(t, prefix, names[i]);
         /* LFM2: q_layernorm.weight / k_layernorm.weight, and Ling (Bailing): query_layernorm.weight /
@@ -227,7 +228,7 @@ mha_status mha_io_variants_read(mha_config *c, float *w[4], const mha_tensors *t
         const char *const alias[2][2] = {{"q_layernorm.weight", "query_layernorm.weight"},
                                          {"k_layernorm.weight", "key_layernorm.weight"}};
         for (int k = 0; hf && i >= 2 && !a && !w[i] && k < 2; k++)
-            if ((a = mha_io_find(t, prefix, alias[i - 2][k]))) names[i] = alias[i - 2][k];
+            if ((a = mha_io_find(t, prefix, alias[i - 2][k]))) names[i] = alias[i - 2][k], family = k;
         if (!a || w[i]) continue;
         /* Qwen 3 / Gemma 3: RMSNorm; Cohere's (h, d_k) of rank 2: its LayerNorm of each head */
         const int cohere = i == 2 && a->rank == 2 && h > 1 && a->shape[0] == h && a->shape[1] == dk;
@@ -253,9 +254,13 @@ mha_status mha_io_variants_read(mha_config *c, float *w[4], const mha_tensors *t
     if (c->sinks && !w[1])
         return mha_fail(MHA_E_FORMAT, "metadata sinks = 1 but the checkpoint has no sinks tensor; expected (h) "
                         "sink logits");
-    if (c->qk_norm && (!w[2] || !w[3]))
+    if (c->qk_norm && (!w[2] || !w[3])) {
+        /* named as the norm that was found is: k_layernorm.weight beside LFM2's q_layernorm.weight */
+        static const char *const missing[2][2] = {{"q_layernorm.weight", "k_layernorm.weight"},
+                                                  {"query_layernorm.weight", "key_layernorm.weight"}};
         return mha_fail(MHA_E_FORMAT, "qk_norm is set but the checkpoint lacks %s; expected both norm weights",
-                        !w[2] ? names[2] : names[3]);
+                        family >= 0 ? missing[family][!w[2] ? 0 : 1] : !w[2] ? names[2] : names[3]);
+    }
     return MHA_OK;
 }
 

@@ -267,3 +267,15 @@ def test_gpt_neo_layer_lists_of_the_wrong_length_or_type(tmp_path, key, value, w
     for w in words:
         assert w in r.stderr, (w, r.stderr)
     assert not (tmp_path / "y.npy").exists()
+
+
+@pytest.mark.parametrize("present,missing", [("query_layernorm", "key_layernorm.weight"),
+                                             ("k_layernorm", "q_layernorm.weight")])
+def test_lone_aliased_norm_names_its_partner(tmp_path, present, missing):
+    """One q/k norm under Ling's or LFM2's names without the other: refused
+    naming the missing norm under the same family's name (before: Qwen's
+    k_norm.weight / q_norm.weight, which the file never used)."""
+    path = tmp_path / "model.safetensors"
+    write_safetensors(path, {**hf_layer(), P + present + ".weight": np.ones(DK, np.float32)})
+    with pytest.raises(mha.FormatError, match="lacks " + missing.replace(".", r"\.")):
+        mha.Layer.load(path, n_heads=H, n_kv_heads=G, config_json="ignore")
