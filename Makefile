@@ -142,7 +142,10 @@ test-archer: $(SETUP_TEST)
 	  grep -q "Archer detected OpenMP application with TSan" build-archer/output.txt || \
 	  { echo "test-archer: Archer did not load ($(ARCHER_LIB)); the run proved nothing" >&2; exit 1; }; exit $$rc
 
+# The probes also run build-asan/mha where it exists: rebuilt first, so a
+# stale sanitizer build never answers for the current code.
 test-python: $(SETUP_TEST) lib $(BUILD)/mha
+	@if [ -d build-asan ]; then $(MAKE) --no-print-directory BUILD=build-asan OPT="$(ASAN_OPT)" build-asan/mha; fi
 	@if [ -n "$$(ls tests/python/test_*.py 2>/dev/null)" ]; then \
 	  $(PYTHON) -m pytest -q tests/python; fi
 
