@@ -584,7 +584,8 @@ static void test_file_f32_unchanged(void) {
  * every column tail (64-, 16- and 8-wide vectors, masked and scalar
  * tails) and row strides past the width; and m rows at once give the
  * bits of m one-row calls (the weights are shared, not the sums), with
- * one row taken as tiles and as a sweep (mha_force_row_sweep). */
+ * one row (AVX2: and two) taken as tiles and as a sweep
+ * (mha_force_row_sweep). */
 static void test_stream_kernels_rows(void) {
     const mha_decode_kernels *tab[3] = {&mha_decode_kernels_scalar, &mha_decode_kernels_avx2,
                                         &mha_decode_kernels_avx512};

@@ -117,82 +117,110 @@ static inline __attribute__((always_inline)) void stream(float *y, int ldy, cons
     }
 }
 
-/* The one-row stream (m = 1), as in avx512_gemm_wq.c: the weight rows in
- * address order across all n columns, SR rows per pass (SR streams at the
- * row stride, each read in order), in the tiles' order of additions:
- * per column, a = fma(x_k, w_k, a) for k in order (int8: the group sums
- * s from 0, SW columns at a time, then y = fma(s, scale, y)); tails with
- * fmaf. SR rows per pass load and store y once for SR rows' weights. */
-#define SW 4096 /* int8 group sums on the stack: 16 KiB */
-#define SR 4    /* weight rows per pass */
-#ifndef PF_ROWS
-#define PF_ROWS 4
-#endif
+/* The sweep (AMD Zen, mha_cpu_row_sweep; m <= SM rows of x): the weight
+ * rows in address order across all n columns, SR rows per pass (SR
+ * streams at the row stride, each read in order), each weight vector
+ * widened once for the m rows, in the tiles' order of additions: per
+ * element, a = fma(x_k, w_k, a) for k in order (int8: the group sums s
+ * from 0, at most SWF / m columns at a time, then y = fma(s, scale, y));
+ * tails with fmaf. A pass loads and stores y once for SR rows' weights
+ * (one row per pass: the round-30 form, 1.3-1.5x the time; bench/LIMITS.md
+ * round 31). Two rows: 0.67-0.86x the tiles' time; four (their weights'
+ * broadcasts from memory): 1.07-1.18x, so three or more keep the tiles. */
+#define SWF 8192 /* int8 group sums on the stack: 32 KiB for all rows */
+#define SR 4     /* weight rows per pass */
+#define SM 2     /* rows of x a sweep takes; more run the tiles */
+#define PF_ROWS 4 /* the pass that many weight rows ahead requested meanwhile */
 
-/* y (n) [+]= sum over r < nr of x[r] w[r * ldw + ..] in r order (first:
- * from 0); nr <= SR is a constant at every call. */
-static inline __attribute__((always_inline)) void sweep_rows(float *y, const float *x, const void *wk, size_t ldw,
-                                                             int n, const int i8, int first, const int nr) {
-    __m256 xb[SR];
-#pragma GCC unroll 4
-    for (int r = 0; r < nr; r++) xb[r] = _mm256_set1_ps(x[r]);
-    int j = 0;
+/* y (nx, n) [+]= x (nx, nr) w (nr, n), the nr weight rows at wk, in r order
+ * (first: from 0); nr <= SR and nx <= SM constants at every call. */
+static inline __attribute__((always_inline)) void sweep_rows(float *y, size_t ldy, const float *x, size_t ldx,
+                                                             const void *wk, size_t ldw, int n, const int i8,
+                                                             int first, const int nr, const int nx) {
     const size_t esz = i8 ? 1 : 2;
+    __m256 xb[SM][SR]; /* in registers: broadcast in the loop, they cost int8 1.1-1.2x */
+#pragma GCC unroll 4
+    for (int i = 0; i < nx; i++)
+#pragma GCC unroll 4
+        for (int r = 0; r < nr; r++) xb[i][r] = _mm256_set1_ps(x[i * ldx + r]);
+    int j = 0;
     for (; j + 8 <= n; j += 8) {
-#if PF_ROWS
         if (nr == SR && (j * esz) % 64 == 0)
 #pragma GCC unroll 4
             for (int r = 0; r < SR; r++)
                 _mm_prefetch((const char *)wk + ((PF_ROWS + r) * ldw + j) * esz, _MM_HINT_T0);
-#endif
-        __m256 a = first ? _mm256_setzero_ps() : _mm256_loadu_ps(y + j);
+        __m256 wv[SR];
 #pragma GCC unroll 4
-        for (int r = 0; r < nr; r++) a = _mm256_fmadd_ps(xb[r], widen8(wk, r * ldw + j, i8), a);
-        _mm256_storeu_ps(y + j, a);
+        for (int r = 0; r < nr; r++) wv[r] = widen8(wk, r * ldw + j, i8);
+#pragma GCC unroll 4
+        for (int i = 0; i < nx; i++) {
+            float *yi = y + i * ldy + j;
+            __m256 a = first ? _mm256_setzero_ps() : _mm256_loadu_ps(yi);
+#pragma GCC unroll 4
+            for (int r = 0; r < nr; r++) a = _mm256_fmadd_ps(xb[i][r], wv[r], a);
+            _mm256_storeu_ps(yi, a);
+        }
     }
-    for (; j < n; j++) {
-        float a = first ? 0.0f : y[j];
-        for (int r = 0; r < nr; r++) a = fmaf(x[r], widen1(wk, r * ldw + j, i8), a);
-        y[j] = a;
-    }
+    for (; j < n; j++)
+        for (int i = 0; i < nx; i++) {
+            float a = first ? 0.0f : y[i * ldy + j];
+            for (int r = 0; r < nr; r++) a = fmaf(x[i * ldx + r], widen1(wk, r * ldw + j, i8), a);
+            y[i * ldy + j] = a;
+        }
 }
 
-/* y (n) [+]= x (k) w (k, n), SR rows a pass, the last < SR one at a time */
-static inline __attribute__((always_inline)) void sweep(float *y, const float *x, const void *w, int ldw, int k,
-                                                        int n, const int i8, int first) {
+/* y (nx, n) [+]= x (nx, k) w (k, n), SR rows a pass, the last < SR one at
+ * a time */
+static inline __attribute__((always_inline)) void sweep(float *y, size_t ldy, const float *x, size_t ldx,
+                                                        const void *w, int ldw, int k, int n, const int i8,
+                                                        int first, const int nx) {
     const size_t esz = i8 ? 1 : 2;
     int kk = 0;
     for (; kk + SR <= k; kk += SR, first = 0)
-        sweep_rows(y, x + kk, (const char *)w + kk * (size_t)ldw * esz, (size_t)ldw, n, i8, first, SR);
+        sweep_rows(y, ldy, x + kk, ldx, (const char *)w + kk * (size_t)ldw * esz, (size_t)ldw, n, i8, first, SR, nx);
     for (; kk < k; kk++, first = 0)
-        sweep_rows(y, x + kk, (const char *)w + kk * (size_t)ldw * esz, (size_t)ldw, n, i8, first, 1);
+        sweep_rows(y, ldy, x + kk, ldx, (const char *)w + kk * (size_t)ldw * esz, (size_t)ldw, n, i8, first, 1, nx);
 }
 
-static void sweep_bf16(float *y, const float *x, const uint16_t *w, int ldw, int k, int n) {
-    sweep(y, x, w, ldw, k, n, 0, 0);
+static inline __attribute__((always_inline)) void sweep_bf16(float *y, int ldy, const float *x, int ldx,
+                                                             const uint16_t *w, int ldw, int k, int n, const int nx) {
+    sweep(y, (size_t)ldy, x, (size_t)ldx, w, ldw, k, n, 0, 0, nx);
 }
 
-static void sweep_i8(float *y, const float *x, const int8_t *w, int ldw, const float *scale, int k, int n) {
-    float s[SW]; /* (c) group sums of the columns j0.. */
-    for (int j0 = 0; j0 < n; j0 += SW) {
-        const int c = n - j0 < SW ? n - j0 : SW;
-        sweep(s, x, w + j0, ldw, k, c, 1, 1);
-        int j = 0;
-        for (; j + 8 <= c; j += 8)
-            _mm256_storeu_ps(y + j0 + j, _mm256_fmadd_ps(_mm256_loadu_ps(s + j), _mm256_loadu_ps(scale + j0 + j),
-                                                         _mm256_loadu_ps(y + j0 + j)));
-        for (; j < c; j++) y[j0 + j] = fmaf(s[j], scale[j0 + j], y[j0 + j]);
+static inline __attribute__((always_inline)) void sweep_i8(float *y, int ldy, const float *x, int ldx,
+                                                           const int8_t *w, int ldw, const float *scale, int k, int n,
+                                                           const int nx) {
+    float s[SWF]; /* (nx, cw) group sums of the columns j0.. */
+    const int cw = SWF / nx / 8 * 8;
+    for (int j0 = 0; j0 < n; j0 += cw) {
+        const int c = n - j0 < cw ? n - j0 : cw;
+        sweep(s, (size_t)cw, x, (size_t)ldx, w + j0, ldw, k, c, 1, 1, nx);
+        for (int i = 0; i < nx; i++) {
+            float *yi = y + (size_t)i * ldy + j0;
+            const float *si = s + (size_t)i * cw;
+            int j = 0;
+            for (; j + 8 <= c; j += 8)
+                _mm256_storeu_ps(yi + j, _mm256_fmadd_ps(_mm256_loadu_ps(si + j), _mm256_loadu_ps(scale + j0 + j),
+                                                         _mm256_loadu_ps(yi + j)));
+            for (; j < c; j++) yi[j] = fmaf(si[j], scale[j0 + j], yi[j]);
+        }
     }
 }
 
 void mha_gemm_stream_bf16_avx2(float *y, int ldy, const float *x, int ldx, const uint16_t *w, int ldw, int m,
                                int k, int n) {
-    if (m == 1 && mha_cpu_row_sweep()) sweep_bf16(y, x, w, ldw, k, n);
-    else stream(y, ldy, x, ldx, w, ldw, NULL, m, k, n, 0);
+    switch (m <= SM && mha_cpu_row_sweep() ? m : 0) { /* rows a constant in each sweep */
+    case 1: sweep_bf16(y, ldy, x, ldx, w, ldw, k, n, 1); break;
+    case 2: sweep_bf16(y, ldy, x, ldx, w, ldw, k, n, 2); break;
+    default: stream(y, ldy, x, ldx, w, ldw, NULL, m, k, n, 0);
+    }
 }
 
 void mha_gemm_stream_i8_avx2(float *y, int ldy, const float *x, int ldx, const int8_t *w, int ldw,
                              const float *scale, int m, int k, int n) {
-    if (m == 1 && k > 0 && mha_cpu_row_sweep()) sweep_i8(y, x, w, ldw, scale, k, n);
-    else stream(y, ldy, x, ldx, w, ldw, scale, m, k, n, 1);
+    switch (m <= SM && k > 0 && mha_cpu_row_sweep() ? m : 0) {
+    case 1: sweep_i8(y, ldy, x, ldx, w, ldw, scale, k, n, 1); break;
+    case 2: sweep_i8(y, ldy, x, ldx, w, ldw, scale, k, n, 2); break;
+    default: stream(y, ldy, x, ldx, w, ldw, scale, m, k, n, 1);
+    }
 }
