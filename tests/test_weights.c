@@ -590,7 +590,7 @@ static void test_stream_kernels_rows(void) {
     const mha_decode_kernels *tab[3] = {&mha_decode_kernels_scalar, &mha_decode_kernels_avx2,
                                         &mha_decode_kernels_avx512};
     const int live[3] = {1, mha_cpu_has_avx2(), mha_cpu_has_avx512()};
-    const int ms[] = {1, 3, 4, 5, 9, 17}, ns[] = {7, 64, 93, 150}, K = 45, ld = 160;
+    const int ms[] = {1, 2, 3, 4, 5, 9, 17}, ns[] = {7, 64, 93, 150}, K = 45, ld = 160;
     uint64_t seed = 77;
     float *x = naive_random_floats((size_t)17 * ld, &seed, -2.0f, 2.0f);
     float *wf = naive_random_floats((size_t)K * ld, &seed, -1.0f, 1.0f);

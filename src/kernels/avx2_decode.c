@@ -270,7 +270,11 @@ void mha_accumulate_q8_avx2(float *acc, int ldacc, const float *p, int ldp, cons
  * so the weights are read in address order, one stream (as
  * avx512_decode.c: four rows per pass read a cold matrix at ~70% of one
  * stream's rate on Zen 5). Each y element's additions stay in the order
- * of k; column tails with fmaf. */
+ * of k; column tails with fmaf. On AMD Zen (an AVX2 one: Zen 1-3) the
+ * sweep of avx2_gemm_wq.c runs instead, a few weight rows per pass with
+ * the next pass requested ahead, one load and store of y per pass: on
+ * the Zen 3 0.83-0.99x this loop's cold time for one row, 0.71-0.88x for
+ * two to four (bench/LIMITS.md round 31). */
 static inline __attribute__((always_inline)) void stream_rows(float *y, int ldy, const float *x, int ldx,
                                                               const float *w, int ldw, const int m, int k, int n) {
     for (int kk = 0; kk < k; kk++) {
@@ -295,41 +299,10 @@ static inline __attribute__((always_inline)) void stream_rows(float *y, int ldy,
     }
 }
 
-/* m = 1 on AMD Zen (mha_cpu_row_sweep): 4 weight rows per pass, y loaded
- * and stored once per pass, the next pass's lines requested a pass ahead
- * (the same additions per column): 0.83-0.99x the one-row passes' cold
- * time of a decode step's projections on a Zen 3, one thread (bench/ab/
- * ab_gemv.sh; bench/LIMITS.md round 31). */
-static void stream_one_row(float *y, const float *x, const float *w, int ldw, int k, int n) {
-    int kk = 0;
-    for (; kk + 4 <= k; kk += 4) {
-        const float *wk = w + (size_t)kk * ldw;
-        __m256 xb[4];
-#pragma GCC unroll 4
-        for (int r = 0; r < 4; r++) xb[r] = _mm256_set1_ps(x[kk + r]);
-        int j = 0;
-        for (; j + 8 <= n; j += 8) {
-            if (j % 16 == 0)
-#pragma GCC unroll 4
-                for (int r = 0; r < 4; r++) _mm_prefetch((const char *)(wk + (size_t)(4 + r) * ldw + j), _MM_HINT_T0);
-            __m256 a = _mm256_loadu_ps(y + j);
-#pragma GCC unroll 4
-            for (int r = 0; r < 4; r++) a = _mm256_fmadd_ps(xb[r], _mm256_loadu_ps(wk + (size_t)r * ldw + j), a);
-            _mm256_storeu_ps(y + j, a);
-        }
-        for (; j < n; j++) {
-            float a = y[j];
-            for (int r = 0; r < 4; r++) a = fmaf(x[kk + r], wk[(size_t)r * ldw + j], a);
-            y[j] = a;
-        }
-    }
-    if (kk < k) stream_rows(y, 0, x + kk, 0, w + (size_t)kk * ldw, ldw, 1, k - kk, n);
-}
-
 static void gemm_stream_avx2(float *y, int ldy, const float *x, int ldx, const float *w, int ldw,
                              int m, int k, int n) {
-    if (m == 1 && mha_cpu_row_sweep()) {
-        stream_one_row(y, x, w, ldw, k, n);
+    if (m <= 4 && mha_cpu_row_sweep()) { /* AMD Zen: weight rows a few per pass (avx2_gemm_wq.c) */
+        mha_gemm_sweep_f32_avx2(y, ldy, x, ldx, w, ldw, m, k, n);
         return;
     }
     for (int r = 0; r < m; r += 4) { /* rows a constant in each copy: xb in registers */

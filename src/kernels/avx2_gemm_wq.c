@@ -1,5 +1,6 @@
 /* avx2_gemm_wq.c — the decode weight streams over bf16 and int8 weights
- * (decode_kernels.h) with AVX2 + FMA, for one row or several (a batched
+ * (decode_kernels.h) with AVX2 + FMA, and the fp32 one's sweep (below),
+ * for one row or several (a batched
  * decode step): each weight is loaded and widened to fp32 once (bf16: the
  * bits shifted up 16; int8: sign-extended and converted; both exact) and
  * used for up to RB rows of x held in registers, so the weights' bytes
@@ -117,41 +118,51 @@ static inline __attribute__((always_inline)) void stream(float *y, int ldy, cons
     }
 }
 
-/* The sweep (AMD Zen, mha_cpu_row_sweep; m <= SM rows of x): the weight
- * rows in address order across all n columns, SR rows per pass (SR
- * streams at the row stride, each read in order), each weight vector
- * widened once for the m rows, in the tiles' order of additions: per
- * element, a = fma(x_k, w_k, a) for k in order (int8: the group sums s
- * from 0, at most SWF / m columns at a time, then y = fma(s, scale, y));
- * tails with fmaf. A pass loads and stores y once for SR rows' weights
- * (one row per pass: the round-30 form, 1.3-1.5x the time; bench/LIMITS.md
- * round 31). Two rows: 0.67-0.86x the tiles' time; four (their weights'
- * broadcasts from memory): 1.07-1.18x, so three or more keep the tiles. */
+/* The sweep (AMD Zen, mha_cpu_row_sweep; m <= SM rows of x), for fp32,
+ * bf16 and int8 weights (kind 0, 1, 2; the fp32 one serves the AVX2
+ * table's gemm_stream, avx2_decode.c): the weight rows in address order
+ * across all n columns, sr rows per pass (sr streams at the row stride,
+ * each read in order), each weight vector widened once for the m rows, in
+ * the tiles' order of additions: per element, a = fma(x_k, w_k, a) for k
+ * in order (int8: the group sums s from 0, at most SWF / m columns at a
+ * time, then y = fma(s, scale, y)); tails with fmaf. A pass loads and
+ * stores y once for sr rows' weights: 4 rows for one or two rows of x, 2
+ * for three or four (their broadcasts stay in 8 registers). One weight row
+ * per pass, the round-30 form, took 1.3-1.5x the time (bench/LIMITS.md
+ * round 31). */
 #define SWF 8192 /* int8 group sums on the stack: 32 KiB for all rows */
-#define SR 4     /* weight rows per pass */
-#define SM 2     /* rows of x a sweep takes; more run the tiles */
-#define PF_ROWS 4 /* the pass that many weight rows ahead requested meanwhile */
+#define SM 4     /* rows of x the fp32 sweep takes; more run the tiles */
+#define SM_WQ 2  /* bf16 / int8: with three rows the sweep and the tiles
+                  * took the same time, with four int8 1.16x the tiles' */
+
+static inline __attribute__((always_inline)) __m256 sweep_load8(const void *w, size_t at, const int kind) {
+    return kind == 0 ? _mm256_loadu_ps((const float *)w + at) : widen8(w, at, kind == 2);
+}
+
+static inline __attribute__((always_inline)) float sweep_load1(const void *w, size_t at, const int kind) {
+    return kind == 0 ? ((const float *)w)[at] : widen1(w, at, kind == 2);
+}
 
 /* y (nx, n) [+]= x (nx, nr) w (nr, n), the nr weight rows at wk, in r order
- * (first: from 0); nr <= SR and nx <= SM constants at every call. */
+ * (first: from 0); the next pass (pf rows on) requested meanwhile, a line
+ * per row per 64 bytes; nr, pf, nx and kind constants at every call. */
 static inline __attribute__((always_inline)) void sweep_rows(float *y, size_t ldy, const float *x, size_t ldx,
-                                                             const void *wk, size_t ldw, int n, const int i8,
-                                                             int first, const int nr, const int nx) {
-    const size_t esz = i8 ? 1 : 2;
-    __m256 xb[SM][SR]; /* in registers: broadcast in the loop, they cost int8 1.1-1.2x */
+                                                             const void *wk, size_t ldw, int n, const int kind,
+                                                             int first, const int nr, const int pf, const int nx) {
+    const size_t esz = kind == 0 ? 4 : kind == 1 ? 2 : 1;
+    __m256 xb[SM][4]; /* in registers: broadcast in the loop, they cost int8 1.1-1.2x */
 #pragma GCC unroll 4
     for (int i = 0; i < nx; i++)
 #pragma GCC unroll 4
         for (int r = 0; r < nr; r++) xb[i][r] = _mm256_set1_ps(x[i * ldx + r]);
     int j = 0;
     for (; j + 8 <= n; j += 8) {
-        if (nr == SR && (j * esz) % 64 == 0)
+        if (pf && (j * esz) % 64 == 0)
 #pragma GCC unroll 4
-            for (int r = 0; r < SR; r++)
-                _mm_prefetch((const char *)wk + ((PF_ROWS + r) * ldw + j) * esz, _MM_HINT_T0);
-        __m256 wv[SR];
+            for (int r = 0; r < pf; r++) _mm_prefetch((const char *)wk + ((pf + r) * ldw + j) * esz, _MM_HINT_T0);
+        __m256 wv[4];
 #pragma GCC unroll 4
-        for (int r = 0; r < nr; r++) wv[r] = widen8(wk, r * ldw + j, i8);
+        for (int r = 0; r < nr; r++) wv[r] = sweep_load8(wk, r * ldw + j, kind);
 #pragma GCC unroll 4
         for (int i = 0; i < nx; i++) {
             float *yi = y + i * ldy + j;
@@ -164,27 +175,25 @@ static inline __attribute__((always_inline)) void sweep_rows(float *y, size_t ld
     for (; j < n; j++)
         for (int i = 0; i < nx; i++) {
             float a = first ? 0.0f : y[i * ldy + j];
-            for (int r = 0; r < nr; r++) a = fmaf(x[i * ldx + r], widen1(wk, r * ldw + j, i8), a);
+            for (int r = 0; r < nr; r++) a = fmaf(x[i * ldx + r], sweep_load1(wk, r * ldw + j, kind), a);
             y[i * ldy + j] = a;
         }
 }
 
-/* y (nx, n) [+]= x (nx, k) w (k, n), SR rows a pass, the last < SR one at
+/* y (nx, n) [+]= x (nx, k) w (k, n), sr rows a pass, the last < sr one at
  * a time */
 static inline __attribute__((always_inline)) void sweep(float *y, size_t ldy, const float *x, size_t ldx,
-                                                        const void *w, int ldw, int k, int n, const int i8,
+                                                        const void *w, int ldw, int k, int n, const int kind,
                                                         int first, const int nx) {
-    const size_t esz = i8 ? 1 : 2;
+    const size_t esz = kind == 0 ? 4 : kind == 1 ? 2 : 1;
+    const int sr = nx <= 2 ? 4 : 2;
     int kk = 0;
-    for (; kk + SR <= k; kk += SR, first = 0)
-        sweep_rows(y, ldy, x + kk, ldx, (const char *)w + kk * (size_t)ldw * esz, (size_t)ldw, n, i8, first, SR, nx);
+    for (; kk + sr <= k; kk += sr, first = 0)
+        sweep_rows(y, ldy, x + kk, ldx, (const char *)w + kk * (size_t)ldw * esz, (size_t)ldw, n, kind, first, sr,
+                   sr, nx);
     for (; kk < k; kk++, first = 0)
-        sweep_rows(y, ldy, x + kk, ldx, (const char *)w + kk * (size_t)ldw * esz, (size_t)ldw, n, i8, first, 1, nx);
-}
-
-static inline __attribute__((always_inline)) void sweep_bf16(float *y, int ldy, const float *x, int ldx,
-                                                             const uint16_t *w, int ldw, int k, int n, const int nx) {
-    sweep(y, (size_t)ldy, x, (size_t)ldx, w, ldw, k, n, 0, 0, nx);
+        sweep_rows(y, ldy, x + kk, ldx, (const char *)w + kk * (size_t)ldw * esz, (size_t)ldw, n, kind, first, 1, 0,
+                   nx);
 }
 
 static inline __attribute__((always_inline)) void sweep_i8(float *y, int ldy, const float *x, int ldx,
@@ -194,7 +203,7 @@ static inline __attribute__((always_inline)) void sweep_i8(float *y, int ldy, co
     const int cw = SWF / nx / 8 * 8;
     for (int j0 = 0; j0 < n; j0 += cw) {
         const int c = n - j0 < cw ? n - j0 : cw;
-        sweep(s, (size_t)cw, x, (size_t)ldx, w + j0, ldw, k, c, 1, 1, nx);
+        sweep(s, (size_t)cw, x, (size_t)ldx, w + j0, ldw, k, c, 2, 1, nx);
         for (int i = 0; i < nx; i++) {
             float *yi = y + (size_t)i * ldy + j0;
             const float *si = s + (size_t)i * cw;
@@ -207,20 +216,40 @@ static inline __attribute__((always_inline)) void sweep_i8(float *y, int ldy, co
     }
 }
 
+/* The sweep of call(nx) for 1 <= m <= SM rows (a constant in each copy). */
+#define SWEEP_ROWS(call)                                                                                              \
+    switch (m) {                                                                                                      \
+    case 1: call(1); break;                                                                                           \
+    case 2: call(2); break;                                                                                           \
+    case 3: call(3); break;                                                                                           \
+    default: call(4); break;                                                                                          \
+    }
+
+void mha_gemm_sweep_f32_avx2(float *y, int ldy, const float *x, int ldx, const float *w, int ldw, int m, int k,
+                             int n) {
+#define F32(nx) sweep(y, (size_t)ldy, x, (size_t)ldx, w, ldw, k, n, 0, 0, nx)
+    SWEEP_ROWS(F32)
+#undef F32
+}
+
 void mha_gemm_stream_bf16_avx2(float *y, int ldy, const float *x, int ldx, const uint16_t *w, int ldw, int m,
                                int k, int n) {
-    switch (m <= SM && mha_cpu_row_sweep() ? m : 0) { /* rows a constant in each sweep */
-    case 1: sweep_bf16(y, ldy, x, ldx, w, ldw, k, n, 1); break;
-    case 2: sweep_bf16(y, ldy, x, ldx, w, ldw, k, n, 2); break;
-    default: stream(y, ldy, x, ldx, w, ldw, NULL, m, k, n, 0);
+    if (m > SM_WQ || !mha_cpu_row_sweep()) {
+        stream(y, ldy, x, ldx, w, ldw, NULL, m, k, n, 0);
+        return;
     }
+#define BF16(nx) sweep(y, (size_t)ldy, x, (size_t)ldx, w, ldw, k, n, 1, 0, nx)
+    SWEEP_ROWS(BF16)
+#undef BF16
 }
 
 void mha_gemm_stream_i8_avx2(float *y, int ldy, const float *x, int ldx, const int8_t *w, int ldw,
                              const float *scale, int m, int k, int n) {
-    switch (m <= SM && k > 0 && mha_cpu_row_sweep() ? m : 0) {
-    case 1: sweep_i8(y, ldy, x, ldx, w, ldw, scale, k, n, 1); break;
-    case 2: sweep_i8(y, ldy, x, ldx, w, ldw, scale, k, n, 2); break;
-    default: stream(y, ldy, x, ldx, w, ldw, scale, m, k, n, 1);
+    if (m > SM_WQ || k <= 0 || !mha_cpu_row_sweep()) {
+        stream(y, ldy, x, ldx, w, ldw, scale, m, k, n, 1);
+        return;
     }
+#define I8(nx) sweep_i8(y, ldy, x, ldx, w, ldw, scale, k, n, nx)
+    SWEEP_ROWS(I8)
+#undef I8
 }

@@ -157,6 +157,10 @@ void mha_scores_q8_avx2(float *s, int lds, const float *q, int ldq, const int8_t
 void mha_accumulate_q8_avx2(float *acc, int ldacc, const float *p, int ldp, const int8_t *vq,
                             const float *vs, int m, int n, int dv);
 void mha_from_q8_avx2(float *dst, const int8_t *src, const float *scale, size_t rows, int d, int lanes);
+/* The AVX2 fp32 stream's sweep on AMD Zen (avx2_gemm_wq.c): gemm_stream's
+ * contract for 1 <= m <= 4 rows. */
+void mha_gemm_sweep_f32_avx2(float *y, int ldy, const float *x, int ldx, const float *w, int ldw, int m, int k,
+                             int n);
 /* The bf16 / int8 weight streams of each table (scalar_gemm_wq.c,
  * avx2_gemm_wq.c, avx512_gemm_wq.c). */
 void mha_gemm_stream_bf16_scalar(float *y, int ldy, const float *x, int ldx, const uint16_t *w, int ldw, int m,
