@@ -617,26 +617,33 @@ static void load_heads_gated(void) {
     unlink(p);
 }
 
-/* A bf16 or int8 native file (mha convert --to-dtype) loads by heads as
- * it loads whole: each shard keeps the dtype, its weights are the full
- * layer's blocks bit for bit (int8: the columns' scales, and W_O's
- * per-head groups, d_v = 40 being two of them), its Y the full one's
- * share. P = 4 puts heads of one kv group in different shards. */
-static void load_heads_compact_weights(void) {
+/* The bf16 and int8 native files (mha convert --to-dtype) of layer c load
+ * by heads as they load whole: each shard keeps the dtype, its weights are
+ * the full layer's blocks bit for bit (check_shards), for P = 2 and P = P2
+ * ranks (h divisible by both); mha_layer_load_config reads the file too
+ * (mha-mpi reads it before the shards). */
+static void compact_files_by_heads(mha_config c, uint64_t seed, int P2, const char *what) {
     const mha_weight_dtype types[2] = {MHA_W_BF16, MHA_W_I8};
+    const int h = c.n_heads;
     for (int i = 0; i < 2; i++) {
-        mha_config c = naive_resolve(naive_config(48, 4, 2, 24, 40, 1));
-        uint64_t seed = 1777;
         naive_weights w;
         naive_weights_random(&w, &c, &seed, 0.6f);
         mha_layer *L = naive_make_layer(&w), *full = NULL;
-        const char *path = path_of(i ? "int8.safetensors" : "bf16.safetensors");
+        char name[64], label[64];
+        snprintf(name, sizeof name, "%s_%s.safetensors", what, mha_weight_dtype_name(types[i]));
+        snprintf(label, sizeof label, "%s %s", what, mha_weight_dtype_name(types[i]));
+        const char *path = path_of(name);
         CHECK_OK(mha_layer_convert_weights(L, types[i]));
         CHECK_OK(mha_layer_save(L, path));
         CHECK_OK(mha_layer_load(&full, path, NULL));
-        for (int P = 2; full && P <= 4; P += 2) {
-            check_shards(path, full, P, mha_weight_dtype_name(types[i]));
-            mha_head_range rg = {.first = 4 - 4 / P, .count = 4 / P};
+        mha_config got;
+        CHECK_OK(mha_layer_load_config(&got, path, NULL));
+        CHECK_INT(got.output_gate, c.output_gate);
+        CHECK_INT(got.d_v, c.d_v);
+        for (int k = 0; full && k < 2; k++) {
+            const int P = k ? P2 : 2;
+            check_shards(path, full, P, label);
+            mha_head_range rg = {.first = h - h / P, .count = h / P};
             mha_layer *S = NULL;
             CHECK_OK(mha_layer_load_heads(&S, path, NULL, &rg));
             CHECK_INT(mha_layer_weights_dtype(S), types[i]);
@@ -647,42 +654,22 @@ static void load_heads_compact_weights(void) {
     }
 }
 
-/* A gated layer's bf16 or int8 native file loads by heads too: w_g is
- * stored like w_q (int8: its codes and a w_g_scale of one scale per column
- * and group of 32 inputs), so a shard takes its heads' columns of both.
- * d_model 50 (groups of 32 + 18 rows), d_v 33, GQA h/h_kv = 3; shards of
- * a kv group and of single heads; mha_layer_load_config reads it too.
- * (Before: both read w_g as a float tensor and refused the file, 'w_g' is
- * int8 / float32.) */
+/* int8: the columns' scales, and W_O's per-head groups, d_v = 40 being two
+ * of them; P = 4 puts heads of one kv group in different shards. */
+static void load_heads_compact_weights(void) {
+    compact_files_by_heads(naive_resolve(naive_config(48, 4, 2, 24, 40, 1)), 1777, 4, "plain");
+}
+
+/* A gated layer's: w_g is stored like w_q (int8: its codes and a w_g_scale
+ * of one scale per column and group of 32 inputs), so a shard takes its
+ * heads' columns of both. d_model 50 (groups of 32 + 18 rows), d_v 33, GQA
+ * h/h_kv = 3; shards of a kv group and of single heads. (Before: both
+ * mha_layer_load_heads and mha_layer_load_config read w_g as a float
+ * tensor and refused the file, 'w_g' is int8 / float32.) */
 static void load_heads_compact_gated(void) {
-    const mha_weight_dtype types[2] = {MHA_W_BF16, MHA_W_I8};
-    for (int i = 0; i < 2; i++) {
-        mha_config c = naive_config(50, 6, 2, 5, 33, 1);
-        c.output_gate = 1;
-        c = naive_resolve(c);
-        uint64_t seed = 1779;
-        naive_weights w;
-        naive_weights_random(&w, &c, &seed, 0.6f);
-        mha_layer *L = naive_make_layer(&w), *full = NULL;
-        const char *path = path_of(i ? "gated_int8.safetensors" : "gated_bf16.safetensors");
-        CHECK_OK(mha_layer_convert_weights(L, types[i]));
-        CHECK_OK(mha_layer_save(L, path));
-        CHECK_OK(mha_layer_load(&full, path, NULL));
-        mha_config got; /* the same description: mha-mpi reads it before the shards */
-        CHECK_OK(mha_layer_load_config(&got, path, NULL));
-        CHECK_INT(got.output_gate, 1);
-        CHECK_INT(got.d_v, 33);
-        for (int P = 2; full && P <= 6; P += 4) {
-            check_shards(path, full, P, i ? "gated int8" : "gated bf16");
-            mha_head_range rg = {.first = 6 - 6 / P, .count = 6 / P};
-            mha_layer *S = NULL;
-            CHECK_OK(mha_layer_load_heads(&S, path, NULL, &rg));
-            CHECK_INT(mha_layer_weights_dtype(S), types[i]);
-            mha_layer_free(S);
-        }
-        mha_layer_free(full), mha_layer_free(L), naive_weights_free(&w);
-        unlink(path);
-    }
+    mha_config c = naive_config(50, 6, 2, 5, 33, 1);
+    c.output_gate = 1;
+    compact_files_by_heads(naive_resolve(c), 1779, 6, "gated");
 }
 
 /* CodeGen's qkv_proj (3E, E): 4 row blocks [q; v; k] of h/4 heads each,
