@@ -301,7 +301,7 @@ static inline __attribute__((always_inline)) void stream_rows(float *y, int ldy,
 
 static void gemm_stream_avx2(float *y, int ldy, const float *x, int ldx, const float *w, int ldw,
                              int m, int k, int n) {
-    if (m <= 4 && mha_cpu_row_sweep()) { /* AMD Zen: weight rows a few per pass (avx2_gemm_wq.c) */
+    if (m >= 1 && m <= 4 && mha_cpu_row_sweep()) { /* AMD Zen: weight rows a few per pass (avx2_gemm_wq.c) */
         mha_gemm_sweep_f32_avx2(y, ldy, x, ldx, w, ldw, m, k, n);
         return;
     }

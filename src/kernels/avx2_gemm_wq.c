@@ -1,7 +1,7 @@
 /* avx2_gemm_wq.c — the decode weight streams over bf16 and int8 weights
- * (decode_kernels.h) with AVX2 + FMA, and the fp32 one's sweep (below),
- * for one row or several (a batched
- * decode step): each weight is loaded and widened to fp32 once (bf16: the
+ * (decode_kernels.h) with AVX2 + FMA, and on AMD Zen the fp32 stream's
+ * sweep too (below), for one row or several (a batched decode step):
+ * each weight is loaded and widened to fp32 once (bf16: the
  * bits shifted up 16; int8: sign-extended and converted; both exact) and
  * used for up to RB rows of x held in registers, so the weights' bytes
  * are read once however many rows the step has.
@@ -222,7 +222,8 @@ static inline __attribute__((always_inline)) void sweep_i8(float *y, int ldy, co
     case 1: call(1); break;                                                                                           \
     case 2: call(2); break;                                                                                           \
     case 3: call(3); break;                                                                                           \
-    default: call(4); break;                                                                                          \
+    case 4: call(4); break;                                                                                           \
+    default: break; /* the callers' checks keep m in 1..SM */                                                         \
     }
 
 void mha_gemm_sweep_f32_avx2(float *y, int ldy, const float *x, int ldx, const float *w, int ldw, int m, int k,
@@ -234,7 +235,7 @@ void mha_gemm_sweep_f32_avx2(float *y, int ldy, const float *x, int ldx, const f
 
 void mha_gemm_stream_bf16_avx2(float *y, int ldy, const float *x, int ldx, const uint16_t *w, int ldw, int m,
                                int k, int n) {
-    if (m > SM_WQ || !mha_cpu_row_sweep()) {
+    if (m < 1 || m > SM_WQ || !mha_cpu_row_sweep()) {
         stream(y, ldy, x, ldx, w, ldw, NULL, m, k, n, 0);
         return;
     }
@@ -245,7 +246,7 @@ void mha_gemm_stream_bf16_avx2(float *y, int ldy, const float *x, int ldx, const
 
 void mha_gemm_stream_i8_avx2(float *y, int ldy, const float *x, int ldx, const int8_t *w, int ldw,
                              const float *scale, int m, int k, int n) {
-    if (m > SM_WQ || k <= 0 || !mha_cpu_row_sweep()) {
+    if (m < 1 || m > SM_WQ || k <= 0 || !mha_cpu_row_sweep()) {
         stream(y, ldy, x, ldx, w, ldw, scale, m, k, n, 1);
         return;
     }
