@@ -717,14 +717,43 @@ static int nope(cli_hf_config *c, const char *cmd, json_t *root, const char *typ
     return 0;
 }
 
+/* GPT-Neo's attention_layers (one "global" / "local" per layer), or its
+ * attention_types [[kinds, repeats], ...] expanded, under layer_lists' rule:
+ * strings only, and the layer n (-1: none named) among them. */
+static int neo_lists(const char *cmd, json_t *root, long long n) {
+    json_t *al = json_object_get(root, "attention_layers"), *at = json_object_get(root, "attention_types");
+    const char *key = json_is_array(al) ? "attention_layers" : "attention_types";
+    long long len = 0;
+    int bad = 0;
+    for (size_t i = 0; json_is_array(al) && i < json_array_size(al); i++, len++)
+        bad |= !json_is_string(json_array_get(al, i));
+    for (size_t i = 0; !json_is_array(al) && json_is_array(at) && i < json_array_size(at); i++) {
+        json_t *kinds = json_array_get(json_array_get(at, i), 0), *reps = json_array_get(json_array_get(at, i), 1);
+        bad |= !json_is_array(kinds) || !json_is_integer(reps) || json_integer_value(reps) < 0;
+        for (size_t j = 0; json_is_array(kinds) && j < json_array_size(kinds); j++)
+            bad |= !json_is_string(json_array_get(kinds, j));
+        const long long r = bad ? 0 : json_integer_value(reps);
+        len += (long long)json_array_size(kinds) * (r < 1 << 20 ? r : 1 << 20);
+    }
+    if (bad)
+        return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: GPT-Neo's %s holds an entry of another type; "
+                             "expected %s", key, json_is_array(al) ? "one string (\"global\" or \"local\") per layer"
+                                                                   : "[[[\"global\", \"local\"], repeats], ...]");
+    if ((json_is_array(al) || json_is_array(at)) && len > 0 && n >= len)
+        return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: GPT-Neo's %s gives %lld layers, and --prefix names "
+                             "layer %lld; expected one entry per layer (is it the config of another model?)", key,
+                             len, n);
+    return 0;
+}
+
 /* The per-layer keys, checked before any is read: layer_types a list of
  * one string per layer, no_rope_layers one 1 (rotary) or 0 (none) per layer
- * (a bool as Python reads it), GPT-Neo's attention_layers (or its
- * attention_types expanded) a string per layer, each holding the layer
- * --prefix names, and max_window_layers a whole number. Before, a list shorter than the layer's
- * number, an entry of another type or a fractional max_window_layers read
- * as some other layer kind, silently (HF's configs index the lists by the
- * layer, and compare the layer with max_window_layers exactly). */
+ * (a bool as Python reads it), GPT-Neo's kinds (neo_lists), each holding
+ * the layer --prefix names, and max_window_layers a whole number. Before, a
+ * list shorter than the layer's number, an entry of another type or a
+ * fractional max_window_layers read as some other layer kind, silently
+ * (HF's configs index the lists by the layer, and compare the layer with
+ * max_window_layers exactly). */
 static int layer_lists(const char *cmd, json_t *root, const char *prefix) {
     static const char *const keys[2] = {"layer_types", "no_rope_layers"};
     static const char *const want[2] = {"string (\"full_attention\", \"sliding_attention\", ...)",
@@ -747,31 +776,9 @@ static int layer_lists(const char *cmd, json_t *root, const char *prefix) {
                                  "%lld; expected one per layer (is it the config of another model?)", keys[k],
                                  json_array_size(a), n);
     }
-    /* GPT-Neo's attention_layers (one "global" / "local" per layer), or
-     * attention_types [[kinds, repeats], ...] expanded: the same rule */
-    json_t *al = json_object_get(root, "attention_layers"), *at = json_object_get(root, "attention_types");
-    long long len = 0;
-    int bad = 0;
-    for (size_t i = 0; json_is_array(al) && i < json_array_size(al); i++, len++)
-        bad |= !json_is_string(json_array_get(al, i));
-    for (size_t i = 0; !json_is_array(al) && json_is_array(at) && i < json_array_size(at); i++) {
-        json_t *kinds = json_array_get(json_array_get(at, i), 0), *reps = json_array_get(json_array_get(at, i), 1);
-        bad |= !json_is_array(kinds) || !json_is_integer(reps) || json_integer_value(reps) < 0;
-        for (size_t j = 0; json_is_array(kinds) && j < json_array_size(kinds); j++)
-            bad |= !json_is_string(json_array_get(kinds, j));
-        if (!bad) len += (long long)json_array_size(kinds) * (json_integer_value(reps) < 1 << 20 ? json_integer_value(reps) : 1 << 20);
-    }
-    if (bad)
-        return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: GPT-Neo's %s holds an entry of another type; "
-                             "expected %s", json_is_array(al) ? "attention_layers" : "attention_types",
-                             json_is_array(al) ? "one string (\"global\" or \"local\") per layer"
-                                               : "[[[\"global\", \"local\"], repeats], ...]");
-    if ((json_is_array(al) || json_is_array(at)) && len > 0 && n >= len)
-        return mha_cmd_error(cmd, MHA_EXIT_RUNTIME, "config.json: GPT-Neo's %s gives %lld layers, and --prefix names "
-                             "layer %lld; expected one entry per layer (is it the config of another model?)",
-                             json_is_array(al) ? "attention_layers" : "attention_types", len, n);
+    int rc = neo_lists(cmd, root, n);
     double m = 0;
-    return number(cmd, root, "", "max_window_layers", 0, 1 << 30, 1, &m);
+    return rc ? rc : number(cmd, root, "", "max_window_layers", 0, 1 << 30, 1, &m);
 }
 
 /* A layer that layer_types names "linear_attention" (MiniMax's lightning
