@@ -37,6 +37,7 @@
 #include "bench.h"
 #include "cache/cache_internal.h"
 #include "compute/exec.h"
+#include "kernels/kernels.h"
 #include "mha.h"
 
 #include "ab_switch.h"
@@ -66,6 +67,8 @@ static double attend_ms(mha_cache *c, float *z, const float *q, double *cpu_ms) 
  * (GQA h/h_kv = 4) on int8 and fp16. The ceiling a chunk reaches with no
  * memory traffic and no bookkeeping (bench/LIMITS.md, round 5). */
 static int kernels_ceiling(void) {
+    if (!mha_cpu_has_avx512()) /* the grouped kernels are the AVX-512 table's: an illegal instruction elsewhere */
+        return printf("error: `kernels` times the AVX-512 grouped kernels; this CPU has no AVX-512\n"), 1;
     const mha_decode_kernels *g = &mha_decode_kernels_avx512;
     enum { N = MHA_DECODE_CHUNK, D = 64, DV = 64, LDT = 32, NT = 11 };
     uint64_t seed = 7;
