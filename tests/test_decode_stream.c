@@ -8,8 +8,8 @@
  * is computed here with fmaf; the library must give exactly those bits
  * whatever its task split: on 1, 2 and 5 threads (2 and 5 split the wide
  * job's columns into 512- and 256-wide tasks, 5 with a short last one),
- * with one row (the one-row sweeps, forced on and off) and several (the
- * tiles).
+ * with the sweeps forced on and off (AVX2: fp32 up to 4 rows, bf16 and
+ * int8 up to 2; AVX-512: one row) and the tiles for the rest.
  * Legend: m rows, k inputs, n outputs. */
 #include <stdint.h>
 #include <stdlib.h>
