@@ -57,6 +57,31 @@ float naive_round_f16(float x) {
     return (float)copysign(ldexp(r, q), (double)x);
 }
 
+float naive_round_bf16(float x) {
+    if (x == 0.0f) return x;
+    int e;
+    const double m = frexp((double)x, &e); /* x = m 2^e, 0.5 <= |m| < 1 */
+    return (float)ldexp(nearbyint(ldexp(m, 8)), e - 8);
+}
+
+void naive_round_int8(float *w, int K, int N, int seg) {
+    for (int s0 = 0; s0 < K; s0 += seg)
+        for (int g0 = s0; g0 < s0 + seg; g0 += 32) {
+            const int g1 = g0 + 32 < s0 + seg ? g0 + 32 : s0 + seg;
+            for (int j = 0; j < N; j++) {
+                float amax = 0.0f;
+                for (int k = g0; k < g1; k++) amax = fmaxf(amax, fabsf(w[(size_t)k * N + j]));
+                const float s = amax / 127.0f;
+                for (int k = g0; k < g1; k++) {
+                    const double r = s == 0.0f ? 0.0 : (double)(w[(size_t)k * N + j] / s);
+                    double q = r < 0 ? -floor(-r + 0.5) : floor(r + 0.5);
+                    q = q > 127 ? 127 : q < -127 ? -127 : q;
+                    w[(size_t)k * N + j] = (float)(int)q * s;
+                }
+            }
+        }
+}
+
 enum { N_WEIGHTS = 15 };
 
 /* Sizes of the fifteen tensors, in naive_weights order. */

@@ -105,6 +105,16 @@ void naive_cache_attend(double *z, double *probs, const float *q, const float *k
  * frexp/nearbyint rather than bit manipulation (the library's way). */
 float naive_round_f16(float x);
 
+/* x rounded to bfloat16 (8 significant bits), ties to even, with frexp /
+ * nearbyint (the library shifts bits): a bf16 weight's value. */
+float naive_round_bf16(float x);
+
+/* w (K, N) in place -> its int8 weights' values: one scale max|w| / 127
+ * per column and group of 32 rows, groups starting afresh at every
+ * multiple of seg rows (W_O: each head's rows), q rounded half away from
+ * 0 with floor and clamped to +-127, written back as q * scale. */
+void naive_round_int8(float *w, int K, int N, int seg);
+
 /* Helpers for comparing float results with double oracles. */
 double naive_max_diff(const float *a, const double *b, size_t n); /* NaN -> INF */
 float *naive_alloc_floats(size_t n);   /* zeroed, aborts on failure */

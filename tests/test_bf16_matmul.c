@@ -24,17 +24,9 @@
 #include "test_util.h"
 #include "tests.h"
 
-/* x rounded to bfloat16 (8 significant bits), ties to even. */
-static float bf16_of(float x) {
-    if (x == 0.0f) return x;
-    int e;
-    const double m = frexp((double)x, &e);
-    return (float)ldexp(nearbyint(ldexp(m, 8)), e - 8);
-}
-
 static float *rounded(const float *x, size_t n) {
     float *r = naive_alloc_floats(n);
-    for (size_t i = 0; i < n; i++) r[i] = bf16_of(x[i]);
+    for (size_t i = 0; i < n; i++) r[i] = naive_round_bf16(x[i]);
     return r;
 }
 
@@ -81,7 +73,7 @@ static void test_reference(void) {
     for (int t = 0; t < B * T; t++)
         for (int j = 0; j < D; j++) {
             double want = w.b_o[j];
-            for (int i = 0; i < zw; i++) want += (double)bf16_of(z[(size_t)t * zw + i]) * w.w_o[(size_t)i * D + j];
+            for (int i = 0; i < zw; i++) want += (double)naive_round_bf16(z[(size_t)t * zw + i]) * w.w_o[(size_t)i * D + j];
             worst = fmax(worst, fabs(y[(size_t)t * D + j] - want) / (1.0 + fabs(want)));
             effect = fmax(effect, fabs((double)y32[(size_t)t * D + j] - y[(size_t)t * D + j]));
         }
@@ -229,8 +221,8 @@ static void test_gemm(void) {
     float *a = activations(M, K, &seed);
     float *w0 = naive_random_floats((size_t)K * N0, &seed, -0.5f, 0.5f), *w1 = naive_random_floats((size_t)K * N1, &seed, -0.5f, 0.5f);
     float *b0 = naive_random_floats(N0, &seed, -1.0f, 1.0f);
-    for (int i = 0; i < K * N0; i++) w0[i] = bf16_of(w0[i]);
-    for (int i = 0; i < K * N1; i++) w1[i] = bf16_of(w1[i]);
+    for (int i = 0; i < K * N0; i++) w0[i] = naive_round_bf16(w0[i]);
+    for (int i = 0; i < K * N1; i++) w1[i] = naive_round_bf16(w1[i]);
     const float *ws[2] = {w0, w1}, *bs[2] = {b0, NULL};
     const int cols[2] = {N0, N1};
     mha_packed p;
@@ -254,7 +246,7 @@ static void test_gemm(void) {
                     const float *w = ws[s];
                     double want = bs[s] ? bs[s][n] : 0.0, plain = want, mag = fabs(want);
                     for (int k = 0; k < K; k++) {
-                        want += (double)bf16_of(a[m * K + k]) * w[k * cols[s] + n];
+                        want += (double)naive_round_bf16(a[m * K + k]) * w[k * cols[s] + n];
                         plain += (double)a[m * K + k] * w[k * cols[s] + n];
                         mag += fabs((double)a[m * K + k] * w[k * cols[s] + n]);
                     }
@@ -318,7 +310,7 @@ static void test_cached(void) {
         for (int j = 0; j < D; j++) {
             double want = w.b_o[j], mag = fabs(want);
             for (int i = 0; i < zw; i++) {
-                const double term = (double)bf16_of(zc[(size_t)t * zw + i]) * w.w_o[(size_t)i * D + j];
+                const double term = (double)naive_round_bf16(zc[(size_t)t * zw + i]) * w.w_o[(size_t)i * D + j];
                 want += term, mag += fabs(term);
             }
             yerr = fmax(yerr, fabs(yc[(size_t)t * D + j] - want) / (2.0 * zw * 0x1p-24 * mag + 1e-30));

@@ -8,8 +8,9 @@
  *
  * Oracles: an fp32 layer built from the values the converted layer shows
  * (mha_layer_get_weights), themselves checked bit for bit against a
- * quantization computed here from the math of mha.h (frexp / floor, no
- * library code); the reference path. What must hold (docs/WEIGHTS.md):
+ * quantization computed from the math of mha.h (tests/naive.c's
+ * naive_round_bf16 / naive_round_int8: frexp / floor, no library code);
+ * the reference path. What must hold (docs/WEIGHTS.md):
  *  - reference and prefill of the converted layer: the fp32 layer's bits;
  *  - bf16 decode one row a step: the fp32 layer's bits, whatever the
  *    cache type (the K/V appended are the same bits);
@@ -46,34 +47,6 @@ static const cshape SHAPES[] = {
     {33, 1, 1, 1, 1, 1, 0},    /* d_head 1                               */
 };
 #define N_SHAPES ((int)(sizeof SHAPES / sizeof SHAPES[0]))
-
-/* ------------------------------------------------------- the quantizers */
-
-static float q_bf16(float x) { /* nearest bfloat16, ties to even */
-    if (x == 0.0f) return x;
-    int e;
-    const double m = frexp((double)x, &e);
-    return (float)ldexp(nearbyint(ldexp(m, 8)), e - 8);
-}
-
-/* w (K, N) -> its int8 values, groups of 32 rows restarting every seg */
-static void q_int8(float *w, int K, int N, int seg) {
-    for (int s0 = 0; s0 < K; s0 += seg)
-        for (int g0 = s0; g0 < s0 + seg; g0 += 32) {
-            const int g1 = g0 + 32 < s0 + seg ? g0 + 32 : s0 + seg;
-            for (int j = 0; j < N; j++) {
-                float mx = 0.0f;
-                for (int k = g0; k < g1; k++) mx = fmaxf(mx, fabsf(w[(size_t)k * N + j]));
-                const float s = mx / 127.0f;
-                for (int k = g0; k < g1; k++) {
-                    const double r = s == 0.0f ? 0.0 : (double)(w[(size_t)k * N + j] / s);
-                    double q = r < 0 ? -floor(-r + 0.5) : floor(r + 0.5);
-                    q = q > 127 ? 127 : q < -127 ? -127 : q;
-                    w[(size_t)k * N + j] = (float)(int)q * s;
-                }
-            }
-        }
-}
 
 /* ------------------------------------------------------------- fixtures */
 
@@ -124,9 +97,9 @@ static void cfix_make(cfix *f, const cshape *s, mha_weight_dtype dt, uint64_t se
         const int K = mat_rows(&f->c, m), N = mat_cols(&f->c, m);
         float *want = naive_alloc_floats((size_t)K * N);
         memcpy(want, orig[m], sizeof(float) * K * N);
-        if (dt == MHA_W_I8) q_int8(want, K, N, m == 3 ? f->c.d_v : K);
+        if (dt == MHA_W_I8) naive_round_int8(want, K, N, m == 3 ? f->c.d_v : K);
         else
-            for (size_t e = 0; e < (size_t)K * N; e++) want[e] = q_bf16(want[e]);
+            for (size_t e = 0; e < (size_t)K * N; e++) want[e] = naive_round_bf16(want[e]);
         char what[64];
         snprintf(what, sizeof what, "%s matrix %d of D=%d dk=%d dv=%d", mha_weight_dtype_name(dt), m, f->c.d_model,
                  f->c.d_k, f->c.d_v);

@@ -27,43 +27,15 @@
 
 /* ------------------------------------------------ reference quantizers */
 
-/* x rounded to bfloat16 (8 significant bits), ties to even. */
-static float ref_bf16(float x) {
-    if (x == 0.0f) return x;
-    int e;
-    double m = frexp((double)x, &e); /* x = m 2^e, 0.5 <= |m| < 1 */
-    return (float)ldexp(nearbyint(ldexp(m, 8)), e - 8);
-}
-
-/* w (K, N) in place -> its int8 values: one scale per column and group
- * of 32 rows, groups starting afresh at every multiple of seg rows. */
-static void ref_int8(float *w, int K, int N, int seg) {
-    for (int s0 = 0; s0 < K; s0 += seg)
-        for (int g0 = s0; g0 < s0 + seg; g0 += 32) {
-            const int g1 = g0 + 32 < s0 + seg ? g0 + 32 : s0 + seg;
-            for (int j = 0; j < N; j++) {
-                float amax = 0.0f;
-                for (int k = g0; k < g1; k++) amax = fmaxf(amax, fabsf(w[(size_t)k * N + j]));
-                float s = amax / 127.0f;
-                for (int k = g0; k < g1; k++) {
-                    double r = s == 0.0f ? 0.0 : (double)(w[(size_t)k * N + j] / s);
-                    double q = r < 0 ? -floor(-r + 0.5) : floor(r + 0.5);
-                    q = q > 127 ? 127 : q < -127 ? -127 : q;
-                    w[(size_t)k * N + j] = (float)(int)q * s;
-                }
-            }
-        }
-}
-
 /* The projection matrices of w quantized as dtype, in place. */
 static void ref_quantize(naive_weights *w, const mha_config *c, mha_weight_dtype dt) {
     float *m[4] = {w->w_q, w->w_k, w->w_v, w->w_o};
     const int K[4] = {c->d_model, c->d_kv_in, c->d_v_in ? c->d_v_in : c->d_kv_in, c->n_heads * c->d_v};
     const int N[4] = {c->n_heads * c->d_k, c->n_kv_heads * c->d_k, c->n_kv_heads * c->d_v, c->d_model};
     for (int i = 0; i < 4; i++) {
-        if (dt == MHA_W_I8) ref_int8(m[i], K[i], N[i], i == 3 ? c->d_v : K[i]); /* W_O: per head */
+        if (dt == MHA_W_I8) naive_round_int8(m[i], K[i], N[i], i == 3 ? c->d_v : K[i]); /* W_O: per head */
         else
-            for (size_t e = 0; e < (size_t)K[i] * N[i]; e++) m[i][e] = ref_bf16(m[i][e]);
+            for (size_t e = 0; e < (size_t)K[i] * N[i]; e++) m[i][e] = naive_round_bf16(m[i][e]);
     }
 }
 
@@ -146,9 +118,9 @@ static void test_bf16_rounding(void) {
                          -(1.0f + 0x1p-8f),         /* negative tie: -1 */
                          -(1.0f + 3 * 0x1p-8f),     /* -(1 + 2^-6) */
                          0.1f, -3.3e38f, 0.0f};
-    const float want[8] = {1.0f, 1.0f + 0x1p-6f, 1.0f + 0x1p-7f, -1.0f, -(1.0f + 0x1p-6f), ref_bf16(0.1f),
-                           ref_bf16(-3.3e38f), 0.0f};
-    CHECK(ref_bf16(in[0]) == want[0] && ref_bf16(in[1]) == want[1] && ref_bf16(in[2]) == want[2]);
+    const float want[8] = {1.0f, 1.0f + 0x1p-6f, 1.0f + 0x1p-7f, -1.0f, -(1.0f + 0x1p-6f), naive_round_bf16(0.1f),
+                           naive_round_bf16(-3.3e38f), 0.0f};
+    CHECK(naive_round_bf16(in[0]) == want[0] && naive_round_bf16(in[1]) == want[1] && naive_round_bf16(in[2]) == want[2]);
     mha_config c = mha_config_default(8, 1);
     c.bias = 0;
     float wq[64] = {0}, wk[64] = {0}, wv[64] = {0}, wo[64] = {0};
@@ -194,7 +166,7 @@ static void test_int8_rounding(void) {
     wq[0] = 1.27f, wq[4] = -0.005f, wq[8] = 0.3333f, wq[12] = -1.0f;
     float want[16];
     memcpy(want, wq, sizeof wq);
-    ref_int8(want, 4, 4, 4);
+    naive_round_int8(want, 4, 4, 4);
     CHECK(want[4] == -(float)1 * (1.27f / 127.0f)); /* half away from zero */
     mha_weights w = {.w_q = wq, .w_k = wk, .w_v = wv, .w_o = wo};
     mha_layer *L = NULL;
@@ -598,7 +570,7 @@ static void test_stream_kernels_rows(void) {
     uint16_t *wb = malloc(sizeof(uint16_t) * K * ld);
     int8_t *wi = malloc((size_t)K * ld);
     for (int e = 0; e < K * ld; e++) {
-        float r = ref_bf16(wf[e]);
+        float r = naive_round_bf16(wf[e]);
         memcpy(&wb[e], (char *)&r + 2, 2); /* the high half: bf16 bits (little endian) */
         wi[e] = (int8_t)lrintf(wf[e] * 127.0f);
     }
