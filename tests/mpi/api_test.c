@@ -4,6 +4,7 @@
  * crashes or hangs. Legend: B, T, h, d_k, d_v, D = d_model. */
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "mha_mpi.h"
@@ -30,27 +31,44 @@ static void expect_close(const float *y, const float *want, size_t n, const char
     if (!(err <= 1e-5)) fprintf(stderr, "FAIL rank %d: %s: max |y - mha_forward| = %g\n", rank, what, err), fails++;
 }
 
+/* A gated GQA layer with biases (d_model D, h heads, g kv heads, d_k = D /
+ * h): W_Q, W_K, W_V, W_O, W_G and the five biases, then x (nx floats),
+ * filled in that order with ((k * mul % mod) - mod / 2) / div; bo (D) gets
+ * b_O (mha_mpi_forward_heads adds it once). NULL after a failed create
+ * (counted). */
+static mha_layer *gated_layer(int D, int h, int g, float *x, size_t nx, float *bo, int mul, int mod, float div) {
+    mha_config c = mha_config_default(D, h);
+    c.n_kv_heads = g, c.output_gate = 1; /* bias on: b_G too */
+    const size_t dk = (size_t)(D / h); /* W_Q, W_K, W_V, W_O, W_G, b_Q, b_K, b_V, b_O, b_G */
+    const size_t n[10] = {D * h * dk, D * g * dk, D * g * dk, h * dk * D, D * h * dk, h * dk, g * dk, g * dk, D, h * dk};
+    size_t total = 0;
+    for (int a = 0; a < 10; a++) total += n[a];
+    float *buf = malloc(sizeof(float) * total), *m[10];
+    if (!buf) return NULL;
+    long k = 0;
+    for (int a = 0, at = 0; a < 10; at += (int)n[a], a++)
+        for (size_t i = 0; i < n[a]; i++, k++) (m[a] = buf + at)[i] = (float)((k * mul % mod) - mod / 2) / div;
+    for (size_t i = 0; i < nx; i++, k++) x[i] = (float)((k * mul % mod) - mod / 2) / div;
+    mha_weights w = {.w_q = m[0], .w_k = m[1], .w_v = m[2], .w_o = m[3], .w_g = m[4], .b_q = m[5], .b_k = m[6],
+                     .b_v = m[7], .b_o = m[8], .b_g = m[9]};
+    memcpy(bo, w.b_o, sizeof(float) * (size_t)D);
+    mha_layer *L = NULL;
+    EXPECT(mha_layer_create(&L, &c, &w), MHA_OK, NULL);
+    free(buf);
+    return L;
+}
+
 /* Gated attention (config.output_gate), GQA with biases: the head split
  * of a layer in memory (mha_mpi_shard_heads: each shard takes W_G's and
  * b_G's column blocks of its heads), with its heads permuted first (W_G
  * moves with W_Q), and the ring (each rank gates its own rows), against
  * the single-process mha_forward of the unpermuted layer. */
 static void gated(MPI_Comm comm) {
-    enum { D = 8, H = 4, G = 2, DK = 2, B = 2, T = 8 };
-    mha_config c = mha_config_default(D, H);
-    c.n_kv_heads = G, c.output_gate = 1; /* bias on: b_G too */
-    static float wq[D * H * DK], wk[D * G * DK], wv[D * G * DK], wo[H * DK * D], wg[D * H * DK], bq[H * DK],
-        bk[G * DK], bv[G * DK], bo[D], bg[H * DK], x[B * T * D], y[B * T * D], want[B * T * D];
-    float *const all[] = {wq, wk, wv, wo, wg, bq, bk, bv, bo, bg, x};
-    const size_t n[] = {D * H * DK, D * G * DK, D * G * DK, H * DK * D, D * H * DK, H * DK, G * DK, G * DK, D, H * DK, B * T * D};
-    for (int a = 0, k = 0; a < 11; a++)
-        for (size_t i = 0; i < n[a]; i++, k++) all[a][i] = (float)((k * 37 % 23) - 11) / 17.0f;
-    mha_weights w = {.w_q = wq, .w_k = wk, .w_v = wv, .w_o = wo, .w_g = wg, .b_q = bq, .b_k = bk, .b_v = bv,
-                     .b_o = bo, .b_g = bg};
-    mha_layer *L = NULL, *local = NULL;
+    enum { D = 8, H = 4, G = 2, B = 2, T = 8 };
+    static float x[B * T * D], y[B * T * D], want[B * T * D], bo[D];
+    mha_layer *L = gated_layer(D, H, G, x, B * T * D, bo, 37, 23, 17.0f), *local = NULL;
     mha_options o = mha_options_default();
     o.causal = 1;
-    EXPECT(mha_layer_create(&L, &c, &w), MHA_OK, NULL);
     if (!L) return;
     EXPECT(mha_forward(L, want, NULL, x, NULL, B, T, T, &o), MHA_OK, NULL);
     const int perm[H] = {2, 3, 0, 1}; /* the kv groups swapped, whole */
@@ -71,21 +89,11 @@ static void gated(MPI_Comm comm) {
  * fp32 shard: the same values, twice or four times the bytes), and the
  * heads' sum is mha_forward of the converted layer. */
 static void compact(MPI_Comm comm) {
-    enum { D = 48, H = 4, G = 2, DK = 12, B = 1, T = 6 }; /* d_k = D / H */
-    mha_config c = mha_config_default(D, H);
-    c.n_kv_heads = G, c.output_gate = 1;
-    static float wq[D * H * DK], wk[D * G * DK], wv[D * G * DK], wo[H * DK * D], wg[D * H * DK], bq[H * DK],
-        bk[G * DK], bv[G * DK], bo[D], bg[H * DK], x[B * T * D], y[B * T * D], want[B * T * D];
-    float *const all[] = {wq, wk, wv, wo, wg, bq, bk, bv, bo, bg, x};
-    const size_t n[] = {D * H * DK, D * G * DK, D * G * DK, H * DK * D, D * H * DK, H * DK, G * DK, G * DK, D, H * DK, B * T * D};
-    for (int a = 0, k = 0; a < 11; a++)
-        for (size_t i = 0; i < n[a]; i++, k++) all[a][i] = (float)((k * 41 % 29) - 14) / 23.0f;
-    mha_weights w = {.w_q = wq, .w_k = wk, .w_v = wv, .w_o = wo, .w_g = wg, .b_q = bq, .b_k = bk, .b_v = bv,
-                     .b_o = bo, .b_g = bg};
+    enum { D = 48, H = 4, G = 2, DK = 12, B = 1, T = 6 }; /* DK = d_k = D / H */
+    static float x[B * T * D], y[B * T * D], want[B * T * D], bo[D];
     const mha_weight_dtype types[2] = {MHA_W_BF16, MHA_W_I8};
     for (int t = 0; t < 2; t++) {
-        mha_layer *L = NULL, *local = NULL;
-        EXPECT(mha_layer_create(&L, &c, &w), MHA_OK, NULL);
+        mha_layer *L = gated_layer(D, H, G, x, B * T * D, bo, 41, 29, 23.0f), *local = NULL;
         if (!L) return;
         EXPECT(mha_layer_convert_weights(L, types[t]), MHA_OK, NULL);
         EXPECT(mha_forward(L, want, NULL, x, NULL, B, T, T, NULL), MHA_OK, NULL);
