@@ -72,14 +72,6 @@ static int mat_cols(const mha_config *c, int m) {
     return n[m];
 }
 
-static void same_bits(const float *a, const float *b, size_t n, const char *what) {
-    for (size_t i = 0; i < n; i++)
-        if (memcmp(&a[i], &b[i], sizeof(float))) {
-            test_report(__FILE__, __LINE__, "%s: element %zu differs: %a vs %a", what, i, (double)a[i], (double)b[i]);
-            return;
-        }
-}
-
 /* The converted layer's stored values are the quantizer's, bit for bit
  * (W_G too); exact is an fp32 layer of them. */
 static void cfix_make(cfix *f, const cshape *s, mha_weight_dtype dt, uint64_t seed) {
@@ -103,7 +95,7 @@ static void cfix_make(cfix *f, const cshape *s, mha_weight_dtype dt, uint64_t se
         char what[64];
         snprintf(what, sizeof what, "%s matrix %d of D=%d dk=%d dv=%d", mha_weight_dtype_name(dt), m, f->c.d_model,
                  f->c.d_k, f->c.d_v);
-        same_bits(got[m], want, (size_t)K * N, what);
+        CHECK_SAME_BITS(got[m], want, (size_t)K * N, what);
         free(want);
     }
     f->exact = NULL;
@@ -135,7 +127,7 @@ static void test_paths(void) {
             float *x = naive_random_floats((size_t)B * T * D, &seed, -1.0f, 1.0f);
             for (int p = MHA_PATH_REFERENCE; p <= MHA_PATH_FAST; p++) {
                 float *a = forward(f.conv, x, B, T, (mha_path)p), *b = forward(f.exact, x, B, T, (mha_path)p);
-                same_bits(a, b, (size_t)B * T * D, p == MHA_PATH_FAST ? "fast path" : "reference");
+                CHECK_SAME_BITS(a, b, (size_t)B * T * D, p == MHA_PATH_FAST ? "fast path" : "reference");
                 free(a), free(b);
             }
             free(x);
@@ -180,7 +172,7 @@ static void one_row_steps(const cfix *f, mha_weight_dtype dt, const float *x) {
     for (int ci = 0; ci < 4; ci++) {
         size_t n;
         float *a = run_script(f->conv, 1, sc, T, x, KT[ci], VT[ci], &n), *b = run_script(f->exact, 1, sc, T, x, KT[ci], VT[ci], &n);
-        if (dt == MHA_W_BF16) same_bits(a, b, n, "bf16 one-row decode vs the fp32 layer's");
+        if (dt == MHA_W_BF16) CHECK_SAME_BITS(a, b, n, "bf16 one-row decode vs the fp32 layer's");
         if (dt == MHA_W_I8 && ci == 0) {
             float *ref = forward(f->exact, x, 1, T, MHA_PATH_REFERENCE);
             mha_layer *orig = naive_make_layer(&f->w);
@@ -212,7 +204,7 @@ static void ragged_steps(const cfix *f, const float *x, int threaded) {
             mha_set_num_threads(2);
             float *two = run_script(f->conv, 3, sc, 5, x, KT[ci], VT[ci], &n);
             mha_decode_set_min_parallel_work(262144.0);
-            same_bits(one, two, n, "ragged steps on 1 vs 2 threads");
+            CHECK_SAME_BITS(one, two, n, "ragged steps on 1 vs 2 threads");
             free(two);
         }
         for (int b = 0; b < 3; b++) { /* sequence b alone: its rows of every call */
@@ -228,7 +220,7 @@ static void ragged_steps(const cfix *f, const float *x, int threaded) {
             float *alone = run_script(f->conv, 1, s1, 5, xs, KT[ci], VT[ci], &n1);
             at = at1 = 0;
             for (int s = 0; s < 5; s++) {
-                same_bits(one + at + (size_t)b * sc[s].T * D, alone + at1, (size_t)sc[s].T * D,
+                CHECK_SAME_BITS(one + at + (size_t)b * sc[s].T * D, alone + at1, (size_t)sc[s].T * D,
                           "a sequence's rows in a ragged batch vs alone");
                 at += (size_t)3 * sc[s].T * D, at1 += (size_t)sc[s].T * D;
             }
@@ -292,7 +284,7 @@ static void test_cache_ops(void) {
                         }
                         step(L[k], c[k], y[k], x + (size_t)t * 2 * D);
                     }
-                    if (dt == MHA_W_BF16) same_bits(y[0], y[1], (size_t)2 * D, "bf16 cache ops vs the fp32 layer");
+                    if (dt == MHA_W_BF16) CHECK_SAME_BITS(y[0], y[1], (size_t)2 * D, "bf16 cache ops vs the fp32 layer");
                     worst = fmax(worst, test_max_abs_diff(y[0], y[1], (size_t)2 * D));
                     for (int e = 0; e < 2 * D; e++) ymax = fmax(ymax, fabs(y[1][e]));
                 }
@@ -346,7 +338,7 @@ static void test_cross(void) {
             mha_cache_free(m), free(xs), free(ys);
         }
         const size_t n = (size_t)B * T * D;
-        if (dt == MHA_W_BF16) same_bits(y[0], y[1], n, "bf16 cross memory vs the fp32 layer");
+        if (dt == MHA_W_BF16) CHECK_SAME_BITS(y[0], y[1], n, "bf16 cross memory vs the fp32 layer");
         const double err = test_max_abs_diff(y[0], ref, n), tol = 2 * test_max_abs_diff(y[1], ref, n) + 1e-6;
         if (!(err <= tol)) test_report(__FILE__, __LINE__, "%s cross: max|y - ref| = %.3g > %.3g",
                                        mha_weight_dtype_name((mha_weight_dtype)dt), err, tol);
@@ -408,7 +400,7 @@ static void stored_moved(const mha_layer *L, const mha_layer *before, const int 
         move_blocks(want, y->f, y->shape[0], y->shape[1], n, kv ? kvp : perm, m == 3);
         char msg[96];
         snprintf(msg, sizeof msg, "%s: %s", what, STORED[i]);
-        same_bits(x->f, want, x->count, msg);
+        CHECK_SAME_BITS(x->f, want, x->count, msg);
         free(want);
     }
     mha_tensors_free(a), mha_tensors_free(b);
@@ -462,7 +454,7 @@ static void test_permute_and_files(void) {
                 CHECK_INT(mha_layer_weights_dtype(back), dt);
                 stored_moved(back, f.conv, id, id, "saved and loaded");
                 float *y2 = decode_rows(back, x, 6);
-                same_bits(y2, y1, (size_t)6 * D, "decode of the loaded layer");
+                CHECK_SAME_BITS(y2, y1, (size_t)6 * D, "decode of the loaded layer");
                 free(y2);
                 mha_layer_free(back);
             }

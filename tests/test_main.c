@@ -173,6 +173,12 @@ double test_max_abs_diff(const float *a, const float *b, size_t n) {
     return m;
 }
 
+size_t test_first_bit_difference(const float *a, const float *b, size_t n) {
+    size_t i = 0;
+    while (i < n && !memcmp(&a[i], &b[i], sizeof(float))) i++;
+    return i;
+}
+
 double test_max_rel_diff(const float *got, const float *want, size_t n) {
     double big = 0.0;
     for (size_t i = 0; i < n; i++) big = fmax(big, fabs((double)want[i]));

@@ -116,6 +116,18 @@ void test_fill_uniform(float *p, size_t n, uint64_t *seed, float lo, float hi);
  * (VmHWM; getrusage's lifetime maximum where /proc is missing). */
 double test_peak_rss_bytes(void);
 void test_reset_peak_rss(void);
+/* The first of n entries where a and b differ in their bits (n if none). */
+size_t test_first_bit_difference(const float *a, const float *b, size_t n);
+/* Checks that a and b hold the same bits over n entries, naming what and
+ * the first element that differs. */
+#define CHECK_SAME_BITS(a, b, n, what)                                         \
+    do {                                                                       \
+        const float *a_ = (a), *b_ = (b);                                      \
+        size_t n_ = (n), i_ = test_first_bit_difference(a_, b_, n_);           \
+        if (i_ < n_)                                                           \
+            test_report(__FILE__, __LINE__, "%s: element %zu differs: %a vs %a", \
+                        (what), i_, (double)a_[i_], (double)b_[i_]);           \
+    } while (0)
 /* Checks max|a-b| <= tol over n entries, naming the arrays. */
 #define CHECK_ARRAY_NEAR(a, b, n, tol)                                         \
     do {                                                                       \

@@ -192,14 +192,6 @@ static void test_int8_rounding(void) {
 
 /* ---------------------------------------------- reference and prefill */
 
-static void same_bits(const float *a, const float *b, size_t n, const char *what) {
-    for (size_t i = 0; i < n; i++)
-        if (memcmp(&a[i], &b[i], 4)) {
-            test_report(__FILE__, __LINE__, "%s: element %zu differs: %a vs %a", what, i, a[i], b[i]);
-            return;
-        }
-}
-
 static void reference_and_prefill(mha_weight_dtype dt) {
     wcase f;
     wcase_make(&f, 48, 6, 2, dt, 11);
@@ -208,11 +200,13 @@ static void reference_and_prefill(mha_weight_dtype dt) {
     float *x = outlier_x((size_t)B * T, D, &seed);
     mha_weights v, e;
     mha_layer_get_weights(f.conv, &v), mha_layer_get_weights(f.exact, &e);
-    same_bits(v.w_q, e.w_q, (size_t)D * 6 * 8, "w_q"), same_bits(v.w_o, e.w_o, (size_t)D * 48, "w_o");
-    same_bits(v.w_k, e.w_k, (size_t)D * 2 * 8, "w_k"), same_bits(v.w_v, e.w_v, (size_t)D * 2 * 8, "w_v");
+    CHECK_SAME_BITS(v.w_q, e.w_q, (size_t)D * 6 * 8, "w_q");
+    CHECK_SAME_BITS(v.w_o, e.w_o, (size_t)D * 48, "w_o");
+    CHECK_SAME_BITS(v.w_k, e.w_k, (size_t)D * 2 * 8, "w_k");
+    CHECK_SAME_BITS(v.w_v, e.w_v, (size_t)D * 2 * 8, "w_v");
     for (int p = MHA_PATH_REFERENCE; p <= MHA_PATH_FAST; p++) {
         float *yc = forward_path(f.conv, x, B, T, (mha_path)p), *ye = forward_path(f.exact, x, B, T, (mha_path)p);
-        same_bits(yc, ye, (size_t)B * T * D, p == MHA_PATH_FAST ? "fast Y" : "reference Y");
+        CHECK_SAME_BITS(yc, ye, (size_t)B * T * D, p == MHA_PATH_FAST ? "fast Y" : "reference Y");
         free(yc), free(ye);
     }
     free(x);
@@ -232,7 +226,7 @@ static void decode_case(mha_weight_dtype dt, int D, int h, int h_kv) {
     float *ref = forward_path(f.exact, x, B, T, MHA_PATH_REFERENCE);
     float *dec = decode_all(f.conv, x, B, T), *dec32 = decode_all(f.exact, x, B, T);
     const size_t n = (size_t)B * T * D;
-    if (dt == MHA_W_BF16) same_bits(dec, dec32, n, "bf16 decode vs fp32 decode of the bf16 values");
+    if (dt == MHA_W_BF16) CHECK_SAME_BITS(dec, dec32, n, "bf16 decode vs fp32 decode of the bf16 values");
     const double err = test_max_abs_diff(dec, ref, n), err32 = test_max_abs_diff(dec32, ref, n);
     const double tol = 2 * err32 + 1e-6;
     if (!(err <= tol)) test_report(__FILE__, __LINE__, "max|decode - ref| = %.3g > %.3g", err, tol);
@@ -275,10 +269,10 @@ static void decode_rows_case(mha_weight_dtype dt, int D, int h, int h_kv, int B)
     }
     mha_set_num_threads(0);
     mha_decode_set_min_parallel_work(262144.0);
-    same_bits(dec[0], dec[1], n, "B-row decode on 1 vs 3 threads");
+    CHECK_SAME_BITS(dec[0], dec[1], n, "B-row decode on 1 vs 3 threads");
     for (int b = 0; b < B; b++) {
         float *one = decode_all(f.conv, x + b * per, 1, T);
-        same_bits(dec[0] + b * per, one, per, "a sequence's rows in a B-row step vs one row a step");
+        CHECK_SAME_BITS(dec[0] + b * per, one, per, "a sequence's rows in a B-row step vs one row a step");
         free(one);
     }
     float *dec32 = decode_all(f.exact, x, B, T);
@@ -379,11 +373,12 @@ static void roundtrip(mha_weight_dtype dt) {
         CHECK_INT(mha_layer_weights_dtype(L), dt);
         mha_weights a, b;
         mha_layer_get_weights(L, &a), mha_layer_get_weights(f.conv, &b);
-        same_bits(a.w_q, b.w_q, 32 * 32, "loaded w_q"), same_bits(a.w_o, b.w_o, 32 * 32, "loaded w_o");
+        CHECK_SAME_BITS(a.w_q, b.w_q, 32 * 32, "loaded w_q");
+        CHECK_SAME_BITS(a.w_o, b.w_o, 32 * 32, "loaded w_o");
         uint64_t seed = 1;
         float *x = outlier_x(8, 32, &seed);
         float *y0 = decode_all(f.conv, x, 1, 8), *y1 = decode_all(L, x, 1, 8);
-        same_bits(y0, y1, 8 * 32, "decode after load");
+        CHECK_SAME_BITS(y0, y1, 8 * 32, "decode after load");
         free(x), free(y0), free(y1);
     }
     mha_layer_free(L);
@@ -545,7 +540,7 @@ static void test_file_f32_unchanged(void) {
     CHECK_INT(mha_layer_weights_dtype(f.conv), MHA_W_F32);
     mha_weights a, b;
     mha_layer_get_weights(f.conv, &a), mha_layer_get_weights(f.exact, &b);
-    same_bits(a.w_q, b.w_q, 16 * 16, "w_q after f32");
+    CHECK_SAME_BITS(a.w_q, b.w_q, 16 * 16, "w_q after f32");
     wcase_free(&f);
 }
 
