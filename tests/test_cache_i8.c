@@ -263,7 +263,7 @@ static void ref_products(double *r, float *r32, const float *a, const float *b, 
  * dequantization exactly. A scale applied twice, or missing on one
  * block, is off by far more than the tolerance. */
 static void kernels_bits_case(int m, int n, int d, int dv, uint64_t seed) {
-    const int nbk = (d + 31) / 32, nbv = (dv + 31) / 32, lds = n + 8, ldacc = dv + 5; /* d, dv <= 128 */
+    const int nbk = (d + 31) / 32, nbv = (dv + 31) / 32, lds = n + 8, ldacc = dv + 5; /* d <= 128 */
     float *q = naive_random_floats((size_t)m * d, &seed, -1, 1), *p = naive_random_floats((size_t)m * n, &seed, 0, 1);
     float *kf = outlier_floats((size_t)n, d, &seed), *vf = outlier_floats((size_t)n, dv, &seed);
     int8_t *kq = malloc((size_t)n * d), *vq = malloc((size_t)n * dv), tmp[128];
@@ -322,6 +322,13 @@ static void test_kernels_bits(void) {
     kernels_bits_case(4, 40, 64, 64, 11);
     kernels_bits_case(4, 128, 128, 128, 12);
     kernels_bits_case(5, 40, 128, 128, 13);
+    /* the AVX2 row groups (4, 2, then one row: 2, 3, 6 rows), and keys
+     * past one slice of its value weights: 264 keys, and a 2112-wide V
+     * (66 blocks) whose slices are 31 keys */
+    kernels_bits_case(2, 40, 128, 128, 14);
+    kernels_bits_case(3, 24, 45, 75, 15);
+    kernels_bits_case(6, 264, 64, 75, 16);
+    kernels_bits_case(4, 80, 64, 2112, 17);
 }
 
 /* ---------------------------------------------------- forward level */

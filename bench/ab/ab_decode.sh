@@ -1,6 +1,6 @@
 #!/bin/sh
 # ab_decode.sh REV [REPS] [TYPES] [H_KV,..] [L,..] — builds bench/ab/ab_decode.c with the
-# decode attention (src/cache/decode.c + src/kernels/avx512_decode.c) of
+# decode attention (src/cache/decode.c + src/kernels/avx512_decode.c and avx2_decode.c) of
 # git revision REV as "old" and the working tree's as "new" (after `make
 # lib`), then runs it: interleaved, best of REPS (default 15), 1 and 2
 # threads. Everything is built under build/ab/.
@@ -37,6 +37,12 @@ if git show "$rev:src/kernels/avx512_decode_grouped.c" > $out/avx512_decode_grou
 fi
 $CC $OLD_INC $AVX512 $grouped_old -Dmha_decode_kernels_avx512=mha_decode_kernels_avx512_old -c $out/avx512_decode_old.c \
     -o $out/avx512_decode_old.o
+# the old AVX2 table (its exported kernels renamed; the fp32 sweep it
+# calls is avx2_gemm_wq.c's, the working tree's)
+git show "$rev:src/kernels/avx2_decode.c" > $out/avx2_decode_old.c
+$CC $OLD_INC -mavx2 -mfma -mf16c -Dmha_decode_kernels_avx2=mha_decode_kernels_avx2_old \
+    -Dmha_scores_q8_avx2=mha_scores_q8_avx2_old -Dmha_accumulate_q8_avx2=mha_accumulate_q8_avx2_old \
+    -Dmha_from_q8_avx2=mha_from_q8_avx2_old -c $out/avx2_decode_old.c -o $out/avx2_decode_old.o
 # the library's objects (those whose source still exists) but its decode.o,
 # whose entry point the harness provides
 objs=$(for o in build/src/*/*.o build/src/*.o; do
@@ -46,7 +52,7 @@ done)
 $CC -mavx512f -c bench/machine_avx512.c -o $out/machine_avx512.o
 $CC -mavx2 -mfma -c bench/machine_avx2.c -o $out/machine_avx2.o
 $CC -o $out/ab_decode bench/ab/ab_decode.c bench/bench_util.c $out/machine_avx512.o $out/machine_avx2.o $out/decode_old.o $out/decode_new.o \
-    $out/avx512_decode_old.o ${extra:-} $objs -ljansson -lpng -lm
+    $out/avx512_decode_old.o $out/avx2_decode_old.o ${extra:-} $objs -ljansson -lpng -lm
 # REPS = kernels: the decode kernels on one L1-resident chunk instead (ab_decode.c)
 # REPS = loop TYPE H_KV L THREADS CALLS [cold]: the new build alone, for perf (ab_decode.c)
 [ "${2:-}" = kernels ] && exec $out/ab_decode kernels

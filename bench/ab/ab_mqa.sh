@@ -17,6 +17,6 @@ old_grouped=
 [ -f $out/avx512_decode_grouped_old.o ] && old_grouped=$out/avx512_decode_grouped_old.o
 cc -std=c11 -O2 -fopenmp -Iinclude -Isrc -Ibench -D_DEFAULT_SOURCE -o $out/ab_mqa bench/ab/ab_mqa.c \
    bench/bench_util.c $out/machine_avx512.o $out/machine_avx2.o $out/decode_old.o $out/decode_new.o \
-   $out/avx512_decode_old.o $old_grouped $objs -ljansson -lpng -lm
+   $out/avx512_decode_old.o $out/avx2_decode_old.o $old_grouped $objs -ljansson -lpng -lm
 shift
 OPENBLAS_NUM_THREADS=1 exec $out/ab_mqa "$@"

@@ -1,6 +1,6 @@
 /* ab_switch.h — the decode entry point of the A/B harnesses (ab_decode.c,
  * ab_mqa.c): the library calls mha_decode_attend, which runs the "old"
- * build (decode.c and the AVX-512 decode table of a git revision, renamed
+ * build (decode.c and the AVX-512 and AVX2 decode tables of a git revision, renamed
  * by ab_decode.sh) or the "new" one (the working tree's) as ab_use_new
  * says. Included once per harness: it defines the switch. */
 #ifndef MHA_AB_SWITCH_H
@@ -9,7 +9,7 @@
 #include "cache/cache_internal.h"
 #include "compute/exec.h"
 
-extern const mha_decode_kernels mha_decode_kernels_avx512_old;
+extern const mha_decode_kernels mha_decode_kernels_avx512_old, mha_decode_kernels_avx2_old;
 mha_status mha_decode_attend_old(const mha_exec *, float *, float *, const mha_cache *, const float *, const int *,
                                  int, const int *, const mha_decode_opts *);
 mha_status mha_decode_attend_new(const mha_exec *, float *, float *, const mha_cache *, const float *, const int *,
@@ -37,6 +37,7 @@ mha_status mha_decode_attend(const mha_exec *ex, float *z, float *stats, const m
     mha_isa isa = *ex->isa;
     mha_exec e = *ex;
     if (isa.decode == &mha_decode_kernels_avx512) isa.decode = &mha_decode_kernels_avx512_old;
+    if (isa.decode == &mha_decode_kernels_avx2) isa.decode = &mha_decode_kernels_avx2_old;
     e.isa = &isa;
     return mha_decode_attend_old(&e, z, stats, c, q, row0, t0, n, o);
 }
