@@ -950,55 +950,62 @@ static void test_f16_conversion(void) {
     free(x), free(hs), free(ha), free(back), free(back_a);
 }
 
-/* AVX2 and scalar attention kernels agree on odd shapes. */
-static void test_kernels_agree(void) {
-    if (!__builtin_cpu_supports("avx2")) SKIP(TEST_SKIP_ISA, "avx2", "this CPU has no AVX2");
-    if (!__builtin_cpu_supports("fma")) SKIP(TEST_SKIP_ISA, "fma", "this CPU has no FMA");
+/* AVX2 and scalar attention kernels agree on odd shapes (n <= 40): m rows
+ * in the AVX2 tiles' groups (7: 4, 2 and 1; 6: 4 and 2), dv = 72: the fp16
+ * pairs' 32-column tiles and an 8-column one. */
+static void kernels_agree_case(int m, int n, int d, int dv, uint64_t seed) {
     const mha_decode_kernels *a = &mha_decode_kernels_avx2, *s = &mha_decode_kernels_scalar;
-    int m = 7, n = 24, d = 13, dv = 19;
-    uint64_t seed = 47;
     float *q = naive_random_floats((size_t)m * d, &seed, -1, 1), *k = naive_random_floats((size_t)n * d, &seed, -1, 1);
     float *v = naive_random_floats((size_t)n * dv, &seed, -1, 1);
-    float *s1 = naive_alloc_floats((size_t)m * 32), *s2 = naive_alloc_floats((size_t)m * 32);
-    a->scores(s1, 32, q, d, k, m, n, d);
-    s->scores(s2, 32, q, d, k, m, n, d);
-    CHECK_ARRAY_NEAR(s1, s2, (size_t)m * 32, 1e-5);
+    float *s1 = naive_alloc_floats((size_t)m * 40), *s2 = naive_alloc_floats((size_t)m * 40);
+    a->scores(s1, 40, q, d, k, m, n, d);
+    s->scores(s2, 40, q, d, k, m, n, d);
+    CHECK_ARRAY_NEAR(s1, s2, (size_t)m * 40, 1e-5);
     s1[5] = s2[5] = -INFINITY;
     float mx1[8], mx2[8], l1[8], l2[8];
-    a->softmax(s1, 32, mx1, l1, m, n);
-    s->softmax(s2, 32, mx2, l2, m, n);
-    CHECK_ARRAY_NEAR(s1, s2, (size_t)m * 32, 1e-6);
+    a->softmax(s1, 40, mx1, l1, m, n);
+    s->softmax(s2, 40, mx2, l2, m, n);
+    CHECK_ARRAY_NEAR(s1, s2, (size_t)m * 40, 1e-6);
     CHECK_ARRAY_NEAR(l1, l2, (size_t)m, 1e-5);
     CHECK(s1[5] == 0.0f);
     float *a1 = naive_alloc_floats((size_t)m * dv), *a2 = naive_alloc_floats((size_t)m * dv);
-    a->accumulate(a1, dv, s1, 32, v, m, n, dv);
-    s->accumulate(a2, dv, s1, 32, v, m, n, dv);
+    a->accumulate(a1, dv, s1, 40, v, m, n, dv);
+    s->accumulate(a2, dv, s1, 40, v, m, n, dv);
     CHECK_ARRAY_NEAR(a1, a2, (size_t)m * dv, 1e-5);
     /* fp16 kernels = fp32 kernels on the widened data, bit for bit */
     uint16_t *kh = malloc(2 * (size_t)n * d), *vh = malloc(2 * (size_t)n * dv);
     float *kw = naive_alloc_floats((size_t)n * d), *vw = naive_alloc_floats((size_t)n * dv);
-    float *h1 = naive_alloc_floats((size_t)m * 32), *h2 = naive_alloc_floats((size_t)m * 32);
+    const size_t hn = (size_t)m * (dv > 40 ? dv : 40);
+    float *h1 = naive_alloc_floats(hn), *h2 = naive_alloc_floats(hn);
     s->to_f16(kh, k, (size_t)n * d), s->from_f16(kw, kh, (size_t)n * d);
     s->to_f16(vh, v, (size_t)n * dv), s->from_f16(vw, vh, (size_t)n * dv);
     for (int ker = 0; ker < 2; ker++) {
         const mha_decode_kernels *K = ker ? s : a;
-        K->scores(h1, 32, q, d, kw, m, n, d);
-        K->scores_h(h2, 32, q, d, kh, m, n, d);
-        CHECK(memcmp(h1, h2, sizeof(float) * m * 32) == 0);
-        K->accumulate(h1, dv, s1, 32, vw, m, n, dv);
-        K->accumulate_h(h2, dv, s1, 32, vh, m, n, dv);
+        K->scores(h1, 40, q, d, kw, m, n, d);
+        K->scores_h(h2, 40, q, d, kh, m, n, d);
+        CHECK(memcmp(h1, h2, sizeof(float) * m * 40) == 0);
+        K->accumulate(h1, dv, s1, 40, vw, m, n, dv);
+        K->accumulate_h(h2, dv, s1, 40, vh, m, n, dv);
         CHECK(memcmp(h1, h2, sizeof(float) * m * dv) == 0);
     }
     free(kh), free(vh), free(kw), free(vw), free(h1), free(h2);
     float *y1 = naive_alloc_floats((size_t)m * dv), *y2 = naive_alloc_floats((size_t)m * dv);
-    a->gemm_tile(y1, dv, v, dv, v, dv, m, dv, dv); /* (m, dv) x (dv, dv): v's first rows */
-    s->gemm_tile(y2, dv, v, dv, v, dv, m, dv, dv);
+    const int kk = dv < n ? dv : n; /* (m, kk) x (kk, dv): v's first rows */
+    a->gemm_tile(y1, dv, v, dv, v, dv, m, kk, dv);
+    s->gemm_tile(y2, dv, v, dv, v, dv, m, kk, dv);
     CHECK_ARRAY_NEAR(y1, y2, (size_t)m * dv, 1e-5);
     memset(y1, 0, sizeof(float) * m * dv), memset(y2, 0, sizeof(float) * m * dv);
-    a->gemm_stream(y1, dv, v, dv, v, dv, 3, dv, dv);
-    s->gemm_stream(y2, dv, v, dv, v, dv, 3, dv, dv);
+    a->gemm_stream(y1, dv, v, dv, v, dv, 3, kk, dv);
+    s->gemm_stream(y2, dv, v, dv, v, dv, 3, kk, dv);
     CHECK_ARRAY_NEAR(y1, y2, (size_t)3 * dv, 1e-5);
     free(q), free(k), free(v), free(s1), free(s2), free(a1), free(a2), free(y1), free(y2);
+}
+
+static void test_kernels_agree(void) {
+    if (!__builtin_cpu_supports("avx2")) SKIP(TEST_SKIP_ISA, "avx2", "this CPU has no AVX2");
+    if (!__builtin_cpu_supports("fma")) SKIP(TEST_SKIP_ISA, "fma", "this CPU has no FMA");
+    kernels_agree_case(7, 24, 13, 19, 47);
+    kernels_agree_case(6, 40, 45, 72, 48);
 }
 
 /* The grouped-heads kernels (MQA: scores stored keys by rows) against the

@@ -39,49 +39,25 @@ INLINE __m256 load8q(const int8_t *base, size_t i) {
 
 #define NB(d) (((d) + MHA_Q8_BLOCK - 1) / MHA_Q8_BLOCK)
 
-/* R rows x P panels of scores (panels from element k0 on, int8 scales
- * from ks + (k0 / d) * nb on); R, P and H are constants at each call site.
- * H = 2: each block of 32 dims sums q * (float)k into blk, then acc =
- * fma(blk, scale, acc) (the rounding of scores_q8, decode_kernels.h). */
-INLINE void scores_tile(float *s, int lds, const float *q, int ldq, const void *kp, const float *ks, size_t k0,
-                        int d, int R, int P, int H) {
-    __m256 acc[4][8], blk[4][8];
+/* R rows x P panels of fp32 (H = 0) or fp16 (H = 1) scores, panels from
+ * element k0 on: one FMA chain per score in dim order from 0; R, P and H
+ * are constants at each call site. */
+INLINE void scores_tile(float *s, int lds, const float *q, int ldq, const void *kp, size_t k0, int d, int R, int P,
+                        int H) {
+    __m256 acc[4][8];
     UNROLL
     for (int r = 0; r < R; r++)
         UNROLL
         for (int p = 0; p < P; p++) acc[r][p] = _mm256_setzero_ps();
-    for (int c0 = 0; c0 < d; c0 += MHA_Q8_BLOCK) {
-        int c1 = H == 2 && c0 + MHA_Q8_BLOCK < d ? c0 + MHA_Q8_BLOCK : d;
+    for (int c = 0; c < d; c++) {
+        __m256 k[8];
         UNROLL
-        for (int r = 0; r < R; r++)
-            UNROLL
-            for (int p = 0; p < P; p++) blk[r][p] = H == 2 ? _mm256_setzero_ps() : acc[r][p];
-        for (int c = c0; c < c1; c++) {
-            __m256 k[8];
-            UNROLL
-            for (int p = 0; p < P; p++) {
-                size_t at = k0 + (size_t)p * d * MHA_KPANEL + (size_t)c * MHA_KPANEL;
-                k[p] = H == 2 ? load8q((const int8_t *)kp, at) : load8(kp, at, H);
-            }
-            UNROLL
-            for (int r = 0; r < R; r++) {
-                __m256 qb = _mm256_broadcast_ss(q + (size_t)r * ldq + c);
-                UNROLL
-                for (int p = 0; p < P; p++) blk[r][p] = _mm256_fmadd_ps(qb, k[p], blk[r][p]);
-            }
-        }
-        if (H != 2) {
-            UNROLL
-            for (int r = 0; r < R; r++)
-                UNROLL
-                for (int p = 0; p < P; p++) acc[r][p] = blk[r][p];
-            break; /* fp32 / fp16: one pass over all of d */
-        }
+        for (int p = 0; p < P; p++) k[p] = load8(kp, k0 + (size_t)p * d * MHA_KPANEL + (size_t)c * MHA_KPANEL, H);
         UNROLL
-        for (int p = 0; p < P; p++) {
-            __m256 sc = _mm256_loadu_ps(ks + (k0 / (size_t)d + (size_t)p * MHA_KPANEL) * NB(d) + (size_t)(c0 / MHA_Q8_BLOCK) * MHA_KPANEL);
+        for (int r = 0; r < R; r++) {
+            __m256 qb = _mm256_broadcast_ss(q + (size_t)r * ldq + c);
             UNROLL
-            for (int r = 0; r < R; r++) acc[r][p] = _mm256_fmadd_ps(blk[r][p], sc, acc[r][p]);
+            for (int p = 0; p < P; p++) acc[r][p] = _mm256_fmadd_ps(qb, k[p], acc[r][p]);
         }
     }
     UNROLL
@@ -90,41 +66,45 @@ INLINE void scores_tile(float *s, int lds, const float *q, int ldq, const void *
         for (int p = 0; p < P; p++) _mm256_storeu_ps(s + (size_t)r * lds + p * MHA_KPANEL, acc[r][p]);
 }
 
-/* Panels outermost: a pair of K panels (2 x d x 8) stays in L1 while every
- * row group of the tile uses it (GQA/MQA share keys). */
-INLINE void scores_impl(float *s, int lds, const float *q, int ldq, const void *kp, const float *ks, int m,
-                        int n, int d, int H) {
-    int np = n / MHA_KPANEL, m4 = m - m % 4;
-    size_t pstride = (size_t)d * MHA_KPANEL;
+/* Groups of 4 rows with the panels outermost: a few K panels (3 x d x 8)
+ * stay in L1 while every row group uses them (GQA/MQA share keys). Then
+ * fp16: a group of 2 rows (4 panels a tile: each key widened once for
+ * both, where two single rows widen it twice: GQA with 2, 3, 6 or 7 query
+ * heads per kv head), then single rows (8 panels). */
+INLINE void scores_impl(float *s, int lds, const float *q, int ldq, const void *kp, int m, int n, int d, int H) {
+    /* pairs for fp16 only: fp32 pairs ran 1.06-1.11x slower at 2 threads
+     * with the chunk streamed from memory (h_kv 16, L 4096, Zen 3) */
+    const int np = n / MHA_KPANEL, m4 = m - m % 4, m2 = H == 1 ? m - m % 2 : m4;
+    const size_t pstride = (size_t)d * MHA_KPANEL;
+#define SCORES_TILE(i, p, R, P)                                                                                    \
+    scores_tile(s + (size_t)(i) * lds + (p) * MHA_KPANEL, lds, q + (size_t)(i) * ldq, ldq, kp, (p) * pstride, d, \
+                R, P, H)
     int p = 0;
-    for (; H != 2 && p + 3 <= np; p += 3) /* 12 accumulators: slack over the 8 FMAs in flight */
-        for (int i = 0; i < m4; i += 4)
-            scores_tile(s + (size_t)i * lds + p * MHA_KPANEL, lds, q + (size_t)i * ldq, ldq, kp, ks, p * pstride, d, 4, 3, H);
-    for (; H != 2 && p + 2 <= np; p += 2)
-        for (int i = 0; i < m4; i += 4)
-            scores_tile(s + (size_t)i * lds + p * MHA_KPANEL, lds, q + (size_t)i * ldq, ldq, kp, ks, p * pstride, d, 4, 2, H);
+    for (; p + 3 <= np; p += 3) /* 12 accumulators: slack over the 8 FMAs in flight */
+        for (int i = 0; i < m4; i += 4) SCORES_TILE(i, p, 4, 3);
+    for (; p + 2 <= np; p += 2)
+        for (int i = 0; i < m4; i += 4) SCORES_TILE(i, p, 4, 2);
     for (; p < np; p++)
-        for (int i = 0; i < m4; i += 4)
-            scores_tile(s + (size_t)i * lds + p * MHA_KPANEL, lds, q + (size_t)i * ldq, ldq, kp, ks, p * pstride, d, 4, 1, H);
-    for (int i = m4; i < m; i++) {
-        p = 0;
-        for (; H != 2 && p + 8 <= np; p += 8)
-            scores_tile(s + (size_t)i * lds + p * MHA_KPANEL, lds, q + (size_t)i * ldq, ldq, kp, ks, p * pstride, d, 1, 8, H);
-        for (; H == 2 && p + 4 <= np; p += 4) /* int8: 4 + 4 blk accumulators */
-            scores_tile(s + (size_t)i * lds + p * MHA_KPANEL, lds, q + (size_t)i * ldq, ldq, kp, ks, p * pstride, d, 1, 4, H);
-        for (; p < np; p++)
-            scores_tile(s + (size_t)i * lds + p * MHA_KPANEL, lds, q + (size_t)i * ldq, ldq, kp, ks, p * pstride, d, 1, 1, H);
+        for (int i = 0; i < m4; i += 4) SCORES_TILE(i, p, 4, 1);
+    for (int i = m4; i < m2; i += 2) {
+        for (p = 0; p + 4 <= np; p += 4) SCORES_TILE(i, p, 2, 4);
+        for (; p < np; p++) SCORES_TILE(i, p, 2, 1);
     }
+    for (int i = m2; i < m; i++) {
+        for (p = 0; p + 8 <= np; p += 8) SCORES_TILE(i, p, 1, 8);
+        for (; p < np; p++) SCORES_TILE(i, p, 1, 1);
+    }
+#undef SCORES_TILE
 }
 
 static void scores_avx2(float *s, int lds, const float *q, int ldq, const float *kp, int m, int n,
                         int d) {
-    scores_impl(s, lds, q, ldq, kp, NULL, m, n, d, 0);
+    scores_impl(s, lds, q, ldq, kp, m, n, d, 0);
 }
 
 static void scores_h_avx2(float *s, int lds, const float *q, int ldq, const uint16_t *kp, int m,
                           int n, int d) {
-    scores_impl(s, lds, q, ldq, kp, NULL, m, n, d, 1);
+    scores_impl(s, lds, q, ldq, kp, m, n, d, 1);
 }
 
 /* int8: R rows x P panels of scores, block by block, the running score
@@ -281,10 +261,11 @@ INLINE void acc_tail(float *acc, int ldacc, const float *p, int ldp, const void 
 }
 
 /* Column blocks outermost: a (n, 16) slab of V stays in L1 while every row
- * group uses it. */
+ * group uses it; then fp16 pairs of rows (32 columns a tile), then single
+ * rows. */
 INLINE void acc_impl(float *acc, int ldacc, const float *p, int ldp, const void *v, const float *vs, int m,
                      int n, int dv, int H) {
-    int m4 = m - m % 4, c = 0;
+    int m4 = m - m % 4, m2 = H == 1 ? m - m % 2 : m4, c = 0; /* pairs: fp16 only (scores_impl) */
     for (; H != 2 && c + 24 <= dv; c += 24) /* int8: 16 columns, one block */
         for (int i = 0; i < m4; i += 4)
             acc_tile(acc + (size_t)i * ldacc + c, ldacc, p + (size_t)i * ldp, ldp, v, vs, c, dv, n, 4, 3, H);
@@ -296,7 +277,14 @@ INLINE void acc_impl(float *acc, int ldacc, const float *p, int ldp, const void 
             acc_tile(acc + (size_t)i * ldacc + c, ldacc, p + (size_t)i * ldp, ldp, v, vs, c, dv, n, 4, 1, H);
     for (int i = 0; i < m4; i += 4)
         acc_tail(acc + (size_t)i * ldacc, ldacc, p + (size_t)i * ldp, ldp, v, vs, dv, n, 4, c, H);
-    for (int i = m4; i < m; i++) {
+    for (int i = m4; i < m2; i += 2) { /* a pair of rows: each value read once for both */
+        float *a = acc + (size_t)i * ldacc;
+        const float *pi = p + (size_t)i * ldp;
+        for (c = 0; c + 32 <= dv; c += 32) acc_tile(a + c, ldacc, pi, ldp, v, vs, c, dv, n, 2, 4, H);
+        for (; c + 8 <= dv; c += 8) acc_tile(a + c, ldacc, pi, ldp, v, vs, c, dv, n, 2, 1, H);
+        acc_tail(a, ldacc, pi, ldp, v, vs, dv, n, 2, c, H);
+    }
+    for (int i = m2; i < m; i++) {
         float *a = acc + (size_t)i * ldacc;
         const float *pi = p + (size_t)i * ldp;
         c = 0;
