@@ -80,6 +80,9 @@ double bench_stream_read(int threads, size_t bytes, int reps, double *best_out);
 float *bench_read_buffer(size_t bytes, int threads, size_t *n_out);
 double bench_read_pass(const float *buf, size_t n, int threads);
 void bench_evict(int threads);
+/* The AVX2 FMA rate (GFLOP/s, `threads` threads) of a ~0.1 ms burst right
+ * after bench_evict and of one ~3 ms later, medians of `reps` rounds. */
+void bench_fma_after_evict(int threads, int reps, double *first_out, double *steady_out);
 long bench_evict_mib(void); /* the eviction buffer's size in MiB */
 
 /* ------------------------------------------------- sections (bench_*.c) */

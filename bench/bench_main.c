@@ -76,6 +76,11 @@ static int cmd_machine(int argc, char **argv, int threads) {
     printf("RESULT kind=machine key=fma_avx2 threads=%d best_gflops=%.2f median_gflops=%.2f\n",
            threads, best, med);
     fflush(stdout);
+    double first, steady;
+    bench_fma_after_evict(threads, 7, &first, &steady);
+    printf("RESULT kind=machine key=fma_after_evict threads=%d evict_mib=%ld first_gflops=%.2f steady_gflops=%.2f\n",
+           threads, bench_evict_mib(), first, steady);
+    fflush(stdout);
     best = bench_fma_peak_avx512(threads, iters, 7, &med);
     if (best > 0)
         printf("RESULT kind=machine key=fma_avx512 threads=%d best_gflops=%.2f median_gflops=%.2f\n",

@@ -137,6 +137,34 @@ void bench_evict(int threads) {
     bench_read_pass(evict_buf, evict_n, threads);
 }
 
+/* The FMA rate of one short burst (~0.1 ms) right after bench_evict, and
+ * of the same burst after ~3 ms of others, medians over `reps` rounds:
+ * the clock the cold decode rounds (bench_decode.c) meet. On the Zen 3 VM
+ * of round 32 a burst right after the 1 GiB eviction ran at 0.62x the
+ * steady rate, recovering over 1-4 ms of work; after 64 MiB, 1.0x. */
+void bench_fma_after_evict(int threads, int reps, double *first_out, double *steady_out) {
+    enum { BURST = 50000, WARM = 30, MAX_REPS = 64 };
+    const double flops = 12.0 * 8.0 * 2.0 * BURST * threads;
+    double first[MAX_REPS], steady[MAX_REPS];
+    if (reps > MAX_REPS) reps = MAX_REPS;
+    if (reps < 1) reps = 1;
+    float acc = 0.0f;
+    for (int r = 0; r < reps; r++) {
+        bench_evict(threads);
+        for (int b = 0; b <= WARM; b++) {
+            double t0 = bench_now();
+#pragma omp parallel num_threads(threads) reduction(+ : acc)
+            acc += fma_chains_avx2(BURST);
+            double rate = flops / (bench_now() - t0) * 1e-9;
+            if (b == 0) first[r] = rate;
+            if (b == WARM) steady[r] = rate;
+        }
+    }
+    bench_sink = acc;
+    *first_out = bench_median(first, reps);
+    *steady_out = bench_median(steady, reps);
+}
+
 double bench_stream_read(int threads, size_t bytes, int reps, double *best_out) {
     size_t n;
     float *buf = bench_read_buffer(bytes / (64 * sizeof(float)) * (64 * sizeof(float)), threads, &n);

@@ -586,6 +586,13 @@ def main():
               f"{a.threads} intra-op threads, graph optimizations all, run by node (bench/peer_ort.py)")
     md.append("- Streaming read bandwidth (median of 7 passes): "
               + (", ".join(f"{mib} MiB: {med:.1f} GB/s" for mib, med, _ in streams) if streams else "n/a"))
+    fae = one(rows, kind="machine", key="fma_after_evict") or {}
+    if num(fae, "first_gflops") and num(fae, "steady_gflops"):
+        md.append(f"- AVX2 FMA rate of a 0.1 ms burst right after the decode table's cold-round eviction "
+                  f"({fae.get('evict_mib', '?')} MiB read): {num(fae, 'first_gflops'):.1f} GFLOP/s, "
+                  f"{num(fae, 'first_gflops') / num(fae, 'steady_gflops'):.2f}x the "
+                  f"{num(fae, 'steady_gflops'):.1f} of a burst 3 ms later (below 1: the core's clock "
+                  f"after a long read, which the cold steps' arithmetic meets; bench/LIMITS.md round 32)")
     lds = {r["phase"]: r for r in find(rows, kind="load")}
     ls, le = lds.get("start", {}), lds.get("end", {})
     cmd_busy = [int(num(r, "others_pct")) if num(r, "others_pct") >= 0 else "-"
