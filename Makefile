@@ -65,8 +65,11 @@ $(BUILD)/src/kernels/avx512_amx.o: CFLAGS += -mamx-tile -mamx-bf16
 $(BUILD)/libmha.a: $(LIB_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
+# build/libmha.so.0 -> libmha.so too: a program linked against the build
+# tree (-Lbuild -lmha) records the soname and finds it there at run time.
 $(BUILD)/libmha.so: $(LIB_OBJ)
 	$(CC) -shared -Wl,-soname,$(SONAME) -o $@ $^ $(LIB_LDLIBS)
+	ln -sf libmha.so $(BUILD)/$(SONAME)
 
 $(BUILD)/mha: $(TOOL_OBJ) $(BUILD)/libmha.a
 	$(CC) $(CFLAGS) -o $@ $(TOOL_OBJ) $(BUILD)/libmha.a $(LDLIBS)

@@ -86,6 +86,11 @@ if $CC -std=c11 -o app_static main.c $(pkg-config --cflags mha) -L"$prefix/lib" 
   if readelf -d app_static | grep -q 'libmha'; then bad "the static program still needs libmha.so"
   else ok "the static program (pkg-config --static): $(cat "$tmp/log")"; fi
 else bad "the static C program failed:"; cat "$tmp/log"; fi
+# Against the build tree, as a developer would before installing: the
+# soname the program records (libmha.so.0) must exist beside libmha.so.
+if $CC -std=c11 -o app_tree main.c -I"$repo/include" -L"$repo/build" -lmha -Wl,-rpath,"$repo/build" -lm \
+     2>"$tmp/log" && ./app_tree >"$tmp/log" 2>&1; then ok "a program linked against build/libmha.so runs: $(cat "$tmp/log")"
+else bad "a program linked against build/libmha.so failed:"; cat "$tmp/log"; fi
 cd "$repo"
 
 # ------------------------------------------------- the man page = --help
