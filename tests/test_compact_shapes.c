@@ -107,14 +107,6 @@ static void cfix_free(cfix *f) {
     naive_weights_free(&f->w);
 }
 
-static float *forward(const mha_layer *L, const float *x, int B, int T, mha_path path) {
-    float *y = naive_alloc_floats((size_t)B * T * mha_layer_config(L)->d_model);
-    mha_options o = mha_options_default();
-    o.causal = 1, o.path = path;
-    CHECK_OK(mha_forward(L, y, NULL, x, NULL, B, T, T, &o));
-    return y;
-}
-
 /* ------------------------------------------------ reference and prefill */
 
 static void test_paths(void) {
@@ -126,7 +118,8 @@ static void test_paths(void) {
             const int B = 2, T = 19, D = f.c.d_model; /* 38 rows: the packed GEMM's tiles and tails */
             float *x = naive_random_floats((size_t)B * T * D, &seed, -1.0f, 1.0f);
             for (int p = MHA_PATH_REFERENCE; p <= MHA_PATH_FAST; p++) {
-                float *a = forward(f.conv, x, B, T, (mha_path)p), *b = forward(f.exact, x, B, T, (mha_path)p);
+                float *a = test_causal_forward(f.conv, x, B, T, (mha_path)p);
+                float *b = test_causal_forward(f.exact, x, B, T, (mha_path)p);
                 CHECK_SAME_BITS(a, b, (size_t)B * T * D, p == MHA_PATH_FAST ? "fast path" : "reference");
                 free(a), free(b);
             }
@@ -174,9 +167,9 @@ static void one_row_steps(const cfix *f, mha_weight_dtype dt, const float *x) {
         float *a = run_script(f->conv, 1, sc, T, x, KT[ci], VT[ci], &n), *b = run_script(f->exact, 1, sc, T, x, KT[ci], VT[ci], &n);
         if (dt == MHA_W_BF16) CHECK_SAME_BITS(a, b, n, "bf16 one-row decode vs the fp32 layer's");
         if (dt == MHA_W_I8 && ci == 0) {
-            float *ref = forward(f->exact, x, 1, T, MHA_PATH_REFERENCE);
+            float *ref = test_causal_forward(f->exact, x, 1, T, MHA_PATH_REFERENCE);
             mha_layer *orig = naive_make_layer(&f->w);
-            float *y32 = forward(orig, x, 1, T, MHA_PATH_REFERENCE);
+            float *y32 = test_causal_forward(orig, x, 1, T, MHA_PATH_REFERENCE);
             const double err = test_max_abs_diff(a, ref, n), tol = 2 * test_max_abs_diff(b, ref, n) + 1e-6;
             const double effect = test_max_abs_diff(y32, ref, n);
             if (!(err <= tol && tol < effect / 20))

@@ -12,6 +12,7 @@
 #include <sys/resource.h>
 
 #include "kernels/kernels.h"
+#include "naive.h"
 #include "test_util.h"
 #include "tests.h"
 
@@ -171,6 +172,14 @@ double test_max_abs_diff(const float *a, const float *b, size_t n) {
         if (d > m) m = d;
     }
     return m;
+}
+
+float *test_causal_forward(const mha_layer *L, const float *x, int B, int T, mha_path path) {
+    float *y = naive_alloc_floats((size_t)B * T * mha_layer_config(L)->d_model);
+    mha_options o = mha_options_default();
+    o.causal = 1, o.path = path;
+    CHECK_OK(mha_forward(L, y, NULL, x, NULL, B, T, T, &o));
+    return y;
 }
 
 size_t test_first_bit_difference(const float *a, const float *b, size_t n) {

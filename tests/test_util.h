@@ -116,6 +116,9 @@ void test_fill_uniform(float *p, size_t n, uint64_t *seed, float lo, float hi);
  * (VmHWM; getrusage's lifetime maximum where /proc is missing). */
 double test_peak_rss_bytes(void);
 void test_reset_peak_rss(void);
+/* y (B, T, d_model), malloc'd: L's causal forward of x (B, T, d_model)
+ * on `path`; a failing call is reported (CHECK_OK) and y left zero. */
+float *test_causal_forward(const mha_layer *L, const float *x, int B, int T, mha_path path);
 /* The first of n entries where a and b differ in their bits (n if none). */
 size_t test_first_bit_difference(const float *a, const float *b, size_t n);
 /* Checks that a and b hold the same bits over n entries, naming what and

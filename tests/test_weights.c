@@ -80,16 +80,6 @@ static void wcase_free(wcase *f) {
     naive_weights_free(&f->w), naive_weights_free(&f->wq);
 }
 
-static float *forward_path(const mha_layer *L, const float *x, int B, int T, mha_path path) {
-    const mha_config *c = mha_layer_config(L);
-    float *y = naive_alloc_floats((size_t)B * T * c->d_model);
-    mha_options o = mha_options_default();
-    o.path = path;
-    o.causal = 1;
-    CHECK_OK(mha_forward(L, y, NULL, x, NULL, B, T, T, &o));
-    return y;
-}
-
 /* y (B, T, D) of L through the cache, one token at a time (the decode
  * streams read the stored weights). */
 static float *decode_all(const mha_layer *L, const float *x, int B, int T) {
@@ -205,7 +195,7 @@ static void reference_and_prefill(mha_weight_dtype dt) {
     CHECK_SAME_BITS(v.w_k, e.w_k, (size_t)D * 2 * 8, "w_k");
     CHECK_SAME_BITS(v.w_v, e.w_v, (size_t)D * 2 * 8, "w_v");
     for (int p = MHA_PATH_REFERENCE; p <= MHA_PATH_FAST; p++) {
-        float *yc = forward_path(f.conv, x, B, T, (mha_path)p), *ye = forward_path(f.exact, x, B, T, (mha_path)p);
+        float *yc = test_causal_forward(f.conv, x, B, T, (mha_path)p), *ye = test_causal_forward(f.exact, x, B, T, (mha_path)p);
         CHECK_SAME_BITS(yc, ye, (size_t)B * T * D, p == MHA_PATH_FAST ? "fast Y" : "reference Y");
         free(yc), free(ye);
     }
@@ -223,7 +213,7 @@ static void decode_case(mha_weight_dtype dt, int D, int h, int h_kv) {
     uint64_t seed = 9;
     const int B = 1, T = 7; /* one row a step: the streams (two or more rows run the packed GEMM) */
     float *x = outlier_x((size_t)B * T, D, &seed);
-    float *ref = forward_path(f.exact, x, B, T, MHA_PATH_REFERENCE);
+    float *ref = test_causal_forward(f.exact, x, B, T, MHA_PATH_REFERENCE);
     float *dec = decode_all(f.conv, x, B, T), *dec32 = decode_all(f.exact, x, B, T);
     const size_t n = (size_t)B * T * D;
     if (dt == MHA_W_BF16) CHECK_SAME_BITS(dec, dec32, n, "bf16 decode vs fp32 decode of the bf16 values");
@@ -232,7 +222,7 @@ static void decode_case(mha_weight_dtype dt, int D, int h, int h_kv) {
     if (!(err <= tol)) test_report(__FILE__, __LINE__, "max|decode - ref| = %.3g > %.3g", err, tol);
     /* the tolerance is far below the quantization's effect: a wrong scale
      * or rounding could not hide in it */
-    float *y32 = forward_path(f.orig, x, B, T, MHA_PATH_REFERENCE);
+    float *y32 = test_causal_forward(f.orig, x, B, T, MHA_PATH_REFERENCE);
     const double eq = test_max_abs_diff(y32, ref, n);
     if (!(tol < eq / 20)) test_report(__FILE__, __LINE__, "tolerance %.3g is not << the quantization effect %.3g", tol, eq);
     /* permuted heads: the compact form moved with the fp32 one */
@@ -260,7 +250,7 @@ static void decode_rows_case(mha_weight_dtype dt, int D, int h, int h_kv, int B)
     const int T = 3;
     const size_t per = (size_t)T * D, n = (size_t)B * per;
     float *x = outlier_x((size_t)B * T, D, &seed);
-    float *ref = forward_path(f.exact, x, B, T, MHA_PATH_REFERENCE);
+    float *ref = test_causal_forward(f.exact, x, B, T, MHA_PATH_REFERENCE);
     mha_decode_set_min_parallel_work(0.0); /* small shapes: threads anyway */
     float *dec[2];
     for (int th = 0; th < 2; th++) {
@@ -340,7 +330,7 @@ static void accuracy(mha_weight_dtype dt, double max_rel, double min_cos) {
     uint64_t seed = 3;
     const int T = 64, D = 256;
     float *x = outlier_x((size_t)T, D, &seed);
-    float *y32 = forward_path(f.orig, x, 1, T, MHA_PATH_FAST), *yq = forward_path(f.conv, x, 1, T, MHA_PATH_FAST);
+    float *y32 = test_causal_forward(f.orig, x, 1, T, MHA_PATH_FAST), *yq = test_causal_forward(f.conv, x, 1, T, MHA_PATH_FAST);
     within_bound(y32, yq, (size_t)T * D, max_rel, min_cos, mha_weight_dtype_name(dt));
     free(y32), free(yq);
     y32 = decode_all(f.orig, x, 8, 8), yq = decode_all(f.conv, x, 8, 8);
