@@ -195,7 +195,8 @@ static void reference_and_prefill(mha_weight_dtype dt) {
     CHECK_SAME_BITS(v.w_k, e.w_k, (size_t)D * 2 * 8, "w_k");
     CHECK_SAME_BITS(v.w_v, e.w_v, (size_t)D * 2 * 8, "w_v");
     for (int p = MHA_PATH_REFERENCE; p <= MHA_PATH_FAST; p++) {
-        float *yc = test_causal_forward(f.conv, x, B, T, (mha_path)p), *ye = test_causal_forward(f.exact, x, B, T, (mha_path)p);
+        float *yc = test_causal_forward(f.conv, x, B, T, (mha_path)p);
+        float *ye = test_causal_forward(f.exact, x, B, T, (mha_path)p);
         CHECK_SAME_BITS(yc, ye, (size_t)B * T * D, p == MHA_PATH_FAST ? "fast Y" : "reference Y");
         free(yc), free(ye);
     }
@@ -330,7 +331,8 @@ static void accuracy(mha_weight_dtype dt, double max_rel, double min_cos) {
     uint64_t seed = 3;
     const int T = 64, D = 256;
     float *x = outlier_x((size_t)T, D, &seed);
-    float *y32 = test_causal_forward(f.orig, x, 1, T, MHA_PATH_FAST), *yq = test_causal_forward(f.conv, x, 1, T, MHA_PATH_FAST);
+    float *y32 = test_causal_forward(f.orig, x, 1, T, MHA_PATH_FAST);
+    float *yq = test_causal_forward(f.conv, x, 1, T, MHA_PATH_FAST);
     within_bound(y32, yq, (size_t)T * D, max_rel, min_cos, mha_weight_dtype_name(dt));
     free(y32), free(yq);
     y32 = decode_all(f.orig, x, 8, 8), yq = decode_all(f.conv, x, 8, 8);
