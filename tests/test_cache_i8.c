@@ -324,11 +324,12 @@ static void test_kernels_bits(void) {
     kernels_bits_case(5, 40, 128, 128, 13);
     /* the AVX2 row groups (4, 2, then one row: 2, 3, 6 rows), and keys
      * past one slice of its value weights: 264 keys, and a 2112-wide V
-     * (66 blocks) whose slices are 31 keys */
+     * (66 blocks) whose slices are 31 keys; a V too wide for any slice */
     kernels_bits_case(2, 40, 128, 128, 14);
     kernels_bits_case(3, 24, 45, 75, 15);
     kernels_bits_case(6, 264, 64, 75, 16);
     kernels_bits_case(4, 80, 64, 2112, 17);
+    kernels_bits_case(3, 8, 64, 65600, 18); /* 2050 blocks: more than a slice's scales hold */
 }
 
 /* ---------------------------------------------------- forward level */

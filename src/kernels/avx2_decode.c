@@ -372,10 +372,11 @@ INLINE void acc_q8_block(float *acc, int ldacc, const float *p, int ldp, const i
  * block gathered into a column per slice, shared by all rows); a last
  * single row takes acc_impl's 64-column tiles (one row converts every
  * value for one FMA: more columns in flight, not fewer multiplies, is
- * what it needs). */
+ * what it needs), and so do all rows of a V wider than 65536 (more blocks
+ * than one key's scales fit in `column`). */
 void mha_accumulate_q8_avx2(float *acc, int ldacc, const float *p, int ldp, const int8_t *vq,
                                const float *vs, int m, int n, int dv) {
-    const int nb = NB(dv), m2 = m - m % 2;
+    const int nb = NB(dv), m2 = nb <= Q8_COLUMN_FLOATS ? m - m % 2 : 0; /* d_v past 65536: acc_impl */
     int slice = Q8_COLUMN_FLOATS / nb;
     if (slice > Q8_SLICE) slice = Q8_SLICE;
     if (slice < 1) slice = 1;
@@ -396,7 +397,7 @@ void mha_accumulate_q8_avx2(float *acc, int ldacc, const float *p, int ldp, cons
             i += R;
         }
     }
-    if (m2 < m) acc_impl(acc + (size_t)m2 * ldacc, ldacc, p + (size_t)m2 * ldp, ldp, vq, vs, 1, n, dv, 2);
+    if (m2 < m) acc_impl(acc + (size_t)m2 * ldacc, ldacc, p + (size_t)m2 * ldp, ldp, vq, vs, m - m2, n, dv, 2);
 }
 
 /* --------------------------------------------------------------- gemm */
