@@ -111,8 +111,9 @@ static void scores_h_avx2(float *s, int lds, const float *q, int ldq, const uint
  * kept in s between blocks (s = fma(blk, scale, s), from 0): only the R x
  * P block sums live in registers, so 8 of them hide the FMA latency where
  * scores_tile, which also holds the running scores, had room for 4 (4
- * rows x 1 panel: 0.55 of the FMA peak on a Zen 3). The same operations in
- * the same order as scores_tile's H = 2: the same bits. */
+ * rows x 1 panel: 0.55 of the FMA peak on a Zen 3). Per score the
+ * operations and order of scores_q8 (decode_kernels.h): the scalar
+ * table's bits. */
 INLINE void scores_q8_tile(float *s, int lds, const float *q, int ldq, const int8_t *kq, const float *ks, size_t k0,
                            int d, int R, int P) {
     for (int c0 = 0; c0 < d; c0 += MHA_Q8_BLOCK) {
@@ -417,12 +418,12 @@ static inline __attribute__((always_inline)) void stream_rows(float *y, int ldy,
     for (int kk = 0; kk < k; kk++) {
         const float *wk = w + (size_t)kk * ldw;
         __m256 xb[4];
-#pragma GCC unroll 2
+#pragma GCC unroll 4
         for (int r = 0; r < m; r++) xb[r] = _mm256_set1_ps(x[(size_t)r * ldx + kk]);
         int j = 0;
         for (; j + 8 <= n; j += 8) {
             const __m256 wv = _mm256_loadu_ps(wk + j);
-#pragma GCC unroll 2
+#pragma GCC unroll 4
             for (int r = 0; r < m; r++) {
                 float *yr = y + (size_t)r * ldy + j;
                 _mm256_storeu_ps(yr, _mm256_fmadd_ps(xb[r], wv, _mm256_loadu_ps(yr)));
