@@ -563,7 +563,12 @@ MHA_API int mha_get_num_threads(void);
 /* mha_forward_kv (y, cap, sources and options as there) that also writes
  * lse (B,h,T): lse[b,r,i] = log sum_j exp(scale q_i . k_j + additive_ij)
  * over the keys query i of head r may attend (extra keys included), taken
- * before interventions; -INFINITY for a row with no allowed key. */
+ * before interventions; -INFINITY for a row with no allowed key. The
+ * scores are the layer's (soft-cap, ALiBi). A sink logit (config.sinks) is
+ * no key: lse leaves it out, while y and Z include its share of the
+ * softmax. To merge parts of such a layer, take each part's Z over its
+ * keys alone, Z_i (1 + exp(sink_r - lse_i)), merge, and apply the sink
+ * once: Z = Z_m / (1 + exp(sink_r - lse_m)). */
 MHA_API mha_status mha_forward_lse(const mha_layer *layer, float *y, const mha_capture *cap,
                                    float *lse, const float *x, const float *k_src,
                                    const float *v_src, int B, int T, int S,

@@ -64,6 +64,74 @@ static void lse_matches_scores_by_hand(void) {
     naive_weights_free(&w);
 }
 
+/* A layer with sinks: lse is the keys' log-sum-exp by hand (W_Q = W_K =
+ * identity), the sink left out (it was in: lse = log(sum_j exp(s_j) +
+ * exp(sink)) in rows with a key, -inf in rows without one); and the merge
+ * mha.h describes for such a layer (each part's Z times 1 + exp(sink -
+ * lse_i), merged, divided by 1 + exp(sink - lse_m)) gives the whole
+ * forward's Z. Parts: the keys 0..2 and 3..T-1, by key_keep. */
+static void lse_with_sinks_leaves_the_sink_out(void) {
+    const int B = 2, T = 6, h = 2, d_k = 3, D = h * d_k;
+    mha_config c = mha_config_default(D, h);
+    c.bias = 0, c.sinks = 1;
+    c = naive_resolve(c);
+    uint64_t seed = 1404;
+    naive_weights w;
+    naive_weights_random(&w, &c, &seed, 0.6f);
+    memset(w.w_q, 0, sizeof(float) * D * D), memset(w.w_k, 0, sizeof(float) * D * D);
+    for (int i = 0; i < D; i++) w.w_q[i * D + i] = w.w_k[i * D + i] = 1.0f;
+    w.sinks[0] = 1.5f, w.sinks[1] = -0.75f;
+    mha_layer *L = naive_make_layer(&w);
+    float *x = naive_random_floats((size_t)B * T * D, &seed, -1.0f, 1.0f);
+    const size_t ny = (size_t)B * T * D, nz = (size_t)B * T * h * d_k, nl = (size_t)B * h * T;
+    float *y = naive_alloc_floats(ny), *z = naive_alloc_floats(nz), *lse = naive_alloc_floats(nl);
+    float *zp[2] = {naive_alloc_floats(nz), naive_alloc_floats(nz)}, *lp[2] = {naive_alloc_floats(nl),
+                                                                                naive_alloc_floats(nl)};
+    uint8_t keep[2 * 6] = {1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0}; /* batch 1: no key */
+    mha_options o = mha_options_default();
+    o.causal = 1, o.key_keep = keep;
+    mha_capture cap = {z, NULL, NULL};
+    if (L) CHECK_OK(mha_forward_lse(L, y, &cap, lse, x, NULL, NULL, B, T, T, &o));
+    double worst = 0.0, scale = 1.0 / sqrt((double)d_k);
+    for (int r = 0; r < h; r++)
+        for (int i = 0; i < T; i++) {
+            double sum = 0.0;
+            for (int j = 0; j <= i; j++) {
+                double dot = 0.0;
+                for (int e = 0; e < d_k; e++) dot += (double)x[(size_t)i * D + r * d_k + e] * x[(size_t)j * D + r * d_k + e];
+                sum += exp(scale * dot);
+            }
+            double d = fabs(log(sum) - lse[(size_t)r * T + i]);
+            if (!(d <= worst)) worst = d;
+            CHECK(lse[((size_t)h + r) * T + i] == -INFINITY); /* batch 1 */
+        }
+    CHECK(worst <= 1e-6);
+    /* the merge of the two parts' keys-only Z, then the sink once */
+    uint8_t part_keep[2][2 * 6] = {{1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0}, {0, 0, 0, 1, 1, 1, 0, 0, 0, 0, 0, 0}};
+    for (int p = 0; p < 2 && L; p++) {
+        o.key_keep = part_keep[p];
+        cap.z = zp[p];
+        CHECK_OK(mha_forward_lse(L, y, &cap, lp[p], x, NULL, NULL, B, T, T, &o));
+        for (size_t n = 0; n < nz; n++) {
+            const size_t row = n / (size_t)(h * d_k), r = n / d_k % h, b = row / T, i = row % T;
+            const float l = lp[p][(b * h + r) * T + i];
+            if (l != -INFINITY) zp[p][n] *= (float)(1.0 + exp(w.sinks[r] - l));
+        }
+    }
+    float *zm = naive_alloc_floats(nz), *lm = naive_alloc_floats(nl);
+    CHECK_OK(mha_attention_merge(zm, lm, (const float *const *)zp, (const float *const *)lp, 2, B, T, h, d_k));
+    for (size_t n = 0; n < nz; n++) {
+        const size_t row = n / (size_t)(h * d_k), r = n / d_k % h, b = row / T, i = row % T;
+        const float l = lm[(b * h + r) * T + i];
+        if (l != -INFINITY) zm[n] = (float)(zm[n] / (1.0 + exp(w.sinks[r] - l)));
+    }
+    CHECK_ARRAY_NEAR(zm, z, nz, 1e-6);
+    CHECK(lse_diff(lm, lse, nl) <= 1e-6);
+    free(x), free(y), free(z), free(lse), free(zp[0]), free(zp[1]), free(lp[0]), free(lp[1]), free(zm), free(lm);
+    mha_layer_free(L);
+    naive_weights_free(&w);
+}
+
 /* A GQA cross-attention layer and its inputs, projected by hand. */
 typedef struct {
     naive_weights w;
@@ -211,6 +279,7 @@ static void attend_lse_errors(void) {
 
 static const test_case cases[] = {
     {"lse_matches_scores_by_hand", lse_matches_scores_by_hand},
+    {"lse_with_sinks_leaves_the_sink_out", lse_with_sinks_leaves_the_sink_out},
     {"lse_attend_equals_forward", attend_lse_equals_forward},
     {"lse_merge_chunks_equals_full", merge_chunks_equals_full},
     {"lse_merge_all_masked_and_errors", merge_all_masked_and_errors},

@@ -106,6 +106,13 @@ mha_status mha_attend_reference(const mha_config *c, const mha_head_terms *ht, d
                     if (lrow) *lrow = -INFINITY;
                     continue;
                 }
+                /* lse covers the keys (mha.h): a sink is no key, so it is left out of lse */
+                if (lrow && sinks) {
+                    double keys = 0.0;
+                    for (int j = 0; j < Sx; j++)
+                        if (allowed[j]) keys += exp(score[j] - max);
+                    *lrow = (float)(max + log(keys));
+                }
                 /* a sink joins the denominator: exp(sink_r) with no value */
                 if (sinks && sinks[r] > max) max = sinks[r];
                 double sum = sinks ? exp(sinks[r] - max) : 0.0;
@@ -113,7 +120,7 @@ mha_status mha_attend_reference(const mha_config *c, const mha_head_terms *ht, d
                     score[j] = allowed[j] ? exp(score[j] - max) : 0.0;
                     sum += score[j];
                 }
-                if (lrow) *lrow = (float)(max + log(sum));
+                if (lrow && !sinks) *lrow = (float)(max + log(sum));
                 for (int e = 0; e < d_v; e++) zi[e] = 0.0;
                 for (int j = 0; j < Sx; j++) {
                     double p = score[j] / sum;
