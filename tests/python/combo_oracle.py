@@ -156,7 +156,7 @@ def additive(B, h, T, S, call):
 
 
 def forward(cfg, w, x, kv=None, value=None, call=None, need_probs=False, bf16_matmul=False,
-            kv_store=None, need_lse=False):
+            kv_store=None, need_lse=False, drop=None):
     """y (B,T,d_model) as a float64 torch tensor (w: dict of torch tensors,
     float64, requires_grad where gradients are wanted; x, kv the same).
     cfg: the Layer's keyword arguments (h, h_kv, d_k, d_v, rope, alibi,
@@ -229,6 +229,8 @@ def forward(cfg, w, x, kv=None, value=None, call=None, need_probs=False, bf16_ma
     p = torch.where(den > 0, e / torch.where(den > 0, den, torch.ones_like(den)), torch.zeros_like(e))
     if call.get("masked_row") == "nan" and not cfg.get("sinks"):  # a row with no key: NaN
         p = torch.where(ok.any(-1, keepdim=True), p, torch.full_like(p, math.nan))
+    if drop is not None:  # attention dropout: each probability times its factor (0 or 1 / (1 - p))
+        p = p * torch.as_tensor(drop, dtype=T64)
     z = torch.einsum("bhts,bshd->bthd", p, vv).reshape(B, T, h * dv)
     if cfg.get("output_gate"):
         gate = x @ w["w_g"] + (w["b_g"] if "b_g" in w else 0)

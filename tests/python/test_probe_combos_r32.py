@@ -506,8 +506,8 @@ GRADS = dict(dw_q="w_q", dw_k="w_k", dw_v="w_v", dw_o="w_o", db_q="b_q", db_k="b
 def test_backward_combinations(mode, kernel_env):
     """The library's gradients (mha_backward_tape after mha_forward_train,
     the stateless mha_backward_kv, the reference path) of <dy, y>, d_k !=
-    d_v and a value source of its own included, against torch autograd of
-    the oracle."""
+    d_v, a value source of its own and attention dropout included, against
+    torch autograd of the oracle."""
     worst = {}
     for it in range(120):
         rng = np.random.default_rng(37_000 + 1000 * ["tape", "stateless", "reference"].index(mode) + it)
@@ -531,6 +531,13 @@ def test_backward_combinations(mode, kernel_env):
         val = rng.normal(0, 1, (B, S, cfg["d_v_in"])).astype(np.float32) if own_v else None
         dy = rng.normal(0, 1, (B, T, cfg["d_model"])).astype(np.float32)
         xs = [x, kv, val]
+        drop = None
+        if rng.random() < 0.3:  # attention dropout: the factors each key drew, read from the probabilities
+            p, seed = float(rng.choice([0.2, 0.5])), int(rng.integers(0, 2 ** 62))
+            plain = layer.forward(x, kv, val, capture="probs", **dict(call, path="reference"))[1]["probs"]
+            call.update(dropout_p=p, dropout_seed=seed)
+            dropped = layer.forward(x, kv, val, capture="probs", **dict(call, path="reference"))[1]["probs"]
+            drop = np.where((plain > 0) & (dropped > 0.5 * plain), 1 / (1 - p), 0.0)
         wanted = {"dx"} | ({"dk_src"} if cross else set()) | ({"dv_src"} if own_v else set())
         wanted |= {g for g, n in GRADS.items() if n in w}
         y, _, train = mnn._forward_arrays(layer, xs, call, False, mode == "tape")
@@ -540,10 +547,11 @@ def test_backward_combinations(mode, kernel_env):
         X = t64(x).requires_grad_(True)
         KV = t64(kv).requires_grad_(True) if cross else None
         VV = t64(val).requires_grad_(True) if own_v else None
-        want = O.forward(cfg, W, X, KV, VV, call=call)
+        want = O.forward(cfg, W, X, KV, VV, call=call, drop=drop)
         (want * t64(dy)).sum().backward()
         assert rel_err(y, want.detach().numpy()) <= (2e-5 if mode == "reference" else 3e-4), it
         every = max([X.grad.abs().max().item()] + [W[n].grad.abs().max().item() for n in W if W[n].grad is not None])
+        every = max([every] + [t.grad.abs().max().item() for t in (KV, VV) if t is not None])
         for name, got in g.items():
             ref = {"dx": X, "dk_src": KV, "dv_src": VV}[name] if name in ("dx", "dk_src", "dv_src") else W[GRADS[name]]
             r = ref.grad.numpy().reshape(got.shape)
