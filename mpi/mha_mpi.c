@@ -171,8 +171,16 @@ static mha_status run_decode(const mha_layer *local, const mha_mpi_heads *hd, co
     const int most = T0 > 1 ? T0 : 1;
     double t0 = MPI_Wtime();
     mha_cache *cache = NULL;
-    mha_status s = mha_cache_create(&cache, local, B, T, MHA_CACHE_F32, 0);
-    if ((s = mha_mpi_agree(comm, s, s ? mha_last_error() : NULL))) return s;
+    /* --sink-tokens n (with --window W): a cached call takes only the
+     * cache's own sink count, which only a windowed cache keeps (a full
+     * one refused every call, "options.sink_tokens=n but the cache keeps
+     * 0"): a ring of the window's W slots plus the n sinks' (each at most
+     * T: beyond, every key is kept either way) */
+    const int W = f->opt.sink_tokens > 0 && f->opt.window_left >= 0 ? (f->opt.window_left < T ? f->opt.window_left + 1 : T) : 0;
+    const int n_sink = W ? (f->opt.sink_tokens < T ? f->opt.sink_tokens : T) : 0;
+    mha_status s = mha_cache_create(&cache, local, B, W ? W + n_sink : T, MHA_CACHE_F32, W);
+    if (!s && n_sink) s = mha_cache_set_sink_tokens(cache, n_sink);
+    if ((s = mha_mpi_agree(comm, s, s ? mha_last_error() : NULL))) return mha_cache_free(cache), s;
     float *xs = malloc(sizeof(float) * (size_t)B * most * D), *ys = malloc(sizeof(float) * (size_t)B * most * D);
     /* --positions (B,T): each call reads (B,n), its own columns [t, t+n) */
     int *ps = f->opt.positions ? malloc(sizeof(int) * (size_t)B * most) : NULL;
@@ -180,6 +188,7 @@ static mha_status run_decode(const mha_layer *local, const mha_mpi_heads *hd, co
                       "no memory for one decode step's rows");
     mha_options o = f->opt;
     o.positions = ps;
+    o.sink_tokens = n_sink;
     for (int t = 0; !s && t < T;) {
         const int n = t == 0 && T0 > 0 ? T0 : 1; /* (B,n,D) rows [t, t+n) */
         for (int b = 0; b < B; b++) {

@@ -473,6 +473,11 @@ case_ vcall "2 4" "heads sequence" gqa x16 --causal --window 5 --sink-tokens 2 -
 # Llama 4's chunked attention: the ring's tiles by global position, the shards' caches by cache position
 case_ vchunk "2 4" "heads sequence" gqa x16 --causal --chunk 3
 decode dec_chunk "2 4" gqa x16 3 --chunk 3
+# StreamingLLM's sink keys (--sink-tokens with --window) under --decode: each shard's cache is a
+# ring of the window plus the sinks (the full cache refused every call: "options.sink_tokens=2 but
+# the cache keeps 0"); every token decoded, sinks beyond T
+decode dec_sinktok "2 4" gqa x16 5 --window 4 --sink-tokens 2
+decode dec_sinktok_all "2" gqa x16 16 --window 2 --sink-tokens 20 --rope halves
 mpi 2 --split sequence --weights "$T/gqa.safetensors" --input "$T/x16.npy" --output "$T/y.npy" --rope halves
 expect_fail 2 "does not support the layer's RoPE"
 # clip_qkv (OLMo 1, DBRX, MPT): --clip-qkv on both splits (the ring clamps
