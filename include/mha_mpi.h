@@ -25,7 +25,12 @@
  * Errors: every function here is collective. A failure on any rank (bad
  * input, allocation, shapes that differ between ranks) makes every rank
  * return the same status with the failing rank's message in
- * mha_mpi_last_error(); no rank is left waiting. */
+ * mha_mpi_last_error(); no rank is left waiting. Besides the shapes, the
+ * ranks of every call compare a checksum of the layer's configuration
+ * (every field, the weights' storage type) and of the options (their
+ * scalars, which masks and arrays are given, the interventions' ops):
+ * MHA_E_SHAPE naming it when they differ. Weights and array contents are
+ * not compared (mha-mpi compares the files). */
 #ifndef MHA_MPI_H
 #define MHA_MPI_H
 

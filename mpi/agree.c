@@ -70,3 +70,39 @@ mha_status mha_mpi_check_same(MPI_Comm comm, const long long *v, int n, const ch
         }
     return mha_mpi_agree(comm, s, msg);
 }
+
+/* FNV-1a over n bytes */
+static unsigned long long fnv(unsigned long long hsh, const void *p, size_t n) {
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++) hsh = (hsh ^ b[i]) * 1099511628211ull;
+    return hsh;
+}
+
+long long mha_mpi_call_checksum(const mha_config *c, mha_weight_dtype dt, const mha_options *o, int h) {
+    const mha_options none = mha_options_default();
+    if (!o) o = &none;
+    const mha_rope *r = &c->rope;
+    /* every field by value (a struct's padding bytes are not its value) */
+    const double d[] = {r->theta, r->factor, r->low_freq_factor, r->high_freq_factor, r->beta_fast, r->beta_slow,
+                        r->attn_factor, c->softcap, c->qk_norm_eps, c->clip_qkv, c->temperature_scale, o->scale,
+                        o->dropout_p};
+    const long long n[] = {c->d_model, c->n_heads, c->n_kv_heads, c->d_k, c->d_v, c->d_kv_in, c->d_v_in, c->bias,
+                           c->add_bias_kv, c->add_zero_attn, r->pairing, r->dim, r->scaling,
+                           r->original_max_positions, c->alibi, c->sinks, c->qk_norm, c->qk_norm_per_head,
+                           c->qk_norm_whole, c->temperature_floor, c->temperature_rule, c->output_gate,
+                           dt, o->causal, o->align, o->window_left, o->window_right,
+                           o->keep_mask.data != NULL, o->keep_mask.batch, o->keep_mask.heads,
+                           o->additive_mask.data != NULL, o->additive_mask.batch, o->additive_mask.heads,
+                           o->key_keep != NULL, o->key_additive != NULL, o->masked_row, o->interventions != NULL,
+                           o->positions != NULL, o->key_positions != NULL, o->sink_tokens, o->bf16_matmul,
+                           o->chunk_size, o->cu_seqlens != NULL, o->n_seqs, (long long)o->dropout_seed};
+    unsigned long long hsh = fnv(1469598103934665603ull, d, sizeof d);
+    hsh = fnv(hsh, n, sizeof n);
+    hsh = fnv(hsh, r->short_factor, sizeof r->short_factor), hsh = fnv(hsh, r->long_factor, sizeof r->long_factor);
+    for (int i = 0; o->interventions && i < h; i++) { /* each head's op (and scale); REPLACE's values are not read */
+        const long long op = o->interventions[i].op;
+        const double sc = o->interventions[i].op == MHA_HEAD_SCALE ? o->interventions[i].scale : 0.0;
+        hsh = fnv(hsh, &op, sizeof op), hsh = fnv(hsh, &sc, sizeof sc);
+    }
+    return (long long)(hsh >> 1);
+}

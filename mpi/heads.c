@@ -127,6 +127,12 @@ mha_status mha_mpi_shard_heads(mha_layer **local, mha_mpi_heads *hd, const mha_l
     if (s) return s;
     char msg[512] = "";
     const mha_config *c = mha_layer_config(full);
+    /* the same layer on every rank: else each cut another split (the label gather's counts differed: an abort) */
+    const long long same[] = {c->d_model, c->n_heads, c->n_kv_heads, c->d_k, c->d_v,
+                              mha_mpi_call_checksum(c, mha_layer_weights_dtype(full), NULL, 0)};
+    const char *names[] = {"d_model", "h", "h_kv", "d_k", "d_v",
+                           "checksum of the layer's configuration (shapes, variants, weight storage)"};
+    if ((s = mha_mpi_check_same(comm, same, 6, names))) return s;
     s = mha_mpi_heads_of(hd, c, rank, P);
     if ((s = mha_mpi_agree(comm, s, s ? mha_mpi_last_error() : NULL))) return s;
     {
@@ -215,6 +221,12 @@ mha_status mha_mpi_load_heads(mha_layer **local, mha_mpi_heads *hd, mha_config *
     *local = NULL, *b_o = NULL;
     mha_status s = mha_layer_load_config(cfg, path, opt);
     if ((s = mha_mpi_agree(comm, s, NULL))) return s;
+    /* the same layer on every rank: else each cut another split (the label gather's counts differed: an abort) */
+    const long long same[] = {cfg->d_model, cfg->n_heads, cfg->n_kv_heads, cfg->d_k, cfg->d_v,
+                              mha_mpi_call_checksum(cfg, MHA_W_F32, NULL, 0)};
+    const char *names[] = {"d_model", "h", "h_kv", "d_k", "d_v",
+                           "checksum of the checkpoint's configuration (shapes, variants)"};
+    if ((s = mha_mpi_check_same(comm, same, 6, names))) return s;
     s = mha_mpi_heads_of(hd, cfg, rank, P);
     if ((s = mha_mpi_agree(comm, s, s ? mha_mpi_last_error() : NULL))) return s;
 
@@ -295,9 +307,11 @@ mha_status mha_mpi_forward_heads(const mha_layer *local, const mha_mpi_heads *hd
     const int hl = hd->count, h = hl * P, D = c->d_model, d_v = c->d_v;
     const int S_tot = S + c->add_bias_kv + c->add_zero_attn;
     const int want_z = cap && cap->z, want_c = cap && cap->contributions, want_p = cap && cap->probs;
-    const long long same[] = {B, T, S, D, h, hl, want_z, want_c, want_p, kv != NULL};
-    const char *names[] = {"B", "T", "S", "d_model", "h", "heads per rank", "--save-z", "--save-contributions", "--save-probs", "--kv-input"};
-    if ((s = mha_mpi_check_same(comm, same, 10, names))) return s;
+    const long long same[] = {B, T, S, D, h, hl, want_z, want_c, want_p, kv != NULL,
+                              mha_mpi_call_checksum(c, mha_layer_weights_dtype(local), opt, h)};
+    const char *names[] = {"B", "T", "S", "d_model", "h", "heads per rank", "--save-z", "--save-contributions",
+                           "--save-probs", "--kv-input", MHA_MPI_CALL_CHECKSUM_NAME};
+    if ((s = mha_mpi_check_same(comm, same, 11, names))) return s;
     /* dropout's draw is a function of the whole layer's head index: a shard would draw another */
     if ((s = mha_mpi_agree(comm, opt && opt->dropout_p != 0.0f ? MHA_E_UNSUPPORTED : MHA_OK,
                            "mha_mpi_forward_heads: options.dropout_p is not supported (training's dropout draws "

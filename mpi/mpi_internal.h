@@ -19,6 +19,18 @@ mha_status mha_mpi_fail(mha_status s, const char *fmt, ...)
  * Megatron's row-parallel W_O with its bias after the sum. */
 void mha_mpi_sum_partials(float *y, const float *yl, size_t rows, int D, const float *b_o, MPI_Comm comm);
 
+/* A checksum of what the ranks of one call must share besides its shapes:
+ * the layer's configuration c (every field; a shard's under the head
+ * split, whose ranks hold as many heads each), its weights' storage dt,
+ * and the options o (NULL: the defaults; scalars, which masks and arrays
+ * are given, the ops of the h interventions). Ranks that differed there
+ * gave wrong sums silently, or called MPI with counts that do not match
+ * (an abort) or another sequence of collectives (a hang). */
+long long mha_mpi_call_checksum(const mha_config *c, mha_weight_dtype dt, const mha_options *o, int h);
+#define MHA_MPI_CALL_CHECKSUM_NAME                                                                          \
+    "checksum of the layer's configuration and the call's options (variants, scale, masks given, "         \
+    "interventions, weight storage)"
+
 /* Test hook: nonzero when MHA_MPI_FAIL_ALLOC names this rank, so that the
  * fault tests can make one rank's allocation fail. */
 int mha_mpi_alloc_fault(MPI_Comm comm);

@@ -268,11 +268,12 @@ mha_status mha_mpi_forward_sequence(const mha_layer *layer, float *y, const mha_
     const long long same[] = {B, T, S, D, h, h_kv, d_k, d_v, self, want_z, want_c, g.causal, (long long)g.align,
                               (long long)g.masked_row, g.keep_mask.data != NULL, g.additive_mask.data != NULL,
                               g.key_keep != NULL, g.key_additive != NULL, g.interventions != NULL,
-                              g.window_left, g.window_right, g.sink_tokens, g.chunk_size};
+                              g.window_left, g.window_right, g.sink_tokens, g.chunk_size,
+                              mha_mpi_call_checksum(c, mha_layer_weights_dtype(layer), &g, h)};
     const char *names[] = {"B", "T", "S", "d_model", "h", "h_kv", "d_k", "d_v", "self-attention", "--save-z",
                            "--save-contributions", "causal", "causal alignment", "masked rows", "attn_mask (bool)",
                            "attn_mask (float)", "key padding (bool)", "key padding (float)", "--ablate",
-                           "window_left", "window_right", "sink_tokens", "chunk_size"};
+                           "window_left", "window_right", "sink_tokens", "chunk_size", MHA_MPI_CALL_CHECKSUM_NAME};
     mha_status s = mha_mpi_check_same(comm, same, (int)(sizeof same / sizeof same[0]), names);
     if (s) return s;
     char msg[512] = "";

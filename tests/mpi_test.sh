@@ -623,6 +623,11 @@ H="--input $T/x16.npy --output $T/fo/keep.npy --causal"
 # the index (each rank ran with its own shard files' heads, silently)
 mpmd "--weights $T/shdir $H" "--weights $T/shdir_b $H"
 expect_fail 2 "rank 1: checksum of the checkpoint file"
+# checkpoints of other head counts (hfdir 4 heads, gqa 8; both d_model 16): named by the count
+# before any rank cuts its heads (each cut its own split, and the gather of the labels, counts
+# that differ, ended in an MPI abort: MPI_ERR_TRUNCATE)
+mpmd "--weights $T/hfdir $H" "--weights $T/gqa.safetensors $H"
+expect_fail 2 "rank 1: h = 8 here but 4 on rank 0"
 # the ring's ranks hold the whole layer: its W_G is compared too (gseq_b
 # differs from gseq in W_G alone)
 mpmd "--split sequence --weights $T/gseq.safetensors --input $T/x.npy --output $T/fo/keep.npy --causal" \

@@ -126,6 +126,54 @@ static void compact(MPI_Comm comm) {
     }
 }
 
+/* Ranks given layers or options that differ beyond the shapes: one agreed
+ * MHA_E_SHAPE naming the configuration's checksum (P > 1). Before, the
+ * head split's captures were gathered with counts that differ (an MPI
+ * abort: a rank with add_zero_attn has one more key), the ring's ranks
+ * ran another sequence of collectives (a hang: the extra keys' agreement
+ * on one rank only), and a score scale or a bf16_matmul of one rank alone
+ * gave a wrong y, silently; shard_heads of layers with other head counts
+ * gathered labels with counts that differ (an abort). */
+static void mismatched(MPI_Comm comm, int P) {
+    enum { D = 8, H = 4, B = 1, T = 8 };
+    static float x[B * T * D], y[B * T * D], probs[B * H * T * (T + 1)];
+    for (int i = 0; i < B * T * D; i++) x[i] = (float)((i * 5 % 11) - 5) / 11.0f;
+    const mha_status want = P > 1 ? MHA_E_SHAPE : MHA_OK;
+    const char *named = P > 1 ? "checksum of the layer's configuration" : NULL;
+    mha_config c = mha_config_default(D, H);
+    c.add_zero_attn = rank == P - 1; /* the last rank's layer appends a zero key */
+    mha_layer *L = NULL, *local = NULL;
+    EXPECT(mha_layer_create(&L, &c, NULL), MHA_OK, NULL);
+    mha_mpi_heads hd;
+    EXPECT(mha_mpi_shard_heads(&local, &hd, L, comm), want, named);
+    mha_layer_free(local), local = NULL;
+    mha_config c1 = mha_config_default(D, H); /* the same layer everywhere, shards of it */
+    mha_layer *L1 = NULL;
+    EXPECT(mha_layer_create(&L1, &c1, NULL), MHA_OK, NULL);
+    EXPECT(mha_mpi_shard_heads(&local, &hd, L1, comm), MHA_OK, NULL);
+    mha_options o = mha_options_default();
+    o.scale = rank == P - 1 ? 0.5f : 0.0f;
+    mha_capture cap = {.probs = probs};
+    if (local) EXPECT(mha_mpi_forward_heads(local, &hd, NULL, y, &cap, x, NULL, B, T, T, &o, comm, NULL), want, named);
+    EXPECT(mha_mpi_forward_sequence(L1, y, NULL, x, NULL, B, T, T, &o, comm, NULL), want, named);
+    EXPECT(mha_mpi_forward_sequence(L, y, NULL, x, NULL, B, T, T, NULL, comm, NULL), want, named);
+    mha_cache *cache = NULL;
+    if (local) EXPECT(mha_cache_create(&cache, local, B, T, MHA_CACHE_F32, 0), MHA_OK, NULL);
+    mha_intervention iv[H] = {{0}};
+    iv[1].op = rank == P - 1 ? MHA_HEAD_ZERO : MHA_HEAD_KEEP; /* the ablation of one rank only */
+    o = mha_options_default();
+    o.interventions = iv;
+    if (cache) EXPECT(mha_mpi_forward_cached_heads(local, cache, &hd, NULL, y, x, B, T, &o, comm, NULL), want, named);
+    mha_cache_free(cache), mha_layer_free(local), mha_layer_free(L1), mha_layer_free(L);
+    /* whole layers with other head counts: named by the count */
+    mha_config c2 = mha_config_default(D, rank == P - 1 ? 2 * H : H);
+    mha_layer *L2 = NULL;
+    local = NULL;
+    EXPECT(mha_layer_create(&L2, &c2, NULL), MHA_OK, NULL);
+    EXPECT(mha_mpi_shard_heads(&local, &hd, L2, comm), want, P > 1 ? "h = " : NULL);
+    mha_layer_free(local), mha_layer_free(L2);
+}
+
 int main(int argc, char **argv) {
     MPI_Init(&argc, &argv);
     MPI_Comm comm = MPI_COMM_WORLD;
@@ -194,6 +242,7 @@ int main(int argc, char **argv) {
     mha_layer_free(local), mha_layer_free(L);
     gated(comm);
     compact(comm);
+    mismatched(comm, P);
     if (rank == 0) printf("mpi_api_test: %d checks, %d failed\n", checks, fails);
     int any = fails;
     MPI_Allreduce(MPI_IN_PLACE, &any, 1, MPI_INT, MPI_MAX, comm);
