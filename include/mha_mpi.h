@@ -108,7 +108,10 @@ mha_status mha_mpi_load_heads(mha_layer **local, mha_mpi_heads *heads, mha_confi
  * rank 0 only) gets Z (B,T,h*d_v), contributions (h,B,T,d_model) and
  * probs (B,h,T,S_total), assembled on rank 0; every rank must pass the
  * same non-NULL pattern (its own pointers are ignored off rank 0).
- * stats may be NULL; local, heads, x, y NULL: MHA_E_ARG. Collective. */
+ * stats may be NULL; local, heads, x, y NULL, or heads that are not this
+ * rank's of the shard local (its head counts, first = rank * count):
+ * MHA_E_ARG; B, T or S < 1, or y or a capture of more than 2^31-1 floats
+ * (one MPI message): MHA_E_SHAPE. Collective. */
 mha_status mha_mpi_forward_heads(const mha_layer *local, const mha_mpi_heads *heads,
                                  const float *b_o, float *y, const mha_capture *cap,
                                  const float *x, const float *kv, int B, int T, int S,
@@ -121,7 +124,8 @@ mha_status mha_mpi_forward_heads(const mha_layer *local, const mha_mpi_heads *he
  * rank's shard, so it holds only this rank's kv heads (h_kv/P of them, or
  * the one copied kv head). opt as mha_forward_cached, interventions
  * indexed by global head. stats: this call's bytes (one all-reduce of
- * B*T*d_model floats) and times. Collective. */
+ * B*T*d_model floats) and times. heads not this rank's of local:
+ * MHA_E_ARG; B or T < 1, or y over 2^31-1 floats: MHA_E_SHAPE. Collective. */
 mha_status mha_mpi_forward_cached_heads(const mha_layer *local, mha_cache *cache, const mha_mpi_heads *heads,
                                         const float *b_o, float *y, const float *x, int B, int T,
                                         const mha_options *opt, MPI_Comm comm, mha_mpi_stats *stats);
@@ -145,7 +149,8 @@ void mha_mpi_chunks_of(int start[2], int len[2], int n, int rank, int P);
  * with RoPE, ALiBi, sinks or QK-norm (the ring attends projected q and
  * k) and for options.sink_tokens or bf16_matmul; MHA_E_NONFINITE naming
  * x[b][t][e] (or kv) for a NaN/Inf in this rank's rows; MHA_E_ARG for a
- * NULL layer or x, or y on rank 0. Collective. */
+ * NULL layer or x, or y on rank 0; MHA_E_SHAPE for B < 1 or a K/V block
+ * or gather over 2^31-1 floats (one MPI message). Collective. */
 mha_status mha_mpi_forward_sequence(const mha_layer *layer, float *y, const mha_capture *cap,
                                     const float *x, const float *kv, int B, int T, int S,
                                     const mha_options *opt, MPI_Comm comm, mha_mpi_stats *stats);

@@ -3,6 +3,7 @@
  * mha_forward_cached on its heads, and one MPI_Allreduce(SUM) of the
  * partial Y per call gives every rank Y; b_O is added once, after it.
  * Legend: B, T new tokens per call, h, hl = h/P heads per rank, D = d_model. */
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -11,7 +12,8 @@
 mha_status mha_mpi_forward_cached_heads(const mha_layer *local, mha_cache *cache, const mha_mpi_heads *hd,
                                         const float *b_o, float *y, const float *x, int B, int T,
                                         const mha_options *opt, MPI_Comm comm, mha_mpi_stats *stats) {
-    int P;
+    int rank, P;
+    MPI_Comm_rank(comm, &rank);
     MPI_Comm_size(comm, &P);
     double t0 = MPI_Wtime();
     const int bad = !local || !cache || !hd || !x || !y;
@@ -20,6 +22,15 @@ mha_status mha_mpi_forward_cached_heads(const mha_layer *local, mha_cache *cache
     if (s) return s;
     const mha_config *c = mha_layer_config(local);
     const int D = c->d_model;
+    char why[400] = "";
+    mha_mpi_shard_mismatch(why, sizeof why, "mha_mpi_forward_cached_heads", local, hd, rank);
+    s = *why ? MHA_E_ARG : MHA_OK;
+    if (!s && (B < 1 || T < 1)) /* the cache's own batch is checked by mha_forward_cached */
+        s = MHA_E_SHAPE, snprintf(why, sizeof why, "mha_mpi_forward_cached_heads: B=%d T=%d; expected both >= 1", B, T);
+    else if (!s && (double)B * T * D > INT_MAX)
+        s = MHA_E_SHAPE, snprintf(why, sizeof why, "mha_mpi_forward_cached_heads: B=%d T=%d give %.0f floats of y in one "
+                                  "message; expected at most %d (MPI's int count)", B, T, (double)B * T * D, INT_MAX);
+    if ((s = mha_mpi_agree(comm, s, why))) return s;
     const long long same[] = {B, T, D, hd->count, mha_cache_length(cache, 0),
                               mha_mpi_call_checksum(c, mha_layer_weights_dtype(local), opt, hd->count * P)};
     const char *names[] = {"B", "T (new tokens)", "d_model", "heads per rank", "cached tokens",

@@ -6,11 +6,23 @@
  * Y_r + b_O after one MPI_Allreduce.
  * Legend: B, T, S, S_tot = S + extra keys, h, h_kv, hl = h/P and
  * gl kv heads per rank, d_k, d_v, d_model = D, d_kv_in. */
+#include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "mpi_internal.h"
+
+void mha_mpi_shard_mismatch(char *msg, size_t cap, const char *who, const mha_layer *local,
+                            const mha_mpi_heads *hd, int rank) {
+    const mha_config *c = mha_layer_config(local);
+    if (hd->count < 1 || hd->count != c->n_heads || hd->kv_count != c->n_kv_heads || hd->first != rank * hd->count)
+        snprintf(msg, cap, "%s: heads [%d, %d) with %d kv heads on rank %d, but the local layer has %d heads and %d "
+                 "kv heads; expected the shard and heads mha_mpi_shard_heads or mha_mpi_load_heads gave this rank "
+                 "(heads [rank count, (rank + 1) count), count the shard's h)", who, hd->first,
+                 hd->first + hd->count, hd->kv_count, rank, c->n_heads, c->n_kv_heads);
+}
 
 int mha_mpi_alloc_fault(MPI_Comm comm) {
     const char *e = getenv("MHA_MPI_FAIL_ALLOC");
@@ -307,6 +319,19 @@ mha_status mha_mpi_forward_heads(const mha_layer *local, const mha_mpi_heads *hd
     const int hl = hd->count, h = hl * P, D = c->d_model, d_v = c->d_v;
     const int S_tot = S + c->add_bias_kv + c->add_zero_attn;
     const int want_z = cap && cap->z, want_c = cap && cap->contributions, want_p = cap && cap->probs;
+    /* y and the captures travel as one MPI message each (an int count) */
+    const double most = fmax(fmax((double)B * T * D, want_z ? (double)B * T * hl * d_v : 0.0),
+                             fmax(want_c ? (double)hl * B * T * D : 0.0, want_p ? (double)B * hl * T * S_tot : 0.0));
+    char why[400] = "";
+    mha_mpi_shard_mismatch(why, sizeof why, "mha_mpi_forward_heads", local, hd, rank);
+    s = *why ? MHA_E_ARG : MHA_OK;
+    if (!s && (B < 1 || T < 1 || S < 1))
+        s = MHA_E_SHAPE, snprintf(why, sizeof why, "mha_mpi_forward_heads: B=%d T=%d S=%d; expected all >= 1", B, T, S);
+    else if (!s && most > INT_MAX)
+        s = MHA_E_SHAPE, snprintf(why, sizeof why, "mha_mpi_forward_heads: B=%d T=%d S=%d give %.0f floats in one "
+                                  "message of y or a capture; expected at most %d (MPI's int count)", B, T, S, most,
+                                  INT_MAX);
+    if ((s = mha_mpi_agree(comm, s, why))) return s;
     const long long same[] = {B, T, S, D, h, hl, want_z, want_c, want_p, kv != NULL,
                               mha_mpi_call_checksum(c, mha_layer_weights_dtype(local), opt, h)};
     const char *names[] = {"B", "T", "S", "d_model", "h", "heads per rank", "--save-z", "--save-contributions",

@@ -31,6 +31,14 @@ long long mha_mpi_call_checksum(const mha_config *c, mha_weight_dtype dt, const 
     "checksum of the layer's configuration and the call's options (variants, scale, masks given, "         \
     "interventions, weight storage)"
 
+/* A message into msg (cap bytes, named by who) when hd is not what the
+ * head split gave rank for the shard local (its head counts; heads
+ * [rank count, (rank + 1) count)); msg untouched otherwise. The gathers
+ * and the interventions' offset read hd: another layer (the whole one)
+ * or other heads overran buffers or summed wrong heads, silently. */
+void mha_mpi_shard_mismatch(char *msg, size_t cap, const char *who, const mha_layer *local,
+                            const mha_mpi_heads *hd, int rank);
+
 /* Test hook: nonzero when MHA_MPI_FAIL_ALLOC names this rank, so that the
  * fault tests can make one rank's allocation fail. */
 int mha_mpi_alloc_fault(MPI_Comm comm);

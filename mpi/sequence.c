@@ -7,6 +7,7 @@
  * mha_attention_merge. Legend: B, T, S, h, h_kv, d_k, d_v, D = d_model,
  * d_in = d_kv_in; Tc/Sc rows of one query/key chunk, Tl = this rank's
  * query rows, ne extra keys (add_bias_kv, add_zero_attn). */
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -277,8 +278,17 @@ mha_status mha_mpi_forward_sequence(const mha_layer *layer, float *y, const mha_
     mha_status s = mha_mpi_check_same(comm, same, (int)(sizeof same / sizeof same[0]), names);
     if (s) return s;
     char msg[512] = "";
-    if (T < 2 * P || S < 2 * P)
+    /* the largest single MPI message: a K/V block, or one gather of y, Z or the contributions (int counts) */
+    const double biggest = fmax(fmax((double)B * S * h_kv * (d_k + d_v), (double)B * T * D),
+                                fmax(want_z ? (double)B * T * h * d_v : 0.0, want_c ? (double)h * B * T * D : 0.0));
+    if (B < 1)
+        s = MHA_E_SHAPE, snprintf(msg, sizeof msg, "mha_mpi_forward_sequence: B=%d; expected >= 1", B);
+    else if (T < 2 * P || S < 2 * P)
         s = MHA_E_SHAPE, snprintf(msg, sizeof msg, "--split sequence over P=%d ranks cuts T=%d queries and S=%d keys into %d chunks; expected T >= %d and S >= %d", P, T, S, 2 * P, 2 * P, 2 * P);
+    else if (biggest > INT_MAX)
+        s = MHA_E_SHAPE, snprintf(msg, sizeof msg, "mha_mpi_forward_sequence: B=%d T=%d S=%d give %.0f floats in one "
+                                  "message (a K/V block, or a gather of y or a capture); expected at most %d (MPI's "
+                                  "int count)", B, T, S, biggest, INT_MAX);
     else if (cap && cap->probs)
         s = MHA_E_UNSUPPORTED, snprintf(msg, sizeof msg, "--split sequence does not capture attention probabilities (each rank sees one key block at a time); use --split heads");
     else if (self && S != T)

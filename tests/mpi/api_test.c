@@ -174,6 +174,52 @@ static void mismatched(MPI_Comm comm, int P) {
     mha_layer_free(local), mha_layer_free(L2);
 }
 
+/* Heads that are not the shard's, and shapes no call can take: refused by
+ * name before any allocation. Before, the whole layer passed as the shard
+ * ran (each rank summed every head: y P times too large, and a Z capture
+ * overran its buffer), a first head out of range read the interventions
+ * past their end (a crash), B = -1 asked malloc for 2^64 bytes ("no
+ * memory"), and 2^31 floats of y were one MPI message whose int count
+ * wraps. */
+static void hostile_heads(MPI_Comm comm, const mha_layer *L, const float *x, float *y) {
+    enum { D = 8, H = 4, T = 8 };
+    mha_layer *local = NULL;
+    mha_mpi_heads hd;
+    EXPECT(mha_mpi_shard_heads(&local, &hd, L, comm), MHA_OK, NULL);
+    if (!local) return;
+    int P;
+    MPI_Comm_size(comm, &P);
+    static float z[T * H * 2];
+    mha_capture cap = {.z = z};
+    /* the whole layer with this rank's heads: P = 1's shard is the layer itself */
+    EXPECT(mha_mpi_forward_heads(L, &hd, NULL, y, &cap, x, NULL, 1, T, T, NULL, comm, NULL),
+           P > 1 ? MHA_E_ARG : MHA_OK, P > 1 ? "but the local layer has 4 heads" : NULL);
+    mha_mpi_heads far = hd;
+    far.first = 1000;
+    mha_intervention iv[H] = {{0}};
+    mha_options o = mha_options_default();
+    o.interventions = iv;
+    EXPECT(mha_mpi_forward_heads(local, &far, NULL, y, NULL, x, NULL, 1, T, T, &o, comm, NULL), MHA_E_ARG,
+           "heads [1000, ");
+    mha_cache *cache = NULL;
+    EXPECT(mha_cache_create(&cache, local, 1, T, MHA_CACHE_F32, 0), MHA_OK, NULL);
+    EXPECT(mha_mpi_forward_cached_heads(local, cache, &far, NULL, y, x, 1, T, &o, comm, NULL), MHA_E_ARG,
+           "heads [1000, ");
+    EXPECT(mha_mpi_forward_cached_heads(local, cache, &hd, NULL, y, x, -1, T, NULL, comm, NULL), MHA_E_SHAPE,
+           "B=-1 T=8; expected both >= 1");
+    mha_cache_free(cache);
+    EXPECT(mha_mpi_forward_heads(local, &hd, NULL, y, NULL, x, NULL, -1, T, T, NULL, comm, NULL), MHA_E_SHAPE,
+           "B=-1 T=8 S=8; expected all >= 1");
+    EXPECT(mha_mpi_forward_sequence(L, y, NULL, x, NULL, -1, T, T, NULL, comm, NULL), MHA_E_SHAPE,
+           "B=-1; expected >= 1");
+    /* 2^16 x 2^12 rows of d_model 8: 2^31 floats of y (x is never read) */
+    EXPECT(mha_mpi_forward_heads(local, &hd, NULL, y, NULL, x, NULL, 1 << 16, 1 << 12, 1 << 12, NULL, comm, NULL),
+           MHA_E_SHAPE, "expected at most 2147483647 (MPI's int count)");
+    EXPECT(mha_mpi_forward_sequence(L, y, NULL, x, NULL, 1 << 16, 1 << 12, 1 << 12, NULL, comm, NULL), MHA_E_SHAPE,
+           "expected at most 2147483647 (MPI's int count)");
+    mha_layer_free(local);
+}
+
 int main(int argc, char **argv) {
     MPI_Init(&argc, &argv);
     MPI_Comm comm = MPI_COMM_WORLD;
@@ -237,6 +283,7 @@ int main(int argc, char **argv) {
     EXPECT(mha_mpi_forward_sequence(L, y, NULL, x, NULL, B, T, T, &o, comm, NULL), MHA_E_UNSUPPORTED, "dropout_p");
     EXPECT(mha_mpi_forward_heads(local, &hd, NULL, y, NULL, x, NULL, B, T, T, &o, comm, NULL), MHA_E_UNSUPPORTED,
            "dropout_p");
+    hostile_heads(comm, L, x, y);
     x[5 * D + 3] = NAN; /* row 5: rank 1's chunk for P = 2, rank 0's for P = 1 */
     EXPECT(mha_mpi_forward_sequence(L, y, NULL, x, NULL, B, T, T, NULL, comm, NULL), MHA_E_NONFINITE, "x[0][5][3]");
     mha_layer_free(local), mha_layer_free(L);
