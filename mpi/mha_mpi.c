@@ -64,6 +64,7 @@ static long long layer_checksum(const mha_layer *L) {
     hsh = fnv(hsh, w.b_q, 4 * q), hsh = fnv(hsh, w.b_k, 4 * k), hsh = fnv(hsh, w.b_v, 4 * v);
     hsh = fnv(hsh, w.b_o, 4 * (size_t)c->d_model);
     hsh = fnv(hsh, w.w_g, 4 * c->d_model * (size_t)c->n_heads * c->d_v), hsh = fnv(hsh, w.b_g, 4 * (size_t)c->n_heads * c->d_v);
+    hsh = fnv(hsh, w.bias_k, 4 * k), hsh = fnv(hsh, w.bias_v, 4 * v); /* add_bias_kv's key row: the ring's extra part */
     return (long long)(hsh >> 1);
 }
 

@@ -200,6 +200,12 @@ np.save(d + "/kpm_b.npy", kpm)          # kpm with one more padded key
 np.save(d + "/x_huge.npy", np.full((1, 8, 24), 1e30, np.float32))
 np.save(d + "/kpm_cross.npy", np.arange(24).reshape(2, 12) % 5 == 1)
 np.save(d + "/am.npy", np.triu(np.ones((16, 16), bool), 1) | (np.arange(16)[None, :] == 7))
+# torch's add_bias_kv (bias_k, bias_v: one more key row), and the same file but bias_v
+w = {"in_proj_weight": r(72, 24), "in_proj_bias": r(72), "out_proj.weight": r(24, 24), "out_proj.bias": r(24),
+     "bias_k": r(1, 1, 24), "bias_v": r(1, 1, 24)}
+write_safetensors(d + "/bkv.safetensors", w)
+w["bias_v"] = w["bias_v"] + 1
+write_safetensors(d + "/bkv_b.safetensors", w)
 PYEOF
 
 # mpirun -np P mha-mpi run ARGS, bounded in time; stdout/stderr in $T/out,err
@@ -315,6 +321,8 @@ case_ cross "2 3 4" "heads sequence" cross x --kv-input "$T/kv.npy" --causal bot
 case_ cross_pad "2 4" "heads sequence" cross x --kv-input "$T/kv.npy" --key-padding-mask "$T/kpm_cross.npy"
 case_ ablate "2 3 4" "heads sequence" mha x --causal --ablate 1=zero,5=scale:0.5,7=mean
 case_ nanrows "2 4" "heads sequence" mha x --attn-mask "$T/am.npy" --key-padding-mask "$T/kpm.npy" --masked-rows nan
+case_ bias_kv "2 4" "heads sequence" bkv x --causal --heads 12    # torch's add_bias_kv: one more key row
+decode dec_bias_kv "2" bkv x 4 --heads 12
 
 # --- gated attention (output_gate): each shard gates its heads with its
 # column blocks of W_G (and b_G); the ring gates its own query rows before
@@ -632,6 +640,11 @@ expect_fail 2 "rank 1: h = 8 here but 4 on rank 0"
 # differs from gseq in W_G alone)
 mpmd "--split sequence --weights $T/gseq.safetensors --input $T/x.npy --output $T/fo/keep.npy --causal" \
      "--split sequence --weights $T/gseq_b.safetensors --input $T/x.npy --output $T/fo/keep.npy --causal"
+expect_fail 2 "rank 1: checksum of the weights"
+# the ring's ranks given add_bias_kv files that differ in bias_v alone: the extra key row is part
+# of the weights' checksum (each rank attended its own rows to its own row, silently, 0.7 off)
+mpmd "--split sequence --weights $T/bkv.safetensors --heads 12 --input $T/x.npy --output $T/fo/keep.npy --causal" \
+     "--split sequence --weights $T/bkv_b.safetensors --heads 12 --input $T/x.npy --output $T/fo/keep.npy --causal"
 expect_fail 2 "rank 1: checksum of the weights"
 # a gated GQA layer that P = 3 cannot split: the head split's refusal
 mpi 3 --split heads --weights "$T/ggqa.safetensors" --input "$T/x16.npy" --output "$T/fo/y.npy" --causal
