@@ -56,4 +56,4 @@ static void gemm_tile_avx2(float *c, size_t ldc, const float *a, const float *b,
 }
 
 const mha_backward_kernels mha_backward_kernels_avx2 = {"avx2", scores_rows_avx2, probs_ds_avx2, accumulate_tn_avx2, 6, 16,
-                                                        gemm_tile_avx2, mha_bwd_pack_panels_scalar, mha_pack_a6_avx2};
+                                                        gemm_tile_avx2, mha_bwd_pack_panels_avx2, mha_pack_a6_avx2};

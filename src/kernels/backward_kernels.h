@@ -63,7 +63,7 @@ typedef struct mha_backward_kernels {
     void (*pack_a6)(float *out, const float *a, size_t lda, int rows, int kn);
 } mha_backward_kernels;
 
-/* The portable pack_panels (scalar_backward.c), which the AVX2 table shares. */
+/* The portable pack_panels (scalar_backward.c). */
 void mha_bwd_pack_panels_scalar(float *dst, const float *src, size_t ld, int n, int d);
 
 extern const mha_backward_kernels mha_backward_kernels_scalar;

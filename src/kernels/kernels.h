@@ -159,6 +159,7 @@ void mha_sgemm_avx2_6x16(float *c, size_t ldc, const float *a, size_t a_rs, size
                          const float *row_scale, int K, int m, int n);
 void mha_pack_a6_avx2(float *out, const float *a, size_t lda, int rows, int kn); /* avx2_pack.c */
 void mha_store_t16_avx2(float *dst, const size_t *coff, const float *src, size_t lds, int rows, int n);
+void mha_bwd_pack_panels_avx2(float *dst, const float *src, size_t ld, int n, int d); /* avx2_pack.c */
 void mha_attn_pack_q_avx2(float *dst, const float *src, size_t src_rs, float scale, int rows, int rows6, int d_k);
 void mha_attn_alibi_avx2(float *s, size_t lds, const int *qpos, const int *kpos, float slope, int rows, int cols);
 void mha_attn_scores_avx2(float *s, size_t lds, const float *q, const float *kt, int d_k,
