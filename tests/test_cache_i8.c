@@ -330,6 +330,21 @@ static void test_kernels_bits(void) {
     kernels_bits_case(6, 264, 64, 75, 16);
     kernels_bits_case(4, 80, 64, 2112, 17);
     kernels_bits_case(3, 8, 64, 65600, 18); /* 2050 blocks: more than a slice's scales hold */
+    /* no keys: accumulate_q8 overwrites acc with zeros (decode_kernels.h),
+     * in every row group of every table */
+    const mha_decode_kernels *tabs[3] = {&mha_decode_kernels_scalar, &mha_decode_kernels_avx2,
+                                         &mha_decode_kernels_avx512};
+    const int ntab = mha_cpu_has_avx512() ? 3 : mha_cpu_has_avx2() ? 2 : 1;
+    float acc[7 * 40], p = 0.5f, vs = 1.0f;
+    const int8_t vq = 1;
+    for (int t = 0; t < ntab; t++) {
+        for (int i = 0; i < 7 * 40; i++) acc[i] = NAN;
+        tabs[t]->accumulate_q8(acc, 40, &p, 1, &vq, &vs, 7, 0, 37);
+        int zeros = 1;
+        for (int i = 0; i < 7; i++)
+            for (int c = 0; c < 37; c++) zeros &= acc[i * 40 + c] == 0.0f;
+        if (!zeros) test_report(__FILE__, __LINE__, "%s accumulate_q8 over no keys left acc unwritten", tabs[t]->name);
+    }
 }
 
 /* ---------------------------------------------------- forward level */

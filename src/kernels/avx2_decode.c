@@ -377,7 +377,8 @@ INLINE void acc_q8_block(float *acc, int ldacc, const float *p, int ldp, const i
  * than one key's scales fit in `column`). */
 void mha_accumulate_q8_avx2(float *acc, int ldacc, const float *p, int ldp, const int8_t *vq,
                                const float *vs, int m, int n, int dv) {
-    const int nb = NB(dv), m2 = nb <= Q8_COLUMN_FLOATS ? m - m % 2 : 0; /* d_v past 65536: acc_impl */
+    /* d_v past 65536, and no keys (acc = 0, as acc_impl writes it): acc_impl */
+    const int nb = NB(dv), m2 = nb <= Q8_COLUMN_FLOATS && n > 0 ? m - m % 2 : 0;
     int slice = Q8_COLUMN_FLOATS / nb;
     if (slice > Q8_SLICE) slice = Q8_SLICE;
     if (slice < 1) slice = 1;
