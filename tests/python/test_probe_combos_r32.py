@@ -8,7 +8,7 @@ partial rotary, linear / llama3 / YaRN / dynamic / LongRoPE), ALiBi
 LayerNorm; shared, per head, whole width), clip_qkv, the query
 temperature (both rules), the output gate, d_k != d_v and cross-attention;
 random calls combine causal (both alignments), windows with StreamingLLM's
-sink tokens, chunks, key padding (bool and float), bool and float masks
+sink tokens, chunks, packed sequences, key padding (bool and float), bool and float masks
 broadcast over batch or heads, explicit query and key positions, the score
 scale and NaN rows. Each is checked
 
@@ -185,6 +185,16 @@ def rand_call(rng, cfg, B, T, S, cross, big=False):
     return call
 
 
+def packed(rng, call, T, cross):
+    """Sometimes packed sequences (cu_seqlens) on a self-attention call
+    without sink tokens or chunks (which they refuse)."""
+    if cross or T < 2 or "sink_tokens" in call or "chunk_size" in call or rng.random() >= 0.15:
+        return call
+    n = int(rng.integers(1, min(T, 4) + 1))
+    call["cu_seqlens"] = [0] + sorted(int(c) for c in rng.choice(np.arange(1, T), n - 1, replace=False)) + [T]
+    return call
+
+
 def t64(a):
     return torch.as_tensor(np.asarray(a, np.float64))
 
@@ -239,7 +249,7 @@ def test_forward_combinations(wdtype, big, kernel_env):
                 assert np.array_equal(got_w[n], w[n]), (it, n)
         x = rng.normal(0, 1, (B, T, cfg["d_model"])).astype(np.float32)
         kv = rng.normal(0, 1, (B, S, cfg["d_kv_in"] or cfg["d_model"])).astype(np.float32) if cross else None
-        call = rand_call(rng, cfg, B, T, S, cross, big)
+        call = packed(rng, rand_call(rng, cfg, B, T, S, cross, big), T, cross)
         b16 = wdtype == "bf16" and not cfg.get("output_gate") and rng.random() < 0.6
         want, probs = O.forward(cfg, {n: t64(a) for n, a in w.items()}, t64(x), None if kv is None else t64(kv),
                                 call=call, need_probs=True, bf16_matmul=b16)
@@ -522,7 +532,7 @@ def test_backward_combinations(mode, kernel_env):
         layer.set_weights(w)
         B, T = int(rng.integers(1, 3)), int(rng.integers(1, 9))
         S = int(rng.integers(1, 9)) if cross else T
-        call = rand_call(rng, cfg, B, T, S, cross)
+        call = packed(rng, rand_call(rng, cfg, B, T, S, cross), T, cross)
         call.pop("masked_row", None)
         if mode == "reference":
             call["path"] = "reference"
