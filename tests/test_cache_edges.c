@@ -223,7 +223,7 @@ static void test_cache_ring_window_edges(void) {
     CHECK_ERROR_MENTIONS("needs position 0, already overwritten in the ring");
     /* truncating to 2 would need position 1 for the next token: gone */
     CHECK_STATUS(mha_cache_truncate(c, 0, 2), MHA_E_ARG);
-    CHECK_ERROR_MENTIONS("kept only positions >= 2; expected new_len >= 3 or 0");
+    CHECK_ERROR_MENTIONS("kept only positions >= 2; expected new_len >= 3 or <= 0");
     CHECK_INT(mha_cache_length(c, 0), 6);
     CHECK_OK(mha_cache_truncate(c, 0, 3));
     CHECK_INT(mha_cache_length(c, 0), 3);
@@ -231,6 +231,71 @@ static void test_cache_ring_window_edges(void) {
     CHECK_INT(mha_cache_length(c, 0), 0);
     free(k), free(v), free(q);
     mha_cache_free(c);
+    mha_layer_free(L);
+}
+
+/* Rolling a ring back past its oldest stored position is fine when the
+ * next token needs none of the ring's keys: a window of 1 (the token
+ * alone), or a new length inside the sink tokens (the window then reaches
+ * back only into the sinks, always kept). Both were refused ("needs
+ * position 8" for a window of 1, "needs position 2" for a token at
+ * position 1), though the token needs neither; the next token then
+ * attends the keys a fresh cache fed the same tokens gives. */
+static void test_cache_ring_rollback_past_the_ring(void) {
+    mha_layer *L = gqa_layer();
+    if (!L) return;
+    uint64_t seed = 13;
+    float *k = naive_random_floats(12 * DK, &seed, -1, 1), *v = naive_random_floats(12 * DK, &seed, -1, 1);
+    float *q = naive_random_floats(H * DK, &seed, -1, 1);
+    float z[H * DK], want[H * DK];
+    const float def = 1.0f / sqrtf((float)DK);
+    mha_cache *c = NULL;
+    /* window 1 in one slot: positions 0..9, then back to 8 and a new key 8 */
+    CHECK_OK(mha_cache_create(&c, L, 1, 1, MHA_CACHE_F32, 1));
+    for (int t = 0; c && t < 10; t++) CHECK_OK(mha_cache_append(c, k + (size_t)t * DK, v + (size_t)t * DK, 1, NULL));
+    if (c) {
+        CHECK_OK(mha_cache_truncate(c, 0, 8));
+        CHECK_INT(mha_cache_length(c, 0), 8);
+        CHECK_OK(mha_cache_append(c, k + 10 * DK, v + 10 * DK, 1, NULL)); /* the new key at position 8 */
+        CHECK_OK(mha_cache_attend(c, z, q, 1, NULL, 0));
+        float kk[9 * DK], vv[9 * DK];
+        memcpy(kk + 8 * DK, k + 10 * DK, sizeof(float) * DK), memcpy(vv + 8 * DK, v + 10 * DK, sizeof(float) * DK);
+        oracle(want, q, kk, vv, 1, 8, 8, def);
+        CHECK(max_diff(z, want, H * DK) <= 1e-6);
+    }
+    mha_cache_free(c);
+    c = NULL;
+    /* 2 sink tokens, window 3, 5 slots (a ring of 3, one token a call): after 10 positions it holds 7..9 */
+    CHECK_OK(mha_cache_create(&c, L, 1, 5, MHA_CACHE_F32, 3));
+    if (c) CHECK_OK(mha_cache_set_sink_tokens(c, 2));
+    for (int t = 0; c && t < 10; t++) CHECK_OK(mha_cache_append(c, k + (size_t)t * DK, v + (size_t)t * DK, 1, NULL));
+    if (c) {
+        /* to 3: the token at 3 needs position 2 (window 1..3), overwritten */
+        CHECK_STATUS(mha_cache_truncate(c, 0, 3), MHA_E_ARG);
+        CHECK_ERROR_MENTIONS("to 3 tokens needs position 2 for its window of 3, but the ring (capacity 5, 2 sink "
+                             "tokens) kept only positions >= 7; expected new_len >= 9 or <= 2");
+        CHECK_INT(mha_cache_length(c, 0), 10);
+        /* to 1: the token at 1 needs position 0, a sink */
+        CHECK_OK(mha_cache_truncate(c, 0, 1));
+        CHECK_OK(mha_cache_append(c, k + 11 * DK, v + 11 * DK, 1, NULL)); /* the new key at position 1 */
+        CHECK_OK(mha_cache_attend(c, z, q, 1, NULL, 0));
+        float kk[2 * DK], vv[2 * DK];
+        memcpy(kk, k, sizeof(float) * DK), memcpy(vv, v, sizeof(float) * DK);
+        memcpy(kk + DK, k + 11 * DK, sizeof(float) * DK), memcpy(vv + DK, v + 11 * DK, sizeof(float) * DK);
+        oracle(want, q, kk, vv, 1, 1, 0, def);
+        CHECK(max_diff(z, want, H * DK) <= 1e-6);
+        /* and on: positions 2..6 wrap the ring again (keys 0, 1 and the new ones) */
+        for (int t = 2; t < 7; t++) CHECK_OK(mha_cache_append(c, k + (size_t)t * DK, v + (size_t)t * DK, 1, NULL));
+        CHECK_INT(mha_cache_length(c, 0), 7);
+        CHECK_OK(mha_cache_attend(c, z, q, 1, NULL, 0)); /* position 6: keys 0, 1 (sinks) and 4..6 */
+        float k5[5 * DK], v5[5 * DK];                     /* those five keys in order */
+        memcpy(k5, kk, sizeof kk), memcpy(v5, vv, sizeof vv);
+        memcpy(k5 + 2 * DK, k + 4 * DK, sizeof(float) * 3 * DK), memcpy(v5 + 2 * DK, v + 4 * DK, sizeof(float) * 3 * DK);
+        oracle(want, q, k5, v5, 1, 4, 0, def);
+        CHECK(max_diff(z, want, H * DK) <= 1e-6);
+    }
+    mha_cache_free(c);
+    free(k), free(v), free(q);
     mha_layer_free(L);
 }
 
@@ -314,6 +379,7 @@ static const test_case cases[] = {
     {"cache_edges_argument_errors", test_cache_argument_errors},
     {"cache_edges_attend_matches_oracle", test_cache_attend_matches_oracle},
     {"cache_edges_ring_window", test_cache_ring_window_edges},
+    {"cache_edges_ring_rollback_past_the_ring", test_cache_ring_rollback_past_the_ring},
     {"cache_edges_attend_range", test_cache_attend_range},
     {"cache_edges_forward_q8_query_limit", test_cached_forward_q8_query_limit},
 };

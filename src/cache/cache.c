@@ -197,26 +197,33 @@ mha_status mha_cache_reset(mha_cache *c, int b) {
 }
 
 /* MHA_OK when sequence b may be rolled back to new_len tokens (fn names
- * the caller): the window of the next token (position new_len) needs keys
- * from new_len - (W-1), which the ring must still hold. */
+ * the caller): the window of the next token (position new_len) needs the
+ * keys from new_len - (W-1) up to new_len - 1 that are no sink, which
+ * the ring must still hold; none when the window is 1 or reaches back
+ * only into the sinks (which are always kept). */
 static mha_status check_rollback(const mha_cache *c, int b, int new_len, const char *fn) {
     if (b < 0 || b >= c->B) return mha_fail(MHA_E_ARG, "%s: sequence %d; expected 0..%d", fn, b, c->B - 1);
     if (new_len < 0 || new_len > c->len[b])
         return mha_fail(MHA_E_ARG, "%s: new_len=%d for sequence %d; expected 0..%d (its length)", fn, new_len, b,
                         c->len[b]);
     const int need = mha_cache_next_needs(c, new_len);
-    if (new_len > 0 && need < c->lo[b])
+    if (new_len > 0 && need < new_len && need < c->lo[b])
         return mha_fail(MHA_E_ARG,
                         "%s: sequence %d to %d tokens needs position %d for its "
                         "window of %d, but the ring (capacity %d, %d sink tokens) kept only positions >= %d; "
-                        "expected new_len >= %d or 0",
-                        fn, b, new_len, need, c->window, c->cap, c->n_sink, c->lo[b], c->lo[b] + c->window - 1);
+                        "expected new_len >= %d or <= %d",
+                        fn, b, new_len, need, c->window, c->cap, c->n_sink, c->lo[b], c->lo[b] + c->window - 1,
+                        c->n_sink);
     return MHA_OK;
 }
 
-/* Sequence b's length becomes new_len (checked); 0 empties it. */
+/* Sequence b's length becomes new_len (checked); 0 empties it. Going
+ * back past the oldest position the ring holds (allowed when the next
+ * token needs none of them) leaves none of the ring's positions live:
+ * the oldest is then new_len, the next one stored. */
 static void roll_back(mha_cache *c, int b, int new_len) {
     c->len[b] = new_len;
+    if (c->lo[b] > new_len) c->lo[b] = new_len;
     if (new_len > 0) return;
     c->lo[b] = 0;
     for (int g = 0; g < c->h_kv; g++) c->kmax[(size_t)b * c->h_kv + g] = 0.0f;
