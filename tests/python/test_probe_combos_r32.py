@@ -418,7 +418,8 @@ def test_cache_combinations(big, kernel_env, tmp_path):
                 continue
             if step > 1 and r < 0.28:
                 b = int(rng.integers(0, B))
-                n = int(rng.integers(max(0, len(hist[b].k) - (4 if not big else 60)), len(hist[b].k) + 1))
+                near = rng.random() < 0.7  # else anywhere back, into the sinks or past the ring
+                n = int(rng.integers(max(0, len(hist[b].k) - (4 if not big else 60)) if near else 0, len(hist[b].k) + 1))
                 try:
                     cache.truncate(b, n)
                 except mha.ArgumentError as e:  # a ring keeps only what the next window needs
@@ -470,6 +471,36 @@ def test_cache_combinations(big, kernel_env, tmp_path):
             assert e <= tol, (it, e, cfg, dict(B=B, kdt=kdt, vdt=vdt, window=window, sinks=n_sink, cap=cap,
                                                    explicit=explicit, wl=wl, chunk=chunk, wdt=wdt))
     print(f"cache{' large' if big else ''}: worst relative error {worst}")
+
+
+@pytest.mark.parametrize("window, capacity, sinks, back_to", [(1, 1, 0, 8), (1, 3, 0, 2), (3, 5, 2, 1), (3, 5, 2, 2),
+                                                             (4, 7, 3, 0)])
+def test_ring_rollback_past_the_ring(window, capacity, sinks, back_to):
+    """A ring rolled back past its oldest stored position, where the next
+    token needs none of the ring's keys (a window of 1; a length inside the
+    sink tokens), then decoding on: the oracle of the kept history. Before
+    this round the truncate was refused ("needs position 8 for its window
+    of 1")."""
+    rng = np.random.default_rng(34_200 + window + back_to)
+    cfg = dict(d_model=16, n_heads=4, n_kv_heads=2, d_k=4, d_v=4, bias=True, alibi=True, sinks=True,
+               rope=dict(pairing="halves"))
+    layer = mha.Layer(**cfg)
+    w = rand_weights(rng, layer)
+    layer.set_weights(w)
+    for kdt in ("float32", "int8"):
+        cache = mha.Cache(layer, 1, capacity, kdt, window=window, sink_tokens=sinks)
+        hist = History()
+        for t in range(10):
+            x = rng.normal(0, 1, (1, 1, 16)).astype(np.float32)
+            cache.forward(layer, x)
+            decode_step(cfg, w, hist, x[0], [t], kdt, kdt, window, sinks, t + 1)
+        cache.truncate(0, back_to)
+        hist.truncate(back_to)
+        for t in range(back_to, back_to + 6):
+            x = rng.normal(0, 1, (1, 1, 16)).astype(np.float32)
+            y = cache.forward(layer, x)
+            want, _ = decode_step(cfg, w, hist, x[0], [t], kdt, kdt, window, sinks, t + 1)
+            assert np.abs(y[0] - want).max() <= STORE_TOL[kdt] * (np.abs(want).max() + 1e-3), (kdt, t)
 
 
 def test_cross_memory_combinations(kernel_env):
