@@ -696,9 +696,7 @@ def test_nn_attention_combinations(kernel_env):
 # ---------------------------------------------------- mha_forward_lse
 def forward_lse(layer, x, kv=None, **opts):
     """y and lse (B,h,T) of mha_forward_lse (no Python binding: ctypes)."""
-    # a private handle: argtypes set on _lib.lib's shared function object
-    # would hold for every later test (test_probe_generation passes c_void_p)
-    fn = ctypes.CDLL(_lib.path).mha_forward_lse
+    fn = _lib.lib["mha_forward_lse"]  # a function object of its own: lib.mha_forward_lse is shared
     fn.restype = ctypes.c_int
     fn.argtypes = [_lib.LayerP, _lib.F32P, ctypes.POINTER(_lib.Capture), _lib.F32P, _lib.F32P, _lib.F32P,
                    _lib.F32P, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.POINTER(_lib.Options)]
