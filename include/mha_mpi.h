@@ -133,7 +133,8 @@ mha_status mha_mpi_forward_cached_heads(const mha_layer *local, mha_cache *cache
 /* --------------------------------------------------- sequence parallel */
 
 /* Chunk c of 2P of n rows is [c*n/(2P), (c+1)*n/(2P)); rank r owns chunks
- * r and 2P-1-r. Writes their starts and lengths. */
+ * r and 2P-1-r. Writes their starts and lengths: all 0 for P < 1, a rank
+ * outside 0..P-1 or n < 0; nothing when start or len is NULL. */
 void mha_mpi_chunks_of(int start[2], int len[2], int n, int rank, int P);
 
 /* y (B,T,d_model) on rank 0 (others may pass NULL) = the layer's forward

@@ -16,6 +16,11 @@
 #include "mpi_internal.h"
 
 void mha_mpi_chunks_of(int start[2], int len[2], int n, int rank, int P) {
+    if (!start || !len) return;
+    if (P < 1 || rank < 0 || rank >= P || n < 0) { /* no chunks (P = 0 divided by zero) */
+        start[0] = start[1] = len[0] = len[1] = 0;
+        return;
+    }
     for (int k = 0; k < 2; k++) {
         long c = k == 0 ? rank : 2L * P - 1 - rank;
         long a = c * n / (2L * P), b = (c + 1) * n / (2L * P);

@@ -239,6 +239,18 @@ int main(int argc, char **argv) {
     mha_mpi_heads hd;
     // --- NULL pointers and impossible counts
     EXPECT(mha_mpi_heads_of(&hd, &c, 0, 0), MHA_E_ARG, "P=0");
+    /* chunks of P = 0 ranks, or of a rank outside 0..P-1: none (P = 0 divided by zero: SIGFPE) */
+    int cs[2] = {7, 7}, cl[2] = {7, 7};
+    mha_mpi_chunks_of(cs, cl, 8, 0, 0);
+    mha_mpi_chunks_of(NULL, NULL, 8, 0, 2);
+    checks++;
+    if (cs[0] || cs[1] || cl[0] || cl[1]) fprintf(stderr, "FAIL rank %d: chunks of P = 0: %d+%d, %d+%d\n", rank, cs[0], cl[0], cs[1], cl[1]), fails++;
+    mha_mpi_chunks_of(cs, cl, 8, 3, 2);
+    checks++;
+    if (cl[0] || cl[1]) fprintf(stderr, "FAIL rank %d: chunks of rank 3 of 2: %d, %d rows\n", rank, cl[0], cl[1]), fails++;
+    mha_mpi_chunks_of(cs, cl, 10, 1, 2); /* chunks 1 and 2 of 4 of 10 rows: [2, 5), [5, 7) */
+    checks++;
+    if (cs[0] != 2 || cl[0] != 3 || cs[1] != 5 || cl[1] != 2) fprintf(stderr, "FAIL rank %d: chunks of rank 1 of 2\n", rank), fails++;
     EXPECT(mha_mpi_heads_of(NULL, &c, 0, 2), MHA_E_ARG, "NULL");
     EXPECT(mha_mpi_shard_heads(&local, &hd, NULL, comm), MHA_E_ARG, "NULL");
     EXPECT(mha_mpi_shard_heads(&local, &hd, L, comm), MHA_OK, NULL);
