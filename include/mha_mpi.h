@@ -104,7 +104,8 @@ mha_status mha_mpi_load_heads(mha_layer **local, mha_mpi_heads *heads, mha_confi
 /* y (B,T,d_model) on every rank = the full layer's forward, from this
  * rank's shard (mha_mpi_shard_heads) plus b_o (d_model, may be NULL).
  * x, kv, B, T, S as mha_forward; opt's interventions are indexed by global
- * head (h entries) and its masks by global head. cap (may be NULL; read on
+ * head (h entries) and its masks by global head (heads 1 or h, else
+ * MHA_E_SHAPE). cap (may be NULL; read on
  * rank 0 only) gets Z (B,T,h*d_v), contributions (h,B,T,d_model) and
  * probs (B,h,T,S_total), assembled on rank 0; every rank must pass the
  * same non-NULL pattern (its own pointers are ignored off rank 0).

@@ -331,6 +331,13 @@ mha_status mha_mpi_forward_heads(const mha_layer *local, const mha_mpi_heads *hd
         s = MHA_E_SHAPE, snprintf(why, sizeof why, "mha_mpi_forward_heads: B=%d T=%d S=%d give %.0f floats in one "
                                   "message of y or a capture; expected at most %d (MPI's int count)", B, T, S, most,
                                   INT_MAX);
+    /* a mask of the whole layer's heads (or one for all): a shard of h/P heads took one of h/P as its own */
+    const mha_mask none = {0}, *mk = opt ? &opt->keep_mask : &none, *ma = opt ? &opt->additive_mask : &none;
+    const int bad_k = mk->data && mk->heads != 1 && mk->heads != h, bad_a = ma->data && ma->heads != 1 && ma->heads != h;
+    if (!s && (bad_k || bad_a))
+        s = MHA_E_SHAPE, snprintf(why, sizeof why, "mha_mpi_forward_heads: %s.heads=%d; expected 1 (broadcast) or the "
+                                  "whole layer's h=%d (each rank takes its heads' planes)",
+                                  bad_k ? "keep_mask" : "additive_mask", bad_k ? mk->heads : ma->heads, h);
     if ((s = mha_mpi_agree(comm, s, why))) return s;
     const long long same[] = {B, T, S, D, h, hl, want_z, want_c, want_p, kv != NULL,
                               mha_mpi_call_checksum(c, mha_layer_weights_dtype(local), opt, h)};

@@ -201,6 +201,18 @@ static void hostile_heads(MPI_Comm comm, const mha_layer *L, const float *x, flo
     o.interventions = iv;
     EXPECT(mha_mpi_forward_heads(local, &far, NULL, y, NULL, x, NULL, 1, T, T, &o, comm, NULL), MHA_E_ARG,
            "heads [1000, ");
+    /* a mask of 2 heads of the 4: refused on any P (P = 2's shards, of 2 heads each, took it as theirs) */
+    static float planes[2 * T * T]; /* 2 (T,T) planes: zero floats, or zero bytes (all masked) */
+    o = mha_options_default();
+    o.keep_mask = (mha_mask){planes, 1, 2};
+    EXPECT(mha_mpi_forward_heads(local, &hd, NULL, y, NULL, x, NULL, 1, T, T, &o, comm, NULL), MHA_E_SHAPE,
+           "keep_mask.heads=2; expected 1 (broadcast) or the whole layer's h=4");
+    o.keep_mask = (mha_mask){0};
+    o.additive_mask = (mha_mask){planes, 1, 2};
+    EXPECT(mha_mpi_forward_heads(local, &hd, NULL, y, NULL, x, NULL, 1, T, T, &o, comm, NULL), MHA_E_SHAPE,
+           "additive_mask.heads=2; expected 1 (broadcast) or the whole layer's h=4");
+    o = mha_options_default();
+    o.interventions = iv;
     mha_cache *cache = NULL;
     EXPECT(mha_cache_create(&cache, local, 1, T, MHA_CACHE_F32, 0), MHA_OK, NULL);
     EXPECT(mha_mpi_forward_cached_heads(local, cache, &far, NULL, y, x, 1, T, &o, comm, NULL), MHA_E_ARG,
