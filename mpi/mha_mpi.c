@@ -226,6 +226,7 @@ typedef struct {
     const char *output, *ablate, *save_z, *save_c, *save_p, *split, *masked;
     int want_stats;
     long long decode;
+    double max_gib; /* --max-output-gib: rank 0 holds every output at once */
 } run_flags;
 
 /* Every flag that changes the result or the sequence of MPI calls, the
@@ -348,6 +349,7 @@ static int run(int argc, char **argv, MPI_Comm comm) {
          .min = 1, .max = 1 << 30},
         CLI_RUN_OUTPUT_ARGS(r.ablate, r.save_z, r.save_c, r.save_p, r.masked),
         CLI_VARIANT_ARGS(r.vf),
+        CLI_MAX_OUTPUT_ARG(r.max_gib),
     };
     mha_command_spec spec = {
         .name = "run",
@@ -461,6 +463,25 @@ static int run(int argc, char **argv, MPI_Comm comm) {
     float *y = NULL;
     mha_capture cap = {0};
     mha_mpi_stats st = {0};
+    if (!s) { /* rank 0 holds every output at once: each, and their sum, within --max-output-gib (mha run's
+                 limit; rank 0's memory was overcommitted, then its process killed in the gather) */
+        int lim = 0;
+        if (rank == 0) {
+            capture_begin(&cap_text, rank);
+            const double limit = r.max_gib > 0 ? r.max_gib : cli_default_output_limit_gib();
+            const double ny = (double)rows * D, nz = save_z ? (double)rows * h * c->d_v : 0.0,
+                         nc = save_c ? (double)h * rows * D : 0.0, np = save_p ? (double)h * rows * St : 0.0;
+            if (!(lim = cli_check_output_size("run", "--output", ny, limit)) &&
+                !(lim = cli_check_output_size("run", "--save-z", nz, limit)) &&
+                !(lim = cli_check_output_size("run", "--save-contributions", nc, limit)) &&
+                !(lim = cli_check_output_size("run", "--save-probs", np, limit)))
+                lim = cli_check_output_size("run", "the outputs together", ny + nz + nc + np, limit);
+            capture_end(&cap_text);
+        }
+        MPI_Allreduce(&lim, &code, 1, MPI_INT, MPI_MAX, comm);
+        s = mha_mpi_agree(comm, lim ? MHA_E_ARG : MHA_OK, lim ? cap_text.text : NULL);
+        if (rank == 0) free(cap_text.text);
+    }
     if (!s) { /* rank 0 holds the outputs; the others only mark which are wanted */
         int ok = 1;
         if (rank == 0 || heads) ok = (y = malloc(sizeof(float) * rows * D)) != NULL;

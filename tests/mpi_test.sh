@@ -592,6 +592,13 @@ mpi 2 --split heads --weights "$T/gqa.safetensors" --input "$T/x16.npy" --output
 expect_fail 2 "--save-z '-': mha-mpi writes no output to standard output"
 checks=$((checks + 1))
 [ "$rc" -eq 2 ] && [ ! -e ./- ] || fail "$last: exit $rc (want 2), or a file named '-'"
+# rank 0 holds every output at once: each, and their sum, within --max-output-gib (mha run's
+# limit, default half the memory), refused before any work (rank 0 allocated them unchecked: an
+# overcommitted --save-probs ended with its process killed in the gather)
+mpi 2 --split heads --weights "$T/gqa.safetensors" --input "$T/x16.npy" --output "$T/fo/y.npy" --causal \
+    --save-probs "$T/fo/p.npy" --max-output-gib 1e-5
+expect_fail 2 "rank 0: --save-probs would hold 1.53e-05 GiB (4096 float32 values), above the limit of 1e-05 GiB"
+[ "$rc" -eq 2 ] || fail "$last: exit $rc, want 2"
 # one rank given another file (MPMD): caught on rank 1, reported by both
 timeout 120 mpirun --oversubscribe -np 1 "$MPI" run --weights "$T/mha.safetensors" --input "$T/x.npy" --output "$T/fo/y.npy" \
     : -np 1 "$MPI" run --weights "$T/mha.safetensors" --input "$T/nope.npy" --output "$T/fo/y.npy" >"$T/out" 2>"$T/err"
