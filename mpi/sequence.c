@@ -255,6 +255,35 @@ static void check_rows(char *msg, size_t cap, const float *a, const char *name, 
                 }
 }
 
+/* The masks as mha_forward checks them, whole (every rank holds them):
+ * their batch and heads, then an additive entry NaN or +inf, named by its
+ * index in the whole array. Each tile checks only its own part: a NaN in
+ * a tile the causal mask skips ran with MHA_OK, and an error named the
+ * tile's index. "" when they are fine; else *s. */
+static void check_masks(char *msg, size_t cap, mha_status *s, const mha_options *g, int B, int T, int S, int h) {
+    const mha_mask *m[2] = {&g->keep_mask, &g->additive_mask};
+    const char *name[2] = {"keep_mask", "additive_mask"};
+    for (int k = 0; k < 2; k++) {
+        if (!m[k]->data) continue;
+        if (m[k]->batch != 1 && m[k]->batch != B)
+            *s = MHA_E_SHAPE, snprintf(msg, cap, "%s.batch=%d; expected 1 (broadcast) or B=%d", name[k], m[k]->batch, B);
+        else if (m[k]->heads != 1 && m[k]->heads != h)
+            *s = MHA_E_SHAPE, snprintf(msg, cap, "%s.heads=%d; expected 1 (broadcast) or n_heads=%d", name[k], m[k]->heads, h);
+        if (*msg) return;
+    }
+    const float *a[2] = {g->additive_mask.data, g->key_additive};
+    const size_t n[2] = {g->additive_mask.data ? (size_t)g->additive_mask.batch * g->additive_mask.heads * T * S : 0,
+                         (size_t)B * S};
+    const char *an[2] = {"additive_mask", "key_additive"};
+    for (int k = 0; k < 2; k++)
+        for (size_t i = 0; a[k] && i < n[k]; i++)
+            if (isnan(a[k][i]) || a[k][i] == INFINITY) {
+                *s = MHA_E_NONFINITE, snprintf(msg, cap, "%s[%zu] = %g; expected a finite number or -inf", an[k], i,
+                                               (double)a[k][i]);
+                return;
+            }
+}
+
 mha_status mha_mpi_forward_sequence(const mha_layer *layer, float *y, const mha_capture *cap,
                                     const float *x, const float *kv, int B, int T, int S,
                                     const mha_options *opt, MPI_Comm comm, mha_mpi_stats *stats) {
@@ -314,7 +343,9 @@ mha_status mha_mpi_forward_sequence(const mha_layer *layer, float *y, const mha_
     mha_mpi_chunks_of(ks, kl, S, rank, P);
     check_rows(msg, sizeof msg, x, "x", B, T, D, qs, ql);
     if (!*msg && !self) check_rows(msg, sizeof msg, kv, "kv", B, S, d_in, ks, kl);
-    if ((s = mha_mpi_agree(comm, *msg ? MHA_E_NONFINITE : MHA_OK, msg))) return s;
+    s = *msg ? MHA_E_NONFINITE : MHA_OK;
+    if (!*msg) check_masks(msg, sizeof msg, &s, &g, B, T, S, h);
+    if ((s = mha_mpi_agree(comm, s, msg))) return s;
     const int Tl = ql[0] + ql[1], qw = h * d_k, kw = h_kv * d_k, vw = h_kv * d_v, zw = h * d_v;
     size_t most = 0;
     for (int p = 0; p < P; p++)

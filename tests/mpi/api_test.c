@@ -308,6 +308,25 @@ int main(int argc, char **argv) {
     EXPECT(mha_mpi_forward_heads(local, &hd, NULL, y, NULL, x, NULL, B, T, T, &o, comm, NULL), MHA_E_UNSUPPORTED,
            "dropout_p");
     hostile_heads(comm, L, x, y);
+    /* the ring checks the masks whole, as mha_forward: a NaN in a tile the causal mask skips (query 0,
+     * key 7) ran with MHA_OK, an error named the tile's index, a batch of 3 was read as 3 (T,S) planes */
+    static float am[T * T], ka[T];
+    static uint8_t km[3 * T * T];
+    o = mha_options_default();
+    o.causal = 1;
+    am[7] = NAN;
+    o.additive_mask = (mha_mask){am, 1, 1};
+    EXPECT(mha_mpi_forward_sequence(L, y, NULL, x, NULL, B, T, T, &o, comm, NULL), MHA_E_NONFINITE,
+           "additive_mask[7] = nan; expected a finite number or -inf");
+    o.additive_mask = (mha_mask){0};
+    ka[7] = INFINITY;
+    o.key_additive = ka;
+    EXPECT(mha_mpi_forward_sequence(L, y, NULL, x, NULL, B, T, T, &o, comm, NULL), MHA_E_NONFINITE,
+           "key_additive[7] = inf");
+    o.key_additive = NULL;
+    o.keep_mask = (mha_mask){km, 3, 1};
+    EXPECT(mha_mpi_forward_sequence(L, y, NULL, x, NULL, B, T, T, &o, comm, NULL), MHA_E_SHAPE,
+           "keep_mask.batch=3; expected 1 (broadcast) or B=1");
     x[5 * D + 3] = NAN; /* row 5: rank 1's chunk for P = 2, rank 0's for P = 1 */
     EXPECT(mha_mpi_forward_sequence(L, y, NULL, x, NULL, B, T, T, NULL, comm, NULL), MHA_E_NONFINITE, "x[0][5][3]");
     mha_layer_free(local), mha_layer_free(L);
