@@ -1,6 +1,7 @@
 /* agree.c — how the ranks fail together: the error message of libmha_mpi,
  * one collective status agreement, and the check that every rank was
  * given the same shapes and weights. */
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -105,4 +106,24 @@ long long mha_mpi_call_checksum(const mha_config *c, mha_weight_dtype dt, const 
         hsh = fnv(hsh, &op, sizeof op), hsh = fnv(hsh, &sc, sizeof sc);
     }
     return (long long)(hsh >> 1);
+}
+
+mha_status mha_mpi_check_interventions(char *msg, size_t cap, const mha_intervention *ivs, int h, size_t rows,
+                                       int d_v) {
+    for (int r = 0; ivs && r < h; r++) {
+        const mha_intervention *iv = &ivs[r];
+        if ((int)iv->op < MHA_HEAD_KEEP || (int)iv->op > MHA_HEAD_REPLACE)
+            return snprintf(msg, cap, "interventions[%d].op=%d; expected MHA_HEAD_KEEP..MHA_HEAD_REPLACE", r,
+                            (int)iv->op), MHA_E_ARG;
+        if (iv->op == MHA_HEAD_SCALE && !isfinite(iv->scale))
+            return snprintf(msg, cap, "interventions[%d].scale=%g; expected finite", r, (double)iv->scale),
+                   MHA_E_NONFINITE;
+        if (iv->op == MHA_HEAD_REPLACE && !iv->value)
+            return snprintf(msg, cap, "interventions[%d]: REPLACE needs value (B,T,d_v); got NULL", r), MHA_E_ARG;
+        for (size_t i = 0; iv->op == MHA_HEAD_REPLACE && i < rows * (size_t)d_v; i++)
+            if (!isfinite(iv->value[i]))
+                return snprintf(msg, cap, "interventions[%d].value[%zu] = %g; expected a finite number", r, i,
+                                (double)iv->value[i]), MHA_E_NONFINITE;
+    }
+    return MHA_OK;
 }

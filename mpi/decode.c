@@ -30,6 +30,8 @@ mha_status mha_mpi_forward_cached_heads(const mha_layer *local, mha_cache *cache
     else if (!s && (double)B * T * D > INT_MAX)
         s = MHA_E_SHAPE, snprintf(why, sizeof why, "mha_mpi_forward_cached_heads: B=%d T=%d give %.0f floats of y in one "
                                   "message; expected at most %d (MPI's int count)", B, T, (double)B * T * D, INT_MAX);
+    if (!s && opt) /* by global head: a shard named its own index */
+        s = mha_mpi_check_interventions(why, sizeof why, opt->interventions, hd->count * P, (size_t)B * T, c->d_v);
     if ((s = mha_mpi_agree(comm, s, why))) return s;
     const long long same[] = {B, T, D, hd->count, mha_cache_length(cache, 0),
                               mha_mpi_call_checksum(c, mha_layer_weights_dtype(local), opt, hd->count * P)};

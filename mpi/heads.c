@@ -338,6 +338,8 @@ mha_status mha_mpi_forward_heads(const mha_layer *local, const mha_mpi_heads *hd
         s = MHA_E_SHAPE, snprintf(why, sizeof why, "mha_mpi_forward_heads: %s.heads=%d; expected 1 (broadcast) or the "
                                   "whole layer's h=%d (each rank takes its heads' planes)",
                                   bad_k ? "keep_mask" : "additive_mask", bad_k ? mk->heads : ma->heads, h);
+    if (!s && opt) /* by global head: a shard named its own index */
+        s = mha_mpi_check_interventions(why, sizeof why, opt->interventions, h, (size_t)B * T, d_v);
     if ((s = mha_mpi_agree(comm, s, why))) return s;
     const long long same[] = {B, T, S, D, h, hl, want_z, want_c, want_p, kv != NULL,
                               mha_mpi_call_checksum(c, mha_layer_weights_dtype(local), opt, h)};

@@ -39,6 +39,14 @@ long long mha_mpi_call_checksum(const mha_config *c, mha_weight_dtype dt, const 
 void mha_mpi_shard_mismatch(char *msg, size_t cap, const char *who, const mha_layer *local,
                             const mha_mpi_heads *hd, int rank);
 
+/* The h interventions of the whole layer (global head indices) as
+ * mha_forward checks them: op in range, SCALE finite, REPLACE's value
+ * given and finite over rows x d_v; the same wording, into msg (cap
+ * bytes). The ring applied them only after its work (a NULL REPLACE value
+ * crashed it, a NaN one ran), and a shard named its local index. */
+mha_status mha_mpi_check_interventions(char *msg, size_t cap, const mha_intervention *ivs, int h, size_t rows,
+                                       int d_v);
+
 /* Test hook: nonzero when MHA_MPI_FAIL_ALLOC names this rank, so that the
  * fault tests can make one rank's allocation fail. */
 int mha_mpi_alloc_fault(MPI_Comm comm);

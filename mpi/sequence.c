@@ -345,6 +345,7 @@ mha_status mha_mpi_forward_sequence(const mha_layer *layer, float *y, const mha_
     if (!*msg && !self) check_rows(msg, sizeof msg, kv, "kv", B, S, d_in, ks, kl);
     s = *msg ? MHA_E_NONFINITE : MHA_OK;
     if (!*msg) check_masks(msg, sizeof msg, &s, &g, B, T, S, h);
+    if (!*msg) s = mha_mpi_check_interventions(msg, sizeof msg, g.interventions, h, (size_t)B * T, d_v);
     if ((s = mha_mpi_agree(comm, s, msg))) return s;
     const int Tl = ql[0] + ql[1], qw = h * d_k, kw = h_kv * d_k, vw = h_kv * d_v, zw = h * d_v;
     size_t most = 0;

@@ -232,6 +232,41 @@ static void hostile_heads(MPI_Comm comm, const mha_layer *L, const float *x, flo
     mha_layer_free(local);
 }
 
+/* Interventions of the whole layer checked as mha_forward checks them, by
+ * global head, on both splits and decode, before any work. Before, the
+ * ring applied them after its work: a REPLACE without value crashed it
+ * (NULL read), a NaN value ran with MHA_OK; a shard named its local head
+ * ("interventions[0]" for head 2 on rank 1 of 2). */
+static void hostile_interventions(MPI_Comm comm, const mha_layer *L, const float *x, float *y) {
+    enum { H = 4, T = 8, DV = 2 };
+    mha_layer *local = NULL;
+    mha_mpi_heads hd;
+    EXPECT(mha_mpi_shard_heads(&local, &hd, L, comm), MHA_OK, NULL);
+    mha_cache *cache = NULL;
+    if (local) EXPECT(mha_cache_create(&cache, local, 1, T, MHA_CACHE_F32, 0), MHA_OK, NULL);
+    static float value[T * DV];
+    value[13] = NAN;
+    const mha_intervention bad[4] = {{MHA_HEAD_REPLACE, 0.0f, NULL}, {(mha_head_op)99, 0.0f, NULL},
+                                     {MHA_HEAD_SCALE, NAN, NULL}, {MHA_HEAD_REPLACE, 0.0f, value}};
+    const mha_status want[4] = {MHA_E_ARG, MHA_E_ARG, MHA_E_NONFINITE, MHA_E_NONFINITE};
+    const char *named[4] = {"interventions[2]: REPLACE needs value (B,T,d_v); got NULL",
+                            "interventions[2].op=99; expected MHA_HEAD_KEEP..MHA_HEAD_REPLACE",
+                            "interventions[2].scale=nan; expected finite",
+                            "interventions[2].value[13] = nan; expected a finite number"};
+    for (int k = 0; k < 4; k++) {
+        mha_intervention iv[H] = {{0}};
+        iv[2] = bad[k];
+        mha_options o = mha_options_default();
+        o.interventions = iv;
+        EXPECT(mha_mpi_forward_sequence(L, y, NULL, x, NULL, 1, T, T, &o, comm, NULL), want[k], named[k]);
+        if (local) EXPECT(mha_mpi_forward_heads(local, &hd, NULL, y, NULL, x, NULL, 1, T, T, &o, comm, NULL), want[k],
+                          named[k]);
+        if (cache) EXPECT(mha_mpi_forward_cached_heads(local, cache, &hd, NULL, y, x, 1, T, &o, comm, NULL), want[k],
+                          named[k]);
+    }
+    mha_cache_free(cache), mha_layer_free(local);
+}
+
 int main(int argc, char **argv) {
     MPI_Init(&argc, &argv);
     MPI_Comm comm = MPI_COMM_WORLD;
@@ -308,6 +343,7 @@ int main(int argc, char **argv) {
     EXPECT(mha_mpi_forward_heads(local, &hd, NULL, y, NULL, x, NULL, B, T, T, &o, comm, NULL), MHA_E_UNSUPPORTED,
            "dropout_p");
     hostile_heads(comm, L, x, y);
+    hostile_interventions(comm, L, x, y);
     /* the ring checks the masks whole, as mha_forward: a NaN in a tile the causal mask skips (query 0,
      * key 7) ran with MHA_OK, an error named the tile's index, a batch of 3 was read as 3 (T,S) planes */
     static float am[T * T], ka[T];
