@@ -97,7 +97,8 @@ mha_status mha_mpi_shard_heads(mha_layer **local, mha_mpi_heads *heads, const mh
  * rank holds the whole layer): cfg gets the whole layer's dims, heads its
  * heads, *b_o a malloc'd copy of b_O (NULL when the file has none; free
  * it) and *local the shard with b_O = 0. Labels are checked as
- * mha_mpi_shard_heads does, from the file's metadata. Collective. */
+ * mha_mpi_shard_heads does, from the file's metadata. NULL local, heads,
+ * cfg, b_o or path: MHA_E_ARG. Collective. */
 mha_status mha_mpi_load_heads(mha_layer **local, mha_mpi_heads *heads, mha_config *cfg, float **b_o,
                               const char *path, const mha_load_options *opt, MPI_Comm comm);
 

@@ -230,8 +230,13 @@ mha_status mha_mpi_load_heads(mha_layer **local, mha_mpi_heads *hd, mha_config *
     int rank, P;
     MPI_Comm_rank(comm, &rank);
     MPI_Comm_size(comm, &P);
-    *local = NULL, *b_o = NULL;
-    mha_status s = mha_layer_load_config(cfg, path, opt);
+    const int bad = !local || !hd || !cfg || !b_o || !path;
+    if (local) *local = NULL;
+    if (b_o) *b_o = NULL;
+    mha_status s = mha_mpi_agree(comm, bad ? MHA_E_ARG : MHA_OK,
+                                 "mha_mpi_load_heads: NULL argument; expected local, heads, cfg, b_o and path");
+    if (s) return s;
+    s = mha_layer_load_config(cfg, path, opt);
     if ((s = mha_mpi_agree(comm, s, NULL))) return s;
     /* the same layer on every rank: else each cut another split (the label gather's counts differed: an abort) */
     const long long same[] = {cfg->d_model, cfg->n_heads, cfg->n_kv_heads, cfg->d_k, cfg->d_v,

@@ -300,6 +300,11 @@ int main(int argc, char **argv) {
     if (cs[0] != 2 || cl[0] != 3 || cs[1] != 5 || cl[1] != 2) fprintf(stderr, "FAIL rank %d: chunks of rank 1 of 2\n", rank), fails++;
     EXPECT(mha_mpi_heads_of(NULL, &c, 0, 2), MHA_E_ARG, "NULL");
     EXPECT(mha_mpi_shard_heads(&local, &hd, NULL, comm), MHA_E_ARG, "NULL");
+    mha_config lc; /* NULL outputs of the shard loader: refused (it wrote through them first: a segfault) */
+    float *lbo = NULL;
+    EXPECT(mha_mpi_load_heads(NULL, &hd, &lc, &lbo, "none.safetensors", NULL, comm), MHA_E_ARG, "NULL argument");
+    EXPECT(mha_mpi_load_heads(&local, &hd, &lc, NULL, "none.safetensors", NULL, comm), MHA_E_ARG, "NULL argument");
+    EXPECT(mha_mpi_load_heads(&local, &hd, &lc, &lbo, NULL, NULL, comm), MHA_E_ARG, "NULL argument");
     EXPECT(mha_mpi_shard_heads(&local, &hd, L, comm), MHA_OK, NULL);
     EXPECT(mha_mpi_forward_heads(NULL, &hd, NULL, y, NULL, x, NULL, B, T, T, NULL, comm, NULL), MHA_E_ARG, "NULL");
     EXPECT(mha_mpi_forward_heads(local, NULL, NULL, y, NULL, x, NULL, B, T, T, NULL, comm, NULL), MHA_E_ARG, "NULL");
