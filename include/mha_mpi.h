@@ -29,8 +29,9 @@
  * ranks of every call compare a checksum of the layer's configuration
  * (every field, the weights' storage type) and of the options (their
  * scalars, which masks and arrays are given, the interventions' ops):
- * MHA_E_SHAPE naming it when they differ. Weights and array contents are
- * not compared (mha-mpi compares the files). */
+ * MHA_E_SHAPE naming it when they differ; the head split's calls compare
+ * x (and kv) too, which every rank must pass alike. Weights and the other
+ * arrays' contents are not compared (mha-mpi compares the files). */
 #ifndef MHA_MPI_H
 #define MHA_MPI_H
 

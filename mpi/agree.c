@@ -127,3 +127,16 @@ mha_status mha_mpi_check_interventions(char *msg, size_t cap, const mha_interven
     }
     return MHA_OK;
 }
+
+long long mha_mpi_bytes_checksum(const void *p, size_t n) {
+    unsigned long long hsh = 1469598103934665603ull;
+    const unsigned char *b = p;
+    size_t i = 0;
+    for (; p && i + 8 <= n; i += 8) { /* a word at a time: inputs can be large */
+        unsigned long long w;
+        memcpy(&w, b + i, 8);
+        hsh = (hsh ^ w) * 1099511628211ull;
+    }
+    if (p) hsh = fnv(hsh, b + i, n - i);
+    return p ? (long long)(hsh >> 1) : -1;
+}

@@ -34,10 +34,11 @@ mha_status mha_mpi_forward_cached_heads(const mha_layer *local, mha_cache *cache
         s = mha_mpi_check_interventions(why, sizeof why, opt->interventions, hd->count * P, (size_t)B * T, c->d_v);
     if ((s = mha_mpi_agree(comm, s, why))) return s;
     const long long same[] = {B, T, D, hd->count, mha_cache_length(cache, 0),
-                              mha_mpi_call_checksum(c, mha_layer_weights_dtype(local), opt, hd->count * P)};
+                              mha_mpi_call_checksum(c, mha_layer_weights_dtype(local), opt, hd->count * P),
+                              mha_mpi_bytes_checksum(x, sizeof(float) * B * T * D)};
     const char *names[] = {"B", "T (new tokens)", "d_model", "heads per rank", "cached tokens",
-                           MHA_MPI_CALL_CHECKSUM_NAME};
-    if ((s = mha_mpi_check_same(comm, same, 6, names))) return s;
+                           MHA_MPI_CALL_CHECKSUM_NAME, "checksum of x"};
+    if ((s = mha_mpi_check_same(comm, same, 7, names))) return s;
     mha_options o = opt ? *opt : mha_options_default();
     if (o.interventions) o.interventions += hd->first; /* this rank's heads */
     const size_t rows = (size_t)B * T;

@@ -347,10 +347,13 @@ mha_status mha_mpi_forward_heads(const mha_layer *local, const mha_mpi_heads *hd
         s = mha_mpi_check_interventions(why, sizeof why, opt->interventions, h, (size_t)B * T, d_v);
     if ((s = mha_mpi_agree(comm, s, why))) return s;
     const long long same[] = {B, T, S, D, h, hl, want_z, want_c, want_p, kv != NULL,
-                              mha_mpi_call_checksum(c, mha_layer_weights_dtype(local), opt, h)};
+                              mha_mpi_call_checksum(c, mha_layer_weights_dtype(local), opt, h),
+                              mha_mpi_bytes_checksum(x, sizeof(float) * B * T * D),
+                              mha_mpi_bytes_checksum(kv, sizeof(float) * B * S * c->d_kv_in)};
     const char *names[] = {"B", "T", "S", "d_model", "h", "heads per rank", "--save-z", "--save-contributions",
-                           "--save-probs", "--kv-input", MHA_MPI_CALL_CHECKSUM_NAME};
-    if ((s = mha_mpi_check_same(comm, same, 11, names))) return s;
+                           "--save-probs", "--kv-input", MHA_MPI_CALL_CHECKSUM_NAME, "checksum of x",
+                           "checksum of kv"};
+    if ((s = mha_mpi_check_same(comm, same, 13, names))) return s;
     /* dropout's draw is a function of the whole layer's head index: a shard would draw another */
     if ((s = mha_mpi_agree(comm, opt && opt->dropout_p != 0.0f ? MHA_E_UNSUPPORTED : MHA_OK,
                            "mha_mpi_forward_heads: options.dropout_p is not supported (training's dropout draws "

@@ -47,6 +47,11 @@ void mha_mpi_shard_mismatch(char *msg, size_t cap, const char *who, const mha_la
 mha_status mha_mpi_check_interventions(char *msg, size_t cap, const mha_intervention *ivs, int h, size_t rows,
                                        int d_v);
 
+/* A checksum of n bytes at p (-1 for NULL): the inputs every rank of the
+ * head split must pass alike (each computes its heads from the whole x;
+ * ranks given other x summed partials of different inputs, silently). */
+long long mha_mpi_bytes_checksum(const void *p, size_t n);
+
 /* Test hook: nonzero when MHA_MPI_FAIL_ALLOC names this rank, so that the
  * fault tests can make one rank's allocation fail. */
 int mha_mpi_alloc_fault(MPI_Comm comm);

@@ -158,12 +158,18 @@ static void mismatched(MPI_Comm comm, int P) {
     EXPECT(mha_mpi_forward_sequence(L1, y, NULL, x, NULL, B, T, T, &o, comm, NULL), want, named);
     EXPECT(mha_mpi_forward_sequence(L, y, NULL, x, NULL, B, T, T, NULL, comm, NULL), want, named);
     mha_cache *cache = NULL;
-    if (local) EXPECT(mha_cache_create(&cache, local, B, T, MHA_CACHE_F32, 0), MHA_OK, NULL);
+    if (local) EXPECT(mha_cache_create(&cache, local, B, 2 * T, MHA_CACHE_F32, 0), MHA_OK, NULL);
     mha_intervention iv[H] = {{0}};
     iv[1].op = rank == P - 1 ? MHA_HEAD_ZERO : MHA_HEAD_KEEP; /* the ablation of one rank only */
     o = mha_options_default();
     o.interventions = iv;
     if (cache) EXPECT(mha_mpi_forward_cached_heads(local, cache, &hd, NULL, y, x, B, T, &o, comm, NULL), want, named);
+    /* x that differs on the last rank: each rank's heads read another input (y the sum of both, silently) */
+    x[3] += rank == P - 1 ? 0.5f : 0.0f;
+    if (local) EXPECT(mha_mpi_forward_heads(local, &hd, NULL, y, NULL, x, NULL, B, T, T, NULL, comm, NULL), want,
+                      P > 1 ? "checksum of x" : NULL);
+    if (cache) EXPECT(mha_mpi_forward_cached_heads(local, cache, &hd, NULL, y, x, B, T, NULL, comm, NULL), want,
+                      P > 1 ? "checksum of x" : NULL);
     mha_cache_free(cache), mha_layer_free(local), mha_layer_free(L1), mha_layer_free(L);
     /* whole layers with other head counts: named by the count */
     mha_config c2 = mha_config_default(D, rank == P - 1 ? 2 * H : H);
