@@ -282,7 +282,7 @@ decode() {
 # ring does not do, a NaN in x: statuses and messages, no crash
 api_test() {
     if [ -x "$BUILD/mpi_api_test" ]; then
-        for p in 1 2; do
+        for p in 1 2 4; do
             checks=$((checks + 1))
             timeout 120 mpirun --oversubscribe -np $p "$BUILD/mpi_api_test" >"$T/out" 2>"$T/err" ||
                 fail "mpirun -np $p mpi_api_test: exit $?: $(head -c 600 "$T/err")"
