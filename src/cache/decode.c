@@ -199,6 +199,10 @@ void mha_decode_force_prefetch_policy(int policy) { atomic_store(&forced_policy,
 
 int mha_decode_prefetch_policy(void) { return mha_probed_once(&forced_policy, &probed_policy, cpu_policy); }
 
+/* AMD Zen (family 0x17 on), probed once: unit_prefetches' fp32 rule. */
+static _Atomic int forced_zen = -1, probed_zen = -1;
+static int cpu_is_zen(void) { return mha_cpu_amd_family() >= 0x17; }
+
 /* Whether unit u prefetches its chunks. A cold chunk (a decode
  * step of a multi-layer model finds its cache evicted by the other
  * layers) is fetched by the hardware prefetchers only a few lines ahead
@@ -213,11 +217,17 @@ int mha_decode_prefetch_policy(void) { return mha_probed_once(&forced_policy, &p
  * make it 0.78-0.85x (round 8), on the Xeon of round 17 0.97-1.02x. A
  * table without a stream (AVX2, scalar) requests in bursts whatever the
  * policy, and one-row fp32 then keeps the bursts' rule (on that Xeon,
- * AVX2 with one-row fp32 requests: 1.11-1.13x slower). */
+ * AVX2 with one-row fp32 requests: 1.11-1.13x slower). On AMD Zen the
+ * bursts (into L2) gave fp32 GQA nothing at all: an AVX2 Zen 3, h_kv 8,
+ * without them 0.88-0.96x the time cold and 0.88-0.91x hot (bench/LIMITS.md
+ * round 32), so fp32 never bursts there; fp16 and int8 keep them (int8
+ * MHA at L 16384 1.08-1.13x slower without). */
 static int unit_prefetches(const decode_call *dc, const unit *u) {
     const mha_cache *c = dc->c;
     if (dc->policy != MHA_DECODE_PF_BURSTS && dc->kr->prefetch_stream) return !unit_grouped(dc, u);
-    return !unit_grouped(dc, u) && (u->i1 - u->i0 > 1 || c->kt != MHA_CACHE_F32 || c->vt != MHA_CACHE_F32);
+    const int fp32 = c->kt == MHA_CACHE_F32 && c->vt == MHA_CACHE_F32;
+    if (fp32 && dc->policy != MHA_DECODE_PF_BURSTS && mha_probed_once(&forced_zen, &probed_zen, cpu_is_zen)) return 0;
+    return !unit_grouped(dc, u) && (u->i1 - u->i0 > 1 || !fp32);
 }
 
 /* The chunk a thread computes after the current one, whose bytes it
