@@ -220,8 +220,8 @@ static int cpu_is_zen(void) { return mha_cpu_amd_family() >= 0x17; }
  * AVX2 with one-row fp32 requests: 1.11-1.13x slower). On AMD Zen the
  * bursts (into L2) gave fp32 GQA nothing at all: an AVX2 Zen 3, h_kv 8,
  * without them 0.88-0.96x the time cold and 0.88-0.91x hot (bench/LIMITS.md
- * round 32), so fp32 never bursts there; fp16 and int8 keep them (int8
- * MHA at L 16384 1.08-1.13x slower without). */
+ * round 32), so fp32 never bursts there; fp16 and int8 keep them
+ * (0.90-1.13x without, case by case: no rule beyond the host's noise). */
 static int unit_prefetches(const decode_call *dc, const unit *u) {
     const mha_cache *c = dc->c;
     if (dc->policy != MHA_DECODE_PF_BURSTS && dc->kr->prefetch_stream) return !unit_grouped(dc, u);
