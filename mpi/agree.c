@@ -66,7 +66,7 @@ mha_status mha_mpi_check_same(MPI_Comm comm, const long long *v, int n, const ch
     for (int i = 0; i < n && !s; i++)
         if (v[i] != ref[i]) {
             snprintf(msg, sizeof msg, "%s = %lld here but %lld on rank 0; expected every rank to be given the same checkpoint, inputs and flags",
-                     names[i], v[i], ref[i]);
+                     names[i] ? names[i] : "a value", v[i], ref[i]);
             s = MHA_E_SHAPE;
         }
     return mha_mpi_agree(comm, s, msg);

@@ -234,6 +234,38 @@ static void test_cache_ring_window_edges(void) {
     mha_layer_free(L);
 }
 
+/* options.sink_tokens on a cache that keeps none is refused saying so
+ * (the message read "keeps 0; expected 0 or 0"), and so is a count other
+ * than the ring's, which it names; the cache is left as it was. */
+static void test_cache_sink_tokens_without(void) {
+    mha_layer *L = gqa_layer();
+    if (!L) return;
+    float x[DM] = {0.5f, -1.0f, 0.25f, 2.0f, -0.5f, 1.0f, 0.75f, -2.0f}, y[DM];
+    mha_options o = mha_options_default();
+    o.causal = 1, o.window_left = 2, o.sink_tokens = 2;
+    mha_cache *c = NULL;
+    CHECK_OK(mha_cache_create(&c, L, 1, 8, MHA_CACHE_F32, 0));
+    if (c) {
+        CHECK_STATUS(mha_forward_cached(L, c, y, NULL, x, 1, NULL, &o), MHA_E_ARG);
+        CHECK_ERROR_MENTIONS("options.sink_tokens=2 but the cache keeps none; expected 0, or a ring cache given "
+                             "them by mha_cache_set_sink_tokens");
+        CHECK_INT(mha_cache_length(c, 0), 0);
+    }
+    mha_cache_free(c);
+    c = NULL;
+    CHECK_OK(mha_cache_create(&c, L, 1, 6, MHA_CACHE_F32, 3));
+    if (c) CHECK_OK(mha_cache_set_sink_tokens(c, 3));
+    if (c) {
+        CHECK_STATUS(mha_forward_cached(L, c, y, NULL, x, 1, NULL, &o), MHA_E_ARG);
+        CHECK_ERROR_MENTIONS("options.sink_tokens=2 but the cache keeps 3; expected 0 or 3");
+        o.sink_tokens = 3;
+        CHECK_OK(mha_forward_cached(L, c, y, NULL, x, 1, NULL, &o));
+        CHECK_INT(mha_cache_length(c, 0), 1);
+    }
+    mha_cache_free(c);
+    mha_layer_free(L);
+}
+
 /* Rolling a ring back past its oldest stored position is fine when the
  * next token needs none of the ring's keys: a window of 1 (the token
  * alone), or a new length inside the sink tokens (the window then reaches
@@ -380,6 +412,7 @@ static const test_case cases[] = {
     {"cache_edges_attend_matches_oracle", test_cache_attend_matches_oracle},
     {"cache_edges_ring_window", test_cache_ring_window_edges},
     {"cache_edges_ring_rollback_past_the_ring", test_cache_ring_rollback_past_the_ring},
+    {"cache_edges_sink_tokens_on_a_cache_without", test_cache_sink_tokens_without},
     {"cache_edges_attend_range", test_cache_attend_range},
     {"cache_edges_forward_q8_query_limit", test_cached_forward_q8_query_limit},
 };

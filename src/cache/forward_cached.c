@@ -93,9 +93,13 @@ static mha_status check_options(const mha_options *o, const mha_cache *c, const 
     if (o->chunk_size < 0 || (o->chunk_size > 0 && (c->n_sink > 0 || o->sink_tokens > 0)))
         return mha_fail(MHA_E_ARG, "mha_forward_cached: options.chunk_size=%d with a cache keeping %d sink tokens; "
                         "expected 0 (none), or > 0 on a cache without sink tokens", o->chunk_size, c->n_sink);
-    if (o->sink_tokens != 0 && o->sink_tokens != c->n_sink)
+    if (o->sink_tokens != 0 && o->sink_tokens != c->n_sink) {
+        if (c->n_sink == 0)
+            return mha_fail(MHA_E_ARG, "mha_forward_cached: options.sink_tokens=%d but the cache keeps none; expected "
+                            "0, or a ring cache given them by mha_cache_set_sink_tokens", o->sink_tokens);
         return mha_fail(MHA_E_ARG, "mha_forward_cached: options.sink_tokens=%d but the cache keeps %d; expected 0 "
                         "or %d (mha_cache_set_sink_tokens sets them)", o->sink_tokens, c->n_sink, c->n_sink);
+    }
     if (c->cross && (o->window_left >= 0 || o->chunk_size > 0 || o->positions))
         return mha_fail(MHA_E_ARG, "mha_forward_cached: options.%s on a cross-attention memory, whose keys have no "
                         "order relative to the queries (every query attends all of them); expected %s",
