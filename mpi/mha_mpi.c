@@ -286,6 +286,13 @@ static int parse(run_flags *r, mha_command_spec *spec, cli_outputs *outs, int ar
                       "--help was given here but not on every rank; expected the same flags on every rank"))
         return report(rank, MHA_EXIT_USAGE);
     if (agree_flags(r, comm)) return report(rank, MHA_EXIT_USAGE);
+    /* a conflict of flags alone (agreed above: every rank finds it): a usage
+     * error before any file is read, as mha run's (it was the ring's
+     * MHA_E_UNSUPPORTED after the load: exit 1) */
+    if (mha_mpi_agree(comm, r->split && strcmp(r->split, "sequence") == 0 && r->save_p ? MHA_E_ARG : MHA_OK,
+                      "--save-probs with --split sequence: the ring captures no attention probabilities (each rank "
+                      "sees one key block at a time); expected --split heads, or no --save-probs"))
+        return report(rank, MHA_EXIT_USAGE);
     return -1;
 }
 

@@ -737,6 +737,11 @@ expect_fail 2 "expected --causal"
 mpi 2 --decode 3 --weights "$T/mha.safetensors" --input "$T/x.npy" --output "$T/fo/y.npy" --causal --ablate 2=mean
 expect_fail 2 "--decode with --ablate 2=mean"
 [ "$rc" -eq 2 ] || fail "$last: exit $rc, want 2"
+# --save-probs with --split sequence: a usage error (exit 2) before any file is read
+mpi 2 --split sequence --weights "$T/mha.safetensors" --input "$T/x.npy" --output "$T/fo/y.npy" --causal \
+    --save-probs "$T/fo/p.npy"
+expect_fail 2 "expected --split heads, or no --save-probs"
+[ "$rc" -eq 2 ] || fail "$last: exit $rc, want 2"
 checks=$((checks + 1))
 [ -z "$(ls -A "$T/fo")" ] || fail "failed runs left files behind: $(ls -A "$T/fo")"
 
