@@ -144,23 +144,17 @@ void bench_evict(int threads) {
  * steady rate, recovering over 1-4 ms of work; after 64 MiB, 1.0x. */
 void bench_fma_after_evict(int threads, int reps, double *first_out, double *steady_out) {
     enum { BURST = 50000, WARM = 30, MAX_REPS = 64 };
-    const double flops = 12.0 * 8.0 * 2.0 * BURST * threads;
     double first[MAX_REPS], steady[MAX_REPS];
     if (reps > MAX_REPS) reps = MAX_REPS;
     if (reps < 1) reps = 1;
-    float acc = 0.0f;
     for (int r = 0; r < reps; r++) {
         bench_evict(threads);
-        for (int b = 0; b <= WARM; b++) {
-            double t0 = bench_now();
-#pragma omp parallel num_threads(threads) reduction(+ : acc)
-            acc += fma_chains_avx2(BURST);
-            double rate = flops / (bench_now() - t0) * 1e-9;
+        for (int b = 0; b <= WARM; b++) { /* one burst a call: bench_fma_peak_avx2's loop */
+            const double rate = bench_fma_rate(fma_chains_avx2, 12.0 * 8.0 * 2.0, threads, BURST, 1, NULL);
             if (b == 0) first[r] = rate;
             if (b == WARM) steady[r] = rate;
         }
     }
-    bench_sink = acc;
     *first_out = bench_median(first, reps);
     *steady_out = bench_median(steady, reps);
 }
