@@ -255,6 +255,13 @@ static void ref_products(double *r, float *r32, const float *a, const float *b, 
         }
 }
 
+/* The decode tables this CPU runs into tabs (scalar, AVX2, AVX-512 in that
+ * order); returns how many. */
+static int i8_tables(const mha_decode_kernels *tabs[3]) {
+    tabs[0] = &mha_decode_kernels_scalar, tabs[1] = &mha_decode_kernels_avx2, tabs[2] = &mha_decode_kernels_avx512;
+    return mha_cpu_has_avx512() ? 3 : mha_cpu_has_avx2() ? 2 : 1;
+}
+
 /* The int8 kernels apply one scale per block (scores) or fold it into
  * the weight (values), so they are held to the fp32 rule against a
  * double reference on the dequantized data: error <= 2 x the error of
@@ -287,9 +294,8 @@ static void kernels_bits_case(int m, int n, int d, int dv, uint64_t seed) {
     const double stol = 2.0 * block_err(s32, n, sr, m, n) + 1e-6, atol = 2.0 * block_err(a32, dv, ar, m, dv) + 1e-6;
     float *a = naive_alloc_floats((size_t)m * lds), *b = naive_alloc_floats((size_t)m * ldacc);
     float *s0 = naive_alloc_floats((size_t)m * lds), *a0 = naive_alloc_floats((size_t)m * ldacc);
-    const mha_decode_kernels *tabs[3] = {&mha_decode_kernels_scalar, &mha_decode_kernels_avx2,
-                                         &mha_decode_kernels_avx512};
-    int ntab = mha_cpu_has_avx512() ? 3 : mha_cpu_has_avx2() ? 2 : 1;
+    const mha_decode_kernels *tabs[3];
+    const int ntab = i8_tables(tabs);
     for (int t = 0; t < ntab; t++) {
         const mha_decode_kernels *K = tabs[t];
         K->scores_q8(a, lds, q, d, kq, ks, m, n, d);
@@ -332,9 +338,8 @@ static void test_kernels_bits(void) {
     kernels_bits_case(3, 8, 64, 65600, 18); /* 2050 blocks: more than a slice's scales hold */
     /* no keys: accumulate_q8 overwrites acc with zeros (decode_kernels.h),
      * in every row group of every table */
-    const mha_decode_kernels *tabs[3] = {&mha_decode_kernels_scalar, &mha_decode_kernels_avx2,
-                                         &mha_decode_kernels_avx512};
-    const int ntab = mha_cpu_has_avx512() ? 3 : mha_cpu_has_avx2() ? 2 : 1;
+    const mha_decode_kernels *tabs[3];
+    const int ntab = i8_tables(tabs);
     float acc[7 * 40], p = 0.5f, vs = 1.0f;
     const int8_t vq = 1;
     for (int t = 0; t < ntab; t++) {
