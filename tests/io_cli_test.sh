@@ -1003,6 +1003,38 @@ for sig in TERM HUP; do
     [ -e $T/sig_z.npy ] && fail "$last: wrote --save-z"
     unchanged sig_y.npy
 done
+# The only output goes straight to its target through the library's own
+# temporary (no second rename): a signal while that temporary exists is
+# held, the write completes, and the message says the output was written
+# whole (it said "no output was replaced" of a replaced file). Y is 64 MB
+# here so that the write lasts long enough to be caught; up to 4 tries.
+"$PY" -c "import numpy as np; np.save('$T/x_big.npy', np.random.RandomState(3).randn(65536, 16, 16).astype(np.float32))"
+try=0 rc=0
+while [ $try -lt 4 ] && [ "$rc" -le 128 ]; do
+    try=$((try + 1))
+    printf OLD >$T/sig_big.npy
+    "$MHA" run --weights $T/native.safetensors --input $T/x_big.npy --output $T/sig_big.npy >"$tmp/out" 2>"$tmp/err" &
+    pid=$!
+    i=0 # the library's temporary: .sig_big.npy.<pid>-<n>.tmp
+    while [ -z "$(find $T -maxdepth 1 -name '.sig_big.npy.*.tmp')" ] && [ $i -lt 3000 ] && kill -0 $pid 2>/dev/null; do
+        i=$((i + 1))
+    done
+    kill -TERM $pid 2>/dev/null
+    { wait $pid; } 2>/dev/null
+    rc=$?
+done
+last="mha run ... (SIGTERM while its only output is written, $try tries)"
+checks=$((checks + 1))
+if [ "$rc" -gt 128 ]; then
+    grep -qF "interrupted (signal 15) while writing; --output '$T/sig_big.npy' was already written whole" "$tmp/err" ||
+        fail "$last: stderr: $(head -c 300 "$tmp/err")"
+    "$PY" -c "import numpy as np; y = np.load('$T/sig_big.npy'); assert y.shape == (65536, 16, 16)" 2>/dev/null ||
+        fail "$last: the output is not the whole Y"
+    [ -z "$(find $T -maxdepth 1 -name '.sig_*')" ] || fail "$last: left $(find $T -maxdepth 1 -name '.sig_*')"
+else
+    fail "$last: never caught the write (exit $rc)"
+fi
+rm -f $T/x_big.npy $T/sig_big.npy
 (ulimit -f 1; exec "$MHA" run --weights $T/native.safetensors --input $T/x.npy --output $T/sig_y.npy) \
     >"$tmp/out" 2>"$tmp/err"
 rc=$?

@@ -66,9 +66,8 @@ int cmd_convert(int argc, char **argv) {
         mha_layer_free(L);
         return cli_outputs_finish(&outs, rc);
     }
-    s = mha_layer_save(L, cli_outputs_tmp(&outs, "OUT"));
-    rc = s ? cli_outputs_write_error(&outs, "OUT", mha_last_error())
-           : cli_outputs_finish(&outs, MHA_EXIT_OK);
+    rc = cli_outputs_write(&outs, "OUT", cli_write_layer, L);
+    if (!rc) rc = cli_outputs_finish(&outs, MHA_EXIT_OK);
     if (!rc) {
         const mha_config *c = mha_layer_config(L);
         printf("wrote %s (native): d_model=%d h=%d h_kv=%d d_k=%d d_v=%d d_kv_in=%d bias=%d%s%s\n",

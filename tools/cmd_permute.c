@@ -152,13 +152,12 @@ int cmd_permute(int argc, char **argv) {
             if (!s && strcmp(kind, "k") != 0) s = mha_layer_permute_block(L, MHA_BLOCK_V, perm);
         }
         if (!s && do_relabel) s = relabel(L, kind);
-        if (!s) s = mha_layer_save(L, cli_outputs_tmp(&outs, "OUT"));
         if (s) {
             /* a bad permutation is the user's argument: exit 2 */
             rc = s == MHA_E_ARG ? mha_cmd_error("permute", MHA_EXIT_USAGE, "%s", mha_last_error())
-                 : s == MHA_E_IO ? cli_outputs_write_error(&outs, "OUT", mha_last_error())
-                                 : cli_fail("permute", s);
-        } else if (!(rc = cli_outputs_finish(&outs, MHA_EXIT_OK))) {
+                                : cli_fail("permute", s);
+        } else if (!(rc = cli_outputs_write(&outs, "OUT", cli_write_layer, L)) &&
+                   !(rc = cli_outputs_finish(&outs, MHA_EXIT_OK))) {
             printf("wrote %s: block %s permuted by %s\n", pos[1], block, order);
         }
     }

@@ -113,10 +113,21 @@ char **cli_expand_causal(int *argc, char **argv) {
     return out;
 }
 
-int cli_save(const cli_outputs *outs, const char *flag, const float *data, int rank,
-             const int *shape) {
-    mha_status s = mha_npy_write_f32(cli_outputs_tmp(outs, flag), data, rank, shape);
-    return s ? cli_outputs_write_error(outs, flag, mha_last_error()) : MHA_EXIT_OK;
+typedef struct {
+    const float *data;
+    int rank;
+    const int *shape;
+} npy_f32;
+
+static mha_status write_npy_f32(const char *path, const void *ctx) {
+    const npy_f32 *a = ctx;
+    return mha_npy_write_f32(path, a->data, a->rank, a->shape);
+}
+
+mha_status cli_write_layer(const char *path, const void *layer) { return mha_layer_save(layer, path); }
+
+int cli_save(cli_outputs *outs, const char *flag, const float *data, int rank, const int *shape) {
+    return cli_outputs_write(outs, flag, write_npy_f32, &(npy_f32){data, rank, shape});
 }
 
 /* Reads a (rows, width) or (B, rows, width) float array. */

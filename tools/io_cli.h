@@ -129,10 +129,11 @@ int cli_fwd_open(mha_layer **L, cli_fwd *f, mha_command_spec *spec, const cli_ck
 int cli_fwd_run(const char *cmd, const cli_fwd *f, const mha_layer *L, float *y,
                 const mha_capture *cap);
 
-/* Writes float data as .npy to the temporary of the output registered
- * under flag; shape has rank entries. */
-int cli_save(const cli_outputs *outs, const char *flag, const float *data, int rank,
-             const int *shape);
+/* Writes float data as .npy for the output registered under flag
+ * (cli_outputs_write); shape has rank entries. */
+int cli_save(cli_outputs *outs, const char *flag, const float *data, int rank, const int *shape);
+/* mha_layer_save(layer, path) as a cli_atomic_writer. */
+mha_status cli_write_layer(const char *path, const void *layer);
 
 /* A library failure as "mha <cmd>: <message>", exit code 1. */
 int cli_fail(const char *cmd, mha_status s);

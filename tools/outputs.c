@@ -434,6 +434,32 @@ const char *cli_outputs_tmp(const cli_outputs *o, const char *flag) {
     return NULL;
 }
 
+/* The output registered under flag, or NULL. */
+static cli_file *output_of(cli_outputs *o, const char *flag) {
+    for (int i = 0; i < o->n_out; i++)
+        if (strcmp(o->out[i].flag, flag) == 0) return &o->out[i];
+    return NULL;
+}
+
+int cli_outputs_write(cli_outputs *o, const char *flag, cli_atomic_writer write, const void *ctx) {
+    const char *path = cli_outputs_tmp(o, flag); /* from here a signal waits for cli_outputs_finish */
+    cli_file *f = output_of(o, flag);
+    int files = 0;
+    for (int i = 0; i < o->n_out; i++) files += o->out[i].tmp != NULL;
+    if (f && f->tmp && !f->stream && files == 1) {
+        pending[f - o->out] = NULL; /* no temporary of ours to remove any more */
+        unlink(f->tmp);
+        free(f->tmp);
+        f->tmp = NULL;
+        f->direct = 1;
+        path = destination(f);
+    }
+    mha_status s = write(path, ctx);
+    if (!s) return 0;
+    if (f && f->direct) f->direct = 0; /* the writer left the target as it was */
+    return cli_outputs_write_error(o, flag, mha_last_error());
+}
+
 const char *cli_outputs_path(const cli_outputs *o, const char *flag) {
     for (int i = 0; i < o->n_out; i++)
         if (strcmp(o->out[i].flag, flag) == 0) return *o->out[i].path;
@@ -509,8 +535,16 @@ int cli_outputs_finish(cli_outputs *o, int rc) {
     writing = 0;
     if (deferred) {
         const int sig = deferred;
-        mha_cmd_error(o->cmd, MHA_EXIT_RUNTIME, "interrupted (signal %d) while writing; no output was replaced",
-                      sig);
+        const cli_file *done = NULL; /* written straight to its target before the signal was acted on */
+        for (int i = 0; i < o->n_out; i++)
+            if (o->out[i].direct) done = &o->out[i];
+        if (done)
+            mha_cmd_error(o->cmd, MHA_EXIT_RUNTIME, "interrupted (signal %d) while writing; %s '%s' was already "
+                          "written whole",
+                          sig, done->flag, *done->path);
+        else
+            mha_cmd_error(o->cmd, MHA_EXIT_RUNTIME, "interrupted (signal %d) while writing; no output was replaced",
+                          sig);
         signal(sig, SIG_DFL);
         raise(sig);
     }
