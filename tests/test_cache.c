@@ -669,10 +669,10 @@ static void test_long_context_folds(void) {
 
 /* The bursts and the stream prefetch tunings, into L1 or L2 (decode.c),
  * give the same bits: MHA (one row: the stream prefetches fp32 too), GQA
- * (4 rows), MQA (grouped), fp32 / fp16 / int8, a cache of several chunks,
- * 1 and 2 threads. */
+ * (4 rows), MQA (grouped), fp32 / fp16 / int8 (and fp16 MHA, which the
+ * AVX2 table streams), a cache of several chunks, 1 and 2 threads. */
 static void test_prefetch_policy_bits(void) {
-    for (int v = 0; v < 6; v++) {
+    for (int v = 0; v < 7; v++) {
         const int h_kv = v % 3 == 0 ? 8 : v % 3 == 1 ? 2 : 1;
         const mha_cache_dtype dt = v < 3 ? MHA_CACHE_F32 : v == 3 ? MHA_CACHE_I8 : MHA_CACHE_F16;
         fixture f;
@@ -765,6 +765,59 @@ static void test_prefetch_stream(void) {
         CHECK(kr->prefetch_stream(NULL, NULL, 0, l2) == buf + 4096);
     }
     free(q), free(k), free(s), free(acc);
+}
+
+/* The AVX2 kernels walk the stream too (round 33): for every storage of
+ * K and V, 1-9 rows, 8-128 keys and odd head sizes, the lines a scores
+ * and an accumulate call consume with per = 1 are the steps the table's
+ * prefetch_steps counts (over which decode.c spreads a chunk), and the
+ * kernels give the same bits with the stream as without it. */
+static void test_prefetch_steps_avx2(void) {
+    if (!mha_cpu_has_avx2()) SKIP(TEST_SKIP_ISA, "avx2", "this CPU has no AVX2");
+    const mha_decode_kernels *kr = &mha_decode_kernels_avx2;
+    CHECK(kr->prefetch_stream && kr->prefetch_steps && kr->prefetch_streams);
+    if (!kr->prefetch_stream || !kr->prefetch_steps) return;
+    enum { NK = 128, DMAX = 104, LINES = 1 << 14 };
+    static char buf[64 * LINES] __attribute__((aligned(64)));
+    const int nks[3] = {8, 24, NK}, dks[3] = {8, 40, 72}, dvs[3] = {8, 64, 104};
+    uint64_t seed = 7;
+    float *q = naive_random_floats(9 * DMAX, &seed, -1.0f, 1.0f), *k = naive_random_floats((size_t)NK * DMAX, &seed, -1.0f, 1.0f);
+    float *w = naive_random_floats(9 * NK, &seed, 0.0f, 1.0f), *sc = naive_random_floats((size_t)NK * 4, &seed, 0.01f, 0.1f);
+    float *s[2] = {naive_alloc_floats(9 * NK), naive_alloc_floats(9 * NK)};
+    float *acc[2] = {naive_alloc_floats(9 * DMAX), naive_alloc_floats(9 * DMAX)};
+    uint16_t *kh = calloc((size_t)NK * DMAX, sizeof *kh);
+    int8_t *kq = calloc((size_t)NK * DMAX, 1);
+    for (size_t i = 0; i < (size_t)NK * DMAX; i++) {
+        kh[i] = (uint16_t)(0x3800 + (i * 37) % 0x800); /* fp16 0.5 .. 1 */
+        kq[i] = (int8_t)((int)(i * 29 % 255) - 127);
+    }
+    int bad = 0;
+    for (int kt = 0; kt < 3; kt++)
+        for (int vt = 0; vt < 3; vt++)
+            for (int m = 1; m <= 9; m++)
+                for (int c = 0; c < 27; c++) {
+                    const int nk = nks[c % 3], dk = dks[c / 3 % 3], dv = dvs[c / 9];
+                    for (int with = 0; with < 2; with++) { /* without, then with a stream */
+                        kr->prefetch_stream(with ? buf : NULL, with ? buf + sizeof buf : NULL, 1, 1);
+                        if (kt == MHA_DK_F32) kr->scores(s[with], NK, q, DMAX, k, m, nk, dk);
+                        else if (kt == MHA_DK_F16) kr->scores_h(s[with], NK, q, DMAX, kh, m, nk, dk);
+                        else kr->scores_q8(s[with], NK, q, DMAX, kq, sc, m, nk, dk);
+                        if (vt == MHA_DK_F32) kr->accumulate(acc[with], DMAX, w, NK, k, m, nk, dv);
+                        else if (vt == MHA_DK_F16) kr->accumulate_h(acc[with], DMAX, w, NK, kh, m, nk, dv);
+                        else kr->accumulate_q8(acc[with], DMAX, w, NK, kq, sc, m, nk, dv);
+                        const char *end = kr->prefetch_stream(NULL, NULL, 0, 1);
+                        const size_t steps = kr->prefetch_steps(m, nk, dk, dv, kt, vt);
+                        if (with && (size_t)(end - buf) != 64 * steps && bad++ < 5)
+                            fprintf(stderr, "  K %d V %d m %d nk %d d_k %d d_v %d: %zu lines, %zu steps counted\n", kt, vt,
+                                    m, nk, dk, dv, (size_t)(end - buf) / 64, steps);
+                    }
+                    for (int i = 0; i < m; i++) {
+                        bad += memcmp(s[0] + (size_t)i * NK, s[1] + (size_t)i * NK, sizeof(float) * nk) != 0;
+                        bad += memcmp(acc[0] + (size_t)i * DMAX, acc[1] + (size_t)i * DMAX, sizeof(float) * dv) != 0;
+                    }
+                }
+    CHECK(bad == 0);
+    free(q), free(k), free(w), free(s[0]), free(s[1]), free(acc[0]), free(acc[1]), free(sc), free(kh), free(kq);
 }
 
 /* ---------------------------------------------- prefill on mha_gemm */
@@ -1319,6 +1372,7 @@ static const test_case cases[] = {
     {"cache_prefetch_policy_bits", test_prefetch_policy_bits},
     {"cache_prefetch_policy_cpu", test_prefetch_policy_cpu},
     {"cache_prefetch_stream", test_prefetch_stream},
+    {"cache_prefetch_steps_avx2", test_prefetch_steps_avx2},
     {"cache_prefill_fast_gemm", test_prefill_fast_gemm},
     {"cache_prefill_branch_bits", test_prefill_branch_bits},
     {"cache_f16_conversion", test_f16_conversion},

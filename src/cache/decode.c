@@ -203,6 +203,8 @@ int mha_decode_prefetch_policy(void) { return mha_probed_once(&forced_policy, &p
 static _Atomic int forced_zen = -1, probed_zen = -1;
 static int cpu_is_zen(void) { return mha_cpu_amd_family() >= 0x17; }
 
+enum { PF_NONE, PF_BURSTS, PF_STREAM }; /* how a unit requests its next chunk */
+
 /* Whether unit u prefetches its chunks. A cold chunk (a decode
  * step of a multi-layer model finds its cache evicted by the other
  * layers) is fetched by the hardware prefetchers only a few lines ahead
@@ -215,19 +217,27 @@ static int cpu_is_zen(void) { return mha_cpu_amd_family() >= 0x17; }
  * round 6): on the Xeon, with the bursts. With the stream one-row fp32
  * adds up too (Zen 5: 56% of the cold read, one thread); its requests
  * make it 0.78-0.85x (round 8), on the Xeon of round 17 0.97-1.02x. A
- * table without a stream (AVX2, scalar) requests in bursts whatever the
- * policy, and one-row fp32 then keeps the bursts' rule (on that Xeon,
- * AVX2 with one-row fp32 requests: 1.11-1.13x slower). On AMD Zen the
- * bursts (into L2) gave fp32 GQA nothing at all: an AVX2 Zen 3, h_kv 8,
- * without them 0.88-0.96x the time cold and 0.88-0.91x hot (bench/LIMITS.md
- * round 32), so fp32 never bursts there; fp16 and int8 keep them
- * (0.90-1.13x without, case by case: no rule beyond the host's noise). */
+ * table may take the stream for some units only (prefetch_streams: the
+ * AVX2 table for fp32 groups of 4 rows and one fp16 row, round 33); the
+ * others, and a table without a stream (scalar), request in bursts
+ * whatever the policy, and one-row fp32 then keeps the bursts' rule (on
+ * that Xeon, AVX2 with one-row fp32 requests: 1.11-1.13x slower). On AMD
+ * Zen the bursts (into L2) gave fp32 GQA nothing at all: an AVX2 Zen 3,
+ * h_kv 8, without them 0.88-0.96x the time cold and 0.88-0.91x hot
+ * (bench/LIMITS.md round 32), so fp32 never bursts there; fp16 and int8
+ * keep them (0.90-1.13x without, case by case: no rule beyond the host's
+ * noise). Returns PF_NONE, PF_BURSTS or PF_STREAM. */
 static int unit_prefetches(const decode_call *dc, const unit *u) {
     const mha_cache *c = dc->c;
-    if (dc->policy != MHA_DECODE_PF_BURSTS && dc->kr->prefetch_stream) return !unit_grouped(dc, u);
+    const int m = u->i1 - u->i0;
+    if (unit_grouped(dc, u)) return PF_NONE;
+    if (dc->policy != MHA_DECODE_PF_BURSTS && dc->kr->prefetch_stream &&
+        (!dc->kr->prefetch_streams || dc->kr->prefetch_streams(m, (int)c->kt, (int)c->vt)))
+        return PF_STREAM;
     const int fp32 = c->kt == MHA_CACHE_F32 && c->vt == MHA_CACHE_F32;
-    if (fp32 && dc->policy != MHA_DECODE_PF_BURSTS && mha_probed_once(&forced_zen, &probed_zen, cpu_is_zen)) return 0;
-    return !unit_grouped(dc, u) && (u->i1 - u->i0 > 1 || !fp32);
+    if (fp32 && dc->policy != MHA_DECODE_PF_BURSTS && mha_probed_once(&forced_zen, &probed_zen, cpu_is_zen))
+        return PF_NONE;
+    return m > 1 || !fp32 ? PF_BURSTS : PF_NONE;
 }
 
 /* The chunk a thread computes after the current one, whose bytes it
@@ -270,22 +280,22 @@ static size_t score_tiles(int np, int four_rows) {
 
 /* The requests of chunk nx at prefetch point `part` (of PREFETCH_PARTS,
  * the first before the scores, the last after the values) of a chunk of
- * m rows and nk keys. The stream policies, with a table that has a
- * stream: the K/V bytes spread over this chunk's kernels
- * (prefetch_stream), as many lines per step as there are lines per step
- * of their loops, to the nearest (the AVX-512 kernels' tiles:
+ * m rows and nk keys, as unit_prefetches chose (`how`). PF_STREAM: the
+ * K/V bytes spread over this chunk's kernels (prefetch_stream), as many
+ * lines per step as there are lines per step of their loops, to the
+ * nearest (the table's prefetch_steps, else the AVX-512 kernels' tiles:
  * score_tiles, and the values one step per key per 64 columns of each
  * row group), at least one, the rest after the values; the int8 scales
  * (a few lines) at once. Counting the scores of 4 rows in tiles of 32
  * keys (they run 48) and rounding down left a third of an fp16 chunk of
  * 4 rows for the end (9% of a hot call's samples); rounding up instead
- * made fp32 GQA slower (round 15). Else the four bursts (the tuning of
- * rounds 6-7). Cold, one thread, against the bursts: bench/LIMITS.md,
- * round 8. */
-static void prefetch_point(const decode_call *dc, const next_chunk *nx, int part, int m, int nk) {
+ * made fp32 GQA slower (round 15). PF_BURSTS: the four bursts (the
+ * tuning of rounds 6-7). Cold, one thread, against the bursts:
+ * bench/LIMITS.md, round 8. */
+static void prefetch_point(const decode_call *dc, const next_chunk *nx, int how, int part, int m, int nk) {
     const mha_cache *c = dc->c;
     const int to_l2 = dc->policy == MHA_DECODE_PF_STREAM_L2;
-    if (dc->policy == MHA_DECODE_PF_BURSTS || !dc->kr->prefetch_stream) {
+    if (how == PF_BURSTS) {
         prefetch_part(c, nx, part, to_l2);
         return;
     }
@@ -296,8 +306,10 @@ static void prefetch_point(const decode_call *dc, const next_chunk *nx, int part
     if (part == 0) {
         const size_t g = (size_t)m / 4, r = (size_t)m % 4; /* 4-row groups, single rows */
         const int np = (nk + MHA_KPANEL - 1) / MHA_KPANEL;
-        const size_t steps = (g * score_tiles(np, 1) + r * score_tiles(np, 0)) * c->d_k +
-                             (g + r) * (size_t)nk * ((c->d_v + 63) / 64);
+        const size_t steps = dc->kr->prefetch_steps
+                                 ? dc->kr->prefetch_steps(m, nk, c->d_k, c->d_v, (int)c->kt, (int)c->vt)
+                                 : (g * score_tiles(np, 1) + r * score_tiles(np, 0)) * c->d_k +
+                                       (g + r) * (size_t)nk * ((c->d_v + 63) / 64);
         const size_t per = (bytes / 64 + steps / 2) / steps;
         if (!live) return;
         dc->kr->prefetch_stream(p, p + bytes, per > 0 ? (int)per : 1, to_l2);
@@ -458,13 +470,13 @@ static void chunk_partial(float *part, scratch *w, const decode_call *dc, const 
     int nk = jhi - jlo;
     size_t kv = mha_cache_kv_index(c, u->b, u->g);
     const int pf = unit_prefetches(dc, u);
-    if (pf) prefetch_point(dc, nx, 0, m, nk);
+    if (pf) prefetch_point(dc, nx, pf, 0, m, nk);
     /* score (i, j) at w->s[i * rs + j * ks]: rows of keys when grouped */
     const int grouped = unit_grouped(dc, u);
     const size_t rs = grouped ? 1 : MHA_DECODE_CHUNK, ks = grouped ? QTILE : 1;
     if (grouped) chunk_scores_t(w, dc, kv, jlo, m, nk);
     else chunk_scores(w, dc, kv, jlo, m, nk);
-    if (pf) prefetch_point(dc, nx, 1, m, nk);
+    if (pf) prefetch_point(dc, nx, pf, 1, m, nk);
     variants_chunk(w, dc, u, m, jlo - cs, nk, rs, ks);
     /* causal (bottom-right) and window: row i attends positions
      * [first key, its own position]; a chunk wholly inside needs no mask */
@@ -495,10 +507,10 @@ static void chunk_partial(float *part, scratch *w, const decode_call *dc, const 
         chunk_values_t(part + 2, (int)pw, w, dc, kv, jlo, m, nk);
     } else {
         dc->kr->softmax(w->s, MHA_DECODE_CHUNK, w->mx, w->sum, m, nk);
-        if (pf) prefetch_point(dc, nx, 2, m, nk);
+        if (pf) prefetch_point(dc, nx, pf, 2, m, nk);
         chunk_values(part + 2, (int)pw, w, dc, kv, jlo, m, nk);
     }
-    if (pf) prefetch_point(dc, nx, 3, m, nk);
+    if (pf) prefetch_point(dc, nx, pf, 3, m, nk);
     for (int i = 0; i < m; i++) {
         part[(size_t)i * pw] = w->mx[i];
         part[(size_t)i * pw + 1] = w->sum[i];

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "kernels/decode_kernels.h"
+#include "kernels/prefetch_stream.h"
 #include "kernels/avx2_micro.h"
 #include "kernels/kernels.h"
 
@@ -43,13 +44,14 @@ INLINE __m256 load8q(const int8_t *base, size_t i) {
  * element k0 on: one FMA chain per score in dim order from 0; R, P and H
  * are constants at each call site. */
 INLINE void scores_tile(float *s, int lds, const float *q, int ldq, const void *kp, size_t k0, int d, int R, int P,
-                        int H) {
+                        int H, pf_stream *pf) {
     __m256 acc[4][8];
     UNROLL
     for (int r = 0; r < R; r++)
         UNROLL
         for (int p = 0; p < P; p++) acc[r][p] = _mm256_setzero_ps();
     for (int c = 0; c < d; c++) {
+        pf_step(pf);
         __m256 k[8];
         UNROLL
         for (int p = 0; p < P; p++) k[p] = load8(kp, k0 + (size_t)p * d * MHA_KPANEL + (size_t)c * MHA_KPANEL, H);
@@ -71,14 +73,15 @@ INLINE void scores_tile(float *s, int lds, const float *q, int ldq, const void *
  * fp16: a group of 2 rows (4 panels a tile: each key widened once for
  * both, where two single rows widen it twice: GQA with 2, 3, 6 or 7 query
  * heads per kv head), then single rows (8 panels). */
-INLINE void scores_impl(float *s, int lds, const float *q, int ldq, const void *kp, int m, int n, int d, int H) {
+INLINE void scores_impl(float *s, int lds, const float *q, int ldq, const void *kp, int m, int n, int d, int H,
+                        pf_stream *pf) {
     /* pairs for fp16 only: fp32 pairs ran 1.06-1.11x slower at 2 threads
      * with the chunk streamed from memory (h_kv 16, L 4096, Zen 3) */
     const int np = n / MHA_KPANEL, m4 = m - m % 4, m2 = H == 1 ? m - m % 2 : m4;
     const size_t pstride = (size_t)d * MHA_KPANEL;
 #define SCORES_TILE(i, p, R, P)                                                                                    \
     scores_tile(s + (size_t)(i) * lds + (p) * MHA_KPANEL, lds, q + (size_t)(i) * ldq, ldq, kp, (p) * pstride, d, \
-                R, P, H)
+                R, P, H, pf)
     int p = 0;
     for (; p + 3 <= np; p += 3) /* 12 accumulators: slack over the 8 FMAs in flight */
         for (int i = 0; i < m4; i += 4) SCORES_TILE(i, p, 4, 3);
@@ -99,12 +102,12 @@ INLINE void scores_impl(float *s, int lds, const float *q, int ldq, const void *
 
 static void scores_avx2(float *s, int lds, const float *q, int ldq, const float *kp, int m, int n,
                         int d) {
-    scores_impl(s, lds, q, ldq, kp, m, n, d, 0);
+    PF_STREAMED(scores_impl(s, lds, q, ldq, kp, m, n, d, 0, pf));
 }
 
 static void scores_h_avx2(float *s, int lds, const float *q, int ldq, const uint16_t *kp, int m,
                           int n, int d) {
-    scores_impl(s, lds, q, ldq, kp, m, n, d, 1);
+    PF_STREAMED(scores_impl(s, lds, q, ldq, kp, m, n, d, 1, pf));
 }
 
 /* int8: R rows x P panels of scores, block by block, the running score
@@ -115,7 +118,7 @@ static void scores_h_avx2(float *s, int lds, const float *q, int ldq, const uint
  * operations and order of scores_q8 (decode_kernels.h): the scalar
  * table's bits. */
 INLINE void scores_q8_tile(float *s, int lds, const float *q, int ldq, const int8_t *kq, const float *ks, size_t k0,
-                           int d, int R, int P) {
+                           int d, int R, int P, pf_stream *pf) {
     for (int c0 = 0; c0 < d; c0 += MHA_Q8_BLOCK) {
         const int c1 = c0 + MHA_Q8_BLOCK < d ? c0 + MHA_Q8_BLOCK : d;
         __m256 blk[4][8];
@@ -124,6 +127,7 @@ INLINE void scores_q8_tile(float *s, int lds, const float *q, int ldq, const int
             UNROLL
             for (int p = 0; p < P; p++) blk[r][p] = _mm256_setzero_ps();
         for (int c = c0; c < c1; c++) {
+            pf_step(pf);
             __m256 k[8];
             UNROLL
             for (int p = 0; p < P; p++) k[p] = load8q(kq, k0 + (size_t)p * d * MHA_KPANEL + (size_t)c * MHA_KPANEL);
@@ -150,8 +154,8 @@ INLINE void scores_q8_tile(float *s, int lds, const float *q, int ldq, const int
 
 /* Rows in groups of 4 (2 panels a tile), then 2 (4 panels), then 1 (4):
  * each key vector widened once for the rows of its group. */
-void mha_scores_q8_avx2(float *s, int lds, const float *q, int ldq, const int8_t *kq, const float *ks,
-                           int m, int n, int d) {
+INLINE void scores_q8_impl(float *s, int lds, const float *q, int ldq, const int8_t *kq, const float *ks, int m,
+                           int n, int d, pf_stream *pf) {
     const int np = n / MHA_KPANEL;
     const size_t pstride = (size_t)d * MHA_KPANEL;
 #define Q8_TILES(R, P)                                                                                          \
@@ -159,16 +163,21 @@ void mha_scores_q8_avx2(float *s, int lds, const float *q, int ldq, const int8_t
         int p = 0;                                                                                              \
         for (; p + (P) <= np; p += (P))                                                                         \
             scores_q8_tile(s + (size_t)i * lds + p * MHA_KPANEL, lds, q + (size_t)i * ldq, ldq, kq, ks,        \
-                           p * pstride, d, R, P);                                                               \
+                           p * pstride, d, R, P, pf);                                                           \
         for (; p < np; p++)                                                                                     \
             scores_q8_tile(s + (size_t)i * lds + p * MHA_KPANEL, lds, q + (size_t)i * ldq, ldq, kq, ks,        \
-                           p * pstride, d, R, 1);                                                               \
+                           p * pstride, d, R, 1, pf);                                                           \
     }
     int i = 0;
     Q8_TILES(4, 2)
     Q8_TILES(2, 4)
     Q8_TILES(1, 4)
 #undef Q8_TILES
+}
+
+void mha_scores_q8_avx2(float *s, int lds, const float *q, int ldq, const int8_t *kq, const float *ks, int m, int n,
+                        int d) {
+    PF_STREAMED(scores_q8_impl(s, lds, q, ldq, kq, ks, m, n, d, pf));
 }
 
 /* ------------------------------------------------------------ softmax */
@@ -210,13 +219,14 @@ static void softmax_avx2(float *s, int lds, float *mx, float *sum, int m, int n)
  * stride dv; int8 scales vs (n, nb), each folded into the weight: the
  * callers keep vectors 4k .. 4k+3 in one block of 32). */
 INLINE void acc_tile(float *acc, int ldacc, const float *p, int ldp, const void *v, const float *vs, size_t v0,
-                     int dv, int n, int R, int C, int H) {
+                     int dv, int n, int R, int C, int H, pf_stream *pf) {
     __m256 a[4][8];
     UNROLL
     for (int r = 0; r < R; r++)
         UNROLL
         for (int c = 0; c < C; c++) a[r][c] = _mm256_setzero_ps();
     for (int j = 0; j < n; j++) {
+        pf_step(pf);
         __m256 vv[8];
         UNROLL
         for (int c = 0; c < C; c++) {
@@ -265,44 +275,44 @@ INLINE void acc_tail(float *acc, int ldacc, const float *p, int ldp, const void 
  * group uses it; then fp16 pairs of rows (32 columns a tile), then single
  * rows. */
 INLINE void acc_impl(float *acc, int ldacc, const float *p, int ldp, const void *v, const float *vs, int m,
-                     int n, int dv, int H) {
+                     int n, int dv, int H, pf_stream *pf) {
     int m4 = m - m % 4, m2 = H == 1 ? m - m % 2 : m4, c = 0; /* pairs: fp16 only (scores_impl) */
     for (; H != 2 && c + 24 <= dv; c += 24) /* int8: 16 columns, one block */
         for (int i = 0; i < m4; i += 4)
-            acc_tile(acc + (size_t)i * ldacc + c, ldacc, p + (size_t)i * ldp, ldp, v, vs, c, dv, n, 4, 3, H);
+            acc_tile(acc + (size_t)i * ldacc + c, ldacc, p + (size_t)i * ldp, ldp, v, vs, c, dv, n, 4, 3, H, pf);
     for (; c + 16 <= dv; c += 16)
         for (int i = 0; i < m4; i += 4)
-            acc_tile(acc + (size_t)i * ldacc + c, ldacc, p + (size_t)i * ldp, ldp, v, vs, c, dv, n, 4, 2, H);
+            acc_tile(acc + (size_t)i * ldacc + c, ldacc, p + (size_t)i * ldp, ldp, v, vs, c, dv, n, 4, 2, H, pf);
     for (; c + 8 <= dv; c += 8)
         for (int i = 0; i < m4; i += 4)
-            acc_tile(acc + (size_t)i * ldacc + c, ldacc, p + (size_t)i * ldp, ldp, v, vs, c, dv, n, 4, 1, H);
+            acc_tile(acc + (size_t)i * ldacc + c, ldacc, p + (size_t)i * ldp, ldp, v, vs, c, dv, n, 4, 1, H, pf);
     for (int i = 0; i < m4; i += 4)
         acc_tail(acc + (size_t)i * ldacc, ldacc, p + (size_t)i * ldp, ldp, v, vs, dv, n, 4, c, H);
     for (int i = m4; i < m2; i += 2) { /* a pair of rows: each value read once for both */
         float *a = acc + (size_t)i * ldacc;
         const float *pi = p + (size_t)i * ldp;
-        for (c = 0; c + 32 <= dv; c += 32) acc_tile(a + c, ldacc, pi, ldp, v, vs, c, dv, n, 2, 4, H);
-        for (; c + 8 <= dv; c += 8) acc_tile(a + c, ldacc, pi, ldp, v, vs, c, dv, n, 2, 1, H);
+        for (c = 0; c + 32 <= dv; c += 32) acc_tile(a + c, ldacc, pi, ldp, v, vs, c, dv, n, 2, 4, H, pf);
+        for (; c + 8 <= dv; c += 8) acc_tile(a + c, ldacc, pi, ldp, v, vs, c, dv, n, 2, 1, H, pf);
         acc_tail(a, ldacc, pi, ldp, v, vs, dv, n, 2, c, H);
     }
     for (int i = m2; i < m; i++) {
         float *a = acc + (size_t)i * ldacc;
         const float *pi = p + (size_t)i * ldp;
         c = 0;
-        for (; c + 64 <= dv; c += 64) acc_tile(a + c, ldacc, pi, ldp, v, vs, c, dv, n, 1, 8, H);
-        for (; c + 8 <= dv; c += 8) acc_tile(a + c, ldacc, pi, ldp, v, vs, c, dv, n, 1, 1, H);
+        for (; c + 64 <= dv; c += 64) acc_tile(a + c, ldacc, pi, ldp, v, vs, c, dv, n, 1, 8, H, pf);
+        for (; c + 8 <= dv; c += 8) acc_tile(a + c, ldacc, pi, ldp, v, vs, c, dv, n, 1, 1, H, pf);
         acc_tail(a, ldacc, pi, ldp, v, vs, dv, n, 1, c, H);
     }
 }
 
 static void accumulate_avx2(float *acc, int ldacc, const float *p, int ldp, const float *v, int m,
                             int n, int dv) {
-    acc_impl(acc, ldacc, p, ldp, v, NULL, m, n, dv, 0);
+    PF_STREAMED(acc_impl(acc, ldacc, p, ldp, v, NULL, m, n, dv, 0, pf));
 }
 
 static void accumulate_h_avx2(float *acc, int ldacc, const float *p, int ldp, const uint16_t *v,
                               int m, int n, int dv) {
-    acc_impl(acc, ldacc, p, ldp, v, NULL, m, n, dv, 1);
+    PF_STREAMED(acc_impl(acc, ldacc, p, ldp, v, NULL, m, n, dv, 1, pf));
 }
 
 /* int8 values for groups of rows: the weights of one block of columns,
@@ -399,7 +409,7 @@ void mha_accumulate_q8_avx2(float *acc, int ldacc, const float *p, int ldp, cons
             i += R;
         }
     }
-    if (m2 < m) acc_impl(acc + (size_t)m2 * ldacc, ldacc, p + (size_t)m2 * ldp, ldp, vq, vs, m - m2, n, dv, 2);
+    if (m2 < m) PF_STREAMED(acc_impl(acc + (size_t)m2 * ldacc, ldacc, p + (size_t)m2 * ldp, ldp, vq, vs, m - m2, n, dv, 2, pf));
 }
 
 /* --------------------------------------------------------------- gemm */
@@ -560,9 +570,54 @@ void mha_from_q8_avx2(float *dst, const int8_t *src, const float *scale, size_t 
         }
 }
 
+/* ------------------------------------------------------ stream steps */
+
+/* Tiles of t over n, then of r1 over what is left, then of r2 (0: none). */
+static size_t tiles_of(int n, int t, int r1, int r2) {
+    size_t k = (size_t)(n / t);
+    n %= t;
+    if (r1) k += (size_t)(n / r1), n %= r1;
+    if (r2) k += (size_t)(n / r2);
+    return k;
+}
+
+/* The pf_step calls of scores_impl / scores_q8_impl and acc_impl for a
+ * chunk: one per dim of each scores tile, one per key of each values
+ * tile (mha_accumulate_q8_avx2's row groups make none; a V wider than
+ * 65536 aside). */
+static size_t prefetch_steps_avx2(int m, int nk, int d_k, int d_v, int kt, int vt) {
+    const int np = nk / MHA_KPANEL, g = m / 4;
+    size_t s;
+    if (kt == MHA_DK_I8) { /* 4 rows x 2 panels (1), 2 x 4 (1), 1 x 4 (1) */
+        s = ((size_t)g * tiles_of(np, 2, 1, 0) + (size_t)((m % 4) / 2 + m % 2) * tiles_of(np, 4, 1, 0)) * (size_t)d_k;
+    } else { /* 4 x 3 panels (2, 1); fp16 pairs 2 x 4 (1); single rows 1 x 8 (1) */
+        const int pairs = kt == MHA_DK_F16 ? (m % 4) / 2 : 0, ones = m % 4 - 2 * pairs;
+        s = ((size_t)g * tiles_of(np, 3, 2, 1) + (size_t)pairs * tiles_of(np, 4, 1, 0) +
+             (size_t)ones * tiles_of(np, 8, 1, 0)) * (size_t)d_k;
+    }
+    if (vt == MHA_DK_I8) return s + (size_t)(m % 2) * tiles_of(d_v, 64, 8, 0) * (size_t)nk;
+    /* 4 rows x 24 columns (16, 8); fp16 pairs x 32 (8); single rows x 64 (8) */
+    const int pairs = vt == MHA_DK_F16 ? (m % 4) / 2 : 0, ones = m % 4 - 2 * pairs;
+    return s + ((size_t)g * tiles_of(d_v, 24, 16, 8) + (size_t)pairs * tiles_of(d_v, 32, 8, 0) +
+                (size_t)ones * tiles_of(d_v, 64, 8, 0)) * (size_t)nk;
+}
+
+/* The units the stream serves: where the kernels wait for memory. On the
+ * Zen 3 (cold, 2 threads; bench/LIMITS.md round 33) fp32 groups of 4
+ * rows (GQA) took 0.84-0.95x the time with it, one fp16 row (MHA)
+ * 0.81-0.87x; where the arithmetic bounds the kernels its steps cost more
+ * than they bring: one fp32 row 1.01-1.09x, fp16 groups 1.05-1.17x, int8
+ * 1.05-1.21x (those keep decode.c's bursts, or none). */
+static int prefetch_streams_avx2(int m, int kt, int vt) {
+    if (kt != vt) return 0;
+    return (kt == MHA_DK_F32 && m % 4 == 0) || (kt == MHA_DK_F16 && m == 1);
+}
+
 const mha_decode_kernels mha_decode_kernels_avx2 = {
     "avx2",         scores_avx2, scores_h_avx2, softmax_avx2, accumulate_avx2, accumulate_h_avx2,
     gemm_stream_avx2, gemm_tile_avx2, axpby_avx2, to_f16_avx2, from_f16_avx2,
     .scores_q8 = mha_scores_q8_avx2, .accumulate_q8 = mha_accumulate_q8_avx2, .from_q8 = mha_from_q8_avx2,
     .gemm_stream_bf16 = mha_gemm_stream_bf16_avx2, .gemm_stream_i8 = mha_gemm_stream_i8_avx2,
+    .prefetch_stream = pf_stream_start, .prefetch_steps = prefetch_steps_avx2,
+    .prefetch_streams = prefetch_streams_avx2,
 };

@@ -11,46 +11,12 @@
 #include <string.h>
 
 #include "kernels/decode_kernels.h"
+#include "kernels/prefetch_stream.h"
 #include "kernels/avx512_micro.h"
 #include "kernels/kernels.h"
 
 #define INLINE MHA_AVX512_INLINE
 
-/* ------------------------------------------------- spread prefetch */
-
-/* The lines this thread's kernels request as they run (prefetch_stream
- * in decode_kernels.h). Spread over the loops, a cold chunk's next chunk
- * arrives while this one computes; the same requests in bursts between
- * kernels filled the core's miss buffers and stalled it for the burst
- * (AMD Zen 5, one thread, cold, round 8: time = read + compute). Each
- * kernel copies the stream into a local at entry and back at exit (one
- * thread-local access per call, none per step). */
-typedef struct {
-    const char *cur, *end;
-    int per, to_l2;
-} pf_stream;
-
-static _Thread_local pf_stream pf_tls;
-
-static const char *prefetch_stream_avx512(const char *p, const char *end, int per, int to_l2) {
-    const char *was = pf_tls.cur;
-    pf_tls.cur = p, pf_tls.end = end, pf_tls.per = per, pf_tls.to_l2 = to_l2;
-    return was;
-}
-
-/* Up to ps->per lines of the stream, into L1 (t0) or L2 (t1, l2 a
- * constant in each inlined copy). */
-INLINE void pf_lines(pf_stream *ps, const int l2) {
-    for (int i = 0; i < ps->per && ps->cur < ps->end; i++, ps->cur += 64)
-        if (l2) __asm__ volatile("prefetcht1 %0" : : "m"(*ps->cur));
-        else __asm__ volatile("prefetcht0 %0" : : "m"(*ps->cur));
-}
-
-/* One step of the stream (the branch is the same for a whole call). */
-INLINE void pf_step(pf_stream *ps) {
-    if (ps->to_l2) pf_lines(ps, 1);
-    else pf_lines(ps, 0);
-}
 #define UNROLL _Pragma("GCC unroll 8")
 
 /* 16 fp32 values from two runs of 8 at element offsets i0 and i1 of an
@@ -559,5 +525,5 @@ const mha_decode_kernels mha_decode_kernels_avx512 = {
     .scores_q8 = scores_q8_avx512, .accumulate_q8 = accumulate_q8_avx512, .from_q8 = mha_from_q8_avx512,
     .gemm_stream_bf16 = mha_gemm_stream_bf16_avx512, .gemm_stream_i8 = mha_gemm_stream_i8_avx512,
     .scores_t = mha_scores_t_avx512, .softmax_t = mha_softmax_t_avx512, .accumulate_t = mha_accumulate_t_avx512, .merge_t = mha_merge_t_avx512,
-    .prefetch_stream = prefetch_stream_avx512,
+    .prefetch_stream = pf_stream_start,
 };

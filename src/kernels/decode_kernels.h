@@ -136,7 +136,7 @@ typedef struct {
      * e^-87), sum = fma(sum_r, a, sum_p b), acc = fma(acc_r, a, acc_p
      * b). NULL: decode.c's scalar merge. */
     void (*merge_t)(float *run, const float *part, int m, int dv);
-    /* ---- spread prefetch (decode.c on AMD Zen, round 8): the row-major
+    /* ---- spread prefetch (decode.c; round 8 on AVX-512, 33 on AVX2): the row-major
      * kernels above (scores*, accumulate*) that this thread calls next
      * request the lines of [p, end) into L1 (into L2 alone with to_l2),
      * `per` lines per step of their inner loops, in order; returns where
@@ -145,6 +145,15 @@ typedef struct {
      * moves bytes between cache levels: no bits change. NULL in a table:
      * no stream. */
     const char *(*prefetch_stream)(const char *p, const char *end, int per, int to_l2);
+    /* The steps of the stream that this table's row-major scores and
+     * accumulate make for m rows and nk keys (a multiple of 8) of a chunk
+     * whose K and V are stored as kt and vt (MHA_DK_*), over which the
+     * caller spreads the next chunk's lines. NULL: the AVX-512 table's
+     * tiling (decode.c). */
+    size_t (*prefetch_steps)(int m, int nk, int d_k, int d_v, int kt, int vt);
+    /* Whether units of m rows of such a cache take the stream; NULL: all
+     * (row-major) units. The others keep decode.c's rule without it. */
+    int (*prefetch_streams)(int m, int kt, int vt);
 } mha_decode_kernels;
 
 extern const mha_decode_kernels mha_decode_kernels_scalar;
