@@ -5,7 +5,14 @@ Errors the binding finds itself (a numpy array whose shape or dtype the C
 side cannot see) use the same classes, with a message in the same style:
 what was wrong and what was expected.
 """
+import re
+
 from . import _lib
+
+# "mha_forward: ..." -- a library message that already names a function of
+# the library (not always `call`: mha_forward_kv's checks speak as
+# mha_forward, mha_backward_kv's as mha_backward)
+_NAMED = re.compile(r"mha_[a-z0-9_]+: ")
 
 
 class MhaError(Exception):
@@ -85,6 +92,6 @@ def check(status, call):
         return
     cls = _BY_STATUS.get(status, MhaError)
     msg = last_error() or status_str(status)
-    if not msg.startswith(call + ": "):  # most library messages already name their function
+    if not _NAMED.match(msg):  # most library messages already name their function
         msg = f"{call}: {msg}"
     raise cls(f"{msg} ({status_str(status)})", status)
