@@ -35,6 +35,7 @@ from ._check import c_flag, c_int
 from ._owner import COwner
 from .errors import ArgumentError, ShapeError, UnsupportedError, check
 from .layer import Layer
+from .torch_compat import check_qkv_shapes
 
 _L = _lib.lib
 
@@ -390,11 +391,7 @@ class MultiheadAttention(torch.nn.Module):
         """torch's results for B = 0 or T = 0: y (B,T,E) and probs
         (B,h,T,S') empty; y stays in the graph of every tensor in args, so
         a backward gives them zero gradients as torch's does."""
-        x, k_src, v_src = args[:3]
-        for name, t, want in (("query", x, (B, T, self.embed_dim)), ("key", k_src, (B, S, self.kdim)),
-                              ("value", v_src, (B, S, self.vdim))):
-            if t is not None and tuple(t.shape) != want:  # batch-first view, as the library would say
-                raise ShapeError(f"{name} has shape {tuple(t.shape)} (batch first); expected {want}")
+        # the shapes were checked in forward (check_qkv_shapes), as for a non-empty call
         S_all = S + (self.bias_k is not None) + bool(self.add_zero_attn)
         y = _zeros_in_graph(args[0], (B, T, self.embed_dim), args)
         return y, args[0].new_zeros(B, self.num_heads, T, S_all)
@@ -413,6 +410,9 @@ class MultiheadAttention(torch.nn.Module):
         if query.dim() not in (2, 3) or key.dim() != query.dim() or value.dim() != query.dim():
             raise ShapeError(f"query/key/value have {query.dim()}/{key.dim()}/{value.dim()} dims; "
                              "expected all 3 (batched) or all 2 (unbatched)")
+        # in the caller's layout and names (the library would say x and kv, batch first)
+        check_qkv_shapes(query.shape, key.shape, value.shape, batched, self.batch_first, self.embed_dim,
+                         self.kdim, self.vdim)
         same_kv, same_v = key is query, value is key
 
         def to_bte(t):  # -> (B, T, features)

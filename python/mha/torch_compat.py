@@ -111,6 +111,35 @@ def from_torch_state_dict(state_dict, num_heads, *, kdim=None, vdim=None, add_ze
     return layer
 
 
+def check_qkv_shapes(query, key, value, batched, batch_first, E, kdim, vdim):
+    """query, key and value shapes (tuples; key, value None: not given)
+    against the widths E, kdim, vdim and each other, in the caller's own
+    layout and names: (L,N,E), (N,L,E) with batch_first, or (L,E)
+    unbatched. The library would see them batch first and call them x and
+    kv, which names neither what the caller passed nor its shape."""
+    n_axis = (0 if batch_first else 1) if batched else None
+
+    def layout(seq, width, n="N"):
+        dims = [seq, width]
+        if batched:
+            dims.insert(n_axis, n)
+        return "(" + ",".join(dims) + ")" + ("" if batched else " unbatched")
+
+    if query[-1] != E:
+        raise ShapeError(f"query has shape {tuple(query)}; expected {layout('L', f'E={E}')}")
+    n = f"N={query[n_axis]}" if batched else "N"
+    seq = None
+    if key is not None:
+        if key[-1] != kdim or (batched and key[n_axis] != query[n_axis]):
+            raise ShapeError(f"key has shape {tuple(key)}; expected {layout('S', f'kdim={kdim}', n)}")
+        seq = f"S={key[1 - n_axis if batched else 0]}"
+    if value is not None:
+        if value[-1] != vdim or (key is not None and tuple(value[:-1]) != tuple(key[:-1])) or (
+                batched and value[n_axis] != query[n_axis]):
+            raise ShapeError(f"value has shape {tuple(value)}; expected "
+                             f"{layout(seq or 'S', f'vdim={vdim}', n)}")
+
+
 def _mask_kind(name, m):
     """'bool' (PyTorch: True = not allowed) or 'float' (added)."""
     if m.dtype == np.bool_ or m.dtype == np.uint8:  # uint8: torch's deprecated byte mask
@@ -158,9 +187,13 @@ def torch_forward(layer, query, key=None, value=None, key_padding_mask=None, nee
     if k.ndim != q.ndim:
         raise ShapeError(f"key has shape {k.shape} but query {q.shape}; expected both batched or both unbatched")
     if v is not None and (v.ndim != k.ndim or v.shape[:-1] != k.shape[:-1]):
-        raise ShapeError(f"value has shape {v.shape} but key {k.shape}; expected the same "
+        keys = "key" if key is not None else "query (key None: self-attention)"
+        raise ShapeError(f"value has shape {v.shape} but {keys} {k.shape}; expected the same "
                          f"{'(S,N)' if batched and not bf else '(N,S)' if batched else '(S,)'} "
                          "leading dimensions, vdim last")
+    c = layer.config
+    check_qkv_shapes(q.shape, None if self_attn else k.shape, None if v is None else v.shape, batched, bf,
+                     c["d_model"], c["d_kv_in"], c["d_v_in"])
 
     def to_bte(a):  # -> (B, T, features)
         if not batched:
@@ -172,7 +205,7 @@ def torch_forward(layer, query, key=None, value=None, key_padding_mask=None, nee
     vs = None if v is None else to_bte(v)
     B, T = x.shape[0], x.shape[1]
     S = T if kv is None else kv.shape[1]
-    h = layer.config["n_heads"]
+    h = c["n_heads"]
     opts = dict(masked_row=masked_row, path=path, causal=c_flag("is_causal", is_causal), align="top_left")
 
     if attn_mask is not None:

@@ -178,7 +178,7 @@ def test_empty_inputs_give_empty_results_like_torch(request, B, T, S, extra):
         want = run_torch(m, x, kv, kv, average_attn_weights=average) if B else (  # torch 1.13 fails at B = 0
             np.zeros((0, T, 16), np.float32), np.zeros((0, T, S + 2 * extra) if average else (0, 2, T, S + 2 * extra)))
         check_paths(request, lambda p: layer.torch_forward(x, kv, kv, average_attn_weights=average, path=p), want)
-    with pytest.raises(mha.ShapeError, match="kv has shape"):
+    with pytest.raises(mha.ShapeError, match="key has shape"):
         layer.torch_forward(x, inputs(rng, B + 1, S, 16, True))
 
 
@@ -294,8 +294,8 @@ def test_value_source_errors_name_the_problem():
         layer.torch_forward(q, key, None)
     with pytest.raises(mha.ShapeError, match="value has shape"):
         layer.torch_forward(q, key, value[:3])
-    with pytest.raises(mha.ShapeError, match="d_v_in=10"):
-        layer.torch_forward(q, key, inputs(rng, 2, 4, 6, False))
+    with pytest.raises(mha.ShapeError, match=r"value has shape \(4, 2, 6\); expected \(S=4,N=2,vdim=10\)"):
+        layer.torch_forward(q, key, inputs(rng, 2, 4, 6, False))  # named in torch's words and layout
     bad = value.copy()
     bad[1, 0, 2] = np.nan
     with pytest.raises(mha.NonFiniteError, match="v_src"):

@@ -51,3 +51,46 @@ def test_zero_keys_through_mha_forward_kv_is_named_once():
     with pytest.raises(mha.ShapeError) as err:
         m(data((B, T, E)), k, data((B, 0, E)))
     assert str(err.value).startswith("mha_forward: B=2 T=5 S=0"), str(err.value)
+
+
+# ------------------------------- query/key/value named as the caller passed them
+
+QKV_CASES = [  # (batch_first, query, key, value, name, expected): all shapes in the caller's layout
+    (True, (B, T, E + 1), (B, S, E), (B, S, E), "query", "(N,L,E=16)"),
+    (False, (T, B, E + 1), (S, B, E), (S, B, E), "query", "(L,N,E=16)"),
+    (True, (B, T, E), (B, S, E + 1), (B, S, E + 1), "key", "(N=2,S,kdim=16)"),
+    (False, (T, B, E), (S, B, E + 1), (S, B, E + 1), "key", "(S,N=2,kdim=16)"),
+    (False, (T, B, E), (S, B + 1, E), (S, B + 1, E), "key", "(S,N=2,kdim=16)"),
+    (False, (T, B, E), (S, B, E), (S, B, E + 3), "value", "(S=7,N=2,vdim=16)"),
+    (False, (T, 0, E), (S, 0, E + 3), (S, 0, E + 3), "key", "(S,N=0,kdim=16)"),  # empty batch too
+    (None, (T, E), (S, E), (S, E - 1), "value", "(S=7,vdim=16) unbatched"),
+]
+
+
+def _qkv_message(name, shape, expected):
+    return rf"^{name} has shape \({', '.join(map(str, shape))}\); expected {expected.replace('(', '[(]').replace(')', '[)]')}"
+
+
+@pytest.mark.parametrize("bf, q, k, v, name, expected", QKV_CASES)
+def test_nn_module_names_query_key_value_in_the_callers_layout(bf, q, k, v, name, expected):
+    m = mha.nn.MultiheadAttention(E, H, batch_first=bool(bf))
+    shape = {"query": q, "key": k, "value": v}[name]
+    with pytest.raises(mha.ShapeError, match=_qkv_message(name, shape, expected)):
+        m(data(q), data(k), data(v))
+
+
+@pytest.mark.parametrize("bf, q, k, v, name, expected", QKV_CASES)
+def test_torch_forward_names_query_key_value_in_the_callers_layout(bf, q, k, v, name, expected):
+    layer = mha.Layer(E, H)
+    shape = {"query": q, "key": k, "value": v}[name]
+    arrays = [np.ones(s, np.float32) for s in (q, k, v)]
+    with pytest.raises(mha.ShapeError, match=_qkv_message(name, shape, expected)):
+        layer.torch_forward(*arrays, batch_first=bool(bf))
+
+
+def test_kdim_vdim_module_names_the_width_it_expected():
+    m = mha.nn.MultiheadAttention(E, H, kdim=6, vdim=9, batch_first=True)
+    with pytest.raises(mha.ShapeError, match=r"^value has shape \(2, 7, 6\); expected \(N=2,S=7,vdim=9\)"):
+        m(data((B, T, E)), data((B, S, 6)), data((B, S, 6)))  # value is not key: its own width is checked
+    y, _ = m(data((B, T, E)), data((B, S, 6)), data((B, S, 9)))  # the right widths still run
+    assert y.shape == (B, T, E)
