@@ -141,9 +141,11 @@ def _check_inputs(**tensors):
     for name, t in tensors.items():
         if t is None:
             continue
-        if not isinstance(t, torch.Tensor) or t.dtype != torch.float32 or t.device.type != "cpu":
-            raise TypeError(f"{name} must be a float32 CPU tensor; got "
-                            f"{getattr(t, 'dtype', type(t).__name__)} on {getattr(t, 'device', '-')}")
+        if not isinstance(t, torch.Tensor):  # a numpy array has a dtype too: say what it is
+            raise TypeError(f"{name} is a {type(t).__module__}.{type(t).__name__}, not a tensor; expected a "
+                            f"float32 CPU tensor (torch.from_numpy({name}) for numpy data)")
+        if t.dtype != torch.float32 or t.device.type != "cpu":
+            raise TypeError(f"{name} must be a float32 CPU tensor; got {t.dtype} on {t.device}")
 
 
 def _zeros_in_graph(like, shape, tensors):
@@ -323,7 +325,12 @@ class MultiheadAttention(torch.nn.Module):
         if dtype not in (None, torch.float32) or (device is not None and torch.device(device).type != "cpu"):
             raise ValueError(f"device={device}, dtype={dtype}: libmha computes in float32 on the CPU; "
                              "expected device=None/'cpu', dtype=None/torch.float32")
-        if embed_dim <= 0 or num_heads <= 0 or embed_dim % num_heads:
+        # the binding's integer rule: torch.empty's own error for 16.0, '16' or -1 names no argument,
+        # and kdim=0 (a zero-width key source) made a module whose forward failed naming w_k
+        embed_dim, num_heads = c_int("embed_dim", embed_dim, 1), c_int("num_heads", num_heads, 1)
+        kdim = None if kdim is None else c_int("kdim", kdim, 1)
+        vdim = None if vdim is None else c_int("vdim", vdim, 1)
+        if embed_dim % num_heads:
             raise ValueError(f"embed_dim={embed_dim} must be a positive multiple of num_heads={num_heads}")
         # an extension of ours, so the binding's integer rule: int(2.9) would quietly be 2
         h_kv = num_heads if num_kv_heads is None else c_int("num_kv_heads", num_kv_heads, 1)

@@ -94,3 +94,40 @@ def test_kdim_vdim_module_names_the_width_it_expected():
         m(data((B, T, E)), data((B, S, 6)), data((B, S, 6)))  # value is not key: its own width is checked
     y, _ = m(data((B, T, E)), data((B, S, 6)), data((B, S, 9)))  # the right widths still run
     assert y.shape == (B, T, E)
+
+
+# ----------------------------------------------- mha.nn's constructor and inputs
+
+def test_numpy_query_is_named_as_numpy_not_as_float32_on_nothing():
+    m = mha.nn.MultiheadAttention(E, H, batch_first=True)
+    x = np.ones((B, T, E), np.float32)
+    with pytest.raises(TypeError, match=r"query is a numpy\.ndarray, not a tensor; expected a float32 CPU "
+                                        r"tensor \(torch\.from_numpy\(query\)"):
+        m(x, x, x)
+    with pytest.raises(TypeError, match="x is a numpy.ndarray, not a tensor"):
+        mha.nn.Attention(E, H)(x)
+    with pytest.raises(TypeError, match=r"query must be a float32 CPU tensor; got torch\.float64 on cpu"):
+        m(*(data((B, T, E)).double(),) * 3)  # a tensor of another dtype: as before
+
+
+@pytest.mark.parametrize("kw, words", [
+    (dict(embed_dim=16.0), "embed_dim=16.0 is a float"),
+    (dict(embed_dim="16"), "embed_dim='16' is a str"),
+    (dict(embed_dim=True), "embed_dim=True is a bool"),
+    (dict(num_heads=0), "num_heads=0 is out of range; expected an integer in 1.."),
+    (dict(kdim=0), "kdim=0 is out of range; expected an integer in 1.."),
+    (dict(kdim=-1), "kdim=-1 is out of range"),
+    (dict(vdim=2.5), "vdim=2.5 is a float"),
+])
+def test_constructor_sizes_follow_the_bindings_integer_rule(kw, words):
+    args = dict(embed_dim=E, num_heads=H, **{k: v for k, v in kw.items() if k in ("kdim", "vdim")})
+    args.update({k: v for k, v in kw.items() if k in ("embed_dim", "num_heads")})
+    with pytest.raises(mha.ArgumentError, match=words):
+        mha.nn.MultiheadAttention(**args)
+
+
+def test_constructor_still_takes_numpy_integers_and_refuses_a_non_multiple():
+    m = mha.nn.MultiheadAttention(np.int64(E), np.int32(H), kdim=np.int64(6))
+    assert (m.embed_dim, m.num_heads, m.kdim) == (E, H, 6) and type(m.embed_dim) is int
+    with pytest.raises(ValueError, match="embed_dim=16 must be a positive multiple of num_heads=3"):
+        mha.nn.MultiheadAttention(E, 3)
