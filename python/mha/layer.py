@@ -332,6 +332,11 @@ class Layer(COwner):
 
     @classmethod
     def _weights_struct(cls, c, weights):
+        # a dict (or any mapping): a list of pairs failed on .get (AttributeError), and a
+        # string's letters were reported as unknown weight names
+        if not hasattr(weights, "keys") or not hasattr(weights, "get"):
+            raise ArgumentError(f"weights is a {type(weights).__name__}; expected a dict of arrays by name "
+                                f"({', '.join(_lib.WEIGHT_NAMES[:4])}, ...)")
         unknown = set(weights) - set(_lib.WEIGHT_NAMES)
         if unknown:
             raise ArgumentError(f"unknown weight names {sorted(unknown)}; expected {list(_lib.WEIGHT_NAMES)}")

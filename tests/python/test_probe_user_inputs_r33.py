@@ -131,3 +131,25 @@ def test_constructor_still_takes_numpy_integers_and_refuses_a_non_multiple():
     assert (m.embed_dim, m.num_heads, m.kdim) == (E, H, 6) and type(m.embed_dim) is int
     with pytest.raises(ValueError, match="embed_dim=16 must be a positive multiple of num_heads=3"):
         mha.nn.MultiheadAttention(E, 3)
+
+
+# --------------------------------------------------------- weights as a mapping
+
+@pytest.mark.parametrize("weights", [[], [("w_q", np.zeros((E, E), np.float32))], "w_q", 5])
+def test_weights_that_are_not_a_mapping_are_named(weights):
+    layer = mha.Layer(E, H)
+    with pytest.raises(mha.ArgumentError, match=f"weights is a {type(weights).__name__}; expected a dict"):
+        layer.set_weights(weights)
+    with pytest.raises(mha.ArgumentError, match=f"weights is a {type(weights).__name__}; expected a dict"):
+        mha.Layer(E, H, weights=weights)
+
+
+def test_weights_from_an_npz_file_still_load(tmp_path):
+    rng = np.random.default_rng(0)
+    src = mha.Layer(E, H)
+    src.set_weights({n: rng.standard_normal(w.shape).astype(np.float32) for n, w in src.weights().items()})
+    np.savez(tmp_path / "w.npz", **src.weights())
+    with np.load(tmp_path / "w.npz") as npz:  # NpzFile: a mapping that is not a dict
+        layer = mha.Layer(E, H, weights=npz)
+    x = rng.standard_normal((B, T, E)).astype(np.float32)
+    assert np.array_equal(layer.forward(x), src.forward(x))
