@@ -134,7 +134,9 @@ def head_intervene(z, op, r, n):
     spec = [None] * n
     spec[r] = op
     # replace values are (B,T,d) in a forward; here rows = B*T with B=1.
-    if isinstance(op, tuple) and op and op[0] == "replace":
+    # a list ["replace", a] too, as Layer.forward's interventions take it (it reached the
+    # check unreshaped, refused as "expected (1,rows,d)", a shape the caller never sees)
+    if isinstance(op, (tuple, list)) and op and isinstance(op[0], str) and op[0] == "replace" and len(op) == 2:
         v = floats("value", op[1], (rows, d))
         spec[r] = ("replace", v.reshape(1, rows, d))
     ivs = Layer._interventions(spec, n, 1, rows, d, keep)

@@ -153,3 +153,16 @@ def test_weights_from_an_npz_file_still_load(tmp_path):
         layer = mha.Layer(E, H, weights=npz)
     x = rng.standard_normal((B, T, E)).astype(np.float32)
     assert np.array_equal(layer.forward(x), src.forward(x))
+
+
+# ------------------------------------------------------------ head_intervene
+
+def test_head_intervene_replace_as_a_list_like_forwards_interventions():
+    rng = np.random.default_rng(2)
+    z = rng.standard_normal((3, 8)).astype(np.float32)
+    v = rng.standard_normal((3, 4))
+    want = mha.head_intervene(z, ("replace", v), 1, 2)
+    got = mha.head_intervene(z, ["replace", v], 1, 2)
+    assert np.array_equal(got, want) and np.array_equal(got[:, 4:], v.astype(np.float32))
+    with pytest.raises(mha.ShapeError, match=r"value has shape \(2,4\); expected \(3,4\)"):
+        mha.head_intervene(z, ["replace", v[:2]], 1, 2)  # the caller's (rows, d), not (1, rows, d)
