@@ -285,6 +285,9 @@ class Cache(COwner):
             return None
         if np.ndim(n_new) == 0:
             n_new = [c_int("n_new", n_new, 0, INT_MAX)] * self.batch
+        if isinstance(n_new, (list, tuple)):  # numpy would make [True, 1] the counts [1, 1]
+            for b, v in enumerate(n_new):
+                c_int(f"n_new[{b}]", v, 0, INT_MAX)
         arr = np.asarray(n_new)
         if arr.ndim != 1 or arr.shape[0] != self.batch or not np.issubdtype(arr.dtype, np.integer):
             raise ShapeError(f"n_new is {arr.tolist()!r}; expected an int or "

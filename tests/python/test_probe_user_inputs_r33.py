@@ -166,3 +166,17 @@ def test_head_intervene_replace_as_a_list_like_forwards_interventions():
     assert np.array_equal(got, want) and np.array_equal(got[:, 4:], v.astype(np.float32))
     with pytest.raises(mha.ShapeError, match=r"value has shape \(2,4\); expected \(3,4\)"):
         mha.head_intervene(z, ["replace", v[:2]], 1, 2)  # the caller's (rows, d), not (1, rows, d)
+
+
+# ------------------------------------------------------------------ Cache n_new
+
+@pytest.mark.parametrize("n_new", [[True, 1], (1, False)])
+def test_cache_n_new_bool_is_not_a_count(n_new):
+    layer = mha.Layer(E, H)
+    x = np.ones((B, 1, E), np.float32)
+    with mha.Cache(layer, batch=B, capacity=8) as cache:
+        with pytest.raises(mha.ArgumentError, match=r"n_new\[\d\]=(True|False) is a bool; expected an integer"):
+            cache.forward(None, x, n_new=n_new)
+        assert cache.lengths() == [0, 0]  # nothing appended
+        cache.forward(None, x, n_new=[np.int64(1), 0])  # numpy integers still count
+        assert cache.lengths() == [1, 0]
