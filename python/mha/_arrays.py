@@ -36,10 +36,20 @@ def host(name, a):
         if device != "cpu":
             raise ArgumentError(f"{name} is a tensor on device '{device}'; expected a CPU tensor "
                                 f"({name}.cpu()) or numpy data")
+        layout = str(getattr(a, "layout", "torch.strided"))
+        if layout != "torch.strided":  # sparse, mkldnn: torch's .numpy() error names no argument
+            raise ArgumentError(f"{name} is a tensor of layout {layout}; expected a dense (strided) tensor "
+                                f"({name}.to_dense()) or numpy data")
         a = a.detach()
         if str(a.dtype) == "torch.bfloat16":
             a = a.float()
         return a.numpy()
+    if isinstance(a, np.ma.MaskedArray) and np.ma.is_masked(a):
+        # np.asarray keeps the data under the mask and drops the mask: the masked
+        # entries would be computed with as if they were real
+        raise ArgumentError(f"{name} is a numpy masked array with {int(np.ma.count_masked(a))} masked "
+                            f"entries, whose mask would be ignored; expected plain data ({name}.filled(v)), "
+                            "and a mask option (key_keep, keep_mask, key_padding_mask) for keys to hide")
     return np.asarray(a)
 
 

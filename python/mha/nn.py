@@ -121,6 +121,8 @@ def _check_mask_tensor(name, m):
                         "allowed, or float: added)")
     if m.device.type != "cpu":
         raise TypeError(f"{name} is on device '{m.device.type}'; expected a CPU tensor")
+    if m.layout != torch.strided:  # a sparse mask failed inside torch's == (NotImplementedError)
+        raise TypeError(f"{name} has layout {m.layout}; expected a dense (strided) tensor ({name}.to_dense())")
     if m.requires_grad and torch.is_grad_enabled():
         raise ArgumentError(f"{name} requires grad; mha.nn computes no gradient for masks: pass "
                             f"{name}.detach() (or use torch.nn.MultiheadAttention to train it)")
@@ -146,6 +148,9 @@ def _check_inputs(**tensors):
                             f"float32 CPU tensor (torch.from_numpy({name}) for numpy data)")
         if t.dtype != torch.float32 or t.device.type != "cpu":
             raise TypeError(f"{name} must be a float32 CPU tensor; got {t.dtype} on {t.device}")
+        if t.layout != torch.strided:  # sparse, mkldnn: torch's .numpy() error names no argument
+            raise TypeError(f"{name} has layout {t.layout}; expected a dense (strided) float32 CPU tensor "
+                            f"({name}.to_dense())")
 
 
 def _zeros_in_graph(like, shape, tensors):

@@ -18,6 +18,9 @@ that found defects; each test failed before its fix.
   interventions take it, was refused as 'expected (1,rows,d)';
 - Cache.forward(n_new=[True, 1]) read True as 1 token (the binding's rule:
   a bool is not an integer).
+- a sparse (or mkldnn) tensor failed inside torch naming no argument (a
+  sparse key_padding_mask with NotImplementedError from aten::eq); a numpy
+  masked array was read with its masked entries as data.
 """
 
 import numpy as np
@@ -180,3 +183,35 @@ def test_cache_n_new_bool_is_not_a_count(n_new):
         assert cache.lengths() == [0, 0]  # nothing appended
         cache.forward(None, x, n_new=[np.int64(1), 0])  # numpy integers still count
         assert cache.lengths() == [1, 0]
+
+
+# ------------------------------------- sparse tensors, masked arrays: refused by name
+
+def test_sparse_tensors_are_named_not_left_to_torch():
+    m = mha.nn.MultiheadAttention(E, H, batch_first=True)
+    x = data((B, T, E))
+    with pytest.raises(TypeError, match=r"query has layout torch\.sparse_coo; expected a dense"):
+        m(x.to_sparse(), x, x)
+    with pytest.raises(TypeError, match=r"key_padding_mask has layout torch\.sparse_coo; expected a dense"):
+        m(x, x, x, key_padding_mask=torch.zeros(B, T, dtype=torch.bool).to_sparse())
+    with pytest.raises(TypeError, match=r"x has layout torch\.sparse_coo"):
+        mha.nn.Attention(E, H)(x.to_sparse())
+    layer = mha.Layer(E, H)
+    with pytest.raises(mha.ArgumentError, match=r"x is a tensor of layout torch\.sparse_coo; expected a dense"):
+        layer.forward(x.to_sparse())
+    with pytest.raises(mha.ArgumentError, match=r"key_keep is a tensor of layout torch\.sparse_coo"):
+        layer.forward(x.numpy(), key_keep=torch.ones(B, T, dtype=torch.bool).to_sparse())
+
+
+def test_masked_array_with_masked_entries_is_refused_not_read_as_data():
+    layer = mha.Layer(E, H, weights={n: np.full(w.shape, 0.1, np.float32) for n, w in mha.Layer(E, H).weights().items()})
+    x = np.ma.masked_array(np.ones((B, T, E), np.float32))
+    y = layer.forward(x)  # no entry masked: the data as it is
+    assert np.array_equal(y, layer.forward(np.ones((B, T, E), np.float32)))
+    x[0, 1] = np.ma.masked
+    with pytest.raises(mha.ArgumentError, match=r"x is a numpy masked array with 16 masked entries, whose mask "
+                                                r"would be ignored"):
+        layer.forward(x)
+    with pytest.raises(mha.ArgumentError, match="key_padding_mask is a numpy masked array"):
+        layer.torch_forward(np.ones((T, B, E), np.float32),
+                            key_padding_mask=np.ma.masked_array(np.zeros((B, T), bool), mask=np.eye(B, T, dtype=bool)))
