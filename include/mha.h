@@ -425,7 +425,10 @@ typedef struct {
     mha_mask additive_mask; /* float (B|1,h|1,T,S): added to scaled scores;
                                -INFINITY forbids; NaN is rejected            */
     const uint8_t *key_keep;  /* (B,S) nonzero = real key (padding mask)     */
-    const float *key_additive;/* (B,S) added to the scores of key j          */
+    const float *key_additive;/* (B,S) added to the scores of key j; with
+                                 additive_mask their sum is taken in float:
+                                 below -FLT_MAX it forbids (as -INFINITY),
+                                 beyond +FLT_MAX it is MHA_E_ARG            */
     mha_masked_row masked_row;
     const mha_intervention *interventions; /* h entries, by head position r;
                                               NULL: keep every head         */

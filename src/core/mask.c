@@ -63,8 +63,15 @@ int mha_mask_key(const mha_options *o, int b, int r, int i, int j, int T, int S,
     }
     if (o->key_additive) *additive += o->key_additive[(size_t)b * S + j];
     /* -inf forbids exactly like a false keep bit, so fully masked rows are
-     * detected the same way for both kinds of mask. */
-    return isinf(*additive) ? 0 : 1;
+     * detected the same way for both kinds of mask. The terms are summed in
+     * double, but a score takes their sum in float (the fast path adds
+     * (float)add, as PyTorch adds its fp32 masks): two finite terms whose sum
+     * is below -FLT_MAX (HF's finfo.min in both masks) round to -inf there,
+     * so they forbid the key here too. Judged in double, the reference kept
+     * such a key and gave a fully masked row uniform weights where the fast
+     * path gave zeros or NaN. (A sum beyond +FLT_MAX is refused by
+     * mha_check_options.) */
+    return isinf((float)*additive) ? 0 : 1;
 }
 
 /* The draw of one query row (b, r, i): splitmix64's finalizer at step

@@ -37,6 +37,26 @@ static mha_status check_additive(const float *p, size_t n, const char *name) {
     return MHA_OK;
 }
 
+static double max_value(const float *p, size_t n) {
+    double m = -INFINITY;
+    for (size_t i = 0; i < n; i++) m = p[i] > m ? p[i] : m;
+    return m;
+}
+
+/* additive_mask + key_additive reaches a score in float (mask.c): a sum
+ * beyond +FLT_MAX would be +inf there, which no path can softmax (NaN in
+ * the fast path, a finite row in the reference's double), so it is
+ * refused; a sum below -FLT_MAX forbids the key, as -inf does. */
+static mha_status check_additive_sum(const mha_options *o, int B, int T, int S) {
+    if (!o->additive_mask.data || !o->key_additive) return MHA_OK;
+    const double a = max_value(o->additive_mask.data, (size_t)o->additive_mask.batch * o->additive_mask.heads * T * S),
+                 k = max_value(o->key_additive, (size_t)B * S);
+    if (isinf((float)(a + k)) && a + k > 0)
+        return mha_fail(MHA_E_ARG, "additive_mask (up to %g) plus key_additive (up to %g) overflows float32 to "
+                        "+inf; expected their sum within +-%g (-inf forbids a key)", a, k, (double)FLT_MAX);
+    return MHA_OK;
+}
+
 static mha_status check_mask(const mha_mask *m, const char *name, int B, int h) {
     if (!m->data) return MHA_OK;
     if (m->batch != 1 && m->batch != B)
@@ -90,6 +110,7 @@ mha_status mha_check_options(const mha_config *c, const mha_options *o, int B, i
                             (size_t)o->additive_mask.batch * o->additive_mask.heads * T * S, "additive_mask")))
         return s;
     if (o->key_additive && (s = check_additive(o->key_additive, (size_t)B * S, "key_additive"))) return s;
+    if ((s = check_additive_sum(o, B, T, S))) return s;
     if ((s = mha_check_positions(c, o, B, T, S))) return s;
     return mha_check_common_options(o, c->n_heads, (size_t)B * T, c->d_v);
 }

@@ -21,6 +21,11 @@ that found defects; each test failed before its fix.
 - a sparse (or mkldnn) tensor failed inside torch naming no argument (a
   sparse key_padding_mask with NotImplementedError from aten::eq); a numpy
   masked array was read with its masked entries as data.
+- additive_mask and key_additive both at finfo(float32).min (Hugging
+  Face's masking value): the fast path adds their sum in float (-inf: the
+  key forbidden), the reference judged it in double (finite): a fully
+  masked row got zeros or NaN on one path, uniform weights on the other.
+  A sum beyond +FLT_MAX (+inf in float, NaN on the fast path) is refused.
 """
 
 import numpy as np
@@ -215,3 +220,67 @@ def test_masked_array_with_masked_entries_is_refused_not_read_as_data():
     with pytest.raises(mha.ArgumentError, match="key_padding_mask is a numpy masked array"):
         layer.torch_forward(np.ones((T, B, E), np.float32),
                             key_padding_mask=np.ma.masked_array(np.zeros((B, T), bool), mask=np.eye(B, T, dtype=bool)))
+
+
+# ------------------------------- two finite additive masks whose sum overflows float32
+
+def _ones_layer(seed=3):
+    rng = np.random.default_rng(seed)
+    layer = mha.Layer(E, H)
+    layer.set_weights({n: rng.uniform(-0.3, 0.3, w.shape).astype(np.float32) for n, w in layer.weights().items()})
+    return layer, rng.standard_normal((B, T, E)).astype(np.float32)
+
+
+@pytest.mark.parametrize("masked_row", ["zero", "nan"])
+def test_finfo_min_in_both_additive_masks_forbids_the_key_in_every_path(masked_row):
+    """HF masks with torch.finfo(float32).min; given as both additive_mask and
+    key_additive the sum is below -FLT_MAX: -inf in float, as the fast path
+    (and torch in fp32) adds it. The reference judged the double sum finite
+    and gave the fully masked rows uniform weights, the fast path zeros/NaN."""
+    layer, x = _ones_layer()
+    lo = np.finfo(np.float32).min
+    am = np.zeros((T, T), np.float32)
+    am[:, :2] = lo
+    kp = np.zeros((B, T), np.float32)
+    kp[1] = lo  # batch 1: every key below -FLT_MAX in the sum for keys 0, 1; lo alone for the rest
+    ys = {p: layer.forward(x, additive_mask=am, key_additive=kp, masked_row=masked_row, capture="probs", path=p)
+          for p in ("reference", "fast", "auto")}
+    y, probs = ys["reference"][0], ys["reference"][1]["probs"]
+    for p in ("fast", "auto"):
+        np.testing.assert_allclose(ys[p][0], y, atol=2e-6, err_msg=p)
+        np.testing.assert_allclose(ys[p][1]["probs"], probs, atol=2e-6, err_msg=p)
+    assert np.all(probs[1][..., :2] == 0)  # keys 0, 1 of batch 1 forbidden (their sums -inf in float)
+    assert np.allclose(probs[1][..., 2:].sum(-1), 1)  # the other keys: lo alone is finite, they share the row
+    assert np.all(probs[0][..., :2] == 0) and np.allclose(probs[0].sum(-1), 1)
+
+
+@pytest.mark.parametrize("masked_row", ["zero", "nan"])
+def test_finfo_min_in_both_masks_on_every_key_is_a_fully_masked_row(masked_row):
+    layer, x = _ones_layer(4)
+    lo = np.finfo(np.float32).min
+    am = np.full((T, T), lo, np.float32)
+    kp = np.zeros((B, T), np.float32)
+    kp[1] = lo  # batch 1: every key's sum below -FLT_MAX
+    ys = [layer.forward(x, additive_mask=am, key_additive=kp, masked_row=masked_row, path=p)
+          for p in ("reference", "fast")]
+    b_o = layer.weights()["b_o"]
+    for y in ys:
+        if masked_row == "nan":
+            assert np.isnan(y[1]).all() and not np.isnan(y[0]).any()
+        else:
+            np.testing.assert_allclose(y[1], np.broadcast_to(b_o, y[1].shape), atol=1e-6)  # Z = 0: b_O
+    np.testing.assert_allclose(ys[0][0], ys[1][0], atol=2e-6)  # batch 0: lo alone, uniform weights
+
+
+def test_additive_masks_whose_sum_overflows_to_plus_inf_are_refused():
+    layer, x = _ones_layer()
+    am = np.zeros((T, T), np.float32)
+    am[:, 1] = 3e38
+    kp = np.zeros((B, T), np.float32)
+    kp[:, 1] = 3e38
+    for p in ("reference", "fast"):
+        with pytest.raises(mha.ArgumentError, match=r"additive_mask \(up to 3e\+38\) plus key_additive \(up to "
+                                                    r"3e\+38\) overflows float32 to \+inf"):
+            layer.forward(x, additive_mask=am, key_additive=kp, path=p)
+    kp[:, 1] = 4e37  # 3.4e38 in all: within float32, still runs
+    assert np.isfinite(layer.forward(x, additive_mask=am, key_additive=kp)).all()
