@@ -218,7 +218,7 @@ enum { PF_NONE, PF_BURSTS, PF_STREAM }; /* how a unit requests its next chunk */
  * adds up too (Zen 5: 56% of the cold read, one thread); its requests
  * make it 0.78-0.85x (round 8), on the Xeon of round 17 0.97-1.02x. A
  * table may take the stream for some units only (prefetch_streams: the
- * AVX2 table for fp32 with 4 rows and one fp16 row, round 33); the
+ * AVX2 table for fp32 with 4 rows and one or two fp16 rows, round 33); the
  * others, and a table without a stream (scalar), request in bursts
  * whatever the policy, and one-row fp32 then keeps the bursts' rule (on
  * that Xeon, AVX2 with one-row fp32 requests: 1.11-1.13x slower). On AMD
