@@ -604,8 +604,8 @@ static size_t prefetch_steps_avx2(int m, int nk, int d_k, int d_v, int kt, int v
 
 /* The units the stream serves: where the kernels wait for memory. On the
  * Zen 3 (cold, 2 threads; bench/LIMITS.md round 33) fp32 with 4 rows
- * (GQA, h_kv 8 of 32) took 0.80-0.85x the time with it at L 16384
- * (1.02-1.05x at 4096), one fp16 row (MHA) 0.76-0.87x, a pair of fp16
+ * (GQA, h_kv 8 of 32) took 0.80-0.94x the time with it at L 16384
+ * (0.95-1.05x at 4096), one fp16 row (MHA) 0.76-0.92x, a pair of fp16
  * rows (h_kv 16) 0.79-0.93x; where the arithmetic bounds the kernels its
  * steps cost more than they bring: one fp32 row 1.01-1.09x, fp32 with 8
  * or 32 rows 1.04-1.13x at L 4096 (2 rows: 0.93-1.02x, not taken), fp16
