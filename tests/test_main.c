@@ -37,6 +37,7 @@ static const test_area_fn areas[] = {
     tests_io_api,
     tests_isa,
     tests_concurrency,
+    tests_concurrency_errors,
     tests_overflow,
     tests_backward,
     tests_merge,

@@ -28,6 +28,7 @@ const test_case *tests_layout_errors(size_t *count);
 const test_case *tests_io_api(size_t *count);
 const test_case *tests_isa(size_t *count);
 const test_case *tests_concurrency(size_t *count);
+const test_case *tests_concurrency_errors(size_t *count); /* per-thread messages, long ones cut */
 const test_case *tests_overflow(size_t *count);
 const test_case *tests_backward(size_t *count);
 const test_case *tests_merge(size_t *count);

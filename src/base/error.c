@@ -3,6 +3,7 @@
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "base/internal.h"
 
@@ -27,11 +28,32 @@ const char *mha_last_error(void) { return last_error; }
 
 void mha_clear_error(void) { last_error[0] = '\0'; }
 
+/* A message longer than the buffer (a long path, a long kernels name) is
+ * cut and ends in "...". vsnprintf cuts at a byte: inside a multi-byte
+ * UTF-8 character (a path of 'é') that left an invalid string, which the
+ * Python binding's decode() turned into a UnicodeDecodeError instead of
+ * the error the call reported. So the cut backs off to the start of the
+ * character it split (a lead byte 11xxxxxx and its 10xxxxxx
+ * continuations). */
+static void cut_long_message(void) {
+    static const char tail[] = "...";
+    size_t end = sizeof last_error - sizeof tail; /* where "..." starts */
+    size_t lead = end;
+    while (lead > 0 && ((unsigned char)last_error[lead - 1] & 0xc0) == 0x80 && end - lead < 3) lead--;
+    if (lead > 0 && ((unsigned char)last_error[lead - 1] & 0xc0) == 0xc0) {
+        const unsigned char b = (unsigned char)last_error[lead - 1];
+        const size_t need = b >= 0xf0 ? 4 : b >= 0xe0 ? 3 : 2; /* bytes of the character */
+        if (end - (lead - 1) < need) end = lead - 1;            /* split: drop it whole */
+    }
+    memcpy(last_error + end, tail, sizeof tail);
+}
+
 mha_status mha_fail(mha_status s, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(last_error, sizeof last_error, fmt, ap);
+    const int n = vsnprintf(last_error, sizeof last_error, fmt, ap);
     va_end(ap);
+    if (n >= (int)sizeof last_error) cut_long_message();
     return s;
 }
 
