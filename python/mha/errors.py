@@ -82,8 +82,12 @@ def status_str(status):
 
 
 def last_error():
-    """mha_last_error(): the message of the last failing call on this thread."""
-    return _lib.lib.mha_last_error().decode()
+    """mha_last_error(): the message of the last failing call on this thread.
+    A message quotes what the caller gave (a path is bytes: os.fsencode of a
+    name that is not UTF-8, such as one os.listdir returned with surrogate
+    escapes): bytes that are not UTF-8 show as \\xNN, so the call's own
+    error is raised, never a UnicodeDecodeError."""
+    return _lib.lib.mha_last_error().decode(errors="backslashreplace")
 
 
 def check(status, call):

@@ -270,3 +270,42 @@ def test_a_tensor_that_requires_grad_gets_the_bindings_error():
     assert np.array_equal(layer.forward(x.detach()), layer.forward(np.zeros((1, 5, 16), np.float32)))
     m = torch.nn.MultiheadAttention(16, 2)  # parameters require grad: a state dict is copied
     assert mha.from_torch_state_dict(dict(m.named_parameters()), num_heads=2).n_heads == 2
+
+
+# ------------------------------------------------- error messages, threads
+
+def test_a_path_that_is_not_utf8_gets_the_file_error_not_a_decode_error(tmp_path):
+    """The message quotes the path: a name that is not UTF-8 (os.listdir's
+    surrogate escapes, or bytes) and a long one the library cuts at 511
+    bytes raised UnicodeDecodeError instead of FileError."""
+    for path in [str(tmp_path) + "/\udce9\udce9.safetensors", (str(tmp_path) + "/\xe9.safetensors").encode("latin-1"),
+                 str(tmp_path) + "/" + "é" * 250 + "/x.safetensors", str(tmp_path) + "/a" + "é" * 250 + "/x"]:
+        with pytest.raises(mha.FileError) as e:
+            mha.Layer.load(path)
+        assert "cannot open" in e.value.message or "not found" in e.value.message or str(tmp_path) in e.value.message
+
+
+def test_each_thread_raises_its_own_error_while_others_fail():
+    """mha_last_error is per thread: eight threads fail at once, each with
+    a shape of its own, and each exception names that thread's shape."""
+    rng = np.random.default_rng(3)
+    layer = random_layer(rng, d_model=64, n_heads=4)
+    wrong = []
+
+    def fail(i):
+        x = np.zeros((1, 3, 64 + 1 + i), dtype=np.float32)
+        for _ in range(50):
+            try:
+                layer.forward(x)
+            except mha.MhaError as e:
+                if str(64 + 1 + i) not in e.message:
+                    wrong.append((i, e.message))
+            else:
+                wrong.append((i, "no error"))
+
+    threads = [threading.Thread(target=fail, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not wrong, wrong[:3]
