@@ -37,11 +37,15 @@
  *   mha_layer_permute_block, mha_layer_free.
  * - A cache is used by one call at a time: mha_forward_cached*,
  *   mha_cache_append, mha_cache_reset, mha_cache_truncate, mha_cache_compact,
- *   mha_cache_permute_heads, mha_cache_reorder, mha_cache_set_memory and
- *   mha_cache_free mutate it;
+ *   mha_cache_permute_heads, mha_cache_reorder, mha_cache_set_memory,
+ *   mha_cache_set_sink_tokens and mha_cache_free mutate it;
  *   mha_cache_attend, mha_cache_length, mha_cache_bytes, mha_cache_get_info,
  *   mha_cache_save and mha_cache_clone
- *   only read it and may run concurrently with each other.
+ *   only read it and may run concurrently with each other. A call that
+ *   breaks this (a mutating call while another call is on the cache, or a
+ *   reader while one mutates it) fails with MHA_E_ARG ("another call is
+ *   changing this cache") and does nothing, all but mha_cache_free,
+ *   mha_cache_length and mha_cache_bytes, which cannot report it.
  * - Process-wide settings are atomics read once at a call's start
  *   (mha_set_num_threads) or per call (MHA_KERNELS: do not setenv while
  *   other threads run); an mha_context (below) chooses per call instead.

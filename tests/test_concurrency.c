@@ -8,8 +8,10 @@
  * ThreadSanitizer, which reports libgomp's own barriers as false races.
  * Legend: B batch, T tokens, D = d_model, h heads. */
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cache/cache_internal.h"
 #include "forward/forward.h"
@@ -303,10 +305,150 @@ static void test_concurrency_cache_readers(void) {
     free(x), free(y), free(q), free(tok);
 }
 
+/* ------------------------------------- one call at a time on a cache */
+
+/* mha.h: "A cache is used by one call at a time" by the calls that change
+ * it. Threads that broke the rule used to race on the lengths: steps of
+ * one token on one cache from eight threads ended at lengths 66-70 of a
+ * capacity of 64 (steps that all found room for the last token), and left
+ * a cache whose file mha_cache_load refused (the concurrency probe). Now a call
+ * that finds the cache busy fails (MHA_E_ARG "another call is ...") and
+ * changes nothing: every step that succeeded is in the length, which never
+ * passes the capacity, whatever the interleaving. */
+#define GUARD_CAP 16
+#define GUARD_ROUNDS 100
+#define GUARD_THREADS 8
+
+typedef struct {
+    const mha_layer *L;
+    const mha_context *ctx;
+    mha_cache *c;
+    const float *tok; /* (B, 1, D) */
+    int ok, busy, full, other;
+    char other_msg[200];
+} stepper;
+
+static void *step_until_full(void *arg) {
+    stepper *st = arg;
+    float *y = naive_alloc_floats((size_t)B * D);
+    while (!st->full && !st->other) {
+        if (mha_forward_cached_ctx(st->ctx, st->L, st->c, y, NULL, st->tok, 1, NULL, NULL) == MHA_OK) st->ok++;
+        else if (strstr(mha_last_error(), "another call is")) st->busy++;
+        else if (strstr(mha_last_error(), "exceed the capacity")) st->full = 1;
+        else st->other = 1, snprintf(st->other_msg, sizeof st->other_msg, "%s", mha_last_error());
+    }
+    free(y);
+    return NULL;
+}
+
+static void test_concurrency_cache_one_call_at_a_time(void) {
+    naive_weights w;
+    mha_layer *L = make_layer(23, &w);
+    mha_context *ctx = NULL;
+    CHECK_OK(mha_context_create(&ctx));
+    CHECK_OK(mha_context_set_num_threads(ctx, 1));
+    uint64_t seed = 41;
+    float *tok = naive_random_floats((size_t)B * D, &seed, -1, 1);
+    mha_cache *c = NULL;
+    if (L) CHECK_OK(mha_cache_create(&c, L, B, GUARD_CAP, MHA_CACHE_F32, 0));
+    int busy = 0;
+    for (int round = 0; c && round < GUARD_ROUNDS; round++) {
+        CHECK_OK(mha_cache_reset(c, -1));
+        stepper st[GUARD_THREADS];
+        pthread_t th[GUARD_THREADS];
+        for (int i = 0; i < GUARD_THREADS; i++) {
+            st[i] = (stepper){.L = L, .ctx = ctx, .c = c, .tok = tok};
+            CHECK_INT(pthread_create(&th[i], NULL, step_until_full, &st[i]), 0);
+        }
+        int ok = 0;
+        for (int i = 0; i < GUARD_THREADS; i++) {
+            pthread_join(th[i], NULL);
+            ok += st[i].ok, busy += st[i].busy;
+            if (st[i].other) test_report(__FILE__, __LINE__, "round %d thread %d: '%s'", round, i, st[i].other_msg);
+        }
+        for (int b = 0; b < B; b++)
+            if (mha_cache_length(c, b) != ok || ok != GUARD_CAP) {
+                test_report(__FILE__, __LINE__, "round %d: sequence %d holds %d tokens after %d steps succeeded; "
+                            "expected both %d (the capacity)", round, b, mha_cache_length(c, b), ok, GUARD_CAP);
+                round = GUARD_ROUNDS;
+                break;
+            }
+    }
+    (void)busy; /* how often a step found another running: any number passes */
+    mha_cache_free(c), mha_context_free(ctx), mha_layer_free(L), naive_weights_free(&w);
+    free(tok);
+}
+
+/* The same rule without a race to wait for: a cache held by a call that
+ * changes it (mha_cache_begin, what every such entry does first) refuses
+ * every other call, readers too, and is left as it was; held by a reader
+ * it refuses the calls that change it and serves the other readers; let
+ * go, it serves all again. */
+static void test_concurrency_cache_busy_refusals(void) {
+    naive_weights w;
+    mha_layer *L = make_layer(24, &w);
+    uint64_t seed = 43;
+    const int hd = 4 * (D / 4), kvd = 2 * (D / 4);
+    float *x = naive_random_floats((size_t)B * T * D, &seed, -1, 1), *y = naive_alloc_floats((size_t)B * T * D);
+    float *q = naive_random_floats((size_t)B * hd, &seed, -1, 1), *z = naive_alloc_floats((size_t)B * hd);
+    float *k = naive_random_floats((size_t)B * kvd, &seed, -1, 1), *v = naive_random_floats((size_t)B * kvd, &seed, -1, 1);
+    mha_cache *c = NULL, *copy = NULL;
+    mha_cache_info info;
+    const int perm[4] = {0, 1, 2, 3}, src[B] = {1, 0}, keep[1] = {0};
+    char path[64];
+    snprintf(path, sizeof path, "/tmp/mha_guard_%d.safetensors", (int)getpid());
+    if (L) CHECK_OK(mha_cache_create(&c, L, B, T + 8, MHA_CACHE_F16, 0));
+    if (c) CHECK_OK(mha_forward_cached(L, c, y, NULL, x, T, NULL, NULL));
+    for (int holder = 1; c && holder >= 0; holder--) { /* 1: a call that changes it; 0: a reader */
+        CHECK_OK(mha_cache_begin(c, holder, "test"));
+        const char *want = holder ? "another call is changing this cache" : "another call is reading this cache";
+#define REFUSED(call)                                                                                          \
+    do {                                                                                                       \
+        CHECK_STATUS(call, MHA_E_ARG);                                                                         \
+        if (!strstr(mha_last_error(), want)) test_report(__FILE__, __LINE__, "%s: '%s'", #call, mha_last_error()); \
+    } while (0)
+        REFUSED(mha_forward_cached(L, c, y, NULL, x, 1, NULL, NULL));
+        REFUSED(mha_cache_append(c, k, v, 1, NULL));
+        REFUSED(mha_cache_reset(c, -1));
+        REFUSED(mha_cache_truncate(c, 0, 1));
+        REFUSED(mha_cache_compact(c, 0, 0, keep, 1));
+        REFUSED(mha_cache_permute_heads(c, perm));
+        REFUSED(mha_cache_reorder(c, src));
+        if (holder) {
+            REFUSED(mha_cache_attend(c, z, q, 1, NULL, 0.0f));
+            REFUSED(mha_cache_clone(&copy, c));
+            REFUSED(mha_cache_get_info(c, &info));
+            REFUSED(mha_cache_save(c, path));
+        } else {
+            CHECK_OK(mha_cache_attend(c, z, q, 1, NULL, 0.0f));
+            CHECK_OK(mha_cache_clone(&copy, c));
+            CHECK_OK(mha_cache_get_info(c, &info));
+            CHECK_OK(mha_cache_save(c, path));
+            if (copy) CHECK_OK(mha_forward_cached(L, copy, y, NULL, x, 1, NULL, NULL)); /* a clone starts free */
+            mha_cache_free(copy);
+            copy = NULL;
+        }
+#undef REFUSED
+        CHECK(copy == NULL);
+        for (int b = 0; b < B; b++) CHECK_INT(mha_cache_length(c, b), T); /* nothing was done */
+        mha_cache_end(c, holder, MHA_OK);
+    }
+    if (c) { /* free again: every call serves */
+        CHECK_OK(mha_cache_attend(c, z, q, 1, NULL, 0.0f));
+        CHECK_OK(mha_forward_cached(L, c, y, NULL, x, 1, NULL, NULL));
+        CHECK_OK(mha_cache_reset(c, -1));
+    }
+    remove(path);
+    mha_cache_free(c), mha_layer_free(L), naive_weights_free(&w);
+    free(x), free(y), free(q), free(z), free(k), free(v);
+}
+
 static const test_case cases[] = {
     {"concurrency_one_layer", test_concurrency_one_layer},
     {"concurrency_cache_readers", test_concurrency_cache_readers},
     {"concurrency_two_layers", test_concurrency_two_layers},
+    {"concurrency_cache_one_call_at_a_time", test_concurrency_cache_one_call_at_a_time},
+    {"concurrency_cache_busy_refusals", test_concurrency_cache_busy_refusals},
     {"kernels_env_every_path", test_kernels_env_every_path},
     {"kernels_context", test_kernels_context},
 };

@@ -55,8 +55,28 @@ static int cache_arrays(mha_cache *c) {
     c->upos = calloc(rows * (size_t)c->cap, sizeof(int)), c->kmax = calloc(rows * hk, sizeof(float));
     c->phys = malloc(sizeof(int) * hk), c->labels_k = malloc(sizeof(int) * hk), c->labels_v = malloc(sizeof(int) * hk);
     c->ws = mha_workspace_create(); /* scratch is per cache, never shared */
+    c->calls = malloc(sizeof *c->calls);  /* so is the count of its calls: a clone starts idle */
+    if (c->calls) atomic_init(c->calls, 0);
     return c->data && (!(c->nbk + c->nbv) || c->scales) && c->len && c->lo && c->upos && c->kmax && c->phys &&
-           c->labels_k && c->labels_v && c->ws;
+           c->labels_k && c->labels_v && c->ws && c->calls;
+}
+
+mha_status mha_cache_begin(const mha_cache *c, int change, const char *fn) {
+    int n = atomic_load(c->calls);
+    do
+        if (n < 0 || (change && n > 0))
+            return mha_fail(MHA_E_ARG, "%s: another call is %s this cache right now; expected one call at a time on "
+                            "a cache that a call changes (mha_forward_cached*, mha_cache_append, _reset, _truncate, "
+                            "...), readers only with readers; nothing was done", fn,
+                            n < 0 ? "changing" : "reading");
+    while (!atomic_compare_exchange_weak(c->calls, &n, change ? -1 : n + 1));
+    return MHA_OK;
+}
+
+mha_status mha_cache_end(const mha_cache *c, int change, mha_status s) {
+    if (change) atomic_store(c->calls, 0);
+    else atomic_fetch_sub(c->calls, 1);
+    return s;
 }
 
 size_t mha_cache_bytes_for_kv(const mha_config *cfg, int batch, int capacity, mha_cache_dtype k_dtype,
@@ -83,6 +103,7 @@ void mha_cache_free(mha_cache *c) {
     if (!c) return;
     mha_calloc_large_free(c->data), mha_calloc_large_free(c->scales), mha_workspace_free(c->ws);
     free(c->len), free(c->lo), free(c->upos), free(c->phys), free(c->labels_k), free(c->labels_v), free(c->kmax);
+    free(c->calls);
     free(c);
 }
 
@@ -155,8 +176,7 @@ mha_status mha_cache_create_cross(mha_cache **out, const mha_layer *L, int batch
     return cache_create(out, L, batch, capacity, k_dtype, v_dtype, 0, 1, "mha_cache_create_cross");
 }
 
-mha_status mha_cache_set_sink_tokens(mha_cache *c, int n_sink) {
-    if (!c) return mha_fail(MHA_E_ARG, "mha_cache_set_sink_tokens: cache is NULL");
+static mha_status cache_set_sink_tokens_held(mha_cache *c, int n_sink) {
     if (!c->window)
         return mha_fail(MHA_E_ARG, "mha_cache_set_sink_tokens: the cache has no window; expected a cache "
                         "created with window >= 1 (without one nothing is evicted)");
@@ -172,6 +192,12 @@ mha_status mha_cache_set_sink_tokens(mha_cache *c, int n_sink) {
     return MHA_OK;
 }
 
+mha_status mha_cache_set_sink_tokens(mha_cache *c, int n_sink) {
+    if (!c) return mha_fail(MHA_E_ARG, "mha_cache_set_sink_tokens: cache is NULL");
+    mha_status s = mha_cache_begin(c, 1, "mha_cache_set_sink_tokens");
+    return s ? s : mha_cache_end(c, 1, cache_set_sink_tokens_held(c, n_sink));
+}
+
 int mha_cache_length(const mha_cache *c, int b) {
     if (!c) {
         mha_fail(MHA_E_ARG, "mha_cache_length: cache is NULL");
@@ -184,16 +210,25 @@ int mha_cache_length(const mha_cache *c, int b) {
     return c->len[b];
 }
 
-mha_status mha_cache_reset(mha_cache *c, int b) {
-    if (!c) return mha_fail(MHA_E_ARG, "mha_cache_reset: cache is NULL");
-    if (b < -1 || b >= c->B)
-        return mha_fail(MHA_E_ARG, "mha_cache_reset: sequence %d; expected 0..%d or -1 (all)", b, c->B - 1);
+void mha_cache_clear(mha_cache *c, int b) {
     for (int i = 0; i < c->B; i++)
         if (b == -1 || i == b) {
             c->len[i] = c->lo[i] = 0;
             for (int g = 0; g < c->h_kv; g++) c->kmax[(size_t)i * c->h_kv + g] = 0.0f;
         }
+}
+
+static mha_status cache_reset_held(mha_cache *c, int b) {
+    if (b < -1 || b >= c->B)
+        return mha_fail(MHA_E_ARG, "mha_cache_reset: sequence %d; expected 0..%d or -1 (all)", b, c->B - 1);
+    mha_cache_clear(c, b);
     return MHA_OK;
+}
+
+mha_status mha_cache_reset(mha_cache *c, int b) {
+    if (!c) return mha_fail(MHA_E_ARG, "mha_cache_reset: cache is NULL");
+    mha_status s = mha_cache_begin(c, 1, "mha_cache_reset");
+    return s ? s : mha_cache_end(c, 1, cache_reset_held(c, b));
 }
 
 /* MHA_OK when sequence b may be rolled back to new_len tokens (fn names
@@ -229,11 +264,16 @@ static void roll_back(mha_cache *c, int b, int new_len) {
     for (int g = 0; g < c->h_kv; g++) c->kmax[(size_t)b * c->h_kv + g] = 0.0f;
 }
 
-mha_status mha_cache_truncate(mha_cache *c, int b, int new_len) {
-    if (!c) return mha_fail(MHA_E_ARG, "mha_cache_truncate: cache is NULL");
+static mha_status cache_truncate_held(mha_cache *c, int b, int new_len) {
     mha_status s = check_rollback(c, b, new_len, "mha_cache_truncate");
     if (!s) roll_back(c, b, new_len);
     return s;
+}
+
+mha_status mha_cache_truncate(mha_cache *c, int b, int new_len) {
+    if (!c) return mha_fail(MHA_E_ARG, "mha_cache_truncate: cache is NULL");
+    mha_status s = mha_cache_begin(c, 1, "mha_cache_truncate");
+    return s ? s : mha_cache_end(c, 1, cache_truncate_held(c, b, new_len));
 }
 
 /* Slot `to` of sequence b's every kv head = slot `from`: the key (its
@@ -258,8 +298,7 @@ static void slot_copy(mha_cache *c, int b, int to, int from) {
     c->upos[(size_t)b * c->cap + to] = c->upos[(size_t)b * c->cap + from];
 }
 
-mha_status mha_cache_compact(mha_cache *c, int b, int first, const int *keep, int n_keep) {
-    if (!c) return mha_fail(MHA_E_ARG, "mha_cache_compact: cache is NULL");
+static mha_status cache_compact_held(mha_cache *c, int b, int first, const int *keep, int n_keep) {
     if (c->cross)
         return mha_fail(MHA_E_ARG, "mha_cache_compact: a cross-attention memory has no appended tokens to keep; "
                         "expected a self-attention cache");
@@ -291,8 +330,13 @@ mha_status mha_cache_compact(mha_cache *c, int b, int first, const int *keep, in
     return MHA_OK;
 }
 
-mha_status mha_cache_permute_heads(mha_cache *c, const int *perm) {
-    if (!c || !perm) return mha_fail(MHA_E_ARG, "mha_cache_permute_heads: NULL %s", c ? "perm" : "cache");
+mha_status mha_cache_compact(mha_cache *c, int b, int first, const int *keep, int n_keep) {
+    if (!c) return mha_fail(MHA_E_ARG, "mha_cache_compact: cache is NULL");
+    mha_status s = mha_cache_begin(c, 1, "mha_cache_compact");
+    return s ? s : mha_cache_end(c, 1, cache_compact_held(c, b, first, keep, n_keep));
+}
+
+static mha_status cache_permute_heads_held(mha_cache *c, const int *perm) {
     int *kvp = malloc(sizeof(int) * 2 * c->h_kv), *tmp = kvp + c->h_kv;
     if (!kvp) return mha_fail(MHA_E_NOMEM, "mha_cache_permute_heads: no memory");
     mha_status s = mha_kv_perm_from_heads(kvp, perm, c->h, c->h_kv);
@@ -303,6 +347,12 @@ mha_status mha_cache_permute_heads(mha_cache *c, const int *perm) {
     }
     free(kvp);
     return s;
+}
+
+mha_status mha_cache_permute_heads(mha_cache *c, const int *perm) {
+    if (!c || !perm) return mha_fail(MHA_E_ARG, "mha_cache_permute_heads: NULL %s", c ? "perm" : "cache");
+    mha_status s = mha_cache_begin(c, 1, "mha_cache_permute_heads");
+    return s ? s : mha_cache_end(c, 1, cache_permute_heads_held(c, perm));
 }
 
 /* ---------------------------------------------------------- reorder */
@@ -322,8 +372,7 @@ static void row_copy(mha_cache *c, int to, const char *data, const float *scales
  * that are overwritten while another still reads them are saved first,
  * and everything is allocated before anything moves (out of memory
  * leaves the cache as it was). */
-mha_status mha_cache_reorder(mha_cache *c, const int *src) {
-    if (!c || !src) return mha_fail(MHA_E_ARG, "mha_cache_reorder: NULL %s", c ? "src" : "cache");
+static mha_status cache_reorder_held(mha_cache *c, const int *src) {
     for (int b = 0; b < c->B; b++)
         if (src[b] < 0 || src[b] >= c->B)
             return mha_fail(MHA_E_ARG, "mha_cache_reorder: src[%d]=%d; expected a sequence 0..%d", b, src[b],
@@ -364,12 +413,15 @@ mha_status mha_cache_reorder(mha_cache *c, const int *src) {
     return MHA_OK;
 }
 
+mha_status mha_cache_reorder(mha_cache *c, const int *src) {
+    if (!c || !src) return mha_fail(MHA_E_ARG, "mha_cache_reorder: NULL %s", c ? "src" : "cache");
+    mha_status s = mha_cache_begin(c, 1, "mha_cache_reorder");
+    return s ? s : mha_cache_end(c, 1, cache_reorder_held(c, src));
+}
+
 /* ------------------------------------------------------------ clone */
 
-mha_status mha_cache_clone(mha_cache **out, const mha_cache *src) {
-    if (!out) return mha_fail(MHA_E_ARG, "mha_cache_clone: out is NULL");
-    *out = NULL;
-    if (!src) return mha_fail(MHA_E_ARG, "mha_cache_clone: src is NULL");
+static mha_status cache_clone_held(mha_cache **out, const mha_cache *src) {
     mha_cache *c = calloc(1, sizeof *c);
     if (!c) return mha_fail(MHA_E_NOMEM, "mha_cache_clone: no memory");
     *c = *src; /* the shape and settings; every array is the clone's own */
@@ -386,6 +438,14 @@ mha_status mha_cache_clone(mha_cache **out, const mha_cache *src) {
     memcpy(c->labels_v, src->labels_v, sizeof(int) * hk);
     *out = c;
     return MHA_OK;
+}
+
+mha_status mha_cache_clone(mha_cache **out, const mha_cache *src) {
+    if (!out) return mha_fail(MHA_E_ARG, "mha_cache_clone: out is NULL");
+    *out = NULL;
+    if (!src) return mha_fail(MHA_E_ARG, "mha_cache_clone: src is NULL");
+    mha_status s = mha_cache_begin(src, 0, "mha_cache_clone");
+    return s ? s : mha_cache_end(src, 0, cache_clone_held(out, src));
 }
 
 /* ---------------------------------------------------------- storing */
@@ -544,7 +604,7 @@ mha_status mha_cache_check_room(const mha_cache *c, const int *n, const char *fn
     return MHA_OK;
 }
 
-mha_status mha_cache_append(mha_cache *c, const float *k, const float *v, int T, const int *n_new) {
+static mha_status cache_append_held(mha_cache *c, const float *k, const float *v, int T, const int *n_new) {
     if (!c || !k || !v)
         return mha_fail(MHA_E_ARG, "mha_cache_append: NULL %s", !c ? "cache" : !k ? "k" : "v");
     if (c->cross)
@@ -561,6 +621,12 @@ mha_status mha_cache_append(mha_cache *c, const float *k, const float *v, int T,
     if (!s) mha_cache_store(&ex, c, k, v, NULL, n + c->B, 0, n);
     free(n);
     return s;
+}
+
+mha_status mha_cache_append(mha_cache *c, const float *k, const float *v, int T, const int *n_new) {
+    if (!c) return mha_fail(MHA_E_ARG, "mha_cache_append: NULL cache");
+    mha_status s = mha_cache_begin(c, 1, "mha_cache_append");
+    return s ? s : mha_cache_end(c, 1, cache_append_held(c, k, v, T, n_new));
 }
 
 int mha_cache_scores_fit(const mha_cache *c, const float *q, const int *row0, const int *n, int b, int g, double kmax,
@@ -601,7 +667,7 @@ static mha_status attend_scores_fit(const mha_cache *c, const mha_decode_kernels
     return MHA_OK;
 }
 
-mha_status mha_cache_attend(const mha_cache *c, float *z, const float *q, int T, const int *n_new,
+static mha_status cache_attend_held(const mha_cache *c, float *z, const float *q, int T, const int *n_new,
                             float scale) {
     if (!c || !z || !q)
         return mha_fail(MHA_E_ARG, "mha_cache_attend: NULL %s", !c ? "cache" : !z ? "z" : "q");
@@ -631,4 +697,11 @@ mha_status mha_cache_attend(const mha_cache *c, float *z, const float *q, int T,
     }
     free(n);
     return s;
+}
+
+mha_status mha_cache_attend(const mha_cache *c, float *z, const float *q, int T, const int *n_new,
+                            float scale) {
+    if (!c) return mha_fail(MHA_E_ARG, "mha_cache_attend: NULL cache");
+    mha_status s = mha_cache_begin(c, 0, "mha_cache_attend");
+    return s ? s : mha_cache_end(c, 0, cache_attend_held(c, z, q, T, n_new, scale));
 }

@@ -9,6 +9,7 @@
 #include <float.h>
 #include <limits.h>
 #include <math.h>
+#include <stdatomic.h>
 
 #include "compute/decode_gemm.h"
 #include "compute/workspace.h"
@@ -55,7 +56,29 @@ struct mha_cache {
                             (only grows: mha_cache_kmax_live tightens it)   */
     mha_workspace *ws;   /* the decode calls' scratch, kept from one call to
                             the next (decode.c)                             */
+    atomic_int *calls;   /* the public calls on it now: -1 one that changes
+                            it, n > 0 n that read it, 0 none (the misuse
+                            check of mha_cache_begin; its own allocation so
+                            that a clone's copy of the struct never reads
+                            what other calls are changing)                 */
 };
+
+/* The one check of mha.h's rule for caches, made by every public entry
+ * that changes a cache (change = 1: mha_forward_cached*, append, reset,
+ * truncate, compact, permute_heads, reorder, set_memory,
+ * set_sink_tokens) or reads it with a status to report (change = 0:
+ * attend, clone, get_info, save): a change needs the cache alone, reads
+ * share it. Threads stepping one cache used to race on its lengths (a
+ * length past the capacity, a saved file mha_cache_load refused),
+ * silently; now the call that finds the cache busy fails with MHA_E_ARG
+ * (fn names it) and changes nothing. One atomic compare-and-swap per call. Every begin
+ * that returned MHA_OK is paired with one mha_cache_end (which returns s,
+ * for `return mha_cache_end(c, 1, body(...))`). Internal code never calls
+ * the public entries on a cache it holds (mha_cache_clear for a reset). */
+mha_status mha_cache_begin(const mha_cache *c, int change, const char *fn);
+mha_status mha_cache_end(const mha_cache *c, int change, mha_status s);
+/* Empties sequence b (-1: all), checked: mha_cache_reset's work. */
+void mha_cache_clear(mha_cache *c, int b);
 
 /* Storage block (b, kv head g) of K and V, through the permutation index. */
 static inline size_t mha_cache_kv_index(const mha_cache *c, int b, int g) {

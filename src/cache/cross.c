@@ -159,8 +159,8 @@ static mha_status gather(memory_rows *m, const mha_cache *c, const float *kv, co
     return MHA_OK;
 }
 
-mha_status mha_cache_set_memory(mha_cache *c, const mha_layer *L, const float *kv, const float *v_src, int S,
-                                const int *s_len) {
+static mha_status cache_set_memory_held(mha_cache *c, const mha_layer *L, const float *kv, const float *v_src,
+                                        int S, const int *s_len) {
     if (!c || !L || !kv)
         return mha_fail(MHA_E_ARG, "mha_cache_set_memory: NULL %s", !c ? "cache" : !L ? "layer" : "kv");
     if (!c->cross)
@@ -185,7 +185,7 @@ mha_status mha_cache_set_memory(mha_cache *c, const mha_layer *L, const float *k
     if (!s) s = transform(&m, L, c);
     if (!s) s = check_range(&m, c);
     if (!s) { /* the new memory replaces the old whole, in the layer's head order */
-        mha_cache_reset(c, -1);
+        mha_cache_clear(c, -1); /* held by this call: not mha_cache_reset */
         for (int g = 0; g < c->h_kv; g++) c->phys[g] = g;
         memcpy(c->labels_k, L->labels[MHA_BLOCK_K], sizeof(int) * c->h_kv);
         memcpy(c->labels_v, L->labels[MHA_BLOCK_V], sizeof(int) * c->h_kv);
@@ -193,4 +193,11 @@ mha_status mha_cache_set_memory(mha_cache *c, const mha_layer *L, const float *k
     }
     memory_free(&m, kv, v_src ? v_src : kv);
     return s;
+}
+
+mha_status mha_cache_set_memory(mha_cache *c, const mha_layer *L, const float *kv, const float *v_src, int S,
+                                const int *s_len) {
+    if (!c) return mha_fail(MHA_E_ARG, "mha_cache_set_memory: NULL cache");
+    mha_status s = mha_cache_begin(c, 1, "mha_cache_set_memory");
+    return s ? s : mha_cache_end(c, 1, cache_set_memory_held(c, L, kv, v_src, S, s_len));
 }

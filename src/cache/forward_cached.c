@@ -633,12 +633,10 @@ static mha_status forward_cached_exec(const mha_exec *ex, const mha_layer *L, mh
     return s;
 }
 
-mha_status mha_forward_cached_exec(const mha_exec *ex, const mha_layer *L, mha_cache *c, float *y,
-                                   const mha_capture *cap, const float *x, int T, const int *n_new,
-                                   const mha_options *opt) {
-    if (!L || !c || !y || !x)
-        return mha_fail(MHA_E_ARG, "mha_forward_cached: NULL %s; expected (B,T,d_model) floats",
-                        !L ? "layer" : !c ? "cache" : !y ? "y" : "x");
+/* mha_forward_cached_exec with the cache held (mha_cache_begin). */
+static mha_status forward_cached_held(const mha_exec *ex, const mha_layer *L, mha_cache *c, float *y,
+                                      const mha_capture *cap, const float *x, int T, const int *n_new,
+                                      const mha_options *opt) {
     if (T < 1) return mha_fail(MHA_E_ARG, "mha_forward_cached: T=%d; expected >= 1", T);
     const size_t widest = (size_t)c->h * (size_t)(c->d_k > c->d_v ? c->d_k : c->d_v) + (size_t)c->d_model;
     if ((long long)c->B * T > INT_MAX || !mha_elements_fit((size_t)c->B, (size_t)T, widest, 1))
@@ -649,6 +647,16 @@ mha_status mha_forward_cached_exec(const mha_exec *ex, const mha_layer *L, mha_c
     mha_status s = mha_cache_check_layer(c, L, "mha_forward_cached");
     if (!s) s = check_options(opt, c, L, T);
     return s ? s : forward_cached_exec(ex, L, c, y, cap, x, T, n_new, opt);
+}
+
+mha_status mha_forward_cached_exec(const mha_exec *ex, const mha_layer *L, mha_cache *c, float *y,
+                                   const mha_capture *cap, const float *x, int T, const int *n_new,
+                                   const mha_options *opt) {
+    if (!L || !c || !y || !x)
+        return mha_fail(MHA_E_ARG, "mha_forward_cached: NULL %s; expected (B,T,d_model) floats",
+                        !L ? "layer" : !c ? "cache" : !y ? "y" : "x");
+    mha_status s = mha_cache_begin(c, 1, "mha_forward_cached");
+    return s ? s : mha_cache_end(c, 1, forward_cached_held(ex, L, c, y, cap, x, T, n_new, opt));
 }
 
 mha_status mha_forward_cached_ctx(const mha_context *ctx, const mha_layer *L, mha_cache *c, float *y,

@@ -19,10 +19,15 @@ void mha_cache_state_shape(mha_cache_state *s, const mha_cache *c) {
     s->d_kv_in = c->d_kv_in, s->d_v_in = c->d_v_in, s->kt = c->kt, s->vt = c->vt, s->nbk = c->nbk, s->nbv = c->nbv;
 }
 
-mha_status mha_cache_get_info(const mha_cache *c, mha_cache_info *info) {
-    if (!c || !info) return mha_fail(MHA_E_ARG, "mha_cache_get_info: NULL %s", c ? "info" : "cache");
+static mha_status cache_get_info_held(const mha_cache *c, mha_cache_info *info) {
     *info = (mha_cache_info){c->B, c->cap, c->window, c->n_sink, c->cross, c->kt, c->vt};
     return MHA_OK;
+}
+
+mha_status mha_cache_get_info(const mha_cache *c, mha_cache_info *info) {
+    if (!c || !info) return mha_fail(MHA_E_ARG, "mha_cache_get_info: NULL %s", c ? "info" : "cache");
+    mha_status s = mha_cache_begin(c, 0, "mha_cache_get_info");
+    return s ? s : mha_cache_end(c, 0, cache_get_info_held(c, info));
 }
 
 /* Element (row, e) of the storage at element offset at of type dt, as a
@@ -40,7 +45,15 @@ static size_t at4(const mha_cache_state *s, int b, int g, int slot, int w, int e
     return (((size_t)b * s->h_kv + (size_t)g) * s->cap + (size_t)slot) * (size_t)w + (size_t)e;
 }
 
+static mha_status state_export_held(mha_cache_state *s, const mha_cache *c);
+
+/* mha_cache_save's read of the cache (io/cache_file.c): held as a reader */
 mha_status mha_cache_state_export(mha_cache_state *s, const mha_cache *c) {
+    mha_status st = mha_cache_begin(c, 0, "mha_cache_save");
+    return st ? st : mha_cache_end(c, 0, state_export_held(s, c));
+}
+
+static mha_status state_export_held(mha_cache_state *s, const mha_cache *c) {
     int *live = malloc(sizeof(int) * (size_t)c->cap);
     if (!live) return mha_fail(MHA_E_NOMEM, "mha_cache_save: no memory");
     const size_t per_b = (size_t)c->h_kv * c->cap;
