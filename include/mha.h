@@ -34,7 +34,13 @@
  *   behind a lock, at most 256 MiB in all), released by mha_layer_free.
  * - Need exclusive access to the layer (no call on it may be running):
  *   mha_layer_set_weights, mha_layer_set_labels, mha_layer_permute_heads,
- *   mha_layer_permute_block, mha_layer_free.
+ *   mha_layer_permute_block, mha_layer_convert_weights, mha_layer_free.
+ *   Each of these but mha_layer_free fails with MHA_E_ARG ("another call
+ *   is using this layer") while a forward, backward, contract check,
+ *   cached forward or mha_layer_labels runs on the layer, and those fail
+ *   ("another call is changing this layer") while a change runs; nothing
+ *   is done. The getters without a status (mha_layer_get_weights, _config,
+ *   _to_tensors, _save) are not checked, nor is mha_layer_free.
  * - A cache is used by one call at a time: mha_forward_cached*,
  *   mha_cache_append, mha_cache_reset, mha_cache_truncate, mha_cache_compact,
  *   mha_cache_permute_heads, mha_cache_reorder, mha_cache_set_memory,

@@ -44,9 +44,9 @@ mha_status mha_layer_check_contract(const mha_layer *L, const float *x, const fl
     return mha_layer_check_contract_kv(L, x, kv, kv, B, T, S, opt, report);
 }
 
-mha_status mha_layer_check_contract_kv(const mha_layer *L, const float *x, const float *k_src,
-                                       const float *v_src, int B, int T, int S, const mha_options *opt,
-                                       mha_contract_report *report) {
+static mha_status layer_check_contract_kv_held(const mha_layer *L, const float *x, const float *k_src,
+                                               const float *v_src, int B, int T, int S, const mha_options *opt,
+                                               mha_contract_report *report) {
     mha_contract_report rep = {1, MHA_BLOCK_Q, -1, -1, -1, 0, 0.0};
     if (!L) return mha_fail(MHA_E_ARG, "mha_layer_check_contract: NULL layer");
     if (!labels_agree(L, &rep)) {
@@ -99,4 +99,12 @@ done:
     free(y);
     free(contrib);
     return s;
+}
+
+mha_status mha_layer_check_contract_kv(const mha_layer *L, const float *x, const float *k_src,
+                                       const float *v_src, int B, int T, int S, const mha_options *opt,
+                                       mha_contract_report *report) {
+    if (!L) return layer_check_contract_kv_held(L, x, k_src, v_src, B, T, S, opt, report);
+    mha_status s = mha_layer_begin(L, 0, "mha_layer_check_contract");
+    return s ? s : mha_layer_end(L, 0, layer_check_contract_kv_held(L, x, k_src, v_src, B, T, S, opt, report));
 }

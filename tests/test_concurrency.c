@@ -443,12 +443,145 @@ static void test_concurrency_cache_busy_refusals(void) {
     free(x), free(y), free(q), free(z), free(k), free(v);
 }
 
+
+/* ------------------------------------------ changes of a layer alone */
+
+/* mha.h: set_weights, set_labels, the permutations and convert_weights
+ * need the layer alone. One made while forwards ran freed the packed
+ * weights under them (AddressSanitizer: heap-use-after-free in the GEMM;
+ * the concurrency probe) or mixed two sets of weights in one result. Now
+ * the call that finds the layer busy fails (MHA_E_ARG "another call is
+ * ...") and does nothing: while the main thread sets weights A and B in
+ * turn, every forward that succeeds gives exactly A's bits or B's. */
+#define LAYER_GUARD_FORWARDS 300 /* per thread, each tried while weights change */
+
+typedef struct {
+    const mha_layer *L;
+    const mha_context *ctx;
+    const float *x, *ya, *yb; /* (B, T, D) input and the two answers */
+    int *running; /* threads still forwarding (atomic) */
+    int ok, busy, mixed, other;
+    char other_msg[200];
+} forwarder;
+
+static void *forward_until_stopped(void *arg) {
+    forwarder *f = arg;
+    float *y = naive_alloc_floats((size_t)B * T * D);
+    mha_options o = mha_options_default();
+    o.path = MHA_PATH_FAST;
+    for (int it = 0; it < LAYER_GUARD_FORWARDS && !f->other; it++) {
+        if (mha_forward_ctx(f->ctx, f->L, y, NULL, f->x, NULL, NULL, B, T, T, &o) == MHA_OK) {
+            f->ok++;
+            f->mixed += memcmp(y, f->ya, sizeof(float) * B * T * D) && memcmp(y, f->yb, sizeof(float) * B * T * D);
+        } else if (strstr(mha_last_error(), "another call is")) f->busy++;
+        else f->other = 1, snprintf(f->other_msg, sizeof f->other_msg, "%s", mha_last_error());
+    }
+    __atomic_sub_fetch(f->running, 1, __ATOMIC_RELEASE);
+    free(y);
+    return NULL;
+}
+
+static void test_concurrency_layer_changes_alone(void) {
+    naive_weights wa, wb;
+    mha_layer *L = make_layer(25, &wa), *LB = make_layer(26, &wb);
+    mha_context *ctx = NULL;
+    CHECK_OK(mha_context_create(&ctx));
+    CHECK_OK(mha_context_set_num_threads(ctx, 1));
+    uint64_t seed = 47;
+    float *x = naive_random_floats((size_t)B * T * D, &seed, -1, 1);
+    float *ya = naive_alloc_floats((size_t)B * T * D), *yb = naive_alloc_floats((size_t)B * T * D);
+    mha_options o = mha_options_default();
+    o.path = MHA_PATH_FAST;
+    if (!L || !LB) goto done;
+    CHECK_OK(mha_forward_ctx(ctx, L, ya, NULL, x, NULL, NULL, B, T, T, &o));
+    CHECK_OK(mha_forward_ctx(ctx, LB, yb, NULL, x, NULL, NULL, B, T, T, &o));
+    const mha_weights views[2] = {naive_weights_view(&wa), naive_weights_view(&wb)};
+    int running = N_THREADS, changed = 0, refused = 0;
+    forwarder f[N_THREADS];
+    pthread_t th[N_THREADS];
+    for (int i = 0; i < N_THREADS; i++) {
+        f[i] = (forwarder){.L = L, .ctx = ctx, .x = x, .ya = ya, .yb = yb, .running = &running};
+        CHECK_INT(pthread_create(&th[i], NULL, forward_until_stopped, &f[i]), 0);
+    }
+    for (int k = 0; __atomic_load_n(&running, __ATOMIC_ACQUIRE) > 0; k++) {
+        const mha_status s = mha_layer_set_weights(L, &views[(k + 1) % 2]);
+        if (s == MHA_OK) changed++;
+        else if (strstr(mha_last_error(), "another call is")) refused++;
+        else test_report(__FILE__, __LINE__, "set_weights: '%s'", mha_last_error());
+    }
+    int ok = 0, mixed = 0;
+    for (int i = 0; i < N_THREADS; i++) {
+        pthread_join(th[i], NULL);
+        ok += f[i].ok, mixed += f[i].mixed;
+        if (f[i].other) test_report(__FILE__, __LINE__, "thread %d: '%s'", i, f[i].other_msg);
+    }
+    if (mixed)
+        test_report(__FILE__, __LINE__, "%d of %d forwards gave neither weights' result (%d changes made, %d refused)",
+                    mixed, ok, changed, refused);
+done:
+    mha_context_free(ctx), mha_layer_free(L), mha_layer_free(LB);
+    naive_weights_free(&wa), naive_weights_free(&wb);
+    free(x), free(ya), free(yb);
+}
+
+/* Without a race to wait for: a layer held by a change refuses every
+ * checked call; held by a forward it refuses the changes and serves the
+ * other readers; let go, it serves all. */
+static void test_concurrency_layer_busy_refusals(void) {
+    naive_weights w;
+    mha_layer *L = make_layer(27, &w);
+    uint64_t seed = 53;
+    float *x = naive_random_floats((size_t)B * T * D, &seed, -1, 1), *y = naive_alloc_floats((size_t)B * T * D);
+    const int perm[4] = {2, 3, 0, 1}, kv_perm[2] = {1, 0};
+    int labels[4];
+    mha_cache *c = NULL;
+    if (L) CHECK_OK(mha_cache_create(&c, L, B, T + 1, MHA_CACHE_F32, 0));
+    const mha_weights view = naive_weights_view(&w);
+    for (int holder = 1; c && holder >= 0; holder--) { /* 1: a change; 0: a reader */
+        CHECK_OK(mha_layer_begin(L, holder, "test"));
+        const char *want = holder ? "another call is changing this layer" : "another call is using this layer";
+#define REFUSED(call)                                                                                          \
+    do {                                                                                                       \
+        CHECK_STATUS(call, MHA_E_ARG);                                                                         \
+        if (!strstr(mha_last_error(), want)) test_report(__FILE__, __LINE__, "%s: '%s'", #call, mha_last_error()); \
+    } while (0)
+        REFUSED(mha_layer_set_weights(L, &view));
+        REFUSED(mha_layer_set_labels(L, MHA_BLOCK_K, kv_perm));
+        REFUSED(mha_layer_permute_heads(L, perm));
+        REFUSED(mha_layer_permute_block(L, MHA_BLOCK_O, perm));
+        REFUSED(mha_layer_convert_weights(L, MHA_W_BF16));
+        if (holder) {
+            REFUSED(mha_forward(L, y, NULL, x, NULL, B, T, T, NULL));
+            REFUSED(mha_forward_cached(L, c, y, NULL, x, T, NULL, NULL));
+            REFUSED(mha_layer_labels(L, MHA_BLOCK_Q, labels));
+            REFUSED(mha_layer_check_contract(L, x, NULL, B, T, T, NULL, NULL));
+        } else {
+            CHECK_OK(mha_forward(L, y, NULL, x, NULL, B, T, T, NULL));
+            CHECK_OK(mha_forward_cached(L, c, y, NULL, x, T, NULL, NULL));
+            CHECK_OK(mha_layer_labels(L, MHA_BLOCK_Q, labels));
+            CHECK_OK(mha_layer_check_contract(L, x, NULL, B, T, T, NULL, NULL)); /* readers nest: it runs a forward */
+        }
+#undef REFUSED
+        CHECK(mha_layer_weights_dtype(L) == MHA_W_F32); /* nothing was done */
+        mha_layer_end(L, holder, MHA_OK);
+    }
+    if (c) { /* free again: the changes run */
+        CHECK_OK(mha_layer_permute_heads(L, perm));
+        CHECK_OK(mha_layer_set_weights(L, &view));
+        CHECK_OK(mha_forward(L, y, NULL, x, NULL, B, T, T, NULL));
+    }
+    mha_cache_free(c), mha_layer_free(L), naive_weights_free(&w);
+    free(x), free(y);
+}
+
 static const test_case cases[] = {
     {"concurrency_one_layer", test_concurrency_one_layer},
     {"concurrency_cache_readers", test_concurrency_cache_readers},
     {"concurrency_two_layers", test_concurrency_two_layers},
     {"concurrency_cache_one_call_at_a_time", test_concurrency_cache_one_call_at_a_time},
     {"concurrency_cache_busy_refusals", test_concurrency_cache_busy_refusals},
+    {"concurrency_layer_changes_alone", test_concurrency_layer_changes_alone},
+    {"concurrency_layer_busy_refusals", test_concurrency_layer_busy_refusals},
     {"kernels_env_every_path", test_kernels_env_every_path},
     {"kernels_context", test_kernels_context},
 };

@@ -4,6 +4,8 @@
 #ifndef MHA_INTERNAL_H
 #define MHA_INTERNAL_H
 
+#include <stdatomic.h>
+
 #include "mha.h"
 
 /* Kinds of head blocks that carry labels (mha_block). */
@@ -41,7 +43,27 @@ struct mha_layer {
                                     the process had: new at every change of
                                     the weights (mha_fast_prepare_from); a
                                     tape compares it */
+    atomic_int calls;            /* the public calls on it now: -1 one that
+                                    changes it, n > 0 n that read it, 0 none
+                                    (mha_layer_begin)                     */
 };
+
+/* The check of mha.h's rule for layers, made by every public entry that
+ * changes a layer (change = 1: set_weights, set_labels, permute_heads,
+ * permute_block, convert_weights) or computes with it and returns a
+ * status (change = 0: the forwards, backwards, tape, attribution,
+ * contract, labels, the cached forward, set_memory): a change needs the
+ * layer alone, the others share it. A change made while forwards ran
+ * freed the packed weights under them (AddressSanitizer: heap-use-after-
+ * free in the GEMM, the concurrency probe); now the call that finds the
+ * layer busy fails with MHA_E_ARG (fn names it) and does nothing. One
+ * atomic compare-and-swap per call; the layer is const to readers, the
+ * count is not (it lives in the layer's own heap block). Every begin
+ * that returned MHA_OK is paired with one mha_layer_end, which returns s.
+ * Readers nest (a contract check runs a forward); a change never runs
+ * another public entry on its layer. */
+mha_status mha_layer_begin(const mha_layer *L, int change, const char *fn);
+mha_status mha_layer_end(const mha_layer *L, int change, mha_status s);
 
 /* GQA: query head r reads kv head r / (h / h_kv). Stated once, used everywhere. */
 static inline int mha_kv_head(const mha_config *c, int r) {

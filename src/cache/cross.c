@@ -197,7 +197,10 @@ static mha_status cache_set_memory_held(mha_cache *c, const mha_layer *L, const 
 
 mha_status mha_cache_set_memory(mha_cache *c, const mha_layer *L, const float *kv, const float *v_src, int S,
                                 const int *s_len) {
-    if (!c) return mha_fail(MHA_E_ARG, "mha_cache_set_memory: NULL cache");
-    mha_status s = mha_cache_begin(c, 1, "mha_cache_set_memory");
-    return s ? s : mha_cache_end(c, 1, cache_set_memory_held(c, L, kv, v_src, S, s_len));
+    if (!c || !L) return cache_set_memory_held(c, L, kv, v_src, S, s_len);
+    mha_status s = mha_layer_begin(L, 0, "mha_cache_set_memory"); /* the layer read, the cache changed */
+    if (s) return s;
+    s = mha_cache_begin(c, 1, "mha_cache_set_memory");
+    if (!s) s = mha_cache_end(c, 1, cache_set_memory_held(c, L, kv, v_src, S, s_len));
+    return mha_layer_end(L, 0, s);
 }

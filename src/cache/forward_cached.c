@@ -655,8 +655,11 @@ mha_status mha_forward_cached_exec(const mha_exec *ex, const mha_layer *L, mha_c
     if (!L || !c || !y || !x)
         return mha_fail(MHA_E_ARG, "mha_forward_cached: NULL %s; expected (B,T,d_model) floats",
                         !L ? "layer" : !c ? "cache" : !y ? "y" : "x");
-    mha_status s = mha_cache_begin(c, 1, "mha_forward_cached");
-    return s ? s : mha_cache_end(c, 1, forward_cached_held(ex, L, c, y, cap, x, T, n_new, opt));
+    mha_status s = mha_layer_begin(L, 0, "mha_forward_cached"); /* the layer read, the cache changed */
+    if (s) return s;
+    s = mha_cache_begin(c, 1, "mha_forward_cached");
+    if (!s) s = mha_cache_end(c, 1, forward_cached_held(ex, L, c, y, cap, x, T, n_new, opt));
+    return mha_layer_end(L, 0, s);
 }
 
 mha_status mha_forward_cached_ctx(const mha_context *ctx, const mha_layer *L, mha_cache *c, float *y,

@@ -259,7 +259,26 @@ void mha_layer_free(mha_layer *L) {
     free(L);
 }
 
-mha_status mha_layer_set_weights(mha_layer *L, const mha_weights *w) {
+mha_status mha_layer_begin(const mha_layer *L, int change, const char *fn) {
+    atomic_int *calls = (atomic_int *)&L->calls; /* a heap object: const to readers only */
+    int n = atomic_load(calls);
+    do
+        if (n < 0 || (change && n > 0))
+            return mha_fail(MHA_E_ARG, "%s: another call is %s this layer right now; expected the calls that change "
+                            "a layer (mha_layer_set_weights, _set_labels, _permute_heads, _permute_block, "
+                            "_convert_weights) alone on it; nothing was done", fn, n < 0 ? "changing" : "using");
+    while (!atomic_compare_exchange_weak(calls, &n, change ? -1 : n + 1));
+    return MHA_OK;
+}
+
+mha_status mha_layer_end(const mha_layer *L, int change, mha_status s) {
+    atomic_int *calls = (atomic_int *)&L->calls;
+    if (change) atomic_store(calls, 0);
+    else atomic_fetch_sub(calls, 1);
+    return s;
+}
+
+static mha_status layer_set_weights_held(mha_layer *L, const mha_weights *w) {
     if (!L || !w) return mha_fail(MHA_E_ARG, "mha_layer_set_weights: NULL %s", L ? "weights" : "layer");
     mha_status s = validate_weights(&L->cfg, w);
     if (s) return s;
@@ -270,6 +289,12 @@ mha_status mha_layer_set_weights(mha_layer *L, const mha_weights *w) {
     if (L->wstore && (s = mha_wstore_build(&store, &L->cfg, L->wstore->dtype, src))) return s;
     copy_weights(L, w);
     return L->wstore ? mha_layer_adopt_wstore(L, store) : mha_fast_prepare(L);
+}
+
+mha_status mha_layer_set_weights(mha_layer *L, const mha_weights *w) {
+    if (!L) return layer_set_weights_held(L, w);
+    mha_status s = mha_layer_begin(L, 1, "mha_layer_set_weights");
+    return s ? s : mha_layer_end(L, 1, layer_set_weights_held(L, w));
 }
 
 void mha_layer_get_weights(const mha_layer *L, mha_weights *v) {
@@ -340,18 +365,30 @@ static mha_status check_block_permutation(const mha_layer *L, mha_block b, const
     return check_permutation(p, block_count(L, b), what);
 }
 
-mha_status mha_layer_labels(const mha_layer *L, mha_block b, int *labels) {
+static mha_status layer_labels_held(const mha_layer *L, mha_block b, int *labels) {
     mha_status s = check_block(L, b, labels, "mha_layer_labels");
     if (s) return s;
     memcpy(labels, L->labels[b], (size_t)block_count(L, b) * sizeof(int));
     return MHA_OK;
 }
 
-mha_status mha_layer_set_labels(mha_layer *L, mha_block b, const int *labels) {
+mha_status mha_layer_labels(const mha_layer *L, mha_block b, int *labels) {
+    if (!L) return layer_labels_held(L, b, labels);
+    mha_status s = mha_layer_begin(L, 0, "mha_layer_labels");
+    return s ? s : mha_layer_end(L, 0, layer_labels_held(L, b, labels));
+}
+
+static mha_status layer_set_labels_held(mha_layer *L, mha_block b, const int *labels) {
     mha_status s = check_block_permutation(L, b, labels, "mha_layer_set_labels", "labels");
     if (s) return s;
     memcpy(L->labels[b], labels, (size_t)block_count(L, b) * sizeof(int));
     return MHA_OK;
+}
+
+mha_status mha_layer_set_labels(mha_layer *L, mha_block b, const int *labels) {
+    if (!L) return layer_set_labels_held(L, b, labels);
+    mha_status s = mha_layer_begin(L, 1, "mha_layer_set_labels");
+    return s ? s : mha_layer_end(L, 1, layer_set_labels_held(L, b, labels));
 }
 
 /* --------------------------------------------------------- permutation */
@@ -449,9 +486,15 @@ static mha_status permute_blocks(mha_layer *L, const mha_block *kinds, const int
     return s;
 }
 
-mha_status mha_layer_permute_block(mha_layer *L, mha_block b, const int *perm) {
+static mha_status layer_permute_block_held(mha_layer *L, mha_block b, const int *perm) {
     mha_status s = check_block_permutation(L, b, perm, "mha_layer_permute_block", "perm");
     return s ? s : permute_blocks(L, &b, &perm, 1);
+}
+
+mha_status mha_layer_permute_block(mha_layer *L, mha_block b, const int *perm) {
+    if (!L) return layer_permute_block_held(L, b, perm);
+    mha_status s = mha_layer_begin(L, 1, "mha_layer_permute_block");
+    return s ? s : mha_layer_end(L, 1, layer_permute_block_held(L, b, perm));
 }
 
 mha_status mha_kv_perm_from_heads(int *kv_perm, const int *perm, int h, int h_kv) {
@@ -475,7 +518,7 @@ mha_status mha_kv_perm_from_heads(int *kv_perm, const int *perm, int h, int h_kv
     return MHA_OK;
 }
 
-mha_status mha_layer_permute_heads(mha_layer *L, const int *perm) {
+static mha_status layer_permute_heads_held(mha_layer *L, const int *perm) {
     if (!L || !perm) return mha_fail(MHA_E_ARG, "mha_layer_permute_heads: NULL %s", L ? "perm" : "layer");
     int kv_perm[MHA_MAX_HEADS];
     mha_status s = mha_kv_perm_from_heads(kv_perm, perm, L->cfg.n_heads, L->cfg.n_kv_heads);
@@ -483,4 +526,10 @@ mha_status mha_layer_permute_heads(mha_layer *L, const int *perm) {
     const mha_block kinds[5] = {MHA_BLOCK_Q, MHA_BLOCK_O, MHA_BLOCK_S, MHA_BLOCK_K, MHA_BLOCK_V};
     const int *const perms[5] = {perm, perm, perm, kv_perm, kv_perm};
     return permute_blocks(L, kinds, perms, 5);
+}
+
+mha_status mha_layer_permute_heads(mha_layer *L, const int *perm) {
+    if (!L) return layer_permute_heads_held(L, perm);
+    mha_status s = mha_layer_begin(L, 1, "mha_layer_permute_heads");
+    return s ? s : mha_layer_end(L, 1, layer_permute_heads_held(L, perm));
 }

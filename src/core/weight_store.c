@@ -182,7 +182,7 @@ mha_weight_dtype mha_layer_weights_dtype(const mha_layer *L) {
     return L && L->wstore ? L->wstore->dtype : MHA_W_F32;
 }
 
-mha_status mha_layer_convert_weights(mha_layer *L, mha_weight_dtype dtype) {
+static mha_status layer_convert_weights_held(mha_layer *L, mha_weight_dtype dtype) {
     if (!L) return mha_fail(MHA_E_ARG, "mha_layer_convert_weights: NULL layer");
     if (dtype != MHA_W_F32 && dtype != MHA_W_BF16 && dtype != MHA_W_I8)
         return mha_fail(MHA_E_ARG, "mha_layer_convert_weights: dtype=%d; expected MHA_W_F32, MHA_W_BF16 or MHA_W_I8",
@@ -198,6 +198,12 @@ mha_status mha_layer_convert_weights(mha_layer *L, mha_weight_dtype dtype) {
     mha_wstore *s;
     mha_status st = mha_wstore_build(&s, &L->cfg, dtype, src);
     return st ? st : mha_layer_adopt_wstore(L, s);
+}
+
+mha_status mha_layer_convert_weights(mha_layer *L, mha_weight_dtype dtype) {
+    if (!L) return layer_convert_weights_held(L, dtype);
+    mha_status s = mha_layer_begin(L, 1, "mha_layer_convert_weights");
+    return s ? s : mha_layer_end(L, 1, layer_convert_weights_held(L, dtype));
 }
 
 /* ------------------------------------------------------- permutation */

@@ -172,13 +172,21 @@ mha_status mha_backward_exec(const mha_exec *ex, const mha_layer *L, const mha_g
     return s;
 }
 
-mha_status mha_backward_kv(const mha_layer *L, const mha_gradients *g, const float *dy, const float *x,
-                           const float *k_src, const float *v_src, int B, int T, int S,
-                           const mha_options *opt) {
+static mha_status backward_kv_held(const mha_layer *L, const mha_gradients *g, const float *dy, const float *x,
+                                   const float *k_src, const float *v_src, int B, int T, int S,
+                                   const mha_options *opt) {
     mha_exec ex; /* kernels and threads as the forward chooses them (MHA_KERNELS, the CPU) */
     mha_status s = mha_exec_resolve(&ex, NULL);
     if (s) return s;
     return mha_backward_exec(&ex, L, g, dy, x, k_src, v_src, B, T, S, opt);
+}
+
+mha_status mha_backward_kv(const mha_layer *L, const mha_gradients *g, const float *dy, const float *x,
+                           const float *k_src, const float *v_src, int B, int T, int S,
+                           const mha_options *opt) {
+    if (!L) return backward_kv_held(L, g, dy, x, k_src, v_src, B, T, S, opt);
+    mha_status s = mha_layer_begin(L, 0, "mha_backward");
+    return s ? s : mha_layer_end(L, 0, backward_kv_held(L, g, dy, x, k_src, v_src, B, T, S, opt));
 }
 
 mha_status mha_backward(const mha_layer *L, const mha_gradients *g, const float *dy, const float *x,

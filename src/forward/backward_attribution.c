@@ -6,9 +6,9 @@
 
 #include "forward/backward.h"
 
-mha_status mha_head_attribution(const mha_layer *L, float *attribution, float *dz_out, const float *dy,
-                                const float *x, const float *k_src, const float *v_src, int B, int T,
-                                int S, const mha_options *opt) {
+static mha_status head_attribution_held(const mha_layer *L, float *attribution, float *dz_out, const float *dy,
+                                        const float *x, const float *k_src, const float *v_src, int B, int T,
+                                        int S, const mha_options *opt) {
     if (!L) return mha_fail(MHA_E_ARG, "mha_head_attribution: layer is NULL");
     if (!attribution) return mha_fail(MHA_E_ARG, "mha_head_attribution: attribution is NULL; expected (h,B,T) floats");
     if (!dy) return mha_fail(MHA_E_ARG, "mha_head_attribution: dy is NULL; expected (B,T,d_model) floats");
@@ -43,4 +43,13 @@ done:
     free(y);
     free(z);
     return s;
+}
+
+mha_status mha_head_attribution(const mha_layer *L, float *attribution, float *dz_out, const float *dy,
+                                const float *x, const float *k_src, const float *v_src, int B, int T,
+                                int S, const mha_options *opt) {
+    if (!L) return head_attribution_held(L, attribution, dz_out, dy, x, k_src, v_src, B, T, S, opt);
+    mha_status s = mha_layer_begin(L, 0, "mha_head_attribution");
+    return s ? s
+             : mha_layer_end(L, 0, head_attribution_held(L, attribution, dz_out, dy, x, k_src, v_src, B, T, S, opt));
 }

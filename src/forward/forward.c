@@ -24,13 +24,21 @@ mha_status mha_forward_exec(const mha_exec *ex, const mha_layer *L, float *y, co
     return s;
 }
 
-mha_status mha_forward_ctx(const mha_context *ctx, const mha_layer *L, float *y, const mha_capture *cap,
-                           const float *x, const float *k_src, const float *v_src, int B, int T, int S,
-                           const mha_options *opt) {
+static mha_status forward_ctx_held(const mha_context *ctx, const mha_layer *L, float *y, const mha_capture *cap,
+                                   const float *x, const float *k_src, const float *v_src, int B, int T, int S,
+                                   const mha_options *opt) {
     mha_exec ex;
     mha_status s = mha_exec_resolve(&ex, ctx);
     if (s) return s;
     return mha_forward_exec(&ex, L, y, cap, x, k_src, v_src, B, T, S, opt);
+}
+
+mha_status mha_forward_ctx(const mha_context *ctx, const mha_layer *L, float *y, const mha_capture *cap,
+                           const float *x, const float *k_src, const float *v_src, int B, int T, int S,
+                           const mha_options *opt) {
+    if (!L) return forward_ctx_held(ctx, L, y, cap, x, k_src, v_src, B, T, S, opt);
+    mha_status s = mha_layer_begin(L, 0, "mha_forward");
+    return s ? s : mha_layer_end(L, 0, forward_ctx_held(ctx, L, y, cap, x, k_src, v_src, B, T, S, opt));
 }
 
 mha_status mha_forward_kv(const mha_layer *L, float *y, const mha_capture *cap, const float *x,

@@ -11,9 +11,9 @@
 #include "forward/backward_fast.h"
 #include "forward/forward.h"
 
-mha_status mha_forward_lse(const mha_layer *L, float *y, const mha_capture *cap, float *lse,
-                           const float *x, const float *k_src, const float *v_src, int B, int T,
-                           int S, const mha_options *opt) {
+static mha_status forward_lse_held(const mha_layer *L, float *y, const mha_capture *cap, float *lse,
+                                   const float *x, const float *k_src, const float *v_src, int B, int T,
+                                   int S, const mha_options *opt) {
     mha_options defaults;
     mha_status s = mha_forward_request("mha_forward_lse", L, y, x, &k_src, &v_src, &opt, &defaults, B, T, S);
     if (!s) s = mha_refuse_dropout(opt, "mha_forward_lse"); /* its Z merges with other key blocks' */
@@ -21,6 +21,14 @@ mha_status mha_forward_lse(const mha_layer *L, float *y, const mha_capture *cap,
     if (!lse) return mha_fail(MHA_E_ARG, "mha_forward_lse: lse is NULL; expected (B,h,T) floats");
     mha_clear_error();
     return mha_forward_reference_lse(L, y, cap, lse, x, k_src, v_src, B, T, S, opt);
+}
+
+mha_status mha_forward_lse(const mha_layer *L, float *y, const mha_capture *cap, float *lse,
+                           const float *x, const float *k_src, const float *v_src, int B, int T,
+                           int S, const mha_options *opt) {
+    if (!L) return forward_lse_held(L, y, cap, lse, x, k_src, v_src, B, T, S, opt);
+    mha_status s = mha_layer_begin(L, 0, "mha_forward_lse");
+    return s ? s : mha_layer_end(L, 0, forward_lse_held(L, y, cap, lse, x, k_src, v_src, B, T, S, opt));
 }
 
 /* dst (n) = src (n) widened to double. */

@@ -70,8 +70,8 @@ static mha_status check_y(const float *y, size_t n) {
     return MHA_OK;
 }
 
-mha_status mha_forward_train(const mha_layer *L, float *y, mha_tape **tape, const float *x, const float *k_src,
-                             const float *v_src, int B, int T, int S, const mha_options *opt) {
+static mha_status forward_train_held(const mha_layer *L, float *y, mha_tape **tape, const float *x, const float *k_src,
+                                     const float *v_src, int B, int T, int S, const mha_options *opt) {
     if (!tape) return mha_fail(MHA_E_ARG, "mha_forward_train: tape is NULL; expected where to put an mha_tape *");
     *tape = NULL;
     mha_options defaults;
@@ -112,9 +112,16 @@ fail:
     return s;
 }
 
-mha_status mha_backward_tape(const mha_layer *L, const mha_tape *tape, const mha_gradients *g, const float *dy,
-                             const float *x, const float *k_src, const float *v_src, int B, int T, int S,
-                             const mha_options *opt) {
+mha_status mha_forward_train(const mha_layer *L, float *y, mha_tape **tape, const float *x, const float *k_src,
+                             const float *v_src, int B, int T, int S, const mha_options *opt) {
+    if (!L) return forward_train_held(L, y, tape, x, k_src, v_src, B, T, S, opt);
+    mha_status s = mha_layer_begin(L, 0, "mha_forward_train");
+    return s ? s : mha_layer_end(L, 0, forward_train_held(L, y, tape, x, k_src, v_src, B, T, S, opt));
+}
+
+static mha_status backward_tape_held(const mha_layer *L, const mha_tape *tape, const mha_gradients *g, const float *dy,
+                                     const float *x, const float *k_src, const float *v_src, int B, int T, int S,
+                                     const mha_options *opt) {
     if (!tape) return mha_fail(MHA_E_ARG, "mha_backward_tape: tape is NULL; expected one from mha_forward_train");
     if (!L) return mha_fail(MHA_E_ARG, "mha_backward_tape: layer is NULL; expected the forward's layer");
     const char *what = first_difference(&L->cfg, &tape->cfg, config_members,
@@ -151,6 +158,14 @@ mha_status mha_backward_tape(const mha_layer *L, const mha_tape *tape, const mha
     mha_clear_error();
     if ((s = mha_bwd_from_saved(&ex, L, g, dy, sv, x, k_src, v_src, opt, 0))) return s; /* 0: the tape stays */
     return mha_backward_check_overflow(&L->cfg, g, B, T, S, "mha_backward_tape");
+}
+
+mha_status mha_backward_tape(const mha_layer *L, const mha_tape *tape, const mha_gradients *g, const float *dy,
+                             const float *x, const float *k_src, const float *v_src, int B, int T, int S,
+                             const mha_options *opt) {
+    if (!L) return backward_tape_held(L, tape, g, dy, x, k_src, v_src, B, T, S, opt);
+    mha_status s = mha_layer_begin(L, 0, "mha_backward_tape");
+    return s ? s : mha_layer_end(L, 0, backward_tape_held(L, tape, g, dy, x, k_src, v_src, B, T, S, opt));
 }
 
 void mha_tape_free(mha_tape *tape) {
