@@ -528,6 +528,8 @@ done:
  * checked call; held by a forward it refuses the changes and serves the
  * other readers; let go, it serves all. */
 static void test_concurrency_layer_busy_refusals(void) {
+    char path[64];
+    snprintf(path, sizeof path, "/tmp/mha_busy_%d.safetensors", (int)getpid());
     naive_weights w;
     mha_layer *L = make_layer(27, &w);
     uint64_t seed = 53;
@@ -555,11 +557,19 @@ static void test_concurrency_layer_busy_refusals(void) {
             REFUSED(mha_forward_cached(L, c, y, NULL, x, T, NULL, NULL));
             REFUSED(mha_layer_labels(L, MHA_BLOCK_Q, labels));
             REFUSED(mha_layer_check_contract(L, x, NULL, B, T, T, NULL, NULL));
+            /* a save would copy a change half done: refused before it reads
+             * a weight (not later, at the labels it reads last) */
+            mha_tensors *t = NULL;
+            REFUSED(mha_layer_to_tensors(&t, L));
+            CHECK(t == NULL && strncmp(mha_last_error(), "mha_layer_to_tensors: ", 22) == 0);
+            REFUSED(mha_layer_save(L, path));
+            CHECK(strncmp(mha_last_error(), "mha_layer_to_tensors: ", 22) == 0);
         } else {
             CHECK_OK(mha_forward(L, y, NULL, x, NULL, B, T, T, NULL));
             CHECK_OK(mha_forward_cached(L, c, y, NULL, x, T, NULL, NULL));
             CHECK_OK(mha_layer_labels(L, MHA_BLOCK_Q, labels));
             CHECK_OK(mha_layer_check_contract(L, x, NULL, B, T, T, NULL, NULL)); /* readers nest: it runs a forward */
+            CHECK_OK(mha_layer_save(L, path)); /* a reader: its labels are read inside */
         }
 #undef REFUSED
         CHECK(mha_layer_weights_dtype(L) == MHA_W_F32); /* nothing was done */
@@ -572,6 +582,7 @@ static void test_concurrency_layer_busy_refusals(void) {
     }
     mha_cache_free(c), mha_layer_free(L), naive_weights_free(&w);
     free(x), free(y);
+    remove(path);
 }
 
 static const test_case cases[] = {

@@ -1020,9 +1020,8 @@ static mha_status put_int(mha_tensors *t, const char *key, int v) {
     return mha_tensors_set_meta(t, key, buf);
 }
 
-mha_status mha_layer_to_tensors(mha_tensors **out, const mha_layer *L) {
-    if (!out || !L) return mha_fail(MHA_E_ARG, "mha_layer_to_tensors: NULL argument");
-    *out = NULL;
+/* mha_layer_to_tensors with the layer held as a reader. */
+static mha_status layer_to_tensors_held(mha_tensors **out, const mha_layer *L) {
     const mha_config *c = mha_layer_config(L);
     mha_weights w;
     mha_layer_get_weights(L, &w);
@@ -1070,6 +1069,16 @@ mha_status mha_layer_to_tensors(mha_tensors **out, const mha_layer *L) {
     }
     *out = t;
     return MHA_OK;
+}
+
+/* A reader of the layer (mha_layer_begin): a change made meanwhile (set
+ * weights, a permutation, a conversion) would be copied half done, its
+ * labels and weights from different layers, into a file that loads. */
+mha_status mha_layer_to_tensors(mha_tensors **out, const mha_layer *L) {
+    if (!out || !L) return mha_fail(MHA_E_ARG, "mha_layer_to_tensors: NULL argument");
+    *out = NULL;
+    mha_status s = mha_layer_begin(L, 0, "mha_layer_to_tensors");
+    return s ? s : mha_layer_end(L, 0, layer_to_tensors_held(out, L));
 }
 
 mha_status mha_layer_load(mha_layer **out, const char *path, const mha_load_options *opt) {
