@@ -245,16 +245,16 @@ class Oracle:
             gate = torch.sigmoid(X @ W["w_g"] + (W["b_g"] if "b_g" in W else 0))[0].numpy()
         return q[0].numpy(), k[0].numpy(), v[0].numpy(), gate
 
-    def attend_row(self, seq, t, qrow, vis, scale, plain=False, kvmap=None):
+    def attend_row(self, seq, t, qrow, vis, scale, plain=False, kvmap=None, masked_row="zero"):
         """z (h,d_v) and p (h,len(vis)), extra (h,n_extra) of the query rows
         qrow (h,d_k) at cache index t over the keys at indices vis of seq.
         plain: mha_cache_attend (no softcap, ALiBi, sinks or extra keys).
         kvmap[r]: the stored (original) kv head query head r reads."""
         cfg, h, g = self.cfg, self.h, self.g
         rep = h // g
-        K = np.array([seq.k[j] for j in vis])  # (n,g,dk)
-        V = np.array([seq.v[j] for j in vis])
-        P = np.array([seq.pos[j] for j in vis])
+        K = np.array([seq.k[j] for j in vis]).reshape(len(vis), g, self.dk)
+        V = np.array([seq.v[j] for j in vis]).reshape(len(vis), g, self.dv)
+        P = np.array([seq.pos[j] for j in vis], np.int64)
         extra_k, extra_v = [], []
         if not plain and cfg.get("add_bias_kv"):
             extra_k.append(np.asarray(self.w["bias_k"], np.float64).reshape(g, self.dk))
@@ -275,6 +275,10 @@ class Oracle:
                 s = s - self.slopes[r] * np.abs(seq.pos[t] - P)
             se = np.array([ek[gr] @ qrow[r] * scale for ek in extra_k])
             allv = np.concatenate([s, se])
+            if not len(allv):  # no key: a zero row (NaN with masked_row 'nan' and no sink logit)
+                if masked_row == "nan" and not (not plain and cfg.get("sinks")):
+                    z[r] = np.nan
+                continue
             m = allv.max()
             sink = None
             if not plain and cfg.get("sinks"):
@@ -362,6 +366,11 @@ class Walk:
         return [self.cur[i] // rep for i in range(self.h)]
 
     def err(self, got, want, what):
+        """got within the storage types' tolerance of want, relative to
+        max |want|; NaN exactly where want has it (masked_row 'nan')."""
+        nan = np.isnan(want)
+        self.check(np.array_equal(np.isnan(got), nan), f"{what}: NaN at other elements than the oracle's")
+        got, want = np.where(nan, 0.0, got), np.where(nan, 0.0, want)
         scale = np.abs(want).max() + 1e-3
         e = float(np.abs(got - want).max() / scale) if got.size else 0.0
         self.stats["worst"][self.key] = max(self.stats["worst"].get(self.key, 0.0), e)
@@ -397,7 +406,7 @@ class Walk:
         return n
 
     # --------------------------------------------------------- the oracle
-    def expect(self, x, n_new, pos, trees=None, wl=None, chunk=0, interventions=None, scale=0.0):
+    def expect(self, x, n_new, pos, trees=None, wl=None, chunk=0, interventions=None, scale=0.0, masked_row="zero"):
         """Appends the call's tokens to the model; returns y (B,T,d_model),
         z (B,T,h*d_v), contributions (h,B,T,d_model), probs (B,h,T,cap+extra)."""
         m, o, h = self.model, self.oracle, self.h
@@ -429,7 +438,7 @@ class Walk:
                     tree = trees[b]
                     anc = [j for j in range(i + 1) if tree[i][j]]
                     rank = {L0 + j: L0 + r for r, j in enumerate(anc)}
-                    tp = rank[t]
+                    tp = L0 + sum(1 for j in anc if j < i)  # its own place on the path it sees
                     keys = [(j, j) for j in range(L0)] + [(L0 + j, rank[L0 + j]) for j in anc]
                 else:
                     tp = t
@@ -438,7 +447,7 @@ class Walk:
                 for j in vis:
                     if j < L0 and not before[j]:
                         self.fail(f"model: query {t} of sequence {b} needs index {j}, not stored")
-                zr, pr, px = o.attend_row(seq, t, q[i], vis, sc)
+                zr, pr, px = o.attend_row(seq, t, q[i], vis, sc, masked_row=masked_row)
                 Z[b, i] = zr
                 for r in range(h):
                     ci = inv[r]
@@ -701,8 +710,12 @@ class Walk:
             T = piece
         if not self.room_for(T):
             return
-        trees, depth = [], []
+        trees = []
+        general = rng.random() < 0.25  # any lower-triangular mask: a row may keep neither its parent nor itself
         for b in range(B if rng.random() < 0.5 else 1):
+            if general:
+                trees.append(np.tril(rng.random((T, T)) < 0.6))
+                continue
             parent = [-1] + [int(rng.integers(-1, i)) for i in range(1, T)]
             tree = np.zeros((T, T), bool)
             for i in range(T):
@@ -713,7 +726,7 @@ class Walk:
             trees.append(tree)
         mask = np.stack(trees)
         trees = [trees[b if len(trees) > 1 else 0] for b in range(B)]
-        depth = [[int(trees[b][i].sum()) - 1 for i in range(T)] for b in range(B)]
+        depth = [[int(trees[b][i, :i].sum()) for i in range(T)] for b in range(B)]
         ragged = B > 1 and rng.random() < 0.3
         n_new = self.counts(T, ragged)
         x = rng.normal(0, 1, (B, T, self.cfg["d_model"])).astype(np.float32)
@@ -728,6 +741,9 @@ class Walk:
         if self.chunk:
             kw["chunk_size"] = self.chunk
         capture = ["probs"] if rng.random() < 0.3 else []
+        masked_row = str(rng.choice(["zero", "nan"])) if general else "zero"
+        if masked_row == "nan":
+            kw["masked_row"] = "nan"
         lost = self.tree_loses(trees, n_new)
         self.note(f"tree:T={T} n={n_new}{' (refused)' if lost else ''}")
         snap = self.cache.copy() if piece is not None and T > piece else None
@@ -743,7 +759,7 @@ class Walk:
         if snap is not None:
             snap.close()
         L0 = [len(s) for s in self.model.seqs]
-        want = self.expect(x, n_new, pos, trees=trees, wl=self.wl, chunk=self.chunk)
+        want = self.expect(x, n_new, pos, trees=trees, wl=self.wl, chunk=self.chunk, masked_row=masked_row)
         self.compare(y, caps, want, n_new)
         self.check_lengths("tree")
         # keep a path (or any increasing subset, or nothing) of each sequence
@@ -780,9 +796,10 @@ class Walk:
                 for i in range(t0, t1):
                     anc = [j for j in range(i + 1) if trees[b][i][j]]
                     rank = {L0 + j: L0 + r for r, j in enumerate(anc)}
+                    tp = L0 + sum(1 for j in anc if j < i)
                     keys = [(j, j) for j in range(L0)] + [(L0 + j, rank[L0 + j]) for j in anc]
                     for j, jp in keys:
-                        if m.ok(b, jp, rank[L0 + i], self.wl, self.chunk) and slots.get(m.slot_of(j)) != j:
+                        if m.ok(b, jp, tp, self.wl, self.chunk) and slots.get(m.slot_of(j)) != j:
                             if j < L0 and not m.stored(b, j):
                                 self.fail(f"model: tree row {i} of sequence {b} needs {j}, evicted before")
                             return (b, i, j)
