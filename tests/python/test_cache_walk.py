@@ -1,11 +1,12 @@
 """Model-based random walks over the KV cache API (cache_walk.py): long
 seeded sequences of every cache operation - prefill, decode, ragged
 batches, truncate, reset, reorder, clone, save / load, head permutation,
-tree calls and compaction anywhere, append / attend, refused calls of
-every kind - each step checked against a float64 oracle of the sequence's
-whole visible history (tree masks of any lower-triangular form, masked_row), on fp32 / fp16 / int8 / mixed caches, rings with
-and without sink tokens, GQA / MQA / MHA, the variants, every kernel set
-this CPU runs and 1 or 2 threads. About 15 s; a longer soak by hand:
+tree calls (any lower-triangular keep_mask) and compaction anywhere,
+append / attend, refused calls of every kind - each step checked against
+a float64 oracle of the sequence's whole visible history, on fp32 / fp16
+/ int8 / mixed caches, rings with and without sink tokens, GQA / MQA /
+MHA, the variants, every kernel set this CPU runs and 1 or 2 threads.
+About 15 s; a longer soak by hand:
 
     cd tests/python && PYTHONPATH=../../python python3 cache_walk.py FIRST SEEDS STEPS [LONG_SHARE]
 """
