@@ -1263,7 +1263,9 @@ MHA_API mha_status mha_cache_load(mha_cache **out, const mha_layer *layer, const
  * window) or an invalid MHA_KERNELS, MHA_E_CONTRACT when the layer's K/V
  * labels differ from the cache's, MHA_E_NONFINITE for non-finite x or
  * scores beyond the fp32 limit (see "Numbers" at the top); after any of
- * these nothing has been appended. */
+ * these nothing has been appended, except after an output y that
+ * overflows fp32 (MHA_E_NONFINITE too): its tokens' K/V are stored by
+ * then. */
 MHA_API mha_status mha_forward_cached(const mha_layer *layer, mha_cache *cache, float *y,
                               const mha_capture *cap, const float *x, int T, const int *n_new,
                               const mha_options *opt);
