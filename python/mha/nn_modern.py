@@ -39,6 +39,7 @@ Legend: B batch, T queries, S keys, d_model, h heads, h_kv kv heads,
 d = head_dim (d_k = d_v), kv_dim the width of a cross-attention source.
 """
 import copy
+from collections.abc import Mapping
 
 import torch
 
@@ -186,6 +187,9 @@ class Attention(torch.nn.Module):
             raise ArgumentError(f"clip_qkv={clip_qkv!r}; expected None (no clamp) or a number > 0")
         if scale is not None and not c_float("scale", scale) > 0:
             raise ArgumentError(f"scale={scale!r}; expected None (1/sqrt(head_dim)) or a number > 0")
+        if rope is not None and not isinstance(rope, Mapping):  # dict(True) raised "'bool' object is not iterable"
+            raise ArgumentError(f"rope={rope!r}; expected None or a dict of the RoPE settings "
+                                "(e.g. {'pairing': 'halves', 'theta': 10000.0}; docs/VARIANTS.md)")
         variants = dict(rope=None if rope is None else dict(rope), alibi=c_flag("alibi", alibi),
                         softcap=c_float("softcap", softcap), sinks=c_flag("sinks", sinks),
                         qk_norm=_QK_NORM[qk_norm], qk_norm_per_head=c_flag("qk_norm_per_head", qk_norm_per_head),

@@ -578,3 +578,10 @@ def test_bad_calls_are_named():
         m(x, positions=torch.zeros(2, 4, dtype=torch.long))
     with pytest.raises(TypeError, match="parameter q_proj.weight is torch.float64"):
         m.double()(x)
+
+
+@pytest.mark.parametrize("rope", [True, "halves", 10000.0, ["pairing", "halves"]])
+def test_rope_that_is_not_a_dict_is_named(rope):
+    # rope=True raised "TypeError: 'bool' object is not iterable" from dict(rope), naming nothing
+    with pytest.raises(mha.ArgumentError, match=r"rope=.*expected None or a dict of the RoPE settings"):
+        mha.nn.Attention(32, 4, rope=rope)
