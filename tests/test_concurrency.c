@@ -564,12 +564,18 @@ static void test_concurrency_layer_busy_refusals(void) {
             CHECK(t == NULL && strncmp(mha_last_error(), "mha_layer_to_tensors: ", 22) == 0);
             REFUSED(mha_layer_save(L, path));
             CHECK(strncmp(mha_last_error(), "mha_layer_to_tensors: ", 22) == 0);
+            mha_cache *c2 = NULL; /* it takes the kv head labels a permutation rewrites */
+            REFUSED(mha_cache_create(&c2, L, B, T, MHA_CACHE_F16, 0));
+            CHECK(c2 == NULL);
         } else {
             CHECK_OK(mha_forward(L, y, NULL, x, NULL, B, T, T, NULL));
             CHECK_OK(mha_forward_cached(L, c, y, NULL, x, T, NULL, NULL));
             CHECK_OK(mha_layer_labels(L, MHA_BLOCK_Q, labels));
             CHECK_OK(mha_layer_check_contract(L, x, NULL, B, T, T, NULL, NULL)); /* readers nest: it runs a forward */
             CHECK_OK(mha_layer_save(L, path)); /* a reader: its labels are read inside */
+            mha_cache *c2 = NULL;
+            CHECK_OK(mha_cache_create(&c2, L, B, T, MHA_CACHE_F16, 0));
+            mha_cache_free(c2);
         }
 #undef REFUSED
         CHECK(mha_layer_weights_dtype(L) == MHA_W_F32); /* nothing was done */

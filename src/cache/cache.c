@@ -107,12 +107,9 @@ void mha_cache_free(mha_cache *c) {
     free(c);
 }
 
-/* mha_cache_create and mha_cache_create_kv; fn names the entry in errors. */
-static mha_status cache_create(mha_cache **out, const mha_layer *L, int batch, int capacity, mha_cache_dtype kt,
-                               mha_cache_dtype vt, int window, int cross, const char *fn) {
-    if (!out) return mha_fail(MHA_E_ARG, "%s: out is NULL", fn);
-    *out = NULL;
-    if (!L) return mha_fail(MHA_E_ARG, "%s: layer is NULL", fn);
+/* cache_create with the layer held as a reader. */
+static mha_status cache_create_held(mha_cache **out, const mha_layer *L, int batch, int capacity, mha_cache_dtype kt,
+                                    mha_cache_dtype vt, int window, int cross, const char *fn) {
     const mha_config *cf = &L->cfg;
     if (batch < 1) return mha_fail(MHA_E_ARG, "%s: batch=%d; expected >= 1", fn, batch);
     if (capacity < 1)
@@ -159,6 +156,18 @@ static mha_status cache_create(mha_cache **out, const mha_layer *L, int batch, i
     memcpy(c->labels_v, L->labels[MHA_BLOCK_V], sizeof(int) * c->h_kv);
     *out = c;
     return MHA_OK;
+}
+
+/* mha_cache_create and mha_cache_create_kv; fn names the entry in errors.
+ * A reader of the layer (mha_layer_begin): the cache takes the layer's
+ * kv head labels, which a permutation running meanwhile rewrites. */
+static mha_status cache_create(mha_cache **out, const mha_layer *L, int batch, int capacity, mha_cache_dtype kt,
+                               mha_cache_dtype vt, int window, int cross, const char *fn) {
+    if (!out) return mha_fail(MHA_E_ARG, "%s: out is NULL", fn);
+    *out = NULL;
+    if (!L) return mha_fail(MHA_E_ARG, "%s: layer is NULL", fn);
+    mha_status s = mha_layer_begin(L, 0, fn);
+    return s ? s : mha_layer_end(L, 0, cache_create_held(out, L, batch, capacity, kt, vt, window, cross, fn));
 }
 
 mha_status mha_cache_create(mha_cache **out, const mha_layer *L, int batch, int capacity, mha_cache_dtype dtype,
