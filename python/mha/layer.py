@@ -5,6 +5,7 @@ heads, d_k, d_v, d_model, d_kv_in key source width, d_v_in value source
 width). Weights are (in, out), row-major.
 """
 import ctypes
+import inspect
 import os
 
 import numpy as np
@@ -451,6 +452,15 @@ class Layer(COwner):
                                  f"d_v_in={c['d_v_in']}) (S as the {'kv' if kv is not None else 'x'} rows)")
         return c, x, kv, value, B, T, S
 
+    def _checked_options(self, c, B, T, S, keep, options):
+        """_options for a public call's keywords: an unknown one is named (Python's TypeError
+        named the private _options())."""
+        unknown = sorted(set(options) - _OPTION_NAMES)
+        if unknown:
+            raise ArgumentError(f"unknown option {unknown[0]!r}; expected keyword arguments among "
+                                f"{', '.join(sorted(_OPTION_NAMES))}")
+        return self._options(c, B, T, S, keep, **options)
+
     def _options(self, c, B, T, S, keep, scale=0.0, causal=False, align="top_left",
                  window_left=None, window_right=None, keep_mask=None, additive_mask=None,
                  key_keep=None, key_additive=None, masked_row="zero", interventions=None,
@@ -571,7 +581,7 @@ class Layer(COwner):
         """
         c, x, kv, value, B, T, S = self._inputs(x, kv, value)
         keep = [x, kv, value]
-        opt = self._options(c, B, T, S, keep, **options)
+        opt = self._checked_options(c, B, T, S, keep, options)
         h = c["n_heads"]
         shapes = {"z": (B, T, h * c["d_v"]), "contributions": (h, B, T, c["d_model"]),
                   "probs": (B, h, T, S + c["add_bias_kv"] + c["add_zero_attn"])}
@@ -601,7 +611,7 @@ class Layer(COwner):
         else:
             c, x, kv, _, B, T, S = self._inputs(x, kv)
             keep = [x, kv]
-            opt = self._options(c, B, T, S, keep, **options)
+            opt = self._checked_options(c, B, T, S, keep, options)
         rep = _lib.ContractReport()
         with self._borrow() as ptr:
             st = _L.mha_layer_check_contract(ptr, fptr(x), fptr(kv), B, T, S,
@@ -669,3 +679,7 @@ class Layer(COwner):
         return torch_forward(self, query, key, value, key_padding_mask=key_padding_mask,
                              need_weights=need_weights, attn_mask=attn_mask,
                              average_attn_weights=average_attn_weights, is_causal=is_causal, **kw)
+
+
+# the keyword options Layer.forward and check_contract take (Layer._options' own parameters)
+_OPTION_NAMES = frozenset(inspect.signature(Layer._options).parameters) - {"self", "c", "B", "T", "S", "keep"}

@@ -309,3 +309,14 @@ def test_each_thread_raises_its_own_error_while_others_fail():
     for t in threads:
         t.join()
     assert not wrong, wrong[:3]
+
+
+def test_an_unknown_forward_option_is_named():
+    # Layer.forward(x, casual=True) raised TypeError naming the private Layer._options()
+    layer = mha.Layer(16, 4)
+    x = np.zeros((1, 3, 16), np.float32)
+    with pytest.raises(mha.ArgumentError, match=r"unknown option 'casual'; expected keyword arguments among .*causal"):
+        layer.forward(x, casual=True)
+    with pytest.raises(mha.ArgumentError, match=r"unknown option 'window'"):
+        layer.check_contract(x, window=3)
+    assert layer.forward(x, causal=True).shape == (1, 3, 16)
