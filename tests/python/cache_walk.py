@@ -31,22 +31,11 @@ import torch
 
 import mha
 import combo_oracle as O
+from combo_oracle import divisors, rand_weights
+from conftest import KERNELS
 
 TOL = {"float32": 2e-5, "float16": 2e-3, "int8": 3e-2}
 DTYPES = ("float32", "float16", "int8")
-
-
-def kernel_sets():
-    flags = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
-    ks = ["reference", "scalar"]
-    if " avx2" in flags and " fma" in flags:
-        ks.append("avx2")
-    if " avx512f" in flags:
-        ks.append("avx512")
-    return ks
-
-
-KERNELS = kernel_sets()
 
 
 class WalkFailure(AssertionError):
@@ -54,9 +43,6 @@ class WalkFailure(AssertionError):
 
 
 # ------------------------------------------------------------ generators
-def divisors(n):
-    return [d for d in range(1, n + 1) if n % d == 0]
-
 
 def rand_cfg(rng, long=False):
     """A layer: the torch family (bias, add_bias_kv, add_zero_attn) or the
@@ -105,23 +91,6 @@ def rand_cfg(rng, long=False):
         cfg["output_gate"] = True
     return cfg
 
-
-def rand_weights(rng, layer):
-    w = {}
-    for n, a in layer.weights().items():
-        if n == "alibi_slopes":
-            if rng.random() < 0.5:
-                continue
-            w[n] = rng.uniform(0.05, 1.0, a.shape).astype(np.float32)
-        elif n == "sinks":
-            w[n] = rng.uniform(-2, 2, a.shape).astype(np.float32)
-        elif n in ("q_norm", "k_norm"):
-            w[n] = rng.uniform(0.5, 1.5, a.shape).astype(np.float32)
-        elif n.startswith("w_"):
-            w[n] = (rng.uniform(-1, 1, a.shape) * 1.8 / np.sqrt(a.shape[0])).astype(np.float32)
-        else:
-            w[n] = rng.uniform(-0.3, 0.3, a.shape).astype(np.float32)
-    return w
 
 
 def rand_perm(rng, h, g):

@@ -287,3 +287,31 @@ def round_store(a, kind, d):
         qv = np.clip(np.floor(np.abs(qf) + 0.5) * np.sign(qf), -127, 127).astype(np.float32)
         out[..., b0:b0 + 32] = np.where(sc > 0, qv * sc, 0)
     return out.astype(np.float64)
+
+
+# ---- random layers shared by the probes that use this oracle
+# (test_probe_combos_r32.py, cache_walk.py)
+
+def divisors(n):
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def rand_weights(rng, layer):
+    """Weights for `layer` (a mha.Layer) at scales that keep every variant
+    in play: ALiBi slopes half the time the paper's default, sink logits in
+    [-2, 2], norm weights near 1, projections near unit gain."""
+    w = {}
+    for n, a in layer.weights().items():
+        if n == "alibi_slopes":
+            if rng.random() < 0.5:
+                continue  # the paper's default slopes
+            w[n] = rng.uniform(0.05, 1.0, a.shape).astype(np.float32)
+        elif n == "sinks":
+            w[n] = rng.uniform(-2, 2, a.shape).astype(np.float32)
+        elif n in ("q_norm", "k_norm"):
+            w[n] = rng.uniform(0.5, 1.5, a.shape).astype(np.float32)
+        elif n.startswith("w_"):
+            w[n] = (rng.uniform(-1, 1, a.shape) * 1.8 / np.sqrt(a.shape[0])).astype(np.float32)
+        else:
+            w[n] = rng.uniform(-0.3, 0.3, a.shape).astype(np.float32)
+    return w

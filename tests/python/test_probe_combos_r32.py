@@ -50,14 +50,12 @@ from mha._arrays import fptr  # noqa: E402
 from mha.errors import check  # noqa: E402
 
 import combo_oracle as O  # noqa: E402
+from combo_oracle import divisors, rand_weights  # noqa: E402
 
 FAST_KERNELS = [k for k in KERNELS if k in ("scalar", "avx2")]
 
 
 # ------------------------------------------------------------- generators
-def divisors(n):
-    return [d for d in range(1, n + 1) if n % d == 0]
-
 
 def rand_rope(rng, d_k):
     r = d_k if rng.random() < 0.4 else int(rng.choice(list(range(2, d_k + 1, 2))))
@@ -123,23 +121,6 @@ def rand_cfg(rng, cross=None, gate=True, big=False):
         cfg["output_gate"] = True
     return cfg
 
-
-def rand_weights(rng, layer):
-    w = {}
-    for n, a in layer.weights().items():
-        if n == "alibi_slopes":
-            if rng.random() < 0.5:
-                continue  # the paper's default slopes
-            w[n] = rng.uniform(0.05, 1.0, a.shape).astype(np.float32)
-        elif n == "sinks":
-            w[n] = rng.uniform(-2, 2, a.shape).astype(np.float32)
-        elif n in ("q_norm", "k_norm"):
-            w[n] = rng.uniform(0.5, 1.5, a.shape).astype(np.float32)
-        elif n.startswith("w_"):
-            w[n] = (rng.uniform(-1, 1, a.shape) * 1.8 / np.sqrt(a.shape[0])).astype(np.float32)
-        else:
-            w[n] = rng.uniform(-0.3, 0.3, a.shape).astype(np.float32)
-    return w
 
 
 def rand_call(rng, cfg, B, T, S, cross, big=False):
