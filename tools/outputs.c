@@ -427,27 +427,27 @@ int cli_outputs_check(cli_outputs *o) {
     return 0;
 }
 
-const char *cli_outputs_tmp(const cli_outputs *o, const char *flag) {
-    writing = 1; /* from here an interruption is acted on in cli_outputs_finish */
+/* The index of the output registered under flag in o->out, or -1. */
+static int output_index(const cli_outputs *o, const char *flag) {
     for (int i = 0; i < o->n_out; i++)
-        if (strcmp(o->out[i].flag, flag) == 0) return o->out[i].tmp;
-    return NULL;
+        if (strcmp(o->out[i].flag, flag) == 0) return i;
+    return -1;
 }
 
-/* The output registered under flag, or NULL. */
-static cli_file *output_of(cli_outputs *o, const char *flag) {
-    for (int i = 0; i < o->n_out; i++)
-        if (strcmp(o->out[i].flag, flag) == 0) return &o->out[i];
-    return NULL;
+const char *cli_outputs_tmp(const cli_outputs *o, const char *flag) {
+    writing = 1; /* from here an interruption is acted on in cli_outputs_finish */
+    const int i = output_index(o, flag);
+    return i < 0 ? NULL : o->out[i].tmp;
 }
 
 int cli_outputs_write(cli_outputs *o, const char *flag, cli_atomic_writer write, const void *ctx) {
     const char *path = cli_outputs_tmp(o, flag); /* from here a signal waits for cli_outputs_finish */
-    cli_file *f = output_of(o, flag);
+    const int at = output_index(o, flag);
+    cli_file *f = at < 0 ? NULL : &o->out[at];
     int files = 0;
     for (int i = 0; i < o->n_out; i++) files += o->out[i].tmp != NULL;
     if (f && f->tmp && !f->stream && files == 1) {
-        pending[f - o->out] = NULL; /* no temporary of ours to remove any more */
+        pending[at] = NULL; /* no temporary of ours to remove any more */
         unlink(f->tmp);
         free(f->tmp);
         f->tmp = NULL;
@@ -461,15 +461,12 @@ int cli_outputs_write(cli_outputs *o, const char *flag, cli_atomic_writer write,
 }
 
 const char *cli_outputs_path(const cli_outputs *o, const char *flag) {
-    for (int i = 0; i < o->n_out; i++)
-        if (strcmp(o->out[i].flag, flag) == 0) return *o->out[i].path;
-    return NULL;
+    const int i = output_index(o, flag);
+    return i < 0 ? NULL : *o->out[i].path;
 }
 
 int cli_outputs_write_error(const cli_outputs *o, const char *flag, const char *msg) {
-    const char *tmp = cli_outputs_tmp(o, flag), *path = NULL, *at = NULL;
-    for (int i = 0; i < o->n_out; i++)
-        if (strcmp(o->out[i].flag, flag) == 0) path = *o->out[i].path;
+    const char *tmp = cli_outputs_tmp(o, flag), *path = cli_outputs_path(o, flag), *at = NULL;
     if (tmp && path) at = strstr(msg, tmp);
     if (!at) return mha_cmd_error(o->cmd, MHA_EXIT_RUNTIME, "cannot write %s: %s", flag, msg);
     return mha_cmd_error(o->cmd, MHA_EXIT_RUNTIME, "cannot write %s: %.*s%s%s", flag,
