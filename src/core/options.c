@@ -49,8 +49,12 @@ static double max_value(const float *p, size_t n) {
  * refused; a sum below -FLT_MAX forbids the key, as -inf does. */
 static mha_status check_additive_sum(const mha_options *o, int B, int T, int S) {
     if (!o->additive_mask.data || !o->key_additive) return MHA_OK;
-    const double a = max_value(o->additive_mask.data, (size_t)o->additive_mask.batch * o->additive_mask.heads * T * S),
-                 k = max_value(o->key_additive, (size_t)B * S);
+    /* the (B, S) key terms first: at most 0 (padding masks are), no sum
+     * exceeds the finite mask's own largest term, and the (B|1, h|1, T, S)
+     * mask is not read a second time */
+    const double k = max_value(o->key_additive, (size_t)B * S);
+    if (k <= 0) return MHA_OK;
+    const double a = max_value(o->additive_mask.data, (size_t)o->additive_mask.batch * o->additive_mask.heads * T * S);
     if (isinf((float)(a + k)) && a + k > 0)
         return mha_fail(MHA_E_ARG, "additive_mask (up to %g) plus key_additive (up to %g) overflows float32 to "
                         "+inf; expected their sum within +-%g (-inf forbids a key)", a, k, (double)FLT_MAX);
